@@ -1,0 +1,258 @@
+"""Django admin pages for the accelerator configuration and inventory.
+
+Slot formats and fractional settings are edited here; nodes and devices are registered by
+their agents, so their pages are read-only (a node may be deleted once decommissioned).
+Memory is always shown in binary units (`units.format_binary_size`), fGPU as Decimal text.
+"""
+from __future__ import annotations
+
+from decimal import ROUND_DOWN, Decimal
+
+from django.contrib import admin
+from django.db.models import Count, QuerySet
+from django.forms.models import BaseInlineFormSet
+from django.http import HttpRequest
+from django.utils.html import format_html_join
+
+from accelerators.allocation import core, units
+from accelerators.models import Device, FractionalSettings, Node, SlotFormat
+from accelerators.selectors import FgpuSummary, device_fgpu_summary
+
+_EXAMPLE_AMOUNTS = (Decimal("0.5"), Decimal("2"), Decimal("1536"))
+_CENTI = Decimal("0.01")
+
+
+def _fgpu_number(value: Decimal) -> str:
+    """fGPU with two decimals, truncated (Backend.AI's capacities are truncated to 0.01)."""
+    return f"{value.quantize(_CENTI, rounding=ROUND_DOWN):f}"
+
+
+@admin.register(SlotFormat)
+class SlotFormatAdmin(admin.ModelAdmin):
+    list_display = (
+        "slot_key",
+        "display_unit",
+        "display_icon",
+        "number_binary",
+        "number_round_length",
+        "human_readable_name",
+        "example",
+    )
+    list_filter = ("slot_name",)
+    search_fields = ("slot_name", "subtype", "display_unit", "human_readable_name")
+    readonly_fields = ("example",)
+
+    @admin.display(description="slot", ordering="slot_name")
+    def slot_key(self, obj: SlotFormat) -> str:
+        return obj.slot_key
+
+    @admin.display(description="example")
+    def example(self, obj: SlotFormat) -> str:
+        """How 0.5, 2 and 1536 of this subtype are displayed (truncated, never rounded up)."""
+        if obj.pk is None:
+            return "—"
+        return " · ".join(f"{amount} → {obj.format_amount(amount)}" for amount in _EXAMPLE_AMOUNTS)
+
+
+def capacity_lines(settings: FractionalSettings) -> list[str]:
+    """One line per distinct device model (model name, memory, SMs) of the slot's whole GPUs:
+    "CUDA GPU (40 GiB, 108 SMs): 1 physical GPU = 13.50 fGPU", capacity by `core.device_capacity`
+    (min of memory / unit_mem and SMs / unit_proc, truncated to 2 decimals, as Backend.AI)."""
+    models = (
+        Device.objects.filter(slot_name=settings.slot_name, is_mig_device=False)
+        .values_list("model_name", "memory_size", "subproc_count")
+        .distinct()
+        .order_by("model_name", "memory_size", "subproc_count")
+    )
+    pure = settings.as_allocation_settings()
+    lines = []
+    for model_name, memory_size, subproc_count in models:
+        capacity = core.device_capacity(memory_size=memory_size, subproc_count=subproc_count, settings=pure)
+        line = (
+            f"{model_name} ({units.format_binary_size(memory_size)}, {subproc_count} SMs): "
+            f"1 physical GPU = {_fgpu_number(capacity)} fGPU"
+        )
+        if not settings.is_fractional:
+            line += " (in fractional mode; the slot is discrete now)"
+        lines.append(line)
+    return lines
+
+
+@admin.register(FractionalSettings)
+class FractionalSettingsAdmin(admin.ModelAdmin):
+    list_display = ("slot_name", "allocation_mode", "unit_mem_display", "unit_proc", "quantum_size", "capacity", "updated_at")
+    list_filter = ("allocation_mode",)
+    readonly_fields = ("capacity", "updated_at")
+    fields = ("slot_name", "allocation_mode", "unit_mem", "unit_proc", "quantum_size", "capacity", "updated_at")
+
+    @admin.display(description="unit_mem (1.0 fGPU)", ordering="unit_mem")
+    def unit_mem_display(self, obj: FractionalSettings) -> str:
+        return units.format_binary_size(obj.unit_mem)
+
+    @admin.display(description="capacity per physical GPU")
+    def capacity(self, obj: FractionalSettings) -> str:
+        if obj.pk is None:
+            return "—"
+        lines = capacity_lines(obj)
+        if not lines:
+            return f"no {obj.slot_name} GPUs registered yet"
+        return format_html_join("", "<div>{}</div>", ((line,) for line in lines))
+
+
+def _summary(device: Device) -> FgpuSummary | None:
+    """The device's fGPU figures, batched by the page where it can (`_fgpu_summary`)."""
+    if not hasattr(device, "_fgpu_summary"):
+        device._fgpu_summary = device_fgpu_summary([device]).get(device.pk)
+    return device._fgpu_summary
+
+
+def _attach_summaries(devices: list[Device]) -> None:
+    summaries = device_fgpu_summary(devices)
+    for device in devices:
+        device._fgpu_summary = summaries.get(device.pk)
+
+
+def _fgpu_text(value: Decimal | None) -> str:
+    return "— (discrete)" if value is None else _fgpu_number(value)
+
+
+class _DeviceFields:
+    """Display columns shared by the Device admin and the Node page's device inline."""
+
+    @admin.display(description="memory", ordering="memory_size")
+    def memory(self, obj: Device) -> str:
+        return units.format_binary_size(obj.memory_size)
+
+    @admin.display(description="SMs", ordering="subproc_count")
+    def sms(self, obj: Device) -> int:
+        return obj.subproc_count
+
+    @admin.display(description="MIG", boolean=True, ordering="is_mig_device")
+    def mig(self, obj: Device) -> bool:
+        return obj.is_mig_device
+
+    @admin.display(description="parent")
+    def parent_display(self, obj: Device) -> str:
+        return f"#{obj.parent.index} {obj.parent.device_id}" if obj.parent_id else "—"
+
+    @admin.display(description="allocated fGPU")
+    def allocated(self, obj: Device) -> str:
+        summary = _summary(obj)
+        return "—" if summary is None else _fgpu_number(summary.allocated)
+
+    @admin.display(description="free fGPU")
+    def free(self, obj: Device) -> str:
+        summary = _summary(obj)
+        return "—" if summary is None else _fgpu_text(summary.free)
+
+
+class _DeviceInlineFormSet(BaseInlineFormSet):
+    """Fetches the fGPU figures of all the node's devices in one call."""
+
+    def get_queryset(self) -> QuerySet:
+        queryset = super().get_queryset()
+        if not getattr(self, "_summaries_attached", False):
+            _attach_summaries(list(queryset))  # the queryset caches these very instances
+            self._summaries_attached = True
+        return queryset
+
+
+class DeviceInline(_DeviceFields, admin.TabularInline):
+    model = Device
+    fk_name = "node"
+    formset = _DeviceInlineFormSet
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    fields = (
+        "index",
+        "slot_name",
+        "model_name",
+        "mother_uuid",
+        "numa_node",
+        "sms",
+        "memory",
+        "is_mig_device",
+        "mig_profile",
+        "parent_display",
+        "allocated",
+        "free",
+    )
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).select_related("node", "parent")
+
+    def has_add_permission(self, request: HttpRequest, obj: Node | None = None) -> bool:
+        return False
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ("name", "status", "last_heartbeat", "cpu_count", "memory", "device_count")
+    list_filter = ("status",)
+    search_fields = ("name",)
+    inlines = (DeviceInline,)
+    fields = ("name", "status", "last_heartbeat", "registered_at", "cpu_count", "memory", "plugins", "attributes")
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(_device_count=Count("devices"))
+
+    @admin.display(description="memory", ordering="memory_size")
+    def memory(self, obj: Node) -> str:
+        return units.format_binary_size(obj.memory_size)
+
+    @admin.display(description="devices", ordering="_device_count")
+    def device_count(self, obj: Node) -> int:
+        return obj._device_count
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # nodes register themselves through their agents
+
+
+@admin.register(Device)
+class DeviceAdmin(_DeviceFields, admin.ModelAdmin):
+    list_display = (
+        "__str__",
+        "node",
+        "slot_name",
+        "index",
+        "model_name",
+        "memory",
+        "sms",
+        "mig",
+        "mig_profile",
+        "allocated",
+        "free",
+    )
+    list_filter = ("node", "slot_name", "is_mig_device")
+    list_select_related = ("node",)
+    search_fields = ("device_id", "mother_uuid", "model_name", "node__name")
+    fields = (
+        "node",
+        "slot_name",
+        "device_id",
+        "index",
+        "mother_uuid",
+        "model_name",
+        "numa_node",
+        "sms",
+        "memory",
+        "is_mig_device",
+        "mig_profile",
+        "parent_display",
+        "allocated",
+        "free",
+    )
+    readonly_fields = fields
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
+        response = super().changelist_view(request, extra_context)
+        changelist = (getattr(response, "context_data", None) or {}).get("cl")
+        if changelist is not None:
+            _attach_summaries(list(changelist.result_list))  # the page's queryset caches these instances
+        return response
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # devices are reported by their node's agent

@@ -1,0 +1,156 @@
+"""Accelerator configuration: slot formats, fractional settings, nodes and their devices.
+
+Terms follow Backend.AI: a *slot name* is the accelerator family (`cuda`, `rocm`), a
+*subtype* is how it is counted (`device` whole devices, `shares` fGPU, `*-mig` MIG slices).
+Memory is in bytes, compute in sub-processors (SMs), fGPU amounts are `Decimal`.
+"""
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from django.core.validators import MinValueValidator
+from django.db import models
+
+from accelerators.allocation import units
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+class SlotFormat(models.Model):
+    """How amounts of one slot subtype are shown ("0.50 fGPU", "2 GPU").
+
+    Fields as in Backend.AI's mock-accelerator `[formats.<subtype>]` tables. `number_binary`
+    picks 2^(10n) suffixes (KiB, MiB) over 10^(3n); `number_round_length` is the count of
+    fixed-point digits (0: integer).
+    """
+
+    slot_name = models.CharField(max_length=32, help_text="Accelerator family: cuda, rocm, …")
+    subtype = models.CharField(
+        max_length=32, help_text='"device" (discrete mode), "shares" (fractional mode) or "*-mig" (MIG slices)'
+    )
+    display_icon = models.CharField(max_length=32, default="gpu1")
+    display_unit = models.CharField(max_length=32, default="GPU")
+    human_readable_name = models.CharField(max_length=64, default="GPU")
+    description = models.CharField(max_length=255, blank=True)
+    number_binary = models.BooleanField("binary", default=False)
+    number_round_length = models.PositiveSmallIntegerField("round length", default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["slot_name", "subtype"], name="slotformat_unique_subtype")]
+        ordering = ["slot_name", "subtype"]
+
+    def __str__(self) -> str:
+        return f"{self.slot_name}.{self.subtype} ({self.display_unit})"
+
+    @property
+    def slot_key(self) -> str:
+        return f"{self.slot_name}.{self.subtype}"
+
+    def format_amount(self, amount: Decimal | int) -> str:
+        """`amount` in this subtype's unit → display text, e.g. Decimal("0.5") → "0.50 fGPU"."""
+        number = units.format_number(Decimal(amount), binary=self.number_binary, round_length=self.number_round_length)
+        return f"{number} {self.display_unit}"
+
+
+class AllocationMode(models.TextChoices):
+    DISCRETE = "discrete", "discrete (whole devices)"
+    FRACTIONAL = "fractional", "fractional (fGPU shares)"
+
+
+class FractionalSettings(models.Model):
+    """Per-slot fractional settings (Backend.AI keeps these in etcd under
+    `config/plugins/accelerator/<slot>`; defaults and minimums are Backend.AI's).
+
+    1.0 fGPU = `unit_mem` bytes and `unit_proc` SMs. A device's capacity in fGPU is
+    min(memory / unit_mem, subproc_count / unit_proc), truncated to 2 decimals.
+    """
+
+    slot_name = models.CharField(max_length=32, unique=True)
+    allocation_mode = models.CharField(max_length=16, choices=AllocationMode.choices, default=AllocationMode.DISCRETE)
+    unit_mem = models.BigIntegerField(
+        default=2 * GiB, validators=[MinValueValidator(512 * MiB)], help_text="bytes of device memory in 1.0 fGPU"
+    )
+    unit_proc = models.PositiveIntegerField(
+        default=8, validators=[MinValueValidator(2)], help_text="sub-processors (SMs) in 1.0 fGPU"
+    )
+    quantum_size = models.DecimalField(
+        max_digits=6,
+        decimal_places=3,
+        default=Decimal("0.1"),
+        validators=[MinValueValidator(Decimal("0.001"))],
+        help_text="smallest step of an fGPU request",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "fractional settings"
+        verbose_name_plural = "fractional settings"
+
+    def __str__(self) -> str:
+        return f"{self.slot_name}: {self.allocation_mode}"
+
+    @property
+    def is_fractional(self) -> bool:
+        return self.allocation_mode == AllocationMode.FRACTIONAL
+
+    def as_allocation_settings(self):
+        from accelerators.allocation.core import FractionalSettings as Pure
+
+        return Pure(unit_mem=self.unit_mem, unit_proc=self.unit_proc, quantum=self.quantum_size)
+
+
+class NodeStatus(models.TextChoices):
+    ALIVE = "ALIVE"
+    LOST = "LOST"
+
+
+class Node(models.Model):
+    """One GPU node, i.e. one agent. Registered and kept alive by its agent's heartbeats."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=128, unique=True, help_text="the agent id from agent.toml")
+    status = models.CharField(max_length=8, choices=NodeStatus.choices, default=NodeStatus.ALIVE)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    registered_at = models.DateTimeField(auto_now_add=True)
+    cpu_count = models.PositiveIntegerField(default=1, help_text="CPU cores sessions may use")
+    memory_size = models.BigIntegerField(default=0, help_text="bytes of main memory sessions may use")
+    plugins = models.JSONField(default=list, blank=True, help_text="compute plugins the agent loaded")
+    attributes = models.JSONField(default=dict, blank=True, help_text="driver and runtime versions reported by the agent")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Device(models.Model):
+    """One accelerator device of a node: a whole GPU or a MIG slice (`is_mig_device`).
+
+    `memory_size` in bytes, `subproc_count` in SMs (compute units). `device_id` is the
+    agent's stable id for it (the GPU UUID on real nodes); MIG slices point to their parent
+    GPU when the inventory declares it, and always share its `mother_uuid`.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
+    slot_name = models.CharField(max_length=32, default="cuda")
+    device_id = models.CharField(max_length=128, help_text="agent-side id: the GPU (or MIG) UUID")
+    index = models.PositiveIntegerField(default=0, help_text="order on the node, as nvidia-smi numbers GPUs")
+    mother_uuid = models.CharField(max_length=128)
+    model_name = models.CharField(max_length=128)
+    numa_node = models.IntegerField(null=True, blank=True)
+    subproc_count = models.PositiveIntegerField(help_text="SMs (compute units)")
+    memory_size = models.BigIntegerField(help_text="bytes")
+    is_mig_device = models.BooleanField(default=False)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="mig_devices")
+    mig_profile = models.CharField(max_length=32, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "slot_name", "device_id"], name="device_unique_per_node")]
+        ordering = ["node__name", "slot_name", "index"]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/{self.slot_name}:{self.index} {self.model_name}"

@@ -1,0 +1,298 @@
+"""The agent's `ai.backend.accelerator.cuda` plugin: real NVIDIA devices discovered through NVML.
+
+`load()` opens NVML (the `pynvml` module of nvidia-ml-py, or a fake passed as `nvml=`), reads
+every GPU and, where MIG mode is on, every MIG device, and always shuts NVML down again.
+
+What is read, per GPU (NVML call in brackets):
+
+- `device_id` and `mother_uuid`: the GPU UUID, "GPU-c59395cd-…" (nvmlDeviceGetUUID);
+- `model_name` (nvmlDeviceGetName), `index` (the NVML enumeration index);
+- `memory_size`: total memory in bytes (nvmlDeviceGetMemoryInfo(handle).total);
+- `subproc_count`: SMs, from nvmlDeviceGetAttributes(handle).multiprocessorCount; where NVML
+  refuses that call for a full GPU (older drivers answer it for MIG devices only), CUDA cores
+  (nvmlDeviceGetNumGpuCores) divided by the cores per SM of the GPU's architecture
+  (nvmlDeviceGetArchitecture, refined by nvmlDeviceGetCudaComputeCapability where one
+  architecture has two SM designs), table `_CORES_PER_SM_BY_ARCH` below;
+- `numa_node` (nvmlDeviceGetNumaNodeId where the driver answers it, else the kernel's
+  `/sys/bus/pci/devices/<bus id>/numa_node`; -1 or unavailable → None).
+
+Per MIG device (when nvmlDeviceGetMigMode reports the current mode enabled): its own UUID
+("MIG-…"), memory (nvmlDeviceGetMemoryInfo), SMs and slice counts (nvmlDeviceGetAttributes),
+`mig_profile` such as "1g.10gb" (rule `mig_profile_name`), `parent_device_id` and `mother_uuid`
+= the parent GPU's UUID, `index` and `numa_node` = the parent's.
+
+Attributes: `driver_version` ("550.54.15", nvmlSystemGetDriverVersion) and `cuda_version`
+("12.4", nvmlSystemGetCudaDriverVersion_v2).
+
+Errors: any NVML failure raises `CudaPluginError` naming the call and NVML's error string,
+except "not supported" (or "function not found" on older drivers) for the optional fields —
+NUMA node, MIG mode, the attributes of a full GPU — which fall back as described above.
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from accelerators.plugins.base import DeviceInfo, PluginInventory
+
+PLUGIN_NAME = "ai.backend.accelerator.cuda"
+SLOT_NAME = "cuda"
+
+_MiB = 1024 * 1024
+_GiB = 1024 * 1024 * 1024
+
+# CUDA cores per SM, by NVML architecture code (nvmlDeviceArchitecture_t in nvml.h).
+# Source: the CUDA samples' `_ConvertSMVer2Cores` table in Common/helper_cuda.h, which gives
+# cores per SM by compute capability; an architecture maps to one value except where noted.
+_ARCH_KEPLER, _ARCH_MAXWELL, _ARCH_PASCAL, _ARCH_VOLTA = 2, 3, 4, 5
+_ARCH_TURING, _ARCH_AMPERE, _ARCH_ADA, _ARCH_HOPPER, _ARCH_BLACKWELL = 6, 7, 8, 9, 10
+_CORES_PER_SM_BY_ARCH = {
+    _ARCH_KEPLER: 192,  # 3.x
+    _ARCH_MAXWELL: 128,  # 5.x
+    _ARCH_PASCAL: 64,  # 6.0 (GP100); 6.1/6.2 (GP10x) have 128, see _CORES_PER_SM_BY_CC
+    _ARCH_VOLTA: 64,  # 7.0, 7.2
+    _ARCH_TURING: 64,  # 7.5
+    _ARCH_AMPERE: 64,  # 8.0 (GA100); 8.6/8.7 (GA10x) have 128, see _CORES_PER_SM_BY_CC
+    _ARCH_ADA: 128,  # 8.9
+    _ARCH_HOPPER: 128,  # 9.0
+    _ARCH_BLACKWELL: 128,  # 10.x, 12.x
+}
+# Compute capability → cores per SM, for the architectures that hold two SM designs
+# (same source: helper_cuda.h `_ConvertSMVer2Cores`).
+_CORES_PER_SM_BY_CC = {(6, 0): 64, (6, 1): 128, (6, 2): 128, (8, 0): 64, (8, 6): 128, (8, 7): 128}
+_ARCH_WITH_TWO_SM_DESIGNS = {_ARCH_PASCAL, _ARCH_AMPERE}
+# Every architecture NVIDIA has shipped since Ampere GA10x has 128 cores per SM.
+_CORES_PER_SM_DEFAULT = 128
+
+
+class CudaPluginError(RuntimeError):
+    """NVML refused a call the inventory cannot do without.
+
+    `call` is the NVML function ("nvmlDeviceGetMemoryInfo"), `target` what it was asked about
+    ("GPU 1", "" for system calls), `nvml_error` NVML's error string ("GPU is lost") and
+    `nvml_code` its numeric code (NVML_ERROR_*), or None when NVML could not be loaded at all.
+    """
+
+    def __init__(self, call: str, nvml_error: str, *, nvml_code: int | None = None, target: str = "") -> None:
+        self.call = call
+        self.target = target
+        self.nvml_error = nvml_error
+        self.nvml_code = nvml_code
+        where = f" for {target}" if target else ""
+        code = f" (NVML error {nvml_code})" if nvml_code is not None else ""
+        super().__init__(f"NVML call {call}{where} failed: {nvml_error}{code}")
+
+
+def load(*, nvml: Any = None, sys_root: Path = Path("/sys")) -> PluginInventory:
+    """Discover this node's NVIDIA GPUs (and MIG devices) through NVML.
+
+    `nvml`: the pynvml module (default) or an object with the same functions (tests pass a
+    fake). `sys_root`: where sysfs is mounted, read only for the NUMA fallback.
+    Returns a PluginInventory of plugin "ai.backend.accelerator.cuda", slot "cuda", devices in
+    NVML order with each GPU's MIG devices right after it. Raises CudaPluginError.
+    NVML is always shut down again once initialised.
+    """
+    nvml = pynvml if nvml is None else nvml
+    _call(nvml, "nvmlInit")
+    inventory = PluginInventory(plugin=PLUGIN_NAME, slot_name=SLOT_NAME, devices=[])
+    try:
+        inventory.attributes = {
+            "driver_version": _text(_call(nvml, "nvmlSystemGetDriverVersion")),
+            "cuda_version": cuda_version_text(_call(nvml, "nvmlSystemGetCudaDriverVersion_v2")),
+        }
+        count = _call(nvml, "nvmlDeviceGetCount")
+        for index in range(count):
+            handle = _call(nvml, "nvmlDeviceGetHandleByIndex", index, target=f"GPU {index}")
+            gpu = _gpu_info(nvml, handle, index, sys_root=sys_root, warnings=inventory.warnings)
+            inventory.devices.append(gpu)
+            inventory.devices.extend(_mig_devices(nvml, handle, gpu))
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as err:
+            inventory.warnings.append(f"NVML call nvmlShutdown failed: {err}")
+    return inventory
+
+
+def cuda_version_text(version: int) -> str:
+    """NVML's CUDA driver version integer → "major.minor": 12040 → "12.4", 11080 → "11.8".
+
+    Encoding as in nvml.h (NVML_CUDA_DRIVER_VERSION_MAJOR/MINOR): major = v / 1000,
+    minor = (v % 1000) / 10.
+    """
+    return f"{version // 1000}.{(version % 1000) // 10}"
+
+
+def mig_profile_name(*, gpu_slices: int, compute_slices: int, memory_mib: int, parent_memory: int) -> str:
+    """The MIG profile name NVIDIA tools print for a MIG device: "1g.10gb", "1c.3g.20gb".
+
+    `memory_mib`: the MIG device's memory (nvmlDeviceGetAttributes.memorySizeMB, MiB);
+    `parent_memory`: the whole GPU's memory in bytes. Rule copied from NVIDIA go-nvlib
+    (`getMigMemorySizeGB` in pkg/nvlib/device/mig_profile.go): the slice's share of the GPU's
+    memory is rounded up to eighths and multiplied by the GPU's memory in whole GiB (rounded
+    up), then rounded to the nearest integer. A100 40GB: 4864 MiB of 40 GiB → "1g.5gb";
+    H100 80GB: 9984 MiB → "1g.10gb". The "<c>c." prefix appears only when the compute
+    instance holds fewer slices than its GPU instance.
+    """
+    share = Fraction(memory_mib * _MiB, parent_memory)
+    eighths = Fraction(math.ceil(share * 8), 8)
+    whole_gib = -(-parent_memory // _GiB)
+    size = eighths * whole_gib
+    gigabytes = math.floor(size + Fraction(1, 2))  # Go's math.Round: halves away from zero
+    prefix = f"{compute_slices}c." if compute_slices and compute_slices != gpu_slices else ""
+    return f"{prefix}{gpu_slices}g.{gigabytes}gb"
+
+
+def pci_sysfs_name(bus_id: str) -> str:
+    """NVML's PCI bus id → the kernel's device name under /sys/bus/pci/devices.
+
+    NVML writes an 8-digit domain in capitals ("00000000:3B:00.0"); Linux names the device
+    with the domain as `%04x` ("0000:3b:00.0", see pci_setup_device in drivers/pci/probe.c).
+    """
+    domain, _, rest = bus_id.strip().partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest.lower()}"
+    except ValueError:
+        return bus_id.strip().lower()
+
+
+# --- internals -----------------------------------------------------------------------------
+
+
+def _gpu_info(nvml: Any, handle: Any, index: int, *, sys_root: Path, warnings: list[str]) -> DeviceInfo:
+    target = f"GPU {index}"
+    uuid = _text(_call(nvml, "nvmlDeviceGetUUID", handle, target=target))
+    target = f"GPU {index} ({uuid})"
+    return DeviceInfo(
+        slot_name=SLOT_NAME,
+        device_id=uuid,
+        index=index,
+        mother_uuid=uuid,
+        model_name=_text(_call(nvml, "nvmlDeviceGetName", handle, target=target)),
+        numa_node=_numa_node(nvml, handle, target=target, sys_root=sys_root),
+        subproc_count=_sm_count(nvml, handle, target=target, warnings=warnings),
+        memory_size=int(_call(nvml, "nvmlDeviceGetMemoryInfo", handle, target=target).total),
+    )
+
+
+def _sm_count(nvml: Any, handle: Any, *, target: str, warnings: list[str]) -> int:
+    refused = {_code(nvml, "NVML_ERROR_INVALID_ARGUMENT", 2)}
+    attributes = _optional(nvml, "nvmlDeviceGetAttributes", handle, target=target, also_unavailable=refused)
+    if attributes is not None and attributes.multiprocessorCount:
+        return int(attributes.multiprocessorCount)
+    cores = int(_call(nvml, "nvmlDeviceGetNumGpuCores", handle, target=target))
+    arch = int(_call(nvml, "nvmlDeviceGetArchitecture", handle, target=target))
+    per_sm = _CORES_PER_SM_BY_ARCH.get(arch)
+    if arch in _ARCH_WITH_TWO_SM_DESIGNS:
+        capability = _optional(nvml, "nvmlDeviceGetCudaComputeCapability", handle, target=target)
+        if capability is not None:
+            per_sm = _CORES_PER_SM_BY_CC.get((int(capability[0]), int(capability[1])), per_sm)
+    if per_sm is None:
+        per_sm = _CORES_PER_SM_DEFAULT
+        warnings.append(
+            f"{target}: NVML architecture code {arch} is not in the cores-per-SM table; "
+            f"assumed {per_sm} CUDA cores per SM ({cores} cores → {cores // per_sm} SMs). "
+            "Correct subproc_count in the node's device inventory if this is wrong."
+        )
+    return cores // per_sm
+
+
+def _numa_node(nvml: Any, handle: Any, *, target: str, sys_root: Path) -> int | None:
+    node = _optional(nvml, "nvmlDeviceGetNumaNodeId", handle, target=target)
+    if node is not None and int(node) >= 0:
+        return int(node)
+    pci = _optional(nvml, "nvmlDeviceGetPciInfo", handle, target=target)
+    if pci is None:
+        return None
+    bus_id = _text(pci.busId)
+    devices = sys_root / "bus" / "pci" / "devices"
+    for name in dict.fromkeys([pci_sysfs_name(bus_id), bus_id.strip().lower()]):
+        try:
+            value = int((devices / name / "numa_node").read_text().strip())
+        except (OSError, ValueError):
+            continue
+        return value if value >= 0 else None
+    return None
+
+
+def _mig_devices(nvml: Any, handle: Any, gpu: DeviceInfo) -> list[DeviceInfo]:
+    target = f"GPU {gpu.index} ({gpu.device_id})"
+    mode = _optional(nvml, "nvmlDeviceGetMigMode", handle, target=target)
+    if mode is None or int(mode[0]) != _code(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
+        return []
+    not_found = _code(nvml, "NVML_ERROR_NOT_FOUND", 6)
+    devices = []
+    for slot in range(int(_call(nvml, "nvmlDeviceGetMaxMigDeviceCount", handle, target=target))):
+        try:
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except nvml.NVMLError as err:
+            if err.value == not_found:  # NVML: no MIG device at this index
+                continue
+            raise _error("nvmlDeviceGetMigDeviceHandleByIndex", err, f"{target} MIG index {slot}") from err
+        mig_target = f"{target} MIG index {slot}"
+        uuid = _text(_call(nvml, "nvmlDeviceGetUUID", mig, target=mig_target))
+        mig_target = f"MIG device {uuid} of {target}"
+        attributes = _call(nvml, "nvmlDeviceGetAttributes", mig, target=mig_target)
+        devices.append(
+            DeviceInfo(
+                slot_name=SLOT_NAME,
+                device_id=uuid,
+                index=gpu.index,
+                mother_uuid=gpu.mother_uuid,
+                model_name=gpu.model_name,
+                numa_node=gpu.numa_node,
+                subproc_count=int(attributes.multiprocessorCount),
+                memory_size=int(_call(nvml, "nvmlDeviceGetMemoryInfo", mig, target=mig_target).total),
+                is_mig_device=True,
+                mig_profile=mig_profile_name(
+                    gpu_slices=int(attributes.gpuInstanceSliceCount),
+                    compute_slices=int(attributes.computeInstanceSliceCount),
+                    memory_mib=int(attributes.memorySizeMB),
+                    parent_memory=gpu.memory_size,
+                ),
+                parent_device_id=gpu.device_id,
+            )
+        )
+    return devices
+
+
+def _call(nvml: Any, name: str, *args: Any, target: str = "") -> Any:
+    """`nvml.<name>(*args)`; an NVMLError becomes CudaPluginError naming the call."""
+    try:
+        return getattr(nvml, name)(*args)
+    except nvml.NVMLError as err:
+        raise _error(name, err, target) from err
+
+
+def _optional(nvml: Any, name: str, *args: Any, target: str = "", also_unavailable: set[int] = frozenset()) -> Any:
+    """Like `_call`, but None where the driver does not offer the field (NOT_SUPPORTED,
+    FUNCTION_NOT_FOUND, or a binding too old to have the function)."""
+    unavailable = {_code(nvml, "NVML_ERROR_NOT_SUPPORTED", 3), _code(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)}
+    function = getattr(nvml, name, None)
+    if function is None:
+        return None
+    try:
+        return function(*args)
+    except nvml.NVMLError as err:
+        if err.value in unavailable or err.value in also_unavailable:
+            return None
+        raise _error(name, err, target) from err
+
+
+def _error(name: str, err: Exception, target: str) -> CudaPluginError:
+    return CudaPluginError(name, str(err), nvml_code=getattr(err, "value", None), target=target)
+
+
+def _code(nvml: Any, constant: str, default: int) -> int:
+    return int(getattr(nvml, constant, default))
+
+
+def _text(value: str | bytes) -> str:
+    """NVML strings: str from nvidia-ml-py ≥ 11.515, bytes from older pynvml releases."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace").rstrip("\x00")
+    return str(value)

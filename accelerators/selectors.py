@@ -1,0 +1,112 @@
+"""Reads of the accelerator inventory: fractional settings, device usage and free fGPU."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.db.models import Count, Q, Sum
+
+from accelerators.allocation import core
+from accelerators.models import AllocationMode, Device, FractionalSettings, Node, NodeStatus, SlotFormat
+
+_LIVE = Q(allocations__released_at__isnull=True)
+
+
+@dataclass(frozen=True)
+class FgpuSummary:
+    """A device's fGPU figures. `capacity`/`free` are None where the slot is in discrete mode."""
+
+    capacity: Decimal | None
+    allocated: Decimal
+    free: Decimal | None
+
+
+def fractional_settings_get(*, slot_name: str) -> FractionalSettings:
+    """The slot's settings row, or an unsaved one with Backend.AI's defaults (discrete mode)."""
+    return FractionalSettings.objects.filter(slot_name=slot_name).first() or FractionalSettings(slot_name=slot_name)
+
+
+def slot_format_get(*, slot_name: str, subtype: str) -> SlotFormat:
+    """The slot format for `<slot_name>.<subtype>`, or an unsaved default ("GPU" / "fGPU")."""
+    found = SlotFormat.objects.filter(slot_name=slot_name, subtype=subtype).first()
+    if found:
+        return found
+    if subtype == "shares":
+        return SlotFormat(slot_name=slot_name, subtype=subtype, display_unit="fGPU", human_readable_name="fGPU",
+                          number_round_length=2)
+    return SlotFormat(slot_name=slot_name, subtype=subtype)
+
+
+def devices_with_usage(devices):
+    """Annotate a Device queryset with live usage: `memory_used` (bytes), `proc_used` (SMs),
+    `shares_used` (fGPU), `session_count`."""
+    return devices.annotate(
+        memory_used=Sum("allocations__memory", filter=_LIVE, default=0),
+        proc_used=Sum("allocations__procs", filter=_LIVE, default=Decimal(0)),
+        shares_used=Sum("allocations__shares", filter=_LIVE, default=Decimal(0)),
+        session_count=Count("allocations", filter=_LIVE),
+    )
+
+
+def device_state(device) -> core.DeviceState:
+    """A Device annotated by `devices_with_usage` → the allocator's DeviceState (id = pk text)."""
+    return core.DeviceState(
+        device_id=str(device.pk),
+        memory_total=device.memory_size,
+        proc_total=device.subproc_count,
+        memory_used=int(device.memory_used or 0),
+        proc_used=Decimal(device.proc_used or 0),
+        sessions=int(device.session_count or 0),
+        numa_node=device.numa_node,
+    )
+
+
+def device_fgpu_summary(devices: Iterable[Device]) -> dict:
+    """{device pk: FgpuSummary} for `devices`, from live allocations. Capacity and free are
+    computed with the device slot's fractional settings (min of memory and SMs, truncated to
+    2 decimals); allocated is the sum of live shares (whole-device grants count 1 each)."""
+    devices = list(devices)
+    settings = {s.slot_name: s for s in FractionalSettings.objects.filter(slot_name__in={d.slot_name for d in devices})}
+    annotated = {d.pk: d for d in devices_with_usage(Device.objects.filter(pk__in=[d.pk for d in devices]))}
+    result = {}
+    for pk, device in annotated.items():
+        slot = settings.get(device.slot_name)
+        allocated = Decimal(device.shares_used or 0)
+        if slot is None or slot.allocation_mode != AllocationMode.FRACTIONAL or device.is_mig_device:
+            result[pk] = FgpuSummary(capacity=None, allocated=allocated, free=None)
+            continue
+        pure = slot.as_allocation_settings()
+        capacity = core.device_capacity(memory_size=device.memory_size, subproc_count=device.subproc_count, settings=pure)
+        result[pk] = FgpuSummary(capacity=capacity, allocated=allocated, free=core.device_free_shares(device_state(device), pure))
+    return result
+
+
+def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = True) -> list[core.NodeState]:
+    """Every (alive) node as the allocator sees it: CPU/memory left after live sessions and the
+    slot's non-MIG devices with their live usage. `for_update` locks the device rows (in pk
+    order, so concurrent schedulers queue instead of deadlocking) inside the caller's
+    transaction; the usage read afterwards is therefore current."""
+    from sessions.models import ACTIVE_STATUSES
+
+    nodes = Node.objects.all()
+    if alive_only:
+        nodes = nodes.filter(status=NodeStatus.ALIVE)
+    device_rows = Device.objects.filter(node__in=nodes, slot_name=slot_name, is_mig_device=False)
+    if for_update:
+        list(nodes.order_by("pk").select_for_update().values_list("pk", flat=True))
+        list(device_rows.order_by("pk").select_for_update().values_list("pk", flat=True))
+    nodes = list(
+        nodes.annotate(
+            cpu_used=Sum("sessions__cpu", filter=Q(sessions__status__in=ACTIVE_STATUSES), default=0),
+            mem_used=Sum("sessions__mem", filter=Q(sessions__status__in=ACTIVE_STATUSES), default=0),
+        ).order_by("name")
+    )
+    by_node: dict = {}
+    for device in devices_with_usage(device_rows).order_by("index"):
+        by_node.setdefault(device.node_id, []).append(device_state(device))
+    return [
+        core.NodeState(node_id=str(n.pk), cpu_total=n.cpu_count, mem_total=n.memory_size, cpu_used=int(n.cpu_used),
+                       mem_used=int(n.mem_used), devices=tuple(by_node.get(n.pk, ())))
+        for n in nodes
+    ]

@@ -1,0 +1,129 @@
+"""`python manage.py standalone` (what `make run` starts): the whole console on one machine.
+
+Migrates the SQLite database under FGPU_DATA_DIR, imports the accelerator settings, makes
+sure user `admin` exists, then serves http://127.0.0.1:$PORT with daphne and runs one
+embedded agent (one mock node) per agent.toml in FGPU_AGENT_CONFIG on daphne's event loop.
+Environment: PORT (8000), FGPU_ADMIN_PASSWORD, FGPU_AGENT_CONFIG (demo/agent.toml),
+FGPU_ACCELERATOR_CONFIG (an etcd-style JSON; the demo's is imported only on first start),
+FGPU_DATA_DIR (./var).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from accelerators.config_import import ConfigError, import_accelerator_config
+from accelerators.models import FractionalSettings
+from console.env import env_int, env_list, env_str
+from sessions.runtime.boot import build_agent
+from sessions.runtime.config import AgentConfigError, load_agent_config
+
+log = logging.getLogger("fgpu.standalone")
+
+DEMO_AGENT = settings.BASE_DIR / "demo" / "agent.toml"
+DEMO_ACCELERATOR = settings.BASE_DIR / "demo" / "accelerator.json"
+
+
+class Command(BaseCommand):
+    help = "Run fGPU Console on this machine: web, manager and mock agents in one process."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default=env_str("FGPU_HOST", "127.0.0.1"))
+        parser.add_argument("--port", type=int, default=None)
+
+    def handle(self, *args, host: str, port: int | None, **options):
+        port = port or env_int("PORT", 8000, minimum=1, maximum=65535)
+        agent_files = env_list("FGPU_AGENT_CONFIG", [str(DEMO_AGENT)])
+        try:
+            configs = [load_agent_config(path) for path in agent_files]
+        except AgentConfigError as exc:
+            raise CommandError(f"FGPU_AGENT_CONFIG: {exc}") from None
+        names = [c.node_name for c in configs]
+        if len(set(names)) != len(names):
+            raise CommandError(f"FGPU_AGENT_CONFIG: two agent.toml files use the same [agent] id: {names}")
+        configs = [dataclasses.replace(c, scratch_root=settings.FGPU_SESSIONS_DIR / c.node_name) for c in configs]
+
+        call_command("migrate", interactive=False, verbosity=0)
+        self._import_settings(configs)
+        self._ensure_admin()
+        agents = []
+        for config in configs:
+            try:
+                agents.append(build_agent(config, channel_layer=get_channel_layer(), heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL))
+            except Exception as exc:
+                raise CommandError(f"{config.path}: could not load the compute plugins: {exc}") from None
+        self._serve(host, port, agents)
+
+    def _import_settings(self, configs) -> None:
+        # On first start (no cuda settings yet) the demo's "1 physical GPU = 2 fGPU" is
+        # applied; later starts keep what an administrator changed in the admin pages.
+        first_start = not FractionalSettings.objects.filter(slot_name="cuda").exists()
+        try:
+            for config in configs:
+                if config.mock_config:
+                    report = import_accelerator_config(config.mock_config)
+                    for warning in report.warnings:
+                        self.stderr.write(f"warning: {config.mock_config.name}: {warning}")
+            explicit = env_str("FGPU_ACCELERATOR_CONFIG")
+            if explicit:
+                import_accelerator_config(explicit)
+            elif first_start:
+                import_accelerator_config(DEMO_ACCELERATOR)
+        except ConfigError as exc:
+            raise CommandError(str(exc)) from None
+
+    def _ensure_admin(self) -> None:
+        User = get_user_model()
+        password = env_str("FGPU_ADMIN_PASSWORD")
+        user = User.objects.filter(username="admin").first()
+        if user is None:
+            generated = not password
+            password = password or secrets.token_urlsafe(12)
+            User.objects.create_superuser("admin", "admin@localhost", password)
+            if generated:
+                self.stdout.write(self.style.WARNING(f"Created user admin with password: {password}  (shown once)"))
+            else:
+                self.stdout.write("Created user admin with the password from FGPU_ADMIN_PASSWORD")
+        elif password:
+            user.set_password(password)
+            user.save(update_fields=["password"])
+
+    def _serve(self, host: str, port: int, agents) -> None:
+        from daphne.server import Server
+
+        from console.asgi import application
+        from sessions.tasks import node_check_heartbeats, schedule_pending
+
+        async def start_agents():
+            for agent in agents:
+                await agent.start()
+
+            async def periodic():
+                while True:
+                    await asyncio.sleep(settings.FGPU_HEARTBEAT_INTERVAL)
+                    for task in (node_check_heartbeats, schedule_pending):
+                        try:
+                            await sync_to_async(task.delay, thread_sensitive=False)()
+                        except Exception:
+                            log.exception("periodic %s failed", task.name)
+
+            asyncio.get_running_loop().create_task(periodic())
+            self.stdout.write(self.style.SUCCESS(
+                f"fGPU Console is serving on http://{host}:{port}/ (user admin; nodes: {', '.join(a.node for a in agents)})"
+            ))
+
+        def ready():
+            asyncio.get_event_loop().create_task(start_agents())
+
+        server = Server(application=application, endpoints=[f"tcp:port={port}:interface={host}"], ready_callable=ready,
+                        signal_handlers=True, verbosity=0)
+        server.run()

@@ -1,0 +1,15 @@
+"""Standalone mode (`python manage.py standalone`, what `make run` starts).
+
+One process on one machine: SQLite under `FGPU_DATA_DIR`, the in-memory channel layer,
+eager Celery, and embedded agents driven by the same agent code as a GPU node. Nothing
+here needs PostgreSQL or Redis; `DATABASE_URL` and `REDIS_URL` are ignored on purpose.
+"""
+from console.settings import *  # noqa: F401,F403
+from console.settings import DATA_DIR, _database
+
+STANDALONE = True
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+DATABASES = {"default": _database(f"sqlite:///{DATA_DIR / 'fgpu.sqlite3'}")}
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+CELERY_BROKER_URL = "memory://localhost/"
+CELERY_TASK_ALWAYS_EAGER = True

@@ -1,0 +1,69 @@
+"""`python manage.py agent --config agent.toml`: one GPU node's agent.
+
+Consumes Celery queue `agent.<node>` (an embedded worker, solo pool: each task only hands
+work to the agent's asyncio loop), talks to the manager through queue `manager`, relays
+terminals through the Redis channel layer, and never opens the database.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from channels_redis.core import RedisChannelLayer
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from console.celery import agent_queue, app
+from sessions.runtime.boot import build_agent
+from sessions.runtime.config import AgentConfigError, load_agent_config
+
+log = logging.getLogger("fgpu.agent")
+
+
+class Command(BaseCommand):
+    help = "Run the agent of one GPU node (see agent.toml in the README)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--config", required=True, help="path to agent.toml")
+
+    def handle(self, *args, config: str, **options):
+        try:
+            cfg = load_agent_config(config, default_broker=settings.REDIS_URL)
+        except AgentConfigError as exc:
+            raise CommandError(str(exc)) from None
+        if not cfg.broker_url.startswith(("redis://", "rediss://")):
+            raise CommandError(f"{cfg.path.name}: manager.broker-url: the agent needs a Redis URL (or set REDIS_URL)")
+        app.conf.broker_url = cfg.broker_url
+        app.conf.task_always_eager = False
+        layer = RedisChannelLayer(hosts=[cfg.broker_url], capacity=1000, expiry=60)
+        try:
+            agent = build_agent(cfg, channel_layer=layer, heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL)
+        except Exception as exc:
+            raise CommandError(f"{cfg.path.name}: could not load the compute plugins: {exc}") from None
+        for warning in agent.inventory.get("warnings", []):
+            self.stderr.write(f"warning: {warning}")
+
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run_loop():
+            asyncio.set_event_loop(loop)
+            loop.run_until_complete(agent.start())
+            ready.set()
+            loop.run_forever()
+
+        thread = threading.Thread(target=run_loop, name="agent-loop", daemon=True)
+        thread.start()
+        if not ready.wait(timeout=60):
+            raise CommandError("the agent did not start within 60 s (is Redis reachable?)")
+        self.stdout.write(f"agent {cfg.node_name}: {len(agent.inventory['devices'])} device(s), queue {agent_queue(cfg.node_name)}")
+        worker = app.Worker(
+            hostname=f"agent@{cfg.node_name}", queues=[agent_queue(cfg.node_name)], pool="solo", concurrency=1,
+            without_mingle=True, without_gossip=True, loglevel="INFO",
+        )
+        try:
+            worker.start()
+        finally:
+            asyncio.run_coroutine_threadsafe(agent.shutdown(), loop).result(timeout=30)
+            loop.call_soon_threadsafe(loop.stop)

@@ -1,0 +1,332 @@
+"""The agent runtime: one per node. Runs sessions as PTY process groups and relays terminals.
+
+Everything runs on one asyncio loop (the agent's own in `manage.py agent`, daphne's in
+standalone mode). Celery task handlers call the thread-safe `submit_*` methods, which
+schedule work on that loop and return at once. Reports to the manager go through Celery
+tasks (`fgpu.manager.*`), called from a worker thread so the loop never blocks. Terminal
+frames travel through the channel layer: input from group `pty-<session>` (which the agent
+joins), output to group `terminal-<session>` (which terminal consumers join).
+The agent never opens the database.
+"""
+from __future__ import annotations
+
+import asyncio
+import codecs
+import fcntl
+import json
+import logging
+import os
+import pty
+import shutil
+import signal
+import struct
+import subprocess
+import termios
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asgiref.sync import sync_to_async
+
+from sessions import events
+from sessions.runtime import nvidia_smi
+from sessions.runtime.environment import allocation_document, session_environment
+
+log = logging.getLogger(__name__)
+
+SCROLLBACK_BYTES = 64 * 1024
+READ_CHUNK = 64 * 1024
+KILL_GRACE_S = 3.0
+
+_AGENTS: dict[str, "Agent"] = {}
+
+
+class CeleryManager:
+    """How an agent talks to the manager: Celery tasks on queue `manager` (blocking calls)."""
+
+    def register(self, node: str, inventory: dict, running: list[str]) -> None:
+        from sessions.tasks import agent_register
+
+        agent_register.delay(node=node, inventory=inventory, running=running)
+
+    def heartbeat(self, node: str, running: list[str]) -> None:
+        from sessions.tasks import agent_heartbeat
+
+        agent_heartbeat.delay(node=node, running=running)
+
+    def report(self, session_id: str, status: str, reason: str, exit_code: int | None) -> None:
+        from sessions.tasks import session_report
+
+        session_report.delay(session_id=session_id, status=status, reason=reason, exit_code=exit_code)
+
+
+def agent_for(node: str) -> "Agent":
+    """The agent running in this process for `node`. Raises LookupError if none."""
+    try:
+        return _AGENTS[node]
+    except KeyError:
+        raise LookupError(f"no agent for node {node!r} runs in this process") from None
+
+
+@dataclass
+class RunningSession:
+    session_id: str
+    process: subprocess.Popen
+    master_fd: int
+    work_dir: Path
+    scrollback: bytearray = field(default_factory=bytearray)
+    decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    eof: asyncio.Event = field(default_factory=asyncio.Event)
+    stopping: str = ""  # why the agent is killing it; empty while nobody asked
+
+
+class Agent:
+    """Runs one node's sessions.
+
+    `inventory`: {"devices": [DeviceInfo dicts], "plugins", "attributes", "cpu_count",
+    "memory_size"}; `manager`: an object with `register`, `heartbeat`, `report` methods that
+    send the manager tasks (blocking calls; the agent calls them from a worker thread).
+    """
+
+    def __init__(self, *, node: str, inventory: dict, channel_layer, manager, scratch_root: Path,
+                 mock: bool, mps: bool = False, heartbeat_s: float = 5.0) -> None:
+        self.node = node
+        self.inventory = inventory
+        self.layer = channel_layer
+        self.manager = manager
+        self.scratch_root = Path(scratch_root)
+        self.mock = mock
+        self.mps = mps
+        self.heartbeat_s = heartbeat_s
+        self.sessions: dict[str, RunningSession] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.channel: str | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # --- life cycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Join the channel layer, register with the manager, start heartbeats."""
+        self.loop = asyncio.get_running_loop()
+        _AGENTS[self.node] = self
+        self.scratch_root.mkdir(parents=True, exist_ok=True)
+        self.channel = await self.layer.new_channel(f"agent.{self.node}.")
+        self._tasks.append(asyncio.create_task(self._receive_loop(), name=f"agent-{self.node}-receive"))
+        await self._call(self.manager.register, self.node, self.inventory, list(self.sessions))
+        self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"agent-{self.node}-heartbeat"))
+        log.info("agent %s started with %d device(s)", self.node, len(self.inventory["devices"]))
+
+    async def shutdown(self) -> None:
+        """Kill every session (reported TERMINATED) and stop the loops."""
+        for session_id in list(self.sessions):
+            await self._stop(session_id, reason="the agent shut down")
+        for task in self._tasks:
+            task.cancel()
+        _AGENTS.pop(self.node, None)
+
+    async def _call(self, fn, *args, **kwargs):
+        # thread_sensitive=False: a manager call may run the manager's code in-process (eager
+        # Celery in standalone mode); it must not queue behind the web's sync thread.
+        return await sync_to_async(fn, thread_sensitive=False)(*args, **kwargs)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await self._call(self.manager.heartbeat, self.node, list(self.sessions))
+            except Exception:
+                log.exception("agent %s: heartbeat failed", self.node)
+
+    # --- thread-safe entry points (Celery task handlers) ----------------------------------
+
+    def _submit(self, coro) -> None:
+        if self.loop is None:
+            raise RuntimeError(f"agent {self.node} is not started")
+        asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def submit_start(self, spec: dict) -> None:
+        self._submit(self._start(spec))
+
+    def submit_stop(self, session_id: str) -> None:
+        self._submit(self._stop(session_id, reason="terminated"))
+
+    def submit_sync(self, keep: list[str]) -> None:
+        self._submit(self._sync(set(keep)))
+
+    # --- sessions ----------------------------------------------------------------------
+
+    async def _start(self, spec: dict) -> None:
+        session_id = spec["session_id"]
+        if session_id in self.sessions:
+            return  # a redelivered start message: already running
+        await self._report(session_id, "PREPARING", "preparing the working directory and environment")
+        try:
+            running = await asyncio.to_thread(self._spawn, spec)
+        except Exception as exc:
+            log.exception("agent %s: session %s failed to start", self.node, session_id)
+            await self._report(session_id, "ERROR", f"the agent could not start the session: {exc}")
+            return
+        self.sessions[session_id] = running
+        await self.layer.group_add(events.pty_group(session_id), self.channel)
+        self.loop.add_reader(running.master_fd, self._on_readable, running)
+        asyncio.create_task(self._pump_output(running))
+        asyncio.create_task(self._wait_exit(running))
+        await self._report(session_id, "RUNNING", "")
+
+    def _spawn(self, spec: dict) -> RunningSession:
+        """Work dir, allocation document, virtual nvidia-smi, then the process on a new PTY in
+        its own session (so the whole process group can be killed). Blocking; runs in a thread."""
+        session_id = spec["session_id"]
+        work_dir = self.scratch_root / session_id
+        meta_dir = work_dir / ".fgpu"
+        bin_dir = meta_dir / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        document = allocation_document(spec, node=self.node, mock=self.mock, attributes=self.inventory.get("attributes", {}))
+        allocation_path = meta_dir / "allocation.json"
+        allocation_path.write_text(json.dumps(document, indent=2))
+        nvidia_smi.install(bin_dir)
+        env = session_environment(spec, allocation_path=str(allocation_path), bin_dir=str(bin_dir),
+                                  work_dir=str(work_dir), base_path=os.environ.get("PATH", "/usr/bin:/bin"), mps=self.mps)
+        env["PS1"] = f"{spec['owner']}@{spec['name']}:\\w\\$ "
+        shell = shutil.which("bash") or "/bin/sh"
+        argv = [shell, "-c", spec["command"]] if spec.get("command") else (
+            [shell, "--noprofile", "--norc", "-i"] if shell.endswith("bash") else [shell, "-i"])
+        master_fd, slave_fd = pty.openpty()
+        _set_winsize(slave_fd, 24, 80)
+        try:
+            process = subprocess.Popen(argv, stdin=slave_fd, stdout=slave_fd, stderr=slave_fd, cwd=work_dir, env=env,
+                                       start_new_session=True, close_fds=True, preexec_fn=_make_controlling_tty)
+        finally:
+            os.close(slave_fd)
+        os.set_blocking(master_fd, False)
+        return RunningSession(session_id=session_id, process=process, master_fd=master_fd, work_dir=work_dir)
+
+    def _on_readable(self, running: RunningSession) -> None:
+        try:
+            data = os.read(running.master_fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:  # EIO: the last process holding the PTY is gone
+            data = b""
+        if not data:
+            self.loop.remove_reader(running.master_fd)
+            running.eof.set()
+            return
+        running.scrollback += data
+        del running.scrollback[:-SCROLLBACK_BYTES]
+        running.outbox.put_nowait(running.decoder.decode(data))
+
+    async def _pump_output(self, running: RunningSession) -> None:
+        """Send output frames in order, coalescing what piled up meanwhile."""
+        group = events.terminal_group(running.session_id)
+        while True:
+            chunk = await running.outbox.get()
+            closing = chunk is None
+            parts = [] if closing else [chunk]
+            while not running.outbox.empty():
+                more = running.outbox.get_nowait()
+                if more is None:
+                    closing = True
+                    break
+                parts.append(more)
+            if parts:
+                try:
+                    await self.layer.group_send(group, {"type": "terminal.output", "data": "".join(parts)})
+                except Exception:
+                    log.exception("agent %s: could not send terminal output of %s", self.node, running.session_id)
+            if closing:
+                return
+
+    async def _wait_exit(self, running: RunningSession) -> None:
+        code = await asyncio.to_thread(running.process.wait)
+        # Let the PTY drain what the process wrote last (a background child may keep it open:
+        # then give up after a second), then close it.
+        try:
+            await asyncio.wait_for(running.eof.wait(), timeout=1.0)
+        except TimeoutError:
+            self.loop.remove_reader(running.master_fd)
+        running.outbox.put_nowait(None)
+        os.close(running.master_fd)
+        self.sessions.pop(running.session_id, None)
+        exit_code = code if code >= 0 else 128 - code  # killed by signal N → 128+N, as shells report it
+        await self.layer.group_send(events.terminal_group(running.session_id), {"type": "terminal.exit", "code": exit_code})
+        await self.layer.group_discard(events.pty_group(running.session_id), self.channel)
+        reason = running.stopping or f"the process exited with code {exit_code}"
+        await self._report(running.session_id, "TERMINATED", reason, exit_code=exit_code)
+
+    async def _stop(self, session_id: str, *, reason: str) -> None:
+        running = self.sessions.get(session_id)
+        if running is None:  # not here (already ended, or the agent restarted): say so
+            await self._report(session_id, "TERMINATED", f"{reason} (no process was running)")
+            return
+        if running.stopping:
+            return
+        running.stopping = reason
+        pgid = running.process.pid
+        for sig in (signal.SIGHUP, signal.SIGTERM):
+            _killpg(pgid, sig)
+        deadline = self.loop.time() + KILL_GRACE_S
+        while running.process.poll() is None and self.loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        _killpg(pgid, signal.SIGKILL)
+
+    async def _sync(self, keep: set[str]) -> None:
+        for session_id in list(self.sessions):
+            if session_id not in keep:
+                await self._stop(session_id, reason="the manager no longer knows this session")
+
+    async def _report(self, session_id: str, status: str, reason: str, exit_code: int | None = None) -> None:
+        try:
+            await self._call(self.manager.report, session_id, status, reason, exit_code)
+        except Exception:
+            log.exception("agent %s: could not report %s for session %s", self.node, status, session_id)
+
+    # --- terminal relay ------------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        while True:
+            message = await self.layer.receive(self.channel)
+            try:
+                self._handle(message)
+            except Exception:
+                log.exception("agent %s: bad terminal message %r", self.node, message.get("type"))
+
+    def _handle(self, message: dict) -> None:
+        running = self.sessions.get(message.get("session_id", ""))
+        if running is None:
+            return
+        kind = message.get("type")
+        if kind == "pty.input":
+            data = message["data"].encode()
+            while data:
+                try:
+                    written = os.write(running.master_fd, data)
+                except BlockingIOError:
+                    continue
+                data = data[written:]
+        elif kind == "pty.resize":
+            _set_winsize(running.master_fd, int(message["rows"]), int(message["cols"]))
+        elif kind == "pty.attach":
+            backlog = bytes(running.scrollback).decode("utf-8", "replace")
+            asyncio.create_task(self.layer.send(message["reply_channel"], {"type": "terminal.output", "data": backlog}))
+
+
+def _set_winsize(fd: int, rows: int, cols: int) -> None:
+    rows, cols = max(1, min(rows, 1000)), max(1, min(cols, 1000))
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def _make_controlling_tty() -> None:
+    # After setsid (start_new_session), make the PTY on stdin the controlling terminal so
+    # job control and SIGWINCH work in the shell.
+    try:
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    except OSError:
+        pass
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

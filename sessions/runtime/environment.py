@@ -1,0 +1,86 @@
+"""The environment contract of a session (DESIGN.md) and its allocation document. Pure.
+
+Variable names come from the systems that read them: `CUDA_VISIBLE_DEVICES` /
+`NVIDIA_VISIBLE_DEVICES` (CUDA, NVIDIA container runtime), `CUDA_DEVICE_MEMORY_LIMIT_<i>` and
+`CUDA_DEVICE_SM_LIMIT` (HAMi-core), `AMP_VGPU_ENABLE`, `GPU_MEM_PER_DEVICE`,
+`GPU_UTIL_PER_DEVICE` (Alibaba eGPU), `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`,
+`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (NVIDIA MPS).
+"""
+from __future__ import annotations
+
+from decimal import ROUND_DOWN, Decimal
+
+MiB = 1 << 20
+
+
+def sm_percent(device: dict) -> int:
+    """Granted SMs as a whole percentage of the device's SMs (truncated, at least 1)."""
+    if not device["subproc_count"]:
+        return 100
+    share = Decimal(device["procs"]) * 100 / Decimal(device["subproc_count"])
+    return max(1, min(100, int(share.to_integral_value(rounding=ROUND_DOWN))))
+
+
+def allocation_document(spec: dict, *, node: str, mock: bool, attributes: dict) -> dict:
+    """The JSON the virtual nvidia-smi reads (`FGPU_ALLOCATION`): devices numbered as the
+    session sees them (0..n-1), memory in bytes."""
+    return {
+        "session_id": spec["session_id"],
+        "session_name": spec["name"],
+        "node": node,
+        "mock": mock,
+        "driver_version": attributes.get("nvidia_driver", "N/A"),
+        "cuda_version": attributes.get("cuda_runtime", "N/A"),
+        "cpu": spec["cpu"],
+        "mem": spec["mem"],
+        "devices": [
+            {
+                "index": i,
+                "uuid": d["device_id"],
+                "model_name": d["model_name"],
+                "memory_limit": d["memory_limit"],
+                "memory_total": d["memory_total"],
+                "shares": d["shares"],
+                "procs": d["procs"],
+                "subproc_count": d["subproc_count"],
+                "sm_limit_percent": sm_percent(d),
+                "is_mig_device": d["is_mig_device"],
+                "mig_profile": d["mig_profile"],
+                "pci_bus_id": "",
+            }
+            for i, d in enumerate(spec["devices"])
+        ],
+    }
+
+
+def session_environment(spec: dict, *, allocation_path: str, bin_dir: str, work_dir: str, base_path: str,
+                        mps: bool = False) -> dict[str, str]:
+    """The variables of the contract for `spec` (the scheduler's start spec). A session without
+    devices gets `CUDA_VISIBLE_DEVICES=""` so no GPU is visible. When the devices' SM shares
+    differ, the compute caps use the smallest, so no device runs above its grant."""
+    devices = spec["devices"]
+    uuids = ",".join(d["device_id"] for d in devices)
+    env = {
+        "PATH": f"{bin_dir}:{base_path}",
+        "HOME": work_dir,
+        "TERM": "xterm-256color",
+        "LANG": "C.UTF-8",
+        "FGPU_SESSION_ID": spec["session_id"],
+        "FGPU_SESSION_NAME": spec["name"],
+        "FGPU_ALLOCATION": allocation_path,
+        "CUDA_VISIBLE_DEVICES": uuids,
+        "NVIDIA_VISIBLE_DEVICES": uuids or "void",
+    }
+    if not devices:
+        return env
+    percent = min(sm_percent(d) for d in devices)
+    for i, d in enumerate(devices):
+        env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d['memory_limit'] // MiB}m"
+    env["CUDA_DEVICE_SM_LIMIT"] = str(percent)
+    env["AMP_VGPU_ENABLE"] = "1"
+    env["GPU_MEM_PER_DEVICE"] = str(min(d["memory_limit"] for d in devices))
+    env["GPU_UTIL_PER_DEVICE"] = str(percent)
+    if mps:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={d['memory_limit'] // MiB}M" for i, d in enumerate(devices))
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(percent)
+    return env

@@ -1,0 +1,121 @@
+"""The scheduler: places PENDING sessions, first in first out, and never over-commits.
+
+One pass, in one transaction: lock the pending sessions (oldest first), then for each lock
+the node and device rows (pk order, so concurrent passes queue instead of deadlocking),
+read live usage, ask the pure allocator (`accelerators.allocation.core.place`) for a plan,
+write the plan as Allocation rows and move the session PENDING → SCHEDULED. The start
+message goes to the node's agent after commit. A session that does not fit now stops the
+pass (strict FIFO: later, smaller sessions do not overtake it); it waits for capacity.
+"""
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from accelerators.allocation import core
+from accelerators.allocation.errors import AllocationError, InsufficientResource
+from accelerators.models import Device, Node
+from accelerators.selectors import node_states
+from sessions import events
+from sessions.models import Allocation, ComputeSession, SessionStatus
+from sessions.services import request_settings, session_request
+
+log = logging.getLogger(__name__)
+
+
+def schedule_pending(*, limit: int = 100) -> list[str]:
+    """Place up to `limit` pending sessions in arrival order. Returns the ids scheduled."""
+    scheduled: list[str] = []
+    starts: list[tuple[str, dict]] = []
+    with transaction.atomic():
+        pending = list(
+            ComputeSession.objects.select_for_update().filter(status=SessionStatus.PENDING).order_by("created_at", "pk")[:limit]
+        )
+        for session in pending:
+            request = session_request(session)
+            try:
+                settings = request_settings(request)
+                nodes = node_states(slot_name=request.slot or "cuda", for_update=True)
+                placement = core.place(nodes, request, settings)
+            except InsufficientResource as exc:
+                _wait(session, f"waiting for capacity: {exc}")
+                break
+            except AllocationError as exc:  # no longer satisfiable (e.g. the slot's mode changed)
+                session.status, session.status_reason, session.terminated_at = SessionStatus.ERROR, str(exc), timezone.now()
+                session.save(update_fields=["status", "status_reason", "terminated_at"])
+                events.session_notify(session)
+                continue
+            starts.append((placement.node_id, _write_placement(session, placement)))
+            scheduled.append(str(session.pk))
+        for node_id, spec in starts:
+            node_name = Node.objects.values_list("name", flat=True).get(pk=node_id)
+            transaction.on_commit(lambda n=node_name, s=spec: _send_start(n, s))
+    return scheduled
+
+
+def _wait(session: ComputeSession, reason: str) -> None:
+    if session.status_reason != reason:
+        session.status_reason = reason
+        session.save(update_fields=["status_reason"])
+        events.session_notify(session)
+
+
+def _write_placement(session: ComputeSession, placement: core.Placement) -> dict:
+    """Write the allocator's plan and return the agent's start spec."""
+    devices = {str(d.pk): d for d in Device.objects.filter(pk__in=[g.device_id for g in placement.grants])}
+    rows = [
+        Allocation(session=session, device=devices[g.device_id], shares=g.shares, memory=g.memory, procs=g.procs)
+        for g in placement.grants
+    ]
+    Allocation.objects.bulk_create(rows)
+    session.node_id = placement.node_id
+    session.status = SessionStatus.SCHEDULED
+    session.status_reason = ""
+    session.scheduled_at = timezone.now()
+    session.save(update_fields=["node", "status", "status_reason", "scheduled_at"])
+    events.session_notify(session)
+    return session_start_spec(session, rows)
+
+
+def session_start_spec(session: ComputeSession, allocations: list[Allocation]) -> dict:
+    """What the agent needs to start the session (JSON-safe). Sizes in bytes, procs in SMs."""
+    return {
+        "session_id": str(session.pk),
+        "name": session.name,
+        "owner": session.owner.get_username(),
+        "command": session.command,
+        "cpu": session.cpu,
+        "mem": session.mem,
+        "slot_name": session.slot_name,
+        "slot_subtype": session.slot_subtype,
+        "devices": [
+            {
+                "device_id": a.device.device_id,
+                "index": a.device.index,
+                "model_name": a.device.model_name,
+                "memory_total": a.device.memory_size,
+                "subproc_count": a.device.subproc_count,
+                "memory_limit": a.memory,
+                "procs": str(a.procs),
+                "shares": str(a.shares),
+                "is_mig_device": a.device.is_mig_device,
+                "mig_profile": a.device.mig_profile,
+            }
+            for a in sorted(allocations, key=lambda a: a.device.index)
+        ],
+    }
+
+
+def _send_start(node_name: str, spec: dict) -> None:
+    from sessions.tasks import session_start
+
+    session_start.delay(node=node_name, spec=spec)
+
+
+def pending_position(session: ComputeSession) -> int:
+    """1-based place of a PENDING session in the FIFO queue."""
+    return ComputeSession.objects.filter(status=SessionStatus.PENDING, created_at__lte=session.created_at).count()
+
+

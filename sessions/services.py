@@ -1,0 +1,234 @@
+"""Writes to compute sessions: create, terminate, apply agent reports, terminal tickets.
+
+Status changes are compare-and-set (`filter(status__in=…).update(…)`): when two writers
+race, exactly one wins and the other sees `updated == 0`. Allocations are released in the
+same transaction as the move to a final status, so they are released exactly once.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from accelerators.allocation import core
+from accelerators.allocation.errors import AllocationError, InvalidResourceRequest, NeverSchedulable
+from accelerators.allocation.requests import parse_resources
+from accelerators.models import AllocationMode, NodeStatus
+from accelerators.selectors import fractional_settings_get, node_states
+from console.errors import ApplicationError
+from sessions import events
+from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus, TerminalTicket
+
+log = logging.getLogger(__name__)
+
+MAX_NAME = 64
+
+
+def request_settings(request: core.ResourceRequest) -> core.FractionalSettings | None:
+    """The slot's fractional settings for the allocator, after checking the request matches the
+    slot's allocation mode. Raises InvalidResourceRequest naming the mode."""
+    if request.kind == "none":
+        return None
+    slot = fractional_settings_get(slot_name=request.slot)
+    if request.kind == "shares" and slot.allocation_mode != AllocationMode.FRACTIONAL:
+        raise InvalidResourceRequest(
+            f"{request.slot}.shares: the {request.slot} slot is in discrete mode; ask for whole GPUs with "
+            f"{request.slot}.device, or have an administrator switch it to fractional mode"
+        )
+    if request.kind == "device" and slot.allocation_mode == AllocationMode.FRACTIONAL:
+        raise InvalidResourceRequest(
+            f"{request.slot}.device: the {request.slot} slot is in fractional mode; ask for fGPU with {request.slot}.shares"
+        )
+    return slot.as_allocation_settings()
+
+
+def session_request(session: ComputeSession) -> core.ResourceRequest:
+    kind = session.slot_subtype if session.slot_name else "none"
+    return core.ResourceRequest(kind=kind, amount=session.amount, cpu=session.cpu, mem=session.mem, slot=session.slot_name)
+
+
+def session_create(*, owner, name: str, resources: dict, command: str = "") -> ComputeSession:
+    """Validate `resources` (see accelerators.allocation.requests) and write the session PENDING;
+    the scheduler runs after commit.
+
+    Raises ApplicationError (400) for a malformed request, one off the quantum grid, one in the
+    wrong mode, or one larger than any registered node could ever hold (naming the slot and the
+    largest amount a node holds).
+    """
+    name = (name or "").strip() or "session"
+    if len(name) > MAX_NAME:
+        raise ApplicationError(f"name: at most {MAX_NAME} characters", field_errors={"name": [f"at most {MAX_NAME} characters"]})
+    try:
+        request = parse_resources(resources)
+        pure_settings = request_settings(request)
+        if request.kind == "shares":
+            core.check_quantum(request.amount, pure_settings)
+        core.check_ever_fits(node_states(slot_name=request.slot or "cuda"), request, pure_settings)
+    except NeverSchedulable as exc:
+        raise ApplicationError(str(exc), type="never-schedulable", title="Request too large",
+                               field_errors={"resources": [str(exc)]}) from None
+    except AllocationError as exc:
+        raise ApplicationError(str(exc), type="invalid-resources", field_errors={"resources": [str(exc)]}) from None
+    with transaction.atomic():
+        session = ComputeSession.objects.create(
+            owner=owner, name=name, resources=resources, slot_name=request.slot, slot_subtype=request.kind if request.slot else "",
+            amount=request.amount, cpu=request.cpu, mem=request.mem, command=command or "",
+            status_reason="waiting for the scheduler",
+        )
+        events.session_notify(session)
+        transaction.on_commit(_schedule_soon)
+    return session
+
+
+def _schedule_soon() -> None:
+    from sessions.tasks import schedule_pending
+
+    schedule_pending.delay()
+
+
+def session_terminate(*, session: ComputeSession) -> ComputeSession:
+    """End a session. PENDING → CANCELLED at once; a scheduled or running one → TERMINATING and
+    the agent is told to kill its process group (it reports TERMINATED, which releases the
+    allocations). On a LOST node the session ends at once, since no agent will answer. A
+    session already ending or ended is left as it is (idempotent)."""
+    now = timezone.now()
+    with transaction.atomic():
+        if ComputeSession.objects.filter(pk=session.pk, status=SessionStatus.PENDING).update(
+            status=SessionStatus.CANCELLED, status_reason="cancelled before it was scheduled", terminated_at=now
+        ):
+            session.refresh_from_db()
+            events.session_notify(session)
+            return session
+        node_lost = session.node_id is not None and session.node.status == NodeStatus.LOST
+        if node_lost:
+            _finish(session, status=SessionStatus.TERMINATED, reason="terminated while its node was lost", exit_code=None)
+            session.refresh_from_db()
+            return session
+        moved = ComputeSession.objects.filter(
+            pk=session.pk, status__in=(SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING)
+        ).update(status=SessionStatus.TERMINATING, status_reason="terminating at the user's request")
+        session.refresh_from_db()
+        if moved or session.status == SessionStatus.TERMINATING:
+            if moved:
+                events.session_notify(session)
+            node_name, session_id = session.node.name, str(session.pk)
+            transaction.on_commit(lambda: _send_stop(node_name, session_id))
+    return session
+
+
+def _send_stop(node_name: str, session_id: str) -> None:
+    from sessions.tasks import session_stop
+
+    session_stop.delay(node=node_name, session_id=session_id)
+
+
+def _finish(session: ComputeSession, *, status: str, reason: str, exit_code: int | None) -> bool:
+    """Move an active session to a final `status` and release its allocations, exactly once.
+    Must run inside a transaction. False if another writer already ended it."""
+    now = timezone.now()
+    moved = ComputeSession.objects.filter(pk=session.pk, status__in=ACTIVE_STATUSES).update(
+        status=status, status_reason=reason, exit_code=exit_code, terminated_at=now
+    )
+    if not moved:
+        return False
+    released = Allocation.objects.filter(session_id=session.pk, released_at__isnull=True).update(released_at=now)
+    log.info("session %s → %s (%s); released %d allocation(s)", session.pk, status, reason, released)
+    events.session_notify(session)
+    transaction.on_commit(_schedule_soon)
+    return True
+
+
+_REPORT_SOURCES = {
+    SessionStatus.PREPARING: (SessionStatus.SCHEDULED,),
+    SessionStatus.RUNNING: (SessionStatus.SCHEDULED, SessionStatus.PREPARING),
+}
+
+
+def session_report_apply(*, session_id: str, status: str, reason: str = "", exit_code: int | None = None) -> bool:
+    """Apply an agent's report about a session (compare-and-set on the status).
+
+    PREPARING and RUNNING move the session forward only from earlier states; TERMINATED and
+    ERROR end it from any active state and release its allocations. A report that arrives out
+    of order (RUNNING after the user already asked to terminate) is ignored. Returns whether
+    the session changed. Unknown ids are logged and ignored.
+    """
+    session = ComputeSession.objects.filter(pk=session_id).select_related("node", "owner").first()
+    if session is None:
+        log.warning("agent reported %s for unknown session %s", status, session_id)
+        return False
+    with transaction.atomic():
+        if status in _REPORT_SOURCES:
+            fields = {"status": status, "status_reason": reason}
+            if status == SessionStatus.RUNNING:
+                fields["started_at"] = timezone.now()
+            moved = ComputeSession.objects.filter(pk=session.pk, status__in=_REPORT_SOURCES[status]).update(**fields)
+            if moved:
+                events.session_notify(session)
+            return bool(moved)
+        if status in (SessionStatus.TERMINATED, SessionStatus.ERROR):
+            return _finish(session, status=status, reason=reason, exit_code=exit_code)
+    log.warning("agent sent unknown status %r for session %s", status, session_id)
+    return False
+
+
+def sessions_reconcile_node(*, node_name: str, running: list[str]) -> list[str]:
+    """After an agent (re)registers: sessions the manager holds active on that node but the
+    agent does not run are ended in ERROR (their processes died with the agent) and their
+    allocations released. Returns the ids of the sessions the agent may keep running."""
+    active = ComputeSession.objects.filter(node__name=node_name, status__in=ACTIVE_STATUSES)
+    keep = []
+    for session in active:
+        if str(session.pk) in running:
+            keep.append(str(session.pk))
+        elif session.status in (SessionStatus.PREPARING, SessionStatus.RUNNING, SessionStatus.TERMINATING):
+            with transaction.atomic():
+                _finish(session, status=SessionStatus.ERROR if session.status != SessionStatus.TERMINATING
+                        else SessionStatus.TERMINATED, reason="the agent restarted and no longer runs this session",
+                        exit_code=None)
+        else:  # SCHEDULED: the start message may still be on its way in the agent's queue
+            keep.append(str(session.pk))
+    return keep
+
+
+def _digest(ticket: str) -> str:
+    return hashlib.sha256(ticket.encode()).hexdigest()
+
+
+def terminal_ticket_create(*, session: ComputeSession, user) -> tuple[str, TerminalTicket]:
+    """A one-time ticket for the session's terminal websocket, valid FGPU_TERMINAL_TICKET_TTL
+    seconds. Raises ApplicationError 409 unless the session is RUNNING."""
+    if session.status != SessionStatus.RUNNING:
+        raise ApplicationError(f"the session is {session.status}; a terminal opens only while it is RUNNING",
+                               type="session-not-running", title="Session not running", status=409)
+    ticket = secrets.token_urlsafe(32)
+    row = TerminalTicket.objects.create(
+        digest=_digest(ticket), session=session, user=user,
+        expires_at=timezone.now() + timedelta(seconds=settings.FGPU_TERMINAL_TICKET_TTL),
+    )
+    return ticket, row
+
+
+def terminal_ticket_redeem(*, session_id: str, ticket: str) -> ComputeSession:
+    """Spend a ticket (once: compare-and-set on `used_at`) and re-check that its user may still
+    open this session's terminal and that the session is RUNNING. Raises ApplicationError
+    (403 for a wrong, expired or reused ticket; 409 when not running)."""
+    now = timezone.now()
+    digest = _digest(ticket or "")
+    spent = TerminalTicket.objects.filter(digest=digest, session_id=session_id, used_at__isnull=True,
+                                          expires_at__gt=now).update(used_at=now)
+    if spent != 1:
+        raise ApplicationError("the terminal ticket is wrong, expired or already used", type="bad-ticket",
+                               title="Bad ticket", status=403)
+    row = TerminalTicket.objects.select_related("user", "session").get(digest=digest)
+    session, user = row.session, row.user
+    if not (user.is_active and (user.is_staff or session.owner_id == user.pk)):
+        raise ApplicationError("the ticket's user may not open this terminal", type="bad-ticket", title="Bad ticket", status=403)
+    if session.status != SessionStatus.RUNNING:
+        raise ApplicationError(f"the session is {session.status}", type="session-not-running", title="Session not running",
+                               status=409)
+    return session

@@ -1,0 +1,90 @@
+"""Celery tasks: thin wrappers that take ids and plain data and call one service.
+
+`fgpu.manager.*` run in the manager worker (queue `manager`) and use the database.
+`fgpu.agent.*` run in the agent of the node named by their `node` keyword (queue
+`agent.<node>`) and never touch the database. Routes: `console.celery.route_task`.
+"""
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+
+# --- manager side -------------------------------------------------------------------------
+
+@shared_task(name="fgpu.manager.agent_register", acks_late=True)
+def agent_register(*, node: str, inventory: dict, running: list[str]) -> None:
+    """An agent started: apply its inventory, reconcile its sessions, tell it which to keep."""
+    from accelerators.plugins.base import DeviceInfo
+    from accelerators.services import node_inventory_apply
+    from sessions.services import sessions_reconcile_node
+
+    node_inventory_apply(
+        node_name=node,
+        devices=[DeviceInfo(**d) for d in inventory["devices"]],
+        plugins=inventory.get("plugins", []),
+        attributes=inventory.get("attributes", {}),
+        cpu_count=inventory.get("cpu_count"),
+        memory_size=inventory.get("memory_size"),
+    )
+    keep = sessions_reconcile_node(node_name=node, running=running)
+    sessions_sync.delay(node=node, keep=keep)
+    schedule_pending.delay()
+
+
+@shared_task(name="fgpu.manager.agent_heartbeat", acks_late=True)
+def agent_heartbeat(*, node: str, running: list[str]) -> None:
+    from accelerators.services import node_heartbeat
+
+    if not node_heartbeat(node_name=node):
+        log.warning("heartbeat from unregistered node %s", node)
+
+
+@shared_task(name="fgpu.manager.session_report", acks_late=True)
+def session_report(*, session_id: str, status: str, reason: str = "", exit_code: int | None = None) -> None:
+    from sessions.services import session_report_apply
+
+    session_report_apply(session_id=session_id, status=status, reason=reason, exit_code=exit_code)
+
+
+@shared_task(name="fgpu.manager.schedule_pending", acks_late=True)
+def schedule_pending() -> None:
+    from sessions.scheduler import schedule_pending as run
+
+    run()
+
+
+@shared_task(name="fgpu.manager.node_check_heartbeats", acks_late=True)
+def node_check_heartbeats() -> None:
+    from accelerators.services import node_mark_lost
+
+    node_mark_lost(timeout_s=settings.FGPU_HEARTBEAT_TIMEOUT)
+
+
+# --- agent side ---------------------------------------------------------------------------
+
+def _agent(node: str):
+    from sessions.runtime.agent import agent_for
+
+    return agent_for(node)
+
+
+@shared_task(name="fgpu.agent.session_start")
+def session_start(*, node: str, spec: dict) -> None:
+    """Start a session's process on `node` (returns at once; the agent reports progress)."""
+    _agent(node).submit_start(spec)
+
+
+@shared_task(name="fgpu.agent.session_stop")
+def session_stop(*, node: str, session_id: str) -> None:
+    _agent(node).submit_stop(session_id)
+
+
+@shared_task(name="fgpu.agent.sessions_sync")
+def sessions_sync(*, node: str, keep: list[str]) -> None:
+    """Kill every session the agent runs that the manager does not list in `keep`."""
+    _agent(node).submit_sync(keep)

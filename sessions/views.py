@@ -1,0 +1,26 @@
+"""Pages: the session list with its launch dialog, and the terminal page. Thin views."""
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+
+from sessions.launch import launch_options
+from sessions.selectors import session_get_for, session_list_for
+from sessions.serializers import SessionSerializer
+
+
+@login_required
+def home(request):
+    return redirect("session-list")
+
+
+@login_required
+def session_list(request):
+    sessions = SessionSerializer(session_list_for(user=request.user)[:200], many=True).data
+    return render(request, "sessions/session_list.html", {"sessions": sessions, "launch_options": launch_options()})
+
+
+@login_required
+def session_terminal(request, session_id):
+    session = session_get_for(user=request.user, session_id=session_id)
+    return render(request, "sessions/terminal.html", {"session": SessionSerializer(session).data})

@@ -1,0 +1,556 @@
+// Sessions page: live session table, launch dialog, terminate confirmation.
+// Server-rendered first; this script only keeps the page current. No build step.
+(function () {
+  "use strict";
+
+  var ACTIVE = ["PENDING", "SCHEDULED", "PREPARING", "RUNNING"];
+  var API_SESSIONS = "/api/v1/sessions/";
+  var API_OPTIONS = "/api/v1/launch-options/";
+
+  var $ = function (id) { return document.getElementById(id); };
+  var tbody = $("sessions-body");
+  var emptyState = $("sessions-empty");
+  var sessions = new Map(); // id -> session JSON
+  var launchOptions = readJson("launch-options") || { slots: [] };
+
+  function readJson(id) {
+    var el = $(id);
+    if (!el) return null;
+    try { return JSON.parse(el.textContent); } catch (e) { return null; }
+  }
+
+  // ---- HTTP -------------------------------------------------------------
+
+  function csrfToken() {
+    var m = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
+    if (m) return decodeURIComponent(m[1]);
+    var input = document.querySelector("input[name=csrfmiddlewaretoken]");
+    return input ? input.value : "";
+  }
+
+  function api(method, url, body) {
+    var init = {
+      method: method,
+      credentials: "same-origin",
+      headers: { "Accept": "application/json", "X-CSRFToken": csrfToken() },
+    };
+    if (body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    return fetch(url, init).then(function (resp) {
+      return resp.text().then(function (text) {
+        var data = null;
+        try { data = text ? JSON.parse(text) : null; } catch (e) { data = null; }
+        return { ok: resp.ok, status: resp.status, data: data };
+      });
+    });
+  }
+
+  function errorText(result) {
+    if (result.data && result.data.detail) return String(result.data.detail);
+    if (result.status === 403) return "You are not allowed to do that (signed out?). Reload the page.";
+    return "The server answered " + result.status + ". Try again.";
+  }
+
+  // ---- Decimal strings (no floats for GPU amounts) ------------------------
+
+  // "0.75" -> {n: 75n, scale: 2}
+  function dec(s) {
+    var str = String(s).trim();
+    var m = str.match(/^(-?)(\d*)(?:\.(\d*))?$/);
+    if (!m) return { n: 0n, scale: 0 };
+    var frac = m[3] || "";
+    var n = BigInt((m[2] || "0") + frac);
+    return { n: m[1] ? -n : n, scale: frac.length };
+  }
+
+  function decCompare(a, b) {
+    var x = dec(a), y = dec(b), s = Math.max(x.scale, y.scale);
+    var xn = x.n * 10n ** BigInt(s - x.scale), yn = y.n * 10n ** BigInt(s - y.scale);
+    return xn < yn ? -1 : xn > yn ? 1 : 0;
+  }
+
+  // Fixed-point with `digits` decimals, truncating (as the slot format's round_length).
+  function formatAmount(value, digits) {
+    var str = String(value).trim();
+    var neg = str[0] === "-";
+    if (neg) str = str.slice(1);
+    var parts = str.split(".");
+    var intPart = parts[0] || "0";
+    if (!digits) return (neg ? "-" : "") + intPart;
+    var frac = ((parts[1] || "") + "0".repeat(digits)).slice(0, digits);
+    return (neg ? "-" : "") + intPart + "." + frac;
+  }
+
+  // amount (decimal string) * integer -> decimal string with up to 2 decimals, trimmed.
+  function mulTrim(amount, integer) {
+    var a = dec(amount);
+    var scaled = a.n * BigInt(integer) * 100n / 10n ** BigInt(a.scale); // truncates
+    var whole = scaled / 100n, cents = scaled % 100n;
+    var out = whole.toString();
+    if (cents) out += "." + cents.toString().padStart(2, "0").replace(/0+$/, "");
+    return out;
+  }
+
+  var BIN_UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+  function formatBytes(bytes) {
+    var b = BigInt(bytes), i = 0, div = 1n;
+    while (i < BIN_UNITS.length - 1 && b >= div * 1024n) { div *= 1024n; i++; }
+    var hundredths = b * 100n / div;
+    var whole = hundredths / 100n, cents = hundredths % 100n;
+    var out = whole.toString();
+    if (cents) out += "." + cents.toString().padStart(2, "0").replace(/0+$/, "");
+    return out + " " + BIN_UNITS[i];
+  }
+
+  function bytesOf(amount, unitBytes) {
+    var a = dec(amount);
+    return (a.n * BigInt(unitBytes)) / 10n ** BigInt(a.scale);
+  }
+
+  // ---- Table rows --------------------------------------------------------
+
+  function el(tag, attrs, children) {
+    var node = document.createElement(tag);
+    Object.keys(attrs || {}).forEach(function (k) {
+      if (attrs[k] === null || attrs[k] === undefined || attrs[k] === false) return;
+      if (k === "text") node.textContent = attrs[k];
+      else node.setAttribute(k, attrs[k]);
+    });
+    (children || []).forEach(function (c) {
+      if (c) node.appendChild(typeof c === "string" ? document.createTextNode(c) : c);
+    });
+    return node;
+  }
+
+  function reasonOf(s) {
+    if (s.status_reason) return s.status_reason;
+    if (s.exit_code !== null && s.exit_code !== undefined) return "exit code " + s.exit_code;
+    return null;
+  }
+
+  var timeFormat = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "short" });
+  var relFormat = new Intl.RelativeTimeFormat(undefined, { numeric: "auto" });
+
+  function relative(date) {
+    var secs = Math.round((date.getTime() - Date.now()) / 1000);
+    var abs = Math.abs(secs);
+    if (abs < 45) return "just now";
+    if (abs < 3600) return relFormat.format(Math.round(secs / 60), "minute");
+    if (abs < 86400) return relFormat.format(Math.round(secs / 3600), "hour");
+    return timeFormat.format(date);
+  }
+
+  function renderTimes(root) {
+    (root || document).querySelectorAll("time[datetime]").forEach(function (t) {
+      var d = new Date(t.getAttribute("datetime"));
+      if (isNaN(d)) return;
+      t.textContent = relative(d);
+      t.title = timeFormat.format(d);
+    });
+  }
+
+  function renderRow(s) {
+    var reason = reasonOf(s);
+    var nodeCell = el("td", { "class": "node", "data-label": "Node" });
+    if (s.node) {
+      nodeCell.appendChild(el("span", { "class": "node-name", text: s.node }));
+      if (s.allocations && s.allocations.length) {
+        nodeCell.appendChild(el("span", {
+          "class": "sub",
+          text: s.allocations.map(function (a) { return "GPU " + a.device_index; }).join(", "),
+        }));
+      }
+    } else {
+      nodeCell.appendChild(el("span", { "class": "muted", text: "—" }));
+    }
+
+    var actions = el("div", { "class": "row-actions" });
+    if (s.status === "RUNNING") {
+      actions.appendChild(el("a", { "class": "button button-small terminal-link", href: s.terminal_url, text: "Terminal" }));
+    } else {
+      actions.appendChild(el("span", {
+        "class": "button button-small terminal-link-disabled", "aria-disabled": "true",
+        title: "The terminal opens once the session is RUNNING", text: "Terminal",
+      }));
+    }
+    if (ACTIVE.indexOf(s.status) !== -1) {
+      actions.appendChild(el("button", {
+        type: "button", "class": "button button-small button-danger-ghost terminate-button",
+        "data-session-id": s.id, text: "Terminate",
+      }));
+    }
+
+    return el("tr", { "data-session-id": s.id, "data-status": s.status }, [
+      el("td", { "class": "name", "data-label": "Name" }, [el("span", { "class": "session-name", text: s.name })]),
+      el("td", { "class": "status", "data-label": "Status", "data-reason": reason, title: reason }, [
+        el("span", { "class": "badge status-" + String(s.status).toLowerCase(), text: s.status }),
+      ]),
+      el("td", { "class": "configuration", "data-label": "Configuration", text: s.configuration }),
+      nodeCell,
+      el("td", { "class": "created", "data-label": "Created" }, [el("time", { datetime: s.created_at, text: s.created_at })]),
+      el("td", { "class": "actions", "data-label": "" }, [actions]),
+    ]);
+  }
+
+  function findRow(id) {
+    return tbody.querySelector('tr[data-session-id="' + CSS.escape(id) + '"]');
+  }
+
+  function upsert(s, highlight) {
+    if (!s || !s.id) return;
+    var old = sessions.get(s.id);
+    // Never let an older snapshot (e.g. a slow POST answer) undo a newer websocket update.
+    if (old && isOlderThan(s, old)) return;
+    sessions.set(s.id, s);
+    var row = renderRow(s);
+    var existing = findRow(s.id);
+    if (existing) {
+      var changed = existing.getAttribute("data-status") !== s.status;
+      existing.replaceWith(row);
+      if (changed) flash(row);
+    } else {
+      tbody.insertBefore(row, tbody.firstChild);
+      if (highlight !== false) flash(row);
+    }
+    renderTimes(row);
+    updateEmpty();
+  }
+
+  var ORDER = ["PENDING", "SCHEDULED", "PREPARING", "RUNNING", "TERMINATING", "TERMINATED", "ERROR", "CANCELLED"];
+  var FINAL = ["TERMINATED", "ERROR", "CANCELLED"];
+  function isOlderThan(s, old) {
+    if (FINAL.indexOf(old.status) !== -1) return FINAL.indexOf(s.status) === -1;
+    var a = ORDER.indexOf(s.status), b = ORDER.indexOf(old.status);
+    return FINAL.indexOf(s.status) === -1 && a !== -1 && b !== -1 && a < b;
+  }
+
+  function flash(row) {
+    row.classList.add("row-flash");
+    setTimeout(function () { row.classList.remove("row-flash"); }, 1600);
+  }
+
+  function updateEmpty() {
+    emptyState.hidden = tbody.rows.length > 0;
+    $("sessions-table").classList.toggle("is-empty", tbody.rows.length === 0);
+  }
+
+  function replaceAll(list) {
+    var seen = new Set();
+    list.forEach(function (s) { seen.add(s.id); });
+    Array.prototype.slice.call(tbody.rows).forEach(function (row) {
+      var id = row.getAttribute("data-session-id");
+      if (!seen.has(id)) { row.remove(); sessions.delete(id); }
+    });
+    list.slice().reverse().forEach(function (s) {
+      sessions.delete(s.id); // the list is authoritative
+      upsert(s, false);
+    });
+    // Keep the server's order (newest first).
+    list.forEach(function (s) { var r = findRow(s.id); if (r) tbody.appendChild(r); });
+    updateEmpty();
+  }
+
+  var notice = $("page-notice");
+  var noticeTimer = null;
+  function showNotice(text, kind) {
+    notice.textContent = text;
+    notice.className = "alert alert-" + (kind || "info");
+    notice.hidden = false;
+    clearTimeout(noticeTimer);
+    noticeTimer = setTimeout(function () { notice.hidden = true; }, 8000);
+  }
+
+  // ---- Live updates over /ws/sessions/ -----------------------------------
+
+  var indicator = $("live-indicator");
+  function setLive(state, text) {
+    indicator.setAttribute("data-state", state);
+    indicator.querySelector(".live-text").textContent = text;
+  }
+
+  var retry = 0;
+  var everOpened = false;
+  function connect() {
+    var scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    var ws;
+    try { ws = new WebSocket(scheme + location.host + "/ws/sessions/"); }
+    catch (e) { scheduleReconnect(); return; }
+    ws.onopen = function () {
+      retry = 0;
+      setLive("live", "Live");
+      // After a gap we may have missed updates: refresh the list once.
+      if (everOpened) refreshList();
+      everOpened = true;
+    };
+    ws.onmessage = function (ev) {
+      var msg;
+      try { msg = JSON.parse(ev.data); } catch (e) { return; }
+      if (msg && msg.type === "session" && msg.session) upsert(msg.session);
+    };
+    ws.onclose = function () { scheduleReconnect(); };
+  }
+
+  function scheduleReconnect() {
+    var delay = Math.min(30000, 1000 * Math.pow(2, retry)) * (0.75 + Math.random() * 0.5);
+    retry = Math.min(retry + 1, 6);
+    setLive("reconnecting", "Reconnecting…");
+    setTimeout(connect, delay);
+  }
+
+  function refreshList() {
+    api("GET", API_SESSIONS).then(function (r) {
+      if (r.ok && r.data && Array.isArray(r.data.results) && !r.data.next) replaceAll(r.data.results);
+      else if (r.ok && r.data && Array.isArray(r.data.results)) r.data.results.forEach(function (s) { upsert(s, false); });
+    }).catch(function () { /* the websocket retry will try again */ });
+  }
+
+  // ---- Terminate ---------------------------------------------------------
+
+  var terminateDialog = $("terminate-dialog");
+  var terminateId = null;
+
+  tbody.addEventListener("click", function (ev) {
+    var btn = ev.target.closest(".terminate-button");
+    if (!btn) return;
+    terminateId = btn.getAttribute("data-session-id");
+    var s = sessions.get(terminateId);
+    $("terminate-name").textContent = s ? s.name : terminateId;
+    terminateDialog.returnValue = "";
+    terminateDialog.showModal();
+    $("terminate-cancel").focus();
+  });
+
+  terminateDialog.addEventListener("close", function () {
+    if (terminateDialog.returnValue !== "confirm" || !terminateId) return;
+    var id = terminateId;
+    terminateId = null;
+    var row = findRow(id);
+    var btn = row && row.querySelector(".terminate-button");
+    if (btn) { btn.disabled = true; btn.textContent = "Terminating…"; }
+    api("DELETE", API_SESSIONS + encodeURIComponent(id) + "/").then(function (r) {
+      if (r.ok && r.data) { upsert(r.data); return; }
+      if (btn) { btn.disabled = false; btn.textContent = "Terminate"; }
+      showNotice("Could not terminate the session: " + errorText(r), "error");
+    }).catch(function () {
+      if (btn) { btn.disabled = false; btn.textContent = "Terminate"; }
+      showNotice("Could not reach the server to terminate the session.", "error");
+    });
+  });
+
+  // ---- Launch dialog -----------------------------------------------------
+
+  var dialog = $("launch-dialog");
+  var form = $("launch-form");
+  var errorBox = $("launch-error");
+  var slider = $("fgpu-slider");
+  var readout = $("fgpu-readout");
+  var gpuCount = $("gpu-count");
+  var slotSelect = $("slot-select");
+  var submit = $("launch-submit");
+  var CPU_ONLY = "";
+
+  function currentSlot() {
+    var slots = launchOptions.slots || [];
+    if (!slots.length || slotSelect.value === CPU_ONLY) return null;
+    for (var i = 0; i < slots.length; i++) if (slots[i].slot === slotSelect.value) return slots[i];
+    return slots[0];
+  }
+
+  function slotLabel(slot) {
+    var name = slot.human_readable_name || slot.slot;
+    return name + " (" + slot.slot + ")";
+  }
+
+  function unitText(slot, amount) {
+    // "1 GPU" / "2 GPUs" for a discrete slot whose unit is GPU, else "<amount> <unit>".
+    return formatAmount(amount, slot.round_length || 0) + " " + (slot.display_unit || "");
+  }
+
+  function applyOptions(opts) {
+    launchOptions = opts || { slots: [] };
+    var slots = launchOptions.slots || [];
+    var previous = slotSelect.value;
+    slotSelect.textContent = "";
+    slots.forEach(function (slot) {
+      slotSelect.appendChild(el("option", { value: slot.slot, text: slotLabel(slot) }));
+    });
+    slotSelect.appendChild(el("option", { value: CPU_ONLY, text: "None (CPU only)" }));
+    var keep = slots.some(function (s) { return s.slot === previous; }) || (previous === CPU_ONLY && slotSelect.dataset.touched);
+    slotSelect.value = keep ? previous : (slots.length ? slots[0].slot : CPU_ONLY);
+
+    $("no-gpu-note").hidden = slots.length > 0;
+    $("slot-field").hidden = slots.length === 0;
+    renderSlot();
+
+    var cpu = launchOptions.cpu, mem = launchOptions.mem;
+    var cpuInput = $("cpu-count");
+    if (cpu) {
+      if (cpu.max_ever) cpuInput.max = cpu.max_ever;
+      $("cpu-capacity").textContent = cpu.max_now + " free now · " + cpu.max_ever + " on the largest node";
+    }
+    if (mem && mem.max_ever !== undefined) {
+      $("mem-capacity").textContent = "e.g. 512M, 1G · " + formatBytes(mem.max_now) + " free now";
+    }
+  }
+
+  function renderSlot() {
+    var slot = currentSlot();
+    var frac = $("fractional-controls"), disc = $("discrete-controls"), note = $("capacity-note");
+    frac.hidden = true; disc.hidden = true; note.hidden = true;
+    slider.disabled = true; gpuCount.disabled = true;
+    if (!slot) return;
+
+    var rl = slot.round_length || 0;
+    var busy = decCompare(slot.max_now, slot.min) < 0;
+    var max = busy ? slot.max_ever : slot.max_now;
+    var impossible = decCompare(max, slot.min) < 0;
+    note.hidden = !busy;
+    note.textContent = impossible
+      ? "No node can hold even " + unitText(slot, slot.min) + " of this slot right now."
+      : "No capacity free now: the session will wait in the queue.";
+
+    if (slot.allocation_mode === "discrete") {
+      disc.hidden = false;
+      gpuCount.disabled = false;
+      gpuCount.min = "0";
+      gpuCount.max = String(max);
+      gpuCount.step = slot.step || "1";
+      if (gpuCount.value === "" || decCompare(gpuCount.value, max) > 0) gpuCount.value = impossible ? "0" : String(slot.min);
+      $("gpu-capacity").textContent = "up to " + formatAmount(slot.max_now, 0) + " free now · " +
+        formatAmount(slot.max_ever, 0) + " on the largest node";
+      return;
+    }
+
+    frac.hidden = false;
+    $("fgpu-label").textContent = slot.human_readable_name || slot.display_unit || "Amount";
+    slider.min = slot.min;
+    slider.step = slot.step || slot.quantum || slot.min;
+    slider.max = impossible ? slot.min : max;
+    slider.disabled = impossible;
+    var wanted = slider.dataset.wanted || (decCompare(slot.min, "0.5") <= 0 && decCompare(max, "0.5") >= 0 ? "0.5" : slot.min);
+    slider.value = decCompare(wanted, max) > 0 ? max : wanted;
+    $("fgpu-scale-min").textContent = unitText(slot, slot.min);
+    $("fgpu-scale-max").textContent = unitText(slot, slider.max);
+    $("fgpu-capacity").textContent = "up to " + unitText(slot, slot.max_now) + " free now · " +
+      unitText(slot, slot.max_ever) + " on the largest node";
+    updateReadout();
+  }
+
+  function updateReadout() {
+    var slot = currentSlot();
+    if (!slot || slot.allocation_mode === "discrete") return;
+    var value = slider.value;
+    readout.textContent = unitText(slot, value);
+    var pct = 0;
+    var lo = dec(slider.min), hi = dec(slider.max), cur = dec(value);
+    var s = Math.max(lo.scale, hi.scale, cur.scale);
+    var norm = function (d) { return Number(d.n * 10n ** BigInt(s - d.scale)); };
+    if (norm(hi) > norm(lo)) pct = (norm(cur) - norm(lo)) / (norm(hi) - norm(lo)) * 100;
+    slider.style.setProperty("--fill", pct + "%");
+    var parts = [];
+    if (slot.unit_mem) parts.push(formatBytes(bytesOf(value, slot.unit_mem)) + " GPU memory");
+    if (slot.unit_proc) parts.push(mulTrim(value, slot.unit_proc) + " SMs");
+    $("fgpu-meaning").textContent = parts.length ? "= " + parts.join(", ") + " per the fractional settings" : "";
+  }
+
+  slider.addEventListener("input", function () {
+    slider.dataset.wanted = slider.value;
+    updateReadout();
+  });
+  slotSelect.addEventListener("change", function () {
+    slotSelect.dataset.touched = "1";
+    delete slider.dataset.wanted;
+    renderSlot();
+  });
+
+  function nextName() {
+    var used = new Set();
+    sessions.forEach(function (s) { used.add(s.name); });
+    for (var i = 1; ; i++) if (!used.has("session-" + i)) return "session-" + i;
+  }
+
+  function showErrors(result) {
+    errorBox.textContent = "";
+    var data = result.data || {};
+    errorBox.appendChild(el("p", { "class": "alert-title", text: errorText(result) }));
+    var fe = data.field_errors || {};
+    var items = [];
+    Object.keys(fe).forEach(function (field) {
+      var msgs = Array.isArray(fe[field]) ? fe[field] : [fe[field]];
+      msgs.forEach(function (m) {
+        var text = typeof m === "string" ? m : JSON.stringify(m);
+        items.push(el("li", {}, [el("span", { "class": "field-key", text: field }), ": " + text]));
+      });
+    });
+    if (items.length) errorBox.appendChild(el("ul", {}, items));
+    errorBox.hidden = false;
+    $("session-name").setAttribute("aria-invalid", fe.name ? "true" : "false");
+    errorBox.scrollIntoView({ block: "nearest" });
+  }
+
+  function openDialog() {
+    errorBox.hidden = true;
+    $("session-name").value = nextName();
+    $("session-name").removeAttribute("aria-invalid");
+    applyOptions(launchOptions);
+    dialog.showModal();
+    $("session-name").select();
+    var status = $("options-status");
+    status.textContent = "Checking free capacity…";
+    api("GET", API_OPTIONS).then(function (r) {
+      if (!r.ok || !r.data) { status.textContent = "Could not refresh free capacity."; return; }
+      applyOptions(r.data);
+      status.textContent = "";
+    }).catch(function () { status.textContent = "Could not refresh free capacity."; });
+  }
+
+  $("start-session").addEventListener("click", openDialog);
+  dialog.querySelectorAll("[data-close]").forEach(function (b) {
+    b.addEventListener("click", function () { dialog.close(); });
+  });
+  // Close when clicking the backdrop.
+  dialog.addEventListener("click", function (ev) { if (ev.target === dialog) dialog.close(); });
+
+  form.addEventListener("submit", function (ev) {
+    ev.preventDefault();
+    var resources = {};
+    var slot = currentSlot();
+    if (slot && slot.allocation_mode === "discrete") {
+      var n = parseInt(gpuCount.value || "0", 10);
+      if (n > 0) resources[slot.slot] = n;
+    } else if (slot && !slider.disabled) {
+      resources[slot.slot] = slider.value;
+    }
+    resources.cpu = parseInt($("cpu-count").value, 10);
+    resources.mem = $("mem-size").value.trim();
+    var body = { name: $("session-name").value.trim(), resources: resources };
+
+    submit.disabled = true;
+    submit.textContent = "Launching…";
+    errorBox.hidden = true;
+    api("POST", API_SESSIONS, body).then(function (r) {
+      if (r.ok && r.data) {
+        dialog.close();
+        upsert(r.data);
+        return;
+      }
+      showErrors(r);
+    }).catch(function () {
+      showErrors({ status: 0, data: { detail: "Could not reach the server. Check your connection and try again." } });
+    }).then(function () {
+      submit.disabled = false;
+      submit.textContent = "Launch";
+    });
+  });
+
+  // ---- Start -------------------------------------------------------------
+
+  (readJson("initial-sessions") || []).forEach(function (s) { sessions.set(s.id, s); });
+  renderTimes(tbody);
+  setInterval(function () { renderTimes(tbody); }, 30000);
+  updateEmpty();
+  applyOptions(launchOptions);
+  connect();
+})();

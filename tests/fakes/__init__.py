@@ -1,0 +1,1 @@
+"""Fakes for what lies outside the process (NVML, …), shaped like the real boundary."""

@@ -1,0 +1,404 @@
+"""A fake of the `pynvml` module (nvidia-ml-py) that behaves like NVML on a node with GPUs.
+
+Pass a `FakeNvml` wherever production code takes `nvml=` (it defaults to the real `pynvml`
+module). It exposes the NVML functions our code calls, under their pynvml names and with
+pynvml's return shapes, and the module's `NVML_*` constants and `NVMLError` class (the real
+ones, so `err.value` and `str(err)` read exactly as with the driver: "Not Supported", …).
+
+Behaviour copied from NVML (nvml.h):
+
+- every call before `nvmlInit` (or after the matching `nvmlShutdown`) raises
+  NVML_ERROR_UNINITIALIZED; init/shutdown are reference-counted;
+- fields a device does not have raise NVML_ERROR_NOT_SUPPORTED (fan, NUMA node, MIG mode,
+  the attributes of a full GPU on older drivers, telemetry of MIG device handles);
+- an unknown UUID raises NVML_ERROR_NOT_FOUND, an index out of range INVALID_ARGUMENT, an
+  empty MIG index NOT_FOUND;
+- with `legacy_bytes=True` text comes back as bytes and nvmlDeviceGetHandleByUUID wants
+  bytes, as in pynvml releases before nvidia-ml-py 11.515.
+
+Configure with `FakeGpu`s (each with optional `FakeMigDevice`s and `FakeProcess`es), and
+inject failures with `fake.fail("nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_GPU_IS_LOST)`.
+Sizes are bytes, power milliwatts, as NVML reports them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+NO_INSTANCE = 0xFFFFFFFF  # NVML's gpuInstanceId/computeInstanceId for a process not in MIG
+
+
+@dataclass
+class FakeProcess:
+    """A compute process on a device. `used_memory` in bytes; None = NVML's "not available"."""
+
+    pid: int
+    used_memory: int | None
+    name: str = "/usr/bin/python3"
+    gpu_instance_id: int = NO_INSTANCE
+    compute_instance_id: int = NO_INSTANCE
+
+
+@dataclass
+class FakeMigDevice:
+    """One MIG device (a GPU instance + compute instance) of a GPU in MIG mode.
+
+    `memory_total` in bytes; `memory_mib` is what nvmlDeviceGetAttributes reports as
+    memorySizeMB (defaults to memory_total in MiB); `compute_slices` defaults to `gpu_slices`.
+    `profile` only shapes the name NVML gives the device ("<GPU name> MIG 1g.10gb").
+    """
+
+    uuid: str
+    memory_total: int
+    sm_count: int
+    gpu_slices: int
+    compute_slices: int | None = None
+    memory_mib: int | None = None
+    profile: str = ""
+    gpu_instance_id: int = 1
+    compute_instance_id: int = 0
+    processes: list[FakeProcess] = field(default_factory=list)
+
+
+@dataclass
+class FakeGpu:
+    """One physical GPU as NVML reports it.
+
+    `numa_node`, `mig_mode`, `fan_speed`, `cuda_cores`, `ecc_uncorrected`: None → the call
+    raises NOT_SUPPORTED. `attributes_supported=False`: nvmlDeviceGetAttributes refuses the
+    full GPU (NOT_SUPPORTED), as drivers that answer it for MIG devices only do.
+    `mig_devices[i]` is the MIG device at MIG index i (None: an empty index).
+    """
+
+    uuid: str
+    name: str = "NVIDIA A100-SXM4-80GB"
+    memory_total: int = 80 * GiB
+    sm_count: int = 108
+    architecture: int = pynvml.NVML_DEVICE_ARCH_AMPERE
+    compute_capability: tuple[int, int] = (8, 0)
+    cuda_cores: int | None = 6912
+    attributes_supported: bool = True
+    numa_node: int | None = 0
+    pci_bus_id: str = "00000000:07:00.0"
+    mig_mode: int | None = pynvml.NVML_DEVICE_MIG_DISABLE
+    max_mig_devices: int = 7
+    mig_devices: list[FakeMigDevice | None] = field(default_factory=list)
+    processes: list[FakeProcess] = field(default_factory=list)
+    utilization: int = 0
+    temperature: int = 30
+    power_usage_mw: int = 60_000
+    power_limit_mw: int = 400_000
+    perf_state: int = 0
+    fan_speed: int | None = None
+    persistence_mode: int = pynvml.NVML_FEATURE_ENABLED
+    compute_mode: int = pynvml.NVML_COMPUTEMODE_DEFAULT
+    display_active: int = pynvml.NVML_FEATURE_DISABLED
+    ecc_uncorrected: int | None = 0
+
+
+@dataclass(eq=False)
+class FakeHandle:
+    """An nvmlDevice_t: a full GPU (`mig` None) or one of its MIG devices."""
+
+    gpu: FakeGpu
+    mig: FakeMigDevice | None = None
+
+
+class FakeNvml:
+    """Stands in for the `pynvml` module. Methods are NVML's functions, pynvml-named."""
+
+    NVMLError = pynvml.NVMLError
+
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        *,
+        driver_version: str = "550.54.15",
+        cuda_driver_version: int = 12040,
+        legacy_bytes: bool = False,
+    ) -> None:
+        self.gpus = gpus
+        self.driver_version = driver_version
+        self.cuda_driver_version = cuda_driver_version
+        self.legacy_bytes = legacy_bytes
+        self.failures: dict[str, int] = {}
+        self.init_count = 0
+        self.shutdown_count = 0
+        self._refcount = 0
+
+    def __getattr__(self, name: str) -> Any:
+        # The module's constants (NVML_ERROR_NOT_SUPPORTED, NVML_DEVICE_ARCH_HOPPER, …).
+        if name.startswith("NVML_"):
+            return getattr(pynvml, name)
+        raise AttributeError(f"FakeNvml has no NVML function {name!r}")
+
+    # --- test controls -------------------------------------------------------------------
+
+    def fail(self, call: str, code: int) -> None:
+        """Make every later `call` (an NVML function name) raise NVMLError(code)."""
+        self.failures[call] = code
+
+    @property
+    def initialized(self) -> bool:
+        return self._refcount > 0
+
+    # --- init / system -----------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self._check_failure("nvmlInit")
+        self._refcount += 1
+        self.init_count += 1
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+        self._refcount -= 1
+        self.shutdown_count += 1
+
+    def nvmlSystemGetDriverVersion(self) -> str | bytes:
+        self._enter("nvmlSystemGetDriverVersion")
+        return self._text(self.driver_version)
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._enter("nvmlSystemGetCudaDriverVersion")
+        return self.cuda_driver_version
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        self._enter("nvmlSystemGetCudaDriverVersion_v2")
+        return self.cuda_driver_version
+
+    def nvmlSystemGetProcessName(self, pid: int) -> str | bytes:
+        self._enter("nvmlSystemGetProcessName")
+        for process in self._all_processes():
+            if process.pid == pid:
+                return self._text(process.name)
+        raise self.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    # --- handles -----------------------------------------------------------------------
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.gpus):
+            raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return FakeHandle(self.gpus[index])
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> FakeHandle:
+        self._enter("nvmlDeviceGetHandleByUUID")
+        if isinstance(uuid, str):
+            if self.legacy_bytes:  # old pynvml passed the argument straight to ctypes.c_char_p
+                raise TypeError("bytes or integer address expected instead of str instance")
+            uuid = uuid.encode()
+        wanted = uuid.decode()
+        for gpu in self.gpus:
+            if gpu.uuid == wanted:
+                return FakeHandle(gpu)
+            for mig in gpu.mig_devices:
+                if mig is not None and mig.uuid == wanted:
+                    return FakeHandle(gpu, mig)
+        raise self.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetIndex(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetIndex")
+        self._full_gpu_only(handle)
+        return self.gpus.index(handle.gpu)
+
+    # --- identity and capacity ---------------------------------------------------------
+
+    def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str | bytes:
+        self._enter("nvmlDeviceGetUUID")
+        return self._text(handle.mig.uuid if handle.mig else handle.gpu.uuid)
+
+    def nvmlDeviceGetName(self, handle: FakeHandle) -> str | bytes:
+        self._enter("nvmlDeviceGetName")
+        if handle.mig:
+            return self._text(f"{handle.gpu.name} MIG {handle.mig.profile}".rstrip())
+        return self._text(handle.gpu.name)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: int | None = None) -> SimpleNamespace:
+        self._enter("nvmlDeviceGetMemoryInfo")
+        total = handle.mig.memory_total if handle.mig else handle.gpu.memory_total
+        used = sum(p.used_memory or 0 for p in self._processes(handle))
+        return SimpleNamespace(total=total, used=used, free=total - used)
+
+    def nvmlDeviceGetAttributes(self, handle: FakeHandle) -> SimpleNamespace:
+        self._enter("nvmlDeviceGetAttributes")
+        mig, gpu = handle.mig, handle.gpu
+        if mig is None:
+            if not gpu.attributes_supported:
+                raise self.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            return self._attributes(gpu.sm_count, 0, 0, gpu.memory_total // MiB)
+        compute_slices = mig.compute_slices if mig.compute_slices is not None else mig.gpu_slices
+        memory_mib = mig.memory_mib if mig.memory_mib is not None else mig.memory_total // MiB
+        return self._attributes(mig.sm_count, mig.gpu_slices, compute_slices, memory_mib)
+
+    def nvmlDeviceGetNumGpuCores(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetNumGpuCores")
+        self._full_gpu_only(handle)
+        return self._supported(handle.gpu.cuda_cores)
+
+    def nvmlDeviceGetArchitecture(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetArchitecture")
+        return handle.gpu.architecture
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: FakeHandle) -> tuple[int, int]:
+        self._enter("nvmlDeviceGetCudaComputeCapability")
+        return handle.gpu.compute_capability
+
+    def nvmlDeviceGetNumaNodeId(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetNumaNodeId")
+        return self._supported(handle.gpu.numa_node)
+
+    def nvmlDeviceGetPciInfo(self, handle: FakeHandle) -> SimpleNamespace:
+        self._enter("nvmlDeviceGetPciInfo")
+        bus_id = handle.gpu.pci_bus_id
+        domain, bus, rest = bus_id.split(":")
+        device = rest.split(".")[0]
+        # pynvml returns the ctypes struct: busId is a char array, i.e. bytes, in every release.
+        return SimpleNamespace(
+            busId=bus_id.encode(), busIdLegacy=bus_id.encode(),
+            domain=int(domain, 16), bus=int(bus, 16), device=int(device, 16),
+        )
+
+    # --- MIG ---------------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, handle: FakeHandle) -> list[int]:
+        self._enter("nvmlDeviceGetMigMode")
+        if handle.mig:
+            raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        mode = self._supported(handle.gpu.mig_mode)
+        return [mode, mode]  # [current, pending]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetMaxMigDeviceCount")
+        self._full_gpu_only(handle)
+        return handle.gpu.max_mig_devices if handle.gpu.mig_mode == pynvml.NVML_DEVICE_MIG_ENABLE else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeHandle, index: int) -> FakeHandle:
+        self._enter("nvmlDeviceGetMigDeviceHandleByIndex")
+        self._full_gpu_only(handle)
+        gpu = handle.gpu
+        if gpu.mig_mode != pynvml.NVML_DEVICE_MIG_ENABLE:
+            raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not 0 <= index < gpu.max_mig_devices:
+            raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        mig = gpu.mig_devices[index] if index < len(gpu.mig_devices) else None
+        if mig is None:
+            raise self.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return FakeHandle(gpu, mig)
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceIsMigDeviceHandle")
+        return int(handle.mig is not None)
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: FakeHandle) -> FakeHandle:
+        self._enter("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
+        if handle.mig is None:
+            raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return FakeHandle(handle.gpu)
+
+    # --- processes and telemetry -------------------------------------------------------
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[SimpleNamespace]:
+        self._enter("nvmlDeviceGetComputeRunningProcesses")
+        return [
+            SimpleNamespace(
+                pid=p.pid, usedGpuMemory=p.used_memory,
+                gpuInstanceId=p.gpu_instance_id, computeInstanceId=p.compute_instance_id,
+            )
+            for p in self._processes(handle)
+        ]
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeHandle) -> SimpleNamespace:
+        self._enter("nvmlDeviceGetUtilizationRates")
+        self._full_gpu_only(handle, code=pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(gpu=handle.gpu.utilization, memory=0)
+
+    def nvmlDeviceGetTemperature(self, handle: FakeHandle, sensor: int) -> int:
+        self._enter("nvmlDeviceGetTemperature")
+        self._full_gpu_only(handle, code=pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return handle.gpu.temperature
+
+    def nvmlDeviceGetPowerUsage(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetPowerUsage")
+        self._full_gpu_only(handle, code=pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return handle.gpu.power_usage_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetEnforcedPowerLimit")
+        self._full_gpu_only(handle, code=pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return handle.gpu.power_limit_mw
+
+    def nvmlDeviceGetPerformanceState(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetPerformanceState")
+        self._full_gpu_only(handle, code=pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return handle.gpu.perf_state
+
+    def nvmlDeviceGetFanSpeed(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetFanSpeed")
+        self._full_gpu_only(handle, code=pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self._supported(handle.gpu.fan_speed)
+
+    def nvmlDeviceGetPersistenceMode(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetPersistenceMode")
+        return handle.gpu.persistence_mode
+
+    def nvmlDeviceGetComputeMode(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetComputeMode")
+        return handle.gpu.compute_mode
+
+    def nvmlDeviceGetDisplayActive(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetDisplayActive")
+        return handle.gpu.display_active
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: FakeHandle, error_type: int, counter_type: int) -> int:
+        self._enter("nvmlDeviceGetTotalEccErrors")
+        return self._supported(handle.gpu.ecc_uncorrected)
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _enter(self, call: str) -> None:
+        if self._refcount <= 0:
+            raise self.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        self._check_failure(call)
+
+    def _check_failure(self, call: str) -> None:
+        if call in self.failures:
+            raise self.NVMLError(self.failures[call])
+
+    def _supported(self, value: Any) -> Any:
+        if value is None:
+            raise self.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return value
+
+    def _full_gpu_only(self, handle: FakeHandle, *, code: int = pynvml.NVML_ERROR_INVALID_ARGUMENT) -> None:
+        if handle.mig is not None:
+            raise self.NVMLError(code)
+
+    def _processes(self, handle: FakeHandle) -> list[FakeProcess]:
+        if handle.mig is not None:
+            return list(handle.mig.processes)
+        # A full GPU's handle reports its own processes and those of all its MIG devices.
+        return [*handle.gpu.processes, *(p for m in handle.gpu.mig_devices if m for p in m.processes)]
+
+    def _all_processes(self) -> list[FakeProcess]:
+        return [p for gpu in self.gpus for p in self._processes(FakeHandle(gpu))]
+
+    def _text(self, value: str) -> str | bytes:
+        return value.encode() if self.legacy_bytes else value
+
+    @staticmethod
+    def _attributes(sm_count: int, gpu_slices: int, compute_slices: int, memory_mib: int) -> SimpleNamespace:
+        return SimpleNamespace(
+            multiprocessorCount=sm_count, sharedCopyEngineCount=0, sharedDecoderCount=0,
+            sharedEncoderCount=0, sharedJpegCount=0, sharedOfaCount=0,
+            gpuInstanceSliceCount=gpu_slices, computeInstanceSliceCount=compute_slices,
+            memorySizeMB=memory_mib,
+        )
