@@ -177,7 +177,8 @@ class ImportReport:
 
     def summary(self) -> str:
         """Several lines of plain text for a terminal or a log."""
-        lines = [f"Imported {self.path} ({self.kind}; slot {', '.join(self.slot_names) or '—'})."]
+        slots = "slots" if len(self.slot_names) > 1 else "slot"
+        lines = [f"Imported {self.path} ({self.kind}; {slots} {', '.join(self.slot_names) or '—'})."]
         if self.kind == KIND_TOML:
             lines.append(
                 "  slot formats: "

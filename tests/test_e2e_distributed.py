@@ -1,0 +1,162 @@
+"""The walkthrough, distributed: real PostgreSQL and Redis, a daphne server, a separate Celery
+manager worker (with beat) and a separate agent process with the demo mock node.
+
+A 0.5 fGPU session is created through the REST API, reaches RUNNING, its terminal websocket
+runs `nvidia-smi` and shows 2048MiB; deleting it ends it TERMINATED and the device is back
+at 2.00 fGPU free, its allocation released exactly once.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+import websockets
+from django.conf import settings
+from django.db import connection
+
+from tests.conftest import ROOT, free_port, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+VENV_BIN = Path(sys.executable).parent
+REDIS_DB = 7  # a database of its own, flushed first, so stale queues cannot interfere
+
+
+def api(base: str, method: str, path: str, token: str | None = None, body: dict | None = None):
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Token {token}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(base + path, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def get_ok(base, path, token):
+    status, body = api(base, "GET", path, token)
+    assert status == 200, body
+    return body
+
+
+async def terminal_run(url: str, command: str, expect: str, *, timeout: float = 20.0) -> str:
+    """Open the terminal websocket, type `command`, collect output until `expect` shows up."""
+    output = ""
+    async with websockets.connect(url) as ws:
+        await ws.send(json.dumps({"type": "resize", "cols": 120, "rows": 40}))
+        await ws.send(json.dumps({"type": "input", "data": command}))
+        deadline = asyncio.get_running_loop().time() + timeout
+        while expect not in output:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise AssertionError(f"{expect!r} not in terminal output:\n{output}")
+            frame = json.loads(await asyncio.wait_for(ws.recv(), remaining))
+            assert frame["type"] in ("output", "exit"), frame
+            output += frame.get("data", "")
+    return output
+
+
+@pytest.fixture
+def cluster(tmp_path, procs, django_user_model):
+    redis_url = f"{settings.REDIS_URL.rsplit('/', 1)[0]}/{REDIS_DB}"
+    redis.Redis.from_url(redis_url).flushdb()
+    db = connection.settings_dict
+    database_url = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url, "FGPU_DATA_DIR": str(tmp_path / "data"),
+           "FGPU_HEARTBEAT_INTERVAL": "2", "PYTHONUNBUFFERED": "1"}
+    env.pop("FGPU_CELERY_EAGER", None)
+    (tmp_path / "node").mkdir()
+    (tmp_path / "node" / "mock-accelerator.toml").write_text((ROOT / "demo" / "mock-accelerator.toml").read_text())
+    (tmp_path / "node" / "agent.toml").write_text(
+        '[agent]\nid = "e2e-node"\nallowed-compute-plugins = ["ai.backend.accelerator.mock"]\n'
+        'cpu-count = 4\nmemory = "16G"\n[container]\nscratch-root = "scratches"\n'
+    )
+    python = str(VENV_BIN / "python")
+    # Fractional settings and slot formats, imported the way an administrator would.
+    for path in (ROOT / "demo" / "mock-accelerator.toml", ROOT / "demo" / "accelerator.json"):
+        out = subprocess.run([python, "manage.py", "import_accelerator_config", str(path)], cwd=ROOT,
+                                           env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+    port = free_port()
+    procs.start("web", [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"], env)
+    procs.start("manager", [str(VENV_BIN / "celery"), "-A", "console", "worker", "-Q", "manager", "--pool", "threads",
+                            "--concurrency", "4", "-B", "--schedule", str(tmp_path / "beat-schedule"),
+                            "--loglevel", "INFO", "--hostname", "manager@e2e"], env)
+    # The agent gets no DATABASE_URL: it must never need the database.
+    agent_env = {k: v for k, v in env.items() if k != "DATABASE_URL"}
+    agent_env["DATABASE_URL"] = "postgres://nobody@127.0.0.1:1/none"
+    procs.start("agent", [python, "manage.py", "agent", "--config", str(tmp_path / "node" / "agent.toml")], agent_env)
+    base = f"http://127.0.0.1:{port}"
+    django_user_model.objects.create_user("alice", password="alice-pass-123")
+
+    def web_up():
+        try:
+            return api(base, "POST", "/api/v1/auth/token/", body={"username": "alice", "password": "alice-pass-123"})
+        except OSError:
+            return None
+
+    status, body = wait_until(web_up, timeout=30, what="daphne to answer")
+    assert status == 200, body
+    token = body["token"]
+
+    def node_alive():
+        nodes = get_ok(base, "/api/v1/nodes/", token)["results"]
+        return [n for n in nodes if n["name"] == "e2e-node" and n["status"] == "ALIVE" and n["devices"]]
+
+    wait_until(node_alive, timeout=60, what="the agent to register its node")
+    return base, token
+
+
+def test_a_half_fgpu_session_runs_nvidia_smi_with_2gib_and_gives_the_capacity_back(cluster):
+    base, token = cluster
+    status, created = api(base, "POST", "/api/v1/sessions/", token,
+                          {"name": "demo", "resources": {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}})
+    assert status == 201, created
+    session_id = created["id"]
+    assert created["status"] in ("PENDING", "SCHEDULED", "PREPARING", "RUNNING")
+
+    session = wait_until(lambda: (s := get_ok(base, f"/api/v1/sessions/{session_id}/", token))["status"] == "RUNNING" and s,
+                         timeout=60, what="the session to be RUNNING")
+    assert session["node"] == "e2e-node"
+    assert session["configuration"].startswith("0.50 fGPU")
+    [allocation] = session["allocations"]
+    assert (allocation["shares"], allocation["memory"], allocation["procs"]) == ("0.500", 2 * 1024**3, "20.000")
+
+    status, ticket = api(base, "POST", f"/api/v1/sessions/{session_id}/terminal-ticket/", token)
+    assert status == 200, ticket
+    assert ticket["url"] == f"/ws/sessions/{session_id}/terminal/?ticket={ticket['ticket']}"
+    output = asyncio.run(terminal_run(f"ws://127.0.0.1:{base.rsplit(':', 1)[1]}{ticket['url']}", "nvidia-smi\r", "2048MiB"))
+    assert "0MiB /   2048MiB" in output
+    assert "8192MiB /" not in output  # the card's full size never shows as the total
+
+    # The same ticket cannot be used twice.
+    async def reuse():
+        with pytest.raises(websockets.exceptions.WebSocketException):
+            async with websockets.connect(f"ws://127.0.0.1:{base.rsplit(':', 1)[1]}{ticket['url']}") as ws:
+                await asyncio.wait_for(ws.recv(), 5)
+    asyncio.run(reuse())
+
+    node = get_ok(base, "/api/v1/nodes/e2e-node/", token)
+    assert node["devices"][0]["free_fgpu"] == "1.50"
+
+    status, body = api(base, "DELETE", f"/api/v1/sessions/{session_id}/", token)
+    assert status == 202, body
+    ended = wait_until(lambda: (s := get_ok(base, f"/api/v1/sessions/{session_id}/", token))["status"] == "TERMINATED" and s,
+                       timeout=30, what="the session to be TERMINATED")
+    assert ended["allocations"][0]["released_at"] is not None
+    device = get_ok(base, "/api/v1/nodes/e2e-node/", token)["devices"][0]
+    assert (device["capacity_fgpu"], device["allocated_fgpu"], device["free_fgpu"]) == ("2.00", "0.00", "2.00")
+    from sessions.models import Allocation
+
+    assert Allocation.objects.filter(session_id=session_id).count() == 1
+    assert Allocation.objects.filter(session_id=session_id, released_at__isnull=False).count() == 1
