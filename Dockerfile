@@ -1,0 +1,14 @@
+# One image for every fGPU Console process (web, manager worker, beat, agent); compose.yaml
+# picks the command. The agent on a real GPU node needs the NVIDIA container runtime.
+FROM python:3.11-slim
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY console ./console
+COPY accelerators ./accelerators
+COPY sessions ./sessions
+RUN pip install .
+COPY . .
+RUN FGPU_DATA_DIR=/tmp/build python manage.py collectstatic --noinput >/dev/null
+EXPOSE 8000
+CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "console.asgi:application"]
