@@ -37,15 +37,22 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
             session = await database_sync_to_async(terminal_ticket_redeem)(session_id=self.session_id, ticket=ticket)
         except ApplicationError as exc:
             log.info("terminal for %s refused: %s", self.session_id, exc.detail)
-            await self.close(code=CLOSE_NOT_RUNNING if exc.status == 409 else CLOSE_BAD_TICKET)
+            await self._refuse(CLOSE_NOT_RUNNING if exc.status == 409 else CLOSE_BAD_TICKET)
             return
         user = self.scope.get("user")
         if user is not None and user.is_authenticated and user.pk != session.owner_id and not user.is_staff:
-            await self.close(code=CLOSE_BAD_TICKET)
+            await self._refuse(CLOSE_BAD_TICKET)
             return
         await self.channel_layer.group_add(events.terminal_group(self.session_id), self.channel_name)
         await self.accept()
         await self._to_agent({"type": "pty.attach", "reply_channel": self.channel_name})
+
+    async def _refuse(self, code: int) -> None:
+        # Accept, then close with an application code, so a client can tell "bad ticket"
+        # (4403) from "not running" (4409); nothing is relayed before the close.
+        await self.accept()
+        await self.close(code=code)
+        self.session_id = ""
 
     async def disconnect(self, code) -> None:
         if self.session_id:

@@ -169,6 +169,10 @@ def session_report_apply(*, session_id: str, status: str, reason: str = "", exit
             moved = ComputeSession.objects.filter(pk=session.pk, status__in=_REPORT_SOURCES[status]).update(**fields)
             if moved:
                 events.session_notify(session)
+            elif status == SessionStatus.RUNNING and session.node_id and session.status not in ACTIVE_STATUSES:
+                # It ended here while the agent was starting it: the process must not linger.
+                node_name, sid = session.node.name, str(session.pk)
+                transaction.on_commit(lambda: _send_stop(node_name, sid))
             return bool(moved)
         if status in (SessionStatus.TERMINATED, SessionStatus.ERROR):
             return _finish(session, status=status, reason=reason, exit_code=exit_code)

@@ -99,6 +99,8 @@ class Agent:
         self.mps = mps
         self.heartbeat_s = heartbeat_s
         self.sessions: dict[str, RunningSession] = {}
+        self._starting: set[str] = set()  # between the start message and the process existing
+        self._cancelled: set[str] = set()  # stop messages that overtook their session's start
         self.loop: asyncio.AbstractEventLoop | None = None
         self.channel: str | None = None
         self._tasks: list[asyncio.Task] = []
@@ -157,20 +159,28 @@ class Agent:
 
     async def _start(self, spec: dict) -> None:
         session_id = spec["session_id"]
-        if session_id in self.sessions:
-            return  # a redelivered start message: already running
-        await self._report(session_id, "PREPARING", "preparing the working directory and environment")
+        if session_id in self.sessions or session_id in self._starting:
+            return  # a redelivered start message: already there
+        self._starting.add(session_id)
         try:
-            running = await asyncio.to_thread(self._spawn, spec)
-        except Exception as exc:
-            log.exception("agent %s: session %s failed to start", self.node, session_id)
-            await self._report(session_id, "ERROR", f"the agent could not start the session: {exc}")
-            return
+            await self._report(session_id, "PREPARING", "preparing the working directory and environment")
+            try:
+                running = await asyncio.to_thread(self._spawn, spec)
+            except Exception as exc:
+                log.exception("agent %s: session %s failed to start", self.node, session_id)
+                await self._report(session_id, "ERROR", f"the agent could not start the session: {exc}")
+                return
+        finally:
+            self._starting.discard(session_id)
         self.sessions[session_id] = running
         await self.layer.group_add(events.pty_group(session_id), self.channel)
         self.loop.add_reader(running.master_fd, self._on_readable, running)
         asyncio.create_task(self._pump_output(running))
         asyncio.create_task(self._wait_exit(running))
+        if session_id in self._cancelled:  # terminated while it was being prepared
+            self._cancelled.discard(session_id)
+            await self._stop(session_id, reason="terminated while starting")
+            return
         await self._report(session_id, "RUNNING", "")
 
     def _spawn(self, spec: dict) -> RunningSession:
@@ -256,6 +266,9 @@ class Agent:
 
     async def _stop(self, session_id: str, *, reason: str) -> None:
         running = self.sessions.get(session_id)
+        if running is None and session_id in self._starting:
+            self._cancelled.add(session_id)  # _start kills it as soon as the process exists
+            return
         if running is None:  # not here (already ended, or the agent restarted): say so
             await self._report(session_id, "TERMINATED", f"{reason} (no process was running)")
             return
