@@ -8,14 +8,6 @@ from accelerators.models import AllocationMode, Device
 from accelerators.selectors import fractional_settings_get, node_states, slot_format_get
 
 
-def _empty(nodes: list[core.NodeState]) -> list[core.NodeState]:
-    return [
-        core.NodeState(node_id=n.node_id, cpu_total=n.cpu_total, mem_total=n.mem_total,
-                       devices=tuple(core.DeviceState(d.device_id, d.memory_total, d.proc_total) for d in n.devices))
-        for n in nodes
-    ]
-
-
 def launch_options() -> dict:
     """`{"slots": [...], "cpu": {"max_now", "max_ever"}, "mem": {...}}`: for each slot with
     registered devices, min/step = the quantum, `max_now` = the largest amount one session could
@@ -24,16 +16,17 @@ def launch_options() -> dict:
     slots = []
     all_nodes: list[core.NodeState] = []
     for slot_name in sorted(set(Device.objects.filter(is_mig_device=False).values_list("slot_name", flat=True))):
-        nodes = node_states(slot_name=slot_name)
-        all_nodes = all_nodes or nodes
+        every = node_states(slot_name=slot_name)
+        all_nodes = all_nodes or every
+        nodes = [n for n in every if n.cpu_total - n.cpu_used >= 1]  # a session needs at least one core
         settings = fractional_settings_get(slot_name=slot_name)
         if settings.allocation_mode == AllocationMode.FRACTIONAL:
             pure = settings.as_allocation_settings()
             subtype, quantum = "shares", Decimal(settings.quantum_size).normalize()
-            max_now, max_ever = core.max_shares(nodes, pure), core.max_shares(_empty(nodes), pure)
+            max_now, max_ever = core.max_shares(nodes, pure), core.max_shares(core.emptied(every), pure)
         else:
             subtype, quantum = "device", Decimal(1)
-            max_now, max_ever = Decimal(core.max_devices(nodes)), Decimal(core.max_devices(_empty(nodes)))
+            max_now, max_ever = Decimal(core.max_devices(nodes)), Decimal(core.max_devices(core.emptied(every)))
         fmt = slot_format_get(slot_name=slot_name, subtype=subtype)
         slots.append({
             "slot": f"{slot_name}.{subtype}", "slot_name": slot_name, "subtype": subtype,

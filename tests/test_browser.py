@@ -11,6 +11,7 @@ Screenshots of the dialog, the list and the terminal go to $FGPU_SCREENSHOT_DIR,
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -83,72 +84,117 @@ def page():
             browser.close()
 
 
-def terminal_text(page) -> str:
-    """What xterm's DOM renderer shows, one line per row."""
-    return page.locator("#terminal .xterm-rows").evaluate(
-        "rows => Array.from(rows.children, row => row.textContent).join('\\n')")
+def terminal_lines(page) -> list[str]:
+    """The rows xterm's DOM renderer shows, right-trimmed."""
+    rows = page.locator("#terminal .xterm-rows").evaluate("rows => Array.from(rows.children, row => row.textContent)")
+    return [row.replace("\u00a0", " ").rstrip() for row in rows]
+
+
+def session_frames(frames: list[str], session_id: str) -> list[dict]:
+    """The `session` notices about `session_id` among the /ws/sessions/ frames received."""
+    found = []
+    for frame in frames:
+        try:
+            message = json.loads(frame)
+        except (TypeError, ValueError):
+            continue
+        if message.get("type") == "session" and (message.get("session") or {}).get("id") == session_id:
+            found.append(message["session"])
+    return found
 
 
 def test_walkthrough_launch_a_half_fgpu_session_run_nvidia_smi_and_terminate_it(console_url, page):
     from playwright.sync_api import expect
 
-    shots = screenshot_dir()
+    expect.set_options(timeout=TIMEOUT_MS)
 
-    # Log in.
-    page.goto(console_url + "/sessions/")
+    shots = screenshot_dir()
+    list_frames: list[str] = []
+
+    def on_websocket(ws):
+        if ws.url.endswith("/ws/sessions/"):
+            ws.on("framereceived", lambda payload: list_frames.append(payload))
+
+    page.on("websocket", on_websocket)
+
+    # A user opens the console's address and logs in; they land on the session list.
+    page.goto(console_url + "/")
     expect(page).to_have_url(re.compile(r"/login/"))
     page.fill("#id_username", "admin")
     page.fill("#id_password", ADMIN_PASSWORD)
     page.click("#login-submit")
-    expect(page).to_have_url(re.compile(r"/sessions/$"))
+    expect(page).to_have_url(console_url + "/sessions/")
     expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+    expect(page.locator("#sessions-empty")).to_be_visible()
 
-    # Open the launch dialog and ask for 0.5 fGPU.
+    # Open the launch dialog and pick 0.5 fGPU with the keyboard (Home = the minimum, one step up).
     page.click("#start-session")
     dialog = page.locator("#launch-dialog")
     expect(dialog).to_be_visible()
     expect(page.locator("#options-status")).to_have_text("")
     slider = page.locator("#fgpu-slider")
+    readout = page.locator("#fgpu-readout")
     expect(slider).to_be_enabled()
-    slider.fill("0.5")
+    slider.fill("2")
+    expect(readout).to_have_text("2.00 fGPU")
+    slider.focus()
+    page.keyboard.press("Home")
+    expect(readout).to_have_text("0.25 fGPU")
+    page.keyboard.press("ArrowRight")
     expect(slider).to_have_value("0.5")
-    expect(page.locator("#fgpu-readout")).to_have_text("0.50 fGPU")
+    expect(readout).to_have_text("0.50 fGPU")
+    expect(page.locator("#fgpu-meaning")).to_contain_text("2 GiB")
     expect(page.locator("#launch-error")).to_be_hidden()
-    dialog.screenshot(path=str(shots / "launch-dialog.png"))
-    page.screenshot(path=str(shots / "launch-dialog-page.png"))
+    dialog.screenshot(path=str(shots / "launch-dialog.png"), animations="disabled")
 
-    # Launch; the row appears and turns RUNNING live (no reload).
-    page.click("#launch-submit")
+    # Launch: the row appears at once and turns RUNNING through the websocket (no reload).
+    with page.expect_response(lambda r: r.url.endswith("/api/v1/sessions/") and r.request.method == "POST") as info:
+        page.click("#launch-submit")
+    created = info.value.json()
+    assert info.value.status == 201, created
+    assert created["resources"]["cuda.shares"] in ("0.5", "0.50"), created
+    session_id = created["id"]
     expect(dialog).to_be_hidden()
-    row = page.locator("#sessions-table tr[data-session-id]").filter(
-        has=page.locator("td.configuration", has_text=re.compile(r"^\s*0\.50 fGPU")))
-    expect(row).to_have_count(1)
-    session_id = row.get_attribute("data-session-id")
     row = page.locator(f'#sessions-table tr[data-session-id="{session_id}"]')
+    expect(row.locator("td.configuration")).to_have_text(re.compile(r"^\s*0\.50 fGPU"))
     expect(row.locator("td.status")).to_have_text("RUNNING")
     terminal_link = row.locator("a.terminal-link")
     expect(terminal_link).to_be_visible()
-    page.screenshot(path=str(shots / "session-list.png"))
+    if created["status"] != "RUNNING":  # then only the websocket can have told the page
+        assert "RUNNING" in [s["status"] for s in session_frames(list_frames, session_id)], list_frames
+    page.screenshot(path=str(shots / "session-list.png"), animations="disabled")
 
     # Open the terminal and run nvidia-smi: the session sees its 2 GiB slice.
     terminal_link.click()
-    expect(page).to_have_url(re.compile(rf"/sessions/{session_id}/terminal/$"))
+    expect(page).to_have_url(console_url + f"/sessions/{session_id}/terminal/")
     expect(page.locator("#terminal-status")).to_have_text("Connected")
-    expect(page.locator("#terminal .xterm-rows")).to_contain_text(re.compile(r"\S"))  # the shell's prompt
+
+    def shell_prompt():
+        lines = [line for line in terminal_lines(page) if line]
+        return lines and re.search(r"[$#%>]$", lines[-1]) and lines[-1]
+
+    prompt = wait_until(shell_prompt, timeout=20, what="the shell's prompt in the terminal")
     page.locator("#terminal").click()
     page.keyboard.type("nvidia-smi")
     page.keyboard.press("Enter")
-    wait_until(lambda: "2048MiB" in terminal_text(page), timeout=30, interval=0.2,
-               what="nvidia-smi's table with 2048MiB in the terminal")
-    page.screenshot(path=str(shots / "terminal.png"))
 
-    # Back to the list and terminate it there.
+    def table_then_prompt():
+        lines = [line for line in terminal_lines(page) if line]
+        text = "\n".join(lines)
+        return "2048MiB" in text and len(lines) > 2 and lines[-1] == prompt and text
+
+    wait_until(table_then_prompt, timeout=30, interval=0.2,
+               what="nvidia-smi's table with 2048MiB, then the prompt again")
+    page.screenshot(path=str(shots / "terminal.png"), animations="disabled")
+
+    # Back to the list and terminate the session there.
     page.click("a.back-link")
-    expect(page).to_have_url(re.compile(r"/sessions/$"))
+    expect(page).to_have_url(console_url + "/sessions/")
     row = page.locator(f'#sessions-table tr[data-session-id="{session_id}"]')
     expect(row.locator("td.status")).to_have_text("RUNNING")
     row.locator("button.terminate-button").click()
     expect(page.locator("#terminate-dialog")).to_be_visible()
+    expect(page.locator("#terminate-name")).to_have_text(created["name"])
     page.click("#terminate-confirm")
     expect(page.locator("#terminate-dialog")).to_be_hidden()
     expect(row.locator("td.status")).to_have_text("TERMINATED")

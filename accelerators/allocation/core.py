@@ -285,12 +285,7 @@ def check_ever_fits(
     (quantum, mode) propagate as they are."""
     if not nodes:
         raise NeverSchedulable("no GPU node is registered yet: start an agent (python manage.py agent --config agent.toml)")
-    empty = [
-        NodeState(node_id=n.node_id, cpu_total=n.cpu_total, mem_total=n.mem_total,
-                  devices=tuple(DeviceState(d.device_id, d.memory_total, d.proc_total, numa_node=d.numa_node)
-                                for d in n.devices))
-        for n in nodes
-    ]
+    empty = emptied(nodes)
     for node in empty:
         try:
             _allocate_on_node(node, request, settings, strategy)
@@ -298,6 +293,16 @@ def check_ever_fits(
         except InsufficientResource:
             continue
     raise NeverSchedulable(_never_reason(empty, request, settings))
+
+
+def emptied(nodes: Iterable[NodeState]) -> list[NodeState]:
+    """The same nodes and devices with nothing allocated: what the cluster could ever hold."""
+    return [
+        NodeState(node_id=n.node_id, cpu_total=n.cpu_total, mem_total=n.mem_total,
+                  devices=tuple(DeviceState(d.device_id, d.memory_total, d.proc_total, numa_node=d.numa_node)
+                                for d in n.devices))
+        for n in nodes
+    ]
 
 
 def _never_reason(nodes: Sequence[NodeState], request: ResourceRequest, settings: FractionalSettings | None) -> str:
