@@ -125,7 +125,7 @@ def check_grants(request: ResourceRequest, placement, nodes: list[NodeState], fs
             assert (g.memory, g.procs) == (by_id[g.device_id].memory_total, by_id[g.device_id].proc_total)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fs=fractional_settings, cluster=clusters, data=st.data())
 def test_random_requests_and_releases_never_overcommit_and_grant_exactly_what_was_asked(fs, cluster, data):
     model = build_model(cluster)
@@ -178,7 +178,7 @@ def test_random_requests_and_releases_never_overcommit_and_grant_exactly_what_wa
         assert all(d.is_idle for d in state.devices)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None, database=None)
 @given(fs=fractional_settings, cluster=clusters, data=st.data())
 def test_the_sliders_max_is_always_placeable_on_the_node_that_offers_it(fs, cluster, data):
     model = build_model(cluster)
@@ -218,7 +218,7 @@ def test_the_sliders_max_is_always_placeable_on_the_node_that_offers_it(fs, clus
             assert sum((g.shares for g in placement.grants), D(0)) == largest
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None, database=None)
 @given(fs=fractional_settings, cluster=clusters, data=st.data())
 def test_a_failed_allocation_returns_nothing_and_leaves_the_devices_untouched(fs, cluster, data):
     model = build_model(cluster)

@@ -75,7 +75,8 @@ def page():
         context.set_default_timeout(TIMEOUT_MS)
         page = context.new_page()
         errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+        page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
         page.js_errors = errors
         try:
             yield page

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def user(django_user_model):
-    return django_user_model.objects.create_user("alice", password="pw")
+    return django_user_model.objects.create_user("alice")  # no password: hashing is slow and not under test
 
 
 @pytest.fixture

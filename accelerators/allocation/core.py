@@ -306,17 +306,21 @@ def emptied(nodes: Iterable[NodeState]) -> list[NodeState]:
 
 
 def _never_reason(nodes: Sequence[NodeState], request: ResourceRequest, settings: FractionalSettings | None) -> str:
-    if request.kind == "shares" and settings is not None:
-        largest = max_shares(nodes, settings)
+    """Name what no node has enough of: the accelerator slot when no node's devices could hold
+    the request, else CPU cores or memory."""
+    if request.kind == "shares" and settings is not None and max_shares(nodes, settings) < request.amount:
         return (f"{request.slot}.shares: {request.amount} fGPU requested, but the largest any node can hold "
-                f"is {largest} fGPU")
-    if request.kind == "device":
-        largest = max_devices(nodes)
-        return f"{request.slot}.device: {request.amount} GPU(s) requested, but the largest node has {largest}"
+                f"is {max_shares(nodes, settings):.2f} fGPU")
+    if request.kind == "device" and max_devices(nodes) < request.amount:
+        return f"{request.slot}.device: {request.amount} GPU(s) requested, but the largest node has {max_devices(nodes)}"
     cpu = max((n.cpu_total for n in nodes), default=0)
     mem = max((n.mem_total for n in nodes), default=0)
-    return (f"{request.cpu} CPU cores and {format_binary_size(request.mem)} memory requested, but the largest node "
-            f"has {cpu} cores and {format_binary_size(mem)}")
+    if request.cpu > cpu:
+        return f"cpu: {request.cpu} CPU cores requested, but the largest node has {cpu}"
+    if request.mem > mem:
+        return f"mem: {format_binary_size(request.mem)} memory requested, but the largest node has {format_binary_size(mem)}"
+    return (f"no single node has {request.cpu} CPU cores, {format_binary_size(request.mem)} memory and the "
+            f"accelerator amount together")
 
 
 def max_shares(nodes: Iterable[NodeState], settings: FractionalSettings) -> Decimal:

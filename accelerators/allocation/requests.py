@@ -29,16 +29,18 @@ def parse_resources(resources: object) -> ResourceRequest:
     accelerator = {k: v for k, v in resources.items() if k not in ("cpu", "mem")}
     if not accelerator:
         return ResourceRequest(kind="none", amount=ZERO, cpu=cpu, mem=mem, slot="")
+    for key in sorted(accelerator):
+        slot, _, subtype = key.partition(".")
+        if not slot or subtype not in ("shares", "device"):
+            raise InvalidResourceRequest(
+                f"resources.{key}: unknown resource (expected <slot>.shares, <slot>.device, cpu or mem, e.g. cuda.shares)"
+            )
     if len(accelerator) > 1:
         raise InvalidResourceRequest(
             f"resources: one accelerator request per session, got {', '.join(sorted(accelerator))}"
         )
     key, value = next(iter(accelerator.items()))
     slot, _, subtype = key.partition(".")
-    if not slot or subtype not in ("shares", "device"):
-        raise InvalidResourceRequest(
-            f"resources.{key}: unknown resource (expected <slot>.shares, <slot>.device, cpu or mem, e.g. cuda.shares)"
-        )
     try:
         amount = parse_decimal(value, what=f"resources.{key}")
     except ValueError as exc:

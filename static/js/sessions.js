@@ -125,7 +125,10 @@
   }
 
   function reasonOf(s) {
-    if (s.status_reason) return s.status_reason;
+    if (s.status_reason) {
+      // A reason that only repeats the status ("terminated" under TERMINATED) says nothing.
+      return String(s.status_reason).toLowerCase() === String(s.status).toLowerCase() ? null : s.status_reason;
+    }
     if (s.exit_code !== null && s.exit_code !== undefined) return "exit code " + s.exit_code;
     return null;
   }
@@ -474,13 +477,15 @@
   function showErrors(result) {
     errorBox.textContent = "";
     var data = result.data || {};
-    errorBox.appendChild(el("p", { "class": "alert-title", text: errorText(result) }));
+    var title = errorText(result);
+    errorBox.appendChild(el("p", { "class": "alert-title", text: title }));
     var fe = data.field_errors || {};
     var items = [];
     Object.keys(fe).forEach(function (field) {
       var msgs = Array.isArray(fe[field]) ? fe[field] : [fe[field]];
       msgs.forEach(function (m) {
         var text = typeof m === "string" ? m : JSON.stringify(m);
+        if (text === title) return; // already the alert's title
         items.push(el("li", {}, [el("span", { "class": "field-key", text: field }), ": " + text]));
       });
     });

@@ -1,0 +1,153 @@
+"""agent.toml loading (sessions/runtime/config.py): the demo file, and errors that name file and key."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sessions.runtime.config import CUDA_PLUGIN, MOCK_PLUGIN, AgentConfigError, load_agent_config
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "demo" / "agent.toml"
+GiB = 1 << 30
+
+
+def write_agent(tmp_path: Path, body: str, *, name: str = "node-a.toml", mock: bool = True) -> Path:
+    """An agent file in `tmp_path`, with a mock-accelerator.toml beside it unless `mock` is False."""
+    if mock:
+        (tmp_path / "mock-accelerator.toml").write_text('slot_name = "cuda"\n')
+    path = tmp_path / name
+    path.write_text(body)
+    return path
+
+
+def test_the_demo_agent_toml_loads_as_the_demo_node_with_the_mock_plugin():
+    config = load_agent_config(DEMO)
+    assert config.node_name == "demo-node"
+    assert config.plugins == (MOCK_PLUGIN,)
+    assert config.cpu_count == 4
+    assert config.memory_size == 16 * GiB == 17179869184
+    assert config.mps is False
+    assert config.path == DEMO
+
+
+def test_the_demo_mock_config_path_is_resolved_next_to_agent_toml():
+    config = load_agent_config(DEMO)
+    assert config.mock_config == ROOT / "demo" / "mock-accelerator.toml"
+    assert config.mock_config.is_absolute() and config.mock_config.exists()
+
+
+def test_a_relative_path_to_agent_toml_is_resolved_whatever_the_working_directory(monkeypatch):
+    monkeypatch.chdir(ROOT / "demo")
+    config = load_agent_config("agent.toml")
+    assert config.path == DEMO
+    assert config.mock_config == ROOT / "demo" / "mock-accelerator.toml"
+
+
+def test_relative_paths_in_agent_toml_are_relative_to_its_directory(tmp_path, monkeypatch):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "gpus.toml").write_text('slot_name = "cuda"\n')
+    path = tmp_path / "conf" / "agent.toml"
+    path.write_text('[agent]\nid = "n1"\n[plugins.mock]\nconfig = "gpus.toml"\n[container]\nscratch-root = "scratch"\n')
+    monkeypatch.chdir(ROOT)
+    config = load_agent_config(path)
+    assert config.mock_config == tmp_path / "conf" / "gpus.toml"
+    assert config.scratch_root == tmp_path / "conf" / "scratch"
+
+
+def test_the_broker_url_comes_from_the_file_or_the_default(tmp_path):
+    path = write_agent(tmp_path, '[agent]\nid = "n1"\n')
+    assert load_agent_config(path, default_broker="redis://r:6379/0").broker_url == "redis://r:6379/0"
+    path.write_text('[agent]\nid = "n1"\n[manager]\nbroker-url = "redis://other:6379/1"\n')
+    assert load_agent_config(path, default_broker="redis://r:6379/0").broker_url == "redis://other:6379/1"
+
+
+def test_the_cuda_plugin_alone_needs_no_mock_config(tmp_path):
+    path = write_agent(tmp_path, f'[agent]\nid = "gpu-1"\nallowed-compute-plugins = ["{CUDA_PLUGIN}"]\n', mock=False)
+    config = load_agent_config(path)
+    assert config.plugins == (CUDA_PLUGIN,)
+    assert config.mock_config is None
+
+
+def test_memory_may_be_given_in_bytes(tmp_path):
+    path = write_agent(tmp_path, '[agent]\nid = "n1"\nmemory = 17179869184\n')
+    assert load_agent_config(path).memory_size == 16 * GiB
+
+
+def test_an_unknown_plugin_is_refused_naming_the_file_the_key_and_the_plugin(tmp_path):
+    path = write_agent(tmp_path, '[agent]\nid = "n1"\nallowed-compute-plugins = ["ai.backend.accelerator.tpu"]\n')
+    with pytest.raises(AgentConfigError) as caught:
+        load_agent_config(path)
+    message = str(caught.value)
+    assert message.startswith("node-a.toml: agent.allowed-compute-plugins: ")
+    assert "ai.backend.accelerator.tpu" in message
+
+
+@pytest.mark.parametrize("memory", ['"lots"', '"1.5"', '"-16G"', "-1", "1.5"])
+def test_a_bad_memory_size_is_refused_naming_the_file_and_key(tmp_path, memory):
+    path = write_agent(tmp_path, f'[agent]\nid = "n1"\nmemory = {memory}\n')
+    with pytest.raises(AgentConfigError, match="^node-a.toml: agent.memory: "):
+        load_agent_config(path)
+
+
+def test_a_missing_mock_config_file_is_refused_naming_the_file_key_and_missing_path(tmp_path):
+    path = write_agent(tmp_path, '[agent]\nid = "n1"\n[plugins.mock]\nconfig = "gone.toml"\n', mock=False)
+    with pytest.raises(AgentConfigError) as caught:
+        load_agent_config(path)
+    message = str(caught.value)
+    assert message.startswith("node-a.toml: plugins.mock.config: ")
+    assert str(tmp_path / "gone.toml") in message
+
+
+def test_broken_toml_is_refused_naming_the_file(tmp_path):
+    path = write_agent(tmp_path, '[agent\nid = "n1"\n')
+    with pytest.raises(AgentConfigError, match="^node-a.toml: not valid TOML"):
+        load_agent_config(path)
+
+
+def test_a_missing_agent_toml_is_refused_naming_its_path(tmp_path):
+    with pytest.raises(AgentConfigError, match="no such file") as caught:
+        load_agent_config(tmp_path / "absent.toml")
+    assert str(tmp_path / "absent.toml") in str(caught.value)
+
+
+@pytest.mark.parametrize("node_id", ['"gpu node"', '"a/b"', '""', '"node;rm"', "7"])
+def test_a_bad_node_name_is_refused_naming_the_file_and_key(tmp_path, node_id):
+    path = write_agent(tmp_path, f'[agent]\nid = {node_id}\n')
+    with pytest.raises(AgentConfigError, match="^node-a.toml: agent.id: "):
+        load_agent_config(path)
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ('[agent]\nid = "n1"\ncpu-count = 0\n', "agent.cpu-count"),
+        ('[agent]\nid = "n1"\ncpu-count = true\n', "agent.cpu-count"),
+        ('[agent]\nid = "n1"\nmps = "yes"\n', "agent.mps"),
+        ('[agent]\nid = "n1"\nallowed-compute-plugins = "ai.backend.accelerator.mock"\n', "agent.allowed-compute-plugins"),
+        ('agent = "n1"\n', "agent"),
+        ('[agent]\nid = "n1"\n[manager]\nbroker-url = "amqp://guest@rabbit//"\n', "manager.broker-url"),
+    ],
+    ids=["cpu-count-zero", "cpu-count-bool", "mps-text", "plugins-not-a-list", "agent-not-a-table", "broker-not-redis"],
+)
+def test_other_bad_values_are_refused_naming_the_file_and_key(tmp_path, body, key):
+    path = write_agent(tmp_path, body)
+    with pytest.raises(AgentConfigError, match=f"^node-a.toml: {key}: "):
+        load_agent_config(path)
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ('manager = "redis://r:6379/0"\n[agent]\nid = "n1"\n', "manager"),
+        ('[agent]\nid = "n1"\n[manager]\nbroker-url = 6379\n', "manager.broker-url"),
+        ('[agent]\nid = "n1"\n[container]\nscratch-root = 5\n', "container.scratch-root"),
+        ('plugins = ["mock"]\n[agent]\nid = "n1"\n', "plugins"),
+        ('[agent]\nid = "n1"\n[plugins]\nmock = "mock-accelerator.toml"\n', "plugins.mock"),
+    ],
+    ids=["manager-not-a-table", "broker-url-integer", "scratch-root-integer", "plugins-not-a-table", "plugins-mock-not-a-table"],
+)
+def test_a_value_of_the_wrong_type_is_an_agent_config_error_not_a_crash(tmp_path, body, key):
+    path = write_agent(tmp_path, body)
+    with pytest.raises(AgentConfigError, match=f"^node-a.toml: {key}"):
+        load_agent_config(path)
