@@ -309,7 +309,20 @@ def test_more_cpu_than_any_node_has_is_never_schedulable_and_says_cpu_is_the_rea
     # The node's GPU could hold 1 fGPU; it is the 16 cores that no node has.
     with pytest.raises(NeverSchedulable) as caught:
         place([node("n1", gpu("a"), cpu=8)], shares("1", cpu=16), DEMO)
-    assert "CPU" in str(caught.value) or "cores" in str(caught.value)
+    assert str(caught.value) == "cpu: 16 CPU cores requested, but the largest node has 8"
+
+
+def test_more_memory_than_any_node_has_is_never_schedulable_and_says_memory_is_the_reason():
+    with pytest.raises(NeverSchedulable) as caught:
+        place([node("n1", gpu("a"), mem=32 * GiB)], shares("1", mem=64 * GiB), DEMO)
+    assert str(caught.value) == "mem: 64 GiB memory requested, but the largest node has 32 GiB"
+
+
+def test_a_request_no_single_node_holds_whole_is_never_schedulable_though_each_part_fits_somewhere():
+    # n1 has the cores but a 1-fGPU device; n2 has the 2-fGPU device but only 2 cores.
+    nodes = [node("n1", gpu("a", memory=4 * GiB, sms=40), cpu=8), node("n2", gpu("b"), cpu=2)]
+    with pytest.raises(NeverSchedulable, match="no single node has 4 CPU cores"):
+        place(nodes, shares("2", cpu=4), DEMO)
 
 
 def test_shares_without_fractional_settings_are_an_invalid_request():

@@ -75,9 +75,19 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
         raise AgentConfigError(f"{path}: no such file") from None
     except tomllib.TOMLDecodeError as exc:
         raise AgentConfigError(f"{where}: not valid TOML: {exc}") from None
-    agent = data.get("agent", {})
-    if not isinstance(agent, dict):
-        fail("agent", "expected a table")
+    def table(parent: dict, key: str, where_key: str) -> dict:
+        value = parent.get(key, {})
+        if not isinstance(value, dict):
+            fail(where_key, f"expected a table, got {value!r}")
+        return value
+
+    def text(parent: dict, key: str, where_key: str, default: str) -> str:
+        value = parent.get(key, default)
+        if not isinstance(value, str):
+            fail(where_key, f"expected text, got {value!r}")
+        return value
+
+    agent = table(data, "agent", "agent")
     node_name = agent.get("id", socket.gethostname())
     if not isinstance(node_name, str) or not node_name.replace("-", "").replace("_", "").replace(".", "").isalnum():
         fail("agent.id", f"{node_name!r} is not a node name (letters, digits, '-', '_', '.')")
@@ -97,13 +107,14 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
     mps = agent.get("mps", False)
     if not isinstance(mps, bool):
         fail("agent.mps", "expected true or false")
-    broker_url = data.get("manager", {}).get("broker-url", default_broker)
+    broker_url = text(table(data, "manager", "manager"), "broker-url", "manager.broker-url", default_broker)
     if broker_url and not broker_url.startswith(("redis://", "rediss://", "memory://")):
         fail("manager.broker-url", f"{broker_url!r} is not a redis:// URL")
-    scratch = data.get("container", {}).get("scratch-root", "scratches")
+    scratch = text(table(data, "container", "container"), "scratch-root", "container.scratch-root", "scratches")
     mock_config = None
     if MOCK_PLUGIN in plugins:
-        raw = data.get("plugins", {}).get("mock", {}).get("config", "mock-accelerator.toml")
+        mock = table(table(data, "plugins", "plugins"), "mock", "plugins.mock")
+        raw = text(mock, "config", "plugins.mock.config", "mock-accelerator.toml")
         mock_config = (path.parent / raw).resolve()
         if not mock_config.exists():
             fail("plugins.mock.config", f"{mock_config} does not exist")

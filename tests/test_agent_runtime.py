@@ -1,0 +1,381 @@
+"""The agent runtime, for real: PTY sessions, the terminal relay over a channel layer, and its
+reports to the manager.
+
+The manager lives outside the agent's process in production (Celery tasks on queue
+`manager`), so a recording fake is the boundary here; the channel layer is Channels' own
+in-memory layer. Every wait is on a condition with an asyncio deadline, never a sleep.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+
+import pytest
+from channels.layers import InMemoryChannelLayer
+
+from sessions import events
+from sessions.runtime.agent import Agent, agent_for
+from tests.conftest import GiB, mock_gpu
+
+TIMEOUT = 20.0
+DEVICE = mock_gpu(0)
+
+
+class RecordingManager:
+    """Records the agent's register / heartbeat / report calls (made from worker threads) and
+    wakes waiters on the agent's loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.registered: list[tuple[str, dict, list[str]]] = []
+        self.heartbeats: list[tuple[str, list[str]]] = []
+        self.reports: list[tuple[str, str, str, int | None]] = []
+        self._changed = asyncio.Event()
+
+    def _record(self, bucket: list, item) -> None:
+        bucket.append(item)
+        self.loop.call_soon_threadsafe(self._changed.set)
+
+    def register(self, node, inventory, running):
+        self._record(self.registered, (node, inventory, list(running)))
+
+    def heartbeat(self, node, running):
+        self._record(self.heartbeats, (node, list(running)))
+
+    def report(self, session_id, status, reason, exit_code):
+        self._record(self.reports, (session_id, status, reason, exit_code))
+
+    def reports_for(self, session_id: str) -> list[tuple[str, str, int | None]]:
+        return [(status, reason, code) for sid, status, reason, code in self.reports if sid == session_id]
+
+    async def wait_for(self, predicate, *, what: str, timeout: float = TIMEOUT):
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    self._changed.clear()
+                    found = predicate()
+                    if found:
+                        return found
+                    await self._changed.wait()
+        except TimeoutError:
+            raise AssertionError(f"timed out waiting for {what}; reports: {self.reports}") from None
+
+    async def wait_for_report(self, session_id: str, status: str):
+        def found():
+            return next((r for r in self.reports_for(session_id) if r[0] == status), None)
+
+        return await self.wait_for(found, what=f"{status} report of {session_id}")
+
+
+def start_spec(*, command: str = "", shares: str = "0.5", memory_limit: int = 2 * GiB, procs: str = "20") -> dict:
+    """A start spec in the shape of `sessions.scheduler.session_start_spec`."""
+    return {
+        "session_id": str(uuid.uuid4()),
+        "name": "notebook",
+        "owner": "alice",
+        "command": command,
+        "cpu": 1,
+        "mem": GiB,
+        "slot_name": "cuda",
+        "slot_subtype": "shares",
+        "devices": [{
+            "device_id": DEVICE.device_id,
+            "index": DEVICE.index,
+            "model_name": DEVICE.model_name,
+            "memory_total": DEVICE.memory_size,
+            "subproc_count": DEVICE.subproc_count,
+            "memory_limit": memory_limit,
+            "procs": procs,
+            "shares": shares,
+            "is_mig_device": False,
+            "mig_profile": "",
+        }],
+    }
+
+
+class Harness:
+    def __init__(self, agent: Agent, manager: RecordingManager, layer: InMemoryChannelLayer) -> None:
+        self.agent, self.manager, self.layer = agent, manager, layer
+
+    async def start_session(self, spec: dict) -> str:
+        """Submit the start the way the Celery task does (from another thread); wait for RUNNING."""
+        await asyncio.to_thread(self.agent.submit_start, spec)
+        await self.manager.wait_for_report(spec["session_id"], "RUNNING")
+        return spec["session_id"]
+
+    async def watch_terminal(self, session_id: str) -> str:
+        """A channel of our own in the session's terminal group (as a terminal consumer joins it)."""
+        channel = await self.layer.new_channel("test.")
+        await self.layer.group_add(events.terminal_group(session_id), channel)
+        return channel
+
+    async def to_pty(self, session_id: str, message: dict) -> None:
+        await self.layer.group_send(events.pty_group(session_id), {**message, "session_id": session_id})
+
+    async def type(self, session_id: str, text: str) -> None:
+        await self.to_pty(session_id, {"type": "pty.input", "data": text})
+
+    async def read_until(self, channel: str, expect: str, *, timeout: float = TIMEOUT) -> str:
+        """Collect terminal.output frames from `channel` until `expect` shows up."""
+        output = ""
+        try:
+            async with asyncio.timeout(timeout):
+                while expect not in output:
+                    message = await self.layer.receive(channel)
+                    assert message["type"] in ("terminal.output", "terminal.exit"), message
+                    output += message.get("data", "")
+        except TimeoutError:
+            raise AssertionError(f"{expect!r} not in the terminal output:\n{output}") from None
+        return output
+
+    async def receive_type(self, channel: str, kind: str, *, timeout: float = TIMEOUT) -> dict:
+        """The next message of type `kind` on `channel` (skipping others)."""
+        async with asyncio.timeout(timeout):
+            while True:
+                message = await self.layer.receive(channel)
+                if message["type"] == kind:
+                    return message
+
+
+def run_agent(tmp_path, scenario, *, heartbeat_s: float = 60.0):
+    """Start a real Agent on a fresh asyncio loop, run `await scenario(harness)`, shut it down."""
+    node = f"test-node-{uuid.uuid4().hex[:8]}"
+
+    async def main():
+        layer = InMemoryChannelLayer()
+        manager = RecordingManager(asyncio.get_running_loop())
+        inventory = {"devices": [DEVICE.as_dict()], "plugins": ["ai.backend.accelerator.mock"], "attributes": {},
+                     "cpu_count": 8, "memory_size": 32 * GiB}
+        agent = Agent(node=node, inventory=inventory, channel_layer=layer, manager=manager,
+                      scratch_root=tmp_path / "scratch", mock=True, heartbeat_s=heartbeat_s)
+        await agent.start()
+        try:
+            return await scenario(Harness(agent, manager, layer))
+        finally:
+            await agent.shutdown()
+
+    return asyncio.run(main())
+
+
+def process_group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# --- tests ----------------------------------------------------------------------------------------
+
+def test_the_agent_registers_its_inventory_and_is_found_by_node_name(tmp_path):
+    async def scenario(h: Harness):
+        await h.manager.wait_for(lambda: h.manager.registered, what="register")
+        [(node, inventory, running)] = h.manager.registered
+        assert node == h.agent.node
+        assert inventory["devices"][0]["device_id"] == DEVICE.device_id
+        assert running == []
+        assert agent_for(h.agent.node) is h.agent
+        return h.agent.node
+
+    node = run_agent(tmp_path, scenario)
+
+    with pytest.raises(LookupError):
+        agent_for(node)  # gone after shutdown
+
+
+def test_heartbeats_list_the_sessions_the_agent_runs(tmp_path):
+    async def scenario(h: Harness):
+        session_id = await h.start_session(start_spec())
+        await h.manager.wait_for(lambda: any(session_id in running for _, running in h.manager.heartbeats),
+                                 what="a heartbeat naming the session")
+
+    run_agent(tmp_path, scenario, heartbeat_s=0.05)
+
+
+def test_an_interactive_session_reports_preparing_then_running_and_runs_nvidia_smi_in_its_terminal(tmp_path):
+    async def scenario(h: Harness):
+        spec = start_spec()
+        session_id = spec["session_id"]
+        await asyncio.to_thread(h.agent.submit_start, spec)
+        await h.manager.wait_for_report(session_id, "RUNNING")
+        assert [status for status, _, _ in h.manager.reports_for(session_id)] == ["PREPARING", "RUNNING"]
+
+        channel = await h.watch_terminal(session_id)
+        await h.type(session_id, "nvidia-smi\r")
+        output = await h.read_until(channel, "2048MiB")
+        print(output)
+
+        work_dir = tmp_path / "scratch" / session_id
+        document = json.loads((work_dir / ".fgpu" / "allocation.json").read_text())
+        assert document["devices"][0]["memory_limit"] == 2 * GiB
+        assert (work_dir / ".fgpu" / "bin" / "nvidia-smi").exists()
+
+    run_agent(tmp_path, scenario)
+
+
+def test_attaching_replays_the_scrollback_to_the_reply_channel(tmp_path):
+    async def scenario(h: Harness):
+        session_id = await h.start_session(start_spec())
+        channel = await h.watch_terminal(session_id)
+        await h.type(session_id, "echo scroll-$((40 + 2))\r")
+        await h.read_until(channel, "scroll-42")
+
+        reply = await h.layer.new_channel("reply.")
+        await h.to_pty(session_id, {"type": "pty.attach", "reply_channel": reply})
+        message = await h.receive_type(reply, "terminal.output")
+        assert "scroll-42" in message["data"]
+        assert "echo scroll-$((40 + 2))" in message["data"]
+
+    run_agent(tmp_path, scenario)
+
+
+def test_the_session_environment_carries_its_memory_and_compute_limits(tmp_path):
+    async def scenario(h: Harness):
+        session_id = await h.start_session(start_spec())
+        channel = await h.watch_terminal(session_id)
+        await h.type(session_id, 'echo "limit=$CUDA_DEVICE_MEMORY_LIMIT_0 sm=$CUDA_DEVICE_SM_LIMIT id=$FGPU_SESSION_ID"\r')
+        output = await h.read_until(channel, f"id={session_id}")
+        assert "limit=2048m sm=25 " in output
+        await h.type(session_id, 'echo "visible=$CUDA_VISIBLE_DEVICES"\r')
+        assert f"visible={DEVICE.device_id}" in await h.read_until(channel, f"visible={DEVICE.device_id}")
+
+    run_agent(tmp_path, scenario)
+
+
+def test_a_resize_reaches_the_sessions_terminal(tmp_path):
+    async def scenario(h: Harness):
+        session_id = await h.start_session(start_spec())
+        channel = await h.watch_terminal(session_id)
+        await h.to_pty(session_id, {"type": "pty.resize", "cols": 123, "rows": 45})
+        await h.type(session_id, "stty size\r")
+        await h.read_until(channel, "45 123")
+
+    run_agent(tmp_path, scenario)
+
+
+def test_stopping_a_session_kills_its_process_group_sends_exit_and_reports_terminated(tmp_path):
+    async def scenario(h: Harness):
+        session_id = await h.start_session(start_spec())
+        pgid = h.agent.sessions[session_id].process.pid
+        channel = await h.watch_terminal(session_id)
+        await h.type(session_id, "sleep 1000 &\r")  # a child in the same process group
+        await h.type(session_id, "echo started-$((1 + 1))\r")
+        await h.read_until(channel, "started-2")
+        assert process_group_alive(pgid)
+
+        await asyncio.to_thread(h.agent.submit_stop, session_id)  # as the Celery task does
+
+        exit_message = await h.receive_type(channel, "terminal.exit")
+        assert isinstance(exit_message["code"], int)
+        _, reason, code = await h.manager.wait_for_report(session_id, "TERMINATED")
+        assert reason == "terminated"
+        assert code == exit_message["code"]
+        assert not process_group_alive(pgid)
+        assert session_id not in h.agent.sessions
+        assert [s for s, _, _ in h.manager.reports_for(session_id)] == ["PREPARING", "RUNNING", "TERMINATED"]
+
+    run_agent(tmp_path, scenario)
+
+
+def test_a_batch_command_reports_terminated_with_its_exit_code(tmp_path):
+    async def scenario(h: Harness):
+        spec = start_spec(command="exit 3")
+        await asyncio.to_thread(h.agent.submit_start, spec)
+        _, reason, code = await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
+        assert code == 3
+        assert reason == "the process exited with code 3"
+        assert spec["session_id"] not in h.agent.sessions
+
+    run_agent(tmp_path, scenario)
+
+
+def test_a_batch_commands_output_reaches_the_terminal_group(tmp_path):
+    async def scenario(h: Harness):
+        spec = start_spec(command="nvidia-smi --query-gpu=memory.total --format=csv,noheader")
+        channel = await h.watch_terminal(spec["session_id"])  # joined before the start
+        await asyncio.to_thread(h.agent.submit_start, spec)
+        output = await h.read_until(channel, "MiB")
+        assert "2048 MiB" in output
+        _, _, code = await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
+        assert code == 0
+
+    run_agent(tmp_path, scenario)
+
+
+def test_stopping_an_unknown_session_reports_terminated_saying_no_process_was_running(tmp_path):
+    async def scenario(h: Harness):
+        session_id = str(uuid.uuid4())
+        await asyncio.to_thread(h.agent.submit_stop, session_id)
+        _, reason, code = await h.manager.wait_for_report(session_id, "TERMINATED")
+        assert reason == "terminated (no process was running)"
+        assert code is None
+
+    run_agent(tmp_path, scenario)
+
+
+def test_a_redelivered_start_message_does_not_start_a_second_process(tmp_path):
+    async def scenario(h: Harness):
+        spec = start_spec()
+        session_id = await h.start_session(spec)
+        pid = h.agent.sessions[session_id].process.pid
+
+        await asyncio.to_thread(h.agent.submit_start, spec)
+        await h.manager.wait_for(lambda: h.agent.sessions.get(session_id), what="the session")  # still there
+
+        channel = await h.watch_terminal(session_id)
+        await h.type(session_id, "echo pid=$$\r")
+        assert f"pid={pid}" in await h.read_until(channel, f"pid={pid}")
+        assert [s for s, _, _ in h.manager.reports_for(session_id)] == ["PREPARING", "RUNNING"]
+
+    run_agent(tmp_path, scenario)
+
+
+def test_input_for_another_session_does_not_reach_this_one(tmp_path):
+    async def scenario(h: Harness):
+        first = await h.start_session(start_spec())
+        second = await h.start_session(start_spec())
+        first_out, second_out = await h.watch_terminal(first), await h.watch_terminal(second)
+
+        await h.type(second, "echo only-$((6 * 7))\r")
+        await h.read_until(second_out, "only-42")
+        await h.type(first, "echo first-$((1 + 2))\r")
+        output = await h.read_until(first_out, "first-3")
+        assert "only" not in output
+
+    run_agent(tmp_path, scenario)
+
+
+def test_shutting_the_agent_down_ends_every_session_it_runs(tmp_path):
+    state = {}
+
+    async def scenario(h: Harness):
+        session_id = await h.start_session(start_spec())
+        state["pgid"] = h.agent.sessions[session_id].process.pid
+        state["session_id"] = session_id
+        state["manager"] = h.manager
+
+    run_agent(tmp_path, scenario)
+
+    assert not process_group_alive(state["pgid"])
+    reports = state["manager"].reports_for(state["session_id"])
+    assert [s for s, _, _ in reports] == ["PREPARING", "RUNNING", "TERMINATED"]
+    assert reports[-1][1] == "the agent shut down"
+
+
+def test_when_shutdown_returns_every_session_has_been_reported_terminated(tmp_path):
+    """`manage.py agent` stops the loop as soon as `shutdown()` returns, so the TERMINATED
+    reports must have been made by then, not left to tasks the stopped loop never runs."""
+
+    async def scenario(h: Harness):
+        session_id = await h.start_session(start_spec())
+        pgid = h.agent.sessions[session_id].process.pid
+
+        await h.agent.shutdown()
+
+        assert not process_group_alive(pgid)
+        assert [s for s, _, _ in h.manager.reports_for(session_id)] == ["PREPARING", "RUNNING", "TERMINATED"]
+        assert h.manager.reports_for(session_id)[-1][1] == "the agent shut down"
+
+    run_agent(tmp_path, scenario)

@@ -1,0 +1,102 @@
+"""Every project task is routed (console/celery.py): manager tasks to queue `manager`, agent
+tasks to `agent.<node>`. The lists come from the Celery app itself, so a new task that the
+router does not know makes these tests fail."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from django.conf import settings
+
+import sessions.tasks  # noqa: F401  (registers the tasks with the app)
+from console.celery import MANAGER_QUEUE, app, route_task
+
+PROJECT_PACKAGES = ("sessions", "accelerators", "console")
+
+
+def project_tasks() -> dict:
+    return {name: task for name, task in app.tasks.items() if name.startswith("fgpu.")}
+
+
+def manager_tasks() -> list[str]:
+    return sorted(name for name in project_tasks() if name.startswith("fgpu.manager."))
+
+
+def agent_tasks() -> list[str]:
+    return sorted(name for name in project_tasks() if name.startswith("fgpu.agent."))
+
+
+def test_the_app_registers_the_project_tasks_on_both_sides():
+    assert "fgpu.manager.schedule_pending" in manager_tasks()
+    assert "fgpu.manager.session_report" in manager_tasks()
+    assert "fgpu.agent.session_start" in agent_tasks()
+    assert "fgpu.agent.session_stop" in agent_tasks()
+
+
+def test_every_task_defined_in_the_project_is_named_under_the_fgpu_prefix():
+    ours = {name for name, task in app.tasks.items()
+            if getattr(task, "__module__", "").split(".")[0] in PROJECT_PACKAGES}
+    assert ours, "no project task is registered: sessions.tasks was not imported into the app"
+    assert {name for name in ours if not name.startswith("fgpu.")} == set()
+
+
+def test_every_fgpu_task_is_either_a_manager_or_an_agent_task():
+    assert sorted(project_tasks()) == sorted(manager_tasks() + agent_tasks())
+
+
+@pytest.mark.parametrize("name", sorted(project_tasks()))
+def test_route_task_gives_every_fgpu_task_a_queue(name):
+    route = route_task(name, (), {"node": "gpu-node-1"}, {})
+    assert route is not None, f"{name} is not routed by console.celery.route_task"
+    expected = MANAGER_QUEUE if name.startswith("fgpu.manager.") else "agent.gpu-node-1"
+    assert route == {"queue": expected}
+
+
+@pytest.mark.parametrize("name", manager_tasks())
+def test_manager_tasks_go_to_the_manager_queue_without_a_node(name):
+    assert route_task(name, (), {}, {}) == {"queue": "manager"}
+    assert route_task(name, (), None, {}) == {"queue": "manager"}
+
+
+@pytest.mark.parametrize("name", agent_tasks())
+def test_agent_tasks_go_to_the_queue_of_the_node_named_by_their_node_keyword(name):
+    assert route_task(name, (), {"node": "demo-node"}, {}) == {"queue": "agent.demo-node"}
+    assert route_task(name, (), {"node": "gpu-7"}, {}) == {"queue": "agent.gpu-7"}
+
+
+@pytest.mark.parametrize("name", agent_tasks())
+def test_an_agent_task_without_a_node_cannot_be_routed(name):
+    for kwargs in ({}, None, {"node": ""}, {"node": None}):
+        with pytest.raises(ValueError, match=f"task {name} needs the keyword argument node="):
+            route_task(name, ("demo-node",), kwargs, {})
+
+
+@pytest.mark.parametrize("name", agent_tasks())
+def test_agent_tasks_take_node_as_a_keyword_only_argument(name):
+    parameters = inspect.signature(app.tasks[name].run).parameters
+    assert "node" in parameters, f"{name} has no node argument, so route_task cannot route it"
+    assert parameters["node"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_the_app_uses_route_task_and_sends_unrouted_work_to_the_manager_queue():
+    assert route_task in tuple(app.conf.task_routes)
+    assert app.conf.task_default_queue == "manager"
+
+
+@pytest.mark.parametrize("name", sorted(project_tasks()))
+def test_celerys_own_router_puts_every_task_on_the_expected_queue(name):
+    route = app.amqp.router.route({}, name, (), {"node": "demo-node"})
+    expected = "manager" if name.startswith("fgpu.manager.") else "agent.demo-node"
+    assert route["queue"].name == expected
+
+
+def test_celerys_own_router_refuses_an_agent_task_without_a_node():
+    with pytest.raises(ValueError, match="node="):
+        app.amqp.router.route({}, "fgpu.agent.session_start", (), {"spec": {}})
+
+
+def test_every_beat_entry_names_a_registered_manager_task():
+    schedule = settings.CELERY_BEAT_SCHEDULE
+    assert schedule
+    for entry in schedule.values():
+        assert entry["task"] in manager_tasks()
