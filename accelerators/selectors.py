@@ -105,8 +105,9 @@ def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = 
     by_node: dict = {}
     for device in devices_with_usage(device_rows).order_by("index"):
         by_node.setdefault(device.node_id, []).append(device_state(device))
+    # node_id is the node's name: unique, and what a user reads in a refusal's reason.
     return [
-        core.NodeState(node_id=str(n.pk), cpu_total=n.cpu_count, mem_total=n.memory_size, cpu_used=int(n.cpu_used),
+        core.NodeState(node_id=n.name, cpu_total=n.cpu_count, mem_total=n.memory_size, cpu_used=int(n.cpu_used),
                        mem_used=int(n.mem_used), devices=tuple(by_node.get(n.pk, ())))
         for n in nodes
     ]

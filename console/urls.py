@@ -9,8 +9,8 @@ from sessions import api as session_api
 from sessions import views
 
 router = DefaultRouter()
-router.register("sessions", session_api.SessionViewSet, basename="session")
-router.register("nodes", NodeViewSet, basename="node")
+router.register("sessions", session_api.SessionViewSet, basename="api-session")
+router.register("nodes", NodeViewSet, basename="api-node")
 
 urlpatterns = [
     path("", views.home, name="home"),

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from accelerators.allocation import core
 from accelerators.allocation.errors import AllocationError, InsufficientResource
+from accelerators.allocation.units import amount_text
 from accelerators.models import Device, Node
 from accelerators.selectors import node_states
 from sessions import events
@@ -49,8 +50,7 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
                 continue
             starts.append((placement.node_id, _write_placement(session, placement)))
             scheduled.append(str(session.pk))
-        for node_id, spec in starts:
-            node_name = Node.objects.values_list("name", flat=True).get(pk=node_id)
+        for node_name, spec in starts:
             transaction.on_commit(lambda n=node_name, s=spec: _send_start(n, s))
     return scheduled
 
@@ -70,7 +70,7 @@ def _write_placement(session: ComputeSession, placement: core.Placement) -> dict
         for g in placement.grants
     ]
     Allocation.objects.bulk_create(rows)
-    session.node_id = placement.node_id
+    session.node = Node.objects.get(name=placement.node_id)
     session.status = SessionStatus.SCHEDULED
     session.status_reason = ""
     session.scheduled_at = timezone.now()
@@ -98,8 +98,8 @@ def session_start_spec(session: ComputeSession, allocations: list[Allocation]) -
                 "memory_total": a.device.memory_size,
                 "subproc_count": a.device.subproc_count,
                 "memory_limit": a.memory,
-                "procs": str(a.procs),
-                "shares": str(a.shares),
+                "procs": amount_text(a.procs),
+                "shares": amount_text(a.shares),
                 "is_mig_device": a.device.is_mig_device,
                 "mig_profile": a.device.mig_profile,
             }

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.core.exceptions import ValidationError
 from django.http import Http404
 
 from accelerators.allocation.units import format_binary_size
@@ -21,7 +22,7 @@ def session_get_for(*, user, session_id) -> ComputeSession:
     users' sessions do not leak (404, never 403)."""
     try:
         return session_list_for(user=user).get(pk=session_id)
-    except (ComputeSession.DoesNotExist, ValueError, TypeError):
+    except (ComputeSession.DoesNotExist, ValidationError, ValueError, TypeError):
         raise Http404("no such session") from None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import uuid
 
 import pytest
@@ -159,6 +160,14 @@ def run_agent(tmp_path, scenario, *, heartbeat_s: float = 60.0):
     return asyncio.run(main())
 
 
+def agent_for_absent(node: str) -> bool:
+    try:
+        agent_for(node)
+    except LookupError:
+        return True
+    return False
+
+
 def process_group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -204,8 +213,9 @@ def test_an_interactive_session_reports_preparing_then_running_and_runs_nvidia_s
 
         channel = await h.watch_terminal(session_id)
         await h.type(session_id, "nvidia-smi\r")
-        output = await h.read_until(channel, "2048MiB")
-        print(output)
+        output = await h.read_until(channel, "SMs")
+        assert re.search(r"\b0MiB /\s+2048MiB\b", output), output  # the slice's memory as the total
+        assert "20 of 80 SMs" in output
 
         work_dir = tmp_path / "scratch" / session_id
         document = json.loads((work_dir / ".fgpu" / "allocation.json").read_text())
@@ -353,29 +363,52 @@ def test_shutting_the_agent_down_ends_every_session_it_runs(tmp_path):
     async def scenario(h: Harness):
         session_id = await h.start_session(start_spec())
         state["pgid"] = h.agent.sessions[session_id].process.pid
-        state["session_id"] = session_id
-        state["manager"] = h.manager
+        state["node"] = h.agent.node
 
     run_agent(tmp_path, scenario)
 
     assert not process_group_alive(state["pgid"])
-    reports = state["manager"].reports_for(state["session_id"])
-    assert [s for s, _, _ in reports] == ["PREPARING", "RUNNING", "TERMINATED"]
-    assert reports[-1][1] == "the agent shut down"
+    assert agent_for_absent(state["node"])
 
 
-def test_when_shutdown_returns_every_session_has_been_reported_terminated(tmp_path):
-    """`manage.py agent` stops the loop as soon as `shutdown()` returns, so the TERMINATED
-    reports must have been made by then, not left to tasks the stopped loop never runs."""
+STUBBORN = "trap '' HUP TERM; echo trapped-$((20 + 1)); sleep 1000"  # ignores the polite signals
+
+
+def test_a_process_that_ignores_sighup_and_sigterm_is_killed_after_the_grace_period(tmp_path):
+    async def scenario(h: Harness):
+        spec = start_spec(command=STUBBORN)
+        channel = await h.watch_terminal(spec["session_id"])
+        await asyncio.to_thread(h.agent.submit_start, spec)
+        await h.read_until(channel, "trapped-21")
+        pgid = h.agent.sessions[spec["session_id"]].process.pid
+
+        await asyncio.to_thread(h.agent.submit_stop, spec["session_id"])
+
+        _, reason, code = await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
+        assert reason == "terminated"
+        assert code == 128 + 9  # SIGKILL
+        assert not process_group_alive(pgid)
+
+    run_agent(tmp_path, scenario)
+
+
+def test_when_shutdown_returns_every_session_is_gone_and_reported_terminated(tmp_path):
+    """`manage.py agent` stops the loop as soon as `Agent.shutdown()` returns, so by then the
+    processes must be gone and their TERMINATED reports made ("Kill every session (reported
+    TERMINATED)"), not left to tasks that a stopped loop never runs."""
 
     async def scenario(h: Harness):
-        session_id = await h.start_session(start_spec())
+        spec = start_spec(command=STUBBORN)
+        session_id = spec["session_id"]
+        channel = await h.watch_terminal(session_id)
+        await asyncio.to_thread(h.agent.submit_start, spec)
+        await h.read_until(channel, "trapped-21")
         pgid = h.agent.sessions[session_id].process.pid
 
         await h.agent.shutdown()
 
-        assert not process_group_alive(pgid)
         assert [s for s, _, _ in h.manager.reports_for(session_id)] == ["PREPARING", "RUNNING", "TERMINATED"]
         assert h.manager.reports_for(session_id)[-1][1] == "the agent shut down"
+        assert not process_group_alive(pgid)
 
     run_agent(tmp_path, scenario)

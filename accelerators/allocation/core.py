@@ -19,7 +19,7 @@ from accelerators.allocation.errors import (
     NeverSchedulable,
     NotMultipleOfQuantum,
 )
-from accelerators.allocation.units import format_binary_size
+from accelerators.allocation.units import amount_text, format_binary_size
 
 CENT = Decimal("0.01")
 ZERO = Decimal(0)
@@ -127,9 +127,9 @@ def shares_grant(device_id: str, shares: Decimal, settings: FractionalSettings) 
 def check_quantum(amount: Decimal, settings: FractionalSettings) -> None:
     """Raises InvalidResourceRequest for amount <= 0, NotMultipleOfQuantum off the quantum grid."""
     if amount <= 0:
-        raise InvalidResourceRequest(f"an fGPU amount must be positive, got {amount}")
+        raise InvalidResourceRequest(f"an fGPU amount must be positive, got {amount_text(amount)}")
     if amount % settings.quantum != 0:
-        raise NotMultipleOfQuantum(f"{amount} fGPU is not a multiple of the quantum {settings.quantum.normalize()}")
+        raise NotMultipleOfQuantum(f"{amount_text(amount)} fGPU is not a multiple of the quantum {settings.quantum.normalize()}")
 
 
 def allocate_shares(
@@ -151,7 +151,7 @@ def allocate_shares(
     total = sum(free[d.device_id] for d in usable)
     if total < want:
         raise InsufficientResource(
-            f"{amount} fGPU requested, {truncate(total * quantum)} fGPU free on this node's devices"
+            f"{amount_text(amount)} fGPU requested, {truncate(total * quantum):.2f} fGPU free on this node's devices"
         )
     # Most free first; ties keep inventory order (stable sort).
     by_free = sorted(usable, key=lambda d: -free[d.device_id])
@@ -232,7 +232,7 @@ def _allocate_on_node(node: NodeState, request: ResourceRequest, settings: Fract
         return allocate_shares(node.devices, request.amount, settings, strategy=strategy)
     if request.kind == "device":
         if request.amount != request.amount.to_integral_value():
-            raise InvalidResourceRequest(f"a device count must be whole, got {request.amount}")
+            raise InvalidResourceRequest(f"a device count must be whole, got {amount_text(request.amount)}")
         return allocate_devices(node.devices, int(request.amount))
     return ()
 
@@ -309,10 +309,10 @@ def _never_reason(nodes: Sequence[NodeState], request: ResourceRequest, settings
     """Name what no node has enough of: the accelerator slot when no node's devices could hold
     the request, else CPU cores or memory."""
     if request.kind == "shares" and settings is not None and max_shares(nodes, settings) < request.amount:
-        return (f"{request.slot}.shares: {request.amount} fGPU requested, but the largest any node can hold "
+        return (f"{request.slot}.shares: {amount_text(request.amount)} fGPU requested, but the largest any node can hold "
                 f"is {max_shares(nodes, settings):.2f} fGPU")
     if request.kind == "device" and max_devices(nodes) < request.amount:
-        return f"{request.slot}.device: {request.amount} GPU(s) requested, but the largest node has {max_devices(nodes)}"
+        return f"{request.slot}.device: {amount_text(request.amount)} GPU(s) requested, but the largest node has {max_devices(nodes)}"
     cpu = max((n.cpu_total for n in nodes), default=0)
     mem = max((n.mem_total for n in nodes), default=0)
     if request.cpu > cpu:

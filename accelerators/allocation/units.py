@@ -10,7 +10,7 @@ import re
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
 
 _SUFFIX_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
-_SIZE_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<suffix>[kmgtpe]?)(?:i?b)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?:(?P<suffix>[kmgtpe])(?:i?b)?|b)?\s*$", re.IGNORECASE)
 _BINARY_NAMES = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
 _DECIMAL_NAMES = ["", "k", "M", "G", "T", "P", "E"]
 
@@ -35,7 +35,7 @@ def parse_binary_size(value: str | int) -> int:
     match = _SIZE_RE.match(value)
     if not match:
         raise SizeError(f"{value!r} is not a size (expected a number with an optional suffix k, M, G, T, e.g. '40G')")
-    number, suffix = match.group("num"), match.group("suffix").lower()
+    number, suffix = match.group("num"), (match.group("suffix") or "").lower()
     if "." in number and not suffix:
         raise SizeError(f"{value!r}: a fractional size needs a unit suffix (e.g. '1.5G')")
     scaled = Decimal(number) * (Decimal(1024) ** _SUFFIX_POWERS[suffix])
@@ -68,6 +68,12 @@ def format_number(amount: Decimal, *, binary: bool, round_length: int) -> str:
     step = Decimal(1).scaleb(-round_length) if round_length > 0 else Decimal(1)
     text = f"{value.quantize(step, rounding=ROUND_DOWN):f}"
     return f"{text}{names[power]}"
+
+
+def amount_text(amount: Decimal) -> str:
+    """A Decimal without trailing zeros or exponent, for messages: Decimal("1.000") → "1",
+    Decimal("0.500") → "0.5", Decimal("100") → "100"."""
+    return format(Decimal(amount).normalize(), "f")
 
 
 def parse_decimal(value: str | int | Decimal, *, what: str) -> Decimal:
