@@ -163,7 +163,7 @@ def test_the_allocation_document_carries_limits_in_bytes_and_sm_percent():
     assert entry["memory_limit"] == 2 * GiB
     assert entry["memory_total"] == 8 * GiB
     assert entry["sm_limit_percent"] == 25
-    assert entry["shares"] == "0.5"
+    assert entry["shares"] == "0.50"  # shown as the default slot format does
     assert (entry["model_name"], entry["is_mig_device"]) == ("CUDA GPU", False)
 
 
@@ -178,3 +178,10 @@ def test_the_allocation_document_of_a_session_without_devices_lists_none():
     doc = allocation_document(spec(), node="demo-node", mock=False, attributes={})
     assert doc["devices"] == []
     assert (doc["driver_version"], doc["cuda_version"]) == ("N/A", "N/A")
+
+
+@pytest.mark.parametrize(("shares", "shown"), [("0.5", "0.50"), ("2", "2.00"), ("0.125", "0.125"), ("1.500", "1.50")])
+def test_shares_are_shown_with_at_least_two_decimals_and_never_rounded(shares, shown):
+    from sessions.runtime.environment import shares_text
+
+    assert shares_text(shares) == shown

@@ -21,6 +21,13 @@ def sm_percent(device: dict) -> int:
     return max(1, min(100, int(share.to_integral_value(rounding=ROUND_DOWN))))
 
 
+def shares_text(shares: str) -> str:
+    """fGPU shares for display, at least 2 decimals as the default slot format shows them:
+    "0.5" → "0.50", "0.125" → "0.125"."""
+    value = Decimal(shares).normalize()
+    return f"{value:.2f}" if value == value.quantize(Decimal("0.01")) else format(value, "f")
+
+
 def allocation_document(spec: dict, *, node: str, mock: bool, attributes: dict) -> dict:
     """The JSON the virtual nvidia-smi reads (`FGPU_ALLOCATION`): devices numbered as the
     session sees them (0..n-1), memory in bytes."""
@@ -40,7 +47,7 @@ def allocation_document(spec: dict, *, node: str, mock: bool, attributes: dict) 
                 "model_name": d["model_name"],
                 "memory_limit": d["memory_limit"],
                 "memory_total": d["memory_total"],
-                "shares": d["shares"],
+                "shares": shares_text(d["shares"]),
                 "procs": d["procs"],
                 "subproc_count": d["subproc_count"],
                 "sm_limit_percent": sm_percent(d),
