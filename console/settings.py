@@ -111,7 +111,9 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 60},
+            # socket_timeout None: channels_redis waits for messages with a 5 s BZPOPMIN, and
+            # redis-py 8's default 5 s socket timeout would cut every idle wait.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}], "capacity": 1000, "expiry": 60},
         }
     }
 else:

@@ -34,7 +34,7 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
         pending = list(
             ComputeSession.objects.select_for_update().filter(status=SessionStatus.PENDING).order_by("created_at", "pk")[:limit]
         )
-        for session in pending:
+        for position, session in enumerate(pending):
             request = session_request(session)
             try:
                 settings = request_settings(request)
@@ -42,6 +42,8 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
                 placement = core.place(nodes, request, settings)
             except InsufficientResource as exc:
                 _wait(session, f"waiting for capacity: {exc}")
+                for behind, later in enumerate(pending[position + 1:], start=1):
+                    _wait(later, f"queued: {behind} earlier session(s) start first (first in, first out)")
                 break
             except AllocationError as exc:  # no longer satisfiable (e.g. the slot's mode changed)
                 session.status, session.status_reason, session.terminated_at = SessionStatus.ERROR, str(exc), timezone.now()

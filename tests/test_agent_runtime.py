@@ -412,3 +412,45 @@ def test_when_shutdown_returns_every_session_is_gone_and_reported_terminated(tmp
         assert not process_group_alive(pgid)
 
     run_agent(tmp_path, scenario)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` runs. A zombie (killed, waiting for its new parent to reap it) is dead:
+    it holds no memory, GPU or otherwise."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+def test_stopping_a_session_also_ends_a_background_job_started_with_nohup(tmp_path):
+    """An interactive shell gives each background job a process group of its own, and `nohup`
+    makes it ignore SIGHUP: stopping the session must still end it, or it keeps using the
+    GPU slice after its allocation was released."""
+    leftovers = []
+
+    async def scenario(h: Harness):
+        session_id = await h.start_session(start_spec())
+        channel = await h.watch_terminal(session_id)
+        await h.type(session_id, "nohup sleep 1000 >/dev/null 2>&1 &\r")
+        await h.type(session_id, "echo bg:$!:$((6 * 7))\r")
+        output = await h.read_until(channel, ":42")
+        background = int(re.search(r"bg:(\d+):42", output)[1])
+        leftovers.append(background)
+        assert pid_alive(background)
+
+        await asyncio.to_thread(h.agent.submit_stop, session_id)
+        await h.manager.wait_for_report(session_id, "TERMINATED")
+
+        assert not pid_alive(background), "the session's background job outlived the session"
+
+    try:
+        run_agent(tmp_path, scenario)
+    finally:
+        for pid in leftovers:  # the test's own child: never leave it running
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass

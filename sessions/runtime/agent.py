@@ -77,6 +77,7 @@ class RunningSession:
     decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
     eof: asyncio.Event = field(default_factory=asyncio.Event)
+    exited: asyncio.Task | None = None  # _wait_exit: done once the session is reported ended
     stopping: str = ""  # why the agent is killing it; empty while nobody asked
 
 
@@ -176,7 +177,7 @@ class Agent:
         await self.layer.group_add(events.pty_group(session_id), self.channel)
         self.loop.add_reader(running.master_fd, self._on_readable, running)
         asyncio.create_task(self._pump_output(running))
-        asyncio.create_task(self._wait_exit(running))
+        running.exited = asyncio.create_task(self._wait_exit(running))
         if session_id in self._cancelled:  # terminated while it was being prepared
             self._cancelled.discard(session_id)
             await self._stop(session_id, reason="terminated while starting")
@@ -249,6 +250,9 @@ class Agent:
 
     async def _wait_exit(self, running: RunningSession) -> None:
         code = await asyncio.to_thread(running.process.wait)
+        # The session ends with its shell: background jobs (own process groups, nohup'd or
+        # not) must not outlive the allocation that is about to be released.
+        await asyncio.to_thread(_signal_session, running.process.pid, signal.SIGKILL)
         # Let the PTY drain what the process wrote last (a background child may keep it open:
         # then give up after a second), then close it.
         try:
@@ -275,13 +279,15 @@ class Agent:
         if running.stopping:
             return
         running.stopping = reason
-        pgid = running.process.pid
-        for sig in (signal.SIGHUP, signal.SIGTERM):
-            _killpg(pgid, sig)
+        leader = running.process.pid
+        for sig in (signal.SIGHUP, signal.SIGTERM):  # every process of the session, every group
+            await asyncio.to_thread(_signal_session, leader, sig)
         deadline = self.loop.time() + KILL_GRACE_S
         while running.process.poll() is None and self.loop.time() < deadline:
             await asyncio.sleep(0.05)
-        _killpg(pgid, signal.SIGKILL)
+        await asyncio.to_thread(_signal_session, leader, signal.SIGKILL)
+        if running.exited is not None:
+            await asyncio.shield(running.exited)  # returns once TERMINATED has been reported
 
     async def _sync(self, keep: set[str]) -> None:
         for session_id in list(self.sessions):
@@ -298,7 +304,14 @@ class Agent:
 
     async def _receive_loop(self) -> None:
         while True:
-            message = await self.layer.receive(self.channel)
+            try:
+                message = await self.layer.receive(self.channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # e.g. Redis restarting: keep relaying once it is back
+                log.exception("agent %s: channel layer receive failed; retrying in 1 s", self.node)
+                await asyncio.sleep(1)
+                continue
             try:
                 self._handle(message)
             except Exception:
@@ -338,8 +351,28 @@ def _make_controlling_tty() -> None:
         pass
 
 
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+def session_members(sid: int, *, proc: str = "/proc") -> list[int]:
+    """Pids whose session id (field 6 of /proc/<pid>/stat) is `sid`: every process a session's
+    shell started, whatever process group job control gave it. A process that calls setsid()
+    itself escapes this (a cgroup would be needed to hold it)."""
+    pids = []
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{entry.name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session …
+        if len(fields) > 3 and int(fields[3]) == sid:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _signal_session(sid: int, sig: int) -> None:
+    for pid in session_members(sid):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass

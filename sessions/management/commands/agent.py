@@ -36,7 +36,8 @@ class Command(BaseCommand):
             raise CommandError(f"{cfg.path.name}: manager.broker-url: the agent needs a Redis URL (or set REDIS_URL)")
         app.conf.broker_url = cfg.broker_url
         app.conf.task_always_eager = False
-        layer = RedisChannelLayer(hosts=[cfg.broker_url], capacity=1000, expiry=60)
+        # Same layer settings as the web's (console.settings), on the agent's broker URL.
+        layer = RedisChannelLayer(hosts=[{"address": cfg.broker_url, "socket_timeout": None}], capacity=1000, expiry=60)
         try:
             agent = build_agent(cfg, channel_layer=layer, heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL)
         except Exception as exc:
