@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accelerators.allocation import core
-from accelerators.allocation.errors import AllocationError, InsufficientResource
+from accelerators.allocation.errors import AllocationError, InsufficientResource, NeverSchedulable
 from accelerators.allocation.units import amount_text
 from accelerators.models import Device, Node
 from accelerators.selectors import node_states
@@ -39,7 +39,13 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
             try:
                 settings = request_settings(request)
                 nodes = node_states(slot_name=request.slot or "cuda", for_update=True)
-                placement = core.place(nodes, request, settings)
+                try:
+                    placement = core.place(nodes, request, settings)
+                except NeverSchedulable:
+                    # Only the alive nodes are too small: wait while a LOST node that could hold
+                    # it may come back (an agent restart must not fail the whole queue).
+                    core.check_ever_fits(node_states(slot_name=request.slot or "cuda", alive_only=False), request, settings)
+                    raise InsufficientResource("the nodes that could hold it are not alive (LOST)") from None
             except InsufficientResource as exc:
                 _wait(session, f"waiting for capacity: {exc}")
                 for behind, later in enumerate(pending[position + 1:], start=1):

@@ -68,7 +68,9 @@ def session_create(*, owner, name: str, resources: dict, command: str = "") -> C
         pure_settings = request_settings(request)
         if request.kind == "shares":
             core.check_quantum(request.amount, pure_settings)
-        core.check_ever_fits(node_states(slot_name=request.slot or "cuda"), request, pure_settings)
+        # Against every registered node, LOST ones included: a request that fits a node whose
+        # agent is restarting waits for it instead of being refused.
+        core.check_ever_fits(node_states(slot_name=request.slot or "cuda", alive_only=False), request, pure_settings)
     except NeverSchedulable as exc:
         raise ApplicationError(str(exc), type="never-schedulable", title="Request too large",
                                field_errors={"resources": [str(exc)]}) from None

@@ -372,3 +372,24 @@ def test_a_terminal_ticket_does_not_open_a_session_that_ended_after_it_was_issue
         services.terminal_ticket_redeem(session_id=str(session.pk), ticket=ticket)
 
     assert refused.value.status == 409
+
+
+def test_a_pending_session_waits_instead_of_failing_while_its_only_node_is_lost(demo_cluster):
+    from accelerators.models import Node, NodeStatus
+    from django.contrib.auth import get_user_model
+
+    from sessions.models import ComputeSession, SessionStatus
+    from sessions.scheduler import schedule_pending
+    from sessions.services import session_create
+
+    owner = get_user_model().objects.create_user("lost-node-owner")
+    Node.objects.filter(name="demo-node").update(status=NodeStatus.LOST)
+    session = session_create(owner=owner, name="patient", resources={"cuda.shares": "0.5"})
+    schedule_pending()
+    session.refresh_from_db()
+    assert session.status == SessionStatus.PENDING
+    assert "LOST" in session.status_reason
+
+    Node.objects.filter(name="demo-node").update(status=NodeStatus.ALIVE)
+    schedule_pending()
+    assert ComputeSession.objects.get(pk=session.pk).status == SessionStatus.SCHEDULED
