@@ -118,9 +118,26 @@ class Node(models.Model):
     memory_size = models.BigIntegerField(default=0, help_text="bytes of main memory sessions may use")
     plugins = models.JSONField(default=list, blank=True, help_text="compute plugins the agent loaded")
     attributes = models.JSONField(default=dict, blank=True, help_text="driver and runtime versions reported by the agent")
-
+    device_split_count = models.PositiveIntegerField(
+        default=10, validators=[MinValueValidator(1)],
+        help_text="the most sessions one device may host (HAMi's deviceSplitCount, default 10)",
+    )
+    memory_scaling = models.DecimalField(
+        max_digits=5, decimal_places=2, default=Decimal("1"), validators=[MinValueValidator(Decimal("0.1"))],
+        help_text="device memory is accounted as memory × this; above 1 is deliberate over-subscription "
+                  "(HAMi's deviceMemoryScaling)",
+    )
+    core_scaling = models.DecimalField(
+        max_digits=5, decimal_places=2, default=Decimal("1"), validators=[MinValueValidator(Decimal("0.1"))],
+        help_text="device SMs are accounted as SMs × this; above 1 is deliberate over-subscription "
+                  "(HAMi's deviceCoreScaling)",
+    )
     class Meta:
         ordering = ["name"]
+
+    @property
+    def is_oversubscribed(self) -> bool:
+        return self.memory_scaling > 1 or self.core_scaling > 1
 
     def __str__(self) -> str:
         return self.name
