@@ -50,15 +50,23 @@ def devices_with_usage(devices):
 
 
 def device_state(device) -> core.DeviceState:
-    """A Device annotated by `devices_with_usage` → the allocator's DeviceState (id = pk text)."""
+    """A Device annotated by `devices_with_usage` (its node loaded) → the allocator's
+    DeviceState (id = pk text): totals scaled by the node's memory/core scaling, the node's
+    split count as `max_sessions`."""
+    node = device.node
     return core.DeviceState(
         device_id=str(device.pk),
-        memory_total=device.memory_size,
-        proc_total=device.subproc_count,
+        memory_total=int(Decimal(device.memory_size) * node.memory_scaling),
+        proc_total=int(Decimal(device.subproc_count) * node.core_scaling),
         memory_used=int(device.memory_used or 0),
         proc_used=Decimal(device.proc_used or 0),
         sessions=int(device.session_count or 0),
         numa_node=device.numa_node,
+        max_sessions=node.device_split_count,
+        uuid=device.device_id,
+        index=device.index,
+        memory_physical=device.memory_size,
+        proc_physical=device.subproc_count,
     )
 
 
@@ -68,7 +76,7 @@ def device_fgpu_summary(devices: Iterable[Device]) -> dict:
     2 decimals); allocated is the sum of live shares (whole-device grants count 1 each)."""
     devices = list(devices)
     settings = {s.slot_name: s for s in FractionalSettings.objects.filter(slot_name__in={d.slot_name for d in devices})}
-    annotated = {d.pk: d for d in devices_with_usage(Device.objects.filter(pk__in=[d.pk for d in devices]))}
+    annotated = {d.pk: d for d in devices_with_usage(Device.objects.filter(pk__in=[d.pk for d in devices]).select_related("node"))}
     result = {}
     for pk, device in annotated.items():
         slot = settings.get(device.slot_name)
@@ -77,8 +85,9 @@ def device_fgpu_summary(devices: Iterable[Device]) -> dict:
             result[pk] = FgpuSummary(capacity=None, allocated=allocated, free=None)
             continue
         pure = slot.as_allocation_settings()
-        capacity = core.device_capacity(memory_size=device.memory_size, subproc_count=device.subproc_count, settings=pure)
-        result[pk] = FgpuSummary(capacity=capacity, allocated=allocated, free=core.device_free_shares(device_state(device), pure))
+        state = device_state(device)
+        capacity = core.device_capacity(memory_size=state.memory_total, subproc_count=state.proc_total, settings=pure)
+        result[pk] = FgpuSummary(capacity=capacity, allocated=allocated, free=core.device_free_shares(state, pure))
     return result
 
 
@@ -103,7 +112,7 @@ def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = 
         ).order_by("name")
     )
     by_node: dict = {}
-    for device in devices_with_usage(device_rows).order_by("index"):
+    for device in devices_with_usage(device_rows.select_related("node")).order_by("index"):
         by_node.setdefault(device.node_id, []).append(device_state(device))
     # node_id is the node's name: unique, and what a user reads in a refusal's reason.
     return [

@@ -38,9 +38,12 @@ class ComputeSession(models.Model):
     status = models.CharField(max_length=12, choices=SessionStatus.choices, default=SessionStatus.PENDING, db_index=True)
     status_reason = models.TextField(blank=True)
     resources = models.JSONField(default=dict, help_text="the request as the user sent it")
+    request_spec = models.JSONField(default=dict, blank=True,
+                                    help_text="the request normalised (accelerators.allocation.requests.request_to_spec)")
     slot_name = models.CharField(max_length=32, blank=True, help_text="accelerator slot requested, blank for CPU-only")
-    slot_subtype = models.CharField(max_length=32, blank=True, help_text='"shares" or "device"')
-    amount = models.DecimalField(max_digits=12, decimal_places=3, default=0, help_text="fGPU shares or device count")
+    slot_subtype = models.CharField(max_length=32, blank=True, help_text='"shares", "device" or "per_device"')
+    amount = models.DecimalField(max_digits=12, decimal_places=3, default=0,
+                                 help_text="fGPU shares, or a device count (device, per_device)")
     cpu = models.PositiveIntegerField(default=1, help_text="CPU cores")
     mem = models.BigIntegerField(default=0, help_text="main memory, bytes")
     command = models.TextField(blank=True, help_text="batch command; blank for an interactive shell")

@@ -6,6 +6,7 @@ from decimal import Decimal
 from django.core.exceptions import ValidationError
 from django.http import Http404
 
+from accelerators.allocation.requests import describe_request, request_from_spec
 from accelerators.allocation.units import format_binary_size
 from accelerators.selectors import slot_format_get
 from sessions.models import ComputeSession
@@ -29,7 +30,9 @@ def session_get_for(*, user, session_id) -> ComputeSession:
 def session_configuration(session: ComputeSession) -> str:
     """What the session asked for, formatted by the slot formats: "0.50 fGPU · 1 core · 1 GiB"."""
     parts = []
-    if session.slot_name:
+    if session.slot_subtype == "per_device":
+        parts.append(describe_request(request_from_spec(session.request_spec)))
+    elif session.slot_name:
         fmt = slot_format_get(slot_name=session.slot_name, subtype=session.slot_subtype)
         parts.append(fmt.format_amount(Decimal(session.amount)))
     parts.append(f"{session.cpu} core" + ("s" if session.cpu != 1 else ""))

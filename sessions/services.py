@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from accelerators.allocation import core
 from accelerators.allocation.errors import AllocationError, InvalidResourceRequest, NeverSchedulable
-from accelerators.allocation.requests import parse_resources
+from accelerators.allocation.requests import parse_resources, request_from_spec, request_to_spec
 from accelerators.models import AllocationMode, NodeStatus
 from accelerators.selectors import fractional_settings_get, node_states
 from console.errors import ApplicationError
@@ -35,6 +35,8 @@ def request_settings(request: core.ResourceRequest) -> core.FractionalSettings |
     if request.kind == "none":
         return None
     slot = fractional_settings_get(slot_name=request.slot)
+    if request.kind == "per_device":  # any mode; fGPU equivalents only where fractional
+        return slot.as_allocation_settings() if slot.allocation_mode == AllocationMode.FRACTIONAL else None
     if request.kind == "shares" and slot.allocation_mode != AllocationMode.FRACTIONAL:
         raise InvalidResourceRequest(
             f"{request.slot}.shares: the {request.slot} slot is in discrete mode; ask for whole GPUs with "
@@ -48,6 +50,8 @@ def request_settings(request: core.ResourceRequest) -> core.FractionalSettings |
 
 
 def session_request(session: ComputeSession) -> core.ResourceRequest:
+    if session.request_spec:
+        return request_from_spec(session.request_spec)
     kind = session.slot_subtype if session.slot_name else "none"
     return core.ResourceRequest(kind=kind, amount=session.amount, cpu=session.cpu, mem=session.mem, slot=session.slot_name)
 
@@ -78,7 +82,8 @@ def session_create(*, owner, name: str, resources: dict, command: str = "") -> C
         raise ApplicationError(str(exc), type="invalid-resources", field_errors={"resources": [str(exc)]}) from None
     with transaction.atomic():
         session = ComputeSession.objects.create(
-            owner=owner, name=name, resources=resources, slot_name=request.slot, slot_subtype=request.kind if request.slot else "",
+            owner=owner, name=name, resources=resources, request_spec=request_to_spec(request),
+            slot_name=request.slot, slot_subtype=request.kind if request.slot else "",
             amount=request.amount, cpu=request.cpu, mem=request.mem, command=command or "",
             status_reason="waiting for the scheduler",
         )

@@ -461,12 +461,12 @@ def test_parse_decimal_refuses_floats_negatives_and_non_numbers():
 
 def test_parse_resources_normalises_an_fgpu_request():
     request = parse_resources({"cuda.shares": "0.5", "cpu": 2, "mem": "1G"})
-    assert request == ResourceRequest(kind="shares", amount=D("0.5"), cpu=2, mem=GiB, slot="cuda")
+    assert request == ResourceRequest(kind="shares", amount=D("0.5"), cpu=2, mem=GiB, slot="cuda", style="fgpu")
 
 
 def test_parse_resources_normalises_a_whole_device_request():
     request = parse_resources({"cuda.device": 2})
-    assert request == ResourceRequest(kind="device", amount=D(2), cpu=1, mem=GiB, slot="cuda")
+    assert request == ResourceRequest(kind="device", amount=D(2), cpu=1, mem=GiB, slot="cuda", style="devices")
 
 
 def test_parse_resources_without_an_accelerator_is_a_cpu_only_request_with_defaults():

@@ -9,7 +9,7 @@ raises. Functions never mutate their inputs; the scheduler writes the returned p
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import ROUND_DOWN, Decimal
 from typing import Literal
 
@@ -39,7 +39,12 @@ class FractionalSettings:
 
 @dataclass(frozen=True)
 class DeviceState:
-    """A device's totals and what live allocations hold of it (bytes, SMs, session count)."""
+    """A device's accounted totals and what live allocations hold of it (bytes, SMs, session
+    count). Totals may be scaled above the hardware for deliberate over-subscription
+    (HAMi's deviceMemoryScaling / deviceCoreScaling); `memory_physical` / `proc_physical` keep
+    the hardware's figures (0: same as the totals), which percentages of a device refer to.
+    `max_sessions` is the node's split count (0: no limit). `uuid` and `index` name the
+    device to users and let requests pin it."""
 
     device_id: str
     memory_total: int
@@ -48,10 +53,39 @@ class DeviceState:
     proc_used: Decimal = ZERO
     sessions: int = 0
     numa_node: int | None = None
+    max_sessions: int = 0
+    uuid: str = ""
+    index: int | None = None
+    memory_physical: int = 0
+    proc_physical: int = 0
 
     @property
     def is_idle(self) -> bool:
         return self.sessions == 0 and self.memory_used == 0 and self.proc_used == 0
+
+    @property
+    def is_full(self) -> bool:
+        """No new session may join: split count reached, or every SM held (a whole-device or
+        100 %-cores grant holds the device exclusively)."""
+        return bool(self.max_sessions and self.sessions >= self.max_sessions) or self.proc_used >= self.proc_total
+
+    @property
+    def hardware_memory(self) -> int:
+        return self.memory_physical or self.memory_total
+
+    @property
+    def hardware_procs(self) -> int:
+        return self.proc_physical or self.proc_total
+
+    @property
+    def label(self) -> str:
+        if self.uuid and self.index is not None:
+            return f"device {self.index} ({self.uuid})"
+        return f"device {self.uuid or self.device_id}"
+
+    def matches(self, pin: str) -> bool:
+        """A pin names a device by UUID or by its index on the node ("3")."""
+        return pin in (self.device_id, self.uuid) or (self.index is not None and pin == str(self.index))
 
 
 @dataclass(frozen=True)
@@ -67,15 +101,66 @@ class NodeState:
 
 
 @dataclass(frozen=True)
-class ResourceRequest:
-    """One session's request, normalised. `kind`: "shares" (amount in fGPU), "device" (amount
-    = whole devices) or "none" (CPU only). `cpu` in cores, `mem` in bytes."""
+class MemorySpec:
+    """Device memory per device for a per-device request: `bytes`, or `percent` of the device's
+    memory, or eGPU's proportional pair (device memory × `container` / `dev`, `dev` 0 meaning
+    the device's memory in GiB rounded up), minus `reserved` bytes."""
 
-    kind: Literal["shares", "device", "none"]
+    bytes: int = 0
+    percent: Decimal = ZERO
+    container: Decimal = ZERO
+    dev: Decimal = ZERO
+    reserved: int = 0
+
+    def for_device(self, memory: int) -> int:
+        """Bytes this spec asks of a device with `memory` bytes (truncated, never negative)."""
+        if self.bytes:
+            wanted = Decimal(self.bytes)
+        elif self.percent:
+            wanted = Decimal(memory) * self.percent / 100
+        elif self.container:
+            dev = self.dev or Decimal(-(-memory // (1 << 30)))
+            wanted = Decimal(memory) * self.container / dev
+        else:
+            wanted = Decimal(memory)
+        return max(0, int(wanted.to_integral_value(rounding=ROUND_DOWN)) - self.reserved)
+
+    def describe(self) -> str:
+        if self.bytes:
+            return format_binary_size(self.bytes)
+        if self.percent:
+            return f"{amount_text(self.percent)}% of the memory"
+        if self.container:
+            dev = amount_text(self.dev) if self.dev else "its GiB"
+            return f"{amount_text(self.container)}/{dev} of the memory"
+        return "all the memory"
+
+
+@dataclass(frozen=True)
+class ResourceRequest:
+    """One session's request, normalised from any request style.
+
+    `kind`: "shares" (`amount` fGPU, may span one node's devices), "device" (`amount` whole
+    devices), "per_device" (`amount` distinct devices, each giving `memory` and `cores` percent
+    of its SMs; 0 cores reserves no compute and sets no limit, 100 holds the device
+    exclusively) or "none" (CPU only). `cpu` in cores, `mem` in bytes. `pins` / `exclude`
+    name devices by UUID or index; `policy` overrides the node policy, `strategy` is the fGPU
+    split strategy, `numa` keeps devices on one NUMA node; `style` records the dialect used.
+    """
+
+    kind: Literal["shares", "device", "per_device", "none"]
     amount: Decimal = ZERO
     cpu: int = 1
     mem: int = 0
     slot: str = "cuda"
+    memory: MemorySpec | None = None
+    cores: Decimal = ZERO
+    pins: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    policy: str | None = None
+    strategy: str | None = None
+    numa: bool = False
+    style: str = ""
 
 
 @dataclass(frozen=True)
@@ -113,7 +198,7 @@ def device_free_shares(device: DeviceState, settings: FractionalSettings) -> Dec
     to 2 decimals. A device held whole (by a `cuda.device` grant) has no free memory left."""
     free_mem = Decimal(device.memory_total - device.memory_used)
     free_proc = Decimal(device.proc_total) - device.proc_used
-    if free_mem <= 0 or free_proc <= 0:
+    if free_mem <= 0 or device.is_full:
         return ZERO
     return truncate(min(free_mem / Decimal(settings.unit_mem), free_proc / Decimal(settings.unit_proc)))
 
@@ -208,33 +293,148 @@ def allocate_devices(devices: Sequence[DeviceState], count: int) -> tuple[Device
     idle = [d for d in devices if d.is_idle]
     if len(idle) < count:
         raise InsufficientResource(f"{count} whole GPU(s) requested, {len(idle)} idle on this node")
-    groups: dict[int | None, list[DeviceState]] = {}
-    for d in idle:
-        groups.setdefault(d.numa_node, []).append(d)
-    fitting = [g for g in groups.values() if len(g) >= count]
-    chosen = min(fitting, key=len)[:count] if fitting else idle[:count]
+    chosen = _numa_pick(idle, count, required=False)
     return tuple(
         DeviceGrant(device_id=d.device_id, shares=Decimal(1), memory=d.memory_total, procs=Decimal(d.proc_total))
         for d in chosen
     )
 
 
-def _allocate_on_node(node: NodeState, request: ResourceRequest, settings: FractionalSettings | None, strategy: Strategy):
+def _numa_pick(devices: Sequence[DeviceState], count: int, *, required: bool) -> list[DeviceState]:
+    """`count` of `devices` (already in preference order) on one NUMA node when one holds
+    enough: the smallest such group, so larger groups stay whole. With `required`, raise
+    InsufficientResource when no single NUMA node has `count`; otherwise fall back to the
+    first `count`."""
+    groups: dict[int | None, list[DeviceState]] = {}
+    for d in devices:
+        groups.setdefault(d.numa_node, []).append(d)
+    fitting = [g for g in groups.values() if len(g) >= count]
+    if fitting:
+        return min(fitting, key=len)[:count]
+    if required:
+        largest = max((len(g) for g in groups.values()), default=0)
+        raise InsufficientResource(f"{count} device(s) on one NUMA node asked, at most {largest} fit on one here")
+    return list(devices[:count])
+
+
+def per_device_shortfall(device: DeviceState, request: ResourceRequest) -> str:
+    """Why `device` cannot give one share of a per-device request now ("" when it can):
+    e.g. "1.5 GiB memory free, 4 GiB asked"."""
+    if device.max_sessions and device.sessions >= device.max_sessions:
+        return f"hosts {device.sessions} sessions, its split count is {device.max_sessions}"
+    if device.proc_used >= device.proc_total:
+        return "held exclusively by another session"
+    if request.cores >= 100 and not device.is_idle:
+        return f"100% of the cores asks for the device alone, and {device.sessions} session(s) use it"
+    memory = request.memory.for_device(device.hardware_memory) if request.memory else device.hardware_memory
+    free_mem = device.memory_total - device.memory_used
+    if memory > free_mem:
+        return f"{format_binary_size(max(free_mem, 0))} memory free, {format_binary_size(memory)} asked"
+    procs = Decimal(device.hardware_procs) * request.cores / 100
+    free_proc = Decimal(device.proc_total) - device.proc_used
+    if procs > free_proc:
+        return f"{amount_text(free_proc)} SMs free, {amount_text(procs)} asked ({amount_text(request.cores)}% of its cores)"
+    return ""
+
+
+def allocate_per_device(
+    devices: Sequence[DeviceState], request: ResourceRequest, settings: FractionalSettings | None, *,
+    policy: Policy = "binpack",
+) -> tuple[DeviceGrant, ...]:
+    """Give `request.amount` distinct devices, each `request.memory` and `request.cores`
+    percent of its SMs (HAMi's per-device memory + core limits, Run:ai's fractions, eGPU's
+    memory and utilisation). `binpack` takes the devices with the least memory left free
+    (keeping emptier GPUs whole for later), `spread` the most; 100 % cores takes the device
+    exclusively (all its SMs are accounted). `shares` of each grant is its fGPU equivalent
+    (the larger of memory / unit_mem and SMs / unit_proc, truncated to 2 decimals; 0 without
+    fractional settings). Raises InsufficientResource naming each device that lacked what.
+    """
+    count = int(request.amount)
+    if count <= 0 or request.amount != count:
+        raise InvalidResourceRequest(f"a device count must be a positive whole number, got {amount_text(request.amount)}")
+    fits, reasons = [], []
+    for d in devices:
+        why = per_device_shortfall(d, request)
+        if why:
+            reasons.append(f"{d.label}: {why}")
+        else:
+            fits.append(d)
+    if len(fits) < count:
+        what = request.memory.describe() if request.memory else "all the memory"
+        raise InsufficientResource(
+            f"{count} device(s) with {what} and {amount_text(request.cores)}% of the cores asked, {len(fits)} can give it"
+            + (f" ({'; '.join(reasons[:4])})" if reasons else "")
+        )
+    order = sorted(fits, key=lambda d: d.memory_total - d.memory_used, reverse=(policy == "spread"))
+    chosen = _numa_pick(order, count, required=request.numa)
+    grants = []
+    for d in chosen:
+        memory = request.memory.for_device(d.hardware_memory) if request.memory else d.hardware_memory
+        procs = Decimal(d.proc_total) - d.proc_used if request.cores >= 100 else Decimal(d.hardware_procs) * request.cores / 100
+        shares = ZERO
+        if settings is not None:
+            shares = truncate(max(Decimal(memory) / settings.unit_mem, procs / settings.unit_proc))
+        grants.append(DeviceGrant(device_id=d.device_id, shares=shares, memory=memory, procs=procs))
+    return tuple(grants)
+
+
+def _eligible(devices: Sequence[DeviceState], request: ResourceRequest) -> tuple[DeviceState, ...]:
+    """The devices a request may use: its pins (UUID or index) if it names any, minus its
+    exclusions. Raises InsufficientResource naming pins this node does not have."""
+    chosen = tuple(devices)
+    if request.pins:
+        missing = [p for p in request.pins if not any(d.matches(p) for d in devices)]
+        if missing:
+            raise InsufficientResource(f"pinned device(s) {', '.join(missing)} not on this node")
+        chosen = tuple(d for d in devices if any(d.matches(p) for p in request.pins))
+    if request.exclude:
+        chosen = tuple(d for d in chosen if not any(d.matches(p) for p in request.exclude))
+    return chosen
+
+
+def _allocate_on_node(node: NodeState, request: ResourceRequest, settings: FractionalSettings | None, strategy: Strategy,
+                      policy: Policy = "binpack"):
     if request.cpu > node.cpu_total - node.cpu_used:
         raise InsufficientResource(f"{request.cpu} CPU cores requested, {node.cpu_total - node.cpu_used} free")
     if request.mem > node.mem_total - node.mem_used:
         raise InsufficientResource(
             f"{format_binary_size(request.mem)} memory requested, {format_binary_size(node.mem_total - node.mem_used)} free"
         )
+    if request.kind == "none":
+        return ()
+    devices = _eligible(node.devices, request)
     if request.kind == "shares":
         if settings is None:
             raise InvalidResourceRequest("fGPU shares need fractional settings for the slot")
-        return allocate_shares(node.devices, request.amount, settings, strategy=strategy)
-    if request.kind == "device":
-        if request.amount != request.amount.to_integral_value():
-            raise InvalidResourceRequest(f"a device count must be whole, got {amount_text(request.amount)}")
-        return allocate_devices(node.devices, int(request.amount))
-    return ()
+        if request.numa:
+            return _shares_on_one_numa_node(devices, request, settings, strategy)
+        return allocate_shares(devices, request.amount, settings, strategy=strategy)
+    if request.kind == "per_device":
+        return allocate_per_device(devices, request, settings, policy=policy)
+    if request.amount != request.amount.to_integral_value():
+        raise InvalidResourceRequest(f"a device count must be whole, got {amount_text(request.amount)}")
+    if request.numa:
+        count = int(request.amount)
+        idle = [d for d in devices if d.is_idle]
+        if len(idle) < count:
+            raise InsufficientResource(f"{count} whole GPU(s) requested, {len(idle)} idle on this node")
+        return allocate_devices(_numa_pick(idle, count, required=True), count)
+    return allocate_devices(devices, int(request.amount))
+
+
+def _shares_on_one_numa_node(devices, request: ResourceRequest, settings: FractionalSettings, strategy: Strategy):
+    """An fGPU request kept on one NUMA node: the first NUMA node (by its devices' order) that
+    holds it. Raises the last node's InsufficientResource when none does."""
+    groups: dict[int | None, list[DeviceState]] = {}
+    for d in devices:
+        groups.setdefault(d.numa_node, []).append(d)
+    error: InsufficientResource | None = None
+    for numa, group in groups.items():
+        try:
+            return allocate_shares(group, request.amount, settings, strategy=strategy)
+        except InsufficientResource as exc:
+            error = InsufficientResource(f"NUMA node {numa}: {exc}")
+    raise error or InsufficientResource("no device on this node")
 
 
 def _remaining_gpu(node: NodeState, grants: Iterable[DeviceGrant]) -> Decimal:
@@ -259,13 +459,15 @@ def place(
     with the reason for the closest node when nothing fits now, NeverSchedulable when no
     node could hold it even empty, and the request's own errors (quantum, mode) as they are.
     """
+    policy = request.policy or policy
+    strategy = request.strategy or strategy
     if not nodes:
         check_ever_fits(nodes, request, settings)
     candidates: list[tuple[Decimal, int, Placement]] = []
     reasons: list[str] = []
     for position, node in enumerate(nodes):
         try:
-            grants = _allocate_on_node(node, request, settings, strategy)
+            grants = _allocate_on_node(node, request, settings, strategy, policy)
         except InsufficientResource as exc:
             reasons.append(f"{node.node_id}: {exc}")
             continue
@@ -285,10 +487,11 @@ def check_ever_fits(
     (quantum, mode) propagate as they are."""
     if not nodes:
         raise NeverSchedulable("no GPU node is registered yet: start an agent (python manage.py agent --config agent.toml)")
+    strategy = request.strategy or strategy
     empty = emptied(nodes)
     for node in empty:
         try:
-            _allocate_on_node(node, request, settings, strategy)
+            _allocate_on_node(node, request, settings, strategy, request.policy or "binpack")
             return
         except InsufficientResource:
             continue
@@ -298,16 +501,27 @@ def check_ever_fits(
 def emptied(nodes: Iterable[NodeState]) -> list[NodeState]:
     """The same nodes and devices with nothing allocated: what the cluster could ever hold."""
     return [
-        NodeState(node_id=n.node_id, cpu_total=n.cpu_total, mem_total=n.mem_total,
-                  devices=tuple(DeviceState(d.device_id, d.memory_total, d.proc_total, numa_node=d.numa_node)
-                                for d in n.devices))
+        replace(n, cpu_used=0, mem_used=0,
+                devices=tuple(replace(d, memory_used=0, proc_used=ZERO, sessions=0) for d in n.devices))
         for n in nodes
     ]
 
 
 def _never_reason(nodes: Sequence[NodeState], request: ResourceRequest, settings: FractionalSettings | None) -> str:
-    """Name what no node has enough of: the accelerator slot when no node's devices could hold
-    the request, else CPU cores or memory."""
+    """Name what no node has enough of: a pinned device no node has, the accelerator slot when
+    no node's devices could hold the request, else CPU cores or memory."""
+    missing = [p for p in request.pins if not any(d.matches(p) for n in nodes for d in n.devices)]
+    if missing:
+        return f"devices: {', '.join(missing)} is not a device of any registered node"
+    if request.kind == "per_device":
+        reasons = []
+        for n in nodes:
+            try:
+                allocate_per_device(_eligible(n.devices, request), request, settings)
+            except InsufficientResource as exc:
+                reasons.append(f"{n.node_id}: {exc}")
+        if len(reasons) == len(nodes):
+            return f"{request.slot}: no node could ever give it: " + "; ".join(reasons[:3])
     if request.kind == "shares" and settings is not None and max_shares(nodes, settings) < request.amount:
         return (f"{request.slot}.shares: {amount_text(request.amount)} fGPU requested, but the largest any node can hold "
                 f"is {max_shares(nodes, settings):.2f} fGPU")

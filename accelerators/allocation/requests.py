@@ -1,24 +1,52 @@
-"""Request parsing: a session's `resources` object → one normalised ResourceRequest.
+"""Request parsing: a session's `resources` object, in any supported dialect, → one normalised
+ResourceRequest. Pure Python; raises InvalidResourceRequest naming the offending key.
 
-Accepted keys (DESIGN.md, request styles): `<slot>.shares` (fGPU, text like "0.5"),
-`<slot>.device` (whole devices, integer), `cpu` (cores, integer), `mem` (bytes or a binary
-size like "1G"). Pure Python; raises InvalidResourceRequest naming the offending key.
+Dialects (one per request; `cpu` — cores — and `mem` — bytes or a binary size — go with any):
+
+| style | keys | source |
+|---|---|---|
+| fGPU | `<slot>.shares` ("2.5"), optional `strategy` (`evenly` / `fill`) | Backend.AI |
+| whole devices | `<slot>.device` (2) | all |
+| memory + cores | `gpu` (count), `gpu_memory` (size) or `gpu_memory_percentage`, `gpu_cores` (0–100) | HAMi, eGPU |
+| fraction | `gpu_fraction` ("0.2": 20 % of one device's memory and SMs) | Run:ai `--gpu 0.2` |
+| HAMi names | `nvidia.com/gpu`, `nvidia.com/gpumem` (MiB), `nvidia.com/gpumem-percentage`, `nvidia.com/gpucores`; `metax-tech.com/sgpu`, `metax-tech.com/vcore`, `metax-tech.com/vmemory` (bare number: GiB) | HAMi |
+| eGPU | `egpu`: {`GPU_MEM_PER_DEVICE` (bytes) or `ALIYUN_COM_GPU_MEM_CONTAINER` / `ALIYUN_COM_GPU_MEM_DEV`, `ALIYUN_COM_GPU_MEM_RESERVED` (MiB, default 10), `GPU_UTIL_PER_DEVICE`, `NVIDIA_VISIBLE_DEVICES`} | Alibaba eGPU |
+
+Any style may add `devices` (pins: UUIDs or indexes), `exclude`, `policy` (`binpack` /
+`spread`) and `numa` (true: one NUMA node). Where HAMi clamps cores above 100 or below 0
+silently (a bug its users reported), they are refused here.
 """
 from __future__ import annotations
 
 from decimal import Decimal
 
-from accelerators.allocation.core import ZERO, ResourceRequest
+from accelerators.allocation.core import ZERO, MemorySpec, ResourceRequest
 from accelerators.allocation.errors import InvalidResourceRequest
-from accelerators.allocation.units import SizeError, parse_binary_size, parse_decimal
+from accelerators.allocation.units import SizeError, amount_text, parse_binary_size, parse_decimal
 
 DEFAULT_CPU = 1
 DEFAULT_MEM = 1 << 30  # 1 GiB
+MiB = 1 << 20
+GiB = 1 << 30
+EGPU_RESERVED_DEFAULT_MIB = 10
+
+COMMON = {"cpu", "mem", "devices", "exclude", "policy", "numa", "strategy"}
+HAMI_STYLE = {"gpu", "gpu_memory", "gpu_memory_percentage", "gpu_cores"}
+FRACTION_STYLE = {"gpu_fraction"}
+HAMI_NVIDIA = {"nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores"}
+HAMI_METAX = {"metax-tech.com/sgpu", "metax-tech.com/vcore", "metax-tech.com/vmemory"}
+EGPU_KEYS = {"GPU_MEM_PER_DEVICE", "ALIYUN_COM_GPU_MEM_CONTAINER", "ALIYUN_COM_GPU_MEM_DEV",
+             "ALIYUN_COM_GPU_MEM_RESERVED", "GPU_UTIL_PER_DEVICE", "NVIDIA_VISIBLE_DEVICES"}
+
+
+def fail(key: str, problem: str):
+    raise InvalidResourceRequest(f"resources.{key}: {problem}")
 
 
 def parse_resources(resources: object) -> ResourceRequest:
-    """`{"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}` → ResourceRequest(kind="shares", amount=0.5,
-    cpu=1, mem=1073741824, slot="cuda"). At most one accelerator key. Raises InvalidResourceRequest."""
+    """`{"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}` → ResourceRequest(kind="shares",
+    amount=0.5, cpu=1, mem=1073741824, slot="cuda"); every dialect of the module docstring
+    likewise. One accelerator dialect per request. Raises InvalidResourceRequest."""
     if not isinstance(resources, dict):
         raise InvalidResourceRequest("resources: expected an object such as {\"cuda.shares\": \"0.5\"}")
     cpu = _parse_cpu(resources.get("cpu", DEFAULT_CPU))
@@ -26,19 +54,128 @@ def parse_resources(resources: object) -> ResourceRequest:
         mem = parse_binary_size(resources.get("mem", DEFAULT_MEM))
     except SizeError as exc:
         raise InvalidResourceRequest(f"resources.mem: {exc}") from None
-    accelerator = {k: v for k, v in resources.items() if k not in ("cpu", "mem")}
-    if not accelerator:
-        return ResourceRequest(kind="none", amount=ZERO, cpu=cpu, mem=mem, slot="")
-    for key in sorted(accelerator):
-        slot, _, subtype = key.partition(".")
-        if not slot or subtype not in ("shares", "device"):
-            raise InvalidResourceRequest(
-                f"resources.{key}: unknown resource (expected <slot>.shares, <slot>.device, cpu or mem, e.g. cuda.shares)"
-            )
-    if len(accelerator) > 1:
+    common = _common_options(resources)
+    accelerator = {k: v for k, v in resources.items() if k not in COMMON}
+    styles = _styles(accelerator)
+    if len(styles) > 1:
         raise InvalidResourceRequest(
             f"resources: one accelerator request per session, got {', '.join(sorted(accelerator))}"
         )
+    style = styles[0] if styles else "cpu"
+    if style == "cpu":
+        if common["pins"]:
+            fail("devices", "pinning devices needs a GPU request")
+        return ResourceRequest(kind="none", amount=ZERO, cpu=cpu, mem=mem, slot="", style="cpu")
+    if common["strategy"] and not style.endswith(".shares"):
+        fail("strategy", "applies to fGPU requests (<slot>.shares) only")
+    parsed = _parser(style)(accelerator)
+    kind, amount, slot = parsed["kind"], parsed["amount"], parsed["slot"]
+    if amount == 0:
+        return ResourceRequest(kind="none", amount=ZERO, cpu=cpu, mem=mem, slot="", style="cpu")
+    pins = parsed.pop("pins", ()) or common["pins"]
+    if style.startswith("slot:"):
+        style = "fgpu" if kind == "shares" else "devices"
+    return ResourceRequest(
+        kind=kind, amount=Decimal(amount), cpu=cpu, mem=mem, slot=slot, memory=parsed.get("memory"),
+        cores=parsed.get("cores", ZERO), pins=pins, exclude=common["exclude"], policy=common["policy"],
+        strategy=common["strategy"], numa=common["numa"], style=style,
+    )
+
+
+def _styles(accelerator: dict) -> list[str]:
+    styles = []
+    for key in sorted(accelerator):
+        if key in HAMI_STYLE:
+            style = "hami"
+        elif key in FRACTION_STYLE:
+            style = "runai"
+        elif key in HAMI_NVIDIA or key in HAMI_METAX:
+            style = "hami-names-metax" if key in HAMI_METAX else "hami-names"
+        elif key == "egpu":
+            style = "egpu"
+        else:
+            slot, _, subtype = key.partition(".")
+            if not slot or subtype not in ("shares", "device"):
+                fail(key, "unknown resource (expected <slot>.shares, <slot>.device, gpu/gpu_memory/gpu_cores, "
+                          "gpu_fraction, nvidia.com/gpu…, egpu, cpu or mem, e.g. cuda.shares)")
+            style = f"slot:{key}"
+        if style not in styles:
+            styles.append(style)
+    return styles
+
+
+def _common_options(resources: dict) -> dict:
+    policy = resources.get("policy")
+    if policy is not None and policy not in ("binpack", "spread"):
+        fail("policy", f"{policy!r} is not a policy (binpack or spread)")
+    strategy = resources.get("strategy")
+    if strategy is not None and strategy not in ("evenly", "fill"):
+        fail("strategy", f"{strategy!r} is not a strategy (evenly or fill)")
+    numa = resources.get("numa", False)
+    if not isinstance(numa, bool):
+        fail("numa", "expected true or false")
+    return {"pins": _device_list(resources.get("devices"), "devices"),
+            "exclude": _device_list(resources.get("exclude"), "exclude"),
+            "policy": policy, "strategy": strategy, "numa": numa}
+
+
+def _device_list(value: object, key: str) -> tuple[str, ...]:
+    """["GPU-28df…", 3] or "0,GPU-…" → ("GPU-28df…", "3"): UUIDs and indexes, mixed."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list):
+        fail(key, "expected a list of device UUIDs or indexes")
+    out = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, str)):
+            fail(key, f"{item!r} is neither a device UUID nor an index")
+        text = str(item).strip()
+        if not text or (isinstance(item, int) and item < 0):
+            fail(key, f"{item!r} is neither a device UUID nor an index")
+        if text not in out:
+            out.append(text)
+    return tuple(out)
+
+
+def _count(value: object, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        fail(key, f"a device count must be a whole number, got {value!r}")
+    try:
+        count = int(value)
+    except ValueError:
+        fail(key, f"a device count must be a whole number, got {value!r}")
+    if count < 0:
+        fail(key, f"a device count cannot be negative, got {value!r}")
+    return count
+
+
+def _percent(value: object, key: str, *, allow_zero: bool = True) -> Decimal:
+    try:
+        number = parse_decimal(value, what=f"resources.{key}")
+    except ValueError as exc:
+        raise InvalidResourceRequest(str(exc)) from None
+    if number > 100 or (number == 0 and not allow_zero):
+        fail(key, f"{amount_text(number)} is not a percentage {'from 0' if allow_zero else 'above 0'} up to 100")
+    return number
+
+
+def _size(value: object, key: str, *, bare_unit: int = 1) -> int:
+    """A size; a bare whole number counts in `bare_unit` bytes (MiB for HAMi's gpumem)."""
+    if bare_unit != 1 and (isinstance(value, int) and not isinstance(value, bool) or
+                           isinstance(value, str) and value.strip().isdigit()):
+        size = int(value) * bare_unit
+    else:
+        try:
+            size = parse_binary_size(value)
+        except SizeError as exc:
+            fail(key, str(exc))
+    if size <= 0:
+        fail(key, "must be more than 0 bytes")
+    return size
+
+
+def _slot_style(accelerator: dict) -> dict:
     key, value = next(iter(accelerator.items()))
     slot, _, subtype = key.partition(".")
     try:
@@ -46,10 +183,106 @@ def parse_resources(resources: object) -> ResourceRequest:
     except ValueError as exc:
         raise InvalidResourceRequest(str(exc)) from None
     if subtype == "device" and amount != amount.to_integral_value():
-        raise InvalidResourceRequest(f"resources.{key}: a device count must be a whole number, got {value!r}")
-    if amount == 0:
-        return ResourceRequest(kind="none", amount=ZERO, cpu=cpu, mem=mem, slot="")
-    return ResourceRequest(kind=subtype, amount=Decimal(amount), cpu=cpu, mem=mem, slot=slot)
+        fail(key, f"a device count must be a whole number, got {value!r}")
+    return {"kind": subtype, "amount": amount, "slot": slot}
+
+
+def _per_device(count: int, memory: MemorySpec, cores: Decimal, slot: str = "cuda") -> dict:
+    return {"kind": "per_device", "amount": Decimal(count), "slot": slot, "memory": memory, "cores": cores}
+
+
+def _memory_and_percent(accelerator: dict, size_key: str, percent_key: str, *, bare_unit: int = 1) -> MemorySpec:
+    if size_key in accelerator and percent_key in accelerator:
+        fail(percent_key, f"give {size_key} or {percent_key}, not both")
+    if size_key in accelerator:
+        return MemorySpec(bytes=_size(accelerator[size_key], size_key, bare_unit=bare_unit))
+    if percent_key in accelerator:
+        return MemorySpec(percent=_percent(accelerator[percent_key], percent_key, allow_zero=False))
+    return MemorySpec(percent=Decimal(100))  # HAMi: without a memory limit the whole memory
+
+
+def _hami_style(accelerator: dict) -> dict:
+    count = _count(accelerator.get("gpu", 1), "gpu")
+    memory = _memory_and_percent(accelerator, "gpu_memory", "gpu_memory_percentage")
+    return _per_device(count, memory, _percent(accelerator.get("gpu_cores", 0), "gpu_cores"))
+
+
+def _fraction_style(accelerator: dict) -> dict:
+    try:
+        fraction = parse_decimal(accelerator["gpu_fraction"], what="resources.gpu_fraction")
+    except ValueError as exc:
+        raise InvalidResourceRequest(str(exc)) from None
+    if not 0 < fraction <= 1:
+        fail("gpu_fraction", f"{amount_text(fraction)} is not a fraction of one GPU (above 0, at most 1)")
+    percent = fraction * 100
+    return _per_device(1, MemorySpec(percent=percent), percent)
+
+
+def _hami_names(accelerator: dict) -> dict:
+    count = _count(accelerator.get("nvidia.com/gpu", 1), "nvidia.com/gpu")
+    memory = _memory_and_percent(accelerator, "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", bare_unit=MiB)
+    return _per_device(count, memory, _percent(accelerator.get("nvidia.com/gpucores", 0), "nvidia.com/gpucores"))
+
+
+def _hami_metax(accelerator: dict) -> dict:
+    count = _count(accelerator.get("metax-tech.com/sgpu", 1), "metax-tech.com/sgpu")
+    memory = MemorySpec(percent=Decimal(100))
+    if "metax-tech.com/vmemory" in accelerator:  # HAMi's Metax docs: a bare number is GiB
+        memory = MemorySpec(bytes=_size(accelerator["metax-tech.com/vmemory"], "metax-tech.com/vmemory", bare_unit=GiB))
+    cores = _percent(accelerator.get("metax-tech.com/vcore", 0), "metax-tech.com/vcore")
+    return _per_device(count, memory, cores, slot="metax")
+
+
+def _egpu(accelerator: dict) -> dict:
+    block = accelerator["egpu"]
+    if not isinstance(block, dict):
+        fail("egpu", "expected an object of eGPU settings such as {\"GPU_MEM_PER_DEVICE\": 4294967296}")
+    for key in block:
+        if key not in EGPU_KEYS:
+            fail(f"egpu.{key}", f"unknown eGPU setting (known: {', '.join(sorted(EGPU_KEYS))})")
+    reserved = _count(block.get("ALIYUN_COM_GPU_MEM_RESERVED", EGPU_RESERVED_DEFAULT_MIB),
+                      "egpu.ALIYUN_COM_GPU_MEM_RESERVED") * MiB
+    if "GPU_MEM_PER_DEVICE" in block:
+        if "ALIYUN_COM_GPU_MEM_CONTAINER" in block:
+            fail("egpu.ALIYUN_COM_GPU_MEM_CONTAINER", "give GPU_MEM_PER_DEVICE or the proportional pair, not both")
+        memory = MemorySpec(bytes=_size(block["GPU_MEM_PER_DEVICE"], "egpu.GPU_MEM_PER_DEVICE"))
+    elif "ALIYUN_COM_GPU_MEM_CONTAINER" in block:
+        container = _positive(block["ALIYUN_COM_GPU_MEM_CONTAINER"], "egpu.ALIYUN_COM_GPU_MEM_CONTAINER")
+        dev = _positive(block["ALIYUN_COM_GPU_MEM_DEV"], "egpu.ALIYUN_COM_GPU_MEM_DEV") \
+            if "ALIYUN_COM_GPU_MEM_DEV" in block else ZERO
+        if dev and container > dev:
+            fail("egpu.ALIYUN_COM_GPU_MEM_CONTAINER", f"{amount_text(container)} is more than ALIYUN_COM_GPU_MEM_DEV "
+                                                      f"{amount_text(dev)}")
+        memory = MemorySpec(container=container, dev=dev, reserved=reserved)
+    else:
+        fail("egpu", "needs GPU_MEM_PER_DEVICE (bytes) or ALIYUN_COM_GPU_MEM_CONTAINER")
+    util = _percent(block.get("GPU_UTIL_PER_DEVICE", 0), "egpu.GPU_UTIL_PER_DEVICE")
+    cores = ZERO if util == 0 or util > 95 else util  # eGPU: 0 or above 95 means no compute limit
+    pins = _device_list(block.get("NVIDIA_VISIBLE_DEVICES"), "egpu.NVIDIA_VISIBLE_DEVICES")
+    parsed = _per_device(len(pins) or 1, memory, cores)
+    parsed["pins"] = pins
+    return parsed
+
+
+def _positive(value: object, key: str) -> Decimal:
+    try:
+        number = parse_decimal(value, what=f"resources.{key}")
+    except ValueError as exc:
+        raise InvalidResourceRequest(str(exc)) from None
+    if number <= 0:
+        fail(key, "must be above 0")
+    return number
+
+
+_PARSERS = {
+    "hami": _hami_style,
+    "runai": _fraction_style,
+    "hami-names": _hami_names,
+    "hami-names-metax": _hami_metax,
+    "egpu": _egpu,
+}
+def _parser(style: str):
+    return _slot_style if style.startswith("slot:") else _PARSERS[style]
 
 
 def _parse_cpu(value: object) -> int:
@@ -62,3 +295,40 @@ def _parse_cpu(value: object) -> int:
     if cores < 1:
         raise InvalidResourceRequest(f"resources.cpu: at least 1 core, got {value!r}")
     return cores
+
+
+# --- the normalised request as JSON (stored with the session) ------------------------------
+
+def request_to_spec(request: ResourceRequest) -> dict:
+    """A JSON-safe dict of `request` (Decimals as text); `request_from_spec` reads it back."""
+    memory = request.memory
+    return {
+        "kind": request.kind, "amount": str(request.amount), "cpu": request.cpu, "mem": request.mem,
+        "slot": request.slot, "cores": str(request.cores), "pins": list(request.pins),
+        "exclude": list(request.exclude), "policy": request.policy, "strategy": request.strategy,
+        "numa": request.numa, "style": request.style,
+        "memory": None if memory is None else {
+            "bytes": memory.bytes, "percent": str(memory.percent), "container": str(memory.container),
+            "dev": str(memory.dev), "reserved": memory.reserved},
+    }
+
+
+def request_from_spec(spec: dict) -> ResourceRequest:
+    memory = spec.get("memory")
+    return ResourceRequest(
+        kind=spec["kind"], amount=Decimal(spec["amount"]), cpu=spec["cpu"], mem=spec["mem"], slot=spec["slot"],
+        cores=Decimal(spec.get("cores", "0")), pins=tuple(spec.get("pins", ())), exclude=tuple(spec.get("exclude", ())),
+        policy=spec.get("policy"), strategy=spec.get("strategy"), numa=spec.get("numa", False),
+        style=spec.get("style", ""),
+        memory=None if memory is None else MemorySpec(
+            bytes=memory["bytes"], percent=Decimal(memory["percent"]), container=Decimal(memory["container"]),
+            dev=Decimal(memory["dev"]), reserved=memory["reserved"]),
+    )
+
+
+def describe_request(request: ResourceRequest) -> str:
+    """The accelerator part of a request in words, for per-device styles: "2 GPU × 4 GiB, 60%
+    cores", "1 GPU × 20% of the memory, 20% cores"."""
+    memory = request.memory.describe() if request.memory else "all the memory"
+    cores = f", {amount_text(request.cores)}% cores" if request.cores else ""
+    return f"{amount_text(request.amount)} GPU × {memory}{cores}"

@@ -14,9 +14,13 @@ MiB = 1 << 20
 
 
 def sm_percent(device: dict) -> int:
-    """Granted SMs as a whole percentage of the device's SMs (truncated, at least 1)."""
-    if not device["subproc_count"]:
+    """Granted SMs as a whole percentage of the device's SMs (truncated, at least 1 when any
+    SM was granted). 0 means no compute limit (a per-device request with no core share),
+    as HAMi-core's CUDA_DEVICE_SM_LIMIT reads it; 100 likewise means none."""
+    if not device["subproc_count"] or Decimal(device["procs"]) >= device["subproc_count"]:
         return 100
+    if Decimal(device["procs"]) == 0:
+        return 0
     share = Decimal(device["procs"]) * 100 / Decimal(device["subproc_count"])
     return max(1, min(100, int(share.to_integral_value(rounding=ROUND_DOWN))))
 
@@ -80,7 +84,8 @@ def session_environment(spec: dict, *, allocation_path: str, bin_dir: str, work_
     }
     if not devices:
         return env
-    percent = min(sm_percent(d) for d in devices)
+    limited = [sm_percent(d) for d in devices if 0 < sm_percent(d) < 100]
+    percent = min(limited) if limited else 0  # 0: no compute limit on any device
     for i, d in enumerate(devices):
         env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d['memory_limit'] // MiB}m"
     env["CUDA_DEVICE_SM_LIMIT"] = str(percent)
@@ -89,5 +94,5 @@ def session_environment(spec: dict, *, allocation_path: str, bin_dir: str, work_
     env["GPU_UTIL_PER_DEVICE"] = str(percent)
     if mps:
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={d['memory_limit'] // MiB}M" for i, d in enumerate(devices))
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(percent)
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(percent or 100)  # MPS: 100 = the whole device
     return env
