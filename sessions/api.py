@@ -6,7 +6,7 @@ from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 
 from sessions import services
-from sessions.launch import launch_options
+from sessions.launch import launch_options, launch_preview
 from sessions.selectors import session_get_for, session_list_for
 from sessions.serializers import SessionCreateSerializer, SessionSerializer
 
@@ -41,6 +41,13 @@ class SessionViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         session = services.session_terminate(session=self.get_object())
         return Response(SessionSerializer(session_get_for(user=request.user, session_id=session.pk)).data,
                         status=status.HTTP_202_ACCEPTED)
+
+    @action(detail=False, methods=["post"])
+    def preview(self, request):
+        """What this request would get now (same body as create); nothing is created."""
+        data = SessionCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return Response(launch_preview(resources=data.validated_data["resources"]))
 
     @action(detail=True, methods=["post"], url_path="terminal-ticket")
     def terminal_ticket(self, request, session_id=None):

@@ -46,3 +46,52 @@ def launch_options() -> dict:
         "mem": {"max_now": max((n.mem_total - n.mem_used for n in all_nodes), default=0),
                 "max_ever": max((n.mem_total for n in all_nodes), default=0)},
     }
+
+
+def launch_preview(*, resources: dict) -> dict:
+    """What a request would get now, without creating anything: `{"fits_now", "never",
+    "reason", "node", "configuration", "devices": [{"device", "device_index", "model_name",
+    "memory" (bytes), "procs" (SMs), "sm_percent", "shares"}]}`. Raises ApplicationError for a
+    malformed request (the same checks as session_create)."""
+    from accelerators.allocation.errors import AllocationError, InsufficientResource, NeverSchedulable
+    from accelerators.allocation.requests import describe_request, parse_resources
+    from accelerators.allocation.units import format_binary_size
+    from console.errors import ApplicationError
+    from sessions.runtime.environment import shares_text, sm_percent
+    from sessions.services import request_settings
+
+    try:
+        request = parse_resources(resources)
+        settings = request_settings(request)
+        if request.kind == "shares":
+            core.check_quantum(request.amount, settings)
+    except AllocationError as exc:
+        raise ApplicationError(str(exc), type="invalid-resources", field_errors={"resources": [str(exc)]}) from None
+    if request.kind == "per_device":
+        accelerator = describe_request(request)
+    elif request.kind == "none":
+        accelerator = ""
+    else:
+        fmt = slot_format_get(slot_name=request.slot, subtype=request.kind)
+        accelerator = fmt.format_amount(request.amount)
+    configuration = " · ".join(p for p in (accelerator, f"{request.cpu} core" + ("s" if request.cpu != 1 else ""),
+                                           format_binary_size(request.mem)) if p)
+    result = {"fits_now": False, "never": False, "reason": "", "node": None, "configuration": configuration,
+              "devices": []}
+    try:
+        placement = core.place(node_states(slot_name=request.slot or "cuda"), request, settings)
+    except NeverSchedulable as exc:
+        return {**result, "never": True, "reason": str(exc)}
+    except InsufficientResource as exc:
+        return {**result, "reason": str(exc)}
+    devices = {str(d.pk): d for d in Device.objects.filter(pk__in=[g.device_id for g in placement.grants])}
+    result.update(fits_now=True, node=placement.node_id)
+    for grant in placement.grants:
+        device = devices[grant.device_id]
+        result["devices"].append({
+            "device": device.device_id, "device_index": device.index, "model_name": device.model_name,
+            "memory": grant.memory, "procs": format(grant.procs.normalize(), "f"),
+            "sm_percent": sm_percent({"procs": grant.procs, "subproc_count": device.subproc_count}),
+            "shares": shares_text(str(grant.shares)),
+        })
+    return result
