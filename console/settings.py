@@ -146,6 +146,9 @@ REST_FRAMEWORK = {
 FGPU_HEARTBEAT_INTERVAL = env_int("FGPU_HEARTBEAT_INTERVAL", 5, minimum=1, maximum=300)  # seconds
 FGPU_HEARTBEAT_TIMEOUT = env_int("FGPU_HEARTBEAT_TIMEOUT", 30, minimum=2, maximum=3600)  # seconds
 FGPU_TERMINAL_TICKET_TTL = env_int("FGPU_TERMINAL_TICKET_TTL", 60, minimum=5, maximum=3600)  # seconds
+# How many later sessions may start past a pending one that does not fit (backfill) before
+# it is reserved its place; 0 is strict first in, first out.
+FGPU_BACKFILL_LIMIT = env_int("FGPU_BACKFILL_LIMIT", 8, minimum=0, maximum=10000)
 FGPU_SESSIONS_DIR = DATA_DIR / "sessions"
 
 LOGGING = {

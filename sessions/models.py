@@ -47,6 +47,8 @@ class ComputeSession(models.Model):
     cpu = models.PositiveIntegerField(default=1, help_text="CPU cores")
     mem = models.BigIntegerField(default=0, help_text="main memory, bytes")
     command = models.TextField(blank=True, help_text="batch command; blank for an interactive shell")
+    priority = models.SmallIntegerField(default=0, help_text="higher starts first; equal priorities in arrival order")
+    overtaken = models.PositiveIntegerField(default=0, help_text="how many later sessions were backfilled past it")
     node = models.ForeignKey("accelerators.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     scheduled_at = models.DateTimeField(null=True, blank=True)
@@ -93,3 +95,75 @@ class TerminalTicket(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField()
     used_at = models.DateTimeField(null=True, blank=True)
+
+
+class Project(models.Model):
+    """A group of users sharing one quota (besides each member's own). Its members' sessions
+    count against every quota of the project."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="projects", blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Quota(models.Model):
+    """Limits for one user or one project (exactly one of the two). A limit left empty is
+    unlimited. `max_fgpu` in fGPU (shares requests and the fGPU equivalent of per-device
+    grants), `max_devices` distinct devices held at once, `max_gpu_memory` bytes of device
+    memory, `max_sessions` sessions running or waiting (PENDING and the active statuses).
+    Rules and counting: sessions.quotas."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+                             related_name="quotas")
+    project = models.ForeignKey(Project, null=True, blank=True, on_delete=models.CASCADE, related_name="quotas")
+    max_fgpu = models.DecimalField(max_digits=12, decimal_places=3, null=True, blank=True,
+                                   help_text="fGPU held at once; empty: unlimited")
+    max_devices = models.PositiveIntegerField(null=True, blank=True,
+                                              help_text="distinct devices held at once; empty: unlimited")
+    max_gpu_memory = models.BigIntegerField(null=True, blank=True,
+                                            help_text="bytes of device memory held at once; empty: unlimited")
+    max_sessions = models.PositiveIntegerField(null=True, blank=True,
+                                               help_text="sessions running or waiting at once; empty: unlimited")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["project__name", "user__username"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(models.Q(user__isnull=False, project__isnull=True)
+                           | models.Q(user__isnull=True, project__isnull=False)),
+                name="quota_user_xor_project",
+                violation_error_message="a quota is for one user or for one project: set exactly one of the two",
+            ),
+            models.UniqueConstraint(fields=["user"], condition=models.Q(user__isnull=False), name="quota_one_per_user",
+                                    violation_error_message="this user already has a quota"),
+            models.UniqueConstraint(fields=["project"], condition=models.Q(project__isnull=False),
+                                    name="quota_one_per_project",
+                                    violation_error_message="this project already has a quota"),
+            models.CheckConstraint(condition=models.Q(max_fgpu__gte=0) | models.Q(max_fgpu__isnull=True),
+                                   name="quota_max_fgpu_not_negative",
+                                   violation_error_message="max fGPU cannot be negative"),
+            models.CheckConstraint(condition=models.Q(max_gpu_memory__gte=0) | models.Q(max_gpu_memory__isnull=True),
+                                   name="quota_max_gpu_memory_not_negative",
+                                   violation_error_message="max GPU memory cannot be negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"quota of {self.subject}"
+
+    @property
+    def subject(self) -> str:
+        """'project "vision"' or 'user "alice"'."""
+        if self.project_id is not None:
+            return f'project "{self.project.name}"'
+        return f'user "{self.user.get_username()}"' if self.user_id is not None else "nobody"

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from accelerators.allocation import core
@@ -27,30 +29,44 @@ log = logging.getLogger(__name__)
 
 
 def schedule_pending(*, limit: int = 100) -> list[str]:
-    """Place up to `limit` pending sessions in arrival order. Returns the ids scheduled."""
+    """Place up to `limit` pending sessions, highest priority first, then in arrival order.
+    Returns the ids scheduled.
+
+    Backfill: a session that does not fit now does not block smaller ones behind it, but each
+    time a later session starts past it its `overtaken` count grows, and once that reaches
+    FGPU_BACKFILL_LIMIT nothing behind it starts until it has (0: strict first in, first out).
+    """
+    backfill_limit = settings.FGPU_BACKFILL_LIMIT
     scheduled: list[str] = []
     starts: list[tuple[str, dict]] = []
     with transaction.atomic():
         pending = list(
-            ComputeSession.objects.select_for_update().filter(status=SessionStatus.PENDING).order_by("created_at", "pk")[:limit]
+            ComputeSession.objects.select_for_update().filter(status=SessionStatus.PENDING)
+            .order_by("-priority", "created_at", "pk")[:limit]
         )
-        for position, session in enumerate(pending):
+        blocked: list[ComputeSession] = []
+        for session in pending:
+            reserved = next((b for b in blocked if b.overtaken >= backfill_limit), None)
+            if reserved is not None:
+                _wait(session, f"queued behind {reserved.name}, which goes first (it has been overtaken "
+                               f"{reserved.overtaken} time(s), the most the backfill limit allows)")
+                continue
             request = session_request(session)
             try:
-                settings = request_settings(request)
+                pure_settings = request_settings(request)
                 nodes = node_states(slot_name=request.slot or "cuda", for_update=True)
                 try:
-                    placement = core.place(nodes, request, settings)
+                    placement = core.place(nodes, request, pure_settings)
                 except NeverSchedulable:
                     # Only the alive nodes are too small: wait while a LOST node that could hold
                     # it may come back (an agent restart must not fail the whole queue).
-                    core.check_ever_fits(node_states(slot_name=request.slot or "cuda", alive_only=False), request, settings)
+                    core.check_ever_fits(node_states(slot_name=request.slot or "cuda", alive_only=False), request,
+                                         pure_settings)
                     raise InsufficientResource("the nodes that could hold it are not alive (LOST)") from None
             except InsufficientResource as exc:
                 _wait(session, f"waiting for capacity: {exc}")
-                for behind, later in enumerate(pending[position + 1:], start=1):
-                    _wait(later, f"queued: {behind} earlier session(s) start first (first in, first out)")
-                break
+                blocked.append(session)
+                continue
             except AllocationError as exc:  # no longer satisfiable (e.g. the slot's mode changed)
                 session.status, session.status_reason, session.terminated_at = SessionStatus.ERROR, str(exc), timezone.now()
                 session.save(update_fields=["status", "status_reason", "terminated_at"])
@@ -58,6 +74,9 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
                 continue
             starts.append((placement.node_id, _write_placement(session, placement)))
             scheduled.append(str(session.pk))
+            for earlier in blocked:  # backfilled past them
+                earlier.overtaken += 1
+                earlier.save(update_fields=["overtaken"])
         for node_name, spec in starts:
             transaction.on_commit(lambda n=node_name, s=spec: _send_start(n, s))
     return scheduled
@@ -123,7 +142,9 @@ def _send_start(node_name: str, spec: dict) -> None:
 
 
 def pending_position(session: ComputeSession) -> int:
-    """1-based place of a PENDING session in the FIFO queue."""
-    return ComputeSession.objects.filter(status=SessionStatus.PENDING, created_at__lte=session.created_at).count()
+    """1-based place of a PENDING session in the queue (priority, then arrival)."""
+    ahead = ComputeSession.objects.filter(status=SessionStatus.PENDING).filter(
+        Q(priority__gt=session.priority) | Q(priority=session.priority, created_at__lte=session.created_at))
+    return ahead.count()
 
 

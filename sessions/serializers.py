@@ -30,7 +30,7 @@ class SessionSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ComputeSession
-        fields = ["id", "name", "owner", "status", "status_reason", "node", "resources", "configuration",
+        fields = ["id", "name", "owner", "status", "status_reason", "node", "resources", "priority", "configuration",
                   "allocations", "command", "created_at", "scheduled_at", "started_at", "terminated_at", "exit_code",
                   "terminal_url"]
         read_only_fields = fields
@@ -47,3 +47,5 @@ class SessionCreateSerializer(serializers.Serializer):
     resources = serializers.DictField(help_text='e.g. {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}')
     command = serializers.CharField(required=False, allow_blank=True, default="",
                                     help_text="batch command; blank for an interactive shell")
+    priority = serializers.IntegerField(required=False, default=0, min_value=-100, max_value=100,
+                                        help_text="higher starts first; above 0 for administrators only")

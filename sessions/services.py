@@ -56,7 +56,7 @@ def session_request(session: ComputeSession) -> core.ResourceRequest:
     return core.ResourceRequest(kind=kind, amount=session.amount, cpu=session.cpu, mem=session.mem, slot=session.slot_name)
 
 
-def session_create(*, owner, name: str, resources: dict, command: str = "") -> ComputeSession:
+def session_create(*, owner, name: str, resources: dict, command: str = "", priority: int = 0) -> ComputeSession:
     """Validate `resources` (see accelerators.allocation.requests) and write the session PENDING;
     the scheduler runs after commit.
 
@@ -65,6 +65,9 @@ def session_create(*, owner, name: str, resources: dict, command: str = "") -> C
     largest amount a node holds).
     """
     name = (name or "").strip() or "session"
+    if priority > 0 and not owner.is_staff:
+        raise ApplicationError("priority: only administrators may raise a session's priority above 0",
+                               field_errors={"priority": ["only administrators may raise a session's priority above 0"]})
     if len(name) > MAX_NAME:
         raise ApplicationError(f"name: at most {MAX_NAME} characters", field_errors={"name": [f"at most {MAX_NAME} characters"]})
     try:
@@ -84,7 +87,7 @@ def session_create(*, owner, name: str, resources: dict, command: str = "") -> C
         session = ComputeSession.objects.create(
             owner=owner, name=name, resources=resources, request_spec=request_to_spec(request),
             slot_name=request.slot, slot_subtype=request.kind if request.slot else "",
-            amount=request.amount, cpu=request.cpu, mem=request.mem, command=command or "",
+            amount=request.amount, cpu=request.cpu, mem=request.mem, command=command or "", priority=priority,
             status_reason="waiting for the scheduler",
         )
         events.session_notify(session)

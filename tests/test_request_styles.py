@@ -198,3 +198,11 @@ def test_the_api_refuses_cores_above_100_with_the_field_named(client):
     response = client.post("/api/v1/sessions/", {"resources": {"gpu": 1, "gpu_cores": 150}}, format="json")
     assert response.status_code == 400
     assert "gpu_cores" in response.json()["detail"]
+
+
+def test_only_administrators_may_raise_a_session_s_priority(client):
+    response = client.post("/api/v1/sessions/", {"resources": {"cuda.shares": "0.5"}, "priority": 5}, format="json")
+    assert response.status_code == 400
+    assert "priority" in response.json()["field_errors"]
+    lowered = client.post("/api/v1/sessions/", {"resources": {"cuda.shares": "0.5"}, "priority": -3}, format="json")
+    assert lowered.status_code == 201 and lowered.json()["priority"] == -3

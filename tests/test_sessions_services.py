@@ -158,7 +158,9 @@ def test_a_request_that_fits_the_cluster_but_not_now_waits_and_starts_when_capac
     assert [a.shares for a in live_allocations(waiting)] == [Decimal("0.5")]
 
 
-def test_a_big_pending_head_blocks_a_smaller_later_request_strict_fifo(demo_cluster, create, running):
+def test_with_backfill_off_a_big_pending_head_blocks_a_smaller_later_request_strict_fifo(
+        demo_cluster, create, running, settings):
+    settings.FGPU_BACKFILL_LIMIT = 0
     running("1.5")  # 0.5 fGPU left
 
     head = create("1.0")
@@ -393,3 +395,35 @@ def test_a_pending_session_waits_instead_of_failing_while_its_only_node_is_lost(
     Node.objects.filter(name="demo-node").update(status=NodeStatus.ALIVE)
     schedule_pending()
     assert ComputeSession.objects.get(pk=session.pk).status == SessionStatus.SCHEDULED
+
+
+def test_a_smaller_later_request_backfills_past_a_big_head_until_the_head_has_been_overtaken_enough(
+        demo_cluster, create, running, settings):
+    settings.FGPU_BACKFILL_LIMIT = 1
+    running("1.0")  # 1.0 fGPU left
+
+    head = create("1.5")
+    first_small = create("0.5")   # fits: starts past the head (overtaken 1)
+    second_small = create("0.5")  # would fit, but the head may be overtaken only once
+
+    head.refresh_from_db()
+    first_small.refresh_from_db()
+    second_small.refresh_from_db()
+    assert (head.status, head.overtaken) == (SessionStatus.PENDING, 1)
+    assert first_small.status == SessionStatus.SCHEDULED
+    assert second_small.status == SessionStatus.PENDING
+    assert "queued behind" in second_small.status_reason
+
+
+def test_a_higher_priority_session_is_scheduled_before_earlier_ones(demo_cluster, create, running, settings):
+    from sessions.scheduler import schedule_pending as run
+
+    settings.FGPU_BACKFILL_LIMIT = 0
+    blocker = running("2.0")
+    low = create("1.0")
+    high = create("1.0")
+    ComputeSession.objects.filter(pk=high.pk).update(priority=5)
+    ComputeSession.objects.filter(pk=blocker.pk).update(status=SessionStatus.TERMINATED)
+    Allocation.objects.filter(session=blocker).update(released_at=timezone.now())
+
+    assert run() == [str(high.pk), str(low.pk)]
