@@ -14,8 +14,8 @@ from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 from django.utils.html import format_html_join
 
-from accelerators.allocation import core, units
-from accelerators.models import Device, FractionalSettings, Node, SlotFormat
+from accelerators.allocation import core, topology, units
+from accelerators.models import Device, DeviceLink, FractionalSettings, Node, SlotFormat
 from accelerators.selectors import FgpuSummary, device_fgpu_summary
 
 _EXAMPLE_AMOUNTS = (Decimal("0.5"), Decimal("2"), Decimal("1536"))
@@ -187,12 +187,45 @@ class DeviceInline(_DeviceFields, admin.TabularInline):
         return False
 
 
+class DeviceLinkInline(admin.TabularInline):
+    """The node's device links (NVLink lanes, PCIe paths), as its agent reported them."""
+
+    model = DeviceLink
+    fk_name = "node"
+    extra = 0
+    can_delete = False
+    verbose_name = "device link"
+    fields = ("device_a_display", "device_b_display", "kind", "lanes")
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).select_related("node", "device_a", "device_b")
+
+    @admin.display(description="device")
+    def device_a_display(self, obj: DeviceLink) -> str:
+        return f"#{obj.device_a.index} {obj.device_a.device_id}"
+
+    @admin.display(description="linked to")
+    def device_b_display(self, obj: DeviceLink) -> str:
+        return f"#{obj.device_b.index} {obj.device_b.device_id}"
+
+    @admin.display(description="lanes")
+    def lanes(self, obj: DeviceLink) -> str:
+        return str(obj.count) if obj.kind in topology.LANE_KINDS else "—"
+
+    def has_add_permission(self, request: HttpRequest, obj: Node | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Node | None = None) -> bool:
+        return False
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     list_display = ("name", "status", "last_heartbeat", "cpu_count", "memory", "device_count")
     list_filter = ("status",)
     search_fields = ("name",)
-    inlines = (DeviceInline,)
+    inlines = (DeviceInline, DeviceLinkInline)
     fields = ("name", "status", "last_heartbeat", "registered_at", "cpu_count", "memory", "plugins", "attributes")
     readonly_fields = fields
 

@@ -21,6 +21,20 @@ Rules taken from Backend.AI (src/ai/backend/accelerator/mock/plugin.py):
 MIG slice's profile is the text after the first "-" of its `model_name`; formats are looked
 up by subtype `device`, `shares` or `*-mig`; `unit_mem` defaults to 2 GiB (minimum 512 MiB),
 `unit_proc` to 8 (minimum 2), `quantum_size` to 0.1, `allocation_mode` to discrete.
+
+One extension of ours, which Backend.AI's mock plugin does not know: an optional top-level
+`links` array declaring the links between the file's whole devices, in nvidia-smi topo's
+terms (`accelerators.allocation.topology`):
+
+    links = [
+      { a = 0, b = 1, kind = "NVLINK", count = 4 },   # a, b: positions in `devices` …
+      { a = "c59395cd-…", b = 2, kind = "PIX" },      # … or mother_uuids of whole GPUs
+    ]
+
+(a top-level key, so it goes before the first `[table]` header; `[[links]]` tables work
+anywhere). `kind`: NVLINK, METAXLINK, NV<lanes> ("NV4", as nvidia-smi prints it), PIX, PXB,
+PHB, NODE or SYS; `count`: lanes, NVLINK and METAXLINK only (default 1). Pairs not declared count as
+SYS (NODE when both devices declare the same `numa_node`).
 """
 from __future__ import annotations
 
@@ -34,6 +48,7 @@ from typing import Any
 
 from django.db import transaction
 
+from accelerators.allocation.topology import LANE_KINDS, SELF, Link, parse_link_kind
 from accelerators.allocation.units import SizeError, format_binary_size, parse_binary_size
 from accelerators.plugins.base import DeviceInfo
 from console.errors import ApplicationError
@@ -79,11 +94,14 @@ _MAX_DEVICE_ID = 128
 _MAX_MODEL_NAME = 128
 _MAX_MIG_PROFILE = 32
 _MAX_NODE_NAME = 128
+_MAX_LINK_COUNT = 32767  # DeviceLink.count: PositiveSmallIntegerField
 
 FORMAT_SUBTYPES = ("device", "shares", "*-mig")
 CUDA_DEVICE_PLUGIN_NAMES = ("CUDADevice", "MockDevice")
 
 _TOP_KEYS = ("slot_name", "device_plugin_name", "devices", "attributes", "formats")
+_OPTIONAL_TOP_KEYS = ("links",)  # our extension: Backend.AI's mock plugin never reads it
+_LINK_KEYS = ("a", "b", "kind", "count")
 _DEVICE_KEYS = ("mother_uuid", "model_name", "numa_node", "subproc_count", "memory_size", "is_mig_device")
 _MISSPELLED_MIG_KEY = "is_mig_devices"  # Backend.AI's docs spell it so; its code reads is_mig_device
 _FORMAT_KEYS = ("display_unit", "display_icon", "human_readable_name", "description", "number_format")
@@ -135,7 +153,8 @@ class FormatSpec:
 @dataclass
 class MockAcceleratorConfig:
     """A parsed mock-accelerator TOML. `devices` in file order (`index` = position);
-    `formats` keyed by subtype (`device`, `shares`, `*-mig`); `warnings` are human sentences."""
+    `formats` keyed by subtype (`device`, `shares`, `*-mig`); `warnings` are human sentences;
+    `links` from the optional `links` table, between device ids, in file order."""
 
     slot_name: str
     device_plugin_name: str
@@ -143,6 +162,7 @@ class MockAcceleratorConfig:
     attributes: dict[str, str]
     formats: dict[str, FormatSpec]
     warnings: list[str] = field(default_factory=list)
+    links: list[Link] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -173,6 +193,7 @@ class ImportReport:
     node_name: str | None = None
     device_count: int = 0
     mig_device_count: int = 0
+    link_count: int = 0
     warnings: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -204,6 +225,8 @@ class ImportReport:
                 f"  node {self.node_name}: {self.device_count} devices"
                 f" ({self.device_count - self.mig_device_count} GPUs, {self.mig_device_count} MIG slices)"
             )
+            if self.link_count:
+                lines.append(f"  links between its devices: {self.link_count}")
         elif self.kind == KIND_TOML:
             lines.append("  devices: not imported (give a node name to import the device inventory)")
         if self.warnings:
@@ -315,11 +338,17 @@ def parse_mock_accelerator_toml(path: str | Path) -> MockAcceleratorConfig:
     "cuda") a `device_plugin_name` other than CUDADevice / MockDevice. Oddities Backend.AI
     tolerates (`is_mig_devices`, a `[formats.devices]` table, missing format tables) become
     `warnings`.
+
+    The optional `links` array (our extension, see the module text) becomes `links`: each
+    end a position in `devices` or a whole GPU's mother_uuid, resolved to device ids. Raises
+    ConfigError naming `links[i].<key>` for unknown keys, a missing a/b/kind, an unknown
+    kind, a count on a PCIe kind, an end that names no whole device (or a MIG slice), a
+    device linked to itself, and a pair declared twice.
     """
     reader = _Reader(path)
     warnings: list[str] = []
     raw = _load_toml(path)
-    reader.unknown_keys(raw, _TOP_KEYS, "")
+    reader.unknown_keys(raw, (*_TOP_KEYS, *_OPTIONAL_TOP_KEYS), "")
     for key in _TOP_KEYS:
         if key not in raw:
             raise reader.error(key, "missing (Backend.AI requires it)")
@@ -335,6 +364,7 @@ def parse_mock_accelerator_toml(path: str | Path) -> MockAcceleratorConfig:
     devices = _parse_devices(reader, raw["devices"], slot_name=slot_name, warnings=warnings)
     attributes = _parse_attributes(reader, raw["attributes"], slot_name=slot_name, warnings=warnings)
     formats = _parse_formats(reader, raw["formats"], slot_name=slot_name, warnings=warnings)
+    links = _parse_links(reader, raw["links"], devices=devices) if "links" in raw else []
 
     if any(device.is_mig_device for device in devices) and "*-mig" not in formats:
         warnings.append(
@@ -348,6 +378,7 @@ def parse_mock_accelerator_toml(path: str | Path) -> MockAcceleratorConfig:
         attributes=attributes,
         formats=formats,
         warnings=warnings,
+        links=links,
     )
 
 
@@ -495,6 +526,70 @@ def _parse_devices(reader: _Reader, value: Any, *, slot_name: str, warnings: lis
         )
         for item in parsed
     ]
+
+
+def _parse_links(reader: _Reader, value: Any, *, devices: list[DeviceInfo]) -> list[Link]:
+    if not isinstance(value, list):
+        raise reader.error("links", f"expected an array of tables, got {_kind(value)}")
+    by_name: dict[str, DeviceInfo] = {}
+    for device in devices:
+        if not device.is_mig_device:
+            by_name[device.mother_uuid] = device
+            by_name[device.device_id] = device
+    links: list[Link] = []
+    seen: dict[frozenset[str], int] = {}
+    for position, entry in enumerate(value):
+        where = f"links[{position}]"
+        entry = reader.table(entry, where)
+        reader.unknown_keys(entry, _LINK_KEYS, where)
+        for key in ("a", "b", "kind"):
+            if key not in entry:
+                raise reader.error(_join(where, key), "missing")
+        a = _link_end(reader, entry["a"], f"{where}.a", devices=devices, by_name=by_name)
+        b = _link_end(reader, entry["b"], f"{where}.b", devices=devices, by_name=by_name)
+        if a == b:
+            raise reader.error(f"{where}.b", f"the same device as {where}.a ({a}): a link joins two devices")
+        text = reader.text(entry["kind"], f"{where}.kind", max_length=32)
+        try:
+            kind, lanes = parse_link_kind(text)
+        except ValueError as exc:
+            raise reader.error(f"{where}.kind", str(exc)) from None
+        if kind == SELF:
+            raise reader.error(f"{where}.kind", f"{text!r} marks a device with itself in nvidia-smi topo; not a link")
+        count = lanes
+        if "count" in entry:
+            count = reader.whole(entry["count"], f"{where}.count", minimum=1, maximum=_MAX_LINK_COUNT)
+            if kind not in LANE_KINDS:
+                raise reader.error(
+                    f"{where}.count", f"a {kind} link has no lanes (only {' and '.join(LANE_KINDS)} do); leave count out"
+                )
+            if any(ch.isdigit() for ch in text) and count != lanes:
+                raise reader.error(f"{where}.count", f"{count} contradicts kind {text!r} ({lanes} lanes)")
+        pair = frozenset((a, b))
+        if pair in seen:
+            raise reader.error(where, f"{a} and {b} are already linked by links[{seen[pair]}]")
+        seen[pair] = position
+        links.append(Link(a=a, b=b, kind=kind, count=count))
+    return links
+
+
+def _link_end(
+    reader: _Reader, value: Any, where: str, *, devices: list[DeviceInfo], by_name: dict[str, DeviceInfo]
+) -> str:
+    """One end of a link: a position in `devices` or a whole GPU's mother_uuid → its device id."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value < len(devices):
+            raise reader.error(where, f"no devices[{value}] (the file declares {len(devices)} devices)")
+        device = devices[value]
+        if device.is_mig_device:
+            raise reader.error(where, f"devices[{value}] is a MIG slice; links join whole devices")
+        return device.device_id
+    if isinstance(value, str):
+        device = by_name.get(value.strip())
+        if device is None:
+            raise reader.error(where, f"{_show(value)} is not the mother_uuid of a whole device in devices")
+        return device.device_id
+    raise reader.error(where, f"expected a position in devices or a mother_uuid, got {_kind(value)} {_show(value)}")
 
 
 def _parse_size(reader: _Reader, value: Any, where: str) -> int:
@@ -727,7 +822,9 @@ def import_accelerator_config(path: str | Path, *, node_name: str | None = None)
     FractionalSettings with Backend.AI's defaults when missing (never overwrites existing
     settings); when `node_name` is given, replaces that node's device inventory with the
     file's devices through `accelerators.services.node_inventory_apply` (plugin
-    `ai.backend.accelerator.mock`, attributes from `[attributes]`).
+    `ai.backend.accelerator.mock`, attributes from `[attributes]`) and its device links with
+    the file's `links` through `accelerators.services.node_links_apply` (none declared: the
+    node keeps no links).
     JSON: creates or updates FractionalSettings of each slot with the file's values (absent
     keys take Backend.AI's defaults, as in etcd); `node_name` is ignored with a warning.
 
@@ -830,14 +927,16 @@ def _apply_fractional_spec(spec: FractionalSpec, report: ImportReport) -> None:
 
 
 def _apply_inventory(config: MockAcceleratorConfig, node_name: str, report: ImportReport) -> None:
-    from accelerators.services import node_inventory_apply
+    from accelerators.services import node_inventory_apply, node_links_apply
 
-    node_inventory_apply(
+    node = node_inventory_apply(
         node_name=node_name,
         devices=list(config.devices),
         plugins=[MOCK_PLUGIN_NAME],
         attributes=dict(config.attributes),
     )
+    node_links_apply(node=node, links=[link.as_dict() for link in config.links])
     report.node_name = node_name
     report.device_count = len(config.devices)
     report.mig_device_count = sum(1 for device in config.devices if device.is_mig_device)
+    report.link_count = len(config.links)

@@ -1,4 +1,4 @@
-"""Accelerator configuration: slot formats, fractional settings, nodes and their devices.
+"""Accelerator configuration: slot formats, fractional settings, nodes, their devices and links.
 
 Terms follow Backend.AI: a *slot name* is the accelerator family (`cuda`, `rocm`), a
 *subtype* is how it is counted (`device` whole devices, `shares` fGPU, `*-mig` MIG slices).
@@ -12,7 +12,7 @@ from decimal import Decimal
 from django.core.validators import MinValueValidator
 from django.db import models
 
-from accelerators.allocation import units
+from accelerators.allocation import topology, units
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -171,3 +171,35 @@ class Device(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}/{self.slot_name}:{self.index} {self.model_name}"
+
+
+class DeviceLink(models.Model):
+    """A link between two devices of one node, as its agent reported it (or the mock
+    inventory's `links` table declared it), in nvidia-smi topo's terms: NVLink or MetaXLink
+    with `count` lanes, or how PCIe joins them (PIX, PXB, PHB, NODE, SYS; see
+    `accelerators.allocation.topology`). One row per pair: `device_a` is the pair's device
+    that comes first in the node's order (index, then device id).
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="device_links")
+    device_a = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="+")
+    device_b = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=16, choices=[(kind, topology.KIND_LABELS[kind]) for kind in topology.KINDS])
+    count = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1)], help_text="NVLink / MetaXLink lanes; 1 for the PCIe kinds"
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["device_a", "device_b"], name="devicelink_unique_pair"),
+            models.CheckConstraint(condition=~models.Q(device_a=models.F("device_b")), name="devicelink_two_devices"),
+        ]
+        ordering = ["node__name", "device_a__index", "device_b__index"]
+
+    def __str__(self) -> str:
+        lanes = f"×{self.count}" if self.kind in topology.LANE_KINDS else ""
+        return f"{self.node.name}: #{self.device_a.index} — #{self.device_b.index} {self.kind}{lanes}"
+
+    def as_link(self) -> topology.Link:
+        """The pure form the placement code takes (device ids, kind, lanes)."""
+        return topology.Link(a=self.device_a.device_id, b=self.device_b.device_id, kind=self.kind, count=self.count)

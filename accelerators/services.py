@@ -1,4 +1,4 @@
-"""Writes to the accelerator inventory: agent registration, heartbeats, node liveness."""
+"""Writes to the accelerator inventory: agent registration, device links, heartbeats, node liveness."""
 from __future__ import annotations
 
 import logging
@@ -7,10 +7,13 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from accelerators.models import Device, FractionalSettings, Node, NodeStatus
+from accelerators.allocation.topology import Link
+from accelerators.models import Device, DeviceLink, FractionalSettings, Node, NodeStatus
 from accelerators.plugins.base import DeviceInfo
 
 log = logging.getLogger(__name__)
+
+_MAX_LINK_COUNT = 32767  # DeviceLink.count is a PositiveSmallIntegerField
 
 
 @transaction.atomic
@@ -68,6 +71,56 @@ def node_inventory_apply(
     for slot_name in {i.slot_name for i in devices}:
         FractionalSettings.objects.get_or_create(slot_name=slot_name)
     return node
+
+
+@transaction.atomic
+def node_links_apply(*, node: Node, links: list[dict]) -> None:
+    """Make `node`'s device links match `links` exactly (rows not in `links` are deleted).
+
+    `links`: `{"a": device_id, "b": device_id, "kind": "NVLINK", "count": 4}` as in
+    `PluginInventory.links` (`count` defaults to 1; kinds and rules of
+    `accelerators.allocation.topology.Link`). Device ids name the node's devices
+    (`Device.device_id`); each pair is stored once, whatever order its ends come in.
+    Apply the inventory first (`node_inventory_apply`), so that new devices exist.
+
+    Raises ValueError, writing nothing, for ids the node does not have (all of them named),
+    an id that names devices of two slots, a malformed link (unknown kind, lanes on a PCIe
+    kind, more than 32767 lanes, a device linked to itself) or a pair given twice.
+    """
+    parsed = []
+    for position, item in enumerate(links):
+        try:
+            link = Link.from_dict(item)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ValueError(f"node {node.name}: links[{position}]: {exc}") from None
+        if link.count > _MAX_LINK_COUNT:
+            raise ValueError(f"node {node.name}: links[{position}]: {link.count} lanes is above {_MAX_LINK_COUNT}")
+        parsed.append(link)
+
+    # One writer of a node's links at a time (node_inventory_apply takes the same lock).
+    list(Node.objects.select_for_update().filter(pk=node.pk).values_list("pk", flat=True))
+    wanted = {end for link in parsed for end in (link.a, link.b)}
+    devices: dict[str, Device] = {}
+    ambiguous = set()
+    for device in node.devices.filter(device_id__in=wanted):
+        if device.device_id in devices:
+            ambiguous.add(device.device_id)
+        devices[device.device_id] = device
+    unknown = sorted(wanted - devices.keys())
+    if unknown:
+        raise ValueError(f"node {node.name} has no devices {', '.join(unknown)}; cannot link them")
+    if ambiguous:
+        raise ValueError(f"node {node.name}: device ids {', '.join(sorted(ambiguous))} name devices of several slots")
+
+    rows: dict[tuple, DeviceLink] = {}
+    for link in parsed:
+        first, second = sorted((devices[link.a], devices[link.b]), key=lambda d: (d.index, d.device_id))
+        key = (first.pk, second.pk)
+        if key in rows:
+            raise ValueError(f"node {node.name}: {first.device_id} and {second.device_id} are linked twice")
+        rows[key] = DeviceLink(node=node, device_a=first, device_b=second, kind=link.kind, count=link.count)
+    DeviceLink.objects.filter(node=node).delete()
+    DeviceLink.objects.bulk_create(rows.values())
 
 
 def node_heartbeat(*, node_name: str) -> bool:

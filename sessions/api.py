@@ -61,4 +61,4 @@ class SessionViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 @api_view(["GET"])
 def launch_options_view(request):
     """What the launch dialog may offer now (see sessions.launch.launch_options)."""
-    return Response(launch_options())
+    return Response(launch_options(user=request.user))

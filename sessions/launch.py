@@ -6,13 +6,16 @@ from decimal import Decimal
 from accelerators.allocation import core
 from accelerators.models import AllocationMode, Device
 from accelerators.selectors import fractional_settings_get, node_states, slot_format_get
+from sessions.quotas import quota_headroom
+from sessions.runtime.environment import shares_text
 
 
-def launch_options() -> dict:
+def launch_options(*, user=None) -> dict:
     """`{"slots": [...], "cpu": {"max_now", "max_ever"}, "mem": {...}}`: for each slot with
     registered devices, min/step = the quantum, `max_now` = the largest amount one session could
     be given right now (a request may span one node's devices), `max_ever` = the same on empty
-    nodes. Amounts as text; memory in bytes."""
+    nodes; with `user`, `max_now` is also capped by their quota headroom. Amounts as text;
+    memory in bytes."""
     slots = []
     all_nodes: list[core.NodeState] = []
     for slot_name in sorted(set(Device.objects.filter(is_mig_device=False).values_list("slot_name", flat=True))):
@@ -24,9 +27,15 @@ def launch_options() -> dict:
             pure = settings.as_allocation_settings()
             subtype, quantum = "shares", Decimal(settings.quantum_size).normalize()
             max_now, max_ever = core.max_shares(nodes, pure), core.max_shares(core.emptied(every), pure)
+            quota = quota_headroom(user=user)["fgpu"] if user is not None else None
+            if quota is not None:  # the slider never offers more than the user's quotas allow
+                max_now = min(max_now, core.truncate(Decimal(quota), pure.quantum))
         else:
             subtype, quantum = "device", Decimal(1)
             max_now, max_ever = Decimal(core.max_devices(nodes)), Decimal(core.max_devices(core.emptied(every)))
+            quota = quota_headroom(user=user)["devices"] if user is not None else None
+            if quota is not None:
+                max_now = min(max_now, Decimal(quota))
         fmt = slot_format_get(slot_name=slot_name, subtype=subtype)
         slots.append({
             "slot": f"{slot_name}.{subtype}", "slot_name": slot_name, "subtype": subtype,
@@ -34,7 +43,8 @@ def launch_options() -> dict:
             "display_icon": fmt.display_icon, "human_readable_name": fmt.human_readable_name,
             "binary": fmt.number_binary, "round_length": fmt.number_round_length,
             "quantum": str(quantum), "min": str(quantum), "step": str(quantum),
-            "max_now": str(max_now), "max_ever": str(max_ever),
+            "max_now": shares_text(str(max_now)) if subtype == "shares" else str(max_now),
+            "max_ever": shares_text(str(max_ever)) if subtype == "shares" else str(max_ever),
             "unit_mem": settings.unit_mem, "unit_proc": settings.unit_proc,
         })
     if not all_nodes:
@@ -57,7 +67,7 @@ def launch_preview(*, resources: dict) -> dict:
     from accelerators.allocation.requests import describe_request, parse_resources
     from accelerators.allocation.units import format_binary_size
     from console.errors import ApplicationError
-    from sessions.runtime.environment import shares_text, sm_percent
+    from sessions.runtime.environment import sm_percent
     from sessions.services import request_settings
 
     try:

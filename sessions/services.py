@@ -10,6 +10,7 @@ import hashlib
 import logging
 import secrets
 from datetime import timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
@@ -84,6 +85,7 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
     except AllocationError as exc:
         raise ApplicationError(str(exc), type="invalid-resources", field_errors={"resources": [str(exc)]}) from None
     with transaction.atomic():
+        _quota_check(owner, request, pure_settings)
         session = ComputeSession.objects.create(
             owner=owner, name=name, resources=resources, request_spec=request_to_spec(request),
             slot_name=request.slot, slot_subtype=request.kind if request.slot else "",
@@ -93,6 +95,20 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
         events.session_notify(session)
         transaction.on_commit(_schedule_soon)
     return session
+
+
+def _quota_check(owner, request: core.ResourceRequest, pure_settings: core.FractionalSettings | None) -> None:
+    """The owner's and their projects' quotas (sessions.quotas), with this request's claim
+    estimated as quota usage counts it: shares → fGPU and unit_mem × shares bytes; per-device
+    sizes in bytes → count × bytes; device-relative sizes count 0 until placed."""
+    from sessions.quotas import quota_check
+
+    fgpu, memory = Decimal(0), 0
+    if request.kind == "shares" and pure_settings is not None:
+        fgpu, memory = request.amount, int(pure_settings.unit_mem * request.amount)
+    elif request.kind == "per_device" and request.memory is not None and request.memory.bytes:
+        memory = int(request.amount) * request.memory.bytes
+    quota_check(user=owner, request=request, memory_estimate=memory, fgpu_estimate=fgpu)
 
 
 def _schedule_soon() -> None:

@@ -17,7 +17,7 @@ def home(request):
 @login_required
 def session_list(request):
     sessions = SessionSerializer(session_list_for(user=request.user)[:200], many=True).data
-    return render(request, "sessions/session_list.html", {"sessions": sessions, "launch_options": launch_options()})
+    return render(request, "sessions/session_list.html", {"sessions": sessions, "launch_options": launch_options(user=request.user)})
 
 
 @login_required

@@ -210,14 +210,12 @@ def best_set(
     if k == len(order):
         return tuple(order)
     scores = _Scores(links, numa)
+    matrix = [[scores.pair(a, b) if a != b else 0 for b in order] for a in order]
     if math.comb(len(order), k) <= EXACT_SEARCH_LIMIT:
-        best_key, best = None, ()
-        for subset in combinations(order, k):  # lexicographic in candidate order
-            key = _set_key(subset, scores)
-            if best_key is None or key > best_key:  # strictly better: earlier subsets win ties
-                best_key, best = key, subset
-        return best
-    return _greedy_set(order, k, scores)
+        chosen = _exact_set(matrix, k)
+    else:
+        chosen = _greedy_set(matrix, k)
+    return tuple(order[i] for i in chosen)
 
 
 def loneliest(
@@ -278,32 +276,47 @@ def _check_candidates(candidates: Sequence[str]) -> list[str]:
     return order
 
 
-def _set_key(subset: Sequence[str], scores: _Scores) -> tuple[int, int]:
-    pair_scores = [scores.pair(a, b) for a, b in combinations(subset, 2)]
-    return min(pair_scores), sum(pair_scores)
+def _set_key(subset: Sequence[int], matrix: list[list[int]]) -> tuple[int, int]:
+    """(weakest pair score, sum of pair scores) of candidate positions `subset`."""
+    weakest, total = None, 0
+    for i, a in enumerate(subset):
+        row = matrix[a]
+        for b in subset[i + 1:]:
+            score = row[b]
+            total += score
+            if weakest is None or score < weakest:
+                weakest = score
+    return weakest or 0, total
 
 
-def _greedy_set(order: list[str], k: int, scores: _Scores) -> tuple[str, ...]:
-    position = {device: i for i, device in enumerate(order)}
+def _exact_set(matrix: list[list[int]], k: int) -> tuple[int, ...]:
     best_key, best = None, ()
-    for seed in order:
+    for subset in combinations(range(len(matrix)), k):  # lexicographic: candidate order
+        key = _set_key(subset, matrix)
+        if best_key is None or key > best_key:  # strictly better: earlier subsets win ties
+            best_key, best = key, subset
+    return best
+
+
+def _greedy_set(matrix: list[list[int]], k: int) -> tuple[int, ...]:
+    n = len(matrix)
+    best_key, best = None, ()
+    for seed in range(n):
         chosen = [seed]
-        weakest: dict[str, int] = {}  # candidate → (weakest, sum) of its pairs with `chosen`
-        total: dict[str, int] = {}
-        for device in order:
-            if device != seed:
-                weakest[device] = total[device] = scores.pair(seed, device)
+        # For each candidate not chosen: its weakest pair and its sum with the chosen set.
+        weakest = {i: matrix[seed][i] for i in range(n) if i != seed}
+        total = dict(weakest)
         while len(chosen) < k:
             # Highest (weakest pair, sum) with the chosen set; earliest candidate on ties.
-            pick = max(weakest, key=lambda d: (weakest[d], total[d], -position[d]))
+            pick = max(weakest, key=lambda i: (weakest[i], total[i], -i))
             chosen.append(pick)
             del weakest[pick], total[pick]
-            for device in weakest:
-                score = scores.pair(pick, device)
-                weakest[device] = min(weakest[device], score)
-                total[device] += score
-        subset = tuple(sorted(chosen, key=position.__getitem__))
-        key = (*_set_key(subset, scores), tuple(-position[d] for d in subset))
+            row = matrix[pick]
+            for i in weakest:
+                weakest[i] = min(weakest[i], row[i])
+                total[i] += row[i]
+        subset = tuple(sorted(chosen))
+        key = (*_set_key(subset, matrix), tuple(-i for i in subset))
         if best_key is None or key > best_key:
             best_key, best = key, subset
     return best

@@ -34,10 +34,18 @@ class DeviceInfo:
 
 @dataclass
 class PluginInventory:
-    """A plugin's whole report: its devices, attributes (driver versions …), warnings."""
+    """A plugin's whole report: its devices, attributes (driver versions …), warnings, and
+    the links between its devices.
+
+    `links`: one dict per linked pair of whole devices, `{"a": device_id, "b": device_id,
+    "kind": "NVLINK", "count": 4}` (`accelerators.allocation.topology.Link.as_dict`; kinds
+    NVLINK, METAXLINK, PIX, PXB, PHB, NODE, SYS; `count` is the lane count, 1 for the PCIe
+    kinds). The manager stores them with `accelerators.services.node_links_apply`.
+    """
 
     plugin: str
     slot_name: str
     devices: list[DeviceInfo]
     attributes: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    links: list[dict] = field(default_factory=list)

@@ -24,19 +24,36 @@ Per MIG device (when nvmlDeviceGetMigMode reports the current mode enabled): its
 Attributes: `driver_version` ("550.54.15", nvmlSystemGetDriverVersion) and `cuda_version`
 ("12.4", nvmlSystemGetCudaDriverVersion_v2).
 
+Links (`PluginInventory.links`), one per pair of whole GPUs, the best that joins them, as
+`nvidia-smi topo -m` reports them:
+
+- NVLink with its lane count: the GPU's links 0 … NVML_NVLINK_MAX_LINKS - 1 that are up
+  (nvmlDeviceGetNvLinkState) and whose far end (nvmlDeviceGetNvLinkRemotePciInfo) has the
+  other GPU's PCI bus id; on NVSwitch baseboards (nvmlDeviceGetNvLinkRemoteDeviceType is
+  NVML_NVLINK_DEVICE_TYPE_SWITCH, as on DGX/HGX) every two GPUs with switch lanes are
+  linked, with the smaller of their switch lane counts. A GPU without NVLink (NOT_SUPPORTED)
+  or a link index it lacks (INVALID_ARGUMENT) adds no lane.
+- otherwise the PCIe path (nvmlDeviceGetTopologyCommonAncestor): NVML_TOPOLOGY_INTERNAL
+  and _SINGLE → PIX, _MULTIPLE → PXB, _HOSTBRIDGE → PHB, _NODE → NODE, _SYSTEM → SYS; where
+  the driver does not answer it (NOT_SUPPORTED), no link (placement then falls back on the
+  GPUs' NUMA nodes).
+
 Errors: any NVML failure raises `CudaPluginError` naming the call and NVML's error string,
 except "not supported" (or "function not found" on older drivers) for the optional fields —
-NUMA node, MIG mode, the attributes of a full GPU — which fall back as described above.
+NUMA node, MIG mode, the attributes of a full GPU, NVLink and the PCIe topology — which fall
+back as described above.
 """
 from __future__ import annotations
 
 import math
+from collections import Counter
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import pynvml
 
+from accelerators.allocation import topology
 from accelerators.plugins.base import DeviceInfo, PluginInventory
 
 PLUGIN_NAME = "ai.backend.accelerator.cuda"
@@ -93,7 +110,8 @@ def load(*, nvml: Any = None, sys_root: Path = Path("/sys")) -> PluginInventory:
     `nvml`: the pynvml module (default) or an object with the same functions (tests pass a
     fake). `sys_root`: where sysfs is mounted, read only for the NUMA fallback.
     Returns a PluginInventory of plugin "ai.backend.accelerator.cuda", slot "cuda", devices in
-    NVML order with each GPU's MIG devices right after it. Raises CudaPluginError.
+    NVML order with each GPU's MIG devices right after it, and the links between its whole
+    GPUs (module text). Raises CudaPluginError.
     NVML is always shut down again once initialised.
     """
     nvml = pynvml if nvml is None else nvml
@@ -105,11 +123,14 @@ def load(*, nvml: Any = None, sys_root: Path = Path("/sys")) -> PluginInventory:
             "cuda_version": cuda_version_text(_call(nvml, "nvmlSystemGetCudaDriverVersion_v2")),
         }
         count = _call(nvml, "nvmlDeviceGetCount")
+        gpus = []
         for index in range(count):
             handle = _call(nvml, "nvmlDeviceGetHandleByIndex", index, target=f"GPU {index}")
             gpu = _gpu_info(nvml, handle, index, sys_root=sys_root, warnings=inventory.warnings)
+            gpus.append((handle, gpu))
             inventory.devices.append(gpu)
             inventory.devices.extend(_mig_devices(nvml, handle, gpu))
+        inventory.links = _gpu_links(nvml, gpus)
     finally:
         try:
             nvml.nvmlShutdown()
@@ -258,6 +279,84 @@ def _mig_devices(nvml: Any, handle: Any, gpu: DeviceInfo) -> list[DeviceInfo]:
             )
         )
     return devices
+
+
+# NVML_TOPOLOGY_* level (nvmlGpuTopologyLevel_t) → nvidia-smi topo's kind; levels are ordered,
+# so an unknown level between two known ones takes the next wider kind.
+_TOPOLOGY_KINDS = (
+    ("NVML_TOPOLOGY_INTERNAL", 0, topology.PIX),
+    ("NVML_TOPOLOGY_SINGLE", 10, topology.PIX),
+    ("NVML_TOPOLOGY_MULTIPLE", 20, topology.PXB),
+    ("NVML_TOPOLOGY_HOSTBRIDGE", 30, topology.PHB),
+    ("NVML_TOPOLOGY_NODE", 40, topology.NODE),
+)
+
+
+def _gpu_links(nvml: Any, gpus: list[tuple[Any, DeviceInfo]]) -> list[dict]:
+    """`PluginInventory.links` for the whole GPUs `gpus` ((handle, info) in NVML order)."""
+    if len(gpus) < 2:
+        return []
+    by_bus_id: dict[str, str] = {}
+    for handle, gpu in gpus:
+        pci = _optional(nvml, "nvmlDeviceGetPciInfo", handle, target=f"GPU {gpu.index} ({gpu.device_id})")
+        if pci is not None:
+            by_bus_id[pci_sysfs_name(_text(pci.busId))] = gpu.device_id
+    direct: dict[str, Counter[str]] = {}  # device id → lanes to each other GPU, as it sees them
+    switch_lanes: dict[str, int] = {}  # device id → its lanes to NVSwitches
+    for handle, gpu in gpus:
+        direct[gpu.device_id], switch_lanes[gpu.device_id] = _nvlink_lanes(nvml, handle, gpu, by_bus_id)
+
+    links = []
+    for i, (handle_a, a) in enumerate(gpus):
+        for handle_b, b in gpus[i + 1:]:
+            lanes = max(direct[a.device_id][b.device_id], direct[b.device_id][a.device_id])
+            lanes += min(switch_lanes[a.device_id], switch_lanes[b.device_id])
+            if lanes:
+                links.append(topology.Link(a.device_id, b.device_id, topology.NVLINK, lanes).as_dict())
+                continue
+            target = f"GPUs {a.index} and {b.index}"
+            level = _optional(nvml, "nvmlDeviceGetTopologyCommonAncestor", handle_a, handle_b, target=target)
+            if level is not None:
+                links.append(topology.Link(a.device_id, b.device_id, _topology_kind(nvml, int(level))).as_dict())
+    return links
+
+
+def _nvlink_lanes(nvml: Any, handle: Any, gpu: DeviceInfo, by_bus_id: dict[str, str]) -> tuple[Counter[str], int]:
+    """(lanes to each other GPU by device id, lanes to NVSwitches) of one GPU's active NVLinks."""
+    target = f"GPU {gpu.index} ({gpu.device_id})"
+    no_such_link = {_code(nvml, "NVML_ERROR_INVALID_ARGUMENT", 2)}
+    enabled = _code(nvml, "NVML_FEATURE_ENABLED", 1)
+    switch = _code(nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
+    ibm_npu = _code(nvml, "NVML_NVLINK_DEVICE_TYPE_IBMNPU", 1)
+    to_gpus: Counter[str] = Counter()
+    to_switches = 0
+    for link in range(_code(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        link_target = f"{target} NVLink {link}"
+        state = _optional(nvml, "nvmlDeviceGetNvLinkState", handle, link, target=link_target, also_unavailable=no_such_link)
+        if state is None or int(state) != enabled:
+            continue
+        remote_type = _optional(
+            nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link, target=link_target, also_unavailable=no_such_link
+        )
+        if remote_type is not None and int(remote_type) == switch:
+            to_switches += 1
+            continue
+        if remote_type is not None and int(remote_type) == ibm_npu:
+            continue  # NVLink to the CPU (IBM POWER), not to a GPU
+        pci = _optional(nvml, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link, target=link_target, also_unavailable=no_such_link)
+        if pci is None:
+            continue
+        remote = by_bus_id.get(pci_sysfs_name(_text(pci.busId)))
+        if remote is not None and remote != gpu.device_id:
+            to_gpus[remote] += 1
+    return to_gpus, to_switches
+
+
+def _topology_kind(nvml: Any, level: int) -> str:
+    for constant, default, kind in _TOPOLOGY_KINDS:
+        if level <= _code(nvml, constant, default):
+            return kind
+    return topology.SYS
 
 
 def _call(nvml: Any, name: str, *args: Any, target: str = "") -> Any:

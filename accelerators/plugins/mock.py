@@ -2,7 +2,8 @@
 
 Reads Backend.AI's mock-accelerator TOML (see `accelerators.config_import`) and reports its
 devices as if discovered on the node, with the file's `[attributes]` (`nvidia_driver`,
-`cuda_runtime`, …) as driver attributes. Nothing is written anywhere; the agent sends the
+`cuda_runtime`, …) as driver attributes and the file's optional `links` table (our extension)
+as the links between its devices. Nothing is written anywhere; the agent sends the
 inventory to the manager, which applies it with `node_inventory_apply`.
 """
 from __future__ import annotations
@@ -18,7 +19,9 @@ PLUGIN_NAME = MOCK_PLUGIN_NAME
 def load(config_path: str | Path) -> PluginInventory:
     """The inventory a mock node reports: devices in file order (memory in bytes, SMs), the
     file's attributes (for slot "cuda" `nvidia_driver` and `cuda_runtime` always present,
-    Backend.AI's defaults filled in) and the parser's warnings.
+    Backend.AI's defaults filled in), the parser's warnings, and the file's links as
+    `{"a": device_id, "b": device_id, "kind": "NVLINK", "count": 4}` (device ids, not
+    positions; empty when the file declares none).
 
     Raises `accelerators.config_import.ConfigError` (file, field, problem) for a file that
     Backend.AI's mock plugin would refuse or that this project cannot represent.
@@ -30,4 +33,5 @@ def load(config_path: str | Path) -> PluginInventory:
         devices=list(config.devices),
         attributes=dict(config.attributes),
         warnings=list(config.warnings),
+        links=[link.as_dict() for link in config.links],
     )

@@ -14,7 +14,16 @@ Behaviour copied from NVML (nvml.h):
 - an unknown UUID raises NVML_ERROR_NOT_FOUND, an index out of range INVALID_ARGUMENT, an
   empty MIG index NOT_FOUND;
 - with `legacy_bytes=True` text comes back as bytes and nvmlDeviceGetHandleByUUID wants
-  bytes, as in pynvml releases before nvidia-ml-py 11.515.
+  bytes, as in pynvml releases before nvidia-ml-py 11.515;
+- topology: nvmlDeviceGetTopologyCommonAncestor answers the level given in `topology=`
+  for a pair of GPUs, else NVML_TOPOLOGY_NODE for two GPUs on one NUMA node and
+  NVML_TOPOLOGY_SYSTEM otherwise; `topology_supported=False` makes it NOT_SUPPORTED;
+- NVLink: a GPU's `nvlinks` lists what each of its links reaches (a GPU's UUID, a
+  `FakeNvSwitch`, or None for an inactive link). nvmlDeviceGetNvLinkState answers
+  NOT_SUPPORTED for every link of a GPU without NVLink (`nvlinks` None),
+  INVALID_ARGUMENT for a link index the GPU does not have, else FEATURE_ENABLED /
+  FEATURE_DISABLED; nvmlDeviceGetNvLinkRemotePciInfo gives the remote's PCI bus id and
+  nvmlDeviceGetNvLinkRemoteDeviceType NVML_NVLINK_DEVICE_TYPE_GPU or _SWITCH.
 
 Configure with `FakeGpu`s (each with optional `FakeMigDevice`s and `FakeProcess`es), and
 inject failures with `fake.fail("nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_GPU_IS_LOST)`.
@@ -65,6 +74,13 @@ class FakeMigDevice:
     processes: list[FakeProcess] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class FakeNvSwitch:
+    """The far end of an NVLink that goes to an NVSwitch (DGX/HGX baseboards), by PCI bus id."""
+
+    pci_bus_id: str = "00000000:C0:00.0"
+
+
 @dataclass
 class FakeGpu:
     """One physical GPU as NVML reports it.
@@ -73,6 +89,8 @@ class FakeGpu:
     raises NOT_SUPPORTED. `attributes_supported=False`: nvmlDeviceGetAttributes refuses the
     full GPU (NOT_SUPPORTED), as drivers that answer it for MIG devices only do.
     `mig_devices[i]` is the MIG device at MIG index i (None: an empty index).
+    `nvlinks[i]` is what NVLink i reaches: another GPU's UUID, a FakeNvSwitch, or None
+    (inactive); `nvlinks` None: the GPU has no NVLink (PCIe cards).
     """
 
     uuid: str
@@ -99,6 +117,7 @@ class FakeGpu:
     compute_mode: int = pynvml.NVML_COMPUTEMODE_DEFAULT
     display_active: int = pynvml.NVML_FEATURE_DISABLED
     ecc_uncorrected: int | None = 0
+    nvlinks: list[str | FakeNvSwitch | None] | None = None
 
 
 @dataclass(eq=False)
@@ -121,8 +140,13 @@ class FakeNvml:
         driver_version: str = "550.54.15",
         cuda_driver_version: int = 12040,
         legacy_bytes: bool = False,
+        topology: dict[tuple[str, str], int] | None = None,
+        topology_supported: bool = True,
     ) -> None:
         self.gpus = gpus
+        # (uuid, uuid) in either order → NVML_TOPOLOGY_* level of their common ancestor.
+        self.topology = {frozenset(pair): level for pair, level in (topology or {}).items()}
+        self.topology_supported = topology_supported
         self.driver_version = driver_version
         self.cuda_driver_version = cuda_driver_version
         self.legacy_bytes = legacy_bytes
@@ -258,7 +282,10 @@ class FakeNvml:
 
     def nvmlDeviceGetPciInfo(self, handle: FakeHandle) -> SimpleNamespace:
         self._enter("nvmlDeviceGetPciInfo")
-        bus_id = handle.gpu.pci_bus_id
+        return self._pci_info(handle.gpu.pci_bus_id)
+
+    @staticmethod
+    def _pci_info(bus_id: str) -> SimpleNamespace:
         domain, bus, rest = bus_id.split(":")
         device = rest.split(".")[0]
         # pynvml returns the ctypes struct: busId is a char array, i.e. bytes, in every release.
@@ -266,6 +293,46 @@ class FakeNvml:
             busId=bus_id.encode(), busIdLegacy=bus_id.encode(),
             domain=int(domain, 16), bus=int(bus, 16), device=int(device, 16),
         )
+
+    # --- topology and NVLink -------------------------------------------------------------
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, first: FakeHandle, second: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetTopologyCommonAncestor")
+        self._full_gpu_only(first)
+        self._full_gpu_only(second)
+        if not self.topology_supported:
+            raise self.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        a, b = first.gpu, second.gpu
+        if a is b:
+            return pynvml.NVML_TOPOLOGY_INTERNAL
+        level = self.topology.get(frozenset((a.uuid, b.uuid)))
+        if level is not None:
+            return level
+        if a.numa_node is not None and a.numa_node == b.numa_node:
+            return pynvml.NVML_TOPOLOGY_NODE
+        return pynvml.NVML_TOPOLOGY_SYSTEM
+
+    def nvmlDeviceGetNvLinkState(self, handle: FakeHandle, link: int) -> int:
+        self._enter("nvmlDeviceGetNvLinkState")
+        remote = self._nvlink(handle, link)
+        return pynvml.NVML_FEATURE_DISABLED if remote is None else pynvml.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: FakeHandle, link: int) -> int:
+        self._enter("nvmlDeviceGetNvLinkRemoteDeviceType")
+        remote = self._active_nvlink(handle, link)
+        if isinstance(remote, FakeNvSwitch):
+            return pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+        return pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: FakeHandle, link: int) -> SimpleNamespace:
+        self._enter("nvmlDeviceGetNvLinkRemotePciInfo")
+        remote = self._active_nvlink(handle, link)
+        if isinstance(remote, FakeNvSwitch):
+            return self._pci_info(remote.pci_bus_id)
+        for gpu in self.gpus:
+            if gpu.uuid == remote:
+                return self._pci_info(gpu.pci_bus_id)
+        raise self.NVMLError(pynvml.NVML_ERROR_UNKNOWN)  # a test wired a link to no GPU
 
     # --- MIG ---------------------------------------------------------------------------
 
@@ -381,6 +448,21 @@ class FakeNvml:
     def _full_gpu_only(self, handle: FakeHandle, *, code: int = pynvml.NVML_ERROR_INVALID_ARGUMENT) -> None:
         if handle.mig is not None:
             raise self.NVMLError(code)
+
+    def _nvlink(self, handle: FakeHandle, link: int) -> str | FakeNvSwitch | None:
+        self._full_gpu_only(handle)
+        links = handle.gpu.nvlinks
+        if links is None:
+            raise self.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < len(links):
+            raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return links[link]
+
+    def _active_nvlink(self, handle: FakeHandle, link: int) -> str | FakeNvSwitch:
+        remote = self._nvlink(handle, link)
+        if remote is None:
+            raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return remote
 
     def _processes(self, handle: FakeHandle) -> list[FakeProcess]:
         if handle.mig is not None:

@@ -1,0 +1,136 @@
+"""Django admin pages for projects, quotas and (read-only) compute sessions.
+
+Quotas show each limit next to what is in use now (`sessions.quotas.quota_usage_of`); GPU
+memory is entered and shown in binary units ("40G", "40 GiB"), fGPU as Decimal text.
+Sessions are read-only here: they change only through their services (terminate from the
+console or the API), so their allocations are released exactly once.
+"""
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest
+
+from accelerators.allocation.units import SizeError, format_binary_size, parse_binary_size
+from sessions.models import ComputeSession, Project, Quota
+from sessions.quotas import QuotaUsage, fgpu_text, quota_usage_of
+from sessions.selectors import session_configuration
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ("name", "member_count", "description", "created_at")
+    search_fields = ("name", "description", "members__username")
+    filter_horizontal = ("members",)
+    fields = ("name", "description", "members")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(member_count=Count("members", distinct=True))
+
+    @admin.display(description="members", ordering="member_count")
+    def member_count(self, obj: Project) -> int:
+        return obj.member_count
+
+
+class BinarySizeField(forms.CharField):
+    """A size in bytes typed as "40G", "40 GiB" or a whole number of bytes; empty → None."""
+
+    def prepare_value(self, value):
+        if isinstance(value, int) and not isinstance(value, bool):
+            text = format_binary_size(value)
+            return text if parse_binary_size(text) == value else str(value)  # never show a rounded size
+        return value
+
+    def to_python(self, value):
+        value = super().to_python(value).strip()
+        if not value:
+            return None
+        try:
+            return parse_binary_size(int(value) if value.isdigit() else value)
+        except SizeError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+class QuotaForm(forms.ModelForm):
+    max_gpu_memory = BinarySizeField(required=False, label="Max GPU memory",
+                                     help_text='device memory held at once, e.g. "40G"; empty: unlimited')
+
+    class Meta:
+        model = Quota
+        fields = ("user", "project", "max_fgpu", "max_devices", "max_gpu_memory", "max_sessions")
+
+
+def _usage(obj: Quota) -> QuotaUsage:
+    """The quota's usage, computed once per row of the page."""
+    if not hasattr(obj, "_usage"):
+        obj._usage = quota_usage_of(quota=obj)
+    return obj._usage
+
+
+def _of(used: str, limit: str | None) -> str:
+    return f"{used} / {'unlimited' if limit is None else limit}"
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    form = QuotaForm
+    list_display = ("subject_display", "fgpu", "devices", "gpu_memory", "sessions", "updated_at")
+    list_select_related = ("user", "project")
+    search_fields = ("user__username", "project__name")
+    autocomplete_fields = ("user", "project")
+    readonly_fields = ("usage",)
+    fields = ("user", "project", "max_fgpu", "max_devices", "max_gpu_memory", "max_sessions", "usage")
+
+    @admin.display(description="for")
+    def subject_display(self, obj: Quota) -> str:
+        return obj.subject
+
+    @admin.display(description="fGPU in use / max")
+    def fgpu(self, obj: Quota) -> str:
+        return _of(fgpu_text(_usage(obj).fgpu), None if obj.max_fgpu is None else fgpu_text(obj.max_fgpu))
+
+    @admin.display(description="devices in use / max")
+    def devices(self, obj: Quota) -> str:
+        return _of(str(_usage(obj).devices), None if obj.max_devices is None else str(obj.max_devices))
+
+    @admin.display(description="GPU memory in use / max")
+    def gpu_memory(self, obj: Quota) -> str:
+        limit = None if obj.max_gpu_memory is None else format_binary_size(obj.max_gpu_memory)
+        return _of(format_binary_size(_usage(obj).gpu_memory), limit)
+
+    @admin.display(description="sessions running or waiting / max")
+    def sessions(self, obj: Quota) -> str:
+        return _of(str(_usage(obj).sessions), None if obj.max_sessions is None else str(obj.max_sessions))
+
+    @admin.display(description="in use now")
+    def usage(self, obj: Quota) -> str:
+        if obj.pk is None:
+            return "—"
+        return " · ".join((f"fGPU {self.fgpu(obj)}", f"devices {self.devices(obj)}",
+                           f"GPU memory {self.gpu_memory(obj)}", f"sessions {self.sessions(obj)}"))
+
+
+@admin.register(ComputeSession)
+class ComputeSessionAdmin(admin.ModelAdmin):
+    """Read-only: sessions are created, scheduled and ended by their services only."""
+
+    list_display = ("name", "status", "owner", "node", "configuration", "created_at")
+    list_filter = ("status", "node")
+    list_select_related = ("owner", "node")
+    search_fields = ("name", "owner__username", "=id")
+    date_hierarchy = "created_at"
+    readonly_fields = ("configuration",)
+
+    @admin.display(description="configuration")
+    def configuration(self, obj: ComputeSession) -> str:
+        return session_configuration(obj)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: ComputeSession | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: ComputeSession | None = None) -> bool:
+        return False
