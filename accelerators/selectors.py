@@ -7,8 +7,8 @@ from decimal import Decimal
 
 from django.db.models import Count, Q, Sum
 
-from accelerators.allocation import core
-from accelerators.models import AllocationMode, Device, FractionalSettings, Node, NodeStatus, SlotFormat
+from accelerators.allocation import core, topology
+from accelerators.models import AllocationMode, Device, DeviceLink, FractionalSettings, Node, NodeStatus, SlotFormat
 
 _LIVE = Q(allocations__released_at__isnull=True)
 
@@ -115,8 +115,12 @@ def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = 
     for device in devices_with_usage(device_rows.select_related("node")).order_by("index"):
         by_node.setdefault(device.node_id, []).append(device_state(device))
     # node_id is the node's name: unique, and what a user reads in a refusal's reason.
+    links: dict = {}
+    for link in DeviceLink.objects.filter(node__in=[n.pk for n in nodes], device_a__slot_name=slot_name):
+        links.setdefault(link.node_id, []).append(
+            topology.Link(a=str(link.device_a_id), b=str(link.device_b_id), kind=link.kind, count=link.count))
     return [
         core.NodeState(node_id=n.name, cpu_total=n.cpu_count, mem_total=n.memory_size, cpu_used=int(n.cpu_used),
-                       mem_used=int(n.mem_used), devices=tuple(by_node.get(n.pk, ())))
+                       mem_used=int(n.mem_used), devices=tuple(by_node.get(n.pk, ())), links=tuple(links.get(n.pk, ())))
         for n in nodes
     ]

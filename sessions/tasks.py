@@ -20,10 +20,10 @@ log = logging.getLogger(__name__)
 def agent_register(*, node: str, inventory: dict, running: list[str]) -> None:
     """An agent started: apply its inventory, reconcile its sessions, tell it which to keep."""
     from accelerators.plugins.base import DeviceInfo
-    from accelerators.services import node_inventory_apply
+    from accelerators.services import node_inventory_apply, node_links_apply
     from sessions.services import sessions_reconcile_node
 
-    node_inventory_apply(
+    registered = node_inventory_apply(
         node_name=node,
         devices=[DeviceInfo(**d) for d in inventory["devices"]],
         plugins=inventory.get("plugins", []),
@@ -31,6 +31,10 @@ def agent_register(*, node: str, inventory: dict, running: list[str]) -> None:
         cpu_count=inventory.get("cpu_count"),
         memory_size=inventory.get("memory_size"),
     )
+    try:
+        node_links_apply(node=registered, links=inventory.get("links", []))
+    except ValueError as exc:  # a bad topology report must not keep the node's GPUs out of use
+        log.warning("node %s reported unusable device links, ignored: %s", node, exc)
     keep = sessions_reconcile_node(node_name=node, running=running)
     sessions_sync.delay(node=node, keep=keep)
     schedule_pending.delay()

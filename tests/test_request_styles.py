@@ -206,3 +206,44 @@ def test_only_administrators_may_raise_a_session_s_priority(client):
     assert "priority" in response.json()["field_errors"]
     lowered = client.post("/api/v1/sessions/", {"resources": {"cuda.shares": "0.5"}, "priority": -3}, format="json")
     assert lowered.status_code == 201 and lowered.json()["priority"] == -3
+
+
+# --- topology -------------------------------------------------------------------------------
+
+def linked_node():
+    from accelerators.allocation.topology import Link
+
+    devices = [gpu(i) for i in range(4)]
+    links = (Link("d0", "d1", "NVLINK", 4), Link("d2", "d3", "PIX"), Link("d0", "d2", "SYS"), Link("d1", "d3", "SYS"),
+             Link("d0", "d3", "SYS"), Link("d1", "d2", "SYS"))
+    return NodeState(node_id="n1", cpu_total=16, mem_total=64 * GiB, devices=tuple(devices), links=links)
+
+
+def test_a_two_device_request_takes_the_nvlinked_pair():
+    for body in ({"gpu": 2, "gpu_memory": "1G"}, {"cuda.device": 2}):
+        grants = place([linked_node()], parse_resources(body), Q25).grants
+        assert sorted(g.device_id for g in grants) == ["d0", "d1"], body
+
+
+def test_a_one_device_request_takes_a_poorly_linked_device_and_keeps_the_nvlink_pair_free():
+    [grant] = place([linked_node()], parse_resources({"gpu": 1, "gpu_memory": "1G"}), Q25).grants
+    assert grant.device_id in ("d2", "d3")
+
+
+def test_links_reported_by_an_agent_steer_real_placements(db, django_user_model, django_capture_on_commit_callbacks):
+    from accelerators.models import DeviceLink
+    from sessions.services import session_create
+    from sessions.tasks import agent_register
+
+    make_cluster(nodes={}, mode="discrete")
+    devices = [mock_gpu(i).as_dict() for i in range(4)]
+    links = [{"a": devices[1]["device_id"], "b": devices[3]["device_id"], "kind": "NVLINK", "count": 2}]
+    with django_capture_on_commit_callbacks(execute=True):
+        agent_register(node="linked", inventory={"devices": devices, "links": links, "cpu_count": 8,
+                                                 "memory_size": 32 * GiB}, running=[])
+    assert DeviceLink.objects.filter(node__name="linked").count() == 1
+    owner = django_user_model.objects.create_user("topo-user")
+    with django_capture_on_commit_callbacks(execute=True):
+        session = session_create(owner=owner, name="pair", resources={"cuda.device": 2})
+    held = sorted(a.device.index for a in session.allocations.all())
+    assert held == [1, 3]

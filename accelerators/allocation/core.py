@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from decimal import ROUND_DOWN, Decimal
 from typing import Literal
 
+from accelerators.allocation import topology
 from accelerators.allocation.errors import (
     InsufficientResource,
     InvalidResourceRequest,
@@ -98,6 +99,7 @@ class NodeState:
     cpu_used: int = 0
     mem_used: int = 0
     devices: tuple[DeviceState, ...] = ()
+    links: tuple[topology.Link, ...] = ()  # between its devices, by device_id (topology.py)
 
 
 @dataclass(frozen=True)
@@ -285,15 +287,17 @@ def _water_fill(chosen: Sequence[DeviceState], free: dict[str, int], want: int) 
     return taken
 
 
-def allocate_devices(devices: Sequence[DeviceState], count: int) -> tuple[DeviceGrant, ...]:
-    """Give `count` whole, idle devices, preferring devices that share one NUMA node (the
-    smallest NUMA group that holds them all). Raises InsufficientResource."""
+def allocate_devices(devices: Sequence[DeviceState], count: int, *, node: NodeState | None = None,
+                     numa_required: bool = False) -> tuple[DeviceGrant, ...]:
+    """Give `count` whole, idle devices: the best-linked set where `node` reports links,
+    else devices that share one NUMA node (the smallest NUMA group that holds them all).
+    Raises InsufficientResource."""
     if count <= 0:
         raise InvalidResourceRequest(f"a device count must be a positive whole number, got {count}")
     idle = [d for d in devices if d.is_idle]
     if len(idle) < count:
         raise InsufficientResource(f"{count} whole GPU(s) requested, {len(idle)} idle on this node")
-    chosen = _numa_pick(idle, count, required=False)
+    chosen = _topology_pick(idle, count, node, numa_required=numa_required)
     return tuple(
         DeviceGrant(device_id=d.device_id, shares=Decimal(1), memory=d.memory_total, procs=Decimal(d.proc_total))
         for d in chosen
@@ -315,6 +319,32 @@ def _numa_pick(devices: Sequence[DeviceState], count: int, *, required: bool) ->
         largest = max((len(g) for g in groups.values()), default=0)
         raise InsufficientResource(f"{count} device(s) on one NUMA node asked, at most {largest} fit on one here")
     return list(devices[:count])
+
+
+def _topology_pick(ordered: Sequence[DeviceState], count: int, node: NodeState | None, *,
+                   numa_required: bool) -> list[DeviceState]:
+    """`count` devices from `ordered` (policy order). Where the node reports links between its
+    devices: several devices → the best-linked set (`topology.best_set`); one device → the
+    worst-connected one (`topology.loneliest`), keeping well-linked devices free together for
+    later multi-device work (HAMi's topology-aware rule). Without links: NUMA grouping."""
+    if node is None or not node.links or not ordered:
+        return _numa_pick(ordered, count, required=numa_required)
+    pool = list(ordered)
+    if numa_required:
+        groups: dict[int | None, list[DeviceState]] = {}
+        for d in ordered:
+            groups.setdefault(d.numa_node, []).append(d)
+        fitting = [g for g in groups.values() if len(g) >= count]
+        if not fitting:
+            return _numa_pick(ordered, count, required=True)  # raises, naming the shortfall
+        pool = min(fitting, key=len)
+    by_id = {d.device_id: d for d in pool}
+    numa = {d.device_id: d.numa_node for d in node.devices}
+    ids = [d.device_id for d in pool]
+    if count == 1:
+        free = [d.device_id for d in node.devices if not d.is_full]
+        return [by_id[topology.loneliest(ids, free, node.links, numa=numa)]]
+    return [by_id[i] for i in topology.best_set(ids, count, node.links, numa=numa)]
 
 
 def per_device_shortfall(device: DeviceState, request: ResourceRequest) -> str:
@@ -339,7 +369,7 @@ def per_device_shortfall(device: DeviceState, request: ResourceRequest) -> str:
 
 def allocate_per_device(
     devices: Sequence[DeviceState], request: ResourceRequest, settings: FractionalSettings | None, *,
-    policy: Policy = "binpack",
+    policy: Policy = "binpack", node: NodeState | None = None,
 ) -> tuple[DeviceGrant, ...]:
     """Give `request.amount` distinct devices, each `request.memory` and `request.cores`
     percent of its SMs (HAMi's per-device memory + core limits, Run:ai's fractions, eGPU's
@@ -366,7 +396,7 @@ def allocate_per_device(
             + (f" ({'; '.join(reasons[:4])})" if reasons else "")
         )
     order = sorted(fits, key=lambda d: d.memory_total - d.memory_used, reverse=(policy == "spread"))
-    chosen = _numa_pick(order, count, required=request.numa)
+    chosen = _topology_pick(order, count, node, numa_required=request.numa)
     grants = []
     for d in chosen:
         memory = request.memory.for_device(d.hardware_memory) if request.memory else d.hardware_memory
@@ -410,16 +440,10 @@ def _allocate_on_node(node: NodeState, request: ResourceRequest, settings: Fract
             return _shares_on_one_numa_node(devices, request, settings, strategy)
         return allocate_shares(devices, request.amount, settings, strategy=strategy)
     if request.kind == "per_device":
-        return allocate_per_device(devices, request, settings, policy=policy)
+        return allocate_per_device(devices, request, settings, policy=policy, node=node)
     if request.amount != request.amount.to_integral_value():
         raise InvalidResourceRequest(f"a device count must be whole, got {amount_text(request.amount)}")
-    if request.numa:
-        count = int(request.amount)
-        idle = [d for d in devices if d.is_idle]
-        if len(idle) < count:
-            raise InsufficientResource(f"{count} whole GPU(s) requested, {len(idle)} idle on this node")
-        return allocate_devices(_numa_pick(idle, count, required=True), count)
-    return allocate_devices(devices, int(request.amount))
+    return allocate_devices(devices, int(request.amount), node=node, numa_required=request.numa)
 
 
 def _shares_on_one_numa_node(devices, request: ResourceRequest, settings: FractionalSettings, strategy: Strategy):

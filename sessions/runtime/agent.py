@@ -127,6 +127,13 @@ class Agent:
             task.cancel()
         _AGENTS.pop(self.node, None)
 
+    def kill_all_now(self) -> None:
+        """SIGKILL every process of every session, from any thread, without reporting: for a
+        host process that is exiting after its event loop stopped. The manager learns at the
+        agent's next registration (the sessions end in ERROR, their allocations released)."""
+        for running in list(self.sessions.values()):
+            _signal_session(running.process.pid, signal.SIGKILL)
+
     async def _call(self, fn, *args, **kwargs):
         # thread_sensitive=False: a manager call may run the manager's code in-process (eager
         # Celery in standalone mode); it must not queue behind the web's sync thread.

@@ -7,9 +7,10 @@ from sessions.runtime.config import CUDA_PLUGIN, MOCK_PLUGIN, AgentConfig
 
 def load_inventory(config: AgentConfig) -> dict:
     """Run the configured plugins and merge what they report into the inventory the agent
-    registers: `{"devices": [DeviceInfo dicts], "plugins", "attributes", "cpu_count",
+    registers: `{"devices": [DeviceInfo dicts], "links": [{"a", "b", "kind", "count"}], "plugins",
+    "attributes", "cpu_count",
     "memory_size"}` (bytes). Plugin errors propagate with their own message."""
-    devices, attributes, warnings = [], {}, []
+    devices, links, attributes, warnings = [], [], {}, []
     for plugin in config.plugins:
         if plugin == MOCK_PLUGIN:
             from accelerators.plugins import mock
@@ -22,9 +23,10 @@ def load_inventory(config: AgentConfig) -> dict:
         else:  # load_agent_config refuses unknown plugins; this guards programming errors
             raise ValueError(f"unknown compute plugin {plugin!r}")
         devices.extend(d.as_dict() for d in inventory.devices)
+        links.extend(inventory.links)
         attributes.update(inventory.attributes)
         warnings.extend(inventory.warnings)
-    return {"devices": devices, "plugins": list(config.plugins), "attributes": attributes,
+    return {"devices": devices, "links": links, "plugins": list(config.plugins), "attributes": attributes,
             "cpu_count": config.cpu_count, "memory_size": config.memory_size, "warnings": warnings}
 
 

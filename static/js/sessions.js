@@ -353,6 +353,10 @@
   var slotSelect = $("slot-select");
   var submit = $("launch-submit");
   var CPU_ONLY = "";
+  var tabs = Array.prototype.slice.call(document.querySelectorAll('#style-tabs [role="tab"]'));
+  var wantedStyle = null; // the tab the user picked last; kept while it is offered
+  var slotBusy = false;
+  var launching = false;
 
   function currentSlot() {
     var slots = launchOptions.slots || [];
@@ -401,15 +405,17 @@
   function renderSlot() {
     var slot = currentSlot();
     var frac = $("fractional-controls"), disc = $("discrete-controls"), note = $("capacity-note");
-    frac.hidden = true; disc.hidden = true; note.hidden = true;
+    frac.hidden = true; disc.hidden = true; slotBusy = false;
     slider.disabled = true; gpuCount.disabled = true;
-    if (!slot) return;
+    if (slot) renderSlotControls(slot, frac, disc, note);
+    renderTabs();
+  }
 
-    var rl = slot.round_length || 0;
+  function renderSlotControls(slot, frac, disc, note) {
     var busy = decCompare(slot.max_now, slot.min) < 0;
     var max = busy ? slot.max_ever : slot.max_now;
     var impossible = decCompare(max, slot.min) < 0;
-    note.hidden = !busy;
+    slotBusy = busy;
     note.textContent = impossible
       ? "No node can hold even " + unitText(slot, slot.min) + " of this slot right now."
       : "No capacity free now: the session will wait in the queue.";
@@ -468,6 +474,287 @@
     renderSlot();
   });
 
+  // ---- Request style tabs (WAI-ARIA tabs, automatic activation) ----------
+
+  // fGPU for a fractional slot, whole GPUs for a discrete one; memory + cores and fraction for either.
+  function offeredStyles() {
+    var slot = currentSlot();
+    if (!slot) return [];
+    return [slot.allocation_mode === "discrete" ? "devices" : "fgpu", "memory", "fraction"];
+  }
+
+  function activeStyle() {
+    if ($("style-tabs").hidden) return null;
+    for (var i = 0; i < tabs.length; i++) if (tabs[i].getAttribute("aria-selected") === "true") return tabs[i].dataset.style;
+    return null;
+  }
+
+  function renderTabs() {
+    var styles = offeredStyles();
+    $("style-tabs").hidden = styles.length === 0;
+    tabs.forEach(function (t) { t.hidden = styles.indexOf(t.dataset.style) === -1; });
+    selectTab(styles.indexOf(wantedStyle) !== -1 ? wantedStyle : styles[0], false);
+  }
+
+  function selectTab(style, focus) {
+    tabs.forEach(function (t) {
+      var on = t.dataset.style === style;
+      var panel = $(t.getAttribute("aria-controls"));
+      t.setAttribute("aria-selected", on ? "true" : "false");
+      t.tabIndex = on ? 0 : -1;
+      panel.hidden = !on;
+      panel.querySelector(".panel-fields").disabled = !on; // off-tab inputs neither validate nor submit
+      if (on && focus) t.focus();
+    });
+    $("capacity-note").hidden = !(slotBusy && (style === "fgpu" || style === "devices"));
+    changed();
+  }
+
+  tabs.forEach(function (t) {
+    t.addEventListener("click", function () { wantedStyle = t.dataset.style; selectTab(wantedStyle, false); });
+  });
+  document.querySelector('#style-tabs [role="tablist"]').addEventListener("keydown", function (ev) {
+    var shown = tabs.filter(function (t) { return !t.hidden; });
+    var i = shown.indexOf(document.activeElement);
+    var next = { ArrowRight: shown[(i + 1) % shown.length], ArrowLeft: shown[(i - 1 + shown.length) % shown.length],
+                 Home: shown[0], End: shown[shown.length - 1] }[ev.key];
+    if (i === -1 || !next) return;
+    ev.preventDefault();
+    wantedStyle = next.dataset.style;
+    selectTab(wantedStyle, true);
+  });
+
+  // Memory per GPU is a size or a share: typing into either box picks it.
+  var memBySize = $("gpu-memory-by-size"), memByPercent = $("gpu-memory-by-percent");
+  function renderMemoryMode() {
+    $("gpu-memory").classList.toggle("is-inactive", !memBySize.checked);
+    $("gpu-memory-percent").classList.toggle("is-inactive", memBySize.checked);
+  }
+  function pickMemoryMode(radio) {
+    if (radio.checked) return;
+    radio.checked = true;
+    renderMemoryMode();
+    changed();
+  }
+  $("gpu-memory").addEventListener("focus", function () { pickMemoryMode(memBySize); });
+  $("gpu-memory-percent").addEventListener("focus", function () { pickMemoryMode(memByPercent); });
+  [memBySize, memByPercent].forEach(function (radio) {
+    radio.addEventListener("change", function () {
+      renderMemoryMode();
+      $(memBySize.checked ? "gpu-memory" : "gpu-memory-percent").focus();
+    });
+  });
+
+  // ---- Validation: obvious mistakes here, the rest by the server's preview --
+
+  var SIZE = /^\s*\d+(\.\d+)?\s*([kmgtp]i?b?|b)?\s*$/i;
+  var FRACTION = /^\s*(0?\.\d+|0|1|[01]\.\d*)\s*$/;
+  var serverErrors = {}; // input id -> message from the last preview's 400
+
+  function whole(input, lo, hi) {
+    var v = input.value.trim();
+    return !input.validity.badInput && /^\d+$/.test(v) && Number(v) >= lo && (hi === undefined || Number(v) <= hi);
+  }
+
+  function clientErrors() {
+    var errors = {}, style = activeStyle();
+    if (style === "memory") {
+      if (!whole($("gpu-count-hami"), 1)) errors["gpu-count-hami"] = "A whole number of GPUs, 1 or more.";
+      var cores = $("gpu-cores");
+      if ((cores.value.trim() !== "" || cores.validity.badInput) && !whole(cores, 0, 100))
+        errors["gpu-cores"] = "Enter a whole % from 0 to 100.";
+      if (memBySize.checked) {
+        var size = $("gpu-memory").value;
+        if (!size.trim()) errors["gpu-memory"] = "Enter the memory each GPU gives, e.g. 4G.";
+        else if (!SIZE.test(size)) errors["gpu-memory"] = "Not a size: try 4G, 4GiB, 4096M or a number of bytes.";
+      } else if (!whole($("gpu-memory-percent"), 1, 100)) {
+        errors["gpu-memory-percent"] = "A share of each GPU's memory from 1 to 100 %.";
+      }
+    } else if (style === "fraction") {
+      var f = $("gpu-fraction").value;
+      if (!FRACTION.test(f) || decCompare(f.trim(), "0") <= 0 || decCompare(f.trim(), "1") > 0)
+        errors["gpu-fraction"] = "A fraction above 0 and at most 1, e.g. 0.2.";
+    }
+    if (style && pinnedDevices().some(function (d) { return /\s/.test(String(d)); }))
+      errors["pin-devices"] = "Separate the GPUs with commas.";
+    return errors;
+  }
+
+  // Error boxes sit under their field; the share box reports under the memory field.
+  var ERROR_BOX = { "gpu-memory-percent": "gpu-memory-error" };
+  var ERROR_FIELDS = ["gpu-count-hami", "gpu-cores", "gpu-memory", "gpu-memory-percent", "gpu-fraction", "pin-devices"];
+
+  function validate() {
+    var errors = clientErrors();
+    var shown = {};
+    ERROR_FIELDS.forEach(function (id) {
+      var message = errors[id] || serverErrors[id] || "";
+      var box = $(ERROR_BOX[id] || id + "-error");
+      $(id).setAttribute("aria-invalid", message ? "true" : "false");
+      if (message || !shown[box.id]) { box.textContent = message; box.hidden = !message; }
+      if (message) shown[box.id] = true;
+    });
+    var ok = Object.keys(errors).length === 0;
+    submit.disabled = launching || !ok;
+    return ok;
+  }
+
+  // ---- The request body: the active tab's style, cpu/mem/name, advanced options --
+
+  function pinnedDevices() {
+    return $("pin-devices").value.split(",").map(function (d) { return d.trim(); })
+      .filter(Boolean).map(function (d) { return /^\d+$/.test(d) ? Number(d) : d; });
+  }
+
+  function launchBody() {
+    var resources = {}, slot = currentSlot(), style = activeStyle(), gpu = false;
+    if (style === "devices") {
+      var n = parseInt(gpuCount.value || "0", 10);
+      if (n > 0) { resources[slot.slot] = n; gpu = true; }
+    } else if (style === "fgpu" && !slider.disabled) {
+      resources[slot.slot] = slider.value;
+      if ($("fgpu-strategy").value) resources.strategy = $("fgpu-strategy").value;
+      gpu = true;
+    } else if (style === "memory") {
+      resources.gpu = parseInt($("gpu-count-hami").value, 10);
+      if (memBySize.checked) resources.gpu_memory = $("gpu-memory").value.trim();
+      else resources.gpu_memory_percentage = parseInt($("gpu-memory-percent").value, 10);
+      if ($("gpu-cores").value.trim() !== "") resources.gpu_cores = parseInt($("gpu-cores").value, 10);
+      gpu = true;
+    } else if (style === "fraction") {
+      resources.gpu_fraction = $("gpu-fraction").value.trim().replace(/^\./, "0.");
+      gpu = true;
+    }
+    if (gpu) {
+      var pinned = pinnedDevices();
+      if (pinned.length) resources.devices = pinned;
+      if ($("policy-select").value) resources.policy = $("policy-select").value;
+      if ($("numa-only").checked) resources.numa = true;
+    }
+    resources.cpu = parseInt($("cpu-count").value, 10);
+    resources.mem = $("mem-size").value.trim();
+    return { name: $("session-name").value.trim(), resources: resources };
+  }
+
+  // ---- Preview: POST the same body to the preview endpoint, debounced ------
+
+  // Empty when the server has no preview route: the dialog then works without one.
+  var previewUrl = form.getAttribute("data-preview-url") || "";
+  var preview = $("launch-preview");
+  var previewTimer = null;
+  var previewSeq = 0;
+  var INPUT_OF = {
+    name: "session-name", gpu: "gpu-count-hami", gpu_memory: "gpu-memory", gpu_memory_percentage: "gpu-memory-percent",
+    gpu_cores: "gpu-cores", gpu_fraction: "gpu-fraction", devices: "pin-devices",
+  };
+
+  function changed() {
+    validate();
+    schedulePreview();
+  }
+
+  function schedulePreview() {
+    clearTimeout(previewTimer);
+    if (!previewUrl || !dialog.open) return;
+    previewTimer = setTimeout(runPreview, 250);
+  }
+
+  function hidePreview() {
+    previewSeq++; // answers still on their way are stale now
+    preview.hidden = true;
+    preview.removeAttribute("aria-busy");
+  }
+
+  function runPreview() {
+    var inputsOk = $("cpu-count").checkValidity() && $("mem-size").checkValidity();
+    if (!validate() || !inputsOk || !previewUrl) { hidePreview(); return; }
+    var seq = ++previewSeq;
+    preview.setAttribute("aria-busy", "true");
+    api("POST", previewUrl, launchBody()).then(function (r) {
+      if (seq !== previewSeq) return;
+      preview.removeAttribute("aria-busy");
+      if (r.ok && r.data) renderPreview(r.data);
+      else if (r.status === 400 && r.data) renderInvalid(r.data);
+      else {
+        if (r.status === 404 || r.status === 405) previewUrl = ""; // no preview on this server
+        hidePreview();
+      }
+    }).catch(function () { if (seq === previewSeq) hidePreview(); });
+  }
+
+  function gib(bytes) {
+    var hundredths = (BigInt(bytes) * 100n + 536870912n) / 1073741824n; // to the nearest 0.01 GiB
+    var out = (hundredths / 100n).toString(), cents = hundredths % 100n;
+    if (cents) out += "." + cents.toString().padStart(2, "0").replace(/0+$/, "");
+    return out + " GiB";
+  }
+
+  function trimZeros(value) {
+    return String(value).replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, "");
+  }
+
+  function showPreview(state, line) {
+    preview.setAttribute("data-state", state);
+    $("preview-line").textContent = line;
+    preview.hidden = false;
+  }
+
+  function renderPreview(data) {
+    serverErrors = {};
+    validate();
+    if (data.fits_now) showPreview("now", "starts now" + (data.node ? " on " + data.node : ""));
+    else if (data.never) showPreview("never", "too large: " + (data.reason || "no node could ever hold it"));
+    else showPreview("wait", "will wait: " + (data.reason || "no capacity is free now"));
+    $("preview-config").textContent = data.configuration || "";
+    $("preview-config").hidden = !data.configuration;
+    var devices = Array.isArray(data.devices) ? data.devices : [];
+    var body = $("preview-devices").tBodies[0];
+    body.textContent = "";
+    devices.forEach(function (d) {
+      var compute = [];
+      if (d.procs !== undefined && d.procs !== null) compute.push(trimZeros(d.procs) + "\u00a0SMs");
+      if (d.sm_percent !== undefined && d.sm_percent !== null) compute.push(trimZeros(d.sm_percent) + "\u00a0%");
+      body.appendChild(el("tr", {}, [
+        el("td", { "class": "preview-device" }, [
+          el("span", { "class": "preview-device-name", text: "GPU " + d.device_index + (d.model_name ? " · " + d.model_name : "") }),
+          el("span", { "class": "preview-uuid", text: d.device || "", title: d.device || "" }),
+        ]),
+        el("td", { "class": "num", text: d.memory !== undefined && d.memory !== null ? gib(d.memory) : "—" }),
+        el("td", { "class": "num", text: compute.join(" · ") || "—" }),
+        el("td", { "class": "num preview-share", text: d.shares ? formatAmount(d.shares, 2) + " " + fgpuUnit() : "—" }),
+      ]));
+    });
+    $("preview-devices").hidden = devices.length === 0;
+  }
+
+  function fgpuUnit() {
+    var slots = launchOptions.slots || [];
+    for (var i = 0; i < slots.length; i++) if (slots[i].allocation_mode !== "discrete") return slots[i].display_unit || "fGPU";
+    return "fGPU";
+  }
+
+  // A 400 from the preview: the reason in the box, and under the field it names where there is one.
+  function renderInvalid(data) {
+    serverErrors = {};
+    var fe = data.field_errors || {};
+    Object.keys(fe).forEach(function (key) {
+      var message = [].concat(fe[key]).join(" ");
+      var id = INPUT_OF[key.replace(/^resources\./, "")];
+      if (!id && key === "resources") { // "resources.gpu_cores: at most 100"
+        var named = message.match(/^resources\.(\w+):/);
+        id = named && INPUT_OF[named[1]];
+      }
+      if (id && ERROR_FIELDS.indexOf(id) !== -1 && !$(id).closest("fieldset:disabled")) serverErrors[id] = message;
+    });
+    validate();
+    showPreview("invalid", "not valid: " + (data.detail || data.title || "the server refused this request"));
+    $("preview-config").hidden = true;
+    $("preview-devices").hidden = true;
+  }
+
+  form.addEventListener("input", function () { serverErrors = {}; changed(); });
+  form.addEventListener("change", function () { serverErrors = {}; changed(); });
+
   function nextName() {
     var used = new Set();
     sessions.forEach(function (s) { used.add(s.name); });
@@ -497,11 +784,14 @@
 
   function openDialog() {
     errorBox.hidden = true;
+    hidePreview();
+    serverErrors = {};
     $("session-name").value = nextName();
     $("session-name").removeAttribute("aria-invalid");
     applyOptions(launchOptions);
     dialog.showModal();
     $("session-name").select();
+    schedulePreview();
     var status = $("options-status");
     status.textContent = "Checking free capacity…";
     api("GET", API_OPTIONS).then(function (r) {
@@ -517,21 +807,13 @@
   });
   // Close when clicking the backdrop.
   dialog.addEventListener("click", function (ev) { if (ev.target === dialog) dialog.close(); });
+  dialog.addEventListener("close", function () { clearTimeout(previewTimer); hidePreview(); });
 
   form.addEventListener("submit", function (ev) {
     ev.preventDefault();
-    var resources = {};
-    var slot = currentSlot();
-    if (slot && slot.allocation_mode === "discrete") {
-      var n = parseInt(gpuCount.value || "0", 10);
-      if (n > 0) resources[slot.slot] = n;
-    } else if (slot && !slider.disabled) {
-      resources[slot.slot] = slider.value;
-    }
-    resources.cpu = parseInt($("cpu-count").value, 10);
-    resources.mem = $("mem-size").value.trim();
-    var body = { name: $("session-name").value.trim(), resources: resources };
-
+    if (!validate()) return;
+    var body = launchBody();
+    launching = true;
     submit.disabled = true;
     submit.textContent = "Launching…";
     errorBox.hidden = true;
@@ -545,8 +827,9 @@
     }).catch(function () {
       showErrors({ status: 0, data: { detail: "Could not reach the server. Check your connection and try again." } });
     }).then(function () {
-      submit.disabled = false;
+      launching = false;
       submit.textContent = "Launch";
+      validate();
     });
   });
 
@@ -557,5 +840,6 @@
   setInterval(function () { renderTimes(tbody); }, 30000);
   updateEmpty();
   applyOptions(launchOptions);
+  renderMemoryMode();
   connect();
 })();

@@ -126,4 +126,10 @@ class Command(BaseCommand):
 
         server = Server(application=application, endpoints=[f"tcp:port={port}:interface={host}"], ready_callable=ready,
                         signal_handlers=True, verbosity=0)
-        server.run()
+        try:
+            server.run()
+        finally:
+            # Sessions' shells must not outlive the console (and their waiting threads would
+            # keep this process from exiting).
+            for agent in agents:
+                agent.kill_all_now()
