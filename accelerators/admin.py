@@ -15,7 +15,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html_join
 
 from accelerators.allocation import core, topology, units
-from accelerators.models import Device, DeviceLink, FractionalSettings, Node, SlotFormat
+from accelerators.models import Device, DeviceLink, FractionalSettings, Node, ResourceGroup, SlotFormat
 from accelerators.selectors import FgpuSummary, device_fgpu_summary
 
 _EXAMPLE_AMOUNTS = (Decimal("0.5"), Decimal("2"), Decimal("1536"))
@@ -222,12 +222,26 @@ class DeviceLinkInline(admin.TabularInline):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ("name", "status", "last_heartbeat", "cpu_count", "memory", "device_count")
-    list_filter = ("status",)
+    list_display = ("name", "status", "resource_group", "last_heartbeat", "cpu_count", "memory", "device_count",
+                    "sharing")
+    list_filter = ("status", "resource_group")
     search_fields = ("name",)
     inlines = (DeviceInline, DeviceLinkInline)
-    fields = ("name", "status", "last_heartbeat", "registered_at", "cpu_count", "memory", "plugins", "attributes")
-    readonly_fields = fields
+    reported = ("name", "status", "last_heartbeat", "registered_at", "cpu_count", "memory", "plugins", "attributes")
+    fieldsets = (
+        ("Reported by the agent", {"fields": reported}),
+        ("Sharing (set by administrators)", {"fields": ("resource_group", "device_split_count", "memory_scaling",
+                                                        "core_scaling")}),
+    )
+    readonly_fields = reported
+
+    @admin.display(description="sharing")
+    def sharing(self, obj: Node) -> str:
+        """Split count, and scaling shown as what it is: deliberate over-subscription."""
+        text = f"≤ {obj.device_split_count} sessions/GPU"
+        if obj.is_oversubscribed:
+            text += f" · over-subscribed: memory × {obj.memory_scaling}, SMs × {obj.core_scaling}"
+        return text
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).annotate(_device_count=Count("devices"))
@@ -242,6 +256,20 @@ class NodeAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # nodes register themselves through their agents
+
+
+@admin.register(ResourceGroup)
+class ResourceGroupAdmin(admin.ModelAdmin):
+    list_display = ("name", "policy", "weight_memory", "weight_cores", "weight_sessions", "no_fragmentation",
+                    "node_count", "description")
+    list_editable = ("policy", "no_fragmentation")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(_node_count=Count("nodes"))
+
+    @admin.display(description="nodes", ordering="_node_count")
+    def node_count(self, obj: ResourceGroup) -> int:
+        return obj._node_count
 
 
 @admin.register(Device)

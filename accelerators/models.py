@@ -101,6 +101,33 @@ class FractionalSettings(models.Model):
         return Pure(unit_mem=self.unit_mem, unit_proc=self.unit_proc, quantum=self.quantum_size)
 
 
+class ResourceGroup(models.Model):
+    """A node pool with its placement rules (Backend.AI's scaling groups, HAMi's scheduler
+    policies). A session naming a group in `resources.resource_group` goes to its nodes under
+    its rules; one naming none may go to any node, under the rules of the group "default".
+
+    Device scores for `binpack` / `spread` combine how full a device would be in memory, SMs
+    and sessions, each weighted (as HAMi scores devices); `no_fragmentation` refuses fGPU splits
+    that would leave more than one device partly used (Backend.AI's guard)."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.CharField(max_length=255, blank=True)
+    policy = models.CharField(max_length=8, choices=[("binpack", "binpack"), ("spread", "spread")], default="binpack")
+    weight_memory = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal("1"),
+                                        validators=[MinValueValidator(Decimal("0"))])
+    weight_cores = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal("1"),
+                                       validators=[MinValueValidator(Decimal("0"))])
+    weight_sessions = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal("1"),
+                                          validators=[MinValueValidator(Decimal("0"))])
+    no_fragmentation = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class NodeStatus(models.TextChoices):
     ALIVE = "ALIVE"
     LOST = "LOST"
@@ -118,6 +145,8 @@ class Node(models.Model):
     memory_size = models.BigIntegerField(default=0, help_text="bytes of main memory sessions may use")
     plugins = models.JSONField(default=list, blank=True, help_text="compute plugins the agent loaded")
     attributes = models.JSONField(default=dict, blank=True, help_text="driver and runtime versions reported by the agent")
+    resource_group = models.ForeignKey(ResourceGroup, null=True, blank=True, on_delete=models.SET_NULL,
+                                       related_name="nodes", help_text="node pool; empty: the default pool")
     device_split_count = models.PositiveIntegerField(
         default=10, validators=[MinValueValidator(1)],
         help_text="the most sessions one device may host (HAMi's deviceSplitCount, default 10)",

@@ -8,7 +8,17 @@ from decimal import Decimal
 from django.db.models import Count, Q, Sum
 
 from accelerators.allocation import core, topology
-from accelerators.models import AllocationMode, Device, DeviceLink, FractionalSettings, Node, NodeStatus, SlotFormat
+from accelerators.allocation.errors import InvalidResourceRequest
+from accelerators.models import (
+    AllocationMode,
+    Device,
+    DeviceLink,
+    FractionalSettings,
+    Node,
+    NodeStatus,
+    ResourceGroup,
+    SlotFormat,
+)
 
 _LIVE = Q(allocations__released_at__isnull=True)
 
@@ -91,7 +101,35 @@ def device_fgpu_summary(devices: Iterable[Device]) -> dict:
     return result
 
 
-def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = True) -> list[core.NodeState]:
+DEFAULT_GROUP = "default"
+
+
+def resource_group_get(*, name: str) -> ResourceGroup | None:
+    """The named group, or None for "". Raises InvalidResourceRequest for an unknown name."""
+    if not name:
+        return None
+    group = ResourceGroup.objects.filter(name=name).first()
+    if group is None:
+        known = ", ".join(ResourceGroup.objects.values_list("name", flat=True)) or "none defined"
+        raise InvalidResourceRequest(f"resources.resource_group: no resource group {name!r} (known: {known})")
+    return group
+
+
+def placement_scope(*, request: core.ResourceRequest, for_update: bool = False, alive_only: bool = True):
+    """The nodes a request may go to, as the allocator sees them, and the placement options for
+    `core.place` (`{"policy", "no_fragmentation"}`). A request naming a resource group goes to
+    that group's nodes under its rules; one naming none may go to any node, under the rules of
+    the group named "default" if there is one (else binpack, fragmentation allowed)."""
+    group = resource_group_get(name=request.resource_group)
+    nodes = node_states(slot_name=request.slot or "cuda", for_update=for_update, alive_only=alive_only, group=group)
+    rules = group or ResourceGroup.objects.filter(name=DEFAULT_GROUP).first()
+    options = {"policy": rules.policy if rules else "binpack",
+               "no_fragmentation": rules.no_fragmentation if rules else False}
+    return nodes, options
+
+
+def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = True,
+                group: ResourceGroup | None = None) -> list[core.NodeState]:
     """Every (alive) node as the allocator sees it: CPU/memory left after live sessions and the
     slot's non-MIG devices with their live usage. `for_update` locks the device rows (in pk
     order, so concurrent schedulers queue instead of deadlocking) inside the caller's
@@ -101,6 +139,8 @@ def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = 
     nodes = Node.objects.all()
     if alive_only:
         nodes = nodes.filter(status=NodeStatus.ALIVE)
+    if group is not None:
+        nodes = nodes.filter(resource_group=group)
     device_rows = Device.objects.filter(node__in=nodes, slot_name=slot_name, is_mig_device=False)
     if for_update:
         list(nodes.order_by("pk").select_for_update().values_list("pk", flat=True))
@@ -109,7 +149,7 @@ def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = 
         nodes.annotate(
             cpu_used=Sum("sessions__cpu", filter=Q(sessions__status__in=ACTIVE_STATUSES), default=0),
             mem_used=Sum("sessions__mem", filter=Q(sessions__status__in=ACTIVE_STATUSES), default=0),
-        ).order_by("name")
+        ).select_related("resource_group").order_by("name")
     )
     by_node: dict = {}
     for device in devices_with_usage(device_rows.select_related("node")).order_by("index"):
@@ -119,8 +159,13 @@ def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = 
     for link in DeviceLink.objects.filter(node__in=[n.pk for n in nodes], device_a__slot_name=slot_name):
         links.setdefault(link.node_id, []).append(
             topology.Link(a=str(link.device_a_id), b=str(link.device_b_id), kind=link.kind, count=link.count))
+    weights = {}
+    for n in nodes:
+        g = n.resource_group
+        weights[n.pk] = (g.weight_memory, g.weight_cores, g.weight_sessions) if g else (Decimal(1),) * 3
     return [
         core.NodeState(node_id=n.name, cpu_total=n.cpu_count, mem_total=n.memory_size, cpu_used=int(n.cpu_used),
-                       mem_used=int(n.mem_used), devices=tuple(by_node.get(n.pk, ())), links=tuple(links.get(n.pk, ())))
+                       mem_used=int(n.mem_used), devices=tuple(by_node.get(n.pk, ())), links=tuple(links.get(n.pk, ())),
+                       weights=weights[n.pk])
         for n in nodes
     ]

@@ -5,7 +5,13 @@ from decimal import Decimal
 
 from accelerators.allocation import core
 from accelerators.models import AllocationMode, Device
-from accelerators.selectors import fractional_settings_get, node_states, slot_format_get
+from accelerators.selectors import (
+    fractional_settings_get,
+    node_states,
+    placement_scope,
+    resource_group_get,
+    slot_format_get,
+)
 from sessions.quotas import quota_headroom
 from sessions.runtime.environment import shares_text
 
@@ -75,6 +81,7 @@ def launch_preview(*, resources: dict) -> dict:
         settings = request_settings(request)
         if request.kind == "shares":
             core.check_quantum(request.amount, settings)
+        resource_group_get(name=request.resource_group)
     except AllocationError as exc:
         raise ApplicationError(str(exc), type="invalid-resources", field_errors={"resources": [str(exc)]}) from None
     if request.kind == "per_device":
@@ -89,7 +96,8 @@ def launch_preview(*, resources: dict) -> dict:
     result = {"fits_now": False, "never": False, "reason": "", "node": None, "configuration": configuration,
               "devices": []}
     try:
-        placement = core.place(node_states(slot_name=request.slot or "cuda"), request, settings)
+        nodes, options = placement_scope(request=request)
+        placement = core.place(nodes, request, settings, **options)
     except NeverSchedulable as exc:
         return {**result, "never": True, "reason": str(exc)}
     except InsufficientResource as exc:

@@ -20,7 +20,7 @@ from accelerators.allocation import core
 from accelerators.allocation.errors import AllocationError, InsufficientResource, NeverSchedulable
 from accelerators.allocation.units import amount_text
 from accelerators.models import Device, Node
-from accelerators.selectors import node_states
+from accelerators.selectors import placement_scope
 from sessions import events
 from sessions.models import Allocation, ComputeSession, SessionStatus
 from sessions.services import request_settings, session_request
@@ -54,14 +54,13 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
             request = session_request(session)
             try:
                 pure_settings = request_settings(request)
-                nodes = node_states(slot_name=request.slot or "cuda", for_update=True)
+                nodes, options = placement_scope(request=request, for_update=True)
                 try:
-                    placement = core.place(nodes, request, pure_settings)
+                    placement = core.place(nodes, request, pure_settings, **options)
                 except NeverSchedulable:
                     # Only the alive nodes are too small: wait while a LOST node that could hold
                     # it may come back (an agent restart must not fail the whole queue).
-                    core.check_ever_fits(node_states(slot_name=request.slot or "cuda", alive_only=False), request,
-                                         pure_settings)
+                    core.check_ever_fits(placement_scope(request=request, alive_only=False)[0], request, pure_settings)
                     raise InsufficientResource("the nodes that could hold it are not alive (LOST)") from None
             except InsufficientResource as exc:
                 _wait(session, f"waiting for capacity: {exc}")

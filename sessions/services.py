@@ -20,7 +20,7 @@ from accelerators.allocation import core
 from accelerators.allocation.errors import AllocationError, InvalidResourceRequest, NeverSchedulable
 from accelerators.allocation.requests import parse_resources, request_from_spec, request_to_spec
 from accelerators.models import AllocationMode, NodeStatus
-from accelerators.selectors import fractional_settings_get, node_states
+from accelerators.selectors import fractional_settings_get, placement_scope
 from console.errors import ApplicationError
 from sessions import events
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus, TerminalTicket
@@ -78,7 +78,7 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
             core.check_quantum(request.amount, pure_settings)
         # Against every registered node, LOST ones included: a request that fits a node whose
         # agent is restarting waits for it instead of being refused.
-        core.check_ever_fits(node_states(slot_name=request.slot or "cuda", alive_only=False), request, pure_settings)
+        core.check_ever_fits(placement_scope(request=request, alive_only=False)[0], request, pure_settings)
     except NeverSchedulable as exc:
         raise ApplicationError(str(exc), type="never-schedulable", title="Request too large",
                                field_errors={"resources": [str(exc)]}) from None

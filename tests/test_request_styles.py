@@ -247,3 +247,41 @@ def test_links_reported_by_an_agent_steer_real_placements(db, django_user_model,
         session = session_create(owner=owner, name="pair", resources={"cuda.device": 2})
     held = sorted(a.device.index for a in session.allocations.all())
     assert held == [1, 3]
+
+
+# --- resource groups ------------------------------------------------------------------------
+
+def test_a_request_naming_a_resource_group_goes_to_its_nodes_under_its_policy(client, django_capture_on_commit_callbacks):
+    from accelerators.models import Node, ResourceGroup
+    from accelerators.services import node_inventory_apply
+
+    pool = ResourceGroup.objects.create(name="inference", policy="spread")
+    node_inventory_apply(node_name="pool-node", devices=[mock_gpu(7), mock_gpu(8)], plugins=[], attributes={},
+                         cpu_count=8, memory_size=32 * GiB)
+    Node.objects.filter(name="pool-node").update(resource_group=pool)
+    body = {"resources": {"gpu": 1, "gpu_memory": "1G", "resource_group": "inference"}}
+    with django_capture_on_commit_callbacks(execute=True):
+        first = client.post("/api/v1/sessions/", body, format="json").json()
+        second = client.post("/api/v1/sessions/", body, format="json").json()
+    sessions = [client.get(f"/api/v1/sessions/{s['id']}/").json() for s in (first, second)]
+    assert {s["node"] for s in sessions} == {"pool-node"}
+    # spread: the second session goes to the other, emptier device
+    assert {s["allocations"][0]["device_index"] for s in sessions} == {7, 8}
+
+
+def test_an_unknown_resource_group_is_refused_naming_the_known_ones(client):
+    from accelerators.models import ResourceGroup
+
+    ResourceGroup.objects.create(name="training")
+    response = client.post("/api/v1/sessions/", {"resources": {"cuda.shares": "0.5", "resource_group": "nope"}},
+                           format="json")
+    assert response.status_code == 400
+    assert "'nope'" in response.json()["detail"] and "training" in response.json()["detail"]
+
+
+def test_the_no_fragmentation_guard_splits_into_whole_devices_and_one_remainder():
+    nodes = [node(gpu(0, free=D(1), total=D(1)), gpu(1, free=D(1), total=D(1)))]
+    request = parse_resources({"cuda.shares": "1.5"})
+    assert shares_of(place(nodes, request, Q25)) == [D("0.75"), D("0.75")]
+    assert sorted(shares_of(place(nodes, request, Q25, no_fragmentation=True))) == [D("0.50"), D("1.00")]
+    assert shares_of(place(nodes, parse_resources({"cuda.shares": "0.5"}), Q25, no_fragmentation=True)) == [D("0.50")]

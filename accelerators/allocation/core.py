@@ -100,6 +100,7 @@ class NodeState:
     mem_used: int = 0
     devices: tuple[DeviceState, ...] = ()
     links: tuple[topology.Link, ...] = ()  # between its devices, by device_id (topology.py)
+    weights: tuple[Decimal, Decimal, Decimal] = (Decimal(1), Decimal(1), Decimal(1))  # memory, SMs, sessions
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,7 @@ class ResourceRequest:
     strategy: str | None = None
     numa: bool = False
     style: str = ""
+    resource_group: str = ""
 
 
 @dataclass(frozen=True)
@@ -367,6 +369,19 @@ def per_device_shortfall(device: DeviceState, request: ResourceRequest) -> str:
     return ""
 
 
+def device_score(device: DeviceState, request: ResourceRequest, weights: tuple[Decimal, Decimal, Decimal]) -> Decimal:
+    """How full `device` would be after one share of a per-device request: the weighted sum of
+    its used memory, SMs and sessions, each as a fraction of the total (HAMi scores devices this
+    way; the weights are the resource group's). `binpack` takes the highest, `spread` the lowest."""
+    memory = request.memory.for_device(device.hardware_memory) if request.memory else device.hardware_memory
+    procs = Decimal(device.hardware_procs) * request.cores / 100
+    w_mem, w_proc, w_sessions = weights
+    split = device.max_sessions or 10
+    return (w_mem * Decimal(device.memory_used + memory) / max(device.memory_total, 1)
+            + w_proc * (device.proc_used + procs) / max(device.proc_total, 1)
+            + w_sessions * Decimal(device.sessions + 1) / split)
+
+
 def allocate_per_device(
     devices: Sequence[DeviceState], request: ResourceRequest, settings: FractionalSettings | None, *,
     policy: Policy = "binpack", node: NodeState | None = None,
@@ -395,7 +410,8 @@ def allocate_per_device(
             f"{count} device(s) with {what} and {amount_text(request.cores)}% of the cores asked, {len(fits)} can give it"
             + (f" ({'; '.join(reasons[:4])})" if reasons else "")
         )
-    order = sorted(fits, key=lambda d: d.memory_total - d.memory_used, reverse=(policy == "spread"))
+    weights = node.weights if node is not None else (Decimal(1), Decimal(1), Decimal(1))
+    order = sorted(fits, key=lambda d: device_score(d, request, weights), reverse=(policy == "binpack"))
     chosen = _topology_pick(order, count, node, numa_required=request.numa)
     grants = []
     for d in chosen:
@@ -422,8 +438,16 @@ def _eligible(devices: Sequence[DeviceState], request: ResourceRequest) -> tuple
     return chosen
 
 
+def _unfragmented(devices, request: ResourceRequest, settings: FractionalSettings, grants) -> tuple[DeviceGrant, ...]:
+    """The no-fragmentation guard for an fGPU request split over several devices: instead of an
+    even split that leaves every device it touched partly used (1.5 → 0.75 + 0.75), take
+    devices whole and leave at most one remainder (1.5 → 1.00 + 0.50), so the free shares stay
+    together for later requests. A request that fits one device is never split anyway."""
+    return allocate_shares(devices, request.amount, settings, strategy="fill")
+
+
 def _allocate_on_node(node: NodeState, request: ResourceRequest, settings: FractionalSettings | None, strategy: Strategy,
-                      policy: Policy = "binpack"):
+                      policy: Policy = "binpack", no_fragmentation: bool = False):
     if request.cpu > node.cpu_total - node.cpu_used:
         raise InsufficientResource(f"{request.cpu} CPU cores requested, {node.cpu_total - node.cpu_used} free")
     if request.mem > node.mem_total - node.mem_used:
@@ -437,8 +461,12 @@ def _allocate_on_node(node: NodeState, request: ResourceRequest, settings: Fract
         if settings is None:
             raise InvalidResourceRequest("fGPU shares need fractional settings for the slot")
         if request.numa:
-            return _shares_on_one_numa_node(devices, request, settings, strategy)
-        return allocate_shares(devices, request.amount, settings, strategy=strategy)
+            grants = _shares_on_one_numa_node(devices, request, settings, strategy)
+        else:
+            grants = allocate_shares(devices, request.amount, settings, strategy=strategy)
+        if no_fragmentation and len(grants) > 1:
+            grants = _unfragmented(devices, request, settings, grants)
+        return grants
     if request.kind == "per_device":
         return allocate_per_device(devices, request, settings, policy=policy, node=node)
     if request.amount != request.amount.to_integral_value():
@@ -475,11 +503,14 @@ def place(
     *,
     policy: Policy = "binpack",
     strategy: Strategy = "evenly",
+    no_fragmentation: bool = False,
 ) -> Placement:
     """Pick a node and devices for `request`.
 
     `binpack` prefers the node whose devices are left fullest (fewest stranded fragments),
-    `spread` the emptiest; ties go to the first node in `nodes`. Raises InsufficientResource
+    `spread` the emptiest; ties go to the first node in `nodes`. The request's own `policy`
+    and `strategy` win over the arguments (the resource group's); `no_fragmentation` is the
+    group's guard against fGPU splits that leave several devices partly used. Raises InsufficientResource
     with the reason for the closest node when nothing fits now, NeverSchedulable when no
     node could hold it even empty, and the request's own errors (quantum, mode) as they are.
     """
@@ -491,7 +522,7 @@ def place(
     reasons: list[str] = []
     for position, node in enumerate(nodes):
         try:
-            grants = _allocate_on_node(node, request, settings, strategy, policy)
+            grants = _allocate_on_node(node, request, settings, strategy, policy, no_fragmentation)
         except InsufficientResource as exc:
             reasons.append(f"{node.node_id}: {exc}")
             continue

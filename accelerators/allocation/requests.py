@@ -13,7 +13,7 @@ Dialects (one per request; `cpu` — cores — and `mem` — bytes or a binary s
 | eGPU | `egpu`: {`GPU_MEM_PER_DEVICE` (bytes) or `ALIYUN_COM_GPU_MEM_CONTAINER` / `ALIYUN_COM_GPU_MEM_DEV`, `ALIYUN_COM_GPU_MEM_RESERVED` (MiB, default 10), `GPU_UTIL_PER_DEVICE`, `NVIDIA_VISIBLE_DEVICES`} | Alibaba eGPU |
 
 Any style may add `devices` (pins: UUIDs or indexes), `exclude`, `policy` (`binpack` /
-`spread`) and `numa` (true: one NUMA node). Where HAMi clamps cores above 100 or below 0
+`spread`), `numa` (true: one NUMA node) and `resource_group` (a node pool's name). Where HAMi clamps cores above 100 or below 0
 silently (a bug its users reported), they are refused here.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ MiB = 1 << 20
 GiB = 1 << 30
 EGPU_RESERVED_DEFAULT_MIB = 10
 
-COMMON = {"cpu", "mem", "devices", "exclude", "policy", "numa", "strategy"}
+COMMON = {"cpu", "mem", "devices", "exclude", "policy", "numa", "strategy", "resource_group"}
 HAMI_STYLE = {"gpu", "gpu_memory", "gpu_memory_percentage", "gpu_cores"}
 FRACTION_STYLE = {"gpu_fraction"}
 HAMI_NVIDIA = {"nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores"}
@@ -65,20 +65,22 @@ def parse_resources(resources: object) -> ResourceRequest:
     if style == "cpu":
         if common["pins"]:
             fail("devices", "pinning devices needs a GPU request")
-        return ResourceRequest(kind="none", amount=ZERO, cpu=cpu, mem=mem, slot="", style="cpu")
+        return ResourceRequest(kind="none", amount=ZERO, cpu=cpu, mem=mem, slot="", style="cpu",
+                               resource_group=common["resource_group"])
     if common["strategy"] and not style.endswith(".shares"):
         fail("strategy", "applies to fGPU requests (<slot>.shares) only")
     parsed = _parser(style)(accelerator)
     kind, amount, slot = parsed["kind"], parsed["amount"], parsed["slot"]
     if amount == 0:
-        return ResourceRequest(kind="none", amount=ZERO, cpu=cpu, mem=mem, slot="", style="cpu")
+        return ResourceRequest(kind="none", amount=ZERO, cpu=cpu, mem=mem, slot="", style="cpu",
+                               resource_group=common["resource_group"])
     pins = parsed.pop("pins", ()) or common["pins"]
     if style.startswith("slot:"):
         style = "fgpu" if kind == "shares" else "devices"
     return ResourceRequest(
         kind=kind, amount=Decimal(amount), cpu=cpu, mem=mem, slot=slot, memory=parsed.get("memory"),
         cores=parsed.get("cores", ZERO), pins=pins, exclude=common["exclude"], policy=common["policy"],
-        strategy=common["strategy"], numa=common["numa"], style=style,
+        strategy=common["strategy"], numa=common["numa"], style=style, resource_group=common["resource_group"],
     )
 
 
@@ -114,9 +116,12 @@ def _common_options(resources: dict) -> dict:
     numa = resources.get("numa", False)
     if not isinstance(numa, bool):
         fail("numa", "expected true or false")
+    group = resources.get("resource_group", "")
+    if not isinstance(group, str):
+        fail("resource_group", "expected the name of a resource group")
     return {"pins": _device_list(resources.get("devices"), "devices"),
             "exclude": _device_list(resources.get("exclude"), "exclude"),
-            "policy": policy, "strategy": strategy, "numa": numa}
+            "policy": policy, "strategy": strategy, "numa": numa, "resource_group": group}
 
 
 def _device_list(value: object, key: str) -> tuple[str, ...]:
@@ -306,7 +311,7 @@ def request_to_spec(request: ResourceRequest) -> dict:
         "kind": request.kind, "amount": str(request.amount), "cpu": request.cpu, "mem": request.mem,
         "slot": request.slot, "cores": str(request.cores), "pins": list(request.pins),
         "exclude": list(request.exclude), "policy": request.policy, "strategy": request.strategy,
-        "numa": request.numa, "style": request.style,
+        "numa": request.numa, "style": request.style, "resource_group": request.resource_group,
         "memory": None if memory is None else {
             "bytes": memory.bytes, "percent": str(memory.percent), "container": str(memory.container),
             "dev": str(memory.dev), "reserved": memory.reserved},
@@ -319,7 +324,7 @@ def request_from_spec(spec: dict) -> ResourceRequest:
         kind=spec["kind"], amount=Decimal(spec["amount"]), cpu=spec["cpu"], mem=spec["mem"], slot=spec["slot"],
         cores=Decimal(spec.get("cores", "0")), pins=tuple(spec.get("pins", ())), exclude=tuple(spec.get("exclude", ())),
         policy=spec.get("policy"), strategy=spec.get("strategy"), numa=spec.get("numa", False),
-        style=spec.get("style", ""),
+        style=spec.get("style", ""), resource_group=spec.get("resource_group", ""),
         memory=None if memory is None else MemorySpec(
             bytes=memory["bytes"], percent=Decimal(memory["percent"]), container=Decimal(memory["container"]),
             dev=Decimal(memory["dev"]), reserved=memory["reserved"]),

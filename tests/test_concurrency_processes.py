@@ -1,0 +1,211 @@
+"""Concurrent launches from several OS processes against the real distributed stack.
+
+A small cluster of two mock agents (each its own process): `race-a` with two 8 GiB / 80-SM
+GPUs and `race-b` with one 4 GiB / 40-SM GPU whose split count is 1; fractional mode with
+unit_mem 4 GiB, unit_proc 40, quantum 0.25 (so 2 + 2 + 1 fGPU). Six client processes, each
+with its own user's token, are released together by a start file and each POSTs four mixed
+requests (fGPU 0.75 or 1.5, HAMi style gpu/gpu_memory/gpu_cores, a Run:ai style fraction) —
+24 sessions racing through daphne, the Celery manager worker's scheduler passes and the
+agents. While they settle, and once they have, no device holds more live allocations than
+its memory, SMs and split count allow; every session ends RUNNING or PENDING (a PENDING one
+saying why, from a scheduler pass), and each node runs at least one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from decimal import Decimal
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+from tests.conftest import ROOT, free_port, wait_until
+from tests.test_e2e_distributed import VENV_BIN, api, get_ok
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+REDIS_DB = 11  # its own database (the distributed e2e test uses 7), flushed first
+CLIENTS = 6
+NODES = {
+    # node name → (mock-accelerator.toml devices, device_split_count set once registered)
+    "race-a": ([("race-a-gpu0", "8G", 80), ("race-a-gpu1", "8G", 80)], 10),
+    "race-b": ([("race-b-gpu0", "4G", 40)], 1),
+}
+LIVE_WAITING = ("waiting for capacity", "queued behind")  # the reasons a scheduler pass gives
+
+# Each client: signal ready, wait for the start file, POST its requests as fast as it can and
+# print [(HTTP status, body), …] as JSON. Only the standard library, so it starts quickly.
+CLIENT = r"""
+import json, os, sys, time, urllib.error, urllib.request
+base, token, ready, start, requests = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
+def post(body):
+    req = urllib.request.Request(base + "/api/v1/sessions/", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": "Token " + token})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+open(ready, "w").close()
+while not os.path.exists(start):
+    time.sleep(0.001)
+print(json.dumps([post(body) for body in requests]))
+"""
+
+
+def mock_toml(devices) -> str:
+    rows = ",\n".join(
+        f'  {{ mother_uuid = "{uuid}", model_name = "CUDA GPU", numa_node = 0, subproc_count = {sms}, '
+        f'memory_size = "{memory}", is_mig_device = false }}'
+        for uuid, memory, sms in devices)
+    return f'slot_name = "cuda"\ndevice_plugin_name = "CUDADevice"\n\ndevices = [\n{rows},\n]\n'
+
+
+def client_requests(client: int) -> list[dict]:
+    shares = "0.75" if client % 2 else "1.5"
+    other = "1.5" if client % 2 else "0.75"
+    styles = [{"cuda.shares": shares}, {"gpu": 1, "gpu_memory": "3G", "gpu_cores": 30},
+              {"gpu_fraction": "0.5"}, {"cuda.shares": other}]
+    styles = styles[client % 4:] + styles[:client % 4]  # each client in its own order
+    return [{"name": f"c{client}-r{i}", "resources": {**resources, "cpu": 1, "mem": "256M"}}
+            for i, resources in enumerate(styles)]
+
+
+@pytest.fixture
+def race_cluster(tmp_path, procs, django_user_model):
+    """daphne, a Celery manager worker (with beat) and one agent per node of NODES; returns
+    (base URL, {username: token}) once both nodes are ALIVE with their devices."""
+    redis_url = f"{settings.REDIS_URL.rsplit('/', 1)[0]}/{REDIS_DB}"
+    redis.Redis.from_url(redis_url).flushdb()
+    db = connection.settings_dict
+    database_url = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url, "FGPU_DATA_DIR": str(tmp_path / "data"),
+           "FGPU_HEARTBEAT_INTERVAL": "2", "PYTHONUNBUFFERED": "1"}
+    env.pop("FGPU_CELERY_EAGER", None)
+    python = str(VENV_BIN / "python")
+    # Fractional settings (unit_mem 4 GiB, unit_proc 40, quantum 0.25) and slot formats, as an
+    # administrator imports them.
+    for path in (ROOT / "demo" / "mock-accelerator.toml", ROOT / "demo" / "accelerator.json"):
+        out = subprocess.run([python, "manage.py", "import_accelerator_config", str(path)], cwd=ROOT, env=env,
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+    port = free_port()
+    procs.start("web", [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"], env)
+    procs.start("manager", [str(VENV_BIN / "celery"), "-A", "console", "worker", "-Q", "manager", "--pool", "threads",
+                            "--concurrency", "4", "-B", "--schedule", str(tmp_path / "beat-schedule"),
+                            "--loglevel", "INFO", "--hostname", "manager@race"], env)
+    agent_env = {**env, "DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"}  # agents never need the database
+    for name, (devices, _) in NODES.items():
+        node_dir = tmp_path / name
+        node_dir.mkdir()
+        (node_dir / "mock-accelerator.toml").write_text(mock_toml(devices))
+        (node_dir / "agent.toml").write_text(
+            f'[agent]\nid = "{name}"\nallowed-compute-plugins = ["ai.backend.accelerator.mock"]\n'
+            'cpu-count = 32\nmemory = "64G"\n[container]\nscratch-root = "scratches"\n')
+        procs.start(f"agent-{name}", [python, "manage.py", "agent", "--config", str(node_dir / "agent.toml")], agent_env)
+    base = f"http://127.0.0.1:{port}"
+    for i in range(CLIENTS):
+        django_user_model.objects.create_user(f"racer{i}", password="racer-pass-123")
+
+    def token_for(username):
+        try:
+            return api(base, "POST", "/api/v1/auth/token/", body={"username": username, "password": "racer-pass-123"})
+        except OSError:
+            return None
+
+    tokens = {}
+    for i in range(CLIENTS):
+        status, body = wait_until(lambda: token_for(f"racer{i}"), timeout=30, what="daphne to answer")
+        assert status == 200, body
+        tokens[f"racer{i}"] = body["token"]
+
+    def nodes_alive():
+        nodes = {n["name"]: n for n in get_ok(base, "/api/v1/nodes/", tokens["racer0"])["results"]}
+        return all(name in nodes and nodes[name]["status"] == "ALIVE" and len(nodes[name]["devices"]) == len(devices)
+                   for name, (devices, _) in NODES.items())
+
+    wait_until(nodes_alive, timeout=60, what="both agents to register their nodes")
+    from accelerators.models import Node
+
+    for name, (_, split) in NODES.items():
+        Node.objects.filter(name=name).update(device_split_count=split)
+    return base, tokens
+
+
+def over_commits() -> list[str]:
+    """Every device whose live allocations exceed its memory, SMs or its node's split count."""
+    from accelerators.models import Device, devices_with_usage
+
+    problems = []
+    for device in devices_with_usage(Device.objects.select_related("node")):
+        if (device.memory_used > device.memory_size or device.proc_used > device.subproc_count
+                or device.session_count > device.node.device_split_count):
+            problems.append(f"{device.node.name}/{device.device_id}: {device.memory_used}/{device.memory_size} B, "
+                            f"{device.proc_used}/{device.subproc_count} SMs, "
+                            f"{device.session_count}/{device.node.device_split_count} sessions")
+    return problems
+
+
+def test_launches_racing_from_six_processes_never_over_commit_and_settle_running_or_pending(race_cluster, tmp_path):
+    from sessions.models import Allocation, ComputeSession, SessionStatus
+
+    base, tokens = race_cluster
+    start = tmp_path / "start"
+    clients = []
+    for i, token in enumerate(tokens.values()):
+        ready = tmp_path / f"ready-{i}"
+        argv = [str(VENV_BIN / "python"), "-c", CLIENT, base, token, str(ready), str(start),
+                json.dumps(client_requests(i))]
+        clients.append((ready, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    wait_until(lambda: all(ready.exists() for ready, _ in clients), timeout=30, what="the clients to be ready")
+    start.touch()  # they all go at once
+
+    violations: list[str] = []
+    results = []
+    for _, client in clients:
+        out, err = client.communicate(timeout=60)
+        assert client.returncode == 0, err
+        results.extend(json.loads(out))
+        violations += over_commits()
+    assert [status for status, _ in results] == [201] * CLIENTS * 4, results
+
+    def settled():
+        violations.extend(over_commits())  # checked all along, not only at the end
+        sessions = list(ComputeSession.objects.all())
+        busy = [s for s in sessions if s.status in (SessionStatus.SCHEDULED, SessionStatus.PREPARING)]
+        unseen = [s for s in sessions if s.status == SessionStatus.PENDING and not s.status_reason.startswith(LIVE_WAITING)]
+        return len(sessions) == CLIENTS * 4 and not busy and not unseen
+
+    wait_until(settled, timeout=45, interval=0.2, what="every session to be RUNNING or waiting with a reason")
+    time.sleep(1)  # anything still in flight (a scheduler pass, a start) would show now
+    assert settled()
+
+    assert violations == []
+    assert over_commits() == []
+    sessions = list(ComputeSession.objects.select_related("node"))
+    assert {s.status for s in sessions} <= {SessionStatus.RUNNING, SessionStatus.PENDING}, \
+        [(s.name, s.status, s.status_reason) for s in sessions]
+    for session in sessions:
+        live = list(Allocation.objects.filter(session=session, released_at__isnull=True).select_related("device__node"))
+        if session.status == SessionStatus.PENDING:
+            assert session.status_reason.startswith(LIVE_WAITING), (session.name, session.status_reason)
+            assert live == [], session.name
+        else:
+            assert live, session.name
+            assert {a.device.node.name for a in live} == {session.node.name}, session.name
+            if session.slot_subtype == "shares":
+                assert sum(a.shares for a in live) == session.amount, session.name
+    running = {name: sum(1 for s in sessions if s.status == SessionStatus.RUNNING and s.node.name == name)
+               for name in NODES}
+    assert all(running.values()), running
+    assert running["race-b"] == 1  # its one device, split count 1
+    assert Allocation.objects.filter(released_at__isnull=False).count() == 0
+    total = sum((a.shares for a in Allocation.objects.all()), Decimal(0))
+    assert total <= Decimal(5)  # 2 + 2 + 1 fGPU
+    sys.stderr.write(f"running per node {running}, pending {sum(s.status == 'PENDING' for s in sessions)}, "
+                     f"fGPU allocated {total}\n")
