@@ -38,11 +38,15 @@ class DeviceSerializer(serializers.ModelSerializer):
 
 class NodeSerializer(serializers.ModelSerializer):
     devices = serializers.SerializerMethodField()
+    resource_group = serializers.CharField(source="resource_group.name", default=None, read_only=True)
+    oversubscribed = serializers.BooleanField(source="is_oversubscribed", read_only=True,
+                                              help_text="memory or SM scaling above 1: deliberate over-subscription")
 
     class Meta:
         model = Node
         fields = ["id", "name", "status", "last_heartbeat", "registered_at", "cpu_count", "memory_size", "plugins",
-                  "attributes", "devices"]
+                  "attributes", "resource_group", "device_split_count", "memory_scaling", "core_scaling",
+                  "oversubscribed", "devices"]
 
     def get_devices(self, node):
         devices = list(node.devices.all())

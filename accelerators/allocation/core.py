@@ -239,8 +239,10 @@ def allocate_shares(
     usable = [d for d in devices if free[d.device_id] > 0]
     total = sum(free[d.device_id] for d in usable)
     if total < want:
+        detail = ", ".join(f"{d.label} {truncate(free[d.device_id] * quantum):.2f}" for d in devices)
         raise InsufficientResource(
             f"{amount_text(amount)} fGPU requested, {truncate(total * quantum):.2f} fGPU free on this node's devices"
+            + (f" ({detail})" if detail else "")
         )
     # Most free first; ties keep inventory order (stable sort).
     by_free = sorted(usable, key=lambda d: -free[d.device_id])
