@@ -9,11 +9,13 @@ from accelerators.selectors import (
     fractional_settings_get,
     node_states,
     placement_scope,
-    resource_group_get,
     slot_format_get,
 )
+from accelerators.allocation.errors import InsufficientResource, NeverSchedulable
 from sessions.quotas import quota_headroom
-from sessions.runtime.environment import shares_text
+from sessions.selectors import request_configuration
+from sessions.services import request_validate
+from sessions.runtime.environment import shares_text, sm_percent
 
 
 def launch_options(*, user=None) -> dict:
@@ -24,6 +26,7 @@ def launch_options(*, user=None) -> dict:
     memory in bytes."""
     slots = []
     all_nodes: list[core.NodeState] = []
+    headroom = quota_headroom(user=user) if user is not None else {}
     for slot_name in sorted(set(Device.objects.filter(is_mig_device=False).values_list("slot_name", flat=True))):
         every = node_states(slot_name=slot_name)
         all_nodes = all_nodes or every
@@ -33,13 +36,13 @@ def launch_options(*, user=None) -> dict:
             pure = settings.as_allocation_settings()
             subtype, quantum = "shares", Decimal(settings.quantum_size).normalize()
             max_now, max_ever = core.max_shares(nodes, pure), core.max_shares(core.emptied(every), pure)
-            quota = quota_headroom(user=user)["fgpu"] if user is not None else None
+            quota = headroom.get("fgpu")
             if quota is not None:  # the slider never offers more than the user's quotas allow
                 max_now = min(max_now, core.truncate(Decimal(quota), pure.quantum))
         else:
             subtype, quantum = "device", Decimal(1)
             max_now, max_ever = Decimal(core.max_devices(nodes)), Decimal(core.max_devices(core.emptied(every)))
-            quota = quota_headroom(user=user)["devices"] if user is not None else None
+            quota = headroom.get("devices")
             if quota is not None:
                 max_now = min(max_now, Decimal(quota))
         fmt = slot_format_get(slot_name=slot_name, subtype=subtype)
@@ -69,30 +72,8 @@ def launch_preview(*, resources: dict) -> dict:
     "reason", "node", "configuration", "devices": [{"device", "device_index", "model_name",
     "memory" (bytes), "procs" (SMs), "sm_percent", "shares"}]}`. Raises ApplicationError for a
     malformed request (the same checks as session_create)."""
-    from accelerators.allocation.errors import AllocationError, InsufficientResource, NeverSchedulable
-    from accelerators.allocation.requests import describe_request, parse_resources
-    from accelerators.allocation.units import format_binary_size
-    from console.errors import ApplicationError
-    from sessions.runtime.environment import sm_percent
-    from sessions.services import request_settings
-
-    try:
-        request = parse_resources(resources)
-        settings = request_settings(request)
-        if request.kind == "shares":
-            core.check_quantum(request.amount, settings)
-        resource_group_get(name=request.resource_group)
-    except AllocationError as exc:
-        raise ApplicationError(str(exc), type="invalid-resources", field_errors={"resources": [str(exc)]}) from None
-    if request.kind == "per_device":
-        accelerator = describe_request(request)
-    elif request.kind == "none":
-        accelerator = ""
-    else:
-        fmt = slot_format_get(slot_name=request.slot, subtype=request.kind)
-        accelerator = fmt.format_amount(request.amount)
-    configuration = " · ".join(p for p in (accelerator, f"{request.cpu} core" + ("s" if request.cpu != 1 else ""),
-                                           format_binary_size(request.mem)) if p)
+    request, settings = request_validate(resources=resources)
+    configuration = request_configuration(request)
     result = {"fits_now": False, "never": False, "reason": "", "node": None, "configuration": configuration,
               "devices": []}
     try:

@@ -23,7 +23,8 @@ from accelerators.models import Device, Node
 from accelerators.selectors import placement_scope
 from sessions import events
 from sessions.models import Allocation, ComputeSession, SessionStatus
-from sessions.services import request_settings, session_request
+from sessions.selectors import session_request
+from sessions.services import request_settings
 
 log = logging.getLogger(__name__)
 

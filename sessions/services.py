@@ -18,9 +18,9 @@ from django.utils import timezone
 
 from accelerators.allocation import core
 from accelerators.allocation.errors import AllocationError, InvalidResourceRequest, NeverSchedulable
-from accelerators.allocation.requests import parse_resources, request_from_spec, request_to_spec
+from accelerators.allocation.requests import parse_resources, request_to_spec
 from accelerators.models import AllocationMode, NodeStatus
-from accelerators.selectors import fractional_settings_get, placement_scope
+from accelerators.selectors import fractional_settings_get, placement_scope, resource_group_get
 from console.errors import ApplicationError
 from sessions import events
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus, TerminalTicket
@@ -50,11 +50,19 @@ def request_settings(request: core.ResourceRequest) -> core.FractionalSettings |
     return slot.as_allocation_settings()
 
 
-def session_request(session: ComputeSession) -> core.ResourceRequest:
-    if session.request_spec:
-        return request_from_spec(session.request_spec)
-    kind = session.slot_subtype if session.slot_name else "none"
-    return core.ResourceRequest(kind=kind, amount=session.amount, cpu=session.cpu, mem=session.mem, slot=session.slot_name)
+def request_validate(*, resources: dict) -> tuple[core.ResourceRequest, core.FractionalSettings | None]:
+    """Parse `resources` and check it against the slot's mode, quantum and resource group.
+    Returns the normalised request and the slot's settings for the allocator. Raises
+    ApplicationError (400, type "invalid-resources") naming the field."""
+    try:
+        request = parse_resources(resources)
+        pure_settings = request_settings(request)
+        if request.kind == "shares":
+            core.check_quantum(request.amount, pure_settings)
+        resource_group_get(name=request.resource_group)
+    except AllocationError as exc:
+        raise ApplicationError(str(exc), type="invalid-resources", field_errors={"resources": [str(exc)]}) from None
+    return request, pure_settings
 
 
 def session_create(*, owner, name: str, resources: dict, command: str = "", priority: int = 0) -> ComputeSession:
@@ -71,19 +79,14 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
                                field_errors={"priority": ["only administrators may raise a session's priority above 0"]})
     if len(name) > MAX_NAME:
         raise ApplicationError(f"name: at most {MAX_NAME} characters", field_errors={"name": [f"at most {MAX_NAME} characters"]})
+    request, pure_settings = request_validate(resources=resources)
     try:
-        request = parse_resources(resources)
-        pure_settings = request_settings(request)
-        if request.kind == "shares":
-            core.check_quantum(request.amount, pure_settings)
         # Against every registered node, LOST ones included: a request that fits a node whose
         # agent is restarting waits for it instead of being refused.
         core.check_ever_fits(placement_scope(request=request, alive_only=False)[0], request, pure_settings)
     except NeverSchedulable as exc:
         raise ApplicationError(str(exc), type="never-schedulable", title="Request too large",
                                field_errors={"resources": [str(exc)]}) from None
-    except AllocationError as exc:
-        raise ApplicationError(str(exc), type="invalid-resources", field_errors={"resources": [str(exc)]}) from None
     with transaction.atomic():
         _quota_check(owner, request, pure_settings)
         session = ComputeSession.objects.create(
