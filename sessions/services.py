@@ -115,9 +115,9 @@ def _quota_check(owner, request: core.ResourceRequest, pure_settings: core.Fract
 
 
 def _schedule_soon() -> None:
-    from sessions.tasks import schedule_pending
+    from sessions.tasks import schedule_pending_soon
 
-    schedule_pending.delay()
+    schedule_pending_soon()
 
 
 def session_terminate(*, session: ComputeSession) -> ComputeSession:

@@ -37,7 +37,7 @@ def agent_register(*, node: str, inventory: dict, running: list[str]) -> None:
         log.warning("node %s reported unusable device links, ignored: %s", node, exc)
     keep = sessions_reconcile_node(node_name=node, running=running)
     sessions_sync.delay(node=node, keep=keep)
-    schedule_pending.delay()
+    schedule_pending_soon()
 
 
 @shared_task(name="fgpu.manager.agent_heartbeat", acks_late=True)
@@ -55,10 +55,36 @@ def session_report(*, session_id: str, status: str, reason: str = "", exit_code:
     session_report_apply(session_id=session_id, status=status, reason=reason, exit_code=exit_code)
 
 
+SCHEDULE_QUEUED_KEY = "fgpu:schedule-pending:queued"
+
+
+def _redis():
+    import redis
+
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def schedule_pending_soon() -> None:
+    """Ask for a scheduler pass, coalescing requests: while one pass is queued and has not
+    started, more launches and releases add none (each pass sees every session committed before
+    it starts, because it clears the flag first). Without this, N launches queue N passes that
+    run one after another and delay the agents' reports behind them. The flag expires after
+    30 s in case its pass is lost; beat runs a pass every 10 s anyway."""
+    from console.celery import app
+
+    if settings.REDIS_URL and not app.conf.task_always_eager:
+        if not _redis().set(SCHEDULE_QUEUED_KEY, 1, nx=True, ex=30):
+            return
+    schedule_pending.delay()
+
+
 @shared_task(name="fgpu.manager.schedule_pending", acks_late=True)
 def schedule_pending() -> None:
+    from console.celery import app
     from sessions.scheduler import schedule_pending as run
 
+    if settings.REDIS_URL and not app.conf.task_always_eager:
+        _redis().delete(SCHEDULE_QUEUED_KEY)
     run()
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ import pytest
 import redis
 from django.conf import settings
 from django.db import connection
+from django.db.models import Count, Sum
 
 from tests.conftest import ROOT, free_port, wait_until
 from tests.test_e2e_distributed import VENV_BIN, api, get_ok
@@ -33,8 +35,8 @@ REDIS_DB = 11  # its own database (the distributed e2e test uses 7), flushed fir
 CLIENTS = 6
 NODES = {
     # node name → (mock-accelerator.toml devices, device_split_count set once registered)
-    "race-a": ([("race-a-gpu0", "8G", 80), ("race-a-gpu1", "8G", 80)], 10),
-    "race-b": ([("race-b-gpu0", "4G", 40)], 1),
+    "race-a": ([("7ace0000-0000-4000-8000-0000000000a0", "8G", 80), ("7ace0000-0000-4000-8000-0000000000a1", "8G", 80)], 10),
+    "race-b": ([("7ace0000-0000-4000-8000-0000000000b0", "4G", 40)], 1),
 }
 LIVE_WAITING = ("waiting for capacity", "queued behind")  # the reasons a scheduler pass gives
 
@@ -59,11 +61,15 @@ print(json.dumps([post(body) for body in requests]))
 
 
 def mock_toml(devices) -> str:
+    """The demo node's mock-accelerator.toml (attributes, formats) with `devices` instead of its one GPU."""
     rows = ",\n".join(
         f'  {{ mother_uuid = "{uuid}", model_name = "CUDA GPU", numa_node = 0, subproc_count = {sms}, '
         f'memory_size = "{memory}", is_mig_device = false }}'
         for uuid, memory, sms in devices)
-    return f'slot_name = "cuda"\ndevice_plugin_name = "CUDADevice"\n\ndevices = [\n{rows},\n]\n'
+    demo = (ROOT / "demo" / "mock-accelerator.toml").read_text()
+    toml, count = re.subn(r"^devices = \[\n.*?^\]\n", lambda _: f"devices = [\n{rows},\n]\n", demo, flags=re.M | re.S)
+    assert count == 1, "demo/mock-accelerator.toml no longer has one `devices = [...]` array"
+    return toml
 
 
 def client_requests(client: int) -> list[dict]:
@@ -100,6 +106,7 @@ def race_cluster(tmp_path, procs, django_user_model):
                             "--concurrency", "4", "-B", "--schedule", str(tmp_path / "beat-schedule"),
                             "--loglevel", "INFO", "--hostname", "manager@race"], env)
     agent_env = {**env, "DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"}  # agents never need the database
+    agents = []
     for name, (devices, _) in NODES.items():
         node_dir = tmp_path / name
         node_dir.mkdir()
@@ -107,7 +114,7 @@ def race_cluster(tmp_path, procs, django_user_model):
         (node_dir / "agent.toml").write_text(
             f'[agent]\nid = "{name}"\nallowed-compute-plugins = ["ai.backend.accelerator.mock"]\n'
             'cpu-count = 32\nmemory = "64G"\n[container]\nscratch-root = "scratches"\n')
-        procs.start(f"agent-{name}", [python, "manage.py", "agent", "--config", str(node_dir / "agent.toml")], agent_env)
+        agents.append(procs.start(f"agent-{name}", [python, "manage.py", "agent", "--config", str(node_dir / "agent.toml")], agent_env))
     base = f"http://127.0.0.1:{port}"
     for i in range(CLIENTS):
         django_user_model.objects.create_user(f"racer{i}", password="racer-pass-123")
@@ -125,6 +132,7 @@ def race_cluster(tmp_path, procs, django_user_model):
         tokens[f"racer{i}"] = body["token"]
 
     def nodes_alive():
+        assert all(agent.popen.poll() is None for agent in agents), "an agent exited (its log follows)"
         nodes = {n["name"]: n for n in get_ok(base, "/api/v1/nodes/", tokens["racer0"])["results"]}
         return all(name in nodes and nodes[name]["status"] == "ALIVE" and len(nodes[name]["devices"]) == len(devices)
                    for name, (devices, _) in NODES.items())
@@ -138,16 +146,21 @@ def race_cluster(tmp_path, procs, django_user_model):
 
 
 def over_commits() -> list[str]:
-    """Every device whose live allocations exceed its memory, SMs or its node's split count."""
-    from accelerators.models import Device, devices_with_usage
+    """Every device whose live allocations (summed here, not by the code under test) exceed its
+    memory, its SMs or its node's split count."""
+    from accelerators.models import Device
+    from sessions.models import Allocation
 
+    live = {row["device"]: row for row in Allocation.objects.filter(released_at__isnull=True).values("device").annotate(
+        memory=Sum("memory"), procs=Sum("procs"), sessions=Count("session", distinct=True))}
     problems = []
-    for device in devices_with_usage(Device.objects.select_related("node")):
-        if (device.memory_used > device.memory_size or device.proc_used > device.subproc_count
-                or device.session_count > device.node.device_split_count):
-            problems.append(f"{device.node.name}/{device.device_id}: {device.memory_used}/{device.memory_size} B, "
-                            f"{device.proc_used}/{device.subproc_count} SMs, "
-                            f"{device.session_count}/{device.node.device_split_count} sessions")
+    for device in Device.objects.select_related("node"):
+        used = live.get(device.pk, {"memory": 0, "procs": 0, "sessions": 0})
+        if (used["memory"] > device.memory_size or used["procs"] > device.subproc_count
+                or used["sessions"] > device.node.device_split_count):
+            problems.append(f"{device.node.name}/{device.device_id}: {used['memory']}/{device.memory_size} B, "
+                            f"{used['procs']}/{device.subproc_count} SMs, "
+                            f"{used['sessions']}/{device.node.device_split_count} sessions")
     return problems
 
 
@@ -162,16 +175,21 @@ def test_launches_racing_from_six_processes_never_over_commit_and_settle_running
         argv = [str(VENV_BIN / "python"), "-c", CLIENT, base, token, str(ready), str(start),
                 json.dumps(client_requests(i))]
         clients.append((ready, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-    wait_until(lambda: all(ready.exists() for ready, _ in clients), timeout=30, what="the clients to be ready")
-    start.touch()  # they all go at once
-
     violations: list[str] = []
     results = []
-    for _, client in clients:
-        out, err = client.communicate(timeout=60)
-        assert client.returncode == 0, err
-        results.extend(json.loads(out))
-        violations += over_commits()
+    try:
+        wait_until(lambda: all(ready.exists() for ready, _ in clients), timeout=30, what="the clients to be ready")
+        start.touch()  # they all go at once
+        for _, client in clients:
+            out, err = client.communicate(timeout=60)
+            assert client.returncode == 0, err
+            results.extend(json.loads(out))
+            violations += over_commits()
+    finally:
+        for _, client in clients:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
     assert [status for status, _ in results] == [201] * CLIENTS * 4, results
 
     def settled():
