@@ -7,6 +7,8 @@ COPY pyproject.toml README.md ./
 COPY console ./console
 COPY accelerators ./accelerators
 COPY sessions ./sessions
+COPY accounts ./accounts
+COPY fgpu_cli ./fgpu_cli
 RUN pip install .
 COPY . .
 RUN FGPU_DATA_DIR=/tmp/build python manage.py collectstatic --noinput >/dev/null

@@ -1,17 +1,34 @@
-"""REST API for the inventory (read-only for everyone signed in): nodes and their devices."""
+"""REST API for the accelerator configuration and inventory (`/api/v1/`).
+
+Everyone signed in reads; administrators write slot formats, fractional settings and resource
+groups, each edit guarded by ETag / If-Match (`console.api_support`). Nodes and devices are
+registered by their agents and are read-only here. Amounts: memory in bytes, compute in SMs,
+fGPU as decimal text ("1.50"), never floats.
+"""
 from __future__ import annotations
 
-from rest_framework import serializers, viewsets
+from django.http import Http404
+from django_filters import rest_framework as filters
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_field, extend_schema_view
+from rest_framework import mixins, serializers, viewsets
 
-from accelerators.models import Device, Node
-from accelerators.selectors import device_fgpu_summary
+from accelerators.models import AllocationMode, Device, FractionalSettings, Node, NodeStatus, ResourceGroup, SlotFormat
+from accelerators.selectors import device_fgpu_summary, devices_with_usage
+from console.api_support import IF_MATCH, IF_MATCH_OPTIONAL, ETagMixin, IsAdminOrReadOnly
 
+ETAG_NOTE = ("The answer carries an `ETag` header; send it back in `If-Match` to change the object "
+             "(PUT/PATCH without it: 428; with a stale one: 412).")
+
+
+# --- inventory: nodes and devices ---------------------------------------------------------------
 
 class DeviceSerializer(serializers.ModelSerializer):
     capacity_fgpu = serializers.SerializerMethodField(help_text="fGPU; null in discrete mode")
-    allocated_fgpu = serializers.SerializerMethodField()
+    allocated_fgpu = serializers.SerializerMethodField(help_text="fGPU held by live allocations (1 per whole device)")
     free_fgpu = serializers.SerializerMethodField(help_text="fGPU; null in discrete mode")
-    parent = serializers.CharField(source="parent.device_id", default=None, read_only=True)
+    parent = serializers.CharField(source="parent.device_id", default=None, read_only=True, allow_null=True,
+                                   help_text="a MIG slice's parent GPU UUID")
 
     class Meta:
         model = Device
@@ -24,21 +41,36 @@ class DeviceSerializer(serializers.ModelSerializer):
             cache.update(device_fgpu_summary(self.context.get("devices") or [device]))
         return cache[device.pk]
 
-    def get_capacity_fgpu(self, device):
+    def get_capacity_fgpu(self, device) -> str | None:
         value = self._summary(device).capacity
         return None if value is None else f"{value:.2f}"
 
-    def get_allocated_fgpu(self, device):
+    def get_allocated_fgpu(self, device) -> str:
         return f"{self._summary(device).allocated:.2f}"
 
-    def get_free_fgpu(self, device):
+    def get_free_fgpu(self, device) -> str | None:
         value = self._summary(device).free
         return None if value is None else f"{value:.2f}"
 
 
+class DeviceUsageSerializer(DeviceSerializer):
+    """A device with its node and its live allocation totals."""
+
+    node = serializers.CharField(source="node.name", read_only=True)
+    allocated_memory = serializers.IntegerField(source="memory_used", read_only=True,
+                                                help_text="bytes of device memory held by live allocations")
+    allocated_procs = serializers.DecimalField(source="proc_used", max_digits=12, decimal_places=3, read_only=True,
+                                               help_text="SMs held by live allocations")
+    session_count = serializers.IntegerField(read_only=True, help_text="live allocations (sessions) on the device")
+
+    class Meta(DeviceSerializer.Meta):
+        fields = ["node", *DeviceSerializer.Meta.fields, "allocated_memory", "allocated_procs", "session_count"]
+
+
 class NodeSerializer(serializers.ModelSerializer):
     devices = serializers.SerializerMethodField()
-    resource_group = serializers.CharField(source="resource_group.name", default=None, read_only=True)
+    resource_group = serializers.CharField(source="resource_group.name", default=None, read_only=True,
+                                           allow_null=True, help_text="node pool; null: the default pool")
     oversubscribed = serializers.BooleanField(source="is_oversubscribed", read_only=True,
                                               help_text="memory or SM scaling above 1: deliberate over-subscription")
 
@@ -48,16 +80,227 @@ class NodeSerializer(serializers.ModelSerializer):
                   "attributes", "resource_group", "device_split_count", "memory_scaling", "core_scaling",
                   "oversubscribed", "devices"]
 
+    @extend_schema_field(DeviceSerializer(many=True))
     def get_devices(self, node):
         devices = list(node.devices.all())
         context = {"devices": devices, "fgpu": self.context.setdefault("fgpu", {})}
         return DeviceSerializer(devices, many=True, context=context).data
 
 
+class NodeFilter(filters.FilterSet):
+    status = filters.ChoiceFilter(choices=NodeStatus.choices, help_text="ALIVE or LOST")
+    resource_group = filters.CharFilter(field_name="resource_group__name", help_text="node pool name")
+
+    class Meta:
+        model = Node
+        fields = ["status", "resource_group"]
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List GPU nodes", tags=["inventory"],
+                       description="Nodes with their devices and each device's capacity, allocated and free fGPU."),
+    retrieve=extend_schema(summary="One GPU node by name", tags=["inventory"]),
+)
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     """GPU nodes with their devices and each device's capacity, allocated and free fGPU."""
 
-    queryset = Node.objects.prefetch_related("devices__parent")
+    queryset = Node.objects.select_related("resource_group").prefetch_related("devices__parent")
     serializer_class = NodeSerializer
+    filterset_class = NodeFilter
     lookup_field = "name"
     lookup_value_regex = r"[A-Za-z0-9_.\-]+"
+
+
+@extend_schema_field(OpenApiTypes.BOOL)
+class StrictBooleanFilter(filters.CharFilter):
+    """`true` or `false` (any case); anything else is a 400 naming the parameter, where
+    django-filter's BooleanFilter would ignore it and filter nothing."""
+
+    def filter(self, qs, value):
+        if value in (None, ""):
+            return qs
+        wanted = {"true": True, "false": False}.get(value.lower())
+        if wanted is None:
+            raise serializers.ValidationError({self.field_name: ["expected true or false"]})
+        return qs.filter(**{self.field_name: wanted})
+
+
+class DeviceFilter(filters.FilterSet):
+    node = filters.CharFilter(field_name="node__name", help_text="node name")
+    slot_name = filters.CharFilter(help_text="accelerator family: cuda, rocm, …")
+    is_mig_device = StrictBooleanFilter(help_text="true: MIG slices only; false: whole GPUs only")
+
+    class Meta:
+        model = Device
+        fields = ["node", "slot_name", "is_mig_device"]
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List devices", tags=["inventory"],
+                       description="Every device (GPU or MIG slice) of every node, with its live allocation: fGPU "
+                                   "capacity / allocated / free, bytes and SMs held, and how many sessions it hosts."),
+    retrieve=extend_schema(summary="One device by id", tags=["inventory"]),
+)
+class DeviceViewSet(viewsets.ReadOnlyModelViewSet):
+    """Devices with their live allocation totals."""
+
+    serializer_class = DeviceUsageSerializer
+    filterset_class = DeviceFilter
+
+    def get_queryset(self):
+        # Meta.ordering is dropped from aggregating queries: order explicitly, as nvidia-smi numbers GPUs.
+        return devices_with_usage(Device.objects.select_related("node", "parent")).order_by(
+            "node__name", "slot_name", "index", "device_id")
+
+    def get_serializer(self, *args, **kwargs):
+        instance = args[0] if args else None
+        if kwargs.get("many") and instance is not None:  # one fGPU summary query for the whole page
+            instance = list(instance)
+            kwargs["context"] = {**self.get_serializer_context(), "devices": instance}
+            args = (instance, *args[1:])
+        return super().get_serializer(*args, **kwargs)
+
+
+# --- configuration: slot formats, fractional settings, resource groups ------------------------
+
+class NumberFormatSerializer(serializers.Serializer):
+    binary = serializers.BooleanField(source="number_binary", required=False,
+                                      help_text="suffixes by 2^(10n) (KiB, MiB, GiB) instead of 10^(3n)")
+    round_length = serializers.IntegerField(source="number_round_length", required=False, min_value=0, max_value=32,
+                                            help_text="fixed-point digits; 0: integer")
+
+
+class SlotFormatSerializer(serializers.ModelSerializer):
+    slot = serializers.CharField(source="slot_key", read_only=True, help_text='"<slot_name>.<subtype>", the URL key')
+    number_format = NumberFormatSerializer(source="*", required=False)
+    example = serializers.SerializerMethodField(help_text="how 0.5 of this subtype is shown")
+
+    class Meta:
+        model = SlotFormat
+        fields = ["slot", "slot_name", "subtype", "display_icon", "display_unit", "human_readable_name", "description",
+                  "number_format", "example"]
+
+    def get_example(self, fmt) -> str:
+        return fmt.format_amount("0.5")
+
+    def validate(self, attrs):
+        if self.instance is not None:
+            for key in ("slot_name", "subtype"):
+                if key in attrs and attrs[key] != getattr(self.instance, key):
+                    raise serializers.ValidationError({key: ["cannot change; create a new slot format instead"]})
+        return attrs
+
+
+class FractionalSettingsSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = FractionalSettings
+        fields = ["slot_name", "allocation_mode", "unit_mem", "unit_proc", "quantum_size", "updated_at"]
+        read_only_fields = ["updated_at"]
+
+    def validate_slot_name(self, value):
+        if self.instance is not None and value != self.instance.slot_name:
+            raise serializers.ValidationError("cannot change; it is the URL key of these settings")
+        return value
+
+
+class ResourceGroupSerializer(serializers.ModelSerializer):
+    nodes = serializers.SlugRelatedField(many=True, read_only=True, slug_field="name",
+                                         help_text="names of the nodes in the pool (set on each node by an admin)")
+
+    class Meta:
+        model = ResourceGroup
+        fields = ["name", "description", "policy", "weight_memory", "weight_cores", "weight_sessions",
+                  "no_fragmentation", "nodes"]
+
+    def validate_name(self, value):
+        if self.instance is not None and value != self.instance.name:
+            raise serializers.ValidationError("cannot change; it is the URL key of the group")
+        return value
+
+
+def _write_docs(noun: str, *, examples: list[OpenApiExample], patch_examples: list[OpenApiExample],
+                tags: list[str]) -> dict:
+    """extend_schema_view arguments for an admin-written ETag viewset of `noun`."""
+    return {
+        "list": extend_schema(summary=f"List {noun}s", tags=tags),
+        "retrieve": extend_schema(summary=f"One {noun}", description=ETAG_NOTE, tags=tags),
+        "create": extend_schema(summary=f"Create a {noun} (administrators)", examples=examples, tags=tags),
+        "update": extend_schema(summary=f"Replace a {noun} (administrators; If-Match required)",
+                                parameters=[IF_MATCH], examples=examples, tags=tags),
+        "partial_update": extend_schema(summary=f"Change some fields of a {noun} (administrators; If-Match required)",
+                                        parameters=[IF_MATCH], examples=patch_examples, tags=tags),
+        "destroy": extend_schema(summary=f"Delete a {noun} (administrators)", parameters=[IF_MATCH_OPTIONAL],
+                                 tags=tags),
+    }
+
+
+@extend_schema_view(**_write_docs("slot format", tags=["configuration"], examples=[
+    OpenApiExample("fGPU shares", value={
+        "slot_name": "cuda", "subtype": "shares", "display_icon": "gpu1", "display_unit": "fGPU",
+        "human_readable_name": "fGPU", "description": "CUDA-capable GPU (fractional)",
+        "number_format": {"binary": False, "round_length": 2}}),
+    OpenApiExample("Whole devices", value={
+        "slot_name": "cuda", "subtype": "device", "display_unit": "GPU", "human_readable_name": "GPU",
+        "number_format": {"binary": False, "round_length": 0}}),
+], patch_examples=[
+    OpenApiExample("Change the unit only", value={"display_unit": "fGPU"}),
+    OpenApiExample("Three decimals", value={"number_format": {"round_length": 3}}),
+]))
+class SlotFormatViewSet(ETagMixin, viewsets.ModelViewSet):
+    """How amounts of each slot subtype are shown; keyed by `<slot_name>.<subtype>`."""
+
+    queryset = SlotFormat.objects.all()
+    serializer_class = SlotFormatSerializer
+    permission_classes = [IsAdminOrReadOnly]
+    filterset_fields = ["slot_name"]
+    lookup_url_kwarg = "slot"
+    lookup_value_regex = r"[^/]+"
+
+    def get_object(self):
+        slot_name, _, subtype = self.kwargs["slot"].partition(".")
+        found = self.get_queryset().filter(slot_name=slot_name, subtype=subtype).first()
+        if found is None:
+            raise Http404("no such slot format")
+        self.check_object_permissions(self.request, found)
+        return found
+
+
+@extend_schema_view(**{
+    **_write_docs("fractional setting", tags=["configuration"], examples=[
+        OpenApiExample("1 physical GPU of 8 GiB / 80 SMs = 2 fGPU", value={
+            "slot_name": "cuda", "allocation_mode": "fractional", "unit_mem": 4 << 30, "unit_proc": 40,
+            "quantum_size": "0.25"}),
+    ], patch_examples=[
+        OpenApiExample("Back to whole devices", value={"allocation_mode": AllocationMode.DISCRETE}),
+        OpenApiExample("Finer steps", value={"quantum_size": "0.1"}),
+    ]),
+    "destroy": extend_schema(exclude=True),
+})
+class FractionalSettingsViewSet(ETagMixin, mixins.CreateModelMixin, mixins.UpdateModelMixin,
+                                viewsets.ReadOnlyModelViewSet):
+    """Per-slot fractional settings: 1.0 fGPU = `unit_mem` bytes and `unit_proc` SMs; requests in
+    steps of `quantum_size`. Keyed by slot name. Not deletable here (sessions depend on them)."""
+
+    queryset = FractionalSettings.objects.all().order_by("slot_name")
+    serializer_class = FractionalSettingsSerializer
+    permission_classes = [IsAdminOrReadOnly]
+    lookup_field = "slot_name"
+    lookup_value_regex = r"[^/.]+"
+    http_method_names = ["get", "post", "put", "patch", "head", "options"]
+
+
+@extend_schema_view(**_write_docs("resource group", tags=["configuration"], examples=[
+    OpenApiExample("Training pool, spread", value={
+        "name": "training", "description": "A100 nodes for long jobs", "policy": "spread",
+        "weight_memory": "1.00", "weight_cores": "2.00", "weight_sessions": "0.50", "no_fragmentation": True}),
+], patch_examples=[
+    OpenApiExample("Switch to binpack", value={"policy": "binpack"}),
+]))
+class ResourceGroupViewSet(ETagMixin, viewsets.ModelViewSet):
+    """Node pools with their placement rules; keyed by name."""
+
+    queryset = ResourceGroup.objects.prefetch_related("nodes")
+    serializer_class = ResourceGroupSerializer
+    permission_classes = [IsAdminOrReadOnly]
+    lookup_field = "name"
+    lookup_value_regex = r"[^/.]+"

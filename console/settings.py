@@ -32,10 +32,14 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from here (no CDN)
     "channels",
     "console",
     "accelerators",
     "sessions.apps.ComputeSessionsConfig",
+    "accounts",
 ]
 
 MIDDLEWARE = [
@@ -87,6 +91,7 @@ if not DATABASE_URL:
 DATABASES = {"default": _database(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+AUTHENTICATION_BACKENDS = ["accounts.backends.ThrottledModelBackend"]  # ModelBackend behind the login throttle
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
@@ -118,6 +123,9 @@ if REDIS_URL:
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# The login throttle's counters: shared by every web process through Redis, else per process.
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL} if REDIS_URL
+          else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 CELERY_BROKER_URL = REDIS_URL or "memory://localhost/"
 CELERY_TASK_ALWAYS_EAGER = env_bool("FGPU_CELERY_EAGER", not REDIS_URL)
@@ -133,13 +141,41 @@ CELERY_BEAT_SCHEDULE = {
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "accounts.authentication.ApiTokenAuthentication",  # named API tokens, then DRF authtoken keys
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "EXCEPTION_HANDLER": "console.api_errors.exception_handler",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "console.api_pagination.StrictLimitOffsetPagination",
     "PAGE_SIZE": 100,
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "console.api_support.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "fGPU Console API",
+    "DESCRIPTION": (
+        "Share GPUs by fractions: launch sessions with a slice of a GPU (fGPU shares, memory + cores, "
+        "a fraction, whole devices), read the inventory, and (administrators) edit slot formats, "
+        "fractional settings, resource groups, projects and quotas.\n\n"
+        "Authenticate with `Authorization: Token <key>` (POST /api/v1/auth/token/) or a signed-in session. "
+        "Every error has one shape: `{\"type\", \"title\", \"detail\", \"field_errors\"}`. "
+        "Administrators' edits need `If-Match` with the ETag from a GET (428 without, 412 when stale). "
+        "Amounts: fGPU as decimal text, memory in bytes, compute in SMs."
+    ),
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "PARSER_WHITELIST": ["rest_framework.parsers.JSONParser"],  # documented bodies are JSON
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "ENUM_NAME_OVERRIDES": {
+        "SessionStatusEnum": "sessions.models.SessionStatus",
+        "NodeStatusEnum": "accelerators.models.NodeStatus",
+        "AllocationModeEnum": "accelerators.models.AllocationMode",
+    },
 }
 
 # fGPU Console's own knobs.

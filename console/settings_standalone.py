@@ -11,5 +11,6 @@ STANDALONE = True
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 DATABASES = {"default": _database(f"sqlite:///{DATA_DIR / 'fgpu.sqlite3'}")}
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 CELERY_BROKER_URL = "memory://localhost/"
 CELERY_TASK_ALWAYS_EAGER = True

@@ -1,25 +1,40 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from rest_framework.authtoken.views import obtain_auth_token
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from accelerators.api import NodeViewSet
+from accelerators import api as accelerator_api
+from accounts import api as account_api
+from accounts import views as account_views
 from sessions import api as session_api
+from sessions import api_quotas
 from sessions import views
 
 router = DefaultRouter()
 router.register("sessions", session_api.SessionViewSet, basename="api-session")
-router.register("nodes", NodeViewSet, basename="api-node")
+router.register("nodes", accelerator_api.NodeViewSet, basename="api-node")
+router.register("devices", accelerator_api.DeviceViewSet, basename="api-device")
+router.register("slot-formats", accelerator_api.SlotFormatViewSet, basename="api-slot-format")
+router.register("fractional-settings", accelerator_api.FractionalSettingsViewSet, basename="api-fractional-settings")
+router.register("resource-groups", accelerator_api.ResourceGroupViewSet, basename="api-resource-group")
+router.register("projects", api_quotas.ProjectViewSet, basename="api-project")
+router.register("quotas", api_quotas.QuotaViewSet, basename="api-quota")
+
+handler404 = "console.api_support.not_found"  # the error JSON under /api/, Django's page elsewhere
 
 urlpatterns = [
     path("", views.home, name="home"),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", account_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("sessions/", views.session_list, name="session-list"),
     path("sessions/<uuid:session_id>/terminal/", views.session_terminal, name="session-terminal"),
+    path("account/", include("accounts.urls")),
     path("admin/", admin.site.urls),
-    path("api/v1/auth/token/", obtain_auth_token, name="api-token"),
+    path("api/v1/auth/token/", account_api.obtain_auth_token, name="api-token"),
     path("api/v1/launch-options/", session_api.launch_options_view, name="api-launch-options"),
+    path("api/v1/quota/", api_quotas.quota_view, name="api-quota-usage"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include(router.urls)),
 ]

@@ -1,30 +1,95 @@
 """REST API for sessions (`/api/v1/`). Thin: validate → fetch with permission check → one service."""
 from __future__ import annotations
 
-from rest_framework import mixins, status, viewsets
+from django_filters import rest_framework as filters
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 
 from sessions import services
 from sessions.launch import launch_options, launch_preview
+from sessions.models import ComputeSession, SessionStatus
 from sessions.selectors import session_get_for, session_list_for
-from sessions.serializers import SessionCreateSerializer, SessionSerializer
+from sessions.serializers import (
+    LaunchOptionsSerializer,
+    PreviewSerializer,
+    SessionCreateSerializer,
+    SessionSerializer,
+    TerminalTicketSerializer,
+)
+
+REQUEST_EXAMPLES = [
+    OpenApiExample("fGPU (Backend.AI)", request_only=True,
+                   description="Half a GPU's worth of fGPU; may span devices for amounts above one device.",
+                   value={"name": "notebook", "resources": {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}}),
+    OpenApiExample("Memory + cores per device (HAMi, eGPU)", request_only=True,
+                   description="One device, 4 GiB of its memory and 60 % of its SMs.",
+                   value={"name": "train", "resources": {"gpu": 1, "gpu_memory": "4G", "gpu_cores": 60}}),
+    OpenApiExample("Fraction of one GPU (Run:ai --gpu 0.2)", request_only=True,
+                   description="20 % of one device's memory and SMs.",
+                   value={"name": "small", "resources": {"gpu_fraction": "0.2"}}),
+    OpenApiExample("Whole devices", request_only=True,
+                   description="Two whole GPUs (the slot must be in discrete mode).",
+                   value={"name": "big", "resources": {"cuda.device": 2, "cpu": 4, "mem": "16G"}}),
+    OpenApiExample("HAMi resource names", request_only=True,
+                   value={"resources": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}}),
+    OpenApiExample("Batch command in a resource group", request_only=True,
+                   value={"name": "job", "command": "python train.py",
+                          "resources": {"cuda.shares": "1.5", "resource_group": "training", "policy": "spread"}}),
+]
 
 
+class SessionFilter(filters.FilterSet):
+    status = filters.CharFilter(method="filter_status",
+                                help_text="one status or a comma list, any case: PENDING, SCHEDULED, PREPARING, "
+                                          "RUNNING, TERMINATING, TERMINATED, ERROR, CANCELLED")
+    owner = filters.CharFilter(field_name="owner__username",
+                               help_text="owner's username (administrators; a user only ever sees their own)")
+    node = filters.CharFilter(field_name="node__name", help_text="node name")
+
+    class Meta:
+        model = ComputeSession
+        fields = ["status", "owner", "node"]
+
+    def filter_status(self, queryset, name, value):
+        wanted = [part.strip().upper() for part in value.split(",") if part.strip()]
+        unknown = [part for part in wanted if part not in SessionStatus.values]
+        if unknown:
+            raise serializers.ValidationError({"status": [
+                f"unknown status {', '.join(unknown)}; one of {', '.join(SessionStatus.values)}"]})
+        return queryset.filter(status__in=wanted) if wanted else queryset
+
+
+STATUS_PARAMETER = OpenApiParameter(
+    "status", {"type": "array", "items": {"type": "string", "enum": list(SessionStatus.values)}},
+    OpenApiParameter.QUERY, style="form", explode=False,
+    description="one status or a comma list (any case): `?status=PENDING,RUNNING`",
+)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List sessions", parameters=[STATUS_PARAMETER],
+                       description="Your sessions, newest first (administrators: everyone's)."),
+)
 class SessionViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """Compute sessions. Users see their own, staff all; another user's session is a 404."""
 
     serializer_class = SessionSerializer
+    filterset_class = SessionFilter
     lookup_url_kwarg = "session_id"
-
     def get_queryset(self):
-        sessions = session_list_for(user=self.request.user)
-        wanted = self.request.query_params.get("status")
-        return sessions.filter(status__in=wanted.upper().split(",")) if wanted else sessions
+        if getattr(self, "swagger_fake_view", False):  # schema generation: no caller
+            return ComputeSession.objects.none()
+        return session_list_for(user=self.request.user)
 
     def get_object(self):
         return session_get_for(user=self.request.user, session_id=self.kwargs["session_id"])
 
+    @extend_schema(summary="Launch a session", request=SessionCreateSerializer,
+                   responses={201: SessionSerializer}, examples=REQUEST_EXAMPLES,
+                   description="Validates the request (one request style per session) and the caller's quotas, "
+                               "writes the session PENDING; the scheduler places it.")
     def create(self, request):
         """`{"name", "resources": {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}, "command"}` → 201 PENDING."""
         data = SessionCreateSerializer(data=request.data)
@@ -33,15 +98,22 @@ class SessionViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         return Response(SessionSerializer(session_get_for(user=request.user, session_id=session.pk)).data,
                         status=status.HTTP_201_CREATED)
 
+    @extend_schema(summary="One session with its allocations")
     def retrieve(self, request, session_id=None):
         return Response(SessionSerializer(self.get_object()).data)
 
+    @extend_schema(summary="Terminate a session", responses={202: SessionSerializer},
+                   description="202 with the session: TERMINATING, or CANCELLED if it was still pending.")
     def destroy(self, request, session_id=None):
         """Terminate: 202 with the session (TERMINATING, or CANCELLED if it was still pending)."""
         session = services.session_terminate(session=self.get_object())
         return Response(SessionSerializer(session_get_for(user=request.user, session_id=session.pk)).data,
                         status=status.HTTP_202_ACCEPTED)
 
+    @extend_schema(summary="Preview a launch", request=SessionCreateSerializer,
+                   responses={200: PreviewSerializer}, examples=REQUEST_EXAMPLES,
+                   description="What this request would get now, per device, or why it waits or never fits. "
+                               "Same body as launching; nothing is created.")
     @action(detail=False, methods=["post"])
     def preview(self, request):
         """What this request would get now (same body as create); nothing is created."""
@@ -49,6 +121,9 @@ class SessionViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         data.is_valid(raise_exception=True)
         return Response(launch_preview(resources=data.validated_data["resources"]))
 
+    @extend_schema(summary="Get a terminal ticket", request=None, responses={200: TerminalTicketSerializer},
+                   description="A one-time, short-lived ticket for the session's terminal websocket. "
+                               "409 unless the session is RUNNING.")
     @action(detail=True, methods=["post"], url_path="terminal-ticket")
     def terminal_ticket(self, request, session_id=None):
         """A one-time ticket for the terminal websocket: `{"ticket", "url", "expires_at"}`."""
@@ -58,7 +133,11 @@ class SessionViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
                          "expires_at": row.expires_at})
 
 
+@extend_schema(summary="Launch options", responses={200: LaunchOptionsSerializer}, tags=["sessions"],
+               description="What the launch dialog may offer the caller now: per slot the quantum and the largest "
+                           "amount placeable now (capped by the caller's quotas) and ever; CPU cores and memory.")
 @api_view(["GET"])
 def launch_options_view(request):
     """What the launch dialog may offer now (see sessions.launch.launch_options)."""
     return Response(launch_options(user=request.user))
+

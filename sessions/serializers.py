@@ -23,7 +23,8 @@ class AllocationSerializer(serializers.ModelSerializer):
 
 class SessionSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
-    node = serializers.CharField(source="node.name", read_only=True, default=None)
+    node = serializers.CharField(source="node.name", read_only=True, default=None, allow_null=True,
+                                 help_text="node name; null until scheduled")
     configuration = serializers.SerializerMethodField()
     allocations = AllocationSerializer(many=True, read_only=True)
     terminal_url = serializers.SerializerMethodField()
@@ -42,10 +43,74 @@ class SessionSerializer(serializers.ModelSerializer):
         return reverse("session-terminal", kwargs={"session_id": session.pk})
 
 
+class StrictCharField(serializers.CharField):
+    """A CharField that refuses numbers and booleans instead of turning them into text."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class SessionCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
+    name = StrictCharField(max_length=64, required=False, allow_blank=True, default="")
     resources = serializers.DictField(help_text='e.g. {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}')
-    command = serializers.CharField(required=False, allow_blank=True, default="",
+    command = StrictCharField(required=False, allow_blank=True, default="",
                                     help_text="batch command; blank for an interactive shell")
     priority = serializers.IntegerField(required=False, default=0, min_value=-100, max_value=100,
                                         help_text="higher starts first; above 0 for administrators only")
+
+
+class TerminalTicketSerializer(serializers.Serializer):
+    ticket = serializers.CharField(help_text="one-time secret, valid once and until expires_at")
+    url = serializers.CharField(help_text="websocket path to open with the ticket: /ws/sessions/<id>/terminal/?ticket=…")
+    expires_at = serializers.DateTimeField()
+
+
+class PreviewDeviceSerializer(serializers.Serializer):
+    device = serializers.CharField(help_text="device (GPU or MIG) UUID")
+    device_index = serializers.IntegerField()
+    model_name = serializers.CharField()
+    memory = serializers.IntegerField(help_text="bytes of device memory the session would get")
+    procs = serializers.CharField(help_text="SMs the session would get (decimal text)")
+    sm_percent = serializers.IntegerField(help_text="SMs as a percentage of the device's (0 or 100: no limit)")
+    shares = serializers.CharField(help_text="fGPU equivalent (decimal text)")
+
+
+class PreviewSerializer(serializers.Serializer):
+    fits_now = serializers.BooleanField(help_text="a node can take it right now")
+    never = serializers.BooleanField(help_text="no registered node could ever take it")
+    reason = serializers.CharField(allow_blank=True, help_text="why it waits or never fits; blank when it fits")
+    node = serializers.CharField(allow_null=True, help_text="where it would go, when it fits now")
+    configuration = serializers.CharField(help_text='the request formatted by the slot formats: "0.50 fGPU · 1 core · 1 GiB"')
+    devices = PreviewDeviceSerializer(many=True)
+
+
+class LaunchSlotSerializer(serializers.Serializer):
+    slot = serializers.CharField(help_text='"cuda.shares" (fractional mode) or "cuda.device" (discrete mode)')
+    slot_name = serializers.CharField()
+    subtype = serializers.CharField()
+    allocation_mode = serializers.CharField()
+    display_unit = serializers.CharField()
+    display_icon = serializers.CharField()
+    human_readable_name = serializers.CharField()
+    binary = serializers.BooleanField()
+    round_length = serializers.IntegerField()
+    quantum = serializers.CharField(help_text="decimal text")
+    min = serializers.CharField(help_text="decimal text: the quantum")
+    step = serializers.CharField(help_text="decimal text: the quantum")
+    max_now = serializers.CharField(help_text="largest amount one session could get now, capped by the caller's quotas")
+    max_ever = serializers.CharField(help_text="largest amount one session could get on empty nodes")
+    unit_mem = serializers.IntegerField(help_text="bytes in 1.0 fGPU")
+    unit_proc = serializers.IntegerField(help_text="SMs in 1.0 fGPU")
+
+
+class MaxNowEverSerializer(serializers.Serializer):
+    max_now = serializers.IntegerField()
+    max_ever = serializers.IntegerField()
+
+
+class LaunchOptionsSerializer(serializers.Serializer):
+    slots = LaunchSlotSerializer(many=True)
+    cpu = MaxNowEverSerializer(help_text="cores")
+    mem = MaxNowEverSerializer(help_text="bytes")

@@ -30,6 +30,20 @@ def eager_celery():
     app.conf.task_always_eager = before
 
 
+@pytest.fixture(autouse=True)
+def private_cache(request):
+    """Each in-process test gets a cache of its own: the login throttle counts failed logins
+    per address (all tests log in from 127.0.0.1) in the default cache, which is the shared
+    Redis database when REDIS_URL is set, so counts would carry over between tests and runs.
+    tests/test_accounts.py checks the throttle against the configured Redis cache as well.
+    (override_settings, not pytest-django's `settings`: some tests have a parameter of that name.)"""
+    from django.test import override_settings
+
+    with override_settings(CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                                               "LOCATION": request.node.nodeid}}):
+        yield
+
+
 def wait_until(predicate, *, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
     """Poll `predicate` until it returns a truthy value; fail the test after `timeout` s."""
     deadline = time.monotonic() + timeout

@@ -351,7 +351,11 @@ def _set_winsize(fd: int, rows: int, cols: int) -> None:
 
 def _make_controlling_tty() -> None:
     # After setsid (start_new_session), make the PTY on stdin the controlling terminal so
-    # job control and SIGWINCH work in the shell.
+    # job control and SIGWINCH work in the shell; and give the session default signal
+    # handling, since an agent started under nohup or `&` ignores SIGINT/SIGQUIT/SIGHUP and
+    # ignored signals are inherited (Ctrl-C would do nothing in the terminal).
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
     try:
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
     except OSError:

@@ -1,0 +1,56 @@
+"""`POST /api/v1/auth/token/`: DRF's obtain-token endpoint behind the login throttle."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import exceptions, serializers
+from rest_framework.authtoken.serializers import AuthTokenSerializer
+from rest_framework.authtoken.views import ObtainAuthToken
+
+from accounts import throttle
+from console.api_support import ErrorSerializer
+
+
+class TooManyAttempts(exceptions.APIException):
+    """429 `{"type": "too-many-attempts", "title": "Too many requests", "detail": "Too many
+    attempts, try again in N minutes.", "field_errors": {}}` with `Retry-After` in seconds."""
+
+    status_code = 429
+    default_code = "too_many_attempts"
+
+    def __init__(self, wait: int) -> None:
+        super().__init__(throttle.wait_message(wait))
+        self.wait = wait  # DRF's handler turns it into Retry-After
+
+
+class ObtainAuthTokenView(ObtainAuthToken):
+    """`{"username", "password"}` → `{"token"}`, exactly as DRF's ObtainAuthToken (the same key
+    for the same user every time; `fgpu login` stores it). While the username or the client's
+    address has too many recent failed logins (accounts.throttle): 429, password not checked."""
+
+    @extend_schema(
+        request=AuthTokenSerializer,
+        responses={
+            200: inline_serializer("AuthToken", {"token": serializers.CharField()}),
+            400: OpenApiResponse(ErrorSerializer, description="Wrong username or password, or a field missing."),
+            429: OpenApiResponse(ErrorSerializer, description=(
+                "Too many failed logins for this username or from this address in 15 minutes (type "
+                "`too-many-attempts`); the `Retry-After` header gives the seconds to wait.")),
+        },
+        examples=[
+            OpenApiExample("Log in", value={"username": "alice", "password": "correct horse battery"},
+                           request_only=True),
+            OpenApiExample("Token", value={"token": "9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b"}, response_only=True),
+        ],
+        auth=[],
+    )
+    def post(self, request, *args, **kwargs):
+        username = request.data.get("username") if isinstance(request.data, Mapping) else None
+        wait = throttle.login_blocked_for(username=str(username or ""), ip=throttle.client_ip(request))
+        if wait:
+            raise TooManyAttempts(wait)
+        return super().post(request, *args, **kwargs)
+
+
+obtain_auth_token = ObtainAuthTokenView.as_view()

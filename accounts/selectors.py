@@ -1,0 +1,41 @@
+"""Reads of API tokens, always through the permission-checking fetch helpers."""
+from __future__ import annotations
+
+import hashlib
+
+from django.core.exceptions import ValidationError
+from django.http import Http404
+from rest_framework.authtoken.models import Token
+
+from accounts.models import ApiToken
+
+
+def api_token_digest(key: str) -> str:
+    """SHA-256 of the key, hex (what ApiToken.digest stores)."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def api_token_list_for(*, user):
+    """`user`'s live (not revoked) tokens, newest first. Personal: staff see only their own here."""
+    return ApiToken.objects.filter(user=user, revoked_at__isnull=True).order_by("-created_at")
+
+
+def api_token_get_for(*, user, token_id) -> ApiToken:
+    """`user`'s own live token. Raises Http404 for anyone else's, a revoked one or a bad id
+    (404, never 403, as for sessions)."""
+    try:
+        return api_token_list_for(user=user).get(pk=token_id)
+    except (ApiToken.DoesNotExist, ValidationError, ValueError, TypeError):
+        raise Http404("no such token") from None
+
+
+def api_token_find(*, key: str) -> ApiToken | None:
+    """The ApiToken (revoked or not, with its user) whose key this is; None when no ApiToken has
+    it (it may still be a key from DRF's authtoken, see accounts.authentication)."""
+    return ApiToken.objects.select_related("user").filter(digest=api_token_digest(key)).first()
+
+
+def login_token_get_for(*, user) -> Token | None:
+    """The token `POST /api/v1/auth/token/` hands out for `user`'s password (`fgpu login` stores
+    it), or None when none was issued yet."""
+    return Token.objects.filter(user=user).first()

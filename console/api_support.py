@@ -1,0 +1,213 @@
+"""Pieces every `/api/v1/` view shares: the error component of the OpenAPI schema, the schema
+class that documents it on every operation, the "everyone reads, administrators write"
+permission, and optimistic concurrency by ETag / If-Match for administrators' edits.
+
+Concurrency rule (RFC 9110 §13.1.1, as GitHub's and Kubernetes' APIs apply it): a GET of one
+object answers an `ETag`, a strong validator derived from the row's fields; PUT and PATCH
+must send it back in `If-Match`. A missing `If-Match` is 428 (type "precondition-required"),
+a tag that no longer matches is 412 (type "precondition-failed": someone else changed the
+row since it was read). `If-Match: *` (RFC 9110: any current representation) is accepted
+for scripts that mean to overwrite. DELETE checks `If-Match` when one is sent.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import IntegrityError, transaction
+from django.http import JsonResponse
+from django.views import defaults
+from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework import permissions, serializers, status
+from rest_framework.response import Response
+
+from console.errors import ApplicationError
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The one error shape of the API (`console.api_errors`)."""
+
+    type = serializers.CharField(help_text='a short slug: "invalid-resources", "not-found", "precondition-failed", …')
+    title = serializers.CharField(help_text='a short summary of the kind of error: "Invalid request", …')
+    detail = serializers.CharField(help_text="one sentence a person can act on")
+    field_errors = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        help_text='request field → messages, e.g. {"resources": ["resources.cuda.shares: not a multiple of the '
+                  'quantum 0.25"]}; empty when the error is about no one field',
+    )
+
+
+ERROR_DESCRIPTIONS = {
+    400: "Invalid request: `field_errors` names the fields.",
+    401: "Not authenticated: send `Authorization: Token <key>` (or a signed-in session cookie).",
+    403: "Permission denied: an administrator's action, or a CSRF failure with session auth.",
+    404: "Not found, or not yours (another user's session is 404, never 403, so ids do not leak).",
+    409: "Conflict with the object's current state.",
+    412: "Precondition failed: `If-Match` no longer matches the object's ETag; GET it again.",
+    428: "Precondition required: send `If-Match` with the ETag from GET.",
+}
+
+IF_MATCH = OpenApiParameter(
+    "If-Match", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True,
+    description="the `ETag` from the GET of this object (or `*` to overwrite whatever is there)",
+)
+IF_MATCH_OPTIONAL = OpenApiParameter(
+    "If-Match", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+    description="when sent, the `ETag` from the GET of this object; a stale one is 412",
+)
+
+
+class AutoSchema(SpectacularAutoSchema):
+    """drf-spectacular's schema, plus the error responses each operation may answer, all with
+    the `Error` component: 401 and 403 wherever a caller must sign in, 400 where a body or filters are read, 404
+    where the path names an object, 409 on writes, 412 / 428 where `If-Match` is checked."""
+
+    def _error_codes(self) -> list[int]:
+        if self.get_auth() == []:  # `auth=[]`: an endpoint for anyone, which documents its own errors
+            return []
+        codes = [401, 403]
+        writes = self.method in ("POST", "PUT", "PATCH")
+        if writes or (self.method == "GET" and self._is_list_view()):
+            codes.append(400)
+        if "{" in self.path:
+            codes.append(404)
+        if writes or self.method == "DELETE":
+            codes.append(409)
+        if getattr(self.view, "etag_required", False) and self.method in ("PUT", "PATCH", "DELETE"):
+            codes += [412] if self.method == "DELETE" else [412, 428]
+        return sorted(codes)
+
+    def get_summary(self):
+        """The `@extend_schema` summary, else the first line of the view's description."""
+        summary = super().get_summary()
+        if summary:
+            return summary
+        first = (self.get_description() or "").strip().splitlines()
+        return first[0].rstrip(".")[:120] if first else None
+
+    def _get_response_bodies(self, direction="response"):
+        responses = super()._get_response_bodies(direction)
+        for code in self._error_codes():
+            if str(code) not in responses:
+                response = self._get_response_for_code(ErrorSerializer, str(code), direction=direction)
+                response["description"] = ERROR_DESCRIPTIONS[code]
+                responses[str(code)] = response
+        return responses
+
+
+def not_found(request, exception=None):
+    """handler404: the error JSON for URLs under /api/ that no route matches, Django's page
+    elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"type": "not-found", "title": "Not found", "detail": "No such API endpoint.",
+                             "field_errors": {}}, status=404)
+    return defaults.page_not_found(request, exception)
+
+
+class IsAdminOrReadOnly(permissions.BasePermission):
+    """Reads for anyone signed in, writes for administrators (`is_staff`)."""
+
+    message = "Only administrators may change this."
+
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        if not (user and user.is_authenticated):
+            return False
+        return request.method in permissions.SAFE_METHODS or user.is_staff
+
+
+def row_etag(obj) -> str:
+    """A strong ETag of one row: SHA-256 over its concrete fields and many-to-many keys, so
+    any change to a stored value changes it. Compute it on an instance fresh from the database
+    (a Decimal assigned as "0.25" is stored and read back as "0.250")."""
+    values = {field.attname: field.value_to_string(obj) for field in obj._meta.concrete_fields}
+    for field in obj._meta.many_to_many:
+        values[field.name] = sorted(str(pk) for pk in getattr(obj, field.name).values_list("pk", flat=True))
+    digest = hashlib.sha256(json.dumps(values, sort_keys=True, cls=DjangoJSONEncoder).encode()).hexdigest()
+    return f'"{digest[:32]}"'
+
+
+def if_match_check(request, obj, *, required: bool) -> None:
+    """Compare the request's `If-Match` with `obj`'s ETag (strong comparison, as RFC 9110 asks
+    of If-Match). Raises ApplicationError 428 when it is required and missing, 412 when no
+    listed tag matches."""
+    header = request.headers.get("If-Match", "").strip()
+    if not header:
+        if required:
+            raise ApplicationError(
+                "Send If-Match with the ETag from a GET of this object, so a change made since is not "
+                "overwritten silently.",
+                type="precondition-required", title="Precondition required", status=428,
+                field_errors={"If-Match": ["required"]})
+        return
+    if header == "*":
+        return
+    current = row_etag(obj)
+    if current not in [tag.strip() for tag in header.split(",")]:
+        raise ApplicationError(
+            "This object was changed since you read it (its ETag is no longer the one in If-Match); "
+            "GET it again and re-apply your change.",
+            type="precondition-failed", title="Precondition failed", status=412,
+            field_errors={"If-Match": [f"stale: the current ETag is {current}"]})
+
+
+def _save(serializer):
+    """`serializer.save()` in a savepoint; a unique constraint that a concurrent write won is a
+    409 (type "conflict") rather than a server error."""
+    try:
+        with transaction.atomic():
+            return serializer.save()
+    except IntegrityError as exc:
+        raise ApplicationError(f"Conflicts with an existing object: {exc}".splitlines()[0], type="conflict",
+                               title="Conflict", status=409) from None
+
+
+class ETagMixin:
+    """For ModelViewSets of administrators' settings: GET of one object and every write answer
+    the object's `ETag`; PUT and PATCH require a matching `If-Match` (module docstring), checked
+    and applied with the row locked (`select_for_update`), so two admins' writes are applied one
+    after the other and the second one's stale tag is refused."""
+
+    etag_required = True
+
+    def _locked(self, obj):
+        return type(obj).objects.select_for_update().get(pk=obj.pk)
+
+    def _with_etag(self, response: Response, obj) -> Response:
+        obj.refresh_from_db()
+        response["ETag"] = row_etag(obj)
+        return response
+
+    def retrieve(self, request, *args, **kwargs):
+        obj = self.get_object()
+        return self._with_etag(Response(self.get_serializer(obj).data), obj)
+
+    def create(self, request, *args, **kwargs):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        obj = _save(serializer)
+        return self._with_etag(Response(self.get_serializer(obj).data, status=status.HTTP_201_CREATED), obj)
+
+    def update(self, request, *args, partial: bool = False, **kwargs):
+        found = self.get_object()
+        with transaction.atomic():
+            obj = self._locked(found)
+            if_match_check(request, obj, required=True)
+            serializer = self.get_serializer(obj, data=request.data, partial=partial)
+            serializer.is_valid(raise_exception=True)
+            _save(serializer)
+        return self._with_etag(Response(self.get_serializer(obj).data), obj)
+
+    def partial_update(self, request, *args, **kwargs):
+        return self.update(request, *args, partial=True, **kwargs)
+
+    def destroy(self, request, *args, **kwargs):
+        found = self.get_object()
+        with transaction.atomic():
+            obj = self._locked(found)
+            if_match_check(request, obj, required=False)
+            obj.delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,566 @@
+"""`fgpu`: fGPU Console from the command line.
+
+Exit codes: 0 ok; 1 refused or failed (the server's reason on one line); 2 bad usage;
+3 server unreachable or not logged in; `fgpu exec` exits with the command's own status.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import os
+import sys
+import time
+from decimal import Decimal
+
+from fgpu_cli import __version__, config, terminal
+from fgpu_cli.client import ApiError, Client, Unreachable
+from fgpu_cli.formatting import (FINAL_STATUSES, LIVE_STATUSES, age, amount, decimal_text, flatten, gib,
+                                 key_values, session_environment, shares_text, short_id, size, table)
+from fgpu_cli.launch import UsageError, build_body
+from fgpu_cli.sessions import SESSIONS, NotFound, resolve
+
+OK, FAILED, USAGE, UNREACHABLE = 0, 1, 2, 3
+POLL_INTERVAL = 0.5
+
+
+class Failed(Exception):
+    """A refusal or failure with a message for `fgpu: error: …` (exit 1 unless `code`)."""
+
+    def __init__(self, message: str, code: int = FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+def _client(args) -> tuple[Client, config.Credentials]:
+    creds = config.credentials()
+    return Client(creds.url, creds.token, timeout=args.http_timeout), creds
+
+
+def _emit_json(value) -> None:
+    json.dump(value, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def _info(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def _slot_formats(client: Client) -> dict[str, dict]:
+    """slot_name → how its fGPU amounts are shown ({"unit", "round_length", "binary"}), from the
+    slot formats API (or, on servers without it, the launch options, which carry them too);
+    the default format ("1.50 fGPU") where neither can be read."""
+    formats = {}
+    try:
+        for fmt in client.get_all("/api/v1/slot-formats/"):
+            if fmt.get("subtype") == "shares":
+                number = fmt.get("number_format") or {}
+                formats[fmt.get("slot_name")] = {"unit": fmt.get("display_unit") or "fGPU",
+                                                 "round_length": int(number.get("round_length", 2) or 0),
+                                                 "binary": bool(number.get("binary", False))}
+        return formats
+    except (ApiError, Unreachable, AttributeError, TypeError, ValueError):
+        pass
+    try:
+        options = client.get("/api/v1/launch-options/")
+        for slot in (options or {}).get("slots", []):
+            if slot.get("subtype") == "shares":
+                formats[slot.get("slot_name")] = {"unit": slot.get("display_unit") or "fGPU",
+                                                 "round_length": int(slot.get("round_length", 2) or 0),
+                                                 "binary": bool(slot.get("binary", False))}
+    except (ApiError, Unreachable, AttributeError, TypeError, ValueError):
+        return {}
+    return formats
+
+
+def _fgpu(value, formats: dict, slot_name: str) -> str:
+    fmt = formats.get(slot_name) or {"unit": "fGPU", "round_length": 2, "binary": False}
+    return amount(value, unit=fmt["unit"], round_length=fmt["round_length"], binary=fmt.get("binary", False))
+
+
+def _running_session(client, creds, ref: str, *, interactive_only: bool = False) -> dict:
+    session = resolve(client, ref, username=creds.username)
+    if session["status"] != "RUNNING":
+        reason = f": {session['status_reason']}" if session.get("status_reason") else ""
+        raise Failed(f"session {session.get('name') or short_id(session['id'])} is {session['status']}{reason}; "
+                     "its terminal is open only while it is RUNNING")
+    if interactive_only and session.get("command"):
+        raise Failed(f"session {session.get('name') or short_id(session['id'])} runs the batch command "
+                     f"{session['command']!r}; exec needs an interactive session (launched without --command)")
+    return session
+
+
+def _terminal_url(client: Client, session: dict) -> str:
+    ticket = client.post(f"{SESSIONS}{session['id']}/terminal-ticket/")
+    return client.websocket_url(ticket["url"])
+
+
+def _run_async(coroutine) -> int:
+    return asyncio.run(coroutine)
+
+
+# --- commands -------------------------------------------------------------------------------
+
+def cmd_login(args) -> int:
+    try:
+        url = config.normalize_url(args.url)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    username = args.username
+    if not username:
+        if not sys.stdin.isatty() or args.password_stdin:
+            raise UsageError("--username is required")
+        username = input("Username: ").strip()
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = getpass.getpass(f"Password for {username} at {url}: ")
+    if not password:
+        raise UsageError("an empty password")
+    client = Client(url, timeout=args.http_timeout)
+    try:
+        answer = client.post("/api/v1/auth/token/", {"username": username, "password": password}, auth=False)
+    except ApiError as exc:
+        if exc.status in (400, 401, 403):
+            raise Failed(f"login refused: {exc.detail}") from None
+        raise
+    token = (answer or {}).get("token") if isinstance(answer, dict) else None
+    if not token:
+        raise Failed(f"{url} answered no token: is it an fGPU Console?")
+    path = config.save({"url": url, "token": token, "username": username})
+    if args.output == "json":
+        _emit_json({"url": url, "username": username, "config": str(path)})
+    else:
+        _info(f"Logged in to {url} as {username} (token stored in {path}).")
+    return OK
+
+
+def cmd_logout(args) -> int:
+    removed = config.remove()
+    _info("Logged out." if removed else "Not logged in.")
+    if os.environ.get("FGPU_TOKEN"):
+        _info("FGPU_TOKEN is still set in the environment.")
+    return OK
+
+
+def cmd_launch(args) -> int:
+    body = build_body(name=args.name, command=args.command, priority=args.priority, gpu=args.gpu,
+                      gpu_memory=args.gpu_memory, gpu_cores=args.gpu_cores, gpus=args.gpus, fgpu=args.fgpu,
+                      mig_profile=args.mig_profile, slot=args.slot, cpu=args.cpu, mem=args.mem)
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError("--timeout must be above 0 seconds")
+    client, _ = _client(args)
+    if args.dry_run:
+        preview = client.post(f"{SESSIONS}preview/", body)
+        if args.output == "json":
+            _emit_json({"request": body, "preview": preview})
+            return OK
+        pairs = [("Request", json.dumps(body["resources"])), ("Configuration", preview.get("configuration")),
+                 ("Fits now", "yes" if preview.get("fits_now") else "no"), ("Node", preview.get("node"))]
+        if preview.get("reason"):
+            pairs.append(("Reason", preview["reason"]))
+        print(key_values(pairs))
+        if preview.get("devices"):
+            print()
+            print(_allocation_table(preview["devices"]))
+        return OK
+    session = client.post(SESSIONS, body)
+    label = session.get("name") or short_id(session["id"])
+    _info(f"session {label} ({session['id']}) {session['status']}"
+          + (f": {session['status_reason']}" if session.get("status_reason") else ""))
+    if args.wait:
+        session = _wait_running(client, session, args.timeout)
+    if args.output == "json":
+        _emit_json(session)
+    else:
+        print(session["id"])
+    if session["status"] == "TERMINATED" and session.get("exit_code"):
+        return FAILED
+    return OK
+
+
+def _wait_running(client: Client, session: dict, timeout) -> dict:
+    """Poll until RUNNING (or, for a batch command, until it ran and ended); a final state →
+    Failed with the reason; `timeout` seconds → Failed."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    seen = (session["status"], session.get("status_reason"))
+    label = session.get("name") or short_id(session["id"])
+    while True:
+        status = session["status"]
+        if status == "RUNNING":
+            return session
+        if status in FINAL_STATUSES:
+            if status == "TERMINATED" and session.get("command") and session.get("started_at"):
+                _info(f"session {label} ran and exited with code {session.get('exit_code')}")
+                return session
+            reason = session.get("status_reason") or "no reason given"
+            raise Failed(f"session {label} is {status}: {reason}")
+        if deadline is not None and time.monotonic() >= deadline:
+            reason = f" ({session['status_reason']})" if session.get("status_reason") else ""
+            raise Failed(f"timed out after {timeout:g} s: session {label} is still {status}{reason}; "
+                         f"it keeps waiting (fgpu rm {short_id(session['id'])} to cancel it)")
+        time.sleep(POLL_INTERVAL)
+        session = client.get(f"{SESSIONS}{session['id']}/")
+        now = (session["status"], session.get("status_reason"))
+        if now != seen:
+            seen = now
+            _info(f"session {label} {now[0]}" + (f": {now[1]}" if now[1] else ""))
+
+
+def cmd_ps(args) -> int:
+    client, creds = _client(args)
+    query = {}
+    if args.status:
+        query["status"] = args.status.upper()
+    elif not args.all:
+        query["status"] = ",".join(LIVE_STATUSES)
+    if args.owner:
+        query["owner"] = args.owner
+    if args.node:
+        query["node"] = args.node
+    sessions = client.get_all(SESSIONS, query)
+    # Also filtered here, for servers that ignore these query parameters.
+    sessions = [s for s in sessions if (not args.owner or s.get("owner") == args.owner)
+                and (not args.node or s.get("node") == args.node)]
+    if args.output == "json":
+        _emit_json(sessions)
+        return OK
+    rows = []
+    for s in sessions:
+        reason = s.get("status_reason") if s["status"] in ("PENDING", "ERROR") else ""
+        if reason and len(reason) > 60:
+            reason = reason[:59] + "…"
+        rows.append([short_id(s["id"]), s.get("name"), s.get("owner"), s["status"], s.get("node"),
+                     s.get("configuration"), age(s.get("created_at")), reason])
+    print(table(["ID", "NAME", "OWNER", "STATUS", "NODE", "RESOURCES", "AGE", "REASON"], rows))
+    return OK
+
+
+def _allocation_table(allocations: list[dict]) -> str:
+    rows = [[a.get("device_index"), a.get("device"), a.get("model_name"), gib(a["memory"]),
+             decimal_text(a.get("procs")), shares_text(a.get("shares")),
+             "released" if a.get("released_at") else ("" if "released_at" not in a else "held")]
+            for a in allocations]
+    return table(["INDEX", "DEVICE", "MODEL", "MEMORY (GiB)", "SMs", "fGPU", "STATE"], rows)
+
+
+def cmd_describe(args) -> int:
+    client, creds = _client(args)
+    session = resolve(client, args.session, username=creds.username)
+    allocations = session.get("allocations") or []
+    subprocs = None
+    if allocations and session.get("node"):
+        try:
+            node = client.get(f"/api/v1/nodes/{session['node']}/")
+            subprocs = {d["device_id"]: d.get("subproc_count") for d in node.get("devices", [])}
+        except ApiError:
+            subprocs = None
+    environment = session_environment(allocations, subprocs) if allocations else {}
+    if args.output == "json":
+        _emit_json({**session, "environment": environment})
+        return OK
+    pairs = [("ID", session["id"]), ("Name", session.get("name")), ("Owner", session.get("owner")),
+             ("Status", session["status"])]
+    if session.get("status_reason"):
+        pairs.append(("Pending reason" if session["status"] == "PENDING" else "Reason", session["status_reason"]))
+    pairs += [("Node", session.get("node")), ("Resources", session.get("configuration")),
+              ("Request", json.dumps(session.get("resources"))), ("Priority", session.get("priority")),
+              ("Command", session.get("command") or "(interactive shell)"),
+              ("Created", session.get("created_at")), ("Started", session.get("started_at"))]
+    if session.get("terminated_at"):
+        pairs += [("Terminated", session["terminated_at"]), ("Exit code", session.get("exit_code"))]
+    print(key_values(pairs))
+    print()
+    if allocations:
+        print("Allocation:")
+        print(_allocation_table(allocations))
+        print()
+        print("Environment limits:")
+        print(key_values(list(environment.items())))
+    else:
+        print("Allocation: none" + (" yet" if session["status"] in ("PENDING",) else ""))
+    return OK
+
+
+def cmd_rm(args) -> int:
+    client, creds = _client(args)
+    failures, ended = 0, []
+    for ref in args.sessions:
+        try:
+            session = resolve(client, ref, username=creds.username)
+            session = client.delete(f"{SESSIONS}{session['id']}/")
+        except (ApiError, NotFound) as exc:
+            if isinstance(exc, ApiError) and exc.status in (401,):
+                raise
+            failures += 1
+            _error(f"{ref}: {exc.detail if isinstance(exc, ApiError) else exc}")
+            continue
+        ended.append(session)
+        if args.output != "json":
+            print(f"{session['id']}  {session['status']}")
+    if args.output == "json":
+        _emit_json(ended)
+    return FAILED if failures else OK
+
+
+def cmd_logs(args) -> int:
+    client, creds = _client(args)
+    session = _running_session(client, creds, args.session)
+    return _run_async(terminal.logs(_terminal_url(client, session), follow=args.follow))
+
+
+def cmd_exec(args) -> int:
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("exec needs a command: fgpu exec SESSION -- CMD [ARG…]")
+    client, creds = _client(args)
+    session = _running_session(client, creds, args.session, interactive_only=True)
+    return _run_async(terminal.execute(_terminal_url(client, session), terminal.exec_command_text(argv)))
+
+
+def cmd_terminal(args) -> int:
+    client, creds = _client(args)
+    session = _running_session(client, creds, args.session)
+    url = _terminal_url(client, session)
+    if sys.stdin.isatty():
+        _info(f"Connected to {session.get('name') or short_id(session['id'])}; Ctrl-] detaches.")
+    return _run_async(terminal.interactive(url))
+
+
+def cmd_nodes(args) -> int:
+    client, _ = _client(args)
+    nodes = client.get_all("/api/v1/nodes/")
+    if args.output == "json":
+        _emit_json(nodes)
+        return OK
+    formats = _slot_formats(client)
+    rows = []
+    for n in nodes:
+        devices = n.get("devices") or []
+        slot = devices[0]["slot_name"] if devices else "cuda"
+
+        def total(key):
+            values = [Decimal(d[key]) for d in devices if d.get(key) is not None]
+            return sum(values, Decimal(0)) if values else None
+
+        rows.append([n["name"], n.get("status"), n.get("resource_group"), n.get("cpu_count"), size(n.get("memory_size")),
+                     len(devices), _fgpu(total("capacity_fgpu"), formats, slot),
+                     _fgpu(total("allocated_fgpu"), formats, slot), _fgpu(total("free_fgpu"), formats, slot),
+                     age(n.get("last_heartbeat"))])
+    print(table(["NODE", "STATUS", "GROUP", "CPU", "MEMORY", "DEVICES", "CAPACITY", "ALLOCATED", "FREE",
+                 "HEARTBEAT"], rows))
+    return OK
+
+
+def _all_devices(client: Client, node: str | None) -> list[dict]:
+    """Every device with its node's name: `/api/v1/devices/` (which adds the memory and SMs
+    held and the session count) where the server has it, else the nodes' device lists."""
+    try:
+        return client.get_all("/api/v1/devices/", {"node": node} if node else None)
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+    nodes = client.get_all("/api/v1/nodes/")
+    return [{"node": n["name"], **d} for n in nodes if not node or n["name"] == node for d in (n.get("devices") or [])]
+
+
+def cmd_devices(args) -> int:
+    client, _ = _client(args)
+    devices = _all_devices(client, args.node)
+    if args.node and not devices:
+        raise Failed(f"no node {args.node!r}, or it has no devices")
+    if args.output == "json":
+        _emit_json(devices)
+        return OK
+    formats = _slot_formats(client)
+    usage = any("allocated_memory" in d for d in devices)
+    rows = []
+    for d in devices:
+        model = (d.get("model_name") or "") + (f" ({d['mig_profile']})" if d.get("mig_profile") else "")
+        row = [d.get("node"), d.get("index"), model, size(d.get("memory_size")), d.get("subproc_count"),
+               _fgpu(d.get("capacity_fgpu"), formats, d.get("slot_name")),
+               _fgpu(d.get("allocated_fgpu"), formats, d.get("slot_name")),
+               _fgpu(d.get("free_fgpu"), formats, d.get("slot_name"))]
+        if usage:
+            row += [size(d.get("allocated_memory")), decimal_text(d.get("allocated_procs")), d.get("session_count")]
+        rows.append(row)
+    headers = ["NODE", "INDEX", "MODEL", "MEMORY", "SMs", "CAPACITY", "ALLOCATED", "FREE"]
+    print(table(headers + (["MEM HELD", "SMs HELD", "SESSIONS"] if usage else []), rows))
+    return OK
+
+
+_QUOTA_FIGURES = (("fgpu", "fGPU"), ("devices", "devices"), ("gpu_memory", "GPU memory"), ("sessions", "sessions"))
+
+
+def _quota_figure(key: str, value, formats: dict) -> str:
+    if value is None:
+        return "unlimited"
+    if key == "fgpu":
+        return _fgpu(value, formats, "cuda")
+    if key == "gpu_memory":
+        return size(value)
+    return str(value)
+
+
+def cmd_quota(args) -> int:
+    client, _ = _client(args)
+    try:
+        quota = client.get("/api/v1/quota/", query={"user": args.user} if args.user else None)
+    except ApiError as exc:
+        if exc.status == 404 and not args.user:
+            raise Failed(f"this server has no quota API (GET /api/v1/quota/ answered 404); "
+                         f"ask an administrator, or see {client.url}/admin/") from None
+        raise
+    if args.output == "json":
+        _emit_json(quota)
+        return OK
+    if not (isinstance(quota, dict) and isinstance(quota.get("quotas"), list)):
+        print(key_values(flatten(quota)) if quota else "No quota applies.")  # a shape this CLI does not know
+        return OK
+    formats = _slot_formats(client) if quota["quotas"] else {}
+    if not quota["quotas"]:
+        print(f"No quota applies to {quota.get('user')}: everything is unlimited.")
+        return OK
+    rows = []
+    for q in quota["quotas"]:
+        for key, label in _QUOTA_FIGURES:
+            rows.append([f"{q.get('scope')} {q.get('name')}", label,
+                         _quota_figure(key, (q.get("limits") or {}).get(key), formats),
+                         _quota_figure(key, (q.get("used") or {}).get(key), formats),
+                         _quota_figure(key, (q.get("remaining") or {}).get(key), formats)])
+    print(f"Quotas of {quota.get('user')}:")
+    print(table(["QUOTA", "RESOURCE", "LIMIT", "USED", "REMAINING"], rows))
+    headroom = quota.get("headroom") or {}
+    print()
+    parts = [_quota_figure("fgpu", headroom.get("fgpu"), formats) + ("" if headroom.get("fgpu") is not None else " fGPU")]
+    parts += [f"{_quota_figure(key, headroom.get(key), formats)} {label}" for key, label in _QUOTA_FIGURES[1:]]
+    print("Headroom (what you may still launch): " + ", ".join(parts))
+    return OK
+
+
+# --- the parser -----------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-o", "--output", choices=["table", "json"], default=argparse.SUPPRESS,
+                        help="table (default) or json: the API's objects, for scripts")
+    parser = argparse.ArgumentParser(
+        prog="fgpu", description="fGPU Console from the command line: launch GPU-sharing sessions, run commands "
+                                 "in them, see nodes and devices.",
+        epilog="Exit codes: 0 ok, 1 refused or failed, 2 bad usage, 3 server unreachable or not logged in "
+               "(fgpu exec: the command's own). FGPU_URL and FGPU_TOKEN override the stored login.")
+    parser.add_argument("-o", "--output", choices=["table", "json"], default="table",
+                        help="table (default) or json: the API's objects, for scripts")
+    parser.add_argument("--http-timeout", type=float, default=30.0, help=argparse.SUPPRESS)
+    parser.add_argument("--version", action="version", version=f"fgpu {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name, handler, help_text, **kw):
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text, **kw)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = add("login", cmd_login, "log in: store a token for URL in ~/.config/fgpu/config.json (mode 0600)")
+    p.add_argument("url", metavar="URL", help="the console, e.g. http://127.0.0.1:8000")
+    p.add_argument("-u", "--username")
+    p.add_argument("--password-stdin", action="store_true", help="read the password from stdin's first line")
+
+    add("logout", cmd_logout, "forget the stored token")
+
+    p = add("launch", cmd_launch, "launch a session (one GPU request style at most)")
+    p.add_argument("--name", help="the session's name")
+    gpu = p.add_argument_group("GPU request (one style)")
+    gpu.add_argument("--gpu", metavar="F", help="Run:ai style: a fraction of one GPU (0.5 = half its memory and "
+                                                "SMs) or a whole number of whole GPUs")
+    gpu.add_argument("--gpu-memory", metavar="SIZE", help="GPU memory per device, e.g. 4G (HAMi / Run:ai)")
+    gpu.add_argument("--gpu-cores", metavar="PCT", type=int, help="with --gpu-memory: percent of each device's SMs")
+    gpu.add_argument("--gpus", metavar="N", type=int, help="with --gpu-memory: how many devices (default 1)")
+    gpu.add_argument("--fgpu", metavar="AMOUNT", help="fGPU amount (Backend.AI), may span devices, e.g. 2.5")
+    gpu.add_argument("--slot", default="cuda", help=argparse.SUPPRESS)
+    gpu.add_argument("--mig-profile", metavar="PROFILE", help="a MIG profile, e.g. 2g.20gb")
+    p.add_argument("--cpu", type=int, metavar="N", help="CPU cores (default 1)")
+    p.add_argument("--mem", metavar="SIZE", help="host memory, e.g. 8G (default 1G)")
+    p.add_argument("--command", metavar="CMD", help="a batch command (default: an interactive shell)")
+    p.add_argument("--priority", type=int, help="queue priority (above 0: administrators only)")
+    p.add_argument("--wait", action="store_true", help="wait until RUNNING (exit 1 if it ends or errs instead)")
+    p.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 1)")
+    p.add_argument("--dry-run", action="store_true", help="show what the request would get now; create nothing")
+
+    p = add("ps", cmd_ps, "list sessions (live ones unless --all or --status)")
+    p.add_argument("-a", "--all", action="store_true", help="ended sessions too")
+    p.add_argument("--status", metavar="S", help="only these statuses, comma-separated (e.g. PENDING,RUNNING)")
+    p.add_argument("--owner", metavar="USER", help="administrators: only this user's sessions")
+    p.add_argument("--node", metavar="NODE", help="only sessions on this node")
+
+    p = add("describe", cmd_describe, "a session: allocation per device, environment limits, pending reason")
+    p.add_argument("session", metavar="SESSION", help="id, unique id prefix, or name")
+
+    p = add("rm", cmd_rm, "terminate sessions")
+    p.add_argument("sessions", metavar="SESSION", nargs="+")
+
+    p = add("logs", cmd_logs, "print a running session's terminal output (its scrollback)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing output until the session exits")
+    p.add_argument("session", metavar="SESSION")
+
+    p = add("exec", cmd_exec, "run a command in a session's shell; print its output, exit with its status",
+            usage="fgpu exec [-h] [-o {table,json}] SESSION -- CMD [ARG ...]")
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="CMD",
+                   help="one argument: a shell command line; several: a command and its arguments")
+
+    p = add("terminal", cmd_terminal, "an interactive terminal on a session in this TTY (Ctrl-] detaches)")
+    p.add_argument("session", metavar="SESSION")
+
+    add("nodes", cmd_nodes, "GPU nodes with their capacity, allocated and free fGPU")
+    p = add("devices", cmd_devices, "every device with its allocated and free fGPU")
+    p.add_argument("--node", help="only this node's devices")
+    p = add("quota", cmd_quota, "your quotas: limits, what is in use, what is left")
+    p.add_argument("--user", help="administrators: another user's quotas")
+    return parser
+
+
+def _error(message: str) -> None:
+    sys.stderr.write(f"fgpu: error: {' '.join(str(message).split())}\n")
+    sys.stderr.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except UsageError as exc:
+        _error(str(exc))
+        return USAGE
+    except config.ConfigError as exc:
+        _error(str(exc))
+        return UNREACHABLE
+    except (Unreachable, terminal.TerminalUnreachable) as exc:
+        _error(str(exc))
+        return UNREACHABLE
+    except ApiError as exc:
+        if exc.status == 401:
+            _error(f"{exc.detail} (run `fgpu login URL --username USER`)")
+            return UNREACHABLE
+        _error(exc.detail)
+        return FAILED
+    except (Failed, NotFound, terminal.TerminalError) as exc:
+        _error(str(exc))
+        return getattr(exc, "code", FAILED)
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        return 130
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""REST API for projects, quotas and the caller's quota usage (`/api/v1/`).
+
+Administrators create and change projects and quotas (ETag / If-Match, `console.api_support`);
+a user reads the projects they belong to and the quotas that apply to them (their own and
+their projects'), and `GET /api/v1/quota/` tells them what those quotas allow and what is in
+use (counting rules: `sessions.quotas`). Amounts: fGPU as decimal text, memory in bytes.
+"""
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import Q
+from django_filters import rest_framework as filters
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import serializers, viewsets
+from rest_framework.decorators import api_view
+from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.response import Response
+
+from console.api_support import IF_MATCH, IF_MATCH_OPTIONAL, ErrorSerializer, ETagMixin, IsAdminOrReadOnly
+from sessions.models import Project, Quota
+from sessions.quotas import fgpu_text, quota_headroom, quota_usage
+
+ETAG_NOTE = ("The answer carries an `ETag` header; send it back in `If-Match` to change the object "
+             "(PUT/PATCH without it: 428; with a stale one: 412).")
+
+
+class ProjectSerializer(serializers.ModelSerializer):
+    members = serializers.SlugRelatedField(many=True, required=False, slug_field="username",
+                                           queryset=get_user_model().objects.all(), help_text="usernames")
+
+    class Meta:
+        model = Project
+        fields = ["id", "name", "description", "members", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class QuotaSerializer(serializers.ModelSerializer):
+    user = serializers.SlugRelatedField(slug_field="username", queryset=get_user_model().objects.all(),
+                                        required=False, allow_null=True,
+                                        help_text="the user this quota limits (or project)")
+    project = serializers.SlugRelatedField(slug_field="name", queryset=Project.objects.all(), required=False,
+                                           allow_null=True, help_text="the project this quota limits (or user)")
+    scope = serializers.SerializerMethodField(help_text='"user" or "project"')
+
+    class Meta:
+        model = Quota
+        fields = ["id", "scope", "user", "project", "max_fgpu", "max_devices", "max_gpu_memory", "max_sessions",
+                  "created_at", "updated_at"]
+        read_only_fields = ["id", "created_at", "updated_at"]
+        extra_kwargs = {"max_fgpu": {"min_value": 0}, "max_gpu_memory": {"min_value": 0}}
+
+    def get_scope(self, quota) -> str:
+        return "project" if quota.project_id is not None else "user"
+
+    def validate(self, attrs):
+        """The model's constraints (one of user / project; one quota per subject), checked
+        before saving so they answer 400 with the model's messages, not a database error."""
+        candidate = Quota(**{f.attname: getattr(self.instance, f.attname) for f in Quota._meta.concrete_fields}) \
+            if self.instance is not None else Quota()
+        if self.instance is not None:
+            candidate._state.adding = False
+        for key, value in attrs.items():
+            setattr(candidate, key, value)
+        try:
+            candidate.validate_constraints()
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(serializers.as_serializer_error(exc)) from None
+        return attrs
+
+
+def _visible_to(user):
+    if user.is_staff:
+        return Q()
+    return Q(user=user) | Q(project__in=user.projects.all())
+
+
+def _write_docs(noun: str, *, examples: list[OpenApiExample], patch_examples: list[OpenApiExample]) -> dict:
+    tags = ["quotas"]
+    return {
+        "list": extend_schema(summary=f"List {noun}s", tags=tags),
+        "retrieve": extend_schema(summary=f"One {noun}", description=ETAG_NOTE, tags=tags),
+        "create": extend_schema(summary=f"Create a {noun} (administrators)", examples=examples, tags=tags),
+        "update": extend_schema(summary=f"Replace a {noun} (administrators; If-Match required)",
+                                parameters=[IF_MATCH], examples=examples, tags=tags),
+        "partial_update": extend_schema(summary=f"Change some fields of a {noun} (administrators; If-Match required)",
+                                        parameters=[IF_MATCH], examples=patch_examples, tags=tags),
+        "destroy": extend_schema(summary=f"Delete a {noun} (administrators)", parameters=[IF_MATCH_OPTIONAL],
+                                 tags=tags),
+    }
+
+
+@extend_schema_view(**_write_docs("project", examples=[
+    OpenApiExample("A team sharing one quota", value={"name": "vision", "description": "computer vision team",
+                                                      "members": ["alice", "bob"]}),
+], patch_examples=[
+    OpenApiExample("Change the members", value={"members": ["alice", "bob", "carol"]}),
+]))
+class ProjectViewSet(ETagMixin, viewsets.ModelViewSet):
+    """Projects (groups of users sharing a quota). Users see the projects they belong to."""
+
+    serializer_class = ProjectSerializer
+    permission_classes = [IsAdminOrReadOnly]
+
+    def get_queryset(self):
+        projects = Project.objects.prefetch_related("members")
+        if getattr(self, "swagger_fake_view", False):
+            return projects.none()
+        user = self.request.user
+        return projects if user.is_staff else projects.filter(members=user)
+
+
+class QuotaFilter(filters.FilterSet):
+    user = filters.CharFilter(field_name="user__username", help_text="username")
+    project = filters.CharFilter(field_name="project__name", help_text="project name")
+
+    class Meta:
+        model = Quota
+        fields = ["user", "project"]
+
+
+@extend_schema_view(**_write_docs("quota", examples=[
+    OpenApiExample("A user's quota", value={"user": "alice", "max_fgpu": "2.000", "max_devices": 2,
+                                            "max_gpu_memory": 16 << 30, "max_sessions": 4}),
+    OpenApiExample("A project's quota, fGPU only", value={"project": "vision", "max_fgpu": "8.000"}),
+], patch_examples=[
+    OpenApiExample("Lift the session limit", value={"max_sessions": None}),
+    OpenApiExample("Raise the fGPU limit", value={"max_fgpu": "4.000"}),
+]))
+class QuotaViewSet(ETagMixin, viewsets.ModelViewSet):
+    """Quotas per user or project; a limit left null is unlimited. Users see the quotas that apply
+    to them (their own and their projects')."""
+
+    serializer_class = QuotaSerializer
+    permission_classes = [IsAdminOrReadOnly]
+    filterset_class = QuotaFilter
+
+    def get_queryset(self):
+        quotas = Quota.objects.select_related("user", "project")
+        if getattr(self, "swagger_fake_view", False):
+            return quotas.none()
+        return quotas.filter(_visible_to(self.request.user))
+
+
+# --- the caller's usage -----------------------------------------------------------------------
+
+class QuotaFiguresSerializer(serializers.Serializer):
+    fgpu = serializers.CharField(allow_null=True, help_text="fGPU, decimal text; null: unlimited")
+    devices = serializers.IntegerField(allow_null=True, help_text="distinct devices; null: unlimited")
+    gpu_memory = serializers.IntegerField(allow_null=True, help_text="bytes of device memory; null: unlimited")
+    sessions = serializers.IntegerField(allow_null=True, help_text="sessions running or waiting; null: unlimited")
+
+
+class QuotaUsageSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    scope = serializers.CharField(help_text='"user" or "project"')
+    name = serializers.CharField(help_text="the username or project name")
+    limits = QuotaFiguresSerializer()
+    used = QuotaFiguresSerializer(help_text="held now, pending sessions counted as what they asked")
+    remaining = QuotaFiguresSerializer()
+
+
+class MyQuotaSerializer(serializers.Serializer):
+    user = serializers.CharField()
+    quotas = QuotaUsageSerializer(many=True, help_text="each quota that applies: the user's own, then projects' by name")
+    headroom = QuotaFiguresSerializer(help_text="the smallest remaining allowance over those quotas")
+
+
+def _figures(*, fgpu, devices, gpu_memory, sessions) -> dict:
+    return {"fgpu": None if fgpu is None else fgpu_text(fgpu), "devices": devices, "gpu_memory": gpu_memory,
+            "sessions": sessions}
+
+
+def quota_report(*, user) -> dict:
+    """`{"user", "quotas": [{"id", "scope", "name", "limits", "used", "remaining"}], "headroom"}`
+    for `user`, from sessions.quotas.quota_usage / quota_headroom."""
+    quotas = []
+    for usage in quota_usage(user=user):
+        quota = usage.quota
+        quotas.append({
+            "id": quota.pk,
+            "scope": "project" if quota.project_id is not None else "user",
+            "name": quota.project.name if quota.project_id is not None else quota.user.get_username(),
+            "limits": _figures(fgpu=quota.max_fgpu, devices=quota.max_devices, gpu_memory=quota.max_gpu_memory,
+                               sessions=quota.max_sessions),
+            "used": _figures(fgpu=usage.fgpu, devices=usage.devices, gpu_memory=usage.gpu_memory,
+                             sessions=usage.sessions),
+            "remaining": _figures(**usage.remaining()),
+        })
+    return {"user": user.get_username(), "quotas": quotas, "headroom": _figures(**quota_headroom(user=user))}
+
+
+@extend_schema(
+    summary="Your quota usage", tags=["quotas"],
+    responses={200: MyQuotaSerializer,
+               404: OpenApiResponse(ErrorSerializer, description="administrators' `?user=`: no such user")},
+    description="What the quotas that apply to you allow, what is in use and what is left; `headroom` is the "
+                "smallest remaining allowance (null: unlimited). No quota: an empty list, everything unlimited.",
+    parameters=[OpenApiParameter("user", OpenApiTypes.STR, description="administrators: another user's username")],
+)
+@api_view(["GET"])
+def quota_view(request):
+    """The caller's quotas, usage and headroom; administrators may name another user (`?user=`)."""
+    user = request.user
+    wanted = request.query_params.get("user")
+    if wanted and wanted != user.get_username():
+        if not user.is_staff:
+            raise PermissionDenied("Only administrators may look at another user's quota.")
+        user = get_user_model().objects.filter(username=wanted).first()
+        if user is None:
+            raise NotFound(f"no user {wanted!r}")
+    return Response(MyQuotaSerializer(quota_report(user=user)).data)

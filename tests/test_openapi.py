@@ -1,0 +1,182 @@
+"""The OpenAPI 3 schema (drf-spectacular) at /api/schema/ and the docs at /api/docs/: the schema
+is valid, documents every endpoint with the one error shape, and the API's answers conform to
+it (Schemathesis, driving Django in-process through WSGI against the demo cluster)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import schemathesis
+import yaml
+from django.contrib.staticfiles import finders
+from django.core import signals
+from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
+from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.validation import validate_schema
+from hypothesis import HealthCheck, settings
+from rest_framework.authtoken.models import Token
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+from rest_framework.test import APIClient
+
+from sessions.models import Project, Quota
+
+pytestmark = pytest.mark.django_db
+
+ERROR_KEYS = {"type", "title", "detail", "field_errors"}
+WRITE_METHODS = ("post", "put", "patch")
+
+
+@pytest.fixture
+def openapi() -> dict:
+    """The schema as /api/schema/?format=json served it (fetched once, while collecting)."""
+    return copy.deepcopy(SCHEMA)
+
+
+def operations(schema: dict):
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            if method in ("get", "post", "put", "patch", "delete"):
+                yield path, method, operation
+
+
+# --- the schema itself -------------------------------------------------------------------------------
+
+def test_the_schema_is_valid_openapi_3_and_generates_without_warnings(openapi):
+    validate_schema(openapi)  # drf-spectacular's check against the OpenAPI 3 JSON schema
+    assert openapi["openapi"].startswith("3.")
+    assert openapi["info"]["title"] == "fGPU Console API"
+
+
+def test_the_schema_is_served_as_yaml_by_default_and_json_on_request_without_signing_in(db):
+    as_yaml = APIClient().get("/api/schema/")
+    as_json = APIClient().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+
+    assert as_yaml.status_code == 200
+    assert yaml.safe_load(as_yaml.content) == as_json.json() == SCHEMA
+
+
+def test_every_endpoint_is_in_the_schema(openapi):
+    paths = set(openapi["paths"])
+
+    assert {
+        "/api/v1/auth/token/", "/api/v1/launch-options/", "/api/v1/quota/",
+        "/api/v1/sessions/", "/api/v1/sessions/{session_id}/", "/api/v1/sessions/preview/",
+        "/api/v1/sessions/{session_id}/terminal-ticket/",
+        "/api/v1/nodes/", "/api/v1/nodes/{name}/", "/api/v1/devices/", "/api/v1/devices/{id}/",
+        "/api/v1/slot-formats/", "/api/v1/slot-formats/{slot}/",
+        "/api/v1/fractional-settings/", "/api/v1/fractional-settings/{slot_name}/",
+        "/api/v1/resource-groups/", "/api/v1/resource-groups/{name}/",
+        "/api/v1/projects/", "/api/v1/projects/{id}/", "/api/v1/quotas/", "/api/v1/quotas/{id}/",
+    } <= paths
+
+
+def test_every_operation_has_a_summary_and_every_write_an_example(openapi):
+    for path, method, operation in operations(openapi):
+        assert operation.get("summary"), f"{method.upper()} {path} has no summary"
+        body = operation.get("requestBody")
+        if method in WRITE_METHODS and body and path != "/api/v1/sessions/{session_id}/terminal-ticket/":
+            examples = body["content"]["application/json"].get("examples")
+            assert examples, f"{method.upper()} {path} has no request example"
+
+
+def test_launching_documents_an_example_per_request_style(openapi):
+    body = openapi["paths"]["/api/v1/sessions/"]["post"]["requestBody"]["content"]["application/json"]
+    resources = [example["value"]["resources"] for example in body["examples"].values()]
+
+    assert {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"} in resources
+    assert {"gpu": 1, "gpu_memory": "4G", "gpu_cores": 60} in resources
+    assert {"gpu_fraction": "0.2"} in resources
+    assert any("cuda.device" in r for r in resources)
+
+
+def test_every_error_response_uses_the_error_component(openapi):
+    error = openapi["components"]["schemas"]["Error"]
+    assert set(error["required"]) == ERROR_KEYS
+    for path, method, operation in operations(openapi):
+        codes = operation["responses"]
+        assert "401" in codes or path == "/api/v1/auth/token/", f"{method.upper()} {path}"
+        if "{" in path:
+            assert "404" in codes, f"{method.upper()} {path} documents no 404"
+        if method in WRITE_METHODS:
+            assert "400" in codes, f"{method.upper()} {path} documents no 400"
+        for code in ("400", "401", "403", "404", "409", "412", "428"):
+            if code in codes and path != "/api/v1/auth/token/":
+                ref = codes[code]["content"]["application/json"]["schema"]["$ref"]
+                assert ref == "#/components/schemas/Error", f"{method.upper()} {path} {code}"
+
+
+def test_edits_of_admin_settings_document_if_match_428_and_412(openapi):
+    for path in ("/api/v1/slot-formats/{slot}/", "/api/v1/fractional-settings/{slot_name}/",
+                 "/api/v1/resource-groups/{name}/", "/api/v1/projects/{id}/", "/api/v1/quotas/{id}/"):
+        for method in ("put", "patch"):
+            operation = openapi["paths"][path][method]
+            [if_match] = [p for p in operation["parameters"] if p["name"] == "If-Match"]
+            assert (if_match["in"], if_match["required"]) == ("header", True)
+            assert {"412", "428"} <= set(operation["responses"])
+
+
+def test_the_generator_emits_no_warnings(capsys):
+    from drf_spectacular.drainage import GENERATOR_STATS
+
+    GENERATOR_STATS.reset()
+    SchemaGenerator().get_schema(request=None, public=True)
+
+    assert not GENERATOR_STATS, capsys.readouterr().err
+
+
+def test_the_docs_page_loads_swagger_ui_from_this_server_not_a_cdn(db):
+    response = APIClient().get("/api/docs/")
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js" in html
+    assert "cdn" not in html.lower()
+    assert finders.find("drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js")
+
+
+# --- Schemathesis: the API's answers conform to the schema --------------------------------------------
+
+LAUNCH_PATHS = ["/api/v1/sessions/", "/api/v1/sessions/preview/"]
+
+# Loaded while collecting: generating the schema reads no database. (Schemathesis' lazy
+# `from_fixture` loader does not run under pytest 9.)
+schema = (schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application())
+          .include(method="GET").include(method="POST", path=LAUNCH_PATHS))
+SCHEMA = copy.deepcopy(schema.raw_schema)
+
+
+@pytest.fixture
+def wsgi_in_test_transaction():
+    """Django's WSGI handler closes the database connection when a request ends, which would
+    end the test's transaction; Django's own test client disconnects that handler the same way."""
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)
+    yield
+    signals.request_started.connect(close_old_connections)
+    signals.request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def admin_token(demo_cluster, django_user_model, wsgi_in_test_transaction) -> str:
+    """An administrator's token on the demo cluster, with a project and quotas to read."""
+    admin = django_user_model.objects.create_user("root", is_staff=True)
+    alice = django_user_model.objects.create_user("alice")
+    vision = Project.objects.create(name="vision")
+    vision.members.add(alice, admin)
+    Quota.objects.create(user=alice, max_fgpu="1.5", max_sessions=3)
+    Quota.objects.create(project=vision, max_fgpu="100")
+    return Token.objects.create(user=admin).key
+
+
+@schema.parametrize()
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.filter_too_much])
+def test_api_answers_conform_to_the_schema(case, admin_token):
+    """Every GET and launching / previewing, as an administrator: no 5xx, every status code,
+    header and body as documented, and requests the schema forbids refused. A launch body that
+    fits the schema may still be refused (400) for what no schema can say: the amount off the
+    quantum, larger than any node, two request styles at once."""
+    excluded = [positive_data_acceptance] if case.method == "POST" else []
+    case.call_and_validate(headers={"Authorization": f"Token {admin_token}"}, excluded_checks=excluded)
