@@ -15,10 +15,8 @@ from rest_framework import mixins, serializers, viewsets
 
 from accelerators.models import AllocationMode, Device, FractionalSettings, Node, NodeStatus, ResourceGroup, SlotFormat
 from accelerators.selectors import device_fgpu_summary, devices_with_usage
-from console.api_support import IF_MATCH, IF_MATCH_OPTIONAL, ETagMixin, IsAdminOrReadOnly
+from console.api_support import ETagMixin, IsAdminOrReadOnly, admin_write_docs
 
-ETAG_NOTE = ("The answer carries an `ETag` header; send it back in `If-Match` to change the object "
-             "(PUT/PATCH without it: 428; with a stale one: 412).")
 
 
 # --- inventory: nodes and devices ---------------------------------------------------------------
@@ -218,23 +216,7 @@ class ResourceGroupSerializer(serializers.ModelSerializer):
         return value
 
 
-def _write_docs(noun: str, *, examples: list[OpenApiExample], patch_examples: list[OpenApiExample],
-                tags: list[str]) -> dict:
-    """extend_schema_view arguments for an admin-written ETag viewset of `noun`."""
-    return {
-        "list": extend_schema(summary=f"List {noun}s", tags=tags),
-        "retrieve": extend_schema(summary=f"One {noun}", description=ETAG_NOTE, tags=tags),
-        "create": extend_schema(summary=f"Create a {noun} (administrators)", examples=examples, tags=tags),
-        "update": extend_schema(summary=f"Replace a {noun} (administrators; If-Match required)",
-                                parameters=[IF_MATCH], examples=examples, tags=tags),
-        "partial_update": extend_schema(summary=f"Change some fields of a {noun} (administrators; If-Match required)",
-                                        parameters=[IF_MATCH], examples=patch_examples, tags=tags),
-        "destroy": extend_schema(summary=f"Delete a {noun} (administrators)", parameters=[IF_MATCH_OPTIONAL],
-                                 tags=tags),
-    }
-
-
-@extend_schema_view(**_write_docs("slot format", tags=["configuration"], examples=[
+@extend_schema_view(**admin_write_docs("slot format", tags=["configuration"], examples=[
     OpenApiExample("fGPU shares", value={
         "slot_name": "cuda", "subtype": "shares", "display_icon": "gpu1", "display_unit": "fGPU",
         "human_readable_name": "fGPU", "description": "CUDA-capable GPU (fractional)",
@@ -266,7 +248,7 @@ class SlotFormatViewSet(ETagMixin, viewsets.ModelViewSet):
 
 
 @extend_schema_view(**{
-    **_write_docs("fractional setting", tags=["configuration"], examples=[
+    **admin_write_docs("fractional setting", tags=["configuration"], examples=[
         OpenApiExample("1 physical GPU of 8 GiB / 80 SMs = 2 fGPU", value={
             "slot_name": "cuda", "allocation_mode": "fractional", "unit_mem": 4 << 30, "unit_proc": 40,
             "quantum_size": "0.25"}),
@@ -289,7 +271,7 @@ class FractionalSettingsViewSet(ETagMixin, mixins.CreateModelMixin, mixins.Updat
     http_method_names = ["get", "post", "put", "patch", "head", "options"]
 
 
-@extend_schema_view(**_write_docs("resource group", tags=["configuration"], examples=[
+@extend_schema_view(**admin_write_docs("resource group", tags=["configuration"], examples=[
     OpenApiExample("Training pool, spread", value={
         "name": "training", "description": "A100 nodes for long jobs", "policy": "spread",
         "weight_memory": "1.00", "weight_cores": "2.00", "weight_sessions": "0.50", "no_fragmentation": True}),

@@ -20,7 +20,7 @@ from django.http import JsonResponse
 from django.views import defaults
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import permissions, serializers, status
 from rest_framework.response import Response
 
@@ -211,3 +211,23 @@ class ETagMixin:
             if_match_check(request, obj, required=False)
             obj.delete()
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+ETAG_NOTE = ("The answer carries an `ETag` header; send it back in `If-Match` to change the object "
+             "(PUT/PATCH without it: 428; with a stale one: 412).")
+
+
+def admin_write_docs(noun: str, *, examples: list[OpenApiExample], patch_examples: list[OpenApiExample],
+                     tags: list[str]) -> dict:
+    """extend_schema_view arguments for an admin-written, ETag-guarded viewset of `noun`."""
+    return {
+        "list": extend_schema(summary=f"List {noun}s", tags=tags),
+        "retrieve": extend_schema(summary=f"One {noun}", description=ETAG_NOTE, tags=tags),
+        "create": extend_schema(summary=f"Create a {noun} (administrators)", examples=examples, tags=tags),
+        "update": extend_schema(summary=f"Replace a {noun} (administrators; If-Match required)",
+                                parameters=[IF_MATCH], examples=examples, tags=tags),
+        "partial_update": extend_schema(summary=f"Change some fields of a {noun} (administrators; If-Match required)",
+                                        parameters=[IF_MATCH], examples=patch_examples, tags=tags),
+        "destroy": extend_schema(summary=f"Delete a {noun} (administrators)", parameters=[IF_MATCH_OPTIONAL],
+                                 tags=tags),
+    }

@@ -18,12 +18,10 @@ from rest_framework.decorators import api_view
 from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.response import Response
 
-from console.api_support import IF_MATCH, IF_MATCH_OPTIONAL, ErrorSerializer, ETagMixin, IsAdminOrReadOnly
+from console.api_support import ErrorSerializer, ETagMixin, IsAdminOrReadOnly, admin_write_docs
 from sessions.models import Project, Quota
 from sessions.quotas import fgpu_text, quota_headroom, quota_usage
 
-ETAG_NOTE = ("The answer carries an `ETag` header; send it back in `If-Match` to change the object "
-             "(PUT/PATCH without it: 428; with a stale one: 412).")
 
 
 class ProjectSerializer(serializers.ModelSerializer):
@@ -76,22 +74,7 @@ def _visible_to(user):
     return Q(user=user) | Q(project__in=user.projects.all())
 
 
-def _write_docs(noun: str, *, examples: list[OpenApiExample], patch_examples: list[OpenApiExample]) -> dict:
-    tags = ["quotas"]
-    return {
-        "list": extend_schema(summary=f"List {noun}s", tags=tags),
-        "retrieve": extend_schema(summary=f"One {noun}", description=ETAG_NOTE, tags=tags),
-        "create": extend_schema(summary=f"Create a {noun} (administrators)", examples=examples, tags=tags),
-        "update": extend_schema(summary=f"Replace a {noun} (administrators; If-Match required)",
-                                parameters=[IF_MATCH], examples=examples, tags=tags),
-        "partial_update": extend_schema(summary=f"Change some fields of a {noun} (administrators; If-Match required)",
-                                        parameters=[IF_MATCH], examples=patch_examples, tags=tags),
-        "destroy": extend_schema(summary=f"Delete a {noun} (administrators)", parameters=[IF_MATCH_OPTIONAL],
-                                 tags=tags),
-    }
-
-
-@extend_schema_view(**_write_docs("project", examples=[
+@extend_schema_view(**admin_write_docs("project", tags=["quotas"], examples=[
     OpenApiExample("A team sharing one quota", value={"name": "vision", "description": "computer vision team",
                                                       "members": ["alice", "bob"]}),
 ], patch_examples=[
@@ -120,7 +103,7 @@ class QuotaFilter(filters.FilterSet):
         fields = ["user", "project"]
 
 
-@extend_schema_view(**_write_docs("quota", examples=[
+@extend_schema_view(**admin_write_docs("quota", tags=["quotas"], examples=[
     OpenApiExample("A user's quota", value={"user": "alice", "max_fgpu": "2.000", "max_devices": 2,
                                             "max_gpu_memory": 16 << 30, "max_sessions": 4}),
     OpenApiExample("A project's quota, fGPU only", value={"project": "vision", "max_fgpu": "8.000"}),
