@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from sessions.runtime.agent import _make_controlling_tty
+
 from accelerators.allocation.requests import parse_resources
 from fgpu_cli import config, main as cli
 from fgpu_cli.formatting import age, amount, session_environment, size, table
@@ -552,8 +554,11 @@ def test_the_exec_line_in_an_interactive_bash_on_a_pty(tmp_path):
     command's output between the markers, gives its status, and leaves echo on afterwards."""
     master, slave = pty.openpty()
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TERM": "xterm", "PS1": "$ "}
+    # Started exactly as the agent starts a session's shell: own session, the PTY as its
+    # controlling terminal, default signal handling (a test runner started in the background
+    # ignores SIGINT, and ignored signals are inherited).
     shell = subprocess.Popen(["/bin/bash", "--noprofile", "--norc", "-i"], stdin=slave, stdout=slave, stderr=slave,
-                             env=env, cwd=tmp_path, start_new_session=True)
+                             env=env, cwd=tmp_path, start_new_session=True, preexec_fn=_make_controlling_tty)
     os.close(slave)
 
     def run(command: str, nonce: str) -> tuple[str, int]:
