@@ -12,7 +12,7 @@ from decimal import Decimal
 from django.core.validators import MinValueValidator
 from django.db import models
 
-from accelerators.allocation import topology, units
+from accelerators.allocation import cluster, topology, units
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -101,6 +101,9 @@ class FractionalSettings(models.Model):
         return Pure(unit_mem=self.unit_mem, unit_proc=self.unit_proc, quantum=self.quantum_size)
 
 
+PLACEMENT_POLICIES = [(name, name) for name in cluster.POLICIES]
+
+
 class ResourceGroup(models.Model):
     """A node pool with its placement rules (Backend.AI's scaling groups, HAMi's scheduler
     policies). A session naming a group in `resources.resource_group` goes to its nodes under
@@ -112,7 +115,9 @@ class ResourceGroup(models.Model):
 
     name = models.SlugField(max_length=64, unique=True)
     description = models.CharField(max_length=255, blank=True)
-    policy = models.CharField(max_length=8, choices=[("binpack", "binpack"), ("spread", "spread")], default="binpack")
+    policy = models.CharField(max_length=16, choices=PLACEMENT_POLICIES, default="binpack",
+                              help_text="how nodes are chosen: binpack, spread, best-fit, fgd (fragmentation gradient "
+                                        "descent, Weng et al. ATC'23) or fgd-plus (FGD with best-fit tie-breaks)")
     weight_memory = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal("1"),
                                         validators=[MinValueValidator(Decimal("0"))])
     weight_cores = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal("1"),
@@ -126,6 +131,23 @@ class ResourceGroup(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class PlacementShape(models.Model):
+    """How many sessions of one request shape the scheduler has placed in a resource group
+    (`resource_group` is the group's name, "" for requests naming none): the workload
+    distribution p that fragmentation-aware policies (fgd, fgd-plus) weigh by. `key` is the
+    shape in the allocator's index units (`sessions.scheduler.shape_key`)."""
+
+    resource_group = models.CharField(max_length=64, blank=True)
+    key = models.CharField(max_length=200)
+    count = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["resource_group", "key"], name="placement_shape_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.resource_group or '(any)'} {self.key}: {self.count}"
 
 
 class NodeStatus(models.TextChoices):

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 from django.db.models import Count, Q, Sum
 
-from accelerators.allocation import core, topology
+from accelerators.allocation import cluster, core, topology
 from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.models import (
     AllocationMode,
@@ -16,6 +16,7 @@ from accelerators.models import (
     FractionalSettings,
     Node,
     NodeStatus,
+    PlacementShape,
     ResourceGroup,
     SlotFormat,
 )
@@ -122,10 +123,28 @@ def placement_scope(*, request: core.ResourceRequest, for_update: bool = False, 
     the group named "default" if there is one (else binpack, fragmentation allowed)."""
     group = resource_group_get(name=request.resource_group)
     nodes = node_states(slot_name=request.slot or "cuda", for_update=for_update, alive_only=alive_only, group=group)
+    return nodes, placement_options(group=group)
+
+
+def placement_options(*, group: ResourceGroup | None) -> dict:
+    """`core.place`'s options under `group`'s rules, or the "default" group's for None (else
+    binpack, fragmentation allowed): `{"policy", "no_fragmentation"}`."""
     rules = group or ResourceGroup.objects.filter(name=DEFAULT_GROUP).first()
-    options = {"policy": rules.policy if rules else "binpack",
-               "no_fragmentation": rules.no_fragmentation if rules else False}
-    return nodes, options
+    return {"policy": rules.policy if rules else "binpack",
+            "no_fragmentation": rules.no_fragmentation if rules else False}
+
+
+def placement_workload(*, resource_group: str, prefix: str) -> cluster.Workload:
+    """The request shapes the scheduler has placed in `resource_group` ("" for requests naming
+    none) whose keys start with `prefix` (slot and index units), as the workload distribution
+    p that fragmentation-aware policies weigh by (Weng et al. ATC'23, "target workload")."""
+    workload = cluster.Workload()
+    rows = PlacementShape.objects.filter(resource_group=resource_group, key__startswith=prefix, count__gt=0)
+    for key, count in rows.values_list("key", "count"):
+        shape = cluster.shape_from_key(key[len(prefix):])
+        if shape is not None:
+            workload.observe(shape, count)
+    return workload
 
 
 def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = True,

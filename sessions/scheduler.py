@@ -1,26 +1,38 @@
 """The scheduler: places PENDING sessions, first in first out, and never over-commits.
 
-One pass, in one transaction: lock the pending sessions (oldest first), then for each lock
-the node and device rows (pk order, so concurrent passes queue instead of deadlocking),
-read live usage, ask the pure allocator (`accelerators.allocation.core.place`) for a plan,
-write the plan as Allocation rows and move the session PENDING → SCHEDULED. The start
-message goes to the node's agent after commit. A session that does not fit now stops the
-pass (strict FIFO: later, smaller sessions do not overtake it); it waits for capacity.
+One pass, in one transaction: lock the pending sessions (oldest first); then, once per scope
+(a resource group's nodes, for one slot) the first session of the pass needs, lock the node and
+device rows (pk order, so concurrent passes queue instead of deadlocking) and read live usage.
+Each session is placed by the pure allocator (`accelerators.allocation.core.place`) under its
+group's policy, on that in-memory view and its vectorised index; the plan is written as
+Allocation rows, the session moves PENDING → SCHEDULED, and the view is updated with the plan
+(`core.apply_placement`) in every scope holding that node, so later sessions of the same pass
+see it. The start message goes to the node's agent after commit. For the fragmentation-aware
+policies the pass also counts the request shapes it placed per resource group
+(`PlacementShape`): the workload distribution those policies weigh by.
 """
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Q
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
-from accelerators.allocation import core
+from accelerators.allocation import cluster, core
 from accelerators.allocation.errors import AllocationError, InsufficientResource, NeverSchedulable
 from accelerators.allocation.units import amount_text
-from accelerators.models import Device, Node
-from accelerators.selectors import placement_scope
+from accelerators.models import Device, Node, PlacementShape
+from accelerators.selectors import (
+    node_states,
+    placement_options,
+    placement_scope,
+    placement_workload,
+    resource_group_get,
+)
 from sessions import events
 from sessions.models import Allocation, ComputeSession, SessionStatus
 from sessions.selectors import session_request
@@ -45,6 +57,7 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
             ComputeSession.objects.select_for_update().filter(status=SessionStatus.PENDING)
             .order_by("-priority", "created_at", "pk")[:limit]
         )
+        view = _PassView()
         blocked: list[ComputeSession] = []
         for session in pending:
             reserved = next((b for b in blocked if b.overtaken >= backfill_limit), None)
@@ -55,9 +68,9 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
             request = session_request(session)
             try:
                 pure_settings = request_settings(request)
-                nodes, options = placement_scope(request=request, for_update=True)
+                scope = view.scope(request)
                 try:
-                    placement = core.place(nodes, request, pure_settings, **options)
+                    placement = scope.place(request, pure_settings)
                 except NeverSchedulable:
                     # Only the alive nodes are too small: wait while a LOST node that could hold
                     # it may come back (an agent restart must not fail the whole queue).
@@ -72,14 +85,116 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
                 session.save(update_fields=["status", "status_reason", "terminated_at"])
                 events.session_notify(session)
                 continue
+            view.commit(scope, request, pure_settings, placement)
             starts.append((placement.node_id, _write_placement(session, placement)))
             scheduled.append(str(session.pk))
             for earlier in blocked:  # backfilled past them
                 earlier.overtaken += 1
                 earlier.save(update_fields=["overtaken"])
+        view.record_shapes()
         for node_name, spec in starts:
             transaction.on_commit(lambda n=node_name, s=spec: _send_start(n, s))
     return scheduled
+
+
+def shape_prefix(slot: str, pure_settings: core.FractionalSettings | None) -> str:
+    """The part of a PlacementShape key naming the slot and the index's units (fGPU quanta of a
+    given size, or thousandths of a device's memory in discrete mode)."""
+    if pure_settings is None:
+        return f"{slot}|milli|"
+    return f"{slot}|{amount_text(pure_settings.quantum)}:{pure_settings.unit_mem}:{pure_settings.unit_proc}|"
+
+
+@dataclass
+class _Scope:
+    """One scope's nodes as the allocator sees them, read and locked once per pass and kept
+    current with each plan, with a cluster index per unit system (the slot's settings, or none)."""
+
+    group_name: str
+    slot: str
+    nodes: list[core.NodeState]
+    options: dict
+    rows: dict[str, int] = field(default_factory=dict)
+    indexes: dict = field(default_factory=dict)
+    workloads: dict = field(default_factory=dict)
+
+    def index(self, pure_settings):
+        if pure_settings not in self.indexes:
+            self.indexes[pure_settings] = core.cluster_index(self.nodes, pure_settings)
+        return self.indexes[pure_settings]
+
+    def workload(self, pure_settings) -> cluster.Workload:
+        if pure_settings not in self.workloads:
+            self.workloads[pure_settings] = placement_workload(
+                resource_group=self.group_name, prefix=shape_prefix(self.slot, pure_settings))
+        return self.workloads[pure_settings]
+
+    def place(self, request: core.ResourceRequest, pure_settings) -> core.Placement:
+        workload = None
+        if (request.policy or self.options["policy"]) in cluster.FRAGMENTATION_AWARE:
+            # p includes the request being placed, as in the benchmark.
+            workload = _with(self.workload(pure_settings), core.request_shape(request, pure_settings))
+        return core.place(self.nodes, request, pure_settings, index=self.index(pure_settings), workload=workload,
+                          **self.options)
+
+    def update(self, node: core.NodeState) -> None:
+        row = self.rows.get(node.node_id)
+        if row is None:
+            return
+        self.nodes[row] = node
+        for pure_settings, index in self.indexes.items():
+            index.set_row(row, **core.node_row(node, pure_settings))
+
+
+def _with(workload: cluster.Workload, shape: cluster.Shape) -> cluster.Workload:
+    copy = cluster.Workload(workload.counts())
+    copy.observe(shape)
+    return copy
+
+
+class _PassView:
+    """The scopes one scheduler pass has read, by (resource group name, slot)."""
+
+    def __init__(self):
+        self.scopes: dict[tuple[str, str], _Scope] = {}
+        self.placed: Counter = Counter()
+
+    def scope(self, request: core.ResourceRequest) -> _Scope:
+        slot = request.slot or "cuda"
+        key = (request.resource_group, slot)
+        if key not in self.scopes:
+            group = resource_group_get(name=request.resource_group)
+            nodes = node_states(slot_name=slot, for_update=True, group=group)
+            # A node another scope of this pass already planned on: take that scope's view.
+            latest = {n.node_id: n for s in self.scopes.values() if s.slot == slot for n in s.nodes}
+            nodes = [latest.get(n.node_id, n) for n in nodes]
+            self.scopes[key] = _Scope(group_name=request.resource_group, slot=slot, nodes=nodes,
+                                      options=placement_options(group=group),
+                                      rows={n.node_id: i for i, n in enumerate(nodes)})
+        return self.scopes[key]
+
+    def commit(self, scope: _Scope, request: core.ResourceRequest, pure_settings, placement: core.Placement) -> None:
+        node = core.apply_placement(scope.nodes[scope.rows[placement.node_id]], request, placement)
+        for other in self.scopes.values():
+            if other.slot == scope.slot:
+                other.update(node)
+        shape = core.request_shape(request, pure_settings)
+        self.placed[(scope.group_name, shape_prefix(scope.slot, pure_settings) + cluster.shape_key(shape))] += 1
+        for workload_settings, workload in scope.workloads.items():
+            if workload_settings == pure_settings:
+                workload.observe(shape)
+
+    def record_shapes(self) -> None:
+        """Add this pass's placed shapes to PlacementShape (one row per group and shape)."""
+        for (group_name, key), n in sorted(self.placed.items()):
+            updated = PlacementShape.objects.filter(resource_group=group_name, key=key).update(count=F("count") + n)
+            if updated:
+                continue
+            try:
+                with transaction.atomic():
+                    PlacementShape.objects.create(resource_group=group_name, key=key, count=n)
+            except IntegrityError:  # another pass created it first
+                PlacementShape.objects.filter(resource_group=group_name, key=key).update(count=F("count") + n)
 
 
 def _wait(session: ComputeSession, reason: str) -> None:

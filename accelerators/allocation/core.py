@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from decimal import ROUND_DOWN, Decimal
 from typing import Literal
 
-from accelerators.allocation import topology
+from accelerators.allocation import cluster, topology
 from accelerators.allocation.errors import (
     InsufficientResource,
     InvalidResourceRequest,
@@ -26,7 +26,7 @@ CENT = Decimal("0.01")
 ZERO = Decimal(0)
 
 Strategy = Literal["evenly", "fill"]
-Policy = Literal["binpack", "spread"]
+Policy = Literal["binpack", "spread"]  # per-device order within a node; node policies: cluster.POLICIES
 
 
 @dataclass(frozen=True)
@@ -308,14 +308,21 @@ def allocate_devices(devices: Sequence[DeviceState], count: int, *, node: NodeSt
     )
 
 
+def _by_numa(devices: Iterable[DeviceState]) -> dict[int | None, list[DeviceState]]:
+    """`devices` grouped by NUMA node, groups in order of first appearance, each keeping the
+    devices' order."""
+    groups: dict[int | None, list[DeviceState]] = {}
+    for d in devices:
+        groups.setdefault(d.numa_node, []).append(d)
+    return groups
+
+
 def _numa_pick(devices: Sequence[DeviceState], count: int, *, required: bool) -> list[DeviceState]:
     """`count` of `devices` (already in preference order) on one NUMA node when one holds
     enough: the smallest such group, so larger groups stay whole. With `required`, raise
     InsufficientResource when no single NUMA node has `count`; otherwise fall back to the
     first `count`."""
-    groups: dict[int | None, list[DeviceState]] = {}
-    for d in devices:
-        groups.setdefault(d.numa_node, []).append(d)
+    groups = _by_numa(devices)
     fitting = [g for g in groups.values() if len(g) >= count]
     if fitting:
         return min(fitting, key=len)[:count]
@@ -335,9 +342,7 @@ def _topology_pick(ordered: Sequence[DeviceState], count: int, node: NodeState |
         return _numa_pick(ordered, count, required=numa_required)
     pool = list(ordered)
     if numa_required:
-        groups: dict[int | None, list[DeviceState]] = {}
-        for d in ordered:
-            groups.setdefault(d.numa_node, []).append(d)
+        groups = _by_numa(ordered)
         fitting = [g for g in groups.values() if len(g) >= count]
         if not fitting:
             return _numa_pick(ordered, count, required=True)  # raises, naming the shortfall
@@ -479,9 +484,7 @@ def _allocate_on_node(node: NodeState, request: ResourceRequest, settings: Fract
 def _shares_on_one_numa_node(devices, request: ResourceRequest, settings: FractionalSettings, strategy: Strategy):
     """An fGPU request kept on one NUMA node: the first NUMA node (by its devices' order) that
     holds it. Raises the last node's InsufficientResource when none does."""
-    groups: dict[int | None, list[DeviceState]] = {}
-    for d in devices:
-        groups.setdefault(d.numa_node, []).append(d)
+    groups = _by_numa(devices)
     error: InsufficientResource | None = None
     for numa, group in groups.items():
         try:
@@ -491,49 +494,159 @@ def _shares_on_one_numa_node(devices, request: ResourceRequest, settings: Fracti
     raise error or InsufficientResource("no device on this node")
 
 
-def _remaining_gpu(node: NodeState, grants: Iterable[DeviceGrant]) -> Decimal:
-    """Fraction of the node's device memory left free after `grants` (binpack/spread score)."""
-    total = sum(d.memory_total for d in node.devices) or 1
-    used = sum(d.memory_used for d in node.devices) + sum(g.memory for g in grants)
-    return Decimal(total - used) / Decimal(total)
-
-
 def place(
     nodes: Sequence[NodeState],
     request: ResourceRequest,
     settings: FractionalSettings | None,
     *,
-    policy: Policy = "binpack",
+    policy: str = "binpack",
     strategy: Strategy = "evenly",
     no_fragmentation: bool = False,
+    index: cluster.ClusterIndex | None = None,
+    workload: cluster.Workload | None = None,
 ) -> Placement:
     """Pick a node and devices for `request`.
 
-    `binpack` prefers the node whose devices are left fullest (fewest stranded fragments),
-    `spread` the emptiest; ties go to the first node in `nodes`. The request's own `policy`
-    and `strategy` win over the arguments (the resource group's); `no_fragmentation` is the
-    group's guard against fGPU splits that leave several devices partly used. Raises InsufficientResource
-    with the reason for the closest node when nothing fits now, NeverSchedulable when no
-    node could hold it even empty, and the request's own errors (quantum, mode) as they are.
+    The node comes from `policy` (cluster.POLICIES): `binpack` prefers the node whose devices
+    are left fullest, `spread` the emptiest, `best-fit` the least resources left over, `fgd`
+    and `fgd-plus` the least growth in expected fragmentation under `workload` (the request
+    shapes seen so far; without one, this request's shape alone); ties go to the first node in
+    `nodes`. The devices on that node come from the exact allocator (pins, exclusions, NUMA,
+    topology, quantum, `strategy`, `no_fragmentation`); a node whose devices cannot give it
+    after all is skipped for the next best. `index` is `cluster_index(nodes, settings)` kept
+    by a caller that places many requests on the same nodes (then `nodes` and `index` must
+    describe the same state: see `apply_placement`). The request's own `policy` and `strategy`
+    win over the arguments (the resource group's). Raises InsufficientResource with the
+    reason for the first nodes when nothing fits now, NeverSchedulable when no node could hold
+    it even empty, and the request's own errors (quantum, mode) as they are.
     """
     policy = request.policy or policy
     strategy = request.strategy or strategy
     if not nodes:
         check_ever_fits(nodes, request, settings)
-    candidates: list[tuple[Decimal, int, Placement]] = []
-    reasons: list[str] = []
-    for position, node in enumerate(nodes):
+    if policy not in cluster.POLICIES:
+        raise InvalidResourceRequest(f"unknown placement policy {policy!r} (known: {', '.join(cluster.POLICIES)})")
+    if index is None:
+        index = cluster_index(nodes, settings)
+    shape = request_shape(request, settings)
+    if workload is None and policy in cluster.FRAGMENTATION_AWARE:
+        workload = cluster.Workload({shape: 1})
+    for row in index.ranking(shape, policy, workload):
         try:
-            grants = _allocate_on_node(node, request, settings, strategy, policy, no_fragmentation)
+            grants = _allocate_on_node(nodes[row], request, settings, strategy, _device_policy(policy), no_fragmentation)
+        except InsufficientResource:
+            continue
+        return Placement(nodes[row].node_id, grants)
+    check_ever_fits(nodes, request, settings, strategy=strategy)
+    reasons: list[str] = []
+    for node in nodes[:3]:
+        try:
+            _allocate_on_node(node, request, settings, strategy, _device_policy(policy), no_fragmentation)
+            reasons.append(f"{node.node_id}: its devices cannot give it this way")
         except InsufficientResource as exc:
             reasons.append(f"{node.node_id}: {exc}")
-            continue
-        score = _remaining_gpu(node, grants)
-        candidates.append((score if policy == "binpack" else -score, position, Placement(node.node_id, grants)))
-    if candidates:
-        return min(candidates, key=lambda c: (c[0], c[1]))[2]
-    check_ever_fits(nodes, request, settings, strategy=strategy)
-    raise InsufficientResource("; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more nodes" if len(reasons) > 3 else ""))
+    more = len(nodes) - len(reasons)
+    raise InsufficientResource("; ".join(reasons) + (f"; and {more} more nodes" if more > 0 else ""))
+
+
+def _device_policy(policy: str) -> Policy:
+    """The per-device order within a node: spread keeps spreading, every other policy packs."""
+    return "spread" if policy == "spread" else "binpack"
+
+
+def request_shape(request: ResourceRequest, settings: FractionalSettings | None) -> cluster.Shape:
+    """`request` in the cluster index's units (see `cluster_index`): CPU cores, bytes, and
+    fGPU quanta (fractional mode) or thousandths of a device's memory (discrete mode).
+    Per-device requests are filtered on CPU and memory only; the exact allocator checks their
+    devices. `device_fraction` lets binpack/spread count whole devices' memory per node."""
+    cpu, mem = request.cpu, request.mem
+    if request.kind == "shares" and settings is not None and request.amount > 0:
+        quanta = int(request.amount / settings.quantum)
+        memory = int(Decimal(settings.unit_mem) * request.amount)
+        return cluster.Shape(cluster.SPAN, cpu=cpu, mem=mem, amount=quanta, memory=memory)
+    if request.kind == "device" and request.amount == request.amount.to_integral_value() and request.amount > 0:
+        count = int(request.amount)
+        return cluster.Shape(cluster.WHOLE, cpu=cpu, mem=mem, count=count, device_fraction=float(count))
+    if request.kind == "per_device":
+        count = int(request.amount) if request.amount == request.amount.to_integral_value() else 0
+        memory = request.memory.bytes if request.memory is not None else 0
+        fraction = 0.0
+        if request.memory is None:
+            fraction = float(count)
+        elif request.memory.percent:
+            fraction = float(count * request.memory.percent / 100)
+        return cluster.Shape(cluster.NONE, cpu=cpu, mem=mem, count=count, memory=count * memory,
+                             device_fraction=fraction, per_device=True)
+    return cluster.Shape(cluster.NONE, cpu=cpu, mem=mem)
+
+
+def _device_units(device: DeviceState, settings: FractionalSettings | None) -> tuple[int, int]:
+    """(free, total) of one device in the index's units: fGPU quanta, or thousandths of its
+    memory in discrete mode. A full device (split count reached, all SMs held) has none free."""
+    if settings is not None:
+        quantum = settings.quantum
+        cap = int(truncate(device_capacity(memory_size=device.memory_total, subproc_count=device.proc_total,
+                                           settings=settings), quantum) / quantum)
+        if cap == 0:  # too small for one quantum: still a whole device
+            return int(device.is_idle), 1
+        free = int(truncate(device_free_shares(device, settings), quantum) / quantum)
+        return free, cap
+    if device.is_full or device.memory_total <= 0:
+        return 0, 1000
+    return max(0, (device.memory_total - device.memory_used) * 1000 // device.memory_total), 1000
+
+
+def node_row(node: NodeState, settings: FractionalSettings | None) -> dict:
+    """One node's figures for the cluster index (see `cluster_index`)."""
+    units = [_device_units(d, settings) for d in node.devices]
+    return {
+        "cpu_free": node.cpu_total - node.cpu_used,
+        "mem_free": node.mem_total - node.mem_used,
+        "free": [u[0] for u in units],
+        "memory_free": sum(d.memory_total - d.memory_used for d in node.devices),
+    }
+
+
+def cluster_index(nodes: Sequence[NodeState], settings: FractionalSettings | None) -> cluster.ClusterIndex:
+    """The vectorised index over `nodes` (same order) that `place` ranks nodes with: CPU in
+    cores, memory in bytes, each device's free and total amount in fGPU quanta (fractional
+    mode) or thousandths of its memory (discrete mode), device memory in bytes for
+    binpack/spread. Cost: one pass over the devices; keep it across placements and update it
+    with `apply_placement`."""
+    width = max((len(n.devices) for n in nodes), default=0) or 1
+    cap = [[0] * width for _ in nodes]
+    free = [[0] * width for _ in nodes]
+    memory_total, memory_free, device_memory = [], [], []
+    for i, node in enumerate(nodes):
+        for j, d in enumerate(node.devices):
+            free[i][j], cap[i][j] = _device_units(d, settings)
+        memory_total.append(sum(d.memory_total for d in node.devices))
+        memory_free.append(sum(d.memory_total - d.memory_used for d in node.devices))
+        device_memory.append(max((d.memory_total for d in node.devices), default=0))
+    return cluster.ClusterIndex(
+        names=[n.node_id for n in nodes], cpu_total=[n.cpu_total for n in nodes], mem_total=[n.mem_total for n in nodes],
+        cpu_free=[n.cpu_total - n.cpu_used for n in nodes], mem_free=[n.mem_total - n.mem_used for n in nodes],
+        models=["" for _ in nodes], cap=cap, free=free, memory_total=memory_total, memory_free=memory_free,
+        device_memory=device_memory)
+
+
+def apply_placement(node: NodeState, request: ResourceRequest, placement: Placement) -> NodeState:
+    """`node` after `placement` of `request` (what a scheduler writes as Allocation rows): CPU,
+    memory and each granted device's memory, SMs and session count taken. Raises
+    InsufficientResource if that over-commits (a caller bug: the plan was for another state)."""
+    grants = {g.device_id: g for g in placement.grants}
+    devices = []
+    for d in node.devices:
+        g = grants.get(d.device_id)
+        if g is not None:
+            d = replace(d, memory_used=d.memory_used + g.memory, proc_used=d.proc_used + g.procs, sessions=d.sessions + 1)
+            if d.memory_used > d.memory_total or d.proc_used > d.proc_total:
+                raise InsufficientResource(f"{d.label} on {node.node_id} would be over-committed")
+        devices.append(d)
+    after = replace(node, cpu_used=node.cpu_used + request.cpu, mem_used=node.mem_used + request.mem, devices=tuple(devices))
+    if after.cpu_used > after.cpu_total or after.mem_used > after.mem_total:
+        raise InsufficientResource(f"{node.node_id} would be over-committed on CPU or memory")
+    return after
 
 
 def check_ever_fits(

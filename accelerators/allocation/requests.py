@@ -12,14 +12,15 @@ Dialects (one per request; `cpu` — cores — and `mem` — bytes or a binary s
 | HAMi names | `nvidia.com/gpu`, `nvidia.com/gpumem` (MiB), `nvidia.com/gpumem-percentage`, `nvidia.com/gpucores`; `metax-tech.com/sgpu`, `metax-tech.com/vcore`, `metax-tech.com/vmemory` (bare number: GiB) | HAMi |
 | eGPU | `egpu`: {`GPU_MEM_PER_DEVICE` (bytes) or `ALIYUN_COM_GPU_MEM_CONTAINER` / `ALIYUN_COM_GPU_MEM_DEV`, `ALIYUN_COM_GPU_MEM_RESERVED` (MiB, default 10), `GPU_UTIL_PER_DEVICE`, `NVIDIA_VISIBLE_DEVICES`} | Alibaba eGPU |
 
-Any style may add `devices` (pins: UUIDs or indexes), `exclude`, `policy` (`binpack` /
-`spread`), `numa` (true: one NUMA node) and `resource_group` (a node pool's name). Where HAMi clamps cores above 100 or below 0
+Any style may add `devices` (pins: UUIDs or indexes), `exclude`, `policy` (`binpack`,
+`spread`, `best-fit`, `fgd`, `fgd-plus`: accelerators/allocation/cluster.py), `numa` (true: one NUMA node) and `resource_group` (a node pool's name). Where HAMi clamps cores above 100 or below 0
 silently (a bug its users reported), they are refused here.
 """
 from __future__ import annotations
 
 from decimal import Decimal
 
+from accelerators.allocation import cluster
 from accelerators.allocation.core import ZERO, MemorySpec, ResourceRequest
 from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.allocation.units import SizeError, amount_text, parse_binary_size, parse_decimal
@@ -108,8 +109,8 @@ def _styles(accelerator: dict) -> list[str]:
 
 def _common_options(resources: dict) -> dict:
     policy = resources.get("policy")
-    if policy is not None and policy not in ("binpack", "spread"):
-        fail("policy", f"{policy!r} is not a policy (binpack or spread)")
+    if policy is not None and policy not in cluster.POLICIES:
+        fail("policy", f"{policy!r} is not a policy ({', '.join(cluster.POLICIES)})")
     strategy = resources.get("strategy")
     if strategy is not None and strategy not in ("evenly", "fill"):
         fail("strategy", f"{strategy!r} is not a strategy (evenly or fill)")

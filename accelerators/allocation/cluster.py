@@ -1,0 +1,422 @@
+"""An incremental, vectorised index of a cluster's free resources, and the node-choice policies.
+
+The index keeps, per node, the free CPU and memory, the GPU model, and per device slot the
+free and total GPU amount, all as integers in base units the caller picks (openb: milli-cores,
+MiB and milli-GPU; the scheduler: CPU cores, bytes and fGPU quanta). A placement changes one
+node's row (`commit`); nothing is recomputed for the rest of the cluster. Scores are floats;
+amounts never are.
+
+Policies (`POLICIES`), each choosing a node and, for a single-device request, the device slot:
+
+* `binpack` / `spread`: least / most GPU left free on the node after the placement
+  (HAMi's node policies); ties go to the first node.
+* `best-fit`: least weighted remaining resources after the placement (CPU, memory and GPU
+  each as a fraction of the node's total), the device with the least free amount that holds
+  the request (the best-fit baseline of Weng et al., ATC'23, §6.1).
+* `fgd`: Fragmentation Gradient Descent (Weng et al., "Beware of Fragmentation: Scheduling
+  GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC'23, §4): the node
+  and device whose expected fragmentation F_n(M) = Σ_m p_m F_n(m) grows least, with p the
+  distribution of request shapes seen so far (`Workload`). F_n(m) is all of the node's free GPU
+  when m cannot fit the node (CPU, memory, model, device count), else the free GPU on devices
+  whose free amount is below m's per-device demand.
+* `fgd-plus` (this project's): FGD's fragmentation delta, plus a term for the GPU a placement
+  strands by taking a node's CPU or memory (a GPU-less request on a GPU node makes its GPUs
+  unusable for shapes that now lack CPU, which FGD only sees for the shapes seen so far), with
+  ties (equal expected fragmentation, common for whole-GPU requests on idle nodes) broken by
+  best fit, so idle nodes stay idle for the 8-GPU requests that arrive later.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+NONE, SHARE, WHOLE, SPAN = 0, 1, 2, 3
+KIND_NAMES = {NONE: "none", SHARE: "share", WHOLE: "whole", SPAN: "span"}
+POLICIES = ("binpack", "spread", "best-fit", "fgd", "fgd-plus")
+FRAGMENTATION_AWARE = ("fgd", "fgd-plus")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A request's shape in the index's units (hashable: the workload counts shapes).
+
+    `kind`: NONE (CPU and memory only), SHARE (`amount` on one device), WHOLE (`count` idle
+    devices) or SPAN (`amount` in total over one node's devices). `models`: the GPU models
+    allowed (empty: any). Binpack/spread count `memory` (bytes) plus `device_fraction` of
+    the node's device size as taken of its device memory (openb: neither, the GPU amount).
+    `per_device`: a per-device request, checked on CPU and memory here and on its devices by
+    the exact allocator."""
+
+    kind: int
+    cpu: int = 0
+    mem: int = 0
+    count: int = 0
+    amount: int = 0
+    models: frozenset[str] = frozenset()
+    memory: int = 0
+    device_fraction: float = 0.0
+    per_device: bool = False
+
+    @property
+    def gpu_amount(self) -> int:
+        """Total GPU this shape takes, in device units (WHOLE counts each device's full amount
+        only where devices are uniform, as in openb: `amount` per device)."""
+        if self.kind == WHOLE:
+            return self.count * self.amount
+        if self.kind in (SHARE, SPAN):
+            return self.amount
+        return 0
+
+
+def shape_key(shape: Shape) -> str:
+    """A shape as text for storage ("kind:cpu:mem:count:amount:memory:fraction:per_device");
+    models are not kept (the scheduler's shapes name none)."""
+    return ":".join(str(v) for v in (KIND_NAMES[shape.kind], shape.cpu, shape.mem, shape.count, shape.amount,
+                                     shape.memory, repr(shape.device_fraction), int(shape.per_device)))
+
+
+def shape_from_key(key: str) -> Shape | None:
+    """The inverse of `shape_key`; None for text it did not write."""
+    parts = key.split(":")
+    kinds = {v: k for k, v in KIND_NAMES.items()}
+    if len(parts) != 8 or parts[0] not in kinds:
+        return None
+    try:
+        return Shape(kinds[parts[0]], cpu=int(parts[1]), mem=int(parts[2]), count=int(parts[3]), amount=int(parts[4]),
+                     memory=int(parts[5]), device_fraction=float(parts[6]), per_device=bool(int(parts[7])))
+    except ValueError:
+        return None
+
+
+class Workload:
+    """The distribution p of request shapes seen so far, kept as counts. Fragmentation-aware
+    policies weigh F_n(m) by it (Weng et al. use the trace's pod types; here only what has
+    arrived, so a live scheduler can keep it)."""
+
+    def __init__(self, counts: dict[Shape, int] | None = None):
+        self.shapes: list[Shape] = []
+        self.position: dict[Shape, int] = {}
+        self._counts: list[float] = []
+        for shape, n in (counts or {}).items():
+            self.observe(shape, n)
+        self._cache = None
+
+    def observe(self, shape: Shape, n: int = 1) -> None:
+        pos = self.position.get(shape)
+        if pos is None:
+            pos = self.position[shape] = len(self.shapes)
+            self.shapes.append(shape)
+            self._counts.append(0.0)
+        self._counts[pos] += n
+        self._cache = None
+
+    def counts(self) -> dict[Shape, int]:
+        return {s: int(c) for s, c in zip(self.shapes, self._counts)}
+
+    def arrays(self, models: dict[str, int]):
+        """Per-shape arrays for the scorer: cpu, mem, model mask (T × models), class index
+        per shape, and the classes' (kind, count, amount) with their probability matrix."""
+        key = (len(self.shapes), len(models))
+        if self._cache is not None and self._cache[0] == key:
+            cached = self._cache[1]
+            p = np.asarray(self._counts, dtype=np.float64)
+            cached["onehot_p"] = cached["onehot"] * p[:, None]
+            cached["total"] = p.sum()
+            return cached
+        t = len(self.shapes)
+        cpu = np.array([s.cpu for s in self.shapes], dtype=np.int64)
+        mem = np.array([s.mem for s in self.shapes], dtype=np.int64)
+        mask = np.ones((t, max(len(models), 1)), dtype=bool)
+        for i, s in enumerate(self.shapes):
+            if s.models:
+                mask[i, :] = False
+                for name in s.models:
+                    if name in models:
+                        mask[i, models[name]] = True
+        classes: dict[tuple[int, int, int], int] = {}
+        cls = np.zeros(t, dtype=np.int64)
+        for i, s in enumerate(self.shapes):
+            k = (s.kind, s.count if s.kind == WHOLE else 0, s.amount if s.kind != WHOLE else 0)
+            cls[i] = classes.setdefault(k, len(classes))
+        onehot = np.zeros((t, len(classes)), dtype=np.float64)
+        onehot[np.arange(t), cls] = 1.0
+        p = np.asarray(self._counts, dtype=np.float64)
+        cached = {"cpu": cpu, "mem": mem, "mask": mask, "classes": list(classes), "onehot": onehot,
+                  "kinds": np.array([c[0] for c in classes], dtype=np.int64),
+                  "counts": np.array([c[1] for c in classes], dtype=np.int64),
+                  "amounts": np.array([c[2] for c in classes], dtype=np.int64),
+                  "onehot_p": onehot * p[:, None], "total": p.sum()}
+        self._cache = (key, cached)
+        return cached
+
+
+def _unique_rows(*columns):
+    """(unique row positions, inverse) over equal tuples of int columns."""
+    stacked = np.stack(columns, axis=1)
+    if stacked.min(initial=0) >= 0 and stacked.shape[1] == 3 and stacked[:, 0].max(initial=0) < 64 \
+            and stacked[:, 1].max(initial=0) < (1 << 28) and stacked[:, 2].max(initial=0) < (1 << 30):
+        key = (stacked[:, 0] << 58) | (stacked[:, 1] << 30) | stacked[:, 2]
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    else:
+        _, first, inverse = np.unique(stacked, axis=0, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
+
+
+def expected_fragmentation(cpu, mem, model, free, cap, arrays) -> np.ndarray:
+    """Σ_m p_m F_n(m) for K node states (Weng et al. ATC'23, Eq. 2–4), unnormalised (p as counts).
+
+    `cpu`, `mem`, `model`: (K,) ints; `free`, `cap`: (K, G) ints (cap 0 = no device in that
+    slot). Uses F_n(m) = gsum_n − fits(n, m) · A_n(m), where gsum is the node's free GPU and A
+    the part of it m could use (devices with at least m's per-device demand free; idle
+    devices for whole-device shapes), so the shape axis collapses to a few demand classes, and
+    the CPU/memory/model test is done once per distinct (model, CPU, memory) among the K states.
+    Returns (K,) floats."""
+    k = free.shape[0]
+    if k == 0 or arrays["total"] == 0:
+        return np.zeros(k)
+    present = cap > 0
+    gsum = free.sum(axis=1)
+    first, inverse = _unique_rows(model, cpu, mem)
+    ucpu, umem, umodel = cpu[first], mem[first], model[first]
+    cm = (arrays["cpu"][None, :] <= ucpu[:, None]) & (arrays["mem"][None, :] <= umem[:, None])
+    cm &= arrays["mask"][:, umodel].T
+    weights = (cm.astype(np.float64) @ arrays["onehot_p"])[inverse]  # (K, J): seen mass per class fitting CPU/mem/model
+    usable = np.zeros((k, len(arrays["classes"])), dtype=np.int64)
+    kinds = arrays["kinds"]
+    share = np.nonzero(kinds == SHARE)[0]
+    if len(share):
+        amounts = arrays["amounts"][share]
+        ok = (free[:, :, None] >= amounts[None, None, :]) & present[:, :, None]
+        usable[:, share] = (free[:, :, None] * ok).sum(axis=1)
+    whole = np.nonzero(kinds == WHOLE)[0]
+    if len(whole):
+        idle = present & (free == cap)
+        fits = idle.sum(axis=1)[:, None] >= arrays["counts"][whole][None, :]
+        usable[:, whole] = np.where(fits, np.where(idle, free, 0).sum(axis=1)[:, None], 0)
+    usable[:, kinds == NONE] = gsum[:, None]
+    span = np.nonzero(kinds == SPAN)[0]
+    if len(span):
+        usable[:, span] = np.where(gsum[:, None] >= arrays["amounts"][span][None, :], gsum[:, None], 0)
+    return gsum * arrays["total"] - (usable * weights).sum(axis=1)
+
+
+class ClusterIndex:
+    """Per-node free resources as numpy arrays, updated one node at a time.
+
+    Rows follow `names` (the caller's node order; ties between equal scores go to the lower
+    row). Device slots per node are columns 0..G-1; cap 0 marks a missing device.
+    """
+
+    def __init__(self, *, names: Sequence[str], cpu_total, mem_total, models: Sequence[str],
+                 cap, cpu_free=None, mem_free=None, free=None, memory_total=None, memory_free=None,
+                 device_memory=None):
+        self.names = list(names)
+        self.row = {name: i for i, name in enumerate(self.names)}
+        self.cpu_total = np.asarray(cpu_total, dtype=np.int64)
+        self.mem_total = np.asarray(mem_total, dtype=np.int64)
+        self.cpu_free = np.array(self.cpu_total if cpu_free is None else cpu_free, dtype=np.int64)
+        self.mem_free = np.array(self.mem_total if mem_free is None else mem_free, dtype=np.int64)
+        self.model_ids: dict[str, int] = {}
+        self.model = np.array([self.model_ids.setdefault(m, len(self.model_ids)) for m in models], dtype=np.int64)
+        self.cap = np.asarray(cap, dtype=np.int64).reshape(len(self.names), -1) if len(self.names) else \
+            np.zeros((0, 1), dtype=np.int64)
+        self.free = np.array(self.cap if free is None else free, dtype=np.int64).reshape(self.cap.shape)
+        self.gpu_total = self.cap.sum(axis=1)
+        # Device memory (binpack/spread's measure, as `core._remaining_gpu`); openb: the GPU amount.
+        self.memory_total = np.asarray(self.gpu_total if memory_total is None else memory_total, dtype=np.int64)
+        self.memory_free = np.array(self.free.sum(axis=1) if memory_free is None else memory_free, dtype=np.int64)
+        self.device_memory = np.asarray(self.cap.max(axis=1, initial=0) if device_memory is None else device_memory,
+                                        dtype=np.int64)
+        # Equivalence classes: nodes in the same state (model, CPU, memory, device amounts as a
+        # multiset) share an id, so a policy scores one representative per class.
+        self._state_ids: dict[tuple, int] = {}
+        self.state = np.array([self._state_id(r) for r in range(len(self.names))], dtype=np.int64)
+
+    def _state_id(self, row: int) -> int:
+        pairs = tuple(sorted(zip(self.free[row].tolist(), self.cap[row].tolist())))
+        key = (int(self.model[row]), int(self.cpu_free[row]), int(self.mem_free[row]), pairs)
+        return self._state_ids.setdefault(key, len(self._state_ids))
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def copy(self) -> ClusterIndex:
+        other = object.__new__(ClusterIndex)
+        other.__dict__.update(self.__dict__)
+        other._state_ids = dict(self._state_ids)
+        for name in ("cpu_free", "mem_free", "free", "memory_free", "state"):
+            setattr(other, name, getattr(self, name).copy())
+        return other
+
+    # ---- updates -------------------------------------------------------------------------
+    def commit(self, row: int, *, cpu: int, mem: int, takes: dict[int, int], memory: int = 0) -> None:
+        """Take `cpu`, `mem` and `takes` ({device slot: amount}) from node `row`; `memory`
+        (binpack/spread's device memory) defaults to the GPU amount taken. Never goes negative:
+        raises ValueError (a caller bug: it committed a placement that does not fit)."""
+        self.cpu_free[row] -= cpu
+        self.mem_free[row] -= mem
+        for slot, amount in takes.items():
+            self.free[row, slot] -= amount
+        self.memory_free[row] -= memory or sum(takes.values())
+        self.state[row] = self._state_id(row)
+        if self.cpu_free[row] < 0 or self.mem_free[row] < 0 or (self.free[row] < 0).any():
+            raise ValueError(f"over-commit on node {self.names[row]}")
+
+    def set_row(self, row: int, *, cpu_free: int, mem_free: int, free: Sequence[int], memory_free: int) -> None:
+        """Replace a node's free figures (the scheduler, after the exact allocator's plan)."""
+        self.cpu_free[row], self.mem_free[row], self.memory_free[row] = cpu_free, mem_free, memory_free
+        self.free[row, :] = 0
+        self.free[row, :len(free)] = free
+        self.state[row] = self._state_id(row)
+
+    # ---- queries -------------------------------------------------------------------------
+    def model_arrays(self) -> dict[str, int]:
+        return self.model_ids
+
+    def feasible(self, shape: Shape) -> np.ndarray:
+        """(N,) bool: nodes with the CPU, memory, model and device amounts `shape` needs now."""
+        ok = (self.cpu_free >= shape.cpu) & (self.mem_free >= shape.mem)
+        if shape.models:
+            allowed = [self.model_ids[m] for m in shape.models if m in self.model_ids]
+            ok &= np.isin(self.model, allowed)
+        if shape.kind == SHARE:
+            ok &= ((self.free >= shape.amount) & (self.cap > 0)).any(axis=1)
+        elif shape.kind == WHOLE:
+            ok &= ((self.free == self.cap) & (self.cap > 0)).sum(axis=1) >= shape.count
+        elif shape.kind == SPAN:
+            ok &= self.free.sum(axis=1) >= shape.amount
+        return ok
+
+    def candidates(self, shape: Shape, rows: np.ndarray, device_order: str = "first"):
+        """After-states of placing `shape` on each of `rows`: (cand_rows, slots, free_after).
+        SHARE: one candidate per distinct free amount on a node that holds it (which device of
+        equal free amount is immaterial to the scores); `slots` = the device slot, else -1.
+        WHOLE takes the first idle devices; SPAN fills the most-free devices first."""
+        free = self.free[rows]
+        cap = self.cap[rows]
+        if shape.kind == SHARE:
+            ok = (free >= shape.amount) & (cap > 0)
+            g = free.shape[1]
+            dup = np.zeros_like(ok)
+            for j in range(1, g):
+                dup[:, j] = (free[:, :j] == free[:, j:j + 1]).any(axis=1)
+            ok &= ~dup
+            r, c = np.nonzero(ok)
+            after = free[r].copy()
+            after[np.arange(len(r)), c] -= shape.amount
+            return rows[r], c, after
+        after = free.copy()
+        if shape.kind == WHOLE:
+            idle = (free == cap) & (cap > 0)
+            taken = np.cumsum(idle, axis=1) <= shape.count
+            after[idle & taken] = 0
+        elif shape.kind == SPAN:
+            order = np.argsort(-free, axis=1, kind="stable")
+            sorted_free = np.take_along_axis(free, order, axis=1)
+            before = np.cumsum(sorted_free, axis=1) - sorted_free
+            take = np.clip(shape.amount - before, 0, sorted_free)
+            np.put_along_axis(after, order, sorted_free - take, axis=1)
+        return rows, np.full(len(rows), -1), after
+
+    def frag(self, rows, arrays, *, cpu=None, mem=None, free=None) -> np.ndarray:
+        cpu = self.cpu_free[rows] if cpu is None else cpu
+        mem = self.mem_free[rows] if mem is None else mem
+        free = self.free[rows] if free is None else free
+        return expected_fragmentation(cpu, mem, self.model[rows], free, self.cap[rows], arrays)
+
+    def fragmentation_rate(self, workload: Workload) -> float:
+        """Cluster fragmentation rate in percent: Σ_n F_n(M) / Σ_n free GPU × 100 (Weng et al.
+        ATC'23, Eq. 6), p = the workload's shapes seen so far."""
+        arrays = workload.arrays(self.model_ids)
+        free_total = float(self.free.sum())
+        if free_total == 0 or arrays["total"] == 0:
+            return 0.0
+        frag = self.frag(np.arange(len(self)), arrays).sum() / arrays["total"]
+        return 100.0 * frag / free_total
+
+    def scores(self, shape: Shape, policy: str, workload: Workload | None = None):
+        """Score every (feasible node, device) candidate for `shape` under `policy`, lower is
+        better. Returns (rows, slots, keys) where keys is a tuple of (K,) arrays for
+        np.lexsort, most significant last. Raises ValueError for an unknown policy."""
+        rows = np.nonzero(self.feasible(shape))[0]
+        cand, slots, after = self.candidates(shape, rows)
+        if policy in ("binpack", "spread"):
+            taken = (shape.memory + shape.device_fraction * self.device_memory[cand]
+                     if shape.memory or shape.device_fraction else shape.gpu_amount)
+            total = np.where(self.memory_total[cand] > 0, self.memory_total[cand], 1)
+            remaining = (self.memory_free[cand] - taken) / total
+            if shape.kind == SHARE:  # the device: least free that holds it (the allocator's `evenly`)
+                device = self.free[cand, slots] if policy == "binpack" else -self.free[cand, slots]
+                return cand, slots, (device, cand, remaining if policy == "binpack" else -remaining)
+            return cand, slots, (cand, remaining if policy == "binpack" else -remaining)
+        if policy == "best-fit":
+            return cand, slots, (cand, self._best_fit(shape, cand, after))
+        if policy in FRAGMENTATION_AWARE:
+            if workload is None:
+                raise ValueError(f"policy {policy!r} needs the workload seen so far")
+            arrays = workload.arrays(self.model_ids)
+            delta = self._frag_delta(shape, cand, slots, after, arrays)
+            if policy == "fgd":
+                return cand, slots, (cand, delta)
+            fit = self._best_fit(shape, cand, after)
+            return cand, slots, (cand, fit, np.round(delta / max(arrays["total"], 1.0), 6))
+        raise ValueError(f"unknown placement policy {policy!r} (known: {', '.join(POLICIES)})")
+
+    def _frag_delta(self, shape: Shape, cand, slots, after, arrays) -> np.ndarray:
+        """FGD's gradient per candidate: F(after) − F(before), computed once per equivalence
+        class of (node state, device amount taken from)."""
+        state = self.state[cand]
+        _, first, inverse = np.unique(state, return_index=True, return_inverse=True)
+        before = self.frag(cand[first], arrays)[inverse.reshape(-1)]
+        key = state * (1 << 22) + (self.free[cand, slots] if shape.kind == SHARE else 0)
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        rows = cand[first]
+        after_frag = self.frag(rows, arrays, cpu=self.cpu_free[rows] - shape.cpu, mem=self.mem_free[rows] - shape.mem,
+                               free=after[first])
+        return after_frag[inverse.reshape(-1)] - before
+
+    def _best_fit(self, shape: Shape, rows, after) -> np.ndarray:
+        cpu = (self.cpu_free[rows] - shape.cpu) / np.maximum(self.cpu_total[rows], 1)
+        mem = (self.mem_free[rows] - shape.mem) / np.maximum(self.mem_total[rows], 1)
+        gpu = after.sum(axis=1) / np.maximum(self.gpu_total[rows], 1)
+        return cpu + mem + gpu
+
+    def choose(self, shape: Shape, policy: str, workload: Workload | None = None) -> tuple[int, int] | None:
+        """The best (row, device slot or -1) for `shape`, or None when no node fits now."""
+        cand, slots, keys = self.scores(shape, policy, workload)
+        if len(cand) == 0:
+            return None
+        best = np.lexsort(keys)[0]
+        return int(cand[best]), int(slots[best])
+
+    def ranking(self, shape: Shape, policy: str, workload: Workload | None = None) -> list[int]:
+        """Feasible rows, best first (each node at the rank of its best candidate)."""
+        cand, _, keys = self.scores(shape, policy, workload)
+        order = cand[np.lexsort(keys)]
+        _, first = np.unique(order, return_index=True)
+        return [int(r) for r in order[np.sort(first)]]
+
+    def place(self, shape: Shape, policy: str, workload: Workload | None = None) -> tuple[int, dict[int, int]] | None:
+        """Choose and commit: the row and {device slot: amount} taken, or None (nothing changed)."""
+        chosen = self.choose(shape, policy, workload)
+        if chosen is None:
+            return None
+        row, slot = chosen
+        takes = self.takes(row, shape, slot)
+        self.commit(row, cpu=shape.cpu, mem=shape.mem, takes=takes)
+        return row, takes
+
+    def takes(self, row: int, shape: Shape, slot: int) -> dict[int, int]:
+        """{device slot: amount} `shape` takes on `row` (SHARE on `slot`)."""
+        if shape.kind == SHARE:
+            return {slot: shape.amount}
+        if shape.kind == WHOLE:
+            idle = np.nonzero((self.free[row] == self.cap[row]) & (self.cap[row] > 0))[0][:shape.count]
+            return {int(s): int(self.free[row, s]) for s in idle}
+        if shape.kind == SPAN:
+            _, _, after = self.candidates(shape, np.array([row]))
+            diff = self.free[row] - after[0]
+            return {int(s): int(diff[s]) for s in np.nonzero(diff)[0]}
+        return {}
