@@ -25,17 +25,31 @@ Behaviour copied from NVML (nvml.h):
   FEATURE_DISABLED; nvmlDeviceGetNvLinkRemotePciInfo gives the remote's PCI bus id and
   nvmlDeviceGetNvLinkRemoteDeviceType NVML_NVLINK_DEVICE_TYPE_GPU or _SWITCH.
 
+- MIG instances (a GPU with `mig_model`, a model of the built-in catalog
+  `accelerators.allocation.mig`, whose geometry and figures come from nvidia-smi captures):
+  profile info and possible placements answer whatever the MIG mode (as NVML documents);
+  creating a GPU instance (with an explicit placement) or a compute instance, and destroying
+  them, need root (`root=False`: NO_PERMISSION) and MIG mode on (else NOT_SUPPORTED); a
+  placement not allowed for the profile is INVALID_ARGUMENT, one over another instance or past
+  the profile's max count INSUFFICIENT_RESOURCES; a compute instance adds a MIG device (UUID
+  "MIG-…") at the first free MIG index; destroying a compute instance with a process attached,
+  or a GPU instance that still has compute instances, is IN_USE. nvmlDeviceSetMigMode on a GPU
+  with `mig_reset_required` only sets the pending mode (the current one changes at reset).
+
 Configure with `FakeGpu`s (each with optional `FakeMigDevice`s and `FakeProcess`es), and
 inject failures with `fake.fail("nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_GPU_IS_LOST)`.
 Sizes are bytes, power milliwatts, as NVML reports them.
 """
 from __future__ import annotations
 
+import uuid as uuidlib
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import pynvml
+
+from accelerators.allocation import mig as mig_catalog
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -118,6 +132,38 @@ class FakeGpu:
     display_active: int = pynvml.NVML_FEATURE_DISABLED
     ecc_uncorrected: int | None = 0
     nvlinks: list[str | FakeNvSwitch | None] | None = None
+    mig_model: str | None = None  # a model of accelerators.allocation.mig.CATALOGS: MIG-capable
+    mig_mode_pending: int | None = None  # None: as the current mode
+    mig_reset_required: bool = False  # SetMigMode changes only the pending mode (A100 needs a reset)
+    gpu_instances: list["FakeGpuInstance"] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class FakeGpuInstance:
+    """A GPU instance: `profile` from the GPU's catalog, at memory slice `start`; its compute
+    instances map compute-instance id → the MIG device they make visible."""
+
+    id: int
+    profile: Any  # accelerators.allocation.mig.MigProfile
+    start: int
+    compute_instances: dict[int, FakeMigDevice] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class FakeGiHandle:
+    """An nvmlGpuInstance_t."""
+
+    gpu: "FakeGpu"
+    instance: FakeGpuInstance
+
+
+@dataclass(eq=False)
+class FakeCiHandle:
+    """An nvmlComputeInstance_t."""
+
+    gpu: "FakeGpu"
+    instance: FakeGpuInstance
+    ci_id: int
 
 
 @dataclass(eq=False)
@@ -142,8 +188,10 @@ class FakeNvml:
         legacy_bytes: bool = False,
         topology: dict[tuple[str, str], int] | None = None,
         topology_supported: bool = True,
+        root: bool = True,
     ) -> None:
         self.gpus = gpus
+        self.root = root
         # (uuid, uuid) in either order → NVML_TOPOLOGY_* level of their common ancestor.
         self.topology = {frozenset(pair): level for pair, level in (topology or {}).items()}
         self.topology_supported = topology_supported
@@ -341,7 +389,8 @@ class FakeNvml:
         if handle.mig:
             raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         mode = self._supported(handle.gpu.mig_mode)
-        return [mode, mode]  # [current, pending]
+        pending = mode if handle.gpu.mig_mode_pending is None else handle.gpu.mig_mode_pending
+        return [mode, pending]  # [current, pending]
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeHandle) -> int:
         self._enter("nvmlDeviceGetMaxMigDeviceCount")
@@ -370,6 +419,224 @@ class FakeNvml:
         if handle.mig is None:
             raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return FakeHandle(handle.gpu)
+
+    def nvmlDeviceSetMigMode(self, handle: FakeHandle, mode: int) -> int:
+        self._enter("nvmlDeviceSetMigMode")
+        self._full_gpu_only(handle)
+        gpu = handle.gpu
+        if gpu.mig_model is None:
+            raise self.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self._need_root()
+        if gpu.gpu_instances and mode != pynvml.NVML_DEVICE_MIG_ENABLE:
+            raise self.NVMLError(pynvml.NVML_ERROR_IN_USE)
+        if gpu.mig_reset_required:
+            gpu.mig_mode_pending = mode
+            return pynvml.NVML_ERROR_RESET_REQUIRED  # pynvml returns the activation status
+        gpu.mig_mode, gpu.mig_mode_pending = mode, None
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: FakeHandle, profile: int, version: int = 2) -> SimpleNamespace:
+        self._enter("nvmlDeviceGetGpuInstanceProfileInfo")
+        self._full_gpu_only(handle)
+        if not 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        found = self._catalog(handle.gpu).by_nvml_profile(profile)
+        if found is None:
+            raise self.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self._profile_info(handle.gpu, found)
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(self, handle: FakeHandle, profile_id: int, placements_ref: Any,
+                                                   count_ref: Any) -> int:
+        self._enter("nvmlDeviceGetGpuInstancePossiblePlacements")
+        self._full_gpu_only(handle)
+        profile = self._profile_by_id(handle.gpu, profile_id)
+        count = _deref(count_ref)
+        if placements_ref is not None:
+            for i, start in enumerate(profile.starts):
+                placements_ref[i].start, placements_ref[i].size = start, profile.size
+        count.value = len(profile.starts)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuInstanceRemainingCapacity(self, handle: FakeHandle, profile_id: int) -> int:
+        self._enter("nvmlDeviceGetGpuInstanceRemainingCapacity")
+        self._full_gpu_only(handle)
+        gpu = handle.gpu
+        profile = self._profile_by_id(gpu, profile_id)
+        if gpu.mig_mode != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return 0
+        layout = self._layout(gpu)
+        count = 0
+        while True:  # how many more fit, placed one after another at the lowest free start
+            start = next((s for s in profile.starts if self._placement_problem(gpu, profile, s, layout) is None), None)
+            if start is None:
+                return count
+            layout.append(mig_catalog.MigInstance(key=f"r{count}", profile=profile.name, start=start, in_use=True))
+            count += 1
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: FakeHandle, profile_id: int, placement: Any) -> FakeGiHandle:
+        self._enter("nvmlDeviceCreateGpuInstanceWithPlacement")
+        self._full_gpu_only(handle)
+        gpu = handle.gpu
+        self._need_root()
+        self._need_mig(gpu)
+        profile = self._profile_by_id(gpu, profile_id)
+        placement = _deref(placement)
+        start, size = int(placement.start), int(placement.size)
+        if start not in profile.starts or size != profile.size:
+            raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        problem = self._placement_problem(gpu, profile, start, self._layout(gpu))
+        if problem is not None:
+            raise self.NVMLError(problem)
+        ids = {gi.id for gi in gpu.gpu_instances}
+        instance = FakeGpuInstance(id=next(i for i in range(1, 64) if i not in ids), profile=profile, start=start)
+        gpu.gpu_instances.append(instance)
+        return FakeGiHandle(gpu, instance)
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: FakeHandle, gpu_instance_id: int) -> FakeGiHandle:
+        self._enter("nvmlDeviceGetGpuInstanceById")
+        self._full_gpu_only(handle)
+        self._need_mig(handle.gpu)
+        for instance in handle.gpu.gpu_instances:
+            if instance.id == gpu_instance_id:
+                return FakeGiHandle(handle.gpu, instance)
+        raise self.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlGpuInstanceGetInfo(self, gi: FakeGiHandle) -> SimpleNamespace:
+        self._enter("nvmlGpuInstanceGetInfo")
+        self._live(gi)
+        instance = gi.instance
+        return SimpleNamespace(device=FakeHandle(gi.gpu), id=instance.id, profileId=instance.profile.profile_id,
+                               placement=SimpleNamespace(start=instance.start, size=instance.profile.size))
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi: FakeGiHandle, profile: int, eng_profile: int,
+                                                     version: int = 2) -> SimpleNamespace:
+        self._enter("nvmlGpuInstanceGetComputeInstanceProfileInfo")
+        self._live(gi)
+        slices = _CI_PROFILE_SLICES.get(profile)
+        if slices is None or slices > gi.instance.profile.compute_slices:
+            raise self.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        sms = gi.instance.profile.sm_count_for(gi.gpu.sm_count) * slices // gi.instance.profile.compute_slices
+        return SimpleNamespace(id=profile, sliceCount=slices, instanceCount=gi.instance.profile.compute_slices // slices,
+                               multiprocessorCount=sms)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi: FakeGiHandle, profile_id: int) -> FakeCiHandle:
+        self._enter("nvmlGpuInstanceCreateComputeInstance")
+        self._live(gi)
+        self._need_root()
+        gpu, instance = gi.gpu, gi.instance
+        slices = _CI_PROFILE_SLICES.get(profile_id)
+        if slices is None or slices > instance.profile.compute_slices:
+            raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if instance.compute_instances:  # the fake holds one compute instance per GPU instance
+            raise self.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        if None not in gpu.mig_devices and len(gpu.mig_devices) >= gpu.max_mig_devices:
+            raise self.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        profile = instance.profile
+        device = FakeMigDevice(
+            uuid=f"MIG-{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'{gpu.uuid}/{instance.id}/{self._serial()}')}",
+            memory_total=profile.memory, sm_count=profile.sm_count_for(gpu.sm_count), gpu_slices=profile.compute_slices,
+            compute_slices=slices, profile=profile.name, gpu_instance_id=instance.id, compute_instance_id=0)
+        instance.compute_instances[0] = device
+        if None in gpu.mig_devices:
+            gpu.mig_devices[gpu.mig_devices.index(None)] = device
+        else:
+            gpu.mig_devices.append(device)
+        return FakeCiHandle(gpu, instance, 0)
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gi: FakeGiHandle, ci_id: int) -> FakeCiHandle:
+        self._enter("nvmlGpuInstanceGetComputeInstanceById")
+        self._live(gi)
+        if ci_id not in gi.instance.compute_instances:
+            raise self.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return FakeCiHandle(gi.gpu, gi.instance, ci_id)
+
+    def nvmlComputeInstanceGetInfo(self, ci: FakeCiHandle) -> SimpleNamespace:
+        self._enter("nvmlComputeInstanceGetInfo")
+        self._live_ci(ci)
+        return SimpleNamespace(device=FakeHandle(ci.gpu), gpuInstance=FakeGiHandle(ci.gpu, ci.instance), id=ci.ci_id,
+                               profileId=0, placement=SimpleNamespace(start=0, size=ci.instance.profile.compute_slices))
+
+    def nvmlComputeInstanceDestroy(self, ci: FakeCiHandle) -> int:
+        self._enter("nvmlComputeInstanceDestroy")
+        self._live_ci(ci)
+        self._need_root()
+        device = ci.instance.compute_instances[ci.ci_id]
+        if device.processes:
+            raise self.NVMLError(pynvml.NVML_ERROR_IN_USE)
+        del ci.instance.compute_instances[ci.ci_id]
+        ci.gpu.mig_devices[ci.gpu.mig_devices.index(device)] = None
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpuInstanceDestroy(self, gi: FakeGiHandle) -> int:
+        self._enter("nvmlGpuInstanceDestroy")
+        self._live(gi)
+        self._need_root()
+        if gi.instance.compute_instances:
+            raise self.NVMLError(pynvml.NVML_ERROR_IN_USE)
+        gi.gpu.gpu_instances.remove(gi.instance)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetGpuInstanceId")
+        if handle.mig is None:
+            raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return handle.mig.gpu_instance_id
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetComputeInstanceId")
+        if handle.mig is None:
+            raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return handle.mig.compute_instance_id
+
+    # --- MIG internals -------------------------------------------------------------------
+
+    def _catalog(self, gpu: FakeGpu):
+        if gpu.mig_model is None:
+            raise self.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return mig_catalog.CATALOGS[gpu.mig_model]
+
+    def _profile_by_id(self, gpu: FakeGpu, profile_id: int):
+        for profile in self._catalog(gpu).profiles:
+            if profile.profile_id == profile_id:
+                return profile
+        raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _profile_info(self, gpu: FakeGpu, profile) -> SimpleNamespace:
+        return SimpleNamespace(
+            version=2, id=profile.profile_id, isP2pSupported=0, sliceCount=profile.compute_slices,
+            instanceCount=profile.max_instances, multiprocessorCount=profile.sm_count_for(gpu.sm_count),
+            copyEngineCount=profile.compute_slices, decoderCount=0, encoderCount=0, jpegCount=0, ofaCount=0,
+            memorySizeMB=profile.memory // MiB, name=self._text(f"MIG {profile.name}"))
+
+    def _layout(self, gpu: FakeGpu) -> list:
+        return [mig_catalog.MigInstance(key=str(gi.id), profile=gi.profile.name, start=gi.start, in_use=True)
+                for gi in gpu.gpu_instances]
+
+    def _placement_problem(self, gpu: FakeGpu, profile, start: int, layout: list) -> int | None:
+        catalog = self._catalog(gpu)
+        candidate = [*layout, mig_catalog.MigInstance(key="new", profile=profile.name, start=start, in_use=True)]
+        return pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES if mig_catalog.layout_problems(catalog, candidate) else None
+
+    def _need_root(self) -> None:
+        if not self.root:
+            raise self.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+
+    def _need_mig(self, gpu: FakeGpu) -> None:
+        if gpu.mig_mode != pynvml.NVML_DEVICE_MIG_ENABLE:
+            raise self.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def _live(self, gi: FakeGiHandle) -> None:
+        if gi.instance not in gi.gpu.gpu_instances:
+            raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # a destroyed instance's handle
+
+    def _live_ci(self, ci: FakeCiHandle) -> None:
+        self._live(FakeGiHandle(ci.gpu, ci.instance))
+        if ci.ci_id not in ci.instance.compute_instances:
+            raise self.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _serial(self) -> int:
+        self._created = getattr(self, "_created", 0) + 1
+        return self._created
 
     # --- processes and telemetry -------------------------------------------------------
 
@@ -484,3 +751,16 @@ class FakeNvml:
             gpuInstanceSliceCount=gpu_slices, computeInstanceSliceCount=compute_slices,
             memorySizeMB=memory_mib,
         )
+
+
+# NVML_COMPUTE_INSTANCE_PROFILE_* → compute slices (nvml.h).
+_CI_PROFILE_SLICES = {
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE: 1, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE: 2,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE: 3, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE: 4,
+    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE: 7,
+}
+
+
+def _deref(ref: Any) -> Any:
+    """What a ctypes `byref(x)` points to (x), or the object itself when passed directly."""
+    return getattr(ref, "_obj", ref)

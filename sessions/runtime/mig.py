@@ -1,0 +1,242 @@
+"""The agent's MIG manager: makes the GPU instance a session's start spec names, and reconciles.
+
+The manager (scheduler + `accelerators.allocation.mig.plan_instance`) decides the layout; the
+agent carries it out. A start spec with a `mig` block —
+
+    {"gpu": "GPU-…", "model_name": "H100-80GB", "memory_size": 85899345920, "subproc_count": 132,
+     "profile": "1g.20gb", "start": 6, "reuse": false,
+     "destroy": [{"profile": "1g.10gb", "start": 6}]}
+
+— gets its idle instances in `destroy` destroyed (compute instance, then GPU instance), then
+the instance at `start` created (or, when one of that profile is already there, reused), and
+the MIG device's UUID, memory (bytes) and SMs back (`LiveInstance`). The agent then puts that
+UUID into CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES and the instance's memory into the
+virtual nvidia-smi. When the session ends nothing is destroyed (lazy teardown).
+
+Backends: `NvmlMigBackend` (real GPUs, through `accelerators.plugins.cuda_mig`) and
+`MockMigBackend` (mock nodes: an in-memory layout checked against the built-in catalog, so
+the whole flow runs without a GPU). Failures raise `MigError` with the reason in words.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Iterable
+from contextlib import contextmanager
+from typing import Any
+
+from accelerators.allocation import mig as catalog_mod
+from accelerators.allocation.errors import AllocationError
+from accelerators.plugins import cuda_mig
+from accelerators.plugins.cuda_mig import LiveInstance, MigNvmlError
+
+
+class MigError(RuntimeError):
+    """A MIG step failed; `str()` is the reason in words (what the session's ERROR says)."""
+
+
+class MockMigBackend:
+    """MIG on a mock node: the layout of each GPU kept in memory, checked against the built-in
+    catalog of its model as NVML would check it. MIG device UUIDs are derived from the GPU, the
+    profile and the placement ("MIG-" + a UUID5), so a re-created instance keeps its UUID.
+    `attached` holds UUIDs with a process attached: destroying those fails as IN_USE does."""
+
+    def __init__(self) -> None:
+        self.layouts: dict[str, dict[int, LiveInstance]] = {}
+        self.attached: set[str] = set()
+        self._lock = threading.Lock()
+        self.catalogs: dict[str, catalog_mod.MigCatalog] = {}
+
+    def catalog(self, gpu: str, *, model_name: str, memory_size: int = 0, subproc_count: int = 0):
+        if gpu not in self.catalogs:
+            self.catalogs[gpu] = catalog_mod.catalog_get(model_name, memory_size=memory_size)
+        return self.catalogs[gpu]
+
+    def instances(self, gpu: str) -> list[LiveInstance]:
+        with self._lock:
+            return sorted(self.layouts.get(gpu, {}).values(), key=lambda i: i.start)
+
+    def create(self, gpu: str, profile: catalog_mod.MigProfile, start: int, *, subproc_count: int = 0) -> LiveInstance:
+        with self._lock:
+            layout = self.layouts.setdefault(gpu, {})
+            existing = [catalog_mod.MigInstance(key=str(i.start), profile=i.profile, start=i.start) for i in layout.values()]
+            problems = catalog_mod.layout_problems(
+                self.catalogs[gpu], [*existing, catalog_mod.MigInstance(key="new", profile=profile.name, start=start)])
+            if problems:
+                raise MigError(f"the GPU has no room for a {profile.name} instance at memory slice {start} "
+                               f"(insufficient resources: {'; '.join(problems)})")
+            ids = {i.gpu_instance_id for i in layout.values()}
+            instance = LiveInstance(
+                gpu=gpu, profile=profile.name, start=start, size=profile.size,
+                gpu_instance_id=next(n for n in range(1, 64) if n not in ids),
+                uuid=f"MIG-{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'{gpu}/{profile.name}/{start}')}",
+                memory=profile.memory, sm_count=profile.sm_count_for(subproc_count))
+            layout[start] = instance
+            return instance
+
+    def destroy(self, gpu: str, instance: LiveInstance) -> None:
+        with self._lock:
+            if instance.uuid in self.attached:
+                raise MigError(cuda_mig.reason_in_words(cuda_mig.pynvml.NVML_ERROR_IN_USE))
+            self.layouts.get(gpu, {}).pop(instance.start, None)
+
+
+class NvmlMigBackend:
+    """MIG on real GPUs through NVML (`nvml`: the pynvml module, or a fake). Every method opens
+    and closes NVML (reference-counted by NVML itself). Needs root for create and destroy."""
+
+    def __init__(self, nvml: Any = None) -> None:
+        self.nvml = nvml if nvml is not None else cuda_mig.pynvml
+        self.catalogs: dict[str, catalog_mod.MigCatalog] = {}
+
+    @contextmanager
+    def _gpu(self, gpu: str):
+        self.nvml.nvmlInit()
+        try:
+            yield cuda_mig.call(self.nvml, "nvmlDeviceGetHandleByUUID", gpu)
+        finally:
+            self.nvml.nvmlShutdown()
+
+    def catalog(self, gpu: str, *, model_name: str, memory_size: int = 0, subproc_count: int = 0):
+        if gpu not in self.catalogs:
+            with self._gpu(gpu) as handle:
+                self.catalogs[gpu] = cuda_mig.catalog_from_nvml(self.nvml, handle, model=model_name,
+                                                                memory_total=memory_size, sm_count=subproc_count)
+        return self.catalogs[gpu]
+
+    def instances(self, gpu: str) -> list[LiveInstance]:
+        with self._gpu(gpu) as handle:
+            return cuda_mig.list_instances(self.nvml, handle, gpu=gpu, catalog=self.catalogs[gpu])
+
+    def create(self, gpu: str, profile: catalog_mod.MigProfile, start: int, *, subproc_count: int = 0) -> LiveInstance:
+        with self._gpu(gpu) as handle:
+            return cuda_mig.create_instance(self.nvml, handle, gpu=gpu, profile=profile, start=start)
+
+    def destroy(self, gpu: str, instance: LiveInstance) -> None:
+        with self._gpu(gpu) as handle:
+            cuda_mig.destroy_instance(self.nvml, handle, gpu_instance_id=instance.gpu_instance_id)
+
+
+class MigManager:
+    """Carries out the manager's MIG decisions on one node through `backend`. `timings` keeps
+    (step, GPU, profile, seconds) of every create / destroy, for `tests/gpu/mig_real.py`."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.timings: list[tuple[str, str, str, float]] = []
+        self._lock = threading.Lock()
+
+    def catalog(self, block: dict) -> catalog_mod.MigCatalog:
+        try:
+            return self.backend.catalog(block["gpu"], model_name=block.get("model_name", ""),
+                                        memory_size=int(block.get("memory_size", 0)),
+                                        subproc_count=int(block.get("subproc_count", 0)))
+        except (MigNvmlError, AllocationError) as exc:
+            raise MigError(f"cannot read the MIG profiles of GPU {block['gpu']}: {exc}") from exc
+
+    def prepare(self, block: dict) -> LiveInstance:
+        """Destroy the idle instances the block lists, then create (or reuse) its instance.
+        Returns it with its MIG device UUID. Raises MigError with the reason in words; an
+        instance created here that cannot be completed is destroyed again (nothing leaks)."""
+        with self._lock:
+            gpu, start = block["gpu"], int(block["start"])
+            catalog = self.catalog(block)
+            try:
+                profile = catalog.profile(block["profile"])
+            except AllocationError as exc:
+                raise MigError(str(exc)) from exc
+            live = {i.start: i for i in self._instances(gpu)}
+            for gone in block.get("destroy", ()):
+                instance = live.get(int(gone["start"]))
+                if instance is not None and instance.profile == gone["profile"]:
+                    self._destroy(gpu, instance)
+                    live.pop(instance.start)
+            existing = live.get(start)
+            if existing is not None and existing.profile == profile.name and existing.uuid:
+                return existing
+            if existing is not None:
+                raise MigError(f"memory slice {start} of GPU {gpu} holds a {existing.profile} instance, "
+                               f"not the {profile.name} the manager expects; the node's layout needs reconciling")
+            return self._create(gpu, profile, start, subproc_count=int(block.get("subproc_count", 0)))
+
+    def reconcile(self, gpus: Iterable[dict], expected: dict[str, list[dict]]) -> dict:
+        """Compare each MIG GPU (`gpus`: blocks with "gpu", "model_name", "memory_size",
+        "subproc_count") with the manager's expected layout (GPU → [{"profile", "start"}]):
+        instances the manager does not know are reported (left in place: they may hold
+        someone's work), expected ones that are missing (instances do not survive a reboot)
+        are created again. Returns {"unknown": [...], "recreated": [...], "errors": [...]},
+        each item {"gpu", "profile", "start", "uuid"} (errors: {"gpu", "profile", "start",
+        "reason"})."""
+        report: dict[str, list[dict]] = {"unknown": [], "recreated": [], "errors": []}
+        for block in gpus:
+            gpu = block["gpu"]
+            try:
+                catalog = self.catalog(block)
+                live = {(i.profile, i.start): i for i in self._instances(gpu)}
+            except MigError as exc:
+                report["errors"].append({"gpu": gpu, "profile": "", "start": None, "reason": str(exc)})
+                continue
+            wanted = {(item["profile"], int(item["start"])) for item in expected.get(gpu, ())}
+            for (profile, start), instance in sorted(live.items(), key=lambda kv: kv[0][1]):
+                if (profile, start) not in wanted:
+                    report["unknown"].append({"gpu": gpu, "profile": profile, "start": start, "uuid": instance.uuid})
+            for profile_name, start in sorted(wanted - set(live), key=lambda ps: ps[1]):
+                try:
+                    created = self._create(gpu, catalog.profile(profile_name), start,
+                                           subproc_count=int(block.get("subproc_count", 0)))
+                except (MigError, AllocationError) as exc:
+                    report["errors"].append({"gpu": gpu, "profile": profile_name, "start": start, "reason": str(exc)})
+                    continue
+                report["recreated"].append({"gpu": gpu, "profile": profile_name, "start": start, "uuid": created.uuid})
+        return report
+
+    def _instances(self, gpu: str) -> list[LiveInstance]:
+        try:
+            return self.backend.instances(gpu)
+        except MigNvmlError as exc:
+            raise MigError(f"cannot list the MIG instances of GPU {gpu}: {exc.reason}") from exc
+
+    def _create(self, gpu: str, profile: catalog_mod.MigProfile, start: int, *, subproc_count: int) -> LiveInstance:
+        began = time.perf_counter()
+        try:
+            instance = self.backend.create(gpu, profile, start, subproc_count=subproc_count)
+        except MigNvmlError as exc:
+            raise MigError(f"could not create a {profile.name} MIG instance at memory slice {start} of GPU {gpu}: "
+                           f"{exc.reason}") from exc
+        self.timings.append(("create", gpu, profile.name, time.perf_counter() - began))
+        if not instance.uuid:
+            self._destroy(gpu, instance)
+            raise MigError(f"the {profile.name} MIG instance on GPU {gpu} has no MIG device; it was destroyed again")
+        return instance
+
+    def _destroy(self, gpu: str, instance: LiveInstance) -> None:
+        began = time.perf_counter()
+        try:
+            self.backend.destroy(gpu, instance)
+        except MigNvmlError as exc:
+            raise MigError(f"could not destroy the idle {instance.profile} MIG instance at memory slice "
+                           f"{instance.start} of GPU {gpu}: {exc.reason}") from exc
+        self.timings.append(("destroy", gpu, instance.profile, time.perf_counter() - began))
+
+
+def device_entry(device: dict, instance: LiveInstance) -> dict:
+    """A start spec's device entry turned into the MIG device the session gets: its UUID, its
+    memory as both total and limit (bytes), its SMs, all of them granted."""
+    return {**device, "device_id": instance.uuid, "memory_total": instance.memory, "memory_limit": instance.memory,
+            "subproc_count": instance.sm_count, "procs": str(instance.sm_count), "shares": "1",
+            "is_mig_device": True, "mig_profile": instance.profile}
+
+
+def prepare_spec(manager: MigManager, spec: dict) -> dict:
+    """The start spec with its `mig` block carried out: the block's GPU's device entry (or a
+    new one) replaced by the MIG device. Specs without a `mig` block come back unchanged.
+    Raises MigError."""
+    block = spec.get("mig")
+    if not block:
+        return spec
+    instance = manager.prepare(block)
+    devices = [d for d in spec.get("devices", []) if d.get("device_id") != block["gpu"]]
+    base = next((d for d in spec.get("devices", []) if d.get("device_id") == block["gpu"]), None) or {
+        "index": block.get("index", 0), "model_name": block.get("model_name", "")}
+    return {**spec, "devices": [device_entry(base, instance), *devices]}
