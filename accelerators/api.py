@@ -1,8 +1,9 @@
 """REST API for the accelerator configuration and inventory (`/api/v1/`).
 
-Everyone signed in reads; administrators write slot formats, fractional settings and resource
-groups, each edit guarded by ETag / If-Match (`console.api_support`). Nodes and devices are
-registered by their agents and are read-only here. Amounts: memory in bytes, compute in SMs,
+Everyone signed in reads; administrators write slot formats, fractional settings, resource
+groups and nodes' sharing settings (split count, memory / SM scaling, resource group), each edit
+guarded by ETag / If-Match (`console.api_support`). Nodes and devices are registered by their
+agents; the rest of a node is read-only here. Amounts: memory in bytes, compute in SMs,
 fGPU as decimal text ("1.50"), never floats.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from rest_framework import mixins, serializers, viewsets
 
 from accelerators.models import AllocationMode, Device, FractionalSettings, Node, NodeStatus, ResourceGroup, SlotFormat
 from accelerators.selectors import device_fgpu_summary, devices_with_usage
-from console.api_support import ETagMixin, IsAdminOrReadOnly, admin_write_docs
+from console.api_support import ETAG_NOTE, IF_MATCH, ETagMixin, IsAdminOrReadOnly, ListETagMixin, admin_write_docs
 
 
 
@@ -94,19 +95,69 @@ class NodeFilter(filters.FilterSet):
         fields = ["status", "resource_group"]
 
 
+class NodeSettingsSerializer(serializers.ModelSerializer):
+    """What an administrator may change on a node: how its devices are shared. Answers with the
+    whole node (NodeSerializer)."""
+
+    resource_group = serializers.SlugRelatedField(
+        slug_field="name", queryset=ResourceGroup.objects.all(), allow_null=True, required=False,
+        help_text="node pool by name; null: the default pool")
+
+    class Meta:
+        model = Node
+        fields = ["device_split_count", "memory_scaling", "core_scaling", "resource_group"]
+        extra_kwargs = {"device_split_count": {"min_value": 1, "max_value": 1000}}
+
+    def to_representation(self, node):
+        return NodeSerializer(node, context=self.context).data
+
+
+NODE_SETTINGS_EXAMPLES = [
+    OpenApiExample("Share each GPU among at most 4 sessions", value={"device_split_count": 4}),
+    OpenApiExample("Over-subscribe memory by half, move to a pool", value={
+        "memory_scaling": "1.50", "core_scaling": "1.00", "resource_group": "training"}),
+]
+NODE_SETTINGS_DOC = ("Administrators: the node's sharing settings — `device_split_count` (the most sessions per "
+                     "device, HAMi's deviceSplitCount), `memory_scaling` and `core_scaling` (accounted memory and "
+                     "SMs × this; above 1 is deliberate over-subscription), `resource_group` (a pool name or null). "
+                     "Pending sessions are reconsidered at once. " + ETAG_NOTE +
+                     " The ETag covers these four settings only, so heartbeats do not make it stale.")
+
+
 @extend_schema_view(
     list=extend_schema(summary="List GPU nodes", tags=["inventory"],
                        description="Nodes with their devices and each device's capacity, allocated and free fGPU."),
-    retrieve=extend_schema(summary="One GPU node by name", tags=["inventory"]),
+    retrieve=extend_schema(summary="One GPU node by name", tags=["inventory"], description=ETAG_NOTE),
+    update=extend_schema(summary="Replace a node's sharing settings (administrators; If-Match required)",
+                         tags=["inventory"], parameters=[IF_MATCH], request=NodeSettingsSerializer,
+                         responses={200: NodeSerializer}, examples=NODE_SETTINGS_EXAMPLES, description=NODE_SETTINGS_DOC),
+    partial_update=extend_schema(summary="Change a node's sharing settings (administrators; If-Match required)",
+                                 tags=["inventory"], parameters=[IF_MATCH], request=NodeSettingsSerializer,
+                                 responses={200: NodeSerializer}, examples=NODE_SETTINGS_EXAMPLES,
+                                 description=NODE_SETTINGS_DOC),
 )
-class NodeViewSet(viewsets.ReadOnlyModelViewSet):
-    """GPU nodes with their devices and each device's capacity, allocated and free fGPU."""
+class NodeViewSet(ETagMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """GPU nodes with their devices and each device's capacity, allocated and free fGPU;
+    administrators change a node's sharing settings (NodeSettingsSerializer)."""
 
     queryset = Node.objects.select_related("resource_group").prefetch_related("devices__parent")
     serializer_class = NodeSerializer
     filterset_class = NodeFilter
+    permission_classes = [IsAdminOrReadOnly]
     lookup_field = "name"
     lookup_value_regex = r"[A-Za-z0-9_.\-]+"
+    http_method_names = ["get", "put", "patch", "head", "options"]
+    etag_fields = ["device_split_count", "memory_scaling", "core_scaling", "resource_group_id"]
+
+    def get_serializer_class(self):
+        return NodeSettingsSerializer if self.request and self.request.method in ("PUT", "PATCH") else NodeSerializer
+
+    def update(self, request, *args, **kwargs):
+        response = super().update(request, *args, **kwargs)
+        from sessions.tasks import schedule_pending_soon  # a larger split count or scaling may start waiting sessions
+
+        schedule_pending_soon()
+        return response
 
 
 @extend_schema_field(OpenApiTypes.BOOL)
@@ -139,7 +190,7 @@ class DeviceFilter(filters.FilterSet):
                                    "capacity / allocated / free, bytes and SMs held, and how many sessions it hosts."),
     retrieve=extend_schema(summary="One device by id", tags=["inventory"]),
 )
-class DeviceViewSet(viewsets.ReadOnlyModelViewSet):
+class DeviceViewSet(ListETagMixin, viewsets.ReadOnlyModelViewSet):
     """Devices with their live allocation totals."""
 
     serializer_class = DeviceUsageSerializer

@@ -1,15 +1,19 @@
-"""`POST /api/v1/auth/token/`: DRF's obtain-token endpoint behind the login throttle."""
+"""`POST /api/v1/auth/token/`: DRF's obtain-token endpoint behind the login throttle; `GET
+/api/v1/me/`: who the caller is."""
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, serializers
+from rest_framework.decorators import api_view
+from rest_framework.response import Response
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.authtoken.views import ObtainAuthToken
 
 from accounts import throttle
 from console.api_support import ErrorSerializer
+from sessions.api_quotas import QuotaFiguresSerializer
 
 
 class TooManyAttempts(exceptions.APIException):
@@ -54,3 +58,27 @@ class ObtainAuthTokenView(ObtainAuthToken):
 
 
 obtain_auth_token = ObtainAuthTokenView.as_view()
+
+
+class MeSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    is_admin = serializers.BooleanField(help_text="an administrator (staff): sees every session, edits settings")
+    projects = serializers.ListField(child=serializers.CharField(), help_text="names of the caller's projects")
+    live_sessions = serializers.IntegerField(help_text="the caller's sessions waiting or running now")
+    quota_headroom = QuotaFiguresSerializer(
+        help_text="what the caller may still launch under every quota that applies (null: unlimited); "
+                  "GET /api/v1/quota/ has the detail")
+
+
+@extend_schema(summary="Who am I", tags=["accounts"], responses={200: MeSerializer},
+               description="The caller: username, whether an administrator, projects, live sessions and quota "
+                           "headroom. `fgpu login` uses it to confirm a token.",
+               examples=[OpenApiExample("A user", response_only=True, value={
+                   "username": "alice", "is_admin": False, "projects": ["vision"], "live_sessions": 1,
+                   "quota_headroom": {"fgpu": "1.50", "devices": None, "gpu_memory": 6442450944, "sessions": 2}})])
+@api_view(["GET"])
+def me_view(request):
+    """`{"username", "is_admin", "projects", "live_sessions", "quota_headroom"}` of the caller."""
+    from accounts.selectors import user_summary
+
+    return Response(MeSerializer(user_summary(user=request.user)).data)

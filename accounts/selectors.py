@@ -1,4 +1,4 @@
-"""Reads of API tokens, always through the permission-checking fetch helpers."""
+"""Reads of API tokens (always through the permission-checking fetch helpers) and of the caller."""
 from __future__ import annotations
 
 import hashlib
@@ -39,3 +39,21 @@ def login_token_get_for(*, user) -> Token | None:
     """The token `POST /api/v1/auth/token/` hands out for `user`'s password (`fgpu login` stores
     it), or None when none was issued yet."""
     return Token.objects.filter(user=user).first()
+
+
+def user_summary(*, user) -> dict:
+    """`{"username", "is_admin", "projects", "live_sessions", "quota_headroom"}` for `user`:
+    `is_admin` is `is_staff`; `live_sessions` counts sessions PENDING or active;
+    `quota_headroom` is sessions.quotas.quota_headroom as quota figures (fGPU as text, None:
+    unlimited)."""
+    from sessions.api_quotas import quota_figures
+    from sessions.models import ACTIVE_STATUSES, SessionStatus
+    from sessions.quotas import quota_headroom
+
+    return {
+        "username": user.get_username(),
+        "is_admin": bool(user.is_staff),
+        "projects": sorted(user.projects.values_list("name", flat=True)),
+        "live_sessions": user.compute_sessions.filter(status__in=[SessionStatus.PENDING, *ACTIVE_STATUSES]).count(),
+        "quota_headroom": quota_figures(**quota_headroom(user=user)),
+    }

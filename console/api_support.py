@@ -8,6 +8,11 @@ must send it back in `If-Match`. A missing `If-Match` is 428 (type "precondition
 a tag that no longer matches is 412 (type "precondition-failed": someone else changed the
 row since it was read). `If-Match: *` (RFC 9110: any current representation) is accepted
 for scripts that mean to overwrite. DELETE checks `If-Match` when one is sent.
+
+Lists (ListETagMixin) answer a weak ETag over the page's content (RFC 9110 §8.8.1: the same
+bytes, not the same rows); a GET that sends it back in `If-None-Match` gets 304 and no body,
+so pollers (the CLI's `--wait`, dashboards) can skip unchanged pages. The page is still
+computed: this saves bandwidth and parsing, not the server's queries.
 """
 from __future__ import annotations
 
@@ -119,21 +124,25 @@ class IsAdminOrReadOnly(permissions.BasePermission):
         return request.method in permissions.SAFE_METHODS or user.is_staff
 
 
-def row_etag(obj) -> str:
+def row_etag(obj, fields: list[str] | None = None) -> str:
     """A strong ETag of one row: SHA-256 over its concrete fields and many-to-many keys, so
-    any change to a stored value changes it. Compute it on an instance fresh from the database
-    (a Decimal assigned as "0.25" is stored and read back as "0.250")."""
-    values = {field.attname: field.value_to_string(obj) for field in obj._meta.concrete_fields}
+    any change to a stored value changes it (only over `fields`, attnames, when given: for
+    rows that other writers touch all the time, such as a node's heartbeat). Compute it on an
+    instance fresh from the database (a Decimal assigned as "0.25" is stored and read back as
+    "0.250")."""
+    values = {field.attname: field.value_to_string(obj) for field in obj._meta.concrete_fields
+              if fields is None or field.attname in fields}
     for field in obj._meta.many_to_many:
-        values[field.name] = sorted(str(pk) for pk in getattr(obj, field.name).values_list("pk", flat=True))
+        if fields is None or field.name in fields:
+            values[field.name] = sorted(str(pk) for pk in getattr(obj, field.name).values_list("pk", flat=True))
     digest = hashlib.sha256(json.dumps(values, sort_keys=True, cls=DjangoJSONEncoder).encode()).hexdigest()
     return f'"{digest[:32]}"'
 
 
-def if_match_check(request, obj, *, required: bool) -> None:
-    """Compare the request's `If-Match` with `obj`'s ETag (strong comparison, as RFC 9110 asks
-    of If-Match). Raises ApplicationError 428 when it is required and missing, 412 when no
-    listed tag matches."""
+def if_match_check(request, obj, *, required: bool, fields: list[str] | None = None) -> None:
+    """Compare the request's `If-Match` with `obj`'s ETag (`row_etag(obj, fields)`; strong
+    comparison, as RFC 9110 asks of If-Match). Raises ApplicationError 428 when it is required
+    and missing, 412 when no listed tag matches."""
     header = request.headers.get("If-Match", "").strip()
     if not header:
         if required:
@@ -145,7 +154,7 @@ def if_match_check(request, obj, *, required: bool) -> None:
         return
     if header == "*":
         return
-    current = row_etag(obj)
+    current = row_etag(obj, fields)
     if current not in [tag.strip() for tag in header.split(",")]:
         raise ApplicationError(
             "This object was changed since you read it (its ETag is no longer the one in If-Match); "
@@ -165,20 +174,49 @@ def _save(serializer):
                                title="Conflict", status=409) from None
 
 
-class ETagMixin:
+def page_etag(data) -> str:
+    """A weak ETag over a response body's JSON: `W/"<32 hex digits of SHA-256>"`."""
+    body = json.dumps(data, sort_keys=True, cls=DjangoJSONEncoder).encode()
+    return f'W/"{hashlib.sha256(body).hexdigest()[:32]}"'
+
+
+def _none_match(request, tag: str) -> bool:
+    """Whether `If-None-Match` lists `tag` (weak comparison: W/ prefixes ignored) or is `*`."""
+    header = request.headers.get("If-None-Match", "")
+    listed = [t.strip().removeprefix("W/") for t in header.split(",") if t.strip()]
+    return "*" in listed or tag.removeprefix("W/") in listed
+
+
+class ListETagMixin:
+    """List responses carry a weak `ETag` over the page; `If-None-Match` with it → 304, no body."""
+
+    def list(self, request, *args, **kwargs):
+        response = super().list(request, *args, **kwargs)
+        if response.status_code != 200:
+            return response
+        tag = page_etag(response.data)
+        if _none_match(request, tag):
+            return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": tag})
+        response["ETag"] = tag
+        return response
+
+
+class ETagMixin(ListETagMixin):
     """For ModelViewSets of administrators' settings: GET of one object and every write answer
     the object's `ETag`; PUT and PATCH require a matching `If-Match` (module docstring), checked
     and applied with the row locked (`select_for_update`), so two admins' writes are applied one
-    after the other and the second one's stale tag is refused."""
+    after the other and the second one's stale tag is refused. `etag_fields` (attnames) limits
+    the tag to the fields the endpoint writes; None: every field. Lists: ListETagMixin."""
 
     etag_required = True
+    etag_fields: list[str] | None = None
 
     def _locked(self, obj):
         return type(obj).objects.select_for_update().get(pk=obj.pk)
 
     def _with_etag(self, response: Response, obj) -> Response:
         obj.refresh_from_db()
-        response["ETag"] = row_etag(obj)
+        response["ETag"] = row_etag(obj, self.etag_fields)
         return response
 
     def retrieve(self, request, *args, **kwargs):
@@ -195,7 +233,7 @@ class ETagMixin:
         found = self.get_object()
         with transaction.atomic():
             obj = self._locked(found)
-            if_match_check(request, obj, required=True)
+            if_match_check(request, obj, required=True, fields=self.etag_fields)
             serializer = self.get_serializer(obj, data=request.data, partial=partial)
             serializer.is_valid(raise_exception=True)
             _save(serializer)
@@ -208,7 +246,7 @@ class ETagMixin:
         found = self.get_object()
         with transaction.atomic():
             obj = self._locked(found)
-            if_match_check(request, obj, required=False)
+            if_match_check(request, obj, required=False, fields=self.etag_fields)
             obj.delete()
         return Response(status=status.HTTP_204_NO_CONTENT)
 

@@ -186,6 +186,12 @@ FGPU_TERMINAL_TICKET_TTL = env_int("FGPU_TERMINAL_TICKET_TTL", 60, minimum=5, ma
 # it is reserved its place; 0 is strict first in, first out.
 FGPU_BACKFILL_LIMIT = env_int("FGPU_BACKFILL_LIMIT", 8, minimum=0, maximum=10000)
 FGPU_SESSIONS_DIR = DATA_DIR / "sessions"
+# The most characters of output kept per session (the oldest are dropped): 4 Mi characters,
+# about 4 MiB of plain text. GET /api/v1/sessions/<id>/logs/ serves what is kept.
+FGPU_SESSION_LOG_MAX_CHARS = 4 * 1024 * 1024
+# Exec (POST /api/v1/sessions/<id>/exec/): default and largest command timeout, seconds.
+FGPU_EXEC_DEFAULT_TIMEOUT = 30
+FGPU_EXEC_MAX_TIMEOUT = 300
 
 LOGGING = {
     "version": 1,

@@ -34,6 +34,7 @@ urlpatterns = [
     path("api/v1/auth/token/", account_api.obtain_auth_token, name="api-token"),
     path("api/v1/launch-options/", session_api.launch_options_view, name="api-launch-options"),
     path("api/v1/quota/", api_quotas.quota_view, name="api-quota-usage"),
+    path("api/v1/me/", account_api.me_view, name="api-me"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include(router.urls)),

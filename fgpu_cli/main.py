@@ -87,7 +87,7 @@ def _running_session(client, creds, ref: str, *, interactive_only: bool = False)
     if session["status"] != "RUNNING":
         reason = f": {session['status_reason']}" if session.get("status_reason") else ""
         raise Failed(f"session {session.get('name') or short_id(session['id'])} is {session['status']}{reason}; "
-                     "its terminal is open only while it is RUNNING")
+                     "it takes commands and terminals only while it is RUNNING")
     if interactive_only and session.get("command"):
         raise Failed(f"session {session.get('name') or short_id(session['id'])} runs the batch command "
                      f"{session['command']!r}; exec needs an interactive session (launched without --command)")
@@ -132,10 +132,36 @@ def cmd_login(args) -> int:
     if not token:
         raise Failed(f"{url} answered no token: is it an fGPU Console?")
     path = config.save({"url": url, "token": token, "username": username})
+    try:  # confirm the token works (servers before /me/ existed: skip)
+        me = Client(url, token, timeout=args.http_timeout).get("/api/v1/me/") or {}
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        me = {}
+    role = " (administrator)" if me.get("is_admin") else ""
     if args.output == "json":
-        _emit_json({"url": url, "username": username, "config": str(path)})
+        _emit_json({"url": url, "username": username, "config": str(path), "is_admin": bool(me.get("is_admin"))})
     else:
-        _info(f"Logged in to {url} as {username} (token stored in {path}).")
+        _info(f"Logged in to {url} as {username}{role} (token stored in {path}).")
+    return OK
+
+
+def cmd_whoami(args) -> int:
+    """Who the stored token (or FGPU_TOKEN) belongs to: `GET /api/v1/me/`."""
+    client, creds = _client(args)
+    me = client.get("/api/v1/me/")
+    if args.output == "json":
+        _emit_json(me)
+        return OK
+    headroom = me.get("quota_headroom") or {}
+    formats = _slot_formats(client) if headroom.get("fgpu") is not None else {}
+    print(key_values([
+        ("User", me["username"] + (" (administrator)" if me.get("is_admin") else "")),
+        ("Server", creds.url),
+        ("Projects", ", ".join(me.get("projects") or []) or "-"),
+        ("Live sessions", str(me.get("live_sessions", 0))),
+        ("Headroom", _headroom_text(headroom, formats)),
+    ]))
     return OK
 
 
@@ -308,20 +334,69 @@ def cmd_rm(args) -> int:
 
 
 def cmd_logs(args) -> int:
+    """Print a session's output (`GET /sessions/<id>/logs/`), running or ended; with --follow,
+    keep asking from the cursor until the log is complete (the session ended)."""
     client, creds = _client(args)
-    session = _running_session(client, creds, args.session)
-    return _run_async(terminal.logs(_terminal_url(client, session), follow=args.follow))
+    session = resolve(client, args.session, username=creds.username)
+    path = f"{SESSIONS}{session['id']}/logs/"
+    plain = not sys.stdout.isatty()  # terminal output has CRLF line ends: plain LF into files and pipes
+    since, texts, body, held = 0, [], {}, ""
+    while True:
+        body = client.get(path, query={"since": since})
+        text = body.get("text", "")
+        if args.output == "json":
+            texts.append(text)
+        elif text:
+            if plain:
+                text = (held + text).replace("\r\n", "\n")
+                text, held = (text[:-1], "\r") if text.endswith("\r") else (text, "")
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        moved = body.get("next", since) != since
+        since = body.get("next", since)
+        if body.get("complete"):
+            break
+        if not moved:
+            if not args.follow:
+                break
+            time.sleep(POLL_INTERVAL)
+    if held:
+        sys.stdout.write(held)
+    if args.output == "json":
+        _emit_json({"id": session["id"], "text": "".join(texts), "next": since,
+                    "complete": bool(body.get("complete")), "truncated": bool(body.get("truncated"))})
+    elif args.follow:
+        ended = client.get(f"{SESSIONS}{session['id']}/")
+        code = f" (exit code {ended['exit_code']})" if ended.get("exit_code") is not None else ""
+        _info(f"fgpu: session {ended.get('name') or short_id(ended['id'])} ended: {ended['status']}{code}")
+    return OK
 
 
 def cmd_exec(args) -> int:
+    """Run a command on the session's node (`POST /sessions/<id>/exec/`): print its stdout and
+    stderr, exit with its status."""
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         raise UsageError("exec needs a command: fgpu exec SESSION -- CMD [ARG…]")
     client, creds = _client(args)
-    session = _running_session(client, creds, args.session, interactive_only=True)
-    return _run_async(terminal.execute(_terminal_url(client, session), terminal.exec_command_text(argv)))
+    session = _running_session(client, creds, args.session)
+    command = argv[0] if len(argv) == 1 else argv  # one argument: a shell command line
+    # The HTTP request waits for the command: give it the command's timeout and the server's margin.
+    waiting = Client(client.url, client.token, timeout=max(args.http_timeout, args.timeout + 30))
+    result = waiting.post(f"{SESSIONS}{session['id']}/exec/", {"command": command, "timeout": args.timeout})
+    if args.output == "json":
+        _emit_json(result)
+    else:
+        sys.stdout.write(result.get("stdout", ""))
+        sys.stdout.flush()
+        sys.stderr.write(result.get("stderr", ""))
+        sys.stderr.flush()
+        if result.get("truncated"):
+            _info("fgpu: the output was cut at 1 MiB per stream")
+    code = result.get("exit_code", FAILED)
+    return code if isinstance(code, int) and 0 <= code <= 255 else FAILED
 
 
 def cmd_terminal(args) -> int:
@@ -408,6 +483,13 @@ def _quota_figure(key: str, value, formats: dict) -> str:
     return str(value)
 
 
+def _headroom_text(headroom: dict, formats: dict) -> str:
+    """"1.50 fGPU, unlimited devices, 6 GiB GPU memory, 3 sessions"."""
+    parts = [_quota_figure("fgpu", headroom.get("fgpu"), formats) + ("" if headroom.get("fgpu") is not None else " fGPU")]
+    parts += [f"{_quota_figure(key, headroom.get(key), formats)} {label}" for key, label in _QUOTA_FIGURES[1:]]
+    return ", ".join(parts)
+
+
 def cmd_quota(args) -> int:
     client, _ = _client(args)
     try:
@@ -438,9 +520,7 @@ def cmd_quota(args) -> int:
     print(table(["QUOTA", "RESOURCE", "LIMIT", "USED", "REMAINING"], rows))
     headroom = quota.get("headroom") or {}
     print()
-    parts = [_quota_figure("fgpu", headroom.get("fgpu"), formats) + ("" if headroom.get("fgpu") is not None else " fGPU")]
-    parts += [f"{_quota_figure(key, headroom.get(key), formats)} {label}" for key, label in _QUOTA_FIGURES[1:]]
-    print("Headroom (what you may still launch): " + ", ".join(parts))
+    print("Headroom (what you may still launch): " + _headroom_text(headroom, formats))
     return OK
 
 
@@ -472,6 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--password-stdin", action="store_true", help="read the password from stdin's first line")
 
     add("logout", cmd_logout, "forget the stored token")
+    add("whoami", cmd_whoami, "who the token belongs to: administrator or not, projects, quota headroom")
 
     p = add("launch", cmd_launch, "launch a session (one GPU request style at most)")
     p.add_argument("--name", help="the session's name")
@@ -504,12 +585,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("rm", cmd_rm, "terminate sessions")
     p.add_argument("sessions", metavar="SESSION", nargs="+")
 
-    p = add("logs", cmd_logs, "print a running session's terminal output (its scrollback)")
-    p.add_argument("-f", "--follow", action="store_true", help="keep printing output until the session exits")
+    p = add("logs", cmd_logs, "print a session's output (running or ended)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing output until the session ends")
     p.add_argument("session", metavar="SESSION")
 
-    p = add("exec", cmd_exec, "run a command in a session's shell; print its output, exit with its status",
-            usage="fgpu exec [-h] [-o {table,json}] SESSION -- CMD [ARG ...]")
+    p = add("exec", cmd_exec, "run a command in a session (its node, environment and working directory); "
+                              "print its output, exit with its status",
+            usage="fgpu exec [-h] [-o {table,json}] [--timeout S] SESSION -- CMD [ARG ...]")
+    p.add_argument("--timeout", type=int, default=30, metavar="S",
+                   help="seconds before the server kills the command (default 30, at most 300)")
     p.add_argument("session", metavar="SESSION")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="CMD",
                    help="one argument: a shell command line; several: a command and its arguments")

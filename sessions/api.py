@@ -1,16 +1,19 @@
 """REST API for sessions (`/api/v1/`). Thin: validate → fetch with permission check → one service."""
 from __future__ import annotations
 
+from django.conf import settings
 from django_filters import rest_framework as filters
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, extend_schema_view
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 
+from console.api_support import ErrorSerializer, ListETagMixin
 from sessions import services
 from sessions.launch import launch_options, launch_preview
 from sessions.models import ComputeSession, SessionStatus
-from sessions.selectors import session_get_for, session_list_for
+from sessions.selectors import LOG_READ_MAX_CHARS, session_get_for, session_list_for, session_log_read
 from sessions.serializers import (
     LaunchOptionsSerializer,
     PreviewSerializer,
@@ -38,6 +41,68 @@ REQUEST_EXAMPLES = [
                    value={"name": "job", "command": "python train.py",
                           "resources": {"cuda.shares": "1.5", "resource_group": "training", "policy": "spread"}}),
 ]
+
+
+class LogQuerySerializer(serializers.Serializer):
+    since = serializers.IntegerField(min_value=0, default=0, required=False,
+                                     help_text="offset (characters) to read from: 0, or `next` of the previous read")
+    limit = serializers.IntegerField(min_value=1, max_value=LOG_READ_MAX_CHARS, default=LOG_READ_MAX_CHARS,
+                                     required=False, help_text="the most characters to return")
+
+
+class SessionLogSerializer(serializers.Serializer):
+    text = serializers.CharField(help_text="output from `start` on (terminal output: control sequences included)")
+    start = serializers.IntegerField(help_text="offset of the first character of `text`")
+    next = serializers.IntegerField(help_text="the `since` to send next")
+    length = serializers.IntegerField(help_text="characters of output received so far")
+    truncated = serializers.BooleanField(help_text="output before `start` was dropped by the size cap")
+    complete = serializers.BooleanField(help_text="the session ended and `text` reaches the end of its output: "
+                                                  "stop following")
+
+
+class CommandField(serializers.Field):
+    """An argument vector (list of strings) or one shell command line (a string)."""
+
+    default_error_messages = {"invalid": "a list of strings (an argument vector) or a string (a shell command line)",
+                              "empty": "the command is empty"}
+
+    def to_internal_value(self, data):
+        if isinstance(data, str):
+            if not data.strip():
+                self.fail("empty")
+            return data
+        if isinstance(data, list) and all(isinstance(part, str) for part in data):
+            if not data or not data[0]:
+                self.fail("empty")
+            return data
+        self.fail("invalid")
+
+    def to_representation(self, value):
+        return value
+
+
+class CommandFieldSchema(OpenApiSerializerFieldExtension):
+    target_class = CommandField
+
+    def map_serializer_field(self, auto_schema, direction):
+        return {"oneOf": [{"type": "array", "items": {"type": "string"}, "minItems": 1},
+                          {"type": "string", "minLength": 1}],
+                "description": "an argument vector, or one shell command line run by `bash -c`"}
+
+
+class ExecSerializer(serializers.Serializer):
+    command = CommandField()
+    timeout = serializers.IntegerField(min_value=1, max_value=settings.FGPU_EXEC_MAX_TIMEOUT,
+                                       default=settings.FGPU_EXEC_DEFAULT_TIMEOUT, required=False,
+                                       help_text="seconds; the command is killed after it (504)")
+
+
+class ExecResultSerializer(serializers.Serializer):
+    exit_code = serializers.IntegerField(help_text="the command's exit status (128+N when killed by signal N)")
+    stdout = serializers.CharField(allow_blank=True, help_text="at most 1 MiB")
+    stderr = serializers.CharField(allow_blank=True, help_text="at most 1 MiB")
+    truncated = serializers.BooleanField(help_text="stdout or stderr was cut at 1 MiB")
+    duration_ms = serializers.IntegerField(help_text="milliseconds the command ran")
 
 
 class SessionFilter(filters.FilterSet):
@@ -72,7 +137,7 @@ STATUS_PARAMETER = OpenApiParameter(
     list=extend_schema(summary="List sessions", parameters=[STATUS_PARAMETER],
                        description="Your sessions, newest first (administrators: everyone's)."),
 )
-class SessionViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
     """Compute sessions. Users see their own, staff all; another user's session is a 404."""
 
     serializer_class = SessionSerializer
@@ -131,6 +196,49 @@ class SessionViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         ticket, row = services.terminal_ticket_create(session=session, user=request.user)
         return Response({"ticket": ticket, "url": f"/ws/sessions/{session.pk}/terminal/?ticket={ticket}",
                          "expires_at": row.expires_at})
+
+    @extend_schema(summary="Read a session's output", parameters=[LogQuerySerializer],
+                   responses={200: SessionLogSerializer,
+                              400: OpenApiResponse(ErrorSerializer, description="`since` or `limit` out of range.")},
+                   description="What the session's process wrote to its terminal (batch and interactive sessions), "
+                               "kept after the session ends: the last 4 Mi characters (about 4 MiB). Follow it by "
+                               "asking again with `?since=<next>` until `complete` is true; the agent ships output "
+                               "about every 0.5 s.",
+                   examples=[OpenApiExample("A read", response_only=True, value={
+                       "text": "hello\r\n", "start": 0, "next": 7, "length": 7, "truncated": False,
+                       "complete": True})])
+    @action(detail=True, methods=["get"])
+    def logs(self, request, session_id=None):
+        """`?since=<offset>` → `{"text", "start", "next", "length", "truncated", "complete"}`."""
+        session = self.get_object()  # first: another user's session is a 404 whatever the query
+        # A plain dict, not the QueryDict: DRF reads an empty `?since=` in a QueryDict as "not sent".
+        query = LogQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        return Response(session_log_read(session=session, **query.validated_data))
+
+    @extend_schema(summary="Run a command in a session", request=ExecSerializer,
+                   responses={200: ExecResultSerializer,
+                              502: OpenApiResponse(ErrorSerializer, description="The agent could not start the command."),
+                              504: OpenApiResponse(ErrorSerializer, description="The command ran past its timeout, or "
+                                                                                "the node's agent did not answer.")},
+                   description="Runs the command on the session's node beside its process: the session's environment "
+                               "(allocation limits, the virtual nvidia-smi on PATH), working directory, stdin from "
+                               "/dev/null; batch sessions too. 409 unless RUNNING; 504 when it runs past `timeout` "
+                               "(killed) or the node's agent does not answer.",
+                   examples=[OpenApiExample("nvidia-smi", request_only=True,
+                                            value={"command": ["nvidia-smi"], "timeout": 30}),
+                             OpenApiExample("A shell line", request_only=True,
+                                            value={"command": "echo $CUDA_DEVICE_SM_LIMIT; exit 3"}),
+                             OpenApiExample("Result", response_only=True, value={
+                                 "exit_code": 3, "stdout": "25\n", "stderr": "", "truncated": False,
+                                 "duration_ms": 12})])
+    @action(detail=True, methods=["post"])
+    def exec(self, request, session_id=None):
+        """`{"command": ["nvidia-smi"], "timeout": 30}` → `{"exit_code", "stdout", "stderr", …}`."""
+        session = self.get_object()  # first: another user's session is a 404 whatever the body
+        data = ExecSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return Response(services.session_exec(session=session, **data.validated_data))
 
 
 @extend_schema(summary="Launch options", responses={200: LaunchOptionsSerializer}, tags=["sessions"],

@@ -150,7 +150,8 @@ class MyQuotaSerializer(serializers.Serializer):
     headroom = QuotaFiguresSerializer(help_text="the smallest remaining allowance over those quotas")
 
 
-def _figures(*, fgpu, devices, gpu_memory, sessions) -> dict:
+def quota_figures(*, fgpu, devices, gpu_memory, sessions) -> dict:
+    """Figures for QuotaFiguresSerializer: fGPU as decimal text, the rest as they are; None: unlimited."""
     return {"fgpu": None if fgpu is None else fgpu_text(fgpu), "devices": devices, "gpu_memory": gpu_memory,
             "sessions": sessions}
 
@@ -165,13 +166,13 @@ def quota_report(*, user) -> dict:
             "id": quota.pk,
             "scope": "project" if quota.project_id is not None else "user",
             "name": quota.project.name if quota.project_id is not None else quota.user.get_username(),
-            "limits": _figures(fgpu=quota.max_fgpu, devices=quota.max_devices, gpu_memory=quota.max_gpu_memory,
+            "limits": quota_figures(fgpu=quota.max_fgpu, devices=quota.max_devices, gpu_memory=quota.max_gpu_memory,
                                sessions=quota.max_sessions),
-            "used": _figures(fgpu=usage.fgpu, devices=usage.devices, gpu_memory=usage.gpu_memory,
+            "used": quota_figures(fgpu=usage.fgpu, devices=usage.devices, gpu_memory=usage.gpu_memory,
                              sessions=usage.sessions),
-            "remaining": _figures(**usage.remaining()),
+            "remaining": quota_figures(**usage.remaining()),
         })
-    return {"user": user.get_username(), "quotas": quotas, "headroom": _figures(**quota_headroom(user=user))}
+    return {"user": user.get_username(), "quotas": quotas, "headroom": quota_figures(**quota_headroom(user=user))}
 
 
 @extend_schema(

@@ -167,3 +167,34 @@ class Quota(models.Model):
         if self.project_id is not None:
             return f'project "{self.project.name}"'
         return f'user "{self.user.get_username()}"' if self.user_id is not None else "nobody"
+
+
+class SessionLog(models.Model):
+    """The output log of one session, as its agent shipped it (sessions.services.session_log_append).
+
+    Offsets count characters (Unicode code points) of the session's output from its start.
+    `length` is the offset just past the last character received; `complete` is set when the
+    agent sent its last batch (the session's process ended). Only the last
+    FGPU_SESSION_LOG_MAX_CHARS characters (settings; about 4 MiB of plain text) are kept.
+    """
+
+    session = models.OneToOneField(ComputeSession, primary_key=True, on_delete=models.CASCADE, related_name="log")
+    length = models.BigIntegerField(default=0, help_text="characters received so far (the end offset)")
+    complete = models.BooleanField(default=False, help_text="the agent sent the last batch")
+    updated_at = models.DateTimeField(auto_now=True)
+
+
+class SessionLogChunk(models.Model):
+    """One batch of a session's output: characters `offset` … `offset + len(text)`. `seq`
+    numbers the agent's batches from 0; (session, seq) is unique, so a batch delivered twice is
+    stored once. `end` is `offset + len(text)`, kept for trimming."""
+
+    session = models.ForeignKey(ComputeSession, on_delete=models.CASCADE, related_name="log_chunks")
+    seq = models.PositiveIntegerField()
+    offset = models.BigIntegerField()
+    end = models.BigIntegerField()
+    text = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["session", "seq"]
+        constraints = [models.UniqueConstraint(fields=["session", "seq"], name="session_log_chunk_unique_seq")]

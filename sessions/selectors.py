@@ -51,3 +51,63 @@ def request_configuration(request: core.ResourceRequest) -> str:
 def session_configuration(session: ComputeSession) -> str:
     """What the session asked for, formatted (see request_configuration)."""
     return request_configuration(session_request(session))
+
+
+LOG_READ_MAX_CHARS = 1024 * 1024  # the most characters one read returns
+LOG_LOST_AGENT_GRACE_S = 30  # an ended session whose agent never sent its last batch is complete after this
+
+
+def session_log_read(*, session: ComputeSession, since: int = 0, limit: int = LOG_READ_MAX_CHARS) -> dict:
+    """The session's output from character offset `since`, at most `limit` characters:
+    `{"text", "start", "next", "length", "truncated", "complete"}`.
+
+    `start` is the offset of the first character returned (later than `since` when the
+    output there was dropped by the size cap: then `truncated` is true), `next` the offset to
+    ask for next, `length` the offset just past the last character received so far.
+    `complete` is true when the session has ended and `next` is the end of its output: the
+    agent sent its last batch, or the session never ran, or it ended more than
+    LOG_LOST_AGENT_GRACE_S seconds ago (its agent was lost). Batches are returned in sequence
+    order and only while their numbers run on, so a batch still in flight is never skipped."""
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    from sessions.models import FINAL_STATUSES, SessionLog, SessionLogChunk
+
+    row = SessionLog.objects.filter(session=session).first()
+    length = row.length if row else 0
+    kept = SessionLogChunk.objects.filter(session=session)
+    first_kept = kept.order_by("seq").values_list("seq", "offset").first()
+    parts: list[str] = []
+    start = position = since
+    taken, expected_seq = 0, None
+    for chunk in kept.filter(end__gt=since).order_by("seq").iterator(chunk_size=64):
+        if expected_seq is None and chunk.offset > since:
+            # Starting past `since` is right only when what lies between is gone (dropped by a
+            # size cap) rather than in flight: the batch before this one is here, or this is
+            # the first batch, or the first one kept after trimming.
+            trimmed = first_kept is not None and chunk.seq == first_kept[0] and length > settings.FGPU_SESSION_LOG_MAX_CHARS
+            if not (chunk.seq == 0 or trimmed or kept.filter(seq=chunk.seq - 1).exists()):
+                break
+        elif expected_seq is not None and chunk.seq != expected_seq:
+            break  # a batch still in flight: stop before it
+        if position < chunk.offset:
+            position = chunk.offset
+        if expected_seq is None:
+            start = position
+        text = chunk.text[position - chunk.offset:]
+        piece = text[:limit - taken]
+        parts.append(piece)
+        taken += len(piece)
+        position += len(piece)
+        expected_seq = chunk.seq + 1
+        if len(piece) < len(text):
+            break
+    ended = session.status in FINAL_STATUSES
+    all_in = bool(row and row.complete) or session.started_at is None or (
+        session.terminated_at is not None
+        and session.terminated_at < timezone.now() - timedelta(seconds=LOG_LOST_AGENT_GRACE_S))
+    truncated = first_kept is not None and since < first_kept[1] and length > settings.FGPU_SESSION_LOG_MAX_CHARS
+    return {"text": "".join(parts), "start": start, "next": position, "length": length,
+            "truncated": truncated, "complete": ended and all_in and position >= length}

@@ -1,4 +1,5 @@
-"""Writes to compute sessions: create, terminate, apply agent reports, terminal tickets.
+"""Writes to compute sessions: create, terminate, apply agent reports, terminal tickets, the
+output logs agents ship, and exec.
 
 Status changes are compare-and-set (`filter(status__in=…).update(…)`): when two writers
 race, exactly one wins and the other sees `updated == 0`. Allocations are released in the
@@ -6,12 +7,15 @@ same transaction as the move to a final status, so they are released exactly onc
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import secrets
 from datetime import timedelta
 from decimal import Decimal
 
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -265,3 +269,92 @@ def terminal_ticket_redeem(*, session_id: str, ticket: str) -> ComputeSession:
         raise ApplicationError(f"the session is {session.status}", type="session-not-running", title="Session not running",
                                status=409)
     return session
+
+
+# --- output logs ----------------------------------------------------------------------------
+
+def session_log_append(*, session_id: str, seq: int, offset: int, text: str, final: bool = False) -> bool:
+    """Store one batch of a session's output shipped by its agent (sessions.runtime.agent).
+
+    `seq` numbers the agent's batches from 0, `offset` is the batch's position in the output in
+    characters. A batch already stored (same session and `seq`: a redelivered task) is ignored,
+    so the task may be retried. `final` marks the session's last batch. Only the last
+    FGPU_SESSION_LOG_MAX_CHARS characters are kept: older batches are deleted. NUL characters
+    (PostgreSQL text cannot hold them) are stored as U+FFFD. Returns whether the batch was
+    stored; unknown sessions are logged and ignored."""
+    from sessions.models import SessionLog, SessionLogChunk
+
+    if not ComputeSession.objects.filter(pk=session_id).exists():
+        log.warning("agent shipped output for unknown session %s", session_id)
+        return False
+    text = text.replace("\x00", "\ufffd")
+    end = offset + len(text)
+    with transaction.atomic():
+        SessionLog.objects.get_or_create(session_id=session_id)
+        row = SessionLog.objects.select_for_update().get(session_id=session_id)
+        if SessionLogChunk.objects.filter(session_id=session_id, seq=seq).exists():
+            return False
+        SessionLogChunk.objects.create(session_id=session_id, seq=seq, offset=offset, end=end, text=text)
+        fields = ["updated_at"]
+        if end > row.length:
+            row.length = end
+            fields.append("length")
+        if final and not row.complete:
+            row.complete = True
+            fields.append("complete")
+        row.save(update_fields=fields)
+        SessionLogChunk.objects.filter(session_id=session_id,
+                                       end__lte=row.length - settings.FGPU_SESSION_LOG_MAX_CHARS).delete()
+    return True
+
+
+# --- exec -------------------------------------------------------------------------------------
+
+EXEC_REPLY_GRACE_S = 10  # how much longer than the command's timeout the web waits for the agent
+
+
+def session_exec(*, session: ComputeSession, command, timeout: int) -> dict:
+    """Run `command` in a RUNNING session on its node, beside the session's process: same
+    environment (the virtual nvidia-smi on PATH, the allocation's limits), same working
+    directory, stdin from /dev/null. `command` is an argument vector (a list of strings) or
+    one shell command line (a string, run by bash -c). `timeout` in seconds.
+
+    Transport: a `pty.exec` message to the session's `pty-<id>` group (which only its agent
+    joins) with a reply channel; the agent answers on it (sessions.runtime.agent.Agent._exec).
+    Returns `{"exit_code", "stdout", "stderr", "truncated", "duration_ms"}` (stdout and stderr
+    at most 1 MiB each, `truncated` when cut).
+
+    Raises ApplicationError: 409 "session-not-running" unless RUNNING; 504 "exec-timeout"
+    when the command ran past `timeout` (it was killed) or the agent did not answer within
+    `timeout` + EXEC_REPLY_GRACE_S seconds; 502 "exec-failed" when the agent could not start it.
+    """
+    if session.status != SessionStatus.RUNNING:
+        raise ApplicationError(f"the session is {session.status}; commands run only while it is RUNNING",
+                               type="session-not-running", title="Session not running", status=409)
+    message = {"type": "pty.exec", "session_id": str(session.pk), "argv": command, "timeout": timeout}
+    result = async_to_sync(_exec_roundtrip)(events.pty_group(session.pk), message, timeout + EXEC_REPLY_GRACE_S)
+    node = session.node.name if session.node_id else "its node"
+    if result is None:
+        raise ApplicationError(f"the agent on {node} did not answer within {timeout + EXEC_REPLY_GRACE_S} s; "
+                               "is the node up?", type="exec-timeout", title="Exec timed out", status=504)
+    if result.get("error"):
+        raise ApplicationError(result["error"], type="exec-failed", title="Exec failed", status=502)
+    if result.get("timed_out"):
+        raise ApplicationError(f"the command ran longer than its timeout of {timeout} s and was killed; "
+                               "pass a larger \"timeout\"", type="exec-timeout", title="Exec timed out", status=504)
+    return {key: result[key] for key in ("exit_code", "stdout", "stderr", "truncated", "duration_ms")}
+
+
+async def _exec_roundtrip(group: str, message: dict, wait_s: float) -> dict | None:
+    """Send `message` to `group` with a fresh reply channel; the reply, or None after `wait_s`."""
+    layer = get_channel_layer()
+    reply = await layer.new_channel("exec-reply.")
+    await layer.group_send(group, {**message, "reply_channel": reply})
+    try:
+        async with asyncio.timeout(wait_s):
+            while True:
+                answer = await layer.receive(reply)
+                if answer.get("type") == "exec.result":
+                    return answer
+    except TimeoutError:
+        return None

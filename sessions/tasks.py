@@ -55,6 +55,14 @@ def session_report(*, session_id: str, status: str, reason: str = "", exit_code:
     session_report_apply(session_id=session_id, status=status, reason=reason, exit_code=exit_code)
 
 
+@shared_task(name="fgpu.manager.session_log_append", acks_late=True)
+def session_log_append(*, session_id: str, seq: int, offset: int, text: str, final: bool = False) -> None:
+    """Store one batch of a session's output (idempotent by `seq`, so acks_late is safe)."""
+    from sessions.services import session_log_append as append
+
+    append(session_id=session_id, seq=seq, offset=offset, text=text, final=final)
+
+
 SCHEDULE_QUEUED_KEY = "fgpu:schedule-pending:queued"
 
 

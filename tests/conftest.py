@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
@@ -42,6 +44,41 @@ def private_cache(request):
     with override_settings(CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
                                                "LOCATION": request.node.nodeid}}):
         yield
+
+
+# --- people and API clients (no passwords: hashing is slow and not under test) ------------------
+
+@pytest.fixture
+def alice(django_user_model):
+    return django_user_model.objects.create_user("alice")
+
+
+@pytest.fixture
+def bob(django_user_model):
+    return django_user_model.objects.create_user("bob")
+
+
+@pytest.fixture
+def staff(django_user_model):
+    """An administrator (`is_staff`: what the API checks)."""
+    return django_user_model.objects.create_user("root", is_staff=True)
+
+
+@pytest.fixture
+def admin(django_user_model):
+    """An administrator who may also use every admin page (`is_superuser` too)."""
+    return django_user_model.objects.create_user("root", is_staff=True, is_superuser=True)
+
+
+def client_for(user):
+    """An APIClient sending `user`'s DRF token (anonymous for None)."""
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    if user is not None:
+        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
+    return client
 
 
 def wait_until(predicate, *, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
@@ -106,6 +143,100 @@ def procs(tmp_path, request):
     if report is None or report.failed:
         for proc in started:
             sys.stderr.write(f"\n----- {proc.name} log -----\n{proc.log_path.read_text(errors='replace')[-8000:]}\n")
+
+
+# --- the distributed stack (end-to-end tests) -----------------------------------------------------
+
+@dataclass
+class StackNode:
+    """One agent process: its node name, its mock-accelerator.toml text, and agent.toml's
+    `cpu-count` and `memory`."""
+
+    name: str
+    mock_toml: str
+    cpu_count: int = 4
+    memory: str = "16G"
+    devices: int = 1  # how many devices the mock inventory lists (the node counts as up once all are there)
+
+
+@dataclass
+class Stack:
+    base: str  # http://127.0.0.1:<port>
+    redis_url: str
+    env: dict  # the web's and manager's environment
+    agents: dict  # node name → Proc
+
+
+@pytest.fixture
+def distributed_stack(tmp_path, procs):
+    """Start the distributed processes: `distributed_stack(nodes=[StackNode…], redis_db=N)` →
+    Stack, once daphne answers and every node is ALIVE with all its devices.
+
+    daphne, a Celery manager worker with beat (threads, concurrency 4) and one agent process
+    per node, against the test database (the test needs `django_db(transaction=True)`) and
+    Redis database `redis_db`, flushed first so stale queues cannot interfere (the suite's
+    e2e tests each use their own: 7, 11). Fractional settings and slot formats are imported
+    from demo/ as an administrator would (unit_mem 4 GiB, unit_proc 40, quantum 0.25). Agents
+    get an unreachable DATABASE_URL: they must never need the database."""
+    import redis
+    from django.conf import settings
+    from django.db import connection
+
+    def start(*, nodes: list[StackNode], redis_db: int) -> Stack:
+        from accelerators.models import Node, NodeStatus
+
+        redis_url = f"{settings.REDIS_URL.rsplit('/', 1)[0]}/{redis_db}"
+        redis.Redis.from_url(redis_url).flushdb()
+        db = connection.settings_dict
+        database_url = (f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/"
+                        f"{db['NAME']}")
+        env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url,
+               "FGPU_DATA_DIR": str(tmp_path / "data"), "FGPU_HEARTBEAT_INTERVAL": "2", "PYTHONUNBUFFERED": "1"}
+        env.pop("FGPU_CELERY_EAGER", None)
+        bin_dir = Path(sys.executable).parent
+        python = str(bin_dir / "python")
+        for path in (ROOT / "demo" / "mock-accelerator.toml", ROOT / "demo" / "accelerator.json"):
+            out = subprocess.run([python, "manage.py", "import_accelerator_config", str(path)], cwd=ROOT, env=env,
+                                 capture_output=True, text=True)
+            assert out.returncode == 0, out.stderr
+        port = free_port()
+        procs.start("web", [str(bin_dir / "daphne"), "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"],
+                    env)
+        procs.start("manager", [str(bin_dir / "celery"), "-A", "console", "worker", "-Q", "manager", "--pool",
+                                "threads", "--concurrency", "4", "-B", "--schedule", str(tmp_path / "beat-schedule"),
+                                "--loglevel", "INFO", "--hostname", f"manager@redis{redis_db}"], env)
+        agent_env = {**env, "DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"}
+        agents = {}
+        for node in nodes:
+            node_dir = tmp_path / "nodes" / node.name
+            node_dir.mkdir(parents=True)
+            (node_dir / "mock-accelerator.toml").write_text(node.mock_toml)
+            (node_dir / "agent.toml").write_text(
+                f'[agent]\nid = "{node.name}"\nallowed-compute-plugins = ["ai.backend.accelerator.mock"]\n'
+                f'cpu-count = {node.cpu_count}\nmemory = "{node.memory}"\n[container]\nscratch-root = "scratches"\n')
+            agents[node.name] = procs.start(f"agent-{node.name}", [python, "manage.py", "agent", "--config",
+                                                                   str(node_dir / "agent.toml")], agent_env)
+        base = f"http://127.0.0.1:{port}"
+
+        def web_up():
+            try:
+                with urllib.request.urlopen(base + "/api/schema/", timeout=5) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+
+        wait_until(web_up, timeout=30, what="daphne to answer")
+
+        def nodes_alive():
+            assert all(agent.popen.poll() is None for agent in agents.values()), "an agent exited (its log follows)"
+            alive = {n.name: n.devices.count() for n in Node.objects.filter(name__in=[x.name for x in nodes],
+                                                                              status=NodeStatus.ALIVE)}
+            return all(alive.get(node.name, 0) >= node.devices for node in nodes)
+
+        wait_until(nodes_alive, timeout=60, what="every agent to register its node")
+        return Stack(base=base, redis_url=redis_url, env=env, agents=agents)
+
+    return start
 
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)

@@ -33,6 +33,7 @@ class RecordingManager:
         self.registered: list[tuple[str, dict, list[str]]] = []
         self.heartbeats: list[tuple[str, list[str]]] = []
         self.reports: list[tuple[str, str, str, int | None]] = []
+        self.logs: list[tuple[str, int, int, str, bool]] = []
         self._changed = asyncio.Event()
 
     def _record(self, bucket: list, item) -> None:
@@ -47,6 +48,9 @@ class RecordingManager:
 
     def report(self, session_id, status, reason, exit_code):
         self._record(self.reports, (session_id, status, reason, exit_code))
+
+    def log(self, session_id, seq, offset, text, final):
+        self._record(self.logs, (session_id, seq, offset, text, final))
 
     def reports_for(self, session_id: str) -> list[tuple[str, str, int | None]]:
         return [(status, reason, code) for sid, status, reason, code in self.reports if sid == session_id]

@@ -11,31 +11,11 @@ from rest_framework.test import APIClient
 
 from sessions import services
 from sessions.models import ComputeSession, SessionStatus
+from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db
 
 ERROR_KEYS = {"type", "title", "detail", "field_errors"}
-
-
-@pytest.fixture
-def alice(django_user_model):
-    return django_user_model.objects.create_user("alice")  # no password: hashing is slow and not under test
-
-
-@pytest.fixture
-def bob(django_user_model):
-    return django_user_model.objects.create_user("bob")
-
-
-@pytest.fixture
-def staff(django_user_model):
-    return django_user_model.objects.create_user("root", is_staff=True)
-
-
-def client_for(user) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
-    return client
 
 
 @pytest.fixture

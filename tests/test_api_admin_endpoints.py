@@ -7,37 +7,14 @@ import dataclasses
 from decimal import Decimal
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from accelerators.models import FractionalSettings, ResourceGroup, SlotFormat
 from sessions.models import ComputeSession, Project, Quota
-from tests.conftest import GiB, make_cluster, mock_gpu
+from tests.conftest import GiB, client_for, make_cluster, mock_gpu
 from tests.test_api import assert_error_shape
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def alice(django_user_model):
-    return django_user_model.objects.create_user("alice")
-
-
-@pytest.fixture
-def bob(django_user_model):
-    return django_user_model.objects.create_user("bob")
-
-
-@pytest.fixture
-def staff(django_user_model):
-    return django_user_model.objects.create_user("root", is_staff=True)
-
-
-def client_for(user) -> APIClient:
-    client = APIClient()
-    if user is not None:
-        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
-    return client
 
 
 @pytest.fixture
@@ -181,13 +158,15 @@ def test_an_admin_creates_replaces_patches_and_deletes(world, staff, name):
     assert_error_shape(client.get(url), 404)
 
 
-def test_devices_and_nodes_are_read_only_for_everyone(world, alice, staff):
+def test_devices_are_read_only_for_everyone_and_nodes_cannot_be_deleted_here(world, alice, staff):
     for client in (client_for(alice), client_for(staff)):
         device_id = client.get("/api/v1/devices/").json()["results"][0]["id"]
         assert client.get(f"/api/v1/devices/{device_id}/").status_code == 200
         assert_error_shape(client.post("/api/v1/devices/", {}, format="json"), 405)
         assert_error_shape(client.delete(f"/api/v1/devices/{device_id}/"), 405)
-        assert_error_shape(client.delete("/api/v1/nodes/demo-node/"), 405)
+    # Nodes: administrators change sharing settings (tests/test_api_me_nodes_etags.py), never delete.
+    assert_error_shape(client_for(staff).delete("/api/v1/nodes/demo-node/"), 405)
+    assert_error_shape(client_for(alice).delete("/api/v1/nodes/demo-node/"), 403)
 
 
 def test_an_unknown_api_path_is_a_404_in_the_error_shape(world, alice):

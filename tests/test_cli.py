@@ -7,13 +7,10 @@ from __future__ import annotations
 import io
 import json
 import os
-import pty
-import select
 import stat
 import subprocess
 import sys
 import threading
-import time
 import urllib.parse
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,14 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from sessions.runtime.agent import _make_controlling_tty
 
 from accelerators.allocation.requests import parse_resources
 from fgpu_cli import config, main as cli
 from fgpu_cli.formatting import age, amount, session_environment, size, table
 from fgpu_cli.launch import UsageError, build_body, build_resources
 from fgpu_cli.sessions import NotFound, pick
-from fgpu_cli.terminal import ExecParser, exec_command_text, exec_line, exec_recovery_line
 
 GiB = 1 << 30
 FGPU = str(Path(sys.executable).parent / "fgpu")
@@ -287,8 +282,11 @@ def test_login_stores_the_token_with_mode_0600(api, no_login, monkeypatch, capsy
     os.chmod(no_login, 0o644)  # an old, too open file is replaced
     monkeypatch.setattr(sys, "stdin", io.StringIO("pass word\n"))
     assert cli.main(["login", api.url + "/", "--username", "alice", "--password-stdin"]) == 0
-    assert api.requests[-1]["body"] == {"username": "alice", "password": "pass word"}
-    assert "Authorization" not in api.requests[-1]["headers"]
+    token_request, confirmation = api.requests[-2:]
+    assert token_request["body"] == {"username": "alice", "password": "pass word"}
+    assert "Authorization" not in token_request["headers"]
+    # The token is tried at once (a server without /me/, as here, answers 404: no confirmation then).
+    assert (confirmation["path"], confirmation["headers"]["Authorization"]) == ("/api/v1/me/", "Token s3cr3t")
     assert stat.S_IMODE(no_login.stat().st_mode) == 0o600
     assert stat.S_IMODE(no_login.parent.stat().st_mode) == 0o700
     assert json.loads(no_login.read_text()) == {"url": api.url, "token": "s3cr3t", "username": "alice"}
@@ -315,8 +313,24 @@ def test_login_refused_and_password_prompt(api, no_login, monkeypatch, capsys):
 
     api.routes[("POST", "/api/v1/auth/token/")] = (200, {"token": "tok"})
     monkeypatch.setattr(cli.getpass, "getpass", lambda prompt: "typed")
+    api.routes[("GET", "/api/v1/me/")] = (200, {"username": "alice", "is_admin": True, "projects": [],
+                                                "live_sessions": 0, "quota_headroom": {}})
     assert cli.main(["login", api.url, "-u", "alice"]) == 0
-    assert api.requests[-1]["body"]["password"] == "typed"
+    assert api.requests[-2]["body"]["password"] == "typed"
+    assert "as alice (administrator)" in capsys.readouterr().err
+
+
+def test_whoami_shows_the_user_role_projects_and_headroom(api, capsys):
+    api.routes[("GET", "/api/v1/me/")] = (200, {
+        "username": "alice", "is_admin": False, "projects": ["vision", "nlp"], "live_sessions": 2,
+        "quota_headroom": {"fgpu": "1.500", "devices": None, "gpu_memory": 6 * GiB, "sessions": 3}})
+
+    assert cli.main(["whoami"]) == 0
+    out = capsys.readouterr().out
+    assert "User:           alice\n" in out and "Projects:       vision, nlp\n" in out
+    assert "Headroom:       1.50 fGPU, unlimited devices, 6 GiB GPU memory, 3 sessions" in out
+    assert cli.main(["whoami", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["projects"] == ["vision", "nlp"]
 
 
 def test_config_path_follows_xdg(tmp_path):
@@ -452,15 +466,11 @@ def test_rm_ends_each_session_and_reports_the_unknown(api, capsys):
     assert [r["method"] for r in api.requests].count("DELETE") == 1
 
 
-def test_exec_and_logs_refuse_a_session_that_is_not_running(api, capsys):
+def test_exec_refuses_a_session_that_is_not_running(api, capsys):
     api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, session(status="PENDING", status_reason="no room"))
     assert cli.main(["exec", SID, "--", "nvidia-smi"]) == 1
     assert "is PENDING: no room" in one_line_error(capsys.readouterr().err)
-    api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, session(command="python train.py"))
-    assert cli.main(["exec", SID, "--", "nvidia-smi"]) == 1
-    assert "batch command" in one_line_error(capsys.readouterr().err)
-    api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, session(status="TERMINATED"))
-    assert cli.main(["logs", SID]) == 1
+    assert not [r for r in api.requests if r["path"].endswith("/exec/")]
 
 
 DEVICE = {"id": 1, "node": "node-1", "slot_name": "cuda", "device_id": "GPU-aaaa", "index": 0, "model_name": "A100",
@@ -518,81 +528,62 @@ def test_quota_table_and_a_server_without_the_quota_api(api, capsys):
     assert json.loads(capsys.readouterr().out)["user"] == "alice"
 
 
-# --- exec: the wrapping, against a real shell on a PTY --------------------------------------
+# --- exec and logs through the REST API ----------------------------------------------------
 
-def test_the_exec_parser_keeps_only_the_commands_output():
-    nonce = "0123456789abcdef"
-    parser = ExecParser(nonce)
-    echo = exec_line("nvidia-smi", nonce).replace("\r", "\r\n")
-    assert parser.feed("old scrollback __FGPU_BEGIN_ffffffffffffffff__\n" + echo) == ""  # the echo has no marker
-    frames = ["\n__FGPU_BEG", f"IN_{nonce}__\nline one\nline", " two\n", "__FGPU_END_", f"{nonce}__ 3", "\n$ "]
-    outputs = [parser.feed(frame) for frame in frames]
-    assert outputs == ["", "line one\nline", " two\n", "", "", ""]  # streamed as it comes, newlines included
-    assert (parser.done, parser.code) == (True, 3)
+def test_exec_posts_the_command_prints_stdout_and_stderr_and_exits_with_its_status(api, capsys):
+    api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, session(command="python train.py"))  # batch too
+    api.routes[("POST", f"/api/v1/sessions/{SID}/exec/")] = (200, {
+        "exit_code": 3, "stdout": "out\n", "stderr": "err\n", "truncated": False, "duration_ms": 5})
 
-    parser = ExecParser(nonce)
-    assert parser.feed(f"\n__FGPU_BEGIN_{nonce}__\nno newline at the end_") == "no newline at the end"
-    assert parser.feed("_FGPU_END_") == ""  # could still be the marker
-    assert parser.feed("x") == "__FGPU_END_x"  # was not
-    assert parser.feed(f"__FGPU_END_{nonce}__ 0\r\n") == "" and parser.code == 0
+    assert cli.main(["exec", SID, "--", "sh", "-c", "exit 3"]) == 3
+    out = capsys.readouterr()
+    assert (out.out, out.err) == ("out\n", "err\n")
+    assert api.requests[-1]["body"] == {"command": ["sh", "-c", "exit 3"], "timeout": 30}
 
-    parser = ExecParser(nonce)
-    assert parser.feed(f"\n__FGPU_BEGIN_{nonce}__\nbefore Ctrl-C\n") == "before Ctrl-C\n"
-    assert parser.interrupt() == ""
-    assert parser.feed("^C\n$ stty ...\n") == ""  # after an interrupt, only the end marker counts
-    assert parser.feed(f"__FGPU_END_{nonce}__ 130\n") == "" and parser.code == 130
+    assert cli.main(["exec", "--timeout", "5", SID, "--", "nvidia-smi | head -3"]) == 3
+    assert api.requests[-1]["body"] == {"command": "nvidia-smi | head -3", "timeout": 5}  # one argument: a shell line
+    capsys.readouterr()
+    assert cli.main(["exec", "-o", "json", SID, "--", "true"]) == 3
+    assert json.loads(capsys.readouterr().out)["stdout"] == "out\n"
 
 
-def test_exec_command_text():
-    assert exec_command_text(["nvidia-smi | head -3"]) == "nvidia-smi | head -3"
-    assert exec_command_text(["sh", "-c", "exit 3"]) == "sh -c 'exit 3'"
+def test_exec_past_its_timeout_exits_1_with_the_servers_reason(api, capsys):
+    api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, session())
+    api.routes[("POST", f"/api/v1/sessions/{SID}/exec/")] = (504, {
+        "type": "exec-timeout", "title": "Exec timed out", "field_errors": {},
+        "detail": "the command ran longer than its timeout of 30 s and was killed; pass a larger \"timeout\""})
+
+    assert cli.main(["exec", SID, "--", "sleep", "99"]) == 1
+    assert "timeout of 30 s" in one_line_error(capsys.readouterr().err)
 
 
-@pytest.mark.skipif(not Path("/bin/bash").exists(), reason="needs bash")
-def test_the_exec_line_in_an_interactive_bash_on_a_pty(tmp_path):
-    """What the agent runs: an interactive bash on a PTY. The wrapped line prints only the
-    command's output between the markers, gives its status, and leaves echo on afterwards."""
-    master, slave = pty.openpty()
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TERM": "xterm", "PS1": "$ "}
-    # Started exactly as the agent starts a session's shell: own session, the PTY as its
-    # controlling terminal, default signal handling (a test runner started in the background
-    # ignores SIGINT, and ignored signals are inherited).
-    shell = subprocess.Popen(["/bin/bash", "--noprofile", "--norc", "-i"], stdin=slave, stdout=slave, stderr=slave,
-                             env=env, cwd=tmp_path, start_new_session=True, preexec_fn=_make_controlling_tty)
-    os.close(slave)
+def test_logs_prints_the_log_and_follow_reads_from_the_cursor_until_complete(api, capsys):
+    api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, session(status="TERMINATED"))
+    reads = iter([  # terminal output, CRLF, one cut between CR and LF: plain LF lines in a pipe
+        {"text": "one\r", "start": 0, "next": 4, "length": 4, "truncated": False, "complete": False},
+        {"text": "", "start": 4, "next": 4, "length": 4, "truncated": False, "complete": False},
+        {"text": "\ntwo\r\n", "start": 4, "next": 10, "length": 10, "truncated": False, "complete": True},
+    ])
+    api.routes[("GET", f"/api/v1/sessions/{SID}/logs/")] = lambda request: (200, next(reads))
 
-    def run(command: str, nonce: str) -> tuple[str, int]:
-        parser, out = ExecParser(nonce), ""
-        os.write(master, exec_line(command, nonce).encode())
-        deadline = time.monotonic() + 20
-        while not parser.done:
-            assert time.monotonic() < deadline, out
-            if select.select([master], [], [], 0.2)[0]:
-                out += parser.feed(os.read(master, 65536).decode(errors="replace"))
-        return out, parser.code
+    assert cli.main(["logs", "-f", SID]) == 0
+    out = capsys.readouterr()
+    assert out.out == "one\ntwo\n"
+    assert out.err == "fgpu: session demo ended: TERMINATED\n"
+    assert [r["query"].get("since") for r in api.requests if r["path"].endswith("/logs/")] == ["0", "4", "4"]
 
-    try:
-        os.write(master, b"half typed")  # someone's unfinished line at the prompt does not get in the way
-        assert run("echo hello; echo second line", "aaaa0000aaaa0000") == ("hello\nsecond line\n", 0)
-        assert run(exec_command_text(["sh", "-c", "echo to stderr >&2; exit 3"]), "bbbb1111bbbb1111") == \
-            ("to stderr\n", 3)
-        assert run("printf 'no newline'", "cccc2222cccc2222") == ("no newline", 0)
-        assert run("cd /; exit 4", "dddd3333dddd3333") == ("", 4)  # a subshell: the session's shell lives on
-        assert run("pwd; read x; echo read=$?", "eeee4444eeee4444") == (f"{tmp_path}\nread=1\n", 0)  # stdin: /dev/null
-        # Interrupted: the recovery line restores the terminal and reports 130.
-        os.write(master, b"\x03" + exec_recovery_line("ffff5555ffff5555").encode())
-        seen = ""
-        while "__FGPU_END_ffff5555ffff5555__ 130" not in seen:
-            if select.select([master], [], [], 5)[0]:
-                seen += os.read(master, 65536).decode(errors="replace")
-        os.write(master, b"echo typed\r")  # echo is on again: the typed line shows
-        seen = ""
-        deadline = time.monotonic() + 10
-        while "echo typed" not in seen and time.monotonic() < deadline:
-            if select.select([master], [], [], 0.2)[0]:
-                seen += os.read(master, 65536).decode(errors="replace")
-        assert "echo typed" in seen, seen
-    finally:
-        shell.kill()
-        shell.wait()
-        os.close(master)
+    api.routes[("GET", f"/api/v1/sessions/{SID}/logs/")] = (200, {
+        "text": "all\n", "start": 0, "next": 4, "length": 4, "truncated": False, "complete": True})
+    assert cli.main(["logs", SID, "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"id": SID, "text": "all\n", "next": 4, "complete": True,
+                                                  "truncated": False}
+
+
+def test_logs_without_follow_stops_at_what_is_there(api, capsys):
+    api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, session())
+    api.routes[("GET", f"/api/v1/sessions/{SID}/logs/")] = lambda request: (200, {
+        "text": "" if request["query"]["since"] == "3" else "abc", "start": 0, "next": 3, "length": 3,
+        "truncated": False, "complete": False})
+
+    assert cli.main(["logs", SID]) == 0
+    assert capsys.readouterr().out == "abc"

@@ -13,7 +13,6 @@ saying why, from a scheduler pass), and each node runs at least one.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -21,13 +20,10 @@ import time
 from decimal import Decimal
 
 import pytest
-import redis
-from django.conf import settings
-from django.db import connection
 from django.db.models import Count, Sum
 
-from tests.conftest import ROOT, free_port, wait_until
-from tests.test_e2e_distributed import VENV_BIN, api, get_ok
+from tests.conftest import ROOT, StackNode, wait_until
+from tests.test_e2e_distributed import VENV_BIN, api
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -83,66 +79,24 @@ def client_requests(client: int) -> list[dict]:
 
 
 @pytest.fixture
-def race_cluster(tmp_path, procs, django_user_model):
-    """daphne, a Celery manager worker (with beat) and one agent per node of NODES; returns
-    (base URL, {username: token}) once both nodes are ALIVE with their devices."""
-    redis_url = f"{settings.REDIS_URL.rsplit('/', 1)[0]}/{REDIS_DB}"
-    redis.Redis.from_url(redis_url).flushdb()
-    db = connection.settings_dict
-    database_url = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url, "FGPU_DATA_DIR": str(tmp_path / "data"),
-           "FGPU_HEARTBEAT_INTERVAL": "2", "PYTHONUNBUFFERED": "1"}
-    env.pop("FGPU_CELERY_EAGER", None)
-    python = str(VENV_BIN / "python")
-    # Fractional settings (unit_mem 4 GiB, unit_proc 40, quantum 0.25) and slot formats, as an
-    # administrator imports them.
-    for path in (ROOT / "demo" / "mock-accelerator.toml", ROOT / "demo" / "accelerator.json"):
-        out = subprocess.run([python, "manage.py", "import_accelerator_config", str(path)], cwd=ROOT, env=env,
-                             capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr
-    port = free_port()
-    procs.start("web", [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"], env)
-    procs.start("manager", [str(VENV_BIN / "celery"), "-A", "console", "worker", "-Q", "manager", "--pool", "threads",
-                            "--concurrency", "4", "-B", "--schedule", str(tmp_path / "beat-schedule"),
-                            "--loglevel", "INFO", "--hostname", "manager@race"], env)
-    agent_env = {**env, "DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"}  # agents never need the database
-    agents = []
-    for name, (devices, _) in NODES.items():
-        node_dir = tmp_path / name
-        node_dir.mkdir()
-        (node_dir / "mock-accelerator.toml").write_text(mock_toml(devices))
-        (node_dir / "agent.toml").write_text(
-            f'[agent]\nid = "{name}"\nallowed-compute-plugins = ["ai.backend.accelerator.mock"]\n'
-            'cpu-count = 32\nmemory = "64G"\n[container]\nscratch-root = "scratches"\n')
-        agents.append(procs.start(f"agent-{name}", [python, "manage.py", "agent", "--config", str(node_dir / "agent.toml")], agent_env))
-    base = f"http://127.0.0.1:{port}"
-    for i in range(CLIENTS):
-        django_user_model.objects.create_user(f"racer{i}", password="racer-pass-123")
-
-    def token_for(username):
-        try:
-            return api(base, "POST", "/api/v1/auth/token/", body={"username": username, "password": "racer-pass-123"})
-        except OSError:
-            return None
-
+def race_cluster(distributed_stack, django_user_model):
+    """The stack with one agent per node of NODES on Redis db REDIS_DB, and CLIENTS users;
+    returns (base URL, {username: token})."""
+    stack = distributed_stack(redis_db=REDIS_DB, nodes=[
+        StackNode(name, mock_toml(devices), cpu_count=32, memory="64G", devices=len(devices))
+        for name, (devices, _) in NODES.items()])
     tokens = {}
     for i in range(CLIENTS):
-        status, body = wait_until(lambda: token_for(f"racer{i}"), timeout=30, what="daphne to answer")
+        django_user_model.objects.create_user(f"racer{i}", password="racer-pass-123")
+        status, body = api(stack.base, "POST", "/api/v1/auth/token/",
+                           body={"username": f"racer{i}", "password": "racer-pass-123"})
         assert status == 200, body
         tokens[f"racer{i}"] = body["token"]
-
-    def nodes_alive():
-        assert all(agent.popen.poll() is None for agent in agents), "an agent exited (its log follows)"
-        nodes = {n["name"]: n for n in get_ok(base, "/api/v1/nodes/", tokens["racer0"])["results"]}
-        return all(name in nodes and nodes[name]["status"] == "ALIVE" and len(nodes[name]["devices"]) == len(devices)
-                   for name, (devices, _) in NODES.items())
-
-    wait_until(nodes_alive, timeout=60, what="both agents to register their nodes")
     from accelerators.models import Node
 
     for name, (_, split) in NODES.items():
         Node.objects.filter(name=name).update(device_split_count=split)
-    return base, tokens
+    return stack.base, tokens
 
 
 def over_commits() -> list[str]:

@@ -9,20 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-import redis
 import websockets
-from django.conf import settings
-from django.db import connection
 
-from tests.conftest import ROOT, free_port, wait_until
+from tests.conftest import ROOT, StackNode, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -67,54 +62,15 @@ async def terminal_run(url: str, command: str, expect: str, *, timeout: float = 
 
 
 @pytest.fixture
-def cluster(tmp_path, procs, django_user_model):
-    redis_url = f"{settings.REDIS_URL.rsplit('/', 1)[0]}/{REDIS_DB}"
-    redis.Redis.from_url(redis_url).flushdb()
-    db = connection.settings_dict
-    database_url = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url, "FGPU_DATA_DIR": str(tmp_path / "data"),
-           "FGPU_HEARTBEAT_INTERVAL": "2", "PYTHONUNBUFFERED": "1"}
-    env.pop("FGPU_CELERY_EAGER", None)
-    (tmp_path / "node").mkdir()
-    (tmp_path / "node" / "mock-accelerator.toml").write_text((ROOT / "demo" / "mock-accelerator.toml").read_text())
-    (tmp_path / "node" / "agent.toml").write_text(
-        '[agent]\nid = "e2e-node"\nallowed-compute-plugins = ["ai.backend.accelerator.mock"]\n'
-        'cpu-count = 4\nmemory = "16G"\n[container]\nscratch-root = "scratches"\n'
-    )
-    python = str(VENV_BIN / "python")
-    # Fractional settings and slot formats, imported the way an administrator would.
-    for path in (ROOT / "demo" / "mock-accelerator.toml", ROOT / "demo" / "accelerator.json"):
-        out = subprocess.run([python, "manage.py", "import_accelerator_config", str(path)], cwd=ROOT,
-                                           env=env, capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr
-    port = free_port()
-    procs.start("web", [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"], env)
-    procs.start("manager", [str(VENV_BIN / "celery"), "-A", "console", "worker", "-Q", "manager", "--pool", "threads",
-                            "--concurrency", "4", "-B", "--schedule", str(tmp_path / "beat-schedule"),
-                            "--loglevel", "INFO", "--hostname", "manager@e2e"], env)
-    # The agent gets no DATABASE_URL: it must never need the database.
-    agent_env = {k: v for k, v in env.items() if k != "DATABASE_URL"}
-    agent_env["DATABASE_URL"] = "postgres://nobody@127.0.0.1:1/none"
-    procs.start("agent", [python, "manage.py", "agent", "--config", str(tmp_path / "node" / "agent.toml")], agent_env)
-    base = f"http://127.0.0.1:{port}"
+def cluster(distributed_stack, django_user_model):
+    """The stack with the demo node as `e2e-node` (one 8 GiB / 80-SM GPU) on Redis db REDIS_DB,
+    and user alice (password alice-pass-123). Returns (base URL, alice's token)."""
+    stack = distributed_stack(nodes=[StackNode("e2e-node", (ROOT / "demo" / "mock-accelerator.toml").read_text())],
+                              redis_db=REDIS_DB)
     django_user_model.objects.create_user("alice", password="alice-pass-123")
-
-    def web_up():
-        try:
-            return api(base, "POST", "/api/v1/auth/token/", body={"username": "alice", "password": "alice-pass-123"})
-        except OSError:
-            return None
-
-    status, body = wait_until(web_up, timeout=30, what="daphne to answer")
+    status, body = api(stack.base, "POST", "/api/v1/auth/token/", body={"username": "alice", "password": "alice-pass-123"})
     assert status == 200, body
-    token = body["token"]
-
-    def node_alive():
-        nodes = get_ok(base, "/api/v1/nodes/", token)["results"]
-        return [n for n in nodes if n["name"] == "e2e-node" and n["status"] == "ALIVE" and n["devices"]]
-
-    wait_until(node_alive, timeout=60, what="the agent to register its node")
-    return base, token
+    return stack.base, body["token"]
 
 
 def test_a_half_fgpu_session_runs_nvidia_smi_with_2gib_and_gives_the_capacity_back(cluster):

@@ -1,6 +1,7 @@
 """The OpenAPI 3 schema (drf-spectacular) at /api/schema/ and the docs at /api/docs/: the schema
 is valid, documents every endpoint with the one error shape, and the API's answers conform to
-it (Schemathesis, driving Django in-process through WSGI against the demo cluster)."""
+it (Schemathesis, driving Django in-process through WSGI against the demo cluster), one call at
+a time and in stateful sequences (launch → read, logs, exec, terminal ticket, terminate)."""
 from __future__ import annotations
 
 import copy
@@ -16,7 +17,7 @@ from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.validation import validate_schema
 from hypothesis import HealthCheck, settings
 from rest_framework.authtoken.models import Token
-from schemathesis.specs.openapi.checks import positive_data_acceptance
+from schemathesis.specs.openapi.checks import positive_data_acceptance, use_after_free
 from rest_framework.test import APIClient
 
 from sessions.models import Project, Quota
@@ -62,7 +63,8 @@ def test_every_endpoint_is_in_the_schema(openapi):
     assert {
         "/api/v1/auth/token/", "/api/v1/launch-options/", "/api/v1/quota/",
         "/api/v1/sessions/", "/api/v1/sessions/{session_id}/", "/api/v1/sessions/preview/",
-        "/api/v1/sessions/{session_id}/terminal-ticket/",
+        "/api/v1/sessions/{session_id}/terminal-ticket/", "/api/v1/sessions/{session_id}/logs/",
+        "/api/v1/sessions/{session_id}/exec/", "/api/v1/me/",
         "/api/v1/nodes/", "/api/v1/nodes/{name}/", "/api/v1/devices/", "/api/v1/devices/{id}/",
         "/api/v1/slot-formats/", "/api/v1/slot-formats/{slot}/",
         "/api/v1/fractional-settings/", "/api/v1/fractional-settings/{slot_name}/",
@@ -108,7 +110,8 @@ def test_every_error_response_uses_the_error_component(openapi):
 
 def test_edits_of_admin_settings_document_if_match_428_and_412(openapi):
     for path in ("/api/v1/slot-formats/{slot}/", "/api/v1/fractional-settings/{slot_name}/",
-                 "/api/v1/resource-groups/{name}/", "/api/v1/projects/{id}/", "/api/v1/quotas/{id}/"):
+                 "/api/v1/resource-groups/{name}/", "/api/v1/projects/{id}/", "/api/v1/quotas/{id}/",
+                 "/api/v1/nodes/{name}/"):
         for method in ("put", "patch"):
             operation = openapi["paths"][path][method]
             [if_match] = [p for p in operation["parameters"] if p["name"] == "If-Match"]
@@ -180,3 +183,54 @@ def test_api_answers_conform_to_the_schema(case, admin_token):
     quantum, larger than any node, two request styles at once."""
     excluded = [positive_data_acceptance] if case.method == "POST" else []
     case.call_and_validate(headers={"Authorization": f"Token {admin_token}"}, excluded_checks=excluded)
+
+
+# --- Schemathesis, stateful: sequences that follow the links between operations -------------------
+
+# drf-spectacular writes no OpenAPI links; Schemathesis infers them (its dependency analysis:
+# `id` of a created session → `{session_id}` of the session's operations), so a scenario launches
+# a session and goes on with its detail, logs, exec, terminal ticket and termination.
+stateful_schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application()).include(
+    path_regex=r"^/api/v1/sessions/")
+SessionWorkflow = stateful_schema.as_state_machine()
+
+
+def test_the_session_links_are_inferred_from_launch_to_every_session_operation():
+    outgoing = {link.target.label for link in SessionWorkflow._transitions.operations["POST /api/v1/sessions/"].outgoing}
+
+    assert outgoing >= {"GET /api/v1/sessions/{session_id}/", "GET /api/v1/sessions/{session_id}/logs/",
+                        "POST /api/v1/sessions/{session_id}/exec/", "DELETE /api/v1/sessions/{session_id}/",
+                        "POST /api/v1/sessions/{session_id}/terminal-ticket/"}
+
+
+def test_session_workflows_conform_to_the_schema(admin_token):
+    """Launch, then the launched session's operations in random order and with random bodies:
+    no 5xx, every answer as documented. Terminating answers 202 and the session stays readable
+    (TERMINATING / CANCELLED are states of it), so Schemathesis' use-after-free check, which
+    expects a 404 after a DELETE, does not apply; a launch that fits the schema may be refused
+    (400) for what no schema can say (see above). No agent runs: sessions stay SCHEDULED, so
+    exec answers 409 at once."""
+
+    answered: set[tuple[str, int]] = set()
+
+    class Workflow(SessionWorkflow):
+        def after_call(self, response, case):
+            super().after_call(response, case)
+            answered.add((case.operation.label, response.status_code))
+
+        def get_call_kwargs(self, case):
+            return {"headers": {"Authorization": f"Token {admin_token}"}}
+
+        def validate_response(self, response, case, additional_checks=None, **kwargs):
+            excluded = [use_after_free] + ([positive_data_acceptance] if case.method == "POST" else [])
+            case.validate_response(response, excluded_checks=excluded, headers=kwargs.get("headers"),
+                                   transport_kwargs=kwargs or None, recorder=self.recorder)
+
+    Workflow.run(settings=settings(max_examples=15, stateful_step_count=6, deadline=None, derandomize=True,
+                                   suppress_health_check=list(HealthCheck)))
+
+    # The links were followed: launched sessions were read, their logs read, exec refused (not
+    # running) and the sessions terminated.
+    assert {("POST /api/v1/sessions/", 201), ("GET /api/v1/sessions/{session_id}/", 200),
+            ("GET /api/v1/sessions/{session_id}/logs/", 200), ("POST /api/v1/sessions/{session_id}/exec/", 409),
+            ("DELETE /api/v1/sessions/{session_id}/", 202)} <= answered, sorted(answered)

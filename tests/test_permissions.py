@@ -26,6 +26,7 @@ from sessions import events, services
 from sessions.consumers import CLOSE_BAD_TICKET, CLOSE_UNAUTHENTICATED
 from sessions.models import ComputeSession, SessionStatus
 from sessions.scheduler import schedule_pending
+from tests.conftest import client_for
 
 ERROR_KEYS = {"type", "title", "detail", "field_errors"}
 WS_TIMEOUT = 10
@@ -42,6 +43,7 @@ USER_WRITABLE_API = {
     ("post", "/api/v1/sessions/preview/"),
     ("delete", "/api/v1/sessions/{id}/"),
     ("post", "/api/v1/sessions/{id}/terminal-ticket/"),
+    ("post", "/api/v1/sessions/{id}/exec/"),
 }
 WRITE_METHODS = ("post", "put", "patch", "delete")
 
@@ -97,28 +99,6 @@ def concrete(template: str, session_id=None) -> str:
 
 
 # --- people and things --------------------------------------------------------------------------
-
-@pytest.fixture
-def alice(django_user_model):
-    return django_user_model.objects.create_user("alice")  # no password: hashing is slow and not under test
-
-
-@pytest.fixture
-def bob(django_user_model):
-    return django_user_model.objects.create_user("bob")
-
-
-@pytest.fixture
-def admin(django_user_model):
-    return django_user_model.objects.create_user("root", is_staff=True, is_superuser=True)
-
-
-def api_as(user) -> APIClient:
-    client = APIClient()
-    if user is not None:
-        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
-    return client
-
 
 def pages_as(user, **kwargs) -> Client:
     client = Client(**kwargs)
@@ -221,15 +201,18 @@ def test_a_terminal_without_a_ticket_is_refused_even_with_the_owners_cookie(tran
 
 SESSION_ACTIONS = [
     ("get", "/api/v1/sessions/{id}/", 200),
+    ("get", "/api/v1/sessions/{id}/logs/", 200),
     ("post", "/api/v1/sessions/{id}/terminal-ticket/", 200),
     ("delete", "/api/v1/sessions/{id}/", 202),
 ]
+# Exec needs a live agent to answer the owner: tests/test_api_logs_exec.py covers owner and admin.
+OTHER_USER_ACTIONS = SESSION_ACTIONS + [("post", "/api/v1/sessions/{id}/exec/", 200)]
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("method, route, _", SESSION_ACTIONS)
+@pytest.mark.parametrize("method, route, _", OTHER_USER_ACTIONS)
 def test_another_users_session_is_a_404_on_every_session_endpoint(alices_session, bob, method, route, _):
-    response = getattr(api_as(bob), method)(concrete(route, alices_session.pk), {}, format="json")
+    response = getattr(client_for(bob), method)(concrete(route, alices_session.pk), {}, format="json")
 
     body = assert_error_shape(response, 404)
     assert str(alices_session.pk) not in body["detail"]
@@ -239,17 +222,17 @@ def test_another_users_session_is_a_404_on_every_session_endpoint(alices_session
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("method, route, _", SESSION_ACTIONS)
+@pytest.mark.parametrize("method, route, _", OTHER_USER_ACTIONS)
 def test_another_users_session_answers_like_a_session_that_does_not_exist(alices_session, bob, method, route, _):
-    theirs = getattr(api_as(bob), method)(concrete(route, alices_session.pk), {}, format="json")
-    missing = getattr(api_as(bob), method)(concrete(route, uuid.uuid4()), {}, format="json")
+    theirs = getattr(client_for(bob), method)(concrete(route, alices_session.pk), {}, format="json")
+    missing = getattr(client_for(bob), method)(concrete(route, uuid.uuid4()), {}, format="json")
 
     assert (theirs.status_code, theirs.json()) == (missing.status_code, missing.json())
 
 
 @pytest.mark.django_db
 def test_another_users_sessions_are_not_listed_and_their_terminal_page_is_a_404(alices_session, bob):
-    assert api_as(bob).get("/api/v1/sessions/").json()["results"] == []
+    assert client_for(bob).get("/api/v1/sessions/").json()["results"] == []
     assert pages_as(bob).get(f"/sessions/{alices_session.pk}/terminal/").status_code == 404
     assert str(alices_session.pk) not in pages_as(bob).get("/sessions/").content.decode()
 
@@ -301,7 +284,7 @@ def test_a_user_cannot_write_what_only_administrators_may_change(demo_cluster, a
     """Devices, nodes, slot formats, fractional settings, quotas…: a user's write is refused
     before any validation (403), or the route has no such method (405) or no such object (404).
     What users may write (USER_WRITABLE_API) is checked by the owner and other-user tests."""
-    response = getattr(api_as(alice), method)(concrete(route), {}, format="json")
+    response = getattr(client_for(alice), method)(concrete(route), {}, format="json")
 
     assert response.status_code in (403, 404, 405), (method, route, response.status_code, response.content[:300])
 
@@ -309,9 +292,9 @@ def test_a_user_cannot_write_what_only_administrators_may_change(demo_cluster, a
 @pytest.mark.django_db
 def test_a_user_cannot_change_a_node(demo_cluster, alice):
     for method in WRITE_METHODS:
-        response = getattr(api_as(alice), method)("/api/v1/nodes/demo-node/", {"name": "renamed"}, format="json")
+        response = getattr(client_for(alice), method)("/api/v1/nodes/demo-node/", {"name": "renamed"}, format="json")
         assert response.status_code in (403, 405), (method, response.status_code)
-    assert api_as(alice).get("/api/v1/nodes/demo-node/").json()["name"] == "demo-node"
+    assert client_for(alice).get("/api/v1/nodes/demo-node/").json()["name"] == "demo-node"
 
 
 # --- the owner ----------------------------------------------------------------------------------
@@ -320,7 +303,7 @@ def test_a_user_cannot_change_a_node(demo_cluster, alice):
 @pytest.mark.parametrize("who", ["owner", "admin"])
 def test_the_owner_and_an_administrator_may_do_everything_to_a_session(alices_session, alice, admin, who):
     user = alice if who == "owner" else admin
-    api = api_as(user)
+    api = client_for(user)
     for method, route, status in SESSION_ACTIONS:
         response = getattr(api, method)(concrete(route, alices_session.pk), {}, format="json")
         assert response.status_code == status, (method, route, response.content)
@@ -333,7 +316,7 @@ def test_the_owner_and_an_administrator_may_do_everything_to_a_session(alices_se
 def test_the_owner_and_an_administrator_see_the_session_and_its_terminal_page(alices_session, alice, admin, who):
     user = alice if who == "owner" else admin
 
-    listed = api_as(user).get("/api/v1/sessions/").json()["results"]
+    listed = client_for(user).get("/api/v1/sessions/").json()["results"]
     page = pages_as(user).get(f"/sessions/{alices_session.pk}/terminal/")
 
     assert str(alices_session.pk) in [s["id"] for s in listed]
@@ -343,7 +326,7 @@ def test_the_owner_and_an_administrator_see_the_session_and_its_terminal_page(al
 @pytest.mark.django_db
 def test_every_signed_in_user_reads_the_inventory_and_launch_options(demo_cluster, alice):
     for path in ("/api/v1/nodes/", "/api/v1/nodes/demo-node/", "/api/v1/launch-options/", "/api/v1/sessions/"):
-        assert api_as(alice).get(path).status_code == 200, path
+        assert client_for(alice).get(path).status_code == 200, path
 
 
 @pytest.mark.django_db
@@ -429,7 +412,7 @@ def test_api_writes_with_the_session_cookie_need_the_csrf_header_but_token_auth_
 
     refused = client.post("/api/v1/sessions/", body, content_type="application/json")
     accepted = client.post("/api/v1/sessions/", body, content_type="application/json", HTTP_X_CSRFTOKEN=csrf)
-    by_token = api_as(alice).post("/api/v1/sessions/", body, format="json")
+    by_token = client_for(alice).post("/api/v1/sessions/", body, format="json")
 
     assert_error_shape(refused, 403)
     assert "CSRF" in refused.json()["detail"]

@@ -6,6 +6,12 @@ schedule work on that loop and return at once. Reports to the manager go through
 tasks (`fgpu.manager.*`), called from a worker thread so the loop never blocks. Terminal
 frames travel through the channel layer: input from group `pty-<session>` (which the agent
 joins), output to group `terminal-<session>` (which terminal consumers join).
+
+Session output is also shipped to the manager (`fgpu.manager.session_log_append`) in batches:
+every LOG_FLUSH_S seconds, or sooner once LOG_BATCH_CHARS characters are waiting; each batch
+carries a sequence number and its offset in the log, so a retried delivery is stored once.
+Server-side exec (`pty.exec` on the same group, answered on the message's `reply_channel`)
+runs a command beside the session's process, in its environment and working directory.
 The agent never opens the database.
 """
 from __future__ import annotations
@@ -21,13 +27,16 @@ import shutil
 import signal
 import struct
 import subprocess
+import tempfile
 import termios
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from asgiref.sync import sync_to_async
 
 from sessions import events
+from sessions.runtime import mig as mig_runtime
 from sessions.runtime import nvidia_smi
 from sessions.runtime.environment import allocation_document, session_environment
 
@@ -36,6 +45,11 @@ log = logging.getLogger(__name__)
 SCROLLBACK_BYTES = 64 * 1024
 READ_CHUNK = 64 * 1024
 KILL_GRACE_S = 3.0
+LOG_FLUSH_S = 0.5  # seconds between log batches while output flows
+LOG_BATCH_CHARS = 64 * 1024  # ship at once when this many characters wait
+LOG_CHUNK_CHARS = 256 * 1024  # the most one batch carries
+LOG_BACKLOG_CHARS = 4 * 1024 * 1024  # unshipped output kept while the manager is unreachable; older is dropped
+EXEC_OUTPUT_BYTES = 1024 * 1024  # stdout and stderr of an exec are each cut to this many bytes
 
 _AGENTS: dict[str, "Agent"] = {}
 
@@ -58,6 +72,11 @@ class CeleryManager:
 
         session_report.delay(session_id=session_id, status=status, reason=reason, exit_code=exit_code)
 
+    def log(self, session_id: str, seq: int, offset: int, text: str, final: bool) -> None:
+        from sessions.tasks import session_log_append
+
+        session_log_append.delay(session_id=session_id, seq=seq, offset=offset, text=text, final=final)
+
 
 def agent_for(node: str) -> "Agent":
     """The agent running in this process for `node`. Raises LookupError if none."""
@@ -79,14 +98,25 @@ class RunningSession:
     eof: asyncio.Event = field(default_factory=asyncio.Event)
     exited: asyncio.Task | None = None  # _wait_exit: done once the session is reported ended
     stopping: str = ""  # why the agent is killing it; empty while nobody asked
+    env: dict = field(default_factory=dict)  # the session's environment, for exec
+    log_pending: list = field(default_factory=list)  # decoded output not yet batched
+    log_pending_chars: int = 0
+    log_seq: int = 0  # sequence number of the next batch
+    log_offset: int = 0  # characters batched so far: the next batch's offset
+    log_unsent: tuple | None = None  # (seq, offset, text, final): a batch the manager has not taken yet
+    log_wake: asyncio.Event = field(default_factory=asyncio.Event)
+    log_closed: bool = False
+    log_task: asyncio.Task | None = None
+    execs: set = field(default_factory=set)  # Popen of commands run by exec, killed with the session
 
 
 class Agent:
     """Runs one node's sessions.
 
     `inventory`: {"devices": [DeviceInfo dicts], "plugins", "attributes", "cpu_count",
-    "memory_size"}; `manager`: an object with `register`, `heartbeat`, `report` methods that
-    send the manager tasks (blocking calls; the agent calls them from a worker thread).
+    "memory_size"}; `manager`: an object with `register`, `heartbeat`, `report` and `log`
+    methods that send the manager tasks (blocking calls; the agent calls them from a worker
+    thread; see CeleryManager).
     """
 
     def __init__(self, *, node: str, inventory: dict, channel_layer, manager, scratch_root: Path,
@@ -105,6 +135,8 @@ class Agent:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.channel: str | None = None
         self._tasks: list[asyncio.Task] = []
+        # MIG instances the manager plans (issue 4): in memory on mock nodes, through NVML on real ones.
+        self.mig = mig_runtime.MigManager(mig_runtime.MockMigBackend() if mock else mig_runtime.NvmlMigBackend())
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -184,6 +216,7 @@ class Agent:
         await self.layer.group_add(events.pty_group(session_id), self.channel)
         self.loop.add_reader(running.master_fd, self._on_readable, running)
         asyncio.create_task(self._pump_output(running))
+        running.log_task = asyncio.create_task(self._ship_logs(running))
         running.exited = asyncio.create_task(self._wait_exit(running))
         if session_id in self._cancelled:  # terminated while it was being prepared
             self._cancelled.discard(session_id)
@@ -194,6 +227,7 @@ class Agent:
     def _spawn(self, spec: dict) -> RunningSession:
         """Work dir, allocation document, virtual nvidia-smi, then the process on a new PTY in
         its own session (so the whole process group can be killed). Blocking; runs in a thread."""
+        spec = mig_runtime.prepare_spec(self.mig, spec)  # a MIG instance to create or reuse (issue 4)
         session_id = spec["session_id"]
         work_dir = self.scratch_root / session_id
         meta_dir = work_dir / ".fgpu"
@@ -217,7 +251,7 @@ class Agent:
         finally:
             os.close(slave_fd)
         os.set_blocking(master_fd, False)
-        return RunningSession(session_id=session_id, process=process, master_fd=master_fd, work_dir=work_dir)
+        return RunningSession(session_id=session_id, process=process, master_fd=master_fd, work_dir=work_dir, env=env)
 
     def _on_readable(self, running: RunningSession) -> None:
         try:
@@ -232,7 +266,13 @@ class Agent:
             return
         running.scrollback += data
         del running.scrollback[:-SCROLLBACK_BYTES]
-        running.outbox.put_nowait(running.decoder.decode(data))
+        text = running.decoder.decode(data)
+        running.outbox.put_nowait(text)
+        if text:
+            running.log_pending.append(text)
+            running.log_pending_chars += len(text)
+            if running.log_pending_chars >= LOG_BATCH_CHARS:
+                running.log_wake.set()
 
     async def _pump_output(self, running: RunningSession) -> None:
         """Send output frames in order, coalescing what piled up meanwhile."""
@@ -268,6 +308,11 @@ class Agent:
             self.loop.remove_reader(running.master_fd)
         running.outbox.put_nowait(None)
         os.close(running.master_fd)
+        tail = running.decoder.decode(b"", final=True)
+        if tail:
+            running.log_pending.append(tail)
+            running.log_pending_chars += len(tail)
+        await self._close_log(running)
         self.sessions.pop(running.session_id, None)
         exit_code = code if code >= 0 else 128 - code  # killed by signal N → 128+N, as shells report it
         await self.layer.group_send(events.terminal_group(running.session_id), {"type": "terminal.exit", "code": exit_code})
@@ -286,6 +331,8 @@ class Agent:
         if running.stopping:
             return
         running.stopping = reason
+        for process in list(running.execs):
+            await asyncio.to_thread(_signal_session, process.pid, signal.SIGKILL)
         leader = running.process.pid
         for sig in (signal.SIGHUP, signal.SIGTERM):  # every process of the session, every group
             await asyncio.to_thread(_signal_session, leader, sig)
@@ -306,6 +353,128 @@ class Agent:
             await self._call(self.manager.report, session_id, status, reason, exit_code)
         except Exception:
             log.exception("agent %s: could not report %s for session %s", self.node, status, session_id)
+
+    # --- output log --------------------------------------------------------------------
+
+    async def _ship_logs(self, running: RunningSession) -> None:
+        """Ship the session's output every LOG_FLUSH_S (sooner when a batch is full) until
+        _close_log closes the log."""
+        while not running.log_closed:
+            try:
+                await asyncio.wait_for(running.log_wake.wait(), timeout=LOG_FLUSH_S)
+            except TimeoutError:
+                pass
+            running.log_wake.clear()
+            if not running.log_closed:
+                await self._ship_log(running, final=False)
+
+    def _next_batch(self, running: RunningSession, *, final: bool) -> tuple | None:
+        """Cut the next batch (at most LOG_CHUNK_CHARS) from the pending output. When the
+        backlog outgrew LOG_BACKLOG_CHARS (the manager unreachable), its oldest part is dropped
+        and the offset moves past it, so offsets stay positions in the session's output."""
+        text = "".join(running.log_pending)
+        if len(text) > LOG_BACKLOG_CHARS:
+            dropped = len(text) - LOG_BACKLOG_CHARS
+            running.log_offset += dropped
+            text = text[dropped:]
+        batch, rest = text[:LOG_CHUNK_CHARS], text[LOG_CHUNK_CHARS:]
+        running.log_pending = [rest] if rest else []
+        running.log_pending_chars = len(rest)
+        last = final and not rest
+        if not batch and not last:
+            return None
+        chunk = (running.log_seq, running.log_offset, batch, last)
+        running.log_seq += 1
+        running.log_offset += len(batch)
+        return chunk
+
+    async def _ship_log(self, running: RunningSession, *, final: bool) -> bool:
+        """Send the unsent batch (a retry keeps its sequence number) and then the pending
+        output, in batches. Returns False if the manager could not be reached (the output
+        stays pending for the next try)."""
+        while True:
+            if running.log_unsent is None:
+                running.log_unsent = self._next_batch(running, final=final)
+                if running.log_unsent is None:
+                    return True
+            try:
+                await self._call(self.manager.log, running.session_id, *running.log_unsent)
+            except Exception:
+                log.warning("agent %s: could not ship the output of session %s; will retry", self.node,
+                            running.session_id, exc_info=True)
+                return False
+            sent_final = running.log_unsent[3]
+            running.log_unsent = None
+            if sent_final or not (running.log_pending or final):
+                return True
+
+    async def _close_log(self, running: RunningSession) -> None:
+        """Stop the periodic shipping and send the rest of the output with the final mark
+        (a few tries, LOG_FLUSH_S apart), before the session is reported ended."""
+        running.log_closed = True
+        running.log_wake.set()
+        if running.log_task is not None:
+            await running.log_task
+        for _ in range(5):
+            if await self._ship_log(running, final=True):
+                return
+            await asyncio.sleep(LOG_FLUSH_S)
+        log.error("agent %s: gave up shipping the last output of session %s", self.node, running.session_id)
+
+    # --- exec ----------------------------------------------------------------------------
+
+    async def _exec(self, running: RunningSession, message: dict) -> None:
+        """Run `message["argv"]` (a list; one string is a shell command line) in the session's
+        environment and working directory, stdin from /dev/null, for at most
+        `message["timeout"]` seconds; answer `{"type": "exec.result", "exit_code", "stdout",
+        "stderr", "timed_out", "truncated", "duration_ms"}` on `message["reply_channel"]`
+        (or `{"type": "exec.result", "error": "…"}` when the command could not be started)."""
+        try:
+            result = await asyncio.to_thread(self._run_exec, running, message["argv"], float(message["timeout"]))
+        except Exception as exc:
+            result = {"error": f"could not run the command: {exc}"}
+        try:
+            await self.layer.send(message["reply_channel"], {"type": "exec.result", **result})
+        except Exception:
+            log.exception("agent %s: could not answer an exec in session %s", self.node, running.session_id)
+
+    def _run_exec(self, running: RunningSession, argv, timeout: float) -> dict:
+        """Blocking; runs in a thread. The command gets its own process session (killed whole
+        on timeout, and when the session stops); output goes to temporary files so a chatty
+        command cannot fill the agent's memory."""
+        if isinstance(argv, str):
+            shell = shutil.which("bash") or "/bin/sh"
+            argv = [shell, "-c", argv]
+        started = time.monotonic()
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                           cwd=running.work_dir, env=running.env, start_new_session=True,
+                                           close_fds=True, preexec_fn=_default_signals)
+            except (FileNotFoundError, PermissionError) as exc:
+                return {"exit_code": 127 if isinstance(exc, FileNotFoundError) else 126, "stdout": "",
+                        "stderr": f"{argv[0]}: {exc.strerror}\n", "timed_out": False, "truncated": False,
+                        "duration_ms": 0}
+            running.execs.add(process)
+            timed_out = False
+            try:
+                code = process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _signal_session(process.pid, signal.SIGKILL)
+                code = process.wait()
+            finally:
+                _signal_session(process.pid, signal.SIGKILL)  # what it left running in the background
+                running.execs.discard(process)
+            outputs, truncated = [], False
+            for f in (out, err):
+                f.seek(0)
+                data = f.read(EXEC_OUTPUT_BYTES + 1)
+                truncated |= len(data) > EXEC_OUTPUT_BYTES
+                outputs.append(data[:EXEC_OUTPUT_BYTES].decode("utf-8", "replace"))
+        return {"exit_code": code if code >= 0 else 128 - code, "stdout": outputs[0], "stderr": outputs[1],
+                "timed_out": timed_out, "truncated": truncated,
+                "duration_ms": int((time.monotonic() - started) * 1000)}
 
     # --- terminal relay ------------------------------------------------------------------
 
@@ -342,6 +511,8 @@ class Agent:
         elif kind == "pty.attach":
             backlog = bytes(running.scrollback).decode("utf-8", "replace")
             asyncio.create_task(self.layer.send(message["reply_channel"], {"type": "terminal.output", "data": backlog}))
+        elif kind == "pty.exec":
+            asyncio.create_task(self._exec(running, message))
 
 
 def _set_winsize(fd: int, rows: int, cols: int) -> None:
@@ -349,13 +520,18 @@ def _set_winsize(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
+def _default_signals() -> None:
+    # An agent started under nohup or `&` ignores SIGINT/SIGQUIT/SIGHUP, and ignored signals
+    # are inherited: give the session's processes default signal handling.
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _make_controlling_tty() -> None:
     # After setsid (start_new_session), make the PTY on stdin the controlling terminal so
     # job control and SIGWINCH work in the shell; and give the session default signal
-    # handling, since an agent started under nohup or `&` ignores SIGINT/SIGQUIT/SIGHUP and
-    # ignored signals are inherited (Ctrl-C would do nothing in the terminal).
-    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_DFL)
+    # handling (Ctrl-C would do nothing in the terminal otherwise).
+    _default_signals()
     try:
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
     except OSError:

@@ -1,0 +1,90 @@
+"""The agent's side of session logs and server-side exec: output shipped to the manager in
+sequence-numbered batches (the last one marked final, before TERMINATED is reported), and
+`pty.exec` messages answered with the command's status and output, run in the session's
+environment. A real Agent on Channels' in-memory layer; the manager is a recording fake."""
+from __future__ import annotations
+
+import asyncio
+
+from tests.test_agent_runtime import TIMEOUT, run_agent, start_spec
+
+
+def shipped_text(logs, session_id) -> str:
+    batches = sorted((seq, offset, text) for sid, seq, offset, text, _ in logs if sid == session_id)
+    return "".join(text for _, _, text in batches)
+
+
+async def exec_in(h, session_id: str, argv, timeout: float = 10) -> dict:
+    reply = await h.layer.new_channel("test-exec.")
+    await h.to_pty(session_id, {"type": "pty.exec", "argv": argv, "timeout": timeout, "reply_channel": reply})
+    async with asyncio.timeout(TIMEOUT):
+        return await h.layer.receive(reply)
+
+
+def test_a_batch_sessions_output_is_shipped_in_numbered_batches_ending_with_a_final_one_before_it_is_reported_ended(tmp_path):
+    async def scenario(h):
+        spec = start_spec(command="for i in 1 2 3; do echo line-$i; done")
+        await h.start_session(spec)
+        await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
+        return spec["session_id"], list(h.manager.logs), list(h.manager.reports)
+
+    session_id, logs, reports = run_agent(tmp_path, scenario)
+
+    mine = [entry for entry in logs if entry[0] == session_id]
+    assert [seq for _, seq, _, _, _ in mine] == list(range(len(mine)))
+    offsets = [offset for _, _, offset, _, _ in mine]
+    assert offsets == [sum(len(t) for _, _, _, t, _ in mine[:i]) for i in range(len(mine))]
+    assert [final for *_, final in mine] == [False] * (len(mine) - 1) + [True]
+    assert "line-1\r\nline-2\r\nline-3\r\n" in shipped_text(logs, session_id)
+
+
+def test_an_interactive_sessions_output_is_shipped_while_it_runs(tmp_path):
+    async def scenario(h):
+        session_id = await h.start_session(start_spec())
+        await h.type(session_id, "echo shipped-$((6*7))\r")
+        await h.manager.wait_for(lambda: "shipped-42" in shipped_text(h.manager.logs, session_id),
+                                 what="the echo in the shipped log")
+        return [entry for entry in h.manager.logs if entry[0] == session_id]
+
+    mine = run_agent(tmp_path, scenario)
+
+    assert not any(final for *_, final in mine)
+
+
+def test_exec_runs_a_command_in_the_sessions_environment_and_working_directory(tmp_path):
+    async def scenario(h):
+        session_id = await h.start_session(start_spec(command="sleep 30"))
+        smi = await exec_in(h, session_id, ["nvidia-smi"])
+        env = await exec_in(h, session_id, "echo $FGPU_SESSION_ID $CUDA_DEVICE_SM_LIMIT; pwd; echo oops >&2; exit 3")
+        return session_id, smi, env
+
+    session_id, smi, env = run_agent(tmp_path, scenario)
+
+    assert smi["exit_code"] == 0 and "2048MiB" in smi["stdout"], smi
+    assert env["exit_code"] == 3
+    assert env["stdout"].splitlines() == [f"{session_id} 25", str(tmp_path / "scratch" / session_id)]
+    assert env["stderr"] == "oops\n"
+    assert env["timed_out"] is False and env["truncated"] is False
+
+
+def test_exec_kills_a_command_that_runs_past_its_timeout_and_says_so(tmp_path):
+    async def scenario(h):
+        session_id = await h.start_session(start_spec())
+        return await exec_in(h, session_id, "echo started; sleep 30", timeout=0.5)
+
+    result = run_agent(tmp_path, scenario)
+
+    assert result["timed_out"] is True
+    assert result["stdout"] == "started\n"
+    assert result["exit_code"] == 128 + 9
+
+
+def test_exec_of_a_missing_program_answers_127_like_a_shell(tmp_path):
+    async def scenario(h):
+        session_id = await h.start_session(start_spec())
+        return await exec_in(h, session_id, ["no-such-program-here"])
+
+    result = run_agent(tmp_path, scenario)
+
+    assert result["exit_code"] == 127
+    assert "no-such-program-here" in result["stderr"]
