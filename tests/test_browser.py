@@ -6,7 +6,8 @@ chromium, driven by Playwright, logs in as admin, launches a 0.5 fGPU session fr
 watches it become RUNNING over the websocket (no reload), runs `nvidia-smi` in the web terminal
 and sees the 2 GiB slice (2048MiB), then terminates the session from the list.
 
-Screenshots of the dialog, the list and the terminal go to $FGPU_SCREENSHOT_DIR, else
+Screenshots of the launch dialog, the list, the terminal and the terminate confirmation go to
+$FGPU_SCREENSHOT_DIR, else
 <repo>/screenshots/.
 """
 from __future__ import annotations
@@ -196,6 +197,7 @@ def test_walkthrough_launch_a_half_fgpu_session_run_nvidia_smi_and_terminate_it(
     row.locator("button.terminate-button").click()
     expect(page.locator("#terminate-dialog")).to_be_visible()
     expect(page.locator("#terminate-name")).to_have_text(created["name"])
+    page.screenshot(path=str(shots / "terminate-dialog.png"), animations="disabled")
     page.click("#terminate-confirm")
     expect(page.locator("#terminate-dialog")).to_be_hidden()
     expect(row.locator("td.status")).to_have_text("TERMINATED")

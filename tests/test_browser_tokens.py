@@ -1,7 +1,8 @@
 """API tokens in a real browser, against the console exactly as `make run` starts it (the
 standalone fixture of tests/test_browser.py): log in, open the profile from the user menu,
 create a named token, see it once and copy it, call the API with it, revoke it, and see the
-API refuse it. The profile with the new token goes to account.png in the screenshot folder."""
+API refuse it. The profile with the new token goes to account.png in the screenshot folder, the
+revoke confirmation to revoke-dialog.png."""
 from __future__ import annotations
 
 import json
@@ -92,6 +93,7 @@ def test_a_user_creates_a_named_token_sees_it_once_uses_it_and_revokes_it(consol
     dialog = page.locator("#revoke-dialog")
     expect(dialog).to_be_visible()
     expect(page.locator("#revoke-name")).to_have_text("ci-pipeline")
+    page.screenshot(path=str(screenshot_dir() / "revoke-dialog.png"), animations="disabled")
     page.click("#revoke-cancel")
     expect(dialog).to_be_hidden()
     assert call(sessions_api, token=key)[0] == 200
