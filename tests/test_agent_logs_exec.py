@@ -88,3 +88,65 @@ def test_exec_of_a_missing_program_answers_127_like_a_shell(tmp_path):
 
     assert result["exit_code"] == 127
     assert "no-such-program-here" in result["stderr"]
+
+
+def test_a_batch_the_manager_did_not_take_is_sent_again_with_the_same_number(tmp_path, monkeypatch):
+    from tests.test_agent_runtime import RecordingManager
+
+    refusals = {"left": 2}
+    record = RecordingManager.log
+
+    def flaky_log(self, *args):
+        if refusals["left"]:
+            refusals["left"] -= 1
+            raise ConnectionError("broker down")
+        record(self, *args)
+
+    monkeypatch.setattr(RecordingManager, "log", flaky_log)
+
+    async def scenario(h):
+        spec = start_spec(command="echo first; sleep 1.5; echo second")
+        await h.start_session(spec)
+        await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
+        return spec["session_id"], list(h.manager.logs)
+
+    session_id, logs = run_agent(tmp_path, scenario)
+
+    mine = [entry for entry in logs if entry[0] == session_id]
+    assert [seq for _, seq, _, _, _ in mine] == list(range(len(mine)))  # none lost, none twice
+    assert shipped_text(logs, session_id) == "first\r\nsecond\r\n"
+    assert refusals["left"] == 0
+
+
+def test_unshipped_output_beyond_the_backlog_cap_is_dropped_oldest_first_and_offsets_move_on(monkeypatch):
+    from pathlib import Path
+
+    from sessions.runtime import agent as runtime
+
+    monkeypatch.setattr(runtime, "LOG_BACKLOG_CHARS", 10)
+    monkeypatch.setattr(runtime, "LOG_CHUNK_CHARS", 4)
+    running = runtime.RunningSession(session_id="s", process=None, master_fd=-1, work_dir=Path("."))
+    running.log_pending, running.log_pending_chars, running.log_offset = ["abcdef", "ghijklmnop"], 16, 100
+
+    batches = [runtime.Agent._next_batch(None, running, final=True) for _ in range(3)]
+
+    assert batches == [(0, 106, "ghij", False), (1, 110, "klmn", False), (2, 114, "op", True)]
+
+
+def test_a_command_still_running_when_its_session_stops_is_killed_with_it(tmp_path):
+    async def scenario(h):
+        session_id = await h.start_session(start_spec())
+        reply = await h.layer.new_channel("test-exec.")
+        await h.to_pty(session_id, {"type": "pty.exec", "argv": "sleep 60", "timeout": 120, "reply_channel": reply})
+        async with asyncio.timeout(TIMEOUT):  # until the command runs
+            while not h.agent.sessions[session_id].execs:
+                await asyncio.sleep(0.02)
+        await asyncio.to_thread(h.agent.submit_stop, session_id)
+        async with asyncio.timeout(TIMEOUT):
+            result = await h.layer.receive(reply)
+        await h.manager.wait_for_report(session_id, "TERMINATED")
+        return result
+
+    result = run_agent(tmp_path, scenario)
+
+    assert result["exit_code"] == 128 + 9 and result["timed_out"] is False

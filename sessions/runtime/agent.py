@@ -273,6 +273,8 @@ class Agent:
             running.log_pending_chars += len(text)
             if running.log_pending_chars >= LOG_BATCH_CHARS:
                 running.log_wake.set()
+            if running.log_pending_chars > 2 * LOG_BACKLOG_CHARS:  # the manager unreachable for long
+                _drop_oldest(running)
 
     async def _pump_output(self, running: RunningSession) -> None:
         """Send output frames in order, coalescing what piled up meanwhile."""
@@ -372,11 +374,8 @@ class Agent:
         """Cut the next batch (at most LOG_CHUNK_CHARS) from the pending output. When the
         backlog outgrew LOG_BACKLOG_CHARS (the manager unreachable), its oldest part is dropped
         and the offset moves past it, so offsets stay positions in the session's output."""
+        _drop_oldest(running)
         text = "".join(running.log_pending)
-        if len(text) > LOG_BACKLOG_CHARS:
-            dropped = len(text) - LOG_BACKLOG_CHARS
-            running.log_offset += dropped
-            text = text[dropped:]
         batch, rest = text[:LOG_CHUNK_CHARS], text[LOG_CHUNK_CHARS:]
         running.log_pending = [rest] if rest else []
         running.log_pending_chars = len(rest)
@@ -513,6 +512,18 @@ class Agent:
             asyncio.create_task(self.layer.send(message["reply_channel"], {"type": "terminal.output", "data": backlog}))
         elif kind == "pty.exec":
             asyncio.create_task(self._exec(running, message))
+
+
+def _drop_oldest(running: RunningSession) -> None:
+    """Keep the last LOG_BACKLOG_CHARS characters of the unshipped output; the next batch's
+    offset moves past what is dropped, so offsets stay positions in the session's output."""
+    if running.log_pending_chars <= LOG_BACKLOG_CHARS:
+        return
+    text = "".join(running.log_pending)
+    dropped = len(text) - LOG_BACKLOG_CHARS
+    running.log_offset += dropped
+    running.log_pending = [text[dropped:]]
+    running.log_pending_chars = LOG_BACKLOG_CHARS
 
 
 def _set_winsize(fd: int, rows: int, cols: int) -> None:
