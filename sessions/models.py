@@ -198,3 +198,4 @@ class SessionLogChunk(models.Model):
     class Meta:
         ordering = ["session", "seq"]
         constraints = [models.UniqueConstraint(fields=["session", "seq"], name="session_log_chunk_unique_seq")]
+        indexes = [models.Index(fields=["session", "end"], name="session_log_chunk_end")]  # reads from a cursor
