@@ -155,6 +155,15 @@ class NodeStatus(models.TextChoices):
     LOST = "LOST"
 
 
+class MigMode(models.TextChoices):
+    """How a node's MIG-capable GPUs are used (set by an administrator)."""
+
+    OFF = "off", "off (whole GPUs and fGPU shares)"
+    STATIC = "static", "static (the MIG slices its inventory declares or NVML finds)"
+    DYNAMIC = "dynamic", "dynamic (instances created on demand, torn down lazily)"
+    FIXED = "fixed", "fixed layout (the administrator's layout, created at agent start)"
+
+
 class Node(models.Model):
     """One GPU node, i.e. one agent. Registered and kept alive by its agent's heartbeats."""
 
@@ -183,6 +192,16 @@ class Node(models.Model):
         help_text="device SMs are accounted as SMs × this; above 1 is deliberate over-subscription "
                   "(HAMi's deviceCoreScaling)",
     )
+    mig_mode = models.CharField(
+        "MIG mode", max_length=8, choices=MigMode.choices, default=MigMode.OFF,
+        help_text="static: MIG slices are whole devices asked for by profile; dynamic: a MIG request gets the "
+                  "smallest instance that fits, created on demand; fixed: the layout below, kept as it is",
+    )
+    mig_layout = models.JSONField(
+        "fixed MIG layout", default=dict, blank=True,
+        help_text='for mode "fixed": {"<GPU device id or index>": [{"profile": "3g.40gb", "start": 0}, …]}',
+    )
+
     class Meta:
         ordering = ["name"]
 
@@ -254,3 +273,39 @@ class DeviceLink(models.Model):
     def as_link(self) -> topology.Link:
         """The pure form the placement code takes (device ids, kind, lanes)."""
         return topology.Link(a=self.device_a.device_id, b=self.device_b.device_id, kind=self.kind, count=self.count)
+
+
+class GpuInstance(models.Model):
+    """A MIG GPU instance (with its one compute instance) on a node's GPU, as the manager plans
+    and the agent creates it: `profile` ("1g.20gb") at memory slices `placement_start` …
+    `placement_start + placement_size - 1` (of 8), `memory_size` bytes, `subproc_count` SMs.
+    `uuid` is the MIG device UUID ("MIG-…"). `session` holds it while it runs; an instance
+    without one is idle and reusable (lazy teardown: it is destroyed only when its slices are
+    needed for another layout). Rules: NVIDIA MIG User Guide; planner in
+    `accelerators.allocation.mig`."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpu_instances")
+    parent = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="gpu_instances",
+                               help_text="the physical GPU")
+    profile = models.CharField(max_length=32)
+    placement_start = models.PositiveSmallIntegerField(help_text="first memory slice (0–7)")
+    placement_size = models.PositiveSmallIntegerField(help_text="memory slices")
+    memory_size = models.BigIntegerField(default=0, help_text="bytes")
+    subproc_count = models.PositiveIntegerField(default=0, help_text="SMs")
+    uuid = models.CharField(max_length=128, blank=True, help_text="MIG device UUID, once the agent created it")
+    session = models.ForeignKey("compute_sessions.ComputeSession", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="gpu_instances", help_text="the session using it; empty: idle")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["parent", "placement_start"], name="gpuinstance_unique_start")]
+        ordering = ["node__name", "parent__index", "placement_start"]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/{self.parent.index} {self.profile}@{self.placement_start}"
+
+    @property
+    def is_idle(self) -> bool:
+        return self.session_id is None

@@ -9,6 +9,7 @@ from django.db.models import Count, Q, Sum
 
 from accelerators.allocation import cluster, core, topology
 from accelerators.allocation.errors import InvalidResourceRequest
+from accelerators.mig_selectors import mig_exclusion
 from accelerators.models import (
     AllocationMode,
     Device,
@@ -160,7 +161,7 @@ def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = 
         nodes = nodes.filter(status=NodeStatus.ALIVE)
     if group is not None:
         nodes = nodes.filter(resource_group=group)
-    device_rows = Device.objects.filter(node__in=nodes, slot_name=slot_name, is_mig_device=False)
+    device_rows = Device.objects.filter(node__in=nodes, slot_name=slot_name, is_mig_device=False).exclude(mig_exclusion())
     if for_update:
         list(nodes.order_by("pk").select_for_update().values_list("pk", flat=True))
         list(device_rows.order_by("pk").select_for_update().values_list("pk", flat=True))

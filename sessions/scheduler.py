@@ -33,7 +33,7 @@ from accelerators.selectors import (
     placement_workload,
     resource_group_get,
 )
-from sessions import events
+from sessions import events, mig_scheduling
 from sessions.models import Allocation, ComputeSession, SessionStatus
 from sessions.selectors import session_request
 from sessions.services import request_settings
@@ -66,6 +66,9 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
                                f"{reserved.overtaken} time(s), the most the backfill limit allows)")
                 continue
             request = session_request(session)
+            if mig_scheduling.schedule_step(session=session, request=request, wait=_wait, blocked=blocked,
+                                            starts=starts, scheduled=scheduled):
+                continue  # a MIG request, placed by sessions.mig_scheduling (issue 4)
             try:
                 pure_settings = request_settings(request)
                 scope = view.scope(request)

@@ -26,7 +26,7 @@ from accelerators.allocation.requests import parse_resources, request_to_spec
 from accelerators.models import AllocationMode, NodeStatus
 from accelerators.selectors import fractional_settings_get, placement_scope, resource_group_get
 from console.errors import ApplicationError
-from sessions import events
+from sessions import events, mig_scheduling
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus, TerminalTicket
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,8 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
     try:
         # Against every registered node, LOST ones included: a request that fits a node whose
         # agent is restarting waits for it instead of being refused.
-        core.check_ever_fits(placement_scope(request=request, alive_only=False)[0], request, pure_settings)
+        mig_scheduling.check_ever_fits(request, lambda: core.check_ever_fits(  # MIG requests: issue 4
+            placement_scope(request=request, alive_only=False)[0], request, pure_settings))
     except NeverSchedulable as exc:
         raise ApplicationError(str(exc), type="never-schedulable", title="Request too large",
                                field_errors={"resources": [str(exc)]}) from None

@@ -40,6 +40,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from decimal import ROUND_HALF_EVEN, Decimal
 
+from accelerators.allocation.core import ResourceRequest
 from accelerators.allocation.errors import InsufficientResource, InvalidResourceRequest, NeverSchedulable
 from accelerators.allocation.units import format_binary_size
 
@@ -242,6 +243,24 @@ class MigRequest:
 
     def describe(self) -> str:
         return f"MIG profile {self.profile}" if self.profile else f"a MIG instance of {format_binary_size(self.memory)}"
+
+
+PROFILE_NAME = re.compile(r"^(\d+c\.)?\d+g(\.\d+gb)?(\+me(\.all)?|-me|\+gfx)?$")
+
+
+@dataclass(frozen=True)
+class MigResourceRequest(ResourceRequest):
+    """A session's request that MIG may satisfy. `isolation` "mig" (kind "mig"): one MIG
+    instance, of `mig_profile` ("2g.20gb"; on static nodes also an inventory's short name such
+    as "10g") or of at least `memory.bytes`; "any" (kind "per_device", one device): a shared
+    slice of `memory.bytes` on a GPU, or a MIG instance of at least that much, as placement
+    decides (a shared slice where one fits, else MIG)."""
+
+    mig_profile: str = ""
+    isolation: str = "mig"
+
+    def mig_request(self) -> MigRequest:
+        return MigRequest(profile=self.mig_profile, memory=self.memory.bytes if self.memory else 0)
 
 
 @dataclass(frozen=True)

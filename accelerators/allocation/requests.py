@@ -10,6 +10,7 @@ Dialects (one per request; `cpu` — cores — and `mem` — bytes or a binary s
 | memory + cores | `gpu` (count), `gpu_memory` (size) or `gpu_memory_percentage`, `gpu_cores` (0–100) | HAMi, eGPU |
 | fraction | `gpu_fraction` ("0.2": 20 % of one device's memory and SMs) | Run:ai `--gpu 0.2` |
 | HAMi names | `nvidia.com/gpu`, `nvidia.com/gpumem` (MiB), `nvidia.com/gpumem-percentage`, `nvidia.com/gpucores`; `metax-tech.com/sgpu`, `metax-tech.com/vcore`, `metax-tech.com/vmemory` (bare number: GiB) | HAMi |
+| MIG | `mig_profile` ("2g.20gb", or an inventory's "10g"), or `gpu_memory` with `isolation: "mig"` (the smallest MIG instance that holds it); `isolation: "any"` lets a `gpu_memory` request take a shared slice or a MIG instance, `"shared"` only a shared slice | Run:ai dynamic MIG |
 | eGPU | `egpu`: {`GPU_MEM_PER_DEVICE` (bytes) or `ALIYUN_COM_GPU_MEM_CONTAINER` / `ALIYUN_COM_GPU_MEM_DEV`, `ALIYUN_COM_GPU_MEM_RESERVED` (MiB, default 10), `GPU_UTIL_PER_DEVICE`, `NVIDIA_VISIBLE_DEVICES`} | Alibaba eGPU |
 
 Any style may add `devices` (pins: UUIDs or indexes), `exclude`, `policy` (`binpack`,
@@ -18,10 +19,12 @@ silently (a bug its users reported), they are refused here.
 """
 from __future__ import annotations
 
+from dataclasses import fields
 from decimal import Decimal
 
 from accelerators.allocation import cluster
 from accelerators.allocation.core import ZERO, MemorySpec, ResourceRequest
+from accelerators.allocation.mig import PROFILE_NAME, MigResourceRequest
 from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.allocation.units import SizeError, amount_text, parse_binary_size, parse_decimal
 
@@ -57,6 +60,19 @@ def parse_resources(resources: object) -> ResourceRequest:
         raise InvalidResourceRequest(f"resources.mem: {exc}") from None
     common = _common_options(resources)
     accelerator = {k: v for k, v in resources.items() if k not in COMMON}
+    isolation = "shared"
+    if "mig_profile" in accelerator or "isolation" in accelerator:
+        isolation, mig_request = _mig_request(accelerator, cpu=cpu, mem=mem, common=common)
+        if mig_request is not None:
+            return mig_request
+        accelerator.pop("isolation", None)
+    request = _parse_accelerator(accelerator, cpu=cpu, mem=mem, common=common)
+    if isolation == "any":
+        return MigResourceRequest(**{f.name: getattr(request, f.name) for f in fields(request)}, isolation="any")
+    return request
+
+
+def _parse_accelerator(accelerator: dict, *, cpu: int, mem: int, common: dict) -> ResourceRequest:
     styles = _styles(accelerator)
     if len(styles) > 1:
         raise InvalidResourceRequest(
@@ -83,6 +99,45 @@ def parse_resources(resources: object) -> ResourceRequest:
         cores=parsed.get("cores", ZERO), pins=pins, exclude=common["exclude"], policy=common["policy"],
         strategy=common["strategy"], numa=common["numa"], style=style, resource_group=common["resource_group"],
     )
+
+
+def _mig_request(accelerator: dict, *, cpu: int, mem: int, common: dict) -> tuple[str, ResourceRequest | None]:
+    """(isolation, the MIG request) for `mig_profile` / `isolation` requests; (isolation, None)
+    where the rest is parsed as a HAMi-style request ("shared", "any")."""
+    isolation = accelerator.get("isolation", "mig" if "mig_profile" in accelerator else "shared")
+    if isolation not in ("mig", "any", "shared"):
+        fail("isolation", f"{isolation!r} is not an isolation (mig, any or shared)")
+    if "mig_profile" in accelerator:
+        if isolation != "mig":
+            fail("isolation", "a mig_profile request is a MIG instance: isolation must be \"mig\" or left out")
+        others = sorted(set(accelerator) - {"mig_profile", "isolation"})
+        if others:
+            fail("mig_profile", f"one accelerator request per session, got mig_profile and {', '.join(others)}")
+        profile = accelerator["mig_profile"]
+        if not isinstance(profile, str) or not PROFILE_NAME.match(profile.strip().lower()):
+            fail("mig_profile", f"{profile!r} is not a MIG profile (e.g. \"1g.10gb\", \"2g.20gb\" or \"10g\")")
+        return isolation, _mig(cpu, mem, common, mig_profile=profile.strip().lower(), memory=None)
+    if isolation == "shared":
+        return isolation, None
+    others = sorted(set(accelerator) - {"gpu", "gpu_memory", "isolation"})
+    if others:
+        fail("isolation", f"isolation {isolation!r} goes with gpu_memory (and gpu: 1) only, not {', '.join(others)}")
+    if "gpu_memory" not in accelerator:
+        fail("gpu_memory", f"isolation {isolation!r} needs gpu_memory, the memory the MIG instance must hold")
+    if _count(accelerator.get("gpu", 1), "gpu") != 1:
+        fail("gpu", "a MIG request is for one instance (gpu: 1)")
+    if isolation == "any":
+        return isolation, None
+    return isolation, _mig(cpu, mem, common, mig_profile="",
+                           memory=MemorySpec(bytes=_size(accelerator["gpu_memory"], "gpu_memory")))
+
+
+def _mig(cpu: int, mem: int, common: dict, *, mig_profile: str, memory: MemorySpec | None) -> MigResourceRequest:
+    if common["pins"] or common["exclude"]:
+        fail("devices", "MIG instances are chosen by the scheduler; devices and exclude do not apply")
+    return MigResourceRequest(kind="mig", amount=Decimal(1), cpu=cpu, mem=mem, slot="cuda", memory=memory,
+                              style="mig", resource_group=common["resource_group"], mig_profile=mig_profile,
+                              isolation="mig")
 
 
 def _styles(accelerator: dict) -> list[str]:
@@ -308,7 +363,10 @@ def _parse_cpu(value: object) -> int:
 def request_to_spec(request: ResourceRequest) -> dict:
     """A JSON-safe dict of `request` (Decimals as text); `request_from_spec` reads it back."""
     memory = request.memory
+    mig = {"mig_profile": request.mig_profile, "isolation": request.isolation} \
+        if isinstance(request, MigResourceRequest) else {}
     return {
+        **mig,
         "kind": request.kind, "amount": str(request.amount), "cpu": request.cpu, "mem": request.mem,
         "slot": request.slot, "cores": str(request.cores), "pins": list(request.pins),
         "exclude": list(request.exclude), "policy": request.policy, "strategy": request.strategy,
@@ -321,7 +379,9 @@ def request_to_spec(request: ResourceRequest) -> dict:
 
 def request_from_spec(spec: dict) -> ResourceRequest:
     memory = spec.get("memory")
-    return ResourceRequest(
+    mig = {"mig_profile": spec.get("mig_profile", ""), "isolation": spec["isolation"]} if "isolation" in spec else {}
+    return (MigResourceRequest if mig else ResourceRequest)(
+        **mig,
         kind=spec["kind"], amount=Decimal(spec["amount"]), cpu=spec["cpu"], mem=spec["mem"], slot=spec["slot"],
         cores=Decimal(spec.get("cores", "0")), pins=tuple(spec.get("pins", ())), exclude=tuple(spec.get("exclude", ())),
         policy=spec.get("policy"), strategy=spec.get("strategy"), numa=spec.get("numa", False),
@@ -334,7 +394,13 @@ def request_from_spec(spec: dict) -> ResourceRequest:
 
 def describe_request(request: ResourceRequest) -> str:
     """The accelerator part of a request in words, for per-device styles: "2 GPU × 4 GiB, 60%
-    cores", "1 GPU × 20% of the memory, 20% cores"."""
+    cores", "1 GPU × 20% of the memory, 20% cores"; MIG: "MIG 2g.20gb", "MIG instance of at
+    least 15 GiB", "1 GPU × 4 GiB, shared or MIG"."""
+    if isinstance(request, MigResourceRequest) and request.kind == "mig":
+        if request.mig_profile:
+            return f"MIG {request.mig_profile}"
+        return f"MIG instance of at least {request.memory.describe()}"
     memory = request.memory.describe() if request.memory else "all the memory"
     cores = f", {amount_text(request.cores)}% cores" if request.cores else ""
-    return f"{amount_text(request.amount)} GPU × {memory}{cores}"
+    either = ", shared or MIG" if isinstance(request, MigResourceRequest) else ""
+    return f"{amount_text(request.amount)} GPU × {memory}{cores}{either}"
