@@ -27,11 +27,6 @@ GOOD_ORIGIN = (b"origin", b"http://localhost:8000")
 
 
 @pytest.fixture
-def alice(django_user_model):
-    return django_user_model.objects.create_user("alice")  # no password: hashing is slow and not under test
-
-
-@pytest.fixture
 def running_session(demo_cluster, alice):
     session = services.session_create(owner=alice, name="s", resources={"cuda.shares": "0.5"})
     schedule_pending()
