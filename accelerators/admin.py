@@ -8,14 +8,27 @@ from __future__ import annotations
 
 from decimal import ROUND_DOWN, Decimal
 
+from django import forms
 from django.contrib import admin
 from django.db.models import Count, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
-from django.utils.html import format_html_join
+from django.utils.html import format_html, format_html_join
 
 from accelerators.allocation import core, topology, units
-from accelerators.models import Device, DeviceLink, FractionalSettings, Node, ResourceGroup, SlotFormat
+from accelerators.allocation.errors import InvalidResourceRequest
+from accelerators.mig_selectors import mig_gpu_pictures
+from accelerators.mig_services import mig_layout_check, node_mig_layout_apply
+from accelerators.models import (
+    Device,
+    DeviceLink,
+    FractionalSettings,
+    GpuInstance,
+    MigMode,
+    Node,
+    ResourceGroup,
+    SlotFormat,
+)
 from accelerators.selectors import FgpuSummary, device_fgpu_summary
 
 _EXAMPLE_AMOUNTS = (Decimal("0.5"), Decimal("2"), Decimal("1536"))
@@ -220,6 +233,52 @@ class DeviceLinkInline(admin.TabularInline):
         return False
 
 
+_SLICE_COLOURS = {"used": "#2e7d32", "idle": "#9ccc65", "free": "#eceff1", "stranded": "#ef9a9a"}
+
+
+class NodeForm(forms.ModelForm):
+    """Checks a fixed MIG layout against each GPU's MIG catalog before it is saved."""
+
+    class Meta:
+        model = Node
+        fields = "__all__"
+
+    def clean(self):
+        data = super().clean()
+        if data.get("mig_mode") == MigMode.FIXED and self.instance.pk:
+            try:
+                mig_layout_check(node=self.instance, layout=data.get("mig_layout") or {})
+            except InvalidResourceRequest as exc:
+                raise forms.ValidationError({"mig_layout": str(exc)}) from None
+        return data
+
+
+def mig_picture_html(node: Node) -> str:
+    """Each MIG-capable GPU of `node` as two rows of cells (8 memory slices, 7 compute slices):
+    dark green in use (title: instance and session), light green idle (reusable), grey free,
+    red stranded."""
+    pictures = mig_gpu_pictures(node=node)
+    if not pictures:
+        return "no MIG-capable GPU (the model is not in the MIG catalog)"
+
+    def row(title, cells):
+        return format_html(
+            "<tr><th style='padding-right:6px'>{}</th>{}</tr>", title,
+            format_html_join("", "<td title='{}' style='background:{};width:44px;text-align:center;"
+                                 "border:1px solid #fff;font-size:11px'>{}</td>",
+                             ((f"slice {c.slot}: {c.state} {c.instance} {c.session}".strip(), _SLICE_COLOURS[c.state],
+                               c.instance.split("@")[0] if c.instance else c.state) for c in cells)))
+
+    blocks = []
+    for picture in pictures:
+        listing = format_html_join(", ", "{} {}{}", ((label, state, f" by {who}" if who else "")
+                                                    for label, state, who in picture.instances)) or "none"
+        blocks.append(format_html(
+            "<div style='margin-bottom:8px'><strong>GPU {} · {}</strong><table>{}{}</table>instances: {}</div>",
+            picture.device.index, picture.model, row("memory", picture.memory), row("compute", picture.compute), listing))
+    return format_html_join("", "{}", ((b,) for b in blocks))
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     list_display = ("name", "status", "resource_group", "last_heartbeat", "cpu_count", "memory", "device_count",
@@ -232,8 +291,18 @@ class NodeAdmin(admin.ModelAdmin):
         ("Reported by the agent", {"fields": reported}),
         ("Sharing (set by administrators)", {"fields": ("resource_group", "device_split_count", "memory_scaling",
                                                         "core_scaling")}),
+        ("MIG (set by administrators)", {"fields": ("mig_mode", "mig_layout", "mig_picture")}),
     )
-    readonly_fields = reported
+    readonly_fields = (*reported, "mig_picture")
+    form = NodeForm
+
+    @admin.display(description="MIG slices")
+    def mig_picture(self, obj: Node) -> str:
+        return mig_picture_html(obj) if obj.pk else "—"
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        node_mig_layout_apply(node=obj)
 
     @admin.display(description="sharing")
     def sharing(self, obj: Node) -> str:
@@ -317,3 +386,23 @@ class DeviceAdmin(_DeviceFields, admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # devices are reported by their node's agent
+
+
+@admin.register(GpuInstance)
+class GpuInstanceAdmin(admin.ModelAdmin):
+    """MIG GPU instances the manager planned (read-only: the scheduler and fixed layouts write them)."""
+
+    list_display = ("__str__", "node", "profile", "placement_start", "placement_size", "memory", "uuid", "session",
+                    "last_used_at")
+    list_filter = ("node", "profile")
+    list_select_related = ("node", "parent", "session")
+
+    @admin.display(description="memory", ordering="memory_size")
+    def memory(self, obj: GpuInstance) -> str:
+        return units.format_binary_size(obj.memory_size)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
