@@ -167,3 +167,14 @@ def test_a_mock_instance_with_a_process_attached_cannot_be_destroyed():
     with pytest.raises(runtime_mig.MigError, match="in use"):
         manager.prepare({**block("1g.10gb", 0), "model_name": "H100-80GB", "destroy": [{"profile": "7g.80gb", "start": 0}]})
     assert [i.uuid for i in backend.instances(H100)] == [made.uuid]
+
+
+def test_the_real_gpu_script_runs_through_the_agent_code_against_the_fake(capsys):
+    from tests.gpu import mig_real
+
+    fake = FakeNvml([h100()])
+    assert mig_real.main(["--profiles", "1g.20gb,7g.80gb", "--repeat", "2"], nvml=fake, euid=0) == 0
+    out = capsys.readouterr().out
+    assert "1g.20gb@6 round 2: MIG-" in out and "7g.80gb@0 round 1" in out and "create median" in out
+    assert fake.gpus[0].gpu_instances == []  # everything it made is gone again
+    assert mig_real.main([], nvml=FakeNvml([h100()]), euid=1000) == 2  # not root: refuses

@@ -160,6 +160,18 @@ class MigManager:
                                f"not the {profile.name} the manager expects; the node's layout needs reconciling")
             return self._create(gpu, profile, start, subproc_count=int(block.get("subproc_count", 0)))
 
+    def destroy(self, block: dict) -> bool:
+        """Destroy the instance of `block["profile"]` at `block["start"]` on `block["gpu"]`
+        (compute instance, then GPU instance). False when there is none. Raises MigError
+        (IN_USE while a process is attached: the instance stays)."""
+        with self._lock:
+            self.catalog(block)
+            for instance in self._instances(block["gpu"]):
+                if instance.start == int(block["start"]) and instance.profile == block["profile"]:
+                    self._destroy(block["gpu"], instance)
+                    return True
+            return False
+
     def reconcile(self, gpus: Iterable[dict], expected: dict[str, list[dict]]) -> dict:
         """Compare each MIG GPU (`gpus`: blocks with "gpu", "model_name", "memory_size",
         "subproc_count") with the manager's expected layout (GPU → [{"profile", "start"}]):
