@@ -293,3 +293,29 @@ def _write(session: ComputeSession, choice: _Choice) -> MigOutcome:
     if block is not None:
         spec["mig"] = block
     return MigOutcome(node=choice.node.name, spec=spec)
+
+
+def session_grant_text(session: ComputeSession, request) -> str:
+    """What a MIG or isolation-"any" session got and why, for its page: "got MIG 1g.20gb on GPU
+    0 (memory slices 6–7): the smallest MIG instance that holds 15 GiB". Empty for other
+    requests and for sessions not placed yet."""
+    if not wants_mig(request) or session.node_id is None:
+        return ""
+    instance = GpuInstance.objects.filter(session=session).select_related("parent").first()
+    asked = "the profile asked for" if request.mig_profile else \
+        f"the smallest MIG instance that holds {request.memory.describe() if request.memory else 'it'}"
+    if request.isolation == "any":
+        asked = f"MIG first, for its hardware isolation; {asked}"
+    if instance is not None:
+        last = instance.placement_start + instance.placement_size - 1
+        return (f"got MIG {instance.profile} on GPU {instance.parent.index} (memory slices "
+                f"{instance.placement_start}–{last}): {asked}")
+    allocation = session.allocations.select_related("device").first()
+    if allocation is None:
+        return ""
+    device = allocation.device
+    if device.is_mig_device:
+        return f"got the MIG slice {device.mig_profile or device.model_name} of GPU {device.index}: {asked}"
+    if allocation.shares == 0 and session.node is not None and session.node.mig_mode != MigMode.OFF:
+        return f"got a MIG instance on GPU {device.index} (since reused by another session): {asked}"
+    return f"got a shared slice of GPU {device.index}: no MIG instance could hold it when it was placed"

@@ -39,7 +39,7 @@ def request_configuration(request: core.ResourceRequest) -> str:
     """A request formatted by the slot formats: "0.50 fGPU · 1 core · 1 GiB", or for per-device
     styles "2 GPU × 4 GiB, 60% cores · 1 core · 1 GiB"."""
     parts = []
-    if request.kind == "per_device":
+    if request.kind in ("per_device", "mig"):
         parts.append(describe_request(request))
     elif request.kind in ("shares", "device"):
         parts.append(slot_format_get(slot_name=request.slot, subtype=request.kind).format_amount(request.amount))
@@ -49,8 +49,13 @@ def request_configuration(request: core.ResourceRequest) -> str:
 
 
 def session_configuration(session: ComputeSession) -> str:
-    """What the session asked for, formatted (see request_configuration)."""
-    return request_configuration(session_request(session))
+    """What the session asked for, formatted (see request_configuration); for MIG requests and
+    isolation "any" also what it got and why (`sessions.mig_scheduling.session_grant_text`)."""
+    from sessions.mig_scheduling import session_grant_text
+
+    request = session_request(session)
+    grant = session_grant_text(session, request)
+    return request_configuration(request) + (f" — {grant}" if grant else "")
 
 
 LOG_READ_MAX_CHARS = 1024 * 1024  # the most characters one read returns

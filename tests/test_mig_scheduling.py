@@ -231,3 +231,23 @@ def test_end_to_end_a_15g_mig_session_gets_1g_20gb_sees_it_in_nvidia_smi_and_the
     finally:
         loop.run_until_complete(h.agent.shutdown())
         loop.close()
+
+
+def test_the_session_page_says_which_kind_of_slice_it_got_and_why(alice, django_capture_on_commit_callbacks):
+    from sessions.selectors import session_configuration
+
+    mig_node()
+    make_cluster(nodes={"plain": [mock_gpu(0)]})
+    mig = session_create(owner=alice, name="m", resources={"gpu_memory": "15G", "isolation": "mig"})
+    schedule(django_capture_on_commit_callbacks)
+    mig.refresh_from_db()
+    text = session_configuration(mig)
+    assert text.startswith("MIG instance of at least 15 GiB")
+    assert "got MIG 1g.20gb on GPU 0 (memory slices" in text and "the smallest MIG instance that holds 15 GiB" in text
+    session_create(owner=alice, name="whole", resources={"mig_profile": "4g.40gb"})
+    session_create(owner=alice, name="three", resources={"mig_profile": "1g.20gb"})
+    either = session_create(owner=alice, name="e", resources={"gpu_memory": "2G", "isolation": "any"})
+    schedule(django_capture_on_commit_callbacks)
+    either.refresh_from_db()
+    assert session_configuration(either).endswith("got a shared slice of GPU 0: no MIG instance could hold it when "
+                                                  "it was placed")
