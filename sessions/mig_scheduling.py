@@ -281,6 +281,9 @@ def _write(session: ComputeSession, choice: _Choice) -> MigOutcome:
             "memory_size": device.memory_size, "subproc_count": device.subproc_count,
             "profile": plan.profile.name, "start": plan.start, "reuse": bool(plan.reuse),
             "instance_id": str(instance.pk), "destroy": destroy,
+            # the GPU's whole expected layout after this plan, for the agent to re-apply after a reboot
+            "layout": [{"profile": g.profile, "start": g.placement_start}
+                       for g in GpuInstance.objects.filter(parent=device).order_by("placement_start")],
         }
         why = f"a {plan.profile.name} MIG instance ({format_binary_size(plan.profile.memory)}): {plan.describe()}"
     session.node = choice.node

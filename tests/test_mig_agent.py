@@ -178,3 +178,19 @@ def test_the_real_gpu_script_runs_through_the_agent_code_against_the_fake(capsys
     assert "1g.20gb@6 round 2: MIG-" in out and "7g.80gb@0 round 1" in out and "create median" in out
     assert fake.gpus[0].gpu_instances == []  # everything it made is gone again
     assert mig_real.main([], nvml=FakeNvml([h100()]), euid=1000) == 2  # not root: refuses
+
+
+def test_the_first_prepare_after_a_restart_reapplies_the_managers_layout_and_reports_strangers():
+    fake = FakeNvml([h100()])
+    stranger = manager_for(fake).prepare(block("1g.10gb", 3))  # made by someone else, before the restart
+    manager = manager_for(fake)  # a restarted agent: knows nothing yet
+    layout = [{"profile": "3g.40gb", "start": 4}, {"profile": "1g.20gb", "start": 0}, {"profile": "1g.10gb", "start": 2}]
+    made = manager.prepare(block("1g.20gb", 0, layout=layout, destroy=[{"profile": "1g.10gb", "start": 2}]))
+    assert sorted((gi.profile.name, gi.start) for gi in fake.gpus[0].gpu_instances) == \
+           [("1g.10gb", 3), ("1g.20gb", 0), ("3g.40gb", 4)]
+    [report] = manager.reports
+    assert report["unknown"] == [{"gpu": H100, "profile": "1g.10gb", "start": 3, "uuid": stranger.uuid}]
+    assert [(r["profile"], r["start"]) for r in report["recreated"]] == [("3g.40gb", 4)]
+    assert made.start == 0 and [step for step, *_ in manager.timings] == ["create", "create"]
+    manager.prepare(block("3g.40gb", 4, layout=layout))
+    assert len(manager.reports) == 1  # once per GPU

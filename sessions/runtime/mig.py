@@ -19,6 +19,7 @@ the whole flow runs without a GPU). Failures raise `MigError` with the reason in
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid as uuidlib
@@ -30,6 +31,8 @@ from accelerators.allocation import mig as catalog_mod
 from accelerators.allocation.errors import AllocationError
 from accelerators.plugins import cuda_mig
 from accelerators.plugins.cuda_mig import LiveInstance, MigNvmlError
+
+log = logging.getLogger(__name__)
 
 
 class MigError(RuntimeError):
@@ -125,6 +128,8 @@ class MigManager:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
         self.timings: list[tuple[str, str, str, float]] = []
+        self.reports: list[dict] = []  # what reconciling each GPU found (see `reconcile`)
+        self._reconciled: set[str] = set()
         self._lock = threading.Lock()
 
     def catalog(self, block: dict) -> catalog_mod.MigCatalog:
@@ -146,6 +151,8 @@ class MigManager:
                 profile = catalog.profile(block["profile"])
             except AllocationError as exc:
                 raise MigError(str(exc)) from exc
+            if gpu not in self._reconciled and "layout" in block:
+                self._reconcile_first_use(block, profile, start)
             live = {i.start: i for i in self._instances(gpu)}
             for gone in block.get("destroy", ()):
                 instance = live.get(int(gone["start"]))
@@ -160,6 +167,24 @@ class MigManager:
                                f"not the {profile.name} the manager expects; the node's layout needs reconciling")
             return self._create(gpu, profile, start, subproc_count=int(block.get("subproc_count", 0)))
 
+    def _reconcile_first_use(self, block: dict, profile, start: int) -> None:
+        """The first time this agent touches a GPU: report instances the manager does not know
+        and re-create the other instances of the manager's expected layout (`block["layout"]`),
+        leaving out the one being prepared and those about to be destroyed."""
+        gone = {(d["profile"], int(d["start"])) for d in block.get("destroy", ())}
+        expected = [e for e in block["layout"]
+                    if (e["profile"], int(e["start"])) not in gone and int(e["start"]) != start]
+        self._reconciled.add(block["gpu"])
+        report = self.reconcile([block], {block["gpu"]: [*expected, {"profile": profile.name, "start": start}]},
+                                create=lambda item: int(item[1]) != start)
+        self.reports.append(report)
+        for item in report["unknown"]:
+            log.warning("MIG instance %s@%s (%s) on GPU %s is not the manager's; left in place",
+                        item["profile"], item["start"], item["uuid"], item["gpu"])
+        for item in report["errors"]:
+            log.warning("could not re-create MIG instance %s@%s on GPU %s: %s",
+                        item["profile"], item["start"], item["gpu"], item["reason"])
+
     def destroy(self, block: dict) -> bool:
         """Destroy the instance of `block["profile"]` at `block["start"]` on `block["gpu"]`
         (compute instance, then GPU instance). False when there is none. Raises MigError
@@ -172,14 +197,15 @@ class MigManager:
                     return True
             return False
 
-    def reconcile(self, gpus: Iterable[dict], expected: dict[str, list[dict]]) -> dict:
+    def reconcile(self, gpus: Iterable[dict], expected: dict[str, list[dict]], *, create=None) -> dict:
         """Compare each MIG GPU (`gpus`: blocks with "gpu", "model_name", "memory_size",
         "subproc_count") with the manager's expected layout (GPU → [{"profile", "start"}]):
         instances the manager does not know are reported (left in place: they may hold
         someone's work), expected ones that are missing (instances do not survive a reboot)
         are created again. Returns {"unknown": [...], "recreated": [...], "errors": [...]},
         each item {"gpu", "profile", "start", "uuid"} (errors: {"gpu", "profile", "start",
-        "reason"})."""
+        "reason"}). `create((profile, start))` may say which missing ones to create (all by
+        default)."""
         report: dict[str, list[dict]] = {"unknown": [], "recreated": [], "errors": []}
         for block in gpus:
             gpu = block["gpu"]
@@ -194,6 +220,8 @@ class MigManager:
                 if (profile, start) not in wanted:
                     report["unknown"].append({"gpu": gpu, "profile": profile, "start": start, "uuid": instance.uuid})
             for profile_name, start in sorted(wanted - set(live), key=lambda ps: ps[1]):
+                if create is not None and not create((profile_name, start)):
+                    continue
                 try:
                     created = self._create(gpu, catalog.profile(profile_name), start,
                                            subproc_count=int(block.get("subproc_count", 0)))
