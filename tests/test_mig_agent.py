@@ -194,3 +194,23 @@ def test_the_first_prepare_after_a_restart_reapplies_the_managers_layout_and_rep
     assert made.start == 0 and [step for step, *_ in manager.timings] == ["create", "create"]
     manager.prepare(block("3g.40gb", 4, layout=layout))
     assert len(manager.reports) == 1  # once per GPU
+
+
+def test_an_nvml_refusal_ends_the_launch_in_error_with_the_reason_and_leaves_no_instance(tmp_path):
+    import asyncio
+
+    from tests.test_agent_runtime import run_agent, start_spec
+
+    fake = FakeNvml([h100()], root=False)
+
+    async def scenario(h):
+        h.agent.mig = manager_for(fake)
+        spec = {**start_spec(command="true"), "mig": block("1g.20gb", 6)}
+        await asyncio.to_thread(h.agent.submit_start, spec)
+        status, reason, _ = await h.manager.wait_for_report(spec["session_id"], "ERROR")
+        return reason
+
+    reason = run_agent(tmp_path, scenario)
+    assert "could not create a 1g.20gb MIG instance at memory slice 6" in reason
+    assert "must run as root" in reason
+    assert fake.gpus[0].gpu_instances == []
