@@ -251,3 +251,64 @@ def test_the_session_page_says_which_kind_of_slice_it_got_and_why(alice, django_
     either.refresh_from_db()
     assert session_configuration(either).endswith("got a shared slice of GPU 0: no MIG instance could hold it when "
                                                   "it was placed")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_launches_and_ends_through_the_scheduler_keep_every_gpu_layout_creatable(
+        alice, django_capture_on_commit_callbacks, seed):
+    """A seeded random walk of MIG launches and ends on two dynamic GPUs (H100-80GB, A100-40GB):
+    after every pass each GPU's GpuInstance rows are a creatable layout, an idle instance of
+    the profile given was reused rather than a new one created, and no session got a larger
+    profile than the smallest its GPU could place."""
+    import random
+
+    from accelerators.allocation import mig
+
+    rng = random.Random(seed)
+    mig_node(devices=[h100(0), DeviceInfo(slot_name="cuda", device_id="GPU-a100", index=1, mother_uuid="a100",
+                                          model_name="NVIDIA A100-SXM4-40GB", numa_node=0, subproc_count=108,
+                                          memory_size=40 * GiB)])
+    Node.objects.filter(name="mig-node").update(cpu_count=1000, memory_size=1000 * GiB)
+    sizes = ["3G", "5G", "9G", "15G", "19G", "25G", "39G", "70G"]
+    for step in range(40):
+        live = list(ComputeSession.objects.filter(status=SessionStatus.SCHEDULED))
+        if live and rng.random() < 0.4:
+            end(rng.choice(live))
+            continue
+        before = {gpu: [mig.MigInstance(str(g.pk), g.profile, g.placement_start,
+                                        g.session is not None and g.session.status == SessionStatus.SCHEDULED)
+                        for g in GpuInstance.objects.filter(parent__device_id=gpu).select_related("session")]
+                  for gpu in (H100_UUID, "GPU-a100")}
+        size = rng.choice(sizes)
+        session_create(owner=alice, name=f"s{step}", resources={"gpu_memory": size, "isolation": "mig"})
+        starts = schedule(django_capture_on_commit_callbacks)
+        for _, spec in starts[:1]:  # later starts of the same pass saw the first one's layout
+            block = spec["mig"]
+            request = mig.MigRequest(
+                memory=ComputeSession.objects.get(pk=spec["session_id"]).request_spec["memory"]["bytes"])
+            for gpu, layout in before.items():
+                catalog = mig.catalog_get("H100-80GB" if gpu == H100_UUID else "A100-40GB")
+                try:
+                    plan = mig.plan_instance(catalog, layout, request)
+                except (mig.InsufficientResource, mig.NeverSchedulable):
+                    assert gpu != block["gpu"]
+                    continue
+                if gpu == block["gpu"]:
+                    assert plan.profile.name == block["profile"] and block["reuse"] == bool(plan.reuse)
+                    if any(not i.in_use and i.profile == block["profile"] for i in layout):
+                        assert block["reuse"]  # released instances are reused before new ones are created
+                else:  # no GPU could place a smaller profile
+                    assert plan.profile.memory >= catalog_memory(block)
+        for gpu in (H100_UUID, "GPU-a100"):
+            rows = GpuInstance.objects.filter(parent__device_id=gpu)
+            if not rows:
+                continue
+            catalog = mig.catalog_get(rows[0].parent.model_name, memory_size=rows[0].parent.memory_size)
+            layout = [mig.MigInstance(str(g.pk), g.profile, g.placement_start) for g in rows]
+            assert mig.layout_problems(catalog, layout) == []
+
+
+def catalog_memory(block: dict) -> int:
+    from accelerators.allocation import mig
+
+    return mig.catalog_get(block["model_name"], memory_size=block["memory_size"]).profile(block["profile"]).memory
