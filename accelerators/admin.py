@@ -276,7 +276,9 @@ def mig_picture_html(node: Node) -> str:
         blocks.append(format_html(
             "<div style='margin-bottom:8px'><strong>GPU {} · {}</strong><table>{}{}</table>instances: {}</div>",
             picture.device.index, picture.model, row("memory", picture.memory), row("compute", picture.compute), listing))
-    return format_html_join("", "{}", ((b,) for b in blocks))
+    legend = format_html_join(" ", "<span style='background:{};padding:0 6px'>{}</span>",
+                              ((colour, state) for state, colour in _SLICE_COLOURS.items()))
+    return format_html("{}<div>{}</div>", format_html_join("", "{}", ((b,) for b in blocks)), legend)
 
 
 @admin.register(Node)
