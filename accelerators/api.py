@@ -162,11 +162,13 @@ class NodeViewSet(ETagMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelView
 
 @extend_schema_field(OpenApiTypes.BOOL)
 class StrictBooleanFilter(filters.CharFilter):
-    """`true` or `false` (any case); anything else is a 400 naming the parameter, where
-    django-filter's BooleanFilter would ignore it and filter nothing."""
+    """`true` or `false` (any case); anything else, an empty value included, is a 400 naming
+    the parameter, where django-filter's BooleanFilter would ignore it and filter nothing."""
 
     def filter(self, qs, value):
         if value in (None, ""):
+            if self.field_name in (getattr(self.parent, "data", None) or {}):  # sent, but empty: `?is_mig_device=`
+                raise serializers.ValidationError({self.field_name: ["expected true or false"]})
             return qs
         wanted = {"true": True, "false": False}.get(value.lower())
         if wanted is None:

@@ -444,6 +444,9 @@ def test_devices_filter_by_node_slot_name_and_mig(two_nodes, alice):
     assert devices("is_mig_device=true") == [("node-b", "MIG-1")]
     assert devices("is_mig_device=false&node=node-b") == [("node-b", gpu0)]
     assert devices("slot_name=rocm") == []
+    for bad in ("yes", ""):  # an empty value is not "not sent"
+        body = assert_error_shape(client.get(f"/api/v1/devices/?is_mig_device={bad}"), 400)
+        assert body["field_errors"] == {"is_mig_device": ["expected true or false"]}
 
 
 def test_devices_show_their_live_allocation(demo_cluster, alice, django_capture_on_commit_callbacks):
