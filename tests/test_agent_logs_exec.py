@@ -150,3 +150,37 @@ def test_a_command_still_running_when_its_session_stops_is_killed_with_it(tmp_pa
     result = run_agent(tmp_path, scenario)
 
     assert result["exit_code"] == 128 + 9 and result["timed_out"] is False
+
+
+def test_a_long_running_session_keeps_taking_commands_after_the_layers_group_expiry(tmp_path):
+    """The agent re-joins each session's pty group with every heartbeat; here the layer forgets
+    memberships after 1 s and heartbeats come every 0.2 s (the wait wakes on each heartbeat)."""
+    import uuid
+
+    from channels.layers import InMemoryChannelLayer
+
+    from sessions.runtime.agent import Agent
+    from tests.test_agent_runtime import DEVICE, GiB, Harness, RecordingManager
+
+    async def main():
+        layer = InMemoryChannelLayer(group_expiry=1)
+        manager = RecordingManager(asyncio.get_running_loop())
+        inventory = {"devices": [DEVICE.as_dict()], "plugins": [], "attributes": {}, "cpu_count": 8,
+                     "memory_size": 32 * GiB}
+        agent = Agent(node=f"test-node-{uuid.uuid4().hex[:8]}", inventory=inventory, channel_layer=layer,
+                      manager=manager, scratch_root=tmp_path / "scratch", mock=True, heartbeat_s=0.2)
+        await agent.start()
+        try:
+            h = Harness(agent, manager, layer)
+            session_id = await h.start_session(start_spec())
+            joined = asyncio.get_running_loop().time()
+            # The layer compares whole seconds: a membership is gone 2 s after joining at the latest.
+            await manager.wait_for(lambda: asyncio.get_running_loop().time() - joined > 2.5 and manager.heartbeats,
+                                   what="heartbeats past the expiry")
+            return await exec_in(h, session_id, "echo still-here")
+        finally:
+            await agent.shutdown()
+
+    result = asyncio.run(main())
+
+    assert result["stdout"] == "still-here\n"

@@ -178,6 +178,17 @@ class Agent:
                 await self._call(self.manager.heartbeat, self.node, list(self.sessions))
             except Exception:
                 log.exception("agent %s: heartbeat failed", self.node)
+            await self._refresh_groups()
+
+    async def _refresh_groups(self) -> None:
+        """Join each running session's `pty-<id>` group again: channel layers forget a group
+        membership after their group expiry (channels_redis: a day), after which terminal input
+        and exec requests for a long-running session would reach nobody."""
+        for session_id in list(self.sessions):
+            try:
+                await self.layer.group_add(events.pty_group(session_id), self.channel)
+            except Exception:
+                log.exception("agent %s: could not renew the terminal group of %s", self.node, session_id)
 
     # --- thread-safe entry points (Celery task handlers) ----------------------------------
 
