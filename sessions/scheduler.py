@@ -161,6 +161,21 @@ class _PassView:
     def __init__(self):
         self.scopes: dict[tuple[str, str], _Scope] = {}
         self.placed: Counter = Counter()
+        self._settings: dict = {}
+
+    def settings(self, request: core.ResourceRequest):
+        """`request_settings` (the slot's fractional settings, checked against the request's
+        kind), read once per slot and kind in a pass; raises its AllocationError each time."""
+        key = (request.slot, request.kind)
+        if key not in self._settings:
+            try:
+                self._settings[key] = request_settings(request)
+            except AllocationError as exc:
+                self._settings[key] = exc
+        found = self._settings[key]
+        if isinstance(found, AllocationError):
+            raise type(found)(str(found))
+        return found
 
     def scope(self, request: core.ResourceRequest) -> _Scope:
         slot = request.slot or "cuda"
@@ -209,13 +224,14 @@ def _wait(session: ComputeSession, reason: str) -> None:
 
 def _write_placement(session: ComputeSession, placement: core.Placement) -> dict:
     """Write the allocator's plan and return the agent's start spec."""
-    devices = {str(d.pk): d for d in Device.objects.filter(pk__in=[g.device_id for g in placement.grants])}
+    devices = {str(d.pk): d for d in
+               Device.objects.select_related("node").filter(pk__in=[g.device_id for g in placement.grants])}
     rows = [
         Allocation(session=session, device=devices[g.device_id], shares=g.shares, memory=g.memory, procs=g.procs)
         for g in placement.grants
     ]
     Allocation.objects.bulk_create(rows)
-    session.node = Node.objects.get(name=placement.node_id)
+    session.node = next(iter(devices.values())).node if devices else Node.objects.get(name=placement.node_id)
     session.status = SessionStatus.SCHEDULED
     session.status_reason = ""
     session.scheduled_at = timezone.now()

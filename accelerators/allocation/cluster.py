@@ -36,6 +36,9 @@ NONE, SHARE, WHOLE, SPAN = 0, 1, 2, 3
 KIND_NAMES = {NONE: "none", SHARE: "share", WHOLE: "whole", SPAN: "span"}
 POLICIES = ("binpack", "spread", "best-fit", "fgd", "fgd-plus")
 FRAGMENTATION_AWARE = ("fgd", "fgd-plus")
+FIT_WEIGHT = 0.2  # fgd-plus: best-fit's weight, per device's amount
+STRAND_WEIGHT = 2.0  # fgd-plus: weight of GPU newly stranded by CPU or memory
+PLUS_FIT_WEIGHTS = (0.0, 0.0, 1.0)  # fgd-plus: best-fit's CPU, memory, GPU weights
 
 
 @dataclass(frozen=True)
@@ -98,22 +101,22 @@ class Workload:
     def __init__(self, counts: dict[Shape, int] | None = None):
         self.shapes: list[Shape] = []
         self.position: dict[Shape, int] = {}
-        self._counts: list[float] = []
+        self._counts = np.zeros(16, dtype=np.float64)
+        self._cache = None
         for shape, n in (counts or {}).items():
             self.observe(shape, n)
-        self._cache = None
 
     def observe(self, shape: Shape, n: int = 1) -> None:
         pos = self.position.get(shape)
         if pos is None:
             pos = self.position[shape] = len(self.shapes)
             self.shapes.append(shape)
-            self._counts.append(0.0)
+            if pos >= len(self._counts):
+                self._counts = np.concatenate([self._counts, np.zeros(len(self._counts), dtype=np.float64)])
         self._counts[pos] += n
-        self._cache = None
 
     def counts(self) -> dict[Shape, int]:
-        return {s: int(c) for s, c in zip(self.shapes, self._counts)}
+        return {s: int(c) for s, c in zip(self.shapes, self._counts[:len(self.shapes)])}
 
     def arrays(self, models: dict[str, int]):
         """Per-shape arrays for the scorer: cpu, mem, model mask (T × models), class index
@@ -121,9 +124,10 @@ class Workload:
         key = (len(self.shapes), len(models))
         if self._cache is not None and self._cache[0] == key:
             cached = self._cache[1]
-            p = np.asarray(self._counts, dtype=np.float64)
+            p = self._counts[:len(self.shapes)]
             cached["onehot_p"] = cached["onehot"] * p[:, None]
             cached["total"] = p.sum()
+            self._ratios(cached, p)
             return cached
         t = len(self.shapes)
         cpu = np.array([s.cpu for s in self.shapes], dtype=np.int64)
@@ -142,14 +146,25 @@ class Workload:
             cls[i] = classes.setdefault(k, len(classes))
         onehot = np.zeros((t, len(classes)), dtype=np.float64)
         onehot[np.arange(t), cls] = 1.0
-        p = np.asarray(self._counts, dtype=np.float64)
+        p = self._counts[:len(self.shapes)]
         cached = {"cpu": cpu, "mem": mem, "mask": mask, "classes": list(classes), "onehot": onehot,
                   "kinds": np.array([c[0] for c in classes], dtype=np.int64),
                   "counts": np.array([c[1] for c in classes], dtype=np.int64),
                   "amounts": np.array([c[2] for c in classes], dtype=np.int64),
                   "onehot_p": onehot * p[:, None], "total": p.sum()}
+        cached["gpu"] = np.array([s.gpu_amount for s in self.shapes], dtype=np.float64)
+        self._ratios(cached, p)
         self._cache = (key, cached)
         return cached
+
+    @staticmethod
+    def _ratios(cached: dict, p: np.ndarray) -> None:
+        """CPU and memory that GPU requests bring per unit of GPU, weighted by p."""
+        gpu = cached["gpu"]
+        demand = float((p * gpu).sum())
+        with_gpu = p * (gpu > 0)
+        cached["cpu_per_gpu"] = float((with_gpu * cached["cpu"]).sum()) / demand if demand else 0.0
+        cached["mem_per_gpu"] = float((with_gpu * cached["mem"]).sum()) / demand if demand else 0.0
 
 
 def _unique_rows(*columns):
@@ -360,8 +375,11 @@ class ClusterIndex:
             delta = self._frag_delta(shape, cand, slots, after, arrays)
             if policy == "fgd":
                 return cand, slots, (cand, delta)
-            fit = self._best_fit(shape, cand, after)
-            return cand, slots, (cand, fit, np.round(delta / max(arrays["total"], 1.0), 6))
+            fit = self._best_fit(shape, cand, after, PLUS_FIT_WEIGHTS)
+            stranded = self._stranded(cand, arrays, self.cpu_free[cand] - shape.cpu, self.mem_free[cand] - shape.mem,
+                                      after.sum(axis=1)) - self._stranded(cand, arrays)
+            score = delta / arrays["total"] + FIT_WEIGHT * fit * self._unit(cand) + STRAND_WEIGHT * stranded
+            return cand, slots, (cand, fit, score)
         raise ValueError(f"unknown placement policy {policy!r} (known: {', '.join(POLICIES)})")
 
     def _frag_delta(self, shape: Shape, cand, slots, after, arrays) -> np.ndarray:
@@ -377,11 +395,27 @@ class ClusterIndex:
                                free=after[first])
         return after_frag[inverse.reshape(-1)] - before
 
-    def _best_fit(self, shape: Shape, rows, after) -> np.ndarray:
+    def _unit(self, rows) -> np.ndarray:
+        """One device's amount on each row's node (openb: 1000 milli-GPU), to put best-fit's
+        fractions in the fragmentation's units."""
+        return np.maximum(self.cap[rows].max(axis=1), 1)
+
+    def _stranded(self, rows, arrays, cpu=None, mem=None, gpu=None) -> np.ndarray:
+        """Free GPU on each row's node that its free CPU or memory cannot serve at the seen
+        workload's CPU and memory per unit of GPU: max(0, gpu − cpu / r_cpu, gpu − mem / r_mem)."""
+        cpu = self.cpu_free[rows] if cpu is None else cpu
+        mem = self.mem_free[rows] if mem is None else mem
+        gpu = self.free[rows].sum(axis=1) if gpu is None else gpu
+        by_cpu = gpu - cpu / arrays["cpu_per_gpu"] if arrays["cpu_per_gpu"] > 0 else 0
+        by_mem = gpu - mem / arrays["mem_per_gpu"] if arrays["mem_per_gpu"] > 0 else 0
+        return np.maximum(0.0, np.maximum(by_cpu, by_mem))
+
+    def _best_fit(self, shape: Shape, rows, after, weights=(1.0, 1.0, 1.0)) -> np.ndarray:
+        """Σ weight × (left after the placement / node total) over CPU, memory and GPU."""
         cpu = (self.cpu_free[rows] - shape.cpu) / np.maximum(self.cpu_total[rows], 1)
         mem = (self.mem_free[rows] - shape.mem) / np.maximum(self.mem_total[rows], 1)
         gpu = after.sum(axis=1) / np.maximum(self.gpu_total[rows], 1)
-        return cpu + mem + gpu
+        return weights[0] * cpu + weights[1] * mem + weights[2] * gpu
 
     def choose(self, shape: Shape, policy: str, workload: Workload | None = None) -> tuple[int, int] | None:
         """The best (row, device slot or -1) for `shape`, or None when no node fits now."""

@@ -1,0 +1,160 @@
+"""The database-backed scheduler placing 1,000 pending sessions on openb's 1,213-node inventory.
+
+    DATABASE_URL=postgres://… REDIS_URL=redis://… python benchmarks/scheduler_db.py [--sessions 1000]
+        [--policy binpack] [--json]
+
+Creates a throw-away database (Django's test-database machinery: `bench_scheduler_<name>`, migrated,
+dropped afterwards), writes the 1,213 GPU nodes of openb_node_list_gpu_node.csv with their
+devices (1.0 fGPU per GPU, fractional mode, quantum 0.01) and the sessions, PENDING, as
+`session_create` writes them (validated by `request_validate`; fGPU requests from openb pods: the sharing fraction, or the GPU count), then
+times one `schedule_pending(limit=N)` pass, the real one: locks, allocator, Allocation rows,
+status changes and the after-commit notices. The agents' start messages are not sent (no
+agents run). Afterwards it checks that no device or node is over-committed. Target: < 10 s.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+
+GiB = 1 << 30
+
+
+def build(sessions: int, policy: str):
+    from django.contrib.auth import get_user_model
+
+    from accelerators.models import Device, FractionalSettings, Node, ResourceGroup
+    from benchmarks.openb import TRACE_DIR, inflate, load_nodes, load_pods
+    from accelerators.allocation.requests import request_to_spec
+    from sessions.models import ComputeSession
+    from sessions.services import request_validate
+
+    FractionalSettings.objects.update_or_create(slot_name="cuda", defaults={
+        "allocation_mode": "fractional", "unit_mem": 16 * GiB, "unit_proc": 108, "quantum_size": Decimal("0.01")})
+    ResourceGroup.objects.update_or_create(name="default", defaults={"policy": policy})
+    rows = list(csv.DictReader(open(TRACE_DIR / "openb_node_list_gpu_node.csv")))
+    nodes = Node.objects.bulk_create([
+        Node(name=r["sn"], cpu_count=int(r["cpu_milli"]) // 1000, memory_size=int(r["memory_mib"]) << 20) for r in rows])
+    devices = []
+    for node, r in zip(nodes, rows):
+        for i in range(int(r["gpu"])):
+            uuid = f"GPU-{node.name[-4:]}-{i:04d}"
+            devices.append(Device(node=node, slot_name="cuda", device_id=uuid, index=i, mother_uuid=uuid,
+                                  model_name=r["model"], numa_node=i // 4, subproc_count=108, memory_size=16 * GiB))
+    Device.objects.bulk_create(devices)
+    user = get_user_model().objects.create_user("bench")
+    index = load_nodes()
+    pods = [p for p in inflate(load_pods("default"), 42, int(index.cap.sum())) if p.gpu_amount][:sessions]
+    rows = []
+    for i, pod in enumerate(pods):  # session_create's row, without its per-session never-fits check
+        amount = Decimal(pod.amount) / 1000 if pod.count == 1 and pod.amount < 1000 else Decimal(pod.count)
+        resources = {"cuda.shares": str(amount), "cpu": max(1, -(-pod.cpu // 1000)), "mem": f"{max(pod.mem, 1)}M"}
+        request, _ = request_validate(resources=resources)
+        rows.append(ComputeSession(owner=user, name=f"s{i}", resources=resources, request_spec=request_to_spec(request),
+                                   slot_name=request.slot, slot_subtype=request.kind, amount=request.amount,
+                                   cpu=request.cpu, mem=request.mem, status_reason="waiting for the scheduler"))
+    ComputeSession.objects.bulk_create(rows)
+    return len(pods)
+
+
+def _time_notices() -> list[float]:
+    """Time the after-commit page notices (sessions.events) apart from the pass: [seconds]."""
+    from sessions import events
+
+    spent = [0.0]
+    real = events.transaction
+
+    class Timed:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def on_commit(func, *args, **kwargs):
+            def timed():
+                began = time.perf_counter()
+                try:
+                    func()
+                finally:
+                    spent[0] += time.perf_counter() - began
+            return real.on_commit(timed, *args, **kwargs)
+
+    events.transaction = Timed()
+    return spent
+
+
+def check_no_over_commit() -> list[str]:
+    from django.db.models import Q, Sum
+
+    from accelerators.models import Device, Node
+    from sessions.models import ACTIVE_STATUSES
+
+    problems = []
+    live = Q(allocations__released_at__isnull=True)
+    for d in Device.objects.annotate(mem=Sum("allocations__memory", filter=live, default=0),
+                                     procs=Sum("allocations__procs", filter=live, default=Decimal(0))):
+        if d.mem > d.memory_size or d.procs > d.subproc_count:
+            problems.append(f"device {d.device_id}: {d.mem} bytes, {d.procs} SMs")
+    active = Q(sessions__status__in=ACTIVE_STATUSES)
+    for n in Node.objects.annotate(cpu=Sum("sessions__cpu", filter=active, default=0),
+                                   mem=Sum("sessions__mem", filter=active, default=0)):
+        if n.cpu > n.cpu_count or n.mem > n.memory_size:
+            problems.append(f"node {n.name}: {n.cpu} cores, {n.mem} bytes")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--policy", default="binpack")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    import django
+
+    django.setup()
+    from django.db import connection
+    from django.test.utils import setup_test_environment
+
+    from sessions import scheduler
+    from sessions.models import ComputeSession, SessionStatus
+
+    setup_test_environment()
+    old_name = connection.settings_dict["NAME"]
+    connection.settings_dict.setdefault("TEST", {})["NAME"] = f"bench_scheduler_{old_name}"  # not pytest's test_<name>
+    connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    try:
+        created = build(args.sessions, args.policy)
+        scheduler._send_start = lambda node_name, spec: None  # no agents run here
+        notices = _time_notices()
+        began = time.perf_counter()
+        scheduled = scheduler.schedule_pending(limit=args.sessions)
+        seconds = time.perf_counter() - began
+        problems = check_no_over_commit()
+        result = {"policy": args.policy, "sessions": created, "scheduled": len(scheduled),
+                  "pending": ComputeSession.objects.filter(status=SessionStatus.PENDING).count(),
+                  "seconds": round(seconds, 2), "seconds_to_commit": round(seconds - notices[0], 2),
+                  "seconds_after_commit_notices": round(notices[0], 2), "over_committed": problems[:5]}
+    finally:
+        connection.creation.destroy_test_db(old_name, verbosity=0)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{result['scheduled']} of {created} pending sessions scheduled in one pass on 1,213 nodes "
+              f"({args.policy}): {seconds:.2f} s in all, {result['seconds_to_commit']:.2f} s to commit (locks, "
+              f"allocator, rows) + {result['seconds_after_commit_notices']:.2f} s of after-commit notices to the "
+              f"pages; over-committed devices/nodes: {len(problems)}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
