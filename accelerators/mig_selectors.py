@@ -10,6 +10,14 @@ from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.models import Device, GpuInstance, MigMode, Node
 
 
+def device_mig_catalog(device: Device) -> mig.MigCatalog:
+    """The MIG catalog of a GPU: what its agent read from NVML, else the built-in table for its
+    model name. Raises InvalidResourceRequest for a GPU without MIG."""
+    if device.mig_catalog:
+        return mig.catalog_from_dict(device.mig_catalog)
+    return mig.catalog_get(device.model_name, memory_size=device.memory_size)
+
+
 def mig_exclusion() -> Q:
     """A Q over Device naming the whole GPUs that fGPU shares, whole-device and per-device
     requests must not use, because one physical GPU is never MIG and fGPU at once: every GPU
@@ -54,7 +62,7 @@ def mig_gpu_pictures(*, node: Node) -> list[GpuPicture]:
     instances = list(GpuInstance.objects.filter(node=node).select_related("session__owner").order_by("placement_start"))
     for device in node.devices.filter(is_mig_device=False).order_by("index"):
         try:
-            catalog = mig.catalog_get(device.model_name, memory_size=device.memory_size)
+            catalog = device_mig_catalog(device)
         except InvalidResourceRequest:
             continue
         mine = [i for i in instances if i.parent_id == device.pk]

@@ -5,6 +5,7 @@ from django.db import transaction
 
 from accelerators.allocation import mig
 from accelerators.allocation.errors import InvalidResourceRequest
+from accelerators.mig_selectors import device_mig_catalog
 from accelerators.models import GpuInstance, MigMode, Node
 
 
@@ -22,7 +23,7 @@ def mig_layout_check(*, node: Node, layout: object) -> dict:
         device = next((d for d in gpus if str(key) in (d.device_id, str(d.index))), None)
         if device is None:
             raise InvalidResourceRequest(f"mig_layout: node {node.name} has no GPU {key!r}")
-        catalog = mig.catalog_get(device.model_name, memory_size=device.memory_size)
+        catalog = device_mig_catalog(device)
         if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("profile"), str)
                                                     and isinstance(e.get("start"), int) for e in entries):
             raise InvalidResourceRequest(f"mig_layout[{key!r}]: expected a list of {{\"profile\": …, \"start\": …}}")
@@ -58,7 +59,7 @@ def node_mig_layout_apply(*, node: Node) -> None:
     existing = {(r.parent_id, r.profile, r.placement_start) for r in kept}
     taken = {(r.parent_id, r.placement_start) for r in kept}
     for device in node.devices.filter(pk__in=list(layout)):
-        catalog = mig.catalog_get(device.model_name, memory_size=device.memory_size)
+        catalog = device_mig_catalog(device)
         for profile_name, start in layout[device.pk]:
             if (device.pk, profile_name, start) in existing:
                 continue

@@ -234,6 +234,8 @@ class Device(models.Model):
     is_mig_device = models.BooleanField(default=False)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="mig_devices")
     mig_profile = models.CharField(max_length=32, blank=True)
+    mig_catalog = models.JSONField(default=dict, blank=True,
+                                   help_text="MIG profiles NVML reported for this GPU (empty: the built-in table)")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "slot_name", "device_id"], name="device_unique_per_node")]

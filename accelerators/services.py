@@ -58,6 +58,7 @@ def node_inventory_apply(
         device.memory_size = info.memory_size
         device.is_mig_device = info.is_mig_device
         device.mig_profile = info.mig_profile
+        device.mig_catalog = info.mig_catalog
         device.parent = seen.get((info.slot_name, info.parent_device_id)) if info.parent_device_id else None
         device.save()
         seen[key] = device

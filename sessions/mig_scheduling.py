@@ -35,6 +35,7 @@ from accelerators.allocation import mig
 from accelerators.allocation.errors import AllocationError, InsufficientResource, InvalidResourceRequest, NeverSchedulable
 from accelerators.allocation.mig import MigResourceRequest
 from accelerators.allocation.units import format_binary_size
+from accelerators.mig_selectors import device_mig_catalog
 from accelerators.models import Device, GpuInstance, MigMode, Node, NodeStatus
 from accelerators.selectors import resource_group_get
 from sessions import events
@@ -172,7 +173,7 @@ def _check_ever_fits(nodes: list[Node], devices: list[Device], wanted: mig.MigRe
                 return
         elif not device.is_mig_device:
             try:
-                mig.candidate_profiles(mig.catalog_get(device.model_name, memory_size=device.memory_size), wanted)
+                mig.candidate_profiles(device_mig_catalog(device), wanted)
             except AllocationError:
                 continue
             return
@@ -222,7 +223,7 @@ def _dynamic_choices(node: Node, devices: list[Device], wanted: mig.MigRequest, 
     gpus = [d for d in devices if not d.is_mig_device]
     for gpu in gpus:
         try:
-            catalog = mig.catalog_get(gpu.model_name, memory_size=gpu.memory_size)
+            catalog = device_mig_catalog(gpu)
         except InvalidResourceRequest:
             continue
         if gpu.pk in busy["shared"]:

@@ -44,11 +44,13 @@ def test_load_discovers_two_gpus_with_memory_sms_numa_nodes_and_driver_versions(
             "slot_name": "cuda", "device_id": H100_A, "index": 0, "mother_uuid": H100_A,
             "model_name": "NVIDIA H100 80GB HBM3", "numa_node": 0, "subproc_count": 132,
             "memory_size": 81559 * MiB, "is_mig_device": False, "mig_profile": "", "parent_device_id": "",
+            "mig_catalog": {},
         },
         {
             "slot_name": "cuda", "device_id": H100_B, "index": 1, "mother_uuid": H100_B,
             "model_name": "NVIDIA H100 80GB HBM3", "numa_node": 1, "subproc_count": 132,
             "memory_size": 81559 * MiB, "is_mig_device": False, "mig_profile": "", "parent_device_id": "",
+            "mig_catalog": {},
         },
     ]
     assert inventory.warnings == []

@@ -214,3 +214,12 @@ def test_an_nvml_refusal_ends_the_launch_in_error_with_the_reason_and_leaves_no_
     assert "could not create a 1g.20gb MIG instance at memory slice 6" in reason
     assert "must run as root" in reason
     assert fake.gpus[0].gpu_instances == []
+
+
+def test_the_cuda_plugin_reports_each_mig_capable_gpus_catalog_from_nvml():
+    inventory = cuda.load(nvml=FakeNvml([h100(), FakeGpu(uuid="GPU-plain", numa_node=0)]))
+    h100_info, plain = (d for d in inventory.devices if not d.is_mig_device)
+    catalog = mig.catalog_from_dict(h100_info.mig_catalog)
+    assert [p.name for p in catalog.profiles] == [p.name for p in mig.CATALOGS["H100-80GB"].profiles]
+    assert catalog.profile("1g.20gb").starts == (0, 2, 4, 6) and catalog.source == "NVML on the node"
+    assert plain.mig_catalog == {}

@@ -312,3 +312,20 @@ def catalog_memory(block: dict) -> int:
     from accelerators.allocation import mig
 
     return mig.catalog_get(block["model_name"], memory_size=block["memory_size"]).profile(block["profile"]).memory
+
+
+def test_a_catalog_the_agent_read_from_nvml_is_planned_with_instead_of_the_built_in_one(
+        alice, django_capture_on_commit_callbacks):
+    """An A100 80GB on driver 515 offers no 1g.20gb (mig-profiles.csv): 15G then needs 2g.20gb."""
+    from dataclasses import replace
+
+    from accelerators.allocation import mig
+
+    built_in = mig.CATALOGS["A100-80GB"]
+    reported = replace(built_in, profiles=tuple(p for p in built_in.profiles if p.name != "1g.20gb"), source="NVML")
+    gpu = replace(h100(), model_name="NVIDIA A100 80GB PCIe", subproc_count=108,
+                  mig_catalog=mig.catalog_as_dict(reported))
+    mig_node(devices=[gpu])
+    session_create(owner=alice, name="a", resources={"gpu_memory": "15G", "isolation": "mig"})
+    [(_, spec)] = schedule(django_capture_on_commit_callbacks)
+    assert spec["mig"]["profile"] == "2g.20gb"

@@ -161,6 +161,28 @@ class MigCatalog:
         return max(self.profiles, key=lambda p: (p.memory, p.compute_slices))
 
 
+def catalog_as_dict(catalog: MigCatalog) -> dict:
+    """A JSON-safe form of `catalog` (what an agent reports per GPU); `catalog_from_dict` reads it."""
+    return {"model": catalog.model, "source": catalog.source, "profiles": [
+        {"name": p.name, "nvml_profile": p.nvml_profile, "profile_id": p.profile_id, "compute_slices": p.compute_slices,
+         "memory_slices": p.memory_slices, "memory": p.memory, "sm_count": p.sm_count,
+         "max_instances": p.max_instances, "starts": list(p.starts), "size": p.size} for p in catalog.profiles]}
+
+
+def catalog_from_dict(data: dict) -> MigCatalog:
+    """`catalog_as_dict`'s form → MigCatalog. Raises InvalidResourceRequest for a malformed one."""
+    try:
+        profiles = tuple(sorted((MigProfile(
+            name=str(p["name"]), nvml_profile=int(p["nvml_profile"]), profile_id=int(p["profile_id"]),
+            compute_slices=int(p["compute_slices"]), memory_slices=int(p["memory_slices"]), memory=int(p["memory"]),
+            sm_count=int(p["sm_count"]), max_instances=int(p["max_instances"]),
+            starts=tuple(int(x) for x in p["starts"]), size=int(p["size"])) for p in data["profiles"]),
+            key=_smallest_first))
+        return MigCatalog(model=str(data["model"]), profiles=profiles, source=str(data.get("source", "")))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidResourceRequest(f"a reported MIG catalog is malformed: {exc!r}") from None
+
+
 def _gib_to_bytes(text: str) -> int:
     """Captured GiB with 2 decimals → bytes, rounded to the nearest 1/8 GiB (NVML's 128 MiB step)."""
     eighths = (Decimal(text) * 8).to_integral_value(rounding=ROUND_HALF_EVEN)

@@ -13,7 +13,9 @@ class DeviceInfo:
     """One device as a plugin discovered it.
 
     `device_id`: stable id (GPU or MIG UUID, e.g. "GPU-c59395cd-…"); `memory_size` in bytes;
-    `subproc_count` in SMs; `mig_profile` only for MIG slices ("1g.10gb", "10g").
+    `subproc_count` in SMs; `mig_profile` only for MIG slices ("1g.10gb", "10g");
+    `mig_catalog` only for MIG-capable GPUs whose profiles were read from NVML
+    (`accelerators.allocation.mig.catalog_as_dict`).
     """
 
     slot_name: str
@@ -27,6 +29,7 @@ class DeviceInfo:
     is_mig_device: bool = False
     mig_profile: str = ""
     parent_device_id: str = ""
+    mig_catalog: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)

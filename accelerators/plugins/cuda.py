@@ -21,6 +21,11 @@ Per MIG device (when nvmlDeviceGetMigMode reports the current mode enabled): its
 `mig_profile` such as "1g.10gb" (rule `mig_profile_name`), `parent_device_id` and `mother_uuid`
 = the parent GPU's UUID, `index` and `numa_node` = the parent's.
 
+MIG-capable GPUs also carry `mig_catalog`: their GPU-instance profiles, read with
+nvmlDeviceGetGpuInstanceProfileInfo and nvmlDeviceGetGpuInstancePossiblePlacements
+(`accelerators.plugins.cuda_mig.catalog_from_nvml`), which the manager's MIG planner uses
+instead of its built-in table.
+
 Attributes: `driver_version` ("550.54.15", nvmlSystemGetDriverVersion) and `cuda_version`
 ("12.4", nvmlSystemGetCudaDriverVersion_v2).
 
@@ -47,6 +52,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -127,6 +133,7 @@ def load(*, nvml: Any = None, sys_root: Path = Path("/sys")) -> PluginInventory:
         for index in range(count):
             handle = _call(nvml, "nvmlDeviceGetHandleByIndex", index, target=f"GPU {index}")
             gpu = _gpu_info(nvml, handle, index, sys_root=sys_root, warnings=inventory.warnings)
+            gpu = replace(gpu, mig_catalog=_mig_catalog(nvml, handle, gpu, warnings=inventory.warnings))
             gpus.append((handle, gpu))
             inventory.devices.append(gpu)
             inventory.devices.extend(_mig_devices(nvml, handle, gpu))
@@ -198,6 +205,23 @@ def _gpu_info(nvml: Any, handle: Any, index: int, *, sys_root: Path, warnings: l
         subproc_count=_sm_count(nvml, handle, target=target, warnings=warnings),
         memory_size=int(_call(nvml, "nvmlDeviceGetMemoryInfo", handle, target=target).total),
     )
+
+
+def _mig_catalog(nvml: Any, handle: Any, gpu: DeviceInfo, *, warnings: list[str]) -> dict:
+    """The GPU's MIG profiles as NVML reports them (`accelerators.plugins.cuda_mig`), in the
+    JSON form of `catalog_as_dict`; {} for a GPU without MIG. A driver that cannot say adds a
+    warning and no catalog (the manager then uses its built-in table for the model)."""
+    from accelerators.allocation.mig import catalog_as_dict
+    from accelerators.plugins.cuda_mig import MigNvmlError, catalog_from_nvml
+
+    if getattr(nvml, "nvmlDeviceGetGpuInstanceProfileInfo", None) is None:
+        return {}
+    try:
+        catalog = catalog_from_nvml(nvml, handle, model=gpu.model_name, memory_total=gpu.memory_size)
+    except MigNvmlError as exc:
+        warnings.append(f"GPU {gpu.index} ({gpu.device_id}): MIG profiles not read: {exc}")
+        return {}
+    return catalog_as_dict(catalog) if catalog.profiles else {}
 
 
 def _sm_count(nvml: Any, handle: Any, *, target: str, warnings: list[str]) -> int:
