@@ -93,13 +93,21 @@ def test_fgd_counts_a_node_whose_cpu_a_pod_exhausts_as_all_fragment():
     assert idx.choose(Shape(NONE, cpu=4000, mem=1024), "best-fit", workload) == (0, -1)
 
 
-def test_fgd_plus_breaks_equal_fragmentation_by_best_fit():
-    # Both nodes keep every GPU usable for whole-GPU pods (no fragmentation either way); plain FGD
-    # takes the first node, fgd-plus the one the pod fills best, keeping n0's 8 idle GPUs whole.
-    idx = index((96000, 393216, [1000] * 8), (16000, 65536, [1000, 1000]))
-    workload = Workload({whole(1): 3, whole(8): 1})
-    assert idx.choose(whole(1), "fgd", workload)[0] == 1 or idx.choose(whole(1), "fgd", workload)[0] == 0
+def test_fgd_plus_packs_where_fgd_is_indifferent():
+    # n0 has 2 idle GPUs, n1 one of two left: a 1-GPU pod leaves no fragment for the 1-GPU pods
+    # seen on either, so FGD takes the first node; fgd-plus fills n1, keeping n0's pair whole.
+    idx = index((32000, 65536, [1000, 1000]), (32000, 65536, [0, 1000]))
+    workload = Workload({whole(1): 3})
+    assert idx.choose(whole(1), "fgd", workload)[0] == 0
     assert idx.choose(whole(1), "fgd-plus", workload)[0] == 1
+
+
+def test_fgd_plus_keeps_gpu_less_pods_off_nodes_whose_gpus_they_would_strand():
+    # Seen GPU pods bring 8 cores per GPU. A 12-core CPU-only pod on n0 (16 cores, 2 idle GPUs)
+    # leaves 4 cores for 2 GPUs; on n1 (64 cores, 2 idle GPUs) it strands nothing.
+    idx = index((16000, 65536, [1000, 1000]), (64000, 65536, [1000, 1000]))
+    workload = Workload({whole(1, cpu=8000): 4, Shape(NONE, cpu=12000): 1})
+    assert idx.choose(Shape(NONE, cpu=12000), "fgd-plus", workload)[0] == 1
 
 
 def test_binpack_and_spread_and_their_ties():
