@@ -225,7 +225,16 @@ def distributed_stack(tmp_path, procs):
             except OSError:
                 return False
 
-        wait_until(web_up, timeout=30, what="daphne to answer")
+        def started(predicate, *, timeout: float, what: str) -> None:
+            # The processes' logs go into the failure itself: pytest shows no output of a
+            # fixture's teardown (where `procs` prints them) when the setup failed.
+            try:
+                wait_until(predicate, timeout=timeout, what=what)
+            except AssertionError as exc:
+                logs = "".join(f"\n----- {proc.name} log -----\n{proc.output()[-4000:]}" for proc in procs)
+                raise AssertionError(f"{exc}{logs}") from None
+
+        started(web_up, timeout=30, what="daphne to answer")
 
         def nodes_alive():
             assert all(agent.popen.poll() is None for agent in agents.values()), "an agent exited (its log follows)"
@@ -233,7 +242,7 @@ def distributed_stack(tmp_path, procs):
                                                                               status=NodeStatus.ALIVE)}
             return all(alive.get(node.name, 0) >= node.devices for node in nodes)
 
-        wait_until(nodes_alive, timeout=60, what="every agent to register its node")
+        started(nodes_alive, timeout=60, what="every agent to register its node")
         return Stack(base=base, redis_url=redis_url, env=env, agents=agents)
 
     return start
