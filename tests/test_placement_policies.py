@@ -224,3 +224,13 @@ def test_a_kept_index_follows_apply_placement_exactly():
         assert idx.free.tolist() == fresh.free.tolist() and idx.cpu_free.tolist() == fresh.cpu_free.tolist()
     with pytest.raises(Exception, match="1.5 fGPU requested|free"):
         place(nodes, req, DEMO, index=idx)
+
+
+def test_fgd_plus_leaves_the_gpu_model_that_requests_name_to_them():
+    # Half the GPU requests seen must run on T4; a request naming no model goes to the V100 node
+    # even though the T4 node is the better fit.
+    idx = index((32000, 65536, [0, 1000]), (32000, 65536, [1000, 1000]), models=["T4", "V100"])
+    t4 = Shape(WHOLE, cpu=1000, mem=1024, count=1, amount=1000, models=frozenset({"T4"}))
+    workload = Workload({t4: 2, whole(1): 2})
+    assert idx.choose(whole(1), "best-fit", workload)[0] == 0
+    assert idx.choose(whole(1), "fgd-plus", workload)[0] == 1

@@ -28,7 +28,11 @@ Policies (`POLICIES`), each choosing a node and, for a single-device request, th
   (2) Best fit: FIT_WEIGHT × the node's GPU left after the placement (fraction of its GPU, in
   device units), which packs requests onto used nodes where FGD is indifferent (its delta is 0
   on many nodes for whole-GPU and GPU-less requests), keeping idle nodes whole for multi-GPU
-  requests. Ties go to the better best fit, then the first node. On openb (default trace,
+  requests. (3) Model pressure: where requests name GPU models (`gpu_spec`), each model's
+  share of the seen GPU demand tied to it over its share of the cluster's GPU; a request that
+  names no model pays SCARCITY_WEIGHT × that pressure × what it takes (GPU, plus its CPU in GPU
+  at r_cpu), so it leaves the models others need (openb gpuspec: T4) to them. Ties go to the
+  better best fit, then the first node. On openb (default trace,
   seeds 42–51) it leaves less GPU unallocated at 100 % arrival than FGD (benchmarks/openb.py).
 """
 from __future__ import annotations
@@ -45,6 +49,7 @@ FRAGMENTATION_AWARE = ("fgd", "fgd-plus")
 FIT_WEIGHT = 0.2  # fgd-plus: best-fit's weight, per device's amount
 STRAND_WEIGHT = 2.0  # fgd-plus: weight of GPU newly stranded by CPU or memory
 PLUS_FIT_WEIGHTS = (0.0, 0.0, 1.0)  # fgd-plus: best-fit's CPU, memory, GPU weights
+SCARCITY_WEIGHT = 1.0  # fgd-plus: weight of model pressure for requests that name no model
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,7 @@ class Workload:
                   "amounts": np.array([c[2] for c in classes], dtype=np.int64),
                   "onehot_p": onehot * p[:, None], "total": p.sum()}
         cached["gpu"] = np.array([s.gpu_amount for s in self.shapes], dtype=np.float64)
+        cached["named"] = np.array([bool(s.models) for s in self.shapes], dtype=np.float64)
         self._ratios(cached, p)
         self._cache = (key, cached)
         return cached
@@ -170,6 +176,11 @@ class Workload:
         demand = float((p * gpu).sum())
         with_gpu = p * (gpu > 0)
         cached["cpu_per_gpu"] = float((with_gpu * cached["cpu"]).sum()) / demand if demand else 0.0
+        # Share of the GPU demand tied to each model (requests naming models, spread evenly).
+        mask = cached["mask"]
+        named = cached["named"]
+        per_model = (p * gpu * named)[:, None] * mask / np.maximum(mask.sum(axis=1), 1)[:, None]
+        cached["model_demand"] = per_model.sum(axis=0) / demand if demand else np.zeros(mask.shape[1])
         cached["mem_per_gpu"] = float((with_gpu * cached["mem"]).sum()) / demand if demand else 0.0
 
 
@@ -411,6 +422,9 @@ class ClusterIndex:
             stranded = self._stranded(cand, arrays, self.cpu_free[cand] - shape.cpu, self.mem_free[cand] - shape.mem,
                                       gpu_after) - self._stranded(cand, arrays)
             score = delta / arrays["total"] + FIT_WEIGHT * fit * np.maximum(self.unit[cand], 1) + STRAND_WEIGHT * stranded
+            if not shape.models and SCARCITY_WEIGHT:
+                score = score + SCARCITY_WEIGHT * self._pressure(arrays)[self.model[cand]] * (
+                    shape.gpu_amount + (shape.cpu / arrays["cpu_per_gpu"] if arrays["cpu_per_gpu"] > 0 else 0))
             return cand, slots, (cand, fit, score)
         raise ValueError(f"unknown placement policy {policy!r} (known: {', '.join(POLICIES)})")
 
@@ -427,6 +441,17 @@ class ClusterIndex:
         after_frag = self.frag(rows, arrays, cpu=self.cpu_free[rows] - shape.cpu, mem=self.mem_free[rows] - shape.mem,
                                free=after)
         return after_frag[inverse.reshape(-1)] - before
+
+    def _pressure(self, arrays) -> np.ndarray:
+        """Per GPU model: the share of the seen GPU demand that only some models may serve
+        (`Shape.models`, spread evenly over the models allowed), over the model's share of the
+        cluster's GPU. 0 where no request names models."""
+        demand = arrays["model_demand"]
+        if not demand.any():
+            return np.zeros(len(self.model_ids))
+        capacity = np.bincount(self.model, weights=self.gpu_total, minlength=len(self.model_ids))
+        share = capacity / max(capacity.sum(), 1)
+        return np.where(share > 0, demand[:len(share)] / np.maximum(share, 1e-12), 0.0)
 
     def _stranded(self, rows, arrays, cpu=None, mem=None, gpu=None) -> np.ndarray:
         """Free GPU on each row's node that its free CPU or memory cannot serve at the seen
