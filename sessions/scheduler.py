@@ -135,8 +135,10 @@ class _Scope:
     def place(self, request: core.ResourceRequest, pure_settings) -> core.Placement:
         workload = None
         if (request.policy or self.options["policy"]) in cluster.FRAGMENTATION_AWARE:
-            # p includes the request being placed, as in the benchmark.
-            workload = _with(self.workload(pure_settings), core.request_shape(request, pure_settings))
+            # p counts the request being placed, as in the benchmark (in memory, for this pass;
+            # PlacementShape counts it once it is placed).
+            workload = self.workload(pure_settings)
+            workload.observe(core.request_shape(request, pure_settings))
         return core.place(self.nodes, request, pure_settings, index=self.index(pure_settings), workload=workload,
                           **self.options)
 
@@ -147,12 +149,6 @@ class _Scope:
         self.nodes[row] = node
         for pure_settings, index in self.indexes.items():
             index.set_row(row, **core.node_row(node, pure_settings))
-
-
-def _with(workload: cluster.Workload, shape: cluster.Shape) -> cluster.Workload:
-    copy = cluster.Workload(workload.counts())
-    copy.observe(shape)
-    return copy
 
 
 class _PassView:
@@ -198,9 +194,6 @@ class _PassView:
                 other.update(node)
         shape = core.request_shape(request, pure_settings)
         self.placed[(scope.group_name, shape_prefix(scope.slot, pure_settings) + cluster.shape_key(shape))] += 1
-        for workload_settings, workload in scope.workloads.items():
-            if workload_settings == pure_settings:
-                workload.observe(shape)
 
     def record_shapes(self) -> None:
         """Add this pass's placed shapes to PlacementShape (one row per group and shape)."""
