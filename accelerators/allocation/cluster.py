@@ -432,15 +432,19 @@ class ClusterIndex:
         """FGD's gradient per candidate: F(after) − F(before), computed once per equivalence
         class of (node state, device amount taken from)."""
         state = self.state[cand]
-        _, first, inverse = np.unique(state, return_index=True, return_inverse=True)
-        before = self.frag(cand[first], arrays)[inverse.reshape(-1)]
+        _, first_b, inverse_b = np.unique(state, return_index=True, return_inverse=True)
         key = state * (1 << 22) + (self.free[cand, slots] if shape.kind == SHARE else 0)
-        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-        rows = cand[first]
-        after = self.after_states(shape, rows, slots[first])
-        after_frag = self.frag(rows, arrays, cpu=self.cpu_free[rows] - shape.cpu, mem=self.mem_free[rows] - shape.mem,
-                               free=after)
-        return after_frag[inverse.reshape(-1)] - before
+        _, first_a, inverse_a = np.unique(key, return_index=True, return_inverse=True)
+        before_rows, after_rows = cand[first_b], cand[first_a]
+        rows = np.concatenate([before_rows, after_rows])  # one pass over both sets of states
+        frag = expected_fragmentation(
+            np.concatenate([self.cpu_free[before_rows], self.cpu_free[after_rows] - shape.cpu]),
+            np.concatenate([self.mem_free[before_rows], self.mem_free[after_rows] - shape.mem]),
+            self.model[rows],
+            np.concatenate([self.free[before_rows], self.after_states(shape, after_rows, slots[first_a])]),
+            self.cap[rows], arrays)
+        before, after = frag[:len(before_rows)], frag[len(before_rows):]
+        return after[inverse_a.reshape(-1)] - before[inverse_b.reshape(-1)]
 
     def _pressure(self, arrays) -> np.ndarray:
         """Per GPU model: the share of the seen GPU demand that only some models may serve
