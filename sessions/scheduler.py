@@ -66,11 +66,14 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
                                f"{reserved.overtaken} time(s), the most the backfill limit allows)")
                 continue
             request = session_request(session)
+            placed_before = len(scheduled)
             if mig_scheduling.schedule_step(session=session, request=request, wait=_wait, blocked=blocked,
                                             starts=starts, scheduled=scheduled):
+                if len(scheduled) > placed_before:
+                    view.forget()  # a MIG session took CPU and memory: re-read the nodes (still locked)
                 continue  # a MIG request, placed by sessions.mig_scheduling (issue 4)
             try:
-                pure_settings = request_settings(request)
+                pure_settings = view.settings(request)
                 scope = view.scope(request)
                 try:
                     placement = scope.place(request, pure_settings)
@@ -158,6 +161,11 @@ class _PassView:
         self.scopes: dict[tuple[str, str], _Scope] = {}
         self.placed: Counter = Counter()
         self._settings: dict = {}
+
+    def forget(self) -> None:
+        """Drop the scopes read so far (their rows stay locked); the next request re-reads them.
+        For placements made outside this view (MIG)."""
+        self.scopes.clear()
 
     def settings(self, request: core.ResourceRequest):
         """`request_settings` (the slot's fractional settings, checked against the request's
