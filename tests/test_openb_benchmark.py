@@ -52,3 +52,14 @@ def test_the_cli_prints_one_json_object(capsys, tmp_path, monkeypatch):
                                 "frag_rate_at_90", "placements_per_s"}
     assert result["published"]["fgd"]["unallocated_pct_at_100"] == pytest.approx(4.773)
     assert result["published"]["best-fit"]["unallocated_pct_at_100"] == pytest.approx(7.138)
+
+
+def test_the_speed_benchmarks_synthetic_cluster_and_timing(nodes):
+    from benchmarks import placement_speed
+
+    big = placement_speed.synthetic(nodes, 3000)
+    assert len(big) == 3000 and set(big.model_ids) <= set(nodes.model_ids)
+    stream = openb.inflate(openb.load_pods("default"), 42, int(big.cap.sum()), target=0.2)
+    index, start, workload = placement_speed.filled(big, stream, 5)
+    assert 0 < start < len(stream) and index.free.sum() < big.free.sum()
+    assert placement_speed.time_policy(index, stream, start, 20, "fgd-plus", workload) > 0
