@@ -283,7 +283,8 @@ class GpuInstance(models.Model):
     `placement_start + placement_size - 1` (of 8), `memory_size` bytes, `subproc_count` SMs.
     `uuid` is the MIG device UUID ("MIG-…"). `session` holds it while it runs; an instance
     without one is idle and reusable (lazy teardown: it is destroyed only when its slices are
-    needed for another layout). Rules: NVIDIA MIG User Guide; planner in
+    needed for another layout). `unknown_since`: an instance the agent found on the GPU that the
+    manager never planned (reported at agent start). Rules: NVIDIA MIG User Guide; planner in
     `accelerators.allocation.mig`."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -300,6 +301,11 @@ class GpuInstance(models.Model):
                                 related_name="gpu_instances", help_text="the session using it; empty: idle")
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    unknown_since = models.DateTimeField(
+        null=True, blank=True,
+        help_text="set when the node's agent found this instance on the GPU at start without the manager having "
+                  "planned it (made by hand or by another tool): its slices count as taken, it is never reused or "
+                  "destroyed here, and it is forgotten once an agent start no longer finds it")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["parent", "placement_start"], name="gpuinstance_unique_start")]
@@ -310,4 +316,8 @@ class GpuInstance(models.Model):
 
     @property
     def is_idle(self) -> bool:
-        return self.session_id is None
+        return self.session_id is None and self.unknown_since is None
+
+    @property
+    def is_unknown(self) -> bool:
+        return self.unknown_since is not None
