@@ -9,7 +9,9 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 
+from accelerators.allocation.errors import InvalidResourceRequest
 from console.api_support import ErrorSerializer, ListETagMixin
+from console.errors import ApplicationError
 from sessions import services
 from sessions.launch import launch_options, launch_preview
 from sessions.models import ComputeSession, SessionStatus
@@ -35,6 +37,14 @@ REQUEST_EXAMPLES = [
     OpenApiExample("Whole devices", request_only=True,
                    description="Two whole GPUs (the slot must be in discrete mode).",
                    value={"name": "big", "resources": {"cuda.device": 2, "cpu": 4, "mem": "16G"}}),
+    OpenApiExample("MIG profile (static slice or dynamic MIG)", request_only=True,
+                   description="One MIG instance of this profile (on static nodes also an inventory's name, "
+                               "e.g. \"10g\"); see launch options for the profiles in reach.",
+                   value={"name": "mig", "resources": {"mig_profile": "2g.20gb"}}),
+    OpenApiExample("Memory on a MIG instance (Run:ai dynamic MIG)", request_only=True,
+                   description="The smallest MIG instance that holds 15 GiB; `isolation: \"any\"` lets the "
+                               "scheduler give a shared slice instead where no MIG instance can be had.",
+                   value={"name": "isolated", "resources": {"gpu_memory": "15G", "isolation": "mig"}}),
     OpenApiExample("HAMi resource names", request_only=True,
                    value={"resources": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}}),
     OpenApiExample("Batch command in a resource group", request_only=True,
@@ -241,11 +251,47 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
         return Response(services.session_exec(session=session, **data.validated_data))
 
 
-@extend_schema(summary="Launch options", responses={200: LaunchOptionsSerializer}, tags=["sessions"],
+class LaunchOptionsQuerySerializer(serializers.Serializer):
+    resource_group = serializers.CharField(required=False, default="", allow_blank=True,
+                                           help_text="only this resource group's nodes; empty: any node")
+
+
+LAUNCH_OPTIONS_EXAMPLE = OpenApiExample("With a dynamic-MIG H100 node", response_only=True, value={
+    "slots": [{"slot": "cuda.shares", "slot_name": "cuda", "subtype": "shares", "allocation_mode": "fractional",
+               "display_unit": "fGPU", "display_icon": "gpu1", "human_readable_name": "fGPU", "binary": False,
+               "round_length": 2, "quantum": "0.25", "min": "0.25", "step": "0.25", "max_now": "1.50",
+               "max_ever": "2.00", "unit_mem": 4294967296, "unit_proc": 40}],
+    "mig": {"slot_name": "cuda", "isolation": ["shared", "mig", "any"], "profiles": [
+        {"name": "1g.10gb", "memory": 10468982784, "memory_text": "9.75 GiB", "sm_count": 16, "compute_slices": 1,
+         "memory_slices": 1, "models": ["H100-80GB"], "max_now": 6, "idle_now": 0, "max_ever": 7},
+        {"name": "1g.20gb", "memory": 21072183296, "memory_text": "19.62 GiB", "sm_count": 26,
+         "compute_slices": 1, "memory_slices": 2, "models": ["H100-80GB"], "max_now": 3, "idle_now": 1,
+         "max_ever": 4},
+        {"name": "7g.80gb", "memory": 85094039552, "memory_text": "79.25 GiB", "sm_count": 132,
+         "compute_slices": 7, "memory_slices": 8, "models": ["H100-80GB"], "max_now": 0, "idle_now": 0,
+         "max_ever": 1}]},
+    "cpu": {"max_now": 7, "max_ever": 8}, "mem": {"max_now": 33285996544, "max_ever": 34359738368}})
+
+
+@extend_schema(summary="Launch options", parameters=[LaunchOptionsQuerySerializer],
+               responses={200: LaunchOptionsSerializer,
+                          404: OpenApiResponse(ErrorSerializer, description="No such resource group.")},
+               tags=["sessions"], examples=[LAUNCH_OPTIONS_EXAMPLE],
                description="What the launch dialog may offer the caller now: per slot the quantum and the largest "
-                           "amount placeable now (capped by the caller's quotas) and ever; CPU cores and memory.")
+                           "amount placeable now (capped by the caller's quotas) and ever; the MIG profiles one may "
+                           "ask for (`{\"mig_profile\": name}`) where a node with MIG (static slices, dynamic or a "
+                           "fixed layout) is in reach, each with its memory and how many sessions could get one now "
+                           "(idle instances reused, new ones as the planner would place them, free static slices) "
+                           "and ever; the isolations a memory-sized request may ask for (`isolation`: shared, mig, "
+                           "any; empty without MIG); CPU cores and memory. `?resource_group=` limits it to that "
+                           "group's nodes.")
 @api_view(["GET"])
 def launch_options_view(request):
     """What the launch dialog may offer now (see sessions.launch.launch_options)."""
-    return Response(launch_options(user=request.user))
-
+    query = LaunchOptionsQuerySerializer(data=request.query_params.dict())
+    query.is_valid(raise_exception=True)
+    try:
+        return Response(launch_options(user=request.user, **query.validated_data))
+    except InvalidResourceRequest as exc:
+        raise ApplicationError(str(exc), type="not-found", title="Not found", status=404,
+                               field_errors={"resource_group": [str(exc)]}) from None

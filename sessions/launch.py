@@ -1,4 +1,5 @@
-"""What the launch dialog may offer now: per slot the quantum and the largest placeable amount."""
+"""What the launch dialog may offer now: per slot the quantum and the largest placeable amount,
+the MIG profiles in reach; and what a request would get now (the preview)."""
 from __future__ import annotations
 
 from decimal import Decimal
@@ -9,26 +10,38 @@ from accelerators.selectors import (
     fractional_settings_get,
     node_states,
     placement_scope,
+    resource_group_get,
     slot_format_get,
 )
-from accelerators.allocation.errors import InsufficientResource, NeverSchedulable
+from accelerators.allocation.errors import AllocationError, InsufficientResource, NeverSchedulable
+from accelerators.allocation.units import format_binary_size
+from sessions import mig_scheduling
 from sessions.quotas import quota_headroom
 from sessions.selectors import request_configuration
 from sessions.services import request_validate
 from sessions.runtime.environment import shares_text, sm_percent
 
 
-def launch_options(*, user=None) -> dict:
-    """`{"slots": [...], "cpu": {"max_now", "max_ever"}, "mem": {...}}`: for each slot with
-    registered devices, min/step = the quantum, `max_now` = the largest amount one session could
-    be given right now (a request may span one node's devices), `max_ever` = the same on empty
-    nodes; with `user`, `max_now` is also capped by their quota headroom. Amounts as text;
-    memory in bytes."""
+MIG_SLOT_NAME = "cuda"  # the slot whose GPUs MIG splits (sessions.mig_scheduling places on it)
+ISOLATIONS = ("shared", "mig", "any")  # a memory-sized request's isolation (accelerators.allocation.requests)
+
+
+def launch_options(*, user=None, resource_group: str = "") -> dict:
+    """`{"slots": [...], "mig": {...}, "cpu": {"max_now", "max_ever"}, "mem": {...}}`: for each
+    slot with registered devices, min/step = the quantum, `max_now` = the largest amount one
+    session could be given right now (a request may span one node's devices), `max_ever` = the
+    same on empty nodes; with `user`, `max_now` is also capped by their quota headroom. Amounts as
+    text; memory in bytes. `resource_group` ("" for any node) limits it all to that group's nodes.
+
+    `mig` (see `mig_launch_options`): the MIG profiles of slot `mig.slot_name` one may ask for
+    and how many could be placed now and ever, and the isolations a memory-sized request may
+    ask for. Raises InvalidResourceRequest for an unknown resource group."""
     slots = []
     all_nodes: list[core.NodeState] = []
+    group = resource_group_get(name=resource_group)
     headroom = quota_headroom(user=user) if user is not None else {}
     for slot_name in sorted(set(Device.objects.filter(is_mig_device=False).values_list("slot_name", flat=True))):
-        every = node_states(slot_name=slot_name)
+        every = node_states(slot_name=slot_name, group=group)
         all_nodes = all_nodes or every
         nodes = [n for n in every if n.cpu_total - n.cpu_used >= 1]  # a session needs at least one core
         settings = fractional_settings_get(slot_name=slot_name)
@@ -57,9 +70,10 @@ def launch_options(*, user=None) -> dict:
             "unit_mem": settings.unit_mem, "unit_proc": settings.unit_proc,
         })
     if not all_nodes:
-        all_nodes = node_states(slot_name="cuda")
+        all_nodes = node_states(slot_name="cuda", group=group)
     return {
         "slots": slots,
+        "mig": mig_launch_options(resource_group=resource_group, sessions_left=headroom.get("sessions")),
         "cpu": {"max_now": max((n.cpu_total - n.cpu_used for n in all_nodes), default=0),
                 "max_ever": max((n.cpu_total for n in all_nodes), default=0)},
         "mem": {"max_now": max((n.mem_total - n.mem_used for n in all_nodes), default=0),
@@ -67,19 +81,56 @@ def launch_options(*, user=None) -> dict:
     }
 
 
+def mig_launch_options(*, resource_group: str = "", sessions_left: int | None = None) -> dict:
+    """`{"slot_name": "cuda", "profiles": [{"name", "memory" (bytes), "memory_text" ("19.62 GiB"),
+    "sm_count" (SMs, 0: unknown), "compute_slices" (of 7, 0: unknown), "memory_slices" (of 8),
+    "models", "max_now", "idle_now", "max_ever"}], "isolation": ["shared", "mig", "any"]}`:
+    the profiles of `sessions.mig_scheduling.mig_profile_availability` (alive nodes in static,
+    dynamic or fixed-layout MIG mode), smallest first, `max_now` capped by `sessions_left` (the
+    caller's quota of concurrent sessions). `profiles` and `isolation` are empty when no such
+    node is in reach: then only shared slices can be had."""
+    profiles = []
+    for offer in mig_scheduling.mig_profile_availability(resource_group=resource_group, slot_name=MIG_SLOT_NAME):
+        max_now = offer.max_now if sessions_left is None else min(offer.max_now, sessions_left)
+        profiles.append({
+            "name": offer.name, "memory": offer.memory, "memory_text": format_binary_size(offer.memory),
+            "sm_count": offer.sm_count, "compute_slices": offer.compute_slices, "memory_slices": offer.memory_slices,
+            "models": list(offer.models), "max_now": max_now, "idle_now": min(offer.idle_now, max_now),
+            "max_ever": offer.max_ever,
+        })
+    return {"slot_name": MIG_SLOT_NAME, "profiles": profiles, "isolation": list(ISOLATIONS) if profiles else []}
+
+
 def launch_preview(*, resources: dict) -> dict:
     """What a request would get now, without creating anything: `{"fits_now", "never",
     "reason", "node", "configuration", "devices": [{"device", "device_index", "model_name",
-    "memory" (bytes), "procs" (SMs), "sm_percent", "shares"}]}`. Raises ApplicationError for a
-    malformed request (the same checks as session_create)."""
+    "memory" (bytes), "procs" (SMs), "sm_percent", "shares"}], "mig"}`. `mig` is null, or for a
+    request MIG would hold now `{"profile": "1g.20gb", "plan": "creates a 1g.20gb instance at
+    memory slice 0"}` (then `devices` is the parent GPU, or the static slice, with the
+    instance's memory and SMs). Requests with isolation "any" are previewed as the scheduler
+    places them: a MIG instance where one can be had now, else a shared slice. Raises
+    ApplicationError for a malformed request (the same checks as session_create)."""
     request, settings = request_validate(resources=resources)
     configuration = request_configuration(request)
     result = {"fits_now": False, "never": False, "reason": "", "node": None, "configuration": configuration,
-              "devices": []}
+              "devices": [], "mig": None}
+    mig_reason = ""
+    if mig_scheduling.wants_mig(request):
+        try:
+            return {**result, **_mig_grant(request)}
+        except InsufficientResource as exc:
+            if request.isolation != "any":
+                return {**result, "reason": str(exc)}
+            mig_reason = str(exc)  # MIG may hold it later
+        except AllocationError as exc:  # never on MIG (NeverSchedulable), or a layout the planner refuses
+            if request.isolation != "any":
+                return {**result, "never": True, "reason": str(exc)}
     try:
         nodes, options = placement_scope(request=request)
         placement = core.place(nodes, request, settings, **options)
     except NeverSchedulable as exc:
+        if mig_reason:
+            return {**result, "reason": f"no shared slice could ever hold it ({exc}); MIG: {mig_reason}"}
         return {**result, "never": True, "reason": str(exc)}
     except InsufficientResource as exc:
         return {**result, "reason": str(exc)}
@@ -94,3 +145,14 @@ def launch_preview(*, resources: dict) -> dict:
             "shares": shares_text(str(grant.shares)),
         })
     return result
+
+
+def _mig_grant(request) -> dict:
+    """launch_preview's fields for a request MIG holds now. Raises as `mig_scheduling.mig_preview`."""
+    grant = mig_scheduling.mig_preview(request=request)
+    device = grant.device
+    return {"fits_now": True, "node": grant.node, "mig": {"profile": grant.profile, "plan": grant.plan},
+            "devices": [{"device": device.device_id, "device_index": device.index, "model_name": device.model_name,
+                         "memory": grant.memory, "procs": str(grant.procs),
+                         "sm_percent": sm_percent({"procs": grant.procs, "subproc_count": device.subproc_count}),
+                         "shares": "0"}]}

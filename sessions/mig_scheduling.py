@@ -19,12 +19,17 @@ off MIG GPUs).
 `isolation: "any"` tries MIG first and falls back to a shared slice (the scheduler's ordinary
 path) when no MIG node can hold it now.
 
+For the launch dialog, `mig_preview` reads what a request would get now and
+`mig_profile_availability` which profiles can be asked for and how many could be placed now
+and ever, both through the same choice and planner, without locks or writes.
+
 `schedule_step` is the scheduler's one call (`mig_schedule` does the work); it writes the plan (GpuInstance rows, one
 Allocation on the parent GPU or on the static slice) and returns the agent's start spec with a
 `mig` block (see `sessions.runtime.mig`).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -35,7 +40,7 @@ from accelerators.allocation import mig
 from accelerators.allocation.errors import AllocationError, InsufficientResource, InvalidResourceRequest, NeverSchedulable
 from accelerators.allocation.mig import MigResourceRequest
 from accelerators.allocation.units import format_binary_size
-from accelerators.mig_selectors import device_mig_catalog
+from accelerators.mig_selectors import device_mig_catalog, gpu_instance_holds
 from accelerators.models import Device, GpuInstance, MigMode, Node, NodeStatus
 from accelerators.selectors import resource_group_get
 from sessions import events
@@ -130,15 +135,9 @@ class _Choice:
     catalog: mig.MigCatalog | None = None
 
 
-def _choose(request: MigResourceRequest) -> _Choice:
+def _choose(request: MigResourceRequest, *, lock: bool = True) -> _Choice:
     wanted = request.mig_request()
-    group = resource_group_get(name=request.resource_group)
-    nodes = Node.objects.filter(status=NodeStatus.ALIVE).exclude(mig_mode=MigMode.OFF)
-    if group is not None:
-        nodes = nodes.filter(resource_group=group)
-    nodes = list(nodes.order_by("pk").select_for_update())
-    devices = list(Device.objects.filter(node__in=nodes, slot_name="cuda").order_by("pk").select_for_update())
-    list(GpuInstance.objects.filter(node__in=nodes).order_by("pk").select_for_update().values_list("pk", flat=True))
+    nodes, devices = _mig_scope(resource_group=request.resource_group, slot_name="cuda", lock=lock)
     if not nodes:
         raise NeverSchedulable("no node has MIG enabled (an administrator sets a node's MIG mode)")
     _check_ever_fits(nodes, devices, wanted)
@@ -167,9 +166,8 @@ def _check_ever_fits(nodes: list[Node], devices: list[Device], wanted: mig.MigRe
     static = {n.pk for n in nodes if n.mig_mode == MigMode.STATIC}
     for device in devices:
         if device.node_id in static:
-            if device.is_mig_device and (
-                    wanted.profile in {device.mig_profile.lower(), device.model_name.lower().partition("-")[2]}
-                    if wanted.profile else device.memory_size >= wanted.memory):
+            if device.is_mig_device and (wanted.profile in _slice_names(device) if wanted.profile
+                                         else device.memory_size >= wanted.memory):
                 return
         elif not device.is_mig_device:
             try:
@@ -191,22 +189,36 @@ def _busy_devices(devices: list[Device]) -> dict[str, set]:
     return {"any": any_pks, "shared": shared}
 
 
-def _node_has_room(node: Node, request: MigResourceRequest) -> bool:
+def _node_free(node: Node) -> tuple[int, int]:
+    """(CPU cores, bytes of memory) of `node` that active sessions leave."""
     used = ComputeSession.objects.filter(node=node, status__in=ACTIVE_STATUSES).aggregate(
         cpu=Sum("cpu", default=0), mem=Sum("mem", default=0))
-    return node.cpu_count - used["cpu"] >= request.cpu and node.memory_size - used["mem"] >= request.mem
+    return node.cpu_count - used["cpu"], node.memory_size - used["mem"]
+
+
+def _node_has_room(node: Node, request: MigResourceRequest) -> bool:
+    cpu, mem = _node_free(node)
+    return cpu >= request.cpu and mem >= request.mem
+
+
+def _slice_names(device: Device) -> set[str]:
+    """The names a static MIG slice answers to: its profile ("2g.20gb", "10g") and the part of
+    an inventory's model name after the dash ("MIG-10g" → "10g"), lower case."""
+    return {device.mig_profile.lower(), device.model_name.lower().partition("-")[2]} - {""}
+
+
+def _free_slices(devices: list[Device], busy: dict) -> list[Device]:
+    """The static MIG slices among `devices` free now: none of their allocations is live and their
+    GPU serves no fGPU shares (MIG and fGPU do not mix on one GPU)."""
+    mothers_shared = {d.mother_uuid for d in devices if not d.is_mig_device and d.pk in busy["shared"]}
+    return [d for d in devices if d.is_mig_device and d.pk not in busy["any"] and d.mother_uuid not in mothers_shared]
 
 
 def _static_choice(node: Node, devices: list[Device], wanted: mig.MigRequest, busy: dict):
-    slices = [d for d in devices if d.is_mig_device and d.pk not in busy["any"]]
-    mothers_shared = {d.mother_uuid for d in devices if not d.is_mig_device and d.pk in busy["shared"]}
     fitting = []
-    for device in slices:
-        if device.mother_uuid in mothers_shared:
-            continue  # its GPU serves fGPU shares: MIG and fGPU do not mix on one GPU
+    for device in _free_slices(devices, busy):
         if wanted.profile:
-            names = {device.mig_profile.lower(), device.model_name.lower().partition("-")[2]}
-            if wanted.profile not in names:
+            if wanted.profile not in _slice_names(device):
                 continue
         elif device.memory_size < wanted.memory:
             continue
@@ -217,11 +229,30 @@ def _static_choice(node: Node, devices: list[Device], wanted: mig.MigRequest, bu
     return [min(fitting, key=lambda c: c.rank)], ""
 
 
-def _dynamic_choices(node: Node, devices: list[Device], wanted: mig.MigRequest, busy: dict):
-    choices, reasons = [], []
+def _mig_scope(*, resource_group: str, slot_name: str, lock: bool) -> tuple[list[Node], list[Device]]:
+    """The alive nodes with a MIG mode a request naming `resource_group` may use ("" for any),
+    and their devices of `slot_name`; `lock` locks them and their GPU instances (pk order)
+    inside the caller's transaction."""
+    group = resource_group_get(name=resource_group)
+    nodes = Node.objects.filter(status=NodeStatus.ALIVE).exclude(mig_mode=MigMode.OFF)
+    if group is not None:
+        nodes = nodes.filter(resource_group=group)
+    devices = Device.objects.filter(node__in=nodes, slot_name=slot_name).order_by("pk")
+    if not lock:
+        return list(nodes.order_by("pk")), list(devices)
+    nodes = list(nodes.order_by("pk").select_for_update())
+    devices = list(devices.select_for_update())
+    list(GpuInstance.objects.filter(node__in=nodes).order_by("pk").select_for_update().values_list("pk", flat=True))
+    return nodes, devices
+
+
+def _gpu_layouts(node: Node, devices: list[Device], busy: dict, reasons: list[str]):
+    """[(GPU, its MIG catalog, its instances as the planner sees them)] for the node's
+    MIG-capable whole GPUs that may hold a MIG instance (an instance is in use while its session
+    is active); why a MIG-capable GPU may not is appended to `reasons`."""
+    found = []
     instances = list(GpuInstance.objects.filter(node=node).select_related("session"))
-    gpus = [d for d in devices if not d.is_mig_device]
-    for gpu in gpus:
+    for gpu in (d for d in devices if not d.is_mig_device):
         try:
             catalog = device_mig_catalog(gpu)
         except InvalidResourceRequest:
@@ -229,9 +260,16 @@ def _dynamic_choices(node: Node, devices: list[Device], wanted: mig.MigRequest, 
         if gpu.pk in busy["shared"]:
             reasons.append(f"GPU {gpu.index} serves fGPU shares (MIG and fGPU do not mix on one GPU)")
             continue
-        layout = [mig.MigInstance(key=str(i.pk), profile=i.profile, start=i.placement_start,
-                                  in_use=i.session is not None and i.session.status in ACTIVE_STATUSES)
-                  for i in instances if i.parent_id == gpu.pk]
+        found.append((gpu, catalog, [
+            mig.MigInstance(key=str(i.pk), profile=i.profile, start=i.placement_start,
+                            in_use=gpu_instance_holds(i))  # in use, or unknown: never reused nor destroyed
+            for i in instances if i.parent_id == gpu.pk]))
+    return found
+
+
+def _dynamic_choices(node: Node, devices: list[Device], wanted: mig.MigRequest, busy: dict):
+    choices, reasons = [], []
+    for gpu, catalog, layout in _gpu_layouts(node, devices, busy, reasons):
         try:
             plan = mig.plan_instance(catalog, layout, wanted)
         except (NeverSchedulable, InsufficientResource) as exc:
@@ -283,8 +321,9 @@ def _write(session: ComputeSession, choice: _Choice) -> MigOutcome:
             "profile": plan.profile.name, "start": plan.start, "reuse": bool(plan.reuse),
             "instance_id": str(instance.pk), "destroy": destroy,
             # the GPU's whole expected layout after this plan, for the agent to re-apply after a reboot
-            "layout": [{"profile": g.profile, "start": g.placement_start}
-                       for g in GpuInstance.objects.filter(parent=device).order_by("placement_start")],
+            # (instances the agent reported unknown are left out: it reports them again if still there)
+            "layout": [{"profile": g.profile, "start": g.placement_start} for g in GpuInstance.objects.filter(
+                parent=device, unknown_since__isnull=True).order_by("placement_start")],
         }
         why = f"a {plan.profile.name} MIG instance ({format_binary_size(plan.profile.memory)}): {plan.describe()}"
     session.node = choice.node
@@ -323,3 +362,136 @@ def session_grant_text(session: ComputeSession, request) -> str:
     if allocation.shares == 0 and session.node is not None and session.node.mig_mode != MigMode.OFF:
         return f"got a MIG instance on GPU {device.index} (since reused by another session): {asked}"
     return f"got a shared slice of GPU {device.index}: no MIG instance could hold it when it was placed"
+
+
+# --- reads for the launch dialog: what MIG would give now, and which profiles there are ------------
+
+
+@dataclass(frozen=True)
+class MigGrantPreview:
+    """What a MIG request would get now: on `node`, the GPU instance of `profile` on the whole GPU
+    `device` (dynamic, fixed) or the static slice `device`; `memory` in bytes, `procs` in SMs;
+    `plan` says how, in words ("creates a 1g.20gb instance at memory slice 0")."""
+
+    node: str
+    device: Device
+    profile: str
+    memory: int
+    procs: int
+    plan: str
+
+
+def mig_preview(*, request: MigResourceRequest) -> MigGrantPreview:
+    """What the scheduler would give `request` now (its choice as in `mig_schedule`), read
+    without locks and without writing anything. Raises NeverSchedulable (no alive MIG node
+    could ever hold it), InsufficientResource (none can now; the reasons per node) and
+    AllocationError for a layout the planner refuses."""
+    choice = _choose(request, lock=False)
+    device = choice.device
+    if choice.plan is None:
+        return MigGrantPreview(node=choice.node.name, device=device, profile=device.mig_profile or device.model_name,
+                               memory=device.memory_size, procs=device.subproc_count,
+                               plan=f"the free MIG slice {device.mig_profile or device.model_name}")
+    profile = choice.plan.profile
+    return MigGrantPreview(node=choice.node.name, device=device, profile=profile.name, memory=profile.memory,
+                           procs=profile.sm_count_for(device.subproc_count), plan=choice.plan.describe())
+
+
+FULL_PROFILE_NAME = re.compile(r"^(\d+)g\.\d+gb")
+
+
+@dataclass(frozen=True)
+class MigProfileAvailability:
+    """One MIG profile sessions may ask for (`{"mig_profile": name}`) on the MIG nodes in reach.
+    `memory` bytes and `sm_count` SMs: the least over the GPUs that have it (0 SMs: unknown);
+    `compute_slices`, `memory_slices` of 7 and 8 (0: unknown, a static slice named by size
+    such as "10g"); `models` the GPU models (or static slices' names) that have it.
+    `max_now`: how many sessions could get one now, one after another (idle instances reused,
+    new ones planned as the planner would place them, free static slices; capped by the
+    nodes' free CPU cores, one per session); `idle_now` of those reuse an idle instance;
+    `max_ever`: the same on emptied nodes (a fixed layout: the instances it has)."""
+
+    name: str
+    memory: int
+    sm_count: int
+    compute_slices: int
+    memory_slices: int
+    models: tuple[str, ...]
+    max_now: int
+    idle_now: int
+    max_ever: int
+
+
+def mig_profile_availability(*, resource_group: str = "", slot_name: str = "cuda") -> list[MigProfileAvailability]:
+    """The MIG profiles of the alive nodes with a MIG mode (static slices, dynamic, fixed
+    layout) that a request naming `resource_group` ("" for any) may use, smallest first (memory,
+    then compute slices), with how many could be placed now and ever (see
+    MigProfileAvailability). Empty when no such node has a MIG-capable GPU or a MIG slice.
+    Counts come from the planner (`accelerators.allocation.mig.plan_instance`) over each GPU's
+    current layout, as `mig_schedule` would place them. Raises InvalidResourceRequest for an
+    unknown resource group."""
+    nodes, devices = _mig_scope(resource_group=resource_group, slot_name=slot_name, lock=False)
+    busy = _busy_devices(devices)
+    found: dict[str, dict] = {}
+    for node in nodes:
+        mine = [d for d in devices if d.node_id == node.pk]
+        counts: dict[str, list[int]] = {}  # name → [now, idle now, ever]
+        if node.mig_mode == MigMode.STATIC:
+            free = {d.pk for d in _free_slices(mine, busy)}
+            for device in (d for d in mine if d.is_mig_device):
+                name = device.mig_profile.lower() or device.model_name.lower().partition("-")[2]
+                full = FULL_PROFILE_NAME.match(name)  # "2g.20gb": 2 compute slices; "10g" says only its size
+                _profile_seen(found, name, device.memory_size, device.subproc_count, int(full[1]) if full else 0, 0,
+                              device.model_name)
+                count = counts.setdefault(name, [0, 0, 0])
+                count[0] += device.pk in free
+                count[2] += 1
+        else:
+            fixed = node.mig_mode == MigMode.FIXED
+            # every MIG-capable GPU counts for "ever"; one serving fGPU shares gives nothing now
+            for gpu, catalog, layout in _gpu_layouts(node, mine, {"any": set(), "shared": set()}, []):
+                for profile in catalog.profiles:
+                    _profile_seen(found, profile.name, profile.memory, profile.sm_count_for(gpu.subproc_count),
+                                  profile.compute_slices, profile.memory_slices, catalog.model)
+                    count = counts.setdefault(profile.name, [0, 0, 0])
+                    if gpu.pk not in busy["shared"]:
+                        count[0] += _placeable(catalog, layout, profile, reuse_only=fixed)
+                        count[1] += sum(1 for i in layout if i.profile == profile.name and not i.in_use)
+                    count[2] += (sum(1 for i in layout if i.profile == profile.name) if fixed
+                                 else _placeable(catalog, [], profile, reuse_only=False))
+        cpu_free, _ = _node_free(node)
+        for name, (now, idle, ever) in counts.items():
+            totals = found[name]["counts"]
+            totals[0] += min(now, max(cpu_free, 0))
+            totals[1] += min(idle, max(cpu_free, 0))
+            totals[2] += min(ever, node.cpu_count)
+    offers = [MigProfileAvailability(name=name, memory=row["memory"], sm_count=row["sm_count"],
+                                     compute_slices=row["compute_slices"], memory_slices=row["memory_slices"],
+                                     models=tuple(sorted(row["models"])), max_now=row["counts"][0],
+                                     idle_now=row["counts"][1], max_ever=row["counts"][2])
+              for name, row in found.items()]
+    return sorted(offers, key=lambda o: (o.memory, o.compute_slices, o.name))
+
+
+def _profile_seen(found: dict, name: str, memory: int, sm_count: int, compute: int, slices: int, model: str) -> None:
+    row = found.setdefault(name, {"memory": memory, "sm_count": sm_count, "compute_slices": compute,
+                                  "memory_slices": slices, "models": set(), "counts": [0, 0, 0]})
+    row["memory"], row["sm_count"] = min(row["memory"], memory), min(row["sm_count"], sm_count)
+    row["models"].add(model)
+
+
+def _placeable(catalog: mig.MigCatalog, layout: list[mig.MigInstance], profile: mig.MigProfile, *,
+               reuse_only: bool) -> int:
+    """How many instances of `profile` one GPU laid out as `layout` could give, one request
+    after another, as the planner would place them (`reuse_only`: idle instances only, a fixed
+    layout)."""
+    count, wanted = 0, mig.MigRequest(profile=profile.name)
+    while True:
+        try:
+            plan = mig.plan_instance(catalog, layout, wanted)
+        except AllocationError:
+            return count
+        if reuse_only and not plan.reuse:
+            return count
+        layout = list(mig.apply_plan(layout, plan, key=f"planned-{count}"))
+        count += 1

@@ -77,6 +77,12 @@ class PreviewDeviceSerializer(serializers.Serializer):
     shares = serializers.CharField(help_text="fGPU equivalent (decimal text)")
 
 
+class PreviewMigSerializer(serializers.Serializer):
+    profile = serializers.CharField(help_text='the MIG profile the session would get: "1g.20gb" (or a static slice\'s name)')
+    plan = serializers.CharField(help_text='how, in words: "creates a 1g.20gb instance at memory slice 0", '
+                                           '"reuses the idle 1g.20gb instance at memory slice 2"')
+
+
 class PreviewSerializer(serializers.Serializer):
     fits_now = serializers.BooleanField(help_text="a node can take it right now")
     never = serializers.BooleanField(help_text="no registered node could ever take it")
@@ -84,6 +90,8 @@ class PreviewSerializer(serializers.Serializer):
     node = serializers.CharField(allow_null=True, help_text="where it would go, when it fits now")
     configuration = serializers.CharField(help_text='the request formatted by the slot formats: "0.50 fGPU · 1 core · 1 GiB"')
     devices = PreviewDeviceSerializer(many=True)
+    mig = PreviewMigSerializer(allow_null=True, help_text="null unless a MIG instance would hold it now; then "
+                                                          "`devices` is its GPU (or static slice)")
 
 
 class LaunchSlotSerializer(serializers.Serializer):
@@ -110,7 +118,33 @@ class MaxNowEverSerializer(serializers.Serializer):
     max_ever = serializers.IntegerField()
 
 
+class LaunchMigProfileSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text='what `{"mig_profile": name}` asks for: "2g.20gb" (or a static slice\'s "10g")')
+    memory = serializers.IntegerField(help_text="bytes of GPU memory (the least over the GPUs that have the profile)")
+    memory_text = serializers.CharField(help_text='the memory as the console shows sizes: "19.62 GiB"')
+    sm_count = serializers.IntegerField(help_text="SMs (0: unknown)")
+    compute_slices = serializers.IntegerField(help_text="compute slices of 7 (0: unknown, a static slice named by size)")
+    memory_slices = serializers.IntegerField(help_text="memory slices of 8 (0: a static slice)")
+    models = serializers.ListField(child=serializers.CharField(), help_text="GPU models (or static slices) that have it")
+    max_now = serializers.IntegerField(help_text="sessions that could get one now, one after another: idle instances "
+                                                 "reused, new ones as the planner would place them, free static "
+                                                 "slices; capped by free CPU cores and the caller's session quota")
+    idle_now = serializers.IntegerField(help_text="of max_now, how many reuse an idle instance")
+    max_ever = serializers.IntegerField(help_text="the same on emptied nodes (a fixed layout: the instances it has); "
+                                                  "0: it can never be had")
+
+
+class LaunchMigSerializer(serializers.Serializer):
+    slot_name = serializers.CharField(help_text="the slot whose GPUs MIG splits")
+    profiles = LaunchMigProfileSerializer(many=True, help_text="smallest first; empty without a MIG node in reach")
+    isolation = serializers.ListField(child=serializers.ChoiceField(choices=["shared", "mig", "any"]),
+                                      help_text="the `isolation` a memory-sized request may ask for: shared "
+                                                "(a slice of a shared GPU), mig (a MIG instance), any (either, the "
+                                                "scheduler decides); empty without a MIG node in reach")
+
+
 class LaunchOptionsSerializer(serializers.Serializer):
     slots = LaunchSlotSerializer(many=True)
+    mig = LaunchMigSerializer()
     cpu = MaxNowEverSerializer(help_text="cores")
     mem = MaxNowEverSerializer(help_text="bytes")
