@@ -18,13 +18,12 @@ from django.utils.html import format_html, format_html_join
 from accelerators.allocation import core, topology, units
 from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.mig_selectors import mig_gpu_pictures
-from accelerators.mig_services import mig_layout_check, node_mig_layout_apply
+from accelerators.mig_services import node_mig_layout_apply, node_mig_settings_check
 from accelerators.models import (
     Device,
     DeviceLink,
     FractionalSettings,
     GpuInstance,
-    MigMode,
     Node,
     ResourceGroup,
     SlotFormat,
@@ -233,7 +232,7 @@ class DeviceLinkInline(admin.TabularInline):
         return False
 
 
-_SLICE_COLOURS = {"used": "#2e7d32", "idle": "#9ccc65", "free": "#eceff1", "stranded": "#ef9a9a"}
+_SLICE_COLOURS = {"used": "#2e7d32", "idle": "#9ccc65", "unknown": "#ffb74d", "free": "#eceff1", "stranded": "#ef9a9a"}
 
 
 class NodeForm(forms.ModelForm):
@@ -245,18 +244,18 @@ class NodeForm(forms.ModelForm):
 
     def clean(self):
         data = super().clean()
-        if data.get("mig_mode") == MigMode.FIXED and self.instance.pk:
-            try:
-                mig_layout_check(node=self.instance, layout=data.get("mig_layout") or {})
-            except InvalidResourceRequest as exc:
-                raise forms.ValidationError({"mig_layout": str(exc)}) from None
+        try:
+            node_mig_settings_check(node=self.instance, mig_mode=data.get("mig_mode"), mig_layout=data.get("mig_layout"))
+        except InvalidResourceRequest as exc:
+            raise forms.ValidationError({"mig_layout": str(exc)}) from None
         return data
 
 
 def mig_picture_html(node: Node) -> str:
     """Each MIG-capable GPU of `node` as two rows of cells (8 memory slices, 7 compute slices):
-    dark green in use (title: instance and session), light green idle (reusable), grey free,
-    red stranded."""
+    dark green in use (title: instance and session), light green idle (reusable), orange unknown
+    (found on the GPU by its agent, never planned here: title gives its MIG device UUID), grey
+    free, red stranded."""
     pictures = mig_gpu_pictures(node=node)
     if not pictures:
         return "no MIG-capable GPU (the model is not in the MIG catalog)"
@@ -271,8 +270,8 @@ def mig_picture_html(node: Node) -> str:
 
     blocks = []
     for picture in pictures:
-        listing = format_html_join(", ", "{} {}{}", ((label, state, f" by {who}" if who else "")
-                                                    for label, state, who in picture.instances)) or "none"
+        listing = format_html_join(", ", "{} {}{}", ((label, state, (f" by {who}" if state == "used" else f" ({who})")
+                                                      if who else "") for label, state, who in picture.instances)) or "none"
         blocks.append(format_html(
             "<div style='margin-bottom:8px'><strong>GPU {} · {}</strong><table>{}{}</table>instances: {}</div>",
             picture.device.index, picture.model, row("memory", picture.memory), row("compute", picture.compute), listing))
@@ -392,11 +391,13 @@ class DeviceAdmin(_DeviceFields, admin.ModelAdmin):
 
 @admin.register(GpuInstance)
 class GpuInstanceAdmin(admin.ModelAdmin):
-    """MIG GPU instances the manager planned (read-only: the scheduler and fixed layouts write them)."""
+    """MIG GPU instances the manager planned (read-only: the scheduler and fixed layouts write them),
+    and those its agents found on their GPUs at start that nobody planned ("unknown since": made by
+    hand or by another tool; their slices count as taken until an agent start no longer finds them)."""
 
     list_display = ("__str__", "node", "profile", "placement_start", "placement_size", "memory", "uuid", "session",
-                    "last_used_at")
-    list_filter = ("node", "profile")
+                    "last_used_at", "unknown_since")
+    list_filter = ("node", "profile", ("unknown_since", admin.EmptyFieldListFilter))
     list_select_related = ("node", "parent", "session")
 
     @admin.display(description="memory", ordering="memory_size")

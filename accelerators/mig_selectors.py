@@ -28,11 +28,97 @@ def mig_exclusion() -> Q:
                                      | Q(mother_uuid__in=with_slices))
 
 
+def mig_catalog_source(device: Device) -> str:
+    """Where `device_mig_catalog(device)` comes from: "nvml" (its agent read it from NVML) or
+    "built-in" (`accelerators.allocation.mig.CATALOGS`)."""
+    return "nvml" if device.mig_catalog else "built-in"
+
+
+def gpu_instance_state(row: GpuInstance) -> str:
+    """"unknown" (its agent found it on the GPU at start, the manager never planned it), "in_use"
+    (a live session holds it) or "idle" (nobody holds it: reusable, destroyed only when its
+    slices are needed). Reads `row.session` (select_related it)."""
+    from sessions.models import ACTIVE_STATUSES
+
+    if row.unknown_since is not None:
+        return "unknown"
+    return "in_use" if row.session is not None and row.session.status in ACTIVE_STATUSES else "idle"
+
+
+def gpu_instance_holds(row: GpuInstance) -> bool:
+    """Whether the planner must leave `row` alone (neither reuse nor destroy it): in use by a
+    live session, or unknown."""
+    return gpu_instance_state(row) != "idle"
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    """One GPU instance of a GPU's layout: the row, its state (`gpu_instance_state`) and its
+    compute slices (0 for a profile the GPU's catalog lacks)."""
+
+    row: GpuInstance
+    state: str
+    compute_slices: int
+
+
+@dataclass(frozen=True)
+class GpuLayout:
+    """A MIG-capable GPU of a node (its model in a MIG catalog) as the manager sees it: its GPU
+    instances by memory start, its free memory slices (0–7) and which of those are stranded
+    (no instance could be created over them as the GPU is laid out now)."""
+
+    node: Node
+    device: Device
+    catalog: mig.MigCatalog
+    catalog_source: str
+    instances: tuple[InstanceView, ...]
+    free: frozenset[int]
+    stranded: frozenset[int]
+
+    @property
+    def free_compute_slices(self) -> int:
+        return max(0, mig.COMPUTE_SLICES - sum(i.compute_slices for i in self.instances))
+
+
+def mig_gpu_layouts(*, nodes) -> list[GpuLayout]:
+    """The layout of every MIG-capable GPU (whole GPUs whose model has a MIG catalog, any MIG
+    mode) of `nodes` (Node rows or a queryset), by node name then GPU index."""
+    nodes = sorted(nodes, key=lambda n: n.name)
+    rows = list(GpuInstance.objects.filter(node__in=nodes).select_related("session__owner")
+                .order_by("placement_start"))
+    devices = Device.objects.filter(node__in=nodes, is_mig_device=False).select_related("node")
+    layouts = []
+    for device in sorted(devices, key=lambda d: (d.node.name, d.index, d.device_id)):
+        try:
+            catalog = device_mig_catalog(device)
+        except InvalidResourceRequest:
+            continue
+        views = []
+        for row in (r for r in rows if r.parent_id == device.pk):
+            try:
+                slices = catalog.profile(row.profile).compute_slices
+            except InvalidResourceRequest:
+                slices = 0
+            views.append(InstanceView(row=row, state=gpu_instance_state(row), compute_slices=slices))
+        layout = [mig.MigInstance(key=str(v.row.pk), profile=v.row.profile, start=v.row.placement_start,
+                                  in_use=v.state != "idle") for v in views]
+        try:
+            free, stranded = mig.free_slices(catalog, layout), mig.stranded_slices(catalog, layout)
+        except KeyError:  # a profile the catalog lacks: count by the rows' own placements
+            held = {s for v in views for s in range(v.row.placement_start, v.row.placement_start + v.row.placement_size)}
+            free, stranded = set(range(mig.MEMORY_SLICES)) - held, set()
+        layouts.append(GpuLayout(node=device.node, device=device, catalog=catalog,
+                                 catalog_source=mig_catalog_source(device), instances=tuple(views),
+                                 free=frozenset(free), stranded=frozenset(stranded)))
+    return layouts
+
+
 @dataclass(frozen=True)
 class SliceCell:
     """One memory or compute slice of a GPU's picture: `state` "used" (an instance a session
-    holds), "idle" (an instance nobody holds: reusable), "free", or "stranded" (free, but no
-    instance could be created over it as the GPU is laid out now)."""
+    holds), "idle" (an instance nobody holds: reusable), "unknown" (an instance the agent found
+    that the manager never planned), "free", or "stranded" (free, but no instance could be
+    created over it as the GPU is laid out now)."""
 
     slot: int
     state: str
@@ -48,47 +134,86 @@ class GpuPicture:
     model: str
     memory: tuple[SliceCell, ...]
     compute: tuple[SliceCell, ...]
-    instances: tuple[tuple[str, str, str], ...]  # (instance, state, session)
+    instances: tuple[tuple[str, str, str], ...]  # (instance, state, session or the unknown one's MIG UUID)
+
+
+_PICTURE_STATES = {"in_use": "used", "idle": "idle", "unknown": "unknown"}
 
 
 def mig_gpu_pictures(*, node: Node) -> list[GpuPicture]:
-    """For each MIG-capable GPU of `node` (its model in the built-in catalog), which memory
-    slices (8) and compute slices (7) its GPU instances hold, by which session, which are idle
+    """For each MIG-capable GPU of `node` (`mig_gpu_layouts`), which memory slices (8) and
+    compute slices (7) its GPU instances hold, by which session, which are idle, which unknown
     and which free slices are stranded. Compute slices are drawn in order of the instances'
     memory starts (NVML does not place compute slices)."""
-    from sessions.models import ACTIVE_STATUSES
-
     pictures = []
-    instances = list(GpuInstance.objects.filter(node=node).select_related("session__owner").order_by("placement_start"))
-    for device in node.devices.filter(is_mig_device=False).order_by("index"):
-        try:
-            catalog = device_mig_catalog(device)
-        except InvalidResourceRequest:
-            continue
-        mine = [i for i in instances if i.parent_id == device.pk]
-        layout, cells, listing = [], {}, []
-        compute: list[SliceCell] = []
-        for row in mine:
-            active = row.session is not None and row.session.status in ACTIVE_STATUSES
-            who = f"{row.session.name} ({row.session.owner.get_username()})" if active else ""
-            label, state = f"{row.profile}@{row.placement_start}", "used" if active else "idle"
-            layout.append(mig.MigInstance(key=str(row.pk), profile=row.profile, start=row.placement_start, in_use=active))
+    for layout in mig_gpu_layouts(nodes=[node]):
+        cells, compute, listing = {}, [], []
+        for view in layout.instances:
+            row, state = view.row, _PICTURE_STATES[view.state]
+            who = f"{row.session.name} ({row.session.owner.get_username()})" if view.state == "in_use" else ""
+            if view.state == "unknown":
+                who = f"found by the agent: {row.uuid or 'no MIG device'}"
+            label = f"{row.profile}@{row.placement_start}"
             for slot in range(row.placement_start, row.placement_start + row.placement_size):
                 cells[slot] = SliceCell(slot, state, label, who)
-            try:
-                slices = catalog.profile(row.profile).compute_slices
-            except InvalidResourceRequest:
-                slices = 0
-            compute.extend(SliceCell(len(compute) + k, state, label, who) for k in range(slices))
+            compute.extend(SliceCell(len(compute) + k, state, label, who) for k in range(view.compute_slices))
             listing.append((label, state, who))
-        try:
-            stranded = mig.stranded_slices(catalog, layout)
-        except KeyError:  # a profile the catalog lacks: draw what is known
-            stranded = set()
-        memory = tuple(cells.get(slot) or SliceCell(slot, "stranded" if slot in stranded else "free")
+        memory = tuple(cells.get(slot) or SliceCell(slot, "stranded" if slot in layout.stranded else "free")
                        for slot in range(mig.MEMORY_SLICES))
         compute = compute[:mig.COMPUTE_SLICES]
         compute += [SliceCell(n, "free") for n in range(len(compute), mig.COMPUTE_SLICES)]
-        pictures.append(GpuPicture(device=device, model=catalog.model, memory=memory, compute=tuple(compute),
-                                   instances=tuple(listing)))
+        pictures.append(GpuPicture(device=layout.device, model=layout.catalog.model, memory=memory,
+                                   compute=tuple(compute), instances=tuple(listing)))
     return pictures
+
+
+@dataclass(frozen=True)
+class CatalogView:
+    """A MIG catalog as the profiles API lists it: `source` "built-in" (one per model of
+    `accelerators.allocation.mig.CATALOGS`) or "nvml" (one per distinct catalog agents read from
+    NVML); `nodes` the names of the nodes whose GPUs are planned with it."""
+
+    catalog: mig.MigCatalog
+    source: str
+    nodes: tuple[str, ...]
+    built_in_model: str = ""  # the built-in model the GPUs' names give ("" when none does)
+
+
+def mig_catalog_list(*, model: str = "") -> list[CatalogView]:
+    """Every MIG catalog the manager plans with: the built-in one of each model, then each
+    distinct catalog an agent reported from NVML (`Device.mig_catalog`), by model name.
+    `model` keeps those of one GPU model: a built-in key ("H100-80GB") or any name
+    `accelerators.allocation.mig.catalog_get` reads ("H100", "NVIDIA A100-SXM4-40GB"); NVML
+    catalogs match by their own model name or by the built-in model their GPUs' names give.
+    Raises InvalidResourceRequest for a `model` that names no MIG-capable GPU."""
+    users: dict[str, set[str]] = {}
+    reported: dict[str, tuple[mig.MigCatalog, set[str], str]] = {}
+    for device in Device.objects.filter(is_mig_device=False).select_related("node").order_by("node__name", "index"):
+        try:
+            built_in = mig.catalog_get(device.model_name, memory_size=device.memory_size).model
+        except InvalidResourceRequest:
+            built_in = ""
+        if device.mig_catalog:
+            try:
+                catalog = mig.catalog_from_dict(device.mig_catalog)
+            except InvalidResourceRequest:
+                continue
+            key = repr(mig.catalog_as_dict(catalog))
+            reported.setdefault(key, (catalog, set(), built_in))[1].add(device.node.name)
+        elif built_in:
+            users.setdefault(built_in, set()).add(device.node.name)
+    views = [CatalogView(catalog=c, source="built-in", nodes=tuple(sorted(users.get(name, ()))), built_in_model=name)
+             for name, c in mig.CATALOGS.items()]
+    views += [CatalogView(catalog=c, source="nvml", nodes=tuple(sorted(names)), built_in_model=built_in)
+              for c, names, built_in in sorted(reported.values(), key=lambda r: (r[0].model, sorted(r[1])))]
+    if not model:
+        return views
+    wanted = model.strip().lower()
+    try:
+        resolved = mig.catalog_get(model.strip()).model
+    except InvalidResourceRequest:
+        resolved = ""
+    found = [v for v in views if v.catalog.model.lower() == wanted or (resolved and v.built_in_model == resolved)]
+    if not found:
+        raise InvalidResourceRequest(f"model: {model!r} is not a MIG-capable GPU model (known: {', '.join(mig.CATALOGS)})")
+    return found

@@ -175,6 +175,7 @@ SPECTACULAR_SETTINGS = {
         "SessionStatusEnum": "sessions.models.SessionStatus",
         "NodeStatusEnum": "accelerators.models.NodeStatus",
         "AllocationModeEnum": "accelerators.models.AllocationMode",
+        "MigCatalogSourceEnum": "accelerators.api_mig.CATALOG_SOURCES",
     },
 }
 

@@ -1,10 +1,11 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from accelerators import api as accelerator_api
+from accelerators import api_mig
 from accounts import api as account_api
 from accounts import views as account_views
 from sessions import api as session_api
@@ -20,6 +21,8 @@ router.register("fractional-settings", accelerator_api.FractionalSettingsViewSet
 router.register("resource-groups", accelerator_api.ResourceGroupViewSet, basename="api-resource-group")
 router.register("projects", api_quotas.ProjectViewSet, basename="api-project")
 router.register("quotas", api_quotas.QuotaViewSet, basename="api-quota")
+router.register("mig/profiles", api_mig.MigProfileViewSet, basename="api-mig-profile")
+router.register("mig/layouts", api_mig.MigLayoutViewSet, basename="api-mig-layout")
 
 handler404 = "console.api_support.not_found"  # the error JSON under /api/, Django's page elsewhere
 
@@ -35,6 +38,9 @@ urlpatterns = [
     path("api/v1/launch-options/", session_api.launch_options_view, name="api-launch-options"),
     path("api/v1/quota/", api_quotas.quota_view, name="api-quota-usage"),
     path("api/v1/me/", account_api.me_view, name="api-me"),
+    re_path(rf"^api/v1/nodes/(?P<name>{api_mig.NodeMigViewSet.lookup_value_regex})/mig/$",
+            api_mig.NodeMigViewSet.as_view({"get": "retrieve", "put": "update", "patch": "partial_update"}),
+            name="api-node-mig"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include(router.urls)),
