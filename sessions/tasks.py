@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 @shared_task(name="fgpu.manager.agent_register", acks_late=True)
 def agent_register(*, node: str, inventory: dict, running: list[str]) -> None:
     """An agent started: apply its inventory, reconcile its sessions, tell it which to keep."""
+    from accelerators.mig_services import node_mig_expected
     from accelerators.plugins.base import DeviceInfo
     from accelerators.services import node_inventory_apply, node_links_apply
     from sessions.services import sessions_reconcile_node
@@ -37,7 +38,18 @@ def agent_register(*, node: str, inventory: dict, running: list[str]) -> None:
         log.warning("node %s reported unusable device links, ignored: %s", node, exc)
     keep = sessions_reconcile_node(node_name=node, running=running)
     sessions_sync.delay(node=node, keep=keep)
+    expected = node_mig_expected(node=registered)  # MIG GPUs: the agent re-applies the layout, reports strangers
+    if expected is not None:
+        mig_reconcile.delay(node=node, **expected)
     schedule_pending_soon()
+
+
+@shared_task(name="fgpu.manager.mig_report", acks_late=True)
+def mig_report(*, node: str, report: dict) -> None:
+    """What an agent's MIG reconcile found (idempotent: the report replaces the last one per GPU)."""
+    from accelerators.mig_services import node_mig_report_apply
+
+    node_mig_report_apply(node_name=node, report=report)
 
 
 @shared_task(name="fgpu.manager.agent_heartbeat", acks_late=True)
@@ -126,3 +138,10 @@ def session_stop(*, node: str, session_id: str) -> None:
 def sessions_sync(*, node: str, keep: list[str]) -> None:
     """Kill every session the agent runs that the manager does not list in `keep`."""
     _agent(node).submit_sync(keep)
+
+
+@shared_task(name="fgpu.agent.mig_reconcile")
+def mig_reconcile(*, node: str, gpus: list[dict], expected: dict) -> None:
+    """Re-apply the manager's expected MIG layout on `node`'s GPUs and report strangers
+    (`accelerators.mig_services.node_mig_expected` gives the arguments)."""
+    _agent(node).submit_mig_reconcile(gpus, expected)

@@ -34,6 +34,7 @@ class RecordingManager:
         self.heartbeats: list[tuple[str, list[str]]] = []
         self.reports: list[tuple[str, str, str, int | None]] = []
         self.logs: list[tuple[str, int, int, str, bool]] = []
+        self.mig_reports: list[tuple[str, dict]] = []
         self._changed = asyncio.Event()
 
     def _record(self, bucket: list, item) -> None:
@@ -51,6 +52,9 @@ class RecordingManager:
 
     def log(self, session_id, seq, offset, text, final):
         self._record(self.logs, (session_id, seq, offset, text, final))
+
+    def mig_report(self, node, report):
+        self._record(self.mig_reports, (node, report))
 
     def reports_for(self, session_id: str) -> list[tuple[str, str, int | None]]:
         return [(status, reason, code) for sid, status, reason, code in self.reports if sid == session_id]

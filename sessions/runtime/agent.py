@@ -77,6 +77,11 @@ class CeleryManager:
 
         session_log_append.delay(session_id=session_id, seq=seq, offset=offset, text=text, final=final)
 
+    def mig_report(self, node: str, report: dict) -> None:
+        from sessions.tasks import mig_report
+
+        mig_report.delay(node=node, report=report)
+
 
 def agent_for(node: str) -> "Agent":
     """The agent running in this process for `node`. Raises LookupError if none."""
@@ -114,9 +119,13 @@ class Agent:
     """Runs one node's sessions.
 
     `inventory`: {"devices": [DeviceInfo dicts], "plugins", "attributes", "cpu_count",
-    "memory_size"}; `manager`: an object with `register`, `heartbeat`, `report` and `log`
-    methods that send the manager tasks (blocking calls; the agent calls them from a worker
-    thread; see CeleryManager).
+    "memory_size"}; `manager`: an object with `register`, `heartbeat`, `report`, `log` and
+    `mig_report` methods that send the manager tasks (blocking calls; the agent calls them from
+    a worker thread; see CeleryManager).
+
+    MIG (issue 4): after registering, the manager sends the expected layout of each MIG GPU
+    (`submit_mig_reconcile`); the agent re-creates missing instances and reports the ones the
+    manager does not know (`mig_report`), as it does when a start spec reaches a GPU first.
     """
 
     def __init__(self, *, node: str, inventory: dict, channel_layer, manager, scratch_root: Path,
@@ -136,7 +145,8 @@ class Agent:
         self.channel: str | None = None
         self._tasks: list[asyncio.Task] = []
         # MIG instances the manager plans (issue 4): in memory on mock nodes, through NVML on real ones.
-        self.mig = mig_runtime.MigManager(mig_runtime.MockMigBackend() if mock else mig_runtime.NvmlMigBackend())
+        self.mig = mig_runtime.MigManager(mig_runtime.MockMigBackend() if mock else mig_runtime.NvmlMigBackend(),
+                                          on_report=self._send_mig_report)
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -205,6 +215,21 @@ class Agent:
 
     def submit_sync(self, keep: list[str]) -> None:
         self._submit(self._sync(set(keep)))
+
+    def submit_mig_reconcile(self, gpus: list[dict], expected: dict[str, list[dict]]) -> None:
+        """Reconcile the MIG GPUs `gpus` with the manager's `expected` layout (see
+        `sessions.runtime.mig.MigManager.reconcile_at_start`); the report goes to the manager."""
+        self._submit(self._mig_reconcile(gpus, expected))
+
+    async def _mig_reconcile(self, gpus: list[dict], expected: dict[str, list[dict]]) -> None:
+        try:
+            await asyncio.to_thread(self.mig.reconcile_at_start, gpus, expected)
+        except Exception:
+            log.exception("agent %s: MIG reconcile failed", self.node)
+
+    def _send_mig_report(self, report: dict) -> None:
+        """MigManager's on_report: blocking, called from a worker thread (never the loop)."""
+        self.manager.mig_report(self.node, report)
 
     # --- sessions ----------------------------------------------------------------------
 

@@ -125,12 +125,41 @@ class MigManager:
     """Carries out the manager's MIG decisions on one node through `backend`. `timings` keeps
     (step, GPU, profile, seconds) of every create / destroy, for `tests/gpu/mig_real.py`."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, *, on_report=None) -> None:
         self.backend = backend
         self.timings: list[tuple[str, str, str, float]] = []
         self.reports: list[dict] = []  # what reconciling each GPU found (see `reconcile`)
+        # called with each reconcile report, outside the lock (the agent sends it to the manager)
+        self.on_report = on_report
         self._reconciled: set[str] = set()
         self._lock = threading.Lock()
+
+    def reconcile_at_start(self, gpus: Iterable[dict], expected: dict[str, list[dict]]) -> dict:
+        """At agent start: `reconcile` the GPUs (blocks with "gpu", "model_name", "memory_size",
+        "subproc_count") against the manager's expected layout (GPU UUID → [{"profile",
+        "start"}]), except GPUs a start spec already reconciled (a session prepared there first:
+        its spec carried a newer layout). Returns the report (also in `reports`, and passed to
+        `on_report`), whose "gpus" lists the GPUs whose instances could be listed."""
+        with self._lock:
+            todo = [block for block in gpus if block["gpu"] not in self._reconciled]
+            report = self.reconcile(todo, expected)
+            self._reconciled.update(report["gpus"])
+            self.reports.append(report)
+        self._report(report)
+        return report
+
+    def _report(self, report: dict) -> None:
+        for item in report["unknown"]:
+            log.warning("MIG instance %s@%s (%s) on GPU %s is not the manager's; left in place",
+                        item["profile"], item["start"], item["uuid"], item["gpu"])
+        for item in report["errors"]:
+            log.warning("could not re-create MIG instance %s@%s on GPU %s: %s",
+                        item["profile"], item["start"], item["gpu"], item["reason"])
+        if self.on_report is not None:
+            try:
+                self.on_report(report)
+            except Exception:
+                log.exception("could not send a MIG reconcile report to the manager")
 
     def catalog(self, block: dict) -> catalog_mod.MigCatalog:
         try:
@@ -143,47 +172,54 @@ class MigManager:
     def prepare(self, block: dict) -> LiveInstance:
         """Destroy the idle instances the block lists, then create (or reuse) its instance.
         Returns it with its MIG device UUID. Raises MigError with the reason in words; an
-        instance created here that cannot be completed is destroyed again (nothing leaks)."""
-        with self._lock:
-            gpu, start = block["gpu"], int(block["start"])
-            catalog = self.catalog(block)
-            try:
-                profile = catalog.profile(block["profile"])
-            except AllocationError as exc:
-                raise MigError(str(exc)) from exc
-            if gpu not in self._reconciled and "layout" in block:
-                self._reconcile_first_use(block, profile, start)
-            live = {i.start: i for i in self._instances(gpu)}
-            for gone in block.get("destroy", ()):
-                instance = live.get(int(gone["start"]))
-                if instance is not None and instance.profile == gone["profile"]:
-                    self._destroy(gpu, instance)
-                    live.pop(instance.start)
-            existing = live.get(start)
-            if existing is not None and existing.profile == profile.name and existing.uuid:
-                return existing
-            if existing is not None:
-                raise MigError(f"memory slice {start} of GPU {gpu} holds a {existing.profile} instance, "
-                               f"not the {profile.name} the manager expects; the node's layout needs reconciling")
-            return self._create(gpu, profile, start, subproc_count=int(block.get("subproc_count", 0)))
+        instance created here that cannot be completed is destroyed again (nothing leaks).
+        The first prepare on a GPU the agent did not reconcile at start reconciles it here."""
+        reports: list[dict] = []
+        try:
+            with self._lock:
+                return self._prepare(block, reports)
+        finally:
+            for report in reports:
+                self._report(report)
 
-    def _reconcile_first_use(self, block: dict, profile, start: int) -> None:
-        """The first time this agent touches a GPU: report instances the manager does not know
-        and re-create the other instances of the manager's expected layout (`block["layout"]`),
-        leaving out the one being prepared and those about to be destroyed."""
+    def _prepare(self, block: dict, reports: list[dict]) -> LiveInstance:
+        gpu, start = block["gpu"], int(block["start"])
+        catalog = self.catalog(block)
+        try:
+            profile = catalog.profile(block["profile"])
+        except AllocationError as exc:
+            raise MigError(str(exc)) from exc
+        if gpu not in self._reconciled and "layout" in block:
+            reports.append(self._reconcile_first_use(block, profile, start))
+        live = {i.start: i for i in self._instances(gpu)}
+        for gone in block.get("destroy", ()):
+            instance = live.get(int(gone["start"]))
+            if instance is not None and instance.profile == gone["profile"]:
+                self._destroy(gpu, instance)
+                live.pop(instance.start)
+        existing = live.get(start)
+        if existing is not None and existing.profile == profile.name and existing.uuid:
+            return existing
+        if existing is not None:
+            raise MigError(f"memory slice {start} of GPU {gpu} holds a {existing.profile} instance, "
+                           f"not the {profile.name} the manager expects; the node's layout needs reconciling")
+        return self._create(gpu, profile, start, subproc_count=int(block.get("subproc_count", 0)))
+
+    def _reconcile_first_use(self, block: dict, profile, start: int) -> dict:
+        """The first time this agent touches a GPU it did not reconcile at start: report
+        instances the manager does not know and re-create the other instances of the manager's
+        expected layout (`block["layout"]`), leaving out the one being prepared and those about
+        to be destroyed. Returns the report (also kept in `reports`)."""
         gone = {(d["profile"], int(d["start"])) for d in block.get("destroy", ())}
         expected = [e for e in block["layout"]
                     if (e["profile"], int(e["start"])) not in gone and int(e["start"]) != start]
         self._reconciled.add(block["gpu"])
-        report = self.reconcile([block], {block["gpu"]: [*expected, {"profile": profile.name, "start": start}]},
-                                create=lambda item: int(item[1]) != start)
+        # Those about to be destroyed are the manager's too: not reported unknown, not re-created.
+        known = [*expected, *({"profile": p, "start": s} for p, s in gone), {"profile": profile.name, "start": start}]
+        report = self.reconcile([block], {block["gpu"]: known},
+                                create=lambda item: int(item[1]) != start and (item[0], int(item[1])) not in gone)
         self.reports.append(report)
-        for item in report["unknown"]:
-            log.warning("MIG instance %s@%s (%s) on GPU %s is not the manager's; left in place",
-                        item["profile"], item["start"], item["uuid"], item["gpu"])
-        for item in report["errors"]:
-            log.warning("could not re-create MIG instance %s@%s on GPU %s: %s",
-                        item["profile"], item["start"], item["gpu"], item["reason"])
+        return report
 
     def destroy(self, block: dict) -> bool:
         """Destroy the instance of `block["profile"]` at `block["start"]` on `block["gpu"]`
@@ -202,11 +238,12 @@ class MigManager:
         "subproc_count") with the manager's expected layout (GPU → [{"profile", "start"}]):
         instances the manager does not know are reported (left in place: they may hold
         someone's work), expected ones that are missing (instances do not survive a reboot)
-        are created again. Returns {"unknown": [...], "recreated": [...], "errors": [...]},
-        each item {"gpu", "profile", "start", "uuid"} (errors: {"gpu", "profile", "start",
-        "reason"}). `create((profile, start))` may say which missing ones to create (all by
-        default)."""
-        report: dict[str, list[dict]] = {"unknown": [], "recreated": [], "errors": []}
+        are created again. Returns {"gpus": [...], "unknown": [...], "recreated": [...],
+        "errors": [...]}: "gpus" the GPU UUIDs whose instances could be listed, each other item
+        {"gpu", "profile", "start", "uuid"} (errors: {"gpu", "profile", "start", "reason"}).
+        `create((profile, start))` may say which missing ones to create (all by default). Not
+        locked: callers hold the lock (`prepare`, `reconcile_at_start`) or own the manager."""
+        report: dict[str, list] = {"gpus": [], "unknown": [], "recreated": [], "errors": []}
         for block in gpus:
             gpu = block["gpu"]
             try:
@@ -215,6 +252,7 @@ class MigManager:
             except MigError as exc:
                 report["errors"].append({"gpu": gpu, "profile": "", "start": None, "reason": str(exc)})
                 continue
+            report["gpus"].append(gpu)
             wanted = {(item["profile"], int(item["start"])) for item in expected.get(gpu, ())}
             for (profile, start), instance in sorted(live.items(), key=lambda kv: kv[0][1]):
                 if (profile, start) not in wanted:
