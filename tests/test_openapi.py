@@ -17,7 +17,7 @@ from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.validation import validate_schema
 from hypothesis import HealthCheck, settings
 from rest_framework.authtoken.models import Token
-from schemathesis.specs.openapi.checks import positive_data_acceptance, use_after_free
+from schemathesis.specs.openapi.checks import missing_required_header, positive_data_acceptance, use_after_free
 from rest_framework.test import APIClient
 
 from sessions.models import Project, Quota
@@ -70,6 +70,7 @@ def test_every_endpoint_is_in_the_schema(openapi):
         "/api/v1/fractional-settings/", "/api/v1/fractional-settings/{slot_name}/",
         "/api/v1/resource-groups/", "/api/v1/resource-groups/{name}/",
         "/api/v1/projects/", "/api/v1/projects/{id}/", "/api/v1/quotas/", "/api/v1/quotas/{id}/",
+        "/api/v1/mig/profiles/", "/api/v1/mig/layouts/", "/api/v1/nodes/{name}/mig/",
     } <= paths
 
 
@@ -111,7 +112,7 @@ def test_every_error_response_uses_the_error_component(openapi):
 def test_edits_of_admin_settings_document_if_match_428_and_412(openapi):
     for path in ("/api/v1/slot-formats/{slot}/", "/api/v1/fractional-settings/{slot_name}/",
                  "/api/v1/resource-groups/{name}/", "/api/v1/projects/{id}/", "/api/v1/quotas/{id}/",
-                 "/api/v1/nodes/{name}/"):
+                 "/api/v1/nodes/{name}/", "/api/v1/nodes/{name}/mig/"):
         for method in ("put", "patch"):
             operation = openapi["paths"][path][method]
             [if_match] = [p for p in operation["parameters"] if p["name"] == "If-Match"]
@@ -141,6 +142,7 @@ def test_the_docs_page_loads_swagger_ui_from_this_server_not_a_cdn(db):
 # --- Schemathesis: the API's answers conform to the schema --------------------------------------------
 
 LAUNCH_PATHS = ["/api/v1/sessions/", "/api/v1/sessions/preview/"]
+MIG_PROFILES = "/api/v1/mig/profiles/"
 
 # Loaded while collecting: generating the schema reads no database. (Schemathesis' lazy
 # `from_fixture` loader does not run under pytest 9.)
@@ -180,9 +182,70 @@ def test_api_answers_conform_to_the_schema(case, admin_token):
     """Every GET and launching / previewing, as an administrator: no 5xx, every status code,
     header and body as documented, and requests the schema forbids refused. A launch body that
     fits the schema may still be refused (400) for what no schema can say: the amount off the
-    quantum, larger than any node, two request styles at once."""
-    excluded = [positive_data_acceptance] if case.method == "POST" else []
+    quantum, larger than any node, two request styles at once; so may a MIG catalog's `?model=`
+    that names no MIG-capable GPU."""
+    excluded = [positive_data_acceptance] if case.method == "POST" or case.path == MIG_PROFILES else []
     case.call_and_validate(headers={"Authorization": f"Token {admin_token}"}, excluded_checks=excluded)
+
+
+# --- Schemathesis on the MIG endpoints, against a MIG node that has instances to show ------------------
+
+mig_schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application()).include(
+    path_regex=r"/mig/")
+
+
+@pytest.fixture
+def mig_admin_token(admin_token, django_user_model, django_capture_on_commit_callbacks) -> str:
+    """admin_token, and node mig-node (dynamic MIG, one H100-80GB) with alice's 4g.40gb in use, an
+    idle 1g.10gb and an unknown 1g.10gb an agent reported."""
+    from accelerators.mig_services import node_mig_report_apply
+    from sessions.scheduler import schedule_pending
+    from sessions.services import session_create, session_report_apply
+    from tests.test_mig_scheduling import H100_UUID, mig_node
+
+    mig_node()
+    alice = django_user_model.objects.get(username="alice")
+    small = session_create(owner=alice, name="small", resources={"mig_profile": "1g.10gb"})
+    with django_capture_on_commit_callbacks(execute=False):
+        schedule_pending()
+    session_report_apply(session_id=str(small.pk), status="TERMINATED", reason="done", exit_code=0)
+    session_create(owner=alice, name="notebook", resources={"mig_profile": "4g.40gb"})
+    with django_capture_on_commit_callbacks(execute=False):
+        schedule_pending()
+    node_mig_report_apply(node_name="mig-node", report={"gpus": [H100_UUID], "recreated": [], "errors": [], "unknown": [
+        {"gpu": H100_UUID, "profile": "1g.10gb", "start": 6, "uuid": "MIG-stranger"}]})
+    return admin_token
+
+
+@mig_schema.parametrize()
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.filter_too_much])
+def test_mig_answers_conform_to_the_schema(case, mig_admin_token):
+    """The MIG catalog, layouts and a node's MIG settings as an administrator, on the real MIG node
+    (a generated node name is a 404 the other tests cover), writes with `If-Match: *` so that
+    random bodies reach the layout check: no 5xx, every answer as documented. A schema-valid
+    layout or model may still be refused (400: not creatable on the GPU, no MIG-capable model);
+    a write without If-Match is a 428 (RFC 6585), not the 4xx Schemathesis expects of a missing
+    header."""
+    if case.path_parameters:
+        case.path_parameters = {"name": "mig-node"}
+    headers = {"Authorization": f"Token {mig_admin_token}"}
+    if case.method in ("PUT", "PATCH"):
+        headers["If-Match"] = "*"
+    case.call_and_validate(headers=headers, excluded_checks=[positive_data_acceptance, missing_required_header])
+
+
+def test_the_mig_endpoints_answer_the_real_node_as_documented(mig_admin_token):
+    """The GETs with real data, explicitly (a generated node name is rarely `mig-node`)."""
+    headers = {"Authorization": f"Token {mig_admin_token}"}
+    for path, params in (("/api/v1/nodes/{name}/mig/", {"name": "mig-node"}), ("/api/v1/mig/layouts/", {}),
+                         ("/api/v1/mig/profiles/", {})):
+        case = mig_schema[path]["GET"].Case(path_parameters=params or None)
+        response = case.call_and_validate(headers=headers)
+        assert response.status_code == 200
+    layouts = APIClient(HTTP_AUTHORIZATION=f"Token {mig_admin_token}").get("/api/v1/mig/layouts/").json()
+    assert sorted(i["state"] for i in layouts["results"][0]["instances"]) == ["idle", "in_use", "unknown"]
 
 
 # --- Schemathesis, stateful: sequences that follow the links between operations -------------------

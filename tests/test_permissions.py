@@ -325,7 +325,8 @@ def test_the_owner_and_an_administrator_see_the_session_and_its_terminal_page(al
 
 @pytest.mark.django_db
 def test_every_signed_in_user_reads_the_inventory_and_launch_options(demo_cluster, alice):
-    for path in ("/api/v1/nodes/", "/api/v1/nodes/demo-node/", "/api/v1/launch-options/", "/api/v1/sessions/"):
+    for path in ("/api/v1/nodes/", "/api/v1/nodes/demo-node/", "/api/v1/launch-options/", "/api/v1/sessions/",
+                 "/api/v1/mig/profiles/", "/api/v1/mig/layouts/", "/api/v1/nodes/demo-node/mig/"):
         assert client_for(alice).get(path).status_code == 200, path
 
 
