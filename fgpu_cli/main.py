@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+import urllib.parse
 from decimal import Decimal
 
 from fgpu_cli import __version__, config, terminal
@@ -19,6 +20,7 @@ from fgpu_cli.client import ApiError, Client, Unreachable
 from fgpu_cli.formatting import (FINAL_STATUSES, LIVE_STATUSES, age, amount, decimal_text, flatten, gib,
                                  key_values, session_environment, shares_text, short_id, size, table)
 from fgpu_cli.launch import UsageError, build_body
+from fgpu_cli.mig import layout_text, node_text, profiles_text
 from fgpu_cli.sessions import SESSIONS, NotFound, resolve
 
 OK, FAILED, USAGE, UNREACHABLE = 0, 1, 2, 3
@@ -524,6 +526,41 @@ def cmd_quota(args) -> int:
     return OK
 
 
+def cmd_mig_profiles(args) -> int:
+    """Each GPU model's MIG profiles (`GET /api/v1/mig/profiles/`), built-in or read from NVML."""
+    client, _ = _client(args)
+    catalogs = client.get_all("/api/v1/mig/profiles/", {"model": args.model} if args.model else None)
+    if args.output == "json":
+        _emit_json(catalogs)
+    else:
+        print(profiles_text(catalogs))
+    return OK
+
+
+def cmd_mig_layout(args) -> int:
+    """Every MIG GPU's instances and free slices (`GET /api/v1/mig/layouts/`), or one node's MIG
+    mode, fixed layout and GPUs (`GET /api/v1/nodes/<NODE>/mig/`)."""
+    client, _ = _client(args)
+    if not args.node:
+        layouts = client.get_all("/api/v1/mig/layouts/")
+        if args.output == "json":
+            _emit_json(layouts)
+        else:
+            print(layout_text(layouts))
+        return OK
+    try:
+        node = client.get(f"/api/v1/nodes/{urllib.parse.quote(args.node, safe='')}/mig/")
+    except ApiError as exc:
+        if exc.status == 404:
+            raise Failed(f"no node {args.node!r}") from None
+        raise
+    if args.output == "json":
+        _emit_json(node)
+    else:
+        print(node_text(node))
+    return OK
+
+
 # --- the parser -----------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -606,6 +643,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node", help="only this node's devices")
     p = add("quota", cmd_quota, "your quotas: limits, what is in use, what is left")
     p.add_argument("--user", help="administrators: another user's quotas")
+
+    p = add("mig", None, "MIG: the profiles of each GPU model, the layout of each MIG GPU")
+    mig_sub = p.add_subparsers(dest="mig_command", metavar="MIG_COMMAND", required=True)
+    q = mig_sub.add_parser("profiles", parents=[common], help="each GPU model's MIG profiles: slices, memory, SMs, "
+                                                             "max instances, allowed starts (built-in or from NVML)")
+    q.set_defaults(handler=cmd_mig_profiles)
+    q.add_argument("--model", metavar="M", help="one GPU model: H100-80GB, H100, \"NVIDIA A100-SXM4-40GB\", …")
+    q = mig_sub.add_parser("layout", parents=[common], help="each MIG GPU's instances (in use, idle, unknown) and "
+                                                           "free and stranded slices; with NODE, that node's MIG mode "
+                                                           "and fixed layout too")
+    q.set_defaults(handler=cmd_mig_layout)
+    q.add_argument("node", metavar="NODE", nargs="?", help="one node")
     return parser
 
 
