@@ -110,25 +110,27 @@ def node_mig_expected(*, node: Node) -> dict | None:
 def node_mig_report_apply(*, node_name: str, report: dict) -> list[GpuInstance]:
     """Record what the agent of `node_name` found when it reconciled its MIG GPUs
     (`sessions.runtime.mig.MigManager.reconcile`: {"gpus": [GPU UUIDs it could list],
-    "unknown": [{"gpu", "profile", "start", "uuid"}], "recreated": [...], "errors": [...]}).
+    "unknown": [{"gpu", "profile", "start", "uuid"}], "recreated": [...], "errors": [...]}; or,
+    after a start spec's instance was made or reused, {"prepared": [...]}).
 
     For each listed GPU the unknown instances become GpuInstance rows with `unknown_since` set
     (the planner then counts their slices as taken and never reuses or destroys them), rows of
     unknown instances no longer found are deleted, and an idle planned row at the start an
-    unknown instance holds is replaced by it (the GPU cannot hold both). Re-created instances
-    get their MIG device UUID. A planned row in use where an unknown instance sits is kept and
+    unknown instance holds is replaced by it (the GPU cannot hold both). Re-created and prepared
+    instances get their MIG device UUID. A planned row in use where an unknown instance sits is kept and
     the clash logged. Returns the unknown rows of the listed GPUs. Unknown nodes, GPUs and
     profiles are logged and skipped."""
+    gpu_ids = {*report.get("gpus", []), *(item.get("gpu") for item in report.get("prepared", []))}
     node = Node.objects.select_for_update().filter(name=node_name).first()
     if node is None:
         log.warning("MIG reconcile report from unregistered node %s", node_name)
         return []
     now = timezone.now()
-    gpus = {d.device_id: d for d in Device.objects.filter(node=node, is_mig_device=False,
-                                                          device_id__in=report.get("gpus", []))}
-    rows = list(GpuInstance.objects.select_for_update(of=("self",)).filter(parent__in=list(gpus.values()))
+    gpus = {d.device_id: d for d in Device.objects.filter(node=node, is_mig_device=False, device_id__in=gpu_ids)}
+    listed = [d for gpu, d in gpus.items() if gpu in report.get("gpus", [])]  # those whose unknown ones are news
+    rows = list(GpuInstance.objects.select_for_update(of=("self",)).filter(parent__in=listed)
                 .select_related("session"))
-    for item in report.get("recreated", []):
+    for item in [*report.get("recreated", []), *report.get("prepared", [])]:
         device = gpus.get(item.get("gpu"))
         if device is not None and item.get("uuid"):
             GpuInstance.objects.filter(parent=device, profile=item["profile"], placement_start=int(item["start"]),
@@ -136,7 +138,9 @@ def node_mig_report_apply(*, node_name: str, report: dict) -> list[GpuInstance]:
     for item in report.get("errors", []):
         log.warning("node %s could not re-create MIG instance %s@%s on GPU %s: %s", node_name, item.get("profile"),
                     item.get("start"), item.get("gpu"), item.get("reason"))
-    found = {(item["gpu"], int(item["start"])): item for item in report.get("unknown", []) if item.get("gpu") in gpus}
+    listed_ids = {d.device_id for d in listed}
+    found = {(item["gpu"], int(item["start"])): item for item in report.get("unknown", [])
+             if item.get("gpu") in listed_ids}
     unknown, uuid_of = [], {d.pk: d.device_id for d in gpus.values()}
     for row in rows:
         key = (uuid_of[row.parent_id], row.placement_start)
@@ -151,7 +155,7 @@ def node_mig_report_apply(*, node_name: str, report: dict) -> list[GpuInstance]:
                 row.delete()  # gone from the GPU (or replaced by another one, recorded below)
         elif item is not None and not gpu_instance_holds(row):
             row.delete()  # planned and idle, but the GPU holds another instance there
-    taken = {(r.parent_id, r.placement_start) for r in GpuInstance.objects.filter(parent__in=list(gpus.values()))}
+    taken = {(r.parent_id, r.placement_start) for r in GpuInstance.objects.filter(parent__in=listed)}
     for (gpu, start), item in sorted(found.items()):
         device = gpus[gpu]
         if (device.pk, start) in taken:

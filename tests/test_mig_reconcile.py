@@ -53,8 +53,9 @@ def test_at_start_missing_instances_are_recreated_and_strangers_reported_once():
     assert report["gpus"] == [H100] and sent == [report]
     assert report["unknown"] == [{"gpu": H100, "profile": "1g.10gb", "start": 3, "uuid": stranger.uuid}]
     assert [(r["profile"], r["start"]) for r in report["recreated"]] == [("1g.20gb", 0), ("3g.40gb", 4)]
-    manager.prepare(block("1g.20gb", 0, reuse=True, layout=[{"profile": "1g.20gb", "start": 0}]))
-    assert len(sent) == 1  # the first prepare does not reconcile that GPU again
+    made = manager.prepare(block("1g.20gb", 0, reuse=True, layout=[{"profile": "1g.20gb", "start": 0}]))
+    assert len(sent) == 2 and (sent[1]["gpus"], sent[1]["unknown"]) == ([], [])  # not reconciled again
+    assert sent[1]["prepared"] == [{"gpu": H100, "profile": "1g.20gb", "start": 0, "uuid": made.uuid}]
 
 
 def test_a_gpu_a_start_spec_reached_first_is_not_reconciled_again_at_start():
@@ -66,7 +67,7 @@ def test_a_gpu_a_start_spec_reached_first_is_not_reconciled_again_at_start():
     report = manager.reconcile_at_start(gpus_block(), {H100: [{"profile": "7g.80gb", "start": 0}]})  # stale
 
     assert report["gpus"] == [] and on_gpu(fake) == [("2g.20gb", 0)]
-    assert [r["gpus"] for r in sent] == [[H100], []]
+    assert [(r["gpus"], len(r.get("prepared", []))) for r in sent] == [([H100], 0), ([], 1), ([], 0)]
 
 
 def test_the_instances_a_first_prepare_destroys_are_not_reported_unknown():
@@ -78,8 +79,8 @@ def test_the_instances_a_first_prepare_destroys_are_not_reported_unknown():
     manager.prepare(block("1g.10gb", 6, layout=[{"profile": "1g.10gb", "start": 6}],
                           destroy=[{"profile": "7g.80gb", "start": 0}]))
 
-    [report] = sent
-    assert report["unknown"] == [] and on_gpu(fake) == [("1g.10gb", 6)]
+    report, prepared = sent
+    assert report["unknown"] == [] and on_gpu(fake) == [("1g.10gb", 6)] and prepared["prepared"]
 
 
 def test_a_gpu_nvml_cannot_list_is_an_error_and_not_marked_reconciled():
@@ -229,6 +230,22 @@ def test_the_admin_picture_and_the_layouts_api_show_an_unknown_instance_and_what
     assert "unknown 2g.20gb@2" in page.get(f"/admin/accelerators/node/{node.pk}/change/").content.decode()
     listing = page.get("/admin/accelerators/gpuinstance/?unknown_since__isnull=False").content.decode()
     assert "MIG-2g.20gb-2" in listing
+
+
+@pytest.mark.django_db
+def test_a_prepared_instance_gets_its_mig_device_uuid_and_leaves_unknown_ones_alone(
+        alice, django_capture_on_commit_callbacks):
+    mig_node(devices=[GPU])
+    node_mig_report_apply(node_name="mig-node", report=report_of(("1g.10gb", 6)))
+    session_create(owner=alice, name="a", resources={"mig_profile": "3g.40gb"})
+    [(_, spec)] = schedule(django_capture_on_commit_callbacks)
+    start = spec["mig"]["start"]
+
+    node_mig_report_apply(node_name="mig-node", report={"prepared": [
+        {"gpu": H100, "profile": "3g.40gb", "start": start, "uuid": "MIG-made"}]})
+
+    assert GpuInstance.objects.get(placement_start=start).uuid == "MIG-made"
+    assert GpuInstance.objects.get(placement_start=6).is_unknown  # not a listing of the GPU: nothing forgotten
 
 
 @pytest.mark.django_db

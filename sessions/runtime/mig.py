@@ -173,11 +173,16 @@ class MigManager:
         """Destroy the idle instances the block lists, then create (or reuse) its instance.
         Returns it with its MIG device UUID. Raises MigError with the reason in words; an
         instance created here that cannot be completed is destroyed again (nothing leaks).
-        The first prepare on a GPU the agent did not reconcile at start reconciles it here."""
+        The first prepare on a GPU the agent did not reconcile at start reconciles it here.
+        `on_report` gets what reconciling found, then {"prepared": [{"gpu", "profile", "start",
+        "uuid"}], "gpus": [], …} so that the manager learns the MIG device UUID."""
         reports: list[dict] = []
         try:
             with self._lock:
-                return self._prepare(block, reports)
+                instance = self._prepare(block, reports)
+            reports.append({"gpus": [], "unknown": [], "recreated": [], "errors": [], "prepared": [
+                {"gpu": block["gpu"], "profile": instance.profile, "start": instance.start, "uuid": instance.uuid}]})
+            return instance
         finally:
             for report in reports:
                 self._report(report)
