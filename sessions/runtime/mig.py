@@ -149,6 +149,9 @@ class MigManager:
         return report
 
     def _report(self, report: dict) -> None:
+        if report["gpus"]:
+            log.info("reconciled MIG GPU(s) %s: %d instance(s) re-created, %d unknown, %d error(s)",
+                     ", ".join(report["gpus"]), len(report["recreated"]), len(report["unknown"]), len(report["errors"]))
         for item in report["unknown"]:
             log.warning("MIG instance %s@%s (%s) on GPU %s is not the manager's; left in place",
                         item["profile"], item["start"], item["uuid"], item["gpu"])
