@@ -342,8 +342,14 @@ def session_grant_text(session: ComputeSession, request) -> str:
     """What a MIG or isolation-"any" session got and why, for its page: "got MIG 1g.20gb on GPU
     0 (memory slices 6–7): the smallest MIG instance that holds 15 GiB". Empty for other
     requests and for sessions not placed yet."""
+    return session_grant(session, request)[0]
+
+
+def session_grant(session: ComputeSession, request) -> tuple[str, str]:
+    """(`session_grant_text`, the MIG profile the session got: "1g.20gb", a static slice's
+    "10g", or "" for a shared slice, for other requests and while not placed)."""
     if not wants_mig(request) or session.node_id is None:
-        return ""
+        return "", ""
     instance = GpuInstance.objects.filter(session=session).select_related("parent").first()
     asked = "the profile asked for" if request.mig_profile else \
         f"the smallest MIG instance that holds {request.memory.describe() if request.memory else 'it'}"
@@ -352,16 +358,17 @@ def session_grant_text(session: ComputeSession, request) -> str:
     if instance is not None:
         last = instance.placement_start + instance.placement_size - 1
         return (f"got MIG {instance.profile} on GPU {instance.parent.index} (memory slices "
-                f"{instance.placement_start}–{last}): {asked}")
+                f"{instance.placement_start}–{last}): {asked}", instance.profile)
     allocation = session.allocations.select_related("device").first()
     if allocation is None:
-        return ""
+        return "", ""
     device = allocation.device
     if device.is_mig_device:
-        return f"got the MIG slice {device.mig_profile or device.model_name} of GPU {device.index}: {asked}"
+        name = device.mig_profile or device.model_name
+        return f"got the MIG slice {name} of GPU {device.index}: {asked}", name
     if allocation.shares == 0 and session.node is not None and session.node.mig_mode != MigMode.OFF:
-        return f"got a MIG instance on GPU {device.index} (since reused by another session): {asked}"
-    return f"got a shared slice of GPU {device.index}: no MIG instance could hold it when it was placed"
+        return f"got a MIG instance on GPU {device.index} (since reused by another session): {asked}", ""
+    return f"got a shared slice of GPU {device.index}: no MIG instance could hold it when it was placed", ""
 
 
 # --- reads for the launch dialog: what MIG would give now, and which profiles there are ------------

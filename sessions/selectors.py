@@ -51,11 +51,25 @@ def request_configuration(request: core.ResourceRequest) -> str:
 def session_configuration(session: ComputeSession) -> str:
     """What the session asked for, formatted (see request_configuration); for MIG requests and
     isolation "any" also what it got and why (`sessions.mig_scheduling.session_grant_text`)."""
-    from sessions.mig_scheduling import session_grant_text
+    return configuration_text(session_configuration_parts(session))
+
+
+def configuration_text(parts: dict) -> str:
+    """`session_configuration_parts`' answer as one line: the request, then " — " and the grant."""
+    return parts["requested"] + (f" — {parts['grant']}" if parts["grant"] else "")
+
+
+def session_configuration_parts(session: ComputeSession) -> dict:
+    """`{"requested": "MIG instance of at least 15 GiB · 1 core · 1 GiB", "grant": "got MIG
+    1g.20gb on GPU 0 (memory slices 6–7): the smallest MIG instance that holds 15 GiB",
+    "mig_profile": "1g.20gb"}`: the request formatted, what a MIG or isolation-"any" session
+    got and why ("" for others and while not placed) and the MIG profile it got ("" for a
+    shared slice)."""
+    from sessions.mig_scheduling import session_grant
 
     request = session_request(session)
-    grant = session_grant_text(session, request)
-    return request_configuration(request) + (f" — {grant}" if grant else "")
+    grant, profile = session_grant(session, request)
+    return {"requested": request_configuration(request), "grant": grant, "mig_profile": profile}
 
 
 LOG_READ_MAX_CHARS = 1024 * 1024  # the most characters one read returns

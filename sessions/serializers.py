@@ -5,7 +5,7 @@ from django.urls import reverse
 from rest_framework import serializers
 
 from sessions.models import Allocation, ComputeSession
-from sessions.selectors import session_configuration
+from sessions.selectors import configuration_text, session_configuration_parts
 
 
 class AllocationSerializer(serializers.ModelSerializer):
@@ -26,18 +26,39 @@ class SessionSerializer(serializers.ModelSerializer):
     node = serializers.CharField(source="node.name", read_only=True, default=None, allow_null=True,
                                  help_text="node name; null until scheduled")
     configuration = serializers.SerializerMethodField()
+    requested = serializers.SerializerMethodField()
+    grant = serializers.SerializerMethodField()
+    mig_profile = serializers.SerializerMethodField()
     allocations = AllocationSerializer(many=True, read_only=True)
     terminal_url = serializers.SerializerMethodField()
 
     class Meta:
         model = ComputeSession
         fields = ["id", "name", "owner", "status", "status_reason", "node", "resources", "priority", "configuration",
-                  "allocations", "command", "created_at", "scheduled_at", "started_at", "terminated_at", "exit_code",
-                  "terminal_url"]
+                  "requested", "grant", "mig_profile", "allocations", "command", "created_at", "scheduled_at",
+                  "started_at", "terminated_at", "exit_code", "terminal_url"]
         read_only_fields = fields
 
+    def to_representation(self, session):
+        self._parts = session_configuration_parts(session)  # read once for the four fields below
+        return super().to_representation(session)
+
     def get_configuration(self, session) -> str:
-        return session_configuration(session)
+        """The request formatted, then " — " and what a MIG or isolation-"any" session got and why
+        (as `sessions.selectors.session_configuration`)."""
+        return configuration_text(self._parts)
+
+    def get_requested(self, session) -> str:
+        """The request formatted by the slot formats: "MIG instance of at least 15 GiB · 1 core · 1 GiB"."""
+        return self._parts["requested"]
+
+    def get_grant(self, session) -> str:
+        """What a MIG or isolation-"any" session got and why, in words ("" for others and until placed)."""
+        return self._parts["grant"]
+
+    def get_mig_profile(self, session) -> str:
+        """The MIG profile the session got ("1g.20gb", or a static slice's "10g"); "" for none."""
+        return self._parts["mig_profile"]
 
     def get_terminal_url(self, session) -> str:
         return reverse("session-terminal", kwargs={"session_id": session.pk})

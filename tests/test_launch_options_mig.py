@@ -183,3 +183,24 @@ def test_the_preview_of_isolation_any_shows_mig_where_it_can_and_a_shared_slice_
 
     assert shared["fits_now"] and shared["node"] == "plain" and shared["mig"] is None
     assert shared["devices"][0]["memory"] == 2 * GiB
+
+
+def test_a_sessions_json_says_what_it_asked_for_which_mig_profile_it_got_and_why(alice, django_capture_on_commit_callbacks):
+    mig_node()
+    make_cluster(nodes={"plain": [mock_gpu(0)]})
+    client = client_for(alice)
+    mig_id = client.post("/api/v1/sessions/", {"name": "m", "resources": {"gpu_memory": "15G", "isolation": "mig"}},
+                         format="json").json()["id"]
+    plain_id = client.post("/api/v1/sessions/", {"name": "p", "resources": {"cuda.shares": "0.5"}},
+                           format="json").json()["id"]
+    pending = client.get(f"/api/v1/sessions/{mig_id}/").json()
+    assert (pending["grant"], pending["mig_profile"]) == ("", "")  # not placed yet
+    schedule(django_capture_on_commit_callbacks)
+
+    mig = client.get(f"/api/v1/sessions/{mig_id}/").json()
+    assert mig["requested"] == "MIG instance of at least 15 GiB · 1 core · 1 GiB" and mig["mig_profile"] == "1g.20gb"
+    assert mig["grant"].startswith("got MIG 1g.20gb on GPU 0 (memory slices ")
+    assert mig["configuration"] == f"{mig['requested']} — {mig['grant']}"
+    plain = client.get(f"/api/v1/sessions/{plain_id}/").json()
+    assert (plain["grant"], plain["mig_profile"]) == ("", "")
+    assert plain["configuration"] == plain["requested"] == "0.50 fGPU · 1 core · 1 GiB"

@@ -190,11 +190,26 @@
       el("td", { "class": "status", "data-label": "Status", "data-reason": reason, title: reason }, [
         el("span", { "class": "badge status-" + String(s.status).toLowerCase(), text: s.status }),
       ]),
-      el("td", { "class": "configuration", "data-label": "Configuration", text: s.configuration }),
+      configurationCell(s),
       nodeCell,
       el("td", { "class": "created", "data-label": "Created" }, [el("time", { datetime: s.created_at, text: s.created_at })]),
       el("td", { "class": "actions", "data-label": "" }, [actions]),
     ]);
+  }
+
+  // What the session asked for; for MIG and isolation "any" also what it got and why.
+  function configurationCell(s) {
+    var cell = el("td", { "class": "configuration", "data-label": "Configuration" });
+    if (!s.grant) { cell.textContent = s.configuration; return cell; }
+    cell.appendChild(el("span", { "class": "config-requested", text: s.requested }));
+    if (s.mig_profile) {
+      cell.appendChild(el("span", {
+        "class": "mig-chip", text: "MIG " + s.mig_profile,
+        title: "A MIG instance: its own memory and compute slices, isolated in hardware",
+      }));
+    }
+    cell.appendChild(el("span", { "class": "sub config-grant", text: s.grant }));
+    return cell;
   }
 
   function findRow(id) {
@@ -356,6 +371,8 @@
   var tabs = Array.prototype.slice.call(document.querySelectorAll('#style-tabs [role="tab"]'));
   var wantedStyle = null; // the tab the user picked last; kept while it is offered
   var slotBusy = false;
+  var slotImpossible = false; // no node could ever hold the slot's smallest amount (e.g. every GPU is MIG)
+  var wantedProfile = null; // the MIG profile the user picked last; kept while it can be had
   var launching = false;
 
   function currentSlot() {
@@ -405,7 +422,7 @@
   function renderSlot() {
     var slot = currentSlot();
     var frac = $("fractional-controls"), disc = $("discrete-controls"), note = $("capacity-note");
-    frac.hidden = true; disc.hidden = true; slotBusy = false;
+    frac.hidden = true; disc.hidden = true; slotBusy = false; slotImpossible = false;
     slider.disabled = true; gpuCount.disabled = true;
     if (slot) renderSlotControls(slot, frac, disc, note);
     renderTabs();
@@ -416,6 +433,7 @@
     var max = busy ? slot.max_ever : slot.max_now;
     var impossible = decCompare(max, slot.min) < 0;
     slotBusy = busy;
+    slotImpossible = impossible;
     note.textContent = impossible
       ? "No node can hold even " + unitText(slot, slot.min) + " of this slot right now."
       : "No capacity free now: the session will wait in the queue.";
@@ -477,10 +495,23 @@
   // ---- Request style tabs (WAI-ARIA tabs, automatic activation) ----------
 
   // fGPU for a fractional slot, whole GPUs for a discrete one; memory + cores and fraction for either.
+  // ... and MIG where a node with MIG is in reach for the slot.
   function offeredStyles() {
     var slot = currentSlot();
     if (!slot) return [];
-    return [slot.allocation_mode === "discrete" ? "devices" : "fgpu", "memory", "fraction"];
+    var styles = [slot.allocation_mode === "discrete" ? "devices" : "fgpu", "memory", "fraction"];
+    if (migProfiles().length) styles.push("mig");
+    return styles;
+  }
+
+  function migOptions() {
+    var slot = currentSlot(), mig = launchOptions.mig;
+    return slot && mig && mig.slot_name === slot.slot_name ? mig : null;
+  }
+
+  function migProfiles() {
+    var mig = migOptions();
+    return mig && Array.isArray(mig.profiles) ? mig.profiles : [];
   }
 
   function activeStyle() {
@@ -493,8 +524,108 @@
     var styles = offeredStyles();
     $("style-tabs").hidden = styles.length === 0;
     tabs.forEach(function (t) { t.hidden = styles.indexOf(t.dataset.style) === -1; });
-    selectTab(styles.indexOf(wantedStyle) !== -1 ? wantedStyle : styles[0], false);
+    renderMig();
+    renderIsolationChoice();
+    // Where the slot's own style can never be had (every GPU in reach is MIG), open on MIG.
+    var first = slotImpossible && styles.indexOf("mig") !== -1 ? "mig" : styles[0];
+    selectTab(styles.indexOf(wantedStyle) !== -1 ? wantedStyle : first, false);
   }
+
+  // ---- MIG: the profiles in reach, each with its memory and how many are free now --------
+
+  function migAvailability(p) {
+    if (!p.max_ever) return { state: "never", text: "never fits" };
+    if (!p.max_now) return { state: "wait", text: "none free now — will wait" };
+    var idle = p.idle_now ? " · " + p.idle_now + " idle" : "";
+    return { state: "free", text: p.max_now + " free now" + idle };
+  }
+
+  function migSlices(p) {
+    var parts = [];
+    if (p.compute_slices) parts.push(p.compute_slices + "/7 compute");
+    if (p.sm_count) parts.push(p.sm_count + "\u00a0SMs");
+    return parts.join(" · ");
+  }
+
+  function renderMig() {
+    var box = $("mig-profiles"), profiles = migProfiles();
+    box.textContent = "";
+    if (!profiles.length) return;
+    var usable = function (p) { return p.max_ever > 0; };
+    var chosen = profiles.filter(function (p) { return p.name === wantedProfile && usable(p); })[0] ||
+      profiles.filter(function (p) { return p.max_now > 0; })[0] || profiles.filter(usable)[0];
+    profiles.forEach(function (p) {
+      var avail = migAvailability(p);
+      var id = "mig-profile-" + p.name.replace(/[^a-z0-9]+/gi, "-");
+      var input = el("input", { type: "radio", name: "mig-profile", id: id, value: p.name,
+                                disabled: avail.state === "never" ? "disabled" : null,
+                                "aria-describedby": id + "-avail" });
+      input.checked = chosen === p;
+      var where = (p.models || []).length ? "On " + p.models.join(", ") : "";
+      if (p.memory_slices) where += (where ? " · " : "") + p.memory_slices + " of 8 memory slices";
+      box.appendChild(el("label", {
+        "class": "mig-profile", "for": id, "data-state": avail.state, title: where || null,
+      }, [
+        input,
+        el("span", { "class": "mig-name", text: p.name }),
+        el("span", { "class": "mig-memory", text: p.memory_text || formatBytes(p.memory) }),
+        el("span", { "class": "mig-slices", text: migSlices(p) }),
+        el("span", { "class": "mig-avail", id: id + "-avail", text: avail.text }),
+      ]));
+    });
+  }
+
+  function chosenProfile() {
+    var checked = document.querySelector('#mig-profiles input[name="mig-profile"]:checked');
+    return checked ? checked.value : "";
+  }
+
+  $("mig-profiles").addEventListener("change", function () { wantedProfile = chosenProfile(); });
+
+  // ---- Isolation of a memory-sized request: a shared slice, a MIG instance, or either ------
+
+  var ISOLATION_HINTS = {
+    shared: "A slice of a shared GPU; its memory and SMs are capped in software.",
+    mig: "The smallest MIG instance that holds this memory, isolated in hardware.",
+    any: "A MIG instance if one is free now, else a shared slice: the scheduler decides.",
+  };
+
+  var SHARED_MEMORY_TEXT = { legend: $("gpu-memory-legend").textContent, hint: $("gpu-memory-hint").textContent };
+
+  function isolation() {
+    if ($("isolation-field").hidden) return "shared";
+    var checked = document.querySelector('#isolation-field input[name="isolation"]:checked');
+    return checked ? checked.value : "shared";
+  }
+
+  function renderIsolationChoice() {
+    var mig = migOptions();
+    var offered = !!(mig && mig.isolation && mig.isolation.indexOf("mig") !== -1);
+    $("isolation-field").hidden = !offered;
+    renderIsolation();
+  }
+
+  // A MIG instance (or either) is one GPU sized by memory: count, cores and a share do not apply.
+  function renderIsolation() {
+    var value = isolation(), sized = value !== "shared";
+    $("isolation-hint").textContent = ISOLATION_HINTS[value];
+    // One GPU sized by memory alone: no count, no cores (a MIG instance's come with its profile).
+    ["memory-intro", "memory-shape", "gpu-memory-share-choice", "gpu-memory-share-box"].forEach(function (id) {
+      $(id).hidden = sized;
+    });
+    $("gpu-memory-legend").textContent = sized ? "GPU memory" : SHARED_MEMORY_TEXT.legend;
+    $("gpu-memory-hint").textContent = sized ? "e.g. 15G, 20GiB or 4096M: the instance holds at least this much"
+      : SHARED_MEMORY_TEXT.hint;
+    ["gpu-count-hami", "gpu-cores", "gpu-memory-by-percent", "gpu-memory-percent"].forEach(function (id) {
+      $(id).disabled = sized;
+    });
+    if (sized) {
+      $("gpu-count-hami").value = "1";
+      if (!memBySize.checked) { memBySize.checked = true; renderMemoryMode(); }
+    }
+  }
+
+  $("isolation-field").addEventListener("change", function () { renderIsolation(); });
 
   function selectTab(style, focus) {
     tabs.forEach(function (t) {
@@ -507,6 +638,7 @@
       if (on && focus) t.focus();
     });
     $("capacity-note").hidden = !(slotBusy && (style === "fgpu" || style === "devices"));
+    $("launch-advanced").hidden = style === "mig"; // a MIG instance is chosen by the scheduler: no pins
     changed();
   }
 
@@ -559,9 +691,10 @@
   function clientErrors() {
     var errors = {}, style = activeStyle();
     if (style === "memory") {
-      if (!whole($("gpu-count-hami"), 1)) errors["gpu-count-hami"] = "A whole number of GPUs, 1 or more.";
+      var shared = isolation() === "shared";
+      if (shared && !whole($("gpu-count-hami"), 1)) errors["gpu-count-hami"] = "A whole number of GPUs, 1 or more.";
       var cores = $("gpu-cores");
-      if ((cores.value.trim() !== "" || cores.validity.badInput) && !whole(cores, 0, 100))
+      if (shared && (cores.value.trim() !== "" || cores.validity.badInput) && !whole(cores, 0, 100))
         errors["gpu-cores"] = "Enter a whole % from 0 to 100.";
       if (memBySize.checked) {
         var size = $("gpu-memory").value;
@@ -574,6 +707,8 @@
       var f = $("gpu-fraction").value;
       if (!FRACTION.test(f) || decCompare(f.trim(), "0") <= 0 || decCompare(f.trim(), "1") > 0)
         errors["gpu-fraction"] = "A fraction above 0 and at most 1, e.g. 0.2.";
+    } else if (style === "mig" && !chosenProfile()) {
+      errors["mig-profiles"] = "Choose a MIG profile.";
     }
     if (style && pinnedDevices().some(function (d) { return /\s/.test(String(d)); }))
       errors["pin-devices"] = "Separate the GPUs with commas.";
@@ -581,8 +716,10 @@
   }
 
   // Error boxes sit under their field; the share box reports under the memory field.
-  var ERROR_BOX = { "gpu-memory-percent": "gpu-memory-error" };
-  var ERROR_FIELDS = ["gpu-count-hami", "gpu-cores", "gpu-memory", "gpu-memory-percent", "gpu-fraction", "pin-devices"];
+  var ERROR_BOX = { "gpu-memory-percent": "gpu-memory-error", "mig-profiles": "mig-profile-error",
+                    "isolation-field": "isolation-error" };
+  var ERROR_FIELDS = ["gpu-count-hami", "gpu-cores", "gpu-memory", "gpu-memory-percent", "gpu-fraction", "pin-devices",
+                      "mig-profiles", "isolation-field"];
 
   function validate() {
     var errors = clientErrors();
@@ -615,6 +752,10 @@
       resources[slot.slot] = slider.value;
       if ($("fgpu-strategy").value) resources.strategy = $("fgpu-strategy").value;
       gpu = true;
+    } else if (style === "memory" && isolation() !== "shared") {
+      resources.gpu_memory = $("gpu-memory").value.trim();
+      resources.isolation = isolation();
+      gpu = true;
     } else if (style === "memory") {
       resources.gpu = parseInt($("gpu-count-hami").value, 10);
       if (memBySize.checked) resources.gpu_memory = $("gpu-memory").value.trim();
@@ -624,6 +765,8 @@
     } else if (style === "fraction") {
       resources.gpu_fraction = $("gpu-fraction").value.trim().replace(/^\./, "0.");
       gpu = true;
+    } else if (style === "mig") {
+      resources.mig_profile = chosenProfile();
     }
     if (gpu) {
       var pinned = pinnedDevices();
@@ -645,7 +788,8 @@
   var previewSeq = 0;
   var INPUT_OF = {
     name: "session-name", gpu: "gpu-count-hami", gpu_memory: "gpu-memory", gpu_memory_percentage: "gpu-memory-percent",
-    gpu_cores: "gpu-cores", gpu_fraction: "gpu-fraction", devices: "pin-devices",
+    gpu_cores: "gpu-cores", gpu_fraction: "gpu-fraction", devices: "pin-devices", mig_profile: "mig-profiles",
+    isolation: "isolation-field",
   };
 
   function changed() {
@@ -682,13 +826,6 @@
     }).catch(function () { if (seq === previewSeq) hidePreview(); });
   }
 
-  function gib(bytes) {
-    var hundredths = (BigInt(bytes) * 100n + 536870912n) / 1073741824n; // to the nearest 0.01 GiB
-    var out = (hundredths / 100n).toString(), cents = hundredths % 100n;
-    if (cents) out += "." + cents.toString().padStart(2, "0").replace(/0+$/, "");
-    return out + " GiB";
-  }
-
   function trimZeros(value) {
     return String(value).replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, "");
   }
@@ -707,6 +844,9 @@
     else showPreview("wait", "will wait: " + (data.reason || "no capacity is free now"));
     $("preview-config").textContent = data.configuration || "";
     $("preview-config").hidden = !data.configuration;
+    var mig = data.mig || null;
+    $("preview-mig").textContent = mig ? "Gets MIG " + mig.profile + ": " + mig.plan : "";
+    $("preview-mig").hidden = !mig;
     var devices = Array.isArray(data.devices) ? data.devices : [];
     var body = $("preview-devices").tBodies[0];
     body.textContent = "";
@@ -719,9 +859,10 @@
           el("span", { "class": "preview-device-name", text: "GPU " + d.device_index + (d.model_name ? " · " + d.model_name : "") }),
           el("span", { "class": "preview-uuid", text: d.device || "", title: d.device || "" }),
         ]),
-        el("td", { "class": "num", text: d.memory !== undefined && d.memory !== null ? gib(d.memory) : "—" }),
+        el("td", { "class": "num", text: d.memory !== undefined && d.memory !== null ? formatBytes(d.memory) : "—" }),
         el("td", { "class": "num", text: compute.join(" · ") || "—" }),
-        el("td", { "class": "num preview-share", text: d.shares ? formatAmount(d.shares, 2) + " " + fgpuUnit() : "—" }),
+        el("td", { "class": "num preview-share",
+                   text: mig ? "MIG " + mig.profile : d.shares ? formatAmount(d.shares, 2) + " " + fgpuUnit() : "—" }),
       ]));
     });
     $("preview-devices").hidden = devices.length === 0;
@@ -749,6 +890,7 @@
     validate();
     showPreview("invalid", "not valid: " + (data.detail || data.title || "the server refused this request"));
     $("preview-config").hidden = true;
+    $("preview-mig").hidden = true;
     $("preview-devices").hidden = true;
   }
 
