@@ -38,20 +38,46 @@ def pty_group(session_id) -> str:
 
 def session_notify(session) -> None:
     """After commit, push the session's current API shape to its owner, its page and staff."""
-    session_id, owner_id = session.pk, session.owner_id
+    sessions_notify([session])
 
-    def send() -> None:
-        from sessions.models import ComputeSession
-        from sessions.serializers import SessionSerializer
 
-        fresh = ComputeSession.objects.select_related("owner", "node").prefetch_related("allocations__device").get(pk=session_id)
-        # Through JSON, so the message holds only plain types (msgpack on the Redis layer).
-        message = {"type": "session.update", "session": json.loads(JSONRenderer().render(SessionSerializer(fresh).data))}
-        layer = get_channel_layer()
+def sessions_notify(sessions) -> None:
+    """After commit, push each session's current API shape to its owner, its page and staff:
+    `{"type": "session.update", "session": {…}}` to `session-<id>`, `user-<owner id>`, `staff`,
+    in that order, once per entry of `sessions` (a list of ComputeSession, in order).
+
+    One after-commit callback for the whole list: one query (with its prefetches) reads them all,
+    and every group send goes out from one event loop, so a scheduler pass placing 1,000
+    sessions costs a few hundred milliseconds instead of one query and three thread hops each.
+    A session deleted before the callback runs is skipped. Sends are best-effort (logged)."""
+    entries = [(s.pk, s.owner_id) for s in sessions]
+    if entries:
+        transaction.on_commit(lambda: _send_updates(entries))
+
+
+def _send_updates(entries: list[tuple]) -> None:
+    from sessions.models import ComputeSession
+    from sessions.serializers import SessionSerializer
+
+    ids = list(dict.fromkeys(session_id for session_id, _ in entries))
+    fresh = (ComputeSession.objects.select_related("owner", "node").prefetch_related("allocations__device")
+             .filter(pk__in=ids))
+    # Through JSON, so the messages hold only plain types (msgpack on the Redis layer).
+    shapes = {shape["id"]: shape for shape in json.loads(JSONRenderer().render(SessionSerializer(fresh, many=True).data))}
+    sends = []
+    for session_id, owner_id in entries:
+        shape = shapes.get(str(session_id))
+        if shape is not None:
+            message = {"type": "session.update", "session": shape}
+            sends += [(group, message) for group in (session_group(session_id), user_group(owner_id), STAFF_GROUP)]
+    if sends:
+        async_to_sync(_group_send_all)(get_channel_layer(), sends)
+
+
+async def _group_send_all(layer, sends: list[tuple[str, dict]]) -> None:
+    """Send in order (a group sees its notices in the order they were made), logging failures."""
+    for group, message in sends:
         try:
-            for group in (session_group(session_id), user_group(owner_id), STAFF_GROUP):
-                async_to_sync(layer.group_send)(group, message)
+            await layer.group_send(group, message)
         except Exception:  # a notice is best-effort: the state is already committed
-            log.exception("could not push the update of session %s", session_id)
-
-    transaction.on_commit(send)
+            log.exception("could not push the update of session %s", message["session"]["id"])

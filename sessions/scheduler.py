@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -54,24 +55,28 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
     starts: list[tuple[str, dict]] = []
     with transaction.atomic():
         pending = list(
-            ComputeSession.objects.select_for_update().filter(status=SessionStatus.PENDING)
+            ComputeSession.objects.select_for_update().select_related("owner").filter(status=SessionStatus.PENDING)
             .order_by("-priority", "created_at", "pk")[:limit]
         )
-        view = _PassView()
+        writes = _PassWrites(starts)
+        view = _PassView(writes)
         blocked: list[ComputeSession] = []
         for session in pending:
             reserved = next((b for b in blocked if b.overtaken >= backfill_limit), None)
             if reserved is not None:
-                _wait(session, f"queued behind {reserved.name}, which goes first (it has been overtaken "
-                               f"{reserved.overtaken} time(s), the most the backfill limit allows)")
+                writes.wait(session, f"queued behind {reserved.name}, which goes first (it has been overtaken "
+                                     f"{reserved.overtaken} time(s), the most the backfill limit allows)")
                 continue
             request = session_request(session)
-            placed_before = len(scheduled)
-            if mig_scheduling.schedule_step(session=session, request=request, wait=_wait, blocked=blocked,
-                                            starts=starts, scheduled=scheduled):
-                if len(scheduled) > placed_before:
-                    view.forget()  # a MIG session took CPU and memory: re-read the nodes (still locked)
-                continue  # a MIG request, placed by sessions.mig_scheduling (issue 4)
+            if mig_scheduling.wants_mig(request):
+                writes.flush()  # sessions.mig_scheduling reads usage and writes at once
+                placed_before = len(scheduled)
+                if mig_scheduling.schedule_step(session=session, request=request, wait=writes.wait, blocked=blocked,
+                                                starts=starts, scheduled=scheduled):
+                    writes.flush()
+                    if len(scheduled) > placed_before:
+                        view.forget()  # a MIG session took CPU and memory: re-read the nodes (still locked)
+                    continue  # a MIG request, placed by sessions.mig_scheduling (issue 4)
             try:
                 pure_settings = view.settings(request)
                 scope = view.scope(request)
@@ -83,24 +88,81 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
                     core.check_ever_fits(placement_scope(request=request, alive_only=False)[0], request, pure_settings)
                     raise InsufficientResource("the nodes that could hold it are not alive (LOST)") from None
             except InsufficientResource as exc:
-                _wait(session, f"waiting for capacity: {exc}")
+                writes.wait(session, f"waiting for capacity: {exc}")
                 blocked.append(session)
                 continue
             except AllocationError as exc:  # no longer satisfiable (e.g. the slot's mode changed)
                 session.status, session.status_reason, session.terminated_at = SessionStatus.ERROR, str(exc), timezone.now()
-                session.save(update_fields=["status", "status_reason", "terminated_at"])
-                events.session_notify(session)
+                writes.changed(session, "status", "status_reason", "terminated_at")
                 continue
             view.commit(scope, request, pure_settings, placement)
-            starts.append((placement.node_id, _write_placement(session, placement)))
+            writes.place(session, placement)
             scheduled.append(str(session.pk))
             for earlier in blocked:  # backfilled past them
                 earlier.overtaken += 1
-                earlier.save(update_fields=["overtaken"])
+                writes.changed(earlier, "overtaken")
+        writes.flush()
         view.record_shapes()
-        for node_name, spec in starts:
-            transaction.on_commit(lambda n=node_name, s=spec: _send_start(n, s))
+        events.sessions_notify(writes.notices)
+        if starts:
+            transaction.on_commit(partial(_send_starts, list(starts)))
     return scheduled
+
+
+class _PassWrites:
+    """A pass's writes, held and then written in a few statements (`flush`): the placed
+    sessions' Allocation rows (one bulk insert), their status (one bulk update per set of
+    changed fields), waiting reasons, overtaken counts, and the pages' notices (one after-commit
+    batch, `events.sessions_notify`). Flushed before anything reads usage from the database
+    again (a new scope, a MIG step), so the pass never sees a state without its own plans."""
+
+    def __init__(self, starts: list[tuple[str, dict]]):
+        self.starts = starts
+        self.placed: list[tuple[ComputeSession, core.Placement]] = []
+        self.dirty: dict = {}  # session pk → (session, set of changed fields)
+        self.notices: list[ComputeSession] = []
+
+    def changed(self, session: ComputeSession, *fields: str) -> None:
+        self.dirty.setdefault(session.pk, (session, set()))[1].update(fields)
+        if "overtaken" not in fields:
+            self.notices.append(session)
+
+    def wait(self, session: ComputeSession, reason: str) -> None:
+        if session.status_reason != reason:
+            session.status_reason = reason
+            self.changed(session, "status_reason")
+
+    def place(self, session: ComputeSession, placement: core.Placement) -> None:
+        session.status, session.status_reason, session.scheduled_at = SessionStatus.SCHEDULED, "", timezone.now()
+        self.placed.append((session, placement))
+        self.changed(session, "node", "status", "status_reason", "scheduled_at")
+
+    def flush(self) -> None:
+        if self.placed:
+            self._write_placements()
+        by_fields: dict = {}
+        for session, fields in self.dirty.values():
+            by_fields.setdefault(tuple(sorted(fields)), []).append(session)
+        for fields, sessions in by_fields.items():
+            ComputeSession.objects.bulk_update(sessions, fields, batch_size=500)
+        self.dirty.clear()
+
+    def _write_placements(self) -> None:
+        """The allocator's plans as Allocation rows, each session's node, and the agents' start
+        specs (appended to `starts`, in placement order)."""
+        device_ids = {g.device_id for _, placement in self.placed for g in placement.grants}
+        devices = {str(d.pk): d for d in Device.objects.select_related("node").filter(pk__in=device_ids)}
+        bare = {p.node_id for _, p in self.placed if not p.grants}  # no device: CPU and memory only
+        nodes = {n.name: n for n in Node.objects.filter(name__in=bare)} if bare else {}
+        rows: list[Allocation] = []
+        for session, placement in self.placed:
+            mine = [Allocation(session=session, device=devices[g.device_id], shares=g.shares, memory=g.memory,
+                               procs=g.procs) for g in placement.grants]
+            session.node = mine[0].device.node if mine else nodes[placement.node_id]
+            rows += mine
+            self.starts.append((placement.node_id, session_start_spec(session, mine)))
+        Allocation.objects.bulk_create(rows, batch_size=1000)
+        self.placed.clear()
 
 
 def shape_prefix(slot: str, pure_settings: core.FractionalSettings | None) -> str:
@@ -157,7 +219,8 @@ class _Scope:
 class _PassView:
     """The scopes one scheduler pass has read, by (resource group name, slot)."""
 
-    def __init__(self):
+    def __init__(self, writes: _PassWrites):
+        self.writes = writes
         self.scopes: dict[tuple[str, str], _Scope] = {}
         self.placed: Counter = Counter()
         self._settings: dict = {}
@@ -185,6 +248,7 @@ class _PassView:
         slot = request.slot or "cuda"
         key = (request.resource_group, slot)
         if key not in self.scopes:
+            self.writes.flush()  # the usage read below must hold this pass's plans
             group = resource_group_get(name=request.resource_group)
             nodes = node_states(slot_name=slot, for_update=True, group=group)
             # A node another scope of this pass already planned on: take that scope's view.
@@ -216,31 +280,6 @@ class _PassView:
                 PlacementShape.objects.filter(resource_group=group_name, key=key).update(count=F("count") + n)
 
 
-def _wait(session: ComputeSession, reason: str) -> None:
-    if session.status_reason != reason:
-        session.status_reason = reason
-        session.save(update_fields=["status_reason"])
-        events.session_notify(session)
-
-
-def _write_placement(session: ComputeSession, placement: core.Placement) -> dict:
-    """Write the allocator's plan and return the agent's start spec."""
-    devices = {str(d.pk): d for d in
-               Device.objects.select_related("node").filter(pk__in=[g.device_id for g in placement.grants])}
-    rows = [
-        Allocation(session=session, device=devices[g.device_id], shares=g.shares, memory=g.memory, procs=g.procs)
-        for g in placement.grants
-    ]
-    Allocation.objects.bulk_create(rows)
-    session.node = next(iter(devices.values())).node if devices else Node.objects.get(name=placement.node_id)
-    session.status = SessionStatus.SCHEDULED
-    session.status_reason = ""
-    session.scheduled_at = timezone.now()
-    session.save(update_fields=["node", "status", "status_reason", "scheduled_at"])
-    events.session_notify(session)
-    return session_start_spec(session, rows)
-
-
 def session_start_spec(session: ComputeSession, allocations: list[Allocation]) -> dict:
     """What the agent needs to start the session (JSON-safe). Sizes in bytes, procs in SMs."""
     return {
@@ -270,10 +309,18 @@ def session_start_spec(session: ComputeSession, allocations: list[Allocation]) -
     }
 
 
-def _send_start(node_name: str, spec: dict) -> None:
+def _send_starts(starts: list[tuple[str, dict]]) -> None:
+    """Send the agents' start messages (`fgpu.agent.session_start`, one per session, to queue
+    `agent.<node>`) through one broker connection."""
+    from console.celery import app
     from sessions.tasks import session_start
 
-    session_start.delay(node=node_name, spec=spec)
+    with app.producer_or_acquire() as producer:
+        for node_name, spec in starts:
+            try:
+                session_start.apply_async(kwargs={"node": node_name, "spec": spec}, producer=producer)
+            except Exception:  # the agent's reconcile restarts what it should run
+                log.exception("could not send the start of session %s to %s", spec["session_id"], node_name)
 
 
 def pending_position(session: ComputeSession) -> int:

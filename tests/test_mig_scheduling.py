@@ -16,7 +16,7 @@ from accelerators.plugins.base import DeviceInfo
 from console.errors import ApplicationError
 from sessions.models import Allocation, ComputeSession, SessionStatus
 from sessions.runtime.agent import Agent
-from sessions.scheduler import schedule_pending
+from sessions.scheduler import _send_starts, schedule_pending
 from sessions.services import session_create, session_report_apply
 from tests.conftest import GiB, make_cluster, mock_gpu
 from tests.test_agent_runtime import Harness, RecordingManager
@@ -43,7 +43,7 @@ def schedule(django_capture_on_commit_callbacks) -> list[tuple[str, dict]]:
     """One scheduler pass; the (node, start spec) pairs it would send to agents."""
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         schedule_pending()
-    return [cb.__defaults__ for cb in callbacks if cb.__defaults__ and isinstance(cb.__defaults__[-1], dict)]
+    return [tuple(pair) for cb in callbacks if getattr(cb, "func", None) is _send_starts for pair in cb.args[0]]
 
 
 def end(session: ComputeSession) -> None:

@@ -4,16 +4,18 @@ it places are counted per group for the fragmentation-aware policies.
 """
 from __future__ import annotations
 
+import asyncio
 from decimal import Decimal
 
 import pytest
+from channels.layers import get_channel_layer
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from accelerators.models import Node, PlacementShape, ResourceGroup
-from sessions import services
+from sessions import events, services
 from sessions.models import Allocation, ComputeSession, SessionStatus
-from sessions.scheduler import schedule_pending
+from sessions.scheduler import _send_starts, schedule_pending
 from tests.conftest import make_cluster, mock_gpu
 
 pytestmark = pytest.mark.django_db
@@ -87,3 +89,43 @@ def test_one_pass_locks_the_nodes_once_and_never_over_commits(user):
         assert held == Decimal("1.5")
     waiting = [s for s in sessions if (s.refresh_from_db() or s.status) == SessionStatus.PENDING]
     assert len(waiting) == 3 and all("waiting for capacity" in s.status_reason for s in waiting)
+
+
+def test_a_pass_sends_each_sessions_update_to_its_page_its_owner_and_staff_after_commit_in_one_batch(
+        user, django_capture_on_commit_callbacks):
+    make_cluster(nodes={"node-a": [mock_gpu(0)]})  # 2.00 fGPU
+    placed, waiting = pending(user, 2, "1.5")
+    layer = get_channel_layer()
+
+    async def join() -> str:
+        channel = await layer.new_channel()
+        for group in (events.session_group(placed.pk), events.session_group(waiting.pk), events.user_group(user.pk),
+                      events.STAFF_GROUP):
+            await layer.group_add(group, channel)
+        return channel
+
+    async def frames(channel: str, count: int) -> list[dict]:
+        got = []
+        async with asyncio.timeout(10):
+            while len(got) < count:
+                message = await layer.receive(channel)
+                if message["session"]["id"] in (str(placed.pk), str(waiting.pk)):  # the layer may be shared
+                    got.append(message)
+        return got
+
+    channel = asyncio.run(join())
+    with CaptureQueriesContext(connection) as queries:
+        with django_capture_on_commit_callbacks(execute=True) as callbacks:
+            schedule_pending()
+    updates = asyncio.run(frames(channel, 6))  # 2 sessions × (page, owner, staff)
+    assert [(u["type"], u["session"]["id"], u["session"]["status"]) for u in updates] == \
+        [("session.update", str(placed.pk), "SCHEDULED")] * 3 + [("session.update", str(waiting.pk), "PENDING")] * 3
+    assert updates[0]["session"]["node"] == "node-a" and updates[0]["session"]["allocations"][0]["shares"] == "1.500"
+    assert "waiting for capacity" in updates[3]["session"]["status_reason"]
+    # One query reads both sessions for the notices; one callback sends the start messages.
+    reads = [q for q in queries.captured_queries if q["sql"].startswith('SELECT "compute_sessions_computesession"')
+             and "FOR UPDATE" not in q["sql"]]
+    assert len(reads) == 1
+    [starts] = [cb for cb in callbacks if getattr(cb, "func", None) is _send_starts]
+    [(node, spec)] = starts.args[0]
+    assert node == "node-a" and spec["session_id"] == str(placed.pk) and spec["devices"][0]["shares"] == "1.5"
