@@ -136,8 +136,8 @@ class Workload:
         if self._cache is not None and self._cache[0] == key:
             cached = self._cache[1]
             p = self._counts[:len(self.shapes)]
-            cached["onehot_p"] = cached["onehot"] * p[:, None]
             cached["total"] = p.sum()
+            cached["p"] = p
             self._ratios(cached, p)
             return cached
         t = len(self.shapes)
@@ -162,7 +162,8 @@ class Workload:
                   "kinds": np.array([c[0] for c in classes], dtype=np.int64),
                   "counts": np.array([c[1] for c in classes], dtype=np.int64),
                   "amounts": np.array([c[2] for c in classes], dtype=np.int64),
-                  "onehot_p": onehot * p[:, None], "total": p.sum()}
+                  "total": p.sum(), "cls": cls}
+        cached["p"] = p
         cached["gpu"] = np.array([s.gpu_amount for s in self.shapes], dtype=np.float64)
         cached["named"] = np.array([bool(s.models) for s in self.shapes], dtype=np.float64)
         self._ratios(cached, p)
@@ -179,8 +180,11 @@ class Workload:
         # Share of the GPU demand tied to each model (requests naming models, spread evenly).
         mask = cached["mask"]
         named = cached["named"]
-        per_model = (p * gpu * named)[:, None] * mask / np.maximum(mask.sum(axis=1), 1)[:, None]
-        cached["model_demand"] = per_model.sum(axis=0) / demand if demand else np.zeros(mask.shape[1])
+        if named.any():
+            per_model = (p * gpu * named)[:, None] * mask / np.maximum(mask.sum(axis=1), 1)[:, None]
+            cached["model_demand"] = per_model.sum(axis=0) / demand if demand else np.zeros(mask.shape[1])
+        else:
+            cached["model_demand"] = np.zeros(mask.shape[1])
         cached["mem_per_gpu"] = float((with_gpu * cached["mem"]).sum()) / demand if demand else 0.0
 
 
@@ -208,13 +212,30 @@ def expected_fragmentation(cpu, mem, model, free, cap, arrays) -> np.ndarray:
     k = free.shape[0]
     if k == 0 or arrays["total"] == 0:
         return np.zeros(k)
+    gsum, fitting, inverse, usable = _fragmentation_parts(cpu, mem, model, free, cap, arrays)
+    weights = (fitting.astype(np.float64) @ (arrays["onehot"] * arrays["p"][:, None]))[inverse]  # (K, J): seen mass per class fitting
+    return gsum * arrays["total"] - (usable * weights).sum(axis=1)
+
+
+def fragmentation_by_shape(cpu, mem, model, free, cap, arrays) -> np.ndarray:
+    """F_n(m) per state and seen shape, (K, T) floats: `expected_fragmentation` before the
+    weighting by p (so that one is this @ p)."""
+    if free.shape[0] == 0 or not len(arrays["cpu"]):
+        return np.zeros((free.shape[0], len(arrays["cpu"])))
+    gsum, fitting, inverse, usable = _fragmentation_parts(cpu, mem, model, free, cap, arrays)
+    return gsum[:, None] - fitting[inverse] * usable[:, arrays["cls"]]
+
+
+def _fragmentation_parts(cpu, mem, model, free, cap, arrays):
+    """(gsum (K,), fits (U, T) over the distinct (model, CPU, memory), inverse (K,) into U,
+    usable (K, J) free GPU each demand class could use)."""
+    k = free.shape[0]
     present = cap > 0
     gsum = free.sum(axis=1)
     first, inverse = _unique_rows(model, cpu, mem)
     ucpu, umem, umodel = cpu[first], mem[first], model[first]
     cm = (arrays["cpu"][None, :] <= ucpu[:, None]) & (arrays["mem"][None, :] <= umem[:, None])
     cm &= arrays["mask"][:, umodel].T
-    weights = (cm.astype(np.float64) @ arrays["onehot_p"])[inverse]  # (K, J): seen mass per class fitting CPU/mem/model
     usable = np.zeros((k, len(arrays["classes"])), dtype=np.int64)
     kinds = arrays["kinds"]
     share = np.nonzero(kinds == SHARE)[0]
@@ -231,7 +252,7 @@ def expected_fragmentation(cpu, mem, model, free, cap, arrays) -> np.ndarray:
     span = np.nonzero(kinds == SPAN)[0]
     if len(span):
         usable[:, span] = np.where(gsum[:, None] >= arrays["amounts"][span][None, :], gsum[:, None], 0)
-    return gsum * arrays["total"] - (usable * weights).sum(axis=1)
+    return gsum, cm, inverse, usable
 
 
 class ClusterIndex:
@@ -265,6 +286,7 @@ class ClusterIndex:
         # Equivalence classes: nodes in the same state (model, CPU, memory, device amounts as a
         # multiset) share an id, so a policy scores one representative per class.
         self._state_ids: dict[tuple, int] = {}
+        self._by_state = None  # [workload, F_n(m) per state id and shape, shapes counted per state id]
         self.state = np.array([self._state_id(r) for r in range(len(self.names))], dtype=np.int64)
         # Per-node figures the filters read, kept with each update: free GPU in all, the most on
         # one device, idle devices, and which device slots hold a free amount not seen earlier
@@ -286,6 +308,15 @@ class ClusterIndex:
             seen[:, j] = (free[:, :j] == free[:, j:j + 1]).any(axis=1)
         self.distinct[rows] = present & ~seen
 
+    def _derive_row(self, row: int) -> None:
+        """`_derive` for one node, in plain Python (a node has a handful of devices)."""
+        free, cap = self.free[row].tolist(), self.cap[row].tolist()
+        present = [c > 0 for c in cap]
+        self.gsum[row] = sum(free)
+        self.gmax[row] = max((f for f, p in zip(free, present) if p), default=-1)
+        self.idle[row] = sum(1 for f, c, p in zip(free, cap, present) if p and f == c)
+        self.distinct[row] = [p and f not in free[:j] for j, (f, p) in enumerate(zip(free, present))]
+
     def _state_id(self, row: int) -> int:
         pairs = tuple(sorted(zip(self.free[row].tolist(), self.cap[row].tolist())))
         key = (int(self.model[row]), int(self.cpu_free[row]), int(self.mem_free[row]), pairs)
@@ -298,6 +329,7 @@ class ClusterIndex:
         other = object.__new__(ClusterIndex)
         other.__dict__.update(self.__dict__)
         other._state_ids = dict(self._state_ids)
+        other._by_state = None
         for name in ("cpu_free", "mem_free", "free", "memory_free", "state", "gsum", "gmax", "idle", "distinct"):
             setattr(other, name, getattr(self, name).copy())
         return other
@@ -313,7 +345,7 @@ class ClusterIndex:
             self.free[row, slot] -= amount
         self.memory_free[row] -= memory or sum(takes.values())
         self.state[row] = self._state_id(row)
-        self._derive(slice(row, row + 1))
+        self._derive_row(row)
         if self.cpu_free[row] < 0 or self.mem_free[row] < 0 or (self.free[row] < 0).any():
             raise ValueError(f"over-commit on node {self.names[row]}")
 
@@ -323,7 +355,7 @@ class ClusterIndex:
         self.free[row, :] = 0
         self.free[row, :len(free)] = free
         self.state[row] = self._state_id(row)
-        self._derive(slice(row, row + 1))
+        self._derive_row(row)
 
     # ---- queries -------------------------------------------------------------------------
     def model_arrays(self) -> dict[str, int]:
@@ -414,7 +446,7 @@ class ClusterIndex:
             if workload is None:
                 raise ValueError(f"policy {policy!r} needs the workload seen so far")
             arrays = workload.arrays(self.model_ids)
-            delta = self._frag_delta(shape, cand, slots, arrays)
+            delta = self._frag_delta(shape, cand, slots, arrays, workload)
             if policy == "fgd":
                 return cand, slots, (cand, delta)
             gpu_after = self._gpu_after(shape, cand)
@@ -428,23 +460,50 @@ class ClusterIndex:
             return cand, slots, (cand, fit, score)
         raise ValueError(f"unknown placement policy {policy!r} (known: {', '.join(POLICIES)})")
 
-    def _frag_delta(self, shape: Shape, cand, slots, arrays) -> np.ndarray:
+    def _frag_delta(self, shape: Shape, cand, slots, arrays, workload: Workload) -> np.ndarray:
         """FGD's gradient per candidate: F(after) − F(before), computed once per equivalence
-        class of (node state, device amount taken from)."""
+        class of (node state, device amount taken from); F(before) kept per state (`_state_table`)."""
         state = self.state[cand]
         _, first_b, inverse_b = np.unique(state, return_index=True, return_inverse=True)
         key = state * (1 << 22) + (self.free[cand, slots] if shape.kind == SHARE else 0)
         _, first_a, inverse_a = np.unique(key, return_index=True, return_inverse=True)
-        before_rows, after_rows = cand[first_b], cand[first_a]
-        rows = np.concatenate([before_rows, after_rows])  # one pass over both sets of states
-        frag = expected_fragmentation(
-            np.concatenate([self.cpu_free[before_rows], self.cpu_free[after_rows] - shape.cpu]),
-            np.concatenate([self.mem_free[before_rows], self.mem_free[after_rows] - shape.mem]),
-            self.model[rows],
-            np.concatenate([self.free[before_rows], self.after_states(shape, after_rows, slots[first_a])]),
+        after_rows, before_rows = cand[first_a], cand[first_b]
+        # F_n(m) of the after states, and of the before states not known yet, in one pass.
+        t = len(arrays["cpu"])
+        table, cols = self._state_table(workload, t)
+        ids = self.state[before_rows]
+        stale = cols[ids] < t
+        fresh = before_rows[stale]
+        rows = np.concatenate([after_rows, fresh])
+        parts = fragmentation_by_shape(
+            np.concatenate([self.cpu_free[after_rows] - shape.cpu, self.cpu_free[fresh]]),
+            np.concatenate([self.mem_free[after_rows] - shape.mem, self.mem_free[fresh]]),
+            self.model[rows], np.concatenate([self.after_states(shape, after_rows, slots[first_a]), self.free[fresh]]),
             self.cap[rows], arrays)
-        before, after = frag[:len(before_rows)], frag[len(before_rows):]
+        if len(fresh):
+            table[ids[stale], :t] = parts[len(after_rows):]
+            cols[ids[stale]] = t
+        p = arrays["p"]
+        after = parts[:len(after_rows)] @ p
+        before = table[ids, :t] @ p
         return after[inverse_a.reshape(-1)] - before[inverse_b.reshape(-1)]
+
+    def _state_table(self, workload: Workload, t: int):
+        """F_n(m) kept per state id (rows) and seen shape (columns), with the number of shapes
+        each row holds: a state's F_n(m) never changes, only p does (and new shapes add
+        columns), so a node's F(before) is computed once per state it enters, not once per
+        request. Kept for one workload (another one starts afresh)."""
+        cache = self._by_state
+        if cache is None or cache[0] is not workload:
+            size = max(64, 2 * len(self._state_ids))
+            cache = self._by_state = [workload, np.zeros((size, max(t, 16))), np.zeros(size, dtype=np.int64)]
+        table, cols = cache[1], cache[2]
+        if len(self._state_ids) > table.shape[0] or t > table.shape[1]:
+            grown = np.zeros((max(table.shape[0], 2 * len(self._state_ids)), max(table.shape[1], 2 * t)))
+            grown[:table.shape[0], :table.shape[1]] = table
+            cols = np.concatenate([cols, np.zeros(grown.shape[0] - len(cols), dtype=np.int64)])
+            table, cache[1], cache[2] = grown, grown, cols
+        return table, cols
 
     def _pressure(self, arrays) -> np.ndarray:
         """Per GPU model: the share of the seen GPU demand that only some models may serve
