@@ -7,7 +7,11 @@ Each session is placed by the pure allocator (`accelerators.allocation.core.plac
 group's policy, on that in-memory view and its vectorised index; the plan is written as
 Allocation rows, the session moves PENDING → SCHEDULED, and the view is updated with the plan
 (`core.apply_placement`) in every scope holding that node, so later sessions of the same pass
-see it. The start message goes to the node's agent after commit. For the fragmentation-aware
+see it. The pass's rows are written in a few bulk statements (`_PassWrites`), flushed before
+anything reads usage from the database again. After commit, one batch of page notices
+(`events.sessions_notify`: one query, one event loop for every group send) and the agents'
+start messages through one broker connection (`_send_starts`): 1,000 sessions in well under
+10 s end to end on PostgreSQL (benchmarks/scheduler_db.py). For the fragmentation-aware
 policies the pass also counts the request shapes it placed per resource group
 (`PlacementShape`): the workload distribution those policies weigh by.
 """
@@ -55,7 +59,9 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
     starts: list[tuple[str, dict]] = []
     with transaction.atomic():
         pending = list(
-            ComputeSession.objects.select_for_update().select_related("owner").filter(status=SessionStatus.PENDING)
+            # Owners read in the same query (the start specs name them), but only sessions locked.
+            ComputeSession.objects.select_for_update(of=("self",)).select_related("owner")
+            .filter(status=SessionStatus.PENDING)
             .order_by("-priority", "created_at", "pk")[:limit]
         )
         writes = _PassWrites(starts)
