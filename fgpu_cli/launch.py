@@ -35,14 +35,16 @@ def _text(value: Decimal) -> str:
 
 
 def build_resources(*, gpu=None, gpu_memory=None, gpu_cores=None, gpus=None, fgpu=None, mig_profile=None,
-                    slot: str = "cuda", cpu=None, mem=None) -> dict:
+                    isolation=None, slot: str = "cuda", cpu=None, mem=None) -> dict:
     """One accelerator style per session:
 
     - `--gpu F` (Run:ai): 0 < F < 1 → `{"gpu_fraction": "F"}` (F of one GPU's memory and SMs);
       a whole number N → `{"gpu": N, "gpu_memory_percentage": 100, "gpu_cores": 100}`: N whole
       GPUs, all their memory and SMs (Run:ai's `--gpu 2`);
     - `--gpu-memory 4G [--gpu-cores 60] [--gpus 2]` (Run:ai / HAMi) → `{"gpu": 2,
-      "gpu_memory": "4G", "gpu_cores": 60}` (per device);
+      "gpu_memory": "4G", "gpu_cores": 60}` (per device); with `--isolation mig|any|shared` →
+      `{"gpu": 1, "gpu_memory": "15G", "isolation": "mig"}`: the smallest MIG instance holding it
+      (`mig`), a MIG instance or a shared slice (`any`), a shared slice only (`shared`);
     - `--fgpu 2.5` (Backend.AI) → `{"cuda.shares": "2.5"}`;
     - `--mig-profile 2g.20gb` (Run:ai dynamic MIG) → `{"mig_profile": "2g.20gb"}`;
     - none → a CPU-only session.
@@ -54,6 +56,8 @@ def build_resources(*, gpu=None, gpu_memory=None, gpu_cores=None, gpus=None, fgp
                                         ("--mig-profile", mig_profile is not None)) if given]
     if len(styles) > 1:
         raise UsageError(f"one GPU request per session: {' and '.join(styles)} cannot be combined")
+    if isolation is not None and gpu_memory is None:
+        raise UsageError(f"--isolation {isolation}: goes with --gpu-memory, the memory the slice must hold")
     resources: dict = {}
     if gpu is not None:
         value = _decimal(gpu, "--gpu")
@@ -71,6 +75,8 @@ def build_resources(*, gpu=None, gpu_memory=None, gpu_cores=None, gpus=None, fgp
         resources = {"gpu": count}
         if gpu_memory is not None:
             resources["gpu_memory"] = _size(gpu_memory, "--gpu-memory")
+        if isolation is not None:
+            resources["isolation"] = isolation
         if gpu_cores is not None:
             if not 0 <= gpu_cores <= 100:
                 raise UsageError(f"--gpu-cores {gpu_cores}: a percentage from 0 to 100")

@@ -178,7 +178,7 @@ def cmd_logout(args) -> int:
 def cmd_launch(args) -> int:
     body = build_body(name=args.name, command=args.command, priority=args.priority, gpu=args.gpu,
                       gpu_memory=args.gpu_memory, gpu_cores=args.gpu_cores, gpus=args.gpus, fgpu=args.fgpu,
-                      mig_profile=args.mig_profile, slot=args.slot, cpu=args.cpu, mem=args.mem)
+                      mig_profile=args.mig_profile, isolation=args.isolation, slot=args.slot, cpu=args.cpu, mem=args.mem)
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError("--timeout must be above 0 seconds")
     client, _ = _client(args)
@@ -599,6 +599,9 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.add_argument("--gpu-memory", metavar="SIZE", help="GPU memory per device, e.g. 4G (HAMi / Run:ai)")
     gpu.add_argument("--gpu-cores", metavar="PCT", type=int, help="with --gpu-memory: percent of each device's SMs")
     gpu.add_argument("--gpus", metavar="N", type=int, help="with --gpu-memory: how many devices (default 1)")
+    gpu.add_argument("--isolation", choices=("shared", "mig", "any"),
+                     help="with --gpu-memory: a shared slice (default), the smallest MIG instance that holds it, "
+                          "or either")
     gpu.add_argument("--fgpu", metavar="AMOUNT", help="fGPU amount (Backend.AI), may span devices, e.g. 2.5")
     gpu.add_argument("--slot", default="cuda", help=argparse.SUPPRESS)
     gpu.add_argument("--mig-profile", metavar="PROFILE", help="a MIG profile, e.g. 2g.20gb")

@@ -33,6 +33,21 @@ def eager_celery():
 
 
 @pytest.fixture(autouse=True)
+def fresh_channel_layer():
+    """Each in-process test gets a new channel layer object (same configured backend and Redis).
+    Tests run their websocket scenarios with `asyncio.run`, a new event loop each, while
+    channels_redis keeps per-channel asyncio locks on the layer object; a receive cancelled while
+    waiting for one (an exec timeout, a closed socket) leaves that lock behind, bound to a loop
+    that is gone, and the next test to contend for it fails with "bound to a different event
+    loop". A server process has one loop per layer, so this only happens across tests."""
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
+@pytest.fixture(autouse=True)
 def private_cache(request):
     """Each in-process test gets a cache of its own: the login throttle counts failed logins
     per address (all tests log in from 127.0.0.1) in the default cache, which is the shared

@@ -132,6 +132,8 @@ def one_line_error(err: str) -> str:
     ({"fgpu": "2.5"}, {"cuda.shares": "2.5"}),
     ({"fgpu": "0.50"}, {"cuda.shares": "0.5"}),
     ({"mig_profile": "2g.20gb"}, {"mig_profile": "2g.20gb"}),
+    ({"gpu_memory": "15G", "isolation": "mig"}, {"gpu": 1, "gpu_memory": "15G", "isolation": "mig"}),
+    ({"gpu_memory": "15G", "isolation": "any"}, {"gpu": 1, "gpu_memory": "15G", "isolation": "any"}),
     ({"fgpu": "1", "cpu": 2, "mem": "8G"}, {"cuda.shares": "1", "cpu": 2, "mem": "8G"}),
     ({"cpu": 4}, {"cpu": 4}),
     ({}, {}),
@@ -167,6 +169,9 @@ def test_the_bodies_are_what_the_server_parses(flags, kind, amount_, memory, cor
     ({"gpu_memory": "4G", "gpus": 0}, "at least 1"),
     ({"mem": "1.5"}, None),  # shape accepted here; the server refuses a bare fraction
     ({"cpu": 0}, "at least 1 core"),
+    ({"isolation": "mig"}, "goes with --gpu-memory"),
+    ({"gpu_cores": 30, "isolation": "mig"}, "goes with --gpu-memory"),
+    ({"mig_profile": "1g.10gb", "isolation": "mig"}, "goes with --gpu-memory"),
 ])
 def test_bad_launch_flags_are_usage_errors(flags, message):
     if message is None:
@@ -587,3 +592,9 @@ def test_logs_without_follow_stops_at_what_is_there(api, capsys):
 
     assert cli.main(["logs", SID]) == 0
     assert capsys.readouterr().out == "abc"
+
+
+@pytest.mark.parametrize("isolation", ["mig", "any", "shared"])
+def test_an_isolation_flag_is_a_memory_request_the_server_parses_with_that_isolation(isolation):
+    request = parse_resources(build_resources(gpu_memory="15G", isolation=isolation))
+    assert getattr(request, "isolation", "shared") == isolation
