@@ -115,9 +115,10 @@ class ResourceGroup(models.Model):
 
     name = models.SlugField(max_length=64, unique=True)
     description = models.CharField(max_length=255, blank=True)
-    policy = models.CharField(max_length=16, choices=PLACEMENT_POLICIES, default="binpack",
+    policy = models.CharField(max_length=16, choices=PLACEMENT_POLICIES, default="fgd-plus",
                               help_text="how nodes are chosen: binpack, spread, best-fit, fgd (fragmentation gradient "
-                                        "descent, Weng et al. ATC'23) or fgd-plus (FGD with best-fit tie-breaks)")
+                                        "descent, Weng et al. ATC'23) or fgd-plus (the default: FGD plus GPU stranded by CPU/memory, "
+                                        "a best-fit term and GPU-model pressure)")
     weight_memory = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal("1"),
                                         validators=[MinValueValidator(Decimal("0"))])
     weight_cores = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal("1"),

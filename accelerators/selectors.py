@@ -129,9 +129,9 @@ def placement_scope(*, request: core.ResourceRequest, for_update: bool = False, 
 
 def placement_options(*, group: ResourceGroup | None) -> dict:
     """`core.place`'s options under `group`'s rules, or the "default" group's for None (else
-    binpack, fragmentation allowed): `{"policy", "no_fragmentation"}`."""
+    fgd-plus, fragmentation allowed): `{"policy", "no_fragmentation"}`."""
     rules = group or ResourceGroup.objects.filter(name=DEFAULT_GROUP).first()
-    return {"policy": rules.policy if rules else "binpack",
+    return {"policy": rules.policy if rules else "fgd-plus",
             "no_fragmentation": rules.no_fragmentation if rules else False}
 
 
