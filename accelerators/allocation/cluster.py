@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .packing import PackingPlan, solve_packing_plan
+
 NONE, SHARE, WHOLE, SPAN = 0, 1, 2, 3
 KIND_NAMES = {NONE: "none", SHARE: "share", WHOLE: "whole", SPAN: "span"}
 POLICIES = ("binpack", "spread", "best-fit", "fgd", "fgd-plus")
@@ -50,6 +52,8 @@ FIT_WEIGHT = 0.2  # fgd-plus: best-fit's weight, per device's amount
 STRAND_WEIGHT = 2.0  # fgd-plus: weight of GPU newly stranded by CPU or memory
 PLUS_FIT_WEIGHTS = (0.0, 0.0, 1.0)  # fgd-plus: best-fit's CPU, memory, GPU weights
 SCARCITY_WEIGHT = 1.0  # fgd-plus: weight of model pressure for requests that name no model
+REPLAN_GROWTH = 2.0  # fgd-plus: solve the packing plan again when the SHARE requests seen grow by this
+PRESSURE_STEP = 0.1  # fgd-plus: model pressures closer than this rank alike for SHARE requests
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,8 @@ class Workload:
         self.position: dict[Shape, int] = {}
         self._counts = np.zeros(16, dtype=np.float64)
         self._cache = None
+        self._shares: dict[int, int] = {}  # SHARE requests seen, by amount
+        self._plans: dict[int, tuple[int, PackingPlan | None]] = {}  # by device capacity: (seen then, plan)
         for shape, n in (counts or {}).items():
             self.observe(shape, n)
 
@@ -125,6 +131,24 @@ class Workload:
             if pos >= len(self._counts):
                 self._counts = np.concatenate([self._counts, np.zeros(len(self._counts), dtype=np.float64)])
         self._counts[pos] += n
+        if shape.kind == SHARE:
+            self._shares[shape.amount] = self._shares.get(shape.amount, 0) + n
+
+    def packing_plan(self, capacity: int) -> PackingPlan | None:
+        """The packing plan (`packing.solve_packing_plan`) of the SHARE amounts seen so far on
+        devices of `capacity` units, or None (none seen, or the LP failed). Solved again only
+        when the SHARE requests seen have grown by REPLAN_GROWTH since the last solve, or an
+        amount appears that the plan lacks: a few solves over a run, each tens of ms."""
+        seen = sum(self._shares.values())
+        if not seen:
+            return None
+        solved, plan = self._plans.get(capacity, (0, None))
+        known = set(plan.amounts) if plan is not None else set()
+        if solved and seen < REPLAN_GROWTH * solved and all(a in known or a > capacity for a in self._shares):
+            return plan
+        plan = solve_packing_plan(capacity, self._shares)
+        self._plans[capacity] = (seen, plan)
+        return plan
 
     def counts(self) -> dict[Shape, int]:
         return {s: int(c) for s, c in zip(self.shapes, self._counts[:len(self.shapes)])}
@@ -454,9 +478,13 @@ class ClusterIndex:
             stranded = self._stranded(cand, arrays, self.cpu_free[cand] - shape.cpu, self.mem_free[cand] - shape.mem,
                                       gpu_after) - self._stranded(cand, arrays)
             score = delta / arrays["total"] + FIT_WEIGHT * fit * np.maximum(self.unit[cand], 1) + STRAND_WEIGHT * stranded
-            if not shape.models and SCARCITY_WEIGHT:
-                score = score + SCARCITY_WEIGHT * self._pressure(arrays)[self.model[cand]] * (
+            pressure = self._pressure(arrays)[self.model[cand]] if not shape.models else np.zeros(len(cand))
+            if SCARCITY_WEIGHT:
+                score = score + SCARCITY_WEIGHT * pressure * (
                     shape.gpu_amount + (shape.cpu / arrays["cpu_per_gpu"] if arrays["cpu_per_gpu"] > 0 else 0))
+            if shape.kind == SHARE:
+                return cand, slots, (cand, fit, score, self._plan_rank(shape, cand, slots, workload),
+                                     np.round(pressure / PRESSURE_STEP))
             return cand, slots, (cand, fit, score)
         raise ValueError(f"unknown placement policy {policy!r} (known: {', '.join(POLICIES)})")
 
@@ -504,6 +532,19 @@ class ClusterIndex:
             cols = np.concatenate([cols, np.zeros(grown.shape[0] - len(cols), dtype=np.int64)])
             table, cache[1], cache[2] = grown, grown, cols
         return table, cols
+
+    def _plan_rank(self, shape: Shape, cand, slots, workload: Workload) -> np.ndarray:
+        """(K,) ints for SHARE candidates: 0 where the device is in use and on the workload's
+        packing plan for `shape.amount` (packing.py), 1 where it is idle, 2 elsewhere."""
+        cap = self.cap[cand, slots]
+        used = cap - self.free[cand, slots]
+        rank = np.where(used == 0, 1, 2)
+        for capacity in np.unique(cap[used > 0]).tolist():
+            plan = workload.packing_plan(int(capacity))
+            if plan is not None:
+                mine = (cap == capacity) & (used > 0)
+                rank[mine & plan.on_plan(used, shape.amount)] = 0
+        return rank
 
     def _pressure(self, arrays) -> np.ndarray:
         """Per GPU model: the share of the seen GPU demand that only some models may serve
