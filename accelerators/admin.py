@@ -9,7 +9,7 @@ from __future__ import annotations
 from decimal import ROUND_DOWN, Decimal
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
@@ -17,8 +17,8 @@ from django.utils.html import format_html, format_html_join
 
 from accelerators.allocation import core, topology, units
 from accelerators.allocation.errors import InvalidResourceRequest
-from accelerators.mig_selectors import mig_gpu_pictures
-from accelerators.mig_services import node_mig_layout_apply, node_mig_settings_check
+from accelerators.mig_selectors import mig_gpu_pictures, node_mig_sync_view
+from accelerators.mig_services import node_mig_settings_apply, node_mig_settings_check
 from accelerators.models import (
     Device,
     DeviceLink,
@@ -280,6 +280,30 @@ def mig_picture_html(node: Node) -> str:
     return format_html("{}<div>{}</div>", format_html_join("", "{}", ((b,) for b in blocks)), legend)
 
 
+def mig_sync_text(view: dict) -> str:
+    """The sync view (`node_mig_sync_view`) in one line: the state's words, and that changes
+    wait for sessions (how many) when they do."""
+    text = view["detail"] or "nothing sent yet"
+    if view["pending"] and view["applied"] != "pending":
+        text += f"; {len(view['pending'])} change(s) wait for sessions to end"
+    return text
+
+
+def mig_sync_html(node: Node) -> str:
+    """How far the node's agent has applied the expected MIG layout: the state and its words,
+    when it was sent and reported, and each pending change, error and instance to destroy."""
+    view = node_mig_sync_view(node=node)
+    if not view["applied"]:
+        return "nothing sent to the agent yet"
+    lines = [(f"{p['profile']}@{p['start']} on GPU {p['index']}: {p['action']} waits — {p['reason']}",)
+             for p in view["pending"]]
+    lines += [(f"error: {e['profile'] or 'GPU'}@{e['start']} on {e['gpu']}: {e['reason']}",) for e in view["errors"]]
+    lines += [(f"to destroy: {d['profile']}@{d['start']} on {d['gpu']}",) for d in view["destroying"]]
+    return format_html("<strong>{}</strong> — {}<br>sent {} ({}, #{}), reported {}<ul>{}</ul>", view["applied"],
+                       mig_sync_text(view), view["sent_at"] or "never", view["kind"] or "—", view["seq"] or 0,
+                       view["reported_at"] or "not yet", format_html_join("", "<li>{}</li>", lines))
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     list_display = ("name", "status", "resource_group", "last_heartbeat", "cpu_count", "memory", "device_count",
@@ -292,18 +316,28 @@ class NodeAdmin(admin.ModelAdmin):
         ("Reported by the agent", {"fields": reported}),
         ("Sharing (set by administrators)", {"fields": ("resource_group", "device_split_count", "memory_scaling",
                                                         "core_scaling")}),
-        ("MIG (set by administrators)", {"fields": ("mig_mode", "mig_layout", "mig_picture")}),
+        ("MIG (set by administrators)", {"fields": ("mig_mode", "mig_layout", "mig_picture", "mig_status")}),
     )
-    readonly_fields = (*reported, "mig_picture")
+    readonly_fields = (*reported, "mig_picture", "mig_status")
     form = NodeForm
 
     @admin.display(description="MIG slices")
     def mig_picture(self, obj: Node) -> str:
         return mig_picture_html(obj) if obj.pk else "—"
 
+    @admin.display(description="MIG layout on the agent")
+    def mig_status(self, obj: Node) -> str:
+        return mig_sync_html(obj) if obj.pk else "—"
+
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        node_mig_layout_apply(node=obj)
+        if change and all(form.initial.get(name) == getattr(obj, name) for name in ("mig_mode", "mig_layout")):
+            return  # no MIG change (compared as values: the JSON text may differ): nothing to tell the agent
+        node_mig_settings_apply(node=obj)  # the agent is told once the admin's transaction commits
+        view = node_mig_sync_view(node=obj)
+        level = messages.WARNING if view["applied"] in ("pending-agent-offline", "error") or view["pending"] \
+            else messages.INFO
+        self.message_user(request, f"MIG layout of {obj.name}: {view['applied']} — {mig_sync_text(view)}", level)
 
     @admin.display(description="sharing")
     def sharing(self, obj: Node) -> str:

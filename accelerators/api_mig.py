@@ -10,13 +10,14 @@ that session's owner and to administrators, so session ids do not leak.
 """
 from __future__ import annotations
 
+from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
 
 from accelerators.allocation.errors import InvalidResourceRequest
-from accelerators.mig_selectors import mig_catalog_list, mig_gpu_layouts
-from accelerators.mig_services import node_mig_layout_apply, node_mig_settings_check
+from accelerators.mig_selectors import mig_catalog_list, mig_gpu_layouts, node_mig_sync_view
+from accelerators.mig_services import node_mig_settings_apply, node_mig_settings_check
 from accelerators.models import MigMode, Node
 from console.api_support import ETAG_NOTE, IF_MATCH, ETagMixin, IsAdminOrReadOnly, ListETagMixin
 from console.errors import ApplicationError
@@ -162,6 +163,56 @@ class MigGpuSerializer(serializers.Serializer):
     model_name = serializers.CharField(source="device.model_name")
 
 
+SYNC_STATES = ["", "not-managed", "pending-agent-offline", "sent", "applied", "pending", "error"]
+
+
+class MigPendingSerializer(serializers.Serializer):
+    gpu = serializers.CharField(help_text="the GPU UUID")
+    index = serializers.IntegerField(help_text="the GPU's index on its node")
+    profile = serializers.CharField()
+    start = serializers.IntegerField(help_text="first memory slice")
+    action = serializers.ChoiceField(choices=["destroy", "create"], help_text="what waits")
+    reason = serializers.CharField(help_text="why it waits, in words")
+
+
+class MigSyncErrorSerializer(serializers.Serializer):
+    gpu = serializers.CharField(allow_null=True, help_text="the GPU UUID")
+    profile = serializers.CharField(help_text='the instance\'s profile; "" when the whole GPU failed')
+    start = serializers.IntegerField(allow_null=True)
+    reason = serializers.CharField(help_text='in words: "MIG mode is off on this GPU …", "the GPU must be reset …"')
+
+
+class MigDestroySerializer(serializers.Serializer):
+    gpu = serializers.CharField()
+    profile = serializers.CharField()
+    start = serializers.IntegerField()
+
+
+class MigSyncSerializer(serializers.Serializer):
+    """`accelerators.mig_selectors.node_mig_sync_view`."""
+
+    applied = serializers.ChoiceField(
+        choices=SYNC_STATES,
+        help_text='how far the node\'s agent has applied the expected MIG layout: "sent" (pushed, waiting for its '
+                  'report), "applied", "pending" (applied except for changes waiting for sessions to end: see '
+                  '`pending`), "error" (see `errors`), "pending-agent-offline" (the node is LOST: applied when its '
+                  'agent next starts), "not-managed" (MIG mode off or static: nothing is sent), "" (never sent)')
+    detail = serializers.CharField(help_text="the state in words")
+    kind = serializers.ChoiceField(choices=["start", "layout", "drift"], allow_null=True,
+                                   help_text='why the last layout was sent: the agent registered ("start"), an '
+                                             'administrator changed it ("layout"), a heartbeat\'s layout digest '
+                                             'differed ("drift")')
+    seq = serializers.IntegerField(allow_null=True, help_text="number of the last layout message sent")
+    changed_at = serializers.DateTimeField(allow_null=True, help_text="the administrator's last change")
+    sent_at = serializers.DateTimeField(allow_null=True)
+    reported_at = serializers.DateTimeField(allow_null=True, help_text="the agent's report on the last message")
+    pending = MigPendingSerializer(many=True, help_text="changes that wait for sessions to end (or unknown "
+                                                        "instances to go)")
+    errors = MigSyncErrorSerializer(many=True, help_text="what the agent could not do")
+    destroying = MigDestroySerializer(many=True, help_text="idle instances the agent is to destroy and has not yet "
+                                                           "reported destroyed")
+
+
 class MigGpuLayoutSerializer(serializers.Serializer):
     node = serializers.CharField(source="node.name")
     mig_mode = serializers.ChoiceField(source="node.mig_mode", choices=MigMode.choices)
@@ -173,6 +224,12 @@ class MigGpuLayoutSerializer(serializers.Serializer):
     stranded_slices = serializers.SerializerMethodField(
         help_text="free memory slices no instance could be created over as the GPU is laid out now")
     free_compute_slices = serializers.IntegerField(help_text="compute slices (of 7) no instance holds")
+    sync = serializers.SerializerMethodField(help_text="how far the node's agent has applied the layout the manager "
+                                                       "expects on this GPU")
+
+    @extend_schema_field(MigSyncSerializer)
+    def get_sync(self, layout) -> dict:
+        return MigSyncSerializer(node_mig_sync_view(node=layout.node, gpu=layout.device.device_id)).data
 
     def get_free_slices(self, layout) -> list[int]:
         return sorted(layout.free)
@@ -197,6 +254,9 @@ LAYOUT_EXAMPLE = {
          "unknown_since": "2026-01-01T09:00:00Z"},
     ],
     "free_slices": [4, 5, 7], "stranded_slices": [7], "free_compute_slices": 2,
+    "sync": {"applied": "applied", "detail": "the agent applied the expected layout", "kind": "start", "seq": 1,
+             "changed_at": None, "sent_at": "2026-01-01T08:59:58Z", "reported_at": "2026-01-01T09:00:00Z",
+             "pending": [], "errors": [], "destroying": []},
 }
 
 
@@ -223,11 +283,23 @@ class MigLayoutViewSet(MigListViewSet):
 # --- one node's MIG settings and layout ---------------------------------------------------------------
 
 class NodeMigSerializer(serializers.ModelSerializer):
+    applied = serializers.SerializerMethodField(help_text="`sync.applied`: how far the node's agent has applied the "
+                                                          "expected layout (after a PUT/PATCH: \"sent\", "
+                                                          "\"pending-agent-offline\" or \"not-managed\")")
+    sync = serializers.SerializerMethodField(help_text="the state of the layout on the node's agent")
     gpus = serializers.SerializerMethodField(help_text="the node's MIG-capable GPUs and their layouts")
 
     class Meta:
         model = Node
-        fields = ["name", "mig_mode", "mig_layout", "gpus"]
+        fields = ["name", "mig_mode", "mig_layout", "applied", "sync", "gpus"]
+
+    @extend_schema_field(serializers.ChoiceField(choices=SYNC_STATES))
+    def get_applied(self, node) -> str:
+        return node_mig_sync_view(node=node)["applied"]
+
+    @extend_schema_field(MigSyncSerializer)
+    def get_sync(self, node) -> dict:
+        return MigSyncSerializer(node_mig_sync_view(node=node)).data
 
     @extend_schema_field(MigGpuLayoutSerializer(many=True))
     def get_gpus(self, node) -> list[dict]:
@@ -236,8 +308,9 @@ class NodeMigSerializer(serializers.ModelSerializer):
 
 class NodeMigSettingsSerializer(serializers.ModelSerializer):
     """What an administrator may change: the node's MIG mode and fixed layout, checked as the
-    admin form checks them (`accelerators.mig_services.node_mig_settings_check`); a fixed
-    layout is applied at once (`node_mig_layout_apply`). Answers with NodeMigSerializer."""
+    admin form checks them (`accelerators.mig_services.node_mig_settings_check`), then applied
+    and pushed to the node's agent (`node_mig_settings_apply`). Answers with NodeMigSerializer,
+    whose `applied` and `sync` say how far that got."""
 
     class Meta:
         model = Node
@@ -253,8 +326,9 @@ class NodeMigSettingsSerializer(serializers.ModelSerializer):
         return attrs
 
     def update(self, instance, validated_data):
-        node = super().update(instance, validated_data)
-        node_mig_layout_apply(node=node)
+        with transaction.atomic():
+            node = super().update(instance, validated_data)
+            node_mig_settings_apply(node=node)  # the agent is told once this commits
         return node
 
     def to_representation(self, node):
@@ -268,12 +342,33 @@ NODE_MIG_EXAMPLES = [
                                                   {"profile": "1g.10gb", "start": 2},
                                                   {"profile": "1g.10gb", "start": 3}]}}),
     OpenApiExample("A node's MIG", response_only=True, value={
-        "name": "gpu-node-1", "mig_mode": "dynamic", "mig_layout": {}, "gpus": [LAYOUT_EXAMPLE]}),
+        "name": "gpu-node-1", "mig_mode": "dynamic", "mig_layout": {}, "applied": "applied",
+        "sync": LAYOUT_EXAMPLE["sync"], "gpus": [LAYOUT_EXAMPLE]}),
+    OpenApiExample("A fixed layout changed while a session uses an instance it drops", response_only=True, value={
+        "name": "gpu-node-1", "mig_mode": "fixed", "mig_layout": {"0": [{"profile": "7g.80gb", "start": 0}]},
+        "applied": "sent", "sync": {
+            "applied": "sent", "detail": "sent to the node's agent; waiting for its report", "kind": "layout",
+            "seq": 2, "changed_at": "2026-01-01T10:00:00Z", "sent_at": "2026-01-01T10:00:00Z",
+            "reported_at": "2026-01-01T09:00:00Z", "errors": [],
+            "pending": [{"gpu": "GPU-a1000000-0000-0000-0000-000000000001", "index": 0, "profile": "4g.40gb",
+                         "start": 0, "action": "destroy",
+                         "reason": "in use by a running session: destroyed when the session ends"},
+                        {"gpu": "GPU-a1000000-0000-0000-0000-000000000001", "index": 0, "profile": "7g.80gb",
+                         "start": 0, "action": "create",
+                         "reason": "its memory slices are held by 4g.40gb@0 (in use): created once they are free"}],
+            "destroying": [{"gpu": "GPU-a1000000-0000-0000-0000-000000000001", "profile": "1g.10gb", "start": 6}]},
+        "gpus": []}),
 ]
 NODE_MIG_DOC = ("A node's MIG mode (`off`, `static`: the MIG slices its inventory declares or NVML finds, `dynamic`: "
                 "instances created on demand and torn down lazily, `fixed`: the administrator's `mig_layout`, "
                 '`{"<GPU index or UUID>": [{"profile", "start"}]}`) and the layout of each MIG-capable GPU. ')
 
+NODE_MIG_PUSH_DOC = ("Once saved, the new expected layout is sent to the node's running agent, which destroys the idle "
+                     "instances that no longer belong and creates the missing ones at once; instances in use by a "
+                     "session are never destroyed: those changes are listed in `sync.pending` and made when the "
+                     "sessions end. `applied` says \"sent\" (see `sync` and `GET /api/v1/mig/layouts/?node=` for the "
+                     "agent's report), \"pending-agent-offline\" (the node is LOST: applied at its agent's next "
+                     "start) or \"not-managed\" (mode off or static).")
 
 _NODE_MIG_WRITE = {"tags": TAGS, "parameters": [IF_MATCH], "request": NodeMigSettingsSerializer,
                    "responses": {200: NodeMigSerializer}, "examples": NODE_MIG_EXAMPLES}
@@ -281,13 +376,14 @@ _NODE_MIG_WRITE = {"tags": TAGS, "parameters": [IF_MATCH], "request": NodeMigSet
 
 @extend_schema_view(
     retrieve=extend_schema(summary="A node's MIG mode, fixed layout and GPU layouts", tags=TAGS,
-                           description=NODE_MIG_DOC + ETAG_NOTE, examples=NODE_MIG_EXAMPLES[2:]),
+                           description=NODE_MIG_DOC + ETAG_NOTE, examples=NODE_MIG_EXAMPLES[2:3]),
     update=extend_schema(summary="Replace a node's MIG settings (administrators; If-Match required)",
                          description=NODE_MIG_DOC + ETAG_NOTE + " A fixed layout is checked against each GPU's MIG "
                          "catalog (allowed starts, disjoint memory slices, max counts) and applied at once as idle "
-                         "instances; instances in use stay until their sessions end.", **_NODE_MIG_WRITE),
+                         "instances; instances in use stay until their sessions end. " + NODE_MIG_PUSH_DOC,
+                         **_NODE_MIG_WRITE),
     partial_update=extend_schema(summary="Change a node's MIG settings (administrators; If-Match required)",
-                                 description=NODE_MIG_DOC + ETAG_NOTE, **_NODE_MIG_WRITE),
+                                 description=NODE_MIG_DOC + ETAG_NOTE + " " + NODE_MIG_PUSH_DOC, **_NODE_MIG_WRITE),
 )
 class NodeMigViewSet(ETagMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin, viewsets.GenericViewSet):
     """One node's MIG settings and its GPUs' layouts; administrators change the settings with the

@@ -51,6 +51,58 @@ def gpu_instance_holds(row: GpuInstance) -> bool:
     return gpu_instance_state(row) != "idle"
 
 
+def node_mig_gpus(*, node: Node) -> list[Device]:
+    """The MIG-capable whole GPUs of `node` (their model has a MIG catalog), by index."""
+    gpus = []
+    for device in node.devices.filter(is_mig_device=False).order_by("index"):
+        try:
+            device_mig_catalog(device)
+        except InvalidResourceRequest:
+            continue
+        gpus.append(device)
+    return gpus
+
+
+def node_mig_layout_digest(*, node: Node) -> str | None:
+    """The digest (`accelerators.allocation.mig.layout_digest`) of the GPU instances the manager
+    has on record on `node`'s MIG-capable GPUs — planned ones (in use or idle) and unknown ones
+    alike, since the agent's digest counts every instance on the GPU. None when the node has no
+    MIG-capable GPU. Two queries."""
+    gpus = node_mig_gpus(node=node)
+    if not gpus:
+        return None
+    rows = GpuInstance.objects.filter(parent__in=gpus).values_list("parent__device_id", "profile", "placement_start")
+    return mig.layout_digest([g.device_id for g in gpus], rows)
+
+
+SYNC_DETAIL_KEYS = ("state", "detail", "kind", "seq", "changed_at", "sent_at", "reported_at")
+
+
+def node_mig_sync_view(*, node: Node, gpu: str | None = None) -> dict:
+    """How far `node`'s agent has applied the MIG layout the manager expects, for the API and
+    the admin page: {"applied": state, "detail": words, "kind": what the last push was for
+    ("start", "layout", "drift"), "seq", "changed_at", "sent_at", "reported_at" (ISO 8601 or
+    null), "pending": [{"gpu", "index", "profile", "start", "action", "reason"}], "errors":
+    [{"gpu", "profile", "start", "reason"}], "destroying": [{"gpu", "profile", "start"}]}.
+    States (`accelerators.mig_services.node_mig_push`): "not-managed" (MIG mode off or static,
+    or no MIG-capable GPU: nothing is sent), "pending-agent-offline" (applied at the agent's
+    next start), "sent" (waiting for the agent's report), "applied", "pending" (applied but for
+    changes waiting for sessions to end), "error" (see `errors`); "" before anything was sent.
+    `gpu` (a GPU UUID): only that GPU's pending items, errors and instances to destroy (errors
+    naming no GPU are kept)."""
+    sync = node.mig_sync or {}
+    view = {key: sync.get(key) for key in SYNC_DETAIL_KEYS}
+    view["applied"] = view.pop("state") or ""
+    view["detail"] = view["detail"] or ""
+    view["pending"] = list(sync.get("pending", []))
+    view["errors"] = list(sync.get("errors", []))
+    view["destroying"] = [{"gpu": g, **item} for g, items in sorted(sync.get("destroy", {}).items()) for item in items]
+    if gpu is not None:
+        for key in ("pending", "errors", "destroying"):
+            view[key] = [item for item in view[key] if item.get("gpu") in (gpu, None, "")]
+    return view
+
+
 @dataclass(frozen=True)
 class InstanceView:
     """One GPU instance of a GPU's layout: the row, its state (`gpu_instance_state`) and its

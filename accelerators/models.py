@@ -202,6 +202,14 @@ class Node(models.Model):
         "fixed MIG layout", default=dict, blank=True,
         help_text='for mode "fixed": {"<GPU device id or index>": [{"profile": "3g.40gb", "start": 0}, …]}',
     )
+    mig_sync = models.JSONField(
+        "MIG layout sync", default=dict, blank=True, editable=False,
+        help_text="the last MIG layout the manager sent the node's agent and what the agent reported applying "
+                  "(accelerators.mig_services.node_mig_push: state, seq, pending, destroy, errors, times)")
+    mig_drift = models.JSONField(
+        default=dict, blank=True, editable=False,
+        help_text="heartbeat digest bookkeeping: a mismatch between the agent's MIG layout digest and the "
+                  "expected one seen once, and the last one a full reconcile was asked for")
 
     class Meta:
         ordering = ["name"]

@@ -13,6 +13,7 @@ import logging
 import secrets
 from datetime import timedelta
 from decimal import Decimal
+from functools import partial
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -23,6 +24,7 @@ from django.utils import timezone
 from accelerators.allocation import core
 from accelerators.allocation.errors import AllocationError, InvalidResourceRequest, NeverSchedulable
 from accelerators.allocation.requests import parse_resources, request_to_spec
+from accelerators.mig_services import node_mig_pending_retry
 from accelerators.models import AllocationMode, NodeStatus
 from accelerators.selectors import fractional_settings_get, placement_scope, resource_group_get
 from console.errors import ApplicationError
@@ -173,6 +175,8 @@ def _finish(session: ComputeSession, *, status: str, reason: str, exit_code: int
     released = Allocation.objects.filter(session_id=session.pk, released_at__isnull=True).update(released_at=now)
     log.info("session %s → %s (%s); released %d allocation(s)", session.pk, status, reason, released)
     events.session_notify(session)
+    if session.node_id is not None:  # a fixed MIG layout change may wait for this session (before the next pass)
+        transaction.on_commit(partial(node_mig_pending_retry, node_id=session.node_id))
     transaction.on_commit(_schedule_soon)
     return True
 

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 @shared_task(name="fgpu.manager.agent_register", acks_late=True)
 def agent_register(*, node: str, inventory: dict, running: list[str]) -> None:
     """An agent started: apply its inventory, reconcile its sessions, tell it which to keep."""
-    from accelerators.mig_services import node_mig_expected
+    from accelerators.mig_services import node_mig_push
     from accelerators.plugins.base import DeviceInfo
     from accelerators.services import node_inventory_apply, node_links_apply
     from sessions.services import sessions_reconcile_node
@@ -38,9 +38,7 @@ def agent_register(*, node: str, inventory: dict, running: list[str]) -> None:
         log.warning("node %s reported unusable device links, ignored: %s", node, exc)
     keep = sessions_reconcile_node(node_name=node, running=running)
     sessions_sync.delay(node=node, keep=keep)
-    expected = node_mig_expected(node=registered)  # MIG GPUs: the agent re-applies the layout, reports strangers
-    if expected is not None:
-        mig_reconcile.delay(node=node, **expected)
+    node_mig_push(node=registered, kind="start")  # MIG GPUs: the agent re-applies the layout, reports strangers
     schedule_pending_soon()
 
 
@@ -53,11 +51,16 @@ def mig_report(*, node: str, report: dict) -> None:
 
 
 @shared_task(name="fgpu.manager.agent_heartbeat", acks_late=True)
-def agent_heartbeat(*, node: str, running: list[str]) -> None:
+def agent_heartbeat(*, node: str, running: list[str], mig_digest: str | None = None) -> None:
+    """`mig_digest`: the digest of the GPU instances the agent finds on its MIG GPUs (None: none
+    known); a mismatch with the manager's asks for a full MIG reconcile (`node_mig_heartbeat_check`)."""
+    from accelerators.mig_services import node_mig_heartbeat_check
     from accelerators.services import node_heartbeat
 
     if not node_heartbeat(node_name=node):
         log.warning("heartbeat from unregistered node %s", node)
+        return
+    node_mig_heartbeat_check(node_name=node, digest=mig_digest)
 
 
 @shared_task(name="fgpu.manager.session_report", acks_late=True)
@@ -141,7 +144,10 @@ def sessions_sync(*, node: str, keep: list[str]) -> None:
 
 
 @shared_task(name="fgpu.agent.mig_reconcile")
-def mig_reconcile(*, node: str, gpus: list[dict], expected: dict) -> None:
-    """Re-apply the manager's expected MIG layout on `node`'s GPUs and report strangers
-    (`accelerators.mig_services.node_mig_expected` gives the arguments)."""
-    _agent(node).submit_mig_reconcile(gpus, expected)
+def mig_reconcile(*, node: str, gpus: list[dict], expected: dict, destroy: dict | None = None, kind: str = "start",
+                  seq: int | None = None) -> None:
+    """Apply the manager's expected MIG layout on `node`'s GPUs: destroy the idle instances in
+    `destroy`, re-create missing expected ones, report strangers; `kind` "start" (after
+    registering), "layout" (an administrator's change) or "drift" (a heartbeat digest differed),
+    `seq` echoed in the report (`accelerators.mig_services.node_mig_push` gives the arguments)."""
+    _agent(node).submit_mig_reconcile(gpus, expected, destroy=destroy, kind=kind, seq=seq)

@@ -44,7 +44,7 @@ class RecordingManager:
     def register(self, node, inventory, running):
         self._record(self.registered, (node, inventory, list(running)))
 
-    def heartbeat(self, node, running):
+    def heartbeat(self, node, running, mig_digest=None):
         self._record(self.heartbeats, (node, list(running)))
 
     def report(self, session_id, status, reason, exit_code):

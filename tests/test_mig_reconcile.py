@@ -127,7 +127,7 @@ def test_the_expected_layout_is_every_planned_instance_of_each_mig_gpu_of_a_dyna
                                unknown_since=timezone.now())
 
     assert node_mig_expected(node=node) == {"gpus": gpus_block(), "expected": {H100: [{"profile": "3g.40gb",
-                                                                                       "start": 4}]}}
+                                                                                       "start": 4}]}, "destroy": {}}
     for mode in (MigMode.OFF, MigMode.STATIC):
         node.mig_mode = mode
         assert node_mig_expected(node=node) is None

@@ -35,6 +35,8 @@ instances are destroyed only when their slices are needed (the plan names them).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -484,3 +486,13 @@ def memory_text(profile: MigProfile) -> str:
     """"19.62 GiB" for display (truncated to 2 decimals)."""
     return format_binary_size(profile.memory)
 
+
+
+def layout_digest(gpus: Iterable[str], instances: Iterable[tuple[str, str, int]]) -> str:
+    """A short digest of the GPU instances on a node's MIG GPUs, for the agent's heartbeat and
+    the manager's comparison: `gpus` the GPU UUIDs in scope, `instances` (GPU UUID, profile,
+    first memory slice) tuples (order does not matter). Both sides compute it with this one
+    function, so equal layouts give equal digests. Returns 16 hex digits (SHA-256, cut)."""
+    body = json.dumps({"gpus": sorted(set(gpus)), "instances": sorted([g, p, int(s)] for g, p, s in instances)},
+                      separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()[:16]

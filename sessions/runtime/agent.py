@@ -62,10 +62,10 @@ class CeleryManager:
 
         agent_register.delay(node=node, inventory=inventory, running=running)
 
-    def heartbeat(self, node: str, running: list[str]) -> None:
+    def heartbeat(self, node: str, running: list[str], mig_digest: str | None = None) -> None:
         from sessions.tasks import agent_heartbeat
 
-        agent_heartbeat.delay(node=node, running=running)
+        agent_heartbeat.delay(node=node, running=running, mig_digest=mig_digest)
 
     def report(self, session_id: str, status: str, reason: str, exit_code: int | None) -> None:
         from sessions.tasks import session_report
@@ -125,7 +125,9 @@ class Agent:
 
     MIG (issue 4): after registering, the manager sends the expected layout of each MIG GPU
     (`submit_mig_reconcile`); the agent re-creates missing instances and reports the ones the
-    manager does not know (`mig_report`), as it does when a start spec reaches a GPU first.
+    manager does not know (`mig_report`), as it does when a start spec reaches a GPU first. The
+    manager sends it again when an administrator changes the layout, and when a heartbeat's MIG
+    layout digest (`_send_heartbeat`) differs from the one it expects.
     """
 
     def __init__(self, *, node: str, inventory: dict, channel_layer, manager, scratch_root: Path,
@@ -185,10 +187,21 @@ class Agent:
         while True:
             await asyncio.sleep(self.heartbeat_s)
             try:
-                await self._call(self.manager.heartbeat, self.node, list(self.sessions))
+                await self._call(self._send_heartbeat, list(self.sessions))
             except Exception:
                 log.exception("agent %s: heartbeat failed", self.node)
             await self._refresh_groups()
+
+    def _send_heartbeat(self, running: list[str]) -> None:
+        """Blocking (a worker thread): the heartbeat, with the digest of the GPU instances on the
+        node's MIG GPUs (`MigManager.layout_digest`; None when it cannot be had) so the manager
+        notices drift without a full report."""
+        try:
+            digest = self.mig.layout_digest()
+        except Exception:
+            log.exception("agent %s: could not compute the MIG layout digest", self.node)
+            digest = None
+        self.manager.heartbeat(self.node, running, digest)
 
     async def _refresh_groups(self) -> None:
         """Join each running session's `pty-<id>` group again: channel layers forget a group
@@ -216,14 +229,19 @@ class Agent:
     def submit_sync(self, keep: list[str]) -> None:
         self._submit(self._sync(set(keep)))
 
-    def submit_mig_reconcile(self, gpus: list[dict], expected: dict[str, list[dict]]) -> None:
-        """Reconcile the MIG GPUs `gpus` with the manager's `expected` layout (see
-        `sessions.runtime.mig.MigManager.reconcile_at_start`); the report goes to the manager."""
-        self._submit(self._mig_reconcile(gpus, expected))
+    def submit_mig_reconcile(self, gpus: list[dict], expected: dict[str, list[dict]], *,
+                             destroy: dict[str, list[dict]] | None = None, kind: str = "start",
+                             seq: int | None = None) -> None:
+        """Reconcile the MIG GPUs `gpus` with the manager's `expected` layout, destroying the
+        idle instances in `destroy` first: kind "start" skips GPUs a start spec reached first
+        (`MigManager.reconcile_at_start`), "layout" and "drift" do every GPU
+        (`MigManager.apply_layout`). The report, with `kind` and `seq`, goes to the manager."""
+        self._submit(self._mig_reconcile(gpus, expected, destroy=destroy, kind=kind, seq=seq))
 
-    async def _mig_reconcile(self, gpus: list[dict], expected: dict[str, list[dict]]) -> None:
+    async def _mig_reconcile(self, gpus: list[dict], expected: dict[str, list[dict]], **how) -> None:
+        step = self.mig.reconcile_at_start if how.get("kind") == "start" else self.mig.apply_layout
         try:
-            await asyncio.to_thread(self.mig.reconcile_at_start, gpus, expected)
+            await asyncio.to_thread(step, gpus, expected, **how)
         except Exception:
             log.exception("agent %s: MIG reconcile failed", self.node)
 

@@ -13,6 +13,10 @@ the MIG device's UUID, memory (bytes) and SMs back (`LiveInstance`). The agent t
 UUID into CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES and the instance's memory into the
 virtual nvidia-smi. When the session ends nothing is destroyed (lazy teardown).
 
+While the agent runs, the manager pushes a changed layout (an administrator's change, or a
+heartbeat whose `layout_digest` differed from the expected one): `apply_layout` destroys the
+idle instances the manager no longer plans, creates the missing ones and reports strangers.
+
 Backends: `NvmlMigBackend` (real GPUs, through `accelerators.plugins.cuda_mig`) and
 `MockMigBackend` (mock nodes: an in-memory layout checked against the built-in catalog, so
 the whole flow runs without a GPU). Failures raise `MigError` with the reason in words.
@@ -132,31 +136,113 @@ class MigManager:
         # called with each reconcile report, outside the lock (the agent sends it to the manager)
         self.on_report = on_report
         self._reconciled: set[str] = set()
+        self.known: dict[str, dict] = {}  # GPU UUID → block: the MIG GPUs the manager named, for layout_digest
         self._lock = threading.Lock()
 
-    def reconcile_at_start(self, gpus: Iterable[dict], expected: dict[str, list[dict]]) -> dict:
-        """At agent start: `reconcile` the GPUs (blocks with "gpu", "model_name", "memory_size",
-        "subproc_count") against the manager's expected layout (GPU UUID → [{"profile",
-        "start"}]), except GPUs a start spec already reconciled (a session prepared there first:
-        its spec carried a newer layout). Returns the report (also in `reports`, and passed to
-        `on_report`), whose "gpus" lists the GPUs whose instances could be listed."""
+    def reconcile_at_start(self, gpus: Iterable[dict], expected: dict[str, list[dict]], *,
+                           destroy: dict[str, list[dict]] | None = None, kind: str = "start",
+                           seq: int | None = None) -> dict:
+        """At agent start: `apply_layout` on the GPUs (blocks with "gpu", "model_name",
+        "memory_size", "subproc_count") except GPUs a start spec already reconciled (a session
+        prepared there first: its spec carried a newer layout). Returns the report (also in
+        `reports`, and passed to `on_report`), whose "gpus" lists the GPUs whose instances could
+        be listed."""
+        gpus = list(gpus)
         with self._lock:
-            todo = [block for block in gpus if block["gpu"] not in self._reconciled]
-            report = self.reconcile(todo, expected)
-            self._reconciled.update(report["gpus"])
-            self.reports.append(report)
+            self._know(gpus)
+            report = self._apply([block for block in gpus if block["gpu"] not in self._reconciled], expected,
+                                 destroy or {}, kind=kind, seq=seq)
         self._report(report)
         return report
 
+    def apply_layout(self, gpus: Iterable[dict], expected: dict[str, list[dict]], *,
+                     destroy: dict[str, list[dict]] | None = None, kind: str = "layout",
+                     seq: int | None = None) -> dict:
+        """While the agent runs (an administrator changed the layout, or a heartbeat's digest
+        differed): on every GPU in `gpus`, destroy the instances in `destroy` (GPU UUID →
+        [{"profile", "start"}]: idle ones the manager no longer plans; one the layout expects is
+        kept, one with a process attached fails IN_USE and stays, reported in "errors"), then
+        `reconcile` against `expected` (missing ones created, strangers reported). Returns the
+        report — `reconcile`'s plus "destroyed" (the `destroy` items no longer on the GPU),
+        "kind" and "seq" as given — also in `reports` and passed to `on_report`."""
+        gpus = list(gpus)
+        with self._lock:
+            self._know(gpus)
+            report = self._apply(gpus, expected, destroy or {}, kind=kind, seq=seq)
+        self._report(report)
+        return report
+
+    def _know(self, gpus: list[dict]) -> None:
+        for block in gpus:
+            self.known[block["gpu"]] = block
+
+    def _apply(self, gpus: list[dict], expected: dict[str, list[dict]], destroy: dict[str, list[dict]], *,
+               kind: str, seq: int | None) -> dict:
+        destroyed, errors = [], []
+        for block in gpus:
+            destroyed.extend(self._destroy_listed(block, expected.get(block["gpu"], ()),
+                                                  destroy.get(block["gpu"], ()), errors))
+        report = self.reconcile(gpus, expected)
+        report.update(errors=[*errors, *report["errors"]], destroyed=destroyed, kind=kind, seq=seq)
+        self._reconciled.update(report["gpus"])
+        self.reports.append(report)
+        return report
+
+    def _destroy_listed(self, block: dict, expected: Iterable[dict], doomed: Iterable[dict], errors: list) -> list[dict]:
+        """Destroy the instances of `doomed` on the block's GPU that `expected` does not list;
+        failures go to `errors`. Returns the `doomed` items no longer on the GPU."""
+        gpu = block["gpu"]
+        keep = {(item["profile"], int(item["start"])) for item in expected}
+        doomed = [(item["profile"], int(item["start"])) for item in doomed]
+        if not doomed:
+            return []
+        try:
+            self.catalog(block)
+            live = {(i.profile, i.start): i for i in self._instances(gpu)}
+        except MigError:
+            return []  # `reconcile` reports why the GPU cannot be listed
+        gone = []
+        for profile, start in doomed:
+            if (profile, start) in keep:
+                continue
+            if (profile, start) in live:
+                try:
+                    self._destroy(gpu, live[(profile, start)])
+                except MigError as exc:
+                    errors.append({"gpu": gpu, "profile": profile, "start": start, "reason": str(exc)})
+                    continue
+            gone.append({"gpu": gpu, "profile": profile, "start": start})
+        return gone
+
+    def layout_digest(self) -> str | None:
+        """The digest (`accelerators.allocation.mig.layout_digest`) of every GPU instance on the
+        MIG GPUs the manager named (`known`), for the heartbeat; a GPU that cannot be listed adds
+        a marker no expected layout has. None when no MIG GPU is known yet, or while a MIG step
+        holds the lock (the layout is changing: the next heartbeat tells)."""
+        if not self.known or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            found = []
+            for gpu, block in sorted(self.known.items()):
+                try:
+                    self.catalog(block)
+                    found.extend((gpu, i.profile, i.start) for i in self._instances(gpu))
+                except MigError:
+                    found.append((gpu, "?", -1))
+        finally:
+            self._lock.release()
+        return catalog_mod.layout_digest(self.known, found)
+
     def _report(self, report: dict) -> None:
         if report["gpus"]:
-            log.info("reconciled MIG GPU(s) %s: %d instance(s) re-created, %d unknown, %d error(s)",
-                     ", ".join(report["gpus"]), len(report["recreated"]), len(report["unknown"]), len(report["errors"]))
+            log.info("reconciled MIG GPU(s) %s: %d instance(s) re-created, %d destroyed, %d unknown, %d error(s)",
+                     ", ".join(report["gpus"]), len(report["recreated"]), len(report.get("destroyed", ())),
+                     len(report["unknown"]), len(report["errors"]))
         for item in report["unknown"]:
             log.warning("MIG instance %s@%s (%s) on GPU %s is not the manager's; left in place",
                         item["profile"], item["start"], item["uuid"], item["gpu"])
         for item in report["errors"]:
-            log.warning("could not re-create MIG instance %s@%s on GPU %s: %s",
+            log.warning("could not apply MIG instance %s@%s on GPU %s: %s",
                         item["profile"], item["start"], item["gpu"], item["reason"])
         if self.on_report is not None:
             try:
