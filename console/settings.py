@@ -176,6 +176,8 @@ SPECTACULAR_SETTINGS = {
         "NodeStatusEnum": "accelerators.models.NodeStatus",
         "AllocationModeEnum": "accelerators.models.AllocationMode",
         "MigCatalogSourceEnum": "accelerators.api_mig.CATALOG_SOURCES",
+        "ExecStateEnum": "sessions.exec_store.STATES",
+        "ExecStreamEnum": "sessions.exec_store.STREAMS",
     },
 }
 
@@ -193,6 +195,11 @@ FGPU_SESSION_LOG_MAX_CHARS = 4 * 1024 * 1024
 # Exec (POST /api/v1/sessions/<id>/exec/): default and largest command timeout, seconds.
 FGPU_EXEC_DEFAULT_TIMEOUT = 30
 FGPU_EXEC_MAX_TIMEOUT = 300
+# Streamed exec ("stream": true): the most output kept per stream (stdout, stderr), bytes, as
+# the blocking exec's 1 MiB; later output is dropped (`truncated`). Seconds the state and output
+# stay readable (in Redis, or memory in standalone mode) after the command ends.
+FGPU_EXEC_STREAM_MAX_BYTES = 1024 * 1024
+FGPU_EXEC_OUTPUT_TTL = 3600
 
 LOGGING = {
     "version": 1,

@@ -25,6 +25,7 @@ from fgpu_cli.sessions import SESSIONS, NotFound, resolve
 
 OK, FAILED, USAGE, UNREACHABLE = 0, 1, 2, 3
 POLL_INTERVAL = 0.5
+EXEC_POLL_INTERVAL = 0.2  # seconds between reads of a streamed exec while no output comes
 
 
 class Failed(Exception):
@@ -375,8 +376,11 @@ def cmd_logs(args) -> int:
 
 
 def cmd_exec(args) -> int:
-    """Run a command on the session's node (`POST /sessions/<id>/exec/`): print its stdout and
-    stderr, exit with its status."""
+    """Run a command on the session's node (`POST /sessions/<id>/exec/` with `"stream": true`),
+    print its stdout and stderr to ours as they come (`GET …/exec/<exec_id>/?since=`), exit
+    with its status. Ctrl-C stops the remote command (`DELETE …/exec/<exec_id>/`) and exits 130.
+    `-o json` prints the blocking exec's result object at the end instead. A server without
+    streamed exec answers the result at once (200): it is printed as it is."""
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
@@ -385,16 +389,83 @@ def cmd_exec(args) -> int:
     client, creds = _client(args)
     session = _running_session(client, creds, args.session)
     command = argv[0] if len(argv) == 1 else argv  # one argument: a shell command line
-    # The HTTP request waits for the command: give it the command's timeout and the server's margin.
+    path = f"{SESSIONS}{session['id']}/exec/"
+    # A server without streamed exec waits for the command: give it the command's timeout and the server's margin.
     waiting = Client(client.url, client.token, timeout=max(args.http_timeout, args.timeout + 30))
-    result = waiting.post(f"{SESSIONS}{session['id']}/exec/", {"command": command, "timeout": args.timeout})
+    started = waiting.post(path, {"command": command, "timeout": args.timeout, "stream": True})
+    if "id" not in started:
+        return _exec_result(args, started, printed=False)
+    url = f"{path}{started['id']}/"
+    try:
+        state, stdout, stderr = _exec_follow(client, url, echo=args.output != "json")
+    except KeyboardInterrupt:
+        return _exec_stop(client, url)
+    if state["state"] == "timed_out":
+        raise Failed(f"the command ran longer than its timeout of {state['timeout']} s and was killed; "
+                     "pass a larger --timeout")
+    if state["state"] == "failed":
+        raise Failed(state.get("error") or "the command could not be run")
+    if state["state"] == "cancelled":
+        raise Failed("the remote command was cancelled" + (f" (exit code {state['exit_code']})"
+                                                          if state.get("exit_code") is not None else ""))
+    result = {"exit_code": state["exit_code"], "stdout": stdout, "stderr": stderr, "truncated": state["truncated"],
+              "duration_ms": state["duration_ms"]}
+    return _exec_result(args, result, printed=True)
+
+
+def _exec_follow(client: Client, url: str, *, echo: bool) -> tuple[dict, str, str]:
+    """Read a streamed exec from its start until `complete`, writing each chunk to our stdout or
+    stderr as it comes when `echo`. Returns the last read and all of stdout and stderr."""
+    since, seen = 0, {"stdout": [], "stderr": []}
+    while True:
+        body = client.get(url, query={"since": since})
+        for chunk in body.get("chunks") or []:
+            name = "stderr" if chunk.get("stream") == "stderr" else "stdout"
+            seen[name].append(chunk.get("data", ""))
+            if echo:
+                target = sys.stderr if name == "stderr" else sys.stdout
+                target.write(chunk.get("data", ""))
+                target.flush()
+        moved = body.get("next", since) != since
+        since = body.get("next", since)
+        if body.get("complete"):
+            return body, "".join(seen["stdout"]), "".join(seen["stderr"])
+        if not moved:
+            time.sleep(EXEC_POLL_INTERVAL)
+
+
+def _exec_stop(client: Client, url: str) -> int:
+    """After Ctrl-C: stop the remote command and say how that went; 130 (as a shell after SIGINT)."""
+    sys.stderr.write("\n")
+    try:
+        state = client.delete(url) or {}
+    except KeyboardInterrupt:
+        _info("fgpu: interrupted again: the remote command may run on until its timeout")
+        return 130
+    except (ApiError, Unreachable) as exc:
+        _error(f"could not stop the remote command ({exc}); it runs on until its timeout")
+        return 130
+    code = f" (exit code {state['exit_code']})" if state.get("exit_code") is not None else ""
+    if state.get("running"):
+        _info("fgpu: asked the server to stop the remote command; it has not confirmed yet")
+    elif state.get("cancelled"):
+        _info(f"fgpu: the remote command was stopped{code}")
+    else:
+        _info(f"fgpu: the remote command had already ended{code}")
+    return 130
+
+
+def _exec_result(args, result: dict, *, printed: bool) -> int:
+    """Print an exec's result `{"exit_code", "stdout", "stderr", "truncated", "duration_ms"}` (the
+    object with -o json; else its output, unless `printed` already) and return its exit status."""
     if args.output == "json":
         _emit_json(result)
     else:
-        sys.stdout.write(result.get("stdout", ""))
-        sys.stdout.flush()
-        sys.stderr.write(result.get("stderr", ""))
-        sys.stderr.flush()
+        if not printed:
+            sys.stdout.write(result.get("stdout", ""))
+            sys.stdout.flush()
+            sys.stderr.write(result.get("stderr", ""))
+            sys.stderr.flush()
         if result.get("truncated"):
             _info("fgpu: the output was cut at 1 MiB per stream")
     code = result.get("exit_code", FAILED)
@@ -630,7 +701,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("session", metavar="SESSION")
 
     p = add("exec", cmd_exec, "run a command in a session (its node, environment and working directory); "
-                              "print its output, exit with its status",
+                              "print its output as it comes, exit with its status (Ctrl-C stops it)",
             usage="fgpu exec [-h] [-o {table,json}] [--timeout S] SESSION -- CMD [ARG ...]")
     p.add_argument("--timeout", type=int, default=30, metavar="S",
                    help="seconds before the server kills the command (default 30, at most 300)")

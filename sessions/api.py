@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.conf import settings
 from django_filters import rest_framework as filters
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action, api_view
@@ -13,6 +14,7 @@ from accelerators.allocation.errors import InvalidResourceRequest
 from console.api_support import ErrorSerializer, ListETagMixin
 from console.errors import ApplicationError
 from sessions import services
+from sessions.exec_store import STATES, STREAMS
 from sessions.launch import launch_options, launch_preview
 from sessions.models import ComputeSession, SessionStatus
 from sessions.selectors import LOG_READ_MAX_CHARS, session_get_for, session_list_for, session_log_read
@@ -105,6 +107,10 @@ class ExecSerializer(serializers.Serializer):
     timeout = serializers.IntegerField(min_value=1, max_value=settings.FGPU_EXEC_MAX_TIMEOUT,
                                        default=settings.FGPU_EXEC_DEFAULT_TIMEOUT, required=False,
                                        help_text="seconds; the command is killed after it (504)")
+    stream = serializers.BooleanField(default=False, required=False,
+                                      help_text="true: answer 202 with the exec's id at once and keep its output to "
+                                                "read with GET …/exec/<exec_id>/ (cancel with DELETE); false: answer "
+                                                "200 with the result when it exits")
 
 
 class ExecResultSerializer(serializers.Serializer):
@@ -113,6 +119,52 @@ class ExecResultSerializer(serializers.Serializer):
     stderr = serializers.CharField(allow_blank=True, help_text="at most 1 MiB")
     truncated = serializers.BooleanField(help_text="stdout or stderr was cut at 1 MiB")
     duration_ms = serializers.IntegerField(help_text="milliseconds the command ran")
+
+
+class ExecStateSerializer(serializers.Serializer):
+    id = serializers.UUIDField(help_text="the exec's id: GET or DELETE …/exec/<id>/")
+    session = serializers.UUIDField()
+    command = CommandField()
+    timeout = serializers.IntegerField(help_text="seconds")
+    state = serializers.ChoiceField(STATES, help_text="starting (no agent took it yet), running, exited, timed_out "
+                                                      "(killed at its timeout), cancelled, failed (see `error`)")
+    running = serializers.BooleanField(help_text="starting or running")
+    exit_code = serializers.IntegerField(allow_null=True, help_text="null until it ends; 128+N when killed by "
+                                                                    "signal N; null when cancelled before it ran")
+    cancelled = serializers.BooleanField(help_text="stopped by a DELETE")
+    timed_out = serializers.BooleanField(help_text="killed at its timeout")
+    error = serializers.CharField(allow_blank=True, help_text="why it failed; empty otherwise")
+    truncated = serializers.BooleanField(help_text="stdout or stderr passed 1 MiB: later output of it was dropped")
+    duration_ms = serializers.IntegerField(allow_null=True, help_text="milliseconds it ran; null until it ends")
+    created_at = serializers.DateTimeField()
+
+
+class ExecChunkSerializer(serializers.Serializer):
+    stream = serializers.ChoiceField(STREAMS)
+    data = serializers.CharField(allow_blank=True, trim_whitespace=False, help_text="text (UTF-8; bad bytes replaced)")
+
+
+class ExecOutputSerializer(ExecStateSerializer):
+    chunks = ExecChunkSerializer(many=True, help_text="output from chunk `since` on, in the order it was read")
+    since = serializers.IntegerField(help_text="offset (chunks) of the first chunk returned")
+    next = serializers.IntegerField(help_text="the `since` to send next")
+    complete = serializers.BooleanField(help_text="it ended and this read reaches the end of its output: stop "
+                                                  "following")
+
+
+class ExecQuerySerializer(serializers.Serializer):
+    since = serializers.IntegerField(min_value=0, default=0, required=False,
+                                     help_text="offset (chunks, not bytes) to read from: 0, or `next` of the "
+                                               "previous read")
+
+
+EXEC_ID_PARAMETER = OpenApiParameter("exec_id", OpenApiTypes.UUID, OpenApiParameter.PATH,
+                                     description="the `id` a streamed exec's POST answered")
+EXEC_STATE_EXAMPLE = {
+    "id": "5b0f3c1e-8a52-4d3e-9c55-0d0c9f1b2a77", "session": "27eafb9b-d987-401d-8aab-0bc8d1cd89cd",
+    "command": "for i in 1 2 3; do echo step $i; sleep 1; done", "timeout": 60, "state": "starting",
+    "running": True, "exit_code": None, "cancelled": False, "timed_out": False, "error": "", "truncated": False,
+    "duration_ms": None, "created_at": "2025-01-07T10:12:03.120000Z"}
 
 
 class SessionFilter(filters.FilterSet):
@@ -228,15 +280,26 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
 
     @extend_schema(summary="Run a command in a session", request=ExecSerializer,
                    responses={200: ExecResultSerializer,
+                              202: OpenApiResponse(ExecStateSerializer, description="`stream` true: started; "
+                                                   "follow it at GET …/exec/<id>/ (the `Location` header)."),
                               502: OpenApiResponse(ErrorSerializer, description="The agent could not start the command."),
                               504: OpenApiResponse(ErrorSerializer, description="The command ran past its timeout, or "
                                                                                 "the node's agent did not answer.")},
                    description="Runs the command on the session's node beside its process: the session's environment "
                                "(allocation limits, the virtual nvidia-smi on PATH), working directory, stdin from "
                                "/dev/null; batch sessions too. 409 unless RUNNING; 504 when it runs past `timeout` "
-                               "(killed) or the node's agent does not answer.",
+                               "(killed) or the node's agent does not answer.\n\n"
+                               "With `\"stream\": true` it answers 202 at once with the exec's `id` (and its URL "
+                               "in `Location`) instead of waiting: read the output while it runs with GET "
+                               "…/exec/<id>/?since=<next>, stop it with DELETE …/exec/<id>/. Its output is kept "
+                               "(1 MiB per stream) for an hour after it ends, readable from any web process.",
                    examples=[OpenApiExample("nvidia-smi", request_only=True,
                                             value={"command": ["nvidia-smi"], "timeout": 30}),
+                             OpenApiExample("Streamed", request_only=True, value={
+                                 "command": "for i in 1 2 3; do echo step $i; sleep 1; done", "timeout": 60,
+                                 "stream": True}),
+                             OpenApiExample("Streamed: started", response_only=True, status_codes=["202"],
+                                            value=EXEC_STATE_EXAMPLE),
                              OpenApiExample("A shell line", request_only=True,
                                             value={"command": "echo $CUDA_DEVICE_SM_LIMIT; exit 3"}),
                              OpenApiExample("Result", response_only=True, value={
@@ -244,11 +307,58 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
                                  "duration_ms": 12})])
     @action(detail=True, methods=["post"])
     def exec(self, request, session_id=None):
-        """`{"command": ["nvidia-smi"], "timeout": 30}` → `{"exit_code", "stdout", "stderr", …}`."""
+        """`{"command": ["nvidia-smi"], "timeout": 30}` → 200 `{"exit_code", "stdout", "stderr", …}`; with
+        `"stream": true` → 202 with the exec's state (GET/DELETE …/exec/<id>/ follow or cancel it)."""
         session = self.get_object()  # first: another user's session is a 404 whatever the body
         data = ExecSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        return Response(services.session_exec(session=session, **data.validated_data))
+        if not data.validated_data.pop("stream"):
+            return Response(services.session_exec(session=session, **data.validated_data))
+        started = services.session_exec_start(session=session, **data.validated_data)
+        return Response(ExecStateSerializer(started).data, status=status.HTTP_202_ACCEPTED,
+                        headers={"Location": f"/api/v1/sessions/{session.pk}/exec/{started['id']}/"})
+
+    @extend_schema(methods=["GET"], summary="Read a streamed exec", parameters=[EXEC_ID_PARAMETER, ExecQuerySerializer],
+                   responses={200: ExecOutputSerializer,
+                              400: OpenApiResponse(ErrorSerializer, description="`since` out of range.")},
+                   description="A streamed exec's state and its output from chunk `since` on: stdout and stderr "
+                               "chunks in the order the agent read them, each with its stream. Follow it by asking "
+                               "again with `?since=<next>` until `complete` is true; the agent pushes output as it "
+                               "comes. 404 when the session has no such exec or its output expired (an hour after "
+                               "it ended). An exec no agent took within 10 s shows as `failed`.",
+                   examples=[OpenApiExample("Still running", response_only=True, value={
+                       **EXEC_STATE_EXAMPLE, "state": "running",
+                       "chunks": [{"stream": "stdout", "data": "step 1\n"}, {"stream": "stderr", "data": "warn\n"}],
+                       "since": 0, "next": 2, "complete": False}),
+                       OpenApiExample("Ended", response_only=True, value={
+                           **EXEC_STATE_EXAMPLE, "state": "exited", "running": False, "exit_code": 0,
+                           "duration_ms": 3012, "chunks": [{"stream": "stdout", "data": "step 2\nstep 3\n"}],
+                           "since": 2, "next": 3, "complete": True})])
+    @extend_schema(methods=["DELETE"], summary="Cancel a streamed exec", parameters=[EXEC_ID_PARAMETER],
+                   request=None,
+                   responses={200: OpenApiResponse(ExecStateSerializer, description="It has ended (`cancelled` "
+                                                   "true when this stopped it)."),
+                              202: OpenApiResponse(ExecStateSerializer, description="Asked to stop; the agent has "
+                                                   "not reported the end within 5 s.")},
+                   description="Kills the command: the agent sends SIGTERM to every process it started, SIGKILL 2 s "
+                               "later; one no agent took yet never runs. Waits up to 5 s for the agent to report the "
+                               "end. An exec that already ended is left as it is (200 with its state).",
+                   examples=[OpenApiExample("Cancelled", response_only=True, status_codes=["200"], value={
+                       **EXEC_STATE_EXAMPLE, "state": "cancelled", "running": False, "exit_code": 143,
+                       "cancelled": True, "duration_ms": 1840})])
+    @action(detail=True, methods=["get", "delete"], url_path=r"exec/(?P<exec_id>[0-9a-fA-F-]{36})",
+            url_name="exec-detail")
+    def exec_detail(self, request, session_id=None, exec_id=None):
+        """GET `?since=<next>` → state + `chunks`, `next`, `complete`; DELETE → cancel."""
+        session = self.get_object()  # first: another user's session is a 404 whatever the exec
+        if request.method == "DELETE":
+            state = services.session_exec_cancel(session=session, exec_id=exec_id.lower())
+            return Response(ExecStateSerializer(state).data,
+                            status=status.HTTP_202_ACCEPTED if state["running"] else status.HTTP_200_OK)
+        query = ExecQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        return Response(ExecOutputSerializer(services.session_exec_read(
+            session=session, exec_id=exec_id.lower(), **query.validated_data)).data)
 
 
 class LaunchOptionsQuerySerializer(serializers.Serializer):

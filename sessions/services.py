@@ -1,5 +1,5 @@
 """Writes to compute sessions: create, terminate, apply agent reports, terminal tickets, the
-output logs agents ship, and exec.
+output logs agents ship, and exec (blocking, or streamed through the exec store).
 
 Status changes are compare-and-set (`filter(status__in=…).update(…)`): when two writers
 race, exactly one wins and the other sees `updated == 0`. Allocations are released in the
@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import secrets
-from datetime import timedelta
+import time
+import uuid
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from decimal import Decimal
 from functools import partial
 
@@ -29,6 +33,7 @@ from accelerators.models import AllocationMode, NodeStatus
 from accelerators.selectors import fractional_settings_get, placement_scope, resource_group_get
 from console.errors import ApplicationError
 from sessions import events, mig_scheduling
+from sessions.exec_store import LIVE_STATES, STREAM_NAMES, exec_store_default
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus, TerminalTicket
 
 log = logging.getLogger(__name__)
@@ -333,9 +338,7 @@ def session_exec(*, session: ComputeSession, command, timeout: int) -> dict:
     when the command ran past `timeout` (it was killed) or the agent did not answer within
     `timeout` + EXEC_REPLY_GRACE_S seconds; 502 "exec-failed" when the agent could not start it.
     """
-    if session.status != SessionStatus.RUNNING:
-        raise ApplicationError(f"the session is {session.status}; commands run only while it is RUNNING",
-                               type="session-not-running", title="Session not running", status=409)
+    _exec_check_running(session)
     message = {"type": "pty.exec", "session_id": str(session.pk), "argv": command, "timeout": timeout}
     result = async_to_sync(_exec_roundtrip)(events.pty_group(session.pk), message, timeout + EXEC_REPLY_GRACE_S)
     node = session.node.name if session.node_id else "its node"
@@ -348,6 +351,12 @@ def session_exec(*, session: ComputeSession, command, timeout: int) -> dict:
         raise ApplicationError(f"the command ran longer than its timeout of {timeout} s and was killed; "
                                "pass a larger \"timeout\"", type="exec-timeout", title="Exec timed out", status=504)
     return {key: result[key] for key in ("exit_code", "stdout", "stderr", "truncated", "duration_ms")}
+
+
+def _exec_check_running(session: ComputeSession) -> None:
+    if session.status != SessionStatus.RUNNING:
+        raise ApplicationError(f"the session is {session.status}; commands run only while it is RUNNING",
+                               type="session-not-running", title="Session not running", status=409)
 
 
 async def _exec_roundtrip(group: str, message: dict, wait_s: float) -> dict | None:
@@ -363,3 +372,127 @@ async def _exec_roundtrip(group: str, message: dict, wait_s: float) -> dict | No
                     return answer
     except TimeoutError:
         return None
+
+
+# --- streamed exec ----------------------------------------------------------------------------
+
+EXEC_CANCEL_WAIT_S = 5  # how long a cancel waits for the agent to report the command ended
+EXEC_CANCEL_POLL_S = 0.05
+EXEC_READ_MAX_BYTES = 1024 * 1024  # one read returns chunks up to about this much text (at least one)
+EXEC_READ_MAX_CHUNKS = 256
+
+
+def session_exec_start(*, session: ComputeSession, command, timeout: int) -> dict:
+    """Start `command` in a RUNNING session as `session_exec` runs it, without waiting: its
+    output is pushed by the session's agent to the exec store (sessions.exec_store: Redis, so any
+    web process serves it; memory in standalone mode) as it comes, at most
+    FGPU_EXEC_STREAM_MAX_BYTES per stream, kept FGPU_EXEC_OUTPUT_TTL seconds after it ends.
+    `command` is an argument vector or one shell command line; `timeout` in seconds.
+
+    Transport: the record is written `starting`, then a `pty.exec_stream` message goes to the
+    session's `pty-<id>` group (sessions.runtime.exec_stream runs it). Returns the exec's state
+    (see `session_exec_read`, without output). Raises ApplicationError 409 "session-not-running"
+    unless RUNNING. An agent that does not take it within EXEC_REPLY_GRACE_S seconds shows as
+    state `failed` on the next read."""
+    _exec_check_running(session)
+    exec_id = str(uuid.uuid4())
+    record = {"session": str(session.pk), "node": session.node.name if session.node_id else "",
+              "command": json.dumps(command), "timeout": str(timeout), "cap": str(settings.FGPU_EXEC_STREAM_MAX_BYTES),
+              "state": "starting", "cancel": "0", "truncated": "0", "created_ms": str(_now_ms())}
+    exec_store_default().create(exec_id, record,
+                                ttl_s=int(timeout + 3 * EXEC_REPLY_GRACE_S) + settings.FGPU_EXEC_OUTPUT_TTL)
+    message = {"type": "pty.exec_stream", "session_id": str(session.pk), "exec_id": exec_id, "argv": command,
+               "timeout": timeout, "ttl": settings.FGPU_EXEC_OUTPUT_TTL}
+    async_to_sync(get_channel_layer().group_send)(events.pty_group(session.pk), message)
+    return _exec_shape(exec_id, record)
+
+
+def session_exec_read(*, session: ComputeSession, exec_id: str, since: int = 0) -> dict:
+    """A streamed exec of `session` and its output from chunk `since` on (0, or `next` of the
+    previous read): the state (`id`, `session`, `command`, `timeout` (s), `state` (starting,
+    running, exited, timed_out, cancelled, failed), `running`, `exit_code` (None until it ends;
+    128+N when killed by signal N), `cancelled`, `timed_out`, `error`, `truncated` (a stream
+    reached its cap, later output of it was dropped), `duration_ms`, `created_at`), plus
+    `chunks` (`[{"stream": "stdout"|"stderr", "data": text}]`, in the order the agent read them),
+    `since`, `next` (the `since` to send next; offsets count chunks, not bytes) and `complete`
+    (it ended and this read reaches the end of its output: stop following). One read returns
+    up to about EXEC_READ_MAX_BYTES of text.
+
+    An exec that no agent took within EXEC_REPLY_GRACE_S seconds of its start, or whose agent
+    has not reported its end 2 × EXEC_REPLY_GRACE_S seconds past its timeout, is moved to
+    `failed` here. Raises ApplicationError 404 "not-found" when `session` has no such exec
+    (or its output expired)."""
+    store = exec_store_default()
+    record, chunks, total = store.read(exec_id, since=since, max_chunks=EXEC_READ_MAX_CHUNKS)
+    record = _exec_settle(store, exec_id, _exec_of(session, exec_id, record))
+    out, size = [], 0
+    for stream, text in chunks:
+        if out and size + len(text) > EXEC_READ_MAX_BYTES:
+            break
+        out.append({"stream": STREAM_NAMES[stream], "data": text})
+        size += len(text)
+    shape = _exec_shape(exec_id, record)
+    after = since + len(out) if since < total else since
+    return {**shape, "chunks": out, "since": since, "next": after,
+            "complete": not shape["running"] and after >= total}
+
+
+def session_exec_cancel(*, session: ComputeSession, exec_id: str) -> dict:
+    """Stop a streamed exec of `session`: one the agent has not taken yet is `cancelled` at once
+    (it never runs); for a running one the agent is asked (the record's `cancel` flag, which it
+    reads every 0.2 s) to send SIGTERM to every process of the command's session and SIGKILL 2 s
+    later, and this waits up to EXEC_CANCEL_WAIT_S seconds for it to report the end. An exec
+    that already ended is left as it is (idempotent). Returns its state as `session_exec_read`
+    does, without output: `running` false once it ended (`cancelled` true when this stopped it).
+    Raises ApplicationError 404 "not-found" when `session` has no such exec."""
+    store = exec_store_default()
+    record = _exec_of(session, exec_id, store.get(exec_id))
+    ended = {"state": "cancelled", "error": "", "duration_ms": "0"}
+    if not store.transition(exec_id, from_states=("starting",), fields=ended, ttl_s=settings.FGPU_EXEC_OUTPUT_TTL):
+        store.transition(exec_id, from_states=("running",), fields={"cancel": "1"})
+    deadline = time.monotonic() + EXEC_CANCEL_WAIT_S
+    while True:
+        record = _exec_settle(store, exec_id, store.get(exec_id) or record)
+        if record["state"] not in LIVE_STATES or time.monotonic() >= deadline:
+            return _exec_shape(exec_id, record)
+        time.sleep(EXEC_CANCEL_POLL_S)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _exec_of(session: ComputeSession, exec_id: str, record: dict | None) -> dict:
+    """`record` if it is an exec of `session`; else ApplicationError 404."""
+    if record is None or record.get("session") != str(session.pk):
+        raise ApplicationError("this session has no such exec (or its output expired)", type="not-found",
+                               title="Not found", status=404)
+    return record
+
+
+def _exec_settle(store, exec_id: str, record: dict) -> dict:
+    """Give up on an exec whose agent is silent (see `session_exec_read`): compare-and-set to
+    `failed`, so an agent that turns up later cannot start it. Returns the current record."""
+    node = record.get("node") or "its node"
+    age_ms = _now_ms() - int(record["created_ms"])  # the web's clock only: the agent's may be off
+    if record["state"] == "starting" and age_ms > EXEC_REPLY_GRACE_S * 1000:
+        error = f"the agent on {node} did not take the command within {EXEC_REPLY_GRACE_S:g} s; is the node up?"
+    elif record["state"] == "running" and age_ms > (int(record["timeout"]) + 2 * EXEC_REPLY_GRACE_S) * 1000:
+        error = f"the agent on {node} stopped reporting on the command; is the node up?"
+    else:
+        return record
+    if store.transition(exec_id, from_states=(record["state"],), fields={"state": "failed", "error": error},
+                        ttl_s=settings.FGPU_EXEC_OUTPUT_TTL):
+        return {**record, "state": "failed", "error": error}
+    return store.get(exec_id) or record
+
+
+def _exec_shape(exec_id: str, record: dict) -> dict:
+    state = record["state"]
+    return {"id": exec_id, "session": record["session"], "command": json.loads(record["command"]),
+            "timeout": int(record["timeout"]), "state": state, "running": state in LIVE_STATES,
+            "exit_code": int(record["exit_code"]) if record.get("exit_code") else None,
+            "cancelled": state == "cancelled", "timed_out": state == "timed_out", "error": record.get("error", ""),
+            "truncated": record.get("truncated") == "1",
+            "duration_ms": int(record["duration_ms"]) if record.get("duration_ms") else None,
+            "created_at": datetime.fromtimestamp(int(record["created_ms"]) / 1000, tz=dt_timezone.utc)}

@@ -190,7 +190,8 @@ def distributed_stack(tmp_path, procs):
     daphne, a Celery manager worker with beat (threads, concurrency 4) and one agent process
     per node, against the test database (the test needs `django_db(transaction=True)`) and
     Redis database `redis_db`, flushed first so stale queues cannot interfere (the suite's
-    e2e tests each use their own: 7, 11). Fractional settings and slot formats are imported
+    e2e tests each use their own: 7, 11; FGPU_TEST_STACK_REDIS_DB overrides it, for a run that
+    must keep to one Redis database beside others sharing the server). Fractional settings and slot formats are imported
     from demo/ as an administrator would (unit_mem 4 GiB, unit_proc 40, quantum 0.25). Agents
     get an unreachable DATABASE_URL: they must never need the database."""
     import redis
@@ -200,6 +201,7 @@ def distributed_stack(tmp_path, procs):
     def start(*, nodes: list[StackNode], redis_db: int) -> Stack:
         from accelerators.models import Node, NodeStatus
 
+        redis_db = int(os.environ.get("FGPU_TEST_STACK_REDIS_DB") or redis_db)
         redis_url = f"{settings.REDIS_URL.rsplit('/', 1)[0]}/{redis_db}"
         redis.Redis.from_url(redis_url).flushdb()
         db = connection.settings_dict

@@ -535,7 +535,8 @@ def test_quota_table_and_a_server_without_the_quota_api(api, capsys):
 
 # --- exec and logs through the REST API ----------------------------------------------------
 
-def test_exec_posts_the_command_prints_stdout_and_stderr_and_exits_with_its_status(api, capsys):
+def test_exec_on_a_server_without_streaming_prints_the_result_it_answers_and_exits_with_its_status(api, capsys):
+    """A server without streamed exec ignores `stream` and answers the blocking exec's result."""
     api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, session(command="python train.py"))  # batch too
     api.routes[("POST", f"/api/v1/sessions/{SID}/exec/")] = (200, {
         "exit_code": 3, "stdout": "out\n", "stderr": "err\n", "truncated": False, "duration_ms": 5})
@@ -543,10 +544,11 @@ def test_exec_posts_the_command_prints_stdout_and_stderr_and_exits_with_its_stat
     assert cli.main(["exec", SID, "--", "sh", "-c", "exit 3"]) == 3
     out = capsys.readouterr()
     assert (out.out, out.err) == ("out\n", "err\n")
-    assert api.requests[-1]["body"] == {"command": ["sh", "-c", "exit 3"], "timeout": 30}
+    assert api.requests[-1]["body"] == {"command": ["sh", "-c", "exit 3"], "timeout": 30, "stream": True}
 
     assert cli.main(["exec", "--timeout", "5", SID, "--", "nvidia-smi | head -3"]) == 3
-    assert api.requests[-1]["body"] == {"command": "nvidia-smi | head -3", "timeout": 5}  # one argument: a shell line
+    assert api.requests[-1]["body"] == {"command": "nvidia-smi | head -3", "timeout": 5,
+                                        "stream": True}  # one argument: a shell line
     capsys.readouterr()
     assert cli.main(["exec", "-o", "json", SID, "--", "true"]) == 3
     assert json.loads(capsys.readouterr().out)["stdout"] == "out\n"
@@ -560,6 +562,112 @@ def test_exec_past_its_timeout_exits_1_with_the_servers_reason(api, capsys):
 
     assert cli.main(["exec", SID, "--", "sleep", "99"]) == 1
     assert "timeout of 30 s" in one_line_error(capsys.readouterr().err)
+
+
+EID = "5b0f3c1e-8a52-4d3e-9c55-0d0c9f1b2a77"
+EXEC_PATH = f"/api/v1/sessions/{SID}/exec/{EID}/"
+
+
+def exec_state(**kw):
+    state = kw.get("state", "running")
+    return {"id": EID, "session": SID, "command": "x", "timeout": 30, "state": state,
+            "running": state in ("starting", "running"), "exit_code": None, "cancelled": state == "cancelled",
+            "timed_out": state == "timed_out", "error": "", "truncated": False, "duration_ms": None,
+            "created_at": "2026-01-01T00:00:00Z", **kw}
+
+
+def exec_read(since: int, *chunks, **kw):
+    body = exec_state(**kw)
+    return {**body, "chunks": [{"stream": stream, "data": data} for stream, data in chunks], "since": since,
+            "next": since + len(chunks), "complete": not body["running"]}
+
+
+@pytest.fixture
+def streamed(api, monkeypatch):
+    """A running session whose exec POST answers 202 with exec EID (the test routes its reads)."""
+    monkeypatch.setattr(cli, "EXEC_POLL_INTERVAL", 0.01)
+    api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, session())
+    api.routes[("POST", f"/api/v1/sessions/{SID}/exec/")] = (202, exec_state(state="starting"))
+
+
+def test_exec_prints_stdout_and_stderr_as_they_come_and_exits_with_the_remote_status(api, streamed, capsys):
+    before_the_end = []
+
+    def second_read(request):  # the CLI waits for this answer: what it printed so far is out already
+        before_the_end.append(capsys.readouterr())
+        return exec_read(2, state="running")
+
+    answers = iter([lambda r: exec_read(0, ("stdout", "one\n"), ("stderr", "warn\n")), second_read,
+                    lambda r: exec_read(2, ("stdout", "two\n"), state="exited", exit_code=3, duration_ms=40)])
+    api.routes[("GET", EXEC_PATH)] = lambda request: (200, next(answers)(request))
+
+    assert cli.main(["exec", SID, "--", "echo one; echo warn >&2; sleep 1; echo two; exit 3"]) == 3
+
+    rest = capsys.readouterr()
+    assert (before_the_end[0].out, before_the_end[0].err) == ("one\n", "warn\n")
+    assert (rest.out, rest.err) == ("two\n", "")
+    post = next(r for r in api.requests if r["method"] == "POST")
+    assert post["body"] == {"command": "echo one; echo warn >&2; sleep 1; echo two; exit 3", "timeout": 30,
+                            "stream": True}
+    assert [r["query"]["since"] for r in api.requests if r["path"] == EXEC_PATH] == ["0", "2", "2"]
+
+
+def test_exec_json_prints_the_result_object_at_the_end_only(api, streamed, capsys):
+    answers = iter([exec_read(0, ("stdout", "a\n"), ("stderr", "b\n")),
+                    exec_read(2, ("stdout", "c\n"), state="exited", exit_code=0, duration_ms=7, truncated=True)])
+    api.routes[("GET", EXEC_PATH)] = lambda request: (200, next(answers))
+
+    assert cli.main(["exec", "-o", "json", SID, "--", "true"]) == 0
+
+    out = capsys.readouterr()
+    assert json.loads(out.out) == {"exit_code": 0, "stdout": "a\nc\n", "stderr": "b\n", "truncated": True,
+                                   "duration_ms": 7}
+    assert out.err == ""
+
+
+@pytest.mark.parametrize("answer, message", [
+    (exec_state(state="cancelled", exit_code=143, duration_ms=900), "the remote command was stopped (exit code 143)"),
+    (exec_state(state="running", cancel=True), "asked the server to stop the remote command; it has not confirmed"),
+    (exec_state(state="exited", exit_code=0), "the remote command had already ended (exit code 0)"),
+])
+def test_ctrl_c_while_exec_streams_stops_the_remote_command_and_exits_130(api, streamed, capsys, monkeypatch,
+                                                                         answer, message):
+    api.routes[("GET", EXEC_PATH)] = lambda request: (
+        200, exec_read(0, ("stdout", "up\n")) if request["query"]["since"] == "0" else exec_read(1))
+    api.routes[("DELETE", EXEC_PATH)] = (200 if not answer["running"] else 202, answer)
+
+    def interrupted(seconds):  # Ctrl-C while the CLI waits for more output
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.time, "sleep", interrupted)
+
+    assert cli.main(["exec", SID, "--", "sleep 60"]) == 130
+
+    out = capsys.readouterr()
+    assert out.out == "up\n"
+    assert message in out.err and "Traceback" not in out.err
+    assert [r["method"] for r in api.requests if r["path"] == EXEC_PATH][-1] == "DELETE"
+
+
+def test_ctrl_c_when_the_stop_itself_fails_says_the_command_runs_on(api, streamed, capsys, monkeypatch):
+    api.routes[("GET", EXEC_PATH)] = (200, exec_read(0))
+    api.routes[("DELETE", EXEC_PATH)] = error_json(404, "this session has no such exec (or its output expired)")
+    monkeypatch.setattr(cli.time, "sleep", lambda seconds: (_ for _ in ()).throw(KeyboardInterrupt))
+
+    assert cli.main(["exec", SID, "--", "sleep 60"]) == 130
+    assert "it runs on until its timeout" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("answer, message", [
+    (exec_read(0, state="timed_out", exit_code=137, timeout=5), "ran longer than its timeout of 5 s"),
+    (exec_read(0, state="failed", error="the agent on node-1 did not take the command within 10 s; is the node up?"),
+     "did not take the command within 10 s"),
+])
+def test_a_streamed_exec_that_timed_out_or_failed_exits_1_with_the_reason(api, streamed, capsys, answer, message):
+    api.routes[("GET", EXEC_PATH)] = (200, answer)
+
+    assert cli.main(["exec", SID, "--", "sleep 60"]) == 1
+    assert message in one_line_error(capsys.readouterr().err)
 
 
 def test_logs_prints_the_log_and_follow_reads_from_the_cursor_until_complete(api, capsys):

@@ -142,20 +142,54 @@ def test_login_launch_exec_describe_ps_logs_rm(cluster, fgpu):
     assert fgpu("ps").returncode == 3
 
 
+def read_from(pipe, until: bytes, timeout: float = 20) -> bytes:
+    """Read a child's pipe until `until` has arrived (failing after `timeout` s): what was read."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while until not in seen:
+        assert time.monotonic() < deadline, f"{until!r} not seen within {timeout} s: {seen!r}"
+        ready, _, _ = select.select([pipe], [], [], 0.2)
+        if ready:
+            data = os.read(pipe.fileno(), 65536)
+            assert data, f"the pipe closed before {until!r}: {seen!r}"
+            seen += data
+    return seen
+
+
 def test_interactive_terminal_in_a_pty_with_resize_and_detach(cluster, fgpu):
     base, _ = cluster
     assert fgpu("login", base, "-u", "alice", "--password-stdin", input="alice-pass-123\n").returncode == 0
     out = fgpu("launch", "--name", "tty", "--fgpu", "0.5", "--wait", "--timeout", "60")
     assert out.returncode == 0, out.stderr
 
-    # Ctrl-C while exec waits: fgpu exits 130 at once, without a traceback.
-    proc = subprocess.Popen([FGPU, "exec", "--timeout", "3", "tty", "--", "touch started; sleep 30"], env=fgpu.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: fgpu("exec", "tty", "--", "test -e started && echo yes").stdout == "yes\n", timeout=20,
-               what="the exec'd command to run")
-    proc.send_signal(signal.SIGINT)
-    rest, err = proc.communicate(timeout=15)
-    assert proc.returncode == 130 and "Traceback" not in err, err
+    # Streamed: the first line arrives while the command still waits for a file only this test creates.
+    proc = subprocess.Popen([FGPU, "exec", "tty", "--", "echo first; until [ -e go ]; do sleep 0.1; done; "
+                                                       "echo second; exit 5"], env=fgpu.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert read_from(proc.stdout, b"first\n") == b"first\n"
+        assert proc.poll() is None  # it is still waiting
+        assert fgpu("exec", "tty", "--", "touch go").returncode == 0
+        rest, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert (proc.returncode, rest, err) == (5, b"second\n", b"")
+
+    # Ctrl-C stops the remote command, with what it started in the background, and exits 130.
+    proc = subprocess.Popen([FGPU, "exec", "--timeout", "120", "tty", "--",
+                             "sleep 300 & echo $! > child; echo $$ > pid; echo started; wait"], env=fgpu.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        read_from(proc.stdout, b"started\n")
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and b"Traceback" not in err, err
+    assert b"the remote command was stopped" in err, err
+    out = fgpu("exec", "tty", "--", "for p in $(cat pid child); do s=$(cut -d' ' -f3 /proc/$p/stat 2>/dev/null); "
+                                    "[ -n \"$s\" ] && [ \"$s\" != Z ] && echo \"$p alive\"; done; echo checked")
+    assert (out.returncode, out.stdout) == (0, "checked\n"), out.stderr
     out = fgpu("exec", "tty", "--", "echo alive")
     assert (out.returncode, out.stdout) == (0, "alive\n"), out.stderr
 

@@ -64,7 +64,7 @@ def test_every_endpoint_is_in_the_schema(openapi):
         "/api/v1/auth/token/", "/api/v1/launch-options/", "/api/v1/quota/",
         "/api/v1/sessions/", "/api/v1/sessions/{session_id}/", "/api/v1/sessions/preview/",
         "/api/v1/sessions/{session_id}/terminal-ticket/", "/api/v1/sessions/{session_id}/logs/",
-        "/api/v1/sessions/{session_id}/exec/", "/api/v1/me/",
+        "/api/v1/sessions/{session_id}/exec/", "/api/v1/sessions/{session_id}/exec/{exec_id}/", "/api/v1/me/",
         "/api/v1/nodes/", "/api/v1/nodes/{name}/", "/api/v1/devices/", "/api/v1/devices/{id}/",
         "/api/v1/slot-formats/", "/api/v1/slot-formats/{slot}/",
         "/api/v1/fractional-settings/", "/api/v1/fractional-settings/{slot_name}/",
@@ -246,6 +246,48 @@ def test_the_mig_endpoints_answer_the_real_node_as_documented(mig_admin_token):
         assert response.status_code == 200
     layouts = APIClient(HTTP_AUTHORIZATION=f"Token {mig_admin_token}").get("/api/v1/mig/layouts/").json()
     assert sorted(i["state"] for i in layouts["results"][0]["instances"]) == ["idle", "in_use", "unknown"]
+
+
+# --- Schemathesis on a streamed exec of a running session -----------------------------------------------
+
+exec_schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application()).include(
+    path_regex=r"/exec/")
+
+
+def test_the_streamed_exec_is_documented_with_its_202_and_examples(openapi):
+    start = openapi["paths"]["/api/v1/sessions/{session_id}/exec/"]["post"]
+    detail = openapi["paths"]["/api/v1/sessions/{session_id}/exec/{exec_id}/"]
+
+    assert {"200", "202"} <= set(start["responses"])
+    assert any(e["value"].get("stream") for e in start["requestBody"]["content"]["application/json"]["examples"].values())
+    assert {"200", "400", "404"} <= set(detail["get"]["responses"]) and {"200", "202", "404"} <= set(
+        detail["delete"]["responses"])
+    for operation in (detail["get"], detail["delete"]):
+        assert operation["responses"]["200"]["content"]["application/json"]["examples"], operation["summary"]
+
+
+def test_a_streamed_exec_answers_as_documented(admin_token):
+    """Start (202), read (200) and cancel (200) a streamed exec of a RUNNING session (no agent
+    takes it: it is cancelled while `starting`), each answer checked against the schema."""
+    from sessions import services
+    from sessions.scheduler import schedule_pending
+
+    admin = Token.objects.get(key=admin_token).user
+    session = services.session_create(owner=admin, name="streamed", resources={"cuda.shares": "0.5"})
+    schedule_pending()
+    for status in ("PREPARING", "RUNNING"):
+        assert services.session_report_apply(session_id=str(session.pk), status=status)
+    headers = {"Authorization": f"Token {admin_token}"}
+    start = exec_schema["/api/v1/sessions/{session_id}/exec/"]["POST"].Case(
+        path_parameters={"session_id": str(session.pk)}, body={"command": ["nvidia-smi"], "stream": True})
+    started = start.call_and_validate(headers=headers)
+    assert started.status_code == 202
+    ids = {"session_id": str(session.pk), "exec_id": started.json()["id"]}
+
+    for method, query in (("GET", {"since": 0}), ("DELETE", None)):
+        case = exec_schema["/api/v1/sessions/{session_id}/exec/{exec_id}/"][method].Case(path_parameters=ids,
+                                                                                         query=query)
+        assert case.call_and_validate(headers=headers).status_code == 200, method
 
 
 # --- Schemathesis, stateful: sequences that follow the links between operations -------------------

@@ -44,6 +44,7 @@ USER_WRITABLE_API = {
     ("delete", "/api/v1/sessions/{id}/"),
     ("post", "/api/v1/sessions/{id}/terminal-ticket/"),
     ("post", "/api/v1/sessions/{id}/exec/"),
+    ("delete", "/api/v1/sessions/{id}/exec/{id}/"),  # cancel a streamed exec
 }
 WRITE_METHODS = ("post", "put", "patch", "delete")
 
@@ -205,7 +206,8 @@ SESSION_ACTIONS = [
     ("post", "/api/v1/sessions/{id}/terminal-ticket/", 200),
     ("delete", "/api/v1/sessions/{id}/", 202),
 ]
-# Exec needs a live agent to answer the owner: tests/test_api_logs_exec.py covers owner and admin.
+# Exec needs a live agent to answer the owner: tests/test_api_logs_exec.py covers owner and admin
+# (tests/test_exec_stream.py the streamed form, with an agent).
 OTHER_USER_ACTIONS = SESSION_ACTIONS + [("post", "/api/v1/sessions/{id}/exec/", 200)]
 
 
@@ -228,6 +230,28 @@ def test_another_users_session_answers_like_a_session_that_does_not_exist(alices
     missing = getattr(client_for(bob), method)(concrete(route, uuid.uuid4()), {}, format="json")
 
     assert (theirs.status_code, theirs.json()) == (missing.status_code, missing.json())
+
+
+def streamed_exec(session, user) -> str:
+    """Start a streamed exec in `session` as `user` (no agent runs: it stays `starting`); its id."""
+    response = client_for(user).post(f"/api/v1/sessions/{session.pk}/exec/", {"command": "true", "stream": True},
+                                     format="json")
+    assert response.status_code == 202, response.content
+    return response.json()["id"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("method", ["get", "delete"])
+def test_another_users_streamed_exec_is_a_404_like_one_that_does_not_exist_and_stays_uncancelled(
+        alices_session, alice, bob, method):
+    exec_id = streamed_exec(alices_session, alice)
+
+    theirs = getattr(client_for(bob), method)(f"/api/v1/sessions/{alices_session.pk}/exec/{exec_id}/")
+    missing = getattr(client_for(bob), method)(f"/api/v1/sessions/{uuid.uuid4()}/exec/{uuid.uuid4()}/")
+
+    assert_error_shape(theirs, 404)
+    assert (theirs.status_code, theirs.json()) == (missing.status_code, missing.json())
+    assert client_for(alice).get(f"/api/v1/sessions/{alices_session.pk}/exec/{exec_id}/").json()["state"] == "starting"
 
 
 @pytest.mark.django_db
@@ -309,6 +333,20 @@ def test_the_owner_and_an_administrator_may_do_everything_to_a_session(alices_se
         assert response.status_code == status, (method, route, response.content)
     alices_session.refresh_from_db()
     assert alices_session.status == SessionStatus.TERMINATING
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("who", ["owner", "admin"])
+def test_the_owner_and_an_administrator_start_read_and_cancel_a_streamed_exec(alices_session, alice, admin, who):
+    user = alice if who == "owner" else admin
+    exec_id = streamed_exec(alices_session, user)
+    url = f"/api/v1/sessions/{alices_session.pk}/exec/{exec_id}/"
+
+    read = client_for(user).get(url)
+    cancelled = client_for(user).delete(url)
+
+    assert (read.status_code, read.json()["id"]) == (200, exec_id)
+    assert (cancelled.status_code, cancelled.json()["state"]) == (200, "cancelled")
 
 
 @pytest.mark.django_db

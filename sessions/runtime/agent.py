@@ -11,7 +11,9 @@ Session output is also shipped to the manager (`fgpu.manager.session_log_append`
 every LOG_FLUSH_S seconds, or sooner once LOG_BATCH_CHARS characters are waiting; each batch
 carries a sequence number and its offset in the log, so a retried delivery is stored once.
 Server-side exec (`pty.exec` on the same group, answered on the message's `reply_channel`)
-runs a command beside the session's process, in its environment and working directory.
+runs a command beside the session's process, in its environment and working directory;
+streamed exec (`pty.exec_stream`) runs on a thread of its own and pushes its output to the
+exec store as it comes (sessions.runtime.exec_stream).
 The agent never opens the database.
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pathlib import Path
 from asgiref.sync import sync_to_async
 
 from sessions import events
+from sessions.runtime import exec_stream
 from sessions.runtime import mig as mig_runtime
 from sessions.runtime import nvidia_smi
 from sessions.runtime.environment import allocation_document, session_environment
@@ -121,7 +124,8 @@ class Agent:
     `inventory`: {"devices": [DeviceInfo dicts], "plugins", "attributes", "cpu_count",
     "memory_size"}; `manager`: an object with `register`, `heartbeat`, `report`, `log` and
     `mig_report` methods that send the manager tasks (blocking calls; the agent calls them from
-    a worker thread; see CeleryManager).
+    a worker thread; see CeleryManager); `exec_store`: where streamed execs keep their output
+    (sessions.exec_store; None: the one this process's settings name).
 
     MIG (issue 4): after registering, the manager sends the expected layout of each MIG GPU
     (`submit_mig_reconcile`); the agent re-creates missing instances and reports the ones the
@@ -131,7 +135,7 @@ class Agent:
     """
 
     def __init__(self, *, node: str, inventory: dict, channel_layer, manager, scratch_root: Path,
-                 mock: bool, mps: bool = False, heartbeat_s: float = 5.0) -> None:
+                 mock: bool, mps: bool = False, heartbeat_s: float = 5.0, exec_store=None) -> None:
         self.node = node
         self.inventory = inventory
         self.layer = channel_layer
@@ -140,6 +144,7 @@ class Agent:
         self.mock = mock
         self.mps = mps
         self.heartbeat_s = heartbeat_s
+        self.exec_store = exec_store  # streamed exec output (sessions.exec_store); None: the settings' store
         self.sessions: dict[str, RunningSession] = {}
         self._starting: set[str] = set()  # between the start message and the process existing
         self._cancelled: set[str] = set()  # stop messages that overtook their session's start
@@ -566,6 +571,8 @@ class Agent:
             asyncio.create_task(self.layer.send(message["reply_channel"], {"type": "terminal.output", "data": backlog}))
         elif kind == "pty.exec":
             asyncio.create_task(self._exec(running, message))
+        elif kind == "pty.exec_stream":  # runs on a thread of its own (sessions.runtime.exec_stream)
+            exec_stream.start(self, running, message)
 
 
 def _drop_oldest(running: RunningSession) -> None:

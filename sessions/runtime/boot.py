@@ -30,8 +30,10 @@ def load_inventory(config: AgentConfig) -> dict:
             "cpu_count": config.cpu_count, "memory_size": config.memory_size, "warnings": warnings}
 
 
-def build_agent(config: AgentConfig, *, channel_layer, heartbeat_s: float) -> Agent:
+def build_agent(config: AgentConfig, *, channel_layer, heartbeat_s: float, exec_store=None) -> Agent:
+    """The agent of `config`'s node. `exec_store`: where its streamed execs keep their output
+    (sessions.exec_store; None: the one this process's settings name, as in standalone mode)."""
     inventory = load_inventory(config)
     return Agent(node=config.node_name, inventory=inventory, channel_layer=channel_layer, manager=CeleryManager(),
                  scratch_root=config.scratch_root, mock=CUDA_PLUGIN not in config.plugins, mps=config.mps,
-                 heartbeat_s=heartbeat_s)
+                 heartbeat_s=heartbeat_s, exec_store=exec_store)

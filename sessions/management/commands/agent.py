@@ -2,7 +2,8 @@
 
 Consumes Celery queue `agent.<node>` (an embedded worker, solo pool: each task only hands
 work to the agent's asyncio loop), talks to the manager through queue `manager`, relays
-terminals through the Redis channel layer, and never opens the database.
+terminals through the Redis channel layer, pushes streamed exec output to Redis on the same
+URL, and never opens the database.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from console.celery import agent_queue, app
+from sessions.exec_store import exec_store_for
 from sessions.runtime.boot import build_agent
 from sessions.runtime.config import AgentConfigError, load_agent_config
 
@@ -39,7 +41,8 @@ class Command(BaseCommand):
         # Same layer settings as the web's (console.settings), on the agent's broker URL.
         layer = RedisChannelLayer(hosts=[{"address": cfg.broker_url, "socket_timeout": None}], capacity=1000, expiry=60)
         try:
-            agent = build_agent(cfg, channel_layer=layer, heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL)
+            agent = build_agent(cfg, channel_layer=layer, heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL,
+                                exec_store=exec_store_for(cfg.broker_url))
         except Exception as exc:
             raise CommandError(f"{cfg.path.name}: could not load the compute plugins: {exc}") from None
         for warning in agent.inventory.get("warnings", []):
