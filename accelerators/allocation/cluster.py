@@ -53,6 +53,9 @@ STRAND_WEIGHT = 2.0  # fgd-plus: weight of GPU newly stranded by CPU or memory
 PLUS_FIT_WEIGHTS = (0.0, 0.0, 1.0)  # fgd-plus: best-fit's CPU, memory, GPU weights
 SCARCITY_WEIGHT = 1.0  # fgd-plus: weight of model pressure for requests that name no model
 REPLAN_GROWTH = 2.0  # fgd-plus: solve the packing plan again when the SHARE requests seen grow by this
+AFTER_ROWS = 1 << 16  # fgd / fgd-plus: after-state rows kept, at most
+CATCH_UP = 16  # fgd / fgd-plus: kept F·p take up to this many observations a column at a time
+SMALL_BATCH = 16  # rows below which `_unique_rows` does not look for duplicates
 PRESSURE_STEP = 0.1  # fgd-plus: model pressures closer than this rank alike for SHARE requests
 
 
@@ -120,6 +123,11 @@ class Workload:
         self._cache = None
         self._shares: dict[int, int] = {}  # SHARE requests seen, by amount
         self._plans: dict[int, tuple[int, PackingPlan | None]] = {}  # by device capacity: (seen then, plan)
+        # Every observation as (shape position, n), so a kept F·p can catch up (`_FragCache`).
+        self.log_position = np.zeros(64, dtype=np.int64)
+        self.log_n = np.zeros(64, dtype=np.float64)
+        self.observations = 0
+        self.observed = 0  # requests seen (Σ counts)
         for shape, n in (counts or {}).items():
             self.observe(shape, n)
 
@@ -131,6 +139,12 @@ class Workload:
             if pos >= len(self._counts):
                 self._counts = np.concatenate([self._counts, np.zeros(len(self._counts), dtype=np.float64)])
         self._counts[pos] += n
+        self.observed += n
+        if self.observations == len(self.log_n):
+            self.log_position = np.concatenate([self.log_position, np.zeros_like(self.log_position)])
+            self.log_n = np.concatenate([self.log_n, np.zeros_like(self.log_n)])
+        self.log_position[self.observations], self.log_n[self.observations] = pos, n
+        self.observations += 1
         if shape.kind == SHARE:
             self._shares[shape.amount] = self._shares.get(shape.amount, 0) + n
 
@@ -146,7 +160,7 @@ class Workload:
         known = set(plan.amounts) if plan is not None else set()
         if solved and seen < REPLAN_GROWTH * solved and all(a in known or a > capacity for a in self._shares):
             return plan
-        plan = solve_packing_plan(capacity, self._shares)
+        plan = solve_packing_plan(capacity, self._shares, start=plan)
         self._plans[capacity] = (seen, plan)
         return plan
 
@@ -160,7 +174,7 @@ class Workload:
         if self._cache is not None and self._cache[0] == key:
             cached = self._cache[1]
             p = self._counts[:len(self.shapes)]
-            cached["total"] = p.sum()
+            cached["total"] = float(self.observed)
             cached["p"] = p
             self._ratios(cached, p)
             return cached
@@ -187,9 +201,20 @@ class Workload:
                   "counts": np.array([c[1] for c in classes], dtype=np.int64),
                   "amounts": np.array([c[2] for c in classes], dtype=np.int64),
                   "total": p.sum(), "cls": cls}
+        kinds = cached["kinds"]
+        cached["share_classes"] = np.nonzero(kinds == SHARE)[0]
+        cached["share_amounts"] = cached["amounts"][cached["share_classes"]]
+        cached["whole_classes"] = np.nonzero(kinds == WHOLE)[0]
+        cached["whole_counts"] = cached["counts"][cached["whole_classes"]]
+        cached["none_classes"] = np.nonzero(kinds == NONE)[0]
+        cached["span_classes"] = np.nonzero(kinds == SPAN)[0]
+        cached["span_amounts"] = cached["amounts"][cached["span_classes"]]
         cached["p"] = p
         cached["gpu"] = np.array([s.gpu_amount for s in self.shapes], dtype=np.float64)
         cached["named"] = np.array([bool(s.models) for s in self.shapes], dtype=np.float64)
+        cached["named_any"] = bool(cached["named"].any())
+        cached["cpu_with_gpu"] = cpu * (cached["gpu"] > 0)
+        cached["mem_with_gpu"] = mem * (cached["gpu"] > 0)
         self._ratios(cached, p)
         self._cache = (key, cached)
         return cached
@@ -198,22 +223,25 @@ class Workload:
     def _ratios(cached: dict, p: np.ndarray) -> None:
         """CPU and memory that GPU requests bring per unit of GPU, weighted by p."""
         gpu = cached["gpu"]
-        demand = float((p * gpu).sum())
-        with_gpu = p * (gpu > 0)
-        cached["cpu_per_gpu"] = float((with_gpu * cached["cpu"]).sum()) / demand if demand else 0.0
+        demand = float(p @ gpu)  # integer counts × integer amounts: exact in any order
+        cached["cpu_per_gpu"] = float(p @ cached["cpu_with_gpu"]) / demand if demand else 0.0
+        cached["mem_per_gpu"] = float(p @ cached["mem_with_gpu"]) / demand if demand else 0.0
         # Share of the GPU demand tied to each model (requests naming models, spread evenly).
         mask = cached["mask"]
         named = cached["named"]
-        if named.any():
+        if cached["named_any"]:
             per_model = (p * gpu * named)[:, None] * mask / np.maximum(mask.sum(axis=1), 1)[:, None]
             cached["model_demand"] = per_model.sum(axis=0) / demand if demand else np.zeros(mask.shape[1])
         else:
             cached["model_demand"] = np.zeros(mask.shape[1])
-        cached["mem_per_gpu"] = float((with_gpu * cached["mem"]).sum()) / demand if demand else 0.0
 
 
 def _unique_rows(*columns):
-    """(unique row positions, inverse) over equal tuples of int columns."""
+    """(unique row positions, inverse) over equal tuples of int columns (a few rows are taken
+    as they are: finding their duplicates costs more than it saves)."""
+    if len(columns[0]) <= SMALL_BATCH:
+        every = np.arange(len(columns[0]))
+        return every, every
     stacked = np.stack(columns, axis=1)
     if stacked.min(initial=0) >= 0 and stacked.shape[1] == 3 and stacked[:, 0].max(initial=0) < 64 \
             and stacked[:, 1].max(initial=0) < (1 << 28) and stacked[:, 2].max(initial=0) < (1 << 30):
@@ -261,22 +289,151 @@ def _fragmentation_parts(cpu, mem, model, free, cap, arrays):
     cm = (arrays["cpu"][None, :] <= ucpu[:, None]) & (arrays["mem"][None, :] <= umem[:, None])
     cm &= arrays["mask"][:, umodel].T
     usable = np.zeros((k, len(arrays["classes"])), dtype=np.int64)
-    kinds = arrays["kinds"]
-    share = np.nonzero(kinds == SHARE)[0]
+    share = arrays["share_classes"]
     if len(share):
-        amounts = arrays["amounts"][share]
-        ok = (free[:, :, None] >= amounts[None, None, :]) & present[:, :, None]
+        ok = (free[:, :, None] >= arrays["share_amounts"][None, None, :]) & present[:, :, None]
         usable[:, share] = (free[:, :, None] * ok).sum(axis=1)
-    whole = np.nonzero(kinds == WHOLE)[0]
+    whole = arrays["whole_classes"]
     if len(whole):
         idle = present & (free == cap)
-        fits = idle.sum(axis=1)[:, None] >= arrays["counts"][whole][None, :]
+        fits = idle.sum(axis=1)[:, None] >= arrays["whole_counts"][None, :]
         usable[:, whole] = np.where(fits, np.where(idle, free, 0).sum(axis=1)[:, None], 0)
-    usable[:, kinds == NONE] = gsum[:, None]
-    span = np.nonzero(kinds == SPAN)[0]
+    usable[:, arrays["none_classes"]] = gsum[:, None]
+    span = arrays["span_classes"]
     if len(span):
-        usable[:, span] = np.where(gsum[:, None] >= arrays["amounts"][span][None, :], gsum[:, None], 0)
+        usable[:, span] = np.where(gsum[:, None] >= arrays["span_amounts"][None, :], gsum[:, None], 0)
     return gsum, cm, inverse, usable
+
+
+def _lex_best(keys: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Positions of the lexicographically least entries of `keys` (np.lexsort order: most
+    significant key last), in position order."""
+    best = np.arange(len(keys[0]))
+    for key in reversed(keys):  # most significant first; each pass keeps the ties
+        values = key[best]
+        best = best[values == values.min()]
+        if len(best) == 1:
+            break
+    return best
+
+
+class _FragCache:
+    """F_n(m) rows (floats, one column per seen shape) kept for one workload: a node state's
+    F_n(m) never changes, only p does and new shapes add columns. `table` by state id;
+    `after` by (shape, before state id, device amount taken from), the state a placement
+    would leave (`after_ids` hands out rows). `cols`/`after_cols`: shapes each row holds.
+
+    F and the counts p are integers, so F · p is exact in floats: the before states' dots
+    are kept (`before_dots`) and moved along with each observation by one column."""
+
+    def __init__(self, workload: Workload, exact_in_float32: bool = False):
+        self.workload = workload
+        self.table = np.zeros((64, 16), order="F")  # by column: `before_dots` reads a column a call
+        self.cols = np.zeros(64, dtype=np.int64)
+        self.dot = np.zeros(64)  # table row · p for the tracked states, as of `synced` observations
+        self.is_tracked = np.zeros(64, dtype=bool)
+        self.tracked = np.zeros(0, dtype=np.int64)
+        self.synced = 0
+        self.prune_at = 256  # tracked states at which those no node holds are dropped
+        # F is a node's free GPU at most (integers): float32 holds it exactly below 2**24 units.
+        self.after = np.zeros((64, 16), dtype=np.float32 if exact_in_float32 else np.float64)
+        self.after_cols = np.zeros(64, dtype=np.int64)
+        self.after_rows: dict[Shape, dict[int, int]] = {}  # SHARE shapes: key → row
+        self.after_dir: dict[Shape, np.ndarray] = {}  # other shapes: row by before state id (-1: none)
+        self.after_used = 0
+
+    def reserve(self, states: int, t: int) -> None:
+        self.table, self.cols = self._grown(self.table, self.cols, states, t)
+        if len(self.dot) < len(self.cols):
+            extra = len(self.cols) - len(self.dot)
+            self.dot = np.concatenate([self.dot, np.zeros(extra)])
+            self.is_tracked = np.concatenate([self.is_tracked, np.zeros(extra, dtype=bool)])
+
+    def before_dots(self, ids: np.ndarray, p: np.ndarray, t: int, live: np.ndarray) -> np.ndarray:
+        """table[ids] · p for state `ids` (rows current for `t` shapes). The tracked
+        states' dots first take the observations since the last call (a column each; a whole
+        row past CATCH_UP of them); states not tracked get a row's dot and are tracked from
+        then on. `live`: the states nodes hold now; states no node holds stop being tracked
+        when they outnumber the rest."""
+        workload, now = self.workload, self.workload.observations
+        tracked = self.tracked
+        if now > self.synced and len(tracked):
+            if now - self.synced <= CATCH_UP:
+                for k in range(self.synced, now):
+                    self.dot[tracked] += self.table[tracked, workload.log_position[k]] * workload.log_n[k]
+            else:
+                self.dot[tracked] = self.table[tracked, :t] @ p[:t]
+        self.synced = now
+        new = ids[~self.is_tracked[ids]]
+        if len(new) > 1:  # `ids` may repeat (SHARE: one state, several device amounts)
+            new = np.unique(new)
+        if len(new):
+            self.dot[new] = self.table[new, :t] @ p[:t]
+            self.is_tracked[new] = True
+            self.tracked = tracked = np.concatenate([tracked, new])
+        if len(tracked) > self.prune_at:
+            keep = np.zeros(len(self.is_tracked), dtype=bool)
+            keep[live] = True
+            self.is_tracked &= keep
+            self.tracked = np.nonzero(self.is_tracked)[0]
+            self.prune_at = 2 * len(self.tracked) + 256
+        return self.dot[ids]
+
+    @staticmethod
+    def _grown(table, cols, rows: int, t: int):
+        if rows <= table.shape[0] and t <= table.shape[1]:
+            return table, cols
+        grown = np.zeros((max(table.shape[0], 2 * rows), max(table.shape[1], 2 * t)), dtype=table.dtype,
+                         order="F" if table.flags.f_contiguous and not table.flags.c_contiguous else "C")
+        grown[:table.shape[0], :table.shape[1]] = table
+        return grown, np.concatenate([cols, np.zeros(grown.shape[0] - len(cols), dtype=np.int64)])
+
+    def after_ids(self, shape: Shape, keys: np.ndarray) -> np.ndarray:
+        """Rows of `after` for `keys` of `shape`, new ones handed out: a SHARE shape's keys are
+        state id << 22 | the device's free amount, any other's are state ids. Past AFTER_ROWS
+        rows all are dropped (most belong to states no node holds any more) and refilled."""
+        if self.after_used + len(keys) > AFTER_ROWS:
+            self.after_rows.clear()
+            self.after_dir.clear()
+            self.after_cols[:] = 0
+            self.after_used = 0
+        if shape.kind == SHARE:
+            known = self.after_rows.setdefault(shape, {})
+            ids = []
+            for k in keys.tolist():
+                i = known.get(k)
+                if i is None:
+                    i = known[k] = self.after_used
+                    self.after_used += 1
+                ids.append(i)
+            rows = np.array(ids, dtype=np.int64)
+        else:
+            states = keys
+            directory = self.after_dir.get(shape)
+            if directory is None or len(directory) <= states.max(initial=0):
+                grown = np.full(max(64, 2 * (int(states.max(initial=0)) + 1)), -1, dtype=np.int64)
+                if directory is not None:
+                    grown[:len(directory)] = directory
+                directory = self.after_dir[shape] = grown
+            rows = directory[states]
+            missing = rows < 0
+            if missing.any():
+                rows[missing] = self.after_used + np.arange(int(missing.sum()))
+                self.after_used += int(missing.sum())
+                directory[states[missing]] = rows[missing]
+        self.after, self.after_cols = self._grown(self.after, self.after_cols, self.after_used, 1)
+        return rows
+
+    def store(self, ids, rows: np.ndarray, t: int) -> None:
+        self.table, self.cols = self._grown(self.table, self.cols, len(self.cols), t)
+        self.table[ids, :t] = rows
+        self.cols[ids] = t
+        self.is_tracked[ids] = False  # its dot is taken afresh (a stale copy in `tracked` is harmless)
+
+    def store_after(self, ids, rows: np.ndarray, t: int) -> None:
+        self.after, self.after_cols = self._grown(self.after, self.after_cols, len(self.after_cols), t)
+        self.after[ids, :t] = rows
+        self.after_cols[ids] = t
 
 
 class ClusterIndex:
@@ -310,7 +467,9 @@ class ClusterIndex:
         # Equivalence classes: nodes in the same state (model, CPU, memory, device amounts as a
         # multiset) share an id, so a policy scores one representative per class.
         self._state_ids: dict[tuple, int] = {}
-        self._by_state = None  # [workload, F_n(m) per state id and shape, shapes counted per state id]
+        self._by_state: _FragCache | None = None  # F_n(m) rows kept for the last workload scored
+        self._model_share: np.ndarray | None = None  # each GPU model's share of the cluster's GPU
+        self._scratch = np.zeros(64, dtype=np.int64)  # by state id, for `_classes`
         self.state = np.array([self._state_id(r) for r in range(len(self.names))], dtype=np.int64)
         # Per-node figures the filters read, kept with each update: free GPU in all, the most on
         # one device, idle devices, and which device slots hold a free amount not seen earlier
@@ -354,6 +513,7 @@ class ClusterIndex:
         other.__dict__.update(self.__dict__)
         other._state_ids = dict(self._state_ids)
         other._by_state = None
+        other._scratch = self._scratch.copy()
         for name in ("cpu_free", "mem_free", "free", "memory_free", "state", "gsum", "gmax", "idle", "distinct"):
             setattr(other, name, getattr(self, name).copy())
         return other
@@ -449,10 +609,12 @@ class ClusterIndex:
         frag = self.frag(np.arange(len(self)), arrays).sum() / arrays["total"]
         return 100.0 * frag / free_total
 
-    def scores(self, shape: Shape, policy: str, workload: Workload | None = None):
+    def scores(self, shape: Shape, policy: str, workload: Workload | None = None, *, best_only: bool = False):
         """Score every (feasible node, device) candidate for `shape` under `policy`, lower is
         better. Returns (rows, slots, keys) where keys is a tuple of (K,) arrays for
-        np.lexsort, most significant last. Raises ValueError for an unknown policy."""
+        np.lexsort, most significant last. `best_only`: candidates that cannot be the best may
+        be left out (`choose`; fgd-plus scores a SHARE request's best plan class only). Raises
+        ValueError for an unknown policy."""
         rows = np.nonzero(self.feasible(shape))[0]
         cand, slots = self.candidates(shape, rows)
         if policy in ("binpack", "spread"):
@@ -470,68 +632,86 @@ class ClusterIndex:
             if workload is None:
                 raise ValueError(f"policy {policy!r} needs the workload seen so far")
             arrays = workload.arrays(self.model_ids)
-            delta = self._frag_delta(shape, cand, slots, arrays, workload)
             if policy == "fgd":
-                return cand, slots, (cand, delta)
+                return cand, slots, (cand, self._frag_delta(shape, cand, slots, arrays, workload))
+            pressure = self._pressure(arrays)[self.model[cand]] if not shape.models else np.zeros(len(cand))
+            leading: tuple = ()
+            if shape.kind == SHARE:
+                leading = (self._plan_rank(shape, cand, slots, workload), np.round(pressure / PRESSURE_STEP))
+                if best_only and len(cand):  # the rest cannot win: score only the best (plan rank, pressure) class
+                    keep = _lex_best(leading)
+                    cand, slots, pressure = cand[keep], slots[keep], pressure[keep]
+                    leading = tuple(key[keep] for key in leading)
+            delta = self._frag_delta(shape, cand, slots, arrays, workload)
             gpu_after = self._gpu_after(shape, cand)
             fit = self._best_fit(shape, cand, gpu_after, PLUS_FIT_WEIGHTS)
             stranded = self._stranded(cand, arrays, self.cpu_free[cand] - shape.cpu, self.mem_free[cand] - shape.mem,
                                       gpu_after) - self._stranded(cand, arrays)
             score = delta / arrays["total"] + FIT_WEIGHT * fit * np.maximum(self.unit[cand], 1) + STRAND_WEIGHT * stranded
-            pressure = self._pressure(arrays)[self.model[cand]] if not shape.models else np.zeros(len(cand))
             if SCARCITY_WEIGHT:
                 score = score + SCARCITY_WEIGHT * pressure * (
                     shape.gpu_amount + (shape.cpu / arrays["cpu_per_gpu"] if arrays["cpu_per_gpu"] > 0 else 0))
-            if shape.kind == SHARE:
-                return cand, slots, (cand, fit, score, self._plan_rank(shape, cand, slots, workload),
-                                     np.round(pressure / PRESSURE_STEP))
-            return cand, slots, (cand, fit, score)
+            return cand, slots, (cand, fit, score, *leading)
         raise ValueError(f"unknown placement policy {policy!r} (known: {', '.join(POLICIES)})")
 
     def _frag_delta(self, shape: Shape, cand, slots, arrays, workload: Workload) -> np.ndarray:
         """FGD's gradient per candidate: F(after) − F(before), computed once per equivalence
-        class of (node state, device amount taken from); F(before) kept per state (`_state_table`)."""
+        class of (node state, device amount taken from). F_n(m) rows are kept (`_FragCache`)
+        for before states by state id and for after states by (shape, state, amount), so only
+        classes not met before, or rows missing shapes seen since, are computed; p weighs
+        them afresh each call."""
         state = self.state[cand]
-        _, first_b, inverse_b = np.unique(state, return_index=True, return_inverse=True)
-        key = state * (1 << 22) + (self.free[cand, slots] if shape.kind == SHARE else 0)
-        _, first_a, inverse_a = np.unique(key, return_index=True, return_inverse=True)
-        after_rows, before_rows = cand[first_a], cand[first_b]
-        # F_n(m) of the after states, and of the before states not known yet, in one pass.
         t = len(arrays["cpu"])
-        table, cols = self._state_table(workload, t)
-        ids = self.state[before_rows]
-        stale = cols[ids] < t
-        fresh = before_rows[stale]
-        rows = np.concatenate([after_rows, fresh])
-        parts = fragmentation_by_shape(
-            np.concatenate([self.cpu_free[after_rows] - shape.cpu, self.cpu_free[fresh]]),
-            np.concatenate([self.mem_free[after_rows] - shape.mem, self.mem_free[fresh]]),
-            self.model[rows], np.concatenate([self.after_states(shape, after_rows, slots[first_a]), self.free[fresh]]),
-            self.cap[rows], arrays)
-        if len(fresh):
-            table[ids[stale], :t] = parts[len(after_rows):]
-            cols[ids[stale]] = t
+        cache = self._frag_cache(workload, t)
+        if shape.kind == SHARE:  # classes: (state, free amount of the device taken from)
+            ukeys, first, inverse = np.unique(state * (1 << 22) + self.free[cand, slots], return_index=True,
+                                              return_inverse=True)
+            before_ids = ukeys >> 22
+        else:  # classes: states (one representative each: equal states score alike)
+            first, inverse = self._classes(state)
+            ukeys = before_ids = state[first]
+        after_ids = cache.after_ids(shape, ukeys)
+        stale_before = np.nonzero(cache.cols[before_ids] < t)[0]
+        if len(stale_before):  # equal states in one call: compute each once
+            before_new, at = np.unique(before_ids[stale_before], return_index=True)
+            before_rows = cand[first[stale_before[at]]]
+        else:
+            before_new = before_rows = stale_before
+        stale_after = np.nonzero(cache.after_cols[after_ids] < t)[0]
+        if len(before_rows) or len(stale_after):  # both kinds of rows in one pass
+            after_rows = cand[first[stale_after]]
+            rows = np.concatenate([before_rows, after_rows])
+            parts = fragmentation_by_shape(
+                np.concatenate([self.cpu_free[before_rows], self.cpu_free[after_rows] - shape.cpu]),
+                np.concatenate([self.mem_free[before_rows], self.mem_free[after_rows] - shape.mem]),
+                self.model[rows],
+                np.concatenate([self.free[before_rows], self.after_states(shape, after_rows, slots[first[stale_after]])]),
+                self.cap[rows], arrays)
+            cache.store(before_new, parts[:len(before_rows)], t)
+            cache.store_after(after_ids[stale_after], parts[len(before_rows):], t)
         p = arrays["p"]
-        after = parts[:len(after_rows)] @ p
-        before = table[ids, :t] @ p
-        return after[inverse_a.reshape(-1)] - before[inverse_b.reshape(-1)]
+        delta = cache.after[after_ids, :t] @ p - cache.before_dots(before_ids, p, t, self.state)
+        return delta[inverse.reshape(-1)]
 
-    def _state_table(self, workload: Workload, t: int):
-        """F_n(m) kept per state id (rows) and seen shape (columns), with the number of shapes
-        each row holds: a state's F_n(m) never changes, only p does (and new shapes add
-        columns), so a node's F(before) is computed once per state it enters, not once per
-        request. Kept for one workload (another one starts afresh)."""
-        cache = self._by_state
-        if cache is None or cache[0] is not workload:
-            size = max(64, 2 * len(self._state_ids))
-            cache = self._by_state = [workload, np.zeros((size, max(t, 16))), np.zeros(size, dtype=np.int64)]
-        table, cols = cache[1], cache[2]
-        if len(self._state_ids) > table.shape[0] or t > table.shape[1]:
-            grown = np.zeros((max(table.shape[0], 2 * len(self._state_ids)), max(table.shape[1], 2 * t)))
-            grown[:table.shape[0], :table.shape[1]] = table
-            cols = np.concatenate([cols, np.zeros(grown.shape[0] - len(cols), dtype=np.int64)])
-            table, cache[1], cache[2] = grown, grown, cols
-        return table, cols
+    def _classes(self, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(first, inverse) for a (K,) array of state ids: one position per distinct state and
+        each position's class, as np.unique gives, in O(K) through a scratch array by state id
+        (which position stands for a class is immaterial: equal states score alike)."""
+        if len(self._scratch) < len(self._state_ids):
+            self._scratch = np.zeros(2 * len(self._state_ids), dtype=np.int64)
+        positions = np.arange(len(state))
+        self._scratch[state] = positions
+        first = np.nonzero(self._scratch[state] == positions)[0]
+        self._scratch[state[first]] = np.arange(len(first))
+        return first, self._scratch[state]
+
+    def _frag_cache(self, workload: Workload, t: int) -> _FragCache:
+        """The F_n(m) rows kept for `workload` (another workload starts afresh), with room for
+        every state id and `t` shapes."""
+        if self._by_state is None or self._by_state.workload is not workload:
+            self._by_state = _FragCache(workload, exact_in_float32=int(self.gpu_total.max(initial=0)) < (1 << 24))
+        self._by_state.reserve(len(self._state_ids), t)
+        return self._by_state
 
     def _plan_rank(self, shape: Shape, cand, slots, workload: Workload) -> np.ndarray:
         """(K,) ints for SHARE candidates: 0 where the device is in use and on the workload's
@@ -553,8 +733,10 @@ class ClusterIndex:
         demand = arrays["model_demand"]
         if not demand.any():
             return np.zeros(len(self.model_ids))
-        capacity = np.bincount(self.model, weights=self.gpu_total, minlength=len(self.model_ids))
-        share = capacity / max(capacity.sum(), 1)
+        share = self._model_share
+        if share is None:  # the cluster's GPU by model never changes
+            capacity = np.bincount(self.model, weights=self.gpu_total, minlength=len(self.model_ids))
+            share = self._model_share = capacity / max(capacity.sum(), 1)
         return np.where(share > 0, demand[:len(share)] / np.maximum(share, 1e-12), 0.0)
 
     def _stranded(self, rows, arrays, cpu=None, mem=None, gpu=None) -> np.ndarray:
@@ -576,16 +758,10 @@ class ClusterIndex:
 
     def choose(self, shape: Shape, policy: str, workload: Workload | None = None) -> tuple[int, int] | None:
         """The best (row, device slot or -1) for `shape`, or None when no node fits now."""
-        cand, slots, keys = self.scores(shape, policy, workload)
+        cand, slots, keys = self.scores(shape, policy, workload, best_only=True)
         if len(cand) == 0:
             return None
-        best = np.arange(len(cand))
-        for key in reversed(keys):  # most significant first; each pass keeps the ties
-            values = key[best]
-            best = best[values == values.min()]
-            if len(best) == 1:
-                break
-        best = best[0]
+        best = int(_lex_best(keys)[0])
         return int(cand[best]), int(slots[best])
 
     def ranking(self, shape: Shape, policy: str, workload: Workload | None = None) -> list[int]:

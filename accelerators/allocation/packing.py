@@ -63,10 +63,12 @@ class PackingPlan:
         return inside & self.table[np.clip(used, 0, self.capacity), column]
 
 
-def solve_packing_plan(capacity: int, demand: dict[int, float]) -> PackingPlan | None:
+def solve_packing_plan(capacity: int, demand: dict[int, float], start: PackingPlan | None = None) -> PackingPlan | None:
     """The packing plan for `demand` ({amount: count or weight}, amounts in device units) on
     devices of `capacity` units. Amounts ≤ 0 or > `capacity` and zero weights are left out;
     None when nothing is left or the LP solver fails (callers then pack without a plan).
+    `start`: an earlier plan for this capacity, whose patterns seed the columns (a demand that
+    has moved a little then needs a round or two instead of a dozen).
 
     Column generation: start from one single-amount pattern per amount, solve the restricted LP
     (scipy.optimize.linprog, HiGHS), price a new pattern by an unbounded knapsack over the
@@ -85,6 +87,15 @@ def solve_packing_plan(capacity: int, demand: dict[int, float]) -> PackingPlan |
     weights = [-(-a // step) for a in amounts]
     room = capacity // step
     patterns = [np.eye(len(amounts), dtype=np.int64)[i] * max(1, room // weights[i]) for i in range(len(amounts))]
+    if start is not None and start.capacity == capacity:
+        position = {a: i for i, a in enumerate(amounts)}
+        for pattern in start.patterns:
+            if all(a in position for a, _ in pattern):
+                column = np.zeros(len(amounts), dtype=np.int64)
+                for a, n in pattern:
+                    column[position[a]] = n
+                if not any((column == p).all() for p in patterns):
+                    patterns.append(column)
     result = None
     for _ in range(MAX_ROUNDS):
         matrix = np.array(patterns, dtype=np.float64).T
