@@ -341,8 +341,10 @@ class _FragCache:
         self.after_rows: dict[Shape, dict[int, int]] = {}  # SHARE shapes: key → row
         self.after_dir: dict[Shape, np.ndarray] = {}  # other shapes: row by before state id (-1: none)
         self.after_used = 0
+        self.states = 0  # state ids the index has handed out (`reserve`)
 
     def reserve(self, states: int, t: int) -> None:
+        self.states = states
         self.table, self.cols = self._grown(self.table, self.cols, states, t)
         if len(self.dot) < len(self.cols):
             extra = len(self.cols) - len(self.dot)
@@ -410,8 +412,8 @@ class _FragCache:
         else:
             states = keys
             directory = self.after_dir.get(shape)
-            if directory is None or len(directory) <= states.max(initial=0):
-                grown = np.full(max(64, 2 * (int(states.max(initial=0)) + 1)), -1, dtype=np.int64)
+            if directory is None or len(directory) < self.states:
+                grown = np.full(max(64, 2 * self.states), -1, dtype=np.int64)
                 if directory is not None:
                     grown[:len(directory)] = directory
                 directory = self.after_dir[shape] = grown
@@ -421,7 +423,8 @@ class _FragCache:
                 rows[missing] = self.after_used + np.arange(int(missing.sum()))
                 self.after_used += int(missing.sum())
                 directory[states[missing]] = rows[missing]
-        self.after, self.after_cols = self._grown(self.after, self.after_cols, self.after_used, 1)
+        if self.after_used > len(self.after_cols):
+            self.after, self.after_cols = self._grown(self.after, self.after_cols, self.after_used, 1)
         return rows
 
     def store(self, ids, rows: np.ndarray, t: int) -> None:
@@ -634,7 +637,8 @@ class ClusterIndex:
             arrays = workload.arrays(self.model_ids)
             if policy == "fgd":
                 return cand, slots, (cand, self._frag_delta(shape, cand, slots, arrays, workload))
-            pressure = self._pressure(arrays)[self.model[cand]] if not shape.models else np.zeros(len(cand))
+            pressured = not shape.models and arrays["named_any"]  # else no model pressure: all 0
+            pressure = self._pressure(arrays)[self.model[cand]] if pressured else np.zeros(len(cand))
             leading: tuple = ()
             if shape.kind == SHARE:
                 leading = (self._plan_rank(shape, cand, slots, workload), np.round(pressure / PRESSURE_STEP))
@@ -648,7 +652,7 @@ class ClusterIndex:
             stranded = self._stranded(cand, arrays, self.cpu_free[cand] - shape.cpu, self.mem_free[cand] - shape.mem,
                                       gpu_after) - self._stranded(cand, arrays)
             score = delta / arrays["total"] + FIT_WEIGHT * fit * np.maximum(self.unit[cand], 1) + STRAND_WEIGHT * stranded
-            if SCARCITY_WEIGHT:
+            if SCARCITY_WEIGHT and pressured:
                 score = score + SCARCITY_WEIGHT * pressure * (
                     shape.gpu_amount + (shape.cpu / arrays["cpu_per_gpu"] if arrays["cpu_per_gpu"] > 0 else 0))
             return cand, slots, (cand, fit, score, *leading)
@@ -750,11 +754,16 @@ class ClusterIndex:
         return np.maximum(0.0, np.maximum(by_cpu, by_mem))
 
     def _best_fit(self, shape: Shape, rows, gpu_after, weights=(1.0, 1.0, 1.0)) -> np.ndarray:
-        """Σ weight × (left after the placement / node total) over CPU, memory and GPU."""
-        cpu = (self.cpu_free[rows] - shape.cpu) / np.maximum(self.cpu_total[rows], 1)
-        mem = (self.mem_free[rows] - shape.mem) / np.maximum(self.mem_total[rows], 1)
-        gpu = gpu_after / np.maximum(self.gpu_total[rows], 1)
-        return weights[0] * cpu + weights[1] * mem + weights[2] * gpu
+        """Σ weight × (left after the placement / node total) over CPU, memory and GPU (terms
+        of weight 0 are not computed)."""
+        fit = np.zeros(len(rows))
+        if weights[0]:
+            fit = fit + weights[0] * ((self.cpu_free[rows] - shape.cpu) / np.maximum(self.cpu_total[rows], 1))
+        if weights[1]:
+            fit = fit + weights[1] * ((self.mem_free[rows] - shape.mem) / np.maximum(self.mem_total[rows], 1))
+        if weights[2]:
+            fit = fit + weights[2] * (gpu_after / np.maximum(self.gpu_total[rows], 1))
+        return fit
 
     def choose(self, shape: Shape, policy: str, workload: Workload | None = None) -> tuple[int, int] | None:
         """The best (row, device slot or -1) for `shape`, or None when no node fits now."""
