@@ -145,13 +145,14 @@ class Workload:
             self.log_n = np.concatenate([self.log_n, np.zeros_like(self.log_n)])
         self.log_position[self.observations], self.log_n[self.observations] = pos, n
         self.observations += 1
-        if shape.kind == SHARE:
+        if shape.kind in (SHARE, SPAN) and shape.amount > 0:  # SPAN: the scheduler's fGPU requests
             self._shares[shape.amount] = self._shares.get(shape.amount, 0) + n
 
     def packing_plan(self, capacity: int) -> PackingPlan | None:
-        """The packing plan (`packing.solve_packing_plan`) of the SHARE amounts seen so far on
-        devices of `capacity` units, or None (none seen, or the LP failed). Solved again only
-        when the SHARE requests seen have grown by REPLAN_GROWTH since the last solve, or an
+        """The packing plan (`packing.solve_packing_plan`) of the SHARE and SPAN amounts seen so
+        far on devices of `capacity` units (amounts above it are left out), or None (none seen,
+        or the LP failed). Solved again only when those requests have grown by REPLAN_GROWTH
+        since the last solve, or an
         amount appears that the plan lacks: a few solves over a run, each tens of ms."""
         seen = sum(self._shares.values())
         if not seen:
@@ -640,7 +641,7 @@ class ClusterIndex:
             pressured = not shape.models and arrays["named_any"]  # else no model pressure: all 0
             pressure = self._pressure(arrays)[self.model[cand]] if pressured else np.zeros(len(cand))
             leading: tuple = ()
-            if shape.kind == SHARE:
+            if shape.kind in (SHARE, SPAN):
                 leading = (self._plan_rank(shape, cand, slots, workload), np.round(pressure / PRESSURE_STEP))
                 if best_only and len(cand):  # the rest cannot win: score only the best (plan rank, pressure) class
                     keep = _lex_best(leading)
@@ -718,17 +719,25 @@ class ClusterIndex:
         return self._by_state
 
     def _plan_rank(self, shape: Shape, cand, slots, workload: Workload) -> np.ndarray:
-        """(K,) ints for SHARE candidates: 0 where the device is in use and on the workload's
-        packing plan for `shape.amount` (packing.py), 1 where it is idle, 2 elsewhere."""
-        cap = self.cap[cand, slots]
-        used = cap - self.free[cand, slots]
-        rank = np.where(used == 0, 1, 2)
-        for capacity in np.unique(cap[used > 0]).tolist():
+        """(K,) ints: 0 where the candidate's device is in use and on the workload's packing plan
+        for `shape.amount` (packing.py), 1 where it is idle, 2 elsewhere. SHARE: the device is
+        the candidate's slot. SPAN (the scheduler's fGPU requests): the node's best device that
+        holds the amount alone (where the allocator puts it: `core.allocate_shares`), 2 where
+        none does."""
+        if shape.kind == SHARE:
+            cap, free = self.cap[cand, slots], self.free[cand, slots]
+            holds = np.ones(len(cand), dtype=bool)
+        else:
+            cap, free = self.cap[cand], self.free[cand]
+            holds = (cap > 0) & (free >= shape.amount)
+        used = cap - free
+        rank = np.where(holds & (used == 0), 1, 2)
+        in_use = holds & (used > 0)
+        for capacity in np.unique(cap[in_use]).tolist():
             plan = workload.packing_plan(int(capacity))
             if plan is not None:
-                mine = (cap == capacity) & (used > 0)
-                rank[mine & plan.on_plan(used, shape.amount)] = 0
-        return rank
+                rank[in_use & (cap == capacity) & plan.on_plan(used, shape.amount)] = 0
+        return rank if shape.kind == SHARE else rank.min(axis=1, initial=2)
 
     def _pressure(self, arrays) -> np.ndarray:
         """Per GPU model: the share of the seen GPU demand that only some models may serve

@@ -8,10 +8,12 @@ raises. Functions never mutate their inputs; the scheduler writes the returned p
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_DOWN, Decimal
 from typing import Literal
+
+import numpy as np
 
 from accelerators.allocation import cluster, topology
 from accelerators.allocation.errors import (
@@ -20,6 +22,7 @@ from accelerators.allocation.errors import (
     NeverSchedulable,
     NotMultipleOfQuantum,
 )
+from accelerators.allocation.packing import PackingPlan
 from accelerators.allocation.units import amount_text, format_binary_size
 
 CENT = Decimal("0.01")
@@ -27,6 +30,7 @@ ZERO = Decimal(0)
 
 Strategy = Literal["evenly", "fill"]
 Policy = Literal["binpack", "spread"]  # per-device order within a node; node policies: cluster.POLICIES
+PlanLookup = Callable[[int], PackingPlan | None]  # device capacity (quanta) → fgd-plus's packing plan
 
 
 @dataclass(frozen=True)
@@ -222,14 +226,18 @@ def check_quantum(amount: Decimal, settings: FractionalSettings) -> None:
 
 
 def allocate_shares(
-    devices: Sequence[DeviceState], amount: Decimal, settings: FractionalSettings, *, strategy: Strategy = "evenly"
+    devices: Sequence[DeviceState], amount: Decimal, settings: FractionalSettings, *, strategy: Strategy = "evenly",
+    plan_for: PlanLookup | None = None,
 ) -> tuple[DeviceGrant, ...]:
     """Split `amount` fGPU over `devices` of one node; the grants add up to exactly `amount`.
 
     `fill`: take from the device with the most free capacity first. `evenly` (default): a
     request that fits one device goes to the device with the least free capacity that still
     holds it; otherwise it is split as evenly as the quantum allows over as few devices as
-    possible (Backend.AI's strategies, without its rounding below the request).
+    possible (Backend.AI's strategies, without its rounding below the request). `plan_for`
+    (fgd-plus: `Workload.packing_plan`, capacity in quanta → plan or None): a request that
+    fits one device goes first to a device in use that is on the packing plan for its amount,
+    then to an idle device, then as `evenly` (the order fgd-plus ranks nodes by).
     Raises NotMultipleOfQuantum, InvalidResourceRequest, InsufficientResource.
     """
     check_quantum(amount, settings)
@@ -258,7 +266,8 @@ def allocate_shares(
     elif strategy == "evenly":
         fitting = [d for d in by_free if free[d.device_id] >= want]
         if fitting:
-            best = min(fitting, key=lambda d: free[d.device_id])
+            rank = _plan_ranks(fitting, free, want, settings, plan_for) if plan_for else {}
+            best = min(fitting, key=lambda d: (rank.get(d.device_id, 0), free[d.device_id]))
             taken = {best.device_id: want}
         else:
             count, acc = 0, 0
@@ -453,8 +462,25 @@ def _unfragmented(devices, request: ResourceRequest, settings: FractionalSetting
     return allocate_shares(devices, request.amount, settings, strategy="fill")
 
 
+def _plan_ranks(devices: Sequence[DeviceState], free: dict[str, int], want: int, settings: FractionalSettings,
+                plan_for: PlanLookup) -> dict[str, int]:
+    """Per device id: 0 in use and on the packing plan for `want` quanta, 1 idle, 2 otherwise
+    (cluster.ClusterIndex ranks candidates alike)."""
+    ranks = {}
+    for d in devices:
+        cap = _device_units(d, settings)[1]
+        used = cap - free[d.device_id]
+        if used <= 0:
+            ranks[d.device_id] = 1
+            continue
+        plan = plan_for(cap)
+        on = plan is not None and bool(plan.on_plan(np.array([used]), want)[0])
+        ranks[d.device_id] = 0 if on else 2
+    return ranks
+
+
 def _allocate_on_node(node: NodeState, request: ResourceRequest, settings: FractionalSettings | None, strategy: Strategy,
-                      policy: Policy = "binpack", no_fragmentation: bool = False):
+                      policy: Policy = "binpack", no_fragmentation: bool = False, plan_for: PlanLookup | None = None):
     if request.cpu > node.cpu_total - node.cpu_used:
         raise InsufficientResource(f"{request.cpu} CPU cores requested, {node.cpu_total - node.cpu_used} free")
     if request.mem > node.mem_total - node.mem_used:
@@ -468,9 +494,9 @@ def _allocate_on_node(node: NodeState, request: ResourceRequest, settings: Fract
         if settings is None:
             raise InvalidResourceRequest("fGPU shares need fractional settings for the slot")
         if request.numa:
-            grants = _shares_on_one_numa_node(devices, request, settings, strategy)
+            grants = _shares_on_one_numa_node(devices, request, settings, strategy, plan_for)
         else:
-            grants = allocate_shares(devices, request.amount, settings, strategy=strategy)
+            grants = allocate_shares(devices, request.amount, settings, strategy=strategy, plan_for=plan_for)
         if no_fragmentation and len(grants) > 1:
             grants = _unfragmented(devices, request, settings, grants)
         return grants
@@ -481,14 +507,15 @@ def _allocate_on_node(node: NodeState, request: ResourceRequest, settings: Fract
     return allocate_devices(devices, int(request.amount), node=node, numa_required=request.numa)
 
 
-def _shares_on_one_numa_node(devices, request: ResourceRequest, settings: FractionalSettings, strategy: Strategy):
+def _shares_on_one_numa_node(devices, request: ResourceRequest, settings: FractionalSettings, strategy: Strategy,
+                             plan_for: PlanLookup | None = None):
     """An fGPU request kept on one NUMA node: the first NUMA node (by its devices' order) that
     holds it. Raises the last node's InsufficientResource when none does."""
     groups = _by_numa(devices)
     error: InsufficientResource | None = None
     for numa, group in groups.items():
         try:
-            return allocate_shares(group, request.amount, settings, strategy=strategy)
+            return allocate_shares(group, request.amount, settings, strategy=strategy, plan_for=plan_for)
         except InsufficientResource as exc:
             error = InsufficientResource(f"NUMA node {numa}: {exc}")
     raise error or InsufficientResource("no device on this node")
@@ -531,9 +558,11 @@ def place(
     shape = request_shape(request, settings)
     if workload is None and policy in cluster.FRAGMENTATION_AWARE:
         workload = cluster.Workload({shape: 1})
+    plan_for = workload.packing_plan if policy == "fgd-plus" and workload is not None else None
     for row in index.ranking(shape, policy, workload):
         try:
-            grants = _allocate_on_node(nodes[row], request, settings, strategy, _device_policy(policy), no_fragmentation)
+            grants = _allocate_on_node(nodes[row], request, settings, strategy, _device_policy(policy), no_fragmentation,
+                                       plan_for)
         except InsufficientResource:
             continue
         return Placement(nodes[row].node_id, grants)
