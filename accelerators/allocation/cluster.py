@@ -31,9 +31,19 @@ Policies (`POLICIES`), each choosing a node and, for a single-device request, th
   requests. (3) Model pressure: where requests name GPU models (`gpu_spec`), each model's
   share of the seen GPU demand tied to it over its share of the cluster's GPU; a request that
   names no model pays SCARCITY_WEIGHT × that pressure × what it takes (GPU, plus its CPU in GPU
-  at r_cpu), so it leaves the models others need (openb gpuspec: T4) to them. Ties go to the
-  better best fit, then the first node. On openb (default trace,
-  seeds 42–51) it leaves less GPU unallocated at 100 % arrival than FGD (benchmarks/openb.py).
+  at r_cpu), so it leaves the models others need (openb gpuspec: T4) to them. (4) Packing
+  plan, for requests one device can hold (SHARE; SPAN up to a device): the workload's
+  cutting-stock plan (packing.py) says which amounts fill a device together; candidates rank
+  0 on a device in use that the plan has room for, 1 on an idle device, 2 elsewhere, and that
+  rank (after model pressure, in PRESSURE_STEP steps) comes before the score. Ties go to the
+  better best fit, then the first node. On openb (default trace, seeds 42–51) it leaves 3.82 %
+  of the GPU unallocated at 100 % arrival, FGD as published 4.77 % (benchmarks/openb.py).
+
+Speed (benchmarks/placement_speed.py): nodes in equal states are scored once (`state`); a
+state's F_n(m) row is computed once and its F · p kept current by one column per observation;
+an after-state row is kept by (shape, state, device amount); fgd-plus scores only the best
+plan class of a SHARE request. These change no choice (tests/test_packing_plan.py compares
+them with a fresh index, exactly).
 """
 from __future__ import annotations
 
@@ -631,7 +641,10 @@ class ClusterIndex:
                 return cand, slots, (device, cand, remaining if policy == "binpack" else -remaining)
             return cand, slots, (cand, remaining if policy == "binpack" else -remaining)
         if policy == "best-fit":
-            return cand, slots, (cand, self._best_fit(shape, cand, self._gpu_after(shape, cand)))
+            fit = self._best_fit(shape, cand, self._gpu_after(shape, cand))
+            if shape.kind == SHARE:  # within the node, the device with the least free that holds it
+                return cand, slots, (self.free[cand, slots], cand, fit)
+            return cand, slots, (cand, fit)
         if policy in FRAGMENTATION_AWARE:
             if workload is None:
                 raise ValueError(f"policy {policy!r} needs the workload seen so far")
