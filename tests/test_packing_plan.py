@@ -99,6 +99,14 @@ def test_fgd_plus_puts_a_share_on_a_device_on_plan_before_an_idle_one_and_an_idl
     assert idx.ranking(share(160), "fgd-plus", workload)[:2] == [1, 2]
 
 
+def test_without_a_plan_a_share_has_no_preference_for_idle_devices():
+    # Only whole-GPU requests seen: no fractional amounts to plan, so fgd-plus's own score packs
+    # the 0.3 onto the used device rather than opening the idle one.
+    workload = Workload({Shape(WHOLE, cpu=1000, mem=1024, count=1, amount=1000): 3})
+    assert workload.packing_plan(1000) is None
+    assert index((8000, [500]), (8000, [1000])).choose(share(300), "fgd-plus", workload) == (0, 0)
+
+
 def test_the_plan_is_solved_again_as_the_workload_grows_and_when_an_amount_is_new():
     workload = Workload({share(500): 4})
     first = workload.packing_plan(1000)

@@ -745,11 +745,13 @@ class ClusterIndex:
             holds = (cap > 0) & (free >= shape.amount)
         used = cap - free
         rank = np.where(holds & (used == 0), 1, 2)
-        in_use = holds & (used > 0)
-        for capacity in np.unique(cap[in_use]).tolist():
+        for capacity in np.unique(cap[holds & (used > 0)]).tolist():  # (idle ones alone rank alike)
             plan = workload.packing_plan(int(capacity))
-            if plan is not None:
-                rank[in_use & (cap == capacity) & plan.on_plan(used, shape.amount)] = 0
+            mine = holds & (cap == capacity)
+            if plan is None:  # nothing to plan for this device size: no preference
+                rank[mine] = 0
+            else:
+                rank[mine & (used > 0) & plan.on_plan(used, shape.amount)] = 0
         return rank if shape.kind == SHARE else rank.min(axis=1, initial=2)
 
     def _pressure(self, arrays) -> np.ndarray:

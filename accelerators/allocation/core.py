@@ -464,18 +464,19 @@ def _unfragmented(devices, request: ResourceRequest, settings: FractionalSetting
 
 def _plan_ranks(devices: Sequence[DeviceState], free: dict[str, int], want: int, settings: FractionalSettings,
                 plan_for: PlanLookup) -> dict[str, int]:
-    """Per device id: 0 in use and on the packing plan for `want` quanta, 1 idle, 2 otherwise
-    (cluster.ClusterIndex ranks candidates alike)."""
+    """Per device id: 0 in use and on the packing plan for `want` quanta, 1 idle, 2 otherwise;
+    0 for every device of a size with no plan (cluster.ClusterIndex ranks candidates alike)."""
     ranks = {}
     for d in devices:
         cap = _device_units(d, settings)[1]
         used = cap - free[d.device_id]
-        if used <= 0:
-            ranks[d.device_id] = 1
-            continue
         plan = plan_for(cap)
-        on = plan is not None and bool(plan.on_plan(np.array([used]), want)[0])
-        ranks[d.device_id] = 0 if on else 2
+        if plan is None:  # nothing to plan for this device size: no preference
+            ranks[d.device_id] = 0
+        elif used <= 0:
+            ranks[d.device_id] = 1
+        else:
+            ranks[d.device_id] = 0 if plan.on_plan(np.array([used]), want)[0] else 2
     return ranks
 
 
