@@ -63,3 +63,16 @@ def test_the_speed_benchmarks_synthetic_cluster_and_timing(nodes):
     index, start, workload = placement_speed.filled(big, stream, 5)
     assert 0 < start < len(stream) and index.free.sum() < big.free.sum()
     assert placement_speed.time_policy(index, stream, start, 20, "fgd-plus", workload) > 0
+
+
+def test_the_offline_bound_packs_the_fractional_pods_that_arrive_by_100_percent(capsys):
+    from benchmarks import openb_bound
+
+    # 0.81 + 0.16 and 0.47 + 0.47 on two devices: 0.03 + 0.06 left.
+    assert openb_bound.first_fit_decreasing_room([470, 160, 810, 470]) == 90
+    assert openb_bound.main(["--seeds", "42", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    run = out["runs"][0]
+    assert run["seed"] == 42 and run["share_pods"] > 3000
+    # The LP is a lower bound on any packing of the same pods, first-fit decreasing one of them.
+    assert 3.0 < run["lp_room_pct"] <= run["ffd_room_pct"] < 5.0
