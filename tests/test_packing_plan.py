@@ -175,3 +175,18 @@ def test_kept_rows_choose_as_a_fresh_index_does(specs, stream, policy):
         assert all(np.array_equal(a, b) for a, b in zip(kept, fresh_keys, strict=True))  # exact, not close
         assert idx.choose(pod, policy, workload) == expected
         idx.place(pod, policy, workload)
+
+
+@pytest.mark.parametrize("policy", ["fgd", "fgd-plus"])
+def test_a_request_that_fits_nowhere_gets_none_after_new_shapes_widen_the_workload(policy):
+    idx = index((8000, [1000]), (8000, [1000]))
+    workload = Workload()
+    for milli in (100, 200, 300):  # rows kept for 3 shapes
+        workload.observe(share(milli))
+        idx.place(share(milli), policy, workload)
+    for cpu in range(1000, 40000, 1000):  # many shapes seen since, none scored
+        workload.observe(Shape(NONE, cpu=cpu, mem=64))
+    too_big = Shape(WHOLE, cpu=1000, mem=1024, count=4, amount=1000)
+    workload.observe(too_big)
+    assert idx.choose(too_big, policy, workload) is None
+    assert idx.ranking(too_big, policy, workload) == []

@@ -355,8 +355,10 @@ class _FragCache:
         self.states = 0  # state ids the index has handed out (`reserve`)
 
     def reserve(self, states: int, t: int) -> None:
+        """Room for `states` state ids and `t` shapes in both tables."""
         self.states = states
         self.table, self.cols = self._grown(self.table, self.cols, states, t)
+        self.after, self.after_cols = self._grown(self.after, self.after_cols, len(self.after_cols), t)
         if len(self.dot) < len(self.cols):
             extra = len(self.cols) - len(self.dot)
             self.dot = np.concatenate([self.dot, np.zeros(extra)])
@@ -648,6 +650,8 @@ class ClusterIndex:
         if policy in FRAGMENTATION_AWARE:
             if workload is None:
                 raise ValueError(f"policy {policy!r} needs the workload seen so far")
+            if not len(cand):  # fits nowhere now
+                return cand, slots, (cand,)
             arrays = workload.arrays(self.model_ids)
             if policy == "fgd":
                 return cand, slots, (cand, self._frag_delta(shape, cand, slots, arrays, workload))
