@@ -213,6 +213,7 @@ class Workload:
                   "amounts": np.array([c[2] for c in classes], dtype=np.int64),
                   "total": p.sum(), "cls": cls}
         kinds = cached["kinds"]
+        cached["mask_by_model"] = np.ascontiguousarray(mask.T)  # (models, T)
         cached["share_classes"] = np.nonzero(kinds == SHARE)[0]
         cached["share_amounts"] = cached["amounts"][cached["share_classes"]]
         cached["whole_classes"] = np.nonzero(kinds == WHOLE)[0]
@@ -248,11 +249,7 @@ class Workload:
 
 
 def _unique_rows(*columns):
-    """(unique row positions, inverse) over equal tuples of int columns (a few rows are taken
-    as they are: finding their duplicates costs more than it saves)."""
-    if len(columns[0]) <= SMALL_BATCH:
-        every = np.arange(len(columns[0]))
-        return every, every
+    """(unique row positions, inverse) over equal tuples of int columns."""
     stacked = np.stack(columns, axis=1)
     if stacked.min(initial=0) >= 0 and stacked.shape[1] == 3 and stacked[:, 0].max(initial=0) < 64 \
             and stacked[:, 1].max(initial=0) < (1 << 28) and stacked[:, 2].max(initial=0) < (1 << 30):
@@ -276,7 +273,9 @@ def expected_fragmentation(cpu, mem, model, free, cap, arrays) -> np.ndarray:
     if k == 0 or arrays["total"] == 0:
         return np.zeros(k)
     gsum, fitting, inverse, usable = _fragmentation_parts(cpu, mem, model, free, cap, arrays)
-    weights = (fitting.astype(np.float64) @ (arrays["onehot"] * arrays["p"][:, None]))[inverse]  # (K, J): seen mass per class fitting
+    weights = fitting.astype(np.float64) @ (arrays["onehot"] * arrays["p"][:, None])  # (U, J): seen mass per class fitting
+    if inverse is not None:
+        weights = weights[inverse]
     return gsum * arrays["total"] - (usable * weights).sum(axis=1)
 
 
@@ -286,27 +285,30 @@ def fragmentation_by_shape(cpu, mem, model, free, cap, arrays) -> np.ndarray:
     if free.shape[0] == 0 or not len(arrays["cpu"]):
         return np.zeros((free.shape[0], len(arrays["cpu"])))
     gsum, fitting, inverse, usable = _fragmentation_parts(cpu, mem, model, free, cap, arrays)
-    return gsum[:, None] - fitting[inverse] * usable[:, arrays["cls"]]
+    if inverse is not None:
+        fitting = fitting[inverse]
+    return gsum[:, None] - fitting * usable[:, arrays["cls"]]
 
 
 def _fragmentation_parts(cpu, mem, model, free, cap, arrays):
-    """(gsum (K,), fits (U, T) over the distinct (model, CPU, memory), inverse (K,) into U,
-    usable (K, J) free GPU each demand class could use)."""
+    """(gsum (K,), fits (U, T) over the distinct (model, CPU, memory), inverse (K,) into U or
+    None when each row is its own (few rows), usable (K, J) free GPU each demand class could use)."""
     k = free.shape[0]
-    present = cap > 0
     gsum = free.sum(axis=1)
-    first, inverse = _unique_rows(model, cpu, mem)
-    ucpu, umem, umodel = cpu[first], mem[first], model[first]
-    cm = (arrays["cpu"][None, :] <= ucpu[:, None]) & (arrays["mem"][None, :] <= umem[:, None])
-    cm &= arrays["mask"][:, umodel].T
+    if k <= SMALL_BATCH:  # a few rows: finding their duplicates costs more than it saves
+        inverse = None
+    else:
+        first, inverse = _unique_rows(model, cpu, mem)
+        cpu, mem, model = cpu[first], mem[first], model[first]
+    cm = (arrays["cpu"][None, :] <= cpu[:, None]) & (arrays["mem"][None, :] <= mem[:, None])
+    cm &= arrays["mask_by_model"][model]
     usable = np.zeros((k, len(arrays["classes"])), dtype=np.int64)
     share = arrays["share_classes"]
-    if len(share):
-        ok = (free[:, :, None] >= arrays["share_amounts"][None, None, :]) & present[:, :, None]
-        usable[:, share] = (free[:, :, None] * ok).sum(axis=1)
+    if len(share):  # amounts are > 0, so a missing device (free 0) never holds one
+        usable[:, share] = (free[:, :, None] * (free[:, :, None] >= arrays["share_amounts"][None, None, :])).sum(axis=1)
     whole = arrays["whole_classes"]
     if len(whole):
-        idle = present & (free == cap)
+        idle = (cap > 0) & (free == cap)
         fits = idle.sum(axis=1)[:, None] >= arrays["whole_counts"][None, :]
         usable[:, whole] = np.where(fits, np.where(idle, free, 0).sum(axis=1)[:, None], 0)
     usable[:, arrays["none_classes"]] = gsum[:, None]
@@ -694,9 +696,11 @@ class ClusterIndex:
             ukeys = before_ids = state[first]
         after_ids = cache.after_ids(shape, ukeys)
         stale_before = np.nonzero(cache.cols[before_ids] < t)[0]
-        if len(stale_before):  # equal states in one call: compute each once
+        if len(stale_before) > 1:  # equal states in one call: compute each once
             before_new, at = np.unique(before_ids[stale_before], return_index=True)
             before_rows = cand[first[stale_before[at]]]
+        elif len(stale_before):
+            before_new, before_rows = before_ids[stale_before], cand[first[stale_before]]
         else:
             before_new = before_rows = stale_before
         stale_after = np.nonzero(cache.after_cols[after_ids] < t)[0]
