@@ -190,3 +190,30 @@ def test_a_request_that_fits_nowhere_gets_none_after_new_shapes_widen_the_worklo
     workload.observe(too_big)
     assert idx.choose(too_big, policy, workload) is None
     assert idx.ranking(too_big, policy, workload) == []
+
+
+def test_dropping_the_kept_after_rows_at_their_cap_changes_no_score(monkeypatch):
+    monkeypatch.setattr(cluster, "AFTER_ROWS", 8)  # dropped and refilled many times below
+    drops = 0
+    clear = cluster._FragCache.after_ids
+
+    def counting(self, shape, keys):
+        nonlocal drops
+        drops += self.after_used + len(keys) > cluster.AFTER_ROWS
+        return clear(self, shape, keys)
+
+    monkeypatch.setattr(cluster._FragCache, "after_ids", counting)
+    rng = np.random.default_rng(7)
+    idx = index(*[(int(rng.choice([16000, 64000])), [1000] * int(rng.choice([1, 2, 4]))) for _ in range(12)])
+    workload = Workload()
+    menu = [share(160), share(470), share(810), Shape(WHOLE, cpu=2000, mem=1024, count=1, amount=1000),
+            Shape(NONE, cpu=4000, mem=512)]
+    for _ in range(80):
+        pod = menu[int(rng.integers(len(menu)))]
+        workload.observe(pod)
+        fresh = idx.copy()
+        want, got = fresh.scores(pod, "fgd-plus", workload)[2], idx.scores(pod, "fgd-plus", workload)[2]
+        assert all(np.array_equal(a, b) for a, b in zip(want, got, strict=True))
+        assert len(idx._by_state.after_cols) == 64  # never grown past its first 64 rows: dropped instead
+        idx.place(pod, "fgd-plus", workload)
+    assert drops > 10

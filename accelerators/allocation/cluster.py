@@ -397,10 +397,15 @@ class _FragCache:
         return self.dot[ids]
 
     @staticmethod
-    def _grown(table, cols, rows: int, t: int):
+    def _grown(table, cols, rows: int, t: int, limit: int | None = None):
+        """`table` (and `cols`) with room for `rows` rows and `t` columns, doubled as needed, at
+        most `limit` rows (when given and not less than `rows`)."""
         if rows <= table.shape[0] and t <= table.shape[1]:
             return table, cols
-        grown = np.zeros((max(table.shape[0], 2 * rows), max(table.shape[1], 2 * t)), dtype=table.dtype,
+        height = max(table.shape[0], 2 * rows)
+        if limit is not None:
+            height = max(min(height, limit), rows, table.shape[0])
+        grown = np.zeros((height, max(table.shape[1], 2 * t)), dtype=table.dtype,
                          order="F" if table.flags.f_contiguous and not table.flags.c_contiguous else "C")
         grown[:table.shape[0], :table.shape[1]] = table
         return grown, np.concatenate([cols, np.zeros(grown.shape[0] - len(cols), dtype=np.int64)])
@@ -439,7 +444,7 @@ class _FragCache:
                 self.after_used += int(missing.sum())
                 directory[states[missing]] = rows[missing]
         if self.after_used > len(self.after_cols):
-            self.after, self.after_cols = self._grown(self.after, self.after_cols, self.after_used, 1)
+            self.after, self.after_cols = self._grown(self.after, self.after_cols, self.after_used, 1, AFTER_ROWS)
         return rows
 
     def store(self, ids, rows: np.ndarray, t: int) -> None:
