@@ -156,7 +156,9 @@ def test_obvious_mistakes_are_shown_beside_their_field_and_keep_launch_disabled(
     page.fill("#pin-devices", "0")
     expect(page.locator("#preview-line")).to_have_text("starts now on demo-node")
     dialog.screenshot(path=str(shots / "launch-advanced.png"), animations="disabled")
-    with page.expect_request(lambda r: r.url.endswith("/api/v1/sessions/preview/")) as sent:
+    # The request this edit sends (a preview still due from the edits above may go first).
+    with page.expect_request(lambda r: r.url.endswith("/api/v1/sessions/preview/")
+                             and (r.post_data_json or {}).get("resources", {}).get("gpu_memory") == "1G") as sent:
         page.fill("#gpu-memory", "1G")
     assert sent.value.post_data_json["resources"] == {
         "gpu": 1, "gpu_memory": "1G", "gpu_cores": 25, "devices": [0], "policy": "spread", "numa": True,
