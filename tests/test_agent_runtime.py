@@ -462,3 +462,14 @@ def test_stopping_a_session_also_ends_a_background_job_started_with_nohup(tmp_pa
                 os.kill(pid, 9)
             except ProcessLookupError:
                 pass
+
+
+def test_session_members_reads_the_session_id_and_can_leave_zombies_out(tmp_path):
+    for pid, state, session in ((101, "S", 77), (102, "Z", 77), (103, "R", 78)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (a (b) c) {state} 1 {pid} {session} 0 -1 4194560\n")
+    (tmp_path / "self").mkdir()
+    from sessions.runtime.agent import session_members
+
+    assert sorted(session_members(77, proc=str(tmp_path))) == [101, 102]
+    assert session_members(77, proc=str(tmp_path), live_only=True) == [101]

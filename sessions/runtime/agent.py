@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 SCROLLBACK_BYTES = 64 * 1024
 READ_CHUNK = 64 * 1024
 KILL_GRACE_S = 3.0
+KILL_WAIT_S = 2.0  # after SIGKILL, how long TERMINATED waits for the session's processes to be gone
 LOG_FLUSH_S = 0.5  # seconds between log batches while output flows
 LOG_BATCH_CHARS = 64 * 1024  # ship at once when this many characters wait
 LOG_CHUNK_CHARS = 256 * 1024  # the most one batch carries
@@ -361,6 +362,12 @@ class Agent:
         # The session ends with its shell: background jobs (own process groups, nohup'd or
         # not) must not outlive the allocation that is about to be released.
         await asyncio.to_thread(_signal_session, running.process.pid, signal.SIGKILL)
+        # A signal takes effect when its process next runs: report TERMINATED once none is left
+        # (zombies hold nothing), so the slice is free when the manager releases it.
+        deadline = self.loop.time() + KILL_WAIT_S
+        while self.loop.time() < deadline and await asyncio.to_thread(session_members, running.process.pid,
+                                                                      live_only=True):
+            await asyncio.sleep(0.02)
         # Let the PTY drain what the process wrote last (a background child may keep it open:
         # then give up after a second), then close it.
         try:
@@ -610,10 +617,10 @@ def _make_controlling_tty() -> None:
         pass
 
 
-def session_members(sid: int, *, proc: str = "/proc") -> list[int]:
+def session_members(sid: int, *, proc: str = "/proc", live_only: bool = False) -> list[int]:
     """Pids whose session id (field 6 of /proc/<pid>/stat) is `sid`: every process a session's
-    shell started, whatever process group job control gave it. A process that calls setsid()
-    itself escapes this (a cgroup would be needed to hold it)."""
+    shell started, whatever process group job control gave it; `live_only`: not zombies. A
+    process that calls setsid() itself escapes this (a cgroup would be needed to hold it)."""
     pids = []
     for entry in os.scandir(proc):
         if not entry.name.isdigit():
@@ -624,7 +631,7 @@ def session_members(sid: int, *, proc: str = "/proc") -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session …
-        if len(fields) > 3 and int(fields[3]) == sid:
+        if len(fields) > 3 and int(fields[3]) == sid and not (live_only and fields[0] == "Z"):
             pids.append(int(entry.name))
     return pids
 
