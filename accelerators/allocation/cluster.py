@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .packing import PackingPlan, solve_packing_plan
+from .packing import PackingPlan, plan_ranks, solve_packing_plan
 
 NONE, SHARE, WHOLE, SPAN = 0, 1, 2, 3
 KIND_NAMES = {NONE: "none", SHARE: "share", WHOLE: "whole", SPAN: "span"}
@@ -65,7 +65,7 @@ SCARCITY_WEIGHT = 1.0  # fgd-plus: weight of model pressure for requests that na
 REPLAN_GROWTH = 2.0  # fgd-plus: solve the packing plan again when the SHARE requests seen grow by this
 AFTER_ROWS = 1 << 16  # fgd / fgd-plus: after-state rows kept, at most
 CATCH_UP = 16  # fgd / fgd-plus: kept F·p take up to this many observations a column at a time
-SMALL_BATCH = 16  # rows below which `_unique_rows` does not look for duplicates
+SMALL_BATCH = 16  # rows up to which a fragmentation pass does not look for duplicate states
 PRESSURE_STEP = 0.1  # fgd-plus: model pressures closer than this rank alike for SHARE requests
 
 
@@ -162,8 +162,8 @@ class Workload:
         """The packing plan (`packing.solve_packing_plan`) of the SHARE and SPAN amounts seen so
         far on devices of `capacity` units (amounts above it are left out), or None (none seen,
         or the LP failed). Solved again only when those requests have grown by REPLAN_GROWTH
-        since the last solve, or an
-        amount appears that the plan lacks: a few solves over a run, each tens of ms."""
+        since the last solve, or an amount appears that the plan lacks: a few solves over a run,
+        each tens of ms."""
         seen = sum(self._shares.values())
         if not seen:
             return None
@@ -448,13 +448,13 @@ class _FragCache:
         return rows
 
     def store(self, ids, rows: np.ndarray, t: int) -> None:
-        self.table, self.cols = self._grown(self.table, self.cols, len(self.cols), t)
+        """F rows of before states `ids` (room for `t` shapes: `reserve`)."""
         self.table[ids, :t] = rows
         self.cols[ids] = t
         self.is_tracked[ids] = False  # its dot is taken afresh (a stale copy in `tracked` is harmless)
 
     def store_after(self, ids, rows: np.ndarray, t: int) -> None:
-        self.after, self.after_cols = self._grown(self.after, self.after_cols, len(self.after_cols), t)
+        """F rows of after states `ids` (room for `t` shapes: `reserve`)."""
         self.after[ids, :t] = rows
         self.after_cols[ids] = t
 
@@ -667,7 +667,7 @@ class ClusterIndex:
             leading: tuple = ()
             if shape.kind in (SHARE, SPAN):
                 leading = (self._plan_rank(shape, cand, slots, workload), np.round(pressure / PRESSURE_STEP))
-                if best_only and len(cand):  # the rest cannot win: score only the best (plan rank, pressure) class
+                if best_only:  # the rest cannot win: score only the best (plan rank, pressure) class
                     keep = _lex_best(leading)
                     cand, slots, pressure = cand[keep], slots[keep], pressure[keep]
                     leading = tuple(key[keep] for key in leading)
@@ -745,26 +745,18 @@ class ClusterIndex:
         return self._by_state
 
     def _plan_rank(self, shape: Shape, cand, slots, workload: Workload) -> np.ndarray:
-        """(K,) ints: 0 where the candidate's device is in use and on the workload's packing plan
-        for `shape.amount` (packing.py), 1 where it is idle, 2 elsewhere. SHARE: the device is
-        the candidate's slot. SPAN (the scheduler's fGPU requests): the node's best device that
+        """(K,) ints: `packing.plan_ranks` (0 on plan, 1 idle, 2 elsewhere) of the candidate's
+        device for `shape.amount` under the workload's packing plans. SHARE: the device is the
+        candidate's slot. SPAN (the scheduler's fGPU requests): the node's best device that
         holds the amount alone (where the allocator puts it: `core.allocate_shares`), 2 where
         none does."""
         if shape.kind == SHARE:
             cap, free = self.cap[cand, slots], self.free[cand, slots]
-            holds = np.ones(len(cand), dtype=bool)
+            holds = None
         else:
             cap, free = self.cap[cand], self.free[cand]
             holds = (cap > 0) & (free >= shape.amount)
-        used = cap - free
-        rank = np.where(holds & (used == 0), 1, 2)
-        for capacity in np.unique(cap[holds & (used > 0)]).tolist():  # (idle ones alone rank alike)
-            plan = workload.packing_plan(int(capacity))
-            mine = holds & (cap == capacity)
-            if plan is None:  # nothing to plan for this device size: no preference
-                rank[mine] = 0
-            else:
-                rank[mine & (used > 0) & plan.on_plan(used, shape.amount)] = 0
+        rank = plan_ranks(cap, cap - free, shape.amount, workload.packing_plan, holds)
         return rank if shape.kind == SHARE else rank.min(axis=1, initial=2)
 
     def _pressure(self, arrays) -> np.ndarray:

@@ -22,7 +22,7 @@ from accelerators.allocation.errors import (
     NeverSchedulable,
     NotMultipleOfQuantum,
 )
-from accelerators.allocation.packing import PackingPlan
+from accelerators.allocation.packing import PackingPlan, plan_ranks
 from accelerators.allocation.units import amount_text, format_binary_size
 
 CENT = Decimal("0.01")
@@ -464,20 +464,12 @@ def _unfragmented(devices, request: ResourceRequest, settings: FractionalSetting
 
 def _plan_ranks(devices: Sequence[DeviceState], free: dict[str, int], want: int, settings: FractionalSettings,
                 plan_for: PlanLookup) -> dict[str, int]:
-    """Per device id: 0 in use and on the packing plan for `want` quanta, 1 idle, 2 otherwise;
-    0 for every device of a size with no plan (cluster.ClusterIndex ranks candidates alike)."""
-    ranks = {}
-    for d in devices:
-        cap = _device_units(d, settings)[1]
-        used = cap - free[d.device_id]
-        plan = plan_for(cap)
-        if plan is None:  # nothing to plan for this device size: no preference
-            ranks[d.device_id] = 0
-        elif used <= 0:
-            ranks[d.device_id] = 1
-        else:
-            ranks[d.device_id] = 0 if plan.on_plan(np.array([used]), want)[0] else 2
-    return ranks
+    """Per device id, `packing.plan_ranks` for `want` quanta (as cluster.ClusterIndex ranks
+    the node's candidates)."""
+    capacity = np.array([_device_units(d, settings)[1] for d in devices], dtype=np.int64)
+    used = capacity - np.array([free[d.device_id] for d in devices], dtype=np.int64)
+    ranks = plan_ranks(capacity, used, want, plan_for)
+    return {d.device_id: int(r) for d, r in zip(devices, ranks)}
 
 
 def _allocate_on_node(node: NodeState, request: ResourceRequest, settings: FractionalSettings | None, strategy: Strategy,

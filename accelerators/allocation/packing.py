@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,27 @@ class PackingPlan:
             return np.zeros(used.shape, dtype=bool)
         inside = (used >= 0) & (used <= self.capacity)
         return inside & self.table[np.clip(used, 0, self.capacity), column]
+
+
+def plan_ranks(capacity: np.ndarray, used: np.ndarray, amount: int,
+               plan_for: Callable[[int], PackingPlan | None], eligible: np.ndarray | None = None) -> np.ndarray:
+    """fgd-plus's order among devices for a request of `amount` units, one int per device
+    (arrays of any one shape: `capacity` and `used` in units, `eligible` bool, default all):
+    0 in use and on the plan for `amount`, 1 idle, 2 otherwise or not eligible; every eligible
+    device of a size whose plan is None (nothing to plan: no preference) ranks 0. `plan_for`
+    (capacity → plan, e.g. `cluster.Workload.packing_plan`) is asked only for sizes with an
+    eligible device in use (idle ones alone rank alike). The index and the allocator both rank
+    by this, so a node is chosen for the device the allocator then takes."""
+    eligible = np.ones(used.shape, dtype=bool) if eligible is None else eligible
+    rank = np.where(eligible & (used == 0), 1, 2)
+    for size in np.unique(capacity[eligible & (used > 0)]).tolist():
+        plan = plan_for(int(size))
+        mine = eligible & (capacity == size)
+        if plan is None:
+            rank[mine] = 0
+        else:
+            rank[mine & (used > 0) & plan.on_plan(used, amount)] = 0
+    return rank
 
 
 def solve_packing_plan(capacity: int, demand: dict[int, float], start: PackingPlan | None = None) -> PackingPlan | None:
