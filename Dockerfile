@@ -7,6 +7,8 @@ COPY pyproject.toml README.md ./
 COPY console ./console
 COPY accelerators ./accelerators
 COPY sessions ./sessions
+COPY agent ./agent
+COPY protocol ./protocol
 COPY accounts ./accounts
 COPY fgpu_cli ./fgpu_cli
 RUN pip install .

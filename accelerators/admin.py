@@ -311,7 +311,8 @@ class NodeAdmin(admin.ModelAdmin):
     list_filter = ("status", "resource_group")
     search_fields = ("name",)
     inlines = (DeviceInline, DeviceLinkInline)
-    reported = ("name", "status", "last_heartbeat", "registered_at", "cpu_count", "memory", "plugins", "attributes")
+    reported = ("name", "status", "last_heartbeat", "registered_at", "cpu_count", "memory", "plugins", "attributes",
+                "held_images")
     fieldsets = (
         ("Reported by the agent", {"fields": reported}),
         ("Sharing (set by administrators)", {"fields": ("resource_group", "device_split_count", "memory_scaling",
@@ -320,6 +321,10 @@ class NodeAdmin(admin.ModelAdmin):
     )
     readonly_fields = (*reported, "mig_picture", "mig_status")
     form = NodeForm
+
+    @admin.display(description="session images it holds")
+    def held_images(self, obj: Node) -> str:
+        return ", ".join(sorted(obj.images or {})) or "none"
 
     @admin.display(description="MIG slices")
     def mig_picture(self, obj: Node) -> str:

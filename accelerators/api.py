@@ -72,11 +72,13 @@ class NodeSerializer(serializers.ModelSerializer):
                                            allow_null=True, help_text="node pool; null: the default pool")
     oversubscribed = serializers.BooleanField(source="is_oversubscribed", read_only=True,
                                               help_text="memory or SM scaling above 1: deliberate over-subscription")
+    images = serializers.DictField(child=serializers.CharField(), read_only=True,
+                                   help_text="the session images its agent reports holding: {reference: image id}")
 
     class Meta:
         model = Node
         fields = ["id", "name", "status", "last_heartbeat", "registered_at", "cpu_count", "memory_size", "plugins",
-                  "attributes", "resource_group", "device_split_count", "memory_scaling", "core_scaling",
+                  "attributes", "images", "resource_group", "device_split_count", "memory_scaling", "core_scaling",
                   "oversubscribed", "devices"]
 
     @extend_schema_field(DeviceSerializer(many=True))
@@ -86,8 +88,24 @@ class NodeSerializer(serializers.ModelSerializer):
         return DeviceSerializer(devices, many=True, context=context).data
 
 
+def _sent_empty(query_filter, value) -> bool:
+    """Whether the filter's parameter was sent with an empty value (`?status=`)."""
+    return value in (None, "") and query_filter.field_name in (getattr(query_filter.parent, "data", None) or {})
+
+
+class StrictChoiceFilter(filters.ChoiceFilter):
+    """django-filter's ChoiceFilter, except that a parameter sent empty is a 400 naming it, as
+    a value off the choices is, instead of filtering nothing."""
+
+    def filter(self, qs, value):
+        if _sent_empty(self, value):
+            raise serializers.ValidationError({self.field_name: [
+                f"expected one of {', '.join(str(choice) for choice, _ in self.extra['choices'])}"]})
+        return super().filter(qs, value)
+
+
 class NodeFilter(filters.FilterSet):
-    status = filters.ChoiceFilter(choices=NodeStatus.choices, help_text="ALIVE or LOST")
+    status = StrictChoiceFilter(choices=NodeStatus.choices, help_text="ALIVE or LOST")
     resource_group = filters.CharFilter(field_name="resource_group__name", help_text="node pool name")
 
     class Meta:
@@ -167,7 +185,7 @@ class StrictBooleanFilter(filters.CharFilter):
 
     def filter(self, qs, value):
         if value in (None, ""):
-            if self.field_name in (getattr(self.parent, "data", None) or {}):  # sent, but empty: `?is_mig_device=`
+            if _sent_empty(self, value):  # `?is_mig_device=`
                 raise serializers.ValidationError({self.field_name: ["expected true or false"]})
             return qs
         wanted = {"true": True, "false": False}.get(value.lower())

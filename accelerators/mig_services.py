@@ -15,6 +15,7 @@ from functools import partial
 from django.db import transaction
 from django.utils import timezone
 
+import protocol
 from accelerators.allocation import mig
 from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.mig_selectors import device_mig_catalog, gpu_instance_holds, node_mig_gpus, node_mig_layout_digest
@@ -180,9 +181,9 @@ def _sync_detail(sync: dict, mode: str) -> str:
 
 
 def _send_mig_reconcile(node_name: str, message: dict) -> None:
-    from sessions.tasks import mig_reconcile
+    from sessions.tasks import agent_send
 
-    mig_reconcile.delay(node=node_name, **message)
+    agent_send(protocol.MIG_RECONCILE, node=node_name, **message)
 
 
 @transaction.atomic
@@ -315,7 +316,7 @@ def _sync_record_report(node: Node, report: dict) -> None:
 @transaction.atomic
 def node_mig_report_apply(*, node_name: str, report: dict) -> list[GpuInstance]:
     """Record what the agent of `node_name` found when it reconciled its MIG GPUs
-    (`sessions.runtime.mig.MigManager.reconcile`: {"gpus": [GPU UUIDs it could list],
+    (`agent.mig.MigManager.reconcile`: {"gpus": [GPU UUIDs it could list],
     "unknown": [{"gpu", "profile", "start", "uuid"}], "recreated": [...], "errors": [...]}; an
     answer to `node_mig_push` adds "kind", "seq" and "destroyed": [{"gpu", "profile", "start"}],
     and is folded into `Node.mig_sync`; or, after a start spec's instance was made or reused,

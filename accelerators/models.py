@@ -12,6 +12,7 @@ from decimal import Decimal
 from django.core.validators import MinValueValidator
 from django.db import models
 
+import protocol
 from accelerators.allocation import cluster, topology, units
 
 GiB = 1 << 30
@@ -165,6 +166,12 @@ class MigMode(models.TextChoices):
     FIXED = "fixed", "fixed layout (the administrator's layout, created at agent start)"
 
 
+def host_images() -> dict:
+    """What a node holds when its agent reports no images: the process runtime's built-in "host"
+    image (protocol.HOST_IMAGES)."""
+    return dict(protocol.HOST_IMAGES)
+
+
 class Node(models.Model):
     """One GPU node, i.e. one agent. Registered and kept alive by its agent's heartbeats."""
 
@@ -177,6 +184,10 @@ class Node(models.Model):
     memory_size = models.BigIntegerField(default=0, help_text="bytes of main memory sessions may use")
     plugins = models.JSONField(default=list, blank=True, help_text="compute plugins the agent loaded")
     attributes = models.JSONField(default=dict, blank=True, help_text="driver and runtime versions reported by the agent")
+    images = models.JSONField(
+        default=host_images, blank=True, editable=False,
+        help_text="the session images the agent reports holding: {reference: image id} (docker runtime: its local "
+                  "images' tags and repository digests, as Docker lists them; process runtime: the built-in \"host\")")
     resource_group = models.ForeignKey(ResourceGroup, null=True, blank=True, on_delete=models.SET_NULL,
                                        related_name="nodes", help_text="node pool; empty: the default pool")
     device_split_count = models.PositiveIntegerField(
@@ -202,6 +213,10 @@ class Node(models.Model):
         "fixed MIG layout", default=dict, blank=True,
         help_text='for mode "fixed": {"<GPU device id or index>": [{"profile": "3g.40gb", "start": 0}, …]}',
     )
+    agent_key = models.CharField(
+        "agent key", max_length=64, blank=True, editable=False,
+        help_text="the key the node's agent signs its messages with (manage.py node_key); empty: its messages are "
+                  "not authenticated (refused altogether when FGPU_REQUIRE_NODE_KEYS is on)")
     mig_sync = models.JSONField(
         "MIG layout sync", default=dict, blank=True, editable=False,
         help_text="the last MIG layout the manager sent the node's agent and what the agent reported applying "

@@ -7,6 +7,7 @@ from decimal import Decimal
 
 from django.db.models import Count, Q, Sum
 
+import protocol
 from accelerators.allocation import cluster, core, topology
 from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.mig_selectors import mig_exclusion
@@ -117,14 +118,27 @@ def resource_group_get(*, name: str) -> ResourceGroup | None:
     return group
 
 
-def placement_scope(*, request: core.ResourceRequest, for_update: bool = False, alive_only: bool = True):
+def placement_scope(*, request: core.ResourceRequest, for_update: bool = False, alive_only: bool = True,
+                    image: str = ""):
     """The nodes a request may go to, as the allocator sees them, and the placement options for
     `core.place` (`{"policy", "no_fragmentation"}`). A request naming a resource group goes to
     that group's nodes under its rules; one naming none may go to any node, under the rules of
-    the group named "default" if there is one (else binpack, fragmentation allowed)."""
+    the group named "default" if there is one (else binpack, fragmentation allowed). `image`: a
+    session image reference; only nodes holding it ("": any node)."""
     group = resource_group_get(name=request.resource_group)
-    nodes = node_states(slot_name=request.slot or "cuda", for_update=for_update, alive_only=alive_only, group=group)
+    nodes = node_states(slot_name=request.slot or "cuda", for_update=for_update, alive_only=alive_only, group=group,
+                        image=image)
     return nodes, placement_options(group=group)
+
+
+def node_runs_image(reference: str) -> Q:
+    """Nodes that can run sessions in the session image `reference`: those whose agent reports
+    holding it (`Node.images`, by the reference as it is or in `protocol.image_key` form, how
+    Docker lists its tags), and, for any image but the process runtime's built-in "host", those
+    whose agent pulls images it lacks (`attributes.pulls_images`: a docker agent, unless its
+    agent.toml says `pull-images = false`)."""
+    held = Q(images__has_any_keys=sorted({reference, protocol.image_key(reference)}))
+    return held if reference == protocol.HOST_IMAGE else held | Q(attributes__pulls_images=True)
 
 
 def placement_options(*, group: ResourceGroup | None) -> dict:
@@ -149,11 +163,12 @@ def placement_workload(*, resource_group: str, prefix: str) -> cluster.Workload:
 
 
 def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = True,
-                group: ResourceGroup | None = None) -> list[core.NodeState]:
+                group: ResourceGroup | None = None, image: str = "") -> list[core.NodeState]:
     """Every (alive) node as the allocator sees it: CPU/memory left after live sessions and the
     slot's non-MIG devices with their live usage. `for_update` locks the device rows (in pk
     order, so concurrent schedulers queue instead of deadlocking) inside the caller's
-    transaction; the usage read afterwards is therefore current."""
+    transaction; the usage read afterwards is therefore current. `image`: only the nodes
+    holding that session image (`node_runs_image`; "": every node)."""
     from sessions.models import ACTIVE_STATUSES
 
     nodes = Node.objects.all()
@@ -161,6 +176,8 @@ def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = 
         nodes = nodes.filter(status=NodeStatus.ALIVE)
     if group is not None:
         nodes = nodes.filter(resource_group=group)
+    if image:
+        nodes = nodes.filter(node_runs_image(image))
     device_rows = Device.objects.filter(node__in=nodes, slot_name=slot_name, is_mig_device=False).exclude(mig_exclusion())
     if for_update:
         list(nodes.order_by("pk").select_for_update().values_list("pk", flat=True))

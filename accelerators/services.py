@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import logging
+import secrets
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+
+import protocol
 
 from accelerators.allocation.topology import Link
 from accelerators.models import Device, DeviceLink, FractionalSettings, Node, NodeStatus
@@ -25,6 +29,7 @@ def node_inventory_apply(
     attributes: dict,
     cpu_count: int | None = None,
     memory_size: int | None = None,
+    images: dict | None = None,
 ) -> Node:
     """Create or update node `node_name` and make its device rows match `devices` exactly.
 
@@ -32,13 +37,17 @@ def node_inventory_apply(
     allocations survive an agent restart), new ones created, vanished ones deleted unless a
     live allocation still holds them (then they are kept and a warning is logged). Every
     slot seen gets a FractionalSettings row with Backend.AI's defaults if it has none.
-    `memory_size` in bytes. Marks the node ALIVE with a fresh heartbeat.
+    `memory_size` in bytes. `images`: the session images the agent holds ({reference: image
+    id}, `node_images_clean`); None (an agent from before images): the process runtime's
+    "host". Marks the node ALIVE with a fresh heartbeat.
     """
     node, _ = Node.objects.select_for_update().get_or_create(name=node_name)
     node.status = NodeStatus.ALIVE
     node.last_heartbeat = timezone.now()
     node.plugins = list(plugins)
     node.attributes = dict(attributes)
+    node.images = (dict(protocol.HOST_IMAGES) if images is None
+                   else node_images_clean(node_name=node_name, images=images))
     if cpu_count is not None:
         node.cpu_count = cpu_count
     if memory_size is not None:
@@ -130,6 +139,32 @@ def node_heartbeat(*, node_name: str) -> bool:
     return updated == 1
 
 
+def node_images_clean(*, node_name: str, images) -> dict[str, str]:
+    """An agent's report of the session images it holds, as stored in `Node.images`: `{reference:
+    image id}` with text keys of at most protocol.MAX_IMAGE_REFERENCE characters and text values;
+    anything else is dropped and logged, and past protocol.MAX_IMAGES references the rest (in
+    sorted order) too."""
+    if not isinstance(images, dict):
+        log.warning("node %s reported images that are not an object (%s): taken as none", node_name,
+                    type(images).__name__)
+        return {}
+    clean = {ref: ident for ref, ident in images.items() if isinstance(ref, str) and isinstance(ident, str)
+             and 0 < len(ref) <= protocol.MAX_IMAGE_REFERENCE and "\x00" not in ref + ident}
+    if len(clean) < len(images):
+        log.warning("node %s reported %d unusable image reference(s): dropped", node_name, len(images) - len(clean))
+    if len(clean) > protocol.MAX_IMAGES:
+        log.warning("node %s reported %d images; kept the first %d", node_name, len(clean), protocol.MAX_IMAGES)
+        clean = dict(sorted(clean.items())[:protocol.MAX_IMAGES])
+    return clean
+
+
+def node_images_apply(*, node_name: str, images) -> bool:
+    """Store the session images a heartbeat says `node_name` holds (`node_images_clean`).
+    Returns whether they changed (then pending sessions waiting for an image may be placed)."""
+    clean = node_images_clean(node_name=node_name, images=images)
+    return Node.objects.filter(name=node_name).exclude(images=clean).update(images=clean) == 1
+
+
 def node_mark_lost(*, timeout_s: int) -> list[str]:
     """Mark ALIVE nodes whose last heartbeat is older than `timeout_s` seconds LOST (compare-
     and-set, so a heartbeat that lands meanwhile wins). Returns the names marked."""
@@ -141,3 +176,30 @@ def node_mark_lost(*, timeout_s: int) -> list[str]:
             lost.append(name)
             log.warning("node %s missed heartbeats for %ss: marked LOST", name, timeout_s)
     return lost
+
+
+def node_agent_key_rotate(*, node_name: str) -> str:
+    """A new key for `node_name`'s agent to sign its messages with (agent.toml `[manager]
+    node-key`); the old one stops working at once. A node not registered yet is created LOST,
+    without devices, so keys can be handed out before the agents start. Returns the key."""
+    key = secrets.token_urlsafe(32)
+    node, _ = Node.objects.get_or_create(name=node_name, defaults={"status": NodeStatus.LOST})
+    Node.objects.filter(pk=node.pk).update(agent_key=key)
+    return key
+
+
+def node_message_verify(*, node_name: str, task: str, kwargs: dict) -> bool:
+    """Whether a message an agent sent as `node_name` may be applied: signed with the node's
+    key (protocol.sign) when it has one; unsigned only for a node without a key, and only while
+    FGPU_REQUIRE_NODE_KEYS is off. A refusal is logged (a warning naming the node and task)."""
+    key = Node.objects.filter(name=node_name).values_list("agent_key", flat=True).first() or ""
+    if key:
+        if protocol.verify(key, task, kwargs, kwargs.get(protocol.SIGNATURE)):
+            return True
+        log.warning("refused %s claiming to come from node %s: its signature does not verify", task, node_name)
+        return False
+    if settings.FGPU_REQUIRE_NODE_KEYS:
+        log.warning("refused %s from node %s: the node has no agent key and FGPU_REQUIRE_NODE_KEYS is on", task,
+                    node_name)
+        return False
+    return True

@@ -1,13 +1,30 @@
-"""One JSON error shape for the whole API: `{"type", "title", "detail", "field_errors"}`."""
+"""One JSON error shape for the whole API: `{"type", "title", "detail", "field_errors"}`.
+
+`exception_handler` (DRF's EXCEPTION_HANDLER) renders every error an API view raises in it; a
+broker that cannot be reached (Redis down: kombu's OperationalError, redis-py's ConnectionError
+or TimeoutError, from Celery or the channel layer) is a 503 "service-unavailable" with
+`Retry-After`. What no view handles ends in Django's handler500, which answers the same shape
+under /api/ (`console.api_support.server_error`).
+"""
 from __future__ import annotations
+
+import logging
 
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
+from kombu.exceptions import OperationalError as KombuOperationalError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from console.errors import ApplicationError
+
+log = logging.getLogger(__name__)
+
+BROKER_ERRORS = (KombuOperationalError, RedisConnectionError, RedisTimeoutError)
+RETRY_AFTER_S = 5  # what a 503 asks the client to wait before trying again
 
 _TITLES = {
     400: "Invalid request",
@@ -34,10 +51,28 @@ def _flatten(detail) -> dict[str, list[str]]:
     return {}
 
 
+def error_body(type: str, title: str, detail: str, field_errors: dict[str, list[str]] | None = None) -> dict:
+    """`{"type", "title", "detail", "field_errors"}`: the API's one error shape."""
+    return {"type": type, "title": title, "detail": detail, "field_errors": field_errors or {}}
+
+
+def service_unavailable(exc: BaseException) -> tuple[dict, int, dict[str, str]]:
+    """(body, 503, headers) for a broker error `exc` (one of BROKER_ERRORS), which is logged."""
+    log.warning("answering 503: the broker cannot be reached (%s: %s)", type(exc).__name__, exc)
+    body = error_body("service-unavailable", "Service unavailable",
+                      "The message broker (Redis) cannot be reached right now; try again in a few seconds.")
+    return body, 503, {"Retry-After": str(RETRY_AFTER_S)}
+
+
 def exception_handler(exc, context):
+    """DRF's handler, answering `error_body` for every error (`field_errors` from a
+    ValidationError's fields, nested ones dotted: "resources.cuda.shares"), and a 503 for
+    BROKER_ERRORS; None (Django's handler500 then) for any other exception."""
     if isinstance(exc, ApplicationError):
-        body = {"type": exc.type, "title": exc.title, "detail": exc.detail, "field_errors": exc.field_errors}
-        return Response(body, status=exc.status)
+        return Response(error_body(exc.type, exc.title, exc.detail, exc.field_errors), status=exc.status)
+    if isinstance(exc, BROKER_ERRORS):
+        body, status, headers = service_unavailable(exc)
+        return Response(body, status=status, headers=headers)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
@@ -53,6 +88,5 @@ def exception_handler(exc, context):
         raw = response.data.get("detail", response.data) if isinstance(response.data, dict) else response.data
         detail = " ".join(str(x) for x in raw) if isinstance(raw, list) else str(raw)
     slug = getattr(exc, "default_code", "error").replace("_", "-")
-    response.data = {"type": slug, "title": _TITLES.get(code, "Error"),
-                     "detail": detail, "field_errors": field_errors}
+    response.data = error_body(slug, _TITLES.get(code, "Error"), detail, field_errors)
     return response

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
@@ -29,6 +30,7 @@ from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schem
 from rest_framework import permissions, serializers, status
 from rest_framework.response import Response
 
+from console.api_errors import BROKER_ERRORS, error_body, service_unavailable
 from console.errors import ApplicationError
 
 
@@ -107,9 +109,33 @@ def not_found(request, exception=None):
     """handler404: the error JSON for URLs under /api/ that no route matches, Django's page
     elsewhere."""
     if request.path.startswith("/api/"):
-        return JsonResponse({"type": "not-found", "title": "Not found", "detail": "No such API endpoint.",
-                             "field_errors": {}}, status=404)
+        return JsonResponse(error_body("not-found", "Not found", "No such API endpoint."), status=404)
     return defaults.page_not_found(request, exception)
+
+
+def bad_request(request, exception=None):
+    """handler400: a request Django refused before any view read it (a body over
+    DATA_UPLOAD_MAX_MEMORY_SIZE, a bad Host header): the error JSON under /api/, Django's
+    page elsewhere."""
+    if request.path.startswith("/api/"):
+        detail = str(exception) if exception is not None and str(exception) else "The request could not be read."
+        return JsonResponse(error_body("bad-request", "Invalid request", detail), status=400)
+    return defaults.bad_request(request, exception)
+
+
+def server_error(request):
+    """handler500: under /api/, the error JSON — 503 "service-unavailable" (with Retry-After)
+    when the exception is a broker one (`console.api_errors.BROKER_ERRORS`), else 500
+    "server-error" (the exception is logged by Django, not shown); Django's page elsewhere.
+    Django calls it while handling the exception, so `sys.exc_info()` holds it."""
+    if not request.path.startswith("/api/"):
+        return defaults.server_error(request)
+    exc = sys.exc_info()[1]
+    if isinstance(exc, BROKER_ERRORS):
+        body, status, headers = service_unavailable(exc)
+        return JsonResponse(body, status=status, headers=headers)
+    return JsonResponse(error_body("server-error", "Server error",
+                                   "The server failed to answer this request; the error was logged."), status=500)
 
 
 class IsAdminOrReadOnly(permissions.BasePermission):

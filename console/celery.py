@@ -1,29 +1,33 @@
 """The Celery app. Routes are declared here, in one place: manager tasks (`fgpu.manager.*`)
-go to queue `manager`; agent tasks (`fgpu.agent.*`) to queue `agent.<node>`, taken from the
-task's `node` keyword argument."""
+go to queue `manager`, except the agents' heartbeats (`manager.heartbeats`: a node never looks
+lost behind a burst of launches and reports) and log batches (`manager.logs`: a flooding session
+never queues ahead of either); a worker started with `-Q manager` consumes all three
+(`consume_manager_queues`); agent tasks (`fgpu.agent.*`) to queue
+`agent.<node>`, taken from the task's `node` keyword argument."""
 from __future__ import annotations
 
 import os
 
 from celery import Celery
+from celery.signals import celeryd_after_setup
+
+from console.broker import patch_redis_transport
+from protocol import (  # noqa: F401 (re-exported)
+    HEARTBEAT_QUEUE, LOG_QUEUE, MANAGER_QUEUE, MANAGER_QUEUES, NOISY_TASKS, agent_queue, manager_queue,
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 app = Celery("console")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["sessions"])
-
-MANAGER_QUEUE = "manager"
-
-
-def agent_queue(node: str) -> str:
-    return f"agent.{node}"
+app.autodiscover_tasks(["sessions", "agent"])
+patch_redis_transport()  # a worker survives a broker restart (console/broker.py)
 
 
 def route_task(name, args, kwargs, options, task=None, **kw):
     """Celery router: every project task has a queue; an agent task without `node` is a bug."""
     if name.startswith("fgpu.manager."):
-        return {"queue": MANAGER_QUEUE}
+        return {"queue": manager_queue(name)}
     if name.startswith("fgpu.agent."):
         node = (kwargs or {}).get("node")
         if not node:
@@ -34,3 +38,16 @@ def route_task(name, args, kwargs, options, task=None, **kw):
 
 app.conf.task_routes = (route_task,)
 app.conf.task_default_queue = MANAGER_QUEUE
+
+
+@celeryd_after_setup.connect
+def consume_manager_queues(sender, instance, **kwargs):
+    """A worker that consumes queue `manager` consumes `manager.heartbeats` and `manager.logs`
+    too (the documented manager command, `celery -A console worker -Q manager`, stays as it is).
+    Kombu's Redis transport takes from its queues in turn, so neither heartbeats nor log batches
+    wait behind a burst on another queue."""
+    queues = instance.app.amqp.queues
+    if MANAGER_QUEUE in queues.consume_from:
+        for queue in MANAGER_QUEUES:
+            if queue not in queues.consume_from:
+                queues.select_add(queue)

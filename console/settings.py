@@ -39,6 +39,7 @@ INSTALLED_APPS = [
     "console",
     "accelerators",
     "sessions.apps.ComputeSessionsConfig",
+    "agent.apps.AgentConfig",
     "accounts",
 ]
 
@@ -133,6 +134,22 @@ CELERY_TASK_EAGER_PROPAGATES = False
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None  # a restarted broker is waited for, however long it takes
+# Healing (DESIGN.md): a manager that dies holding messages it took (acks_late) gives them back to
+# the queue FGPU_BROKER_VISIBILITY_TIMEOUT seconds later (kombu's default is an hour); each worker
+# thread holds at most one message it has not started; a publish gives up after about a second
+# (the caller logs it, the reconciliation repairs it) instead of hanging a web request.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env_int("FGPU_BROKER_VISIBILITY_TIMEOUT", 30, minimum=5, maximum=86400),
+    "socket_timeout": 10, "socket_connect_timeout": 5, "health_check_interval": 10,
+    # No priority sub-queues (nothing is sent with a priority): each queue is one Redis key, which
+    # the broker's ACL users name (console/broker_acl.py).
+    "priority_steps": [0],
+}
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 3, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "node-heartbeat-check": {"task": "fgpu.manager.node_check_heartbeats", "schedule": 5.0},
@@ -146,6 +163,11 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "EXCEPTION_HANDLER": "console.api_errors.exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "console.api_parsers.DepthLimitedJSONParser",  # DRF's JSONParser, refusing bodies nested too deep
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "console.api_pagination.StrictLimitOffsetPagination",
     "PAGE_SIZE": 100,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
@@ -157,7 +179,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": (
         "Share GPUs by fractions: launch sessions with a slice of a GPU (fGPU shares, memory + cores, "
         "a fraction, whole devices), read the inventory, and (administrators) edit slot formats, "
-        "fractional settings, resource groups, projects and quotas.\n\n"
+        "fractional settings, resource groups, projects, quotas and session images.\n\n"
         "Authenticate with `Authorization: Token <key>` (POST /api/v1/auth/token/) or a signed-in session. "
         "Every error has one shape: `{\"type\", \"title\", \"detail\", \"field_errors\"}`. "
         "Administrators' edits need `If-Match` with the ETag from a GET (428 without, 412 when stale). "
@@ -176,14 +198,17 @@ SPECTACULAR_SETTINGS = {
         "NodeStatusEnum": "accelerators.models.NodeStatus",
         "AllocationModeEnum": "accelerators.models.AllocationMode",
         "MigCatalogSourceEnum": "accelerators.api_mig.CATALOG_SOURCES",
-        "ExecStateEnum": "sessions.exec_store.STATES",
-        "ExecStreamEnum": "sessions.exec_store.STREAMS",
+        "ExecStateEnum": "protocol.exec_store.STATES",
+        "ExecStreamEnum": "protocol.exec_store.STREAMS",
     },
 }
 
 # fGPU Console's own knobs.
 FGPU_HEARTBEAT_INTERVAL = env_int("FGPU_HEARTBEAT_INTERVAL", 5, minimum=1, maximum=300)  # seconds
 FGPU_HEARTBEAT_TIMEOUT = env_int("FGPU_HEARTBEAT_TIMEOUT", 30, minimum=2, maximum=3600)  # seconds
+# Refuse every agent message from a node without an agent key (manage.py node_key); off: such a
+# node's messages are applied unauthenticated, as before keys existed.
+FGPU_REQUIRE_NODE_KEYS = env_bool("FGPU_REQUIRE_NODE_KEYS", False)
 FGPU_TERMINAL_TICKET_TTL = env_int("FGPU_TERMINAL_TICKET_TTL", 60, minimum=5, maximum=3600)  # seconds
 # How many later sessions may start past a pending one that does not fit (backfill) before
 # it is reserved its place; 0 is strict first in, first out.

@@ -10,7 +10,8 @@ from console.settings import DATA_DIR, _database
 STANDALONE = True
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 DATABASES = {"default": _database(f"sqlite:///{DATA_DIR / 'fgpu.sqlite3'}")}
-CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# Terminal output waits for a slow consumer instead of being dropped (console.layers).
+CHANNEL_LAYERS = {"default": {"BACKEND": "console.layers.FlowControlledInMemoryChannelLayer"}}
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 CELERY_BROKER_URL = "memory://localhost/"
 CELERY_TASK_ALWAYS_EAGER = True

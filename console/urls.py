@@ -9,7 +9,7 @@ from accelerators import api_mig
 from accounts import api as account_api
 from accounts import views as account_views
 from sessions import api as session_api
-from sessions import api_quotas
+from sessions import api_images, api_quotas
 from sessions import views
 
 router = DefaultRouter()
@@ -21,10 +21,14 @@ router.register("fractional-settings", accelerator_api.FractionalSettingsViewSet
 router.register("resource-groups", accelerator_api.ResourceGroupViewSet, basename="api-resource-group")
 router.register("projects", api_quotas.ProjectViewSet, basename="api-project")
 router.register("quotas", api_quotas.QuotaViewSet, basename="api-quota")
+router.register("images", api_images.SessionImageViewSet, basename="api-image")
 router.register("mig/profiles", api_mig.MigProfileViewSet, basename="api-mig-profile")
 router.register("mig/layouts", api_mig.MigLayoutViewSet, basename="api-mig-layout")
 
-handler404 = "console.api_support.not_found"  # the error JSON under /api/, Django's page elsewhere
+# The error JSON under /api/, Django's pages elsewhere.
+handler400 = "console.api_support.bad_request"
+handler404 = "console.api_support.not_found"
+handler500 = "console.api_support.server_error"
 
 urlpatterns = [
     path("", views.home, name="home"),

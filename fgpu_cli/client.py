@@ -52,13 +52,15 @@ class Client:
         self.token = token
         self.timeout = timeout
 
-    def request(self, method: str, path: str, body=None, *, query: dict | None = None, auth: bool = True):
+    def request(self, method: str, path: str, body=None, *, query: dict | None = None, auth: bool = True,
+                headers: dict[str, str] | None = None):
         """`path` below the server root (`/api/v1/sessions/`) or an absolute URL (pagination's
-        `next`). Returns the decoded JSON (None for an empty body)."""
+        `next`); `headers` are sent besides the client's own. Returns the decoded JSON (None for
+        an empty body)."""
         url = path if path.startswith(("http://", "https://")) else self.url + path
         if query:
             url += ("&" if "?" in url else "?") + urllib.parse.urlencode(query)
-        headers = {"Accept": "application/json", "User-Agent": f"fgpu-cli/{__version__}"}
+        headers = {"Accept": "application/json", "User-Agent": f"fgpu-cli/{__version__}", **(headers or {})}
         data = None
         if body is not None:
             data = json.dumps(body).encode()

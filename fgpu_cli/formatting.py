@@ -2,6 +2,7 @@
 environment limits a session's allocations give it. Pure functions."""
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
 
@@ -10,10 +11,22 @@ GiB = 1 << 30
 FINAL_STATUSES = ("TERMINATED", "ERROR", "CANCELLED")
 LIVE_STATUSES = ("PENDING", "SCHEDULED", "PREPARING", "RUNNING", "TERMINATING")
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL, C1
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(value) -> str:
+    """`value` as text with every control character (C0, DEL, C1) escaped: newline, return and
+    tab as `\\n`, `\\r`, `\\t`, the others as `\\x1b`. Text from the server that users chose
+    (a session's name, a command, a reason quoting them) then cannot move the cursor, recolour
+    or retitle the terminal, or break a table's rows. Not for a session's own output (logs,
+    the terminal), which is shown as it is."""
+    return _CONTROL.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}"), str(value))
+
 
 def table(headers: list[str], rows: list[list]) -> str:
-    """Left-aligned columns, two spaces apart; None → "-"."""
-    cells = [[("-" if c is None or c == "" else str(c)) for c in row] for row in rows]
+    """Left-aligned columns, two spaces apart; None → "-"; control characters escaped (`printable`)."""
+    cells = [[printable("-" if c is None or c == "" else c) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         for i, cell in enumerate(row):
@@ -24,8 +37,11 @@ def table(headers: list[str], rows: list[list]) -> str:
 
 
 def key_values(pairs: list[tuple[str, object]]) -> str:
-    width = max((len(k) for k, _ in pairs), default=0)
-    return "\n".join(f"{(k + ':').ljust(width + 1)}  {'-' if v is None or v == '' else v}" for k, v in pairs)
+    """One `Key:  value` line per pair, values aligned; None → "-"; control characters escaped
+    (`printable`)."""
+    rows = [(printable(k) + ":", printable("-" if v is None or v == "" else v)) for k, v in pairs]
+    width = max((len(k) for k, _ in rows), default=0)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
 def size(num_bytes) -> str:

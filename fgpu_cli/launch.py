@@ -98,8 +98,16 @@ def build_resources(*, gpu=None, gpu_memory=None, gpu_cores=None, gpus=None, fgp
     return resources
 
 
-def build_body(*, name=None, command=None, priority=None, **resource_flags) -> dict:
+def build_body(*, name=None, command=None, priority=None, image=None, **resource_flags) -> dict:
+    """The launch body: `resources` from the GPU, CPU and memory flags (`build_resources`), and
+    `name`, `command`, `priority`, `image` (a registered session image's reference; none: the
+    server's default image) where given."""
     body: dict = {"resources": build_resources(**resource_flags)}
+    if image is not None:
+        if not image.strip() or any(c.isspace() for c in image.strip()):
+            raise UsageError(f"--image {image!r}: an image reference such as nvcr.io/nvidia/pytorch:24.05-py3 "
+                             "(fgpu images lists the registered ones)")
+        body["image"] = image.strip()
     if name:
         body["name"] = name
     if command:

@@ -13,18 +13,21 @@ import os
 import sys
 import time
 import urllib.parse
+import uuid
 from decimal import Decimal
 
 from fgpu_cli import __version__, config, terminal
 from fgpu_cli.client import ApiError, Client, Unreachable
 from fgpu_cli.formatting import (FINAL_STATUSES, LIVE_STATUSES, age, amount, decimal_text, flatten, gib,
-                                 key_values, session_environment, shares_text, short_id, size, table)
+                                 key_values, printable, session_environment, shares_text, short_id, size, table)
 from fgpu_cli.launch import UsageError, build_body
 from fgpu_cli.mig import layout_text, node_text, profiles_text
 from fgpu_cli.sessions import SESSIONS, NotFound, resolve
 
 OK, FAILED, USAGE, UNREACHABLE = 0, 1, 2, 3
 POLL_INTERVAL = 0.5
+LAUNCH_RETRY_DELAYS = (1.0, 2.0)  # seconds before sending a launch a 2nd and a 3rd time
+LAUNCH_RETRY_STATUSES = (502, 503, 504)  # answers worth retrying (besides no answer at all)
 EXEC_POLL_INTERVAL = 0.2  # seconds between reads of a streamed exec while no output comes
 
 
@@ -49,7 +52,8 @@ def _emit_json(value) -> None:
 
 
 def _info(message: str) -> None:
-    sys.stderr.write(message + "\n")
+    """One line on stderr; control characters (in a session's name, a server's reason) escaped."""
+    sys.stderr.write(printable(message) + "\n")
     sys.stderr.flush()
 
 
@@ -177,9 +181,10 @@ def cmd_logout(args) -> int:
 
 
 def cmd_launch(args) -> int:
-    body = build_body(name=args.name, command=args.command, priority=args.priority, gpu=args.gpu,
-                      gpu_memory=args.gpu_memory, gpu_cores=args.gpu_cores, gpus=args.gpus, fgpu=args.fgpu,
-                      mig_profile=args.mig_profile, isolation=args.isolation, slot=args.slot, cpu=args.cpu, mem=args.mem)
+    body = build_body(name=args.name, command=args.command, priority=args.priority, image=args.image,
+                      gpu=args.gpu, gpu_memory=args.gpu_memory, gpu_cores=args.gpu_cores, gpus=args.gpus,
+                      fgpu=args.fgpu, mig_profile=args.mig_profile, isolation=args.isolation, slot=args.slot,
+                      cpu=args.cpu, mem=args.mem)
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError("--timeout must be above 0 seconds")
     client, _ = _client(args)
@@ -188,7 +193,8 @@ def cmd_launch(args) -> int:
         if args.output == "json":
             _emit_json({"request": body, "preview": preview})
             return OK
-        pairs = [("Request", json.dumps(body["resources"])), ("Configuration", preview.get("configuration")),
+        pairs = [("Request", json.dumps(body["resources"])), ("Image", body.get("image") or "the default"),
+                 ("Configuration", preview.get("configuration")),
                  ("Fits now", "yes" if preview.get("fits_now") else "no"), ("Node", preview.get("node"))]
         if preview.get("reason"):
             pairs.append(("Reason", preview["reason"]))
@@ -197,7 +203,7 @@ def cmd_launch(args) -> int:
             print()
             print(_allocation_table(preview["devices"]))
         return OK
-    session = client.post(SESSIONS, body)
+    session = _launch_post(client, body)
     label = session.get("name") or short_id(session["id"])
     _info(f"session {label} ({session['id']}) {session['status']}"
           + (f": {session['status_reason']}" if session.get("status_reason") else ""))
@@ -210,6 +216,24 @@ def cmd_launch(args) -> int:
     if session["status"] == "TERMINATED" and session.get("exit_code"):
         return FAILED
     return OK
+
+
+def _launch_post(client: Client, body: dict) -> dict:
+    """POST the launch with a fresh `Idempotency-Key`; after no answer (a dropped connection, a
+    timeout) or a 502/503/504, send it again with the same key, after each of
+    LAUNCH_RETRY_DELAYS: the server answers a repeated key with the first launch, so a launch
+    that was made before the answer got lost is not made twice."""
+    headers = {"Idempotency-Key": str(uuid.uuid4())}
+    for delay in LAUNCH_RETRY_DELAYS:
+        try:
+            return client.post(SESSIONS, body, headers=headers)
+        except (ApiError, Unreachable) as exc:
+            if isinstance(exc, ApiError) and exc.status not in LAUNCH_RETRY_STATUSES:
+                raise
+            _info(f"fgpu: {exc.detail if isinstance(exc, ApiError) else exc}; sending the launch again in {delay:g} s "
+                  "(same Idempotency-Key: it is made once)")
+            time.sleep(delay)
+    return client.post(SESSIONS, body, headers=headers)
 
 
 def _wait_running(client: Client, session: dict, timeout) -> dict:
@@ -296,7 +320,8 @@ def cmd_describe(args) -> int:
              ("Status", session["status"])]
     if session.get("status_reason"):
         pairs.append(("Pending reason" if session["status"] == "PENDING" else "Reason", session["status_reason"]))
-    pairs += [("Node", session.get("node")), ("Resources", session.get("configuration")),
+    pairs += [("Node", session.get("node")), ("Image", session.get("image")),
+              ("Resources", session.get("configuration")),
               ("Request", json.dumps(session.get("resources"))), ("Priority", session.get("priority")),
               ("Command", session.get("command") or "(interactive shell)"),
               ("Created", session.get("created_at")), ("Started", session.get("started_at"))]
@@ -597,6 +622,26 @@ def cmd_quota(args) -> int:
     return OK
 
 
+def cmd_images(args) -> int:
+    """The registered session images (`GET /api/v1/images/`): what `fgpu launch --image` takes,
+    the default marked, and the alive nodes that hold each."""
+    client, _ = _client(args)
+    try:
+        images = client.get_all("/api/v1/images/")
+    except ApiError as exc:
+        if exc.status == 404:
+            raise Failed("this server has no session images (GET /api/v1/images/ answered 404)") from None
+        raise
+    if args.output == "json":
+        _emit_json(images)
+        return OK
+    rows = [[i.get("reference"), "yes" if i.get("is_default") else "", i.get("display_name"),
+             ", ".join(i.get("accelerators") or []) or "any",
+             ", ".join(i.get("nodes") or []) or "none (sessions wait)"] for i in images]
+    print(table(["IMAGE", "DEFAULT", "NAME", "ACCELERATORS", "ON NODES"], rows) if rows else "No images registered.")
+    return OK
+
+
 def cmd_mig_profiles(args) -> int:
     """Each GPU model's MIG profiles (`GET /api/v1/mig/profiles/`), built-in or read from NVML."""
     client, _ = _client(args)
@@ -679,6 +724,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu", type=int, metavar="N", help="CPU cores (default 1)")
     p.add_argument("--mem", metavar="SIZE", help="host memory, e.g. 8G (default 1G)")
     p.add_argument("--command", metavar="CMD", help="a batch command (default: an interactive shell)")
+    p.add_argument("--image", metavar="REF", help="a registered session image, e.g. nvcr.io/nvidia/pytorch:24.05-py3 "
+                                                  "(fgpu images lists them; default: the server's default image)")
     p.add_argument("--priority", type=int, help="queue priority (above 0: administrators only)")
     p.add_argument("--wait", action="store_true", help="wait until RUNNING (exit 1 if it ends or errs instead)")
     p.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 1)")
@@ -715,6 +762,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("nodes", cmd_nodes, "GPU nodes with their capacity, allocated and free fGPU")
     p = add("devices", cmd_devices, "every device with its allocated and free fGPU")
     p.add_argument("--node", help="only this node's devices")
+    add("images", cmd_images, "session images to launch in (--image): the default, accelerators, nodes that hold "
+                              "each")
     p = add("quota", cmd_quota, "your quotas: limits, what is in use, what is left")
     p.add_argument("--user", help="administrators: another user's quotas")
 
@@ -733,7 +782,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _error(message: str) -> None:
-    sys.stderr.write(f"fgpu: error: {' '.join(str(message).split())}\n")
+    sys.stderr.write(f"fgpu: error: {printable(' '.join(str(message).split()))}\n")
     sys.stderr.flush()
 
 

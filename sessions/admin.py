@@ -1,4 +1,4 @@
-"""Django admin pages for projects, quotas and (read-only) compute sessions.
+"""Django admin pages for projects, quotas, session images and (read-only) compute sessions.
 
 Quotas show each limit next to what is in use now (`sessions.quotas.quota_usage_of`); GPU
 memory is entered and shown in binary units ("40G", "40 GiB"), fGPU as Decimal text.
@@ -8,12 +8,13 @@ console or the API), so their allocations are released exactly once.
 from __future__ import annotations
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
 from accelerators.allocation.units import SizeError, format_binary_size, parse_binary_size
-from sessions.models import ComputeSession, Project, Quota
+from sessions.images import image_save, image_sessions_waiting_or_active
+from sessions.models import ComputeSession, Project, Quota, SessionImage
 from sessions.quotas import QuotaUsage, fgpu_text, quota_usage_of
 from sessions.selectors import session_configuration
 
@@ -111,13 +112,62 @@ class QuotaAdmin(admin.ModelAdmin):
                            f"GPU memory {self.gpu_memory(obj)}", f"sessions {self.sessions(obj)}"))
 
 
+@admin.register(SessionImage)
+class SessionImageAdmin(admin.ModelAdmin):
+    """Session images sessions may run in (Backend.AI's kernel images). Marking one default takes
+    the mark from the other (`sessions.images.image_save`); an image that sessions waiting or
+    running use cannot be deleted."""
+
+    list_display = ("reference", "display_name", "accelerator_list", "is_default", "holding_nodes", "in_use",
+                    "created_at")
+    list_filter = ("is_default",)
+    search_fields = ("reference", "display_name", "description")
+    fields = ("reference", "display_name", "description", "accelerators", "shell", "labels", "is_default",
+              "holding_nodes")
+    readonly_fields = ("holding_nodes",)
+
+    @admin.display(description="accelerators")
+    def accelerator_list(self, obj: SessionImage) -> str:
+        return ", ".join(obj.accelerators) or "any"
+
+    @admin.display(description="on alive nodes")
+    def holding_nodes(self, obj: SessionImage) -> str:
+        from accelerators.models import Node, NodeStatus
+        from accelerators.selectors import node_runs_image
+
+        if obj.pk is None:
+            return "—"
+        names = Node.objects.filter(node_runs_image(obj.reference), status=NodeStatus.ALIVE).order_by("name")
+        return ", ".join(names.values_list("name", flat=True)) or "none (sessions in it wait)"
+
+    @admin.display(description="sessions waiting or running")
+    def in_use(self, obj: SessionImage) -> int:
+        return image_sessions_waiting_or_active(image=obj)
+
+    def save_model(self, request: HttpRequest, obj: SessionImage, form, change: bool) -> None:
+        image_save(image=obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: SessionImage | None = None) -> bool:
+        allowed = super().has_delete_permission(request, obj)
+        return allowed and (obj is None or not image_sessions_waiting_or_active(image=obj))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        """The bulk action deletes only images no waiting or running session uses, and says which
+        it kept."""
+        kept = [image.reference for image in queryset if image_sessions_waiting_or_active(image=image)]
+        queryset.exclude(reference__in=kept).delete()
+        if kept:
+            self.message_user(request, f"Kept {', '.join(kept)}: sessions waiting or running use them.",
+                              messages.WARNING)
+
+
 @admin.register(ComputeSession)
 class ComputeSessionAdmin(admin.ModelAdmin):
     """Read-only: sessions are created, scheduled and ended by their services only."""
 
-    list_display = ("name", "status", "owner", "node", "configuration", "created_at")
+    list_display = ("name", "status", "owner", "node", "image", "configuration", "created_at")
     list_filter = ("status", "node")
-    list_select_related = ("owner", "node")
+    list_select_related = ("owner", "node", "image")
     search_fields = ("name", "owner__username", "=id")
     date_hierarchy = "created_at"
     readonly_fields = ("configuration",)

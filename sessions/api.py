@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import RegexValidator
 from django_filters import rest_framework as filters
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.types import OpenApiTypes
@@ -13,8 +14,8 @@ from rest_framework.response import Response
 from accelerators.allocation.errors import InvalidResourceRequest
 from console.api_support import ErrorSerializer, ListETagMixin
 from console.errors import ApplicationError
-from sessions import services
-from sessions.exec_store import STATES, STREAMS
+from sessions import idempotency, services
+from protocol.exec_store import STATES, STREAMS
 from sessions.launch import launch_options, launch_preview
 from sessions.models import ComputeSession, SessionStatus
 from sessions.selectors import LOG_READ_MAX_CHARS, session_get_for, session_list_for, session_log_read
@@ -24,6 +25,7 @@ from sessions.serializers import (
     SessionCreateSerializer,
     SessionSerializer,
     TerminalTicketSerializer,
+    validate_command,
 )
 
 REQUEST_EXAMPLES = [
@@ -73,7 +75,8 @@ class SessionLogSerializer(serializers.Serializer):
 
 
 class CommandField(serializers.Field):
-    """An argument vector (list of strings) or one shell command line (a string)."""
+    """An argument vector (list of strings) or one shell command line (a string); at most
+    64 KiB, no NUL character (`sessions.serializers.validate_command`)."""
 
     default_error_messages = {"invalid": "a list of strings (an argument vector) or a string (a shell command line)",
                               "empty": "the command is empty"}
@@ -82,12 +85,13 @@ class CommandField(serializers.Field):
         if isinstance(data, str):
             if not data.strip():
                 self.fail("empty")
-            return data
-        if isinstance(data, list) and all(isinstance(part, str) for part in data):
+        elif isinstance(data, list) and all(isinstance(part, str) for part in data):
             if not data or not data[0]:
                 self.fail("empty")
-            return data
-        self.fail("invalid")
+        else:
+            self.fail("invalid")
+        validate_command(data)
+        return data
 
     def to_representation(self, value):
         return value
@@ -99,7 +103,8 @@ class CommandFieldSchema(OpenApiSerializerFieldExtension):
     def map_serializer_field(self, auto_schema, direction):
         return {"oneOf": [{"type": "array", "items": {"type": "string"}, "minItems": 1},
                           {"type": "string", "minLength": 1}],
-                "description": "an argument vector, or one shell command line run by `bash -c`"}
+                "description": "an argument vector, or one shell command line run by `bash -c`; at most 64 KiB "
+                               "(UTF-8) in all, no NUL character"}
 
 
 class ExecSerializer(serializers.Serializer):
@@ -167,13 +172,19 @@ EXEC_STATE_EXAMPLE = {
     "duration_ms": None, "created_at": "2025-01-07T10:12:03.120000Z"}
 
 
+# What a node name and a username can be (agent.toml's `id`; Django's username validator): the
+# filters refuse anything else (a NUL character, a control character) with a 400, as the schema says.
+NODE_PATTERN = r"^[A-Za-z0-9._-]*$"
+OWNER_PATTERN = r"^[\w.@+-]*$"
+
+
 class SessionFilter(filters.FilterSet):
     status = filters.CharFilter(method="filter_status",
                                 help_text="one status or a comma list, any case: PENDING, SCHEDULED, PREPARING, "
                                           "RUNNING, TERMINATING, TERMINATED, ERROR, CANCELLED")
-    owner = filters.CharFilter(field_name="owner__username",
+    owner = filters.CharFilter(field_name="owner__username", validators=[RegexValidator(OWNER_PATTERN)],
                                help_text="owner's username (administrators; a user only ever sees their own)")
-    node = filters.CharFilter(field_name="node__name", help_text="node name")
+    node = filters.CharFilter(field_name="node__name", validators=[RegexValidator(NODE_PATTERN)], help_text="node name")
 
     class Meta:
         model = ComputeSession
@@ -188,15 +199,27 @@ class SessionFilter(filters.FilterSet):
         return queryset.filter(status__in=wanted) if wanted else queryset
 
 
+IDEMPOTENCY_KEY_PARAMETER = OpenApiParameter(
+    idempotency.HEADER, {"type": "string", "minLength": 1, "maxLength": idempotency.MAX_KEY_LENGTH,
+                         "pattern": "^[\\x20-\\x7e]+$"},
+    OpenApiParameter.HEADER, required=False,
+    description="a key of your choosing (1 to 255 printable ASCII characters; a fresh UUID per launch) that makes "
+                "repeating the launch safe: the same key within 24 h answers the first launch again and creates "
+                "nothing (a different body with it: 422). Keys are per user.",
+)
 STATUS_PARAMETER = OpenApiParameter(
     "status", {"type": "array", "items": {"type": "string", "enum": list(SessionStatus.values)}},
     OpenApiParameter.QUERY, style="form", explode=False,
     description="one status or a comma list (any case): `?status=PENDING,RUNNING`",
 )
+NODE_PARAMETER = OpenApiParameter("node", {"type": "string", "pattern": NODE_PATTERN}, OpenApiParameter.QUERY,
+                                  description="node name")
+OWNER_PARAMETER = OpenApiParameter("owner", {"type": "string", "pattern": OWNER_PATTERN}, OpenApiParameter.QUERY,
+                                   description="owner's username (administrators; a user only ever sees their own)")
 
 
 @extend_schema_view(
-    list=extend_schema(summary="List sessions", parameters=[STATUS_PARAMETER],
+    list=extend_schema(summary="List sessions", parameters=[STATUS_PARAMETER, NODE_PARAMETER, OWNER_PARAMETER],
                        description="Your sessions, newest first (administrators: everyone's)."),
 )
 class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
@@ -213,17 +236,36 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
     def get_object(self):
         return session_get_for(user=self.request.user, session_id=self.kwargs["session_id"])
 
-    @extend_schema(summary="Launch a session", request=SessionCreateSerializer,
-                   responses={201: SessionSerializer}, examples=REQUEST_EXAMPLES,
+    @extend_schema(summary="Launch a session", request=SessionCreateSerializer, parameters=[IDEMPOTENCY_KEY_PARAMETER],
+                   responses={201: SessionSerializer,
+                              422: OpenApiResponse(ErrorSerializer, description=f"The `{idempotency.HEADER}` was used "
+                                                   "for a different request body (type \"idempotency-key-reused\").")},
+                   examples=REQUEST_EXAMPLES,
                    description="Validates the request (one request style per session) and the caller's quotas, "
-                               "writes the session PENDING; the scheduler places it.")
+                               "writes the session PENDING; the scheduler places it.\n\n"
+                               f"With an `{idempotency.HEADER}` header, repeating the request (after a timeout or a "
+                               "5xx) is safe: the same key from the same user within 24 h answers the first "
+                               "launch's status and body again (header `Idempotent-Replayed: true`) and creates no "
+                               "second session, also when the two requests race. A refused launch keeps nothing.")
     def create(self, request):
-        """`{"name", "resources": {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}, "command"}` → 201 PENDING."""
+        """`{"name", "resources": {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}, "command"}` → 201 PENDING;
+        with `Idempotency-Key`, a repeat → the first answer (sessions.idempotency)."""
+        key = idempotency.idempotency_key_check(request.headers.get(idempotency.HEADER))
         data = SessionCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        session = services.session_create(owner=request.user, **data.validated_data)
-        return Response(SessionSerializer(session_get_for(user=request.user, session_id=session.pk)).data,
-                        status=status.HTTP_201_CREATED)
+
+        def launch() -> tuple[int, dict, ComputeSession]:
+            session = services.session_create(owner=request.user, **data.validated_data)
+            body = SessionSerializer(session_get_for(user=request.user, session_id=session.pk)).data
+            return status.HTTP_201_CREATED, body, session
+
+        if key is None:
+            code, body, _ = launch()
+            return Response(body, status=code)
+        answer = idempotency.idempotency_key_answer(user=request.user, key=key, answer=launch,
+                                                    fingerprint=idempotency.request_fingerprint(request.data))
+        return Response(answer.body, status=answer.status,
+                        headers={"Idempotent-Replayed": "true"} if answer.replayed else None)
 
     @extend_schema(summary="One session with its allocations")
     def retrieve(self, request, session_id=None):
@@ -246,7 +288,7 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
         """What this request would get now (same body as create); nothing is created."""
         data = SessionCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        return Response(launch_preview(resources=data.validated_data["resources"]))
+        return Response(launch_preview(resources=data.validated_data["resources"], image=data.validated_data["image"]))
 
     @extend_schema(summary="Get a terminal ticket", request=None, responses={200: TerminalTicketSerializer},
                    description="A one-time, short-lived ticket for the session's terminal websocket. "

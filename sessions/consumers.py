@@ -5,6 +5,7 @@ Terminal frames (DESIGN.md): client → `{"type": "input", "data"}`, `{"type": "
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from urllib.parse import parse_qs
 
@@ -13,7 +14,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console.errors import ApplicationError
 from sessions import events
-from sessions.services import terminal_ticket_redeem
+from sessions.services import terminal_ticket_redeem, terminal_ticket_unspend
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +22,8 @@ log = logging.getLogger(__name__)
 CLOSE_BAD_TICKET = 4403
 CLOSE_NOT_RUNNING = 4409
 CLOSE_UNAUTHENTICATED = 4401
+CLOSE_TRY_AGAIN = 1013  # RFC 6455 "Try Again Later": the channel layer (Redis) could not be reached
+LAYER_RETRY_S = 0.25  # a pooled connection that a Redis restart broke fails once; the retry gets a new one
 MAX_INPUT = 64 * 1024
 
 
@@ -43,9 +46,24 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
         if user is not None and user.is_authenticated and user.pk != session.owner_id and not user.is_staff:
             await self._refuse(CLOSE_BAD_TICKET)
             return
-        await self.channel_layer.group_add(events.terminal_group(self.session_id), self.channel_name)
+        try:
+            await self._join(events.terminal_group(self.session_id))
+        except Exception:
+            # The relay cannot work without the layer: give the ticket back (the page asks again
+            # with it after a moment) and say "try again later" instead of failing with 1011.
+            log.warning("terminal for %s: the channel layer is unreachable", self.session_id, exc_info=True)
+            await database_sync_to_async(terminal_ticket_unspend)(session_id=self.session_id, ticket=ticket)
+            await self._refuse(CLOSE_TRY_AGAIN)
+            return
         await self.accept()
         await self._to_agent({"type": "pty.attach", "reply_channel": self.channel_name})
+
+    async def _join(self, group: str) -> None:
+        try:
+            await self.channel_layer.group_add(group, self.channel_name)
+        except Exception:
+            await asyncio.sleep(LAYER_RETRY_S)
+            await self.channel_layer.group_add(group, self.channel_name)
 
     async def _refuse(self, code: int) -> None:
         # Accept, then close with an application code, so a client can tell "bad ticket"

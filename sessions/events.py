@@ -13,6 +13,8 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 from rest_framework.renderers import JSONRenderer
 
+from protocol import pty_group, terminal_group  # noqa: F401 (the agent's groups, re-exported for the web)
+
 log = logging.getLogger(__name__)
 
 STAFF_GROUP = "staff"
@@ -24,16 +26,6 @@ def session_group(session_id) -> str:
 
 def user_group(user_id) -> str:
     return f"user-{user_id}"
-
-
-def terminal_group(session_id) -> str:
-    """Where the agent sends a session's PTY output; terminal consumers join it."""
-    return f"terminal-{session_id}"
-
-
-def pty_group(session_id) -> str:
-    """Where terminal consumers send input and resizes; the session's agent joins it."""
-    return f"pty-{session_id}"
 
 
 def session_notify(session) -> None:

@@ -16,10 +16,11 @@ from accelerators.selectors import (
 from accelerators.allocation.errors import AllocationError, InsufficientResource, NeverSchedulable
 from accelerators.allocation.units import format_binary_size
 from sessions import mig_scheduling
+from sessions.images import NO_ROOM_WITH_IMAGE, image_for_launch, image_wait_reason
 from sessions.quotas import quota_headroom
 from sessions.selectors import request_configuration
 from sessions.services import request_validate
-from sessions.runtime.environment import shares_text, sm_percent
+from agent.environment import shares_text, sm_percent
 
 
 MIG_SLOT_NAME = "cuda"  # the slot whose GPUs MIG splits (sessions.mig_scheduling places on it)
@@ -101,23 +102,30 @@ def mig_launch_options(*, resource_group: str = "", sessions_left: int | None = 
     return {"slot_name": MIG_SLOT_NAME, "profiles": profiles, "isolation": list(ISOLATIONS) if profiles else []}
 
 
-def launch_preview(*, resources: dict) -> dict:
+def launch_preview(*, resources: dict, image: str | None = None) -> dict:
     """What a request would get now, without creating anything: `{"fits_now", "never",
     "reason", "node", "configuration", "devices": [{"device", "device_index", "model_name",
     "memory" (bytes), "procs" (SMs), "sm_percent", "shares"}], "mig"}`. `mig` is null, or for a
     request MIG would hold now `{"profile": "1g.20gb", "plan": "creates a 1g.20gb instance at
     memory slice 0"}` (then `devices` is the parent GPU, or the static slice, with the
     instance's memory and SMs). Requests with isolation "any" are previewed as the scheduler
-    places them: a MIG instance where one can be had now, else a shared slice. Raises
-    ApplicationError for a malformed request (the same checks as session_create)."""
+    places them: a MIG instance where one can be had now, else a shared slice. `image`: the
+    session image (a registered reference; None: the default), placed as the scheduler places
+    it: only on nodes holding it. Raises ApplicationError for a malformed request or image (the
+    same checks as session_create)."""
     request, settings = request_validate(resources=resources)
+    session_image = image_for_launch(reference=image, slot=request.slot)
+    image = session_image.reference if session_image else ""
     configuration = request_configuration(request)
     result = {"fits_now": False, "never": False, "reason": "", "node": None, "configuration": configuration,
               "devices": [], "mig": None}
+    waiting = image_wait_reason(reference=image) if image else ""
+    if waiting:
+        return {**result, "reason": waiting}
     mig_reason = ""
     if mig_scheduling.wants_mig(request):
         try:
-            return {**result, **_mig_grant(request)}
+            return {**result, **_mig_grant(request, image)}
         except InsufficientResource as exc:
             if request.isolation != "any":
                 return {**result, "reason": str(exc)}
@@ -126,9 +134,11 @@ def launch_preview(*, resources: dict) -> dict:
             if request.isolation != "any":
                 return {**result, "never": True, "reason": str(exc)}
     try:
-        nodes, options = placement_scope(request=request)
+        nodes, options = placement_scope(request=request, image=image)
         placement = core.place(nodes, request, settings, **options)
     except NeverSchedulable as exc:
+        if image and _ever_fits(request, settings):  # a node that could hold it may get the image
+            return {**result, "reason": NO_ROOM_WITH_IMAGE.format(image=image)}
         if mig_reason:
             return {**result, "reason": f"no shared slice could ever hold it ({exc}); MIG: {mig_reason}"}
         return {**result, "never": True, "reason": str(exc)}
@@ -147,9 +157,19 @@ def launch_preview(*, resources: dict) -> dict:
     return result
 
 
-def _mig_grant(request) -> dict:
-    """launch_preview's fields for a request MIG holds now. Raises as `mig_scheduling.mig_preview`."""
-    grant = mig_scheduling.mig_preview(request=request)
+def _ever_fits(request, settings) -> bool:
+    """Whether any node, alive or not, with or without the image, could ever hold `request`."""
+    try:
+        core.check_ever_fits(placement_scope(request=request, alive_only=False)[0], request, settings)
+    except NeverSchedulable:
+        return False
+    return True
+
+
+def _mig_grant(request, image: str = "") -> dict:
+    """launch_preview's fields for a request MIG holds now (in session image `image`). Raises as
+    `mig_scheduling.mig_preview`."""
+    grant = mig_scheduling.mig_preview(request=request, image=image)
     device = grant.device
     return {"fits_now": True, "node": grant.node, "mig": {"profile": grant.profile, "plan": grant.plan},
             "devices": [{"device": device.device_id, "device_index": device.index, "model_name": device.model_name,

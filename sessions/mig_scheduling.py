@@ -25,7 +25,7 @@ and ever, both through the same choice and planner, without locks or writes.
 
 `schedule_step` is the scheduler's one call (`mig_schedule` does the work); it writes the plan (GpuInstance rows, one
 Allocation on the parent GPU or on the static slice) and returns the agent's start spec with a
-`mig` block (see `sessions.runtime.mig`).
+`mig` block (see `agent.mig`).
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from accelerators.allocation.mig import MigResourceRequest
 from accelerators.allocation.units import format_binary_size
 from accelerators.mig_selectors import device_mig_catalog, gpu_instance_holds
 from accelerators.models import Device, GpuInstance, MigMode, Node, NodeStatus
-from accelerators.selectors import resource_group_get
+from accelerators.selectors import node_runs_image, resource_group_get
 from sessions import events
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus
 
@@ -116,7 +116,7 @@ def mig_schedule(*, session: ComputeSession, request) -> MigOutcome | None:
     if not wants_mig(request):
         return None
     try:
-        choice = _choose(request)
+        choice = _choose(request, image=session.image.reference if session.image_id else "")
     except NeverSchedulable as exc:
         return None if request.isolation == "any" else MigOutcome(error=str(exc))
     except InsufficientResource as exc:
@@ -135,12 +135,25 @@ class _Choice:
     catalog: mig.MigCatalog | None = None
 
 
-def _choose(request: MigResourceRequest, *, lock: bool = True) -> _Choice:
+def _choose(request: MigResourceRequest, *, lock: bool = True, image: str = "") -> _Choice:
+    """The best MIG choice for `request` on the alive MIG nodes (holding session image `image`;
+    "": any). Raises NeverSchedulable when no MIG node could ever hold it, InsufficientResource
+    (the reasons per node) when none can now, also when only nodes without the image could."""
     wanted = request.mig_request()
-    nodes, devices = _mig_scope(resource_group=request.resource_group, slot_name="cuda", lock=lock)
-    if not nodes:
+    nodes, devices = _mig_scope(resource_group=request.resource_group, slot_name="cuda", lock=lock, image=image)
+    # "Never" is judged on every MIG node: the image may yet come to one that could hold it.
+    every = (_mig_scope(resource_group=request.resource_group, slot_name="cuda", lock=False) if image
+             else (nodes, devices))
+    if not every[0]:
         raise NeverSchedulable("no node has MIG enabled (an administrator sets a node's MIG mode)")
-    _check_ever_fits(nodes, devices, wanted)
+    _check_ever_fits(*every, wanted)
+    if image and not nodes:
+        raise InsufficientResource(f"no node with MIG enabled has image {image}")
+    if image:
+        try:
+            _check_ever_fits(nodes, devices, wanted)
+        except NeverSchedulable as exc:
+            raise InsufficientResource(f"the MIG nodes with image {image} cannot hold it: {exc}") from None
     busy = _busy_devices(devices)
     choices: list[_Choice] = []
     reasons: list[str] = []
@@ -229,14 +242,17 @@ def _static_choice(node: Node, devices: list[Device], wanted: mig.MigRequest, bu
     return [min(fitting, key=lambda c: c.rank)], ""
 
 
-def _mig_scope(*, resource_group: str, slot_name: str, lock: bool) -> tuple[list[Node], list[Device]]:
+def _mig_scope(*, resource_group: str, slot_name: str, lock: bool,
+               image: str = "") -> tuple[list[Node], list[Device]]:
     """The alive nodes with a MIG mode a request naming `resource_group` may use ("" for any),
-    and their devices of `slot_name`; `lock` locks them and their GPU instances (pk order)
-    inside the caller's transaction."""
+    holding session image `image` ("": any), and their devices of `slot_name`; `lock` locks them
+    and their GPU instances (pk order) inside the caller's transaction."""
     group = resource_group_get(name=resource_group)
     nodes = Node.objects.filter(status=NodeStatus.ALIVE).exclude(mig_mode=MigMode.OFF)
     if group is not None:
         nodes = nodes.filter(resource_group=group)
+    if image:
+        nodes = nodes.filter(node_runs_image(image))
     devices = Device.objects.filter(node__in=nodes, slot_name=slot_name).order_by("pk")
     if not lock:
         return list(nodes.order_by("pk")), list(devices)
@@ -388,12 +404,12 @@ class MigGrantPreview:
     plan: str
 
 
-def mig_preview(*, request: MigResourceRequest) -> MigGrantPreview:
-    """What the scheduler would give `request` now (its choice as in `mig_schedule`), read
-    without locks and without writing anything. Raises NeverSchedulable (no alive MIG node
-    could ever hold it), InsufficientResource (none can now; the reasons per node) and
-    AllocationError for a layout the planner refuses."""
-    choice = _choose(request, lock=False)
+def mig_preview(*, request: MigResourceRequest, image: str = "") -> MigGrantPreview:
+    """What the scheduler would give `request` in session image `image` ("": any node) now (its
+    choice as in `mig_schedule`), read without locks and without writing anything. Raises
+    NeverSchedulable (no alive MIG node could ever hold it), InsufficientResource (none can now;
+    the reasons per node) and AllocationError for a layout the planner refuses."""
+    choice = _choose(request, lock=False, image=image)
     device = choice.device
     if choice.plan is None:
         return MigGrantPreview(node=choice.node.name, device=device, profile=device.mig_profile or device.model_name,

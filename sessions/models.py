@@ -5,9 +5,12 @@ Amounts: `shares` in fGPU (Decimal), `memory` in bytes, `procs` in SMs (Decimal,
 """
 from __future__ import annotations
 
+import re
 import uuid
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import RegexValidator
 from django.db import models
 
 
@@ -31,6 +34,72 @@ ACTIVE_STATUSES = (
 FINAL_STATUSES = (SessionStatus.TERMINATED, SessionStatus.ERROR, SessionStatus.CANCELLED)
 
 
+IMAGE_REFERENCE_RE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
+SLOT_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+def validate_image_accelerators(value) -> None:
+    """A list of slot names (`["cuda"]`), each once; empty: any. Raises ValidationError."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and SLOT_NAME_RE.match(v) for v in value):
+        raise ValidationError('a list of slot names such as ["cuda"] (lower-case letters, digits, "-" and "_"); '
+                              "empty: any accelerator")
+    if len(set(value)) != len(value):
+        raise ValidationError("each slot name once")
+
+
+def validate_image_labels(value) -> None:
+    """An object of text values (`{"framework": "pytorch"}`). Raises ValidationError."""
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ValidationError('an object whose values are text, e.g. {"framework": "pytorch"}')
+
+
+class SessionImage(models.Model):
+    """A container image sessions may run in, registered by an administrator (Backend.AI's kernel
+    images): `reference` as Docker names it ("nvcr.io/nvidia/pytorch:24.05-py3",
+    "fgpu-session:test"), what people read (`display_name`, `description`), the accelerator
+    slots it supports (`accelerators`, e.g. ["cuda"]; empty: any, CPU-only sessions too), the
+    interactive shell it has (`shell`, a path inside it; empty: the runtime's, bash), free-form
+    `labels`. At most one is the default (`is_default`): the image of a launch that names none;
+    where none is marked, the built-in "host" is. "host" is the process runtime's one image:
+    the node's own system (created by migration 0007). A session runs only on a node whose agent
+    reports holding its image (`Node.images`)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    reference = models.CharField(
+        max_length=255, unique=True,
+        validators=[RegexValidator(IMAGE_REFERENCE_RE, 'an image reference such as "nvcr.io/nvidia/pytorch:24.05-py3" '
+                                                       '(letters, digits and . _ / : @ + -)')],
+        help_text='as Docker names it: "registry/repository:tag" or "…@sha256:…"; "host": the process runtime\'s')
+    display_name = models.CharField(max_length=128, blank=True,
+                                    help_text="what the launch dialog shows; empty: the reference")
+    description = models.TextField(blank=True)
+    accelerators = models.JSONField(default=list, blank=True, validators=[validate_image_accelerators],
+                                    help_text='slot names it supports, e.g. ["cuda"]; empty: any (CPU-only too)')
+    shell = models.CharField(max_length=255, blank=True,
+                             validators=[RegexValidator(r"^/\S+$", "an absolute path inside the image, e.g. /bin/bash")],
+                             help_text="the interactive shell inside the image, e.g. /bin/bash; empty: the runtime's")
+    labels = models.JSONField(default=dict, blank=True, validators=[validate_image_labels],
+                              help_text='free-form text labels, e.g. {"framework": "pytorch"}')
+    is_default = models.BooleanField("default", default=False,
+                                     help_text="the image of a launch that names none (at most one)")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-is_default", "reference"]
+        verbose_name = "session image"
+        constraints = [models.UniqueConstraint(fields=["is_default"], condition=models.Q(is_default=True),
+                                               name="session_image_one_default",
+                                               violation_error_message="another image is the default already")]
+
+    def __str__(self) -> str:
+        return self.reference
+
+    def validate_constraints(self, exclude=None):
+        """As Django's, but "at most one default" is not a form error: `sessions.images.image_save`
+        moves the mark from the old default (the database constraint still holds)."""
+        super().validate_constraints(exclude={*(exclude or ()), "is_default"})
+
+
 class ComputeSession(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=64)
@@ -47,6 +116,8 @@ class ComputeSession(models.Model):
     cpu = models.PositiveIntegerField(default=1, help_text="CPU cores")
     mem = models.BigIntegerField(default=0, help_text="main memory, bytes")
     command = models.TextField(blank=True, help_text="batch command; blank for an interactive shell")
+    image = models.ForeignKey(SessionImage, null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions",
+                              help_text="the image it runs in; empty for sessions from before images (any node)")
     priority = models.SmallIntegerField(default=0, help_text="higher starts first; equal priorities in arrival order")
     overtaken = models.PositiveIntegerField(default=0, help_text="how many later sessions were backfilled past it")
     node = models.ForeignKey("accelerators.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
@@ -199,3 +270,25 @@ class SessionLogChunk(models.Model):
         ordering = ["session", "seq"]
         constraints = [models.UniqueConstraint(fields=["session", "seq"], name="session_log_chunk_unique_seq")]
         indexes = [models.Index(fields=["session", "end"], name="session_log_chunk_end")]  # reads from a cursor
+
+
+class IdempotencyKey(models.Model):
+    """The answer to a launch (`POST /api/v1/sessions/`) sent with an `Idempotency-Key`
+    header, kept so that the same user repeating the key gets the same answer and no second
+    session (sessions.idempotency). (user, key) is unique: of two requests racing with one key,
+    the second waits on the first's row and then replays its answer. `fingerprint` is the
+    SHA-256 of the request body, to refuse a key reused for another request. Rows older than
+    sessions.idempotency.KEY_TTL are ignored and deleted."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255, help_text="the header's value: 1 to 255 printable ASCII characters")
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 (hex) of the request body's JSON, keys sorted")
+    session = models.ForeignKey(ComputeSession, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                                help_text="the session the request created")
+    status_code = models.PositiveSmallIntegerField(null=True, help_text="the HTTP status answered (null only "
+                                                                       "inside the transaction that answers)")
+    response = models.TextField(blank=True, help_text="the body answered, as JSON text (jsonb would reorder its keys)")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="idempotency_key_unique_per_user")]

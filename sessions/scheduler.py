@@ -17,7 +17,9 @@ policies the pass also counts the request shapes it placed per resource group
 """
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,6 +29,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+import protocol
 from accelerators.allocation import cluster, core
 from accelerators.allocation.errors import AllocationError, InsufficientResource, NeverSchedulable
 from accelerators.allocation.units import amount_text
@@ -39,6 +42,7 @@ from accelerators.selectors import (
     resource_group_get,
 )
 from sessions import events, mig_scheduling
+from sessions.images import NO_ROOM_WITH_IMAGE, image_wait_reason
 from sessions.models import Allocation, ComputeSession, SessionStatus
 from sessions.selectors import session_request
 from sessions.services import request_settings
@@ -46,32 +50,59 @@ from sessions.services import request_settings
 log = logging.getLogger(__name__)
 
 
-def schedule_pending(*, limit: int = 100) -> list[str]:
-    """Place up to `limit` pending sessions, highest priority first, then in arrival order.
-    Returns the ids scheduled.
+def schedule_pending(*, limit: int | None = None) -> list[str]:
+    """Place pending sessions (every one, or the first `limit`), highest priority first, then in
+    arrival order; every one not placed gets the reason it waits. Returns the ids scheduled.
+
+    The pass's cost stays bounded however long the queue: placements only fill the cluster
+    within a pass, so a request shape (its normalised request) that did not fit once does not
+    fit later in the same pass, and the sessions of that shape behind it get the same reason
+    without another placement attempt; reasons are written only where they changed, in bulk.
 
     Backfill: a session that does not fit now does not block smaller ones behind it, but each
     time a later session starts past it its `overtaken` count grows, and once that reaches
     FGPU_BACKFILL_LIMIT nothing behind it starts until it has (0: strict first in, first out).
+
+    Images: a session with a session image goes only to a node whose agent reports holding it
+    (`accelerators.selectors.node_runs_image`); while no alive node does, it waits "waiting for a
+    node with image <reference>". Sessions from before images (no image) may go to any node.
     """
     backfill_limit = settings.FGPU_BACKFILL_LIMIT
     scheduled: list[str] = []
     starts: list[tuple[str, dict]] = []
+    started = time.monotonic()
     with transaction.atomic():
-        pending = list(
+        queue = (
             # Owners read in the same query (the start specs name them), but only sessions locked.
-            ComputeSession.objects.select_for_update(of=("self",)).select_related("owner")
+            ComputeSession.objects.select_for_update(of=("self",)).select_related("owner", "image")
             .filter(status=SessionStatus.PENDING)
-            .order_by("-priority", "created_at", "pk")[:limit]
+            .order_by("-priority", "created_at", "pk")
         )
+        pending = list(queue if limit is None else queue[:limit])
         writes = _PassWrites(starts)
         view = _PassView(writes)
         blocked: list[ComputeSession] = []
+        reserved: ComputeSession | None = None  # the first blocked session overtaken as often as backfill allows
+        looked = (0, 0)  # (len(blocked), len(scheduled)) when `reserved` was last looked for
+        no_room: dict[str, str] = {}  # request shape → why it did not fit in this pass
         for session in pending:
-            reserved = next((b for b in blocked if b.overtaken >= backfill_limit), None)
+            if reserved is None and looked != (len(blocked), len(scheduled)):  # only a change can make one
+                looked = (len(blocked), len(scheduled))
+                reserved = next((b for b in blocked if b.overtaken >= backfill_limit), None)
             if reserved is not None:
                 writes.wait(session, f"queued behind {reserved.name}, which goes first (it has been overtaken "
                                      f"{reserved.overtaken} time(s), the most the backfill limit allows)")
+                continue
+            image = session.image.reference if session.image_id else ""
+            shape = f"{image}|{json.dumps(session.request_spec, sort_keys=True)}"
+            if shape in no_room:  # the same request did not fit earlier in this pass: nor does this one
+                writes.wait(session, no_room[shape])
+                blocked.append(session)
+                continue
+            if image and view.image_missing(image):
+                no_room[shape] = view.image_missing(image)
+                writes.wait(session, no_room[shape])
+                blocked.append(session)
                 continue
             request = session_request(session)
             if mig_scheduling.wants_mig(request):
@@ -85,16 +116,19 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
                     continue  # a MIG request, placed by sessions.mig_scheduling (issue 4)
             try:
                 pure_settings = view.settings(request)
-                scope = view.scope(request)
+                scope = view.scope(request, image=image)
                 try:
                     placement = scope.place(request, pure_settings)
                 except NeverSchedulable:
                     # Only the alive nodes are too small: wait while a LOST node that could hold
-                    # it may come back (an agent restart must not fail the whole queue).
+                    # it may come back (an agent restart must not fail the whole queue); with an
+                    # image, while a node that could hold it may get the image.
                     core.check_ever_fits(placement_scope(request=request, alive_only=False)[0], request, pure_settings)
-                    raise InsufficientResource("the nodes that could hold it are not alive (LOST)") from None
+                    raise InsufficientResource(NO_ROOM_WITH_IMAGE.format(image=image) if image else
+                                               "the nodes that could hold it are not alive (LOST)") from None
             except InsufficientResource as exc:
-                writes.wait(session, f"waiting for capacity: {exc}")
+                no_room[shape] = f"waiting for capacity: {exc}"
+                writes.wait(session, no_room[shape])
                 blocked.append(session)
                 continue
             except AllocationError as exc:  # no longer satisfiable (e.g. the slot's mode changed)
@@ -112,6 +146,10 @@ def schedule_pending(*, limit: int = 100) -> list[str]:
         events.sessions_notify(writes.notices)
         if starts:
             transaction.on_commit(partial(_send_starts, list(starts)))
+    if pending:
+        log.info("scheduler pass: %d pending, %d placed, %d waiting (%d request shapes without room) in %.0f ms",
+                 len(pending), len(scheduled), len(pending) - len(scheduled), len(no_room),
+                 (time.monotonic() - started) * 1000)
     return scheduled
 
 
@@ -227,9 +265,10 @@ class _PassView:
 
     def __init__(self, writes: _PassWrites):
         self.writes = writes
-        self.scopes: dict[tuple[str, str], _Scope] = {}
+        self.scopes: dict[tuple[str, str, str], _Scope] = {}
         self.placed: Counter = Counter()
         self._settings: dict = {}
+        self._images: dict[str, str] = {}
 
     def forget(self) -> None:
         """Drop the scopes read so far (their rows stay locked); the next request re-reads them.
@@ -250,13 +289,22 @@ class _PassView:
             raise type(found)(str(found))
         return found
 
-    def scope(self, request: core.ResourceRequest) -> _Scope:
+    def image_missing(self, image: str) -> str:
+        """`sessions.images.image_wait_reason` ("" when an alive node holds `image`), read once per
+        image in a pass."""
+        if image not in self._images:
+            self._images[image] = image_wait_reason(reference=image)
+        return self._images[image]
+
+    def scope(self, request: core.ResourceRequest, *, image: str = "") -> _Scope:
+        """The nodes of the request's resource group and slot, only those holding `image` ("":
+        every one), read and locked once per pass."""
         slot = request.slot or "cuda"
-        key = (request.resource_group, slot)
+        key = (request.resource_group, slot, image)
         if key not in self.scopes:
             self.writes.flush()  # the usage read below must hold this pass's plans
             group = resource_group_get(name=request.resource_group)
-            nodes = node_states(slot_name=slot, for_update=True, group=group)
+            nodes = node_states(slot_name=slot, for_update=True, group=group, image=image)
             # A node another scope of this pass already planned on: take that scope's view.
             latest = {n.node_id: n for s in self.scopes.values() if s.slot == slot for n in s.nodes}
             nodes = [latest.get(n.node_id, n) for n in nodes]
@@ -287,9 +335,15 @@ class _PassView:
 
 
 def session_start_spec(session: ComputeSession, allocations: list[Allocation]) -> dict:
-    """What the agent needs to start the session (JSON-safe). Sizes in bytes, procs in SMs."""
+    """What the agent needs to start the session (JSON-safe). Sizes in bytes, procs in SMs.
+    `image`: the session image's reference ("" for a session from before images: the docker
+    runtime then takes agent.toml's `default-image`); `shell`: the image's interactive shell
+    ("": the runtime's)."""
+    image = session.image if session.image_id else None
     return {
         "session_id": str(session.pk),
+        "image": image.reference if image else "",
+        "shell": image.shell if image else "",
         "name": session.name,
         "owner": session.owner.get_username(),
         "command": session.command,
@@ -319,12 +373,12 @@ def _send_starts(starts: list[tuple[str, dict]]) -> None:
     """Send the agents' start messages (`fgpu.agent.session_start`, one per session, to queue
     `agent.<node>`) through one broker connection."""
     from console.celery import app
-    from sessions.tasks import session_start
+    from sessions.tasks import agent_send
 
     with app.producer_or_acquire() as producer:
         for node_name, spec in starts:
             try:
-                session_start.apply_async(kwargs={"node": node_name, "spec": spec}, producer=producer)
+                agent_send(protocol.SESSION_START, producer=producer, node=node_name, spec=spec)
             except Exception:  # the agent's reconcile restarts what it should run
                 log.exception("could not send the start of session %s to %s", spec["session_id"], node_name)
 

@@ -13,7 +13,7 @@ from sessions.models import ComputeSession
 
 def session_list_for(*, user):
     """Sessions `user` may see: all for staff, their own otherwise; newest first."""
-    sessions = ComputeSession.objects.select_related("owner", "node").prefetch_related("allocations__device")
+    sessions = ComputeSession.objects.select_related("owner", "node", "image").prefetch_related("allocations__device")
     return sessions if user.is_staff else sessions.filter(owner=user)
 
 

@@ -30,13 +30,16 @@ class SessionSerializer(serializers.ModelSerializer):
     grant = serializers.SerializerMethodField()
     mig_profile = serializers.SerializerMethodField()
     allocations = AllocationSerializer(many=True, read_only=True)
+    image = serializers.CharField(source="image.reference", read_only=True, default=None, allow_null=True,
+                                  help_text="the session image's reference; null for a session from before images")
     terminal_url = serializers.SerializerMethodField()
+    fraction_enforcement = serializers.SerializerMethodField()
 
     class Meta:
         model = ComputeSession
-        fields = ["id", "name", "owner", "status", "status_reason", "node", "resources", "priority", "configuration",
-                  "requested", "grant", "mig_profile", "allocations", "command", "created_at", "scheduled_at",
-                  "started_at", "terminated_at", "exit_code", "terminal_url"]
+        fields = ["id", "name", "owner", "status", "status_reason", "node", "image", "resources", "priority",
+                  "configuration", "requested", "grant", "mig_profile", "allocations", "command", "created_at",
+                  "scheduled_at", "started_at", "terminated_at", "exit_code", "terminal_url", "fraction_enforcement"]
         read_only_fields = fields
 
     def to_representation(self, session):
@@ -60,8 +63,45 @@ class SessionSerializer(serializers.ModelSerializer):
         """The MIG profile the session got ("1g.20gb", or a static slice's "10g"); "" for none."""
         return self._parts["mig_profile"]
 
+    def get_fraction_enforcement(self, session) -> str:
+        """What holds the session to a shared GPU slice on its node, as its agent reports it:
+        "hami-core", "mps", or "none" (the limits are in its environment only; a program may use
+        the whole device); "" for a session without a shared slice (whole devices, a MIG
+        instance, no GPU) or not placed yet."""
+        if self._parts["mig_profile"] or session.node is None:
+            return ""
+        shared = any(a.memory < a.device.memory_size for a in session.allocations.all() if a.released_at is None)
+        return (session.node.attributes or {}).get("fraction_enforcement", "none") if shared else ""
+
     def get_terminal_url(self, session) -> str:
         return reverse("session-terminal", kwargs={"session_id": session.pk})
+
+
+MAX_COMMAND_BYTES = 64 * 1024  # far below Linux's 128 KiB for one argument (MAX_ARG_STRLEN)
+
+
+def validate_command(command: str | list[str]) -> None:
+    """A command line (text) or argument vector (list of text) a process can be started with:
+    no NUL character (execve ends every argument at one), no unpaired surrogate (not UTF-8),
+    and `validate_command_size`. Raises ValidationError."""
+    parts = [command] if isinstance(command, str) else command
+    if any("\x00" in part for part in parts):
+        raise serializers.ValidationError("contains a NUL character, which no command can hold")
+    try:
+        "".join(parts).encode("utf-8")
+    except UnicodeEncodeError:
+        raise serializers.ValidationError("contains an unpaired surrogate (not UTF-8 text)") from None
+    validate_command_size(command)
+
+
+def validate_command_size(command: str | list[str]) -> None:
+    """At most MAX_COMMAND_BYTES (64 KiB) of UTF-8 in all (an argument vector's parts with a
+    separator each). Raises ValidationError. (A CharField refuses NUL and surrogates itself.)"""
+    parts = [command] if isinstance(command, str) else command
+    size = sum(len(part.encode("utf-8", "surrogatepass")) + 1 for part in parts) - 1
+    if size > MAX_COMMAND_BYTES:
+        raise serializers.ValidationError(f"at most {MAX_COMMAND_BYTES // 1024} KiB (UTF-8), got {size} bytes; "
+                                          "put a long script in a file in the session and run that")
 
 
 class StrictCharField(serializers.CharField):
@@ -76,10 +116,13 @@ class StrictCharField(serializers.CharField):
 class SessionCreateSerializer(serializers.Serializer):
     name = StrictCharField(max_length=64, required=False, allow_blank=True, default="")
     resources = serializers.DictField(help_text='e.g. {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}')
-    command = StrictCharField(required=False, allow_blank=True, default="",
-                                    help_text="batch command; blank for an interactive shell")
+    command = StrictCharField(required=False, allow_blank=True, default="", validators=[validate_command_size],
+                              help_text="batch command (at most 64 KiB); blank for an interactive shell")
     priority = serializers.IntegerField(required=False, default=0, min_value=-100, max_value=100,
                                         help_text="higher starts first; above 0 for administrators only")
+    image = StrictCharField(required=False, allow_null=True, allow_blank=True, default=None, max_length=255,
+                            help_text="a registered session image's reference (GET /api/v1/images/), e.g. "
+                                      "\"fgpu-session:test\"; absent, null or empty: the default image")
 
 
 class TerminalTicketSerializer(serializers.Serializer):

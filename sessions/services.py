@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+import protocol
 from accelerators.allocation import core
 from accelerators.allocation.errors import AllocationError, InvalidResourceRequest, NeverSchedulable
 from accelerators.allocation.requests import parse_resources, request_to_spec
@@ -33,7 +34,8 @@ from accelerators.models import AllocationMode, NodeStatus
 from accelerators.selectors import fractional_settings_get, placement_scope, resource_group_get
 from console.errors import ApplicationError
 from sessions import events, mig_scheduling
-from sessions.exec_store import LIVE_STATES, STREAM_NAMES, exec_store_default
+from protocol.exec_store import LIVE_STATES, STREAM_NAMES, exec_store_default
+from sessions.images import image_for_launch
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus, TerminalTicket
 
 log = logging.getLogger(__name__)
@@ -76,13 +78,18 @@ def request_validate(*, resources: dict) -> tuple[core.ResourceRequest, core.Fra
     return request, pure_settings
 
 
-def session_create(*, owner, name: str, resources: dict, command: str = "", priority: int = 0) -> ComputeSession:
+def session_create(*, owner, name: str, resources: dict, command: str = "", priority: int = 0,
+                   image: str | None = None) -> ComputeSession:
     """Validate `resources` (see accelerators.allocation.requests) and write the session PENDING;
-    the scheduler runs after commit.
+    the scheduler runs after commit. `image`: a registered session image's reference (None or
+    "": the default image, `sessions.images.image_default`); the scheduler places the session
+    only on a node that holds it.
 
-    Raises ApplicationError (400) for a malformed request, one off the quantum grid, one in the
-    wrong mode, or one larger than any registered node could ever hold (naming the slot and the
-    largest amount a node holds).
+    Raises ApplicationError (400) for a name longer than MAX_NAME or holding a control character,
+    a malformed request, one off the quantum grid, one in the wrong mode, one larger than any
+    registered node could ever hold (naming the slot and the largest amount a node holds), and
+    an image no administrator registered or one that does not support the request's slot
+    (`sessions.images.image_for_launch`, field `image`).
     """
     name = (name or "").strip() or "session"
     if priority > 0 and not owner.is_staff:
@@ -90,7 +97,11 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
                                field_errors={"priority": ["only administrators may raise a session's priority above 0"]})
     if len(name) > MAX_NAME:
         raise ApplicationError(f"name: at most {MAX_NAME} characters", field_errors={"name": [f"at most {MAX_NAME} characters"]})
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):  # C0, DEL and C1 controls: escapes, newlines
+        raise ApplicationError("name: control characters (newline, tab, escape, …) are not allowed",
+                               field_errors={"name": ["control characters (newline, tab, escape, …) are not allowed"]})
     request, pure_settings = request_validate(resources=resources)
+    session_image = image_for_launch(reference=image, slot=request.slot)
     try:
         # Against every registered node, LOST ones included: a request that fits a node whose
         # agent is restarting waits for it instead of being refused.
@@ -105,7 +116,7 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
             owner=owner, name=name, resources=resources, request_spec=request_to_spec(request),
             slot_name=request.slot, slot_subtype=request.kind if request.slot else "",
             amount=request.amount, cpu=request.cpu, mem=request.mem, command=command or "", priority=priority,
-            status_reason="waiting for the scheduler",
+            image=session_image, status_reason="waiting for the scheduler",
         )
         events.session_notify(session)
         transaction.on_commit(_schedule_soon)
@@ -163,9 +174,16 @@ def session_terminate(*, session: ComputeSession) -> ComputeSession:
 
 
 def _send_stop(node_name: str, session_id: str) -> None:
-    from sessions.tasks import session_stop
+    """Tell the node's agent to stop the session. A broker that cannot be reached is logged, not
+    raised (the session is TERMINATING in the database): the reconciliation of the agent's next
+    heartbeat sends the stop again (sessions.reconcile)."""
+    from sessions.tasks import TRANSIENT_ERRORS, agent_send
 
-    session_stop.delay(node=node_name, session_id=session_id)
+    try:
+        agent_send(protocol.SESSION_STOP, node=node_name, session_id=session_id)
+    except TRANSIENT_ERRORS:
+        log.warning("could not send the stop of session %s to %s (the broker is unreachable); the next heartbeat's "
+                    "reconciliation sends it again", session_id, node_name)
 
 
 def _finish(session: ComputeSession, *, status: str, reason: str, exit_code: int | None) -> bool:
@@ -187,22 +205,28 @@ def _finish(session: ComputeSession, *, status: str, reason: str, exit_code: int
 
 
 _REPORT_SOURCES = {
-    SessionStatus.PREPARING: (SessionStatus.SCHEDULED,),
+    SessionStatus.PREPARING: (SessionStatus.SCHEDULED, SessionStatus.PREPARING),  # again: progress (an image pull)
     SessionStatus.RUNNING: (SessionStatus.SCHEDULED, SessionStatus.PREPARING),
 }
 
 
-def session_report_apply(*, session_id: str, status: str, reason: str = "", exit_code: int | None = None) -> bool:
+def session_report_apply(*, session_id: str, status: str, reason: str = "", exit_code: int | None = None,
+                         node: str | None = None) -> bool:
     """Apply an agent's report about a session (compare-and-set on the status).
 
     PREPARING and RUNNING move the session forward only from earlier states; TERMINATED and
     ERROR end it from any active state and release its allocations. A report that arrives out
     of order (RUNNING after the user already asked to terminate) is ignored. Returns whether
-    the session changed. Unknown ids are logged and ignored.
+    the session changed. Unknown ids are logged and ignored, and so is a report from `node`
+    (the sending agent's, where it says) for a session that does not run on it.
     """
     session = ComputeSession.objects.filter(pk=session_id).select_related("node", "owner").first()
     if session is None:
         log.warning("agent reported %s for unknown session %s", status, session_id)
+        return False
+    if node is not None and (session.node_id is None or session.node.name != node):
+        log.warning("refused a %s report for session %s from node %s: the session does not run there", status,
+                    session_id, node)
         return False
     with transaction.atomic():
         if status in _REPORT_SOURCES:
@@ -281,10 +305,18 @@ def terminal_ticket_redeem(*, session_id: str, ticket: str) -> ComputeSession:
     return session
 
 
+def terminal_ticket_unspend(*, session_id: str, ticket: str) -> bool:
+    """Make a ticket spent by `terminal_ticket_redeem` usable again, when the terminal could not
+    be opened through no fault of its holder (the channel layer was unreachable); it still
+    expires at its time. Returns whether a spent, unexpired ticket was found."""
+    return TerminalTicket.objects.filter(digest=_digest(ticket or ""), session_id=session_id, used_at__isnull=False,
+                                         expires_at__gt=timezone.now()).update(used_at=None) == 1
+
+
 # --- output logs ----------------------------------------------------------------------------
 
 def session_log_append(*, session_id: str, seq: int, offset: int, text: str, final: bool = False) -> bool:
-    """Store one batch of a session's output shipped by its agent (sessions.runtime.agent).
+    """Store one batch of a session's output shipped by its agent (agent.core).
 
     `seq` numbers the agent's batches from 0, `offset` is the batch's position in the output in
     characters. A batch already stored (same session and `seq`: a redelivered task) is ignored,
@@ -330,7 +362,7 @@ def session_exec(*, session: ComputeSession, command, timeout: int) -> dict:
     one shell command line (a string, run by bash -c). `timeout` in seconds.
 
     Transport: a `pty.exec` message to the session's `pty-<id>` group (which only its agent
-    joins) with a reply channel; the agent answers on it (sessions.runtime.agent.Agent._exec).
+    joins) with a reply channel; the agent answers on it (agent.core.Agent._exec).
     Returns `{"exit_code", "stdout", "stderr", "truncated", "duration_ms"}` (stdout and stderr
     at most 1 MiB each, `truncated` when cut).
 
@@ -384,13 +416,13 @@ EXEC_READ_MAX_CHUNKS = 256
 
 def session_exec_start(*, session: ComputeSession, command, timeout: int) -> dict:
     """Start `command` in a RUNNING session as `session_exec` runs it, without waiting: its
-    output is pushed by the session's agent to the exec store (sessions.exec_store: Redis, so any
+    output is pushed by the session's agent to the exec store (protocol.exec_store: Redis, so any
     web process serves it; memory in standalone mode) as it comes, at most
     FGPU_EXEC_STREAM_MAX_BYTES per stream, kept FGPU_EXEC_OUTPUT_TTL seconds after it ends.
     `command` is an argument vector or one shell command line; `timeout` in seconds.
 
     Transport: the record is written `starting`, then a `pty.exec_stream` message goes to the
-    session's `pty-<id>` group (sessions.runtime.exec_stream runs it). Returns the exec's state
+    session's `pty-<id>` group (agent.exec_stream runs it). Returns the exec's state
     (see `session_exec_read`, without output). Raises ApplicationError 409 "session-not-running"
     unless RUNNING. An agent that does not take it within EXEC_REPLY_GRACE_S seconds shows as
     state `failed` on the next read."""

@@ -1,24 +1,61 @@
 """Celery tasks: thin wrappers that take ids and plain data and call one service.
 
-`fgpu.manager.*` run in the manager worker (queue `manager`) and use the database.
-`fgpu.agent.*` run in the agent of the node named by their `node` keyword (queue
-`agent.<node>`) and never touch the database. Routes: `console.celery.route_task`.
+`fgpu.manager.*` run in the manager worker (queue `manager`) and use the database. The agents'
+tasks (`fgpu.agent.*`, queue `agent.<node>`) live on the node side, in agent/tasks.py: the
+manager knows them by name only (protocol) and sends them with `agent_send`. Routes:
+`console.celery.route_task`.
 """
 from __future__ import annotations
 
 import logging
 
+import kombu.exceptions
+import redis.exceptions
 from celery import shared_task
+from django import db
 from django.conf import settings
+from django.core.exceptions import ValidationError
+
+import protocol
 
 log = logging.getLogger(__name__)
+
+# Errors a manager task is retried after (with backoff, 1 s doubling up to 30 s, 20 times): the
+# database or the broker went away for a moment (a restart, a terminated backend, a failover).
+TRANSIENT_ERRORS = (db.OperationalError, db.InterfaceError, kombu.exceptions.OperationalError,
+                    redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def manager_task(name: str):
+    """A manager task (queue `manager`): acknowledged after it ran (every manager task is
+    idempotent), retried on TRANSIENT_ERRORS."""
+    return shared_task(name=name, acks_late=True, autoretry_for=TRANSIENT_ERRORS, retry_backoff=1,
+                       retry_backoff_max=30, retry_jitter=True, max_retries=20)
+
+
+def agent_send(task: str, *, producer=None, **kwargs) -> None:
+    """Send the agent task `task` (protocol.SESSION_START, SESSION_STOP, SESSIONS_SYNC,
+    MIG_RECONCILE) with `kwargs`, which name its `node`, to queue `agent.<node>`; `producer`: a
+    kombu producer to send through (one connection for many sends). By name, so the manager
+    imports nothing of the agent; where an agent's tasks are registered in this process and Celery
+    is eager (standalone mode, in-process tests), the task runs at once. Raises kombu's
+    OperationalError when the broker cannot be reached."""
+    from console.celery import app
+
+    app.signature(task, kwargs=kwargs).apply_async(producer=producer)
 
 
 # --- manager side -------------------------------------------------------------------------
 
-@shared_task(name="fgpu.manager.agent_register", acks_late=True)
-def agent_register(*, node: str, inventory: dict, running: list[str]) -> None:
-    """An agent started: apply its inventory, reconcile its sessions, tell it which to keep."""
+@manager_task(protocol.AGENT_REGISTER)
+def agent_register(*, node: str, inventory: dict, running: list[str], images: dict | None = None,
+                   signature: str | None = None) -> None:
+    """An agent started: apply its inventory and the session images it holds (`images`, see
+    protocol; None from an agent before images: the process runtime's "host"), reconcile its
+    sessions, tell it which to keep."""
+    if not _authentic(protocol.AGENT_REGISTER, node, node=node, inventory=inventory, running=running,
+                      signature=signature, **_sent(images=images)):
+        return
     from accelerators.mig_services import node_mig_push
     from accelerators.plugins.base import DeviceInfo
     from accelerators.services import node_inventory_apply, node_links_apply
@@ -31,51 +68,111 @@ def agent_register(*, node: str, inventory: dict, running: list[str]) -> None:
         attributes=inventory.get("attributes", {}),
         cpu_count=inventory.get("cpu_count"),
         memory_size=inventory.get("memory_size"),
+        images=images,
     )
     try:
         node_links_apply(node=registered, links=inventory.get("links", []))
     except ValueError as exc:  # a bad topology report must not keep the node's GPUs out of use
         log.warning("node %s reported unusable device links, ignored: %s", node, exc)
     keep = sessions_reconcile_node(node_name=node, running=running)
-    sessions_sync.delay(node=node, keep=keep)
+    agent_send(protocol.SESSIONS_SYNC, node=node, keep=keep)
     node_mig_push(node=registered, kind="start")  # MIG GPUs: the agent re-applies the layout, reports strangers
     schedule_pending_soon()
 
 
-@shared_task(name="fgpu.manager.mig_report", acks_late=True)
-def mig_report(*, node: str, report: dict) -> None:
+@manager_task(protocol.MIG_REPORT)
+def mig_report(*, node: str, report: dict, signature: str | None = None) -> None:
     """What an agent's MIG reconcile found (idempotent: the report replaces the last one per GPU)."""
     from accelerators.mig_services import node_mig_report_apply
+
+    if not _authentic(protocol.MIG_REPORT, node, node=node, report=report, signature=signature):
+        return
 
     node_mig_report_apply(node_name=node, report=report)
 
 
-@shared_task(name="fgpu.manager.agent_heartbeat", acks_late=True)
-def agent_heartbeat(*, node: str, running: list[str], mig_digest: str | None = None) -> None:
+@shared_task(name=protocol.AGENT_HEARTBEAT, acks_late=True)
+def agent_heartbeat(*, node: str, running: list[str], mig_digest: str | None = None, state: dict | None = None,
+                    images: dict | None = None, signature: str | None = None) -> None:
     """`mig_digest`: the digest of the GPU instances the agent finds on its MIG GPUs (None: none
-    known); a mismatch with the manager's asks for a full MIG reconcile (`node_mig_heartbeat_check`)."""
+    known); a mismatch with the manager's asks for a full MIG reconcile (`node_mig_heartbeat_check`).
+    `state`: the agent's view of its sessions (`Agent.state`), reconciled with the database
+    (sessions.reconcile). `images`: the session images the node holds ({reference: image id};
+    None, from an agent before images: left as registered); when they changed, a scheduler pass
+    places the sessions waiting for them. Not retried: the next heartbeat comes within seconds."""
     from accelerators.mig_services import node_mig_heartbeat_check
-    from accelerators.services import node_heartbeat
+    from accelerators.services import node_heartbeat, node_images_apply
+    from sessions.reconcile import sessions_reconcile_heartbeat
 
+    if not _authentic(protocol.AGENT_HEARTBEAT, node, node=node, running=running, mig_digest=mig_digest, state=state,
+                      signature=signature, **_sent(images=images)):
+        return
     if not node_heartbeat(node_name=node):
         log.warning("heartbeat from unregistered node %s", node)
         return
+    if images is not None and node_images_apply(node_name=node, images=images):
+        schedule_pending_soon()
     node_mig_heartbeat_check(node_name=node, digest=mig_digest)
+    if state is not None:
+        sessions_reconcile_heartbeat(node_name=node, state=state)
 
 
-@shared_task(name="fgpu.manager.session_report", acks_late=True)
-def session_report(*, session_id: str, status: str, reason: str = "", exit_code: int | None = None) -> None:
+@manager_task(protocol.SESSION_REPORT)
+def session_report(*, session_id: str, status: str, reason: str = "", exit_code: int | None = None,
+                   node: str | None = None, signature: str | None = None) -> None:
+    """`node`: the agent's node (agents from before node keys leave it out); the report applies
+    only to a session on that node, and only when signed with its key where it has one."""
     from sessions.services import session_report_apply
 
-    session_report_apply(session_id=session_id, status=status, reason=reason, exit_code=exit_code)
+    if not _authentic(protocol.SESSION_REPORT, node or _node_of(session_id), session_id=session_id, status=status,
+                      reason=reason, exit_code=exit_code, node=node, signature=signature):
+        return
+    session_report_apply(session_id=session_id, status=status, reason=reason, exit_code=exit_code, node=node)
 
 
-@shared_task(name="fgpu.manager.session_log_append", acks_late=True)
-def session_log_append(*, session_id: str, seq: int, offset: int, text: str, final: bool = False) -> None:
-    """Store one batch of a session's output (idempotent by `seq`, so acks_late is safe)."""
+@manager_task(protocol.SESSION_LOG_APPEND)
+def session_log_append(*, session_id: str, seq: int, offset: int, text: str, final: bool = False,
+                       node: str | None = None, signature: str | None = None) -> None:
+    """Store one batch of a session's output (idempotent by `seq`, so acks_late is safe); from
+    the session's own node only (see `session_report`)."""
     from sessions.services import session_log_append as append
 
+    sender = node or _node_of(session_id)
+    if not _authentic(protocol.SESSION_LOG_APPEND, sender, session_id=session_id, seq=seq, offset=offset, text=text,
+                      final=final, node=node, signature=signature):
+        return
+    if node is not None and node != _node_of(session_id):
+        log.warning("refused output of session %s from node %s: the session does not run there", session_id, node)
+        return
     append(session_id=session_id, seq=seq, offset=offset, text=text, final=final)
+
+
+def _authentic(task: str, sender: str | None, **kwargs) -> bool:
+    """Whether an agent's message may be applied (accelerators.services.node_message_verify):
+    `sender` the node it comes from, `kwargs` the task's keyword arguments as sent, its
+    signature included."""
+    from accelerators.services import node_message_verify
+
+    if sender is None:  # a report for a session that is on no node (or gone): nothing to authenticate against
+        return True
+    if kwargs.get("node") is None:
+        kwargs.pop("node", None)  # an agent from before node keys sends no node: sign what it sent
+    return node_message_verify(node_name=sender, task=task, kwargs=kwargs)
+
+
+def _sent(**kwargs) -> dict:
+    """The optional kwargs an agent sent (not None): an agent leaves out what it has not got, or
+    what its version does not know, and signs only what it sent."""
+    return {key: value for key, value in kwargs.items() if value is not None}
+
+
+def _node_of(session_id: str) -> str | None:
+    from sessions.models import ComputeSession
+
+    try:
+        return ComputeSession.objects.filter(pk=session_id).values_list("node__name", flat=True).first()
+    except (ValueError, TypeError, ValidationError):
+        return None
 
 
 SCHEDULE_QUEUED_KEY = "fgpu:schedule-pending:queued"
@@ -92,16 +189,23 @@ def schedule_pending_soon() -> None:
     started, more launches and releases add none (each pass sees every session committed before
     it starts, because it clears the flag first). Without this, N launches queue N passes that
     run one after another and delay the agents' reports behind them. The flag expires after
-    30 s in case its pass is lost; beat runs a pass every 10 s anyway."""
+    30 s in case its pass is lost; beat runs a pass every 10 s anyway.
+
+    A broker that cannot be reached is logged, not raised: the caller's write is committed,
+    and beat's next pass places it.
+    """
     from console.celery import app
 
-    if settings.REDIS_URL and not app.conf.task_always_eager:
-        if not _redis().set(SCHEDULE_QUEUED_KEY, 1, nx=True, ex=30):
-            return
-    schedule_pending.delay()
+    try:
+        if settings.REDIS_URL and not app.conf.task_always_eager:
+            if not _redis().set(SCHEDULE_QUEUED_KEY, 1, nx=True, ex=30):
+                return
+        schedule_pending.delay()
+    except TRANSIENT_ERRORS:
+        log.warning("could not ask for a scheduler pass (the broker is unreachable); beat's next pass runs it")
 
 
-@shared_task(name="fgpu.manager.schedule_pending", acks_late=True)
+@manager_task("fgpu.manager.schedule_pending")
 def schedule_pending() -> None:
     from console.celery import app
     from sessions.scheduler import schedule_pending as run
@@ -111,43 +215,8 @@ def schedule_pending() -> None:
     run()
 
 
-@shared_task(name="fgpu.manager.node_check_heartbeats", acks_late=True)
+@manager_task("fgpu.manager.node_check_heartbeats")
 def node_check_heartbeats() -> None:
     from accelerators.services import node_mark_lost
 
     node_mark_lost(timeout_s=settings.FGPU_HEARTBEAT_TIMEOUT)
-
-
-# --- agent side ---------------------------------------------------------------------------
-
-def _agent(node: str):
-    from sessions.runtime.agent import agent_for
-
-    return agent_for(node)
-
-
-@shared_task(name="fgpu.agent.session_start")
-def session_start(*, node: str, spec: dict) -> None:
-    """Start a session's process on `node` (returns at once; the agent reports progress)."""
-    _agent(node).submit_start(spec)
-
-
-@shared_task(name="fgpu.agent.session_stop")
-def session_stop(*, node: str, session_id: str) -> None:
-    _agent(node).submit_stop(session_id)
-
-
-@shared_task(name="fgpu.agent.sessions_sync")
-def sessions_sync(*, node: str, keep: list[str]) -> None:
-    """Kill every session the agent runs that the manager does not list in `keep`."""
-    _agent(node).submit_sync(keep)
-
-
-@shared_task(name="fgpu.agent.mig_reconcile")
-def mig_reconcile(*, node: str, gpus: list[dict], expected: dict, destroy: dict | None = None, kind: str = "start",
-                  seq: int | None = None) -> None:
-    """Apply the manager's expected MIG layout on `node`'s GPUs: destroy the idle instances in
-    `destroy`, re-create missing expected ones, report strangers; `kind` "start" (after
-    registering), "layout" (an administrator's change) or "drift" (a heartbeat digest differed),
-    `seq` echoed in the report (`accelerators.mig_services.node_mig_push` gives the arguments)."""
-    _agent(node).submit_mig_reconcile(gpus, expected, destroy=destroy, kind=kind, seq=seq)

@@ -4,21 +4,35 @@ tests start real daphne, Celery and agent processes."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
-from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 
 from accelerators.plugins.base import DeviceInfo
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.stack import ROOT, Proc, Stack, StackNode, free_port, wait_until  # noqa: F401 (re-exported)
 GiB = 1 << 30
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a transactional test, whose teardown flushes every table, the rows the migrations
+    seed (the built-in "host" session image, sessions/migrations/0007) are written again, so the
+    tests after it see the database as a fresh one is; the seeding function is the migration's own."""
+    result = yield
+    marker = item.get_closest_marker("django_db")
+    transactional = (marker is not None and marker.kwargs.get("transaction")) or "transactional_db" in getattr(
+        item, "fixturenames", ())
+    if transactional and nextitem is not None:  # after the last test the test database is gone
+        import importlib
+
+        from django.apps import apps
+        from pytest_django.plugin import blocking_manager_key
+
+        seed = importlib.import_module("sessions.migrations.0007_session_images").create_host_image
+        with item.config.stash[blocking_manager_key].unblock():
+            seed(apps, None)
+    return result
 
 
 @pytest.fixture(autouse=True)
@@ -96,49 +110,6 @@ def client_for(user):
     return client
 
 
-def wait_until(predicate, *, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
-    """Poll `predicate` until it returns a truthy value; fail the test after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Proc:
-    """A child process whose output goes to a log file, shown when a test fails."""
-
-    def __init__(self, name: str, argv: list[str], *, env: dict, log_dir: Path, cwd: Path = ROOT):
-        self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        self._log = open(self.log_path, "wb")
-        self.popen = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
-
-    def output(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            os.killpg(self.popen.pid, 15)
-            try:
-                self.popen.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, 9)
-                self.popen.wait()
-        self._log.close()
-
-
 @pytest.fixture
 def procs(tmp_path, request):
     """Start processes with `procs.start(name, argv, env)`; stopped (and their logs printed on
@@ -162,107 +133,36 @@ def procs(tmp_path, request):
 
 # --- the distributed stack (end-to-end tests) -----------------------------------------------------
 
-@dataclass
-class StackNode:
-    """One agent process: its node name, its mock-accelerator.toml text, and agent.toml's
-    `cpu-count` and `memory`."""
-
-    name: str
-    mock_toml: str
-    cpu_count: int = 4
-    memory: str = "16G"
-    devices: int = 1  # how many devices the mock inventory lists (the node counts as up once all are there)
-
-
-@dataclass
-class Stack:
-    base: str  # http://127.0.0.1:<port>
-    redis_url: str
-    env: dict  # the web's and manager's environment
-    agents: dict  # node name → Proc
-
-
 @pytest.fixture
-def distributed_stack(tmp_path, procs):
+def distributed_stack(tmp_path, request):
     """Start the distributed processes: `distributed_stack(nodes=[StackNode…], redis_db=N)` →
-    Stack, once daphne answers and every node is ALIVE with all its devices.
+    tests.stack.Stack, once daphne answers and every node is ALIVE with all its devices.
 
-    daphne, a Celery manager worker with beat (threads, concurrency 4) and one agent process
-    per node, against the test database (the test needs `django_db(transaction=True)`) and
-    Redis database `redis_db`, flushed first so stale queues cannot interfere (the suite's
-    e2e tests each use their own: 7, 11; FGPU_TEST_STACK_REDIS_DB overrides it, for a run that
-    must keep to one Redis database beside others sharing the server). Fractional settings and slot formats are imported
-    from demo/ as an administrator would (unit_mem 4 GiB, unit_proc 40, quantum 0.25). Agents
-    get an unreachable DATABASE_URL: they must never need the database."""
-    import redis
+    daphne, a Celery manager worker (threads, concurrency 4, without gossip and mingle), one
+    beat process and one agent process per node (tests/stack.py), against the test database
+    (the test needs `django_db(transaction=True)`) and Redis database `redis_db`, flushed first
+    so stale queues cannot interfere (the suite's e2e tests each use their own: 7, 11;
+    FGPU_TEST_STACK_REDIS_DB overrides it, for a run that must keep to one Redis database beside
+    others sharing the server). Fractional settings and slot formats are imported from demo/ as
+    an administrator would (unit_mem 4 GiB, unit_proc 40, quantum 0.25). Agents get an
+    unreachable DATABASE_URL: they must never need the database. The processes are stopped at
+    teardown, their logs printed when the test failed."""
     from django.conf import settings
-    from django.db import connection
+
+    stacks: list[Stack] = []
 
     def start(*, nodes: list[StackNode], redis_db: int) -> Stack:
-        from accelerators.models import Node, NodeStatus
-
         redis_db = int(os.environ.get("FGPU_TEST_STACK_REDIS_DB") or redis_db)
-        redis_url = f"{settings.REDIS_URL.rsplit('/', 1)[0]}/{redis_db}"
-        redis.Redis.from_url(redis_url).flushdb()
-        db = connection.settings_dict
-        database_url = (f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/"
-                        f"{db['NAME']}")
-        env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url,
-               "FGPU_DATA_DIR": str(tmp_path / "data"), "FGPU_HEARTBEAT_INTERVAL": "2", "PYTHONUNBUFFERED": "1"}
-        env.pop("FGPU_CELERY_EAGER", None)
-        bin_dir = Path(sys.executable).parent
-        python = str(bin_dir / "python")
-        for path in (ROOT / "demo" / "mock-accelerator.toml", ROOT / "demo" / "accelerator.json"):
-            out = subprocess.run([python, "manage.py", "import_accelerator_config", str(path)], cwd=ROOT, env=env,
-                                 capture_output=True, text=True)
-            assert out.returncode == 0, out.stderr
-        port = free_port()
-        procs.start("web", [str(bin_dir / "daphne"), "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"],
-                    env)
-        procs.start("manager", [str(bin_dir / "celery"), "-A", "console", "worker", "-Q", "manager", "--pool",
-                                "threads", "--concurrency", "4", "-B", "--schedule", str(tmp_path / "beat-schedule"),
-                                "--loglevel", "INFO", "--hostname", f"manager@redis{redis_db}"], env)
-        agent_env = {**env, "DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"}
-        agents = {}
-        for node in nodes:
-            node_dir = tmp_path / "nodes" / node.name
-            node_dir.mkdir(parents=True)
-            (node_dir / "mock-accelerator.toml").write_text(node.mock_toml)
-            (node_dir / "agent.toml").write_text(
-                f'[agent]\nid = "{node.name}"\nallowed-compute-plugins = ["ai.backend.accelerator.mock"]\n'
-                f'cpu-count = {node.cpu_count}\nmemory = "{node.memory}"\n[container]\nscratch-root = "scratches"\n')
-            agents[node.name] = procs.start(f"agent-{node.name}", [python, "manage.py", "agent", "--config",
-                                                                   str(node_dir / "agent.toml")], agent_env)
-        base = f"http://127.0.0.1:{port}"
+        stack = Stack(nodes=nodes, work_dir=tmp_path, redis_url=f"{settings.REDIS_URL.rsplit('/', 1)[0]}/{redis_db}")
+        stacks.append(stack)
+        return stack.start(timeout=60)
 
-        def web_up():
-            try:
-                with urllib.request.urlopen(base + "/api/schema/", timeout=5) as response:
-                    return response.status == 200
-            except OSError:
-                return False
-
-        def started(predicate, *, timeout: float, what: str) -> None:
-            # The processes' logs go into the failure itself: pytest shows no output of a
-            # fixture's teardown (where `procs` prints them) when the setup failed.
-            try:
-                wait_until(predicate, timeout=timeout, what=what)
-            except AssertionError as exc:
-                logs = "".join(f"\n----- {proc.name} log -----\n{proc.output()[-4000:]}" for proc in procs)
-                raise AssertionError(f"{exc}{logs}") from None
-
-        started(web_up, timeout=30, what="daphne to answer")
-
-        def nodes_alive():
-            assert all(agent.popen.poll() is None for agent in agents.values()), "an agent exited (its log follows)"
-            alive = {n.name: n.devices.count() for n in Node.objects.filter(name__in=[x.name for x in nodes],
-                                                                              status=NodeStatus.ALIVE)}
-            return all(alive.get(node.name, 0) >= node.devices for node in nodes)
-
-        started(nodes_alive, timeout=60, what="every agent to register its node")
-        return Stack(base=base, redis_url=redis_url, env=env, agents=agents)
-
-    return start
+    yield start
+    report = getattr(request.node, "rep_call", None)
+    for stack in stacks:
+        stack.close()
+        if report is not None and report.failed:
+            sys.stderr.write(stack.logs(tail=8000))
 
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)

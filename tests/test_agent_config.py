@@ -1,11 +1,11 @@
-"""agent.toml loading (sessions/runtime/config.py): the demo file, and errors that name file and key."""
+"""agent.toml loading (agent/config.py): the demo file, and errors that name file and key."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from sessions.runtime.config import CUDA_PLUGIN, MOCK_PLUGIN, AgentConfigError, load_agent_config
+from agent.config import CUDA_PLUGIN, MOCK_PLUGIN, AgentConfigError, load_agent_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "demo" / "agent.toml"
@@ -53,6 +53,12 @@ def test_relative_paths_in_agent_toml_are_relative_to_its_directory(tmp_path, mo
     config = load_agent_config(path)
     assert config.mock_config == tmp_path / "conf" / "gpus.toml"
     assert config.scratch_root == tmp_path / "conf" / "scratch"
+    assert config.scratch_retention_s == 3600  # an hour unless the file says otherwise
+
+
+def test_the_scratch_retention_comes_from_agent_toml_in_seconds(tmp_path):
+    path = write_agent(tmp_path, '[agent]\nid = "n1"\n[container]\nscratch-retention = 0\n')
+    assert load_agent_config(path).scratch_retention_s == 0
 
 
 def test_the_broker_url_comes_from_the_file_or_the_default(tmp_path):
@@ -142,12 +148,40 @@ def test_other_bad_values_are_refused_naming_the_file_and_key(tmp_path, body, ke
         ('manager = "redis://r:6379/0"\n[agent]\nid = "n1"\n', "manager"),
         ('[agent]\nid = "n1"\n[manager]\nbroker-url = 6379\n', "manager.broker-url"),
         ('[agent]\nid = "n1"\n[container]\nscratch-root = 5\n', "container.scratch-root"),
+        ('[agent]\nid = "n1"\n[container]\nscratch-retention = "1h"\n', "container.scratch-retention"),
+        ('[agent]\nid = "n1"\n[container]\nscratch-retention = -1\n', "container.scratch-retention"),
         ('plugins = ["mock"]\n[agent]\nid = "n1"\n', "plugins"),
         ('[agent]\nid = "n1"\n[plugins]\nmock = "mock-accelerator.toml"\n', "plugins.mock"),
     ],
-    ids=["manager-not-a-table", "broker-url-integer", "scratch-root-integer", "plugins-not-a-table", "plugins-mock-not-a-table"],
+    ids=["manager-not-a-table", "broker-url-integer", "scratch-root-integer", "retention-text", "retention-negative",
+         "plugins-not-a-table", "plugins-mock-not-a-table"],
 )
 def test_a_value_of_the_wrong_type_is_an_agent_config_error_not_a_crash(tmp_path, body, key):
     path = write_agent(tmp_path, body)
     with pytest.raises(AgentConfigError, match=f"^node-a.toml: {key}"):
         load_agent_config(path)
+
+
+def test_how_a_fraction_is_enforced_follows_runtime_hami_core_and_mps(tmp_path):
+    (tmp_path / "libvgpu.so").write_bytes(b"\x7fELF")
+    base = '[agent]\nid = "n"\n'
+
+    def enforcement(agent: str = "", container: str = "") -> str:
+        return load_agent_config(write_agent(tmp_path, f"{base}{agent}[container]\n{container}")).fraction_enforcement
+
+    assert enforcement() == "none"
+    assert enforcement(agent="mps = true\n") == "mps"
+    assert enforcement(container='runtime = "docker"\nhami-core = "libvgpu.so"\n') == "hami-core"
+    assert enforcement(container='hami-core = "libvgpu.so"\n') == "none"  # the process runtime preloads nothing
+    config = load_agent_config(write_agent(tmp_path, f'{base}[container]\nruntime = "docker"\nhami-core = "libvgpu.so"\n'))
+    assert config.hami_core == tmp_path / "libvgpu.so"
+    assert config.mps_pipe_directory == Path("/tmp/nvidia-mps")
+
+
+@pytest.mark.parametrize("container, key", [
+    ('hami-core = "missing.so"\n', "container.hami-core"),
+    ('mps-pipe-directory = "relative/dir"\n', "container.mps-pipe-directory"),
+])
+def test_a_bad_enforcement_setting_is_refused_naming_the_key(tmp_path, container, key):
+    with pytest.raises(AgentConfigError, match=f"node-a.toml: {key}: "):
+        load_agent_config(write_agent(tmp_path, f'[agent]\nid = "n"\n[container]\n{container}'))

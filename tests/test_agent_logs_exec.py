@@ -121,11 +121,11 @@ def test_a_batch_the_manager_did_not_take_is_sent_again_with_the_same_number(tmp
 def test_unshipped_output_beyond_the_backlog_cap_is_dropped_oldest_first_and_offsets_move_on(monkeypatch):
     from pathlib import Path
 
-    from sessions.runtime import agent as runtime
+    from agent import core as runtime
 
     monkeypatch.setattr(runtime, "LOG_BACKLOG_CHARS", 10)
     monkeypatch.setattr(runtime, "LOG_CHUNK_CHARS", 4)
-    running = runtime.RunningSession(session_id="s", process=None, master_fd=-1, work_dir=Path("."))
+    running = runtime.RunningSession(session_id="s", process=None, work_dir=Path("."))
     running.log_pending, running.log_pending_chars, running.log_offset = ["abcdef", "ghijklmnop"], 16, 100
 
     batches = [runtime.Agent._next_batch(None, running, final=True) for _ in range(3)]
@@ -159,7 +159,7 @@ def test_a_long_running_session_keeps_taking_commands_after_the_layers_group_exp
 
     from channels.layers import InMemoryChannelLayer
 
-    from sessions.runtime.agent import Agent
+    from agent.core import Agent
     from tests.test_agent_runtime import DEVICE, GiB, Harness, RecordingManager
 
     async def main():

@@ -17,7 +17,7 @@ import pytest
 from channels.layers import InMemoryChannelLayer
 
 from sessions import events
-from sessions.runtime.agent import Agent, agent_for
+from agent.core import Agent, agent_for
 from tests.conftest import GiB, mock_gpu
 
 TIMEOUT = 20.0
@@ -32,6 +32,8 @@ class RecordingManager:
         self.loop = loop
         self.registered: list[tuple[str, dict, list[str]]] = []
         self.heartbeats: list[tuple[str, list[str]]] = []
+        self.states: list[dict | None] = []
+        self.images: list[dict | None] = []  # what each registration and heartbeat said the node holds
         self.reports: list[tuple[str, str, str, int | None]] = []
         self.logs: list[tuple[str, int, int, str, bool]] = []
         self.mig_reports: list[tuple[str, dict]] = []
@@ -41,10 +43,13 @@ class RecordingManager:
         bucket.append(item)
         self.loop.call_soon_threadsafe(self._changed.set)
 
-    def register(self, node, inventory, running):
+    def register(self, node, inventory, running, images=None):
+        self.images.append(images)
         self._record(self.registered, (node, inventory, list(running)))
 
-    def heartbeat(self, node, running, mig_digest=None):
+    def heartbeat(self, node, running, mig_digest=None, state=None, images=None):
+        self.states.append(state)
+        self.images.append(images)
         self._record(self.heartbeats, (node, list(running)))
 
     def report(self, session_id, status, reason, exit_code):
@@ -148,12 +153,12 @@ class Harness:
                     return message
 
 
-def run_agent(tmp_path, scenario, *, heartbeat_s: float = 60.0):
+def run_agent(tmp_path, scenario, *, heartbeat_s: float = 60.0, layer_class=InMemoryChannelLayer):
     """Start a real Agent on a fresh asyncio loop, run `await scenario(harness)`, shut it down."""
     node = f"test-node-{uuid.uuid4().hex[:8]}"
 
     async def main():
-        layer = InMemoryChannelLayer()
+        layer = layer_class()
         manager = RecordingManager(asyncio.get_running_loop())
         inventory = {"devices": [DEVICE.as_dict()], "plugins": ["ai.backend.accelerator.mock"], "attributes": {},
                      "cpu_count": 8, "memory_size": 32 * GiB}
@@ -322,6 +327,29 @@ def test_a_batch_commands_output_reaches_the_terminal_group(tmp_path):
     run_agent(tmp_path, scenario)
 
 
+def test_a_session_flooding_its_output_is_held_to_the_output_rate(tmp_path):
+    """2 MiB of output at OUTPUT_RATE_BYTES (512 KiB/s) after a burst of OUTPUT_BURST_BYTES (1 MiB)
+    take at least 2 s: the PTY is left unread meanwhile and the program waits (a lower bound, so
+    a slow machine cannot make it fail); the output still arrives, to its end."""
+    from agent.core import OUTPUT_BURST_BYTES, OUTPUT_RATE_BYTES
+
+    size = 2 * 1024 * 1024
+    async def scenario(h: Harness):
+        spec = start_spec(command=f"head -c {size} /dev/zero | tr '\\0' a; echo; echo done-$((40+2))")
+        channel = await h.watch_terminal(spec["session_id"])
+        await asyncio.to_thread(h.agent.submit_start, spec)
+        await h.manager.wait_for_report(spec["session_id"], "RUNNING")
+        started = asyncio.get_running_loop().time()
+        output = await h.read_until(channel, "done-42")
+        elapsed = asyncio.get_running_loop().time() - started
+        _, _, code = await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
+        return elapsed, output, code
+
+    elapsed, output, code = run_agent(tmp_path, scenario)
+    assert code == 0 and output.rstrip().endswith("done-42")
+    assert elapsed >= (size - OUTPUT_BURST_BYTES) / OUTPUT_RATE_BYTES * 0.95, elapsed
+
+
 def test_stopping_an_unknown_session_reports_terminated_saying_no_process_was_running(tmp_path):
     async def scenario(h: Harness):
         session_id = str(uuid.uuid4())
@@ -345,7 +373,13 @@ def test_a_redelivered_start_message_does_not_start_a_second_process(tmp_path):
         channel = await h.watch_terminal(session_id)
         await h.type(session_id, "echo pid=$$\r")
         assert f"pid={pid}" in await h.read_until(channel, f"pid={pid}")
-        assert [s for s, _, _ in h.manager.reports_for(session_id)] == ["PREPARING", "RUNNING"]
+        # One process; the second start only says again where it is (the manager may have missed it).
+        # That report is sent from a worker thread: wait for it rather than race it.
+        statuses = await h.manager.wait_for(
+            lambda: len(h.manager.reports_for(session_id)) >= 3 and [s for s, _, _ in h.manager.reports_for(session_id)],
+            what="the second RUNNING report")
+        assert statuses == ["PREPARING", "RUNNING", "RUNNING"]
+        assert h.agent.sessions[session_id].process.pid == pid
 
     run_agent(tmp_path, scenario)
 
@@ -469,7 +503,7 @@ def test_session_members_reads_the_session_id_and_can_leave_zombies_out(tmp_path
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "stat").write_text(f"{pid} (a (b) c) {state} 1 {pid} {session} 0 -1 4194560\n")
     (tmp_path / "self").mkdir()
-    from sessions.runtime.agent import session_members
+    from agent.runtimes import session_members
 
     assert sorted(session_members(77, proc=str(tmp_path))) == [101, 102]
     assert session_members(77, proc=str(tmp_path), live_only=True) == [101]

@@ -10,7 +10,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from accelerators.models import FractionalSettings, ResourceGroup, SlotFormat
-from sessions.models import ComputeSession, Project, Quota
+from sessions.models import ComputeSession, Project, Quota, SessionImage
 from tests.conftest import GiB, client_for, make_cluster, mock_gpu
 from tests.test_api import assert_error_shape
 
@@ -77,6 +77,13 @@ WRITABLE = {
         put={"user": "alice", "max_fgpu": "2.000", "max_devices": 1, "max_gpu_memory": None, "max_sessions": 5},
         patch={"max_sessions": 4},
     ),
+    "images": dict(
+        item=None,  # the fgpu-session:test image's UUID
+        create={"reference": "nvcr.io/nvidia/pytorch:24.05-py3", "accelerators": ["cuda"]},
+        put={"reference": "fgpu-session:test", "display_name": "Debian minimal", "description": "", "accelerators": [],
+             "shell": "/bin/bash", "labels": {"os": "debian"}, "is_default": False},
+        patch={"description": "bash, python3 and procps"},
+    ),
 }
 
 
@@ -85,6 +92,8 @@ def item_url(name: str, world) -> str:
         return f"/api/v1/projects/{world['vision'].pk}/"
     if name == "quotas":
         return f"/api/v1/quotas/{Quota.objects.get(user__username='alice').pk}/"
+    if name == "images":
+        return f"/api/v1/images/{SessionImage.objects.get_or_create(reference='fgpu-session:test')[0].pk}/"
     return WRITABLE[name]["item"]
 
 

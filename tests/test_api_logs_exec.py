@@ -12,7 +12,7 @@ from django.test import override_settings
 
 from sessions import services
 from sessions.models import SessionLogChunk, SessionStatus
-from sessions.runtime.agent import Agent
+from agent.core import Agent
 from sessions.scheduler import schedule_pending
 from tests.conftest import GiB, client_for, mock_gpu, wait_until
 from tests.test_agent_runtime import start_spec

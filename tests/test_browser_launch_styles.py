@@ -71,12 +71,13 @@ def test_a_memory_and_cores_request_shows_its_preview_and_launches_with_that_con
     configuration = page.locator("#preview-config").text_content()
     dialog.screenshot(path=str(shots / "launch-tab-memory.png"), animations="disabled")
 
-    # Launch sends exactly this style plus name, cpu and mem.
+    # Launch sends exactly this style plus name, cpu and mem, and the image picked (the default, host).
     with page.expect_response(lambda r: r.url.endswith("/api/v1/sessions/") and r.request.method == "POST") as info:
         page.click("#launch-submit")
     assert info.value.request.post_data_json == {
         "name": "session-1",
         "resources": {"gpu": 1, "gpu_memory": "2G", "gpu_cores": 25, "cpu": 1, "mem": "1G"},
+        "image": "host",
     }
     created = info.value.json()
     assert info.value.status == 201, created

@@ -8,10 +8,12 @@ import inspect
 import pytest
 from django.conf import settings
 
-import sessions.tasks  # noqa: F401  (registers the tasks with the app)
-from console.celery import MANAGER_QUEUE, app, route_task
+import agent.tasks  # noqa: F401  (registers the agent's tasks with the app)
+import protocol
+import sessions.tasks  # noqa: F401  (registers the manager's tasks with the app)
+from console.celery import HEARTBEAT_QUEUE, LOG_QUEUE, MANAGER_QUEUE, NOISY_TASKS, app, route_task
 
-PROJECT_PACKAGES = ("sessions", "accelerators", "console")
+PROJECT_PACKAGES = ("sessions", "accelerators", "console", "agent")
 
 
 def project_tasks() -> dict:
@@ -33,6 +35,14 @@ def test_the_app_registers_the_project_tasks_on_both_sides():
     assert "fgpu.agent.session_stop" in agent_tasks()
 
 
+def test_the_agent_defines_every_agent_task_protocol_names_and_the_manager_none():
+    names = {protocol.SESSION_START, protocol.SESSION_STOP, protocol.SESSIONS_SYNC, protocol.MIG_RECONCILE}
+
+    assert set(agent_tasks()) == names
+    assert {app.tasks[name].__module__ for name in names} == {"agent.tasks"}
+    assert {app.tasks[name].__module__ for name in manager_tasks()} == {"sessions.tasks"}
+
+
 def test_every_task_defined_in_the_project_is_named_under_the_fgpu_prefix():
     ours = {name for name, task in app.tasks.items()
             if getattr(task, "__module__", "").split(".")[0] in PROJECT_PACKAGES}
@@ -48,14 +58,37 @@ def test_every_fgpu_task_is_either_a_manager_or_an_agent_task():
 def test_route_task_gives_every_fgpu_task_a_queue(name):
     route = route_task(name, (), {"node": "gpu-node-1"}, {})
     assert route is not None, f"{name} is not routed by console.celery.route_task"
-    expected = MANAGER_QUEUE if name.startswith("fgpu.manager.") else "agent.gpu-node-1"
+    expected = (LOG_QUEUE if name in NOISY_TASKS else HEARTBEAT_QUEUE if name == protocol.AGENT_HEARTBEAT
+                else MANAGER_QUEUE if name.startswith("fgpu.manager.") else "agent.gpu-node-1")
     assert route == {"queue": expected}
 
 
-@pytest.mark.parametrize("name", manager_tasks())
+@pytest.mark.parametrize("name", [name for name in manager_tasks()
+                                  if name not in NOISY_TASKS and name != protocol.AGENT_HEARTBEAT])
 def test_manager_tasks_go_to_the_manager_queue_without_a_node(name):
     assert route_task(name, (), {}, {}) == {"queue": "manager"}
     assert route_task(name, (), None, {}) == {"queue": "manager"}
+
+
+def test_heartbeats_and_log_batches_travel_on_queues_of_their_own_that_a_manager_worker_consumes_too():
+    from celery.signals import celeryd_after_setup
+
+    assert route_task("fgpu.manager.session_log_append", (), {}, {}) == {"queue": "manager.logs"}
+    assert route_task("fgpu.manager.agent_heartbeat", (), {}, {}) == {"queue": "manager.heartbeats"}
+
+    class Worker:  # what celeryd_after_setup hands its receivers: the worker, with the app
+        def __init__(self, queues):
+            self.app = app
+            app.amqp.queues.select(queues)
+
+    before = list(app.amqp.queues.consume_from)
+    try:
+        celeryd_after_setup.send(sender="manager@test", instance=Worker(["manager"]), conf=app.conf)
+        assert set(app.amqp.queues.consume_from) == {"manager", "manager.heartbeats", "manager.logs"}
+        celeryd_after_setup.send(sender="agent@test", instance=Worker(["agent.gpu-node-1"]), conf=app.conf)
+        assert set(app.amqp.queues.consume_from) == {"agent.gpu-node-1"}
+    finally:
+        app.amqp.queues.select(before or None)
 
 
 @pytest.mark.parametrize("name", agent_tasks())
@@ -86,7 +119,7 @@ def test_the_app_uses_route_task_and_sends_unrouted_work_to_the_manager_queue():
 @pytest.mark.parametrize("name", sorted(project_tasks()))
 def test_celerys_own_router_puts_every_task_on_the_expected_queue(name):
     route = app.amqp.router.route({}, name, (), {"node": "demo-node"})
-    expected = "manager" if name.startswith("fgpu.manager.") else "agent.demo-node"
+    expected = protocol.manager_queue(name) if name.startswith("fgpu.manager.") else "agent.demo-node"
     assert route["queue"].name == expected
 
 

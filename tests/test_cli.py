@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import urllib.parse
+import uuid
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 
 from accelerators.allocation.requests import parse_resources
 from fgpu_cli import config, main as cli
-from fgpu_cli.formatting import age, amount, session_environment, size, table
+from fgpu_cli.formatting import age, amount, printable, session_environment, size, table
 from fgpu_cli.launch import UsageError, build_body, build_resources
 from fgpu_cli.sessions import NotFound, pick
 
@@ -706,3 +707,71 @@ def test_logs_without_follow_stops_at_what_is_there(api, capsys):
 def test_an_isolation_flag_is_a_memory_request_the_server_parses_with_that_isolation(isolation):
     request = parse_resources(build_resources(gpu_memory="15G", isolation=isolation))
     assert getattr(request, "isolation", "shared") == isolation
+
+
+# --- idempotent launches and control characters (issue 12) ---------------------------------------
+
+def test_each_launch_sends_a_fresh_idempotency_key(api, capsys):
+    api.routes[("POST", "/api/v1/sessions/")] = (201, session(status="PENDING"))
+    assert cli.main(["launch", "--fgpu", "0.5"]) == 0
+    assert cli.main(["launch", "--fgpu", "0.5"]) == 0
+    keys = [r["headers"].get("Idempotency-Key") for r in api.requests]
+    assert len(keys) == 2 and keys[0] != keys[1] and all(str(uuid.UUID(k)) == k for k in keys)
+
+
+def test_a_launch_without_an_answer_or_with_a_503_is_sent_again_with_the_same_key(api, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "LAUNCH_RETRY_DELAYS", (0.01, 0.01))
+    answers = iter([ConnectionAbortedError, (503, error_json(503, "broker down")[1]), (201, session(status="PENDING"))])
+
+    def flaky(request):
+        answer = next(answers)
+        if answer is ConnectionAbortedError:
+            raise answer("dropped before answering")  # the server closes the connection: no answer at all
+        return answer
+
+    api.routes[("POST", "/api/v1/sessions/")] = flaky
+    assert cli.main(["launch", "--fgpu", "0.5"]) == 0
+    out = capsys.readouterr()
+    assert out.out == SID + "\n"
+    assert out.err.count("sending the launch again") == 2 and "broker down" in out.err
+    keys = {r["headers"]["Idempotency-Key"] for r in api.requests}
+    assert len(api.requests) == 3 and len(keys) == 1
+
+
+def test_a_launch_refused_or_failing_with_a_500_is_not_sent_again(api, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "LAUNCH_RETRY_DELAYS", (0.01, 0.01))
+    for status in (400, 500):
+        api.requests.clear()
+        api.routes[("POST", "/api/v1/sessions/")] = error_json(status, "no")
+        assert cli.main(["launch", "--fgpu", "0.5"]) == 1
+        assert len(api.requests) == 1 and "again" not in capsys.readouterr().err
+    api.routes[("POST", "/api/v1/sessions/")] = error_json(503, "still down")
+    assert cli.main(["launch", "--fgpu", "0.5"]) == 1  # the last answer once the retries are spent
+    assert len(api.requests) == 4 and one_line_error(capsys.readouterr().err.splitlines()[-1] + "\n") == "still down"
+
+
+EVIL = "\x1b]0;pwned\x07\x1b[2J\rname\nx\x9b31m\x7f"  # retitle, clear the screen, rewrite the line, C1 CSI, DEL
+ESCAPED = "\\x1b]0;pwned\\x07\\x1b[2J\\rname\\nx\\x9b31m\\x7f"
+
+
+def test_user_controlled_text_is_printed_with_its_control_characters_escaped(api, capsys):
+    evil = session(name=EVIL, status="PENDING", status_reason=f"waiting; named {EVIL}", command=f"echo {EVIL}")
+    api.routes[("GET", "/api/v1/sessions/")] = (200, {"count": 1, "next": None, "results": [evil]})
+    api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, evil)
+    api.routes[("POST", "/api/v1/sessions/")] = (201, evil)
+
+    for argv in (["ps"], ["describe", SID], ["launch", "--fgpu", "0.5"]):
+        assert cli.main(argv) == 0
+        out = capsys.readouterr()
+        printed = out.out + out.err
+        assert not any(c in printed for c in "\x1b\x07\r\x9b\x7f"), (argv, printed)
+        assert ESCAPED in printed, (argv, printed)
+        if argv == ["ps"]:
+            assert len(out.out.splitlines()) == 2  # the header and one row: the newline did not split it
+
+
+def test_printable_escapes_c0_del_and_c1_and_keeps_other_text():
+    assert printable("tab\there\r\n") == "tab\\there\\r\\n"
+    assert printable("\x00\x1f\x7f\x80\x9f") == "\\x00\\x1f\\x7f\\x80\\x9f"
+    assert printable("Ärger über 日本 — 😀") == "Ärger über 日本 — 😀"
+    assert table(["NAME"], [["a\x1bb"]]).splitlines() == ["NAME", "a\\x1bb"]

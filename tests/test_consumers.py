@@ -16,7 +16,7 @@ from django.test import Client
 
 from console.asgi import application
 from sessions import events, services
-from sessions.consumers import CLOSE_BAD_TICKET, CLOSE_NOT_RUNNING, CLOSE_UNAUTHENTICATED
+from sessions.consumers import CLOSE_BAD_TICKET, CLOSE_NOT_RUNNING, CLOSE_TRY_AGAIN, CLOSE_UNAUTHENTICATED
 from sessions.models import SessionStatus
 from sessions.scheduler import schedule_pending
 
@@ -315,3 +315,33 @@ def test_the_session_events_socket_pushes_a_signed_in_users_session_updates(alic
             await communicator.disconnect()
 
     asyncio.run(scenario())
+
+
+def test_with_the_channel_layer_unreachable_a_terminal_says_try_again_and_keeps_the_ticket(running_session, alice,
+                                                                                         settings):
+    """Redis down: the consumer cannot relay, so it closes with 1013 (try again later) instead of
+    1011, and the ticket is not spent: the same ticket opens the terminal once the layer is back."""
+    from channels.layers import channel_layers
+
+    from tests.conftest import free_port
+
+    ticket = ticket_for(running_session, alice)
+    good = settings.CHANNEL_LAYERS
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                           "CONFIG": {"hosts": [f"redis://127.0.0.1:{free_port()}/0"]}}}
+    channel_layers.backends.clear()
+
+    async def refused():
+        return await refused_with(terminal(running_session.pk, ticket, GOOD_ORIGIN))
+
+    assert asyncio.run(refused()) == CLOSE_TRY_AGAIN
+    settings.CHANNEL_LAYERS = good
+    channel_layers.backends.clear()
+
+    async def opens():
+        communicator = terminal(running_session.pk, ticket, GOOD_ORIGIN)
+        connected, _ = await communicator.connect(TIMEOUT)
+        await communicator.disconnect()
+        return connected
+
+    assert asyncio.run(opens())

@@ -22,8 +22,8 @@ from accelerators.mig_services import (_send_mig_reconcile, node_mig_heartbeat_c
                                        node_mig_pending_retry, node_mig_report_apply, node_mig_settings_apply)
 from accelerators.models import GpuInstance, MigMode, Node, NodeStatus
 from sessions.models import ComputeSession, SessionStatus
-from sessions.runtime import mig as runtime_mig
-from sessions.runtime.agent import Agent, CeleryManager
+from agent import mig as runtime_mig
+from agent.core import Agent, CeleryManager
 from sessions.services import session_create, session_terminate
 from sessions.tasks import agent_register
 from tests.conftest import GiB, client_for, wait_until
@@ -264,7 +264,10 @@ class TidyManager(CeleryManager):
     threads, whose database connections are closed after each call (the test database is dropped
     at the end of the run). Counts the heartbeats the manager has processed."""
 
-    def __init__(self) -> None:
+    def __init__(self, node: str) -> None:
+        from console.celery import app
+
+        super().__init__(app, node=node)
         self.heartbeats = 0
 
     def _tidy(self, call, *args):
@@ -297,7 +300,7 @@ def running_agent(node: str, fake: FakeNvml, tmp_path, *, heartbeat_s: float = 6
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name=f"agent-{node}", daemon=True)
     thread.start()
-    manager = TidyManager()
+    manager = TidyManager(node)
     agent = Agent(node=node, inventory={"devices": [GPU.as_dict()], "plugins": [], "attributes": {}, "cpu_count": 8,
                                         "memory_size": 32 * GiB},
                   channel_layer=InMemoryChannelLayer(), manager=manager, scratch_root=tmp_path / uuid.uuid4().hex,

@@ -15,10 +15,11 @@ from django.utils import timezone
 
 from accelerators.mig_selectors import mig_gpu_pictures
 from accelerators.mig_services import node_mig_expected, node_mig_layout_apply, node_mig_report_apply
+from console.celery import app as celery_app
 from accelerators.models import GpuInstance, MigMode, Node
 from sessions.models import ComputeSession, SessionStatus
-from sessions.runtime import mig as runtime_mig
-from sessions.runtime.agent import Agent, CeleryManager
+from agent import mig as runtime_mig
+from agent.core import Agent, CeleryManager
 from sessions.services import session_create
 from tests.conftest import GiB, client_for, make_cluster, mock_gpu
 from tests.fakes.fake_pynvml import FakeNvml
@@ -287,7 +288,7 @@ def test_after_registering_the_agent_gets_the_layout_recreates_it_and_the_manage
     async def main():
         agent = Agent(node="gpu-node", inventory={"devices": [GPU.as_dict()], "plugins": [], "attributes": {},
                                                   "cpu_count": 8, "memory_size": 32 * GiB},
-                      channel_layer=InMemoryChannelLayer(), manager=ThreadTidyCeleryManager(), scratch_root=tmp_path,
+                      channel_layer=InMemoryChannelLayer(), manager=ThreadTidyCeleryManager(celery_app), scratch_root=tmp_path,
                       mock=False, heartbeat_s=60)
         agent.mig = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake), on_report=agent._send_mig_report)
         await agent.start()

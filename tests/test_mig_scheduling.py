@@ -15,7 +15,7 @@ from accelerators.models import GpuInstance, MigMode, Node
 from accelerators.plugins.base import DeviceInfo
 from console.errors import ApplicationError
 from sessions.models import Allocation, ComputeSession, SessionStatus
-from sessions.runtime.agent import Agent
+from agent.core import Agent
 from sessions.scheduler import _send_starts, schedule_pending
 from sessions.services import session_create, session_report_apply
 from tests.conftest import GiB, make_cluster, mock_gpu

@@ -1,4 +1,4 @@
-"""The virtual nvidia-smi a session finds on its PATH (sessions/runtime/nvidia_smi.py)."""
+"""The virtual nvidia-smi a session finds on its PATH (agent/nvidia_smi.py)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from sessions.runtime import nvidia_smi
+from agent import nvidia_smi
 from tests.fakes.fake_pynvml import GiB, MiB, FakeGpu, FakeMigDevice, FakeNvml, FakeProcess
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -347,7 +347,7 @@ def test_installed_script_without_an_allocation_exits_9(tmp_path):
 def test_the_virtual_nvidia_smi_does_not_import_django():
     code = (
         f"import sys; sys.path.insert(0, {str(PROJECT_ROOT)!r}); "
-        "import sessions.runtime.nvidia_smi; print(sorted(m for m in sys.modules if m.split('.')[0] == 'django'))"
+        "import agent.nvidia_smi; print(sorted(m for m in sys.modules if m.split('.')[0] == 'django'))"
     )
 
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

@@ -33,6 +33,7 @@ DEFAULT_MEM = 1 << 30  # 1 GiB
 MiB = 1 << 20
 GiB = 1 << 30
 EGPU_RESERVED_DEFAULT_MIB = 10
+MAX_COUNT = 1 << 16  # the most devices, cores or MiB a whole-number field takes (65536)
 
 COMMON = {"cpu", "mem", "devices", "exclude", "policy", "numa", "strategy", "resource_group"}
 HAMI_STYLE = {"gpu", "gpu_memory", "gpu_memory_percentage", "gpu_cores"}
@@ -53,6 +54,7 @@ def parse_resources(resources: object) -> ResourceRequest:
     likewise. One accelerator dialect per request. Raises InvalidResourceRequest."""
     if not isinstance(resources, dict):
         raise InvalidResourceRequest("resources: expected an object such as {\"cuda.shares\": \"0.5\"}")
+    _check_text(resources)
     cpu = _parse_cpu(resources.get("cpu", DEFAULT_CPU))
     try:
         mem = parse_binary_size(resources.get("mem", DEFAULT_MEM))
@@ -70,6 +72,31 @@ def parse_resources(resources: object) -> ResourceRequest:
     if isolation == "any":
         return MigResourceRequest(**{f.name: getattr(request, f.name) for f in fields(request)}, isolation="any")
     return request
+
+
+def _check_text(resources: dict) -> None:
+    """Refuse a NUL character or an unpaired surrogate in any key or text of `resources` (at
+    any depth; lists by index: "devices.0"): PostgreSQL's text and jsonb cannot hold them."""
+    stack: list[tuple[str, object]] = [("", resources)]
+    while stack:
+        path, value = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            where = f"{path}.{key}" if path else str(key)
+            if not all(_storable(text) for text in (key, item) if isinstance(text, str)):
+                fail(where.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00"),
+                     "contains a NUL character or an unpaired surrogate (text that cannot be stored)")
+            stack.append((where, item))
+
+
+def _storable(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _parse_accelerator(accelerator: dict, *, cpu: int, mem: int, common: dict) -> ResourceRequest:
@@ -208,6 +235,8 @@ def _count(value: object, key: str) -> int:
         fail(key, f"a device count must be a whole number, got {value!r}")
     if count < 0:
         fail(key, f"a device count cannot be negative, got {value!r}")
+    if count > MAX_COUNT:
+        fail(key, f"{value!r} is too large (at most {MAX_COUNT})")
     return count
 
 
@@ -222,15 +251,16 @@ def _percent(value: object, key: str, *, allow_zero: bool = True) -> Decimal:
 
 
 def _size(value: object, key: str, *, bare_unit: int = 1) -> int:
-    """A size; a bare whole number counts in `bare_unit` bytes (MiB for HAMi's gpumem)."""
-    if bare_unit != 1 and (isinstance(value, int) and not isinstance(value, bool) or
-                           isinstance(value, str) and value.strip().isdigit()):
-        size = int(value) * bare_unit
-    else:
-        try:
-            size = parse_binary_size(value)
-        except SizeError as exc:
-            fail(key, str(exc))
+    """A size (at most units.MAX_SIZE, 1 EiB); a bare whole number counts in `bare_unit` bytes
+    (MiB for HAMi's gpumem)."""
+    bare = bare_unit != 1 and (isinstance(value, int) and not isinstance(value, bool) or
+                               isinstance(value, str) and value.strip().isdigit())
+    try:
+        size = parse_binary_size(value)
+        if bare:
+            size = parse_binary_size(size * bare_unit)
+    except SizeError as exc:
+        fail(key, str(exc))
     if size <= 0:
         fail(key, "must be more than 0 bytes")
     return size
@@ -355,6 +385,8 @@ def _parse_cpu(value: object) -> int:
         raise InvalidResourceRequest(f"resources.cpu: expected a whole number of cores, got {value!r}") from None
     if cores < 1:
         raise InvalidResourceRequest(f"resources.cpu: at least 1 core, got {value!r}")
+    if cores > MAX_COUNT:
+        raise InvalidResourceRequest(f"resources.cpu: at most {MAX_COUNT} cores, got {value!r}")
     return cores
 
 

@@ -6,6 +6,8 @@
   var ACTIVE = ["PENDING", "SCHEDULED", "PREPARING", "RUNNING"];
   var API_SESSIONS = "/api/v1/sessions/";
   var API_OPTIONS = "/api/v1/launch-options/";
+  var API_IMAGES = "/api/v1/images/?limit=1000";
+  var HOST_IMAGE = "host"; // the process runtime's built-in image: the default where none is marked
 
   var $ = function (id) { return document.getElementById(id); };
   var tbody = $("sessions-body");
@@ -717,9 +719,9 @@
 
   // Error boxes sit under their field; the share box reports under the memory field.
   var ERROR_BOX = { "gpu-memory-percent": "gpu-memory-error", "mig-profiles": "mig-profile-error",
-                    "isolation-field": "isolation-error" };
+                    "isolation-field": "isolation-error", "image-select": "image-error" };
   var ERROR_FIELDS = ["gpu-count-hami", "gpu-cores", "gpu-memory", "gpu-memory-percent", "gpu-fraction", "pin-devices",
-                      "mig-profiles", "isolation-field"];
+                      "mig-profiles", "isolation-field", "image-select"];
 
   function validate() {
     var errors = clientErrors();
@@ -742,6 +744,54 @@
     return $("pin-devices").value.split(",").map(function (d) { return d.trim(); })
       .filter(Boolean).map(function (d) { return /^\d+$/.test(d) ? Number(d) : d; });
   }
+
+  // ---- Image picker: the registered session images, the default pre-selected ----
+
+  var imageSelect = $("image-select");
+  var images = readJson("session-images") || [];
+  var wantedImage = null; // the image the user picked last; kept while it is registered
+
+  // The server's default: the image marked default, else the built-in "host" (sessions.images.image_default).
+  function defaultImage() {
+    return images.filter(function (i) { return i.is_default; })[0] ||
+      images.filter(function (i) { return i.reference === HOST_IMAGE; })[0] || images[0] || null;
+  }
+
+  function chosenImage() {
+    for (var i = 0; i < images.length; i++) if (images[i].reference === imageSelect.value) return images[i];
+    return null;
+  }
+
+  function applyImages(list) {
+    images = list || [];
+    var keep = images.some(function (i) { return i.reference === wantedImage; });
+    imageSelect.textContent = "";
+    images.forEach(function (i) {
+      imageSelect.appendChild(el("option", {
+        value: i.reference,
+        text: (i.display_name ? i.display_name + " · " : "") + i.reference + (i.is_default ? " (default)" : ""),
+      }));
+    });
+    var fallback = defaultImage();
+    imageSelect.value = keep ? wantedImage : (fallback ? fallback.reference : "");
+    $("image-field").hidden = images.length === 0;
+    renderImageHint();
+  }
+
+  // The chosen image in sentences: its description, the accelerators it is for, where it is.
+  function renderImageHint() {
+    var image = chosenImage();
+    var sentences = [];
+    if (image) {
+      if (image.description) sentences.push(String(image.description).trim().replace(/([^.!?])$/, "$1."));
+      if (image.accelerators && image.accelerators.length) sentences.push("For " + image.accelerators.join(", ") + " sessions.");
+      sentences.push(image.nodes && image.nodes.length ? "On " + image.nodes.join(", ") + "."
+        : "No node has it now: a session in it waits until one does.");
+    }
+    $("image-hint").textContent = sentences.join(" ");
+  }
+
+  imageSelect.addEventListener("change", function () { wantedImage = imageSelect.value; renderImageHint(); });
 
   function launchBody() {
     var resources = {}, slot = currentSlot(), style = activeStyle(), gpu = false;
@@ -776,7 +826,9 @@
     }
     resources.cpu = parseInt($("cpu-count").value, 10);
     resources.mem = $("mem-size").value.trim();
-    return { name: $("session-name").value.trim(), resources: resources };
+    var body = { name: $("session-name").value.trim(), resources: resources };
+    if (images.length && imageSelect.value) body.image = imageSelect.value;
+    return body;
   }
 
   // ---- Preview: POST the same body to the preview endpoint, debounced ------
@@ -789,7 +841,7 @@
   var INPUT_OF = {
     name: "session-name", gpu: "gpu-count-hami", gpu_memory: "gpu-memory", gpu_memory_percentage: "gpu-memory-percent",
     gpu_cores: "gpu-cores", gpu_fraction: "gpu-fraction", devices: "pin-devices", mig_profile: "mig-profiles",
-    isolation: "isolation-field",
+    isolation: "isolation-field", image: "image-select",
   };
 
   function changed() {
@@ -941,6 +993,9 @@
       applyOptions(r.data);
       status.textContent = "";
     }).catch(function () { status.textContent = "Could not refresh free capacity."; });
+    api("GET", API_IMAGES).then(function (r) {
+      if (r.ok && r.data && Array.isArray(r.data.results)) { applyImages(r.data.results); schedulePreview(); }
+    }).catch(function () { /* the images rendered with the page stay */ });
   }
 
   $("start-session").addEventListener("click", openDialog);
@@ -982,6 +1037,7 @@
   setInterval(function () { renderTimes(tbody); }, 30000);
   updateEmpty();
   applyOptions(launchOptions);
+  applyImages(images);
   renderMemoryMode();
   connect();
 })();

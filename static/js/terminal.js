@@ -17,6 +17,8 @@
   var socket = null;      // terminal websocket
   var exited = false;     // the server sent {"type": "exit"}
   var connecting = false;
+  var retries = 0; // automatic reconnections in a row (the wait doubles, up to 30 s)
+  var retryTimer = null;
 
   function setStatus(state, text) {
     shell.setAttribute("data-state", state);
@@ -149,6 +151,7 @@
     socket = ws;
     ws.onopen = function () {
       connecting = false;
+      retries = 0;
       setStatus("connected", "Connected");
       term.write("\x1b[?25h"); // show the cursor again after an earlier exit
       refit();
@@ -175,12 +178,21 @@
       var text = "Connection closed";
       if (ev.code === 4401 || ev.code === 4403) text += " (ticket refused)";
       else if (ev.reason) text += " (" + ev.reason + ")";
+      // 1013: the server could not reach its message broker; 1011 and 1006: the connection broke.
+      // The session itself goes on: connect again by ourselves, waiting longer each time.
+      if ((ev.code === 1013 || ev.code === 1011 || ev.code === 1006) && FINAL.indexOf(session.status) === -1) {
+        var wait = Math.min(30, Math.pow(2, retries++));
+        setStatus("connecting", text + "; reconnecting in " + wait + " s…");
+        retryTimer = setTimeout(connect, wait * 1000);
+        return;
+      }
       setStatus("closed", text);
       showBanner(text, { reconnect: FINAL.indexOf(session.status) === -1, back: true, kind: "error" });
     };
   }
 
   reconnectButton.addEventListener("click", function () {
+    clearTimeout(retryTimer);
     term.write("\r\n\x1b[2m[reconnecting…]\x1b[0m\r\n");
     connect();
   });

@@ -7,7 +7,7 @@ each step took. Needs root and a MIG-capable GPU (A100, H100, H200, B200) with M
 For each profile (default: every profile of the GPU without media extensions, smallest
 first), the dynamic-MIG planner (`accelerators.allocation.mig.plan_instance`) picks a
 placement on the GPU as it is now (instances already there count as in use and are left
-alone), `sessions.runtime.mig.MigManager.prepare` creates the GPU and compute instance through
+alone), `agent.mig.MigManager.prepare` creates the GPU and compute instance through
 pynvml (`NvmlMigBackend`), the MIG device UUID is printed, and `MigManager.destroy` removes
 it again. Prints one line per step and a summary (median create / destroy seconds).
 """
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None, *, nvml=None, euid: int | None = None) -
     from accelerators.allocation import mig
     from accelerators.plugins import cuda_mig
     from accelerators.plugins.cuda import _text
-    from sessions.runtime.mig import MigError, MigManager, NvmlMigBackend
+    from agent.mig import MigError, MigManager, NvmlMigBackend
 
     if (os.geteuid() if euid is None else euid) != 0:
         print("needs root (NVML refuses MIG changes otherwise: NO_PERMISSION)", file=sys.stderr)

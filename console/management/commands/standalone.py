@@ -21,11 +21,15 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+import protocol
 from accelerators.config_import import ConfigError, import_accelerator_config
 from accelerators.models import FractionalSettings
 from console.env import env_int, env_list, env_str
-from sessions.runtime.boot import build_agent
-from sessions.runtime.config import AgentConfigError, load_agent_config
+from agent.boot import build_agent
+from agent.config import AgentConfigError, load_agent_config
+from sessions.images import image_default, image_save
+from sessions.models import SessionImage
+from agent.runtimes import DOCKER, RUNTIMES
 
 log = logging.getLogger("fgpu.standalone")
 
@@ -51,9 +55,14 @@ class Command(BaseCommand):
         if len(set(names)) != len(names):
             raise CommandError(f"FGPU_AGENT_CONFIG: two agent.toml files use the same [agent] id: {names}")
         configs = [dataclasses.replace(c, scratch_root=settings.FGPU_SESSIONS_DIR / c.node_name) for c in configs]
+        runtime = env_str("FGPU_RUNTIME", "process")  # standalone runs sessions as processes unless told otherwise
+        if runtime not in RUNTIMES:
+            raise CommandError(f"FGPU_RUNTIME={runtime!r}: expected one of {', '.join(RUNTIMES)}")
+        configs = [dataclasses.replace(c, runtime=runtime) for c in configs]
 
         call_command("migrate", interactive=False, verbosity=0)
         self._import_settings(configs)
+        self._register_images(configs)
         self._ensure_admin()
         agents = []
         for config in configs:
@@ -80,6 +89,20 @@ class Command(BaseCommand):
                 import_accelerator_config(DEMO_ACCELERATOR)
         except ConfigError as exc:
             raise CommandError(str(exc)) from None
+
+    def _register_images(self, configs) -> None:
+        """With the docker runtime, each agent's `default-image` is a registered session image, and
+        the default while "host" (which no docker node holds) is, so a launch naming no image
+        starts; an administrator's choice of default is kept."""
+        for config in configs:
+            if config.runtime != DOCKER:
+                continue
+            image, _ = SessionImage.objects.get_or_create(reference=config.default_image, defaults={
+                "description": f"the default-image of {config.path.name} (node {config.node_name})"})
+            current = image_default()
+            if current is None or current.reference == protocol.HOST_IMAGE:
+                image.is_default = True
+                image_save(image=image)
 
     def _ensure_admin(self) -> None:
         User = get_user_model()

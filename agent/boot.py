@@ -1,8 +1,11 @@
 """Building an agent from agent.toml: load the compute plugins, then the Agent itself."""
 from __future__ import annotations
 
-from sessions.runtime.agent import Agent, CeleryManager
-from sessions.runtime.config import CUDA_PLUGIN, MOCK_PLUGIN, AgentConfig
+import agent.tasks  # noqa: F401  (registers the agent's tasks with the app: in standalone mode they run here)
+from agent.config import CUDA_PLUGIN, MOCK_PLUGIN, AgentConfig
+from agent.core import Agent, CeleryManager
+from agent.runtimes import DOCKER, ProcessRuntime
+from console.celery import app
 
 
 def load_inventory(config: AgentConfig) -> dict:
@@ -26,14 +29,29 @@ def load_inventory(config: AgentConfig) -> dict:
         links.extend(inventory.links)
         attributes.update(inventory.attributes)
         warnings.extend(inventory.warnings)
+    attributes["fraction_enforcement"] = config.fraction_enforcement
+    attributes["pulls_images"] = config.pulls_images
     return {"devices": devices, "links": links, "plugins": list(config.plugins), "attributes": attributes,
             "cpu_count": config.cpu_count, "memory_size": config.memory_size, "warnings": warnings}
 
 
+def build_runtime(config: AgentConfig):
+    """The runtime agent.toml's `[container] runtime` names. Raises DockerRuntimeError (docker:
+    Docker Engine unreachable)."""
+    if config.runtime == DOCKER:
+        from agent.docker_runtime import DockerRuntime
+
+        return DockerRuntime(node=config.node_name, default_image=config.default_image, uid=config.uid, gid=config.uid,
+                             network=config.network, gpus=CUDA_PLUGIN in config.plugins, hami_core=config.hami_core,
+                             mps_pipe_directory=config.mps_pipe_directory if config.mps else None,
+                             pull=config.pull_images)
+    return ProcessRuntime()
+
+
 def build_agent(config: AgentConfig, *, channel_layer, heartbeat_s: float, exec_store=None) -> Agent:
     """The agent of `config`'s node. `exec_store`: where its streamed execs keep their output
-    (sessions.exec_store; None: the one this process's settings name, as in standalone mode)."""
+    (protocol.exec_store; None: the one this process's settings name, as in standalone mode)."""
     inventory = load_inventory(config)
-    return Agent(node=config.node_name, inventory=inventory, channel_layer=channel_layer, manager=CeleryManager(),
+    return Agent(runtime=build_runtime(config), node=config.node_name, inventory=inventory, channel_layer=channel_layer, manager=CeleryManager(app, node=config.node_name, key=config.node_key),
                  scratch_root=config.scratch_root, mock=CUDA_PLUGIN not in config.plugins, mps=config.mps,
-                 heartbeat_s=heartbeat_s, exec_store=exec_store)
+                 heartbeat_s=heartbeat_s, exec_store=exec_store, scratch_retention_s=config.scratch_retention_s)

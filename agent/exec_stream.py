@@ -1,5 +1,5 @@
 """The agent's side of streamed exec: run a command beside a session's process and push its
-output to the exec store (sessions.exec_store) as it comes, until it exits, runs past its
+output to the exec store (protocol.exec_store) as it comes, until it exits, runs past its
 timeout, or someone cancels it.
 
 The web writes the exec's record (`starting`) and sends `pty.exec_stream` to the session's
@@ -27,7 +27,7 @@ import subprocess
 import threading
 import time
 
-from sessions.exec_store import STDERR, STDOUT, exec_store_default
+from protocol.exec_store import STDERR, STDOUT, exec_store_default
 
 log = logging.getLogger(__name__)
 
@@ -51,22 +51,22 @@ def start(agent, running, message: dict) -> threading.Thread:
 
 def _run_logged(agent, running, message: dict) -> None:
     try:
-        run(agent.exec_store or exec_store_default(), running, message)
+        run(agent.exec_store or exec_store_default(), running, message, shell=agent.runtime.shell())
     except Exception:
         log.exception("agent %s: streamed exec %s in session %s failed", agent.node, message.get("exec_id"),
                       running.session_id)
 
 
-def run(store, running, message: dict) -> None:
+def run(store, running, message: dict, *, shell: str | None = None) -> None:
     """Blocking: the whole life of one streamed exec (see the module docstring). `store` is an
-    exec store, `running` the agent's RunningSession (its `env`, `work_dir`, `execs`, `stopping`)."""
-    from sessions.runtime.agent import _default_signals, _signal_session
-
+    exec store, `running` the agent's RunningSession (its `process` handle, `execs`, `stopping`);
+    `shell` runs a command given as one string (default: the node's bash)."""
+    shell = shell or shutil.which("bash") or "/bin/sh"
     exec_id, timeout = message["exec_id"], float(message["timeout"])
     final_ttl = int(message.get("ttl") or FINAL_TTL_S)
     argv = message["argv"]
     if isinstance(argv, str):
-        argv = [shutil.which("bash") or "/bin/sh", "-c", argv]
+        argv = [shell, "-c", argv]
     started = time.monotonic()
     if not store.transition(exec_id, from_states=("starting",),
                             fields={"state": "running", "started_ms": str(int(time.time() * 1000))}):
@@ -79,9 +79,7 @@ def run(store, running, message: dict) -> None:
         store.transition(exec_id, from_states=("running",), fields=fields, ttl_s=final_ttl)
 
     try:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   cwd=running.work_dir, env=running.env, start_new_session=True, close_fds=True,
-                                   preexec_fn=_default_signals)
+        process = running.process.exec_popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except (FileNotFoundError, PermissionError) as exc:  # as a shell answers: 127 not found, 126 not executable
         store.append(exec_id, [(STDERR, f"{argv[0]}: {exc.strerror}\n")])
         finish("exited", exit_code=127 if isinstance(exc, FileNotFoundError) else 126)
@@ -103,23 +101,23 @@ def run(store, running, message: dict) -> None:
             if process.poll() is not None:
                 if ended_at is None:  # what it left running in the background goes with it
                     ended_at = now
-                    _signal_session(process.pid, signal.SIGKILL)
+                    running.process.signal_exec(process, signal.SIGKILL)
                 elif now - ended_at > PIPE_GRACE_S:
                     break  # a process that left the session holds a pipe: stop reading it
             elif not outcome and now - started >= timeout:
                 outcome = "timed_out"
-                _signal_session(process.pid, signal.SIGKILL)
+                running.process.signal_exec(process, signal.SIGKILL)
             elif not outcome and now >= next_poll:
                 next_poll = now + CANCEL_POLL_S
                 record = store.get(exec_id) or {}
                 if record.get("cancel") == "1":
                     outcome, killed_at = "cancelled", now
-                    _signal_session(process.pid, signal.SIGTERM)
+                    running.process.signal_exec(process, signal.SIGTERM)
             elif outcome == "cancelled" and now - killed_at >= CANCEL_GRACE_S:
-                _signal_session(process.pid, signal.SIGKILL)
+                running.process.signal_exec(process, signal.SIGKILL)
         code = process.wait()
     finally:
-        _signal_session(process.pid, signal.SIGKILL)
+        running.process.signal_exec(process, signal.SIGKILL)
         running.execs.discard(process)
     shipper.ship(pieces, wait=0)
     exit_code = code if code >= 0 else 128 - code

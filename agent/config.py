@@ -12,9 +12,18 @@ over::
 
     [manager]
     broker-url = "redis://127.0.0.1:6379/0"             # optional; default: $REDIS_URL
+    node-key = "…"                                      # optional: signs the agent's messages (manage.py node_key)
 
     [container]
     scratch-root = "./var/scratches"                    # sessions' working directories
+    scratch-retention = 3600                            # seconds an ended session's directory is kept
+    runtime = "process"                                 # or "docker": one container per session
+    default-image = "fgpu-session:test"                 # docker: the image of a session that names none
+    uid = 1000                                          # docker: whom sessions run as inside
+    network = "bridge"                                  # docker: "bridge" or "none"
+    hami-core = "/usr/local/vgpu/libvgpu.so"            # docker: enforce fractions with HAMi-core (preloaded)
+    pull-images = true                                  # docker: pull an image the node lacks when a session needs it
+    mps-pipe-directory = "/tmp/nvidia-mps"              # docker, with [agent] mps = true: the node's MPS pipes
 
     [plugins.mock]
     config = "mock-accelerator.toml"                    # relative to this file
@@ -30,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelerators.allocation.units import SizeError, parse_binary_size
+from agent.runtimes import RUNTIMES
 
 MOCK_PLUGIN = "ai.backend.accelerator.mock"
 CUDA_PLUGIN = "ai.backend.accelerator.cuda"
@@ -51,7 +61,32 @@ class AgentConfig:
     broker_url: str
     scratch_root: Path
     mock_config: Path | None = None
+    scratch_retention_s: int = 3600
+    node_key: str = ""
+    runtime: str = "process"
+    default_image: str = "fgpu-session:test"
+    uid: int = 1000
+    network: str = "bridge"
+    hami_core: Path | None = None
+    mps_pipe_directory: Path = Path("/tmp/nvidia-mps")
+    pull_images: bool = True
     extra: dict = field(default_factory=dict)
+
+    @property
+    def pulls_images(self) -> bool:
+        """Whether sessions may be placed here in an image the node does not hold yet (the docker
+        runtime pulls it from its registry)."""
+        return self.runtime == "docker" and self.pull_images
+
+    @property
+    def fraction_enforcement(self) -> str:
+        """What holds a session to its GPU fraction on this node: "hami-core" (the docker runtime
+        preloads HAMi-core, which reads CUDA_DEVICE_MEMORY_LIMIT_<i> / CUDA_DEVICE_SM_LIMIT), "mps"
+        (NVIDIA MPS: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT / CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) or "none"
+        (the limits are only in the environment: a program may use the whole device)."""
+        if self.runtime == "docker" and self.hami_core is not None:
+            return "hami-core"
+        return "mps" if self.mps else "none"
 
 
 def _machine_memory() -> int:
@@ -107,10 +142,37 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
     mps = agent.get("mps", False)
     if not isinstance(mps, bool):
         fail("agent.mps", "expected true or false")
-    broker_url = text(table(data, "manager", "manager"), "broker-url", "manager.broker-url", default_broker)
+    manager = table(data, "manager", "manager")
+    broker_url = text(manager, "broker-url", "manager.broker-url", default_broker)
+    node_key = text(manager, "node-key", "manager.node-key", os.environ.get("FGPU_NODE_KEY", ""))
     if broker_url and not broker_url.startswith(("redis://", "rediss://", "memory://")):
         fail("manager.broker-url", f"{broker_url!r} is not a redis:// URL")
-    scratch = text(table(data, "container", "container"), "scratch-root", "container.scratch-root", "scratches")
+    container = table(data, "container", "container")
+    scratch = text(container, "scratch-root", "container.scratch-root", "scratches")
+    retention = container.get("scratch-retention", 3600)
+    if isinstance(retention, bool) or not isinstance(retention, int) or not 0 <= retention <= 365 * 86400:
+        fail("container.scratch-retention", f"{retention!r} is not a number of seconds from 0 to 31536000")
+    runtime = text(container, "runtime", "container.runtime", "process")
+    if runtime not in RUNTIMES:
+        fail("container.runtime", f"{runtime!r} is not a runtime (known: {', '.join(RUNTIMES)})")
+    default_image = text(container, "default-image", "container.default-image", "fgpu-session:test")
+    uid = container.get("uid", 1000)
+    if isinstance(uid, bool) or not isinstance(uid, int) or not 1 <= uid <= 65534:
+        fail("container.uid", f"{uid!r} is not a user id from 1 to 65534 (sessions never run as root)")
+    network = text(container, "network", "container.network", "bridge")
+    if network not in ("bridge", "none"):
+        fail("container.network", f"{network!r}: expected \"bridge\" or \"none\"")
+    hami_core = None
+    if "hami-core" in container:
+        hami_core = (path.parent / text(container, "hami-core", "container.hami-core", "")).resolve()
+        if not hami_core.is_file():
+            fail("container.hami-core", f"{hami_core} is not a file (HAMi-core's libvgpu.so)")
+    mps_pipes = Path(text(container, "mps-pipe-directory", "container.mps-pipe-directory", "/tmp/nvidia-mps"))
+    if not mps_pipes.is_absolute():
+        fail("container.mps-pipe-directory", f"{str(mps_pipes)!r} is not an absolute path")
+    pull_images = container.get("pull-images", True)
+    if not isinstance(pull_images, bool):
+        fail("container.pull-images", "expected true or false")
     mock_config = None
     if MOCK_PLUGIN in plugins:
         mock = table(table(data, "plugins", "plugins"), "mock", "plugins.mock")
@@ -121,4 +183,6 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
     return AgentConfig(
         path=path, node_name=node_name, plugins=tuple(plugins), cpu_count=cpu_count, memory_size=memory_size,
         mps=mps, broker_url=broker_url, scratch_root=(path.parent / scratch).resolve(), mock_config=mock_config,
+        scratch_retention_s=retention, node_key=node_key, runtime=runtime, default_image=default_image, uid=uid, network=network,
+        hami_core=hami_core, mps_pipe_directory=mps_pipes, pull_images=pull_images,
     )

@@ -208,19 +208,39 @@ def install(bin_dir: Path) -> Path:
     """Write an executable `nvidia-smi` into `bin_dir` (created if need be); return its path.
 
     The script's shebang is this interpreter (`sys.executable`); it puts the project root (the
-    directory holding the `sessions` package) first on sys.path and calls `main()`, so it runs
+    directory holding the `agent` package) first on sys.path and calls `main()`, so it runs
     from any working directory without PYTHONPATH, and imports no Django.
     """
     bin_dir = Path(bin_dir)
     bin_dir.mkdir(parents=True, exist_ok=True)
-    project_root = Path(__file__).resolve().parents[2]
+    project_root = Path(__file__).resolve().parents[1]
     script = bin_dir / "nvidia-smi"
     script.write_text(
         f"#!{sys.executable}\n"
-        "# fGPU Console's virtual nvidia-smi, written by sessions.runtime.nvidia_smi.install().\n"
+        "# fGPU Console's virtual nvidia-smi, written by agent.nvidia_smi.install().\n"
         "import sys\n"
         f"sys.path.insert(0, {str(project_root)!r})\n"
-        "from sessions.runtime.nvidia_smi import main\n"
+        "from agent.nvidia_smi import main\n"
+        "sys.exit(main())\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def install_portable(bin_dir: Path) -> Path:
+    """Write an `nvidia-smi` for another machine's or a container's own `python3` into `bin_dir`:
+    a copy of this module (it imports only the standard library, and pynvml where the session
+    has it) beside a launcher that finds it next to itself. Returns the launcher's path."""
+    bin_dir = Path(bin_dir)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "fgpu_nvidia_smi.py").write_text(Path(__file__).read_text())
+    script = bin_dir / "nvidia-smi"
+    script.write_text(
+        "#!/usr/bin/env python3\n"
+        "# fGPU Console's virtual nvidia-smi, written by agent.nvidia_smi.install_portable().\n"
+        "import os, sys\n"
+        "sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))\n"
+        "from fgpu_nvidia_smi import main\n"
         "sys.exit(main())\n"
     )
     script.chmod(0o755)

@@ -15,10 +15,11 @@ from channels_redis.core import RedisChannelLayer
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from console.broker_acl import agent_transport_options
 from console.celery import agent_queue, app
-from sessions.exec_store import exec_store_for
-from sessions.runtime.boot import build_agent
-from sessions.runtime.config import AgentConfigError, load_agent_config
+from protocol.exec_store import exec_store_for
+from agent.boot import build_agent
+from agent.config import AgentConfigError, load_agent_config
 
 log = logging.getLogger("fgpu.agent")
 
@@ -38,13 +39,19 @@ class Command(BaseCommand):
             raise CommandError(f"{cfg.path.name}: manager.broker-url: the agent needs a Redis URL (or set REDIS_URL)")
         app.conf.broker_url = cfg.broker_url
         app.conf.task_always_eager = False
+        # What the broker's ACL user of this node reaches (console/broker_acl.py): its unacknowledged
+        # messages under keys of its own, no remote control (no pidbox fanout) and no Celery worker
+        # heartbeat events (`without_heartbeat` below; the agent's own heartbeat is a manager task).
+        app.conf.broker_transport_options = {**app.conf.broker_transport_options,
+                                             **agent_transport_options(cfg.node_name)}
+        app.conf.worker_enable_remote_control = False
         # Same layer settings as the web's (console.settings), on the agent's broker URL.
         layer = RedisChannelLayer(hosts=[{"address": cfg.broker_url, "socket_timeout": None}], capacity=1000, expiry=60)
         try:
             agent = build_agent(cfg, channel_layer=layer, heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL,
                                 exec_store=exec_store_for(cfg.broker_url))
         except Exception as exc:
-            raise CommandError(f"{cfg.path.name}: could not load the compute plugins: {exc}") from None
+            raise CommandError(f"{cfg.path.name}: could not start the agent (compute plugins, runtime): {exc}") from None
         for warning in agent.inventory.get("warnings", []):
             self.stderr.write(f"warning: {warning}")
 
@@ -64,7 +71,7 @@ class Command(BaseCommand):
         self.stdout.write(f"agent {cfg.node_name}: {len(agent.inventory['devices'])} device(s), queue {agent_queue(cfg.node_name)}")
         worker = app.Worker(
             hostname=f"agent@{cfg.node_name}", queues=[agent_queue(cfg.node_name)], pool="solo", concurrency=1,
-            without_mingle=True, without_gossip=True, loglevel="INFO",
+            without_mingle=True, without_gossip=True, without_heartbeat=True, loglevel="INFO",
         )
         try:
             worker.start()

@@ -1,0 +1,979 @@
+"""The agent: one per node. Runs sessions through a runtime (agent.runtimes: PTY
+process groups, or one container each with agent.docker_runtime) and relays their
+terminals.
+
+Everything runs on one asyncio loop (the agent's own in `manage.py agent`, daphne's in
+standalone mode). Celery task handlers call the thread-safe `submit_*` methods, which
+schedule work on that loop and return at once. Reports to the manager go through Celery
+tasks (`fgpu.manager.*`), called from a worker thread so the loop never blocks. Terminal
+frames travel through the channel layer: input from group `pty-<session>` (which the agent
+joins), output to group `terminal-<session>` (which terminal consumers join).
+
+Session output is also shipped to the manager (`fgpu.manager.session_log_append`) in batches:
+every LOG_FLUSH_S seconds, or sooner once LOG_BATCH_CHARS characters are waiting, at most one
+batch per LOG_FLUSH_S (on queue `manager.logs`, never ahead of control messages); each batch
+carries a sequence number and its offset in the log, so a retried delivery is stored once.
+Server-side exec (`pty.exec` on the same group, answered on the message's `reply_channel`)
+runs a command beside the session's process, in its environment and working directory;
+streamed exec (`pty.exec_stream`) runs on a thread of its own and pushes its output to the
+exec store as it comes (agent.exec_stream).
+The agent never opens the database.
+"""
+from __future__ import annotations
+
+import asyncio
+import codecs
+import itertools
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import protocol
+from agent import exec_stream
+from agent import mig as mig_runtime
+from agent.environment import allocation_document, session_environment
+from agent.runtimes import HeldImages, ProcessRuntime, SessionHandle
+
+log = logging.getLogger(__name__)
+
+SCROLLBACK_BYTES = 64 * 1024
+READ_CHUNK = 64 * 1024
+KILL_GRACE_S = 3.0
+KILL_WAIT_S = 2.0  # after SIGKILL, how long TERMINATED waits for the session's processes to be gone
+LOG_FLUSH_S = 0.5  # seconds between log batches while output flows
+LOG_BATCH_CHARS = 64 * 1024  # ship at once when this many characters wait
+LOG_CHUNK_CHARS = 256 * 1024  # the most one batch carries
+LOG_BACKLOG_CHARS = 1024 * 1024  # unshipped output kept while the manager is unreachable; older is dropped
+EXEC_OUTPUT_BYTES = 1024 * 1024  # stdout and stderr of an exec are each cut to this many bytes
+# Terminal flow control: the PTY is read only while fewer than OUTBOX_HIGH characters wait to be
+# sent to the terminal group, and again once they drained below OUTBOX_LOW; one frame carries at
+# most FRAME_CHARS characters (JSON-escaped, well under daphne's 1 MiB websocket message limit).
+OUTBOX_HIGH = 256 * 1024
+OUTBOX_LOW = 64 * 1024
+FRAME_CHARS = 64 * 1024
+# A session's output is read from its PTY at OUTPUT_RATE_BYTES a second at most (a token bucket
+# of OUTPUT_BURST_BYTES): past it the PTY is left unread, so the program blocks writing, as it would
+# behind a slow terminal. `yes` or `cat /dev/urandom | base64` then costs the node a bounded share
+# of CPU (reading, decoding, relaying, logging), whatever its terminal's reader can take, and the
+# other sessions' launches and terminals slow down by a bounded share (benchmarks/agent_scale.py,
+# flood, 2 cores: 1.37-1.77x the quiet launch latency next to two flooding sessions at this rate,
+# 2.28x at 2 MiB/s, 2.52x uncapped). It matches the log's shipping rate (LOG_BATCH_CHARS per
+# LOG_FLUSH_S), so a flood's log loses nothing.
+OUTPUT_RATE_BYTES = 512 * 1024
+OUTPUT_BURST_BYTES = 1024 * 1024
+# Terminal input waits in a per-session buffer of at most INPUT_BUFFER_BYTES until the PTY is
+# writable; input past it (a paste into a program that does not read) is refused and said so.
+INPUT_BUFFER_BYTES = 1024 * 1024
+# Thread pools, each bounded and separate, so that no kind of work waits behind another: blocking
+# session work (spawning, signalling, /proc scans, files, NVML), reports and log batches to the
+# manager, blocking execs (each holds a thread up to its timeout), and the heartbeat (one thread
+# of its own: a node never goes LOST because its agent is busy).
+WORK_THREADS = 8
+MANAGER_THREADS = 4
+EXEC_THREADS = 32
+REPORT_RETRY_S = (0.5, 1, 2, 4, 5)  # pauses between tries of a report the broker did not take; then every 5 s
+REPORT_GIVE_UP_S = 600  # after this a report is left to the heartbeat's reconciliation
+ENDED_KEEP_S = 600  # how long heartbeats keep listing a session's end (for a manager that missed the report)
+ENDED_KEEP_MAX = 10_000
+HEARTBEAT_EXPIRES_S = 30
+
+_AGENTS: dict[str, "Agent"] = {}
+
+
+class CeleryManager:
+    """How an agent talks to the manager: Celery tasks named in `protocol` (blocking calls).
+    `app`: the Celery app (in standalone mode eager, so a call runs the manager's code at once);
+    `node`: this agent's node, named in its session reports and log batches; `key`: the node's
+    agent key (agent.toml `[manager] node-key`), which signs every message (protocol.sign)."""
+
+    def __init__(self, app, *, node: str = "", key: str = "") -> None:
+        self.app = app
+        self.node = node
+        self.key = key
+
+    def _send(self, task: str, **options) -> None:
+        kwargs = options.pop("kwargs")
+        if self.key:
+            kwargs[protocol.SIGNATURE] = protocol.sign(self.key, task, kwargs)
+        self.app.signature(task, kwargs=kwargs).apply_async(**options)
+
+    def register(self, node: str, inventory: dict, running: list[str], images: dict | None = None) -> None:
+        """`images`: the session images the node holds ({reference: image id}; sent only when known)."""
+        kwargs = {"node": node, "inventory": inventory, "running": running}
+        if images is not None:
+            kwargs["images"] = images
+        self._send(protocol.AGENT_REGISTER, kwargs=kwargs)
+
+    def heartbeat(self, node: str, running: list[str], mig_digest: str | None = None, state: dict | None = None,
+                  images: dict | None = None) -> None:
+        """`state`: the agent's view of its sessions (`Agent.state`); `images` as for `register`. A
+        heartbeat the manager has not taken within HEARTBEAT_EXPIRES_S is dropped unread: a newer
+        one is on its way."""
+        kwargs = {"node": node, "running": running, "mig_digest": mig_digest, "state": state}
+        if images is not None:
+            kwargs["images"] = images
+        self._send(protocol.AGENT_HEARTBEAT, kwargs=kwargs, expires=HEARTBEAT_EXPIRES_S)
+
+    def report(self, session_id: str, status: str, reason: str, exit_code: int | None) -> None:
+        self._send(protocol.SESSION_REPORT, kwargs={"session_id": session_id, "status": status, "reason": reason,
+                                                    "exit_code": exit_code, "node": self.node or None})
+
+    def log(self, session_id: str, seq: int, offset: int, text: str, final: bool) -> None:
+        self._send(protocol.SESSION_LOG_APPEND, kwargs={"session_id": session_id, "seq": seq, "offset": offset,
+                                                        "text": text, "final": final, "node": self.node or None})
+
+    def mig_report(self, node: str, report: dict) -> None:
+        self._send(protocol.MIG_REPORT, kwargs={"node": node, "report": report})
+
+
+def agent_for(node: str) -> "Agent":
+    """The agent running in this process for `node`. Raises LookupError if none."""
+    try:
+        return _AGENTS[node]
+    except KeyError:
+        raise LookupError(f"no agent for node {node!r} runs in this process") from None
+
+
+@dataclass
+class RunningSession:
+    session_id: str
+    process: SessionHandle  # the runtime's handle: its terminal stream, exit, signals, exec
+    work_dir: Path
+    scrollback: bytearray = field(default_factory=bytearray)
+    decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+    outbox: list = field(default_factory=list)  # decoded output not yet sent to the terminal group
+    outbox_chars: int = 0
+    outbox_wake: asyncio.Event = field(default_factory=asyncio.Event)
+    reading: bool = False  # the PTY is registered with the loop for reading
+    throttled: bool = False  # the output rate was spent: the PTY is not read until the bucket refills
+    tokens: float = OUTPUT_BURST_BYTES  # bytes the session may still output now (token bucket)
+    tokens_at: float = 0.0  # loop time of the last refill
+    inbox: bytearray = field(default_factory=bytearray)  # terminal input the PTY has not taken yet
+    writing: bool = False  # the PTY is registered with the loop for writing (inbox not empty)
+    eof: asyncio.Event = field(default_factory=asyncio.Event)
+    exit_event: asyncio.Event = field(default_factory=asyncio.Event)  # the session's leader process exited
+    pidfd: int = -1  # the leader's pidfd (readable once it exits); -1 where the kernel has none
+    pty_closed: bool = False
+    output_closed: bool = False  # no more output will come: the pump ends once the outbox is sent
+    pump_task: asyncio.Task | None = None
+    exit_poll: asyncio.Task | None = None  # only where there is no pidfd
+    exited: asyncio.Task | None = None  # _wait_exit: done once the session is reported ended
+    stopping: str = ""  # why the agent is killing it; empty while nobody asked
+    env: dict = field(default_factory=dict)  # the session's environment, for exec
+    log_pending: list = field(default_factory=list)  # decoded output not yet batched
+    log_pending_chars: int = 0
+    log_seq: int = 0  # sequence number of the next batch
+    log_offset: int = 0  # characters batched so far: the next batch's offset
+    log_unsent: tuple | None = None  # (seq, offset, text, final): a batch the manager has not taken yet
+    log_wake: asyncio.Event = field(default_factory=asyncio.Event)
+    log_closed: bool = False
+    log_task: asyncio.Task | None = None
+    execs: set = field(default_factory=set)  # Popen of commands run by exec, killed with the session
+
+
+class Agent:
+    """Runs one node's sessions.
+
+    `inventory`: {"devices": [DeviceInfo dicts], "plugins", "attributes", "cpu_count",
+    "memory_size"}; `manager`: an object with `register`, `heartbeat`, `report`, `log` and
+    `mig_report` methods that send the manager tasks (blocking calls; the agent calls them from
+    a worker thread; see CeleryManager); `exec_store`: where streamed execs keep their output
+    (protocol.exec_store; None: the one this process's settings name); `scratch_retention_s`:
+    seconds a session's working directory is kept after it ended.
+
+    Threads: none per session. A session's exit is an event on the loop (its leader's pidfd),
+    its PTY is read and written only when the loop says it is ready, and blocking work runs on
+    bounded pools of its own (WORK_THREADS, MANAGER_THREADS, EXEC_THREADS, one heartbeat
+    thread), so one agent holds hundreds of sessions and its heartbeat never waits behind them.
+
+    Healing (DESIGN.md, "How the system heals"): every heartbeat carries the agent's view of its
+    sessions (`state()`: PREPARING, RUNNING or TERMINATING, and the ends it reported in the last
+    ENDED_KEEP_S seconds); the manager compares it with the database and re-sends starts and
+    stops, so a start or stop is idempotent by session id here: a second start of a running
+    session re-reports RUNNING, of an ended one re-reports its end; a stop of an ended one
+    re-reports its end. A report the broker does not take is tried again (REPORT_RETRY_S) in
+    the background. Every process of a session ends with it: those in its process session and
+    those carrying its `FGPU_SESSION_ID` (which escaped with setsid), also after an agent
+    restart (`kill_orphans` at start).
+
+    MIG (issue 4): after registering, the manager sends the expected layout of each MIG GPU
+    (`submit_mig_reconcile`); the agent re-creates missing instances and reports the ones the
+    manager does not know (`mig_report`), as it does when a start spec reaches a GPU first. The
+    manager sends it again when an administrator changes the layout, and when a heartbeat's MIG
+    layout digest (`_send_heartbeat`) differs from the one it expects.
+    """
+
+    def __init__(self, *, node: str, inventory: dict, channel_layer, manager, scratch_root: Path,
+                 mock: bool, mps: bool = False, heartbeat_s: float = 5.0, exec_store=None,
+                 scratch_retention_s: float = 3600.0, runtime=None) -> None:
+        self.node = node
+        self.inventory = inventory
+        self.layer = channel_layer
+        self.manager = manager
+        self.scratch_root = Path(scratch_root)
+        self.mock = mock
+        self.mps = mps
+        self.heartbeat_s = heartbeat_s
+        self.exec_store = exec_store  # streamed exec output (protocol.exec_store); None: the settings' store
+        self.scratch_retention_s = scratch_retention_s
+        self.runtime = runtime or ProcessRuntime()  # where sessions run (agent.runtimes)
+        self.images = HeldImages(self.runtime)  # the session images it holds, for registration and heartbeats
+        self.sessions: dict[str, RunningSession] = {}
+        self._starting: set[str] = set()  # between the start message and the process existing
+        self._cancelled: set[str] = set()  # stop messages that overtook their session's start
+        self._ended: dict[str, tuple[float, str, str, int | None]] = {}  # id → (when, status, reason, exit code)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.channel: str | None = None
+        self._registered = False
+        self._tasks: list[asyncio.Task] = []
+        self._background: set[asyncio.Task] = set()  # report retries, attach replies: kept until done
+        self._work = ThreadPoolExecutor(WORK_THREADS, thread_name_prefix=f"agent-{node}-work")
+        self._manager_pool = ThreadPoolExecutor(MANAGER_THREADS, thread_name_prefix=f"agent-{node}-manager")
+        self._exec_pool = ThreadPoolExecutor(EXEC_THREADS, thread_name_prefix=f"agent-{node}-exec")
+        self._heartbeat_pool = ThreadPoolExecutor(1, thread_name_prefix=f"agent-{node}-heartbeat")
+        # MIG instances the manager plans (issue 4): in memory on mock nodes, through NVML on real ones.
+        self.mig = mig_runtime.MigManager(mig_runtime.MockMigBackend() if mock else mig_runtime.NvmlMigBackend(),
+                                          on_report=self._send_mig_report)
+
+    # --- life cycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """End what a previous run of this agent left running, join the channel layer, register
+        with the manager (again on each heartbeat until the broker takes it), start heartbeats
+        and the scratch directory sweep."""
+        self.loop = asyncio.get_running_loop()
+        _AGENTS[self.node] = self
+        self.scratch_root.mkdir(parents=True, exist_ok=True)
+        adopted, orphans = await self._in(self._work, self.runtime.clean_up_at_start, self.scratch_root)
+        if orphans:
+            log.warning("agent %s: removed %d process(es) or container(s) left by sessions of an earlier run", self.node,
+                        orphans)
+        for handle in adopted:  # sessions that outlived the agent in their containers: run them on
+            running = RunningSession(session_id=handle.session_id, process=handle, work_dir=handle.work_dir,
+                                     env=handle.env)
+            self.sessions[handle.session_id] = running
+            self._attach(running)
+            log.info("agent %s: adopted session %s, still running", self.node, handle.session_id)
+        self.channel = await self.layer.new_channel(f"agent.{self.node}.")
+        await self._refresh_groups()  # adopted sessions' terminals and execs reach this agent again
+        self._tasks.append(asyncio.create_task(self._receive_loop(), name=f"agent-{self.node}-receive"))
+        await self._in(self._work, self.images.refresh)
+        await self._register()
+        self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"agent-{self.node}-heartbeat"))
+        self._tasks.append(asyncio.create_task(self._sweep_loop(), name=f"agent-{self.node}-sweep"))
+        log.info("agent %s started with %d device(s)", self.node, len(self.inventory["devices"]))
+
+    async def shutdown(self) -> None:
+        """Kill every session (reported TERMINATED) and stop the loops."""
+        await asyncio.gather(*(self._stop(session_id, reason="the agent shut down") for session_id in list(self.sessions)))
+        for task in self._tasks:
+            task.cancel()
+        _AGENTS.pop(self.node, None)
+        for pool in (self._work, self._manager_pool, self._exec_pool, self._heartbeat_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def kill_all_now(self) -> None:
+        """SIGKILL every process of every session, from any thread, without reporting: for a
+        host process that is exiting after its event loop stopped. The manager learns at the
+        agent's next registration (the sessions end in ERROR, their allocations released)."""
+        for running in list(self.sessions.values()):
+            running.process.kill_all()
+
+    async def _in(self, pool: ThreadPoolExecutor, fn, *args, **kwargs):
+        """Run blocking `fn(*args, **kwargs)` on `pool` and await its result."""
+        return await self.loop.run_in_executor(pool, partial(fn, *args, **kwargs))
+
+    async def _call(self, fn, *args, **kwargs):
+        """A call to the manager (a Celery publish; in standalone mode the manager's code itself,
+        eagerly) on the manager pool: never on the loop, never behind session work."""
+        return await self._in(self._manager_pool, fn, *args, **kwargs)
+
+    async def _register(self) -> None:
+        try:
+            await self._call(self.manager.register, self.node, self.inventory, list(self.sessions), self.images.current)
+            self._registered = True
+        except Exception:
+            log.exception("agent %s: could not register with the manager; will try again", self.node)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            if not self._registered:
+                await self._register()
+                continue
+            state = self.state()
+            if self.images.claim():  # listed on the work pool, at most every HeldImages.REFRESH_S
+                self._in_background(self._in(self._work, self.images.refresh))
+            try:
+                await self._in(self._heartbeat_pool, self._send_heartbeat, list(state["sessions"]), state)
+            except Exception:
+                log.exception("agent %s: heartbeat failed", self.node)
+            self._forget_old_ends()
+            await self._refresh_groups()
+
+    def state(self) -> dict:
+        """What this agent runs, for the manager's reconciliation: `{"sessions": {id: "PREPARING"
+        | "RUNNING" | "TERMINATING"}, "ended": {id: {"status", "reason", "exit_code"}}` (ends
+        reported in the last ENDED_KEEP_S seconds), `"at"`: when, epoch seconds}."""
+        sessions = {session_id: "PREPARING" for session_id in self._starting}
+        for session_id, running in self.sessions.items():
+            sessions[session_id] = "TERMINATING" if running.stopping else "RUNNING"
+        ended = {session_id: {"status": status, "reason": reason, "exit_code": code}
+                 for session_id, (_, status, reason, code) in self._ended.items() if session_id not in sessions}
+        return {"sessions": sessions, "ended": ended, "at": time.time()}
+
+    def _send_heartbeat(self, running: list[str], state: dict) -> None:
+        """Blocking (the heartbeat thread): the heartbeat with the agent's `state`, and the
+        digest of the GPU instances on the node's MIG GPUs (`MigManager.layout_digest`; None when
+        it cannot be had) so the manager notices drift without a full report."""
+        try:
+            digest = self.mig.layout_digest()
+        except Exception:
+            log.exception("agent %s: could not compute the MIG layout digest", self.node)
+            digest = None
+        self.manager.heartbeat(self.node, running, digest, state, self.images.current)
+
+    def _forget_old_ends(self) -> None:
+        horizon = time.monotonic() - ENDED_KEEP_S
+        for session_id in [sid for sid, end in self._ended.items() if end[0] < horizon]:
+            del self._ended[session_id]
+        while len(self._ended) > ENDED_KEEP_MAX:
+            del self._ended[next(iter(self._ended))]
+
+    async def _refresh_groups(self) -> None:
+        """Join each running session's `pty-<id>` group again: channel layers forget a group
+        membership after their group expiry (channels_redis: a day), and a restarted Redis
+        forgets them all, after which terminal input and exec requests would reach nobody."""
+        for session_id in list(self.sessions):
+            try:
+                await self.layer.group_add(protocol.pty_group(session_id), self.channel)
+            except Exception:
+                log.warning("agent %s: could not renew the terminal group of %s", self.node, session_id)
+                return  # the layer is down: the next heartbeat tries again
+
+    async def _sweep_loop(self) -> None:
+        """Remove the working directories of sessions that ended more than
+        scratch_retention_s ago (at start, then every min(retention, 300) seconds)."""
+        while True:
+            keep = set(self.sessions) | self._starting
+            try:
+                removed = await self._in(self._work, sweep_scratch, self.scratch_root, keep=keep,
+                                         older_than_s=self.scratch_retention_s)
+                if removed:
+                    log.info("agent %s: removed %d ended session(s)' working directories", self.node, removed)
+            except Exception:
+                log.exception("agent %s: scratch sweep failed", self.node)
+            await asyncio.sleep(max(1.0, min(self.scratch_retention_s, 300.0)))
+
+    # --- thread-safe entry points (Celery task handlers) ----------------------------------
+
+    def _submit(self, coro) -> None:
+        if self.loop is None:
+            raise RuntimeError(f"agent {self.node} is not started")
+        asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def submit_start(self, spec: dict) -> None:
+        self._submit(self._start(spec))
+
+    def submit_stop(self, session_id: str) -> None:
+        self._submit(self._stop(session_id, reason="terminated"))
+
+    def submit_sync(self, keep: list[str]) -> None:
+        self._submit(self._sync(set(keep)))
+
+    def submit_mig_reconcile(self, gpus: list[dict], expected: dict[str, list[dict]], *,
+                             destroy: dict[str, list[dict]] | None = None, kind: str = "start",
+                             seq: int | None = None) -> None:
+        """Reconcile the MIG GPUs `gpus` with the manager's `expected` layout, destroying the
+        idle instances in `destroy` first: kind "start" skips GPUs a start spec reached first
+        (`MigManager.reconcile_at_start`), "layout" and "drift" do every GPU
+        (`MigManager.apply_layout`). The report, with `kind` and `seq`, goes to the manager."""
+        self._submit(self._mig_reconcile(gpus, expected, destroy=destroy, kind=kind, seq=seq))
+
+    async def _mig_reconcile(self, gpus: list[dict], expected: dict[str, list[dict]], **how) -> None:
+        step = self.mig.reconcile_at_start if how.get("kind") == "start" else self.mig.apply_layout
+        try:
+            await self._in(self._work, step, gpus, expected, **how)
+        except Exception:
+            log.exception("agent %s: MIG reconcile failed", self.node)
+
+    def _send_mig_report(self, report: dict) -> None:
+        """MigManager's on_report: blocking, called from a worker thread (never the loop)."""
+        self.manager.mig_report(self.node, report)
+
+    # --- sessions ----------------------------------------------------------------------
+
+    async def _start(self, spec: dict) -> None:
+        """Start a session (idempotent by its id: see the class docstring). Whatever fails once
+        the process exists kills it and reports ERROR: no half-started session is left."""
+        session_id = spec["session_id"]
+        if session_id in self._starting:
+            return  # a redelivered start message: on its way
+        running = self.sessions.get(session_id)
+        if running is not None:  # a re-sent start: the manager may have missed the report
+            if not running.stopping:
+                await self._report(session_id, "RUNNING", "")
+            return
+        if session_id in self._ended:  # it ran here and ended: never run it twice
+            await self._report_end(session_id)
+            return
+        self._starting.add(session_id)
+        try:
+            await self._report(session_id, "PREPARING", "preparing the working directory and environment", retry=False)
+            running = await self._in(self._work, self._spawn, spec)
+            self.sessions[session_id] = running
+            self._attach(running)
+        except Exception as exc:
+            log.exception("agent %s: session %s failed to start", self.node, session_id)
+            if running is not None:
+                await self._abandon(running)
+            await self._end(session_id, "ERROR", f"the agent could not start the session: {exc}", None)
+            return
+        finally:
+            self._starting.discard(session_id)
+        try:
+            await self.layer.group_add(protocol.pty_group(session_id), self.channel)
+        except Exception:  # the layer is down: the heartbeat's group refresh joins it later
+            log.warning("agent %s: could not join the terminal group of %s yet", self.node, session_id)
+        if session_id in self._cancelled:  # terminated while it was being prepared
+            self._cancelled.discard(session_id)
+            await self._stop(session_id, reason="terminated while starting")
+            return
+        await self._report(session_id, "RUNNING", "")
+
+    def _attach(self, running: RunningSession) -> None:
+        """Watch a new session's exit (its leader's pidfd; a 0.1 s poll where the kernel has
+        none) and PTY, and start its output pump, log shipping and exit handling."""
+        exit_fd = running.process.exit_fd()
+        running.pidfd = -1 if exit_fd is None else exit_fd
+        if running.pidfd >= 0:
+            self.loop.add_reader(running.pidfd, self._on_exit, running)
+        else:
+            running.exit_poll = asyncio.create_task(self._poll_exit(running))
+        self._resume_reading(running)
+        running.pump_task = asyncio.create_task(self._pump_output(running))
+        running.log_task = asyncio.create_task(self._ship_logs(running))
+        running.exited = asyncio.create_task(self._wait_exit(running))
+
+    def _on_exit(self, running: RunningSession) -> None:
+        self.loop.remove_reader(running.pidfd)
+        os.close(running.pidfd)
+        running.pidfd = -1
+        running.exit_event.set()
+
+    async def _poll_exit(self, running: RunningSession) -> None:
+        while await self._in(self._work, running.process.poll) is None:
+            await asyncio.sleep(0.2)
+        running.exit_event.set()
+
+    async def _abandon(self, running: RunningSession) -> None:
+        """Undo a start that failed after its process existed: kill every process, close the PTY."""
+        self.sessions.pop(running.session_id, None)
+        for task in (running.pump_task, running.log_task, running.exited, running.exit_poll):
+            if task is not None:
+                task.cancel()
+        self._close_pty(running)
+        if running.pidfd >= 0:
+            self.loop.remove_reader(running.pidfd)
+            os.close(running.pidfd)
+            running.pidfd = -1
+        await self._in(self._work, running.process.kill_all)
+        await self._in(self._work, running.process.wait)
+        await self._in(self._work, running.process.remove)
+
+    def _spawn(self, spec: dict) -> RunningSession:
+        """Work dir, allocation document, virtual nvidia-smi, then the session's process through
+        the runtime (its own process session, or its own container). Blocking; runs in a thread."""
+        spec = mig_runtime.prepare_spec(self.mig, spec)  # a MIG instance to create or reuse (issue 4)
+        session_id = spec["session_id"]
+        work_dir = self.scratch_root / session_id
+        bin_dir = work_dir / ".fgpu" / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        document = allocation_document(spec, node=self.node, mock=self.mock, attributes=self.inventory.get("attributes", {}))
+        (work_dir / ".fgpu" / "allocation.json").write_text(json.dumps(document, indent=2))
+        self.runtime.install_tools(bin_dir)
+        inside = self.runtime.paths(work_dir)  # where the session sees these files
+        env = session_environment(spec, allocation_path=inside.allocation, bin_dir=inside.bin_dir, work_dir=inside.home,
+                                  base_path=self.runtime.base_path(), mps=self.mps)
+        env["PS1"] = f"{spec['owner']}@{spec['name']}:\\w\\$ "
+        shell = spec.get("shell") or self.runtime.shell()  # the session image's shell, where it names one
+        argv = [shell, "-c", spec["command"]] if spec.get("command") else (
+            [shell, "--noprofile", "--norc", "-i"] if shell.endswith("bash") else [shell, "-i"])
+        handle = self.runtime.spawn(spec=spec, argv=argv, env=env, work_dir=work_dir,
+                                    progress=partial(self._progress_from_thread, session_id))
+        return RunningSession(session_id=session_id, process=handle, work_dir=work_dir, env=env)
+
+    def _progress_from_thread(self, session_id: str, text: str) -> None:
+        """A runtime's word on a slow start (an image pull), from the worker thread that spawns:
+        reported as PREPARING with `text` as the reason, without waiting for it."""
+        asyncio.run_coroutine_threadsafe(self._report(session_id, "PREPARING", text, retry=False), self.loop)
+
+    # --- the PTY: flow control both ways ------------------------------------------------
+
+    def _resume_reading(self, running: RunningSession) -> None:
+        if not running.reading and not running.throttled and not running.pty_closed and not running.eof.is_set():
+            self.loop.add_reader(running.process.fd, self._on_readable, running)
+            running.reading = True
+
+    def _pause_reading(self, running: RunningSession) -> None:
+        if running.reading:
+            self.loop.remove_reader(running.process.fd)
+            running.reading = False
+
+    def _on_readable(self, running: RunningSession) -> None:
+        try:
+            data = running.process.read(READ_CHUNK)
+        except BlockingIOError:
+            return
+        if not data:
+            self._pause_reading(running)
+            running.eof.set()
+            running.outbox_wake.set()
+            return
+        running.scrollback += data
+        del running.scrollback[:-SCROLLBACK_BYTES]
+        self._output(running, running.decoder.decode(data))
+        if running.outbox_chars >= OUTBOX_HIGH:  # the terminal group is behind: stop reading until it drains
+            self._pause_reading(running)
+        self._spend_output_tokens(running, len(data))
+
+    def _spend_output_tokens(self, running: RunningSession, size: int) -> None:
+        """The output rate cap (OUTPUT_RATE_BYTES): refill the session's bucket for the time
+        since the last read, take `size` bytes from it, and when it runs dry stop reading the PTY
+        until it has refilled to zero."""
+        now = self.loop.time()
+        running.tokens = min(OUTPUT_BURST_BYTES, running.tokens + (now - running.tokens_at) * OUTPUT_RATE_BYTES)
+        running.tokens_at = now
+        running.tokens -= size
+        if running.tokens < 0:
+            running.throttled = True
+            self._pause_reading(running)
+            self.loop.call_later(-running.tokens / OUTPUT_RATE_BYTES, self._end_throttle, running)
+
+    def _end_throttle(self, running: RunningSession) -> None:
+        running.throttled = False
+        if running.outbox_chars <= OUTBOX_LOW:  # else the output pump resumes once the terminal drained
+            self._resume_reading(running)
+
+    def _output(self, running: RunningSession, text: str, *, log_it: bool = True) -> None:
+        if not text:
+            return
+        running.outbox.append(text)
+        running.outbox_chars += len(text)
+        running.outbox_wake.set()
+        if log_it:
+            running.log_pending.append(text)
+            running.log_pending_chars += len(text)
+            if running.log_pending_chars >= LOG_BATCH_CHARS:
+                running.log_wake.set()
+            if running.log_pending_chars > 2 * LOG_BACKLOG_CHARS:  # the manager unreachable for long
+                _drop_oldest(running)
+
+    def _write_input(self, running: RunningSession, data: bytes) -> None:
+        """Queue terminal input for the PTY (written as it becomes writable). Input that would
+        grow the queue past INPUT_BUFFER_BYTES is refused, and the terminal says so."""
+        if running.pty_closed or not data:
+            return
+        if len(running.inbox) + len(data) > INPUT_BUFFER_BYTES:
+            self._output(running, f"\r\n[fgpu: {len(data)} bytes of input dropped: the program has not read the "
+                                  f"last {len(running.inbox) // 1024} KiB yet]\r\n", log_it=False)
+            return
+        running.inbox += data
+        self._flush_input(running)
+
+    def _flush_input(self, running: RunningSession) -> None:
+        while running.inbox and not running.pty_closed:
+            try:
+                written = running.process.write(running.inbox)
+            except BlockingIOError:
+                break
+            except OSError:  # the PTY is gone
+                running.inbox.clear()
+                break
+            del running.inbox[:written]
+        if running.inbox and not running.writing:
+            self.loop.add_writer(running.process.fd, self._flush_input, running)
+            running.writing = True
+        elif not running.inbox and running.writing:
+            self.loop.remove_writer(running.process.fd)
+            running.writing = False
+
+    def _close_pty(self, running: RunningSession) -> None:
+        if running.pty_closed:
+            return
+        self._pause_reading(running)
+        if running.writing:
+            self.loop.remove_writer(running.process.fd)
+            running.writing = False
+        running.pty_closed = True
+        running.inbox.clear()
+        running.process.close_stream()
+
+    def _take_frame(self, running: RunningSession) -> str:
+        """Up to FRAME_CHARS characters from the front of the outbox."""
+        parts, size = [], 0
+        while running.outbox and size < FRAME_CHARS:
+            part = running.outbox[0]
+            room = FRAME_CHARS - size
+            if len(part) > room:
+                parts.append(part[:room])
+                running.outbox[0] = part[room:]
+                size += room
+                break
+            parts.append(running.outbox.pop(0))
+            size += len(part)
+        running.outbox_chars -= size
+        return "".join(parts)
+
+    async def _pump_output(self, running: RunningSession) -> None:
+        """Send output frames in order (what piled up meanwhile coalesced, at most FRAME_CHARS a
+        frame), reading the PTY again once the outbox drained below OUTBOX_LOW; ends once the
+        session's output is closed and sent."""
+        group = protocol.terminal_group(running.session_id)
+        while True:
+            await running.outbox_wake.wait()
+            running.outbox_wake.clear()
+            while running.outbox:
+                frame = self._take_frame(running)
+                for attempt in range(3):
+                    try:
+                        await self.layer.group_send(group, {"type": "terminal.output", "data": frame})
+                        break
+                    except Exception:
+                        if attempt == 2:
+                            log.warning("agent %s: dropped %d characters of terminal output of %s (the channel "
+                                        "layer is unreachable)", self.node, len(frame), running.session_id)
+                        else:
+                            await asyncio.sleep(0.5)
+                if running.outbox_chars <= OUTBOX_LOW:
+                    self._resume_reading(running)
+            if running.output_closed and not running.outbox:
+                return
+
+    async def _wait_exit(self, running: RunningSession) -> None:
+        """Once the session's leader exited: end every process of the session, drain and close
+        the PTY, ship the rest of the log, report TERMINATED (also when any step fails)."""
+        await running.exit_event.wait()
+        reason = ""
+        try:
+            code = await self._in(self._work, running.process.wait)
+            # The session ends with its shell: background jobs (own process groups, nohup'd,
+            # setsid'd) must not outlive the allocation that is about to be released.
+            await self._in(self._work, running.process.kill_all)
+            # A signal takes effect when its process next runs: report TERMINATED once none is
+            # left (zombies hold nothing), so the slice is free when the manager releases it.
+            deadline = self.loop.time() + KILL_WAIT_S
+            while self.loop.time() < deadline and await self._in(self._work, running.process.alive):
+                await asyncio.sleep(0.05)
+            # Let the PTY drain what the process wrote last (a background child may keep it
+            # open: then give up after a second), then close it.
+            try:
+                await asyncio.wait_for(running.eof.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+            self._close_pty(running)
+            self._output(running, running.decoder.decode(b"", final=True))
+            running.output_closed = True
+            running.outbox_wake.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(running.pump_task), timeout=10)
+            except TimeoutError:
+                log.warning("agent %s: the last terminal output of %s was not sent in time", self.node, running.session_id)
+            await self._close_log(running)
+        except Exception as exc:
+            log.exception("agent %s: ending session %s failed", self.node, running.session_id)
+            reason = f"the agent could not end the session cleanly: {exc}"
+            self._close_pty(running)
+            await self._in(self._work, running.process.kill_all)
+            code = await self._in(self._work, running.process.wait)
+        self.sessions.pop(running.session_id, None)
+        exit_code = code if code >= 0 else 128 - code  # killed by signal N → 128+N, as shells report it
+        reason = (reason or running.stopping or running.process.end_reason(exit_code)
+                  or f"the process exited with code {exit_code}")
+        try:
+            await self._in(self._work, running.process.remove)  # its container, where it has one
+        except Exception:
+            log.exception("agent %s: could not remove what session %s left", self.node, running.session_id)
+        try:
+            await self.layer.group_send(protocol.terminal_group(running.session_id), {"type": "terminal.exit", "code": exit_code})
+            await self.layer.group_discard(protocol.pty_group(running.session_id), self.channel)
+        except Exception:
+            log.warning("agent %s: could not tell the terminal of %s that it ended", self.node, running.session_id)
+        try:
+            os.utime(running.work_dir)  # the retention of the working directory counts from here
+        except OSError:
+            pass
+        await self._end(running.session_id, "TERMINATED", reason, exit_code)
+
+    async def _stop(self, session_id: str, *, reason: str) -> None:
+        running = self.sessions.get(session_id)
+        if running is None and session_id in self._starting:
+            self._cancelled.add(session_id)  # _start kills it as soon as the process exists
+            return
+        if running is None:
+            if session_id in self._ended:  # ended here already: say so again (the report may be lost)
+                await self._report_end(session_id)
+            else:  # never here (or the agent restarted): say so
+                await self._end(session_id, "TERMINATED", f"{reason} (no process was running)", None)
+            return
+        if running.stopping:
+            return
+        running.stopping = reason
+        for process in list(running.execs):
+            await self._in(self._work, running.process.signal_exec, process, signal.SIGKILL)
+        for sig in (signal.SIGHUP, signal.SIGTERM):  # every process of the session, every group
+            await self._in(self._work, running.process.signal_all, sig)
+        try:
+            await asyncio.wait_for(running.exit_event.wait(), timeout=KILL_GRACE_S)
+        except TimeoutError:
+            pass
+        await self._in(self._work, running.process.kill_all)
+        if running.exited is not None:
+            await asyncio.shield(running.exited)  # returns once TERMINATED has been reported
+
+    async def _sync(self, keep: set[str]) -> None:
+        await asyncio.gather(*(self._stop(session_id, reason="the manager no longer knows this session")
+                               for session_id in list(self.sessions) if session_id not in keep))
+
+    async def _end(self, session_id: str, status: str, reason: str, exit_code: int | None) -> None:
+        """Remember a session's end (heartbeats list it for ENDED_KEEP_S) and report it."""
+        self._ended[session_id] = (time.monotonic(), status, reason, exit_code)
+        await self._report(session_id, status, reason, exit_code=exit_code)
+
+    async def _report_end(self, session_id: str) -> None:
+        _, status, reason, exit_code = self._ended[session_id]
+        await self._report(session_id, status, reason, exit_code=exit_code)
+
+    async def _report(self, session_id: str, status: str, reason: str, exit_code: int | None = None, *,
+                      retry: bool = True) -> None:
+        """Report a session's state to the manager. When the broker does not take it, try again
+        in the background (`retry`; REPORT_RETRY_S apart, for REPORT_GIVE_UP_S at most, after
+        which the heartbeat's state still tells the manager)."""
+        try:
+            await self._call(self.manager.report, session_id, status, reason, exit_code)
+            return
+        except Exception:
+            log.warning("agent %s: could not report %s for session %s%s", self.node, status, session_id,
+                        "; will try again" if retry else "", exc_info=True)
+        if retry:
+            self._in_background(self._report_retry(session_id, status, reason, exit_code))
+
+    async def _report_retry(self, session_id: str, status: str, reason: str, exit_code: int | None) -> None:
+        give_up = self.loop.time() + REPORT_GIVE_UP_S
+        for attempt in itertools.count():
+            await asyncio.sleep(REPORT_RETRY_S[min(attempt, len(REPORT_RETRY_S) - 1)])
+            try:
+                await self._call(self.manager.report, session_id, status, reason, exit_code)
+                log.info("agent %s: reported %s for session %s after %d retries", self.node, status, session_id,
+                         attempt + 1)
+                return
+            except Exception:
+                if self.loop.time() > give_up:
+                    log.error("agent %s: gave up reporting %s for session %s; the heartbeat carries it", self.node,
+                              status, session_id)
+                    return
+
+    def _in_background(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # --- output log --------------------------------------------------------------------
+
+    async def _ship_logs(self, running: RunningSession) -> None:
+        """Ship the session's output every LOG_FLUSH_S (sooner when a batch is full) until
+        _close_log closes the log: one batch at a time, at most one per LOG_FLUSH_S, so a
+        flooding session sends the manager at most LOG_CHUNK_CHARS / LOG_FLUSH_S characters a
+        second (what it writes faster is dropped oldest first past LOG_BACKLOG_CHARS; the
+        stored log keeps only its last FGPU_SESSION_LOG_MAX_CHARS anyway)."""
+        last = -LOG_FLUSH_S
+        while not running.log_closed:
+            try:
+                await asyncio.wait_for(running.log_wake.wait(), timeout=LOG_FLUSH_S)
+            except TimeoutError:
+                pass
+            running.log_wake.clear()
+            pause = last + LOG_FLUSH_S - self.loop.time()
+            if pause > 0:
+                await asyncio.sleep(pause)
+            if not running.log_closed:
+                last = self.loop.time()
+                await self._ship_log(running, final=False, most=1)
+
+    def _next_batch(self, running: RunningSession, *, final: bool) -> tuple | None:
+        """Cut the next batch (at most LOG_CHUNK_CHARS) from the pending output. When the
+        backlog outgrew LOG_BACKLOG_CHARS (the manager unreachable), its oldest part is dropped
+        and the offset moves past it, so offsets stay positions in the session's output."""
+        _drop_oldest(running)
+        text = "".join(running.log_pending)
+        batch, rest = text[:LOG_CHUNK_CHARS], text[LOG_CHUNK_CHARS:]
+        running.log_pending = [rest] if rest else []
+        running.log_pending_chars = len(rest)
+        last = final and not rest
+        if not batch and not last:
+            return None
+        chunk = (running.log_seq, running.log_offset, batch, last)
+        running.log_seq += 1
+        running.log_offset += len(batch)
+        return chunk
+
+    async def _ship_log(self, running: RunningSession, *, final: bool, most: int | None = None) -> bool:
+        """Send the unsent batch (a retry keeps its sequence number) and then the pending
+        output, in batches (`most` of them; None: all). Returns False if the manager could not
+        be reached (the output stays pending for the next try)."""
+        for _ in itertools.repeat(None) if most is None else range(most):
+            if running.log_unsent is None:
+                running.log_unsent = self._next_batch(running, final=final)
+                if running.log_unsent is None:
+                    return True
+            try:
+                await self._call(self.manager.log, running.session_id, *running.log_unsent)
+            except Exception:
+                log.warning("agent %s: could not ship the output of session %s; will retry", self.node,
+                            running.session_id, exc_info=True)
+                return False
+            sent_final = running.log_unsent[3]
+            running.log_unsent = None
+            if sent_final or not (running.log_pending or final):
+                return True
+        return True
+
+    async def _close_log(self, running: RunningSession) -> None:
+        """Stop the periodic shipping and send the rest of the output with the final mark
+        (a few tries, LOG_FLUSH_S apart), before the session is reported ended."""
+        running.log_closed = True
+        running.log_wake.set()
+        if running.log_task is not None:
+            await running.log_task
+        for _ in range(5):
+            if await self._ship_log(running, final=True):
+                return
+            await asyncio.sleep(LOG_FLUSH_S)
+        log.error("agent %s: gave up shipping the last output of session %s", self.node, running.session_id)
+
+    # --- exec ----------------------------------------------------------------------------
+
+    async def _exec(self, running: RunningSession, message: dict) -> None:
+        """Run `message["argv"]` (a list; one string is a shell command line) in the session's
+        environment and working directory, stdin from /dev/null, for at most
+        `message["timeout"]` seconds; answer `{"type": "exec.result", "exit_code", "stdout",
+        "stderr", "timed_out", "truncated", "duration_ms"}` on `message["reply_channel"]`
+        (or `{"type": "exec.result", "error": "…"}` when the command could not be started)."""
+        try:
+            result = await self._in(self._exec_pool, self._run_exec, running, message["argv"], float(message["timeout"]))
+        except Exception as exc:
+            result = {"error": f"could not run the command: {exc}"}
+        try:
+            await self.layer.send(message["reply_channel"], {"type": "exec.result", **result})
+        except Exception:
+            log.exception("agent %s: could not answer an exec in session %s", self.node, running.session_id)
+
+    def _run_exec(self, running: RunningSession, argv, timeout: float) -> dict:
+        """Blocking; runs in a thread. The command gets its own process session (killed whole
+        on timeout, and when the session stops); output goes to temporary files so a chatty
+        command cannot fill the agent's memory."""
+        if isinstance(argv, str):
+            argv = [self.runtime.shell(), "-c", argv]
+        started = time.monotonic()
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                process = running.process.exec_popen(argv, stdout=out, stderr=err)
+            except (FileNotFoundError, PermissionError) as exc:
+                return {"exit_code": 127 if isinstance(exc, FileNotFoundError) else 126, "stdout": "",
+                        "stderr": f"{argv[0]}: {exc.strerror}\n", "timed_out": False, "truncated": False,
+                        "duration_ms": 0}
+            running.execs.add(process)
+            timed_out = False
+            try:
+                code = process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                running.process.signal_exec(process, signal.SIGKILL)
+                code = process.wait()
+            finally:
+                running.process.signal_exec(process, signal.SIGKILL)  # what it left running in the background
+                running.execs.discard(process)
+            outputs, truncated = [], False
+            for f in (out, err):
+                f.seek(0)
+                data = f.read(EXEC_OUTPUT_BYTES + 1)
+                truncated |= len(data) > EXEC_OUTPUT_BYTES
+                outputs.append(data[:EXEC_OUTPUT_BYTES].decode("utf-8", "replace"))
+        return {"exit_code": code if code >= 0 else 128 - code, "stdout": outputs[0], "stderr": outputs[1],
+                "timed_out": timed_out, "truncated": truncated,
+                "duration_ms": int((time.monotonic() - started) * 1000)}
+
+    # --- terminal relay ------------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        while True:
+            try:
+                message = await self.layer.receive(self.channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # e.g. Redis restarting: keep relaying once it is back
+                log.exception("agent %s: channel layer receive failed; retrying in 1 s", self.node)
+                await asyncio.sleep(1)
+                continue
+            try:
+                self._handle(message)
+            except Exception:
+                log.exception("agent %s: bad terminal message %r", self.node, message.get("type"))
+
+    def _handle(self, message: dict) -> None:
+        running = self.sessions.get(message.get("session_id", ""))
+        if running is None:
+            return
+        kind = message.get("type")
+        if kind == "pty.input":
+            self._write_input(running, message["data"].encode())
+        elif kind == "pty.resize":
+            self._in_background(self._in(self._work, running.process.resize, int(message["rows"]), int(message["cols"])))
+        elif kind == "pty.attach":
+            backlog = bytes(running.scrollback).decode("utf-8", "replace")
+            self._in_background(self.layer.send(message["reply_channel"], {"type": "terminal.output", "data": backlog}))
+        elif kind == "pty.exec":
+            self._in_background(self._exec(running, message))
+        elif kind == "pty.exec_stream":  # runs on a thread of its own (agent.exec_stream)
+            exec_stream.start(self, running, message)
+
+
+def _drop_oldest(running: RunningSession) -> None:
+    """Keep the last LOG_BACKLOG_CHARS characters of the unshipped output; the next batch's
+    offset moves past what is dropped, so offsets stay positions in the session's output."""
+    if running.log_pending_chars <= LOG_BACKLOG_CHARS:
+        return
+    text = "".join(running.log_pending)
+    dropped = len(text) - LOG_BACKLOG_CHARS
+    running.log_offset += dropped
+    running.log_pending = [text[dropped:]]
+    running.log_pending_chars = LOG_BACKLOG_CHARS
+
+
+def sweep_scratch(scratch_root: Path, *, keep: set[str], older_than_s: float) -> int:
+    """Remove the working directories under `scratch_root` of sessions not in `keep` that were
+    last changed more than `older_than_s` seconds ago (the agent touches one when its session
+    ends). Returns how many were removed."""
+    horizon, removed = time.time() - older_than_s, 0
+    try:
+        entries = list(os.scandir(scratch_root))
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        try:
+            stale = entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < horizon
+        except OSError:
+            continue
+        if stale and entry.name not in keep:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed += 1
+    return removed

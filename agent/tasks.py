@@ -1,0 +1,43 @@
+"""The agent's Celery tasks (`fgpu.agent.*`, protocol): consumed from queue `agent.<node>` by the
+embedded worker of `python manage.py agent` (or run eagerly in standalone mode), each hands its
+message to the node's Agent on its asyncio loop and returns at once; the agent reports progress
+to the manager. Idempotent by session id (a redelivered start or stop changes nothing); they
+never touch the database."""
+from __future__ import annotations
+
+from celery import shared_task
+
+import protocol
+
+
+def _agent(node: str):
+    from agent.core import agent_for
+
+    return agent_for(node)
+
+
+@shared_task(name=protocol.SESSION_START)
+def session_start(*, node: str, spec: dict) -> None:
+    """Start a session's process on `node` (returns at once; the agent reports progress)."""
+    _agent(node).submit_start(spec)
+
+
+@shared_task(name=protocol.SESSION_STOP)
+def session_stop(*, node: str, session_id: str) -> None:
+    _agent(node).submit_stop(session_id)
+
+
+@shared_task(name=protocol.SESSIONS_SYNC)
+def sessions_sync(*, node: str, keep: list[str]) -> None:
+    """Kill every session the agent runs that the manager does not list in `keep`."""
+    _agent(node).submit_sync(keep)
+
+
+@shared_task(name=protocol.MIG_RECONCILE)
+def mig_reconcile(*, node: str, gpus: list[dict], expected: dict, destroy: dict | None = None, kind: str = "start",
+                  seq: int | None = None) -> None:
+    """Apply the manager's expected MIG layout on `node`'s GPUs: destroy the idle instances in
+    `destroy`, re-create missing expected ones, report strangers; `kind` "start" (after
+    registering), "layout" (an administrator's change) or "drift" (a heartbeat digest differed),
+    `seq` echoed in the report (`accelerators.mig_services.node_mig_push` gives the arguments)."""
+    _agent(node).submit_mig_reconcile(gpus, expected, destroy=destroy, kind=kind, seq=seq)

@@ -1,0 +1,132 @@
+"""What the manager side and the agents share: queue names, task names, group names and the
+shapes of the messages between them. The only module both sides import (DESIGN.md, "Layout");
+it imports nothing of either.
+
+Queues (Celery, on the broker): `manager` takes the agents' control messages (registration,
+session reports, MIG reports); `manager.heartbeats` their heartbeats, so that a node never looks
+lost while launches and reports queue up (hundreds at once on a busy cluster); `manager.logs`
+their log batches, so that a flooding session never queues ahead of either; `agent.<node>` one
+node's starts, stops, syncs and MIG layouts. A manager worker takes from its queues in turn.
+
+Task names and their keyword arguments:
+
+| task | queue | kwargs |
+|---|---|---|
+| `fgpu.manager.agent_register` | manager | node, inventory, running (session ids), images |
+| `fgpu.manager.agent_heartbeat` | manager.heartbeats | node, running, mig_digest, state (`Agent.state()`), images |
+| `fgpu.manager.session_report` | manager | session_id, status, reason, exit_code |
+| `fgpu.manager.session_log_append` | manager.logs | session_id, seq, offset, text, final |
+| `fgpu.manager.mig_report` | manager | node, report |
+| `fgpu.agent.session_start` | agent.<node> | node, spec (the scheduler's start spec) |
+| `fgpu.agent.session_stop` | agent.<node> | node, session_id |
+| `fgpu.agent.sessions_sync` | agent.<node> | node, keep (session ids) |
+| `fgpu.agent.mig_reconcile` | agent.<node> | node, gpus, expected, destroy, kind, seq |
+
+`images` (register and heartbeat): the session images the node holds, `{reference: image id}`:
+for the docker runtime every tag and repository digest of its local images (`"fgpu-session:test":
+"sha256:…"`), for the process runtime `{"host": "host"}`. An agent from before images sends no
+`images` kwarg (and signs none); the manager then takes it to hold what the process runtime
+implies (HOST_IMAGES). A registered reference matches a reported one as it is or in `image_key`
+form (the form in which Docker lists its tags).
+
+Channel-layer groups: `pty-<session id>` (the session's agent joins it; terminal consumers and
+the web send `pty.input` {data}, `pty.resize` {rows, cols}, `pty.attach` {reply_channel},
+`pty.exec` and `pty.exec_stream`), `terminal-<session id>` (terminal consumers join it; the
+agent sends `terminal.output` {data} and `terminal.exit` {code}).
+"""
+from __future__ import annotations
+
+MANAGER_QUEUE = "manager"
+LOG_QUEUE = "manager.logs"
+HEARTBEAT_QUEUE = "manager.heartbeats"
+MANAGER_QUEUES = (MANAGER_QUEUE, HEARTBEAT_QUEUE, LOG_QUEUE)  # what a manager worker consumes
+
+AGENT_REGISTER = "fgpu.manager.agent_register"
+AGENT_HEARTBEAT = "fgpu.manager.agent_heartbeat"
+SESSION_REPORT = "fgpu.manager.session_report"
+SESSION_LOG_APPEND = "fgpu.manager.session_log_append"
+MIG_REPORT = "fgpu.manager.mig_report"
+SESSION_START = "fgpu.agent.session_start"
+SESSION_STOP = "fgpu.agent.session_stop"
+SESSIONS_SYNC = "fgpu.agent.sessions_sync"
+MIG_RECONCILE = "fgpu.agent.mig_reconcile"
+
+NOISY_TASKS = frozenset({SESSION_LOG_APPEND})  # travel on LOG_QUEUE
+
+
+def manager_queue(task: str) -> str:
+    """The queue of manager task `task` (a `fgpu.manager.*` name)."""
+    if task in NOISY_TASKS:
+        return LOG_QUEUE
+    return HEARTBEAT_QUEUE if task == AGENT_HEARTBEAT else MANAGER_QUEUE
+
+HOST_IMAGE = "host"  # the process runtime's one built-in image: the node's own system
+HOST_IMAGES = {HOST_IMAGE: HOST_IMAGE}  # what a process-runtime node holds (and an agent that reports no images)
+MAX_IMAGES = 1000  # the most image references one node reports (its heartbeat stays small)
+MAX_IMAGE_REFERENCE = 255  # characters
+
+
+def image_key(reference: str) -> str:
+    """A container image reference in the form Docker lists local images in, so that an
+    administrator's reference and a docker node's report compare equal: Docker Hub's implicit
+    `docker.io/` and `library/` dropped, `:latest` added to a name without tag or digest, and a
+    tag before a digest dropped (the digest names the image). `"docker.io/library/ubuntu"` →
+    `"ubuntu:latest"`; `"nvcr.io/nvidia/pytorch:24.05-py3"` unchanged."""
+    ref = reference.strip()
+    for prefix in ("index.docker.io/", "docker.io/"):
+        if ref.startswith(prefix):
+            ref = ref[len(prefix):]
+            break
+    if ref.startswith("library/"):
+        ref = ref[len("library/"):]
+    name, at, digest = ref.partition("@")
+    head, slash, last = name.rpartition("/")
+    if at:
+        return f"{head}{slash}{last.split(':', 1)[0]}@{digest}"
+    return name if ":" in last else f"{name}:latest"
+
+
+def agent_queue(node: str) -> str:
+    return f"agent.{node}"
+
+
+def terminal_group(session_id) -> str:
+    """Where the agent sends a session's PTY output; terminal consumers join it."""
+    return f"terminal-{session_id}"
+
+
+def pty_group(session_id) -> str:
+    """Where terminal consumers send input and resizes; the session's agent joins it."""
+    return f"pty-{session_id}"
+
+
+# --- message authentication --------------------------------------------------------------------
+# An agent with a node key (agent.toml `[manager] node-key`, made by `manage.py node_key NODE`)
+# signs every task it sends the manager: kwarg SIGNATURE is the HMAC-SHA256, under that key, of
+# the task name and its other kwargs as canonical JSON. The manager applies a message for a node
+# that has a key only when the signature verifies, and a session's report or log batch only from
+# the node the session runs on; so credentials to the broker alone cannot forge a report.
+
+SIGNATURE = "signature"
+
+
+def _canonical(task: str, kwargs: dict) -> bytes:
+    import json
+
+    body = {k: v for k, v in kwargs.items() if k != SIGNATURE}
+    return task.encode() + b"\n" + json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def sign(key: str, task: str, kwargs: dict) -> str:
+    """The signature of `task` with `kwargs` under `key` (hex HMAC-SHA256)."""
+    import hashlib
+    import hmac
+
+    return hmac.new(key.encode(), _canonical(task, kwargs), hashlib.sha256).hexdigest()
+
+
+def verify(key: str, task: str, kwargs: dict, signature: str | None) -> bool:
+    """Whether `signature` is `task` with `kwargs` signed under `key` (constant time)."""
+    import hmac
+
+    return bool(signature) and hmac.compare_digest(sign(key, task, kwargs), str(signature))

@@ -1,0 +1,482 @@
+"""The distributed stack as real processes, for end-to-end tests, fault injection and benchmarks.
+
+    from tests.stack import Stack, StackNode, mock_inventory
+
+    with Stack(nodes=[StackNode("node-0", mock_inventory(gpus=2), devices=2)], work_dir=tmp) as stack:
+        stack.base                      # http://127.0.0.1:<port> (daphne)
+        stack.kill("manager")           # SIGKILL its whole process group
+        stack.restart("manager")        # the same command again (a new log file)
+        stack.redis_stop(); stack.redis_start()   # a private broker only
+        stack.terminate_backends()      # every PostgreSQL backend of the stack's database
+
+Processes, each in a process group of its own (`start_new_session`) so that a kill takes all of
+it, each with its output in `<work_dir>/<name>.log` (`<name>.<n>.log` after the n-th restart):
+
+| name | command |
+|---|---|
+| `redis` | `redis-server --port N --save "" --appendonly no` (only with `redis_url=None`: a private broker; with `broker_acl=True` its ACL users come from console/broker_acl.py and each process gets its role's URL) |
+| `web` | `daphne console.asgi:application` |
+| `manager` | `celery -A console worker -Q manager --pool threads --concurrency 4 --without-gossip --without-mingle` |
+| `beat` | `celery -A console beat` (one beat, a process of its own, as the README runs it) |
+| `agent-<node>` | `python manage.py agent --config <work_dir>/nodes/<node>/agent.toml` |
+
+The database is the one Django's default connection uses (under pytest: the test database; the
+test needs `django_db(transaction=True)` so the processes see its rows), unless `database_url`
+names another; it must be migrated. Agents get an unreachable DATABASE_URL: they must never need
+the database. Fractional settings and slot formats are imported from demo/ as an administrator
+would (unit_mem 4 GiB, unit_proc 40, quantum 0.25: an 8 GiB / 80-SM GPU is 2 fGPU).
+
+No pytest here: a plain script (a benchmark) uses it as well, after `django.setup()`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+PYTHON = str(BIN / "python")
+
+
+def wait_until(predicate: Callable, *, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
+    """Poll `predicate` until it returns a truthy value (returned); AssertionError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+class ApiClient:
+    """A user of the REST API: launches and deletes with retries on 5xx and dropped connections,
+    each launch with its own Idempotency-Key (and the same key on every retry)."""
+
+    def __init__(self, base: str, token: str):
+        self.base, self.token = base, token
+        self.posts = 0
+
+    def call(self, method: str, path: str, body: dict | None = None, headers: dict | None = None):
+        request = urllib.request.Request(self.base + path, method=method,
+                                         data=json.dumps(body).encode() if body is not None else None,
+                                         headers={"Authorization": f"Token {self.token}",
+                                                  "Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(request, timeout=15) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                return exc.code, json.loads(raw or b"null")
+            except ValueError:
+                return exc.code, {"raw": raw[:200].decode(errors="replace")}
+        except OSError as exc:  # refused, reset, timed out: the web process is down
+            return 0, {"error": str(exc)}
+
+    def with_retries(self, method: str, path: str, body: dict | None = None, headers: dict | None = None,
+                     *, deadline_s: float = 120):
+        give_up = time.monotonic() + deadline_s
+        while True:
+            status, answer = self.call(method, path, body, headers)
+            if status and status < 500:
+                return status, answer
+            if time.monotonic() > give_up:
+                return status, answer
+            time.sleep(0.5)  # a client backing off (not a test waiting for a condition)
+
+    def launch(self, name: str, body: dict) -> tuple[int, dict]:
+        return self.with_retries("POST", "/api/v1/sessions/", {"name": name, **body}, {"Idempotency-Key": name})
+
+    def delete(self, session_id: str):
+        return self.with_retries("DELETE", f"/api/v1/sessions/{session_id}/")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A child process in a process group of its own, its output in a log file."""
+
+    def __init__(self, name: str, argv: list[str], *, env: dict, log_dir: Path, cwd: Path = ROOT,
+                 log_name: str | None = None):
+        self.name = name
+        self.argv, self.env, self.cwd = argv, env, cwd
+        self.log_path = Path(log_dir) / f"{log_name or name}.log"
+        self._log = open(self.log_path, "wb")
+        self.popen = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def output(self) -> str:
+        if not self._log.closed:  # closed once the process was killed
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the whole process group (its leader may be gone, its children not)."""
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL the process group and reap the leader."""
+        self.signal(signal.SIGKILL)
+        self.popen.wait()
+        self._log.close()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout` s; the group's stragglers are killed either way."""
+        if self.popen.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+
+@dataclass
+class StackNode:
+    """One agent process: its node name, its mock-accelerator.toml text, agent.toml's
+    `cpu-count` and `memory`, how many devices its inventory lists (the node counts as up once
+    all are registered), its runtime ("process" or "docker": network none, the test image) and
+    `scratch-retention` (seconds; None: agent.toml's default)."""
+
+    name: str
+    mock_toml: str
+    cpu_count: int = 4
+    memory: str = "16G"
+    devices: int = 1
+    runtime: str = "process"
+    scratch_retention: int | None = None
+
+    def agent_toml(self) -> str:
+        retention = "" if self.scratch_retention is None else f"scratch-retention = {self.scratch_retention}\n"
+        return (f'[agent]\nid = "{self.name}"\nallowed-compute-plugins = ["ai.backend.accelerator.mock"]\n'
+                f'cpu-count = {self.cpu_count}\nmemory = "{self.memory}"\n[container]\nscratch-root = "scratches"\n'
+                f'{retention}runtime = "{self.runtime}"\nnetwork = "none"\ndefault-image = "fgpu-session:test"\n')
+
+
+def mock_inventory(*, gpus: int = 1, memory: str = "8G", sms: int = 80, uuid_prefix: str | None = None) -> str:
+    """demo/mock-accelerator.toml with `gpus` devices of `memory` and `sms` each. Their UUIDs
+    start with `uuid_prefix` (8 hex digits; random when None), so two nodes never share one."""
+    prefix = uuid_prefix or uuid.uuid4().hex[:8]
+    demo = (ROOT / "demo" / "mock-accelerator.toml").read_text()
+    start = demo.index("devices = [")
+    end = demo.index("]\n", start) + 2
+    lines = "".join(f'  {{ mother_uuid = "{prefix}-0000-4000-8000-{i:012d}", model_name = "CUDA GPU", numa_node = 0, '
+                    f'subproc_count = {sms}, memory_size = "{memory}", is_mig_device = false }},\n' for i in range(gpus))
+    return demo[:start] + f"devices = [\n{lines}]\n" + demo[end:]
+
+
+def database_url_default() -> str:
+    """The URL of Django's default connection (the test database under pytest)."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    auth = db["USER"] or "postgres"
+    if db.get("PASSWORD"):
+        auth += f":{db['PASSWORD']}"
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+class Stack:
+    """The distributed processes of one test or benchmark run (see the module's docstring).
+
+    `nodes`: one agent each. `work_dir`: logs, agent configs (`nodes/<name>/`), data dir, beat
+    schedule. `redis_url`: a Redis database to use (flushed first when `flush_redis`); None
+    starts a private redis-server on a free port, which `redis_stop` / `redis_start` take down
+    and bring back (its data is gone then: queues, groups). `env`: extra variables for every
+    process (e.g. FGPU_HEARTBEAT_TIMEOUT). `start()` returns once daphne answers and every node
+    is ALIVE with all its devices."""
+
+    def __init__(self, *, nodes: Iterable[StackNode], work_dir: Path, redis_url: str | None = None,
+                 database_url: str | None = None, env: dict | None = None, heartbeat_interval: int = 2,
+                 flush_redis: bool = True, broker_acl: bool = False):
+        self.nodes = list(nodes)
+        assert not broker_acl or redis_url is None, "broker_acl needs the private broker"
+        self.broker_users = {}  # with broker_acl: user name → console.broker_acl.BrokerUser
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.private_redis = redis_url is None
+        self.redis_port = free_port() if self.private_redis else 0
+        self.redis_url = redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
+        if broker_acl:
+            from console.broker_acl import MANAGER, BrokerUser, broker_users
+
+            self.broker_users = {u.name: u for u in broker_users([n.name for n in self.nodes])}
+            # The harness's own user, to read the ACL log: in the test only, never in a deployment.
+            self.broker_users["fgpu-test-admin"] = BrokerUser("fgpu-test-admin", uuid.uuid4().hex, "~* &* +@all")
+            self.redis_url = self.broker_users[MANAGER].url(self.redis_url)  # what the harness itself uses
+        self.database_url = database_url
+        self.extra_env = dict(env or {})
+        self.heartbeat_interval = heartbeat_interval
+        self.flush_redis = flush_redis
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env: dict = {}
+        self.procs: dict[str, Proc] = {}  # name → the current process of that name
+        self.history: list[Proc] = []  # every process started, restarts included, in order
+        self._commands: dict[str, tuple[list[str], dict]] = {}
+
+    # --- starting and stopping ---------------------------------------------------------------
+
+    def start(self, *, timeout: float = 90.0) -> Stack:
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start(self, timeout: float) -> None:
+        if self.private_redis:
+            acl = []
+            if self.broker_users:
+                from console.broker_acl import acl_file
+
+                (self.work_dir / "users.acl").write_text(acl_file(list(self.broker_users.values())))
+                acl = ["--aclfile", str(self.work_dir / "users.acl")]
+            self._run("redis", ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save", "",
+                                "--appendonly", "no", "--dir", str(self.work_dir), *acl], dict(os.environ))
+            self._wait_for(self.redis_answers, timeout=20, what="the private Redis to answer")
+        elif self.flush_redis:
+            import redis
+
+            redis.Redis.from_url(self.redis_url).flushdb()
+        env = {**os.environ, "DATABASE_URL": self.database_url or database_url_default(), "REDIS_URL": self.redis_url,
+               "FGPU_DATA_DIR": str(self.work_dir / "data"), "FGPU_HEARTBEAT_INTERVAL": str(self.heartbeat_interval),
+               "PYTHONUNBUFFERED": "1", **self.extra_env}
+        env.pop("FGPU_CELERY_EAGER", None)
+        self.env = env
+        script = ("from django.core.management import call_command\n"
+                  f"call_command('import_accelerator_config', {str(ROOT / 'demo' / 'mock-accelerator.toml')!r})\n"
+                  f"call_command('import_accelerator_config', {str(ROOT / 'demo' / 'accelerator.json')!r})\n")
+        out = subprocess.run([PYTHON, "manage.py", "shell", "-c", script], cwd=ROOT, env=env, capture_output=True,
+                             text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"import_accelerator_config failed:\n{out.stdout}{out.stderr}")
+        self._run("web", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "console.asgi:application"],
+                  self._role_env(env, "fgpu-web"))
+        self._run("manager", [str(BIN / "celery"), "-A", "console", "worker", "-Q", "manager", "--pool", "threads",
+                              "--concurrency", "4", "--without-gossip", "--without-mingle", "--loglevel", "INFO",
+                              "--hostname", f"manager-{uuid.uuid4().hex[:8]}@%h"], self._role_env(env, "fgpu-manager"))
+        self._run("beat", [str(BIN / "celery"), "-A", "console", "beat", "--schedule",
+                           str(self.work_dir / "beat-schedule"), "--loglevel", "INFO"], self._role_env(env, "fgpu-manager"))
+        agent_env = {**env, "DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"}
+        for node in self.nodes:
+            node_dir = self.work_dir / "nodes" / node.name
+            node_dir.mkdir(parents=True, exist_ok=True)
+            (node_dir / "mock-accelerator.toml").write_text(node.mock_toml)
+            (node_dir / "agent.toml").write_text(node.agent_toml())
+            self._run(self.agent_name(node.name), [PYTHON, "manage.py", "agent", "--config",
+                                                   str(node_dir / "agent.toml")],
+                      self._role_env(agent_env, f"fgpu-agent-{node.name}"))
+        self._wait_for(self.web_answers, timeout=timeout, what="daphne to answer")
+        self._wait_for(self.nodes_ready, timeout=timeout, what="every agent to register its node")
+
+    def close(self) -> None:
+        """Stop every process (SIGTERM, all at once, then SIGKILL what is left after 15 s) and kill
+        what sessions left behind (processes whose allocation file lies under `work_dir`)."""
+        current = list(self.procs.values())
+        for proc in current:
+            if proc.alive():
+                proc.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for proc in current:
+            try:
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            proc.kill()
+        for proc in self.history:
+            if proc.alive():
+                proc.kill()
+        for pid in leftover_session_processes(self.work_dir):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- faults ------------------------------------------------------------------------------
+
+    @staticmethod
+    def agent_name(node: str) -> str:
+        return f"agent-{node}"
+
+    @property
+    def agents(self) -> dict[str, Proc]:
+        """Node name → its agent's current process."""
+        return {node.name: self.procs[self.agent_name(node.name)] for node in self.nodes
+                if self.agent_name(node.name) in self.procs}
+
+    def kill(self, name: str) -> None:
+        """SIGKILL process `name` and everything in its process group (a session's processes
+        run in sessions of their own: an agent's sessions outlive it, as on a real node)."""
+        self.procs[name].kill()
+
+    def restart(self, name: str) -> Proc:
+        """Start `name` again with the same command and environment (killing it first if it is
+        still alive). Returns at once: the caller waits for what it needs (`web_answers`,
+        `nodes_ready`, `redis_answers`)."""
+        if self.procs[name].alive():
+            self.procs[name].kill()
+        argv, env = self._commands[name]
+        return self._run(name, argv, env)
+
+    def redis_stop(self) -> None:
+        """Take the private broker down (SIGKILL: no persistence, its data is gone)."""
+        assert self.private_redis, "only a private redis-server can be stopped"
+        self.kill("redis")
+
+    def redis_start(self, *, timeout: float = 20.0) -> None:
+        """Bring the private broker back on the same port, empty; returns once it answers."""
+        assert self.private_redis, "only a private redis-server can be started"
+        self.restart("redis")
+        self._wait_for(self.redis_answers, timeout=timeout, what="the private Redis to answer")
+
+    def terminate_backends(self) -> int:
+        """pg_terminate_backend every other connection to the stack's database (web, manager,
+        beat, and the caller's other threads); returns how many were terminated."""
+        import psycopg
+
+        name = (self.database_url or self.env["DATABASE_URL"]).rsplit("/", 1)[1]
+        admin_url = self.env["DATABASE_URL"].rsplit("/", 1)[0] + "/postgres"
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE datname = %s AND pid <> pg_backend_pid()", [name]).fetchall()
+        return sum(1 for (done,) in rows if done)
+
+    # --- readiness ---------------------------------------------------------------------------
+
+    def web_answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.base + "/api/schema/", timeout=5) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def redis_answers(self) -> bool:
+        import redis
+
+        try:
+            return bool(redis.Redis.from_url(self.redis_url, socket_timeout=2, socket_connect_timeout=2).ping())
+        except redis.RedisError:
+            return False
+
+    def nodes_ready(self) -> bool:
+        """Every node ALIVE with all its devices; AssertionError when an agent process exited."""
+        from django.db import connection
+
+        from accelerators.models import Device, Node, NodeStatus
+
+        exited = [name for name, proc in self.agents.items() if not proc.alive()]
+        assert not exited, f"agent process(es) exited: {exited}"
+        connection.close_if_unusable_or_obsolete()
+        names = [node.name for node in self.nodes]
+        alive = set(Node.objects.filter(name__in=names, status=NodeStatus.ALIVE).values_list("name", flat=True))
+        counts = {}
+        for node_name in Device.objects.filter(node__name__in=names).values_list("node__name", flat=True):
+            counts[node_name] = counts.get(node_name, 0) + 1
+        return all(node.name in alive and counts.get(node.name, 0) >= node.devices for node in self.nodes)
+
+    def logs(self, *, tail: int = 4000) -> str:
+        """The last `tail` characters of every process's log, restarts included."""
+        return "".join(f"\n----- {proc.log_path.name} -----\n{proc.output()[-tail:]}" for proc in self.history)
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _role_env(self, env: dict, user: str) -> dict:
+        """`env` with REDIS_URL carrying `user`'s credentials, where the broker has ACL users."""
+        if not self.broker_users:
+            return env
+        base = f"redis://127.0.0.1:{self.redis_port}/0"
+        return {**env, "REDIS_URL": self.broker_users[user].url(base)}
+
+    def _run(self, name: str, argv: list[str], env: dict) -> Proc:
+        self._commands[name] = (argv, env)
+        runs = sum(1 for p in self.history if p.name == name)
+        proc = Proc(name, argv, env=env, log_dir=self.work_dir, log_name=name if not runs else f"{name}.{runs}")
+        self.procs[name] = proc
+        self.history.append(proc)
+        return proc
+
+    def _wait_for(self, predicate: Callable, *, timeout: float, what: str) -> None:
+        """wait_until, with every process's log in the failure (a fixture's setup failure shows
+        no teardown output)."""
+        try:
+            wait_until(predicate, timeout=timeout, interval=0.2, what=what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}{self.logs()}") from None
+
+
+# --- sessions' processes, from /proc --------------------------------------------------------------
+
+def _proc_environ(pid: str) -> list[bytes] | None:
+    """A live (not zombie) process's environment, None if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                return None
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except (OSError, IndexError):
+        return None
+
+
+def session_processes(session_ids: Iterable[str]) -> dict[str, list[int]]:
+    """Session id → pids of live processes (not zombies) whose environment carries
+    `FGPU_SESSION_ID=<id>` (every process a session starts, daemons that called setsid included;
+    only one that rewrote its environment escapes). Sessions without any are left out."""
+    markers = {f"FGPU_SESSION_ID={sid}".encode(): str(sid) for sid in session_ids}
+    found: dict[str, list[int]] = {}
+    own = str(os.getpid())
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or entry.name == own:
+            continue
+        environ = _proc_environ(entry.name)
+        for var in environ or ():
+            if var in markers:
+                found.setdefault(markers[var], []).append(int(entry.name))
+                break
+    return found
+
+
+def leftover_session_processes(work_dir: Path) -> list[int]:
+    """Pids of live processes of sessions run under `work_dir` (their FGPU_ALLOCATION names a
+    file there): what to clean up after a run, whatever state the agents were left in."""
+    prefix = f"FGPU_ALLOCATION={Path(work_dir).resolve()}/".encode()
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and any(var.startswith(prefix) for var in _proc_environ(entry.name) or ()):
+            pids.append(int(entry.name))
+    return pids

@@ -1,0 +1,124 @@
+"""The broker's ACL users (console/broker_acl.py, issue 13): no one reaches the broker without a
+password, and an agent's user reaches its own queue and the keys its node needs, nothing else.
+
+The end-to-end test runs the distributed stack (daphne, manager, beat, two agents) against a
+private redis-server loaded with the ACL file, each process with its role's URL, launches a
+session and uses its terminal and exec, terminates it, and then reads Redis' ACL log: no
+command of a role's user was refused along the way. Then it tries, as one agent, what the ACL
+must refuse."""
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+
+import pytest
+import redis
+
+from console.broker_acl import MANAGER, WEB, acl_file, agent_rules, agent_user, broker_users
+from tests.conftest import ROOT, wait_until
+from tests.stack import Stack, StackNode, mock_inventory
+from tests.test_e2e_distributed import api, get_ok, terminal_run
+
+
+def test_the_acl_file_switches_the_default_user_off_and_stores_no_password_in_clear():
+    users = broker_users(["gpu-1", "gpu-2"])
+    text = acl_file(users)
+
+    assert text.splitlines()[0] == "user default off"
+    assert [line.split()[1] for line in text.splitlines()[1:]] == [WEB, MANAGER, "fgpu-agent-gpu-1", "fgpu-agent-gpu-2"]
+    for user in users:
+        assert user.password not in text and len(user.password) >= 40
+    assert len({u.password for u in users}) == 4
+
+
+def test_an_agent_reaches_its_own_queue_and_writes_to_the_manager_queues_only():
+    rules = agent_rules("gpu-1").split()
+
+    assert "~agent.gpu-1" in rules and {"%W~manager", "%W~manager.logs", "%W~manager.heartbeats"} <= set(rules)
+    assert "~manager" not in rules and not any("agent.gpu-2" in r for r in rules)
+    assert "~*" not in rules and "resetkeys" in rules and "-@dangerous" in rules
+
+
+def test_a_node_name_that_no_queue_can_carry_is_refused():
+    for bad in ("", "a b", "x*", "-lead", "a" * 129):
+        with pytest.raises(ValueError, match="node name"):
+            agent_user(bad)
+    with pytest.raises(ValueError, match="named twice"):
+        broker_users(["n", "n"])
+
+
+def test_a_url_carries_the_users_name_and_password_quoted():
+    user = broker_users(["n"], passwords={WEB: "p@ss/word"})[0]
+
+    assert user.url("redis://broker:6380/2") == "redis://fgpu-web:p%40ss%2Fword@broker:6380/2"
+
+
+def test_the_command_writes_the_file_private_and_prints_every_role_url(tmp_path):
+    out = subprocess.run([sys.executable, "manage.py", "broker_acl", "gpu-1", "--acl-file", str(tmp_path / "users.acl"),
+                          "--broker-url", "redis://broker:6379/0"], cwd=ROOT, capture_output=True, text=True)
+
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "users.acl").stat().st_mode & 0o777 == 0o600
+    assert re.search(r"REDIS_URL=redis://fgpu-web:[^@]+@broker:6379/0", out.stdout)
+    assert re.search(r'broker-url = "redis://fgpu-agent-gpu-1:[^@]+@broker:6379/0"', out.stdout)
+    bad = subprocess.run([sys.executable, "manage.py", "broker_acl", "bad name", "--acl-file", str(tmp_path / "x"),
+                          "--broker-url", "redis://broker:6379/0"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode != 0 and "node name" in bad.stderr
+
+
+@pytest.fixture
+def acl_stack(tmp_path):
+    nodes = [StackNode(f"acl-node-{i}", mock_inventory(gpus=1)) for i in range(2)]
+    with Stack(nodes=nodes, work_dir=tmp_path / "stack", broker_acl=True) as stack:
+        yield stack
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_the_stack_runs_with_one_broker_user_per_role_and_an_agent_is_refused_the_rest(acl_stack, django_user_model):
+    stack = acl_stack
+    from rest_framework.authtoken.models import Token
+
+    token = Token.objects.create(user=django_user_model.objects.create_user("alice")).key
+    status, created = api(stack.base, "POST", "/api/v1/sessions/", token, {"resources": {"cuda.shares": "0.5"}})
+    assert status == 201, created
+    path = f"/api/v1/sessions/{created['id']}/"
+    session = wait_until(lambda: (s := get_ok(stack.base, path, token))["status"] in ("RUNNING", "ERROR") and s,
+                         timeout=60, what="the session to start")
+    assert session["status"] == "RUNNING", session
+    status, ticket = api(stack.base, "POST", f"{path}terminal-ticket/", token, {})
+    assert status == 200, ticket
+    output = asyncio.run(terminal_run(stack.base.replace("http://", "ws://") + ticket["url"], "echo acl-$((6*7))\r",
+                                      "acl-42", timeout=30))
+    assert "acl-42" in output
+    status, ran = api(stack.base, "POST", f"{path}exec/", token, {"command": "echo exec-ok"})
+    assert status == 200 and ran["stdout"] == "exec-ok\n", ran
+    status, _ = api(stack.base, "DELETE", path, token)
+    assert status == 202
+    wait_until(lambda: get_ok(stack.base, path, token)["status"] == "TERMINATED", timeout=30,
+               what="the session to end")
+
+    port = stack.redis_port
+    admin = redis.Redis(host="127.0.0.1", port=port, username="fgpu-test-admin",
+                        password=stack.broker_users["fgpu-test-admin"].password)
+    refused = [(e[b"username"], e[b"object"], e[b"reason"]) for e in
+               ({k if isinstance(k, bytes) else k.encode(): v for k, v in entry.items()} for entry in admin.acl_log())]
+    assert refused == [], f"the ACL refused a role's own work: {refused}"
+
+    me = stack.broker_users[agent_user("acl-node-0")]
+    agent = redis.Redis(host="127.0.0.1", port=port, username=me.name, password=me.password)
+    assert agent.ping()
+    agent.llen("agent.acl-node-0")  # its own queue
+    for refused_call in (lambda: agent.lrange("manager", 0, -1),  # reports of every node: write only
+                         lambda: agent.llen("agent.acl-node-1"),  # another node's starts and stops
+                         lambda: agent.hgetall("unacked"),  # the manager's messages in flight
+                         lambda: agent.keys("*"), lambda: agent.flushall(), lambda: agent.acl_list(),
+                         lambda: agent.config_get("*")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            refused_call()
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis(host="127.0.0.1", port=port).ping()  # no credentials: the default user is off
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis(host="127.0.0.1", port=port, username=me.name, password="guess").ping()

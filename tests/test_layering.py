@@ -1,0 +1,70 @@
+"""The layout keeps its rooms apart (DESIGN.md, "Layout"): the node side (agent/) talks to the
+manager only through `protocol`, and `protocol` imports nothing of either side. Read from the
+source (every import statement, at any depth, of every module), so a lazy import inside a
+function counts too."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# What the manager side is: its apps' services, selectors, scheduler, tasks and models.
+MANAGER = ("sessions", "accounts", "accelerators.models", "accelerators.services", "accelerators.selectors",
+           "accelerators.mig_services", "accelerators.api", "accelerators.admin", "django.db", "rest_framework")
+
+
+def imports_of(package: str) -> dict[str, set[str]]:
+    """{module path: the modules it imports (absolute names)}, for every .py file under `package`."""
+    out = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        if "migrations" in path.parts:
+            continue
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module)
+        out[str(path.relative_to(ROOT))] = names
+    return out
+
+
+def under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_the_agent_imports_nothing_of_the_manager():
+    found = {module: sorted(n for n in names if under(n, MANAGER)) for module, names in imports_of("agent").items()}
+
+    assert {m: n for m, n in found.items() if n} == {}
+    assert "agent/core.py" in found and "agent/tasks.py" in found  # the walk saw the package
+
+
+def test_protocol_imports_neither_side():
+    found = {module: sorted(n for n in names if under(n, MANAGER + ("agent", "console", "accelerators")))
+             for module, names in imports_of("protocol").items()}
+
+    assert {m: n for m, n in found.items() if n} == {}
+    assert "protocol/__init__.py" in found
+
+
+@pytest.mark.parametrize("package", ["sessions", "accelerators", "accounts"])
+def test_the_manager_sends_to_agents_by_task_name_only(package):
+    """The manager may read the node side's environment contract (agent.environment: what a
+    launch preview shows), never its Agent, runtimes or tasks."""
+    allowed = {"agent.environment"}
+    found = {module: sorted(n for n in names if under(n, ("agent",)) and n not in allowed)
+             for module, names in imports_of(package).items()}
+
+    assert {m: n for m, n in found.items() if n} == {}
+
+
+def test_the_layering_check_sees_a_forbidden_import(tmp_path):
+    """The check above can fail: an import of a manager module is found, also inside a function."""
+    module = ast.parse("def f():\n    from sessions.models import ComputeSession\n")
+    names = {n.module for n in ast.walk(module) if isinstance(n, ast.ImportFrom)}
+
+    assert any(under(n, MANAGER) for n in names)

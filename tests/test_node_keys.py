@@ -1,0 +1,112 @@
+"""Agent messages authenticated by node keys (issue 13): with the broker's credentials alone,
+nobody can mark another node's session ended, or write its log. The database is real; the
+messages go through the manager's Celery tasks (eager), as the agent sends them."""
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+from django.core.management import call_command
+
+import protocol
+from accelerators.models import Node, NodeStatus
+from console.celery import app
+from sessions import services
+from sessions.models import Allocation, ComputeSession, SessionLogChunk, SessionStatus
+from agent.core import _AGENTS, CeleryManager
+from tests.conftest import make_cluster, mock_gpu
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Sink:
+    def submit_start(self, spec):
+        pass
+
+    def submit_stop(self, session_id):
+        pass
+
+    def submit_sync(self, keep):
+        pass
+
+    def submit_mig_reconcile(self, *args, **kwargs):
+        pass
+
+
+@pytest.fixture
+def cluster(alice):
+    make_cluster(nodes={"node-a": [mock_gpu(0)], "node-b": [mock_gpu(1)]})
+    for name in ("node-a", "node-b"):
+        _AGENTS[name] = Sink()
+    yield
+    for name in ("node-a", "node-b"):
+        _AGENTS.pop(name, None)
+
+
+def running_on(node: str, owner) -> ComputeSession:
+    session = services.session_create(owner=owner, name="s", resources={"cuda.shares": "0.5"})
+    session.refresh_from_db()
+    ComputeSession.objects.filter(pk=session.pk).update(node=Node.objects.get(name=node))  # pin it for the test
+    Allocation.objects.filter(session=session).update(device=Node.objects.get(name=node).devices.get())
+    assert services.session_report_apply(session_id=str(session.pk), status="RUNNING")
+    session.refresh_from_db()
+    return session
+
+
+def key_for(node: str) -> str:
+    out = io.StringIO()
+    call_command("node_key", node, stdout=out)
+    text = out.getvalue()
+    assert text.startswith('[manager]\nnode-key = "')
+    return text.split('"')[1]
+
+
+def test_a_signed_report_from_the_sessions_own_node_applies(cluster, alice):
+    session = running_on("node-a", alice)
+    agent = CeleryManager(app, node="node-a", key=key_for("node-a"))
+    agent.report(str(session.pk), "TERMINATED", "the process exited with code 0", 0)
+    session.refresh_from_db()
+    assert session.status == SessionStatus.TERMINATED
+
+
+def test_a_forged_report_for_a_keyed_nodes_session_is_refused_and_logged(cluster, alice, caplog):
+    session = running_on("node-a", alice)
+    key_for("node-a")
+    forgers = [CeleryManager(app),  # no key, no node: what anyone with the broker's password can send
+               CeleryManager(app, node="node-a", key="guessed"),
+               CeleryManager(app, node="node-b", key=key_for("node-b"))]  # a real key, of another node
+    with caplog.at_level(logging.WARNING):
+        for forger in forgers:
+            forger.report(str(session.pk), "TERMINATED", "forged", 0)
+            forger.log(str(session.pk), 0, 0, "forged output", True)
+    session.refresh_from_db()
+    assert session.status == SessionStatus.RUNNING
+    assert Allocation.objects.filter(session=session, released_at__isnull=True).count() == 1
+    assert not SessionLogChunk.objects.filter(session_id=session.pk).exists()  # no forged output stored
+    refusals = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "refused" in r.getMessage()]
+    assert len(refusals) >= 6, refusals
+
+
+def test_a_heartbeat_with_a_bad_signature_does_not_keep_a_node_alive(cluster):
+    key_for("node-a")
+    Node.objects.filter(name="node-a").update(status=NodeStatus.LOST)
+    CeleryManager(app, node="node-a", key="guessed").heartbeat("node-a", [], None, {"sessions": {}, "ended": {}, "at": 0})
+    assert Node.objects.get(name="node-a").status == NodeStatus.LOST
+
+
+def test_nodes_without_keys_are_refused_once_keys_are_required(cluster, alice, settings):
+    session = running_on("node-b", alice)
+    settings.FGPU_REQUIRE_NODE_KEYS = True
+    CeleryManager(app, node="node-b").report(str(session.pk), "TERMINATED", "unsigned", 0)
+    session.refresh_from_db()
+    assert session.status == SessionStatus.RUNNING
+
+
+def test_a_signature_covers_every_argument():
+    kwargs = {"session_id": "s", "status": "RUNNING", "reason": "", "exit_code": None, "node": "n"}
+    signature = protocol.sign("k", protocol.SESSION_REPORT, kwargs)
+    assert protocol.verify("k", protocol.SESSION_REPORT, {**kwargs, "signature": signature}, signature)
+    assert not protocol.verify("k", protocol.SESSION_REPORT, {**kwargs, "status": "TERMINATED"}, signature)
+    assert not protocol.verify("k", protocol.SESSION_LOG_APPEND, kwargs, signature)
+    assert not protocol.verify("other", protocol.SESSION_REPORT, kwargs, signature)
