@@ -128,15 +128,18 @@ class DockerSession:
             return f"killed: out of memory at its {format_binary_size(self.mem)} limit (exit code {exit_code})"
         return ""
 
-    def signal_all(self, sig: int) -> None:
-        try:
-            self.container.kill(signal=int(sig))  # to docker-init, which passes it on to the session's shell
-        except Exception as exc:
-            log.debug("signal %s to %s: %s", sig, self.session_id, exc)
+    def signal_all(self, *sigs: int) -> None:
+        for sig in sigs:
+            try:
+                self.container.kill(signal=int(sig))  # to docker-init, which passes it on to the session's shell
+            except Exception as exc:
+                log.debug("signal %s to %s: %s", sig, self.session_id, exc)
 
-    def kill_all(self) -> None:
-        """SIGKILL to the container's init: the kernel ends every process of its PID namespace."""
+    def kill_all(self) -> int:
+        """SIGKILL to the container's init: the kernel ends every process of its PID namespace.
+        Returns 1 (whether anything was left is for `alive` to say)."""
         self.signal_all(signal.SIGKILL)
+        return 1
 
     def alive(self) -> bool:
         try:

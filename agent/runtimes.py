@@ -93,15 +93,16 @@ class SessionHandle:
     def resize(self, rows: int, cols: int) -> None:
         set_winsize(self.fd, rows, cols)
 
-    def signal_all(self, sig: int) -> None:
-        """Blocking: `sig` to every process of the session's process session."""
-        signal_session(self.pid, sig)
+    def signal_all(self, *sigs: int) -> None:
+        """Blocking: each of `sigs`, in order, to every process of the session's process
+        session (one scan of /proc)."""
+        signal_session(self.pid, *sigs)
 
-    def kill_all(self) -> None:
-        """Blocking: SIGKILL to every process of the session, those that escaped its process
-        session too (they carry its FGPU_SESSION_ID)."""
-        for pid in session_processes(self.session_id, self.pid):
-            _kill(pid, signal.SIGKILL)
+    def kill_all(self) -> int:
+        """Blocking: SIGKILL to every live process of the session, those that escaped its
+        process session too (they carry its FGPU_SESSION_ID). Returns how many were signalled
+        (0: none was left but zombies, so there is nothing to wait for)."""
+        return sum(_kill(pid, signal.SIGKILL) for pid in session_processes(self.session_id, self.pid, live_only=True))
 
     def alive(self) -> bool:
         """Blocking: whether any process of the session is left (zombies do not count)."""
@@ -278,9 +279,11 @@ def session_processes(session_id: str, sid: int, *, proc: str = "/proc", live_on
     return pids
 
 
-def signal_session(sid: int, sig: int) -> None:
+def signal_session(sid: int, *sigs: int) -> None:
+    """Each of `sigs`, in order, to every process of process session `sid` (one scan)."""
     for pid in session_members(sid):
-        _kill(pid, sig)
+        for sig in sigs:
+            _kill(pid, sig)
 
 
 def kill_orphans(scratch_root: Path, *, proc: str = "/proc") -> int:

@@ -5,10 +5,11 @@ so a page never sees a state the database does not hold.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import threading
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 from rest_framework.renderers import JSONRenderer
@@ -63,7 +64,7 @@ def _send_updates(entries: list[tuple]) -> None:
             message = {"type": "session.update", "session": shape}
             sends += [(group, message) for group in (session_group(session_id), user_group(owner_id), STAFF_GROUP)]
     if sends:
-        async_to_sync(_group_send_all)(get_channel_layer(), sends)
+        _SENDER.send(sends)
 
 
 async def _group_send_all(layer, sends: list[tuple[str, dict]]) -> None:
@@ -73,3 +74,52 @@ async def _group_send_all(layer, sends: list[tuple[str, dict]]) -> None:
             await layer.group_send(group, message)
         except Exception:  # a notice is best-effort: the state is already committed
             log.exception("could not push the update of session %s", message["session"]["id"])
+
+
+class _Sender:
+    """Sends the notices from one long-lived event loop, in the order they were made, without
+    making the writer wait: a launch, a delete, a scheduler pass or an agent's report is not
+    held up by the channel layer (async_to_sync from a worker thread would start an event loop,
+    and a Redis connection, for every notice, and wait for the sends).
+
+    The loop is a thread of its own (web and manager processes), or the server's loop where the
+    channel layer must be used from it (`use_loop`: standalone mode's in-memory layer lives on
+    daphne's loop). Notices are best-effort, as before: a process that dies loses those not yet
+    sent; the pages re-read the list when their websocket reconnects."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue | None = None
+
+    def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Send from `loop` (running, in another thread or this one) from now on."""
+        with self._lock:
+            self._start_on(loop)
+
+    def send(self, sends: list[tuple[str, dict]]) -> None:
+        with self._lock:
+            if self._loop is None or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="session-notices", daemon=True).start()
+                self._start_on(loop)
+            loop, queue = self._loop, self._queue
+        loop.call_soon_threadsafe(queue.put_nowait, sends)
+
+    def _start_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        self._loop, self._queue = loop, queue
+        asyncio.run_coroutine_threadsafe(self._drain(queue), loop)
+
+    @staticmethod
+    async def _drain(queue: asyncio.Queue) -> None:
+        while True:
+            sends = await queue.get()
+            try:
+                await _group_send_all(get_channel_layer(), sends)
+            except Exception:
+                log.exception("could not push %d session notice(s)", len(sends))
+
+
+_SENDER = _Sender()
+use_loop = _SENDER.use_loop

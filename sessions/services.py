@@ -118,8 +118,8 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
             amount=request.amount, cpu=request.cpu, mem=request.mem, command=command or "", priority=priority,
             image=session_image, status_reason="waiting for the scheduler",
         )
+        transaction.on_commit(_schedule_soon)  # before the page's notice: the launch does not wait for it
         events.session_notify(session)
-        transaction.on_commit(_schedule_soon)
     return session
 
 
@@ -166,10 +166,10 @@ def session_terminate(*, session: ComputeSession) -> ComputeSession:
         ).update(status=SessionStatus.TERMINATING, status_reason="terminating at the user's request")
         session.refresh_from_db()
         if moved or session.status == SessionStatus.TERMINATING:
+            node_name, session_id = session.node.name, str(session.pk)
+            transaction.on_commit(lambda: _send_stop(node_name, session_id))  # first: the stop does not wait for the notice
             if moved:
                 events.session_notify(session)
-            node_name, session_id = session.node.name, str(session.pk)
-            transaction.on_commit(lambda: _send_stop(node_name, session_id))
     return session
 
 

@@ -8,6 +8,7 @@ manager knows them by name only (protocol) and sends them with `agent_send`. Rou
 from __future__ import annotations
 
 import logging
+import threading
 
 import kombu.exceptions
 import redis.exceptions
@@ -196,6 +197,9 @@ def schedule_pending_soon() -> None:
     """
     from console.celery import app
 
+    if getattr(settings, "STANDALONE", False):
+        _STANDALONE_PASSES.request()
+        return
     try:
         if settings.REDIS_URL and not app.conf.task_always_eager:
             if not _redis().set(SCHEDULE_QUEUED_KEY, 1, nx=True, ex=30):
@@ -203,6 +207,40 @@ def schedule_pending_soon() -> None:
         schedule_pending.delay()
     except TRANSIENT_ERRORS:
         log.warning("could not ask for a scheduler pass (the broker is unreachable); beat's next pass runs it")
+
+
+class _BackgroundPasses:
+    """Standalone mode (eager Celery, no manager worker): scheduler passes on one thread of
+    their own instead of inside the request that asked for one, so a launch or a delete answers
+    without waiting for the pass (and the agents' starts it sends). Requests coalesce as on the
+    distributed stack: one made while a pass runs adds one more pass after it, not one each."""
+
+    def __init__(self) -> None:
+        self._wanted = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def request(self) -> None:
+        self._wanted.set()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="scheduler-passes", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        from sessions.scheduler import schedule_pending as run
+
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            db.close_old_connections()
+            try:
+                run()
+            except Exception:  # the next request (or the periodic pass) tries again
+                log.exception("scheduler pass failed")
+
+
+_STANDALONE_PASSES = _BackgroundPasses()
 
 
 @manager_task("fgpu.manager.schedule_pending")

@@ -73,3 +73,36 @@ def test_a_consumer_cleaned_up_while_the_broker_is_down_keeps_its_message_for_re
         assert back.payload == {"n": 1}
         back.ack()
 
+
+
+def test_a_late_ack_on_the_channel_of_a_lost_connection_leaves_the_message_for_redelivery(private_redis):
+    """A task that ends after the broker went away (acks_late) acknowledges its message on the
+    old channel: that must neither raise (the worker would exit: "'NoneType' object has no
+    attribute 'client'") nor lose the message, which the task runs again after the visibility
+    timeout (every manager and agent task is idempotent)."""
+    url, port, data_dir, servers = private_redis
+    name = f"fgpu-test-broker-{uuid.uuid4().hex[:8]}"
+    queue = Queue(name, Exchange(name), routing_key=name)
+    options = {"visibility_timeout": 0}
+    with Connection(url, transport_options=options) as producer:
+        producer.SimpleQueue(queue).put({"n": 2})
+    consumer = Connection(url, transport_options=options)
+    channel = consumer.default_channel
+    channel.client.connection_pool.connection_kwargs["socket_timeout"] = 1
+    message = channel.basic_get(name, no_ack=False)
+    assert message is not None
+
+    servers[0].kill()
+    servers[0].wait()
+    consumer.collect(socket_timeout=1)  # the transport is detached from the channel's connection
+    servers.append(start_redis(port, data_dir))
+    message.ack()  # AttributeError without the repair
+    message.channel.qos.reject(message.delivery_tag, requeue=True)  # nor does a reject raise
+
+    with Connection(url, transport_options=options) as again:
+        channel = again.default_channel
+        assert channel.client.hlen(channel.unacked_key) == 1
+        channel.qos.restore_visible(start=0, num=100)
+        back = again.SimpleQueue(queue).get(timeout=5)
+        assert back.payload == {"n": 2}
+        back.ack()

@@ -124,9 +124,11 @@ class Command(BaseCommand):
         from daphne.server import Server
 
         from console.asgi import application
+        from sessions import events
         from sessions.tasks import node_check_heartbeats, schedule_pending
 
         async def start_agents():
+            events.use_loop(asyncio.get_running_loop())  # the in-memory channel layer lives on this loop
             for agent in agents:
                 await agent.start()
 
