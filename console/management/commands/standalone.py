@@ -116,9 +116,12 @@ class Command(BaseCommand):
                 self.stdout.write(self.style.WARNING(f"Created user admin with password: {password}  (shown once)"))
             else:
                 self.stdout.write("Created user admin with the password from FGPU_ADMIN_PASSWORD")
-        elif password:
+        elif password and not user.check_password(password):
+            # Only when it changed: set_password rotates the hash, which signs every browser out
+            # (Django ties a login session to the password hash) at every restart otherwise.
             user.set_password(password)
             user.save(update_fields=["password"])
+            self.stdout.write("Changed the password of user admin to the one from FGPU_ADMIN_PASSWORD")
 
     def _serve(self, host: str, port: int, agents) -> None:
         from daphne.server import Server
