@@ -1,7 +1,12 @@
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.utils import timezone
 
+from accounts import throttle
 from accounts.models import ApiToken
+
+User = get_user_model()
 
 
 @admin.register(ApiToken)
@@ -23,3 +28,22 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def revoke(self, request, queryset):
         revoked = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
         self.message_user(request, f"Revoked {revoked} token{'s' if revoked != 1 else ''}.", messages.SUCCESS)
+
+
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class ConsoleUserAdmin(UserAdmin):
+    """Django's user admin, with an unlock for users the login throttle locked out."""
+
+    actions = ["clear_failed_logins"]
+
+    @admin.action(description="Clear failed logins (unlock)")
+    def clear_failed_logins(self, request, queryset):
+        names = list(queryset.values_list("username", flat=True))
+        for name in names:
+            throttle.login_failures_clear_user(username=name)
+        self.message_user(request, f"Cleared the failed logins of {', '.join(names)}: they may sign in again from "
+                                   f"every address (an address locked as a whole: manage.py login_unlock --address).",
+                          messages.SUCCESS)

@@ -4,6 +4,7 @@ login — through the real URLconf and the one error shape."""
 from __future__ import annotations
 
 import hashlib
+import io
 import uuid
 from datetime import timedelta
 
@@ -320,31 +321,59 @@ def test_the_lockout_ends_when_the_fifteen_minute_window_does(alice, clock):
     assert token_login("alice").status_code == 200
 
 
-def test_five_failures_from_one_address_lock_every_username_from_that_address(alice, bob, clock):
-    for name in ("mallory", "trent", "eve", "oscar", "alice"):
-        fail_token_logins(name, 1, ip="203.0.113.7")
+def test_five_failures_for_one_username_from_one_address_leave_other_usernames_from_it_alone(alice, bob, clock):
+    """Five bad passwords for a user that does not exist once locked every user behind the same
+    address out (issue 18): the lock is per (username, address)."""
+    fail_token_logins("mallory", ip="203.0.113.7")
 
-    assert_error_shape(token_login("bob", ip="203.0.113.7"), 429)
+    assert_error_shape(token_login("mallory", ip="203.0.113.7"), 429)
+    assert token_login("bob", ip="203.0.113.7").status_code == 200
+
+
+def test_five_failures_for_one_username_lock_it_from_that_address_only(alice, clock):
+    fail_token_logins("alice", ip="203.0.113.1")
+
+    assert_error_shape(token_login("alice", ip="203.0.113.1"), 429)
+    assert token_login("alice", ip="198.51.100.1").status_code == 200
+
+
+def test_an_address_that_walks_through_usernames_is_locked_at_its_ceiling(alice, bob, clock):
+    for i in range(throttle.ADDRESS_LIMIT):
+        fail_token_logins(f"guess-{i}", 1, ip="203.0.113.9")
+
+    assert_error_shape(token_login("bob", ip="203.0.113.9"), 429)
     assert token_login("bob", ip="198.51.100.1").status_code == 200
 
 
-def test_five_failures_for_one_username_lock_it_from_every_address(alice, bob, clock):
-    for i in range(throttle.LIMIT):
-        fail_token_logins("alice", 1, ip=f"203.0.113.{i + 1}")
+def test_a_successful_login_clears_its_own_failures(alice, clock):
+    fail_token_logins("alice", throttle.LIMIT - 1, ip="203.0.113.1")
+    assert token_login("alice", ip="203.0.113.1").status_code == 200
 
-    assert_error_shape(token_login("alice", ip="198.51.100.1"), 429)
-    assert token_login("bob", ip="203.0.113.1").status_code == 200
+    fail_token_logins("alice", throttle.LIMIT - 1, ip="203.0.113.1")
+
+    assert token_login("alice", ip="203.0.113.1").status_code == 200
 
 
-def test_a_successful_login_clears_the_usernames_failures(alice, clock):
-    for i in range(throttle.LIMIT - 1):
-        fail_token_logins("alice", 1, ip=f"203.0.113.{i + 1}")
-    assert token_login("alice", ip="198.51.100.1").status_code == 200
+def test_an_administrator_unlocks_a_user_in_the_admin_and_an_address_with_login_unlock(alice, bob, django_user_model,
+                                                                                     clock):
+    from django.core.management import call_command
 
-    for i in range(throttle.LIMIT - 1):
-        fail_token_logins("alice", 1, ip=f"192.0.2.{i + 1}")
+    fail_token_logins("alice", ip="203.0.113.1")
+    fail_token_logins("alice", ip="203.0.113.2")
+    root = django_user_model.objects.create_superuser("root", "root@example.com", PASSWORD)
+    client = Client()
+    client.force_login(root)
+    response = client.post("/admin/auth/user/", {"action": "clear_failed_logins", "_selected_action": [alice.pk]},
+                           follow=True)
+    assert "Cleared the failed logins of alice" in response.content.decode()
+    assert token_login("alice", ip="203.0.113.1").status_code == 200
+    assert token_login("alice", ip="203.0.113.2").status_code == 200
 
-    assert token_login("alice", ip="198.51.100.2").status_code == 200
+    for i in range(throttle.ADDRESS_LIMIT):
+        fail_token_logins(f"guess-{i}", 1, ip="203.0.113.9")
+    assert_error_shape(token_login("bob", ip="203.0.113.9"), 429)
+    call_command("login_unlock", "--address", "203.0.113.9", stdout=io.StringIO())
+    assert token_login("bob", ip="203.0.113.9").status_code == 200
 
 
 def test_the_login_page_shows_too_many_attempts_and_does_not_sign_in(alice, clock):
@@ -404,10 +433,10 @@ def test_with_redis_the_counters_live_in_the_shared_cache_every_web_process_read
         for _ in range(throttle.LIMIT):
             throttle.login_failure_record(username=username, ip=ip)
         settings.CACHES = dict(project.CACHES)  # a fresh connection, as another process would have
-        assert throttle.login_blocked_for(username=username, ip=None) > throttle.WINDOW - 60
-        assert throttle.login_blocked_for(username=None, ip=ip) > throttle.WINDOW - 60
+        assert throttle.login_blocked_for(username=username, ip=ip) > throttle.WINDOW - 60
+        assert throttle.login_blocked_for(username=f"{username}-other", ip=ip) == 0
     finally:
-        for key in throttle._subjects(username=username, ip=ip):
+        for key, _ in throttle._subjects(username=username, ip=ip):
             cache.delete_many([key + ":start", key + ":count"])
 
 
