@@ -15,6 +15,7 @@ from django.utils import timezone
 from sessions import reconcile, services
 from sessions.models import Allocation, ComputeSession, SessionStatus
 from agent import core as agent_runtime
+from agent import tasks as _agent_tasks  # noqa: F401 (registers fgpu.agent.*: the eager sends reach the stand-in)
 from sessions.tasks import agent_heartbeat
 
 pytestmark = pytest.mark.django_db(transaction=True)
