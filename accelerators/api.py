@@ -8,6 +8,7 @@ fGPU as decimal text ("1.50"), never floats.
 """
 from __future__ import annotations
 
+from django.db.models import Prefetch
 from django.http import Http404
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
@@ -16,7 +17,15 @@ from rest_framework import mixins, serializers, viewsets
 
 from accelerators.models import AllocationMode, Device, FractionalSettings, Node, NodeStatus, ResourceGroup, SlotFormat
 from accelerators.selectors import device_fgpu_summary, devices_with_usage
-from console.api_support import ETAG_NOTE, IF_MATCH, ETagMixin, IsAdminOrReadOnly, ListETagMixin, admin_write_docs
+from console.api_support import (
+    ETAG_NOTE,
+    IF_MATCH,
+    ETagMixin,
+    IsAdminOrReadOnly,
+    ListETagMixin,
+    ModelSerializer,
+    admin_write_docs,
+)
 
 
 
@@ -35,9 +44,12 @@ class DeviceSerializer(serializers.ModelSerializer):
                   "memory_size", "is_mig_device", "mig_profile", "parent", "capacity_fgpu", "allocated_fgpu", "free_fgpu"]
 
     def _summary(self, device):
+        """The device's FgpuSummary, computed at the first call for all the context's `devices`
+        (the page's: `PageDevicesMixin`) and kept in the context for the others."""
         cache = self.context.setdefault("fgpu", {})
         if device.pk not in cache:
-            cache.update(device_fgpu_summary(self.context.get("devices") or [device]))
+            devices = self.context.get("devices") or []
+            cache.update(device_fgpu_summary(devices if device in devices else [device]))
         return cache[device.pk]
 
     def get_capacity_fgpu(self, device) -> str | None:
@@ -66,8 +78,8 @@ class DeviceUsageSerializer(DeviceSerializer):
         fields = ["node", *DeviceSerializer.Meta.fields, "allocated_memory", "allocated_procs", "session_count"]
 
 
-class NodeSerializer(serializers.ModelSerializer):
-    devices = serializers.SerializerMethodField()
+class NodeSerializer(ModelSerializer):
+    devices = DeviceSerializer(many=True, read_only=True)
     resource_group = serializers.CharField(source="resource_group.name", default=None, read_only=True,
                                            allow_null=True, help_text="node pool; null: the default pool")
     oversubscribed = serializers.BooleanField(source="is_oversubscribed", read_only=True,
@@ -81,11 +93,36 @@ class NodeSerializer(serializers.ModelSerializer):
                   "attributes", "images", "resource_group", "device_split_count", "memory_scaling", "core_scaling",
                   "oversubscribed", "devices"]
 
-    @extend_schema_field(DeviceSerializer(many=True))
-    def get_devices(self, node):
-        devices = list(node.devices.all())
-        context = {"devices": devices, "fgpu": self.context.setdefault("fgpu", {})}
-        return DeviceSerializer(devices, many=True, context=context).data
+    def to_representation(self, node):
+        # The devices whose fGPU figures DeviceSerializer computes at once: a page's
+        # (PageDevicesMixin), or one node's own.
+        self.context.setdefault("devices", list(node.devices.all()))
+        return super().to_representation(node)
+
+
+def nodes_with_devices():
+    """Nodes with their resource group and their devices, each device read with its live usage
+    (`devices_with_usage`) and its MIG parent, in slot and index order: what NodeSerializer
+    shows, in two queries for any number of nodes."""
+    devices = devices_with_usage(Device.objects.select_related("parent")).order_by("slot_name", "index", "device_id")
+    return Node.objects.select_related("resource_group").prefetch_related(Prefetch("devices", queryset=devices))
+
+
+class PageDevicesMixin:
+    """For a list view whose rows show devices' fGPU figures (DeviceSerializer): the devices of
+    the page go into the serializer's context, so one `device_fgpu_summary` serves the whole
+    page (one query: both lists read their devices with their usage). `page_devices` says
+    which they are."""
+
+    def page_devices(self, rows: list) -> list[Device]:
+        raise NotImplementedError
+
+    def get_serializer(self, *args, **kwargs):
+        if kwargs.get("many") and args and args[0] is not None:
+            rows = list(args[0])
+            kwargs["context"] = {**self.get_serializer_context(), "devices": self.page_devices(rows)}
+            args = (rows, *args[1:])
+        return super().get_serializer(*args, **kwargs)
 
 
 def _sent_empty(query_filter, value) -> bool:
@@ -154,11 +191,11 @@ NODE_SETTINGS_DOC = ("Administrators: the node's sharing settings — `device_sp
                                  responses={200: NodeSerializer}, examples=NODE_SETTINGS_EXAMPLES,
                                  description=NODE_SETTINGS_DOC),
 )
-class NodeViewSet(ETagMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
+class NodeViewSet(PageDevicesMixin, ETagMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
     """GPU nodes with their devices and each device's capacity, allocated and free fGPU;
     administrators change a node's sharing settings (NodeSettingsSerializer)."""
 
-    queryset = Node.objects.select_related("resource_group").prefetch_related("devices__parent")
+    queryset = nodes_with_devices()
     serializer_class = NodeSerializer
     filterset_class = NodeFilter
     permission_classes = [IsAdminOrReadOnly]
@@ -169,6 +206,9 @@ class NodeViewSet(ETagMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelView
 
     def get_serializer_class(self):
         return NodeSettingsSerializer if self.request and self.request.method in ("PUT", "PATCH") else NodeSerializer
+
+    def page_devices(self, rows: list) -> list[Device]:
+        return [device for node in rows for device in node.devices.all()]
 
     def update(self, request, *args, **kwargs):
         response = super().update(request, *args, **kwargs)
@@ -210,7 +250,7 @@ class DeviceFilter(filters.FilterSet):
                                    "capacity / allocated / free, bytes and SMs held, and how many sessions it hosts."),
     retrieve=extend_schema(summary="One device by id", tags=["inventory"]),
 )
-class DeviceViewSet(ListETagMixin, viewsets.ReadOnlyModelViewSet):
+class DeviceViewSet(PageDevicesMixin, ListETagMixin, viewsets.ReadOnlyModelViewSet):
     """Devices with their live allocation totals."""
 
     serializer_class = DeviceUsageSerializer
@@ -221,13 +261,8 @@ class DeviceViewSet(ListETagMixin, viewsets.ReadOnlyModelViewSet):
         return devices_with_usage(Device.objects.select_related("node", "parent")).order_by(
             "node__name", "slot_name", "index", "device_id")
 
-    def get_serializer(self, *args, **kwargs):
-        instance = args[0] if args else None
-        if kwargs.get("many") and instance is not None:  # one fGPU summary query for the whole page
-            instance = list(instance)
-            kwargs["context"] = {**self.get_serializer_context(), "devices": instance}
-            args = (instance, *args[1:])
-        return super().get_serializer(*args, **kwargs)
+    def page_devices(self, rows: list) -> list[Device]:
+        return rows
 
 
 # --- configuration: slot formats, fractional settings, resource groups ------------------------

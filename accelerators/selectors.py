@@ -41,14 +41,32 @@ def fractional_settings_get(*, slot_name: str) -> FractionalSettings:
 
 
 def slot_format_get(*, slot_name: str, subtype: str) -> SlotFormat:
-    """The slot format for `<slot_name>.<subtype>`, or an unsaved default ("GPU" / "fGPU")."""
+    """The slot format for `<slot_name>.<subtype>`, or an unsaved default ("GPU" / "fGPU"). One
+    query: where many amounts are formatted (a page of sessions), use `SlotFormats`."""
     found = SlotFormat.objects.filter(slot_name=slot_name, subtype=subtype).first()
-    if found:
-        return found
+    return found or _slot_format_default(slot_name=slot_name, subtype=subtype)
+
+
+def _slot_format_default(*, slot_name: str, subtype: str) -> SlotFormat:
     if subtype == "shares":
         return SlotFormat(slot_name=slot_name, subtype=subtype, display_unit="fGPU", human_readable_name="fGPU",
                           number_round_length=2)
     return SlotFormat(slot_name=slot_name, subtype=subtype)
+
+
+class SlotFormats:
+    """The slot formats of one request that formats many amounts (a page of sessions): every
+    row read in one query at the first `get`, which then answers as `slot_format_get` does,
+    from memory. Keep one for one request (a serializer's context), no longer, so an
+    administrator's edit shows on the next request."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, str], SlotFormat] | None = None
+
+    def get(self, *, slot_name: str, subtype: str) -> SlotFormat:
+        if self._rows is None:
+            self._rows = {(f.slot_name, f.subtype): f for f in SlotFormat.objects.all()}
+        return self._rows.get((slot_name, subtype)) or _slot_format_default(slot_name=slot_name, subtype=subtype)
 
 
 def devices_with_usage(devices):
@@ -86,21 +104,26 @@ def device_state(device) -> core.DeviceState:
 def device_fgpu_summary(devices: Iterable[Device]) -> dict:
     """{device pk: FgpuSummary} for `devices`, from live allocations. Capacity and free are
     computed with the device slot's fractional settings (min of memory and SMs, truncated to
-    2 decimals); allocated is the sum of live shares (whole-device grants count 1 each)."""
+    2 decimals); allocated is the sum of live shares (whole-device grants count 1 each).
+
+    One query for the fractional settings, and one more that reads `devices` again with their
+    usage unless every one was read by `devices_with_usage` with its node (a page's devices,
+    `select_related("node")` or prefetched from their nodes): call it once for a whole page."""
     devices = list(devices)
     settings = {s.slot_name: s for s in FractionalSettings.objects.filter(slot_name__in={d.slot_name for d in devices})}
-    annotated = {d.pk: d for d in devices_with_usage(Device.objects.filter(pk__in=[d.pk for d in devices]).select_related("node"))}
+    if not all(hasattr(d, "session_count") and Device.node.is_cached(d) for d in devices):
+        devices = devices_with_usage(Device.objects.filter(pk__in=[d.pk for d in devices]).select_related("node"))
     result = {}
-    for pk, device in annotated.items():
+    for device in devices:
         slot = settings.get(device.slot_name)
         allocated = Decimal(device.shares_used or 0)
         if slot is None or slot.allocation_mode != AllocationMode.FRACTIONAL or device.is_mig_device:
-            result[pk] = FgpuSummary(capacity=None, allocated=allocated, free=None)
+            result[device.pk] = FgpuSummary(capacity=None, allocated=allocated, free=None)
             continue
         pure = slot.as_allocation_settings()
         state = device_state(device)
         capacity = core.device_capacity(memory_size=state.memory_total, subproc_count=state.proc_total, settings=pure)
-        result[pk] = FgpuSummary(capacity=capacity, allocated=allocated, free=core.device_free_shares(state, pure))
+        result[device.pk] = FgpuSummary(capacity=capacity, allocated=allocated, free=core.device_free_shares(state, pure))
     return result
 
 

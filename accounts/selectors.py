@@ -29,9 +29,18 @@ def api_token_get_for(*, user, token_id) -> ApiToken:
         raise Http404("no such token") from None
 
 
+# DRF authtoken keys are 40 hex digits (Token.key holds no more); a named token's key is 43
+# characters (accounts.services.api_token_create), so the length tells which table to look in.
+LOGIN_TOKEN_KEY_LENGTH = Token._meta.get_field("key").max_length
+
+
 def api_token_find(*, key: str) -> ApiToken | None:
     """The ApiToken (revoked or not, with its user) whose key this is; None when no ApiToken has
-    it (it may still be a key from DRF's authtoken, see accounts.authentication)."""
+    it (it may still be a key from DRF's authtoken, see accounts.authentication). A key no
+    longer than a DRF authtoken key (LOGIN_TOKEN_KEY_LENGTH) is no named token's: None without
+    a query, so every request authenticates with one lookup."""
+    if len(key) <= LOGIN_TOKEN_KEY_LENGTH:
+        return None
     return ApiToken.objects.select_related("user").filter(digest=api_token_digest(key)).first()
 
 

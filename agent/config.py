@@ -25,6 +25,10 @@ over::
     pull-images = true                                  # docker: pull an image the node lacks when a session needs it
     mps-pipe-directory = "/tmp/nvidia-mps"              # docker, with [agent] mps = true: the node's MPS pipes
 
+    [usage]
+    interval = 5                                        # seconds between usage samples (1-300)
+    flush = 15                                          # seconds between batches to the manager (1-3600)
+
     [plugins.mock]
     config = "mock-accelerator.toml"                    # relative to this file
 
@@ -70,6 +74,8 @@ class AgentConfig:
     hami_core: Path | None = None
     mps_pipe_directory: Path = Path("/tmp/nvidia-mps")
     pull_images: bool = True
+    usage_interval_s: int = 5
+    usage_flush_s: int = 15
     extra: dict = field(default_factory=dict)
 
     @property
@@ -173,6 +179,13 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
     pull_images = container.get("pull-images", True)
     if not isinstance(pull_images, bool):
         fail("container.pull-images", "expected true or false")
+    usage = table(data, "usage", "usage")
+    usage_interval = usage.get("interval", 5)
+    if isinstance(usage_interval, bool) or not isinstance(usage_interval, int) or not 1 <= usage_interval <= 300:
+        fail("usage.interval", f"{usage_interval!r} is not a number of seconds from 1 to 300")
+    usage_flush = usage.get("flush", 15)
+    if isinstance(usage_flush, bool) or not isinstance(usage_flush, int) or not 1 <= usage_flush <= 3600:
+        fail("usage.flush", f"{usage_flush!r} is not a number of seconds from 1 to 3600")
     mock_config = None
     if MOCK_PLUGIN in plugins:
         mock = table(table(data, "plugins", "plugins"), "mock", "plugins.mock")
@@ -185,4 +198,5 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
         mps=mps, broker_url=broker_url, scratch_root=(path.parent / scratch).resolve(), mock_config=mock_config,
         scratch_retention_s=retention, node_key=node_key, runtime=runtime, default_image=default_image, uid=uid, network=network,
         hami_core=hami_core, mps_pipe_directory=mps_pipes, pull_images=pull_images,
+        usage_interval_s=usage_interval, usage_flush_s=usage_flush,
     )

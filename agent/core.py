@@ -42,6 +42,7 @@ from agent import exec_stream
 from agent import mig as mig_runtime
 from agent.environment import allocation_document, session_environment
 from agent.runtimes import HeldImages, ProcessRuntime, SessionHandle
+from agent.usage import UsageSampler
 
 log = logging.getLogger(__name__)
 
@@ -49,27 +50,50 @@ SCROLLBACK_BYTES = 64 * 1024
 READ_CHUNK = 64 * 1024
 KILL_GRACE_S = 3.0
 KILL_WAIT_S = 2.0  # after SIGKILL, how long TERMINATED waits for the session's processes to be gone
-LOG_FLUSH_S = 0.5  # seconds between log batches while output flows
+LOG_FLUSH_S = 0.5  # seconds between log batches while LOG_BATCH_CHARS or more wait
+# Seconds between log batches of a trickle (a shell typed in): each batch is a database write on
+# the manager (in standalone mode in the process that relays the terminal, where one every 0.5 s
+# put a 3 ms stall into keystroke echoes every 0.5 s: benchmarks/terminal.py, p99).
+LOG_IDLE_FLUSH_S = 2.0
 LOG_BATCH_CHARS = 64 * 1024  # ship at once when this many characters wait
 LOG_CHUNK_CHARS = 256 * 1024  # the most one batch carries
-LOG_BACKLOG_CHARS = 1024 * 1024  # unshipped output kept while the manager is unreachable; older is dropped
+# Unshipped output kept (while the manager is unreachable, or the output comes faster than the log
+# ships, LOG_CHUNK_CHARS per LOG_FLUSH_S); older is dropped. As much as the manager keeps of a
+# session's log (FGPU_SESSION_LOG_MAX_CHARS), so the log it keeps ends with an unbroken tail.
+LOG_BACKLOG_CHARS = 4 * 1024 * 1024
 EXEC_OUTPUT_BYTES = 1024 * 1024  # stdout and stderr of an exec are each cut to this many bytes
-# Terminal flow control: the PTY is read only while fewer than OUTBOX_HIGH characters wait to be
-# sent to the terminal group, and again once they drained below OUTBOX_LOW; one frame carries at
-# most FRAME_CHARS characters (JSON-escaped, well under daphne's 1 MiB websocket message limit).
+# Terminal flow control, end to end: output frames go to the terminal group only while every
+# terminal that reads the session (`readers`: the consumers that attached) has acknowledged all but
+# READER_WINDOW_CHARS characters and READER_WINDOW_FRAMES frames of what was sent (each frame
+# carries its end `offset` and its number `n`; a consumer acknowledges, `pty.ack`, what its
+# websocket has taken: sessions.consumers), and the PTY is read only while fewer than OUTBOX_HIGH
+# characters wait to be sent (again once they drained below OUTBOX_LOW). So a slow browser holds
+# back its own session's program and nothing else, and no buffer between them holds more than the
+# window: the channel layers' own limits (capacity 100 messages in memory, 1000 in channels_redis,
+# which drops the oldest past it) are never reached. A reader that acknowledges nothing for
+# READER_STALL_S while it holds the window (its web process died) stops counting until it
+# acknowledges again. One frame carries at most FRAME_CHARS characters (JSON-escaped, well under
+# daphne's 1 MiB websocket message limit).
 OUTBOX_HIGH = 256 * 1024
 OUTBOX_LOW = 64 * 1024
 FRAME_CHARS = 64 * 1024
-# A session's output is read from its PTY at OUTPUT_RATE_BYTES a second at most (a token bucket
-# of OUTPUT_BURST_BYTES): past it the PTY is left unread, so the program blocks writing, as it would
-# behind a slow terminal. `yes` or `cat /dev/urandom | base64` then costs the node a bounded share
-# of CPU (reading, decoding, relaying, logging), whatever its terminal's reader can take, and the
-# other sessions' launches and terminals slow down by a bounded share (benchmarks/agent_scale.py,
-# flood, 2 cores: 1.37-1.77x the quiet launch latency next to two flooding sessions at this rate,
-# 2.28x at 2 MiB/s, 2.52x uncapped). It matches the log's shipping rate (LOG_BATCH_CHARS per
-# LOG_FLUSH_S), so a flood's log loses nothing.
+READER_WINDOW_CHARS = 1024 * 1024
+READER_WINDOW_FRAMES = 64
+READER_STALL_S = 10.0
+COALESCE_S = 0.001
+# The output rate cap: a session's output is read from its PTY at OUTPUT_RATE_BYTES a second at
+# most (a token bucket of OUTPUT_BURST_BYTES) while nobody reads it at a terminal (its output goes
+# to the log alone, which ships at that rate: LOG_CHUNK_CHARS per LOG_FLUSH_S) or while the node
+# has other work: a session starting, or another session that output something in the last
+# BUSY_S seconds. Past it the PTY is left unread, so the program blocks writing, as it would
+# behind a slow terminal, and `yes` next to other sessions costs them a bounded share of CPU
+# (benchmarks/agent_scale.py, flood, 2 cores: 1.37-1.77x the quiet launch latency next to two
+# flooding sessions at this rate, 2.28x at 2 MiB/s, 2.52x uncapped). A session alone on its node
+# with a terminal open runs at its reader's pace (benchmarks/terminal.py: the cap held
+# `head -c 1e8 /dev/zero | base64` to 0.57 MB/s).
 OUTPUT_RATE_BYTES = 512 * 1024
 OUTPUT_BURST_BYTES = 1024 * 1024
+BUSY_S = 1.0
 # Terminal input waits in a per-session buffer of at most INPUT_BUFFER_BYTES until the PTY is
 # writable; input past it (a paste into a program that does not read) is refused and said so.
 INPUT_BUFFER_BYTES = 1024 * 1024
@@ -134,6 +158,10 @@ class CeleryManager:
     def mig_report(self, node: str, report: dict) -> None:
         self._send(protocol.MIG_REPORT, kwargs={"node": node, "report": report})
 
+    def usage(self, node: str, batch: dict) -> None:
+        """A batch of usage samples (agent.usage), on queue manager.usage."""
+        self._send(protocol.USAGE_REPORT, kwargs={"node": node, "batch": batch})
+
 
 def agent_for(node: str) -> "Agent":
     """The agent running in this process for `node`. Raises LookupError if none."""
@@ -157,6 +185,10 @@ class RunningSession:
     throttled: bool = False  # the output rate was spent: the PTY is not read until the bucket refills
     tokens: float = OUTPUT_BURST_BYTES  # bytes the session may still output now (token bucket)
     tokens_at: float = 0.0  # loop time of the last refill
+    sent: int = 0  # characters sent to the terminal group: the `offset` of the last frame
+    frames: int = 0  # frames sent to the terminal group: the `n` of the last frame
+    readers: dict = field(default_factory=dict)  # consumer channel → [acked offset, acked n, loop time of the ack]
+    stall_check: asyncio.TimerHandle | None = None  # re-checks the readers once one may have stalled
     inbox: bytearray = field(default_factory=bytearray)  # terminal input the PTY has not taken yet
     writing: bool = False  # the PTY is registered with the loop for writing (inbox not empty)
     eof: asyncio.Event = field(default_factory=asyncio.Event)
@@ -176,6 +208,7 @@ class RunningSession:
     log_unsent: tuple | None = None  # (seq, offset, text, final): a batch the manager has not taken yet
     log_wake: asyncio.Event = field(default_factory=asyncio.Event)
     log_closed: bool = False
+    log_closing: asyncio.Event = field(default_factory=asyncio.Event)  # set with log_closed: ends a pause
     log_task: asyncio.Task | None = None
     execs: set = field(default_factory=set)  # Popen of commands run by exec, killed with the session
 
@@ -231,6 +264,8 @@ class Agent:
         self._starting: set[str] = set()  # between the start message and the process existing
         self._cancelled: set[str] = set()  # stop messages that overtook their session's start
         self._ended: dict[str, tuple[float, str, str, int | None]] = {}  # id → (when, status, reason, exit code)
+        self._busy: dict[str, float] = {}  # session id → loop time it last output something (BUSY_S)
+        self._busy_pruned = 0.0
         self.loop: asyncio.AbstractEventLoop | None = None
         self.channel: str | None = None
         self._registered = False
@@ -243,6 +278,7 @@ class Agent:
         # MIG instances the manager plans (issue 4): in memory on mock nodes, through NVML on real ones.
         self.mig = mig_runtime.MigManager(mig_runtime.MockMigBackend() if mock else mig_runtime.NvmlMigBackend(),
                                           on_report=self._send_mig_report)
+        self.usage = UsageSampler(self)  # usage samples to the manager (issue 15; agent.usage)
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -270,6 +306,7 @@ class Agent:
         await self._register()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"agent-{self.node}-heartbeat"))
         self._tasks.append(asyncio.create_task(self._sweep_loop(), name=f"agent-{self.node}-sweep"))
+        self._tasks.append(asyncio.create_task(self.usage.run(), name=f"agent-{self.node}-usage"))
         log.info("agent %s started with %d device(s)", self.node, len(self.inventory["devices"]))
 
     async def shutdown(self) -> None:
@@ -524,6 +561,39 @@ class Agent:
             self.loop.add_reader(running.process.fd, self._on_readable, running)
             running.reading = True
 
+    def _readers_behind(self, running: RunningSession) -> bool:
+        """Whether a terminal reading the session is a window (READER_WINDOW_CHARS or _FRAMES)
+        behind what was sent. A reader that has acknowledged nothing for READER_STALL_S stops
+        counting (until it acknowledges again); a re-check is scheduled for the one that may."""
+        now, behind, stalled = self.loop.time(), False, []
+        for channel, (offset, n, acked_at) in running.readers.items():
+            if running.sent - offset <= READER_WINDOW_CHARS and running.frames - n <= READER_WINDOW_FRAMES:
+                continue
+            if now - acked_at >= READER_STALL_S:
+                stalled.append(channel)
+            else:
+                behind = True
+                if running.stall_check is None:
+                    running.stall_check = self.loop.call_at(acked_at + READER_STALL_S, self._recheck_readers, running)
+        for channel in stalled:
+            log.warning("agent %s: the terminal %s of session %s acknowledged nothing for %.0f s; not waiting for it",
+                        self.node, channel, running.session_id, READER_STALL_S)
+            del running.readers[channel]
+        return behind
+
+    def _recheck_readers(self, running: RunningSession) -> None:
+        running.stall_check = None
+        running.outbox_wake.set()
+
+    def _reader_ack(self, running: RunningSession, channel: str, offset: int, n: int) -> None:
+        """A terminal consumer's websocket took the output up to `offset` (frame `n`)."""
+        reader = running.readers.get(channel)
+        if reader is None:
+            running.readers[channel] = [offset, n, self.loop.time()]
+        elif offset >= reader[0]:
+            reader[:] = [offset, n, self.loop.time()]
+        running.outbox_wake.set()
+
     def _pause_reading(self, running: RunningSession) -> None:
         if running.reading:
             self.loop.remove_reader(running.process.fd)
@@ -540,19 +610,32 @@ class Agent:
             running.outbox_wake.set()
             return
         running.scrollback += data
-        del running.scrollback[:-SCROLLBACK_BYTES]
+        if len(running.scrollback) > 2 * SCROLLBACK_BYTES:  # trimmed now and then, not on every read
+            del running.scrollback[:-SCROLLBACK_BYTES]
         self._output(running, running.decoder.decode(data))
         if running.outbox_chars >= OUTBOX_HIGH:  # the terminal group is behind: stop reading until it drains
             self._pause_reading(running)
         self._spend_output_tokens(running, len(data))
 
+    def _output_capped(self, running: RunningSession, now: float) -> bool:
+        """Whether the output rate cap holds the session now (see OUTPUT_RATE_BYTES): nobody reads
+        it at a terminal, a session is starting, or another one output something in the last BUSY_S."""
+        self._busy[running.session_id] = now
+        if now - self._busy_pruned > BUSY_S / 4:
+            self._busy_pruned = now
+            for session_id in [sid for sid, at in self._busy.items() if now - at > BUSY_S]:
+                del self._busy[session_id]
+        return not running.readers or bool(self._starting) or len(self._busy) > 1
+
     def _spend_output_tokens(self, running: RunningSession, size: int) -> None:
-        """The output rate cap (OUTPUT_RATE_BYTES): refill the session's bucket for the time
-        since the last read, take `size` bytes from it, and when it runs dry stop reading the PTY
-        until it has refilled to zero."""
+        """The output rate cap (OUTPUT_RATE_BYTES), where it holds (`_output_capped`): refill the
+        session's bucket for the time since the last read, take `size` bytes from it, and when it
+        runs dry stop reading the PTY until it has refilled to zero."""
         now = self.loop.time()
         running.tokens = min(OUTPUT_BURST_BYTES, running.tokens + (now - running.tokens_at) * OUTPUT_RATE_BYTES)
         running.tokens_at = now
+        if not self._output_capped(running, now):
+            return
         running.tokens -= size
         if running.tokens < 0:
             running.throttled = True
@@ -620,33 +703,32 @@ class Agent:
 
     def _take_frame(self, running: RunningSession) -> str:
         """Up to FRAME_CHARS characters from the front of the outbox."""
-        parts, size = [], 0
-        while running.outbox and size < FRAME_CHARS:
-            part = running.outbox[0]
-            room = FRAME_CHARS - size
-            if len(part) > room:
-                parts.append(part[:room])
-                running.outbox[0] = part[room:]
-                size += room
-                break
-            parts.append(running.outbox.pop(0))
-            size += len(part)
-        running.outbox_chars -= size
-        return "".join(parts)
+        frame = _take_front(running.outbox, FRAME_CHARS)
+        running.outbox_chars -= len(frame)
+        return frame
 
     async def _pump_output(self, running: RunningSession) -> None:
         """Send output frames in order (what piled up meanwhile coalesced, at most FRAME_CHARS a
-        frame), reading the PTY again once the outbox drained below OUTBOX_LOW; ends once the
-        session's output is closed and sent."""
+        frame) while no reader is a window behind (woken by its acknowledgement), reading the PTY
+        again once the outbox drained below OUTBOX_LOW; ends once the session's output is closed
+        and sent. While output streams (more came while the last frame was on its way), the next
+        frame waits COALESCE_S for more unless it is half full: fewer, larger frames cost less at
+        every hop; a keystroke's echo (nothing in flight before it) goes at once."""
         group = protocol.terminal_group(running.session_id)
+        streaming = False
         while True:
             await running.outbox_wake.wait()
             running.outbox_wake.clear()
-            while running.outbox:
+            while running.outbox and not (running.readers and self._readers_behind(running)):
+                if streaming and running.outbox_chars < FRAME_CHARS // 2 and not running.output_closed:
+                    await asyncio.sleep(COALESCE_S)
                 frame = self._take_frame(running)
+                running.sent += len(frame)
+                running.frames += 1
+                message = {"type": "terminal.output", "data": frame, "offset": running.sent, "n": running.frames}
                 for attempt in range(3):
                     try:
-                        await self.layer.group_send(group, {"type": "terminal.output", "data": frame})
+                        await self.layer.group_send(group, message)
                         break
                     except Exception:
                         if attempt == 2:
@@ -656,6 +738,8 @@ class Agent:
                             await asyncio.sleep(0.5)
                 if running.outbox_chars <= OUTBOX_LOW:
                     self._resume_reading(running)
+                streaming = bool(running.outbox)
+            streaming = streaming and bool(running.outbox)
             if running.output_closed and not running.outbox:
                 return
 
@@ -668,12 +752,14 @@ class Agent:
             code = await self._in(self._work, running.process.wait)
             # The session ends with its shell: background jobs (own process groups, nohup'd,
             # setsid'd) must not outlive the allocation that is about to be released.
-            await self._in(self._work, running.process.kill_all)
-            # A signal takes effect when its process next runs: report TERMINATED once none is
-            # left (zombies hold nothing), so the slice is free when the manager releases it.
-            deadline = self.loop.time() + KILL_WAIT_S
-            while self.loop.time() < deadline and await self._in(self._work, running.process.alive):
-                await asyncio.sleep(0.05)
+            if await self._in(self._work, running.process.kill_all):
+                # A signal takes effect when its process next runs: report TERMINATED once none
+                # is left (zombies hold nothing), so the slice is free when the manager releases
+                # it. Polled every 5 ms at first, then less often.
+                deadline, pause = self.loop.time() + KILL_WAIT_S, 0.005
+                while self.loop.time() < deadline and await self._in(self._work, running.process.alive):
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, 0.1)
             # Let the PTY drain what the process wrote last (a background child may keep it
             # open: then give up after a second), then close it.
             try:
@@ -730,13 +816,13 @@ class Agent:
         running.stopping = reason
         for process in list(running.execs):
             await self._in(self._work, running.process.signal_exec, process, signal.SIGKILL)
-        for sig in (signal.SIGHUP, signal.SIGTERM):  # every process of the session, every group
-            await self._in(self._work, running.process.signal_all, sig)
+        # Every process of the session, every group: SIGHUP ends an interactive shell (which
+        # ignores SIGTERM), SIGTERM what ignores SIGHUP (nohup).
+        await self._in(self._work, running.process.signal_all, signal.SIGHUP, signal.SIGTERM)
         try:
             await asyncio.wait_for(running.exit_event.wait(), timeout=KILL_GRACE_S)
-        except TimeoutError:
-            pass
-        await self._in(self._work, running.process.kill_all)
+        except TimeoutError:  # the leader did not end in time (once it has, _wait_exit kills the rest)
+            await self._in(self._work, running.process.kill_all)
         if running.exited is not None:
             await asyncio.shield(running.exited)  # returns once TERMINATED has been reported
 
@@ -790,21 +876,27 @@ class Agent:
     # --- output log --------------------------------------------------------------------
 
     async def _ship_logs(self, running: RunningSession) -> None:
-        """Ship the session's output every LOG_FLUSH_S (sooner when a batch is full) until
-        _close_log closes the log: one batch at a time, at most one per LOG_FLUSH_S, so a
-        flooding session sends the manager at most LOG_CHUNK_CHARS / LOG_FLUSH_S characters a
-        second (what it writes faster is dropped oldest first past LOG_BACKLOG_CHARS; the
-        stored log keeps only its last FGPU_SESSION_LOG_MAX_CHARS anyway)."""
+        """Ship the session's output every LOG_IDLE_FLUSH_S, or every LOG_FLUSH_S while
+        LOG_BATCH_CHARS or more wait, until _close_log closes the log: one batch at a time, at
+        most one per LOG_FLUSH_S, so a flooding session sends the manager at most
+        LOG_CHUNK_CHARS / LOG_FLUSH_S characters a second (what it writes faster is dropped
+        oldest first past LOG_BACKLOG_CHARS; the stored log keeps only its last
+        FGPU_SESSION_LOG_MAX_CHARS anyway) and a session typed in a write every 2 s at most."""
         last = -LOG_FLUSH_S
         while not running.log_closed:
+            if running.log_pending_chars >= LOG_BATCH_CHARS:  # a backlog: on at the LOG_FLUSH_S pace
+                running.log_wake.set()
             try:
-                await asyncio.wait_for(running.log_wake.wait(), timeout=LOG_FLUSH_S)
+                await asyncio.wait_for(running.log_wake.wait(), timeout=LOG_IDLE_FLUSH_S)
             except TimeoutError:
                 pass
             running.log_wake.clear()
             pause = last + LOG_FLUSH_S - self.loop.time()
-            if pause > 0:
-                await asyncio.sleep(pause)
+            if pause > 0:  # closing the log ends the pause (the session's end waits for it)
+                try:
+                    await asyncio.wait_for(running.log_closing.wait(), timeout=pause)
+                except TimeoutError:
+                    pass
             if not running.log_closed:
                 last = self.loop.time()
                 await self._ship_log(running, final=False, most=1)
@@ -814,11 +906,9 @@ class Agent:
         backlog outgrew LOG_BACKLOG_CHARS (the manager unreachable), its oldest part is dropped
         and the offset moves past it, so offsets stay positions in the session's output."""
         _drop_oldest(running)
-        text = "".join(running.log_pending)
-        batch, rest = text[:LOG_CHUNK_CHARS], text[LOG_CHUNK_CHARS:]
-        running.log_pending = [rest] if rest else []
-        running.log_pending_chars = len(rest)
-        last = final and not rest
+        batch = _take_front(running.log_pending, LOG_CHUNK_CHARS)
+        running.log_pending_chars -= len(batch)
+        last = final and not running.log_pending
         if not batch and not last:
             return None
         chunk = (running.log_seq, running.log_offset, batch, last)
@@ -851,6 +941,7 @@ class Agent:
         """Stop the periodic shipping and send the rest of the output with the final mark
         (a few tries, LOG_FLUSH_S apart), before the session is reported ended."""
         running.log_closed = True
+        running.log_closing.set()
         running.log_wake.set()
         if running.log_task is not None:
             await running.log_task
@@ -935,16 +1026,38 @@ class Agent:
             return
         kind = message.get("type")
         if kind == "pty.input":
+            self.usage.note_input(running.session_id)
             self._write_input(running, message["data"].encode())
         elif kind == "pty.resize":
             self._in_background(self._in(self._work, running.process.resize, int(message["rows"]), int(message["cols"])))
-        elif kind == "pty.attach":
-            backlog = bytes(running.scrollback).decode("utf-8", "replace")
+        elif kind == "pty.ack":
+            self._reader_ack(running, str(message["channel"]), int(message["offset"]), int(message["n"]))
+        elif kind == "pty.detach":
+            running.readers.pop(message.get("channel"), None)
+            running.outbox_wake.set()
+        elif kind == "pty.attach":  # a terminal opened: it reads the session from here on (flow control)
+            running.readers[message["reply_channel"]] = [running.sent, running.frames, self.loop.time()]
+            backlog = bytes(running.scrollback[-SCROLLBACK_BYTES:]).decode("utf-8", "replace")
             self._in_background(self.layer.send(message["reply_channel"], {"type": "terminal.output", "data": backlog}))
         elif kind == "pty.exec":
             self._in_background(self._exec(running, message))
         elif kind == "pty.exec_stream":  # runs on a thread of its own (agent.exec_stream)
             exec_stream.start(self, running, message)
+
+
+def _take_front(parts: list, limit: int) -> str:
+    """Up to `limit` characters from the front of `parts` (strings, shortened in place): the
+    outbox and the log's pending output, which grow by one part a PTY read."""
+    taken, size = [], 0
+    while parts and size < limit:
+        part = parts[0]
+        if len(part) > limit - size:
+            taken.append(part[:limit - size])
+            parts[0] = part[limit - size:]
+            break
+        taken.append(parts.pop(0))
+        size += len(part)
+    return "".join(taken)
 
 
 def _drop_oldest(running: RunningSession) -> None:

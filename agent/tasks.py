@@ -41,3 +41,10 @@ def mig_reconcile(*, node: str, gpus: list[dict], expected: dict, destroy: dict 
     registering), "layout" (an administrator's change) or "drift" (a heartbeat digest differed),
     `seq` echoed in the report (`accelerators.mig_services.node_mig_push` gives the arguments)."""
     _agent(node).submit_mig_reconcile(gpus, expected, destroy=destroy, kind=kind, seq=seq)
+
+
+@shared_task(name=protocol.SESSION_NOTICE)
+def session_notice(*, node: str, session_id: str, text: str) -> None:
+    """Show `text` in the session's terminal on `node` (the manager's idle warnings, issue 15);
+    nothing if the session does not run there."""
+    _agent(node).usage.notice(session_id, text)

@@ -54,15 +54,15 @@ RUNNING_TIMEOUT_S = 900
 FINAL = ("TERMINATED", "ERROR", "CANCELLED")
 
 
-def setup_django() -> None:
+def setup_django(database_url: str = DATABASE_URL) -> None:
     """Point Django at the benchmark's own database (created when missing) and migrate it."""
     import psycopg
 
-    name = DATABASE_URL.rsplit("/", 1)[1]
-    with psycopg.connect(DATABASE_URL.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+    name = database_url.rsplit("/", 1)[1]
+    with psycopg.connect(database_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
             conn.execute(f'CREATE DATABASE "{name}"')
-    os.environ["DATABASE_URL"] = DATABASE_URL
+    os.environ["DATABASE_URL"] = database_url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     os.environ.pop("FGPU_CELERY_EAGER", None)
     import django

@@ -137,18 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    from django.db import connection
-    from django.test.utils import setup_test_environment
-
-    from sessions import scheduler
     from accelerators.models import Node
+    from benchmarks.database import throwaway_database
+    from sessions import scheduler
     from sessions.models import ComputeSession, SessionStatus
 
-    setup_test_environment()
-    old_name = connection.settings_dict["NAME"]
-    connection.settings_dict.setdefault("TEST", {})["NAME"] = f"bench_scheduler_{old_name}"  # not pytest's test_<name>
-    connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
+    with throwaway_database("bench_scheduler"):
         created = build(args.sessions, args.policy)
         if args.no_starts:
             scheduler._send_starts = lambda starts: None
@@ -166,8 +160,6 @@ def main(argv: list[str] | None = None) -> int:
                   "seconds_after_commit_notices": round(after_commit.get("sessions_notify", 0.0), 2),
                   "seconds_after_commit_starts": round(after_commit.get("_send_starts", 0.0), 2),
                   "start_messages_sent": purged, "over_committed": problems[:5]}
-    finally:
-        connection.creation.destroy_test_db(old_name, verbosity=0)
     if args.json:
         print(json.dumps(result))
     else:

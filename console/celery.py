@@ -1,7 +1,8 @@
 """The Celery app. Routes are declared here, in one place: manager tasks (`fgpu.manager.*`)
 go to queue `manager`, except the agents' heartbeats (`manager.heartbeats`: a node never looks
 lost behind a burst of launches and reports) and log batches (`manager.logs`: a flooding session
-never queues ahead of either); a worker started with `-Q manager` consumes all three
+never queues ahead of either) and usage samples (`manager.usage`); a worker started with `-Q manager`
+consumes all four
 (`consume_manager_queues`); agent tasks (`fgpu.agent.*`) to queue
 `agent.<node>`, taken from the task's `node` keyword argument."""
 from __future__ import annotations
@@ -20,7 +21,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 app = Celery("console")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["sessions", "agent"])
+app.autodiscover_tasks(["sessions", "usage", "agent"])
 patch_redis_transport()  # a worker survives a broker restart (console/broker.py)
 
 

@@ -11,6 +11,8 @@ from accounts import views as account_views
 from sessions import api as session_api
 from sessions import api_images, api_quotas
 from sessions import views
+from usage import api as usage_api
+from usage import metrics as usage_metrics
 
 router = DefaultRouter()
 router.register("sessions", session_api.SessionViewSet, basename="api-session")
@@ -42,6 +44,9 @@ urlpatterns = [
     path("api/v1/launch-options/", session_api.launch_options_view, name="api-launch-options"),
     path("api/v1/quota/", api_quotas.quota_view, name="api-quota-usage"),
     path("api/v1/me/", account_api.me_view, name="api-me"),
+    path("api/v1/usage/", usage_api.usage_view, name="api-usage"),
+    path("api/v1/sessions/<uuid:session_id>/usage/", usage_api.session_usage_view, name="api-session-usage"),
+    path("metrics", usage_metrics.metrics_view, name="metrics"),
     re_path(rf"^api/v1/nodes/(?P<name>{api_mig.NodeMigViewSet.lookup_value_regex})/mig/$",
             api_mig.NodeMigViewSet.as_view({"get": "retrieve", "put": "update", "patch": "partial_update"}),
             name="api-node-mig"),

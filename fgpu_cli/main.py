@@ -23,6 +23,7 @@ from fgpu_cli.formatting import (FINAL_STATUSES, LIVE_STATUSES, age, amount, dec
 from fgpu_cli.launch import UsageError, build_body
 from fgpu_cli.mig import layout_text, node_text, profiles_text
 from fgpu_cli.sessions import SESSIONS, NotFound, resolve
+from fgpu_cli.usage import usage_csv, usage_text
 
 OK, FAILED, USAGE, UNREACHABLE = 0, 1, 2, 3
 POLL_INTERVAL = 0.5
@@ -622,16 +623,21 @@ def cmd_quota(args) -> int:
     return OK
 
 
+def _get_known(client: Client, path: str, query: dict | None, *, missing: str, every: bool = False):
+    """GET `path` (every page of a list with `every`); a 404 is Failed("<missing> (GET <path> answered 404)")."""
+    try:
+        return client.get_all(path, query) if every else client.get(path, query=query)
+    except ApiError as exc:
+        if exc.status == 404:
+            raise Failed(f"{missing} (GET {path} answered 404)") from None
+        raise
+
+
 def cmd_images(args) -> int:
     """The registered session images (`GET /api/v1/images/`): what `fgpu launch --image` takes,
     the default marked, and the alive nodes that hold each."""
     client, _ = _client(args)
-    try:
-        images = client.get_all("/api/v1/images/")
-    except ApiError as exc:
-        if exc.status == 404:
-            raise Failed("this server has no session images (GET /api/v1/images/ answered 404)") from None
-        raise
+    images = _get_known(client, "/api/v1/images/", None, missing="this server has no session images", every=True)
     if args.output == "json":
         _emit_json(images)
         return OK
@@ -639,6 +645,21 @@ def cmd_images(args) -> int:
              ", ".join(i.get("accelerators") or []) or "any",
              ", ".join(i.get("nodes") or []) or "none (sessions wait)"] for i in images]
     print(table(["IMAGE", "DEFAULT", "NAME", "ACCELERATORS", "ON NODES"], rows) if rows else "No images registered.")
+    return OK
+
+
+def cmd_usage(args) -> int:
+    """GPU-hours, fGPU-hours and GPU-memory-hours, granted and used (`GET /api/v1/usage/`):
+    administrators see everyone, others their own sessions."""
+    client, _ = _client(args)
+    query = {"group_by": args.by, **{k: v for k, v in (("from", args.since), ("to", args.until)) if v}}
+    report = _get_known(client, "/api/v1/usage/", query, missing="this server has no usage API")
+    if args.output == "json":
+        _emit_json(report)
+    elif args.csv:
+        sys.stdout.write(usage_csv(report))
+    else:
+        print(usage_text(report))
     return OK
 
 
@@ -766,6 +787,14 @@ def build_parser() -> argparse.ArgumentParser:
                               "each")
     p = add("quota", cmd_quota, "your quotas: limits, what is in use, what is left")
     p.add_argument("--user", help="administrators: another user's quotas")
+
+    p = add("usage", cmd_usage, "GPU-hours, fGPU-hours and GPU-memory-hours, granted and used, per user, project "
+                                "or node (yours; administrators: everyone's)")
+    p.add_argument("--from", dest="since", metavar="WHEN", help="start: a date (2026-01-01) or ISO time "
+                                                                  "(default: 30 days before --to)")
+    p.add_argument("--to", dest="until", metavar="WHEN", help="end, exclusive (default: now)")
+    p.add_argument("--by", choices=("user", "project", "node"), default="user", help="how rows are grouped")
+    p.add_argument("--csv", action="store_true", help="print CSV (six decimals) instead of a table")
 
     p = add("mig", None, "MIG: the profiles of each GPU model, the layout of each MIG GPU")
     mig_sub = p.add_subparsers(dest="mig_command", metavar="MIG_COMMAND", required=True)

@@ -5,7 +5,8 @@ it imports nothing of either.
 Queues (Celery, on the broker): `manager` takes the agents' control messages (registration,
 session reports, MIG reports); `manager.heartbeats` their heartbeats, so that a node never looks
 lost while launches and reports queue up (hundreds at once on a busy cluster); `manager.logs`
-their log batches, so that a flooding session never queues ahead of either; `agent.<node>` one
+their log batches, so that a flooding session never queues ahead of either; `manager.usage` their
+usage samples (issue 15: noisy, batched, never ahead of anything else); `agent.<node>` one
 node's starts, stops, syncs and MIG layouts. A manager worker takes from its queues in turn.
 
 Task names and their keyword arguments:
@@ -17,10 +18,12 @@ Task names and their keyword arguments:
 | `fgpu.manager.session_report` | manager | session_id, status, reason, exit_code |
 | `fgpu.manager.session_log_append` | manager.logs | session_id, seq, offset, text, final |
 | `fgpu.manager.mig_report` | manager | node, report |
+| `fgpu.manager.usage_report` | manager.usage | node, batch (agent.usage: `{"interval", "devices", "sessions"}`) |
 | `fgpu.agent.session_start` | agent.<node> | node, spec (the scheduler's start spec) |
 | `fgpu.agent.session_stop` | agent.<node> | node, session_id |
 | `fgpu.agent.sessions_sync` | agent.<node> | node, keep (session ids) |
 | `fgpu.agent.mig_reconcile` | agent.<node> | node, gpus, expected, destroy, kind, seq |
+| `fgpu.agent.session_notice` | agent.<node> | node, session_id, text (a line shown in its terminal) |
 
 `images` (register and heartbeat): the session images the node holds, `{reference: image id}`:
 for the docker runtime every tag and repository digest of its local images (`"fgpu-session:test":
@@ -31,25 +34,32 @@ form (the form in which Docker lists its tags).
 
 Channel-layer groups: `pty-<session id>` (the session's agent joins it; terminal consumers and
 the web send `pty.input` {data}, `pty.resize` {rows, cols}, `pty.attach` {reply_channel},
-`pty.exec` and `pty.exec_stream`), `terminal-<session id>` (terminal consumers join it; the
-agent sends `terminal.output` {data} and `terminal.exit` {code}).
+`pty.ack` {channel, offset, n}, `pty.detach` {channel}, `pty.exec` and `pty.exec_stream`),
+`terminal-<session id>` (terminal consumers join it; the agent sends `terminal.output` {data,
+offset, n} and `terminal.exit` {code}). Flow control (agent.core, READER_WINDOW_CHARS): `offset`
+counts the characters sent to the group up to the end of the frame and `n` the frames; a consumer
+that attached acknowledges what its websocket took with `pty.ack`, and `pty.detach` when it
+closes. The scrollback that answers `pty.attach` carries neither.
 """
 from __future__ import annotations
 
 MANAGER_QUEUE = "manager"
 LOG_QUEUE = "manager.logs"
 HEARTBEAT_QUEUE = "manager.heartbeats"
-MANAGER_QUEUES = (MANAGER_QUEUE, HEARTBEAT_QUEUE, LOG_QUEUE)  # what a manager worker consumes
+USAGE_QUEUE = "manager.usage"
+MANAGER_QUEUES = (MANAGER_QUEUE, HEARTBEAT_QUEUE, LOG_QUEUE, USAGE_QUEUE)  # what a manager worker consumes
 
 AGENT_REGISTER = "fgpu.manager.agent_register"
 AGENT_HEARTBEAT = "fgpu.manager.agent_heartbeat"
 SESSION_REPORT = "fgpu.manager.session_report"
 SESSION_LOG_APPEND = "fgpu.manager.session_log_append"
 MIG_REPORT = "fgpu.manager.mig_report"
+USAGE_REPORT = "fgpu.manager.usage_report"
 SESSION_START = "fgpu.agent.session_start"
 SESSION_STOP = "fgpu.agent.session_stop"
 SESSIONS_SYNC = "fgpu.agent.sessions_sync"
 MIG_RECONCILE = "fgpu.agent.mig_reconcile"
+SESSION_NOTICE = "fgpu.agent.session_notice"
 
 NOISY_TASKS = frozenset({SESSION_LOG_APPEND})  # travel on LOG_QUEUE
 
@@ -58,6 +68,8 @@ def manager_queue(task: str) -> str:
     """The queue of manager task `task` (a `fgpu.manager.*` name)."""
     if task in NOISY_TASKS:
         return LOG_QUEUE
+    if task == USAGE_REPORT:
+        return USAGE_QUEUE
     return HEARTBEAT_QUEUE if task == AGENT_HEARTBEAT else MANAGER_QUEUE
 
 HOST_IMAGE = "host"  # the process runtime's one built-in image: the node's own system

@@ -272,10 +272,14 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
         return Response(SessionSerializer(self.get_object()).data)
 
     @extend_schema(summary="Terminate a session", responses={202: SessionSerializer},
-                   description="202 with the session: TERMINATING, or CANCELLED if it was still pending.")
+                   description="202 with the session: TERMINATING, or CANCELLED if it was still pending. Its "
+                               "`status_reason` says who asked (\"at the request of <username>\") and stays so "
+                               "once it is TERMINATED; `exit_code` is then the process's (128+N: killed by "
+                               "signal N).")
     def destroy(self, request, session_id=None):
         """Terminate: 202 with the session (TERMINATING, or CANCELLED if it was still pending)."""
-        session = services.session_terminate(session=self.get_object())
+        session = services.session_terminate(session=self.get_object(),
+                                             reason=services.REQUESTED + request.user.get_username())
         return Response(SessionSerializer(session_get_for(user=request.user, session_id=session.pk)).data,
                         status=status.HTTP_202_ACCEPTED)
 

@@ -2,10 +2,19 @@
 
 Terminal frames (DESIGN.md): client → `{"type": "input", "data"}`, `{"type": "resize", "cols",
 "rows"}`; server → `{"type": "output", "data"}`, `{"type": "exit", "code"}`.
+
+Flow control (agent.core, READER_WINDOW_CHARS): the terminal consumer acknowledges the output its
+websocket has taken (`pty.ack` with the last frame's `offset` and `n`), every ACK_CHARS characters
+or ACK_FRAMES frames, and only once daphne holds less than WEBSOCKET_BACKLOG_BYTES for the socket
+that the client has not read yet; the agent sends a terminal at most a window past what it
+acknowledged, and leaves the PTY unread while its output waits. So a slow client holds back its
+own session's program, and daphne's memory for it stays bounded.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
 from urllib.parse import parse_qs
 
@@ -25,6 +34,26 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_TRY_AGAIN = 1013  # RFC 6455 "Try Again Later": the channel layer (Redis) could not be reached
 LAYER_RETRY_S = 0.25  # a pooled connection that a Redis restart broke fails once; the retry gets a new one
 MAX_INPUT = 64 * 1024
+ACK_CHARS = 256 * 1024  # acknowledge output every this many characters (a quarter of the agent's window)
+ACK_FRAMES = 16  # … or this many frames (a quarter of its window)
+WEBSOCKET_BACKLOG_BYTES = 256 * 1024  # acknowledge only while daphne holds less than this for the client
+ACK_POLL_S = 0.005  # how often a held acknowledgement looks at daphne's buffer again
+
+
+def websocket_backlog(send) -> int:
+    """Bytes the ASGI server holds for this websocket that the client has not taken yet: daphne
+    (Twisted) writes what the socket does not take into its transport's buffer without limit, and
+    its ASGI `send` returns at once. `send` is the consumer's `base_send` (Channels' session
+    middleware wraps daphne's `partial(Server.handle_reply, protocol)`). 0 under another server."""
+    for _ in range(4):
+        if isinstance(send, functools.partial):
+            transport = getattr(send.args[0], "transport", None) if send.args else None
+            try:
+                return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
+            except (AttributeError, TypeError):
+                return 0
+        send = getattr(getattr(send, "__self__", None), "real_send", None)
+    return 0
 
 
 class TerminalConsumer(AsyncJsonWebsocketConsumer):
@@ -32,6 +61,9 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
     user may open this session, then relays frames to and from the agent's PTY."""
 
     session_id: str = ""
+    delivered: tuple[int, int] = (0, 0)  # (offset, n) of the last output frame sent to the client
+    acked: tuple[int, int] = (0, 0)  # … and of the last one acknowledged to the agent
+    ack_task: asyncio.Task | None = None  # an acknowledgement waiting for daphne's buffer to drain
 
     async def connect(self) -> None:
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
@@ -73,8 +105,25 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
         self.session_id = ""
 
     async def disconnect(self, code) -> None:
+        if self.ack_task is not None:
+            self.ack_task.cancel()
         if self.session_id:
             await self.channel_layer.group_discard(events.terminal_group(self.session_id), self.channel_name)
+            try:  # the agent stops waiting for this terminal (else it would, READER_STALL_S, once it is behind)
+                await self._to_agent({"type": "pty.detach", "channel": self.channel_name})
+            except Exception:
+                log.info("terminal for %s: could not tell the agent it closed", self.session_id, exc_info=True)
+
+    async def dispatch(self, message) -> None:
+        """Channels' dispatch, without its per-message `aclose_old_connections` (a round trip
+        through a worker thread, the largest cost of a keystroke's echo in benchmarks/terminal.py)
+        for the relay's own messages, which touch no database."""
+        if message["type"] == "terminal.output":
+            await self.terminal_output(message)
+        elif message["type"] == "websocket.receive":
+            await self.websocket_receive(message)
+        else:
+            await super().dispatch(message)
 
     async def receive_json(self, content, **kwargs) -> None:
         kind = content.get("type") if isinstance(content, dict) else None
@@ -92,7 +141,31 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_send(events.pty_group(self.session_id), message)
 
     async def terminal_output(self, event) -> None:
-        await self.send_json({"type": "output", "data": event["data"]})
+        await self.send(text_data='{"type": "output", "data": ' + json.dumps(event["data"]) + "}")
+        offset = event.get("offset")
+        if offset is None:  # the scrollback (or an agent from before flow control)
+            return
+        self.delivered = (offset, event.get("n", 0))
+        due = offset - self.acked[0] >= ACK_CHARS or self.delivered[1] - self.acked[1] >= ACK_FRAMES
+        if due and self.ack_task is None:
+            if websocket_backlog(self.base_send) < WEBSOCKET_BACKLOG_BYTES:
+                await self._ack()
+            else:
+                self.ack_task = asyncio.create_task(self._ack_when_drained())
+
+    async def _ack_when_drained(self) -> None:
+        while websocket_backlog(self.base_send) >= WEBSOCKET_BACKLOG_BYTES:
+            await asyncio.sleep(ACK_POLL_S)
+        self.ack_task = None
+        await self._ack()
+
+    async def _ack(self) -> None:
+        self.acked = self.delivered
+        try:
+            await self._to_agent({"type": "pty.ack", "channel": self.channel_name, "offset": self.acked[0],
+                                  "n": self.acked[1]})
+        except Exception:  # the agent stops waiting for a terminal that acknowledges nothing (READER_STALL_S)
+            log.warning("terminal for %s: could not acknowledge output", self.session_id, exc_info=True)
 
     async def terminal_exit(self, event) -> None:
         await self.send_json({"type": "exit", "code": event["code"]})

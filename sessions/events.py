@@ -49,12 +49,11 @@ def sessions_notify(sessions) -> None:
 
 
 def _send_updates(entries: list[tuple]) -> None:
-    from sessions.models import ComputeSession
+    from sessions.selectors import sessions_shown
     from sessions.serializers import SessionSerializer
 
     ids = list(dict.fromkeys(session_id for session_id, _ in entries))
-    fresh = (ComputeSession.objects.select_related("owner", "node").prefetch_related("allocations__device")
-             .filter(pk__in=ids))
+    fresh = sessions_shown().filter(pk__in=ids)
     # Through JSON, so the messages hold only plain types (msgpack on the Redis layer).
     shapes = {shape["id"]: shape for shape in json.loads(JSONRenderer().render(SessionSerializer(fresh, many=True).data))}
     sends = []

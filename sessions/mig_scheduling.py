@@ -45,6 +45,7 @@ from accelerators.models import Device, GpuInstance, MigMode, Node, NodeStatus
 from accelerators.selectors import node_runs_image, resource_group_get
 from sessions import events
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus
+from sessions.selectors import session_allocations, session_gpu_instance
 
 
 @dataclass(frozen=True)
@@ -204,9 +205,16 @@ def _busy_devices(devices: list[Device]) -> dict[str, set]:
 
 def _node_free(node: Node) -> tuple[int, int]:
     """(CPU cores, bytes of memory) of `node` that active sessions leave."""
-    used = ComputeSession.objects.filter(node=node, status__in=ACTIVE_STATUSES).aggregate(
-        cpu=Sum("cpu", default=0), mem=Sum("mem", default=0))
-    return node.cpu_count - used["cpu"], node.memory_size - used["mem"]
+    return _nodes_free([node])[node.pk]
+
+
+def _nodes_free(nodes: list[Node]) -> dict:
+    """{node pk: `_node_free(node)`} for `nodes`, in one query."""
+    used = dict.fromkeys((n.pk for n in nodes), (0, 0))
+    active = ComputeSession.objects.filter(node__in=nodes, status__in=ACTIVE_STATUSES)
+    for node_id, cpu, mem in active.values_list("node").annotate(Sum("cpu"), Sum("mem")).order_by():
+        used[node_id] = (cpu, mem)
+    return {n.pk: (n.cpu_count - used[n.pk][0], n.memory_size - used[n.pk][1]) for n in nodes}
 
 
 def _node_has_room(node: Node, request: MigResourceRequest) -> bool:
@@ -262,12 +270,16 @@ def _mig_scope(*, resource_group: str, slot_name: str, lock: bool,
     return nodes, devices
 
 
-def _gpu_layouts(node: Node, devices: list[Device], busy: dict, reasons: list[str]):
+def _gpu_layouts(node: Node, devices: list[Device], busy: dict, reasons: list[str],
+                 instances: list[GpuInstance] | None = None):
     """[(GPU, its MIG catalog, its instances as the planner sees them)] for the node's
     MIG-capable whole GPUs that may hold a MIG instance (an instance is in use while its session
-    is active); why a MIG-capable GPU may not is appended to `reasons`."""
+    is active); why a MIG-capable GPU may not is appended to `reasons`. `instances`: the node's
+    GPU instances with their sessions, where the caller read them for many nodes at once (None:
+    one query)."""
     found = []
-    instances = list(GpuInstance.objects.filter(node=node).select_related("session"))
+    if instances is None:
+        instances = list(GpuInstance.objects.filter(node=node).select_related("session"))
     for gpu in (d for d in devices if not d.is_mig_device):
         try:
             catalog = device_mig_catalog(gpu)
@@ -363,10 +375,12 @@ def session_grant_text(session: ComputeSession, request) -> str:
 
 def session_grant(session: ComputeSession, request) -> tuple[str, str]:
     """(`session_grant_text`, the MIG profile the session got: "1g.20gb", a static slice's
-    "10g", or "" for a shared slice, for other requests and while not placed)."""
+    "10g", or "" for a shared slice, for other requests and while not placed). No query for a
+    session from `sessions.selectors.sessions_shown`, which reads its GPU instances and
+    allocations with it."""
     if not wants_mig(request) or session.node_id is None:
         return "", ""
-    instance = GpuInstance.objects.filter(session=session).select_related("parent").first()
+    instance = session_gpu_instance(session)
     asked = "the profile asked for" if request.mig_profile else \
         f"the smallest MIG instance that holds {request.memory.describe() if request.memory else 'it'}"
     if request.isolation == "any":
@@ -375,7 +389,7 @@ def session_grant(session: ComputeSession, request) -> tuple[str, str]:
         last = instance.placement_start + instance.placement_size - 1
         return (f"got MIG {instance.profile} on GPU {instance.parent.index} (memory slices "
                 f"{instance.placement_start}–{last}): {asked}", instance.profile)
-    allocation = session.allocations.select_related("device").first()
+    allocation = next(iter(session_allocations(session)), None)
     if allocation is None:
         return "", ""
     device = allocation.device
@@ -455,6 +469,10 @@ def mig_profile_availability(*, resource_group: str = "", slot_name: str = "cuda
     unknown resource group."""
     nodes, devices = _mig_scope(resource_group=resource_group, slot_name=slot_name, lock=False)
     busy = _busy_devices(devices)
+    instances: dict = {}
+    for instance in GpuInstance.objects.filter(node__in=nodes).select_related("session"):
+        instances.setdefault(instance.node_id, []).append(instance)
+    free_now = _nodes_free(nodes)
     found: dict[str, dict] = {}
     for node in nodes:
         mine = [d for d in devices if d.node_id == node.pk]
@@ -472,7 +490,8 @@ def mig_profile_availability(*, resource_group: str = "", slot_name: str = "cuda
         else:
             fixed = node.mig_mode == MigMode.FIXED
             # every MIG-capable GPU counts for "ever"; one serving fGPU shares gives nothing now
-            for gpu, catalog, layout in _gpu_layouts(node, mine, {"any": set(), "shared": set()}, []):
+            for gpu, catalog, layout in _gpu_layouts(node, mine, {"any": set(), "shared": set()}, [],
+                                                     instances.get(node.pk, [])):
                 for profile in catalog.profiles:
                     _profile_seen(found, profile.name, profile.memory, profile.sm_count_for(gpu.subproc_count),
                                   profile.compute_slices, profile.memory_slices, catalog.model)
@@ -482,7 +501,7 @@ def mig_profile_availability(*, resource_group: str = "", slot_name: str = "cuda
                         count[1] += sum(1 for i in layout if i.profile == profile.name and not i.in_use)
                     count[2] += (sum(1 for i in layout if i.profile == profile.name) if fixed
                                  else _placeable(catalog, [], profile, reuse_only=False))
-        cpu_free, _ = _node_free(node)
+        cpu_free, _ = free_now[node.pk]
         for name, (now, idle, ever) in counts.items():
             totals = found[name]["counts"]
             totals[0] += min(now, max(cpu_free, 0))

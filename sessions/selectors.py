@@ -2,18 +2,34 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
+from django.db.models import Prefetch
 from django.http import Http404
 
 from accelerators.allocation import core
 from accelerators.allocation.requests import describe_request, request_from_spec
 from accelerators.allocation.units import format_binary_size
-from accelerators.selectors import slot_format_get
-from sessions.models import ComputeSession
+from accelerators.models import GpuInstance
+from accelerators.selectors import SlotFormats, slot_format_get
+from sessions.models import Allocation, ComputeSession
+
+
+def sessions_shown():
+    """Every session, newest first, read with what SessionSerializer shows of it, so that any
+    number of them costs the same six queries: its owner, node and image (each row once, not
+    once per session: a page of one user's sessions holds one user), `allocation_list` (its
+    allocations with their devices, in device order) and `gpu_instance_list` (its GPU instances
+    with their GPUs). Lists rather than the related managers: Django builds a queryset per
+    session and relation to hold a prefetch in a manager."""
+    return ComputeSession.objects.prefetch_related(
+        "owner", "node", "image",
+        Prefetch("allocations", queryset=Allocation.objects.select_related("device"), to_attr="allocation_list"),
+        Prefetch("gpu_instances", queryset=GpuInstance.objects.select_related("parent"), to_attr="gpu_instance_list"))
 
 
 def session_list_for(*, user):
-    """Sessions `user` may see: all for staff, their own otherwise; newest first."""
-    sessions = ComputeSession.objects.select_related("owner", "node", "image").prefetch_related("allocations__device")
+    """Sessions `user` may see, as `sessions_shown` reads them: all for staff, their own
+    otherwise; newest first."""
+    sessions = sessions_shown()
     return sessions if user.is_staff else sessions.filter(owner=user)
 
 
@@ -26,6 +42,22 @@ def session_get_for(*, user, session_id) -> ComputeSession:
         raise Http404("no such session") from None
 
 
+def session_allocations(session: ComputeSession) -> list[Allocation]:
+    """The session's allocations (released ones too) with their devices, in device order: the
+    list `sessions_shown` read with it, else one query."""
+    found = getattr(session, "allocation_list", None)
+    return found if found is not None else list(session.allocations.select_related("device"))
+
+
+def session_gpu_instance(session: ComputeSession) -> GpuInstance | None:
+    """The GPU instance the session holds, with its GPU, or None: from the list `sessions_shown`
+    read with it, else one query."""
+    found = getattr(session, "gpu_instance_list", None)
+    if found is None:
+        found = list(session.gpu_instances.select_related("parent")[:1])
+    return found[0] if found else None
+
+
 def session_request(session: ComputeSession) -> core.ResourceRequest:
     """The session's normalised request (sessions created before request_spec existed are
     rebuilt from their columns)."""
@@ -35,14 +67,16 @@ def session_request(session: ComputeSession) -> core.ResourceRequest:
     return core.ResourceRequest(kind=kind, amount=session.amount, cpu=session.cpu, mem=session.mem, slot=session.slot_name)
 
 
-def request_configuration(request: core.ResourceRequest) -> str:
+def request_configuration(request: core.ResourceRequest, *, slot_formats: SlotFormats | None = None) -> str:
     """A request formatted by the slot formats: "0.50 fGPU · 1 core · 1 GiB", or for per-device
-    styles "2 GPU × 4 GiB, 60% cores · 1 core · 1 GiB"."""
+    styles "2 GPU × 4 GiB, 60% cores · 1 core · 1 GiB". `slot_formats`: the request's
+    SlotFormats, for a page of many (None: one query)."""
     parts = []
     if request.kind in ("per_device", "mig"):
         parts.append(describe_request(request))
     elif request.kind in ("shares", "device"):
-        parts.append(slot_format_get(slot_name=request.slot, subtype=request.kind).format_amount(request.amount))
+        lookup = slot_formats.get if slot_formats is not None else slot_format_get
+        parts.append(lookup(slot_name=request.slot, subtype=request.kind).format_amount(request.amount))
     parts.append(f"{request.cpu} core" + ("s" if request.cpu != 1 else ""))
     parts.append(format_binary_size(request.mem))
     return " · ".join(parts)
@@ -59,17 +93,19 @@ def configuration_text(parts: dict) -> str:
     return parts["requested"] + (f" — {parts['grant']}" if parts["grant"] else "")
 
 
-def session_configuration_parts(session: ComputeSession) -> dict:
+def session_configuration_parts(session: ComputeSession, *, slot_formats: SlotFormats | None = None) -> dict:
     """`{"requested": "MIG instance of at least 15 GiB · 1 core · 1 GiB", "grant": "got MIG
     1g.20gb on GPU 0 (memory slices 6–7): the smallest MIG instance that holds 15 GiB",
     "mig_profile": "1g.20gb"}`: the request formatted, what a MIG or isolation-"any" session
     got and why ("" for others and while not placed) and the MIG profile it got ("" for a
-    shared slice)."""
+    shared slice). No query for a session from `session_list_for` given the page's
+    `slot_formats` (see request_configuration)."""
     from sessions.mig_scheduling import session_grant
 
     request = session_request(session)
     grant, profile = session_grant(session, request)
-    return {"requested": request_configuration(request), "grant": grant, "mig_profile": profile}
+    return {"requested": request_configuration(request, slot_formats=slot_formats), "grant": grant,
+            "mig_profile": profile}
 
 
 LOG_READ_MAX_CHARS = 1024 * 1024  # the most characters one read returns

@@ -1,14 +1,18 @@
 """API shapes of compute sessions. Amounts: shares in fGPU (text), memory in bytes, procs in SMs."""
 from __future__ import annotations
 
+import uuid
+
 from django.urls import reverse
 from rest_framework import serializers
 
+from accelerators.selectors import SlotFormats
+from console.api_support import ModelSerializer
 from sessions.models import Allocation, ComputeSession
-from sessions.selectors import configuration_text, session_configuration_parts
+from sessions.selectors import configuration_text, session_allocations, session_configuration_parts
 
 
-class AllocationSerializer(serializers.ModelSerializer):
+class AllocationSerializer(ModelSerializer):
     device = serializers.CharField(source="device.device_id", help_text="the device (GPU or MIG) UUID")
     device_index = serializers.IntegerField(source="device.index")
     model_name = serializers.CharField(source="device.model_name")
@@ -21,7 +25,10 @@ class AllocationSerializer(serializers.ModelSerializer):
         fields = ["device", "device_index", "model_name", "shares", "memory", "procs", "released_at"]
 
 
-class SessionSerializer(serializers.ModelSerializer):
+# Give it sessions from `sessions.selectors.sessions_shown` (their relations read with them): then
+# a page costs one query more (the slot formats, read once and kept in the context for every row)
+# whatever its length. (A comment: the schema shows a serializer's docstring.)
+class SessionSerializer(ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
     node = serializers.CharField(source="node.name", read_only=True, default=None, allow_null=True,
                                  help_text="node name; null until scheduled")
@@ -29,7 +36,7 @@ class SessionSerializer(serializers.ModelSerializer):
     requested = serializers.SerializerMethodField()
     grant = serializers.SerializerMethodField()
     mig_profile = serializers.SerializerMethodField()
-    allocations = AllocationSerializer(many=True, read_only=True)
+    allocations = AllocationSerializer(many=True, read_only=True, source="allocation_list")
     image = serializers.CharField(source="image.reference", read_only=True, default=None, allow_null=True,
                                   help_text="the session image's reference; null for a session from before images")
     terminal_url = serializers.SerializerMethodField()
@@ -43,7 +50,9 @@ class SessionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def to_representation(self, session):
-        self._parts = session_configuration_parts(session)  # read once for the four fields below
+        session.allocation_list = session_allocations(session)  # read with it by sessions_shown, else now
+        slot_formats = self.context.setdefault("slot_formats", SlotFormats())  # one per request, shared by the rows
+        self._parts = session_configuration_parts(session, slot_formats=slot_formats)  # for the four fields below
         return super().to_representation(session)
 
     def get_configuration(self, session) -> str:
@@ -70,11 +79,19 @@ class SessionSerializer(serializers.ModelSerializer):
         instance, no GPU) or not placed yet."""
         if self._parts["mig_profile"] or session.node is None:
             return ""
-        shared = any(a.memory < a.device.memory_size for a in session.allocations.all() if a.released_at is None)
+        shared = any(a.memory < a.device.memory_size for a in session.allocation_list if a.released_at is None)
         return (session.node.attributes or {}).get("fraction_enforcement", "none") if shared else ""
 
     def get_terminal_url(self, session) -> str:
-        return reverse("session-terminal", kwargs={"session_id": session.pk})
+        # One reverse() per request, not per row (it reads the URLconf from a thread-local behind
+        # asgiref's process-wide lock): the sessions' paths differ only by their ids.
+        template = self.context.get("terminal_url")
+        if template is None:
+            template = self.context["terminal_url"] = reverse("session-terminal", kwargs={"session_id": ANY_ID})
+        return template.replace(str(ANY_ID), str(session.pk))
+
+
+ANY_ID = uuid.UUID(int=0)  # stands for a session's id in the terminal path get_terminal_url builds
 
 
 MAX_COMMAND_BYTES = 64 * 1024  # far below Linux's 128 KiB for one argument (MAX_ARG_STRLEN)

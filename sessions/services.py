@@ -85,13 +85,16 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
     "": the default image, `sessions.images.image_default`); the scheduler places the session
     only on a node that holds it.
 
+    Without a `name` (empty or blank) the session gets `session_default_name`'s, unique among
+    the owner's sessions.
+
     Raises ApplicationError (400) for a name longer than MAX_NAME or holding a control character,
     a malformed request, one off the quantum grid, one in the wrong mode, one larger than any
     registered node could ever hold (naming the slot and the largest amount a node holds), and
     an image no administrator registered or one that does not support the request's slot
     (`sessions.images.image_for_launch`, field `image`).
     """
-    name = (name or "").strip() or "session"
+    name = (name or "").strip()
     if priority > 0 and not owner.is_staff:
         raise ApplicationError("priority: only administrators may raise a session's priority above 0",
                                field_errors={"priority": ["only administrators may raise a session's priority above 0"]})
@@ -112,6 +115,7 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
                                field_errors={"resources": [str(exc)]}) from None
     with transaction.atomic():
         _quota_check(owner, request, pure_settings)
+        name = name or session_default_name(owner=owner, lock=True)
         session = ComputeSession.objects.create(
             owner=owner, name=name, resources=resources, request_spec=request_to_spec(request),
             slot_name=request.slot, slot_subtype=request.kind if request.slot else "",
@@ -121,6 +125,21 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
         transaction.on_commit(_schedule_soon)  # before the page's notice: the launch does not wait for it
         events.session_notify(session)
     return session
+
+
+DEFAULT_NAME_PREFIX = "session-"
+
+
+def session_default_name(*, owner, lock: bool = False) -> str:
+    """The name a session of `owner` launched without one gets: "session-<n>", n one more than
+    the largest among the owner's sessions so named (ended ones too), so a default name never
+    repeats for one owner and reads in launch order. With `lock` (inside a transaction) the
+    owner's row is locked first, so two launches at once get different names."""
+    if lock:
+        list(type(owner).objects.select_for_update().filter(pk=owner.pk).values_list("pk", flat=True))
+    names = ComputeSession.objects.filter(owner=owner, name__regex=rf"^{DEFAULT_NAME_PREFIX}[0-9]{{1,18}}$")
+    numbers = [int(name[len(DEFAULT_NAME_PREFIX):]) for name in names.values_list("name", flat=True)]
+    return f"{DEFAULT_NAME_PREFIX}{max(numbers, default=0) + 1}"
 
 
 def _quota_check(owner, request: core.ResourceRequest, pure_settings: core.FractionalSettings | None) -> None:
@@ -143,11 +162,17 @@ def _schedule_soon() -> None:
     schedule_pending_soon()
 
 
-def session_terminate(*, session: ComputeSession) -> ComputeSession:
+RECLAIMED = "reclaimed: "  # the reason of a session the manager terminated (usage.services.usage_idle_check)
+REQUESTED = "at the request of "  # + username: the reason of a session terminated through the API (sessions.api)
+
+
+def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSession:
     """End a session. PENDING → CANCELLED at once; a scheduled or running one → TERMINATING and
     the agent is told to kill its process group (it reports TERMINATED, which releases the
     allocations). On a LOST node the session ends at once, since no agent will answer. A
-    session already ending or ended is left as it is (idempotent)."""
+    session already ending or ended is left as it is (idempotent). `reason`: why, when not at
+    the user's request (starting with RECLAIMED, it stays the session's reason once it ended;
+    so does REQUESTED + the username of whoever asked, which the API gives)."""
     now = timezone.now()
     with transaction.atomic():
         if ComputeSession.objects.filter(pk=session.pk, status=SessionStatus.PENDING).update(
@@ -158,12 +183,13 @@ def session_terminate(*, session: ComputeSession) -> ComputeSession:
             return session
         node_lost = session.node_id is not None and session.node.status == NodeStatus.LOST
         if node_lost:
-            _finish(session, status=SessionStatus.TERMINATED, reason="terminated while its node was lost", exit_code=None)
+            _finish(session, status=SessionStatus.TERMINATED, reason=reason or "terminated while its node was lost",
+                    exit_code=None)
             session.refresh_from_db()
             return session
         moved = ComputeSession.objects.filter(
             pk=session.pk, status__in=(SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING)
-        ).update(status=SessionStatus.TERMINATING, status_reason="terminating at the user's request")
+        ).update(status=SessionStatus.TERMINATING, status_reason=reason or "terminating at the user's request")
         session.refresh_from_db()
         if moved or session.status == SessionStatus.TERMINATING:
             node_name, session_id = session.node.name, str(session.pk)
@@ -242,6 +268,8 @@ def session_report_apply(*, session_id: str, status: str, reason: str = "", exit
                 transaction.on_commit(lambda: _send_stop(node_name, sid))
             return bool(moved)
         if status in (SessionStatus.TERMINATED, SessionStatus.ERROR):
+            if status == SessionStatus.TERMINATED and session.status_reason.startswith((RECLAIMED, REQUESTED)):
+                reason = session.status_reason  # the manager's reason (who asked), not the agent's "terminated"
             return _finish(session, status=status, reason=reason, exit_code=exit_code)
     log.warning("agent sent unknown status %r for session %s", status, session_id)
     return False

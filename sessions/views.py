@@ -1,15 +1,30 @@
 """Pages: the session list with its launch dialog, and the terminal page. Thin views."""
 from __future__ import annotations
 
+import re
+
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 
+from accelerators.models import Node
+from sessions.api import NODE_PATTERN, OWNER_PATTERN
 from sessions.api_images import SessionImageSerializer
 from sessions.images import image_default
 from sessions.launch import launch_options
-from sessions.models import SessionImage
+from sessions.models import ACTIVE_STATUSES, FINAL_STATUSES, ComputeSession, SessionImage, SessionStatus
 from sessions.selectors import session_get_for, session_list_for
 from sessions.serializers import SessionSerializer
+from sessions.services import session_default_name
+
+# The list's tabs and the statuses each shows (static/js/sessions.js asks the API for the same).
+TABS = {
+    "all": tuple(SessionStatus.values),
+    "running": (SessionStatus.PENDING, *ACTIVE_STATUSES),
+    "finished": FINAL_STATUSES,
+}
+LIST_TABS = [("all", "All"), ("running", "Running"), ("finished", "Finished")]
+PAGE_SIZE = 25  # rows per page of the list
+MAX_PAGE = 10 ** 6
 
 
 @login_required
@@ -17,14 +32,54 @@ def home(request):
     return redirect("session-list")
 
 
+def list_filters(request) -> dict:
+    """The list's place from the page's query string — `?tab=all|running|finished&status=&owner=
+    &node=&page=` — as the page's script keeps it: `{"tab", "status", "owner", "node", "page"}`.
+    What is not valid is left out (a status outside the tab, an owner for a non-administrator,
+    a malformed name or page), never an error: the page opens on what it can show."""
+    query = request.GET
+    tab = query.get("tab") if query.get("tab") in TABS else "all"
+    status = query.get("status", "").upper()
+    owner, node, page = query.get("owner", ""), query.get("node", ""), query.get("page", "")
+    return {
+        "tab": tab,
+        "status": status if status in TABS[tab] else "",
+        "owner": owner if request.user.is_staff and len(owner) <= 150 and re.fullmatch(OWNER_PATTERN, owner) else "",
+        "node": node if len(node) <= 128 and re.fullmatch(NODE_PATTERN, node) else "",
+        "page": min(int(page), MAX_PAGE) if page.isdigit() and 0 < len(page) <= 7 and int(page) > 0 else 1,
+    }
+
+
+def _sessions_shown(user, filters: dict):
+    sessions = session_list_for(user=user).filter(status__in=[filters["status"]] if filters["status"]
+                                                  else TABS[filters["tab"]])
+    if filters["owner"]:
+        sessions = sessions.filter(owner__username=filters["owner"])
+    if filters["node"]:
+        sessions = sessions.filter(node__name=filters["node"])
+    return sessions
+
+
 @login_required
 def session_list(request):
-    sessions = SessionSerializer(session_list_for(user=request.user)[:200], many=True).data
+    filters = list_filters(request)
+    shown = _sessions_shown(request.user, filters)
+    count = shown.count()
+    filters["page"] = min(filters["page"], max(1, -(-count // PAGE_SIZE)))  # past the last page: the last
+    start = (filters["page"] - 1) * PAGE_SIZE
+    sessions = SessionSerializer(shown[start:start + PAGE_SIZE], many=True).data
     images = SessionImageSerializer(SessionImage.objects.all(), many=True, context={}).data  # as GET /api/v1/images/
     default = image_default()
+    owners = sorted(ComputeSession.objects.order_by().values_list("owner__username", flat=True).distinct()) \
+        if request.user.is_staff else []
     return render(request, "sessions/session_list.html", {
         "sessions": sessions, "launch_options": launch_options(user=request.user), "images": images,
-        "default_image": default.reference if default else ""})
+        "default_image": default.reference if default else "",
+        "list_state": {"filters": filters, "count": count, "page_size": PAGE_SIZE, "show_owner": request.user.is_staff,
+                       "owners": owners, "nodes": list(Node.objects.order_by("name").values_list("name", flat=True)),
+                       "default_name": session_default_name(owner=request.user)},
+        "show_owner": request.user.is_staff, "filters": filters, "list_tabs": LIST_TABS, "count": count,
+        "first": start + 1 if count else 0, "last": start + len(sessions)})
 
 
 @login_required

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import os
 import sys
-from decimal import Decimal
 
 import pytest
 
-from accelerators.plugins.base import DeviceInfo
+from tests.seed import GiB, make_cluster, mock_gpu  # noqa: F401 (re-exported)
 from tests.stack import ROOT, Proc, Stack, StackNode, free_port, wait_until  # noqa: F401 (re-exported)
-GiB = 1 << 30
 
 
 @pytest.hookimpl(wrapper=True)
@@ -172,31 +170,8 @@ def pytest_runtest_makereport(item, call):
     setattr(item, f"rep_{report.when}", report)
 
 
-def mock_gpu(index: int = 0, *, memory: int = 8 * GiB, sms: int = 80, numa: int | None = 0) -> DeviceInfo:
-    uuid = f"GPU-00000000-0000-0000-0000-{index:012d}"
-    return DeviceInfo(slot_name="cuda", device_id=uuid, index=index, mother_uuid=uuid[4:], model_name="CUDA GPU",
-                      numa_node=numa, subproc_count=sms, memory_size=memory)
-
-
 @pytest.fixture
 def demo_cluster(db):
     """The walkthrough's cluster: node `demo-node`, one 8 GiB / 80-SM GPU, fractional mode with
     unit_mem 4 GiB and unit_proc 40 ("1 physical GPU = 2 fGPU"), quantum 0.25."""
     return make_cluster(nodes={"demo-node": [mock_gpu(0)]})
-
-
-def make_cluster(*, nodes: dict[str, list[DeviceInfo]], unit_mem: int = 4 * GiB, unit_proc: int = 40,
-                 quantum: str = "0.25", mode: str = "fractional", cpu: int = 8, mem: int = 32 * GiB):
-    from accelerators.models import FractionalSettings, SlotFormat
-    from accelerators.services import node_inventory_apply
-
-    created = {name: node_inventory_apply(node_name=name, devices=devices, plugins=["ai.backend.accelerator.mock"],
-                                          attributes={}, cpu_count=cpu, memory_size=mem)
-               for name, devices in nodes.items()}
-    FractionalSettings.objects.update_or_create(
-        slot_name="cuda", defaults={"allocation_mode": mode, "unit_mem": unit_mem, "unit_proc": unit_proc,
-                                    "quantum_size": Decimal(quantum)})
-    SlotFormat.objects.update_or_create(slot_name="cuda", subtype="shares",
-                                        defaults={"display_unit": "fGPU", "human_readable_name": "fGPU",
-                                                  "number_round_length": 2})
-    return created

@@ -180,6 +180,21 @@ class StackNode:
                 f'{retention}runtime = "{self.runtime}"\nnetwork = "none"\ndefault-image = "fgpu-session:test"\n')
 
 
+def web_command(port: int) -> list[str]:
+    """The web process's command line, as DESIGN.md runs it (`daphne console.asgi:application`),
+    listening on 127.0.0.1:`port`."""
+    return [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"]
+
+
+def web_answers(base: str) -> bool:
+    """Whether the web process at `base` (http://host:port) serves the API schema."""
+    try:
+        with urllib.request.urlopen(base + "/api/schema/", timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def mock_inventory(*, gpus: int = 1, memory: str = "8G", sms: int = 80, uuid_prefix: str | None = None) -> str:
     """demo/mock-accelerator.toml with `gpus` devices of `memory` and `sms` each. Their UUIDs
     start with `uuid_prefix` (8 hex digits; random when None), so two nodes never share one."""
@@ -279,8 +294,7 @@ class Stack:
                              text=True)
         if out.returncode != 0:
             raise RuntimeError(f"import_accelerator_config failed:\n{out.stdout}{out.stderr}")
-        self._run("web", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "console.asgi:application"],
-                  self._role_env(env, "fgpu-web"))
+        self._run("web", web_command(self.port), self._role_env(env, "fgpu-web"))
         self._run("manager", [str(BIN / "celery"), "-A", "console", "worker", "-Q", "manager", "--pool", "threads",
                               "--concurrency", "4", "--without-gossip", "--without-mingle", "--loglevel", "INFO",
                               "--hostname", f"manager-{uuid.uuid4().hex[:8]}@%h"], self._role_env(env, "fgpu-manager"))
@@ -379,11 +393,7 @@ class Stack:
     # --- readiness ---------------------------------------------------------------------------
 
     def web_answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.base + "/api/schema/", timeout=5) as response:
-                return response.status == 200
-        except OSError:
-            return False
+        return web_answers(self.base)
 
     def redis_answers(self) -> bool:
         import redis

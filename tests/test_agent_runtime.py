@@ -329,8 +329,9 @@ def test_a_batch_commands_output_reaches_the_terminal_group(tmp_path):
 
 def test_a_session_flooding_its_output_is_held_to_the_output_rate(tmp_path):
     """2 MiB of output at OUTPUT_RATE_BYTES (512 KiB/s) after a burst of OUTPUT_BURST_BYTES (1 MiB)
-    take at least 2 s: the PTY is left unread meanwhile and the program waits (a lower bound, so
-    a slow machine cannot make it fail); the output still arrives, to its end."""
+    take at least 2 s when no terminal reads it (the channel below joined the group without
+    attaching): the PTY is left unread meanwhile and the program waits (a lower bound, so a slow
+    machine cannot make it fail); the output still arrives, to its end."""
     from agent.core import OUTPUT_BURST_BYTES, OUTPUT_RATE_BYTES
 
     size = 2 * 1024 * 1024

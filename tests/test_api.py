@@ -312,6 +312,52 @@ def test_the_session_page_renders_the_launch_options_for_a_signed_in_user(demo_c
     assert [s["id"] for s in sessions] == [mine]
 
 
+def page_state(response) -> dict:
+    html = response.content.decode()
+    return json.loads(re.search(r'<script id="list-state" type="application/json">(.*?)</script>', html, re.S)[1])
+
+
+def test_the_session_page_opens_on_the_tab_filters_and_page_its_address_names(demo_cluster, client, alice, bob,
+                                                                               staff, launch):
+    ids = [launch(client_for(alice), name="").json()["id"] for _ in range(27)]
+    ComputeSession.objects.filter(pk__in=ids[:3]).update(status=SessionStatus.CANCELLED)
+    launch(client_for(bob))
+    client.force_login(staff)
+
+    state = page_state(client.get("/sessions/"))
+    assert state["filters"] == {"tab": "all", "status": "", "owner": "", "node": "", "page": 1}
+    assert (state["count"], state["page_size"], state["show_owner"]) == (28, 25, True)
+    assert state["owners"] == ["alice", "bob"] and state["nodes"] == ["demo-node"]
+    assert state["default_name"] == "session-1"  # the staff user's own next name
+
+    response = client.get("/sessions/?tab=running&owner=alice&page=2")
+    state = page_state(response)
+    assert state["filters"]["page"] == 1  # past the last page (24 rows): the last
+    assert state["count"] == 24
+    assert response.content.count(b'<tr data-session-id="') == 24
+    assert b'<th scope="col" class="owner-heading">Owner</th>' in response.content
+
+    state = page_state(client.get("/sessions/?tab=finished&status=running&node=%00&page=x"))
+    assert state["filters"] == {"tab": "finished", "status": "", "owner": "", "node": "", "page": 1}
+    assert state["count"] == 3
+
+    client.force_login(alice)  # not an administrator: no owners, and an owner filter is ignored
+    response = client.get("/sessions/?owner=bob")
+    state = page_state(response)
+    assert (state["show_owner"], state["owners"], state["filters"]["owner"], state["count"]) == (False, [], "", 27)
+    assert state["default_name"] == "session-28"
+    assert b"owner-heading" not in response.content
+
+
+def test_terminating_through_the_api_says_who_asked(demo_cluster, alice, staff, launch):
+    session_id = launch(client_for(alice)).json()["id"]
+    make_running(session_id)
+
+    body = client_for(staff).delete(f"/api/v1/sessions/{session_id}/").json()
+
+    assert (body["status"], body["status_reason"]) == ("TERMINATING", f"at the request of {staff.username}")
+
+
 def test_the_terminal_page_of_another_users_session_is_404(demo_cluster, client, alice, bob, launch):
     session_id = launch(client_for(bob)).json()["id"]
     client.force_login(alice)

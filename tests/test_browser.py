@@ -51,7 +51,8 @@ def answers(url: str) -> bool:
 def console_url(procs, tmp_path):
     """A standalone console on a free port; its URL once the login page answers."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    # pytest-django's DJANGO_SETTINGS_MODULE (console.settings) would win over standalone's own.
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
     env.update(FGPU_DATA_DIR=str(tmp_path / "data"), FGPU_ADMIN_PASSWORD=ADMIN_PASSWORD, PORT=str(port),
                PYTHONUNBUFFERED="1")
     server = procs.start("standalone", [sys.executable, "manage.py", "standalone"], env)

@@ -11,9 +11,10 @@ from django.conf import settings
 import agent.tasks  # noqa: F401  (registers the agent's tasks with the app)
 import protocol
 import sessions.tasks  # noqa: F401  (registers the manager's tasks with the app)
+import usage.tasks  # noqa: F401  (the manager's usage tasks, issue 15)
 from console.celery import HEARTBEAT_QUEUE, LOG_QUEUE, MANAGER_QUEUE, NOISY_TASKS, app, route_task
 
-PROJECT_PACKAGES = ("sessions", "accelerators", "console", "agent")
+PROJECT_PACKAGES = ("sessions", "accelerators", "console", "agent", "usage")
 
 
 def project_tasks() -> dict:
@@ -36,11 +37,12 @@ def test_the_app_registers_the_project_tasks_on_both_sides():
 
 
 def test_the_agent_defines_every_agent_task_protocol_names_and_the_manager_none():
-    names = {protocol.SESSION_START, protocol.SESSION_STOP, protocol.SESSIONS_SYNC, protocol.MIG_RECONCILE}
+    names = {protocol.SESSION_START, protocol.SESSION_STOP, protocol.SESSIONS_SYNC, protocol.MIG_RECONCILE,
+             protocol.SESSION_NOTICE}
 
     assert set(agent_tasks()) == names
     assert {app.tasks[name].__module__ for name in names} == {"agent.tasks"}
-    assert {app.tasks[name].__module__ for name in manager_tasks()} == {"sessions.tasks"}
+    assert {app.tasks[name].__module__ for name in manager_tasks()} == {"sessions.tasks", "usage.tasks"}
 
 
 def test_every_task_defined_in_the_project_is_named_under_the_fgpu_prefix():
@@ -59,12 +61,13 @@ def test_route_task_gives_every_fgpu_task_a_queue(name):
     route = route_task(name, (), {"node": "gpu-node-1"}, {})
     assert route is not None, f"{name} is not routed by console.celery.route_task"
     expected = (LOG_QUEUE if name in NOISY_TASKS else HEARTBEAT_QUEUE if name == protocol.AGENT_HEARTBEAT
+                else protocol.USAGE_QUEUE if name == protocol.USAGE_REPORT
                 else MANAGER_QUEUE if name.startswith("fgpu.manager.") else "agent.gpu-node-1")
     assert route == {"queue": expected}
 
 
 @pytest.mark.parametrize("name", [name for name in manager_tasks()
-                                  if name not in NOISY_TASKS and name != protocol.AGENT_HEARTBEAT])
+                                  if name not in NOISY_TASKS and name not in (protocol.AGENT_HEARTBEAT, protocol.USAGE_REPORT)])
 def test_manager_tasks_go_to_the_manager_queue_without_a_node(name):
     assert route_task(name, (), {}, {}) == {"queue": "manager"}
     assert route_task(name, (), None, {}) == {"queue": "manager"}
@@ -75,6 +78,7 @@ def test_heartbeats_and_log_batches_travel_on_queues_of_their_own_that_a_manager
 
     assert route_task("fgpu.manager.session_log_append", (), {}, {}) == {"queue": "manager.logs"}
     assert route_task("fgpu.manager.agent_heartbeat", (), {}, {}) == {"queue": "manager.heartbeats"}
+    assert route_task("fgpu.manager.usage_report", (), {}, {}) == {"queue": "manager.usage"}
 
     class Worker:  # what celeryd_after_setup hands its receivers: the worker, with the app
         def __init__(self, queues):
@@ -84,7 +88,7 @@ def test_heartbeats_and_log_batches_travel_on_queues_of_their_own_that_a_manager
     before = list(app.amqp.queues.consume_from)
     try:
         celeryd_after_setup.send(sender="manager@test", instance=Worker(["manager"]), conf=app.conf)
-        assert set(app.amqp.queues.consume_from) == {"manager", "manager.heartbeats", "manager.logs"}
+        assert set(app.amqp.queues.consume_from) == {"manager", "manager.heartbeats", "manager.logs", "manager.usage"}
         celeryd_after_setup.send(sender="agent@test", instance=Worker(["agent.gpu-node-1"]), conf=app.conf)
         assert set(app.amqp.queues.consume_from) == {"agent.gpu-node-1"}
     finally:

@@ -36,6 +36,8 @@ GOOD_ORIGIN = (b"origin", b"http://localhost:8000")
 # every other page sends them to the login page.
 PUBLIC_API = {"/api/v1/auth/token/"}
 PUBLIC_PAGES = {"/login/", "/logout/"}
+# Not a page: Prometheus scrapes it with a bearer token, never a login (its gating: tests/test_usage.py).
+TOKEN_ROUTES = {"/metrics"}
 # What a signed-in user (not an administrator) may write: their own sessions and tokens.
 USER_WRITABLE_API = {
     ("post", "/api/v1/auth/token/"),
@@ -92,7 +94,7 @@ def api_routes() -> list[str]:
 
 
 def page_routes() -> list[str]:
-    return [r for r in routes() if not r.startswith(("/api/", "/admin/")) and r not in PUBLIC_PAGES]
+    return [r for r in routes() if not r.startswith(("/api/", "/admin/")) and r not in PUBLIC_PAGES | TOKEN_ROUTES]
 
 
 def concrete(template: str, session_id=None) -> str:

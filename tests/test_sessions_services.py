@@ -427,3 +427,29 @@ def test_a_higher_priority_session_is_scheduled_before_earlier_ones(demo_cluster
     Allocation.objects.filter(session=blocker).update(released_at=timezone.now())
 
     assert run() == [str(high.pk), str(low.pk)]
+
+
+def test_sessions_launched_without_a_name_get_names_unique_per_owner_in_launch_order(demo_cluster, user,
+                                                                                    django_user_model):
+    bob = django_user_model.objects.create_user("bob")
+    launch = lambda owner, name="": services.session_create(owner=owner, name=name,  # noqa: E731
+                                                             resources={"cuda.shares": "0.25"}).name
+
+    assert [launch(user), launch(user, "  "), launch(bob)] == ["session-1", "session-2", "session-1"]
+    assert launch(user, "session-9") == "session-9"  # a name given is kept, whatever it looks like
+    assert [launch(user), launch(bob)] == ["session-10", "session-2"]  # one past the largest
+    assert services.session_default_name(owner=user) == "session-11"
+
+
+def test_a_session_terminated_at_someones_request_keeps_who_asked_once_the_agent_reports_it_ended(
+        demo_cluster, running, report, django_capture_on_commit_callbacks):
+    session = running("0.5")
+
+    with django_capture_on_commit_callbacks(execute=True):  # the stop task fails: no agent here
+        services.session_terminate(session=session, reason=services.REQUESTED + "alice")
+    session.refresh_from_db()
+    assert (session.status, session.status_reason) == (SessionStatus.TERMINATING, "at the request of alice")
+
+    assert report(session, SessionStatus.TERMINATED, "terminated", exit_code=129)
+    assert (session.status, session.status_reason, session.exit_code) == (
+        SessionStatus.TERMINATED, "at the request of alice", 129)

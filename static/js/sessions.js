@@ -1,5 +1,6 @@
-// Sessions page: live session table, launch dialog, terminate confirmation.
-// Server-rendered first; this script only keeps the page current. No build step.
+// Sessions page: the workload table (tabs, filters, pages, live rows), the launch dialog and
+// the terminate confirmation. Server-rendered first; this script keeps the page current and
+// its place in the address (?tab=&status=&owner=&node=&page=). Needs console.js (window.fgpu).
 (function () {
   "use strict";
 
@@ -10,49 +11,18 @@
   var HOST_IMAGE = "host"; // the process runtime's built-in image: the default where none is marked
 
   var $ = function (id) { return document.getElementById(id); };
+  var fgpu = window.fgpu;
+  var api = fgpu.api, errorText = fgpu.errorText;
   var tbody = $("sessions-body");
   var emptyState = $("sessions-empty");
-  var sessions = new Map(); // id -> session JSON
+  var sessions = new Map(); // id -> session JSON, the rows shown
   var launchOptions = readJson("launch-options") || { slots: [] };
+  var listState = readJson("list-state") || {};
 
   function readJson(id) {
     var el = $(id);
     if (!el) return null;
     try { return JSON.parse(el.textContent); } catch (e) { return null; }
-  }
-
-  // ---- HTTP -------------------------------------------------------------
-
-  function csrfToken() {
-    var m = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
-    if (m) return decodeURIComponent(m[1]);
-    var input = document.querySelector("input[name=csrfmiddlewaretoken]");
-    return input ? input.value : "";
-  }
-
-  function api(method, url, body) {
-    var init = {
-      method: method,
-      credentials: "same-origin",
-      headers: { "Accept": "application/json", "X-CSRFToken": csrfToken() },
-    };
-    if (body !== undefined) {
-      init.headers["Content-Type"] = "application/json";
-      init.body = JSON.stringify(body);
-    }
-    return fetch(url, init).then(function (resp) {
-      return resp.text().then(function (text) {
-        var data = null;
-        try { data = text ? JSON.parse(text) : null; } catch (e) { data = null; }
-        return { ok: resp.ok, status: resp.status, data: data };
-      });
-    });
-  }
-
-  function errorText(result) {
-    if (result.data && result.data.detail) return String(result.data.detail);
-    if (result.status === 403) return "You are not allowed to do that (signed out?). Reload the page.";
-    return "The server answered " + result.status + ". Try again.";
   }
 
   // ---- Decimal strings (no floats for GPU amounts) ------------------------
@@ -126,14 +96,15 @@
     return node;
   }
 
+  // The reason under the status: why it waits, or how it ended in words ("terminated by you").
   function reasonOf(s) {
-    if (s.status_reason) {
-      // A reason that only repeats the status ("terminated" under TERMINATED) says nothing.
-      return String(s.status_reason).toLowerCase() === String(s.status).toLowerCase() ? null : s.status_reason;
-    }
-    if (s.exit_code !== null && s.exit_code !== undefined) return "exit code " + s.exit_code;
-    return null;
+    if (fgpu.FINAL.indexOf(s.status) !== -1 || s.status === "TERMINATING") return fgpu.endReason(s) || null;
+    if (!s.status_reason) return null;
+    // A reason that only repeats the status says nothing.
+    return String(s.status_reason).toLowerCase() === String(s.status).toLowerCase() ? null : s.status_reason;
   }
+
+  var REASON_SHORT = 90; // characters: a longer reason shows two lines and a "Show all" toggle
 
   var timeFormat = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "short" });
   var relFormat = new Intl.RelativeTimeFormat(undefined, { numeric: "auto" });
@@ -155,6 +126,21 @@
       t.title = timeFormat.format(d);
     });
   }
+
+  // Elapsed time of every row, live ones each second.
+  function renderElapsed(onlyLive) {
+    var now = Date.now();
+    tbody.querySelectorAll("tr[data-session-id]").forEach(function (row) {
+      var s = sessions.get(row.getAttribute("data-session-id"));
+      var cell = row.querySelector(".elapsed-text");
+      if (!s || !cell || (onlyLive && row.getAttribute("data-live") !== "true")) return;
+      var e = fgpu.elapsed(s, now);
+      cell.textContent = e.text;
+      row.setAttribute("data-live", e.live ? "true" : "false");
+    });
+  }
+
+  function showOwner() { return listState.show_owner === true; }
 
   function renderRow(s) {
     var reason = reasonOf(s);
@@ -187,14 +173,29 @@
       }));
     }
 
-    return el("tr", { "data-session-id": s.id, "data-status": s.status }, [
+    // td.status's text is the status alone; the reason is drawn from data-reason (CSS), cut to
+    // two lines when long, with a toggle (labelled by CSS too) that shows the whole of it.
+    var long = reason && reason.length > REASON_SHORT;
+    var statusCell = el("td", { "class": "status", "data-label": "Status", "data-reason": reason, title: reason,
+                                "data-long": long ? "true" : null }, [
+      el("span", { "class": "badge status-" + String(s.status).toLowerCase(), text: s.status }),
+    ]);
+    if (long) {
+      statusCell.appendChild(el("button", { type: "button", "class": "reason-toggle", "aria-expanded": "false",
+                                            "aria-label": "Show all of the reason" }));
+    }
+
+    var elapsed = fgpu.elapsed(s);
+    return el("tr", { "data-session-id": s.id, "data-status": s.status, "data-live": elapsed.live ? "true" : "false" }, [
       el("td", { "class": "name", "data-label": "Name" }, [el("span", { "class": "session-name", text: s.name })]),
-      el("td", { "class": "status", "data-label": "Status", "data-reason": reason, title: reason }, [
-        el("span", { "class": "badge status-" + String(s.status).toLowerCase(), text: s.status }),
-      ]),
+      showOwner() ? el("td", { "class": "owner", "data-label": "Owner", text: s.owner }) : null,
+      statusCell,
       configurationCell(s),
       nodeCell,
-      el("td", { "class": "created", "data-label": "Created" }, [el("time", { datetime: s.created_at, text: s.created_at })]),
+      el("td", { "class": "elapsed", "data-label": "Elapsed" }, [
+        el("span", { "class": "elapsed-text", text: elapsed.text }),
+        el("span", { "class": "sub" }, ["created ", el("time", { datetime: s.created_at, text: s.created_at })]),
+      ]),
       el("td", { "class": "actions", "data-label": "" }, [actions]),
     ]);
   }
@@ -202,8 +203,8 @@
   // What the session asked for; for MIG and isolation "any" also what it got and why.
   function configurationCell(s) {
     var cell = el("td", { "class": "configuration", "data-label": "Configuration" });
-    if (!s.grant) { cell.textContent = s.configuration; return cell; }
-    cell.appendChild(el("span", { "class": "config-requested", text: s.requested }));
+    if (!s.grant) { cell.appendChild(configText(s.configuration, "config-text")); return cell; }
+    cell.appendChild(configText(s.requested, "config-requested"));
     if (s.mig_profile) {
       cell.appendChild(el("span", {
         "class": "mig-chip", text: "MIG " + s.mig_profile,
@@ -214,32 +215,63 @@
     return cell;
   }
 
+  // "0.50 fGPU · 1 core · 1 GiB", wrapping between its parts only.
+  function configText(text, className) {
+    var span = el("span", { "class": className });
+    String(text || "").split(" · ").forEach(function (part, i) {
+      if (i) span.appendChild(document.createTextNode(" · "));
+      span.appendChild(el("span", { "class": "config-part", text: part }));
+    });
+    return span;
+  }
+
+  tbody.addEventListener("click", function (ev) {
+    var toggle = ev.target.closest(".reason-toggle");
+    if (!toggle) return;
+    var open = toggle.getAttribute("aria-expanded") !== "true";
+    toggle.setAttribute("aria-expanded", open ? "true" : "false");
+    toggle.setAttribute("aria-label", open ? "Show less of the reason" : "Show all of the reason");
+  });
+
   function findRow(id) {
     return tbody.querySelector('tr[data-session-id="' + CSS.escape(id) + '"]');
   }
 
+  // A session the server sent (a notice, an answer): its row is redrawn in place. One not shown
+  // yet joins the first page when the tab and filters would show it.
   function upsert(s, highlight) {
     if (!s || !s.id) return;
     var old = sessions.get(s.id);
     // Never let an older snapshot (e.g. a slow POST answer) undo a newer websocket update.
     if (old && isOlderThan(s, old)) return;
+    var existing = findRow(s.id);
+    if (!existing && (filters.page !== 1 || !matches(s))) return;
     sessions.set(s.id, s);
     var row = renderRow(s);
-    var existing = findRow(s.id);
     if (existing) {
       var changed = existing.getAttribute("data-status") !== s.status;
+      var toggle = existing.querySelector(".reason-toggle[aria-expanded=true]");
       existing.replaceWith(row);
+      if (toggle && row.querySelector(".reason-toggle")) row.querySelector(".reason-toggle").click();
       if (changed) flash(row);
     } else {
       tbody.insertBefore(row, tbody.firstChild);
+      total += 1;
+      while (tbody.rows.length > pageSize) dropRow(tbody.rows[tbody.rows.length - 1]);
       if (highlight !== false) flash(row);
+      renderRange();
     }
     renderTimes(row);
     updateEmpty();
   }
 
+  function dropRow(row) {
+    sessions.delete(row.getAttribute("data-session-id"));
+    row.remove();
+  }
+
   var ORDER = ["PENDING", "SCHEDULED", "PREPARING", "RUNNING", "TERMINATING", "TERMINATED", "ERROR", "CANCELLED"];
-  var FINAL = ["TERMINATED", "ERROR", "CANCELLED"];
+  var FINAL = fgpu.FINAL;
   function isOlderThan(s, old) {
     if (FINAL.indexOf(old.status) !== -1) return FINAL.indexOf(s.status) === -1;
     var a = ORDER.indexOf(s.status), b = ORDER.indexOf(old.status);
@@ -251,24 +283,37 @@
     setTimeout(function () { row.classList.remove("row-flash"); }, 1600);
   }
 
+  var EMPTY = {
+    all: ["No sessions yet", "Start a session to get a slice of a GPU and a terminal on it."],
+    running: ["No running sessions", "Sessions waiting, starting or running show here."],
+    finished: ["No finished sessions", "Sessions that ended, failed or were cancelled show here."],
+  };
+
   function updateEmpty() {
-    emptyState.hidden = tbody.rows.length > 0;
-    $("sessions-table").classList.toggle("is-empty", tbody.rows.length === 0);
+    var empty = tbody.rows.length === 0;
+    emptyState.hidden = !empty;
+    $("sessions-table").classList.toggle("is-empty", empty);
+    var filtered = filters.status || filters.owner || filters.node;
+    var words = filtered ? ["No sessions match these filters", "Clear the filters to see more."] : EMPTY[filters.tab];
+    $("empty-title").textContent = words[0];
+    $("empty-text").textContent = words[1];
   }
 
+  // The page's rows as the server holds them now (the list is authoritative).
   function replaceAll(list) {
-    var seen = new Set();
-    list.forEach(function (s) { seen.add(s.id); });
-    Array.prototype.slice.call(tbody.rows).forEach(function (row) {
-      var id = row.getAttribute("data-session-id");
-      if (!seen.has(id)) { row.remove(); sessions.delete(id); }
+    var open = new Set();
+    tbody.querySelectorAll(".reason-toggle[aria-expanded=true]").forEach(function (t) {
+      open.add(t.closest("tr").getAttribute("data-session-id"));
     });
-    list.slice().reverse().forEach(function (s) {
-      sessions.delete(s.id); // the list is authoritative
-      upsert(s, false);
+    sessions.clear();
+    tbody.textContent = "";
+    list.forEach(function (s) {
+      sessions.set(s.id, s);
+      var row = renderRow(s);
+      tbody.appendChild(row);
+      if (open.has(s.id) && row.querySelector(".reason-toggle")) row.querySelector(".reason-toggle").click();
     });
-    // Keep the server's order (newest first).
-    list.forEach(function (s) { var r = findRow(s.id); if (r) tbody.appendChild(r); });
+    renderTimes(tbody);
     updateEmpty();
   }
 
@@ -282,48 +327,170 @@
     noticeTimer = setTimeout(function () { notice.hidden = true; }, 8000);
   }
 
+  // ---- The list's place: tab, filters, page (in the address too) -----------------------
+
+  var TABS = {
+    all: ORDER,
+    running: ["PENDING", "SCHEDULED", "PREPARING", "RUNNING", "TERMINATING"],
+    finished: FINAL,
+  };
+  var pageSize = listState.page_size || 25;
+  var total = listState.count || 0;
+  var filters = normalised(listState.filters || {});
+  var statusSelect = $("filter-status"), ownerSelect = $("filter-owner"), nodeSelect = $("filter-node");
+
+  function normalised(f) {
+    var tab = TABS[f.tab] ? f.tab : "all";
+    var page = parseInt(f.page, 10);
+    return {
+      tab: tab,
+      status: TABS[tab].indexOf(String(f.status || "").toUpperCase()) !== -1 ? String(f.status).toUpperCase() : "",
+      owner: showOwner() ? String(f.owner || "") : "",
+      node: String(f.node || ""),
+      page: page > 0 ? page : 1,
+    };
+  }
+
+  function fromAddress() {
+    var q = new URLSearchParams(location.search);
+    return normalised({ tab: q.get("tab"), status: q.get("status"), owner: q.get("owner"), node: q.get("node"),
+                        page: q.get("page") });
+  }
+
+  // ?tab=… for the page's address; the defaults are left out.
+  function pageQuery(f) {
+    var q = new URLSearchParams();
+    if (f.tab !== "all") q.set("tab", f.tab);
+    ["status", "owner", "node"].forEach(function (k) { if (f[k]) q.set(k, f[k]); });
+    if (f.page > 1) q.set("page", String(f.page));
+    var text = q.toString();
+    return text ? "?" + text : location.pathname;
+  }
+
+  // The same place as GET /api/v1/sessions/ parameters.
+  function apiQuery(f) {
+    var q = new URLSearchParams();
+    if (f.status) q.set("status", f.status);
+    else if (f.tab !== "all") q.set("status", TABS[f.tab].join(","));
+    if (f.owner) q.set("owner", f.owner);
+    if (f.node) q.set("node", f.node);
+    q.set("limit", String(pageSize));
+    q.set("offset", String((f.page - 1) * pageSize));
+    return API_SESSIONS + "?" + q.toString();
+  }
+
+  function matches(s) {
+    var statuses = filters.status ? [filters.status] : TABS[filters.tab];
+    return statuses.indexOf(s.status) !== -1 && (!filters.owner || s.owner === filters.owner) &&
+      (!filters.node || s.node === filters.node);
+  }
+
+  function fillSelect(select, values, chosen, label) {
+    if (!select) return;
+    var first = select.options[0];
+    select.textContent = "";
+    select.appendChild(first);
+    var list = values.slice();
+    if (chosen && list.indexOf(chosen) === -1) list.push(chosen); // a name from the address, kept visible
+    list.forEach(function (v) { select.appendChild(el("option", { value: v, text: label ? label(v) : v })); });
+    select.value = chosen || "";
+  }
+
+  function renderFilters() {
+    document.querySelectorAll(".list-tab").forEach(function (a) {
+      var tab = a.getAttribute("data-tab");
+      if (tab === filters.tab) a.setAttribute("aria-current", "page");
+      else a.removeAttribute("aria-current");
+      a.href = pageQuery({ tab: tab, status: "", owner: filters.owner, node: filters.node, page: 1 });
+    });
+    fillSelect(statusSelect, TABS[filters.tab], filters.status, function (v) { return v.charAt(0) + v.slice(1).toLowerCase(); });
+    fillSelect(ownerSelect, listState.owners || [], filters.owner);
+    fillSelect(nodeSelect, listState.nodes || [], filters.node);
+    $("filters-clear").hidden = !(filters.status || filters.owner || filters.node);
+    renderRange();
+  }
+
+  function renderRange() {
+    var first = total ? (filters.page - 1) * pageSize + 1 : 0;
+    var last = Math.min(total, (filters.page - 1) * pageSize + tbody.rows.length);
+    $("list-range").textContent = total ? first + "–" + last + " of " + total : "0 sessions";
+    setPageLink($("page-prev"), filters.page > 1, filters.page - 1);
+    setPageLink($("page-next"), filters.page * pageSize < total, filters.page + 1);
+    $("pager").hidden = total === 0;
+    document.querySelector(".pager-buttons").hidden = total <= pageSize && filters.page === 1;
+  }
+
+  function setPageLink(link, enabled, page) {
+    link.href = pageQuery(Object.assign({}, filters, { page: Math.max(1, page) }));
+    if (enabled) link.removeAttribute("aria-disabled");
+    else link.setAttribute("aria-disabled", "true");
+  }
+
+  var loadSeq = 0;
+  // Show `next` (a place): ask the server for its page, then draw it. `push`: a new history entry.
+  function go(next, push) {
+    filters = normalised(next);
+    renderFilters();
+    updateEmpty();
+    if (push) history.pushState(null, "", pageQuery(filters));
+    else history.replaceState(null, "", pageQuery(filters));
+    return load();
+  }
+
+  function load() {
+    var seq = ++loadSeq;
+    $("sessions-table").setAttribute("aria-busy", "true");
+    return api("GET", apiQuery(filters)).then(function (r) {
+      if (seq !== loadSeq) return;
+      $("sessions-table").removeAttribute("aria-busy");
+      if (!r.ok || !r.data || !Array.isArray(r.data.results)) {
+        if (!r.signedOut) showNotice("Could not load the sessions: " + errorText(r), "error");
+        return;
+      }
+      total = r.data.count;
+      if (!r.data.results.length && filters.page > 1 && total) { // past the last page: the last
+        filters.page = Math.ceil(total / pageSize);
+        return go(filters, false);
+      }
+      replaceAll(r.data.results);
+      renderRange();
+    }).catch(function () {
+      if (seq === loadSeq) $("sessions-table").removeAttribute("aria-busy");
+      /* the websocket's reconnect loads it again */
+    });
+  }
+
+  document.querySelector(".list-tabs").addEventListener("click", function (ev) {
+    var a = ev.target.closest(".list-tab");
+    if (!a || ev.metaKey || ev.ctrlKey || ev.shiftKey || ev.button !== 0) return;
+    ev.preventDefault();
+    go({ tab: a.getAttribute("data-tab"), owner: filters.owner, node: filters.node, page: 1 }, true);
+  });
+  $("list-filters").addEventListener("change", function () {
+    go({ tab: filters.tab, status: statusSelect.value, owner: ownerSelect ? ownerSelect.value : "",
+         node: nodeSelect.value, page: 1 }, true);
+  });
+  $("list-filters").addEventListener("submit", function (ev) { ev.preventDefault(); });
+  $("filters-clear").addEventListener("click", function () {
+    go({ tab: filters.tab, page: 1 }, true);
+    $("filter-status").focus();
+  });
+  ["page-prev", "page-next"].forEach(function (id) {
+    $(id).addEventListener("click", function (ev) {
+      ev.preventDefault();
+      if ($(id).getAttribute("aria-disabled") === "true") return;
+      go(Object.assign({}, filters, { page: filters.page + (id === "page-next" ? 1 : -1) }), true)
+        .then(function () { $("sessions-table").scrollIntoView({ block: "start" }); });
+    });
+  });
+  window.addEventListener("popstate", function () { go(fromAddress(), false); });
+
   // ---- Live updates over /ws/sessions/ -----------------------------------
 
   var indicator = $("live-indicator");
   function setLive(state, text) {
     indicator.setAttribute("data-state", state);
     indicator.querySelector(".live-text").textContent = text;
-  }
-
-  var retry = 0;
-  var everOpened = false;
-  function connect() {
-    var scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    var ws;
-    try { ws = new WebSocket(scheme + location.host + "/ws/sessions/"); }
-    catch (e) { scheduleReconnect(); return; }
-    ws.onopen = function () {
-      retry = 0;
-      setLive("live", "Live");
-      // After a gap we may have missed updates: refresh the list once.
-      if (everOpened) refreshList();
-      everOpened = true;
-    };
-    ws.onmessage = function (ev) {
-      var msg;
-      try { msg = JSON.parse(ev.data); } catch (e) { return; }
-      if (msg && msg.type === "session" && msg.session) upsert(msg.session);
-    };
-    ws.onclose = function () { scheduleReconnect(); };
-  }
-
-  function scheduleReconnect() {
-    var delay = Math.min(30000, 1000 * Math.pow(2, retry)) * (0.75 + Math.random() * 0.5);
-    retry = Math.min(retry + 1, 6);
-    setLive("reconnecting", "Reconnecting…");
-    setTimeout(connect, delay);
-  }
-
-  function refreshList() {
-    api("GET", API_SESSIONS).then(function (r) {
-      if (r.ok && r.data && Array.isArray(r.data.results) && !r.data.next) replaceAll(r.data.results);
-      else if (r.ok && r.data && Array.isArray(r.data.results)) r.data.results.forEach(function (s) { upsert(s, false); });
-    }).catch(function () { /* the websocket retry will try again */ });
   }
 
   // ---- Terminate ---------------------------------------------------------
@@ -949,10 +1116,13 @@
   form.addEventListener("input", function () { serverErrors = {}; changed(); });
   form.addEventListener("change", function () { serverErrors = {}; changed(); });
 
-  function nextName() {
-    var used = new Set();
-    sessions.forEach(function (s) { used.add(s.name); });
-    for (var i = 1; ; i++) if (!used.has("session-" + i)) return "session-" + i;
+  // The name the dialog offers: the server's next default for this user (sessions.services.
+  // session_default_name), moved on past each "session-<n>" of theirs launched since.
+  var defaultName = listState.default_name || "session-1";
+  function nameTaken(s) {
+    if (!s || (s.owner && s.owner !== fgpu.me)) return;
+    var taken = /^session-(\d+)$/.exec(s.name || ""), offered = /^session-(\d+)$/.exec(defaultName);
+    if (taken && offered && Number(taken[1]) >= Number(offered[1])) defaultName = "session-" + (Number(taken[1]) + 1);
   }
 
   function showErrors(result) {
@@ -980,7 +1150,7 @@
     errorBox.hidden = true;
     hidePreview();
     serverErrors = {};
-    $("session-name").value = nextName();
+    $("session-name").value = defaultName;
     $("session-name").removeAttribute("aria-invalid");
     applyOptions(launchOptions);
     dialog.showModal();
@@ -1017,6 +1187,9 @@
     api("POST", API_SESSIONS, body).then(function (r) {
       if (r.ok && r.data) {
         dialog.close();
+        nameTaken(r.data);
+        // Show the new session: on the first page of a view that holds it.
+        if (filters.page !== 1 || !matches(r.data)) go({ tab: "all", page: 1 }, true);
         upsert(r.data);
         return;
       }
@@ -1032,12 +1205,19 @@
 
   // ---- Start -------------------------------------------------------------
 
-  (readJson("initial-sessions") || []).forEach(function (s) { sessions.set(s.id, s); });
-  renderTimes(tbody);
+  renderFilters();
+  replaceAll(readJson("initial-sessions") || []); // the server's rows, drawn as updates draw them
+  renderRange();
   setInterval(function () { renderTimes(tbody); }, 30000);
-  updateEmpty();
+  setInterval(function () { renderElapsed(true); }, 1000);
   applyOptions(launchOptions);
   applyImages(images);
   renderMemoryMode();
-  connect();
+  // Live rows; on every (re)connection the page is loaded again, so nothing missed while the
+  // connection was down (a server restart, a sleeping laptop) stays on screen.
+  fgpu.watchSessions({
+    onOpen: function () { setLive("live", "Live"); load(); },
+    onSession: function (s) { nameTaken(s); upsert(s); },
+    onDown: function () { setLive("reconnecting", "Reconnecting…"); },
+  });
 })();

@@ -1,11 +1,15 @@
 // Terminal page: xterm.js over the session's terminal websocket (one-time ticket per connection),
-// plus live status of the session from /ws/sessions/. No build step.
+// the session's live status from /ws/sessions/ (read again after every reconnection), how it
+// ended in words, and Terminate. Needs console.js (window.fgpu). No build step.
 (function () {
   "use strict";
 
-  var FINAL = ["TERMINATED", "ERROR", "CANCELLED"];
+  var fgpu = window.fgpu;
+  var FINAL = fgpu.FINAL;
+  var ACTIVE = ["PENDING", "SCHEDULED", "PREPARING", "RUNNING"];
   var $ = function (id) { return document.getElementById(id); };
   var session = JSON.parse($("session-data").textContent);
+  var sessionUrl = "/api/v1/sessions/" + encodeURIComponent(session.id) + "/";
   var shell = document.querySelector(".terminal-shell");
   var statusLine = $("terminal-status");
   var banner = $("terminal-banner");
@@ -13,11 +17,12 @@
   var reconnectButton = $("terminal-reconnect");
   var backLink = $("terminal-back");
   var wsScheme = location.protocol === "https:" ? "wss://" : "ws://";
+  var RETRY_MAX_S = 3; // the terminal reconnects within 5 s of the server being back
 
   var socket = null;      // terminal websocket
   var exited = false;     // the server sent {"type": "exit"}
   var connecting = false;
-  var retries = 0; // automatic reconnections in a row (the wait doubles, up to 30 s)
+  var retries = 0; // automatic reconnections in a row (the wait doubles, up to RETRY_MAX_S)
   var retryTimer = null;
 
   function setStatus(state, text) {
@@ -36,12 +41,60 @@
 
   function hideBanner() { banner.hidden = true; }
 
-  function csrfToken() {
-    var m = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
-    if (m) return decodeURIComponent(m[1]);
-    var input = document.querySelector("input[name=csrfmiddlewaretoken]");
-    return input ? input.value : "";
+  // ---- The session's state in the header: badge, reason, elapsed, Terminate ------------
+
+  function renderHeader() {
+    var badge = $("session-status-badge");
+    badge.textContent = session.status;
+    badge.className = "badge status-" + String(session.status).toLowerCase();
+    var final = FINAL.indexOf(session.status) !== -1;
+    var reason = final || session.status === "TERMINATING" ? fgpu.endReason(session)
+      : session.status !== "RUNNING" ? session.status_reason || "" : "";
+    $("session-reason").textContent = reason;
+    $("session-reason").hidden = !reason;
+    $("session-configuration").textContent = session.configuration || "—";
+    $("session-node").textContent = session.node || "—";
+    $("session-devices").textContent = (session.allocations || []).map(function (a) {
+      return "GPU " + a.device_index + " · " + a.model_name;
+    }).join(", ") || "—";
+    $("terminate-session").hidden = ACTIVE.indexOf(session.status) === -1;
+    renderElapsed();
   }
+
+  function renderElapsed() {
+    var e = fgpu.elapsed(session);
+    $("session-elapsed").textContent = e.text;
+  }
+
+  // ---- Terminate (the list's confirmation) ---------------------------------------------
+
+  var terminateButton = $("terminate-session");
+  var terminateDialog = $("terminate-dialog");
+  terminateButton.addEventListener("click", function () {
+    $("terminate-name").textContent = session.name;
+    terminateDialog.returnValue = "";
+    terminateDialog.showModal();
+    $("terminate-cancel").focus();
+  });
+  terminateDialog.addEventListener("click", function (ev) { if (ev.target === terminateDialog) terminateDialog.close(); });
+  terminateDialog.addEventListener("close", function () {
+    if (terminateDialog.returnValue !== "confirm") return;
+    terminateButton.disabled = true;
+    terminateButton.textContent = "Terminating…";
+    fgpu.api("DELETE", sessionUrl).then(function (r) {
+      terminateButton.disabled = false;
+      terminateButton.textContent = "Terminate";
+      if (r.ok && r.data) { applySession(r.data); return; }
+      showBanner("Could not terminate the session: " + fgpu.errorText(r), { kind: "error" });
+    }).catch(function () {
+      terminateButton.disabled = false;
+      terminateButton.textContent = "Terminate";
+      showBanner("Could not reach the server to terminate the session.", { kind: "error" });
+    });
+  });
+
+  renderHeader();
+  setInterval(renderElapsed, 1000);
 
   if (typeof window.Terminal !== "function" || !window.FitAddon) {
     setStatus("closed", "The terminal library did not load.");
@@ -98,52 +151,61 @@
 
   // ---- Terminal connection -----------------------------------------------
 
+  // "Session ended: terminated by you", "Session ended: exited with code 3", …
+  function endedText(s) {
+    var why = fgpu.endReason(s);
+    return "Session ended" + (why ? ": " + why : " (" + s.status + ")");
+  }
+
   function describeNotRunning(s) {
-    if (FINAL.indexOf(s.status) !== -1) {
-      var text = "Session ended";
-      if (s.exit_code !== null && s.exit_code !== undefined) text += " (exit code " + s.exit_code + ")";
-      else text += " (" + s.status + ")";
-      return text;
-    }
-    if (s.status === "TERMINATING") return "Session is terminating";
+    if (FINAL.indexOf(s.status) !== -1) return endedText(s);
+    if (s.status === "TERMINATING") return "Session is terminating" + (fgpu.endReason(s) ? " (" + fgpu.endReason(s) + ")" : "");
     var waiting = "Session is " + s.status + ": the terminal opens when it is RUNNING";
     return s.status_reason ? waiting + " (" + s.status_reason + ")" : waiting;
   }
 
+  // Nothing to connect to: say why (waiting, ending, ended).
+  function showNotRunning() {
+    var text = describeNotRunning(session);
+    var final = FINAL.indexOf(session.status) !== -1;
+    setStatus(final ? "ended" : "waiting", text);
+    if (final || session.status === "TERMINATING") showBanner(text, { back: true, kind: "ended" });
+    else showBanner("Waiting for the session to start…", { kind: "waiting" });
+  }
+
   function connect() {
+    clearTimeout(retryTimer);
     if (connecting || (socket && socket.readyState <= WebSocket.OPEN)) return;
-    if (session.status !== "RUNNING") {
-      var text = describeNotRunning(session);
-      var final = FINAL.indexOf(session.status) !== -1;
-      setStatus(final ? "ended" : "waiting", text);
-      if (final) showBanner(text, { back: true, kind: "ended" });
-      else if (session.status === "TERMINATING") showBanner(text, { back: true, kind: "ended" });
-      else showBanner("Waiting for the session to start…", { kind: "waiting" });
-      return;
-    }
+    if (session.status !== "RUNNING") { showNotRunning(); return; }
     connecting = true;
     exited = false;
     hideBanner();
     setStatus("connecting", "Connecting…");
-    fetch("/api/v1/sessions/" + encodeURIComponent(session.id) + "/terminal-ticket/", {
-      method: "POST",
-      credentials: "same-origin",
-      headers: { "Accept": "application/json", "Content-Type": "application/json", "X-CSRFToken": csrfToken() },
-      body: "{}",
-    }).then(function (resp) {
-      return resp.json().catch(function () { return {}; }).then(function (data) {
-        if (!resp.ok) throw new Error(data.detail || ("the server answered " + resp.status));
-        return data;
-      });
-    }).then(function (ticket) {
-      var url = /^wss?:\/\//.test(ticket.url) ? ticket.url : wsScheme + location.host + ticket.url;
+    fgpu.api("POST", sessionUrl + "terminal-ticket/", {}).then(function (r) {
+      if (!r.ok) {
+        var err = new Error(fgpu.errorText(r));
+        err.signedOut = r.signedOut;
+        throw err;
+      }
+      var url = /^wss?:\/\//.test(r.data.url) ? r.data.url : wsScheme + location.host + r.data.url;
       openSocket(url);
     }).catch(function (err) {
       connecting = false;
+      if (err instanceof TypeError) { retryLater("The server cannot be reached"); return; } // fetch: no answer
       var text = "Could not open the terminal: " + err.message;
       setStatus("closed", text);
-      showBanner(text, { reconnect: true, kind: "error" });
+      showBanner(text, { reconnect: !err.signedOut, kind: "error" });
+      if (!err.signedOut) refresh(); // perhaps it is no longer RUNNING: then the header says so
     });
+  }
+
+  // Connect again by ourselves, soon, waiting longer each time; the session's state is read
+  // again first (it may have ended meanwhile: then the header and the banner say how).
+  function retryLater(text) {
+    var wait = Math.min(RETRY_MAX_S, Math.pow(2, retries++));
+    setStatus("connecting", text + "; reconnecting in " + wait + " s…");
+    clearTimeout(retryTimer);
+    retryTimer = setTimeout(function () { refresh().then(connect); }, wait * 1000);
   }
 
   function openSocket(url) {
@@ -165,10 +227,13 @@
         term.write(msg.data);
       } else if (msg.type === "exit") {
         exited = true;
-        var text = "Session ended (exit code " + msg.code + ")";
-        term.write("\r\n\x1b[2m[" + text.toLowerCase() + "]\x1b[0m\r\n\x1b[?25l"); // and hide the cursor
-        setStatus("ended", text);
-        showBanner(text, { back: true, kind: "ended" });
+        // The session's own notice (TERMINATED, with its reason) may come a moment later: until
+        // then the exit code says it, and a terminate under way says who asked.
+        var ending = FINAL.indexOf(session.status) !== -1 ? session : Object.assign({}, session, {
+          status: "TERMINATED", exit_code: msg.code,
+          status_reason: session.status === "TERMINATING" ? session.status_reason : "" });
+        showEnded(ending);
+        refresh();
       }
     };
     ws.onclose = function (ev) {
@@ -178,12 +243,10 @@
       var text = "Connection closed";
       if (ev.code === 4401 || ev.code === 4403) text += " (ticket refused)";
       else if (ev.reason) text += " (" + ev.reason + ")";
-      // 1013: the server could not reach its message broker; 1011 and 1006: the connection broke.
-      // The session itself goes on: connect again by ourselves, waiting longer each time.
+      // 1013: the server could not reach its message broker; 1011 and 1006: the connection broke
+      // (a server restart). The session may go on.
       if ((ev.code === 1013 || ev.code === 1011 || ev.code === 1006) && FINAL.indexOf(session.status) === -1) {
-        var wait = Math.min(30, Math.pow(2, retries++));
-        setStatus("connecting", text + "; reconnecting in " + wait + " s…");
-        retryTimer = setTimeout(connect, wait * 1000);
+        retryLater(text);
         return;
       }
       setStatus("closed", text);
@@ -191,10 +254,19 @@
     };
   }
 
+  var endWritten = false;
+  function showEnded(s) {
+    var text = endedText(s);
+    setStatus("ended", text);
+    showBanner(text, { back: true, kind: "ended" });
+    if (endWritten) return;
+    endWritten = true;
+    term.write("\r\n\x1b[2m[" + text.toLowerCase() + "]\x1b[0m\r\n\x1b[?25l"); // and hide the cursor
+  }
+
   reconnectButton.addEventListener("click", function () {
-    clearTimeout(retryTimer);
     term.write("\r\n\x1b[2m[reconnecting…]\x1b[0m\r\n");
-    connect();
+    refresh().then(connect);
   });
 
   // ---- Live session status -----------------------------------------------
@@ -202,41 +274,28 @@
   function applySession(s) {
     var was = session.status;
     session = s;
-    var badge = $("session-status-badge");
-    badge.textContent = s.status;
-    badge.className = "badge status-" + String(s.status).toLowerCase();
-    $("session-configuration").textContent = s.configuration || "—";
-    $("session-node").textContent = s.node || "—";
-    $("session-devices").textContent = (s.allocations || []).map(function (a) {
-      return "GPU " + a.device_index + " · " + a.model_name;
-    }).join(", ") || "—";
-
-    if (s.status === "RUNNING" && was !== "RUNNING" && !exited) {
+    renderHeader();
+    if (exited || (FINAL.indexOf(s.status) !== -1 && socket === null)) {
+      if (FINAL.indexOf(s.status) !== -1) showEnded(s);
+      return;
+    }
+    if (s.status === "RUNNING" && was !== "RUNNING") {
       connect();
-    } else if (s.status !== "RUNNING" && !socket && !connecting && !exited) {
-      connect(); // shows why there is no terminal
+    } else if (s.status !== "RUNNING" && !socket && !connecting) {
+      showNotRunning();
     }
   }
 
-  var retry = 0;
-  function watchSession() {
-    var ws;
-    try { ws = new WebSocket(wsScheme + location.host + "/ws/sessions/"); }
-    catch (e) { return later(); }
-    ws.onopen = function () { retry = 0; };
-    ws.onmessage = function (ev) {
-      var msg;
-      try { msg = JSON.parse(ev.data); } catch (e) { return; }
-      if (msg && msg.type === "session" && msg.session && msg.session.id === session.id) applySession(msg.session);
-    };
-    ws.onclose = later;
-    function later() {
-      var delay = Math.min(30000, 1000 * Math.pow(2, retry)) * (0.75 + Math.random() * 0.5);
-      retry = Math.min(retry + 1, 6);
-      setTimeout(watchSession, delay);
-    }
+  // The session as the server holds it now (after a reconnection, a failed ticket, an exit).
+  function refresh() {
+    return fgpu.api("GET", sessionUrl).then(function (r) {
+      if (r.ok && r.data && r.data.id === session.id) applySession(r.data);
+    }).catch(function () { /* the next reconnection tries again */ });
   }
 
-  watchSession();
+  fgpu.watchSessions({
+    onOpen: function () { refresh(); }, // also the first time: what changed since the page was made
+    onSession: function (s) { if (s.id === session.id) applySession(s); },
+  });
   connect();
 })();

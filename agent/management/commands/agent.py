@@ -11,12 +11,12 @@ import asyncio
 import logging
 import threading
 
-from channels_redis.core import RedisChannelLayer
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from console.broker_acl import agent_transport_options
 from console.celery import agent_queue, app
+from console.layers import RedisChannelLayer
 from protocol.exec_store import exec_store_for
 from agent.boot import build_agent
 from agent.config import AgentConfigError, load_agent_config

@@ -129,6 +129,7 @@ class Command(BaseCommand):
         from console.asgi import application
         from sessions import events
         from sessions.tasks import node_check_heartbeats, schedule_pending
+        from usage.tasks import usage_idle_check, usage_rollup  # also registers the agents' usage_report
 
         async def start_agents():
             events.use_loop(asyncio.get_running_loop())  # the in-memory channel layer lives on this loop
@@ -138,7 +139,7 @@ class Command(BaseCommand):
             async def periodic():
                 while True:
                     await asyncio.sleep(settings.FGPU_HEARTBEAT_INTERVAL)
-                    for task in (node_check_heartbeats, schedule_pending):
+                    for task in (node_check_heartbeats, schedule_pending, usage_rollup, usage_idle_check):
                         try:
                             await sync_to_async(task.delay, thread_sensitive=False)()
                         except Exception:

@@ -1,0 +1,325 @@
+"""Usage samples on the node: what each device and each session uses, sent to the manager in
+batches (issue 15). The agent never opens the database; the batches travel as the Celery task
+`fgpu.manager.usage_report` on queue `manager.usage` (protocol), never ahead of control messages,
+and the sampling runs on the agent's work pool, never on its loop, so it never blocks a terminal.
+
+Every `interval_s` seconds (agent.toml `[usage] interval`, default 5) one sample is taken:
+
+- per device (`devices`): `{"device": UUID, "t": epoch seconds, "memory_used": bytes,
+  "memory_total": bytes, "util": percent 0-100 or None}`;
+- per running session (`sessions`): `{"session_id", "t", "span": seconds this sample stands for
+  (the time since the session's previous sample, at most 2 × interval, so a pause of the agent
+  stays a gap and is never counted), "gpu_memory": bytes or None, "gpu_util": percent or None,
+  "cpu": milli-cores (1000 = one core busy the whole span), "mem": bytes resident,
+  "last_input": epoch seconds of the last terminal input or None}`.
+
+Where the figures come from:
+
+- **real GPUs** (NVML, pynvml): a device's `nvmlDeviceGetMemoryInfo().used` and
+  `nvmlDeviceGetUtilizationRates().gpu`; a session's GPU memory is the sum of `usedGpuMemory`
+  over `nvmlDeviceGetComputeRunningProcesses` whose pid belongs to the session; its utilisation
+  is the device's while it is the only session with processes on the device, else unknown (None);
+- **mock devices**: what the session declares (the *usage declaration*, below); a device's memory
+  used is the sum of its sessions' declared memory (at most its size), its utilisation the sum of
+  their declared utilisation (at most 100);
+- **CPU and memory**: the container's cgroup (v2: `cpu.stat` usage_usec, `memory.current`) where the
+  session has one of its own, else its process tree (`/proc/<pid>/stat` utime + stime, `statm`
+  resident pages) — every process in its process session or carrying its `FGPU_SESSION_ID`.
+
+The usage declaration (mock nodes only; documented in README, "Usage"): a program in the session
+writes the JSON file `$HOME/.fgpu-usage` (its working directory), replacing it whole, e.g.
+`{"memory": "1536M", "util": 40}` — GPU memory (bytes, or a binary size "1536M", "2G") and
+utilisation (percent) on each of its devices; or `{"devices": [{"memory": …, "util": …}, …]}` per
+device in the session's numbering (CUDA_VISIBLE_DEVICES order). A missing file declares 0 MiB and
+0 %; a file that cannot be read or parsed keeps the session's figures unknown (None) for that
+sample. Nothing is enforced on a mock node: a declaration past the limit is reported as it is
+(capped at the device's size only).
+
+A batch is sent every `flush_s` seconds (default 15; sooner once `BATCH_SAMPLES` samples wait);
+while the manager cannot be reached the samples wait, the oldest dropped past `BACKLOG_SAMPLES`
+(a gap in the history, never invented figures). Sending the same sample twice is harmless: the
+manager stores one per (session, second) and (device, second).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from accelerators.allocation.units import SizeError, parse_binary_size
+from agent.runtimes import session_processes
+
+log = logging.getLogger(__name__)
+
+USAGE_FILE = ".fgpu-usage"  # the mock usage declaration, in the session's home
+BATCH_SAMPLES = 12  # send at once when this many samples wait
+BACKLOG_SAMPLES = 720  # samples kept while the manager is unreachable (an hour at 5 s); older are dropped
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def read_declaration(home: Path, device_count: int) -> list[tuple[int, int]] | None:
+    """The mock usage declaration in `home` (see the module docstring) as one `(memory bytes,
+    util percent)` per device of the session; [(0, 0), …] without a file; None when the file
+    is unreadable or malformed (the figures are then unknown, not zero)."""
+    try:
+        raw = (home / USAGE_FILE).read_text()
+    except FileNotFoundError:
+        return [(0, 0)] * device_count
+    except OSError:
+        return None
+    try:
+        data = json.loads(raw)
+        entries = data["devices"] if isinstance(data, dict) and "devices" in data else [data] * device_count
+        out = []
+        for i in range(device_count):
+            entry = entries[i] if i < len(entries) else {}
+            memory = parse_binary_size(entry.get("memory", 0))
+            util = entry.get("util", 0)
+            if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 <= util <= 100:
+                return None
+            out.append((memory, int(util)))
+        return out
+    except (ValueError, TypeError, AttributeError, KeyError, SizeError):
+        return None
+
+
+def _cgroup_dir(pid: int, *, proc: str = "/proc", root: str = "/sys/fs/cgroup") -> Path | None:
+    """The cgroup v2 directory of `pid` (a container's init), or None (v1, none, gone)."""
+    try:
+        with open(f"{proc}/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::"):
+            path = Path(root) / line[3:].lstrip("/")
+            return path if (path / "cpu.stat").exists() else None
+    return None
+
+
+def cgroup_usage(directory: Path) -> tuple[float, int, set[int]] | None:
+    """(CPU seconds used so far, memory bytes now, pids) of cgroup v2 `directory`; None if gone."""
+    try:
+        cpu = next(int(line.split()[1]) for line in (directory / "cpu.stat").read_text().splitlines()
+                   if line.startswith("usage_usec "))
+        memory = int((directory / "memory.current").read_text())
+        pids = {int(p) for p in (directory / "cgroup.procs").read_text().split()}
+    except (OSError, ValueError, StopIteration):
+        return None
+    return cpu / 1e6, memory, pids
+
+
+def process_usage(pids: list[int], *, proc: str = "/proc") -> tuple[float, int]:
+    """(CPU seconds used so far, resident bytes) summed over `pids` (those gone are skipped)."""
+    cpu, rss = 0.0, 0
+    for pid in pids:
+        try:
+            with open(f"{proc}/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"{proc}/{pid}/statm") as f:
+                pages = int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        cpu += (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+        rss += pages * _PAGE
+    return cpu, rss
+
+
+class UsageSampler:
+    """Samples one agent's devices and sessions and ships them (see the module docstring).
+
+    `agent`: the Agent (its `sessions`, `inventory`, `mock`, work and manager pools, `manager`
+    with a `usage(node, batch)` method — a manager without one receives nothing); `nvml`: the
+    pynvml module or a fake (None: imported on first use on a real node); `clock`: epoch seconds."""
+
+    def __init__(self, agent, *, interval_s: float = 5.0, flush_s: float = 15.0, nvml=None, clock=time.time) -> None:
+        self.agent = agent
+        self.interval_s = interval_s
+        self.flush_s = flush_s
+        self.nvml = nvml
+        self.clock = clock
+        self.pending: collections.deque = collections.deque(maxlen=BACKLOG_SAMPLES)
+        self._last_input: dict[str, float] = {}
+        self._cpu: dict[str, tuple[float, float]] = {}  # session → (when, CPU seconds) of its previous sample
+        self._last_t: dict[str, int] = {}  # session → t of its previous sample
+        self._nvml_ready = False
+
+    def configure(self, *, interval_s: float, flush_s: float) -> None:
+        self.interval_s, self.flush_s = interval_s, flush_s
+
+    # --- hooks the agent calls ---------------------------------------------------------
+
+    def note_input(self, session_id: str) -> None:
+        """Terminal input reached the session now (the agent's loop; cheap)."""
+        self._last_input[session_id] = self.clock()
+
+    def notice(self, session_id: str, text: str) -> None:
+        """Thread-safe: show `text` in the session's terminal (a line of its own, not logged):
+        the manager's idle warnings (task fgpu.agent.session_notice)."""
+        agent = self.agent
+        running = agent.sessions.get(session_id)
+        if running is None or agent.loop is None:
+            return
+        agent.loop.call_soon_threadsafe(agent._output, running, f"\r\n[fgpu: {text}]\r\n", log_it=False)
+
+    # --- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Sample every interval_s on the work pool; ship every flush_s (or BATCH_SAMPLES)."""
+        last_flush = time.monotonic()
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                sample = await self.agent._in(self.agent._work, self.sample)
+                if sample["devices"] or sample["sessions"]:
+                    self.pending.append(sample)
+            except Exception:
+                log.exception("agent %s: usage sampling failed", self.agent.node)
+            if self.pending and (time.monotonic() - last_flush >= self.flush_s or len(self.pending) >= BATCH_SAMPLES):
+                last_flush = time.monotonic()
+                await self.flush()
+
+    async def flush(self) -> bool:
+        """Send what waits as one batch; False (kept for the next try) if the broker refused it."""
+        send = getattr(self.agent.manager, "usage", None)
+        if send is None or not self.pending:
+            self.pending.clear()
+            return True
+        samples = list(self.pending)
+        batch = {"interval": self.interval_s, "devices": [d for s in samples for d in s["devices"]],
+                 "sessions": [x for s in samples for x in s["sessions"]]}
+        try:
+            await self.agent._call(send, self.agent.node, batch)
+        except Exception:
+            log.warning("agent %s: could not send %d usage samples; will retry", self.agent.node, len(samples))
+            return False
+        for _ in samples:
+            self.pending.popleft()
+        return True
+
+    # --- one sample (blocking: the work pool) ------------------------------------------------
+
+    def sample(self) -> dict:
+        """One sample of every device and running session: `{"devices": [...], "sessions": [...]}`."""
+        now = self.clock()
+        t = int(now)
+        sessions = dict(self.agent.sessions)
+        for gone in set(self._last_t) - set(sessions):
+            self._last_t.pop(gone, None)
+            self._cpu.pop(gone, None)
+            self._last_input.pop(gone, None)
+        host = {sid: self._host_usage(sid, running, now) for sid, running in sessions.items()}
+        if self.agent.mock:
+            gpu, devices = self._mock_gpu(sessions, t)
+        else:
+            gpu, devices = self._nvml_gpu(sessions, {sid: h[2] for sid, h in host.items()}, t)
+        rows = []
+        for sid in sessions:
+            cpu, mem, _ = host[sid]
+            previous = self._last_t.get(sid)
+            if previous == t:
+                continue  # sampled this second already
+            span = int(self.interval_s) if previous is None else min(t - previous, int(2 * self.interval_s))
+            self._last_t[sid] = t
+            memory, util = gpu.get(sid, (None, None))
+            last_input = self._last_input.get(sid)
+            rows.append({"session_id": sid, "t": t, "span": max(1, span), "gpu_memory": memory, "gpu_util": util,
+                         "cpu": cpu, "mem": mem, "last_input": None if last_input is None else int(last_input)})
+        return {"devices": devices, "sessions": rows}
+
+    def _host_usage(self, session_id: str, running, now: float) -> tuple[int | None, int | None, set[int]]:
+        """(CPU milli-cores since the previous sample or None at the first, resident bytes, pids)."""
+        handle = running.process
+        pid = getattr(handle, "pid", None)
+        measured = None
+        if getattr(handle, "container", None) is not None and pid:
+            directory = _cgroup_dir(pid)
+            measured = cgroup_usage(directory) if directory is not None else None
+        if measured is None:
+            pids = session_processes(session_id, pid, live_only=True) if pid else []
+            cpu_s, mem = process_usage(pids)
+            measured = (cpu_s, mem, set(pids))
+        cpu_s, mem, pids = measured
+        before = self._cpu.get(session_id)
+        self._cpu[session_id] = (now, cpu_s)
+        millicores = None
+        if before is not None and now > before[0]:
+            millicores = max(0, int(round((cpu_s - before[1]) / (now - before[0]) * 1000)))
+        return millicores, mem, pids
+
+    @staticmethod
+    def _granted(running) -> list[str]:
+        visible = running.env.get("CUDA_VISIBLE_DEVICES", "")
+        return [uuid for uuid in visible.split(",") if uuid]
+
+    def _inventory(self) -> list[dict]:
+        return self.agent.inventory.get("devices", [])
+
+    def _mock_gpu(self, sessions: dict, t: int) -> tuple[dict, list[dict]]:
+        """Mock devices: the sessions' declarations, summed per device."""
+        per_device: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+        gpu = {}
+        for sid, running in sessions.items():
+            granted = self._granted(running)
+            declared = read_declaration(Path(running.work_dir), len(granted))
+            if declared is None:
+                gpu[sid] = (None, None)
+                continue
+            for uuid, (memory, util) in zip(granted, declared):
+                per_device[uuid][0] += memory
+                per_device[uuid][1] += util
+            gpu[sid] = (sum(m for m, _ in declared), max((u for _, u in declared), default=0))
+        devices = []
+        for device in self._inventory():
+            used, util = per_device.get(device["device_id"], (0, 0))
+            devices.append({"device": device["device_id"], "t": t, "memory_used": min(used, device["memory_size"]),
+                            "memory_total": device["memory_size"], "util": min(util, 100)})
+        return gpu, devices
+
+    def _nvml_gpu(self, sessions: dict, pids: dict[str, set[int]], t: int) -> tuple[dict, list[dict]]:
+        """Real devices through NVML: device figures, and each session's processes' memory."""
+        nvml = self.nvml
+        if nvml is None:
+            import pynvml as nvml
+
+            self.nvml = nvml
+        if not self._nvml_ready:
+            nvml.nvmlInit()
+            self._nvml_ready = True
+        owner = {pid: sid for sid, group in pids.items() for pid in group}
+        memory: dict[str, int] = collections.defaultdict(int)
+        util: dict[str, int | None] = {}
+        devices = []
+        for device in self._inventory():
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(device["device_id"])
+                info = nvml.nvmlDeviceGetMemoryInfo(handle)
+            except Exception as exc:
+                log.debug("NVML could not read %s: %s", device["device_id"], exc)
+                continue
+            try:
+                rate = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            except Exception:  # MIG device handles have none
+                rate = None
+            try:
+                processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except Exception:
+                processes = []
+            users = set()
+            for process in processes:
+                sid = owner.get(process.pid)
+                if sid is not None:
+                    memory[sid] += int(process.usedGpuMemory or 0)
+                    users.add(sid)
+            for sid in users:  # the device's utilisation is one session's only while it is alone there
+                alone = len(users) == 1 and rate is not None and util.get(sid, 0) is not None
+                util[sid] = max(rate, util.get(sid) or 0) if alone else None
+            devices.append({"device": device["device_id"], "t": t, "memory_used": int(info.used),
+                            "memory_total": int(info.total), "util": rate})
+        gpu = {sid: (memory.get(sid, 0), util.get(sid, 0)) for sid in sessions}  # no process on a GPU: 0 MiB, 0 %
+        return gpu, devices

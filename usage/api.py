@@ -1,0 +1,170 @@
+"""Usage in the REST API (issue 15): the accounting report (`GET /api/v1/usage/`, JSON or CSV)
+and a session's history for its chart (`GET /api/v1/sessions/<id>/usage/`). Thin: parse,
+fetch with the permission check, call one selector."""
+from __future__ import annotations
+
+import csv
+import io
+import time
+from datetime import datetime, time as dtime, timedelta
+from datetime import timezone as dt_timezone
+
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import renderers, serializers
+from rest_framework.decorators import api_view, renderer_classes
+from rest_framework.response import Response
+
+from console.api_support import ErrorSerializer
+from console.errors import ApplicationError
+from sessions.selectors import session_get_for
+from usage.selectors import GROUPS, session_series, usage_report
+
+MAX_RANGE = timedelta(days=400)
+CSV_FIELDS = ("key", "gpu_hours", "fgpu_hours", "gpu_memory_gib_hours", "used_gpu_hours", "used_gpu_memory_gib_hours",
+              "sessions")
+
+
+class CSVRenderer(renderers.BaseRenderer):
+    """The report's rows as CSV (`?format=csv` or `Accept: text/csv`), a header line first; an
+    error answer stays JSON text."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        if not isinstance(data, dict) or "rows" not in data:
+            return renderers.JSONRenderer().render(data)
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow([data["group_by"], *CSV_FIELDS[1:]])
+        for row in data["rows"]:
+            writer.writerow([row[name] for name in CSV_FIELDS])
+        return out.getvalue().encode()
+
+
+class UsageRowSerializer(serializers.Serializer):
+    key = serializers.CharField(help_text='the username, project name ("" for owners in no project) or node name')
+    gpu_hours = serializers.DecimalField(max_digits=20, decimal_places=6,
+                                         help_text="granted GPU-hours: time × fraction of the device's memory held")
+    fgpu_hours = serializers.DecimalField(max_digits=20, decimal_places=6, help_text="granted fGPU × hours")
+    gpu_memory_gib_hours = serializers.DecimalField(max_digits=20, decimal_places=6, help_text="granted GiB × hours")
+    used_gpu_hours = serializers.DecimalField(max_digits=20, decimal_places=6,
+                                              help_text="measured GPU utilisation × hours (100 % for an hour = 1)")
+    used_gpu_memory_gib_hours = serializers.DecimalField(max_digits=20, decimal_places=6,
+                                                         help_text="measured GPU memory GiB × hours")
+    sessions = serializers.IntegerField(help_text="sessions that held or used something in the range")
+
+
+UsageReportSerializer = inline_serializer("UsageReport", fields={
+    "from": serializers.DateTimeField(help_text="the range's start (inclusive)"),
+    "to": serializers.DateTimeField(help_text="the range's end (exclusive)"),
+    "group_by": serializers.ChoiceField(choices=GROUPS),
+    "rows": UsageRowSerializer(many=True),
+})
+
+
+def _moment(name: str, raw: str | None, default: datetime) -> datetime:
+    """`raw` as an aware datetime (ISO 8601; a date alone is its midnight UTC). Raises ApplicationError."""
+    if raw is None or raw == "":
+        return default
+    try:
+        value = parse_datetime(raw)
+        if value is None:
+            day = parse_date(raw)
+            value = None if day is None else datetime.combine(day, dtime.min)
+    except ValueError:
+        value = None
+    if value is None:
+        raise ApplicationError(f"{name}: {raw!r} is not an ISO 8601 date or time", field_errors={
+            name: ["an ISO 8601 date (2026-01-31) or time (2026-01-31T12:00:00Z)"]})
+    return value if timezone.is_aware(value) else value.replace(tzinfo=dt_timezone.utc)
+
+
+@extend_schema(
+    summary="GPU-hours per user, project or node", tags=["usage"],
+    parameters=[
+        OpenApiParameter("from", OpenApiTypes.STR, description="start, ISO 8601 date or time (default: 30 days before `to`)"),
+        OpenApiParameter("to", OpenApiTypes.STR, description="end, exclusive (default: now); at most 400 days after `from`"),
+        OpenApiParameter("group_by", OpenApiTypes.STR, enum=list(GROUPS), description="default: user"),
+        OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"], description="csv: the rows as CSV"),
+    ],
+    responses={200: UsageReportSerializer, 400: OpenApiResponse(ErrorSerializer, description="a bad parameter"),
+               404: OpenApiResponse(ErrorSerializer, description="`format` names no format but json and csv")},
+    examples=[OpenApiExample("by user", response_only=True, value={
+        "from": "2026-01-01T00:00:00Z", "to": "2026-02-01T00:00:00Z", "group_by": "user",
+        "rows": [{"key": "alice", "gpu_hours": "12.500000", "fgpu_hours": "25.000000",
+                  "gpu_memory_gib_hours": "100.000000", "used_gpu_hours": "3.250000",
+                  "used_gpu_memory_gib_hours": "40.125000", "sessions": 3}]})],
+    description="Accounting over [from, to): granted figures from the sessions' allocations (from when each was "
+                "granted to its release), used figures from the agents' samples. Administrators see every "
+                "session, others their own. A session whose owner is in two projects counts in both.",
+)
+@api_view(["GET"])
+@renderer_classes([renderers.JSONRenderer, renderers.BrowsableAPIRenderer, CSVRenderer])
+def usage_view(request):
+    """The accounting report (usage.selectors.usage_report)."""
+    now = timezone.now()
+    end = _moment("to", request.query_params.get("to"), now)
+    start = _moment("from", request.query_params.get("from"), end - timedelta(days=30))
+    group_by = request.query_params.get("group_by") or "user"
+    if group_by not in GROUPS:
+        raise ApplicationError(f"group_by: {group_by!r} is not one of {', '.join(GROUPS)}",
+                               field_errors={"group_by": [f"one of {', '.join(GROUPS)}"]})
+    if end <= start:
+        raise ApplicationError("to must be after from", field_errors={"to": ["after from"]})
+    if end - start > MAX_RANGE:
+        raise ApplicationError("the range is longer than 400 days", field_errors={"from": ["at most 400 days before to"]})
+    rows = usage_report(user=request.user, start=start, end=end, group_by=group_by, now=now)
+    response = Response({"from": start, "to": end, "group_by": group_by, "rows": rows})
+    if getattr(request, "accepted_renderer", None) is not None and request.accepted_renderer.format == "csv":
+        response["Content-Disposition"] = (f'attachment; filename="usage-{group_by}-{start:%Y%m%d}-{end:%Y%m%d}.csv"')
+    return response
+
+
+class SessionUsageSerializer(serializers.Serializer):
+    t = serializers.ListField(child=serializers.IntegerField(), help_text="epoch seconds")
+    gpu_memory = serializers.ListField(child=serializers.IntegerField(allow_null=True), help_text="bytes; null: a gap")
+    gpu_util = serializers.ListField(child=serializers.IntegerField(allow_null=True), help_text="percent")
+    cpu = serializers.ListField(child=serializers.IntegerField(allow_null=True), help_text="milli-cores")
+    mem = serializers.ListField(child=serializers.IntegerField(allow_null=True), help_text="bytes")
+    resolution = serializers.ChoiceField(choices=["raw", "5m"])
+    gpu_memory_limit = serializers.IntegerField(help_text="bytes of GPU memory granted (all devices)")
+    deadline = serializers.DateTimeField(allow_null=True, help_text="when idle reclamation terminates it, if warned")
+    deadline_reason = serializers.CharField(allow_blank=True)
+
+
+def _epoch(name: str, raw: str | None, default: int) -> int:
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 2**40:
+        raise ApplicationError(f"{name}: {raw!r} is not epoch seconds", field_errors={name: ["epoch seconds"]})
+    return value
+
+
+@extend_schema(
+    summary="A session's usage history", tags=["usage"],
+    parameters=[OpenApiParameter("session_id", OpenApiTypes.UUID, OpenApiParameter.PATH),
+                OpenApiParameter("since", OpenApiTypes.INT, description="epoch seconds (default: an hour ago)"),
+                OpenApiParameter("until", OpenApiTypes.INT, description="epoch seconds, exclusive (default: now)")],
+    responses={200: SessionUsageSerializer, 400: OpenApiResponse(ErrorSerializer, description="a bad parameter"),
+               404: OpenApiResponse(ErrorSerializer, description="no such session (or not yours)")},
+    description="GPU memory (against the granted limit), GPU utilisation, CPU and memory over time, column-wise for "
+                "a chart; full resolution for the last day, 5-minute means before. A gap in the samples is a null.",
+)
+@api_view(["GET"])
+def session_usage_view(request, session_id):
+    session = session_get_for(user=request.user, session_id=session_id)
+    now = int(time.time())
+    until = _epoch("until", request.query_params.get("until"), now + 1)
+    since = _epoch("since", request.query_params.get("since"), now - 3600)
+    if until <= since:
+        raise ApplicationError("until must be after since", field_errors={"until": ["after since"]})
+    return Response(SessionUsageSerializer(session_series(session=session, since=since, until=until)).data)

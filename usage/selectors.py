@@ -1,0 +1,225 @@
+"""Reads of usage: accounting (GPU-hours per user, project or node), a session's or device's
+history for charts, and what /metrics exports (issue 15)."""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import F, Q, Sum
+from django.utils import timezone
+
+from sessions.models import Allocation, ComputeSession, Project
+from usage.models import DeviceRollup, DeviceSample, RollupState, SessionActivity, SessionRollup, SessionSample
+
+GiB = Decimal(1 << 30)
+HOUR = Decimal(3600)
+PLACES = Decimal("0.000001")  # hours to 6 decimals: 3.6 ms, so sums "to the second" compare exactly
+GROUPS = ("user", "project", "node")
+NO_PROJECT = ""  # the project key of sessions whose owner is in none
+
+
+@dataclass
+class UsageRow:
+    """One line of the accounting report; hours as Decimal (6 places).
+
+    `gpu_hours`: granted GPU-hours, each allocation's time × its fraction of the device's memory
+    (1 for a whole device: Run:ai's GPU-hours of a fraction); `fgpu_hours`: granted fGPU × hours;
+    `gpu_memory_gib_hours`: granted GiB × hours; `used_gpu_hours`: measured utilisation × hours
+    (100 % for one hour = 1); `used_gpu_memory_gib_hours`: measured GiB × hours; `sessions`: how
+    many sessions held or used something in the range."""
+
+    key: str
+    gpu_hours: Decimal = Decimal(0)
+    fgpu_hours: Decimal = Decimal(0)
+    gpu_memory_gib_hours: Decimal = Decimal(0)
+    used_gpu_hours: Decimal = Decimal(0)
+    used_gpu_memory_gib_hours: Decimal = Decimal(0)
+    sessions: int = 0
+
+    def as_dict(self) -> dict:
+        return {"key": self.key, "gpu_hours": _q(self.gpu_hours), "fgpu_hours": _q(self.fgpu_hours),
+                "gpu_memory_gib_hours": _q(self.gpu_memory_gib_hours), "used_gpu_hours": _q(self.used_gpu_hours),
+                "used_gpu_memory_gib_hours": _q(self.used_gpu_memory_gib_hours), "sessions": self.sessions}
+
+
+def _q(value: Decimal) -> str:
+    return str(value.quantize(PLACES))
+
+
+def _seconds(delta) -> Decimal:
+    """A timedelta as exact Decimal seconds (microseconds kept)."""
+    return Decimal(delta.days * 86400 + delta.seconds) + Decimal(delta.microseconds) / Decimal(1_000_000)
+
+
+def usage_report(*, user, start: datetime, end: datetime, group_by: str, now: datetime | None = None) -> list[dict]:
+    """Accounting over [start, end) grouped by "user" (owner's username), "project" (each
+    project the owner is a member of now: a session of a member of two projects counts in both;
+    NO_PROJECT for owners in none) or "node". Granted figures come from the allocations (each
+    from its created_at to its released_at, or `now` while held), used figures from the samples
+    (full resolution where kept, else 5-minute sums, whole buckets inside the range). `user`:
+    staff see everyone's sessions, others their own. Returns UsageRow.as_dict() rows sorted by
+    key. Raises ValueError for an unknown `group_by` or end ≤ start."""
+    if group_by not in GROUPS:
+        raise ValueError(f"group_by: {group_by!r} is not one of {', '.join(GROUPS)}")
+    if end <= start:
+        raise ValueError("to must be after from")
+    now = now or timezone.now()
+    visible = Q() if user.is_staff else Q(session__owner=user)
+    allocations = (Allocation.objects.filter(visible, created_at__lt=end)
+                   .filter(Q(released_at__isnull=True) | Q(released_at__gt=start))
+                   .values("session_id", "session__owner_id", "session__owner__username", "device__node__name",
+                           "device__memory_size", "shares", "memory", "created_at", "released_at"))
+    session_keys: dict = {}
+    rows: dict[str, UsageRow] = {}
+    members = _projects_of_owners() if group_by == "project" else {}
+
+    def keys_of(session_id, owner_id, username, node) -> list[str]:
+        if group_by == "user":
+            return [username]
+        if group_by == "node":
+            return [node or ""]
+        return members.get(owner_id) or [NO_PROJECT]
+
+    touched = collections.defaultdict(set)
+    for a in allocations:
+        held = _seconds(min(a["released_at"] or now, end, now) - max(a["created_at"], start))
+        if held <= 0:
+            continue
+        keys = keys_of(a["session_id"], a["session__owner_id"], a["session__owner__username"], a["device__node__name"])
+        session_keys.setdefault(a["session_id"], keys)
+        fraction = Decimal(a["memory"]) / Decimal(a["device__memory_size"]) if a["device__memory_size"] else Decimal(1)
+        for key in keys:
+            row = rows.setdefault(key, UsageRow(key))
+            row.gpu_hours += held * min(fraction, Decimal(1)) / HOUR
+            row.fgpu_hours += held * a["shares"] / HOUR
+            row.gpu_memory_gib_hours += held * Decimal(a["memory"]) / GiB / HOUR
+            touched[key].add(a["session_id"])
+    for session_id, (memory_s, util_s) in _used(visible_owner=None if user.is_staff else user, start=start, end=end).items():
+        keys = session_keys.get(session_id)
+        if keys is None:
+            info = ComputeSession.objects.filter(pk=session_id).values("owner_id", "owner__username", "node__name").first()
+            if info is None:
+                continue
+            keys = keys_of(session_id, info["owner_id"], info["owner__username"], info["node__name"])
+            session_keys[session_id] = keys
+        for key in keys:
+            row = rows.setdefault(key, UsageRow(key))
+            row.used_gpu_memory_gib_hours += Decimal(memory_s) / GiB / HOUR
+            row.used_gpu_hours += Decimal(util_s) / 100 / HOUR
+            touched[key].add(session_id)
+    for key, row in rows.items():
+        row.sessions = len(touched[key])
+    return [rows[key].as_dict() for key in sorted(rows)]
+
+
+def _projects_of_owners() -> dict:
+    out = collections.defaultdict(list)
+    for owner_id, name in Project.members.through.objects.values_list("user_id", "project__name"):
+        out[owner_id].append(name)
+    return out
+
+
+def _watermark() -> int:
+    return RollupState.objects.values_list("watermark", flat=True).first() or 0
+
+
+def _used(*, visible_owner, start: datetime, end: datetime) -> dict:
+    """{session id: (Σ GPU bytes × s, Σ percent × s)} over [start, end): 5-minute sums for the
+    buckets before the watermark, full-resolution samples from it on."""
+    t0, t1, mark = int(start.timestamp()), int(end.timestamp()), _watermark()
+    owner = Q() if visible_owner is None else Q(session__owner=visible_owner)
+    out = collections.defaultdict(lambda: [0, 0])
+    if t0 < mark:
+        rolled = (SessionRollup.objects.filter(owner, bucket__gte=t0, bucket__lt=min(t1, mark)).values("session_id")
+                  .annotate(m=Sum("gpu_memory_s"), u=Sum("gpu_util_s")))
+        for r in rolled:
+            out[r["session_id"]][0] += r["m"] or 0
+            out[r["session_id"]][1] += r["u"] or 0
+    if t1 > mark:
+        raw = (SessionSample.objects.filter(owner, t__gte=max(t0, mark), t__lt=t1).values("session_id")
+               .annotate(m=Sum(F("gpu_memory") * F("span")), u=Sum(F("gpu_util") * F("span"))))
+        for r in raw:
+            out[r["session_id"]][0] += r["m"] or 0
+            out[r["session_id"]][1] += r["u"] or 0
+    return {sid: tuple(v) for sid, v in out.items()}
+
+
+# --- history for charts ---------------------------------------------------------------------------
+
+SERIES_MAX_POINTS = 2000
+
+
+def session_series(*, session: ComputeSession, since: int, until: int) -> dict:
+    """A session's usage over [since, until) (epoch seconds) for a chart, column-wise:
+    `{"t": [epoch s], "gpu_memory": [bytes|None], "gpu_util": [percent|None], "cpu": [milli-cores|None],
+    "mem": [bytes|None], "resolution": "raw" | "5m", "gpu_memory_limit": bytes granted (sum over
+    devices), "deadline": ISO time or None, "deadline_reason": text}`. Full-resolution samples while
+    the range starts after the watermark (the last day), else 5-minute means. A gap (no sample for
+    more than twice a sample's span) is a None point, never a zero."""
+    mark = _watermark()
+    columns = {"t": [], "gpu_memory": [], "gpu_util": [], "cpu": [], "mem": []}
+    if since >= mark:
+        resolution = "raw"
+        points = (SessionSample.objects.filter(session=session, t__gte=since, t__lt=until).order_by("t")
+                  .values_list("t", "span", "gpu_memory", "gpu_util", "cpu", "mem"))
+    else:
+        resolution = "5m"
+        points = [(b, 300, None if not g else m // g, None if not g else u // g, None if not s else c // s, x)
+                  for b, s, g, m, u, c, x in
+                  SessionRollup.objects.filter(session=session, bucket__gte=since - since % 300, bucket__lt=until)
+                  .order_by("bucket").values_list("bucket", "span_s", "gpu_span_s", "gpu_memory_s", "gpu_util_s",
+                                                  "cpu_s", "mem_max")]
+    previous = None
+    for t, span, gpu_memory, gpu_util, cpu, mem in list(points)[-SERIES_MAX_POINTS:]:
+        if previous is not None and t - previous > 2 * max(span, 1) + 1:
+            for name in columns:
+                columns[name].append(previous + 1 if name == "t" else None)  # the gap, drawn as a break
+        for name, value in zip(columns, (t, gpu_memory, gpu_util, cpu, mem)):
+            columns[name].append(value)
+        previous = t
+    limit = (Allocation.objects.filter(session=session).aggregate(m=Sum("memory"))["m"] or 0)
+    activity = SessionActivity.objects.filter(session=session).values("deadline", "reason").first() or {}
+    deadline = activity.get("deadline")
+    return {**columns, "resolution": resolution, "gpu_memory_limit": limit,
+            "deadline": deadline.isoformat() if deadline else None, "deadline_reason": activity.get("reason", "")}
+
+
+def device_series(*, device, since: int, until: int) -> dict:
+    """A device's memory used and utilisation over [since, until), as `session_series`."""
+    mark = _watermark()
+    if since >= mark:
+        rows = DeviceSample.objects.filter(device=device, t__gte=since, t__lt=until).order_by("t").values_list(
+            "t", "memory_used", "memory_total", "util")
+    else:
+        rows = DeviceRollup.objects.filter(device=device, bucket__gte=since - since % 300, bucket__lt=until).order_by(
+            "bucket").values_list("bucket", "memory_used_avg", "memory_total", "util_avg")
+    out = {"t": [], "memory_used": [], "memory_total": [], "util": []}
+    for row in list(rows)[-SERIES_MAX_POINTS:]:
+        for name, value in zip(out, row):
+            out[name].append(value)
+    return out
+
+
+# --- what /metrics exports ------------------------------------------------------------------------
+
+def latest_device_samples(*, horizon: int) -> list[dict]:
+    """The newest sample of each device sampled since `horizon` (epoch seconds), with its node,
+    index, UUID and model: `[{"node", "index", "uuid", "model", "memory_used", "memory_total", "util"}]`."""
+    newest = {}
+    for r in (DeviceSample.objects.filter(t__gte=horizon).order_by("t")
+              .values("device_id", "device__node__name", "device__index", "device__device_id", "device__model_name",
+                      "memory_used", "memory_total", "util")):
+        newest[r["device_id"]] = {"node": r["device__node__name"], "index": r["device__index"],
+                                  "uuid": r["device__device_id"], "model": r["device__model_name"],
+                                  "memory_used": r["memory_used"], "memory_total": r["memory_total"], "util": r["util"]}
+    return list(newest.values())
+
+
+def latest_session_samples(*, horizon: int) -> dict:
+    """{session id: (gpu_memory bytes, gpu_util percent, cpu milli-cores, mem bytes)} of each
+    session's newest sample since `horizon` (a few per session: the last minute or so)."""
+    rows = SessionSample.objects.filter(t__gte=horizon).order_by("t").values_list("session_id", "gpu_memory", "gpu_util",
+                                                                                   "cpu", "mem")
+    return {r[0]: r[1:] for r in rows}

@@ -1,0 +1,344 @@
+"""Writes of usage: storing the agents' samples, rolling them up into 5-minute means with
+retention, and idle reclamation (issue 15). Reads are in usage.selectors."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, F, Max, Q, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from accelerators.models import Device
+from sessions.models import ComputeSession, SessionStatus
+from sessions.reconcile import _uuids  # session ids an agent sent, the malformed ones logged and left out
+from usage.models import (
+    DeviceRollup, DeviceSample, IdlePolicy, RollupState, SessionActivity, SessionRollup, SessionSample,
+)
+
+log = logging.getLogger(__name__)
+
+BUCKET = 300  # seconds in one rollup bucket
+MAX_BATCH = 20_000  # samples one batch may carry (a node with 200 sessions, an hour of 5 s samples … is split)
+MAX_SPAN = 3600
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _int(value, lo: int, hi: int) -> int | None:
+    """`value` as an int in [lo, hi], None when null; ValueError otherwise (bools refused)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{value!r} is not a whole number from {lo} to {hi}")
+    return value
+
+
+@dataclass
+class IngestResult:
+    """What `usage_ingest` did with one batch: samples `stored`, `duplicates` (already stored),
+    `refused` with the reason of each kind (`{"unknown session": 2, …}`)."""
+
+    stored: int = 0
+    duplicates: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+
+    def refuse(self, why: str) -> None:
+        self.refused[why] = self.refused.get(why, 0) + 1
+
+
+def _watermark() -> int:
+    return RollupState.objects.values_list("watermark", flat=True).first() or 0
+
+
+def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
+    """Store one batch of an agent's samples (agent.usage: `{"interval", "devices": [...],
+    "sessions": [...]}`), idempotently: (session, t) and (device, t) are stored once, whatever
+    the order or number of deliveries. Refused, counted and logged, never raised:
+
+    - "unknown session" / "unknown device": no such id, or not on `node_name`;
+    - "session ended": a sample taken after its session ended (its terminated_at), or of a session
+      that never ran (PENDING, CANCELLED);
+    - "too late": older than the rollup watermark (its 5-minute bucket is closed, FGPU_USAGE_LATENESS);
+    - "from the future": more than 5 minutes ahead of the manager's clock;
+    - "malformed": a field of the wrong type or out of range (bytes ≥ 0, percent 0–100).
+
+    A malformed batch as a whole (not a dict of lists, more than MAX_BATCH samples) is refused as
+    one "malformed batch". Also moves each session's SessionActivity (last input, last sample) on.
+    """
+    result = IngestResult()
+    sessions_in = batch.get("sessions") if isinstance(batch, dict) else None
+    devices_in = batch.get("devices") if isinstance(batch, dict) else None
+    if not isinstance(sessions_in, list) or not isinstance(devices_in, list) or len(sessions_in) + len(devices_in) > MAX_BATCH:
+        result.refuse("malformed batch")
+        log.warning("usage batch from node %s refused: malformed", node_name)
+        return result
+    horizon, future = _watermark(), int(_now()) + 300
+
+    def timely(t) -> bool:
+        if t < horizon:
+            result.refuse("too late")
+            return False
+        if t > future:
+            result.refuse("from the future")
+            return False
+        return True
+
+    ids = {str(row.get("session_id")) for row in sessions_in if isinstance(row, dict)}
+    known = {str(s["id"]): s for s in ComputeSession.objects.filter(pk__in=_uuids(list(ids)), node__name=node_name)
+             .values("id", "status", "started_at", "terminated_at")}
+    rows, activity = [], {}
+    for row in sessions_in:
+        try:
+            sid = str(row["session_id"])
+            t = _int(row["t"], 0, 2**40)
+            sample = SessionSample(session_id=sid, t=t, span=_int(row.get("span", 1), 1, MAX_SPAN),
+                                   gpu_memory=_int(row.get("gpu_memory"), 0, 2**62),
+                                   gpu_util=_int(row.get("gpu_util"), 0, 100), cpu=_int(row.get("cpu"), 0, 2**31 - 1),
+                                   mem=_int(row.get("mem"), 0, 2**62))
+            last_input = _int(row.get("last_input"), 0, 2**40)
+        except (KeyError, TypeError, ValueError):
+            result.refuse("malformed")
+            continue
+        session = known.get(sid)
+        if session is None:
+            result.refuse("unknown session")
+            continue
+        ended = session["terminated_at"]
+        if session["status"] in (SessionStatus.PENDING, SessionStatus.CANCELLED) or (
+                ended is not None and t > ended.timestamp()):
+            result.refuse("session ended")
+            continue
+        if not timely(t):
+            continue
+        rows.append(sample)
+        seen = activity.setdefault(sid, [None, None])
+        seen[0] = max(filter(None, (seen[0], last_input)), default=None)
+        seen[1] = max(seen[1] or 0, t)
+    devices = dict(Device.objects.filter(node__name=node_name).values_list("device_id", "id"))
+    device_rows = []
+    for row in devices_in:
+        try:
+            t = _int(row["t"], 0, 2**40)
+            sample = DeviceSample(device_id=devices.get(str(row["device"])), t=t,
+                                  memory_used=_int(row["memory_used"], 0, 2**62),
+                                  memory_total=_int(row["memory_total"], 0, 2**62), util=_int(row.get("util"), 0, 100))
+        except (KeyError, TypeError, ValueError):
+            result.refuse("malformed")
+            continue
+        if sample.device_id is None or sample.memory_used is None or sample.memory_total is None:
+            result.refuse("unknown device" if sample.device_id is None else "malformed")
+            continue
+        if timely(t):
+            device_rows.append(sample)
+    with transaction.atomic():
+        stored = _insert(SessionSample, rows) + _insert(DeviceSample, device_rows)
+        for sid, (last_input, last_sample) in activity.items():
+            _activity_note(sid, last_input=last_input, last_sample=last_sample)
+    result.stored = stored
+    result.duplicates = len(rows) + len(device_rows) - stored
+    if result.refused:
+        log.warning("usage batch from node %s: refused %s", node_name, result.refused)
+    return result
+
+
+def _insert(model, rows: list) -> int:
+    """Insert `rows`, skipping those whose (owner, t) is stored already; how many were new."""
+    if not rows:
+        return 0
+    key = "session_id" if model is SessionSample else "device_id"
+    unique = {(getattr(r, key), r.t): r for r in rows}  # one per key within the batch too
+    before = model.objects.filter(**{f"{key}__in": {k for k, _ in unique}}, t__in={t for _, t in unique}).count()
+    model.objects.bulk_create(list(unique.values()), ignore_conflicts=True, batch_size=2000)
+    after = model.objects.filter(**{f"{key}__in": {k for k, _ in unique}}, t__in={t for _, t in unique}).count()
+    return after - before
+
+
+def _activity_note(session_id: str, *, last_input: int | None, last_sample: int) -> None:
+    activity, _ = SessionActivity.objects.select_for_update().get_or_create(session_id=session_id)
+    fields = []
+    if last_input is not None and (activity.last_input or 0) < last_input:
+        activity.last_input = last_input
+        fields.append("last_input")
+    if (activity.last_sample or 0) < last_sample:
+        activity.last_sample = last_sample
+        fields.append("last_sample")
+    if fields:
+        activity.save(update_fields=fields)
+
+
+# --- rollup and retention ----------------------------------------------------------------------
+
+def usage_rollup(*, now: float | None = None) -> dict:
+    """Roll full-resolution samples up into 5-minute buckets, up to the new watermark
+    (now − FGPU_USAGE_LATENESS, rounded down to a bucket), then apply retention: samples older
+    than FGPU_USAGE_RAW_RETENTION and rollups older than FGPU_USAGE_ROLLUP_RETENTION are
+    deleted. Idempotent (a bucket is computed from all its samples and upserted). Returns
+    `{"watermark", "session_buckets", "device_buckets", "deleted_samples", "deleted_rollups"}`."""
+    now = _now() if now is None else now
+    new_mark = int(now - settings.FGPU_USAGE_LATENESS) // BUCKET * BUCKET
+    with transaction.atomic():
+        state, _ = RollupState.objects.select_for_update().get_or_create(pk=1)
+        start = state.watermark or _first_sample_bucket(new_mark)
+        session_buckets = device_buckets = 0
+        if new_mark > start:
+            session_buckets = _roll_sessions(start, new_mark)
+            device_buckets = _roll_devices(start, new_mark)
+            state.watermark = new_mark
+            state.save(update_fields=["watermark"])
+    raw_horizon = int(now - settings.FGPU_USAGE_RAW_RETENTION)
+    raw_horizon = min(raw_horizon, state.watermark)  # never delete what is not rolled up yet
+    deleted_samples = (SessionSample.objects.filter(t__lt=raw_horizon).delete()[0]
+                       + DeviceSample.objects.filter(t__lt=raw_horizon).delete()[0])
+    rollup_horizon = int(now - settings.FGPU_USAGE_ROLLUP_RETENTION)
+    deleted_rollups = (SessionRollup.objects.filter(bucket__lt=rollup_horizon).delete()[0]
+                       + DeviceRollup.objects.filter(bucket__lt=rollup_horizon).delete()[0])
+    return {"watermark": state.watermark, "session_buckets": session_buckets, "device_buckets": device_buckets,
+            "deleted_samples": deleted_samples, "deleted_rollups": deleted_rollups}
+
+
+def _first_sample_bucket(default: int) -> int:
+    first = min(filter(None, (SessionSample.objects.order_by("t").values_list("t", flat=True).first(),
+                              DeviceSample.objects.order_by("t").values_list("t", flat=True).first())), default=None)
+    return default if first is None else first // BUCKET * BUCKET
+
+
+def _roll_sessions(start: int, end: int) -> int:
+    known_gpu = Q(gpu_memory__isnull=False)
+    rows = (SessionSample.objects.filter(t__gte=start, t__lt=end)
+            .annotate(b=F("t") - F("t") % BUCKET).values("session_id", "b")
+            .annotate(samples=Count("id"), span_s=Sum("span"),
+                      gpu_memory_s=Coalesce(Sum(F("gpu_memory") * F("span"), filter=known_gpu), 0),
+                      gpu_memory_max=Max("gpu_memory"),
+                      gpu_util_s=Coalesce(Sum(F("gpu_util") * F("span"), filter=Q(gpu_util__isnull=False)), 0),
+                      gpu_util_max=Max("gpu_util"),
+                      gpu_span_s=Coalesce(Sum("span", filter=known_gpu), 0),
+                      cpu_s=Coalesce(Sum(F("cpu") * F("span"), filter=Q(cpu__isnull=False)), 0),
+                      mem_max=Max("mem")))
+    objs = [SessionRollup(session_id=r.pop("session_id"), bucket=r.pop("b"), **r) for r in rows]
+    SessionRollup.objects.bulk_create(objs, batch_size=2000, update_conflicts=True, unique_fields=["session", "bucket"],
+                                      update_fields=["samples", "span_s", "gpu_memory_s", "gpu_memory_max", "gpu_util_s",
+                                                     "gpu_util_max", "gpu_span_s", "cpu_s", "mem_max"])
+    return len(objs)
+
+
+def _roll_devices(start: int, end: int) -> int:
+    from django.db.models import Avg
+
+    rows = (DeviceSample.objects.filter(t__gte=start, t__lt=end)
+            .annotate(b=F("t") - F("t") % BUCKET).values("device_id", "b")
+            .annotate(samples=Count("id"), memory_used_avg=Avg("memory_used"), memory_used_max=Max("memory_used"),
+                      memory_total=Max("memory_total"), util_avg=Avg("util")))
+    objs = [DeviceRollup(device_id=r["device_id"], bucket=r["b"], samples=r["samples"],
+                         memory_used_avg=int(r["memory_used_avg"]), memory_used_max=r["memory_used_max"],
+                         memory_total=r["memory_total"],
+                         util_avg=None if r["util_avg"] is None else int(round(r["util_avg"]))) for r in rows]
+    DeviceRollup.objects.bulk_create(objs, batch_size=2000, update_conflicts=True, unique_fields=["device", "bucket"],
+                                     update_fields=["samples", "memory_used_avg", "memory_used_max", "memory_total",
+                                                    "util_avg"])
+    return len(objs)
+
+
+# --- idle reclamation ---------------------------------------------------------------------------
+
+def _policy_for(session: ComputeSession, policies: dict) -> IdlePolicy | None:
+    group = session.node.resource_group_id if session.node_id else None
+    return policies.get(group)
+
+
+def usage_idle_check(*, now: datetime | None = None) -> dict:
+    """Warn, then terminate, running sessions their resource group's IdlePolicy reclaims:
+
+    - idle: interactive (no command), running at least `idle_timeout`, every sample of the last
+      `idle_timeout` seconds under `gpu_util_threshold` percent (and samples cover that window:
+      an agent that sent nothing is no proof of idleness), and no terminal input in it;
+    - lifetime: running longer than `max_lifetime`.
+
+    A session found reclaimable is warned first (its terminal gets a line, its page the reason
+    and `deadline` = now + grace); one still reclaimable at its deadline is terminated with the
+    reason ("idle for 2 h (GPU utilisation < 1 %)", "reached its maximum lifetime of 8 h"); one that
+    became busy again loses its warning. Returns `{"warned": [ids], "terminated": [ids], "cleared": [ids]}`."""
+    from sessions.services import RECLAIMED, session_terminate
+
+    now = now or timezone.now()
+    policies = {p.resource_group_id: p for p in IdlePolicy.objects.all()}
+    out = {"warned": [], "terminated": [], "cleared": []}
+    if not policies:
+        return out
+    running = ComputeSession.objects.filter(status=SessionStatus.RUNNING).select_related("node")
+    for session in running:
+        policy = _policy_for(session, policies)
+        if policy is None:
+            continue
+        reason = _reclaim_reason(session, policy, now)
+        activity = SessionActivity.objects.filter(session=session).first()
+        if reason is None:
+            if activity is not None and activity.deadline is not None:
+                SessionActivity.objects.filter(session=session).update(deadline=None, reason="")
+                _notify(session, "no longer idle: the warning is withdrawn")
+                out["cleared"].append(str(session.pk))
+            continue
+        if activity is None or activity.deadline is None:
+            deadline = now + timedelta(seconds=policy.grace)
+            SessionActivity.objects.update_or_create(session=session, defaults={"deadline": deadline, "reason": reason})
+            _notify(session, f"{reason}: this session will be terminated at {deadline:%Y-%m-%d %H:%M:%S} UTC "
+                             f"unless it is used")
+            out["warned"].append(str(session.pk))
+        elif activity.deadline <= now:
+            session_terminate(session=session, reason=f"{RECLAIMED}{reason}")
+            out["terminated"].append(str(session.pk))
+    return out
+
+
+def _hours(seconds: int) -> str:
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
+
+
+def _reclaim_reason(session: ComputeSession, policy: IdlePolicy, now: datetime) -> str | None:
+    started = session.started_at
+    if started is None:
+        return None
+    age = (now - started).total_seconds()
+    if policy.max_lifetime is not None and age >= policy.max_lifetime - policy.grace:
+        return f"reached its maximum lifetime of {_hours(policy.max_lifetime)}"
+    if policy.idle_timeout is None or session.command or age < policy.idle_timeout:
+        return None
+    since = int(now.timestamp()) - policy.idle_timeout
+    activity = SessionActivity.objects.filter(session=session).values("last_input").first() or {}
+    if (activity.get("last_input") or 0) >= since:
+        return None
+    window = SessionSample.objects.filter(session=session, t__gte=since).aggregate(
+        busiest=Max("gpu_util"), unknown=Count("id", filter=Q(gpu_util__isnull=True)), covered=Sum("span"))
+    if not window["covered"] or window["covered"] < policy.idle_timeout // 2 or window["unknown"]:
+        return None  # too few samples to call it idle (the agent was silent, or the figures unknown)
+    if window["busiest"] is not None and window["busiest"] >= policy.gpu_util_threshold:
+        return None
+    return f"idle for {_hours(policy.idle_timeout)} (GPU utilisation < {policy.gpu_util_threshold} %)"
+
+
+def _notify(session: ComputeSession, text: str) -> None:
+    """The warning in the session's terminal (task fgpu.agent.session_notice) and on its page."""
+    import protocol
+    from sessions import events
+    from sessions.tasks import TRANSIENT_ERRORS, agent_send
+
+    events.session_notify(session)
+    if session.node_id is None:
+        return
+    node, session_id = session.node.name, str(session.pk)
+
+    def send() -> None:
+        try:
+            agent_send(protocol.SESSION_NOTICE, node=node, session_id=session_id, text=text)
+        except TRANSIENT_ERRORS:  # the page has it; the terminal misses one line
+            log.warning("could not send the idle notice of session %s to %s", session_id, node)
+
+    transaction.on_commit(send)
