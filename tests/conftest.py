@@ -33,6 +33,22 @@ def pytest_runtest_teardown(item, nextitem):
     return result
 
 
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    """Close every PostgreSQL connection pool before pytest-django switches to the test
+    database. Django keeps one pool per alias (console/settings.py) and does not close it when
+    create_test_db renames the database: a pool opened while collecting (tests/test_openapi.py
+    fetches the schema through WSGI at import) kept serving connections to the real database,
+    so the migrations and every in-process test ran there while the processes of an end-to-end
+    stack, given the test database's URL, found it empty."""
+    from django.db import connections
+
+    for connection in connections.all():
+        connection.close()
+        if hasattr(connection, "close_pool"):
+            connection.close_pool()
+
+
 @pytest.fixture(autouse=True)
 def eager_celery():
     """In-process tests run tasks where they are sent (the e2e tests use real workers)."""

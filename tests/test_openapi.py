@@ -336,7 +336,10 @@ def test_session_workflows_conform_to_the_schema(admin_token):
             return {"headers": {"Authorization": f"Token {admin_token}", "Idempotency-Key": uuid.uuid4().hex}}
 
         def validate_response(self, response, case, additional_checks=None, **kwargs):
-            excluded = [use_after_free] + ([positive_data_acceptance] if case.method == "POST" else [])
+            # A session's usage history needs `until` after `since` (a rule between two
+            # parameters, which the schema cannot state): a 400 for schema-valid data is right there.
+            relational = case.method == "POST" or case.path.endswith("/usage/")
+            excluded = [use_after_free] + ([positive_data_acceptance] if relational else [])
             case.validate_response(response, excluded_checks=excluded, headers=kwargs.get("headers"),
                                    transport_kwargs=kwargs or None, recorder=self.recorder)
 

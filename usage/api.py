@@ -69,7 +69,7 @@ UsageReportSerializer = inline_serializer("UsageReport", fields={
 
 def _moment(name: str, raw: str | None, default: datetime) -> datetime:
     """`raw` as an aware datetime (ISO 8601; a date alone is its midnight UTC). Raises ApplicationError."""
-    if raw is None or raw == "":
+    if raw is None:
         return default
     try:
         value = parse_datetime(raw)
@@ -110,7 +110,7 @@ def usage_view(request):
     now = timezone.now()
     end = _moment("to", request.query_params.get("to"), now)
     start = _moment("from", request.query_params.get("from"), end - timedelta(days=30))
-    group_by = request.query_params.get("group_by") or "user"
+    group_by = request.query_params.get("group_by", "user")  # given empty: refused, as the schema's enum says
     if group_by not in GROUPS:
         raise ApplicationError(f"group_by: {group_by!r} is not one of {', '.join(GROUPS)}",
                                field_errors={"group_by": [f"one of {', '.join(GROUPS)}"]})
@@ -137,8 +137,11 @@ class SessionUsageSerializer(serializers.Serializer):
     deadline_reason = serializers.CharField(allow_blank=True)
 
 
+EPOCH_SCHEMA = {"type": "integer", "minimum": 0, "maximum": 2**40}
+
+
 def _epoch(name: str, raw: str | None, default: int) -> int:
-    if raw is None or raw == "":
+    if raw is None:
         return default
     try:
         value = int(raw)
@@ -152,8 +155,8 @@ def _epoch(name: str, raw: str | None, default: int) -> int:
 @extend_schema(
     summary="A session's usage history", tags=["usage"],
     parameters=[OpenApiParameter("session_id", OpenApiTypes.UUID, OpenApiParameter.PATH),
-                OpenApiParameter("since", OpenApiTypes.INT, description="epoch seconds (default: an hour ago)"),
-                OpenApiParameter("until", OpenApiTypes.INT, description="epoch seconds, exclusive (default: now)")],
+                OpenApiParameter("since", EPOCH_SCHEMA, description="epoch seconds (default: an hour ago)"),
+                OpenApiParameter("until", EPOCH_SCHEMA, description="epoch seconds, exclusive, after since (default: now)")],
     responses={200: SessionUsageSerializer, 400: OpenApiResponse(ErrorSerializer, description="a bad parameter"),
                404: OpenApiResponse(ErrorSerializer, description="no such session (or not yours)")},
     description="GPU memory (against the granted limit), GPU utilisation, CPU and memory over time, column-wise for "
