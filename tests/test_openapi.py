@@ -343,7 +343,7 @@ def test_session_workflows_conform_to_the_schema(admin_token):
             case.validate_response(response, excluded_checks=excluded, headers=kwargs.get("headers"),
                                    transport_kwargs=kwargs or None, recorder=self.recorder)
 
-    Workflow.run(settings=settings(max_examples=15, stateful_step_count=6, deadline=None, derandomize=True,
+    Workflow.run(settings=settings(max_examples=40, stateful_step_count=6, deadline=None, derandomize=True,
                                    suppress_health_check=list(HealthCheck)))
 
     # The links were followed: sessions were launched and then used by their ids (which
