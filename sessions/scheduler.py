@@ -143,9 +143,10 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
                 writes.changed(earlier, "overtaken")
         writes.flush()
         view.record_shapes()
-        if starts:  # after commit, before the pages' notices: the agents do not wait for them
-            transaction.on_commit(partial(_send_starts, list(starts)))
+        # The notices first, so an agent's RUNNING cannot overtake SCHEDULED on the pages.
         events.sessions_notify(writes.notices)
+        if starts:
+            transaction.on_commit(partial(_send_starts, list(starts)))
     if pending:
         log.info("scheduler pass: %d pending, %d placed, %d waiting (%d request shapes without room) in %.0f ms",
                  len(pending), len(scheduled), len(pending) - len(scheduled), len(no_room),

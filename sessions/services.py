@@ -122,8 +122,10 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
             amount=request.amount, cpu=request.cpu, mem=request.mem, command=command or "", priority=priority,
             image=session_image, status_reason="waiting for the scheduler",
         )
-        transaction.on_commit(_schedule_soon)  # before the page's notice: the launch does not wait for it
+        # The notice first: a pass that started sooner could send its newer state before this one
+        # and the page would keep the older ("waiting for the scheduler").
         events.session_notify(session)
+        transaction.on_commit(_schedule_soon)
     return session
 
 
@@ -192,10 +194,10 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
         ).update(status=SessionStatus.TERMINATING, status_reason=reason or "terminating at the user's request")
         session.refresh_from_db()
         if moved or session.status == SessionStatus.TERMINATING:
-            node_name, session_id = session.node.name, str(session.pk)
-            transaction.on_commit(lambda: _send_stop(node_name, session_id))  # first: the stop does not wait for the notice
-            if moved:
+            if moved:  # the notice first, so the agent's TERMINATED cannot overtake it on the page
                 events.session_notify(session)
+            node_name, session_id = session.node.name, str(session.pk)
+            transaction.on_commit(lambda: _send_stop(node_name, session_id))
     return session
 
 
