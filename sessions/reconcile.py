@@ -95,7 +95,7 @@ def sessions_reconcile_heartbeat(*, node_name: str, state: dict) -> dict[str, in
     known = {str(s.pk) for s in active}
     strays = [sid for sid in reported if sid not in known]
     if strays:  # the agent runs sessions the database has ended (or never had): they must not linger
-        still_active = set(ComputeSession.objects.filter(pk__in=_uuids(strays), status__in=ACTIVE_STATUSES)
+        still_active = set(ComputeSession.objects.filter(pk__in=valid_uuids(strays), status__in=ACTIVE_STATUSES)
                            .values_list("pk", flat=True))
         stops.extend(sid for sid in strays if sid not in {str(pk) for pk in still_active})
     for session in starts:
@@ -108,7 +108,9 @@ def sessions_reconcile_heartbeat(*, node_name: str, state: dict) -> dict[str, in
     return counts
 
 
-def _uuids(values: list[str]) -> list[str]:
+def valid_uuids(values: list[str]) -> list[str]:
+    """The session ids an agent sent that are UUIDs, as text; the malformed ones are logged and
+    left out (reconciliation here, usage batches in usage.services)."""
     out = []
     for value in values:
         try:

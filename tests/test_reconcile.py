@@ -23,11 +23,17 @@ NODE = "demo-node"
 
 
 class RecordingAgent:
-    """Takes the messages `fgpu.agent.*` tasks hand the node's agent."""
+    """Takes the messages `fgpu.agent.*` tasks hand the node's agent: starts, stops and the
+    notices written into a session's terminal (`usage.notice`, tests/test_usage.py)."""
 
     def __init__(self):
         self.starts: list[dict] = []
         self.stops: list[str] = []
+        self.notices: list[tuple[str, str]] = []
+        self.usage = self
+
+    def notice(self, session_id, text):
+        self.notices.append((session_id, text))
 
     def submit_start(self, spec):
         self.starts.append(spec)

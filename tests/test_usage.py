@@ -13,11 +13,10 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from agent import core as agent_runtime
 from sessions import services
 from sessions.models import Allocation, ComputeSession, Project, SessionStatus
 from tests.conftest import GiB, client_for, mock_gpu
-from tests.test_reconcile import RecordingAgent
+from tests.test_reconcile import agent  # noqa: F401 (fixture: the node's agent, a recording stand-in)
 from usage import selectors
 from usage.models import DeviceRollup, DeviceSample, IdlePolicy, RollupState, SessionActivity, SessionRollup, SessionSample
 from usage.services import usage_idle_check, usage_ingest, usage_rollup
@@ -25,28 +24,6 @@ from usage.services import usage_idle_check, usage_ingest, usage_rollup
 pytestmark = pytest.mark.django_db(transaction=True)
 NODE = "demo-node"
 TOKEN = "metrics-token-0123456789"
-
-
-class StandIn(RecordingAgent):
-    """The node's agent as the eager `fgpu.agent.*` tasks reach it: starts, stops and notices."""
-
-    def __init__(self):
-        super().__init__()
-        self.notices = []
-        self.usage = self
-
-    def notice(self, session_id, text):
-        self.notices.append((session_id, text))
-
-
-@pytest.fixture
-def agent(demo_cluster):
-    import agent.tasks  # noqa: F401  (the agent's tasks run eagerly here, reaching the stand-in)
-
-    stand_in = StandIn()
-    agent_runtime._AGENTS[NODE] = stand_in
-    yield stand_in
-    agent_runtime._AGENTS.pop(NODE, None)
 
 
 @pytest.fixture

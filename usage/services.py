@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from accelerators.models import Device
 from sessions.models import ComputeSession, SessionStatus
-from sessions.reconcile import _uuids  # session ids an agent sent, the malformed ones logged and left out
+from sessions.reconcile import valid_uuids
 from usage.models import (
     DeviceRollup, DeviceSample, IdlePolicy, RollupState, SessionActivity, SessionRollup, SessionSample,
 )
@@ -91,7 +91,7 @@ def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
         return True
 
     ids = {str(row.get("session_id")) for row in sessions_in if isinstance(row, dict)}
-    known = {str(s["id"]): s for s in ComputeSession.objects.filter(pk__in=_uuids(list(ids)), node__name=node_name)
+    known = {str(s["id"]): s for s in ComputeSession.objects.filter(pk__in=valid_uuids(list(ids)), node__name=node_name)
              .values("id", "status", "started_at", "terminated_at")}
     rows, activity = [], {}
     for row in sessions_in:
