@@ -239,11 +239,18 @@
 
   // A session the server sent (a notice, an answer): its row is redrawn in place. One not shown
   // yet joins the first page when the tab and filters would show it.
-  function upsert(s, highlight) {
+  // `answer`: s is an API answer (the launch's POST, the terminate's DELETE), read when the request
+  // ran. A notice is read after the commit it reports, so once one has drawn the row, an answer
+  // only moves it to a later status: the pass's reason can reach the page before the launch's
+  // answer, which would put "waiting for the scheduler" back for good.
+  var noticed = new Set(); // ids whose row a websocket notice drew
+  function upsert(s, highlight, answer) {
     if (!s || !s.id) return;
     var old = sessions.get(s.id);
     // Never let an older snapshot (e.g. a slow POST answer) undo a newer websocket update.
     if (old && isOlderThan(s, old)) return;
+    if (old && answer && noticed.has(s.id) && !isOlderThan(old, s)) return;
+    if (!answer) noticed.add(s.id);
     var existing = findRow(s.id);
     if (!existing && (filters.page !== 1 || !matches(s))) return;
     sessions.set(s.id, s);
@@ -267,6 +274,7 @@
 
   function dropRow(row) {
     sessions.delete(row.getAttribute("data-session-id"));
+    noticed.delete(row.getAttribute("data-session-id"));
     row.remove();
   }
 
@@ -517,7 +525,7 @@
     var btn = row && row.querySelector(".terminate-button");
     if (btn) { btn.disabled = true; btn.textContent = "Terminating…"; }
     api("DELETE", API_SESSIONS + encodeURIComponent(id) + "/").then(function (r) {
-      if (r.ok && r.data) { upsert(r.data); return; }
+      if (r.ok && r.data) { upsert(r.data, true, true); return; }
       if (btn) { btn.disabled = false; btn.textContent = "Terminate"; }
       showNotice("Could not terminate the session: " + errorText(r), "error");
     }).catch(function () {
@@ -1190,7 +1198,7 @@
         nameTaken(r.data);
         // Show the new session: on the first page of a view that holds it.
         if (filters.page !== 1 || !matches(r.data)) go({ tab: "all", page: 1 }, true);
-        upsert(r.data);
+        upsert(r.data, true, true);
         return;
       }
       showErrors(r);
