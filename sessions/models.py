@@ -126,6 +126,9 @@ class ComputeSession(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
+    version = models.PositiveBigIntegerField(
+        default=0, help_text="raised by every write a page shows (status, reason, node, times): the newest "
+                             "state has the highest")
 
     class Meta:
         ordering = ["-created_at"]
