@@ -9,7 +9,7 @@ from accelerators import api_mig
 from accounts import api as account_api
 from accounts import views as account_views
 from sessions import api as session_api
-from sessions import api_images, api_quotas
+from sessions import api_images, api_presets, api_quotas
 from sessions import views
 from usage import api as usage_api
 from usage import metrics as usage_metrics
@@ -24,6 +24,7 @@ router.register("resource-groups", accelerator_api.ResourceGroupViewSet, basenam
 router.register("projects", api_quotas.ProjectViewSet, basename="api-project")
 router.register("quotas", api_quotas.QuotaViewSet, basename="api-quota")
 router.register("images", api_images.SessionImageViewSet, basename="api-image")
+router.register("presets", api_presets.ResourcePresetViewSet, basename="api-preset")
 router.register("mig/profiles", api_mig.MigProfileViewSet, basename="api-mig-profile")
 router.register("mig/layouts", api_mig.MigLayoutViewSet, basename="api-mig-layout")
 

@@ -98,11 +98,20 @@ def build_resources(*, gpu=None, gpu_memory=None, gpu_cores=None, gpus=None, fgp
     return resources
 
 
-def build_body(*, name=None, command=None, priority=None, image=None, **resource_flags) -> dict:
+def build_body(*, name=None, command=None, priority=None, image=None, preset=None, **resource_flags) -> dict:
     """The launch body: `resources` from the GPU, CPU and memory flags (`build_resources`), and
     `name`, `command`, `priority`, `image` (a registered session image's reference; none: the
-    server's default image) where given."""
+    server's default image) where given. With `preset` (a resource preset's name or id) the body
+    names it and `resources` holds only the flags given, which the server merges into the
+    preset's request (a GPU flag replaces its GPU request, `--cpu` / `--mem` its cores and
+    memory); no flag: exactly the preset's request."""
     body: dict = {"resources": build_resources(**resource_flags)}
+    if preset is not None:
+        if not preset.strip():
+            raise UsageError("--preset: a preset's name or id (fgpu presets lists them)")
+        body["preset"] = preset.strip()
+        if not body["resources"]:
+            del body["resources"]
     if image is not None:
         if not image.strip() or any(c.isspace() for c in image.strip()):
             raise UsageError(f"--image {image!r}: an image reference such as nvcr.io/nvidia/pytorch:24.05-py3 "

@@ -183,6 +183,7 @@ def cmd_logout(args) -> int:
 
 def cmd_launch(args) -> int:
     body = build_body(name=args.name, command=args.command, priority=args.priority, image=args.image,
+                      preset=args.preset,
                       gpu=args.gpu, gpu_memory=args.gpu_memory, gpu_cores=args.gpu_cores, gpus=args.gpus,
                       fgpu=args.fgpu, mig_profile=args.mig_profile, isolation=args.isolation, slot=args.slot,
                       cpu=args.cpu, mem=args.mem)
@@ -194,9 +195,9 @@ def cmd_launch(args) -> int:
         if args.output == "json":
             _emit_json({"request": body, "preview": preview})
             return OK
-        pairs = [("Request", json.dumps(body["resources"])), ("Image", body.get("image") or "the default"),
-                 ("Configuration", preview.get("configuration")),
-                 ("Fits now", "yes" if preview.get("fits_now") else "no"), ("Node", preview.get("node"))]
+        pairs = _request_pairs(body) + [("Configuration", preview.get("configuration")),
+                                        ("Fits now", "yes" if preview.get("fits_now") else "no"),
+                                        ("Node", preview.get("node"))]
         if preview.get("reason"):
             pairs.append(("Reason", preview["reason"]))
         print(key_values(pairs))
@@ -217,6 +218,14 @@ def cmd_launch(args) -> int:
     if session["status"] == "TERMINATED" and session.get("exit_code"):
         return FAILED
     return OK
+
+
+def _request_pairs(body: dict) -> list[tuple[str, str]]:
+    """What a dry run says was asked: the preset (when named), the request and the image."""
+    if "preset" not in body:
+        return [("Request", json.dumps(body["resources"])), ("Image", body.get("image") or "the default")]
+    request = (json.dumps(body["resources"]) + ", over the preset's") if body.get("resources") else "the preset's"
+    return [("Preset", body["preset"]), ("Request", request), ("Image", body.get("image") or "the preset's")]
 
 
 def _launch_post(client: Client, body: dict) -> dict:
@@ -648,6 +657,21 @@ def cmd_images(args) -> int:
     return OK
 
 
+def cmd_presets(args) -> int:
+    """The resource presets you may launch (`GET /api/v1/presets/`): what `fgpu launch --preset`
+    takes, each with its request in words, resource group and image."""
+    client, _ = _client(args)
+    presets = _get_known(client, "/api/v1/presets/", None, missing="this server has no resource presets", every=True)
+    if args.output == "json":
+        _emit_json(presets)
+        return OK
+    rows = [[p.get("name"), p.get("configuration") or json.dumps(p.get("request")), p.get("resource_group") or "any",
+             p.get("image") or "default", p.get("description")] for p in presets]
+    print(table(["PRESET", "REQUEST", "GROUP", "IMAGE", "DESCRIPTION"], rows) if rows
+          else "No presets you may use.")
+    return OK
+
+
 def cmd_usage(args) -> int:
     """GPU-hours, fGPU-hours and GPU-memory-hours, granted and used (`GET /api/v1/usage/`):
     administrators see everyone, others their own sessions."""
@@ -730,6 +754,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("launch", cmd_launch, "launch a session (one GPU request style at most)")
     p.add_argument("--name", help="the session's name")
+    p.add_argument("--preset", metavar="NAME", help="a resource preset's name or id (fgpu presets lists them): its "
+                                                    "request and image; other flags given replace its parts")
     gpu = p.add_argument_group("GPU request (one style)")
     gpu.add_argument("--gpu", metavar="F", help="Run:ai style: a fraction of one GPU (0.5 = half its memory and "
                                                 "SMs) or a whole number of whole GPUs")
@@ -785,6 +811,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node", help="only this node's devices")
     add("images", cmd_images, "session images to launch in (--image): the default, accelerators, nodes that hold "
                               "each")
+    add("presets", cmd_presets, "resource presets to launch (--preset): request, resource group, image")
     p = add("quota", cmd_quota, "your quotas: limits, what is in use, what is left")
     p.add_argument("--user", help="administrators: another user's quotas")
 

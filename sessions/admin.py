@@ -1,4 +1,5 @@
-"""Django admin pages for projects, quotas, session images and (read-only) compute sessions.
+"""Django admin pages for projects, quotas, session images, resource presets and (read-only)
+compute sessions.
 
 Quotas show each limit next to what is in use now (`sessions.quotas.quota_usage_of`); GPU
 memory is entered and shown in binary units ("40G", "40 GiB"), fGPU as Decimal text.
@@ -12,19 +13,23 @@ from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
+from accelerators.allocation.errors import AllocationError
+from accelerators.allocation.requests import parse_resources
 from accelerators.allocation.units import SizeError, format_binary_size, parse_binary_size
+from console.errors import ApplicationError
 from sessions.images import image_save, image_sessions_waiting_or_active
-from sessions.models import ComputeSession, Project, Quota, SessionImage
+from sessions.models import ComputeSession, Project, Quota, ResourcePreset, SessionImage
+from sessions.presets import preset_check, preset_save
 from sessions.quotas import QuotaUsage, fgpu_text, quota_usage_of
-from sessions.selectors import session_configuration
+from sessions.selectors import request_configuration, session_configuration
 
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
     list_display = ("name", "member_count", "description", "created_at")
     search_fields = ("name", "description", "members__username")
-    filter_horizontal = ("members",)
-    fields = ("name", "description", "members")
+    filter_horizontal = ("members", "resource_groups")
+    fields = ("name", "description", "members", "resource_groups")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).annotate(member_count=Count("members", distinct=True))
@@ -184,3 +189,73 @@ class ComputeSessionAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: ComputeSession | None = None) -> bool:
         return False
+
+
+class ResourcePresetForm(forms.ModelForm):
+    """A preset's fields in the console's words: the GPU request as JSON in any launch style, host
+    memory as a binary size; saved only when `sessions.presets.preset_check` passes, its refusal
+    shown under the field it names."""
+
+    resources = forms.JSONField(
+        label="GPU request", required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text='JSON in any request style a launch takes: {"cuda.shares": "0.25"} (fGPU), {"gpu": 1, '
+                  '"gpu_memory": "4G", "gpu_cores": 50} (memory + cores), {"gpu_fraction": "0.2"}, {"cuda.device": 1} '
+                  '(whole GPUs), {"mig_profile": "1g.10gb"}; empty or {} for CPU only. CPU cores, host memory and '
+                  'the resource group have fields of their own.')
+    mem = BinarySizeField(label="Host memory", help_text='e.g. "8G" or "8 GiB" (binary units: 1G = 1024 MiB)')
+
+    class Meta:
+        model = ResourcePreset
+        fields = ("name", "description", "resources", "cpu", "mem", "image", "resource_group")
+
+    def clean_resources(self):
+        value = self.cleaned_data.get("resources")
+        return {} if value in (None, "") else value
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.errors:
+            return cleaned
+        preset = ResourcePreset(**{name: cleaned.get(name) for name in self.Meta.fields})
+        try:
+            preset_check(preset=preset)
+        except ApplicationError as exc:
+            for field, messages_ in (exc.field_errors or {"__all__": [exc.detail]}).items():
+                self.add_error(field if field in self.fields else None, messages_)
+        return cleaned
+
+
+@admin.register(ResourcePreset)
+class ResourcePresetAdmin(admin.ModelAdmin):
+    """Named requests users launch from the dialog's preset picker or `fgpu launch --preset`
+    (Backend.AI's resource presets). Each is checked as a launch is when saved."""
+
+    form = ResourcePresetForm
+    list_display = ("name", "configuration", "group", "image", "description", "updated_at")
+    list_select_related = ("resource_group", "image")
+    list_filter = ("resource_group",)
+    search_fields = ("name", "description")
+    readonly_fields = ("configuration",)
+    fieldsets = ((None, {"fields": ("name", "description")}),
+                 ("Request", {"fields": ("resources", "cpu", "mem", "image", "configuration")}),
+                 ("Who and where", {"fields": ("resource_group",),
+                                    "description": "A preset of a resource group launches there and is offered only "
+                                                   "to those who may use the group (a group that projects name is "
+                                                   "theirs; see Projects)."}))
+
+    @admin.display(description="request")
+    def configuration(self, obj: ResourcePreset) -> str:
+        """ "0.25 fGPU · 2 cores · 8 GiB" (as sessions show theirs)."""
+        if obj.pk is None:
+            return "—"
+        try:
+            return request_configuration(parse_resources(obj.request()))
+        except AllocationError as exc:
+            return f"not valid now: {exc}"
+
+    @admin.display(description="resource group", ordering="resource_group__name")
+    def group(self, obj: ResourcePreset) -> str:
+        return obj.resource_group.name if obj.resource_group_id else "any (everyone)"
+
+    def save_model(self, request: HttpRequest, obj: ResourcePreset, form, change: bool) -> None:
+        preset_save(preset=obj)

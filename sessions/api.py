@@ -18,6 +18,7 @@ from sessions import idempotency, services
 from protocol.exec_store import STATES, STREAMS
 from sessions.launch import launch_options, launch_preview
 from sessions.models import ComputeSession, SessionStatus
+from sessions.presets import launch_with_preset
 from sessions.selectors import LOG_READ_MAX_CHARS, session_get_for, session_list_for, session_log_read
 from sessions.serializers import (
     LaunchOptionsSerializer,
@@ -51,6 +52,10 @@ REQUEST_EXAMPLES = [
                    value={"name": "isolated", "resources": {"gpu_memory": "15G", "isolation": "mig"}}),
     OpenApiExample("HAMi resource names", request_only=True,
                    value={"resources": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}}),
+    OpenApiExample("A resource preset", request_only=True,
+                   description="An administrator's preset (GET /api/v1/presets/), here with 4 CPU cores instead of "
+                               "its own.",
+                   value={"name": "notebook", "preset": "Small notebook", "resources": {"cpu": 4}}),
     OpenApiExample("Batch command in a resource group", request_only=True,
                    value={"name": "job", "command": "python train.py",
                           "resources": {"cuda.shares": "1.5", "resource_group": "training", "policy": "spread"}}),
@@ -246,7 +251,13 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
                                f"With an `{idempotency.HEADER}` header, repeating the request (after a timeout or a "
                                "5xx) is safe: the same key from the same user within 24 h answers the first "
                                "launch's status and body again (header `Idempotent-Replayed: true`) and creates no "
-                               "second session, also when the two requests race. A refused launch keeps nothing.")
+                               "second session, also when the two requests race. A refused launch keeps nothing.\n\n"
+                               "With `preset` (a resource preset's name or id, GET /api/v1/presets/) the launch starts "
+                               "from the preset's request and image: keys of `resources` replace the preset's (`cpu`, "
+                               "`mem` and options one by one; any GPU key replaces its whole GPU request; null removes "
+                               "a key), `image` replaces its image, and another `resources.resource_group` than the "
+                               "preset's is refused (400, type \"preset-conflict\"). A preset alone launches exactly "
+                               "its request. 400 (type \"unknown-preset\") for a preset you may not use.")
     def create(self, request):
         """`{"name", "resources": {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}, "command"}` → 201 PENDING;
         with `Idempotency-Key`, a repeat → the first answer (sessions.idempotency)."""
@@ -255,7 +266,8 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
         data.is_valid(raise_exception=True)
 
         def launch() -> tuple[int, dict, ComputeSession]:
-            session = services.session_create(owner=request.user, **data.validated_data)
+            fields = launch_with_preset(user=request.user, data=data.validated_data)
+            session = services.session_create(owner=request.user, **fields)
             body = SessionSerializer(session_get_for(user=request.user, session_id=session.pk)).data
             return status.HTTP_201_CREATED, body, session
 
@@ -292,7 +304,8 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
         """What this request would get now (same body as create); nothing is created."""
         data = SessionCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        return Response(launch_preview(resources=data.validated_data["resources"], image=data.validated_data["image"]))
+        fields = launch_with_preset(user=request.user, data=data.validated_data)
+        return Response(launch_preview(resources=fields["resources"], image=fields["image"]))
 
     @extend_schema(summary="Get a terminal ticket", request=None, responses={200: TerminalTicketSerializer},
                    description="A one-time, short-lived ticket for the session's terminal websocket. "

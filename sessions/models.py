@@ -10,7 +10,7 @@ import uuid
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import RegexValidator
+from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
 
@@ -179,6 +179,10 @@ class Project(models.Model):
     name = models.CharField(max_length=64, unique=True)
     description = models.TextField(blank=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="projects", blank=True)
+    resource_groups = models.ManyToManyField(
+        "accelerators.ResourceGroup", related_name="projects", blank=True, verbose_name="resource groups",
+        help_text="resource groups reserved for this project's members (with every other project naming them); "
+                  "a group no project names is open to everyone")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -186,6 +190,58 @@ class Project(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class ResourcePreset(models.Model):
+    """A named request administrators define for users to launch (Backend.AI's resource presets,
+    Run:ai's compute resources): "Small notebook: 0.25 fGPU, 2 cores, 8 GiB".
+
+    `resources` is the GPU part of a launch's `resources`, in any request style a launch takes
+    (`{"cuda.shares": "0.25"}`, `{"gpu": 1, "gpu_memory": "4G", "gpu_cores": 50}`,
+    `{"mig_profile": "1g.10gb"}`, …, plus options such as `policy`; `{}`: CPU only); `cpu` in
+    cores and `mem` in bytes are its own columns, and so is the scope: a preset with a
+    `resource_group` launches into that group and is offered only to users who may use the group
+    (`sessions.presets`); one without is offered to everyone and goes to any node. `image`: the
+    session image it launches in (empty: the default image; deleting the image empties it).
+    `request()` is the whole `resources` a launch by this preset sends. Checked as a launch is
+    checked by `sessions.presets.preset_check`."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=64, unique=True,
+                            validators=[RegexValidator(r"^[^\x00-\x1f\x7f-\x9f]+$",
+                                                       "no control characters (newline, tab, escape, …)")],
+                            help_text='what users pick, e.g. "Small notebook"; `fgpu launch --preset` takes it')
+    description = models.CharField(max_length=255, blank=True, help_text="one line the launch dialog shows under it")
+    resources = models.JSONField(default=dict, blank=True, verbose_name="GPU request",
+                                 help_text='in any request style a launch takes, e.g. {"cuda.shares": "0.25"}, '
+                                           '{"gpu": 1, "gpu_memory": "4G", "gpu_cores": 50}, {"gpu_fraction": "0.2"}, '
+                                           '{"mig_profile": "1g.10gb"}; {} for a CPU-only session')
+    cpu = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)], verbose_name="CPU cores")
+    mem = models.BigIntegerField(default=1 << 30, validators=[MinValueValidator(1)], verbose_name="host memory",
+                                 help_text="bytes")
+    image = models.ForeignKey(SessionImage, null=True, blank=True, on_delete=models.SET_NULL, related_name="presets",
+                              help_text="empty: the default image")
+    resource_group = models.ForeignKey(
+        "accelerators.ResourceGroup", null=True, blank=True, on_delete=models.CASCADE, related_name="presets",
+        verbose_name="resource group",
+        help_text="launches into this group and is offered only to those who may use it; empty: any node, everyone")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "resource preset"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def request(self) -> dict:
+        """The `resources` of a launch by this preset: the GPU request, `cpu` (cores), `mem`
+        (bytes) and `resource_group` (its name) where it has one."""
+        request = {**(self.resources if isinstance(self.resources, dict) else {}), "cpu": self.cpu, "mem": self.mem}
+        if self.resource_group_id is not None:
+            request["resource_group"] = self.resource_group.name
+        return request
 
 
 class Quota(models.Model):

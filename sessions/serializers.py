@@ -132,7 +132,14 @@ class StrictCharField(serializers.CharField):
 
 class SessionCreateSerializer(serializers.Serializer):
     name = StrictCharField(max_length=64, required=False, allow_blank=True, default="")
-    resources = serializers.DictField(help_text='e.g. {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}')
+    resources = serializers.DictField(required=False, help_text='e.g. {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}; '
+                                                                'required unless `preset` is given, then merged into '
+                                                                "the preset's request (`sessions.presets`)")
+    preset = StrictCharField(required=False, allow_blank=False, max_length=64,
+                             help_text="a resource preset's name or id (GET /api/v1/presets/): its request and image; "
+                                       "keys of `resources` replace the preset's (any GPU key its whole GPU request, "
+                                       "null removes one), `image` replaces its image; another "
+                                       "`resources.resource_group` than the preset's is refused (400)")
     command = StrictCharField(required=False, allow_blank=True, default="", validators=[validate_command_size],
                               help_text="batch command (at most 64 KiB); blank for an interactive shell")
     priority = serializers.IntegerField(required=False, default=0, min_value=-100, max_value=100,
@@ -140,6 +147,11 @@ class SessionCreateSerializer(serializers.Serializer):
     image = StrictCharField(required=False, allow_null=True, allow_blank=True, default=None, max_length=255,
                             help_text="a registered session image's reference (GET /api/v1/images/), e.g. "
                                       "\"fgpu-session:test\"; absent, null or empty: the default image")
+
+    def validate(self, attrs):
+        if "resources" not in attrs and not attrs.get("preset"):
+            raise serializers.ValidationError({"resources": ["required (or name a `preset`)"]})
+        return attrs
 
 
 class TerminalTicketSerializer(serializers.Serializer):

@@ -35,6 +35,7 @@ from accelerators.selectors import fractional_settings_get, placement_scope, res
 from console.errors import ApplicationError
 from sessions import events, mig_scheduling
 from protocol.exec_store import LIVE_STATES, STREAM_NAMES, exec_store_default
+from sessions.group_access import resource_group_check_usable
 from sessions.images import image_for_launch
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus, TerminalTicket
 
@@ -92,7 +93,8 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
     a malformed request, one off the quantum grid, one in the wrong mode, one larger than any
     registered node could ever hold (naming the slot and the largest amount a node holds), and
     an image no administrator registered or one that does not support the request's slot
-    (`sessions.images.image_for_launch`, field `image`).
+    (`sessions.images.image_for_launch`, field `image`); ApplicationError (403) for a resource
+    group reserved for projects the owner is not a member of (`sessions.group_access`).
     """
     name = (name or "").strip()
     if priority > 0 and not owner.is_staff:
@@ -104,6 +106,7 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
         raise ApplicationError("name: control characters (newline, tab, escape, …) are not allowed",
                                field_errors={"name": ["control characters (newline, tab, escape, …) are not allowed"]})
     request, pure_settings = request_validate(resources=resources)
+    resource_group_check_usable(user=owner, name=request.resource_group)
     session_image = image_for_launch(reference=image, slot=request.slot)
     try:
         # Against every registered node, LOST ones included: a request that fits a node whose

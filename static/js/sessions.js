@@ -8,6 +8,7 @@
   var API_SESSIONS = "/api/v1/sessions/";
   var API_OPTIONS = "/api/v1/launch-options/";
   var API_IMAGES = "/api/v1/images/?limit=1000";
+  var API_PRESETS = "/api/v1/presets/?limit=1000";
   var HOST_IMAGE = "host"; // the process runtime's built-in image: the default where none is marked
 
   var $ = function (id) { return document.getElementById(id); };
@@ -965,6 +966,138 @@
     }
     $("image-hint").textContent = sentences.join(" ");
   }
+  // ---- Resource presets: offered first; picking one fills the fields below ----------------
+  // The body then names the preset and sends only what the user changed since (sessions.presets
+  // merges it: any GPU key replaces the preset's GPU request, null removes a key), so an
+  // untouched preset launches exactly its request, also where the fields cannot show it.
+
+  var presets = [];
+  var presetId = ""; // the preset picked ("" = Custom)
+  var presetBaseline = null; // launchBody() right after the fields were filled from it
+  var PRESET_OPTION_KEYS = ["cpu", "mem", "devices", "exclude", "policy", "numa", "strategy", "resource_group"];
+
+  function chosenPreset() {
+    for (var i = 0; i < presets.length; i++) if (presets[i].id === presetId) return presets[i];
+    return null;
+  }
+
+  function applyPresets(list) {
+    presets = list || [];
+    if (!chosenPreset()) { presetId = ""; presetBaseline = null; }
+    var box = $("preset-options");
+    box.textContent = "";
+    $("preset-field").hidden = presets.length === 0;
+    var row = function (id, value, name, description, request, chip) {
+      var input = el("input", { type: "radio", name: "preset", id: id, value: value });
+      input.checked = value === presetId;
+      var title = el("span", { "class": "preset-name", text: name });
+      if (chip) title.appendChild(el("span", { "class": "preset-chip", text: chip }));
+      var text = el("span", { "class": "preset-text" }, [title]);
+      if (description) text.appendChild(el("span", { "class": "preset-description", text: description }));
+      return el("label", { "class": "preset-option", "for": id },
+                [input, text].concat(request ? [el("span", { "class": "preset-request", text: request })] : []));
+    };
+    box.appendChild(row("preset-custom", "", "Custom", "Set the request yourself below", ""));
+    presets.forEach(function (p) {
+      box.appendChild(row("preset-" + p.id, p.id, p.name, p.description, p.configuration || JSON.stringify(p.request),
+                          p.resource_group ? "in " + p.resource_group : ""));
+    });
+  }
+
+  function refreshPresets() {
+    return api("GET", API_PRESETS).then(function (r) {
+      if (r.ok && r.data && Array.isArray(r.data.results)) applyPresets(r.data.results);
+    }).catch(function () { /* no picker: the fields work as ever */ });
+  }
+
+  // "8G" for whole GiB, "512M" for whole MiB, else bytes: what the host memory field takes.
+  function sizeText(bytes) {
+    var n = Number(bytes);
+    if (n && n % 1073741824 === 0) return n / 1073741824 + "G";
+    if (n && n % 1048576 === 0) return n / 1048576 + "M";
+    return String(bytes);
+  }
+
+  // The GPU part of a preset's request into the tabs: the style, its fields, the options.
+  function fillPresetGpu(req) {
+    var key = Object.keys(req).filter(function (k) { return /\.(shares|device)$/.test(k); })[0];
+    var hasOption = function (select, v) { return Array.prototype.some.call(select.options, function (o) { return o.value === v; }); };
+    if (key) {
+      if (hasOption(slotSelect, key)) slotSelect.value = key;
+      if (/\.shares$/.test(key)) { wantedStyle = "fgpu"; slider.dataset.wanted = String(req[key]); }
+      else { wantedStyle = "devices"; gpuCount.value = String(req[key]); }
+      $("fgpu-strategy").value = req.strategy || "";
+    } else if (req.gpu_fraction !== undefined) {
+      wantedStyle = "fraction";
+      $("gpu-fraction").value = String(req.gpu_fraction);
+    } else if (req.mig_profile !== undefined) {
+      wantedStyle = "mig";
+      wantedProfile = String(req.mig_profile);
+    } else if (req.gpu !== undefined || req.gpu_memory !== undefined || req.gpu_memory_percentage !== undefined) {
+      wantedStyle = "memory";
+      $("isolation-" + (req.isolation || "shared")).checked = true;
+      $("gpu-count-hami").value = String(req.gpu || 1);
+      $("gpu-cores").value = req.gpu_cores !== undefined ? String(req.gpu_cores) : "";
+      memBySize.checked = req.gpu_memory_percentage === undefined;
+      memByPercent.checked = !memBySize.checked;
+      if (req.gpu_memory !== undefined) $("gpu-memory").value = String(req.gpu_memory);
+      if (req.gpu_memory_percentage !== undefined) $("gpu-memory-percent").value = String(req.gpu_memory_percentage);
+      renderMemoryMode();
+    } else if (!Object.keys(req).some(function (k) { return PRESET_OPTION_KEYS.indexOf(k) === -1; })) {
+      slotSelect.value = CPU_ONLY; // no GPU key: a CPU-only preset
+      slotSelect.dataset.touched = "1";
+    } // other styles (HAMi names, eGPU): the fields stay; the preset's own request is sent
+    if (hasOption($("policy-select"), req.policy || "")) $("policy-select").value = req.policy || "";
+    $("numa-only").checked = req.numa === true;
+    $("pin-devices").value = (req.devices || []).join(", ");
+    renderSlot();
+    renderIsolation();
+  }
+
+  function fillFromPreset(p) {
+    var req = p.request || {};
+    presetBaseline = null;
+    fillPresetGpu(req);
+    $("cpu-count").value = String(req.cpu || 1);
+    $("mem-size").value = sizeText(req.mem || 1073741824);
+    if (p.image && images.some(function (i) { return i.reference === p.image; })) wantedImage = p.image;
+    var image = p.image ? wantedImage : (defaultImage() || {}).reference;
+    if (image) { imageSelect.value = image; renderImageHint(); }
+    presetBaseline = launchBody();
+    $("preset-hint").textContent = "Filled in below from " + p.name +
+      (p.resource_group ? ", which launches in resource group " + p.resource_group : "") +
+      ". What you change replaces that part of the preset.";
+  }
+
+  $("preset-options").addEventListener("change", function (ev) {
+    presetId = ev.target.value;
+    var p = chosenPreset();
+    if (p) fillFromPreset(p);
+    else { presetBaseline = null; $("preset-hint").textContent = "Set the request yourself below."; }
+    changed();
+  });
+
+  // With a preset picked: `{"name", "preset", "resources": what changed, "image" if changed}`.
+  function presetBody(body) {
+    var p = chosenPreset();
+    if (!p || !presetBaseline) return body;
+    var base = presetBaseline.resources, now = body.resources, diff = {}, gpuChanged = false;
+    var isOption = function (k) { return PRESET_OPTION_KEYS.indexOf(k) !== -1; };
+    Object.keys(base).concat(Object.keys(now)).forEach(function (k) {
+      if (JSON.stringify(base[k]) === JSON.stringify(now[k])) return;
+      if (isOption(k)) diff[k] = k in now ? now[k] : null;
+      else gpuChanged = true;
+    });
+    if (gpuChanged) { // one request style per session: the whole GPU part, and nulls for the preset's keys it drops
+      Object.keys(base).forEach(function (k) { if (!isOption(k) && !(k in now)) diff[k] = null; });
+      Object.keys(now).forEach(function (k) { if (!isOption(k)) diff[k] = now[k]; });
+    }
+    var out = { name: body.name, preset: p.id };
+    if (Object.keys(diff).length) out.resources = diff;
+    if (body.image && body.image !== presetBaseline.image) out.image = body.image;
+    return out;
+  }
+
 
   imageSelect.addEventListener("change", function () { wantedImage = imageSelect.value; renderImageHint(); });
 
@@ -1003,7 +1136,7 @@
     resources.mem = $("mem-size").value.trim();
     var body = { name: $("session-name").value.trim(), resources: resources };
     if (images.length && imageSelect.value) body.image = imageSelect.value;
-    return body;
+    return presetBody(body);
   }
 
   // ---- Preview: POST the same body to the preview endpoint, debounced ------
@@ -1171,6 +1304,7 @@
       applyOptions(r.data);
       status.textContent = "";
     }).catch(function () { status.textContent = "Could not refresh free capacity."; });
+    refreshPresets();
     api("GET", API_IMAGES).then(function (r) {
       if (r.ok && r.data && Array.isArray(r.data.results)) { applyImages(r.data.results); schedulePreview(); }
     }).catch(function () { /* the images rendered with the page stay */ });
@@ -1218,6 +1352,7 @@
   renderRange();
   setInterval(function () { renderTimes(tbody); }, 30000);
   setInterval(function () { renderElapsed(true); }, 1000);
+  refreshPresets();
   applyOptions(launchOptions);
   applyImages(images);
   renderMemoryMode();

@@ -1,0 +1,105 @@
+"""Resource presets in the launch dialog, in a real browser, against the console as `make run`
+starts it (tests/test_browser.py: standalone, demo-node with one 8 GiB / 80-SM GPU = 2 fGPU,
+4 cores, 16 GiB).
+
+An administrator defines two presets through the API. The dialog offers them first (with
+Custom); picking "Small notebook" fills the fGPU tab, CPU cores and host memory, the preview
+shows its request, and Launch sends just the preset: the session gets exactly its request.
+Picking "Memory slice" and raising its cores sends the preset with the changed GPU request.
+Screenshots of the dialog at 1280×800 and 390×844 go to $FGPU_SCREENSHOT_DIR, else
+<repo>/screenshots/."""
+from __future__ import annotations
+
+import pytest
+
+from tests.test_browser import ADMIN_PASSWORD, screenshot_dir
+from tests.test_browser import console_url, page  # noqa: F401  (fixtures)
+from tests.test_browser_images import api_post
+from tests.test_browser_launch_styles import log_in_and_open_the_dialog
+
+pytestmark = pytest.mark.browser
+
+GiB = 1 << 30
+
+
+def launched(page) -> dict:
+    """Click Launch; the POST's body and the session it answered."""
+    with page.expect_response(lambda r: r.url.endswith("/api/v1/sessions/") and r.request.method == "POST") as info:
+        page.click("#launch-submit")
+    assert info.value.status == 201, info.value.text()
+    return {"body": info.value.request.post_data_json, "session": info.value.json()}
+
+
+def test_a_preset_picked_in_the_dialog_fills_the_request_and_launches_exactly_it(console_url, page):
+    from playwright.sync_api import expect
+
+    token = api_post(console_url, "/api/v1/auth/token/", {"username": "admin", "password": ADMIN_PASSWORD})["token"]
+    small = api_post(console_url, "/api/v1/presets/", {
+        "name": "Small notebook", "description": "A quarter GPU for notebooks", "resources": {"cuda.shares": "0.25"},
+        "cpu": 2, "mem": "8G"}, token)
+    memory = api_post(console_url, "/api/v1/presets/", {
+        "name": "Memory slice", "description": "2 GiB and a quarter of the SMs of one GPU",
+        "resources": {"gpu": 1, "gpu_memory": "2G", "gpu_cores": 25}, "mem": "2G"}, token)
+
+    dialog = log_in_and_open_the_dialog(page, console_url)
+    options = page.locator("#preset-options .preset-option")
+    expect(page.locator("#preset-field")).to_be_visible()
+    expect(options).to_have_count(3)
+    expect(options.nth(0)).to_contain_text("Custom")
+    expect(options.nth(1)).to_contain_text("Memory slice")
+    expect(options.nth(2).locator(".preset-name")).to_have_text("Small notebook")
+    expect(options.nth(2).locator(".preset-description")).to_have_text("A quarter GPU for notebooks")
+    expect(options.nth(2).locator(".preset-request")).to_have_text("0.25 fGPU · 2 cores · 8 GiB")
+    expect(page.locator("#preset-custom")).to_be_checked()
+
+    # Picking it fills the fGPU tab, cores and memory; the preview shows its request.
+    options.nth(2).click()
+    expect(page.locator(f"#preset-{small['id']}")).to_be_checked()
+    expect(page.locator("#tab-fgpu")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("#fgpu-slider")).to_have_value("0.25")
+    expect(page.locator("#fgpu-readout")).to_have_text("0.25 fGPU")
+    expect(page.locator("#cpu-count")).to_have_value("2")
+    expect(page.locator("#mem-size")).to_have_value("8G")
+    expect(page.locator("#preset-hint")).to_have_text("Filled in below from Small notebook. What you change replaces "
+                                                      "that part of the preset.")
+    expect(page.locator("#preview-config")).to_have_text("0.25 fGPU · 2 cores · 8 GiB")
+    expect(page.locator("#preview-line")).to_have_text("starts now on demo-node")
+    expect(page.locator("#launch-preview")).not_to_have_attribute("aria-busy", "true")
+    dialog.screenshot(path=str(screenshot_dir() / "launch-preset-desktop.png"), animations="disabled")
+
+    first = launched(page)
+    assert first["body"] == {"name": "session-1", "preset": small["id"]}
+    assert first["session"]["resources"] == small["request"] == {"cuda.shares": "0.25", "cpu": 2, "mem": 8 * GiB}
+    row = page.locator(f'tr[data-session-id="{first["session"]["id"]}"]')
+    expect(row.locator(".configuration")).to_contain_text("0.25 fGPU · 2 cores · 8 GiB")
+
+    # The other preset, adjusted: its GPU request goes with the change, the rest stays the preset's.
+    page.click("#start-session")
+    expect(dialog).to_be_visible()
+    page.locator(f"#preset-{memory['id']}").check()
+    expect(page.locator("#tab-memory")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("#gpu-memory")).to_have_value("2G")
+    expect(page.locator("#gpu-cores")).to_have_value("25")
+    expect(page.locator("#mem-size")).to_have_value("2G")
+    with page.expect_request(lambda r: r.url.endswith("/preview/") and (r.post_data_json or {}).get(
+            "resources", {}).get("gpu_cores") == 50) as preview_request:
+        page.fill("#gpu-cores", "50")
+    assert preview_request.value.post_data_json["preset"] == memory["id"]
+    expect(page.locator("#preview-devices tbody tr").first).to_contain_text("40\u00a0SMs")
+    second = launched(page)
+    assert second["body"] == {"name": "session-2", "preset": memory["id"],
+                              "resources": {"gpu": 1, "gpu_memory": "2G", "gpu_cores": 50}}
+    assert second["session"]["resources"] == {"gpu": 1, "gpu_memory": "2G", "gpu_cores": 50, "cpu": 1, "mem": 2 * GiB}
+
+    # A phone: the picker stacks its cards and stays first.
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.click("#start-session")
+    expect(dialog).to_be_visible()
+    page.locator(f"#preset-{small['id']}").check()
+    expect(page.locator("#preview-config")).to_have_text("0.25 fGPU · 2 cores · 8 GiB")
+    width = page.evaluate("document.querySelector('#preset-options').scrollWidth <= "
+                          "document.querySelector('#preset-options').clientWidth")
+    assert width, "the preset cards overflow the dialog at 390 px"
+    page.locator("#launch-dialog .dialog-body").evaluate("body => { body.scrollTop = 0; }")
+    page.screenshot(path=str(screenshot_dir() / "launch-preset-phone.png"), animations="disabled")
+    assert page.js_errors == []
