@@ -18,6 +18,7 @@ from rest_framework.decorators import api_view
 from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.response import Response
 
+from accelerators.models import ResourceGroup
 from console.api_support import ErrorSerializer, ETagMixin, IsAdminOrReadOnly, admin_write_docs
 from sessions.models import Project, Quota
 from sessions.quotas import fgpu_text, quota_headroom, quota_usage
@@ -27,10 +28,14 @@ from sessions.quotas import fgpu_text, quota_headroom, quota_usage
 class ProjectSerializer(serializers.ModelSerializer):
     members = serializers.SlugRelatedField(many=True, required=False, slug_field="username",
                                            queryset=get_user_model().objects.all(), help_text="usernames")
+    resource_groups = serializers.SlugRelatedField(
+        many=True, required=False, slug_field="name", queryset=ResourceGroup.objects.all(),
+        help_text="names of the resource groups reserved for the members of the projects naming them (a group no "
+                  "project names is open to everyone; `sessions.group_access`)")
 
     class Meta:
         model = Project
-        fields = ["id", "name", "description", "members", "created_at"]
+        fields = ["id", "name", "description", "members", "resource_groups", "created_at"]
         read_only_fields = ["id", "created_at"]
 
 
@@ -77,6 +82,8 @@ def _visible_to(user):
 @extend_schema_view(**admin_write_docs("project", tags=["quotas"], examples=[
     OpenApiExample("A team sharing one quota", value={"name": "vision", "description": "computer vision team",
                                                       "members": ["alice", "bob"]}),
+    OpenApiExample("A team with a resource group of its own", value={"name": "training", "members": ["carol"],
+                                                                     "resource_groups": ["a100-pool"]}),
 ], patch_examples=[
     OpenApiExample("Change the members", value={"members": ["alice", "bob", "carol"]}),
 ]))
@@ -87,7 +94,7 @@ class ProjectViewSet(ETagMixin, viewsets.ModelViewSet):
     permission_classes = [IsAdminOrReadOnly]
 
     def get_queryset(self):
-        projects = Project.objects.prefetch_related("members")
+        projects = Project.objects.prefetch_related("members", "resource_groups")
         if getattr(self, "swagger_fake_view", False):
             return projects.none()
         user = self.request.user

@@ -50,7 +50,7 @@ def launch(django_capture_on_commit_callbacks):
 
 @pytest.mark.parametrize("resources, message", [
     ({"cuda.shares": "0.3"}, "not a multiple of the quantum 0.25"),
-    ({"cuda.shares": "3"}, "3"),  # the node holds 2 fGPU: never schedulable
+    ({"cuda.shares": "3"}, "2.00 fGPU"),  # the node holds 2 fGPU: never schedulable, naming what a node holds
     ({"cuda.shares": "lots"}, "resources.cuda.shares"),
     ({"gpu": 1, "gpu_cores": 140}, "resources.gpu_cores"),
     ({"gpu_fraction": "0.2", "cuda.shares": "0.5"}, "one"),
@@ -125,6 +125,23 @@ def test_users_list_only_the_presets_of_groups_they_may_use(reserved, alice, bob
     hidden = ResourcePreset.objects.get(name="Trainer")
     assert client_for(alice).get(f"/api/v1/presets/{hidden.pk}/").status_code == 404
     assert client_for(None).get("/api/v1/presets/").status_code == 401
+
+
+def test_an_administrator_reserves_a_group_for_a_project_through_the_api(demo_cluster, alice, staff):
+    training = ResourceGroup.objects.create(name="training")
+    demo_cluster["demo-node"].resource_group = training
+    demo_cluster["demo-node"].save(update_fields=["resource_group"])
+    preset(name="Trainer", resource_group=training)
+    admin = client_for(staff)
+    vision = admin.post("/api/v1/projects/", {"name": "vision", "resource_groups": ["training"]}, format="json")
+    assert vision.status_code == 201, vision.content
+    assert vision.json()["resource_groups"] == ["training"]
+    assert client_for(alice).get("/api/v1/presets/").json()["results"] == []
+
+    url = f"/api/v1/projects/{vision.json()['id']}/"
+    joined = admin.patch(url, {"members": ["alice"]}, format="json", HTTP_IF_MATCH=admin.get(url)["ETag"])
+    assert joined.status_code == 200, joined.content
+    assert [p["name"] for p in client_for(alice).get("/api/v1/presets/").json()["results"]] == ["Trainer"]
 
 
 def test_a_listed_preset_carries_its_request_and_configuration(demo_cluster, alice):

@@ -239,8 +239,8 @@ def test_the_project_list_costs_the_same_queries_for_1_or_100_projects(rows, sta
     for n in range(rows):
         Project.objects.create(name=f"project-{n}").members.set(users[:1 + n % 3])
 
-    # The projects; their members.
-    body = assert_page(client_for(staff), "/api/v1/projects/", rows=rows, queries=PAGED + 2,
+    # The projects; their members; their resource groups.
+    body = assert_page(client_for(staff), "/api/v1/projects/", rows=rows, queries=PAGED + 3,
                        assert_max_queries=django_assert_max_num_queries)
 
     assert all(project["members"] for project in body["results"])
