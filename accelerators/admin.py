@@ -13,6 +13,7 @@ from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from accelerators.allocation import core, topology, units
@@ -318,9 +319,23 @@ class NodeAdmin(admin.ModelAdmin):
         ("Sharing (set by administrators)", {"fields": ("resource_group", "device_split_count", "memory_scaling",
                                                         "core_scaling")}),
         ("MIG (set by administrators)", {"fields": ("mig_mode", "mig_layout", "mig_picture", "mig_status")}),
+        ("Usage (last hour, live)", {"fields": ("usage_charts",)}),
     )
-    readonly_fields = (*reported, "mig_picture", "mig_status")
+    readonly_fields = (*reported, "mig_picture", "mig_status", "usage_charts")
     form = NodeForm
+
+    class Media:
+        css = {"all": ("vendor/uplot/uPlot.min.css", "css/usage.css")}
+        js = ("vendor/uplot/uPlot.iife.min.js", "js/usage.js")
+
+    @admin.display(description="each GPU")
+    def usage_charts(self, obj: Node) -> str:
+        """Where static/js/usage.js draws each GPU's memory used and utilisation, from
+        GET /api/v1/nodes/<name>/usage/ (polled every few seconds)."""
+        if not obj.pk:
+            return "—"
+        return format_html("<div id='node-usage-charts' data-url='{}'>Loading…</div>",
+                           reverse("api-node-usage", kwargs={"name": obj.name}))
 
     @admin.display(description="session images it holds")
     def held_images(self, obj: Node) -> str:

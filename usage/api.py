@@ -1,14 +1,18 @@
-"""Usage in the REST API (issue 15): the accounting report (`GET /api/v1/usage/`, JSON or CSV)
-and a session's history for its chart (`GET /api/v1/sessions/<id>/usage/`). Thin: parse,
+"""Usage in the REST API (issue 15): the accounting report (`GET /api/v1/usage/`, JSON or CSV),
+a session's history for its chart (`GET /api/v1/sessions/<id>/usage/`), the newest sample of
+sessions for the list's gauges (`GET /api/v1/usage/latest/`) and a node's devices' history
+(`GET /api/v1/nodes/<name>/usage/`). Thin: parse,
 fetch with the permission check, call one selector."""
 from __future__ import annotations
 
 import csv
 import io
 import time
+import uuid
 from datetime import datetime, time as dtime, timedelta
 from datetime import timezone as dt_timezone
 
+from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.types import OpenApiTypes
@@ -20,7 +24,8 @@ from rest_framework.response import Response
 from console.api_support import ErrorSerializer
 from console.errors import ApplicationError
 from sessions.selectors import session_get_for
-from usage.selectors import GROUPS, session_series, usage_report
+from accelerators.models import Node
+from usage.selectors import GROUPS, latest_session_usage, node_device_series, session_series, usage_report
 
 MAX_RANGE = timedelta(days=400)
 CSV_FIELDS = ("key", "gpu_hours", "fgpu_hours", "gpu_memory_gib_hours", "used_gpu_hours", "used_gpu_memory_gib_hours",
@@ -165,9 +170,83 @@ def _epoch(name: str, raw: str | None, default: int) -> int:
 @api_view(["GET"])
 def session_usage_view(request, session_id):
     session = session_get_for(user=request.user, session_id=session_id)
+    since, until = _range(request)
+    return Response(SessionUsageSerializer(session_series(session=session, since=since, until=until)).data)
+
+
+def _range(request) -> tuple[int, int]:
+    """`since`/`until` from the query (epoch seconds; default the last hour). Raises ApplicationError."""
     now = int(time.time())
     until = _epoch("until", request.query_params.get("until"), now + 1)
     since = _epoch("since", request.query_params.get("since"), now - 3600)
     if until <= since:
         raise ApplicationError("until must be after since", field_errors={"until": ["after since"]})
-    return Response(SessionUsageSerializer(session_series(session=session, since=since, until=until)).data)
+    return since, until
+
+
+LATEST_MAX_SESSIONS = 200
+LATEST_HORIZON_S = 60  # as /metrics: a sample older than this is not "now"
+
+
+class SessionUsageNowSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    t = serializers.IntegerField(allow_null=True, help_text="epoch seconds of the newest sample; null: none in the last minute")
+    gpu_memory = serializers.IntegerField(allow_null=True, help_text="bytes of GPU memory used; null: unknown")
+    gpu_util = serializers.IntegerField(allow_null=True, help_text="percent; null: unknown")
+    gpu_memory_limit = serializers.IntegerField(help_text="bytes of GPU memory granted (held allocations)")
+
+
+@extend_schema(
+    summary="Sessions' usage now", tags=["usage"],
+    parameters=[OpenApiParameter("session", {"type": "array", "minItems": 1, "maxItems": LATEST_MAX_SESSIONS,
+                                             "items": {"type": "string", "format": "uuid"}},
+                                 required=True, explode=True, style="form",
+                                 description=f"a session id, repeated (1 to {LATEST_MAX_SESSIONS})")],
+    responses={200: inline_serializer("SessionsUsageNow", {"sessions": SessionUsageNowSerializer(many=True)}),
+               400: OpenApiResponse(ErrorSerializer, description="a bad or missing session id, or too many")},
+    description="The newest sample of the last minute of each session named that you may see (others' are left "
+                "out), with the GPU memory it was granted: what the session list's gauges show. Two queries "
+                "whatever the number of sessions.",
+)
+@api_view(["GET"])
+def latest_usage_view(request):
+    ids = request.query_params.getlist("session")
+    if not ids or len(ids) > LATEST_MAX_SESSIONS:
+        raise ApplicationError(f"session: give 1 to {LATEST_MAX_SESSIONS} session ids",
+                               field_errors={"session": [f"1 to {LATEST_MAX_SESSIONS} ids"]})
+    try:
+        ids = [uuid.UUID(i) for i in ids]
+    except ValueError:
+        raise ApplicationError("session: not a session id", field_errors={"session": ["a UUID"]}) from None
+    rows = latest_session_usage(user=request.user, session_ids=ids, horizon=int(time.time()) - LATEST_HORIZON_S)
+    return Response({"sessions": SessionUsageNowSerializer(rows, many=True).data})
+
+
+class DeviceHistorySerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    uuid = serializers.CharField(help_text="the device UUID")
+    model_name = serializers.CharField()
+    memory_size = serializers.IntegerField(help_text="bytes")
+    t = serializers.ListField(child=serializers.IntegerField(), help_text="epoch seconds")
+    memory_used = serializers.ListField(child=serializers.IntegerField(allow_null=True), help_text="bytes; null: a gap")
+    util = serializers.ListField(child=serializers.IntegerField(allow_null=True), help_text="percent; null: a gap or unknown")
+
+
+@extend_schema(
+    summary="A node's devices' usage history", tags=["usage"],
+    parameters=[OpenApiParameter("name", OpenApiTypes.STR, OpenApiParameter.PATH),
+                OpenApiParameter("since", EPOCH_SCHEMA, description="epoch seconds (default: an hour ago)"),
+                OpenApiParameter("until", EPOCH_SCHEMA, description="epoch seconds, exclusive, after since (default: now)")],
+    responses={200: inline_serializer("NodeDevicesHistory", {"devices": DeviceHistorySerializer(many=True)}),
+               400: OpenApiResponse(ErrorSerializer, description="a bad parameter"),
+               404: OpenApiResponse(ErrorSerializer, description="no such node")},
+    description="Each GPU of the node (MIG instances are charted as their GPU) with its memory used and utilisation "
+                "over time, column-wise for a chart, as the node admin page draws it. Readable by every user, as "
+                "the nodes are.",
+)
+@api_view(["GET"])
+def node_usage_view(request, name):
+    node = get_object_or_404(Node, name=name)
+    since, until = _range(request)
+    return Response({"devices": DeviceHistorySerializer(node_device_series(node=node, since=since, until=until),
+                                                      many=True).data})

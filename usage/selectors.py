@@ -10,6 +10,7 @@ from decimal import Decimal
 from django.db.models import F, Q, Sum
 from django.utils import timezone
 
+from accelerators.models import Device
 from sessions.models import Allocation, ComputeSession, Project
 from usage.models import DeviceRollup, DeviceSample, RollupState, SessionActivity, SessionRollup, SessionSample
 
@@ -159,7 +160,6 @@ def session_series(*, session: ComputeSession, since: int, until: int) -> dict:
     the range starts after the watermark (the last day), else 5-minute means. A gap (no sample for
     more than twice a sample's span) is a None point, never a zero."""
     mark = _watermark()
-    columns = {"t": [], "gpu_memory": [], "gpu_util": [], "cpu": [], "mem": []}
     if since >= mark:
         resolution = "raw"
         points = (SessionSample.objects.filter(session=session, t__gte=since, t__lt=until).order_by("t")
@@ -171,14 +171,9 @@ def session_series(*, session: ComputeSession, since: int, until: int) -> dict:
                   SessionRollup.objects.filter(session=session, bucket__gte=since - since % 300, bucket__lt=until)
                   .order_by("bucket").values_list("bucket", "span_s", "gpu_span_s", "gpu_memory_s", "gpu_util_s",
                                                   "cpu_s", "mem_max")]
-    previous = None
-    for t, span, gpu_memory, gpu_util, cpu, mem in list(points)[-SERIES_MAX_POINTS:]:
-        if previous is not None and t - previous > 2 * max(span, 1) + 1:
-            for name in columns:
-                columns[name].append(previous + 1 if name == "t" else None)  # the gap, drawn as a break
-        for name, value in zip(columns, (t, gpu_memory, gpu_util, cpu, mem)):
-            columns[name].append(value)
-        previous = t
+    names = ("t", "gpu_memory", "gpu_util", "cpu", "mem")
+    rows = list(points)[-SERIES_MAX_POINTS:]
+    columns = _columns(((t, g, u, c, m) for t, _, g, u, c, m in rows), names, [span for _, span, *_ in rows])
     limit = (Allocation.objects.filter(session=session).aggregate(m=Sum("memory"))["m"] or 0)
     activity = SessionActivity.objects.filter(session=session).values("deadline", "reason").first() or {}
     deadline = activity.get("deadline")
@@ -186,20 +181,72 @@ def session_series(*, session: ComputeSession, since: int, until: int) -> dict:
             "deadline": deadline.isoformat() if deadline else None, "deadline_reason": activity.get("reason", "")}
 
 
-def device_series(*, device, since: int, until: int) -> dict:
-    """A device's memory used and utilisation over [since, until), as `session_series`."""
-    mark = _watermark()
-    if since >= mark:
-        rows = DeviceSample.objects.filter(device=device, t__gte=since, t__lt=until).order_by("t").values_list(
-            "t", "memory_used", "memory_total", "util")
+def _columns(rows, names: tuple[str, ...], spans: list[int]) -> dict:
+    """Rows `(t, *values)` (t ascending, epoch seconds) as columns named `names`, with a None
+    point before any row that comes more than twice its span (seconds it stands for) after the
+    one before: a chart breaks its line there (uPlot draws null as a gap) instead of drawing a zero."""
+    columns = {name: [] for name in names}
+    previous = None
+    for row, span in zip(rows, spans):
+        if previous is not None and row[0] - previous > 2 * max(span, 1) + 1:
+            for name in names:
+                columns[name].append(previous + 1 if name == "t" else None)  # the gap, drawn as a break
+        for name, value in zip(names, row):
+            columns[name].append(value)
+        previous = row[0]
+    return columns
+
+
+def node_device_series(*, node, since: int, until: int) -> list[dict]:
+    """Each device of `node` (MIG instances left out: their parent GPU is charted) with its
+    memory used and utilisation over [since, until) (epoch seconds), in two queries whatever the
+    number of devices: `[{"index", "uuid", "model_name", "memory_size": bytes, "t": [epoch s],
+    "memory_used": [bytes|None], "util": [percent|None]}]` by index. Full resolution while the
+    range starts after the watermark, else 5-minute means. A device's samples are `interval`
+    apart (its smallest step); a longer silence is a None point, as in `session_series`."""
+    devices = list(Device.objects.filter(node=node, is_mig_device=False).order_by("index")
+                   .values("id", "index", "device_id", "model_name", "memory_size"))
+    ids = [d["id"] for d in devices]
+    if since >= _watermark():
+        rows = DeviceSample.objects.filter(device_id__in=ids, t__gte=since, t__lt=until).order_by("t").values_list(
+            "device_id", "t", "memory_used", "util")
+        rollup = False
     else:
-        rows = DeviceRollup.objects.filter(device=device, bucket__gte=since - since % 300, bucket__lt=until).order_by(
-            "bucket").values_list("bucket", "memory_used_avg", "memory_total", "util_avg")
-    out = {"t": [], "memory_used": [], "memory_total": [], "util": []}
-    for row in list(rows)[-SERIES_MAX_POINTS:]:
-        for name, value in zip(out, row):
-            out[name].append(value)
+        rows = DeviceRollup.objects.filter(device_id__in=ids, bucket__gte=since - since % 300, bucket__lt=until).order_by(
+            "bucket").values_list("device_id", "bucket", "memory_used_avg", "util_avg")
+        rollup = True
+    by_device = collections.defaultdict(list)
+    for device_id, *row in rows:
+        by_device[device_id].append(tuple(row))
+    out = []
+    for d in devices:
+        points = by_device[d["id"]][-SERIES_MAX_POINTS:]
+        steps = [b[0] - a[0] for a, b in zip(points, points[1:]) if b[0] > a[0]]
+        span = 300 if rollup else min(steps, default=1)
+        out.append({"index": d["index"], "uuid": d["device_id"], "model_name": d["model_name"],
+                    "memory_size": d["memory_size"],
+                    **_columns(points, ("t", "memory_used", "util"), [span] * len(points))})
     return out
+
+
+def latest_session_usage(*, user, session_ids: list, horizon: int) -> list[dict]:
+    """The newest sample since `horizon` (epoch seconds) of each of `session_ids` that `user`
+    may see (own, or any for staff), for the list's gauges, in two queries whatever the number:
+    `[{"id", "t": epoch s | None, "gpu_memory": bytes | None, "gpu_util": percent | None,
+    "gpu_memory_limit": bytes granted (held allocations)}]`. A session with no sample since
+    `horizon` has t None (its agent is silent: unknown, not zero)."""
+    visible = ComputeSession.objects.filter(pk__in=session_ids)
+    if not user.is_staff:
+        visible = visible.filter(owner=user)
+    limits = dict(visible.annotate(limit=Sum("allocations__memory", filter=Q(allocations__released_at__isnull=True)))
+                  .values_list("id", "limit"))
+    newest = {}
+    for sid, t, gpu_memory, gpu_util in (SessionSample.objects.filter(session_id__in=list(limits), t__gte=horizon)
+                                         .order_by("t").values_list("session_id", "t", "gpu_memory", "gpu_util")):
+        newest[sid] = (t, gpu_memory, gpu_util)
+    return [{"id": sid, "t": newest.get(sid, (None,))[0], "gpu_memory": newest.get(sid, (None, None))[1],
+             "gpu_util": newest.get(sid, (None, None, None))[2], "gpu_memory_limit": limit or 0}
+            for sid, limit in limits.items()]
 
 
 # --- what /metrics exports ------------------------------------------------------------------------

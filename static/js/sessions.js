@@ -154,6 +154,7 @@
           text: s.allocations.map(function (a) { return "GPU " + a.device_index; }).join(", "),
         }));
       }
+      if (s.status === "RUNNING" && s.allocations && s.allocations.length) nodeCell.appendChild(usageGauge(s));
     } else {
       nodeCell.appendChild(el("span", { "class": "muted", text: "—" }));
     }
@@ -198,6 +199,16 @@
         el("span", { "class": "sub" }, ["created ", el("time", { datetime: s.created_at, text: s.created_at })]),
       ]),
       el("td", { "class": "actions", "data-label": "" }, [actions]),
+    ]);
+  }
+
+  // GPU memory used of granted, live: an empty gauge that usage.js fills from /api/v1/usage/latest/
+  // (data-limit: bytes granted by the held allocations, shown until the first answer).
+  function usageGauge(s) {
+    var limit = (s.allocations || []).reduce(function (sum, a) { return a.released_at ? sum : sum + Number(a.memory); }, 0);
+    return el("span", { "class": "usage-gauge", "data-session-id": s.id, "data-limit": String(limit), "data-state": "waiting" }, [
+      el("span", { "class": "usage-gauge-bar", "aria-hidden": "true" }, [el("span", { "class": "usage-gauge-fill" })]),
+      el("span", { "class": "usage-gauge-text", text: "— / " + formatBytes(limit) }),
     ]);
   }
 

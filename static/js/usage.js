@@ -1,0 +1,260 @@
+// Usage pictures (issue 15), one script for the three pages that show them; each part runs only
+// where its element is on the page:
+//   - session page (#usage-charts): GPU memory used against the granted limit, GPU utilisation
+//     and CPU over the last hour, from GET /api/v1/sessions/<id>/usage/, polled every POLL_MS;
+//   - session list (.usage-gauge in #sessions-body, drawn by sessions.js renderRow): memory used
+//     of granted per running session, from GET /api/v1/usage/latest/, polled every POLL_MS;
+//   - node admin page (#node-usage-charts): each GPU's memory used and utilisation, from
+//     GET /api/v1/nodes/<name>/usage/.
+// Charts are uPlot (static/vendor/uplot). A gap in the samples is a null point, drawn as a break
+// in the line, never as a zero. Memory in bytes (shown in binary units), CPU in milli-cores.
+(function () {
+  "use strict";
+
+  var POLL_MS = 5000;
+  var WINDOW_S = 3600; // the charts show the last hour
+  var FINAL = ["TERMINATED", "ERROR", "CANCELLED"];
+  var COLOURS = { used: "#4f46e5", limit: "#d92d20", util: "#0e9384", cpu: "#b54708" };
+  var BIN_UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
+
+  // 1610612736 -> "1.5 GiB" (binary units, at most two decimals).
+  function bytesText(bytes) {
+    if (bytes === null || bytes === undefined) return "—";
+    var i = 0, v = bytes;
+    while (i < BIN_UNITS.length - 1 && v >= 1024) { v /= 1024; i++; }
+    return (Math.round(v * 100) / 100) + " " + BIN_UNITS[i];
+  }
+
+  function getJson(url) {
+    return fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" }).then(function (r) {
+      if (!r.ok) throw new Error("HTTP " + r.status);
+      return r.json();
+    });
+  }
+
+  // Polls `tick` every POLL_MS while the tab is visible (at once when it shows again); `tick`
+  // returns a promise, and a poll never overlaps the one before. Returns a function that stops it.
+  function poll(tick) {
+    var timer = null, stopped = false;
+    function run() {
+      timer = null;
+      if (stopped) return;
+      if (document.hidden) return;
+      Promise.resolve().then(tick).catch(function () { /* shown as stale by the caller */ }).then(function () {
+        if (!stopped && !document.hidden) timer = setTimeout(run, POLL_MS);
+      });
+    }
+    document.addEventListener("visibilitychange", function () {
+      if (!document.hidden && timer === null && !stopped) run();
+    });
+    run();
+    return function () { stopped = true; if (timer) clearTimeout(timer); };
+  }
+
+  // ---- Charts ------------------------------------------------------------------------------
+
+  // One uPlot chart in `box` (an element holding .usage-chart-plot and .usage-chart-empty):
+  // `series` [{label, colour, dash, value(v) -> text}], `yRange` (u, min, max) -> [lo, hi],
+  // `yValues` axis tick text. Sized to its box, kept so on resize.
+  function chart(box, opts) {
+    var plot = box.querySelector(".usage-chart-plot");
+    var width = function () { return Math.max(160, plot.clientWidth); };
+    var u = new window.uPlot({
+      width: width(),
+      height: opts.height || 140,
+      cursor: { y: false, drag: { x: false, y: false } },
+      legend: { show: true, live: true },
+      scales: { x: { time: true }, y: { range: opts.yRange } },
+      axes: [
+        { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" }, size: 28,
+          font: "11px system-ui, sans-serif" },
+        { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" }, size: opts.axisSize || 56,
+          font: "11px system-ui, sans-serif", values: function (u, ticks) { return ticks.map(opts.tick); } },
+      ],
+      series: [{ value: function (u, v) { return v === null ? "—" : new Date(v * 1000).toLocaleTimeString(); } }]
+        .concat(opts.series.map(function (s) {
+          return { label: s.label, stroke: s.colour, width: s.width || 1.5, dash: s.dash, spanGaps: false,
+                   fill: s.fill, points: { show: false }, value: function (u, v) { return s.value(v); } };
+        })),
+    }, [[]].concat(opts.series.map(function () { return []; })), plot);
+    if (window.ResizeObserver) {
+      new ResizeObserver(function () { if (u.width !== width()) u.setSize({ width: width(), height: u.height }); })
+        .observe(plot);
+    }
+    return {
+      plot: u,
+      // `columns`: [t[], ys[]...] (epoch s, nulls as gaps); `since`/`until`: the x range shown.
+      set: function (columns, since, until) {
+        var any = columns.slice(1).some(function (ys) { return ys.some(function (v) { return v !== null; }); });
+        box.setAttribute("data-points", String(columns[0].length));
+        box.querySelector(".usage-chart-empty").hidden = any;
+        u.setData(columns, false);
+        u.setScale("x", { min: since, max: until });
+      },
+    };
+  }
+
+  function percentRange(u, min, max) { return [0, Math.max(100, max || 0)]; }
+
+  // ---- Session page --------------------------------------------------------------------------
+
+  function sessionPage(root) {
+    var url = root.getAttribute("data-url");
+    var badge = document.getElementById("session-status-badge");
+    var stale = root.querySelector(".usage-stale");
+    var limit = 0;
+    var memory = chart(root.querySelector('[data-chart="memory"]'), {
+      series: [
+        { label: "used", colour: COLOURS.used, fill: "rgba(79, 70, 229, 0.08)", value: bytesText },
+        { label: "limit", colour: COLOURS.limit, dash: [6, 4], width: 1, value: bytesText },
+      ],
+      yRange: function (u, min, max) { return [0, Math.max(limit, max || 0, 1) * 1.05]; },
+      tick: bytesText, axisSize: 64,
+    });
+    var util = chart(root.querySelector('[data-chart="util"]'), {
+      series: [{ label: "GPU", colour: COLOURS.util, fill: "rgba(14, 147, 132, 0.08)",
+                 value: function (v) { return v === null ? "—" : v + " %"; } }],
+      yRange: percentRange, tick: function (v) { return v + " %"; }, axisSize: 44,
+    });
+    var cpu = chart(root.querySelector('[data-chart="cpu"]'), {
+      series: [{ label: "CPU", colour: COLOURS.cpu, fill: "rgba(181, 71, 8, 0.08)",
+                 value: function (v) { return v === null ? "—" : (v / 1000).toFixed(2) + " cores"; } }],
+      yRange: function (u, min, max) { return [0, Math.max(1000, max || 0) * 1.05]; },
+      tick: function (v) { return (v / 1000) + ""; }, axisSize: 36,
+    });
+
+    var lastFetch = false; // the session ended: one more fetch draws its last samples, then stop
+    var stop = poll(function () {
+      var now = Math.floor(Date.now() / 1000);
+      var since = now - WINDOW_S;
+      return getJson(url + "?since=" + since).then(function (d) {
+        limit = d.gpu_memory_limit || 0;
+        var limits = d.t.map(function () { return limit || null; });
+        memory.set([d.t, d.gpu_memory, limits], since, now);
+        util.set([d.t, d.gpu_util], since, now);
+        cpu.set([d.t, d.cpu], since, now);
+        root.querySelector(".usage-limit").textContent = limit ? bytesText(limit) : "—";
+        root.querySelector(".usage-resolution").textContent = d.resolution === "raw" ? "every sample" : "5-minute means";
+        stale.hidden = true;
+        root.setAttribute("data-state", "live");
+        if (badge && FINAL.indexOf(badge.textContent.trim()) !== -1) {
+          if (lastFetch) { stop(); root.setAttribute("data-state", "ended"); }
+          lastFetch = true;
+        }
+      }).catch(function () { stale.hidden = false; });
+    });
+  }
+
+  // ---- Session list gauges -------------------------------------------------------------------
+
+  // A gauge (sessions.js renderRow) is `.usage-gauge[data-session-id][data-limit]` holding
+  // .usage-gauge-bar > .usage-gauge-fill and .usage-gauge-text.
+  function listGauges(tbody) {
+    var latest = new Map(); // session id -> the newest /api/v1/usage/latest/ row
+
+    function paint(gauge) {
+      var row = latest.get(gauge.getAttribute("data-session-id"));
+      var limit = row ? row.gpu_memory_limit : Number(gauge.getAttribute("data-limit")) || 0;
+      var used = row && row.t !== null ? row.gpu_memory : null;
+      var fill = gauge.querySelector(".usage-gauge-fill");
+      var text = gauge.querySelector(".usage-gauge-text");
+      if (used === null || used === undefined) {
+        gauge.setAttribute("data-state", row ? "silent" : "waiting");
+        fill.style.width = "0";
+        text.textContent = (row ? "no recent sample" : "—") + " / " + bytesText(limit);
+        gauge.title = row ? "No sample in the last minute: usage unknown" : "Waiting for the first sample";
+        return;
+      }
+      var pct = limit ? Math.min(100, used / limit * 100) : 0;
+      gauge.setAttribute("data-state", pct >= 90 ? "high" : "ok");
+      gauge.setAttribute("data-used", String(used));
+      fill.style.width = pct.toFixed(1) + "%";
+      text.textContent = bytesText(used) + " / " + bytesText(limit);
+      gauge.title = "GPU memory used of granted: " + Math.round(pct) + " %" +
+        (row.gpu_util !== null ? " · GPU utilisation " + row.gpu_util + " %" : "");
+    }
+
+    function gauges() { return Array.prototype.slice.call(tbody.querySelectorAll(".usage-gauge[data-session-id]")); }
+
+    // Rows are redrawn whole on every notice: a new gauge shows what is known at once.
+    new MutationObserver(function () { gauges().forEach(paint); }).observe(tbody, { childList: true });
+    gauges().forEach(paint);
+
+    poll(function () {
+      var ids = gauges().map(function (g) { return g.getAttribute("data-session-id"); }).slice(0, 200);
+      if (!ids.length) return null;
+      var q = ids.map(function (id) { return "session=" + encodeURIComponent(id); }).join("&");
+      return getJson("/api/v1/usage/latest/?" + q).then(function (d) {
+        d.sessions.forEach(function (row) { latest.set(String(row.id), row); });
+        gauges().forEach(paint);
+      });
+    });
+  }
+
+  // ---- Node admin page -----------------------------------------------------------------------
+
+  function nodePage(root) {
+    var url = root.getAttribute("data-url");
+    var charts = null; // [{memory, util, total}] by device order
+    var template = function (device) {
+      var box = document.createElement("div");
+      box.className = "usage-device";
+      box.innerHTML = '<h4 class="usage-device-title"></h4><div class="usage-chart-row">' +
+        '<div class="usage-chart" data-chart="memory"><div class="usage-chart-label">Memory used</div>' +
+        '<div class="usage-chart-plot"></div><p class="usage-chart-empty">No samples in the last hour</p></div>' +
+        '<div class="usage-chart" data-chart="util"><div class="usage-chart-label">Utilisation</div>' +
+        '<div class="usage-chart-plot"></div><p class="usage-chart-empty">No samples in the last hour</p></div></div>';
+      box.querySelector(".usage-device-title").textContent =
+        "GPU " + device.index + " · " + device.model_name + " · " + bytesText(device.memory_size);
+      return box;
+    };
+    poll(function () {
+      var now = Math.floor(Date.now() / 1000);
+      var since = now - WINDOW_S;
+      return getJson(url + "?since=" + since).then(function (d) {
+        if (!charts) {
+          root.textContent = "";
+          if (!d.devices.length) { root.textContent = "This node has no GPU."; return; }
+          charts = d.devices.map(function (device) {
+            var box = template(device);
+            root.appendChild(box);
+            var entry = { total: device.memory_size };
+            entry.memory = chart(box.querySelector('[data-chart="memory"]'), {
+              series: [{ label: "used", colour: COLOURS.used, fill: "rgba(79, 70, 229, 0.08)", value: bytesText }],
+              yRange: function () { return [0, entry.total]; }, tick: bytesText, axisSize: 64,
+            });
+            entry.util = chart(box.querySelector('[data-chart="util"]'), {
+              series: [{ label: "GPU", colour: COLOURS.util, fill: "rgba(14, 147, 132, 0.08)",
+                         value: function (v) { return v === null ? "—" : v + " %"; } }],
+              yRange: percentRange, tick: function (v) { return v + " %"; }, axisSize: 44,
+            });
+            return entry;
+          });
+        }
+        d.devices.forEach(function (device, i) {
+          var entry = charts[i];
+          if (!entry) return;
+          entry.total = device.memory_size;
+          entry.memory.set([device.t, device.memory_used], since, now);
+          entry.util.set([device.t, device.util], since, now);
+        });
+      });
+    });
+  }
+
+  function start() {
+    if (typeof window.uPlot !== "function") {
+      document.querySelectorAll(".usage-chart-empty").forEach(function (p) { p.textContent = "The chart library did not load."; });
+    }
+    var sessionRoot = document.getElementById("usage-charts");
+    if (sessionRoot && window.uPlot) sessionPage(sessionRoot);
+    var nodeRoot = document.getElementById("node-usage-charts");
+    if (nodeRoot && window.uPlot) nodePage(nodeRoot);
+    var tbody = document.getElementById("sessions-body");
+    if (tbody) listGauges(tbody);
+  }
+
+  // The admin loads its Media scripts in <head>: wait for the page there.
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();
