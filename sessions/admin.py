@@ -216,7 +216,8 @@ class ResourcePresetForm(forms.ModelForm):
         cleaned = super().clean()
         if self.errors:
             return cleaned
-        preset = ResourcePreset(**{name: cleaned.get(name) for name in self.Meta.fields})
+        # The admin's form class lists its fieldsets' names in Meta.fields, read-only ones too.
+        preset = ResourcePreset(**{name: cleaned.get(name) for name in self.fields})
         try:
             preset_check(preset=preset)
         except ApplicationError as exc:
@@ -231,7 +232,7 @@ class ResourcePresetAdmin(admin.ModelAdmin):
     (Backend.AI's resource presets). Each is checked as a launch is when saved."""
 
     form = ResourcePresetForm
-    list_display = ("name", "configuration", "group", "image", "description", "updated_at")
+    list_display = ("name", "configuration", "group", "image_reference", "description", "updated_at")
     list_select_related = ("resource_group", "image")
     list_filter = ("resource_group",)
     search_fields = ("name", "description")
@@ -246,12 +247,16 @@ class ResourcePresetAdmin(admin.ModelAdmin):
     @admin.display(description="request")
     def configuration(self, obj: ResourcePreset) -> str:
         """ "0.25 fGPU · 2 cores · 8 GiB" (as sessions show theirs)."""
-        if obj.pk is None:
+        if obj._state.adding:  # its id is set before it is saved: a form shown again after a refusal
             return "—"
         try:
             return request_configuration(parse_resources(obj.request()))
         except AllocationError as exc:
             return f"not valid now: {exc}"
+
+    @admin.display(description="image", ordering="image__reference")
+    def image_reference(self, obj: ResourcePreset) -> str:
+        return obj.image.reference if obj.image_id else "the default"
 
     @admin.display(description="resource group", ordering="resource_group__name")
     def group(self, obj: ResourcePreset) -> str:

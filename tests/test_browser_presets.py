@@ -103,3 +103,35 @@ def test_a_preset_picked_in_the_dialog_fills_the_request_and_launches_exactly_it
     page.locator("#launch-dialog .dialog-body").evaluate("body => { body.scrollTop = 0; }")
     page.screenshot(path=str(screenshot_dir() / "launch-preset-phone.png"), animations="disabled")
     assert page.js_errors == []
+
+
+def test_the_admin_defines_a_preset_in_gib_and_sees_an_impossible_one_refused(console_url, page):
+    from playwright.sync_api import expect
+
+    missing = []
+    page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
+    log_in_and_open_the_dialog(page, console_url)
+    page.goto(console_url + "/admin/compute_sessions/resourcepreset/add/")
+    page.fill("#id_name", "Too big")
+    page.fill("#id_resources", '{"cuda.shares": "3"}')
+    page.fill("#id_cpu", "2")
+    page.fill("#id_mem", "8 GiB")
+    page.click("input[name=_save]")
+    expect(page.locator(".field-resources .errorlist")).to_contain_text("2.00 fGPU")  # demo-node's GPU holds 2
+    expect(page.locator(".field-configuration .readonly")).to_have_text("—")  # nothing saved, nothing to show
+    page.screenshot(path=str(screenshot_dir() / "admin-preset-refused.png"), full_page=True, animations="disabled")
+
+    page.fill("#id_name", "Small notebook")
+    page.fill("#id_resources", '{"cuda.shares": "0.25"}')
+    page.click("input[name=_save]")
+    row = page.locator("#result_list tbody tr").first
+    expect(row).to_contain_text("Small notebook")
+    expect(row).to_contain_text("0.25 fGPU · 2 cores · 8 GiB")
+    expect(row).to_contain_text("any (everyone)")
+    expect(row.locator(".field-image_reference")).to_have_text("the default")
+    page.screenshot(path=str(screenshot_dir() / "admin-preset-list.png"), full_page=True, animations="disabled")
+    row.locator("th a").click()
+    expect(page.locator("#id_mem")).to_have_value("8 GiB")
+    assert missing == []
+    # The admin's pages link no icon: Chromium's own /favicon.ico request is a 404 (not a page's).
+    assert [e for e in page.js_errors if "404 (Not Found)" not in e] == []
