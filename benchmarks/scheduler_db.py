@@ -40,7 +40,7 @@ def build(sessions: int, policy: str):
     from benchmarks.openb import TRACE_DIR, inflate, load_nodes, load_pods
     from accelerators.allocation.requests import request_to_spec
     from sessions.models import ComputeSession
-    from sessions.services import request_validate
+    from sessions.placement import request_validate
 
     FractionalSettings.objects.update_or_create(slot_name="cuda", defaults={
         "allocation_mode": "fractional", "unit_mem": 16 * GiB, "unit_proc": 108, "quantum_size": Decimal("0.01")})

@@ -297,15 +297,18 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
 
     @extend_schema(summary="Preview a launch", request=SessionCreateSerializer,
                    responses={200: PreviewSerializer}, examples=REQUEST_EXAMPLES,
-                   description="What this request would get now, per device, or why it waits or never fits. "
-                               "Same body as launching; nothing is created.")
+                   description="What launching this request would do now: the launch's checks (the caller's "
+                               "quotas included) and the scheduler's placement, one decision "
+                               "(sessions.placement); per device what it would get, or why it waits or is "
+                               "refused. Same body as launching; nothing is created.")
     @action(detail=False, methods=["post"])
     def preview(self, request):
         """What this request would get now (same body as create); nothing is created."""
         data = SessionCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         fields = launch_with_preset(user=request.user, data=data.validated_data)
-        return Response(launch_preview(resources=fields["resources"], image=fields["image"]))
+        return Response(launch_preview(resources=fields["resources"], image=fields["image"],
+                                       owner=request.user))
 
     @extend_schema(summary="Get a terminal ticket", request=None, responses={200: TerminalTicketSerializer},
                    description="A one-time, short-lived ticket for the session's terminal websocket. "

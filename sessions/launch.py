@@ -6,20 +6,13 @@ from decimal import Decimal
 
 from accelerators.allocation import core
 from accelerators.models import AllocationMode, Device
-from accelerators.selectors import (
-    fractional_settings_get,
-    node_states,
-    placement_scope,
-    resource_group_get,
-    slot_format_get,
-)
-from accelerators.allocation.errors import AllocationError, InsufficientResource, NeverSchedulable
+from accelerators.selectors import fractional_settings_get, node_states, resource_group_get, slot_format_get
 from accelerators.allocation.units import format_binary_size
 from sessions import mig_scheduling
-from sessions.images import NO_ROOM_WITH_IMAGE, image_for_launch, image_wait_reason
-from sessions.quotas import quota_headroom
+from sessions.images import image_for_launch
+from sessions.quotas import claim_max_amount, quota_headroom
 from sessions.selectors import request_configuration
-from sessions.services import request_validate
+from sessions.placement import CAPACITY, NEVER, PLACED, WAITING, ReadView, placement_decide, request_validate
 from agent.environment import shares_text, sm_percent
 
 
@@ -31,13 +24,17 @@ def launch_options(*, user=None, resource_group: str = "") -> dict:
     """`{"slots": [...], "mig": {...}, "cpu": {"max_now", "max_ever"}, "mem": {...}}`: for each
     slot with registered devices, min/step = the quantum, `max_now` = the largest amount one
     session could be given right now (a request may span one node's devices), `max_ever` = the
-    same on empty nodes; with `user`, `max_now` is also capped by their quota headroom. Amounts as
-    text; memory in bytes. `resource_group` ("" for any node) limits it all to that group's nodes.
+    same on empty nodes; with `user`, `max_now` is also capped by their quota headroom:
+    `quota_max` is the largest amount their quotas allow now (null: unlimited), from the launch's
+    claim rule (`sessions.quotas.claim_max_amount`), `quota_limit` the limit that sets it
+    ("fgpu", "devices", "gpu_memory", "sessions"; "" when none does), and `free_now` the amount
+    free now without quotas. Amounts as text; memory in bytes. `resource_group` ("" for any
+    node) limits it all to that group's nodes.
 
     `mig` (see `mig_launch_options`): the MIG profiles of slot `mig.slot_name` one may ask for
     and how many could be placed now and ever, and the isolations a memory-sized request may
     ask for. Raises InvalidResourceRequest for an unknown resource group."""
-    slots = []
+    slots: list[dict] = []
     all_nodes: list[core.NodeState] = []
     group = resource_group_get(name=resource_group)
     headroom = quota_headroom(user=user) if user is not None else {}
@@ -50,15 +47,18 @@ def launch_options(*, user=None, resource_group: str = "") -> dict:
             pure = settings.as_allocation_settings()
             subtype, quantum = "shares", Decimal(settings.quantum_size).normalize()
             max_now, max_ever = core.max_shares(nodes, pure), core.max_shares(core.emptied(every), pure)
-            quota = headroom.get("fgpu")
-            if quota is not None:  # the slider never offers more than the user's quotas allow
-                max_now = min(max_now, core.truncate(Decimal(quota), pure.quantum))
         else:
             subtype, quantum = "device", Decimal(1)
             max_now, max_ever = Decimal(core.max_devices(nodes)), Decimal(core.max_devices(core.emptied(every)))
-            quota = headroom.get("devices")
-            if quota is not None:
-                max_now = min(max_now, Decimal(quota))
+        # The quotas' cap, from the launch's own claim rule (sessions.quotas.claim_max_amount).
+        quota_max, quota_limit = claim_max_amount(
+            request=core.ResourceRequest(kind=subtype, amount=quantum, slot=slot_name), headroom=headroom,
+            unit_mem={slot_name: settings.unit_mem if settings.pk else None})
+        if quota_max is not None:
+            quota_max = core.truncate(quota_max, quantum)
+        free_now = max_now
+        if quota_max is not None:  # the dialog never offers more than the user's quotas allow now
+            max_now = min(max_now, quota_max)
         fmt = slot_format_get(slot_name=slot_name, subtype=subtype)
         slots.append({
             "slot": f"{slot_name}.{subtype}", "slot_name": slot_name, "subtype": subtype,
@@ -66,8 +66,9 @@ def launch_options(*, user=None, resource_group: str = "") -> dict:
             "display_icon": fmt.display_icon, "human_readable_name": fmt.human_readable_name,
             "binary": fmt.number_binary, "round_length": fmt.number_round_length,
             "quantum": str(quantum), "min": str(quantum), "step": str(quantum),
-            "max_now": shares_text(str(max_now)) if subtype == "shares" else str(max_now),
-            "max_ever": shares_text(str(max_ever)) if subtype == "shares" else str(max_ever),
+            "max_now": _amount_text(subtype, max_now), "max_ever": _amount_text(subtype, max_ever),
+            "free_now": _amount_text(subtype, free_now), "quota_limit": quota_limit,
+            "quota_max": None if quota_max is None else _amount_text(subtype, quota_max),
             "unit_mem": settings.unit_mem, "unit_proc": settings.unit_proc,
         })
     if not all_nodes:
@@ -80,6 +81,11 @@ def launch_options(*, user=None, resource_group: str = "") -> dict:
         "mem": {"max_now": max((n.mem_total - n.mem_used for n in all_nodes), default=0),
                 "max_ever": max((n.mem_total for n in all_nodes), default=0)},
     }
+
+
+def _amount_text(subtype: str, amount: Decimal) -> str:
+    """A slot's amount as the dialog reads it: fGPU as `shares_text` ("0.50"), devices as "2"."""
+    return shares_text(str(amount)) if subtype == "shares" else str(amount)
 
 
 def mig_launch_options(*, resource_group: str = "", sessions_left: int | None = None) -> dict:
@@ -102,77 +108,53 @@ def mig_launch_options(*, resource_group: str = "", sessions_left: int | None = 
     return {"slot_name": MIG_SLOT_NAME, "profiles": profiles, "isolation": list(ISOLATIONS) if profiles else []}
 
 
-def launch_preview(*, resources: dict, image: str | None = None) -> dict:
-    """What a request would get now, without creating anything: `{"fits_now", "never",
-    "reason", "node", "configuration", "devices": [{"device", "device_index", "model_name",
-    "memory" (bytes), "procs" (SMs), "sm_percent", "shares"}], "mig"}`. `mig` is null, or for a
-    request MIG would hold now `{"profile": "1g.20gb", "plan": "creates a 1g.20gb instance at
-    memory slice 0"}` (then `devices` is the parent GPU, or the static slice, with the
-    instance's memory and SMs). Requests with isolation "any" are previewed as the scheduler
+def launch_preview(*, resources: dict, image: str | None = None, owner=None) -> dict:
+    """What launching this request would do now, without creating anything: the one placement
+    decision (`sessions.placement.placement_decide`: the launch's checks, quotas of `owner`
+    included when given, then the scheduler's placement), read without locks.
+
+    `{"outcome", "fits_now", "never", "reason", "status_reason", "problems", "node",
+    "configuration", "devices": [{"device", "device_index", "model_name", "memory" (bytes),
+    "procs" (SMs), "sm_percent", "shares"}], "mig"}`. `outcome`: "starts" (`fits_now`: placed
+    now on `node`), "waits" (admitted; waits in the queue with `status_reason`, the reason its
+    session would show, "waiting for capacity: …"), "refused" (the launch answers 400: `never`
+    — no registered node could ever hold it, type "never-schedulable" — or a quota refuses it,
+    type "quota-exceeded", `problems` one sentence per limit passed). `reason`: why it waits
+    or is refused, in words (without the "waiting for capacity: " prefix). `mig` is null, or
+    for a request MIG would hold now `{"profile": "1g.20gb", "plan": "creates a 1g.20gb
+    instance at memory slice 0"}` (then `devices` is the parent GPU, or the static slice, with
+    the instance's memory and SMs). Requests with isolation "any" are previewed as the scheduler
     places them: a MIG instance where one can be had now, else a shared slice. `image`: the
     session image (a registered reference; None: the default), placed as the scheduler places
     it: only on nodes holding it. Raises ApplicationError for a malformed request or image (the
     same checks as session_create)."""
-    request, settings = request_validate(resources=resources)
+    request, _ = request_validate(resources=resources)
     session_image = image_for_launch(reference=image, slot=request.slot)
-    image = session_image.reference if session_image else ""
-    configuration = request_configuration(request)
-    result = {"fits_now": False, "never": False, "reason": "", "node": None, "configuration": configuration,
+    decision = placement_decide(request=request, image=session_image.reference if session_image else "",
+                                owner=owner, view=ReadView())
+    outcome = {PLACED: "starts", WAITING: "waits"}.get(decision.outcome, "refused")
+    result = {"outcome": outcome, "fits_now": decision.outcome == PLACED, "never": decision.outcome == NEVER,
+              "reason": decision.reason.removeprefix(CAPACITY),
+              "status_reason": decision.reason if decision.outcome == WAITING else "",
+              "problems": list(decision.problems), "node": None, "configuration": request_configuration(request),
               "devices": [], "mig": None}
-    waiting = image_wait_reason(reference=image) if image else ""
-    if waiting:
-        return {**result, "reason": waiting}
-    mig_reason = ""
-    if mig_scheduling.wants_mig(request):
-        try:
-            return {**result, **_mig_grant(request, image)}
-        except InsufficientResource as exc:
-            if request.isolation != "any":
-                return {**result, "reason": str(exc)}
-            mig_reason = str(exc)  # MIG may hold it later
-        except AllocationError as exc:  # never on MIG (NeverSchedulable), or a layout the planner refuses
-            if request.isolation != "any":
-                return {**result, "never": True, "reason": str(exc)}
-    try:
-        nodes, options = placement_scope(request=request, image=image)
-        placement = core.place(nodes, request, settings, **options)
-    except NeverSchedulable as exc:
-        if image and _ever_fits(request, settings):  # a node that could hold it may get the image
-            return {**result, "reason": NO_ROOM_WITH_IMAGE.format(image=image)}
-        if mig_reason:
-            return {**result, "reason": f"no shared slice could ever hold it ({exc}); MIG: {mig_reason}"}
-        return {**result, "never": True, "reason": str(exc)}
-    except InsufficientResource as exc:
-        return {**result, "reason": str(exc)}
-    devices = {str(d.pk): d for d in Device.objects.filter(pk__in=[g.device_id for g in placement.grants])}
-    result.update(fits_now=True, node=placement.node_id)
-    for grant in placement.grants:
-        device = devices[grant.device_id]
-        result["devices"].append({
+    if decision.mig is not None:
+        grant = decision.mig
+        device = grant.device
+        result.update(node=grant.node, mig={"profile": grant.profile, "plan": grant.plan}, devices=[{
             "device": device.device_id, "device_index": device.index, "model_name": device.model_name,
-            "memory": grant.memory, "procs": format(grant.procs.normalize(), "f"),
-            "sm_percent": sm_percent({"procs": grant.procs, "subproc_count": device.subproc_count}),
-            "shares": shares_text(str(grant.shares)),
-        })
+            "memory": grant.memory, "procs": str(grant.procs),
+            "sm_percent": sm_percent({"procs": grant.procs, "subproc_count": device.subproc_count}), "shares": "0"}])
+    elif decision.placement is not None:
+        placement = decision.placement
+        devices = {str(d.pk): d for d in Device.objects.filter(pk__in=[g.device_id for g in placement.grants])}
+        result["node"] = placement.node_id
+        for grant in placement.grants:
+            device = devices[grant.device_id]
+            result["devices"].append({
+                "device": device.device_id, "device_index": device.index, "model_name": device.model_name,
+                "memory": grant.memory, "procs": format(grant.procs.normalize(), "f"),
+                "sm_percent": sm_percent({"procs": grant.procs, "subproc_count": device.subproc_count}),
+                "shares": shares_text(str(grant.shares)),
+            })
     return result
-
-
-def _ever_fits(request, settings) -> bool:
-    """Whether any node, alive or not, with or without the image, could ever hold `request`."""
-    try:
-        core.check_ever_fits(placement_scope(request=request, alive_only=False)[0], request, settings)
-    except NeverSchedulable:
-        return False
-    return True
-
-
-def _mig_grant(request, image: str = "") -> dict:
-    """launch_preview's fields for a request MIG holds now (in session image `image`). Raises as
-    `mig_scheduling.mig_preview`."""
-    grant = mig_scheduling.mig_preview(request=request, image=image)
-    device = grant.device
-    return {"fits_now": True, "node": grant.node, "mig": {"profile": grant.profile, "plan": grant.plan},
-            "devices": [{"device": device.device_id, "device_index": device.index, "model_name": device.model_name,
-                         "memory": grant.memory, "procs": str(grant.procs),
-                         "sm_percent": sm_percent({"procs": grant.procs, "subproc_count": device.subproc_count}),
-                         "shares": "0"}]}

@@ -23,9 +23,10 @@ For the launch dialog, `mig_preview` reads what a request would get now and
 `mig_profile_availability` which profiles can be asked for and how many could be placed now
 and ever, both through the same choice and planner, without locks or writes.
 
-`schedule_step` is the scheduler's one call (`mig_schedule` does the work); it writes the plan (GpuInstance rows, one
-Allocation on the parent GPU or on the static slice) and returns the agent's start spec with a
-`mig` block (see `agent.mig`).
+The scheduler decides with `sessions.placement.placement_decide` (its MIG step: `mig_choose`
+under lock) and writes the choice with `mig_write`: GpuInstance rows, one Allocation on the
+parent GPU or on the static slice, and the agent's start spec with a `mig` block (see
+`agent.mig`).
 """
 from __future__ import annotations
 
@@ -46,41 +47,6 @@ from accelerators.selectors import node_runs_image, resource_group_get
 from sessions import events
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus
 from sessions.selectors import session_allocations, session_gpu_instance
-
-
-@dataclass(frozen=True)
-class MigOutcome:
-    """What `mig_schedule` did: `started` (node name and start spec), or why it waits
-    (`wait`, capacity may come) or fails (`error`, it never can)."""
-
-    node: str = ""
-    spec: dict | None = None
-    wait: str = ""
-    error: str = ""
-
-
-def schedule_step(*, session: ComputeSession, request, wait, blocked: list, starts: list, scheduled: list) -> bool:
-    """The scheduler's one call for MIG (issue 4). False: not for MIG, the ordinary path goes
-    on. True: handled — placed (start appended to `starts`, the id to `scheduled`, sessions in
-    `blocked` overtaken once more), waiting (`wait(session, reason)`, appended to `blocked`), or
-    ended in ERROR with the reason."""
-    outcome = mig_schedule(session=session, request=request)
-    if outcome is None:
-        return False
-    if outcome.spec is not None:
-        starts.append((outcome.node, outcome.spec))
-        scheduled.append(str(session.pk))
-        for earlier in blocked:
-            earlier.overtaken += 1
-            earlier.save(update_fields=["overtaken"])
-    elif outcome.wait:
-        wait(session, outcome.wait)
-        blocked.append(session)
-    else:
-        session.status, session.status_reason, session.terminated_at = SessionStatus.ERROR, outcome.error, timezone.now()
-        session.save(update_fields=["status", "status_reason", "terminated_at"])
-        events.session_notify(session)
-    return True
 
 
 def check_ever_fits(request, ordinary) -> None:
@@ -110,23 +76,6 @@ def wants_mig(request) -> bool:
     return isinstance(request, MigResourceRequest)
 
 
-def mig_schedule(*, session: ComputeSession, request) -> MigOutcome | None:
-    """Place `session` on MIG if its request asks for MIG. None: not a MIG request, or an
-    `isolation: "any"` request that MIG cannot hold now (the ordinary path takes it). Locks
-    the candidate nodes, devices and GPU instances (pk order) inside the caller's transaction."""
-    if not wants_mig(request):
-        return None
-    try:
-        choice = _choose(request, image=session.image.reference if session.image_id else "")
-    except NeverSchedulable as exc:
-        return None if request.isolation == "any" else MigOutcome(error=str(exc))
-    except InsufficientResource as exc:
-        return None if request.isolation == "any" else MigOutcome(wait=f"waiting for capacity: {exc}")
-    except AllocationError as exc:
-        return None if request.isolation == "any" else MigOutcome(error=str(exc))
-    return _write(session, choice)
-
-
 @dataclass(frozen=True)
 class _Choice:
     rank: tuple
@@ -136,10 +85,12 @@ class _Choice:
     catalog: mig.MigCatalog | None = None
 
 
-def _choose(request: MigResourceRequest, *, lock: bool = True, image: str = "") -> _Choice:
+def mig_choose(request: MigResourceRequest, *, lock: bool = True, image: str = "") -> _Choice:
     """The best MIG choice for `request` on the alive MIG nodes (holding session image `image`;
-    "": any). Raises NeverSchedulable when no MIG node could ever hold it, InsufficientResource
-    (the reasons per node) when none can now, also when only nodes without the image could."""
+    "": any); with `lock`, the candidate nodes, devices and GPU instances are locked (pk order)
+    inside the caller's transaction. `mig_write` writes it. Raises NeverSchedulable when no MIG
+    node could ever hold it, InsufficientResource (the reasons per node) when none can now, also
+    when only nodes without the image could."""
     wanted = request.mig_request()
     nodes, devices = _mig_scope(resource_group=request.resource_group, slot_name="cuda", lock=lock, image=image)
     # "Never" is judged on every MIG node: the image may yet come to one that could hold it.
@@ -317,7 +268,10 @@ def _dynamic_choices(node: Node, devices: list[Device], wanted: mig.MigRequest, 
     return choices, "; ".join(reasons) or "no MIG-capable GPU"
 
 
-def _write(session: ComputeSession, choice: _Choice) -> MigOutcome:
+def mig_write(*, session: ComputeSession, choice: _Choice) -> tuple[str, dict]:
+    """Write `choice` (`mig_choose`'s) for `session`: the GpuInstance rows of its plan, one
+    Allocation on the parent GPU or on the static slice, the session SCHEDULED with what it got.
+    Returns (node name, the agent's start spec with its `mig` block, see `agent.mig`)."""
     from sessions.scheduler import session_start_spec
 
     now = timezone.now()
@@ -363,7 +317,7 @@ def _write(session: ComputeSession, choice: _Choice) -> MigOutcome:
     spec = session_start_spec(session, [allocation])
     if block is not None:
         spec["mig"] = block
-    return MigOutcome(node=choice.node.name, spec=spec)
+    return choice.node.name, spec
 
 
 def session_grant_text(session: ComputeSession, request) -> str:
@@ -420,10 +374,10 @@ class MigGrantPreview:
 
 def mig_preview(*, request: MigResourceRequest, image: str = "") -> MigGrantPreview:
     """What the scheduler would give `request` in session image `image` ("": any node) now (its
-    choice as in `mig_schedule`), read without locks and without writing anything. Raises
-    NeverSchedulable (no alive MIG node could ever hold it), InsufficientResource (none can now;
+    choice as in the scheduler's, `mig_choose`), read without locks and without writing
+    anything. Raises NeverSchedulable (no alive MIG node could ever hold it), InsufficientResource (none can now;
     the reasons per node) and AllocationError for a layout the planner refuses."""
-    choice = _choose(request, lock=False, image=image)
+    choice = mig_choose(request, lock=False, image=image)
     device = choice.device
     if choice.plan is None:
         return MigGrantPreview(node=choice.node.name, device=device, profile=device.mig_profile or device.model_name,
@@ -465,7 +419,7 @@ def mig_profile_availability(*, resource_group: str = "", slot_name: str = "cuda
     then compute slices), with how many could be placed now and ever (see
     MigProfileAvailability). Empty when no such node has a MIG-capable GPU or a MIG slice.
     Counts come from the planner (`accelerators.allocation.mig.plan_instance`) over each GPU's
-    current layout, as `mig_schedule` would place them. Raises InvalidResourceRequest for an
+    current layout, as `mig_choose` would place them. Raises InvalidResourceRequest for an
     unknown resource group."""
     nodes, devices = _mig_scope(resource_group=resource_group, slot_name=slot_name, lock=False)
     busy = _busy_devices(devices)

@@ -23,18 +23,18 @@ longer count.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import ROUND_DOWN, Decimal
 
 from django.db import transaction
 from django.db.models import Count, Q, Sum
 
 from accelerators.allocation.core import ResourceRequest
-from accelerators.allocation.requests import request_from_spec
 from accelerators.allocation.units import amount_text, format_binary_size
 from accelerators.models import FractionalSettings
 from console.errors import ApplicationError
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, Quota, SessionStatus
+from sessions.selectors import session_request
 
 ZERO = Decimal(0)
 CENT = Decimal("0.01")
@@ -97,36 +97,62 @@ def quota_usage_of(*, quota: Quota) -> QuotaUsage:
         "request_spec", "slot_name", "slot_subtype", "amount", "cpu", "mem")
     for session in pending:
         claim = pending_claim(session=session, unit_mem=unit_mem)
-        fgpu, devices, memory = fgpu + claim[0], devices + claim[1], memory + claim[2]
+        fgpu, devices, memory = fgpu + claim.fgpu, devices + claim.devices, memory + claim.gpu_memory
     return QuotaUsage(quota=quota, fgpu=fgpu, devices=devices, gpu_memory=memory, sessions=sessions)
 
 
-def pending_claim(
-    *, session: ComputeSession, unit_mem: dict[str, int | None] | None = None
-) -> tuple[Decimal, int, int]:
-    """What a PENDING `session` counts as: (fGPU, devices, GPU memory bytes), from its request
-    (rules in the module docstring). `unit_mem` caches the slots' `unit_mem` between calls."""
-    if session.request_spec:
-        request = request_from_spec(session.request_spec)
-    else:
-        request = ResourceRequest(kind=session.slot_subtype if session.slot_name else "none",
-                                  amount=Decimal(session.amount), slot=session.slot_name)
+@dataclass(frozen=True)
+class QuotaClaim:
+    """What one session counts against a quota before it is placed (the module docstring's
+    rules): `fgpu` fGPU, `devices` devices, `gpu_memory` bytes, `sessions` (always 1)."""
+
+    fgpu: Decimal = ZERO
+    devices: int = 0
+    gpu_memory: int = 0
+    sessions: int = 1
+
+    def asked(self) -> dict[str, Decimal | int]:
+        """`{"fgpu", "devices", "gpu_memory", "sessions"}`, as `quota_problems` takes them."""
+        return {"fgpu": self.fgpu, "devices": self.devices, "gpu_memory": self.gpu_memory, "sessions": self.sessions}
+
+
+def request_claim(request: ResourceRequest, *, unit_mem: dict[str, int | None] | None = None) -> QuotaClaim:
+    """The one quota claim rule: what a session asking `request` counts as until it is placed.
+    Used for a launch (`quota_check`), the launch preview, the dialog's maximum
+    (`claim_max_amount`) and the PENDING sessions in use (`quota_usage_of`).
+
+    shares → its amount in fGPU and amount × the slot's `unit_mem` bytes (truncated);
+    device / per-device → `request.amount` devices, and for a per-device size in bytes count ×
+    (bytes − reserved); everything else (CPU only, MIG, sizes relative to a device not chosen
+    yet) → nothing but the session. `unit_mem` caches the slots' `unit_mem` (bytes, None: the
+    slot has no fractional settings) between calls."""
     if request.kind == "shares":
-        cache = {} if unit_mem is None else unit_mem
-        if request.slot not in cache:
-            cache[request.slot] = (FractionalSettings.objects.filter(slot_name=request.slot)
-                                   .values_list("unit_mem", flat=True).first())
-        per_fgpu = cache[request.slot]
+        per_fgpu = slot_unit_mem(request.slot, cache=unit_mem)
         memory = 0 if per_fgpu is None else int(
             (Decimal(per_fgpu) * request.amount).to_integral_value(rounding=ROUND_DOWN))
-        return request.amount, 0, memory
+        return QuotaClaim(fgpu=request.amount, gpu_memory=memory)
     if request.kind in DEVICE_KINDS:
         count = int(request.amount)
         memory = 0
         if request.kind == "per_device" and request.memory is not None and request.memory.bytes:
             memory = count * max(0, request.memory.bytes - request.memory.reserved)
-        return ZERO, count, memory
-    return ZERO, 0, 0
+        return QuotaClaim(devices=count, gpu_memory=memory)
+    return QuotaClaim()
+
+
+def slot_unit_mem(slot: str, *, cache: dict[str, int | None] | None = None) -> int | None:
+    """Bytes in 1.0 fGPU of `slot` (its FractionalSettings row), None without a row; `cache`
+    (slot → bytes) saves the query on later calls."""
+    cache = {} if cache is None else cache
+    if slot not in cache:
+        cache[slot] = FractionalSettings.objects.filter(slot_name=slot).values_list("unit_mem", flat=True).first()
+    return cache[slot]
+
+
+def pending_claim(*, session: ComputeSession, unit_mem: dict[str, int | None] | None = None) -> QuotaClaim:
+    """What a PENDING `session` counts as: `request_claim` of its request. `unit_mem` caches
+    the slots' `unit_mem` between calls."""
+    return request_claim(session_request(session), unit_mem=unit_mem)
 
 
 def quota_usage(*, user) -> list[QuotaUsage]:
@@ -177,34 +203,37 @@ def quota_problems(usage: QuotaUsage, *, asked: dict[str, Decimal | int], user=N
     return problems
 
 
-def quota_check(*, user, request: ResourceRequest, memory_estimate: int, fgpu_estimate: Decimal) -> None:
-    """Refuse a launch by `user` that would pass a quota of theirs or of one of their projects.
+def quota_refusals(*, user, request: ResourceRequest, lock: bool = True) -> list[str]:
+    """Each limit of a quota of `user` or of one of their projects that launching `request`
+    (its `request_claim`) would pass, one sentence per limit (see `quota_problems`), e.g.
+    'quota of project "vision": 1.50 fGPU in use + 1.00 asked > 2.00 allowed' or "your quota:
+    3 sessions running or waiting, at most 3". Empty: the quotas allow it.
 
-    The request asks one session, `fgpu_estimate` fGPU, `memory_estimate` bytes of device
-    memory (both as the caller computed them; 0 where unknown, and then not checked) and,
-    for a device or per-device request, `request.amount` devices (a shares request's devices
-    are known only once placed and are not checked here).
-
-    Called inside `transaction.atomic()`, it locks the applicable Quota rows until the
+    With `lock`, inside `transaction.atomic()`, it locks the applicable Quota rows until the
     transaction ends, so two launches drawing on one quota are checked one after the other
-    (call it in the transaction that writes the session). Raises ApplicationError (400,
-    type "quota-exceeded", title "Quota exceeded", `field_errors["resources"]` one sentence
-    per limit passed, e.g. 'quota of project "vision": 1.50 fGPU in use + 1.00 asked > 2.00
-    allowed' or "your quota: 3 sessions running or waiting, at most 3").
-    """
-    asked = {
-        "sessions": 1,
-        "fgpu": Decimal(fgpu_estimate),
-        "devices": int(request.amount) if request.kind in DEVICE_KINDS else 0,
-        "gpu_memory": int(memory_estimate),
-    }
-    lock = transaction.get_connection().in_atomic_block
+    (call it in the transaction that writes the session); a preview reads without `lock`."""
+    asked = request_claim(request).asked()
+    lock = lock and transaction.get_connection().in_atomic_block
     problems = []
     for quota in quota_list_for(user=user, lock=lock):
         problems += quota_problems(quota_usage_of(quota=quota), asked=asked, user=user)
+    return problems
+
+
+def quota_refusal_error(problems: list[str]) -> ApplicationError:
+    """The API's error for a launch `quota_refusals` refused: 400, type "quota-exceeded", title
+    "Quota exceeded", `field_errors["resources"]` the sentences."""
+    return ApplicationError("; ".join(problems), type="quota-exceeded", title="Quota exceeded",
+                            field_errors={"resources": list(problems)})
+
+
+def quota_check(*, user, request: ResourceRequest) -> None:
+    """Refuse a launch of `request` by `user` that would pass a quota of theirs or of one of
+    their projects (`quota_refusals`, locking as it does). Raises `quota_refusal_error`'s
+    ApplicationError (400, type "quota-exceeded")."""
+    problems = quota_refusals(user=user, request=request)
     if problems:
-        raise ApplicationError("; ".join(problems), type="quota-exceeded", title="Quota exceeded",
-                               field_errors={"resources": problems})
+        raise quota_refusal_error(problems)
 
 
 def quota_headroom(*, user) -> dict[str, Decimal | int | None]:
@@ -218,3 +247,27 @@ def quota_headroom(*, user) -> dict[str, Decimal | int | None]:
             if left is not None and (headroom[key] is None or left < headroom[key]):
                 headroom[key] = left
     return headroom
+
+
+def claim_max_amount(*, request: ResourceRequest, headroom: dict,
+                     unit_mem: dict[str, int | None] | None = None) -> tuple[Decimal | None, str]:
+    """The largest amount of a request like `request` (its kind and slot; its amount ignored)
+    whose `request_claim` the quota `headroom` (`quota_headroom`'s figures) still allows, and the
+    limit that caps it ("fgpu", "devices", "gpu_memory" or "sessions"): the dialog's maximum
+    under the quotas, from the same rule as the launch (the claim grows in step with the
+    amount). `(None, "")` when no quota limits it; `(0, "sessions")` when no session is left.
+    Not rounded to a quantum (fGPU, or devices). `unit_mem`: as `request_claim`'s."""
+    sessions = headroom.get("sessions")
+    if sessions is not None and sessions < 1:
+        return ZERO, "sessions"
+    per_unit = request_claim(replace(request, amount=Decimal(1)), unit_mem=unit_mem).asked()
+    best: Decimal | None = None
+    limit = ""
+    for key in ("fgpu", "devices", "gpu_memory"):
+        left = headroom.get(key)
+        if left is None or not per_unit[key]:
+            continue
+        amount = Decimal(left) / Decimal(per_unit[key])
+        if best is None or amount < best:
+            best, limit = amount, key
+    return best, limit

@@ -21,7 +21,6 @@ import json
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from functools import partial
 
 from django.conf import settings
@@ -31,21 +30,21 @@ from django.utils import timezone
 
 import protocol
 from accelerators.allocation import cluster, core
-from accelerators.allocation.errors import AllocationError, InsufficientResource, NeverSchedulable
 from accelerators.allocation.units import amount_text
 from accelerators.models import Device, Node, PlacementShape
-from accelerators.selectors import (
-    node_states,
-    placement_options,
-    placement_scope,
-    placement_workload,
-    resource_group_get,
-)
+from accelerators.allocation.errors import AllocationError
 from sessions import events, mig_scheduling
-from sessions.images import NO_ROOM_WITH_IMAGE, image_wait_reason
 from sessions.models import Allocation, ComputeSession, SessionStatus
 from sessions.selectors import session_request
-from sessions.services import request_settings
+from sessions.placement import (
+    PLACED,
+    WAITING,
+    PlacementScope,
+    ReadView,
+    placement_decide,
+    queued_behind_reason,
+    shape_prefix,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +89,7 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
                 looked = (len(blocked), len(scheduled))
                 reserved = next((b for b in blocked if b.overtaken >= backfill_limit), None)
             if reserved is not None:
-                writes.wait(session, f"queued behind {reserved.name}, which goes first (it has been overtaken "
-                                     f"{reserved.overtaken} time(s), the most the backfill limit allows)")
+                writes.wait(session, queued_behind_reason(reserved))
                 continue
             image = session.image.reference if session.image_id else ""
             shape = f"{image}|{json.dumps(session.request_spec, sort_keys=True)}"
@@ -106,37 +104,26 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
                 continue
             request = session_request(session)
             if mig_scheduling.wants_mig(request):
-                writes.flush()  # sessions.mig_scheduling reads usage and writes at once
-                placed_before = len(scheduled)
-                if mig_scheduling.schedule_step(session=session, request=request, wait=writes.wait, blocked=blocked,
-                                                starts=starts, scheduled=scheduled):
-                    writes.flush()
-                    if len(scheduled) > placed_before:
-                        view.forget()  # a MIG session took CPU and memory: re-read the nodes (still locked)
-                    continue  # a MIG request, placed by sessions.mig_scheduling (issue 4)
-            try:
-                pure_settings = view.settings(request)
-                scope = view.scope(request, image=image)
-                try:
-                    placement = scope.place(request, pure_settings)
-                except NeverSchedulable:
-                    # Only the alive nodes are too small: wait while a LOST node that could hold
-                    # it may come back (an agent restart must not fail the whole queue); with an
-                    # image, while a node that could hold it may get the image.
-                    core.check_ever_fits(placement_scope(request=request, alive_only=False)[0], request, pure_settings)
-                    raise InsufficientResource(NO_ROOM_WITH_IMAGE.format(image=image) if image else
-                                               "the nodes that could hold it are not alive (LOST)") from None
-            except InsufficientResource as exc:
-                no_room[shape] = f"waiting for capacity: {exc}"
-                writes.wait(session, no_room[shape])
+                writes.flush()  # the MIG choice reads usage from the database
+            decision = placement_decide(request=request, image=image, view=view)
+            if decision.outcome == WAITING:
+                no_room[shape] = decision.reason
+                writes.wait(session, decision.reason)
                 blocked.append(session)
                 continue
-            except AllocationError as exc:  # no longer satisfiable (e.g. the slot's mode changed)
-                session.status, session.status_reason, session.terminated_at = SessionStatus.ERROR, str(exc), timezone.now()
+            if decision.outcome != PLACED:  # no longer satisfiable (e.g. the slot's mode changed)
+                session.status, session.status_reason, session.terminated_at = (
+                    SessionStatus.ERROR, decision.reason, timezone.now())
                 writes.changed(session, "status", "status_reason", "terminated_at")
                 continue
-            view.commit(scope, request, pure_settings, placement)
-            writes.place(session, placement)
+            if decision.mig is not None:  # a MIG instance or slice (issue 4): written at once
+                node_name, spec = mig_scheduling.mig_write(session=session, choice=decision.mig)
+                starts.append((node_name, spec))
+                view.forget()  # the MIG session took CPU and memory: re-read the nodes (still locked)
+            else:
+                pure_settings = view.settings(request)
+                view.commit(view.scope(request, image=image), request, pure_settings, decision.placement)
+                writes.place(session, decision.placement)
             scheduled.append(str(session.pk))
             for earlier in blocked:  # backfilled past them
                 earlier.overtaken += 1
@@ -210,63 +197,14 @@ class _PassWrites:
         self.placed.clear()
 
 
-def shape_prefix(slot: str, pure_settings: core.FractionalSettings | None) -> str:
-    """The part of a PlacementShape key naming the slot and the index's units (fGPU quanta of a
-    given size, or thousandths of a device's memory in discrete mode)."""
-    if pure_settings is None:
-        return f"{slot}|milli|"
-    return f"{slot}|{amount_text(pure_settings.quantum)}:{pure_settings.unit_mem}:{pure_settings.unit_proc}|"
-
-
-@dataclass
-class _Scope:
-    """One scope's nodes as the allocator sees them, read and locked once per pass and kept
-    current with each plan, with a cluster index per unit system (the slot's settings, or none)."""
-
-    group_name: str
-    slot: str
-    nodes: list[core.NodeState]
-    options: dict
-    rows: dict[str, int] = field(default_factory=dict)
-    indexes: dict = field(default_factory=dict)
-    workloads: dict = field(default_factory=dict)
-
-    def index(self, pure_settings):
-        if pure_settings not in self.indexes:
-            self.indexes[pure_settings] = core.cluster_index(self.nodes, pure_settings)
-        return self.indexes[pure_settings]
-
-    def workload(self, pure_settings) -> cluster.Workload:
-        if pure_settings not in self.workloads:
-            self.workloads[pure_settings] = placement_workload(
-                resource_group=self.group_name, prefix=shape_prefix(self.slot, pure_settings))
-        return self.workloads[pure_settings]
-
-    def place(self, request: core.ResourceRequest, pure_settings) -> core.Placement:
-        workload = None
-        if (request.policy or self.options["policy"]) in cluster.FRAGMENTATION_AWARE:
-            # p counts the request being placed, as in the benchmark (in memory, for this pass;
-            # PlacementShape counts it once it is placed).
-            workload = self.workload(pure_settings)
-            workload.observe(core.request_shape(request, pure_settings))
-        return core.place(self.nodes, request, pure_settings, index=self.index(pure_settings), workload=workload,
-                          **self.options)
-
-    def update(self, node: core.NodeState) -> None:
-        row = self.rows.get(node.node_id)
-        if row is None:
-            return
-        self.nodes[row] = node
-        for pure_settings, index in self.indexes.items():
-            index.set_row(row, **core.node_row(node, pure_settings))
-
-
-class _PassView:
-    """The scopes one scheduler pass has read, by (resource group name, slot)."""
+class _PassView(ReadView):
+    """How `placement_decide` reads the cluster in a pass: the scopes the pass has read and
+    locked, by (resource group name, slot, image), kept current with the pass's plans; slot
+    settings and image reasons read once per pass; MIG choices under lock."""
 
     def __init__(self, writes: _PassWrites):
         self.writes = writes
-        self.scopes: dict[tuple[str, str, str], _Scope] = {}
+        self.scopes: dict[tuple[str, str, str], PlacementScope] = {}
         self.placed: Counter = Counter()
         self._settings: dict = {}
         self._images: dict[str, str] = {}
@@ -277,12 +215,12 @@ class _PassView:
         self.scopes.clear()
 
     def settings(self, request: core.ResourceRequest):
-        """`request_settings` (the slot's fractional settings, checked against the request's
-        kind), read once per slot and kind in a pass; raises its AllocationError each time."""
+        """`ReadView.settings`, read once per slot and kind in a pass; raises its AllocationError
+        each time."""
         key = (request.slot, request.kind)
         if key not in self._settings:
             try:
-                self._settings[key] = request_settings(request)
+                self._settings[key] = super().settings(request)
             except AllocationError as exc:
                 self._settings[key] = exc
         found = self._settings[key]
@@ -294,27 +232,33 @@ class _PassView:
         """`sessions.images.image_wait_reason` ("" when an alive node holds `image`), read once per
         image in a pass."""
         if image not in self._images:
-            self._images[image] = image_wait_reason(reference=image)
+            self._images[image] = super().image_missing(image)
         return self._images[image]
 
-    def scope(self, request: core.ResourceRequest, *, image: str = "") -> _Scope:
+    def mig(self, request, image: str):
+        """The MIG choice for `request` (`mig_scheduling.mig_choose`), its rows locked; raises
+        as it does. The pass writes it with `mig_scheduling.mig_write`."""
+        return mig_scheduling.mig_choose(request, image=image)
+
+    def queued_behind(self) -> str:
+        return ""  # the pass tracks the backfill reservation itself, in queue order
+
+    def place(self, request: core.ResourceRequest, pure_settings, image: str) -> core.Placement:
+        return self.scope(request, image=image).place(request, pure_settings)
+
+    def scope(self, request: core.ResourceRequest, *, image: str = "") -> PlacementScope:
         """The nodes of the request's resource group and slot, only those holding `image` ("":
         every one), read and locked once per pass."""
         slot = request.slot or "cuda"
         key = (request.resource_group, slot, image)
         if key not in self.scopes:
             self.writes.flush()  # the usage read below must hold this pass's plans
-            group = resource_group_get(name=request.resource_group)
-            nodes = node_states(slot_name=slot, for_update=True, group=group, image=image)
             # A node another scope of this pass already planned on: take that scope's view.
             latest = {n.node_id: n for s in self.scopes.values() if s.slot == slot for n in s.nodes}
-            nodes = [latest.get(n.node_id, n) for n in nodes]
-            self.scopes[key] = _Scope(group_name=request.resource_group, slot=slot, nodes=nodes,
-                                      options=placement_options(group=group),
-                                      rows={n.node_id: i for i, n in enumerate(nodes)})
+            self.scopes[key] = PlacementScope.read(request, image=image, for_update=True, latest=latest)
         return self.scopes[key]
 
-    def commit(self, scope: _Scope, request: core.ResourceRequest, pure_settings, placement: core.Placement) -> None:
+    def commit(self, scope: PlacementScope, request: core.ResourceRequest, pure_settings, placement: core.Placement) -> None:
         node = core.apply_placement(scope.nodes[scope.rows[placement.node_id]], request, placement)
         for other in self.scopes.values():
             if other.slot == scope.slot:

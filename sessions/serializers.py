@@ -177,9 +177,16 @@ class PreviewMigSerializer(serializers.Serializer):
 
 
 class PreviewSerializer(serializers.Serializer):
+    outcome = serializers.ChoiceField(["starts", "waits", "refused"],
+                                      help_text="what launching it does now: starts on `node`, waits in the queue, "
+                                                "or is refused (400: never fits, or a quota)")
     fits_now = serializers.BooleanField(help_text="a node can take it right now")
     never = serializers.BooleanField(help_text="no registered node could ever take it")
-    reason = serializers.CharField(allow_blank=True, help_text="why it waits or never fits; blank when it fits")
+    reason = serializers.CharField(allow_blank=True, help_text="why it waits or is refused; blank when it fits")
+    status_reason = serializers.CharField(allow_blank=True, help_text="the reason its session would show while "
+                                                                      "it waits (\"waiting for capacity: …\")")
+    problems = serializers.ListField(child=serializers.CharField(), help_text="a quota's refusal: one sentence per "
+                                                                              "limit passed, as the launch answers")
     node = serializers.CharField(allow_null=True, help_text="where it would go, when it fits now")
     configuration = serializers.CharField(help_text='the request formatted by the slot formats: "0.50 fGPU · 1 core · 1 GiB"')
     devices = PreviewDeviceSerializer(many=True)
@@ -202,6 +209,11 @@ class LaunchSlotSerializer(serializers.Serializer):
     step = serializers.CharField(help_text="decimal text: the quantum")
     max_now = serializers.CharField(help_text="largest amount one session could get now, capped by the caller's quotas")
     max_ever = serializers.CharField(help_text="largest amount one session could get on empty nodes")
+    free_now = serializers.CharField(help_text="largest amount one session could get now, quotas aside")
+    quota_max = serializers.CharField(allow_null=True, help_text="largest amount the caller's quotas allow now "
+                                                                 "(null: no quota limits it)")
+    quota_limit = serializers.CharField(allow_blank=True, help_text='the limit that sets `quota_max`: "fgpu", '
+                                                                    '"devices", "gpu_memory", "sessions" or ""')
     unit_mem = serializers.IntegerField(help_text="bytes in 1.0 fGPU")
     unit_proc = serializers.IntegerField(help_text="SMs in 1.0 fGPU")
 

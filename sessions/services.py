@@ -26,57 +26,20 @@ from django.db import transaction
 from django.utils import timezone
 
 import protocol
-from accelerators.allocation import core
-from accelerators.allocation.errors import AllocationError, InvalidResourceRequest, NeverSchedulable
-from accelerators.allocation.requests import parse_resources, request_to_spec
+from accelerators.allocation.requests import request_to_spec
 from accelerators.mig_services import node_mig_pending_retry
-from accelerators.models import AllocationMode, NodeStatus
-from accelerators.selectors import fractional_settings_get, placement_scope, resource_group_get
+from accelerators.models import NodeStatus
 from console.errors import ApplicationError
-from sessions import events, mig_scheduling
+from sessions import events
 from protocol.exec_store import LIVE_STATES, STREAM_NAMES, exec_store_default
 from sessions.group_access import resource_group_check_usable
 from sessions.images import image_for_launch
+from sessions.placement import placement_decide, request_validate
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus, TerminalTicket
 
 log = logging.getLogger(__name__)
 
 MAX_NAME = 64
-
-
-def request_settings(request: core.ResourceRequest) -> core.FractionalSettings | None:
-    """The slot's fractional settings for the allocator, after checking the request matches the
-    slot's allocation mode. Raises InvalidResourceRequest naming the mode."""
-    if request.kind == "none":
-        return None
-    slot = fractional_settings_get(slot_name=request.slot)
-    if request.kind == "per_device":  # any mode; fGPU equivalents only where fractional
-        return slot.as_allocation_settings() if slot.allocation_mode == AllocationMode.FRACTIONAL else None
-    if request.kind == "shares" and slot.allocation_mode != AllocationMode.FRACTIONAL:
-        raise InvalidResourceRequest(
-            f"{request.slot}.shares: the {request.slot} slot is in discrete mode; ask for whole GPUs with "
-            f"{request.slot}.device, or have an administrator switch it to fractional mode"
-        )
-    if request.kind == "device" and slot.allocation_mode == AllocationMode.FRACTIONAL:
-        raise InvalidResourceRequest(
-            f"{request.slot}.device: the {request.slot} slot is in fractional mode; ask for fGPU with {request.slot}.shares"
-        )
-    return slot.as_allocation_settings()
-
-
-def request_validate(*, resources: dict) -> tuple[core.ResourceRequest, core.FractionalSettings | None]:
-    """Parse `resources` and check it against the slot's mode, quantum and resource group.
-    Returns the normalised request and the slot's settings for the allocator. Raises
-    ApplicationError (400, type "invalid-resources") naming the field."""
-    try:
-        request = parse_resources(resources)
-        pure_settings = request_settings(request)
-        if request.kind == "shares":
-            core.check_quantum(request.amount, pure_settings)
-        resource_group_get(name=request.resource_group)
-    except AllocationError as exc:
-        raise ApplicationError(str(exc), type="invalid-resources", field_errors={"resources": [str(exc)]}) from None
-    return request, pure_settings
 
 
 def session_create(*, owner, name: str, resources: dict, command: str = "", priority: int = 0,
@@ -105,25 +68,24 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
     if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):  # C0, DEL and C1 controls: escapes, newlines
         raise ApplicationError("name: control characters (newline, tab, escape, …) are not allowed",
                                field_errors={"name": ["control characters (newline, tab, escape, …) are not allowed"]})
-    request, pure_settings = request_validate(resources=resources)
+    request, _ = request_validate(resources=resources)
     resource_group_check_usable(user=owner, name=request.resource_group)
     session_image = image_for_launch(reference=image, slot=request.slot)
-    try:
-        # Against every registered node, LOST ones included: a request that fits a node whose
-        # agent is restarting waits for it instead of being refused.
-        mig_scheduling.check_ever_fits(request, lambda: core.check_ever_fits(  # MIG requests: issue 4
-            placement_scope(request=request, alive_only=False)[0], request, pure_settings))
-    except NeverSchedulable as exc:
-        raise ApplicationError(str(exc), type="never-schedulable", title="Request too large",
-                               field_errors={"resources": [str(exc)]}) from None
     with transaction.atomic():
-        _quota_check(owner, request, pure_settings)
+        # The one placement decision's admission (sessions.placement): the request fits some
+        # registered node, LOST ones included (a request that fits a node whose agent is
+        # restarting waits for it instead of being refused), and the quotas allow its claim
+        # (their rows stay locked until this transaction ends).
+        decision = placement_decide(request=request, image=session_image.reference if session_image else "",
+                                    owner=owner)
+        if decision.refusal() is not None:
+            raise decision.refusal()
         name = name or session_default_name(owner=owner, lock=True)
         session = ComputeSession.objects.create(
             owner=owner, name=name, resources=resources, request_spec=request_to_spec(request),
             slot_name=request.slot, slot_subtype=request.kind if request.slot else "",
             amount=request.amount, cpu=request.cpu, mem=request.mem, command=command or "", priority=priority,
-            image=session_image, status_reason="waiting for the scheduler",
+            image=session_image, status_reason=decision.reason,
         )
         # The notice first: a pass that started sooner could send its newer state before this one
         # and the page would keep the older ("waiting for the scheduler").
@@ -145,20 +107,6 @@ def session_default_name(*, owner, lock: bool = False) -> str:
     names = ComputeSession.objects.filter(owner=owner, name__regex=rf"^{DEFAULT_NAME_PREFIX}[0-9]{{1,18}}$")
     numbers = [int(name[len(DEFAULT_NAME_PREFIX):]) for name in names.values_list("name", flat=True)]
     return f"{DEFAULT_NAME_PREFIX}{max(numbers, default=0) + 1}"
-
-
-def _quota_check(owner, request: core.ResourceRequest, pure_settings: core.FractionalSettings | None) -> None:
-    """The owner's and their projects' quotas (sessions.quotas), with this request's claim
-    estimated as quota usage counts it: shares → fGPU and unit_mem × shares bytes; per-device
-    sizes in bytes → count × bytes; device-relative sizes count 0 until placed."""
-    from sessions.quotas import quota_check
-
-    fgpu, memory = Decimal(0), 0
-    if request.kind == "shares" and pure_settings is not None:
-        fgpu, memory = request.amount, int(pure_settings.unit_mem * request.amount)
-    elif request.kind == "per_device" and request.memory is not None and request.memory.bytes:
-        memory = int(request.amount) * request.memory.bytes
-    quota_check(user=owner, request=request, memory_estimate=memory, fgpu_estimate=fgpu)
 
 
 def _schedule_soon() -> None:

@@ -55,20 +55,15 @@ def create(django_capture_on_commit_callbacks):
     return create
 
 
-def check(user, resources: dict, *, fgpu: str | None = None, memory: int | None = None) -> None:
-    """quota_check as session_create would call it: for an fGPU request the fGPU asked is its
-    amount and the memory amount × unit_mem, unless given."""
-    request = parse_resources(resources)
-    if fgpu is None:
-        fgpu = str(request.amount) if request.kind == "shares" else "0"
-    if memory is None:
-        memory = int(request.amount * UNIT_MEM) if request.kind == "shares" else 0
-    quota_check(user=user, request=request, memory_estimate=memory, fgpu_estimate=D(fgpu))
+def check(user, resources: dict) -> None:
+    """The launch's quota check (`sessions.quotas.quota_check`) of this request: its claim comes
+    from the one rule the launch, the preview and the dialog use."""
+    quota_check(user=user, request=parse_resources(resources))
 
 
-def refusal(user, resources: dict, **estimates) -> ApplicationError:
+def refusal(user, resources: dict) -> ApplicationError:
     with pytest.raises(ApplicationError) as refused:
-        check(user, resources, **estimates)
+        check(user, resources)
     return refused.value
 
 
@@ -177,7 +172,7 @@ def test_the_devices_quota_counts_distinct_devices_held(cluster, alice, create):
     devices = {a.device_id for s in (first, second) for a in s.allocations.all()}
     Quota.objects.create(user=alice, max_devices=len(devices))
 
-    error = refusal(alice, {"gpu": 1, "gpu_memory": "1G"}, memory=GiB)
+    error = refusal(alice, {"gpu": 1, "gpu_memory": "1G"})
 
     count = len(devices)
     assert error.field_errors["resources"] == [
@@ -189,10 +184,10 @@ def test_the_gpu_memory_quota_names_sizes_in_binary_units(cluster, alice, create
     create(alice, {"gpu": 1, "gpu_memory": "6G"})
     Quota.objects.create(user=alice, max_gpu_memory=8 * GiB)
 
-    error = refusal(alice, {"gpu": 1, "gpu_memory": "4G"}, memory=4 * GiB)
+    error = refusal(alice, {"gpu": 1, "gpu_memory": "4G"})
 
     assert error.field_errors["resources"] == ["your quota: 6 GiB GPU memory in use + 4 GiB asked > 8 GiB allowed"]
-    check(alice, {"gpu": 1, "gpu_memory": "2G"}, memory=2 * GiB)
+    check(alice, {"gpu": 1, "gpu_memory": "2G"})
 
 
 def test_whole_devices_in_discrete_mode_count_as_devices_and_memory_not_as_fgpu(db, alice, create):
