@@ -16,6 +16,10 @@
   var FINAL = ["TERMINATED", "ERROR", "CANCELLED"];
   var COLOURS = { used: "#4f46e5", limit: "#d92d20", util: "#0e9384", cpu: "#b54708" };
   var BIN_UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
+  var MIN_WINDOW_S = 120; // a young session's charts span at least 2 minutes, not a whole hour
+  // Tick steps of a bytes axis: binary sizes (1 MiB … 1 TiB in 1-2-4 steps), so ticks read "512 MiB", "1.5 GiB".
+  var BYTE_INCRS = [];
+  for (var b = 1 << 20; b <= Math.pow(2, 40); b *= 2) BYTE_INCRS.push(b);
 
   // 1610612736 -> "1.5 GiB" (binary units, at most two decimals).
   function bytesText(bytes) {
@@ -62,14 +66,15 @@
     var u = new window.uPlot({
       width: width(),
       height: opts.height || 140,
+      padding: [10, 24, 0, 0], // room for the last time label
       cursor: { y: false, drag: { x: false, y: false } },
-      legend: { show: true, live: true },
+      legend: { show: opts.series.length > 1, live: false }, // names only; the newest value is in the label
       scales: { x: { time: true }, y: { range: opts.yRange } },
       axes: [
         { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" }, size: 28,
-          font: "11px system-ui, sans-serif" },
+          font: "11px system-ui, sans-serif", values: timeTicks },
         { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" }, size: opts.axisSize || 56,
-          font: "11px system-ui, sans-serif", values: function (u, ticks) { return ticks.map(opts.tick); } },
+          font: "11px system-ui, sans-serif", incrs: opts.incrs, values: function (u, ticks) { return ticks.map(opts.tick); } },
       ],
       series: [{ value: function (u, v) { return v === null ? "—" : new Date(v * 1000).toLocaleTimeString(); } }]
         .concat(opts.series.map(function (s) {
@@ -83,15 +88,32 @@
     }
     return {
       plot: u,
-      // `columns`: [t[], ys[]...] (epoch s, nulls as gaps); `since`/`until`: the x range shown.
+      // `columns`: [t[], ys[]...] (epoch s, nulls as gaps); `since`/`until`: the x range shown,
+      // narrowed to MIN_WINDOW_S before `until` while the first point is that recent. The label's
+      // .usage-chart-now shows the first series' newest known value.
       set: function (columns, since, until) {
         var any = columns.slice(1).some(function (ys) { return ys.some(function (v) { return v !== null; }); });
         box.setAttribute("data-points", String(columns[0].length));
         box.querySelector(".usage-chart-empty").hidden = any;
         u.setData(columns, false);
-        u.setScale("x", { min: since, max: until });
+        var first = columns[0].length ? columns[0][0] : until;
+        u.setScale("x", { min: Math.max(since, Math.min(first, until - MIN_WINDOW_S)), max: until });
+        var now = box.querySelector(".usage-chart-now");
+        if (now) {
+          var ys = columns[1], last = null;
+          for (var i = ys.length - 1; i >= 0 && last === null; i--) last = ys[i];
+          now.textContent = last === null ? "" : opts.series[0].value(last);
+        }
       },
     };
+  }
+
+  // The x axis in local clock time: hours and minutes, with seconds while the range is short.
+  function timeTicks(u, ticks) {
+    var span = u.scales.x.max - u.scales.x.min;
+    var fmt = { hour: "2-digit", minute: "2-digit", hour12: false };
+    if (span <= 600) fmt.second = "2-digit";
+    return ticks.map(function (t) { return new Date(t * 1000).toLocaleTimeString([], fmt); });
   }
 
   function percentRange(u, min, max) { return [0, Math.max(100, max || 0)]; }
@@ -101,7 +123,8 @@
   function sessionPage(root) {
     var url = root.getAttribute("data-url");
     var badge = document.getElementById("session-status-badge");
-    var stale = root.querySelector(".usage-stale");
+    var panel = root.closest(".usage-panel") || root; // the summary line holds the limit and the notes
+    var stale = panel.querySelector(".usage-stale");
     var limit = 0;
     var memory = chart(root.querySelector('[data-chart="memory"]'), {
       series: [
@@ -109,18 +132,18 @@
         { label: "limit", colour: COLOURS.limit, dash: [6, 4], width: 1, value: bytesText },
       ],
       yRange: function (u, min, max) { return [0, Math.max(limit, max || 0, 1) * 1.05]; },
-      tick: bytesText, axisSize: 64,
+      tick: bytesText, axisSize: 64, incrs: BYTE_INCRS,
     });
     var util = chart(root.querySelector('[data-chart="util"]'), {
       series: [{ label: "GPU", colour: COLOURS.util, fill: "rgba(14, 147, 132, 0.08)",
                  value: function (v) { return v === null ? "—" : v + " %"; } }],
-      yRange: percentRange, tick: function (v) { return v + " %"; }, axisSize: 44,
+      yRange: percentRange, tick: function (v) { return v + " %"; }, axisSize: 52,
     });
     var cpu = chart(root.querySelector('[data-chart="cpu"]'), {
       series: [{ label: "CPU", colour: COLOURS.cpu, fill: "rgba(181, 71, 8, 0.08)",
                  value: function (v) { return v === null ? "—" : (v / 1000).toFixed(2) + " cores"; } }],
       yRange: function (u, min, max) { return [0, Math.max(1000, max || 0) * 1.05]; },
-      tick: function (v) { return (v / 1000) + ""; }, axisSize: 36,
+      tick: function (v) { return (v / 1000) + ""; }, axisSize: 40,
     });
 
     var lastFetch = false; // the session ended: one more fetch draws its last samples, then stop
@@ -133,8 +156,8 @@
         memory.set([d.t, d.gpu_memory, limits], since, now);
         util.set([d.t, d.gpu_util], since, now);
         cpu.set([d.t, d.cpu], since, now);
-        root.querySelector(".usage-limit").textContent = limit ? bytesText(limit) : "—";
-        root.querySelector(".usage-resolution").textContent = d.resolution === "raw" ? "every sample" : "5-minute means";
+        panel.querySelector(".usage-limit").textContent = limit ? bytesText(limit) : "—";
+        panel.querySelector(".usage-resolution").textContent = d.resolution === "raw" ? "every sample" : "5-minute means";
         stale.hidden = true;
         root.setAttribute("data-state", "live");
         if (badge && FINAL.indexOf(badge.textContent.trim()) !== -1) {
@@ -200,9 +223,9 @@
       var box = document.createElement("div");
       box.className = "usage-device";
       box.innerHTML = '<h4 class="usage-device-title"></h4><div class="usage-chart-row">' +
-        '<div class="usage-chart" data-chart="memory"><div class="usage-chart-label">Memory used</div>' +
+        '<div class="usage-chart" data-chart="memory"><div class="usage-chart-label">Memory used <span class="usage-chart-now"></span></div>' +
         '<div class="usage-chart-plot"></div><p class="usage-chart-empty">No samples in the last hour</p></div>' +
-        '<div class="usage-chart" data-chart="util"><div class="usage-chart-label">Utilisation</div>' +
+        '<div class="usage-chart" data-chart="util"><div class="usage-chart-label">Utilisation <span class="usage-chart-now"></span></div>' +
         '<div class="usage-chart-plot"></div><p class="usage-chart-empty">No samples in the last hour</p></div></div>';
       box.querySelector(".usage-device-title").textContent =
         "GPU " + device.index + " · " + device.model_name + " · " + bytesText(device.memory_size);
@@ -221,12 +244,12 @@
             var entry = { total: device.memory_size };
             entry.memory = chart(box.querySelector('[data-chart="memory"]'), {
               series: [{ label: "used", colour: COLOURS.used, fill: "rgba(79, 70, 229, 0.08)", value: bytesText }],
-              yRange: function () { return [0, entry.total]; }, tick: bytesText, axisSize: 64,
+              yRange: function () { return [0, entry.total]; }, tick: bytesText, axisSize: 64, incrs: BYTE_INCRS,
             });
             entry.util = chart(box.querySelector('[data-chart="util"]'), {
               series: [{ label: "GPU", colour: COLOURS.util, fill: "rgba(14, 147, 132, 0.08)",
                          value: function (v) { return v === null ? "—" : v + " %"; } }],
-              yRange: percentRange, tick: function (v) { return v + " %"; }, axisSize: 44,
+              yRange: percentRange, tick: function (v) { return v + " %"; }, axisSize: 52,
             });
             return entry;
           });
