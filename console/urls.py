@@ -9,7 +9,7 @@ from accelerators import api_mig
 from accounts import api as account_api
 from accounts import views as account_views
 from sessions import api as session_api
-from sessions import api_images, api_presets, api_quotas
+from sessions import api_images, api_presets, api_quotas, api_resources
 from sessions import views
 from usage import api as usage_api
 from usage import metrics as usage_metrics
@@ -44,6 +44,7 @@ urlpatterns = [
     path("api/v1/auth/token/", account_api.obtain_auth_token, name="api-token"),
     path("api/v1/launch-options/", session_api.launch_options_view, name="api-launch-options"),
     path("api/v1/quota/", api_quotas.quota_view, name="api-quota-usage"),
+    path("api/v1/my-resources/", api_resources.my_resources_view, name="api-my-resources"),
     path("api/v1/me/", account_api.me_view, name="api-me"),
     path("api/v1/usage/", usage_api.usage_view, name="api-usage"),
     path("api/v1/sessions/<uuid:session_id>/usage/", usage_api.session_usage_view, name="api-session-usage"),

@@ -11,6 +11,7 @@ from sessions.api import NODE_PATTERN, OWNER_PATTERN
 from sessions.api_images import SessionImageSerializer
 from sessions.images import image_default
 from sessions.launch import launch_options
+from sessions.resources import my_resources
 from sessions.models import ACTIVE_STATUSES, FINAL_STATUSES, ComputeSession, SessionImage, SessionStatus
 from sessions.selectors import session_get_for, session_list_for
 from sessions.serializers import SessionSerializer
@@ -74,6 +75,7 @@ def session_list(request):
         if request.user.is_staff else []
     return render(request, "sessions/session_list.html", {
         "sessions": sessions, "launch_options": launch_options(user=request.user), "images": images,
+        "my_resources": my_resources(user=request.user),
         "default_image": default.reference if default else "",
         "list_state": {"filters": filters, "count": count, "page_size": PAGE_SIZE, "show_owner": request.user.is_staff,
                        "owners": owners, "nodes": list(Node.objects.order_by("name").values_list("name", flat=True)),

@@ -619,8 +619,12 @@
 
   function renderSlotControls(slot, frac, disc, note) {
     var busy = decCompare(slot.max_now, slot.min) < 0;
-    var max = busy ? slot.max_ever : slot.max_now;
-    var impossible = decCompare(max, slot.min) < 0;
+    // The slider reaches the largest amount any node could hold (more than is free now waits in
+    // the queue), but not past what the user's quotas allow (launch-options' quota_max).
+    var quotaCaps = slot.quota_max != null && decCompare(slot.quota_max, slot.min) >= 0 &&
+      decCompare(slot.quota_max, slot.max_ever) < 0;
+    var max = quotaCaps ? slot.quota_max : slot.max_ever;
+    var impossible = decCompare(slot.max_ever, slot.min) < 0;
     slotBusy = busy;
     slotImpossible = impossible;
     note.textContent = impossible
@@ -634,8 +638,7 @@
       gpuCount.max = String(max);
       gpuCount.step = slot.step || "1";
       if (gpuCount.value === "" || decCompare(gpuCount.value, max) > 0) gpuCount.value = impossible ? "0" : String(slot.min);
-      $("gpu-capacity").textContent = "up to " + formatAmount(slot.max_now, 0) + " free now · " +
-        formatAmount(slot.max_ever, 0) + " on the largest node";
+      $("gpu-capacity").textContent = capacityText(slot, function (a) { return formatAmount(a, 0); });
       return;
     }
 
@@ -649,9 +652,19 @@
     slider.value = decCompare(wanted, max) > 0 ? max : wanted;
     $("fgpu-scale-min").textContent = unitText(slot, slot.min);
     $("fgpu-scale-max").textContent = unitText(slot, slider.max);
-    $("fgpu-capacity").textContent = "up to " + unitText(slot, slot.max_now) + " free now · " +
-      unitText(slot, slot.max_ever) + " on the largest node";
+    $("fgpu-capacity").textContent = capacityText(slot, function (a) { return unitText(slot, a); });
     updateReadout();
+  }
+
+  var QUOTA_LIMITS = { sessions: "no session left", fgpu: "no fGPU left", gpu_memory: "no GPU memory left",
+                       devices: "no device left" };
+
+  // "up to 0.75 fGPU free now · 3.25 fGPU on the largest node · capped by your quota: 1.00 fGPU"
+  function capacityText(slot, fmt) {
+    var text = "up to " + fmt(slot.free_now || slot.max_now) + " free now · " + fmt(slot.max_ever) + " on the largest node";
+    if (slot.quota_max == null) return text;
+    if (decCompare(slot.quota_max, slot.min) >= 0) return text + " · capped by your quota: " + fmt(slot.quota_max);
+    return text + " · your quota allows none now (" + (QUOTA_LIMITS[slot.quota_limit] || "used up") + ")";
   }
 
   function updateReadout() {
@@ -669,6 +682,13 @@
     if (slot.unit_mem) parts.push(formatBytes(bytesOf(value, slot.unit_mem)) + " GPU memory");
     if (slot.unit_proc) parts.push(mulTrim(value, slot.unit_proc) + " SMs");
     $("fgpu-meaning").textContent = parts.length ? "= " + parts.join(", ") + " per the fractional settings" : "";
+    // More than is free now: a clear "will wait in the queue" (the preview says for what).
+    var freeNow = slot.free_now || slot.max_now;
+    slotBusy = decCompare(value, freeNow) > 0;
+    $("capacity-note").textContent = decCompare(freeNow, slot.min) < 0
+      ? "No capacity free now: the session will wait in the queue."
+      : "More than the " + unitText(slot, freeNow) + " free now: the session will wait in the queue until it fits.";
+    $("capacity-note").hidden = !(slotBusy && activeStyle() === "fgpu");
   }
 
   slider.addEventListener("input", function () {
@@ -1157,6 +1177,7 @@
   var preview = $("launch-preview");
   var previewTimer = null;
   var previewSeq = 0;
+  var previewRefused = false; // the last answer: the server would refuse this launch (Launch stays off until one says not)
   var INPUT_OF = {
     name: "session-name", gpu: "gpu-count-hami", gpu_memory: "gpu-memory", gpu_memory_percentage: "gpu-memory-percent",
     gpu_cores: "gpu-cores", gpu_fraction: "gpu-fraction", devices: "pin-devices", mig_profile: "mig-profiles",
@@ -1169,12 +1190,14 @@
   }
 
   function schedulePreview() {
+    if (previewRefused) submit.disabled = true;
     clearTimeout(previewTimer);
     if (!previewUrl || !dialog.open) return;
     previewTimer = setTimeout(runPreview, 250);
   }
 
   function hidePreview() {
+    previewRefused = false;
     previewSeq++; // answers still on their way are stale now
     preview.hidden = true;
     preview.removeAttribute("aria-busy");
@@ -1212,7 +1235,14 @@
     validate();
     if (data.fits_now) showPreview("now", "starts now" + (data.node ? " on " + data.node : ""));
     else if (data.never) showPreview("never", "too large: " + (data.reason || "no node could ever hold it"));
+    else if (data.outcome === "refused") showPreview("never", "would be refused: " + (data.reason || "over your quota"));
     else showPreview("wait", "will wait: " + (data.reason || "no capacity is free now"));
+    // A launch the server would refuse (never fits, or a quota): Launch is off, the line says why.
+    var refused = data.outcome === "refused" || data.never === true;
+    previewRefused = refused;
+    if (refused) submit.disabled = true;
+    if (refused) submit.setAttribute("aria-describedby", "preview-line");
+    else submit.removeAttribute("aria-describedby");
     $("preview-config").textContent = data.configuration || "";
     $("preview-config").hidden = !data.configuration;
     var mig = data.mig || null;

@@ -1,0 +1,98 @@
+// "My resources" on the sessions page (issue 18.1): the user's fGPU, GPU memory and sessions in
+// use against the quota that binds each, and the GPU capacity free by resource group. Drawn from
+// the page's JSON, then again from GET /api/v1/my-resources/ whenever the sessions table changes
+// (a launch, a notice, a terminate). No build step; uses console.js's window.fgpu.api.
+(function () {
+  "use strict";
+
+  var panel = document.getElementById("my-resources");
+  if (!panel) return;
+  var url = panel.getAttribute("data-url");
+  var LABELS = { fgpu: "fGPU", gpu_memory: "GPU memory", sessions: "Sessions" };
+
+  function el(tag, attrs, children) {
+    var node = document.createElement(tag);
+    Object.keys(attrs || {}).forEach(function (k) {
+      if (k === "text") node.textContent = attrs[k];
+      else node.setAttribute(k, attrs[k]);
+    });
+    (children || []).forEach(function (c) { node.appendChild(c); });
+    return node;
+  }
+
+  function gib(bytes) {
+    var n = Number(bytes) / 1073741824;
+    return (n >= 100 ? n.toFixed(0) : n.toFixed(n % 1 ? 2 : 0)) + " GiB";
+  }
+
+  function figure(key, value) {
+    if (value === null || value === undefined) return "";
+    if (key === "gpu_memory") return gib(value);
+    if (key === "fgpu") return value + " fGPU";
+    return String(value);
+  }
+
+  // 0–100: how full the quota is (none: no bar).
+  function percent(used, limit) {
+    var u = Number(used), l = Number(limit);
+    if (!(l > 0)) return used > 0 ? 100 : 0;
+    return Math.max(0, Math.min(100, u / l * 100));
+  }
+
+  function usageItem(f) {
+    var label = LABELS[f.key] || f.key;
+    var limited = f.limit !== null && f.limit !== undefined;
+    var text = limited ? figure(f.key, f.used) + " of " + figure(f.key, f.limit) : figure(f.key, f.used) + " · no quota";
+    var item = el("li", { "class": "resources-figure", "data-key": f.key });
+    item.appendChild(el("div", { "class": "resources-figure-head" }, [
+      el("span", { "class": "resources-label", text: label }),
+      el("span", { "class": "resources-value", text: text }),
+    ]));
+    if (limited) {
+      var pct = percent(f.used, f.limit);
+      var full = Number(f.left) <= 0;
+      var bar = el("div", { "class": "meter" + (full ? " meter-full" : ""), role: "meter", "aria-label": label + " in use",
+                            "aria-valuemin": "0", "aria-valuemax": "100", "aria-valuenow": String(Math.round(pct)),
+                            "aria-valuetext": text });
+      var fill = el("span", { "class": "meter-fill" });
+      fill.style.width = pct + "%";
+      bar.appendChild(fill);
+      item.appendChild(bar);
+      item.appendChild(el("p", { "class": "resources-source small" + (full ? " resources-full" : ""),
+        text: (full ? "none left · " : figure(f.key, f.left) + " left · ") + "capped by " + f.quota }));
+    }
+    return item;
+  }
+
+  function groupRow(g) {
+    var unit = g.allocation_mode === "discrete" ? " GPUs" : " fGPU";
+    return el("tr", {}, [
+      el("th", { scope: "row", text: g.name || "Any node" }),
+      el("td", { "data-label": "Nodes alive", text: g.nodes_alive + " of " + g.nodes + (g.nodes_alive < g.nodes ? " (" + (g.nodes - g.nodes_alive) + " lost)" : "") }),
+      el("td", { "class": "num", "data-label": "GPU free", text: g.free + " of " + g.total + unit }),
+      el("td", { "class": "num", "data-label": "GPU memory free", text: gib(g.memory_free) + " of " + gib(g.memory_total) }),
+    ]);
+  }
+
+  function render(data) {
+    if (!data) return;
+    var list = document.getElementById("resources-usage");
+    list.textContent = "";
+    (data.usage || []).forEach(function (f) { list.appendChild(usageItem(f)); });
+    var body = document.getElementById("resources-groups").tBodies[0];
+    body.textContent = "";
+    (data.groups || []).forEach(function (g) { body.appendChild(groupRow(g)); });
+  }
+
+  var timer = null;
+  function refresh() {
+    window.fgpu.api("GET", url).then(function (r) { if (r.ok) render(r.data); }).catch(function () {});
+  }
+  function soon() { clearTimeout(timer); timer = setTimeout(refresh, 300); }
+
+  var initial = document.getElementById("my-resources-data");
+  render(initial ? JSON.parse(initial.textContent) : null);
+  var rows = document.querySelector("#sessions-table tbody");
+  if (rows && window.MutationObserver) new MutationObserver(soon).observe(rows, { childList: true });
+  document.addEventListener("visibilitychange", function () { if (!document.hidden) soon(); });
+})();
