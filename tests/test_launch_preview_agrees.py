@@ -150,3 +150,15 @@ def test_the_check_can_fail_a_preview_that_ignores_the_quota(users):
     assert blind["outcome"] == "starts"
     assert previewed(users["alice"], {"cuda.shares": "0.5"}) == launched(users["alice"], {"cuda.shares": "0.5"})
     assert launched(users["alice"], {"cuda.shares": "0.5"})[:2] == ("refused", "quota-exceeded")
+
+
+def test_with_its_only_node_lost_the_preview_says_it_waits_as_the_launch_then_does(users):
+    """Issue 19's first disagreement: the preview answered never ("no GPU node is registered
+    yet") while the launch of the same request gave PENDING."""
+    make_cluster(nodes={"n0": [mock_gpu(0)]})
+    Node.objects.filter(name="n0").update(status=NodeStatus.LOST)
+    body = launch_preview(resources={"cuda.shares": "0.5"}, owner=users["alice"])
+
+    assert (body["outcome"], body["never"]) == ("waits", False)
+    assert body["status_reason"].endswith("are not alive (LOST)")  # the default image's nodes, or any node's
+    assert launched(users["alice"], {"cuda.shares": "0.5"})[:3] == (SessionStatus.PENDING, None, body["status_reason"])

@@ -412,3 +412,22 @@ def test_session_create_refuses_a_launch_over_the_user_s_fgpu_quota_and_the_slid
     assert refused.value.type == "quota-exceeded"
     assert "your quota" in refused.value.detail and "0.50 allowed" in refused.value.detail
     assert not ComputeSession.objects.exists()
+
+
+def test_the_dialog_s_maximum_comes_from_the_launch_s_claim_rule_gpu_memory_and_sessions_included(cluster, alice):
+    """The slider's maximum is what the launch would allow: 1.0 fGPU claims 4 GiB, so a 6 GiB
+    GPU-memory quota caps it at 1.50 (and a launch of 1.75 is refused); no session left caps it at 0
+    (before issue 19 the dialog read the fGPU headroom only and offered the whole node)."""
+    from sessions.launch import launch_options
+
+    quota = Quota.objects.create(user=alice, max_gpu_memory=6 * GiB)
+    [slot] = launch_options(user=alice)["slots"]
+    assert (slot["max_now"], slot["quota_max"], slot["quota_limit"], slot["free_now"]) == ("1.50", "1.50",
+                                                                                          "gpu_memory", "4.00")
+    check(alice, {"cuda.shares": slot["max_now"]})
+    assert refusal(alice, {"cuda.shares": "1.75"}).type == "quota-exceeded"
+
+    quota.max_sessions = 0
+    quota.save()
+    [slot] = launch_options(user=alice)["slots"]
+    assert (slot["max_now"], slot["quota_limit"]) == ("0.00", "sessions")
