@@ -113,13 +113,15 @@ def launch_preview(*, resources: dict, image: str | None = None, owner=None) -> 
     decision (`sessions.placement.placement_decide`: the launch's checks, quotas of `owner`
     included when given, then the scheduler's placement), read without locks.
 
-    `{"outcome", "fits_now", "never", "reason", "status_reason", "problems", "node",
+    `{"outcome", "refusal", "fits_now", "never", "reason", "status_reason", "problems", "node",
     "configuration", "devices": [{"device", "device_index", "model_name", "memory" (bytes),
     "procs" (SMs), "sm_percent", "shares"}], "mig"}`. `outcome`: "starts" (`fits_now`: placed
     now on `node`), "waits" (admitted; waits in the queue with `status_reason`, the reason its
     session would show, "waiting for capacity: …"), "refused" (the launch answers 400: `never`
     — no registered node could ever hold it, type "never-schedulable" — or a quota refuses it,
-    type "quota-exceeded", `problems` one sentence per limit passed). `reason`: why it waits
+    type "quota-exceeded", `problems` one sentence per limit passed — or the resource group is
+    reserved for projects the caller is not in, 403 type "resource-group-reserved"; `refusal` is
+    that type, "" unless refused). `reason`: why it waits
     or is refused, in words (without the "waiting for capacity: " prefix). `mig` is null, or
     for a request MIG would hold now `{"profile": "1g.20gb", "plan": "creates a 1g.20gb
     instance at memory slice 0"}` (then `devices` is the parent GPU, or the static slice, with
@@ -133,7 +135,8 @@ def launch_preview(*, resources: dict, image: str | None = None, owner=None) -> 
     decision = placement_decide(request=request, image=session_image.reference if session_image else "",
                                 owner=owner, view=ReadView())
     outcome = {PLACED: "starts", WAITING: "waits"}.get(decision.outcome, "refused")
-    result = {"outcome": outcome, "fits_now": decision.outcome == PLACED, "never": decision.outcome == NEVER,
+    refusal = decision.refusal()
+    result = {"outcome": outcome, "refusal": refusal.type if refusal else "", "fits_now": decision.outcome == PLACED, "never": decision.outcome == NEVER,
               "reason": decision.reason.removeprefix(CAPACITY),
               "status_reason": decision.reason if decision.outcome == WAITING else "",
               "problems": list(decision.problems), "node": None, "configuration": request_configuration(request),

@@ -38,6 +38,7 @@ from accelerators.selectors import (
 )
 from console.errors import ApplicationError
 from sessions import mig_scheduling
+from sessions.group_access import resource_group_check_usable
 from sessions.images import NO_ROOM_WITH_IMAGE, image_wait_reason
 from sessions.models import ComputeSession, SessionStatus
 from sessions.quotas import quota_refusal_error, quota_refusals
@@ -46,6 +47,7 @@ PLACED = "placed"  # starts now: `placement` (a shared slice) or `mig` (a MIG ch
 WAITING = "waiting"  # admitted, waits in the queue: `reason`
 NEVER = "never"  # no registered node could ever hold it: refused at launch, ERROR in the queue
 QUOTA = "quota"  # a quota of the owner (or of a project of theirs) refuses it: `problems`
+RESERVED = "reserved"  # its resource group is reserved for projects the owner is not in: `error` (403)
 
 ADMITTED_REASON = "waiting for the scheduler"  # a launched session's reason until the next pass
 LOST_REASON = "the nodes that could hold it are not alive (LOST)"
@@ -66,10 +68,14 @@ class Decision:
     problems: tuple[str, ...] = ()
     placement: core.Placement | None = None
     mig: object | None = None
+    error: ApplicationError | None = None
 
     def refusal(self) -> ApplicationError | None:
         """The launch's error for a refused decision (None otherwise): NEVER → 400 type
-        "never-schedulable", title "Request too large"; QUOTA → 400 type "quota-exceeded"."""
+        "never-schedulable", title "Request too large"; QUOTA → 400 type "quota-exceeded";
+        RESERVED → 403 type "resource-group-reserved" (`sessions.group_access`)."""
+        if self.outcome == RESERVED:
+            return self.error
         if self.outcome == NEVER:
             return ApplicationError(self.reason, type="never-schedulable", title="Request too large",
                                     field_errors={"resources": [self.reason]})
@@ -116,7 +122,8 @@ def request_validate(*, resources: dict) -> tuple[core.ResourceRequest, core.Fra
 def placement_decide(*, request: core.ResourceRequest, image: str = "", owner=None,
                      view: ReadView | None = None) -> Decision:
     """The one decision for `request` in session image `image` (a registered reference; "": any
-    node). With `owner`, the launch's admission first: NEVER when no registered node (LOST ones
+    node). With `owner`, the launch's admission first: RESERVED when the request's resource
+    group is reserved for projects `owner` is not a member of, NEVER when no registered node (LOST ones
     included; MIG nodes for MIG requests) could ever hold it, then QUOTA when a quota refuses
     its claim (the quota rows stay locked until the caller's transaction ends). Without a
     `view` the decision stops there: WAITING with ADMITTED_REASON. With one, the placement on
@@ -130,6 +137,10 @@ def placement_decide(*, request: core.ResourceRequest, image: str = "", owner=No
     except AllocationError as exc:
         return Decision(NEVER, str(exc))
     if owner is not None:
+        try:
+            resource_group_check_usable(user=owner, name=request.resource_group)
+        except ApplicationError as exc:
+            return Decision(RESERVED, exc.detail, error=exc)
         try:
             mig_scheduling.check_ever_fits(request, lambda: view.check_ever_fits(request, pure_settings))
         except NeverSchedulable as exc:

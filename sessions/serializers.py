@@ -180,6 +180,9 @@ class PreviewSerializer(serializers.Serializer):
     outcome = serializers.ChoiceField(["starts", "waits", "refused"],
                                       help_text="what launching it does now: starts on `node`, waits in the queue, "
                                                 "or is refused (400: never fits, or a quota)")
+    refusal = serializers.CharField(allow_blank=True, help_text='the launch\'s error type when refused: '
+                                                                '"never-schedulable", "quota-exceeded", '
+                                                                '"resource-group-reserved"; "" otherwise')
     fits_now = serializers.BooleanField(help_text="a node can take it right now")
     never = serializers.BooleanField(help_text="no registered node could ever take it")
     reason = serializers.CharField(allow_blank=True, help_text="why it waits or is refused; blank when it fits")

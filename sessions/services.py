@@ -32,7 +32,6 @@ from accelerators.models import NodeStatus
 from console.errors import ApplicationError
 from sessions import events
 from protocol.exec_store import LIVE_STATES, STREAM_NAMES, exec_store_default
-from sessions.group_access import resource_group_check_usable
 from sessions.images import image_for_launch
 from sessions.placement import placement_decide, request_validate
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus, TerminalTicket
@@ -69,10 +68,10 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
         raise ApplicationError("name: control characters (newline, tab, escape, …) are not allowed",
                                field_errors={"name": ["control characters (newline, tab, escape, …) are not allowed"]})
     request, _ = request_validate(resources=resources)
-    resource_group_check_usable(user=owner, name=request.resource_group)
     session_image = image_for_launch(reference=image, slot=request.slot)
     with transaction.atomic():
-        # The one placement decision's admission (sessions.placement): the request fits some
+        # The one placement decision's admission (sessions.placement): the resource group is open
+        # to the owner (sessions.group_access), the request fits some
         # registered node, LOST ones included (a request that fits a node whose agent is
         # restarting waits for it instead of being refused), and the quotas allow its claim
         # (their rows stay locked until this transaction ends).

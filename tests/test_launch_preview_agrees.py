@@ -19,7 +19,7 @@ from django.db import transaction
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from accelerators.models import Node, NodeStatus
+from accelerators.models import Node, NodeStatus, ResourceGroup
 from console.errors import ApplicationError
 from sessions.launch import launch_preview
 from sessions.models import ComputeSession, Project, Quota, SessionStatus
@@ -84,8 +84,7 @@ def previewed(owner, resources: dict) -> tuple:
     except ApplicationError as exc:
         return "refused", exc.type, exc.detail, exc.field_errors.get("resources", [])
     if body["outcome"] == "refused":
-        kind = "never-schedulable" if body["never"] else "quota-exceeded"
-        return "refused", kind, body["reason"], body["problems"] or [body["reason"]]
+        return "refused", body["refusal"], body["reason"], body["problems"] or [body["reason"]]
     if body["outcome"] == "waits":
         return SessionStatus.PENDING, None, body["status_reason"], []
     grants = sorted((d["device"], d["memory"], D(d["procs"])) for d in body["devices"])
@@ -150,6 +149,19 @@ def test_the_check_can_fail_a_preview_that_ignores_the_quota(users):
     assert blind["outcome"] == "starts"
     assert previewed(users["alice"], {"cuda.shares": "0.5"}) == launched(users["alice"], {"cuda.shares": "0.5"})
     assert launched(users["alice"], {"cuda.shares": "0.5"})[:2] == ("refused", "quota-exceeded")
+
+
+def test_a_group_reserved_for_a_project_the_user_is_not_in_is_refused_by_the_preview_as_by_the_launch(users):
+    make_cluster(nodes={"n0": [mock_gpu(0)]})
+    group = ResourceGroup.objects.create(name="vision-only")
+    Node.objects.filter(name="n0").update(resource_group=group)
+    Project.objects.create(name="vision").resource_groups.add(group)
+    resources = {"cuda.shares": "0.5", "resource_group": "vision-only"}
+
+    body = launch_preview(resources=resources, owner=users["alice"])
+
+    assert (body["outcome"], body["refusal"]) == ("refused", "resource-group-reserved")
+    assert previewed(users["alice"], resources) == launched(users["alice"], resources)
 
 
 def test_with_its_only_node_lost_the_preview_says_it_waits_as_the_launch_then_does(users):
