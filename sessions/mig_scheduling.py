@@ -45,7 +45,7 @@ from accelerators.mig_selectors import device_mig_catalog, gpu_instance_holds
 from accelerators.models import Device, GpuInstance, MigMode, Node, NodeStatus
 from accelerators.selectors import node_runs_image, resource_group_get
 from sessions import events
-from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus
+from sessions.models import ACTIVE_STATUSES, NEXT_VERSION, Allocation, ComputeSession, SessionStatus
 from sessions.selectors import session_allocations, session_gpu_instance
 
 
@@ -312,7 +312,8 @@ def mig_write(*, session: ComputeSession, choice: _Choice) -> tuple[str, dict]:
     session.status = SessionStatus.SCHEDULED
     session.status_reason = f"got {why} on GPU {device.index} of {choice.node.name}"
     session.scheduled_at = now
-    session.save(update_fields=["node", "status", "status_reason", "scheduled_at"])
+    session.version = NEXT_VERSION
+    session.save(update_fields=["node", "status", "status_reason", "scheduled_at", "version"])
     events.session_notify(session)
     spec = session_start_spec(session, [allocation])
     if block is not None:

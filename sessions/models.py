@@ -33,6 +33,11 @@ ACTIVE_STATUSES = (
 )
 FINAL_STATUSES = (SessionStatus.TERMINATED, SessionStatus.ERROR, SessionStatus.CANCELLED)
 
+# `ComputeSession.version` after a write that changes what a session shows (status, reason, node,
+# times): an update sets `version=NEXT_VERSION`, or a `save(update_fields=[…, "version"])` after
+# `session.version = NEXT_VERSION`. Raised in the database, so concurrent writers never reuse one.
+NEXT_VERSION = models.F("version") + 1
+
 
 IMAGE_REFERENCE_RE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 SLOT_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")

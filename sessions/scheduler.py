@@ -34,7 +34,7 @@ from accelerators.allocation.units import amount_text
 from accelerators.models import Device, Node, PlacementShape
 from accelerators.allocation.errors import AllocationError
 from sessions import events, mig_scheduling
-from sessions.models import Allocation, ComputeSession, SessionStatus
+from sessions.models import NEXT_VERSION, Allocation, ComputeSession, SessionStatus
 from sessions.selectors import session_request
 from sessions.placement import (
     PLACED,
@@ -130,10 +130,11 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
                 writes.changed(earlier, "overtaken")
         writes.flush()
         view.record_shapes()
-        # The notices first, so an agent's RUNNING cannot overtake SCHEDULED on the pages.
-        events.sessions_notify(writes.notices)
+        # The starts first: the agents do not wait for the pages' notices. An agent's RUNNING may
+        # reach a page before SCHEDULED does; the page keeps the higher version (the newer state).
         if starts:
             transaction.on_commit(partial(_send_starts, list(starts)))
+        events.sessions_notify(writes.notices)
     if pending:
         log.info("scheduler pass: %d pending, %d placed, %d waiting (%d request shapes without room) in %.0f ms",
                  len(pending), len(scheduled), len(pending) - len(scheduled), len(no_room),
@@ -174,6 +175,9 @@ class _PassWrites:
             self._write_placements()
         by_fields: dict = {}
         for session, fields in self.dirty.values():
+            if fields - {"overtaken"}:  # shown on the pages: a newer state
+                session.version = NEXT_VERSION
+                fields.add("version")
             by_fields.setdefault(tuple(sorted(fields)), []).append(session)
         for fields, sessions in by_fields.items():
             ComputeSession.objects.bulk_update(sessions, fields, batch_size=500)

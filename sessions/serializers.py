@@ -46,7 +46,7 @@ class SessionSerializer(ModelSerializer):
         model = ComputeSession
         fields = ["id", "name", "owner", "status", "status_reason", "node", "image", "resources", "priority",
                   "configuration", "requested", "grant", "mig_profile", "allocations", "command", "created_at",
-                  "scheduled_at", "started_at", "terminated_at", "exit_code", "terminal_url", "fraction_enforcement"]
+                  "scheduled_at", "started_at", "terminated_at", "exit_code", "terminal_url", "fraction_enforcement", "version"]
         read_only_fields = fields
 
     def to_representation(self, session):

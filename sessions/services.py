@@ -34,7 +34,7 @@ from sessions import events
 from protocol.exec_store import LIVE_STATES, STREAM_NAMES, exec_store_default
 from sessions.images import image_for_launch
 from sessions.placement import placement_decide, request_validate
-from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus, TerminalTicket
+from sessions.models import ACTIVE_STATUSES, NEXT_VERSION, Allocation, ComputeSession, SessionStatus, TerminalTicket
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +86,10 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
             amount=request.amount, cpu=request.cpu, mem=request.mem, command=command or "", priority=priority,
             image=session_image, status_reason=decision.reason,
         )
-        # The notice first: a pass that started sooner could send its newer state before this one
-        # and the page would keep the older ("waiting for the scheduler").
-        events.session_notify(session)
+        # The pass first: the launch does not wait for the page's notice (a page that hears the
+        # pass's state first keeps it: it has the higher version).
         transaction.on_commit(_schedule_soon)
+        events.session_notify(session)
     return session
 
 
@@ -128,7 +128,8 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
     now = timezone.now()
     with transaction.atomic():
         if ComputeSession.objects.filter(pk=session.pk, status=SessionStatus.PENDING).update(
-            status=SessionStatus.CANCELLED, status_reason="cancelled before it was scheduled", terminated_at=now
+            status=SessionStatus.CANCELLED, status_reason="cancelled before it was scheduled", terminated_at=now,
+            version=NEXT_VERSION,
         ):
             session.refresh_from_db()
             events.session_notify(session)
@@ -141,13 +142,14 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
             return session
         moved = ComputeSession.objects.filter(
             pk=session.pk, status__in=(SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING)
-        ).update(status=SessionStatus.TERMINATING, status_reason=reason or "terminating at the user's request")
+        ).update(status=SessionStatus.TERMINATING, status_reason=reason or "terminating at the user's request",
+                 version=NEXT_VERSION)
         session.refresh_from_db()
         if moved or session.status == SessionStatus.TERMINATING:
-            if moved:  # the notice first, so the agent's TERMINATED cannot overtake it on the page
-                events.session_notify(session)
             node_name, session_id = session.node.name, str(session.pk)
-            transaction.on_commit(lambda: _send_stop(node_name, session_id))
+            transaction.on_commit(lambda: _send_stop(node_name, session_id))  # first: the stop does not wait
+            if moved:
+                events.session_notify(session)
     return session
 
 
@@ -169,7 +171,7 @@ def _finish(session: ComputeSession, *, status: str, reason: str, exit_code: int
     Must run inside a transaction. False if another writer already ended it."""
     now = timezone.now()
     moved = ComputeSession.objects.filter(pk=session.pk, status__in=ACTIVE_STATUSES).update(
-        status=status, status_reason=reason, exit_code=exit_code, terminated_at=now
+        status=status, status_reason=reason, exit_code=exit_code, terminated_at=now, version=NEXT_VERSION
     )
     if not moved:
         return False
@@ -208,7 +210,7 @@ def session_report_apply(*, session_id: str, status: str, reason: str = "", exit
         return False
     with transaction.atomic():
         if status in _REPORT_SOURCES:
-            fields = {"status": status, "status_reason": reason}
+            fields = {"status": status, "status_reason": reason, "version": NEXT_VERSION}
             if status == SessionStatus.RUNNING:
                 fields["started_at"] = timezone.now()
             moved = ComputeSession.objects.filter(pk=session.pk, status__in=_REPORT_SOURCES[status]).update(**fields)

@@ -64,3 +64,43 @@ def test_the_image_picker_offers_the_registered_images_with_the_default_selected
     expect(row.locator("td.status")).to_have_attribute("data-reason", f"waiting for a node with image {TEST_IMAGE}: "
                                                                       "no node has it")
     assert page.js_errors == [], page.js_errors
+
+
+def test_a_launch_answer_that_arrives_after_the_passs_notice_does_not_put_the_older_reason_back(console_url, page):
+    """The pass's notice ("waiting for a node with image …", a newer version) can reach the page
+    before the launch's own answer, read before the pass ("waiting for the scheduler", version
+    0), as on a loaded machine: here the answer is held until the notice has drawn the row, and
+    then sent as the session was when it was created."""
+    from playwright.sync_api import expect
+
+    token = api_post(console_url, "/api/v1/auth/token/", {"username": "admin", "password": ADMIN_PASSWORD})["token"]
+    api_post(console_url, "/api/v1/images/", {"reference": TEST_IMAGE, "display_name": "Debian minimal"}, token)
+    held = []
+
+    def hold(route):
+        if route.request.method != "POST":
+            route.continue_()
+            return
+        held.append((route, route.fetch()))  # the session is created now; its answer waits
+
+    dialog = log_in_and_open_the_dialog(page, console_url)
+    page.route("**/api/v1/sessions/", hold)
+    page.locator("#image-select").select_option(TEST_IMAGE)
+    expect(page.locator("#preview-line")).to_have_text(
+        f"will wait: waiting for a node with image {TEST_IMAGE}: no node has it")
+    page.click("#launch-submit")
+    waiting = f"waiting for a node with image {TEST_IMAGE}: no node has it"
+    row = page.locator("#sessions-table tr[data-session-id]").first
+    expect(row.locator("td.status")).to_have_attribute("data-reason", waiting)  # the notice drew it
+    assert len(held) == 1
+    route, response = held[0]
+    answer = response.json()
+    assert answer["status"] == "PENDING" and answer["version"] >= 1, answer  # the pass's reason raised it
+    assert row.get_attribute("data-session-id") == answer["id"]
+
+    created = {**answer, "status_reason": "waiting for the scheduler", "version": 0}
+    route.fulfill(response=response, json=created)
+    expect(dialog).to_be_hidden()  # the answer was taken
+    expect(row.locator("td.status")).to_have_attribute("data-reason", waiting)
+    assert page.locator(f'#sessions-table tr[data-session-id="{answer["id"]}"]').count() == 1
+    assert page.js_errors == [], page.js_errors

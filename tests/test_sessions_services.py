@@ -453,3 +453,37 @@ def test_a_session_terminated_at_someones_request_keeps_who_asked_once_the_agent
     assert report(session, SessionStatus.TERMINATED, "terminated", exit_code=129)
     assert (session.status, session.status_reason, session.exit_code) == (
         SessionStatus.TERMINATED, "at the request of alice", 129)
+
+
+def test_every_shown_change_raises_the_version_and_a_change_ignored_does_not(
+        demo_cluster, create, running, report, user, django_capture_on_commit_callbacks):
+    from sessions.serializers import SessionSerializer
+
+    seen = []
+
+    def version(session):
+        session.refresh_from_db()
+        seen.append((session.status, session.version))
+        return session.version
+
+    first = running("2.0")
+    waiting = create("0.5")  # no room now: waits, and the pass gives its reason
+    assert waiting.status == SessionStatus.PENDING and version(waiting) == 1
+    services.session_terminate(session=waiting)
+    assert version(waiting) == 2  # CANCELLED
+    assert report(first, SessionStatus.TERMINATED, "the process exited with code 0", exit_code=0)
+
+    session = create("0.5")
+    assert session.status == SessionStatus.SCHEDULED
+    placed = version(session)
+    assert report(session, SessionStatus.PREPARING) and version(session) > placed
+    assert report(session, SessionStatus.RUNNING) and version(session) > seen[-2][1]
+    assert report(session, SessionStatus.RUNNING) is False and version(session) == seen[-2][1]  # again: no change
+    with django_capture_on_commit_callbacks(execute=True):
+        services.session_terminate(session=session)
+    assert version(session) > seen[-2][1]
+    assert report(session, SessionStatus.TERMINATED, "terminated", exit_code=0) and version(session) > seen[-2][1]
+    assert report(session, SessionStatus.TERMINATED, "again", exit_code=1) is False and version(session) == seen[-2][1]
+    assert [status for status, _ in seen[2:]] == ["SCHEDULED", "PREPARING", "RUNNING", "RUNNING", "TERMINATING",
+                                                  "TERMINATED", "TERMINATED"]
+    assert SessionSerializer(session).data["version"] == session.version

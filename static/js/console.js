@@ -150,6 +150,19 @@
   }
 
   var FINAL = ["TERMINATED", "ERROR", "CANCELLED"];
+  var ORDER = ["PENDING", "SCHEDULED", "PREPARING", "RUNNING", "TERMINATING"];
+
+  // Whether the session state `s` is older than `shown`, the one on the page: two states can
+  // arrive out of order (notices from the web and the manager, an API answer read before a
+  // notice). Each write raises the session's `version`, so the higher one is newer; without
+  // versions (an old server), an ended state beats a live one and statuses go forward only.
+  function isStale(s, shown) {
+    if (!shown) return false;
+    if (typeof s.version === "number" && typeof shown.version === "number") return s.version < shown.version;
+    if (FINAL.indexOf(shown.status) !== -1) return FINAL.indexOf(s.status) === -1;
+    var a = ORDER.indexOf(s.status), b = ORDER.indexOf(shown.status);
+    return FINAL.indexOf(s.status) === -1 && a !== -1 && b !== -1 && a < b;
+  }
 
   // How long the session has been (or was) at it: {text, live}. Running: since it started;
   // waiting or starting: since it was created; ended: how long it ran, if it ever did.
@@ -206,6 +219,6 @@
   window.fgpu = {
     me: me, api: api, errorText: errorText, csrfToken: csrfToken, signedOut: signedOut, isSignedOut: isSignedOut,
     watchSessions: watchSessions, duration: duration, elapsed: elapsed, endReason: endReason,
-    exitCodeText: exitCodeText, FINAL: FINAL,
+    exitCodeText: exitCodeText, FINAL: FINAL, isStale: isStale,
   };
 })();

@@ -251,18 +251,10 @@
 
   // A session the server sent (a notice, an answer): its row is redrawn in place. One not shown
   // yet joins the first page when the tab and filters would show it.
-  // `answer`: s is an API answer (the launch's POST, the terminate's DELETE), read when the request
-  // ran. A notice is read after the commit it reports, so once one has drawn the row, an answer
-  // only moves it to a later status: the pass's reason can reach the page before the launch's
-  // answer, which would put "waiting for the scheduler" back for good.
-  var noticed = new Set(); // ids whose row a websocket notice drew
-  function upsert(s, highlight, answer) {
+  function upsert(s, highlight) {
     if (!s || !s.id) return;
-    var old = sessions.get(s.id);
-    // Never let an older snapshot (e.g. a slow POST answer) undo a newer websocket update.
-    if (old && isOlderThan(s, old)) return;
-    if (old && answer && noticed.has(s.id) && !isOlderThan(old, s)) return;
-    if (!answer) noticed.add(s.id);
+    // Never let an older state (a slow POST answer, the web's notice after the manager's) undo a newer one.
+    if (fgpu.isStale(s, sessions.get(s.id))) return;
     var existing = findRow(s.id);
     if (!existing && (filters.page !== 1 || !matches(s))) return;
     sessions.set(s.id, s);
@@ -286,17 +278,9 @@
 
   function dropRow(row) {
     sessions.delete(row.getAttribute("data-session-id"));
-    noticed.delete(row.getAttribute("data-session-id"));
     row.remove();
   }
 
-  var ORDER = ["PENDING", "SCHEDULED", "PREPARING", "RUNNING", "TERMINATING", "TERMINATED", "ERROR", "CANCELLED"];
-  var FINAL = fgpu.FINAL;
-  function isOlderThan(s, old) {
-    if (FINAL.indexOf(old.status) !== -1) return FINAL.indexOf(s.status) === -1;
-    var a = ORDER.indexOf(s.status), b = ORDER.indexOf(old.status);
-    return FINAL.indexOf(s.status) === -1 && a !== -1 && b !== -1 && a < b;
-  }
 
   function flash(row) {
     row.classList.add("row-flash");
@@ -349,6 +333,8 @@
 
   // ---- The list's place: tab, filters, page (in the address too) -----------------------
 
+  var FINAL = fgpu.FINAL;
+  var ORDER = ["PENDING", "SCHEDULED", "PREPARING", "RUNNING", "TERMINATING", "TERMINATED", "ERROR", "CANCELLED"];
   var TABS = {
     all: ORDER,
     running: ["PENDING", "SCHEDULED", "PREPARING", "RUNNING", "TERMINATING"],
@@ -537,7 +523,7 @@
     var btn = row && row.querySelector(".terminate-button");
     if (btn) { btn.disabled = true; btn.textContent = "Terminating…"; }
     api("DELETE", API_SESSIONS + encodeURIComponent(id) + "/").then(function (r) {
-      if (r.ok && r.data) { upsert(r.data, true, true); return; }
+      if (r.ok && r.data) { upsert(r.data); return; }
       if (btn) { btn.disabled = false; btn.textContent = "Terminate"; }
       showNotice("Could not terminate the session: " + errorText(r), "error");
     }).catch(function () {
@@ -997,6 +983,9 @@
     }
     $("image-hint").textContent = sentences.join(" ");
   }
+
+  imageSelect.addEventListener("change", function () { wantedImage = imageSelect.value; renderImageHint(); });
+
   // ---- Resource presets: offered first; picking one fills the fields below ----------------
   // The body then names the preset and sends only what the user changed since (sessions.presets
   // merges it: any GPU key replaces the preset's GPU request, null removes a key), so an
@@ -1128,9 +1117,6 @@
     if (body.image && body.image !== presetBaseline.image) out.image = body.image;
     return out;
   }
-
-
-  imageSelect.addEventListener("change", function () { wantedImage = imageSelect.value; renderImageHint(); });
 
   function launchBody() {
     var resources = {}, slot = currentSlot(), style = activeStyle(), gpu = false;
@@ -1345,10 +1331,10 @@
       applyOptions(r.data);
       status.textContent = "";
     }).catch(function () { status.textContent = "Could not refresh free capacity."; });
-    refreshPresets();
     api("GET", API_IMAGES).then(function (r) {
       if (r.ok && r.data && Array.isArray(r.data.results)) { applyImages(r.data.results); schedulePreview(); }
     }).catch(function () { /* the images rendered with the page stay */ });
+    refreshPresets();
   }
 
   $("start-session").addEventListener("click", openDialog);
@@ -1373,7 +1359,7 @@
         nameTaken(r.data);
         // Show the new session: on the first page of a view that holds it.
         if (filters.page !== 1 || !matches(r.data)) go({ tab: "all", page: 1 }, true);
-        upsert(r.data, true, true);
+        upsert(r.data);
         return;
       }
       showErrors(r);
@@ -1393,10 +1379,10 @@
   renderRange();
   setInterval(function () { renderTimes(tbody); }, 30000);
   setInterval(function () { renderElapsed(true); }, 1000);
-  refreshPresets();
   applyOptions(launchOptions);
   applyImages(images);
   renderMemoryMode();
+  refreshPresets();
   // Live rows; on every (re)connection the page is loaded again, so nothing missed while the
   // connection was down (a server restart, a sleeping laptop) stays on screen.
   fgpu.watchSessions({

@@ -272,6 +272,7 @@
   // ---- Live session status -----------------------------------------------
 
   function applySession(s) {
+    if (fgpu.isStale(s, session)) return; // an older state that arrived late
     var was = session.status;
     session = s;
     renderHeader();
