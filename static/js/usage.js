@@ -184,7 +184,7 @@
       if (used === null || used === undefined) {
         gauge.setAttribute("data-state", row ? "silent" : "waiting");
         fill.style.width = "0";
-        text.textContent = (row ? "no recent sample" : "—") + " / " + bytesText(limit);
+        text.textContent = (row ? "no sample" : "—") + " / " + bytesText(limit);
         gauge.title = row ? "No sample in the last minute: usage unknown" : "Waiting for the first sample";
         return;
       }
