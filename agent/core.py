@@ -42,6 +42,7 @@ from agent import exec_stream
 from agent import mig as mig_runtime
 from agent.environment import allocation_document, session_environment
 from agent.runtimes import HeldImages, ProcessRuntime, SessionHandle
+from agent.session_apps import SessionApps
 from agent.usage import UsageSampler
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,7 @@ class RunningSession:
     log_closing: asyncio.Event = field(default_factory=asyncio.Event)  # set with log_closed: ends a pause
     log_task: asyncio.Task | None = None
     execs: set = field(default_factory=set)  # Popen of commands run by exec, killed with the session
+    apps: dict = field(default_factory=dict)  # its web apps (agent.session_apps): name → AppProcess
 
 
 class Agent:
@@ -247,7 +249,7 @@ class Agent:
 
     def __init__(self, *, node: str, inventory: dict, channel_layer, manager, scratch_root: Path,
                  mock: bool, mps: bool = False, heartbeat_s: float = 5.0, exec_store=None,
-                 scratch_retention_s: float = 3600.0, runtime=None) -> None:
+                 scratch_retention_s: float = 3600.0, runtime=None, app_address: str = "127.0.0.1") -> None:
         self.node = node
         self.inventory = inventory
         self.layer = channel_layer
@@ -279,6 +281,8 @@ class Agent:
         self.mig = mig_runtime.MigManager(mig_runtime.MockMigBackend() if mock else mig_runtime.NvmlMigBackend(),
                                           on_report=self._send_mig_report)
         self.usage = UsageSampler(self)  # usage samples to the manager (issue 15; agent.usage)
+        self.app_address = app_address  # where the process runtime's session apps listen (agent.session_apps)
+        self.apps = SessionApps(self)
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -1043,6 +1047,8 @@ class Agent:
             self._in_background(self._exec(running, message))
         elif kind == "pty.exec_stream":  # runs on a thread of its own (agent.exec_stream)
             exec_stream.start(self, running, message)
+        elif kind in ("pty.app_open", "pty.app_status"):  # session apps (agent.session_apps)
+            self.apps.handle(running, message)
 
 
 def _take_front(parts: list, limit: int) -> str:

@@ -154,6 +154,19 @@ class DockerSession:
         except Exception as exc:
             log.warning("could not remove the container of session %s: %s", self.session_id, exc)
 
+    def app_address(self) -> tuple[str, str]:
+        """Blocking: where a web app in the container listens and where the agent's node reaches
+        it (session apps, agent.session_apps): `("0.0.0.0", <the container's address>)`. Raises
+        DockerRuntimeError when the container has no network address (network "none")."""
+        self.container.reload()
+        settings = self.container.attrs.get("NetworkSettings") or {}
+        address = settings.get("IPAddress") or next(
+            (net.get("IPAddress") for net in (settings.get("Networks") or {}).values() if net.get("IPAddress")), "")
+        if not address:
+            raise DockerRuntimeError("the session's container has no network address (agent.toml [container] "
+                                     "network = \"none\"), so its apps cannot be reached")
+        return "0.0.0.0", address
+
     # commands beside it
     def exec_popen(self, argv: list[str], *, stdout, stderr) -> "DockerExec":
         return DockerExec(self, argv, stdout=stdout, stderr=stderr)

@@ -1,7 +1,9 @@
 """ASGI entry point: `daphne console.asgi:application`.
 
-HTTP goes to Django (static files served by Django's ASGI static handler); websockets go
-through the origin check, then session-cookie auth, then the URL router (Channels' docs).
+HTTP goes to Django (static files served by Django's ASGI static handler), except
+`/sessions/<id>/apps/<name>/…`, which goes through session-cookie auth to the app proxy
+(sessions.app_proxy); websockets go through the origin check, then session-cookie auth, then the
+URL router (Channels' docs; the app proxy's websockets are routed there too).
 """
 import os
 
@@ -17,6 +19,7 @@ from channels.security.websocket import OriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from sessions.app_proxy import AppHttpProxy, AppProxyRouter  # noqa: E402
 from sessions.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -34,7 +37,7 @@ class BrowserOriginValidator(OriginValidator):
 
 application = ProtocolTypeRouter(
     {
-        "http": ASGIStaticFilesHandler(django_asgi_app),
+        "http": AppProxyRouter(AuthMiddlewareStack(AppHttpProxy()), ASGIStaticFilesHandler(django_asgi_app)),
         "websocket": BrowserOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), settings.ALLOWED_HOSTS
         ),

@@ -39,6 +39,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("sessions/", views.session_list, name="session-list"),
     path("sessions/<uuid:session_id>/terminal/", views.session_terminal, name="session-terminal"),
+    path("sessions/<uuid:session_id>/open/<slug:app>/", views.session_app_open, name="session-app-open"),
     path("account/", include("accounts.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/auth/token/", account_api.obtain_auth_token, name="api-token"),

@@ -19,7 +19,13 @@ from console.api_support import (
     if_match_check,
 )
 from sessions.images import image_delete, image_save
-from sessions.models import SLOT_NAME_RE, SessionImage, validate_image_accelerators, validate_image_labels
+from sessions.models import (
+    SLOT_NAME_RE,
+    SessionImage,
+    validate_image_accelerators,
+    validate_image_apps,
+    validate_image_labels,
+)
 from sessions.serializers import StrictCharField
 
 
@@ -45,12 +51,19 @@ class SessionImageSerializer(serializers.ModelSerializer):
     labels = serializers.DictField(child=StrictCharField(allow_blank=True, max_length=1024), required=False,
                                    validators=[_django_validator(validate_image_labels)],
                                    help_text='free-form text labels, e.g. {"framework": "pytorch"}')
+    apps = serializers.ListField(
+        child=serializers.DictField(), required=False, max_length=16, validators=[_django_validator(validate_image_apps)],
+        help_text='web apps it offers besides the built-in terminal, opened through the console\'s proxy: '
+                  '[{"name": "jupyter", "title": "JupyterLab", "command": "jupyter lab --no-browser --ip={host} '
+                  '--port={port} --ServerApp.base_url={base_url} --IdentityProvider.token={token}", "port": 8888, '
+                  '"protocol": "http", "base_url": true, "path": "lab", "timeout": 120}]; the agent replaces {host}, '
+                  '{port}, {base_url} and {token} (set by the console, never shown)')
     nodes = serializers.SerializerMethodField(help_text="the alive nodes whose agents report holding it, by name")
 
     class Meta:
         model = SessionImage
         fields = ["id", "reference", "display_name", "description", "accelerators", "shell", "labels", "is_default",
-                  "nodes", "created_at"]
+                  "apps", "nodes", "created_at"]
         read_only_fields = ["id", "created_at"]
         # "At most one default" is kept by sessions.images.image_save, which moves the mark.
         extra_kwargs = {"is_default": {"validators": []}}

@@ -200,3 +200,61 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
 
     async def session_update(self, event) -> None:
         await self.send_json({"type": "session", "session": event["session"]})
+
+
+class AppOpenConsumer(AsyncJsonWebsocketConsumer):
+    """`/ws/sessions/<id>/open/<app>/`: starts a session app (sessions.session_apps) for the page
+    that opens it, and says how it goes: `{"type": "progress", "text"}` while it starts, then
+    `{"type": "ready", "url", "reused"}` or `{"type": "error", "title", "detail"}`, then closes.
+    Cookie-authenticated; another user's session or an app its image lacks closes with 4404."""
+
+    async def connect(self) -> None:
+        from sessions.session_apps import session_app_open
+
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        kwargs = self.scope["url_route"]["kwargs"]
+        try:
+            session, app, node = await database_sync_to_async(_app_lookup)(user, kwargs["session_id"], kwargs["app"])
+        except ApplicationError:
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        await self.accept()
+        try:
+            opened = await session_app_open(session=session, app=app, node=node, on_progress=self._progress)
+        except ApplicationError as exc:
+            await self.send_json({"type": "error", "title": exc.title, "detail": exc.detail, "error": exc.type})
+        except Exception:
+            log.exception("opening app %s of session %s failed", kwargs["app"], kwargs["session_id"])
+            await self.send_json({"type": "error", "title": "Server error", "error": "server-error",
+                                  "detail": "the console could not reach the session's agent; try again"})
+        else:
+            await self.send_json({"type": "ready", **opened})
+        await self.close()
+
+    async def _progress(self, text: str) -> None:
+        await self.send_json({"type": "progress", "text": text})
+
+    async def receive_json(self, content, **kwargs) -> None:
+        pass  # server → client only
+
+
+CLOSE_NOT_FOUND = 4404
+
+
+def _app_lookup(user, session_id, name: str):
+    """Blocking (database): (session, app, node name) for AppOpenConsumer. Raises ApplicationError
+    404 for a session `user` may not see or an app its image does not declare."""
+    from django.http import Http404
+
+    from sessions.selectors import session_get_for
+    from sessions.session_apps import session_app_get
+
+    try:
+        session = session_get_for(user=user, session_id=session_id)
+    except Http404:
+        raise ApplicationError("no such session", type="not-found", status=404) from None
+    app = session_app_get(session=session, name=name)
+    return session, app, session.node.name if session.node_id else ""

@@ -58,6 +58,68 @@ def validate_image_labels(value) -> None:
         raise ValidationError('an object whose values are text, e.g. {"framework": "pytorch"}')
 
 
+APP_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+APP_FIELDS = {"name", "title", "command", "port", "protocol", "base_url", "path", "timeout"}
+APP_PROTOCOLS = ("http",)
+TERMINAL_APP = "terminal"  # the built-in app: the web terminal (never declared by an image)
+MAX_APPS = 16
+
+
+def validate_image_apps(value) -> None:
+    """The web apps an image declares (issue 16; Backend.AI's service ports): a list of
+    `{"name": "jupyter", "title": "JupyterLab", "command": "jupyter lab --ip={host} --port={port}
+    --ServerApp.base_url={base_url} --IdentityProvider.token={token}", "port": 8888, "protocol":
+    "http", "base_url": true, "path": "lab", "timeout": 120}`. `name`: lower-case letters, digits
+    and "-", unique, not "terminal" (built in); `command`: one shell command line, in which the
+    agent replaces `{host}` (the address to listen on), `{port}`, `{base_url}` (the console's
+    prefix, "/sessions/<id>/apps/<name>/") and `{token}` (the app's token, set by the console);
+    `port`: 1-65535, where it listens inside a container (the process runtime gives `{port}` a
+    free port of the node); `base_url`: whether the app is served under the prefix (true: it
+    gets the whole path; false: the prefix is taken off); `path`: where opening it goes, under
+    the prefix; `timeout`: seconds to wait for its port (1-600, default 60). Raises ValidationError."""
+    if not isinstance(value, list) or len(value) > MAX_APPS:
+        raise ValidationError(f"a list of at most {MAX_APPS} apps, each "
+                              '{"name", "command", "port"} and optionally "title", "protocol", "base_url", "path", '
+                              '"timeout"')
+    names = set()
+    for i, app in enumerate(value):
+        where = f"app {i + 1}"
+        if not isinstance(app, dict):
+            raise ValidationError(f"{where}: an object with name, command and port")
+        unknown = set(app) - APP_FIELDS
+        if unknown:
+            raise ValidationError(f"{where}: unknown field(s) {', '.join(sorted(unknown))} "
+                                  f"(known: {', '.join(sorted(APP_FIELDS))})")
+        name = app.get("name")
+        if not isinstance(name, str) or not APP_NAME_RE.match(name):
+            raise ValidationError(f"{where}: name: lower-case letters, digits and '-', starting with a letter, "
+                                  "at most 32")
+        where = f"app {name!r}"
+        if name == TERMINAL_APP or name in names:
+            raise ValidationError(f"{where}: name: " + ("the terminal is built in" if name == TERMINAL_APP
+                                                        else "each name once"))
+        names.add(name)
+        command = app.get("command")
+        if not isinstance(command, str) or not command.strip() or len(command) > 4096 or "\x00" in command:
+            raise ValidationError(f"{where}: command: one shell command line (1-4096 characters)")
+        port = app.get("port")
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ValidationError(f"{where}: port: a whole number from 1 to 65535")
+        if app.get("protocol", "http") not in APP_PROTOCOLS:
+            raise ValidationError(f"{where}: protocol: {', '.join(APP_PROTOCOLS)}")
+        if not isinstance(app.get("base_url", True), bool):
+            raise ValidationError(f"{where}: base_url: true or false")
+        title, path = app.get("title", ""), app.get("path", "")
+        if not isinstance(title, str) or len(title) > 64 or any(ord(c) < 32 or ord(c) == 127 for c in title):
+            raise ValidationError(f"{where}: title: text of at most 64 characters")
+        if not isinstance(path, str) or len(path) > 255 or not re.fullmatch(r"[A-Za-z0-9._~/?=&%+-]*", path) \
+                or path.startswith("/") or ".." in path:
+            raise ValidationError(f"{where}: path: a relative path such as \"lab\" (no \"..\")")
+        timeout = app.get("timeout", 60)
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= 600:
+            raise ValidationError(f"{where}: timeout: seconds from 1 to 600")
+
+
 class SessionImage(models.Model):
     """A container image sessions may run in, registered by an administrator (Backend.AI's kernel
     images): `reference` as Docker names it ("nvcr.io/nvidia/pytorch:24.05-py3",
@@ -87,6 +149,10 @@ class SessionImage(models.Model):
                               help_text='free-form text labels, e.g. {"framework": "pytorch"}')
     is_default = models.BooleanField("default", default=False,
                                      help_text="the image of a launch that names none (at most one)")
+    apps = models.JSONField(default=list, blank=True, validators=[validate_image_apps],
+                            help_text='web apps it offers besides the terminal (sessions.session_apps), e.g. [{"name": '
+                                      '"jupyter", "title": "JupyterLab", "command": "jupyter lab --ip={host} '
+                                      '--port={port} …", "port": 8888, "base_url": true, "path": "lab"}]')
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -4,12 +4,14 @@ from __future__ import annotations
 import uuid
 
 from django.urls import reverse
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from accelerators.selectors import SlotFormats
 from console.api_support import ModelSerializer
 from sessions.models import Allocation, ComputeSession
 from sessions.selectors import configuration_text, session_allocations, session_configuration_parts
+from sessions.session_apps import session_app_links
 
 
 class AllocationSerializer(ModelSerializer):
@@ -23,6 +25,13 @@ class AllocationSerializer(ModelSerializer):
     class Meta:
         model = Allocation
         fields = ["device", "device_index", "model_name", "shares", "memory", "procs", "released_at"]
+
+
+class SessionAppSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text='the app\'s name in its image, e.g. "jupyter"')
+    title = serializers.CharField(help_text='what the pages show, e.g. "JupyterLab"')
+    url = serializers.CharField(help_text="the console's page that starts it and then opens it: "
+                                          "/sessions/<id>/open/<name>/ (it is served under /sessions/<id>/apps/<name>/)")
 
 
 # Give it sessions from `sessions.selectors.sessions_shown` (their relations read with them): then
@@ -40,13 +49,14 @@ class SessionSerializer(ModelSerializer):
     image = serializers.CharField(source="image.reference", read_only=True, default=None, allow_null=True,
                                   help_text="the session image's reference; null for a session from before images")
     terminal_url = serializers.SerializerMethodField()
+    apps = serializers.SerializerMethodField()
     fraction_enforcement = serializers.SerializerMethodField()
 
     class Meta:
         model = ComputeSession
         fields = ["id", "name", "owner", "status", "status_reason", "node", "image", "resources", "priority",
                   "configuration", "requested", "grant", "mig_profile", "allocations", "command", "created_at",
-                  "scheduled_at", "started_at", "terminated_at", "exit_code", "terminal_url", "fraction_enforcement", "version"]
+                  "scheduled_at", "started_at", "terminated_at", "exit_code", "terminal_url", "apps", "fraction_enforcement", "version"]
         read_only_fields = fields
 
     def to_representation(self, session):
@@ -81,6 +91,11 @@ class SessionSerializer(ModelSerializer):
             return ""
         shared = any(a.memory < a.device.memory_size for a in session.allocation_list if a.released_at is None)
         return (session.node.attributes or {}).get("fraction_enforcement", "none") if shared else ""
+
+    @extend_schema_field(SessionAppSerializer(many=True))
+    def get_apps(self, session) -> list[dict]:
+        """The web apps of its image besides the terminal (sessions.session_apps): `url` opens one."""
+        return session_app_links(session)
 
     def get_terminal_url(self, session) -> str:
         # One reverse() per request, not per row (it reads the URLconf from a thread-local behind

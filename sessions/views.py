@@ -4,9 +4,11 @@ from __future__ import annotations
 import re
 
 from django.contrib.auth.decorators import login_required
+from django.http import Http404
 from django.shortcuts import redirect, render
 
 from accelerators.models import Node
+from console.errors import ApplicationError
 from sessions.api import NODE_PATTERN, OWNER_PATTERN
 from sessions.api_images import SessionImageSerializer
 from sessions.images import image_default
@@ -16,6 +18,7 @@ from sessions.models import ACTIVE_STATUSES, FINAL_STATUSES, ComputeSession, Ses
 from sessions.selectors import session_get_for, session_list_for
 from sessions.serializers import SessionSerializer
 from sessions.services import session_default_name
+from sessions.session_apps import session_app_get
 
 # The list's tabs and the statuses each shows (static/js/sessions.js asks the API for the same).
 TABS = {
@@ -88,3 +91,17 @@ def session_list(request):
 def session_terminal(request, session_id):
     session = session_get_for(user=request.user, session_id=session_id)
     return render(request, "sessions/terminal.html", {"session": SessionSerializer(session).data})
+
+
+@login_required
+def session_app_open(request, session_id, app):
+    """The page that starts a session app and then opens it (static/js/app_open.js follows the
+    start over `/ws/sessions/<id>/open/<app>/`). 404 for a session the user may not see or an app
+    its image does not declare."""
+    session = session_get_for(user=request.user, session_id=session_id)
+    try:
+        found = session_app_get(session=session, name=app)
+    except ApplicationError:
+        raise Http404("no such app") from None
+    return render(request, "sessions/app_open.html", {"session": session, "app": found,
+                                                      "status": session.status})

@@ -1,0 +1,216 @@
+"""The agent's side of session apps (issue 16): start a web app a session's image declares
+(JupyterLab, TensorBoard, …) inside the session on demand, wait until its port answers, and say
+where it listens, so the console's proxy (sessions.app_proxy) can reach it.
+
+Messages (channel layer, on the session's `pty-<id>` group; the web: sessions.session_apps):
+
+- `pty.app_open` {app: {name, command, port, base_url}, base_url, token, timeout, reply_channel}:
+  start the app unless it runs (idempotent: a second open of a running app answers at once, one
+  of an app still starting waits for the same start). Answers `app.progress` {text} about once
+  a second while it waits, then `app.ready` {host, port, reused} or `app.failed` {error, output}
+  (its command exited, or its port did not answer within `timeout` seconds: it is killed; `output`
+  is the last OUTPUT_TAIL_BYTES of what it wrote).
+- `pty.app_status` {name, reply_channel}: `app.status` {running, host, port, error}.
+
+The command runs beside the session as exec does (`SessionHandle.exec_popen`: the process
+runtime's process with the session's environment and working directory; `docker exec` in the
+session's container), through the session's shell, after `{host}`, `{port}`, `{base_url}` and
+`{token}` are replaced (also exported as FGPU_APP_HOST, FGPU_APP_PORT, FGPU_APP_BASE_URL,
+FGPU_APP_TOKEN). Where it listens: the process runtime gives it a free port on the agent's
+`app_address` (agent.toml `[container] app-address`, default 127.0.0.1: an address the web hosts
+reach); in a container it listens on its declared port on every address of the container, which
+the node reaches at the container's address. It is one of the session's execs: it ends with the
+session.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+OUTPUT_TAIL_BYTES = 8 * 1024  # how much of a failed app's output its error carries
+POLL_S = 0.2  # how often a starting app's port and exit are looked at
+CONNECT_TIMEOUT_S = 1.0
+PROGRESS_EVERY_S = 1.0
+
+
+@dataclass
+class AppProcess:
+    """One app started in a session: its process (Popen, or DockerExec), where the node reaches
+    it, its output file, and `ready`: a future that gets `{"ok": True}` once its port answered,
+    or `{"ok": False, "error", "output"}`."""
+
+    name: str
+    process: object
+    host: str
+    port: int
+    output: object
+    ready: asyncio.Future
+    started: float = field(default_factory=time.monotonic)
+
+
+def substitute(command: str, values: dict[str, str]) -> str:
+    """`command` with each `{key}` of `values` replaced (other braces left as they are)."""
+    for key, value in values.items():
+        command = command.replace("{" + key + "}", value)
+    return command
+
+
+def free_port(address: str) -> int:
+    """A TCP port nothing listens on at `address` now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
+        probe.bind((address, 0))
+        return probe.getsockname()[1]
+
+
+def output_tail(output) -> str:
+    """The last OUTPUT_TAIL_BYTES of an app's output file, as text."""
+    try:
+        output.flush()
+        size = output.seek(0, 2)
+        output.seek(max(0, size - OUTPUT_TAIL_BYTES))
+        return output.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return ""
+
+
+class SessionApps:
+    """The apps of one agent's sessions. `agent`: the Agent (its loop, pools, channel layer,
+    runtime, `app_address`); each RunningSession keeps its own in `running.apps` (name → AppProcess)."""
+
+    def __init__(self, agent) -> None:
+        self.agent = agent
+
+    def handle(self, running, message: dict) -> None:
+        """A `pty.app_open` or `pty.app_status` message for `running` (on the agent's loop)."""
+        if message.get("type") == "pty.app_open":
+            self.agent._in_background(self._open(running, message))
+        else:
+            self.agent._in_background(self._status(running, message))
+
+    async def _reply(self, message: dict, answer: dict) -> None:
+        try:
+            await self.agent.layer.send(message["reply_channel"], answer)
+        except Exception:
+            log.warning("agent %s: could not answer an app message", self.agent.node, exc_info=True)
+
+    async def _status(self, running, message: dict) -> None:
+        app = running.apps.get(str(message.get("name")))
+        if app is None:
+            answer = {"running": False, "error": "it has not been started in this session"}
+        else:
+            code = await self.agent._in(self.agent._work, app.process.poll)
+            if code is not None:
+                answer = {"running": False, "error": f"it exited with code {code if code >= 0 else 128 - code}"}
+            elif not app.ready.done():
+                answer = {"running": False, "error": "it is still starting"}
+            elif not app.ready.result()["ok"]:
+                answer = {"running": False, "error": app.ready.result()["error"]}
+            else:
+                answer = {"running": True, "host": app.host, "port": app.port}
+        await self._reply(message, {"type": "app.status", **answer})
+
+    async def _open(self, running, message: dict) -> None:
+        spec, timeout = message["app"], float(message.get("timeout") or 60)
+        name = str(spec["name"])
+        try:
+            app, reused = await self._ensure(running, message)
+        except Exception as exc:
+            log.info("agent %s: app %s of session %s could not start: %s", self.agent.node, name,
+                     running.session_id, exc)
+            await self._reply(message, {"type": "app.failed", "error": f"{name} could not be started: {exc}",
+                                        "output": ""})
+            return
+        while not app.ready.done():
+            waited = int(time.monotonic() - app.started)
+            await self._reply(message, {"type": "app.progress",
+                                        "text": f"starting {name}: waiting for it to answer on port {app.port} "
+                                                f"({waited} s of {timeout:g} s)"})
+            await asyncio.wait([app.ready], timeout=PROGRESS_EVERY_S)
+        result = app.ready.result()
+        if result["ok"]:
+            await self._reply(message, {"type": "app.ready", "host": app.host, "port": app.port, "reused": reused})
+        else:
+            await self._reply(message, {"type": "app.failed", "error": result["error"], "output": result["output"]})
+
+    async def _ensure(self, running, message: dict) -> tuple[AppProcess, bool]:
+        """The app running (or starting) in `running`, started now unless it runs: (app, reused)."""
+        spec = message["app"]
+        name = str(spec["name"])
+        current = running.apps.get(name)
+        if current is not None:
+            ended = current.ready.done() and not current.ready.result()["ok"]
+            if not ended and await self.agent._in(self.agent._work, current.process.poll) is None:
+                return current, current.ready.done()
+            running.apps.pop(name, None)
+        app = await self.agent._in(self.agent._work, self._spawn, running, message)
+        running.apps[name] = app
+        self.agent._in_background(self._watch(running, app, float(message.get("timeout") or 60)))
+        return app, False
+
+    def _spawn(self, running, message: dict) -> AppProcess:
+        """Blocking (a worker thread): start the app's command beside the session."""
+        spec = message["app"]
+        address = getattr(running.process, "app_address", None)
+        if address is not None:  # in a container: its declared port, on the container's address
+            bind, host = address()
+            port = int(spec["port"])
+        else:  # the process runtime: the node's network, shared by every session: a free port
+            bind = host = self.agent.app_address
+            port = free_port(bind)
+        values = {"host": bind, "port": str(port), "base_url": str(message["base_url"]), "token": str(message["token"])}
+        exports = " ".join(f"FGPU_APP_{key.upper()}='{value}'" for key, value in values.items())
+        command = f"export {exports}; {substitute(str(spec['command']), values)}"
+        output = tempfile.TemporaryFile()
+        shell = self.agent.runtime.shell()
+        process = running.process.exec_popen([shell, "-c", command], stdout=output, stderr=output)
+        running.execs.add(process)  # killed with the session
+        log.info("agent %s: started app %s of session %s on %s:%d", self.agent.node, spec["name"],
+                 running.session_id, host, port)
+        return AppProcess(name=str(spec["name"]), process=process, host=host, port=port, output=output,
+                          ready=self.agent.loop.create_future())
+
+    async def _watch(self, running, app: AppProcess, timeout: float) -> None:
+        """Wait until the app's port answers (ready), its command exits, or `timeout` passes (it
+        is killed); then, once it runs, until it exits (to forget it)."""
+        deadline = app.started + timeout
+        while True:
+            code = await self.agent._in(self.agent._work, app.process.poll)
+            if code is not None:
+                code = code if code >= 0 else 128 - code
+                app.ready.set_result({"ok": False, "output": output_tail(app.output),
+                                      "error": f"{app.name} exited with code {code} before it answered on port "
+                                               f"{app.port}"})
+                running.execs.discard(app.process)
+                return
+            if await _answers(app.host, app.port):
+                app.ready.set_result({"ok": True})
+                return
+            if time.monotonic() >= deadline:
+                await self.agent._in(self.agent._work, running.process.signal_exec, app.process, signal.SIGKILL)
+                running.execs.discard(app.process)
+                app.ready.set_result({"ok": False, "output": output_tail(app.output),
+                                      "error": f"{app.name} did not answer on port {app.port} within {timeout:g} s "
+                                               "and was stopped"})
+                return
+            await asyncio.sleep(POLL_S)
+
+
+async def _answers(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections at host:port."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass
+    return True

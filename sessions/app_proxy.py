@@ -1,0 +1,371 @@
+"""The console's app proxy (issue 16): `/sessions/<id>/apps/<name>/…` forwards HTTP (streamed
+both ways, with httpx) and websockets (with `websockets`) to a web app running in the session
+(sessions.session_apps), for the session's owner and administrators only.
+
+- Who: the console's sign-in (the session cookie, through Channels' AuthMiddlewareStack). Signed
+  out: HTTP is sent to the login page (websockets are closed, 4401); another user's session or
+  an app its image does not declare: 404, as everywhere (ids do not leak).
+- What goes upstream: the request as the browser sent it, to where the session's agent says
+  the app listens, with `Authorization: token <the app's token>` (set by the console: the user
+  never sees it) and without the console's own cookies (session, CSRF) and credentials. Apps
+  served under the prefix (`base_url` true, as Jupyter with `--ServerApp.base_url`) get the whole
+  path; others get the rest after the prefix (and a `Location` they answer is put under it).
+- Refused: a path with "." or ".." segments, or with an encoded "." "/" or "\\" (400), so no
+  request reaches anything outside the app's prefix.
+- A session that is not RUNNING answers a page that says it ended (410; websockets close 4410);
+  an app that does not run (never opened, exited, or its port closed) a page that says so with a
+  link that starts it again (502; websockets close 4502).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from urllib.parse import quote
+
+import httpx
+import websockets
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.http import Http404
+from django.shortcuts import resolve_url
+from django.template.loader import render_to_string
+
+from console.errors import ApplicationError
+from sessions.models import SessionStatus
+from sessions.selectors import session_get_for
+from sessions.session_apps import (
+    OPEN_PAGE,
+    app_prefix,
+    app_token,
+    session_app_get,
+    session_app_target,
+    session_app_target_forget,
+)
+
+log = logging.getLogger(__name__)
+
+PATH_RE = re.compile(r"^/sessions/(?P<session>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
+                     r"/apps/(?P<app>[a-z][a-z0-9-]{0,31})(?P<rest>/.*)?$")
+ESCAPES = re.compile(rb"%(2e|2f|5c|00)|\\", re.IGNORECASE)  # encoded ".", "/", "\", NUL; a raw "\"
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
+              "transfer-encoding", "upgrade", "host", "authorization", "cookie", "content-length"}
+CLOSE_UNAUTHENTICATED, CLOSE_NOT_FOUND, CLOSE_ENDED, CLOSE_APP_CLOSED = 4401, 4404, 4410, 4502
+CONNECT_TIMEOUT_S = 10.0
+WEBSOCKET_MAX_BYTES = 16 * 1024 * 1024  # the largest websocket message relayed either way (a big notebook)
+
+_clients: dict[int, httpx.AsyncClient] = {}  # one per event loop (daphne runs one)
+
+
+def _client() -> httpx.AsyncClient:
+    loop = id(asyncio.get_running_loop())
+    client = _clients.get(loop)
+    if client is None:  # no environment proxies: apps are reached directly; no read timeout: streams may idle
+        client = _clients[loop] = httpx.AsyncClient(
+            trust_env=False, follow_redirects=False,
+            timeout=httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=None, write=None, pool=CONNECT_TIMEOUT_S),
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+    return client
+
+
+def path_escapes(scope) -> bool:
+    """Whether the request's path tries to leave the app's prefix: a "." or ".." segment, or an
+    encoded ".", "/", "\\" or NUL anywhere in it (as sent: `raw_path`)."""
+    raw = scope.get("raw_path") or scope["path"].encode()
+    raw = raw.split(b"?", 1)[0]
+    if ESCAPES.search(raw):
+        return True
+    return any(part in (".", "..") for part in scope["path"].split("/"))
+
+
+def _cookies_without_console(header: str) -> str:
+    """The Cookie header less the console's own cookies (its session and CSRF token)."""
+    ours = {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME}
+    kept = [part.strip() for part in header.split(";") if part.strip() and part.split("=", 1)[0].strip() not in ours]
+    return "; ".join(kept)
+
+
+def upstream_headers(scope, *, token: str) -> list[tuple[str, str]]:
+    """The headers to send the app: the browser's, less hop-by-hop ones, the console's
+    credentials and cookies; plus the app's token and X-Forwarded-*. The browser's `Host` is kept
+    (as `X-Forwarded-Host` too): apps that compare Origin with Host (Jupyter) see the console's."""
+    headers, host = [], ""
+    for raw_name, raw_value in scope.get("headers", []):
+        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+        if name == "host":
+            host = value
+        elif name == "cookie":
+            cookies = _cookies_without_console(value)
+            if cookies:
+                headers.append(("cookie", cookies))
+        elif name not in HOP_BY_HOP and not name.startswith("sec-websocket-"):
+            headers.append((name, value))
+    headers.append(("authorization", f"token {token}"))
+    if host:
+        headers += [("host", host), ("x-forwarded-host", host)]
+    headers.append(("x-forwarded-proto", "https" if scope.get("scheme") in ("https", "wss") else "http"))
+    client = scope.get("client")
+    if client:
+        headers.append(("x-forwarded-for", str(client[0])))
+    return headers
+
+
+def _lookup(user, session_id: str, name: str) -> dict:
+    """Blocking (database): the session and app the request is for, checked: `{"status",
+    "app", "node"}`. Raises Http404 (not the owner nor staff, no such session or app)."""
+    session = session_get_for(user=user, session_id=session_id)
+    try:
+        app = session_app_get(session=session, name=name)
+    except ApplicationError:
+        raise Http404("no such app") from None
+    return {"status": session.status, "app": app, "node": session.node.name if session.node_id else ""}
+
+
+async def _check(scope, match) -> tuple[int, dict]:
+    """(0, what `_lookup` found), or (an HTTP status, page context) when the request is refused."""
+    user = scope.get("user")
+    if user is None or not user.is_authenticated:
+        return 401, {}
+    try:
+        found = await database_sync_to_async(_lookup)(user, match["session"], match["app"])
+    except Http404:
+        return 404, {}
+    if found["status"] != SessionStatus.RUNNING:
+        return 410, {"title": "Session ended", "why": f"The session is {found['status']}: its apps ended with it."}
+    return 0, found
+
+
+def upstream_path(scope, match, app: dict) -> str:
+    """The path and query to ask the app for (under the prefix, or the rest after it)."""
+    path = scope["path"] if app["base_url"] else (match["rest"] or "/")
+    path = quote(path, safe="/:@!$&'()*+,;=-._~")
+    query = scope.get("query_string", b"").decode("latin-1")
+    return path + (f"?{query}" if query else "")
+
+
+def _location(value: str, *, prefix: str, app: dict) -> str:
+    """An app's redirect, put under the prefix where the app does not know it (`base_url` false)."""
+    if not app["base_url"] and value.startswith("/") and not value.startswith("//"):
+        return prefix.rstrip("/") + value
+    return value
+
+
+async def _page(send, status: int, context: dict, *, headers=()) -> None:
+    body = render_to_string("sessions/app_unavailable.html", {"status": status, **context}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/html; charset=utf-8"), (b"cache-control", b"no-store"),
+                            (b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _not_running(session_id: str, app: dict, error: str) -> dict:
+    return {"title": f"{app['title']} is not running",
+            "why": f"{app['title']} is not running in this session: {error}.",
+            "reopen": OPEN_PAGE.format(session=session_id, app=app["name"])}
+
+
+class AppHttpProxy:
+    """ASGI application for HTTP requests under `/sessions/<id>/apps/<name>/` (wrap it in
+    Channels' AuthMiddlewareStack: it reads `scope["user"]`)."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        match = PATH_RE.match(scope["path"])
+        if match is None or path_escapes(scope):
+            await _page(send, 400, {"title": "Bad path", "why": "The address tries to leave the app's place."})
+            return
+        status, found = await _check(scope, match)
+        if status == 401:
+            login = resolve_url(settings.LOGIN_URL) + "?next=" + quote(scope["path"])
+            await _page(send, 302, {"title": "Signed out", "why": "Sign in to open this app."},
+                        headers=[(b"location", login.encode())])
+            return
+        if status:
+            await _page(send, status, found or {"title": "Not found", "why": "There is no such app."})
+            return
+        await self._forward(scope, receive, send, match, found["app"])
+
+    async def _forward(self, scope, receive, send, match, app: dict) -> None:
+        session_id = match["session"]
+        token = app_token(session_id=session_id, app=app["name"])
+        headers = upstream_headers(scope, token=token)
+        sent_headers = {name for name, _ in scope.get("headers", [])}
+        has_body = b"content-length" in sent_headers or b"transfer-encoding" in sent_headers
+        body = _request_body(receive) if has_body else None
+        if not has_body:
+            await _drain(receive)
+        content_length = next((v for n, v in scope.get("headers", []) if n == b"content-length"), None)
+        if content_length is not None:
+            headers.append(("content-length", content_length.decode("latin-1")))
+        for attempt in range(2):
+            target = await session_app_target(session_id=session_id, name=app["name"])
+            if isinstance(target, dict):
+                await _page(send, 502, await _not_running(session_id, app, target["error"]))
+                return
+            url = f"http://{_host(target[0])}:{target[1]}{upstream_path(scope, match, app)}"
+            request = _client().build_request(scope["method"], url, headers=headers, content=body)
+            try:
+                response = await _client().send(request, stream=True)
+                break
+            except httpx.ConnectError:  # it ended, or moved: ask its agent again (once)
+                session_app_target_forget(session_id=session_id, name=app["name"])
+                if attempt or body is not None:
+                    target = await session_app_target(session_id=session_id, name=app["name"])
+                    error = target["error"] if isinstance(target, dict) else "it does not accept connections"
+                    await _page(send, 502, await _not_running(session_id, app, error))
+                    return
+        try:
+            await _relay_response(response, receive, send, prefix=app_prefix(session_id=session_id, app=app["name"]),
+                                  app=app)
+        finally:
+            await response.aclose()
+
+
+async def _request_body(receive):
+    """The request's body as daphne hands it over, chunk by chunk (httpx streams it on)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionAbortedError("the browser went away while sending the request")
+        if message.get("body"):
+            yield message["body"]
+        if not message.get("more_body"):
+            return
+
+
+async def _drain(receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect" or not message.get("more_body"):
+            return
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+async def _relay_response(response: httpx.Response, receive, send, *, prefix: str, app: dict) -> None:
+    """Send the app's answer to the browser as it comes (its body undecoded, chunk by chunk);
+    stop reading the app when the browser goes away."""
+    ours = {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME}
+    headers = []
+    for name, value in response.headers.raw:
+        lower = name.lower()
+        if lower in (b"connection", b"keep-alive", b"transfer-encoding", b"trailer", b"upgrade"):
+            continue
+        if lower == b"set-cookie" and value.split(b"=", 1)[0].strip().decode("latin-1") in ours:
+            continue  # an app never replaces the console's sign-in or CSRF cookie
+        if lower == b"location":
+            value = _location(value.decode("latin-1"), prefix=prefix, app=app).encode("latin-1")
+        headers.append((lower, value))
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    gone = asyncio.create_task(_wait_disconnect(receive))
+    try:
+        async for chunk in response.aiter_raw():
+            if gone.done():
+                return
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    finally:
+        gone.cancel()
+
+
+async def _wait_disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class AppProxyRouter:
+    """ASGI: HTTP under `/sessions/<id>/apps/` to `proxy`, everything else to `fallback`."""
+
+    def __init__(self, proxy, fallback) -> None:
+        self.proxy, self.fallback = proxy, fallback
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/sessions/") and "/apps/" in scope["path"] \
+                and PATH_RE.match(scope["path"]):
+            return await self.proxy(scope, receive, send)
+        return await self.fallback(scope, receive, send)
+
+
+class AppWebsocketProxy:
+    """ASGI application for websockets under `/sessions/<id>/apps/<name>/` (routed by
+    sessions.routing, behind the origin check and AuthMiddlewareStack): connects to the app's
+    websocket with the app's token, accepts the browser's with the subprotocol the app chose,
+    then relays messages both ways until either side closes (its close code passed on)."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        match = PATH_RE.match(scope["path"])
+        if match is None or path_escapes(scope):
+            await send({"type": "websocket.close", "code": CLOSE_NOT_FOUND})
+            return
+        status, found = await _check(scope, match)
+        if status:
+            codes = {401: CLOSE_UNAUTHENTICATED, 404: CLOSE_NOT_FOUND, 410: CLOSE_ENDED}
+            await send({"type": "websocket.close", "code": codes.get(status, CLOSE_NOT_FOUND)})
+            return
+        app, session_id = found["app"], match["session"]
+        upstream = await self._connect(scope, match, app)
+        if upstream is None:
+            await send({"type": "websocket.close", "code": CLOSE_APP_CLOSED})
+            return
+        await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
+        log.debug("app websocket %s of session %s open", app["name"], session_id)
+        await _relay_websocket(upstream, receive, send)
+
+    async def _connect(self, scope, match, app: dict):
+        token = app_token(session_id=match["session"], app=app["name"])
+        protocols = [p.strip() for _, v in scope.get("headers", []) if _ == b"sec-websocket-protocol"
+                     for p in v.decode("latin-1").split(",") if p.strip()]
+        headers = [(n, v) for n, v in upstream_headers(scope, token=token) if n not in ("host", "origin")]
+        for _ in range(2):
+            target = await session_app_target(session_id=match["session"], name=app["name"])
+            if isinstance(target, dict):
+                return None
+            host = f"{_host(target[0])}:{target[1]}"
+            try:
+                return await websockets.connect(
+                    f"ws://{host}{upstream_path(scope, match, app)}", additional_headers=headers,
+                    subprotocols=protocols or None, origin=f"http://{host}", max_size=WEBSOCKET_MAX_BYTES,
+                    compression=None, open_timeout=CONNECT_TIMEOUT_S, user_agent_header=None, proxy=None)
+            except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
+                log.info("app websocket %s: could not connect to %s: %s", app["name"], host, exc)
+                if not isinstance(exc, OSError):
+                    return None
+                session_app_target_forget(session_id=match["session"], name=app["name"])
+        return None
+
+
+async def _relay_websocket(upstream, receive, send) -> None:
+    async def browser_to_app() -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                await upstream.close()
+                return
+            if message.get("text") is not None:
+                await upstream.send(message["text"])
+            elif message.get("bytes") is not None:
+                await upstream.send(message["bytes"])
+
+    async def app_to_browser() -> None:
+        try:
+            async for data in upstream:
+                if isinstance(data, str):
+                    await send({"type": "websocket.send", "text": data})
+                else:
+                    await send({"type": "websocket.send", "bytes": data})
+        except websockets.ConnectionClosed:
+            pass
+        code = upstream.close_code if upstream.close_code not in (None, 1005, 1006) else 1000
+        await send({"type": "websocket.close", "code": code})
+
+    tasks = [asyncio.create_task(browser_to_app()), asyncio.create_task(app_to_browser())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await upstream.close()

@@ -1,0 +1,156 @@
+"""Session apps (issue 16): the web apps a session's image declares (`SessionImage.apps`, e.g.
+JupyterLab), started on demand inside the session by its agent and served through the
+console's own proxy (`sessions.app_proxy`) under `/sessions/<id>/apps/<name>/`.
+
+Transport, as exec's (`sessions.services.session_exec`): the web sends `pty.app_open` to the
+session's `pty-<id>` group (only its agent joins it) with a fresh reply channel; the agent
+(agent.session_apps) starts the app's command if it does not run yet, and answers `app.progress`
+{text} while it waits for the app's port, then `app.ready` {host, port, reused} or
+`app.failed` {error, output}. `pty.app_status` asks where a running app listens (`app.status`
+{running, host, port, error}); a web process keeps the answer (APP_TARGETS) until a connection
+to it fails. How a web process reaches an app on a node: the agent answers an address the web
+hosts can reach: the node's `[container] app-address` (process runtime: the app listens there)
+or the session container's address (docker runtime: on the node's container network).
+
+The app's token (Jupyter's `--IdentityProvider.token`) is derived from the console's secret key,
+the session and the app (`app_token`): the agent puts it into the command, the proxy sends it
+upstream in `Authorization: token …`; no page or API answer carries it.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from console.errors import ApplicationError
+from sessions import events
+from sessions.models import TERMINAL_APP, ComputeSession, SessionStatus
+
+APP_PREFIX = "/sessions/{session}/apps/{app}/"
+OPEN_PAGE = "/sessions/{session}/open/{app}/"
+REPLY_GRACE_S = 15  # how much longer than the app's own timeout the web waits for the agent's answer
+STATUS_WAIT_S = 5  # how long a proxy waits for the agent to say where a running app listens
+APP_TARGETS: dict[tuple[str, str], tuple[str, int]] = {}  # (session id, app) → (host, port): this process's cache
+DEFAULT_TIMEOUT_S = 60
+
+
+def app_token(*, session_id, app: str) -> str:
+    """The token the console sets for app `app` of session `session_id` (hex, 48 characters):
+    HMAC-SHA256 of both under SECRET_KEY, so every web process computes the same one."""
+    message = f"fgpu-app:{session_id}:{app}".encode()
+    return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()[:48]
+
+
+def app_prefix(*, session_id, app: str) -> str:
+    """The app's place on the console: "/sessions/<id>/apps/<name>/"."""
+    return APP_PREFIX.format(session=session_id, app=app)
+
+
+def session_apps(session: ComputeSession) -> list[dict]:
+    """The apps of `session`'s image with their defaults filled in (`title`: the name, `protocol`
+    "http", `base_url` true, `path` "", `timeout` DEFAULT_TIMEOUT_S); [] for a session without an
+    image. The built-in terminal is not among them."""
+    image = session.image
+    apps = image.apps if image is not None and isinstance(image.apps, list) else []
+    return [{"title": app["name"], "protocol": "http", "base_url": True, "path": "", "timeout": DEFAULT_TIMEOUT_S,
+             **app} for app in apps if isinstance(app, dict) and app.get("name") != TERMINAL_APP]
+
+
+def session_app_links(session: ComputeSession) -> list[dict]:
+    """What the pages and the session API show of its apps: `[{"name", "title", "url"}]`, `url`
+    the page that starts the app and then opens it ("/sessions/<id>/open/<name>/")."""
+    return [{"name": app["name"], "title": app["title"], "url": OPEN_PAGE.format(session=session.pk, app=app["name"])}
+            for app in session_apps(session)]
+
+
+def session_app_get(*, session: ComputeSession, name: str) -> dict:
+    """App `name` of `session`'s image. Raises ApplicationError 404 (type "unknown-app")."""
+    for app in session_apps(session):
+        if app["name"] == name:
+            return app
+    raise ApplicationError(f"the session's image offers no app {name!r}", type="unknown-app", title="Unknown app",
+                           status=404)
+
+
+def _check_running(session: ComputeSession) -> None:
+    if session.status != SessionStatus.RUNNING:
+        raise ApplicationError(f"the session is {session.status}; its apps run only while it is RUNNING",
+                               type="session-not-running", title="Session not running", status=409)
+
+
+def app_open_message(*, session: ComputeSession, app: dict) -> dict:
+    """The `pty.app_open` message that starts `app` in `session` (without its reply channel)."""
+    return {"type": "pty.app_open", "session_id": str(session.pk), "timeout": app["timeout"],
+            "app": {key: app[key] for key in ("name", "command", "port", "base_url")},
+            "base_url": app_prefix(session_id=session.pk, app=app["name"]),
+            "token": app_token(session_id=session.pk, app=app["name"])}
+
+
+async def session_app_open(*, session: ComputeSession, app: dict, node: str, on_progress=None) -> dict:
+    """Start `app` (from `session_app_get`) in RUNNING `session` on its node `node` if it does not run
+    yet, and wait until its port answers; `on_progress(text)` (async) is called with each word of
+    progress. Returns `{"url", "reused"}` (`url`: where to open it, on the console; `reused`: it
+    was running already).
+
+    Raises ApplicationError: 409 "session-not-running"; 502 "app-failed" when its command exited
+    or its port did not answer within its timeout (`detail` says which and ends with the app's
+    last output); 504 "app-timeout" when the agent did not answer within the app's timeout +
+    REPLY_GRACE_S."""
+    _check_running(session)
+    layer = get_channel_layer()
+    reply = await layer.new_channel("app-reply.")
+    await layer.group_send(events.pty_group(session.pk), {**app_open_message(session=session, app=app),
+                                                          "reply_channel": reply})
+    wait_s = app["timeout"] + REPLY_GRACE_S
+    try:
+        async with asyncio.timeout(wait_s):
+            while True:
+                answer = await layer.receive(reply)
+                kind = answer.get("type")
+                if kind == "app.progress" and on_progress is not None:
+                    await on_progress(str(answer.get("text", "")))
+                elif kind == "app.ready":
+                    APP_TARGETS[(str(session.pk), app["name"])] = (answer["host"], int(answer["port"]))
+                    url = app_prefix(session_id=session.pk, app=app["name"]) + app["path"]
+                    return {"url": url, "reused": bool(answer.get("reused"))}
+                elif kind == "app.failed":
+                    output = str(answer.get("output") or "").rstrip()
+                    detail = str(answer.get("error") or "the app failed to start")
+                    raise ApplicationError(detail + (f"; its last output:\n{output}" if output else ""),
+                                           type="app-failed", title="App failed to start", status=502)
+    except TimeoutError:
+        raise ApplicationError(f"the agent on {node} did not answer within {wait_s} s; is the node up?",
+                               type="app-timeout", title="App start timed out", status=504) from None
+
+
+async def session_app_target(*, session_id: str, name: str) -> tuple[str, int] | dict:
+    """Where app `name` of RUNNING session `session_id` listens, `(host, port)`: this process's
+    cache, else the agent's answer to `pty.app_status` (kept). A dict `{"error": …}` when it does
+    not run (the agent's words: "exited with code 1", "not started") or the agent is silent."""
+    key = (str(session_id), name)
+    if key in APP_TARGETS:
+        return APP_TARGETS[key]
+    layer = get_channel_layer()
+    reply = await layer.new_channel("app-reply.")
+    await layer.group_send(events.pty_group(session_id), {"type": "pty.app_status", "session_id": str(session_id),
+                                                          "name": name, "reply_channel": reply})
+    try:
+        async with asyncio.timeout(STATUS_WAIT_S):
+            while True:
+                answer = await layer.receive(reply)
+                if answer.get("type") == "app.status":
+                    break
+    except TimeoutError:
+        return {"error": f"the session's agent did not answer within {STATUS_WAIT_S} s"}
+    if not answer.get("running"):
+        return {"error": str(answer.get("error") or "it is not running")}
+    APP_TARGETS[key] = (answer["host"], int(answer["port"]))
+    return APP_TARGETS[key]
+
+
+def session_app_target_forget(*, session_id: str, name: str) -> None:
+    """Forget where the app listens (a connection to it failed): the next request asks the agent."""
+    APP_TARGETS.pop((str(session_id), name), None)

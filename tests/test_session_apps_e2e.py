@@ -1,0 +1,212 @@
+"""Session apps end to end on the distributed stack (issue 16): daphne, a Celery manager and an
+agent process; the session image "host" declares apps, among them `echo` (tests/apps/echo_app.py,
+a real ASGI app served by daphne inside the session, refusing requests without its token).
+
+Opening the app starts it in the session (progress, then its URL; again: reused), the proxy
+forwards HTTP (a 50 MB upload, a streamed answer that waits for a websocket message) and
+websockets both ways with the token injected and the console's cookies kept back; another user
+gets 404s, a signed-out browser the login page; escaping paths are refused; an app that exits,
+one that never opens its port and a session that ends are each said so. Every wait has a deadline.
+"""
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import re
+import sys
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from tests.conftest import ROOT, StackNode, wait_until
+from tests.test_e2e_distributed import api, get_ok
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+REDIS_DB = 15  # of its own, flushed first (FGPU_TEST_STACK_REDIS_DB overrides it)
+ECHO = (f"PYTHONPATH={ROOT / 'tests' / 'apps'} exec {sys.executable} -m daphne -b {{host}} -p {{port}} "
+        "echo_app:application")
+APPS = [
+    {"name": "echo", "title": "Echo", "command": ECHO, "port": 8080, "base_url": True, "path": "echo?opened=1",
+     "timeout": 60},
+    {"name": "plain", "title": "Echo without prefix", "command": "ECHO_APP_PREFIXED=0 " + ECHO, "port": 8081,
+     "base_url": False, "timeout": 60},
+    {"name": "broken", "title": "Broken", "command": "echo broken-output; exit 4", "port": 8082},
+    {"name": "mute", "title": "Mute", "command": "echo waiting-forever; exec sleep 600", "port": 8083, "timeout": 2},
+]
+
+
+def login(base: str, username: str, password: str) -> httpx.Client:
+    """A browser-like client signed in through the login page (the session cookie)."""
+    client = httpx.Client(base_url=base, timeout=60, follow_redirects=False)
+    page = client.get("/login/")
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    answer = client.post("/login/", data={"username": username, "password": password, "csrfmiddlewaretoken": csrf})
+    assert answer.status_code == 302, answer.text[:500]
+    return client
+
+
+def ws_url(base: str, path: str) -> str:
+    return "ws://" + urlsplit(base).netloc + path
+
+
+def open_app(base: str, client: httpx.Client, session_id: str, app: str) -> list[dict]:
+    """What the open page's websocket says, to its end."""
+    messages = []
+    cookie = "; ".join(f"{k}={v}" for k, v in client.cookies.items())
+    with connect(ws_url(base, f"/ws/sessions/{session_id}/open/{app}/"), additional_headers={"Cookie": cookie},
+                 open_timeout=30) as ws:
+        for raw in ws:
+            messages.append(json.loads(raw))
+    return messages
+
+
+def raw_get(base: str, path: str, cookies: dict) -> int:
+    """GET `path` exactly as written (no client-side normalisation of dots or escapes)."""
+    parts = urlsplit(base)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    connection.putrequest("GET", path, skip_accept_encoding=True)
+    connection.putheader("Cookie", "; ".join(f"{k}={v}" for k, v in cookies.items()))
+    connection.endheaders()
+    status = connection.getresponse().status
+    connection.close()
+    return status
+
+
+@pytest.fixture
+def apps_stack(distributed_stack, django_user_model):
+    """The stack with the demo node, the "host" image declaring APPS, alice (with a RUNNING
+    interactive 0.5 fGPU session) and bob. Returns (base, alice's token, session id)."""
+    from sessions.models import SessionImage
+
+    SessionImage.objects.filter(reference="host").update(apps=APPS)
+    stack = distributed_stack(nodes=[StackNode("apps-node", (ROOT / "demo" / "mock-accelerator.toml").read_text())],
+                              redis_db=REDIS_DB)
+    django_user_model.objects.create_user("alice", password="alice-pass-123")
+    django_user_model.objects.create_user("bob", password="bob-pass-123")
+    status, body = api(stack.base, "POST", "/api/v1/auth/token/", body={"username": "alice", "password": "alice-pass-123"})
+    assert status == 200, body
+    token = body["token"]
+    status, created = api(stack.base, "POST", "/api/v1/sessions/", token,
+                          {"name": "nb", "resources": {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}})
+    assert status == 201, created
+    wait_until(lambda: get_ok(stack.base, f"/api/v1/sessions/{created['id']}/", token)["status"] == "RUNNING",
+               timeout=60, what="the session to be RUNNING")
+    return stack.base, token, created["id"]
+
+
+def test_an_app_opens_through_the_proxy_for_its_owner_only_and_says_when_it_closed(apps_stack):
+    from sessions.session_apps import app_token
+
+    base, token, session_id = apps_stack
+    prefix = f"/sessions/{session_id}/apps/echo/"
+    listed = get_ok(base, f"/api/v1/sessions/{session_id}/", token)["apps"]
+    assert [a["name"] for a in listed] == ["echo", "plain", "broken", "mute"]
+    assert listed[0] == {"name": "echo", "title": "Echo", "url": f"/sessions/{session_id}/open/echo/"}
+    alice = login(base, "alice", "alice-pass-123")
+
+    # Opening starts it (progress while its port is closed), then says where it is; again: reused.
+    page = alice.get(f"/sessions/{session_id}/open/echo/")
+    assert page.status_code == 200 and "Echo" in page.text
+    messages = open_app(base, alice, session_id, "echo")
+    assert messages[-1] == {"type": "ready", "url": prefix + "echo?opened=1", "reused": False}, messages
+    assert all(m["type"] == "progress" for m in messages[:-1])
+    assert open_app(base, alice, session_id, "echo")[-1]["reused"] is True
+
+    # HTTP through the proxy: the app got its token (it answers 403 without) and not the console's cookies.
+    alice.cookies.set("app-cookie", "kept")
+    echoed = alice.get(prefix + "echo", params={"q": "1"})
+    assert echoed.status_code == 200, echoed.text
+    body = echoed.json()
+    assert body["authorized"] is True and body["console_cookie"] is False and "app-cookie=kept" in body["cookie"]
+    assert body["path"] == prefix + "echo" and body["query"] == "q=1"
+    assert body["host"] == urlsplit(base).netloc
+    secret = app_token(session_id=session_id, app="echo")
+    for shown in (page.text, echoed.text, json.dumps(get_ok(base, f"/api/v1/sessions/{session_id}/", token))):
+        assert secret not in shown
+
+    # An app without the prefix gets the path after it.
+    assert open_app(base, alice, session_id, "plain")[-1]["type"] == "ready"
+    plain = alice.get(f"/sessions/{session_id}/apps/plain/echo").json()
+    assert plain["path"] == "/echo" and plain["authorized"] is True
+
+    # A 50 MB upload and a 50 MB download.
+    upload = os.urandom(1 << 20) * 50
+    stored = alice.post(prefix + "upload", content=upload, headers={"Content-Type": "application/octet-stream"})
+    assert stored.json() == {"bytes": len(upload), "sha256": hashlib.sha256(upload).hexdigest()}
+    with alice.stream("GET", prefix + "bytes", params={"n": 50 * 10 ** 6}) as download:
+        assert download.status_code == 200
+        assert sum(len(chunk) for chunk in download.iter_raw()) == 50 * 10 ** 6
+
+    # A websocket both ways (with the subprotocol the app chose), and a streamed answer: its first
+    # part arrives while the app still waits for the websocket's "release".
+    cookie = "; ".join(f"{k}={v}" for k, v in alice.cookies.items())
+    with alice.stream("GET", prefix + "gate") as gated:
+        lines = gated.iter_lines()
+        assert next(lines) == "first"
+        with connect(ws_url(base, prefix + "ws"), additional_headers={"Cookie": cookie},
+                     subprotocols=["v1.kernel.websocket.jupyter.org"], open_timeout=30) as ws:
+            assert ws.subprotocol == "v1.kernel.websocket.jupyter.org"
+            ws.send("hello")
+            assert ws.recv(timeout=30) == "echo:hello"
+            ws.send(b"\x00\x01binary")
+            assert ws.recv(timeout=30) == b"\x00\x01binary"
+            ws.send("release")
+            assert ws.recv(timeout=30) == "echo:release"
+        assert next(lines) == "second"
+
+    # Another user: 404 (HTTP, the open page, and the websocket); signed out: the login page.
+    bob = login(base, "bob", "bob-pass-123")
+    assert bob.get(prefix + "echo").status_code == 404
+    assert bob.get(f"/sessions/{session_id}/open/echo/").status_code == 404
+    bob_cookie = "; ".join(f"{k}={v}" for k, v in bob.cookies.items())
+    with pytest.raises(InvalidStatus):
+        connect(ws_url(base, prefix + "ws"), additional_headers={"Cookie": bob_cookie}, open_timeout=30)
+    signed_out = httpx.get(base + prefix + "echo", follow_redirects=False, timeout=30)
+    assert signed_out.status_code == 302 and signed_out.headers["location"] == f"/login/?next={prefix}echo"
+    assert alice.get(f"/sessions/{session_id}/apps/nothing/").status_code == 404
+
+    # Paths that try to leave the prefix.
+    for escape in ("../../terminal/", "%2e%2e/%2e%2e/terminal/", "..%2f..%2fterminal/", "a/./b", "a%5c..%5cb"):
+        assert raw_get(base, prefix + escape, dict(alice.cookies)) == 400, escape
+
+    # The app exits: its page says so, with a link that starts it again.
+    assert alice.get(prefix + "exit").status_code == 200
+    closed = wait_until(lambda: (r := alice.get(prefix + "echo")).status_code == 502 and r, timeout=30,
+                        what="the proxy to see the app gone")
+    assert "Echo is not running" in closed.text and "exited with code 3" in closed.text
+    assert f'href="/sessions/{session_id}/open/echo/"' in closed.text
+    assert open_app(base, alice, session_id, "echo")[-1]["reused"] is False
+
+    # The session ends while a websocket is open: the websocket closes, the app's page says the session ended.
+    with connect(ws_url(base, prefix + "ws"), additional_headers={"Cookie": cookie}, open_timeout=30) as ws:
+        status, _ = api(base, "DELETE", f"/api/v1/sessions/{session_id}/", token)
+        assert status == 202
+        wait_until(lambda: get_ok(base, f"/api/v1/sessions/{session_id}/", token)["status"] == "TERMINATED",
+                   timeout=60, what="the session to end")
+        with pytest.raises(Exception):
+            while True:
+                ws.recv(timeout=30)
+    ended = alice.get(prefix + "echo")
+    assert ended.status_code == 410 and "Session ended" in ended.text
+    failed = open_app(base, alice, session_id, "echo")[-1]
+    assert failed["type"] == "error" and failed["error"] == "session-not-running"
+
+
+def test_an_app_that_exits_or_never_answers_is_reported_with_its_output(apps_stack):
+    base, _token, session_id = apps_stack
+    alice = login(base, "alice", "alice-pass-123")
+    broken = open_app(base, alice, session_id, "broken")[-1]
+    assert broken["type"] == "error" and broken["error"] == "app-failed"
+    assert "broken exited with code 4 before it answered on port" in broken["detail"]
+    assert broken["detail"].endswith("its last output:\nbroken-output")
+    mute = open_app(base, alice, session_id, "mute")
+    assert mute[-1]["type"] == "error" and mute[-1]["error"] == "app-failed", mute
+    assert "mute did not answer on port" in mute[-1]["detail"] and "within 2 s and was stopped" in mute[-1]["detail"]
+    assert mute[-1]["detail"].endswith("waiting-forever")
+    assert any(m["type"] == "progress" and "waiting for it to answer" in m["text"] for m in mute)
