@@ -162,6 +162,10 @@
     var actions = el("div", { "class": "row-actions" });
     if (s.status === "RUNNING") {
       actions.appendChild(el("a", { "class": "button button-small terminal-link", href: s.terminal_url, text: "Terminal" }));
+      (s.apps || []).forEach(function (app) {  // the image's web apps: each starts, then opens, in a new tab
+        actions.appendChild(el("a", { "class": "button button-small app-link", href: app.url, target: "_blank",
+          rel: "noopener", "data-app": app.name, title: "Open " + app.title + " in a new tab", text: app.title }));
+      });
     } else {
       actions.appendChild(el("span", {
         "class": "button button-small terminal-link-disabled", "aria-disabled": "true",

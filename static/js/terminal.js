@@ -58,6 +58,7 @@
       return "GPU " + a.device_index + " · " + a.model_name;
     }).join(", ") || "—";
     $("terminate-session").hidden = ACTIVE.indexOf(session.status) === -1;
+    $("session-apps").hidden = session.status !== "RUNNING" || !(session.apps || []).length;  // apps end with it
     renderElapsed();
   }
 

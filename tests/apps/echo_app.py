@@ -14,7 +14,7 @@ or none when the app is not given it):
 | `gate` | "first\\n" at once, then "second\\n" once a websocket message "release" arrived: a streamed answer |
 | `exit` | answers, then the app exits with code 3 |
 | `ws` (websocket) | echoes each message back ("echo:" before text); "release" opens the gate; accepts the first subprotocol |
-| anything else | 200 "hello from echo_app" |
+| anything else | a page that opens the `ws` websocket, sends "hi" and shows the answer |
 """
 from __future__ import annotations
 
@@ -103,4 +103,18 @@ async def application(scope, receive, send) -> None:
         await _answer(send, 200, b"bye\n")
         asyncio.get_running_loop().call_later(0.2, os._exit, 3)
     else:
-        await _answer(send, 200, b"hello from echo_app\n")
+        await _answer(send, 200, PAGE.encode(), "text/html; charset=utf-8")
+
+
+PAGE = """<!doctype html><html><head><title>echo_app</title></head>
+<body style="font: 16px system-ui; margin: 40px">
+<h1>hello from echo_app</h1><p>served at <code id="where"></code></p><p id="ws">websocket: connecting</p>
+<script>
+document.getElementById("where").textContent = location.pathname;
+const base = location.pathname.endsWith("/") ? location.pathname : location.pathname + "/";
+const socket = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + base + "ws");
+socket.onopen = () => socket.send("hi");
+socket.onmessage = (event) => { document.getElementById("ws").textContent = "websocket says: " + event.data; };
+socket.onclose = (event) => { document.getElementById("ws").textContent += " (closed " + event.code + ")"; };
+</script></body></html>
+"""
