@@ -4,12 +4,15 @@ user / project / node to the second, the usage API and CSV, `fgpu usage`, /metri
 reclamation. The database is real (PostgreSQL in CI); only the clock is given explicitly."""
 from __future__ import annotations
 
+import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from decimal import Decimal
 
 import pytest
+from django.db.models import Max, Sum
 from django.test import override_settings
 from django.utils import timezone
 
@@ -18,7 +21,10 @@ from sessions.models import Allocation, ComputeSession, Project, SessionStatus
 from tests.conftest import GiB, client_for, mock_gpu
 from tests.test_reconcile import agent  # noqa: F401 (fixture: the node's agent, a recording stand-in)
 from usage import selectors
-from usage.models import DeviceRollup, DeviceSample, IdlePolicy, RollupState, SessionActivity, SessionRollup, SessionSample
+from usage.models import (
+    DeviceRollup, DeviceSample, IdlePolicy, RollupState, SessionActivity, SessionPeriodRollup, SessionRollup,
+    SessionSample,
+)
 from usage.services import usage_idle_check, usage_ingest, usage_rollup
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -148,7 +154,121 @@ def test_rollups_keep_exact_sums_and_means_per_5_minutes_and_retention_drops_old
     assert done["watermark"] == (now - 3600) // 300 * 300 and done["deleted_samples"] == 4
     assert again["session_buckets"] == 0 and SessionSample.objects.count() == 0  # nothing new, nothing twice
     with override_settings(FGPU_USAGE_ROLLUP_RETENTION=86400):
-        assert usage_rollup(now=now)["deleted_rollups"] == 3
+        assert usage_rollup(now=now)["deleted_rollups"] == 3 + 2  # and the hour and the day they were summed into
+
+
+def rollups(session, base: int, buckets: int, *, seed: int) -> list[SessionRollup]:
+    """`buckets` 5-minute rollups of `session` from `base` on, with figures that differ per bucket."""
+    return [SessionRollup(session=session, bucket=base + 300 * i, samples=60, span_s=300 - (i * seed) % 7,
+                          gpu_memory_s=((i * 7919 + seed * 104729) % 9973) * 300 * (1 << 20),
+                          gpu_memory_max=((i * 31 + seed) % 97) << 20, gpu_util_s=((i * 13 + seed) % 101) * 300,
+                          gpu_util_max=(i * 17 + seed) % 101, gpu_span_s=300, cpu_s=(i * seed) % 4000 * 300,
+                          mem_max=i + seed) for i in range(buckets)]
+
+
+def test_hourly_and_daily_sums_are_the_5_minute_ones_added_up_and_a_second_run_changes_nothing(running):
+    session = running()
+    day0 = (int(time.time()) - 5 * 86400) // 86400 * 86400
+    base = day0 + 2 * 86400 - 7 * 300  # 35 minutes before a midnight: a partial hour and a partial day first
+    SessionRollup.objects.bulk_create(rollups(session, base, 2 * 288 + 40, seed=3))
+    RollupState.objects.create(pk=1, watermark=base + 300 * (2 * 288 + 40))
+    now = base + 300 * (2 * 288 + 40) + 3600  # the watermark stays where it is
+
+    first = usage_rollup(now=now)
+    hours_rows = {(r.start, r.width): r for r in SessionPeriodRollup.objects.all()}
+    second = usage_rollup(now=now)
+
+    mark = base + 300 * (2 * 288 + 40)
+    assert (first["hour_watermark"], first["day_watermark"]) == (mark // 3600 * 3600, mark // 86400 * 86400)
+    assert (second["hours"], second["days"]) == (0, 0)  # nothing new
+    assert {(r.start, r.width): r for r in SessionPeriodRollup.objects.all()}.keys() == hours_rows.keys()
+    for (start, width), row in hours_rows.items():
+        inside = SessionRollup.objects.filter(session=session, bucket__gte=start, bucket__lt=start + width)
+        expected = inside.aggregate(samples=Sum("samples"), span_s=Sum("span_s"), gpu_memory_s=Sum("gpu_memory_s"),
+                                    gpu_memory_max=Max("gpu_memory_max"), gpu_util_s=Sum("gpu_util_s"),
+                                    gpu_util_max=Max("gpu_util_max"), gpu_span_s=Sum("gpu_span_s"), cpu_s=Sum("cpu_s"),
+                                    mem_max=Max("mem_max"))
+        assert {name: getattr(row, name) for name in expected} == expected, (start, width)
+    days = sorted(start for start, width in hours_rows if width == 86400)
+    assert days == [day0 + 86400, day0 + 2 * 86400, day0 + 3 * 86400] and mark < day0 + 5 * 86400  # day 4 is open
+    assert SessionPeriodRollup.objects.get(width=86400, start=day0 + 86400).samples == 7 * 60  # its last 35 minutes
+
+
+def test_a_period_written_before_a_crash_is_rewritten_from_its_buckets_and_two_runs_at_once_write_each_once(running):
+    session = running()
+    base = (int(time.time()) - 3 * 86400) // 86400 * 86400
+    SessionRollup.objects.bulk_create(rollups(session, base, 288, seed=5))
+    RollupState.objects.create(pk=1, watermark=base + 86400)
+    # a run that died after writing an hour from half its buckets, before moving the marks
+    SessionPeriodRollup.objects.create(session=session, width=3600, start=base, samples=1, span_s=1, gpu_memory_s=1)
+    now = base + 86400 + 3600
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: run_closing_connection(now), range(2)))
+
+    hour = SessionPeriodRollup.objects.get(width=3600, start=base)
+    assert hour.gpu_memory_s == sum(r.gpu_memory_s for r in rollups(session, base, 12, seed=5))
+    assert SessionPeriodRollup.objects.filter(width=3600).count() == 24
+    assert SessionPeriodRollup.objects.get(width=86400).samples == 288 * 60
+    assert sorted(r["days"] for r in results) == [0, 1]  # the second waited for the first's lock, found nothing
+
+
+def run_closing_connection(now: int) -> dict:
+    from django.db import connection
+
+    try:
+        return usage_rollup(now=now)
+    finally:
+        connection.close()
+
+
+def test_the_report_over_hourly_and_daily_sums_equals_the_report_over_5_minute_sums_for_any_range(running, staff):
+    session, other = running(), running()
+    day0 = (int(time.time()) - 6 * 86400) // 86400 * 86400
+    base = day0 + 5 * 3600 + 600
+    SessionRollup.objects.bulk_create(rollups(session, base, 3 * 288, seed=2) + rollups(other, base + 900, 700, seed=9))
+    mark = base + 300 * 3 * 288
+    RollupState.objects.create(pk=1, watermark=mark)
+    SessionSample.objects.bulk_create([SessionSample(session=session, t=mark + 7 * i, span=7, gpu_memory=i << 20,
+                                                     gpu_util=i % 100) for i in range(50)])
+    rng = random.Random(15)
+    ranges = [(base - 1000, mark + 400), (day0 + 86400, day0 + 2 * 86400), (base + 3 * 3600 + 7, base + 3 * 3600 + 900),
+              (day0 + 86400 - 1, mark)]
+    ranges += [tuple(sorted(rng.sample(range(base - 3600, mark + 600), 2))) for _ in range(20)]
+
+    def report(t0, t1):
+        return selectors.usage_report(user=staff, start=datetime.fromtimestamp(t0, dt_timezone.utc),
+                                      end=datetime.fromtimestamp(t1, dt_timezone.utc), group_by="user")
+
+    without = [report(t0, t1) for t0, t1 in ranges]
+    usage_rollup(now=mark + 3600)
+    assert SessionPeriodRollup.objects.filter(width=86400).count() >= 2  # the report has days to read
+
+    assert [report(t0, t1) for t0, t1 in ranges] == without
+
+
+def test_a_chart_longer_than_a_week_draws_hourly_means_the_open_hours_from_their_buckets(running):
+    session = running()
+    base = (int(time.time()) - 12 * 86400) // 3600 * 3600
+    buckets = rollups(session, base, 10 * 288, seed=4)
+    SessionRollup.objects.bulk_create(buckets)
+    mark = base + 10 * 86400
+    RollupState.objects.create(pk=1, watermark=mark)
+    usage_rollup(now=mark + 3600)
+    RollupState.objects.filter(pk=1).update(hour_watermark=mark - 2 * 3600)  # the last two hours not summed yet
+
+    series = selectors.session_series(session=session, since=base, until=mark)
+    week = selectors.session_series(session=session, since=mark - 86400, until=mark)
+
+    assert series["resolution"] == "1h" and series["t"] == [base + 3600 * h for h in range(240)]
+    for h in (0, 100, 238, 239):  # a summed hour and the two still open
+        inside = buckets[12 * h:12 * h + 12]
+        gpu_span = sum(b.gpu_span_s for b in inside)
+        assert series["gpu_memory"][h] == sum(b.gpu_memory_s for b in inside) // gpu_span
+        assert series["gpu_util"][h] == sum(b.gpu_util_s for b in inside) // gpu_span
+        assert series["cpu"][h] == sum(b.cpu_s for b in inside) // sum(b.span_s for b in inside)
+        assert series["mem"][h] == max(b.mem_max for b in inside)
+    assert week["resolution"] == "5m" and len(week["t"]) == 288
 
 
 def demo_cluster_device():

@@ -136,7 +136,8 @@ class SessionUsageSerializer(serializers.Serializer):
     gpu_util = serializers.ListField(child=serializers.IntegerField(allow_null=True), help_text="percent")
     cpu = serializers.ListField(child=serializers.IntegerField(allow_null=True), help_text="milli-cores")
     mem = serializers.ListField(child=serializers.IntegerField(allow_null=True), help_text="bytes")
-    resolution = serializers.ChoiceField(choices=["raw", "5m"])
+    resolution = serializers.ChoiceField(choices=["raw", "5m", "1h"],
+                                         help_text="raw: every sample; 5m: 5-minute means; 1h: hourly means")
     gpu_memory_limit = serializers.IntegerField(help_text="bytes of GPU memory granted (all devices)")
     deadline = serializers.DateTimeField(allow_null=True, help_text="when idle reclamation terminates it, if warned")
     deadline_reason = serializers.CharField(allow_blank=True)
@@ -165,7 +166,8 @@ def _epoch(name: str, raw: str | None, default: int) -> int:
     responses={200: SessionUsageSerializer, 400: OpenApiResponse(ErrorSerializer, description="a bad parameter"),
                404: OpenApiResponse(ErrorSerializer, description="no such session (or not yours)")},
     description="GPU memory (against the granted limit), GPU utilisation, CPU and memory over time, column-wise for "
-                "a chart; full resolution for the last day, 5-minute means before. A gap in the samples is a null.",
+                "a chart; full resolution for the last day, 5-minute means before, hourly means for a range longer "
+                "than about a week (2,000 five-minute points). A gap in the samples is a null.",
 )
 @api_view(["GET"])
 def session_usage_view(request, session_id):

@@ -7,12 +7,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import F, Q, Sum
+from django.db.models import F, Max, Q, Sum
 from django.utils import timezone
 
 from accelerators.models import Device
 from sessions.models import Allocation, ComputeSession, Project
-from usage.models import DeviceRollup, DeviceSample, RollupState, SessionActivity, SessionRollup, SessionSample
+from usage.models import (
+    DeviceRollup, DeviceSample, RollupState, SessionActivity, SessionPeriodRollup, SessionRollup, SessionSample,
+)
 
 GiB = Decimal(1 << 30)
 HOUR = Decimal(3600)
@@ -126,24 +128,73 @@ def _watermark() -> int:
     return RollupState.objects.values_list("watermark", flat=True).first() or 0
 
 
+def _watermarks() -> tuple[int, int, int]:
+    """(5-minute, hour, day) watermarks: buckets, hours and days before each are rolled up."""
+    return RollupState.objects.values_list("watermark", "hour_watermark", "day_watermark").first() or (0, 0, 0)
+
+
+def _ranges(t0: int, t1: int, *, hour_mark: int, day_mark: int) -> dict:
+    """How [t0, t1) (epoch seconds) is read: `{86400: [(a, b)], 3600: [(a, b)], 300: [(lo, hi)]}`,
+    whole closed days first, then whole closed hours in what is left, then the rest from the
+    5-minute level (and the samples past its watermark). Periods are read where they lie wholly
+    inside the range and before their level's watermark, so the coarse levels only ever replace
+    5-minute buckets the range counts whole: the sums are those of the 5-minute level alone."""
+    out: dict = {SessionPeriodRollup.DAY: [], SessionPeriodRollup.HOUR: [], 300: []}
+    levels = ((SessionPeriodRollup.DAY, day_mark), (SessionPeriodRollup.HOUR, hour_mark))
+
+    def cover(lo: int, hi: int, level: int) -> None:
+        if lo >= hi:
+            return
+        if level == len(levels):
+            out[300].append((lo, hi))
+            return
+        width, mark = levels[level]
+        a, b = -(-lo // width) * width, min(hi, mark) // width * width
+        if a >= b:
+            cover(lo, hi, level + 1)
+            return
+        out[width].append((a, b))
+        cover(lo, a, level + 1)
+        cover(b, hi, level + 1)
+
+    cover(t0, t1, 0)
+    return out
+
+
 def _used(*, visible_owner, start: datetime, end: datetime) -> dict:
-    """{session id: (Σ GPU bytes × s, Σ percent × s)} over [start, end): 5-minute sums for the
-    buckets before the watermark, full-resolution samples from it on."""
-    t0, t1, mark = int(start.timestamp()), int(end.timestamp()), _watermark()
+    """{session id: (Σ GPU bytes × s, Σ percent × s)} over [start, end): daily and hourly sums
+    (SessionPeriodRollup) for the whole closed days and hours inside the range, 5-minute sums for
+    the other buckets before the watermark (those starting inside the range), full-resolution
+    samples from it on. A month reads about 30 daily rows per session and at most a few dozen
+    hourly and 5-minute ones (benchmarks/usage_query.py)."""
+    t0, t1 = int(start.timestamp()), int(end.timestamp())
+    mark, hour_mark, day_mark = _watermarks()
     owner = Q() if visible_owner is None else Q(session__owner=visible_owner)
     out = collections.defaultdict(lambda: [0, 0])
-    if t0 < mark:
-        rolled = (SessionRollup.objects.filter(owner, bucket__gte=t0, bucket__lt=min(t1, mark)).values("session_id")
-                  .annotate(m=Sum("gpu_memory_s"), u=Sum("gpu_util_s")))
-        for r in rolled:
+
+    def add(rows) -> None:
+        for r in rows:
             out[r["session_id"]][0] += r["m"] or 0
             out[r["session_id"]][1] += r["u"] or 0
+
+    ranges = _ranges(t0, t1, hour_mark=hour_mark, day_mark=day_mark)
+    for width in (SessionPeriodRollup.DAY, SessionPeriodRollup.HOUR):
+        if ranges[width]:
+            within = Q()
+            for a, b in ranges[width]:
+                within |= Q(start__gte=a, start__lt=b)
+            add(SessionPeriodRollup.objects.filter(owner, within, width=width).values("session_id")
+                .annotate(m=Sum("gpu_memory_s"), u=Sum("gpu_util_s")))
+    buckets = Q()
+    for lo, hi in ranges[300]:
+        if lo < mark:
+            buckets |= Q(bucket__gte=lo, bucket__lt=min(hi, mark))
+    if buckets:
+        add(SessionRollup.objects.filter(owner, buckets).values("session_id")
+            .annotate(m=Sum("gpu_memory_s"), u=Sum("gpu_util_s")))
     if t1 > mark:
-        raw = (SessionSample.objects.filter(owner, t__gte=max(t0, mark), t__lt=t1).values("session_id")
-               .annotate(m=Sum(F("gpu_memory") * F("span")), u=Sum(F("gpu_util") * F("span"))))
-        for r in raw:
-            out[r["session_id"]][0] += r["m"] or 0
-            out[r["session_id"]][1] += r["u"] or 0
+        add(SessionSample.objects.filter(owner, t__gte=max(t0, mark), t__lt=t1).values("session_id")
+            .annotate(m=Sum(F("gpu_memory") * F("span")), u=Sum(F("gpu_util") * F("span"))))
     return {sid: tuple(v) for sid, v in out.items()}
 
 
@@ -155,22 +206,21 @@ SERIES_MAX_POINTS = 2000
 def session_series(*, session: ComputeSession, since: int, until: int) -> dict:
     """A session's usage over [since, until) (epoch seconds) for a chart, column-wise:
     `{"t": [epoch s], "gpu_memory": [bytes|None], "gpu_util": [percent|None], "cpu": [milli-cores|None],
-    "mem": [bytes|None], "resolution": "raw" | "5m", "gpu_memory_limit": bytes granted (sum over
-    devices), "deadline": ISO time or None, "deadline_reason": text}`. Full-resolution samples while
-    the range starts after the watermark (the last day), else 5-minute means. A gap (no sample for
-    more than twice a sample's span) is a None point, never a zero."""
-    mark = _watermark()
+    "mem": [bytes|None], "resolution": "raw" | "5m" | "1h", "gpu_memory_limit": bytes granted (sum
+    over devices), "deadline": ISO time or None, "deadline_reason": text}`. Full-resolution samples
+    while the range starts after the watermark (the last day); hourly means for a range longer
+    than SERIES_MAX_POINTS 5-minute buckets (about a week: a month is 720 points); else 5-minute
+    means. A gap (no sample for more than twice a sample's span) is a None point, never a zero."""
+    mark, hour_mark, _ = _watermarks()
     if since >= mark:
         resolution = "raw"
         points = (SessionSample.objects.filter(session=session, t__gte=since, t__lt=until).order_by("t")
                   .values_list("t", "span", "gpu_memory", "gpu_util", "cpu", "mem"))
     else:
-        resolution = "5m"
-        points = [(b, 300, None if not g else m // g, None if not g else u // g, None if not s else c // s, x)
-                  for b, s, g, m, u, c, x in
-                  SessionRollup.objects.filter(session=session, bucket__gte=since - since % 300, bucket__lt=until)
-                  .order_by("bucket").values_list("bucket", "span_s", "gpu_span_s", "gpu_memory_s", "gpu_util_s",
-                                                  "cpu_s", "mem_max")]
+        long = until - since > SERIES_MAX_POINTS * 300 and since < hour_mark
+        resolution, width = ("1h", SessionPeriodRollup.HOUR) if long else ("5m", 300)
+        points = [(b, width, None if not g else m // g, None if not g else u // g, None if not s else c // s, x)
+                  for b, s, g, m, u, c, x in _rollup_points(session, since - since % width, until, width, hour_mark)]
     names = ("t", "gpu_memory", "gpu_util", "cpu", "mem")
     rows = list(points)[-SERIES_MAX_POINTS:]
     columns = _columns(((t, g, u, c, m) for t, _, g, u, c, m in rows), names, [span for _, span, *_ in rows])
@@ -179,6 +229,27 @@ def session_series(*, session: ComputeSession, since: int, until: int) -> dict:
     deadline = activity.get("deadline")
     return {**columns, "resolution": resolution, "gpu_memory_limit": limit,
             "deadline": deadline.isoformat() if deadline else None, "deadline_reason": activity.get("reason", "")}
+
+
+ROLLUP_POINT = ("span_s", "gpu_span_s", "gpu_memory_s", "gpu_util_s", "cpu_s", "mem_max")
+
+
+def _rollup_points(session, since: int, until: int, width: int, hour_mark: int) -> list[tuple]:
+    """`(start, span_s, gpu_span_s, gpu_memory_s, gpu_util_s, cpu_s, mem_max)` per 5-minute bucket
+    (`width` 300) or per hour (3600: the hourly rows before the hour watermark, the hours after it
+    summed from their closed buckets) in [since, until), by time."""
+    buckets = SessionRollup.objects.filter(session=session, bucket__lt=until)
+    if width == 300:
+        return list(buckets.filter(bucket__gte=since).order_by("bucket").values_list("bucket", *ROLLUP_POINT))
+    hours = list(SessionPeriodRollup.objects.filter(session=session, width=width, start__gte=since,
+                                                    start__lt=min(until, hour_mark))
+                 .order_by("start").values_list("start", *ROLLUP_POINT))
+    open_hours = (buckets.filter(bucket__gte=max(since, hour_mark)).annotate(h=F("bucket") - F("bucket") % width)
+                  .values("h").order_by("h")
+                  .annotate(a=Sum("span_s"), b=Sum("gpu_span_s"), c=Sum("gpu_memory_s"), d=Sum("gpu_util_s"),
+                            e=Sum("cpu_s"), f=Max("mem_max"))
+                  .values_list("h", "a", "b", "c", "d", "e", "f"))
+    return hours + list(open_hours)
 
 
 def _columns(rows, names: tuple[str, ...], spans: list[int]) -> dict:

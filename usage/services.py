@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, Max, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -17,7 +17,8 @@ from accelerators.models import Device
 from sessions.models import ComputeSession, SessionStatus
 from sessions.reconcile import valid_uuids
 from usage.models import (
-    DeviceRollup, DeviceSample, IdlePolicy, RollupState, SessionActivity, SessionRollup, SessionSample,
+    DeviceRollup, DeviceSample, IdlePolicy, RollupState, SessionActivity, SessionPeriodRollup, SessionRollup,
+    SessionSample,
 )
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 BUCKET = 300  # seconds in one rollup bucket
 MAX_BATCH = 20_000  # samples one batch may carry (a node with 200 sessions, an hour of 5 s samples … is split)
 MAX_SPAN = 3600
+PERIOD_BACKFILL = 31 * 86400  # seconds of hours or days one rollup run writes at most per level (a first run
+#                               after an upgrade, over 90 days of 5-minute rollups, is spread over three runs)
 
 
 def _now() -> float:
@@ -177,10 +180,14 @@ def _activity_note(session_id: str, *, last_input: int | None, last_sample: int)
 
 def usage_rollup(*, now: float | None = None) -> dict:
     """Roll full-resolution samples up into 5-minute buckets, up to the new watermark
-    (now − FGPU_USAGE_LATENESS, rounded down to a bucket), then apply retention: samples older
-    than FGPU_USAGE_RAW_RETENTION and rollups older than FGPU_USAGE_ROLLUP_RETENTION are
-    deleted. Idempotent (a bucket is computed from all its samples and upserted). Returns
-    `{"watermark", "session_buckets", "device_buckets", "deleted_samples", "deleted_rollups"}`."""
+    (now − FGPU_USAGE_LATENESS, rounded down to a bucket); sum the closed buckets into hourly and
+    the closed hours into daily SessionPeriodRollup rows (at most PERIOD_BACKFILL seconds of each
+    level per run); then apply retention: samples older than FGPU_USAGE_RAW_RETENTION, rollups and
+    periods older than FGPU_USAGE_ROLLUP_RETENTION are deleted. Idempotent and safe to run twice
+    at once or after a crash: RollupState is locked for the run, each bucket or period is computed
+    from all its sources and upserted, and the watermarks move in the same transaction as the rows
+    they vouch for. Returns `{"watermark", "hour_watermark", "day_watermark", "session_buckets",
+    "device_buckets", "hours", "days", "deleted_samples", "deleted_rollups"}`."""
     now = _now() if now is None else now
     new_mark = int(now - settings.FGPU_USAGE_LATENESS) // BUCKET * BUCKET
     with transaction.atomic():
@@ -191,16 +198,71 @@ def usage_rollup(*, now: float | None = None) -> dict:
             session_buckets = _roll_sessions(start, new_mark)
             device_buckets = _roll_devices(start, new_mark)
             state.watermark = new_mark
-            state.save(update_fields=["watermark"])
+        periods = _roll_periods(state)
+        state.save(update_fields=["watermark", "hour_watermark", "day_watermark"])
     raw_horizon = int(now - settings.FGPU_USAGE_RAW_RETENTION)
     raw_horizon = min(raw_horizon, state.watermark)  # never delete what is not rolled up yet
     deleted_samples = (SessionSample.objects.filter(t__lt=raw_horizon).delete()[0]
                        + DeviceSample.objects.filter(t__lt=raw_horizon).delete()[0])
     rollup_horizon = int(now - settings.FGPU_USAGE_ROLLUP_RETENTION)
     deleted_rollups = (SessionRollup.objects.filter(bucket__lt=rollup_horizon).delete()[0]
-                       + DeviceRollup.objects.filter(bucket__lt=rollup_horizon).delete()[0])
-    return {"watermark": state.watermark, "session_buckets": session_buckets, "device_buckets": device_buckets,
+                       + DeviceRollup.objects.filter(bucket__lt=rollup_horizon).delete()[0]
+                       + SessionPeriodRollup.objects.filter(start__lt=rollup_horizon).delete()[0])
+    return {"watermark": state.watermark, "hour_watermark": state.hour_watermark, "day_watermark": state.day_watermark,
+            "session_buckets": session_buckets, "device_buckets": device_buckets, **periods,
             "deleted_samples": deleted_samples, "deleted_rollups": deleted_rollups}
+
+
+def _roll_periods(state: RollupState) -> dict:
+    """Move `state.hour_watermark` and `state.day_watermark` on (not saved): hours from the
+    5-minute rollups closed before `state.watermark`, days from the hours closed before the hour
+    watermark. A level with no mark yet starts at its source's first row. Returns `{"hours": rows
+    written, "days": rows written}`."""
+    written = {}
+    source_mark = state.watermark
+    for width, mark_field, name in ((SessionPeriodRollup.HOUR, "hour_watermark", "hours"),
+                                    (SessionPeriodRollup.DAY, "day_watermark", "days")):
+        target = source_mark // width * width
+        mark = getattr(state, mark_field) or _first_period(width, target)
+        end = min(target, mark + PERIOD_BACKFILL)
+        written[name] = _roll_period(width, mark, end) if end > mark else 0
+        setattr(state, mark_field, max(end, mark))
+        source_mark = getattr(state, mark_field)
+    return written
+
+
+def _period_source(width: int) -> tuple[str, str, str]:
+    """(table, time column, extra condition) a period of `width` seconds is summed from."""
+    if width == SessionPeriodRollup.HOUR:
+        return SessionRollup._meta.db_table, "bucket", ""
+    return SessionPeriodRollup._meta.db_table, "start", f"AND width = {SessionPeriodRollup.HOUR}"
+
+
+def _first_period(width: int, default: int) -> int:
+    table, column, extra = _period_source(width)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT MIN({column}) FROM {table} WHERE {column} < %s {extra}", [default])
+        first = cursor.fetchone()[0]
+    return default if first is None else first // width * width
+
+
+def _roll_period(width: int, start: int, end: int) -> int:
+    """Upsert the periods of `width` seconds in [start, end) (multiples of width) from their
+    sources, in one statement (INSERT … SELECT … ON CONFLICT, PostgreSQL and SQLite alike).
+    Returns the rows written."""
+    table, column, extra = _period_source(width)
+    sums = ("samples", "span_s", "gpu_memory_s", "gpu_util_s", "gpu_span_s", "cpu_s")
+    maxima = ("gpu_memory_max", "gpu_util_max", "mem_max")
+    period = f"{column} - {column} %% {int(width)}"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {SessionPeriodRollup._meta.db_table} (session_id, width, start, {', '.join(sums + maxima)}) "
+            f"SELECT session_id, {int(width)}, {period}, {', '.join(f'SUM({c})' for c in sums)}, "
+            f"{', '.join(f'MAX({c})' for c in maxima)} FROM {table} WHERE {column} >= %s AND {column} < %s {extra} "
+            f"GROUP BY session_id, {period} "
+            f"ON CONFLICT (session_id, width, start) DO UPDATE SET "
+            f"{', '.join(f'{c} = excluded.{c}' for c in sums + maxima)}", [start, end])
+        return cursor.rowcount
 
 
 def _first_sample_bucket(default: int) -> int:

@@ -157,7 +157,8 @@
         util.set([d.t, d.gpu_util], since, now);
         cpu.set([d.t, d.cpu], since, now);
         panel.querySelector(".usage-limit").textContent = limit ? bytesText(limit) : "—";
-        panel.querySelector(".usage-resolution").textContent = d.resolution === "raw" ? "every sample" : "5-minute means";
+        panel.querySelector(".usage-resolution").textContent = 
+            {raw: "every sample", "5m": "5-minute means", "1h": "hourly means"}[d.resolution] || d.resolution;
         stale.hidden = true;
         root.setAttribute("data-state", "live");
         if (badge && FINAL.indexOf(badge.textContent.trim()) !== -1) {
