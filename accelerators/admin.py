@@ -10,14 +10,18 @@ from decimal import ROUND_DOWN, Decimal
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
-from django.urls import reverse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
+from accelerators.admin_display import EMPTY, BinarySizeField, size_html, when_html
 from accelerators.allocation import core, topology, units
 from accelerators.allocation.errors import InvalidResourceRequest
+from accelerators.config_import import MAX_UPLOAD_BYTES, ConfigError, import_accelerator_config_upload
 from accelerators.mig_selectors import mig_gpu_pictures, node_mig_sync_view
 from accelerators.mig_services import node_mig_settings_apply, node_mig_settings_check
 from accelerators.models import (
@@ -40,8 +44,91 @@ def _fgpu_number(value: Decimal) -> str:
     return f"{value.quantize(_CENTI, rounding=ROUND_DOWN):f}"
 
 
+class ConfigImportForm(forms.Form):
+    file = forms.FileField(
+        label="Configuration file",
+        help_text="a Backend.AI mock-accelerator TOML (.toml: slot formats, and with a node name that node's devices) "
+                  'or the etcd-style JSON of fractional settings (.json: {"config": {"plugins": {"accelerator": '
+                  '{"cuda": {…}}}}}); at most 1 MiB')
+    node = forms.CharField(
+        label="Node", required=False, max_length=128,
+        help_text="TOML only: register or update this node with the file's devices (replaces its inventory); "
+                  "empty: slot formats only")
+    check_only = forms.BooleanField(
+        label="Check only", required=False,
+        help_text="run the import and roll it back: see what it would do and its warnings, import nothing")
+
+    def clean_file(self):
+        upload = self.cleaned_data["file"]
+        if upload.size > MAX_UPLOAD_BYTES:
+            raise forms.ValidationError(f"{upload.size:,} bytes; at most {MAX_UPLOAD_BYTES:,} (1 MiB) are taken")
+        return upload
+
+
+def config_import_view(model_admin: admin.ModelAdmin, request: HttpRequest) -> TemplateResponse:
+    """Upload a configuration file and import it (`import_accelerator_config_upload`: one
+    transaction, nothing half-imported), showing the summary, each warning, or the error with
+    its file, field and problem."""
+    if not model_admin.has_import_permission(request):
+        raise PermissionDenied
+    report = error = None
+    if request.method == "POST":
+        form = ConfigImportForm(request.POST, request.FILES)
+        if form.is_valid():
+            upload = form.cleaned_data["file"]
+            try:
+                report = import_accelerator_config_upload(
+                    name=upload.name, data=upload.read(), node_name=form.cleaned_data["node"] or None,
+                    check_only=form.cleaned_data["check_only"])
+            except ConfigError as exc:
+                error = exc
+    else:
+        form = ConfigImportForm()
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": "Import an accelerator configuration",
+        "opts": model_admin.model._meta,
+        "form": form,
+        "report": report,
+        "summary": _summary_lines(report, checked_only=bool(report) and form.cleaned_data.get("check_only")),
+        "checked_only": bool(report) and form.cleaned_data.get("check_only"),
+        "error": error,
+    }
+    return TemplateResponse(request, "admin/accelerators/config_import.html", context)
+
+
+def _summary_lines(report, *, checked_only: bool) -> list[str]:
+    if report is None:
+        return []
+    lines = report.summary().splitlines()
+    if checked_only and lines[0].startswith("Imported "):
+        lines[0] = "Would import " + lines[0].removeprefix("Imported ")
+    return lines
+
+
+class _ConfigImportLink:
+    """Adds `<changelist>/import/` (the upload page) and its button to a change list."""
+
+    change_list_template = "admin/accelerators/change_list_with_import.html"
+
+    def get_urls(self):
+        name = f"{self.model._meta.app_label}_{self.model._meta.model_name}_import"
+        view = self.admin_site.admin_view(lambda request: config_import_view(self, request))
+        return [path("import/", view, name=name), *super().get_urls()]
+
+    def has_import_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("accelerators.change_fractionalsettings") and \
+            request.user.has_perm("accelerators.change_slotformat")
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
+        extra_context = {**(extra_context or {}), "import_url": reverse(
+            f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_import")
+            if self.has_import_permission(request) else ""}
+        return super().changelist_view(request, extra_context)
+
+
 @admin.register(SlotFormat)
-class SlotFormatAdmin(admin.ModelAdmin):
+class SlotFormatAdmin(_ConfigImportLink, admin.ModelAdmin):
     list_display = (
         "slot_key",
         "display_unit",
@@ -91,16 +178,37 @@ def capacity_lines(settings: FractionalSettings) -> list[str]:
     return lines
 
 
-@admin.register(FractionalSettings)
-class FractionalSettingsAdmin(admin.ModelAdmin):
-    list_display = ("slot_name", "allocation_mode", "unit_mem_display", "unit_proc", "quantum_size", "capacity", "updated_at")
-    list_filter = ("allocation_mode",)
-    readonly_fields = ("capacity", "updated_at")
-    fields = ("slot_name", "allocation_mode", "unit_mem", "unit_proc", "quantum_size", "capacity", "updated_at")
+class FractionalSettingsForm(forms.ModelForm):
+    unit_mem = BinarySizeField(label="Memory in 1.0 fGPU",
+                               help_text='device memory in 1.0 fGPU, e.g. "4G" or "512M" (binary units; at least 512 MiB)')
 
-    @admin.display(description="unit_mem (1.0 fGPU)", ordering="unit_mem")
+    class Meta:
+        model = FractionalSettings
+        fields = ("slot_name", "allocation_mode", "unit_mem", "unit_proc", "quantum_size")
+
+    def clean_unit_mem(self):
+        value = self.cleaned_data.get("unit_mem")
+        if value is None:
+            raise forms.ValidationError("This field is required.")
+        return value
+
+
+@admin.register(FractionalSettings)
+class FractionalSettingsAdmin(_ConfigImportLink, admin.ModelAdmin):
+    form = FractionalSettingsForm
+    list_display = ("slot_name", "allocation_mode", "unit_mem_display", "unit_proc", "quantum_size", "capacity",
+                    "updated")
+    list_filter = ("allocation_mode",)
+    readonly_fields = ("capacity", "updated")
+    fields = ("slot_name", "allocation_mode", "unit_mem", "unit_proc", "quantum_size", "capacity", "updated")
+
+    @admin.display(description="memory in 1.0 fGPU", ordering="unit_mem")
     def unit_mem_display(self, obj: FractionalSettings) -> str:
-        return units.format_binary_size(obj.unit_mem)
+        return size_html(obj.unit_mem)
+
+    @admin.display(description="updated", ordering="updated_at")
+    def updated(self, obj: FractionalSettings) -> str:
+        return when_html(obj.updated_at)
 
     @admin.display(description="capacity per physical GPU")
     def capacity(self, obj: FractionalSettings) -> str:
@@ -125,8 +233,12 @@ def _attach_summaries(devices: list[Device]) -> None:
         device._fgpu_summary = summaries.get(device.pk)
 
 
-def _fgpu_text(value: Decimal | None) -> str:
-    return "— (discrete)" if value is None else _fgpu_number(value)
+def _fgpu_text(summary: FgpuSummary) -> str:
+    """Free fGPU, or why there is none to give: the slot is discrete, or the GPU serves MIG."""
+    if summary.mig:
+        return format_html('<span title="{}">none ({})</span>',
+                           f"this GPU serves {summary.mig}: one GPU is never MIG and fGPU shares at once", summary.mig)
+    return "— (discrete)" if summary.free is None else _fgpu_number(summary.free)
 
 
 class _DeviceFields:
@@ -134,7 +246,7 @@ class _DeviceFields:
 
     @admin.display(description="memory", ordering="memory_size")
     def memory(self, obj: Device) -> str:
-        return units.format_binary_size(obj.memory_size)
+        return size_html(obj.memory_size)
 
     @admin.display(description="SMs", ordering="subproc_count")
     def sms(self, obj: Device) -> int:
@@ -156,7 +268,7 @@ class _DeviceFields:
     @admin.display(description="free fGPU")
     def free(self, obj: Device) -> str:
         summary = _summary(obj)
-        return "—" if summary is None else _fgpu_text(summary.free)
+        return "—" if summary is None else _fgpu_text(summary)
 
 
 class _DeviceInlineFormSet(BaseInlineFormSet):
@@ -281,6 +393,12 @@ def mig_picture_html(node: Node) -> str:
     return format_html("{}<div>{}</div>", format_html_join("", "{}", ((b,) for b in blocks)), legend)
 
 
+def _attribute_text(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
 def mig_sync_text(view: dict) -> str:
     """The sync view (`node_mig_sync_view`) in one line: the state's words, and that changes
     wait for sessions (how many) when they do."""
@@ -301,19 +419,21 @@ def mig_sync_html(node: Node) -> str:
     lines += [(f"error: {e['profile'] or 'GPU'}@{e['start']} on {e['gpu']}: {e['reason']}",) for e in view["errors"]]
     lines += [(f"to destroy: {d['profile']}@{d['start']} on {d['gpu']}",) for d in view["destroying"]]
     return format_html("<strong>{}</strong> — {}<br>sent {} ({}, #{}), reported {}<ul>{}</ul>", view["applied"],
-                       mig_sync_text(view), view["sent_at"] or "never", view["kind"] or "—", view["seq"] or 0,
-                       view["reported_at"] or "not yet", format_html_join("", "<li>{}</li>", lines))
+                       mig_sync_text(view), when_html(view["sent_at"]) if view["sent_at"] else "never",
+                       view["kind"] or "—", view["seq"] or 0,
+                       when_html(view["reported_at"]) if view["reported_at"] else "not yet",
+                       format_html_join("", "<li>{}</li>", lines))
 
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ("name", "status", "resource_group", "last_heartbeat", "cpu_count", "memory", "device_count",
+    list_display = ("name", "status", "resource_group", "heartbeat", "cpu_count", "memory", "device_count",
                     "sharing")
     list_filter = ("status", "resource_group")
     search_fields = ("name",)
     inlines = (DeviceInline, DeviceLinkInline)
-    reported = ("name", "status", "last_heartbeat", "registered_at", "cpu_count", "memory", "plugins", "attributes",
-                "held_images")
+    reported = ("name", "status", "heartbeat", "registered", "cpu_count", "memory", "plugin_list",
+                "attribute_list", "held_images")
     fieldsets = (
         ("Reported by the agent", {"fields": reported}),
         ("Sharing (set by administrators)", {"fields": ("resource_group", "device_split_count", "memory_scaling",
@@ -370,9 +490,30 @@ class NodeAdmin(admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).annotate(_device_count=Count("devices"))
 
-    @admin.display(description="memory", ordering="memory_size")
+    @admin.display(description="main memory", ordering="memory_size")
     def memory(self, obj: Node) -> str:
-        return units.format_binary_size(obj.memory_size)
+        return size_html(obj.memory_size)
+
+    @admin.display(description="last heartbeat", ordering="last_heartbeat")
+    def heartbeat(self, obj: Node) -> str:
+        return when_html(obj.last_heartbeat)
+
+    @admin.display(description="registered", ordering="registered_at")
+    def registered(self, obj: Node) -> str:
+        return when_html(obj.registered_at)
+
+    @admin.display(description="compute plugins")
+    def plugin_list(self, obj: Node) -> str:
+        return ", ".join(obj.plugins or []) or "none"
+
+    @admin.display(description="driver and runtime")
+    def attribute_list(self, obj: Node) -> str:
+        """The agent's report, one "name: value" per line (what it says, not JSON)."""
+        items = sorted((obj.attributes or {}).items())
+        if not items:
+            return EMPTY
+        return format_html_join("", "<div><span class='muted'>{}:</span> {}</div>",
+                                ((name.replace("_", " "), _attribute_text(value)) for name, value in items))
 
     @admin.display(description="devices", ordering="_device_count")
     def device_count(self, obj: Node) -> int:
@@ -449,14 +590,34 @@ class GpuInstanceAdmin(admin.ModelAdmin):
     and those its agents found on their GPUs at start that nobody planned ("unknown since": made by
     hand or by another tool; their slices count as taken until an agent start no longer finds them)."""
 
-    list_display = ("__str__", "node", "profile", "placement_start", "placement_size", "memory", "uuid", "session",
-                    "last_used_at", "unknown_since")
+    list_display = ("__str__", "node", "profile", "slices", "memory", "uuid", "session", "last_used", "unknown")
+    fields = ("node", "parent", "profile", "slices", "memory", "subproc_count", "uuid", "session", "created",
+              "last_used", "unknown")
+    readonly_fields = fields
     list_filter = ("node", "profile", ("unknown_since", admin.EmptyFieldListFilter))
     list_select_related = ("node", "parent", "session")
 
     @admin.display(description="memory", ordering="memory_size")
     def memory(self, obj: GpuInstance) -> str:
-        return units.format_binary_size(obj.memory_size)
+        return size_html(obj.memory_size)
+
+    @admin.display(description="memory slices", ordering="placement_start")
+    def slices(self, obj: GpuInstance) -> str:
+        last = obj.placement_start + obj.placement_size - 1
+        return str(obj.placement_start) if last == obj.placement_start else f"{obj.placement_start}–{last}"
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj: GpuInstance) -> str:
+        return when_html(obj.created_at)
+
+    @admin.display(description="last used", ordering="last_used_at")
+    def last_used(self, obj: GpuInstance) -> str:
+        return when_html(obj.last_used_at)
+
+    @admin.display(description="unknown since", ordering="unknown_since")
+    def unknown(self, obj: GpuInstance) -> str:
+        """When an agent found it on its GPU without the manager having planned it; "—": planned here."""
+        return when_html(obj.unknown_since)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

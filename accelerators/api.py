@@ -32,9 +32,9 @@ from console.api_support import (
 # --- inventory: nodes and devices ---------------------------------------------------------------
 
 class DeviceSerializer(serializers.ModelSerializer):
-    capacity_fgpu = serializers.SerializerMethodField(help_text="fGPU; null in discrete mode")
+    capacity_fgpu = serializers.SerializerMethodField(help_text="fGPU; null in discrete mode and on a GPU serving MIG")
     allocated_fgpu = serializers.SerializerMethodField(help_text="fGPU held by live allocations (1 per whole device)")
-    free_fgpu = serializers.SerializerMethodField(help_text="fGPU; null in discrete mode")
+    free_fgpu = serializers.SerializerMethodField(help_text="fGPU; null in discrete mode and on a GPU serving MIG")
     parent = serializers.CharField(source="parent.device_id", default=None, read_only=True, allow_null=True,
                                    help_text="a MIG slice's parent GPU UUID")
 

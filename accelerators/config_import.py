@@ -39,6 +39,9 @@ SYS (NODE when both devices declare the same `numa_node`).
 from __future__ import annotations
 
 import json
+import os
+import re
+import tempfile
 import tomllib
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -61,6 +64,7 @@ __all__ = [
     "ImportReport",
     "MockAcceleratorConfig",
     "import_accelerator_config",
+    "import_accelerator_config_upload",
     "parse_etcd_json",
     "parse_mock_accelerator_toml",
 ]
@@ -940,3 +944,50 @@ def _apply_inventory(config: MockAcceleratorConfig, node_name: str, report: Impo
     report.device_count = len(config.devices)
     report.mig_device_count = sum(1 for device in config.devices if device.is_mig_device)
     report.link_count = len(config.links)
+
+
+MAX_UPLOAD_BYTES = 1 << 20  # 1 MiB: Backend.AI's largest sample configurations are a few KiB
+_UPLOAD_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class _CheckOnly(Exception):
+    """Raised inside the import's transaction to roll it back (a check that imports nothing)."""
+
+
+def import_accelerator_config_upload(*, name: str, data: bytes, node_name: str | None = None,
+                                     check_only: bool = False) -> ImportReport:
+    """`import_accelerator_config` for a file uploaded through the admin: `name` is the uploaded
+    file's name (its extension picks the format as on the command line; shown in the report and
+    in errors instead of a temporary path), `data` its bytes (at most MAX_UPLOAD_BYTES).
+
+    The import runs in one transaction: on any ConfigError nothing is written. `check_only`
+    runs the very same import and rolls it back, so the report (counts and warnings) says what
+    an import would do and nothing is written. Raises ConfigError (file, field, problem)."""
+    shown = _UPLOAD_NAME.sub("_", os.path.basename(name or "")).strip("._") or "upload"
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise ConfigError(shown, "", f"{len(data):,} bytes; at most {MAX_UPLOAD_BYTES:,} (1 MiB) are taken")
+    if not data.strip():
+        raise ConfigError(shown, "", "the file is empty")
+    with tempfile.TemporaryDirectory(prefix="fgpu-import-") as folder:
+        path = os.path.join(folder, shown)
+        with open(path, "wb") as stream:
+            stream.write(data)
+        try:
+            if not check_only:
+                return _shown_as(import_accelerator_config(path, node_name=node_name), folder)
+            with transaction.atomic():
+                report = import_accelerator_config(path, node_name=node_name)
+                raise _CheckOnly
+        except _CheckOnly:
+            return _shown_as(report, folder)
+        except ConfigError as exc:
+            raise ConfigError(exc.path.replace(folder + os.sep, ""), exc.field, exc.problem) from None
+
+
+def _shown_as(report: ImportReport, folder: str) -> ImportReport:
+    """The report with the temporary folder left out of its path and warnings."""
+    prefix = folder + os.sep
+    report.path = report.path.replace(prefix, "")
+    report.warnings = [warning.replace(prefix, "") for warning in report.warnings]
+    return report
+

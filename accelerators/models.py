@@ -71,12 +71,13 @@ class FractionalSettings(models.Model):
     slot_name = models.CharField(max_length=32, unique=True)
     allocation_mode = models.CharField(max_length=16, choices=AllocationMode.choices, default=AllocationMode.DISCRETE)
     unit_mem = models.BigIntegerField(
-        default=2 * GiB, validators=[MinValueValidator(512 * MiB)], help_text="bytes of device memory in 1.0 fGPU"
+        "memory in 1.0 fGPU", default=2 * GiB, validators=[MinValueValidator(512 * MiB)], help_text="bytes of device memory in 1.0 fGPU"
     )
     unit_proc = models.PositiveIntegerField(
-        default=8, validators=[MinValueValidator(2)], help_text="sub-processors (SMs) in 1.0 fGPU"
+        "SMs in 1.0 fGPU", default=8, validators=[MinValueValidator(2)], help_text="sub-processors (SMs) in 1.0 fGPU"
     )
     quantum_size = models.DecimalField(
+        "quantum",
         max_digits=6,
         decimal_places=3,
         default=Decimal("0.1"),
@@ -120,13 +121,13 @@ class ResourceGroup(models.Model):
                               help_text="how nodes are chosen: binpack, spread, best-fit, fgd (fragmentation gradient "
                                         "descent, Weng et al. ATC'23) or fgd-plus (the default: FGD plus GPU stranded by CPU/memory, "
                                         "a best-fit term and GPU-model pressure)")
-    weight_memory = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal("1"),
+    weight_memory = models.DecimalField("memory weight", max_digits=5, decimal_places=2, default=Decimal("1"),
                                         validators=[MinValueValidator(Decimal("0"))])
-    weight_cores = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal("1"),
+    weight_cores = models.DecimalField("SM weight", max_digits=5, decimal_places=2, default=Decimal("1"),
                                        validators=[MinValueValidator(Decimal("0"))])
-    weight_sessions = models.DecimalField(max_digits=5, decimal_places=2, default=Decimal("1"),
+    weight_sessions = models.DecimalField("sessions weight", max_digits=5, decimal_places=2, default=Decimal("1"),
                                           validators=[MinValueValidator(Decimal("0"))])
-    no_fragmentation = models.BooleanField(default=False)
+    no_fragmentation = models.BooleanField("no fragmentation", default=False)
 
     class Meta:
         ordering = ["name"]
@@ -180,8 +181,8 @@ class Node(models.Model):
     status = models.CharField(max_length=8, choices=NodeStatus.choices, default=NodeStatus.ALIVE)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField(auto_now_add=True)
-    cpu_count = models.PositiveIntegerField(default=1, help_text="CPU cores sessions may use")
-    memory_size = models.BigIntegerField(default=0, help_text="bytes of main memory sessions may use")
+    cpu_count = models.PositiveIntegerField("CPU cores", default=1, help_text="CPU cores sessions may use")
+    memory_size = models.BigIntegerField("main memory", default=0, help_text="bytes of main memory sessions may use")
     plugins = models.JSONField(default=list, blank=True, help_text="compute plugins the agent loaded")
     attributes = models.JSONField(default=dict, blank=True, help_text="driver and runtime versions reported by the agent")
     images = models.JSONField(
@@ -248,17 +249,17 @@ class Device(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
     slot_name = models.CharField(max_length=32, default="cuda")
-    device_id = models.CharField(max_length=128, help_text="agent-side id: the GPU (or MIG) UUID")
+    device_id = models.CharField("device ID", max_length=128, help_text="agent-side id: the GPU (or MIG) UUID")
     index = models.PositiveIntegerField(default=0, help_text="order on the node, as nvidia-smi numbers GPUs")
-    mother_uuid = models.CharField(max_length=128)
-    model_name = models.CharField(max_length=128)
-    numa_node = models.IntegerField(null=True, blank=True)
-    subproc_count = models.PositiveIntegerField(help_text="SMs (compute units)")
-    memory_size = models.BigIntegerField(help_text="bytes")
-    is_mig_device = models.BooleanField(default=False)
+    mother_uuid = models.CharField("mother UUID", max_length=128)
+    model_name = models.CharField("model", max_length=128)
+    numa_node = models.IntegerField("NUMA node", null=True, blank=True)
+    subproc_count = models.PositiveIntegerField("SMs", help_text="SMs (compute units)")
+    memory_size = models.BigIntegerField("memory", help_text="bytes")
+    is_mig_device = models.BooleanField("MIG device", default=False)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="mig_devices")
-    mig_profile = models.CharField(max_length=32, blank=True)
-    mig_catalog = models.JSONField(default=dict, blank=True,
+    mig_profile = models.CharField("MIG profile", max_length=32, blank=True)
+    mig_catalog = models.JSONField("MIG catalog", default=dict, blank=True,
                                    help_text="MIG profiles NVML reported for this GPU (empty: the built-in table)")
 
     class Meta:
@@ -315,12 +316,12 @@ class GpuInstance(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpu_instances")
     parent = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="gpu_instances",
                                help_text="the physical GPU")
-    profile = models.CharField(max_length=32)
-    placement_start = models.PositiveSmallIntegerField(help_text="first memory slice (0–7)")
-    placement_size = models.PositiveSmallIntegerField(help_text="memory slices")
-    memory_size = models.BigIntegerField(default=0, help_text="bytes")
-    subproc_count = models.PositiveIntegerField(default=0, help_text="SMs")
-    uuid = models.CharField(max_length=128, blank=True, help_text="MIG device UUID, once the agent created it")
+    profile = models.CharField("MIG profile", max_length=32)
+    placement_start = models.PositiveSmallIntegerField("start", help_text="first memory slice (0–7)")
+    placement_size = models.PositiveSmallIntegerField("size", help_text="memory slices")
+    memory_size = models.BigIntegerField("memory", default=0, help_text="bytes")
+    subproc_count = models.PositiveIntegerField("SMs", default=0, help_text="SMs")
+    uuid = models.CharField("MIG device UUID", max_length=128, blank=True, help_text="MIG device UUID, once the agent created it")
     session = models.ForeignKey("compute_sessions.ComputeSession", null=True, blank=True, on_delete=models.SET_NULL,
                                 related_name="gpu_instances", help_text="the session using it; empty: idle")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -334,6 +335,7 @@ class GpuInstance(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["parent", "placement_start"], name="gpuinstance_unique_start")]
         ordering = ["node__name", "parent__index", "placement_start"]
+        verbose_name = "GPU instance"
 
     def __str__(self) -> str:
         return f"{self.node.name}/{self.parent.index} {self.profile}@{self.placement_start}"

@@ -16,6 +16,7 @@ from accelerators.models import (
     Device,
     DeviceLink,
     FractionalSettings,
+    MigMode,
     Node,
     NodeStatus,
     PlacementShape,
@@ -28,11 +29,14 @@ _LIVE = Q(allocations__released_at__isnull=True)
 
 @dataclass(frozen=True)
 class FgpuSummary:
-    """A device's fGPU figures. `capacity`/`free` are None where the slot is in discrete mode."""
+    """A device's fGPU figures. `capacity`/`free` are None where the slot is in discrete mode, and
+    for a GPU that serves MIG instead (`mig` then says why: "MIG dynamic", "MIG fixed layout",
+    "MIG slices"; one GPU is never MIG and fGPU at once)."""
 
     capacity: Decimal | None
     allocated: Decimal
     free: Decimal | None
+    mig: str = ""
 
 
 def fractional_settings_get(*, slot_name: str) -> FractionalSettings:
@@ -114,17 +118,31 @@ def device_fgpu_summary(devices: Iterable[Device]) -> dict:
     if not all(hasattr(d, "session_count") and Device.node.is_cached(d) for d in devices):
         devices = devices_with_usage(Device.objects.filter(pk__in=[d.pk for d in devices]).select_related("node"))
     result = {}
+    sliced = _mothers_with_mig_slices([d for d in devices if (s := settings.get(d.slot_name)) and s.is_fractional])
     for device in devices:
         slot = settings.get(device.slot_name)
         allocated = Decimal(device.shares_used or 0)
         if slot is None or slot.allocation_mode != AllocationMode.FRACTIONAL or device.is_mig_device:
             result[device.pk] = FgpuSummary(capacity=None, allocated=allocated, free=None)
             continue
+        if device.node.mig_mode in (MigMode.DYNAMIC, MigMode.FIXED) or device.mother_uuid in sliced:
+            why = "MIG slices" if device.mother_uuid in sliced else f"MIG {device.node.get_mig_mode_display().split(' (')[0]}"
+            result[device.pk] = FgpuSummary(capacity=None, allocated=allocated, free=None, mig=why)
+            continue
         pure = slot.as_allocation_settings()
         state = device_state(device)
         capacity = core.device_capacity(memory_size=state.memory_total, subproc_count=state.proc_total, settings=pure)
         result[device.pk] = FgpuSummary(capacity=capacity, allocated=allocated, free=core.device_free_shares(state, pure))
     return result
+
+
+def _mothers_with_mig_slices(devices: list[Device]) -> set[str]:
+    """The `mother_uuid`s among `devices`' whole GPUs that have MIG slices in the inventory (as
+    `mig_exclusion` rules: such a GPU serves no fGPU shares). One query, none without whole GPUs."""
+    mothers = {d.mother_uuid for d in devices if not d.is_mig_device}
+    if not mothers:
+        return set()
+    return set(Device.objects.filter(is_mig_device=True, mother_uuid__in=mothers).values_list("mother_uuid", flat=True))
 
 
 DEFAULT_GROUP = "default"

@@ -1,4 +1,5 @@
-"""Named API tokens that users create and revoke on their profile page."""
+"""Named API tokens that users create and revoke on their profile page, and (a proxy) the login
+tokens DRF's authtoken issues for a password."""
 from __future__ import annotations
 
 import uuid
@@ -6,6 +7,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from rest_framework.authtoken.models import Token
 
 
 class ApiToken(models.Model):
@@ -43,3 +45,17 @@ class ApiToken(models.Model):
     @property
     def is_revoked(self) -> bool:
         return self.revoked_at is not None
+
+
+class LoginToken(Token):
+    """The token `POST /api/v1/auth/token/` issues for a password (DRF authtoken; what `fgpu login`
+    stores), shown in the admin beside the named API tokens: one token section, not DRF's own.
+    A proxy: no table of its own."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "login token (fgpu login)"
+        verbose_name_plural = "login tokens (fgpu login)"
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.key[:8]}…)"

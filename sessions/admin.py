@@ -8,17 +8,21 @@ console or the API), so their allocations are released exactly once.
 """
 from __future__ import annotations
 
+import json
+
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html_join
 
 from accelerators.allocation.errors import AllocationError
 from accelerators.allocation.requests import parse_resources
-from accelerators.allocation.units import SizeError, format_binary_size, parse_binary_size
+from accelerators.admin_display import EMPTY, BinarySizeField, size_html, when_html
+from accelerators.allocation.units import format_binary_size
 from console.errors import ApplicationError
 from sessions.images import image_save, image_sessions_waiting_or_active
-from sessions.models import ComputeSession, Project, Quota, ResourcePreset, SessionImage
+from sessions.models import Allocation, ComputeSession, Project, Quota, ResourcePreset, SessionImage
 from sessions.presets import preset_check, preset_save
 from sessions.quotas import QuotaUsage, fgpu_text, quota_usage_of
 from sessions.selectors import request_configuration, session_configuration
@@ -26,7 +30,7 @@ from sessions.selectors import request_configuration, session_configuration
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
-    list_display = ("name", "member_count", "description", "created_at")
+    list_display = ("name", "member_count", "description", "created")
     search_fields = ("name", "description", "members__username")
     filter_horizontal = ("members", "resource_groups")
     fields = ("name", "description", "members", "resource_groups")
@@ -38,24 +42,9 @@ class ProjectAdmin(admin.ModelAdmin):
     def member_count(self, obj: Project) -> int:
         return obj.member_count
 
-
-class BinarySizeField(forms.CharField):
-    """A size in bytes typed as "40G", "40 GiB" or a whole number of bytes; empty → None."""
-
-    def prepare_value(self, value):
-        if isinstance(value, int) and not isinstance(value, bool):
-            text = format_binary_size(value)
-            return text if parse_binary_size(text) == value else str(value)  # never show a rounded size
-        return value
-
-    def to_python(self, value):
-        value = super().to_python(value).strip()
-        if not value:
-            return None
-        try:
-            return parse_binary_size(int(value) if value.isdigit() else value)
-        except SizeError as exc:
-            raise forms.ValidationError(str(exc)) from None
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj: Project) -> str:
+        return when_html(obj.created_at)
 
 
 class QuotaForm(forms.ModelForm):
@@ -65,6 +54,7 @@ class QuotaForm(forms.ModelForm):
     class Meta:
         model = Quota
         fields = ("user", "project", "max_fgpu", "max_devices", "max_gpu_memory", "max_sessions")
+        labels = {"max_fgpu": "Max fGPU", "max_devices": "Max devices", "max_sessions": "Max sessions"}
 
 
 def _usage(obj: Quota) -> QuotaUsage:
@@ -81,7 +71,7 @@ def _of(used: str, limit: str | None) -> str:
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
     form = QuotaForm
-    list_display = ("subject_display", "fgpu", "devices", "gpu_memory", "sessions", "updated_at")
+    list_display = ("subject_display", "fgpu", "devices", "gpu_memory", "sessions", "updated")
     list_select_related = ("user", "project")
     search_fields = ("user__username", "project__name")
     autocomplete_fields = ("user", "project")
@@ -91,6 +81,10 @@ class QuotaAdmin(admin.ModelAdmin):
     @admin.display(description="for")
     def subject_display(self, obj: Quota) -> str:
         return obj.subject
+
+    @admin.display(description="updated", ordering="updated_at")
+    def updated(self, obj: Quota) -> str:
+        return when_html(obj.updated_at)
 
     @admin.display(description="fGPU in use / max")
     def fgpu(self, obj: Quota) -> str:
@@ -124,12 +118,16 @@ class SessionImageAdmin(admin.ModelAdmin):
     running use cannot be deleted."""
 
     list_display = ("reference", "display_name", "accelerator_list", "is_default", "holding_nodes", "in_use",
-                    "created_at")
+                    "created")
     list_filter = ("is_default",)
     search_fields = ("reference", "display_name", "description")
     fields = ("reference", "display_name", "description", "accelerators", "shell", "labels", "is_default",
               "holding_nodes")
     readonly_fields = ("holding_nodes",)
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj: SessionImage) -> str:
+        return when_html(obj.created_at)
 
     @admin.display(description="accelerators")
     def accelerator_list(self, obj: SessionImage) -> str:
@@ -166,20 +164,114 @@ class SessionImageAdmin(admin.ModelAdmin):
                               messages.WARNING)
 
 
+class AllocationInline(admin.TabularInline):
+    """What the session holds (or held) on each device, in GiB and SMs."""
+
+    model = Allocation
+    extra = 0
+    can_delete = False
+    verbose_name = "allocation"
+    fields = ("device", "fgpu", "device_memory", "sms", "held_since", "released")
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).select_related("device__node")
+
+    @admin.display(description="fGPU")
+    def fgpu(self, obj: Allocation) -> str:
+        return fgpu_text(obj.shares)
+
+    @admin.display(description="GPU memory")
+    def device_memory(self, obj: Allocation) -> str:
+        return size_html(obj.memory)
+
+    @admin.display(description="SMs")
+    def sms(self, obj: Allocation) -> str:
+        return f"{obj.procs.normalize():f}"
+
+    @admin.display(description="held since")
+    def held_since(self, obj: Allocation) -> str:
+        return when_html(obj.created_at)
+
+    @admin.display(description="released")
+    def released(self, obj: Allocation) -> str:
+        return when_html(obj.released_at) if obj.released_at else "still held"
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
 @admin.register(ComputeSession)
 class ComputeSessionAdmin(admin.ModelAdmin):
-    """Read-only: sessions are created, scheduled and ended by their services only."""
+    """Read-only: sessions are created, scheduled and ended by their services only. The page
+    says what was asked and granted in the console's words; the scheduler's bookkeeping
+    (backfill count, version, the normalised request) sits in a folded "Internals" section,
+    each field explained."""
 
-    list_display = ("name", "status", "owner", "node", "image", "configuration", "created_at")
+    list_display = ("name", "status", "owner", "node", "image", "configuration", "created")
     list_filter = ("status", "node")
     list_select_related = ("owner", "node", "image")
     search_fields = ("name", "owner__username", "=id")
     date_hierarchy = "created_at"
-    readonly_fields = ("configuration",)
+    inlines = (AllocationInline,)
+    fieldsets = (
+        (None, {"fields": ("name", "owner", "status", "status_reason", "image", "command_text")}),
+        ("Request", {"fields": ("configuration", "request_sent", "cpu_cores", "host_memory", "priority")}),
+        ("Where and when", {"fields": ("node", "created", "scheduled", "started", "terminated", "exit_code")}),
+        ("Internals (the scheduler's bookkeeping)", {"classes": ("collapse",), "fields": (
+            "backfilled_past", "version", "normalised_request")}),
+    )
+    readonly_fields = ("name", "owner", "status", "status_reason", "image", "command_text", "configuration",
+                       "request_sent", "cpu_cores", "host_memory", "priority", "node", "created", "scheduled",
+                       "started", "terminated", "exit_code", "backfilled_past", "version", "normalised_request")
 
     @admin.display(description="configuration")
     def configuration(self, obj: ComputeSession) -> str:
         return session_configuration(obj)
+
+    @admin.display(description="command")
+    def command_text(self, obj: ComputeSession) -> str:
+        return obj.command or "an interactive shell"
+
+    @admin.display(description="request as sent")
+    def request_sent(self, obj: ComputeSession) -> str:
+        return _json_lines(obj.resources)
+
+    @admin.display(description="CPU cores")
+    def cpu_cores(self, obj: ComputeSession) -> int:
+        return obj.cpu
+
+    @admin.display(description="host memory")
+    def host_memory(self, obj: ComputeSession) -> str:
+        return size_html(obj.mem)
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj: ComputeSession) -> str:
+        return when_html(obj.created_at)
+
+    @admin.display(description="scheduled")
+    def scheduled(self, obj: ComputeSession) -> str:
+        return when_html(obj.scheduled_at)
+
+    @admin.display(description="started")
+    def started(self, obj: ComputeSession) -> str:
+        return when_html(obj.started_at)
+
+    @admin.display(description="ended")
+    def terminated(self, obj: ComputeSession) -> str:
+        return when_html(obj.terminated_at)
+
+    @admin.display(description="overtaken by backfill")
+    def backfilled_past(self, obj: ComputeSession) -> str:
+        """`overtaken`: how many later, smaller sessions started past this one while it waited; at
+        FGPU_BACKFILL_LIMIT nothing more may pass it."""
+        times = "once" if obj.overtaken == 1 else f"{obj.overtaken} times"
+        return (f"{times} — later sessions that started past it while it waited (backfill); once this reaches "
+                f"FGPU_BACKFILL_LIMIT nothing more may start before it")
+
+    @admin.display(description="normalised request")
+    def normalised_request(self, obj: ComputeSession) -> str:
+        return _json_lines(obj.request_spec)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -189,6 +281,23 @@ class ComputeSessionAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: ComputeSession | None = None) -> bool:
         return False
+
+
+_BYTE_KEYS = ("mem", "memory", "gpu_memory")
+
+
+def _json_lines(value: dict) -> str:
+    """A JSON object as "key: value" lines (values as JSON; sizes in bytes as binary sizes with the
+    bytes on hover), "—" when empty."""
+    if not value:
+        return EMPTY
+
+    def shown(key, item):
+        if key in _BYTE_KEYS and isinstance(item, int) and not isinstance(item, bool):
+            return size_html(item)
+        return json.dumps(item, ensure_ascii=False)
+
+    return format_html_join("", "<div><code>{}</code>: {}</div>", ((key, shown(key, item)) for key, item in value.items()))
 
 
 class ResourcePresetForm(forms.ModelForm):
@@ -232,7 +341,7 @@ class ResourcePresetAdmin(admin.ModelAdmin):
     (Backend.AI's resource presets). Each is checked as a launch is when saved."""
 
     form = ResourcePresetForm
-    list_display = ("name", "configuration", "group", "image_reference", "description", "updated_at")
+    list_display = ("name", "configuration", "group", "image_reference", "description", "updated")
     list_select_related = ("resource_group", "image")
     list_filter = ("resource_group",)
     search_fields = ("name", "description")
@@ -253,6 +362,10 @@ class ResourcePresetAdmin(admin.ModelAdmin):
             return request_configuration(parse_resources(obj.request()))
         except AllocationError as exc:
             return f"not valid now: {exc}"
+
+    @admin.display(description="updated", ordering="updated_at")
+    def updated(self, obj: ResourcePreset) -> str:
+        return when_html(obj.updated_at)
 
     @admin.display(description="image", ordering="image__reference")
     def image_reference(self, obj: ResourcePreset) -> str:

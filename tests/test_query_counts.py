@@ -133,8 +133,8 @@ def test_me_costs_the_same_queries_for_1_or_100_live_sessions(rows, alice, djang
 # --- the inventory --------------------------------------------------------------------------------
 
 # The nodes with their resource groups; their devices with usage and MIG parents; the
-# fractional settings (once for the page's devices).
-NODES_QUERIES = 3
+# fractional settings and the GPUs with MIG slices (no fGPU there), once for the page's devices.
+NODES_QUERIES = 4
 
 
 def test_the_node_list_costs_the_same_queries_for_1_or_100_nodes_with_sessions(
@@ -155,8 +155,8 @@ def test_the_device_list_costs_the_same_queries_for_1_or_100_devices(rows, alice
     make_cluster(nodes={"gpu-node-0": gpus_with_mig_slices(rows)}, cpu=64)
     launch(alice, 4, {"cuda.shares": "0.5"})
 
-    # The devices with usage, nodes and MIG parents; the fractional settings.
-    body = assert_page(client_for(alice), "/api/v1/devices/", rows=rows, queries=PAGED + 2,
+    # The devices with usage, nodes and MIG parents; the fractional settings; the GPUs with MIG slices.
+    body = assert_page(client_for(alice), "/api/v1/devices/", rows=rows, queries=PAGED + 3,
                        assert_max_queries=django_assert_max_num_queries)
 
     assert sum(d["session_count"] for d in body["results"]) == 4
