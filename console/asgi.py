@@ -1,8 +1,8 @@
 """ASGI entry point: `daphne console.asgi:application`.
 
 HTTP goes to Django (static files served by Django's ASGI static handler), except
-`/sessions/<id>/apps/<name>/…`, which goes through session-cookie auth to the app proxy
-(sessions.app_proxy); websockets go through the origin check, then session-cookie auth, then the
+`/sessions/<id>/apps/<name>/…`, which goes to the app proxy (sessions.app_proxy: it checks the
+sign-in cookie itself); websockets go through the origin check, then session-cookie auth, then the
 URL router (Channels' docs; the app proxy's websockets are routed there too).
 """
 import os
@@ -37,7 +37,7 @@ class BrowserOriginValidator(OriginValidator):
 
 application = ProtocolTypeRouter(
     {
-        "http": AppProxyRouter(AuthMiddlewareStack(AppHttpProxy()), ASGIStaticFilesHandler(django_asgi_app)),
+        "http": AppProxyRouter(AppHttpProxy(), ASGIStaticFilesHandler(django_asgi_app)),
         "websocket": BrowserOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), settings.ALLOWED_HOSTS
         ),

@@ -2,7 +2,7 @@
 both ways, with httpx) and websockets (with `websockets`) to a web app running in the session
 (sessions.session_apps), for the session's owner and administrators only.
 
-- Who: the console's sign-in (the session cookie, through Channels' AuthMiddlewareStack). Signed
+- Who: the console's sign-in (the session cookie; websockets through Channels' AuthMiddlewareStack). Signed
   out: HTTP is sent to the login page (websockets are closed, 4401); another user's session or
   an app its image does not declare: 404, as everywhere (ids do not leak).
 - What goes upstream: the request as the browser sent it, to where the session's agent says
@@ -21,12 +21,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from importlib import import_module
+from types import SimpleNamespace
 from urllib.parse import quote
 
 import httpx
 import websockets
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.contrib import auth
 from django.http import Http404
 from django.shortcuts import resolve_url
 from django.template.loader import render_to_string
@@ -113,7 +116,7 @@ def upstream_headers(scope, *, token: str) -> list[tuple[str, str]]:
 def _lookup(user, session_id: str, name: str) -> dict:
     """Blocking (database): the session and app the request is for, checked: `{"status",
     "app", "node"}`. Raises Http404 (not the owner nor staff, no such session or app)."""
-    session = session_get_for(user=user, session_id=session_id)
+    session = session_get_for(user=user, session_id=session_id, related=("image", "node"))
     try:
         app = session_app_get(session=session, name=name)
     except ApplicationError:
@@ -121,13 +124,41 @@ def _lookup(user, session_id: str, name: str) -> dict:
     return {"status": session.status, "app": app, "node": session.node.name if session.node_id else ""}
 
 
+def _signed_in_lookup(session_key: str, session_id: str, name: str) -> dict | None:
+    """Blocking (database): the console user of the sign-in cookie `session_key` (Django's
+    `auth.get_user`, with its session-hash check), then `_lookup`; None when nobody is signed in.
+    One trip to a worker thread per request, where Channels' AuthMiddlewareStack takes two more."""
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key or None)
+    user = auth.get_user(SimpleNamespace(session=store))
+    if not user.is_authenticated:
+        return None
+    return _lookup(user, session_id, name)
+
+
+def _session_key(scope) -> str:
+    for name, value in scope.get("headers", []):
+        if name == b"cookie":
+            for part in value.decode("latin-1").split(";"):
+                key, _, found = part.strip().partition("=")
+                if key == settings.SESSION_COOKIE_NAME:
+                    return found
+    return ""
+
+
 async def _check(scope, match) -> tuple[int, dict]:
-    """(0, what `_lookup` found), or (an HTTP status, page context) when the request is refused."""
-    user = scope.get("user")
-    if user is None or not user.is_authenticated:
-        return 401, {}
+    """(0, what `_lookup` found), or (an HTTP status, page context) when the request is refused.
+    Websockets carry `scope["user"]` (AuthMiddlewareStack); HTTP requests are signed in here."""
     try:
-        found = await database_sync_to_async(_lookup)(user, match["session"], match["app"])
+        if scope["type"] == "websocket":
+            user = scope.get("user")
+            if user is None or not user.is_authenticated:
+                return 401, {}
+            found = await database_sync_to_async(_lookup)(user, match["session"], match["app"])
+        else:
+            found = await database_sync_to_async(_signed_in_lookup)(_session_key(scope), match["session"],
+                                                                     match["app"])
+            if found is None:
+                return 401, {}
     except Http404:
         return 404, {}
     if found["status"] != SessionStatus.RUNNING:
@@ -165,8 +196,8 @@ async def _not_running(session_id: str, app: dict, error: str) -> dict:
 
 
 class AppHttpProxy:
-    """ASGI application for HTTP requests under `/sessions/<id>/apps/<name>/` (wrap it in
-    Channels' AuthMiddlewareStack: it reads `scope["user"]`)."""
+    """ASGI application for HTTP requests under `/sessions/<id>/apps/<name>/` (it reads the
+    console's sign-in cookie itself: `_check`)."""
 
     async def __call__(self, scope, receive, send) -> None:
         match = PATH_RE.match(scope["path"])

@@ -33,11 +33,17 @@ def session_list_for(*, user):
     return sessions if user.is_staff else sessions.filter(owner=user)
 
 
-def session_get_for(*, user, session_id) -> ComputeSession:
-    """The session if `user` owns it or is staff. Raises Http404 otherwise, so ids of other
-    users' sessions do not leak (404, never 403)."""
+def session_get_for(*, user, session_id, related: tuple[str, ...] | None = None) -> ComputeSession:
+    """The session if `user` owns it or is staff, read as `sessions_shown` reads it, or with just
+    the relations in `related` (one query: the app proxy's per-request check). Raises Http404
+    otherwise, so ids of other users' sessions do not leak (404, never 403)."""
+    if related is not None:
+        sessions = ComputeSession.objects.select_related(*related)
+        sessions = sessions if user.is_staff else sessions.filter(owner=user)
+    else:
+        sessions = session_list_for(user=user)
     try:
-        return session_list_for(user=user).get(pk=session_id)
+        return sessions.get(pk=session_id)
     except (ComputeSession.DoesNotExist, ValidationError, ValueError, TypeError):
         raise Http404("no such session") from None
 

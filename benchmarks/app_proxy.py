@@ -1,0 +1,160 @@
+"""What the console's app proxy (issue 16, sessions/app_proxy.py) adds: a session app reached
+through `/sessions/<id>/apps/<name>/` against the same app reached directly, in one run.
+
+    .venv/bin/python benchmarks/app_proxy.py [--requests 500] [--download-mb 200] [--upload-mb 100] [--messages 500]
+
+A standalone console (`manage.py standalone`: daphne, the embedded agent on the process runtime)
+on a free port, with the image "host" declaring the app `echo` (tests/apps/echo_app.py served by
+daphne inside a session; it writes the port and token the agent gave it to its home directory,
+read back through the exec API, so the direct client can reach it with the token the proxy would
+inject). One 0.5 fGPU session; the app is opened once; then, through the proxy and directly:
+
+- latency: --requests sequential `GET echo` on one kept-alive connection (httpx): p50 / p99 ms;
+- download: `GET bytes?n=…` of --download-mb MB (10^6 bytes), read as it streams: MB/s;
+- upload: `POST upload` of --upload-mb MB: MB/s (the app hashes it);
+- websocket: --messages sequential round trips of a 100-byte text message: p50 / p99 ms.
+
+Prints a table and the proxy's added p50 latency; results go to stdout and --out (default
+benchmarks/results/app_proxy.txt). The client runs in this process; the console and the app on
+this machine (2 cores in CI): the figures include their competition for the CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from websockets.sync.client import connect
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.stack import PYTHON, Proc, free_port, wait_until  # noqa: E402
+
+PASSWORD = "bench-app-proxy-password"
+ECHO = (f"echo {{port}} {{token}} > $HOME/.echo-app; PYTHONPATH={ROOT / 'tests' / 'apps'} exec {PYTHON} -m daphne "
+        "-b {host} -p {port} echo_app:application")
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def start_console(work: Path) -> tuple[Proc, str]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update(FGPU_DATA_DIR=str(work / "data"), FGPU_ADMIN_PASSWORD=PASSWORD, PORT=str(port), PYTHONUNBUFFERED="1")
+    console = Proc("standalone", [PYTHON, "manage.py", "standalone"], env=env, log_dir=work)
+    base = f"http://127.0.0.1:{port}"
+
+    def ready():
+        try:
+            return httpx.get(base + "/login/", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(ready, timeout=120, what="the standalone console")
+    return console, base
+
+
+def prepare(base: str) -> tuple[httpx.Client, str, dict]:
+    """An admin signed in (cookie), the session's id, and the app's direct address and token."""
+    api = httpx.Client(base_url=base, timeout=60)
+    token = api.post("/api/v1/auth/token/", json={"username": "admin", "password": PASSWORD}).json()["token"]
+    api.headers["Authorization"] = f"Token {token}"
+    host = next(i for i in api.get("/api/v1/images/").json()["results"] if i["reference"] == "host")
+    etag = api.get(f"/api/v1/images/{host['id']}/").headers["ETag"]
+    api.patch(f"/api/v1/images/{host['id']}/", headers={"If-Match": etag},
+              json={"apps": [{"name": "echo", "command": ECHO, "port": 8080, "timeout": 60}]}).raise_for_status()
+    session = api.post("/api/v1/sessions/", json={"name": "bench", "resources": {"cuda.shares": "0.5"}}).json()
+    wait_until(lambda: api.get(f"/api/v1/sessions/{session['id']}/").json()["status"] == "RUNNING", timeout=60,
+               what="the session to run")
+    browser = httpx.Client(base_url=base, timeout=120)
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', browser.get("/login/").text).group(1)
+    browser.post("/login/", data={"username": "admin", "password": PASSWORD, "csrfmiddlewaretoken": csrf})
+    cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
+    with connect(base.replace("http", "ws") + f"/ws/sessions/{session['id']}/open/echo/",
+                 additional_headers={"Cookie": cookie}, open_timeout=60) as ws:
+        answers = [json.loads(m) for m in ws]
+    assert answers[-1]["type"] == "ready", answers
+    out = api.post(f"/api/v1/sessions/{session['id']}/exec/", json={"command": "cat $HOME/.echo-app"}).json()
+    port, app_token = out["stdout"].split()
+    return browser, session["id"], {"port": int(port), "token": app_token, "cookie": cookie}
+
+
+def measure(client: httpx.Client, prefix: str, ws_url: str, ws_headers: dict, args) -> dict:
+    client.get(prefix + "echo").raise_for_status()  # warm: the connection, and the proxy's target
+    times = []
+    for _ in range(args.requests):
+        started = time.perf_counter()
+        client.get(prefix + "echo").raise_for_status()
+        times.append((time.perf_counter() - started) * 1000)
+    n = int(args.download_mb * 10 ** 6)
+    started, got = time.perf_counter(), 0
+    with client.stream("GET", prefix + "bytes", params={"n": n}) as answer:
+        for chunk in answer.iter_raw():
+            got += len(chunk)
+    download_s = time.perf_counter() - started
+    assert got == n, (got, n)
+    body = os.urandom(1 << 20) * int(args.upload_mb * 10 ** 6 // (1 << 20))
+    started = time.perf_counter()
+    stored = client.post(prefix + "upload", content=body)
+    upload_s = time.perf_counter() - started
+    assert stored.json()["bytes"] == len(body), stored.text
+    rtts, message = [], "m" * 100
+    with connect(ws_url, additional_headers=ws_headers, open_timeout=30, compression=None) as ws:
+        for _ in range(args.messages):
+            started = time.perf_counter()
+            ws.send(message)
+            ws.recv(timeout=30)
+            rtts.append((time.perf_counter() - started) * 1000)
+    return {"p50_ms": statistics.median(times), "p99_ms": percentile(times, 99),
+            "download_mb_s": n / 1e6 / download_s, "upload_mb_s": len(body) / 1e6 / upload_s,
+            "ws_p50_ms": statistics.median(rtts), "ws_p99_ms": percentile(rtts, 99)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--download-mb", type=float, default=200)
+    parser.add_argument("--upload-mb", type=float, default=100)
+    parser.add_argument("--messages", type=int, default=500)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "app_proxy.txt"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fgpu-app-proxy-") as tmp:
+        console, base = start_console(Path(tmp))
+        try:
+            browser, session_id, app = prepare(base)
+            prefix = f"/sessions/{session_id}/apps/echo/"
+            proxied = measure(browser, prefix, base.replace("http", "ws") + prefix + "ws", {"Cookie": app["cookie"]},
+                              args)
+            direct_base = f"http://127.0.0.1:{app['port']}"
+            direct = httpx.Client(base_url=direct_base, timeout=120, headers={"Authorization": f"token {app['token']}"})
+            straight = measure(direct, prefix, direct_base.replace("http", "ws") + prefix + "ws",
+                               {"Authorization": f"token {app['token']}"}, args)
+        finally:
+            console.stop()
+    rows = [("HTTP GET p50 (ms)", "p50_ms"), ("HTTP GET p99 (ms)", "p99_ms"), ("download (MB/s)", "download_mb_s"),
+            ("upload (MB/s)", "upload_mb_s"), ("websocket round trip p50 (ms)", "ws_p50_ms"),
+            ("websocket round trip p99 (ms)", "ws_p99_ms")]
+    lines = [f"app proxy vs direct ({args.requests} GETs, {args.download_mb:g} MB down, {args.upload_mb:g} MB up, "
+             f"{args.messages} websocket messages; standalone console, process runtime, {os.cpu_count()} CPUs)",
+             f"{'':32}{'direct':>10}{'proxy':>10}{'proxy/direct':>14}"]
+    for label, key in rows:
+        lines.append(f"{label:32}{straight[key]:>10.2f}{proxied[key]:>10.2f}{proxied[key] / straight[key]:>14.2f}")
+    lines.append(f"added latency per request (p50): {proxied['p50_ms'] - straight['p50_ms']:.2f} ms; per websocket "
+                 f"round trip (p50): {proxied['ws_p50_ms'] - straight['ws_p50_ms']:.2f} ms")
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
