@@ -24,6 +24,7 @@ from console.api_support import (
     IsAdminOrReadOnly,
     ListETagMixin,
     ModelSerializer,
+    TextFilter,
     admin_write_docs,
 )
 
@@ -143,7 +144,7 @@ class StrictChoiceFilter(filters.ChoiceFilter):
 
 class NodeFilter(filters.FilterSet):
     status = StrictChoiceFilter(choices=NodeStatus.choices, help_text="ALIVE or LOST")
-    resource_group = filters.CharFilter(field_name="resource_group__name", help_text="node pool name")
+    resource_group = TextFilter(field_name="resource_group__name", help_text="node pool name")
 
     class Meta:
         model = Node
@@ -235,8 +236,8 @@ class StrictBooleanFilter(filters.CharFilter):
 
 
 class DeviceFilter(filters.FilterSet):
-    node = filters.CharFilter(field_name="node__name", help_text="node name")
-    slot_name = filters.CharFilter(help_text="accelerator family: cuda, rocm, …")
+    node = TextFilter(field_name="node__name", help_text="node name")
+    slot_name = TextFilter(help_text="accelerator family: cuda, rocm, …")
     is_mig_device = StrictBooleanFilter(help_text="true: MIG slices only; false: whole GPUs only")
 
     class Meta:

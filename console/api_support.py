@@ -27,12 +27,20 @@ from django.utils import timezone
 from django.views import defaults
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
+from django_filters import rest_framework as filters
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import permissions, serializers, status
 from rest_framework.response import Response
 
 from console.api_errors import BROKER_ERRORS, error_body, service_unavailable
 from console.errors import ApplicationError
+
+
+@extend_schema_field({"type": "string", "pattern": "^[^\\x00]*$"})
+class TextFilter(filters.CharFilter):
+    """A text query filter (`?node=`, `?user=`, …) whose schema says what it refuses: a NUL
+    character, which no name can hold (PostgreSQL text cannot) and which the filter's form field
+    answers with a 400 ("Null characters are not allowed."). Anything else is matched as given."""
 
 
 class ErrorSerializer(serializers.Serializer):

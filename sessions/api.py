@@ -14,12 +14,13 @@ from rest_framework.response import Response
 from accelerators.allocation.errors import InvalidResourceRequest
 from console.api_support import ErrorSerializer, ListETagMixin
 from console.errors import ApplicationError
-from sessions import idempotency, services
+from sessions import events, idempotency, services
 from protocol.exec_store import STATES, STREAMS
 from sessions.launch import launch_options, launch_preview
 from sessions.models import ComputeSession, SessionStatus
 from sessions.presets import launch_with_preset
-from sessions.selectors import LOG_READ_MAX_CHARS, session_get_for, session_list_for, session_log_read
+from sessions.selectors import (LOG_READ_MAX_CHARS, session_get_for, session_list_for, session_log_read,
+                                session_to_change_for)
 from sessions.serializers import (
     LaunchOptionsSerializer,
     PreviewSerializer,
@@ -268,8 +269,7 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
         def launch() -> tuple[int, dict, ComputeSession]:
             fields = launch_with_preset(user=request.user, data=data.validated_data)
             session = services.session_create(owner=request.user, **fields)
-            body = SessionSerializer(session_get_for(user=request.user, session_id=session.pk)).data
-            return status.HTTP_201_CREATED, body, session
+            return status.HTTP_201_CREATED, self._shown(session), session
 
         if key is None:
             code, body, _ = launch()
@@ -290,10 +290,15 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
                                "signal N).")
     def destroy(self, request, session_id=None):
         """Terminate: 202 with the session (TERMINATING, or CANCELLED if it was still pending)."""
-        session = services.session_terminate(session=self.get_object(),
-                                             reason=services.REQUESTED + request.user.get_username())
-        return Response(SessionSerializer(session_get_for(user=request.user, session_id=session.pk)).data,
-                        status=status.HTTP_202_ACCEPTED)
+        session = services.session_terminate(
+            session=session_to_change_for(user=request.user, session_id=self.kwargs["session_id"]),
+            reason=services.REQUESTED + request.user.get_username())
+        return Response(self._shown(session), status=status.HTTP_202_ACCEPTED)
+
+    def _shown(self, session: ComputeSession) -> dict:
+        """The session's API shape after a write: the one its notice rendered (same state), else read."""
+        return events.shape_shown(session) or SessionSerializer(
+            session_get_for(user=self.request.user, session_id=session.pk)).data
 
     @extend_schema(summary="Preview a launch", request=SessionCreateSerializer,
                    responses={200: PreviewSerializer}, examples=REQUEST_EXAMPLES,

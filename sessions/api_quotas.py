@@ -19,7 +19,7 @@ from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.response import Response
 
 from accelerators.models import ResourceGroup
-from console.api_support import ErrorSerializer, ETagMixin, IsAdminOrReadOnly, admin_write_docs
+from console.api_support import ErrorSerializer, ETagMixin, IsAdminOrReadOnly, TextFilter, admin_write_docs
 from sessions.models import Project, Quota
 from sessions.quotas import fgpu_text, quota_headroom, quota_usage
 
@@ -102,8 +102,8 @@ class ProjectViewSet(ETagMixin, viewsets.ModelViewSet):
 
 
 class QuotaFilter(filters.FilterSet):
-    user = filters.CharFilter(field_name="user__username", help_text="username")
-    project = filters.CharFilter(field_name="project__name", help_text="project name")
+    user = TextFilter(field_name="user__username", help_text="username")
+    project = TextFilter(field_name="project__name", help_text="project name")
 
     class Meta:
         model = Quota

@@ -48,6 +48,18 @@ def sessions_notify(sessions) -> None:
         transaction.on_commit(lambda: _send_updates(entries))
 
 
+_rendered = threading.local()  # .shapes: {session id: API shape} of this thread's last notice
+
+
+def shape_shown(session) -> dict | None:
+    """The API shape (SessionSerializer's, through JSON) that this thread's last notice rendered
+    for `session`, if it shows the session's `version` (the state `session` holds); else None.
+    A write that notified after its commit answers with it instead of reading and serialising
+    the session a second time (a DELETE's or launch's answer)."""
+    shape = getattr(_rendered, "shapes", {}).get(str(session.pk))
+    return shape if shape is not None and shape.get("version") == session.version else None
+
+
 def _send_updates(entries: list[tuple]) -> None:
     from sessions.selectors import sessions_shown
     from sessions.serializers import SessionSerializer
@@ -56,6 +68,7 @@ def _send_updates(entries: list[tuple]) -> None:
     fresh = sessions_shown().filter(pk__in=ids)
     # Through JSON, so the messages hold only plain types (msgpack on the Redis layer).
     shapes = {shape["id"]: shape for shape in json.loads(JSONRenderer().render(SessionSerializer(fresh, many=True).data))}
+    _rendered.shapes = shapes
     sends = []
     for session_id, owner_id in entries:
         shape = shapes.get(str(session_id))

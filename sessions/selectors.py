@@ -48,6 +48,17 @@ def session_get_for(*, user, session_id, related: tuple[str, ...] | None = None)
         raise Http404("no such session") from None
 
 
+def session_to_change_for(*, user, session_id) -> ComputeSession:
+    """The session with its node only (one query), if `user` owns it or is staff, for a write
+    that then answers with its shown state (`session_get_for` reads all that is shown). Raises
+    Http404 as `session_get_for` does."""
+    sessions = ComputeSession.objects.select_related("node")
+    try:
+        return (sessions if user.is_staff else sessions.filter(owner=user)).get(pk=session_id)
+    except (ComputeSession.DoesNotExist, ValidationError, ValueError, TypeError):
+        raise Http404("no such session") from None
+
+
 def session_allocations(session: ComputeSession) -> list[Allocation]:
     """The session's allocations (released ones too) with their devices, in device order: the
     list `sessions_shown` read with it, else one query."""

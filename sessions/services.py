@@ -118,6 +118,11 @@ RECLAIMED = "reclaimed: "  # the reason of a session the manager terminated (usa
 REQUESTED = "at the request of "  # + username: the reason of a session terminated through the API (sessions.api)
 
 
+# The columns a session's transitions write (status, why, when, how it ended, version): a
+# refresh of these keeps the relations read with the session.
+SHOWN_STATE = ["status", "status_reason", "scheduled_at", "started_at", "terminated_at", "exit_code", "version"]
+
+
 def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSession:
     """End a session. PENDING → CANCELLED at once; a scheduled or running one → TERMINATING and
     the agent is told to kill its process group (it reports TERMINATED, which releases the
@@ -144,7 +149,7 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
             pk=session.pk, status__in=(SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING)
         ).update(status=SessionStatus.TERMINATING, status_reason=reason or "terminating at the user's request",
                  version=NEXT_VERSION)
-        session.refresh_from_db()
+        session.refresh_from_db(fields=SHOWN_STATE)  # keeps the node read with it (unchanged here)
         if moved or session.status == SessionStatus.TERMINATING:
             node_name, session_id = session.node.name, str(session.pk)
             transaction.on_commit(lambda: _send_stop(node_name, session_id))  # first: the stop does not wait

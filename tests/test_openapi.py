@@ -324,14 +324,16 @@ def test_session_workflows_conform_to_the_schema(admin_token):
     refused: list[str] = []  # the launches' 400 answers, to say why none was launched
 
     # A generated preset name is never one that exists (a 400 every time): a launch naming a
-    # preset names this one, so launches by preset are linked onward as the others are.
+    # preset that the schema allows names this one instead, so launches by preset are linked
+    # onward as the others are (a schema-violating one is left as it is: it must be refused).
     from sessions.models import ResourcePreset
     preset = ResourcePreset.objects.create(name="Quarter GPU", resources={"cuda.shares": "0.25"})
 
     class Workflow(SessionWorkflow):
         def before_call(self, case):
             super().before_call(case)
-            if case.operation.label == "POST /api/v1/sessions/" and isinstance(case.body, dict) and "preset" in case.body:
+            if case.operation.label == "POST /api/v1/sessions/" and isinstance(case.body, dict) \
+                    and isinstance(case.body.get("preset"), str) and 1 <= len(case.body["preset"]) <= 64:
                 case.body["preset"] = preset.name
 
         def after_call(self, response, case):

@@ -275,3 +275,45 @@ def test_the_token_list_of_the_profile_page_costs_the_same_queries_for_1_or_100_
 
     assert response.status_code == 200
     assert response.content.count(b"script ") >= rows
+
+
+# --- a write's answer -----------------------------------------------------------------------------
+
+# The token; the session with its node (the permission check); the two conditional UPDATEs
+# (PENDING → CANCELLED, then → TERMINATING) and the refresh of their columns in BEGIN … COMMIT;
+# the notice's read (the session, its owner, node and image, allocations with devices, GPU
+# instances, slot formats). The answer is the notice's shape: nothing is read a second time.
+TERMINATE_QUERIES = TOKEN + 1 + 5 + 7
+
+
+@pytest.mark.django_db(transaction=True)  # the notice is rendered at the real commit, as in production
+def test_terminating_answers_the_shape_its_notice_rendered_without_reading_the_session_again(
+        alice, django_assert_max_num_queries):
+    gpu_cluster(nodes=1)
+    session = launch(alice, 1, {"cuda.shares": "0.5"})[0]
+    for status in ("PREPARING", "RUNNING"):
+        assert session_report_apply(session_id=str(session.pk), status=status)
+    api = client_for(alice)
+
+    with django_assert_max_num_queries(TERMINATE_QUERIES):
+        answer = api.delete(f"/api/v1/sessions/{session.pk}/")
+
+    assert answer.status_code == 202, answer.content
+    assert answer.json()["status"] == "TERMINATING"
+    assert answer.json() == api.get(f"/api/v1/sessions/{session.pk}/").json()  # the same state, shown the same
+
+
+def test_a_notices_shape_is_not_answered_for_another_state_of_the_session(alice):
+    """A write whose notice was not rendered (or rendered an older or newer state) reads the
+    session afresh: the shape is the notice's only for the same version."""
+    from sessions import events
+
+    gpu_cluster(nodes=1)
+    session = launch(alice, 1, {"cuda.shares": "0.5"})[0]
+    events._rendered.shapes = {str(session.pk): {"id": str(session.pk), "version": session.version, "status": "X"}}
+
+    assert events.shape_shown(session) == {"id": str(session.pk), "version": session.version, "status": "X"}
+    session.version += 1
+    assert events.shape_shown(session) is None
+    events._rendered.shapes = {}
+    assert events.shape_shown(session) is None

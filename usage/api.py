@@ -115,6 +115,8 @@ def usage_view(request):
     now = timezone.now()
     end = _moment("to", request.query_params.get("to"), now)
     start = _moment("from", request.query_params.get("from"), end - timedelta(days=30))
+    if request.query_params.get("format") == "":  # DRF ignores an empty one; the schema's enum says json or csv
+        raise ApplicationError("format: '' is not one of json, csv", field_errors={"format": ["one of json, csv"]})
     group_by = request.query_params.get("group_by", "user")  # given empty: refused, as the schema's enum says
     if group_by not in GROUPS:
         raise ApplicationError(f"group_by: {group_by!r} is not one of {', '.join(GROUPS)}",
