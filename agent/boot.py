@@ -31,6 +31,7 @@ def load_inventory(config: AgentConfig) -> dict:
         warnings.extend(inventory.warnings)
     attributes["fraction_enforcement"] = config.fraction_enforcement
     attributes["pulls_images"] = config.pulls_images
+    attributes["mps"] = config.mps  # sessions get the MPS limits too (agent.environment.limits_environment)
     return {"devices": devices, "links": links, "plugins": list(config.plugins), "attributes": attributes,
             "cpu_count": config.cpu_count, "memory_size": config.memory_size, "warnings": warnings}
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from decimal import ROUND_DOWN, Decimal
 
+from accelerators.allocation.units import fgpu_text as shares_text  # noqa: F401 (the one fGPU formatter)
+
 MiB = 1 << 20
 
 
@@ -23,13 +25,6 @@ def sm_percent(device: dict) -> int:
         return 0
     share = Decimal(device["procs"]) * 100 / Decimal(device["subproc_count"])
     return max(1, min(100, int(share.to_integral_value(rounding=ROUND_DOWN))))
-
-
-def shares_text(shares: str) -> str:
-    """fGPU shares for display, at least 2 decimals as the default slot format shows them:
-    "0.5" → "0.50", "0.125" → "0.125"."""
-    value = Decimal(shares).normalize()
-    return f"{value:.2f}" if value == value.quantize(Decimal("0.01")) else format(value, "f")
 
 
 def allocation_document(spec: dict, *, node: str, mock: bool, attributes: dict) -> dict:
@@ -66,12 +61,9 @@ def allocation_document(spec: dict, *, node: str, mock: bool, attributes: dict) 
 
 def session_environment(spec: dict, *, allocation_path: str, bin_dir: str, work_dir: str, base_path: str,
                         mps: bool = False) -> dict[str, str]:
-    """The variables of the contract for `spec` (the scheduler's start spec). A session without
-    devices gets `CUDA_VISIBLE_DEVICES=""` so no GPU is visible. When the devices' SM shares
-    differ, the compute caps use the smallest, so no device runs above its grant."""
-    devices = spec["devices"]
-    uuids = ",".join(d["device_id"] for d in devices)
-    env = {
+    """The variables of the contract for `spec` (the scheduler's start spec): the session's own
+    (PATH, HOME, FGPU_*) and `limits_environment` of its devices."""
+    return {
         "PATH": f"{bin_dir}:{base_path}",
         "HOME": work_dir,
         "TERM": "xterm-256color",
@@ -79,9 +71,20 @@ def session_environment(spec: dict, *, allocation_path: str, bin_dir: str, work_
         "FGPU_SESSION_ID": spec["session_id"],
         "FGPU_SESSION_NAME": spec["name"],
         "FGPU_ALLOCATION": allocation_path,
-        "CUDA_VISIBLE_DEVICES": uuids,
-        "NVIDIA_VISIBLE_DEVICES": uuids or "void",
+        **limits_environment(spec["devices"], mps=mps),
     }
+
+
+def limits_environment(devices: list[dict], *, mps: bool = False) -> dict[str, str]:
+    """What a session's devices put into its environment: the devices granted and their limits
+    (DESIGN.md, "Environment contract"). `devices`: the start spec's, in the order the session
+    numbers them, each `{"device_id", "memory_limit": bytes, "procs": SMs, "subproc_count"}`;
+    `mps`: the node runs NVIDIA MPS. The agent starts sessions with these, and the session API
+    shows them (`environment`). No devices: `CUDA_VISIBLE_DEVICES=""` and
+    `NVIDIA_VISIBLE_DEVICES=void`, so no GPU is visible. When the devices' SM shares differ, the
+    compute caps use the smallest, so no device runs above its grant."""
+    uuids = ",".join(d["device_id"] for d in devices)
+    env = {"CUDA_VISIBLE_DEVICES": uuids, "NVIDIA_VISIBLE_DEVICES": uuids or "void"}
     if not devices:
         return env
     limited = [sm_percent(d) for d in devices if 0 < sm_percent(d) < 100]

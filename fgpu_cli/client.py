@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
-import urllib.error
 import urllib.parse
-import urllib.request
 
 from fgpu_cli import __version__
 
@@ -57,6 +55,9 @@ class Client:
         """`path` below the server root (`/api/v1/sessions/`) or an absolute URL (pagination's
         `next`); `headers` are sent besides the client's own. Returns the decoded JSON (None for
         an empty body)."""
+        import urllib.error  # here, not at the top: `fgpu --help` starts without http.client and ssl
+        import urllib.request
+
         url = path if path.startswith(("http://", "https://")) else self.url + path
         if query:
             url += ("&" if "?" in url else "?") + urllib.parse.urlencode(query)

@@ -1,12 +1,13 @@
-"""Human output: tables, sizes, fGPU amounts as the slot formats show them, ages, and the
-environment limits a session's allocations give it. Pure functions."""
+"""Human output: tables, sizes and fGPU amounts (written by fgpu_cli.units, as the server writes
+them), ages. Pure functions."""
 from __future__ import annotations
 
 import re
 from datetime import datetime, timezone
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
 
-MiB = 1 << 20
+from fgpu_cli.units import amount_text, fgpu_text, format_binary_size, format_number
+
 GiB = 1 << 30
 FINAL_STATUSES = ("TERMINATED", "ERROR", "CANCELLED")
 LIVE_STATUSES = ("PENDING", "SCHEDULED", "PREPARING", "RUNNING", "TERMINATING")
@@ -45,17 +46,8 @@ def key_values(pairs: list[tuple[str, object]]) -> str:
 
 
 def size(num_bytes) -> str:
-    """Bytes → binary units, exact where it can be: 8589934592 → "8 GiB", 1.5 GiB → "1.5 GiB"."""
-    if num_bytes is None:
-        return "-"
-    value = Decimal(int(num_bytes))
-    names = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
-    power = 0
-    while abs(value) >= 1024 and power < len(names) - 1:
-        value /= 1024
-        power += 1
-    text = f"{value.quantize(Decimal('0.01'), rounding=ROUND_DOWN):f}".rstrip("0").rstrip(".")
-    return f"{text} {names[power]}"
+    """Bytes → binary units (fgpu_cli.units.format_binary_size): 8589934592 → "8 GiB"; None → "-"."""
+    return "-" if num_bytes is None else format_binary_size(int(num_bytes))
 
 
 def gib(num_bytes) -> str:
@@ -65,46 +57,36 @@ def gib(num_bytes) -> str:
 
 
 def amount(value, *, unit: str = "fGPU", round_length: int = 2, binary: bool = False) -> str:
-    """An amount as the slot format's number_format shows it (the server's format_number):
-    fixed-point with `round_length` digits, truncated; from 1000 (1024 when `binary`) on with
-    k/M/G (Ki/Mi/Gi) suffixes. "1.5" → "1.50 fGPU"; None → "-"."""
+    """An amount as the slot format's number_format shows it (fgpu_cli.units.format_number, as the
+    server writes it) with its unit: "1.5" → "1.50 fGPU"; None → "-"."""
     if value is None or value == "":
         return "-"
     try:
-        number = Decimal(str(value))
+        text = format_number(Decimal(str(value)), binary=binary, round_length=round_length)
     except InvalidOperation:
         return str(value)
-    base = Decimal(1024 if binary else 1000)
-    names = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"] if binary else ["", "k", "M", "G", "T", "P", "E"]
-    power = 0
-    while abs(number) >= base and power < len(names) - 1:
-        number /= base
-        power += 1
-    step = Decimal(1).scaleb(-round_length) if round_length > 0 else Decimal(1)
-    text = f"{number.quantize(step, rounding=ROUND_DOWN):f}{names[power]}"
     return f"{text} {unit}".rstrip()
 
 
 def decimal_text(value) -> str:
-    """"20.000" → "20", "0.500" → "0.5"."""
+    """"20.000" → "20", "0.500" → "0.5" (fgpu_cli.units.amount_text); None → "-"."""
     if value is None:
         return "-"
     try:
-        return format(Decimal(str(value)).normalize(), "f")
+        return amount_text(Decimal(str(value)))
     except InvalidOperation:
         return str(value)
 
 
 def shares_text(value) -> str:
-    """fGPU shares as the server's default slot format shows them, at least 2 decimals:
-    "0.500" → "0.50", "0.125" → "0.125"."""
+    """fGPU shares as the server's default slot format shows them (fgpu_cli.units.fgpu_text):
+    "0.500" → "0.50", "0.125" → "0.125"; None → "-"."""
     if value is None:
         return "-"
     try:
-        number = Decimal(str(value)).normalize()
+        return fgpu_text(Decimal(str(value)))
     except InvalidOperation:
         return str(value)
-    return f"{number:.2f}" if number == number.quantize(Decimal("0.01")) else format(number, "f")
 
 
 def parse_time(text):
@@ -132,44 +114,6 @@ def age(text, now: datetime | None = None) -> str:
 
 def short_id(session_id: str) -> str:
     return str(session_id)[:8]
-
-
-def sm_percent(procs, subproc_count) -> int | None:
-    """Granted SMs as a whole percentage of the device's (as the agent computes
-    CUDA_DEVICE_SM_LIMIT): 100 = the whole device, 0 = no compute share; None if unknown."""
-    if not subproc_count:
-        return None if subproc_count is None else 100
-    granted = Decimal(str(procs or 0))
-    if granted >= subproc_count:
-        return 100
-    if granted == 0:
-        return 0
-    share = granted * 100 / Decimal(subproc_count)
-    return max(1, min(100, int(share.to_integral_value(rounding=ROUND_DOWN))))
-
-
-def session_environment(allocations: list[dict], subproc_counts: dict[str, int] | None = None) -> dict[str, str]:
-    """The environment contract's limits, derived from a session's allocations (the agent
-    writes the same: CUDA_DEVICE_MEMORY_LIMIT_<i> in MiB per device, CUDA_DEVICE_SM_LIMIT =
-    the smallest limited SM percentage, 0 = no compute limit). `subproc_counts`: device UUID →
-    SMs, from the nodes API; without it the SM limits are left out."""
-    if not allocations:
-        return {"CUDA_VISIBLE_DEVICES": ""}
-    uuids = ",".join(a["device"] for a in allocations)
-    env = {"CUDA_VISIBLE_DEVICES": uuids, "NVIDIA_VISIBLE_DEVICES": uuids}
-    for i, a in enumerate(allocations):
-        env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{int(a['memory']) // MiB}m"
-    percents = [sm_percent(a["procs"], (subproc_counts or {}).get(a["device"])) for a in allocations]
-    percent = None
-    if None not in percents:
-        limited = [p for p in percents if 0 < p < 100]
-        percent = min(limited) if limited else 0
-        env["CUDA_DEVICE_SM_LIMIT"] = str(percent)
-    env["AMP_VGPU_ENABLE"] = "1"
-    env["GPU_MEM_PER_DEVICE"] = str(min(int(a["memory"]) for a in allocations))
-    if percent is not None:
-        env["GPU_UTIL_PER_DEVICE"] = str(percent)
-    return env
 
 
 def flatten(value, prefix: str = "") -> list[tuple[str, object]]:

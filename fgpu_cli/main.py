@@ -6,7 +6,6 @@ Exit codes: 0 ok; 1 refused or failed (the server's reason on one line); 2 bad u
 from __future__ import annotations
 
 import argparse
-import asyncio
 import getpass
 import json
 import os
@@ -19,7 +18,7 @@ from decimal import Decimal
 from fgpu_cli import __version__, config, terminal
 from fgpu_cli.client import ApiError, Client, Unreachable
 from fgpu_cli.formatting import (FINAL_STATUSES, LIVE_STATUSES, age, amount, decimal_text, flatten, gib,
-                                 key_values, printable, session_environment, shares_text, short_id, size, table)
+                                 key_values, printable, shares_text, short_id, size, table)
 from fgpu_cli.launch import UsageError, build_body
 from fgpu_cli.mig import layout_text, node_text, profiles_text
 from fgpu_cli.sessions import SESSIONS, NotFound, resolve
@@ -60,8 +59,7 @@ def _info(message: str) -> None:
 
 def _slot_formats(client: Client) -> dict[str, dict]:
     """slot_name → how its fGPU amounts are shown ({"unit", "round_length", "binary"}), from the
-    slot formats API (or, on servers without it, the launch options, which carry them too);
-    the default format ("1.50 fGPU") where neither can be read."""
+    slot formats API; the default format ("1.50 fGPU") where it cannot be read."""
     formats = {}
     try:
         for fmt in client.get_all("/api/v1/slot-formats/"):
@@ -70,16 +68,6 @@ def _slot_formats(client: Client) -> dict[str, dict]:
                 formats[fmt.get("slot_name")] = {"unit": fmt.get("display_unit") or "fGPU",
                                                  "round_length": int(number.get("round_length", 2) or 0),
                                                  "binary": bool(number.get("binary", False))}
-        return formats
-    except (ApiError, Unreachable, AttributeError, TypeError, ValueError):
-        pass
-    try:
-        options = client.get("/api/v1/launch-options/")
-        for slot in (options or {}).get("slots", []):
-            if slot.get("subtype") == "shares":
-                formats[slot.get("slot_name")] = {"unit": slot.get("display_unit") or "fGPU",
-                                                 "round_length": int(slot.get("round_length", 2) or 0),
-                                                 "binary": bool(slot.get("binary", False))}
     except (ApiError, Unreachable, AttributeError, TypeError, ValueError):
         return {}
     return formats
@@ -108,6 +96,8 @@ def _terminal_url(client: Client, session: dict) -> str:
 
 
 def _run_async(coroutine) -> int:
+    import asyncio  # only the terminal needs it: `fgpu --help` and the REST commands start without it
+
     return asyncio.run(coroutine)
 
 
@@ -140,12 +130,7 @@ def cmd_login(args) -> int:
     if not token:
         raise Failed(f"{url} answered no token: is it an fGPU Console?")
     path = config.save({"url": url, "token": token, "username": username})
-    try:  # confirm the token works (servers before /me/ existed: skip)
-        me = Client(url, token, timeout=args.http_timeout).get("/api/v1/me/") or {}
-    except ApiError as exc:
-        if exc.status != 404:
-            raise
-        me = {}
+    me = Client(url, token, timeout=args.http_timeout).get("/api/v1/me/") or {}  # the token works
     role = " (administrator)" if me.get("is_admin") else ""
     if args.output == "json":
         _emit_json({"url": url, "username": username, "config": str(path), "is_admin": bool(me.get("is_admin"))})
@@ -286,9 +271,6 @@ def cmd_ps(args) -> int:
     if args.node:
         query["node"] = args.node
     sessions = client.get_all(SESSIONS, query)
-    # Also filtered here, for servers that ignore these query parameters.
-    sessions = [s for s in sessions if (not args.owner or s.get("owner") == args.owner)
-                and (not args.node or s.get("node") == args.node)]
     if args.output == "json":
         _emit_json(sessions)
         return OK
@@ -315,16 +297,9 @@ def cmd_describe(args) -> int:
     client, creds = _client(args)
     session = resolve(client, args.session, username=creds.username)
     allocations = session.get("allocations") or []
-    subprocs = None
-    if allocations and session.get("node"):
-        try:
-            node = client.get(f"/api/v1/nodes/{session['node']}/")
-            subprocs = {d["device_id"]: d.get("subproc_count") for d in node.get("devices", [])}
-        except ApiError:
-            subprocs = None
-    environment = session_environment(allocations, subprocs) if allocations else {}
+    environment = session.get("environment") or {}  # the agent's rule, as the server computes it
     if args.output == "json":
-        _emit_json({**session, "environment": environment})
+        _emit_json(session)
         return OK
     pairs = [("ID", session["id"]), ("Name", session.get("name")), ("Owner", session.get("owner")),
              ("Status", session["status"])]
@@ -542,15 +517,9 @@ def cmd_nodes(args) -> int:
 
 
 def _all_devices(client: Client, node: str | None) -> list[dict]:
-    """Every device with its node's name: `/api/v1/devices/` (which adds the memory and SMs
-    held and the session count) where the server has it, else the nodes' device lists."""
-    try:
-        return client.get_all("/api/v1/devices/", {"node": node} if node else None)
-    except ApiError as exc:
-        if exc.status != 404:
-            raise
-    nodes = client.get_all("/api/v1/nodes/")
-    return [{"node": n["name"], **d} for n in nodes if not node or n["name"] == node for d in (n.get("devices") or [])]
+    """Every device with its node's name and the memory and SMs held and the session count
+    (`/api/v1/devices/`)."""
+    return client.get_all("/api/v1/devices/", {"node": node} if node else None)
 
 
 def cmd_devices(args) -> int:
@@ -600,13 +569,7 @@ def _headroom_text(headroom: dict, formats: dict) -> str:
 
 def cmd_quota(args) -> int:
     client, _ = _client(args)
-    try:
-        quota = client.get("/api/v1/quota/", query={"user": args.user} if args.user else None)
-    except ApiError as exc:
-        if exc.status == 404 and not args.user:
-            raise Failed(f"this server has no quota API (GET /api/v1/quota/ answered 404); "
-                         f"ask an administrator, or see {client.url}/admin/") from None
-        raise
+    quota = client.get("/api/v1/quota/", query={"user": args.user} if args.user else None)
     if args.output == "json":
         _emit_json(quota)
         return OK

@@ -10,7 +10,6 @@ REST API: `/sessions/<id>/logs/` and `/sessions/<id>/exec/`.)
 """
 from __future__ import annotations
 
-import asyncio
 import codecs
 import contextlib
 import json
@@ -45,6 +44,7 @@ def _closed_reason(exc) -> str:
 
 @contextlib.asynccontextmanager
 async def _connect(url: str):
+    import asyncio  # here, not at the top: `fgpu --help` and the REST commands start without it
     from websockets.asyncio.client import connect
     from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
@@ -98,6 +98,7 @@ def _write(stream, text: str) -> None:
 async def interactive(url: str, *, stdin=None, stdout=None, stderr=None) -> int:
     """The local terminal ↔ the session's PTY until the session exits, the connection closes
     or Ctrl-] detaches. Returns the session's exit code (0 on detach)."""
+    import asyncio
     import termios
     import tty
 

@@ -30,14 +30,13 @@ from django.db import transaction
 from django.db.models import Count, Q, Sum
 
 from accelerators.allocation.core import ResourceRequest
-from accelerators.allocation.units import amount_text, format_binary_size
+from accelerators.allocation.units import fgpu_text, format_binary_size
 from accelerators.models import FractionalSettings
 from console.errors import ApplicationError
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, Quota, SessionStatus
 from sessions.selectors import session_request
 
 ZERO = Decimal(0)
-CENT = Decimal("0.01")
 COUNTED_STATUSES = (SessionStatus.PENDING, *ACTIVE_STATUSES)
 DEVICE_KINDS = ("device", "per_device")
 
@@ -167,12 +166,6 @@ def quota_label(quota: Quota, *, user=None) -> str:
     if quota.user_id is not None and user is not None and quota.user_id == user.pk:
         return "your quota"
     return f"quota of {quota.subject}"
-
-
-def fgpu_text(amount: Decimal) -> str:
-    """fGPU with two decimals ("1.50"), more only where the amount has them ("0.125")."""
-    cents = Decimal(amount).quantize(CENT, rounding=ROUND_DOWN)
-    return f"{cents:f}" if cents == amount else amount_text(amount)
 
 
 def _plural(count: int, word: str) -> str:

@@ -8,6 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from accelerators.selectors import SlotFormats
+from agent.environment import limits_environment
 from console.api_support import ModelSerializer
 from sessions.models import Allocation, ComputeSession
 from sessions.selectors import configuration_text, session_allocations, session_configuration_parts
@@ -51,12 +52,14 @@ class SessionSerializer(ModelSerializer):
     terminal_url = serializers.SerializerMethodField()
     apps = serializers.SerializerMethodField()
     fraction_enforcement = serializers.SerializerMethodField()
+    environment = serializers.SerializerMethodField()
 
     class Meta:
         model = ComputeSession
         fields = ["id", "name", "owner", "status", "status_reason", "node", "image", "resources", "priority",
                   "configuration", "requested", "grant", "mig_profile", "allocations", "command", "created_at",
-                  "scheduled_at", "started_at", "terminated_at", "exit_code", "terminal_url", "apps", "fraction_enforcement", "version"]
+                  "scheduled_at", "started_at", "terminated_at", "exit_code", "terminal_url", "apps", "fraction_enforcement", "version",
+                  "environment"]
         read_only_fields = fields
 
     def to_representation(self, session):
@@ -91,6 +94,19 @@ class SessionSerializer(ModelSerializer):
             return ""
         shared = any(a.memory < a.device.memory_size for a in session.allocation_list if a.released_at is None)
         return (session.node.attributes or {}).get("fraction_enforcement", "none") if shared else ""
+
+    @extend_schema_field(serializers.DictField(child=serializers.CharField()))
+    def get_environment(self, session) -> dict[str, str]:
+        """The variables its allocation puts into the session's environment, as its agent sets them
+        (agent.environment.limits_environment: CUDA_VISIBLE_DEVICES, CUDA_DEVICE_MEMORY_LIMIT_<i>,
+        CUDA_DEVICE_SM_LIMIT, eGPU's, MPS's where the node runs MPS); an ended session's as it had
+        them; {} until placed."""
+        if session.node is None:
+            return {}
+        held = [a for a in session.allocation_list if a.released_at is None] or session.allocation_list
+        devices = [{"device_id": a.device.device_id, "memory_limit": a.memory, "procs": a.procs,
+                    "subproc_count": a.device.subproc_count} for a in sorted(held, key=lambda a: a.device.index)]
+        return limits_environment(devices, mps=bool((session.node.attributes or {}).get("mps")))
 
     @extend_schema_field(SessionAppSerializer(many=True))
     def get_apps(self, session) -> list[dict]:

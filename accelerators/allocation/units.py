@@ -14,14 +14,15 @@ from __future__ import annotations
 import re
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
 
+# How amounts and sizes are written: one formatter of each for the server, the agent and `fgpu`.
+from fgpu_cli.units import amount_text, fgpu_text, format_binary_size, format_number  # noqa: F401 (re-exported)
+
 MAX_SIZE = 1 << 60  # 1 EiB: far above any machine's memory, far below a BigIntegerField's 2^63 - 1
 MAX_DECIMAL = 10 ** 9  # amounts are stored with 9 digits before the point (max_digits 12, decimal_places 3)
 MAX_DECIMAL_PLACES = 6
 
 _SUFFIX_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
 _SIZE_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?:(?P<suffix>[kmgtpe])(?:i?b)?|b)?\s*$", re.IGNORECASE)
-_BINARY_NAMES = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
-_DECIMAL_NAMES = ["", "k", "M", "G", "T", "P", "E"]
 
 
 class SizeError(ValueError):
@@ -60,40 +61,6 @@ def parse_binary_size(value: str | int) -> int:
 
 def _too_large(value: str | int) -> SizeError:
     return SizeError(f"{_short(value)} is too large: at most 1 EiB ({MAX_SIZE} bytes)")
-
-
-def format_binary_size(size: int) -> str:
-    """Bytes → the shortest exact-enough binary text: 2147483648 → "2 GiB", 1536 MiB → "1.5 GiB"."""
-    value = Decimal(size)
-    power = 0
-    while abs(value) >= 1024 and power < len(_BINARY_NAMES) - 1:
-        value /= 1024
-        power += 1
-    text = f"{value.quantize(Decimal('0.01'), rounding=ROUND_DOWN):f}".rstrip("0").rstrip(".")
-    return f"{text} {_BINARY_NAMES[power]}B"
-
-
-def format_number(amount: Decimal, *, binary: bool, round_length: int) -> str:
-    """A slot format's `number_format`: `binary` → 2^(10n) suffixes (Ki, Mi, Gi) instead of
-    10^(3n) (k, M, G) once the amount reaches the base; `round_length` → fixed-point digits
-    (0: integer). Truncates, never rounds up, so an amount is never shown larger than it is.
-    """
-    value = Decimal(amount)
-    base = Decimal(1024 if binary else 1000)
-    names = _BINARY_NAMES if binary else _DECIMAL_NAMES
-    power = 0
-    while abs(value) >= base and power < len(names) - 1:
-        value /= base
-        power += 1
-    step = Decimal(1).scaleb(-round_length) if round_length > 0 else Decimal(1)
-    text = f"{value.quantize(step, rounding=ROUND_DOWN):f}"
-    return f"{text}{names[power]}"
-
-
-def amount_text(amount: Decimal) -> str:
-    """A Decimal without trailing zeros or exponent, for messages: Decimal("1.000") → "1",
-    Decimal("0.500") → "0.5", Decimal("100") → "100"."""
-    return format(Decimal(amount).normalize(), "f")
 
 
 def parse_decimal(value: str | int | Decimal, *, what: str) -> Decimal:

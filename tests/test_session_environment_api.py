@@ -1,0 +1,66 @@
+"""The session API's `environment` (issue 19.3): the variables a session's allocation puts into
+its environment, by the agent's own rule (agent.environment.limits_environment), so `fgpu
+describe` prints it instead of computing a copy. The database is real; the agent is the
+recording stand-in of tests/test_reconcile.py."""
+from __future__ import annotations
+
+import pytest
+
+from accelerators.models import Node
+from agent.environment import session_environment
+from sessions import services
+from sessions.models import ComputeSession, SessionStatus
+from tests.conftest import client_for
+from tests.test_reconcile import NODE, agent, scheduled  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+OWN = ("PATH", "HOME", "TERM", "LANG", "FGPU_SESSION_ID", "FGPU_SESSION_NAME", "FGPU_ALLOCATION")
+
+
+def started_with(spec: dict, *, mps: bool = False) -> dict[str, str]:
+    """What the agent puts into the environment of a session started from `spec`, less the
+    session's own variables (paths on the node, its id)."""
+    env = session_environment(spec, allocation_path="/a", bin_dir="/b", work_dir="/w", base_path="/usr/bin", mps=mps)
+    return {name: value for name, value in env.items() if name not in OWN}
+
+
+def environment_of(session, user) -> dict:
+    answer = client_for(user).get(f"/api/v1/sessions/{session.pk}/")
+    assert answer.status_code == 200, answer.content
+    listed = client_for(user).get("/api/v1/sessions/").json()["results"]
+    assert [s["environment"] for s in listed if s["id"] == str(session.pk)] == [answer.json()["environment"]]
+    return answer.json()["environment"]
+
+
+def test_a_placed_session_shows_the_environment_its_agent_starts_it_with(scheduled, alice):
+    session = scheduled("0.5")
+
+    environment = environment_of(session, alice)
+
+    assert environment == started_with(session.first_spec)
+    assert environment["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2048m" and environment["GPU_UTIL_PER_DEVICE"] == "25"
+
+
+def test_a_node_running_mps_adds_the_mps_limits_as_its_agent_does(scheduled, alice):
+    node = Node.objects.get(name=NODE)
+    node.attributes = {**(node.attributes or {}), "mps": True}
+    node.save(update_fields=["attributes"])
+    session = scheduled("0.5")
+
+    environment = environment_of(session, alice)
+
+    assert environment == started_with(session.first_spec, mps=True)
+    assert environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
+
+
+def test_a_pending_session_has_none_and_an_ended_one_keeps_what_it_had(scheduled, agent, alice):
+    session = scheduled("0.5")
+    held = environment_of(session, alice)
+    waiting = services.session_create(owner=alice, name="big", resources={"cuda.shares": "2"})  # the whole GPU
+
+    assert ComputeSession.objects.get(pk=waiting.pk).status == SessionStatus.PENDING
+    assert environment_of(waiting, alice) == {}
+    services.session_terminate(session=session, reason="done")
+    services.session_report_apply(session_id=str(session.pk), status="TERMINATED")
+    assert ComputeSession.objects.get(pk=session.pk).status == SessionStatus.TERMINATED
+    assert environment_of(session, alice) == held
