@@ -271,6 +271,24 @@ def test_a_chart_longer_than_a_week_draws_hourly_means_the_open_hours_from_their
     assert week["resolution"] == "5m" and len(week["t"]) == 288
 
 
+def test_a_days_chart_ends_with_the_buckets_past_the_watermark_averaged_from_their_samples(running):
+    session = running()
+    mark = int(time.time()) // 300 * 300 - 3600
+    RollupState.objects.create(pk=1, watermark=mark, hour_watermark=mark // 3600 * 3600)
+    SessionRollup.objects.bulk_create(rollups(session, mark - 1200, 4, seed=1))
+    SessionSample.objects.bulk_create([
+        SessionSample(session=session, t=mark + 10, span=10, gpu_memory=GiB, gpu_util=20, cpu=100, mem=5),
+        SessionSample(session=session, t=mark + 20, span=10, gpu_memory=3 * GiB, gpu_util=40, cpu=300, mem=7),
+        SessionSample(session=session, t=mark + 310, span=10, gpu_memory=None, gpu_util=None, cpu=None, mem=1)])
+
+    series = selectors.session_series(session=session, since=mark - 86400, until=mark + 3600)
+
+    assert series["resolution"] == "5m"
+    assert series["t"] == [mark - 1200, mark - 900, mark - 600, mark - 300, mark, mark + 300]
+    assert (series["gpu_memory"][-2:], series["gpu_util"][-2:]) == ([2 * GiB, None], [30, None])
+    assert (series["cpu"][-2:], series["mem"][-2:]) == ([200, 0], [7, 1])
+
+
 def demo_cluster_device():
     from accelerators.models import Device
 

@@ -208,9 +208,10 @@ def session_series(*, session: ComputeSession, since: int, until: int) -> dict:
     `{"t": [epoch s], "gpu_memory": [bytes|None], "gpu_util": [percent|None], "cpu": [milli-cores|None],
     "mem": [bytes|None], "resolution": "raw" | "5m" | "1h", "gpu_memory_limit": bytes granted (sum
     over devices), "deadline": ISO time or None, "deadline_reason": text}`. Full-resolution samples
-    while the range starts after the watermark (the last day); hourly means for a range longer
-    than SERIES_MAX_POINTS 5-minute buckets (about a week: a month is 720 points); else 5-minute
-    means. A gap (no sample for more than twice a sample's span) is a None point, never a zero."""
+    while the range starts after the watermark (the last hour or so); else 5-minute means, or
+    hourly means for a range longer than SERIES_MAX_POINTS 5-minute buckets (about a week: a
+    month is 720 points), the newest of them (past the watermark) averaged from the samples as
+    they stand. A gap (no sample for more than twice a point's span) is a None point, never a zero."""
     mark, hour_mark, _ = _watermarks()
     if since >= mark:
         resolution = "raw"
@@ -220,7 +221,8 @@ def session_series(*, session: ComputeSession, since: int, until: int) -> dict:
         long = until - since > SERIES_MAX_POINTS * 300 and since < hour_mark
         resolution, width = ("1h", SessionPeriodRollup.HOUR) if long else ("5m", 300)
         points = [(b, width, None if not g else m // g, None if not g else u // g, None if not s else c // s, x)
-                  for b, s, g, m, u, c, x in _rollup_points(session, since - since % width, until, width, hour_mark)]
+                  for b, s, g, m, u, c, x in _rollup_points(session, since - since % width, until, width,
+                                                            hour_mark=hour_mark, mark=mark)]
     names = ("t", "gpu_memory", "gpu_util", "cpu", "mem")
     rows = list(points)[-SERIES_MAX_POINTS:]
     columns = _columns(((t, g, u, c, m) for t, _, g, u, c, m in rows), names, [span for _, span, *_ in rows])
@@ -234,22 +236,41 @@ def session_series(*, session: ComputeSession, since: int, until: int) -> dict:
 ROLLUP_POINT = ("span_s", "gpu_span_s", "gpu_memory_s", "gpu_util_s", "cpu_s", "mem_max")
 
 
-def _rollup_points(session, since: int, until: int, width: int, hour_mark: int) -> list[tuple]:
+def _rollup_points(session, since: int, until: int, width: int, *, hour_mark: int, mark: int) -> list[tuple]:
     """`(start, span_s, gpu_span_s, gpu_memory_s, gpu_util_s, cpu_s, mem_max)` per 5-minute bucket
-    (`width` 300) or per hour (3600: the hourly rows before the hour watermark, the hours after it
-    summed from their closed buckets) in [since, until), by time."""
-    buckets = SessionRollup.objects.filter(session=session, bucket__lt=until)
-    if width == 300:
-        return list(buckets.filter(bucket__gte=since).order_by("bucket").values_list("bucket", *ROLLUP_POINT))
-    hours = list(SessionPeriodRollup.objects.filter(session=session, width=width, start__gte=since,
-                                                    start__lt=min(until, hour_mark))
-                 .order_by("start").values_list("start", *ROLLUP_POINT))
-    open_hours = (buckets.filter(bucket__gte=max(since, hour_mark)).annotate(h=F("bucket") - F("bucket") % width)
-                  .values("h").order_by("h")
-                  .annotate(a=Sum("span_s"), b=Sum("gpu_span_s"), c=Sum("gpu_memory_s"), d=Sum("gpu_util_s"),
-                            e=Sum("cpu_s"), f=Max("mem_max"))
-                  .values_list("h", "a", "b", "c", "d", "e", "f"))
-    return hours + list(open_hours)
+    (`width` 300) or per hour (3600) in [since, until), by time: hourly rows before the hour
+    watermark, the closed 5-minute buckets before the watermark, the samples past it (summed as
+    a rollup sums them), each period's parts added up."""
+    sources = []
+    if width == SessionPeriodRollup.HOUR:
+        sources.append(SessionPeriodRollup.objects.filter(session=session, width=width, start__gte=since,
+                                                          start__lt=min(until, hour_mark))
+                       .values_list("start", *ROLLUP_POINT))
+        since = max(since, hour_mark)
+    period = F("bucket") - F("bucket") % width
+    sources.append(SessionRollup.objects.filter(session=session, bucket__gte=since, bucket__lt=min(until, mark))
+                   .annotate(p=period).values("p").order_by("p")
+                   .annotate(a=Sum("span_s"), b=Sum("gpu_span_s"), c=Sum("gpu_memory_s"), d=Sum("gpu_util_s"),
+                             e=Sum("cpu_s"), f=Max("mem_max")).values_list("p", "a", "b", "c", "d", "e", "f"))
+    if until > mark:
+        known = Q(gpu_memory__isnull=False)
+        sources.append(SessionSample.objects.filter(session=session, t__gte=max(since, mark), t__lt=until)
+                       .annotate(p=F("t") - F("t") % width).values("p").order_by("p")
+                       .annotate(a=Sum("span"), b=Sum("span", filter=known), c=Sum(F("gpu_memory") * F("span"), filter=known),
+                                 d=Sum(F("gpu_util") * F("span"), filter=Q(gpu_util__isnull=False)),
+                                 e=Sum(F("cpu") * F("span"), filter=Q(cpu__isnull=False)), f=Max("mem"))
+                       .values_list("p", "a", "b", "c", "d", "e", "f"))
+    merged: dict[int, list] = {}
+    for source in sources:
+        for start, *values in source:
+            values = [v or 0 for v in values[:5]] + [values[5]]
+            if start in merged:
+                old = merged[start]
+                merged[start] = [a + b for a, b in zip(old[:5], values[:5])] + [max(filter(None.__ne__, (old[5], values[5])),
+                                                                                    default=None)]
+            else:
+                merged[start] = values
+    return [(start, *merged[start]) for start in sorted(merged)]
 
 
 def _columns(rows, names: tuple[str, ...], spans: list[int]) -> dict:
@@ -270,30 +291,46 @@ def _columns(rows, names: tuple[str, ...], spans: list[int]) -> dict:
 
 def node_device_series(*, node, since: int, until: int) -> list[dict]:
     """Each device of `node` (MIG instances left out: their parent GPU is charted) with its
-    memory used and utilisation over [since, until) (epoch seconds), in two queries whatever the
-    number of devices: `[{"index", "uuid", "model_name", "memory_size": bytes, "t": [epoch s],
-    "memory_used": [bytes|None], "util": [percent|None]}]` by index. Full resolution while the
-    range starts after the watermark, else 5-minute means. A device's samples are `interval`
-    apart (its smallest step); a longer silence is a None point, as in `session_series`."""
+    memory used and utilisation over [since, until) (epoch seconds), in at most three queries
+    whatever the number of devices: `[{"index", "uuid", "model_name", "memory_size": bytes,
+    "t": [epoch s], "memory_used": [bytes|None], "util": [percent|None]}]` by index. Full
+    resolution while the range starts after the watermark; else 5-minute means (hourly for a
+    range longer than SERIES_MAX_POINTS buckets), the newest of them averaged from the samples
+    past the watermark. A device's samples are `interval` apart (its smallest step); a longer
+    silence is a None point, as in `session_series`."""
+    from django.db.models import Avg
+
     devices = list(Device.objects.filter(node=node, is_mig_device=False).order_by("index")
                    .values("id", "index", "device_id", "model_name", "memory_size"))
     ids = [d["id"] for d in devices]
-    if since >= _watermark():
+    mark = _watermark()
+    by_device = collections.defaultdict(list)
+    if since >= mark:
         rows = DeviceSample.objects.filter(device_id__in=ids, t__gte=since, t__lt=until).order_by("t").values_list(
             "device_id", "t", "memory_used", "util")
-        rollup = False
+        width = None
     else:
-        rows = DeviceRollup.objects.filter(device_id__in=ids, bucket__gte=since - since % 300, bucket__lt=until).order_by(
-            "bucket").values_list("device_id", "bucket", "memory_used_avg", "util_avg")
-        rollup = True
-    by_device = collections.defaultdict(list)
+        width = SessionPeriodRollup.HOUR if until - since > SERIES_MAX_POINTS * 300 else 300
+        period = F("bucket") - F("bucket") % width
+        rows = list(DeviceRollup.objects.filter(device_id__in=ids, bucket__gte=since - since % width,
+                                                bucket__lt=min(until, mark))
+                    .annotate(p=period).values("device_id", "p").order_by("p")
+                    .annotate(m=Avg("memory_used_avg"), u=Avg("util_avg")).values_list("device_id", "p", "m", "u"))
+        if until > mark:  # the buckets not closed yet, from their samples
+            rows += list(DeviceSample.objects.filter(device_id__in=ids, t__gte=mark, t__lt=until)
+                         .annotate(p=F("t") - F("t") % width).values("device_id", "p").order_by("p")
+                         .annotate(m=Avg("memory_used"), u=Avg("util")).values_list("device_id", "p", "m", "u"))
+        rows = [(d, p, None if m is None else int(m), None if u is None else int(round(u))) for d, p, m, u in rows]
     for device_id, *row in rows:
-        by_device[device_id].append(tuple(row))
+        points = by_device[device_id]
+        if points and width and points[-1][0] == row[0]:  # an hour both closed buckets and samples fall in
+            continue
+        points.append(tuple(row))
     out = []
     for d in devices:
         points = by_device[d["id"]][-SERIES_MAX_POINTS:]
         steps = [b[0] - a[0] for a, b in zip(points, points[1:]) if b[0] > a[0]]
-        span = 300 if rollup else min(steps, default=1)
+        span = width or min(steps, default=1)
         out.append({"index": d["index"], "uuid": d["device_id"], "model_name": d["model_name"],
                     "memory_size": d["memory_size"],
                     **_columns(points, ("t", "memory_used", "util"), [span] * len(points))})
