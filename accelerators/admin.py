@@ -6,6 +6,7 @@ Memory is always shown in binary units (`units.format_binary_size`), fGPU as Dec
 """
 from __future__ import annotations
 
+import json
 from decimal import ROUND_DOWN, Decimal
 
 from django import forms
@@ -13,7 +14,8 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
 from django.forms.models import BaseInlineFormSet
-from django.http import HttpRequest
+from django.http import HttpRequest, JsonResponse
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
@@ -22,13 +24,14 @@ from accelerators.admin_display import EMPTY, BinarySizeField, size_html, when_h
 from accelerators.allocation import core, topology, units
 from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.config_import import MAX_UPLOAD_BYTES, ConfigError, import_accelerator_config_upload
-from accelerators.mig_selectors import mig_gpu_pictures, node_mig_sync_view
+from accelerators.mig_selectors import device_mig_catalog, mig_gpu_pictures, node_mig_gpus, node_mig_sync_view
 from accelerators.mig_services import node_mig_settings_apply, node_mig_settings_check
 from accelerators.models import (
     Device,
     DeviceLink,
     FractionalSettings,
     GpuInstance,
+    MigMode,
     Node,
     ResourceGroup,
     SlotFormat,
@@ -345,7 +348,46 @@ class DeviceLinkInline(admin.TabularInline):
         return False
 
 
-_SLICE_COLOURS = {"used": "#2e7d32", "idle": "#9ccc65", "unknown": "#ffb74d", "free": "#eceff1", "stranded": "#ef9a9a"}
+_SLICE_STATES = ("used", "idle", "unknown", "free", "stranded")  # each a CSS class .mig-<state> (static/css/admin.css)
+
+
+class MigLayoutWidget(forms.Textarea):
+    """The fixed MIG layout as rows of GPU, profile and start (static/js/mig_layout.js), each
+    profile offering only its allowed starts, checked live by the server as the form will check
+    it (`NodeAdmin.mig_check_view`) and drawn as the 8 memory slices it would take. The JSON
+    stays in the textarea the script writes (folded under "Edit as JSON"), so the form also
+    works without the script. `gpus`: the node's MIG-capable GPUs with their catalogs."""
+
+    editor_template = "admin/accelerators/mig_layout_widget.html"  # around Django's textarea
+
+    def __init__(self, *, gpus: list[dict], check_url: str = "", attrs=None):
+        super().__init__(attrs={"rows": 4, "cols": 60, **(attrs or {})})
+        self.gpus, self.check_url = gpus, check_url
+
+    def render(self, name, value, attrs=None, renderer=None):
+        """The editor around Django's own textarea (the project's template folder is not the form
+        renderer's, so the editor is rendered by the template loader)."""
+        textarea = super().render(name, value, attrs, renderer)
+        final = self.build_attrs(self.attrs, attrs)
+        return render_to_string(self.editor_template, {"widget": {
+            "textarea": textarea, "gpus": self.gpus, "check_url": self.check_url,
+            "textarea_id": final.get("id", ""), "gpus_id": f"{final.get('id') or name}-gpus"}})
+
+    class Media:
+        js = ("js/mig_layout.js",)
+
+
+def mig_layout_editor_gpus(node: Node) -> list[dict]:
+    """What the layout editor offers per MIG-capable GPU of `node`: index, device id, model and
+    its catalog's profiles (name, allowed starts, memory slices spanned, memory, most instances)."""
+    gpus = []
+    for device in node_mig_gpus(node=node):
+        catalog = device_mig_catalog(device)
+        gpus.append({"index": device.index, "device_id": device.device_id, "model": catalog.model,
+                     "profiles": [{"name": p.name, "starts": list(p.starts), "size": p.size,
+                                   "memory": units.format_binary_size(p.memory), "max": p.max_instances,
+                                   "compute": p.compute_slices} for p in catalog.profiles]})
+    return gpus
 
 
 class NodeForm(forms.ModelForm):
@@ -354,6 +396,16 @@ class NodeForm(forms.ModelForm):
     class Meta:
         model = Node
         fields = "__all__"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        field = self.fields.get("mig_layout")
+        if field is not None and self.instance.pk:
+            field.widget = MigLayoutWidget(
+                gpus=mig_layout_editor_gpus(self.instance),
+                check_url=reverse("admin:accelerators_node_mig_check", args=[self.instance.pk]))
+            field.help_text = ('for mode "fixed": the GPU instances each GPU keeps (profile and first memory slice); '
+                               "checked as you edit, against the GPU's MIG catalog")
 
     def clean(self):
         data = super().clean()
@@ -366,19 +418,18 @@ class NodeForm(forms.ModelForm):
 
 def mig_picture_html(node: Node) -> str:
     """Each MIG-capable GPU of `node` as two rows of cells (8 memory slices, 7 compute slices):
-    dark green in use (title: instance and session), light green idle (reusable), orange unknown
-    (found on the GPU by its agent, never planned here: title gives its MIG device UUID), grey
-    free, red stranded."""
+    in use (title: instance and session), idle (reusable), unknown (found on the GPU by its agent,
+    never planned here: title gives its MIG device UUID), free, stranded. Each state is a class
+    `mig-<state>` whose colours keep AA contrast in the light and the dark theme."""
     pictures = mig_gpu_pictures(node=node)
     if not pictures:
         return "no MIG-capable GPU (the model is not in the MIG catalog)"
 
     def row(title, cells):
         return format_html(
-            "<tr><th style='padding-right:6px'>{}</th>{}</tr>", title,
-            format_html_join("", "<td title='{}' style='background:{};width:44px;text-align:center;"
-                                 "border:1px solid #fff;font-size:11px'>{}</td>",
-                             ((f"slice {c.slot}: {c.state} {c.instance} {c.session}".strip(), _SLICE_COLOURS[c.state],
+            "<tr><th scope='row'>{}</th>{}</tr>", title,
+            format_html_join("", "<td class='mig-cell mig-{}' title='{}'>{}</td>",
+                             ((c.state, f"slice {c.slot}: {c.state} {c.instance} {c.session}".strip(),
                                c.instance.split("@")[0] if c.instance else c.state) for c in cells)))
 
     blocks = []
@@ -386,11 +437,11 @@ def mig_picture_html(node: Node) -> str:
         listing = format_html_join(", ", "{} {}{}", ((label, state, (f" by {who}" if state == "used" else f" ({who})")
                                                       if who else "") for label, state, who in picture.instances)) or "none"
         blocks.append(format_html(
-            "<div style='margin-bottom:8px'><strong>GPU {} · {}</strong><table>{}{}</table>instances: {}</div>",
+            "<div class='mig-gpu-picture'><strong>GPU {} · {}</strong><table class='mig-slices'>{}{}</table>"
+            "instances: {}</div>",
             picture.device.index, picture.model, row("memory", picture.memory), row("compute", picture.compute), listing))
-    legend = format_html_join(" ", "<span style='background:{};padding:0 6px'>{}</span>",
-                              ((colour, state) for state, colour in _SLICE_COLOURS.items()))
-    return format_html("{}<div>{}</div>", format_html_join("", "{}", ((b,) for b in blocks)), legend)
+    legend = format_html_join("", "<span class='mig-cell mig-{}'>{}</span>", ((state, state) for state in _SLICE_STATES))
+    return format_html("{}<div class='mig-legend'>{}</div>", format_html_join("", "{}", ((b,) for b in blocks)), legend)
 
 
 def _attribute_text(value) -> str:
@@ -447,6 +498,31 @@ class NodeAdmin(admin.ModelAdmin):
     class Media:
         css = {"all": ("vendor/uplot/uPlot.min.css", "css/usage.css")}
         js = ("vendor/uplot/uPlot.iife.min.js", "js/usage.js")
+
+    def get_urls(self):
+        check = self.admin_site.admin_view(self.mig_check_view)
+        return [path("<path:object_id>/mig-check/", check, name="accelerators_node_mig_check"), *super().get_urls()]
+
+    def mig_check_view(self, request: HttpRequest, object_id: str) -> JsonResponse:
+        """POST {"mig_mode", "mig_layout"} → {"ok": true} or {"ok": false, "error": "…"}: the check the
+        form runs on save (`node_mig_settings_check`), for the layout editor to run as one types.
+        Writes nothing."""
+        node = self.get_object(request, object_id)
+        if request.method != "POST":
+            return JsonResponse({"ok": False, "error": "POST the layout"}, status=405)
+        if node is None or not self.has_change_permission(request, node):
+            raise PermissionDenied
+        try:
+            body = json.loads(request.body or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError
+        except ValueError:
+            return JsonResponse({"ok": False, "error": "the body is not a JSON object"}, status=400)
+        try:
+            node_mig_settings_check(node=node, mig_mode=MigMode.FIXED, mig_layout=body.get("mig_layout"))
+        except InvalidResourceRequest as exc:
+            return JsonResponse({"ok": False, "error": str(exc)})
+        return JsonResponse({"ok": True, "error": ""})
 
     @admin.display(description="each GPU")
     def usage_charts(self, obj: Node) -> str:

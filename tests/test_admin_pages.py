@@ -208,3 +208,44 @@ def test_quota_rows_still_show_memory_as_a_binary_size(admin, alice):
     Quota.objects.create(user=alice, max_gpu_memory=40 << 30)
     text = page_text(admin_client(admin), "/admin/compute_sessions/quota/")
     assert "0 B / 40 GiB" in text
+
+
+# --- the fixed MIG layout editor --------------------------------------------------------------------
+
+def test_the_node_page_edits_the_fixed_layout_in_rows_with_each_gpus_catalog(admin):
+    node = mig_node(mode=MigMode.FIXED)
+    text = page_text(admin_client(admin), f"/admin/accelerators/node/{node.pk}/change/")
+    assert 'class="mig-layout-editor"' in text and f'data-check-url="/admin/accelerators/node/{node.pk}/mig-check/"' in text
+    catalog = re.search(r'<script id="id_mig_layout-gpus" type="application/json">(.*?)</script>', text).group(1)
+    assert '"name": "3g.40gb", "starts": [0, 4]' in catalog
+    assert '<textarea name="mig_layout"' in text  # the JSON the script writes, and the form reads
+    assert "mig-cell mig-free" in text and "background:" not in text.split('class="mig-legend"')[0][-3000:]
+
+
+def check_layout(client: Client, node: Node, layout) -> dict:
+    answer = client.post(f"/admin/accelerators/node/{node.pk}/mig-check/", data={"mig_layout": layout},
+                         content_type="application/json")
+    assert answer.status_code == 200
+    return answer.json()
+
+
+def test_the_layout_check_answers_as_saving_would_and_writes_nothing(admin):
+    node = mig_node(mode=MigMode.DYNAMIC)
+    client = admin_client(admin)
+    assert check_layout(client, node, {"0": [{"profile": "3g.40gb", "start": 4}, {"profile": "2g.20gb", "start": 0}]}) \
+        == {"ok": True, "error": ""}
+    answer = check_layout(client, node, {"0": [{"profile": "4g.40gb", "start": 0}, {"profile": "2g.20gb", "start": 2}]})
+    assert answer["ok"] is False and "memory slice 2 is already held by 4g.40gb@0" in answer["error"]
+    answer = check_layout(client, node, {"0": [{"profile": "2g.20gb", "start": 1}]})
+    assert "2g.20gb cannot start at memory slice 1 (allowed: 0, 2, 4)" in answer["error"]
+    assert check_layout(client, node, {"7": []})["error"] == "mig_layout: node mig-node has no GPU '7'"
+    node.refresh_from_db()
+    assert (node.mig_mode, node.mig_layout) == (MigMode.DYNAMIC, {})
+
+
+def test_only_those_who_may_change_nodes_may_ask_the_layout_check(admin, django_user_model):
+    node = mig_node()
+    clerk = django_user_model.objects.create_user("clerk", is_staff=True)
+    answer = admin_client(clerk).post(f"/admin/accelerators/node/{node.pk}/mig-check/", data={}, content_type="application/json")
+    assert answer.status_code == 403
+    assert admin_client(admin).get(f"/admin/accelerators/node/{node.pk}/mig-check/").status_code == 405

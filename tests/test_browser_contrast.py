@@ -1,0 +1,138 @@
+"""An automated accessibility check (issue 18.8): axe-core (tests/vendor/axe-core, vendored) runs in
+Chromium on the console's pages — login, the sessions list, the launch dialog, a terminal page —
+and on the admin pages the console styles, in the light theme and the dark one, against the
+console as `make run` starts it with the demo's MIG node. No page may have a colour-contrast
+violation, nor any other violation axe rates serious or critical; a failure lists each rule with
+its elements and axe's words.
+
+The MIG node is set to a fixed layout first, so the node page shows the layout editor and every
+state of the slice picture that a fresh node can (in use, idle, free)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_browser import ADMIN_PASSWORD, TIMEOUT_MS, console_url, page  # noqa: F401  (fixtures)
+from tests.test_browser_mig import mig_console_url  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.browser
+
+AXE = ROOT / "tests" / "vendor" / "axe-core" / "axe.min.js"
+FAILING_IMPACTS = ("serious", "critical")
+
+
+def axe_violations(page) -> list[dict]:
+    """The violations axe finds on the page as it is now that this check fails on: every
+    color-contrast one, and any other rated serious or critical (WCAG 2.x A and AA rules and
+    axe's best practices)."""
+    # The admin's jQuery runs its ready handlers (select2 set-up among them) after the load event.
+    page.evaluate("() => new Promise(done => window.django && window.django.jQuery ? "
+                  "window.django.jQuery(() => setTimeout(done)) : done())")
+    if not page.evaluate("typeof window.axe !== 'undefined'"):
+        page.add_script_tag(path=str(AXE))
+    results = page.evaluate("""async () => {
+        const r = await axe.run(document, {resultTypes: ['violations']});
+        return r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
+            nodes: v.nodes.map(n => ({target: n.target.join(' '), summary: n.failureSummary}))}));
+    }""")
+    return [v for v in results if v["id"] == "color-contrast" or v["impact"] in FAILING_IMPACTS]
+
+
+def describe(where: str, violations: list[dict]) -> str:
+    lines = []
+    for v in violations:
+        lines.append(f"{where}: {v['id']} ({v['impact']}): {v['help']}")
+        lines.extend(f"    {n['target']}: {n['summary'].splitlines()[-1].strip()}" for n in v["nodes"][:8])
+    return "\n".join(lines)
+
+
+def log_in(page, base: str) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(base + "/login/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", ADMIN_PASSWORD)
+    page.click("#login-submit")
+    expect(page).to_have_url(base + "/sessions/")
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+
+
+def api(page, base: str, method: str, path: str, body: dict | None = None, headers: dict | None = None):
+    answer = page.request.fetch(base + path, method=method, data=json.dumps(body) if body is not None else None,
+                                headers={"Content-Type": "application/json",
+                                         "X-CSRFToken": next(c["value"] for c in page.context.cookies()
+                                                             if c["name"] == "csrftoken"), **(headers or {})})
+    assert answer.ok, (path, answer.status, answer.text())
+    return answer
+
+
+def test_console_and_admin_pages_have_no_contrast_nor_serious_accessibility_violations(mig_console_url, page):  # noqa: F811
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=TIMEOUT_MS)
+    base = mig_console_url
+    found: list[str] = []
+
+    def check(where: str) -> None:
+        violations = axe_violations(page)
+        if violations:
+            found.append(describe(where, violations))
+
+    # Logged out: the login page.
+    page.goto(base + "/login/")
+    check("login")
+
+    # The sessions list with a running session, the launch dialog, the terminal page.
+    log_in(page, base)
+    mig = api(page, base, "GET", "/api/v1/nodes/demo-mig-node/mig/")
+    api(page, base, "PATCH", "/api/v1/nodes/demo-mig-node/mig/",
+        {"mig_mode": "fixed", "mig_layout": {"0": [{"profile": "3g.40gb", "start": 4}, {"profile": "1g.10gb", "start": 0}]}},
+        {"If-Match": mig.headers["etag"]})
+    created = api(page, base, "POST", "/api/v1/sessions/",
+                  {"name": "contrast", "resources": {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}}).json()
+    row = page.locator(f'#sessions-table tr[data-session-id="{created["id"]}"]')
+    expect(row.locator("td.status")).to_have_text("RUNNING")
+    check("sessions page")
+
+    page.click("#start-session")
+    expect(page.locator("#launch-dialog")).to_be_visible()
+    expect(page.locator("#options-status")).to_have_text("")
+    expect(page.locator("#launch-preview")).not_to_have_attribute("aria-busy", "true")
+    expect(page.locator("#preview-line")).not_to_be_empty()
+    check("launch dialog")
+    page.keyboard.press("Escape")
+    expect(page.locator("#launch-dialog")).to_be_hidden()
+
+    page.goto(base + f"/sessions/{created['id']}/terminal/")
+    expect(page.locator("#terminal .xterm-rows")).to_be_visible()
+    check("terminal page")
+
+    page.goto(base + "/account/")
+    check("profile page")
+
+    # The admin pages the console styles, in both themes.
+    node_id = page.request.get(base + "/api/v1/nodes/demo-mig-node/").json()["id"]
+    admin_pages = {
+        "admin index": "/admin/",
+        "admin nodes": "/admin/accelerators/node/",
+        "admin MIG node (editor, slice picture)": f"/admin/accelerators/node/{node_id}/change/",
+        "admin devices": "/admin/accelerators/device/",
+        "admin fractional settings": "/admin/accelerators/fractionalsettings/",
+        "admin import page": "/admin/accelerators/slotformat/import/",
+        "admin sessions": "/admin/compute_sessions/computesession/",
+        "admin session": f"/admin/compute_sessions/computesession/{created['id']}/change/",
+        "admin quota form": "/admin/compute_sessions/quota/add/",
+        "admin tokens": "/admin/accounts/apitoken/",
+    }
+    for scheme in ("light", "dark"):
+        page.emulate_media(color_scheme=scheme)
+        for where, path in admin_pages.items():
+            page.goto(base + path)
+            expect(page.locator("#content")).to_be_visible()
+            if "editor" in where:
+                expect(page.locator(".mig-layout-status")).to_have_text("✓ This layout can be created on the GPUs.")
+            check(f"{where} ({scheme})")
+
+    assert not found, "\n" + "\n".join(found)
