@@ -1,18 +1,25 @@
 // Usage pictures (issue 15), one script for the three pages that show them; each part runs only
 // where its element is on the page:
 //   - session page (#usage-charts): GPU memory used against the granted limit, GPU utilisation
-//     and CPU over the last hour, from GET /api/v1/sessions/<id>/usage/, polled every POLL_MS;
+//     and CPU over the last hour (or day, week, month: the range picker), from
+//     GET /api/v1/sessions/<id>/usage/, polled every POLL_MS (the longer ranges every SLOW_POLL_MS);
 //   - session list (.usage-gauge in #sessions-body, drawn by sessions.js renderRow): memory used
 //     of granted per running session, from GET /api/v1/usage/latest/, polled every POLL_MS;
 //   - node admin page (#node-usage-charts): each GPU's memory used and utilisation, from
-//     GET /api/v1/nodes/<name>/usage/.
+//     GET /api/v1/nodes/<name>/usage/, with the same range picker.
+// Hovering a chart shows the time and every series' value there in its legend (uPlot's cursor).
 // Charts are uPlot (static/vendor/uplot). A gap in the samples is a null point, drawn as a break
 // in the line, never as a zero. Memory in bytes (shown in binary units), CPU in milli-cores.
 (function () {
   "use strict";
 
   var POLL_MS = 5000;
-  var WINDOW_S = 3600; // the charts show the last hour
+  var SLOW_POLL_MS = 60000; // a day's, week's or month's chart moves by 5-minute or hourly points
+  // The range picker's choices; the server picks the resolution (every sample, 5-minute or hourly means).
+  var RANGES = [{ key: "hour", label: "Hour", seconds: 3600, words: "last hour" },
+                { key: "day", label: "Day", seconds: 86400, words: "last day" },
+                { key: "week", label: "Week", seconds: 7 * 86400, words: "last week" },
+                { key: "month", label: "Month", seconds: 30 * 86400, words: "last 30 days" }];
   var FINAL = ["TERMINATED", "ERROR", "CANCELLED"];
   var COLOURS = { used: "#4f46e5", limit: "#d92d20", util: "#0e9384", cpu: "#b54708" };
   var BIN_UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -36,23 +43,66 @@
     });
   }
 
-  // Polls `tick` every POLL_MS while the tab is visible (at once when it shows again); `tick`
-  // returns a promise, and a poll never overlaps the one before. Returns a function that stops it.
-  function poll(tick) {
-    var timer = null, stopped = false;
+  // Polls `tick` every `every()` ms (POLL_MS without it) while the tab is visible (at once when
+  // it shows again); `tick` returns a promise, and a poll never overlaps the one before. Returns
+  // {stop, now}: `now()` polls at once (after the poll under way, if any).
+  function poll(tick, every) {
+    var timer = null, stopped = false, running = false, again = false;
     function run() {
       timer = null;
-      if (stopped) return;
-      if (document.hidden) return;
+      if (stopped || document.hidden) return;
+      running = true;
       Promise.resolve().then(tick).catch(function () { /* shown as stale by the caller */ }).then(function () {
-        if (!stopped && !document.hidden) timer = setTimeout(run, POLL_MS);
+        running = false;
+        if (stopped || document.hidden) return;
+        if (again) { again = false; run(); return; }
+        timer = setTimeout(run, every ? every() : POLL_MS);
       });
     }
     document.addEventListener("visibilitychange", function () {
-      if (!document.hidden && timer === null && !stopped) run();
+      if (!document.hidden && timer === null && !running && !stopped) run();
     });
     run();
-    return function () { stopped = true; if (timer) clearTimeout(timer); };
+    var stop = function () { stopped = true; if (timer) clearTimeout(timer); };
+    return {
+      stop: stop,
+      now: function () {
+        if (stopped) return;
+        if (running) { again = true; return; }
+        if (timer) clearTimeout(timer);
+        run();
+      },
+    };
+  }
+
+  // The range picker (a segmented control, before `before`): calls `choose(range)` on a click.
+  // Returns the chosen range's getter.
+  function rangePicker(before, choose) {
+    var chosen = RANGES[0];
+    var group = document.createElement("div");
+    group.className = "usage-range";
+    group.setAttribute("role", "group");
+    group.setAttribute("aria-label", "Time range of the charts");
+    RANGES.forEach(function (range) {
+      var button = document.createElement("button");
+      button.type = "button";
+      button.className = "usage-range-button";
+      button.textContent = range.label;
+      button.setAttribute("data-range", range.key);
+      button.setAttribute("aria-pressed", String(range === chosen));
+      button.title = "Show the " + range.words;
+      button.addEventListener("click", function () {
+        if (chosen === range) return;
+        chosen = range;
+        group.querySelectorAll("button").forEach(function (b) {
+          b.setAttribute("aria-pressed", String(b === button));
+        });
+        choose(range);
+      });
+      group.appendChild(button);
+    });
+    before.parentNode.insertBefore(group, before);
+    return function () { return chosen; };
   }
 
   // ---- Charts ------------------------------------------------------------------------------
@@ -68,7 +118,9 @@
       height: opts.height || 140,
       padding: [10, 24, 0, 0], // room for the last time label
       cursor: { y: false, drag: { x: false, y: false } },
-      legend: { show: opts.series.length > 1, live: false }, // names only; the newest value is in the label
+      // Hovering shows the time and each series' value under the cursor in the legend; away from
+      // the chart the legend names the series (the newest value is beside the chart's title).
+      legend: { show: true, live: true },
       scales: { x: { time: true }, y: { range: opts.yRange } },
       axes: [
         { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" }, size: 28,
@@ -76,10 +128,11 @@
         { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" }, size: opts.axisSize || 56,
           font: "11px system-ui, sans-serif", incrs: opts.incrs, values: function (u, ticks) { return ticks.map(opts.tick); } },
       ],
-      series: [{ value: function (u, v) { return v === null ? "—" : new Date(v * 1000).toLocaleTimeString(); } }]
+      series: [{ label: "time", value: function (u, v) { return v === null || v === undefined ? "—" : pointTime(u, v); } }]
         .concat(opts.series.map(function (s) {
           return { label: s.label, stroke: s.colour, width: s.width || 1.5, dash: s.dash, spanGaps: false,
-                   fill: s.fill, points: { show: false }, value: function (u, v) { return s.value(v); } };
+                   fill: s.fill, points: { show: false },
+                   value: function (u, v) { return v === undefined ? "—" : s.value(v); } };
         })),
     }, [[]].concat(opts.series.map(function () { return []; })), plot);
     if (window.ResizeObserver) {
@@ -108,12 +161,25 @@
     };
   }
 
-  // The x axis in local clock time: hours and minutes, with seconds while the range is short.
+  // The x axis in local clock time: hours and minutes, with seconds while the range is short;
+  // the day ("26 Nov") once it spans more than a day and a half.
   function timeTicks(u, ticks) {
     var span = u.scales.x.max - u.scales.x.min;
+    if (span > 36 * 3600) {
+      return ticks.map(function (t) { return new Date(t * 1000).toLocaleDateString([], { day: "numeric", month: "short" }); });
+    }
     var fmt = { hour: "2-digit", minute: "2-digit", hour12: false };
     if (span <= 600) fmt.second = "2-digit";
     return ticks.map(function (t) { return new Date(t * 1000).toLocaleTimeString([], fmt); });
+  }
+
+  // The time of the point under the cursor, for the legend: the clock time, with the date when
+  // the chart spans more than a day.
+  function pointTime(u, t) {
+    var date = new Date(t * 1000);
+    var fmt = { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false };
+    if (u.scales.x.max - u.scales.x.min > 86400) return date.toLocaleString([], Object.assign({ day: "numeric", month: "short" }, fmt));
+    return date.toLocaleTimeString([], fmt);
   }
 
   function percentRange(u, min, max) { return [0, Math.max(100, max || 0)]; }
@@ -147,26 +213,37 @@
     });
 
     var lastFetch = false; // the session ended: one more fetch draws its last samples, then stop
-    var stop = poll(function () {
+    var rangeWords = panel.querySelector(".usage-range-label");
+    var range = rangePicker(root, function (chosen) {
+      if (rangeWords) rangeWords.textContent = chosen.words;
+      root.setAttribute("data-range", chosen.key);
+      root.querySelectorAll(".usage-chart-empty").forEach(function (p) { p.textContent = "No samples in the " + chosen.words; });
+      lastFetch = false;
+      poller.now();
+    });
+    root.setAttribute("data-range", range().key);
+    var poller = poll(function () {
       var now = Math.floor(Date.now() / 1000);
-      var since = now - WINDOW_S;
+      var since = now - range().seconds;
+      var asked = range();
       return getJson(url + "?since=" + since).then(function (d) {
+        if (asked !== range()) return; // the range changed meanwhile: the next poll draws the new one
         limit = d.gpu_memory_limit || 0;
         var limits = d.t.map(function () { return limit || null; });
         memory.set([d.t, d.gpu_memory, limits], since, now);
         util.set([d.t, d.gpu_util], since, now);
         cpu.set([d.t, d.cpu], since, now);
         panel.querySelector(".usage-limit").textContent = limit ? bytesText(limit) : "—";
-        panel.querySelector(".usage-resolution").textContent = 
+        panel.querySelector(".usage-resolution").textContent =
             {raw: "every sample", "5m": "5-minute means", "1h": "hourly means"}[d.resolution] || d.resolution;
         stale.hidden = true;
         root.setAttribute("data-state", "live");
         if (badge && FINAL.indexOf(badge.textContent.trim()) !== -1) {
-          if (lastFetch) { stop(); root.setAttribute("data-state", "ended"); }
+          if (lastFetch) { poller.stop(); root.setAttribute("data-state", "ended"); }
           lastFetch = true;
         }
       }).catch(function () { stale.hidden = false; });
-    });
+    }, function () { return range().seconds > 3600 ? SLOW_POLL_MS : POLL_MS; });
   }
 
   // ---- Session list gauges -------------------------------------------------------------------
@@ -225,17 +302,26 @@
       box.className = "usage-device";
       box.innerHTML = '<h4 class="usage-device-title"></h4><div class="usage-chart-row">' +
         '<div class="usage-chart" data-chart="memory"><div class="usage-chart-label">Memory used <span class="usage-chart-now"></span></div>' +
-        '<div class="usage-chart-plot"></div><p class="usage-chart-empty">No samples in the last hour</p></div>' +
+        '<div class="usage-chart-plot"></div><p class="usage-chart-empty"></p></div>' +
         '<div class="usage-chart" data-chart="util"><div class="usage-chart-label">Utilisation <span class="usage-chart-now"></span></div>' +
-        '<div class="usage-chart-plot"></div><p class="usage-chart-empty">No samples in the last hour</p></div></div>';
+        '<div class="usage-chart-plot"></div><p class="usage-chart-empty"></p></div></div>';
+      box.querySelectorAll(".usage-chart-empty").forEach(function (p) { p.textContent = "No samples in the " + range().words; });
       box.querySelector(".usage-device-title").textContent =
         "GPU " + device.index + " · " + device.model_name + " · " + bytesText(device.memory_size);
       return box;
     };
-    poll(function () {
+    var range = rangePicker(root, function (chosen) {
+      root.setAttribute("data-range", chosen.key);
+      root.querySelectorAll(".usage-chart-empty").forEach(function (p) { p.textContent = "No samples in the " + chosen.words; });
+      poller.now();
+    });
+    root.setAttribute("data-range", range().key);
+    var poller = poll(function () {
       var now = Math.floor(Date.now() / 1000);
-      var since = now - WINDOW_S;
+      var since = now - range().seconds;
+      var asked = range();
       return getJson(url + "?since=" + since).then(function (d) {
+        if (asked !== range()) return;
         if (!charts) {
           root.textContent = "";
           if (!d.devices.length) { root.textContent = "This node has no GPU."; return; }
@@ -263,7 +349,7 @@
           entry.util.set([device.t, device.util], since, now);
         });
       });
-    });
+    }, function () { return range().seconds > 3600 ? SLOW_POLL_MS : POLL_MS; });
   }
 
   function start() {
