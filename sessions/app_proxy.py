@@ -10,6 +10,11 @@ both ways, with httpx) and websockets (with `websockets`) to a web app running i
   never sees it) and without the console's own cookies (session, CSRF) and credentials. Apps
   served under the prefix (`base_url` true, as Jupyter with `--ServerApp.base_url`) get the whole
   path; others get the rest after the prefix (and a `Location` they answer is put under it).
+- The token never reaches the browser: apps that put it into their pages (JupyterLab's page
+  config, so that its scripts can call its API) get it replaced in every answer, headers and body,
+  and websocket text, by as many "*" (TokenMask): the scripts' calls then carry the mask, which
+  the proxy replaces with the real token on the way in. Bodies are asked for uncompressed
+  (`Accept-Encoding: identity`) so that the mask sees them; the length stays the same.
 - Refused: a path with "." or ".." segments, or with an encoded "." "/" or "\\" (400), so no
   request reaches anything outside the app's prefix.
 - A session that is not RUNNING answers a page that says it ended (410; websockets close 4410);
@@ -81,6 +86,28 @@ def path_escapes(scope) -> bool:
     return any(part in (".", "..") for part in scope["path"].split("/"))
 
 
+class TokenMask:
+    """Replaces the app's token in a stream of bytes by as many "*", chunk by chunk, holding back
+    only a tail of a chunk that could be the start of the token (so a small streamed chunk is
+    passed on at once)."""
+
+    def __init__(self, token: str) -> None:
+        self.secret = token.encode()
+        self.mask = b"*" * len(self.secret)
+        self.carry = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = (self.carry + chunk).replace(self.secret, self.mask)
+        hold = next((n for n in range(min(len(data), len(self.secret) - 1), 0, -1)
+                     if self.secret.startswith(data[-n:])), 0)
+        self.carry = data[len(data) - hold:] if hold else b""
+        return data[:len(data) - hold]
+
+    def flush(self) -> bytes:
+        rest, self.carry = self.carry, b""
+        return rest
+
+
 def _cookies_without_console(header: str) -> str:
     """The Cookie header less the console's own cookies (its session and CSRF token)."""
     ours = {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME}
@@ -101,9 +128,9 @@ def upstream_headers(scope, *, token: str) -> list[tuple[str, str]]:
             cookies = _cookies_without_console(value)
             if cookies:
                 headers.append(("cookie", cookies))
-        elif name not in HOP_BY_HOP and not name.startswith("sec-websocket-"):
+        elif name not in HOP_BY_HOP and name != "accept-encoding" and not name.startswith("sec-websocket-"):
             headers.append((name, value))
-    headers.append(("authorization", f"token {token}"))
+    headers += [("authorization", f"token {token}"), ("accept-encoding", "identity")]  # plain: TokenMask reads it
     if host:
         headers += [("host", host), ("x-forwarded-host", host)]
     headers.append(("x-forwarded-proto", "https" if scope.get("scheme") in ("https", "wss") else "http"))
@@ -166,11 +193,14 @@ async def _check(scope, match) -> tuple[int, dict]:
     return 0, found
 
 
-def upstream_path(scope, match, app: dict) -> str:
-    """The path and query to ask the app for (under the prefix, or the rest after it)."""
+def upstream_path(scope, match, app: dict, *, token: str) -> str:
+    """The path and query to ask the app for (under the prefix, or the rest after it), the
+    masked token (TokenMask) in the query made the real one again (`?token=…`)."""
     path = scope["path"] if app["base_url"] else (match["rest"] or "/")
     path = quote(path, safe="/:@!$&'()*+,;=-._~")
     query = scope.get("query_string", b"").decode("latin-1")
+    for masked in ("*" * len(token), "%2A" * len(token), "%2a" * len(token)):
+        query = query.replace(masked, token)
     return path + (f"?{query}" if query else "")
 
 
@@ -232,7 +262,7 @@ class AppHttpProxy:
             if isinstance(target, dict):
                 await _page(send, 502, await _not_running(session_id, app, target["error"]))
                 return
-            url = f"http://{_host(target[0])}:{target[1]}{upstream_path(scope, match, app)}"
+            url = f"http://{_host(target[0])}:{target[1]}{upstream_path(scope, match, app, token=token)}"
             request = _client().build_request(scope["method"], url, headers=headers, content=body)
             try:
                 response = await _client().send(request, stream=True)
@@ -246,7 +276,7 @@ class AppHttpProxy:
                     return
         try:
             await _relay_response(response, receive, send, prefix=app_prefix(session_id=session_id, app=app["name"]),
-                                  app=app)
+                                  app=app, mask=TokenMask(token))
         finally:
             await response.aclose()
 
@@ -274,9 +304,10 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-async def _relay_response(response: httpx.Response, receive, send, *, prefix: str, app: dict) -> None:
-    """Send the app's answer to the browser as it comes (its body undecoded, chunk by chunk);
-    stop reading the app when the browser goes away."""
+async def _relay_response(response: httpx.Response, receive, send, *, prefix: str, app: dict,
+                          mask: TokenMask) -> None:
+    """Send the app's answer to the browser as it comes (its body undecoded, chunk by chunk, the
+    token masked); stop reading the app when the browser goes away."""
     ours = {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME}
     headers = []
     for name, value in response.headers.raw:
@@ -287,15 +318,17 @@ async def _relay_response(response: httpx.Response, receive, send, *, prefix: st
             continue  # an app never replaces the console's sign-in or CSRF cookie
         if lower == b"location":
             value = _location(value.decode("latin-1"), prefix=prefix, app=app).encode("latin-1")
-        headers.append((lower, value))
+        headers.append((lower, value.replace(mask.secret, mask.mask)))
     await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
     gone = asyncio.create_task(_wait_disconnect(receive))
     try:
         async for chunk in response.aiter_raw():
             if gone.done():
                 return
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
+            chunk = mask.feed(chunk)
+            if chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": mask.flush()})
     finally:
         gone.cancel()
 
@@ -344,7 +377,7 @@ class AppWebsocketProxy:
             return
         await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
         log.debug("app websocket %s of session %s open", app["name"], session_id)
-        await _relay_websocket(upstream, receive, send)
+        await _relay_websocket(upstream, receive, send, token=app_token(session_id=session_id, app=app["name"]))
 
     async def _connect(self, scope, match, app: dict):
         token = app_token(session_id=match["session"], app=app["name"])
@@ -358,7 +391,7 @@ class AppWebsocketProxy:
             host = f"{_host(target[0])}:{target[1]}"
             try:
                 return await websockets.connect(
-                    f"ws://{host}{upstream_path(scope, match, app)}", additional_headers=headers,
+                    f"ws://{host}{upstream_path(scope, match, app, token=token)}", additional_headers=headers,
                     subprotocols=protocols or None, origin=f"http://{host}", max_size=WEBSOCKET_MAX_BYTES,
                     compression=None, open_timeout=CONNECT_TIMEOUT_S, user_agent_header=None, proxy=None)
             except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
@@ -369,7 +402,9 @@ class AppWebsocketProxy:
         return None
 
 
-async def _relay_websocket(upstream, receive, send) -> None:
+async def _relay_websocket(upstream, receive, send, *, token: str) -> None:
+    masked = "*" * len(token)
+
     async def browser_to_app() -> None:
         while True:
             message = await receive()
@@ -385,7 +420,7 @@ async def _relay_websocket(upstream, receive, send) -> None:
         try:
             async for data in upstream:
                 if isinstance(data, str):
-                    await send({"type": "websocket.send", "text": data})
+                    await send({"type": "websocket.send", "text": data.replace(token, masked)})
                 else:
                     await send({"type": "websocket.send", "bytes": data})
         except websockets.ConnectionClosed:

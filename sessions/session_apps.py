@@ -37,6 +37,16 @@ APP_TARGETS: dict[tuple[str, str], tuple[str, int]] = {}  # (session id, app) â†
 DEFAULT_TIMEOUT_S = 60
 
 
+def jupyter_app(*, python: str = "python3") -> dict:
+    """JupyterLab as a session app (the standalone demo's; an example for images): `python -m
+    jupyterlab` under the console's prefix with the console's token, remote access allowed (the
+    Host it sees is the console's; root allowed: the process runtime runs sessions as the agent's user)."""
+    return {"name": "jupyter", "title": "JupyterLab", "port": 8888, "base_url": True, "path": "lab", "timeout": 120,
+            "command": f"exec {python} -m jupyterlab --no-browser --ip={{host}} --port={{port}} "
+                       "--ServerApp.base_url={base_url} --IdentityProvider.token={token} "
+                       "--ServerApp.allow_remote_access=True --allow-root"}
+
+
 def app_token(*, session_id, app: str) -> str:
     """The token the console sets for app `app` of session `session_id` (hex, 48 characters):
     HMAC-SHA256 of both under SECRET_KEY, so every web process computes the same one."""

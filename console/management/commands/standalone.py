@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import secrets
+import sys
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
@@ -29,6 +30,7 @@ from agent.boot import build_agent
 from agent.config import AgentConfigError, load_agent_config
 from sessions.images import image_default, image_save
 from sessions.models import SessionImage
+from sessions.session_apps import jupyter_app
 from agent.runtimes import DOCKER, RUNTIMES
 
 log = logging.getLogger("fgpu.standalone")
@@ -61,6 +63,9 @@ class Command(BaseCommand):
         configs = [dataclasses.replace(c, runtime=runtime) for c in configs]
 
         call_command("migrate", interactive=False, verbosity=0)
+        if not FractionalSettings.objects.filter(slot_name="cuda").exists():  # first start: the demo offers Jupyter
+            SessionImage.objects.filter(reference=protocol.HOST_IMAGE, apps=[]).update(
+                apps=[jupyter_app(python=sys.executable)])
         self._import_settings(configs)
         self._register_images(configs)
         self._ensure_admin()
