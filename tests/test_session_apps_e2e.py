@@ -16,6 +16,7 @@ import json
 import os
 import re
 import sys
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import httpx
@@ -210,3 +211,39 @@ def test_an_app_that_exits_or_never_answers_is_reported_with_its_output(apps_sta
     assert "mute did not answer on port" in mute[-1]["detail"] and "within 2 s and was stopped" in mute[-1]["detail"]
     assert mute[-1]["detail"].endswith("waiting-forever")
     assert any(m["type"] == "progress" and "waiting for it to answer" in m["text"] for m in mute)
+
+
+@dataclass
+class BridgedDockerNode(StackNode):
+    """A docker node whose sessions have a network (the stack's default is none), so their apps
+    can be reached at the container's address."""
+
+    def agent_toml(self) -> str:
+        return super().agent_toml().replace('network = "none"', 'network = "bridge"')
+
+
+@pytest.mark.docker
+def test_in_the_docker_runtime_an_app_runs_in_the_sessions_container_and_is_reached_at_its_address(
+        distributed_stack, django_user_model):
+    from sessions.models import SessionImage
+
+    SessionImage.objects.get_or_create(reference="fgpu-session:test", defaults={"apps": [
+        {"name": "files", "title": "Files", "command": "cd $HOME && echo in-container > hello.txt && "
+                                                        "exec python3 -m http.server {port} --bind {host}",
+         "port": 8000, "base_url": False}]})
+    stack = distributed_stack(nodes=[BridgedDockerNode("docker-apps", (ROOT / "demo" / "mock-accelerator.toml")
+                                                       .read_text(), runtime="docker")], redis_db=REDIS_DB)
+    django_user_model.objects.create_user("alice", password="alice-pass-123")
+    status, body = api(stack.base, "POST", "/api/v1/auth/token/", body={"username": "alice", "password": "alice-pass-123"})
+    token = body["token"]
+    status, created = api(stack.base, "POST", "/api/v1/sessions/", token,
+                          {"name": "c", "image": "fgpu-session:test", "resources": {"cuda.shares": "0.5", "mem": "256M"}})
+    assert status == 201, created
+    wait_until(lambda: get_ok(stack.base, f"/api/v1/sessions/{created['id']}/", token)["status"] == "RUNNING",
+               timeout=120, what="the container session to run")
+    alice = login(stack.base, "alice", "alice-pass-123")
+    opened = open_app(stack.base, alice, created["id"], "files")
+    assert opened[-1] == {"type": "ready", "url": f"/sessions/{created['id']}/apps/files/", "reused": False}, opened
+    listing = alice.get(f"/sessions/{created['id']}/apps/files/")
+    assert listing.status_code == 200 and "hello.txt" in listing.text
+    assert alice.get(f"/sessions/{created['id']}/apps/files/hello.txt").text == "in-container\n"
