@@ -490,7 +490,7 @@ class NodeAdmin(admin.ModelAdmin):
         ("Sharing (set by administrators)", {"fields": ("resource_group", "device_split_count", "memory_scaling",
                                                         "core_scaling")}),
         ("MIG (set by administrators)", {"fields": ("mig_mode", "mig_layout", "mig_picture", "mig_status")}),
-        ("Usage (last hour, live)", {"fields": ("usage_charts",)}),
+        ("Usage (live: the last hour, day, week or month)", {"fields": ("usage_charts",)}),
     )
     readonly_fields = (*reported, "mig_picture", "mig_status", "usage_charts")
     form = NodeForm
