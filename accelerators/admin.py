@@ -24,7 +24,13 @@ from accelerators.admin_display import EMPTY, BinarySizeField, size_html, when_h
 from accelerators.allocation import core, topology, units
 from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.config_import import MAX_UPLOAD_BYTES, ConfigError, import_accelerator_config_upload
-from accelerators.mig_selectors import device_mig_catalog, mig_gpu_pictures, node_mig_gpus, node_mig_sync_view
+from accelerators.mig_selectors import (
+    device_mig_catalog,
+    mig_exclusion,
+    mig_gpu_pictures,
+    node_mig_gpus,
+    node_mig_sync_view,
+)
 from accelerators.mig_services import node_mig_settings_apply, node_mig_settings_check
 from accelerators.models import (
     Device,
@@ -168,6 +174,9 @@ def capacity_lines(settings: FractionalSettings) -> list[str]:
         .order_by("model_name", "memory_size", "subproc_count")
     )
     pure = settings.as_allocation_settings()
+    # Models whose every GPU serves MIG (mig_exclusion): their capacity is what they would hold.
+    shared = set(Device.objects.filter(slot_name=settings.slot_name, is_mig_device=False).exclude(mig_exclusion())
+                 .values_list("model_name", "memory_size", "subproc_count").distinct())
     lines = []
     for model_name, memory_size, subproc_count in models:
         capacity = core.device_capacity(memory_size=memory_size, subproc_count=subproc_count, settings=pure)
@@ -177,6 +186,8 @@ def capacity_lines(settings: FractionalSettings) -> list[str]:
         )
         if not settings.is_fractional:
             line += " (in fractional mode; the slot is discrete now)"
+        elif (model_name, memory_size, subproc_count) not in shared:
+            line += " (none now: every such GPU serves MIG)"
         lines.append(line)
     return lines
 
@@ -201,7 +212,6 @@ class FractionalSettingsAdmin(_ConfigImportLink, admin.ModelAdmin):
     form = FractionalSettingsForm
     list_display = ("slot_name", "allocation_mode", "unit_mem_display", "unit_proc", "quantum_size", "capacity",
                     "updated")
-    list_filter = ("allocation_mode",)
     readonly_fields = ("capacity", "updated")
     fields = ("slot_name", "allocation_mode", "unit_mem", "unit_proc", "quantum_size", "capacity", "updated")
 
@@ -255,9 +265,10 @@ class _DeviceFields:
     def sms(self, obj: Device) -> int:
         return obj.subproc_count
 
-    @admin.display(description="MIG", boolean=True, ordering="is_mig_device")
-    def mig(self, obj: Device) -> bool:
-        return obj.is_mig_device
+    @admin.display(description="MIG slice", ordering="is_mig_device")
+    def mig_slice(self, obj: Device) -> str:
+        """The slice's profile ("2g.20gb"), "—" for a whole GPU."""
+        return (obj.mig_profile or "yes") if obj.is_mig_device else EMPTY
 
     @admin.display(description="parent")
     def parent_display(self, obj: Device) -> str:
@@ -615,19 +626,7 @@ class ResourceGroupAdmin(admin.ModelAdmin):
 
 @admin.register(Device)
 class DeviceAdmin(_DeviceFields, admin.ModelAdmin):
-    list_display = (
-        "__str__",
-        "node",
-        "slot_name",
-        "index",
-        "model_name",
-        "memory",
-        "sms",
-        "mig",
-        "mig_profile",
-        "allocated",
-        "free",
-    )
+    list_display = ("gpu", "node", "index", "model_name", "memory", "sms", "mig_slice", "allocated", "free")
     list_filter = ("node", "slot_name", "is_mig_device")
     list_select_related = ("node",)
     search_fields = ("device_id", "mother_uuid", "model_name", "node__name")
@@ -648,6 +647,11 @@ class DeviceAdmin(_DeviceFields, admin.ModelAdmin):
         "free",
     )
     readonly_fields = fields
+
+    @admin.display(description="device", ordering="device_id")
+    def gpu(self, obj: Device) -> str:
+        """Its id on the node, short: "GPU-c59395cd…" (the node, index and model have columns)."""
+        return obj.device_id if len(obj.device_id) <= 16 else f"{obj.device_id[:12]}…"
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
         response = super().changelist_view(request, extra_context)

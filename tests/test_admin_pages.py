@@ -249,3 +249,10 @@ def test_only_those_who_may_change_nodes_may_ask_the_layout_check(admin, django_
     answer = admin_client(clerk).post(f"/admin/accelerators/node/{node.pk}/mig-check/", data={}, content_type="application/json")
     assert answer.status_code == 403
     assert admin_client(admin).get(f"/admin/accelerators/node/{node.pk}/mig-check/").status_code == 405
+
+
+def test_the_capacity_per_gpu_model_says_when_every_such_gpu_serves_mig(admin):
+    mig_node(mode=MigMode.FIXED)
+    FractionalSettings.objects.update(allocation_mode="fractional")
+    text = page_text(admin_client(admin), "/admin/accelerators/fractionalsettings/")
+    assert re.search(r"1 physical GPU = [\d.]+ fGPU \(none now: every such GPU serves MIG\)", text), text
