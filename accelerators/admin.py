@@ -43,6 +43,7 @@ from accelerators.models import (
     SlotFormat,
 )
 from accelerators.selectors import FgpuSummary, device_fgpu_summary
+from accelerators.services import SHARING_FIELDS, node_settings_saved
 
 _EXAMPLE_AMOUNTS = (Decimal("0.5"), Decimal("2"), Decimal("1536"))
 _CENTI = Decimal("0.01")
@@ -558,6 +559,8 @@ class NodeAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
+        if change:  # as the API's writes: a scheduler pass once it commits (sharing changed)
+            node_settings_saved(node=obj, fields=set(form.changed_data) & set(SHARING_FIELDS))
         if change and all(form.initial.get(name) == getattr(obj, name) for name in ("mig_mode", "mig_layout")):
             return  # no MIG change (compared as values: the JSON text may differ): nothing to tell the agent
         node_mig_settings_apply(node=obj)  # the agent is told once the admin's transaction commits

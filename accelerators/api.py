@@ -17,6 +17,7 @@ from rest_framework import mixins, serializers, viewsets
 
 from accelerators.models import AllocationMode, Device, FractionalSettings, Node, NodeStatus, ResourceGroup, SlotFormat
 from accelerators.selectors import device_fgpu_summary, devices_with_usage
+from accelerators.services import node_settings_update
 from console.api_support import (
     ETAG_NOTE,
     IF_MATCH,
@@ -164,6 +165,9 @@ class NodeSettingsSerializer(serializers.ModelSerializer):
         fields = ["device_split_count", "memory_scaling", "core_scaling", "resource_group"]
         extra_kwargs = {"device_split_count": {"min_value": 1, "max_value": 1000}}
 
+    def update(self, node, validated_data):
+        return node_settings_update(node=node, changes=validated_data)  # with its scheduler pass after commit
+
     def to_representation(self, node):
         return NodeSerializer(node, context=self.context).data
 
@@ -210,13 +214,6 @@ class NodeViewSet(PageDevicesMixin, ETagMixin, mixins.UpdateModelMixin, viewsets
 
     def page_devices(self, rows: list) -> list[Device]:
         return [device for node in rows for device in node.devices.all()]
-
-    def update(self, request, *args, **kwargs):
-        response = super().update(request, *args, **kwargs)
-        from sessions.tasks import schedule_pending_soon  # a larger split count or scaling may start waiting sessions
-
-        schedule_pending_soon()
-        return response
 
 
 @extend_schema_field(OpenApiTypes.BOOL)

@@ -400,9 +400,3 @@ class NodeMigViewSet(ETagMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMix
         return NodeMigSettingsSerializer if self.request and self.request.method in ("PUT", "PATCH") \
             else NodeMigSerializer
 
-    def update(self, request, *args, **kwargs):
-        response = super().update(request, *args, **kwargs)
-        from sessions.tasks import schedule_pending_soon  # a node now in MIG mode may start waiting MIG sessions
-
-        schedule_pending_soon()
-        return response

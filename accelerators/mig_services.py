@@ -20,6 +20,7 @@ from accelerators.allocation import mig
 from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.mig_selectors import device_mig_catalog, gpu_instance_holds, node_mig_gpus, node_mig_layout_digest
 from accelerators.models import Device, GpuInstance, MigMode, Node, NodeStatus
+from accelerators.services import node_settings_saved
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,9 @@ def node_mig_settings_apply(*, node: Node) -> dict:
     and made when their sessions end (`node_mig_pending_retry`). Returns the sync record (see
     `node_mig_push`; its "state" says "sent", "pending-agent-offline" or "not-managed"). Raises
     InvalidResourceRequest for a layout the GPUs cannot hold (see `mig_layout_check`)."""
-    return node_mig_push(node=node, kind="layout", change=node_mig_layout_apply(node=node))
+    sync = node_mig_push(node=node, kind="layout", change=node_mig_layout_apply(node=node))
+    node_settings_saved(node=node, fields=("mig_mode", "mig_layout"))  # a scheduler pass after commit
+    return sync
 
 
 def node_mig_pending_retry(*, node_id) -> dict | None:

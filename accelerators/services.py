@@ -1,4 +1,5 @@
-"""Writes to the accelerator inventory: agent registration, device links, heartbeats, node liveness."""
+"""Writes to the accelerator inventory: agent registration, device links, heartbeats, node liveness,
+and administrators' changes of how a node's devices are shared."""
 from __future__ import annotations
 
 import logging
@@ -7,6 +8,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 import protocol
@@ -18,6 +20,40 @@ from accelerators.plugins.base import DeviceInfo
 log = logging.getLogger(__name__)
 
 _MAX_LINK_COUNT = 32767  # DeviceLink.count is a PositiveSmallIntegerField
+
+# Sent once the transaction commits after an administrator changed what a node can hold (its
+# sharing settings, its pool, its MIG mode or layout), with `node`: room may have appeared for
+# waiting sessions. The sessions app answers with a scheduler pass (sessions.apps), so that this
+# app never imports it.
+node_capacity_changed = Signal()
+
+# A node's settings an administrator changes to share its devices (the API's NodeSettingsSerializer
+# and the admin form's "Sharing" fields).
+SHARING_FIELDS = ("device_split_count", "memory_scaling", "core_scaling", "resource_group")
+
+
+def node_settings_update(*, node: Node, changes: dict) -> Node:
+    """Change `node`'s sharing settings (keys of SHARING_FIELDS: `device_split_count` sessions per
+    GPU, `memory_scaling` and `core_scaling` as decimals, `resource_group` a ResourceGroup or
+    None), validated by the caller, in one UPDATE of those columns, then `node_settings_saved`.
+    The one write the API (PATCH /api/v1/nodes/<name>/) and the admin share. Returns `node`.
+    Raises ValueError for a key that is not a sharing setting."""
+    unknown = set(changes) - set(SHARING_FIELDS)
+    if unknown:
+        raise ValueError(f"not a node sharing setting: {', '.join(sorted(unknown))}")
+    for name, value in changes.items():
+        setattr(node, name, value)
+    node.save(update_fields=list(changes))
+    node_settings_saved(node=node, fields=changes)
+    return node
+
+
+def node_settings_saved(*, node: Node, fields) -> None:
+    """After `fields` (names) of `node` were saved by an administrator, whoever saved them (the
+    API, the admin form, the MIG settings): if what the node can hold changed (SHARING_FIELDS,
+    `mig_mode`, `mig_layout`), send `node_capacity_changed` once the transaction commits."""
+    if set(fields) & {*SHARING_FIELDS, "mig_mode", "mig_layout"}:
+        transaction.on_commit(lambda: node_capacity_changed.send(sender=Node, node=node))
 
 
 @transaction.atomic

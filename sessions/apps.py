@@ -7,3 +7,16 @@ class ComputeSessionsConfig(AppConfig):
     label = "compute_sessions"
     verbose_name = "Compute sessions"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from accelerators.services import node_capacity_changed
+
+        node_capacity_changed.connect(_node_capacity_changed, dispatch_uid="sessions-schedule-on-node-capacity")
+
+
+def _node_capacity_changed(sender, node, **kwargs) -> None:
+    """An administrator changed what `node` can hold (accelerators.services.node_capacity_changed,
+    after commit): room may have appeared for waiting sessions, so ask for a scheduler pass."""
+    from sessions.tasks import schedule_pending_soon
+
+    schedule_pending_soon()
