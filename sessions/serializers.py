@@ -11,7 +11,8 @@ from accelerators.selectors import SlotFormats
 from agent.environment import limits_environment
 from console.api_support import ModelSerializer
 from sessions.models import Allocation, ComputeSession
-from sessions.selectors import configuration_text, session_allocations, session_configuration_parts
+from sessions.selectors import (configuration_text, session_allocations, session_configuration_parts,
+                                session_gpu_instance)
 from sessions.session_apps import session_app_links
 
 
@@ -106,6 +107,11 @@ class SessionSerializer(ModelSerializer):
         held = [a for a in session.allocation_list if a.released_at is None] or session.allocation_list
         devices = [{"device_id": a.device.device_id, "memory_limit": a.memory, "procs": a.procs,
                     "subproc_count": a.device.subproc_count} for a in sorted(held, key=lambda a: a.device.index)]
+        instance = session_gpu_instance(session) if self._parts["mig_profile"] else None
+        if instance is not None:  # a GPU instance made for it: the MIG device first, as agent.mig.prepare_spec does
+            devices = [{"device_id": instance.uuid or instance.parent.device_id, "memory_limit": instance.memory_size,
+                        "procs": instance.subproc_count, "subproc_count": instance.subproc_count},
+                       *(d for d in devices if d["device_id"] != instance.parent.device_id)]
         return limits_environment(devices, mps=bool((session.node.attributes or {}).get("mps")))
 
     @extend_schema_field(SessionAppSerializer(many=True))

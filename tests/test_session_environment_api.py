@@ -11,7 +11,7 @@ from agent.environment import session_environment
 from sessions import services
 from sessions.models import ComputeSession, SessionStatus
 from tests.conftest import client_for
-from tests.test_reconcile import NODE, agent, scheduled  # noqa: F401 (fixtures)
+from tests.test_reconcile import NODE, RecordingAgent, agent, scheduled  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 OWN = ("PATH", "HOME", "TERM", "LANG", "FGPU_SESSION_ID", "FGPU_SESSION_NAME", "FGPU_ALLOCATION")
@@ -64,3 +64,37 @@ def test_a_pending_session_has_none_and_an_ended_one_keeps_what_it_had(scheduled
     services.session_report_apply(session_id=str(session.pk), status="TERMINATED")
     assert ComputeSession.objects.get(pk=session.pk).status == SessionStatus.TERMINATED
     assert environment_of(session, alice) == held
+
+
+@pytest.fixture
+def mig_agent():
+    """A dynamic-MIG H100 node (tests/test_mig_scheduling.py's) with the recording stand-in as its agent."""
+    from agent import core as agent_runtime
+    from tests.test_mig_scheduling import mig_node
+
+    mig_node()
+    stand_in = RecordingAgent()
+    agent_runtime._AGENTS["mig-node"] = stand_in
+    yield stand_in
+    agent_runtime._AGENTS.pop("mig-node", None)
+
+
+def test_a_dynamic_mig_session_shows_its_mig_device_as_its_agent_starts_it(mig_agent, alice):
+    from accelerators.models import GpuInstance
+    from accelerators.plugins.cuda_mig import LiveInstance
+    from agent.mig import device_entry
+
+    session = services.session_create(owner=alice, name="mig", resources={"gpu_memory": "15G", "isolation": "mig"})
+    spec = mig_agent.starts[-1]
+    instance = GpuInstance.objects.get(session=session)
+    # The agent creates the instance and starts the session on its MIG device (agent.mig.prepare_spec).
+    live = LiveInstance(gpu=spec["mig"]["gpu"], profile=instance.profile, start=instance.placement_start,
+                        size=instance.placement_size, gpu_instance_id=1, uuid="MIG-5e2d0f3a-0000-0000-0000-000000000001",
+                        memory=instance.memory_size, sm_count=instance.subproc_count)
+    GpuInstance.objects.filter(pk=instance.pk).update(uuid=live.uuid)
+    started = {**spec, "devices": [device_entry(spec["devices"][0], live)]}
+
+    environment = environment_of(session, alice)
+
+    assert environment == started_with(started)
+    assert environment["CUDA_VISIBLE_DEVICES"] == live.uuid and environment["CUDA_DEVICE_SM_LIMIT"] == "0"

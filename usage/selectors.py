@@ -61,7 +61,8 @@ def usage_report(*, user, start: datetime, end: datetime, group_by: str, now: da
     project the owner is a member of now: a session of a member of two projects counts in both;
     NO_PROJECT for owners in none) or "node". Granted figures come from the allocations (each
     from its created_at to its released_at, or `now` while held), used figures from the samples
-    (full resolution where kept, else 5-minute sums, whole buckets inside the range). `user`:
+    (full resolution past the watermark; before it the daily, hourly and 5-minute sums of the
+    whole days, hours and buckets inside the range, `_used`). `user`:
     staff see everyone's sessions, others their own. Returns UsageRow.as_dict() rows sorted by
     key. Raises ValueError for an unknown `group_by` or end ≤ start."""
     if group_by not in GROUPS:
