@@ -78,6 +78,7 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
             .order_by("-priority", "created_at", "pk")
         )
         pending = list(queue if limit is None else queue[:limit])
+        read_at = time.monotonic()
         writes = _PassWrites(starts)
         view = _PassView(writes)
         blocked: list[ComputeSession] = []
@@ -130,15 +131,19 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
                 writes.changed(earlier, "overtaken")
         writes.flush()
         view.record_shapes()
+        decided_at = time.monotonic()
         # The starts first: the agents do not wait for the pages' notices. An agent's RUNNING may
         # reach a page before SCHEDULED does; the page keeps the higher version (the newer state).
         if starts:
             transaction.on_commit(partial(_send_starts, list(starts)))
         events.sessions_notify(writes.notices)
-    if pending:
-        log.info("scheduler pass: %d pending, %d placed, %d waiting (%d request shapes without room) in %.0f ms",
-                 len(pending), len(scheduled), len(pending) - len(scheduled), len(no_room),
-                 (time.monotonic() - started) * 1000)
+    if pending:  # one line a pass, with its phases (commit: the commit, the agents' starts and the pages' notices)
+        done = time.monotonic()
+        log.info("scheduler pass: %d pending, %d placed, %d waiting (%d request shapes without room) in %.0f ms "
+                 "(read %.0f, decide %.0f, write %.0f, commit %.0f)",
+                 len(pending), len(scheduled), len(pending) - len(scheduled), len(no_room), (done - started) * 1000,
+                 (read_at - started) * 1000, (decided_at - read_at - writes.seconds) * 1000, writes.seconds * 1000,
+                 (done - decided_at) * 1000)
     return scheduled
 
 
@@ -154,6 +159,7 @@ class _PassWrites:
         self.placed: list[tuple[ComputeSession, core.Placement]] = []
         self.dirty: dict = {}  # session pk → (session, set of changed fields)
         self.notices: list[ComputeSession] = []
+        self.seconds = 0.0  # spent in flush, for the pass's log line
 
     def changed(self, session: ComputeSession, *fields: str) -> None:
         self.dirty.setdefault(session.pk, (session, set()))[1].update(fields)
@@ -171,6 +177,11 @@ class _PassWrites:
         self.changed(session, "node", "status", "status_reason", "scheduled_at")
 
     def flush(self) -> None:
+        began = time.monotonic()
+        self._flush()
+        self.seconds += time.monotonic() - began
+
+    def _flush(self) -> None:
         if self.placed:
             self._write_placements()
         by_fields: dict = {}

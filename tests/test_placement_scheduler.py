@@ -5,6 +5,7 @@ it places are counted per group for the fragmentation-aware policies.
 from __future__ import annotations
 
 import asyncio
+import re
 from decimal import Decimal
 
 import pytest
@@ -129,3 +130,19 @@ def test_a_pass_sends_each_sessions_update_to_its_page_its_owner_and_staff_after
     [starts] = [cb for cb in callbacks if getattr(cb, "func", None) is _send_starts]
     [(node, spec)] = starts.args[0]
     assert node == "node-a" and spec["session_id"] == str(placed.pk) and spec["devices"][0]["shares"] == "1.5"
+
+
+def test_a_pass_logs_one_line_with_its_counts_and_the_durations_of_its_phases(user, caplog):
+    make_cluster(nodes={"n1": [mock_gpu(0)]})  # one 8 GiB GPU: 2 fGPU at unit_mem 4 GiB
+    pending(user, 3, shares="1")
+
+    with caplog.at_level("INFO", logger="sessions.scheduler"):
+        schedule_pending()
+
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scheduler pass:")]
+    assert len(lines) == 1, lines
+    found = re.fullmatch(r"scheduler pass: 3 pending, 2 placed, 1 waiting \(1 request shapes without room\) in (\d+) ms "
+                         r"\(read (\d+), decide (\d+), write (\d+), commit (\d+)\)", lines[0])
+    assert found, lines[0]
+    total, *phases = map(int, found.groups())
+    assert abs(total - sum(phases)) <= len(phases), (total, phases)  # the phases add up to the pass (rounding)
