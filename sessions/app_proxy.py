@@ -189,6 +189,7 @@ async def _check(scope, match) -> tuple[int, dict]:
     except Http404:
         return 404, {}
     if found["status"] != SessionStatus.RUNNING:
+        session_app_target_forget(session_id=match["session"], name=match["app"])
         return 410, {"title": "Session ended", "why": f"The session is {found['status']}: its apps ended with it."}
     return 0, found
 
@@ -274,6 +275,14 @@ class AppHttpProxy:
                     error = target["error"] if isinstance(target, dict) else "it does not accept connections"
                     await _page(send, 502, await _not_running(session_id, app, error))
                     return
+            except ConnectionAbortedError:  # the browser went away during its upload
+                return
+            except httpx.HTTPError as exc:  # it closed the connection, or answered nonsense
+                log.info("app %s of session %s: %s", app["name"], session_id, exc)
+                session_app_target_forget(session_id=session_id, name=app["name"])
+                await _page(send, 502, await _not_running(session_id, app, "it closed the connection without an "
+                                                                           "answer"))
+                return
         try:
             await _relay_response(response, receive, send, prefix=app_prefix(session_id=session_id, app=app["name"]),
                                   app=app, mask=TokenMask(token))
@@ -322,12 +331,15 @@ async def _relay_response(response: httpx.Response, receive, send, *, prefix: st
     await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
     gone = asyncio.create_task(_wait_disconnect(receive))
     try:
-        async for chunk in response.aiter_raw():
-            if gone.done():
-                return
-            chunk = mask.feed(chunk)
-            if chunk:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        try:
+            async for chunk in response.aiter_raw():
+                if gone.done():
+                    return
+                chunk = mask.feed(chunk)
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:  # the app went away mid-answer: end what the browser got
+            log.info("an app's answer broke off: %s", exc)
         await send({"type": "http.response.body", "body": mask.flush()})
     finally:
         gone.cancel()

@@ -100,7 +100,8 @@ def validate_image_apps(value) -> None:
                                                         else "each name once"))
         names.add(name)
         command = app.get("command")
-        if not isinstance(command, str) or not command.strip() or len(command) > 4096 or "\x00" in command:
+        if not isinstance(command, str) or not command.strip() or len(command) > 4096 or "\x00" in command \
+                or not _utf8(command):
             raise ValidationError(f"{where}: command: one shell command line (1-4096 characters)")
         port = app.get("port")
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
@@ -110,7 +111,8 @@ def validate_image_apps(value) -> None:
         if not isinstance(app.get("base_url", True), bool):
             raise ValidationError(f"{where}: base_url: true or false")
         title, path = app.get("title", ""), app.get("path", "")
-        if not isinstance(title, str) or len(title) > 64 or any(ord(c) < 32 or ord(c) == 127 for c in title):
+        if not isinstance(title, str) or len(title) > 64 or any(ord(c) < 32 or ord(c) == 127 for c in title) \
+                or not _utf8(title):
             raise ValidationError(f"{where}: title: text of at most 64 characters")
         if not isinstance(path, str) or len(path) > 255 or not re.fullmatch(r"[A-Za-z0-9._~/?=&%+-]*", path) \
                 or path.startswith("/") or ".." in path:
@@ -118,6 +120,15 @@ def validate_image_apps(value) -> None:
         timeout = app.get("timeout", 60)
         if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= 600:
             raise ValidationError(f"{where}: timeout: seconds from 1 to 600")
+
+
+def _utf8(text: str) -> bool:
+    """Whether `text` has no unpaired surrogate (which PostgreSQL cannot store)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class SessionImage(models.Model):

@@ -7,8 +7,8 @@ session's `pty-<id>` group (only its agent joins it) with a fresh reply channel;
 (agent.session_apps) starts the app's command if it does not run yet, and answers `app.progress`
 {text} while it waits for the app's port, then `app.ready` {host, port, reused} or
 `app.failed` {error, output}. `pty.app_status` asks where a running app listens (`app.status`
-{running, host, port, error}); a web process keeps the answer (APP_TARGETS) until a connection
-to it fails. How a web process reaches an app on a node: the agent answers an address the web
+{running, host, port, error}); a web process keeps the answer (APP_TARGETS) for TARGET_TTL_S, or
+until a connection to it fails. How a web process reaches an app on a node: the agent answers an address the web
 hosts can reach: the node's `[container] app-address` (process runtime: the app listens there)
 or the session container's address (docker runtime: on the node's container network).
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import time
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -33,7 +34,11 @@ APP_PREFIX = "/sessions/{session}/apps/{app}/"
 OPEN_PAGE = "/sessions/{session}/open/{app}/"
 REPLY_GRACE_S = 15  # how much longer than the app's own timeout the web waits for the agent's answer
 STATUS_WAIT_S = 5  # how long a proxy waits for the agent to say where a running app listens
-APP_TARGETS: dict[tuple[str, str], tuple[str, int]] = {}  # (session id, app) → (host, port): this process's cache
+# (session id, app) → (host, port, until): where a web process last heard each app listens, kept
+# TARGET_TTL_S (an app restarted meanwhile may listen elsewhere, its old port another's), at most MAX_TARGETS.
+APP_TARGETS: dict[tuple[str, str], tuple[str, int, float]] = {}
+TARGET_TTL_S = 30.0
+MAX_TARGETS = 10_000
 DEFAULT_TIMEOUT_S = 60
 
 
@@ -123,7 +128,7 @@ async def session_app_open(*, session: ComputeSession, app: dict, node: str, on_
                 if kind == "app.progress" and on_progress is not None:
                     await on_progress(str(answer.get("text", "")))
                 elif kind == "app.ready":
-                    APP_TARGETS[(str(session.pk), app["name"])] = (answer["host"], int(answer["port"]))
+                    _remember((str(session.pk), app["name"]), answer["host"], int(answer["port"]))
                     url = app_prefix(session_id=session.pk, app=app["name"]) + app["path"]
                     return {"url": url, "reused": bool(answer.get("reused"))}
                 elif kind == "app.failed":
@@ -141,8 +146,9 @@ async def session_app_target(*, session_id: str, name: str) -> tuple[str, int] |
     cache, else the agent's answer to `pty.app_status` (kept). A dict `{"error": …}` when it does
     not run (the agent's words: "exited with code 1", "not started") or the agent is silent."""
     key = (str(session_id), name)
-    if key in APP_TARGETS:
-        return APP_TARGETS[key]
+    known = APP_TARGETS.get(key)
+    if known is not None and known[2] > time.monotonic():
+        return known[0], known[1]
     layer = get_channel_layer()
     reply = await layer.new_channel("app-reply.")
     await layer.group_send(events.pty_group(session_id), {"type": "pty.app_status", "session_id": str(session_id),
@@ -157,8 +163,15 @@ async def session_app_target(*, session_id: str, name: str) -> tuple[str, int] |
         return {"error": f"the session's agent did not answer within {STATUS_WAIT_S} s"}
     if not answer.get("running"):
         return {"error": str(answer.get("error") or "it is not running")}
-    APP_TARGETS[key] = (answer["host"], int(answer["port"]))
-    return APP_TARGETS[key]
+    return _remember(key, answer["host"], int(answer["port"]))
+
+
+def _remember(key: tuple[str, str], host: str, port: int) -> tuple[str, int]:
+    APP_TARGETS.pop(key, None)
+    while len(APP_TARGETS) >= MAX_TARGETS:  # the oldest first
+        APP_TARGETS.pop(next(iter(APP_TARGETS)))
+    APP_TARGETS[key] = (host, port, time.monotonic() + TARGET_TTL_S)
+    return host, port
 
 
 def session_app_target_forget(*, session_id: str, name: str) -> None:

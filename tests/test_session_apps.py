@@ -140,3 +140,10 @@ def test_the_token_mask_replaces_the_token_across_chunks_and_holds_back_only_a_p
     assert streaming.feed(b"then 0123") == b"then "  # may be the token's start: held
     assert streaming.feed(b"4 no") == b"01234 no"
     assert streaming.flush() == b""
+
+
+def test_text_postgresql_cannot_store_is_refused():
+    with pytest.raises(ValidationError, match="command: one shell command line"):
+        validate_image_apps([{"name": "a", "command": "x\ud800", "port": 1}])
+    with pytest.raises(ValidationError, match="title: text of at most 64"):
+        validate_image_apps([{"name": "a", "command": "x", "port": 1, "title": "\udfff"}])
