@@ -98,12 +98,14 @@ class Command(BaseCommand):
     def _register_images(self, configs) -> None:
         """With the docker runtime, each agent's `default-image` is a registered session image, and
         the default while "host" (which no docker node holds) is, so a launch naming no image
-        starts; an administrator's choice of default is kept."""
+        starts; an administrator's choice of default is kept. A newly registered one declares the
+        JupyterLab app (`python3 -m jupyterlab` in the image: one without it says so when opened)."""
         for config in configs:
             if config.runtime != DOCKER:
                 continue
             image, _ = SessionImage.objects.get_or_create(reference=config.default_image, defaults={
-                "description": f"the default-image of {config.path.name} (node {config.node_name})"})
+                "description": f"the default-image of {config.path.name} (node {config.node_name})",
+                "apps": [jupyter_app(python="python3")]})  # the demo offers Jupyter (where the image has it)
             current = image_default()
             if current is None or current.reference == protocol.HOST_IMAGE:
                 image.is_default = True
