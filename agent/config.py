@@ -25,6 +25,7 @@ over::
     pull-images = true                                  # docker: pull an image the node lacks when a session needs it
     mps-pipe-directory = "/tmp/nvidia-mps"              # docker, with [agent] mps = true: the node's MPS pipes
     app-address = "127.0.0.1"                           # process: where session apps listen (the web hosts reach it)
+    data-root = "./var/user-data"                       # users' persistent folders (~/data); shared storage (NFS) on a cluster
 
     [usage]
     interval = 5                                        # seconds between usage samples (1-300)
@@ -78,6 +79,7 @@ class AgentConfig:
     usage_interval_s: int = 5
     usage_flush_s: int = 15
     app_address: str = "127.0.0.1"
+    data_root: Path | None = None  # users' persistent folders, `<data_root>/users/<user id>` (agent.files)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -186,6 +188,7 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
         socket.getaddrinfo(app_address, None, proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICHOST)
     except socket.gaierror:
         fail("container.app-address", f"{app_address!r} is not an IP address (where session apps listen)")
+    data_root = (path.parent / text(container, "data-root", "container.data-root", "user-data")).resolve()
     usage = table(data, "usage", "usage")
     usage_interval = usage.get("interval", 5)
     if isinstance(usage_interval, bool) or not isinstance(usage_interval, int) or not 1 <= usage_interval <= 300:
@@ -205,5 +208,5 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
         mps=mps, broker_url=broker_url, scratch_root=(path.parent / scratch).resolve(), mock_config=mock_config,
         scratch_retention_s=retention, node_key=node_key, runtime=runtime, default_image=default_image, uid=uid, network=network,
         hami_core=hami_core, mps_pipe_directory=mps_pipes, pull_images=pull_images,
-        usage_interval_s=usage_interval, usage_flush_s=usage_flush, app_address=app_address,
+        usage_interval_s=usage_interval, usage_flush_s=usage_flush, app_address=app_address, data_root=data_root,
     )

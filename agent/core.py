@@ -38,7 +38,9 @@ from functools import partial
 from pathlib import Path
 
 import protocol
+from protocol import files as protocol_files
 from agent import exec_stream
+from agent import files as session_files
 from agent import mig as mig_runtime
 from agent.environment import allocation_document, session_environment
 from agent.runtimes import HeldImages, ProcessRuntime, SessionHandle
@@ -249,7 +251,8 @@ class Agent:
 
     def __init__(self, *, node: str, inventory: dict, channel_layer, manager, scratch_root: Path,
                  mock: bool, mps: bool = False, heartbeat_s: float = 5.0, exec_store=None,
-                 scratch_retention_s: float = 3600.0, runtime=None, app_address: str = "127.0.0.1") -> None:
+                 scratch_retention_s: float = 3600.0, runtime=None, app_address: str = "127.0.0.1",
+                 data_root: Path | None = None) -> None:
         self.node = node
         self.inventory = inventory
         self.layer = channel_layer
@@ -283,6 +286,8 @@ class Agent:
         self.usage = UsageSampler(self)  # usage samples to the manager (issue 15; agent.usage)
         self.app_address = app_address  # where the process runtime's session apps listen (agent.session_apps)
         self.apps = SessionApps(self)
+        self.data_root = None if data_root is None else Path(data_root)  # users' persistent folders (agent.files)
+        self.files = session_files.SessionFiles(self)
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -319,7 +324,7 @@ class Agent:
         for task in self._tasks:
             task.cancel()
         _AGENTS.pop(self.node, None)
-        for pool in (self._work, self._manager_pool, self._exec_pool, self._heartbeat_pool):
+        for pool in (self._work, self._manager_pool, self._exec_pool, self._heartbeat_pool, self.files.pool):
             pool.shutdown(wait=False, cancel_futures=True)
 
     def kill_all_now(self) -> None:
@@ -542,6 +547,10 @@ class Agent:
         document = allocation_document(spec, node=self.node, mock=self.mock, attributes=self.inventory.get("attributes", {}))
         (work_dir / ".fgpu" / "allocation.json").write_text(json.dumps(document, indent=2))
         self.runtime.install_tools(bin_dir)
+        folder = session_files.data_folder(self.data_root, spec.get("owner_id"))  # the owner's persistent folder
+        session_files.link_data(work_dir=work_dir, folder=folder, link=isinstance(self.runtime, ProcessRuntime))
+        if folder is not None:
+            spec = {**spec, "data_dir": str(folder)}  # the docker runtime mounts it at ~/data
         inside = self.runtime.paths(work_dir)  # where the session sees these files
         env = session_environment(spec, allocation_path=inside.allocation, bin_dir=inside.bin_dir, work_dir=inside.home,
                                   base_path=self.runtime.base_path(), mps=self.mps)
@@ -1049,6 +1058,8 @@ class Agent:
             exec_stream.start(self, running, message)
         elif kind in ("pty.app_open", "pty.app_status"):  # session apps (agent.session_apps)
             self.apps.handle(running, message)
+        elif kind == protocol_files.FILES:  # the session's files (agent.files)
+            self.files.handle(running, message)
 
 
 def _take_front(parts: list, limit: int) -> str:

@@ -323,6 +323,8 @@ class DockerRuntime:
             nano_cpus=int(spec.get("cpu") or 1) * 1_000_000_000, pids_limit=PIDS_LIMIT,
             cap_drop=["ALL"], security_opt=["no-new-privileges"], network_mode=self.network,
         )
+        if spec.get("data_dir"):  # the owner's persistent folder (agent.files) at ~/data
+            config["mounts"].append(docker.types.Mount(f"{HOME}/data", spec["data_dir"], type="bind"))
         if mem:
             config.update(mem_limit=mem, memswap_limit=mem)  # swap off: the limit is the limit
         devices = [d["device_id"] for d in spec.get("devices", [])]

@@ -306,6 +306,7 @@ def session_start_spec(session: ComputeSession, allocations: list[Allocation]) -
         "shell": image.shell if image else "",
         "name": session.name,
         "owner": session.owner.get_username(),
+        "owner_id": session.owner_id,  # names the owner's persistent folder on the node (agent.files)
         "command": session.command,
         "cpu": session.cpu,
         "mem": session.mem,

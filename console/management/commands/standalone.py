@@ -56,7 +56,9 @@ class Command(BaseCommand):
         names = [c.node_name for c in configs]
         if len(set(names)) != len(names):
             raise CommandError(f"FGPU_AGENT_CONFIG: two agent.toml files use the same [agent] id: {names}")
-        configs = [dataclasses.replace(c, scratch_root=settings.FGPU_SESSIONS_DIR / c.node_name) for c in configs]
+        configs = [dataclasses.replace(c, scratch_root=settings.FGPU_SESSIONS_DIR / c.node_name,
+                                       data_root=settings.DATA_DIR / "user-data")  # one, as NFS would be
+                   for c in configs]
         runtime = env_str("FGPU_RUNTIME", "process")  # standalone runs sessions as processes unless told otherwise
         if runtime not in RUNTIMES:
             raise CommandError(f"FGPU_RUNTIME={runtime!r}: expected one of {', '.join(RUNTIMES)}")

@@ -1,0 +1,480 @@
+"""The agent's side of a session's files (issue 18, item 6): list, read, upload, delete and make
+folders in a session's home and in its owner's persistent folder, confined to them.
+
+Confinement is enforced here, on the node, whatever the web checked: the path's parts are
+checked by protocol.files.path_parts (no absolute paths, no `.` or `..`, no NUL or control
+characters), then every part is opened relative to the root's directory descriptor with
+O_NOFOLLOW (`openat`-style), so a symbolic link anywhere on the way is refused, not followed,
+wherever it points; files are opened with O_NOFOLLOW | O_NONBLOCK and must be regular files
+(never a FIFO or a device). A delete of a symbolic link removes the link itself. An upload goes
+to a temporary file (`.fgpu-upload-<id>`) in the target's folder, created with O_EXCL, and is
+renamed over the target (relative to the same descriptor) once complete; past the owner's cap
+(`cap` bytes in the folder: what the root holds, measured without following links, plus the
+upload) it is refused at its start when its size is known, else at the chunk that crosses it,
+and its temporary file removed.
+
+The persistent folder: `<data-root>/users/<owner id>` (agent.toml `[container] data-root`; on a
+cluster of several nodes, storage every node mounts at the same path, e.g. NFS). `link_data`
+makes it and shows it in a new session's home as `data`: a symbolic link with the process
+runtime, a bind mount with the docker runtime (the runtime mounts `spec["data_dir"]`). The file
+API never follows that link: a path starting `data/` is resolved from the folder itself, which
+the agent finds from the owner's id the web sends, not from anything in the session's home.
+
+Messages: see protocol.files. Blocking work runs on a small pool of its own (FILE_THREADS).
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import secrets
+import shutil
+import stat
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from protocol import files as proto
+
+log = logging.getLogger(__name__)
+
+FILE_THREADS = 4
+UPLOAD_IDLE_S = 600  # an upload untouched this long is abandoned (its temporary file removed)
+UPLOAD_PREFIX = ".fgpu-upload-"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class FileError(Exception):
+    """A refusal: `code` one of protocol.files.ERRORS, `detail` a sentence."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+def data_folder(data_root: Path | None, owner_id) -> Path | None:
+    """The persistent folder of user `owner_id` (an integer id) under `data_root`, or None
+    (no data root configured, or no owner id)."""
+    if data_root is None or owner_id is None or isinstance(owner_id, bool):
+        return None
+    try:
+        owner = int(owner_id)
+    except (TypeError, ValueError):
+        return None
+    return Path(data_root) / "users" / str(owner) if owner > 0 else None
+
+
+def link_data(*, work_dir: Path, folder: Path | None, link: bool) -> None:
+    """Make the owner's persistent `folder` (mode 0700) and show it in the session's home
+    `work_dir` as `data`: a symbolic link to it (`link`: the process runtime), or an empty
+    directory the runtime bind-mounts it on (the docker runtime). An existing `data` that is
+    not such a link (a working directory kept from before) is left as it is."""
+    if folder is None:
+        return
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target = work_dir / proto.DATA_DIR
+    if not link:
+        target.mkdir(exist_ok=True)
+        return
+    try:
+        target.symlink_to(folder, target_is_directory=True)
+    except FileExistsError:
+        pass
+
+
+def _entry(name: str, st: os.stat_result) -> dict:
+    mode = st.st_mode
+    kind = ("dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else
+            "link" if stat.S_ISLNK(mode) else "other")
+    return {"name": name, "type": kind, "size": st.st_size if kind == "file" else 0, "mtime": int(st.st_mtime)}
+
+
+def _oserror(exc: OSError, name: str) -> FileError:
+    if exc.errno == errno.ELOOP:
+        return FileError("symlink", f"'{name}' is a symbolic link; the file API does not follow links")
+    if exc.errno == errno.ENOENT:
+        return FileError("not-found", f"'{name}' does not exist")
+    if exc.errno == errno.ENOTDIR:
+        return FileError("not-a-directory", f"'{name}' is not a folder")
+    if exc.errno == errno.EISDIR:
+        return FileError("is-a-directory", f"'{name}' is a folder")
+    if exc.errno == errno.EEXIST:
+        return FileError("exists", f"'{name}' exists")
+    return FileError("failed", f"'{name}': {exc.strerror}")
+
+
+@dataclass
+class Upload:
+    root: str  # "home" or "data": which cap it counts against
+    dir_fd: int
+    temp: str
+    name: str
+    fd: int
+    room: int  # bytes the cap leaves for it
+    size: int | None
+    written: int = 0
+    touched: float = field(default_factory=time.monotonic)
+
+
+class FileOps:
+    """File operations confined to a session's `home` and its owner's persistent folder `data`
+    (None: none). Blocking; every method raises FileError."""
+
+    def __init__(self, home: Path, data: Path | None) -> None:
+        self.home = Path(home)
+        self.data = data
+
+    # --- resolving ---------------------------------------------------------------------
+
+    def _root(self, path: str) -> tuple[str, int, list[str]]:
+        """(root name, an open descriptor of the root, the parts under it). Caller closes it."""
+        try:
+            parts = proto.path_parts(path)
+        except proto.PathRefused as exc:
+            raise FileError("bad-path", str(exc)) from None
+        if parts and parts[0] == proto.DATA_DIR and self.data is not None:
+            which, base, parts = "data", self.data, parts[1:]
+        else:
+            which, base = "home", self.home
+        try:
+            fd = os.open(base, _DIR_FLAGS)
+        except FileNotFoundError:
+            raise FileError("no-data-folder" if which == "data" else "not-found",
+                            "the persistent folder is not there" if which == "data" else "the session's home is gone") from None
+        return which, fd, parts
+
+    @staticmethod
+    def _descend(fd: int, parts: list[str], *, create: bool = False) -> int:
+        """Open the folder `parts` under `fd` part by part, refusing links (O_NOFOLLOW); with
+        `create`, make missing folders (0755). Returns a new descriptor; `fd` stays open."""
+        current = os.dup(fd)
+        try:
+            for name in parts:
+                if create:
+                    try:
+                        os.mkdir(name, 0o755, dir_fd=current)
+                    except FileExistsError:
+                        pass
+                    except OSError as exc:
+                        raise _oserror(exc, name) from None
+                try:
+                    nxt = os.open(name, _DIR_FLAGS, dir_fd=current)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        try:
+                            if stat.S_ISLNK(os.stat(name, dir_fd=current, follow_symlinks=False).st_mode):
+                                raise FileError("symlink", f"'{name}' is a symbolic link; the file API does not "
+                                                           "follow links") from None
+                        except FileNotFoundError:
+                            pass
+                    raise _oserror(exc, name) from None
+                os.close(current)
+                current = nxt
+            return current
+        except BaseException:
+            os.close(current)
+            raise
+
+    def _parent(self, path: str, *, write: bool, create: bool = False) -> tuple[str, int, str]:
+        """(root name, descriptor of the parent folder, the last part) of a path naming an
+        entry (not a root). `write`: refuse the agent's own `.fgpu` folder."""
+        which, root, parts = self._root(path)
+        try:
+            if not parts:
+                raise FileError("bad-path", "the path names a folder the file API does not change (the home or "
+                                            "the persistent folder itself)")
+            if write and which == "home" and parts[0] == proto.META_DIR:
+                raise FileError("read-only", f"{proto.META_DIR}/ holds the console's own files (the virtual "
+                                             "nvidia-smi); it is read-only here")
+            if parts[-1].startswith(UPLOAD_PREFIX):
+                raise FileError("bad-path", f"names starting '{UPLOAD_PREFIX}' are the file API's own")
+            return which, self._descend(root, parts[:-1], create=create), parts[-1]
+        finally:
+            os.close(root)
+
+    # --- operations --------------------------------------------------------------------
+
+    def list(self, path: str) -> dict:
+        """The folder's entries, folders first, then by name: `{"path", "entries": [{"name",
+        "type": "dir" | "file" | "link" | "other", "size" (bytes), "mtime" (epoch s)}],
+        "truncated"}`. In the home, `data` (the persistent folder) is listed as a folder with
+        `"persistent": true`; the file API's temporary upload files are left out."""
+        which, root, parts = self._root(path)
+        try:
+            fd = self._descend(root, parts)
+        finally:
+            os.close(root)
+        entries, truncated = [], False
+        try:
+            with os.scandir(fd) as it:
+                for item in it:
+                    if item.name.startswith(UPLOAD_PREFIX):
+                        continue
+                    if len(entries) >= proto.LIST_MAX_ENTRIES:
+                        truncated = True
+                        break
+                    try:
+                        entry = _entry(item.name, item.stat(follow_symlinks=False))
+                    except OSError:
+                        continue
+                    if which == "home" and not parts and item.name == proto.DATA_DIR and self.data is not None:
+                        entry.update(type="dir", size=0, persistent=True)
+                    entries.append(entry)
+        finally:
+            os.close(fd)
+        entries.sort(key=lambda e: (e["type"] != "dir", e["name"]))
+        return {"path": "/".join(([proto.DATA_DIR] if which == "data" else []) + parts), "entries": entries,
+                "truncated": truncated}
+
+    def stat(self, path: str) -> dict:
+        """`{"entry": {...}}` as `list` gives it; a link is described, not followed."""
+        which, root, parts = self._root(path)
+        try:
+            if not parts:
+                return {"entry": {"name": "", "type": "dir", "size": 0, "mtime": int(os.fstat(root).st_mtime)}}
+            fd = self._descend(root, parts[:-1])
+        finally:
+            os.close(root)
+        try:
+            return {"entry": _entry(parts[-1], os.stat(parts[-1], dir_fd=fd, follow_symlinks=False))}
+        except OSError as exc:
+            raise _oserror(exc, parts[-1]) from None
+        finally:
+            os.close(fd)
+
+    def read(self, path: str, offset: int, length: int) -> dict:
+        """Up to `length` (≤ CHUNK_BYTES) bytes of a regular file from `offset`: `{"data",
+        "size" (the file's size now), "eof"}`. A link, folder, FIFO or device is refused."""
+        length = max(0, min(int(length), proto.CHUNK_BYTES))
+        offset = max(0, int(offset))
+        _, parent, name = self._parent(path, write=False)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+        except OSError as exc:
+            raise _oserror(exc, name) from None
+        finally:
+            os.close(parent)
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise FileError("is-a-directory", f"'{name}' is a folder")
+            if not stat.S_ISREG(st.st_mode):
+                raise FileError("not-a-file", f"'{name}' is not a regular file")
+            data = os.pread(fd, length, offset)
+            return {"data": data, "size": st.st_size, "eof": offset + len(data) >= st.st_size}
+        finally:
+            os.close(fd)
+
+    def delete(self, path: str) -> dict:
+        """Remove a file, a link (the link itself) or a folder with all it holds (without
+        following links: shutil.rmtree on descriptors)."""
+        _, parent, name = self._parent(path, write=True)
+        try:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(name, dir_fd=parent)
+            else:
+                os.unlink(name, dir_fd=parent)
+            return {}
+        except OSError as exc:
+            raise _oserror(exc, name) from None
+        finally:
+            os.close(parent)
+
+    def mkdir(self, path: str) -> dict:
+        """Make the folder (and its missing parents)."""
+        _, parent, name = self._parent(path, write=True, create=True)
+        try:
+            try:
+                os.mkdir(name, 0o755, dir_fd=parent)
+            except FileExistsError:
+                if not stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                    raise FileError("exists", f"'{name}' exists and is not a folder") from None
+            return {"entry": _entry(name, os.stat(name, dir_fd=parent, follow_symlinks=False))}
+        except OSError as exc:
+            raise _oserror(exc, name) from None
+        finally:
+            os.close(parent)
+
+    def usage(self, which: str) -> int:
+        """Bytes of the regular files under a root ("home": without the persistent folder),
+        links not followed."""
+        base = self.data if which == "data" else self.home
+        total = 0
+        fd = os.open(base, _DIR_FLAGS)
+        try:
+            for _, _, names, dir_fd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
+                for name in names:
+                    try:
+                        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        total += st.st_size
+        finally:
+            os.close(fd)
+        return total
+
+    def upload_begin(self, path: str, size: int | None, cap: int) -> Upload:
+        """Open the temporary file of an upload to `path` (parents made as needed). Refused
+        (over-cap) when `size` does not fit in what `cap` leaves of the root; an existing folder
+        at `path` is refused (is-a-directory)."""
+        which, parent, name = self._parent(path, write=True, create=True)
+        try:
+            try:
+                if stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                    raise FileError("is-a-directory", f"'{name}' is a folder")
+            except FileNotFoundError:
+                pass
+            room = int(cap) - self.usage(which)
+            if size is not None and int(size) > room:
+                where = "your persistent folder" if which == "data" else "this session's home"
+                raise FileError("over-cap", f"the file ({int(size)} bytes) does not fit: {where} may hold "
+                                            f"{int(cap)} bytes and has {max(0, room)} left")
+            temp = UPLOAD_PREFIX + secrets.token_hex(8)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                         dir_fd=parent)
+        except BaseException:
+            os.close(parent)
+            raise
+        return Upload(root=which, dir_fd=parent, temp=temp, name=name, fd=fd, room=room,
+                      size=None if size is None else int(size))
+
+    @staticmethod
+    def upload_chunk(upload: Upload, offset: int, data: bytes) -> dict:
+        if offset != upload.written:
+            raise FileError("bad-path", f"chunk at {offset}, expected {upload.written}")
+        if upload.written + len(data) > upload.room or (upload.size is not None
+                                                         and upload.written + len(data) > upload.size):
+            raise FileError("over-cap", "the upload is larger than its declared size or than the cap leaves room for")
+        os.write(upload.fd, data)
+        upload.written += len(data)
+        upload.touched = time.monotonic()
+        return {"written": upload.written}
+
+    @staticmethod
+    def upload_commit(upload: Upload) -> dict:
+        if upload.size is not None and upload.written != upload.size:
+            raise FileError("bad-path", f"the upload ended after {upload.written} of its {upload.size} bytes")
+        os.fsync(upload.fd)
+        os.close(upload.fd)
+        upload.fd = -1
+        try:
+            os.rename(upload.temp, upload.name, src_dir_fd=upload.dir_fd, dst_dir_fd=upload.dir_fd)
+            return {"entry": _entry(upload.name, os.stat(upload.name, dir_fd=upload.dir_fd, follow_symlinks=False))}
+        except OSError as exc:
+            raise _oserror(exc, upload.name) from None
+
+    @staticmethod
+    def upload_close(upload: Upload, *, remove: bool) -> None:
+        if upload.fd >= 0:
+            os.close(upload.fd)
+            upload.fd = -1
+        if remove:
+            try:
+                os.unlink(upload.temp, dir_fd=upload.dir_fd)
+            except OSError:
+                pass
+        if upload.dir_fd >= 0:
+            os.close(upload.dir_fd)
+            upload.dir_fd = -1
+
+
+class SessionFiles:
+    """The agent's handler of `pty.files` messages. `agent`: the Agent (its loop, channel layer,
+    `data_root`)."""
+
+    def __init__(self, agent) -> None:
+        self.agent = agent
+        self.pool = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix=f"agent-{agent.node}-files")
+        self.uploads: dict[str, tuple[str, Upload]] = {}  # upload id → (session id, upload)
+        self.lock = threading.Lock()
+
+    def ops(self, running, owner_id) -> FileOps:
+        data = data_folder(getattr(self.agent, "data_root", None), owner_id)
+        return FileOps(running.work_dir, data if data is not None and data.is_dir() else None)
+
+    def handle(self, running, message: dict) -> None:
+        """Run the message's op on the file pool and answer on its reply channel."""
+        self.agent._in_background(self._answer(running, message))
+
+    async def _answer(self, running, message: dict) -> None:
+        try:
+            result = await self.agent._in(self.pool, self.run, running, message)
+        except Exception as exc:  # a bug: say so rather than leave the web waiting
+            log.exception("agent %s: file op %r failed", self.agent.node, message.get("op"))
+            result = {"ok": False, "error": "failed", "detail": f"the agent could not do it: {exc}"}
+        try:
+            await self.agent.layer.send(message["reply_channel"], {"type": proto.RESULT, **result})
+        except Exception:
+            log.exception("agent %s: could not answer a file op in session %s", self.agent.node, running.session_id)
+
+    def run(self, running, message: dict) -> dict:
+        """Blocking: one op (protocol.files) → its answer."""
+        self._expire()
+        op = message.get("op")
+        try:
+            files = self.ops(running, message.get("owner_id"))
+            if op == "list":
+                return {"ok": True, **files.list(message.get("path", ""))}
+            if op == "stat":
+                return {"ok": True, **files.stat(message.get("path", ""))}
+            if op == "read":
+                return {"ok": True, **files.read(message["path"], message.get("offset", 0),
+                                                 message.get("length", proto.CHUNK_BYTES))}
+            if op == "delete":
+                return {"ok": True, **files.delete(message["path"])}
+            if op == "mkdir":
+                return {"ok": True, **files.mkdir(message["path"])}
+            if op == "upload_begin":
+                upload = files.upload_begin(message["path"], message.get("size"), int(message["cap"]))
+                upload_id = secrets.token_hex(16)
+                with self.lock:
+                    self.uploads[upload_id] = (running.session_id, upload)
+                return {"ok": True, "upload_id": upload_id}
+            if op in ("upload_chunk", "upload_commit", "upload_abort"):
+                return self._upload_step(running, op, message)
+            return {"ok": False, "error": "bad-path", "detail": f"unknown file op {op!r}"}
+        except FileError as exc:
+            return {"ok": False, "error": exc.code, "detail": exc.detail}
+        except (KeyError, TypeError, ValueError) as exc:
+            return {"ok": False, "error": "bad-path", "detail": f"malformed file message: {exc}"}
+        except OSError as exc:
+            return {"ok": False, "error": "failed", "detail": exc.strerror or str(exc)}
+
+    def _upload_step(self, running, op: str, message: dict) -> dict:
+        upload_id = str(message.get("upload_id", ""))
+        with self.lock:
+            found = self.uploads.get(upload_id)
+            if found is None or found[0] != running.session_id:
+                return {"ok": False, "error": "upload-gone", "detail": "no such upload (it ended or was abandoned)"}
+            if op != "upload_chunk":
+                del self.uploads[upload_id]
+        upload = found[1]
+        if op == "upload_abort":
+            FileOps.upload_close(upload, remove=True)
+            return {"ok": True}
+        try:
+            if op == "upload_chunk":
+                return {"ok": True, **FileOps.upload_chunk(upload, int(message["offset"]), bytes(message["data"]))}
+            result = FileOps.upload_commit(upload)
+            FileOps.upload_close(upload, remove=False)
+            return {"ok": True, **result}
+        except BaseException:
+            with self.lock:
+                self.uploads.pop(upload_id, None)
+            FileOps.upload_close(upload, remove=True)
+            raise
+
+    def _expire(self) -> None:
+        """Abandon uploads untouched for UPLOAD_IDLE_S or whose session ended."""
+        horizon = time.monotonic() - UPLOAD_IDLE_S
+        with self.lock:
+            stale = [key for key, (session_id, upload) in self.uploads.items()
+                     if upload.touched < horizon or session_id not in self.agent.sessions]
+            dropped = [self.uploads.pop(key)[1] for key in stale]
+        for upload in dropped:
+            FileOps.upload_close(upload, remove=True)
