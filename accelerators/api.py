@@ -15,6 +15,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
 
+from accelerators.allocation.units import format_number
 from accelerators.models import AllocationMode, Device, FractionalSettings, Node, NodeStatus, ResourceGroup, SlotFormat
 from accelerators.selectors import device_fgpu_summary, devices_with_usage
 from accelerators.services import node_settings_update
@@ -54,16 +55,18 @@ class DeviceSerializer(serializers.ModelSerializer):
             cache.update(device_fgpu_summary(devices if device in devices else [device]))
         return cache[device.pk]
 
+    # fGPU with two decimals by the one amount formatter (fgpu_cli.units, through allocation.units): it
+    # truncates; the figures come truncated to 2 decimals already, so the text is as f"{:.2f}" wrote it.
     def get_capacity_fgpu(self, device) -> str | None:
         value = self._summary(device).capacity
-        return None if value is None else f"{value:.2f}"
+        return None if value is None else format_number(value, binary=False, round_length=2)
 
     def get_allocated_fgpu(self, device) -> str:
-        return f"{self._summary(device).allocated:.2f}"
+        return format_number(self._summary(device).allocated, binary=False, round_length=2)
 
     def get_free_fgpu(self, device) -> str | None:
         value = self._summary(device).free
-        return None if value is None else f"{value:.2f}"
+        return None if value is None else format_number(value, binary=False, round_length=2)
 
 
 class DeviceUsageSerializer(DeviceSerializer):
