@@ -389,8 +389,7 @@ def cmd_exec(args) -> int:
     """Run a command on the session's node (`POST /sessions/<id>/exec/` with `"stream": true`),
     print its stdout and stderr to ours as they come (`GET …/exec/<exec_id>/?since=`), exit
     with its status. Ctrl-C stops the remote command (`DELETE …/exec/<exec_id>/`) and exits 130.
-    `-o json` prints the blocking exec's result object at the end instead. A server without
-    streamed exec answers the result at once (200): it is printed as it is."""
+    `-o json` prints the result object (`{"exit_code", "stdout", "stderr", …}`) at the end instead."""
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
@@ -400,11 +399,9 @@ def cmd_exec(args) -> int:
     session = _running_session(client, creds, args.session)
     command = argv[0] if len(argv) == 1 else argv  # one argument: a shell command line
     path = f"{SESSIONS}{session['id']}/exec/"
-    # A server without streamed exec waits for the command: give it the command's timeout and the server's margin.
-    waiting = Client(client.url, client.token, timeout=max(args.http_timeout, args.timeout + 30))
-    started = waiting.post(path, {"command": command, "timeout": args.timeout, "stream": True})
-    if "id" not in started:
-        return _exec_result(args, started, printed=False)
+    started = client.post(path, {"command": command, "timeout": args.timeout, "stream": True})
+    if not isinstance(started, dict) or "id" not in started:
+        raise Failed(f"{client.url} answered no exec id to a streamed exec: is it an fGPU Console?")
     url = f"{path}{started['id']}/"
     try:
         state, stdout, stderr = _exec_follow(client, url, echo=args.output != "json")

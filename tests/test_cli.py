@@ -515,25 +515,6 @@ def test_quota_table(api, capsys):
 
 # --- exec and logs through the REST API ----------------------------------------------------
 
-def test_exec_on_a_server_without_streaming_prints_the_result_it_answers_and_exits_with_its_status(api, capsys):
-    """A server without streamed exec ignores `stream` and answers the blocking exec's result."""
-    api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, session(command="python train.py"))  # batch too
-    api.routes[("POST", f"/api/v1/sessions/{SID}/exec/")] = (200, {
-        "exit_code": 3, "stdout": "out\n", "stderr": "err\n", "truncated": False, "duration_ms": 5})
-
-    assert cli.main(["exec", SID, "--", "sh", "-c", "exit 3"]) == 3
-    out = capsys.readouterr()
-    assert (out.out, out.err) == ("out\n", "err\n")
-    assert api.requests[-1]["body"] == {"command": ["sh", "-c", "exit 3"], "timeout": 30, "stream": True}
-
-    assert cli.main(["exec", "--timeout", "5", SID, "--", "nvidia-smi | head -3"]) == 3
-    assert api.requests[-1]["body"] == {"command": "nvidia-smi | head -3", "timeout": 5,
-                                        "stream": True}  # one argument: a shell line
-    capsys.readouterr()
-    assert cli.main(["exec", "-o", "json", SID, "--", "true"]) == 3
-    assert json.loads(capsys.readouterr().out)["stdout"] == "out\n"
-
-
 def test_exec_past_its_timeout_exits_1_with_the_servers_reason(api, capsys):
     api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, session())
     api.routes[("POST", f"/api/v1/sessions/{SID}/exec/")] = (504, {
@@ -590,6 +571,17 @@ def test_exec_prints_stdout_and_stderr_as_they_come_and_exits_with_the_remote_st
     assert post["body"] == {"command": "echo one; echo warn >&2; sleep 1; echo two; exit 3", "timeout": 30,
                             "stream": True}
     assert [r["query"]["since"] for r in api.requests if r["path"] == EXEC_PATH] == ["0", "2", "2"]
+
+
+def test_exec_sends_an_argument_vector_or_one_shell_line_with_its_timeout(api, streamed, capsys):
+    api.routes[("GET", EXEC_PATH)] = (200, exec_read(0, ("stdout", "out\n"), state="exited", exit_code=3))
+
+    assert cli.main(["exec", SID, "--", "sh", "-c", "exit 3"]) == 3
+    assert api.requests[-2]["body"] == {"command": ["sh", "-c", "exit 3"], "timeout": 30, "stream": True}
+    assert cli.main(["exec", "--timeout", "5", SID, "--", "nvidia-smi | head -3"]) == 3
+    assert api.requests[-2]["body"] == {"command": "nvidia-smi | head -3", "timeout": 5,
+                                        "stream": True}  # one argument: a shell line
+    assert capsys.readouterr().out == "out\n" * 2
 
 
 def test_exec_json_prints_the_result_object_at_the_end_only(api, streamed, capsys):
