@@ -428,6 +428,13 @@ class NodeForm(forms.ModelForm):
         return data
 
 
+def _begins(cell, cells) -> bool:
+    """Whether an instance begins at `cell` after another one's cells (drawn with an edge, so two
+    instances of one profile side by side read as two)."""
+    before = cells[cell.slot - 1] if cell.slot > 0 else None
+    return bool(cell.instance) and before is not None and bool(before.instance) and before.instance != cell.instance
+
+
 def mig_picture_html(node: Node) -> str:
     """Each MIG-capable GPU of `node` as two rows of cells (8 memory slices, 7 compute slices):
     in use (title: instance and session), idle (reusable), unknown (found on the GPU by its agent,
@@ -440,8 +447,9 @@ def mig_picture_html(node: Node) -> str:
     def row(title, cells):
         return format_html(
             "<tr><th scope='row'>{}</th>{}</tr>", title,
-            format_html_join("", "<td class='mig-cell mig-{}' title='{}'>{}</td>",
-                             ((c.state, f"slice {c.slot}: {c.state} {c.instance} {c.session}".strip(),
+            format_html_join("", "<td class='mig-cell mig-{}{}' title='{}'>{}</td>",
+                             ((c.state, " mig-edge" if _begins(c, cells) else "",
+                               f"slice {c.slot}: {c.state} {c.instance} {c.session}".strip(),
                                c.instance.split("@")[0] if c.instance else c.state) for c in cells)))
 
     blocks = []

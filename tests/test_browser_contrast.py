@@ -3,13 +3,16 @@ Chromium on the console's pages — login, the sessions list, the launch dialog,
 and on the admin pages the console styles, in the light theme and the dark one, against the
 console as `make run` starts it with the demo's MIG node. No page may have a colour-contrast
 violation, nor any other violation axe rates serious or critical; a failure lists each rule with
-its elements and axe's words.
+its elements and axe's words. axe does not measure focus rings: the keyboard's ring on the
+sessions page's main button and on the admin's Save is measured here, 3:1 at least (WCAG 2.2,
+non-text contrast).
 
 The MIG node is set to a fixed layout first, so the node page shows the layout editor and every
 state of the slice picture that a fresh node can (in use, idle, free)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -38,6 +41,52 @@ def axe_violations(page) -> list[dict]:
             nodes: v.nodes.map(n => ({target: n.target.join(' '), summary: n.failureSummary}))}));
     }""")
     return [v for v in results if v["id"] == "color-contrast" or v["impact"] in FAILING_IMPACTS]
+
+
+def luminance(rgb: tuple[int, int, int]) -> float:
+    def channel(c: int) -> float:
+        c = c / 255
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+    r, g, b = map(channel, rgb)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
+    """WCAG 2 contrast ratio of two sRGB colours."""
+    high, low = sorted((luminance(a), luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def focus_ring(page, selector: str, *, tabs: int = 80) -> tuple[float, str]:
+    """Tab (the keyboard, so :focus-visible applies) to `selector`; the contrast of its focus ring
+    (an outline of 2 px or more, else the outermost box-shadow's colour) against the first opaque
+    background behind it, and the colours, for the message."""
+    page.locator("body").focus()
+    for _ in range(tabs):
+        page.keyboard.press("Tab")
+        if page.evaluate("s => document.activeElement && document.activeElement.matches(s)", selector):
+            break
+    else:
+        raise AssertionError(f"Tab never reached {selector}")
+    ring, behind = page.evaluate("""async s => {
+        const el = document.activeElement;
+        await Promise.all(el.getAnimations().map(a => a.finished));  // the ring's transition, if any
+        const cs = getComputedStyle(el);
+        const opaque = c => !/^rgba\\(.*,\\s*0?\\.\\d+\\)$|^rgba\\(.*,\\s*0\\)$/.test(c);
+        let ring = null;
+        if (cs.outlineStyle !== 'none' && parseFloat(cs.outlineWidth) >= 2) ring = cs.outlineColor;
+        else ring = (cs.boxShadow.match(/rgba?\\([^)]+\\)/g) || []).filter(opaque).pop() || null;
+        let node = el.parentElement, bg = 'rgb(255, 255, 255)';
+        while (node) {
+            const b = getComputedStyle(node).backgroundColor;
+            if (b && b !== 'transparent' && !/rgba\\(.*, 0\\)$/.test(b)) { bg = b; break; }
+            node = node.parentElement;
+        }
+        return [ring, bg];
+    }""", selector)
+    assert ring, f"{selector} shows no focus ring"
+    parse = lambda text: tuple(int(float(v)) for v in re.findall(r"[\d.]+", text)[:3])  # noqa: E731
+    return contrast(parse(ring), parse(behind)), f"{ring} on {behind}"
 
 
 def describe(where: str, violations: list[dict]) -> str:
@@ -95,6 +144,9 @@ def test_console_and_admin_pages_have_no_contrast_nor_serious_accessibility_viol
     row = page.locator(f'#sessions-table tr[data-session-id="{created["id"]}"]')
     expect(row.locator("td.status")).to_have_text("RUNNING")
     check("sessions page")
+    ratio, colours = focus_ring(page, "#start-session")
+    if ratio < 3:
+        found.append(f"sessions page: the focus ring of Start a session is {ratio:.2f}:1 ({colours}), under 3:1")
 
     page.click("#start-session")
     expect(page.locator("#launch-dialog")).to_be_visible()
@@ -134,5 +186,9 @@ def test_console_and_admin_pages_have_no_contrast_nor_serious_accessibility_viol
             if "editor" in where:
                 expect(page.locator(".mig-layout-status")).to_have_text("✓ This layout can be created on the GPUs.")
             check(f"{where} ({scheme})")
+            if where == "admin quota form":
+                ratio, colours = focus_ring(page, "input[name=_save]")
+                if ratio < 3:
+                    found.append(f"{where} ({scheme}): the focus ring of Save is {ratio:.2f}:1 ({colours}), under 3:1")
 
     assert not found, "\n" + "\n".join(found)

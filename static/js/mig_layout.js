@@ -115,12 +115,13 @@
     function renderPreview() {
       preview.textContent = "";
       gpus.forEach(function (gpu) {
-        var owners = [];
+        var owners = [], starts = {};
         for (var s = 0; s < SLICES; s++) owners.push([]);
         rows.forEach(function (r) {
           if (String(r.gpu) !== String(gpu.index)) return;
           var p = profileOf(gpu, r.profile);
           if (!p || typeof r.start !== "number") return;
+          starts[r.start] = true;
           for (var k = r.start; k < r.start + p.size && k < SLICES; k++) owners[k].push(p.name + "@" + r.start);
         });
         var block = el("div", { "class": "mig-gpu-picture" });
@@ -131,7 +132,8 @@
         owners.forEach(function (held, slot) {
           var state = held.length > 1 ? "overlap" : held.length ? "planned" : "free";
           var text = held.length > 1 ? "overlap" : held.length ? held[0].split("@")[0] : "free";
-          tr.appendChild(el("td", { "class": "mig-cell mig-" + state,
+          var edge = starts[slot] && slot > 0 && owners[slot - 1].length ? " mig-edge" : ""; // one begins after another
+          tr.appendChild(el("td", { "class": "mig-cell mig-" + state + edge,
                                     title: "slice " + slot + ": " + (held.join(", ") || "free") }, text));
         });
         table.appendChild(tr);
