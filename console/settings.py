@@ -236,6 +236,9 @@ FGPU_TERMINAL_TICKET_TTL = env_int("FGPU_TERMINAL_TICKET_TTL", 60, minimum=5, ma
 # How many later sessions may start past a pending one that does not fit (backfill) before
 # it is reserved its place; 0 is strict first in, first out.
 FGPU_BACKFILL_LIMIT = env_int("FGPU_BACKFILL_LIMIT", 8, minimum=0, maximum=10000)
+# Fair share over time (sessions.fairshare): usage older by this many days counts half; 0 turns it
+# off (first in, first out within a priority).
+FGPU_FAIRSHARE_HALF_LIFE_DAYS = env_int("FGPU_FAIRSHARE_HALF_LIFE_DAYS", 7, minimum=0, maximum=3650)
 FGPU_SESSIONS_DIR = DATA_DIR / "sessions"
 # The most characters of output kept per session (the oldest are dropped): 4 Mi characters,
 # about 4 MiB of plain text. GET /api/v1/sessions/<id>/logs/ serves what is kept.

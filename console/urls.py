@@ -45,6 +45,7 @@ urlpatterns = [
     path("api/v1/auth/token/", account_api.obtain_auth_token, name="api-token"),
     path("api/v1/launch-options/", session_api.launch_options_view, name="api-launch-options"),
     path("api/v1/quota/", api_quotas.quota_view, name="api-quota-usage"),
+    path("api/v1/fairshare/", api_quotas.fairshare_view, name="api-fairshare"),
     path("api/v1/my-resources/", api_resources.my_resources_view, name="api-my-resources"),
     path("api/v1/me/", account_api.me_view, name="api-me"),
     path("api/v1/usage/", usage_api.usage_view, name="api-usage"),

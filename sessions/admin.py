@@ -9,18 +9,20 @@ console or the API), so their allocations are released exactly once.
 from __future__ import annotations
 
 import json
+import threading
 
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
-from django.utils.html import format_html_join
+from django.utils.html import format_html, format_html_join
 
 from accelerators.allocation.errors import AllocationError
 from accelerators.allocation.requests import parse_resources
 from accelerators.admin_display import EMPTY, BinarySizeField, size_html, when_html
 from accelerators.allocation.units import format_binary_size
 from console.errors import ApplicationError
+from sessions.fairshare import account_shares, half_life_seconds
 from sessions.images import image_save, image_sessions_waiting_or_active
 from sessions.models import Allocation, ComputeSession, Project, Quota, ResourcePreset, SessionImage
 from sessions.presets import preset_check, preset_save
@@ -28,15 +30,32 @@ from sessions.quotas import QuotaUsage, fgpu_text, quota_usage_of
 from sessions.selectors import request_configuration, session_configuration
 
 
+_page = threading.local()  # .shares: the fair-share standing the project list's page shows
+
+
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
-    list_display = ("name", "member_count", "description", "created")
+    list_display = ("name", "member_count", "description", "share_weight", "fair_share", "created")
     search_fields = ("name", "description", "members__username")
     filter_horizontal = ("members", "resource_groups")
-    fields = ("name", "description", "members", "resource_groups")
+    fields = ("name", "description", "members", "resource_groups", "share_weight")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).annotate(member_count=Count("members", distinct=True))
+
+    def changelist_view(self, request, extra_context=None):
+        _page.shares = {a.name: a for a in account_shares() if a.kind == "project"}  # read once per page
+        return super().changelist_view(request, extra_context)
+
+    @admin.display(description="fair share now")
+    def fair_share(self, obj: Project) -> str:
+        """Its factor and usage against its share (sessions.fairshare), or why it has none."""
+        account = getattr(_page, "shares", {}).get(obj.name)
+        if account is None:
+            return "inactive (no usage, nothing waiting)" if half_life_seconds() else "off"
+        return format_html('<span title="{} decayed fGPU-hours; {} waiting">factor {} · {} % used of a {} % share</span>',
+                           f"{account.usage / 3600:.2f}", account.pending, f"{account.factor:.3f}",
+                           f"{account.usage_share * 100:.0f}", f"{account.weight_share * 100:.0f}")
 
     @admin.display(description="members", ordering="member_count")
     def member_count(self, obj: Project) -> int:

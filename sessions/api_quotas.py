@@ -7,6 +7,7 @@ use (counting rules: `sessions.quotas`). Amounts: fGPU as decimal text, memory i
 """
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import Q
@@ -20,6 +21,7 @@ from rest_framework.response import Response
 
 from accelerators.models import ResourceGroup
 from console.api_support import ErrorSerializer, ETagMixin, IsAdminOrReadOnly, TextFilter, admin_write_docs
+from sessions.fairshare import account_shares
 from sessions.models import Project, Quota
 from sessions.quotas import fgpu_text, quota_headroom, quota_usage
 
@@ -35,7 +37,7 @@ class ProjectSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Project
-        fields = ["id", "name", "description", "members", "resource_groups", "created_at"]
+        fields = ["id", "name", "description", "members", "resource_groups", "share_weight", "created_at"]
         read_only_fields = ["id", "created_at"]
 
 
@@ -202,3 +204,47 @@ def quota_view(request):
         if user is None:
             raise NotFound(f"no user {wanted!r}")
     return Response(MyQuotaSerializer(quota_report(user=user)).data)
+
+
+# --- fair share -----------------------------------------------------------------------------------
+
+class AccountShareSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(["project", "user"], help_text="a project, or a user in no project")
+    name = serializers.CharField(help_text="the project's name or the user's username")
+    weight = serializers.IntegerField(help_text="the project's share_weight (1 for a user in no project)")
+    usage_fgpu_hours = serializers.FloatField(help_text="fGPU-hours granted to its members, each hour weighted by "
+                                                        "2^(-age / half-life)")
+    usage_share = serializers.FloatField(help_text="its part of all active accounts' decayed usage, 0–1")
+    weight_share = serializers.FloatField(help_text="its part of all active accounts' weights, 0–1")
+    factor = serializers.FloatField(help_text="2^(-usage_share / weight_share), 0–1: higher starts first")
+    pending = serializers.IntegerField(help_text="its members' sessions waiting now")
+
+
+class FairShareSerializer(serializers.Serializer):
+    half_life_days = serializers.IntegerField(help_text="FGPU_FAIRSHARE_HALF_LIFE_DAYS; 0: fair share is off")
+    accounts = AccountShareSerializer(many=True)
+
+
+@extend_schema(
+    summary="Fair share", tags=["quotas"], responses={200: FairShareSerializer},
+    examples=[OpenApiExample("Two projects", response_only=True, value={"half_life_days": 7, "accounts": [
+        {"kind": "project", "name": "vision", "weight": 1, "usage_fgpu_hours": 30.5, "usage_share": 0.9,
+         "weight_share": 0.5, "factor": 0.287, "pending": 4},
+        {"kind": "project", "name": "nlp", "weight": 1, "usage_fgpu_hours": 3.4, "usage_share": 0.1,
+         "weight_share": 0.5, "factor": 0.871, "pending": 1}]})],
+    description="Each active account's (every project, and every user in no project, with usage or a waiting "
+                "session) decayed usage, weight and fair-share factor, lowest factor first (sessions.fairshare). "
+                "Within a priority the queue starts the sessions of the account with the higher factor first. "
+                "Administrators see every account, others the accounts they belong to.",
+)
+@api_view(["GET"])
+def fairshare_view(request):
+    """`{"half_life_days", "accounts": [{kind, name, weight, usage_fgpu_hours, usage_share, weight_share, factor,
+    pending}]}`."""
+    shares = account_shares()
+    if not request.user.is_staff:
+        shares = [a for a in shares if request.user.pk in a.members]
+    return Response(FairShareSerializer({"half_life_days": settings.FGPU_FAIRSHARE_HALF_LIFE_DAYS, "accounts": [
+        {"kind": a.kind, "name": a.name, "weight": a.weight, "usage_fgpu_hours": round(a.usage / 3600, 6),
+         "usage_share": round(a.usage_share, 6), "weight_share": round(a.weight_share, 6),
+         "factor": round(a.factor, 6), "pending": a.pending} for a in shares]}).data)

@@ -265,6 +265,11 @@ class Project(models.Model):
         "accelerators.ResourceGroup", related_name="projects", blank=True, verbose_name="resource groups",
         help_text="resource groups reserved for this project's members (with every other project naming them); "
                   "a group no project names is open to everyone")
+    share_weight = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1)], verbose_name="fair-share weight",
+        help_text="the project's share of the cluster over time against the other projects' weights (and 1 for "
+                  "each user in no project): its members' sessions start ahead while it used less than its share "
+                  "(sessions.fairshare)")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

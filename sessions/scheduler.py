@@ -25,7 +25,7 @@ from functools import partial
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import timezone
 
 import protocol
@@ -33,7 +33,7 @@ from accelerators.allocation import cluster, core
 from accelerators.allocation.units import amount_text
 from accelerators.models import Device, Node, PlacementShape
 from accelerators.allocation.errors import AllocationError
-from sessions import events, mig_scheduling
+from sessions import events, fairshare, mig_scheduling
 from sessions.models import NEXT_VERSION, Allocation, ComputeSession, SessionStatus
 from sessions.selectors import session_request
 from sessions.placement import (
@@ -50,8 +50,10 @@ log = logging.getLogger(__name__)
 
 
 def schedule_pending(*, limit: int | None = None) -> list[str]:
-    """Place pending sessions (every one, or the first `limit`), highest priority first, then in
-    arrival order; every one not placed gets the reason it waits. Returns the ids scheduled.
+    """Place pending sessions (every one, or the first `limit` by priority and arrival), highest
+    priority first, then by their owners' fair-share factor (`sessions.fairshare`: who used less
+    of their share lately first), then in arrival order; every one not placed gets the reason it
+    waits. Returns the ids scheduled.
 
     The pass's cost stays bounded however long the queue: placements only fill the cluster
     within a pass, so a request shape (its normalised request) that did not fit once does not
@@ -78,6 +80,9 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
             .order_by("-priority", "created_at", "pk")
         )
         pending = list(queue if limit is None else queue[:limit])
+        if len({s.owner_id for s in pending}) > 1:  # fair share orders owners within a priority
+            factors = fairshare.owner_factors({s.owner_id for s in pending})
+            pending.sort(key=lambda s: fairshare.queue_key(s, factors))
         read_at = time.monotonic()
         writes = _PassWrites(starts)
         view = _PassView(writes)
@@ -345,9 +350,13 @@ def _send_starts(starts: list[tuple[str, dict]]) -> None:
 
 
 def pending_position(session: ComputeSession) -> int:
-    """1-based place of a PENDING session in the queue (priority, then arrival)."""
-    ahead = ComputeSession.objects.filter(status=SessionStatus.PENDING).filter(
-        Q(priority__gt=session.priority) | Q(priority=session.priority, created_at__lte=session.created_at))
-    return ahead.count()
+    """1-based place of a PENDING session in the queue (`fairshare.queue_key`: priority, then its
+    owner's fair-share factor, then arrival)."""
+    rivals = list(ComputeSession.objects.filter(status=SessionStatus.PENDING, priority=session.priority)
+                  .only("pk", "priority", "owner_id", "created_at"))
+    factors = fairshare.owner_factors({s.owner_id for s in rivals} | {session.owner_id})
+    mine = fairshare.queue_key(session, factors)
+    higher = ComputeSession.objects.filter(status=SessionStatus.PENDING, priority__gt=session.priority).count()
+    return higher + sum(1 for s in rivals if fairshare.queue_key(s, factors) <= mine)
 
 

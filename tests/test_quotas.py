@@ -330,7 +330,7 @@ def test_the_quota_admin_form_takes_gpu_memory_as_a_binary_size(db, alice, admin
 
 def test_the_project_admin_edits_members_with_a_filter_widget(db, users, admin_client):
     response = admin_client.post("/admin/compute_sessions/project/add/", {
-        "name": "vision", "description": "", "members": [users["alice"].pk, users["bob"].pk]})
+        "name": "vision", "description": "", "members": [users["alice"].pk, users["bob"].pk], "share_weight": 1})
 
     assert response.status_code == 302
     assert set(Project.objects.get(name="vision").members.values_list("username", flat=True)) == {"alice", "bob"}
