@@ -198,9 +198,9 @@ class FileOps:
     # --- operations --------------------------------------------------------------------
 
     def list(self, path: str) -> dict:
-        """The folder's entries, folders first, then by name: `{"path", "entries": [{"name",
-        "type": "dir" | "file" | "link" | "other", "size" (bytes), "mtime" (epoch s)}],
-        "truncated"}`. In the home, `data` (the persistent folder) is listed as a folder with
+        """The folder's entries, the persistent folder first, then folders, then by name:
+        `{"path", "entries": [{"name", "type": "dir" | "file" | "link" | "other", "size" (bytes),
+        "mtime" (epoch s)}], "truncated"}`. In the home, `data` (the persistent folder) is listed as a folder with
         `"persistent": true`; the file API's temporary upload files are left out."""
         which, root, parts = self._root(path)
         try:
@@ -225,7 +225,7 @@ class FileOps:
                     entries.append(entry)
         finally:
             os.close(fd)
-        entries.sort(key=lambda e: (e["type"] != "dir", e["name"]))
+        entries.sort(key=lambda e: (not e.get("persistent"), e["type"] != "dir", e["name"]))
         return {"path": "/".join(([proto.DATA_DIR] if which == "data" else []) + parts), "entries": entries,
                 "truncated": truncated}
 

@@ -251,6 +251,9 @@ FGPU_EXEC_MAX_TIMEOUT = 300
 # stay readable (in Redis, or memory in standalone mode) after the command ends.
 FGPU_EXEC_STREAM_MAX_BYTES = 1024 * 1024
 FGPU_EXEC_OUTPUT_TTL = 3600
+# A session's files (issue 18): the most bytes a user may keep in their persistent folder (~/data),
+# and in one session's home; an upload that would pass it is refused (413 over-cap).
+FGPU_FILES_USER_CAP = env_int("FGPU_FILES_USER_CAP", 10 * 1024 ** 3, minimum=1, maximum=1024 ** 5)  # bytes
 # Usage (issue 15): samples at full resolution are kept FGPU_USAGE_RAW_RETENTION seconds, their
 # 5-minute means FGPU_USAGE_ROLLUP_RETENTION; a bucket is closed FGPU_USAGE_LATENESS seconds after
 # it ends (later samples are refused). GET /metrics answers only `Authorization: Bearer

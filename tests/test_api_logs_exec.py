@@ -171,11 +171,10 @@ class QuietManager:
         pass
 
 
-@pytest.fixture
-def demo_agent(tmp_path):
-    """A real Agent for demo-node on its own event loop in a thread, on the Redis channel layer."""
-    if not settings.REDIS_URL:
-        pytest.skip("needs REDIS_URL: the agent and the web share the channel layer across event loops")
+def agent_in_thread(tmp_path, **options):
+    """A started Agent for demo-node (scratch under tmp_path; `options`: more Agent arguments) on
+    its own event loop in a daemon thread, on the Redis channel layer: (agent, its QuietManager,
+    the loop, the thread)."""
     from channels_redis.core import RedisChannelLayer
 
     loop = asyncio.new_event_loop()
@@ -186,8 +185,17 @@ def demo_agent(tmp_path):
     inventory = {"devices": [mock_gpu(0).as_dict()], "plugins": [], "attributes": {}, "cpu_count": 8,
                  "memory_size": 32 * GiB}
     agent = Agent(node="demo-node", inventory=inventory, channel_layer=layer, manager=manager,
-                  scratch_root=tmp_path / "scratch", mock=True, heartbeat_s=60)
+                  scratch_root=tmp_path / "scratch", mock=True, heartbeat_s=60, **options)
     asyncio.run_coroutine_threadsafe(agent.start(), loop).result(10)
+    return agent, manager, loop, thread
+
+
+@pytest.fixture
+def demo_agent(tmp_path):
+    """A real Agent for demo-node on its own event loop in a thread, on the Redis channel layer."""
+    if not settings.REDIS_URL:
+        pytest.skip("needs REDIS_URL: the agent and the web share the channel layer across event loops")
+    agent, manager, loop, thread = agent_in_thread(tmp_path)
 
     def run(session):
         spec = start_spec(command="sleep 60")

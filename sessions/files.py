@@ -1,0 +1,203 @@
+"""A session's files from the web (issue 18, item 6): list, download, upload, delete and make
+folders in a RUNNING session's home and its owner's persistent folder (`data/`).
+
+Transport: `pty.files` messages to the session's `pty-<id>` group (which only its agent joins),
+each answered on a reply channel (agent.files; message shapes in protocol.files), as exec is. So
+it works wherever the terminal does: web processes and agents on different hosts share only the
+channel layer (Redis), no address of the node is needed. File bytes travel in chunks of at most
+CHUNK_BYTES (256 KiB), one request and one answer at a time: an upload is read from the request
+body chunk by chunk (daphne holds it in a temporary file) and a download is streamed to the
+client as the agent answers, so a web process holds one chunk per transfer in memory.
+
+Paths are checked here (protocol.files.path_parts, for a clear 400 naming `path`) and again on
+the agent, which alone enforces confinement (O_NOFOLLOW from the root's descriptor). Uploads are
+capped at FGPU_FILES_USER_CAP bytes per persistent folder (per user) and per session home.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from console.errors import ApplicationError
+from protocol import files as proto
+from sessions import events
+from sessions.models import ComputeSession, SessionStatus
+
+log = logging.getLogger(__name__)
+
+REPLY_WAIT_S = 30  # how long the web waits for the agent's answer to one op
+BEGIN_WAIT_S = 120  # an upload's start measures the folder against the cap: it may take longer
+
+TITLES = {"bad-path": "Path refused", "symlink": "Path refused", "not-found": "No such file",
+          "not-a-directory": "Not a folder", "is-a-directory": "Is a folder", "not-a-file": "Not a regular file",
+          "exists": "Exists", "read-only": "Read-only", "over-cap": "Over the cap",
+          "no-data-folder": "No persistent folder", "upload-gone": "Upload abandoned", "failed": "File operation failed"}
+
+
+def path_check(path: str) -> list[str]:
+    """The parts of `path` (protocol.files.path_parts). Raises ApplicationError 400 "bad-path"
+    naming the field `path`."""
+    try:
+        return proto.path_parts(path)
+    except proto.PathRefused as exc:
+        raise ApplicationError(str(exc), type="bad-path", title="Path refused",
+                               field_errors={"path": [str(exc)]}) from None
+
+
+def _check_running(session: ComputeSession) -> None:
+    if session.status != SessionStatus.RUNNING:
+        raise ApplicationError(f"the session is {session.status}; its files are reached only while it is RUNNING",
+                               type="session-not-running", title="Session not running", status=409)
+
+
+def _refusal(session: ComputeSession, answer: dict | None, wait_s: float) -> ApplicationError:
+    if answer is None:
+        node = session.node.name if session.node_id else "its node"
+        return ApplicationError(f"the agent on {node} did not answer within {wait_s:.0f} s; is the node up?",
+                                type="files-timeout", title="Agent did not answer", status=504)
+    code = answer.get("error", "failed")
+    return ApplicationError(answer.get("detail", "the file operation failed"), type=code,
+                            title=TITLES.get(code, "File operation failed"), status=proto.ERRORS.get(code, 502),
+                            field_errors={"path": [answer.get("detail", "")]} if code in ("bad-path", "symlink") else None)
+
+
+class _Link:
+    """One reply channel to a session's agent, for a sequence of ops (an upload, a download)."""
+
+    def __init__(self, session: ComputeSession) -> None:
+        self.session = session
+        self.layer = get_channel_layer()
+        self.reply: str | None = None
+
+    async def ask(self, op: str, *, wait_s: float = REPLY_WAIT_S, **fields) -> dict:
+        """Send op with `fields` and return the agent's answer; raises ApplicationError when it
+        refuses or does not answer within `wait_s` seconds."""
+        if self.reply is None:
+            self.reply = await self.layer.new_channel("files-reply.")
+        await self.layer.group_send(events.pty_group(self.session.pk), {
+            "type": proto.FILES, "session_id": str(self.session.pk), "owner_id": self.session.owner_id, "op": op,
+            "reply_channel": self.reply, **fields})
+        answer = None
+        try:
+            async with asyncio.timeout(wait_s):
+                while answer is None:
+                    message = await self.layer.receive(self.reply)
+                    if message.get("type") == proto.RESULT:
+                        answer = message
+        except TimeoutError:
+            pass
+        if answer is None or not answer.get("ok"):
+            raise _refusal(self.session, answer, wait_s)
+        return answer
+
+
+def _one(session: ComputeSession, op: str, **fields) -> dict:
+    _check_running(session)
+    return async_to_sync(_Link(session).ask)(op, **fields)
+
+
+def session_files_list(*, session: ComputeSession, path: str = "") -> dict:
+    """The folder `path` of a RUNNING session (relative to its home; `data/…` its owner's
+    persistent folder): `{"path", "entries": [{"name", "type": "dir" | "file" | "link" | "other",
+    "size" (bytes), "mtime" (epoch s), "persistent"?}], "truncated"}`. Raises ApplicationError:
+    400 bad-path / symlink / not-a-directory, 404 not-found, 409 session-not-running, 504
+    files-timeout (the agent did not answer)."""
+    path_check(path)
+    answer = _one(session, "list", path=path)
+    return {"path": answer["path"], "entries": answer["entries"], "truncated": answer["truncated"]}
+
+
+def session_file_delete(*, session: ComputeSession, path: str) -> None:
+    """Delete the file, link (the link itself) or folder (with what it holds) at `path`. Raises
+    as `session_files_list`; 403 read-only under `.fgpu/`."""
+    if not path_check(path):
+        raise ApplicationError("give the path of a file or folder to delete", type="bad-path", title="Path refused",
+                               field_errors={"path": ["the home itself cannot be deleted"]})
+    _one(session, "delete", path=path)
+
+
+def session_folder_make(*, session: ComputeSession, path: str) -> dict:
+    """Make the folder `path` (and its missing parents); its entry."""
+    if not path_check(path):
+        raise ApplicationError("give the path of the folder to make", type="bad-path", title="Path refused",
+                               field_errors={"path": ["the home exists"]})
+    return _one(session, "mkdir", path=path)["entry"]
+
+
+def session_file_upload(*, session: ComputeSession, path: str, body, size: int | None) -> dict:
+    """Write the bytes of `body` (a file-like object: `read(n)`) to `path`, replacing a file
+    there once all of it arrived (a failed upload leaves the old file and no partial one).
+    `size`: the body's length in bytes when known (Content-Length). Returns the new entry.
+
+    Raises ApplicationError as `session_files_list`, and 413 over-cap when the file would bring
+    the folder past FGPU_FILES_USER_CAP bytes (refused before a byte is sent when `size` says
+    so), 400 is-a-directory when `path` is a folder."""
+    if not path_check(path):
+        raise ApplicationError("give the path of the file to write", type="bad-path", title="Path refused",
+                               field_errors={"path": ["a file name is needed"]})
+    _check_running(session)
+    cap = settings.FGPU_FILES_USER_CAP
+    if size is not None and size > cap:
+        raise ApplicationError(f"the file ({size} bytes) is larger than a folder may hold ({cap} bytes)",
+                               type="over-cap", title="Over the cap", status=413)
+    return async_to_sync(_upload)(session, path, body, size, cap)
+
+
+async def _upload(session: ComputeSession, path: str, body, size: int | None, cap: int) -> dict:
+    link = _Link(session)
+    upload_id = (await link.ask("upload_begin", path=path, size=size, cap=cap, wait_s=BEGIN_WAIT_S))["upload_id"]
+    offset = 0
+    try:
+        while True:
+            data = body.read(proto.CHUNK_BYTES)
+            if not data:
+                break
+            await link.ask("upload_chunk", upload_id=upload_id, offset=offset, data=bytes(data))
+            offset += len(data)
+        if size is not None and offset != size:
+            raise ApplicationError(f"the request body ended after {offset} of its {size} bytes", type="bad-request",
+                                   title="Incomplete upload")
+        return (await link.ask("upload_commit", upload_id=upload_id))["entry"]
+    except BaseException:
+        try:
+            await link.ask("upload_abort", upload_id=upload_id)
+        except ApplicationError:
+            pass  # already gone (the agent dropped it on the refusal)
+        raise
+
+
+def session_file_download(*, session: ComputeSession, path: str) -> tuple[str, int, object]:
+    """Start reading the regular file at `path`: `(name, size in bytes, chunks)` where
+    `chunks` is an async iterator of bytes (at most CHUNK_BYTES each) that ends after `size`
+    bytes, asking the agent for each in turn. Raises ApplicationError as `session_files_list`
+    before anything is sent, and 400 is-a-directory / not-a-file; a failure later ends the
+    iterator early (the client sees a short body)."""
+    parts = path_check(path)
+    if not parts:
+        raise ApplicationError("give the path of a file to download", type="is-a-directory", title="Is a folder",
+                               field_errors={"path": ["the home is a folder"]})
+    first = _one(session, "read", path=path, offset=0, length=proto.CHUNK_BYTES)
+    return parts[-1], int(first["size"]), _chunks(session, path, first)
+
+
+async def _chunks(session: ComputeSession, path: str, first: dict):
+    size, data = int(first["size"]), bytes(first["data"])
+    sent = 0
+    link = _Link(session)
+    while True:
+        data = data[:size - sent]
+        if data:
+            yield data
+            sent += len(data)
+        if sent >= size or not data:
+            return
+        try:
+            data = bytes((await link.ask("read", path=path, offset=sent, length=proto.CHUNK_BYTES))["data"])
+        except ApplicationError as exc:
+            log.warning("download of %r from session %s stopped at %d of %d bytes: %s", path, session.pk, sent, size,
+                        exc.detail)
+            return
