@@ -154,6 +154,16 @@ def test_console_and_admin_pages_have_no_contrast_nor_serious_accessibility_viol
     expect(page.locator("#launch-preview")).not_to_have_attribute("aria-busy", "true")
     expect(page.locator("#preview-line")).not_to_be_empty()
     check("launch dialog")
+    # Every request tab the dialog shows (a tab the cluster cannot serve carries a note instead).
+    tabs = page.locator("#launch-dialog [role=tab]")
+    for n in range(tabs.count()):
+        tab = tabs.nth(n)
+        if not tab.is_visible():
+            continue
+        tab.click()
+        expect(tab).to_have_attribute("aria-selected", "true")
+        expect(page.locator("#launch-preview")).not_to_have_attribute("aria-busy", "true")
+        check(f"launch dialog, tab {tab.inner_text().strip()!r}")
     page.keyboard.press("Escape")
     expect(page.locator("#launch-dialog")).to_be_hidden()
 
