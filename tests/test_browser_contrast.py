@@ -187,6 +187,10 @@ def test_console_and_admin_pages_have_no_contrast_nor_serious_accessibility_viol
         "admin session": f"/admin/compute_sessions/computesession/{created['id']}/change/",
         "admin quota form": "/admin/compute_sessions/quota/add/",
         "admin tokens": "/admin/accounts/apitoken/",
+        "admin users": "/admin/auth/user/",
+        "admin preset form": "/admin/compute_sessions/resourcepreset/add/",
+        "admin session images": "/admin/compute_sessions/sessionimage/",
+        "admin usage report": "/admin/usage/usagereport/",
     }
     for scheme in ("light", "dark"):
         page.emulate_media(color_scheme=scheme)
