@@ -15,7 +15,8 @@ both ways, with httpx) and websockets (with `websockets`) to a web app running i
   and websocket text, by as many "*" (TokenMask): the scripts' calls then carry the mask, which
   the proxy replaces with the real token on the way in. Bodies are asked for uncompressed
   (`Accept-Encoding: identity`) so that the mask sees them; the length stays the same.
-- Refused: a path with "." or ".." segments, or with an encoded "." "/" or "\\" (400), so no
+- Refused: a request that changes something (POST, PUT, …) from another site (403,
+  `cross_site`), and a path with "." or ".." segments, or with an encoded "." "/" or "\\" (400), so no
   request reaches anything outside the app's prefix.
 - A session that is not RUNNING answers a page that says it ended (410; websockets close 4410);
   an app that does not run (never opened, exited, or its port closed) a page that says so with a
@@ -106,6 +107,22 @@ class TokenMask:
     def flush(self) -> bytes:
         rest, self.carry = self.carry, b""
         return rest
+
+
+def cross_site(scope) -> bool:
+    """Whether an unsafe request (not GET, HEAD or OPTIONS) comes from another site: its `Origin`
+    names another host than its `Host`, or the browser says `Sec-Fetch-Site: cross-site`. The proxy
+    signs the request in with the app's token, which skips the app's own CSRF check (Jupyter's
+    `_xsrf`), so it refuses these itself (the sign-in cookie is SameSite=Lax as well)."""
+    if scope.get("method", "GET") in ("GET", "HEAD", "OPTIONS"):
+        return False
+    headers = {name: value.decode("latin-1") for name, value in scope.get("headers", [])}
+    if headers.get(b"sec-fetch-site") == "cross-site":
+        return True
+    origin = headers.get(b"origin")
+    if origin is None:
+        return False
+    return origin == "null" or origin.split("://", 1)[-1] != headers.get(b"host", "")
 
 
 def _cookies_without_console(header: str) -> str:
@@ -234,6 +251,10 @@ class AppHttpProxy:
         match = PATH_RE.match(scope["path"])
         if match is None or path_escapes(scope):
             await _page(send, 400, {"title": "Bad path", "why": "The address tries to leave the app's place."})
+            return
+        if cross_site(scope):
+            await _page(send, 403, {"title": "Refused", "why": "Another site may not send this app a request "
+                                                               "that changes something."})
             return
         status, found = await _check(scope, match)
         if status == 401:

@@ -49,13 +49,18 @@ def test_a_notebook_opened_from_the_session_list_sees_its_gpu_slice(console_url,
     expect(lab.locator("#jp-main-dock-panel")).to_be_visible(timeout=120_000)
     lab.goto(prefix + "lab/tree/walkthrough.ipynb")
     expect(lab.locator(".jp-Notebook .jp-Cell").first).to_contain_text("CUDA_VISIBLE_DEVICES", timeout=120_000)
-    expect(lab.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(1, timeout=120_000)
-    lab.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor").first.click()
-    lab.keyboard.press("Shift+Enter")
-    output = lab.locator(".jp-Notebook .jp-OutputArea")
-    expect(output.first).to_contain_text("CUDA_VISIBLE_DEVICES = GPU-", timeout=120_000)
-    expect(output.first).to_contain_text("0MiB /   2048MiB", timeout=120_000)
-    expect(output.first).to_contain_text("GPU 0 is a 0.50 fGPU slice of CUDA GPU 8192MiB (2048MiB, 20 of 80 SMs = 25%)")
+    # The kernel is connected (its websocket through the proxy) once the status bar says Idle.
+    expect(lab.locator(".jp-StatusBar-Widget").filter(has_text="| Idle").first).to_be_visible(timeout=120_000)
+    output = lab.locator(".jp-Notebook .jp-OutputArea").first
+    try:
+        lab.locator(".jp-Notebook .jp-Cell").first.click()
+        lab.locator("jp-button[data-command='notebook:run-cell-and-select-next']").click()
+        expect(output).to_contain_text("CUDA_VISIBLE_DEVICES = GPU-", timeout=120_000)
+    except AssertionError:
+        lab.screenshot(path=str(screenshot_dir() / "session-apps-jupyter-failed.png"), animations="disabled")
+        raise
+    expect(output).to_contain_text("0MiB /   2048MiB", timeout=120_000)
+    expect(output).to_contain_text("GPU 0 is a 0.50 fGPU slice of CUDA GPU 8192MiB (2048MiB, 20 of 80 SMs = 25%)")
     lab.screenshot(path=str(screenshot_dir() / "session-apps-jupyter-notebook.png"), animations="disabled")
 
     from sessions.session_apps import app_token

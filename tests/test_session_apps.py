@@ -147,3 +147,17 @@ def test_text_postgresql_cannot_store_is_refused():
         validate_image_apps([{"name": "a", "command": "x\ud800", "port": 1}])
     with pytest.raises(ValidationError, match="title: text of at most 64"):
         validate_image_apps([{"name": "a", "command": "x", "port": 1, "title": "\udfff"}])
+
+
+@pytest.mark.parametrize("method, headers, refused", [
+    ("POST", [(b"host", b"console:8000"), (b"origin", b"http://console:8000")], False),
+    ("POST", [(b"host", b"console:8000")], False),  # not a browser
+    ("POST", [(b"host", b"console:8000"), (b"origin", b"https://evil.example")], True),
+    ("PUT", [(b"host", b"console:8000"), (b"origin", b"null")], True),
+    ("DELETE", [(b"host", b"console:8000"), (b"sec-fetch-site", b"cross-site")], True),
+    ("GET", [(b"host", b"console:8000"), (b"origin", b"https://evil.example")], False),
+])
+def test_requests_that_change_something_from_another_site_are_refused(method, headers, refused):
+    from sessions.app_proxy import cross_site
+
+    assert cross_site({**scope("/x", headers=headers), "method": method}) is refused
