@@ -55,23 +55,42 @@ class Client:
         """`path` below the server root (`/api/v1/sessions/`) or an absolute URL (pagination's
         `next`); `headers` are sent besides the client's own. Returns the decoded JSON (None for
         an empty body)."""
-        import urllib.error  # here, not at the top: `fgpu --help` starts without http.client and ssl
-        import urllib.request
+        headers = dict(headers or {})
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        with self.open(method, path, query=query, data=data, auth=auth, headers=headers) as response:
+            raw = self.guarded(response.read)
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ApiError(0, f"{response.url} did not answer JSON (is {self.url} an fGPU Console?)") from None
+
+    def open(self, method: str, path: str, *, query: dict | None = None, data=None, auth: bool = True,
+             headers: dict[str, str] | None = None):
+        """The open HTTP response (read it in chunks, then close it: a `with` block), for bodies
+        that are not JSON: a file's bytes. `data`: bytes or a binary file object (streamed; give
+        its Content-Length in `headers`). Raises ApiError / Unreachable as `request` does."""
+        import urllib.request  # here, not at the top: `fgpu --help` starts without http.client and ssl
 
         url = path if path.startswith(("http://", "https://")) else self.url + path
         if query:
             url += ("&" if "?" in url else "?") + urllib.parse.urlencode(query)
         headers = {"Accept": "application/json", "User-Agent": f"fgpu-cli/{__version__}", **(headers or {})}
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
         if auth and self.token:
             headers["Authorization"] = f"Token {self.token}"
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        return self.guarded(urllib.request.urlopen, request, timeout=self.timeout)
+
+    def guarded(self, call, *args, **kwargs):
+        """`call(*args, **kwargs)` with urllib's failures turned into ApiError / Unreachable."""
+        import urllib.error
+
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                raw = response.read()
+            return call(*args, **kwargs)
         except urllib.error.HTTPError as exc:
             try:
                 raw = exc.read()
@@ -86,12 +105,6 @@ class Client:
             raise Unreachable(f"cannot reach {self.url}: no answer within {self.timeout:g} s") from None
         except (ConnectionError, OSError) as exc:
             raise Unreachable(f"cannot reach {self.url}: {exc}") from None
-        if not raw:
-            return None
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise ApiError(0, f"{url} did not answer JSON (is {self.url} an fGPU Console?)") from None
 
     def get(self, path, **kw):
         return self.request("GET", path, **kw)

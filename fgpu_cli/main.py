@@ -15,7 +15,7 @@ import urllib.parse
 import uuid
 from decimal import Decimal
 
-from fgpu_cli import __version__, config, terminal
+from fgpu_cli import __version__, config, files, terminal
 from fgpu_cli.client import ApiError, Client, Unreachable
 from fgpu_cli.formatting import (FINAL_STATUSES, LIVE_STATUSES, age, amount, decimal_text, flatten, gib,
                                  key_values, printable, shares_text, short_id, size, table)
@@ -488,6 +488,29 @@ def cmd_terminal(args) -> int:
     return _run_async(terminal.interactive(url))
 
 
+def cmd_cp(args) -> int:
+    """Copy a file into a RUNNING session or out of it (fgpu_cli.files), as scp does."""
+    source, target = files.split_remote(args.source), files.split_remote(args.target)
+    if (source is None) == (target is None):
+        raise UsageError("give one SESSION:PATH and one local path (a local name with a colon: ./a:b)")
+    client, creds = _client(args)
+    session = _running_session(client, creds, (source or target)[0])
+    name = printable(session.get("name") or short_id(session["id"]))
+    try:
+        if target is not None:
+            entry = files.upload(client, session["id"], args.source, target[1])
+            _info(f"copied {entry.get('size')} bytes to {name}:{entry.get('name')}")
+            if args.output == "json":
+                _emit_json(entry)
+        else:
+            written = files.download(client, session["id"], source[1], args.target)
+            if args.target != "-":
+                _info(f"copied {written} bytes from {name}:{source[1]}")
+    except (files.CopyError, OSError) as exc:
+        raise Failed(str(exc)) from None
+    return OK
+
+
 def cmd_nodes(args) -> int:
     client, _ = _client(args)
     nodes = client.get_all("/api/v1/nodes/")
@@ -765,6 +788,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("terminal", cmd_terminal, "an interactive terminal on a session in this TTY (Ctrl-] detaches)")
     p.add_argument("session", metavar="SESSION")
+
+    p = add("cp", cmd_cp, "copy a file into a session (fgpu cp FILE SESSION:PATH) or out of it (fgpu cp "
+                          "SESSION:PATH FILE; - for stdout); PATH is relative to its home, data/ your persistent folder")
+    p.add_argument("source", metavar="SOURCE")
+    p.add_argument("target", metavar="TARGET")
 
     add("nodes", cmd_nodes, "GPU nodes with their capacity, allocated and free fGPU")
     p = add("devices", cmd_devices, "every device with its allocated and free fGPU")
