@@ -12,7 +12,8 @@ inject). One 0.5 fGPU session; the app is opened once; then, through the proxy a
 - latency: --requests sequential `GET echo` on one kept-alive connection (httpx): p50 / p99 ms;
 - download: `GET bytes?n=…` of --download-mb MB (10^6 bytes), read as it streams: MB/s;
 - upload: `POST upload` of --upload-mb MB: MB/s (the app hashes it);
-- websocket: --messages sequential round trips of a 100-byte text message: p50 / p99 ms.
+- websocket: --messages sequential round trips of a 100-byte text message: p50 / p99 ms;
+- for scale, --requests `GET /api/v1/me/` of the console itself (Django with the same sign-in).
 
 Prints a table and the proxy's added p50 latency; results go to stdout and --out (default
 benchmarks/results/app_proxy.txt). The client runs in this process; the console and the app on
@@ -128,6 +129,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=500)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "app_proxy.txt"))
     args = parser.parse_args()
+    load = os.getloadavg()  # the machine may be shared: the figures include the competition for its CPUs
     with tempfile.TemporaryDirectory(prefix="fgpu-app-proxy-") as tmp:
         console, base = start_console(Path(tmp))
         try:
@@ -135,6 +137,11 @@ def main() -> None:
             prefix = f"/sessions/{session_id}/apps/echo/"
             proxied = measure(browser, prefix, base.replace("http", "ws") + prefix + "ws", {"Cookie": app["cookie"]},
                               args)
+            api_times = []  # for scale: a small page of the console's own API on the same connection
+            for _ in range(args.requests):
+                started = time.perf_counter()
+                browser.get("/api/v1/me/").raise_for_status()
+                api_times.append((time.perf_counter() - started) * 1000)
             direct_base = f"http://127.0.0.1:{app['port']}"
             direct = httpx.Client(base_url=direct_base, timeout=120, headers={"Authorization": f"token {app['token']}"})
             straight = measure(direct, prefix, direct_base.replace("http", "ws") + prefix + "ws",
@@ -145,12 +152,15 @@ def main() -> None:
             ("upload (MB/s)", "upload_mb_s"), ("websocket round trip p50 (ms)", "ws_p50_ms"),
             ("websocket round trip p99 (ms)", "ws_p99_ms")]
     lines = [f"app proxy vs direct ({args.requests} GETs, {args.download_mb:g} MB down, {args.upload_mb:g} MB up, "
-             f"{args.messages} websocket messages; standalone console, process runtime, {os.cpu_count()} CPUs)",
+             f"{args.messages} websocket messages; standalone console, process runtime, {os.cpu_count()} CPUs, "
+             f"load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after)",
              f"{'':32}{'direct':>10}{'proxy':>10}{'proxy/direct':>14}"]
     for label, key in rows:
         lines.append(f"{label:32}{straight[key]:>10.2f}{proxied[key]:>10.2f}{proxied[key] / straight[key]:>14.2f}")
     lines.append(f"added latency per request (p50): {proxied['p50_ms'] - straight['p50_ms']:.2f} ms; per websocket "
                  f"round trip (p50): {proxied['ws_p50_ms'] - straight['ws_p50_ms']:.2f} ms")
+    lines.append(f"for scale, the console's own GET /api/v1/me/ (Django, sign-in by cookie): p50 "
+                 f"{statistics.median(api_times):.2f} ms, p99 {percentile(api_times, 99):.2f} ms")
     text = "\n".join(lines) + "\n"
     print(text, end="")
     Path(args.out).write_text(text)
