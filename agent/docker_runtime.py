@@ -350,6 +350,8 @@ class DockerRuntime:
 
         config = self.container_config(spec=spec, argv=argv, env=env, work_dir=work_dir)
         _give_home(work_dir, self.uid, self.gid)
+        if spec.get("data_dir"):  # the owner's persistent folder, mounted at ~/data: theirs inside too
+            _give_home(Path(spec["data_dir"]), self.uid, self.gid)
         try:
             try:
                 container = self.client.containers.create(**config)

@@ -85,6 +85,14 @@ def link_data(*, work_dir: Path, folder: Path | None, link: bool) -> None:
         pass
 
 
+def _give(parent_fd: int, name: str) -> None:
+    """What the file API makes belongs to whoever owns the folder it is made in (the session's
+    user: the uid of a container's sessions), where the agent may give it (runs as root)."""
+    if os.geteuid() == 0:
+        st = os.fstat(parent_fd)
+        os.chown(name, st.st_uid, st.st_gid, dir_fd=parent_fd, follow_symlinks=False)
+
+
 def _entry(name: str, st: os.stat_result) -> dict:
     mode = st.st_mode
     kind = ("dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else
@@ -156,6 +164,7 @@ class FileOps:
                 if create:
                     try:
                         os.mkdir(name, 0o755, dir_fd=current)
+                        _give(current, name)
                     except FileExistsError:
                         pass
                     except OSError as exc:
@@ -290,6 +299,7 @@ class FileOps:
         try:
             try:
                 os.mkdir(name, 0o755, dir_fd=parent)
+                _give(parent, name)
             except FileExistsError:
                 if not stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
                     raise FileError("exists", f"'{name}' exists and is not a folder") from None
@@ -337,6 +347,7 @@ class FileOps:
             temp = UPLOAD_PREFIX + secrets.token_hex(8)
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                          dir_fd=parent)
+            _give(parent, temp)
         except BaseException:
             os.close(parent)
             raise
