@@ -1,6 +1,7 @@
 """REST API for sessions (`/api/v1/`). Thin: validate → fetch with permission check → one service."""
 from __future__ import annotations
 
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django_filters import rest_framework as filters
@@ -19,6 +20,7 @@ from protocol.exec_store import STATES, STREAMS
 from sessions.launch import launch_options, launch_preview
 from sessions.models import ComputeSession, SessionStatus
 from sessions.presets import launch_with_preset
+from sessions.session_apps import session_app_get, session_app_open
 from sessions.selectors import (LOG_READ_MAX_CHARS, session_get_for, session_list_for, session_log_read,
                                 session_to_change_for)
 from sessions.serializers import (
@@ -61,6 +63,12 @@ REQUEST_EXAMPLES = [
                    value={"name": "job", "command": "python train.py",
                           "resources": {"cuda.shares": "1.5", "resource_group": "training", "policy": "spread"}}),
 ]
+
+
+class AppOpenedSerializer(serializers.Serializer):
+    url = serializers.CharField(help_text="where the app is served on this console: /sessions/<id>/apps/<name>/ and "
+                                          "the app's own path (its `path`)")
+    reused = serializers.BooleanField(help_text="it was running already")
 
 
 class LogQuerySerializer(serializers.Serializer):
@@ -384,6 +392,32 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
         started = services.session_exec_start(session=session, **data.validated_data)
         return Response(ExecStateSerializer(started).data, status=status.HTTP_202_ACCEPTED,
                         headers={"Location": f"/api/v1/sessions/{session.pk}/exec/{started['id']}/"})
+
+    @extend_schema(summary="Open a session app", request=None,
+                   responses={200: AppOpenedSerializer,
+                              404: OpenApiResponse(ErrorSerializer, description="No such session for you, or its "
+                                                   "image declares no such app (type \"unknown-app\")."),
+                              409: OpenApiResponse(ErrorSerializer, description="The session is not RUNNING."),
+                              502: OpenApiResponse(ErrorSerializer, description="The app's command exited, or its "
+                                                   "port did not answer within its timeout (`detail` ends with its "
+                                                   "last output)."),
+                              504: OpenApiResponse(ErrorSerializer, description="The node's agent did not answer.")},
+                   description="Starts one of the web apps the session's image declares (the session's `apps`) "
+                               "inside the session unless it runs, waits until its port answers (up to the app's "
+                               "timeout), and answers where it is served on this console: `/sessions/<id>/apps/"
+                               "<name>/…`, for the session's owner and administrators signed in to the console "
+                               "(the proxy adds the app's token, which is never shown). Opening a running app "
+                               "answers at once (`reused`). The pages do the same over the websocket "
+                               "`/ws/sessions/<id>/open/<name>/`, which also reports progress.",
+                   examples=[OpenApiExample("JupyterLab", response_only=True, value={
+                       "url": "/sessions/27eafb9b-d987-401d-8aab-0bc8d1cd89cd/apps/jupyter/lab", "reused": False})])
+    @action(detail=True, methods=["post"], url_path=r"apps/(?P<app>[a-z][a-z0-9-]{0,31})", url_name="app-open")
+    def app_open(self, request, session_id=None, app=None):
+        """→ `{"url", "reused"}` once the app answers (sessions.session_apps.session_app_open)."""
+        session = self.get_object()  # first: another user's session is a 404 whatever the app
+        found = session_app_get(session=session, name=app)
+        node = session.node.name if session.node_id else ""
+        return Response(async_to_sync(session_app_open)(session=session, app=found, node=node))
 
     @extend_schema(methods=["GET"], summary="Read a streamed exec", parameters=[EXEC_ID_PARAMETER, ExecQuerySerializer],
                    responses={200: ExecOutputSerializer,

@@ -200,8 +200,20 @@ def test_an_app_opens_through_the_proxy_for_its_owner_only_and_says_when_it_clos
 
 
 def test_an_app_that_exits_or_never_answers_is_reported_with_its_output(apps_stack):
-    base, _token, session_id = apps_stack
+    base, token, session_id = apps_stack
     alice = login(base, "alice", "alice-pass-123")
+
+    # The same through the REST API (for scripts): the URL once it answers, the refusals in the error shape.
+    status, opened = api(base, "POST", f"/api/v1/sessions/{session_id}/apps/echo/", token)
+    assert (status, opened) == (200, {"url": f"/sessions/{session_id}/apps/echo/echo?opened=1", "reused": False})
+    status, failed = api(base, "POST", f"/api/v1/sessions/{session_id}/apps/broken/", token)
+    assert status == 502 and failed["type"] == "app-failed" and failed["detail"].endswith("broken-output"), failed
+    status, unknown = api(base, "POST", f"/api/v1/sessions/{session_id}/apps/nothing/", token)
+    assert status == 404 and unknown["type"] == "unknown-app", unknown
+    _, bob = api(base, "POST", "/api/v1/auth/token/", body={"username": "bob", "password": "bob-pass-123"})
+    status, hidden = api(base, "POST", f"/api/v1/sessions/{session_id}/apps/echo/", bob["token"])
+    assert status == 404, hidden
+
     broken = open_app(base, alice, session_id, "broken")[-1]
     assert broken["type"] == "error" and broken["error"] == "app-failed"
     assert "broken exited with code 4 before it answered on port" in broken["detail"]
