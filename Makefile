@@ -20,7 +20,11 @@ install: $(VENV)/.installed
 run: install
 	PORT=$(PORT) $(PY) manage.py standalone
 
-test: install
+# Lint first: ruff (pyproject.toml [tool.ruff]) on the product code; a violation fails the run.
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install lint
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m tests.services_check
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(VENV)/bin/pytest $(PYTEST_ARGS)
 

@@ -71,7 +71,8 @@ class FractionalSettings(models.Model):
     slot_name = models.CharField(max_length=32, unique=True)
     allocation_mode = models.CharField(max_length=16, choices=AllocationMode.choices, default=AllocationMode.DISCRETE)
     unit_mem = models.BigIntegerField(
-        "memory in 1.0 fGPU", default=2 * GiB, validators=[MinValueValidator(512 * MiB)], help_text="bytes of device memory in 1.0 fGPU"
+        "memory in 1.0 fGPU", default=2 * GiB, validators=[MinValueValidator(512 * MiB)],
+        help_text="bytes of device memory in 1.0 fGPU"
     )
     unit_proc = models.PositiveIntegerField(
         "SMs in 1.0 fGPU", default=8, validators=[MinValueValidator(2)], help_text="sub-processors (SMs) in 1.0 fGPU"
@@ -119,7 +120,8 @@ class ResourceGroup(models.Model):
     description = models.CharField(max_length=255, blank=True)
     policy = models.CharField(max_length=16, choices=PLACEMENT_POLICIES, default="fgd-plus",
                               help_text="how nodes are chosen: binpack, spread, best-fit, fgd (fragmentation gradient "
-                                        "descent, Weng et al. ATC'23) or fgd-plus (the default: FGD plus GPU stranded by CPU/memory, "
+                                        "descent, Weng et al. ATC'23) or fgd-plus (the default: FGD plus GPU "
+                                        "stranded by CPU/memory, "
                                         "a best-fit term and GPU-model pressure)")
     weight_memory = models.DecimalField("memory weight", max_digits=5, decimal_places=2, default=Decimal("1"),
                                         validators=[MinValueValidator(Decimal("0"))])

@@ -53,7 +53,8 @@ def build_agent(config: AgentConfig, *, channel_layer, heartbeat_s: float, exec_
     """The agent of `config`'s node. `exec_store`: where its streamed execs keep their output
     (protocol.exec_store; None: the one this process's settings name, as in standalone mode)."""
     inventory = load_inventory(config)
-    agent = Agent(runtime=build_runtime(config), node=config.node_name, inventory=inventory, channel_layer=channel_layer, manager=CeleryManager(app, node=config.node_name, key=config.node_key),
+    agent = Agent(runtime=build_runtime(config), node=config.node_name, inventory=inventory, channel_layer=channel_layer,
+                  manager=CeleryManager(app, node=config.node_name, key=config.node_key),
                  scratch_root=config.scratch_root, mock=CUDA_PLUGIN not in config.plugins, mps=config.mps,
                  heartbeat_s=heartbeat_s, exec_store=exec_store, scratch_retention_s=config.scratch_retention_s,
                   app_address=config.app_address, data_root=config.data_root)

@@ -258,10 +258,10 @@ def launch_latencies(client, count: int, prefix: str) -> list[float]:
         if status != 201:
             raise SystemExit(f"launch answered {status}: {body}")
         sid = body["id"]
-        wait_for(lambda: statuses([sid]).get("RUNNING"), timeout=60, what=f"{prefix}-{i} RUNNING", interval=0.02)
+        wait_for(lambda sid=sid: statuses([sid]).get("RUNNING"), timeout=60, what=f"{prefix}-{i} RUNNING", interval=0.02)
         latencies.append(time.monotonic() - started)
         client.delete(sid)
-        wait_for(lambda: any(statuses([sid]).get(s) for s in FINAL), timeout=60, what=f"{prefix}-{i} ended",
+        wait_for(lambda sid=sid: any(statuses([sid]).get(s) for s in FINAL), timeout=60, what=f"{prefix}-{i} ended",
                  interval=0.05)
     return latencies
 

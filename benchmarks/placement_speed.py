@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from accelerators.allocation import cluster, core  # noqa: E402
-from benchmarks.openb import MILLI, inflate, load_nodes, load_pods  # noqa: E402
+from benchmarks.openb import inflate, load_nodes, load_pods  # noqa: E402
 
 GiB = 1 << 30
 WARMUP = 100  # untimed placements before each timed run
@@ -44,7 +44,8 @@ def synthetic(base: cluster.ClusterIndex, size: int, seed: int = 7) -> cluster.C
                                 models=[inverse[int(m)] for m in base.model[rows]], cap=base.cap[rows])
 
 
-def filled(index: cluster.ClusterIndex, pods: list[cluster.Shape], load: float) -> tuple[cluster.ClusterIndex, int, cluster.Workload]:
+def filled(index: cluster.ClusterIndex, pods: list[cluster.Shape],
+           load: float) -> tuple[cluster.ClusterIndex, int, cluster.Workload]:
     """`index` filled to `load` % of its GPU under binpack; returns it, the next pod's position
     and the workload seen."""
     index = index.copy()

@@ -6,7 +6,8 @@
 Creates a throw-away database (Django's test-database machinery: `bench_scheduler_<name>`, migrated,
 dropped afterwards), writes the 1,213 GPU nodes of openb_node_list_gpu_node.csv with their
 devices (1.0 fGPU per GPU, fractional mode, quantum 0.01) and the sessions, PENDING, as
-`session_create` writes them (validated by `request_validate`; fGPU requests from openb pods: the sharing fraction, or the GPU count), then
+`session_create` writes them (validated by `request_validate`; fGPU requests from openb pods: the
+sharing fraction, or the GPU count), then
 times one `schedule_pending(limit=N)` pass, the real one: locks, allocator, Allocation rows,
 status changes, and after commit the notices to the pages (`sessions.events`, through the Redis
 channel layer) and the agents' start messages (Celery, to the broker; purged afterwards, as no

@@ -34,7 +34,7 @@ import os
 import statistics
 import sys
 import time
-from datetime import datetime, timedelta
+from datetime import datetime
 from datetime import timezone as dt_timezone
 from decimal import Decimal
 from pathlib import Path

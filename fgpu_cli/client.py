@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import urllib.parse
 
 from fgpu_cli import __version__
 

@@ -523,7 +523,7 @@ def cmd_nodes(args) -> int:
         devices = n.get("devices") or []
         slot = devices[0]["slot_name"] if devices else "cuda"
 
-        def total(key):
+        def total(key, devices=devices):
             values = [Decimal(d[key]) for d in devices if d.get(key) is not None]
             return sum(values, Decimal(0)) if values else None
 

@@ -61,7 +61,7 @@ def layout_text(layouts: list[dict]) -> str:
         gpu = layout.get("gpu") or {}
         header = (f"{layout.get('node')} GPU {gpu.get('index')} · {layout.get('model')} · MIG {layout.get('mig_mode')}"
                   f" · catalog {layout.get('catalog_source')}")
-        lines = [header, f"memory slices  0 1 2 3 4 5 6 7", f"               {_slice_map(layout)}"]
+        lines = [header, "memory slices  0 1 2 3 4 5 6 7", f"               {_slice_map(layout)}"]
         rows = []
         for i in layout.get("instances") or []:
             placement = i.get("placement") or {}

@@ -118,7 +118,7 @@ def file_content_view(request, session_id):
         try:
             size = None if length is None else int(length)
         except ValueError:
-            raise ApplicationError("Content-Length is not a number", field_errors={"Content-Length": ["a number"]})
+            raise ApplicationError("Content-Length is not a number", field_errors={"Content-Length": ["a number"]}) from None
         entry = files.session_file_upload(session=session, path=path, body=raw, size=size)
         return Response(FileEntrySerializer(entry).data, status=status.HTTP_201_CREATED)
     name, size, chunks = files.session_file_download(session=session, path=path)

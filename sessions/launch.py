@@ -136,7 +136,8 @@ def launch_preview(*, resources: dict, image: str | None = None, owner=None) -> 
                                 owner=owner, view=ReadView())
     outcome = {PLACED: "starts", WAITING: "waits"}.get(decision.outcome, "refused")
     refusal = decision.refusal()
-    result = {"outcome": outcome, "refusal": refusal.type if refusal else "", "fits_now": decision.outcome == PLACED, "never": decision.outcome == NEVER,
+    result = {"outcome": outcome, "refusal": refusal.type if refusal else "", "fits_now": decision.outcome == PLACED,
+              "never": decision.outcome == NEVER,
               "reason": decision.reason.removeprefix(CAPACITY),
               "status_reason": decision.reason if decision.outcome == WAITING else "",
               "problems": list(decision.problems), "node": None, "configuration": request_configuration(request),

@@ -59,7 +59,8 @@ class SessionSerializer(ModelSerializer):
         model = ComputeSession
         fields = ["id", "name", "owner", "status", "status_reason", "node", "image", "resources", "priority",
                   "configuration", "requested", "grant", "mig_profile", "allocations", "command", "created_at",
-                  "scheduled_at", "started_at", "terminated_at", "exit_code", "terminal_url", "apps", "fraction_enforcement", "version",
+                  "scheduled_at", "started_at", "terminated_at", "exit_code", "terminal_url", "apps", "fraction_enforcement",
+                  "version",
                   "environment"]
         read_only_fields = fields
 

@@ -16,7 +16,6 @@ import time
 import uuid
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
-from decimal import Decimal
 from functools import partial
 
 from asgiref.sync import async_to_sync

@@ -718,7 +718,8 @@ def _never_reason(nodes: Sequence[NodeState], request: ResourceRequest, settings
         return (f"{request.slot}.shares: {amount_text(request.amount)} fGPU requested, but the largest any node can hold "
                 f"is {max_shares(nodes, settings):.2f} fGPU")
     if request.kind == "device" and max_devices(nodes) < request.amount:
-        return f"{request.slot}.device: {amount_text(request.amount)} GPU(s) requested, but the largest node has {max_devices(nodes)}"
+        return (f"{request.slot}.device: {amount_text(request.amount)} GPU(s) requested, "
+                f"but the largest node has {max_devices(nodes)}")
     cpu = max((n.cpu_total for n in nodes), default=0)
     mem = max((n.mem_total for n in nodes), default=0)
     if request.cpu > cpu:

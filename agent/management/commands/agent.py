@@ -68,7 +68,8 @@ class Command(BaseCommand):
         thread.start()
         if not ready.wait(timeout=60):
             raise CommandError("the agent did not start within 60 s (is Redis reachable?)")
-        self.stdout.write(f"agent {cfg.node_name}: {len(agent.inventory['devices'])} device(s), queue {agent_queue(cfg.node_name)}")
+        self.stdout.write(f"agent {cfg.node_name}: {len(agent.inventory['devices'])} device(s), "
+                          f"queue {agent_queue(cfg.node_name)}")
         worker = app.Worker(
             hostname=f"agent@{cfg.node_name}", queues=[agent_queue(cfg.node_name)], pool="solo", concurrency=1,
             without_mingle=True, without_gossip=True, without_heartbeat=True, loglevel="INFO",

@@ -74,7 +74,8 @@ class Command(BaseCommand):
         agents = []
         for config in configs:
             try:
-                agents.append(build_agent(config, channel_layer=get_channel_layer(), heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL))
+                agents.append(build_agent(config, channel_layer=get_channel_layer(),
+                                          heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL))
             except Exception as exc:
                 raise CommandError(f"{config.path}: could not load the compute plugins: {exc}") from None
         self._serve(host, port, agents)
