@@ -548,9 +548,11 @@ class Agent:
         (work_dir / ".fgpu" / "allocation.json").write_text(json.dumps(document, indent=2))
         self.runtime.install_tools(bin_dir)
         folder = session_files.data_folder(self.data_root, spec.get("owner_id"))  # the owner's persistent folder
-        session_files.link_data(work_dir=work_dir, folder=folder, link=isinstance(self.runtime, ProcessRuntime))
-        if folder is not None:
-            spec = {**spec, "data_dir": str(folder)}  # the docker runtime mounts it at ~/data
+        projects = session_files.project_folders(self.data_root, spec.get("projects"))  # and their projects'
+        session_files.link_data(work_dir=work_dir, folder=folder, link=isinstance(self.runtime, ProcessRuntime),
+                                projects=projects)
+        spec = {**spec, "data_dir": str(folder) if folder is not None else "",  # the docker runtime mounts them
+                "project_dirs": {name: str(p) for name, p in projects.items()}}  # at ~/data, ~/projects/<name>
         inside = self.runtime.paths(work_dir)  # where the session sees these files
         env = session_environment(spec, allocation_path=inside.allocation, bin_dir=inside.bin_dir, work_dir=inside.home,
                                   base_path=self.runtime.base_path(), mps=self.mps)

@@ -325,6 +325,8 @@ class DockerRuntime:
         )
         if spec.get("data_dir"):  # the owner's persistent folder (agent.files) at ~/data
             config["mounts"].append(docker.types.Mount(f"{HOME}/data", spec["data_dir"], type="bind"))
+        for name, folder in (spec.get("project_dirs") or {}).items():  # and each of their projects'
+            config["mounts"].append(docker.types.Mount(f"{HOME}/projects/{name}", folder, type="bind"))
         if mem:
             config.update(mem_limit=mem, memswap_limit=mem)  # swap off: the limit is the limit
         devices = [d["device_id"] for d in spec.get("devices", [])]
@@ -350,8 +352,9 @@ class DockerRuntime:
 
         config = self.container_config(spec=spec, argv=argv, env=env, work_dir=work_dir)
         _give_home(work_dir, self.uid, self.gid)
-        if spec.get("data_dir"):  # the owner's persistent folder, mounted at ~/data: theirs inside too
-            _give_home(Path(spec["data_dir"]), self.uid, self.gid)
+        for folder in [spec.get("data_dir"), *(spec.get("project_dirs") or {}).values()]:
+            if folder:  # the persistent folders mounted in it: the container's user's inside too
+                _give_home(Path(folder), self.uid, self.gid)
         try:
             try:
                 container = self.client.containers.create(**config)

@@ -67,15 +67,25 @@ def data_folder(data_root: Path | None, owner_id) -> Path | None:
     return Path(data_root) / "users" / str(owner) if owner > 0 else None
 
 
-def link_data(*, work_dir: Path, folder: Path | None, link: bool) -> None:
-    """Make the owner's persistent `folder` (mode 0700) and show it in the session's home
-    `work_dir` as `data`: a symbolic link to it (`link`: the process runtime), or an empty
-    directory the runtime bind-mounts it on (the docker runtime). An existing `data` that is
-    not such a link (a working directory kept from before) is left as it is."""
-    if folder is None:
-        return
+def project_folders(data_root: Path | None, projects) -> dict[str, Path]:
+    """name → the persistent folder of each project in `projects` (`[{"id", "name"}]`, or
+    `{name: id}`): `<data_root>/projects/<project id>`. A name that is not one path part (or
+    an id that is not one) is left out."""
+    if data_root is None or not projects:
+        return {}
+    pairs = projects.items() if isinstance(projects, dict) else ((p.get("name"), p.get("id")) for p in projects)
+    found = {}
+    for name, project_id in pairs:
+        try:
+            if proto.path_parts(str(name)) == [name] and proto.path_parts(str(project_id)) == [str(project_id)]:
+                found[name] = Path(data_root) / "projects" / str(project_id)
+        except proto.PathRefused:
+            continue
+    return found
+
+
+def _show(folder: Path, target: Path, *, link: bool) -> None:
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    target = work_dir / proto.DATA_DIR
     if not link:
         target.mkdir(exist_ok=True)
         return
@@ -83,6 +93,20 @@ def link_data(*, work_dir: Path, folder: Path | None, link: bool) -> None:
         target.symlink_to(folder, target_is_directory=True)
     except FileExistsError:
         pass
+
+
+def link_data(*, work_dir: Path, folder: Path | None, link: bool, projects: dict[str, Path] | None = None) -> None:
+    """Make the owner's persistent `folder` (mode 0700) and show it in the session's home
+    `work_dir` as `data`, and each of `projects` (name → folder) as `projects/<name>`: a
+    symbolic link to it (`link`: the process runtime), or an empty directory the runtime
+    bind-mounts it on (the docker runtime). An existing entry that is not such a link (a
+    working directory kept from before) is left as it is."""
+    if folder is not None:
+        _show(folder, work_dir / proto.DATA_DIR, link=link)
+    if projects:
+        (work_dir / proto.PROJECTS_DIR).mkdir(exist_ok=True)
+        for name, project_folder in projects.items():
+            _show(project_folder, work_dir / proto.PROJECTS_DIR / name, link=link)
 
 
 def _give(parent_fd: int, name: str) -> None:
@@ -131,9 +155,10 @@ class FileOps:
     """File operations confined to a session's `home` and its owner's persistent folder `data`
     (None: none). Blocking; every method raises FileError."""
 
-    def __init__(self, home: Path, data: Path | None) -> None:
+    def __init__(self, home: Path, data: Path | None, projects: dict[str, Path] | None = None) -> None:
         self.home = Path(home)
         self.data = data
+        self.projects = projects or {}  # name → the project's persistent folder
 
     # --- resolving ---------------------------------------------------------------------
 
@@ -145,13 +170,15 @@ class FileOps:
             raise FileError("bad-path", str(exc)) from None
         if parts and parts[0] == proto.DATA_DIR and self.data is not None:
             which, base, parts = "data", self.data, parts[1:]
+        elif len(parts) > 1 and parts[0] == proto.PROJECTS_DIR and parts[1] in self.projects:
+            which, base, parts = f"project:{parts[1]}", self.projects[parts[1]], parts[2:]
         else:
             which, base = "home", self.home
         try:
             fd = os.open(base, _DIR_FLAGS)
         except FileNotFoundError:
-            raise FileError("no-data-folder" if which == "data" else "not-found",
-                            "the persistent folder is not there" if which == "data" else "the session's home is gone") from None
+            raise FileError("not-found" if which == "home" else "no-data-folder",
+                            "the session's home is gone" if which == "home" else "the persistent folder is not there") from None
         return which, fd, parts
 
     @staticmethod
@@ -212,6 +239,11 @@ class FileOps:
         "mtime" (epoch s)}], "truncated"}`. In the home, `data` (the persistent folder) is listed as a folder with
         `"persistent": true`; the file API's temporary upload files are left out."""
         which, root, parts = self._root(path)
+        if which == "home" and parts == [proto.PROJECTS_DIR] and self.projects:
+            os.close(root)
+            return {"path": proto.PROJECTS_DIR, "truncated": False, "entries": [
+                {"name": name, "type": "dir", "size": 0, "mtime": int(folder.stat().st_mtime), "persistent": True}
+                for name, folder in sorted(self.projects.items()) if folder.is_dir()]}
         try:
             fd = self._descend(root, parts)
         finally:
@@ -231,12 +263,15 @@ class FileOps:
                         continue
                     if which == "home" and not parts and item.name == proto.DATA_DIR and self.data is not None:
                         entry.update(type="dir", size=0, persistent=True)
+                    elif which == "home" and not parts and item.name == proto.PROJECTS_DIR and self.projects:
+                        entry.update(type="dir", size=0)
                     entries.append(entry)
         finally:
             os.close(fd)
         entries.sort(key=lambda e: (not e.get("persistent"), e["type"] != "dir", e["name"]))
-        return {"path": "/".join(([proto.DATA_DIR] if which == "data" else []) + parts), "entries": entries,
-                "truncated": truncated}
+        prefix = ([proto.DATA_DIR] if which == "data" else [proto.PROJECTS_DIR, which[8:]]
+                  if which.startswith("project:") else [])
+        return {"path": "/".join(prefix + parts), "entries": entries, "truncated": truncated}
 
     def stat(self, path: str) -> dict:
         """`{"entry": {...}}` as `list` gives it; a link is described, not followed."""
@@ -310,9 +345,10 @@ class FileOps:
             os.close(parent)
 
     def usage(self, which: str) -> int:
-        """Bytes of the regular files under a root ("home": without the persistent folder),
-        links not followed."""
-        base = self.data if which == "data" else self.home
+        """Bytes of the regular files under a root ("home": without the persistent folders;
+        "data"; "project:<name>"), links not followed."""
+        base = (self.data if which == "data" else self.projects[which[8:]] if which.startswith("project:")
+                else self.home)
         total = 0
         fd = os.open(base, _DIR_FLAGS)
         try:
@@ -341,7 +377,8 @@ class FileOps:
                 pass
             room = int(cap) - self.usage(which)
             if size is not None and int(size) > room:
-                where = "your persistent folder" if which == "data" else "this session's home"
+                where = ("your persistent folder" if which == "data" else f"project {which[8:]}'s folder"
+                         if which.startswith("project:") else "this session's home")
                 raise FileError("over-cap", f"the file ({int(size)} bytes) does not fit: {where} may hold "
                                             f"{int(cap)} bytes and has {max(0, room)} left")
             temp = UPLOAD_PREFIX + secrets.token_hex(8)
@@ -404,9 +441,13 @@ class SessionFiles:
         self.uploads: dict[str, tuple[str, Upload]] = {}  # upload id → (session id, upload)
         self.lock = threading.Lock()
 
-    def ops(self, running, owner_id) -> FileOps:
-        data = data_folder(getattr(self.agent, "data_root", None), owner_id)
-        return FileOps(running.work_dir, data if data is not None and data.is_dir() else None)
+    def ops(self, running, owner_id, projects=None) -> FileOps:
+        """The session's files: its home, the owner's folder, and the folders of `projects`
+        ({name: id}: the owner's projects now, as the web read them)."""
+        data_root = getattr(self.agent, "data_root", None)
+        data = data_folder(data_root, owner_id)
+        return FileOps(running.work_dir, data if data is not None and data.is_dir() else None,
+                       project_folders(data_root, projects))
 
     def handle(self, running, message: dict) -> None:
         """Run the message's op on the file pool and answer on its reply channel."""
@@ -428,7 +469,7 @@ class SessionFiles:
         self._expire()
         op = message.get("op")
         try:
-            files = self.ops(running, message.get("owner_id"))
+            files = self.ops(running, message.get("owner_id"), message.get("projects"))
             if op == "list":
                 return {"ok": True, **files.list(message.get("path", ""))}
             if op == "stat":

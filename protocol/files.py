@@ -7,7 +7,9 @@ A path names a file under one of a session's two roots, always relative, `/`-sep
   `scratch-root/<session id>` with the process runtime), and
 - the owner's **persistent folder**, which the session sees as `~/data` (DATA_DIR): a directory
   per user under the agent's `[container] data-root` that outlives sessions (Backend.AI's
-  vfolders); a path whose first part is `data` is resolved in it.
+  vfolders); a path whose first part is `data` is resolved in it; and
+- each of the owner's **projects' folders**, `projects/<project name>`, one per project under
+  `<data-root>/projects/<project id>`, shared by its members.
 
 `path_parts` refuses what could leave a root or confuse a terminal before anything is opened:
 absolute paths, `.` and `..` parts, NUL and control characters (C0, DEL, C1), unpaired
@@ -16,7 +18,7 @@ part relative to the root's descriptor with O_NOFOLLOW (agent.files), so a symbo
 way is refused too, wherever it points.
 
 Messages (channel layer, the session's `pty-<id>` group, answered on `reply_channel`):
-`pty.files` {op, owner_id, path, …} → `files.result` {ok: true, …} or {ok: false, error, detail}.
+`pty.files` {op, owner_id, projects ({name: id}: the owner's), path, …} → `files.result` {ok: true, …} or {ok: false, error, detail}.
 `op`: `list` {path} → {entries: [{name, type, size, mtime}], truncated}; `stat` {path} →
 {entry}; `read` {path, offset, length ≤ CHUNK_BYTES} → {data (bytes), size, eof};
 `upload_begin` {path, size (or None), cap} → {upload_id}; `upload_chunk` {upload_id, offset,
@@ -31,6 +33,7 @@ CHUNK_BYTES = 256 * 1024  # the most file bytes one message carries (well under 
 PATH_MAX_CHARS = 4096
 NAME_MAX_BYTES = 255  # one part, in UTF-8 bytes (Linux's NAME_MAX)
 DATA_DIR = "data"  # where a session sees its owner's persistent folder, under its home
+PROJECTS_DIR = "projects"  # where it sees each of its owner's projects' folders: projects/<name>
 META_DIR = ".fgpu"  # the agent's own files in a home (the virtual nvidia-smi): read-only to the file API
 LIST_MAX_ENTRIES = 5000  # a listing says `truncated` past this many entries
 

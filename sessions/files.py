@@ -65,11 +65,19 @@ def _refusal(session: ComputeSession, answer: dict | None, wait_s: float) -> App
                             field_errors={"path": [answer.get("detail", "")]} if code in ("bad-path", "symlink") else None)
 
 
-class _Link:
-    """One reply channel to a session's agent, for a sequence of ops (an upload, a download)."""
+def _owner_projects(session: ComputeSession) -> dict[str, str]:
+    """name → id of the projects the session's owner is a member of now: the `projects/<name>`
+    folders the agent resolves (agent.files.project_folders)."""
+    return {name: str(pk) for pk, name in session.owner.projects.values_list("pk", "name")}
 
-    def __init__(self, session: ComputeSession) -> None:
+
+class _Link:
+    """One reply channel to a session's agent, for a sequence of ops (an upload, a download).
+    `projects`: the owner's (`_owner_projects`, read in sync code: the ops run on an event loop)."""
+
+    def __init__(self, session: ComputeSession, projects: dict[str, str]) -> None:
         self.session = session
+        self.projects = projects
         self.layer = get_channel_layer()
         self.reply: str | None = None
 
@@ -79,7 +87,8 @@ class _Link:
         if self.reply is None:
             self.reply = await self.layer.new_channel("files-reply.")
         await self.layer.group_send(events.pty_group(self.session.pk), {
-            "type": proto.FILES, "session_id": str(self.session.pk), "owner_id": self.session.owner_id, "op": op,
+            "type": proto.FILES, "session_id": str(self.session.pk), "owner_id": self.session.owner_id,
+            "projects": self.projects, "op": op,
             "reply_channel": self.reply, **fields})
         answer = None
         try:
@@ -97,7 +106,7 @@ class _Link:
 
 def _one(session: ComputeSession, op: str, **fields) -> dict:
     _check_running(session)
-    return async_to_sync(_Link(session).ask)(op, **fields)
+    return async_to_sync(_Link(session, _owner_projects(session)).ask)(op, **fields)
 
 
 def session_files_list(*, session: ComputeSession, path: str = "") -> dict:
@@ -144,11 +153,10 @@ def session_file_upload(*, session: ComputeSession, path: str, body, size: int |
     if size is not None and size > cap:
         raise ApplicationError(f"the file ({size} bytes) is larger than a folder may hold ({cap} bytes)",
                                type="over-cap", title="Over the cap", status=413)
-    return async_to_sync(_upload)(session, path, body, size, cap)
+    return async_to_sync(_upload)(_Link(session, _owner_projects(session)), path, body, size, cap)
 
 
-async def _upload(session: ComputeSession, path: str, body, size: int | None, cap: int) -> dict:
-    link = _Link(session)
+async def _upload(link: _Link, path: str, body, size: int | None, cap: int) -> dict:
     upload_id = (await link.ask("upload_begin", path=path, size=size, cap=cap, wait_s=BEGIN_WAIT_S))["upload_id"]
     offset = 0
     try:
@@ -180,14 +188,16 @@ def session_file_download(*, session: ComputeSession, path: str) -> tuple[str, i
     if not parts:
         raise ApplicationError("give the path of a file to download", type="is-a-directory", title="Is a folder",
                                field_errors={"path": ["the home is a folder"]})
-    first = _one(session, "read", path=path, offset=0, length=proto.CHUNK_BYTES)
-    return parts[-1], int(first["size"]), _chunks(session, path, first)
+    _check_running(session)
+    projects = _owner_projects(session)
+    first = async_to_sync(_Link(session, projects).ask)("read", path=path, offset=0, length=proto.CHUNK_BYTES)
+    # the rest on a reply channel of its own: it is read on the server's loop, not this call's
+    return parts[-1], int(first["size"]), _chunks(_Link(session, projects), path, first)
 
 
-async def _chunks(session: ComputeSession, path: str, first: dict):
+async def _chunks(link: _Link, path: str, first: dict):
     size, data = int(first["size"]), bytes(first["data"])
     sent = 0
-    link = _Link(session)
     while True:
         data = data[:size - sent]
         if data:
@@ -198,6 +208,6 @@ async def _chunks(session: ComputeSession, path: str, first: dict):
         try:
             data = bytes((await link.ask("read", path=path, offset=sent, length=proto.CHUNK_BYTES))["data"])
         except ApplicationError as exc:
-            log.warning("download of %r from session %s stopped at %d of %d bytes: %s", path, session.pk, sent, size,
-                        exc.detail)
+            log.warning("download of %r from session %s stopped at %d of %d bytes: %s", path, link.session.pk, sent,
+                        size, exc.detail)
             return

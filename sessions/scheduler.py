@@ -34,7 +34,7 @@ from accelerators.allocation.units import amount_text
 from accelerators.models import Device, Node, PlacementShape
 from accelerators.allocation.errors import AllocationError
 from sessions import events, fairshare, mig_scheduling
-from sessions.models import NEXT_VERSION, Allocation, ComputeSession, SessionStatus
+from sessions.models import NEXT_VERSION, Allocation, ComputeSession, Project, SessionStatus
 from sessions.selectors import session_request
 from sessions.placement import (
     PLACED,
@@ -207,12 +207,14 @@ class _PassWrites:
         bare = {p.node_id for _, p in self.placed if not p.grants}  # no device: CPU and memory only
         nodes = {n.name: n for n in Node.objects.filter(name__in=bare)} if bare else {}
         rows: list[Allocation] = []
+        projects = owner_projects({session.owner_id for session, _ in self.placed})  # one query a pass
         for session, placement in self.placed:
             mine = [Allocation(session=session, device=devices[g.device_id], shares=g.shares, memory=g.memory,
                                procs=g.procs) for g in placement.grants]
             session.node = mine[0].device.node if mine else nodes[placement.node_id]
             rows += mine
-            self.starts.append((placement.node_id, session_start_spec(session, mine)))
+            self.starts.append((placement.node_id, session_start_spec(session, mine,
+                                                                      projects=projects.get(session.owner_id, []))))
         Allocation.objects.bulk_create(rows, batch_size=1000)
         self.placed.clear()
 
@@ -299,12 +301,27 @@ class _PassView(ReadView):
                 PlacementShape.objects.filter(resource_group=group_name, key=key).update(count=F("count") + n)
 
 
-def session_start_spec(session: ComputeSession, allocations: list[Allocation]) -> dict:
+def owner_projects(owner_ids) -> dict[int, list[dict]]:
+    """user id → the projects they are a member of, `[{"id", "name"}]` by name (one query): whose
+    persistent folders their sessions get (agent.files)."""
+    found: dict[int, list[dict]] = {}
+    links = Project.members.through.objects.filter(user_id__in=owner_ids).values_list(
+        "user_id", "project_id", "project__name").order_by("project__name")
+    for user_id, project_id, name in links:
+        found.setdefault(user_id, []).append({"id": str(project_id), "name": name})
+    return found
+
+
+def session_start_spec(session: ComputeSession, allocations: list[Allocation], *,
+                       projects: list[dict] | None = None) -> dict:
     """What the agent needs to start the session (JSON-safe). Sizes in bytes, procs in SMs.
     `image`: the session image's reference ("" for a session from before images: the docker
     runtime then takes agent.toml's `default-image`); `shell`: the image's interactive shell
-    ("": the runtime's)."""
+    ("": the runtime's). `projects`: the owner's projects (`owner_projects`; None: read now),
+    whose persistent folders the session gets as ~/projects/<name>."""
     image = session.image if session.image_id else None
+    if projects is None:
+        projects = owner_projects([session.owner_id]).get(session.owner_id, [])
     return {
         "session_id": str(session.pk),
         "image": image.reference if image else "",
@@ -312,6 +329,7 @@ def session_start_spec(session: ComputeSession, allocations: list[Allocation]) -
         "name": session.name,
         "owner": session.owner.get_username(),
         "owner_id": session.owner_id,  # names the owner's persistent folder on the node (agent.files)
+        "projects": projects,
         "command": session.command,
         "cpu": session.cpu,
         "mem": session.mem,

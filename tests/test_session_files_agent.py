@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.files import UPLOAD_PREFIX, FileError, FileOps, data_folder, link_data
+from agent.files import UPLOAD_PREFIX, FileError, FileOps, data_folder, link_data, project_folders
 from protocol.files import CHUNK_BYTES, PathRefused, path_parts
 
 CAP = 1024 * 1024
@@ -189,3 +189,21 @@ def test_each_user_gets_a_folder_of_their_own_shown_in_the_home(tmp_path):
     docker_home.mkdir()
     link_data(work_dir=docker_home, folder=data_folder(tmp_path, 7), link=False)
     assert (docker_home / "data").is_dir() and not (docker_home / "data").is_symlink()
+
+
+def test_each_project_of_the_owner_is_a_folder_of_its_own_under_projects(tmp_path):
+    projects = project_folders(tmp_path / "roots", [{"id": "0b5e", "name": "lab"}, {"id": "77aa", "name": "../x"},
+                                                    {"id": "../../etc", "name": "evil"}])
+    assert projects == {"lab": tmp_path / "roots" / "projects" / "0b5e"}  # bad names and ids are left out
+    home = tmp_path / "home"
+    home.mkdir()
+    link_data(work_dir=home, folder=None, link=True, projects=projects)
+    assert (home / "projects" / "lab").resolve() == projects["lab"].resolve()
+    ops = FileOps(home, None, projects)
+    upload(ops, "projects/lab/shared.txt", b"for the lab")
+    assert (projects["lab"] / "shared.txt").read_bytes() == b"for the lab"
+    assert [e["name"] for e in ops.list("projects")["entries"]] == ["lab"]
+    assert ops.list("projects/lab")["path"] == "projects/lab"
+    refused("bad-path", ops.delete, "projects/lab")  # the folder itself stays
+    error = refused("over-cap", upload, ops, "projects/lab/big.bin", b"b" * 100, cap=50)
+    assert "project lab's folder" in error.detail

@@ -13,6 +13,8 @@ from django.test import override_settings
 
 from protocol.files import CHUNK_BYTES
 from sessions import services
+from sessions.models import Project
+from sessions.scheduler import owner_projects, session_start_spec
 from tests.conftest import client_for, wait_until
 from tests.test_agent_runtime import start_spec
 from tests.test_api import assert_error_shape
@@ -42,9 +44,10 @@ def node(tmp_path):
     (found.outside / "secret.txt").write_text("secret")
 
     def run(session):
-        spec = {**start_spec(command="sleep 120"), "session_id": str(session.pk), "owner_id": session.owner_id}
+        spec = {**start_spec(command="sleep 120"), "session_id": str(session.pk), "owner_id": session.owner_id,
+                "projects": owner_projects([session.owner_id]).get(session.owner_id, [])}
         agent.submit_start(spec)
-        wait_until(lambda: (str(session.pk), "RUNNING") in manager.reports, timeout=20, what="the agent's RUNNING")
+        wait_until(lambda: (str(session.pk), "RUNNING") in manager.reports, timeout=60, what="the agent's RUNNING")
 
     found.run = run
     yield found
@@ -181,3 +184,20 @@ def test_files_of_a_session_that_is_not_running_are_a_409(alices_session, alice)
 
     body = assert_error_shape(client_for(alice).get(url(alices_session)), 409)
     assert body["type"] == "session-not-running"
+
+
+def test_each_project_of_the_owner_is_mounted_under_projects_and_reached_by_the_api(alices_session, alice, bob, node):
+    lab = Project.objects.create(name="lab")
+    lab.members.add(alice, bob)
+    Project.objects.create(name="elsewhere").members.add(bob)
+    assert session_start_spec(alices_session, [])["projects"] == [{"id": str(lab.pk), "name": "lab"}]
+    node.run(alices_session)
+    api = client_for(alice)
+
+    assert put(api, alices_session, "projects/lab/shared.txt", b"for the lab").status_code == 201
+
+    assert (node.data_root / "projects" / str(lab.pk) / "shared.txt").read_bytes() == b"for the lab"
+    seen = services.session_exec(session=alices_session, command="cat ~/projects/lab/shared.txt", timeout=20)
+    assert seen["stdout"] == "for the lab"
+    listing = api.get(url(alices_session), {"path": "projects"}).json()
+    assert [(e["name"], e["persistent"]) for e in listing["entries"]] == [("lab", True)]

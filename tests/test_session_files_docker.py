@@ -1,6 +1,6 @@
 """A session's files with the docker runtime: a real Agent with DockerRuntime (the test image,
 network none) and a persistent folder root. The owner's folder is bind-mounted at
-/home/work/data and belongs to the container's user; what the file API writes into the home
+/home/work/data (a project's at /home/work/projects/<name>) and belongs to the container's user; what the file API writes into the home
 and into data/ is read and changed inside the container, and what the container writes into
 ~/data is on the node's folder."""
 from __future__ import annotations
@@ -43,11 +43,13 @@ def test_the_persistent_folder_is_mounted_at_data_and_files_written_either_side_
 
     async def scenario(h: Harness):
         h.agent.data_root = tmp_path / "user-data"  # agent.toml's [container] data-root
-        session_id = await h.start_session({**start_spec(), "owner_id": OWNER})
+        session_id = await h.start_session({**start_spec(), "owner_id": OWNER,
+                                            "projects": [{"id": "5e1f", "name": "lab"}]})
         await put(h, session_id, "hello.txt", b"hello from the panel")
         await put(h, session_id, "data/kept.txt", b"kept")
         seen = await run_in(h, session_id, "id -u; cat ~/hello.txt; echo; cat ~/data/kept.txt; echo; "
-                                           "echo mine > ~/data/made-inside.txt && rm ~/hello.txt && echo removed")
+                                           "echo mine > ~/data/made-inside.txt && rm ~/hello.txt && echo removed && "
+                                           "echo team > ~/projects/lab/t.txt")
         listing = await ask(h, session_id, "list", path="data")
         return seen, [e["name"] for e in listing["entries"]]
 
@@ -56,3 +58,4 @@ def test_the_persistent_folder_is_mounted_at_data_and_files_written_either_side_
     assert seen["stdout"].split("\n") == ["1000", "hello from the panel", "kept", "removed", ""]
     assert names == ["kept.txt", "made-inside.txt"]
     assert (folder / "made-inside.txt").read_text() == "mine\n"
+    assert (tmp_path / "user-data" / "projects" / "5e1f" / "t.txt").read_text() == "team\n"  # ~/projects/lab
