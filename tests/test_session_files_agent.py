@@ -207,3 +207,14 @@ def test_each_project_of_the_owner_is_a_folder_of_its_own_under_projects(tmp_pat
     refused("bad-path", ops.delete, "projects/lab")  # the folder itself stays
     error = refused("over-cap", upload, ops, "projects/lab/big.bin", b"b" * 100, cap=50)
     assert "project lab's folder" in error.detail
+
+
+def test_agent_toml_names_the_persistent_folders_root_relative_to_itself(tmp_path):
+    from agent.config import load_agent_config
+    from tests.conftest import ROOT
+
+    (tmp_path / "mock-accelerator.toml").write_text((ROOT / "demo" / "mock-accelerator.toml").read_text())
+    (tmp_path / "agent.toml").write_text('[agent]\nid = "n1"\n[container]\ndata-root = "shared/fgpu-data"\n')
+    assert load_agent_config(tmp_path / "agent.toml").data_root == tmp_path / "shared" / "fgpu-data"
+    (tmp_path / "agent.toml").write_text('[agent]\nid = "n1"\n')
+    assert load_agent_config(tmp_path / "agent.toml").data_root == tmp_path / "user-data"
