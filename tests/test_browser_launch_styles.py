@@ -45,9 +45,25 @@ def test_a_memory_and_cores_request_shows_its_preview_and_launches_with_that_con
 
     # The fGPU tab is the default and previews the slider's 0.5 fGPU.
     expect(page.locator("#tab-fgpu")).to_have_attribute("aria-selected", "true")
-    expect(page.locator("#tab-devices")).to_be_hidden()  # demo-node's slot is fractional
     expect(page.locator("#preview-line")).to_have_text("starts now on demo-node")
     dialog.screenshot(path=str(shots / "launch-tab-fgpu.png"), animations="disabled")
+
+    # Every request style has its tab; one the cluster cannot serve says why instead of its fields,
+    # and nothing can be launched from it: demo-node's slot is fractional and no GPU serves MIG.
+    for tab, words in (("#tab-devices", "shared in fractions here"), ("#tab-mig", "No GPU in reach serves MIG")):
+        expect(page.locator(tab)).to_be_visible()
+        expect(page.locator(tab)).to_have_class(re.compile(r"\btab-unavailable\b"))
+        page.click(tab)
+        expect(page.locator("#style-note")).to_contain_text(words)
+        expect(page.locator("#launch-submit")).to_be_disabled()
+        expect(page.locator("#launch-preview")).to_be_hidden()
+        expect(page.locator("#launch-advanced")).to_be_hidden()
+        if tab == "#tab-mig":
+            dialog.screenshot(path=str(shots / "launch-tab-unavailable.png"), animations="disabled")
+    page.click("#tab-fgpu")
+    expect(page.locator("#style-note")).to_be_hidden()
+    expect(page.locator("#launch-submit")).to_be_enabled()
+    expect(page.locator("#preview-line")).to_have_text("starts now on demo-node")
 
     page.click("#tab-memory")
     expect(page.locator("#tab-memory")).to_have_attribute("aria-selected", "true")
@@ -98,17 +114,26 @@ def test_obvious_mistakes_are_shown_beside_their_field_and_keep_launch_disabled(
     dialog = log_in_and_open_the_dialog(page, console_url)
     launch = page.locator("#launch-submit")
 
-    # The tabs follow the keyboard: arrows move and select, Home and End jump.
+    # The tabs follow the keyboard: arrows move and select, Home and End jump, over every tab
+    # (Whole GPUs and MIG, which this cluster cannot serve, say so when selected).
     page.focus("#tab-fgpu")
+    page.keyboard.press("ArrowRight")
+    expect(page.locator("#tab-devices")).to_be_focused()
+    expect(page.locator("#style-note")).to_be_visible()
     page.keyboard.press("ArrowRight")
     expect(page.locator("#tab-memory")).to_be_focused()
     expect(page.locator("#tab-memory")).to_have_attribute("aria-selected", "true")
     expect(page.locator("#panel-memory")).to_be_visible()
+    expect(page.locator("#style-note")).to_be_hidden()
     page.keyboard.press("End")
+    expect(page.locator("#tab-mig")).to_be_focused()
+    page.keyboard.press("ArrowLeft")
     expect(page.locator("#tab-fraction")).to_be_focused()
     expect(page.locator("#panel-fraction")).to_be_visible()
-    page.keyboard.press("ArrowRight")
+    page.keyboard.press("Home")
     expect(page.locator("#tab-fgpu")).to_be_focused()
+    page.keyboard.press("ArrowLeft")
+    expect(page.locator("#tab-mig")).to_be_focused()
     page.keyboard.press("ArrowLeft")
     expect(page.locator("#tab-fraction")).to_be_focused()
     expect(page.locator("#tab-fraction")).to_have_attribute("aria-selected", "true")

@@ -719,10 +719,28 @@
     return null;
   }
 
+  // Every request style has its tab, so none looks missing; one this cluster cannot serve for the
+  // slot says why (and how an administrator would offer it) instead of its fields.
+  var UNAVAILABLE = {
+    fgpu: "This slot hands out whole GPUs only: ask in the Whole GPUs tab. An administrator makes a slot " +
+          "fractional (admin → Fractional settings).",
+    devices: "GPUs of this slot are shared in fractions here: ask for whole GPUs in the fGPU tab (its slider " +
+             "reaches whole GPUs). An administrator makes a slot hand out whole devices (admin → Fractional settings).",
+    mig: "No GPU in reach serves MIG instances. An administrator turns MIG on for a node with MIG-capable GPUs " +
+         "(admin → Nodes → MIG mode).",
+  };
+
+  function styleOffered(style) { return offeredStyles().indexOf(style) !== -1; }
+
   function renderTabs() {
     var styles = offeredStyles();
     $("style-tabs").hidden = styles.length === 0;
-    tabs.forEach(function (t) { t.hidden = styles.indexOf(t.dataset.style) === -1; });
+    tabs.forEach(function (t) {
+      var offered = styles.indexOf(t.dataset.style) !== -1;
+      t.hidden = false;
+      t.classList.toggle("tab-unavailable", !offered);
+      t.title = offered ? "" : UNAVAILABLE[t.dataset.style] || "";
+    });
     renderMig();
     renderIsolationChoice();
     // Where the slot's own style can never be had (every GPU in reach is MIG), open on MIG.
@@ -827,17 +845,20 @@
   $("isolation-field").addEventListener("change", function () { renderIsolation(); });
 
   function selectTab(style, focus) {
+    var offered = styleOffered(style);
     tabs.forEach(function (t) {
       var on = t.dataset.style === style;
       var panel = $(t.getAttribute("aria-controls"));
       t.setAttribute("aria-selected", on ? "true" : "false");
       t.tabIndex = on ? 0 : -1;
-      panel.hidden = !on;
-      panel.querySelector(".panel-fields").disabled = !on; // off-tab inputs neither validate nor submit
+      panel.hidden = !on || !offered;
+      panel.querySelector(".panel-fields").disabled = !on || !offered; // off-tab inputs neither validate nor submit
       if (on && focus) t.focus();
     });
-    $("capacity-note").hidden = !(slotBusy && (style === "fgpu" || style === "devices"));
-    $("launch-advanced").hidden = style === "mig"; // a MIG instance is chosen by the scheduler: no pins
+    $("style-note").textContent = offered ? "" : UNAVAILABLE[style] || "";
+    $("style-note").hidden = offered;
+    $("capacity-note").hidden = !(offered && slotBusy && (style === "fgpu" || style === "devices"));
+    $("launch-advanced").hidden = style === "mig" || !offered; // a MIG instance is chosen by the scheduler: no pins
     changed();
   }
 
@@ -909,6 +930,7 @@
     } else if (style === "mig" && !chosenProfile()) {
       errors["mig-profiles"] = "Choose a MIG profile.";
     }
+    if (style && !styleOffered(style)) errors.style = UNAVAILABLE[style]; // shown in #style-note; no launch, no preview
     if (style && pinnedDevices().some(function (d) { return /\s/.test(String(d)); }))
       errors["pin-devices"] = "Separate the GPUs with commas.";
     return errors;
