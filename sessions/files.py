@@ -81,9 +81,10 @@ class _Link:
         self.layer = get_channel_layer()
         self.reply: str | None = None
 
-    async def ask(self, op: str, *, wait_s: float = REPLY_WAIT_S, **fields) -> dict:
+    async def ask(self, op: str, *, wait_s: float | None = None, **fields) -> dict:
         """Send op with `fields` and return the agent's answer; raises ApplicationError when it
-        refuses or does not answer within `wait_s` seconds."""
+        refuses or does not answer within `wait_s` seconds (default REPLY_WAIT_S)."""
+        wait_s = REPLY_WAIT_S if wait_s is None else wait_s
         if self.reply is None:
             self.reply = await self.layer.new_channel("files-reply.")
         await self.layer.group_send(events.pty_group(self.session.pk), {

@@ -12,7 +12,7 @@ from asgiref.sync import async_to_sync
 from django.test import override_settings
 
 from protocol.files import CHUNK_BYTES
-from sessions import services
+from sessions import files, services
 from sessions.models import Project
 from sessions.scheduler import owner_projects, session_start_spec
 from tests.conftest import client_for, wait_until
@@ -201,3 +201,19 @@ def test_each_project_of_the_owner_is_mounted_under_projects_and_reached_by_the_
     assert seen["stdout"] == "for the lab"
     listing = api.get(url(alices_session), {"path": "projects"}).json()
     assert [(e["name"], e["persistent"]) for e in listing["entries"]] == [("lab", True)]
+
+
+def test_files_of_a_session_whose_agent_does_not_answer_are_a_504_naming_the_node(alices_session, alice, monkeypatch):
+    monkeypatch.setattr(files, "REPLY_WAIT_S", 0.5)
+
+    body = assert_error_shape(client_for(alice).get(url(alices_session)), 504)
+
+    assert body["type"] == "files-timeout" and "demo-node" in body["detail"]
+
+
+def test_an_empty_file_uploads_and_downloads_as_empty(alices_session, alice, node):
+    node.run(alices_session)
+
+    assert put(client_for(alice), alices_session, "empty.txt", b"").json()["size"] == 0
+
+    assert download(client_for(alice), alices_session, "empty.txt")[1] == b""
