@@ -140,7 +140,7 @@ class SessionImageAdmin(admin.ModelAdmin):
                     "created")
     list_filter = ("is_default",)
     search_fields = ("reference", "display_name", "description")
-    fields = ("reference", "display_name", "description", "accelerators", "shell", "labels", "is_default",
+    fields = ("reference", "display_name", "description", "accelerators", "shell", "labels", "apps", "is_default",
               "holding_nodes")
     readonly_fields = ("holding_nodes",)
 

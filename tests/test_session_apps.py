@@ -3,6 +3,8 @@ them, and the proxy's pure parts (paths that try to leave the prefix, the header
 the token mask). The whole path, with a real app, is in tests/test_session_apps_e2e.py."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.core.exceptions import ValidationError
 
@@ -161,3 +163,23 @@ def test_requests_that_change_something_from_another_site_are_refused(method, he
     from sessions.app_proxy import cross_site
 
     assert cross_site({**scope("/x", headers=headers), "method": method}) is refused
+
+
+@pytest.mark.django_db
+def test_the_admins_image_page_declares_apps_and_refuses_malformed_ones(admin):
+    from django.test import Client
+
+    host = SessionImage.objects.get(reference="host")
+    browser = Client()
+    browser.force_login(admin)
+    url = f"/admin/compute_sessions/sessionimage/{host.pk}/change/"
+    page = browser.get(url)
+    assert page.status_code == 200 and 'name="apps"' in page.content.decode()
+    form = {"reference": "host", "display_name": "", "description": "", "accelerators": "[]", "shell": "",
+            "labels": "{}", "is_default": "on"}
+    refused = browser.post(url, {**form, "apps": '[{"name": "terminal", "command": "x", "port": 1}]'})
+    assert refused.status_code == 200 and "the terminal is built in" in refused.content.decode()
+    saved = browser.post(url, {**form, "apps": json.dumps([JUPYTER])})
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    host.refresh_from_db()
+    assert host.apps == [JUPYTER]
