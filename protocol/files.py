@@ -18,7 +18,8 @@ part relative to the root's descriptor with O_NOFOLLOW (agent.files), so a symbo
 way is refused too, wherever it points.
 
 Messages (channel layer, the session's `pty-<id>` group, answered on `reply_channel`):
-`pty.files` {op, owner_id, projects ({name: id}: the owner's), path, …} → `files.result` {ok: true, …} or {ok: false, error, detail}.
+`pty.files` {op, owner_id, projects ({name: id}: the owner's), path, …} → `files.result` {ok: true, …}
+or {ok: false, error, detail}.
 `op`: `list` {path} → {entries: [{name, type, size, mtime}], truncated}; `stat` {path} →
 {entry}; `read` {path, offset, length ≤ CHUNK_BYTES} → {data (bytes), size, eof};
 `upload_begin` {path, size (or None), cap} → {upload_id}; `upload_chunk` {upload_id, offset,

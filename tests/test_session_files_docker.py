@@ -1,8 +1,8 @@
 """A session's files with the docker runtime: a real Agent with DockerRuntime (the test image,
 network none) and a persistent folder root. The owner's folder is bind-mounted at
-/home/work/data (a project's at /home/work/projects/<name>) and belongs to the container's user; what the file API writes into the home
-and into data/ is read and changed inside the container, and what the container writes into
-~/data is on the node's folder."""
+/home/work/data (a project's at /home/work/projects/<name>) and belongs to the container's
+user; what the file API writes into the home and into data/ is read and changed inside the
+container, and what the container writes into ~/data is on the node's folder."""
 from __future__ import annotations
 
 import pytest
