@@ -40,8 +40,8 @@ class FolderCreateSerializer(serializers.Serializer):
 
 SESSION_ID = OpenApiParameter("session_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 PATH = OpenApiParameter("path", OpenApiTypes.STR, description=(
-    f"relative to the session's home (`{DATA_DIR}/…`: your persistent folder); no `..`, no leading `/`, no control "
-    "characters; symbolic links are not followed"))
+    f"relative to the session's home (`{DATA_DIR}/…`: your persistent folder, `projects/<name>/…`: a project's); no "
+    "`..`, no leading `/`, no control characters; symbolic links are not followed"))
 ERRORS = {
     400: OpenApiResponse(ErrorSerializer, description="a refused path (`bad-path`, `symlink`), or the wrong kind of "
                                                       "entry (`not-a-directory`, `is-a-directory`, `not-a-file`)"),
