@@ -20,7 +20,9 @@ FGPU_APP_TOKEN). Where it listens: the process runtime gives it a free port on t
 `app_address` (agent.toml `[container] app-address`, default 127.0.0.1: an address the web hosts
 reach); in a container it listens on its declared port on every address of the container, which
 the node reaches at the container's address. It is one of the session's execs: it ends with the
-session.
+session. An app that already answers on its declared port in a container the agent adopted after a
+restart (it outlived the agent, as the container did) is taken as running (`Adopted`), not started
+twice; `pty.app_status` carries the declared `port` for that.
 """
 from __future__ import annotations
 
@@ -53,6 +55,15 @@ class AppProcess:
     output: object
     ready: asyncio.Future
     started: float = field(default_factory=time.monotonic)
+
+
+class Adopted:
+    """The process of an app found answering in a container (started by an earlier run of the
+    agent): nothing to poll or signal; the container's end ends it. `answers` is checked again
+    each time it is opened."""
+
+    def poll(self) -> None:
+        return None
 
 
 def substitute(command: str, values: dict[str, str]) -> str:
@@ -102,6 +113,8 @@ class SessionApps:
 
     async def _status(self, running, message: dict) -> None:
         app = running.apps.get(str(message.get("name")))
+        if app is None and message.get("port"):
+            app = await self._adopt(running, str(message.get("name")), int(message["port"]))
         if app is None:
             answer = {"running": False, "error": "it has not been started in this session"}
         else:
@@ -144,15 +157,44 @@ class SessionApps:
         spec = message["app"]
         name = str(spec["name"])
         current = running.apps.get(name)
+        if current is not None and isinstance(current.process, Adopted):
+            if await _answers(current.host, current.port):
+                return current, True
+            running.apps.pop(name, None)  # it went away: start it again
+            current = None
         if current is not None:
             ended = current.ready.done() and not current.ready.result()["ok"]
             if not ended and await self.agent._in(self.agent._work, current.process.poll) is None:
                 return current, current.ready.done()
             running.apps.pop(name, None)
+        adopted = await self._adopt(running, name, int(spec["port"]))
+        if adopted is not None:
+            return adopted, True
         app = await self.agent._in(self.agent._work, self._spawn, running, message)
         running.apps[name] = app
         self.agent._in_background(self._watch(running, app, float(message.get("timeout") or 60)))
         return app, False
+
+    async def _adopt(self, running, name: str, port: int) -> AppProcess | None:
+        """In a container, the app `name` answering on its declared `port` already (it outlived
+        an earlier run of the agent): taken as running; else None (and always None outside a
+        container, where ports are the node's and the agent picks them)."""
+        address = getattr(running.process, "app_address", None)
+        if address is None:
+            return None
+        try:
+            _, host = await self.agent._in(self.agent._work, address)
+        except Exception:
+            return None
+        if not await _answers(host, port):
+            return None
+        ready = self.agent.loop.create_future()
+        ready.set_result({"ok": True})
+        app = running.apps[name] = AppProcess(name=name, process=Adopted(), host=host, port=port, output=None,
+                                              ready=ready)
+        log.info("agent %s: app %s of session %s answers on %s:%d already; adopted", self.agent.node, name,
+                 running.session_id, host, port)
+        return app
 
     def _spawn(self, running, message: dict) -> AppProcess:
         """Blocking (a worker thread): start the app's command beside the session."""

@@ -36,7 +36,7 @@ Channel-layer groups: `pty-<session id>` (the session's agent joins it; terminal
 the web send `pty.input` {data}, `pty.resize` {rows, cols}, `pty.attach` {reply_channel},
 `pty.ack` {channel, offset, n}, `pty.detach` {channel}, `pty.exec` and `pty.exec_stream`, and
 the session apps' `pty.app_open` {app, base_url, token, timeout, reply_channel} and `pty.app_status`
-{name, reply_channel}, answered on the reply channel: agent.session_apps, and a session's files'
+{name, port, reply_channel}, answered on the reply channel: agent.session_apps, and a session's files'
 `pty.files` {op, owner_id, path, …, reply_channel}: protocol.files, agent.files),
 `terminal-<session id>` (terminal consumers join it; the agent sends `terminal.output` {data,
 offset, n} and `terminal.exit` {code}). Flow control (agent.core, READER_WINDOW_CHARS): `offset`

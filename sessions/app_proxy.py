@@ -280,7 +280,7 @@ class AppHttpProxy:
         if content_length is not None:
             headers.append(("content-length", content_length.decode("latin-1")))
         for attempt in range(2):
-            target = await session_app_target(session_id=session_id, name=app["name"])
+            target = await session_app_target(session_id=session_id, name=app["name"], port=app["port"])
             if isinstance(target, dict):
                 await _page(send, 502, await _not_running(session_id, app, target["error"]))
                 return
@@ -292,7 +292,7 @@ class AppHttpProxy:
             except httpx.ConnectError:  # it ended, or moved: ask its agent again (once)
                 session_app_target_forget(session_id=session_id, name=app["name"])
                 if attempt or body is not None:
-                    target = await session_app_target(session_id=session_id, name=app["name"])
+                    target = await session_app_target(session_id=session_id, name=app["name"], port=app["port"])
                     error = target["error"] if isinstance(target, dict) else "it does not accept connections"
                     await _page(send, 502, await _not_running(session_id, app, error))
                     return
@@ -418,7 +418,7 @@ class AppWebsocketProxy:
                      for p in v.decode("latin-1").split(",") if p.strip()]
         headers = [(n, v) for n, v in upstream_headers(scope, token=token) if n not in ("host", "origin")]
         for _ in range(2):
-            target = await session_app_target(session_id=match["session"], name=app["name"])
+            target = await session_app_target(session_id=match["session"], name=app["name"], port=app["port"])
             if isinstance(target, dict):
                 return None
             host = f"{_host(target[0])}:{target[1]}"

@@ -141,10 +141,11 @@ async def session_app_open(*, session: ComputeSession, app: dict, node: str, on_
                                type="app-timeout", title="App start timed out", status=504) from None
 
 
-async def session_app_target(*, session_id: str, name: str) -> tuple[str, int] | dict:
+async def session_app_target(*, session_id: str, name: str, port: int | None = None) -> tuple[str, int] | dict:
     """Where app `name` of RUNNING session `session_id` listens, `(host, port)`: this process's
     cache, else the agent's answer to `pty.app_status` (kept). A dict `{"error": …}` when it does
-    not run (the agent's words: "exited with code 1", "not started") or the agent is silent."""
+    not run (the agent's words: "exited with code 1", "not started") or the agent is silent.
+    `port`: the app's declared port, with which an agent adopts an app that outlived it in a container."""
     key = (str(session_id), name)
     known = APP_TARGETS.get(key)
     if known is not None and known[2] > time.monotonic():
@@ -152,7 +153,7 @@ async def session_app_target(*, session_id: str, name: str) -> tuple[str, int] |
     layer = get_channel_layer()
     reply = await layer.new_channel("app-reply.")
     await layer.group_send(events.pty_group(session_id), {"type": "pty.app_status", "session_id": str(session_id),
-                                                          "name": name, "reply_channel": reply})
+                                                          "name": name, "port": port, "reply_channel": reply})
     try:
         async with asyncio.timeout(STATUS_WAIT_S):
             while True:

@@ -259,3 +259,12 @@ def test_in_the_docker_runtime_an_app_runs_in_the_sessions_container_and_is_reac
     listing = alice.get(f"/sessions/{created['id']}/apps/files/")
     assert listing.status_code == 200 and "hello.txt" in listing.text
     assert alice.get(f"/sessions/{created['id']}/apps/files/hello.txt").text == "in-container\n"
+
+    # The agent restarts; the container and the app in it run on: opening it again adopts it, not a
+    # second copy (which could not listen on the same port).
+    stack.restart("agent-docker-apps")
+    wait_until(lambda: "adopted session" in stack.procs["agent-docker-apps"].output(), timeout=60,
+               what="the restarted agent to adopt the session")
+    again = open_app(stack.base, alice, created["id"], "files")
+    assert again[-1] == {"type": "ready", "url": f"/sessions/{created['id']}/apps/files/", "reused": True}, again
+    assert alice.get(f"/sessions/{created['id']}/apps/files/hello.txt").text == "in-container\n"
