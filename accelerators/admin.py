@@ -428,11 +428,13 @@ class NodeForm(forms.ModelForm):
         return data
 
 
-def _begins(cell, cells) -> bool:
-    """Whether an instance begins at `cell` after another one's cells (drawn with an edge, so two
-    instances of one profile side by side read as two)."""
-    before = cells[cell.slot - 1] if cell.slot > 0 else None
-    return bool(cell.instance) and before is not None and bool(before.instance) and before.instance != cell.instance
+def _edges(cells) -> list[bool]:
+    """For each cell of a picture's row, whether an instance begins there right after another
+    one's cell (drawn with an edge, so two instances of one profile side by side read as two).
+    By position in the row: a row's slots need not be numbered 0, 1, 2, … (a 7g.80gb's memory
+    row is numbered by memory slice)."""
+    return [bool(c.instance) and i > 0 and bool(cells[i - 1].instance) and cells[i - 1].instance != c.instance
+            for i, c in enumerate(cells)]
 
 
 def mig_picture_html(node: Node) -> str:
@@ -448,9 +450,10 @@ def mig_picture_html(node: Node) -> str:
         return format_html(
             "<tr><th scope='row'>{}</th>{}</tr>", title,
             format_html_join("", "<td class='mig-cell mig-{}{}' title='{}'>{}</td>",
-                             ((c.state, " mig-edge" if _begins(c, cells) else "",
+                             ((c.state, " mig-edge" if edge else "",
                                f"slice {c.slot}: {c.state} {c.instance} {c.session}".strip(),
-                               c.instance.split("@")[0] if c.instance else c.state) for c in cells)))
+                               c.instance.split("@")[0] if c.instance else c.state)
+                              for c, edge in zip(cells, _edges(cells)))))
 
     blocks = []
     for picture in pictures:

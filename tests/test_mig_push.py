@@ -297,6 +297,8 @@ class TidyManager(CeleryManager):
 def running_agent(node: str, fake: FakeNvml, tmp_path, *, heartbeat_s: float = 60.0):
     """A real Agent for `node` on an event loop of its own thread, its MIG through the fake NVML,
     registered (so the manager's start reconcile was answered) before the block runs."""
+    import agent.tasks  # noqa: F401  (the agent's tasks: with eager Celery the manager's sends run them here)
+
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name=f"agent-{node}", daemon=True)
     thread.start()
