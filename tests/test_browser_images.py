@@ -95,7 +95,9 @@ def test_a_launch_answer_that_arrives_after_the_passs_notice_does_not_put_the_ol
     assert len(held) == 1
     route, response = held[0]
     answer = response.json()
-    assert answer["status"] == "PENDING" and answer["version"] >= 1, answer  # the pass's reason raised it
+    # The answer is the launch's own shape (the one its notice rendered, before the pass): older
+    # than what the pass's notice drew, whatever version it holds; it is sent as created below.
+    assert answer["status"] == "PENDING", answer
     assert row.get_attribute("data-session-id") == answer["id"]
 
     created = {**answer, "status_reason": "waiting for the scheduler", "version": 0}
