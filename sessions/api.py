@@ -196,9 +196,13 @@ class SessionFilter(filters.FilterSet):
     status = filters.CharFilter(method="filter_status",
                                 help_text="one status or a comma list, any case: PENDING, SCHEDULED, PREPARING, "
                                           "RUNNING, TERMINATING, TERMINATED, ERROR, CANCELLED")
-    owner = filters.CharFilter(field_name="owner__username", validators=[RegexValidator(OWNER_PATTERN)],
+    # Not stripped, and \Z, not the schema's $ (Python's $ also matches before a final newline):
+    # "demo-node\n" is refused as the schema says, not read as "demo-node".
+    owner = filters.CharFilter(field_name="owner__username", strip=False,
+                               validators=[RegexValidator(OWNER_PATTERN[:-1] + r"\Z")],
                                help_text="owner's username (administrators; a user only ever sees their own)")
-    node = filters.CharFilter(field_name="node__name", validators=[RegexValidator(NODE_PATTERN)], help_text="node name")
+    node = filters.CharFilter(field_name="node__name", strip=False, validators=[RegexValidator(NODE_PATTERN[:-1] + r"\Z")],
+                              help_text="node name")
 
     class Meta:
         model = ComputeSession

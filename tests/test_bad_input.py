@@ -317,7 +317,8 @@ def test_an_empty_node_status_filter_is_a_400_naming_it(demo_cluster, alice):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("query, field", [("node=a%00b", "node"), ("node=a%20b", "node"), ("owner=x%01", "owner")])
+@pytest.mark.parametrize("query, field", [("node=a%00b", "node"), ("node=a%20b", "node"), ("owner=x%01", "owner"),
+                                          ("node=%0A", "node"), ("owner=alice%0A", "owner")])  # $ passes a final newline
 def test_a_session_list_filter_outside_what_names_can_be_is_a_400_naming_it(alice, query, field):
     response = client_for(alice).get(f"/api/v1/sessions/?{query}")
 

@@ -176,9 +176,13 @@ def test_interactive_terminal_in_a_pty_with_resize_and_detach(cluster, fgpu):
     assert (proc.returncode, rest, err) == (5, b"second\n", b"")
 
     # Ctrl-C stops the remote command, with what it started in the background, and exits 130.
+    # As an interactive shell starts its foreground job: SIGINT at its default disposition (in the
+    # whole suite's process something earlier leaves it ignored, which a child inherits, as a
+    # background job's is; Python then installs no KeyboardInterrupt handler, and Ctrl-C is lost).
     proc = subprocess.Popen([FGPU, "exec", "--timeout", "120", "tty", "--",
                              "sleep 300 & echo $! > child; echo $$ > pid; echo started; wait"], env=fgpu.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         read_from(proc.stdout, b"started\n")
         proc.send_signal(signal.SIGINT)

@@ -47,6 +47,7 @@ USER_WRITABLE_API = {
     ("post", "/api/v1/sessions/{id}/terminal-ticket/"),
     ("post", "/api/v1/sessions/{id}/exec/"),
     ("delete", "/api/v1/sessions/{id}/exec/{id}/"),  # cancel a streamed exec
+    ("post", "/api/v1/sessions/{id}/apps/{app}/"),  # open a session app
 }
 WRITE_METHODS = ("post", "put", "patch", "delete")
 
@@ -69,7 +70,7 @@ def _sample(pattern) -> str | None:
         regex = str(pattern)
         if "(?P<format>" in regex:
             return None
-        return _NAMED_GROUP.sub("{id}", regex).lstrip("^").rstrip("$")
+        return _NAMED_GROUP.sub(lambda m: "{app}" if m["name"] == "app" else "{id}", regex).lstrip("^").rstrip("$")
     raise TypeError(f"unknown pattern type {pattern!r}")
 
 
@@ -98,7 +99,7 @@ def page_routes() -> list[str]:
 
 
 def concrete(template: str, session_id=None) -> str:
-    return template.replace("{id}", str(session_id or _SAMPLE_ID))
+    return template.replace("{id}", str(session_id or _SAMPLE_ID)).replace("{app}", "jupyter")  # a session app's name
 
 
 # --- people and things --------------------------------------------------------------------------
