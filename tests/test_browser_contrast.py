@@ -36,6 +36,11 @@ def axe_violations(page) -> list[dict]:
     if not page.evaluate("typeof window.axe !== 'undefined'"):
         page.add_script_tag(path=str(AXE))
     results = page.evaluate("""async () => {
+        // Colours as they settle: a button's transition from disabled to enabled (a tab's click
+        // re-validates the form) would be measured half-way otherwise.
+        // Transitions only: an infinite animation (the live indicator's pulse) never finishes.
+        await Promise.all(document.getAnimations().filter(a => a instanceof CSSTransition)
+                          .map(a => a.finished.catch(() => null)));
         const r = await axe.run(document, {resultTypes: ['violations']});
         return r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
             nodes: v.nodes.map(n => ({target: n.target.join(' '), summary: n.failureSummary}))}));
