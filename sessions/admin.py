@@ -9,7 +9,6 @@ console or the API), so their allocations are released exactly once.
 from __future__ import annotations
 
 import json
-import threading
 
 from django import forms
 from django.contrib import admin, messages
@@ -30,8 +29,6 @@ from sessions.quotas import QuotaUsage, fgpu_text, quota_usage_of
 from sessions.selectors import request_configuration, session_configuration
 
 
-_page = threading.local()  # .shares: the fair-share standing the project list's page shows
-
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
@@ -43,14 +40,19 @@ class ProjectAdmin(admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).annotate(member_count=Count("members", distinct=True))
 
-    def changelist_view(self, request, extra_context=None):
-        _page.shares = {a.name: a for a in account_shares() if a.kind == "project"}  # read once per page
-        return super().changelist_view(request, extra_context)
+    def get_changelist_instance(self, request):
+        """The page's projects, each with `fair_share_now` (sessions.fairshare.AccountShare, or
+        None for an inactive project): the standing is read once per page, not per row."""
+        changelist = super().get_changelist_instance(request)
+        shares = {a.name: a for a in account_shares() if a.kind == "project"}
+        for project in changelist.result_list:
+            project.fair_share_now = shares.get(project.name)
+        return changelist
 
     @admin.display(description="fair share now")
     def fair_share(self, obj: Project) -> str:
         """Its factor and usage against its share (sessions.fairshare), or why it has none."""
-        account = getattr(_page, "shares", {}).get(obj.name)
+        account = getattr(obj, "fair_share_now", None)
         if account is None:
             return "inactive (no usage, nothing waiting)" if half_life_seconds() else "off"
         return format_html('<span title="{} decayed fGPU-hours; {} waiting">factor {} · {} % used of a {} % share</span>',
