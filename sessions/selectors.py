@@ -37,22 +37,21 @@ def session_get_for(*, user, session_id, related: tuple[str, ...] | None = None)
     """The session if `user` owns it or is staff, read as `sessions_shown` reads it, or with just
     the relations in `related` (one query: the app proxy's per-request check). Raises Http404
     otherwise, so ids of other users' sessions do not leak (404, never 403)."""
-    if related is not None:
-        sessions = ComputeSession.objects.select_related(*related)
-        sessions = sessions if user.is_staff else sessions.filter(owner=user)
-    else:
-        sessions = session_list_for(user=user)
-    try:
-        return sessions.get(pk=session_id)
-    except (ComputeSession.DoesNotExist, ValidationError, ValueError, TypeError):
-        raise Http404("no such session") from None
+    if related is None:
+        return _visible_one(sessions_shown(), user=user, session_id=session_id)
+    return _visible_one(ComputeSession.objects.select_related(*related), user=user, session_id=session_id)
 
 
 def session_to_change_for(*, user, session_id) -> ComputeSession:
     """The session with its node only (one query), if `user` owns it or is staff, for a write
     that then answers with its shown state (`session_get_for` reads all that is shown). Raises
     Http404 as `session_get_for` does."""
-    sessions = ComputeSession.objects.select_related("node")
+    return _visible_one(ComputeSession.objects.select_related("node"), user=user, session_id=session_id)
+
+
+def _visible_one(sessions, *, user, session_id) -> ComputeSession:
+    """The one of `sessions` with `session_id` if `user` owns it or is staff; Http404 otherwise,
+    also for an id that is no UUID (one rule for every read of one session by a caller)."""
     try:
         return (sessions if user.is_staff else sessions.filter(owner=user)).get(pk=session_id)
     except (ComputeSession.DoesNotExist, ValidationError, ValueError, TypeError):
