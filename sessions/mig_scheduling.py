@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import NamedTuple
 
 from django.db.models import Sum
 from django.utils import timezone
@@ -76,9 +77,29 @@ def wants_mig(request) -> bool:
     return isinstance(request, MigResourceRequest)
 
 
+class MigRank(NamedTuple):
+    """How good a MIG choice is: the lowest wins, compared field by field in this order. The
+    smallest instance that holds the request (`memory` bytes, then its memory and compute
+    slices), then one that reuses an idle instance (`creates` 0) over one that makes a new one
+    (1), then fewer idle instances destroyed (`destroys`), then the GPU with the most instances
+    in use (`busiest`: minus their count, so a busy GPU fills before an empty one is cut), then
+    by name: `node`, GPU `index`, `device_id`. A static slice has no slices to count nor
+    instances to make: those fields are 0."""
+
+    memory: int
+    memory_slices: int
+    compute_slices: int
+    creates: int
+    destroys: int
+    busiest: int
+    node: str
+    index: int
+    device_id: str
+
+
 @dataclass(frozen=True)
 class _Choice:
-    rank: tuple
+    rank: MigRank
     node: Node
     device: Device  # the parent GPU (dynamic) or the static slice
     plan: mig.MigPlan | None = None
@@ -194,8 +215,9 @@ def _static_choice(node: Node, devices: list[Device], wanted: mig.MigRequest, bu
                 continue
         elif device.memory_size < wanted.memory:
             continue
-        fitting.append(_Choice(rank=(device.memory_size, 0, 0, 0, 0, node.name, device.index, device.device_id),
-                               node=node, device=device))
+        rank = MigRank(memory=device.memory_size, memory_slices=0, compute_slices=0, creates=0, destroys=0,
+                       busiest=0, node=node.name, index=device.index, device_id=device.device_id)
+        fitting.append(_Choice(rank=rank, node=node, device=device))
     if not fitting:
         return [], f"no free MIG slice for {wanted.describe()}"
     return [min(fitting, key=lambda c: c.rank)], ""
@@ -262,8 +284,10 @@ def _dynamic_choices(node: Node, devices: list[Device], wanted: mig.MigRequest, 
             continue
         in_use = sum(1 for i in layout if i.in_use)
         profile = plan.profile
-        rank = (profile.memory, profile.memory_slices, profile.compute_slices, 0 if plan.reuse else 1,
-                len(plan.destroy), -in_use, node.name, gpu.index, gpu.device_id)
+        rank = MigRank(memory=profile.memory, memory_slices=profile.memory_slices,
+                       compute_slices=profile.compute_slices, creates=0 if plan.reuse else 1,
+                       destroys=len(plan.destroy), busiest=-in_use, node=node.name, index=gpu.index,
+                       device_id=gpu.device_id)
         choices.append(_Choice(rank=rank, node=node, device=gpu, plan=plan, catalog=catalog))
     return choices, "; ".join(reasons) or "no MIG-capable GPU"
 
