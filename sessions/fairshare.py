@@ -25,7 +25,8 @@ from datetime import datetime
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Q
+from django.db.models import FloatField, Func, Q, Sum, Value
+from django.db.models.functions import Cast, Coalesce, Exp, Least
 from django.utils import timezone
 
 from sessions.models import Allocation, ComputeSession, Project, SessionStatus
@@ -33,11 +34,28 @@ from sessions.models import Allocation, ComputeSession, Project, SessionStatus
 HORIZON_HALF_LIVES = 20  # allocations released longer ago than this count under one millionth: left out
 
 
-def decayed_seconds(*, start: float, end: float, now: float, half_life: float) -> float:
+def decayed_seconds(*, start, end, now, half_life: float, exp=math.exp):
     """∫ from `start` to `end` of 2^(-(now - t) / half_life) dt: the seconds of [start, end]
-    (epoch seconds, end ≥ start, both ≤ now) weighted by their age. `half_life` in seconds, > 0."""
+    (epoch seconds, end ≥ start, both ≤ now) weighted by their age. `half_life` in seconds, > 0.
+    The one formula for Python floats (`exp` math.exp) and for the database, which sums it over
+    the allocations (`account_shares`: `start`, `end`, `now` expressions, `exp` Django's Exp)."""
     rate = math.log(2) / half_life
-    return (math.exp(-rate * (now - end)) - math.exp(-rate * (now - start))) / rate
+    return (exp(-rate * (now - end)) - exp(-rate * (now - start))) / rate
+
+
+class _EpochSeconds(Func):
+    """A datetime column in seconds since 1970 (UTC, float): PostgreSQL's EXTRACT(EPOCH …); on
+    SQLite (standalone), where Django keeps datetimes as UTC text, by julianday()."""
+
+    output_field = FloatField()
+
+    def as_postgresql(self, compiler, connection, **extra):
+        return self.as_sql(compiler, connection, template="EXTRACT(EPOCH FROM %(expressions)s)::double precision",
+                           **extra)
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return self.as_sql(compiler, connection, template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)",
+                           **extra)
 
 
 def fair_share_factor(*, usage: float, usage_total: float, weight: float, weight_total: float) -> float:
@@ -73,22 +91,25 @@ def half_life_seconds() -> float:
 
 def account_shares(*, now: datetime | None = None) -> list[AccountShare]:
     """Every active account's standing now (see the module docstring), lowest factor first.
-    Three queries: the allocations within HORIZON_HALF_LIVES half-lives with their owners, the
-    projects with their members, the pending sessions' owners. Empty when fair share is off."""
+    Three queries: each owner's decayed usage (summed by the database over the allocations within
+    HORIZON_HALF_LIVES half-lives), the projects with their members, the pending sessions'
+    owners. Empty when fair share is off."""
     half_life = half_life_seconds()
     if half_life <= 0:
         return []
     now = now or timezone.now()
     now_s = now.timestamp()
     horizon = now - timezone.timedelta(seconds=half_life * HORIZON_HALF_LIVES)
-    usage_by_user: dict[int, float] = {}
-    rows = Allocation.objects.filter(Q(released_at__isnull=True) | Q(released_at__gt=horizon)).values_list(
-        "session__owner_id", "shares", "created_at", "released_at")
-    for owner_id, shares, created_at, released_at in rows:
-        end = min(released_at.timestamp() if released_at else now_s, now_s)
-        start = min(created_at.timestamp(), end)
-        usage_by_user[owner_id] = usage_by_user.get(owner_id, 0.0) + float(shares) * decayed_seconds(
-            start=start, end=end, now=now_s, half_life=half_life)
+    # Summed by the database, one row per owner: a pass reads as many rows as there are owners,
+    # not the allocations of HORIZON_HALF_LIVES half-lives.
+    now_v = Value(now_s, output_field=FloatField())
+    end = Least(Coalesce(_EpochSeconds("released_at"), now_v), now_v)
+    start = Least(_EpochSeconds("created_at"), end)
+    used = Cast("shares", FloatField()) * decayed_seconds(start=start, end=end, now=now_v, half_life=half_life, exp=Exp)
+    usage_by_user: dict[int, float] = dict(
+        Allocation.objects.filter(Q(released_at__isnull=True) | Q(released_at__gt=horizon)).order_by()
+        .values("session__owner_id").annotate(usage=Sum(used, output_field=FloatField()))
+        .values_list("session__owner_id", "usage"))
     pending_by_user: dict[int, int] = {}
     for owner_id in ComputeSession.objects.filter(status=SessionStatus.PENDING).values_list("owner_id", flat=True):
         pending_by_user[owner_id] = pending_by_user.get(owner_id, 0) + 1

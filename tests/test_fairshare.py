@@ -11,6 +11,7 @@ from django.utils import timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from accelerators.models import Device
 from sessions import fairshare
 from sessions.models import Allocation, ComputeSession, Project, SessionStatus
 from sessions.scheduler import pending_position, schedule_pending
@@ -101,6 +102,37 @@ def test_accounts_carry_their_members_decayed_usage_and_weights(teams):
     assert (shares["vision"].weight_share, shares["nlp"].weight_share) == (0.25, 0.75)
     assert shares["vision"].factor == pytest.approx(2 ** -(0.5 / 0.25), rel=0.03)
     assert shares["nlp"].factor == pytest.approx(2 ** -(0.5 / 0.75), rel=0.03)
+
+
+@pytestmark_db
+def test_the_database_sums_each_owners_allocations_as_the_formula_does(teams):
+    alice, bob, _ = teams
+    used(alice, fgpu="2", hours=10, ended_days_ago=7)
+    used(alice, fgpu="0.25", hours=3, ended_days_ago=2)
+    used(bob, fgpu="1", hours=1, ended_days_ago=200)  # beyond HORIZON_HALF_LIVES half-lives: left out
+    running = ComputeSession.objects.create(owner=bob, name="now", resources={}, request_spec={},
+                                            status=SessionStatus.RUNNING)
+    live = Allocation.objects.create(session=running, device=Device.objects.first(), shares="0.5", memory=1 << 30, procs=1)
+    Allocation.objects.filter(pk=live.pk).update(created_at=timezone.now() - timedelta(hours=5))
+    now = timezone.now()
+
+    shares = {a.name: a for a in fairshare.account_shares(now=now)}
+
+    def expected(owner) -> float:
+        total = 0.0
+        for a in Allocation.objects.filter(session__owner=owner):
+            end = min((a.released_at or now).timestamp(), now.timestamp())
+            if now.timestamp() - end > fairshare.half_life_seconds() * fairshare.HORIZON_HALF_LIVES:
+                continue
+            total += float(a.shares) * fairshare.decayed_seconds(start=min(a.created_at.timestamp(), end), end=end,
+                                                                 now=now.timestamp(), half_life=7 * DAY)
+        return total
+
+    assert shares["vision"].usage == pytest.approx(expected(alice), rel=1e-9)
+    assert shares["nlp"].usage == pytest.approx(expected(bob), rel=1e-9)
+    assert expected(bob) == pytest.approx(0.5 * fairshare.decayed_seconds(start=now.timestamp() - 5 * 3600,
+                                                                          end=now.timestamp(), now=now.timestamp(),
+                                                                          half_life=7 * DAY), rel=1e-6)
 
 
 @pytestmark_db
