@@ -329,3 +329,22 @@ def test_a_catalog_the_agent_read_from_nvml_is_planned_with_instead_of_the_built
     session_create(owner=alice, name="a", resources={"gpu_memory": "15G", "isolation": "mig"})
     [(_, spec)] = schedule(django_capture_on_commit_callbacks)
     assert spec["mig"]["profile"] == "2g.20gb"
+
+
+def test_mig_sessions_that_start_past_a_waiting_head_count_as_backfill_until_the_limit(
+        alice, settings, django_capture_on_commit_callbacks):
+    settings.FGPU_BACKFILL_LIMIT = 1
+    mig_node()
+    session_create(owner=alice, name="busy", resources={"mig_profile": "1g.10gb"})
+    schedule(django_capture_on_commit_callbacks)
+    head = session_create(owner=alice, name="head", resources={"mig_profile": "7g.80gb"})  # the whole GPU: not now
+    first = session_create(owner=alice, name="first", resources={"mig_profile": "1g.10gb"})
+    second = session_create(owner=alice, name="second", resources={"mig_profile": "1g.10gb"})
+
+    schedule(django_capture_on_commit_callbacks)
+
+    for session in (head, first, second):
+        session.refresh_from_db()
+    assert (head.status, head.overtaken) == (SessionStatus.PENDING, 1)  # the pass's one backfill, by a MIG session
+    assert first.status == SessionStatus.SCHEDULED
+    assert second.status == SessionStatus.PENDING and "queued behind" in second.status_reason
