@@ -8,6 +8,7 @@ the live allocations never exceed what the devices hold.
 from __future__ import annotations
 
 import threading
+import time
 from decimal import Decimal
 
 import pytest
@@ -105,3 +106,69 @@ def test_sixteen_simultaneous_launches_of_1_5_fgpu_on_two_devices_schedule_one_p
         assert live["procs"] <= Decimal(80)
     total = Allocation.objects.filter(released_at__isnull=True).aggregate(s=Sum("shares"))["s"]
     assert total == Decimal("3.0")
+
+
+def test_a_pass_waits_for_a_node_whose_inventory_is_changing_and_places_by_the_new_one(django_user_model):
+    """The pass locks its nodes and devices before it reads their capacity: while an agent's
+    re-registration shrinks a GPU (8 → 4 GiB, uncommitted, its node row locked), the pass waits
+    for it and then judges by the smaller GPU (where 1.5 fGPU can never fit). Without those locks it read the old 8 GiB and
+    placed 1.5 fGPU (6 GiB) on a 4 GiB GPU (the mutation that removed them survived the tests
+    above: passes serialise on the pending sessions' locks first)."""
+    from accelerators.services import node_inventory_apply
+
+    make_cluster(nodes={"demo-node": [mock_gpu(0)]})
+    user = django_user_model.objects.create_user("alice")
+    Node = type(Device.objects.get().node)
+    Node.objects.filter(name="demo-node").update(status="LOST")  # the launch's own pass places nothing
+    session = services.session_create(owner=user, name="big", resources={"cuda.shares": "1.5"})
+    Node.objects.filter(name="demo-node").update(status="ALIVE")
+    node = Node.objects.get(name="demo-node")
+    locked, go, errors = threading.Event(), threading.Event(), []
+
+    def reregister():  # the agent, back with half the memory, its transaction held open
+        from django.db import transaction
+        try:
+            with transaction.atomic():
+                node_inventory_apply(node_name="demo-node", devices=[mock_gpu(0, memory=4 * GiB)],
+                                     plugins=list(node.plugins), attributes=dict(node.attributes))
+                locked.set()
+                assert go.wait(timeout=30)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def scheduler_pass():
+        try:
+            schedule_pending()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    agent = threading.Thread(target=reregister)
+    agent.start()
+    assert locked.wait(timeout=30)
+    passing = threading.Thread(target=scheduler_pass)
+    passing.start()
+
+    def pass_waits_on_a_lock() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND wait_event_type = 'Lock'")
+            return cursor.fetchone()[0] > 0
+    deadline = time.monotonic() + 10
+    while passing.is_alive() and not pass_waits_on_a_lock() and time.monotonic() < deadline:
+        passing.join(timeout=0.05)
+    go.set()
+    agent.join(timeout=60)
+    passing.join(timeout=60)
+
+    assert errors == []
+    [device] = Device.objects.all()
+    assert device.memory_size == 4 * GiB
+    assert live_on(device)["memory"] <= device.memory_size
+    session.refresh_from_db()
+    assert not session.allocations.exists()
+    assert (session.status, session.status_reason) == (
+        SessionStatus.ERROR, "cuda.shares: 1.5 fGPU requested, but the largest any node can hold is 1.00 fGPU")
