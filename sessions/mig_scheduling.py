@@ -130,8 +130,10 @@ def mig_choose(request: MigResourceRequest, *, lock: bool = True, image: str = "
     busy = _busy_devices(devices)
     choices: list[_Choice] = []
     reasons: list[str] = []
+    free = _nodes_free(nodes)  # one query for every node's CPU and memory left
     for node in sorted(nodes, key=lambda n: n.name):
-        if not _node_has_room(node, request):
+        cpu, mem = free[node.pk]
+        if cpu < request.cpu or mem < request.mem:
             reasons.append(f"{node.name}: not enough CPU cores or memory left")
             continue
         mine = [d for d in devices if d.node_id == node.pk]
@@ -175,23 +177,14 @@ def _busy_devices(devices: list[Device]) -> dict[str, set]:
     return {"any": any_pks, "shared": shared}
 
 
-def _node_free(node: Node) -> tuple[int, int]:
-    """(CPU cores, bytes of memory) of `node` that active sessions leave."""
-    return _nodes_free([node])[node.pk]
-
-
 def _nodes_free(nodes: list[Node]) -> dict:
-    """{node pk: `_node_free(node)`} for `nodes`, in one query."""
+    """{node pk: (CPU cores, bytes of memory) that its active sessions leave} for `nodes`, in one
+    query."""
     used = dict.fromkeys((n.pk for n in nodes), (0, 0))
     active = ComputeSession.objects.filter(node__in=nodes, status__in=ACTIVE_STATUSES)
     for node_id, cpu, mem in active.values_list("node").annotate(Sum("cpu"), Sum("mem")).order_by():
         used[node_id] = (cpu, mem)
     return {n.pk: (n.cpu_count - used[n.pk][0], n.memory_size - used[n.pk][1]) for n in nodes}
-
-
-def _node_has_room(node: Node, request: MigResourceRequest) -> bool:
-    cpu, mem = _node_free(node)
-    return cpu >= request.cpu and mem >= request.mem
 
 
 def _slice_names(device: Device) -> set[str]:

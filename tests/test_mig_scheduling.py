@@ -348,3 +348,15 @@ def test_mig_sessions_that_start_past_a_waiting_head_count_as_backfill_until_the
     assert (head.status, head.overtaken) == (SessionStatus.PENDING, 1)  # the pass's one backfill, by a MIG session
     assert first.status == SessionStatus.SCHEDULED
     assert second.status == SessionStatus.PENDING and "queued behind" in second.status_reason
+
+
+def test_a_mig_session_waits_while_its_node_has_too_few_cpu_cores_left(alice, django_capture_on_commit_callbacks):
+    mig_node()  # 8 cores, 32 GiB of memory
+    session_create(owner=alice, name="wide", resources={"mig_profile": "1g.10gb", "cpu": 6})
+    narrow = session_create(owner=alice, name="narrow", resources={"mig_profile": "1g.10gb", "cpu": 4, "mem": "1G"})
+
+    schedule(django_capture_on_commit_callbacks)
+
+    narrow.refresh_from_db()
+    assert narrow.status == SessionStatus.PENDING
+    assert "mig-node: not enough CPU cores or memory left" in narrow.status_reason
