@@ -514,13 +514,14 @@ class NodeAdmin(admin.ModelAdmin):
                                                         "core_scaling")}),
         ("MIG (set by administrators)", {"fields": ("mig_mode", "mig_layout", "mig_picture", "mig_status")}),
         ("Usage (live: the last hour, day, week or month)", {"fields": ("usage_charts",)}),
+        ("Processes on its GPUs (live: the host's view)", {"fields": ("gpu_processes",)}),
     )
-    readonly_fields = (*reported, "mig_picture", "mig_status", "usage_charts")
+    readonly_fields = (*reported, "mig_picture", "mig_status", "usage_charts", "gpu_processes")
     form = NodeForm
 
     class Media:
         css = {"all": ("vendor/uplot/uPlot.min.css", "css/usage.css")}
-        js = ("vendor/uplot/uPlot.iife.min.js", "js/usage.js")
+        js = ("vendor/uplot/uPlot.iife.min.js", "js/usage.js", "js/node_processes.js")
 
     def get_urls(self):
         check = self.admin_site.admin_view(self.mig_check_view)
@@ -555,6 +556,15 @@ class NodeAdmin(admin.ModelAdmin):
             return "—"
         return format_html("<div id='node-usage-charts' data-url='{}'>Loading…</div>",
                            reverse("api-node-usage", kwargs={"name": obj.name}))
+
+    @admin.display(description="which process holds what")
+    def gpu_processes(self, obj: Node) -> str:
+        """Where static/js/node_processes.js lists what holds the node's GPUs now, from
+        GET /api/v1/nodes/<name>/processes/ (asked of its agent every few seconds while shown)."""
+        if not obj.pk:
+            return "—"
+        return format_html("<div id='node-processes' data-url='{}' aria-live='polite'>Asking the agent…</div>",
+                           reverse("api-node-processes", kwargs={"name": obj.name}))
 
     @admin.display(description="session images it holds")
     def held_images(self, obj: Node) -> str:

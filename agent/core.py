@@ -133,21 +133,27 @@ class CeleryManager:
             kwargs[protocol.SIGNATURE] = protocol.sign(self.key, task, kwargs)
         self.app.signature(task, kwargs=kwargs).apply_async(**options)
 
-    def register(self, node: str, inventory: dict, running: list[str], images: dict | None = None) -> None:
-        """`images`: the session images the node holds ({reference: image id}; sent only when known)."""
+    def register(self, node: str, inventory: dict, running: list[str], images: dict | None = None, *,
+                 image_service_ports: dict | None = None) -> None:
+        """`images`: the session images the node holds ({reference: image id}; sent only when known);
+        `image_service_ports`: {image id: its ai.backend.service-ports label} (sent only when not empty)."""
         kwargs = {"node": node, "inventory": inventory, "running": running}
         if images is not None:
             kwargs["images"] = images
+        if image_service_ports:
+            kwargs["image_service_ports"] = image_service_ports
         self._send(protocol.AGENT_REGISTER, kwargs=kwargs)
 
     def heartbeat(self, node: str, running: list[str], mig_digest: str | None = None, state: dict | None = None,
-                  images: dict | None = None) -> None:
-        """`state`: the agent's view of its sessions (`Agent.state`); `images` as for `register`. A
-        heartbeat the manager has not taken within HEARTBEAT_EXPIRES_S is dropped unread: a newer
-        one is on its way."""
+                  images: dict | None = None, *, image_service_ports: dict | None = None) -> None:
+        """`state`: the agent's view of its sessions (`Agent.state`); `images` and
+        `image_service_ports` as for `register`. A heartbeat the manager has not taken within
+        HEARTBEAT_EXPIRES_S is dropped unread: a newer one is on its way."""
         kwargs = {"node": node, "running": running, "mig_digest": mig_digest, "state": state}
         if images is not None:
             kwargs["images"] = images
+        if image_service_ports:
+            kwargs["image_service_ports"] = image_service_ports
         self._send(protocol.AGENT_HEARTBEAT, kwargs=kwargs, expires=HEARTBEAT_EXPIRES_S)
 
     def report(self, session_id: str, status: str, reason: str, exit_code: int | None) -> None:
@@ -345,7 +351,8 @@ class Agent:
 
     async def _register(self) -> None:
         try:
-            await self._call(self.manager.register, self.node, self.inventory, list(self.sessions), self.images.current)
+            await self._call(self.manager.register, self.node, self.inventory, list(self.sessions), self.images.current,
+                             **self._service_ports())
             self._registered = True
         except Exception:
             log.exception("agent %s: could not register with the manager; will try again", self.node)
@@ -386,7 +393,13 @@ class Agent:
         except Exception:
             log.exception("agent %s: could not compute the MIG layout digest", self.node)
             digest = None
-        self.manager.heartbeat(self.node, running, digest, state, self.images.current)
+        self.manager.heartbeat(self.node, running, digest, state, self.images.current, **self._service_ports())
+
+    def _service_ports(self) -> dict:
+        """The held images' ai.backend.service-ports labels as a keyword for register and
+        heartbeat, none when there are none (a manager double that predates them keeps working)."""
+        labels = self.images.service_ports
+        return {"image_service_ports": dict(labels)} if labels else {}
 
     def _forget_old_ends(self) -> None:
         horizon = time.monotonic() - ENDED_KEEP_S
@@ -396,9 +409,15 @@ class Agent:
             del self._ended[next(iter(self._ended))]
 
     async def _refresh_groups(self) -> None:
-        """Join each running session's `pty-<id>` group again: channel layers forget a group
-        membership after their group expiry (channels_redis: a day), and a restarted Redis
-        forgets them all, after which terminal input and exec requests would reach nobody."""
+        """Join the node's `node-<name>` group and each running session's `pty-<id>` group again:
+        channel layers forget a group membership after their group expiry (channels_redis: a
+        day), and a restarted Redis forgets them all, after which terminal input, exec requests
+        and the web's questions about the node would reach nobody."""
+        try:
+            await self.layer.group_add(protocol.node_group(self.node), self.channel)
+        except Exception:
+            log.warning("agent %s: could not renew the node's group", self.node)
+            return
         for session_id in list(self.sessions):
             try:
                 await self.layer.group_add(protocol.pty_group(session_id), self.channel)
@@ -1035,7 +1054,21 @@ class Agent:
             except Exception:
                 log.exception("agent %s: bad terminal message %r", self.node, message.get("type"))
 
+    async def _answer_processes(self, reply_channel: str) -> None:
+        """Answer `node.processes` on `reply_channel` with the host's view of the node's GPUs
+        (`UsageSampler.processes`, on the work pool: NVML and /proc are read there, never on the
+        loop), or {ok: false, detail} when they cannot be read."""
+        try:
+            answer = {"ok": True, **await self._in(self._work, self.usage.processes)}
+        except Exception as exc:
+            log.exception("agent %s: could not list the GPU processes", self.node)
+            answer = {"ok": False, "detail": f"the agent could not list the GPU processes: {exc}"}
+        await self.layer.send(reply_channel, {"type": protocol.NODE_PROCESSES_RESULT, **answer})
+
     def _handle(self, message: dict) -> None:
+        if message.get("type") == protocol.NODE_PROCESSES:  # the node's GPU processes (agent.usage)
+            self._in_background(self._answer_processes(str(message["reply_channel"])))
+            return
         running = self.sessions.get(message.get("session_id", ""))
         if running is None:
             return

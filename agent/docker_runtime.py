@@ -32,6 +32,7 @@ import threading
 import time
 from pathlib import Path
 
+import protocol
 from accelerators.allocation.units import format_binary_size
 from agent.runtimes import DOCKER, SessionPaths
 
@@ -437,12 +438,21 @@ class DockerRuntime:
         """Blocking: the local images, `{reference: image id}`, every tag ("fgpu-session:test") and
         repository digest ("nvcr.io/nvidia/pytorch@sha256:…") of each, as Docker lists them.
         Raises what the Docker SDK raises when the engine does not answer."""
-        held = {}
+        held, service_ports = {}, {}
         for image in self.client.images.list():
             for reference in [*(image.tags or []), *(image.attrs.get("RepoDigests") or [])]:
                 if not reference.startswith("<none>"):  # an untagged image's placeholder
                     held[reference] = image.id
+            label = (image.labels or {}).get(protocol.SERVICE_PORTS_LABEL)
+            if isinstance(label, str) and label:
+                service_ports[image.id] = label[:1024]
+        self._service_ports = service_ports
         return held
+
+    def image_service_ports(self) -> dict[str, str]:
+        """`{image id: its ai.backend.service-ports label}` of the local images that carry one, as
+        the last `images()` listed them (the label read from the image's inspect, Config.Labels)."""
+        return dict(getattr(self, "_service_ports", {}))
 
     def holds_image(self, reference: str) -> bool:
         import docker

@@ -180,6 +180,10 @@ class ProcessRuntime:
         """The session images this runtime holds: its one built-in image, "host"."""
         return dict(protocol.HOST_IMAGES)
 
+    def image_service_ports(self) -> dict[str, str]:
+        """The `ai.backend.service-ports` labels of its images: the host has none."""
+        return {}
+
 
 class HeldImages:
     """The session images a node holds, as its registration and heartbeats report them
@@ -195,6 +199,7 @@ class HeldImages:
         self.runtime = runtime
         self.clock = clock
         self.current: dict[str, str] | None = None
+        self.service_ports: dict[str, str] = {}  # image id → its ai.backend.service-ports label
         self._listed_at: float | None = None
         self._busy = False
 
@@ -210,6 +215,9 @@ class HeldImages:
         """Blocking: list the runtime's images now; returns `current`."""
         try:
             self.current = dict(sorted(self.runtime.images().items())[:protocol.MAX_IMAGES])
+            held = set(self.current.values())
+            self.service_ports = {ident: label for ident, label in self.runtime.image_service_ports().items()
+                                  if ident in held}
         except Exception as exc:
             log.warning("could not list the node's session images (keeping the last list): %s", exc)
             if self.current is None:

@@ -35,6 +35,18 @@ device in the session's numbering (CUDA_VISIBLE_DEVICES order). A missing file d
 sample. Nothing is enforced on a mock node: a declaration past the limit is reported as it is
 (capped at the device's size only).
 
+The host's view (`UsageSampler.processes`, issue 16 item 5; asked for, never sent unasked): which
+process of which session holds how much memory of which GPU, for the node admin page and `fgpu
+nodes --processes`. Real GPUs: NVML's running processes of each device (compute and graphics,
+`nvmlDeviceGetComputeRunningProcesses` / `nvmlDeviceGetGraphicsRunningProcesses`; `usedGpuMemory`
+in bytes), each pid matched to the session whose processes include it (the container's cgroup, else
+its process tree and `FGPU_SESSION_ID`: `session_pids`); a process of no session is listed too
+(session None), as the host's `nvidia-smi` lists it. Mock devices hold no process: each session
+is listed once per granted device with its leader process (the shell or batch command, a
+container's init) holding what the session declares (the usage declaration above) or, without a
+declaration, its granted slice (`CUDA_DEVICE_MEMORY_LIMIT_<i>`), as a program that takes its
+whole limit would.
+
 A batch is sent every `flush_s` seconds (default 15; sooner once `BATCH_SAMPLES` samples wait);
 while the manager cannot be reached the samples wait, the oldest dropped past `BACKLOG_SAMPLES`
 (a gap in the history, never invented figures). Sending the same sample twice is harmless: the
@@ -112,6 +124,41 @@ def cgroup_usage(directory: Path) -> tuple[float, int, set[int]] | None:
     except (OSError, ValueError, StopIteration):
         return None
     return cpu / 1e6, memory, pids
+
+
+def session_pids(session_id: str, handle) -> set[int]:
+    """The host pids of a session's processes: its container's cgroup (`cgroup.procs`) where it
+    has one of its own, else its process tree (`runtimes.session_processes`); empty for a session
+    without a process yet."""
+    pid = getattr(handle, "pid", None)
+    if not pid:
+        return set()
+    if getattr(handle, "container", None) is not None:
+        directory = _cgroup_dir(pid)
+        if directory is not None:
+            try:
+                return {int(p) for p in (directory / "cgroup.procs").read_text().split()}
+            except (OSError, ValueError):
+                pass
+    return set(session_processes(session_id, pid, live_only=True))
+
+
+def command_line(pid: int, *, proc: str = "/proc", nvml=None, limit: int = 256) -> str:
+    """The command line of host process `pid` (its arguments joined by spaces, at most `limit`
+    characters); where /proc cannot tell (gone, another pid namespace), NVML's process name
+    (`nvmlSystemGetProcessName`) when `nvml` is given, else ""."""
+    try:
+        with open(f"{proc}/{pid}/cmdline", "rb") as f:
+            text = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        text = ""
+    if not text and nvml is not None:
+        try:
+            name = nvml.nvmlSystemGetProcessName(pid)
+            text = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+        except Exception:
+            text = ""
+    return text[:limit]
 
 
 def process_usage(pids: list[int], *, proc: str = "/proc") -> tuple[float, int]:
@@ -281,8 +328,8 @@ class UsageSampler:
                             "memory_total": device["memory_size"], "util": min(util, 100)})
         return gpu, devices
 
-    def _nvml_gpu(self, sessions: dict, pids: dict[str, set[int]], t: int) -> tuple[dict, list[dict]]:
-        """Real devices through NVML: device figures, and each session's processes' memory."""
+    def _nvml_module(self):
+        """The pynvml module (or the fake given), initialised once."""
         nvml = self.nvml
         if nvml is None:
             import pynvml as nvml
@@ -291,6 +338,80 @@ class UsageSampler:
         if not self._nvml_ready:
             nvml.nvmlInit()
             self._nvml_ready = True
+        return nvml
+
+    def processes(self) -> dict:
+        """Blocking (the work pool): the host's view of the node's GPUs (see the module docstring):
+        `{"source": "nvml" | "declared", "at": epoch seconds, "truncated": bool, "processes": [{"device":
+        UUID, "index": the device's position in the inventory, "pid": host pid, "command": text,
+        "session_id": str or None (a process of no session), "memory": bytes or None (NVML could not
+        tell), "kind": "compute" | "graphics" | "declared"}, …]}`, at most protocol.MAX_NODE_PROCESSES
+        rows, ordered by device then pid."""
+        from protocol import MAX_NODE_PROCESSES
+
+        sessions = dict(self.agent.sessions)
+        rows = self._mock_processes(sessions) if self.agent.mock else self._nvml_processes(sessions)
+        rows.sort(key=lambda r: (r["index"], r["pid"], r["kind"]))
+        return {"source": "declared" if self.agent.mock else "nvml", "at": int(self.clock()),
+                "truncated": len(rows) > MAX_NODE_PROCESSES, "processes": rows[:MAX_NODE_PROCESSES]}
+
+    def _mock_processes(self, sessions: dict) -> list[dict]:
+        index = {d["device_id"]: i for i, d in enumerate(self._inventory())}
+        rows = []
+        for sid, running in sessions.items():
+            pid = getattr(running.process, "pid", None)
+            granted = self._granted(running)
+            if not pid or not granted:
+                continue
+            command = command_line(pid)
+            has_declaration = (Path(running.work_dir) / USAGE_FILE).exists()
+            declared = read_declaration(Path(running.work_dir), len(granted)) if has_declaration else None
+            for i, uuid in enumerate(granted):
+                if declared is not None:
+                    memory = declared[i][0]
+                elif has_declaration:
+                    memory = None  # a declaration that cannot be read: unknown, not the slice
+                else:
+                    limit = running.env.get(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", "")
+                    memory = int(limit[:-1]) * 2**20 if limit[:-1].isdigit() and limit.endswith("m") else None
+                rows.append({"device": uuid, "index": index.get(uuid, len(index)), "pid": pid, "command": command,
+                             "session_id": sid, "memory": memory, "kind": "declared"})
+        return rows
+
+    def _nvml_processes(self, sessions: dict) -> list[dict]:
+        nvml = self._nvml_module()
+        owner = {pid: sid for sid, running in sessions.items()
+                 for pid in session_pids(sid, running.process)}
+        rows, commands = [], {}
+        for i, device in enumerate(self._inventory()):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(device["device_id"])
+            except Exception as exc:
+                log.debug("NVML could not read %s: %s", device["device_id"], exc)
+                continue
+            seen = set()
+            for kind, call in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
+                               ("graphics", "nvmlDeviceGetGraphicsRunningProcesses")):
+                try:
+                    found = getattr(nvml, call)(handle)
+                except Exception:  # not supported (a MIG device's graphics), or the driver refused
+                    found = []
+                for process in found:
+                    pid = int(process.pid)
+                    if pid in seen:  # a process both computing and drawing: listed once, as compute
+                        continue
+                    seen.add(pid)
+                    if pid not in commands:
+                        commands[pid] = command_line(pid, nvml=nvml)
+                    used = getattr(process, "usedGpuMemory", None)
+                    rows.append({"device": device["device_id"], "index": i, "pid": pid, "command": commands[pid],
+                                 "session_id": owner.get(pid), "memory": None if used is None else int(used),
+                                 "kind": kind})
+        return rows
+
+    def _nvml_gpu(self, sessions: dict, pids: dict[str, set[int]], t: int) -> tuple[dict, list[dict]]:
+        """Real devices through NVML: device figures, and each session's processes' memory."""
+        nvml = self._nvml_module()
         owner = {pid: sid for sid, group in pids.items() for pid in group}
         memory: dict[str, int] = collections.defaultdict(int)
         util: dict[str, int | None] = {}

@@ -55,6 +55,8 @@ urlpatterns = [
     path("api/v1/usage/latest/", usage_api.latest_usage_view, name="api-usage-latest"),
     re_path(rf"^api/v1/nodes/(?P<name>{accelerator_api.NodeViewSet.lookup_value_regex})/usage/$", usage_api.node_usage_view,
             name="api-node-usage"),
+    re_path(rf"^api/v1/nodes/(?P<name>{accelerator_api.NodeViewSet.lookup_value_regex})/processes/$",
+            usage_api.node_processes_view, name="api-node-processes"),
     path("metrics", usage_metrics.metrics_view, name="metrics"),
     re_path(rf"^api/v1/nodes/(?P<name>{api_mig.NodeMigViewSet.lookup_value_regex})/mig/$",
             api_mig.NodeMigViewSet.as_view({"get": "retrieve", "put": "update", "patch": "partial_update"}),

@@ -511,9 +511,43 @@ def cmd_cp(args) -> int:
     return OK
 
 
+def _node_processes(client: Client, nodes: list[dict], output: str) -> int:
+    """`fgpu nodes --processes`: the host's view of each alive node's GPUs
+    (`GET /api/v1/nodes/<name>/processes/`, administrators): which process of which session holds
+    how much memory of which GPU. A node that is not alive, or whose agent does not answer, is
+    named on stderr; the others are still listed."""
+    answers, failed = [], False
+    for n in nodes:
+        if n.get("status") != "ALIVE":
+            _info(f"fgpu: node {n['name']} is {n.get('status')}: its GPUs' processes cannot be asked")
+            continue
+        try:
+            answers.append(client.get(f"/api/v1/nodes/{urllib.parse.quote(n['name'], safe='')}/processes/"))
+        except ApiError as exc:
+            if exc.status in (401, 403):
+                raise
+            _error(f"node {n['name']}: {exc.detail}")
+            failed = True
+    if output == "json":
+        _emit_json(answers)
+        return 1 if failed else OK
+    rows = []
+    for answer in answers:
+        for p in answer["processes"]:
+            session = p.get("session") or {}
+            rows.append([answer["node"], p.get("index"), short_id(p["device"]) if p.get("device") else "", p["pid"],
+                         session.get("name", "—"), session.get("owner", "—"), size(p.get("memory")),
+                         size(session.get("granted_memory")), p.get("kind"), printable(p.get("command", ""))[:60]])
+    print(table(["NODE", "GPU", "UUID", "PID", "SESSION", "OWNER", "GPU MEMORY", "GRANTED", "SOURCE", "COMMAND"], rows)
+          if rows else "no process holds a GPU on the alive nodes")
+    return 1 if failed else OK
+
+
 def cmd_nodes(args) -> int:
     client, _ = _client(args)
     nodes = client.get_all("/api/v1/nodes/")
+    if getattr(args, "processes", False):
+        return _node_processes(client, nodes, args.output)
     if args.output == "json":
         _emit_json(nodes)
         return OK
@@ -794,7 +828,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", metavar="SOURCE")
     p.add_argument("target", metavar="TARGET")
 
-    add("nodes", cmd_nodes, "GPU nodes with their capacity, allocated and free fGPU")
+    p = add("nodes", cmd_nodes, "GPU nodes with their capacity, allocated and free fGPU")
+    p.add_argument("--processes", action="store_true",
+                   help="administrators: what holds each alive node's GPUs now, as the node sees it (NVML's running "
+                        "processes; a mock node: each session's declared use): GPU, pid, session, owner, memory, command")
     p = add("devices", cmd_devices, "every device with its allocated and free fGPU")
     p.add_argument("--node", help="only this node's devices")
     add("images", cmd_images, "session images to launch in (--image): the default, accelerators, nodes that hold "

@@ -13,8 +13,9 @@ Task names and their keyword arguments:
 
 | task | queue | kwargs |
 |---|---|---|
-| `fgpu.manager.agent_register` | manager | node, inventory, running (session ids), images |
-| `fgpu.manager.agent_heartbeat` | manager.heartbeats | node, running, mig_digest, state (`Agent.state()`), images |
+| `fgpu.manager.agent_register` | manager | node, inventory, running (session ids), images, image_service_ports |
+| `fgpu.manager.agent_heartbeat` | manager.heartbeats | node, running, mig_digest, state (`Agent.state()`), images, |
+| | | image_service_ports |
 | `fgpu.manager.session_report` | manager | session_id, status, reason, exit_code |
 | `fgpu.manager.session_log_append` | manager.logs | session_id, seq, offset, text, final |
 | `fgpu.manager.mig_report` | manager | node, report |
@@ -29,8 +30,10 @@ Task names and their keyword arguments:
 for the docker runtime every tag and repository digest of its local images (`"fgpu-session:test":
 "sha256:…"`), for the process runtime `{"host": "host"}`. An agent from before images sends no
 `images` kwarg (and signs none); the manager then takes it to hold what the process runtime
-implies (HOST_IMAGES). A registered reference matches a reported one as it is or in `image_key`
-form (the form in which Docker lists its tags).
+implies (HOST_IMAGES). `image_service_ports` (register and heartbeat, sent only when not empty): `{image
+id: its "ai.backend.service-ports" label}` for the held images whose inspect carries Backend.AI's
+label (sessions.service_ports turns it into the image record's apps). A registered reference
+matches a reported one as it is or in `image_key` form (the form in which Docker lists its tags).
 
 Channel-layer groups: `pty-<session id>` (the session's agent joins it; terminal consumers and
 the web send `pty.input` {data}, `pty.resize` {rows, cols}, `pty.attach` {reply_channel},
@@ -38,6 +41,8 @@ the web send `pty.input` {data}, `pty.resize` {rows, cols}, `pty.attach` {reply_
 the session apps' `pty.app_open` {app, base_url, token, timeout, reply_channel} and `pty.app_status`
 {name, port, reply_channel}, answered on the reply channel: agent.session_apps, and a session's files'
 `pty.files` {op, owner_id, path, …, reply_channel}: protocol.files, agent.files),
+`node-<node name>` (the node's agent joins it; the web sends `node.processes` {reply_channel},
+answered `node.processes.result` {ok, at, source, processes}: agent.usage.UsageSampler.processes),
 `terminal-<session id>` (terminal consumers join it; the agent sends `terminal.output` {data,
 offset, n} and `terminal.exit` {code}). Flow control (agent.core, READER_WINDOW_CHARS): `offset`
 counts the characters sent to the group up to the end of the frame and `n` the frames; a consumer
@@ -79,6 +84,7 @@ HOST_IMAGE = "host"  # the process runtime's one built-in image: the node's own 
 HOST_IMAGES = {HOST_IMAGE: HOST_IMAGE}  # what a process-runtime node holds (and an agent that reports no images)
 MAX_IMAGES = 1000  # the most image references one node reports (its heartbeat stays small)
 MAX_IMAGE_REFERENCE = 255  # characters
+SERVICE_PORTS_LABEL = "ai.backend.service-ports"  # Backend.AI's image label naming its apps (sessions.service_ports)
 
 
 def image_key(reference: str) -> str:
@@ -108,6 +114,16 @@ def agent_queue(node: str) -> str:
 def terminal_group(session_id) -> str:
     """Where the agent sends a session's PTY output; terminal consumers join it."""
     return f"terminal-{session_id}"
+
+
+def node_group(node: str) -> str:
+    """Where the web asks a node's agent about the node itself (`node.processes`); its agent joins it."""
+    return f"node-{node}"
+
+
+NODE_PROCESSES = "node.processes"  # the web → the node's agent: {reply_channel}
+NODE_PROCESSES_RESULT = "node.processes.result"  # the answer: {ok, at, source, processes, truncated}
+MAX_NODE_PROCESSES = 2000  # the most GPU processes one answer lists (the channel layer's messages stay small)
 
 
 def pty_group(session_id) -> str:

@@ -7,6 +7,8 @@ scheduler places a session only on a node whose agent reports holding its image
 """
 from __future__ import annotations
 
+import logging
+
 from django.db import transaction
 
 import protocol
@@ -14,6 +16,9 @@ from accelerators.models import Node, NodeStatus
 from accelerators.selectors import node_runs_image
 from console.errors import ApplicationError
 from sessions.models import ACTIVE_STATUSES, SessionImage, SessionStatus
+from sessions.service_ports import SERVICE_PORTS_LABEL, ServicePortsError, apps_from_service_ports
+
+log = logging.getLogger(__name__)
 
 LISTED_IN_ERRORS = 20  # registered references an "unknown image" refusal names at most
 NO_ROOM_WITH_IMAGE = "no alive node with image {image} could hold it"  # nodes have it, but too small
@@ -99,3 +104,44 @@ def image_delete(*, image: SessionImage) -> None:
             raise ApplicationError(f"{in_use} session(s) waiting or running in image {image.reference} use it; delete "
                                    "it once they ended", type="image-in-use", title="Image in use", status=409)
         image.delete()
+
+
+def image_service_ports_apply(*, node_name: str, images, service_ports) -> list[str]:
+    """Give the image records the `ai.backend.service-ports` labels a docker node found on the
+    images it holds (`images`: {reference: image id}; `service_ports`: {image id: label}, from the
+    images' inspect): a record whose reference names one of them (as it is or in
+    `protocol.image_key` form) gets the label in its `labels`, whence its apps
+    (sessions.service_ports.merged_apps; the record's own `apps` win by name). Only a changed
+    label is written (compare-and-set on the labels read, so an administrator's edit meanwhile is
+    not overwritten; the next heartbeat tries again). A malformed label is refused whole: logged
+    as a warning naming the node, the image and the rule it breaks, the record left as it was.
+    Returns the references of the records changed."""
+    if not isinstance(images, dict) or not isinstance(service_ports, dict):
+        log.warning("node %s reported image labels that are not objects: ignored", node_name)
+        return []
+    labels = {}
+    for reference, ident in images.items():
+        label = service_ports.get(ident)
+        if isinstance(reference, str) and isinstance(label, str) and label:
+            labels[protocol.image_key(reference)] = label
+    if not labels:
+        return []
+    changed = []
+    for image in SessionImage.objects.exclude(reference=protocol.HOST_IMAGE).only("id", "reference", "labels"):
+        label = labels.get(protocol.image_key(image.reference))
+        current = image.labels if isinstance(image.labels, dict) else {}
+        if label is None or current.get(SERVICE_PORTS_LABEL) == label:
+            continue
+        try:
+            apps, notes = apps_from_service_ports(label)
+        except ServicePortsError as exc:
+            log.warning("node %s: image %s carries a malformed label, not taken (the record keeps its apps): %s",
+                        node_name, image.reference, exc)
+            continue
+        if SessionImage.objects.filter(pk=image.pk, labels=image.labels).update(
+                labels={**current, SERVICE_PORTS_LABEL: label}) == 1:
+            changed.append(image.reference)
+            log.info("image %s: apps from its %s label on node %s: %s%s", image.reference, SERVICE_PORTS_LABEL,
+                     node_name, ", ".join(a["name"] for a in apps) or "none",
+                     f" (left out: {'; '.join(notes)})" if notes else "")
+    return changed

@@ -13,6 +13,8 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
+from sessions.service_ports import SERVICE_PORTS_LABEL, ServicePortsError, parse_service_ports
+
 
 class SessionStatus(models.TextChoices):
     PENDING = "PENDING"
@@ -56,6 +58,11 @@ def validate_image_labels(value) -> None:
     """An object of text values (`{"framework": "pytorch"}`). Raises ValidationError."""
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise ValidationError('an object whose values are text, e.g. {"framework": "pytorch"}')
+    if SERVICE_PORTS_LABEL in value:  # Backend.AI's apps label: its apps are the image's too (service_ports)
+        try:
+            parse_service_ports(value[SERVICE_PORTS_LABEL])
+        except ServicePortsError as exc:
+            raise ValidationError(str(exc)) from None
 
 
 APP_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,31}$")

@@ -29,6 +29,7 @@ from django.conf import settings
 from console.errors import ApplicationError
 from sessions import events
 from sessions.models import TERMINAL_APP, ComputeSession, SessionStatus
+from sessions.service_ports import jupyter_app, merged_apps  # noqa: F401  (jupyter_app: imported from here too)
 
 APP_PREFIX = "/sessions/{session}/apps/{app}/"
 OPEN_PAGE = "/sessions/{session}/open/{app}/"
@@ -40,16 +41,6 @@ APP_TARGETS: dict[tuple[str, str], tuple[str, int, float]] = {}
 TARGET_TTL_S = 30.0
 MAX_TARGETS = 10_000
 DEFAULT_TIMEOUT_S = 60
-
-
-def jupyter_app(*, python: str = "python3") -> dict:
-    """JupyterLab as a session app (the standalone demo's; an example for images): `python -m
-    jupyterlab` under the console's prefix with the console's token, remote access allowed (the
-    Host it sees is the console's; root allowed: the process runtime runs sessions as the agent's user)."""
-    return {"name": "jupyter", "title": "JupyterLab", "port": 8888, "base_url": True, "path": "lab", "timeout": 120,
-            "command": f"exec {python} -m jupyterlab --no-browser --ip={{host}} --port={{port}} "
-                       "--ServerApp.base_url={base_url} --IdentityProvider.token={token} "
-                       "--ServerApp.allow_remote_access=True --allow-root"}
 
 
 def app_token(*, session_id, app: str) -> str:
@@ -65,11 +56,12 @@ def app_prefix(*, session_id, app: str) -> str:
 
 
 def session_apps(session: ComputeSession) -> list[dict]:
-    """The apps of `session`'s image with their defaults filled in (`title`: the name, `protocol`
+    """The apps of `session`'s image (its record's, then its `ai.backend.service-ports` label's:
+    sessions.service_ports.merged_apps) with their defaults filled in (`title`: the name, `protocol`
     "http", `base_url` true, `path` "", `timeout` DEFAULT_TIMEOUT_S); [] for a session without an
     image. The built-in terminal is not among them."""
     image = session.image
-    apps = image.apps if image is not None and isinstance(image.apps, list) else []
+    apps = merged_apps(image.apps if isinstance(image.apps, list) else [], image.labels) if image is not None else []
     return [{"title": app["name"], "protocol": "http", "base_url": True, "path": "", "timeout": DEFAULT_TIMEOUT_S,
              **app} for app in apps if isinstance(app, dict) and app.get("name") != TERMINAL_APP]
 

@@ -50,16 +50,18 @@ def agent_send(task: str, *, producer=None, **kwargs) -> None:
 
 @manager_task(protocol.AGENT_REGISTER)
 def agent_register(*, node: str, inventory: dict, running: list[str], images: dict | None = None,
-                   signature: str | None = None) -> None:
+                   image_service_ports: dict | None = None, signature: str | None = None) -> None:
     """An agent started: apply its inventory and the session images it holds (`images`, see
     protocol; None from an agent before images: the process runtime's "host"), reconcile its
-    sessions, tell it which to keep."""
+    sessions, tell it which to keep. `image_service_ports`: the held images' ai.backend.service-ports
+    labels, which the image records matching them take their apps from (image_service_ports_apply)."""
     if not _authentic(protocol.AGENT_REGISTER, node, node=node, inventory=inventory, running=running,
-                      signature=signature, **_sent(images=images)):
+                      signature=signature, **_sent(images=images, image_service_ports=image_service_ports)):
         return
     from accelerators.mig_services import node_mig_push
     from accelerators.plugins.base import DeviceInfo
     from accelerators.services import node_inventory_apply, node_links_apply
+    from sessions.images import image_service_ports_apply
     from sessions.services import sessions_reconcile_node
 
     registered = node_inventory_apply(
@@ -75,6 +77,8 @@ def agent_register(*, node: str, inventory: dict, running: list[str], images: di
         node_links_apply(node=registered, links=inventory.get("links", []))
     except ValueError as exc:  # a bad topology report must not keep the node's GPUs out of use
         log.warning("node %s reported unusable device links, ignored: %s", node, exc)
+    if image_service_ports:
+        image_service_ports_apply(node_name=node, images=registered.images, service_ports=image_service_ports)
     keep = sessions_reconcile_node(node_name=node, running=running)
     agent_send(protocol.SESSIONS_SYNC, node=node, keep=keep)
     node_mig_push(node=registered, kind="start")  # MIG GPUs: the agent re-applies the layout, reports strangers
@@ -94,25 +98,32 @@ def mig_report(*, node: str, report: dict, signature: str | None = None) -> None
 
 @shared_task(name=protocol.AGENT_HEARTBEAT, acks_late=True)
 def agent_heartbeat(*, node: str, running: list[str], mig_digest: str | None = None, state: dict | None = None,
-                    images: dict | None = None, signature: str | None = None) -> None:
+                    images: dict | None = None, image_service_ports: dict | None = None,
+                    signature: str | None = None) -> None:
     """`mig_digest`: the digest of the GPU instances the agent finds on its MIG GPUs (None: none
     known); a mismatch with the manager's asks for a full MIG reconcile (`node_mig_heartbeat_check`).
     `state`: the agent's view of its sessions (`Agent.state`), reconciled with the database
     (sessions.reconcile). `images`: the session images the node holds ({reference: image id};
     None, from an agent before images: left as registered); when they changed, a scheduler pass
-    places the sessions waiting for them. Not retried: the next heartbeat comes within seconds."""
+    places the sessions waiting for them. `image_service_ports` as for agent_register, applied on
+    every heartbeat that carries it (an image record created since takes its apps within one
+    heartbeat; one query of the records its labels name). Not retried: the next heartbeat comes
+    within seconds."""
     from accelerators.mig_services import node_mig_heartbeat_check
     from accelerators.services import node_heartbeat, node_images_apply
+    from sessions.images import image_service_ports_apply
     from sessions.reconcile import sessions_reconcile_heartbeat
 
     if not _authentic(protocol.AGENT_HEARTBEAT, node, node=node, running=running, mig_digest=mig_digest, state=state,
-                      signature=signature, **_sent(images=images)):
+                      signature=signature, **_sent(images=images, image_service_ports=image_service_ports)):
         return
     if not node_heartbeat(node_name=node):
         log.warning("heartbeat from unregistered node %s", node)
         return
     if images is not None and node_images_apply(node_name=node, images=images):
         schedule_pending_soon()
+    if images is not None and image_service_ports:
+        image_service_ports_apply(node_name=node, images=images, service_ports=image_service_ports)
     node_mig_heartbeat_check(node_name=node, digest=mig_digest)
     if state is not None:
         sessions_reconcile_heartbeat(node_name=node, state=state)

@@ -1,7 +1,8 @@
 """Usage in the REST API (issue 15): the accounting report (`GET /api/v1/usage/`, JSON or CSV),
 a session's history for its chart (`GET /api/v1/sessions/<id>/usage/`), the newest sample of
 sessions for the list's gauges (`GET /api/v1/usage/latest/`) and a node's devices' history
-(`GET /api/v1/nodes/<name>/usage/`). Thin: parse,
+(`GET /api/v1/nodes/<name>/usage/`) and what holds its GPUs now (`GET /api/v1/nodes/<name>/processes/`,
+administrators). Thin: parse,
 fetch with the permission check, call one selector."""
 from __future__ import annotations
 
@@ -18,13 +19,15 @@ from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import renderers, serializers
-from rest_framework.decorators import api_view, renderer_classes
+from rest_framework.decorators import api_view, permission_classes, renderer_classes
+from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 
 from console.api_support import ErrorSerializer
 from console.errors import ApplicationError
 from sessions.selectors import session_get_for
 from accelerators.models import Node
+from usage.processes import node_processes
 from usage.selectors import GROUPS, latest_session_usage, node_device_series, session_series, usage_report
 
 MAX_RANGE = timedelta(days=400)
@@ -254,3 +257,56 @@ def node_usage_view(request, name):
     since, until = _range(request)
     return Response({"devices": DeviceHistorySerializer(node_device_series(node=node, since=since, until=until),
                                                       many=True).data})
+
+
+class ProcessSessionSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    owner = serializers.CharField(help_text="the owner's username")
+    status = serializers.CharField()
+    granted_memory = serializers.IntegerField(allow_null=True, help_text="bytes of this device the session holds")
+
+
+class GpuProcessSerializer(serializers.Serializer):
+    device = serializers.CharField(help_text="the GPU (or MIG) UUID")
+    index = serializers.IntegerField(allow_null=True, help_text="the device's index on the node")
+    model_name = serializers.CharField(allow_blank=True)
+    pid = serializers.IntegerField(help_text="the process id on the node (the host's, also for a container's process)")
+    command = serializers.CharField(allow_blank=True, help_text="its command line (at most 256 characters)")
+    memory = serializers.IntegerField(allow_null=True, help_text="bytes of GPU memory it holds; null: NVML could not tell")
+    kind = serializers.ChoiceField(choices=["compute", "graphics", "declared"],
+                                   help_text="NVML's compute or graphics process; declared: a mock node's session")
+    session = ProcessSessionSerializer(allow_null=True, help_text="the session it belongs to; null: none")
+
+
+@extend_schema(
+    summary="What holds a node's GPUs now (the host's view)", tags=["inventory"],
+    parameters=[OpenApiParameter("name", OpenApiTypes.STR, OpenApiParameter.PATH)],
+    responses={200: inline_serializer("NodeProcesses", {
+        "node": serializers.CharField(),
+        "source": serializers.ChoiceField(choices=["nvml", "declared"],
+                                          help_text="nvml: NVML's running processes; declared: a mock node's sessions"),
+        "at": serializers.IntegerField(help_text="when the agent read them, epoch seconds"),
+        "truncated": serializers.BooleanField(help_text="more processes than the 2000 listed"),
+        "processes": GpuProcessSerializer(many=True)}),
+        403: OpenApiResponse(ErrorSerializer, description="not an administrator"),
+        404: OpenApiResponse(ErrorSerializer, description="no such node"),
+        409: OpenApiResponse(ErrorSerializer, description="the node is not alive: no agent to ask"),
+        502: OpenApiResponse(ErrorSerializer, description="the agent could not read its GPUs' processes"),
+        504: OpenApiResponse(ErrorSerializer, description="the node's agent did not answer")},
+    examples=[OpenApiExample("a 0.5 fGPU session's notebook on a mock node", response_only=True, value={
+        "node": "demo-node", "source": "declared", "at": 1764140000, "truncated": False, "processes": [{
+            "device": "GPU-00000000-0000-0000-0000-000000000001", "index": 0, "model_name": "CUDA GPU", "pid": 4242,
+            "command": "/bin/bash -l", "memory": 2147483648, "kind": "declared",
+            "session": {"id": "0b4f6b1e-9d1c-4a43-9f0e-3c5d2f1a7b10", "name": "notebook", "owner": "alice",
+                        "status": "RUNNING", "granted_memory": 2147483648}}]})],
+    description="Which process (pid, command) of which session holds how much memory of which GPU, as the node's "
+                "agent reads it now (asked over the channel layer: nothing is stored): NVML's running processes on "
+                "a real node (a process of no session has session null), each session's declared use (else its "
+                "granted slice) on a mock node. Administrators only: commands are other users'.",
+)
+@api_view(["GET"])
+@permission_classes([IsAdminUser])
+def node_processes_view(request, name):
+    node = get_object_or_404(Node, name=name)
+    return Response(node_processes(node=node))

@@ -121,6 +121,7 @@ class FakeGpu:
     max_mig_devices: int = 7
     mig_devices: list[FakeMigDevice | None] = field(default_factory=list)
     processes: list[FakeProcess] = field(default_factory=list)
+    graphics_processes: list[FakeProcess] = field(default_factory=list)  # a display's (X, a renderer)
     utilization: int = 0
     temperature: int = 30
     power_usage_mw: int = 60_000
@@ -649,6 +650,12 @@ class FakeNvml:
             )
             for p in self._processes(handle)
         ]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: FakeHandle) -> list[SimpleNamespace]:
+        self._enter("nvmlDeviceGetGraphicsRunningProcesses")
+        self._full_gpu_only(handle, code=pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_memory, gpuInstanceId=p.gpu_instance_id,
+                                computeInstanceId=p.compute_instance_id) for p in handle.gpu.graphics_processes]
 
     def nvmlDeviceGetUtilizationRates(self, handle: FakeHandle) -> SimpleNamespace:
         self._enter("nvmlDeviceGetUtilizationRates")
