@@ -187,7 +187,8 @@ class ProcessRuntime:
 
 class HeldImages:
     """The session images a node holds, as its registration and heartbeats report them
-    (`current`: {reference: image id}; None until first listed), listed through the runtime
+    (`current`: {reference: image id}; None until first listed; `service_ports`: {image id: its
+    ai.backend.service-ports label} of those that carry one), listed through the runtime
     (`runtime.images()`, blocking: Docker's image list for the docker runtime) at most every
     REFRESH_S seconds. The agent calls `claim()` on its loop and, when it answers True, `refresh()`
     on a worker pool. A listing that fails keeps the last one (the first: none held, so no
@@ -216,8 +217,8 @@ class HeldImages:
         try:
             self.current = dict(sorted(self.runtime.images().items())[:protocol.MAX_IMAGES])
             held = set(self.current.values())
-            self.service_ports = {ident: label for ident, label in self.runtime.image_service_ports().items()
-                                  if ident in held}
+            labels = getattr(self.runtime, "image_service_ports", dict)()  # as the listing just read them
+            self.service_ports = {ident: label for ident, label in labels.items() if ident in held}
         except Exception as exc:
             log.warning("could not list the node's session images (keeping the last list): %s", exc)
             if self.current is None:

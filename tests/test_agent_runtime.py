@@ -34,6 +34,7 @@ class RecordingManager:
         self.heartbeats: list[tuple[str, list[str]]] = []
         self.states: list[dict | None] = []
         self.images: list[dict | None] = []  # what each registration and heartbeat said the node holds
+        self.service_ports: list[dict | None] = []  # what each registration said of their service-ports labels
         self.reports: list[tuple[str, str, str, int | None]] = []
         self.logs: list[tuple[str, int, int, str, bool]] = []
         self.mig_reports: list[tuple[str, dict]] = []
@@ -43,11 +44,12 @@ class RecordingManager:
         bucket.append(item)
         self.loop.call_soon_threadsafe(self._changed.set)
 
-    def register(self, node, inventory, running, images=None):
+    def register(self, node, inventory, running, images=None, image_service_ports=None):
         self.images.append(images)
+        self.service_ports.append(image_service_ports)
         self._record(self.registered, (node, inventory, list(running)))
 
-    def heartbeat(self, node, running, mig_digest=None, state=None, images=None):
+    def heartbeat(self, node, running, mig_digest=None, state=None, images=None, image_service_ports=None):
         self.states.append(state)
         self.images.append(images)
         self._record(self.heartbeats, (node, list(running)))

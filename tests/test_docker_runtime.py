@@ -74,6 +74,18 @@ def run_docker(tmp_path, client, image, scenario, **runtime_options):
             container.remove(force=True)
 
 
+def test_the_agent_reports_the_service_ports_label_of_the_images_it_holds(tmp_path, docker_client, test_image):
+    """Backend.AI's ai.backend.service-ports label, as the test image carries it (tests/images/build.sh),
+    goes with the registration by image id: the manager gives the image record its apps from it."""
+    async def scenario(h):
+        return h.manager.images[0], h.manager.service_ports[0]
+
+    images, service_ports = run_docker(tmp_path, docker_client, test_image, scenario)
+
+    assert service_ports[images[TEST_IMAGE]] == "jupyterlab:http:8090"
+    assert set(service_ports) <= set(images.values())
+
+
 def containers_of(client, session_id: str) -> list:
     return client.containers.list(all=True, filters={"label": f"fgpu.session={session_id}"})
 

@@ -1,15 +1,14 @@
 // The node admin page's "Processes on its GPUs" (issue 16): what holds the node's GPUs now, as
 // its agent sees them (NVML's running processes; a mock node: each session's declared use, else
 // its granted slice), from GET /api/v1/nodes/<name>/processes/ (#node-processes data-url),
-// asked again every POLL_MS while the tab is visible. Built with DOM nodes, never innerHTML:
+// asked as the page opens and again every POLL_MS while the tab is visible. Built with DOM nodes, never innerHTML:
 // commands are other users' text.
 (function () {
   "use strict";
 
   var POLL_MS = 5000;
   var UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
-  var box = document.getElementById("node-processes");
-  if (!box) return;
+  var box = null;
 
   // 2147483648 -> "2 GiB" (binary units, at most two decimals); null -> "—".
   function bytesText(bytes) {
@@ -64,8 +63,8 @@
     box.replaceChildren(table, note);
   }
 
-  function tick() {
-    if (document.hidden) return;
+  function tick(always) {
+    if (document.hidden && !always) return;
     fetch(box.dataset.url, { headers: { Accept: "application/json" }, credentials: "same-origin" })
       .then(function (r) {
         return r.json().then(function (body) {
@@ -82,7 +81,15 @@
       });
   }
 
-  tick();
-  setInterval(tick, POLL_MS);
-  document.addEventListener("visibilitychange", function () { if (!document.hidden) tick(); });
+  function start() {
+    box = document.getElementById("node-processes");
+    if (!box) return;
+    tick(true); // once as the page opens, even in a background tab
+    setInterval(tick, POLL_MS);
+    document.addEventListener("visibilitychange", function () { if (!document.hidden) tick(); });
+  }
+
+  // The admin loads its media in <head>: the element exists once the document is parsed.
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
 })();

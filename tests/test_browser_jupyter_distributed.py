@@ -1,0 +1,132 @@
+"""The fGPU walkthrough's second half in a real browser on the distributed stack (issue 16): web
+(daphne), a Celery manager and a docker node's agent as separate processes against PostgreSQL and
+Redis. The session runs in a container of the Debian test image (tests/images/build.sh), which
+carries JupyterLab and Backend.AI's label `ai.backend.service-ports=jupyterlab:http:8090`; the
+image record is registered without apps and takes its JupyterLab app from that label, as the docker
+node's agent reports it.
+
+Launch 0.5 fGPU in the test image → open JupyterLab from the session list → a new tab shows
+JupyterLab through the web process's proxy, which reaches the app at the container's address on
+the node's bridge network → a notebook cell prints CUDA_VISIBLE_DEVICES and runs `!nvidia-smi`,
+whose output shows the 2048MiB slice (kernel messages over the proxied websocket). Then the
+walkthrough's last step: the node's admin page, `fgpu nodes --processes` and
+GET /api/v1/nodes/<name>/processes/ show the host's view: the session's container process
+(its host pid) holding its 2 GiB of the GPU. The app's token appears in no page. Screenshots go
+to $FGPU_SCREENSHOT_DIR, else <repo>/screenshots/."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sessions.service_ports import SERVICE_PORTS_LABEL
+from tests.conftest import ROOT, wait_until
+from tests.test_browser import ADMIN_PASSWORD, screenshot_dir
+from tests.test_browser import page  # noqa: F401  (fixture)
+from tests.test_browser_jupyter import NOTEBOOK
+from tests.test_browser_workloads import log_in
+from tests.test_e2e_distributed import api, get_ok
+from tests.test_session_apps_e2e import BridgedDockerNode
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.docker, pytest.mark.django_db(transaction=True)]
+
+REDIS_DB = 16  # of its own, flushed first (FGPU_TEST_STACK_REDIS_DB overrides it)
+TEST_IMAGE = "fgpu-session:test"
+
+
+@pytest.fixture
+def stack(distributed_stack, django_user_model):
+    """The stack with an administrator and the test image registered without apps (set up before
+    the browser starts: Playwright's loop in this thread keeps the ORM out afterwards)."""
+    from sessions.models import SessionImage
+
+    django_user_model.objects.create_superuser("admin", password=ADMIN_PASSWORD)
+    SessionImage.objects.create(reference=TEST_IMAGE, accelerators=["cuda"])  # no apps of its own
+    return distributed_stack(nodes=[BridgedDockerNode("docker-lab", (ROOT / "demo" / "mock-accelerator.toml").read_text(),
+                                                      runtime="docker")], redis_db=REDIS_DB)
+
+
+def test_a_notebook_in_a_container_on_the_distributed_stack_sees_its_slice_and_the_host_sees_its_process(
+        stack, page):  # noqa: F811
+    from playwright.sync_api import expect
+
+    base = stack.base
+    _, body = api(base, "POST", "/api/v1/auth/token/", body={"username": "admin", "password": ADMIN_PASSWORD})
+    token = body["token"]
+
+    def registered_label():
+        image = next(i for i in get_ok(base, "/api/v1/images/", token)["results"] if i["reference"] == TEST_IMAGE)
+        return image["labels"].get(SERVICE_PORTS_LABEL) == "jupyterlab:http:8090" and image["apps"] == []
+
+    wait_until(registered_label, timeout=60, what="the docker node's report to give the image its service-ports label")
+    status, session = api(base, "POST", "/api/v1/sessions/", token, {
+        "name": "notebook", "image": TEST_IMAGE, "resources": {"cuda.shares": "0.5", "mem": "1G"}})
+    assert status == 201, session
+    assert [a["name"] for a in session["apps"]] == ["jupyterlab"], session["apps"]
+    wait_until(lambda: get_ok(base, f"/api/v1/sessions/{session['id']}/", token)["status"] == "RUNNING", timeout=120,
+               what="the container session to run")
+    status, ran = api(base, "POST", f"/api/v1/sessions/{session['id']}/exec/", token, {
+        "command": ["python3", "-c", f"open('walkthrough.ipynb', 'w').write({json.dumps(json.dumps(NOTEBOOK))})"]})
+    assert status == 200 and ran["exit_code"] == 0, ran
+
+    log_in(page, base)
+    row = page.locator(f'#sessions-table tr[data-session-id="{session["id"]}"]')
+    expect(row.locator("td.status")).to_have_text("RUNNING")
+    with page.context.expect_page() as opened:
+        row.locator('a.app-link[data-app="jupyterlab"]').click()
+    lab = opened.value
+    prefix = f"{base}/sessions/{session['id']}/apps/jupyterlab/"
+    expect(lab).to_have_url(prefix + "lab", timeout=120_000)
+    expect(lab.locator("#jp-main-dock-panel")).to_be_visible(timeout=120_000)
+    lab.goto(prefix + "lab/tree/walkthrough.ipynb")
+    expect(lab.locator(".jp-Notebook .jp-Cell").first).to_contain_text("CUDA_VISIBLE_DEVICES", timeout=120_000)
+    # The kernel is connected (its websocket through the proxy) once the status bar says Idle.
+    expect(lab.locator(".jp-StatusBar-Widget").filter(has_text="| Idle").first).to_be_visible(timeout=120_000)
+    output = lab.locator(".jp-Notebook .jp-OutputArea").first
+    try:
+        lab.locator(".jp-Notebook .jp-Cell").first.click()
+        lab.locator("jp-button[data-command='notebook:run-cell-and-select-next']").click()
+        expect(output).to_contain_text("CUDA_VISIBLE_DEVICES = GPU-", timeout=120_000)
+        expect(output).to_contain_text("0MiB /   2048MiB", timeout=120_000)
+    except AssertionError:
+        lab.screenshot(path=str(screenshot_dir() / "jupyter-distributed-failed.png"), animations="disabled")
+        raise
+    expect(output).to_contain_text("GPU 0 is a 0.50 fGPU slice of CUDA GPU 8192MiB (2048MiB, 20 of 80 SMs = 25%)")
+    lab.screenshot(path=str(screenshot_dir() / "jupyter-distributed-notebook.png"), animations="disabled")
+
+    # The host's view: the session's container (its init, by its host pid) holds its 2 GiB slice.
+    container = subprocess.run(["docker", "ps", "-q", "--filter", f"label=fgpu.session={session['id']}"],
+                               capture_output=True, text=True, check=True).stdout.split()
+    assert len(container) == 1, container
+    container_pid = int(subprocess.run(["docker", "inspect", "--format", "{{.State.Pid}}", container[0]],
+                                       capture_output=True, text=True, check=True).stdout)
+    view = get_ok(base, "/api/v1/nodes/docker-lab/processes/", token)
+    assert view["source"] == "declared" and view["node"] == "docker-lab"
+    mine = [p for p in view["processes"] if (p["session"] or {}).get("id") == session["id"]]
+    assert len(mine) == 1, view
+    assert mine[0]["pid"] == container_pid and mine[0]["memory"] == 2 * 2**30
+    assert mine[0]["session"]["granted_memory"] == 2 * 2**30 and mine[0]["session"]["owner"] == "admin"
+
+    node = get_ok(base, "/api/v1/nodes/docker-lab/", token)
+    page.bring_to_front()
+    page.goto(f"{base}/admin/accelerators/node/{node['id']}/change/")
+    table = page.locator("#node-processes table.node-processes")
+    expect(table.locator(f'tr[data-pid="{container_pid}"]')).to_contain_text("notebook")
+    expect(table.locator(f'tr[data-pid="{container_pid}"] td.memory')).to_have_text("2 GiB")
+    page.locator("#node-processes").scroll_into_view_if_needed()
+    page.screenshot(path=str(screenshot_dir() / "jupyter-distributed-node-processes.png"), full_page=True)
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FGPU_")}, "FGPU_URL": base, "FGPU_TOKEN": token}
+    listed = subprocess.run([sys.executable, "-m", "fgpu_cli", "nodes", "--processes"], capture_output=True, text=True,
+                            env=env, timeout=60, cwd=ROOT)
+    assert listed.returncode == 0, listed.stderr
+    line = next(x for x in listed.stdout.splitlines() if x.startswith("docker-lab"))
+    assert line.split()[3:9] == [str(container_pid), "notebook", "admin", "2", "GiB", "2"], listed.stdout
+
+    from sessions.session_apps import app_token
+
+    secret = app_token(session_id=session["id"], app="jupyterlab")
+    assert secret not in lab.content() and secret not in page.content()
