@@ -101,3 +101,18 @@ def test_a_docker_nodes_labels_give_the_matching_records_their_apps_and_a_malfor
     assert image_service_ports_apply(node_name="gpu-1", images=images, service_ports=ports) == ["later:1"]
     assert image_service_ports_apply(node_name="gpu-1", images=images, service_ports=ports) == []
     assert image_service_ports_apply(node_name="gpu-1", images=images, service_ports="nonsense") == []
+
+
+@pytest.mark.django_db
+def test_the_image_api_refuses_a_malformed_label_naming_labels_and_keeps_the_record(staff):
+    from tests.conftest import client_for
+
+    host = SessionImage.objects.get(reference="host")
+    client = client_for(staff)
+    tag = client.get(f"/api/v1/images/{host.pk}/")["ETag"]
+    refused = client.patch(f"/api/v1/images/{host.pk}/", {"labels": {SERVICE_PORTS_LABEL: "lab:http:[9000,9000]"}},
+                           format="json", HTTP_IF_MATCH=tag)
+    assert refused.status_code == 400
+    assert "entry 1 (lab): port 9000 is used by another entry" in str(refused.json()["field_errors"]["labels"])
+    host.refresh_from_db()
+    assert host.labels == {}
