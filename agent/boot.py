@@ -57,6 +57,6 @@ def build_agent(config: AgentConfig, *, channel_layer, heartbeat_s: float, exec_
                   manager=CeleryManager(app, node=config.node_name, key=config.node_key),
                  scratch_root=config.scratch_root, mock=CUDA_PLUGIN not in config.plugins, mps=config.mps,
                  heartbeat_s=heartbeat_s, exec_store=exec_store, scratch_retention_s=config.scratch_retention_s,
-                  app_address=config.app_address, data_root=config.data_root)
+                  app_address=config.app_address, data_root=config.data_root, app_relay=config.app_relay)
     agent.usage.configure(interval_s=config.usage_interval_s, flush_s=config.usage_flush_s)
     return agent

@@ -25,6 +25,8 @@ over::
     pull-images = true                                  # docker: pull an image the node lacks when a session needs it
     mps-pipe-directory = "/tmp/nvidia-mps"              # docker, with [agent] mps = true: the node's MPS pipes
     app-address = "127.0.0.1"                           # process: where session apps listen (the web hosts reach it)
+    app-relay = false                                   # docker: relay apps through the agent on app-address
+                                                        #   (web hosts that cannot reach the containers' network)
     data-root = "./var/user-data"                       # users' persistent folders (~/data); shared storage (NFS) on a cluster
 
     [usage]
@@ -79,6 +81,7 @@ class AgentConfig:
     usage_interval_s: int = 5
     usage_flush_s: int = 15
     app_address: str = "127.0.0.1"
+    app_relay: bool = False
     data_root: Path | None = None  # users' persistent folders, `<data_root>/users/<user id>` (agent.files)
     extra: dict = field(default_factory=dict)
 
@@ -183,6 +186,9 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
     pull_images = container.get("pull-images", True)
     if not isinstance(pull_images, bool):
         fail("container.pull-images", "expected true or false")
+    app_relay = container.get("app-relay", False)
+    if not isinstance(app_relay, bool):
+        fail("container.app-relay", "expected true or false")
     app_address = text(container, "app-address", "container.app-address", "127.0.0.1")
     try:
         socket.getaddrinfo(app_address, None, proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICHOST)
@@ -208,5 +214,6 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
         mps=mps, broker_url=broker_url, scratch_root=(path.parent / scratch).resolve(), mock_config=mock_config,
         scratch_retention_s=retention, node_key=node_key, runtime=runtime, default_image=default_image, uid=uid, network=network,
         hami_core=hami_core, mps_pipe_directory=mps_pipes, pull_images=pull_images,
-        usage_interval_s=usage_interval, usage_flush_s=usage_flush, app_address=app_address, data_root=data_root,
+        usage_interval_s=usage_interval, usage_flush_s=usage_flush, app_address=app_address, app_relay=app_relay,
+        data_root=data_root,
     )

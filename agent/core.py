@@ -221,6 +221,7 @@ class RunningSession:
     log_task: asyncio.Task | None = None
     execs: set = field(default_factory=set)  # Popen of commands run by exec, killed with the session
     apps: dict = field(default_factory=dict)  # its web apps (agent.session_apps): name → AppProcess
+    relays: list = field(default_factory=list)  # the agent's relays to its apps (agent.session_apps), closed with it
 
 
 class Agent:
@@ -258,7 +259,7 @@ class Agent:
     def __init__(self, *, node: str, inventory: dict, channel_layer, manager, scratch_root: Path,
                  mock: bool, mps: bool = False, heartbeat_s: float = 5.0, exec_store=None,
                  scratch_retention_s: float = 3600.0, runtime=None, app_address: str = "127.0.0.1",
-                 data_root: Path | None = None) -> None:
+                 data_root: Path | None = None, app_relay: bool = False) -> None:
         self.node = node
         self.inventory = inventory
         self.layer = channel_layer
@@ -291,6 +292,7 @@ class Agent:
                                           on_report=self._send_mig_report)
         self.usage = UsageSampler(self)  # usage samples to the manager (issue 15; agent.usage)
         self.app_address = app_address  # where the process runtime's session apps listen (agent.session_apps)
+        self.app_relay = app_relay  # docker: relay container apps through the agent on app_address (agent.session_apps)
         self.apps = SessionApps(self)
         self.data_root = None if data_root is None else Path(data_root)  # users' persistent folders (agent.files)
         self.files = session_files.SessionFiles(self)
@@ -543,6 +545,7 @@ class Agent:
     async def _abandon(self, running: RunningSession) -> None:
         """Undo a start that failed after its process existed: kill every process, close the PTY."""
         self.sessions.pop(running.session_id, None)
+        SessionApps.close_relays(running)
         for task in (running.pump_task, running.log_task, running.exited, running.exit_poll):
             if task is not None:
                 task.cancel()
@@ -816,6 +819,7 @@ class Agent:
             await self._in(self._work, running.process.kill_all)
             code = await self._in(self._work, running.process.wait)
         self.sessions.pop(running.session_id, None)
+        SessionApps.close_relays(running)
         exit_code = code if code >= 0 else 128 - code  # killed by signal N → 128+N, as shells report it
         reason = (reason or running.stopping or running.process.end_reason(exit_code)
                   or f"the process exited with code {exit_code}")

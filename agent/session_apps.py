@@ -23,6 +23,12 @@ the node reaches at the container's address. It is one of the session's execs: i
 session. An app that already answers on its declared port in a container the agent adopted after a
 restart (it outlived the agent, as the container did) is taken as running (`Adopted`), not started
 twice; `pty.app_status` carries the declared `port` for that.
+
+The relay (agent.toml `[container] app-relay = true`, docker runtime): where the web hosts cannot
+reach the containers' bridge network (web and agent on different hosts, the bridge not routed),
+the agent relays each app itself: a TCP listener of its own on a free port of `app-address` (the
+node's address the web hosts reach), each connection piped both ways to the app at the container's
+address (`relay_pipe`), closed with the session. The answers then name the relay's address and port.
 """
 from __future__ import annotations
 
@@ -55,6 +61,14 @@ class AppProcess:
     output: object
     ready: asyncio.Future
     started: float = field(default_factory=time.monotonic)
+    relay: object = None  # the agent's relay (an asyncio Server) where agent.toml asks for one
+
+    def reached_at(self) -> tuple[str, int]:
+        """Where the web reaches the app: the relay's address, else the app's own."""
+        if self.relay is not None:
+            host, port = self.relay.sockets[0].getsockname()[:2]
+            return host, port
+        return self.host, self.port
 
 
 class Adopted:
@@ -126,7 +140,8 @@ class SessionApps:
             elif not app.ready.result()["ok"]:
                 answer = {"running": False, "error": app.ready.result()["error"]}
             else:
-                answer = {"running": True, "host": app.host, "port": app.port}
+                host, port = await self._relayed(running, app)
+                answer = {"running": True, "host": host, "port": port}
         await self._reply(message, {"type": "app.status", **answer})
 
     async def _open(self, running, message: dict) -> None:
@@ -148,15 +163,47 @@ class SessionApps:
             await asyncio.wait([app.ready], timeout=PROGRESS_EVERY_S)
         result = app.ready.result()
         if result["ok"]:
-            await self._reply(message, {"type": "app.ready", "host": app.host, "port": app.port, "reused": reused})
+            host, port = await self._relayed(running, app)
+            await self._reply(message, {"type": "app.ready", "host": host, "port": port, "reused": reused})
         else:
             await self._reply(message, {"type": "app.failed", "error": result["error"], "output": result["output"]})
+
+    async def _relayed(self, running, app: AppProcess) -> tuple[str, int]:
+        """Where the web reaches a running `app`: through the agent's relay (started now if it is
+        not listening yet) for a container's app where agent.toml sets `app-relay`, else at the
+        app's own address."""
+        if not getattr(self.agent, "app_relay", False) or getattr(running.process, "app_address", None) is None:
+            return app.host, app.port
+        if app.relay is None:
+            target = (app.host, app.port)
+            app.relay = await asyncio.start_server(lambda r, w: relay_pipe(r, w, target), host=self.agent.app_address,
+                                                   port=0)
+            running.relays.append(app.relay)
+            log.info("agent %s: relaying app %s of session %s from %s:%d to %s:%d", self.agent.node, app.name,
+                     running.session_id, *app.reached_at(), *target)
+        return app.reached_at()
+
+    @staticmethod
+    def close_relays(running) -> None:
+        """Stop relaying `running`'s apps (its session ended): no new connection is taken and the
+        open ones end."""
+        for server in running.relays:
+            server.close()
+            close_clients = getattr(server, "close_clients", None)  # Python 3.13+
+            if close_clients is not None:
+                close_clients()
+        running.relays.clear()
 
     async def _ensure(self, running, message: dict) -> tuple[AppProcess, bool]:
         """The app running (or starting) in `running`, started now unless it runs: (app, reused)."""
         spec = message["app"]
         name = str(spec["name"])
         current = running.apps.get(name)
+        if current is not None and current.relay is not None and (
+                await self.agent._in(self.agent._work, current.process.poll) is not None
+                or not await _answers(current.host, current.port)):
+            current.relay.close()  # the app went away: its relay too (a new start gets a new one)
+            current.relay = None
         if current is not None and isinstance(current.process, Adopted):
             if await _answers(current.host, current.port):
                 return current, True
@@ -242,6 +289,36 @@ class SessionApps:
                                                "and was stopped"})
                 return
             await asyncio.sleep(POLL_S)
+
+
+RELAY_CHUNK = 64 * 1024  # bytes read at a time on either side of a relayed connection
+
+
+async def relay_pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, target: tuple[str, int]) -> None:
+    """One relayed connection: connect to `target` (the app in its container) and copy bytes both
+    ways until either side ends (each direction's end passed on as a half-close), then close both.
+    Backpressure: a side that does not read stops the other from being read (drain)."""
+    try:
+        up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(*target), timeout=CONNECT_TIMEOUT_S * 5)
+    except (OSError, TimeoutError):
+        writer.close()
+        return
+
+    async def copy(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        try:
+            while chunk := await source.read(RELAY_CHUNK):
+                sink.write(chunk)
+                await sink.drain()
+            if sink.can_write_eof():
+                sink.write_eof()
+        except (OSError, ConnectionError):
+            sink.close()
+
+    try:
+        await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
+    finally:
+        for side in (writer, up_writer):
+            side.close()
 
 
 async def _answers(host: str, port: int) -> bool:

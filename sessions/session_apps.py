@@ -10,7 +10,8 @@ session's `pty-<id>` group (only its agent joins it) with a fresh reply channel;
 {running, host, port, error}); a web process keeps the answer (APP_TARGETS) for TARGET_TTL_S, or
 until a connection to it fails. How a web process reaches an app on a node: the agent answers an address the web
 hosts can reach: the node's `[container] app-address` (process runtime: the app listens there)
-or the session container's address (docker runtime: on the node's container network).
+or the session container's address (docker runtime: on the node's container network), or, where the
+node's agent.toml sets `app-relay`, the agent's relay on `app-address` (agent.session_apps).
 
 The app's token (Jupyter's `--IdentityProvider.token`) is derived from the console's secret key,
 the session and the app (`app_token`): the agent puts it into the command, the proxy sends it

@@ -152,9 +152,10 @@ def test_other_bad_values_are_refused_naming_the_file_and_key(tmp_path, body, ke
         ('[agent]\nid = "n1"\n[container]\nscratch-retention = -1\n', "container.scratch-retention"),
         ('plugins = ["mock"]\n[agent]\nid = "n1"\n', "plugins"),
         ('[agent]\nid = "n1"\n[plugins]\nmock = "mock-accelerator.toml"\n', "plugins.mock"),
+        ('[agent]\nid = "n1"\n[container]\napp-relay = "yes"\n', "container.app-relay"),
     ],
     ids=["manager-not-a-table", "broker-url-integer", "scratch-root-integer", "retention-text", "retention-negative",
-         "plugins-not-a-table", "plugins-mock-not-a-table"],
+         "plugins-not-a-table", "plugins-mock-not-a-table", "app-relay-text"],
 )
 def test_a_value_of_the_wrong_type_is_an_agent_config_error_not_a_crash(tmp_path, body, key):
     path = write_agent(tmp_path, body)

@@ -6,8 +6,9 @@ image record is registered without apps and takes its JupyterLab app from that l
 node's agent reports it.
 
 Launch 0.5 fGPU in the test image → open JupyterLab from the session list → a new tab shows
-JupyterLab through the web process's proxy, which reaches the app at the container's address on
-the node's bridge network → a notebook cell prints CUDA_VISIBLE_DEVICES and runs `!nvidia-smi`,
+JupyterLab through the web process's proxy, which reaches the app through the agent's relay
+(agent.toml `app-relay = true`: the agent's own address, as web hosts on another host would; the
+kernel's websocket through it too; checked in the agent's log) → a notebook cell prints CUDA_VISIBLE_DEVICES and runs `!nvidia-smi`,
 whose output shows the 2048MiB slice (kernel messages over the proxied websocket). Then the
 walkthrough's last step: the node's admin page, `fgpu nodes --processes` and
 GET /api/v1/nodes/<name>/processes/ show the host's view: the session's container process
@@ -31,6 +32,14 @@ from tests.test_browser_workloads import log_in
 from tests.test_e2e_distributed import api, get_ok
 from tests.test_session_apps_e2e import BridgedDockerNode
 
+
+class RelayedDockerNode(BridgedDockerNode):
+    """A docker node whose agent relays its containers' apps on its app-address (agent.toml
+    `app-relay = true`): the path web hosts take that cannot reach the node's bridge network."""
+
+    def agent_toml(self) -> str:
+        return super().agent_toml().replace('[container]\n', '[container]\napp-relay = true\napp-address = "127.0.0.1"\n')
+
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.docker, pytest.mark.django_db(transaction=True)]
 
 REDIS_DB = 16  # of its own, flushed first (FGPU_TEST_STACK_REDIS_DB overrides it)
@@ -45,7 +54,7 @@ def stack(distributed_stack, django_user_model):
 
     django_user_model.objects.create_superuser("admin", password=ADMIN_PASSWORD)
     SessionImage.objects.create(reference=TEST_IMAGE, accelerators=["cuda"])  # no apps of its own
-    return distributed_stack(nodes=[BridgedDockerNode("docker-lab", (ROOT / "demo" / "mock-accelerator.toml").read_text(),
+    return distributed_stack(nodes=[RelayedDockerNode("docker-lab", (ROOT / "demo" / "mock-accelerator.toml").read_text(),
                                                       runtime="docker")], redis_db=REDIS_DB)
 
 
@@ -96,6 +105,8 @@ def test_a_notebook_in_a_container_on_the_distributed_stack_sees_its_slice_and_t
         raise
     expect(output).to_contain_text("GPU 0 is a 0.50 fGPU slice of CUDA GPU 8192MiB (2048MiB, 20 of 80 SMs = 25%)")
     lab.screenshot(path=str(screenshot_dir() / "jupyter-distributed-notebook.png"), animations="disabled")
+
+    assert "relaying app jupyterlab of session" in stack.procs["agent-docker-lab"].output()
 
     # The host's view: the session's container (its init, by its host pid) holds its 2 GiB slice.
     container = subprocess.run(["docker", "ps", "-q", "--filter", f"label=fgpu.session={session['id']}"],

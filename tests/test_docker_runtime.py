@@ -353,3 +353,59 @@ def test_a_session_in_an_image_the_node_lacks_pulls_it_with_progress_then_runs(t
         preparing
     assert f"pulled image {reference}; starting the session" in preparing
     assert [status for status, _, _ in reports][-1] == "RUNNING"
+
+
+def test_with_app_relay_the_agent_relays_a_containers_app_on_its_app_address_until_the_session_ends(
+        tmp_path, docker_client, test_image):
+    """agent.toml `[container] app-relay = true`: the web is told the agent's own address (a free
+    port of app-address), not the container's, and reaches the app through the agent; the relay
+    closes with the session. (Web hosts that cannot route to the node's bridge network reach the app so.)"""
+    import urllib.request
+
+    from tests.test_agent_runtime import TIMEOUT
+
+    node = f"docker-node-{uuid.uuid4().hex[:8]}"
+    app = {"name": "files", "command": "cd $HOME && echo relayed > hello.txt && exec python3 -m http.server {port} "
+                                       "--bind {host}", "port": 8000, "base_url": False}
+
+    async def main():
+        layer, manager = InMemoryChannelLayer(), RecordingManager(asyncio.get_running_loop())
+        runtime = DockerRuntime(node=node, default_image=test_image, network="bridge", client=docker_client)
+        agent = Agent(node=node, inventory={"devices": [DEVICE.as_dict()], "plugins": [], "attributes": {}, "cpu_count": 8,
+                                            "memory_size": 32 * GiB}, channel_layer=layer, manager=manager,
+                      scratch_root=tmp_path / "scratch", mock=True, heartbeat_s=60, runtime=runtime,
+                      app_address="127.0.0.1", app_relay=True)
+        await agent.start()
+        h = Harness(agent, manager, layer)
+        try:
+            session_id = await h.start_session(start_spec())
+            reply = await layer.new_channel("test.")
+            await h.to_pty(session_id, {"type": "pty.app_open", "app": app, "base_url": "/", "token": "t", "timeout": 60,
+                                        "reply_channel": reply})
+            async with asyncio.timeout(TIMEOUT * 3):
+                while (answer := await layer.receive(reply))["type"] == "app.progress":
+                    pass
+            assert answer["type"] == "app.ready", answer
+            body = await asyncio.to_thread(lambda: urllib.request.urlopen(
+                f"http://{answer['host']}:{answer['port']}/hello.txt", timeout=10).read())
+            container_host = await asyncio.to_thread(lambda: agent.sessions[session_id].process.app_address()[1])
+            await asyncio.to_thread(agent.submit_stop, session_id)
+            await manager.wait_for_report(session_id, "TERMINATED")
+            try:
+                await asyncio.wait_for(asyncio.open_connection(answer["host"], answer["port"]), timeout=2)
+                after = "connected"
+            except (OSError, TimeoutError):
+                after = "refused"
+            return answer, body, container_host, after
+        finally:
+            await agent.shutdown()
+
+    try:
+        answer, body, container_host, after = asyncio.run(main())
+    finally:
+        for container in docker_client.containers.list(all=True, filters={"label": f"{LABEL_NODE}={node}"}):
+            container.remove(force=True)
+
+    assert answer["host"] == "127.0.0.1" and answer["port"] != 8000 and container_host != "127.0.0.1"
+    assert body == b"relayed\n"
+    assert after == "refused"
