@@ -9,7 +9,7 @@ from accelerators import api_mig
 from accounts import api as account_api
 from accounts import views as account_views
 from sessions import api as session_api
-from sessions import api_files, api_images, api_presets, api_quotas, api_resources
+from sessions import api_eta, api_files, api_images, api_presets, api_quotas, api_resources
 from sessions import views
 from usage import api as usage_api
 from usage import metrics as usage_metrics
@@ -50,6 +50,8 @@ urlpatterns = [
     path("api/v1/me/", account_api.me_view, name="api-me"),
     path("api/v1/usage/", usage_api.usage_view, name="api-usage"),
     path("api/v1/sessions/<uuid:session_id>/usage/", usage_api.session_usage_view, name="api-session-usage"),
+    path("api/v1/sessions/<uuid:session_id>/eta/", api_eta.session_eta_view, name="api-session-eta"),
+    path("api/v1/scheduler/what-if/", api_eta.what_if_view, name="api-scheduler-what-if"),
     path("api/v1/sessions/<uuid:session_id>/files/", api_files.files_view, name="api-session-files"),
     path("api/v1/sessions/<uuid:session_id>/files/content/", api_files.file_content_view, name="api-session-file-content"),
     path("api/v1/usage/latest/", usage_api.latest_usage_view, name="api-usage-latest"),

@@ -89,11 +89,13 @@ def half_life_seconds() -> float:
     return float(settings.FGPU_FAIRSHARE_HALF_LIFE_DAYS) * 86400
 
 
-def account_shares(*, now: datetime | None = None) -> list[AccountShare]:
+def account_shares(*, now: datetime | None = None, weights: dict[str, int] | None = None) -> list[AccountShare]:
     """Every active account's standing now (see the module docstring), lowest factor first.
     Three queries: each owner's decayed usage (summed by the database over the allocations within
     HORIZON_HALF_LIVES half-lives), the projects with their members, the pending sessions'
-    owners. Empty when fair share is off."""
+    owners. Empty when fair share is off. `weights` (project name → share weight ≥ 1) replaces
+    the stored weights of the projects it names: what the standing would be (the scheduler's
+    what-if, `sessions.eta`)."""
     half_life = half_life_seconds()
     if half_life <= 0:
         return []
@@ -119,7 +121,8 @@ def account_shares(*, now: datetime | None = None) -> list[AccountShare]:
     for project in Project.objects.prefetch_related("members"):
         members = frozenset(user.pk for user in project.members.all())
         in_a_project |= members
-        accounts.append(("project", project.name, project.share_weight, members))
+        weight = (weights or {}).get(project.name, project.share_weight)
+        accounts.append(("project", project.name, weight, members))
     alone = (set(usage_by_user) | set(pending_by_user)) - in_a_project
     for user_id, username in get_user_model().objects.filter(pk__in=alone).values_list("pk", "username"):
         accounts.append(("user", username, 1, frozenset([user_id])))
@@ -139,10 +142,11 @@ def account_shares(*, now: datetime | None = None) -> list[AccountShare]:
     return sorted(shares, key=lambda a: (a.factor, a.kind, a.name))
 
 
-def owner_factors(owner_ids, *, now: datetime | None = None) -> dict[int, float]:
+def owner_factors(owner_ids, *, now: datetime | None = None, weights: dict[str, int] | None = None) -> dict[int, float]:
     """The fair-share factor of each of `owner_ids` (user ids): the best of their accounts'; 1.0
-    for an owner with no active account. Empty when fair share is off."""
-    shares = account_shares(now=now)
+    for an owner with no active account. Empty when fair share is off. `weights`: as
+    `account_shares`'."""
+    shares = account_shares(now=now, weights=weights)
     if not shares:
         return {}
     factors: dict[int, float] = {}

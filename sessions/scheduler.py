@@ -30,6 +30,7 @@ from django.utils import timezone
 
 import protocol
 from accelerators.allocation import cluster, core
+from accelerators.allocation.replay import Backfill
 from accelerators.allocation.units import amount_text
 from accelerators.models import Device, Node, PlacementShape
 from accelerators.allocation.errors import AllocationError
@@ -86,27 +87,23 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
         read_at = time.monotonic()
         writes = _PassWrites(starts)
         view = _PassView(writes)
-        blocked: list[ComputeSession] = []
-        reserved: ComputeSession | None = None  # the first blocked session overtaken as often as backfill allows
-        looked = (0, 0)  # (len(blocked), len(scheduled)) when `reserved` was last looked for
+        backfill = Backfill(backfill_limit)
         no_room: dict[str, str] = {}  # request shape → why it did not fit in this pass
         for session in pending:
-            if reserved is None and looked != (len(blocked), len(scheduled)):  # only a change can make one
-                looked = (len(blocked), len(scheduled))
-                reserved = next((b for b in blocked if b.overtaken >= backfill_limit), None)
+            reserved = backfill.holder()
             if reserved is not None:
                 writes.wait(session, queued_behind_reason(reserved))
                 continue
             image = session.image.reference if session.image_id else ""
-            shape = f"{image}|{json.dumps(session.request_spec, sort_keys=True)}"
+            shape = queue_shape(session)
             if shape in no_room:  # the same request did not fit earlier in this pass: nor does this one
                 writes.wait(session, no_room[shape])
-                blocked.append(session)
+                backfill.block(session)
                 continue
             if image and view.image_missing(image):
                 no_room[shape] = view.image_missing(image)
                 writes.wait(session, no_room[shape])
-                blocked.append(session)
+                backfill.block(session)
                 continue
             request = session_request(session)
             if mig_scheduling.wants_mig(request):
@@ -115,7 +112,7 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
             if decision.outcome == WAITING:
                 no_room[shape] = decision.reason
                 writes.wait(session, decision.reason)
-                blocked.append(session)
+                backfill.block(session)
                 continue
             if decision.outcome != PLACED:  # no longer satisfiable (e.g. the slot's mode changed)
                 session.status, session.status_reason, session.terminated_at = (
@@ -131,8 +128,7 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
                 view.commit(view.scope(request, image=image), request, pure_settings, decision.placement)
                 writes.place(session, decision.placement)
             scheduled.append(str(session.pk))
-            for earlier in blocked:  # backfilled past them
-                earlier.overtaken += 1
+            for earlier in backfill.placed():  # backfilled past them
                 writes.changed(earlier, "overtaken")
         writes.flush()
         view.record_shapes()
@@ -365,6 +361,13 @@ def _send_starts(starts: list[tuple[str, dict]]) -> None:
                 agent_send(protocol.SESSION_START, producer=producer, node=node_name, spec=spec)
             except Exception:  # the agent's reconcile restarts what it should run
                 log.exception("could not send the start of session %s to %s", spec["session_id"], node_name)
+
+
+def queue_shape(session: ComputeSession) -> str:
+    """The key of a session's request in a pass: its image and normalised request. Sessions of
+    one key find room or not together, so a pass tries each key once until one is placed."""
+    image = session.image.reference if session.image_id else ""
+    return f"{image}|{json.dumps(session.request_spec, sort_keys=True)}"
 
 
 def pending_position(session: ComputeSession) -> int:

@@ -671,6 +671,22 @@ def apply_placement(node: NodeState, request: ResourceRequest, placement: Placem
     return after
 
 
+def release_placement(node: NodeState, *, cpu: int, mem: int, grants: Iterable[DeviceGrant]) -> NodeState:
+    """`node` after a session holding `cpu` cores, `mem` bytes and `grants` on it ends: the
+    inverse of `apply_placement` (what releasing its Allocation rows gives back). Never goes
+    below nothing held (a session read while it was being released)."""
+    given = {g.device_id: g for g in grants}
+    devices = []
+    for d in node.devices:
+        g = given.get(d.device_id)
+        if g is not None:
+            d = replace(d, memory_used=max(0, d.memory_used - g.memory), proc_used=max(ZERO, d.proc_used - g.procs),
+                        sessions=max(0, d.sessions - 1))
+        devices.append(d)
+    return replace(node, cpu_used=max(0, node.cpu_used - cpu), mem_used=max(0, node.mem_used - mem),
+                   devices=tuple(devices))
+
+
 def check_ever_fits(
     nodes: Sequence[NodeState], request: ResourceRequest, settings: FractionalSettings | None, *, strategy: Strategy = "evenly"
 ) -> None:

@@ -1,0 +1,520 @@
+"""When will a pending session start? (issue 17.3) And what would the queue do under other
+share weights or placement policies? (issue 17.5)
+
+Both are one replay of the scheduler (`accelerators.allocation.replay.replay`) over the queue
+as it stands, read without locks and nothing written:
+
+- the queue: PENDING sessions in the pass's order (`fairshare.queue_key`: priority, fair-share
+  factor, arrival), with their backfill counts;
+- what fits: `sessions.placement.placement_decide` on an in-memory copy of the nodes
+  (`_ReplayView`), i.e. `core.place` under each resource group's policy, the pure placement
+  the real pass runs; a placement takes its room (`core.apply_placement`), an end gives it
+  back (`core.release_placement`);
+- when room comes free: each active session's expected end (`expected_end`), from what the
+  console knows: its resource group's maximum lifetime and idle timeout (usage.IdlePolicy),
+  the idle-reclamation deadline it was warned of (usage.SessionActivity), and for a batch
+  session the runtimes of earlier batch sessions of its owner and image (`history_band`);
+  a session the replay starts holds its room for its own expected runtime.
+
+Two replays give a band: the optimistic one ends every session at its earliest expected end,
+the pessimistic one at its latest (a session with no known latest end never ends). A session's
+ETA is its start in the first to its start in the second; "unknown" (with why) when it starts
+in neither, "never" when no node could ever hold it (the reason the launch would give).
+
+Not replayed: MIG instances (a MIG request waits in the replay, "MIG instances are not
+replayed"), the fair-share factors' drift while the queue runs (the order of now is kept),
+sessions launched later, and terminations by hand.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone as dt_timezone
+
+from django.conf import settings
+from django.utils import timezone
+
+from accelerators.allocation import core
+from accelerators.allocation import replay as pure
+from accelerators.allocation.errors import AllocationError, InsufficientResource
+from accelerators.models import ResourceGroup
+from sessions import fairshare
+from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus
+from sessions.placement import CAPACITY, PLACED, WAITING, PlacementScope, ReadView, placement_decide
+from sessions.scheduler import queue_shape
+from sessions.selectors import session_request
+
+HISTORY_DAYS = 30  # batch sessions that ended within this many days make the history
+HISTORY_MIN = 3  # runtimes needed before a history is believed
+HISTORY_BAND = (0.1, 0.9)  # quantiles of a history that bound a prediction (benchmarks/eta.py: calibration)
+MIG_NOT_REPLAYED = "waiting for capacity: MIG instances are not replayed, so no ETA is given for a MIG request"
+
+
+@dataclass(frozen=True)
+class End:
+    """When a session is expected to end: `earliest` and `latest` (epoch seconds; None: no
+    known end), and `basis`, the words saying why ("maximum lifetime of 8 h", "batch history
+    (12 runs)", "idle deadline", "no declared end")."""
+
+    earliest: float | None
+    latest: float | None
+    basis: str
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How long a session runs once started: `earliest` / `latest` seconds (None: unknown) and
+    its `basis` (as `End`'s)."""
+
+    earliest: float | None
+    latest: float | None
+    basis: str
+
+
+def _hours(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
+
+
+class _Facts:
+    """What the estimates read, once per replay: the idle policies by resource group id, the
+    running sessions' idle warnings and last terminal input, the batch histories."""
+
+    def __init__(self, *, now: datetime, sessions: list[ComputeSession]):
+        from usage.models import IdlePolicy, SessionActivity
+
+        self.now = now
+        self.policies = {p.resource_group_id: p for p in IdlePolicy.objects.all()}
+        self.groups = dict(ResourceGroup.objects.values_list("name", "pk"))
+        self.activity = {a.session_id: a for a in SessionActivity.objects.filter(session__in=[s.pk for s in sessions])}
+        self.history: dict[tuple, list[float]] = {}
+        owners = {s.owner_id for s in sessions if s.command}
+        if owners:
+            rows = (ComputeSession.objects.filter(owner_id__in=owners, status=SessionStatus.TERMINATED)
+                    .exclude(command="").filter(started_at__isnull=False, terminated_at__isnull=False,
+                                                terminated_at__gte=now - timedelta(days=HISTORY_DAYS))
+                    .order_by("-terminated_at").values_list("owner_id", "image_id", "started_at", "terminated_at")[:5000])
+            for owner_id, image_id, started, ended in rows:
+                seconds = (ended - started).total_seconds()
+                for key in {(owner_id, image_id), (owner_id, None)}:  # one key for a session without an image
+                    self.history.setdefault(key, []).append(seconds)
+
+    def policy(self, group_id):
+        return self.policies.get(group_id)
+
+    def history_of(self, session: ComputeSession) -> tuple[list[float], str]:
+        """The runtimes (seconds) of earlier batch sessions like `session` (same owner and image,
+        else same owner) and how they are named."""
+        same = self.history.get((session.owner_id, session.image_id), [])
+        if len(same) >= HISTORY_MIN:
+            return same, f"batch history of this image ({len(same)} runs)"
+        mine = self.history.get((session.owner_id, None), [])
+        return mine, f"batch history of the owner ({len(mine)} runs)"
+
+
+def expected_end(session: ComputeSession, facts: _Facts) -> End:
+    """When an active `session` (SCHEDULED … TERMINATING) is expected to end, in this order:
+    TERMINATING → now; a warning of idle reclamation or of its maximum lifetime → its deadline;
+    a batch session with a history (`history_band`, at least HISTORY_MIN runtimes of sessions
+    that ran as long) → now + that band, capped by its maximum lifetime; an interactive one
+    under an idle timeout → earliest when it would be reclaimed were it left idle from now,
+    latest its maximum lifetime (or unknown); else its maximum lifetime, or no known end."""
+    now = facts.now.timestamp()
+    if session.status == SessionStatus.TERMINATING:
+        return End(now, now, "terminating")
+    started = session.started_at.timestamp() if session.started_at else now
+    policy = facts.policy(session.node.resource_group_id if session.node_id else None)
+    cap = started + policy.max_lifetime if policy and policy.max_lifetime else None
+    activity = facts.activity.get(session.pk)
+    if activity is not None and activity.deadline is not None:
+        at = max(now, activity.deadline.timestamp())
+        return End(at, at, f"reclamation deadline ({activity.reason})" if activity.reason else "reclamation deadline")
+    if session.command:
+        history, named = facts.history_of(session)
+        band = pure.remaining_band(history, now - started, low=HISTORY_BAND[0], high=HISTORY_BAND[1],
+                                   minimum=HISTORY_MIN)
+        if band is not None:
+            early, late = now + band[0], now + band[1]
+            if cap is not None:
+                early, late = min(early, cap), min(late, cap)
+            return End(early, late, named)
+    elif policy and policy.idle_timeout:
+        last = max(started, float((activity.last_input if activity else None) or 0))
+        early = max(now, last + policy.idle_timeout) + policy.grace
+        if cap is not None:
+            early = min(early, cap)
+        return End(early, cap, f"idle timeout of {_hours(policy.idle_timeout)}"
+                   + (f", maximum lifetime of {_hours(policy.max_lifetime)}" if cap else ""))
+    if cap is not None:
+        return End(max(now, cap), max(now, cap), f"maximum lifetime of {_hours(policy.max_lifetime)}")
+    return End(None, None, "no declared end (no maximum lifetime, idle timeout or batch history)")
+
+
+def expected_runtime(session: ComputeSession, request: core.ResourceRequest, facts: _Facts) -> Runtime:
+    """How long a PENDING `session` would run once started (the same sources as
+    `expected_end`, from its start): a batch history's band, an idle timeout (earliest) and
+    the maximum lifetime of the resource group it asks for (the policy of nodes in no group
+    for a request naming none)."""
+    policy = facts.policy(facts.groups.get(request.resource_group) if request.resource_group else None)
+    cap = float(policy.max_lifetime) if policy and policy.max_lifetime else None
+    if session.command:
+        history, named = facts.history_of(session)
+        band = pure.remaining_band(history, 0.0, low=HISTORY_BAND[0], high=HISTORY_BAND[1], minimum=HISTORY_MIN)
+        if band is not None:
+            return Runtime(min(band[0], cap or band[0]), min(band[1], cap or band[1]), named)
+    elif policy and policy.idle_timeout:
+        early = float(policy.idle_timeout + policy.grace)
+        return Runtime(min(early, cap or early), cap, f"idle timeout of {_hours(policy.idle_timeout)}")
+    if cap is not None:
+        return Runtime(cap, cap, f"maximum lifetime of {_hours(policy.max_lifetime)}")
+    return Runtime(None, None, "no declared end")
+
+
+@dataclass
+class _Holding:
+    slot: str
+    node_id: str
+    cpu: int
+    mem: int
+    grants: tuple[core.DeviceGrant, ...]
+
+
+class _ReplayView(ReadView):
+    """`placement_decide`'s view in a replay: every scope the queue needs, read once without
+    locks (`_Queue.read`), copied per replay and kept current with the replay's placements and
+    ends; slot settings and image reasons read once; MIG not replayed (its choice raises
+    InsufficientResource: a MIG-only request waits, one with isolation "any" may take a shared
+    slice); `policies` (resource group name, "" for requests naming none → placement policy)
+    replaces the groups' own (the what-if)."""
+
+    def __init__(self, base: _Queue):
+        self.base = base
+        self.scopes: dict[tuple, PlacementScope] = {}
+        for key, scope in base.scopes.items():
+            options = dict(scope.options)
+            if scope.group_name in base.policies:
+                options["policy"] = base.policies[scope.group_name]
+            self.scopes[key] = PlacementScope(group_name=scope.group_name, slot=scope.slot, nodes=list(scope.nodes),
+                                              options=options, rows=dict(scope.rows))
+        self.holdings: dict[str, _Holding] = dict(base.holdings)
+
+    def queued_behind(self) -> str:
+        return ""  # the replay applies the backfill rule itself (replay.Backfill), in queue order
+
+    def settings(self, request):
+        return self.base.settings(request)
+
+    def image_missing(self, image: str) -> str:
+        return self.base.image_missing(image)
+
+    def mig(self, request, image: str):
+        raise InsufficientResource(MIG_NOT_REPLAYED[len("waiting for capacity: "):])
+
+    def scope(self, request, image: str) -> PlacementScope:
+        """The request's scope; one the queue's read lacks is read now (an unknown group raises
+        InvalidResourceRequest, as a real read does)."""
+        key = (request.resource_group, request.slot or "cuda", image)
+        if key not in self.scopes:
+            self.scopes[key] = PlacementScope.read(request, image=image)
+        return self.scopes[key]
+
+    def place(self, request, pure_settings, image: str) -> core.Placement:
+        return self.scope(request, image).place(request, pure_settings)
+
+    def take(self, key: str, request, image: str, placement: core.Placement) -> None:
+        """Queued session `key`'s placement takes its room (in every scope of its slot)."""
+        scope = self.scope(request, image)
+        node = core.apply_placement(scope.nodes[scope.rows[placement.node_id]], request, placement)
+        self._update(scope.slot, node)
+        self.holdings[key] = _Holding(scope.slot, placement.node_id, request.cpu, request.mem, placement.grants)
+
+    def release(self, key: str) -> None:
+        """What `key` holds comes free (in every scope of its slot; CPU-only: of every slot)."""
+        held = self.holdings.pop(key, None)
+        if held is None:
+            return
+        done: set = set()
+        for scope in self.scopes.values():
+            if (held.slot and scope.slot != held.slot) or held.node_id not in scope.rows or scope.slot in done:
+                continue
+            node = scope.nodes[scope.rows[held.node_id]]
+            self._update(scope.slot, core.release_placement(node, cpu=held.cpu, mem=held.mem, grants=held.grants))
+            done.add(scope.slot)
+
+    def _update(self, slot: str, node: core.NodeState) -> None:
+        for scope in self.scopes.values():
+            if scope.slot == slot:
+                scope.update(node)
+
+
+class _Room:
+    """`replay.Room` over a `_ReplayView`: a queued session fits when `placement_decide` says
+    PLACED."""
+
+    def __init__(self, base: _Queue):
+        self.base = base
+        self.view = _ReplayView(base)
+
+    def place(self, key: str) -> tuple[str, str]:
+        request, image = self.base.requests[key], self.base.images[key]
+        decision = placement_decide(request=request, image=image, view=self.view)
+        if decision.outcome == PLACED and decision.placement is not None:
+            self.view.take(key, request, image, decision.placement)
+            return pure.PLACED, ""
+        if decision.outcome == WAITING:
+            return pure.WAITING, decision.reason
+        return pure.NEVER, decision.reason or decision.outcome
+
+    def release(self, key: str) -> None:
+        self.view.release(key)
+
+
+class _Queue:
+    """The queue and the cluster as they stand, read once (no locks) for any number of
+    replays: the PENDING sessions in the pass's order, their requests and expected runtimes,
+    the active sessions' holdings and expected ends, and every scope the queue needs."""
+
+    def __init__(self, *, now: datetime | None = None, weights: dict[str, int] | None = None,
+                 policies: dict[str, str] | None = None, backfill_limit: int | None = None):
+        self.now = now or timezone.now()
+        self.policies = policies or {}
+        self.backfill_limit = settings.FGPU_BACKFILL_LIMIT if backfill_limit is None else backfill_limit
+        pending = list(ComputeSession.objects.filter(status=SessionStatus.PENDING).select_related("owner", "image")
+                       .order_by("-priority", "created_at", "pk"))
+        factors = fairshare.owner_factors({s.owner_id for s in pending}, now=self.now, weights=weights)
+        pending.sort(key=lambda s: fairshare.queue_key(s, factors))
+        self.pending = pending
+        active = list(ComputeSession.objects.filter(status__in=ACTIVE_STATUSES).select_related("node", "owner"))
+        self.active = {str(s.pk): s for s in active}
+        facts = _Facts(now=self.now, sessions=pending + active)
+        self.requests: dict[str, core.ResourceRequest] = {}
+        self.images: dict[str, str] = {}
+        self.runtimes: dict[str, Runtime] = {}
+        self.never: dict[str, str] = {}
+        for session in pending:
+            key = str(session.pk)
+            try:
+                self.requests[key] = session_request(session)
+            except AllocationError as exc:  # a stored request no longer valid
+                self.never[key] = str(exc)
+                continue
+            self.images[key] = session.image.reference if session.image_id else ""
+            self.runtimes[key] = expected_runtime(session, self.requests[key], facts)
+        self.ends = {key: expected_end(s, facts) for key, s in self.active.items()}
+        self.holdings: dict[str, _Holding] = {}
+        rows = Allocation.objects.filter(session__in=active, released_at__isnull=True).values_list(
+            "session_id", "device_id", "shares", "memory", "procs")
+        grants: dict[str, list] = {}
+        for session_id, device_id, shares, memory, procs in rows:
+            grants.setdefault(str(session_id), []).append(core.DeviceGrant(str(device_id), shares, memory, procs))
+        for key, s in self.active.items():
+            if s.node_id is not None:
+                self.holdings[key] = _Holding(s.slot_name, s.node.name, s.cpu, s.mem, tuple(grants.get(key, ())))
+        self._settings: dict = {}
+        self._images: dict[str, str] = {}
+        self.scopes: dict[tuple, PlacementScope] = {}
+        reader = ReadView()
+        for key, request in self.requests.items():
+            scope_key = (request.resource_group, request.slot or "cuda", self.images[key])
+            if scope_key in self.scopes:
+                continue
+            try:
+                self.scopes[scope_key] = PlacementScope.read(request, image=self.images[key])
+            except AllocationError:
+                continue  # an unknown group: the decision says so
+        self._reader = reader
+
+    def settings(self, request):
+        key = (request.slot, request.kind)
+        if key not in self._settings:
+            try:
+                self._settings[key] = self._reader.settings(request)
+            except AllocationError as exc:
+                self._settings[key] = exc
+        found = self._settings[key]
+        if isinstance(found, AllocationError):
+            raise type(found)(str(found))
+        return found
+
+    def image_missing(self, image: str) -> str:
+        if image not in self._images:
+            self._images[image] = self._reader.image_missing(image)
+        return self._images[image]
+
+    def queued(self, *, late: bool) -> list[pure.Queued]:
+        out = []
+        for session in self.pending:
+            key = str(session.pk)
+            if key in self.never:
+                continue
+            runtime = self.runtimes[key]
+            out.append(pure.Queued(key=key, shape=queue_shape(session), overtaken=session.overtaken,
+                                   runtime=runtime.latest if late else runtime.earliest, name=session.name))
+        return out
+
+    def replay(self, *, late: bool) -> pure.Replay:
+        ends = {key: (end.latest if late else end.earliest) for key, end in self.ends.items() if key in self.holdings}
+        return pure.replay(self.queued(late=late), ends=ends, room=_Room(self), now=self.now.timestamp(),
+                           backfill_limit=self.backfill_limit)
+
+    def bands(self) -> dict[str, pure.Band]:
+        """Every PENDING session's ETA band (key: its id)."""
+        early, late = self.replay(late=False), self.replay(late=True)
+        out = {key: pure.Band(None, None, pure.NEVER, why) for key, why in self.never.items()}
+        for key in early.starts:
+            band = pure.eta_band(early.starts[key], late.starts[key])
+            if band.outcome == pure.PLACED and band.latest is None:
+                band = replace(band, reason=UNKNOWN_LATEST)
+            elif band.outcome == pure.WAITING and band.reason.startswith(CAPACITY) and band.reason != MIG_NOT_REPLAYED:
+                band = replace(band, reason=f"{NO_KNOWN_END} ({band.reason})")
+            out[key] = band
+        return out
+
+
+NO_KNOWN_END = ("no estimate: the sessions holding the room it needs have no declared end (no maximum lifetime, "
+                "idle timeout or batch history)")
+UNKNOWN_LATEST = ("the latest start is unknown: sessions holding the room it needs have no declared end "
+                  "(no maximum lifetime, idle timeout or batch history)")
+
+
+def _iso(epoch: float | None) -> datetime | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, tz=dt_timezone.utc)
+
+
+@dataclass(frozen=True)
+class Eta:
+    """One PENDING session's answer. `outcome`: "now" (fits now: starts at the next pass),
+    "estimate" (a band: `earliest` … `latest`, `latest` None when unknown), "unknown" (no
+    band: `reason` says why) or "never" (`reason`); `position` in the queue (1-based);
+    `waiting_reason` the reason per node the last pass gave; `fits_after` the running sessions
+    whose end would make it fit now (`FitsAfter`), soonest first; `computed_at`."""
+
+    outcome: str
+    earliest: datetime | None
+    latest: datetime | None
+    reason: str
+    position: int
+    waiting_reason: str
+    fits_after: tuple
+    fits_now: bool
+    computed_at: datetime
+
+
+@dataclass(frozen=True)
+class FitsAfter:
+    """A session whose end would make room: its `session` (an ComputeSession), `node`, its
+    expected `end` (`End`)."""
+
+    session: ComputeSession
+    node: str
+    end: End
+
+
+def band_outcome(band: pure.Band, now: float) -> str:
+    """"now", "estimate", "unknown" or "never" (see `Eta`)."""
+    if band.outcome == pure.NEVER:
+        return "never"
+    if band.earliest is None:
+        return "unknown"
+    if band.earliest <= now and band.latest is not None and band.latest <= now:
+        return "now"
+    return "estimate"
+
+
+def session_eta(*, session: ComputeSession, now: datetime | None = None) -> Eta:
+    """The ETA of a PENDING `session` (module docstring): its band from the two replays of the
+    whole queue, its place in the queue, the last pass's reason, and which running sessions'
+    ends would make it fit now (`fits_after`). Reads without locks; writes nothing."""
+    queue = _Queue(now=now)
+    key = str(session.pk)
+    bands = queue.bands()
+    band = bands.get(key) or pure.Band(None, None, pure.WAITING, "it is no longer waiting")
+    position = next((i + 1 for i, s in enumerate(queue.pending) if str(s.pk) == key), 0)
+    fits_now, after = _fits_after(queue, key)
+    return Eta(outcome=band_outcome(band, queue.now.timestamp()), earliest=_iso(band.earliest), latest=_iso(band.latest),
+               reason=band.reason, position=position, waiting_reason=session.status_reason, fits_after=tuple(after),
+               fits_now=fits_now, computed_at=queue.now)
+
+
+def _fits_after(queue: _Queue, key: str) -> tuple[bool, list[FitsAfter]]:
+    """Whether queued session `key` fits on the cluster as it is now (the queue aside), and if
+    not, the fewest running sessions, taken in order of their expected end, whose ends make it
+    fit (empty when none would: it waits for something else, or never fits)."""
+    if key not in queue.requests:
+        return False, []
+    if _Room(queue).place(key)[0] == pure.PLACED:
+        return True, []
+    request, image = queue.requests[key], queue.images[key]
+    scope = queue.scopes.get((request.resource_group, request.slot or "cuda", image))
+    near = [k for k, held in queue.holdings.items() if scope is not None and held.node_id in scope.rows]
+    order = sorted(near, key=lambda k: (queue.ends[k].earliest is None, queue.ends[k].earliest or 0.0, k))
+    taken: list[str] = []
+    for other in order:
+        taken.append(other)
+        trial = _Room(queue)
+        for k in taken:
+            trial.release(k)
+        if trial.place(key)[0] == pure.PLACED:
+            break
+    else:
+        return False, []
+    needed = list(taken)
+    for other in reversed(taken):  # drop those it fits without
+        trial = _Room(queue)
+        for k in needed:
+            if k != other:
+                trial.release(k)
+        if trial.place(key)[0] == pure.PLACED:
+            needed.remove(other)
+    return False, [FitsAfter(queue.active[k], queue.holdings[k].node_id, queue.ends[k]) for k in needed]
+
+
+# --- what-if (issue 17.5) --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WhatIfRow:
+    """One PENDING session under today's rules and under the what-if's: its place in each queue
+    and each band; `change` "sooner", "later", "same" or "unknown" (compared by the earliest
+    start, then the latest)."""
+
+    session: ComputeSession
+    position_today: int
+    position_what_if: int
+    today: pure.Band
+    what_if: pure.Band
+    change: str
+
+
+def _compare(today: pure.Band, other: pure.Band) -> str:
+    def key(band: pure.Band):
+        if band.outcome == pure.NEVER or band.earliest is None:
+            return None
+        return band.earliest, float("inf") if band.latest is None else band.latest
+
+    a, b = key(today), key(other)
+    if a is None or b is None:
+        return "same" if a == b and today.outcome == other.outcome else "unknown"
+    return "same" if a == b else ("sooner" if b < a else "later")
+
+
+def scheduler_what_if(*, weights: dict[str, int] | None = None, policies: dict[str, str] | None = None,
+                      backfill_limit: int | None = None, now: datetime | None = None) -> list[WhatIfRow]:
+    """Replay the current queue today and under the changes — `weights` (project name → fair-share
+    weight ≥ 1), `policies` (resource group name, "" for requests naming none → placement
+    policy, `accelerators.allocation.cluster.POLICIES`), `backfill_limit` (FGPU_BACKFILL_LIMIT's
+    value) — and return each PENDING session's place and band under both, in today's queue
+    order. Nothing is written. The caller checks the names (`what_if_validate`)."""
+    now = now or timezone.now()
+    today = _Queue(now=now)
+    changed = _Queue(now=now, weights=weights, policies=policies, backfill_limit=backfill_limit)
+    bands_today, bands_changed = today.bands(), changed.bands()
+    where = {str(s.pk): i + 1 for i, s in enumerate(changed.pending)}
+    rows = []
+    for i, session in enumerate(today.pending):
+        key = str(session.pk)
+        a = bands_today.get(key, pure.Band(None, None, pure.WAITING, "no longer waiting"))
+        b = bands_changed.get(key, pure.Band(None, None, pure.WAITING, "no longer waiting"))
+        rows.append(WhatIfRow(session, i + 1, where.get(key, 0), a, b, _compare(a, b)))
+    return rows
+
