@@ -223,6 +223,8 @@ SPECTACULAR_SETTINGS = {
         "MigCatalogSourceEnum": "accelerators.api_mig.CATALOG_SOURCES",
         "ExecStateEnum": "protocol.exec_store.STATES",
         "ExecStreamEnum": "protocol.exec_store.STREAMS",
+        "EtaOutcomeEnum": "sessions.api_eta.ETA_OUTCOMES",
+        "WhatIfChangeEnum": "sessions.api_eta.WHAT_IF_CHANGES",
     },
 }
 

@@ -21,6 +21,10 @@ from sessions.models import Project, SessionStatus
 from sessions.selectors import session_get_for
 
 
+ETA_OUTCOMES = ["now", "estimate", "unknown", "never"]  # sessions.eta.band_outcome
+WHAT_IF_CHANGES = ["sooner", "later", "same", "unknown"]  # sessions.eta.WhatIfRow.change
+
+
 class FitsAfterSerializer(serializers.Serializer):
     session = serializers.UUIDField(allow_null=True, help_text="its id; null for another user's session")
     name = serializers.CharField(allow_null=True, help_text="its name; null for another user's session")
@@ -35,7 +39,7 @@ class FitsAfterSerializer(serializers.Serializer):
 
 class EtaSerializer(serializers.Serializer):
     session = serializers.UUIDField()
-    outcome = serializers.ChoiceField(["now", "estimate", "unknown", "never"], help_text=(
+    outcome = serializers.ChoiceField(ETA_OUTCOMES, help_text=(
         '"now": it fits now and starts at the next scheduler pass; "estimate": it starts between `earliest` and '
         '`latest` (latest null: unknown, `reason` says why); "unknown": no estimate (`reason`); "never": no node '
         "could ever hold it (`reason`)"))
@@ -136,7 +140,7 @@ class WhatIfRequestSerializer(serializers.Serializer):
 
 
 class BandSerializer(serializers.Serializer):
-    outcome = serializers.ChoiceField(["now", "estimate", "unknown", "never"])
+    outcome = serializers.ChoiceField(ETA_OUTCOMES)
     earliest = serializers.DateTimeField(allow_null=True)
     latest = serializers.DateTimeField(allow_null=True)
     reason = serializers.CharField(allow_blank=True)
@@ -150,7 +154,7 @@ class WhatIfRowSerializer(serializers.Serializer):
     position_what_if = serializers.IntegerField()
     today = BandSerializer()
     what_if = BandSerializer()
-    change = serializers.ChoiceField(["sooner", "later", "same", "unknown"],
+    change = serializers.ChoiceField(WHAT_IF_CHANGES,
                                      help_text="the what-if's start against today's (earliest, then latest)")
 
 
