@@ -277,6 +277,7 @@
     var was = session.status;
     session = s;
     renderHeader();
+    document.dispatchEvent(new CustomEvent("fgpu:session", { detail: s })); // the ETA panel (eta.js) follows it
     if (exited || (FINAL.indexOf(s.status) !== -1 && socket === null)) {
       if (FINAL.indexOf(s.status) !== -1) showEnded(s);
       return;

@@ -1,0 +1,86 @@
+"""The session page's "When will I start?" panel in a real browser (issue 17.3), against the
+standalone console (tests/test_browser_workloads.py's `console`): bob's session waits behind
+the administrator's batch job, which holds the demo node's whole GPU and whose owner's earlier
+runs took 50-70 minutes; bob's page shows the estimate (a band of times), his place in the
+queue, which session's end would make room (another user's: no name) and why it waits on each
+node. When the job is terminated, bob's session starts and the panel goes away by itself.
+Desktop screenshot: eta-pending-desktop.png."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_browser import ADMIN_PASSWORD, screenshot_dir
+from tests.test_browser import page  # noqa: F401  (fixture)
+from tests.test_browser_workloads import Standalone, browser, log_in, new_page, wait_status  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.browser
+
+BOB_PASSWORD = "bob-eta-pass-1"
+CLOCK = r"\d{1,2}:\d{2}( [AP]M)?"  # the browser's locale
+SETUP = """
+from datetime import timedelta
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from sessions.models import ComputeSession
+admin = get_user_model().objects.get(username="admin")
+get_user_model().objects.create_user("bob", password="{password}")
+now = timezone.now()
+for minutes in (50, 60, 70):
+    ComputeSession.objects.create(owner=admin, name="train-before", command="sleep 3600", resources={{}},
+                                  status="TERMINATED", started_at=now - timedelta(days=1, minutes=minutes),
+                                  terminated_at=now - timedelta(days=1))
+"""
+
+
+@pytest.fixture
+def console(procs, tmp_path):
+    """The standalone console with the demo node only (one 8 GiB GPU: 2 fGPU)."""
+    console = Standalone(procs, tmp_path)
+    console.env["FGPU_AGENT_CONFIG"] = str(ROOT / "demo" / "agent.toml")
+    console.start()
+    return console
+
+
+def test_a_pending_sessions_page_says_when_it_should_start_and_what_it_waits_for(console, browser):
+    from playwright.sync_api import expect
+
+    console.manage(SETUP.format(password=BOB_PASSWORD))
+    admin = console.api("admin", ADMIN_PASSWORD)
+    bob = console.api("bob", BOB_PASSWORD)
+    code, job = admin.call("POST", "/api/v1/sessions/", {"name": "train", "command": "sleep 3600",
+                                                        "resources": {"cuda.shares": "2", "mem": "256M"}})
+    assert code == 201, job
+    wait_status(admin, job["id"], "RUNNING")
+    code, mine = bob.call("POST", "/api/v1/sessions/", {"name": "notebook", "resources": {"cuda.shares": "1",
+                                                                                          "mem": "256M"}})
+    assert code == 201, mine
+
+    page = new_page(browser)
+    log_in(page, console.url, username="bob", password=BOB_PASSWORD)
+    page.goto(console.url + mine["terminal_url"])
+    panel = page.locator("#eta-panel")
+    expect(panel).to_be_visible()
+    expect(panel.locator(".eta-title")).to_have_text("When will I start?")
+    expect(page.locator("#eta-answer")).to_have_attribute("data-outcome", "estimate")
+    expect(page.locator("#eta-answer")).to_have_text(re.compile(rf"^Expected to start {CLOCK} – {CLOCK}$"))
+    expect(page.locator("#eta-when")).to_have_text(re.compile(r"^in \d+ min to \d+ (min|h)"))
+    expect(page.locator("#eta-position")).to_have_text("#1")
+    expect(page.locator("#eta-fits")).to_have_text("no")
+    after = page.locator("#eta-after li")
+    expect(after).to_have_count(1)
+    expect(after.locator(".eta-who")).to_have_text("a session of another user")
+    expect(after.locator(".eta-where")).to_have_text("on demo-node")
+    expect(after.locator(".eta-basis")).to_have_text("batch history of the owner (3 runs)")
+    expect(page.locator("#eta-nodes li .eta-node").first).to_have_text("demo-node")
+    expect(page.locator("#eta-note")).to_have_text(re.compile(r"^Estimated at .* · updates every 15 s$"))
+    panel.scroll_into_view_if_needed()
+    page.screenshot(path=str(screenshot_dir() / "eta-pending-desktop.png"), animations="disabled")
+
+    admin.call("DELETE", f"/api/v1/sessions/{job['id']}/")  # room: bob's session starts, the panel goes
+    expect(page.locator("#session-status-badge")).to_have_text("RUNNING")
+    expect(panel).to_be_hidden()
+    assert page.js_errors == [], page.js_errors
+    page.context.close()
