@@ -112,6 +112,43 @@ def age(text, now: datetime | None = None) -> str:
     return f"{seconds}s"
 
 
+def until(text, now: datetime | None = None) -> str:
+    """ISO time → "now", "in 42s", "in 5m", "in 3h", "in 2d" from `now`; "-" for none."""
+    moment = parse_time(text)
+    if moment is None:
+        return "-"
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    seconds = int((moment - (now or datetime.now(timezone.utc))).total_seconds())
+    if seconds <= 30:
+        return "now"
+    for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= span:
+            return f"in {seconds // span}{unit}"
+    return f"in {seconds}s"
+
+
+def clock(text) -> str:
+    """ISO time → "2026-11-26 09:40 UTC"; "-" for none."""
+    moment = parse_time(text)
+    if moment is None:
+        return "-"
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def eta_band(earliest, latest) -> str:
+    """An ETA band (ISO times; `latest` None: unknown) → "2026-11-26 09:40 UTC – 10:30 UTC (in 40m – in 1h)"."""
+    if not earliest:
+        return "-"
+    if not latest:
+        return f"from {clock(earliest)} ({until(earliest)}; latest unknown)"
+    if clock(earliest) == clock(latest):
+        return f"{clock(earliest)} ({until(earliest)})"
+    return f"{clock(earliest)} – {clock(latest)[11:]} ({until(earliest)} – {until(latest)})"
+
+
 def short_id(session_id: str) -> str:
     return str(session_id)[:8]
 

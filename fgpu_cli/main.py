@@ -17,7 +17,7 @@ from decimal import Decimal
 
 from fgpu_cli import __version__, config, files, terminal
 from fgpu_cli.client import ApiError, Client, Unreachable
-from fgpu_cli.formatting import (FINAL_STATUSES, LIVE_STATUSES, age, amount, decimal_text, flatten, gib,
+from fgpu_cli.formatting import (FINAL_STATUSES, LIVE_STATUSES, age, amount, decimal_text, eta_band, flatten, gib,
                                  key_values, printable, shares_text, short_id, size, table)
 from fgpu_cli.launch import UsageError, build_body
 from fgpu_cli.mig import layout_text, node_text, profiles_text
@@ -298,8 +298,9 @@ def cmd_describe(args) -> int:
     session = resolve(client, args.session, username=creds.username)
     allocations = session.get("allocations") or []
     environment = session.get("environment") or {}  # the agent's rule, as the server computes it
+    eta = _eta(client, session)
     if args.output == "json":
-        _emit_json(session)
+        _emit_json({**session, "eta": eta} if eta is not None else session)
         return OK
     pairs = [("ID", session["id"]), ("Name", session.get("name")), ("Owner", session.get("owner")),
              ("Status", session["status"])]
@@ -314,6 +315,10 @@ def cmd_describe(args) -> int:
         pairs += [("Terminated", session["terminated_at"]), ("Exit code", session.get("exit_code"))]
     print(key_values(pairs))
     print()
+    if eta is not None:
+        print("When will it start:")
+        print(key_values(_eta_pairs(eta)))
+        print()
     if allocations:
         print("Allocation:")
         print(_allocation_table(allocations))
@@ -323,6 +328,43 @@ def cmd_describe(args) -> int:
     else:
         print("Allocation: none" + (" yet" if session["status"] in ("PENDING",) else ""))
     return OK
+
+
+def _eta(client, session: dict) -> dict | None:
+    """A PENDING session's ETA (GET /api/v1/sessions/<id>/eta/); None for another status, or from a
+    server without the endpoint (404) or after the session left PENDING (409)."""
+    if session.get("status") != "PENDING":
+        return None
+    try:
+        return client.get(f"{SESSIONS}{session['id']}/eta/")
+    except ApiError as exc:
+        if exc.status in (404, 409):
+            return None
+        raise
+
+
+def _eta_pairs(eta: dict) -> list[tuple[str, object]]:
+    outcome = eta.get("outcome")
+    if outcome == "now":
+        start = "now: it fits and starts at the next scheduler pass"
+    elif outcome == "estimate":
+        start = eta_band(eta.get("earliest"), eta.get("latest"))
+    elif outcome == "never":
+        start = "never, as asked"
+    else:
+        start = "unknown"
+    pairs = [("Estimated start", start)]
+    if eta.get("reason"):
+        pairs.append(("Why", eta["reason"]))
+    pairs += [("Place in queue", eta.get("position")), ("Fits now", "yes" if eta.get("fits_now") else "no")]
+    after = []
+    for row in eta.get("fits_after") or []:
+        who = row.get("name") or "another user's session"
+        ends = eta_band(row.get("ends_earliest"), row.get("ends_latest")) if row.get("ends_earliest") else "no known end"
+        after.append(f"{who} on {row.get('node')} ends {ends} ({row.get('basis')})")
+    if after:
+        pairs.append(("Fits once these end", "; ".join(after)))
+    return pairs
 
 
 def cmd_rm(args) -> int:

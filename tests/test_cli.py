@@ -444,6 +444,23 @@ def test_describe_shows_allocation_environment_and_pending_reason(api, capsys):
     out = capsys.readouterr().out
     assert "Pending reason:  waiting: node-1 has 0.25 fGPU free" in out and "Allocation: none yet" in out
 
+    # With the server's estimate (GET …/eta/): the band, the queue place, what would make room.
+    api.routes[("GET", f"/api/v1/sessions/{SID}/eta/")] = (200, {
+        "session": SID, "outcome": "estimate", "earliest": "2026-11-26T09:40:00Z", "latest": "2026-11-26T10:30:00Z",
+        "reason": "", "position": 2, "waiting_reason": "waiting: node-1 has 0.25 fGPU free", "fits_now": False,
+        "fits_after": [{"session": None, "name": None, "owner": None, "node": "node-1",
+                        "ends_earliest": "2026-11-26T09:40:00Z", "ends_latest": "2026-11-26T10:30:00Z",
+                        "basis": "maximum lifetime of 8 h"}], "computed_at": "2026-11-26T09:00:00Z"})
+    assert cli.main(["describe", SID]) == 0
+    out = capsys.readouterr().out
+    assert "When will it start:" in out
+    assert "Estimated start:      2026-11-26 09:40 UTC – 10:30 UTC (" in out, out
+    assert "Place in queue:       2" in out
+    assert ("Fits once these end:  another user's session on node-1 ends 2026-11-26 09:40 UTC – 10:30 UTC"
+            in out), out
+    assert cli.main(["describe", SID, "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["eta"]["position"] == 2
+
     api.routes.pop(("GET", f"/api/v1/sessions/{SID}/"))
     assert cli.main(["describe", SID]) == 1
     assert "no session" in one_line_error(capsys.readouterr().err)
