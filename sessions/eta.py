@@ -44,8 +44,7 @@ from sessions.scheduler import queue_shape
 from sessions.selectors import session_request
 
 HISTORY_DAYS = 30  # batch sessions that ended within this many days make the history
-HISTORY_MIN = 3  # runtimes needed before a history is believed
-HISTORY_BAND = (0.1, 0.9)  # quantiles of a history that bound a prediction (benchmarks/eta.py: calibration)
+HISTORY_MIN, HISTORY_BAND = pure.HISTORY_MIN, pure.HISTORY_BAND  # shared with benchmarks/eta.py
 MIG_NOT_REPLAYED = "waiting for capacity: MIG instances are not replayed, so no ETA is given for a MIG request"
 
 

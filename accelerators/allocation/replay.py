@@ -27,6 +27,8 @@ WAITING = "waiting"
 NEVER = "never"
 
 MAX_EVENTS = 5000  # passes a replay makes at most (a moment at which something ends is one pass)
+HISTORY_MIN = 3  # runtimes needed before a history is believed (`remaining_band`'s `minimum`)
+HISTORY_BAND = (0.1, 0.9)  # quantiles of a history that bound a prediction (benchmarks/eta.py: calibration)
 
 
 class Backfill:
@@ -69,13 +71,15 @@ class Queued:
     """A waiting session as the replay sees it: `key` (its id), `shape` (sessions of one shape
     find room or not together in a pass: the real pass's short-cut), `overtaken` (its backfill
     count now), `runtime` (seconds it holds its room once started; None: no known end), `name`
-    (what a reason calls it)."""
+    (what a reason calls it), `arrives` (epoch seconds it joins the queue; None: it waits
+    already — the console's replay knows no future launches; benchmarks/eta.py replays a trace)."""
 
     key: str
     shape: str
     overtaken: int = 0
     runtime: float | None = None
     name: str = ""
+    arrives: float | None = None
 
 
 @dataclass
@@ -113,51 +117,69 @@ def replay(queue: Iterable[Queued], *, ends: dict[str, float | None], room: Room
            backfill_limit: int, max_events: int = MAX_EVENTS) -> Replay:
     """Replay `queue` (in queue order; not changed) on `room` from `now` (epoch seconds).
     `ends`: key of each session holding room now → when it ends (epoch seconds; None: no known
-    end: it holds its room for the whole replay). Returns every queued key's `Start`."""
-    waiting = [Queued(q.key, q.shape, q.overtaken, q.runtime, q.name) for q in queue]  # own counts: the caller's stay
+    end: it holds its room for the whole replay). A queued session with `arrives` joins the
+    queue then, in its place in `queue`'s order. Returns every queued key's `Start`."""
+    items = [Queued(q.key, q.shape, q.overtaken, q.runtime, q.name, q.arrives) for q in queue]  # the caller's stay
+    place = {item.key: i for i, item in enumerate(items)}
+    future = sorted((q for q in items if q.arrives is not None and q.arrives > now), key=lambda q: (q.arrives, place[q.key]))
+    waiting = [q for q in items if q.arrives is None or q.arrives <= now]
     holding = dict(ends)
     out = Replay()
     reasons: dict[str, str] = {}
     t = now
-    while waiting and out.passes < max_events:
-        out.passes += 1
-        backfill = Backfill(backfill_limit)
-        no_room: dict[str, str] = {}
-        left = []
-        for item in waiting:
-            holder = backfill.holder()
-            if holder is not None:
-                reasons[item.key] = f"queued behind {holder.name or holder.key}, which goes first (backfill limit)"
-                left.append(item)
-                continue
-            if item.shape in no_room:
-                reasons[item.key] = no_room[item.shape]
-                backfill.block(item)
-                left.append(item)
-                continue
-            outcome, why = room.place(item.key)
-            if outcome == NEVER:
-                out.starts[item.key] = Start(None, NEVER, why)
-                continue
-            if outcome != PLACED:
-                no_room[item.shape] = reasons[item.key] = why
-                backfill.block(item)
-                left.append(item)
-                continue
-            out.starts[item.key] = Start(t, PLACED)
-            backfill.placed()
-            holding[item.key] = None if item.runtime is None else t + item.runtime
-        waiting = left
-        upcoming = [end for end in holding.values() if end is not None]
-        if not waiting or not upcoming:
+    while (waiting or future) and out.passes < max_events:
+        if waiting:
+            out.passes += 1
+            waiting = _pass(waiting, t, room, backfill_limit, holding, out, reasons)
+        upcoming = [end for end in holding.values() if end is not None] + ([future[0].arrives] if future else [])
+        if not upcoming or (not waiting and not future):
             break
         t = max(t, min(upcoming))
         for key in [k for k, end in holding.items() if end is not None and end <= t]:
             room.release(key)
             out.ended[key] = holding.pop(key)
-    for item in waiting:
+        joined = False
+        while future and future[0].arrives <= t:
+            waiting.append(future.pop(0))
+            joined = True
+        if joined:
+            waiting.sort(key=lambda q: place[q.key])
+    for item in waiting + future:
         out.starts[item.key] = Start(None, WAITING, reasons.get(item.key, ""))
     return out
+
+
+def _pass(waiting: list[Queued], t: float, room: Room, backfill_limit: int, holding: dict, out: Replay,
+          reasons: dict[str, str]) -> list[Queued]:
+    """One pass at `t` over `waiting` (queue order): the real pass's rules (module docstring).
+    Returns those still waiting; records starts in `out` and the placed ones' ends in `holding`."""
+    backfill = Backfill(backfill_limit)
+    no_room: dict[str, str] = {}
+    left = []
+    for item in waiting:
+        holder = backfill.holder()
+        if holder is not None:
+            reasons[item.key] = f"queued behind {holder.name or holder.key}, which goes first (backfill limit)"
+            left.append(item)
+            continue
+        if item.shape in no_room:
+            reasons[item.key] = no_room[item.shape]
+            backfill.block(item)
+            left.append(item)
+            continue
+        outcome, why = room.place(item.key)
+        if outcome == NEVER:
+            out.starts[item.key] = Start(None, NEVER, why)
+            continue
+        if outcome != PLACED:
+            no_room[item.shape] = reasons[item.key] = why
+            backfill.block(item)
+            left.append(item)
+            continue
+        out.starts[item.key] = Start(t, PLACED)
+        backfill.placed()
+        holding[item.key] = None if item.runtime is None else t + item.runtime
+    return left
 
 
 @dataclass(frozen=True)
