@@ -26,7 +26,9 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from sessions.models import ComputeSession
 admin = get_user_model().objects.get(username="admin")
-get_user_model().objects.create_user("bob", password="{password}")
+bob = get_user_model().objects.create_user("bob", password="{password}")
+from sessions.models import Project
+Project.objects.create(name="nlp").members.add(bob)
 now = timezone.now()
 for minutes in (50, 60, 70):
     ComputeSession.objects.create(owner=admin, name="train-before", command="sleep 3600", resources={{}},
@@ -78,6 +80,28 @@ def test_a_pending_sessions_page_says_when_it_should_start_and_what_it_waits_for
     expect(page.locator("#eta-note")).to_have_text(re.compile(r"^Estimated at .* · updates every 15 s$"))
     panel.scroll_into_view_if_needed()
     page.screenshot(path=str(screenshot_dir() / "eta-pending-desktop.png"), animations="disabled")
+
+    assert page.js_errors == [], page.js_errors
+
+    # The administrator's project page previews the queue under a new weight before saving it.
+    admin_page = new_page(browser)
+    log_in(admin_page, console.url, path="/admin/")
+    project = next(p for p in admin.call("GET", "/api/v1/projects/")[1]["results"] if p["name"] == "nlp")
+    admin_page.goto(f"{console.url}/admin/compute_sessions/project/{project['id']}/change/")
+    admin_page.fill("#id_share_weight", "5")
+    admin_page.click("#what-if-run")
+    expect(admin_page.locator("#what-if-note")).to_have_text(re.compile(r"^Weight 5 \(saved: 1\), replayed at .*"
+                                                                        r"Nothing was saved\.$"))
+    rows = admin_page.locator("#what-if-rows tr")
+    expect(rows).to_have_count(1)
+    expect(rows.locator("td").nth(0)).to_have_text("notebook")
+    expect(rows.locator("td").nth(3)).to_have_text(re.compile(rf"^\w+ \d+,? {CLOCK} – "))
+    expect(rows.locator("td").nth(5)).to_have_text("no change")  # alone in the queue: its weight moves nothing
+    admin_page.locator("#what-if").scroll_into_view_if_needed()
+    admin_page.screenshot(path=str(screenshot_dir() / "eta-what-if-admin.png"), animations="disabled")
+    assert admin_page.js_errors == [], admin_page.js_errors
+    assert admin.call("GET", f"/api/v1/projects/{project['id']}/")[1]["share_weight"] == 1  # not saved
+    admin_page.context.close()
 
     admin.call("DELETE", f"/api/v1/sessions/{job['id']}/")  # room: bob's session starts, the panel goes
     expect(page.locator("#session-status-badge")).to_have_text("RUNNING")
