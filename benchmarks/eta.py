@@ -1,7 +1,7 @@
 """Calibration of the "When will I start?" estimate (issue 17.3) on Alibaba's openb trace.
 
-    python benchmarks/eta.py [--trace default] [--gpus 12] [--start-day 119] [--days 7] [--warmup-days 1]
-                             [--policy fgd-plus] [--backfill 8] [--predictions 400] [--band 0.1,0.9] [--json]
+    python benchmarks/eta.py [--trace default] [--gpus 16] [--start-day 119] [--days 3] [--warmup-days 1]
+                             [--policy fgd-plus] [--backfill 8] [--predictions 400] [--band 0.05,0.95] [--json]
 
 What happens, all through the project's own pure code:
 
@@ -198,9 +198,10 @@ def estimate(at: float, pod_key: str, pods: dict[str, Pod], order: list[str], st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", default="default")
-    parser.add_argument("--gpus", type=int, default=12, help="GPUs of the cluster slice")
+    parser.add_argument("--gpus", type=int, default=16,
+                        help="about how many GPUs the slice has (every k-th node: 16 gives 4 nodes, 8 GPUs)")
     parser.add_argument("--start-day", type=float, default=119)
-    parser.add_argument("--days", type=float, default=7)
+    parser.add_argument("--days", type=float, default=3)
     parser.add_argument("--warmup-days", type=float, default=1, help="arrivals not scored at the start")
     parser.add_argument("--policy", default="fgd-plus", choices=list(cluster.POLICIES))
     parser.add_argument("--backfill", type=int, default=8, help="FGPU_BACKFILL_LIMIT")

@@ -85,7 +85,7 @@ def eta_shape(answer: eta.Eta, *, session_id, user) -> dict:
     description="An estimate from a replay of the scheduler (the same placement as its passes) over the running "
                 "sessions' expected ends: their resource group's maximum lifetime and idle timeout, the idle "
                 "reclamation deadline they were warned of, and for batch sessions the runtimes of their owner's "
-                "earlier batch sessions (10th–90th percentile). A band: `earliest` if every running session ends "
+                "earlier batch sessions (5th–95th percentile). A band: `earliest` if every running session ends "
                 "at its earliest expected end, `latest` if at its latest (null: some have no known end). Also the "
                 "reason per node the last pass gave and which running sessions' ends would make room now. Not "
                 "replayed: MIG instances, sessions launched later, terminations by hand.",
