@@ -373,3 +373,22 @@ def test_the_calibration_benchmark_runs_on_a_slice_of_the_trace(capsys):
     assert result["waited"] > 0 and result["estimates"] == min(5, result["waited"])
     assert sum(result["counts"].values()) == result["estimates"]
     assert result["history_band"] == list(pure.HISTORY_BAND)
+
+
+def test_what_if_the_nodes_spread_sessions_a_whole_gpu_request_waits_where_packing_fits_it_now(db, alice, staff):
+    from usage.models import IdlePolicy
+
+    make_cluster(nodes={"n1": [mock_gpu(0)], "n2": [mock_gpu(0, node=1)]})
+    IdlePolicy.objects.create(resource_group=None, max_lifetime=7200)
+    half = {"cuda.shares": "1", "mem": "64M"}
+    for name in ("a", "b"):
+        session_create(owner=alice, name=name, resources=half)
+    whole = session_create(owner=alice, name="whole", resources=WHOLE)
+
+    answer = client_for(staff).post("/api/v1/scheduler/what-if/", {"policies": {"": "spread"}}, format="json")
+
+    rows = {r["name"]: r for r in answer.json()["sessions"]}
+    assert rows["whole"]["today"]["outcome"] == "now"  # a and b share one GPU: the other is whole
+    assert rows["whole"]["what_if"]["outcome"] == "estimate" and rows["whole"]["change"] == "later"
+    assert rows["a"]["change"] == rows["b"]["change"] == "same"
+    assert ComputeSession.objects.get(pk=whole.pk).status == SessionStatus.PENDING
