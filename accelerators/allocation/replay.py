@@ -29,7 +29,7 @@ NEVER = "never"
 MAX_EVENTS = 5000  # passes a replay makes at most (a moment at which something ends is one pass)
 HISTORY_MIN = 3  # runtimes needed before a history is believed (`remaining_band`'s `minimum`)
 # Quantiles of a history that bound a prediction: on openb (benchmarks/eta.py, results/eta.txt) the
-# start fell in the band for 93 % of the estimates with one at 5-95 %, 43 % at 10-90 %, 14 % at 25-75 %.
+# start fell in the band of 93 % of the estimates that gave one at 5-95 %, 43 % at 10-90 %.
 HISTORY_BAND = (0.05, 0.95)
 
 
