@@ -45,6 +45,7 @@ from sessions.selectors import session_request
 
 HISTORY_DAYS = 30  # batch sessions that ended within this many days make the history
 HISTORY_MIN, HISTORY_BAND = pure.HISTORY_MIN, pure.HISTORY_BAND  # shared with benchmarks/eta.py
+FITS_AFTER_MAX = 200  # running sessions tried, soonest end first, for what would make room
 MIG_NOT_REPLAYED = "waiting for capacity: MIG instances are not replayed, so no ETA is given for a MIG request"
 
 
@@ -438,8 +439,9 @@ def session_eta(*, session: ComputeSession, now: datetime | None = None) -> Eta:
 
 def _fits_after(queue: _Queue, key: str) -> tuple[bool, list[FitsAfter]]:
     """Whether queued session `key` fits on the cluster as it is now (the queue aside), and if
-    not, the fewest running sessions, taken in order of their expected end, whose ends make it
-    fit (empty when none would: it waits for something else, or never fits)."""
+    not, the running sessions on its nodes whose ends make it fit: taken in order of their
+    expected end (the first FITS_AFTER_MAX) until it fits, then those it fits without dropped.
+    Empty when none would: it waits for something else (an image, MIG), or never fits."""
     if key not in queue.requests:
         return False, []
     if _Room(queue).place(key)[0] == pure.PLACED:
@@ -449,12 +451,11 @@ def _fits_after(queue: _Queue, key: str) -> tuple[bool, list[FitsAfter]]:
     near = [k for k, held in queue.holdings.items() if scope is not None and held.node_id in scope.rows]
     order = sorted(near, key=lambda k: (queue.ends[k].earliest is None, queue.ends[k].earliest or 0.0, k))
     taken: list[str] = []
-    for other in order:
+    room = _Room(queue)  # ends taken one after another: a placement that fails changes nothing
+    for other in order[:FITS_AFTER_MAX]:
         taken.append(other)
-        trial = _Room(queue)
-        for k in taken:
-            trial.release(k)
-        if trial.place(key)[0] == pure.PLACED:
+        room.release(other)
+        if room.place(key)[0] == pure.PLACED:
             break
     else:
         return False, []

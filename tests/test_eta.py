@@ -392,3 +392,15 @@ def test_what_if_the_nodes_spread_sessions_a_whole_gpu_request_waits_where_packi
     assert rows["whole"]["what_if"]["outcome"] == "estimate" and rows["whole"]["change"] == "later"
     assert rows["a"]["change"] == rows["b"]["change"] == "same"
     assert ComputeSession.objects.get(pk=whole.pk).status == SessionStatus.PENDING
+
+
+def test_what_would_make_room_is_the_session_ending_first_not_every_one_on_the_node(one_gpu, alice, bob):
+    half = {"cuda.shares": "1", "mem": "64M"}
+    soon = running(bob, name="soon", minutes_ago=90, resources=half)  # its 2 h lifetime ends in 30 min
+    running(bob, name="later", minutes_ago=10, resources=half)
+    mine = waiting(alice, "mine", resources=half)
+
+    answer = eta.session_eta(session=mine)
+
+    assert [f.session.pk for f in answer.fits_after] == [soon.pk]
+    assert close(answer.earliest, soon.started_at + timedelta(hours=2))
