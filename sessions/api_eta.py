@@ -68,7 +68,7 @@ def eta_shape(answer: eta.Eta, *, session_id, user) -> dict:
         visible = user.is_staff or row.session.owner_id == user.pk
         return {"session": row.session.pk if visible else None, "name": row.session.name if visible else None,
                 "owner": row.session.owner.get_username() if user.is_staff else None, "node": row.node,
-                "ends_earliest": eta._iso(row.end.earliest), "ends_latest": eta._iso(row.end.latest),
+                "ends_earliest": eta.as_datetime(row.end.earliest), "ends_latest": eta.as_datetime(row.end.latest),
                 "basis": row.end.basis}
 
     return EtaSerializer({
@@ -165,8 +165,8 @@ class WhatIfSerializer(serializers.Serializer):
 
 
 def band_shape(band: pure.Band, now: float) -> dict:
-    return {"outcome": eta.band_outcome(band, now), "earliest": eta._iso(band.earliest),
-            "latest": eta._iso(band.latest), "reason": band.reason}
+    return {"outcome": eta.band_outcome(band, now), "earliest": eta.as_datetime(band.earliest),
+            "latest": eta.as_datetime(band.latest), "reason": band.reason}
 
 
 def what_if_shape(rows: list[eta.WhatIfRow], *, changes: dict, now) -> dict:

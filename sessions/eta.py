@@ -314,7 +314,7 @@ class _Queue:
         self._settings: dict = {}
         self._images: dict[str, str] = {}
         self.scopes: dict[tuple, PlacementScope] = {}
-        reader = ReadView()
+        self._reader = ReadView()
         for key, request in self.requests.items():
             scope_key = (request.resource_group, request.slot or "cuda", self.images[key])
             if scope_key in self.scopes:
@@ -323,7 +323,6 @@ class _Queue:
                 self.scopes[scope_key] = PlacementScope.read(request, image=self.images[key])
             except AllocationError:
                 continue  # an unknown group: the decision says so
-        self._reader = reader
 
     def settings(self, request):
         key = (request.slot, request.kind)
@@ -378,7 +377,8 @@ UNKNOWN_LATEST = ("the latest start is unknown: sessions holding the room it nee
                   "(no maximum lifetime, idle timeout or batch history)")
 
 
-def _iso(epoch: float | None) -> datetime | None:
+def as_datetime(epoch: float | None) -> datetime | None:
+    """Epoch seconds → an aware UTC datetime; None stays None."""
     return None if epoch is None else datetime.fromtimestamp(epoch, tz=dt_timezone.utc)
 
 
@@ -432,7 +432,8 @@ def session_eta(*, session: ComputeSession, now: datetime | None = None) -> Eta:
     band = bands.get(key) or pure.Band(None, None, pure.WAITING, "it is no longer waiting")
     position = next((i + 1 for i, s in enumerate(queue.pending) if str(s.pk) == key), 0)
     fits_now, after = _fits_after(queue, key)
-    return Eta(outcome=band_outcome(band, queue.now.timestamp()), earliest=_iso(band.earliest), latest=_iso(band.latest),
+    return Eta(outcome=band_outcome(band, queue.now.timestamp()), earliest=as_datetime(band.earliest),
+               latest=as_datetime(band.latest),
                reason=band.reason, position=position, waiting_reason=session.status_reason, fits_after=tuple(after),
                fits_now=fits_now, computed_at=queue.now)
 
