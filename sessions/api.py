@@ -1,6 +1,8 @@
 """REST API for sessions (`/api/v1/`). Thin: validate → fetch with permission check → one service."""
 from __future__ import annotations
 
+from functools import partial
+
 from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.core.validators import RegexValidator
@@ -13,6 +15,7 @@ from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 
 from accelerators.allocation.errors import InvalidResourceRequest
+from console.api_async import AwaitedResponse, awaiting_view
 from console.api_support import ErrorSerializer, ListETagMixin
 from console.errors import ApplicationError
 from sessions import events, idempotency, services
@@ -246,6 +249,14 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
     serializer_class = SessionSerializer
     filterset_class = SessionFilter
     lookup_url_kwarg = "session_id"
+
+    @classmethod
+    def as_view(cls, actions=None, **initkwargs):
+        """DRF's view, except the blocking exec's (`exec`), which waits for the agent on the event
+        loop, holding no web thread and no database connection (console.api_async)."""
+        view = super().as_view(actions, **initkwargs)
+        return awaiting_view(view) if actions and "exec" in actions.values() else view
+
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation: no caller
             return ComputeSession.objects.none()
@@ -392,7 +403,8 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
         data = ExecSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         if not data.validated_data.pop("stream"):
-            return Response(services.session_exec(session=session, **data.validated_data))
+            call = services.session_exec_call(session=session, **data.validated_data)
+            return AwaitedResponse(partial(services.session_exec_wait, call))
         started = services.session_exec_start(session=session, **data.validated_data)
         return Response(ExecStateSerializer(started).data, status=status.HTTP_202_ACCEPTED,
                         headers={"Location": f"/api/v1/sessions/{session.pk}/exec/{started['id']}/"})

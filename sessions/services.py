@@ -14,6 +14,7 @@ import logging
 import secrets
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from functools import partial
@@ -342,31 +343,56 @@ EXEC_REPLY_GRACE_S = 10  # how much longer than the command's timeout the web wa
 
 
 def session_exec(*, session: ComputeSession, command, timeout: int) -> dict:
-    """Run `command` in a RUNNING session on its node, beside the session's process: same
-    environment (the virtual nvidia-smi on PATH, the allocation's limits), same working
-    directory, stdin from /dev/null. `command` is an argument vector (a list of strings) or
-    one shell command line (a string, run by bash -c). `timeout` in seconds.
+    """Run `command` in a RUNNING session on its node and wait for its result: `session_exec_call`,
+    then `session_exec_wait` (see both), for a caller that may block its thread (a test, a
+    script). The API does not: it waits on the event loop (`console.api_async`)."""
+    return async_to_sync(session_exec_wait)(session_exec_call(session=session, command=command, timeout=timeout))
 
-    Transport: a `pty.exec` message to the session's `pty-<id>` group (which only its agent
-    joins) with a reply channel; the agent answers on it (agent.core.Agent._exec).
+
+@dataclass(frozen=True)
+class ExecCall:
+    """A blocking exec to send (`session_exec_call`): the group its session's agent joins, the
+    message, the command's timeout (s) and its node's name (for errors)."""
+
+    group: str
+    message: dict
+    timeout: int
+    node: str
+
+
+def session_exec_call(*, session: ComputeSession, command, timeout: int) -> ExecCall:
+    """The blocking exec of `command` in `session`, to hand to `session_exec_wait`: it runs on the
+    session's node beside the session's process, with the same environment (the virtual
+    nvidia-smi on PATH, the allocation's limits), the same working directory, stdin from
+    /dev/null. `command` is an argument vector (a list of strings) or one shell command line (a
+    string, run by bash -c); `timeout` in seconds. Reads nothing more from the database.
+
+    Raises ApplicationError 409 "session-not-running" unless RUNNING."""
+    _exec_check_running(session)
+    message = {"type": "pty.exec", "session_id": str(session.pk), "argv": command, "timeout": timeout}
+    return ExecCall(group=events.pty_group(session.pk), message=message, timeout=timeout,
+                    node=session.node.name if session.node_id else "its node")
+
+
+async def session_exec_wait(call: ExecCall) -> dict:
+    """Send `call` and wait for its result on the event loop, holding no thread and no database
+    connection. Transport: a `pty.exec` message to the session's `pty-<id>` group (which only its
+    agent joins) with a reply channel; the agent answers on it (agent.core.Agent._exec).
     Returns `{"exit_code", "stdout", "stderr", "truncated", "duration_ms"}` (stdout and stderr
     at most 1 MiB each, `truncated` when cut).
 
-    Raises ApplicationError: 409 "session-not-running" unless RUNNING; 504 "exec-timeout"
-    when the command ran past `timeout` (it was killed) or the agent did not answer within
-    `timeout` + EXEC_REPLY_GRACE_S seconds; 502 "exec-failed" when the agent could not start it.
-    """
-    _exec_check_running(session)
-    message = {"type": "pty.exec", "session_id": str(session.pk), "argv": command, "timeout": timeout}
-    result = async_to_sync(_exec_roundtrip)(events.pty_group(session.pk), message, timeout + EXEC_REPLY_GRACE_S)
-    node = session.node.name if session.node_id else "its node"
+    Raises ApplicationError: 504 "exec-timeout" when the command ran past its timeout (it was
+    killed) or the agent did not answer within the timeout + EXEC_REPLY_GRACE_S seconds; 502
+    "exec-failed" when the agent could not start it."""
+    wait_s = call.timeout + EXEC_REPLY_GRACE_S
+    result = await _exec_roundtrip(call.group, call.message, wait_s)
     if result is None:
-        raise ApplicationError(f"the agent on {node} did not answer within {timeout + EXEC_REPLY_GRACE_S} s; "
-                               "is the node up?", type="exec-timeout", title="Exec timed out", status=504)
+        raise ApplicationError(f"the agent on {call.node} did not answer within {wait_s} s; is the node up?",
+                               type="exec-timeout", title="Exec timed out", status=504)
     if result.get("error"):
         raise ApplicationError(result["error"], type="exec-failed", title="Exec failed", status=502)
     if result.get("timed_out"):
-        raise ApplicationError(f"the command ran longer than its timeout of {timeout} s and was killed; "
+        raise ApplicationError(f"the command ran longer than its timeout of {call.timeout} s and was killed; "
                                "pass a larger \"timeout\"", type="exec-timeout", title="Exec timed out", status=504)
     return {key: result[key] for key in ("exit_code", "stdout", "stderr", "truncated", "duration_ms")}
 
