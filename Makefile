@@ -20,9 +20,11 @@ install: $(VENV)/.installed
 run: install
 	PORT=$(PORT) $(PY) manage.py standalone
 
-# Lint first: ruff (pyproject.toml [tool.ruff]) on the product code; a violation fails the run.
+# Lint first: ruff (pyproject.toml [tool.ruff]) on the product code, then import-linter's
+# contracts (pyproject.toml [tool.importlinter]: layers that only point down); a violation fails the run.
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 test: install lint
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m tests.services_check

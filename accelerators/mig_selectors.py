@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from django.db.models import Q
 
+import protocol
 from accelerators.allocation import mig
 from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.models import Device, GpuInstance, MigMode, Node
@@ -38,11 +39,9 @@ def gpu_instance_state(row: GpuInstance) -> str:
     """"unknown" (its agent found it on the GPU at start, the manager never planned it), "in_use"
     (a live session holds it) or "idle" (nobody holds it: reusable, destroyed only when its
     slices are needed). Reads `row.session` (select_related it)."""
-    from sessions.models import ACTIVE_STATUSES
-
     if row.unknown_since is not None:
         return "unknown"
-    return "in_use" if row.session is not None and row.session.status in ACTIVE_STATUSES else "idle"
+    return "in_use" if row.session is not None and row.session.status in protocol.SESSION_ACTIVE_STATES else "idle"
 
 
 def gpu_instance_holds(row: GpuInstance) -> bool:

@@ -182,7 +182,7 @@ def _sync_detail(sync: dict, mode: str) -> str:
 
 
 def _send_mig_reconcile(node_name: str, message: dict) -> None:
-    from sessions.tasks import agent_send
+    from console.celery import agent_send
 
     agent_send(protocol.MIG_RECONCILE, node=node_name, **message)
 
@@ -280,15 +280,13 @@ def node_mig_heartbeat_check(*, node_name: str, digest: str | None) -> bool:
         if node.mig_drift:
             Node.objects.filter(pk=node.pk).update(mig_drift={})
         return False
-    from sessions.models import SessionStatus
-
     pair, drift, now = f"{digest}/{expected}", dict(node.mig_drift or {}), timezone.now().timestamp()
     if drift.get("asked") == pair and now - float(drift.get("asked_at", 0)) < DRIFT_REASK_S:
         return False
     if drift.get("seen") != pair:
         Node.objects.filter(pk=node.pk).update(mig_drift={**drift, "seen": pair})
         return False
-    if node.sessions.filter(status__in=[SessionStatus.SCHEDULED, SessionStatus.PREPARING]).exists():
+    if node.sessions.filter(status__in=protocol.SESSION_STARTING_STATES).exists():
         return False  # a start spec is changing the layout: look again at the next heartbeat
     Node.objects.filter(pk=node.pk).update(mig_drift={"asked": pair, "asked_at": now})
     log.info("node %s: MIG layout digest %s differs from the expected %s; asking for a full reconcile",

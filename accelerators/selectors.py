@@ -210,8 +210,6 @@ def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = 
     order, so concurrent schedulers queue instead of deadlocking) inside the caller's
     transaction; the usage read afterwards is therefore current. `image`: only the nodes
     holding that session image (`node_runs_image`; "": every node)."""
-    from sessions.models import ACTIVE_STATUSES
-
     nodes = Node.objects.all()
     if alive_only:
         nodes = nodes.filter(status=NodeStatus.ALIVE)
@@ -225,8 +223,8 @@ def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = 
         list(device_rows.order_by("pk").select_for_update().values_list("pk", flat=True))
     nodes = list(
         nodes.annotate(
-            cpu_used=Sum("sessions__cpu", filter=Q(sessions__status__in=ACTIVE_STATUSES), default=0),
-            mem_used=Sum("sessions__mem", filter=Q(sessions__status__in=ACTIVE_STATUSES), default=0),
+            cpu_used=Sum("sessions__cpu", filter=Q(sessions__status__in=protocol.SESSION_ACTIVE_STATES), default=0),
+            mem_used=Sum("sessions__mem", filter=Q(sessions__status__in=protocol.SESSION_ACTIVE_STATES), default=0),
         ).select_related("resource_group").order_by("name")
     )
     by_node: dict = {}

@@ -55,9 +55,8 @@ def user_summary(*, user) -> dict:
     `is_admin` is `is_staff`; `live_sessions` counts sessions PENDING or active;
     `quota_headroom` is sessions.quotas.quota_headroom as quota figures (fGPU as text, None:
     unlimited)."""
-    from sessions.api_quotas import quota_figures
     from sessions.models import ACTIVE_STATUSES, SessionStatus
-    from sessions.quotas import quota_headroom
+    from sessions.quotas import quota_figures, quota_headroom
 
     return {
         "username": user.get_username(),

@@ -5,7 +5,6 @@ import agent.tasks  # noqa: F401  (registers the agent's tasks with the app: in 
 from agent.config import CUDA_PLUGIN, MOCK_PLUGIN, AgentConfig
 from agent.core import Agent, CeleryManager
 from agent.runtimes import DOCKER, ProcessRuntime
-from console.celery import app
 
 
 def load_inventory(config: AgentConfig) -> dict:
@@ -49,12 +48,13 @@ def build_runtime(config: AgentConfig):
     return ProcessRuntime()
 
 
-def build_agent(config: AgentConfig, *, channel_layer, heartbeat_s: float, exec_store=None) -> Agent:
-    """The agent of `config`'s node. `exec_store`: where its streamed execs keep their output
-    (protocol.exec_store; None: the one this process's settings name, as in standalone mode)."""
+def build_agent(config: AgentConfig, *, celery_app, channel_layer, heartbeat_s: float, exec_store=None) -> Agent:
+    """The agent of `config`'s node, sending to the manager through `celery_app` (the console's,
+    console.celery.app). `exec_store`: where its streamed execs keep their output
+    (protocol.exec_store; None: this process's memory store)."""
     inventory = load_inventory(config)
     agent = Agent(runtime=build_runtime(config), node=config.node_name, inventory=inventory, channel_layer=channel_layer,
-                  manager=CeleryManager(app, node=config.node_name, key=config.node_key),
+                  manager=CeleryManager(celery_app, node=config.node_name, key=config.node_key),
                  scratch_root=config.scratch_root, mock=CUDA_PLUGIN not in config.plugins, mps=config.mps,
                  heartbeat_s=heartbeat_s, exec_store=exec_store, scratch_retention_s=config.scratch_retention_s,
                   app_address=config.app_address, data_root=config.data_root, app_relay=config.app_relay)

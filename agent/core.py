@@ -39,6 +39,7 @@ from pathlib import Path
 
 import protocol
 from protocol import files as protocol_files
+from protocol.exec_store import exec_store_for
 from agent import exec_stream
 from agent import files as session_files
 from agent import mig as mig_runtime
@@ -231,7 +232,7 @@ class Agent:
     "memory_size"}; `manager`: an object with `register`, `heartbeat`, `report`, `log` and
     `mig_report` methods that send the manager tasks (blocking calls; the agent calls them from
     a worker thread; see CeleryManager); `exec_store`: where streamed execs keep their output
-    (protocol.exec_store; None: the one this process's settings name); `scratch_retention_s`:
+    (protocol.exec_store; None: this process's memory store, `exec_store_for("")`); `scratch_retention_s`:
     seconds a session's working directory is kept after it ended.
 
     Threads: none per session. A session's exit is an event on the loop (its leader's pidfd),
@@ -268,7 +269,7 @@ class Agent:
         self.mock = mock
         self.mps = mps
         self.heartbeat_s = heartbeat_s
-        self.exec_store = exec_store  # streamed exec output (protocol.exec_store); None: the settings' store
+        self.exec_store = exec_store or exec_store_for("")  # streamed exec output (protocol.exec_store)
         self.scratch_retention_s = scratch_retention_s
         self.runtime = runtime or ProcessRuntime()  # where sessions run (agent.runtimes)
         self.images = HeldImages(self.runtime)  # the session images it holds, for registration and heartbeats

@@ -27,7 +27,7 @@ import subprocess
 import threading
 import time
 
-from protocol.exec_store import STDERR, STDOUT, exec_store_default
+from protocol.exec_store import STDERR, STDOUT
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def start(agent, running, message: dict) -> threading.Thread:
 
 def _run_logged(agent, running, message: dict) -> None:
     try:
-        run(agent.exec_store or exec_store_default(), running, message, shell=agent.runtime.shell())
+        run(agent.exec_store, running, message, shell=agent.runtime.shell())
     except Exception:
         log.exception("agent %s: streamed exec %s in session %s failed", agent.node, message.get("exec_id"),
                       running.session_id)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import os
 
+import kombu.exceptions
+import redis.exceptions
 from celery import Celery
 from celery.signals import celeryd_after_setup
+from django import db
 
 from console.broker import patch_redis_transport
 from protocol import (  # noqa: F401 (re-exported)
@@ -52,3 +55,19 @@ def consume_manager_queues(sender, instance, **kwargs):
         for queue in MANAGER_QUEUES:
             if queue not in queues.consume_from:
                 queues.select_add(queue)
+
+
+# Errors a manager task is retried after (with backoff, 1 s doubling up to 30 s, 20 times): the
+# database or the broker went away for a moment (a restart, a terminated backend, a failover).
+TRANSIENT_ERRORS = (db.OperationalError, db.InterfaceError, kombu.exceptions.OperationalError,
+                    redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def agent_send(task: str, *, producer=None, **kwargs) -> None:
+    """Send the agent task `task` (protocol.SESSION_START, SESSION_STOP, SESSIONS_SYNC,
+    MIG_RECONCILE) with `kwargs`, which name its `node`, to queue `agent.<node>`; `producer`: a
+    kombu producer to send through (one connection for many sends). By name, so the manager
+    imports nothing of the agent; where an agent's tasks are registered in this process and Celery
+    is eager (standalone mode, in-process tests), the task runs at once. Raises kombu's
+    OperationalError when the broker cannot be reached."""
+    app.signature(task, kwargs=kwargs).apply_async(producer=producer)

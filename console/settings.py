@@ -39,7 +39,6 @@ INSTALLED_APPS = [
     "console",
     "accelerators",
     "sessions.apps.ComputeSessionsConfig",
-    "agent.apps.AgentConfig",
     "accounts",
     "usage",
 ]

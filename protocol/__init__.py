@@ -71,6 +71,12 @@ SESSION_NOTICE = "fgpu.agent.session_notice"
 
 NOISY_TASKS = frozenset({SESSION_LOG_APPEND})  # travel on LOG_QUEUE
 
+# Session states (DESIGN.md, "Launch, step by step"), as `session_report` carries them and the
+# manager keeps them (sessions.models.SessionStatus): those whose session holds its allocations
+# and its node's CPU and memory, and those on their way to RUNNING.
+SESSION_ACTIVE_STATES = ("SCHEDULED", "PREPARING", "RUNNING", "TERMINATING")
+SESSION_STARTING_STATES = ("SCHEDULED", "PREPARING")
+
 
 def manager_queue(task: str) -> str:
     """The queue of manager task `task` (a `fgpu.manager.*` name)."""

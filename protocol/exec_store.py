@@ -227,11 +227,3 @@ def exec_store_for(url: str):
         if url not in _REDIS:
             _REDIS[url] = RedisExecStore(url)
         return _REDIS[url]
-
-
-def exec_store_default():
-    """The store this process's settings name: Redis at REDIS_URL, or memory in standalone mode
-    (which ignores REDIS_URL, as its channel layer does) and without REDIS_URL."""
-    from django.conf import settings
-
-    return exec_store_for("" if getattr(settings, "STANDALONE", False) else settings.REDIS_URL or "")

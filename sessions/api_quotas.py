@@ -23,7 +23,7 @@ from accelerators.models import ResourceGroup
 from console.api_support import ErrorSerializer, ETagMixin, IsAdminOrReadOnly, TextFilter, admin_write_docs
 from sessions.fairshare import account_shares
 from sessions.models import Project, Quota
-from sessions.quotas import fgpu_text, quota_headroom, quota_usage
+from sessions.quotas import quota_report
 
 
 
@@ -157,31 +157,6 @@ class MyQuotaSerializer(serializers.Serializer):
     user = serializers.CharField()
     quotas = QuotaUsageSerializer(many=True, help_text="each quota that applies: the user's own, then projects' by name")
     headroom = QuotaFiguresSerializer(help_text="the smallest remaining allowance over those quotas")
-
-
-def quota_figures(*, fgpu, devices, gpu_memory, sessions) -> dict:
-    """Figures for QuotaFiguresSerializer: fGPU as decimal text, the rest as they are; None: unlimited."""
-    return {"fgpu": None if fgpu is None else fgpu_text(fgpu), "devices": devices, "gpu_memory": gpu_memory,
-            "sessions": sessions}
-
-
-def quota_report(*, user) -> dict:
-    """`{"user", "quotas": [{"id", "scope", "name", "limits", "used", "remaining"}], "headroom"}`
-    for `user`, from sessions.quotas.quota_usage / quota_headroom."""
-    quotas = []
-    for usage in quota_usage(user=user):
-        quota = usage.quota
-        quotas.append({
-            "id": quota.pk,
-            "scope": "project" if quota.project_id is not None else "user",
-            "name": quota.project.name if quota.project_id is not None else quota.user.get_username(),
-            "limits": quota_figures(fgpu=quota.max_fgpu, devices=quota.max_devices, gpu_memory=quota.max_gpu_memory,
-                               sessions=quota.max_sessions),
-            "used": quota_figures(fgpu=usage.fgpu, devices=usage.devices, gpu_memory=usage.gpu_memory,
-                             sessions=usage.sessions),
-            "remaining": quota_figures(**usage.remaining()),
-        })
-    return {"user": user.get_username(), "quotas": quotas, "headroom": quota_figures(**quota_headroom(user=user))}
 
 
 @extend_schema(

@@ -17,6 +17,6 @@ class ComputeSessionsConfig(AppConfig):
 def _node_capacity_changed(sender, node, **kwargs) -> None:
     """An administrator changed what `node` can hold (accelerators.services.node_capacity_changed,
     after commit): room may have appeared for waiting sessions, so ask for a scheduler pass."""
-    from sessions.tasks import schedule_pending_soon
+    from sessions.passes import schedule_pending_soon
 
     schedule_pending_soon()

@@ -47,7 +47,7 @@ from accelerators.models import Device, GpuInstance, MigMode, Node, NodeStatus
 from accelerators.selectors import node_runs_image, resource_group_get
 from sessions import events
 from sessions.models import ACTIVE_STATUSES, NEXT_VERSION, Allocation, ComputeSession, SessionStatus
-from sessions.selectors import session_allocations, session_gpu_instance
+from sessions.selectors import wants_mig
 
 
 def check_ever_fits(request, ordinary) -> None:
@@ -71,10 +71,6 @@ def check_ever_fits(request, ordinary) -> None:
     if not nodes:
         raise NeverSchedulable("no node has MIG enabled (an administrator sets a node's MIG mode)")
     _check_ever_fits(nodes, list(Device.objects.filter(node__in=nodes, slot_name="cuda")), request.mig_request())
-
-
-def wants_mig(request) -> bool:
-    return isinstance(request, MigResourceRequest)
 
 
 class MigRank(NamedTuple):
@@ -289,7 +285,7 @@ def mig_write(*, session: ComputeSession, choice: _Choice) -> tuple[str, dict]:
     """Write `choice` (`mig_choose`'s) for `session`: the GpuInstance rows of its plan, one
     Allocation on the parent GPU or on the static slice, the session SCHEDULED with what it got.
     Returns (node name, the agent's start spec with its `mig` block, see `agent.mig`)."""
-    from sessions.scheduler import session_start_spec
+    from sessions.start_spec import session_start_spec
 
     now = timezone.now()
     device = choice.device
@@ -336,41 +332,6 @@ def mig_write(*, session: ComputeSession, choice: _Choice) -> tuple[str, dict]:
     if block is not None:
         spec["mig"] = block
     return choice.node.name, spec
-
-
-def session_grant_text(session: ComputeSession, request) -> str:
-    """What a MIG or isolation-"any" session got and why, for its page: "got MIG 1g.20gb on GPU
-    0 (memory slices 6–7): the smallest MIG instance that holds 15 GiB". Empty for other
-    requests and for sessions not placed yet."""
-    return session_grant(session, request)[0]
-
-
-def session_grant(session: ComputeSession, request) -> tuple[str, str]:
-    """(`session_grant_text`, the MIG profile the session got: "1g.20gb", a static slice's
-    "10g", or "" for a shared slice, for other requests and while not placed). No query for a
-    session from `sessions.selectors.sessions_shown`, which reads its GPU instances and
-    allocations with it."""
-    if not wants_mig(request) or session.node_id is None:
-        return "", ""
-    instance = session_gpu_instance(session)
-    asked = "the profile asked for" if request.mig_profile else \
-        f"the smallest MIG instance that holds {request.memory.describe() if request.memory else 'it'}"
-    if request.isolation == "any":
-        asked = f"MIG first, for its hardware isolation; {asked}"
-    if instance is not None:
-        last = instance.placement_start + instance.placement_size - 1
-        return (f"got MIG {instance.profile} on GPU {instance.parent.index} (memory slices "
-                f"{instance.placement_start}–{last}): {asked}", instance.profile)
-    allocation = next(iter(session_allocations(session)), None)
-    if allocation is None:
-        return "", ""
-    device = allocation.device
-    if device.is_mig_device:
-        name = device.mig_profile or device.model_name
-        return f"got the MIG slice {name} of GPU {device.index}: {asked}", name
-    if allocation.shares == 0 and session.node is not None and session.node.mig_mode != MigMode.OFF:
-        return f"got a MIG instance on GPU {device.index} (since reused by another session): {asked}", ""
-    return f"got a shared slice of GPU {device.index}: no MIG instance could hold it when it was placed", ""
 
 
 # --- reads for the launch dialog: what MIG would give now, and which profiles there are ------------

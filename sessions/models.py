@@ -13,6 +13,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
+import protocol
 from sessions.service_ports import SERVICE_PORTS_LABEL, ServicePortsError, parse_service_ports
 
 
@@ -27,12 +28,7 @@ class SessionStatus(models.TextChoices):
     CANCELLED = "CANCELLED"
 
 
-ACTIVE_STATUSES = (
-    SessionStatus.SCHEDULED,
-    SessionStatus.PREPARING,
-    SessionStatus.RUNNING,
-    SessionStatus.TERMINATING,
-)
+ACTIVE_STATUSES = tuple(SessionStatus(state) for state in protocol.SESSION_ACTIVE_STATES)
 FINAL_STATUSES = (SessionStatus.TERMINATED, SessionStatus.ERROR, SessionStatus.CANCELLED)
 
 # `ComputeSession.version` after a write that changes what a session shows (status, reason, node,

@@ -126,7 +126,7 @@ def session_start_spec_again(session: ComputeSession) -> dict:
     reuse (no idle instances to destroy: a lost first start may have left them, and the agent
     then reports a layout that needs reconciling)."""
     from accelerators.models import GpuInstance
-    from sessions.scheduler import session_start_spec
+    from sessions.start_spec import session_start_spec
 
     allocations = list(Allocation.objects.filter(session=session, released_at__isnull=True).select_related("device"))
     spec = session_start_spec(session, allocations)
@@ -144,7 +144,7 @@ def session_start_spec_again(session: ComputeSession) -> dict:
 
 
 def _resend_start(node_name: str, session: ComputeSession) -> None:
-    from sessions.tasks import agent_send
+    from console.celery import agent_send
 
     spec = session_start_spec_again(session)
     log.info("session %s is %s but its agent on %s does not know it: sending its start again", session.pk,
@@ -153,7 +153,7 @@ def _resend_start(node_name: str, session: ComputeSession) -> None:
 
 
 def _resend_stop(node_name: str, session_id: str) -> None:
-    from sessions.tasks import agent_send
+    from console.celery import agent_send
 
     log.info("the agent on %s still runs session %s, which is ending or ended here: sending its stop", node_name,
              session_id)

@@ -31,11 +31,10 @@ from django.utils import timezone
 import protocol
 from accelerators.allocation import cluster, core
 from accelerators.allocation.replay import Backfill
-from accelerators.allocation.units import amount_text
 from accelerators.models import Device, Node, PlacementShape
 from accelerators.allocation.errors import AllocationError
 from sessions import events, fairshare, mig_scheduling
-from sessions.models import NEXT_VERSION, Allocation, ComputeSession, Project, SessionStatus
+from sessions.models import NEXT_VERSION, Allocation, ComputeSession, SessionStatus
 from sessions.selectors import session_request
 from sessions.placement import (
     PLACED,
@@ -46,6 +45,7 @@ from sessions.placement import (
     queued_behind_reason,
     shape_prefix,
 )
+from sessions.start_spec import owner_projects, session_start_spec
 
 log = logging.getLogger(__name__)
 
@@ -297,69 +297,16 @@ class _PassView(ReadView):
                 PlacementShape.objects.filter(resource_group=group_name, key=key).update(count=F("count") + n)
 
 
-def owner_projects(owner_ids) -> dict[int, list[dict]]:
-    """user id → the projects they are a member of, `[{"id", "name"}]` by name (one query): whose
-    persistent folders their sessions get (agent.files)."""
-    found: dict[int, list[dict]] = {}
-    links = Project.members.through.objects.filter(user_id__in=owner_ids).values_list(
-        "user_id", "project_id", "project__name").order_by("project__name")
-    for user_id, project_id, name in links:
-        found.setdefault(user_id, []).append({"id": str(project_id), "name": name})
-    return found
-
-
-def session_start_spec(session: ComputeSession, allocations: list[Allocation], *,
-                       projects: list[dict] | None = None) -> dict:
-    """What the agent needs to start the session (JSON-safe). Sizes in bytes, procs in SMs.
-    `image`: the session image's reference ("" for a session from before images: the docker
-    runtime then takes agent.toml's `default-image`); `shell`: the image's interactive shell
-    ("": the runtime's). `projects`: the owner's projects (`owner_projects`; None: read now),
-    whose persistent folders the session gets as ~/projects/<name>."""
-    image = session.image if session.image_id else None
-    if projects is None:
-        projects = owner_projects([session.owner_id]).get(session.owner_id, [])
-    return {
-        "session_id": str(session.pk),
-        "image": image.reference if image else "",
-        "shell": image.shell if image else "",
-        "name": session.name,
-        "owner": session.owner.get_username(),
-        "owner_id": session.owner_id,  # names the owner's persistent folder on the node (agent.files)
-        "projects": projects,
-        "command": session.command,
-        "cpu": session.cpu,
-        "mem": session.mem,
-        "slot_name": session.slot_name,
-        "slot_subtype": session.slot_subtype,
-        "devices": [
-            {
-                "device_id": a.device.device_id,
-                "index": a.device.index,
-                "model_name": a.device.model_name,
-                "memory_total": a.device.memory_size,
-                "subproc_count": a.device.subproc_count,
-                "memory_limit": a.memory,
-                "procs": amount_text(a.procs),
-                "shares": amount_text(a.shares),
-                "is_mig_device": a.device.is_mig_device,
-                "mig_profile": a.device.mig_profile,
-            }
-            for a in sorted(allocations, key=lambda a: a.device.index)
-        ],
-    }
-
-
 def _send_starts(starts: list[tuple[str, dict]]) -> None:
     """Send the agents' start messages (`fgpu.agent.session_start`, one per session, to queue
     `agent.<node>`) through one broker connection."""
-    from console.celery import app
-    from sessions.tasks import agent_send
+    from console.celery import agent_send, app
 
     with app.producer_or_acquire() as producer:
         for node_name, spec in starts:
             try:
                 agent_send(protocol.SESSION_START, producer=producer, node=node_name, spec=spec)
-            except Exception:  # the agent's reconcile restarts what it should run
+            except Exception:  # the heartbeat's reconcile (sessions.reconcile) sends the start again
                 log.exception("could not send the start of session %s to %s", spec["session_id"], node_name)
 
 

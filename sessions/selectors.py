@@ -6,9 +6,10 @@ from django.db.models import Prefetch
 from django.http import Http404
 
 from accelerators.allocation import core
+from accelerators.allocation.mig import MigResourceRequest
 from accelerators.allocation.requests import describe_request, request_from_spec
 from accelerators.allocation.units import format_binary_size
-from accelerators.models import GpuInstance
+from accelerators.models import GpuInstance, MigMode
 from accelerators.selectors import SlotFormats, slot_format_get
 from sessions.models import Allocation, ComputeSession
 
@@ -100,7 +101,7 @@ def request_configuration(request: core.ResourceRequest, *, slot_formats: SlotFo
 
 def session_configuration(session: ComputeSession) -> str:
     """What the session asked for, formatted (see request_configuration); for MIG requests and
-    isolation "any" also what it got and why (`sessions.mig_scheduling.session_grant_text`)."""
+    isolation "any" also what it got and why (`session_grant_text`)."""
     return configuration_text(session_configuration_parts(session))
 
 
@@ -116,12 +117,51 @@ def session_configuration_parts(session: ComputeSession, *, slot_formats: SlotFo
     got and why ("" for others and while not placed) and the MIG profile it got ("" for a
     shared slice). No query for a session from `session_list_for` given the page's
     `slot_formats` (see request_configuration)."""
-    from sessions.mig_scheduling import session_grant
-
     request = session_request(session)
     grant, profile = session_grant(session, request)
     return {"requested": request_configuration(request, slot_formats=slot_formats), "grant": grant,
             "mig_profile": profile}
+
+
+# --- what a MIG session got --------------------------------------------------------------------
+
+def wants_mig(request) -> bool:
+    return isinstance(request, MigResourceRequest)
+
+
+def session_grant_text(session: ComputeSession, request) -> str:
+    """What a MIG or isolation-"any" session got and why, for its page: "got MIG 1g.20gb on GPU
+    0 (memory slices 6–7): the smallest MIG instance that holds 15 GiB". Empty for other
+    requests and for sessions not placed yet."""
+    return session_grant(session, request)[0]
+
+
+def session_grant(session: ComputeSession, request) -> tuple[str, str]:
+    """(`session_grant_text`, the MIG profile the session got: "1g.20gb", a static slice's
+    "10g", or "" for a shared slice, for other requests and while not placed). No query for a
+    session from `sessions.selectors.sessions_shown`, which reads its GPU instances and
+    allocations with it."""
+    if not wants_mig(request) or session.node_id is None:
+        return "", ""
+    instance = session_gpu_instance(session)
+    asked = "the profile asked for" if request.mig_profile else \
+        f"the smallest MIG instance that holds {request.memory.describe() if request.memory else 'it'}"
+    if request.isolation == "any":
+        asked = f"MIG first, for its hardware isolation; {asked}"
+    if instance is not None:
+        last = instance.placement_start + instance.placement_size - 1
+        return (f"got MIG {instance.profile} on GPU {instance.parent.index} (memory slices "
+                f"{instance.placement_start}–{last}): {asked}", instance.profile)
+    allocation = next(iter(session_allocations(session)), None)
+    if allocation is None:
+        return "", ""
+    device = allocation.device
+    if device.is_mig_device:
+        name = device.mig_profile or device.model_name
+        return f"got the MIG slice {name} of GPU {device.index}: {asked}", name
+    if allocation.shares == 0 and session.node is not None and session.node.mig_mode != MigMode.OFF:
+        return f"got a MIG instance on GPU {device.index} (since reused by another session): {asked}", ""
+    return f"got a shared slice of GPU {device.index}: no MIG instance could hold it when it was placed", ""
 
 
 LOG_READ_MAX_CHARS = 1024 * 1024  # the most characters one read returns

@@ -31,7 +31,8 @@ from accelerators.mig_services import node_mig_pending_retry
 from accelerators.models import NodeStatus
 from console.errors import ApplicationError
 from sessions import events
-from protocol.exec_store import LIVE_STATES, STREAM_NAMES, exec_store_default
+from console.exec_store import exec_store_default
+from protocol.exec_store import LIVE_STATES, STREAM_NAMES
 from sessions.images import image_for_launch
 from sessions.placement import placement_decide, request_validate
 from sessions.models import ACTIVE_STATUSES, NEXT_VERSION, Allocation, ComputeSession, SessionStatus, TerminalTicket
@@ -109,7 +110,7 @@ def session_default_name(*, owner, lock: bool = False) -> str:
 
 
 def _schedule_soon() -> None:
-    from sessions.tasks import schedule_pending_soon
+    from sessions.passes import schedule_pending_soon
 
     schedule_pending_soon()
 
@@ -162,7 +163,7 @@ def _send_stop(node_name: str, session_id: str) -> None:
     """Tell the node's agent to stop the session. A broker that cannot be reached is logged, not
     raised (the session is TERMINATING in the database): the reconciliation of the agent's next
     heartbeat sends the stop again (sessions.reconcile)."""
-    from sessions.tasks import TRANSIENT_ERRORS, agent_send
+    from console.celery import TRANSIENT_ERRORS, agent_send
 
     try:
         agent_send(protocol.SESSION_STOP, node=node_name, session_id=session_id)

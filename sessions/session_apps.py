@@ -27,8 +27,8 @@ import time
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+import protocol
 from console.errors import ApplicationError
-from sessions import events
 from sessions.models import TERMINAL_APP, ComputeSession, SessionStatus
 from sessions.service_ports import jupyter_app, merged_apps  # noqa: F401  (jupyter_app: imported from here too)
 
@@ -110,7 +110,7 @@ async def session_app_open(*, session: ComputeSession, app: dict, node: str, on_
     _check_running(session)
     layer = get_channel_layer()
     reply = await layer.new_channel("app-reply.")
-    await layer.group_send(events.pty_group(session.pk), {**app_open_message(session=session, app=app),
+    await layer.group_send(protocol.pty_group(session.pk), {**app_open_message(session=session, app=app),
                                                           "reply_channel": reply})
     wait_s = app["timeout"] + REPLY_GRACE_S
     try:
@@ -145,7 +145,7 @@ async def session_app_target(*, session_id: str, name: str, port: int | None = N
         return known[0], known[1]
     layer = get_channel_layer()
     reply = await layer.new_channel("app-reply.")
-    await layer.group_send(events.pty_group(session_id), {"type": "pty.app_status", "session_id": str(session_id),
+    await layer.group_send(protocol.pty_group(session_id), {"type": "pty.app_status", "session_id": str(session_id),
                                                           "name": name, "port": port, "reply_channel": reply})
     try:
         async with asyncio.timeout(STATUS_WAIT_S):

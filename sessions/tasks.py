@@ -8,42 +8,22 @@ manager knows them by name only (protocol) and sends them with `agent_send`. Rou
 from __future__ import annotations
 
 import logging
-import threading
 
-import kombu.exceptions
-import redis.exceptions
 from celery import shared_task
-from django import db
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
 import protocol
+from console.celery import TRANSIENT_ERRORS, agent_send  # noqa: F401 (agent_send: re-exported)
+from sessions.passes import SCHEDULE_PENDING_TASK, SCHEDULE_QUEUED_KEY, _redis, schedule_pending_soon
 
 log = logging.getLogger(__name__)
-
-# Errors a manager task is retried after (with backoff, 1 s doubling up to 30 s, 20 times): the
-# database or the broker went away for a moment (a restart, a terminated backend, a failover).
-TRANSIENT_ERRORS = (db.OperationalError, db.InterfaceError, kombu.exceptions.OperationalError,
-                    redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-
 
 def manager_task(name: str):
     """A manager task (queue `manager`): acknowledged after it ran (every manager task is
     idempotent), retried on TRANSIENT_ERRORS."""
     return shared_task(name=name, acks_late=True, autoretry_for=TRANSIENT_ERRORS, retry_backoff=1,
                        retry_backoff_max=30, retry_jitter=True, max_retries=20)
-
-
-def agent_send(task: str, *, producer=None, **kwargs) -> None:
-    """Send the agent task `task` (protocol.SESSION_START, SESSION_STOP, SESSIONS_SYNC,
-    MIG_RECONCILE) with `kwargs`, which name its `node`, to queue `agent.<node>`; `producer`: a
-    kombu producer to send through (one connection for many sends). By name, so the manager
-    imports nothing of the agent; where an agent's tasks are registered in this process and Celery
-    is eager (standalone mode, in-process tests), the task runs at once. Raises kombu's
-    OperationalError when the broker cannot be reached."""
-    from console.celery import app
-
-    app.signature(task, kwargs=kwargs).apply_async(producer=producer)
 
 
 # --- manager side -------------------------------------------------------------------------
@@ -187,74 +167,7 @@ def _node_of(session_id: str) -> str | None:
         return None
 
 
-SCHEDULE_QUEUED_KEY = "fgpu:schedule-pending:queued"
-
-
-def _redis():
-    import redis
-
-    return redis.Redis.from_url(settings.REDIS_URL)
-
-
-def schedule_pending_soon() -> None:
-    """Ask for a scheduler pass, coalescing requests: while one pass is queued and has not
-    started, more launches and releases add none (each pass sees every session committed before
-    it starts, because it clears the flag first). Without this, N launches queue N passes that
-    run one after another and delay the agents' reports behind them. The flag expires after
-    30 s in case its pass is lost; beat runs a pass every 10 s anyway.
-
-    A broker that cannot be reached is logged, not raised: the caller's write is committed,
-    and beat's next pass places it.
-    """
-    from console.celery import app
-
-    if getattr(settings, "STANDALONE", False):
-        _STANDALONE_PASSES.request()
-        return
-    try:
-        if settings.REDIS_URL and not app.conf.task_always_eager:
-            if not _redis().set(SCHEDULE_QUEUED_KEY, 1, nx=True, ex=30):
-                return
-        schedule_pending.delay()
-    except TRANSIENT_ERRORS:
-        log.warning("could not ask for a scheduler pass (the broker is unreachable); beat's next pass runs it")
-
-
-class _BackgroundPasses:
-    """Standalone mode (eager Celery, no manager worker): scheduler passes on one thread of
-    their own instead of inside the request that asked for one, so a launch or a delete answers
-    without waiting for the pass (and the agents' starts it sends). Requests coalesce as on the
-    distributed stack: one made while a pass runs adds one more pass after it, not one each."""
-
-    def __init__(self) -> None:
-        self._wanted = threading.Event()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def request(self) -> None:
-        self._wanted.set()
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="scheduler-passes", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        from sessions.scheduler import schedule_pending as run
-
-        while True:
-            self._wanted.wait()
-            self._wanted.clear()
-            db.close_old_connections()
-            try:
-                run()
-            except Exception:  # the next request (or the periodic pass) tries again
-                log.exception("scheduler pass failed")
-
-
-_STANDALONE_PASSES = _BackgroundPasses()
-
-
-@manager_task("fgpu.manager.schedule_pending")
+@manager_task(SCHEDULE_PENDING_TASK)
 def schedule_pending() -> None:
     from console.celery import app
     from sessions.scheduler import schedule_pending as run

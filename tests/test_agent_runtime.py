@@ -17,6 +17,7 @@ import pytest
 from channels.layers import InMemoryChannelLayer
 
 from sessions import events
+from console.exec_store import exec_store_default
 from agent.core import Agent, agent_for
 from tests.conftest import GiB, mock_gpu
 
@@ -165,7 +166,8 @@ def run_agent(tmp_path, scenario, *, heartbeat_s: float = 60.0, layer_class=InMe
         inventory = {"devices": [DEVICE.as_dict()], "plugins": ["ai.backend.accelerator.mock"], "attributes": {},
                      "cpu_count": 8, "memory_size": 32 * GiB}
         agent = Agent(node=node, inventory=inventory, channel_layer=layer, manager=manager,
-                      scratch_root=tmp_path / "scratch", mock=True, heartbeat_s=heartbeat_s)
+                      scratch_root=tmp_path / "scratch", mock=True, heartbeat_s=heartbeat_s,
+                      exec_store=exec_store_default())
         await agent.start()
         try:
             return await scenario(Harness(agent, manager, layer))

@@ -13,6 +13,7 @@ from django.test import override_settings
 from sessions import services
 from sessions.models import SessionLogChunk, SessionStatus
 from agent.core import Agent
+from console.exec_store import exec_store_default
 from sessions.scheduler import schedule_pending
 from tests.conftest import GiB, client_for, mock_gpu, wait_until
 from tests.test_agent_runtime import start_spec
@@ -185,7 +186,8 @@ def agent_in_thread(tmp_path, **options):
     inventory = {"devices": [mock_gpu(0).as_dict()], "plugins": [], "attributes": {}, "cpu_count": 8,
                  "memory_size": 32 * GiB}
     agent = Agent(node="demo-node", inventory=inventory, channel_layer=layer, manager=manager,
-                  scratch_root=tmp_path / "scratch", mock=True, heartbeat_s=60, **options)
+                  scratch_root=tmp_path / "scratch", mock=True, heartbeat_s=60,
+                  exec_store=exec_store_default(), **options)
     asyncio.run_coroutine_threadsafe(agent.start(), loop).result(10)
     return agent, manager, loop, thread
 

@@ -14,7 +14,8 @@ from django.conf import settings
 from django.test import override_settings
 
 from sessions import services
-from protocol.exec_store import MemoryExecStore, RedisExecStore, exec_store_default
+from console.exec_store import exec_store_default
+from protocol.exec_store import MemoryExecStore, RedisExecStore
 from tests.conftest import client_for, wait_until
 from tests.test_agent_runtime import run_agent, start_spec
 from tests.test_api import assert_error_shape

@@ -1,4 +1,4 @@
-"""Standalone mode runs scheduler passes on a thread of their own (sessions.tasks
+"""Standalone mode runs scheduler passes on a thread of their own (sessions.passes
 _BackgroundPasses), not inside the request that asked for one (issue 14): asking returns at
 once, the pass places the session from its own database connection, and requests made while a
 pass runs coalesce into one more pass."""
@@ -10,7 +10,8 @@ import time
 import pytest
 from django.test import override_settings
 
-from sessions import scheduler, services, tasks
+from sessions import passes as pass_requests
+from sessions import scheduler, services
 from sessions.models import ComputeSession, SessionStatus
 from tests.conftest import make_cluster, mock_gpu
 from tests.stack import wait_until
@@ -21,8 +22,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def passes(monkeypatch):
     """A fresh pass thread for the test; the real pass, counted, its start messages recorded."""
-    runner, ran, starts = tasks._BackgroundPasses(), [], []
-    monkeypatch.setattr(tasks, "_STANDALONE_PASSES", runner)
+    runner, ran, starts = pass_requests._BackgroundPasses(), [], []
+    monkeypatch.setattr(pass_requests, "_STANDALONE_PASSES", runner)
     monkeypatch.setattr(scheduler, "_send_starts", starts.extend)
     real = scheduler.schedule_pending
 
@@ -59,9 +60,9 @@ def test_requests_made_while_a_pass_runs_coalesce_into_one_more_pass(django_user
     monkeypatch.setattr(scheduler, "schedule_pending", slow)
     started = time.monotonic()
     for _ in range(20):
-        tasks.schedule_pending_soon()
+        pass_requests.schedule_pending_soon()
     assert time.monotonic() - started < 1.0, "asking for a pass waited for it"
     gate.set()
-    wait_until(lambda: not tasks._STANDALONE_PASSES._wanted.is_set(), timeout=10, what="the passes to run")
+    wait_until(lambda: not pass_requests._STANDALONE_PASSES._wanted.is_set(), timeout=10, what="the passes to run")
     time.sleep(0.3)  # a pass that was still to come would have started by now
     assert 1 <= len(ran) <= 2, ran  # not one per request

@@ -390,7 +390,7 @@ def _notify(session: ComputeSession, text: str) -> None:
     """The warning in the session's terminal (task fgpu.agent.session_notice) and on its page."""
     import protocol
     from sessions import events
-    from sessions.tasks import TRANSIENT_ERRORS, agent_send
+    from console.celery import TRANSIENT_ERRORS, agent_send
 
     events.session_notify(session)
     if session.node_id is None:

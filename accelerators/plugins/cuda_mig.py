@@ -28,7 +28,8 @@ from typing import Any
 import pynvml
 
 from accelerators.allocation.mig import MigCatalog, MigProfile
-from accelerators.plugins.cuda import _text, mig_profile_name
+from accelerators.plugins.nvml_names import mig_profile_name
+from accelerators.plugins.nvml_names import nvml_text as _text
 
 MiB = 1 << 20
 MAX_GPU_INSTANCE_ID = 32  # NVML numbers GPU instances from 1; a GPU has at most 7 (+ none spare)

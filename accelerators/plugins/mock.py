@@ -1,6 +1,6 @@
 """The agent's `ai.backend.accelerator.mock` compute plugin: devices from a TOML file.
 
-Reads Backend.AI's mock-accelerator TOML (see `accelerators.config_import`) and reports its
+Reads Backend.AI's mock-accelerator TOML (see `accelerators.config_parse`) and reports its
 devices as if discovered on the node, with the file's `[attributes]` (`nvidia_driver`,
 `cuda_runtime`, …) as driver attributes and the file's optional `links` table (our extension)
 as the links between its devices. Nothing is written anywhere; the agent sends the
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from accelerators.config_import import MOCK_PLUGIN_NAME, parse_mock_accelerator_toml
+from accelerators.config_parse import MOCK_PLUGIN_NAME, parse_mock_accelerator_toml
 from accelerators.plugins.base import PluginInventory
 
 PLUGIN_NAME = MOCK_PLUGIN_NAME
@@ -23,7 +23,7 @@ def load(config_path: str | Path) -> PluginInventory:
     `{"a": device_id, "b": device_id, "kind": "NVLINK", "count": 4}` (device ids, not
     positions; empty when the file declares none).
 
-    Raises `accelerators.config_import.ConfigError` (file, field, problem) for a file that
+    Raises `accelerators.config_parse.ConfigError` (file, field, problem) for a file that
     Backend.AI's mock plugin would refuse or that this project cannot represent.
     """
     config = parse_mock_accelerator_toml(config_path)

@@ -25,7 +25,9 @@ from django.core.management.base import BaseCommand, CommandError
 import protocol
 from accelerators.config_import import ConfigError, import_accelerator_config
 from accelerators.models import FractionalSettings
+from console.celery import app as celery_app
 from console.env import env_int, env_list, env_str
+from console.exec_store import exec_store_default
 from agent.boot import build_agent
 from agent.config import AgentConfigError, load_agent_config
 from sessions.images import image_default, image_save
@@ -74,7 +76,8 @@ class Command(BaseCommand):
         agents = []
         for config in configs:
             try:
-                agents.append(build_agent(config, channel_layer=get_channel_layer(),
+                agents.append(build_agent(config, celery_app=celery_app, channel_layer=get_channel_layer(),
+                                          exec_store=exec_store_default(),
                                           heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL))
             except Exception as exc:
                 raise CommandError(f"{config.path}: could not load the compute plugins: {exc}") from None

@@ -48,7 +48,7 @@ class Command(BaseCommand):
         # Same layer settings as the web's (console.settings), on the agent's broker URL.
         layer = RedisChannelLayer(hosts=[{"address": cfg.broker_url, "socket_timeout": None}], capacity=1000, expiry=60)
         try:
-            agent = build_agent(cfg, channel_layer=layer, heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL,
+            agent = build_agent(cfg, celery_app=app, channel_layer=layer, heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL,
                                 exec_store=exec_store_for(cfg.broker_url))
         except Exception as exc:
             raise CommandError(f"{cfg.path.name}: could not start the agent (compute plugins, runtime): {exc}") from None
