@@ -164,8 +164,9 @@ def placement_scope(*, request: core.ResourceRequest, for_update: bool = False, 
     """The nodes a request may go to, as the allocator sees them, and the placement options for
     `core.place` (`{"policy", "no_fragmentation"}`). A request naming a resource group goes to
     that group's nodes under its rules; one naming none may go to any node, under the rules of
-    the group named "default" if there is one (else binpack, fragmentation allowed). `image`: a
-    session image reference; only nodes holding it ("": any node)."""
+    the group named "default" if there is one (else fgd-plus, fragmentation allowed:
+    `placement_options`). `image`: a session image reference; only nodes holding it ("": any
+    node)."""
     group = resource_group_get(name=request.resource_group)
     nodes = node_states(slot_name=request.slot or "cuda", for_update=for_update, alive_only=alive_only, group=group,
                         image=image)

@@ -1,13 +1,17 @@
 """The layout keeps its rooms apart (DESIGN.md, "Layout"): the node side (agent/) talks to the
-manager only through `protocol`, and `protocol` imports nothing of either side. Read from the
-source (every import statement, at any depth, of every module), so a lazy import inside a
-function counts too."""
+manager only through `protocol`, and `protocol` imports nothing of either side; no module is part
+of an import cycle. Read from the source (every import statement, at any depth, of every
+module), so a lazy import inside a function counts too. `make lint` checks the same layers with
+import-linter (pyproject.toml's contracts); these tests are the rules' own, in the suite."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import grimp
 import pytest
+
+from benchmarks.import_cycles import import_cycles, project_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,6 +45,51 @@ def test_the_agent_imports_nothing_of_the_manager():
 
     assert {m: n for m, n in found.items() if n} == {}
     assert "agent/core.py" in found and "agent/tasks.py" in found  # the walk saw the package
+
+
+# What the agent may import of the project: the protocol, the pure allocator, the compute plugins
+# and the pure configuration parse the mock plugin reads (and itself). Anything else of ours, and
+# Django, is the manager's or the console's.
+AGENT_MAY_IMPORT = ("agent", "protocol", "accelerators.allocation", "accelerators.plugins", "accelerators.config_parse")
+OURS = ("accelerators", "accounts", "agent", "console", "fgpu_cli", "protocol", "sessions", "usage", "django",
+        "rest_framework")
+
+
+def test_the_agent_imports_only_the_protocol_the_allocator_and_the_plugins():
+    found = {module: sorted(n for n in names if under(n, OURS) and not under(n, AGENT_MAY_IMPORT))
+             for module, names in imports_of("agent").items()}
+
+    assert {m: n for m, n in found.items() if n} == {}
+    assert "agent/boot.py" in found and "agent/mig.py" in found
+
+
+@pytest.mark.parametrize("package", ["accelerators/allocation", "accelerators/plugins"])
+def test_the_allocator_and_the_plugins_import_no_django_and_nothing_of_the_apps(package):
+    found = {module: sorted(n for n in names if under(n, ("django", "rest_framework", "console", "sessions", "accounts",
+                                                          "usage", "agent", "accelerators.models",
+                                                          "accelerators.services", "accelerators.selectors")))
+             for module, names in imports_of(package).items()}
+
+    assert {m: n for m, n in found.items() if n} == {}
+
+
+def test_accelerators_import_nothing_of_sessions():
+    found = {module: sorted(n for n in names if under(n, ("sessions",))) for module, names in imports_of("accelerators").items()}
+
+    assert {m: n for m, n in found.items() if n} == {}
+    assert "accelerators/mig_services.py" in found
+
+
+def test_no_module_is_part_of_an_import_cycle():
+    assert import_cycles(project_graph()) == []
+
+
+def test_the_cycle_check_finds_a_cycle_through_three_modules_and_ignores_a_chain():
+    graph = grimp.ImportGraph()
+    for importer, imported in (("a.x", "a.y"), ("a.y", "a.z"), ("a.z", "a.x"), ("a.z", "a.w"), ("b.p", "b.q")):
+        graph.add_import(importer=importer, imported=imported)
+
+    assert import_cycles(graph) == [["a.x", "a.y", "a.z"]]
 
 
 def test_protocol_imports_neither_side():
