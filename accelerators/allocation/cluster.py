@@ -6,7 +6,8 @@ MiB and milli-GPU; the scheduler: CPU cores, bytes and fGPU quanta). A placement
 node's row (`commit`); nothing is recomputed for the rest of the cluster. Scores are floats;
 amounts never are.
 
-Policies (`POLICIES`), each choosing a node and, for a single-device request, the device slot:
+Policies (`POLICIES`; one scorer each, `POLICY_SCORERS`, which `ClusterIndex.scores` calls),
+each choosing a node and, for a single-device request, the device slot:
 
 * `binpack` / `spread`: least / most GPU left free on the node after the placement
   (HAMi's node policies); ties go to the first node.
@@ -634,54 +635,17 @@ class ClusterIndex:
 
     def scores(self, shape: Shape, policy: str, workload: Workload | None = None, *, best_only: bool = False):
         """Score every (feasible node, device) candidate for `shape` under `policy`, lower is
-        better. Returns (rows, slots, keys) where keys is a tuple of (K,) arrays for
-        np.lexsort, most significant last. `best_only`: candidates that cannot be the best may
-        be left out (`choose`; fgd-plus scores a SHARE request's best plan class only). Raises
-        ValueError for an unknown policy."""
+        better: the policy's scorer (POLICY_SCORERS) on the feasible candidates. Returns (rows,
+        slots, keys) where keys is a tuple of (K,) arrays for np.lexsort, most significant
+        last. `best_only`: candidates that cannot be the best may be left out (`choose`;
+        fgd-plus scores a SHARE request's best plan class only). Raises ValueError for an
+        unknown policy, and for a fragmentation-aware one without `workload`."""
         rows = np.nonzero(self.feasible(shape))[0]
         cand, slots = self.candidates(shape, rows)
-        if policy in ("binpack", "spread"):
-            taken = (shape.memory + shape.device_fraction * self.device_memory[cand]
-                     if shape.memory or shape.device_fraction else shape.gpu_amount)
-            total = np.where(self.memory_total[cand] > 0, self.memory_total[cand], 1)
-            remaining = (self.memory_free[cand] - taken) / total
-            if shape.kind == SHARE:  # the device: least free that holds it (the allocator's `evenly`)
-                device = self.free[cand, slots] if policy == "binpack" else -self.free[cand, slots]
-                return cand, slots, (device, cand, remaining if policy == "binpack" else -remaining)
-            return cand, slots, (cand, remaining if policy == "binpack" else -remaining)
-        if policy == "best-fit":
-            fit = self._best_fit(shape, cand, self._gpu_after(shape, cand))
-            if shape.kind == SHARE:  # within the node, the device with the least free that holds it
-                return cand, slots, (self.free[cand, slots], cand, fit)
-            return cand, slots, (cand, fit)
-        if policy in FRAGMENTATION_AWARE:
-            if workload is None:
-                raise ValueError(f"policy {policy!r} needs the workload seen so far")
-            if not len(cand):  # fits nowhere now
-                return cand, slots, (cand,)
-            arrays = workload.arrays(self.model_ids)
-            if policy == "fgd":
-                return cand, slots, (cand, self._frag_delta(shape, cand, slots, arrays, workload))
-            pressured = not shape.models and arrays["named_any"]  # else no model pressure: all 0
-            pressure = self._pressure(arrays)[self.model[cand]] if pressured else np.zeros(len(cand))
-            leading: tuple = ()
-            if shape.kind in (SHARE, SPAN):
-                leading = (self._plan_rank(shape, cand, slots, workload), np.round(pressure / PRESSURE_STEP))
-                if best_only:  # the rest cannot win: score only the best (plan rank, pressure) class
-                    keep = _lex_best(leading)
-                    cand, slots, pressure = cand[keep], slots[keep], pressure[keep]
-                    leading = tuple(key[keep] for key in leading)
-            delta = self._frag_delta(shape, cand, slots, arrays, workload)
-            gpu_after = self._gpu_after(shape, cand)
-            fit = self._best_fit(shape, cand, gpu_after, PLUS_FIT_WEIGHTS)
-            stranded = self._stranded(cand, arrays, self.cpu_free[cand] - shape.cpu, self.mem_free[cand] - shape.mem,
-                                      gpu_after) - self._stranded(cand, arrays)
-            score = delta / arrays["total"] + FIT_WEIGHT * fit * np.maximum(self.unit[cand], 1) + STRAND_WEIGHT * stranded
-            if SCARCITY_WEIGHT and pressured:
-                score = score + SCARCITY_WEIGHT * pressure * (
-                    shape.gpu_amount + (shape.cpu / arrays["cpu_per_gpu"] if arrays["cpu_per_gpu"] > 0 else 0))
-            return cand, slots, (cand, fit, score, *leading)
-        raise ValueError(f"unknown placement policy {policy!r} (known: {', '.join(POLICIES)})")
+        scorer = POLICY_SCORERS.get(policy)
+        if scorer is None:
+            raise ValueError(f"unknown placement policy {policy!r} (known: {', '.join(POLICIES)})")
+        return scorer(self, shape, cand, slots, workload, best_only=best_only)
 
     def _frag_delta(self, shape: Shape, cand, slots, arrays, workload: Workload) -> np.ndarray:
         """FGD's gradient per candidate: F(after) − F(before), computed once per equivalence
@@ -831,3 +795,103 @@ class ClusterIndex:
             diff = self.free[row] - after[0]
             return {int(s): int(diff[s]) for s in np.nonzero(diff)[0]}
         return {}
+
+
+# --- the policies: one scorer each (ClusterIndex.scores) -----------------------------------------
+# A scorer takes the index, the shape, its feasible candidates (node rows and device slots, as
+# `ClusterIndex.candidates` gives them), the workload seen so far (fragmentation-aware policies
+# only) and `best_only` (see `ClusterIndex.scores`); it answers (rows, slots, keys) for
+# np.lexsort, lower is better, most significant key last.
+
+def _remaining_memory(index: ClusterIndex, shape: Shape, cand) -> np.ndarray:
+    """The candidates' node GPU memory left after `shape`, as a fraction of their total."""
+    taken = (shape.memory + shape.device_fraction * index.device_memory[cand]
+             if shape.memory or shape.device_fraction else shape.gpu_amount)
+    total = np.where(index.memory_total[cand] > 0, index.memory_total[cand], 1)
+    return (index.memory_free[cand] - taken) / total
+
+
+def score_binpack(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *,
+                  best_only: bool = False):
+    """binpack (HAMi's node policy): the node with the least GPU left free after the request (its
+    GPU memory, as a fraction of the node's), the first node on a tie; within the node, for a
+    SHARE request, the device with the least free amount that holds it (the allocator's
+    `evenly`)."""
+    remaining = _remaining_memory(index, shape, cand)
+    if shape.kind == SHARE:
+        return cand, slots, (index.free[cand, slots], cand, remaining)
+    return cand, slots, (cand, remaining)
+
+
+def score_spread(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *,
+                 best_only: bool = False):
+    """spread (HAMi's node policy): binpack's order reversed: the node with the most GPU left
+    free after the request, the first node on a tie; within the node, for a SHARE request, the
+    device with the most free amount."""
+    remaining = _remaining_memory(index, shape, cand)
+    if shape.kind == SHARE:
+        return cand, slots, (-index.free[cand, slots], cand, -remaining)
+    return cand, slots, (cand, -remaining)
+
+
+def score_best_fit(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *,
+                   best_only: bool = False):
+    """best-fit: the node the request fills best (`ClusterIndex._best_fit`: CPU, memory and GPU
+    left, weighted); within the node, for a SHARE request, the device with the least free
+    amount that holds it."""
+    fit = index._best_fit(shape, cand, index._gpu_after(shape, cand))
+    if shape.kind == SHARE:
+        return cand, slots, (index.free[cand, slots], cand, fit)
+    return cand, slots, (cand, fit)
+
+
+def _needs_workload(policy: str, workload: Workload | None) -> Workload:
+    if workload is None:
+        raise ValueError(f"policy {policy!r} needs the workload seen so far")
+    return workload
+
+
+def score_fgd(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *,
+              best_only: bool = False):
+    """fgd (Weng et al. ATC'23, "Fragmentation Gradient Descent"): the candidate whose
+    fragmentation grows least, weighed by the workload seen so far. Raises ValueError without
+    `workload`."""
+    workload = _needs_workload("fgd", workload)
+    if not len(cand):  # fits nowhere now
+        return cand, slots, (cand,)
+    arrays = workload.arrays(index.model_ids)
+    return cand, slots, (cand, index._frag_delta(shape, cand, slots, arrays, workload))
+
+
+def score_fgd_plus(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *,
+                   best_only: bool = False):
+    """fgd-plus (ours, on fgd): for SHARE and SPAN requests first the packing plan's rank and
+    the model's scarcity pressure, then fgd's fragmentation growth plus best-fit, stranded CPU
+    and memory and (with SCARCITY_WEIGHT) scarcity terms. Raises ValueError without `workload`."""
+    workload = _needs_workload("fgd-plus", workload)
+    if not len(cand):  # fits nowhere now
+        return cand, slots, (cand,)
+    arrays = workload.arrays(index.model_ids)
+    pressured = not shape.models and arrays["named_any"]  # else no model pressure: all 0
+    pressure = index._pressure(arrays)[index.model[cand]] if pressured else np.zeros(len(cand))
+    leading: tuple = ()
+    if shape.kind in (SHARE, SPAN):
+        leading = (index._plan_rank(shape, cand, slots, workload), np.round(pressure / PRESSURE_STEP))
+        if best_only:  # the rest cannot win: score only the best (plan rank, pressure) class
+            keep = _lex_best(leading)
+            cand, slots, pressure = cand[keep], slots[keep], pressure[keep]
+            leading = tuple(key[keep] for key in leading)
+    delta = index._frag_delta(shape, cand, slots, arrays, workload)
+    gpu_after = index._gpu_after(shape, cand)
+    fit = index._best_fit(shape, cand, gpu_after, PLUS_FIT_WEIGHTS)
+    stranded = index._stranded(cand, arrays, index.cpu_free[cand] - shape.cpu, index.mem_free[cand] - shape.mem,
+                               gpu_after) - index._stranded(cand, arrays)
+    score = delta / arrays["total"] + FIT_WEIGHT * fit * np.maximum(index.unit[cand], 1) + STRAND_WEIGHT * stranded
+    if SCARCITY_WEIGHT and pressured:
+        score = score + SCARCITY_WEIGHT * pressure * (
+            shape.gpu_amount + (shape.cpu / arrays["cpu_per_gpu"] if arrays["cpu_per_gpu"] > 0 else 0))
+    return cand, slots, (cand, fit, score, *leading)
+
+
+POLICY_SCORERS = {"binpack": score_binpack, "spread": score_spread, "best-fit": score_best_fit, "fgd": score_fgd,
+                  "fgd-plus": score_fgd_plus}
