@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from functools import partial
 
-from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django_filters import rest_framework as filters
@@ -239,6 +238,9 @@ OWNER_PARAMETER = OpenApiParameter("owner", {"type": "string", "pattern": OWNER_
                                    description="owner's username (administrators; a user only ever sees their own)")
 
 
+AWAITING_ACTIONS = {"exec", "app_open"}  # SessionViewSet's actions that wait for an agent's answer
+
+
 @extend_schema_view(
     list=extend_schema(summary="List sessions", parameters=[STATUS_PARAMETER, NODE_PARAMETER, OWNER_PARAMETER],
                        description="Your sessions, newest first (administrators: everyone's)."),
@@ -252,10 +254,11 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
 
     @classmethod
     def as_view(cls, actions=None, **initkwargs):
-        """DRF's view, except the blocking exec's (`exec`), which waits for the agent on the event
-        loop, holding no web thread and no database connection (console.api_async)."""
+        """DRF's view, except those of the actions that wait for an agent (the blocking exec, an
+        app's opening), which wait on the event loop, holding no web thread and no database
+        connection (console.api_async)."""
         view = super().as_view(actions, **initkwargs)
-        return awaiting_view(view) if actions and "exec" in actions.values() else view
+        return awaiting_view(view) if actions and AWAITING_ACTIONS & set(actions.values()) else view
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation: no caller
@@ -433,7 +436,7 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
         session = self.get_object()  # first: another user's session is a 404 whatever the app
         found = session_app_get(session=session, name=app)
         node = session.node.name if session.node_id else ""
-        return Response(async_to_sync(session_app_open)(session=session, app=found, node=node))
+        return AwaitedResponse(partial(session_app_open, session=session, app=found, node=node))
 
     @extend_schema(methods=["GET"], summary="Read a streamed exec", parameters=[EXEC_ID_PARAMETER, ExecQuerySerializer],
                    responses={200: ExecOutputSerializer,
