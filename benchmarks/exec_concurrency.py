@@ -37,7 +37,7 @@ from benchmarks.agent_scale import fresh_user, setup_django  # noqa: E402
 from tests.stack import Stack, StackNode, mock_inventory, wait_until  # noqa: E402
 
 DATABASE_URL = os.environ.get("FGPU_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/fgpu_bench_exec")
-REDIS_URL = os.environ.get("FGPU_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
+REDIS_URL = os.environ.get("FGPU_BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
 
 
 def call(base: str, token: str, method: str, path: str, body: dict | None = None, timeout: float = 300):
