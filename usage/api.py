@@ -23,11 +23,12 @@ from rest_framework.decorators import api_view, permission_classes, renderer_cla
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 
+from console.api_async import AwaitedResponse, awaiting_view
 from console.api_support import ErrorSerializer
 from console.errors import ApplicationError
 from sessions.selectors import session_get_for
 from accelerators.models import Node
-from usage.processes import node_processes
+from usage.processes import node_processes_check, node_processes_wait
 from usage.selectors import GROUPS, latest_session_usage, node_device_series, session_series, usage_report
 
 MAX_RANGE = timedelta(days=400)
@@ -305,8 +306,9 @@ class GpuProcessSerializer(serializers.Serializer):
                 "a real node (a process of no session has session null), each session's declared use (else its "
                 "granted slice) on a mock node. Administrators only: commands are other users'.",
 )
+@awaiting_view
 @api_view(["GET"])
 @permission_classes([IsAdminUser])
 def node_processes_view(request, name):
-    node = get_object_or_404(Node, name=name)
-    return Response(node_processes(node=node))
+    node = node_processes_check(node=get_object_or_404(Node, name=name))
+    return AwaitedResponse(lambda: node_processes_wait(node))  # awaited on the event loop: no thread waits

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 
 import protocol
@@ -44,6 +44,21 @@ async def _ask(node: str, wait_s: float) -> dict | None:
 
 
 def node_processes(*, node: Node, wait_s: float = REPLY_WAIT_S) -> dict:
+    """`node_processes_wait(node_processes_check(node=node), …)` for a synchronous caller (the
+    answer and errors as there)."""
+    return async_to_sync(node_processes_wait)(node_processes_check(node=node), wait_s=wait_s)
+
+
+def node_processes_check(*, node: Node) -> Node:
+    """`node` if its agent can be asked; ApplicationError 409 "node-not-alive" otherwise (its
+    agent is not heartbeating: nobody to ask)."""
+    if node.status != NodeStatus.ALIVE:
+        raise ApplicationError(f"node {node.name} is {node.status}: its agent is not there to ask",
+                               type="node-not-alive", title="Node not alive", status=409)
+    return node
+
+
+async def node_processes_wait(node: Node, *, wait_s: float = REPLY_WAIT_S) -> dict:
     """What holds memory on `node`'s GPUs now, as its agent sees it: `{"node", "source": "nvml"
     (NVML's running processes) | "declared" (a mock node: each session's declared use, else its
     granted slice), "at": epoch seconds, "truncated": bool (more than protocol.MAX_NODE_PROCESSES
@@ -53,17 +68,21 @@ def node_processes(*, node: Node, wait_s: float = REPLY_WAIT_S) -> dict:
     that device the session holds} or None (a process of no session)}]}`.
     Raises ApplicationError 409 "node-not-alive" (its agent is not heartbeating: nobody to ask),
     504 "node-timeout" (the agent did not answer within `wait_s` seconds), 502 "node-processes-failed"
-    (the agent could not read them; its words in `detail`)."""
-    if node.status != NodeStatus.ALIVE:
-        raise ApplicationError(f"node {node.name} is {node.status}: its agent is not there to ask",
-                               type="node-not-alive", title="Node not alive", status=409)
-    answer = async_to_sync(_ask)(node.name, wait_s)
+    (the agent could not read them; its words in `detail`). Awaited on the event loop (the API
+    view: console.api_async), so no web thread nor database connection waits for the agent; the
+    sessions the answer names are read after it came."""
+    answer = await _ask(node.name, wait_s)
     if answer is None:
         raise ApplicationError(f"the agent on {node.name} did not answer within {wait_s:.0f} s; is the node up?",
                                type="node-timeout", title="Agent did not answer", status=504)
     if not answer.get("ok"):
         raise ApplicationError(str(answer.get("detail") or "the agent could not list the GPU processes"),
                                type="node-processes-failed", title="GPU processes unreadable", status=502)
+    return await sync_to_async(_shown)(node, answer)
+
+
+def _shown(node: Node, answer: dict) -> dict:
+    """The agent's `answer` with the sessions and devices it names read (three queries)."""
     rows = [row for row in answer.get("processes") or [] if isinstance(row, dict)]
     devices = {d.device_id: d for d in node.devices.all()}
     ids = {str(row["session_id"]) for row in rows if row.get("session_id")}
