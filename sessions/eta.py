@@ -27,10 +27,13 @@ sessions launched later, and terminations by hand.
 """
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone as dt_timezone
 
 from django.conf import settings
+from django.db.models import Count, Max, Sum
 from django.utils import timezone
 
 from accelerators.allocation import core
@@ -422,13 +425,45 @@ def band_outcome(band: pure.Band, now: float) -> str:
     return "estimate"
 
 
+QUEUE_TTL_S = 10.0  # the longest one read of the queue and its two replays serve ETAs (node changes, time)
+_shared_lock = threading.Lock()
+_shared: dict = {"stamp": None, "at": 0.0, "read": None}
+
+
+def _read(now: datetime | None = None) -> tuple[_Queue, dict[str, pure.Band]]:
+    queue = _Queue(now=now)
+    return queue, queue.bands()
+
+
+def _queue_stamp() -> tuple:
+    """What changes when any pending or active session is written (one aggregate query): how
+    many there are, the sum of their versions (every transition bumps one) and the newest."""
+    stamp = ComputeSession.objects.filter(status__in=(SessionStatus.PENDING, *ACTIVE_STATUSES)).aggregate(
+        n=Count("pk"), versions=Sum("version"), newest=Max("created_at"))
+    return stamp["n"], stamp["versions"], stamp["newest"]
+
+
+def _queue_now() -> tuple[_Queue, dict[str, pure.Band]]:
+    """The queue's read and its bands, shared by every ETA this process answers while no
+    pending or active session changed (`_queue_stamp`) for up to QUEUE_TTL_S seconds: an open
+    session page asks every 15 s, and the read and the two replays are the whole queue's
+    (0.5–1 s with hundreds of sessions), the same for every pending session."""
+    stamp = _queue_stamp()
+    with _shared_lock:
+        if _shared["stamp"] == stamp and time.monotonic() - _shared["at"] < QUEUE_TTL_S:
+            return _shared["read"]
+    read = _read()
+    with _shared_lock:
+        _shared.update(stamp=stamp, at=time.monotonic(), read=read)
+    return read
+
+
 def session_eta(*, session: ComputeSession, now: datetime | None = None) -> Eta:
     """The ETA of a PENDING `session` (module docstring): its band from the two replays of the
     whole queue, its place in the queue, the last pass's reason, and which running sessions'
     ends would make it fit now (`fits_after`). Reads without locks; writes nothing."""
-    queue = _Queue(now=now)
+    queue, bands = _queue_now() if now is None else _read(now)
     key = str(session.pk)
-    bands = queue.bands()
     band = bands.get(key) or pure.Band(None, None, pure.WAITING, "it is no longer waiting")
     position = next((i + 1 for i, s in enumerate(queue.pending) if str(s.pk) == key), 0)
     fits_now, after = _fits_after(queue, key)

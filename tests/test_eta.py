@@ -3,6 +3,9 @@ replay (accelerators.allocation.replay), the console's replay over the real plac
 (sessions.eta), GET /api/v1/sessions/<id>/eta/ and POST /api/v1/scheduler/what-if/."""
 from __future__ import annotations
 
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
 import json
 from datetime import timedelta
 
@@ -404,3 +407,18 @@ def test_what_would_make_room_is_the_session_ending_first_not_every_one_on_the_n
 
     assert [f.session.pk for f in answer.fits_after] == [soon.pk]
     assert close(answer.earliest, soon.started_at + timedelta(hours=2))
+
+
+def test_etas_share_one_read_of_the_queue_until_a_session_changes(one_gpu, alice, bob, django_assert_max_num_queries):
+    running(bob, minutes_ago=30)
+    first, second = waiting(alice, "first"), waiting(alice, "second")
+    eta.session_eta(session=first)
+
+    with CaptureQueriesContext(connection) as queries:
+        again = eta.session_eta(session=second)
+    assert again.position == 2
+    sessions_read = [q["sql"] for q in queries.captured_queries if "compute_sessions_" in q["sql"]]
+    assert len(sessions_read) == 1 and "COUNT(" in sessions_read[0]  # the stamp; no read of the queue again
+
+    third = waiting(bob, "third")  # a change: the next ETA reads the queue again and sees it
+    assert eta.session_eta(session=third).position == 3
