@@ -20,8 +20,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
     list_display = ["name", "user", "key_prefix", "created", "last_used", "revoked"]
     list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["name", "user__username", "prefix"]
-    fields = ["user", "name", "key_prefix", "created", "last_used", "revoked"]
-    readonly_fields = fields
+    fields = readonly_fields = ("user", "name", "key_prefix", "created", "last_used", "revoked")
     actions = ["revoke"]
 
     def has_add_permission(self, request):

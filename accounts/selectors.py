@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import cast
 
 from django.core.exceptions import ValidationError
 from django.http import Http404
@@ -31,7 +32,7 @@ def api_token_get_for(*, user, token_id) -> ApiToken:
 
 # DRF authtoken keys are 40 hex digits (Token.key holds no more); a named token's key is 43
 # characters (accounts.services.api_token_create), so the length tells which table to look in.
-LOGIN_TOKEN_KEY_LENGTH = Token._meta.get_field("key").max_length
+LOGIN_TOKEN_KEY_LENGTH = cast(int, Token._meta.get_field("key").max_length)  # a CharField's: always set
 
 
 def api_token_find(*, key: str) -> ApiToken | None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import timedelta
+from typing import cast
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
@@ -14,7 +15,7 @@ from accounts.selectors import api_token_digest
 from console.errors import ApplicationError
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
-NAME_MAX_LENGTH = ApiToken._meta.get_field("name").max_length
+NAME_MAX_LENGTH = cast(int, ApiToken._meta.get_field("name").max_length)  # a CharField's: always set
 
 
 def api_token_create(*, user, name: str) -> tuple[str, ApiToken]:

@@ -12,11 +12,16 @@ def load_inventory(config: AgentConfig) -> dict:
     registers: `{"devices": [DeviceInfo dicts], "links": [{"a", "b", "kind", "count"}], "plugins",
     "attributes", "cpu_count",
     "memory_size"}` (bytes). Plugin errors propagate with their own message."""
-    devices, links, attributes, warnings = [], [], {}, []
+    devices: list[dict] = []
+    links: list[dict] = []
+    attributes: dict[str, object] = {}
+    warnings: list[str] = []
     for plugin in config.plugins:
         if plugin == MOCK_PLUGIN:
             from accelerators.plugins import mock
 
+            if config.mock_config is None:  # load_agent_config sets it with the plugin; this guards other callers
+                raise ValueError("the mock plugin needs its device file (plugins.mock.config)")
             inventory = mock.load(config.mock_config)
         elif plugin == CUDA_PLUGIN:
             from accelerators.plugins import cuda

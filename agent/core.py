@@ -257,6 +257,8 @@ class Agent:
     layout digest (`_send_heartbeat`) differs from the one it expects.
     """
 
+    loop: asyncio.AbstractEventLoop  # set by start(); thread-side callers check for it with getattr
+
     def __init__(self, *, node: str, inventory: dict, channel_layer, manager, scratch_root: Path,
                  mock: bool, mps: bool = False, heartbeat_s: float = 5.0, exec_store=None,
                  scratch_retention_s: float = 3600.0, runtime=None, app_address: str = "127.0.0.1",
@@ -279,7 +281,6 @@ class Agent:
         self._ended: dict[str, tuple[float, str, str, int | None]] = {}  # id → (when, status, reason, exit code)
         self._busy: dict[str, float] = {}  # session id → loop time it last output something (BUSY_S)
         self._busy_pruned = 0.0
-        self.loop: asyncio.AbstractEventLoop | None = None
         self.channel: str | None = None
         self._registered = False
         self._tasks: list[asyncio.Task] = []
@@ -445,7 +446,7 @@ class Agent:
     # --- thread-safe entry points (Celery task handlers) ----------------------------------
 
     def _submit(self, coro) -> None:
-        if self.loop is None:
+        if getattr(self, "loop", None) is None:
             raise RuntimeError(f"agent {self.node} is not started")
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
@@ -809,6 +810,7 @@ class Agent:
             running.output_closed = True
             running.outbox_wake.set()
             try:
+                assert running.pump_task is not None  # _attach started it before this task
                 await asyncio.wait_for(asyncio.shield(running.pump_task), timeout=10)
             except TimeoutError:
                 log.warning("agent %s: the last terminal output of %s was not sent in time", self.node, running.session_id)

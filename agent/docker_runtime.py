@@ -31,6 +31,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import protocol
 from accelerators.allocation.units import format_binary_size
@@ -244,12 +245,14 @@ class DockerExec:
     def wait(self, timeout: float | None = None) -> int:
         self._pump.join(timeout)
         if self._pump.is_alive():
-            raise subprocess.TimeoutExpired(self.exec_id, timeout)
+            raise subprocess.TimeoutExpired(self.exec_id, timeout or 0.0)  # join(None) returns only once it ended
         for _ in range(200):  # the stream ends a moment before Docker records the exit code
-            if self.poll() is not None:
-                return self.returncode
+            code = self.poll()
+            if code is not None:
+                return code
             threading.Event().wait(0.01)
-        return self.poll() if self.poll() is not None else 137
+        code = self.poll()
+        return code if code is not None else 137
 
     def send_signal(self, sig: int) -> None:
         if self.pid:
@@ -314,7 +317,7 @@ class DockerRuntime:
 
         session_id = spec["session_id"]
         mem = int(spec.get("mem") or 0)
-        config = dict(
+        config: dict[str, Any] = dict(
             image=spec.get("image") or self.default_image, command=argv, name=f"fgpu-{session_id}",
             hostname=f"s-{session_id[:8]}", tty=True, stdin_open=True, environment={**env, "PATH": PATH},
             working_dir=HOME, user=self.user, init=True,

@@ -93,7 +93,7 @@ def run(store, running, message: dict, *, shell: str | None = None) -> None:
         threading.Thread(target=_read_pipe, args=(pipe, stream, pieces), daemon=True,
                          name=f"exec-{exec_id[:8]}-{stream}").start()
     shipper = _Shipper(store, exec_id)
-    outcome, killed_at, ended_at, next_poll = "", None, None, 0.0
+    outcome, killed_at, ended_at, next_poll = "", 0.0, None, 0.0  # killed_at: set with outcome "cancelled"
     try:
         while shipper.open_streams or process.poll() is None:
             shipper.ship(pieces, wait=0.05)

@@ -248,7 +248,8 @@ class FileOps:
             fd = self._descend(root, parts)
         finally:
             os.close(root)
-        entries, truncated = [], False
+        entries: list[dict] = []
+        truncated = False
         try:
             with os.scandir(fd) as it:
                 for item in it:
@@ -349,6 +350,8 @@ class FileOps:
         "data"; "project:<name>"), links not followed."""
         base = (self.data if which == "data" else self.projects[which[8:]] if which.startswith("project:")
                 else self.home)
+        if base is None:  # "data" of a session whose owner has no persistent folder
+            raise FileError("not-found", "there is no persistent folder")
         total = 0
         fd = os.open(base, _DIR_FLAGS)
         try:

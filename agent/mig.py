@@ -178,7 +178,8 @@ class MigManager:
 
     def _apply(self, gpus: list[dict], expected: dict[str, list[dict]], destroy: dict[str, list[dict]], *,
                kind: str, seq: int | None) -> dict:
-        destroyed, errors = [], []
+        destroyed: list[dict] = []
+        errors: list[dict] = []
         for block in gpus:
             destroyed.extend(self._destroy_listed(block, expected.get(block["gpu"], ()),
                                                   destroy.get(block["gpu"], ()), errors))
@@ -193,8 +194,8 @@ class MigManager:
         failures go to `errors`. Returns the `doomed` items no longer on the GPU."""
         gpu = block["gpu"]
         keep = {(item["profile"], int(item["start"])) for item in expected}
-        doomed = [(item["profile"], int(item["start"])) for item in doomed]
-        if not doomed:
+        doomed_at = [(item["profile"], int(item["start"])) for item in doomed]
+        if not doomed_at:
             return []
         try:
             self.catalog(block)
@@ -202,7 +203,7 @@ class MigManager:
         except MigError:
             return []  # `reconcile` reports why the GPU cannot be listed
         gone = []
-        for profile, start in doomed:
+        for profile, start in doomed_at:
             if (profile, start) in keep:
                 continue
             if (profile, start) in live:
@@ -222,7 +223,7 @@ class MigManager:
         if not self.known or not self._lock.acquire(blocking=False):
             return None
         try:
-            found = []
+            found: list[tuple[str, str, int]] = []
             for gpu, block in sorted(self.known.items()):
                 try:
                     self.catalog(block)

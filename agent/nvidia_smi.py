@@ -42,6 +42,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -162,7 +163,7 @@ class DeviceStatus:
 # --- entry points ------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None, *, environ: dict[str, str] | None = None, nvml: Any = None) -> int:
+def main(argv: list[str] | None = None, *, environ: Mapping[str, str] | None = None, nvml: Any = None) -> int:
     """Run `nvidia-smi [argv]` for the session whose allocation `environ["FGPU_ALLOCATION"]`
     names (default: os.environ). `nvml`: the pynvml module (default, imported only in real
     mode) or a fake. Writes to stdout/stderr; returns the exit status (0, 2 or 9).
@@ -328,10 +329,11 @@ def collect_status(allocation: Allocation, *, nvml: Any = None, warn: TextIO | N
     fallback = [DeviceStatus(bus_id=d.pci_bus_id, mig_mode=True if d.is_mig_device else None) for d in allocation.devices]
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
         except ImportError as error:
             print(f"fGPU Console: NVML is not available ({error}); usage is shown as N/A.", file=warn)
             return fallback
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as error:

@@ -39,6 +39,7 @@ import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class AppProcess:
     or `{"ok": False, "error", "output"}`."""
 
     name: str
-    process: object
+    process: Any  # Popen, or DockerExec
     host: str
     port: int
     output: object

@@ -210,7 +210,7 @@ class UsageSampler:
         the manager's idle warnings (task fgpu.agent.session_notice)."""
         agent = self.agent
         running = agent.sessions.get(session_id)
-        if running is None or agent.loop is None:
+        if running is None or getattr(agent, "loop", None) is None:
             return
         agent.loop.call_soon_threadsafe(agent._output, running, f"\r\n[fgpu: {text}]\r\n", log_it=False)
 
@@ -288,9 +288,9 @@ class UsageSampler:
             directory = _cgroup_dir(pid)
             measured = cgroup_usage(directory) if directory is not None else None
         if measured is None:
-            pids = session_processes(session_id, pid, live_only=True) if pid else []
-            cpu_s, mem = process_usage(pids)
-            measured = (cpu_s, mem, set(pids))
+            found = session_processes(session_id, pid, live_only=True) if pid else []
+            cpu_s, mem = process_usage(found)
+            measured = (cpu_s, mem, set(found))
         cpu_s, mem, pids = measured
         before = self._cpu.get(session_id)
         self._cpu[session_id] = (now, cpu_s)
@@ -310,7 +310,7 @@ class UsageSampler:
     def _mock_gpu(self, sessions: dict, t: int) -> tuple[dict, list[dict]]:
         """Mock devices: the sessions' declarations, summed per device."""
         per_device: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-        gpu = {}
+        gpu: dict[str, tuple[int | None, int | None]] = {}
         for sid, running in sessions.items():
             granted = self._granted(running)
             declared = read_declaration(Path(running.work_dir), len(granted))
@@ -332,9 +332,9 @@ class UsageSampler:
         """The pynvml module (or the fake given), initialised once."""
         nvml = self.nvml
         if nvml is None:
-            import pynvml as nvml
+            import pynvml
 
-            self.nvml = nvml
+            nvml = self.nvml = pynvml
         if not self._nvml_ready:
             nvml.nvmlInit()
             self._nvml_ready = True
@@ -439,7 +439,7 @@ class UsageSampler:
                     users.add(sid)
             for sid in users:  # the device's utilisation is one session's only while it is alone there
                 alone = len(users) == 1 and rate is not None and util.get(sid, 0) is not None
-                util[sid] = max(rate, util.get(sid) or 0) if alone else None
+                util[sid] = max(rate, util.get(sid) or 0) if alone and rate is not None else None
             devices.append({"device": device["device_id"], "t": t, "memory_used": int(info.used),
                             "memory_total": int(info.total), "util": rate})
         gpu = {sid: (memory.get(sid, 0), util.get(sid, 0)) for sid in sessions}  # no process on a GPU: 0 MiB, 0 %

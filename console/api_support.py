@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, models, transaction
@@ -255,7 +256,13 @@ class ListETagMixin:
         return response
 
 
-class ETagMixin(ListETagMixin):
+if TYPE_CHECKING:  # for the type checker: the view class ETagMixin is mixed into
+    from rest_framework.generics import GenericAPIView as _MixedInto
+else:
+    _MixedInto = object
+
+
+class ETagMixin(ListETagMixin, _MixedInto):
     """For ModelViewSets of administrators' settings: GET of one object and every write answer
     the object's `ETag`; PUT and PATCH require a matching `If-Match` (module docstring), checked
     and applied with the row locked (`select_for_update`), so two admins' writes are applied one

@@ -26,6 +26,7 @@ again, and every manager and agent task is idempotent.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ def patch_redis_transport() -> None:
             return None
         return original_reject(self, delivery_tag, requeue=requeue)
 
-    for name, fn in (("restore_unacked", restore_unacked), ("ack", ack), ("reject", reject)):
+    patched: dict[str, Any] = {"restore_unacked": restore_unacked, "ack": ack, "reject": reject}
+    for name, fn in patched.items():
         fn.fgpu_patched = True
         setattr(qos, name, fn)

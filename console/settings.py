@@ -87,7 +87,7 @@ TEMPLATES = [
 DATABASE_POOL = {"min_size": 2, "max_size": 32, "timeout": 30, "max_idle": 60}
 
 
-def _database(url: str) -> dict:
+def _database(url: str) -> dj_database_url.DBConfig:
     try:
         config = dj_database_url.parse(url, conn_max_age=0, conn_health_checks=True)
     except Exception as exc:  # dj-database-url raises several types for a bad URL

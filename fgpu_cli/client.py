@@ -31,7 +31,9 @@ def error_detail(status: int, reason: str, body) -> str:
             return detail
         if isinstance(detail, list) and detail:
             return " ".join(str(d) for d in detail)
-        fields = body.get("field_errors") if isinstance(body.get("field_errors"), dict) else body
+        fields = body.get("field_errors")
+        if not isinstance(fields, dict):
+            fields = body
         parts = []
         for key, value in fields.items():
             messages = value if isinstance(value, list) else [value]
@@ -73,6 +75,7 @@ class Client:
         """The open HTTP response (read it in chunks, then close it: a `with` block), for bodies
         that are not JSON: a file's bytes. `data`: bytes or a binary file object (streamed; give
         its Content-Length in `headers`). Raises ApiError / Unreachable as `request` does."""
+        import urllib.parse
         import urllib.request  # here, not at the top: `fgpu --help` starts without http.client and ssl
 
         url = path if path.startswith(("http://", "https://")) else self.url + path

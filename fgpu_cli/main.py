@@ -73,7 +73,7 @@ def _slot_formats(client: Client) -> dict[str, dict]:
     return formats
 
 
-def _fgpu(value, formats: dict, slot_name: str) -> str:
+def _fgpu(value, formats: dict, slot_name: str | None) -> str:
     fmt = formats.get(slot_name) or {"unit": "fGPU", "round_length": 2, "binary": False}
     return amount(value, unit=fmt["unit"], round_length=fmt["round_length"], binary=fmt.get("binary", False))
 
@@ -465,7 +465,8 @@ def cmd_exec(args) -> int:
 def _exec_follow(client: Client, url: str, *, echo: bool) -> tuple[dict, str, str]:
     """Read a streamed exec from its start until `complete`, writing each chunk to our stdout or
     stderr as it comes when `echo`. Returns the last read and all of stdout and stderr."""
-    since, seen = 0, {"stdout": [], "stderr": []}
+    since = 0
+    seen: dict[str, list[str]] = {"stdout": [], "stderr": []}
     while True:
         body = client.get(url, query={"since": since})
         for chunk in body.get("chunks") or []:
@@ -533,10 +534,11 @@ def cmd_terminal(args) -> int:
 def cmd_cp(args) -> int:
     """Copy a file into a RUNNING session or out of it (fgpu_cli.files), as scp does."""
     source, target = files.split_remote(args.source), files.split_remote(args.target)
-    if (source is None) == (target is None):
+    remote = source or target
+    if remote is None or (source is None) == (target is None):
         raise UsageError("give one SESSION:PATH and one local path (a local name with a colon: ./a:b)")
     client, creds = _client(args)
-    session = _running_session(client, creds, (source or target)[0])
+    session = _running_session(client, creds, remote[0])
     name = printable(session.get("name") or short_id(session["id"]))
     try:
         if target is not None:
@@ -545,9 +547,9 @@ def cmd_cp(args) -> int:
             if args.output == "json":
                 _emit_json(entry)
         else:
-            written = files.download(client, session["id"], source[1], args.target)
+            written = files.download(client, session["id"], remote[1], args.target)
             if args.target != "-":
-                _info(f"copied {written} bytes from {name}:{source[1]}")
+                _info(f"copied {written} bytes from {name}:{remote[1]}")
     except (files.CopyError, OSError) as exc:
         raise Failed(str(exc)) from None
     return OK

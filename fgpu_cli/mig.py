@@ -13,7 +13,8 @@ MAP_LEGEND = "U in use, I idle, ? unknown (not planned by the manager), . free, 
 def _starts(placements: list[dict]) -> str:
     """[{"start": 0, "size": 1}, …] → "0-6" for a run of consecutive starts, else "0,2,4,6"."""
     starts = [p.get("start") for p in placements]
-    if len(starts) > 2 and starts == list(range(starts[0], starts[0] + len(starts))):
+    first = starts[0] if starts else None
+    if len(starts) > 2 and isinstance(first, int) and starts == list(range(first, first + len(starts))):
         return f"{starts[0]}-{starts[-1]}"
     return ",".join(str(s) for s in starts) or "-"
 

@@ -103,7 +103,8 @@ class RedisExecStore:
         """Write a new exec's record (its `state` included), expiring after `ttl_s` seconds."""
         key, _ = self._keys(exec_id)
         with self.redis.pipeline() as pipe:
-            pipe.hset(key, mapping=record)
+            # redis-py's annotation: a Mapping's key type is invariant, so it refuses dict[str, str].
+            pipe.hset(key, mapping=record)  # type: ignore[arg-type]
             pipe.expire(key, ttl_s)
             pipe.execute()
 
@@ -131,7 +132,8 @@ class RedisExecStore:
 
     def get(self, exec_id: str) -> dict[str, str] | None:
         """The exec's record, or None when unknown (expired)."""
-        record = self.redis.hgetall(self._keys(exec_id)[0])
+        # redis-py types replies bytes | str; this client does not decode them: bytes.
+        record: dict[bytes, bytes] = self.redis.hgetall(self._keys(exec_id)[0])  # type: ignore[assignment]
         return {k.decode(): v.decode() for k, v in record.items()} or None
 
     def read(self, exec_id: str, *, since: int, max_chunks: int) -> tuple[dict[str, str] | None, list[tuple[str, str]], int]:
