@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from decimal import ROUND_DOWN, Decimal
+from typing import TYPE_CHECKING
 
 from django import forms
 from django.contrib import admin, messages
@@ -75,7 +76,7 @@ class ConfigImportForm(forms.Form):
         return upload
 
 
-def config_import_view(model_admin: admin.ModelAdmin, request: HttpRequest) -> TemplateResponse:
+def config_import_view(model_admin: _ConfigImportLink, request: HttpRequest) -> TemplateResponse:
     """Upload a configuration file and import it (`import_accelerator_config_upload`: one
     transaction, nothing half-imported), showing the summary, each warning, or the error with
     its file, field and problem."""
@@ -100,7 +101,7 @@ def config_import_view(model_admin: admin.ModelAdmin, request: HttpRequest) -> T
         "opts": model_admin.model._meta,
         "form": form,
         "report": report,
-        "summary": _summary_lines(report, checked_only=bool(report) and form.cleaned_data.get("check_only")),
+        "summary": _summary_lines(report, checked_only=bool(report and form.cleaned_data.get("check_only"))),
         "checked_only": bool(report) and form.cleaned_data.get("check_only"),
         "error": error,
     }
@@ -116,7 +117,13 @@ def _summary_lines(report, *, checked_only: bool) -> list[str]:
     return lines
 
 
-class _ConfigImportLink:
+if TYPE_CHECKING:  # for the type checker: the admin class _ConfigImportLink is mixed into
+    _MixedInto = admin.ModelAdmin
+else:
+    _MixedInto = object
+
+
+class _ConfigImportLink(_MixedInto):
     """Adds `<changelist>/import/` (the upload page) and its button to a change list."""
 
     change_list_template = "admin/accelerators/change_list_with_import.html"
@@ -236,15 +243,16 @@ class FractionalSettingsAdmin(_ConfigImportLink, admin.ModelAdmin):
 
 def _summary(device: Device) -> FgpuSummary | None:
     """The device's fGPU figures, batched by the page where it can (`_fgpu_summary`)."""
-    if not hasattr(device, "_fgpu_summary"):
-        device._fgpu_summary = device_fgpu_summary([device]).get(device.pk)
-    return device._fgpu_summary
+    cached = vars(device)  # the instance's own attributes: the page's cache lives there
+    if "_fgpu_summary" not in cached:
+        cached["_fgpu_summary"] = device_fgpu_summary([device]).get(device.pk)
+    return cached["_fgpu_summary"]
 
 
 def _attach_summaries(devices: list[Device]) -> None:
     summaries = device_fgpu_summary(devices)
     for device in devices:
-        device._fgpu_summary = summaries.get(device.pk)
+        vars(device)["_fgpu_summary"] = summaries.get(device.pk)
 
 
 def _fgpu_text(summary: FgpuSummary) -> str:
@@ -273,7 +281,7 @@ class _DeviceFields:
 
     @admin.display(description="parent")
     def parent_display(self, obj: Device) -> str:
-        return f"#{obj.parent.index} {obj.parent.device_id}" if obj.parent_id else "—"
+        return f"#{parent.index} {parent.device_id}" if obj.parent_id and (parent := obj.parent) else "—"
 
     @admin.display(description="allocated fGPU")
     def allocated(self, obj: Device) -> str:
@@ -628,7 +636,7 @@ class NodeAdmin(admin.ModelAdmin):
 
     @admin.display(description="devices", ordering="_device_count")
     def device_count(self, obj: Node) -> int:
-        return obj._device_count
+        return obj._device_count  # type: ignore[attr-defined]  # annotated by get_queryset: django-stubs cannot see it
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # nodes register themselves through their agents
@@ -645,7 +653,7 @@ class ResourceGroupAdmin(admin.ModelAdmin):
 
     @admin.display(description="nodes", ordering="_node_count")
     def node_count(self, obj: ResourceGroup) -> int:
-        return obj._node_count
+        return obj._node_count  # type: ignore[attr-defined]  # annotated by get_queryset: django-stubs cannot see it
 
 
 @admin.register(Device)

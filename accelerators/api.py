@@ -38,7 +38,7 @@ class DeviceSerializer(serializers.ModelSerializer):
     capacity_fgpu = serializers.SerializerMethodField(help_text="fGPU; null in discrete mode and on a GPU serving MIG")
     allocated_fgpu = serializers.SerializerMethodField(help_text="fGPU held by live allocations (1 per whole device)")
     free_fgpu = serializers.SerializerMethodField(help_text="fGPU; null in discrete mode and on a GPU serving MIG")
-    parent = serializers.CharField(source="parent.device_id", default=None, read_only=True, allow_null=True,
+    parent = serializers.CharField(source="parent.device_id", default=None, read_only=True, allow_null=True,  # type: ignore[assignment]  # DRF's metaclass moves declared fields off the class: no clash
                                    help_text="a MIG slice's parent GPU UUID")
 
     class Meta:
@@ -309,7 +309,7 @@ class FractionalSettingsSerializer(serializers.ModelSerializer):
 
 
 class ResourceGroupSerializer(serializers.ModelSerializer):
-    nodes = serializers.SlugRelatedField(many=True, read_only=True, slug_field="name",
+    nodes: serializers.SlugRelatedField[Node] = serializers.SlugRelatedField(many=True, read_only=True, slug_field="name",
                                          help_text="names of the nodes in the pool (set on each node by an admin)")
 
     class Meta:

@@ -10,6 +10,8 @@ that session's owner and to administrators, so session ids do not leak.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
@@ -65,7 +67,7 @@ class MigProfileSerializer(serializers.Serializer):
 class MigCatalogSerializer(serializers.Serializer):
     model = serializers.CharField(source="catalog.model",
                                   help_text='the GPU model: a built-in key ("H100-80GB") or the name NVML reported')
-    source = serializers.ChoiceField(choices=CATALOG_SOURCES,
+    source = serializers.ChoiceField(choices=CATALOG_SOURCES,  # type: ignore[assignment]  # DRF's metaclass moves declared fields off the class: no clash
                                      help_text='"nvml": read by a node\'s agent from NVML and used for its GPUs '
                                                'instead of the built-in table; "built-in": the table in '
                                                "accelerators/allocation/mig.py")
@@ -208,7 +210,7 @@ class MigSyncSerializer(serializers.Serializer):
     reported_at = serializers.DateTimeField(allow_null=True, help_text="the agent's report on the last message")
     pending = MigPendingSerializer(many=True, help_text="changes that wait for sessions to end (or unknown "
                                                         "instances to go)")
-    errors = MigSyncErrorSerializer(many=True, help_text="what the agent could not do")
+    errors = MigSyncErrorSerializer(many=True, help_text="what the agent could not do")  # type: ignore[assignment]  # DRF's metaclass moves declared fields off the class: no clash
     destroying = MigDestroySerializer(many=True, help_text="idle instances the agent is to destroy and has not yet "
                                                            "reported destroyed")
 
@@ -303,7 +305,8 @@ class NodeMigSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(MigGpuLayoutSerializer(many=True))
     def get_gpus(self, node) -> list[dict]:
-        return MigGpuLayoutSerializer(mig_gpu_layouts(nodes=[node]), many=True, context=self.context).data
+        # djangorestframework-stubs types .data as a ReturnDict; with many=True it is a ReturnList.
+        return MigGpuLayoutSerializer(mig_gpu_layouts(nodes=[node]), many=True, context=self.context).data  # type: ignore[return-value]
 
 
 class NodeMigSettingsSerializer(serializers.ModelSerializer):
@@ -370,7 +373,7 @@ NODE_MIG_PUSH_DOC = ("Once saved, the new expected layout is sent to the node's 
                      "agent's report), \"pending-agent-offline\" (the node is LOST: applied at its agent's next "
                      "start) or \"not-managed\" (mode off or static).")
 
-_NODE_MIG_WRITE = {"tags": TAGS, "parameters": [IF_MATCH], "request": NodeMigSettingsSerializer,
+_NODE_MIG_WRITE: dict[str, Any] = {"tags": TAGS, "parameters": [IF_MATCH], "request": NodeMigSettingsSerializer,
                    "responses": {200: NodeMigSerializer}, "examples": NODE_MIG_EXAMPLES}
 
 

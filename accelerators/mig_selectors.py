@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.db.models import Q
 
@@ -90,7 +91,7 @@ def node_mig_sync_view(*, node: Node, gpu: str | None = None) -> dict:
     `gpu` (a GPU UUID): only that GPU's pending items, errors and instances to destroy (errors
     naming no GPU are kept)."""
     sync = node.mig_sync or {}
-    view = {key: sync.get(key) for key in SYNC_DETAIL_KEYS}
+    view: dict[str, Any] = {key: sync.get(key) for key in SYNC_DETAIL_KEYS}
     view["applied"] = view.pop("state") or ""
     view["detail"] = view["detail"] or ""
     view["pending"] = list(sync.get("pending", []))
@@ -198,10 +199,13 @@ def mig_gpu_pictures(*, node: Node) -> list[GpuPicture]:
     memory starts (NVML does not place compute slices)."""
     pictures = []
     for layout in mig_gpu_layouts(nodes=[node]):
-        cells, compute, listing = {}, [], []
+        cells: dict = {}
+        compute: list = []
+        listing: list = []
         for view in layout.instances:
             row, state = view.row, _PICTURE_STATES[view.state]
-            who = f"{row.session.name} ({row.session.owner.get_username()})" if view.state == "in_use" else ""
+            holder = row.session if view.state == "in_use" else None
+            who = f"{holder.name} ({holder.owner.get_username()})" if holder is not None else ""
             if view.state == "unknown":
                 who = f"found by the agent: {row.uuid or 'no MIG device'}"
             label = f"{row.profile}@{row.placement_start}"

@@ -165,7 +165,7 @@ DRIFT_REASK_S = 300  # a mismatch a full reconcile was asked about is not asked 
 
 def _sync_detail(sync: dict, mode: str) -> str:
     """The words for `sync["state"]` (see `accelerators.mig_selectors.node_mig_sync_view`)."""
-    state = sync.get("state")
+    state = sync.get("state") or ""
     waiting = "; ".join(f"{p['profile']}@{p['start']} on GPU {p['index']}: {p['reason']}" for p in sync.get("pending", []))
     return {
         "not-managed": f"MIG mode {mode}: the manager plans no GPU instances on this node (or it has no MIG-capable "

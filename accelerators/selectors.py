@@ -121,7 +121,8 @@ def device_fgpu_summary(devices: Iterable[Device]) -> dict:
     sliced = _mothers_with_mig_slices([d for d in devices if (s := settings.get(d.slot_name)) and s.is_fractional])
     for device in devices:
         slot = settings.get(device.slot_name)
-        allocated = Decimal(device.shares_used or 0)
+        # shares_used: from devices_with_usage's annotate(), which django-stubs cannot follow through a function.
+        allocated = Decimal(device.shares_used or 0)  # type: ignore[attr-defined]
         if slot is None or slot.allocation_mode != AllocationMode.FRACTIONAL or device.is_mig_device:
             result[device.pk] = FgpuSummary(capacity=None, allocated=allocated, free=None)
             continue
@@ -222,7 +223,7 @@ def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = 
     if for_update:
         list(nodes.order_by("pk").select_for_update().values_list("pk", flat=True))
         list(device_rows.order_by("pk").select_for_update().values_list("pk", flat=True))
-    nodes = list(
+    annotated = list(
         nodes.annotate(
             cpu_used=Sum("sessions__cpu", filter=Q(sessions__status__in=protocol.SESSION_ACTIVE_STATES), default=0),
             mem_used=Sum("sessions__mem", filter=Q(sessions__status__in=protocol.SESSION_ACTIVE_STATES), default=0),
@@ -233,16 +234,16 @@ def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = 
         by_node.setdefault(device.node_id, []).append(device_state(device))
     # node_id is the node's name: unique, and what a user reads in a refusal's reason.
     links: dict = {}
-    for link in DeviceLink.objects.filter(node__in=[n.pk for n in nodes], device_a__slot_name=slot_name):
+    for link in DeviceLink.objects.filter(node__in=[n.pk for n in annotated], device_a__slot_name=slot_name):
         links.setdefault(link.node_id, []).append(
             topology.Link(a=str(link.device_a_id), b=str(link.device_b_id), kind=link.kind, count=link.count))
     weights = {}
-    for n in nodes:
+    for n in annotated:
         g = n.resource_group
         weights[n.pk] = (g.weight_memory, g.weight_cores, g.weight_sessions) if g else (Decimal(1),) * 3
     return [
         core.NodeState(node_id=n.name, cpu_total=n.cpu_count, mem_total=n.memory_size, cpu_used=int(n.cpu_used),
                        mem_used=int(n.mem_used), devices=tuple(by_node.get(n.pk, ())), links=tuple(links.get(n.pk, ())),
                        weights=weights[n.pk])
-        for n in nodes
+        for n in annotated
     ]

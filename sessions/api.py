@@ -162,7 +162,7 @@ class ExecStateSerializer(serializers.Serializer):
 
 class ExecChunkSerializer(serializers.Serializer):
     stream = serializers.ChoiceField(STREAMS)
-    data = serializers.CharField(allow_blank=True, trim_whitespace=False, help_text="text (UTF-8; bad bytes replaced)")
+    data = serializers.CharField(allow_blank=True, trim_whitespace=False, help_text="text (UTF-8; bad bytes replaced)")  # type: ignore[assignment]  # DRF's metaclass moves declared fields off the class: no clash
 
 
 class ExecOutputSerializer(ExecStateSerializer):

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -131,7 +132,7 @@ class Workload:
         self.shapes: list[Shape] = []
         self.position: dict[Shape, int] = {}
         self._counts = np.zeros(16, dtype=np.float64)
-        self._cache = None
+        self._cache: tuple[tuple, dict[str, Any]] | None = None  # (key, arrays) of the last `arrays` call
         self._shares: dict[int, int] = {}  # SHARE requests seen, by amount
         self._plans: dict[int, tuple[int, PackingPlan | None]] = {}  # by device capacity: (seen then, plan)
         # Every observation as (shape position, n), so a kept F·p can catch up (`_FragCache`).

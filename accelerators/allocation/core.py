@@ -155,7 +155,7 @@ class ResourceRequest:
     split strategy, `numa` keeps devices on one NUMA node; `style` records the dialect used.
     """
 
-    kind: Literal["shares", "device", "per_device", "none"]
+    kind: Literal["shares", "device", "per_device", "none", "mig"]  # "mig": MigResourceRequest
     amount: Decimal = ZERO
     cpu: int = 1
     mem: int = 0
@@ -165,7 +165,7 @@ class ResourceRequest:
     pins: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     policy: str | None = None
-    strategy: str | None = None
+    strategy: Strategy | None = None
     numa: bool = False
     style: str = ""
     resource_group: str = ""
@@ -699,7 +699,7 @@ def check_ever_fits(
     empty = emptied(nodes)
     for node in empty:
         try:
-            _allocate_on_node(node, request, settings, strategy, request.policy or "binpack")
+            _allocate_on_node(node, request, settings, strategy, _device_policy(request.policy or "binpack"))
             return
         except InsufficientResource:
             continue

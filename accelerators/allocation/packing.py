@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -85,7 +86,7 @@ def plan_ranks(capacity: np.ndarray, used: np.ndarray, amount: int,
     return rank
 
 
-def solve_packing_plan(capacity: int, demand: dict[int, float], start: PackingPlan | None = None) -> PackingPlan | None:
+def solve_packing_plan(capacity: int, demand: Mapping[int, float], start: PackingPlan | None = None) -> PackingPlan | None:
     """The packing plan for `demand` ({amount: count or weight}, amounts in device units) on
     devices of `capacity` units. Amounts ≤ 0 or > `capacity` and zero weights are left out;
     None when nothing is left or the LP solver fails (callers then pack without a plan).
@@ -118,7 +119,7 @@ def solve_packing_plan(capacity: int, demand: dict[int, float], start: PackingPl
                     column[position[a]] = n
                 if not any((column == p).all() for p in patterns):
                     patterns.append(column)
-    result = None
+    result: Any = None  # scipy's OptimizeResult of the last round (MAX_ROUNDS ≥ 1)
     for _ in range(MAX_ROUNDS):
         matrix = np.array(patterns, dtype=np.float64).T
         result = linprog(np.ones(len(patterns)), A_ub=-matrix, b_ub=-need, bounds=(0, None), method="highs")

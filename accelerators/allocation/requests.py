@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 from decimal import Decimal
+from typing import NoReturn
 
 from accelerators.allocation import cluster
 from accelerators.allocation.core import ZERO, MemorySpec, ResourceRequest
@@ -44,7 +45,7 @@ EGPU_KEYS = {"GPU_MEM_PER_DEVICE", "ALIYUN_COM_GPU_MEM_CONTAINER", "ALIYUN_COM_G
              "ALIYUN_COM_GPU_MEM_RESERVED", "GPU_UTIL_PER_DEVICE", "NVIDIA_VISIBLE_DEVICES"}
 
 
-def fail(key: str, problem: str):
+def fail(key: str, problem: str) -> NoReturn:
     raise InvalidResourceRequest(f"resources.{key}: {problem}")
 
 
@@ -429,7 +430,7 @@ def describe_request(request: ResourceRequest) -> str:
     cores", "1 GPU × 20% of the memory, 20% cores"; MIG: "MIG 2g.20gb", "MIG instance of at
     least 15 GiB", "1 GPU × 4 GiB, shared or MIG"."""
     if isinstance(request, MigResourceRequest) and request.kind == "mig":
-        if request.mig_profile:
+        if request.mig_profile or request.memory is None:  # parse_resources gives one or the other
             return f"MIG {request.mig_profile}"
         return f"MIG instance of at least {request.memory.describe()}"
     memory = request.memory.describe() if request.memory else "all the memory"

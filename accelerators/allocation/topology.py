@@ -290,7 +290,8 @@ def _set_key(subset: Sequence[int], matrix: list[list[int]]) -> tuple[int, int]:
 
 
 def _exact_set(matrix: list[list[int]], k: int) -> tuple[int, ...]:
-    best_key, best = None, ()
+    best_key: tuple | None = None
+    best: tuple[int, ...] = ()
     for subset in combinations(range(len(matrix)), k):  # lexicographic: candidate order
         key = _set_key(subset, matrix)
         if best_key is None or key > best_key:  # strictly better: earlier subsets win ties
@@ -300,7 +301,8 @@ def _exact_set(matrix: list[list[int]], k: int) -> tuple[int, ...]:
 
 def _greedy_set(matrix: list[list[int]], k: int) -> tuple[int, ...]:
     n = len(matrix)
-    best_key, best = None, ()
+    best_key: tuple | None = None
+    best: tuple[int, ...] = ()
     for seed in range(n):
         chosen = [seed]
         # For each candidate not chosen: its weakest pair and its sum with the chosen set.

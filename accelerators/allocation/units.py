@@ -29,7 +29,7 @@ class SizeError(ValueError):
     """A memory size that cannot be read: the message says what was wrong."""
 
 
-def parse_binary_size(value: str | int) -> int:
+def parse_binary_size(value: object) -> int:
     """`"40G"` → 42949672960. Accepts an int (bytes) or text with an optional binary suffix.
 
     Raises SizeError for negatives, garbage, bools, bare fractions without a suffix, and sizes
@@ -63,7 +63,7 @@ def _too_large(value: str | int) -> SizeError:
     return SizeError(f"{_short(value)} is too large: at most 1 EiB ({MAX_SIZE} bytes)")
 
 
-def parse_decimal(value: str | int | Decimal, *, what: str) -> Decimal:
+def parse_decimal(value: object, *, what: str) -> Decimal:
     """A non-negative, finite Decimal from text or an int (never a float), below MAX_DECIMAL
     (10^9) and with at most MAX_DECIMAL_PLACES (6) digits after the point (trailing zeros
     aside): "0.5", "2", "1.500". Raises ValueError saying which rule `value` breaks ("NaN",

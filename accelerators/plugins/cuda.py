@@ -368,7 +368,8 @@ def _call(nvml: Any, name: str, *args: Any, target: str = "") -> Any:
         raise _error(name, err, target) from err
 
 
-def _optional(nvml: Any, name: str, *args: Any, target: str = "", also_unavailable: set[int] = frozenset()) -> Any:
+def _optional(nvml: Any, name: str, *args: Any, target: str = "",
+              also_unavailable: set[int] | frozenset[int] = frozenset()) -> Any:
     """Like `_call`, but None where the driver does not offer the field (NOT_SUPPORTED,
     FUNCTION_NOT_FOUND, or a binding too old to have the function)."""
     unavailable = {_code(nvml, "NVML_ERROR_NOT_SUPPORTED", 3), _code(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)}
