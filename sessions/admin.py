@@ -61,7 +61,7 @@ class ProjectAdmin(admin.ModelAdmin):
 
     @admin.display(description="members", ordering="member_count")
     def member_count(self, obj: Project) -> int:
-        return obj.member_count
+        return obj.member_count  # type: ignore[attr-defined]  # annotated by get_queryset: django-stubs cannot see it
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj: Project) -> str:
@@ -80,9 +80,10 @@ class QuotaForm(forms.ModelForm):
 
 def _usage(obj: Quota) -> QuotaUsage:
     """The quota's usage, computed once per row of the page."""
-    if not hasattr(obj, "_usage"):
-        obj._usage = quota_usage_of(quota=obj)
-    return obj._usage
+    cached = vars(obj)  # the instance's own attributes: the page's cache lives there
+    if "_usage" not in cached:
+        cached["_usage"] = quota_usage_of(quota=obj)
+    return cached["_usage"]
 
 
 def _of(used: str, limit: str | None) -> str:
@@ -390,11 +391,11 @@ class ResourcePresetAdmin(admin.ModelAdmin):
 
     @admin.display(description="image", ordering="image__reference")
     def image_reference(self, obj: ResourcePreset) -> str:
-        return obj.image.reference if obj.image_id else "the default"
+        return obj.image.reference if obj.image else "the default"
 
     @admin.display(description="resource group", ordering="resource_group__name")
     def group(self, obj: ResourcePreset) -> str:
-        return obj.resource_group.name if obj.resource_group_id else "any (everyone)"
+        return obj.resource_group.name if obj.resource_group else "any (everyone)"
 
     def save_model(self, request: HttpRequest, obj: ResourcePreset, form, change: bool) -> None:
         preset_save(preset=obj)

@@ -66,12 +66,13 @@ class SessionImageSerializer(serializers.ModelSerializer):
                   "apps", "nodes", "created_at"]
         read_only_fields = ["id", "created_at"]
         # "At most one default" is kept by sessions.images.image_save, which moves the mark.
-        extra_kwargs = {"is_default": {"validators": []}}
+        extra_kwargs: dict[str, dict] = {"is_default": {"validators": []}}
 
     def get_nodes(self, image) -> list[str]:
         alive = self.context.get("alive_images")
         if alive is None:
-            alive = self.context["alive_images"] = list(
+            # djangorestframework-stubs type `context` a read-only Mapping; DRF's is the dict it was given.
+            alive = self.context["alive_images"] = list(  # type: ignore[index]
                 Node.objects.filter(status=NodeStatus.ALIVE).order_by("name").values_list("name", "images"))
         wanted = {image.reference, protocol.image_key(image.reference)}
         return [name for name, held in alive if isinstance(held, dict) and wanted & held.keys()]

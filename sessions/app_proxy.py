@@ -33,6 +33,7 @@ from urllib.parse import quote
 
 import httpx
 import websockets
+from websockets.typing import Origin
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib import auth
@@ -165,7 +166,7 @@ def _lookup(user, session_id: str, name: str) -> dict:
         app = session_app_get(session=session, name=name)
     except ApplicationError:
         raise Http404("no such app") from None
-    return {"status": session.status, "app": app, "node": session.node.name if session.node_id else ""}
+    return {"status": session.status, "app": app, "node": session.node.name if session.node else ""}
 
 
 def _signed_in_lookup(session_key: str, session_id: str, name: str) -> dict | None:
@@ -173,7 +174,7 @@ def _signed_in_lookup(session_key: str, session_id: str, name: str) -> dict | No
     `auth.get_user`, with its session-hash check), then `_lookup`; None when nobody is signed in.
     One trip to a worker thread per request, where Channels' AuthMiddlewareStack takes two more."""
     store = import_module(settings.SESSION_ENGINE).SessionStore(session_key or None)
-    user = auth.get_user(SimpleNamespace(session=store))
+    user = auth.get_user(SimpleNamespace(session=store))  # type: ignore[arg-type]  # it reads only `.session`
     if not user.is_authenticated:
         return None
     return _lookup(user, session_id, name)
@@ -425,7 +426,7 @@ class AppWebsocketProxy:
             try:
                 return await websockets.connect(
                     f"ws://{host}{upstream_path(scope, match, app, token=token)}", additional_headers=headers,
-                    subprotocols=protocols or None, origin=f"http://{host}", max_size=WEBSOCKET_MAX_BYTES,
+                    subprotocols=protocols or None, origin=Origin(f"http://{host}"), max_size=WEBSOCKET_MAX_BYTES,
                     compression=None, open_timeout=CONNECT_TIMEOUT_S, user_agent_header=None, proxy=None)
             except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
                 log.info("app websocket %s: could not connect to %s: %s", app["name"], host, exc)

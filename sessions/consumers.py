@@ -48,6 +48,8 @@ def websocket_backlog(send) -> int:
     for _ in range(4):
         if isinstance(send, functools.partial):
             transport = getattr(send.args[0], "transport", None) if send.args else None
+            if transport is None:
+                return 0
             try:
                 return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
             except (AttributeError, TypeError):
@@ -257,4 +259,4 @@ def _app_lookup(user, session_id, name: str):
     except Http404:
         raise ApplicationError("no such session", type="not-found", status=404) from None
     app = session_app_get(session=session, name=name)
-    return session, app, session.node.name if session.node_id else ""
+    return session, app, session.node.name if session.node else ""

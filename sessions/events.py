@@ -111,17 +111,18 @@ class _Sender:
 
     def send(self, sends: list[tuple[str, dict]]) -> None:
         with self._lock:
-            if self._loop is None or self._loop.is_closed():
+            loop, queue = self._loop, self._queue  # set together by _start_on
+            if loop is None or queue is None or loop.is_closed():
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=loop.run_forever, name="session-notices", daemon=True).start()
-                self._start_on(loop)
-            loop, queue = self._loop, self._queue
+                queue = self._start_on(loop)
         loop.call_soon_threadsafe(queue.put_nowait, sends)
 
-    def _start_on(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _start_on(self, loop: asyncio.AbstractEventLoop) -> asyncio.Queue:
         queue: asyncio.Queue = asyncio.Queue()
         self._loop, self._queue = loop, queue
         asyncio.run_coroutine_threadsafe(self._drain(queue), loop)
+        return queue
 
     @staticmethod
     async def _drain(queue: asyncio.Queue) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -101,7 +101,7 @@ def account_shares(*, now: datetime | None = None, weights: dict[str, int] | Non
         return []
     now = now or timezone.now()
     now_s = now.timestamp()
-    horizon = now - timezone.timedelta(seconds=half_life * HORIZON_HALF_LIVES)
+    horizon = now - timedelta(seconds=half_life * HORIZON_HALF_LIVES)
     # Summed by the database, one row per owner: a pass reads as many rows as there are owners,
     # not the allocations of HORIZON_HALF_LIVES half-lives.
     now_v = Value(now_s, output_field=FloatField())

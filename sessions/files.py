@@ -56,7 +56,7 @@ def _check_running(session: ComputeSession) -> None:
 
 def _refusal(session: ComputeSession, answer: dict | None, wait_s: float) -> ApplicationError:
     if answer is None:
-        node = session.node.name if session.node_id else "its node"
+        node = session.node.name if session.node else "its node"
         return ApplicationError(f"the agent on {node} did not answer within {wait_s:.0f} s; is the node up?",
                                 type="files-timeout", title="Agent did not answer", status=504)
     code = answer.get("error", "failed")

@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import cast
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
@@ -109,7 +110,7 @@ def idempotency_key_answer(*, user, key: str, fingerprint: str,
                    "the same body to repeat that one")
         raise ApplicationError(f"{HEADER}: {problem}", type="idempotency-key-reused",
                                title="Idempotency key reused", status=422, field_errors={HEADER: [problem]})
-    return Answer(kept.status_code, json.loads(kept.response), replayed=True)
+    return Answer(cast(int, kept.status_code), json.loads(kept.response), replayed=True)  # _kept: rows with a status
 
 
 class _Taken(Exception):

@@ -3,6 +3,7 @@ the MIG profiles in reach; and what a request would get now (the preview)."""
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from accelerators.allocation import core
 from accelerators.models import AllocationMode, Device
@@ -43,6 +44,7 @@ def launch_options(*, user=None, resource_group: str = "") -> dict:
         all_nodes = all_nodes or every
         nodes = [n for n in every if n.cpu_total - n.cpu_used >= 1]  # a session needs at least one core
         settings = fractional_settings_get(slot_name=slot_name)
+        subtype: core.RequestKind
         if settings.allocation_mode == AllocationMode.FRACTIONAL:
             pure = settings.as_allocation_settings()
             subtype, quantum = "shares", Decimal(settings.quantum_size).normalize()
@@ -75,12 +77,18 @@ def launch_options(*, user=None, resource_group: str = "") -> dict:
         all_nodes = node_states(slot_name="cuda", group=group)
     return {
         "slots": slots,
-        "mig": mig_launch_options(resource_group=resource_group, sessions_left=headroom.get("sessions")),
+        "mig": mig_launch_options(resource_group=resource_group, sessions_left=_sessions_left(headroom)),
         "cpu": {"max_now": max((n.cpu_total - n.cpu_used for n in all_nodes), default=0),
                 "max_ever": max((n.cpu_total for n in all_nodes), default=0)},
         "mem": {"max_now": max((n.mem_total - n.mem_used for n in all_nodes), default=0),
                 "max_ever": max((n.mem_total for n in all_nodes), default=0)},
     }
+
+
+def _sessions_left(headroom: dict) -> int | None:
+    """`quota_headroom`'s "sessions" figure (a count; None: no quota limits it)."""
+    left = headroom.get("sessions")
+    return None if left is None else int(left)
 
 
 def _amount_text(subtype: str, amount: Decimal) -> str:
@@ -136,7 +144,8 @@ def launch_preview(*, resources: dict, image: str | None = None, owner=None) -> 
                                 owner=owner, view=ReadView())
     outcome = {PLACED: "starts", WAITING: "waits"}.get(decision.outcome, "refused")
     refusal = decision.refusal()
-    result = {"outcome": outcome, "refusal": refusal.type if refusal else "", "fits_now": decision.outcome == PLACED,
+    result: dict[str, Any] = {
+              "outcome": outcome, "refusal": refusal.type if refusal else "", "fits_now": decision.outcome == PLACED,
               "never": decision.outcome == NEVER,
               "reason": decision.reason.removeprefix(CAPACITY),
               "status_reason": decision.reason if decision.outcome == WAITING else "",

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TypeGuard
 from decimal import Decimal
 from typing import NamedTuple
 
@@ -67,10 +68,10 @@ def check_ever_fits(request, ordinary) -> None:
     nodes = Node.objects.exclude(mig_mode=MigMode.OFF)
     if group is not None:
         nodes = nodes.filter(resource_group=group)
-    nodes = list(nodes)
-    if not nodes:
+    enabled = list(nodes)
+    if not enabled:
         raise NeverSchedulable("no node has MIG enabled (an administrator sets a node's MIG mode)")
-    _check_ever_fits(nodes, list(Device.objects.filter(node__in=nodes, slot_name="cuda")), request.mig_request())
+    _check_ever_fits(enabled, list(Device.objects.filter(node__in=enabled, slot_name="cuda")), request.mig_request())
 
 
 class MigRank(NamedTuple):
@@ -226,10 +227,10 @@ def _mig_scope(*, resource_group: str, slot_name: str, lock: bool,
     devices = Device.objects.filter(node__in=nodes, slot_name=slot_name).order_by("pk")
     if not lock:
         return list(nodes.order_by("pk")), list(devices)
-    nodes = list(nodes.order_by("pk").select_for_update())
-    devices = list(devices.select_for_update())
-    list(GpuInstance.objects.filter(node__in=nodes).order_by("pk").select_for_update().values_list("pk", flat=True))
-    return nodes, devices
+    locked_nodes = list(nodes.order_by("pk").select_for_update())
+    locked_devices = list(devices.select_for_update())
+    list(GpuInstance.objects.filter(node__in=locked_nodes).order_by("pk").select_for_update().values_list("pk", flat=True))
+    return locked_nodes, locked_devices
 
 
 def _gpu_layouts(node: Node, devices: list[Device], busy: dict, reasons: list[str],
@@ -258,7 +259,8 @@ def _gpu_layouts(node: Node, devices: list[Device], busy: dict, reasons: list[st
 
 
 def _dynamic_choices(node: Node, devices: list[Device], wanted: mig.MigRequest, busy: dict):
-    choices, reasons = [], []
+    choices: list[_Choice] = []
+    reasons: list[str] = []
     for gpu, catalog, layout in _gpu_layouts(node, devices, busy, reasons):
         try:
             plan = mig.plan_instance(catalog, layout, wanted)

@@ -329,8 +329,8 @@ class ResourcePreset(models.Model):
         """The `resources` of a launch by this preset: the GPU request, `cpu` (cores), `mem`
         (bytes) and `resource_group` (its name) where it has one."""
         request = {**(self.resources if isinstance(self.resources, dict) else {}), "cpu": self.cpu, "mem": self.mem}
-        if self.resource_group_id is not None:
-            request["resource_group"] = self.resource_group.name
+        if self.resource_group_id is not None and (group := self.resource_group) is not None:
+            request["resource_group"] = group.name
         return request
 
 
@@ -384,9 +384,9 @@ class Quota(models.Model):
     @property
     def subject(self) -> str:
         """'project "vision"' or 'user "alice"'."""
-        if self.project_id is not None:
-            return f'project "{self.project.name}"'
-        return f'user "{self.user.get_username()}"' if self.user_id is not None else "nobody"
+        if self.project_id is not None and (project := self.project) is not None:
+            return f'project "{project.name}"'
+        return f'user "{user.get_username()}"' if self.user_id is not None and (user := self.user) is not None else "nobody"
 
 
 class SessionLog(models.Model):

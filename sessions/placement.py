@@ -20,6 +20,7 @@ the allocator under the resource group's policy with its placed workload
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings
 
@@ -67,7 +68,7 @@ class Decision:
     reason: str = ""
     problems: tuple[str, ...] = ()
     placement: core.Placement | None = None
-    mig: object | None = None
+    mig: Any = None  # MigGrantPreview (a read view) or mig_scheduling's choice (the pass view)
     error: ApplicationError | None = None
 
     def refusal(self) -> ApplicationError | None:
@@ -111,7 +112,7 @@ def request_validate(*, resources: dict) -> tuple[core.ResourceRequest, core.Fra
     try:
         request = parse_resources(resources)
         pure_settings = request_settings(request)
-        if request.kind == "shares":
+        if request.kind == "shares" and pure_settings is not None:  # request_settings gives shares their slot's
             core.check_quantum(request.amount, pure_settings)
         resource_group_get(name=request.resource_group)
     except AllocationError as exc:

@@ -55,7 +55,7 @@ def preset_check(*, preset: ResourcePreset) -> None:
         if key in preset.resources:
             raise _invalid("resources", f"{key!r} has its own field ({field}); leave it out of the GPU request")
     request, pure_settings = request_validate(resources=preset.request())
-    image_for_launch(reference=preset.image.reference if preset.image_id else None, slot=request.slot)
+    image_for_launch(reference=preset.image.reference if preset.image else None, slot=request.slot)
     try:  # the launch's admission (every registered node, LOST ones too), without its quotas
         mig_scheduling.check_ever_fits(request, lambda: core.check_ever_fits(
             placement_scope(request=request, alive_only=False)[0], request, pure_settings))
@@ -111,7 +111,7 @@ def preset_merge(*, preset: ResourcePreset, resources: dict | None) -> dict:
     another resource group than the preset's."""
     merged = preset.request()
     explicit = dict(resources or {})
-    if preset.resource_group_id is not None and "resource_group" in explicit \
+    if preset.resource_group is not None and "resource_group" in explicit \
             and explicit["resource_group"] != preset.resource_group.name:
         message = (f"preset {preset.name!r} launches into resource group {preset.resource_group.name!r}; "
                    f"resources.resource_group {explicit['resource_group']!r} conflicts with it (leave it out)")
@@ -138,6 +138,6 @@ def launch_with_preset(*, user, data: dict) -> dict:
         return data
     preset = preset_get_for(user=user, reference=reference)
     data["resources"] = preset_merge(preset=preset, resources=data.get("resources"))
-    if not data.get("image") and preset.image_id is not None:
+    if not data.get("image") and preset.image is not None:
         data["image"] = preset.image.reference
     return data

@@ -72,7 +72,7 @@ def quota_list_for(*, user, lock: bool = False) -> list[Quota]:
     if lock:
         list(quotas.select_for_update().order_by("pk").values_list("pk", flat=True))
     found = list(quotas.select_related("user", "project"))
-    return sorted(found, key=lambda q: (q.project_id is not None, q.project.name if q.project_id else ""))
+    return sorted(found, key=lambda q: (q.project_id is not None, q.project.name if q.project else ""))
 
 
 def _owned(quota: Quota, prefix: str = "") -> Q:
@@ -191,7 +191,7 @@ def quota_problems(usage: QuotaUsage, *, asked: dict[str, Decimal | int], user=N
     if quota.max_gpu_memory is not None and asked["gpu_memory"] > 0 \
             and usage.gpu_memory + asked["gpu_memory"] > quota.max_gpu_memory:
         problems.append(f"{label}: {format_binary_size(usage.gpu_memory)} GPU memory in use + "
-                        f"{format_binary_size(asked['gpu_memory'])} asked > "
+                        f"{format_binary_size(int(asked['gpu_memory']))} asked > "
                         f"{format_binary_size(quota.max_gpu_memory)} allowed")
     return problems
 
@@ -237,7 +237,8 @@ def quota_headroom(*, user) -> dict[str, Decimal | int | None]:
     headroom: dict[str, Decimal | int | None] = {"fgpu": None, "devices": None, "gpu_memory": None, "sessions": None}
     for usage in quota_usage(user=user):
         for key, left in usage.remaining().items():
-            if left is not None and (headroom[key] is None or left < headroom[key]):
+            current = headroom[key]
+            if left is not None and (current is None or left < current):
                 headroom[key] = left
     return headroom
 

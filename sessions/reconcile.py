@@ -71,7 +71,7 @@ def sessions_reconcile_heartbeat(*, node_name: str, state: dict) -> dict[str, in
         theirs, end = reported.get(sid), ended.get(sid)
         settled = session.scheduled_at is not None and session.scheduled_at < settled_before
         if end is not None and theirs is None:
-            end_status = end.get("status") if end.get("status") in ENDED_STATES else SessionStatus.ERROR
+            end_status = end["status"] if end.get("status") in ENDED_STATES else SessionStatus.ERROR
             if session_report_apply(session_id=sid, status=end_status, reason=str(end.get("reason", "")),
                                     exit_code=end.get("exit_code") if isinstance(end.get("exit_code"), int) else None):
                 counts["ended"] += 1
@@ -84,7 +84,7 @@ def sessions_reconcile_heartbeat(*, node_name: str, state: dict) -> dict[str, in
                     counts["moved"] += 1
         elif theirs is None and settled:
             if status in (SessionStatus.SCHEDULED, SessionStatus.PREPARING):
-                if session.scheduled_at < now - timedelta(seconds=START_RESEND_S):
+                if session.scheduled_at is not None and session.scheduled_at < now - timedelta(seconds=START_RESEND_S):
                     starts.append(session)
             elif status in (SessionStatus.RUNNING, SessionStatus.TERMINATING):
                 final = SessionStatus.ERROR if status == SessionStatus.RUNNING else SessionStatus.TERMINATED

@@ -62,7 +62,9 @@ def _groups(slot_name: str) -> list[dict]:
         nodes = Node.objects.all() if group is None else Node.objects.filter(resource_group=group)
         alive = node_states(slot_name=slot_name, group=group)
         devices = [d for n in alive for d in n.devices]
-        if fractional:
+        free: str | int
+        total: str | int
+        if pure is not None:  # fractional
             free = fgpu_text(sum((core.device_free_shares(d, pure) for d in devices), Decimal(0)))
             total = fgpu_text(sum((core.device_capacity(memory_size=d.memory_total, subproc_count=d.proc_total,
                                                         settings=pure) for d in devices), Decimal(0)))

@@ -94,7 +94,7 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
             if reserved is not None:
                 writes.wait(session, queued_behind_reason(reserved))
                 continue
-            image = session.image.reference if session.image_id else ""
+            image = session.image.reference if session.image else ""
             shape = queue_shape(session)
             if shape in no_room:  # the same request did not fit earlier in this pass: nor does this one
                 writes.wait(session, no_room[shape])
@@ -124,6 +124,7 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
                 starts.append((node_name, spec))
                 view.forget()  # the MIG session took CPU and memory: re-read the nodes (still locked)
             else:
+                assert decision.placement is not None  # PLACED, not on MIG: a shared slice
                 pure_settings = view.settings(request)
                 view.commit(view.scope(request, image=image), request, pure_settings, decision.placement)
                 writes.place(session, decision.placement)

@@ -1,6 +1,8 @@
 """Reads of compute sessions, always through the permission-checking fetch helpers."""
 from __future__ import annotations
 
+from typing import cast
+
 from django.core.exceptions import ValidationError
 from django.db.models import Prefetch
 from django.http import Http404
@@ -80,7 +82,7 @@ def session_request(session: ComputeSession) -> core.ResourceRequest:
     rebuilt from their columns)."""
     if session.request_spec:
         return request_from_spec(session.request_spec)
-    kind = session.slot_subtype if session.slot_name else "none"
+    kind = cast(core.RequestKind, session.slot_subtype) if session.slot_name else "none"  # a subtype is a kind
     return core.ResourceRequest(kind=kind, amount=session.amount, cpu=session.cpu, mem=session.mem, slot=session.slot_name)
 
 

@@ -125,7 +125,9 @@ class SessionSerializer(ModelSerializer):
         # asgiref's process-wide lock): the sessions' paths differ only by their ids.
         template = self.context.get("terminal_url")
         if template is None:
-            template = self.context["terminal_url"] = reverse("session-terminal", kwargs={"session_id": ANY_ID})
+            # djangorestframework-stubs type `context` a read-only Mapping; DRF's is the dict it was given.
+            template = self.context["terminal_url"] = reverse(  # type: ignore[index]
+                "session-terminal", kwargs={"session_id": ANY_ID})
         return template.replace(str(ANY_ID), str(session.pk))
 
 

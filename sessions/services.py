@@ -78,8 +78,9 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
         # (their rows stay locked until this transaction ends).
         decision = placement_decide(request=request, image=session_image.reference if session_image else "",
                                     owner=owner)
-        if decision.refusal() is not None:
-            raise decision.refusal()
+        refusal = decision.refusal()
+        if refusal is not None:
+            raise refusal
         name = name or session_default_name(owner=owner, lock=True)
         session = ComputeSession.objects.create(
             owner=owner, name=name, resources=resources, request_spec=request_to_spec(request),
@@ -140,7 +141,7 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
             session.refresh_from_db()
             events.session_notify(session)
             return session
-        node_lost = session.node_id is not None and session.node.status == NodeStatus.LOST
+        node_lost = session.node is not None and session.node.status == NodeStatus.LOST
         if node_lost:
             _finish(session, status=SessionStatus.TERMINATED, reason=reason or "terminated while its node was lost",
                     exit_code=None)
@@ -152,6 +153,7 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
                  version=NEXT_VERSION)
         session.refresh_from_db(fields=SHOWN_STATE)  # keeps the node read with it (unchanged here)
         if moved or session.status == SessionStatus.TERMINATING:
+            assert session.node is not None  # SCHEDULED, PREPARING, RUNNING and TERMINATING sessions have one
             node_name, session_id = session.node.name, str(session.pk)
             transaction.on_commit(lambda: _send_stop(node_name, session_id))  # first: the stop does not wait
             if moved:
@@ -190,7 +192,7 @@ def _finish(session: ComputeSession, *, status: str, reason: str, exit_code: int
     return True
 
 
-_REPORT_SOURCES = {
+_REPORT_SOURCES: dict[str, tuple[str, ...]] = {
     SessionStatus.PREPARING: (SessionStatus.SCHEDULED, SessionStatus.PREPARING),  # again: progress (an image pull)
     SessionStatus.RUNNING: (SessionStatus.SCHEDULED, SessionStatus.PREPARING),
 }
@@ -210,7 +212,7 @@ def session_report_apply(*, session_id: str, status: str, reason: str = "", exit
     if session is None:
         log.warning("agent reported %s for unknown session %s", status, session_id)
         return False
-    if node is not None and (session.node_id is None or session.node.name != node):
+    if node is not None and (session.node is None or session.node.name != node):
         log.warning("refused a %s report for session %s from node %s: the session does not run there", status,
                     session_id, node)
         return False
@@ -222,7 +224,7 @@ def session_report_apply(*, session_id: str, status: str, reason: str = "", exit
             moved = ComputeSession.objects.filter(pk=session.pk, status__in=_REPORT_SOURCES[status]).update(**fields)
             if moved:
                 events.session_notify(session)
-            elif status == SessionStatus.RUNNING and session.node_id and session.status not in ACTIVE_STATUSES:
+            elif status == SessionStatus.RUNNING and session.node is not None and session.status not in ACTIVE_STATUSES:
                 # It ended here while the agent was starting it: the process must not linger.
                 node_name, sid = session.node.name, str(session.pk)
                 transaction.on_commit(lambda: _send_stop(node_name, sid))
@@ -278,7 +280,7 @@ def terminal_ticket_redeem(*, session_id: str, ticket: str) -> ComputeSession:
     (403 for a wrong, expired or reused ticket; 409 when not running)."""
     now = timezone.now()
     digest = _digest(ticket or "")
-    spent = TerminalTicket.objects.filter(digest=digest, session_id=session_id, used_at__isnull=True,
+    spent = TerminalTicket.objects.filter(digest=digest, session__pk=session_id, used_at__isnull=True,
                                           expires_at__gt=now).update(used_at=now)
     if spent != 1:
         raise ApplicationError("the terminal ticket is wrong, expired or already used", type="bad-ticket",
@@ -297,7 +299,7 @@ def terminal_ticket_unspend(*, session_id: str, ticket: str) -> bool:
     """Make a ticket spent by `terminal_ticket_redeem` usable again, when the terminal could not
     be opened through no fault of its holder (the channel layer was unreachable); it still
     expires at its time. Returns whether a spent, unexpired ticket was found."""
-    return TerminalTicket.objects.filter(digest=_digest(ticket or ""), session_id=session_id, used_at__isnull=False,
+    return TerminalTicket.objects.filter(digest=_digest(ticket or ""), session__pk=session_id, used_at__isnull=False,
                                          expires_at__gt=timezone.now()).update(used_at=None) == 1
 
 
@@ -320,9 +322,10 @@ def session_log_append(*, session_id: str, seq: int, offset: int, text: str, fin
     text = text.replace("\x00", "\ufffd")
     end = offset + len(text)
     with transaction.atomic():
-        SessionLog.objects.get_or_create(session_id=session_id)
-        row = SessionLog.objects.select_for_update().get(session_id=session_id)
-        if SessionLogChunk.objects.filter(session_id=session_id, seq=seq).exists():
+        # django-stubs want a UUID where Django takes its text too (filters below: session__pk, which they accept).
+        SessionLog.objects.get_or_create(session_id=session_id)  # type: ignore[misc]
+        row = SessionLog.objects.select_for_update().get(session__pk=session_id)
+        if SessionLogChunk.objects.filter(session__pk=session_id, seq=seq).exists():
             return False
         SessionLogChunk.objects.create(session_id=session_id, seq=seq, offset=offset, end=end, text=text)
         fields = ["updated_at"]
@@ -333,7 +336,7 @@ def session_log_append(*, session_id: str, seq: int, offset: int, text: str, fin
             row.complete = True
             fields.append("complete")
         row.save(update_fields=fields)
-        SessionLogChunk.objects.filter(session_id=session_id,
+        SessionLogChunk.objects.filter(session__pk=session_id,
                                        end__lte=row.length - settings.FGPU_SESSION_LOG_MAX_CHARS).delete()
     return True
 
@@ -441,7 +444,7 @@ def session_exec_start(*, session: ComputeSession, command, timeout: int) -> dic
     state `failed` on the next read."""
     _exec_check_running(session)
     exec_id = str(uuid.uuid4())
-    record = {"session": str(session.pk), "node": session.node.name if session.node_id else "",
+    record = {"session": str(session.pk), "node": session.node.name if session.node else "",
               "command": json.dumps(command), "timeout": str(timeout), "cap": str(settings.FGPU_EXEC_STREAM_MAX_BYTES),
               "state": "starting", "cancel": "0", "truncated": "0", "created_ms": str(_now_ms())}
     exec_store_default().create(exec_id, record,
@@ -470,7 +473,8 @@ def session_exec_read(*, session: ComputeSession, exec_id: str, since: int = 0) 
     store = exec_store_default()
     record, chunks, total = store.read(exec_id, since=since, max_chunks=EXEC_READ_MAX_CHUNKS)
     record = _exec_settle(store, exec_id, _exec_of(session, exec_id, record))
-    out, size = [], 0
+    out: list[dict] = []
+    size = 0
     for stream, text in chunks:
         if out and size + len(text) > EXEC_READ_MAX_BYTES:
             break

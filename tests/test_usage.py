@@ -106,6 +106,20 @@ def test_samples_older_than_the_closed_buckets_malformed_ones_and_a_malformed_ba
     assert usage_ingest(node_name=NODE, batch=[]).refused == {"malformed batch": 1}
 
 
+def test_a_sample_with_a_null_time_or_span_is_malformed_and_the_rest_of_the_batch_is_stored(running):
+    # mypy found it: the time and the span went through the nullable reader, and a null one failed the whole batch.
+    session = running()
+    now = int(time.time())
+    null_device = {"device": mock_gpu(0).device_id, "t": None, "memory_used": 0, "memory_total": 8 * GiB, "util": 0}
+
+    result = usage_ingest(node_name=NODE, batch=batch(sample(session, now - 5), {**sample(session, now), "t": None},
+                                                      {**sample(session, now), "span": None}, devices=[null_device]))
+
+    assert result.refused == {"malformed": 3}
+    assert result.stored == 1
+    assert list(SessionSample.objects.filter(session=session).values_list("t", flat=True)) == [now - 5]
+
+
 def test_device_samples_are_stored_per_device_once_and_unknown_devices_refused(demo_cluster):
     now = int(time.time())
     uuid = mock_gpu(0).device_id

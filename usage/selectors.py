@@ -3,7 +3,9 @@ history for charts, and what /metrics exports (issue 15)."""
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 from datetime import datetime
 from decimal import Decimal
 
@@ -101,14 +103,14 @@ def usage_report(*, user, start: datetime, end: datetime, group_by: str, now: da
             row.gpu_memory_gib_hours += held * Decimal(a["memory"]) / GiB / HOUR
             touched[key].add(a["session_id"])
     for session_id, (memory_s, util_s) in _used(visible_owner=None if user.is_staff else user, start=start, end=end).items():
-        keys = session_keys.get(session_id)
-        if keys is None:
+        found = session_keys.get(session_id)
+        if found is None:
             info = ComputeSession.objects.filter(pk=session_id).values("owner_id", "owner__username", "node__name").first()
             if info is None:
                 continue
-            keys = keys_of(session_id, info["owner_id"], info["owner__username"], info["node__name"])
-            session_keys[session_id] = keys
-        for key in keys:
+            found = keys_of(session_id, info["owner_id"], info["owner__username"], info["node__name"])
+            session_keys[session_id] = found
+        for key in found:
             row = rows.setdefault(key, UsageRow(key))
             row.used_gpu_memory_gib_hours += Decimal(memory_s) / GiB / HOUR
             row.used_gpu_hours += Decimal(util_s) / 100 / HOUR
@@ -171,7 +173,7 @@ def _used(*, visible_owner, start: datetime, end: datetime) -> dict:
     t0, t1 = int(start.timestamp()), int(end.timestamp())
     mark, hour_mark, day_mark = _watermarks()
     owner = Q() if visible_owner is None else Q(session__owner=visible_owner)
-    out = collections.defaultdict(lambda: [0, 0])
+    out: collections.defaultdict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
 
     def add(rows) -> None:
         for r in rows:
@@ -214,6 +216,7 @@ def session_series(*, session: ComputeSession, since: int, until: int) -> dict:
     month is 720 points), the newest of them (past the watermark) averaged from the samples as
     they stand. A gap (no sample for more than twice a point's span) is a None point, never a zero."""
     mark, hour_mark, _ = _watermarks()
+    points: Iterable[tuple]
     if since >= mark:
         resolution = "raw"
         points = (SessionSample.objects.filter(session=session, t__gte=since, t__lt=until).order_by("t")
@@ -228,10 +231,10 @@ def session_series(*, session: ComputeSession, since: int, until: int) -> dict:
     rows = list(points)[-SERIES_MAX_POINTS:]
     columns = _columns(((t, g, u, c, m) for t, _, g, u, c, m in rows), names, [span for _, span, *_ in rows])
     limit = (Allocation.objects.filter(session=session).aggregate(m=Sum("memory"))["m"] or 0)
-    activity = SessionActivity.objects.filter(session=session).values("deadline", "reason").first() or {}
-    deadline = activity.get("deadline")
+    activity = SessionActivity.objects.filter(session=session).values("deadline", "reason").first()
+    deadline = activity["deadline"] if activity else None
     return {**columns, "resolution": resolution, "gpu_memory_limit": limit,
-            "deadline": deadline.isoformat() if deadline else None, "deadline_reason": activity.get("reason", "")}
+            "deadline": deadline.isoformat() if deadline else None, "deadline_reason": activity["reason"] if activity else ""}
 
 
 ROLLUP_POINT = ("span_s", "gpu_span_s", "gpu_memory_s", "gpu_util_s", "cpu_s", "mem_max")
@@ -242,7 +245,7 @@ def _rollup_points(session, since: int, until: int, width: int, *, hour_mark: in
     (`width` 300) or per hour (3600) in [since, until), by time: hourly rows before the hour
     watermark, the closed 5-minute buckets before the watermark, the samples past it (summed as
     a rollup sums them), each period's parts added up."""
-    sources = []
+    sources: list[Iterable[tuple]] = []
     if width == SessionPeriodRollup.HOUR:
         sources.append(SessionPeriodRollup.objects.filter(session=session, width=width, start__gte=since,
                                                           start__lt=min(until, hour_mark))
@@ -278,7 +281,7 @@ def _columns(rows, names: tuple[str, ...], spans: list[int]) -> dict:
     """Rows `(t, *values)` (t ascending, epoch seconds) as columns named `names`, with a None
     point before any row that comes more than twice its span (seconds it stands for) after the
     one before: a chart breaks its line there (uPlot draws null as a gap) instead of drawing a zero."""
-    columns = {name: [] for name in names}
+    columns: dict[str, list] = {name: [] for name in names}
     previous = None
     for row, span in zip(rows, spans):
         if previous is not None and row[0] - previous > 2 * max(span, 1) + 1:
@@ -305,7 +308,8 @@ def node_device_series(*, node, since: int, until: int) -> list[dict]:
                    .values("id", "index", "device_id", "model_name", "memory_size"))
     ids = [d["id"] for d in devices]
     mark = _watermark()
-    by_device = collections.defaultdict(list)
+    by_device: collections.defaultdict[Any, list] = collections.defaultdict(list)
+    rows: Iterable[tuple]
     if since >= mark:
         rows = DeviceSample.objects.filter(device_id__in=ids, t__gte=since, t__lt=until).order_by("t").values_list(
             "device_id", "t", "memory_used", "util")
@@ -313,15 +317,15 @@ def node_device_series(*, node, since: int, until: int) -> list[dict]:
     else:
         width = SessionPeriodRollup.HOUR if until - since > SERIES_MAX_POINTS * 300 else 300
         period = F("bucket") - F("bucket") % width
-        rows = list(DeviceRollup.objects.filter(device_id__in=ids, bucket__gte=since - since % width,
+        found = list(DeviceRollup.objects.filter(device_id__in=ids, bucket__gte=since - since % width,
                                                 bucket__lt=min(until, mark))
                     .annotate(p=period).values("device_id", "p").order_by("p")
                     .annotate(m=Avg("memory_used_avg"), u=Avg("util_avg")).values_list("device_id", "p", "m", "u"))
         if until > mark:  # the buckets not closed yet, from their samples
-            rows += list(DeviceSample.objects.filter(device_id__in=ids, t__gte=mark, t__lt=until)
+            found += list(DeviceSample.objects.filter(device_id__in=ids, t__gte=mark, t__lt=until)
                          .annotate(p=F("t") - F("t") % width).values("device_id", "p").order_by("p")
                          .annotate(m=Avg("memory_used"), u=Avg("util")).values_list("device_id", "p", "m", "u"))
-        rows = [(d, p, None if m is None else int(m), None if u is None else int(round(u))) for d, p, m, u in rows]
+        rows = [(d, p, None if m is None else int(m), None if u is None else int(round(u))) for d, p, m, u in found]
     for device_id, *row in rows:
         points = by_device[device_id]
         if points and width and points[-1][0] == row[0]:  # an hour both closed buckets and samples fall in

@@ -43,6 +43,14 @@ def _int(value, lo: int, hi: int) -> int | None:
     return value
 
 
+def _whole(value, lo: int, hi: int) -> int:
+    """`value` as an int in [lo, hi]; ValueError otherwise (null and bools included)."""
+    number = _int(value, lo, hi)
+    if number is None:
+        raise ValueError("null where a whole number is required")
+    return number
+
+
 @dataclass
 class IngestResult:
     """What `usage_ingest` did with one batch: samples `stored`, `duplicates` (already stored),
@@ -96,12 +104,13 @@ def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
     ids = {str(row.get("session_id")) for row in sessions_in if isinstance(row, dict)}
     known = {str(s["id"]): s for s in ComputeSession.objects.filter(pk__in=valid_uuids(list(ids)), node__name=node_name)
              .values("id", "status", "started_at", "terminated_at")}
-    rows, activity = [], {}
+    rows: list[SessionSample] = []
+    activity: dict[str, list] = {}  # session id → [last input or None, last sample] (Unix s)
     for row in sessions_in:
         try:
             sid = str(row["session_id"])
-            t = _int(row["t"], 0, 2**40)
-            sample = SessionSample(session_id=sid, t=t, span=_int(row.get("span", 1), 1, MAX_SPAN),
+            t = _whole(row["t"], 0, 2**40)
+            sample = SessionSample(session_id=sid, t=t, span=_whole(row.get("span", 1), 1, MAX_SPAN),
                                    gpu_memory=_int(row.get("gpu_memory"), 0, 2**62),
                                    gpu_util=_int(row.get("gpu_util"), 0, 100), cpu=_int(row.get("cpu"), 0, 2**31 - 1),
                                    mem=_int(row.get("mem"), 0, 2**62))
@@ -125,21 +134,22 @@ def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
         seen[0] = max(filter(None, (seen[0], last_input)), default=None)
         seen[1] = max(seen[1] or 0, t)
     devices = dict(Device.objects.filter(node__name=node_name).values_list("device_id", "id"))
-    device_rows = []
+    device_rows: list[DeviceSample] = []
     for row in devices_in:
         try:
-            t = _int(row["t"], 0, 2**40)
-            sample = DeviceSample(device_id=devices.get(str(row["device"])), t=t,
-                                  memory_used=_int(row["memory_used"], 0, 2**62),
-                                  memory_total=_int(row["memory_total"], 0, 2**62), util=_int(row.get("util"), 0, 100))
+            device_id = devices.get(str(row["device"]))
+            t = _whole(row["t"], 0, 2**40)
+            memory_used, memory_total = _whole(row["memory_used"], 0, 2**62), _whole(row["memory_total"], 0, 2**62)
+            util = _int(row.get("util"), 0, 100)
         except (KeyError, TypeError, ValueError):
             result.refuse("malformed")
             continue
-        if sample.device_id is None or sample.memory_used is None or sample.memory_total is None:
-            result.refuse("unknown device" if sample.device_id is None else "malformed")
+        if device_id is None:
+            result.refuse("unknown device")
             continue
         if timely(t):
-            device_rows.append(sample)
+            device_rows.append(DeviceSample(device_id=device_id, t=t, memory_used=memory_used,
+                                            memory_total=memory_total, util=util))
     with transaction.atomic():
         stored = _insert(SessionSample, rows) + _insert(DeviceSample, device_rows)
         for sid, (last_input, last_sample) in activity.items():
@@ -164,7 +174,8 @@ def _insert(model, rows: list) -> int:
 
 
 def _activity_note(session_id: str, *, last_input: int | None, last_sample: int) -> None:
-    activity, _ = SessionActivity.objects.select_for_update().get_or_create(session_id=session_id)
+    # django-stubs want a UUID where Django takes its text too.
+    activity, _ = SessionActivity.objects.select_for_update().get_or_create(session_id=session_id)  # type: ignore[misc]
     fields = []
     if last_input is not None and (activity.last_input or 0) < last_input:
         activity.last_input = last_input
@@ -283,7 +294,8 @@ def _roll_sessions(start: int, end: int) -> int:
                       gpu_span_s=Coalesce(Sum("span", filter=known_gpu), 0),
                       cpu_s=Coalesce(Sum(F("cpu") * F("span"), filter=Q(cpu__isnull=False)), 0),
                       mem_max=Max("mem")))
-    objs = [SessionRollup(session_id=r.pop("session_id"), bucket=r.pop("b"), **r) for r in rows]
+    # values() rows are plain dicts; django-stubs type them as TypedDicts whose keys cannot be popped.
+    objs = [SessionRollup(session_id=r.pop("session_id"), bucket=r.pop("b"), **r) for r in rows]  # type: ignore[misc]
     SessionRollup.objects.bulk_create(objs, batch_size=2000, update_conflicts=True, unique_fields=["session", "bucket"],
                                       update_fields=["samples", "span_s", "gpu_memory_s", "gpu_memory_max", "gpu_util_s",
                                                      "gpu_util_max", "gpu_span_s", "cpu_s", "mem_max"])
@@ -310,7 +322,7 @@ def _roll_devices(start: int, end: int) -> int:
 # --- idle reclamation ---------------------------------------------------------------------------
 
 def _policy_for(session: ComputeSession, policies: dict) -> IdlePolicy | None:
-    group = session.node.resource_group_id if session.node_id else None
+    group = session.node.resource_group_id if session.node else None
     return policies.get(group)
 
 
@@ -330,7 +342,7 @@ def usage_idle_check(*, now: datetime | None = None) -> dict:
 
     now = now or timezone.now()
     policies = {p.resource_group_id: p for p in IdlePolicy.objects.all()}
-    out = {"warned": [], "terminated": [], "cleared": []}
+    out: dict[str, list[str]] = {"warned": [], "terminated": [], "cleared": []}
     if not policies:
         return out
     running = ComputeSession.objects.filter(status=SessionStatus.RUNNING).select_related("node")
@@ -374,8 +386,8 @@ def _reclaim_reason(session: ComputeSession, policy: IdlePolicy, now: datetime) 
     if policy.idle_timeout is None or session.command or age < policy.idle_timeout:
         return None
     since = int(now.timestamp()) - policy.idle_timeout
-    activity = SessionActivity.objects.filter(session=session).values("last_input").first() or {}
-    if (activity.get("last_input") or 0) >= since:
+    last_input = SessionActivity.objects.filter(session=session).values_list("last_input", flat=True).first()
+    if (last_input or 0) >= since:
         return None
     window = SessionSample.objects.filter(session=session, t__gte=since).aggregate(
         busiest=Max("gpu_util"), unknown=Count("id", filter=Q(gpu_util__isnull=True)), covered=Sum("span"))
@@ -393,7 +405,7 @@ def _notify(session: ComputeSession, text: str) -> None:
     from console.celery import TRANSIENT_ERRORS, agent_send
 
     events.session_notify(session)
-    if session.node_id is None:
+    if session.node is None:
         return
     node, session_id = session.node.name, str(session.pk)
 

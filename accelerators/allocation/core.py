@@ -29,6 +29,7 @@ CENT = Decimal("0.01")
 ZERO = Decimal(0)
 
 Strategy = Literal["evenly", "fill"]
+RequestKind = Literal["shares", "device", "per_device", "none", "mig"]  # "mig": MigResourceRequest
 Policy = Literal["binpack", "spread"]  # per-device order within a node; node policies: cluster.POLICIES
 PlanLookup = Callable[[int], PackingPlan | None]  # device capacity (quanta) → fgd-plus's packing plan
 
@@ -155,7 +156,7 @@ class ResourceRequest:
     split strategy, `numa` keeps devices on one NUMA node; `style` records the dialect used.
     """
 
-    kind: Literal["shares", "device", "per_device", "none", "mig"]  # "mig": MigResourceRequest
+    kind: RequestKind
     amount: Decimal = ZERO
     cpu: int = 1
     mem: int = 0
