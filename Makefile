@@ -25,6 +25,7 @@ run: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/mypy && $(VENV)/bin/ruff check --select TID251 tests
 
 test: install lint
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m tests.services_check

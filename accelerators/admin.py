@@ -428,9 +428,10 @@ class NodeForm(forms.ModelForm):
                                "checked as you edit, against the GPU's MIG catalog")
 
     def clean(self):
-        data = super().clean()
+        data = super().clean() or {}  # Django's returns cleaned_data (its stub: or None)
         try:
-            node_mig_settings_check(node=self.instance, mig_mode=data.get("mig_mode"), mig_layout=data.get("mig_layout"))
+            node_mig_settings_check(node=self.instance, mig_mode=data.get("mig_mode") or "",
+                                    mig_layout=data.get("mig_layout"))
         except InvalidResourceRequest as exc:
             raise forms.ValidationError({"mig_layout": str(exc)}) from None
         return data

@@ -71,7 +71,7 @@ class BinarySizeField(forms.CharField):
         return value
 
     def to_python(self, value):
-        value = super().to_python(value).strip()
+        value = (super().to_python(value) or "").strip()
         if not value:
             return None
         try:

@@ -27,6 +27,7 @@ from console.api_support import (
     ListETagMixin,
     ModelSerializer,
     TextFilter,
+    ViewMixinBase,
     admin_write_docs,
 )
 
@@ -49,7 +50,7 @@ class DeviceSerializer(serializers.ModelSerializer):
     def _summary(self, device):
         """The device's FgpuSummary, computed at the first call for all the context's `devices`
         (the page's: `PageDevicesMixin`) and kept in the context for the others."""
-        cache = self.context.setdefault("fgpu", {})
+        cache = self.context.setdefault("fgpu", {})  # type: ignore[attr-defined]  # stubs: a read-only Mapping; DRF's is the dict it was given
         if device.pk not in cache:
             devices = self.context.get("devices") or []
             cache.update(device_fgpu_summary(devices if device in devices else [device]))
@@ -101,7 +102,7 @@ class NodeSerializer(ModelSerializer):
     def to_representation(self, node):
         # The devices whose fGPU figures DeviceSerializer computes at once: a page's
         # (PageDevicesMixin), or one node's own.
-        self.context.setdefault("devices", list(node.devices.all()))
+        self.context.setdefault("devices", list(node.devices.all()))  # type: ignore[attr-defined]  # stubs: a read-only Mapping; DRF's is the dict it was given
         return super().to_representation(node)
 
 
@@ -113,7 +114,7 @@ def nodes_with_devices():
     return Node.objects.select_related("resource_group").prefetch_related(Prefetch("devices", queryset=devices))
 
 
-class PageDevicesMixin:
+class PageDevicesMixin(ViewMixinBase):
     """For a list view whose rows show devices' fGPU figures (DeviceSerializer): the devices of
     the page go into the serializer's context, so one `device_fgpu_summary` serves the whole
     page (one query: both lists read their devices with their usage). `page_devices` says

@@ -321,6 +321,7 @@ class NodeMigSettingsSerializer(serializers.ModelSerializer):
 
     def validate(self, attrs):
         node = self.instance
+        assert node is not None  # NodeMigViewSet only updates a node
         try:
             node_mig_settings_check(node=node, mig_mode=attrs.get("mig_mode", node.mig_mode),
                                     mig_layout=attrs.get("mig_layout", node.mig_layout))

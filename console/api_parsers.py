@@ -57,7 +57,7 @@ class DepthLimitedJSONParser(parsers.JSONParser):
     key path (400, `field_errors`), or a ParseError when no key leads there."""
 
     def parse(self, stream, media_type=None, parser_context=None):
-        encoding = parsers.get_encoding(parser_context or {})
+        encoding = parsers.get_encoding(parser_context or {})  # type: ignore[attr-defined]  # in DRF, not its stubs
         try:
             text = codecs.getreader(encoding)(stream).read()
         except ValueError as exc:  # UnicodeDecodeError; get_encoding refuses codecs that are not text

@@ -242,7 +242,14 @@ def _none_match(request, tag: str) -> bool:
     return "*" in listed or tag.removeprefix("W/") in listed
 
 
-class ListETagMixin:
+if TYPE_CHECKING:  # for the type checker: the view classes these mixins are mixed into
+    from rest_framework.generics import GenericAPIView as ViewMixinBase
+    from rest_framework.mixins import ListModelMixin as _ListMixedInto
+else:
+    ViewMixinBase = _ListMixedInto = object
+
+
+class ListETagMixin(_ListMixedInto):
     """List responses carry a weak `ETag` over the page; `If-None-Match` with it → 304, no body."""
 
     def list(self, request, *args, **kwargs):
@@ -256,13 +263,7 @@ class ListETagMixin:
         return response
 
 
-if TYPE_CHECKING:  # for the type checker: the view class ETagMixin is mixed into
-    from rest_framework.generics import GenericAPIView as _MixedInto
-else:
-    _MixedInto = object
-
-
-class ETagMixin(ListETagMixin, _MixedInto):
+class ETagMixin(ListETagMixin, ViewMixinBase):
     """For ModelViewSets of administrators' settings: GET of one object and every write answer
     the object's `ETag`; PUT and PATCH require a matching `If-Match` (module docstring), checked
     and applied with the row locked (`select_for_update`), so two admins' writes are applied one

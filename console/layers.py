@@ -117,7 +117,7 @@ class RedisChannelLayer(ChannelsRedisLayer):
         super().__init__(*args, **kwargs)
         self._push = self._group_push = None
         self._receivers: dict = {}  # (event loop, channels' non-local name) → its receiving task
-        self._inboxes = collections.defaultdict(functools.partial(BoundedQueue, self.capacity))
+        self._inboxes: collections.defaultdict = collections.defaultdict(functools.partial(BoundedQueue, self.capacity))
 
     def _push_script(self, connection):
         if self._push is None:

@@ -344,7 +344,7 @@ class ResourcePresetForm(forms.ModelForm):
         return {} if value in (None, "") else value
 
     def clean(self):
-        cleaned = super().clean()
+        cleaned = super().clean() or {}  # Django's returns cleaned_data (its stub: or None)
         if self.errors:
             return cleaned
         # The admin's form class lists its fieldsets' names in Meta.fields, read-only ones too.

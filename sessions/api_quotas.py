@@ -100,6 +100,8 @@ class ProjectViewSet(ETagMixin, viewsets.ModelViewSet):
         if getattr(self, "swagger_fake_view", False):
             return projects.none()
         user = self.request.user
+        if not user.is_authenticated:  # the permission lets none in; the type checker learns it is a User
+            return projects.none()
         return projects if user.is_staff else projects.filter(members=user)
 
 

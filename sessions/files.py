@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -179,7 +180,7 @@ async def _upload(link: _Link, path: str, body, size: int | None, cap: int) -> d
         raise
 
 
-def session_file_download(*, session: ComputeSession, path: str) -> tuple[str, int, object]:
+def session_file_download(*, session: ComputeSession, path: str) -> tuple[str, int, AsyncIterator[bytes]]:
     """Start reading the regular file at `path`: `(name, size in bytes, chunks)` where
     `chunks` is an async iterator of bytes (at most CHUNK_BYTES each) that ends after `size`
     bytes, asking the agent for each in turn. Raises ApplicationError as `session_files_list`

@@ -66,7 +66,8 @@ class SessionSerializer(ModelSerializer):
 
     def to_representation(self, session):
         session.allocation_list = session_allocations(session)  # read with it by sessions_shown, else now
-        slot_formats = self.context.setdefault("slot_formats", SlotFormats())  # one per request, shared by the rows
+        # One per request, shared by the rows.
+        slot_formats = self.context.setdefault("slot_formats", SlotFormats())  # type: ignore[attr-defined]  # stubs: a read-only Mapping; DRF's is the dict it was given
         self._parts = session_configuration_parts(session, slot_formats=slot_formats)  # for the four fields below
         return super().to_representation(session)
 

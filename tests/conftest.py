@@ -191,3 +191,45 @@ def demo_cluster(db):
     """The walkthrough's cluster: node `demo-node`, one 8 GiB / 80-SM GPU, fractional mode with
     unit_mem 4 GiB and unit_proc 40 ("1 physical GPU = 2 fGPU"), quantum 0.25."""
     return make_cluster(nodes={"demo-node": [mock_gpu(0)]})
+
+
+# --- sessions and the API's error shape (each written once here; the test modules use these) ----
+
+ERROR_KEYS = {"type", "title", "detail", "field_errors"}  # the API's one error shape (README: "Errors")
+
+
+def assert_error_shape(response, status: int) -> dict:
+    """Assert `response` is the API's error: HTTP `status`, a JSON body of exactly ERROR_KEYS with
+    a non-empty `detail` and `field_errors` a dict (of field → messages). Returns the body."""
+    assert response.status_code == status, (response.status_code, response.content[:500])
+    body = response.json()
+    assert set(body) == ERROR_KEYS, body
+    assert isinstance(body["field_errors"], dict), body
+    assert body["detail"], body
+    return body
+
+
+def make_running(session):
+    """A SCHEDULED session (a ComputeSession or its id) moved on as its agent reports it:
+    PREPARING, then RUNNING. Returns the ComputeSession, read again, RUNNING."""
+    from sessions import services
+    from sessions.models import ComputeSession, SessionStatus
+
+    session_id = str(getattr(session, "pk", session))
+    for status in (SessionStatus.PREPARING, SessionStatus.RUNNING):
+        assert services.session_report_apply(session_id=session_id, status=status)
+    running = ComputeSession.objects.get(pk=session_id)
+    assert running.status == SessionStatus.RUNNING, running.status_reason
+    return running
+
+
+@pytest.fixture
+def alices_session(demo_cluster, alice):
+    """Alice's 0.5 fGPU session "alices", placed by a scheduler pass and RUNNING on demo-node as
+    its agent would report it (no process behind it)."""
+    from sessions import services
+    from sessions.scheduler import schedule_pending
+
+    session = services.session_create(owner=alice, name="alices", resources={"cuda.shares": "0.5"})
+    schedule_pending()
+    return make_running(session)

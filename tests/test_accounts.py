@@ -17,10 +17,10 @@ from rest_framework.test import APIClient
 
 from accounts import services, throttle
 from accounts.models import ApiToken
+from tests.conftest import assert_error_shape
 
 pytestmark = pytest.mark.django_db
 
-ERROR_KEYS = {"type", "title", "detail", "field_errors"}
 PASSWORD = "a-long-test-password"
 
 
@@ -50,14 +50,6 @@ def with_token(key: str) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     return client
-
-
-def assert_error_shape(response, status: int) -> dict:
-    assert response.status_code == status, response.content
-    body = response.json()
-    assert set(body) == ERROR_KEYS, body
-    assert body["detail"]
-    return body
 
 
 def create_on_page(client: Client, name: str):

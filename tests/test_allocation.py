@@ -13,7 +13,6 @@ from accelerators.allocation.core import (
     DeviceGrant,
     DeviceState,
     FractionalSettings,
-    NodeState,
     ResourceRequest,
     allocate_devices,
     allocate_shares,
@@ -40,6 +39,7 @@ from accelerators.allocation.units import (
     parse_binary_size,
     parse_decimal,
 )
+from tests.builders import gpu, node
 
 GiB = 1 << 30
 D = Decimal
@@ -50,22 +50,10 @@ DEMO = FractionalSettings(unit_mem=4 * GiB, unit_proc=40, quantum=D("0.25"))
 BACKENDAI = FractionalSettings(unit_mem=2 * GiB, unit_proc=8, quantum=D("0.01"))
 
 
-def gpu(device_id: str, *, memory: int = 8 * GiB, sms: int = 80, memory_used: int = 0, proc_used: str = "0",
-        sessions: int = 0, numa: int | None = 0) -> DeviceState:
-    return DeviceState(device_id=device_id, memory_total=memory, proc_total=sms, memory_used=memory_used,
-                       proc_used=D(proc_used), sessions=sessions, numa_node=numa)
-
-
 def used(device_id: str, fgpu: str, *, settings: FractionalSettings = DEMO, **kw) -> DeviceState:
     """An 8 GiB / 80-SM device of which `fgpu` fGPU is held by one session."""
     grant = shares_grant(device_id, D(fgpu), settings)
     return gpu(device_id, memory_used=grant.memory, proc_used=str(grant.procs), sessions=1, **kw)
-
-
-def node(node_id: str, *devices: DeviceState, cpu: int = 8, mem: int = 32 * GiB, cpu_used: int = 0,
-         mem_used: int = 0) -> NodeState:
-    return NodeState(node_id=node_id, cpu_total=cpu, mem_total=mem, cpu_used=cpu_used, mem_used=mem_used,
-                     devices=tuple(devices))
 
 
 def shares(amount: str, **kw) -> ResourceRequest:

@@ -11,11 +11,9 @@ from rest_framework.test import APIClient
 
 from sessions import services
 from sessions.models import ComputeSession, SessionStatus
-from tests.conftest import client_for
+from tests.conftest import assert_error_shape, client_for, make_running
 
 pytestmark = pytest.mark.django_db
-
-ERROR_KEYS = {"type", "title", "detail", "field_errors"}
 
 
 @pytest.fixture
@@ -33,21 +31,6 @@ def launch(django_capture_on_commit_callbacks):
                                                      **body}, format="json")
 
     return launch
-
-
-def make_running(session_id) -> ComputeSession:
-    for status in (SessionStatus.PREPARING, SessionStatus.RUNNING):
-        assert services.session_report_apply(session_id=str(session_id), status=status)
-    return ComputeSession.objects.get(pk=session_id)
-
-
-def assert_error_shape(response, status: int) -> dict:
-    assert response.status_code == status, response.content
-    body = response.json()
-    assert set(body) == ERROR_KEYS, body
-    assert isinstance(body["field_errors"], dict)
-    assert body["detail"]
-    return body
 
 
 # --- authentication ---------------------------------------------------------------------------

@@ -11,8 +11,7 @@ from rest_framework.test import APIClient
 
 from accelerators.models import FractionalSettings, ResourceGroup, SlotFormat
 from sessions.models import ComputeSession, Project, Quota, SessionImage
-from tests.conftest import GiB, client_for, make_cluster, mock_gpu
-from tests.test_api import assert_error_shape
+from tests.conftest import GiB, assert_error_shape, client_for, make_cluster, mock_gpu
 
 pytestmark = pytest.mark.django_db
 

@@ -14,23 +14,10 @@ from sessions import services
 from sessions.models import SessionLogChunk, SessionStatus
 from agent.core import Agent
 from console.exec_store import exec_store_default
-from sessions.scheduler import schedule_pending
-from tests.conftest import GiB, client_for, mock_gpu, wait_until
+from tests.conftest import GiB, assert_error_shape, client_for, mock_gpu, wait_until
 from tests.test_agent_runtime import start_spec
-from tests.test_api import assert_error_shape
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def alices_session(demo_cluster, alice):
-    """Alice's 0.5 fGPU session, RUNNING on demo-node (no process behind it)."""
-    session = services.session_create(owner=alice, name="alices", resources={"cuda.shares": "0.5"})
-    schedule_pending()
-    for status in (SessionStatus.PREPARING, SessionStatus.RUNNING):
-        assert services.session_report_apply(session_id=str(session.pk), status=status)
-    session.refresh_from_db()
-    return session
 
 
 def ship(session, *batches, final_last: bool = False):

@@ -9,8 +9,7 @@ import pytest
 from accelerators.models import Node, ResourceGroup
 from sessions import services
 from sessions.models import ComputeSession, Project, Quota, SessionStatus
-from tests.conftest import client_for
-from tests.test_api import assert_error_shape
+from tests.conftest import assert_error_shape, client_for
 
 pytestmark = pytest.mark.django_db
 

@@ -20,9 +20,7 @@ from accelerators.allocation.units import MAX_SIZE, SizeError, parse_binary_size
 from console.api_parsers import MAX_DEPTH, too_deep
 from sessions import services
 from sessions.models import ComputeSession
-from tests.conftest import client_for
-from tests.test_api import assert_error_shape
-from tests.test_api_logs_exec import alices_session  # noqa: F401  (a fixture: her session, RUNNING)
+from tests.conftest import assert_error_shape, client_for
 from tests.test_mig_scheduling import mig_node
 
 pytestmark = pytest.mark.django_db

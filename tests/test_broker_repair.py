@@ -6,7 +6,6 @@ timeout. A private redis-server, killed and restarted with its append-only file.
 from __future__ import annotations
 
 import subprocess
-import time
 import uuid
 
 import pytest
@@ -14,7 +13,7 @@ from kombu import Connection, Exchange, Queue
 from kombu.common import ignore_errors
 
 import console.celery  # noqa: F401  (applies the repair, as every worker process does)
-from tests.stack import free_port
+from tests.stack import free_port, wait_until
 
 
 def start_redis(port: int, data_dir) -> subprocess.Popen:
@@ -24,17 +23,21 @@ def start_redis(port: int, data_dir) -> subprocess.Popen:
                                "--appendonly", "yes", "--appendfsync", "always", "--dir", str(data_dir)],
                               stdout=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
-    deadline = time.monotonic() + 10
-    while True:
+
+    def answers() -> bool:
         try:
             with Connection(url, connect_timeout=1) as probe:
                 probe.default_channel.client.ping()
-            return server
+            return True
         except Exception:  # not up yet
-            if time.monotonic() > deadline:
-                server.kill()
-                raise
-            time.sleep(0.05)
+            return False
+
+    try:
+        wait_until(answers, timeout=10, interval=0.05, what=f"redis-server on port {port} to answer")
+    except AssertionError:
+        server.kill()
+        raise
+    return server
 
 
 @pytest.fixture

@@ -220,7 +220,9 @@ def test_interactive_terminal_in_a_pty_with_resize_and_detach(cluster, fgpu):
 
     try:
         read_until(b"Ctrl-] detaches")
-        time.sleep(1)
+        # Connected once fgpu put the local terminal in raw mode (then it sends the size, then the keys):
+        # typed earlier, the line discipline would echo and translate the keys itself.
+        wait_until(lambda: termios.tcgetattr(slave) != before, timeout=20, what="fgpu to set the terminal raw")
         os.write(master, b"echo size=$(stty size) sum=$((20+22))\r")
         read_until(b"echo size=$(stty size)")  # the session's shell echoes what is typed
         read_until(b"size=33 111 sum=42")

@@ -18,23 +18,11 @@ from console.asgi import application
 from sessions import events, services
 from sessions.consumers import CLOSE_BAD_TICKET, CLOSE_NOT_RUNNING, CLOSE_TRY_AGAIN, CLOSE_UNAUTHENTICATED
 from sessions.models import SessionStatus
-from sessions.scheduler import schedule_pending
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TIMEOUT = 10
 GOOD_ORIGIN = (b"origin", b"http://localhost:8000")
-
-
-@pytest.fixture
-def running_session(demo_cluster, alice):
-    session = services.session_create(owner=alice, name="s", resources={"cuda.shares": "0.5"})
-    schedule_pending()
-    for status in (SessionStatus.PREPARING, SessionStatus.RUNNING):
-        assert services.session_report_apply(session_id=str(session.pk), status=status)
-    session.refresh_from_db()
-    assert session.status == SessionStatus.RUNNING
-    return session
 
 
 def ticket_for(session, user) -> str:
@@ -83,40 +71,40 @@ def test_the_consumer_tests_use_the_configured_channel_layer(settings):
 
 # --- tickets and origins -------------------------------------------------------------------------
 
-def test_a_wrong_ticket_is_refused(running_session, alice):
-    ticket_for(running_session, alice)
+def test_a_wrong_ticket_is_refused(alices_session, alice):
+    ticket_for(alices_session, alice)
 
     async def scenario():
-        assert await refused_with(terminal(running_session.pk, "not-the-ticket", GOOD_ORIGIN)) == CLOSE_BAD_TICKET
+        assert await refused_with(terminal(alices_session.pk, "not-the-ticket", GOOD_ORIGIN)) == CLOSE_BAD_TICKET
 
     asyncio.run(scenario())
 
 
-def test_a_missing_ticket_is_refused(running_session):
+def test_a_missing_ticket_is_refused(alices_session):
     async def scenario():
-        communicator = WebsocketCommunicator(application, f"/ws/sessions/{running_session.pk}/terminal/",
+        communicator = WebsocketCommunicator(application, f"/ws/sessions/{alices_session.pk}/terminal/",
                                              headers=[GOOD_ORIGIN])
         assert await refused_with(communicator) == CLOSE_BAD_TICKET
 
     asyncio.run(scenario())
 
 
-def test_a_ticket_opens_the_terminal_once_and_a_reused_ticket_is_refused(running_session, alice):
-    ticket = ticket_for(running_session, alice)
+def test_a_ticket_opens_the_terminal_once_and_a_reused_ticket_is_refused(alices_session, alice):
+    ticket = ticket_for(alices_session, alice)
 
     async def scenario():
-        first = terminal(running_session.pk, ticket, GOOD_ORIGIN)
+        first = terminal(alices_session.pk, ticket, GOOD_ORIGIN)
         connected, _ = await first.connect(TIMEOUT)
         assert connected is True
         await first.disconnect()
 
-        assert await refused_with(terminal(running_session.pk, ticket, GOOD_ORIGIN)) == CLOSE_BAD_TICKET
+        assert await refused_with(terminal(alices_session.pk, ticket, GOOD_ORIGIN)) == CLOSE_BAD_TICKET
 
     asyncio.run(scenario())
 
 
-def test_a_ticket_for_another_session_is_refused(running_session, alice):
-    ticket = ticket_for(running_session, alice)
+def test_a_ticket_for_another_session_is_refused(alices_session, alice):
+    ticket = ticket_for(alices_session, alice)
 
     async def scenario():
         assert await refused_with(terminal(uuid.uuid4(), ticket, GOOD_ORIGIN)) == CLOSE_BAD_TICKET
@@ -124,26 +112,26 @@ def test_a_ticket_for_another_session_is_refused(running_session, alice):
     asyncio.run(scenario())
 
 
-def test_a_ticket_for_a_session_that_stopped_running_is_refused_as_not_running(running_session, alice):
-    ticket = ticket_for(running_session, alice)
-    assert services.session_report_apply(session_id=str(running_session.pk), status=SessionStatus.TERMINATED,
+def test_a_ticket_for_a_session_that_stopped_running_is_refused_as_not_running(alices_session, alice):
+    ticket = ticket_for(alices_session, alice)
+    assert services.session_report_apply(session_id=str(alices_session.pk), status=SessionStatus.TERMINATED,
                                          reason="done", exit_code=0)
 
     async def scenario():
-        assert await refused_with(terminal(running_session.pk, ticket, GOOD_ORIGIN)) == CLOSE_NOT_RUNNING
+        assert await refused_with(terminal(alices_session.pk, ticket, GOOD_ORIGIN)) == CLOSE_NOT_RUNNING
 
     asyncio.run(scenario())
 
 
-def test_a_foreign_origin_is_refused_without_spending_the_ticket(running_session, alice):
-    ticket = ticket_for(running_session, alice)
+def test_a_foreign_origin_is_refused_without_spending_the_ticket(alices_session, alice):
+    ticket = ticket_for(alices_session, alice)
 
     async def scenario():
-        connected, _ = await terminal(running_session.pk, ticket, (b"origin", b"http://evil.example")).connect(TIMEOUT)
+        connected, _ = await terminal(alices_session.pk, ticket, (b"origin", b"http://evil.example")).connect(TIMEOUT)
         assert connected is False  # denied before the handshake
 
         # The refusal happened before the consumer: the ticket is still good.
-        communicator = terminal(running_session.pk, ticket, GOOD_ORIGIN)
+        communicator = terminal(alices_session.pk, ticket, GOOD_ORIGIN)
         connected, _ = await communicator.connect(TIMEOUT)
         assert connected is True
         await communicator.disconnect()
@@ -151,11 +139,11 @@ def test_a_foreign_origin_is_refused_without_spending_the_ticket(running_session
     asyncio.run(scenario())
 
 
-def test_a_client_without_an_origin_header_and_a_valid_ticket_is_accepted(running_session, alice):
-    ticket = ticket_for(running_session, alice)
+def test_a_client_without_an_origin_header_and_a_valid_ticket_is_accepted(alices_session, alice):
+    ticket = ticket_for(alices_session, alice)
 
     async def scenario():
-        communicator = terminal(running_session.pk, ticket)
+        communicator = terminal(alices_session.pk, ticket)
         connected, _ = await communicator.connect(TIMEOUT)
         assert connected is True
         await communicator.disconnect()
@@ -165,9 +153,9 @@ def test_a_client_without_an_origin_header_and_a_valid_ticket_is_accepted(runnin
 
 # --- the relay -----------------------------------------------------------------------------------
 
-def test_a_connected_terminal_asks_the_agent_for_the_scrollback_and_relays_input_and_resizes(running_session, alice):
-    ticket = ticket_for(running_session, alice)
-    session_id = str(running_session.pk)
+def test_a_connected_terminal_asks_the_agent_for_the_scrollback_and_relays_input_and_resizes(alices_session, alice):
+    ticket = ticket_for(alices_session, alice)
+    session_id = str(alices_session.pk)
 
     async def scenario():
         layer, agent = await agent_side(session_id)
@@ -197,9 +185,9 @@ def test_a_connected_terminal_asks_the_agent_for_the_scrollback_and_relays_input
     asyncio.run(scenario())
 
 
-def test_terminal_output_and_exit_from_the_agent_reach_the_browser(running_session, alice):
-    ticket = ticket_for(running_session, alice)
-    session_id = str(running_session.pk)
+def test_terminal_output_and_exit_from_the_agent_reach_the_browser(alices_session, alice):
+    ticket = ticket_for(alices_session, alice)
+    session_id = str(alices_session.pk)
 
     async def scenario():
         layer = get_channel_layer()
@@ -218,9 +206,9 @@ def test_terminal_output_and_exit_from_the_agent_reach_the_browser(running_sessi
     asyncio.run(scenario())
 
 
-def test_malformed_frames_from_the_browser_are_not_relayed(running_session, alice):
-    ticket = ticket_for(running_session, alice)
-    session_id = str(running_session.pk)
+def test_malformed_frames_from_the_browser_are_not_relayed(alices_session, alice):
+    ticket = ticket_for(alices_session, alice)
+    session_id = str(alices_session.pk)
 
     async def scenario():
         layer, agent = await agent_side(session_id)
@@ -264,9 +252,9 @@ def test_an_idle_receive_on_the_configured_channel_layer_outlives_the_redis_sock
     asyncio.run(scenario())
 
 
-def test_a_terminal_idle_for_longer_than_the_redis_socket_timeout_still_relays_output(running_session, alice):
-    ticket = ticket_for(running_session, alice)
-    session_id = str(running_session.pk)
+def test_a_terminal_idle_for_longer_than_the_redis_socket_timeout_still_relays_output(alices_session, alice):
+    ticket = ticket_for(alices_session, alice)
+    session_id = str(alices_session.pk)
 
     async def scenario():
         communicator = terminal(session_id, ticket, GOOD_ORIGIN)
@@ -317,7 +305,7 @@ def test_the_session_events_socket_pushes_a_signed_in_users_session_updates(alic
     asyncio.run(scenario())
 
 
-def test_with_the_channel_layer_unreachable_a_terminal_says_try_again_and_keeps_the_ticket(running_session, alice,
+def test_with_the_channel_layer_unreachable_a_terminal_says_try_again_and_keeps_the_ticket(alices_session, alice,
                                                                                          settings):
     """Redis down: the consumer cannot relay, so it closes with 1013 (try again later) instead of
     1011, and the ticket is not spent: the same ticket opens the terminal once the layer is back."""
@@ -325,21 +313,21 @@ def test_with_the_channel_layer_unreachable_a_terminal_says_try_again_and_keeps_
 
     from tests.conftest import free_port
 
-    ticket = ticket_for(running_session, alice)
+    ticket = ticket_for(alices_session, alice)
     good = settings.CHANNEL_LAYERS
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
                                            "CONFIG": {"hosts": [f"redis://127.0.0.1:{free_port()}/0"]}}}
     channel_layers.backends.clear()
 
     async def refused():
-        return await refused_with(terminal(running_session.pk, ticket, GOOD_ORIGIN))
+        return await refused_with(terminal(alices_session.pk, ticket, GOOD_ORIGIN))
 
     assert asyncio.run(refused()) == CLOSE_TRY_AGAIN
     settings.CHANNEL_LAYERS = good
     channel_layers.backends.clear()
 
     async def opens():
-        communicator = terminal(running_session.pk, ticket, GOOD_ORIGIN)
+        communicator = terminal(alices_session.pk, ticket, GOOD_ORIGIN)
         connected, _ = await communicator.connect(TIMEOUT)
         await communicator.disconnect()
         return connected

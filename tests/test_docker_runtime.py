@@ -289,9 +289,8 @@ def local_registry(tmp_path):
     a free port of 127.0.0.1, which Docker Engine reaches without TLS. Yields its address."""
     import shutil
     import subprocess
-    import time
 
-    from tests.stack import free_port
+    from tests.stack import free_port, wait_until
 
     binary = shutil.which("docker-registry")
     if binary is None:
@@ -303,16 +302,20 @@ def local_registry(tmp_path):
     server = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     import urllib.request
 
-    deadline = time.monotonic() + 20
-    while True:
+    def answers() -> bool:
+        if server.poll() is not None:
+            pytest.fail("the local registry exited before it answered")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
-            break
+            return True
         except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                pytest.fail("the local registry did not answer")
-            time.sleep(0.1)
+            return False
+
+    try:
+        wait_until(answers, timeout=20, what="the local registry to answer")
+    except BaseException:
+        server.kill()
+        raise
     yield f"127.0.0.1:{port}"
     server.kill()
     server.wait()

@@ -16,10 +16,9 @@ from django.test import override_settings
 from sessions import services
 from console.exec_store import exec_store_default
 from protocol.exec_store import MemoryExecStore, RedisExecStore
-from tests.conftest import client_for, wait_until
+from tests.conftest import assert_error_shape, client_for, wait_until
 from tests.test_agent_runtime import run_agent, start_spec
-from tests.test_api import assert_error_shape
-from tests.test_api_logs_exec import alices_session, demo_agent, end  # noqa: F401 (fixtures)
+from tests.test_api_logs_exec import demo_agent, end  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db
 

@@ -13,8 +13,7 @@ from rest_framework.test import APIClient
 
 from sessions.idempotency import KEY_TTL
 from sessions.models import ComputeSession, IdempotencyKey, Quota
-from tests.conftest import client_for, wait_until
-from tests.test_api import assert_error_shape
+from tests.conftest import assert_error_shape, client_for, wait_until
 
 BODY = {"name": "notebook", "resources": {"cuda.shares": "0.5"}}
 KEY = "6f1c1f0e-2a8e-4a55-9d1e-3b0e7c2d9a41"

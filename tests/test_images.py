@@ -23,9 +23,8 @@ from sessions.models import ComputeSession, SessionImage, SessionStatus
 from agent.core import Agent, CeleryManager
 from agent.runtimes import HeldImages, ProcessRuntime
 from sessions.scheduler import schedule_pending
-from tests.conftest import GiB, client_for, make_cluster, mock_gpu
+from tests.conftest import GiB, assert_error_shape, client_for, make_cluster, mock_gpu
 from tests.test_agent_runtime import DEVICE, RecordingManager
-from tests.test_api import assert_error_shape
 from tests.test_docker_runtime import docker_client  # noqa: F401  (fixture: Docker Engine on this machine)
 
 pytestmark = pytest.mark.django_db

@@ -22,10 +22,10 @@ from schemathesis.specs.openapi.checks import missing_required_header, positive_
 from rest_framework.test import APIClient
 
 from sessions.models import Project, Quota
+from tests.conftest import ERROR_KEYS
 
 pytestmark = pytest.mark.django_db
 
-ERROR_KEYS = {"type", "title", "detail", "field_errors"}
 WRITE_METHODS = ("post", "put", "patch")
 
 

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from accelerators.allocation import cluster
 from accelerators.allocation.cluster import NONE, SHARE, SPAN, WHOLE, ClusterIndex, Shape, Workload
-from accelerators.allocation.core import DeviceState, FractionalSettings, NodeState, ResourceRequest, place
+from accelerators.allocation.core import FractionalSettings, ResourceRequest, place
 from accelerators.allocation.packing import solve_packing_plan
+from tests.builders import gpu_in_fgpu, node
 
 GiB = 1 << 30
 
@@ -121,12 +122,6 @@ def test_the_plan_is_solved_again_as_the_workload_grows_and_when_an_amount_is_ne
 
 # --- the allocator follows it (the scheduler's fGPU requests) ----------------------------------
 
-def gpu(device_id: str, used: Decimal) -> DeviceState:
-    # 8 GiB and 80 SMs at 4 GiB / 40 SMs an fGPU: 2.0 fGPU, 8 quanta of 0.25.
-    return DeviceState(device_id=device_id, memory_total=8 * GiB, proc_total=80, memory_used=int(used * 4 * GiB),
-                       proc_used=used * 40, sessions=1 if used else 0, numa_node=0)
-
-
 DEMO = FractionalSettings(unit_mem=4 * GiB, unit_proc=40, quantum=Decimal("0.25"))
 
 
@@ -137,13 +132,13 @@ def test_a_real_fgpu_request_goes_to_the_node_and_device_the_plan_names():
     assert plan.on_plan(np.array([4, 5]), 2).tolist() == [True, False]
     req = ResourceRequest(kind="shares", amount=Decimal("0.5"), cpu=1)
     # One node, two devices: 1.25 taken (0.75 free, the tighter fit, off plan) and 1.0 taken (on plan).
-    one = [NodeState(node_id="n0", cpu_total=8, mem_total=32 * GiB, devices=(gpu("a", Decimal("1.25")),
-                                                                             gpu("b", Decimal("1.0"))))]
+    # (2.0 fGPU devices: 8 GiB and 80 SMs at 4 GiB / 40 SMs an fGPU, 8 quanta of 0.25.)
+    one = [node("n0", gpu_in_fgpu("a", free=Decimal("0.75"), sessions=1), gpu_in_fgpu("b", free=Decimal("1.0"), sessions=1))]
     assert place(one, req, DEMO, policy="best-fit").grants[0].device_id == "a"
     assert place(one, req, DEMO, policy="fgd-plus", workload=seen).grants[0].device_id == "b"
     # Two nodes with one device each: the node choice follows the plan too.
-    two = [NodeState(node_id="n0", cpu_total=8, mem_total=32 * GiB, devices=(gpu("a", Decimal("1.25")),)),
-           NodeState(node_id="n1", cpu_total=8, mem_total=32 * GiB, devices=(gpu("b", Decimal("1.0")),))]
+    two = [node("n0", gpu_in_fgpu("a", free=Decimal("0.75"), sessions=1)),
+           node("n1", gpu_in_fgpu("b", free=Decimal("1.0"), sessions=1))]
     assert place(two, req, DEMO, policy="best-fit").node_id == "n0"
     assert place(two, req, DEMO, policy="fgd-plus", workload=seen).node_id == "n1"
 

@@ -25,10 +25,7 @@ from console.asgi import application
 from sessions import events, services
 from sessions.consumers import CLOSE_BAD_TICKET, CLOSE_UNAUTHENTICATED
 from sessions.models import ComputeSession, SessionStatus
-from sessions.scheduler import schedule_pending
-from tests.conftest import client_for
-
-ERROR_KEYS = {"type", "title", "detail", "field_errors"}
+from tests.conftest import assert_error_shape, client_for
 WS_TIMEOUT = 10
 GOOD_ORIGIN = (b"origin", b"http://localhost:8000")
 
@@ -109,25 +106,6 @@ def pages_as(user, **kwargs) -> Client:
     if user is not None:
         client.force_login(user)
     return client
-
-
-@pytest.fixture
-def alices_session(demo_cluster, alice) -> ComputeSession:
-    """Alice's 0.5 fGPU session, RUNNING on demo-node."""
-    session = services.session_create(owner=alice, name="alices", resources={"cuda.shares": "0.5"})
-    schedule_pending()
-    for status in (SessionStatus.PREPARING, SessionStatus.RUNNING):
-        assert services.session_report_apply(session_id=str(session.pk), status=status)
-    session.refresh_from_db()
-    assert session.status == SessionStatus.RUNNING
-    return session
-
-
-def assert_error_shape(response, status: int) -> dict:
-    assert response.status_code == status, (response.status_code, response.content[:500])
-    body = response.json()
-    assert set(body) == ERROR_KEYS, body
-    return body
 
 
 # --- anonymous ----------------------------------------------------------------------------------

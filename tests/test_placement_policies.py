@@ -15,15 +15,14 @@ from hypothesis import strategies as st
 from accelerators.allocation import cluster
 from accelerators.allocation.cluster import NONE, SHARE, SPAN, WHOLE, ClusterIndex, Shape, Workload
 from accelerators.allocation.core import (
-    DeviceState,
     FractionalSettings,
-    NodeState,
     ResourceRequest,
     apply_placement,
     cluster_index,
     node_row,
     place,
 )
+from tests.builders import gpu, node
 
 GiB = 1 << 30
 DEMO = FractionalSettings(unit_mem=4 * GiB, unit_proc=40, quantum=Decimal("0.25"))
@@ -188,15 +187,6 @@ def test_a_placement_that_would_over_commit_is_refused():
 
 
 # --- the allocator ranks nodes with the index ------------------------------------------------
-
-def gpu(device_id: str, *, memory_used: int = 0, proc_used: str = "0", sessions: int = 0) -> DeviceState:
-    return DeviceState(device_id=device_id, memory_total=8 * GiB, proc_total=80, memory_used=memory_used,
-                       proc_used=Decimal(proc_used), sessions=sessions, numa_node=0)
-
-
-def node(name: str, *devices: DeviceState, cpu: int = 8, cpu_used: int = 0) -> NodeState:
-    return NodeState(node_id=name, cpu_total=cpu, mem_total=32 * GiB, cpu_used=cpu_used, devices=devices)
-
 
 def test_place_takes_the_group_policy_and_the_request_may_override_it():
     # n0: one device with 1.25 fGPU free (of 2.00); n1: one idle device. 0.5 on n0 leaves 0.75,

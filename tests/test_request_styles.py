@@ -11,27 +11,16 @@ from decimal import Decimal as D
 import pytest
 from rest_framework.test import APIClient
 
-from accelerators.allocation.core import DeviceState, FractionalSettings, NodeState, place
+from accelerators.allocation.core import DeviceState, FractionalSettings, place
 from accelerators.allocation.errors import InsufficientResource, InvalidResourceRequest, NeverSchedulable
 from accelerators.allocation.requests import parse_resources
+from tests.builders import gpu_in_fgpu, node
 from tests.conftest import make_cluster, mock_gpu
 
 GiB = 1 << 30
 MiB = 1 << 20
 Q25 = FractionalSettings(unit_mem=4 * GiB, unit_proc=40, quantum=D("0.25"))
 Q01 = FractionalSettings(unit_mem=4 * GiB, unit_proc=40, quantum=D("0.01"))
-
-
-def gpu(i, *, free=D(2), numa=0, total=D(2), sessions=0, split=10):
-    """A device of `total` fGPU (4 GiB / 40 SMs each) with `free` fGPU left."""
-    used = total - free
-    return DeviceState(device_id=f"d{i}", memory_total=int(total * 4 * GiB), proc_total=int(total * 40),
-                       memory_used=int(used * 4 * GiB), proc_used=used * 40, sessions=sessions, numa_node=numa,
-                       max_sessions=split, uuid=f"GPU-{i:04d}", index=i)
-
-
-def node(*devices, cpu=16, name="n1"):
-    return NodeState(node_id=name, cpu_total=cpu, mem_total=64 * GiB, devices=tuple(devices))
 
 
 def shares_of(placement):
@@ -45,13 +34,15 @@ def shares_of(placement):
      [D("0.67"), D("0.67"), D("0.67"), D("0.30")]),
 ])
 def test_the_issue_s_worked_fgpu_examples_split_exactly_as_written(frees, body, settings, expected):
-    placement = place([node(*(gpu(i, free=f, total=D(1)) for i, f in enumerate(frees)))], parse_resources(body), settings)
+    devices = [gpu_in_fgpu(i, free=f, total=D(1)) for i, f in enumerate(frees)]
+    placement = place([node("n1", *devices)], parse_resources(body), settings)
     assert sorted(shares_of(placement), reverse=True) == sorted(expected, reverse=True)
     assert sum(shares_of(placement)) == D(body["cuda.shares"])
 
 
 def test_when_only_0_65_is_free_in_all_0_66_is_refused_and_nothing_is_granted():
-    nodes = [node(*(gpu(i, free=f, total=D(1)) for i, f in enumerate([D("0.05"), D("0.1"), D("0.2"), D("0.3"), D(0)])))]
+    frees = [D("0.05"), D("0.1"), D("0.2"), D("0.3"), D(0)]
+    nodes = [node("n1", *(gpu_in_fgpu(i, free=f, total=D(1)) for i, f in enumerate(frees)))]
     with pytest.raises(InsufficientResource, match="0.66 fGPU requested, 0.65 fGPU free"):
         place(nodes, parse_resources({"cuda.shares": "0.66"}), Q01)
 
@@ -71,31 +62,32 @@ def test_when_only_0_65_is_free_in_all_0_66_is_refused_and_nothing_is_granted():
     ({"egpu": {"GPU_MEM_PER_DEVICE": GiB, "GPU_UTIL_PER_DEVICE": 96}}, GiB, D(0)),
 ])
 def test_each_per_device_style_gives_one_device_that_memory_and_that_share_of_its_sms(body, memory, procs):
-    [grant] = place([node(gpu(0))], parse_resources(body), Q25).grants
+    [grant] = place([node("n1", gpu_in_fgpu(0))], parse_resources(body), Q25).grants
     assert (grant.memory, grant.procs) == (memory, procs)
 
 
 def test_gpu_count_takes_distinct_devices_each_with_the_full_per_device_amount():
-    placement = place([node(gpu(0), gpu(1), gpu(2))], parse_resources({"gpu": 2, "gpu_memory": "4G", "gpu_cores": 60}), Q25)
+    placement = place([node("n1", gpu_in_fgpu(0), gpu_in_fgpu(1), gpu_in_fgpu(2))],
+                      parse_resources({"gpu": 2, "gpu_memory": "4G", "gpu_cores": 60}), Q25)
     assert len({g.device_id for g in placement.grants}) == 2
     assert all((g.memory, g.procs) == (4 * GiB, D(48)) for g in placement.grants)
 
 
 def test_100_percent_cores_holds_a_device_alone_and_a_busy_device_cannot_give_it():
-    busy, idle = gpu(0, free=D("1.5")), gpu(1)
-    [grant] = place([node(busy, idle)], parse_resources({"gpu": 1, "gpu_memory": "1G", "gpu_cores": 100}), Q25).grants
+    busy, idle = gpu_in_fgpu(0, free=D("1.5")), gpu_in_fgpu(1)
+    [grant] = place([node("n1", busy, idle)], parse_resources({"gpu": 1, "gpu_memory": "1G", "gpu_cores": 100}), Q25).grants
     assert grant.device_id == "d1" and grant.procs == D(80)
     held = DeviceState(**{**idle.__dict__, "memory_used": GiB, "proc_used": D(80), "sessions": 1})
     with pytest.raises(InsufficientResource, match="held exclusively"):
-        place([node(held)], parse_resources({"gpu": 1, "gpu_memory": "1G"}), Q25)
+        place([node("n1", held)], parse_resources({"gpu": 1, "gpu_memory": "1G"}), Q25)
 
 
 def test_the_split_count_caps_sessions_per_device_in_every_style():
-    full = gpu(0, free=D("1.5"), sessions=2, split=2)
+    full = gpu_in_fgpu(0, free=D("1.5"), sessions=2, max_sessions=2)
     with pytest.raises(InsufficientResource, match="split count is 2"):
-        place([node(full)], parse_resources({"gpu": 1, "gpu_memory": "1G"}), Q25)
+        place([node("n1", full)], parse_resources({"gpu": 1, "gpu_memory": "1G"}), Q25)
     with pytest.raises(InsufficientResource):
-        place([node(full)], parse_resources({"cuda.shares": "0.25"}), Q25)
+        place([node("n1", full)], parse_resources({"cuda.shares": "0.25"}), Q25)
 
 
 def test_cores_outside_0_to_100_are_refused_not_clamped():
@@ -110,7 +102,7 @@ def test_metax_vmemory_as_a_bare_number_is_gib_and_goes_to_the_metax_slot():
 
 
 def test_a_pinned_request_gets_the_device_it_names_by_uuid_or_index():
-    nodes = [node(gpu(0), gpu(1), gpu(2))]
+    nodes = [node("n1", gpu_in_fgpu(0), gpu_in_fgpu(1), gpu_in_fgpu(2))]
     assert place(nodes, parse_resources({"cuda.shares": "0.5", "devices": ["GPU-0002"]}), Q25).grants[0].device_id == "d2"
     assert place(nodes, parse_resources({"gpu": 1, "gpu_memory": "1G", "devices": [1]}), Q25).grants[0].device_id == "d1"
     excluded = place(nodes, parse_resources({"gpu": 1, "gpu_memory": "1G", "exclude": [0, "GPU-0001"]}), Q25)
@@ -118,7 +110,7 @@ def test_a_pinned_request_gets_the_device_it_names_by_uuid_or_index():
 
 
 def test_a_pinned_request_that_cannot_be_met_says_which_device_lacked_what():
-    nodes = [node(gpu(0), gpu(1, free=D("0.5")))]
+    nodes = [node("n1", gpu_in_fgpu(0), gpu_in_fgpu(1, free=D("0.5")))]
     with pytest.raises(InsufficientResource, match=r"device 1 \(GPU-0001\): 2 GiB memory free, 4 GiB asked"):
         place(nodes, parse_resources({"gpu": 1, "gpu_memory": "4G", "devices": ["GPU-0001"]}), Q25)
     with pytest.raises(NeverSchedulable, match="GPU-9999 is not a device of any registered node"):
@@ -126,13 +118,13 @@ def test_a_pinned_request_that_cannot_be_met_says_which_device_lacked_what():
 
 
 def test_egpu_visible_devices_mix_indexes_and_uuids_and_set_the_count():
-    nodes = [node(gpu(0), gpu(1), gpu(2))]
+    nodes = [node("n1", gpu_in_fgpu(0), gpu_in_fgpu(1), gpu_in_fgpu(2))]
     request = parse_resources({"egpu": {"GPU_MEM_PER_DEVICE": GiB, "NVIDIA_VISIBLE_DEVICES": "0,GPU-0002"}})
     assert sorted(g.device_id for g in place(nodes, request, Q25).grants) == ["d0", "d2"]
 
 
 def test_numa_keeps_the_devices_on_one_numa_node_or_waits():
-    nodes = [node(gpu(0, numa=0), gpu(1, numa=1), gpu(2, numa=1))]
+    nodes = [node("n1", gpu_in_fgpu(0, numa=0), gpu_in_fgpu(1, numa=1), gpu_in_fgpu(2, numa=1))]
     placement = place(nodes, parse_resources({"gpu": 2, "gpu_memory": "1G", "numa": True}), Q25)
     assert sorted(g.device_id for g in placement.grants) == ["d1", "d2"]
     with pytest.raises(NeverSchedulable):
@@ -140,19 +132,19 @@ def test_numa_keeps_the_devices_on_one_numa_node_or_waits():
 
 
 def test_binpack_takes_the_fullest_device_and_spread_the_emptiest():
-    nodes = [node(gpu(0, free=D(2)), gpu(1, free=D("1.5")))]
+    nodes = [node("n1", gpu_in_fgpu(0, free=D(2)), gpu_in_fgpu(1, free=D("1.5")))]
     body = {"gpu": 1, "gpu_memory": "1G"}
     assert place(nodes, parse_resources(body), Q25).grants[0].device_id == "d1"
     assert place(nodes, parse_resources({**body, "policy": "spread"}), Q25).grants[0].device_id == "d0"
 
 
 def test_an_fgpu_and_a_hami_session_share_one_device_without_over_commit():
-    device = gpu(0)
-    [hami] = place([node(device)], parse_resources({"gpu": 1, "gpu_memory": "6G", "gpu_cores": 75}), Q25).grants
+    device = gpu_in_fgpu(0)
+    [hami] = place([node("n1", device)], parse_resources({"gpu": 1, "gpu_memory": "6G", "gpu_cores": 75}), Q25).grants
     after = DeviceState(**{**device.__dict__, "memory_used": hami.memory, "proc_used": hami.procs, "sessions": 1})
-    assert place([node(after)], parse_resources({"cuda.shares": "0.5"}), Q25).grants[0].shares == D("0.5")
+    assert place([node("n1", after)], parse_resources({"cuda.shares": "0.5"}), Q25).grants[0].shares == D("0.5")
     with pytest.raises(InsufficientResource):
-        place([node(after)], parse_resources({"cuda.shares": "0.75"}), Q25)
+        place([node("n1", after)], parse_resources({"cuda.shares": "0.75"}), Q25)
 
 
 # --- through the API ------------------------------------------------------------------------
@@ -213,10 +205,10 @@ def test_only_administrators_may_raise_a_session_s_priority(client):
 def linked_node():
     from accelerators.allocation.topology import Link
 
-    devices = [gpu(i) for i in range(4)]
+    devices = [gpu_in_fgpu(i) for i in range(4)]
     links = (Link("d0", "d1", "NVLINK", 4), Link("d2", "d3", "PIX"), Link("d0", "d2", "SYS"), Link("d1", "d3", "SYS"),
              Link("d0", "d3", "SYS"), Link("d1", "d2", "SYS"))
-    return NodeState(node_id="n1", cpu_total=16, mem_total=64 * GiB, devices=tuple(devices), links=links)
+    return node("n1", *devices, links=links)
 
 
 def test_a_two_device_request_takes_the_nvlinked_pair():
@@ -280,7 +272,7 @@ def test_an_unknown_resource_group_is_refused_naming_the_known_ones(client):
 
 
 def test_the_no_fragmentation_guard_splits_into_whole_devices_and_one_remainder():
-    nodes = [node(gpu(0, free=D(1), total=D(1)), gpu(1, free=D(1), total=D(1)))]
+    nodes = [node("n1", gpu_in_fgpu(0, free=D(1), total=D(1)), gpu_in_fgpu(1, free=D(1), total=D(1)))]
     request = parse_resources({"cuda.shares": "1.5"})
     assert shares_of(place(nodes, request, Q25)) == [D("0.75"), D("0.75")]
     assert sorted(shares_of(place(nodes, request, Q25, no_fragmentation=True))) == [D("0.50"), D("1.00")]

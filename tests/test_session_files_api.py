@@ -15,10 +15,9 @@ from protocol.files import CHUNK_BYTES
 from sessions import files, services
 from sessions.models import Project
 from sessions.scheduler import owner_projects, session_start_spec
-from tests.conftest import client_for, wait_until
+from tests.conftest import assert_error_shape, client_for, wait_until
 from tests.test_agent_runtime import start_spec
-from tests.test_api import assert_error_shape
-from tests.test_api_logs_exec import agent_in_thread, alices_session  # noqa: F401 (a fixture)
+from tests.test_api_logs_exec import agent_in_thread
 
 pytestmark = pytest.mark.django_db
 

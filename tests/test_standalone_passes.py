@@ -21,23 +21,28 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def passes(monkeypatch):
-    """A fresh pass thread for the test; the real pass, counted, its start messages recorded."""
+    """A fresh pass thread for the test; the real pass, counted (`ran` when each starts,
+    `finished` when it ends), its start messages recorded."""
     runner, ran, starts = pass_requests._BackgroundPasses(), [], []
     monkeypatch.setattr(pass_requests, "_STANDALONE_PASSES", runner)
     monkeypatch.setattr(scheduler, "_send_starts", starts.extend)
     real = scheduler.schedule_pending
+    finished: list[str] = []
 
     def counted(**kwargs):
         ran.append(threading.current_thread().name)
-        return real(**kwargs)
+        try:
+            return real(**kwargs)
+        finally:
+            finished.append(threading.current_thread().name)
 
     monkeypatch.setattr(scheduler, "schedule_pending", counted)
-    return ran, starts
+    return ran, starts, finished
 
 
 @override_settings(STANDALONE=True)
 def test_a_launch_in_standalone_mode_is_placed_by_the_pass_thread_not_the_request(django_user_model, passes):
-    ran, starts = passes
+    ran, starts, _ = passes
     make_cluster(nodes={"node-a": [mock_gpu(0)]})
     user = django_user_model.objects.create_user("alice")
     session = services.session_create(owner=user, name="s", resources={"cuda.shares": "0.5"})  # asks on commit
@@ -49,20 +54,26 @@ def test_a_launch_in_standalone_mode_is_placed_by_the_pass_thread_not_the_reques
 
 @override_settings(STANDALONE=True)
 def test_requests_made_while_a_pass_runs_coalesce_into_one_more_pass(django_user_model, passes, monkeypatch):
-    ran, _ = passes
-    gate = threading.Event()
+    ran, _, finished = passes
+    entered, gate = threading.Event(), threading.Event()
     real = scheduler.schedule_pending
 
     def slow(**kwargs):
+        entered.set()
         gate.wait(10)  # the first pass is held until every request was made
         return real(**kwargs)
 
     monkeypatch.setattr(scheduler, "schedule_pending", slow)
     started = time.monotonic()
-    for _ in range(20):
+    pass_requests.schedule_pending_soon()
+    asking = time.monotonic() - started
+    assert entered.wait(10), "the first pass did not start"
+    started = time.monotonic()
+    for _ in range(19):  # while the first pass runs
         pass_requests.schedule_pending_soon()
-    assert time.monotonic() - started < 1.0, "asking for a pass waited for it"
+    asking += time.monotonic() - started
+    assert asking < 1.0, "asking for a pass waited for it"
     gate.set()
-    wait_until(lambda: not pass_requests._STANDALONE_PASSES._wanted.is_set(), timeout=10, what="the passes to run")
-    time.sleep(0.3)  # a pass that was still to come would have started by now
-    assert 1 <= len(ran) <= 2, ran  # not one per request
+    wait_until(lambda: len(finished) == 2, timeout=10, what="the held pass and one more to end")
+    assert not pass_requests._STANDALONE_PASSES._wanted.is_set()  # no third pass is wanted, so none starts
+    assert len(ran) == 2, ran  # the 19 requests made during the first pass: one more pass, not one each

@@ -112,10 +112,10 @@ class ConsoleCollector:
                 node = totals.setdefault(device.node.name, [Decimal(0), Decimal(0)])
                 node[0] += summary.free
                 node[1] += summary.capacity
-        for node in Node.objects.filter(status="ALIVE").values_list("name", flat=True):
-            f, c = totals.get(node, (Decimal(0), Decimal(0)))
-            free.add_metric([node], float(f))
-            capacity.add_metric([node], float(c))
+        for name in Node.objects.filter(status="ALIVE").values_list("name", flat=True):
+            f, c = totals.get(name, (Decimal(0), Decimal(0)))
+            free.add_metric([name], float(f))
+            capacity.add_metric([name], float(c))
         yield from (free, capacity)
 
     def _scheduler(self):
