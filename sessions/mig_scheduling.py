@@ -90,7 +90,7 @@ class MigRank(NamedTuple):
     destroys: int
     busiest: int
     node: str
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index(), which no caller uses on a rank
     device_id: str
 
 
