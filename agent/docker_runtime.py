@@ -441,14 +441,15 @@ class DockerRuntime:
         """Blocking: the local images, `{reference: image id}`, every tag ("fgpu-session:test") and
         repository digest ("nvcr.io/nvidia/pytorch@sha256:…") of each, as Docker lists them.
         Raises what the Docker SDK raises when the engine does not answer."""
-        held, service_ports = {}, {}
+        held: dict[str, str] = {}
+        service_ports: dict[str, str] = {}
         for image in self.client.images.list():
             for reference in [*(image.tags or []), *(image.attrs.get("RepoDigests") or [])]:
                 if not reference.startswith("<none>"):  # an untagged image's placeholder
-                    held[reference] = image.id
+                    held[reference] = str(image.id)  # a listed image has its id
             label = (image.labels or {}).get(protocol.SERVICE_PORTS_LABEL)
             if isinstance(label, str) and label:
-                service_ports[image.id] = label[:1024]
+                service_ports[str(image.id)] = label[:1024]
         self._service_ports = service_ports
         return held
 

@@ -37,7 +37,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         if not cfg.broker_url.startswith(("redis://", "rediss://")):
             raise CommandError(f"{cfg.path.name}: manager.broker-url: the agent needs a Redis URL (or set REDIS_URL)")
-        app.conf.broker_url = cfg.broker_url
+        app.conf.broker_url = cfg.broker_url  # type: ignore[misc]  # celery-types: read-only; Celery's conf takes it
         app.conf.task_always_eager = False
         # What the broker's ACL user of this node reaches (console/broker_acl.py): its unacknowledged
         # messages under keys of its own, no remote control (no pidbox fanout) and no Celery worker
