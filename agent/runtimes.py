@@ -217,7 +217,7 @@ class HeldImages:
         try:
             self.current = dict(sorted(self.runtime.images().items())[:protocol.MAX_IMAGES])
             held = set(self.current.values())
-            labels = getattr(self.runtime, "image_service_ports", dict)()  # as the listing just read them
+            labels: dict[str, str] = getattr(self.runtime, "image_service_ports", dict)()  # as the listing just read them
             self.service_ports = {ident: label for ident, label in labels.items() if ident in held}
         except Exception as exc:
             log.warning("could not list the node's session images (keeping the last list): %s", exc)

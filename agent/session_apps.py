@@ -62,7 +62,7 @@ class AppProcess:
     output: object
     ready: asyncio.Future
     started: float = field(default_factory=time.monotonic)
-    relay: object = None  # the agent's relay (an asyncio Server) where agent.toml asks for one
+    relay: asyncio.Server | None = None  # the agent's relay where agent.toml asks for one
 
     def reached_at(self) -> tuple[str, int]:
         """Where the web reaches the app: the relay's address, else the app's own."""

@@ -88,11 +88,11 @@ def _shown(node: Node, answer: dict) -> dict:
     ids = {str(row["session_id"]) for row in rows if row.get("session_id")}
     sessions = {str(s.pk): s for s in ComputeSession.objects.filter(pk__in=ids).select_related("owner")}
     granted = {(str(a.session_id), a.device.device_id): a.memory
-               for a in Allocation.objects.filter(session_id__in=sessions, device__node=node, released_at=None)
+               for a in Allocation.objects.filter(session__pk__in=list(sessions), device__node=node, released_at=None)
                .select_related("device")}
     out = []
     for row in rows:
-        device = devices.get(row.get("device"))
+        device = devices.get(str(row.get("device") or ""))
         session = sessions.get(str(row.get("session_id") or ""))
         out.append({
             "device": str(row.get("device") or ""), "index": device.index if device else row.get("index"),
@@ -100,7 +100,7 @@ def _shown(node: Node, answer: dict) -> dict:
             "command": str(row.get("command") or ""), "memory": row.get("memory"), "kind": str(row.get("kind") or ""),
             "session": None if session is None else {
                 "id": str(session.pk), "name": session.name, "owner": session.owner.username, "status": session.status,
-                "granted_memory": granted.get((str(session.pk), row.get("device")))},
+                "granted_memory": granted.get((str(session.pk), str(row.get("device") or "")))},
         })
     return {"node": node.name, "source": answer.get("source", ""), "at": answer.get("at"),
             "truncated": bool(answer.get("truncated")), "processes": out}
