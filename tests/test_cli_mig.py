@@ -136,3 +136,12 @@ def test_an_assumed_memory_figure_is_marked():
          "memory_assumed": True, "sm_count": 0, "max_instances": 7, "placements": [{"start": 0, "size": 1}]}]}])
     assert "22 GiB *" in text and text.endswith("* memory derived, not captured from a GPU")
     assert text.splitlines()[1].split()[-3] == "?"  # SMs unknown
+
+
+def test_a_profile_whose_placements_lack_starts_still_gets_its_row():
+    # mypy found it: three or more placements without a "start" made the STARTS column raise (range(None)).
+    placements = [{"size": 1}, {"size": 1}, {"size": 1}]
+    text = profiles_text([{"model": "A100-40GB", "source": "nvml", "profiles": [
+        {"name": "1g.5gb", "profile_id": 19, "compute_slices": 1, "memory_slices": 1, "memory": 5 << 30,
+         "sm_count": 14, "max_instances": 7, "placements": placements}]}])
+    assert text.splitlines()[1].split()[:3] == ["A100-40GB", "nvml", "1g.5gb"]
