@@ -145,7 +145,8 @@ def test_terminal_input_and_the_last_sample_move_the_sessions_activity_forward_o
 
 def test_rollups_keep_exact_sums_and_means_per_5_minutes_and_retention_drops_old_rows(running):
     session = running()
-    base = (int(time.time()) - 3 * 86400) // 300 * 300  # three days ago, on a bucket boundary
+    # Three days ago, on an hour boundary: both 5-minute buckets fall in one hour (at xx:55 they made two: a failure).
+    base = (int(time.time()) - 3 * 86400) // 3600 * 3600
     SessionSample.objects.bulk_create([
         SessionSample(session=session, t=base + 10, span=10, gpu_memory=2 * GiB, gpu_util=30, cpu=500, mem=1),
         SessionSample(session=session, t=base + 20, span=10, gpu_memory=4 * GiB, gpu_util=90, cpu=None, mem=3),
