@@ -353,7 +353,7 @@ def _eta_pairs(eta: dict) -> list[tuple[str, object]]:
         start = "never, as asked"
     else:
         start = "unknown"
-    pairs = [("Estimated start", start)]
+    pairs: list[tuple[str, object]] = [("Estimated start", start)]
     if eta.get("reason"):
         pairs.append(("Why", eta["reason"]))
     pairs += [("Place in queue", eta.get("position")), ("Fits now", "yes" if eta.get("fits_now") else "no")]

@@ -99,6 +99,8 @@ class _Facts:
                                                 terminated_at__gte=now - timedelta(days=HISTORY_DAYS))
                     .order_by("-terminated_at").values_list("owner_id", "image_id", "started_at", "terminated_at")[:5000])
             for owner_id, image_id, started, ended in rows:
+                if started is None or ended is None:  # the filter leaves none; the type checker does not know
+                    continue
                 seconds = (ended - started).total_seconds()
                 for key in {(owner_id, image_id), (owner_id, None)}:  # one key for a session without an image
                     self.history.setdefault(key, []).append(seconds)
@@ -127,7 +129,7 @@ def expected_end(session: ComputeSession, facts: _Facts) -> End:
     if session.status == SessionStatus.TERMINATING:
         return End(now, now, "terminating")
     started = session.started_at.timestamp() if session.started_at else now
-    policy = facts.policy(session.node.resource_group_id if session.node_id else None)
+    policy = facts.policy(session.node.resource_group_id if session.node else None)
     cap = started + policy.max_lifetime if policy and policy.max_lifetime else None
     activity = facts.activity.get(session.pk)
     if activity is not None and activity.deadline is not None:
@@ -302,7 +304,7 @@ class _Queue:
             except AllocationError as exc:  # a stored request no longer valid
                 self.never[key] = str(exc)
                 continue
-            self.images[key] = session.image.reference if session.image_id else ""
+            self.images[key] = session.image.reference if session.image else ""
             self.runtimes[key] = expected_runtime(session, self.requests[key], facts)
         self.ends = {key: expected_end(s, facts) for key, s in self.active.items()}
         self.holdings: dict[str, _Holding] = {}
@@ -312,7 +314,7 @@ class _Queue:
         for session_id, device_id, shares, memory, procs in rows:
             grants.setdefault(str(session_id), []).append(core.DeviceGrant(str(device_id), shares, memory, procs))
         for key, s in self.active.items():
-            if s.node_id is not None:
+            if s.node is not None:
                 self.holdings[key] = _Holding(s.slot_name, s.node.name, s.cpu, s.mem, tuple(grants.get(key, ())))
         self._settings: dict = {}
         self._images: dict[str, str] = {}

@@ -314,7 +314,7 @@ def _send_starts(starts: list[tuple[str, dict]]) -> None:
 def queue_shape(session: ComputeSession) -> str:
     """The key of a session's request in a pass: its image and normalised request. Sessions of
     one key find room or not together, so a pass tries each key once until one is placed."""
-    image = session.image.reference if session.image_id else ""
+    image = session.image.reference if session.image else ""
     return f"{image}|{json.dumps(session.request_spec, sort_keys=True)}"
 
 

@@ -19,8 +19,7 @@ from sessions import eta
 from sessions.models import ComputeSession, Project, SessionStatus
 from sessions.scheduler import schedule_pending
 from sessions.services import session_create, session_report_apply
-from tests.conftest import client_for
-from tests.test_api import assert_error_shape
+from tests.conftest import assert_error_shape, client_for
 from tests.seed import make_cluster, mock_gpu
 
 NOW = 1_000_000.0

@@ -133,15 +133,16 @@ def replay(queue: Iterable[Queued], *, ends: dict[str, float | None], room: Room
         if waiting:
             out.passes += 1
             waiting = _pass(waiting, t, room, backfill_limit, holding, out, reasons)
-        upcoming = [end for end in holding.values() if end is not None] + ([future[0].arrives] if future else [])
+        upcoming = [end for end in holding.values() if end is not None] + [q.arrives for q in future[:1] if q.arrives is not None]
         if not upcoming or (not waiting and not future):
             break
         t = max(t, min(upcoming))
-        for key in [k for k, end in holding.items() if end is not None and end <= t]:
+        for key, end in [(k, end) for k, end in holding.items() if end is not None and end <= t]:
             room.release(key)
-            out.ended[key] = holding.pop(key)
+            del holding[key]
+            out.ended[key] = end
         joined = False
-        while future and future[0].arrives <= t:
+        while future and future[0].arrives is not None and future[0].arrives <= t:  # (arrives: set on every future item)
             waiting.append(future.pop(0))
             joined = True
         if joined:
