@@ -510,10 +510,10 @@ def _link_end(
             raise reader.error(where, f"devices[{value}] is a MIG slice; links join whole devices")
         return device.device_id
     if isinstance(value, str):
-        device = by_name.get(value.strip())
-        if device is None:
+        named = by_name.get(value.strip())
+        if named is None:
             raise reader.error(where, f"{_show(value)} is not the mother_uuid of a whole device in devices")
-        return device.device_id
+        return named.device_id
     raise reader.error(where, f"expected a position in devices or a mother_uuid, got {_kind(value)} {_show(value)}")
 
 

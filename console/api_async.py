@@ -51,7 +51,7 @@ def awaiting_view(view: Callable) -> Callable:
         try:
             response.data = await response.wait()
         except Exception as exc:
-            error = exception_handler(exc, response.renderer_context)
+            error = exception_handler(exc, response.renderer_context)  # type: ignore[attr-defined]  # set by DRF, not in its stubs
             if error is None:
                 raise
             response.data, response.status_code = error.data, error.status_code

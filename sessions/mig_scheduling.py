@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TypeGuard
 from decimal import Decimal
 from typing import NamedTuple
 

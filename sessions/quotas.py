@@ -284,7 +284,7 @@ def quota_report(*, user) -> dict:
         quotas.append({
             "id": quota.pk,
             "scope": "project" if quota.project_id is not None else "user",
-            "name": quota.project.name if quota.project_id is not None else quota.user.get_username(),
+            "name": quota.project.name if quota.project is not None else quota.user.get_username() if quota.user else "",
             "limits": quota_figures(fgpu=quota.max_fgpu, devices=quota.max_devices, gpu_memory=quota.max_gpu_memory,
                                sessions=quota.max_sessions),
             "used": quota_figures(fgpu=usage.fgpu, devices=usage.devices, gpu_memory=usage.gpu_memory,

@@ -1,7 +1,7 @@
 """Reads of compute sessions, always through the permission-checking fetch helpers."""
 from __future__ import annotations
 
-from typing import cast
+from typing import TypeGuard, cast
 
 from django.core.exceptions import ValidationError
 from django.db.models import Prefetch
@@ -127,7 +127,7 @@ def session_configuration_parts(session: ComputeSession, *, slot_formats: SlotFo
 
 # --- what a MIG session got --------------------------------------------------------------------
 
-def wants_mig(request) -> bool:
+def wants_mig(request) -> TypeGuard[MigResourceRequest]:
     return isinstance(request, MigResourceRequest)
 
 

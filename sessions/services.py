@@ -375,7 +375,7 @@ def session_exec_call(*, session: ComputeSession, command, timeout: int) -> Exec
     _exec_check_running(session)
     message = {"type": "pty.exec", "session_id": str(session.pk), "argv": command, "timeout": timeout}
     return ExecCall(group=events.pty_group(session.pk), message=message, timeout=timeout,
-                    node=session.node.name if session.node_id else "its node")
+                    node=session.node.name if session.node else "its node")
 
 
 async def session_exec_wait(call: ExecCall) -> dict:
