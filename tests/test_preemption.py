@@ -158,3 +158,17 @@ def test_the_launch_takes_preemptible_and_min_runtime_and_refuses_bad_values(one
     assert chosen.json()["min_runtime"] == 600 and chosen.json()["preempt_at"] is None
     assert bad.status_code == 400 and "min_runtime" in bad.json()["field_errors"]
     assert ComputeSession.objects.count() == 3  # the refused launch kept nothing
+
+
+def test_the_cli_sends_preemptible_and_min_runtime_only_when_given():
+    from fgpu_cli.launch import UsageError, build_body
+    from fgpu_cli.main import build_parser
+
+    args = build_parser().parse_args(["launch", "--fgpu", "1", "--no-preemptible", "--min-runtime", "600"])
+    assert (args.preemptible, args.min_runtime) == (False, 600)
+    assert build_parser().parse_args(["launch", "--fgpu", "1"]).preemptible is None
+    assert build_body(fgpu="1", preemptible=False, min_runtime=600) == {
+        "resources": {"cuda.shares": "1"}, "preemptible": False, "min_runtime": 600}
+    assert build_body(fgpu="1") == {"resources": {"cuda.shares": "1"}}
+    with pytest.raises(UsageError, match="--min-runtime -5"):
+        build_body(fgpu="1", min_runtime=-5)
