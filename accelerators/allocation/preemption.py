@@ -42,8 +42,9 @@ class Holder:
     """A session holding resources on node `node_id`: `grants` (the allocator's DeviceGrant,
     device ids as in the node's DeviceState), `cpu` cores, `mem` bytes; `started_at` (epoch
     seconds it started running), `min_runtime` (seconds it may not be preempted before),
-    `preemptible`, `priority`, `factor` (its owner's fair-share factor, 0–1], and `name` for
-    messages."""
+    `preemptible`, `priority`, `factor` (its owner's fair-share factor, 0–1], `name` for
+    messages, and `request` (what it asked for: what it asks again when a compaction plan
+    moves it; None: its grants' fGPU)."""
 
     session_id: str
     node_id: str
@@ -56,6 +57,7 @@ class Holder:
     priority: int = 0
     factor: float = 1.0
     name: str = ""
+    request: core.ResourceRequest | None = field(default=None, compare=False)
 
     @property
     def shares(self) -> Decimal:
@@ -114,11 +116,13 @@ def place_on(node: core.NodeState, request: core.ResourceRequest, settings: core
 
 def room_needed(nodes: Sequence[core.NodeState], holders: Iterable[Holder], request: core.ResourceRequest,
                 settings: core.FractionalSettings | None, *, eligible: Callable[[Holder], bool] = lambda h: True,
-                order: Callable[[Holder], object] = lambda h: 0, options: dict | None = None) -> Room | None:
+                order: Callable[[Holder], object] = lambda h: 0, options: dict | None = None,
+                accept: Callable[[Room], bool] | None = None) -> Room | None:
     """The fewest `eligible` holders, all on one node, whose removal lets the allocator place
     `request` there (`core.place` under `options`); among sets of that size the one first by
     `order` (the sorted order keys compared in turn); among nodes, the fewest victims, then
-    `order`, then the nodes' order. A request that fits as things are gets a Room without
+    `order`, then the nodes' order. `accept` (None: any): a further test a candidate Room must
+    pass (the compaction plan's "the moved sessions fit elsewhere"). A request that fits as things are gets a Room without
     victims. None when no node can be made to hold it with its eligible holders removed.
 
     `nodes`: NodeState as the scheduler reads them (each holder's grants included in its
@@ -133,7 +137,8 @@ def room_needed(nodes: Sequence[core.NodeState], holders: Iterable[Holder], requ
             by_node.setdefault(h.node_id, []).append(h)
     best: tuple | None = None
     for position, node in enumerate(nodes):
-        found = _node_room(node, sorted(by_node.get(node.node_id, []), key=order), request, settings, options)
+        found = _node_room(node, sorted(by_node.get(node.node_id, []), key=order), request, settings, options,
+                           accept or (lambda room: True))
         if found is None:
             continue
         key = (len(found.victims), [order(v) for v in found.victims], position)
@@ -145,10 +150,10 @@ def room_needed(nodes: Sequence[core.NodeState], holders: Iterable[Holder], requ
 
 
 def _node_room(node: core.NodeState, candidates: list[Holder], request: core.ResourceRequest,
-               settings: core.FractionalSettings | None, options: dict | None) -> Room | None:
+               settings: core.FractionalSettings | None, options: dict | None, accept) -> Room | None:
     """`room_needed` on one node; `candidates` in preference order."""
     placement = place_on(node, request, settings, options)
-    if placement is not None:
+    if placement is not None and accept(Room(node.node_id, (), placement)):
         return Room(node.node_id, (), placement)
     if not candidates or place_on(release(node, candidates), request, settings, options) is None:
         return None
@@ -157,11 +162,12 @@ def _node_room(node: core.NodeState, candidates: list[Holder], request: core.Res
         for subset in combinations(candidates, size):  # in preference order: the first that fits wins
             tried += 1
             if tried > MAX_SUBSETS:
-                return _irreducible(node, candidates, request, settings, options)
+                room = _irreducible(node, candidates, request, settings, options)
+                return room if accept(room) else None
             placement = place_on(release(node, subset), request, settings, options)
-            if placement is not None:
+            if placement is not None and accept(Room(node.node_id, subset, placement)):
                 return Room(node.node_id, subset, placement)
-    return None  # not reached: removing every candidate fits
+    return None  # every candidate set that fits was refused by `accept`
 
 
 def _irreducible(node: core.NodeState, candidates: list[Holder], request: core.ResourceRequest,
