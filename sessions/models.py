@@ -14,6 +14,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
 import protocol
+from accelerators.models import ResourceGroup
 from sessions.service_ports import SERVICE_PORTS_LABEL, ServicePortsError, parse_service_ports
 
 
@@ -453,3 +454,13 @@ class IdempotencyKey(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "key"], name="idempotency_key_unique_per_user")]
+
+
+class FragmentationMap(ResourceGroup):
+    """A resource group seen through its fragmentation map and compaction plan (issue 17.4): the
+    admin's page per group (sessions.admin, sessions.compaction). A proxy: no table of its own."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "fragmentation map"
+        verbose_name_plural = "fragmentation maps"

@@ -37,6 +37,7 @@ from django.db.models import Prefetch
 from django.utils import timezone
 
 from accelerators.allocation import core
+from accelerators.allocation.errors import AllocationError
 from accelerators.allocation.preemption import Holder, Room, place_on, preemption_choice, release
 from sessions import fairshare, mig_scheduling
 from sessions.models import ACTIVE_STATUSES, NEXT_VERSION, Allocation, ComputeSession, SessionStatus
@@ -122,8 +123,8 @@ def session_holders(*, node_names: list[str]) -> tuple[list[Holder], list[Holder
     """The sessions holding resources on `node_names` as the pure rule sees them: (holders that
     still run, holders already stopping: TERMINATING, {session id: owner's user id}). A session
     is `preemptible` here only while RUNNING, not under notice already, and holding no MIG
-    instance; `factor` 1.0 (the caller sets it); `started_at` its start (epoch seconds). Three
-    queries."""
+    instance; `factor` 1.0 (the caller sets it); `started_at` its start (epoch seconds);
+    `request` its own (None where the slot no longer allows it). Three queries."""
     sessions = (ComputeSession.objects.filter(node__name__in=node_names, status__in=ACTIVE_STATUSES)
                 .select_related("node").prefetch_related(
                     Prefetch("allocations", queryset=Allocation.objects.filter(released_at__isnull=True),
@@ -135,7 +136,8 @@ def session_holders(*, node_names: list[str]) -> tuple[list[Holder], list[Holder
         preemptible = (s.preemptible and s.status == SessionStatus.RUNNING and s.preempt_at is None
                        and not s.gpu_instances.all())
         holder = Holder(str(s.pk), s.node.name, grants, cpu=s.cpu, mem=s.mem, started_at=started.timestamp(),
-                        min_runtime=s.min_runtime, preemptible=preemptible, priority=s.priority, name=s.name)
+                        min_runtime=s.min_runtime, preemptible=preemptible, priority=s.priority, name=s.name,
+                        request=_request_of(s))
         owners[holder.session_id] = s.owner_id
         (stopping if s.status == SessionStatus.TERMINATING else running).append(holder)
     return running, stopping, owners
@@ -146,7 +148,7 @@ def _request_of(session: ComputeSession):
 
     try:
         return session_request(session)
-    except Exception:  # a request the slot no longer allows: the pass has ended it
+    except (AllocationError, KeyError, TypeError, ValueError):  # a spec this version cannot read
         return None
 
 

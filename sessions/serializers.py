@@ -173,6 +173,15 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """A BooleanField that takes only JSON true and false (not 0, 1, "yes", "true")."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
 class SessionCreateSerializer(serializers.Serializer):
     name = StrictCharField(max_length=64, required=False, allow_blank=True, default="")
     resources = serializers.DictField(required=False, help_text='e.g. {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}; '
@@ -190,7 +199,7 @@ class SessionCreateSerializer(serializers.Serializer):
     image = StrictCharField(required=False, allow_null=True, allow_blank=True, default=None, max_length=255,
                             help_text="a registered session image's reference (GET /api/v1/images/), e.g. "
                                       "\"fgpu-session:test\"; absent, null or empty: the default image")
-    preemptible = serializers.BooleanField(required=False, allow_null=True, default=None,
+    preemptible = StrictBooleanField(required=False, allow_null=True, default=None,
                                            help_text="may be stopped (warned first) to make room for a waiting session "
                                                      "of higher priority or of an owner under its fair share; absent or "
                                                      "null: true for a batch command, false for an interactive shell")

@@ -152,11 +152,13 @@ def test_the_launch_takes_preemptible_and_min_runtime_and_refuses_bad_values(one
     chosen = client.post("/api/v1/sessions/", {"resources": {"cuda.shares": "0.5"}, "preemptible": True,
                                                "min_runtime": 600}, format="json")
     bad = client.post("/api/v1/sessions/", {"resources": {"cuda.shares": "0.5"}, "min_runtime": -1}, format="json")
+    loose = client.post("/api/v1/sessions/", {"resources": {"cuda.shares": "0.5"}, "preemptible": 0}, format="json")
 
     assert (batch.status_code, shell.status_code, chosen.status_code) == (201, 201, 201)
     assert (batch.json()["preemptible"], shell.json()["preemptible"], chosen.json()["preemptible"]) == (True, False, True)
     assert chosen.json()["min_runtime"] == 600 and chosen.json()["preempt_at"] is None
     assert bad.status_code == 400 and "min_runtime" in bad.json()["field_errors"]
+    assert loose.status_code == 400 and "preemptible" in loose.json()["field_errors"]  # JSON true or false only
     assert ComputeSession.objects.count() == 3  # the refused launch kept nothing
 
 
