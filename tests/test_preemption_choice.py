@@ -94,9 +94,11 @@ def test_priority_and_fair_share_decide_who_may_preempt_whom():
     holder = Holder("h", "n1", preemptible=True, priority=0, factor=0.3)
     assert may_preempt(holder, priority=1, factor=0.0, now=NOW)  # higher priority: always
     assert not may_preempt(holder, priority=-1, factor=1.0, now=NOW)  # lower priority: never
-    assert may_preempt(holder, priority=0, factor=0.9, now=NOW)  # same priority, under its share, above the holder
+    assert may_preempt(holder, priority=0, factor=0.9, now=NOW)  # same priority: under its share, the holder over
     assert not may_preempt(holder, priority=0, factor=0.5, now=NOW)  # at its share exactly: not under it
     assert not may_preempt(Holder("h", "n1", preemptible=True, factor=0.95), priority=0, factor=0.9, now=NOW)
+    # the holder's owner is under their share too (if less so): nobody preempts an under-share account
+    assert not may_preempt(Holder("h", "n1", preemptible=True, factor=0.6), priority=0, factor=0.9, now=NOW)
     assert not may_preempt(Holder("h", "n1", preemptible=False), priority=5, factor=1.0, now=NOW)
 
 

@@ -8,11 +8,13 @@ its owner's fair-share factor). `room_needed` answers "which of these holders, r
 preferred (`order`); `preemption_choice` is that question under the preemption rule:
 
 - only preemptible holders, and only once they ran their minimum runtime;
-- only for a waiting request of higher priority, or of the same priority whose owner is under
-  its fair share (factor > 0.5, `sessions.fairshare`) and has a higher factor than the holder's
-  owner (Kueue's fair-sharing preemption: a workload may preempt within its cohort only when its
-  queue's share after admission stays below the preemptee's; KAI's reclaim of over-quota
-  workloads; Slurm's PreemptType=preempt/qos for priority);
+- only for a waiting request of higher priority (Slurm's PreemptType=preempt/qos), or of the
+  same priority whose owner is under its fair share (factor > 0.5, `sessions.fairshare`) while
+  the holder's owner is over theirs (factor < 0.5): KAI's reclaim takes back only from queues
+  above their fair share, for queues below theirs; Kueue's fair-sharing preemption likewise
+  never takes from a queue whose share is not above the preemptor's. The gap between the two
+  (nobody preempts an account that is under its share) keeps two accounts from preempting each
+  other in turn as their usage crosses (benchmarks/queue.py measured the churn without it);
 - the fewest holders, all on one node (a session is placed on one node), the youngest first
   among sets of the same size (they lose the least work; Kueue and KAI prefer the most recently
   started victims);
@@ -186,12 +188,13 @@ def may_preempt(holder: Holder, *, priority: int, factor: float, now: float) -> 
     """Whether a waiting request of `priority` whose owner has fair-share `factor` may preempt
     `holder` at `now` (epoch seconds): the holder is preemptible and ran its minimum runtime, and
     the waiting request has a higher priority, or the same priority with its owner under its
-    share (factor > UNDER_SHARE) and above the holder's owner's factor (see the module)."""
+    share (factor > UNDER_SHARE) and the holder's owner over theirs (factor < UNDER_SHARE; see
+    the module)."""
     if not holder.preemptible or holder.ran(now) < holder.min_runtime:
         return False
     if priority != holder.priority:
         return priority > holder.priority
-    return factor > UNDER_SHARE and factor > holder.factor
+    return factor > UNDER_SHARE > holder.factor
 
 
 def preemption_choice(nodes: Sequence[core.NodeState], holders: Iterable[Holder], request: core.ResourceRequest,
