@@ -371,10 +371,13 @@ def wait_section(r: Replay) -> list[str]:
     for priority in sorted({s.priority for s in r.sessions}, reverse=True):
         waits = sorted(s.started - s.arrival for s in r.sessions if s.priority == priority and s.started is not None)
         if waits:
-            pick = lambda q: waits[min(len(waits) - 1, int(q * len(waits)))]  # noqa: E731
-            lines.append(f"  priority {priority}: {len(waits)} sessions, p50 {pick(0.5) / 60:.1f} min, "
-                         f"p90 {pick(0.9) / 60:.1f} min, max {waits[-1] / 3600:.1f} h")
+            lines.append(f"  priority {priority}: {len(waits)} sessions, p50 {_quantile(waits, 0.5) / 60:.1f} min, "
+                         f"p90 {_quantile(waits, 0.9) / 60:.1f} min, max {waits[-1] / 3600:.1f} h")
     return lines
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 SECTIONS: list[Callable[[Replay], list[str]]] = [fair_share_section, preemption_section, wait_section]
