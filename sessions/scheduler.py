@@ -65,6 +65,12 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
     time a later session starts past it its `overtaken` count grows, and once that reaches
     FGPU_BACKFILL_LIMIT nothing behind it starts until it has (0: strict first in, first out).
 
+    Preemption (FGPU_PREEMPTION): after the placements, the pass takes back notices no longer
+    needed, stops the sessions whose notice ran out, and puts under notice the fewest
+    preemptible sessions that make room for a blocked session of higher priority or of an
+    under-share owner (`sessions.preemption.preemption_pass`); such a waiting session's reason
+    says so.
+
     Images: a session with a session image goes only to a node whose agent reports holding it
     (`accelerators.selectors.node_runs_image`); while no alive node does, it waits "waiting for a
     node with image <reference>". Sessions from before images (no image) may go to any node.
