@@ -94,6 +94,7 @@ def preemption_pass(*, blocked: list[ComputeSession], scope_of, options_of, now=
         return out
     busy = set(ComputeSession.objects.filter(preempted_for_id__in=[w.pk for w in waiters], status__in=ACTIVE_STATUSES)
                .exclude(preempt_at__isnull=True).values_list("preempted_for_id", flat=True))
+    read: dict = {}  # the scope's node names → its holders (read once per pass), and "factors"
     for waiter in waiters:
         if waiter.pk in busy:
             continue
@@ -101,13 +102,19 @@ def preemption_pass(*, blocked: list[ComputeSession], scope_of, options_of, now=
         if request is None or mig_scheduling.wants_mig(request):
             continue
         nodes = scope_of(waiter)
-        holders, stopping, owners = session_holders(node_names=[n.node_id for n in nodes])
+        names = tuple(n.node_id for n in nodes)
+        if names not in read:
+            read[names] = session_holders(node_names=list(names))
+        holders, stopping, owners = read[names]
         if not any(h.preemptible for h in holders):
             continue
         nodes = [release(n, stopping) for n in nodes]  # what ends anyway frees its room: no preemption for it
         if any(place_on(n, request, _settings(request), options_of(waiter)) for n in nodes):
             continue
-        factors = fairshare.owner_factors({waiter.owner_id, *owners.values()})
+        if "factors" not in read:  # once a pass: every active session's owner and the waiters'
+            owners_now = set(ComputeSession.objects.filter(status__in=ACTIVE_STATUSES).values_list("owner_id", flat=True))
+            read["factors"] = fairshare.owner_factors(owners_now | {w.owner_id for w in waiters})
+        factors = read["factors"]
         holders = [replace(h, factor=factors.get(owners[h.session_id], 1.0)) for h in holders]
         room = preemption_choice(nodes, holders, request, _settings(request), priority=waiter.priority,
                                  factor=factors.get(waiter.owner_id, 1.0), now=now.timestamp(),
@@ -116,6 +123,7 @@ def preemption_pass(*, blocked: list[ComputeSession], scope_of, options_of, now=
             continue
         out["for"][waiter.pk] = _warn(waiter, room, now)
         out["warned"] += [v.session_id for v in room.victims]
+        del read[names]  # its victims are under notice now: read again for the next waiter
     return out
 
 

@@ -174,3 +174,18 @@ def test_the_cli_sends_preemptible_and_min_runtime_only_when_given():
     assert build_body(fgpu="1") == {"resources": {"cuda.shares": "1"}}
     with pytest.raises(UsageError, match="--min-runtime -5"):
         build_body(fgpu="1", min_runtime=-5)
+
+
+def test_two_waiters_in_one_pass_never_share_a_victim(settings, alice, staff):
+    settings.FGPU_PREEMPTION = True
+    make_cluster(nodes={"n1": [mock_gpu(0)]})
+    first = running(alice, "first", fgpu="1")
+    second = running(alice, "second", fgpu="1", ran_s=7200)
+    a = session_create(owner=staff, name="a", resources={"cuda.shares": "1", "mem": "64M"}, priority=5)
+    b = session_create(owner=staff, name="b", resources={"cuda.shares": "1", "mem": "64M"}, priority=5)
+
+    schedule_pending()
+
+    assert fresh(first).preempted_for_id == a.pk  # the youngest for the first in the queue
+    assert fresh(second).preempted_for_id == b.pk  # the other for the second
+    assert "preempting 1 session(s) on n1 to make room (second;" in fresh(b).status_reason
