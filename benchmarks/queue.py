@@ -274,7 +274,7 @@ def _pass(r: Replay, t: float) -> list[Session]:
     r.passes += 1
     factors = _factors(r)
     r.pending.sort(key=lambda s: (-s.priority, -factors[s.project], s.arrival, s.sid))
-    started, blocked, no_room = [], [], set()
+    started, blocked, no_room = [], [], []
     reserved = None
     options = {"policy": r.policy}
     for s in list(r.pending):
@@ -283,13 +283,13 @@ def _pass(r: Replay, t: float) -> list[Session]:
         if reserved is not None:
             break  # nothing behind a reserved session starts
         key = (s.request.kind, s.request.amount, s.request.cpu, s.request.mem)
-        if key in no_room:
-            blocked.append(s)
+        if any(_dominates(key, k) for k in no_room):  # the scheduler's "same shape, no room" cache, widened to
+            blocked.append(s)                          # larger shapes: placements only fill a pass's cluster
             continue
         try:
             placement = core.place(r.nodes, s.request, SETTINGS, **options)
         except AllocationError:
-            no_room.add(key)
+            no_room.append(key)
             blocked.append(s)
             continue
         row = _row(r, placement.node_id)
@@ -304,13 +304,21 @@ def _pass(r: Replay, t: float) -> list[Session]:
     return started
 
 
+def _dominates(key: tuple, failed: tuple) -> bool:
+    """Whether a request `key` (kind, amount, cores, bytes) asks at least what `failed` asked."""
+    return key[0] == failed[0] and all(a >= b for a, b in zip(key[1:], failed[1:], strict=True))
+
+
 def _preempt(r: Replay, t: float, blocked: list[Session], factors: dict[str, float], options: dict) -> None:
     """`sessions.preemption.preemption_pass`'s choice step for the replay: victims warned now,
     stopped at t + grace."""
     waiting_for = {s.preempted_for for s in r.running.values() if getattr(s, "preempted_for", None)}
     stopping = [_holder(s, factors) for s in r.running.values() if s.stop_at is not None]
+    hopeless: list[tuple] = []  # requests no preemption could place in this pass
     for waiter in blocked[:MAX_WAITERS_PER_PASS]:
-        if waiter.sid in waiting_for:
+        key = (waiter.request.kind, waiter.request.amount, waiter.request.cpu, waiter.request.mem, waiter.priority,
+               factors[waiter.project])
+        if waiter.sid in waiting_for or any(k[4:] == key[4:] and _dominates(key[:4], k[:4]) for k in hopeless):
             continue
         nodes = [release(n, stopping) for n in r.nodes]
         if any(place_on(n, waiter.request, SETTINGS, options) for n in nodes):
@@ -318,6 +326,8 @@ def _preempt(r: Replay, t: float, blocked: list[Session], factors: dict[str, flo
         holders = [_holder(s, factors) for s in r.running.values() if s.stop_at is None]
         room = preemption_choice(nodes, holders, waiter.request, SETTINGS, priority=waiter.priority,
                                  factor=factors[waiter.project], now=t, options=options)
+        if room is None:
+            hopeless.append(key)
         if room is None or not room.victims:
             continue
         for victim in room.victims:

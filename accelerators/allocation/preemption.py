@@ -36,7 +36,8 @@ from accelerators.allocation import core
 from accelerators.allocation.errors import InsufficientResource, NeverSchedulable
 
 UNDER_SHARE = 0.5  # a fair-share factor above this: the account used less than its share (sessions.fairshare)
-MAX_SUBSETS = 4096  # subsets tried per node for the exact minimum; past it an irreducible set is taken (see room_needed)
+MAX_SUBSETS = 4096  # subsets the allocator is asked about per node; past it an irreducible set is taken (room_needed)
+MAX_ENUMERATED = 200_000  # subsets looked at per node (most are ruled out by what they free without the allocator)
 
 
 @dataclass(frozen=True)
@@ -129,10 +130,11 @@ def room_needed(nodes: Sequence[core.NodeState], holders: Iterable[Holder], requ
 
     `nodes`: NodeState as the scheduler reads them (each holder's grants included in its
     node's usage); `holders`: the sessions holding them (those on other nodes are ignored).
-    Exact while a node has at most MAX_SUBSETS subsets to try below the size found by removing
-    every eligible holder greedily; past that, the greedy set with every holder the fit does not
-    need put back (no member can be spared, though a smaller set may exist). Raises nothing of
-    its own."""
+    Subsets that free too little CPU, memory or fGPU to cover what the node lacks are ruled out
+    without asking the allocator. Exact while a node needs at most MAX_SUBSETS allocator calls
+    (and MAX_ENUMERATED subsets looked at); past that, every eligible holder removed and then each
+    one the fit does not need put back (no member can be spared, though a smaller set may exist).
+    Raises nothing of its own."""
     by_node: dict[str, list[Holder]] = {}
     for h in holders:
         if eligible(h):
@@ -159,17 +161,53 @@ def _node_room(node: core.NodeState, candidates: list[Holder], request: core.Res
         return Room(node.node_id, (), placement)
     if not candidates or place_on(release(node, candidates), request, settings, options) is None:
         return None
-    tried = 0
+    short = _shortfall(node, request, settings)
+    freed = {h.session_id: _freed(h, settings) for h in candidates}
+    tried = enumerated = 0
     for size in range(1, len(candidates) + 1):
         for subset in combinations(candidates, size):  # in preference order: the first that fits wins
+            enumerated += 1
+            if not _covers(subset, short, freed):
+                continue  # frees too little CPU, memory or fGPU: the allocator need not be asked
             tried += 1
-            if tried > MAX_SUBSETS:
+            if tried > MAX_SUBSETS or enumerated > MAX_ENUMERATED:
                 room = _irreducible(node, candidates, request, settings, options)
                 return room if accept(room) else None
             placement = place_on(release(node, subset), request, settings, options)
             if placement is not None and accept(Room(node.node_id, subset, placement)):
                 return Room(node.node_id, subset, placement)
     return None  # every candidate set that fits was refused by `accept`
+
+
+def _shortfall(node: core.NodeState, request: core.ResourceRequest,
+               settings: core.FractionalSettings | None) -> tuple[int, int, Decimal]:
+    """What `node` lacks for `request` at the least, whatever the allocator's choice: (CPU
+    cores, memory bytes, fGPU; fGPU only for an fGPU request), each ≥ 0. The fGPU free is
+    counted before truncation and split counts (what removing sessions could at most add to)."""
+    cpu = max(0, request.cpu - (node.cpu_total - node.cpu_used))
+    mem = max(0, request.mem - (node.mem_total - node.mem_used))
+    fgpu = core.ZERO
+    if request.kind == "shares" and settings is not None:
+        free = sum((max(core.ZERO, min(Decimal(d.memory_total - d.memory_used) / settings.unit_mem,
+                                       (Decimal(d.proc_total) - d.proc_used) / settings.unit_proc))
+                    for d in node.devices), core.ZERO)
+        fgpu = max(core.ZERO, request.amount - free)
+    return cpu, mem, fgpu
+
+
+def _freed(holder: Holder, settings: core.FractionalSettings | None) -> Decimal:
+    """The most fGPU removing `holder` can add to its node's free count (`_shortfall`'s)."""
+    if settings is None:
+        return core.ZERO
+    return sum((max(Decimal(g.memory) / settings.unit_mem, g.procs / settings.unit_proc) for g in holder.grants),
+               core.ZERO)
+
+
+def _covers(subset: Sequence[Holder], short: tuple[int, int, Decimal], freed: dict[str, Decimal]) -> bool:
+    """Whether removing `subset` frees at least `short` (a necessary condition only)."""
+    cpu, mem, fgpu = short
+    return (sum(h.cpu for h in subset) >= cpu and sum(h.mem for h in subset) >= mem
+            and (not fgpu or sum((freed[h.session_id] for h in subset), core.ZERO) >= fgpu))
 
 
 def _irreducible(node: core.NodeState, candidates: list[Holder], request: core.ResourceRequest,
