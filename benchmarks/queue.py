@@ -74,7 +74,7 @@ django.setup()
 
 from accelerators.allocation import core  # noqa: E402
 from accelerators.allocation.errors import AllocationError, NeverSchedulable  # noqa: E402
-from accelerators.allocation.preemption import Holder, place_on, preemption_choice, release  # noqa: E402
+from accelerators.allocation.preemption import SHARE_MARGIN, Holder, place_on, preemption_choice, release  # noqa: E402
 from sessions.fairshare import decayed_seconds, fair_share_factor  # noqa: E402
 from sessions.preemption import MAX_WAITERS_PER_PASS  # noqa: E402
 
@@ -123,6 +123,7 @@ class Replay:
     grace: float
     half_life: float
     policy: str
+    margin: float = SHARE_MARGIN
     sessions: list[Session] = field(default_factory=list)
     pending: list[Session] = field(default_factory=list)
     running: dict[str, Session] = field(default_factory=dict)
@@ -164,9 +165,9 @@ def load(trace: str, nodes: int, min_runtime: int, limit: int | None) -> tuple[l
 
 
 def replay(nodes: list[core.NodeState], sessions: list[Session], *, weights: dict[str, int], grace: float,
-           half_life: float, policy: str) -> Replay:
+           half_life: float, policy: str, margin: float = SHARE_MARGIN) -> Replay:
     """Run the trace to its end (every session ended or dropped)."""
-    r = Replay(nodes=list(nodes), weights=weights, grace=grace, half_life=half_life, policy=policy)
+    r = Replay(nodes=list(nodes), weights=weights, grace=grace, half_life=half_life, policy=policy, margin=margin)
     r.capacity = float(sum(len(n.devices) for n in nodes))
     r.usage = {p: 0.0 for p in weights}
     r.gpu_seconds = {p: 0.0 for p in weights}
@@ -325,7 +326,7 @@ def _preempt(r: Replay, t: float, blocked: list[Session], factors: dict[str, flo
             continue  # what is stopping already makes room
         holders = [_holder(s, factors) for s in r.running.values() if s.stop_at is None]
         room = preemption_choice(nodes, holders, waiter.request, SETTINGS, priority=waiter.priority,
-                                 factor=factors[waiter.project], now=t, options=options)
+                                 factor=factors[waiter.project], now=t, options=options, margin=r.margin)
         if room is None:
             hopeless.append(key)
         if room is None or not room.victims:
@@ -402,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-runtime", type=int, default=600)
     parser.add_argument("--half-life-days", type=float, default=7.0)
     parser.add_argument("--policy", default="binpack")
+    parser.add_argument("--share-margin", type=float, default=SHARE_MARGIN,
+                        help="fair-share preemption's band (accelerators.allocation.preemption.SHARE_MARGIN)")
     parser.add_argument("--limit", type=int, help="only the first N GPU pods (a quick run)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -409,13 +412,14 @@ def main(argv: list[str] | None = None) -> int:
     nodes, sessions = load(args.trace, args.nodes, args.min_runtime, args.limit)
     began = time.monotonic()
     r = replay(nodes, sessions, weights=weights, grace=args.grace, half_life=args.half_life_days * 86400,
-               policy=args.policy)
+               policy=args.policy, margin=args.share_margin)
     seconds = time.monotonic() - began
     unfinished = [s for s in r.sessions if s.ended is None]
     header = [f"openb {args.trace}: {len(sessions)} GPU pods replayed by their creation and deletion times on "
               f"{len(nodes)} nodes ({int(r.capacity)} GPUs), policy {args.policy}, weights "
               f"{', '.join(f'{p} {w}' for p, w in weights.items())}, half-life {args.half_life_days:g} d, "
-              f"grace {args.grace:.0f} s, minimum runtime {args.min_runtime} s",
+              f"grace {args.grace:.0f} s, minimum runtime {args.min_runtime} s, fair-share preemption band "
+              f"{args.share_margin:g}",
               f"  {len(r.sessions)} sessions (restarts included), {r.dropped} dropped (no node could ever hold them), "
               f"{len(unfinished)} unfinished; peak {r.peak:.2f} of {r.capacity:.0f} GPUs; {r.passes} passes in "
               f"{seconds:.1f} s"]

@@ -9,11 +9,11 @@ preferred (`order`); `preemption_choice` is that question under the preemption r
 
 - only preemptible holders, and only once they ran their minimum runtime;
 - only for a waiting request of higher priority (Slurm's PreemptType=preempt/qos), or of the
-  same priority whose owner is under its fair share (factor > 0.5, `sessions.fairshare`) while
-  the holder's owner is over theirs (factor < 0.5): KAI's reclaim takes back only from queues
-  above their fair share, for queues below theirs; Kueue's fair-sharing preemption likewise
-  never takes from a queue whose share is not above the preemptor's. The gap between the two
-  (nobody preempts an account that is under its share) keeps two accounts from preempting each
+  same priority whose owner is under its fair share while the holder's owner is over theirs,
+  each by SHARE_MARGIN (a quarter of the share: factors ≥ 0.59 and ≤ 0.42, `sessions.fairshare`):
+  KAI's reclaim takes back only from queues above their fair share, for queues below theirs;
+  Kueue's fair-sharing preemption likewise never takes from a queue whose share is not above
+  the preemptor's. The band keeps accounts that hover at their shares from preempting each
   other in turn as their usage crosses (benchmarks/queue.py measured the churn without it);
 - the fewest holders, all on one node (a session is placed on one node), the youngest first
   among sets of the same size (they lose the least work; Kueue and KAI prefer the most recently
@@ -36,6 +36,10 @@ from accelerators.allocation import core
 from accelerators.allocation.errors import InsufficientResource, NeverSchedulable
 
 UNDER_SHARE = 0.5  # a fair-share factor above this: the account used less than its share (sessions.fairshare)
+# Fair-share preemption needs the waiting account at most (1 - SHARE_MARGIN) of its share used and the
+# holder's at least (1 + SHARE_MARGIN): factor ≥ 2^-(1 - m) and ≤ 2^-(1 + m). Without the band, accounts that
+# hover at their shares under contention preempted each other at every crossing (benchmarks/queue.py).
+SHARE_MARGIN = 0.25
 MAX_SUBSETS = 4096  # subsets the allocator is asked about per node; past it an irreducible set is taken (room_needed)
 MAX_ENUMERATED = 200_000  # subsets looked at per node (most are ruled out by what they free without the allocator)
 
@@ -222,26 +226,26 @@ def _irreducible(node: core.NodeState, candidates: list[Holder], request: core.R
     return Room(node.node_id, tuple(chosen), place_on(release(node, chosen), request, settings, options))
 
 
-def may_preempt(holder: Holder, *, priority: int, factor: float, now: float) -> bool:
+def may_preempt(holder: Holder, *, priority: int, factor: float, now: float, margin: float = SHARE_MARGIN) -> bool:
     """Whether a waiting request of `priority` whose owner has fair-share `factor` may preempt
     `holder` at `now` (epoch seconds): the holder is preemptible and ran its minimum runtime, and
     the waiting request has a higher priority, or the same priority with its owner under its
-    share (factor > UNDER_SHARE) and the holder's owner over theirs (factor < UNDER_SHARE; see
-    the module)."""
+    share by `margin` (at most 1 - margin of it used: factor ≥ 2^-(1 - margin)) and the holder's
+    owner over theirs by as much (factor ≤ 2^-(1 + margin); see the module)."""
     if not holder.preemptible or holder.ran(now) < holder.min_runtime:
         return False
     if priority != holder.priority:
         return priority > holder.priority
-    return factor > UNDER_SHARE > holder.factor
+    return factor >= 2.0 ** -(1 - margin) and holder.factor <= 2.0 ** -(1 + margin)
 
 
 def preemption_choice(nodes: Sequence[core.NodeState], holders: Iterable[Holder], request: core.ResourceRequest,
                       settings: core.FractionalSettings | None, *, priority: int, factor: float, now: float,
-                      options: dict | None = None) -> Room | None:
+                      options: dict | None = None, margin: float = SHARE_MARGIN) -> Room | None:
     """The sessions to preempt for a waiting `request` (of `priority`, its owner's fair-share
     `factor`) at `now` (epoch seconds): `room_needed` over the holders `may_preempt` allows,
     youngest first (latest `started_at`). None when preemption cannot make it fit (then nothing
     is preempted); a Room without victims when it fits already. Shapes as `room_needed`."""
     return room_needed(nodes, holders, request, settings,
-                       eligible=lambda h: may_preempt(h, priority=priority, factor=factor, now=now),
+                       eligible=lambda h: may_preempt(h, priority=priority, factor=factor, now=now, margin=margin),
                        order=lambda h: (-h.started_at, h.session_id), options=options)
