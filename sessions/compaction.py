@@ -169,7 +169,7 @@ def compaction_apply(*, admin, group: ResourceGroup | None, expected: list[str] 
         if group is not None:
             LogEntry.objects.log_actions(admin.pk, [group], CHANGE, change_message=message, single_object=True)
         log.info("%s by %s", message, admin.get_username())
-        from sessions.tasks import schedule_pending_soon
+        from sessions.passes import schedule_pending_soon
 
         transaction.on_commit(schedule_pending_soon)
     return {"target": str(target.pk), "node": plan.node_id, "moved": moved, "work_lost": plan.work_lost}
