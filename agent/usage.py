@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import json
 import logging
 import os
@@ -212,7 +213,9 @@ class UsageSampler:
         running = agent.sessions.get(session_id)
         if running is None or getattr(agent, "loop", None) is None:
             return
-        agent.loop.call_soon_threadsafe(agent._output, running, f"\r\n[fgpu: {text}]\r\n", log_it=False)
+        # call_soon_threadsafe takes no keyword arguments: the line through a partial.
+        agent.loop.call_soon_threadsafe(functools.partial(agent._output, running, f"\r\n[fgpu: {text}]\r\n",
+                                                          log_it=False))
 
     # --- the loop ------------------------------------------------------------------------
 

@@ -240,6 +240,11 @@ FGPU_BACKFILL_LIMIT = env_int("FGPU_BACKFILL_LIMIT", 8, minimum=0, maximum=10000
 # Fair share over time (sessions.fairshare): usage older by this many days counts half; 0 turns it
 # off (first in, first out within a priority).
 FGPU_FAIRSHARE_HALF_LIFE_DAYS = env_int("FGPU_FAIRSHARE_HALF_LIFE_DAYS", 7, minimum=0, maximum=3650)
+# Preemption with notice (sessions.preemption, issue 17.2): off by default. On, a waiting session of
+# higher priority (or of an owner under its fair share) may have preemptible sessions stopped for
+# it: each is warned, then stopped this many seconds later.
+FGPU_PREEMPTION = env_bool("FGPU_PREEMPTION", False)
+FGPU_PREEMPTION_GRACE_SECONDS = env_int("FGPU_PREEMPTION_GRACE_SECONDS", 300, minimum=0, maximum=7 * 86400)
 FGPU_SESSIONS_DIR = DATA_DIR / "sessions"
 # The most characters of output kept per session (the oldest are dropped): 4 Mi characters,
 # about 4 MiB of plain text. GET /api/v1/sessions/<id>/logs/ serves what is kept.

@@ -9,7 +9,7 @@ from accelerators import api_mig
 from accounts import api as account_api
 from accounts import views as account_views
 from sessions import api as session_api
-from sessions import api_eta, api_files, api_images, api_presets, api_quotas, api_resources
+from sessions import api_eta, api_files, api_fragmentation, api_images, api_presets, api_quotas, api_resources
 from sessions import views
 from usage import api as usage_api
 from usage import metrics as usage_metrics
@@ -46,6 +46,8 @@ urlpatterns = [
     path("api/v1/launch-options/", session_api.launch_options_view, name="api-launch-options"),
     path("api/v1/quota/", api_quotas.quota_view, name="api-quota-usage"),
     path("api/v1/fairshare/", api_quotas.fairshare_view, name="api-fairshare"),
+    path("api/v1/fragmentation/", api_fragmentation.fragmentation_view, name="api-fragmentation"),
+    path("api/v1/fragmentation/apply/", api_fragmentation.fragmentation_apply_view, name="api-fragmentation-apply"),
     path("api/v1/my-resources/", api_resources.my_resources_view, name="api-my-resources"),
     path("api/v1/me/", account_api.me_view, name="api-me"),
     path("api/v1/usage/", usage_api.usage_view, name="api-usage"),

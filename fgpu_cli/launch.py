@@ -98,10 +98,12 @@ def build_resources(*, gpu=None, gpu_memory=None, gpu_cores=None, gpus=None, fgp
     return resources
 
 
-def build_body(*, name=None, command=None, priority=None, image=None, preset=None, **resource_flags) -> dict:
+def build_body(*, name=None, command=None, priority=None, image=None, preset=None, preemptible=None,
+               min_runtime=None, **resource_flags) -> dict:
     """The launch body: `resources` from the GPU, CPU and memory flags (`build_resources`), and
     `name`, `command`, `priority`, `image` (a registered session image's reference; none: the
-    server's default image) where given. With `preset` (a resource preset's name or id) the body
+    server's default image), `preemptible` (bool) and `min_runtime` (seconds, ≥ 0; UsageError
+    otherwise) where given. With `preset` (a resource preset's name or id) the body
     names it and `resources` holds only the flags given, which the server merges into the
     preset's request (a GPU flag replaces its GPU request, `--cpu` / `--mem` its cores and
     memory); no flag: exactly the preset's request."""
@@ -123,4 +125,10 @@ def build_body(*, name=None, command=None, priority=None, image=None, preset=Non
         body["command"] = command
     if priority is not None:
         body["priority"] = priority
+    if preemptible is not None:
+        body["preemptible"] = preemptible
+    if min_runtime is not None:
+        if min_runtime < 0:
+            raise UsageError(f"--min-runtime {min_runtime}: seconds, 0 or more")
+        body["min_runtime"] = min_runtime
     return body

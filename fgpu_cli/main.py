@@ -168,7 +168,7 @@ def cmd_logout(args) -> int:
 
 def cmd_launch(args) -> int:
     body = build_body(name=args.name, command=args.command, priority=args.priority, image=args.image,
-                      preset=args.preset,
+                      preset=args.preset, preemptible=args.preemptible, min_runtime=args.min_runtime,
                       gpu=args.gpu, gpu_memory=args.gpu_memory, gpu_cores=args.gpu_cores, gpus=args.gpus,
                       fgpu=args.fgpu, mig_profile=args.mig_profile, isolation=args.isolation, slot=args.slot,
                       cpu=args.cpu, mem=args.mem)
@@ -293,6 +293,16 @@ def _allocation_table(allocations: list[dict]) -> str:
     return table(["INDEX", "DEVICE", "MODEL", "MEMORY (GiB)", "SMs", "fGPU", "STATE"], rows)
 
 
+def _preemptible_text(session: dict) -> str:
+    """"yes (after 600 s)", "no", or "yes" for a server from before preemption (no field)."""
+    if "preemptible" not in session:
+        return "—"
+    if not session["preemptible"]:
+        return "no"
+    runtime = session.get("min_runtime") or 0
+    return f"yes (after {runtime} s)" if runtime else "yes"
+
+
 def cmd_describe(args) -> int:
     client, creds = _client(args)
     session = resolve(client, args.session, username=creds.username)
@@ -309,6 +319,7 @@ def cmd_describe(args) -> int:
     pairs += [("Node", session.get("node")), ("Image", session.get("image")),
               ("Resources", session.get("configuration")),
               ("Request", json.dumps(session.get("resources"))), ("Priority", session.get("priority")),
+              ("Preemptible", _preemptible_text(session)),
               ("Command", session.get("command") or "(interactive shell)"),
               ("Created", session.get("created_at")), ("Started", session.get("started_at"))]
     if session.get("terminated_at"):
@@ -835,6 +846,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", metavar="REF", help="a registered session image, e.g. nvcr.io/nvidia/pytorch:24.05-py3 "
                                                   "(fgpu images lists them; default: the server's default image)")
     p.add_argument("--priority", type=int, help="queue priority (above 0: administrators only)")
+    p.add_argument("--preemptible", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether it may be stopped, warned first, for a waiting session of higher priority or of an "
+                        "owner under its fair share (default: yes for --command, no for a shell)")
+    p.add_argument("--min-runtime", type=int, metavar="S", help="seconds after its start it is never preempted")
     p.add_argument("--wait", action="store_true", help="wait until RUNNING (exit 1 if it ends or errs instead)")
     p.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 1)")
     p.add_argument("--dry-run", action="store_true", help="show what the request would get now; create nothing")

@@ -12,6 +12,7 @@ import json
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
@@ -23,10 +24,10 @@ from accelerators.allocation.units import format_binary_size
 from console.errors import ApplicationError
 from sessions.fairshare import account_shares, half_life_seconds
 from sessions.images import image_save, image_sessions_waiting_or_active
-from sessions.models import Allocation, ComputeSession, Project, Quota, ResourcePreset, SessionImage
+from sessions.models import Allocation, ComputeSession, FragmentationMap, Project, Quota, ResourcePreset, SessionImage
 from sessions.presets import preset_check, preset_save
 from sessions.quotas import QuotaUsage, fgpu_text, quota_usage_of
-from sessions.selectors import request_configuration, session_configuration
+from sessions.selectors import request_configuration, session_configuration, session_request
 
 
 
@@ -399,3 +400,100 @@ class ResourcePresetAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: ResourcePreset, form, change: bool) -> None:
         preset_save(preset=obj)
+
+
+@admin.register(FragmentationMap)
+class FragmentationMapAdmin(admin.ModelAdmin):
+    """One page per resource group: its fragmentation map and compaction plan
+    (sessions.compaction); the plan is applied from it by one POST (logged)."""
+
+    list_display = ("name", "policy", "node_count", "map_link")
+    ordering = ("name",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(_node_count=Count("nodes"))
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    @admin.display(description="nodes", ordering="_node_count")
+    def node_count(self, obj) -> int:
+        return obj._node_count
+
+    @admin.display(description="map")
+    def map_link(self, obj) -> str:
+        return format_html('<a href="{}/change/">free fGPU, stranded capacity and compaction plan</a>', obj.pk)
+
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {"title": "Fragmentation maps: pick a resource group",
+                                                 **(extra_context or {})})
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        from django.shortcuts import get_object_or_404, redirect
+        from django.template.response import TemplateResponse
+
+        from sessions.compaction import compaction_apply, fragmentation_report
+
+        group = get_object_or_404(FragmentationMap, pk=object_id)
+        if request.method == "POST":
+            if not self.has_change_permission(request, group):
+                raise PermissionDenied
+            try:
+                done = compaction_apply(admin=request.user, group=group,
+                                        expected=[s for s in request.POST.get("expected", "").split(",") if s])
+            except ApplicationError as exc:
+                messages.error(request, exc.detail)
+            else:
+                messages.success(request, f"Moved {len(done['moved'])} session(s) from {done['node']}: each stops now and "
+                                          "starts again as a new session; the waiting session starts where they were.")
+            return redirect(request.path)
+        report = fragmentation_report(group=group)
+        context = {**self.admin_site.each_context(request), "title": f"Fragmentation map: {group.name}",
+                   "opts": self.model._meta, "group": group, "report": report, **_report_context(report),
+                   **(extra_context or {})}
+        return TemplateResponse(request, "admin/sessions/fragmentation.html", context)
+
+
+def _percent(part, whole) -> str:
+    return f"{float(part) * 100 / float(whole):.1f}" if whole else "0"
+
+
+def _report_context(report) -> dict:
+    """What the fragmentation page shows, formatted: nodes with their devices' bars, the recent
+    shapes (with whether each fits now), the largest waiting request and the plan's moves."""
+    if report.map is None:
+        return {}
+    found = report.map
+    nodes: dict = {}
+    for d in found.devices:
+        used = d.capacity - d.free
+        nodes.setdefault(d.node_id, []).append({
+            "label": d.label, "free": fgpu_text(d.free), "capacity": fgpu_text(d.capacity), "sessions": d.sessions,
+            "stranded": d.stranded, "used_pct": _percent(used, d.capacity), "free_pct": _percent(d.free, d.capacity)})
+    shapes = [{"text": request_configuration(s), "largest": s is found.largest_shape} for s in found.shapes]
+    moves = []
+    if report.plan is not None:
+        for m in report.plan.moves:
+            session = report.sessions.get(m.holder.session_id)
+            moves.append({"session": session, "from_node": m.holder.node_id, "to_node": m.to_node,
+                          "fgpu": fgpu_text(m.holder.shares), "ran_h": f"{m.holder.ran(report.now.timestamp()) / 3600:.2f}",
+                          "lost": f"{float(m.holder.shares) * m.holder.ran(report.now.timestamp()) / 3600:.2f}"})
+    return {"nodes": sorted(nodes.items()), "shapes": shapes, "moves": moves,
+            "expected": ",".join(m.holder.session_id for m in report.plan.moves) if report.plan else "",
+            "free": fgpu_text(found.free), "stranded": fgpu_text(found.stranded),
+            "stranded_pct": _percent(found.stranded, found.free), "largest_fgpu": fgpu_text(found.largest_fgpu),
+            "largest_shape": request_configuration(found.largest_shape) if found.largest_shape else "",
+            "target_text": request_configuration(session_request(report.target)) if report.target else "",
+            "lost_h": f"{report.plan.work_lost / 3600:.2f}" if report.plan else "",
+            "mig_gpus": [{"node": g.node.name, "gpu": g.device.index, "model": g.device.model_name,
+                          "idle": [i.row.profile for i in g.instances if i.state == "idle"],
+                          "free": len(g.free), "stranded": len(g.stranded)} for g in report.mig]}

@@ -174,7 +174,8 @@ class ExecOutputSerializer(ExecStateSerializer):
 
 
 class ExecQuerySerializer(serializers.Serializer):
-    since = serializers.IntegerField(min_value=0, default=0, required=False,
+    # At most 2^53: the exec store (Redis LRANGE) takes 64-bit offsets; a larger one was a 500.
+    since = serializers.IntegerField(min_value=0, max_value=2 ** 53, default=0, required=False,
                                      help_text="offset (chunks, not bytes) to read from: 0, or `next` of the "
                                                "previous read")
 

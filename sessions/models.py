@@ -14,6 +14,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
 import protocol
+from accelerators.models import ResourceGroup
 from sessions.service_ports import SERVICE_PORTS_LABEL, ServicePortsError, parse_service_ports
 
 
@@ -214,6 +215,18 @@ class ComputeSession(models.Model):
     version = models.PositiveBigIntegerField(
         default=0, help_text="raised by every write a page shows (status, reason, node, times): the newest "
                              "state has the highest")
+    preemptible = models.BooleanField(
+        default=False, help_text="may be stopped to make room for a waiting session of higher priority or of an owner "
+                                 "under its fair share (sessions.preemption); a launch's default: batch yes, "
+                                 "interactive no")
+    min_runtime = models.PositiveIntegerField(
+        default=0, help_text="seconds after its start during which it is never preempted")
+    preempted_for = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="preempting",
+        help_text="the waiting session it is (or was) preempted to make room for")
+    preempt_at = models.DateTimeField(
+        null=True, blank=True, help_text="when it is stopped, having been warned (the warning + the grace period); "
+                                         "null: not under notice")
 
     class Meta:
         ordering = ["-created_at"]
@@ -441,3 +454,13 @@ class IdempotencyKey(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "key"], name="idempotency_key_unique_per_user")]
+
+
+class FragmentationMap(ResourceGroup):
+    """A resource group seen through its fragmentation map and compaction plan (issue 17.4): the
+    admin's page per group (sessions.admin, sessions.compaction). A proxy: no table of its own."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "fragmentation map"
+        verbose_name_plural = "fragmentation maps"

@@ -67,14 +67,15 @@ class _BackgroundPasses:
                 self._thread.start()
 
     def _run(self) -> None:
-        from sessions.scheduler import schedule_pending as run
-
         while True:
             self._wanted.wait()
             self._wanted.clear()
             db.close_old_connections()
             try:
-                run()
+                # The pass's task run here, by name (sessions registers it when Django starts): this
+                # module then imports no scheduler, which reaches the services (preemption's stops),
+                # which ask for passes here.
+                app.signature(SCHEDULE_PENDING_TASK).apply(throw=True)
             except Exception:  # the next request (or the periodic pass) tries again
                 log.exception("scheduler pass failed")
 

@@ -33,7 +33,7 @@ from accelerators.allocation import cluster, core
 from accelerators.allocation.replay import Backfill
 from accelerators.models import Device, Node, PlacementShape
 from accelerators.allocation.errors import AllocationError
-from sessions import events, fairshare, mig_scheduling
+from sessions import events, fairshare, mig_scheduling, preemption
 from sessions.models import NEXT_VERSION, Allocation, ComputeSession, SessionStatus
 from sessions.selectors import session_request
 from sessions.placement import (
@@ -65,6 +65,12 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
     time a later session starts past it its `overtaken` count grows, and once that reaches
     FGPU_BACKFILL_LIMIT nothing behind it starts until it has (0: strict first in, first out).
 
+    Preemption (FGPU_PREEMPTION): after the placements, the pass takes back notices no longer
+    needed, stops the sessions whose notice ran out, and puts under notice the fewest
+    preemptible sessions that make room for a blocked session of higher priority or of an
+    under-share owner (`sessions.preemption.preemption_pass`); such a waiting session's reason
+    says so.
+
     Images: a session with a session image goes only to a node whose agent reports holding it
     (`accelerators.selectors.node_runs_image`); while no alive node does, it waits "waiting for a
     node with image <reference>". Sessions from before images (no image) may go to any node.
@@ -84,6 +90,8 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
         if len({s.owner_id for s in pending}) > 1:  # fair share orders owners within a priority
             factors = fairshare.owner_factors({s.owner_id for s in pending})
             pending.sort(key=lambda s: fairshare.queue_key(s, factors))
+        # Sessions that others are being preempted for keep saying so while they wait.
+        preempting = preemption.waiting_reasons(pending) if preemption.preemption_enabled() and pending else {}
         read_at = time.monotonic()
         writes = _PassWrites(starts)
         view = _PassView(writes)
@@ -97,7 +105,7 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
             image = session.image.reference if session.image else ""
             shape = queue_shape(session)
             if shape in no_room:  # the same request did not fit earlier in this pass: nor does this one
-                writes.wait(session, no_room[shape])
+                writes.wait(session, preempting.get(session.pk) or no_room[shape])
                 backfill.block(session)
                 continue
             if image and view.image_missing(image):
@@ -111,7 +119,7 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
             decision = placement_decide(request=request, image=image, view=view)
             if decision.outcome == WAITING:
                 no_room[shape] = decision.reason
-                writes.wait(session, decision.reason)
+                writes.wait(session, preempting.get(session.pk) or decision.reason)
                 backfill.block(session)
                 continue
             if decision.outcome != PLACED:  # no longer satisfiable (e.g. the slot's mode changed)
@@ -132,6 +140,8 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
             for earlier in backfill.placed():  # backfilled past them
                 writes.changed(earlier, "overtaken")
         writes.flush()
+        if preemption.preemption_enabled():
+            _preempt(backfill.blocked, view, writes)
         view.record_shapes()
         decided_at = time.monotonic()
         # The starts first: the agents do not wait for the pages' notices. An agent's RUNNING may
@@ -147,6 +157,21 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
                  (read_at - started) * 1000, (decided_at - read_at - writes.seconds) * 1000, writes.seconds * 1000,
                  (done - decided_at) * 1000)
     return scheduled
+
+
+def _preempt(blocked: list[ComputeSession], view: _PassView, writes: _PassWrites) -> None:
+    """The pass's preemption work (`sessions.preemption.preemption_pass`) on its view: each
+    blocked session's scope as this pass left it (rows locked); the reasons of the sessions it
+    preempts for written with the pass's."""
+    def scope(session: ComputeSession) -> PlacementScope:
+        return view.scope(session_request(session), image=session.image.reference if session.image_id else "")
+
+    found = preemption.preemption_pass(blocked=blocked, scope_of=lambda s: scope(s).nodes,
+                                       options_of=lambda s: scope(s).options)
+    for session in blocked:
+        if session.pk in found["for"]:
+            writes.wait(session, found["for"][session.pk])
+    writes.flush()
 
 
 class _PassWrites:

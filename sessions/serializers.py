@@ -54,6 +54,10 @@ class SessionSerializer(ModelSerializer):
     apps = serializers.SerializerMethodField()
     fraction_enforcement = serializers.SerializerMethodField()
     environment = serializers.SerializerMethodField()
+    preempt_at = serializers.DateTimeField(read_only=True, allow_null=True,
+                                           help_text="under notice of preemption: when it will be stopped; else null")
+    preempted_for = serializers.UUIDField(source="preempted_for_id", read_only=True, allow_null=True,
+                                          help_text="the waiting session it is (or was) preempted for; null: none")
 
     class Meta:
         model = ComputeSession
@@ -61,7 +65,7 @@ class SessionSerializer(ModelSerializer):
                   "configuration", "requested", "grant", "mig_profile", "allocations", "command", "created_at",
                   "scheduled_at", "started_at", "terminated_at", "exit_code", "terminal_url", "apps", "fraction_enforcement",
                   "version",
-                  "environment"]
+                  "environment", "preemptible", "min_runtime", "preempt_at", "preempted_for"]
         read_only_fields = fields
 
     def to_representation(self, session):
@@ -135,6 +139,7 @@ class SessionSerializer(ModelSerializer):
 ANY_ID = uuid.UUID(int=0)  # stands for a session's id in the terminal path get_terminal_url builds
 
 
+MAX_MIN_RUNTIME = 30 * 86400  # a launch's longest minimum runtime, seconds (30 days)
 MAX_COMMAND_BYTES = 64 * 1024  # far below Linux's 128 KiB for one argument (MAX_ARG_STRLEN)
 
 
@@ -171,6 +176,15 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """A BooleanField that takes only JSON true and false (not 0, 1, "yes", "true")."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
 class SessionCreateSerializer(serializers.Serializer):
     name = StrictCharField(max_length=64, required=False, allow_blank=True, default="")
     resources = serializers.DictField(required=False, help_text='e.g. {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}; '
@@ -188,6 +202,13 @@ class SessionCreateSerializer(serializers.Serializer):
     image = StrictCharField(required=False, allow_null=True, allow_blank=True, default=None, max_length=255,
                             help_text="a registered session image's reference (GET /api/v1/images/), e.g. "
                                       "\"fgpu-session:test\"; absent, null or empty: the default image")
+    preemptible = StrictBooleanField(required=False, allow_null=True, default=None,
+                                           help_text="may be stopped (warned first) to make room for a waiting session "
+                                                     "of higher priority or of an owner under its fair share; absent or "
+                                                     "null: true for a batch command, false for an interactive shell")
+    min_runtime = serializers.IntegerField(required=False, default=0, min_value=0, max_value=MAX_MIN_RUNTIME,
+                                           help_text="seconds after its start during which it is never preempted "
+                                                     f"(0 to {MAX_MIN_RUNTIME}, default 0)")
 
     def validate(self, attrs):
         if "resources" not in attrs and not attrs.get("preset"):

@@ -43,11 +43,13 @@ MAX_NAME = 64
 
 
 def session_create(*, owner, name: str, resources: dict, command: str = "", priority: int = 0,
-                   image: str | None = None) -> ComputeSession:
+                   image: str | None = None, preemptible: bool | None = None, min_runtime: int = 0) -> ComputeSession:
     """Validate `resources` (see accelerators.allocation.requests) and write the session PENDING;
     the scheduler runs after commit. `image`: a registered session image's reference (None or
     "": the default image, `sessions.images.image_default`); the scheduler places the session
-    only on a node that holds it.
+    only on a node that holds it. `preemptible` (None: true for a batch `command`, false for an
+    interactive shell) and `min_runtime` (seconds, ≥ 0): whether and from when the scheduler may
+    stop it for a waiting session (sessions.preemption).
 
     Without a `name` (empty or blank) the session gets `session_default_name`'s, unique among
     the owner's sessions.
@@ -87,6 +89,7 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
             slot_name=request.slot, slot_subtype=request.kind if request.slot else "",
             amount=request.amount, cpu=request.cpu, mem=request.mem, command=command or "", priority=priority,
             image=session_image, status_reason=decision.reason,
+            preemptible=bool(command) if preemptible is None else preemptible, min_runtime=max(0, int(min_runtime)),
         )
         # The pass first: the launch does not wait for the page's notice (a page that hears the
         # pass's state first keeps it: it has the higher version).
@@ -118,6 +121,7 @@ def _schedule_soon() -> None:
 
 RECLAIMED = "reclaimed: "  # the reason of a session the manager terminated (usage.services.usage_idle_check)
 REQUESTED = "at the request of "  # + username: the reason of a session terminated through the API (sessions.api)
+PREEMPTED = "preempted: "  # + why: the reason of a session stopped to make room for another (sessions.preemption)
 
 
 # The columns a session's transitions write (status, why, when, how it ended, version): a
@@ -130,8 +134,8 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
     the agent is told to kill its process group (it reports TERMINATED, which releases the
     allocations). On a LOST node the session ends at once, since no agent will answer. A
     session already ending or ended is left as it is (idempotent). `reason`: why, when not at
-    the user's request (starting with RECLAIMED, it stays the session's reason once it ended;
-    so does REQUESTED + the username of whoever asked, which the API gives)."""
+    the user's request (starting with RECLAIMED or PREEMPTED, it stays the session's reason once it
+    ended; so does REQUESTED + the username of whoever asked, which the API gives)."""
     now = timezone.now()
     with transaction.atomic():
         if ComputeSession.objects.filter(pk=session.pk, status=SessionStatus.PENDING).update(
@@ -159,6 +163,27 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
             if moved:
                 events.session_notify(session)
     return session
+
+
+def session_notice(session: ComputeSession, text: str) -> None:
+    """After commit: the session's current state to its page (`events.session_notify`) and
+    `text` as a line in its terminal (task fgpu.agent.session_notice to its node's agent; a
+    broker that cannot be reached costs the terminal that line, logged). For the manager's
+    warnings: idle reclamation (usage.services), preemption (sessions.preemption)."""
+    events.session_notify(session)
+    if session.node_id is None:
+        return
+    node, session_id = session.node.name, str(session.pk)
+
+    def send() -> None:
+        from console.celery import TRANSIENT_ERRORS, agent_send
+
+        try:
+            agent_send(protocol.SESSION_NOTICE, node=node, session_id=session_id, text=text)
+        except TRANSIENT_ERRORS:  # the page has it; the terminal misses one line
+            log.warning("could not send the notice of session %s to %s", session_id, node)
+
+    transaction.on_commit(send)
 
 
 def _send_stop(node_name: str, session_id: str) -> None:
@@ -230,7 +255,7 @@ def session_report_apply(*, session_id: str, status: str, reason: str = "", exit
                 transaction.on_commit(lambda: _send_stop(node_name, sid))
             return bool(moved)
         if status in (SessionStatus.TERMINATED, SessionStatus.ERROR):
-            if status == SessionStatus.TERMINATED and session.status_reason.startswith((RECLAIMED, REQUESTED)):
+            if status == SessionStatus.TERMINATED and session.status_reason.startswith((RECLAIMED, REQUESTED, PREEMPTED)):
                 reason = session.status_reason  # the manager's reason (who asked), not the agent's "terminated"
             return _finish(session, status=status, reason=reason, exit_code=exit_code)
     log.warning("agent sent unknown status %r for session %s", status, session_id)

@@ -399,20 +399,7 @@ def _reclaim_reason(session: ComputeSession, policy: IdlePolicy, now: datetime) 
 
 
 def _notify(session: ComputeSession, text: str) -> None:
-    """The warning in the session's terminal (task fgpu.agent.session_notice) and on its page."""
-    import protocol
-    from sessions import events
-    from console.celery import TRANSIENT_ERRORS, agent_send
+    """The warning in the session's terminal and on its page (`sessions.services.session_notice`)."""
+    from sessions.services import session_notice
 
-    events.session_notify(session)
-    if session.node is None:
-        return
-    node, session_id = session.node.name, str(session.pk)
-
-    def send() -> None:
-        try:
-            agent_send(protocol.SESSION_NOTICE, node=node, session_id=session_id, text=text)
-        except TRANSIENT_ERRORS:  # the page has it; the terminal misses one line
-            log.warning("could not send the idle notice of session %s to %s", session_id, node)
-
-    transaction.on_commit(send)
+    session_notice(session, text)

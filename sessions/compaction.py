@@ -1,0 +1,187 @@
+"""The fragmentation map and compaction plan of a resource group (issue 17.4): what the admin's
+page (admin → Fragmentation maps) and `GET /api/v1/fragmentation/` show, and the one admin
+action that applies the plan.
+
+The map and the plan are the pure `accelerators.allocation.compaction`; this module reads their
+inputs — the group's alive nodes for the slot, the sessions holding them
+(`sessions.preemption.session_holders`), the group's request shapes of the last RECENT_DAYS
+days, the largest waiting request — and writes
+the apply: each moved session is terminated with a "preempted: moved …" reason and started again
+as a new PENDING session with the same request, command, image and priority (its work since its
+start is the plan's cost), the action is written to the admin log (LogEntry on the group) and
+each moved session's terminal gets a line; the scheduler then places the waiting session where
+the moves made room.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.db import transaction
+from django.utils import timezone
+
+from accelerators.allocation import compaction, core
+from accelerators.allocation.errors import AllocationError
+from accelerators.mig_selectors import mig_gpu_layouts
+from accelerators.models import AllocationMode, Node, NodeStatus, ResourceGroup
+from accelerators.selectors import DEFAULT_GROUP, fractional_settings_get, node_states, placement_options
+from console.errors import ApplicationError
+from sessions import events, mig_scheduling
+from sessions.models import ComputeSession, SessionStatus
+from sessions.preemption import session_holders
+from sessions.selectors import session_request
+from sessions.services import PREEMPTED, session_notice, session_terminate
+
+log = logging.getLogger(__name__)
+
+RECENT_DAYS = 7  # the request shapes of sessions launched this many days back count as "seen lately"
+MAX_SHAPES = 64  # the most distinct recent shapes the map judges (the most frequent)
+
+
+@dataclass(frozen=True)
+class FragmentationReport:
+    """One group's map and plan: `group` (None: every node, for requests naming no group),
+    `slot`, `fractional` (False: the slot is in discrete mode, no fGPU map), `map`
+    (compaction.FragmentationMap or None), `target` (the largest waiting session, or None),
+    `plan` (compaction.CompactionPlan or None: nothing waits, or no move set makes it fit),
+    `sessions` ({session id: ComputeSession} for the names the page shows), `mig` (the group's
+    MIG GPU layouts: idle instances, stranded slices), `now`."""
+
+    group: ResourceGroup | None
+    slot: str
+    fractional: bool
+    map: compaction.FragmentationMap | None
+    target: ComputeSession | None
+    plan: compaction.CompactionPlan | None
+    sessions: dict
+    mig: list
+    now: object
+
+    @property
+    def name(self) -> str:
+        return self.group.name if self.group is not None else ""
+
+
+def _in_group(request: core.ResourceRequest, group: ResourceGroup | None) -> bool:
+    """Whether a request is the group's: it names it, or names none and the group is "default"."""
+    name = group.name if group is not None else ""
+    return request.resource_group == name or (not request.resource_group and name == DEFAULT_GROUP)
+
+
+def _requests(sessions, group: ResourceGroup | None, slot: str) -> list[tuple[ComputeSession, core.ResourceRequest]]:
+    out = []
+    for session in sessions:
+        try:
+            request = session_request(session)
+        except (AllocationError, KeyError, TypeError, ValueError):
+            continue
+        if (request.kind != "none" and (request.slot or "cuda") == slot and _in_group(request, group)
+                and not mig_scheduling.wants_mig(request)):
+            out.append((session, request))
+    return out
+
+
+def recent_shapes(*, group: ResourceGroup | None, slot: str = "cuda", now=None) -> list[core.ResourceRequest]:
+    """The group's request shapes seen lately: the distinct normalised requests (no pins, no
+    exclusions, no policy) of its sessions launched in the last RECENT_DAYS days, the most
+    frequent first, at most MAX_SHAPES. One query."""
+    now = now or timezone.now()
+    launched = ComputeSession.objects.filter(created_at__gte=now - timedelta(days=RECENT_DAYS)).only(
+        "request_spec", "slot_name", "slot_subtype", "amount", "cpu", "mem")
+    counts: dict = {}
+    for _, request in _requests(launched, group, slot):
+        shape = core.ResourceRequest(request.kind, amount=request.amount, cpu=request.cpu, mem=request.mem,
+                                     slot=request.slot, memory=request.memory, cores=request.cores, numa=request.numa,
+                                     style=request.style, resource_group=request.resource_group)
+        counts[shape] = counts.get(shape, 0) + 1
+    return [shape for shape, _ in sorted(counts.items(), key=lambda kv: -kv[1])][:MAX_SHAPES]
+
+
+def fragmentation_report(*, group: ResourceGroup | None, slot: str = "cuda", now=None,
+                         for_update: bool = False) -> FragmentationReport:
+    """The map and plan of `group` (see the module) now; `for_update` locks its node and device
+    rows (inside the caller's transaction: the apply). Reads a handful of queries."""
+    now = now or timezone.now()
+    scope = Node.objects.filter(status=NodeStatus.ALIVE)
+    if group is not None:
+        scope = scope.filter(resource_group=group)
+    mig = mig_gpu_layouts(nodes=scope)
+    settings = fractional_settings_get(slot_name=slot)
+    if settings.allocation_mode != AllocationMode.FRACTIONAL:
+        return FragmentationReport(group, slot, False, None, None, None, {}, mig, now)
+    pure = settings.as_allocation_settings()
+    nodes = node_states(slot_name=slot, for_update=for_update, group=group)
+    options = placement_options(group=group)
+    found = compaction.fragmentation_map(nodes, pure, shapes=recent_shapes(group=group, slot=slot, now=now),
+                                         options=options)
+    waiting = _requests(ComputeSession.objects.filter(status=SessionStatus.PENDING).select_related("owner")
+                        .order_by("-priority", "created_at"), group, slot)
+    target, plan, sessions = None, None, {}
+    if waiting:
+        target, request = max(waiting, key=lambda sr: compaction.request_fgpu(sr[1], pure, nodes))
+        holders, stopping, _ = session_holders(node_names=[n.node_id for n in nodes])
+        plan = compaction.compaction_plan(nodes, holders, request, pure, now=now.timestamp(), options=options)
+        if plan is not None and plan.moves:
+            sessions = {str(s.pk): s for s in ComputeSession.objects.filter(
+                pk__in=[m.holder.session_id for m in plan.moves]).select_related("owner", "node")}
+    return FragmentationReport(group, slot, True, found, target, plan, sessions, mig, now)
+
+
+def compaction_apply(*, admin, group: ResourceGroup | None, expected: list[str] | None = None,
+                     slot: str = "cuda") -> dict:
+    """Apply `group`'s compaction plan as it stands now (recomputed under lock): each moved
+    session is terminated with the reason "preempted: moved by <admin> …" and started again as
+    a new PENDING session (same owner, name, request, command, image, priority, preemption
+    settings); a LogEntry on the group and a terminal line per moved session record it.
+    `expected`: the moved sessions' ids the admin saw; another plan now is refused.
+    Returns `{"target", "node", "moved": [{"session", "restarted_as", "to_node"}], "work_lost"}`.
+    Raises ApplicationError 409 "nothing-to-apply" (nothing waits, it fits already, or no plan)
+    and 409 "plan-changed"."""
+    with transaction.atomic():
+        report = fragmentation_report(group=group, slot=slot, for_update=True)
+        plan = report.plan
+        if report.target is None or plan is None or plan.fits_now:
+            why = ("nothing waits in this group" if report.target is None else
+                   "the largest waiting session fits already: the scheduler's next pass places it" if plan is not None
+                   else "no set of preemptible sessions to move makes the largest waiting session fit")
+            raise ApplicationError(why, type="nothing-to-apply", title="Nothing to apply", status=409)
+        ids = [m.holder.session_id for m in plan.moves]
+        if expected is not None and sorted(expected) != sorted(ids):
+            raise ApplicationError("the plan changed since it was shown (sessions started or ended): look at it again",
+                                   type="plan-changed", title="Plan changed", status=409)
+        target = report.target
+        moved = []
+        for move in plan.moves:
+            session = ComputeSession.objects.select_related("node", "owner", "image").get(pk=move.holder.session_id)
+            again = _restart(session)
+            reason = (f"{PREEMPTED}moved by {admin.get_username()} to compact resource group "
+                      f"{report.name or '(any)'} for {target.name} of {target.owner.get_username()}; started again "
+                      f"as session {again.pk}")
+            session_notice(session, f"an administrator moves this session to make room for {target.name}: it stops "
+                                    f"now and starts again as a new session ({again.pk})")
+            session_terminate(session=session, reason=reason)
+            moved.append({"session": str(session.pk), "restarted_as": str(again.pk), "to_node": move.to_node})
+        message = (f"compaction: moved {len(moved)} session(s) from {plan.node_id} for {target.name} ({target.pk}); "
+                   f"{plan.work_lost / 3600:.2f} fGPU-hours of work lost: {json.dumps(moved)}")
+        if group is not None:
+            LogEntry.objects.log_actions(admin.pk, [group], CHANGE, change_message=message, single_object=True)
+        log.info("%s by %s", message, admin.get_username())
+        from sessions.passes import schedule_pending_soon
+
+        transaction.on_commit(schedule_pending_soon)
+    return {"target": str(target.pk), "node": plan.node_id, "moved": moved, "work_lost": plan.work_lost}
+
+
+def _restart(session: ComputeSession) -> ComputeSession:
+    """A new PENDING session asking what `session` asked (its quota claim moves with it)."""
+    again = ComputeSession.objects.create(
+        owner=session.owner, name=session.name, resources=session.resources, request_spec=session.request_spec,
+        slot_name=session.slot_name, slot_subtype=session.slot_subtype, amount=session.amount, cpu=session.cpu,
+        mem=session.mem, command=session.command, image=session.image, priority=session.priority,
+        preemptible=session.preemptible, min_runtime=session.min_runtime,
+        status_reason=f"started again after a compaction moved session {session.pk}")
+    events.session_notify(again)
+    return again

@@ -1,0 +1,126 @@
+"""The fragmentation map and compaction plan on the database (issue 17.4): GET
+/api/v1/fragmentation/ (administrators), the admin page per resource group, and applying the
+plan (one logged admin action): the moved session stops with the reason and starts again, a
+non-preemptible session is never moved, and the waiting session then starts."""
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.test import Client
+from django.utils import timezone
+
+from accelerators.models import Node, ResourceGroup
+from sessions.models import ComputeSession, SessionStatus
+from sessions.scheduler import schedule_pending
+from sessions.services import PREEMPTED, session_create, session_report_apply
+from tests.conftest import client_for
+from tests.seed import make_cluster, mock_gpu
+
+pytestmark = pytest.mark.django_db
+
+GPU_N1 = "GPU-00000000-0000-0000-0000-000000000000"
+GPU_N2 = "GPU-00000001-0000-0000-0000-000000000000"
+
+
+def run(owner, name: str, fgpu: str, *, command: str = "sleep 1000", pin: str | None = None) -> ComputeSession:
+    resources = {"cuda.shares": fgpu, "mem": "64M", **({"devices": [pin]} if pin else {})}
+    session = session_create(owner=owner, name=name, resources=resources, command=command)
+    schedule_pending()
+    assert session_report_apply(session_id=str(session.pk), status=SessionStatus.RUNNING)
+    ComputeSession.objects.filter(pk=session.pk).update(started_at=timezone.now() - timedelta(hours=2))
+    return ComputeSession.objects.get(pk=session.pk)
+
+
+@pytest.fixture
+def fragmented(alice, bob):
+    """Two nodes of one 2 fGPU GPU in group "default": n1 holds an interactive 1.5 (0.5 free),
+    n2 a preemptible batch 0.5 and an interactive 1 (0.5 free); bob's 1 fGPU waits."""
+    make_cluster(nodes={"n1": [mock_gpu(0, node=0)], "n2": [mock_gpu(0, node=1)]})
+    group = ResourceGroup.objects.create(name="default", policy="binpack")
+    Node.objects.update(resource_group=group)
+    filler = run(alice, "filler", "2", pin=GPU_N1)  # n1 full while the job is placed: it goes to n2
+    job = run(alice, "job", "0.5")
+    assert job.node.name == "n2"
+    session_report_apply(session_id=str(filler.pk), status=SessionStatus.TERMINATED, reason="done")
+    shell = run(alice, "shell", "1.5", command="", pin=GPU_N1)
+    notebook = run(alice, "notebook", "1", command="", pin=GPU_N2)
+    waiting = session_create(owner=bob, name="waiting", resources={"cuda.shares": "1", "mem": "64M"})
+    schedule_pending()
+    assert ComputeSession.objects.get(pk=waiting.pk).status == SessionStatus.PENDING
+    return group, job, shell, notebook, waiting
+
+
+def test_the_api_shows_free_fgpu_stranded_capacity_and_a_plan_that_moves_only_the_preemptible_session(
+        fragmented, admin, alice):
+    group, job, shell, notebook, waiting = fragmented
+
+    answer = client_for(admin).get("/api/v1/fragmentation/?group=default")
+
+    assert answer.status_code == 200
+    (body,) = answer.json()
+    assert (body["free"], body["largest_fgpu"]) == ("1", "0.5")  # 0.5 + 0.5 free, on two nodes
+    assert body["stranded"] == "0"  # the 0.5 fGPU job's shape uses either half
+    assert body["target"]["id"] == str(waiting.pk)
+    plan = body["plan"]
+    assert plan["node"] == "n2" and plan["sessions_moved"] == 1 and not plan["fits_now"]
+    assert [(m["session"], m["from_node"], m["to_node"]) for m in plan["moves"]] == [(str(job.pk), "n2", "n1")]
+    assert plan["work_lost_fgpu_seconds"] == pytest.approx(0.5 * 7200, rel=0.01)
+    assert client_for(alice).get("/api/v1/fragmentation/").status_code == 403
+    assert client_for(admin).get("/api/v1/fragmentation/?group=nope").json() == []
+
+
+def test_capacity_no_recent_shape_can_use_is_stranded(fragmented, admin, alice):
+    ComputeSession.objects.filter(name="job").update(created_at=timezone.now() - timedelta(days=30))  # not recent
+    answer = client_for(admin).get("/api/v1/fragmentation/?group=default").json()[0]
+    # Seen lately: 1.5, 1 and 1 fGPU (and the filler's 2): no 0.5 fGPU half can serve any of them.
+    assert answer["stranded"] == "1" and answer["largest_shape"] is None
+
+
+def test_applying_the_plan_moves_the_session_logs_it_and_the_waiting_session_starts(fragmented, admin):
+    group, job, shell, notebook, waiting = fragmented
+    page = Client()
+    page.force_login(admin)
+
+    shown = page.get(f"/admin/compute_sessions/fragmentationmap/{group.pk}/change/")
+    assert shown.status_code == 200
+    html = shown.content.decode()
+    assert "Move 1 session off <strong>n2</strong>" in html and "Apply the plan" in html
+
+    applied = page.post(f"/admin/compute_sessions/fragmentationmap/{group.pk}/change/", {"expected": str(job.pk)})
+
+    assert applied.status_code == 302
+    job = ComputeSession.objects.get(pk=job.pk)
+    assert job.status == SessionStatus.TERMINATING and job.status_reason.startswith(PREEMPTED + "moved by root")
+    again = ComputeSession.objects.get(name="job", status=SessionStatus.PENDING)
+    assert (again.command, again.preemptible, again.request_spec) == (job.command, True, job.request_spec)
+    assert str(again.pk) in job.status_reason
+    for untouched in (shell, notebook):
+        assert ComputeSession.objects.get(pk=untouched.pk).status == SessionStatus.RUNNING
+    entry = LogEntry.objects.get(object_id=str(group.pk))
+    assert entry.user == admin and "moved 1 session(s) from n2 for waiting" in entry.change_message
+
+    session_report_apply(session_id=str(job.pk), status=SessionStatus.TERMINATED, reason="terminated")
+    schedule_pending()
+
+    assert ComputeSession.objects.get(pk=waiting.pk).node.name == "n2"
+    again = ComputeSession.objects.get(pk=again.pk)
+    assert (again.status, again.node.name) == (SessionStatus.SCHEDULED, "n1")
+    assert ComputeSession.objects.get(pk=job.pk).status_reason.startswith(PREEMPTED)
+
+
+def test_a_plan_that_changed_is_refused_and_a_group_with_nothing_to_move_says_so(fragmented, admin):
+    group, job, *_ = fragmented
+    client = client_for(admin)
+
+    changed = client.post("/api/v1/fragmentation/apply/", {"group": "default", "expected": [str(uuid.uuid4())]},
+                          format="json")
+    assert changed.status_code == 409 and changed.json()["type"] == "plan-changed"
+    assert ComputeSession.objects.get(pk=job.pk).status == SessionStatus.RUNNING  # nothing done
+
+    ComputeSession.objects.filter(pk=job.pk).update(preemptible=False)
+    nothing = client.post("/api/v1/fragmentation/apply/", {"group": "default"}, format="json")
+    assert nothing.status_code == 409 and nothing.json()["type"] == "nothing-to-apply"
+    assert client.get("/api/v1/fragmentation/?group=default").json()[0]["plan"] is None
