@@ -79,7 +79,7 @@ class MigRank(NamedTuple):
     slices), then one that reuses an idle instance (`creates` 0) over one that makes a new one
     (1), then fewer idle instances destroyed (`destroys`), then the GPU with the most instances
     in use (`busiest`: minus their count, so a busy GPU fills before an empty one is cut), then
-    by name: `node`, GPU `index`, `device_id`. A static slice has no slices to count nor
+    by name: `node`, `gpu_index`, `device_id`. A static slice has no slices to count nor
     instances to make: those fields are 0."""
 
     memory: int
@@ -89,7 +89,7 @@ class MigRank(NamedTuple):
     destroys: int
     busiest: int
     node: str
-    index: int  # type: ignore[assignment]  # shadows tuple.index(), which no caller uses on a rank
+    gpu_index: int
     device_id: str
 
 
@@ -205,7 +205,7 @@ def _static_choice(node: Node, devices: list[Device], wanted: mig.MigRequest, bu
         elif device.memory_size < wanted.memory:
             continue
         rank = MigRank(memory=device.memory_size, memory_slices=0, compute_slices=0, creates=0, destroys=0,
-                       busiest=0, node=node.name, index=device.index, device_id=device.device_id)
+                       busiest=0, node=node.name, gpu_index=device.index, device_id=device.device_id)
         fitting.append(_Choice(rank=rank, node=node, device=device))
     if not fitting:
         return [], f"no free MIG slice for {wanted.describe()}"
@@ -276,7 +276,7 @@ def _dynamic_choices(node: Node, devices: list[Device], wanted: mig.MigRequest, 
         profile = plan.profile
         rank = MigRank(memory=profile.memory, memory_slices=profile.memory_slices,
                        compute_slices=profile.compute_slices, creates=0 if plan.reuse else 1,
-                       destroys=len(plan.destroy), busiest=-in_use, node=node.name, index=gpu.index,
+                       destroys=len(plan.destroy), busiest=-in_use, node=node.name, gpu_index=gpu.index,
                        device_id=gpu.device_id)
         choices.append(_Choice(rank=rank, node=node, device=gpu, plan=plan, catalog=catalog))
     return choices, "; ".join(reasons) or "no MIG-capable GPU"

@@ -66,9 +66,9 @@ def waiting_reasons(pending: list[ComputeSession]) -> dict:
 
 def waiter_reason(victims: list[ComputeSession]) -> str:
     """The reason of a session that `victims` (on one node) are preempted for."""
-    when = max(v.preempt_at for v in victims)
+    when = max(v.preempt_at for v in victims if v.preempt_at is not None)  # all are under notice
     names = ", ".join(v.name for v in victims)
-    node = victims[0].node.name if victims[0].node_id else "its node"
+    node = victims[0].node.name if victims[0].node is not None else "its node"
     return (f"{CAPACITY}preempting {len(victims)} session(s) on {node} to make room ({names}; stopped at "
             f"{when:%H:%M:%S} UTC)")
 
@@ -88,7 +88,9 @@ def preemption_pass(*, blocked: list[ComputeSession], scope_of, options_of, now=
     group's `core.place` options. Returns `{"withdrawn", "stopped", "warned": [session ids],
     "for": {waiter id: reason}}` (the reasons to give the waiters now)."""
     now = now or timezone.now()
-    out = {"withdrawn": _withdraw(now), "stopped": _stop_due(now), "warned": [], "for": {}}
+    warned: list[str] = []
+    reasons: dict = {}  # waiter pk → its reason
+    out = {"withdrawn": _withdraw(now), "stopped": _stop_due(now), "warned": warned, "for": reasons}
     waiters = [s for s in blocked if s.status_reason.startswith(CAPACITY)][:MAX_WAITERS_PER_PASS]
     if not waiters:
         return out
@@ -121,8 +123,8 @@ def preemption_pass(*, blocked: list[ComputeSession], scope_of, options_of, now=
                                  options=options_of(waiter))
         if room is None or not room.victims:
             continue
-        out["for"][waiter.pk] = _warn(waiter, room, now)
-        out["warned"] += [v.session_id for v in room.victims]
+        reasons[waiter.pk] = _warn(waiter, room, now)
+        warned.extend(v.session_id for v in room.victims)
         del read[names]  # its victims are under notice now: read again for the next waiter
     return out
 
@@ -137,12 +139,15 @@ def session_holders(*, node_names: list[str]) -> tuple[list[Holder], list[Holder
                 .select_related("node").prefetch_related(
                     Prefetch("allocations", queryset=Allocation.objects.filter(released_at__isnull=True),
                              to_attr="live"), "gpu_instances"))
-    running, stopping, owners = [], [], {}
+    running: list[Holder] = []
+    stopping: list[Holder] = []
+    owners: dict[str, int] = {}
     for s in sessions:
         grants = tuple(core.DeviceGrant(str(a.device_id), a.shares, a.memory, a.procs) for a in s.live)
         started = s.started_at or s.scheduled_at or s.created_at
         preemptible = (s.preemptible and s.status == SessionStatus.RUNNING and s.preempt_at is None
                        and not s.gpu_instances.all())
+        assert s.node is not None  # an active session on one of `node_names`
         holder = Holder(str(s.pk), s.node.name, grants, cpu=s.cpu, mem=s.mem, started_at=started.timestamp(),
                         min_runtime=s.min_runtime, preemptible=preemptible, priority=s.priority, name=s.name,
                         request=_request_of(s))
@@ -202,6 +207,7 @@ def _stop_due(now) -> list[str]:
                .select_related("node", "preempted_for", "preempted_for__owner"))
     for victim in due:
         waiter = victim.preempted_for
+        assert waiter is not None  # the filter follows it
         session_terminate(session=victim, reason=f"{PREEMPTED}stopped to make room for {waiter.name} of "
                                                  f"{waiter.owner.get_username()} (session {waiter.pk}), after "
                                                  f"{settings.FGPU_PREEMPTION_GRACE_SECONDS} s of notice")

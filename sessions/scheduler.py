@@ -164,7 +164,7 @@ def _preempt(blocked: list[ComputeSession], view: _PassView, writes: _PassWrites
     blocked session's scope as this pass left it (rows locked); the reasons of the sessions it
     preempts for written with the pass's."""
     def scope(session: ComputeSession) -> PlacementScope:
-        return view.scope(session_request(session), image=session.image.reference if session.image_id else "")
+        return view.scope(session_request(session), image=session.image.reference if session.image is not None else "")
 
     found = preemption.preemption_pass(blocked=blocked, scope_of=lambda s: scope(s).nodes,
                                        options_of=lambda s: scope(s).options)

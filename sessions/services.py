@@ -171,7 +171,7 @@ def session_notice(session: ComputeSession, text: str) -> None:
     broker that cannot be reached costs the terminal that line, logged). For the manager's
     warnings: idle reclamation (usage.services), preemption (sessions.preemption)."""
     events.session_notify(session)
-    if session.node_id is None:
+    if session.node is None:
         return
     node, session_id = session.node.name, str(session.pk)
 

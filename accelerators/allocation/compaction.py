@@ -139,9 +139,11 @@ def compaction_plan(nodes: Sequence[core.NodeState], holders: Sequence[Holder], 
     on one node does it with every moved session fitting again; a plan without moves when it
     fits now. `holders`: the sessions holding `nodes`' resources (their grants counted in the
     nodes' usage); `now` in epoch seconds. Pure; raises nothing of its own."""
-    moves: dict[str, tuple[Move, ...]] = {}
+    moves: dict[tuple, tuple[Move, ...]] = {}  # by `_key(room)`
 
     def relocatable(room: Room) -> bool:
+        if room.placement is None:  # room_needed's candidates always carry their placement
+            return False
         after = [core.apply_placement(release(n, room.victims), target, room.placement) if n.node_id == room.node_id
                  else n for n in nodes]
         placed = []
@@ -159,7 +161,7 @@ def compaction_plan(nodes: Sequence[core.NodeState], holders: Sequence[Holder], 
 
     room = room_needed(nodes, holders, target, settings, eligible=lambda h: movable(h, now),
                        order=lambda h: (float(h.shares) * h.ran(now), h.session_id), options=options, accept=relocatable)
-    if room is None:
+    if room is None or room.placement is None:  # room_needed's rooms always carry their placement
         return None
     sessions_moved, lost = room.cost(now)
     return CompactionPlan(node_id=room.node_id, moves=moves[_key(room)], placement=room.placement,

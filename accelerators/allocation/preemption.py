@@ -28,6 +28,7 @@ session) and `order` (the declared or predicted end) for "what would make it fit
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from itertools import combinations
@@ -123,7 +124,7 @@ def place_on(node: core.NodeState, request: core.ResourceRequest, settings: core
 
 def room_needed(nodes: Sequence[core.NodeState], holders: Iterable[Holder], request: core.ResourceRequest,
                 settings: core.FractionalSettings | None, *, eligible: Callable[[Holder], bool] = lambda h: True,
-                order: Callable[[Holder], object] = lambda h: 0, options: dict | None = None,
+                order: Callable[[Holder], Any] = lambda h: 0, options: dict | None = None,
                 accept: Callable[[Room], bool] | None = None) -> Room | None:
     """The fewest `eligible` holders, all on one node, whose removal lets the allocator place
     `request` there (`core.place` under `options`); among sets of that size the one first by
