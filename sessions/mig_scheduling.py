@@ -24,9 +24,10 @@ For the launch dialog, `mig_preview` reads what a request would get now and
 and ever, both through the same choice and planner, without locks or writes.
 
 The scheduler decides with `sessions.placement.placement_decide` (its MIG step: `mig_choose`
-under lock) and writes the choice with `mig_write`: GpuInstance rows, one Allocation on the
-parent GPU or on the static slice, and the agent's start spec with a `mig` block (see
-`agent.mig`).
+under lock) and writes the choice with the pass's other writes (`_PassWrites.place_mig`): the
+GpuInstance rows and one Allocation on the parent GPU or on the static slice at once
+(`mig_rows_write`), the session's transition and notice with the pass's, and the agent's start
+spec with a `mig` block (see `agent.mig`).
 """
 from __future__ import annotations
 
@@ -45,8 +46,7 @@ from accelerators.allocation.units import format_binary_size
 from accelerators.mig_selectors import device_mig_catalog, gpu_instance_holds
 from accelerators.models import Device, GpuInstance, MigMode, Node, NodeStatus
 from accelerators.selectors import node_runs_image, resource_group_get
-from sessions import events
-from sessions.models import ACTIVE_STATUSES, NEXT_VERSION, Allocation, ComputeSession, SessionStatus
+from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession
 from sessions.selectors import wants_mig
 
 
@@ -105,7 +105,7 @@ class _Choice:
 def mig_choose(request: MigResourceRequest, *, lock: bool = True, image: str = "") -> _Choice:
     """The best MIG choice for `request` on the alive MIG nodes (holding session image `image`;
     "": any); with `lock`, the candidate nodes, devices and GPU instances are locked (pk order)
-    inside the caller's transaction. `mig_write` writes it. Raises NeverSchedulable when no MIG
+    inside the caller's transaction. `mig_rows_write` writes its rows. Raises NeverSchedulable when no MIG
     node could ever hold it, InsufficientResource (the reasons per node) when none can now, also
     when only nodes without the image could."""
     wanted = request.mig_request()
@@ -282,12 +282,13 @@ def _dynamic_choices(node: Node, devices: list[Device], wanted: mig.MigRequest, 
     return choices, "; ".join(reasons) or "no MIG-capable GPU"
 
 
-def mig_write(*, session: ComputeSession, choice: _Choice) -> tuple[str, dict]:
-    """Write `choice` (`mig_choose`'s) for `session`: the GpuInstance rows of its plan, one
-    Allocation on the parent GPU or on the static slice, the session SCHEDULED with what it got.
-    Returns (node name, the agent's start spec with its `mig` block, see `agent.mig`)."""
-    from sessions.start_spec import session_start_spec
-
+def mig_rows_write(*, session: ComputeSession, choice: _Choice) -> tuple[Allocation, dict | None, str]:
+    """Write the rows of `choice` (`mig_choose`'s) for `session`: the GpuInstance rows of its
+    plan (destroyed, reused or created) and one Allocation on the parent GPU or on the static
+    slice. Returns (that Allocation, the start spec's `mig` block — None for a static slice,
+    see `agent.mig` —, the session's reason: "got a 1g.20gb MIG instance … on GPU 0 of n1").
+    The session's own transition is the caller's (the scheduler's pass writes it with the
+    others)."""
     now = timezone.now()
     device = choice.device
     block = None
@@ -322,17 +323,7 @@ def mig_write(*, session: ComputeSession, choice: _Choice) -> tuple[str, dict]:
                 parent=device, unknown_since__isnull=True).order_by("placement_start")],
         }
         why = f"a {plan.profile.name} MIG instance ({format_binary_size(plan.profile.memory)}): {plan.describe()}"
-    session.node = choice.node
-    session.status = SessionStatus.SCHEDULED
-    session.status_reason = f"got {why} on GPU {device.index} of {choice.node.name}"
-    session.scheduled_at = now
-    session.version = NEXT_VERSION
-    session.save(update_fields=["node", "status", "status_reason", "scheduled_at", "version"])
-    events.session_notify(session)
-    spec = session_start_spec(session, [allocation])
-    if block is not None:
-        spec["mig"] = block
-    return choice.node.name, spec
+    return allocation, block, f"got {why} on GPU {device.index} of {choice.node.name}"
 
 
 # --- reads for the launch dialog: what MIG would give now, and which profiles there are ------------

@@ -127,9 +127,8 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
                     SessionStatus.ERROR, decision.reason, timezone.now())
                 writes.changed(session, "status", "status_reason", "terminated_at")
                 continue
-            if decision.mig is not None:  # a MIG instance or slice (issue 4): written at once
-                node_name, spec = mig_scheduling.mig_write(session=session, choice=decision.mig)
-                starts.append((node_name, spec))
+            if decision.mig is not None:  # a MIG instance or slice (issue 4): its rows written at once
+                writes.place_mig(session, decision.mig)
                 view.forget()  # the MIG session took CPU and memory: re-read the nodes (still locked)
             else:
                 assert decision.placement is not None  # PLACED, not on MIG: a shared slice
@@ -202,6 +201,20 @@ class _PassWrites:
         session.status, session.status_reason, session.scheduled_at = SessionStatus.SCHEDULED, "", timezone.now()
         self.placed.append((session, placement))
         self.changed(session, "node", "status", "status_reason", "scheduled_at")
+
+    def place_mig(self, session: ComputeSession, choice) -> None:
+        """A MIG choice (`mig_scheduling.mig_choose`'s): its GPU instance and Allocation rows
+        written now (`mig_scheduling.mig_rows_write`: the next MIG choice reads them), the
+        session's transition to SCHEDULED with what it got, and its notice, with the pass's
+        other writes; its agent's start spec with its `mig` block appended to `starts`."""
+        allocation, block, got = mig_scheduling.mig_rows_write(session=session, choice=choice)
+        session.node, session.status, session.status_reason, session.scheduled_at = (
+            choice.node, SessionStatus.SCHEDULED, got, timezone.now())
+        self.changed(session, "node", "status", "status_reason", "scheduled_at")
+        spec = session_start_spec(session, [allocation])
+        if block is not None:
+            spec["mig"] = block
+        self.starts.append((choice.node.name, spec))
 
     def flush(self) -> None:
         began = time.monotonic()
@@ -281,7 +294,7 @@ class _PassView(ReadView):
 
     def mig(self, request, image: str):
         """The MIG choice for `request` (`mig_scheduling.mig_choose`), its rows locked; raises
-        as it does. The pass writes it with `mig_scheduling.mig_write`."""
+        as it does. The pass writes it with `_PassWrites.place_mig`."""
         return mig_scheduling.mig_choose(request, image=image)
 
     def queued_behind(self) -> str:
