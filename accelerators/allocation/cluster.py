@@ -50,7 +50,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -123,6 +122,51 @@ def shape_from_key(key: str) -> Shape | None:
         return None
 
 
+@dataclass
+class WorkloadArrays:
+    """A workload's request shapes as the fragmentation scorer reads them (`Workload.arrays`).
+    T shapes, J classes of shapes that fit alike ((kind, whole-device count, fGPU amount in
+    milli-GPU)), M GPU models. Per shape (T,): `cpu` (cores), `mem` (bytes), `gpu` (its GPU
+    amount), `named` (1.0 if it names models), `cls` (its class), `p` (how often it was seen),
+    `cpu_with_gpu` / `mem_with_gpu` (its CPU and memory where it asks for a GPU, else 0); `mask`
+    (T × M: the models it may use) and `mask_by_model` (M × T, contiguous). Per class (J,):
+    `classes` ((kind, count, amount) tuples), `kinds`, `counts`, `amounts`, and `onehot` (T × J);
+    the classes of each kind by index (`share_classes`, `whole_classes`, `none_classes`,
+    `span_classes`) with their amounts or counts (`share_amounts`, `whole_counts`,
+    `span_amounts`). Of the whole: `total` (shapes seen), `named_any`, `cpu_per_gpu` and
+    `mem_per_gpu` (what GPU requests bring per unit of GPU, weighted by `p`), `model_demand`
+    (M: the share of the GPU demand tied to each model). `p`, `total` and the ratios change as
+    shapes are seen again; the rest only with new shapes."""
+
+    cpu: np.ndarray
+    mem: np.ndarray
+    mask: np.ndarray
+    mask_by_model: np.ndarray
+    cls: np.ndarray
+    classes: list
+    onehot: np.ndarray
+    kinds: np.ndarray
+    counts: np.ndarray
+    amounts: np.ndarray
+    share_classes: np.ndarray
+    share_amounts: np.ndarray
+    whole_classes: np.ndarray
+    whole_counts: np.ndarray
+    none_classes: np.ndarray
+    span_classes: np.ndarray
+    span_amounts: np.ndarray
+    gpu: np.ndarray
+    named: np.ndarray
+    named_any: bool
+    cpu_with_gpu: np.ndarray
+    mem_with_gpu: np.ndarray
+    p: np.ndarray
+    total: float
+    cpu_per_gpu: float = 0.0
+    mem_per_gpu: float = 0.0
+    model_demand: np.ndarray | None = None
+
+
 class Workload:
     """The distribution p of request shapes seen so far, kept as counts. Fragmentation-aware
     policies weigh F_n(m) by it (Weng et al. use the trace's pod types; here only what has
@@ -132,7 +176,7 @@ class Workload:
         self.shapes: list[Shape] = []
         self.position: dict[Shape, int] = {}
         self._counts = np.zeros(16, dtype=np.float64)
-        self._cache: tuple[tuple, dict[str, Any]] | None = None  # (key, arrays) of the last `arrays` call
+        self._cache: tuple[tuple, WorkloadArrays] | None = None  # (key, arrays) of the last `arrays` call
         self._shares: dict[int, int] = {}  # SHARE requests seen, by amount
         self._plans: dict[int, tuple[int, PackingPlan | None]] = {}  # by device capacity: (seen then, plan)
         # Every observation as (shape position, n), so a kept F·p can catch up (`_FragCache`).
@@ -180,15 +224,15 @@ class Workload:
     def counts(self) -> dict[Shape, int]:
         return {s: int(c) for s, c in zip(self.shapes, self._counts[:len(self.shapes)])}
 
-    def arrays(self, models: dict[str, int]):
+    def arrays(self, models: dict[str, int]) -> WorkloadArrays:
         """Per-shape arrays for the scorer: cpu, mem, model mask (T × models), class index
         per shape, and the classes' (kind, count, amount) with their probability matrix."""
         key = (len(self.shapes), len(models))
         if self._cache is not None and self._cache[0] == key:
             cached = self._cache[1]
             p = self._counts[:len(self.shapes)]
-            cached["total"] = float(self.observed)
-            cached["p"] = p
+            cached.total = float(self.observed)
+            cached.p = p
             self._ratios(cached, p)
             return cached
         t = len(self.shapes)
@@ -209,45 +253,38 @@ class Workload:
         onehot = np.zeros((t, len(classes)), dtype=np.float64)
         onehot[np.arange(t), cls] = 1.0
         p = self._counts[:len(self.shapes)]
-        cached = {"cpu": cpu, "mem": mem, "mask": mask, "classes": list(classes), "onehot": onehot,
-                  "kinds": np.array([c[0] for c in classes], dtype=np.int64),
-                  "counts": np.array([c[1] for c in classes], dtype=np.int64),
-                  "amounts": np.array([c[2] for c in classes], dtype=np.int64),
-                  "total": p.sum(), "cls": cls}
-        kinds = cached["kinds"]
-        cached["mask_by_model"] = np.ascontiguousarray(mask.T)  # (models, T)
-        cached["share_classes"] = np.nonzero(kinds == SHARE)[0]
-        cached["share_amounts"] = cached["amounts"][cached["share_classes"]]
-        cached["whole_classes"] = np.nonzero(kinds == WHOLE)[0]
-        cached["whole_counts"] = cached["counts"][cached["whole_classes"]]
-        cached["none_classes"] = np.nonzero(kinds == NONE)[0]
-        cached["span_classes"] = np.nonzero(kinds == SPAN)[0]
-        cached["span_amounts"] = cached["amounts"][cached["span_classes"]]
-        cached["p"] = p
-        cached["gpu"] = np.array([s.gpu_amount for s in self.shapes], dtype=np.float64)
-        cached["named"] = np.array([bool(s.models) for s in self.shapes], dtype=np.float64)
-        cached["named_any"] = bool(cached["named"].any())
-        cached["cpu_with_gpu"] = cpu * (cached["gpu"] > 0)
-        cached["mem_with_gpu"] = mem * (cached["gpu"] > 0)
+        kinds = np.array([c[0] for c in classes], dtype=np.int64)
+        counts = np.array([c[1] for c in classes], dtype=np.int64)
+        amounts = np.array([c[2] for c in classes], dtype=np.int64)
+        gpu = np.array([s.gpu_amount for s in self.shapes], dtype=np.float64)
+        named = np.array([bool(s.models) for s in self.shapes], dtype=np.float64)
+        share, whole, span = (np.nonzero(kinds == k)[0] for k in (SHARE, WHOLE, SPAN))
+        cached = WorkloadArrays(
+            cpu=cpu, mem=mem, mask=mask, mask_by_model=np.ascontiguousarray(mask.T), cls=cls, classes=list(classes),
+            onehot=onehot, kinds=kinds, counts=counts, amounts=amounts, share_classes=share,
+            share_amounts=amounts[share], whole_classes=whole, whole_counts=counts[whole],
+            none_classes=np.nonzero(kinds == NONE)[0], span_classes=span, span_amounts=amounts[span],
+            gpu=gpu, named=named, named_any=bool(named.any()), cpu_with_gpu=cpu * (gpu > 0),
+            mem_with_gpu=mem * (gpu > 0), p=p, total=p.sum())
         self._ratios(cached, p)
         self._cache = (key, cached)
         return cached
 
     @staticmethod
-    def _ratios(cached: dict, p: np.ndarray) -> None:
+    def _ratios(cached: WorkloadArrays, p: np.ndarray) -> None:
         """CPU and memory that GPU requests bring per unit of GPU, weighted by p."""
-        gpu = cached["gpu"]
+        gpu = cached.gpu
         demand = float(p @ gpu)  # integer counts × integer amounts: exact in any order
-        cached["cpu_per_gpu"] = float(p @ cached["cpu_with_gpu"]) / demand if demand else 0.0
-        cached["mem_per_gpu"] = float(p @ cached["mem_with_gpu"]) / demand if demand else 0.0
+        cached.cpu_per_gpu = float(p @ cached.cpu_with_gpu) / demand if demand else 0.0
+        cached.mem_per_gpu = float(p @ cached.mem_with_gpu) / demand if demand else 0.0
         # Share of the GPU demand tied to each model (requests naming models, spread evenly).
-        mask = cached["mask"]
-        named = cached["named"]
-        if cached["named_any"]:
+        mask = cached.mask
+        named = cached.named
+        if cached.named_any:
             per_model = (p * gpu * named)[:, None] * mask / np.maximum(mask.sum(axis=1), 1)[:, None]
-            cached["model_demand"] = per_model.sum(axis=0) / demand if demand else np.zeros(mask.shape[1])
+            cached.model_demand = per_model.sum(axis=0) / demand if demand else np.zeros(mask.shape[1])
         else:
-            cached["model_demand"] = np.zeros(mask.shape[1])
+            cached.model_demand = np.zeros(mask.shape[1])
 
 
 def _unique_rows(*columns):
@@ -272,24 +309,24 @@ def expected_fragmentation(cpu, mem, model, free, cap, arrays) -> np.ndarray:
     the CPU/memory/model test is done once per distinct (model, CPU, memory) among the K states.
     Returns (K,) floats."""
     k = free.shape[0]
-    if k == 0 or arrays["total"] == 0:
+    if k == 0 or arrays.total == 0:
         return np.zeros(k)
     gsum, fitting, inverse, usable = _fragmentation_parts(cpu, mem, model, free, cap, arrays)
-    weights = fitting.astype(np.float64) @ (arrays["onehot"] * arrays["p"][:, None])  # (U, J): seen mass per class fitting
+    weights = fitting.astype(np.float64) @ (arrays.onehot * arrays.p[:, None])  # (U, J): seen mass per class fitting
     if inverse is not None:
         weights = weights[inverse]
-    return gsum * arrays["total"] - (usable * weights).sum(axis=1)
+    return gsum * arrays.total - (usable * weights).sum(axis=1)
 
 
 def fragmentation_by_shape(cpu, mem, model, free, cap, arrays) -> np.ndarray:
     """F_n(m) per state and seen shape, (K, T) floats: `expected_fragmentation` before the
     weighting by p (so that one is this @ p)."""
-    if free.shape[0] == 0 or not len(arrays["cpu"]):
-        return np.zeros((free.shape[0], len(arrays["cpu"])))
+    if free.shape[0] == 0 or not len(arrays.cpu):
+        return np.zeros((free.shape[0], len(arrays.cpu)))
     gsum, fitting, inverse, usable = _fragmentation_parts(cpu, mem, model, free, cap, arrays)
     if inverse is not None:
         fitting = fitting[inverse]
-    return gsum[:, None] - fitting * usable[:, arrays["cls"]]
+    return gsum[:, None] - fitting * usable[:, arrays.cls]
 
 
 def _fragmentation_parts(cpu, mem, model, free, cap, arrays):
@@ -302,21 +339,21 @@ def _fragmentation_parts(cpu, mem, model, free, cap, arrays):
     else:
         first, inverse = _unique_rows(model, cpu, mem)
         cpu, mem, model = cpu[first], mem[first], model[first]
-    cm = (arrays["cpu"][None, :] <= cpu[:, None]) & (arrays["mem"][None, :] <= mem[:, None])
-    cm &= arrays["mask_by_model"][model]
-    usable = np.zeros((k, len(arrays["classes"])), dtype=np.int64)
-    share = arrays["share_classes"]
+    cm = (arrays.cpu[None, :] <= cpu[:, None]) & (arrays.mem[None, :] <= mem[:, None])
+    cm &= arrays.mask_by_model[model]
+    usable = np.zeros((k, len(arrays.classes)), dtype=np.int64)
+    share = arrays.share_classes
     if len(share):  # amounts are > 0, so a missing device (free 0) never holds one
-        usable[:, share] = (free[:, :, None] * (free[:, :, None] >= arrays["share_amounts"][None, None, :])).sum(axis=1)
-    whole = arrays["whole_classes"]
+        usable[:, share] = (free[:, :, None] * (free[:, :, None] >= arrays.share_amounts[None, None, :])).sum(axis=1)
+    whole = arrays.whole_classes
     if len(whole):
         idle = (cap > 0) & (free == cap)
-        fits = idle.sum(axis=1)[:, None] >= arrays["whole_counts"][None, :]
+        fits = idle.sum(axis=1)[:, None] >= arrays.whole_counts[None, :]
         usable[:, whole] = np.where(fits, np.where(idle, free, 0).sum(axis=1)[:, None], 0)
-    usable[:, arrays["none_classes"]] = gsum[:, None]
-    span = arrays["span_classes"]
+    usable[:, arrays.none_classes] = gsum[:, None]
+    span = arrays.span_classes
     if len(span):
-        usable[:, span] = np.where(gsum[:, None] >= arrays["span_amounts"][None, :], gsum[:, None], 0)
+        usable[:, span] = np.where(gsum[:, None] >= arrays.span_amounts[None, :], gsum[:, None], 0)
     return gsum, cm, inverse, usable
 
 
@@ -629,9 +666,9 @@ class ClusterIndex:
         ATC'23, Eq. 6), p = the workload's shapes seen so far."""
         arrays = workload.arrays(self.model_ids)
         free_total = float(self.free.sum())
-        if free_total == 0 or arrays["total"] == 0:
+        if free_total == 0 or arrays.total == 0:
             return 0.0
-        frag = self.frag(np.arange(len(self)), arrays).sum() / arrays["total"]
+        frag = self.frag(np.arange(len(self)), arrays).sum() / arrays.total
         return 100.0 * frag / free_total
 
     def scores(self, shape: Shape, policy: str, workload: Workload | None = None, *, best_only: bool = False):
@@ -655,7 +692,7 @@ class ClusterIndex:
         classes not met before, or rows missing shapes seen since, are computed; p weighs
         them afresh each call."""
         state = self.state[cand]
-        t = len(arrays["cpu"])
+        t = len(arrays.cpu)
         cache = self._frag_cache(workload, t)
         if shape.kind == SHARE:  # classes: (state, free amount of the device taken from)
             ukeys, first, inverse = np.unique(state * (1 << 22) + self.free[cand, slots], return_index=True,
@@ -685,7 +722,7 @@ class ClusterIndex:
                 self.cap[rows], arrays)
             cache.store(before_new, parts[:len(before_rows)], t)
             cache.store_after(after_ids[stale_after], parts[len(before_rows):], t)
-        p = arrays["p"]
+        p = arrays.p
         delta = cache.after[after_ids, :t] @ p - cache.before_dots(before_ids, p, t, self.state)
         return delta[inverse.reshape(-1)]
 
@@ -728,7 +765,7 @@ class ClusterIndex:
         """Per GPU model: the share of the seen GPU demand that only some models may serve
         (`Shape.models`, spread evenly over the models allowed), over the model's share of the
         cluster's GPU. 0 where no request names models."""
-        demand = arrays["model_demand"]
+        demand = arrays.model_demand
         if not demand.any():
             return np.zeros(len(self.model_ids))
         share = self._model_share
@@ -743,8 +780,8 @@ class ClusterIndex:
         cpu = self.cpu_free[rows] if cpu is None else cpu
         mem = self.mem_free[rows] if mem is None else mem
         gpu = self.gsum[rows] if gpu is None else gpu
-        by_cpu = gpu - cpu / arrays["cpu_per_gpu"] if arrays["cpu_per_gpu"] > 0 else 0
-        by_mem = gpu - mem / arrays["mem_per_gpu"] if arrays["mem_per_gpu"] > 0 else 0
+        by_cpu = gpu - cpu / arrays.cpu_per_gpu if arrays.cpu_per_gpu > 0 else 0
+        by_mem = gpu - mem / arrays.mem_per_gpu if arrays.mem_per_gpu > 0 else 0
         return np.maximum(0.0, np.maximum(by_cpu, by_mem))
 
     def _best_fit(self, shape: Shape, rows, gpu_after, weights=(1.0, 1.0, 1.0)) -> np.ndarray:
@@ -873,7 +910,7 @@ def score_fgd_plus(index: ClusterIndex, shape: Shape, cand, slots, workload: Wor
     if not len(cand):  # fits nowhere now
         return cand, slots, (cand,)
     arrays = workload.arrays(index.model_ids)
-    pressured = not shape.models and arrays["named_any"]  # else no model pressure: all 0
+    pressured = not shape.models and arrays.named_any  # else no model pressure: all 0
     pressure = index._pressure(arrays)[index.model[cand]] if pressured else np.zeros(len(cand))
     leading: tuple = ()
     if shape.kind in (SHARE, SPAN):
@@ -887,10 +924,10 @@ def score_fgd_plus(index: ClusterIndex, shape: Shape, cand, slots, workload: Wor
     fit = index._best_fit(shape, cand, gpu_after, PLUS_FIT_WEIGHTS)
     stranded = index._stranded(cand, arrays, index.cpu_free[cand] - shape.cpu, index.mem_free[cand] - shape.mem,
                                gpu_after) - index._stranded(cand, arrays)
-    score = delta / arrays["total"] + FIT_WEIGHT * fit * np.maximum(index.unit[cand], 1) + STRAND_WEIGHT * stranded
+    score = delta / arrays.total + FIT_WEIGHT * fit * np.maximum(index.unit[cand], 1) + STRAND_WEIGHT * stranded
     if SCARCITY_WEIGHT and pressured:
         score = score + SCARCITY_WEIGHT * pressure * (
-            shape.gpu_amount + (shape.cpu / arrays["cpu_per_gpu"] if arrays["cpu_per_gpu"] > 0 else 0))
+            shape.gpu_amount + (shape.cpu / arrays.cpu_per_gpu if arrays.cpu_per_gpu > 0 else 0))
     return cand, slots, (cand, fit, score, *leading)
 
 
