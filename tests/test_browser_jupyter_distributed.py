@@ -42,7 +42,7 @@ class RelayedDockerNode(BridgedDockerNode):
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.docker, pytest.mark.django_db(transaction=True)]
 
-REDIS_DB = 16  # of its own, flushed first (FGPU_TEST_STACK_REDIS_DB overrides it)
+REDIS_DB = 7  # shared with the other distributed e2e tests (they run one after another), flushed first
 TEST_IMAGE = "fgpu-session:test"
 
 
