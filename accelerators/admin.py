@@ -4,6 +4,7 @@ Slot formats and fractional settings are edited here; nodes and devices are regi
 their agents, so their pages are read-only (a node may be deleted once decommissioned).
 Memory is always shown in binary units (`units.format_binary_size`), fGPU as Decimal text.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,15 +60,21 @@ class ConfigImportForm(forms.Form):
     file = forms.FileField(
         label="Configuration file",
         help_text="a Backend.AI mock-accelerator TOML (.toml: slot formats, and with a node name that node's devices) "
-                  'or the etcd-style JSON of fractional settings (.json: {"config": {"plugins": {"accelerator": '
-                  '{"cuda": {…}}}}}); at most 1 MiB')
+        'or the etcd-style JSON of fractional settings (.json: {"config": {"plugins": {"accelerator": '
+        '{"cuda": {…}}}}}); at most 1 MiB',
+    )
     node = forms.CharField(
-        label="Node", required=False, max_length=128,
+        label="Node",
+        required=False,
+        max_length=128,
         help_text="TOML only: register or update this node with the file's devices (replaces its inventory); "
-                  "empty: slot formats only")
+        "empty: slot formats only",
+    )
     check_only = forms.BooleanField(
-        label="Check only", required=False,
-        help_text="run the import and roll it back: see what it would do and its warnings, import nothing")
+        label="Check only",
+        required=False,
+        help_text="run the import and roll it back: see what it would do and its warnings, import nothing",
+    )
 
     def clean_file(self):
         upload = self.cleaned_data["file"]
@@ -89,8 +96,11 @@ def config_import_view(model_admin: _ConfigImportLink, request: HttpRequest) -> 
             upload = form.cleaned_data["file"]
             try:
                 report = import_accelerator_config_upload(
-                    name=upload.name, data=upload.read(), node_name=form.cleaned_data["node"] or None,
-                    check_only=form.cleaned_data["check_only"])
+                    name=upload.name,
+                    data=upload.read(),
+                    node_name=form.cleaned_data["node"] or None,
+                    check_only=form.cleaned_data["check_only"],
+                )
             except ConfigError as exc:
                 error = exc
     else:
@@ -134,13 +144,17 @@ class _ConfigImportLink(_MixedInto):
         return [path("import/", view, name=name), *super().get_urls()]
 
     def has_import_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("accelerators.change_fractionalsettings") and \
-            request.user.has_perm("accelerators.change_slotformat")
+        return request.user.has_perm("accelerators.change_fractionalsettings") and request.user.has_perm(
+            "accelerators.change_slotformat"
+        )
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
-        extra_context = {**(extra_context or {}), "import_url": reverse(
-            f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_import")
-            if self.has_import_permission(request) else ""}
+        extra_context = {
+            **(extra_context or {}),
+            "import_url": reverse(f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_import")
+            if self.has_import_permission(request)
+            else "",
+        }
         return super().changelist_view(request, extra_context)
 
 
@@ -183,8 +197,12 @@ def capacity_lines(settings: FractionalSettings) -> list[str]:
     )
     pure = settings.as_allocation_settings()
     # Models whose every GPU serves MIG (mig_exclusion): their capacity is what they would hold.
-    shared = set(Device.objects.filter(slot_name=settings.slot_name, is_mig_device=False).exclude(mig_exclusion())
-                 .values_list("model_name", "memory_size", "subproc_count").distinct())
+    shared = set(
+        Device.objects.filter(slot_name=settings.slot_name, is_mig_device=False)
+        .exclude(mig_exclusion())
+        .values_list("model_name", "memory_size", "subproc_count")
+        .distinct()
+    )
     lines = []
     for model_name, memory_size, subproc_count in models:
         capacity = core.device_capacity(memory_size=memory_size, subproc_count=subproc_count, settings=pure)
@@ -201,8 +219,9 @@ def capacity_lines(settings: FractionalSettings) -> list[str]:
 
 
 class FractionalSettingsForm(forms.ModelForm):
-    unit_mem = BinarySizeField(label="Memory in 1.0 fGPU",
-                               help_text='device memory in 1.0 fGPU, e.g. "4G" or "512M" (binary units; at least 512 MiB)')
+    unit_mem = BinarySizeField(
+        label="Memory in 1.0 fGPU", help_text='device memory in 1.0 fGPU, e.g. "4G" or "512M" (binary units; at least 512 MiB)'
+    )
 
     class Meta:
         model = FractionalSettings
@@ -218,8 +237,7 @@ class FractionalSettingsForm(forms.ModelForm):
 @admin.register(FractionalSettings)
 class FractionalSettingsAdmin(_ConfigImportLink, admin.ModelAdmin):
     form = FractionalSettingsForm
-    list_display = ("slot_name", "allocation_mode", "unit_mem_display", "unit_proc", "quantum_size", "capacity",
-                    "updated")
+    list_display = ("slot_name", "allocation_mode", "unit_mem_display", "unit_proc", "quantum_size", "capacity", "updated")
     readonly_fields = ("capacity", "updated")
     fields = ("slot_name", "allocation_mode", "unit_mem", "unit_proc", "quantum_size", "capacity", "updated")
 
@@ -258,8 +276,11 @@ def _attach_summaries(devices: list[Device]) -> None:
 def _fgpu_text(summary: FgpuSummary) -> str:
     """Free fGPU, or why there is none to give: the slot is discrete, or the GPU serves MIG."""
     if summary.mig:
-        return format_html('<span title="{}">none ({})</span>',
-                           f"this GPU serves {summary.mig}: one GPU is never MIG and fGPU shares at once", summary.mig)
+        return format_html(
+            '<span title="{}">none ({})</span>',
+            f"this GPU serves {summary.mig}: one GPU is never MIG and fGPU shares at once",
+            summary.mig,
+        )
     return "— (discrete)" if summary.free is None else _fgpu_number(summary.free)
 
 
@@ -389,9 +410,18 @@ class MigLayoutWidget(forms.Textarea):
         renderer's, so the editor is rendered by the template loader)."""
         textarea = super().render(name, value, attrs, renderer)
         final = self.build_attrs(self.attrs, attrs)
-        return render_to_string(self.editor_template, {"widget": {
-            "textarea": textarea, "gpus": self.gpus, "check_url": self.check_url,
-            "textarea_id": final.get("id", ""), "gpus_id": f"{final.get('id') or name}-gpus"}})
+        return render_to_string(
+            self.editor_template,
+            {
+                "widget": {
+                    "textarea": textarea,
+                    "gpus": self.gpus,
+                    "check_url": self.check_url,
+                    "textarea_id": final.get("id", ""),
+                    "gpus_id": f"{final.get('id') or name}-gpus",
+                }
+            },
+        )
 
     class Media:
         js = ("js/mig_layout.js",)
@@ -403,10 +433,24 @@ def mig_layout_editor_gpus(node: Node) -> list[dict]:
     gpus = []
     for device in node_mig_gpus(node=node):
         catalog = device_mig_catalog(device)
-        gpus.append({"index": device.index, "device_id": device.device_id, "model": catalog.model,
-                     "profiles": [{"name": p.name, "starts": list(p.starts), "size": p.size,
-                                   "memory": units.format_binary_size(p.memory), "max": p.max_instances,
-                                   "compute": p.compute_slices} for p in catalog.profiles]})
+        gpus.append(
+            {
+                "index": device.index,
+                "device_id": device.device_id,
+                "model": catalog.model,
+                "profiles": [
+                    {
+                        "name": p.name,
+                        "starts": list(p.starts),
+                        "size": p.size,
+                        "memory": units.format_binary_size(p.memory),
+                        "max": p.max_instances,
+                        "compute": p.compute_slices,
+                    }
+                    for p in catalog.profiles
+                ],
+            }
+        )
     return gpus
 
 
@@ -423,15 +467,17 @@ class NodeForm(forms.ModelForm):
         if field is not None and self.instance.pk:
             field.widget = MigLayoutWidget(
                 gpus=mig_layout_editor_gpus(self.instance),
-                check_url=reverse("admin:accelerators_node_mig_check", args=[self.instance.pk]))
-            field.help_text = ('for mode "fixed": the GPU instances each GPU keeps (profile and first memory slice); '
-                               "checked as you edit, against the GPU's MIG catalog")
+                check_url=reverse("admin:accelerators_node_mig_check", args=[self.instance.pk]),
+            )
+            field.help_text = (
+                'for mode "fixed": the GPU instances each GPU keeps (profile and first memory slice); '
+                "checked as you edit, against the GPU's MIG catalog"
+            )
 
     def clean(self):
         data = super().clean() or {}  # Django's returns cleaned_data (its stub: or None)
         try:
-            node_mig_settings_check(node=self.instance, mig_mode=data.get("mig_mode") or "",
-                                    mig_layout=data.get("mig_layout"))
+            node_mig_settings_check(node=self.instance, mig_mode=data.get("mig_mode") or "", mig_layout=data.get("mig_layout"))
         except InvalidResourceRequest as exc:
             raise forms.ValidationError({"mig_layout": str(exc)}) from None
         return data
@@ -442,8 +488,10 @@ def _edges(cells) -> list[bool]:
     one's cell (drawn with an edge, so two instances of one profile side by side read as two).
     By position in the row: a row's slots need not be numbered 0, 1, 2, … (a 7g.80gb's memory
     row is numbered by memory slice)."""
-    return [bool(c.instance) and i > 0 and bool(cells[i - 1].instance) and cells[i - 1].instance != c.instance
-            for i, c in enumerate(cells)]
+    return [
+        bool(c.instance) and i > 0 and bool(cells[i - 1].instance) and cells[i - 1].instance != c.instance
+        for i, c in enumerate(cells)
+    ]
 
 
 def mig_picture_html(node: Node) -> str:
@@ -457,21 +505,47 @@ def mig_picture_html(node: Node) -> str:
 
     def row(title, cells):
         return format_html(
-            "<tr><th scope='row'>{}</th>{}</tr>", title,
-            format_html_join("", "<td class='mig-cell mig-{}{}' title='{}'>{}</td>",
-                             ((c.state, " mig-edge" if edge else "",
-                               f"slice {c.slot}: {c.state} {c.instance} {c.session}".strip(),
-                               c.instance.split("@")[0] if c.instance else c.state)
-                              for c, edge in zip(cells, _edges(cells)))))
+            "<tr><th scope='row'>{}</th>{}</tr>",
+            title,
+            format_html_join(
+                "",
+                "<td class='mig-cell mig-{}{}' title='{}'>{}</td>",
+                (
+                    (
+                        c.state,
+                        " mig-edge" if edge else "",
+                        f"slice {c.slot}: {c.state} {c.instance} {c.session}".strip(),
+                        c.instance.split("@")[0] if c.instance else c.state,
+                    )
+                    for c, edge in zip(cells, _edges(cells))
+                ),
+            ),
+        )
 
     blocks = []
     for picture in pictures:
-        listing = format_html_join(", ", "{} {}{}", ((label, state, (f" by {who}" if state == "used" else f" ({who})")
-                                                      if who else "") for label, state, who in picture.instances)) or "none"
-        blocks.append(format_html(
-            "<div class='mig-gpu-picture'><strong>GPU {} · {}</strong><table class='mig-slices'>{}{}</table>"
-            "instances: {}</div>",
-            picture.device.index, picture.model, row("memory", picture.memory), row("compute", picture.compute), listing))
+        listing = (
+            format_html_join(
+                ", ",
+                "{} {}{}",
+                (
+                    (label, state, (f" by {who}" if state == "used" else f" ({who})") if who else "")
+                    for label, state, who in picture.instances
+                ),
+            )
+            or "none"
+        )
+        blocks.append(
+            format_html(
+                "<div class='mig-gpu-picture'><strong>GPU {} · {}</strong><table class='mig-slices'>{}{}</table>"
+                "instances: {}</div>",
+                picture.device.index,
+                picture.model,
+                row("memory", picture.memory),
+                row("compute", picture.compute),
+                listing,
+            )
+        )
     legend = format_html_join("", "<span class='mig-cell mig-{}'>{}</span>", ((state, state) for state in _SLICE_STATES))
     return format_html("{}<div class='mig-legend'>{}</div>", format_html_join("", "{}", ((b,) for b in blocks)), legend)
 
@@ -497,30 +571,44 @@ def mig_sync_html(node: Node) -> str:
     view = node_mig_sync_view(node=node)
     if not view["applied"]:
         return "nothing sent to the agent yet"
-    lines = [(f"{p['profile']}@{p['start']} on GPU {p['index']}: {p['action']} waits — {p['reason']}",)
-             for p in view["pending"]]
+    lines = [(f"{p['profile']}@{p['start']} on GPU {p['index']}: {p['action']} waits — {p['reason']}",) for p in view["pending"]]
     lines += [(f"error: {e['profile'] or 'GPU'}@{e['start']} on {e['gpu']}: {e['reason']}",) for e in view["errors"]]
     lines += [(f"to destroy: {d['profile']}@{d['start']} on {d['gpu']}",) for d in view["destroying"]]
-    return format_html("<strong>{}</strong> — {}<br>sent {} ({}, #{}), reported {}<ul>{}</ul>", view["applied"],
-                       mig_sync_text(view), when_html(view["sent_at"]) if view["sent_at"] else "never",
-                       view["kind"] or "—", view["seq"] or 0,
-                       when_html(view["reported_at"]) if view["reported_at"] else "not yet",
-                       format_html_join("", "<li>{}</li>", lines))
+    return format_html(
+        "<strong>{}</strong> — {}<br>sent {} ({}, #{}), reported {}<ul>{}</ul>",
+        view["applied"],
+        mig_sync_text(view),
+        when_html(view["sent_at"]) if view["sent_at"] else "never",
+        view["kind"] or "—",
+        view["seq"] or 0,
+        when_html(view["reported_at"]) if view["reported_at"] else "not yet",
+        format_html_join("", "<li>{}</li>", lines),
+    )
 
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ("name", "status", "resource_group", "heartbeat", "cpu_count", "memory", "device_count",
-                    "sharing")
+    list_display = ("name", "status", "resource_group", "heartbeat", "cpu_count", "memory", "device_count", "sharing")
     list_filter = ("status", "resource_group")
     search_fields = ("name",)
     inlines = (DeviceInline, DeviceLinkInline)
-    reported = ("name", "status", "heartbeat", "registered", "cpu_count", "memory", "plugin_list",
-                "attribute_list", "held_images")
+    reported = (
+        "name",
+        "status",
+        "heartbeat",
+        "registered",
+        "cpu_count",
+        "memory",
+        "plugin_list",
+        "attribute_list",
+        "held_images",
+    )
     fieldsets = (
         ("Reported by the agent", {"fields": reported}),
-        ("Sharing (set by administrators)", {"fields": ("resource_group", "device_split_count", "memory_scaling",
-                                                        "core_scaling")}),
+        (
+            "Sharing (set by administrators)",
+            {"fields": ("resource_group", "device_split_count", "memory_scaling", "core_scaling")},
+        ),
         ("MIG (set by administrators)", {"fields": ("mig_mode", "mig_layout", "mig_picture", "mig_status")}),
         ("Usage (live: the last hour, day, week or month)", {"fields": ("usage_charts",)}),
         ("Processes on its GPUs (live: the host's view)", {"fields": ("gpu_processes",)}),
@@ -563,8 +651,9 @@ class NodeAdmin(admin.ModelAdmin):
         GET /api/v1/nodes/<name>/usage/ (polled every few seconds)."""
         if not obj.pk:
             return "—"
-        return format_html("<div id='node-usage-charts' data-url='{}'>Loading…</div>",
-                           reverse("api-node-usage", kwargs={"name": obj.name}))
+        return format_html(
+            "<div id='node-usage-charts' data-url='{}'>Loading…</div>", reverse("api-node-usage", kwargs={"name": obj.name})
+        )
 
     @admin.display(description="which process holds what")
     def gpu_processes(self, obj: Node) -> str:
@@ -572,8 +661,10 @@ class NodeAdmin(admin.ModelAdmin):
         GET /api/v1/nodes/<name>/processes/ (asked of its agent every few seconds while shown)."""
         if not obj.pk:
             return "—"
-        return format_html("<div id='node-processes' data-url='{}' aria-live='polite'>Asking the agent…</div>",
-                           reverse("api-node-processes", kwargs={"name": obj.name}))
+        return format_html(
+            "<div id='node-processes' data-url='{}' aria-live='polite'>Asking the agent…</div>",
+            reverse("api-node-processes", kwargs={"name": obj.name}),
+        )
 
     @admin.display(description="session images it holds")
     def held_images(self, obj: Node) -> str:
@@ -595,8 +686,7 @@ class NodeAdmin(admin.ModelAdmin):
             return  # no MIG change (compared as values: the JSON text may differ): nothing to tell the agent
         node_mig_settings_apply(node=obj)  # the agent is told once the admin's transaction commits
         view = node_mig_sync_view(node=obj)
-        level = messages.WARNING if view["applied"] in ("pending-agent-offline", "error") or view["pending"] \
-            else messages.INFO
+        level = messages.WARNING if view["applied"] in ("pending-agent-offline", "error") or view["pending"] else messages.INFO
         self.message_user(request, f"MIG layout of {obj.name}: {view['applied']} — {mig_sync_text(view)}", level)
 
     @admin.display(description="sharing")
@@ -632,8 +722,11 @@ class NodeAdmin(admin.ModelAdmin):
         items = sorted((obj.attributes or {}).items())
         if not items:
             return EMPTY
-        return format_html_join("", "<div><span class='muted'>{}:</span> {}</div>",
-                                ((name.replace("_", " "), _attribute_text(value)) for name, value in items))
+        return format_html_join(
+            "",
+            "<div><span class='muted'>{}:</span> {}</div>",
+            ((name.replace("_", " "), _attribute_text(value)) for name, value in items),
+        )
 
     @admin.display(description="devices", ordering="_device_count")
     def device_count(self, obj: Node) -> int:
@@ -645,8 +738,16 @@ class NodeAdmin(admin.ModelAdmin):
 
 @admin.register(ResourceGroup)
 class ResourceGroupAdmin(admin.ModelAdmin):
-    list_display = ("name", "policy", "weight_memory", "weight_cores", "weight_sessions", "no_fragmentation",
-                    "node_count", "description")
+    list_display = (
+        "name",
+        "policy",
+        "weight_memory",
+        "weight_cores",
+        "weight_sessions",
+        "no_fragmentation",
+        "node_count",
+        "description",
+    )
     list_editable = ("policy", "no_fragmentation")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
@@ -704,8 +805,19 @@ class GpuInstanceAdmin(admin.ModelAdmin):
     hand or by another tool; their slices count as taken until an agent start no longer finds them)."""
 
     list_display = ("__str__", "node", "profile", "slices", "memory", "uuid", "session", "last_used", "unknown")
-    fields = ("node", "parent", "profile", "slices", "memory", "subproc_count", "uuid", "session", "created",
-              "last_used", "unknown")
+    fields = (
+        "node",
+        "parent",
+        "profile",
+        "slices",
+        "memory",
+        "subproc_count",
+        "uuid",
+        "session",
+        "created",
+        "last_used",
+        "unknown",
+    )
     readonly_fields = fields
     list_filter = ("node", "profile", ("unknown_since", admin.EmptyFieldListFilter))
     list_select_related = ("node", "parent", "session")

@@ -4,6 +4,7 @@ Sizes are binary ("4 GiB", "19.62 GiB") with the exact byte count on hover; time
 "2026-11-26 02:27:26 UTC" (seconds, never microseconds) with how long ago on hover. Used by
 every admin module (accelerators, sessions, accounts), so each page reads the same.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -43,8 +44,9 @@ def when_html(value: dt.datetime | str | None) -> str:
         return EMPTY
     now = timezone.now()
     relative = f"{timesince(moment, now)} ago" if moment <= now else f"in {timesince(now, moment)}"
-    return format_html('<time datetime="{}" title="{}">{}</time>', moment.replace(microsecond=0).isoformat(),
-                       relative, when_text(moment))
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>', moment.replace(microsecond=0).isoformat(), relative, when_text(moment)
+    )
 
 
 def _moment(value: dt.datetime | str | None) -> dt.datetime | None:

@@ -6,6 +6,7 @@ guarded by ETag / If-Match (`console.api_support`). Nodes and devices are regist
 agents; the rest of a node is read-only here. Amounts: memory in bytes, compute in SMs,
 fGPU as decimal text ("1.50"), never floats.
 """
+
 from __future__ import annotations
 
 from django.db.models import Prefetch
@@ -32,20 +33,40 @@ from console.api_support import (
 )
 
 
-
 # --- inventory: nodes and devices ---------------------------------------------------------------
+
 
 class DeviceSerializer(serializers.ModelSerializer):
     capacity_fgpu = serializers.SerializerMethodField(help_text="fGPU; null in discrete mode and on a GPU serving MIG")
     allocated_fgpu = serializers.SerializerMethodField(help_text="fGPU held by live allocations (1 per whole device)")
     free_fgpu = serializers.SerializerMethodField(help_text="fGPU; null in discrete mode and on a GPU serving MIG")
-    parent = serializers.CharField(source="parent.device_id", default=None, read_only=True, allow_null=True,  # type: ignore[assignment]  # DRF's metaclass moves declared fields off the class: no clash
-                                   help_text="a MIG slice's parent GPU UUID")
+    parent = serializers.CharField(
+        source="parent.device_id",
+        default=None,
+        read_only=True,
+        allow_null=True,  # type: ignore[assignment]  # DRF's metaclass moves declared fields off the class: no clash
+        help_text="a MIG slice's parent GPU UUID",
+    )
 
     class Meta:
         model = Device
-        fields = ["id", "slot_name", "device_id", "index", "mother_uuid", "model_name", "numa_node", "subproc_count",
-                  "memory_size", "is_mig_device", "mig_profile", "parent", "capacity_fgpu", "allocated_fgpu", "free_fgpu"]
+        fields = [
+            "id",
+            "slot_name",
+            "device_id",
+            "index",
+            "mother_uuid",
+            "model_name",
+            "numa_node",
+            "subproc_count",
+            "memory_size",
+            "is_mig_device",
+            "mig_profile",
+            "parent",
+            "capacity_fgpu",
+            "allocated_fgpu",
+            "free_fgpu",
+        ]
 
     def _summary(self, device):
         """The device's FgpuSummary, computed at the first call for all the context's `devices`
@@ -74,10 +95,12 @@ class DeviceUsageSerializer(DeviceSerializer):
     """A device with its node and its live allocation totals."""
 
     node = serializers.CharField(source="node.name", read_only=True)
-    allocated_memory = serializers.IntegerField(source="memory_used", read_only=True,
-                                                help_text="bytes of device memory held by live allocations")
-    allocated_procs = serializers.DecimalField(source="proc_used", max_digits=12, decimal_places=3, read_only=True,
-                                               help_text="SMs held by live allocations")
+    allocated_memory = serializers.IntegerField(
+        source="memory_used", read_only=True, help_text="bytes of device memory held by live allocations"
+    )
+    allocated_procs = serializers.DecimalField(
+        source="proc_used", max_digits=12, decimal_places=3, read_only=True, help_text="SMs held by live allocations"
+    )
     session_count = serializers.IntegerField(read_only=True, help_text="live allocations (sessions) on the device")
 
     class Meta(DeviceSerializer.Meta):
@@ -86,18 +109,38 @@ class DeviceUsageSerializer(DeviceSerializer):
 
 class NodeSerializer(ModelSerializer):
     devices = DeviceSerializer(many=True, read_only=True)
-    resource_group = serializers.CharField(source="resource_group.name", default=None, read_only=True,
-                                           allow_null=True, help_text="node pool; null: the default pool")
-    oversubscribed = serializers.BooleanField(source="is_oversubscribed", read_only=True,
-                                              help_text="memory or SM scaling above 1: deliberate over-subscription")
-    images = serializers.DictField(child=serializers.CharField(), read_only=True,
-                                   help_text="the session images its agent reports holding: {reference: image id}")
+    resource_group = serializers.CharField(
+        source="resource_group.name", default=None, read_only=True, allow_null=True, help_text="node pool; null: the default pool"
+    )
+    oversubscribed = serializers.BooleanField(
+        source="is_oversubscribed", read_only=True, help_text="memory or SM scaling above 1: deliberate over-subscription"
+    )
+    images = serializers.DictField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="the session images its agent reports holding: {reference: image id}",
+    )
 
     class Meta:
         model = Node
-        fields = ["id", "name", "status", "last_heartbeat", "registered_at", "cpu_count", "memory_size", "plugins",
-                  "attributes", "images", "resource_group", "device_split_count", "memory_scaling", "core_scaling",
-                  "oversubscribed", "devices"]
+        fields = [
+            "id",
+            "name",
+            "status",
+            "last_heartbeat",
+            "registered_at",
+            "cpu_count",
+            "memory_size",
+            "plugins",
+            "attributes",
+            "images",
+            "resource_group",
+            "device_split_count",
+            "memory_scaling",
+            "core_scaling",
+            "oversubscribed",
+            "devices",
+        ]
 
     def to_representation(self, node):
         # The devices whose fGPU figures DeviceSerializer computes at once: a page's
@@ -142,8 +185,9 @@ class StrictChoiceFilter(filters.ChoiceFilter):
 
     def filter(self, qs, value):
         if _sent_empty(self, value):
-            raise serializers.ValidationError({self.field_name: [
-                f"expected one of {', '.join(str(choice) for choice, _ in self.extra['choices'])}"]})
+            raise serializers.ValidationError(
+                {self.field_name: [f"expected one of {', '.join(str(choice) for choice, _ in self.extra['choices'])}"]}
+            )
         return super().filter(qs, value)
 
 
@@ -161,8 +205,12 @@ class NodeSettingsSerializer(serializers.ModelSerializer):
     whole node (NodeSerializer)."""
 
     resource_group = serializers.SlugRelatedField(
-        slug_field="name", queryset=ResourceGroup.objects.all(), allow_null=True, required=False,
-        help_text="node pool by name; null: the default pool")
+        slug_field="name",
+        queryset=ResourceGroup.objects.all(),
+        allow_null=True,
+        required=False,
+        help_text="node pool by name; null: the default pool",
+    )
 
     class Meta:
         model = Node
@@ -178,27 +226,46 @@ class NodeSettingsSerializer(serializers.ModelSerializer):
 
 NODE_SETTINGS_EXAMPLES = [
     OpenApiExample("Share each GPU among at most 4 sessions", value={"device_split_count": 4}),
-    OpenApiExample("Over-subscribe memory by half, move to a pool", value={
-        "memory_scaling": "1.50", "core_scaling": "1.00", "resource_group": "training"}),
+    OpenApiExample(
+        "Over-subscribe memory by half, move to a pool",
+        value={"memory_scaling": "1.50", "core_scaling": "1.00", "resource_group": "training"},
+    ),
 ]
-NODE_SETTINGS_DOC = ("Administrators: the node's sharing settings — `device_split_count` (the most sessions per "
-                     "device, HAMi's deviceSplitCount), `memory_scaling` and `core_scaling` (accounted memory and "
-                     "SMs × this; above 1 is deliberate over-subscription), `resource_group` (a pool name or null). "
-                     "Pending sessions are reconsidered at once. " + ETAG_NOTE +
-                     " The ETag covers these four settings only, so heartbeats do not make it stale.")
+NODE_SETTINGS_DOC = (
+    "Administrators: the node's sharing settings — `device_split_count` (the most sessions per "
+    "device, HAMi's deviceSplitCount), `memory_scaling` and `core_scaling` (accounted memory and "
+    "SMs × this; above 1 is deliberate over-subscription), `resource_group` (a pool name or null). "
+    "Pending sessions are reconsidered at once. "
+    + ETAG_NOTE
+    + " The ETag covers these four settings only, so heartbeats do not make it stale."
+)
 
 
 @extend_schema_view(
-    list=extend_schema(summary="List GPU nodes", tags=["inventory"],
-                       description="Nodes with their devices and each device's capacity, allocated and free fGPU."),
+    list=extend_schema(
+        summary="List GPU nodes",
+        tags=["inventory"],
+        description="Nodes with their devices and each device's capacity, allocated and free fGPU.",
+    ),
     retrieve=extend_schema(summary="One GPU node by name", tags=["inventory"], description=ETAG_NOTE),
-    update=extend_schema(summary="Replace a node's sharing settings (administrators; If-Match required)",
-                         tags=["inventory"], parameters=[IF_MATCH], request=NodeSettingsSerializer,
-                         responses={200: NodeSerializer}, examples=NODE_SETTINGS_EXAMPLES, description=NODE_SETTINGS_DOC),
-    partial_update=extend_schema(summary="Change a node's sharing settings (administrators; If-Match required)",
-                                 tags=["inventory"], parameters=[IF_MATCH], request=NodeSettingsSerializer,
-                                 responses={200: NodeSerializer}, examples=NODE_SETTINGS_EXAMPLES,
-                                 description=NODE_SETTINGS_DOC),
+    update=extend_schema(
+        summary="Replace a node's sharing settings (administrators; If-Match required)",
+        tags=["inventory"],
+        parameters=[IF_MATCH],
+        request=NodeSettingsSerializer,
+        responses={200: NodeSerializer},
+        examples=NODE_SETTINGS_EXAMPLES,
+        description=NODE_SETTINGS_DOC,
+    ),
+    partial_update=extend_schema(
+        summary="Change a node's sharing settings (administrators; If-Match required)",
+        tags=["inventory"],
+        parameters=[IF_MATCH],
+        request=NodeSettingsSerializer,
+        responses={200: NodeSerializer},
+        examples=NODE_SETTINGS_EXAMPLES,
+        description=NODE_SETTINGS_DOC,
+    ),
 )
 class NodeViewSet(PageDevicesMixin, ETagMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
     """GPU nodes with their devices and each device's capacity, allocated and free fGPU;
@@ -247,9 +314,12 @@ class DeviceFilter(filters.FilterSet):
 
 
 @extend_schema_view(
-    list=extend_schema(summary="List devices", tags=["inventory"],
-                       description="Every device (GPU or MIG slice) of every node, with its live allocation: fGPU "
-                                   "capacity / allocated / free, bytes and SMs held, and how many sessions it hosts."),
+    list=extend_schema(
+        summary="List devices",
+        tags=["inventory"],
+        description="Every device (GPU or MIG slice) of every node, with its live allocation: fGPU "
+        "capacity / allocated / free, bytes and SMs held, and how many sessions it hosts.",
+    ),
     retrieve=extend_schema(summary="One device by id", tags=["inventory"]),
 )
 class DeviceViewSet(PageDevicesMixin, ListETagMixin, viewsets.ReadOnlyModelViewSet):
@@ -261,7 +331,8 @@ class DeviceViewSet(PageDevicesMixin, ListETagMixin, viewsets.ReadOnlyModelViewS
     def get_queryset(self):
         # Meta.ordering is dropped from aggregating queries: order explicitly, as nvidia-smi numbers GPUs.
         return devices_with_usage(Device.objects.select_related("node", "parent")).order_by(
-            "node__name", "slot_name", "index", "device_id")
+            "node__name", "slot_name", "index", "device_id"
+        )
 
     def page_devices(self, rows: list) -> list[Device]:
         return rows
@@ -269,11 +340,14 @@ class DeviceViewSet(PageDevicesMixin, ListETagMixin, viewsets.ReadOnlyModelViewS
 
 # --- configuration: slot formats, fractional settings, resource groups ------------------------
 
+
 class NumberFormatSerializer(serializers.Serializer):
-    binary = serializers.BooleanField(source="number_binary", required=False,
-                                      help_text="suffixes by 2^(10n) (KiB, MiB, GiB) instead of 10^(3n)")
-    round_length = serializers.IntegerField(source="number_round_length", required=False, min_value=0, max_value=32,
-                                            help_text="fixed-point digits; 0: integer")
+    binary = serializers.BooleanField(
+        source="number_binary", required=False, help_text="suffixes by 2^(10n) (KiB, MiB, GiB) instead of 10^(3n)"
+    )
+    round_length = serializers.IntegerField(
+        source="number_round_length", required=False, min_value=0, max_value=32, help_text="fixed-point digits; 0: integer"
+    )
 
 
 class SlotFormatSerializer(serializers.ModelSerializer):
@@ -283,8 +357,17 @@ class SlotFormatSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = SlotFormat
-        fields = ["slot", "slot_name", "subtype", "display_icon", "display_unit", "human_readable_name", "description",
-                  "number_format", "example"]
+        fields = [
+            "slot",
+            "slot_name",
+            "subtype",
+            "display_icon",
+            "display_unit",
+            "human_readable_name",
+            "description",
+            "number_format",
+            "example",
+        ]
 
     def get_example(self, fmt) -> str:
         return fmt.format_amount("0.5")
@@ -310,13 +393,22 @@ class FractionalSettingsSerializer(serializers.ModelSerializer):
 
 
 class ResourceGroupSerializer(serializers.ModelSerializer):
-    nodes: serializers.SlugRelatedField[Node] = serializers.SlugRelatedField(many=True, read_only=True, slug_field="name",
-                                         help_text="names of the nodes in the pool (set on each node by an admin)")
+    nodes: serializers.SlugRelatedField[Node] = serializers.SlugRelatedField(
+        many=True, read_only=True, slug_field="name", help_text="names of the nodes in the pool (set on each node by an admin)"
+    )
 
     class Meta:
         model = ResourceGroup
-        fields = ["name", "description", "policy", "weight_memory", "weight_cores", "weight_sessions",
-                  "no_fragmentation", "nodes"]
+        fields = [
+            "name",
+            "description",
+            "policy",
+            "weight_memory",
+            "weight_cores",
+            "weight_sessions",
+            "no_fragmentation",
+            "nodes",
+        ]
 
     def validate_name(self, value):
         if self.instance is not None and value != self.instance.name:
@@ -324,18 +416,40 @@ class ResourceGroupSerializer(serializers.ModelSerializer):
         return value
 
 
-@extend_schema_view(**admin_write_docs("slot format", tags=["configuration"], examples=[
-    OpenApiExample("fGPU shares", value={
-        "slot_name": "cuda", "subtype": "shares", "display_icon": "gpu1", "display_unit": "fGPU",
-        "human_readable_name": "fGPU", "description": "CUDA-capable GPU (fractional)",
-        "number_format": {"binary": False, "round_length": 2}}),
-    OpenApiExample("Whole devices", value={
-        "slot_name": "cuda", "subtype": "device", "display_unit": "GPU", "human_readable_name": "GPU",
-        "number_format": {"binary": False, "round_length": 0}}),
-], patch_examples=[
-    OpenApiExample("Change the unit only", value={"display_unit": "fGPU"}),
-    OpenApiExample("Three decimals", value={"number_format": {"round_length": 3}}),
-]))
+@extend_schema_view(
+    **admin_write_docs(
+        "slot format",
+        tags=["configuration"],
+        examples=[
+            OpenApiExample(
+                "fGPU shares",
+                value={
+                    "slot_name": "cuda",
+                    "subtype": "shares",
+                    "display_icon": "gpu1",
+                    "display_unit": "fGPU",
+                    "human_readable_name": "fGPU",
+                    "description": "CUDA-capable GPU (fractional)",
+                    "number_format": {"binary": False, "round_length": 2},
+                },
+            ),
+            OpenApiExample(
+                "Whole devices",
+                value={
+                    "slot_name": "cuda",
+                    "subtype": "device",
+                    "display_unit": "GPU",
+                    "human_readable_name": "GPU",
+                    "number_format": {"binary": False, "round_length": 0},
+                },
+            ),
+        ],
+        patch_examples=[
+            OpenApiExample("Change the unit only", value={"display_unit": "fGPU"}),
+            OpenApiExample("Three decimals", value={"number_format": {"round_length": 3}}),
+        ],
+    )
+)
 class SlotFormatViewSet(ETagMixin, viewsets.ModelViewSet):
     """How amounts of each slot subtype are shown; keyed by `<slot_name>.<subtype>`."""
 
@@ -355,19 +469,32 @@ class SlotFormatViewSet(ETagMixin, viewsets.ModelViewSet):
         return found
 
 
-@extend_schema_view(**{
-    **admin_write_docs("fractional setting", tags=["configuration"], examples=[
-        OpenApiExample("1 physical GPU of 8 GiB / 80 SMs = 2 fGPU", value={
-            "slot_name": "cuda", "allocation_mode": "fractional", "unit_mem": 4 << 30, "unit_proc": 40,
-            "quantum_size": "0.25"}),
-    ], patch_examples=[
-        OpenApiExample("Back to whole devices", value={"allocation_mode": AllocationMode.DISCRETE}),
-        OpenApiExample("Finer steps", value={"quantum_size": "0.1"}),
-    ]),
-    "destroy": extend_schema(exclude=True),
-})
-class FractionalSettingsViewSet(ETagMixin, mixins.CreateModelMixin, mixins.UpdateModelMixin,
-                                viewsets.ReadOnlyModelViewSet):
+@extend_schema_view(
+    **{
+        **admin_write_docs(
+            "fractional setting",
+            tags=["configuration"],
+            examples=[
+                OpenApiExample(
+                    "1 physical GPU of 8 GiB / 80 SMs = 2 fGPU",
+                    value={
+                        "slot_name": "cuda",
+                        "allocation_mode": "fractional",
+                        "unit_mem": 4 << 30,
+                        "unit_proc": 40,
+                        "quantum_size": "0.25",
+                    },
+                ),
+            ],
+            patch_examples=[
+                OpenApiExample("Back to whole devices", value={"allocation_mode": AllocationMode.DISCRETE}),
+                OpenApiExample("Finer steps", value={"quantum_size": "0.1"}),
+            ],
+        ),
+        "destroy": extend_schema(exclude=True),
+    }
+)
+class FractionalSettingsViewSet(ETagMixin, mixins.CreateModelMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
     """Per-slot fractional settings: 1.0 fGPU = `unit_mem` bytes and `unit_proc` SMs; requests in
     steps of `quantum_size`. Keyed by slot name. Not deletable here (sessions depend on them)."""
 
@@ -379,13 +506,29 @@ class FractionalSettingsViewSet(ETagMixin, mixins.CreateModelMixin, mixins.Updat
     http_method_names = ["get", "post", "put", "patch", "head", "options"]
 
 
-@extend_schema_view(**admin_write_docs("resource group", tags=["configuration"], examples=[
-    OpenApiExample("Training pool, spread", value={
-        "name": "training", "description": "A100 nodes for long jobs", "policy": "spread",
-        "weight_memory": "1.00", "weight_cores": "2.00", "weight_sessions": "0.50", "no_fragmentation": True}),
-], patch_examples=[
-    OpenApiExample("Switch to binpack", value={"policy": "binpack"}),
-]))
+@extend_schema_view(
+    **admin_write_docs(
+        "resource group",
+        tags=["configuration"],
+        examples=[
+            OpenApiExample(
+                "Training pool, spread",
+                value={
+                    "name": "training",
+                    "description": "A100 nodes for long jobs",
+                    "policy": "spread",
+                    "weight_memory": "1.00",
+                    "weight_cores": "2.00",
+                    "weight_sessions": "0.50",
+                    "no_fragmentation": True,
+                },
+            ),
+        ],
+        patch_examples=[
+            OpenApiExample("Switch to binpack", value={"policy": "binpack"}),
+        ],
+    )
+)
 class ResourceGroupViewSet(ETagMixin, viewsets.ModelViewSet):
     """Node pools with their placement rules; keyed by name."""
 

@@ -8,6 +8,7 @@ profile spans `size` memory slices from one of the profile's allowed starts. Mem
 bytes, compute in SMs and slices. Who holds an instance in use (its session) is shown only to
 that session's owner and to administrators, so session ids do not leak.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -42,6 +43,7 @@ def page_example(name: str, item: dict) -> OpenApiExample:
 
 # --- the catalog ----------------------------------------------------------------------------------
 
+
 class MigPlacementSerializer(serializers.Serializer):
     start = serializers.IntegerField(help_text="first memory slice (0–7)")
     size = serializers.IntegerField(help_text="memory slices the instance spans")
@@ -65,46 +67,77 @@ class MigProfileSerializer(serializers.Serializer):
 
 
 class MigCatalogSerializer(serializers.Serializer):
-    model = serializers.CharField(source="catalog.model",
-                                  help_text='the GPU model: a built-in key ("H100-80GB") or the name NVML reported')
-    source = serializers.ChoiceField(choices=CATALOG_SOURCES,  # type: ignore[assignment]  # DRF's metaclass moves declared fields off the class: no clash
-                                     help_text='"nvml": read by a node\'s agent from NVML and used for its GPUs '
-                                               'instead of the built-in table; "built-in": the table in '
-                                               "accelerators/allocation/mig.py")
+    model = serializers.CharField(
+        source="catalog.model", help_text='the GPU model: a built-in key ("H100-80GB") or the name NVML reported'
+    )
+    source = serializers.ChoiceField(
+        choices=CATALOG_SOURCES,  # type: ignore[assignment]  # DRF's metaclass moves declared fields off the class: no clash
+        help_text='"nvml": read by a node\'s agent from NVML and used for its GPUs '
+        'instead of the built-in table; "built-in": the table in '
+        "accelerators/allocation/mig.py",
+    )
     source_note = serializers.CharField(source="catalog.source", help_text="where the figures come from, in words")
-    built_in_model = serializers.CharField(help_text="the built-in model the GPUs' names give (\"\" when none)")
-    nodes = serializers.ListField(child=serializers.CharField(),
-                                 help_text="nodes whose GPUs are planned with this catalog")
+    built_in_model = serializers.CharField(help_text='the built-in model the GPUs\' names give ("" when none)')
+    nodes = serializers.ListField(child=serializers.CharField(), help_text="nodes whose GPUs are planned with this catalog")
     profiles = MigProfileSerializer(source="catalog.profiles", many=True, help_text="smallest first")
 
 
 MODEL_PARAMETER = OpenApiParameter(
-    "model", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False,
+    "model",
+    OpenApiTypes.STR,
+    OpenApiParameter.QUERY,
+    required=False,
     description='only this GPU model: a built-in key ("H100-80GB") or a name as NVML or an inventory gives it '
-                '("H100", "NVIDIA A100-SXM4-40GB"); a name that is no MIG-capable model is a 400')
+    '("H100", "NVIDIA A100-SXM4-40GB"); a name that is no MIG-capable model is a 400',
+)
 
 CATALOG_EXAMPLE = {
-    "model": "H100-80GB", "source": "built-in",
+    "model": "H100-80GB",
+    "source": "built-in",
     "source_note": "captured: H100 80GB HBM3 lgip/lgipp capture (public repo notes)",
-    "built_in_model": "H100-80GB", "nodes": ["gpu-node-1"],
+    "built_in_model": "H100-80GB",
+    "nodes": ["gpu-node-1"],
     "profiles": [
-        {"name": "1g.10gb", "profile_id": 19, "nvml_profile": 0, "compute_slices": 1, "memory_slices": 1,
-         "memory": 10468982784, "memory_assumed": False, "sm_count": 16, "max_instances": 7,
-         "placements": [{"start": s, "size": 1} for s in range(7)]},
-        {"name": "7g.80gb", "profile_id": 0, "nvml_profile": 4, "compute_slices": 7, "memory_slices": 8,
-         "memory": 85094694912, "memory_assumed": False, "sm_count": 132, "max_instances": 1,
-         "placements": [{"start": 0, "size": 8}]},
+        {
+            "name": "1g.10gb",
+            "profile_id": 19,
+            "nvml_profile": 0,
+            "compute_slices": 1,
+            "memory_slices": 1,
+            "memory": 10468982784,
+            "memory_assumed": False,
+            "sm_count": 16,
+            "max_instances": 7,
+            "placements": [{"start": s, "size": 1} for s in range(7)],
+        },
+        {
+            "name": "7g.80gb",
+            "profile_id": 0,
+            "nvml_profile": 4,
+            "compute_slices": 7,
+            "memory_slices": 8,
+            "memory": 85094694912,
+            "memory_assumed": False,
+            "sm_count": 132,
+            "max_instances": 1,
+            "placements": [{"start": 0, "size": 8}],
+        },
     ],
 }
 
 
-@extend_schema_view(list=extend_schema(
-    summary="List MIG profiles per GPU model", tags=TAGS, parameters=[MODEL_PARAMETER],
-    description="Each GPU model's MIG profiles: name, profile id, compute and memory slices, memory (bytes), SMs, "
-                "max instances and allowed placements. The built-in table's models come first, then every distinct "
-                "catalog a node's agent read from NVML (`source: \"nvml\"`), which the planner uses for that node's "
-                "GPUs instead of the built-in one.",
-    examples=[page_example("H100 80GB (two of its seven profiles)", CATALOG_EXAMPLE)]))
+@extend_schema_view(
+    list=extend_schema(
+        summary="List MIG profiles per GPU model",
+        tags=TAGS,
+        parameters=[MODEL_PARAMETER],
+        description="Each GPU model's MIG profiles: name, profile id, compute and memory slices, memory (bytes), SMs, "
+        "max instances and allowed placements. The built-in table's models come first, then every distinct "
+        "catalog a node's agent read from NVML (`source: \"nvml\"`), which the planner uses for that node's "
+        "GPUs instead of the built-in one.",
+        examples=[page_example("H100 80GB (two of its seven profiles)", CATALOG_EXAMPLE)],
+    )
+)
 class MigProfileViewSet(MigListViewSet):
     """MIG catalogs, one per GPU model (built-in) or per catalog agents reported (NVML)."""
 
@@ -119,6 +152,7 @@ class MigProfileViewSet(MigListViewSet):
 
 
 # --- layouts ------------------------------------------------------------------------------------------
+
 
 class MigSessionSerializer(serializers.Serializer):
     id = serializers.UUIDField()
@@ -136,15 +170,17 @@ class GpuInstanceSerializer(serializers.Serializer):
     state = serializers.ChoiceField(
         choices=["in_use", "idle", "unknown"],
         help_text='"in_use": a live session holds it; "idle": nobody does (reused by the next request that fits, '
-                  'destroyed only when its slices are needed); "unknown": the node\'s agent found it on the GPU at '
-                  "start and the manager never planned it (its slices count as taken; see `uuid`, `unknown_since`)")
-    uuid = serializers.CharField(source="row.uuid", help_text='the MIG device UUID ("MIG-…"); "" until the agent '
-                                                             "created it")
+        'destroyed only when its slices are needed); "unknown": the node\'s agent found it on the GPU at '
+        "start and the manager never planned it (its slices count as taken; see `uuid`, `unknown_since`)",
+    )
+    uuid = serializers.CharField(source="row.uuid", help_text='the MIG device UUID ("MIG-…"); "" until the agent created it')
     session = serializers.SerializerMethodField(
-        help_text="the session using it: shown to that session's owner and to administrators only, else null")
+        help_text="the session using it: shown to that session's owner and to administrators only, else null"
+    )
     last_used_at = serializers.DateTimeField(source="row.last_used_at", allow_null=True)
-    unknown_since = serializers.DateTimeField(source="row.unknown_since", allow_null=True,
-                                              help_text="when an agent first reported it unknown")
+    unknown_since = serializers.DateTimeField(
+        source="row.unknown_since", allow_null=True, help_text="when an agent first reported it unknown"
+    )
 
     @extend_schema_field(MigPlacementSerializer)
     def get_placement(self, view) -> dict:
@@ -196,23 +232,27 @@ class MigSyncSerializer(serializers.Serializer):
     applied = serializers.ChoiceField(
         choices=SYNC_STATES,
         help_text='how far the node\'s agent has applied the expected MIG layout: "sent" (pushed, waiting for its '
-                  'report), "applied", "pending" (applied except for changes waiting for sessions to end: see '
-                  '`pending`), "error" (see `errors`), "pending-agent-offline" (the node is LOST: applied when its '
-                  'agent next starts), "not-managed" (MIG mode off or static: nothing is sent), "" (never sent)')
+        'report), "applied", "pending" (applied except for changes waiting for sessions to end: see '
+        '`pending`), "error" (see `errors`), "pending-agent-offline" (the node is LOST: applied when its '
+        'agent next starts), "not-managed" (MIG mode off or static: nothing is sent), "" (never sent)',
+    )
     detail = serializers.CharField(help_text="the state in words")
-    kind = serializers.ChoiceField(choices=["start", "layout", "drift"], allow_null=True,
-                                   help_text='why the last layout was sent: the agent registered ("start"), an '
-                                             'administrator changed it ("layout"), a heartbeat\'s layout digest '
-                                             'differed ("drift")')
+    kind = serializers.ChoiceField(
+        choices=["start", "layout", "drift"],
+        allow_null=True,
+        help_text='why the last layout was sent: the agent registered ("start"), an '
+        'administrator changed it ("layout"), a heartbeat\'s layout digest '
+        'differed ("drift")',
+    )
     seq = serializers.IntegerField(allow_null=True, help_text="number of the last layout message sent")
     changed_at = serializers.DateTimeField(allow_null=True, help_text="the administrator's last change")
     sent_at = serializers.DateTimeField(allow_null=True)
     reported_at = serializers.DateTimeField(allow_null=True, help_text="the agent's report on the last message")
-    pending = MigPendingSerializer(many=True, help_text="changes that wait for sessions to end (or unknown "
-                                                        "instances to go)")
+    pending = MigPendingSerializer(many=True, help_text="changes that wait for sessions to end (or unknown instances to go)")
     errors = MigSyncErrorSerializer(many=True, help_text="what the agent could not do")  # type: ignore[assignment]  # DRF's metaclass moves declared fields off the class: no clash
-    destroying = MigDestroySerializer(many=True, help_text="idle instances the agent is to destroy and has not yet "
-                                                           "reported destroyed")
+    destroying = MigDestroySerializer(
+        many=True, help_text="idle instances the agent is to destroy and has not yet reported destroyed"
+    )
 
 
 class MigGpuLayoutSerializer(serializers.Serializer):
@@ -224,10 +264,12 @@ class MigGpuLayoutSerializer(serializers.Serializer):
     instances = GpuInstanceSerializer(many=True, help_text="by first memory slice")
     free_slices = serializers.SerializerMethodField(help_text="memory slices (0–7) no instance holds")
     stranded_slices = serializers.SerializerMethodField(
-        help_text="free memory slices no instance could be created over as the GPU is laid out now")
+        help_text="free memory slices no instance could be created over as the GPU is laid out now"
+    )
     free_compute_slices = serializers.IntegerField(help_text="compute slices (of 7) no instance holds")
-    sync = serializers.SerializerMethodField(help_text="how far the node's agent has applied the layout the manager "
-                                                       "expects on this GPU")
+    sync = serializers.SerializerMethodField(
+        help_text="how far the node's agent has applied the layout the manager expects on this GPU"
+    )
 
     @extend_schema_field(MigSyncSerializer)
     def get_sync(self, layout) -> dict:
@@ -241,35 +283,72 @@ class MigGpuLayoutSerializer(serializers.Serializer):
 
 
 LAYOUT_EXAMPLE = {
-    "node": "gpu-node-1", "mig_mode": "dynamic",
+    "node": "gpu-node-1",
+    "mig_mode": "dynamic",
     "gpu": {"index": 0, "device_id": "GPU-a1000000-0000-0000-0000-000000000001", "model_name": "H100-80GB"},
-    "model": "H100-80GB", "catalog_source": "built-in",
+    "model": "H100-80GB",
+    "catalog_source": "built-in",
     "instances": [
-        {"id": "6a1f5e0c-3b1e-4a55-9a43-7c0d1e2f3a4b", "profile": "4g.40gb", "placement": {"start": 0, "size": 4},
-         "memory": 42412802048, "sm_count": 64, "compute_slices": 4, "state": "in_use",
-         "uuid": "MIG-5c3bb3f4-7e0f-5b5e-9d6a-0a1b2c3d4e5f",
-         "session": {"id": "27eafb9b-d987-401d-8aab-0bc8d1cd89cd", "name": "notebook", "owner": "alice"},
-         "last_used_at": "2026-01-01T10:00:00Z", "unknown_since": None},
-        {"id": "0d9e8f7a-6b5c-4d3e-8f2a-1b0c9d8e7f6a", "profile": "1g.10gb", "placement": {"start": 6, "size": 1},
-         "memory": 10468982784, "sm_count": 16, "compute_slices": 1, "state": "unknown",
-         "uuid": "MIG-0f1e2d3c-4b5a-5968-8776-a5b4c3d2e1f0", "session": None, "last_used_at": None,
-         "unknown_since": "2026-01-01T09:00:00Z"},
+        {
+            "id": "6a1f5e0c-3b1e-4a55-9a43-7c0d1e2f3a4b",
+            "profile": "4g.40gb",
+            "placement": {"start": 0, "size": 4},
+            "memory": 42412802048,
+            "sm_count": 64,
+            "compute_slices": 4,
+            "state": "in_use",
+            "uuid": "MIG-5c3bb3f4-7e0f-5b5e-9d6a-0a1b2c3d4e5f",
+            "session": {"id": "27eafb9b-d987-401d-8aab-0bc8d1cd89cd", "name": "notebook", "owner": "alice"},
+            "last_used_at": "2026-01-01T10:00:00Z",
+            "unknown_since": None,
+        },
+        {
+            "id": "0d9e8f7a-6b5c-4d3e-8f2a-1b0c9d8e7f6a",
+            "profile": "1g.10gb",
+            "placement": {"start": 6, "size": 1},
+            "memory": 10468982784,
+            "sm_count": 16,
+            "compute_slices": 1,
+            "state": "unknown",
+            "uuid": "MIG-0f1e2d3c-4b5a-5968-8776-a5b4c3d2e1f0",
+            "session": None,
+            "last_used_at": None,
+            "unknown_since": "2026-01-01T09:00:00Z",
+        },
     ],
-    "free_slices": [4, 5, 7], "stranded_slices": [7], "free_compute_slices": 2,
-    "sync": {"applied": "applied", "detail": "the agent applied the expected layout", "kind": "start", "seq": 1,
-             "changed_at": None, "sent_at": "2026-01-01T08:59:58Z", "reported_at": "2026-01-01T09:00:00Z",
-             "pending": [], "errors": [], "destroying": []},
+    "free_slices": [4, 5, 7],
+    "stranded_slices": [7],
+    "free_compute_slices": 2,
+    "sync": {
+        "applied": "applied",
+        "detail": "the agent applied the expected layout",
+        "kind": "start",
+        "seq": 1,
+        "changed_at": None,
+        "sent_at": "2026-01-01T08:59:58Z",
+        "reported_at": "2026-01-01T09:00:00Z",
+        "pending": [],
+        "errors": [],
+        "destroying": [],
+    },
 }
 
 
-@extend_schema_view(list=extend_schema(
-    summary="List MIG layouts per GPU", tags=TAGS,
-    parameters=[OpenApiParameter("node", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False,
-                                 description="only this node's GPUs")],
-    description="Every MIG-capable GPU (its model has a MIG catalog) with its node's MIG mode, its GPU instances "
-                "(profile, placement, state in_use / idle / unknown, the session using it for its owner and "
-                "administrators), its free and stranded memory slices and free compute slices.",
-    examples=[page_example("An H100 with one instance in use and one unknown", LAYOUT_EXAMPLE)]))
+@extend_schema_view(
+    list=extend_schema(
+        summary="List MIG layouts per GPU",
+        tags=TAGS,
+        parameters=[
+            OpenApiParameter(
+                "node", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False, description="only this node's GPUs"
+            )
+        ],
+        description="Every MIG-capable GPU (its model has a MIG catalog) with its node's MIG mode, its GPU instances "
+        "(profile, placement, state in_use / idle / unknown, the session using it for its owner and "
+        "administrators), its free and stranded memory slices and free compute slices.",
+        examples=[page_example("An H100 with one instance in use and one unknown", LAYOUT_EXAMPLE)],
+    )
+)
 class MigLayoutViewSet(MigListViewSet):
     """The MIG layout of every MIG-capable GPU, by node and GPU index."""
 
@@ -284,10 +363,13 @@ class MigLayoutViewSet(MigListViewSet):
 
 # --- one node's MIG settings and layout ---------------------------------------------------------------
 
+
 class NodeMigSerializer(serializers.ModelSerializer):
-    applied = serializers.SerializerMethodField(help_text="`sync.applied`: how far the node's agent has applied the "
-                                                          "expected layout (after a PUT/PATCH: \"sent\", "
-                                                          "\"pending-agent-offline\" or \"not-managed\")")
+    applied = serializers.SerializerMethodField(
+        help_text="`sync.applied`: how far the node's agent has applied the "
+        'expected layout (after a PUT/PATCH: "sent", '
+        '"pending-agent-offline" or "not-managed")'
+    )
     sync = serializers.SerializerMethodField(help_text="the state of the layout on the node's agent")
     gpus = serializers.SerializerMethodField(help_text="the node's MIG-capable GPUs and their layouts")
 
@@ -323,8 +405,9 @@ class NodeMigSettingsSerializer(serializers.ModelSerializer):
         node = self.instance
         assert node is not None  # NodeMigViewSet only updates a node
         try:
-            node_mig_settings_check(node=node, mig_mode=attrs.get("mig_mode", node.mig_mode),
-                                    mig_layout=attrs.get("mig_layout", node.mig_layout))
+            node_mig_settings_check(
+                node=node, mig_mode=attrs.get("mig_mode", node.mig_mode), mig_layout=attrs.get("mig_layout", node.mig_layout)
+            )
         except InvalidResourceRequest as exc:
             raise serializers.ValidationError({"mig_layout": [str(exc)]}) from None
         return attrs
@@ -341,53 +424,117 @@ class NodeMigSettingsSerializer(serializers.ModelSerializer):
 
 NODE_MIG_EXAMPLES = [
     OpenApiExample("Dynamic MIG", request_only=True, value={"mig_mode": "dynamic"}),
-    OpenApiExample("A fixed layout on GPU 0: 3g.40gb + 2g.20gb + 2 × 1g.10gb", request_only=True, value={
-        "mig_mode": "fixed", "mig_layout": {"0": [{"profile": "3g.40gb", "start": 4}, {"profile": "2g.20gb", "start": 0},
-                                                  {"profile": "1g.10gb", "start": 2},
-                                                  {"profile": "1g.10gb", "start": 3}]}}),
-    OpenApiExample("A node's MIG", response_only=True, value={
-        "name": "gpu-node-1", "mig_mode": "dynamic", "mig_layout": {}, "applied": "applied",
-        "sync": LAYOUT_EXAMPLE["sync"], "gpus": [LAYOUT_EXAMPLE]}),
-    OpenApiExample("A fixed layout changed while a session uses an instance it drops", response_only=True, value={
-        "name": "gpu-node-1", "mig_mode": "fixed", "mig_layout": {"0": [{"profile": "7g.80gb", "start": 0}]},
-        "applied": "sent", "sync": {
-            "applied": "sent", "detail": "sent to the node's agent; waiting for its report", "kind": "layout",
-            "seq": 2, "changed_at": "2026-01-01T10:00:00Z", "sent_at": "2026-01-01T10:00:00Z",
-            "reported_at": "2026-01-01T09:00:00Z", "errors": [],
-            "pending": [{"gpu": "GPU-a1000000-0000-0000-0000-000000000001", "index": 0, "profile": "4g.40gb",
-                         "start": 0, "action": "destroy",
-                         "reason": "in use by a running session: destroyed when the session ends"},
-                        {"gpu": "GPU-a1000000-0000-0000-0000-000000000001", "index": 0, "profile": "7g.80gb",
-                         "start": 0, "action": "create",
-                         "reason": "its memory slices are held by 4g.40gb@0 (in use): created once they are free"}],
-            "destroying": [{"gpu": "GPU-a1000000-0000-0000-0000-000000000001", "profile": "1g.10gb", "start": 6}]},
-        "gpus": []}),
+    OpenApiExample(
+        "A fixed layout on GPU 0: 3g.40gb + 2g.20gb + 2 × 1g.10gb",
+        request_only=True,
+        value={
+            "mig_mode": "fixed",
+            "mig_layout": {
+                "0": [
+                    {"profile": "3g.40gb", "start": 4},
+                    {"profile": "2g.20gb", "start": 0},
+                    {"profile": "1g.10gb", "start": 2},
+                    {"profile": "1g.10gb", "start": 3},
+                ]
+            },
+        },
+    ),
+    OpenApiExample(
+        "A node's MIG",
+        response_only=True,
+        value={
+            "name": "gpu-node-1",
+            "mig_mode": "dynamic",
+            "mig_layout": {},
+            "applied": "applied",
+            "sync": LAYOUT_EXAMPLE["sync"],
+            "gpus": [LAYOUT_EXAMPLE],
+        },
+    ),
+    OpenApiExample(
+        "A fixed layout changed while a session uses an instance it drops",
+        response_only=True,
+        value={
+            "name": "gpu-node-1",
+            "mig_mode": "fixed",
+            "mig_layout": {"0": [{"profile": "7g.80gb", "start": 0}]},
+            "applied": "sent",
+            "sync": {
+                "applied": "sent",
+                "detail": "sent to the node's agent; waiting for its report",
+                "kind": "layout",
+                "seq": 2,
+                "changed_at": "2026-01-01T10:00:00Z",
+                "sent_at": "2026-01-01T10:00:00Z",
+                "reported_at": "2026-01-01T09:00:00Z",
+                "errors": [],
+                "pending": [
+                    {
+                        "gpu": "GPU-a1000000-0000-0000-0000-000000000001",
+                        "index": 0,
+                        "profile": "4g.40gb",
+                        "start": 0,
+                        "action": "destroy",
+                        "reason": "in use by a running session: destroyed when the session ends",
+                    },
+                    {
+                        "gpu": "GPU-a1000000-0000-0000-0000-000000000001",
+                        "index": 0,
+                        "profile": "7g.80gb",
+                        "start": 0,
+                        "action": "create",
+                        "reason": "its memory slices are held by 4g.40gb@0 (in use): created once they are free",
+                    },
+                ],
+                "destroying": [{"gpu": "GPU-a1000000-0000-0000-0000-000000000001", "profile": "1g.10gb", "start": 6}],
+            },
+            "gpus": [],
+        },
+    ),
 ]
-NODE_MIG_DOC = ("A node's MIG mode (`off`, `static`: the MIG slices its inventory declares or NVML finds, `dynamic`: "
-                "instances created on demand and torn down lazily, `fixed`: the administrator's `mig_layout`, "
-                '`{"<GPU index or UUID>": [{"profile", "start"}]}`) and the layout of each MIG-capable GPU. ')
+NODE_MIG_DOC = (
+    "A node's MIG mode (`off`, `static`: the MIG slices its inventory declares or NVML finds, `dynamic`: "
+    "instances created on demand and torn down lazily, `fixed`: the administrator's `mig_layout`, "
+    '`{"<GPU index or UUID>": [{"profile", "start"}]}`) and the layout of each MIG-capable GPU. '
+)
 
-NODE_MIG_PUSH_DOC = ("Once saved, the new expected layout is sent to the node's running agent, which destroys the idle "
-                     "instances that no longer belong and creates the missing ones at once; instances in use by a "
-                     "session are never destroyed: those changes are listed in `sync.pending` and made when the "
-                     "sessions end. `applied` says \"sent\" (see `sync` and `GET /api/v1/mig/layouts/?node=` for the "
-                     "agent's report), \"pending-agent-offline\" (the node is LOST: applied at its agent's next "
-                     "start) or \"not-managed\" (mode off or static).")
+NODE_MIG_PUSH_DOC = (
+    "Once saved, the new expected layout is sent to the node's running agent, which destroys the idle "
+    "instances that no longer belong and creates the missing ones at once; instances in use by a "
+    "session are never destroyed: those changes are listed in `sync.pending` and made when the "
+    'sessions end. `applied` says "sent" (see `sync` and `GET /api/v1/mig/layouts/?node=` for the '
+    "agent's report), \"pending-agent-offline\" (the node is LOST: applied at its agent's next "
+    'start) or "not-managed" (mode off or static).'
+)
 
-_NODE_MIG_WRITE: dict[str, Any] = {"tags": TAGS, "parameters": [IF_MATCH], "request": NodeMigSettingsSerializer,
-                   "responses": {200: NodeMigSerializer}, "examples": NODE_MIG_EXAMPLES}
+_NODE_MIG_WRITE: dict[str, Any] = {
+    "tags": TAGS,
+    "parameters": [IF_MATCH],
+    "request": NodeMigSettingsSerializer,
+    "responses": {200: NodeMigSerializer},
+    "examples": NODE_MIG_EXAMPLES,
+}
 
 
 @extend_schema_view(
-    retrieve=extend_schema(summary="A node's MIG mode, fixed layout and GPU layouts", tags=TAGS,
-                           description=NODE_MIG_DOC + ETAG_NOTE, examples=NODE_MIG_EXAMPLES[2:3]),
-    update=extend_schema(summary="Replace a node's MIG settings (administrators; If-Match required)",
-                         description=NODE_MIG_DOC + ETAG_NOTE + " A fixed layout is checked against each GPU's MIG "
-                         "catalog (allowed starts, disjoint memory slices, max counts) and applied at once as idle "
-                         "instances; instances in use stay until their sessions end. " + NODE_MIG_PUSH_DOC,
-                         **_NODE_MIG_WRITE),
-    partial_update=extend_schema(summary="Change a node's MIG settings (administrators; If-Match required)",
-                                 description=NODE_MIG_DOC + ETAG_NOTE + " " + NODE_MIG_PUSH_DOC, **_NODE_MIG_WRITE),
+    retrieve=extend_schema(
+        summary="A node's MIG mode, fixed layout and GPU layouts",
+        tags=TAGS,
+        description=NODE_MIG_DOC + ETAG_NOTE,
+        examples=NODE_MIG_EXAMPLES[2:3],
+    ),
+    update=extend_schema(
+        summary="Replace a node's MIG settings (administrators; If-Match required)",
+        description=NODE_MIG_DOC + ETAG_NOTE + " A fixed layout is checked against each GPU's MIG "
+        "catalog (allowed starts, disjoint memory slices, max counts) and applied at once as idle "
+        "instances; instances in use stay until their sessions end. " + NODE_MIG_PUSH_DOC,
+        **_NODE_MIG_WRITE,
+    ),
+    partial_update=extend_schema(
+        summary="Change a node's MIG settings (administrators; If-Match required)",
+        description=NODE_MIG_DOC + ETAG_NOTE + " " + NODE_MIG_PUSH_DOC,
+        **_NODE_MIG_WRITE,
+    ),
 )
 class NodeMigViewSet(ETagMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin, viewsets.GenericViewSet):
     """One node's MIG settings and its GPUs' layouts; administrators change the settings with the
@@ -401,6 +548,4 @@ class NodeMigViewSet(ETagMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMix
     filter_backends: list = []
 
     def get_serializer_class(self):
-        return NodeMigSettingsSerializer if self.request and self.request.method in ("PUT", "PATCH") \
-            else NodeMigSerializer
-
+        return NodeMigSettingsSerializer if self.request and self.request.method in ("PUT", "PATCH") else NodeMigSerializer

@@ -1,6 +1,7 @@
 """The database writes of an accelerator configuration import (`accelerators.config_import`), each
 recording what it did in the ImportReport: slot formats, fractional settings, a node's device
 inventory and links. The caller holds the transaction."""
+
 from __future__ import annotations
 
 from accelerators.config_parse import (

@@ -11,6 +11,7 @@ inventory; `accelerators.config_report` is what an import did. Here, the entry p
 nothing); `import_accelerator_config_upload` does it for an uploaded file. The parse module's
 public names are re-exported.
 """
+
 from __future__ import annotations
 
 import os
@@ -107,8 +108,9 @@ class _CheckOnly(Exception):
     """Raised inside the import's transaction to roll it back (a check that imports nothing)."""
 
 
-def import_accelerator_config_upload(*, name: str, data: bytes, node_name: str | None = None,
-                                     check_only: bool = False) -> ImportReport:
+def import_accelerator_config_upload(
+    *, name: str, data: bytes, node_name: str | None = None, check_only: bool = False
+) -> ImportReport:
     """`import_accelerator_config` for a file uploaded through the admin: `name` is the uploaded
     file's name (its extension picks the format as on the command line; shown in the report and
     in errors instead of a temporary path), `data` its bytes (at most MAX_UPLOAD_BYTES).

@@ -36,6 +36,7 @@ anywhere). `kind`: NVLINK, METAXLINK, NV<lanes> ("NV4", as nvidia-smi prints it)
 PHB, NODE or SYS; `count`: lanes, NVLINK and METAXLINK only (default 1). Pairs not declared count as
 SYS (NODE when both devices declare the same `numa_node`).
 """
+
 from __future__ import annotations
 
 import json
@@ -294,7 +295,7 @@ def parse_mock_accelerator_toml(path: str | Path) -> MockAcceleratorConfig:
     if any(device.is_mig_device for device in devices) and "*-mig" not in formats:
         warnings.append(
             f'{path}: the file declares MIG slices but no [formats."*-mig"] table: '
-            f"they have no display format (Backend.AI looks up \"*-mig\" when a node has MIG slices)"
+            f'they have no display format (Backend.AI looks up "*-mig" when a node has MIG slices)'
         )
     return MockAcceleratorConfig(
         slot_name=slot_name,
@@ -498,9 +499,7 @@ def _parse_links(reader: _Reader, value: Any, *, devices: list[DeviceInfo]) -> l
     return links
 
 
-def _link_end(
-    reader: _Reader, value: Any, where: str, *, devices: list[DeviceInfo], by_name: dict[str, DeviceInfo]
-) -> str:
+def _link_end(reader: _Reader, value: Any, where: str, *, devices: list[DeviceInfo], by_name: dict[str, DeviceInfo]) -> str:
     """One end of a link: a position in `devices` or a whole GPU's mother_uuid → its device id."""
     if isinstance(value, int) and not isinstance(value, bool):
         if not 0 <= value < len(devices):
@@ -520,7 +519,7 @@ def _link_end(
 def _parse_size(reader: _Reader, value: Any, where: str) -> int:
     """Backend.AI BinarySize: an integer of bytes or text such as "40G"; binary suffixes."""
     if isinstance(value, (float, Decimal)):
-        raise reader.error(where, f"{_show(value)}: give a size as text with a unit (e.g. \"1.5G\") or whole bytes")
+        raise reader.error(where, f'{_show(value)}: give a size as text with a unit (e.g. "1.5G") or whole bytes')
     try:
         size = parse_binary_size(value)
     except SizeError as exc:
@@ -542,7 +541,7 @@ def _parse_attributes(reader: _Reader, value: Any, *, slot_name: str, warnings: 
         elif isinstance(item, (bool, int)):
             attributes[key] = str(item).lower() if isinstance(item, bool) else str(item)
         else:
-            raise reader.error(where, f"expected text, got {_kind(item)} (quote it: \"...\")")
+            raise reader.error(where, f'expected text, got {_kind(item)} (quote it: "...")')
     if slot_name == "cuda":
         for key, default in _CUDA_ATTRIBUTE_DEFAULTS.items():
             if key not in attributes:
@@ -579,13 +578,11 @@ def _parse_formats(reader: _Reader, value: Any, *, slot_name: str, warnings: lis
             )
     if "device" not in formats:
         warnings.append(
-            f"{reader.path}: formats: no [formats.device] table: discrete mode has no display "
-            f"format for {slot_name}.device"
+            f"{reader.path}: formats: no [formats.device] table: discrete mode has no display format for {slot_name}.device"
         )
     if "shares" not in formats:
         warnings.append(
-            f"{reader.path}: formats: no [formats.shares] table: fractional mode has no display "
-            f"format for {slot_name}.shares"
+            f"{reader.path}: formats: no [formats.shares] table: fractional mode has no display format for {slot_name}.shares"
         )
     return formats
 
@@ -660,7 +657,7 @@ def parse_etcd_json(path: str | Path, *, warnings: list[str] | None = None) -> l
         where = _join(where, key)
     accelerator = reader.table(node, where)
     if not accelerator:
-        raise reader.error(where, "no slot settings (expected e.g. {\"cuda\": {\"allocation_mode\": \"fractional\"}})")
+        raise reader.error(where, 'no slot settings (expected e.g. {"cuda": {"allocation_mode": "fractional"}})')
 
     specs = []
     for slot, settings in accelerator.items():
@@ -716,9 +713,7 @@ def _parse_fractional(reader: _Reader, slot_name: str, settings: dict[str, Any],
         if quantum >= _QUANTUM_LIMIT:
             raise reader.error(field_name, f"{_show(raw)}: must be below {_QUANTUM_LIMIT}")
 
-    return FractionalSpec(
-        slot_name=slot_name, allocation_mode=mode, unit_mem=unit_mem, unit_proc=unit_proc, quantum_size=quantum
-    )
+    return FractionalSpec(slot_name=slot_name, allocation_mode=mode, unit_mem=unit_mem, unit_proc=unit_proc, quantum_size=quantum)
 
 
 def detect_kind(path: str | Path) -> str:

@@ -1,5 +1,6 @@
 """What an accelerator configuration import did (`accelerators.config_import`): the report the
 command prints, the admin page shows and an upload's check answers. Pure, no Django."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Reads for MIG (issue 4): which devices MIG keeps to itself, and the admin's picture of each GPU."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,8 +27,7 @@ def mig_exclusion() -> Q:
     of a node in dynamic or fixed-layout MIG mode, and every GPU with MIG slices in the
     inventory (a GPU in MIG mode runs no work outside its instances; NVIDIA MIG User Guide)."""
     with_slices = Device.objects.filter(is_mig_device=True).values("mother_uuid")
-    return Q(is_mig_device=False) & (Q(node__mig_mode__in=[MigMode.DYNAMIC, MigMode.FIXED])
-                                     | Q(mother_uuid__in=with_slices))
+    return Q(is_mig_device=False) & (Q(node__mig_mode__in=[MigMode.DYNAMIC, MigMode.FIXED]) | Q(mother_uuid__in=with_slices))
 
 
 def mig_catalog_source(device: Device) -> str:
@@ -37,7 +37,7 @@ def mig_catalog_source(device: Device) -> str:
 
 
 def gpu_instance_state(row: GpuInstance) -> str:
-    """"unknown" (its agent found it on the GPU at start, the manager never planned it), "in_use"
+    """ "unknown" (its agent found it on the GPU at start, the manager never planned it), "in_use"
     (a live session holds it) or "idle" (nobody holds it: reusable, destroyed only when its
     slices are needed). Reads `row.session` (select_related it)."""
     if row.unknown_since is not None:
@@ -136,8 +136,7 @@ def mig_gpu_layouts(*, nodes) -> list[GpuLayout]:
     """The layout of every MIG-capable GPU (whole GPUs whose model has a MIG catalog, any MIG
     mode) of `nodes` (Node rows or a queryset), by node name then GPU index."""
     nodes = sorted(nodes, key=lambda n: n.name)
-    rows = list(GpuInstance.objects.filter(node__in=nodes).select_related("session__owner")
-                .order_by("placement_start"))
+    rows = list(GpuInstance.objects.filter(node__in=nodes).select_related("session__owner").order_by("placement_start"))
     devices = Device.objects.filter(node__in=nodes, is_mig_device=False).select_related("node")
     layouts = []
     for device in sorted(devices, key=lambda d: (d.node.name, d.index, d.device_id)):
@@ -152,16 +151,26 @@ def mig_gpu_layouts(*, nodes) -> list[GpuLayout]:
             except InvalidResourceRequest:
                 slices = 0
             views.append(InstanceView(row=row, state=gpu_instance_state(row), compute_slices=slices))
-        layout = [mig.MigInstance(key=str(v.row.pk), profile=v.row.profile, start=v.row.placement_start,
-                                  in_use=v.state != "idle") for v in views]
+        layout = [
+            mig.MigInstance(key=str(v.row.pk), profile=v.row.profile, start=v.row.placement_start, in_use=v.state != "idle")
+            for v in views
+        ]
         try:
             free, stranded = mig.free_slices(catalog, layout), mig.stranded_slices(catalog, layout)
         except KeyError:  # a profile the catalog lacks: count by the rows' own placements
             held = {s for v in views for s in range(v.row.placement_start, v.row.placement_start + v.row.placement_size)}
             free, stranded = set(range(mig.MEMORY_SLICES)) - held, set()
-        layouts.append(GpuLayout(node=device.node, device=device, catalog=catalog,
-                                 catalog_source=mig_catalog_source(device), instances=tuple(views),
-                                 free=frozenset(free), stranded=frozenset(stranded)))
+        layouts.append(
+            GpuLayout(
+                node=device.node,
+                device=device,
+                catalog=catalog,
+                catalog_source=mig_catalog_source(device),
+                instances=tuple(views),
+                free=frozenset(free),
+                stranded=frozenset(stranded),
+            )
+        )
     return layouts
 
 
@@ -213,12 +222,17 @@ def mig_gpu_pictures(*, node: Node) -> list[GpuPicture]:
                 cells[slot] = SliceCell(slot, state, label, who)
             compute.extend(SliceCell(len(compute) + k, state, label, who) for k in range(view.compute_slices))
             listing.append((label, state, who))
-        memory = tuple(cells.get(slot) or SliceCell(slot, "stranded" if slot in layout.stranded else "free")
-                       for slot in range(mig.MEMORY_SLICES))
-        compute = compute[:mig.COMPUTE_SLICES]
+        memory = tuple(
+            cells.get(slot) or SliceCell(slot, "stranded" if slot in layout.stranded else "free")
+            for slot in range(mig.MEMORY_SLICES)
+        )
+        compute = compute[: mig.COMPUTE_SLICES]
         compute += [SliceCell(n, "free") for n in range(len(compute), mig.COMPUTE_SLICES)]
-        pictures.append(GpuPicture(device=layout.device, model=layout.catalog.model, memory=memory,
-                                   compute=tuple(compute), instances=tuple(listing)))
+        pictures.append(
+            GpuPicture(
+                device=layout.device, model=layout.catalog.model, memory=memory, compute=tuple(compute), instances=tuple(listing)
+            )
+        )
     return pictures
 
 
@@ -257,10 +271,14 @@ def mig_catalog_list(*, model: str = "") -> list[CatalogView]:
             reported.setdefault(key, (catalog, set(), built_in))[1].add(device.node.name)
         elif built_in:
             users.setdefault(built_in, set()).add(device.node.name)
-    views = [CatalogView(catalog=c, source="built-in", nodes=tuple(sorted(users.get(name, ()))), built_in_model=name)
-             for name, c in mig.CATALOGS.items()]
-    views += [CatalogView(catalog=c, source="nvml", nodes=tuple(sorted(names)), built_in_model=built_in)
-              for c, names, built_in in sorted(reported.values(), key=lambda r: (r[0].model, sorted(r[1])))]
+    views = [
+        CatalogView(catalog=c, source="built-in", nodes=tuple(sorted(users.get(name, ()))), built_in_model=name)
+        for name, c in mig.CATALOGS.items()
+    ]
+    views += [
+        CatalogView(catalog=c, source="nvml", nodes=tuple(sorted(names)), built_in_model=built_in)
+        for c, names, built_in in sorted(reported.values(), key=lambda r: (r[0].model, sorted(r[1])))
+    ]
     if not model:
         return views
     wanted = model.strip().lower()

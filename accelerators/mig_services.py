@@ -5,6 +5,7 @@ for sessions are made when they end (`node_mig_pending_retry`), and a heartbeat 
 digest differs from the expected one asks for a full reconcile (`node_mig_heartbeat_check`).
 How far the agent got is kept in `Node.mig_sync` (read with
 `accelerators.mig_selectors.node_mig_sync_view`)."""
+
 from __future__ import annotations
 
 import logging
@@ -49,11 +50,13 @@ def mig_layout_check(*, node: Node, layout: object) -> dict:
         if device is None:
             raise InvalidResourceRequest(f"mig_layout: node {node.name} has no GPU {key!r}")
         catalog = device_mig_catalog(device)
-        if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("profile"), str)
-                                                    and isinstance(e.get("start"), int) for e in entries):
-            raise InvalidResourceRequest(f"mig_layout[{key!r}]: expected a list of {{\"profile\": …, \"start\": …}}")
-        wanted = [mig.MigInstance(key=f"{e['profile']}@{e['start']}", profile=e["profile"].lower(), start=e["start"])
-                  for e in entries]
+        if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("profile"), str) and isinstance(e.get("start"), int) for e in entries
+        ):
+            raise InvalidResourceRequest(f'mig_layout[{key!r}]: expected a list of {{"profile": …, "start": …}}')
+        wanted = [
+            mig.MigInstance(key=f"{e['profile']}@{e['start']}", profile=e["profile"].lower(), start=e["start"]) for e in entries
+        ]
         problems = mig.layout_problems(catalog, wanted)
         if problems:
             raise InvalidResourceRequest(f"mig_layout[{key!r}] on {catalog.model}: {'; '.join(problems)}")
@@ -102,8 +105,15 @@ def node_mig_layout_apply(*, node: Node) -> MigLayoutChange:
         if wanted or gpu_instance_holds(row):
             kept.append(row)
             if not wanted and row.unknown_since is None:
-                pending.append(_item(row.parent, row.profile, row.placement_start, action="destroy",
-                                     reason="in use by a running session: destroyed when the session ends"))
+                pending.append(
+                    _item(
+                        row.parent,
+                        row.profile,
+                        row.placement_start,
+                        action="destroy",
+                        reason="in use by a running session: destroyed when the session ends",
+                    )
+                )
         else:
             removed.append(_item(row.parent, row.profile, row.placement_start))
             row.delete()
@@ -115,16 +125,31 @@ def node_mig_layout_apply(*, node: Node) -> MigLayoutChange:
             if (device.pk, profile_name, start) in existing:
                 continue
             profile = catalog.profile(profile_name)
-            blockers = sorted({holder[(device.pk, s)] for s in range(start, start + profile.size)
-                               if (device.pk, s) in holder}, key=lambda r: r.placement_start)
+            blockers = sorted(
+                {holder[(device.pk, s)] for s in range(start, start + profile.size) if (device.pk, s) in holder},
+                key=lambda r: r.placement_start,
+            )
             if blockers:  # the layout's instance takes the slices once they are free
                 held = ", ".join(f"{b.profile}@{b.placement_start} ({_holder_state(b)})" for b in blockers)
-                pending.append(_item(device, profile.name, start, action="create",
-                                     reason=f"its memory slices are held by {held}: created once they are free"))
+                pending.append(
+                    _item(
+                        device,
+                        profile.name,
+                        start,
+                        action="create",
+                        reason=f"its memory slices are held by {held}: created once they are free",
+                    )
+                )
                 continue
-            GpuInstance.objects.create(node=node, parent=device, profile=profile.name, placement_start=start,
-                                       placement_size=profile.size, memory_size=profile.memory,
-                                       subproc_count=profile.sm_count_for(device.subproc_count))
+            GpuInstance.objects.create(
+                node=node,
+                parent=device,
+                profile=profile.name,
+                placement_start=start,
+                placement_size=profile.size,
+                memory_size=profile.memory,
+                subproc_count=profile.sm_count_for(device.subproc_count),
+            )
             added.append(_item(device, profile.name, start))
     return MigLayoutChange(removed=tuple(removed), added=tuple(added), pending=tuple(pending))
 
@@ -143,10 +168,18 @@ def node_mig_expected(*, node: Node) -> dict | None:
     gpus, expected = [], {}
     rows = GpuInstance.objects.filter(node=node, unknown_since__isnull=True).order_by("placement_start")
     for device in node_mig_gpus(node=node):
-        gpus.append({"gpu": device.device_id, "index": device.index, "model_name": device.model_name,
-                     "memory_size": device.memory_size, "subproc_count": device.subproc_count})
-        expected[device.device_id] = [{"profile": r.profile, "start": r.placement_start}
-                                      for r in rows if r.parent_id == device.pk]
+        gpus.append(
+            {
+                "gpu": device.device_id,
+                "index": device.index,
+                "model_name": device.model_name,
+                "memory_size": device.memory_size,
+                "subproc_count": device.subproc_count,
+            }
+        )
+        expected[device.device_id] = [
+            {"profile": r.profile, "start": r.placement_start} for r in rows if r.parent_id == device.pk
+        ]
     if not gpus:
         return None
     destroy = {}
@@ -169,15 +202,18 @@ def _sync_detail(sync: dict, mode: str) -> str:
     waiting = "; ".join(f"{p['profile']}@{p['start']} on GPU {p['index']}: {p['reason']}" for p in sync.get("pending", []))
     return {
         "not-managed": f"MIG mode {mode}: the manager plans no GPU instances on this node (or it has no MIG-capable "
-                       "GPU), so nothing is sent to its agent",
-        "pending-agent-offline": "the node's agent is offline (LOST): the layout is applied when it next starts and "
-                                 "registers",
+        "GPU), so nothing is sent to its agent",
+        "pending-agent-offline": "the node's agent is offline (LOST): the layout is applied when it next starts and registers",
         "sent": "sent to the node's agent; waiting for its report",
         "applied": "the agent applied the expected layout",
         "pending": f"the agent applied the layout except for changes that wait: {waiting}",
-        "error": "the agent could not apply all of the layout: " + "; ".join(
+        "error": "the agent could not apply all of the layout: "
+        + "; ".join(
             f"{e.get('profile') or 'GPU'}@{e.get('start')} on {e.get('gpu')}: {e.get('reason')}"
-            if e.get("profile") else f"GPU {e.get('gpu')}: {e.get('reason')}" for e in sync.get("errors", [])),
+            if e.get("profile")
+            else f"GPU {e.get('gpu')}: {e.get('reason')}"
+            for e in sync.get("errors", [])
+        ),
     }.get(state, "")
 
 
@@ -220,8 +256,7 @@ def node_mig_push(*, node: Node, kind: str, change: MigLayoutChange | None = Non
             sync["state"] = "pending-agent-offline"
         else:
             sync.update(state="sent", seq=int(sync.get("seq", 0)) + 1, sent_at=now)
-            transaction.on_commit(partial(_send_mig_reconcile, locked.name, {**message, "kind": kind,
-                                                                           "seq": sync["seq"]}))
+            transaction.on_commit(partial(_send_mig_reconcile, locked.name, {**message, "kind": kind, "seq": sync["seq"]}))
     sync["detail"] = _sync_detail(sync, locked.mig_mode)
     locked.save(update_fields=["mig_sync"])
     node.mig_sync = sync
@@ -289,8 +324,9 @@ def node_mig_heartbeat_check(*, node_name: str, digest: str | None) -> bool:
     if node.sessions.filter(status__in=protocol.SESSION_STARTING_STATES).exists():
         return False  # a start spec is changing the layout: look again at the next heartbeat
     Node.objects.filter(pk=node.pk).update(mig_drift={"asked": pair, "asked_at": now})
-    log.info("node %s: MIG layout digest %s differs from the expected %s; asking for a full reconcile",
-             node_name, digest, expected)
+    log.info(
+        "node %s: MIG layout digest %s differs from the expected %s; asking for a full reconcile", node_name, digest, expected
+    )
     node_mig_push(node=node, kind="drift")
     return True
 
@@ -301,13 +337,16 @@ def _sync_record_report(node: Node, report: dict) -> None:
     push, its errors and the state ("applied", "pending" or "error") replace the old ones."""
     sync = dict(node.mig_sync or {})
     gone = {(d.get("gpu"), d.get("profile"), int(d.get("start", -1))) for d in report.get("destroyed", [])}
-    destroy = {gpu: [d for d in items if (gpu, d["profile"], d["start"]) not in gone]
-               for gpu, items in sync.get("destroy", {}).items()}
+    destroy = {
+        gpu: [d for d in items if (gpu, d["profile"], d["start"]) not in gone] for gpu, items in sync.get("destroy", {}).items()
+    }
     sync["destroy"] = {gpu: items for gpu, items in destroy.items() if items}
     if report.get("seq") == sync.get("seq"):
         sync["reported_at"] = timezone.now().isoformat()
-        sync["errors"] = [{"gpu": e.get("gpu"), "profile": e.get("profile") or "", "start": e.get("start"),
-                           "reason": e.get("reason", "")} for e in report.get("errors", [])]
+        sync["errors"] = [
+            {"gpu": e.get("gpu"), "profile": e.get("profile") or "", "start": e.get("start"), "reason": e.get("reason", "")}
+            for e in report.get("errors", [])
+        ]
         sync["state"] = "error" if sync["errors"] else "pending" if sync.get("pending") else "applied"
         sync["detail"] = _sync_detail(sync, node.mig_mode)
     node.mig_sync = sync
@@ -338,19 +377,24 @@ def node_mig_report_apply(*, node_name: str, report: dict) -> list[GpuInstance]:
     now = timezone.now()
     gpus = {d.device_id: d for d in Device.objects.filter(node=node, is_mig_device=False, device_id__in=gpu_ids)}
     listed = [d for gpu, d in gpus.items() if gpu in report.get("gpus", [])]  # those whose unknown ones are news
-    rows = list(GpuInstance.objects.select_for_update(of=("self",)).filter(parent__in=listed)
-                .select_related("session"))
+    rows = list(GpuInstance.objects.select_for_update(of=("self",)).filter(parent__in=listed).select_related("session"))
     for item in [*report.get("recreated", []), *report.get("prepared", [])]:
         device = gpus.get(item.get("gpu"))
         if device is not None and item.get("uuid"):
-            GpuInstance.objects.filter(parent=device, profile=item["profile"], placement_start=int(item["start"]),
-                                       unknown_since__isnull=True).update(uuid=item["uuid"])
+            GpuInstance.objects.filter(
+                parent=device, profile=item["profile"], placement_start=int(item["start"]), unknown_since__isnull=True
+            ).update(uuid=item["uuid"])
     for item in report.get("errors", []):
-        log.warning("node %s could not re-create MIG instance %s@%s on GPU %s: %s", node_name, item.get("profile"),
-                    item.get("start"), item.get("gpu"), item.get("reason"))
+        log.warning(
+            "node %s could not re-create MIG instance %s@%s on GPU %s: %s",
+            node_name,
+            item.get("profile"),
+            item.get("start"),
+            item.get("gpu"),
+            item.get("reason"),
+        )
     listed_ids = {d.device_id for d in listed}
-    found = {(item["gpu"], int(item["start"])): item for item in report.get("unknown", [])
-             if item.get("gpu") in listed_ids}
+    found = {(item["gpu"], int(item["start"])): item for item in report.get("unknown", []) if item.get("gpu") in listed_ids}
     unknown, uuid_of = [], {d.pk: d.device_id for d in gpus.values()}
     for row in rows:
         key = (uuid_of[row.parent_id], row.placement_start)
@@ -369,20 +413,42 @@ def node_mig_report_apply(*, node_name: str, report: dict) -> list[GpuInstance]:
     for (gpu, start), item in sorted(found.items()):
         device = gpus[gpu]
         if (device.pk, start) in taken:
-            log.warning("node %s: MIG instance %s@%s (%s) on GPU %s is not the manager's, but a session's instance "
-                        "is planned there", node_name, item["profile"], start, item.get("uuid"), gpu)
+            log.warning(
+                "node %s: MIG instance %s@%s (%s) on GPU %s is not the manager's, but a session's instance is planned there",
+                node_name,
+                item["profile"],
+                start,
+                item.get("uuid"),
+                gpu,
+            )
             continue
         try:
             profile = device_mig_catalog(device).profile(item["profile"])
         except InvalidResourceRequest as exc:
             log.warning("node %s: unknown MIG instance on GPU %s skipped: %s", node_name, gpu, exc)
             continue
-        unknown.append(GpuInstance.objects.create(
-            node=node, parent=device, profile=profile.name, placement_start=start, placement_size=profile.size,
-            memory_size=profile.memory, subproc_count=profile.sm_count_for(device.subproc_count),
-            uuid=item.get("uuid", ""), unknown_since=now))
-        log.warning("node %s: MIG instance %s@%s (%s) on GPU %s was not planned by the manager; its slices count as "
-                    "taken until it is gone", node_name, profile.name, start, item.get("uuid"), gpu)
+        unknown.append(
+            GpuInstance.objects.create(
+                node=node,
+                parent=device,
+                profile=profile.name,
+                placement_start=start,
+                placement_size=profile.size,
+                memory_size=profile.memory,
+                subproc_count=profile.sm_count_for(device.subproc_count),
+                uuid=item.get("uuid", ""),
+                unknown_since=now,
+            )
+        )
+        log.warning(
+            "node %s: MIG instance %s@%s (%s) on GPU %s was not planned by the manager; its slices count as "
+            "taken until it is gone",
+            node_name,
+            profile.name,
+            start,
+            item.get("uuid"),
+            gpu,
+        )
     if "kind" in report:  # the answer to a push (node_mig_push): how far the agent got
         _sync_record_report(node, report)
     return unknown

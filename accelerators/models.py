@@ -4,6 +4,7 @@ Terms follow Backend.AI: a *slot name* is the accelerator family (`cuda`, `rocm`
 *subtype* is how it is counted (`device` whole devices, `shares` fGPU, `*-mig` MIG slices).
 Memory is in bytes, compute in sub-processors (SMs), fGPU amounts are `Decimal`.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -71,8 +72,10 @@ class FractionalSettings(models.Model):
     slot_name = models.CharField(max_length=32, unique=True)
     allocation_mode = models.CharField(max_length=16, choices=AllocationMode.choices, default=AllocationMode.DISCRETE)
     unit_mem = models.BigIntegerField(
-        "memory in 1.0 fGPU", default=2 * GiB, validators=[MinValueValidator(512 * MiB)],
-        help_text="bytes of device memory in 1.0 fGPU"
+        "memory in 1.0 fGPU",
+        default=2 * GiB,
+        validators=[MinValueValidator(512 * MiB)],
+        help_text="bytes of device memory in 1.0 fGPU",
     )
     unit_proc = models.PositiveIntegerField(
         "SMs in 1.0 fGPU", default=8, validators=[MinValueValidator(2)], help_text="sub-processors (SMs) in 1.0 fGPU"
@@ -118,17 +121,24 @@ class ResourceGroup(models.Model):
 
     name = models.SlugField(max_length=64, unique=True)
     description = models.CharField(max_length=255, blank=True)
-    policy = models.CharField(max_length=16, choices=PLACEMENT_POLICIES, default="fgd-plus",
-                              help_text="how nodes are chosen: binpack, spread, best-fit, fgd (fragmentation gradient "
-                                        "descent, Weng et al. ATC'23) or fgd-plus (the default: FGD plus GPU "
-                                        "stranded by CPU/memory, "
-                                        "a best-fit term and GPU-model pressure)")
-    weight_memory = models.DecimalField("memory weight", max_digits=5, decimal_places=2, default=Decimal("1"),
-                                        validators=[MinValueValidator(Decimal("0"))])
-    weight_cores = models.DecimalField("SM weight", max_digits=5, decimal_places=2, default=Decimal("1"),
-                                       validators=[MinValueValidator(Decimal("0"))])
-    weight_sessions = models.DecimalField("sessions weight", max_digits=5, decimal_places=2, default=Decimal("1"),
-                                          validators=[MinValueValidator(Decimal("0"))])
+    policy = models.CharField(
+        max_length=16,
+        choices=PLACEMENT_POLICIES,
+        default="fgd-plus",
+        help_text="how nodes are chosen: binpack, spread, best-fit, fgd (fragmentation gradient "
+        "descent, Weng et al. ATC'23) or fgd-plus (the default: FGD plus GPU "
+        "stranded by CPU/memory, "
+        "a best-fit term and GPU-model pressure)",
+    )
+    weight_memory = models.DecimalField(
+        "memory weight", max_digits=5, decimal_places=2, default=Decimal("1"), validators=[MinValueValidator(Decimal("0"))]
+    )
+    weight_cores = models.DecimalField(
+        "SM weight", max_digits=5, decimal_places=2, default=Decimal("1"), validators=[MinValueValidator(Decimal("0"))]
+    )
+    weight_sessions = models.DecimalField(
+        "sessions weight", max_digits=5, decimal_places=2, default=Decimal("1"), validators=[MinValueValidator(Decimal("0"))]
+    )
     no_fragmentation = models.BooleanField("no fragmentation", default=False)
 
     class Meta:
@@ -188,46 +198,77 @@ class Node(models.Model):
     plugins = models.JSONField(default=list, blank=True, help_text="compute plugins the agent loaded")
     attributes = models.JSONField(default=dict, blank=True, help_text="driver and runtime versions reported by the agent")
     images = models.JSONField(
-        default=host_images, blank=True, editable=False,
+        default=host_images,
+        blank=True,
+        editable=False,
         help_text="the session images the agent reports holding: {reference: image id} (docker runtime: its local "
-                  "images' tags and repository digests, as Docker lists them; process runtime: the built-in \"host\")")
-    resource_group = models.ForeignKey(ResourceGroup, null=True, blank=True, on_delete=models.SET_NULL,
-                                       related_name="nodes", help_text="node pool; empty: the default pool")
+        'images\' tags and repository digests, as Docker lists them; process runtime: the built-in "host")',
+    )
+    resource_group = models.ForeignKey(
+        ResourceGroup,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="nodes",
+        help_text="node pool; empty: the default pool",
+    )
     device_split_count = models.PositiveIntegerField(
-        default=10, validators=[MinValueValidator(1)],
+        default=10,
+        validators=[MinValueValidator(1)],
         help_text="the most sessions one device may host (HAMi's deviceSplitCount, default 10)",
     )
     memory_scaling = models.DecimalField(
-        max_digits=5, decimal_places=2, default=Decimal("1"), validators=[MinValueValidator(Decimal("0.1"))],
+        max_digits=5,
+        decimal_places=2,
+        default=Decimal("1"),
+        validators=[MinValueValidator(Decimal("0.1"))],
         help_text="device memory is accounted as memory × this; above 1 is deliberate over-subscription "
-                  "(HAMi's deviceMemoryScaling)",
+        "(HAMi's deviceMemoryScaling)",
     )
     core_scaling = models.DecimalField(
-        max_digits=5, decimal_places=2, default=Decimal("1"), validators=[MinValueValidator(Decimal("0.1"))],
-        help_text="device SMs are accounted as SMs × this; above 1 is deliberate over-subscription "
-                  "(HAMi's deviceCoreScaling)",
+        max_digits=5,
+        decimal_places=2,
+        default=Decimal("1"),
+        validators=[MinValueValidator(Decimal("0.1"))],
+        help_text="device SMs are accounted as SMs × this; above 1 is deliberate over-subscription (HAMi's deviceCoreScaling)",
     )
     mig_mode = models.CharField(
-        "MIG mode", max_length=8, choices=MigMode.choices, default=MigMode.OFF,
+        "MIG mode",
+        max_length=8,
+        choices=MigMode.choices,
+        default=MigMode.OFF,
         help_text="static: MIG slices are whole devices asked for by profile; dynamic: a MIG request gets the "
-                  "smallest instance that fits, created on demand; fixed: the layout below, kept as it is",
+        "smallest instance that fits, created on demand; fixed: the layout below, kept as it is",
     )
     mig_layout = models.JSONField(
-        "fixed MIG layout", default=dict, blank=True,
+        "fixed MIG layout",
+        default=dict,
+        blank=True,
         help_text='for mode "fixed": {"<GPU device id or index>": [{"profile": "3g.40gb", "start": 0}, …]}',
     )
     agent_key = models.CharField(
-        "agent key", max_length=64, blank=True, editable=False,
+        "agent key",
+        max_length=64,
+        blank=True,
+        editable=False,
         help_text="the key the node's agent signs its messages with (manage.py node_key); empty: its messages are "
-                  "not authenticated (refused altogether when FGPU_REQUIRE_NODE_KEYS is on)")
+        "not authenticated (refused altogether when FGPU_REQUIRE_NODE_KEYS is on)",
+    )
     mig_sync = models.JSONField(
-        "MIG layout sync", default=dict, blank=True, editable=False,
+        "MIG layout sync",
+        default=dict,
+        blank=True,
+        editable=False,
         help_text="the last MIG layout the manager sent the node's agent and what the agent reported applying "
-                  "(accelerators.mig_services.node_mig_push: state, seq, pending, destroy, errors, times)")
+        "(accelerators.mig_services.node_mig_push: state, seq, pending, destroy, errors, times)",
+    )
     mig_drift = models.JSONField(
-        default=dict, blank=True, editable=False,
+        default=dict,
+        blank=True,
+        editable=False,
         help_text="heartbeat digest bookkeeping: a mismatch between the agent's MIG layout digest and the "
-                  "expected one seen once, and the last one a full reconcile was asked for")
+        "expected one seen once, and the last one a full reconcile was asked for",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -261,8 +302,9 @@ class Device(models.Model):
     is_mig_device = models.BooleanField("MIG device", default=False)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="mig_devices")
     mig_profile = models.CharField("MIG profile", max_length=32, blank=True)
-    mig_catalog = models.JSONField("MIG catalog", default=dict, blank=True,
-                                   help_text="MIG profiles NVML reported for this GPU (empty: the built-in table)")
+    mig_catalog = models.JSONField(
+        "MIG catalog", default=dict, blank=True, help_text="MIG profiles NVML reported for this GPU (empty: the built-in table)"
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "slot_name", "device_id"], name="device_unique_per_node")]
@@ -316,23 +358,30 @@ class GpuInstance(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpu_instances")
-    parent = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="gpu_instances",
-                               help_text="the physical GPU")
+    parent = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="gpu_instances", help_text="the physical GPU")
     profile = models.CharField("MIG profile", max_length=32)
     placement_start = models.PositiveSmallIntegerField("start", help_text="first memory slice (0–7)")
     placement_size = models.PositiveSmallIntegerField("size", help_text="memory slices")
     memory_size = models.BigIntegerField("memory", default=0, help_text="bytes")
     subproc_count = models.PositiveIntegerField("SMs", default=0, help_text="SMs")
     uuid = models.CharField("MIG device UUID", max_length=128, blank=True, help_text="MIG device UUID, once the agent created it")
-    session = models.ForeignKey("compute_sessions.ComputeSession", null=True, blank=True, on_delete=models.SET_NULL,
-                                related_name="gpu_instances", help_text="the session using it; empty: idle")
+    session = models.ForeignKey(
+        "compute_sessions.ComputeSession",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="gpu_instances",
+        help_text="the session using it; empty: idle",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     unknown_since = models.DateTimeField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="set when the node's agent found this instance on the GPU at start without the manager having "
-                  "planned it (made by hand or by another tool): its slices count as taken, it is never reused or "
-                  "destroyed here, and it is forgotten once an agent start no longer finds it")
+        "planned it (made by hand or by another tool): its slices count as taken, it is never reused or "
+        "destroyed here, and it is forgotten once an agent start no longer finds it",
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["parent", "placement_start"], name="gpuinstance_unique_start")]

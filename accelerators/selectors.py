@@ -1,4 +1,5 @@
 """Reads of the accelerator inventory: fractional settings, device usage and free fGPU."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -53,8 +54,9 @@ def slot_format_get(*, slot_name: str, subtype: str) -> SlotFormat:
 
 def _slot_format_default(*, slot_name: str, subtype: str) -> SlotFormat:
     if subtype == "shares":
-        return SlotFormat(slot_name=slot_name, subtype=subtype, display_unit="fGPU", human_readable_name="fGPU",
-                          number_round_length=2)
+        return SlotFormat(
+            slot_name=slot_name, subtype=subtype, display_unit="fGPU", human_readable_name="fGPU", number_round_length=2
+        )
     return SlotFormat(slot_name=slot_name, subtype=subtype)
 
 
@@ -160,8 +162,7 @@ def resource_group_get(*, name: str) -> ResourceGroup | None:
     return group
 
 
-def placement_scope(*, request: core.ResourceRequest, for_update: bool = False, alive_only: bool = True,
-                    image: str = ""):
+def placement_scope(*, request: core.ResourceRequest, for_update: bool = False, alive_only: bool = True, image: str = ""):
     """The nodes a request may go to, as the allocator sees them, and the placement options for
     `core.place` (`{"policy", "no_fragmentation"}`). A request naming a resource group goes to
     that group's nodes under its rules; one naming none may go to any node, under the rules of
@@ -169,8 +170,7 @@ def placement_scope(*, request: core.ResourceRequest, for_update: bool = False, 
     `placement_options`). `image`: a session image reference; only nodes holding it ("": any
     node)."""
     group = resource_group_get(name=request.resource_group)
-    nodes = node_states(slot_name=request.slot or "cuda", for_update=for_update, alive_only=alive_only, group=group,
-                        image=image)
+    nodes = node_states(slot_name=request.slot or "cuda", for_update=for_update, alive_only=alive_only, group=group, image=image)
     return nodes, placement_options(group=group)
 
 
@@ -188,8 +188,7 @@ def placement_options(*, group: ResourceGroup | None) -> dict:
     """`core.place`'s options under `group`'s rules, or the "default" group's for None (else
     fgd-plus, fragmentation allowed): `{"policy", "no_fragmentation"}`."""
     rules = group or ResourceGroup.objects.filter(name=DEFAULT_GROUP).first()
-    return {"policy": rules.policy if rules else "fgd-plus",
-            "no_fragmentation": rules.no_fragmentation if rules else False}
+    return {"policy": rules.policy if rules else "fgd-plus", "no_fragmentation": rules.no_fragmentation if rules else False}
 
 
 def placement_workload(*, resource_group: str, prefix: str) -> cluster.Workload:
@@ -199,14 +198,15 @@ def placement_workload(*, resource_group: str, prefix: str) -> cluster.Workload:
     workload = cluster.Workload()
     rows = PlacementShape.objects.filter(resource_group=resource_group, key__startswith=prefix, count__gt=0)
     for key, count in rows.values_list("key", "count"):
-        shape = cluster.shape_from_key(key[len(prefix):])
+        shape = cluster.shape_from_key(key[len(prefix) :])
         if shape is not None:
             workload.observe(shape, count)
     return workload
 
 
-def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = True,
-                group: ResourceGroup | None = None, image: str = "") -> list[core.NodeState]:
+def node_states(
+    *, slot_name: str, for_update: bool = False, alive_only: bool = True, group: ResourceGroup | None = None, image: str = ""
+) -> list[core.NodeState]:
     """Every (alive) node as the allocator sees it: CPU/memory left after live sessions and the
     slot's non-MIG devices with their live usage. `for_update` locks the device rows (in pk
     order, so concurrent schedulers queue instead of deadlocking) inside the caller's
@@ -227,7 +227,9 @@ def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = 
         nodes.annotate(
             cpu_used=Sum("sessions__cpu", filter=Q(sessions__status__in=protocol.SESSION_ACTIVE_STATES), default=0),
             mem_used=Sum("sessions__mem", filter=Q(sessions__status__in=protocol.SESSION_ACTIVE_STATES), default=0),
-        ).select_related("resource_group").order_by("name")
+        )
+        .select_related("resource_group")
+        .order_by("name")
     )
     by_node: dict = {}
     for device in devices_with_usage(device_rows.select_related("node")).order_by("index"):
@@ -236,14 +238,22 @@ def node_states(*, slot_name: str, for_update: bool = False, alive_only: bool = 
     links: dict = {}
     for link in DeviceLink.objects.filter(node__in=[n.pk for n in annotated], device_a__slot_name=slot_name):
         links.setdefault(link.node_id, []).append(
-            topology.Link(a=str(link.device_a_id), b=str(link.device_b_id), kind=link.kind, count=link.count))
+            topology.Link(a=str(link.device_a_id), b=str(link.device_b_id), kind=link.kind, count=link.count)
+        )
     weights = {}
     for n in annotated:
         g = n.resource_group
         weights[n.pk] = (g.weight_memory, g.weight_cores, g.weight_sessions) if g else (Decimal(1),) * 3
     return [
-        core.NodeState(node_id=n.name, cpu_total=n.cpu_count, mem_total=n.memory_size, cpu_used=int(n.cpu_used),
-                       mem_used=int(n.mem_used), devices=tuple(by_node.get(n.pk, ())), links=tuple(links.get(n.pk, ())),
-                       weights=weights[n.pk])
+        core.NodeState(
+            node_id=n.name,
+            cpu_total=n.cpu_count,
+            mem_total=n.memory_size,
+            cpu_used=int(n.cpu_used),
+            mem_used=int(n.mem_used),
+            devices=tuple(by_node.get(n.pk, ())),
+            links=tuple(links.get(n.pk, ())),
+            weights=weights[n.pk],
+        )
         for n in annotated
     ]

@@ -1,5 +1,6 @@
 """Writes to the accelerator inventory: agent registration, device links, heartbeats, node liveness,
 and administrators' changes of how a node's devices are shared."""
+
 from __future__ import annotations
 
 import logging
@@ -82,8 +83,7 @@ def node_inventory_apply(
     node.last_heartbeat = timezone.now()
     node.plugins = list(plugins)
     node.attributes = dict(attributes)
-    node.images = (dict(protocol.HOST_IMAGES) if images is None
-                   else node_images_clean(node_name=node_name, images=images))
+    node.images = dict(protocol.HOST_IMAGES) if images is None else node_images_clean(node_name=node_name, images=images)
     if cpu_count is not None:
         node.cpu_count = cpu_count
     if memory_size is not None:
@@ -181,16 +181,21 @@ def node_images_clean(*, node_name: str, images) -> dict[str, str]:
     anything else is dropped and logged, and past protocol.MAX_IMAGES references the rest (in
     sorted order) too."""
     if not isinstance(images, dict):
-        log.warning("node %s reported images that are not an object (%s): taken as none", node_name,
-                    type(images).__name__)
+        log.warning("node %s reported images that are not an object (%s): taken as none", node_name, type(images).__name__)
         return {}
-    clean = {ref: ident for ref, ident in images.items() if isinstance(ref, str) and isinstance(ident, str)
-             and 0 < len(ref) <= protocol.MAX_IMAGE_REFERENCE and "\x00" not in ref + ident}
+    clean = {
+        ref: ident
+        for ref, ident in images.items()
+        if isinstance(ref, str)
+        and isinstance(ident, str)
+        and 0 < len(ref) <= protocol.MAX_IMAGE_REFERENCE
+        and "\x00" not in ref + ident
+    }
     if len(clean) < len(images):
         log.warning("node %s reported %d unusable image reference(s): dropped", node_name, len(images) - len(clean))
     if len(clean) > protocol.MAX_IMAGES:
         log.warning("node %s reported %d images; kept the first %d", node_name, len(clean), protocol.MAX_IMAGES)
-        clean = dict(sorted(clean.items())[:protocol.MAX_IMAGES])
+        clean = dict(sorted(clean.items())[: protocol.MAX_IMAGES])
     return clean
 
 
@@ -235,7 +240,6 @@ def node_message_verify(*, node_name: str, task: str, kwargs: dict) -> bool:
         log.warning("refused %s claiming to come from node %s: its signature does not verify", task, node_name)
         return False
     if settings.FGPU_REQUIRE_NODE_KEYS:
-        log.warning("refused %s from node %s: the node has no agent key and FGPU_REQUIRE_NODE_KEYS is on", task,
-                    node_name)
+        log.warning("refused %s from node %s: the node has no agent key and FGPU_REQUIRE_NODE_KEYS is on", task, node_name)
         return False
     return True

@@ -99,15 +99,22 @@ class ConsoleUserAdmin(UserAdmin):
         names = list(queryset.values_list("username", flat=True))
         for name in names:
             throttle.login_failures_clear_user(username=name)
-        self.message_user(request, f"Cleared the failed logins of {', '.join(names)}: they may sign in again from "
-                                   f"every address (an address locked as a whole: manage.py login_unlock --address).",
-                          messages.SUCCESS)
+        self.message_user(
+            request,
+            f"Cleared the failed logins of {', '.join(names)}: they may sign in again from "
+            f"every address (an address locked as a whole: manage.py login_unlock --address).",
+            messages.SUCCESS,
+        )
 
     @admin.action(description="Revoke login tokens (sign out of fgpu)")
     def revoke_login_tokens(self, request, queryset):
         """Deletes the selected users' login tokens (`accounts.services.login_token_revoke`); their
         named API tokens stay (revoke those under API tokens)."""
         names = [user.username for user in queryset if login_token_revoke(user=user)]
-        self.message_user(request, f"Revoked the login token of {', '.join(names)}: `fgpu login` gets a new one."
-                          if names else "None of them had a login token.", messages.SUCCESS)
-
+        self.message_user(
+            request,
+            f"Revoked the login token of {', '.join(names)}: `fgpu login` gets a new one."
+            if names
+            else "None of them had a login token.",
+            messages.SUCCESS,
+        )

@@ -1,5 +1,6 @@
 """`POST /api/v1/auth/token/`: DRF's obtain-token endpoint behind the login throttle; `GET
 /api/v1/me/`: who the caller is."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -38,13 +39,16 @@ class ObtainAuthTokenView(ObtainAuthToken):
         responses={
             200: inline_serializer("AuthToken", {"token": serializers.CharField()}),
             400: OpenApiResponse(ErrorSerializer, description="Wrong username or password, or a field missing."),
-            429: OpenApiResponse(ErrorSerializer, description=(
-                "Too many failed logins for this username or from this address in 15 minutes (type "
-                "`too-many-attempts`); the `Retry-After` header gives the seconds to wait.")),
+            429: OpenApiResponse(
+                ErrorSerializer,
+                description=(
+                    "Too many failed logins for this username or from this address in 15 minutes (type "
+                    "`too-many-attempts`); the `Retry-After` header gives the seconds to wait."
+                ),
+            ),
         },
         examples=[
-            OpenApiExample("Log in", value={"username": "alice", "password": "correct horse battery"},
-                           request_only=True),
+            OpenApiExample("Log in", value={"username": "alice", "password": "correct horse battery"}, request_only=True),
             OpenApiExample("Token", value={"token": "9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b"}, response_only=True),
         ],
         auth=[],
@@ -67,15 +71,30 @@ class MeSerializer(serializers.Serializer):
     live_sessions = serializers.IntegerField(help_text="the caller's sessions waiting or running now")
     quota_headroom = QuotaFiguresSerializer(
         help_text="what the caller may still launch under every quota that applies (null: unlimited); "
-                  "GET /api/v1/quota/ has the detail")
+        "GET /api/v1/quota/ has the detail"
+    )
 
 
-@extend_schema(summary="Who am I", tags=["accounts"], responses={200: MeSerializer},
-               description="The caller: username, whether an administrator, projects, live sessions and quota "
-                           "headroom. `fgpu login` uses it to confirm a token.",
-               examples=[OpenApiExample("A user", response_only=True, value={
-                   "username": "alice", "is_admin": False, "projects": ["vision"], "live_sessions": 1,
-                   "quota_headroom": {"fgpu": "1.50", "devices": None, "gpu_memory": 6442450944, "sessions": 2}})])
+@extend_schema(
+    summary="Who am I",
+    tags=["accounts"],
+    responses={200: MeSerializer},
+    description="The caller: username, whether an administrator, projects, live sessions and quota "
+    "headroom. `fgpu login` uses it to confirm a token.",
+    examples=[
+        OpenApiExample(
+            "A user",
+            response_only=True,
+            value={
+                "username": "alice",
+                "is_admin": False,
+                "projects": ["vision"],
+                "live_sessions": 1,
+                "quota_headroom": {"fgpu": "1.50", "devices": None, "gpu_memory": 6442450944, "sessions": 2},
+            },
+        )
+    ],
+)
 @api_view(["GET"])
 def me_view(request):
     """`{"username", "is_admin", "projects", "live_sessions", "quota_headroom"}` of the caller."""

@@ -3,6 +3,7 @@
 The keys `POST /api/v1/auth/token/` hands out (DRF's `authtoken`, what `fgpu login` stores) keep
 working unchanged; a key that is neither is refused with 401, as is a revoked API token.
 """
+
 from __future__ import annotations
 
 from rest_framework import exceptions

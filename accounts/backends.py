@@ -1,4 +1,5 @@
 """The authentication backend: Django's ModelBackend behind the login throttle."""
+
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model

@@ -1,5 +1,6 @@
 """Named API tokens that users create and revoke on their profile page, and (a proxy) the login
 tokens DRF's authtoken issues for a password."""
+
 from __future__ import annotations
 
 import uuid
@@ -35,8 +36,9 @@ class ApiToken(models.Model):
         ordering = ["-created_at"]
         constraints = [
             # A name picks out one live token; a revoked token's name may be used again.
-            models.UniqueConstraint(fields=["user", "name"], condition=Q(revoked_at__isnull=True),
-                                    name="accounts_apitoken_unique_live_name"),
+            models.UniqueConstraint(
+                fields=["user", "name"], condition=Q(revoked_at__isnull=True), name="accounts_apitoken_unique_live_name"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -1,4 +1,5 @@
 """Reads of API tokens (always through the permission-checking fetch helpers) and of the caller."""
+
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,5 @@
 """Writes to API tokens: create, revoke, record use."""
+
 from __future__ import annotations
 
 import secrets
@@ -33,12 +34,12 @@ def api_token_create(*, user, name: str) -> tuple[str, ApiToken]:
     key = secrets.token_urlsafe(32)  # 43 characters: longer than any DRF authtoken key (api_token_find)
     try:
         with transaction.atomic():
-            token = ApiToken.objects.create(user=user, name=name, digest=api_token_digest(key),
-                                            prefix=key[:ApiToken.PREFIX_LENGTH])
+            token = ApiToken.objects.create(
+                user=user, name=name, digest=api_token_digest(key), prefix=key[: ApiToken.PREFIX_LENGTH]
+            )
     except IntegrityError:  # the partial unique constraint on (user, name) of live tokens
         detail = f"You already have a token named “{name}”. Revoke it or pick another name."
-        raise ApplicationError(detail, type="conflict", title="Conflict", status=409,
-                               field_errors={"name": [detail]}) from None
+        raise ApplicationError(detail, type="conflict", title="Conflict", status=409, field_errors={"name": [detail]}) from None
     return key, token
 
 

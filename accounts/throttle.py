@@ -20,6 +20,7 @@ locks (the Users admin's "Clear failed logins" action, or `manage.py login_unloc
 and an address's (`manage.py login_unlock --address IP`). The address is REMOTE_ADDR: behind a
 reverse proxy run daphne with `--proxy-headers`, or every user shares the proxy's address.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -118,7 +119,7 @@ def login_failures_clear_address(*, ip: str) -> None:
 
 
 def wait_message(seconds: int) -> str:
-    """"Too many attempts, try again in 15 minutes." (whole minutes, rounded up)."""
+    """ "Too many attempts, try again in 15 minutes." (whole minutes, rounded up)."""
     minutes = max(1, math.ceil(seconds / 60))
     return f"Too many attempts, try again in {minutes} minute{'s' if minutes != 1 else ''}."
 

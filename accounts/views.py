@@ -1,4 +1,5 @@
 """Pages: the throttled login page and the profile page with the user's API tokens. Thin views."""
+
 from __future__ import annotations
 
 from django import forms

@@ -1,4 +1,5 @@
 """Building an agent from agent.toml: load the compute plugins, then the Agent itself."""
+
 from __future__ import annotations
 
 import agent.tasks  # noqa: F401  (registers the agent's tasks with the app: in standalone mode they run here)
@@ -36,8 +37,15 @@ def load_inventory(config: AgentConfig) -> dict:
     attributes["fraction_enforcement"] = config.fraction_enforcement
     attributes["pulls_images"] = config.pulls_images
     attributes["mps"] = config.mps  # sessions get the MPS limits too (agent.environment.limits_environment)
-    return {"devices": devices, "links": links, "plugins": list(config.plugins), "attributes": attributes,
-            "cpu_count": config.cpu_count, "memory_size": config.memory_size, "warnings": warnings}
+    return {
+        "devices": devices,
+        "links": links,
+        "plugins": list(config.plugins),
+        "attributes": attributes,
+        "cpu_count": config.cpu_count,
+        "memory_size": config.memory_size,
+        "warnings": warnings,
+    }
 
 
 def build_runtime(config: AgentConfig):
@@ -46,10 +54,17 @@ def build_runtime(config: AgentConfig):
     if config.runtime == DOCKER:
         from agent.docker_runtime import DockerRuntime
 
-        return DockerRuntime(node=config.node_name, default_image=config.default_image, uid=config.uid, gid=config.uid,
-                             network=config.network, gpus=CUDA_PLUGIN in config.plugins, hami_core=config.hami_core,
-                             mps_pipe_directory=config.mps_pipe_directory if config.mps else None,
-                             pull=config.pull_images)
+        return DockerRuntime(
+            node=config.node_name,
+            default_image=config.default_image,
+            uid=config.uid,
+            gid=config.uid,
+            network=config.network,
+            gpus=CUDA_PLUGIN in config.plugins,
+            hami_core=config.hami_core,
+            mps_pipe_directory=config.mps_pipe_directory if config.mps else None,
+            pull=config.pull_images,
+        )
     return ProcessRuntime()
 
 
@@ -58,10 +73,21 @@ def build_agent(config: AgentConfig, *, celery_app, channel_layer, heartbeat_s: 
     console.celery.app). `exec_store`: where its streamed execs keep their output
     (protocol.exec_store; None: this process's memory store)."""
     inventory = load_inventory(config)
-    agent = Agent(runtime=build_runtime(config), node=config.node_name, inventory=inventory, channel_layer=channel_layer,
-                  manager=CeleryManager(celery_app, node=config.node_name, key=config.node_key),
-                 scratch_root=config.scratch_root, mock=CUDA_PLUGIN not in config.plugins, mps=config.mps,
-                 heartbeat_s=heartbeat_s, exec_store=exec_store, scratch_retention_s=config.scratch_retention_s,
-                  app_address=config.app_address, data_root=config.data_root, app_relay=config.app_relay)
+    agent = Agent(
+        runtime=build_runtime(config),
+        node=config.node_name,
+        inventory=inventory,
+        channel_layer=channel_layer,
+        manager=CeleryManager(celery_app, node=config.node_name, key=config.node_key),
+        scratch_root=config.scratch_root,
+        mock=CUDA_PLUGIN not in config.plugins,
+        mps=config.mps,
+        heartbeat_s=heartbeat_s,
+        exec_store=exec_store,
+        scratch_retention_s=config.scratch_retention_s,
+        app_address=config.app_address,
+        data_root=config.data_root,
+        app_relay=config.app_relay,
+    )
     agent.usage.configure(interval_s=config.usage_interval_s, flush_s=config.usage_flush_s)
     return agent

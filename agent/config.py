@@ -38,6 +38,7 @@ over::
 
 Relative paths are relative to the directory of agent.toml.
 """
+
 from __future__ import annotations
 
 import os
@@ -123,6 +124,7 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
         raise AgentConfigError(f"{path}: no such file") from None
     except tomllib.TOMLDecodeError as exc:
         raise AgentConfigError(f"{where}: not valid TOML: {exc}") from None
+
     def table(parent: dict, key: str, where_key: str) -> dict:
         value = parent.get(key, {})
         if not isinstance(value, dict):
@@ -174,7 +176,7 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
         fail("container.uid", f"{uid!r} is not a user id from 1 to 65534 (sessions never run as root)")
     network = text(container, "network", "container.network", "bridge")
     if network not in ("bridge", "none"):
-        fail("container.network", f"{network!r}: expected \"bridge\" or \"none\"")
+        fail("container.network", f'{network!r}: expected "bridge" or "none"')
     hami_core = None
     if "hami-core" in container:
         hami_core = (path.parent / text(container, "hami-core", "container.hami-core", "")).resolve()
@@ -210,10 +212,27 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
         if not mock_config.exists():
             fail("plugins.mock.config", f"{mock_config} does not exist")
     return AgentConfig(
-        path=path, node_name=node_name, plugins=tuple(plugins), cpu_count=cpu_count, memory_size=memory_size,
-        mps=mps, broker_url=broker_url, scratch_root=(path.parent / scratch).resolve(), mock_config=mock_config,
-        scratch_retention_s=retention, node_key=node_key, runtime=runtime, default_image=default_image, uid=uid, network=network,
-        hami_core=hami_core, mps_pipe_directory=mps_pipes, pull_images=pull_images,
-        usage_interval_s=usage_interval, usage_flush_s=usage_flush, app_address=app_address, app_relay=app_relay,
+        path=path,
+        node_name=node_name,
+        plugins=tuple(plugins),
+        cpu_count=cpu_count,
+        memory_size=memory_size,
+        mps=mps,
+        broker_url=broker_url,
+        scratch_root=(path.parent / scratch).resolve(),
+        mock_config=mock_config,
+        scratch_retention_s=retention,
+        node_key=node_key,
+        runtime=runtime,
+        default_image=default_image,
+        uid=uid,
+        network=network,
+        hami_core=hami_core,
+        mps_pipe_directory=mps_pipes,
+        pull_images=pull_images,
+        usage_interval_s=usage_interval,
+        usage_flush_s=usage_flush,
+        app_address=app_address,
+        app_relay=app_relay,
         data_root=data_root,
     )

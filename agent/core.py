@@ -19,6 +19,7 @@ streamed exec (`pty.exec_stream`) runs on a thread of its own and pushes its out
 exec store as it comes (agent.exec_stream).
 The agent never opens the database.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -134,8 +135,15 @@ class CeleryManager:
             kwargs[protocol.SIGNATURE] = protocol.sign(self.key, task, kwargs)
         self.app.signature(task, kwargs=kwargs).apply_async(**options)
 
-    def register(self, node: str, inventory: dict, running: list[str], images: dict | None = None, *,
-                 image_service_ports: dict | None = None) -> None:
+    def register(
+        self,
+        node: str,
+        inventory: dict,
+        running: list[str],
+        images: dict | None = None,
+        *,
+        image_service_ports: dict | None = None,
+    ) -> None:
         """`images`: the session images the node holds ({reference: image id}; sent only when known);
         `image_service_ports`: {image id: its ai.backend.service-ports label} (sent only when not empty)."""
         kwargs = {"node": node, "inventory": inventory, "running": running}
@@ -145,8 +153,16 @@ class CeleryManager:
             kwargs["image_service_ports"] = image_service_ports
         self._send(protocol.AGENT_REGISTER, kwargs=kwargs)
 
-    def heartbeat(self, node: str, running: list[str], mig_digest: str | None = None, state: dict | None = None,
-                  images: dict | None = None, *, image_service_ports: dict | None = None) -> None:
+    def heartbeat(
+        self,
+        node: str,
+        running: list[str],
+        mig_digest: str | None = None,
+        state: dict | None = None,
+        images: dict | None = None,
+        *,
+        image_service_ports: dict | None = None,
+    ) -> None:
         """`state`: the agent's view of its sessions (`Agent.state`); `images` and
         `image_service_ports` as for `register`. A heartbeat the manager has not taken within
         HEARTBEAT_EXPIRES_S is dropped unread: a newer one is on its way."""
@@ -158,12 +174,29 @@ class CeleryManager:
         self._send(protocol.AGENT_HEARTBEAT, kwargs=kwargs, expires=HEARTBEAT_EXPIRES_S)
 
     def report(self, session_id: str, status: str, reason: str, exit_code: int | None) -> None:
-        self._send(protocol.SESSION_REPORT, kwargs={"session_id": session_id, "status": status, "reason": reason,
-                                                    "exit_code": exit_code, "node": self.node or None})
+        self._send(
+            protocol.SESSION_REPORT,
+            kwargs={
+                "session_id": session_id,
+                "status": status,
+                "reason": reason,
+                "exit_code": exit_code,
+                "node": self.node or None,
+            },
+        )
 
     def log(self, session_id: str, seq: int, offset: int, text: str, final: bool) -> None:
-        self._send(protocol.SESSION_LOG_APPEND, kwargs={"session_id": session_id, "seq": seq, "offset": offset,
-                                                        "text": text, "final": final, "node": self.node or None})
+        self._send(
+            protocol.SESSION_LOG_APPEND,
+            kwargs={
+                "session_id": session_id,
+                "seq": seq,
+                "offset": offset,
+                "text": text,
+                "final": final,
+                "node": self.node or None,
+            },
+        )
 
     def mig_report(self, node: str, report: dict) -> None:
         self._send(protocol.MIG_REPORT, kwargs={"node": node, "report": report})
@@ -259,10 +292,24 @@ class Agent:
 
     loop: asyncio.AbstractEventLoop  # set by start(); thread-side callers check for it with getattr
 
-    def __init__(self, *, node: str, inventory: dict, channel_layer, manager, scratch_root: Path,
-                 mock: bool, mps: bool = False, heartbeat_s: float = 5.0, exec_store=None,
-                 scratch_retention_s: float = 3600.0, runtime=None, app_address: str = "127.0.0.1",
-                 data_root: Path | None = None, app_relay: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        node: str,
+        inventory: dict,
+        channel_layer,
+        manager,
+        scratch_root: Path,
+        mock: bool,
+        mps: bool = False,
+        heartbeat_s: float = 5.0,
+        exec_store=None,
+        scratch_retention_s: float = 3600.0,
+        runtime=None,
+        app_address: str = "127.0.0.1",
+        data_root: Path | None = None,
+        app_relay: bool = False,
+    ) -> None:
         self.node = node
         self.inventory = inventory
         self.layer = channel_layer
@@ -290,8 +337,9 @@ class Agent:
         self._exec_pool = ThreadPoolExecutor(EXEC_THREADS, thread_name_prefix=f"agent-{node}-exec")
         self._heartbeat_pool = ThreadPoolExecutor(1, thread_name_prefix=f"agent-{node}-heartbeat")
         # MIG instances the manager plans (issue 4): in memory on mock nodes, through NVML on real ones.
-        self.mig = mig_runtime.MigManager(mig_runtime.MockMigBackend() if mock else mig_runtime.NvmlMigBackend(),
-                                          on_report=self._send_mig_report)
+        self.mig = mig_runtime.MigManager(
+            mig_runtime.MockMigBackend() if mock else mig_runtime.NvmlMigBackend(), on_report=self._send_mig_report
+        )
         self.usage = UsageSampler(self)  # usage samples to the manager (issue 15; agent.usage)
         self.app_address = app_address  # where the process runtime's session apps listen (agent.session_apps)
         self.app_relay = app_relay  # docker: relay container apps through the agent on app_address (agent.session_apps)
@@ -310,11 +358,9 @@ class Agent:
         self.scratch_root.mkdir(parents=True, exist_ok=True)
         adopted, orphans = await self._in(self._work, self.runtime.clean_up_at_start, self.scratch_root)
         if orphans:
-            log.warning("agent %s: removed %d process(es) or container(s) left by sessions of an earlier run", self.node,
-                        orphans)
+            log.warning("agent %s: removed %d process(es) or container(s) left by sessions of an earlier run", self.node, orphans)
         for handle in adopted:  # sessions that outlived the agent in their containers: run them on
-            running = RunningSession(session_id=handle.session_id, process=handle, work_dir=handle.work_dir,
-                                     env=handle.env)
+            running = RunningSession(session_id=handle.session_id, process=handle, work_dir=handle.work_dir, env=handle.env)
             self.sessions[handle.session_id] = running
             self._attach(running)
             log.info("agent %s: adopted session %s, still running", self.node, handle.session_id)
@@ -355,8 +401,14 @@ class Agent:
 
     async def _register(self) -> None:
         try:
-            await self._call(self.manager.register, self.node, self.inventory, list(self.sessions), self.images.current,
-                             **self._service_ports())
+            await self._call(
+                self.manager.register,
+                self.node,
+                self.inventory,
+                list(self.sessions),
+                self.images.current,
+                **self._service_ports(),
+            )
             self._registered = True
         except Exception:
             log.exception("agent %s: could not register with the manager; will try again", self.node)
@@ -384,8 +436,11 @@ class Agent:
         sessions = {session_id: "PREPARING" for session_id in self._starting}
         for session_id, running in self.sessions.items():
             sessions[session_id] = "TERMINATING" if running.stopping else "RUNNING"
-        ended = {session_id: {"status": status, "reason": reason, "exit_code": code}
-                 for session_id, (_, status, reason, code) in self._ended.items() if session_id not in sessions}
+        ended = {
+            session_id: {"status": status, "reason": reason, "exit_code": code}
+            for session_id, (_, status, reason, code) in self._ended.items()
+            if session_id not in sessions
+        }
         return {"sessions": sessions, "ended": ended, "at": time.time()}
 
     def _send_heartbeat(self, running: list[str], state: dict) -> None:
@@ -435,8 +490,9 @@ class Agent:
         while True:
             keep = set(self.sessions) | self._starting
             try:
-                removed = await self._in(self._work, sweep_scratch, self.scratch_root, keep=keep,
-                                         older_than_s=self.scratch_retention_s)
+                removed = await self._in(
+                    self._work, sweep_scratch, self.scratch_root, keep=keep, older_than_s=self.scratch_retention_s
+                )
                 if removed:
                     log.info("agent %s: removed %d ended session(s)' working directories", self.node, removed)
             except Exception:
@@ -459,9 +515,15 @@ class Agent:
     def submit_sync(self, keep: list[str]) -> None:
         self._submit(self._sync(set(keep)))
 
-    def submit_mig_reconcile(self, gpus: list[dict], expected: dict[str, list[dict]], *,
-                             destroy: dict[str, list[dict]] | None = None, kind: str = "start",
-                             seq: int | None = None) -> None:
+    def submit_mig_reconcile(
+        self,
+        gpus: list[dict],
+        expected: dict[str, list[dict]],
+        *,
+        destroy: dict[str, list[dict]] | None = None,
+        kind: str = "start",
+        seq: int | None = None,
+    ) -> None:
         """Reconcile the MIG GPUs `gpus` with the manager's `expected` layout, destroying the
         idle instances in `destroy` first: kind "start" skips GPUs a start spec reached first
         (`MigManager.reconcile_at_start`), "layout" and "drift" do every GPU
@@ -573,19 +635,33 @@ class Agent:
         self.runtime.install_tools(bin_dir)
         folder = session_files.data_folder(self.data_root, spec.get("owner_id"))  # the owner's persistent folder
         projects = session_files.project_folders(self.data_root, spec.get("projects"))  # and their projects'
-        session_files.link_data(work_dir=work_dir, folder=folder, link=isinstance(self.runtime, ProcessRuntime),
-                                projects=projects)
-        spec = {**spec, "data_dir": str(folder) if folder is not None else "",  # the docker runtime mounts them
-                "project_dirs": {name: str(p) for name, p in projects.items()}}  # at ~/data, ~/projects/<name>
+        session_files.link_data(
+            work_dir=work_dir, folder=folder, link=isinstance(self.runtime, ProcessRuntime), projects=projects
+        )
+        spec = {
+            **spec,
+            "data_dir": str(folder) if folder is not None else "",  # the docker runtime mounts them
+            "project_dirs": {name: str(p) for name, p in projects.items()},
+        }  # at ~/data, ~/projects/<name>
         inside = self.runtime.paths(work_dir)  # where the session sees these files
-        env = session_environment(spec, allocation_path=inside.allocation, bin_dir=inside.bin_dir, work_dir=inside.home,
-                                  base_path=self.runtime.base_path(), mps=self.mps)
+        env = session_environment(
+            spec,
+            allocation_path=inside.allocation,
+            bin_dir=inside.bin_dir,
+            work_dir=inside.home,
+            base_path=self.runtime.base_path(),
+            mps=self.mps,
+        )
         env["PS1"] = f"{spec['owner']}@{spec['name']}:\\w\\$ "
         shell = spec.get("shell") or self.runtime.shell()  # the session image's shell, where it names one
-        argv = [shell, "-c", spec["command"]] if spec.get("command") else (
-            [shell, "--noprofile", "--norc", "-i"] if shell.endswith("bash") else [shell, "-i"])
-        handle = self.runtime.spawn(spec=spec, argv=argv, env=env, work_dir=work_dir,
-                                    progress=partial(self._progress_from_thread, session_id))
+        argv = (
+            [shell, "-c", spec["command"]]
+            if spec.get("command")
+            else ([shell, "--noprofile", "--norc", "-i"] if shell.endswith("bash") else [shell, "-i"])
+        )
+        handle = self.runtime.spawn(
+            spec=spec, argv=argv, env=env, work_dir=work_dir, progress=partial(self._progress_from_thread, session_id)
+        )
         return RunningSession(session_id=session_id, process=handle, work_dir=work_dir, env=env)
 
     def _progress_from_thread(self, session_id: str, text: str) -> None:
@@ -615,8 +691,13 @@ class Agent:
                 if running.stall_check is None:
                     running.stall_check = self.loop.call_at(acked_at + READER_STALL_S, self._recheck_readers, running)
         for channel in stalled:
-            log.warning("agent %s: the terminal %s of session %s acknowledged nothing for %.0f s; not waiting for it",
-                        self.node, channel, running.session_id, READER_STALL_S)
+            log.warning(
+                "agent %s: the terminal %s of session %s acknowledged nothing for %.0f s; not waiting for it",
+                self.node,
+                channel,
+                running.session_id,
+                READER_STALL_S,
+            )
             del running.readers[channel]
         return behind
 
@@ -706,8 +787,12 @@ class Agent:
         if running.pty_closed or not data:
             return
         if len(running.inbox) + len(data) > INPUT_BUFFER_BYTES:
-            self._output(running, f"\r\n[fgpu: {len(data)} bytes of input dropped: the program has not read the "
-                                  f"last {len(running.inbox) // 1024} KiB yet]\r\n", log_it=False)
+            self._output(
+                running,
+                f"\r\n[fgpu: {len(data)} bytes of input dropped: the program has not read the "
+                f"last {len(running.inbox) // 1024} KiB yet]\r\n",
+                log_it=False,
+            )
             return
         running.inbox += data
         self._flush_input(running)
@@ -771,8 +856,12 @@ class Agent:
                         break
                     except Exception:
                         if attempt == 2:
-                            log.warning("agent %s: dropped %d characters of terminal output of %s (the channel "
-                                        "layer is unreachable)", self.node, len(frame), running.session_id)
+                            log.warning(
+                                "agent %s: dropped %d characters of terminal output of %s (the channel layer is unreachable)",
+                                self.node,
+                                len(frame),
+                                running.session_id,
+                            )
                         else:
                             await asyncio.sleep(0.5)
                 if running.outbox_chars <= OUTBOX_LOW:
@@ -824,8 +913,9 @@ class Agent:
         self.sessions.pop(running.session_id, None)
         SessionApps.close_relays(running)
         exit_code = code if code >= 0 else 128 - code  # killed by signal N → 128+N, as shells report it
-        reason = (reason or running.stopping or running.process.end_reason(exit_code)
-                  or f"the process exited with code {exit_code}")
+        reason = (
+            reason or running.stopping or running.process.end_reason(exit_code) or f"the process exited with code {exit_code}"
+        )
         try:
             await self._in(self._work, running.process.remove)  # its container, where it has one
         except Exception:
@@ -868,8 +958,13 @@ class Agent:
             await asyncio.shield(running.exited)  # returns once TERMINATED has been reported
 
     async def _sync(self, keep: set[str]) -> None:
-        await asyncio.gather(*(self._stop(session_id, reason="the manager no longer knows this session")
-                               for session_id in list(self.sessions) if session_id not in keep))
+        await asyncio.gather(
+            *(
+                self._stop(session_id, reason="the manager no longer knows this session")
+                for session_id in list(self.sessions)
+                if session_id not in keep
+            )
+        )
 
     async def _end(self, session_id: str, status: str, reason: str, exit_code: int | None) -> None:
         """Remember a session's end (heartbeats list it for ENDED_KEEP_S) and report it."""
@@ -880,8 +975,9 @@ class Agent:
         _, status, reason, exit_code = self._ended[session_id]
         await self._report(session_id, status, reason, exit_code=exit_code)
 
-    async def _report(self, session_id: str, status: str, reason: str, exit_code: int | None = None, *,
-                      retry: bool = True) -> None:
+    async def _report(
+        self, session_id: str, status: str, reason: str, exit_code: int | None = None, *, retry: bool = True
+    ) -> None:
         """Report a session's state to the manager. When the broker does not take it, try again
         in the background (`retry`; REPORT_RETRY_S apart, for REPORT_GIVE_UP_S at most, after
         which the heartbeat's state still tells the manager)."""
@@ -889,8 +985,14 @@ class Agent:
             await self._call(self.manager.report, session_id, status, reason, exit_code)
             return
         except Exception:
-            log.warning("agent %s: could not report %s for session %s%s", self.node, status, session_id,
-                        "; will try again" if retry else "", exc_info=True)
+            log.warning(
+                "agent %s: could not report %s for session %s%s",
+                self.node,
+                status,
+                session_id,
+                "; will try again" if retry else "",
+                exc_info=True,
+            )
         if retry:
             self._in_background(self._report_retry(session_id, status, reason, exit_code))
 
@@ -900,13 +1002,13 @@ class Agent:
             await asyncio.sleep(REPORT_RETRY_S[min(attempt, len(REPORT_RETRY_S) - 1)])
             try:
                 await self._call(self.manager.report, session_id, status, reason, exit_code)
-                log.info("agent %s: reported %s for session %s after %d retries", self.node, status, session_id,
-                         attempt + 1)
+                log.info("agent %s: reported %s for session %s after %d retries", self.node, status, session_id, attempt + 1)
                 return
             except Exception:
                 if self.loop.time() > give_up:
-                    log.error("agent %s: gave up reporting %s for session %s; the heartbeat carries it", self.node,
-                              status, session_id)
+                    log.error(
+                        "agent %s: gave up reporting %s for session %s; the heartbeat carries it", self.node, status, session_id
+                    )
                     return
 
     def _in_background(self, coro) -> None:
@@ -969,8 +1071,9 @@ class Agent:
             try:
                 await self._call(self.manager.log, running.session_id, *running.log_unsent)
             except Exception:
-                log.warning("agent %s: could not ship the output of session %s; will retry", self.node,
-                            running.session_id, exc_info=True)
+                log.warning(
+                    "agent %s: could not ship the output of session %s; will retry", self.node, running.session_id, exc_info=True
+                )
                 return False
             sent_final = running.log_unsent[3]
             running.log_unsent = None
@@ -1020,9 +1123,14 @@ class Agent:
             try:
                 process = running.process.exec_popen(argv, stdout=out, stderr=err)
             except (FileNotFoundError, PermissionError) as exc:
-                return {"exit_code": 127 if isinstance(exc, FileNotFoundError) else 126, "stdout": "",
-                        "stderr": f"{argv[0]}: {exc.strerror}\n", "timed_out": False, "truncated": False,
-                        "duration_ms": 0}
+                return {
+                    "exit_code": 127 if isinstance(exc, FileNotFoundError) else 126,
+                    "stdout": "",
+                    "stderr": f"{argv[0]}: {exc.strerror}\n",
+                    "timed_out": False,
+                    "truncated": False,
+                    "duration_ms": 0,
+                }
             running.execs.add(process)
             timed_out = False
             try:
@@ -1040,9 +1148,14 @@ class Agent:
                 data = f.read(EXEC_OUTPUT_BYTES + 1)
                 truncated |= len(data) > EXEC_OUTPUT_BYTES
                 outputs.append(data[:EXEC_OUTPUT_BYTES].decode("utf-8", "replace"))
-        return {"exit_code": code if code >= 0 else 128 - code, "stdout": outputs[0], "stderr": outputs[1],
-                "timed_out": timed_out, "truncated": truncated,
-                "duration_ms": int((time.monotonic() - started) * 1000)}
+        return {
+            "exit_code": code if code >= 0 else 128 - code,
+            "stdout": outputs[0],
+            "stderr": outputs[1],
+            "timed_out": timed_out,
+            "truncated": truncated,
+            "duration_ms": int((time.monotonic() - started) * 1000),
+        }
 
     # --- terminal relay ------------------------------------------------------------------
 
@@ -1111,8 +1224,8 @@ def _take_front(parts: list, limit: int) -> str:
     while parts and size < limit:
         part = parts[0]
         if len(part) > limit - size:
-            taken.append(part[:limit - size])
-            parts[0] = part[limit - size:]
+            taken.append(part[: limit - size])
+            parts[0] = part[limit - size :]
             break
         taken.append(parts.pop(0))
         size += len(part)

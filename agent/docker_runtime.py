@@ -21,6 +21,7 @@ its PID namespace) and removed with its anonymous volumes; an out-of-memory kill
 session with the reason in words. An agent that starts again finds its containers by label:
 running ones are adopted (terminal, exec, logs and stop work on), ended ones removed.
 """
+
 from __future__ import annotations
 
 import logging
@@ -67,8 +68,9 @@ class DockerRuntimeError(RuntimeError):
 class DockerSession:
     """A session's container, as the agent drives it (the interface of runtimes.SessionHandle)."""
 
-    def __init__(self, runtime: "DockerRuntime", container, stream: socket.socket, *, session_id: str, env: dict,
-                 work_dir: Path, mem: int):
+    def __init__(
+        self, runtime: "DockerRuntime", container, stream: socket.socket, *, session_id: str, env: dict, work_dir: Path, mem: int
+    ):
         self.runtime = runtime
         self.container = container
         self.session_id = session_id
@@ -163,10 +165,13 @@ class DockerSession:
         self.container.reload()
         settings = self.container.attrs.get("NetworkSettings") or {}
         address = settings.get("IPAddress") or next(
-            (net.get("IPAddress") for net in (settings.get("Networks") or {}).values() if net.get("IPAddress")), "")
+            (net.get("IPAddress") for net in (settings.get("Networks") or {}).values() if net.get("IPAddress")), ""
+        )
         if not address:
-            raise DockerRuntimeError("the session's container has no network address (agent.toml [container] "
-                                     "network = \"none\"), so its apps cannot be reached")
+            raise DockerRuntimeError(
+                "the session's container has no network address (agent.toml [container] "
+                'network = "none"), so its apps cannot be reached'
+            )
         return "0.0.0.0", address
 
     # commands beside it
@@ -187,9 +192,17 @@ class DockerExec:
         api = session.runtime.client.api
         self.api = api
         try:
-            self.exec_id = api.exec_create(session.container.id, argv, stdout=True, stderr=True, stdin=False, tty=False,
-                                           environment=session.env, workdir=HOME,
-                                           user=session.runtime.user)["Id"]
+            self.exec_id = api.exec_create(
+                session.container.id,
+                argv,
+                stdout=True,
+                stderr=True,
+                stdin=False,
+                tty=False,
+                environment=session.env,
+                workdir=HOME,
+                user=session.runtime.user,
+            )["Id"]
             raw = api.exec_start(self.exec_id, socket=True)
         except Exception as exc:
             raise DockerRuntimeError(f"docker exec failed: {exc}") from exc
@@ -275,9 +288,20 @@ class DockerRuntime:
 
     name = DOCKER
 
-    def __init__(self, *, node: str, default_image: str, uid: int = 1000, gid: int = 1000, network: str = "bridge",
-                 gpus: bool = False, hami_core: Path | None = None, mps_pipe_directory: Path | None = None,
-                 pull: bool = True, client=None):
+    def __init__(
+        self,
+        *,
+        node: str,
+        default_image: str,
+        uid: int = 1000,
+        gid: int = 1000,
+        network: str = "bridge",
+        gpus: bool = False,
+        hami_core: Path | None = None,
+        mps_pipe_directory: Path | None = None,
+        pull: bool = True,
+        client=None,
+    ):
         import docker
 
         try:
@@ -318,14 +342,26 @@ class DockerRuntime:
         session_id = spec["session_id"]
         mem = int(spec.get("mem") or 0)
         config: dict[str, Any] = dict(
-            image=spec.get("image") or self.default_image, command=argv, name=f"fgpu-{session_id}",
-            hostname=f"s-{session_id[:8]}", tty=True, stdin_open=True, environment={**env, "PATH": PATH},
-            working_dir=HOME, user=self.user, init=True,
+            image=spec.get("image") or self.default_image,
+            command=argv,
+            name=f"fgpu-{session_id}",
+            hostname=f"s-{session_id[:8]}",
+            tty=True,
+            stdin_open=True,
+            environment={**env, "PATH": PATH},
+            working_dir=HOME,
+            user=self.user,
+            init=True,
             labels={LABEL_SESSION: session_id, LABEL_NODE: self.node, LABEL_WORK_DIR: str(work_dir)},
-            mounts=[docker.types.Mount(HOME, str(work_dir), type="bind"),
-                    docker.types.Mount(TOOLS, str(work_dir / ".fgpu"), type="bind", read_only=True)],
-            nano_cpus=int(spec.get("cpu") or 1) * 1_000_000_000, pids_limit=PIDS_LIMIT,
-            cap_drop=["ALL"], security_opt=["no-new-privileges"], network_mode=self.network,
+            mounts=[
+                docker.types.Mount(HOME, str(work_dir), type="bind"),
+                docker.types.Mount(TOOLS, str(work_dir / ".fgpu"), type="bind", read_only=True),
+            ],
+            nano_cpus=int(spec.get("cpu") or 1) * 1_000_000_000,
+            pids_limit=PIDS_LIMIT,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            network_mode=self.network,
         )
         if spec.get("data_dir"):  # the owner's persistent folder (agent.files) at ~/data
             config["mounts"].append(docker.types.Mount(f"{HOME}/data", spec["data_dir"], type="bind"))
@@ -335,8 +371,7 @@ class DockerRuntime:
             config.update(mem_limit=mem, memswap_limit=mem)  # swap off: the limit is the limit
         devices = [d["device_id"] for d in spec.get("devices", [])]
         if self.gpus and devices:  # the granted GPUs or MIG devices, by UUID (NVIDIA container toolkit)
-            config["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", device_ids=devices,
-                                                                    capabilities=[["gpu"]])]
+            config["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", device_ids=devices, capabilities=[["gpu"]])]
         if self.hami_core is not None:
             config["mounts"].append(docker.types.Mount(HAMI_CORE_PATH, str(self.hami_core), type="bind", read_only=True))
             config["environment"]["LD_PRELOAD"] = HAMI_CORE_PATH
@@ -378,8 +413,15 @@ class DockerRuntime:
         except Exception as exc:
             container.remove(force=True)
             raise DockerRuntimeError(f"Docker could not start the session's container: {exc}") from None
-        return DockerSession(self, container, stream, session_id=spec["session_id"], env=env, work_dir=work_dir,
-                             mem=int(config.get("mem_limit") or 0))
+        return DockerSession(
+            self,
+            container,
+            stream,
+            session_id=spec["session_id"],
+            env=env,
+            work_dir=work_dir,
+            mem=int(config.get("mem_limit") or 0),
+        )
 
     def pull_image(self, reference: str, *, progress=None) -> None:
         """Blocking: pull `reference` from its registry, calling `progress(text)` at most every
@@ -397,14 +439,16 @@ class DockerRuntime:
                 detail = event.get("progressDetail") or {}
                 if event.get("id") and detail.get("total"):
                     layers[event["id"]] = (int(detail.get("current") or 0), int(detail["total"]))
-                elif event.get("id") and event.get("status") in ("Download complete", "Pull complete",
-                                                                  "Already exists") and event["id"] in layers:
+                elif (
+                    event.get("id")
+                    and event.get("status") in ("Download complete", "Pull complete", "Already exists")
+                    and event["id"] in layers
+                ):
                     layers[event["id"]] = (layers[event["id"]][1], layers[event["id"]][1])
                 now = time.monotonic()
                 if progress is not None and layers and now - last >= PULL_PROGRESS_S:
                     done, total = sum(d for d, _ in layers.values()), sum(t for _, t in layers.values())
-                    progress(f"pulling image {reference}: {100 * done // max(total, 1)} % "
-                             f"({done >> 20} of {total >> 20} MiB)")
+                    progress(f"pulling image {reference}: {100 * done // max(total, 1)} % ({done >> 20} of {total >> 20} MiB)")
                     last = now
         except docker.errors.APIError as exc:
             raise DockerRuntimeError(f"pulling image {reference!r} failed: {exc.explanation or exc}") from None
@@ -428,9 +472,15 @@ class DockerRuntime:
             labels = container.labels
             if container.status == "running":
                 env = dict(item.split("=", 1) for item in container.attrs["Config"].get("Env") or [] if "=" in item)
-                handle = DockerSession(self, container, self._attach(container), session_id=labels[LABEL_SESSION],
-                                       env=env, work_dir=Path(labels.get(LABEL_WORK_DIR, scratch_root)),
-                                       mem=int(container.attrs["HostConfig"].get("Memory") or 0))
+                handle = DockerSession(
+                    self,
+                    container,
+                    self._attach(container),
+                    session_id=labels[LABEL_SESSION],
+                    env=env,
+                    work_dir=Path(labels.get(LABEL_WORK_DIR, scratch_root)),
+                    mem=int(container.attrs["HostConfig"].get("Memory") or 0),
+                )
                 adopted.append(handle)
             else:
                 container.remove(v=True, force=True)
@@ -487,11 +537,10 @@ def _descendants(pid: int, *, proc: str = "/proc") -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        children.setdefault(int(stat[stat.rfind(")") + 2:].split()[1]), []).append(int(entry.name))
+        children.setdefault(int(stat[stat.rfind(")") + 2 :].split()[1]), []).append(int(entry.name))
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
             found.append(child)
             todo.append(child)
     return found
-

@@ -6,6 +6,7 @@ Variable names come from the systems that read them: `CUDA_VISIBLE_DEVICES` /
 `GPU_UTIL_PER_DEVICE` (Alibaba eGPU), `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`,
 `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (NVIDIA MPS).
 """
+
 from __future__ import annotations
 
 from decimal import ROUND_DOWN, Decimal
@@ -59,8 +60,9 @@ def allocation_document(spec: dict, *, node: str, mock: bool, attributes: dict) 
     }
 
 
-def session_environment(spec: dict, *, allocation_path: str, bin_dir: str, work_dir: str, base_path: str,
-                        mps: bool = False) -> dict[str, str]:
+def session_environment(
+    spec: dict, *, allocation_path: str, bin_dir: str, work_dir: str, base_path: str, mps: bool = False
+) -> dict[str, str]:
     """The variables of the contract for `spec` (the scheduler's start spec): the session's own
     (PATH, HOME, FGPU_*) and `limits_environment` of its devices."""
     return {

@@ -15,6 +15,7 @@ then SIGKILL after CANCEL_GRACE_S. The timeout kills with SIGKILL at once (as th
 does). The final state, exit code (128+N when killed by signal N) and duration are written only
 after the last output is in, so a reader that sees `running` false has all of it.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -43,8 +44,9 @@ def start(agent, running, message: dict) -> threading.Thread:
     """Run the streamed exec `message` (`{"exec_id", "argv", "timeout", "ttl"}`: argv a list, or
     one string run by bash -c; timeout and ttl in seconds) in session `running` of `agent` on a
     new daemon thread; returns the thread."""
-    thread = threading.Thread(target=_run_logged, args=(agent, running, message),
-                              name=f"exec-{message.get('exec_id', '?')[:8]}", daemon=True)
+    thread = threading.Thread(
+        target=_run_logged, args=(agent, running, message), name=f"exec-{message.get('exec_id', '?')[:8]}", daemon=True
+    )
     thread.start()
     return thread
 
@@ -53,8 +55,7 @@ def _run_logged(agent, running, message: dict) -> None:
     try:
         run(agent.exec_store, running, message, shell=agent.runtime.shell())
     except Exception:
-        log.exception("agent %s: streamed exec %s in session %s failed", agent.node, message.get("exec_id"),
-                      running.session_id)
+        log.exception("agent %s: streamed exec %s in session %s failed", agent.node, message.get("exec_id"), running.session_id)
 
 
 def run(store, running, message: dict, *, shell: str | None = None) -> None:
@@ -68,8 +69,9 @@ def run(store, running, message: dict, *, shell: str | None = None) -> None:
     if isinstance(argv, str):
         argv = [shell, "-c", argv]
     started = time.monotonic()
-    if not store.transition(exec_id, from_states=("starting",),
-                            fields={"state": "running", "started_ms": str(int(time.time() * 1000))}):
+    if not store.transition(
+        exec_id, from_states=("starting",), fields={"state": "running", "started_ms": str(int(time.time() * 1000))}
+    ):
         return  # cancelled, given up on, or expired before this agent took it
 
     def finish(state: str, *, exit_code: int | None = None, error: str = "") -> None:
@@ -90,8 +92,7 @@ def run(store, running, message: dict, *, shell: str | None = None) -> None:
     running.execs.add(process)
     pieces: queue.Queue = queue.Queue()
     for pipe, stream in ((process.stdout, STDOUT), (process.stderr, STDERR)):
-        threading.Thread(target=_read_pipe, args=(pipe, stream, pieces), daemon=True,
-                         name=f"exec-{exec_id[:8]}-{stream}").start()
+        threading.Thread(target=_read_pipe, args=(pipe, stream, pieces), daemon=True, name=f"exec-{exec_id[:8]}-{stream}").start()
     shipper = _Shipper(store, exec_id)
     outcome, killed_at, ended_at, next_poll = "", 0.0, None, 0.0  # killed_at: set with outcome "cancelled"
     try:

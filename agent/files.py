@@ -22,6 +22,7 @@ the agent finds from the owner's id the web sends, not from anything in the sess
 
 Messages: see protocol.files. Blocking work runs on a small pool of its own (FILE_THREADS).
 """
+
 from __future__ import annotations
 
 import errno
@@ -119,8 +120,7 @@ def _give(parent_fd: int, name: str) -> None:
 
 def _entry(name: str, st: os.stat_result) -> dict:
     mode = st.st_mode
-    kind = ("dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else
-            "link" if stat.S_ISLNK(mode) else "other")
+    kind = "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "link" if stat.S_ISLNK(mode) else "other"
     return {"name": name, "type": kind, "size": st.st_size if kind == "file" else 0, "mtime": int(st.st_mtime)}
 
 
@@ -177,8 +177,10 @@ class FileOps:
         try:
             fd = os.open(base, _DIR_FLAGS)
         except FileNotFoundError:
-            raise FileError("not-found" if which == "home" else "no-data-folder",
-                            "the session's home is gone" if which == "home" else "the persistent folder is not there") from None
+            raise FileError(
+                "not-found" if which == "home" else "no-data-folder",
+                "the session's home is gone" if which == "home" else "the persistent folder is not there",
+            ) from None
         return which, fd, parts
 
     @staticmethod
@@ -202,8 +204,9 @@ class FileOps:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                         try:
                             if stat.S_ISLNK(os.stat(name, dir_fd=current, follow_symlinks=False).st_mode):
-                                raise FileError("symlink", f"'{name}' is a symbolic link; the file API does not "
-                                                           "follow links") from None
+                                raise FileError(
+                                    "symlink", f"'{name}' is a symbolic link; the file API does not follow links"
+                                ) from None
                         except FileNotFoundError:
                             pass
                     raise _oserror(exc, name) from None
@@ -220,11 +223,13 @@ class FileOps:
         which, root, parts = self._root(path)
         try:
             if not parts:
-                raise FileError("bad-path", "the path names a folder the file API does not change (the home or "
-                                            "the persistent folder itself)")
+                raise FileError(
+                    "bad-path", "the path names a folder the file API does not change (the home or the persistent folder itself)"
+                )
             if write and which == "home" and parts[0] == proto.META_DIR:
-                raise FileError("read-only", f"{proto.META_DIR}/ holds the console's own files (the virtual "
-                                             "nvidia-smi); it is read-only here")
+                raise FileError(
+                    "read-only", f"{proto.META_DIR}/ holds the console's own files (the virtual nvidia-smi); it is read-only here"
+                )
             if parts[-1].startswith(UPLOAD_PREFIX):
                 raise FileError("bad-path", f"names starting '{UPLOAD_PREFIX}' are the file API's own")
             return which, self._descend(root, parts[:-1], create=create), parts[-1]
@@ -241,9 +246,15 @@ class FileOps:
         which, root, parts = self._root(path)
         if which == "home" and parts == [proto.PROJECTS_DIR] and self.projects:
             os.close(root)
-            return {"path": proto.PROJECTS_DIR, "truncated": False, "entries": [
-                {"name": name, "type": "dir", "size": 0, "mtime": int(folder.stat().st_mtime), "persistent": True}
-                for name, folder in sorted(self.projects.items()) if folder.is_dir()]}
+            return {
+                "path": proto.PROJECTS_DIR,
+                "truncated": False,
+                "entries": [
+                    {"name": name, "type": "dir", "size": 0, "mtime": int(folder.stat().st_mtime), "persistent": True}
+                    for name, folder in sorted(self.projects.items())
+                    if folder.is_dir()
+                ],
+            }
         try:
             fd = self._descend(root, parts)
         finally:
@@ -270,8 +281,7 @@ class FileOps:
         finally:
             os.close(fd)
         entries.sort(key=lambda e: (not e.get("persistent"), e["type"] != "dir", e["name"]))
-        prefix = ([proto.DATA_DIR] if which == "data" else [proto.PROJECTS_DIR, which[8:]]
-                  if which.startswith("project:") else [])
+        prefix = [proto.DATA_DIR] if which == "data" else [proto.PROJECTS_DIR, which[8:]] if which.startswith("project:") else []
         return {"path": "/".join(prefix + parts), "entries": entries, "truncated": truncated}
 
     def stat(self, path: str) -> dict:
@@ -348,8 +358,7 @@ class FileOps:
     def usage(self, which: str) -> int:
         """Bytes of the regular files under a root ("home": without the persistent folders;
         "data"; "project:<name>"), links not followed."""
-        base = (self.data if which == "data" else self.projects[which[8:]] if which.startswith("project:")
-                else self.home)
+        base = self.data if which == "data" else self.projects[which[8:]] if which.startswith("project:") else self.home
         if base is None:  # "data" of a session whose owner has no persistent folder
             raise FileError("not-found", "there is no persistent folder")
         total = 0
@@ -380,26 +389,30 @@ class FileOps:
                 pass
             room = int(cap) - self.usage(which)
             if size is not None and int(size) > room:
-                where = ("your persistent folder" if which == "data" else f"project {which[8:]}'s folder"
-                         if which.startswith("project:") else "this session's home")
-                raise FileError("over-cap", f"the file ({int(size)} bytes) does not fit: {where} may hold "
-                                            f"{int(cap)} bytes and has {max(0, room)} left")
+                where = (
+                    "your persistent folder"
+                    if which == "data"
+                    else f"project {which[8:]}'s folder"
+                    if which.startswith("project:")
+                    else "this session's home"
+                )
+                raise FileError(
+                    "over-cap",
+                    f"the file ({int(size)} bytes) does not fit: {where} may hold {int(cap)} bytes and has {max(0, room)} left",
+                )
             temp = UPLOAD_PREFIX + secrets.token_hex(8)
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                         dir_fd=parent)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=parent)
             _give(parent, temp)
         except BaseException:
             os.close(parent)
             raise
-        return Upload(root=which, dir_fd=parent, temp=temp, name=name, fd=fd, room=room,
-                      size=None if size is None else int(size))
+        return Upload(root=which, dir_fd=parent, temp=temp, name=name, fd=fd, room=room, size=None if size is None else int(size))
 
     @staticmethod
     def upload_chunk(upload: Upload, offset: int, data: bytes) -> dict:
         if offset != upload.written:
             raise FileError("bad-path", f"chunk at {offset}, expected {upload.written}")
-        if upload.written + len(data) > upload.room or (upload.size is not None
-                                                         and upload.written + len(data) > upload.size):
+        if upload.written + len(data) > upload.room or (upload.size is not None and upload.written + len(data) > upload.size):
             raise FileError("over-cap", "the upload is larger than its declared size or than the cap leaves room for")
         os.write(upload.fd, data)
         upload.written += len(data)
@@ -449,8 +462,9 @@ class SessionFiles:
         ({name: id}: the owner's projects now, as the web read them)."""
         data_root = getattr(self.agent, "data_root", None)
         data = data_folder(data_root, owner_id)
-        return FileOps(running.work_dir, data if data is not None and data.is_dir() else None,
-                       project_folders(data_root, projects))
+        return FileOps(
+            running.work_dir, data if data is not None and data.is_dir() else None, project_folders(data_root, projects)
+        )
 
     def handle(self, running, message: dict) -> None:
         """Run the message's op on the file pool and answer on its reply channel."""
@@ -478,8 +492,10 @@ class SessionFiles:
             if op == "stat":
                 return {"ok": True, **files.stat(message.get("path", ""))}
             if op == "read":
-                return {"ok": True, **files.read(message["path"], message.get("offset", 0),
-                                                 message.get("length", proto.CHUNK_BYTES))}
+                return {
+                    "ok": True,
+                    **files.read(message["path"], message.get("offset", 0), message.get("length", proto.CHUNK_BYTES)),
+                }
             if op == "delete":
                 return {"ok": True, **files.delete(message["path"])}
             if op == "mkdir":
@@ -528,8 +544,11 @@ class SessionFiles:
         """Abandon uploads untouched for UPLOAD_IDLE_S or whose session ended."""
         horizon = time.monotonic() - UPLOAD_IDLE_S
         with self.lock:
-            stale = [key for key, (session_id, upload) in self.uploads.items()
-                     if upload.touched < horizon or session_id not in self.agent.sessions]
+            stale = [
+                key
+                for key, (session_id, upload) in self.uploads.items()
+                if upload.touched < horizon or session_id not in self.agent.sessions
+            ]
             dropped = [self.uploads.pop(key)[1] for key in stale]
         for upload in dropped:
             FileOps.upload_close(upload, remove=True)

@@ -21,6 +21,7 @@ Backends: `NvmlMigBackend` (real GPUs, through `accelerators.plugins.cuda_mig`) 
 `MockMigBackend` (mock nodes: an in-memory layout checked against the built-in catalog, so
 the whole flow runs without a GPU). Failures raise `MigError` with the reason in words.
 """
+
 from __future__ import annotations
 
 import logging
@@ -69,16 +70,24 @@ class MockMigBackend:
             layout = self.layouts.setdefault(gpu, {})
             existing = [catalog_mod.MigInstance(key=str(i.start), profile=i.profile, start=i.start) for i in layout.values()]
             problems = catalog_mod.layout_problems(
-                self.catalogs[gpu], [*existing, catalog_mod.MigInstance(key="new", profile=profile.name, start=start)])
+                self.catalogs[gpu], [*existing, catalog_mod.MigInstance(key="new", profile=profile.name, start=start)]
+            )
             if problems:
-                raise MigError(f"the GPU has no room for a {profile.name} instance at memory slice {start} "
-                               f"(insufficient resources: {'; '.join(problems)})")
+                raise MigError(
+                    f"the GPU has no room for a {profile.name} instance at memory slice {start} "
+                    f"(insufficient resources: {'; '.join(problems)})"
+                )
             ids = {i.gpu_instance_id for i in layout.values()}
             instance = LiveInstance(
-                gpu=gpu, profile=profile.name, start=start, size=profile.size,
+                gpu=gpu,
+                profile=profile.name,
+                start=start,
+                size=profile.size,
                 gpu_instance_id=next(n for n in range(1, 64) if n not in ids),
                 uuid=f"MIG-{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'{gpu}/{profile.name}/{start}')}",
-                memory=profile.memory, sm_count=profile.sm_count_for(subproc_count))
+                memory=profile.memory,
+                sm_count=profile.sm_count_for(subproc_count),
+            )
             layout[start] = instance
             return instance
 
@@ -108,8 +117,9 @@ class NvmlMigBackend:
     def catalog(self, gpu: str, *, model_name: str, memory_size: int = 0, subproc_count: int = 0):
         if gpu not in self.catalogs:
             with self._gpu(gpu) as handle:
-                self.catalogs[gpu] = cuda_mig.catalog_from_nvml(self.nvml, handle, model=model_name,
-                                                                memory_total=memory_size, sm_count=subproc_count)
+                self.catalogs[gpu] = cuda_mig.catalog_from_nvml(
+                    self.nvml, handle, model=model_name, memory_total=memory_size, sm_count=subproc_count
+                )
         return self.catalogs[gpu]
 
     def instances(self, gpu: str) -> list[LiveInstance]:
@@ -139,9 +149,15 @@ class MigManager:
         self.known: dict[str, dict] = {}  # GPU UUID → block: the MIG GPUs the manager named, for layout_digest
         self._lock = threading.Lock()
 
-    def reconcile_at_start(self, gpus: Iterable[dict], expected: dict[str, list[dict]], *,
-                           destroy: dict[str, list[dict]] | None = None, kind: str = "start",
-                           seq: int | None = None) -> dict:
+    def reconcile_at_start(
+        self,
+        gpus: Iterable[dict],
+        expected: dict[str, list[dict]],
+        *,
+        destroy: dict[str, list[dict]] | None = None,
+        kind: str = "start",
+        seq: int | None = None,
+    ) -> dict:
         """At agent start: `apply_layout` on the GPUs (blocks with "gpu", "model_name",
         "memory_size", "subproc_count") except GPUs a start spec already reconciled (a session
         prepared there first: its spec carried a newer layout). Returns the report (also in
@@ -150,14 +166,21 @@ class MigManager:
         gpus = list(gpus)
         with self._lock:
             self._know(gpus)
-            report = self._apply([block for block in gpus if block["gpu"] not in self._reconciled], expected,
-                                 destroy or {}, kind=kind, seq=seq)
+            report = self._apply(
+                [block for block in gpus if block["gpu"] not in self._reconciled], expected, destroy or {}, kind=kind, seq=seq
+            )
         self._report(report)
         return report
 
-    def apply_layout(self, gpus: Iterable[dict], expected: dict[str, list[dict]], *,
-                     destroy: dict[str, list[dict]] | None = None, kind: str = "layout",
-                     seq: int | None = None) -> dict:
+    def apply_layout(
+        self,
+        gpus: Iterable[dict],
+        expected: dict[str, list[dict]],
+        *,
+        destroy: dict[str, list[dict]] | None = None,
+        kind: str = "layout",
+        seq: int | None = None,
+    ) -> dict:
         """While the agent runs (an administrator changed the layout, or a heartbeat's digest
         differed): on every GPU in `gpus`, destroy the instances in `destroy` (GPU UUID →
         [{"profile", "start"}]: idle ones the manager no longer plans; one the layout expects is
@@ -176,13 +199,13 @@ class MigManager:
         for block in gpus:
             self.known[block["gpu"]] = block
 
-    def _apply(self, gpus: list[dict], expected: dict[str, list[dict]], destroy: dict[str, list[dict]], *,
-               kind: str, seq: int | None) -> dict:
+    def _apply(
+        self, gpus: list[dict], expected: dict[str, list[dict]], destroy: dict[str, list[dict]], *, kind: str, seq: int | None
+    ) -> dict:
         destroyed: list[dict] = []
         errors: list[dict] = []
         for block in gpus:
-            destroyed.extend(self._destroy_listed(block, expected.get(block["gpu"], ()),
-                                                  destroy.get(block["gpu"], ()), errors))
+            destroyed.extend(self._destroy_listed(block, expected.get(block["gpu"], ()), destroy.get(block["gpu"], ()), errors))
         report = self.reconcile(gpus, expected)
         report.update(errors=[*errors, *report["errors"]], destroyed=destroyed, kind=kind, seq=seq)
         self._reconciled.update(report["gpus"])
@@ -236,15 +259,26 @@ class MigManager:
 
     def _report(self, report: dict) -> None:
         if report["gpus"]:
-            log.info("reconciled MIG GPU(s) %s: %d instance(s) re-created, %d destroyed, %d unknown, %d error(s)",
-                     ", ".join(report["gpus"]), len(report["recreated"]), len(report.get("destroyed", ())),
-                     len(report["unknown"]), len(report["errors"]))
+            log.info(
+                "reconciled MIG GPU(s) %s: %d instance(s) re-created, %d destroyed, %d unknown, %d error(s)",
+                ", ".join(report["gpus"]),
+                len(report["recreated"]),
+                len(report.get("destroyed", ())),
+                len(report["unknown"]),
+                len(report["errors"]),
+            )
         for item in report["unknown"]:
-            log.warning("MIG instance %s@%s (%s) on GPU %s is not the manager's; left in place",
-                        item["profile"], item["start"], item["uuid"], item["gpu"])
+            log.warning(
+                "MIG instance %s@%s (%s) on GPU %s is not the manager's; left in place",
+                item["profile"],
+                item["start"],
+                item["uuid"],
+                item["gpu"],
+            )
         for item in report["errors"]:
-            log.warning("could not apply MIG instance %s@%s on GPU %s: %s",
-                        item["profile"], item["start"], item["gpu"], item["reason"])
+            log.warning(
+                "could not apply MIG instance %s@%s on GPU %s: %s", item["profile"], item["start"], item["gpu"], item["reason"]
+            )
         if self.on_report is not None:
             try:
                 self.on_report(report)
@@ -253,9 +287,12 @@ class MigManager:
 
     def catalog(self, block: dict) -> catalog_mod.MigCatalog:
         try:
-            return self.backend.catalog(block["gpu"], model_name=block.get("model_name", ""),
-                                        memory_size=int(block.get("memory_size", 0)),
-                                        subproc_count=int(block.get("subproc_count", 0)))
+            return self.backend.catalog(
+                block["gpu"],
+                model_name=block.get("model_name", ""),
+                memory_size=int(block.get("memory_size", 0)),
+                subproc_count=int(block.get("subproc_count", 0)),
+            )
         except (MigNvmlError, AllocationError) as exc:
             raise MigError(f"cannot read the MIG profiles of GPU {block['gpu']}: {exc}") from exc
 
@@ -270,8 +307,17 @@ class MigManager:
         try:
             with self._lock:
                 instance = self._prepare(block, reports)
-            reports.append({"gpus": [], "unknown": [], "recreated": [], "errors": [], "prepared": [
-                {"gpu": block["gpu"], "profile": instance.profile, "start": instance.start, "uuid": instance.uuid}]})
+            reports.append(
+                {
+                    "gpus": [],
+                    "unknown": [],
+                    "recreated": [],
+                    "errors": [],
+                    "prepared": [
+                        {"gpu": block["gpu"], "profile": instance.profile, "start": instance.start, "uuid": instance.uuid}
+                    ],
+                }
+            )
             return instance
         finally:
             for report in reports:
@@ -296,8 +342,10 @@ class MigManager:
         if existing is not None and existing.profile == profile.name and existing.uuid:
             return existing
         if existing is not None:
-            raise MigError(f"memory slice {start} of GPU {gpu} holds a {existing.profile} instance, "
-                           f"not the {profile.name} the manager expects; the node's layout needs reconciling")
+            raise MigError(
+                f"memory slice {start} of GPU {gpu} holds a {existing.profile} instance, "
+                f"not the {profile.name} the manager expects; the node's layout needs reconciling"
+            )
         return self._create(gpu, profile, start, subproc_count=int(block.get("subproc_count", 0)))
 
     def _reconcile_first_use(self, block: dict, profile, start: int) -> dict:
@@ -306,13 +354,13 @@ class MigManager:
         expected layout (`block["layout"]`), leaving out the one being prepared and those about
         to be destroyed. Returns the report (also kept in `reports`)."""
         gone = {(d["profile"], int(d["start"])) for d in block.get("destroy", ())}
-        expected = [e for e in block["layout"]
-                    if (e["profile"], int(e["start"])) not in gone and int(e["start"]) != start]
+        expected = [e for e in block["layout"] if (e["profile"], int(e["start"])) not in gone and int(e["start"]) != start]
         self._reconciled.add(block["gpu"])
         # Those about to be destroyed are the manager's too: not reported unknown, not re-created.
         known = [*expected, *({"profile": p, "start": s} for p, s in gone), {"profile": profile.name, "start": start}]
-        report = self.reconcile([block], {block["gpu"]: known},
-                                create=lambda item: int(item[1]) != start and (item[0], int(item[1])) not in gone)
+        report = self.reconcile(
+            [block], {block["gpu"]: known}, create=lambda item: int(item[1]) != start and (item[0], int(item[1])) not in gone
+        )
         self.reports.append(report)
         return report
 
@@ -356,8 +404,9 @@ class MigManager:
                 if create is not None and not create((profile_name, start)):
                     continue
                 try:
-                    created = self._create(gpu, catalog.profile(profile_name), start,
-                                           subproc_count=int(block.get("subproc_count", 0)))
+                    created = self._create(
+                        gpu, catalog.profile(profile_name), start, subproc_count=int(block.get("subproc_count", 0))
+                    )
                 except (MigError, AllocationError) as exc:
                     report["errors"].append({"gpu": gpu, "profile": profile_name, "start": start, "reason": str(exc)})
                     continue
@@ -375,8 +424,9 @@ class MigManager:
         try:
             instance = self.backend.create(gpu, profile, start, subproc_count=subproc_count)
         except MigNvmlError as exc:
-            raise MigError(f"could not create a {profile.name} MIG instance at memory slice {start} of GPU {gpu}: "
-                           f"{exc.reason}") from exc
+            raise MigError(
+                f"could not create a {profile.name} MIG instance at memory slice {start} of GPU {gpu}: {exc.reason}"
+            ) from exc
         self.timings.append(("create", gpu, profile.name, time.perf_counter() - began))
         if not instance.uuid:
             self._destroy(gpu, instance)
@@ -388,17 +438,27 @@ class MigManager:
         try:
             self.backend.destroy(gpu, instance)
         except MigNvmlError as exc:
-            raise MigError(f"could not destroy the idle {instance.profile} MIG instance at memory slice "
-                           f"{instance.start} of GPU {gpu}: {exc.reason}") from exc
+            raise MigError(
+                f"could not destroy the idle {instance.profile} MIG instance at memory slice "
+                f"{instance.start} of GPU {gpu}: {exc.reason}"
+            ) from exc
         self.timings.append(("destroy", gpu, instance.profile, time.perf_counter() - began))
 
 
 def device_entry(device: dict, instance: LiveInstance) -> dict:
     """A start spec's device entry turned into the MIG device the session gets: its UUID, its
     memory as both total and limit (bytes), its SMs, all of them granted."""
-    return {**device, "device_id": instance.uuid, "memory_total": instance.memory, "memory_limit": instance.memory,
-            "subproc_count": instance.sm_count, "procs": str(instance.sm_count), "shares": "1",
-            "is_mig_device": True, "mig_profile": instance.profile}
+    return {
+        **device,
+        "device_id": instance.uuid,
+        "memory_total": instance.memory,
+        "memory_limit": instance.memory,
+        "subproc_count": instance.sm_count,
+        "procs": str(instance.sm_count),
+        "shares": "1",
+        "is_mig_device": True,
+        "mig_profile": instance.profile,
+    }
 
 
 def prepare_spec(manager: MigManager, spec: dict) -> dict:
@@ -411,5 +471,7 @@ def prepare_spec(manager: MigManager, spec: dict) -> dict:
     instance = manager.prepare(block)
     devices = [d for d in spec.get("devices", []) if d.get("device_id") != block["gpu"]]
     base = next((d for d in spec.get("devices", []) if d.get("device_id") == block["gpu"]), None) or {
-        "index": block.get("index", 0), "model_name": block.get("model_name", "")}
+        "index": block.get("index", 0),
+        "model_name": block.get("model_name", ""),
+    }
     return {**spec, "devices": [device_entry(base, instance), *devices]}

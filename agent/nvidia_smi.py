@@ -36,6 +36,7 @@ or unreadable) — 9 is real nvidia-smi's status when it cannot talk to the driv
 
 This module must not import Django: `install()` writes a script that runs it in any shell.
 """
+
 from __future__ import annotations
 
 import json
@@ -387,9 +388,7 @@ def _device_status(nvml: Any, device: GrantedDevice, own_session: int) -> Device
         fan_speed=_try(nvml, "nvmlDeviceGetFanSpeed", board),
         persistence_mode=None if persistence is None else bool(persistence),
         display_active=None if display is None else bool(display),
-        ecc_uncorrected=_try(
-            nvml, "nvmlDeviceGetTotalEccErrors", board, _NVML_MEMORY_ERROR_TYPE_UNCORRECTED, _NVML_VOLATILE_ECC
-        ),
+        ecc_uncorrected=_try(nvml, "nvmlDeviceGetTotalEccErrors", board, _NVML_MEMORY_ERROR_TYPE_UNCORRECTED, _NVML_VOLATILE_ECC),
         compute_mode=_try(nvml, "nvmlDeviceGetComputeMode", handle),
         mig_mode=True if device.is_mig_device else (None if mig_mode is None else bool(mig_mode[0])),
         bus_id=_text(pci.busId) if pci is not None else device.pci_bus_id,
@@ -483,7 +482,7 @@ def render_table(allocation: Allocation, statuses: list[DeviceStatus], *, now: t
 
 
 def slice_line(number: int, device: GrantedDevice) -> str:
-    """"fGPU Console: GPU 0 is a 0.50 fGPU slice of CUDA GPU 8192MiB (2048MiB, 20 of 80 SMs = 25%)".
+    """ "fGPU Console: GPU 0 is a 0.50 fGPU slice of CUDA GPU 8192MiB (2048MiB, 20 of 80 SMs = 25%)".
 
     Memory in MiB (whole device: `memory_total`; slice: `memory_limit`); SMs granted (`procs`)
     of the device's `subproc_count`; the compute cap in percent (0 or ≥100: none, shown 100%).
@@ -514,9 +513,7 @@ def render_list(allocation: Allocation) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-def render_csv(
-    allocation: Allocation, statuses: list[DeviceStatus], fields: list[str], *, header: bool, units: bool
-) -> str:
+def render_csv(allocation: Allocation, statuses: list[DeviceStatus], fields: list[str], *, header: bool, units: bool) -> str:
     """`--query-gpu=… --format=csv[,noheader][,nounits]` as nvidia-smi writes it: headers with
     their unit in brackets ("memory.total [MiB]", kept under nounits as nvidia-smi does),
     values joined by ", ", unit after a space ("2048 MiB"), "[N/A]" where unknown."""
@@ -614,7 +611,8 @@ _QUERY_FIELDS: dict[str, _Field] = {
     "memory.total": _Field("memory.total [MiB]", "MiB", lambda n, d, s, a: d.memory_limit // MiB),
     "memory.used": _Field("memory.used [MiB]", "MiB", lambda n, d, s, a: _memory_used_mib(d, s)),
     "memory.free": _Field(
-        "memory.free [MiB]", "MiB",
+        "memory.free [MiB]",
+        "MiB",
         lambda n, d, s, a: None if s.memory_used is None else d.memory_limit // MiB - _memory_used_mib(d, s),
     ),
     "utilization.gpu": _Field("utilization.gpu [%]", "%", lambda n, d, s, a: s.utilization),

@@ -13,6 +13,7 @@ Paths a runtime gives a session: `paths(work_dir)` maps the agent's view of the 
 working directory and its `.fgpu` metadata to the session's own view (the same on the host;
 `/home/work` and `/opt/fgpu` in a container).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -112,8 +113,17 @@ class SessionHandle:
         """Start `argv` beside the session: its environment and working directory, stdin from
         /dev/null, in a process session of its own (so `signal_session(popen.pid, …)` reaches
         all it starts). Raises FileNotFoundError / PermissionError as Popen does."""
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=self.work_dir,
-                                env=self.env, start_new_session=True, close_fds=True, preexec_fn=default_signals)
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=self.work_dir,
+            env=self.env,
+            start_new_session=True,
+            close_fds=True,
+            preexec_fn=default_signals,
+        )
 
     def signal_exec(self, process: subprocess.Popen, sig: int) -> None:
         """Blocking: `sig` to a command started by `exec_popen` and everything it started."""
@@ -158,8 +168,17 @@ class ProcessRuntime:
         master_fd, slave_fd = pty.openpty()
         set_winsize(slave_fd, 24, 80)
         try:
-            process = subprocess.Popen(argv, stdin=slave_fd, stdout=slave_fd, stderr=slave_fd, cwd=work_dir, env=env,
-                                       start_new_session=True, close_fds=True, preexec_fn=_make_controlling_tty)
+            process = subprocess.Popen(
+                argv,
+                stdin=slave_fd,
+                stdout=slave_fd,
+                stderr=slave_fd,
+                cwd=work_dir,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+                preexec_fn=_make_controlling_tty,
+            )
         except BaseException:
             os.close(master_fd)
             raise
@@ -215,7 +234,7 @@ class HeldImages:
     def refresh(self) -> dict[str, str] | None:
         """Blocking: list the runtime's images now; returns `current`."""
         try:
-            self.current = dict(sorted(self.runtime.images().items())[:protocol.MAX_IMAGES])
+            self.current = dict(sorted(self.runtime.images().items())[: protocol.MAX_IMAGES])
             held = set(self.current.values())
             labels: dict[str, str] = getattr(self.runtime, "image_service_ports", dict)()  # as the listing just read them
             self.service_ports = {ident: label for ident, label in labels.items() if ident in held}
@@ -253,6 +272,7 @@ def _make_controlling_tty() -> None:
 
 
 # --- a session's processes, from /proc ------------------------------------------------------
+
 
 def session_members(sid: int, *, proc: str = "/proc", live_only: bool = False) -> list[int]:
     """Pids whose session id (field 6 of /proc/<pid>/stat) is `sid`: every process a session's
@@ -324,7 +344,7 @@ def _stat_fields(proc: str, pid: str) -> list[str] | None:
             stat = f.read()
     except OSError:
         return None
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = stat[stat.rfind(")") + 2 :].split()
     return fields if len(fields) > 3 else None
 
 

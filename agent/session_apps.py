@@ -30,6 +30,7 @@ the agent relays each app itself: a TCP listener of its own on a free port of `a
 node's address the web hosts reach), each connection piped both ways to the app at the container's
 address (`relay_pipe`), closed with the session. The answers then name the relay's address and port.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -151,16 +152,18 @@ class SessionApps:
         try:
             app, reused = await self._ensure(running, message)
         except Exception as exc:
-            log.info("agent %s: app %s of session %s could not start: %s", self.agent.node, name,
-                     running.session_id, exc)
-            await self._reply(message, {"type": "app.failed", "error": f"{name} could not be started: {exc}",
-                                        "output": ""})
+            log.info("agent %s: app %s of session %s could not start: %s", self.agent.node, name, running.session_id, exc)
+            await self._reply(message, {"type": "app.failed", "error": f"{name} could not be started: {exc}", "output": ""})
             return
         while not app.ready.done():
             waited = int(time.monotonic() - app.started)
-            await self._reply(message, {"type": "app.progress",
-                                        "text": f"starting {name}: waiting for it to answer on port {app.port} "
-                                                f"({waited} s of {timeout:g} s)"})
+            await self._reply(
+                message,
+                {
+                    "type": "app.progress",
+                    "text": f"starting {name}: waiting for it to answer on port {app.port} ({waited} s of {timeout:g} s)",
+                },
+            )
             await asyncio.wait([app.ready], timeout=PROGRESS_EVERY_S)
         result = app.ready.result()
         if result["ok"]:
@@ -177,11 +180,16 @@ class SessionApps:
             return app.host, app.port
         if app.relay is None:
             target = (app.host, app.port)
-            app.relay = await asyncio.start_server(lambda r, w: relay_pipe(r, w, target), host=self.agent.app_address,
-                                                   port=0)
+            app.relay = await asyncio.start_server(lambda r, w: relay_pipe(r, w, target), host=self.agent.app_address, port=0)
             running.relays.append(app.relay)
-            log.info("agent %s: relaying app %s of session %s from %s:%d to %s:%d", self.agent.node, app.name,
-                     running.session_id, *app.reached_at(), *target)
+            log.info(
+                "agent %s: relaying app %s of session %s from %s:%d to %s:%d",
+                self.agent.node,
+                app.name,
+                running.session_id,
+                *app.reached_at(),
+                *target,
+            )
         return app.reached_at()
 
     @staticmethod
@@ -200,9 +208,14 @@ class SessionApps:
         spec = message["app"]
         name = str(spec["name"])
         current = running.apps.get(name)
-        if current is not None and current.relay is not None and (
+        if (
+            current is not None
+            and current.relay is not None
+            and (
                 await self.agent._in(self.agent._work, current.process.poll) is not None
-                or not await _answers(current.host, current.port)):
+                or not await _answers(current.host, current.port)
+            )
+        ):
             current.relay.close()  # the app went away: its relay too (a new start gets a new one)
             current.relay = None
         if current is not None and isinstance(current.process, Adopted):
@@ -238,10 +251,15 @@ class SessionApps:
             return None
         ready = self.agent.loop.create_future()
         ready.set_result({"ok": True})
-        app = running.apps[name] = AppProcess(name=name, process=Adopted(), host=host, port=port, output=None,
-                                              ready=ready)
-        log.info("agent %s: app %s of session %s answers on %s:%d already; adopted", self.agent.node, name,
-                 running.session_id, host, port)
+        app = running.apps[name] = AppProcess(name=name, process=Adopted(), host=host, port=port, output=None, ready=ready)
+        log.info(
+            "agent %s: app %s of session %s answers on %s:%d already; adopted",
+            self.agent.node,
+            name,
+            running.session_id,
+            host,
+            port,
+        )
         return app
 
     def _spawn(self, running, message: dict) -> AppProcess:
@@ -261,10 +279,10 @@ class SessionApps:
         shell = self.agent.runtime.shell()
         process = running.process.exec_popen([shell, "-c", command], stdout=output, stderr=output)
         running.execs.add(process)  # killed with the session
-        log.info("agent %s: started app %s of session %s on %s:%d", self.agent.node, spec["name"],
-                 running.session_id, host, port)
-        return AppProcess(name=str(spec["name"]), process=process, host=host, port=port, output=output,
-                          ready=self.agent.loop.create_future())
+        log.info("agent %s: started app %s of session %s on %s:%d", self.agent.node, spec["name"], running.session_id, host, port)
+        return AppProcess(
+            name=str(spec["name"]), process=process, host=host, port=port, output=output, ready=self.agent.loop.create_future()
+        )
 
     async def _watch(self, running, app: AppProcess, timeout: float) -> None:
         """Wait until the app's port answers (ready), its command exits, or `timeout` passes (it
@@ -274,9 +292,13 @@ class SessionApps:
             code = await self.agent._in(self.agent._work, app.process.poll)
             if code is not None:
                 code = code if code >= 0 else 128 - code
-                app.ready.set_result({"ok": False, "output": output_tail(app.output),
-                                      "error": f"{app.name} exited with code {code} before it answered on port "
-                                               f"{app.port}"})
+                app.ready.set_result(
+                    {
+                        "ok": False,
+                        "output": output_tail(app.output),
+                        "error": f"{app.name} exited with code {code} before it answered on port {app.port}",
+                    }
+                )
                 running.execs.discard(app.process)
                 return
             if await _answers(app.host, app.port):
@@ -285,9 +307,13 @@ class SessionApps:
             if time.monotonic() >= deadline:
                 await self.agent._in(self.agent._work, running.process.signal_exec, app.process, signal.SIGKILL)
                 running.execs.discard(app.process)
-                app.ready.set_result({"ok": False, "output": output_tail(app.output),
-                                      "error": f"{app.name} did not answer on port {app.port} within {timeout:g} s "
-                                               "and was stopped"})
+                app.ready.set_result(
+                    {
+                        "ok": False,
+                        "output": output_tail(app.output),
+                        "error": f"{app.name} did not answer on port {app.port} within {timeout:g} s and was stopped",
+                    }
+                )
                 return
             await asyncio.sleep(POLL_S)
 

@@ -3,6 +3,7 @@ embedded worker of `python manage.py agent` (or run eagerly in standalone mode),
 message to the node's Agent on its asyncio loop and returns at once; the agent reports progress
 to the manager. Idempotent by session id (a redelivered start or stop changes nothing); they
 never touch the database."""
+
 from __future__ import annotations
 
 from celery import shared_task
@@ -34,8 +35,9 @@ def sessions_sync(*, node: str, keep: list[str]) -> None:
 
 
 @shared_task(name=protocol.MIG_RECONCILE)
-def mig_reconcile(*, node: str, gpus: list[dict], expected: dict, destroy: dict | None = None, kind: str = "start",
-                  seq: int | None = None) -> None:
+def mig_reconcile(
+    *, node: str, gpus: list[dict], expected: dict, destroy: dict | None = None, kind: str = "start", seq: int | None = None
+) -> None:
     """Apply the manager's expected MIG layout on `node`'s GPUs: destroy the idle instances in
     `destroy`, re-create missing expected ones, report strangers; `kind` "start" (after
     registering), "layout" (an administrator's change) or "drift" (a heartbeat digest differed),

@@ -52,6 +52,7 @@ while the manager cannot be reached the samples wait, the oldest dropped past `B
 (a gap in the history, never invented figures). Sending the same sample twice is harmless: the
 manager stores one per (session, second) and (device, second).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -118,8 +119,9 @@ def _cgroup_dir(pid: int, *, proc: str = "/proc", root: str = "/sys/fs/cgroup") 
 def cgroup_usage(directory: Path) -> tuple[float, int, set[int]] | None:
     """(CPU seconds used so far, memory bytes now, pids) of cgroup v2 `directory`; None if gone."""
     try:
-        cpu = next(int(line.split()[1]) for line in (directory / "cpu.stat").read_text().splitlines()
-                   if line.startswith("usage_usec "))
+        cpu = next(
+            int(line.split()[1]) for line in (directory / "cpu.stat").read_text().splitlines() if line.startswith("usage_usec ")
+        )
         memory = int((directory / "memory.current").read_text())
         pids = {int(p) for p in (directory / "cgroup.procs").read_text().split()}
     except (OSError, ValueError, StopIteration):
@@ -214,8 +216,7 @@ class UsageSampler:
         if running is None or getattr(agent, "loop", None) is None:
             return
         # call_soon_threadsafe takes no keyword arguments: the line through a partial.
-        agent.loop.call_soon_threadsafe(functools.partial(agent._output, running, f"\r\n[fgpu: {text}]\r\n",
-                                                          log_it=False))
+        agent.loop.call_soon_threadsafe(functools.partial(agent._output, running, f"\r\n[fgpu: {text}]\r\n", log_it=False))
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -241,8 +242,11 @@ class UsageSampler:
             self.pending.clear()
             return True
         samples = list(self.pending)
-        batch = {"interval": self.interval_s, "devices": [d for s in samples for d in s["devices"]],
-                 "sessions": [x for s in samples for x in s["sessions"]]}
+        batch = {
+            "interval": self.interval_s,
+            "devices": [d for s in samples for d in s["devices"]],
+            "sessions": [x for s in samples for x in s["sessions"]],
+        }
         try:
             await self.agent._call(send, self.agent.node, batch)
         except Exception:
@@ -278,8 +282,18 @@ class UsageSampler:
             self._last_t[sid] = t
             memory, util = gpu.get(sid, (None, None))
             last_input = self._last_input.get(sid)
-            rows.append({"session_id": sid, "t": t, "span": max(1, span), "gpu_memory": memory, "gpu_util": util,
-                         "cpu": cpu, "mem": mem, "last_input": None if last_input is None else int(last_input)})
+            rows.append(
+                {
+                    "session_id": sid,
+                    "t": t,
+                    "span": max(1, span),
+                    "gpu_memory": memory,
+                    "gpu_util": util,
+                    "cpu": cpu,
+                    "mem": mem,
+                    "last_input": None if last_input is None else int(last_input),
+                }
+            )
         return {"devices": devices, "sessions": rows}
 
     def _host_usage(self, session_id: str, running, now: float) -> tuple[int | None, int | None, set[int]]:
@@ -327,8 +341,15 @@ class UsageSampler:
         devices = []
         for device in self._inventory():
             used, util = per_device.get(device["device_id"], (0, 0))
-            devices.append({"device": device["device_id"], "t": t, "memory_used": min(used, device["memory_size"]),
-                            "memory_total": device["memory_size"], "util": min(util, 100)})
+            devices.append(
+                {
+                    "device": device["device_id"],
+                    "t": t,
+                    "memory_used": min(used, device["memory_size"]),
+                    "memory_total": device["memory_size"],
+                    "util": min(util, 100),
+                }
+            )
         return gpu, devices
 
     def _nvml_module(self):
@@ -355,8 +376,12 @@ class UsageSampler:
         sessions = dict(self.agent.sessions)
         rows = self._mock_processes(sessions) if self.agent.mock else self._nvml_processes(sessions)
         rows.sort(key=lambda r: (r["index"], r["pid"], r["kind"]))
-        return {"source": "declared" if self.agent.mock else "nvml", "at": int(self.clock()),
-                "truncated": len(rows) > MAX_NODE_PROCESSES, "processes": rows[:MAX_NODE_PROCESSES]}
+        return {
+            "source": "declared" if self.agent.mock else "nvml",
+            "at": int(self.clock()),
+            "truncated": len(rows) > MAX_NODE_PROCESSES,
+            "processes": rows[:MAX_NODE_PROCESSES],
+        }
 
     def _mock_processes(self, sessions: dict) -> list[dict]:
         index = {d["device_id"]: i for i, d in enumerate(self._inventory())}
@@ -377,14 +402,22 @@ class UsageSampler:
                 else:
                     limit = running.env.get(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", "")
                     memory = int(limit[:-1]) * 2**20 if limit[:-1].isdigit() and limit.endswith("m") else None
-                rows.append({"device": uuid, "index": index.get(uuid, len(index)), "pid": pid, "command": command,
-                             "session_id": sid, "memory": memory, "kind": "declared"})
+                rows.append(
+                    {
+                        "device": uuid,
+                        "index": index.get(uuid, len(index)),
+                        "pid": pid,
+                        "command": command,
+                        "session_id": sid,
+                        "memory": memory,
+                        "kind": "declared",
+                    }
+                )
         return rows
 
     def _nvml_processes(self, sessions: dict) -> list[dict]:
         nvml = self._nvml_module()
-        owner = {pid: sid for sid, running in sessions.items()
-                 for pid in session_pids(sid, running.process)}
+        owner = {pid: sid for sid, running in sessions.items() for pid in session_pids(sid, running.process)}
         rows, commands = [], {}
         for i, device in enumerate(self._inventory()):
             try:
@@ -393,8 +426,10 @@ class UsageSampler:
                 log.debug("NVML could not read %s: %s", device["device_id"], exc)
                 continue
             seen = set()
-            for kind, call in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
-                               ("graphics", "nvmlDeviceGetGraphicsRunningProcesses")):
+            for kind, call in (
+                ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+                ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+            ):
                 try:
                     found = getattr(nvml, call)(handle)
                 except Exception:  # not supported (a MIG device's graphics), or the driver refused
@@ -407,9 +442,17 @@ class UsageSampler:
                     if pid not in commands:
                         commands[pid] = command_line(pid, nvml=nvml)
                     used = getattr(process, "usedGpuMemory", None)
-                    rows.append({"device": device["device_id"], "index": i, "pid": pid, "command": commands[pid],
-                                 "session_id": owner.get(pid), "memory": None if used is None else int(used),
-                                 "kind": kind})
+                    rows.append(
+                        {
+                            "device": device["device_id"],
+                            "index": i,
+                            "pid": pid,
+                            "command": commands[pid],
+                            "session_id": owner.get(pid),
+                            "memory": None if used is None else int(used),
+                            "kind": kind,
+                        }
+                    )
         return rows
 
     def _nvml_gpu(self, sessions: dict, pids: dict[str, set[int]], t: int) -> tuple[dict, list[dict]]:
@@ -443,7 +486,14 @@ class UsageSampler:
             for sid in users:  # the device's utilisation is one session's only while it is alone there
                 alone = len(users) == 1 and rate is not None and util.get(sid, 0) is not None
                 util[sid] = max(rate, util.get(sid) or 0) if alone and rate is not None else None
-            devices.append({"device": device["device_id"], "t": t, "memory_used": int(info.used),
-                            "memory_total": int(info.total), "util": rate})
+            devices.append(
+                {
+                    "device": device["device_id"],
+                    "t": t,
+                    "memory_used": int(info.used),
+                    "memory_total": int(info.total),
+                    "util": rate,
+                }
+            )
         gpu = {sid: (memory.get(sid, 0), util.get(sid, 0)) for sid in sessions}  # no process on a GPU: 0 MiB, 0 %
         return gpu, devices

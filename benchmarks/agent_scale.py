@@ -26,6 +26,7 @@ and emptied before each part):
 
 Figures go to stdout and to --out (default benchmarks/results/agent_scale.txt).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -157,6 +158,7 @@ def statuses(ids: list[str]) -> dict[str, int]:
 
 def launch_all(client, count: int, prefix: str) -> list[str]:
     """Launch `count` interactive sessions from CLIENTS concurrent clients; their ids."""
+
     def one(i: int) -> str:
         status, body = client.launch(f"{prefix}-{i}", {"resources": SHAPE})
         if status != 201:
@@ -179,8 +181,7 @@ def scale(sessions: int, work: Path) -> dict:
 
     gpus = math.ceil(sessions / 8) + 1
     token = fresh_user()
-    node = StackNode("scale-node", mock_inventory(gpus=gpus), cpu_count=sessions + 64, memory=f"{sessions + 64}G",
-                     devices=gpus)
+    node = StackNode("scale-node", mock_inventory(gpus=gpus), cpu_count=sessions + 64, memory=f"{sessions + 64}G", devices=gpus)
     stack = Stack(nodes=[node], work_dir=work / f"scale-{sessions}").start(timeout=180)
     try:
         agent = stack.agents[node.name]
@@ -192,26 +193,42 @@ def scale(sessions: int, work: Path) -> dict:
         started = time.monotonic()
         ids = launch_all(client, sessions, f"scale{sessions}")
         answered_s = time.monotonic() - started
-        wait_for(lambda: statuses(ids).get("RUNNING", 0) == sessions, timeout=RUNNING_TIMEOUT_S,
-                 what=f"{sessions} sessions RUNNING (last: {statuses(ids)})", interval=0.5)
+        wait_for(
+            lambda: statuses(ids).get("RUNNING", 0) == sessions,
+            timeout=RUNNING_TIMEOUT_S,
+            what=f"{sessions} sessions RUNNING (last: {statuses(ids)})",
+            interval=0.5,
+        )
         running_s = time.monotonic() - started
         time.sleep(HOLD_S)  # steady state: N sessions held, heartbeats still sampled
         started = time.monotonic()
         delete_all(client, ids)
-        wait_for(lambda: sum(statuses(ids).get(s, 0) for s in FINAL) == sessions, timeout=RUNNING_TIMEOUT_S,
-                 what="every session ended", interval=0.5)
+        wait_for(
+            lambda: sum(statuses(ids).get(s, 0) for s in FINAL) == sessions,
+            timeout=RUNNING_TIMEOUT_S,
+            what="every session ended",
+            interval=0.5,
+        )
         drain_s = time.monotonic() - started
         sampler.stop.set()
         sampler.join()
         gaps = sampler.gaps()
-        return {"sessions": sessions, "gpus": gpus, "launches_answered_s": round(answered_s, 1),
-                "all_running_s": round(running_s, 1), "drained_s": round(drain_s, 1),
-                "heartbeat_gap_p50_s": round(percentile(gaps, 0.5), 2),
-                "heartbeat_gap_max_s": round(max(gaps, default=float("nan")), 2),
-                "heartbeat_interval_s": stack.heartbeat_interval,
-                "node_always_alive": sampler.statuses == {"ALIVE"}, "samples": sampler.samples,
-                "agent_rss_idle_mib": round(idle_rss / 2**20, 1), "agent_rss_max_mib": round(sampler.rss_max / 2**20, 1),
-                "agent_threads_idle": idle_threads, "agent_threads_max": sampler.threads_max}
+        return {
+            "sessions": sessions,
+            "gpus": gpus,
+            "launches_answered_s": round(answered_s, 1),
+            "all_running_s": round(running_s, 1),
+            "drained_s": round(drain_s, 1),
+            "heartbeat_gap_p50_s": round(percentile(gaps, 0.5), 2),
+            "heartbeat_gap_max_s": round(max(gaps, default=float("nan")), 2),
+            "heartbeat_interval_s": stack.heartbeat_interval,
+            "node_always_alive": sampler.statuses == {"ALIVE"},
+            "samples": sampler.samples,
+            "agent_rss_idle_mib": round(idle_rss / 2**20, 1),
+            "agent_rss_max_mib": round(sampler.rss_max / 2**20, 1),
+            "agent_threads_idle": idle_threads,
+            "agent_threads_max": sampler.threads_max,
+        }
     finally:
         stack.close()
 
@@ -261,8 +278,9 @@ def launch_latencies(client, count: int, prefix: str) -> list[float]:
         wait_for(lambda sid=sid: statuses([sid]).get("RUNNING"), timeout=60, what=f"{prefix}-{i} RUNNING", interval=0.02)
         latencies.append(time.monotonic() - started)
         client.delete(sid)
-        wait_for(lambda sid=sid: any(statuses([sid]).get(s) for s in FINAL), timeout=60, what=f"{prefix}-{i} ended",
-                 interval=0.05)
+        wait_for(
+            lambda sid=sid: any(statuses([sid]).get(s) for s in FINAL), timeout=60, what=f"{prefix}-{i} ended", interval=0.05
+        )
     return latencies
 
 
@@ -281,14 +299,17 @@ def flood(launches: int, work: Path) -> dict:
         assert status == 201, batch
         status, interactive = client.launch("flood-terminal", {"resources": SHAPE})
         assert status == 201, interactive
-        wait_for(lambda: statuses([batch["id"], interactive["id"]]).get("RUNNING") == 2, timeout=60,
-                 what="the flooding sessions RUNNING", interval=0.2)
+        wait_for(
+            lambda: statuses([batch["id"], interactive["id"]]).get("RUNNING") == 2,
+            timeout=60,
+            what="the flooding sessions RUNNING",
+            interval=0.2,
+        )
         status, ticket = client.call("POST", f"/api/v1/sessions/{interactive['id']}/terminal-ticket/")
         assert status == 200, ticket
         reader = TerminalReader(f"ws://127.0.0.1:{stack.port}{ticket['url']}")
         reader.start()
-        wait_for(lambda: reader.chars > 100_000 or reader.error, timeout=30, what="the terminal flood to start",
-                 interval=0.2)
+        wait_for(lambda: reader.chars > 100_000 or reader.error, timeout=30, what="the terminal flood to start", interval=0.2)
         if reader.error:
             raise reader.error
         chars_before = reader.chars
@@ -299,12 +320,17 @@ def flood(launches: int, work: Path) -> dict:
         terminal_rate = (reader.chars - chars_before) / elapsed
         log_rate = (log_chars(batch["id"]) - logs_before) / elapsed
         still_running = ComputeSession.objects.filter(pk__in=[batch["id"], interactive["id"]], status="RUNNING").count()
-        return {"launches": launches, "quiet_p50_s": round(statistics.median(quiet), 3),
-                "quiet_max_s": round(max(quiet), 3), "flooded_p50_s": round(statistics.median(flooded), 3),
-                "flooded_max_s": round(max(flooded), 3),
-                "ratio_p50": round(statistics.median(flooded) / statistics.median(quiet), 2),
-                "terminal_chars_per_s": int(terminal_rate), "log_chars_stored_per_s": int(log_rate),
-                "flooding_sessions_still_running": still_running}
+        return {
+            "launches": launches,
+            "quiet_p50_s": round(statistics.median(quiet), 3),
+            "quiet_max_s": round(max(quiet), 3),
+            "flooded_p50_s": round(statistics.median(flooded), 3),
+            "flooded_max_s": round(max(flooded), 3),
+            "ratio_p50": round(statistics.median(flooded) / statistics.median(quiet), 2),
+            "terminal_chars_per_s": int(terminal_rate),
+            "log_chars_stored_per_s": int(log_rate),
+            "flooding_sessions_still_running": still_running,
+        }
     finally:
         if reader is not None:
             reader.stop.set()
@@ -331,8 +357,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "agent_scale.txt"))
     args = parser.parse_args()
     setup_django()
-    lines = [f"# benchmarks/agent_scale.py {' '.join(sys.argv[1:])}  ({time.strftime('%Y-%m-%d %H:%M')}, "
-             f"{os.cpu_count()} cores)"]
+    lines = [f"# benchmarks/agent_scale.py {' '.join(sys.argv[1:])}  ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores)"]
     with tempfile.TemporaryDirectory(prefix="fgpu-agent-scale-") as tmp:
         for n in args.sessions:
             figures = scale(n, Path(tmp))

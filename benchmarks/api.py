@@ -26,6 +26,7 @@ one after another:
 Needs PostgreSQL only: the web process and this one run without Redis (no GET here uses it).
 Figures go to stdout and to --out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -104,9 +105,14 @@ def load(port: int, path: str, token: str, *, clients: int, seconds: float) -> d
     for client in running:
         client.join()
     latencies = [v for c in running for v in c.latencies]
-    return {"clients": clients, "requests": len(latencies), "rps": len(latencies) / elapsed,
-            "p50_ms": 1000 * statistics.median(latencies), "p99_ms": 1000 * percentile(latencies, 0.99),
-            "errors": sum(c.errors for c in running)}
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "rps": len(latencies) / elapsed,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * percentile(latencies, 0.99),
+        "errors": sum(c.errors for c in running),
+    }
 
 
 def query_counts(token: str, path: str) -> dict:
@@ -146,8 +152,7 @@ def serve(work: Path):
     from tests.stack import Proc, database_url_default, free_port, wait_until, web_answers, web_command
 
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": database_url_default(), "FGPU_DATA_DIR": str(work / "data"),
-           "FGPU_LOG_LEVEL": "WARNING"}
+    env = {**os.environ, "DATABASE_URL": database_url_default(), "FGPU_DATA_DIR": str(work / "data"), "FGPU_LOG_LEVEL": "WARNING"}
     env.pop("REDIS_URL", None)
     web = Proc("web", web_command(port), env=env, log_dir=work)
     wait_until(lambda: web_answers(f"http://127.0.0.1:{port}"), timeout=60, what="daphne to answer")
@@ -156,8 +161,11 @@ def serve(work: Path):
 
 def run(args) -> list[str]:
     token = seed(nodes=args.nodes, sessions=args.sessions)
-    lines = [f"{args.nodes:,} nodes × 8 GPUs (+ a 4-GPU MIG node), {args.sessions} sessions of one user; "
-             f"one daphne process; {os.cpu_count()} CPU(s), load generator on the same machine", ""]
+    lines = [
+        f"{args.nodes:,} nodes × 8 GPUs (+ a 4-GPU MIG node), {args.sessions} sessions of one user; "
+        f"one daphne process; {os.cpu_count()} CPU(s), load generator on the same machine",
+        "",
+    ]
     with tempfile.TemporaryDirectory() as scratch:
         web, port = serve(Path(scratch))
         try:
@@ -171,15 +179,22 @@ def run(args) -> list[str]:
     ratio = sessions["rps"] / me["rps"]
     lines.append(f"{'GET':<38} {'clients':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
     page, every = f"{min(args.nodes + 1, 100)} nodes", f"{min(args.nodes + 1, 1000):,} nodes"
-    for name, r in ((f"{SESSIONS} (100 rows)", sessions), (ME, me), (f"{NODES} ({page})", nodes_one),
-                    (f"{NODES} ({page})", nodes_many), (f"{NODES}?limit=1000 ({every})", nodes_all)):
-        lines.append(f"{name:<38} {r['clients']:>7} {r['rps']:>8.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
-                     f"{r['errors']:>6}")
-    lines += ["",
-              f"sessions / me throughput: {ratio:.2f} (target ≥ {RATIO_TARGET}: {'met' if ratio >= RATIO_TARGET else 'MISSED'})",
-              f"nodes p50, one client: {nodes_one['p50_ms']:.1f} ms (target < {NODES_P50_TARGET_MS} ms: "
-              f"{'met' if nodes_one['p50_ms'] < NODES_P50_TARGET_MS else 'MISSED'})", "",
-              "queries per request, for a page of 1 row / of 100 rows:"]
+    for name, r in (
+        (f"{SESSIONS} (100 rows)", sessions),
+        (ME, me),
+        (f"{NODES} ({page})", nodes_one),
+        (f"{NODES} ({page})", nodes_many),
+        (f"{NODES}?limit=1000 ({every})", nodes_all),
+    ):
+        lines.append(f"{name:<38} {r['clients']:>7} {r['rps']:>8.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['errors']:>6}")
+    lines += [
+        "",
+        f"sessions / me throughput: {ratio:.2f} (target ≥ {RATIO_TARGET}: {'met' if ratio >= RATIO_TARGET else 'MISSED'})",
+        f"nodes p50, one client: {nodes_one['p50_ms']:.1f} ms (target < {NODES_P50_TARGET_MS} ms: "
+        f"{'met' if nodes_one['p50_ms'] < NODES_P50_TARGET_MS else 'MISSED'})",
+        "",
+        "queries per request, for a page of 1 row / of 100 rows:",
+    ]
     for path in (SESSIONS, NODES, "/api/v1/devices/"):
         counts = query_counts(token, path)
         lines.append(f"  {path:<22} {counts[1]:>3} / {counts[100]:>3}")
@@ -211,8 +226,10 @@ def main() -> int:
     began = time.perf_counter()
     with throwaway_database("bench_api"):
         lines = run(args)
-    lines.append(f"\n(took {time.perf_counter() - began:.0f} s: python benchmarks/api.py --clients {args.clients} "
-                 f"--seconds {args.seconds:g} --nodes {args.nodes} --sessions {args.sessions})")
+    lines.append(
+        f"\n(took {time.perf_counter() - began:.0f} s: python benchmarks/api.py --clients {args.clients} "
+        f"--seconds {args.seconds:g} --nodes {args.nodes} --sessions {args.sessions})"
+    )
     text = "\n".join(lines) + "\n"
     print(text, end="")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ Prints a table and the proxy's added p50 latency; results go to stdout and --out
 benchmarks/results/app_proxy.txt). The client runs in this process; the console and the app on
 this machine (2 cores in CI): the figures include their competition for the CPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,10 @@ sys.path.insert(0, str(ROOT))
 from tests.stack import PYTHON, Proc, free_port, wait_until  # noqa: E402
 
 PASSWORD = "bench-app-proxy-password"
-ECHO = (f"echo {{port}} {{token}} > $HOME/.echo-app; PYTHONPATH={ROOT / 'tests' / 'apps'} exec {PYTHON} -m daphne "
-        "-b {host} -p {port} echo_app:application")
+ECHO = (
+    f"echo {{port}} {{token}} > $HOME/.echo-app; PYTHONPATH={ROOT / 'tests' / 'apps'} exec {PYTHON} -m daphne "
+    "-b {host} -p {port} echo_app:application"
+)
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -72,17 +75,24 @@ def prepare(base: str) -> tuple[httpx.Client, str, dict]:
     api.headers["Authorization"] = f"Token {token}"
     host = next(i for i in api.get("/api/v1/images/").json()["results"] if i["reference"] == "host")
     etag = api.get(f"/api/v1/images/{host['id']}/").headers["ETag"]
-    api.patch(f"/api/v1/images/{host['id']}/", headers={"If-Match": etag},
-              json={"apps": [{"name": "echo", "command": ECHO, "port": 8080, "timeout": 60}]}).raise_for_status()
+    api.patch(
+        f"/api/v1/images/{host['id']}/",
+        headers={"If-Match": etag},
+        json={"apps": [{"name": "echo", "command": ECHO, "port": 8080, "timeout": 60}]},
+    ).raise_for_status()
     session = api.post("/api/v1/sessions/", json={"name": "bench", "resources": {"cuda.shares": "0.5"}}).json()
-    wait_until(lambda: api.get(f"/api/v1/sessions/{session['id']}/").json()["status"] == "RUNNING", timeout=60,
-               what="the session to run")
+    wait_until(
+        lambda: api.get(f"/api/v1/sessions/{session['id']}/").json()["status"] == "RUNNING", timeout=60, what="the session to run"
+    )
     browser = httpx.Client(base_url=base, timeout=120)
     csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', browser.get("/login/").text).group(1)
     browser.post("/login/", data={"username": "admin", "password": PASSWORD, "csrfmiddlewaretoken": csrf})
     cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
-    with connect(base.replace("http", "ws") + f"/ws/sessions/{session['id']}/open/echo/",
-                 additional_headers={"Cookie": cookie}, open_timeout=60) as ws:
+    with connect(
+        base.replace("http", "ws") + f"/ws/sessions/{session['id']}/open/echo/",
+        additional_headers={"Cookie": cookie},
+        open_timeout=60,
+    ) as ws:
         answers = [json.loads(m) for m in ws]
     assert answers[-1]["type"] == "ready", answers
     out = api.post(f"/api/v1/sessions/{session['id']}/exec/", json={"command": "cat $HOME/.echo-app"}).json()
@@ -97,14 +107,14 @@ def measure(client: httpx.Client, prefix: str, ws_url: str, ws_headers: dict, ar
         started = time.perf_counter()
         client.get(prefix + "echo").raise_for_status()
         times.append((time.perf_counter() - started) * 1000)
-    n = int(args.download_mb * 10 ** 6)
+    n = int(args.download_mb * 10**6)
     started, got = time.perf_counter(), 0
     with client.stream("GET", prefix + "bytes", params={"n": n}) as answer:
         for chunk in answer.iter_raw():
             got += len(chunk)
     download_s = time.perf_counter() - started
     assert got == n, (got, n)
-    body = os.urandom(1 << 20) * int(args.upload_mb * 10 ** 6 // (1 << 20))
+    body = os.urandom(1 << 20) * int(args.upload_mb * 10**6 // (1 << 20))
     started = time.perf_counter()
     stored = client.post(prefix + "upload", content=body)
     upload_s = time.perf_counter() - started
@@ -116,9 +126,14 @@ def measure(client: httpx.Client, prefix: str, ws_url: str, ws_headers: dict, ar
             ws.send(message)
             ws.recv(timeout=30)
             rtts.append((time.perf_counter() - started) * 1000)
-    return {"p50_ms": statistics.median(times), "p99_ms": percentile(times, 99),
-            "download_mb_s": n / 1e6 / download_s, "upload_mb_s": len(body) / 1e6 / upload_s,
-            "ws_p50_ms": statistics.median(rtts), "ws_p99_ms": percentile(rtts, 99)}
+    return {
+        "p50_ms": statistics.median(times),
+        "p99_ms": percentile(times, 99),
+        "download_mb_s": n / 1e6 / download_s,
+        "upload_mb_s": len(body) / 1e6 / upload_s,
+        "ws_p50_ms": statistics.median(rtts),
+        "ws_p99_ms": percentile(rtts, 99),
+    }
 
 
 def main() -> None:
@@ -135,8 +150,7 @@ def main() -> None:
         try:
             browser, session_id, app = prepare(base)
             prefix = f"/sessions/{session_id}/apps/echo/"
-            proxied = measure(browser, prefix, base.replace("http", "ws") + prefix + "ws", {"Cookie": app["cookie"]},
-                              args)
+            proxied = measure(browser, prefix, base.replace("http", "ws") + prefix + "ws", {"Cookie": app["cookie"]}, args)
             api_times = []  # for scale: a small page of the console's own API on the same connection
             for _ in range(args.requests):
                 started = time.perf_counter()
@@ -144,23 +158,39 @@ def main() -> None:
                 api_times.append((time.perf_counter() - started) * 1000)
             direct_base = f"http://127.0.0.1:{app['port']}"
             direct = httpx.Client(base_url=direct_base, timeout=120, headers={"Authorization": f"token {app['token']}"})
-            straight = measure(direct, prefix, direct_base.replace("http", "ws") + prefix + "ws",
-                               {"Authorization": f"token {app['token']}"}, args)
+            straight = measure(
+                direct,
+                prefix,
+                direct_base.replace("http", "ws") + prefix + "ws",
+                {"Authorization": f"token {app['token']}"},
+                args,
+            )
         finally:
             console.stop()
-    rows = [("HTTP GET p50 (ms)", "p50_ms"), ("HTTP GET p99 (ms)", "p99_ms"), ("download (MB/s)", "download_mb_s"),
-            ("upload (MB/s)", "upload_mb_s"), ("websocket round trip p50 (ms)", "ws_p50_ms"),
-            ("websocket round trip p99 (ms)", "ws_p99_ms")]
-    lines = [f"app proxy vs direct ({args.requests} GETs, {args.download_mb:g} MB down, {args.upload_mb:g} MB up, "
-             f"{args.messages} websocket messages; standalone console, process runtime, {os.cpu_count()} CPUs, "
-             f"load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after)",
-             f"{'':32}{'direct':>10}{'proxy':>10}{'proxy/direct':>14}"]
+    rows = [
+        ("HTTP GET p50 (ms)", "p50_ms"),
+        ("HTTP GET p99 (ms)", "p99_ms"),
+        ("download (MB/s)", "download_mb_s"),
+        ("upload (MB/s)", "upload_mb_s"),
+        ("websocket round trip p50 (ms)", "ws_p50_ms"),
+        ("websocket round trip p99 (ms)", "ws_p99_ms"),
+    ]
+    lines = [
+        f"app proxy vs direct ({args.requests} GETs, {args.download_mb:g} MB down, {args.upload_mb:g} MB up, "
+        f"{args.messages} websocket messages; standalone console, process runtime, {os.cpu_count()} CPUs, "
+        f"load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after)",
+        f"{'':32}{'direct':>10}{'proxy':>10}{'proxy/direct':>14}",
+    ]
     for label, key in rows:
         lines.append(f"{label:32}{straight[key]:>10.2f}{proxied[key]:>10.2f}{proxied[key] / straight[key]:>14.2f}")
-    lines.append(f"added latency per request (p50): {proxied['p50_ms'] - straight['p50_ms']:.2f} ms; per websocket "
-                 f"round trip (p50): {proxied['ws_p50_ms'] - straight['ws_p50_ms']:.2f} ms")
-    lines.append(f"for scale, the console's own GET /api/v1/me/ (Django, sign-in by cookie): p50 "
-                 f"{statistics.median(api_times):.2f} ms, p99 {percentile(api_times, 99):.2f} ms")
+    lines.append(
+        f"added latency per request (p50): {proxied['p50_ms'] - straight['p50_ms']:.2f} ms; per websocket "
+        f"round trip (p50): {proxied['ws_p50_ms'] - straight['ws_p50_ms']:.2f} ms"
+    )
+    lines.append(
+        f"for scale, the console's own GET /api/v1/me/ (Django, sign-in by cookie): p50 "
+        f"{statistics.median(api_times):.2f} ms, p99 {percentile(api_times, 99):.2f} ms"
+    )
     text = "\n".join(lines) + "\n"
     print(text, end="")
     Path(args.out).write_text(text)

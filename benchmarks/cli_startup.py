@@ -12,6 +12,7 @@ for `python -c pass` in that environment (the interpreter's own start, which no 
 and for `fgpu --help` from the console's full install (this interpreter's environment) when it
 has one. Target (issue 19): under 200 ms. The temporary directory is removed at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,7 @@ def timed(argv: list[str], repeat: int) -> dict:
         began = time.perf_counter()
         run(argv)
         spent.append((time.perf_counter() - began) * 1000)
-    return {"median_ms": round(statistics.median(spent), 1), "min_ms": round(min(spent), 1),
-            "max_ms": round(max(spent), 1)}
+    return {"median_ms": round(statistics.median(spent), 1), "min_ms": round(min(spent), 1), "max_ms": round(max(spent), 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,21 +52,22 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="fgpu-cli-bench-") as tmp:
         source = Path(tmp) / "fgpu_cli"
-        shutil.copytree(ROOT / "fgpu_cli", source,
-                        ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+        shutil.copytree(ROOT / "fgpu_cli", source, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
         venv = Path(tmp) / "venv"
         run([sys.executable, "-m", "venv", str(venv)])
         began = time.perf_counter()
-        run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             str(source)])
+        run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(source)])
         install_s = time.perf_counter() - began
-        listed = json.loads(run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format", "json",
-                                 "--disable-pip-version-check"]).stdout)
+        listed = json.loads(
+            run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format", "json", "--disable-pip-version-check"]).stdout
+        )
         distributions = sorted(f"{d['name']}=={d['version']}" for d in listed)
         pulled = [d for d in distributions if d.split("==")[0].lower() in FORBIDDEN]
         help_text = run([str(venv / "bin" / "fgpu"), "--help"]).stdout
         result = {
-            "distributions": distributions, "forbidden_pulled": pulled, "install_s": round(install_s, 1),
+            "distributions": distributions,
+            "forbidden_pulled": pulled,
+            "install_s": round(install_s, 1),
             "help_first_line": help_text.splitlines()[0] if help_text else "",
             "fgpu_help": timed([str(venv / "bin" / "fgpu"), "--help"], args.repeat),
             "python_pass": timed([str(venv / "bin" / "python"), "-c", "pass"], args.repeat),
@@ -80,8 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"pip install fgpu_cli/ in a fresh venv ({result['install_s']} s): {', '.join(distributions)}")
     print(f"  Django, numpy or scipy pulled: {', '.join(pulled) or 'none'}")
     print(f"times are the median (min, max) of {args.repeat} runs after one warm-up")
-    for label, key in (("fgpu --help, the CLI alone", "fgpu_help"), ("python -c pass, same venv", "python_pass"),
-                       ("fgpu --help, the console's full install", "fgpu_help_full_install")):
+    for label, key in (
+        ("fgpu --help, the CLI alone", "fgpu_help"),
+        ("python -c pass, same venv", "python_pass"),
+        ("fgpu --help, the console's full install", "fgpu_help_full_install"),
+    ):
         if key in result:
             r = result[key]
             print(f"  {label:40} {r['median_ms']:>7.1f} ms ({r['min_ms']:.1f}, {r['max_ms']:.1f})")

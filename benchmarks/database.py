@@ -1,4 +1,5 @@
 """A database of its own for one benchmark run."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -29,6 +29,7 @@ What happens, all through the project's own pure code:
 openb has no owners or images; the request shape and QoS stand for them. Backfill counts
 start at 0 in each estimate (the console reads them from the database).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -92,10 +93,18 @@ def load_nodes(gpus: int) -> list[core.NodeState]:
     rows = [r for r in csv.DictReader(open(TRACE_DIR / "openb_node_list_gpu_node.csv")) if int(r["gpu"]) > 0]
     step = max(1, round(sum(int(r["gpu"]) for r in rows) / gpus))
     chosen = rows[::step]
-    return [core.NodeState(node_id=r["sn"], cpu_total=int(r["cpu_milli"]), mem_total=int(r["memory_mib"]),
-                           devices=tuple(core.DeviceState(device_id=f"{r['sn']}/{i}", memory_total=MILLI, proc_total=MILLI,
-                                                          index=i) for i in range(int(r["gpu"]))))
-            for r in chosen]
+    return [
+        core.NodeState(
+            node_id=r["sn"],
+            cpu_total=int(r["cpu_milli"]),
+            mem_total=int(r["memory_mib"]),
+            devices=tuple(
+                core.DeviceState(device_id=f"{r['sn']}/{i}", memory_total=MILLI, proc_total=MILLI, index=i)
+                for i in range(int(r["gpu"]))
+            ),
+        )
+        for r in chosen
+    ]
 
 
 class Room:
@@ -117,8 +126,7 @@ class Room:
             self.workload.observe(core.request_shape(request, SETTINGS))
             workload = self.workload
         try:
-            placement = core.place(self.nodes, request, SETTINGS, policy=self.policy, index=self.index,
-                                   workload=workload)
+            placement = core.place(self.nodes, request, SETTINGS, policy=self.policy, index=self.index, workload=workload)
         except NeverSchedulable as exc:
             return pure.NEVER, str(exc)
         except InsufficientResource as exc:
@@ -147,23 +155,37 @@ class History:
     """Runtimes of pods that ended, by (shape, qos) and by qos, in order of their ends."""
 
     def __init__(self, pods: list[Pod], starts: dict[str, float]):
-        ended = sorted(((starts[p.key] + p.duration, p) for p in pods if starts.get(p.key) is not None),
-                       key=lambda pair: (pair[0], pair[1].key))
+        ended = sorted(
+            ((starts[p.key] + p.duration, p) for p in pods if starts.get(p.key) is not None),
+            key=lambda pair: (pair[0], pair[1].key),
+        )
         self.ends = [e for e, _ in ended]
         self.pods = [p for _, p in ended]
 
     def before(self, t: float, pod: Pod) -> list[float]:
         upto = bisect.bisect_right(self.ends, t)
         window = t - 30 * DAY  # sessions.eta.HISTORY_DAYS
-        same = [p.duration for e, p in zip(self.ends[:upto], self.pods[:upto])
-                if e >= window and p.shape == pod.shape and p.qos == pod.qos]
+        same = [
+            p.duration
+            for e, p in zip(self.ends[:upto], self.pods[:upto])
+            if e >= window and p.shape == pod.shape and p.qos == pod.qos
+        ]
         if len(same) >= pure.HISTORY_MIN:
             return same
         return [p.duration for e, p in zip(self.ends[:upto], self.pods[:upto]) if e >= window and p.qos == pod.qos]
 
 
-def estimate(at: float, pod_key: str, pods: dict[str, Pod], order: list[str], starts: dict[str, float],
-             where: dict[str, core.Placement], nodes, args, history: History) -> pure.Band:
+def estimate(
+    at: float,
+    pod_key: str,
+    pods: dict[str, Pod],
+    order: list[str],
+    starts: dict[str, float],
+    where: dict[str, core.Placement],
+    nodes,
+    args,
+    history: History,
+) -> pure.Band:
     """The band the console would have given `pod_key` at `at` (module docstring, step 2); `where`:
     where the truth placed each pod."""
     running = [k for k in order if starts.get(k) is not None and starts[k] <= at < starts[k] + pods[k].duration]
@@ -171,8 +193,7 @@ def estimate(at: float, pod_key: str, pods: dict[str, Pod], order: list[str], st
     low, high = args.band
     bands = {}
     for k in running:
-        band = pure.remaining_band(history.before(at, pods[k]), at - starts[k], low=low, high=high,
-                                   minimum=pure.HISTORY_MIN)
+        band = pure.remaining_band(history.before(at, pods[k]), at - starts[k], low=low, high=high, minimum=pure.HISTORY_MIN)
         bands[k] = None if band is None else (at + band[0], at + band[1])
     runtimes = {}
     for k in waiting:
@@ -188,8 +209,7 @@ def estimate(at: float, pod_key: str, pods: dict[str, Pod], order: list[str], st
         room = Room(nodes, pods, args.policy, seen)
         for k in running:
             room.take(k, where[k])
-        queue = [pure.Queued(k, pods[k].shape, runtime=None if runtimes[k] is None else runtimes[k][int(late)])
-                 for k in waiting]
+        queue = [pure.Queued(k, pods[k].shape, runtime=None if runtimes[k] is None else runtimes[k][int(late)]) for k in waiting]
         ends = {k: None if bands[k] is None else bands[k][int(late)] for k in running}
         results.append(pure.replay(queue, ends=ends, room=room, now=at, backfill_limit=args.backfill).starts[pod_key])
     return pure.eta_band(*results)
@@ -198,17 +218,21 @@ def estimate(at: float, pod_key: str, pods: dict[str, Pod], order: list[str], st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", default="default")
-    parser.add_argument("--gpus", type=int, default=16,
-                        help="about how many GPUs the slice has (every k-th node: 16 gives 4 nodes, 8 GPUs)")
+    parser.add_argument(
+        "--gpus", type=int, default=16, help="about how many GPUs the slice has (every k-th node: 16 gives 4 nodes, 8 GPUs)"
+    )
     parser.add_argument("--start-day", type=float, default=119)
     parser.add_argument("--days", type=float, default=3)
     parser.add_argument("--warmup-days", type=float, default=1, help="arrivals not scored at the start")
     parser.add_argument("--policy", default="fgd-plus", choices=list(cluster.POLICIES))
     parser.add_argument("--backfill", type=int, default=8, help="FGPU_BACKFILL_LIMIT")
     parser.add_argument("--predictions", type=int, default=400, help="estimates made at most")
-    parser.add_argument("--band", default=",".join(map(str, pure.HISTORY_BAND)),
-                        type=lambda text: tuple(float(x) for x in text.split(",")),
-                        help="history quantiles LOW,HIGH (the console's: replay.HISTORY_BAND)")
+    parser.add_argument(
+        "--band",
+        default=",".join(map(str, pure.HISTORY_BAND)),
+        type=lambda text: tuple(float(x) for x in text.split(",")),
+        help="history quantiles LOW,HIGH (the console's: replay.HISTORY_BAND)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
@@ -219,14 +243,23 @@ def main(argv: list[str] | None = None) -> int:
     nodes = load_nodes(args.gpus)
     began = time.perf_counter()
     truth_room = Room(nodes, pods, args.policy, cluster.Workload())
-    truth = pure.replay([pure.Queued(p.key, p.shape, runtime=p.duration, arrives=p.arrives) for p in pods_list],
-                        ends={}, room=truth_room, now=start, backfill_limit=args.backfill, max_events=10 ** 7)
+    truth = pure.replay(
+        [pure.Queued(p.key, p.shape, runtime=p.duration, arrives=p.arrives) for p in pods_list],
+        ends={},
+        room=truth_room,
+        now=start,
+        backfill_limit=args.backfill,
+        max_events=10**7,
+    )
     truth_s = time.perf_counter() - began
     starts = {k: s.at for k, s in truth.starts.items()}
-    waited = [p for p in pods_list if p.arrives >= start + args.warmup_days * DAY and starts.get(p.key) is not None
-              and starts[p.key] > p.arrives]
+    waited = [
+        p
+        for p in pods_list
+        if p.arrives >= start + args.warmup_days * DAY and starts.get(p.key) is not None and starts[p.key] > p.arrives
+    ]
     step = max(1, len(waited) // args.predictions) if args.predictions else 1
-    sample = waited[::step][:args.predictions]
+    sample = waited[::step][: args.predictions]
     history = History(pods_list, starts)
     counts = {"in_band": 0, "early": 0, "late": 0, "unknown": 0, "never": 0}
     widths, errors = [], []
@@ -252,30 +285,45 @@ def main(argv: list[str] | None = None) -> int:
     scored = len(sample)
     waits = [(starts[p.key] - p.arrives) / 60 for p in waited]
     result = {
-        "trace": args.trace, "window_days": [args.start_day, args.start_day + args.days],
+        "trace": args.trace,
+        "window_days": [args.start_day, args.start_day + args.days],
         "gpus": sum(len(n.devices) for n in nodes),
-        "nodes": len(nodes), "policy": args.policy, "backfill_limit": args.backfill, "pods": len(pods_list),
-        "started": sum(1 for s in starts.values() if s is not None), "waited": len(waited),
+        "nodes": len(nodes),
+        "policy": args.policy,
+        "backfill_limit": args.backfill,
+        "pods": len(pods_list),
+        "started": sum(1 for s in starts.values() if s is not None),
+        "waited": len(waited),
         "wait_min_median": round(statistics.median(waits), 1) if waits else None,
-        "estimates": scored, "history_band": list(args.band),
+        "estimates": scored,
+        "history_band": list(args.band),
         "in_band_pct": round(100 * counts["in_band"] / scored, 1) if scored else None,
         "counts": counts,
         "band_width_min_median": round(statistics.median(widths), 1) if widths else None,
         "midpoint_error_min_median": round(statistics.median(errors), 1) if errors else None,
-        "truth_s": round(truth_s, 1), "estimate_ms_mean": round(1000 * estimate_s / max(scored, 1), 1),
+        "truth_s": round(truth_s, 1),
+        "estimate_ms_mean": round(1000 * estimate_s / max(scored, 1), 1),
     }
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"openb {args.trace}, days {args.start_day:g}–{args.start_day + args.days:g}: {result['pods']} GPU pods on "
-          f"{result['nodes']} nodes / {result['gpus']} GPUs ({args.policy}, backfill limit {args.backfill})")
-    print(f"  {result['waited']} pods waited after the warm-up (median wait {result['wait_min_median']} min); "
-          f"{scored} estimates made at their arrival")
-    print(f"  started within the ETA band: {result['in_band_pct']} % "
-          f"(before it: {counts['early']}, after it: {counts['late']}, no band: {counts['unknown']}, "
-          f"never: {counts['never']})")
-    print(f"  band width median {result['band_width_min_median']} min; |start - band middle| median "
-          f"{result['midpoint_error_min_median']} min; history quantiles {args.band}")
+    print(
+        f"openb {args.trace}, days {args.start_day:g}–{args.start_day + args.days:g}: {result['pods']} GPU pods on "
+        f"{result['nodes']} nodes / {result['gpus']} GPUs ({args.policy}, backfill limit {args.backfill})"
+    )
+    print(
+        f"  {result['waited']} pods waited after the warm-up (median wait {result['wait_min_median']} min); "
+        f"{scored} estimates made at their arrival"
+    )
+    print(
+        f"  started within the ETA band: {result['in_band_pct']} % "
+        f"(before it: {counts['early']}, after it: {counts['late']}, no band: {counts['unknown']}, "
+        f"never: {counts['never']})"
+    )
+    print(
+        f"  band width median {result['band_width_min_median']} min; |start - band middle| median "
+        f"{result['midpoint_error_min_median']} min; history quantiles {args.band}"
+    )
     print(f"  truth replay {result['truth_s']} s; {result['estimate_ms_mean']} ms per estimate")
     return 0
 

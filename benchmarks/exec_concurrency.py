@@ -14,6 +14,7 @@ collected (status counts). The agent runs at most 32 blocking execs at a time
 held in the web process. Environment: FGPU_BENCH_DATABASE_URL (a database of its own, created
 and flushed), FGPU_BENCH_REDIS_URL (a Redis database of its own, flushed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,12 @@ REDIS_URL = os.environ.get("FGPU_BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
 
 
 def call(base: str, token: str, method: str, path: str, body: dict | None = None, timeout: float = 300):
-    request = urllib.request.Request(base + path, method=method, data=json.dumps(body).encode() if body else None,
-                                     headers={"Authorization": f"Token {token}", "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        base + path,
+        method=method,
+        data=json.dumps(body).encode() if body else None,
+        headers={"Authorization": f"Token {token}", "Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
@@ -71,19 +76,32 @@ def measure(base: str, token: str, web_pid: int, session_id: str, held: int, hol
     path = f"/api/v1/sessions/{session_id}/"
     if not held:
         gets = timed_gets(base, token, path)
-        return (f"held    0: web threads {threads_of(web_pid):4d}; GET ms p50 {statistics.median(g for g, _ in gets):8.1f} "
-                f"max {max(g for g, _ in gets):8.1f} statuses {dict(Counter(s for _, s in gets))}")
+        return (
+            f"held    0: web threads {threads_of(web_pid):4d}; GET ms p50 {statistics.median(g for g, _ in gets):8.1f} "
+            f"max {max(g for g, _ in gets):8.1f} statuses {dict(Counter(s for _, s in gets))}"
+        )
     with ThreadPoolExecutor(held) as pool:
-        execs = [pool.submit(call, base, token, "POST", f"/api/v1/sessions/{session_id}/exec/",
-                             {"command": ["sleep", str(hold_s)], "timeout": 120}) for _ in range(held)]
+        execs = [
+            pool.submit(
+                call,
+                base,
+                token,
+                "POST",
+                f"/api/v1/sessions/{session_id}/exec/",
+                {"command": ["sleep", str(hold_s)], "timeout": 120},
+            )
+            for _ in range(held)
+        ]
         time.sleep(settle_s)  # a benchmark waiting for its clients' requests to arrive (not a test)
         threads = threads_of(web_pid)
         gets = timed_gets(base, token, path)
         answered_during = sum(f.done() for f in execs)
         statuses = Counter(f.result()[0] for f in execs)
-    return (f"held {held:4d}: web threads {threads:4d}; GET ms p50 {statistics.median(g for g, _ in gets):8.1f} "
-            f"max {max(g for g, _ in gets):8.1f} statuses {dict(Counter(s for _, s in gets))}; "
-            f"execs answered before the GETs ended {answered_during}, exec statuses {dict(statuses)}")
+    return (
+        f"held {held:4d}: web threads {threads:4d}; GET ms p50 {statistics.median(g for g, _ in gets):8.1f} "
+        f"max {max(g for g, _ in gets):8.1f} statuses {dict(Counter(s for _, s in gets))}; "
+        f"execs answered before the GETs ended {answered_during}, exec statuses {dict(statuses)}"
+    )
 
 
 def main() -> None:
@@ -97,15 +115,29 @@ def main() -> None:
     setup_django(DATABASE_URL)
     token = fresh_user()
     with tempfile.TemporaryDirectory() as work:
-        with Stack(nodes=[StackNode("bench-node", mock_inventory(gpus=1))], work_dir=Path(work), redis_url=REDIS_URL,
-                   database_url=DATABASE_URL) as stack:
-            status, created = call(stack.base, token, "POST", "/api/v1/sessions/",
-                                   {"name": "held", "resources": {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}})
+        with Stack(
+            nodes=[StackNode("bench-node", mock_inventory(gpus=1))],
+            work_dir=Path(work),
+            redis_url=REDIS_URL,
+            database_url=DATABASE_URL,
+        ) as stack:
+            status, created = call(
+                stack.base,
+                token,
+                "POST",
+                "/api/v1/sessions/",
+                {"name": "held", "resources": {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}},
+            )
             assert status == 201, created
-            wait_until(lambda: call(stack.base, token, "GET", f"/api/v1/sessions/{created['id']}/")[1].get("status")
-                       == "RUNNING", timeout=60, what="the session RUNNING")
-            lines = [measure(stack.base, token, stack.procs["web"].pid, created["id"], n, args.hold, args.settle)
-                     for n in [0, *args.held]]
+            wait_until(
+                lambda: call(stack.base, token, "GET", f"/api/v1/sessions/{created['id']}/")[1].get("status") == "RUNNING",
+                timeout=60,
+                what="the session RUNNING",
+            )
+            lines = [
+                measure(stack.base, token, stack.procs["web"].pid, created["id"], n, args.hold, args.settle)
+                for n in [0, *args.held]
+            ]
     report = "\n".join(f"{args.label}: {line}" if args.label else line for line in lines) + "\n"
     print(report, end="")
     if args.out:

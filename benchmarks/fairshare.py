@@ -16,6 +16,7 @@ of `--repeat`:
 
 Both must give the same usage per owner (checked, relative 1e-6).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,15 +42,27 @@ def fill(*, allocations: int, owners: list, device, now) -> None:
     from sessions.models import Allocation, ComputeSession, SessionStatus
 
     sessions = ComputeSession.objects.bulk_create(
-        ComputeSession(owner=owners[i % len(owners)], name=f"s{i}", resources={}, request_spec={},
-                       status=SessionStatus.TERMINATED) for i in range(max(len(owners), allocations // 100)))
+        ComputeSession(
+            owner=owners[i % len(owners)], name=f"s{i}", resources={}, request_spec={}, status=SessionStatus.TERMINATED
+        )
+        for i in range(max(len(owners), allocations // 100))
+    )
     span = 140 * DAY
     rows = []
     for i in range(allocations):
         session = sessions[i % len(sessions)]
         end = now - timedelta(seconds=span * i / allocations)
-        rows.append(Allocation(session=session, device=device, shares="0.5", memory=1 << 30, procs=10,
-                               created_at=end - timedelta(hours=1 + i % 12), released_at=end))
+        rows.append(
+            Allocation(
+                session=session,
+                device=device,
+                shares="0.5",
+                memory=1 << 30,
+                procs=10,
+                created_at=end - timedelta(hours=1 + i % 12),
+                released_at=end,
+            )
+        )
     Allocation.objects.bulk_create(rows, batch_size=5000)
 
 
@@ -65,11 +78,13 @@ def python_usage(now) -> dict[int, float]:
     horizon = now - timezone.timedelta(seconds=half_life * HORIZON_HALF_LIVES)
     usage: dict[int, float] = {}
     rows = Allocation.objects.filter(Q(released_at__isnull=True) | Q(released_at__gt=horizon)).values_list(
-        "session__owner_id", "shares", "created_at", "released_at")
+        "session__owner_id", "shares", "created_at", "released_at"
+    )
     for owner_id, shares, created_at, released_at in rows:
         end = min(released_at.timestamp() if released_at else now_s, now_s)
         usage[owner_id] = usage.get(owner_id, 0.0) + float(shares) * decayed_seconds(
-            start=min(created_at.timestamp(), end), end=end, now=now_s, half_life=half_life)
+            start=min(created_at.timestamp(), end), end=end, now=now_s, half_life=half_life
+        )
     return usage
 
 
@@ -108,10 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         device = Device.objects.first()
         owners = [get_user_model().objects.create_user(f"u{i}") for i in range(args.owners)]
         for p in range(10):
-            Project.objects.create(name=f"p{p}").members.set(owners[p:args.owners // 2:10])
+            Project.objects.create(name=f"p{p}").members.set(owners[p : args.owners // 2 : 10])
         for owner in owners:  # one running allocation each
-            running = ComputeSession.objects.create(owner=owner, name="live", resources={}, request_spec={},
-                                                    status=SessionStatus.RUNNING)
+            running = ComputeSession.objects.create(
+                owner=owner, name="live", resources={}, request_spec={}, status=SessionStatus.RUNNING
+            )
             Allocation.objects.create(session=running, device=device, shares="0.25", memory=1 << 30, procs=10)
         now = timezone.now()
         filled = 0
@@ -121,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             db_ms, db_max, shares = timed(lambda: fairshare.account_shares(now=now), args.repeat)
             py_ms, py_max, usage = timed(lambda: python_usage(now), args.repeat)
             by_name = {a.name: a.usage for a in shares if a.kind == "user"}
-            for owner in owners[args.owners // 2:]:  # the owners in no project: their own accounts
+            for owner in owners[args.owners // 2 :]:  # the owners in no project: their own accounts
                 expected = usage.get(owner.pk, 0.0)
                 assert abs(by_name[owner.username] - expected) <= 1e-6 * max(expected, 1.0), owner.username
             print(f"{size:>12,} {db_ms:>9.1f} / {db_max:<6.1f} {py_ms:>10.1f} / {py_max:<7.1f} {py_ms / db_ms:>6.1f}×")

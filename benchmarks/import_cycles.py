@@ -6,6 +6,7 @@ layering test (tests/test_layering.py) keeps it at none.
 
     python benchmarks/import_cycles.py
 """
+
 from __future__ import annotations
 
 import sys

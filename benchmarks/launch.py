@@ -11,6 +11,7 @@ deleted and timed until it says TERMINATED. The status is read straight from the
 millisecond (not through the API, so the watching costs the server nothing). Prints p50 / p95 /
 max in milliseconds; issue 14's targets: launch p50 < 100 ms, terminate p50 < 30 ms.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,11 +97,21 @@ def standalone(sessions: int, work: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
     env.update(FGPU_DATA_DIR=str(work / "data"), FGPU_ADMIN_PASSWORD=PASSWORD, PORT=str(port), PYTHONUNBUFFERED="1")
     log = open(work / "standalone.log", "w")
-    server = subprocess.Popen([sys.executable, "manage.py", "standalone"], cwd=ROOT, env=env, stdout=log,
-                              stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "manage.py", "standalone"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
-        wait_until(lambda: "is serving on" in (work / "standalone.log").read_text(), timeout=90, interval=0.2,
-                   what="the standalone console")
+        wait_until(
+            lambda: "is serving on" in (work / "standalone.log").read_text(),
+            timeout=90,
+            interval=0.2,
+            what="the standalone console",
+        )
         status, token = Api(port).call("POST", "/api/v1/auth/token/", {"username": "admin", "password": PASSWORD})
         assert status == 200, token
         database = sqlite3.connect(work / "data" / "fgpu.sqlite3", timeout=5)
@@ -141,8 +152,7 @@ def summary(name: str, figures: dict) -> str:
     parts = []
     for what in ("launch", "POST answer", "terminate", "DELETE answer"):
         values = figures[what]
-        parts.append(f"{what} p50 {statistics.median(values):7.1f}  p95 {percentile(values, 0.95):7.1f}  "
-                     f"max {max(values):7.1f}")
+        parts.append(f"{what} p50 {statistics.median(values):7.1f}  p95 {percentile(values, 0.95):7.1f}  max {max(values):7.1f}")
     return f"{name:<12} " + "   ".join(parts) + f"   (ms, {len(figures['launch'])} sessions)"
 
 
@@ -154,8 +164,7 @@ def main() -> None:
     parser.add_argument("--keep", metavar="DIR", help="keep the processes' logs in DIR (default: a removed temporary directory)")
     args = parser.parse_args()
     setup_django()
-    lines = [f"# benchmarks/launch.py --sessions {args.sessions}  ({time.strftime('%Y-%m-%d %H:%M')}, "
-             f"{os.cpu_count()} cores)"]
+    lines = [f"# benchmarks/launch.py --sessions {args.sessions}  ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores)"]
     with tempfile.TemporaryDirectory(prefix=f"fgpu-launch-{uuid.uuid4().hex[:6]}-") as tmp:
         tmp = args.keep or tmp
         for mode in args.modes:

@@ -11,6 +11,7 @@ RUNNING report), then stopped one after another (from the stop to the TERMINATED
 Prints p50 / p95 / max in milliseconds and docker's overhead over process (ratios of p50s).
 Needs Docker Engine and the image (tests/images/build.sh) for the docker half.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,10 +45,17 @@ class Reports:
         self.seen[(session_id, status)] = time.perf_counter()
         self.loop.call_soon_threadsafe(self.changed.set)
 
-    def register(self, *args): pass
-    def heartbeat(self, *args): pass
-    def log(self, *args): pass
-    def mig_report(self, *args): pass
+    def register(self, *args):
+        pass
+
+    def heartbeat(self, *args):
+        pass
+
+    def log(self, *args):
+        pass
+
+    def mig_report(self, *args):
+        pass
 
     def report(self, session_id, status, reason, exit_code):
         self._note(session_id, status)
@@ -61,11 +69,30 @@ class Reports:
 
 
 def spec() -> dict:
-    return {"session_id": str(uuid.uuid4()), "name": "bench", "owner": "bench", "command": "", "cpu": 1, "mem": GiB,
-            "slot_name": "cuda", "slot_subtype": "shares",
-            "devices": [{"device_id": "GPU-00000000-0000-0000-0000-000000000000", "index": 0, "model_name": "CUDA GPU",
-                         "memory_total": 8 * GiB, "subproc_count": 80, "memory_limit": 2 * GiB, "procs": "20",
-                         "shares": "0.5", "is_mig_device": False, "mig_profile": ""}]}
+    return {
+        "session_id": str(uuid.uuid4()),
+        "name": "bench",
+        "owner": "bench",
+        "command": "",
+        "cpu": 1,
+        "mem": GiB,
+        "slot_name": "cuda",
+        "slot_subtype": "shares",
+        "devices": [
+            {
+                "device_id": "GPU-00000000-0000-0000-0000-000000000000",
+                "index": 0,
+                "model_name": "CUDA GPU",
+                "memory_total": 8 * GiB,
+                "subproc_count": 80,
+                "memory_limit": 2 * GiB,
+                "procs": "20",
+                "shares": "0.5",
+                "is_mig_device": False,
+                "mig_profile": "",
+            }
+        ],
+    }
 
 
 async def measure(runtime, sessions: int) -> dict:
@@ -75,9 +102,16 @@ async def measure(runtime, sessions: int) -> dict:
 
     reports = Reports(asyncio.get_running_loop())
     with tempfile.TemporaryDirectory() as scratch:
-        agent = Agent(node=f"bench-{uuid.uuid4().hex[:6]}", inventory={"devices": [], "plugins": [], "attributes": {}},
-                      channel_layer=InMemoryChannelLayer(), manager=reports, scratch_root=Path(scratch), mock=True,
-                      heartbeat_s=60, runtime=runtime)
+        agent = Agent(
+            node=f"bench-{uuid.uuid4().hex[:6]}",
+            inventory={"devices": [], "plugins": [], "attributes": {}},
+            channel_layer=InMemoryChannelLayer(),
+            manager=reports,
+            scratch_root=Path(scratch),
+            mock=True,
+            heartbeat_s=60,
+            runtime=runtime,
+        )
         await agent.start()
         starts, stops, ids = [], [], []
         try:
@@ -98,8 +132,12 @@ async def measure(runtime, sessions: int) -> dict:
 
 def summary(values: list[float]) -> dict:
     ms = sorted(v * 1000 for v in values)
-    return {"p50": round(statistics.median(ms), 1), "p95": round(ms[max(0, int(len(ms) * 0.95) - 1)], 1),
-            "max": round(ms[-1], 1), "n": len(ms)}
+    return {
+        "p50": round(statistics.median(ms), 1),
+        "p95": round(ms[max(0, int(len(ms) * 0.95) - 1)], 1),
+        "max": round(ms[-1], 1),
+        "n": len(ms),
+    }
 
 
 def main() -> int:
@@ -119,16 +157,21 @@ def main() -> int:
     docker = DockerRuntime(node="bench", default_image=args.image, network="none")
     results["docker"] = asyncio.run(measure(docker, args.sessions))
     results["docker_over_process"] = {
-        kind: round(results["docker"][kind]["p50"] / results["process"][kind]["p50"], 1) for kind in ("start_ms", "stop_ms")}
+        kind: round(results["docker"][kind]["p50"] / results["process"][kind]["p50"], 1) for kind in ("start_ms", "stop_ms")
+    }
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"{'runtime':<8} {'start p50':>10} {'p95':>8} {'max':>8}   {'stop p50':>9} {'p95':>8} {'max':>8}   (ms, "
-          f"{args.sessions} sessions)")
+    print(
+        f"{'runtime':<8} {'start p50':>10} {'p95':>8} {'max':>8}   {'stop p50':>9} {'p95':>8} {'max':>8}   (ms, "
+        f"{args.sessions} sessions)"
+    )
     for name in ("process", "docker"):
         r = results[name]
-        print(f"{name:<8} {r['start_ms']['p50']:>10} {r['start_ms']['p95']:>8} {r['start_ms']['max']:>8}   "
-              f"{r['stop_ms']['p50']:>9} {r['stop_ms']['p95']:>8} {r['stop_ms']['max']:>8}")
+        print(
+            f"{name:<8} {r['start_ms']['p50']:>10} {r['start_ms']['p95']:>8} {r['start_ms']['max']:>8}   "
+            f"{r['stop_ms']['p50']:>9} {r['stop_ms']['p95']:>8} {r['stop_ms']['max']:>8}"
+        )
     ratio = results["docker_over_process"]
     print(f"docker / process (p50): start {ratio['start_ms']}×, stop {ratio['stop_ms']}×")
     return 0

@@ -14,6 +14,7 @@ seeds), the arrival level of the first GPU pod that failed, the fragmentation ra
 arrival (Eq. 6) and placements per second, beside the published FGD / best-fit figures
 (fgd_expected_results/derived_summary_by_policy.csv).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,25 @@ from accelerators.allocation.cluster import NONE, SHARE, WHOLE, ClusterIndex, Sh
 
 TRACE_DIR = Path(os.environ.get("FGPU_OPENB_DIR", "/work/shared/traces/openb"))
 MILLI = 1000
-TRACES = ["default", "cpu050", "cpu100", "cpu200", "cpu250", "gpushare40", "gpushare60", "gpushare80", "gpushare100",
-          "multigpu20", "multigpu30", "multigpu40", "multigpu50", "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33"]
+TRACES = [
+    "default",
+    "cpu050",
+    "cpu100",
+    "cpu200",
+    "cpu250",
+    "gpushare40",
+    "gpushare60",
+    "gpushare80",
+    "gpushare100",
+    "multigpu20",
+    "multigpu30",
+    "multigpu40",
+    "multigpu50",
+    "gpuspec10",
+    "gpuspec20",
+    "gpuspec25",
+    "gpuspec33",
+]
 PUBLISHED = {"fgd": "06-FGD", "best-fit": "05-BestFit"}
 DEFAULT_POLICIES = ["fgd", "best-fit", "fgd-plus"]
 
@@ -65,9 +83,14 @@ def load_nodes(path: Path | None = None) -> ClusterIndex:
     width = max(int(r["gpu"]) for r in rows)
     cap = np.zeros((len(rows), width), dtype=np.int64)
     for i, r in enumerate(rows):
-        cap[i, :int(r["gpu"])] = MILLI
-    return ClusterIndex(names=[r["sn"] for r in rows], cpu_total=[int(r["cpu_milli"]) for r in rows],
-                        mem_total=[int(r["memory_mib"]) for r in rows], models=[r["model"] for r in rows], cap=cap)
+        cap[i, : int(r["gpu"])] = MILLI
+    return ClusterIndex(
+        names=[r["sn"] for r in rows],
+        cpu_total=[int(r["cpu_milli"]) for r in rows],
+        mem_total=[int(r["memory_mib"]) for r in rows],
+        models=[r["model"] for r in rows],
+        cap=cap,
+    )
 
 
 def pod_shape(row: dict) -> Shape:
@@ -99,8 +122,16 @@ def inflate(pods: list[Shape], seed: int, capacity: int, target: float = 1.3) ->
     return order
 
 
-def simulate(index: ClusterIndex, pods: list[Shape], policy: str, *, seed: int = 0, levels: int = 130,
-             frag_levels: tuple[int, ...] = (90,), workload: Workload | None = None) -> Run:
+def simulate(
+    index: ClusterIndex,
+    pods: list[Shape],
+    policy: str,
+    *,
+    seed: int = 0,
+    levels: int = 130,
+    frag_levels: tuple[int, ...] = (90,),
+    workload: Workload | None = None,
+) -> Run:
     """Place `pods` in order on a copy of `index`, none departing; a pod that does not fit is
     dropped. Records the GPU allocation ratio (%) at each arrival level 0..`levels` (arrived GPU
     demand as % of capacity) and the fragmentation rate (%) at `frag_levels`. The workload p is
@@ -177,7 +208,7 @@ def plot(path: Path, trace: str, curves: dict[str, list[float]], reference: dict
     fig, ax = plt.subplots(figsize=(7, 4.5))
     levels = list(range(131))
     for name, curve in curves.items():
-        ax.plot(levels[:len(curve)], curve, label=f"{name} (ours)")
+        ax.plot(levels[: len(curve)], curve, label=f"{name} (ours)")
     for key, label, style in (("06-FGD", "FGD (published)", "--"), ("05-BestFit", "best-fit (published)", ":")):
         if key in reference:
             pts = sorted(reference[key]["curve"].items())
@@ -228,13 +259,18 @@ def main(argv: list[str] | None = None) -> int:
             runs[policy].append(simulate(index, workload, policy, seed=seed))
             if not args.json:
                 r = runs[policy][-1]
-                print(f"  seed {seed} {policy:9s} unallocated@100 {r.unallocated_at_100:6.2f}%  "
-                      f"{r.placements / r.seconds:7.0f} placements/s", file=sys.stderr, flush=True)
+                print(
+                    f"  seed {seed} {policy:9s} unallocated@100 {r.unallocated_at_100:6.2f}%  "
+                    f"{r.placements / r.seconds:7.0f} placements/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     result = {"trace": trace, "seeds": seeds, "policies": {p: summarise(rs) for p, rs in runs.items()}}
     reference = published(trace)
     result["published"] = {
         name: {"unallocated_pct_at_100": reference[key]["unalloc_100"][0], "frag_rate_at_90": reference[key].get("frag_90")}
-        for name, key in PUBLISHED.items() if key in reference and "unalloc_100" in reference[key]
+        for name, key in PUBLISHED.items()
+        if key in reference and "unalloc_100" in reference[key]
     }
     plot_path = Path(args.plot) if args.plot else ROOT / "benchmarks" / "results" / f"openb-{Path(trace).stem}.png"
     curves = {p: list(np.mean([r.alloc_curve for r in rs], axis=0)) for p, rs in runs.items()}
@@ -250,8 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'policy':12s} {'unalloc@100 %':>16s} {'first fail %':>13s} {'frag@90 %':>10s} {'placements/s':>13s}")
     for name, s in result["policies"].items():
         fail = f"{s['first_failure_arrival_pct']:.1f}" if s["first_failure_arrival_pct"] is not None else "-"
-        print(f"{name:12s} {s['unallocated_pct_at_100']:8.2f} ± {s['unallocated_pct_at_100_sd']:5.2f} {fail:>13s} "
-              f"{s['frag_rate_at_90']:10.2f} {s['placements_per_s']:13.0f}")
+        print(
+            f"{name:12s} {s['unallocated_pct_at_100']:8.2f} ± {s['unallocated_pct_at_100_sd']:5.2f} {fail:>13s} "
+            f"{s['frag_rate_at_90']:10.2f} {s['placements_per_s']:13.0f}"
+        )
     for name, s in result["published"].items():
         frag = f"{s['frag_rate_at_90']:10.2f}" if s["frag_rate_at_90"] is not None else " " * 10
         print(f"{name + ' (pub.)':12s} {s['unallocated_pct_at_100']:8.2f}{'':8s} {'':>13s} {frag}")

@@ -12,6 +12,7 @@ as % of the cluster's GPU, is what a placement policy that places all of those p
 beat (LP) or would do with the whole run known in advance (FFD). A policy can still leave
 less: SHARE pods that find no room late in the run fail and leave no room behind.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,16 +67,23 @@ def main(argv: list[str] | None = None) -> int:
     for seed in parse_seeds(args.seeds):
         amounts = arrived_shares(args.trace, seed, capacity)
         plan = solve_packing_plan(MILLI, Counter(amounts))
-        rows.append({"seed": seed, "share_pods": len(amounts),
-                     "ffd_room_pct": 100 * first_fit_decreasing_room(amounts) / capacity,
-                     "lp_room_pct": 100 * (plan.bins * MILLI - sum(amounts)) / capacity})
+        rows.append(
+            {
+                "seed": seed,
+                "share_pods": len(amounts),
+                "ffd_room_pct": 100 * first_fit_decreasing_room(amounts) / capacity,
+                "lp_room_pct": 100 * (plan.bins * MILLI - sum(amounts)) / capacity,
+            }
+        )
     summary = {key: statistics.mean(r[key] for r in rows) for key in ("ffd_room_pct", "lp_room_pct")}
     if args.json:
         print(json.dumps({"trace": args.trace, "seeds": [r["seed"] for r in rows], "runs": rows, "mean": summary}))
         return 0
     for r in rows:
-        print(f"seed {r['seed']}: {r['share_pods']} SHARE pods, room left by first-fit decreasing "
-              f"{r['ffd_room_pct']:.3f} %, LP bound {r['lp_room_pct']:.3f} %")
+        print(
+            f"seed {r['seed']}: {r['share_pods']} SHARE pods, room left by first-fit decreasing "
+            f"{r['ffd_room_pct']:.3f} %, LP bound {r['lp_room_pct']:.3f} %"
+        )
     print(f"mean: first-fit decreasing {summary['ffd_room_pct']:.3f} %, LP bound {summary['lp_room_pct']:.3f} %")
     return 0
 

@@ -7,14 +7,32 @@ the policy's unallocated GPU % at 100 % arrival (mean ± sd over the seeds) besi
 published FGD and best-fit means (Weng et al. ATC'23, fgd_expected_results) and the difference
 from FGD; then whether the policy is below FGD on every trace.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
-ORDER = ["default", "cpu050", "cpu100", "cpu200", "cpu250", "gpushare40", "gpushare60", "gpushare80", "gpushare100",
-         "multigpu20", "multigpu30", "multigpu40", "multigpu50", "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33"]
+ORDER = [
+    "default",
+    "cpu050",
+    "cpu100",
+    "cpu200",
+    "cpu250",
+    "gpushare40",
+    "gpushare60",
+    "gpushare80",
+    "gpushare100",
+    "multigpu20",
+    "multigpu30",
+    "multigpu40",
+    "multigpu50",
+    "gpuspec10",
+    "gpuspec20",
+    "gpuspec25",
+    "gpuspec33",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,8 +50,10 @@ def main(argv: list[str] | None = None) -> int:
                         results[result["trace"]] = result
     traces = [t for t in ORDER if t in results] + sorted(t for t in results if t not in ORDER)
     seeds = {f"{r['seeds'][0]}-{r['seeds'][-1]}" for r in results.values()}
-    print(f"unallocated GPU % at 100 % arrival, {args.policy} (ours), seeds {', '.join(sorted(seeds))}, "
-          f"vs the published FGD / best-fit means")
+    print(
+        f"unallocated GPU % at 100 % arrival, {args.policy} (ours), seeds {', '.join(sorted(seeds))}, "
+        f"vs the published FGD / best-fit means"
+    )
     print(f"{'trace':14s} {args.policy:>14s}  FGD pub  BF pub   diff")
     worse = []
     for trace in traces:
@@ -44,11 +64,15 @@ def main(argv: list[str] | None = None) -> int:
         diff = ours["unallocated_pct_at_100"] - fgd if fgd is not None else None
         if diff is not None and diff > 0:
             worse.append(trace)
-        print(f"{trace:14s} {ours['unallocated_pct_at_100']:6.2f} ± {ours['unallocated_pct_at_100_sd']:5.2f}  "
-              f"{fgd if fgd is not None else float('nan'):7.2f} {bf if bf is not None else float('nan'):7.2f} "
-              f"{diff if diff is not None else float('nan'):6.2f}")
-    print(f"below published FGD on {len(traces) - len(worse)} of {len(traces)} traces"
-          + (f"; worse on {', '.join(worse)}" if worse else ""))
+        print(
+            f"{trace:14s} {ours['unallocated_pct_at_100']:6.2f} ± {ours['unallocated_pct_at_100_sd']:5.2f}  "
+            f"{fgd if fgd is not None else float('nan'):7.2f} {bf if bf is not None else float('nan'):7.2f} "
+            f"{diff if diff is not None else float('nan'):6.2f}"
+        )
+    print(
+        f"below published FGD on {len(traces) - len(worse)} of {len(traces)} traces"
+        + (f"; worse on {', '.join(worse)}" if worse else "")
+    )
     return 0
 
 

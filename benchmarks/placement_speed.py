@@ -13,6 +13,7 @@ two clusters are measured in the same run, so the ratio (cost per placement on 1
 Also timed: `core.place` with a kept index (the scheduler's path, Decimal accounting and the
 exact per-node device choice) for fGPU requests on the 1,213-node inventory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,12 +41,18 @@ def synthetic(base: cluster.ClusterIndex, size: int, seed: int = 7) -> cluster.C
     rows = np.random.default_rng(seed).integers(len(base), size=size)
     names = [f"syn-{i:05d}" for i in range(size)]
     inverse = {v: k for k, v in base.model_ids.items()}
-    return cluster.ClusterIndex(names=names, cpu_total=base.cpu_total[rows], mem_total=base.mem_total[rows],
-                                models=[inverse[int(m)] for m in base.model[rows]], cap=base.cap[rows])
+    return cluster.ClusterIndex(
+        names=names,
+        cpu_total=base.cpu_total[rows],
+        mem_total=base.mem_total[rows],
+        models=[inverse[int(m)] for m in base.model[rows]],
+        cap=base.cap[rows],
+    )
 
 
-def filled(index: cluster.ClusterIndex, pods: list[cluster.Shape],
-           load: float) -> tuple[cluster.ClusterIndex, int, cluster.Workload]:
+def filled(
+    index: cluster.ClusterIndex, pods: list[cluster.Shape], load: float
+) -> tuple[cluster.ClusterIndex, int, cluster.Workload]:
     """`index` filled to `load` % of its GPU under binpack; returns it, the next pod's position
     and the workload seen."""
     index = index.copy()
@@ -67,12 +74,12 @@ def time_policy(index, pods, start, count, policy, workload, warmup: int = WARMU
     packing plan in place, as in a scheduler that has been running)."""
     index = index.copy()
     workload = cluster.Workload(workload.counts())
-    for shape in pods[start:start + warmup]:
+    for shape in pods[start : start + warmup]:
         workload.observe(shape)
         index.place(shape, policy, workload)
     start += warmup
     began = time.perf_counter()
-    for shape in pods[start:start + count]:
+    for shape in pods[start : start + count]:
         workload.observe(shape)
         index.place(shape, policy, workload)
     return (time.perf_counter() - began) / count
@@ -86,10 +93,15 @@ def scheduler_path(count: int) -> float:
     nodes = []
     for i, name in enumerate(base.names):
         gpus = int((base.cap[i] > 0).sum())
-        devices = tuple(core.DeviceState(device_id=f"{name}-{j}", memory_total=16 * GiB, proc_total=108, numa_node=j // 4)
-                        for j in range(gpus))
-        nodes.append(core.NodeState(node_id=name, cpu_total=int(base.cpu_total[i]) // 1000,
-                                    mem_total=int(base.mem_total[i]) << 20, devices=devices))
+        devices = tuple(
+            core.DeviceState(device_id=f"{name}-{j}", memory_total=16 * GiB, proc_total=108, numa_node=j // 4)
+            for j in range(gpus)
+        )
+        nodes.append(
+            core.NodeState(
+                node_id=name, cpu_total=int(base.cpu_total[i]) // 1000, mem_total=int(base.mem_total[i]) << 20, devices=devices
+            )
+        )
     index = core.cluster_index(nodes, settings)
     request = core.ResourceRequest(kind="shares", amount=Decimal("0.5"), cpu=2, mem=4 * GiB)
     began = time.perf_counter()
@@ -127,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         }
         if not args.json:
             r = results["policies"][policy]
-            print(f"{policy:9s} 1,213 nodes {r['placements_per_s_1213']:8.0f}/s   10,000 nodes "
-                  f"{r['placements_per_s_10000']:8.0f}/s   cost ratio {r['cost_ratio_10000_vs_1213']:.2f}", flush=True)
+            print(
+                f"{policy:9s} 1,213 nodes {r['placements_per_s_1213']:8.0f}/s   10,000 nodes "
+                f"{r['placements_per_s_10000']:8.0f}/s   cost ratio {r['cost_ratio_10000_vs_1213']:.2f}",
+                flush=True,
+            )
     per = scheduler_path(min(args.count, 1000))
     results["core_place_with_index_per_s_1213"] = round(1 / per, 1)
     if args.json:

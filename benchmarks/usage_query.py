@@ -26,6 +26,7 @@ times (median and max reported), it times through the API views (DRF request →
 and prints the rows and the size on disk of each usage table (`pg_total_relation_size`: table,
 indexes and TOAST) and of the database. Target (issue 15): each query under a second.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 GiB = 1 << 30
 BUCKET = 300
-USAGE_TABLES = ("usage_sessionsample", "usage_sessionrollup", "usage_sessionperiodrollup", "usage_devicesample",
-                "usage_devicerollup")
+USAGE_TABLES = (
+    "usage_sessionsample",
+    "usage_sessionrollup",
+    "usage_sessionperiodrollup",
+    "usage_devicesample",
+    "usage_devicerollup",
+)
 
 
 def build(*, sessions: int, days: int, interval: int, now: int) -> dict:
@@ -66,14 +72,30 @@ def build(*, sessions: int, days: int, interval: int, now: int) -> dict:
     from usage.services import usage_rollup
 
     began = time.perf_counter()
-    FractionalSettings.objects.update_or_create(slot_name="cuda", defaults={
-        "allocation_mode": "fractional", "unit_mem": 4 * GiB, "unit_proc": 40, "quantum_size": Decimal("0.25")})
+    FractionalSettings.objects.update_or_create(
+        slot_name="cuda",
+        defaults={"allocation_mode": "fractional", "unit_mem": 4 * GiB, "unit_proc": 40, "quantum_size": Decimal("0.25")},
+    )
     gpus = -(-sessions // 4)
-    nodes = Node.objects.bulk_create([Node(name=f"node-{i:04d}", cpu_count=64, memory_size=512 * GiB)
-                                      for i in range(-(-gpus // 8))])
-    devices = Device.objects.bulk_create([
-        Device(node=nodes[i // 8], slot_name="cuda", device_id=f"GPU-{i:06d}", index=i % 8, mother_uuid=f"GPU-{i:06d}",
-               model_name="A10-8GB", numa_node=0, subproc_count=80, memory_size=8 * GiB) for i in range(gpus)])
+    nodes = Node.objects.bulk_create(
+        [Node(name=f"node-{i:04d}", cpu_count=64, memory_size=512 * GiB) for i in range(-(-gpus // 8))]
+    )
+    devices = Device.objects.bulk_create(
+        [
+            Device(
+                node=nodes[i // 8],
+                slot_name="cuda",
+                device_id=f"GPU-{i:06d}",
+                index=i % 8,
+                mother_uuid=f"GPU-{i:06d}",
+                model_name="A10-8GB",
+                numa_node=0,
+                subproc_count=80,
+                memory_size=8 * GiB,
+            )
+            for i in range(gpus)
+        ]
+    )
     users = [get_user_model().objects.create_user(f"user{i:02d}") for i in range(50)]
     projects = [Project.objects.create(name=f"project{i}") for i in range(10)]
     for i, user in enumerate(users):
@@ -84,45 +106,78 @@ def build(*, sessions: int, days: int, interval: int, now: int) -> dict:
     started = datetime.fromtimestamp(start, dt_timezone.utc)
     resources = {"cuda.shares": "0.5"}
     request, _ = request_validate(resources=resources)
-    rows = ComputeSession.objects.bulk_create([
-        ComputeSession(owner=users[i % 50], name=f"s{i}", resources=resources, request_spec=request_to_spec(request),
-                       slot_name=request.slot, slot_subtype=request.kind, amount=request.amount, cpu=request.cpu,
-                       mem=request.mem, status=SessionStatus.RUNNING, node=devices[i // 4].node, scheduled_at=started,
-                       started_at=started) for i in range(sessions)])
+    rows = ComputeSession.objects.bulk_create(
+        [
+            ComputeSession(
+                owner=users[i % 50],
+                name=f"s{i}",
+                resources=resources,
+                request_spec=request_to_spec(request),
+                slot_name=request.slot,
+                slot_subtype=request.kind,
+                amount=request.amount,
+                cpu=request.cpu,
+                mem=request.mem,
+                status=SessionStatus.RUNNING,
+                node=devices[i // 4].node,
+                scheduled_at=started,
+                started_at=started,
+            )
+            for i in range(sessions)
+        ]
+    )
     ComputeSession.objects.update(created_at=started)
-    Allocation.objects.bulk_create([Allocation(session=s, device=devices[i // 4], shares=Decimal("0.5"), memory=2 * GiB,
-                                               procs=Decimal(20)) for i, s in enumerate(rows)])
+    Allocation.objects.bulk_create(
+        [
+            Allocation(session=s, device=devices[i // 4], shares=Decimal("0.5"), memory=2 * GiB, procs=Decimal(20))
+            for i, s in enumerate(rows)
+        ]
+    )
     Allocation.objects.update(created_at=started)
     watermark = (now - settings.FGPU_USAGE_LATENESS) // BUCKET * BUCKET
     RollupState.objects.update_or_create(pk=1, defaults={"watermark": watermark})
     raw_from = (now - settings.FGPU_USAGE_RAW_RETENTION) // interval * interval
     with connection.cursor() as cur:
-        cur.execute("CREATE TEMP TABLE bench_s AS SELECT id, row_number() OVER (ORDER BY name) AS n "
-                    "FROM compute_sessions_computesession")
-        cur.execute("CREATE TEMP TABLE bench_d AS SELECT id, row_number() OVER (ORDER BY device_id) AS n "
-                    "FROM accelerators_device")
+        cur.execute(
+            "CREATE TEMP TABLE bench_s AS SELECT id, row_number() OVER (ORDER BY name) AS n FROM compute_sessions_computesession"
+        )
+        cur.execute(
+            "CREATE TEMP TABLE bench_d AS SELECT id, row_number() OVER (ORDER BY device_id) AS n FROM accelerators_device"
+        )
         # Session samples: memory up to the 2 GiB granted, utilisation 0-99 %, CPU 0-3.99 cores.
-        cur.execute(f"""
+        cur.execute(
+            f"""
             INSERT INTO usage_sessionsample (session_id, t, span, gpu_memory, gpu_util, cpu, mem)
             SELECT s.id, t, {interval}, (({2 * GiB}::bigint * ((t / 60 + s.n * 13) %% 100)) / 100),
                    ((t / {interval} + s.n * 7) %% 100), ((t / {interval} * 37 + s.n * 101) %% 4000), {GiB}
-            FROM bench_s s CROSS JOIN generate_series(%s::bigint, %s::bigint, {interval}) AS t""", [raw_from, now - 1])
-        cur.execute(f"""
+            FROM bench_s s CROSS JOIN generate_series(%s::bigint, %s::bigint, {interval}) AS t""",
+            [raw_from, now - 1],
+        )
+        cur.execute(
+            f"""
             INSERT INTO usage_sessionrollup (session_id, bucket, samples, span_s, gpu_memory_s, gpu_memory_max, gpu_util_s,
                                              gpu_util_max, gpu_span_s, cpu_s, mem_max)
             SELECT s.id, b, {BUCKET // interval}, {BUCKET}, (({2 * GiB}::bigint * ((b / 60 + s.n * 13) %% 100)) / 100) * {BUCKET},
                    (({2 * GiB}::bigint * ((b / 60 + s.n * 13) %% 100 + 5)) / 100), ((b / {BUCKET} + s.n * 7) %% 100) * {BUCKET},
                    ((b / {BUCKET} + s.n * 7) %% 100), {BUCKET}, ((b / {BUCKET} * 37 + s.n * 101) %% 4000) * {BUCKET}, {GiB}
-            FROM bench_s s CROSS JOIN generate_series(%s::bigint, %s::bigint, {BUCKET}) AS b""", [start, watermark - BUCKET])
-        cur.execute(f"""
+            FROM bench_s s CROSS JOIN generate_series(%s::bigint, %s::bigint, {BUCKET}) AS b""",
+            [start, watermark - BUCKET],
+        )
+        cur.execute(
+            f"""
             INSERT INTO usage_devicesample (device_id, t, memory_used, memory_total, util)
             SELECT d.id, t, (({8 * GiB}::bigint * ((t / 60 + d.n * 11) %% 100)) / 100), {8 * GiB}, ((t / {interval} + d.n) %% 100)
-            FROM bench_d d CROSS JOIN generate_series(%s::bigint, %s::bigint, {interval}) AS t""", [raw_from, now - 1])
-        cur.execute(f"""
+            FROM bench_d d CROSS JOIN generate_series(%s::bigint, %s::bigint, {interval}) AS t""",
+            [raw_from, now - 1],
+        )
+        cur.execute(
+            f"""
             INSERT INTO usage_devicerollup (device_id, bucket, samples, memory_used_avg, memory_used_max, memory_total, util_avg)
             SELECT d.id, b, {BUCKET // interval}, (({8 * GiB}::bigint * ((b / 60 + d.n * 11) %% 100)) / 100),
                    (({8 * GiB}::bigint * ((b / 60 + d.n * 11) %% 100 + 5)) / 100), {8 * GiB}, ((b / {BUCKET} + d.n) %% 100)
-            FROM bench_d d CROSS JOIN generate_series(%s::bigint, %s::bigint, {BUCKET}) AS b""", [start, watermark - BUCKET])
+            FROM bench_d d CROSS JOIN generate_series(%s::bigint, %s::bigint, {BUCKET}) AS b""",
+            [start, watermark - BUCKET],
+        )
         cur.execute("ANALYZE")
     rolled, runs = time.perf_counter(), 0
     while True:  # as beat's fgpu.manager.usage_rollup catches up after an upgrade
@@ -137,8 +192,14 @@ def build(*, sessions: int, days: int, interval: int, now: int) -> dict:
         for table in USAGE_TABLES:
             cur.execute(f"SELECT count(*) FROM {table}")
             counts[table] = cur.fetchone()[0]
-    return {"start": start, "watermark": watermark, "rows": counts, "seconds": time.perf_counter() - began,
-            "period_seconds": period_seconds, "period_runs": runs}
+    return {
+        "start": start,
+        "watermark": watermark,
+        "rows": counts,
+        "seconds": time.perf_counter() - began,
+        "period_seconds": period_seconds,
+        "period_runs": runs,
+    }
 
 
 def sizes() -> dict:
@@ -210,33 +271,58 @@ def main(argv: list[str] | None = None) -> int:
         session = ComputeSession.objects.order_by("name").first()
         chart = {}
         for label, since in (("last hour", now - 3600), ("whole range", built["start"])):
-            r = timed(session_usage_view, f"/api/v1/sessions/{session.pk}/usage/", {"since": since}, admin, args.repeat,
-                      session_id=session.pk)
-            chart[label] = {"median_ms": r["median_ms"], "max_ms": r["max_ms"], "points": len(r["answer"]["t"]),
-                            "resolution": r["answer"]["resolution"]}
+            r = timed(
+                session_usage_view,
+                f"/api/v1/sessions/{session.pk}/usage/",
+                {"since": since},
+                admin,
+                args.repeat,
+                session_id=session.pk,
+            )
+            chart[label] = {
+                "median_ms": r["median_ms"],
+                "max_ms": r["max_ms"],
+                "points": len(r["answer"]["t"]),
+                "resolution": r["answer"]["resolution"],
+            }
         disk = sizes()
-    result = {"sessions": args.sessions, "days": args.days, "interval_s": args.interval, "repeat": args.repeat,
-              "build_seconds": round(built["seconds"], 1),
-              "period_rollup_seconds": round(built["period_seconds"], 1), "period_rollup_runs": built["period_runs"],
-              "rows": built["rows"], "bytes": disk,
-              "usage_api": report, "session_chart": chart}
+    result = {
+        "sessions": args.sessions,
+        "days": args.days,
+        "interval_s": args.interval,
+        "repeat": args.repeat,
+        "build_seconds": round(built["seconds"], 1),
+        "period_rollup_seconds": round(built["period_seconds"], 1),
+        "period_rollup_runs": built["period_runs"],
+        "rows": built["rows"],
+        "bytes": disk,
+        "usage_api": report,
+        "session_chart": chart,
+    }
     if args.json:
         print(json.dumps(result))
         return 0
     usage_bytes = sum(disk[t] for t in USAGE_TABLES)
-    print(f"{args.sessions} sessions × {args.days} days, samples every {args.interval} s "
-          f"(built in {result['build_seconds']} s); times are the median and max of {args.repeat}")
-    print(f"  usage_rollup made the hourly and daily sums in {result['period_rollup_seconds']} s "
-          f"({result['period_rollup_runs']} runs, the last with nothing left to do)")
+    print(
+        f"{args.sessions} sessions × {args.days} days, samples every {args.interval} s "
+        f"(built in {result['build_seconds']} s); times are the median and max of {args.repeat}"
+    )
+    print(
+        f"  usage_rollup made the hourly and daily sums in {result['period_rollup_seconds']} s "
+        f"({result['period_rollup_runs']} runs, the last with nothing left to do)"
+    )
     for table in USAGE_TABLES:
         print(f"  {table:25} {built['rows'][table]:>12,} rows  {human(disk[table]):>10}")
     print(f"  usage tables together     {human(usage_bytes):>28}; whole database {human(disk['database'])}")
     for group_by, r in report.items():
-        print(f"GET /api/v1/usage/ month, group_by={group_by:8} {r['median_ms']:>8.1f} ms (max {r['max_ms']:.1f}), "
-              f"{r['rows']} rows")
+        print(
+            f"GET /api/v1/usage/ month, group_by={group_by:8} {r['median_ms']:>8.1f} ms (max {r['max_ms']:.1f}), {r['rows']} rows"
+        )
     for label, r in chart.items():
-        print(f"GET /api/v1/sessions/<id>/usage/ {label:12} {r['median_ms']:>8.1f} ms (max {r['max_ms']:.1f}), "
-              f"{r['points']} points ({r['resolution']})")
+        print(
+            f"GET /api/v1/sessions/<id>/usage/ {label:12} {r['median_ms']:>8.1f} ms (max {r['max_ms']:.1f}), "
+            f"{r['points']} points ({r['resolution']})"
+        )
     return 0
 
 

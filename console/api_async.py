@@ -15,6 +15,7 @@ by the API's exception handler (console.api_errors: the one error shape, 503 for
 error), as if the view had raised it. The headers, status and content negotiation are the DRF
 view's. Under Django's test client (a sync caller) the same code runs on the caller's thread.
 """
+
 from __future__ import annotations
 
 import functools
@@ -59,8 +60,7 @@ def awaiting_view(view: Callable) -> Callable:
                 response[header] = value
         return response
 
-    functools.update_wrapper(awaiting, view, assigned=("__module__", "__name__", "__qualname__", "__doc__"),
-                             updated=())
+    functools.update_wrapper(awaiting, view, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
     for name in ("csrf_exempt", "cls", "initkwargs", "actions"):
         if hasattr(view, name):
             setattr(awaiting, name, getattr(view, name))

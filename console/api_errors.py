@@ -6,6 +6,7 @@ or TimeoutError, from Celery or the channel layer) is a 503 "service-unavailable
 `Retry-After`. What no view handles ends in Django's handler500, which answers the same shape
 under /api/ (`console.api_support.server_error`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,8 +60,11 @@ def error_body(type: str, title: str, detail: str, field_errors: dict[str, list[
 def service_unavailable(exc: BaseException) -> tuple[dict, int, dict[str, str]]:
     """(body, 503, headers) for a broker error `exc` (one of BROKER_ERRORS), which is logged."""
     log.warning("answering 503: the broker cannot be reached (%s: %s)", type(exc).__name__, exc)
-    body = error_body("service-unavailable", "Service unavailable",
-                      "The message broker (Redis) cannot be reached right now; try again in a few seconds.")
+    body = error_body(
+        "service-unavailable",
+        "Service unavailable",
+        "The message broker (Redis) cannot be reached right now; try again in a few seconds.",
+    )
     return body, 503, {"Retry-After": str(RETRY_AFTER_S)}
 
 

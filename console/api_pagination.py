@@ -1,4 +1,5 @@
 """The API's pagination (a module of its own: DRF imports it while defining its generic views)."""
+
 from __future__ import annotations
 
 from rest_framework import serializers
@@ -6,7 +7,7 @@ from rest_framework.pagination import LimitOffsetPagination
 
 
 MAX_LIMIT = 1000  # items per page
-MAX_OFFSET = 2 ** 63 - 1 - MAX_LIMIT  # offset + limit must fit the database's 64-bit LIMIT/OFFSET
+MAX_OFFSET = 2**63 - 1 - MAX_LIMIT  # offset + limit must fit the database's 64-bit LIMIT/OFFSET
 
 
 class StrictLimitOffsetPagination(LimitOffsetPagination):

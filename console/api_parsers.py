@@ -7,6 +7,7 @@ than MAX_DEPTH levels, naming where: `{"resources": {"x": [[[…]]]}}` → 400 w
 `{"resources.x": ["nested deeper than 32 levels"]}`. No request of this API nests more than a
 few levels.
 """
+
 from __future__ import annotations
 
 import codecs

@@ -14,6 +14,7 @@ bytes, not the same rows); a GET that sends it back in `If-None-Match` gets 304 
 so pollers (the CLI's `--wait`, dashboards) can skip unchanged pages. The page is still
 computed: this saves bandwidth and parsing, not the server's queries.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -53,7 +54,7 @@ class ErrorSerializer(serializers.Serializer):
     field_errors = serializers.DictField(
         child=serializers.ListField(child=serializers.CharField()),
         help_text='request field → messages, e.g. {"resources": ["resources.cuda.shares: not a multiple of the '
-                  'quantum 0.25"]}; empty when the error is about no one field',
+        'quantum 0.25"]}; empty when the error is about no one field',
     )
 
 
@@ -72,8 +73,10 @@ class DefaultTimezoneDateTimeField(serializers.DateTimeField):
 # serializers of long lists. (A comment, not a docstring: the schema would describe every
 # serializer built on it with the docstring.)
 class ModelSerializer(serializers.ModelSerializer):
-    serializer_field_mapping = {**serializers.ModelSerializer.serializer_field_mapping,
-                                models.DateTimeField: DefaultTimezoneDateTimeField}
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.DateTimeField: DefaultTimezoneDateTimeField,
+    }
 
 
 ERROR_DESCRIPTIONS = {
@@ -87,11 +90,17 @@ ERROR_DESCRIPTIONS = {
 }
 
 IF_MATCH = OpenApiParameter(
-    "If-Match", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True,
+    "If-Match",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=True,
     description="the `ETag` from the GET of this object (or `*` to overwrite whatever is there)",
 )
 IF_MATCH_OPTIONAL = OpenApiParameter(
-    "If-Match", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+    "If-Match",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
     description="when sent, the `ETag` from the GET of this object; a stale one is 412",
 )
 
@@ -163,8 +172,9 @@ def server_error(request):
     if isinstance(exc, BROKER_ERRORS):
         body, status, headers = service_unavailable(exc)
         return JsonResponse(body, status=status, headers=headers)
-    return JsonResponse(error_body("server-error", "Server error",
-                                   "The server failed to answer this request; the error was logged."), status=500)
+    return JsonResponse(
+        error_body("server-error", "Server error", "The server failed to answer this request; the error was logged."), status=500
+    )
 
 
 class IsAdminOrReadOnly(permissions.BasePermission):
@@ -185,8 +195,11 @@ def row_etag(obj, fields: list[str] | None = None) -> str:
     rows that other writers touch all the time, such as a node's heartbeat). Compute it on an
     instance fresh from the database (a Decimal assigned as "0.25" is stored and read back as
     "0.250")."""
-    values = {field.attname: field.value_to_string(obj) for field in obj._meta.concrete_fields
-              if fields is None or field.attname in fields}
+    values = {
+        field.attname: field.value_to_string(obj)
+        for field in obj._meta.concrete_fields
+        if fields is None or field.attname in fields
+    }
     for field in obj._meta.many_to_many:
         if fields is None or field.name in fields:
             values[field.name] = sorted(str(pk) for pk in getattr(obj, field.name).values_list("pk", flat=True))
@@ -202,10 +215,12 @@ def if_match_check(request, obj, *, required: bool, fields: list[str] | None = N
     if not header:
         if required:
             raise ApplicationError(
-                "Send If-Match with the ETag from a GET of this object, so a change made since is not "
-                "overwritten silently.",
-                type="precondition-required", title="Precondition required", status=428,
-                field_errors={"If-Match": ["required"]})
+                "Send If-Match with the ETag from a GET of this object, so a change made since is not overwritten silently.",
+                type="precondition-required",
+                title="Precondition required",
+                status=428,
+                field_errors={"If-Match": ["required"]},
+            )
         return
     if header == "*":
         return
@@ -214,8 +229,11 @@ def if_match_check(request, obj, *, required: bool, fields: list[str] | None = N
         raise ApplicationError(
             "This object was changed since you read it (its ETag is no longer the one in If-Match); "
             "GET it again and re-apply your change.",
-            type="precondition-failed", title="Precondition failed", status=412,
-            field_errors={"If-Match": [f"stale: the current ETag is {current}"]})
+            type="precondition-failed",
+            title="Precondition failed",
+            status=412,
+            field_errors={"If-Match": [f"stale: the current ETag is {current}"]},
+        )
 
 
 def _save(serializer):
@@ -225,8 +243,9 @@ def _save(serializer):
         with transaction.atomic():
             return serializer.save()
     except IntegrityError as exc:
-        raise ApplicationError(f"Conflicts with an existing object: {exc}".splitlines()[0], type="conflict",
-                               title="Conflict", status=409) from None
+        raise ApplicationError(
+            f"Conflicts with an existing object: {exc}".splitlines()[0], type="conflict", title="Conflict", status=409
+        ) from None
 
 
 def page_etag(data) -> str:
@@ -313,21 +332,26 @@ class ETagMixin(ListETagMixin, ViewMixinBase):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-ETAG_NOTE = ("The answer carries an `ETag` header; send it back in `If-Match` to change the object "
-             "(PUT/PATCH without it: 428; with a stale one: 412).")
+ETAG_NOTE = (
+    "The answer carries an `ETag` header; send it back in `If-Match` to change the object "
+    "(PUT/PATCH without it: 428; with a stale one: 412)."
+)
 
 
-def admin_write_docs(noun: str, *, examples: list[OpenApiExample], patch_examples: list[OpenApiExample],
-                     tags: list[str]) -> dict:
+def admin_write_docs(noun: str, *, examples: list[OpenApiExample], patch_examples: list[OpenApiExample], tags: list[str]) -> dict:
     """extend_schema_view arguments for an admin-written, ETag-guarded viewset of `noun`."""
     return {
         "list": extend_schema(summary=f"List {noun}s", tags=tags),
         "retrieve": extend_schema(summary=f"One {noun}", description=ETAG_NOTE, tags=tags),
         "create": extend_schema(summary=f"Create a {noun} (administrators)", examples=examples, tags=tags),
-        "update": extend_schema(summary=f"Replace a {noun} (administrators; If-Match required)",
-                                parameters=[IF_MATCH], examples=examples, tags=tags),
-        "partial_update": extend_schema(summary=f"Change some fields of a {noun} (administrators; If-Match required)",
-                                        parameters=[IF_MATCH], examples=patch_examples, tags=tags),
-        "destroy": extend_schema(summary=f"Delete a {noun} (administrators)", parameters=[IF_MATCH_OPTIONAL],
-                                 tags=tags),
+        "update": extend_schema(
+            summary=f"Replace a {noun} (administrators; If-Match required)", parameters=[IF_MATCH], examples=examples, tags=tags
+        ),
+        "partial_update": extend_schema(
+            summary=f"Change some fields of a {noun} (administrators; If-Match required)",
+            parameters=[IF_MATCH],
+            examples=patch_examples,
+            tags=tags,
+        ),
+        "destroy": extend_schema(summary=f"Delete a {noun} (administrators)", parameters=[IF_MATCH_OPTIONAL], tags=tags),
     }

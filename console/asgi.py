@@ -5,6 +5,7 @@ HTTP goes to Django (static files served by Django's ASGI static handler), excep
 sign-in cookie itself); websockets go through the origin check, then session-cookie auth, then the
 URL router (Channels' docs; the app proxy's websockets are routed there too).
 """
+
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
@@ -38,8 +39,6 @@ class BrowserOriginValidator(OriginValidator):
 application = ProtocolTypeRouter(
     {
         "http": AppProxyRouter(AppHttpProxy(), ASGIStaticFilesHandler(django_asgi_app)),
-        "websocket": BrowserOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), settings.ALLOWED_HOSTS
-        ),
+        "websocket": BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), settings.ALLOWED_HOSTS),
     }
 )

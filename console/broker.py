@@ -23,6 +23,7 @@ visibility timeout (`CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"]`, kom
 `restore_visible`), which is what happens to a killed worker's messages too; the task runs
 again, and every manager and agent task is idempotent.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,22 +50,25 @@ def patch_redis_transport() -> None:
     def restore_unacked(self, client=None):
         if client is None and _detached(self):
             if self._delivered:
-                log.warning("broker connection gone: %d unacknowledged message(s) go back to their queue after "
-                            "the visibility timeout", len(self._delivered))
+                log.warning(
+                    "broker connection gone: %d unacknowledged message(s) go back to their queue after the visibility timeout",
+                    len(self._delivered),
+                )
             return None
         return original_restore(self, client)
 
     def ack(self, delivery_tag):
         if _detached(self):
-            log.warning("broker connection gone: message %s is acknowledged by no one; it runs again after the "
-                        "visibility timeout", delivery_tag)
+            log.warning(
+                "broker connection gone: message %s is acknowledged by no one; it runs again after the visibility timeout",
+                delivery_tag,
+            )
             return None
         return original_ack(self, delivery_tag)
 
     def reject(self, delivery_tag, requeue=False):
         if _detached(self):
-            log.warning("broker connection gone: message %s goes back to its queue after the visibility timeout",
-                        delivery_tag)
+            log.warning("broker connection gone: message %s goes back to its queue after the visibility timeout", delivery_tag)
             return None
         return original_reject(self, delivery_tag, requeue=requeue)
 

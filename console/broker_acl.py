@@ -23,6 +23,7 @@ Source of the key names: kombu's Redis transport (queues are lists named as the 
 `_kombu.binding.<exchange>` sets; `unacked`, `unacked_index`, `unacked_mutex` keys, renamable by
 transport options) and channels_redis (prefix `asgi`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,8 +39,10 @@ _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 SERVICE_RULES = "~* &* +@all -@admin -@dangerous"
 # What an agent's connections run: kombu (lists, sets, sorted sets and hashes, MULTI/EXEC, Lua for
 # its unacked bookkeeping), channels_redis (sorted sets, Lua) and the exec store (hashes, lists, Lua).
-AGENT_COMMANDS = ("-@all +@connection +@read +@write +@list +@set +@sortedset +@hash +@string +@keyspace "
-                  "+@scripting +@transaction -@admin -@dangerous")
+AGENT_COMMANDS = (
+    "-@all +@connection +@read +@write +@list +@set +@sortedset +@hash +@string +@keyspace "
+    "+@scripting +@transaction -@admin -@dangerous"
+)
 
 
 def agent_user(node: str) -> str:
@@ -59,8 +62,7 @@ def agent_transport_options(node: str) -> dict:
 def agent_rules(node: str) -> str:
     """The ACL rules of `node`'s agent (see the module's table)."""
     queue = protocol.agent_queue(node)
-    keys = [f"~{queue}", f"~unacked.{queue}*", *(f"%W~{q}" for q in protocol.MANAGER_QUEUES), "~asgi*",
-            "~fgpu:exec:*"]
+    keys = [f"~{queue}", f"~unacked.{queue}*", *(f"%W~{q}" for q in protocol.MANAGER_QUEUES), "~asgi*", "~fgpu:exec:*"]
     for routed in (queue, *protocol.MANAGER_QUEUES):  # kombu's routing table of each
         keys += [f"~_kombu.binding.{routed}", f"~_kombu.binding_permanent.{routed}"]
     return f"resetkeys resetchannels {' '.join(keys)} {AGENT_COMMANDS}"

@@ -5,6 +5,7 @@ never queues ahead of either) and usage samples (`manager.usage`); a worker star
 consumes all four
 (`consume_manager_queues`); agent tasks (`fgpu.agent.*`) to queue
 `agent.<node>`, taken from the task's `node` keyword argument."""
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,13 @@ from django import db
 
 from console.broker import patch_redis_transport
 from protocol import (  # noqa: F401 (re-exported)
-    HEARTBEAT_QUEUE, LOG_QUEUE, MANAGER_QUEUE, MANAGER_QUEUES, NOISY_TASKS, agent_queue, manager_queue,
+    HEARTBEAT_QUEUE,
+    LOG_QUEUE,
+    MANAGER_QUEUE,
+    MANAGER_QUEUES,
+    NOISY_TASKS,
+    agent_queue,
+    manager_queue,
 )
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
@@ -59,8 +66,13 @@ def consume_manager_queues(sender, instance, **kwargs):
 
 # Errors a manager task is retried after (with backoff, 1 s doubling up to 30 s, 20 times): the
 # database or the broker went away for a moment (a restart, a terminated backend, a failover).
-TRANSIENT_ERRORS = (db.OperationalError, db.InterfaceError, kombu.exceptions.OperationalError,
-                    redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+TRANSIENT_ERRORS = (
+    db.OperationalError,
+    db.InterfaceError,
+    kombu.exceptions.OperationalError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+)
 
 
 def agent_send(task: str, *, producer=None, **kwargs) -> None:

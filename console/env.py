@@ -3,6 +3,7 @@
 Every variable read here is listed in `.env.example`. A bad value stops start-up with a
 message naming the variable, the value and what was expected (`ImproperlyConfigured`).
 """
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """The exec store this process's settings name (protocol.exec_store): the web's, and the
 embedded agents' in standalone mode. Here, not in protocol, which imports no Django."""
+
 from __future__ import annotations
 
 from django.conf import settings

@@ -18,6 +18,7 @@ BZPOPMIN when none waits), instead of four commands and two new tasks for every 
 no backup copy of a message it took (channels_redis's `$inflight` queue, for a receive cancelled
 while Redis answered: that loses at most the message in flight when an event loop shuts down).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -126,8 +127,9 @@ class RedisChannelLayer(ChannelsRedisLayer):
 
     async def _push_to(self, index: int, keys: list, messages: list, capacities: list) -> int:
         connection = self.connection(index)
-        return await self._push_script(connection)(keys=keys, args=[*messages, *capacities, time.time(), self.expiry],
-                                                   client=connection)
+        return await self._push_script(connection)(
+            keys=keys, args=[*messages, *capacities, time.time(), self.expiry], client=connection
+        )
 
     async def send(self, channel, message):
         assert isinstance(message, dict), "message is not a dict"
@@ -140,8 +142,7 @@ class RedisChannelLayer(ChannelsRedisLayer):
         else:
             non_local = channel
             index = next(self._send_index_generator)
-        full = await self._push_to(index, [self.prefix + non_local], [self.serialize(message)],
-                                   [self.get_capacity(channel)])
+        full = await self._push_to(index, [self.prefix + non_local], [self.serialize(message)], [self.get_capacity(channel)])
         if full:
             raise ChannelFull()
 
@@ -150,24 +151,40 @@ class RedisChannelLayer(ChannelsRedisLayer):
         key = self._group_key(group)
         connection = self.connection(self.consistent_hash(group))
         serializer = self._serializer
-        if (self.ring_size == 1 and not self.channel_capacity and serializer.crypter is None
-                and serializer.as_bytes is msgpack.packb):
+        if (
+            self.ring_size == 1
+            and not self.channel_capacity
+            and serializer.crypter is None
+            and serializer.as_bytes is msgpack.packb
+        ):
             packed = msgpack.packb(message)
             if 0x80 <= packed[0] < 0x8F:  # a map of fewer than 15 entries: one entry fits in
                 if self._group_push is None:
                     self._group_push = connection.register_script(_GROUP_PUSH)
                 size = serializer.random_prefix_length
-                await self._group_push(keys=[key], args=[
-                    self.prefix, int(time.time()) - self.group_expiry, self.capacity, time.time(), self.expiry,
-                    random.getrandbits(8 * size).to_bytes(size, "big") if size else b"", bytes([packed[0] + 1]),
-                    packed[1:], _ASGI_CHANNEL], client=connection)
+                await self._group_push(
+                    keys=[key],
+                    args=[
+                        self.prefix,
+                        int(time.time()) - self.group_expiry,
+                        self.capacity,
+                        time.time(),
+                        self.expiry,
+                        random.getrandbits(8 * size).to_bytes(size, "big") if size else b"",
+                        bytes([packed[0] + 1]),
+                        packed[1:],
+                        _ASGI_CHANNEL,
+                    ],
+                    client=connection,
+                )
                 return
         async with connection.pipeline(transaction=False) as pipe:
             pipe.zremrangebyscore(key, min=0, max=int(time.time()) - self.group_expiry)
             pipe.zrange(key, 0, -1)
             _, members = await pipe.execute()
         by_connection, messages, capacities = self._map_channel_keys_to_connection(
-            [member.decode() for member in members], message)
+            [member.decode() for member in members], message
+        )
         for index, keys in by_connection.items():
             await self._push_to(index, keys, [messages[k] for k in keys], [capacities[k] for k in keys])
 

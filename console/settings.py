@@ -5,6 +5,7 @@ Everything that differs between machines comes from the environment (see `.env.e
 Channels layer; without it the channel layer is in-memory), `FGPU_SECRET_KEY`, `FGPU_DEBUG`,
 `FGPU_ALLOWED_HOSTS`. `console.settings_standalone` builds the single-machine mode on top.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -100,8 +101,11 @@ def _database(url: str) -> dj_database_url.DBConfig:
         # WAL: readers never wait for the writer, and a commit appends to the log instead of
         # syncing the database file twice (synchronous=NORMAL: a power cut may lose the last
         # commits, never corrupt the file — https://www.sqlite.org/wal.html).
-        config["OPTIONS"] = {"timeout": 30, "transaction_mode": "IMMEDIATE",
-                             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
+        config["OPTIONS"] = {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
     return config
 
 
@@ -145,8 +149,11 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 # The login throttle's counters: shared by every web process through Redis, else per process.
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL} if REDIS_URL
-          else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    if REDIS_URL
+    else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+}
 
 CELERY_BROKER_URL = REDIS_URL or "memory://localhost/"
 CELERY_TASK_ALWAYS_EAGER = env_bool("FGPU_CELERY_EAGER", not REDIS_URL)
@@ -161,7 +168,9 @@ CELERY_BROKER_CONNECTION_MAX_RETRIES = None  # a restarted broker is waited for,
 # (the caller logs it, the reconciliation repairs it) instead of hanging a web request.
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env_int("FGPU_BROKER_VISIBILITY_TIMEOUT", 30, minimum=5, maximum=86400),
-    "socket_timeout": 10, "socket_connect_timeout": 5, "health_check_interval": 10,
+    "socket_timeout": 10,
+    "socket_connect_timeout": 5,
+    "health_check_interval": 10,
     # No priority sub-queues (nothing is sent with a priority): each queue is one Redis key, which
     # the broker's ACL users name (console/broker_acl.py).
     "priority_steps": [0],
@@ -203,7 +212,7 @@ SPECTACULAR_SETTINGS = {
         "a fraction, whole devices), read the inventory, and (administrators) edit slot formats, "
         "fractional settings, resource groups, projects, quotas and session images.\n\n"
         "Authenticate with `Authorization: Token <key>` (POST /api/v1/auth/token/) or a signed-in session. "
-        "Every error has one shape: `{\"type\", \"title\", \"detail\", \"field_errors\"}`. "
+        'Every error has one shape: `{"type", "title", "detail", "field_errors"}`. '
         "Administrators' edits need `If-Match` with the ETag from a GET (428 without, 412 when stale). "
         "Amounts: fGPU as decimal text, memory in bytes, compute in SMs."
     ),
@@ -259,7 +268,7 @@ FGPU_EXEC_STREAM_MAX_BYTES = 1024 * 1024
 FGPU_EXEC_OUTPUT_TTL = 3600
 # A session's files (issue 18): the most bytes a user may keep in their persistent folder (~/data),
 # and in one session's home; an upload that would pass it is refused (413 over-cap).
-FGPU_FILES_USER_CAP = env_int("FGPU_FILES_USER_CAP", 10 * 1024 ** 3, minimum=1, maximum=1024 ** 5)  # bytes
+FGPU_FILES_USER_CAP = env_int("FGPU_FILES_USER_CAP", 10 * 1024**3, minimum=1, maximum=1024**5)  # bytes
 # Usage (issue 15): samples at full resolution are kept FGPU_USAGE_RAW_RETENTION seconds, their
 # 5-minute means FGPU_USAGE_ROLLUP_RETENTION; a bucket is closed FGPU_USAGE_LATENESS seconds after
 # it ends (later samples are refused). GET /metrics answers only `Authorization: Bearer

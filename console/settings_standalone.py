@@ -4,6 +4,7 @@ One process on one machine: SQLite under `FGPU_DATA_DIR`, the in-memory channel 
 eager Celery, and embedded agents driven by the same agent code as a GPU node. Nothing
 here needs PostgreSQL or Redis; `DATABASE_URL` and `REDIS_URL` are ignored on purpose.
 """
+
 from console.settings import *  # noqa: F401,F403
 from console.settings import DATA_DIR, _database
 

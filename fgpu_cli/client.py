@@ -1,5 +1,6 @@
 """A small JSON client for `/api/v1/` over stdlib urllib. Every failure becomes one of two
 exceptions: ApiError (the server answered 4xx/5xx: its `detail`) or Unreachable (no answer)."""
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,16 @@ class Client:
         self.token = token
         self.timeout = timeout
 
-    def request(self, method: str, path: str, body=None, *, query: dict | None = None, auth: bool = True,
-                headers: dict[str, str] | None = None):
+    def request(
+        self,
+        method: str,
+        path: str,
+        body=None,
+        *,
+        query: dict | None = None,
+        auth: bool = True,
+        headers: dict[str, str] | None = None,
+    ):
         """`path` below the server root (`/api/v1/sessions/`) or an absolute URL (pagination's
         `next`); `headers` are sent besides the client's own. Returns the decoded JSON (None for
         an empty body)."""
@@ -70,8 +79,16 @@ class Client:
         except ValueError:
             raise ApiError(0, f"{response.url} did not answer JSON (is {self.url} an fGPU Console?)") from None
 
-    def open(self, method: str, path: str, *, query: dict | None = None, data=None, auth: bool = True,
-             headers: dict[str, str] | None = None):
+    def open(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict | None = None,
+        data=None,
+        auth: bool = True,
+        headers: dict[str, str] | None = None,
+    ):
         """The open HTTP response (read it in chunks, then close it: a `with` block), for bodies
         that are not JSON: a file's bytes. `data`: bytes or a binary file object (streamed; give
         its Content-Length in `headers`). Raises ApiError / Unreachable as `request` does."""
@@ -98,8 +115,7 @@ class Client:
                 raw = exc.read()
             except OSError:
                 raw = b""
-            raise ApiError(exc.code, error_detail(exc.code, exc.reason or "", _json_or_none(raw)),
-                           _json_or_none(raw)) from None
+            raise ApiError(exc.code, error_detail(exc.code, exc.reason or "", _json_or_none(raw)), _json_or_none(raw)) from None
         except urllib.error.URLError as exc:
             reason = exc.reason
             raise Unreachable(f"cannot reach {self.url}: {reason}") from None

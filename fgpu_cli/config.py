@@ -1,6 +1,7 @@
 """Where `fgpu login` keeps the server URL and token: `$XDG_CONFIG_HOME/fgpu/config.json`
 (default `~/.config/fgpu/config.json`), mode 0600 in a 0700 directory. `FGPU_URL` and
 `FGPU_TOKEN` in the environment override what the file says."""
+
 from __future__ import annotations
 
 import json
@@ -91,8 +92,7 @@ def credentials(environ=None) -> Credentials:
     token = environ.get("FGPU_TOKEN") or stored.get("token") or ""
     if not url or not token:
         missing = "server URL" if not url else "token"
-        raise ConfigError(f"not logged in (no {missing}): run `fgpu login URL --username USER`, "
-                          "or set FGPU_URL and FGPU_TOKEN")
+        raise ConfigError(f"not logged in (no {missing}): run `fgpu login URL --username USER`, or set FGPU_URL and FGPU_TOKEN")
     try:
         url = normalize_url(url)
     except ValueError as exc:

@@ -5,6 +5,7 @@ and renamed once complete, so a failed copy leaves no partial file.
 
 PATH is relative to the session's home (`~/` at its start is taken off; `data/…` is your
 persistent folder); empty or ending in `/`, or naming a folder, it gets the local file's name."""
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,13 @@ def upload(client: Client, session_id: str, local: str, remote: str) -> dict:
         remote = remote.rstrip("/") + "/" + name if remote.strip("/") else name
     size = os.path.getsize(local)
     with open(local, "rb") as body:
-        with client.open("PUT", _url(session_id, "content/"), query={"path": remote}, data=body,
-                         headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)}) as answer:
+        with client.open(
+            "PUT",
+            _url(session_id, "content/"),
+            query={"path": remote},
+            data=body,
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
+        ) as answer:
             return json.loads(client.guarded(answer.read))
 
 
@@ -63,13 +69,15 @@ def download(client: Client, session_id: str, remote: str, local: str) -> int:
     """Write the session's file `remote` to `local` (a folder: the file keeps its name; `-`:
     stdout). Returns the bytes written."""
     query = {"path": remote}
-    with client.open("GET", _url(session_id, "content/"), query=query,
-                     headers={"Accept": "application/octet-stream, application/json"}) as answer:
+    with client.open(
+        "GET", _url(session_id, "content/"), query=query, headers={"Accept": "application/octet-stream, application/json"}
+    ) as answer:
         if local == "-":
             return _copy(client, answer, sys.stdout.buffer)
         if os.path.isdir(local):
-            local = os.path.join(local, _filename(answer.headers.get("Content-Disposition", "")) or
-                                 os.path.basename(remote.rstrip("/")))
+            local = os.path.join(
+                local, _filename(answer.headers.get("Content-Disposition", "")) or os.path.basename(remote.rstrip("/"))
+            )
         folder = os.path.dirname(os.path.abspath(local))
         fd, temp = tempfile.mkstemp(prefix=".fgpu-cp-", dir=folder)
         try:

@@ -1,5 +1,6 @@
 """Human output: tables, sizes and fGPU amounts (written by fgpu_cli.units, as the server writes
 them), ages. Pure functions."""
+
 from __future__ import annotations
 
 import re
@@ -69,7 +70,7 @@ def amount(value, *, unit: str = "fGPU", round_length: int = 2, binary: bool = F
 
 
 def decimal_text(value) -> str:
-    """"20.000" → "20", "0.500" → "0.5" (fgpu_cli.units.amount_text); None → "-"."""
+    """ "20.000" → "20", "0.500" → "0.5" (fgpu_cli.units.amount_text); None → "-"."""
     if value is None:
         return "-"
     try:

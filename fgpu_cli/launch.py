@@ -1,5 +1,6 @@
 """`fgpu launch` flags → the `resources` object of `POST /api/v1/sessions/` (see the request
 styles in the README). Pure functions; UsageError for flags that cannot make a request."""
+
 from __future__ import annotations
 
 import re
@@ -34,8 +35,19 @@ def _text(value: Decimal) -> str:
     return format(value.normalize(), "f")
 
 
-def build_resources(*, gpu=None, gpu_memory=None, gpu_cores=None, gpus=None, fgpu=None, mig_profile=None,
-                    isolation=None, slot: str = "cuda", cpu=None, mem=None) -> dict:
+def build_resources(
+    *,
+    gpu=None,
+    gpu_memory=None,
+    gpu_cores=None,
+    gpus=None,
+    fgpu=None,
+    mig_profile=None,
+    isolation=None,
+    slot: str = "cuda",
+    cpu=None,
+    mem=None,
+) -> dict:
     """One accelerator style per session:
 
     - `--gpu F` (Run:ai): 0 < F < 1 → `{"gpu_fraction": "F"}` (F of one GPU's memory and SMs);
@@ -49,11 +61,16 @@ def build_resources(*, gpu=None, gpu_memory=None, gpu_cores=None, gpus=None, fgp
     - `--mig-profile 2g.20gb` (Run:ai dynamic MIG) → `{"mig_profile": "2g.20gb"}`;
     - none → a CPU-only session.
     `--cpu` (cores) and `--mem` (host memory) go with any."""
-    styles = [name for name, given in (("--gpu", gpu is not None),
-                                        ("--gpu-memory/--gpu-cores/--gpus",
-                                         any(v is not None for v in (gpu_memory, gpu_cores, gpus))),
-                                        ("--fgpu", fgpu is not None),
-                                        ("--mig-profile", mig_profile is not None)) if given]
+    styles = [
+        name
+        for name, given in (
+            ("--gpu", gpu is not None),
+            ("--gpu-memory/--gpu-cores/--gpus", any(v is not None for v in (gpu_memory, gpu_cores, gpus))),
+            ("--fgpu", fgpu is not None),
+            ("--mig-profile", mig_profile is not None),
+        )
+        if given
+    ]
     if len(styles) > 1:
         raise UsageError(f"one GPU request per session: {' and '.join(styles)} cannot be combined")
     if isolation is not None and gpu_memory is None:
@@ -66,8 +83,10 @@ def build_resources(*, gpu=None, gpu_memory=None, gpu_cores=None, gpus=None, fgp
         elif value < 1:
             resources = {"gpu_fraction": _text(value)}
         else:
-            raise UsageError(f"--gpu {gpu}: a fraction of one GPU (below 1) or a whole number of GPUs; "
-                             f"for {_text(value)} fGPU over several devices use --fgpu {_text(value)}")
+            raise UsageError(
+                f"--gpu {gpu}: a fraction of one GPU (below 1) or a whole number of GPUs; "
+                f"for {_text(value)} fGPU over several devices use --fgpu {_text(value)}"
+            )
     elif any(v is not None for v in (gpu_memory, gpu_cores, gpus)):
         count = 1 if gpus is None else gpus
         if count < 1:
@@ -98,8 +117,9 @@ def build_resources(*, gpu=None, gpu_memory=None, gpu_cores=None, gpus=None, fgp
     return resources
 
 
-def build_body(*, name=None, command=None, priority=None, image=None, preset=None, preemptible=None,
-               min_runtime=None, **resource_flags) -> dict:
+def build_body(
+    *, name=None, command=None, priority=None, image=None, preset=None, preemptible=None, min_runtime=None, **resource_flags
+) -> dict:
     """The launch body: `resources` from the GPU, CPU and memory flags (`build_resources`), and
     `name`, `command`, `priority`, `image` (a registered session image's reference; none: the
     server's default image), `preemptible` (bool) and `min_runtime` (seconds, ≥ 0; UsageError
@@ -116,8 +136,10 @@ def build_body(*, name=None, command=None, priority=None, image=None, preset=Non
             del body["resources"]
     if image is not None:
         if not image.strip() or any(c.isspace() for c in image.strip()):
-            raise UsageError(f"--image {image!r}: an image reference such as nvcr.io/nvidia/pytorch:24.05-py3 "
-                             "(fgpu images lists the registered ones)")
+            raise UsageError(
+                f"--image {image!r}: an image reference such as nvcr.io/nvidia/pytorch:24.05-py3 "
+                "(fgpu images lists the registered ones)"
+            )
         body["image"] = image.strip()
     if name:
         body["name"] = name

@@ -3,6 +3,7 @@
 Exit codes: 0 ok; 1 refused or failed (the server's reason on one line); 2 bad usage;
 3 server unreachable or not logged in; `fgpu exec` exits with the command's own status.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,22 @@ from decimal import Decimal
 
 from fgpu_cli import __version__, config, files, terminal
 from fgpu_cli.client import ApiError, Client, Unreachable
-from fgpu_cli.formatting import (FINAL_STATUSES, LIVE_STATUSES, age, amount, decimal_text, eta_band, flatten, gib,
-                                 key_values, printable, shares_text, short_id, size, table)
+from fgpu_cli.formatting import (
+    FINAL_STATUSES,
+    LIVE_STATUSES,
+    age,
+    amount,
+    decimal_text,
+    eta_band,
+    flatten,
+    gib,
+    key_values,
+    printable,
+    shares_text,
+    short_id,
+    size,
+    table,
+)
 from fgpu_cli.launch import UsageError, build_body
 from fgpu_cli.mig import layout_text, node_text, profiles_text
 from fgpu_cli.sessions import SESSIONS, NotFound, resolve
@@ -40,6 +55,7 @@ class Failed(Exception):
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
 
 def _client(args) -> tuple[Client, config.Credentials]:
     creds = config.credentials()
@@ -65,9 +81,11 @@ def _slot_formats(client: Client) -> dict[str, dict]:
         for fmt in client.get_all("/api/v1/slot-formats/"):
             if fmt.get("subtype") == "shares":
                 number = fmt.get("number_format") or {}
-                formats[fmt.get("slot_name")] = {"unit": fmt.get("display_unit") or "fGPU",
-                                                 "round_length": int(number.get("round_length", 2) or 0),
-                                                 "binary": bool(number.get("binary", False))}
+                formats[fmt.get("slot_name")] = {
+                    "unit": fmt.get("display_unit") or "fGPU",
+                    "round_length": int(number.get("round_length", 2) or 0),
+                    "binary": bool(number.get("binary", False)),
+                }
     except (ApiError, Unreachable, AttributeError, TypeError, ValueError):
         return {}
     return formats
@@ -82,11 +100,15 @@ def _running_session(client, creds, ref: str, *, interactive_only: bool = False)
     session = resolve(client, ref, username=creds.username)
     if session["status"] != "RUNNING":
         reason = f": {session['status_reason']}" if session.get("status_reason") else ""
-        raise Failed(f"session {session.get('name') or short_id(session['id'])} is {session['status']}{reason}; "
-                     "it takes commands and terminals only while it is RUNNING")
+        raise Failed(
+            f"session {session.get('name') or short_id(session['id'])} is {session['status']}{reason}; "
+            "it takes commands and terminals only while it is RUNNING"
+        )
     if interactive_only and session.get("command"):
-        raise Failed(f"session {session.get('name') or short_id(session['id'])} runs the batch command "
-                     f"{session['command']!r}; exec needs an interactive session (launched without --command)")
+        raise Failed(
+            f"session {session.get('name') or short_id(session['id'])} runs the batch command "
+            f"{session['command']!r}; exec needs an interactive session (launched without --command)"
+        )
     return session
 
 
@@ -102,6 +124,7 @@ def _run_async(coroutine) -> int:
 
 
 # --- commands -------------------------------------------------------------------------------
+
 
 def cmd_login(args) -> int:
     try:
@@ -148,13 +171,17 @@ def cmd_whoami(args) -> int:
         return OK
     headroom = me.get("quota_headroom") or {}
     formats = _slot_formats(client) if headroom.get("fgpu") is not None else {}
-    print(key_values([
-        ("User", me["username"] + (" (administrator)" if me.get("is_admin") else "")),
-        ("Server", creds.url),
-        ("Projects", ", ".join(me.get("projects") or []) or "-"),
-        ("Live sessions", str(me.get("live_sessions", 0))),
-        ("Headroom", _headroom_text(headroom, formats)),
-    ]))
+    print(
+        key_values(
+            [
+                ("User", me["username"] + (" (administrator)" if me.get("is_admin") else "")),
+                ("Server", creds.url),
+                ("Projects", ", ".join(me.get("projects") or []) or "-"),
+                ("Live sessions", str(me.get("live_sessions", 0))),
+                ("Headroom", _headroom_text(headroom, formats)),
+            ]
+        )
+    )
     return OK
 
 
@@ -167,11 +194,25 @@ def cmd_logout(args) -> int:
 
 
 def cmd_launch(args) -> int:
-    body = build_body(name=args.name, command=args.command, priority=args.priority, image=args.image,
-                      preset=args.preset, preemptible=args.preemptible, min_runtime=args.min_runtime,
-                      gpu=args.gpu, gpu_memory=args.gpu_memory, gpu_cores=args.gpu_cores, gpus=args.gpus,
-                      fgpu=args.fgpu, mig_profile=args.mig_profile, isolation=args.isolation, slot=args.slot,
-                      cpu=args.cpu, mem=args.mem)
+    body = build_body(
+        name=args.name,
+        command=args.command,
+        priority=args.priority,
+        image=args.image,
+        preset=args.preset,
+        preemptible=args.preemptible,
+        min_runtime=args.min_runtime,
+        gpu=args.gpu,
+        gpu_memory=args.gpu_memory,
+        gpu_cores=args.gpu_cores,
+        gpus=args.gpus,
+        fgpu=args.fgpu,
+        mig_profile=args.mig_profile,
+        isolation=args.isolation,
+        slot=args.slot,
+        cpu=args.cpu,
+        mem=args.mem,
+    )
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError("--timeout must be above 0 seconds")
     client, _ = _client(args)
@@ -180,9 +221,11 @@ def cmd_launch(args) -> int:
         if args.output == "json":
             _emit_json({"request": body, "preview": preview})
             return OK
-        pairs = _request_pairs(body) + [("Configuration", preview.get("configuration")),
-                                        ("Fits now", "yes" if preview.get("fits_now") else "no"),
-                                        ("Node", preview.get("node"))]
+        pairs = _request_pairs(body) + [
+            ("Configuration", preview.get("configuration")),
+            ("Fits now", "yes" if preview.get("fits_now") else "no"),
+            ("Node", preview.get("node")),
+        ]
         if preview.get("reason"):
             pairs.append(("Reason", preview["reason"]))
         print(key_values(pairs))
@@ -192,8 +235,10 @@ def cmd_launch(args) -> int:
         return OK
     session = _launch_post(client, body)
     label = session.get("name") or short_id(session["id"])
-    _info(f"session {label} ({session['id']}) {session['status']}"
-          + (f": {session['status_reason']}" if session.get("status_reason") else ""))
+    _info(
+        f"session {label} ({session['id']}) {session['status']}"
+        + (f": {session['status_reason']}" if session.get("status_reason") else "")
+    )
     if args.wait:
         session = _wait_running(client, session, args.timeout)
     if args.output == "json":
@@ -225,8 +270,10 @@ def _launch_post(client: Client, body: dict) -> dict:
         except (ApiError, Unreachable) as exc:
             if isinstance(exc, ApiError) and exc.status not in LAUNCH_RETRY_STATUSES:
                 raise
-            _info(f"fgpu: {exc.detail if isinstance(exc, ApiError) else exc}; sending the launch again in {delay:g} s "
-                  "(same Idempotency-Key: it is made once)")
+            _info(
+                f"fgpu: {exc.detail if isinstance(exc, ApiError) else exc}; sending the launch again in {delay:g} s "
+                "(same Idempotency-Key: it is made once)"
+            )
             time.sleep(delay)
     return client.post(SESSIONS, body, headers=headers)
 
@@ -249,8 +296,10 @@ def _wait_running(client: Client, session: dict, timeout) -> dict:
             raise Failed(f"session {label} is {status}: {reason}")
         if deadline is not None and time.monotonic() >= deadline:
             reason = f" ({session['status_reason']})" if session.get("status_reason") else ""
-            raise Failed(f"timed out after {timeout:g} s: session {label} is still {status}{reason}; "
-                         f"it keeps waiting (fgpu rm {short_id(session['id'])} to cancel it)")
+            raise Failed(
+                f"timed out after {timeout:g} s: session {label} is still {status}{reason}; "
+                f"it keeps waiting (fgpu rm {short_id(session['id'])} to cancel it)"
+            )
         time.sleep(POLL_INTERVAL)
         session = client.get(f"{SESSIONS}{session['id']}/")
         now = (session["status"], session.get("status_reason"))
@@ -279,22 +328,40 @@ def cmd_ps(args) -> int:
         reason = s.get("status_reason") if s["status"] in ("PENDING", "ERROR") else ""
         if reason and len(reason) > 60:
             reason = reason[:59] + "…"
-        rows.append([short_id(s["id"]), s.get("name"), s.get("owner"), s["status"], s.get("node"),
-                     s.get("configuration"), age(s.get("created_at")), reason])
+        rows.append(
+            [
+                short_id(s["id"]),
+                s.get("name"),
+                s.get("owner"),
+                s["status"],
+                s.get("node"),
+                s.get("configuration"),
+                age(s.get("created_at")),
+                reason,
+            ]
+        )
     print(table(["ID", "NAME", "OWNER", "STATUS", "NODE", "RESOURCES", "AGE", "REASON"], rows))
     return OK
 
 
 def _allocation_table(allocations: list[dict]) -> str:
-    rows = [[a.get("device_index"), a.get("device"), a.get("model_name"), gib(a["memory"]),
-             decimal_text(a.get("procs")), shares_text(a.get("shares")),
-             "released" if a.get("released_at") else ("" if "released_at" not in a else "held")]
-            for a in allocations]
+    rows = [
+        [
+            a.get("device_index"),
+            a.get("device"),
+            a.get("model_name"),
+            gib(a["memory"]),
+            decimal_text(a.get("procs")),
+            shares_text(a.get("shares")),
+            "released" if a.get("released_at") else ("" if "released_at" not in a else "held"),
+        ]
+        for a in allocations
+    ]
     return table(["INDEX", "DEVICE", "MODEL", "MEMORY (GiB)", "SMs", "fGPU", "STATE"], rows)
 
 
 def _preemptible_text(session: dict) -> str:
-    """"yes (after 600 s)", "no", or "yes" for a server from before preemption (no field)."""
+    """ "yes (after 600 s)", "no", or "yes" for a server from before preemption (no field)."""
     if "preemptible" not in session:
         return "—"
     if not session["preemptible"]:
@@ -312,16 +379,20 @@ def cmd_describe(args) -> int:
     if args.output == "json":
         _emit_json({**session, "eta": eta} if eta is not None else session)
         return OK
-    pairs = [("ID", session["id"]), ("Name", session.get("name")), ("Owner", session.get("owner")),
-             ("Status", session["status"])]
+    pairs = [("ID", session["id"]), ("Name", session.get("name")), ("Owner", session.get("owner")), ("Status", session["status"])]
     if session.get("status_reason"):
         pairs.append(("Pending reason" if session["status"] == "PENDING" else "Reason", session["status_reason"]))
-    pairs += [("Node", session.get("node")), ("Image", session.get("image")),
-              ("Resources", session.get("configuration")),
-              ("Request", json.dumps(session.get("resources"))), ("Priority", session.get("priority")),
-              ("Preemptible", _preemptible_text(session)),
-              ("Command", session.get("command") or "(interactive shell)"),
-              ("Created", session.get("created_at")), ("Started", session.get("started_at"))]
+    pairs += [
+        ("Node", session.get("node")),
+        ("Image", session.get("image")),
+        ("Resources", session.get("configuration")),
+        ("Request", json.dumps(session.get("resources"))),
+        ("Priority", session.get("priority")),
+        ("Preemptible", _preemptible_text(session)),
+        ("Command", session.get("command") or "(interactive shell)"),
+        ("Created", session.get("created_at")),
+        ("Started", session.get("started_at")),
+    ]
     if session.get("terminated_at"):
         pairs += [("Terminated", session["terminated_at"]), ("Exit code", session.get("exit_code"))]
     print(key_values(pairs))
@@ -429,8 +500,15 @@ def cmd_logs(args) -> int:
     if held:
         sys.stdout.write(held)
     if args.output == "json":
-        _emit_json({"id": session["id"], "text": "".join(texts), "next": since,
-                    "complete": bool(body.get("complete")), "truncated": bool(body.get("truncated"))})
+        _emit_json(
+            {
+                "id": session["id"],
+                "text": "".join(texts),
+                "next": since,
+                "complete": bool(body.get("complete")),
+                "truncated": bool(body.get("truncated")),
+            }
+        )
     elif args.follow:
         ended = client.get(f"{SESSIONS}{session['id']}/")
         code = f" (exit code {ended['exit_code']})" if ended.get("exit_code") is not None else ""
@@ -461,15 +539,21 @@ def cmd_exec(args) -> int:
     except KeyboardInterrupt:
         return _exec_stop(client, url)
     if state["state"] == "timed_out":
-        raise Failed(f"the command ran longer than its timeout of {state['timeout']} s and was killed; "
-                     "pass a larger --timeout")
+        raise Failed(f"the command ran longer than its timeout of {state['timeout']} s and was killed; pass a larger --timeout")
     if state["state"] == "failed":
         raise Failed(state.get("error") or "the command could not be run")
     if state["state"] == "cancelled":
-        raise Failed("the remote command was cancelled" + (f" (exit code {state['exit_code']})"
-                                                          if state.get("exit_code") is not None else ""))
-    result = {"exit_code": state["exit_code"], "stdout": stdout, "stderr": stderr, "truncated": state["truncated"],
-              "duration_ms": state["duration_ms"]}
+        raise Failed(
+            "the remote command was cancelled"
+            + (f" (exit code {state['exit_code']})" if state.get("exit_code") is not None else "")
+        )
+    result = {
+        "exit_code": state["exit_code"],
+        "stdout": stdout,
+        "stderr": stderr,
+        "truncated": state["truncated"],
+        "duration_ms": state["duration_ms"],
+    }
     return _exec_result(args, result, printed=True)
 
 
@@ -590,11 +674,25 @@ def _node_processes(client: Client, nodes: list[dict], output: str) -> int:
     for answer in answers:
         for p in answer["processes"]:
             session = p.get("session") or {}
-            rows.append([answer["node"], p.get("index"), short_id(p["device"]) if p.get("device") else "", p["pid"],
-                         session.get("name", "—"), session.get("owner", "—"), size(p.get("memory")),
-                         size(session.get("granted_memory")), p.get("kind"), printable(p.get("command", ""))[:60]])
-    print(table(["NODE", "GPU", "UUID", "PID", "SESSION", "OWNER", "GPU MEMORY", "GRANTED", "SOURCE", "COMMAND"], rows)
-          if rows else "no process holds a GPU on the alive nodes")
+            rows.append(
+                [
+                    answer["node"],
+                    p.get("index"),
+                    short_id(p["device"]) if p.get("device") else "",
+                    p["pid"],
+                    session.get("name", "—"),
+                    session.get("owner", "—"),
+                    size(p.get("memory")),
+                    size(session.get("granted_memory")),
+                    p.get("kind"),
+                    printable(p.get("command", ""))[:60],
+                ]
+            )
+    print(
+        table(["NODE", "GPU", "UUID", "PID", "SESSION", "OWNER", "GPU MEMORY", "GRANTED", "SOURCE", "COMMAND"], rows)
+        if rows
+        else "no process holds a GPU on the alive nodes"
+    )
     return 1 if failed else OK
 
 
@@ -616,12 +714,21 @@ def cmd_nodes(args) -> int:
             values = [Decimal(d[key]) for d in devices if d.get(key) is not None]
             return sum(values, Decimal(0)) if values else None
 
-        rows.append([n["name"], n.get("status"), n.get("resource_group"), n.get("cpu_count"), size(n.get("memory_size")),
-                     len(devices), _fgpu(total("capacity_fgpu"), formats, slot),
-                     _fgpu(total("allocated_fgpu"), formats, slot), _fgpu(total("free_fgpu"), formats, slot),
-                     age(n.get("last_heartbeat"))])
-    print(table(["NODE", "STATUS", "GROUP", "CPU", "MEMORY", "DEVICES", "CAPACITY", "ALLOCATED", "FREE",
-                 "HEARTBEAT"], rows))
+        rows.append(
+            [
+                n["name"],
+                n.get("status"),
+                n.get("resource_group"),
+                n.get("cpu_count"),
+                size(n.get("memory_size")),
+                len(devices),
+                _fgpu(total("capacity_fgpu"), formats, slot),
+                _fgpu(total("allocated_fgpu"), formats, slot),
+                _fgpu(total("free_fgpu"), formats, slot),
+                age(n.get("last_heartbeat")),
+            ]
+        )
+    print(table(["NODE", "STATUS", "GROUP", "CPU", "MEMORY", "DEVICES", "CAPACITY", "ALLOCATED", "FREE", "HEARTBEAT"], rows))
     return OK
 
 
@@ -644,10 +751,16 @@ def cmd_devices(args) -> int:
     rows = []
     for d in devices:
         model = (d.get("model_name") or "") + (f" ({d['mig_profile']})" if d.get("mig_profile") else "")
-        row = [d.get("node"), d.get("index"), model, size(d.get("memory_size")), d.get("subproc_count"),
-               _fgpu(d.get("capacity_fgpu"), formats, d.get("slot_name")),
-               _fgpu(d.get("allocated_fgpu"), formats, d.get("slot_name")),
-               _fgpu(d.get("free_fgpu"), formats, d.get("slot_name"))]
+        row = [
+            d.get("node"),
+            d.get("index"),
+            model,
+            size(d.get("memory_size")),
+            d.get("subproc_count"),
+            _fgpu(d.get("capacity_fgpu"), formats, d.get("slot_name")),
+            _fgpu(d.get("allocated_fgpu"), formats, d.get("slot_name")),
+            _fgpu(d.get("free_fgpu"), formats, d.get("slot_name")),
+        ]
         if usage:
             row += [size(d.get("allocated_memory")), decimal_text(d.get("allocated_procs")), d.get("session_count")]
         rows.append(row)
@@ -670,7 +783,7 @@ def _quota_figure(key: str, value, formats: dict) -> str:
 
 
 def _headroom_text(headroom: dict, formats: dict) -> str:
-    """"1.50 fGPU, unlimited devices, 6 GiB GPU memory, 3 sessions"."""
+    """ "1.50 fGPU, unlimited devices, 6 GiB GPU memory, 3 sessions"."""
     parts = [_quota_figure("fgpu", headroom.get("fgpu"), formats) + ("" if headroom.get("fgpu") is not None else " fGPU")]
     parts += [f"{_quota_figure(key, headroom.get(key), formats)} {label}" for key, label in _QUOTA_FIGURES[1:]]
     return ", ".join(parts)
@@ -692,10 +805,15 @@ def cmd_quota(args) -> int:
     rows = []
     for q in quota["quotas"]:
         for key, label in _QUOTA_FIGURES:
-            rows.append([f"{q.get('scope')} {q.get('name')}", label,
-                         _quota_figure(key, (q.get("limits") or {}).get(key), formats),
-                         _quota_figure(key, (q.get("used") or {}).get(key), formats),
-                         _quota_figure(key, (q.get("remaining") or {}).get(key), formats)])
+            rows.append(
+                [
+                    f"{q.get('scope')} {q.get('name')}",
+                    label,
+                    _quota_figure(key, (q.get("limits") or {}).get(key), formats),
+                    _quota_figure(key, (q.get("used") or {}).get(key), formats),
+                    _quota_figure(key, (q.get("remaining") or {}).get(key), formats),
+                ]
+            )
     print(f"Quotas of {quota.get('user')}:")
     print(table(["QUOTA", "RESOURCE", "LIMIT", "USED", "REMAINING"], rows))
     headroom = quota.get("headroom") or {}
@@ -722,9 +840,16 @@ def cmd_images(args) -> int:
     if args.output == "json":
         _emit_json(images)
         return OK
-    rows = [[i.get("reference"), "yes" if i.get("is_default") else "", i.get("display_name"),
-             ", ".join(i.get("accelerators") or []) or "any",
-             ", ".join(i.get("nodes") or []) or "none (sessions wait)"] for i in images]
+    rows = [
+        [
+            i.get("reference"),
+            "yes" if i.get("is_default") else "",
+            i.get("display_name"),
+            ", ".join(i.get("accelerators") or []) or "any",
+            ", ".join(i.get("nodes") or []) or "none (sessions wait)",
+        ]
+        for i in images
+    ]
     print(table(["IMAGE", "DEFAULT", "NAME", "ACCELERATORS", "ON NODES"], rows) if rows else "No images registered.")
     return OK
 
@@ -737,10 +862,17 @@ def cmd_presets(args) -> int:
     if args.output == "json":
         _emit_json(presets)
         return OK
-    rows = [[p.get("name"), p.get("configuration") or json.dumps(p.get("request")), p.get("resource_group") or "any",
-             p.get("image") or "default", p.get("description")] for p in presets]
-    print(table(["PRESET", "REQUEST", "GROUP", "IMAGE", "DESCRIPTION"], rows) if rows
-          else "No presets you may use.")
+    rows = [
+        [
+            p.get("name"),
+            p.get("configuration") or json.dumps(p.get("request")),
+            p.get("resource_group") or "any",
+            p.get("image") or "default",
+            p.get("description"),
+        ]
+        for p in presets
+    ]
+    print(table(["PRESET", "REQUEST", "GROUP", "IMAGE", "DESCRIPTION"], rows) if rows else "No presets you may use.")
     return OK
 
 
@@ -796,17 +928,30 @@ def cmd_mig_layout(args) -> int:
 
 # --- the parser -----------------------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-o", "--output", choices=["table", "json"], default=argparse.SUPPRESS,
-                        help="table (default) or json: the API's objects, for scripts")
+    common.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "json"],
+        default=argparse.SUPPRESS,
+        help="table (default) or json: the API's objects, for scripts",
+    )
     parser = argparse.ArgumentParser(
-        prog="fgpu", description="fGPU Console from the command line: launch GPU-sharing sessions, run commands "
-                                 "in them, see nodes and devices.",
+        prog="fgpu",
+        description="fGPU Console from the command line: launch GPU-sharing sessions, run commands "
+        "in them, see nodes and devices.",
         epilog="Exit codes: 0 ok, 1 refused or failed, 2 bad usage, 3 server unreachable or not logged in "
-               "(fgpu exec: the command's own). FGPU_URL and FGPU_TOKEN override the stored login.")
-    parser.add_argument("-o", "--output", choices=["table", "json"], default="table",
-                        help="table (default) or json: the API's objects, for scripts")
+        "(fgpu exec: the command's own). FGPU_URL and FGPU_TOKEN override the stored login.",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "json"],
+        default="table",
+        help="table (default) or json: the API's objects, for scripts",
+    )
     parser.add_argument("--http-timeout", type=float, default=30.0, help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=f"fgpu {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -826,29 +971,46 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("launch", cmd_launch, "launch a session (one GPU request style at most)")
     p.add_argument("--name", help="the session's name")
-    p.add_argument("--preset", metavar="NAME", help="a resource preset's name or id (fgpu presets lists them): its "
-                                                    "request and image; other flags given replace its parts")
+    p.add_argument(
+        "--preset",
+        metavar="NAME",
+        help="a resource preset's name or id (fgpu presets lists them): its "
+        "request and image; other flags given replace its parts",
+    )
     gpu = p.add_argument_group("GPU request (one style)")
-    gpu.add_argument("--gpu", metavar="F", help="Run:ai style: a fraction of one GPU (0.5 = half its memory and "
-                                                "SMs) or a whole number of whole GPUs")
+    gpu.add_argument(
+        "--gpu",
+        metavar="F",
+        help="Run:ai style: a fraction of one GPU (0.5 = half its memory and SMs) or a whole number of whole GPUs",
+    )
     gpu.add_argument("--gpu-memory", metavar="SIZE", help="GPU memory per device, e.g. 4G (HAMi / Run:ai)")
     gpu.add_argument("--gpu-cores", metavar="PCT", type=int, help="with --gpu-memory: percent of each device's SMs")
     gpu.add_argument("--gpus", metavar="N", type=int, help="with --gpu-memory: how many devices (default 1)")
-    gpu.add_argument("--isolation", choices=("shared", "mig", "any"),
-                     help="with --gpu-memory: a shared slice (default), the smallest MIG instance that holds it, "
-                          "or either")
+    gpu.add_argument(
+        "--isolation",
+        choices=("shared", "mig", "any"),
+        help="with --gpu-memory: a shared slice (default), the smallest MIG instance that holds it, or either",
+    )
     gpu.add_argument("--fgpu", metavar="AMOUNT", help="fGPU amount (Backend.AI), may span devices, e.g. 2.5")
     gpu.add_argument("--slot", default="cuda", help=argparse.SUPPRESS)
     gpu.add_argument("--mig-profile", metavar="PROFILE", help="a MIG profile, e.g. 2g.20gb")
     p.add_argument("--cpu", type=int, metavar="N", help="CPU cores (default 1)")
     p.add_argument("--mem", metavar="SIZE", help="host memory, e.g. 8G (default 1G)")
     p.add_argument("--command", metavar="CMD", help="a batch command (default: an interactive shell)")
-    p.add_argument("--image", metavar="REF", help="a registered session image, e.g. nvcr.io/nvidia/pytorch:24.05-py3 "
-                                                  "(fgpu images lists them; default: the server's default image)")
+    p.add_argument(
+        "--image",
+        metavar="REF",
+        help="a registered session image, e.g. nvcr.io/nvidia/pytorch:24.05-py3 "
+        "(fgpu images lists them; default: the server's default image)",
+    )
     p.add_argument("--priority", type=int, help="queue priority (above 0: administrators only)")
-    p.add_argument("--preemptible", action=argparse.BooleanOptionalAction, default=None,
-                   help="whether it may be stopped, warned first, for a waiting session of higher priority or of an "
-                        "owner under its fair share (default: yes for --command, no for a shell)")
+    p.add_argument(
+        "--preemptible",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether it may be stopped, warned first, for a waiting session of higher priority or of an "
+        "owner under its fair share (default: yes for --command, no for a shell)",
+    )
     p.add_argument("--min-runtime", type=int, metavar="S", help="seconds after its start it is never preempted")
     p.add_argument("--wait", action="store_true", help="wait until RUNNING (exit 1 if it ends or errs instead)")
     p.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 1)")
@@ -870,52 +1032,83 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--follow", action="store_true", help="keep printing output until the session ends")
     p.add_argument("session", metavar="SESSION")
 
-    p = add("exec", cmd_exec, "run a command in a session (its node, environment and working directory); "
-                              "print its output as it comes, exit with its status (Ctrl-C stops it)",
-            usage="fgpu exec [-h] [-o {table,json}] [--timeout S] SESSION -- CMD [ARG ...]")
-    p.add_argument("--timeout", type=int, default=30, metavar="S",
-                   help="seconds before the server kills the command (default 30, at most 300)")
+    p = add(
+        "exec",
+        cmd_exec,
+        "run a command in a session (its node, environment and working directory); "
+        "print its output as it comes, exit with its status (Ctrl-C stops it)",
+        usage="fgpu exec [-h] [-o {table,json}] [--timeout S] SESSION -- CMD [ARG ...]",
+    )
+    p.add_argument(
+        "--timeout",
+        type=int,
+        default=30,
+        metavar="S",
+        help="seconds before the server kills the command (default 30, at most 300)",
+    )
     p.add_argument("session", metavar="SESSION")
-    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="CMD",
-                   help="one argument: a shell command line; several: a command and its arguments")
+    p.add_argument(
+        "argv",
+        nargs=argparse.REMAINDER,
+        metavar="CMD",
+        help="one argument: a shell command line; several: a command and its arguments",
+    )
 
     p = add("terminal", cmd_terminal, "an interactive terminal on a session in this TTY (Ctrl-] detaches)")
     p.add_argument("session", metavar="SESSION")
 
-    p = add("cp", cmd_cp, "copy a file into a session (fgpu cp FILE SESSION:PATH) or out of it (fgpu cp "
-                          "SESSION:PATH FILE; - for stdout); PATH is relative to its home, data/ your persistent folder")
+    p = add(
+        "cp",
+        cmd_cp,
+        "copy a file into a session (fgpu cp FILE SESSION:PATH) or out of it (fgpu cp "
+        "SESSION:PATH FILE; - for stdout); PATH is relative to its home, data/ your persistent folder",
+    )
     p.add_argument("source", metavar="SOURCE")
     p.add_argument("target", metavar="TARGET")
 
     p = add("nodes", cmd_nodes, "GPU nodes with their capacity, allocated and free fGPU")
-    p.add_argument("--processes", action="store_true",
-                   help="administrators: what holds each alive node's GPUs now, as the node sees it (NVML's running "
-                        "processes; a mock node: each session's declared use): GPU, pid, session, owner, memory, command")
+    p.add_argument(
+        "--processes",
+        action="store_true",
+        help="administrators: what holds each alive node's GPUs now, as the node sees it (NVML's running "
+        "processes; a mock node: each session's declared use): GPU, pid, session, owner, memory, command",
+    )
     p = add("devices", cmd_devices, "every device with its allocated and free fGPU")
     p.add_argument("--node", help="only this node's devices")
-    add("images", cmd_images, "session images to launch in (--image): the default, accelerators, nodes that hold "
-                              "each")
+    add("images", cmd_images, "session images to launch in (--image): the default, accelerators, nodes that hold each")
     add("presets", cmd_presets, "resource presets to launch (--preset): request, resource group, image")
     p = add("quota", cmd_quota, "your quotas: limits, what is in use, what is left")
     p.add_argument("--user", help="administrators: another user's quotas")
 
-    p = add("usage", cmd_usage, "GPU-hours, fGPU-hours and GPU-memory-hours, granted and used, per user, project "
-                                "or node (yours; administrators: everyone's)")
-    p.add_argument("--from", dest="since", metavar="WHEN", help="start: a date (2026-01-01) or ISO time "
-                                                                  "(default: 30 days before --to)")
+    p = add(
+        "usage",
+        cmd_usage,
+        "GPU-hours, fGPU-hours and GPU-memory-hours, granted and used, per user, project "
+        "or node (yours; administrators: everyone's)",
+    )
+    p.add_argument(
+        "--from", dest="since", metavar="WHEN", help="start: a date (2026-01-01) or ISO time (default: 30 days before --to)"
+    )
     p.add_argument("--to", dest="until", metavar="WHEN", help="end, exclusive (default: now)")
     p.add_argument("--by", choices=("user", "project", "node"), default="user", help="how rows are grouped")
     p.add_argument("--csv", action="store_true", help="print CSV (six decimals) instead of a table")
 
     p = add("mig", None, "MIG: the profiles of each GPU model, the layout of each MIG GPU")
     mig_sub = p.add_subparsers(dest="mig_command", metavar="MIG_COMMAND", required=True)
-    q = mig_sub.add_parser("profiles", parents=[common], help="each GPU model's MIG profiles: slices, memory, SMs, "
-                                                             "max instances, allowed starts (built-in or from NVML)")
+    q = mig_sub.add_parser(
+        "profiles",
+        parents=[common],
+        help="each GPU model's MIG profiles: slices, memory, SMs, max instances, allowed starts (built-in or from NVML)",
+    )
     q.set_defaults(handler=cmd_mig_profiles)
-    q.add_argument("--model", metavar="M", help="one GPU model: H100-80GB, H100, \"NVIDIA A100-SXM4-40GB\", …")
-    q = mig_sub.add_parser("layout", parents=[common], help="each MIG GPU's instances (in use, idle, unknown) and "
-                                                           "free and stranded slices; with NODE, that node's MIG mode "
-                                                           "and fixed layout too")
+    q.add_argument("--model", metavar="M", help='one GPU model: H100-80GB, H100, "NVIDIA A100-SXM4-40GB", …')
+    q = mig_sub.add_parser(
+        "layout",
+        parents=[common],
+        help="each MIG GPU's instances (in use, idle, unknown) and "
+        "free and stranded slices; with NODE, that node's MIG mode "
+        "and fixed layout too",
+    )
     q.set_defaults(handler=cmd_mig_layout)
     q.add_argument("node", metavar="NODE", nargs="?", help="one node")
     return parser

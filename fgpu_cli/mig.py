@@ -1,5 +1,6 @@
 """`fgpu mig profiles` and `fgpu mig layout`: the MIG API's answers as human text. Pure functions
 over the JSON of `GET /api/v1/mig/profiles/`, `/api/v1/mig/layouts/` and `/api/v1/nodes/<name>/mig/`."""
+
 from __future__ import annotations
 
 from fgpu_cli.formatting import size, table
@@ -26,11 +27,21 @@ def profiles_text(catalogs: list[dict]) -> str:
     for catalog in catalogs:
         for p in catalog.get("profiles") or []:
             memory = size(p.get("memory")) + (" *" if p.get("memory_assumed") else "")
-            rows.append([catalog.get("model"), catalog.get("source"), p.get("name"), p.get("profile_id"),
-                         f"{p.get('compute_slices')}/7", f"{p.get('memory_slices')}/8", memory,
-                         p.get("sm_count") or "?", p.get("max_instances"), _starts(p.get("placements") or [])])
-    text = table(["MODEL", "SOURCE", "PROFILE", "ID", "COMPUTE", "MEMORY SLICES", "MEMORY", "SMs", "MAX", "STARTS"],
-                 rows)
+            rows.append(
+                [
+                    catalog.get("model"),
+                    catalog.get("source"),
+                    p.get("name"),
+                    p.get("profile_id"),
+                    f"{p.get('compute_slices')}/7",
+                    f"{p.get('memory_slices')}/8",
+                    memory,
+                    p.get("sm_count") or "?",
+                    p.get("max_instances"),
+                    _starts(p.get("placements") or []),
+                ]
+            )
+    text = table(["MODEL", "SOURCE", "PROFILE", "ID", "COMPUTE", "MEMORY SLICES", "MEMORY", "SMs", "MAX", "STARTS"], rows)
     if any(p.get("memory_assumed") for c in catalogs for p in c.get("profiles") or []):
         text += "\n* memory derived, not captured from a GPU"
     return text
@@ -60,22 +71,35 @@ def layout_text(layouts: list[dict]) -> str:
     blocks = []
     for layout in layouts:
         gpu = layout.get("gpu") or {}
-        header = (f"{layout.get('node')} GPU {gpu.get('index')} · {layout.get('model')} · MIG {layout.get('mig_mode')}"
-                  f" · catalog {layout.get('catalog_source')}")
+        header = (
+            f"{layout.get('node')} GPU {gpu.get('index')} · {layout.get('model')} · MIG {layout.get('mig_mode')}"
+            f" · catalog {layout.get('catalog_source')}"
+        )
         lines = [header, "memory slices  0 1 2 3 4 5 6 7", f"               {_slice_map(layout)}"]
         rows = []
         for i in layout.get("instances") or []:
             placement = i.get("placement") or {}
             start, end = placement.get("start"), placement.get("start", 0) + placement.get("size", 1) - 1
-            rows.append([i.get("profile"), f"{start}-{end}" if end != start else str(start), size(i.get("memory")),
-                         i.get("sm_count"), STATES.get(i.get("state"), i.get("state")), _session_text(i.get("session")),
-                         i.get("uuid")])
+            rows.append(
+                [
+                    i.get("profile"),
+                    f"{start}-{end}" if end != start else str(start),
+                    size(i.get("memory")),
+                    i.get("sm_count"),
+                    STATES.get(i.get("state"), i.get("state")),
+                    _session_text(i.get("session")),
+                    i.get("uuid"),
+                ]
+            )
         if rows:
             lines.append(table(["INSTANCE", "SLICES", "MEMORY", "SMs", "STATE", "SESSION", "MIG DEVICE"], rows))
         free = ", ".join(str(s) for s in layout.get("free_slices") or []) or "none"
         stranded = layout.get("stranded_slices") or []
-        lines.append(f"free memory slices: {free}" + (f" (stranded: {', '.join(map(str, stranded))})" if stranded else "")
-                     + f"; free compute slices: {layout.get('free_compute_slices')} of 7")
+        lines.append(
+            f"free memory slices: {free}"
+            + (f" (stranded: {', '.join(map(str, stranded))})" if stranded else "")
+            + f"; free compute slices: {layout.get('free_compute_slices')} of 7"
+        )
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + f"\n\n{MAP_LEGEND}"
 

@@ -1,5 +1,6 @@
 """Naming a session on the command line: a full UUID, a unique prefix of one, or the name of
 one of the caller's sessions (live sessions win over ended ones of the same name)."""
+
 from __future__ import annotations
 
 import re
@@ -42,17 +43,20 @@ def pick(sessions: list[dict], ref: str, *, username: str = "") -> dict:
     if len(named) == 1:
         return named[0]
     if len(named) > 1:
-        raise NotFound(f"{len(named)} live sessions are named {ref!r} ({', '.join(short_id(s['id']) for s in named)}): "
-                       "give the id")
+        raise NotFound(
+            f"{len(named)} live sessions are named {ref!r} ({', '.join(short_id(s['id']) for s in named)}): give the id"
+        )
     if re.fullmatch(r"[0-9a-fA-F-]+", ref):
         prefix = ref.lower()
         matches = [s for s in sessions if str(s["id"]).startswith(prefix)]
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
-            raise NotFound(f"{ref!r} is the start of {len(matches)} session ids "
-                           f"({', '.join(short_id(s['id']) for s in matches[:5])}{', …' if len(matches) > 5 else ''}): "
-                           "give more of it")
+            raise NotFound(
+                f"{ref!r} is the start of {len(matches)} session ids "
+                f"({', '.join(short_id(s['id']) for s in matches[:5])}{', …' if len(matches) > 5 else ''}): "
+                "give more of it"
+            )
     raise NotFound(f"no session {ref!r}")
 
 

@@ -8,6 +8,7 @@ REST API: `/sessions/<id>/logs/` and `/sessions/<id>/exec/`.)
 - `interactive`: the local TTY in raw mode ↔ the session's PTY, SIGWINCH → resize frames;
   Ctrl-] detaches (the session keeps running).
 """
+
 from __future__ import annotations
 
 import codecs
@@ -166,8 +167,9 @@ async def interactive(url: str, *, stdin=None, stdout=None, stderr=None) -> int:
                 await ws.send(frame)
             code = None
             while True:
-                done, _ = await asyncio.wait({output, typing} - {t for t in (typing,) if t.done()},
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {output, typing} - {t for t in (typing,) if t.done()}, return_when=asyncio.FIRST_COMPLETED
+                )
                 if output in done:
                     code = output.result()
                     break

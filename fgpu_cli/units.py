@@ -5,6 +5,7 @@ third-party import, so the CLI installs without the server (fgpu_cli/pyproject.t
 
 Every formatter truncates (ROUND_DOWN): an amount or a size is never shown larger than it is.
 """
+
 from __future__ import annotations
 
 from decimal import ROUND_DOWN, Decimal

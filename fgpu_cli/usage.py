@@ -1,5 +1,6 @@
 """`fgpu usage`: GPU-hours per user, project or node (`GET /api/v1/usage/`) as a table or CSV.
 Pure functions over the API's JSON."""
+
 from __future__ import annotations
 
 import csv
@@ -7,12 +8,18 @@ import io
 
 from fgpu_cli.formatting import table
 
-COLUMNS = (("gpu_hours", "GPU-H"), ("fgpu_hours", "FGPU-H"), ("gpu_memory_gib_hours", "GPU-MEM GIB-H"),
-           ("used_gpu_hours", "USED GPU-H"), ("used_gpu_memory_gib_hours", "USED GPU-MEM GIB-H"), ("sessions", "SESSIONS"))
+COLUMNS = (
+    ("gpu_hours", "GPU-H"),
+    ("fgpu_hours", "FGPU-H"),
+    ("gpu_memory_gib_hours", "GPU-MEM GIB-H"),
+    ("used_gpu_hours", "USED GPU-H"),
+    ("used_gpu_memory_gib_hours", "USED GPU-MEM GIB-H"),
+    ("sessions", "SESSIONS"),
+)
 
 
 def _hours(text) -> str:
-    """"12.500000" → "12.50" (two decimals for people; the API and CSV keep six)."""
+    """ "12.500000" → "12.50" (two decimals for people; the API and CSV keep six)."""
     try:
         return f"{float(text):.2f}" if "." in str(text) else str(text)
     except ValueError:
@@ -22,8 +29,13 @@ def _hours(text) -> str:
 def usage_text(report: dict) -> str:
     """The report as a table, its range on the first line."""
     group = str(report.get("group_by", "key"))
-    rows = [[r.get("key") or ("(no project)" if group == "project" else "-"),
-             *(_hours(r.get(k)) if k != "sessions" else r.get(k) for k, _ in COLUMNS)] for r in report.get("rows") or []]
+    rows = [
+        [
+            r.get("key") or ("(no project)" if group == "project" else "-"),
+            *(_hours(r.get(k)) if k != "sessions" else r.get(k) for k, _ in COLUMNS),
+        ]
+        for r in report.get("rows") or []
+    ]
     head = f"Usage {report.get('from')} – {report.get('to')} by {group}:"
     return head + "\n" + (table([group.upper(), *(label for _, label in COLUMNS)], rows) if rows else "No usage in this range.")
 

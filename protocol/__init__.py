@@ -49,6 +49,7 @@ counts the characters sent to the group up to the end of the frame and `n` the f
 that attached acknowledges what its websocket took with `pty.ack`, and `pty.detach` when it
 closes. The scrollback that answers `pty.attach` carries neither.
 """
+
 from __future__ import annotations
 
 MANAGER_QUEUE = "manager"
@@ -86,6 +87,7 @@ def manager_queue(task: str) -> str:
         return USAGE_QUEUE
     return HEARTBEAT_QUEUE if task == AGENT_HEARTBEAT else MANAGER_QUEUE
 
+
 HOST_IMAGE = "host"  # the process runtime's one built-in image: the node's own system
 HOST_IMAGES = {HOST_IMAGE: HOST_IMAGE}  # what a process-runtime node holds (and an agent that reports no images)
 MAX_IMAGES = 1000  # the most image references one node reports (its heartbeat stays small)
@@ -102,10 +104,10 @@ def image_key(reference: str) -> str:
     ref = reference.strip()
     for prefix in ("index.docker.io/", "docker.io/"):
         if ref.startswith(prefix):
-            ref = ref[len(prefix):]
+            ref = ref[len(prefix) :]
             break
     if ref.startswith("library/"):
-        ref = ref[len("library/"):]
+        ref = ref[len("library/") :]
     name, at, digest = ref.partition("@")
     head, slash, last = name.rpartition("/")
     if at:

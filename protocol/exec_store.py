@@ -16,6 +16,7 @@ States: `starting` (the web sent it; no agent took it yet) → `running` → `ex
 `starting` → `cancelled` when cancelled before the agent took it. Every change is a
 compare-and-set on `state` (`transition`), so the agent and the web never both win.
 """
+
 from __future__ import annotations
 
 import threading
@@ -81,7 +82,7 @@ def _fit(text: str, room: int) -> tuple[str, bool]:
     data = text.encode()
     if len(data) <= room:
         return text, False
-    return data[:max(room, 0)].decode("utf-8", "ignore"), True
+    return data[: max(room, 0)].decode("utf-8", "ignore"), True
 
 
 class RedisExecStore:
@@ -108,8 +109,7 @@ class RedisExecStore:
             pipe.expire(key, ttl_s)
             pipe.execute()
 
-    def transition(self, exec_id: str, *, from_states: tuple[str, ...], fields: dict[str, str],
-                   ttl_s: int | None = None) -> bool:
+    def transition(self, exec_id: str, *, from_states: tuple[str, ...], fields: dict[str, str], ttl_s: int | None = None) -> bool:
         """Set `fields` (at least one) only while the exec's state is one of `from_states`; re-arm
         the expiry to `ttl_s` seconds when given. False if the state was another or the exec is
         unknown (expired)."""
@@ -172,8 +172,7 @@ class MemoryExecStore:
                 del self._execs[old]
             self._execs[exec_id] = (dict(record), [], [now + ttl_s])
 
-    def transition(self, exec_id: str, *, from_states: tuple[str, ...], fields: dict[str, str],
-                   ttl_s: int | None = None) -> bool:
+    def transition(self, exec_id: str, *, from_states: tuple[str, ...], fields: dict[str, str], ttl_s: int | None = None) -> bool:
         with self._lock:
             entry = self._live(exec_id)
             if entry is None or entry[0].get("state") not in from_states:
@@ -212,7 +211,7 @@ class MemoryExecStore:
             if entry is None:
                 return None, [], 0
             record, output, _ = entry
-            return dict(record), output[since:since + max_chunks], len(output)
+            return dict(record), output[since : since + max_chunks], len(output)
 
 
 _MEMORY = MemoryExecStore()

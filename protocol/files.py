@@ -26,6 +26,7 @@ or {ok: false, error, detail}.
 data (≤ CHUNK_BYTES)} → {written}; `upload_commit` {upload_id} → {entry}; `upload_abort`
 {upload_id}; `delete` {path} → {}; `mkdir` {path} → {entry}. `error` is one of ERRORS.
 """
+
 from __future__ import annotations
 
 import unicodedata
@@ -81,8 +82,9 @@ def path_parts(path: str) -> list[str]:
     except UnicodeEncodeError:
         raise PathRefused("the path holds an unpaired surrogate") from None
     if path.startswith("/"):
-        raise PathRefused("absolute paths are refused: give a path relative to the session's home "
-                          f"(its persistent folder is {DATA_DIR}/)")
+        raise PathRefused(
+            f"absolute paths are refused: give a path relative to the session's home (its persistent folder is {DATA_DIR}/)"
+        )
     parts = [part for part in path.split("/") if part]
     for part in parts:
         if part in (".", ".."):

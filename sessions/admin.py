@@ -6,6 +6,7 @@ memory is entered and shown in binary units ("40G", "40 GiB"), fGPU as Decimal t
 Sessions are read-only here: they change only through their services (terminate from the
 console or the API), so their allocations are released exactly once.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,6 @@ from sessions.models import Allocation, ComputeSession, FragmentationMap, Projec
 from sessions.presets import preset_check, preset_save
 from sessions.quotas import QuotaUsage, fgpu_text, quota_usage_of
 from sessions.selectors import request_configuration, session_configuration, session_request
-
 
 
 @admin.register(Project)
@@ -56,9 +56,14 @@ class ProjectAdmin(admin.ModelAdmin):
         account = getattr(obj, "fair_share_now", None)
         if account is None:
             return "inactive (no usage, nothing waiting)" if half_life_seconds() else "off"
-        return format_html('<span title="{} decayed fGPU-hours; {} waiting">factor {} · {} % used of a {} % share</span>',
-                           f"{account.usage / 3600:.2f}", account.pending, f"{account.factor:.3f}",
-                           f"{account.usage_share * 100:.0f}", f"{account.weight_share * 100:.0f}")
+        return format_html(
+            '<span title="{} decayed fGPU-hours; {} waiting">factor {} · {} % used of a {} % share</span>',
+            f"{account.usage / 3600:.2f}",
+            account.pending,
+            f"{account.factor:.3f}",
+            f"{account.usage_share * 100:.0f}",
+            f"{account.weight_share * 100:.0f}",
+        )
 
     @admin.display(description="members", ordering="member_count")
     def member_count(self, obj: Project) -> int:
@@ -70,8 +75,9 @@ class ProjectAdmin(admin.ModelAdmin):
 
 
 class QuotaForm(forms.ModelForm):
-    max_gpu_memory = BinarySizeField(required=False, label="Max GPU memory",
-                                     help_text='device memory held at once, e.g. "40G"; empty: unlimited')
+    max_gpu_memory = BinarySizeField(
+        required=False, label="Max GPU memory", help_text='device memory held at once, e.g. "40G"; empty: unlimited'
+    )
 
     class Meta:
         model = Quota
@@ -130,8 +136,14 @@ class QuotaAdmin(admin.ModelAdmin):
     def usage(self, obj: Quota) -> str:
         if obj.pk is None:
             return "—"
-        return " · ".join((f"fGPU {self.fgpu(obj)}", f"devices {self.devices(obj)}",
-                           f"GPU memory {self.gpu_memory(obj)}", f"sessions {self.sessions(obj)}"))
+        return " · ".join(
+            (
+                f"fGPU {self.fgpu(obj)}",
+                f"devices {self.devices(obj)}",
+                f"GPU memory {self.gpu_memory(obj)}",
+                f"sessions {self.sessions(obj)}",
+            )
+        )
 
 
 @admin.register(SessionImage)
@@ -140,12 +152,20 @@ class SessionImageAdmin(admin.ModelAdmin):
     the mark from the other (`sessions.images.image_save`); an image that sessions waiting or
     running use cannot be deleted."""
 
-    list_display = ("reference", "display_name", "accelerator_list", "is_default", "holding_nodes", "in_use",
-                    "created")
+    list_display = ("reference", "display_name", "accelerator_list", "is_default", "holding_nodes", "in_use", "created")
     list_filter = ("is_default",)
     search_fields = ("reference", "display_name", "description")
-    fields = ("reference", "display_name", "description", "accelerators", "shell", "labels", "apps", "is_default",
-              "holding_nodes")
+    fields = (
+        "reference",
+        "display_name",
+        "description",
+        "accelerators",
+        "shell",
+        "labels",
+        "apps",
+        "is_default",
+        "holding_nodes",
+    )
     readonly_fields = ("holding_nodes",)
 
     @admin.display(description="created", ordering="created_at")
@@ -183,8 +203,7 @@ class SessionImageAdmin(admin.ModelAdmin):
         kept = [image.reference for image in queryset if image_sessions_waiting_or_active(image=image)]
         queryset.exclude(reference__in=kept).delete()
         if kept:
-            self.message_user(request, f"Kept {', '.join(kept)}: sessions waiting or running use them.",
-                              messages.WARNING)
+            self.message_user(request, f"Kept {', '.join(kept)}: sessions waiting or running use them.", messages.WARNING)
 
 
 class AllocationInline(admin.TabularInline):
@@ -241,12 +260,33 @@ class ComputeSessionAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "owner", "status", "status_reason", "image", "command_text")}),
         ("Request", {"fields": ("configuration", "request_sent", "cpu_cores", "host_memory", "priority")}),
         ("Where and when", {"fields": ("node", "created", "scheduled", "started", "terminated", "exit_code")}),
-        ("Internals (the scheduler's bookkeeping)", {"classes": ("collapse",), "fields": (
-            "backfilled_past", "version", "normalised_request")}),
+        (
+            "Internals (the scheduler's bookkeeping)",
+            {"classes": ("collapse",), "fields": ("backfilled_past", "version", "normalised_request")},
+        ),
     )
-    readonly_fields = ("name", "owner", "status", "status_reason", "image", "command_text", "configuration",
-                       "request_sent", "cpu_cores", "host_memory", "priority", "node", "created", "scheduled",
-                       "started", "terminated", "exit_code", "backfilled_past", "version", "normalised_request")
+    readonly_fields = (
+        "name",
+        "owner",
+        "status",
+        "status_reason",
+        "image",
+        "command_text",
+        "configuration",
+        "request_sent",
+        "cpu_cores",
+        "host_memory",
+        "priority",
+        "node",
+        "created",
+        "scheduled",
+        "started",
+        "terminated",
+        "exit_code",
+        "backfilled_past",
+        "version",
+        "normalised_request",
+    )
 
     @admin.display(description="configuration")
     def configuration(self, obj: ComputeSession) -> str:
@@ -289,8 +329,10 @@ class ComputeSessionAdmin(admin.ModelAdmin):
         """`overtaken`: how many later, smaller sessions started past this one while it waited; at
         FGPU_BACKFILL_LIMIT nothing more may pass it."""
         times = "once" if obj.overtaken == 1 else f"{obj.overtaken} times"
-        return (f"{times} — later sessions that started past it while it waited (backfill); once this reaches "
-                f"FGPU_BACKFILL_LIMIT nothing more may start before it")
+        return (
+            f"{times} — later sessions that started past it while it waited (backfill); once this reaches "
+            f"FGPU_BACKFILL_LIMIT nothing more may start before it"
+        )
 
     @admin.display(description="normalised request")
     def normalised_request(self, obj: ComputeSession) -> str:
@@ -329,11 +371,14 @@ class ResourcePresetForm(forms.ModelForm):
     shown under the field it names."""
 
     resources = forms.JSONField(
-        label="GPU request", required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        label="GPU request",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text='JSON in any request style a launch takes: {"cuda.shares": "0.25"} (fGPU), {"gpu": 1, '
-                  '"gpu_memory": "4G", "gpu_cores": 50} (memory + cores), {"gpu_fraction": "0.2"}, {"cuda.device": 1} '
-                  '(whole GPUs), {"mig_profile": "1g.10gb"}; empty or {} for CPU only. CPU cores, host memory and '
-                  'the resource group have fields of their own.')
+        '"gpu_memory": "4G", "gpu_cores": 50} (memory + cores), {"gpu_fraction": "0.2"}, {"cuda.device": 1} '
+        '(whole GPUs), {"mig_profile": "1g.10gb"}; empty or {} for CPU only. CPU cores, host memory and '
+        "the resource group have fields of their own.",
+    )
     mem = BinarySizeField(label="Host memory", help_text='e.g. "8G" or "8 GiB" (binary units: 1G = 1024 MiB)')
 
     class Meta:
@@ -369,12 +414,19 @@ class ResourcePresetAdmin(admin.ModelAdmin):
     list_filter = ("resource_group",)
     search_fields = ("name", "description")
     readonly_fields = ("configuration",)
-    fieldsets = ((None, {"fields": ("name", "description")}),
-                 ("Request", {"fields": ("resources", "cpu", "mem", "image", "configuration")}),
-                 ("Who and where", {"fields": ("resource_group",),
-                                    "description": "A preset of a resource group launches there and is offered only "
-                                                   "to those who may use the group (a group that projects name is "
-                                                   "theirs; see Projects)."}))
+    fieldsets = (
+        (None, {"fields": ("name", "description")}),
+        ("Request", {"fields": ("resources", "cpu", "mem", "image", "configuration")}),
+        (
+            "Who and where",
+            {
+                "fields": ("resource_group",),
+                "description": "A preset of a resource group launches there and is offered only "
+                "to those who may use the group (a group that projects name is "
+                "theirs; see Projects).",
+            },
+        ),
+    )
 
     @admin.display(description="request")
     def configuration(self, obj: ResourcePreset) -> str:
@@ -434,8 +486,7 @@ class FragmentationMapAdmin(admin.ModelAdmin):
         return format_html('<a href="{}/change/">free fGPU, stranded capacity and compaction plan</a>', obj.pk)
 
     def changelist_view(self, request, extra_context=None):
-        return super().changelist_view(request, {"title": "Fragmentation maps: pick a resource group",
-                                                 **(extra_context or {})})
+        return super().changelist_view(request, {"title": "Fragmentation maps: pick a resource group", **(extra_context or {})})
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         from django.shortcuts import get_object_or_404, redirect
@@ -448,18 +499,28 @@ class FragmentationMapAdmin(admin.ModelAdmin):
             if not self.has_change_permission(request, group):
                 raise PermissionDenied
             try:
-                done = compaction_apply(admin=request.user, group=group,
-                                        expected=[s for s in request.POST.get("expected", "").split(",") if s])
+                done = compaction_apply(
+                    admin=request.user, group=group, expected=[s for s in request.POST.get("expected", "").split(",") if s]
+                )
             except ApplicationError as exc:
                 messages.error(request, exc.detail)
             else:
-                messages.success(request, f"Moved {len(done['moved'])} session(s) from {done['node']}: each stops now and "
-                                          "starts again as a new session; the waiting session starts where they were.")
+                messages.success(
+                    request,
+                    f"Moved {len(done['moved'])} session(s) from {done['node']}: each stops now and "
+                    "starts again as a new session; the waiting session starts where they were.",
+                )
             return redirect(request.path)
         report = fragmentation_report(group=group)
-        context = {**self.admin_site.each_context(request), "title": f"Fragmentation map: {group.name}",
-                   "opts": self.model._meta, "group": group, "report": report, **_report_context(report),
-                   **(extra_context or {})}
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Fragmentation map: {group.name}",
+            "opts": self.model._meta,
+            "group": group,
+            "report": report,
+            **_report_context(report),
+            **(extra_context or {}),
+        }
         return TemplateResponse(request, "admin/sessions/fragmentation.html", context)
 
 
@@ -476,24 +537,53 @@ def _report_context(report) -> dict:
     nodes: dict = {}
     for d in found.devices:
         used = d.capacity - d.free
-        nodes.setdefault(d.node_id, []).append({
-            "label": d.label, "free": fgpu_text(d.free), "capacity": fgpu_text(d.capacity), "sessions": d.sessions,
-            "stranded": d.stranded, "used_pct": _percent(used, d.capacity), "free_pct": _percent(d.free, d.capacity)})
+        nodes.setdefault(d.node_id, []).append(
+            {
+                "label": d.label,
+                "free": fgpu_text(d.free),
+                "capacity": fgpu_text(d.capacity),
+                "sessions": d.sessions,
+                "stranded": d.stranded,
+                "used_pct": _percent(used, d.capacity),
+                "free_pct": _percent(d.free, d.capacity),
+            }
+        )
     shapes = [{"text": request_configuration(s), "largest": s is found.largest_shape} for s in found.shapes]
     moves = []
     if report.plan is not None:
         for m in report.plan.moves:
             session = report.sessions.get(m.holder.session_id)
-            moves.append({"session": session, "from_node": m.holder.node_id, "to_node": m.to_node,
-                          "fgpu": fgpu_text(m.holder.shares), "ran_h": f"{m.holder.ran(report.now.timestamp()) / 3600:.2f}",
-                          "lost": f"{float(m.holder.shares) * m.holder.ran(report.now.timestamp()) / 3600:.2f}"})
-    return {"nodes": sorted(nodes.items()), "shapes": shapes, "moves": moves,
-            "expected": ",".join(m.holder.session_id for m in report.plan.moves) if report.plan else "",
-            "free": fgpu_text(found.free), "stranded": fgpu_text(found.stranded),
-            "stranded_pct": _percent(found.stranded, found.free), "largest_fgpu": fgpu_text(found.largest_fgpu),
-            "largest_shape": request_configuration(found.largest_shape) if found.largest_shape else "",
-            "target_text": request_configuration(session_request(report.target)) if report.target else "",
-            "lost_h": f"{report.plan.work_lost / 3600:.2f}" if report.plan else "",
-            "mig_gpus": [{"node": g.node.name, "gpu": g.device.index, "model": g.device.model_name,
-                          "idle": [i.row.profile for i in g.instances if i.state == "idle"],
-                          "free": len(g.free), "stranded": len(g.stranded)} for g in report.mig]}
+            moves.append(
+                {
+                    "session": session,
+                    "from_node": m.holder.node_id,
+                    "to_node": m.to_node,
+                    "fgpu": fgpu_text(m.holder.shares),
+                    "ran_h": f"{m.holder.ran(report.now.timestamp()) / 3600:.2f}",
+                    "lost": f"{float(m.holder.shares) * m.holder.ran(report.now.timestamp()) / 3600:.2f}",
+                }
+            )
+    return {
+        "nodes": sorted(nodes.items()),
+        "shapes": shapes,
+        "moves": moves,
+        "expected": ",".join(m.holder.session_id for m in report.plan.moves) if report.plan else "",
+        "free": fgpu_text(found.free),
+        "stranded": fgpu_text(found.stranded),
+        "stranded_pct": _percent(found.stranded, found.free),
+        "largest_fgpu": fgpu_text(found.largest_fgpu),
+        "largest_shape": request_configuration(found.largest_shape) if found.largest_shape else "",
+        "target_text": request_configuration(session_request(report.target)) if report.target else "",
+        "lost_h": f"{report.plan.work_lost / 3600:.2f}" if report.plan else "",
+        "mig_gpus": [
+            {
+                "node": g.node.name,
+                "gpu": g.device.index,
+                "model": g.device.model_name,
+                "idle": [i.row.profile for i in g.instances if i.state == "idle"],
+                "free": len(g.free),
+                "stranded": len(g.stranded),
+            }
+            for g in report.mig
+        ],
+    }

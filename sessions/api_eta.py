@@ -2,6 +2,7 @@
 (`GET /api/v1/sessions/<id>/eta/`) and the administrators' what-if
 (`POST /api/v1/scheduler/what-if/`). Both replay the scheduler (`sessions.eta`); nothing is
 written. Times are ISO 8601 (UTC)."""
+
 from __future__ import annotations
 
 from django.utils import timezone
@@ -32,29 +33,39 @@ class FitsAfterSerializer(serializers.Serializer):
     node = serializers.CharField(help_text="the node it runs on")
     ends_earliest = serializers.DateTimeField(allow_null=True, help_text="its earliest expected end; null: unknown")
     ends_latest = serializers.DateTimeField(allow_null=True, help_text="its latest expected end; null: unknown")
-    basis = serializers.CharField(help_text='why that end: "maximum lifetime of 8 h", "batch history of this image '
-                                            '(12 runs)", "idle timeout of 1 h", "reclamation deadline (…)", '
-                                            '"no declared end (…)"')
+    basis = serializers.CharField(
+        help_text='why that end: "maximum lifetime of 8 h", "batch history of this image '
+        '(12 runs)", "idle timeout of 1 h", "reclamation deadline (…)", '
+        '"no declared end (…)"'
+    )
 
 
 class EtaSerializer(serializers.Serializer):
     session = serializers.UUIDField()
-    outcome = serializers.ChoiceField(ETA_OUTCOMES, help_text=(
-        '"now": it fits now and starts at the next scheduler pass; "estimate": it starts between `earliest` and '
-        '`latest` (latest null: unknown, `reason` says why); "unknown": no estimate (`reason`); "never": no node '
-        "could ever hold it (`reason`)"))
-    earliest = serializers.DateTimeField(allow_null=True, help_text="the earliest start: every running session ends "
-                                                                    "at its earliest expected end")
-    latest = serializers.DateTimeField(allow_null=True, help_text="the latest start: every running session ends at "
-                                                                  "its latest expected end; null: unknown")
+    outcome = serializers.ChoiceField(
+        ETA_OUTCOMES,
+        help_text=(
+            '"now": it fits now and starts at the next scheduler pass; "estimate": it starts between `earliest` and '
+            '`latest` (latest null: unknown, `reason` says why); "unknown": no estimate (`reason`); "never": no node '
+            "could ever hold it (`reason`)"
+        ),
+    )
+    earliest = serializers.DateTimeField(
+        allow_null=True, help_text="the earliest start: every running session ends at its earliest expected end"
+    )
+    latest = serializers.DateTimeField(
+        allow_null=True, help_text="the latest start: every running session ends at its latest expected end; null: unknown"
+    )
     reason = serializers.CharField(allow_blank=True, help_text="why there is no estimate, or no latest start")
     position = serializers.IntegerField(help_text="its place in the queue, 1 first (priority, fair share, arrival)")
-    waiting_reason = serializers.CharField(allow_blank=True, help_text="why the last scheduler pass left it waiting, "
-                                                                       "per node")
+    waiting_reason = serializers.CharField(allow_blank=True, help_text="why the last scheduler pass left it waiting, per node")
     fits_now = serializers.BooleanField(help_text="the cluster has room for it now (the queue aside)")
-    fits_after = FitsAfterSerializer(many=True, help_text="the fewest running sessions, in order of their expected "
-                                                          "end, whose ends would make room for it; empty when it "
-                                                          "fits now or when no ends would")
+    fits_after = FitsAfterSerializer(
+        many=True,
+        help_text="the fewest running sessions, in order of their expected "
+        "end, whose ends would make room for it; empty when it "
+        "fits now or when no ends would",
+    )
     computed_at = serializers.DateTimeField()
 
 
@@ -64,39 +75,78 @@ NOT_PENDING = OpenApiResponse(ErrorSerializer, description='The session is not P
 def eta_shape(answer: eta.Eta, *, session_id, user) -> dict:
     """`EtaSerializer`'s data for `answer`: another user's session in `fits_after` shows only its
     node and end (administrators see every name and owner)."""
+
     def shown(row: eta.FitsAfter) -> dict:
         visible = user.is_staff or row.session.owner_id == user.pk
-        return {"session": row.session.pk if visible else None, "name": row.session.name if visible else None,
-                "owner": row.session.owner.get_username() if user.is_staff else None, "node": row.node,
-                "ends_earliest": eta.as_datetime(row.end.earliest), "ends_latest": eta.as_datetime(row.end.latest),
-                "basis": row.end.basis}
+        return {
+            "session": row.session.pk if visible else None,
+            "name": row.session.name if visible else None,
+            "owner": row.session.owner.get_username() if user.is_staff else None,
+            "node": row.node,
+            "ends_earliest": eta.as_datetime(row.end.earliest),
+            "ends_latest": eta.as_datetime(row.end.latest),
+            "basis": row.end.basis,
+        }
 
-    return EtaSerializer({
-        "session": session_id, "outcome": answer.outcome, "earliest": answer.earliest, "latest": answer.latest,
-        "reason": answer.reason, "position": answer.position, "waiting_reason": answer.waiting_reason,
-        "fits_now": answer.fits_now, "fits_after": [shown(r) for r in answer.fits_after],
-        "computed_at": answer.computed_at}).data
+    return EtaSerializer(
+        {
+            "session": session_id,
+            "outcome": answer.outcome,
+            "earliest": answer.earliest,
+            "latest": answer.latest,
+            "reason": answer.reason,
+            "position": answer.position,
+            "waiting_reason": answer.waiting_reason,
+            "fits_now": answer.fits_now,
+            "fits_after": [shown(r) for r in answer.fits_after],
+            "computed_at": answer.computed_at,
+        }
+    ).data
 
 
 @extend_schema(
-    summary="When will a pending session start?", tags=["sessions"],
-    responses={200: EtaSerializer, 404: OpenApiResponse(ErrorSerializer, description="No such session of yours."),
-               409: NOT_PENDING},
+    summary="When will a pending session start?",
+    tags=["sessions"],
+    responses={
+        200: EtaSerializer,
+        404: OpenApiResponse(ErrorSerializer, description="No such session of yours."),
+        409: NOT_PENDING,
+    },
     description="An estimate from a replay of the scheduler (the same placement as its passes) over the running "
-                "sessions' expected ends: their resource group's maximum lifetime and idle timeout, the idle "
-                "reclamation deadline they were warned of, and for batch sessions the runtimes of their owner's "
-                "earlier batch sessions (5th–95th percentile). A band: `earliest` if every running session ends "
-                "at its earliest expected end, `latest` if at its latest (null: some have no known end). Also the "
-                "reason per node the last pass gave and which running sessions' ends would make room now. Not "
-                "replayed: MIG instances, sessions launched later, terminations by hand.",
-    examples=[OpenApiExample("Waiting for one session", response_only=True, value={
-        "session": "0b7e3c1e-4d4e-4c8a-9d55-3f0f7d1f2a10", "outcome": "estimate",
-        "earliest": "2026-11-26T09:40:00Z", "latest": "2026-11-26T10:30:00Z", "reason": "", "position": 2,
-        "waiting_reason": "waiting for capacity: n1: device 0: 0.00 fGPU free, 1.00 asked", "fits_now": False,
-        "fits_after": [{"session": None, "name": None, "owner": None, "node": "n1",
-                        "ends_earliest": "2026-11-26T09:40:00Z", "ends_latest": "2026-11-26T10:30:00Z",
-                        "basis": "batch history of this image (12 runs)"}],
-        "computed_at": "2026-11-26T09:00:00Z"})],
+    "sessions' expected ends: their resource group's maximum lifetime and idle timeout, the idle "
+    "reclamation deadline they were warned of, and for batch sessions the runtimes of their owner's "
+    "earlier batch sessions (5th–95th percentile). A band: `earliest` if every running session ends "
+    "at its earliest expected end, `latest` if at its latest (null: some have no known end). Also the "
+    "reason per node the last pass gave and which running sessions' ends would make room now. Not "
+    "replayed: MIG instances, sessions launched later, terminations by hand.",
+    examples=[
+        OpenApiExample(
+            "Waiting for one session",
+            response_only=True,
+            value={
+                "session": "0b7e3c1e-4d4e-4c8a-9d55-3f0f7d1f2a10",
+                "outcome": "estimate",
+                "earliest": "2026-11-26T09:40:00Z",
+                "latest": "2026-11-26T10:30:00Z",
+                "reason": "",
+                "position": 2,
+                "waiting_reason": "waiting for capacity: n1: device 0: 0.00 fGPU free, 1.00 asked",
+                "fits_now": False,
+                "fits_after": [
+                    {
+                        "session": None,
+                        "name": None,
+                        "owner": None,
+                        "node": "n1",
+                        "ends_earliest": "2026-11-26T09:40:00Z",
+                        "ends_latest": "2026-11-26T10:30:00Z",
+                        "basis": "batch history of this image (12 runs)",
+                    }
+                ],
+                "computed_at": "2026-11-26T09:00:00Z",
+            },
+        )
+    ],
 )
 @api_view(["GET"])
 def session_eta_view(request, session_id):
@@ -104,21 +154,32 @@ def session_eta_view(request, session_id):
     "computed_at"}`; 404 for a session the caller may not see, 409 for one not PENDING."""
     session = session_get_for(user=request.user, session_id=session_id)
     if session.status != SessionStatus.PENDING:
-        raise ApplicationError(f"session {session.name} is {session.status}, not waiting: no ETA", type="not-pending",
-                               title="Not pending", status=409)
+        raise ApplicationError(
+            f"session {session.name} is {session.status}, not waiting: no ETA",
+            type="not-pending",
+            title="Not pending",
+            status=409,
+        )
     return Response(eta_shape(eta.session_eta(session=session), session_id=session.pk, user=request.user))
 
 
 # --- what-if ------------------------------------------------------------------------------------------
 
+
 class WhatIfRequestSerializer(serializers.Serializer):
-    share_weights = serializers.DictField(child=serializers.IntegerField(min_value=1), required=False,
-                                          help_text='project name → fair-share weight, e.g. {"vision": 4}')
-    policies = serializers.DictField(child=serializers.ChoiceField(list(cluster.POLICIES)), required=False,
-                                     help_text='resource group name ("" for requests naming none) → placement policy, '
-                                               'e.g. {"default": "spread"}')
-    backfill_limit = serializers.IntegerField(min_value=0, max_value=10000, required=False,
-                                              help_text="FGPU_BACKFILL_LIMIT's value (0: strict first in, first out)")
+    share_weights = serializers.DictField(
+        child=serializers.IntegerField(min_value=1),
+        required=False,
+        help_text='project name → fair-share weight, e.g. {"vision": 4}',
+    )
+    policies = serializers.DictField(
+        child=serializers.ChoiceField(list(cluster.POLICIES)),
+        required=False,
+        help_text='resource group name ("" for requests naming none) → placement policy, e.g. {"default": "spread"}',
+    )
+    backfill_limit = serializers.IntegerField(
+        min_value=0, max_value=10000, required=False, help_text="FGPU_BACKFILL_LIMIT's value (0: strict first in, first out)"
+    )
 
     def validate_share_weights(self, value):
         unknown = sorted(set(value) - set(Project.objects.filter(name__in=list(value)).values_list("name", flat=True)))
@@ -154,8 +215,7 @@ class WhatIfRowSerializer(serializers.Serializer):
     position_what_if = serializers.IntegerField()
     today = BandSerializer()
     what_if = BandSerializer()
-    change = serializers.ChoiceField(WHAT_IF_CHANGES,
-                                     help_text="the what-if's start against today's (earliest, then latest)")
+    change = serializers.ChoiceField(WHAT_IF_CHANGES, help_text="the what-if's start against today's (earliest, then latest)")
 
 
 class WhatIfSerializer(serializers.Serializer):
@@ -165,32 +225,58 @@ class WhatIfSerializer(serializers.Serializer):
 
 
 def band_shape(band: pure.Band, now: float) -> dict:
-    return {"outcome": eta.band_outcome(band, now), "earliest": eta.as_datetime(band.earliest),
-            "latest": eta.as_datetime(band.latest), "reason": band.reason}
+    return {
+        "outcome": eta.band_outcome(band, now),
+        "earliest": eta.as_datetime(band.earliest),
+        "latest": eta.as_datetime(band.latest),
+        "reason": band.reason,
+    }
 
 
 def what_if_shape(rows: list[eta.WhatIfRow], *, changes: dict, now) -> dict:
     """`WhatIfSerializer`'s data."""
     epoch = now.timestamp()
-    return WhatIfSerializer({"computed_at": now, "changes": changes, "sessions": [
-        {"session": r.session.pk, "name": r.session.name, "owner": r.session.owner.get_username(),
-         "position_today": r.position_today, "position_what_if": r.position_what_if,
-         "today": band_shape(r.today, epoch), "what_if": band_shape(r.what_if, epoch), "change": r.change}
-        for r in rows]}).data
+    return WhatIfSerializer(
+        {
+            "computed_at": now,
+            "changes": changes,
+            "sessions": [
+                {
+                    "session": r.session.pk,
+                    "name": r.session.name,
+                    "owner": r.session.owner.get_username(),
+                    "position_today": r.position_today,
+                    "position_what_if": r.position_what_if,
+                    "today": band_shape(r.today, epoch),
+                    "what_if": band_shape(r.what_if, epoch),
+                    "change": r.change,
+                }
+                for r in rows
+            ],
+        }
+    ).data
 
 
 @extend_schema(
-    summary="What if the scheduler's rules changed?", tags=["scheduler"], request=WhatIfRequestSerializer,
-    responses={200: WhatIfSerializer, 400: OpenApiResponse(ErrorSerializer, description="A malformed body, an unknown "
-                                                           "project or resource group, or nothing to change."),
-               403: OpenApiResponse(ErrorSerializer, description="Administrators only.")},
+    summary="What if the scheduler's rules changed?",
+    tags=["scheduler"],
+    request=WhatIfRequestSerializer,
+    responses={
+        200: WhatIfSerializer,
+        400: OpenApiResponse(
+            ErrorSerializer, description="A malformed body, an unknown project or resource group, or nothing to change."
+        ),
+        403: OpenApiResponse(ErrorSerializer, description="Administrators only."),
+    },
     description="Replays the current queue twice — under today's rules and under the body's changes (projects' "
-                "fair-share weights, resource groups' placement policies, the backfill limit) — and answers each "
-                "pending session's place and start band under both, and whether it would start sooner or later. "
-                "Nothing is changed. Quotas are not among the changes: the scheduler does not apply them to a "
-                "session already waiting (they are checked at launch, where waiting sessions count).",
-    examples=[OpenApiExample("Weights", request_only=True, value={"share_weights": {"nlp": 4}}),
-              OpenApiExample("Policy", request_only=True, value={"policies": {"default": "spread"}})],
+    "fair-share weights, resource groups' placement policies, the backfill limit) — and answers each "
+    "pending session's place and start band under both, and whether it would start sooner or later. "
+    "Nothing is changed. Quotas are not among the changes: the scheduler does not apply them to a "
+    "session already waiting (they are checked at launch, where waiting sessions count).",
+    examples=[
+        OpenApiExample("Weights", request_only=True, value={"share_weights": {"nlp": 4}}),
+        OpenApiExample("Policy", request_only=True, value={"policies": {"default": "spread"}}),
+    ],
 )
 @api_view(["POST"])
 @permission_classes([IsAdminUser])
@@ -200,6 +286,10 @@ def what_if_view(request):
     body.is_valid(raise_exception=True)
     changes = body.validated_data
     now = timezone.now()
-    rows = eta.scheduler_what_if(weights=changes.get("share_weights"), policies=changes.get("policies"),
-                                 backfill_limit=changes.get("backfill_limit"), now=now)
+    rows = eta.scheduler_what_if(
+        weights=changes.get("share_weights"),
+        policies=changes.get("policies"),
+        backfill_limit=changes.get("backfill_limit"),
+        now=now,
+    )
     return Response(what_if_shape(rows, changes=changes, now=now))

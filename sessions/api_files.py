@@ -1,6 +1,7 @@
 """REST API for a session's files (`/api/v1/sessions/<id>/files/…`, issue 18). Thin: validate →
 fetch the session with the permission check (owner or administrator; anyone else 404) → one
 service of sessions.files."""
+
 from __future__ import annotations
 
 from django.http import StreamingHttpResponse
@@ -20,12 +21,14 @@ from sessions.selectors import session_to_change_for
 
 class FileEntrySerializer(serializers.Serializer):
     name = serializers.CharField()
-    type = serializers.ChoiceField(choices=["dir", "file", "link", "other"],
-                                   help_text="a symbolic link is shown as a link and never followed")
+    type = serializers.ChoiceField(
+        choices=["dir", "file", "link", "other"], help_text="a symbolic link is shown as a link and never followed"
+    )
     size = serializers.IntegerField(help_text="bytes (0 for anything but a file)")
     mtime = serializers.IntegerField(help_text="last change, epoch seconds")
-    persistent = serializers.BooleanField(required=False, help_text=f"`{DATA_DIR}` in the home: your persistent "
-                                                                    "folder, kept across sessions")
+    persistent = serializers.BooleanField(
+        required=False, help_text=f"`{DATA_DIR}` in the home: your persistent folder, kept across sessions"
+    )
 
 
 class FileListSerializer(serializers.Serializer):
@@ -39,12 +42,20 @@ class FolderCreateSerializer(serializers.Serializer):
 
 
 SESSION_ID = OpenApiParameter("session_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
-PATH = OpenApiParameter("path", OpenApiTypes.STR, description=(
-    f"relative to the session's home (`{DATA_DIR}/…`: your persistent folder, `projects/<name>/…`: a project's); no "
-    "`..`, no leading `/`, no control characters; symbolic links are not followed"))
+PATH = OpenApiParameter(
+    "path",
+    OpenApiTypes.STR,
+    description=(
+        f"relative to the session's home (`{DATA_DIR}/…`: your persistent folder, `projects/<name>/…`: a project's); no "
+        "`..`, no leading `/`, no control characters; symbolic links are not followed"
+    ),
+)
 ERRORS = {
-    400: OpenApiResponse(ErrorSerializer, description="a refused path (`bad-path`, `symlink`), or the wrong kind of "
-                                                      "entry (`not-a-directory`, `is-a-directory`, `not-a-file`)"),
+    400: OpenApiResponse(
+        ErrorSerializer,
+        description="a refused path (`bad-path`, `symlink`), or the wrong kind of "
+        "entry (`not-a-directory`, `is-a-directory`, `not-a-file`)",
+    ),
     404: OpenApiResponse(ErrorSerializer, description="no such session (or not yours), or no such file"),
     409: OpenApiResponse(ErrorSerializer, description="the session is not RUNNING (`session-not-running`)"),
     504: OpenApiResponse(ErrorSerializer, description="the session's agent did not answer (`files-timeout`)"),
@@ -56,23 +67,45 @@ def _session(request, session_id):
 
 
 @extend_schema_view(
-    get=extend_schema(summary="List a folder of a session", parameters=[SESSION_ID, PATH],
-                      responses={200: FileListSerializer, **ERRORS},
-                      description="The entries of a folder in a RUNNING session's home (default: the home itself), "
-                                  "folders first. `data` in the home is your persistent folder: it is kept across "
-                                  "sessions and mounted into each new one.",
-                      examples=[OpenApiExample("The home", response_only=True, value={
-                          "path": "", "truncated": False, "entries": [
-                              {"name": "data", "type": "dir", "size": 0, "mtime": 1764126000, "persistent": True},
-                              {"name": "train.py", "type": "file", "size": 2048, "mtime": 1764126300}]})]),
-    post=extend_schema(summary="Make a folder in a session", parameters=[SESSION_ID], request=FolderCreateSerializer,
-                       responses={201: FileEntrySerializer, **ERRORS},
-                       examples=[OpenApiExample("A folder", request_only=True, value={"path": "data/runs/1"})]),
-    delete=extend_schema(summary="Delete a file or folder of a session", parameters=[SESSION_ID, PATH],
-                         responses={204: None, **ERRORS, 403: OpenApiResponse(
-                             ErrorSerializer, description="under `.fgpu/`, the console's own files (`read-only`)")},
-                         description="Deletes a file, a symbolic link (the link itself, not what it points at) or a "
-                                     "folder with everything in it."),
+    get=extend_schema(
+        summary="List a folder of a session",
+        parameters=[SESSION_ID, PATH],
+        responses={200: FileListSerializer, **ERRORS},
+        description="The entries of a folder in a RUNNING session's home (default: the home itself), "
+        "folders first. `data` in the home is your persistent folder: it is kept across "
+        "sessions and mounted into each new one.",
+        examples=[
+            OpenApiExample(
+                "The home",
+                response_only=True,
+                value={
+                    "path": "",
+                    "truncated": False,
+                    "entries": [
+                        {"name": "data", "type": "dir", "size": 0, "mtime": 1764126000, "persistent": True},
+                        {"name": "train.py", "type": "file", "size": 2048, "mtime": 1764126300},
+                    ],
+                },
+            )
+        ],
+    ),
+    post=extend_schema(
+        summary="Make a folder in a session",
+        parameters=[SESSION_ID],
+        request=FolderCreateSerializer,
+        responses={201: FileEntrySerializer, **ERRORS},
+        examples=[OpenApiExample("A folder", request_only=True, value={"path": "data/runs/1"})],
+    ),
+    delete=extend_schema(
+        summary="Delete a file or folder of a session",
+        parameters=[SESSION_ID, PATH],
+        responses={
+            204: None,
+            **ERRORS,
+            403: OpenApiResponse(ErrorSerializer, description="under `.fgpu/`, the console's own files (`read-only`)"),
+        },
+        description="Deletes a file, a symbolic link (the link itself, not what it points at) or a folder with everything in it.",
+    ),
 )
 @api_view(["GET", "POST", "DELETE"])
 def files_view(request, session_id):
@@ -91,21 +124,33 @@ def files_view(request, session_id):
 
 
 @extend_schema_view(
-    get=extend_schema(summary="Download a file of a session", parameters=[SESSION_ID, PATH],
-                      responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, **ERRORS},
-                      description="The file's bytes, streamed as the session's agent reads them (256 KiB at a time), "
-                                  "with `Content-Length` and `Content-Disposition: attachment`."),
-    put=extend_schema(summary="Upload a file to a session", parameters=[SESSION_ID, PATH],
-                      request={"application/octet-stream": OpenApiTypes.BINARY},
-                      responses={201: FileEntrySerializer, **ERRORS, 413: OpenApiResponse(
-                          ErrorSerializer, description="the file would bring the folder past your cap (`over-cap`, "
-                                                       "FGPU_FILES_USER_CAP bytes per persistent folder and per session "
-                                                       "home)")},
-                      description="The request body (any content type) is the file's bytes; missing folders on the "
-                                  "way are made. The file replaces one at `path` once all of it arrived: a failed "
-                                  "upload leaves no partial file. Sent on to the agent 256 KiB at a time, so a "
-                                  "client's upload progress (e.g. XMLHttpRequest's `upload.onprogress`) is the "
-                                  "progress of the transfer to the web server, which follows at once."),
+    get=extend_schema(
+        summary="Download a file of a session",
+        parameters=[SESSION_ID, PATH],
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, **ERRORS},
+        description="The file's bytes, streamed as the session's agent reads them (256 KiB at a time), "
+        "with `Content-Length` and `Content-Disposition: attachment`.",
+    ),
+    put=extend_schema(
+        summary="Upload a file to a session",
+        parameters=[SESSION_ID, PATH],
+        request={"application/octet-stream": OpenApiTypes.BINARY},
+        responses={
+            201: FileEntrySerializer,
+            **ERRORS,
+            413: OpenApiResponse(
+                ErrorSerializer,
+                description="the file would bring the folder past your cap (`over-cap`, "
+                "FGPU_FILES_USER_CAP bytes per persistent folder and per session "
+                "home)",
+            ),
+        },
+        description="The request body (any content type) is the file's bytes; missing folders on the "
+        "way are made. The file replaces one at `path` once all of it arrived: a failed "
+        "upload leaves no partial file. Sent on to the agent 256 KiB at a time, so a "
+        "client's upload progress (e.g. XMLHttpRequest's `upload.onprogress`) is the "
+        "progress of the transfer to the web server, which follows at once.",
+    ),
 )
 @api_view(["GET", "PUT"])
 def file_content_view(request, session_id):

@@ -1,6 +1,7 @@
 """`GET /api/v1/fragmentation/` (administrators): each resource group's fragmentation map and
 compaction plan (sessions.compaction); `POST /api/v1/fragmentation/apply/` applies one group's
 plan, as the admin page's button does. Amounts in fGPU (text), work in fGPU-seconds."""
+
 from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
@@ -61,16 +62,38 @@ class FragmentationSerializer(serializers.Serializer):
 
 def _shape(report) -> dict:
     found, plan, now = report.map, report.plan, report.now.timestamp()
-    body = {"group": report.name, "slot": report.slot, "fractional": report.fractional, "free": None, "stranded": None,
-            "largest_fgpu": None, "largest_shape": None, "shapes": [], "devices": [], "target": None, "plan": None}
+    body = {
+        "group": report.name,
+        "slot": report.slot,
+        "fractional": report.fractional,
+        "free": None,
+        "stranded": None,
+        "largest_fgpu": None,
+        "largest_shape": None,
+        "shapes": [],
+        "devices": [],
+        "target": None,
+        "plan": None,
+    }
     if found is not None:
-        body.update(free=amount_text(found.free), stranded=amount_text(found.stranded),
-                    largest_fgpu=amount_text(found.largest_fgpu),
-                    largest_shape=request_configuration(found.largest_shape) if found.largest_shape else None,
-                    shapes=[request_configuration(s) for s in found.shapes],
-                    devices=[{"node": d.node_id, "device": d.label, "free": amount_text(d.free),
-                              "capacity": amount_text(d.capacity), "sessions": d.sessions, "stranded": d.stranded}
-                             for d in found.devices])
+        body.update(
+            free=amount_text(found.free),
+            stranded=amount_text(found.stranded),
+            largest_fgpu=amount_text(found.largest_fgpu),
+            largest_shape=request_configuration(found.largest_shape) if found.largest_shape else None,
+            shapes=[request_configuration(s) for s in found.shapes],
+            devices=[
+                {
+                    "node": d.node_id,
+                    "device": d.label,
+                    "free": amount_text(d.free),
+                    "capacity": amount_text(d.capacity),
+                    "sessions": d.sessions,
+                    "stranded": d.stranded,
+                }
+                for d in found.devices
+            ],
+        )
     if report.target is not None:
         t = report.target
         body["target"] = {"id": str(t.pk), "name": t.name, "owner": t.owner.get_username(), "request": t.resources}
@@ -78,11 +101,24 @@ def _shape(report) -> dict:
         moves = []
         for m in plan.moves:
             s = report.sessions.get(m.holder.session_id)
-            moves.append({"session": m.holder.session_id, "name": m.holder.name,
-                          "owner": s.owner.get_username() if s is not None else "", "from_node": m.holder.node_id,
-                          "to_node": m.to_node, "fgpu": amount_text(m.holder.shares), "ran_seconds": m.holder.ran(now)})
-        body["plan"] = {"node": plan.node_id, "fits_now": plan.fits_now, "sessions_moved": plan.sessions_moved,
-                        "work_lost_fgpu_seconds": round(plan.work_lost, 3), "moves": moves}
+            moves.append(
+                {
+                    "session": m.holder.session_id,
+                    "name": m.holder.name,
+                    "owner": s.owner.get_username() if s is not None else "",
+                    "from_node": m.holder.node_id,
+                    "to_node": m.to_node,
+                    "fgpu": amount_text(m.holder.shares),
+                    "ran_seconds": m.holder.ran(now),
+                }
+            )
+        body["plan"] = {
+            "node": plan.node_id,
+            "fits_now": plan.fits_now,
+            "sessions_moved": plan.sessions_moved,
+            "work_lost_fgpu_seconds": round(plan.work_lost, 3),
+            "moves": moves,
+        }
     return body
 
 
@@ -96,16 +132,21 @@ def _groups(request) -> list[ResourceGroup]:
 
 
 @extend_schema(
-    summary="Fragmentation map and compaction plan", tags=["scheduler"],
-    parameters=[OpenApiParameter("group", OpenApiTypes.STR,
-                                 description="only the resource group of this name (default: every one; an unknown "
-                                             "name: none)")],
+    summary="Fragmentation map and compaction plan",
+    tags=["scheduler"],
+    parameters=[
+        OpenApiParameter(
+            "group",
+            OpenApiTypes.STR,
+            description="only the resource group of this name (default: every one; an unknown name: none)",
+        )
+    ],
     responses={200: FragmentationSerializer(many=True), 403: ErrorSerializer},
     description="Per resource group (administrators): free fGPU by device, stranded capacity (free but unusable by "
-                "any request shape launched in the group in the last 7 days), the largest request that fits now, "
-                "and the compaction plan for the largest waiting session: the fewest preemptible sessions to move "
-                "(stop and start again elsewhere) so that it fits, with its cost. Non-preemptible sessions are "
-                "never moved.",
+    "any request shape launched in the group in the last 7 days), the largest request that fits now, "
+    "and the compaction plan for the largest waiting session: the fewest preemptible sessions to move "
+    "(stop and start again elsewhere) so that it fits, with its cost. Non-preemptible sessions are "
+    "never moved.",
 )
 @api_view(["GET"])
 def fragmentation_view(request):
@@ -114,10 +155,15 @@ def fragmentation_view(request):
 
 class CompactionApplySerializer(serializers.Serializer):
     group = serializers.CharField(max_length=64, help_text="the resource group's name")
-    expected = serializers.ListField(child=serializers.UUIDField(), required=False, allow_null=True, default=None,
-                                     max_length=1000,
-                                     help_text="the moved sessions' ids you saw (GET /api/v1/fragmentation/); "
-                                               "another plan now is refused with 409 \"plan-changed\"")
+    expected = serializers.ListField(
+        child=serializers.UUIDField(),
+        required=False,
+        allow_null=True,
+        default=None,
+        max_length=1000,
+        help_text="the moved sessions' ids you saw (GET /api/v1/fragmentation/); "
+        'another plan now is refused with 409 "plan-changed"',
+    )
 
 
 class MovedSerializer(serializers.Serializer):
@@ -134,14 +180,21 @@ class CompactionAppliedSerializer(serializers.Serializer):
 
 
 @extend_schema(
-    summary="Apply a compaction plan", tags=["scheduler"], request=CompactionApplySerializer,
-    examples=[OpenApiExample("The plan you saw", request_only=True, value={
-        "group": "default", "expected": ["5b0f3c1e-8a8e-4d7e-9f6a-2f4f6b1e7c11"]})],
+    summary="Apply a compaction plan",
+    tags=["scheduler"],
+    request=CompactionApplySerializer,
+    examples=[
+        OpenApiExample(
+            "The plan you saw",
+            request_only=True,
+            value={"group": "default", "expected": ["5b0f3c1e-8a8e-4d7e-9f6a-2f4f6b1e7c11"]},
+        )
+    ],
     responses={200: CompactionAppliedSerializer, 403: ErrorSerializer, 409: ErrorSerializer},
     description="Applies the group's plan as it stands now (administrators; logged in the admin history): each moved "
-                "session is terminated with a \"preempted: moved …\" reason and starts again as a new session. "
-                "`expected`: the moved sessions' ids you saw; 409 \"plan-changed\" when the plan differs now, "
-                "409 \"nothing-to-apply\" when nothing waits or nothing needs moving.",
+    'session is terminated with a "preempted: moved …" reason and starts again as a new session. '
+    '`expected`: the moved sessions\' ids you saw; 409 "plan-changed" when the plan differs now, '
+    '409 "nothing-to-apply" when nothing waits or nothing needs moving.',
 )
 @api_view(["POST"])
 def fragmentation_apply_view(request):
@@ -151,9 +204,11 @@ def fragmentation_apply_view(request):
     data.is_valid(raise_exception=True)
     group = ResourceGroup.objects.filter(name=data.validated_data["group"]).first()
     if group is None:
-        raise ApplicationError(f"group: no resource group {data.validated_data['group']!r}",
-                               field_errors={"group": ["a resource group's name"]})
+        raise ApplicationError(
+            f"group: no resource group {data.validated_data['group']!r}", field_errors={"group": ["a resource group's name"]}
+        )
     expected = data.validated_data["expected"]
-    done = compaction_apply(admin=request.user, group=group,
-                            expected=[str(e) for e in expected] if expected is not None else None)
+    done = compaction_apply(
+        admin=request.user, group=group, expected=[str(e) for e in expected] if expected is not None else None
+    )
     return Response(CompactionAppliedSerializer(done).data)

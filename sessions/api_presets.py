@@ -3,6 +3,7 @@
 administrators see every preset and create, change and delete them (ETag / If-Match,
 `console.api_support`; every save checked as a launch is, `sessions.presets.preset_check`).
 Launch one with `{"preset": "<name or id>"}` in `POST /api/v1/sessions/`."""
+
 from __future__ import annotations
 
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
@@ -45,33 +46,57 @@ class BinarySizeFieldSchema(OpenApiSerializerFieldExtension):
     def map_serializer_field(self, auto_schema, direction):
         if direction == "response":
             return {"type": "integer", "description": "bytes"}
-        return {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "minLength": 1}],
-                "description": 'bytes, or a size such as "8G" (binary units: 1G = 2^30 bytes)'}
+        return {
+            "oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "minLength": 1}],
+            "description": 'bytes, or a size such as "8G" (binary units: 1G = 2^30 bytes)',
+        }
 
 
 class ResourcePresetSerializer(serializers.ModelSerializer):
     resources = serializers.DictField(
-        required=False, help_text='the GPU request in any request style a launch takes, e.g. {"cuda.shares": "0.25"}, '
-                                  '{"gpu": 1, "gpu_memory": "4G", "gpu_cores": 50}, {"mig_profile": "1g.10gb"}; '
-                                  '{} (the default) for CPU only. `cpu`, `mem` and `resource_group` are fields of '
-                                  'their own')
+        required=False,
+        help_text='the GPU request in any request style a launch takes, e.g. {"cuda.shares": "0.25"}, '
+        '{"gpu": 1, "gpu_memory": "4G", "gpu_cores": 50}, {"mig_profile": "1g.10gb"}; '
+        "{} (the default) for CPU only. `cpu`, `mem` and `resource_group` are fields of "
+        "their own",
+    )
     cpu = serializers.IntegerField(required=False, min_value=1, max_value=1 << 16, help_text="CPU cores (default 1)")
-    mem = BinarySizeField(required=False, help_text='host memory: bytes, or a size such as "8G" when writing '
-                                                    '(default 1 GiB); read as bytes')
+    mem = BinarySizeField(
+        required=False, help_text='host memory: bytes, or a size such as "8G" when writing (default 1 GiB); read as bytes'
+    )
     image = serializers.SlugRelatedField(
-        slug_field="reference", queryset=SessionImage.objects.all(), required=False, allow_null=True,
-        help_text="a registered session image's reference; null: the default image")
+        slug_field="reference",
+        queryset=SessionImage.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="a registered session image's reference; null: the default image",
+    )
     resource_group = serializers.SlugRelatedField(
-        slug_field="name", queryset=ResourceGroup.objects.all(), required=False, allow_null=True,
-        help_text="launches into this resource group and is offered only to those who may use it; null: any node, "
-                  "everyone")
+        slug_field="name",
+        queryset=ResourceGroup.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="launches into this resource group and is offered only to those who may use it; null: any node, everyone",
+    )
     request = serializers.SerializerMethodField()
     configuration = serializers.SerializerMethodField()
 
     class Meta:
         model = ResourcePreset
-        fields = ["id", "name", "description", "resources", "cpu", "mem", "image", "resource_group", "request",
-                  "configuration", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "name",
+            "description",
+            "resources",
+            "cpu",
+            "mem",
+            "image",
+            "resource_group",
+            "request",
+            "configuration",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = ["id", "created_at", "updated_at"]
 
     def get_request(self, preset) -> dict:
@@ -96,24 +121,46 @@ class ResourcePresetSerializer(serializers.ModelSerializer):
 
 
 EXAMPLES = [
-    OpenApiExample("Small notebook: 0.25 fGPU, 2 cores, 8 GiB", value={
-        "name": "Small notebook", "description": "A quarter GPU for notebooks and light work",
-        "resources": {"cuda.shares": "0.25"}, "cpu": 2, "mem": "8G"}),
-    OpenApiExample("Training in a resource group, in an image", value={
-        "name": "Trainer", "resources": {"gpu": 1, "gpu_memory": "20G", "gpu_cores": 100}, "cpu": 8, "mem": "64G",
-        "image": "nvcr.io/nvidia/pytorch:24.05-py3", "resource_group": "training"}),
+    OpenApiExample(
+        "Small notebook: 0.25 fGPU, 2 cores, 8 GiB",
+        value={
+            "name": "Small notebook",
+            "description": "A quarter GPU for notebooks and light work",
+            "resources": {"cuda.shares": "0.25"},
+            "cpu": 2,
+            "mem": "8G",
+        },
+    ),
+    OpenApiExample(
+        "Training in a resource group, in an image",
+        value={
+            "name": "Trainer",
+            "resources": {"gpu": 1, "gpu_memory": "20G", "gpu_cores": 100},
+            "cpu": 8,
+            "mem": "64G",
+            "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+            "resource_group": "training",
+        },
+    ),
     OpenApiExample("A MIG instance", value={"name": "MIG 1g", "resources": {"mig_profile": "1g.10gb"}}),
 ]
 
-DOCS = admin_write_docs("resource preset", tags=["presets"], examples=EXAMPLES, patch_examples=[
-    OpenApiExample("More memory", value={"mem": "16G"}),
-    OpenApiExample("Describe it", value={"description": "For notebooks"}),
-])
+DOCS = admin_write_docs(
+    "resource preset",
+    tags=["presets"],
+    examples=EXAMPLES,
+    patch_examples=[
+        OpenApiExample("More memory", value={"mem": "16G"}),
+        OpenApiExample("Describe it", value={"description": "For notebooks"}),
+    ],
+)
 DOCS["list"] = extend_schema(
-    summary="List resource presets", tags=["presets"],
-    description="The presets you may launch (`{\"preset\": name}` in a launch): those without a resource group and "
-                "those of the resource groups you may use; administrators: every preset. Each carries its whole "
-                "`request` and its `configuration` in words.")
+    summary="List resource presets",
+    tags=["presets"],
+    description='The presets you may launch (`{"preset": name}` in a launch): those without a resource group and '
+    "those of the resource groups you may use; administrators: every preset. Each carries its whole "
+    "`request` and its `configuration` in words.",
+)
 
 
 @extend_schema_view(**DOCS)

@@ -1,4 +1,5 @@
 """`GET /api/v1/my-resources/`: what the caller can get, at a glance (`sessions.resources`)."""
+
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
@@ -11,21 +12,25 @@ from sessions.resources import my_resources
 
 class UsageFigureSerializer(serializers.Serializer):
     key = serializers.ChoiceField(["fgpu", "gpu_memory", "sessions"])
-    used = serializers.JSONField(help_text="fGPU: decimal text; gpu_memory: bytes (integer); sessions: running or "
-                                           "waiting (integer)")
-    limit = serializers.JSONField(allow_null=True, help_text="the binding quota's limit, in `used`'s units (null: "
-                                                             "no quota limits it)")
+    used = serializers.JSONField(
+        help_text="fGPU: decimal text; gpu_memory: bytes (integer); sessions: running or waiting (integer)"
+    )
+    limit = serializers.JSONField(
+        allow_null=True, help_text="the binding quota's limit, in `used`'s units (null: no quota limits it)"
+    )
     left = serializers.JSONField(allow_null=True, help_text="what that quota still allows (never below 0)")
-    quota = serializers.CharField(allow_null=True, help_text='how a refusal names it: "your quota", '
-                                                             "'quota of project \"vision\"'")
+    quota = serializers.CharField(
+        allow_null=True, help_text='how a refusal names it: "your quota", \'quota of project "vision"\''
+    )
 
 
 class GroupCapacitySerializer(serializers.Serializer):
     name = serializers.CharField(allow_blank=True, help_text='a resource group; "": every node')
     nodes = serializers.IntegerField()
     nodes_alive = serializers.IntegerField()
-    allocation_mode = serializers.CharField(help_text='"fractional" (free / total in fGPU, decimal text) or '
-                                                      '"discrete" (idle / all whole GPUs)')
+    allocation_mode = serializers.CharField(
+        help_text='"fractional" (free / total in fGPU, decimal text) or "discrete" (idle / all whole GPUs)'
+    )
     free = serializers.CharField()
     total = serializers.CharField()
     memory_free = serializers.IntegerField(help_text="bytes of device memory free on the alive nodes")
@@ -37,9 +42,13 @@ class MyResourcesSerializer(serializers.Serializer):
     groups = GroupCapacitySerializer(many=True)
 
 
-@extend_schema(summary="My resources", tags=["quotas"], responses={200: MyResourcesSerializer},
-               description="Your fGPU, GPU memory and sessions in use against the quota that binds each (the one "
-                           "with the least left), and the GPU capacity free by resource group (\"\": every node).")
+@extend_schema(
+    summary="My resources",
+    tags=["quotas"],
+    responses={200: MyResourcesSerializer},
+    description="Your fGPU, GPU memory and sessions in use against the quota that binds each (the one "
+    'with the least left), and the GPU capacity free by resource group ("": every node).',
+)
 @api_view(["GET"])
 def my_resources_view(request):
     """The caller's usage against their quotas and the free capacity by resource group."""

@@ -22,6 +22,7 @@ both ways, with httpx) and websockets (with `websockets`) to a web app running i
   an app that does not run (never opened, exited, or its port closed) a page that says so with a
   link that starts it again (502; websockets close 4502).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,11 +56,26 @@ from sessions.session_apps import (
 
 log = logging.getLogger(__name__)
 
-PATH_RE = re.compile(r"^/sessions/(?P<session>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
-                     r"/apps/(?P<app>[a-z][a-z0-9-]{0,31})(?P<rest>/.*)?$")
+PATH_RE = re.compile(
+    r"^/sessions/(?P<session>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
+    r"/apps/(?P<app>[a-z][a-z0-9-]{0,31})(?P<rest>/.*)?$"
+)
 ESCAPES = re.compile(rb"%(2e|2f|5c|00)|\\", re.IGNORECASE)  # encoded ".", "/", "\", NUL; a raw "\"
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
-              "transfer-encoding", "upgrade", "host", "authorization", "cookie", "content-length"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "authorization",
+    "cookie",
+    "content-length",
+}
 CLOSE_UNAUTHENTICATED, CLOSE_NOT_FOUND, CLOSE_ENDED, CLOSE_APP_CLOSED = 4401, 4404, 4410, 4502
 CONNECT_TIMEOUT_S = 10.0
 WEBSOCKET_MAX_BYTES = 16 * 1024 * 1024  # the largest websocket message relayed either way (a big notebook)
@@ -72,9 +88,11 @@ def _client() -> httpx.AsyncClient:
     client = _clients.get(loop)
     if client is None:  # no environment proxies: apps are reached directly; no read timeout: streams may idle
         client = _clients[loop] = httpx.AsyncClient(
-            trust_env=False, follow_redirects=False,
+            trust_env=False,
+            follow_redirects=False,
             timeout=httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=None, write=None, pool=CONNECT_TIMEOUT_S),
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
+        )
     return client
 
 
@@ -100,10 +118,9 @@ class TokenMask:
 
     def feed(self, chunk: bytes) -> bytes:
         data = (self.carry + chunk).replace(self.secret, self.mask)
-        hold = next((n for n in range(min(len(data), len(self.secret) - 1), 0, -1)
-                     if self.secret.startswith(data[-n:])), 0)
-        self.carry = data[len(data) - hold:] if hold else b""
-        return data[:len(data) - hold]
+        hold = next((n for n in range(min(len(data), len(self.secret) - 1), 0, -1) if self.secret.startswith(data[-n:])), 0)
+        self.carry = data[len(data) - hold :] if hold else b""
+        return data[: len(data) - hold]
 
     def flush(self) -> bytes:
         rest, self.carry = self.carry, b""
@@ -200,8 +217,7 @@ async def _check(scope, match) -> tuple[int, dict]:
                 return 401, {}
             found = await database_sync_to_async(_lookup)(user, match["session"], match["app"])
         else:
-            found = await database_sync_to_async(_signed_in_lookup)(_session_key(scope), match["session"],
-                                                                     match["app"])
+            found = await database_sync_to_async(_signed_in_lookup)(_session_key(scope), match["session"], match["app"])
             if found is None:
                 return 401, {}
     except Http404:
@@ -232,16 +248,27 @@ def _location(value: str, *, prefix: str, app: dict) -> str:
 
 async def _page(send, status: int, context: dict, *, headers=()) -> None:
     body = render_to_string("sessions/app_unavailable.html", {"status": status, **context}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"text/html; charset=utf-8"), (b"cache-control", b"no-store"),
-                            (b"content-length", str(len(body)).encode()), *headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/html; charset=utf-8"),
+                (b"cache-control", b"no-store"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
 async def _not_running(session_id: str, app: dict, error: str) -> dict:
-    return {"title": f"{app['title']} is not running",
-            "why": f"{app['title']} is not running in this session: {error}.",
-            "reopen": OPEN_PAGE.format(session=session_id, app=app["name"])}
+    return {
+        "title": f"{app['title']} is not running",
+        "why": f"{app['title']} is not running in this session: {error}.",
+        "reopen": OPEN_PAGE.format(session=session_id, app=app["name"]),
+    }
 
 
 class AppHttpProxy:
@@ -254,14 +281,16 @@ class AppHttpProxy:
             await _page(send, 400, {"title": "Bad path", "why": "The address tries to leave the app's place."})
             return
         if cross_site(scope):
-            await _page(send, 403, {"title": "Refused", "why": "Another site may not send this app a request "
-                                                               "that changes something."})
+            await _page(
+                send, 403, {"title": "Refused", "why": "Another site may not send this app a request that changes something."}
+            )
             return
         status, found = await _check(scope, match)
         if status == 401:
             login = resolve_url(settings.LOGIN_URL) + "?next=" + quote(scope["path"])
-            await _page(send, 302, {"title": "Signed out", "why": "Sign in to open this app."},
-                        headers=[(b"location", login.encode())])
+            await _page(
+                send, 302, {"title": "Signed out", "why": "Sign in to open this app."}, headers=[(b"location", login.encode())]
+            )
             return
         if status:
             await _page(send, status, found or {"title": "Not found", "why": "There is no such app."})
@@ -302,12 +331,12 @@ class AppHttpProxy:
             except httpx.HTTPError as exc:  # it closed the connection, or answered nonsense
                 log.info("app %s of session %s: %s", app["name"], session_id, exc)
                 session_app_target_forget(session_id=session_id, name=app["name"])
-                await _page(send, 502, await _not_running(session_id, app, "it closed the connection without an "
-                                                                           "answer"))
+                await _page(send, 502, await _not_running(session_id, app, "it closed the connection without an answer"))
                 return
         try:
-            await _relay_response(response, receive, send, prefix=app_prefix(session_id=session_id, app=app["name"]),
-                                  app=app, mask=TokenMask(token))
+            await _relay_response(
+                response, receive, send, prefix=app_prefix(session_id=session_id, app=app["name"]), app=app, mask=TokenMask(token)
+            )
         finally:
             await response.aclose()
 
@@ -335,8 +364,7 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-async def _relay_response(response: httpx.Response, receive, send, *, prefix: str, app: dict,
-                          mask: TokenMask) -> None:
+async def _relay_response(response: httpx.Response, receive, send, *, prefix: str, app: dict, mask: TokenMask) -> None:
     """Send the app's answer to the browser as it comes (its body undecoded, chunk by chunk, the
     token masked); stop reading the app when the browser goes away."""
     ours = {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME}
@@ -379,8 +407,12 @@ class AppProxyRouter:
         self.proxy, self.fallback = proxy, fallback
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/sessions/") and "/apps/" in scope["path"] \
-                and PATH_RE.match(scope["path"]):
+        if (
+            scope["type"] == "http"
+            and scope["path"].startswith("/sessions/")
+            and "/apps/" in scope["path"]
+            and PATH_RE.match(scope["path"])
+        ):
             return await self.proxy(scope, receive, send)
         return await self.fallback(scope, receive, send)
 
@@ -415,8 +447,13 @@ class AppWebsocketProxy:
 
     async def _connect(self, scope, match, app: dict):
         token = app_token(session_id=match["session"], app=app["name"])
-        protocols = [p.strip() for _, v in scope.get("headers", []) if _ == b"sec-websocket-protocol"
-                     for p in v.decode("latin-1").split(",") if p.strip()]
+        protocols = [
+            p.strip()
+            for _, v in scope.get("headers", [])
+            if _ == b"sec-websocket-protocol"
+            for p in v.decode("latin-1").split(",")
+            if p.strip()
+        ]
         headers = [(n, v) for n, v in upstream_headers(scope, token=token) if n not in ("host", "origin")]
         for _ in range(2):
             target = await session_app_target(session_id=match["session"], name=app["name"], port=app["port"])
@@ -425,9 +462,16 @@ class AppWebsocketProxy:
             host = f"{_host(target[0])}:{target[1]}"
             try:
                 return await websockets.connect(
-                    f"ws://{host}{upstream_path(scope, match, app, token=token)}", additional_headers=headers,
-                    subprotocols=protocols or None, origin=Origin(f"http://{host}"), max_size=WEBSOCKET_MAX_BYTES,
-                    compression=None, open_timeout=CONNECT_TIMEOUT_S, user_agent_header=None, proxy=None)
+                    f"ws://{host}{upstream_path(scope, match, app, token=token)}",
+                    additional_headers=headers,
+                    subprotocols=protocols or None,
+                    origin=Origin(f"http://{host}"),
+                    max_size=WEBSOCKET_MAX_BYTES,
+                    compression=None,
+                    open_timeout=CONNECT_TIMEOUT_S,
+                    user_agent_header=None,
+                    proxy=None,
+                )
             except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
                 log.info("app websocket %s: could not connect to %s: %s", app["name"], host, exc)
                 if not isinstance(exc, OSError):

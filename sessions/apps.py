@@ -10,6 +10,7 @@ class ComputeSessionsConfig(AppConfig):
 
     def ready(self) -> None:
         from accelerators.services import node_capacity_changed
+
         # The manager's tasks, registered with the Celery app in every process (the web's too):
         # sessions.passes asks for a pass by the task's name, which an eager Celery (tests,
         # FGPU_CELERY_EAGER) runs only when it is registered here.

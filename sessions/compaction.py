@@ -12,6 +12,7 @@ start is the plan's cost), the action is written to the admin log (LogEntry on t
 each moved session's terminal gets a line; the scheduler then places the waiting session where
 the moves made room.
 """
+
 from __future__ import annotations
 
 import json
@@ -78,8 +79,12 @@ def _requests(sessions, group: ResourceGroup | None, slot: str) -> list[tuple[Co
             request = session_request(session)
         except (AllocationError, KeyError, TypeError, ValueError):
             continue
-        if (request.kind != "none" and (request.slot or "cuda") == slot and _in_group(request, group)
-                and not mig_scheduling.wants_mig(request)):
+        if (
+            request.kind != "none"
+            and (request.slot or "cuda") == slot
+            and _in_group(request, group)
+            and not mig_scheduling.wants_mig(request)
+        ):
             out.append((session, request))
     return out
 
@@ -90,18 +95,29 @@ def recent_shapes(*, group: ResourceGroup | None, slot: str = "cuda", now=None) 
     frequent first, at most MAX_SHAPES. One query."""
     now = now or timezone.now()
     launched = ComputeSession.objects.filter(created_at__gte=now - timedelta(days=RECENT_DAYS)).only(
-        "request_spec", "slot_name", "slot_subtype", "amount", "cpu", "mem")
+        "request_spec", "slot_name", "slot_subtype", "amount", "cpu", "mem"
+    )
     counts: dict = {}
     for _, request in _requests(launched, group, slot):
-        shape = core.ResourceRequest(request.kind, amount=request.amount, cpu=request.cpu, mem=request.mem,
-                                     slot=request.slot, memory=request.memory, cores=request.cores, numa=request.numa,
-                                     style=request.style, resource_group=request.resource_group)
+        shape = core.ResourceRequest(
+            request.kind,
+            amount=request.amount,
+            cpu=request.cpu,
+            mem=request.mem,
+            slot=request.slot,
+            memory=request.memory,
+            cores=request.cores,
+            numa=request.numa,
+            style=request.style,
+            resource_group=request.resource_group,
+        )
         counts[shape] = counts.get(shape, 0) + 1
     return [shape for shape, _ in sorted(counts.items(), key=lambda kv: -kv[1])][:MAX_SHAPES]
 
 
-def fragmentation_report(*, group: ResourceGroup | None, slot: str = "cuda", now=None,
-                         for_update: bool = False) -> FragmentationReport:
+def fragmentation_report(
+    *, group: ResourceGroup | None, slot: str = "cuda", now=None, for_update: bool = False
+) -> FragmentationReport:
     """The map and plan of `group` (see the module) now; `for_update` locks its node and device
     rows (inside the caller's transaction: the apply). Reads a handful of queries."""
     now = now or timezone.now()
@@ -115,23 +131,28 @@ def fragmentation_report(*, group: ResourceGroup | None, slot: str = "cuda", now
     pure = settings.as_allocation_settings()
     nodes = node_states(slot_name=slot, for_update=for_update, group=group)
     options = placement_options(group=group)
-    found = compaction.fragmentation_map(nodes, pure, shapes=recent_shapes(group=group, slot=slot, now=now),
-                                         options=options)
-    waiting = _requests(ComputeSession.objects.filter(status=SessionStatus.PENDING).select_related("owner")
-                        .order_by("-priority", "created_at"), group, slot)
+    found = compaction.fragmentation_map(nodes, pure, shapes=recent_shapes(group=group, slot=slot, now=now), options=options)
+    waiting = _requests(
+        ComputeSession.objects.filter(status=SessionStatus.PENDING).select_related("owner").order_by("-priority", "created_at"),
+        group,
+        slot,
+    )
     target, plan, sessions = None, None, {}
     if waiting:
         target, request = max(waiting, key=lambda sr: compaction.request_fgpu(sr[1], pure, nodes))
         holders, stopping, _ = session_holders(node_names=[n.node_id for n in nodes])
         plan = compaction.compaction_plan(nodes, holders, request, pure, now=now.timestamp(), options=options)
         if plan is not None and plan.moves:
-            sessions = {str(s.pk): s for s in ComputeSession.objects.filter(
-                pk__in=[m.holder.session_id for m in plan.moves]).select_related("owner", "node")}
+            sessions = {
+                str(s.pk): s
+                for s in ComputeSession.objects.filter(pk__in=[m.holder.session_id for m in plan.moves]).select_related(
+                    "owner", "node"
+                )
+            }
     return FragmentationReport(group, slot, True, found, target, plan, sessions, mig, now)
 
 
-def compaction_apply(*, admin, group: ResourceGroup | None, expected: list[str] | None = None,
-                     slot: str = "cuda") -> dict:
+def compaction_apply(*, admin, group: ResourceGroup | None, expected: list[str] | None = None, slot: str = "cuda") -> dict:
     """Apply `group`'s compaction plan as it stands now (recomputed under lock): each moved
     session is terminated with the reason "preempted: moved by <admin> …" and started again as
     a new PENDING session (same owner, name, request, command, image, priority, preemption
@@ -144,28 +165,43 @@ def compaction_apply(*, admin, group: ResourceGroup | None, expected: list[str] 
         report = fragmentation_report(group=group, slot=slot, for_update=True)
         plan = report.plan
         if report.target is None or plan is None or plan.fits_now:
-            why = ("nothing waits in this group" if report.target is None else
-                   "the largest waiting session fits already: the scheduler's next pass places it" if plan is not None
-                   else "no set of preemptible sessions to move makes the largest waiting session fit")
+            why = (
+                "nothing waits in this group"
+                if report.target is None
+                else "the largest waiting session fits already: the scheduler's next pass places it"
+                if plan is not None
+                else "no set of preemptible sessions to move makes the largest waiting session fit"
+            )
             raise ApplicationError(why, type="nothing-to-apply", title="Nothing to apply", status=409)
         ids = [m.holder.session_id for m in plan.moves]
         if expected is not None and sorted(expected) != sorted(ids):
-            raise ApplicationError("the plan changed since it was shown (sessions started or ended): look at it again",
-                                   type="plan-changed", title="Plan changed", status=409)
+            raise ApplicationError(
+                "the plan changed since it was shown (sessions started or ended): look at it again",
+                type="plan-changed",
+                title="Plan changed",
+                status=409,
+            )
         target = report.target
         moved = []
         for move in plan.moves:
             session = ComputeSession.objects.select_related("node", "owner", "image").get(pk=move.holder.session_id)
             again = _restart(session)
-            reason = (f"{PREEMPTED}moved by {admin.get_username()} to compact resource group "
-                      f"{report.name or '(any)'} for {target.name} of {target.owner.get_username()}; started again "
-                      f"as session {again.pk}")
-            session_notice(session, f"an administrator moves this session to make room for {target.name}: it stops "
-                                    f"now and starts again as a new session ({again.pk})")
+            reason = (
+                f"{PREEMPTED}moved by {admin.get_username()} to compact resource group "
+                f"{report.name or '(any)'} for {target.name} of {target.owner.get_username()}; started again "
+                f"as session {again.pk}"
+            )
+            session_notice(
+                session,
+                f"an administrator moves this session to make room for {target.name}: it stops "
+                f"now and starts again as a new session ({again.pk})",
+            )
             session_terminate(session=session, reason=reason)
             moved.append({"session": str(session.pk), "restarted_as": str(again.pk), "to_node": move.to_node})
-        message = (f"compaction: moved {len(moved)} session(s) from {plan.node_id} for {target.name} ({target.pk}); "
-                   f"{plan.work_lost / 3600:.2f} fGPU-hours of work lost: {json.dumps(moved)}")
+        message = (
+            f"compaction: moved {len(moved)} session(s) from {plan.node_id} for {target.name} ({target.pk}); "
+            f"{plan.work_lost / 3600:.2f} fGPU-hours of work lost: {json.dumps(moved)}"
+        )
         if group is not None:
             LogEntry.objects.log_actions(admin.pk, [group], CHANGE, change_message=message, single_object=True)
         log.info("%s by %s", message, admin.get_username())
@@ -178,10 +214,21 @@ def compaction_apply(*, admin, group: ResourceGroup | None, expected: list[str] 
 def _restart(session: ComputeSession) -> ComputeSession:
     """A new PENDING session asking what `session` asked (its quota claim moves with it)."""
     again = ComputeSession.objects.create(
-        owner=session.owner, name=session.name, resources=session.resources, request_spec=session.request_spec,
-        slot_name=session.slot_name, slot_subtype=session.slot_subtype, amount=session.amount, cpu=session.cpu,
-        mem=session.mem, command=session.command, image=session.image, priority=session.priority,
-        preemptible=session.preemptible, min_runtime=session.min_runtime,
-        status_reason=f"started again after a compaction moved session {session.pk}")
+        owner=session.owner,
+        name=session.name,
+        resources=session.resources,
+        request_spec=session.request_spec,
+        slot_name=session.slot_name,
+        slot_subtype=session.slot_subtype,
+        amount=session.amount,
+        cpu=session.cpu,
+        mem=session.mem,
+        command=session.command,
+        image=session.image,
+        priority=session.priority,
+        preemptible=session.preemptible,
+        min_runtime=session.min_runtime,
+        status_reason=f"started again after a compaction moved session {session.pk}",
+    )
     events.session_notify(again)
     return again

@@ -10,6 +10,7 @@ that the client has not read yet; the agent sends a terminal at most a window pa
 acknowledged, and leaves the PTY unread while its output waits. So a slow client holds back its
 own session's program, and daphne's memory for it stays bounded.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -164,8 +165,7 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
     async def _ack(self) -> None:
         self.acked = self.delivered
         try:
-            await self._to_agent({"type": "pty.ack", "channel": self.channel_name, "offset": self.acked[0],
-                                  "n": self.acked[1]})
+            await self._to_agent({"type": "pty.ack", "channel": self.channel_name, "offset": self.acked[0], "n": self.acked[1]})
         except Exception:  # the agent stops waiting for a terminal that acknowledges nothing (READER_STALL_S)
             log.warning("terminal for %s: could not acknowledge output", self.session_id, exc_info=True)
 
@@ -230,8 +230,14 @@ class AppOpenConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "error", "title": exc.title, "detail": exc.detail, "error": exc.type})
         except Exception:
             log.exception("opening app %s of session %s failed", kwargs["app"], kwargs["session_id"])
-            await self.send_json({"type": "error", "title": "Server error", "error": "server-error",
-                                  "detail": "the console could not reach the session's agent; try again"})
+            await self.send_json(
+                {
+                    "type": "error",
+                    "title": "Server error",
+                    "error": "server-error",
+                    "detail": "the console could not reach the session's agent; try again",
+                }
+            )
         else:
             await self.send_json({"type": "ready", **opened})
         await self.close()

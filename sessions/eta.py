@@ -25,6 +25,7 @@ Not replayed: MIG instances (a MIG request waits in the replay, "MIG instances a
 replayed"), the fair-share factors' drift while the queue runs (the order of now is kept),
 sessions launched later, and terminations by hand.
 """
+
 from __future__ import annotations
 
 import threading
@@ -94,10 +95,15 @@ class _Facts:
         self.history: dict[tuple, list[float]] = {}
         owners = {s.owner_id for s in sessions if s.command}
         if owners:
-            rows = (ComputeSession.objects.filter(owner_id__in=owners, status=SessionStatus.TERMINATED)
-                    .exclude(command="").filter(started_at__isnull=False, terminated_at__isnull=False,
-                                                terminated_at__gte=now - timedelta(days=HISTORY_DAYS))
-                    .order_by("-terminated_at").values_list("owner_id", "image_id", "started_at", "terminated_at")[:5000])
+            rows = (
+                ComputeSession.objects.filter(owner_id__in=owners, status=SessionStatus.TERMINATED)
+                .exclude(command="")
+                .filter(
+                    started_at__isnull=False, terminated_at__isnull=False, terminated_at__gte=now - timedelta(days=HISTORY_DAYS)
+                )
+                .order_by("-terminated_at")
+                .values_list("owner_id", "image_id", "started_at", "terminated_at")[:5000]
+            )
             for owner_id, image_id, started, ended in rows:
                 if started is None or ended is None:  # the filter leaves none; the type checker does not know
                     continue
@@ -137,8 +143,7 @@ def expected_end(session: ComputeSession, facts: _Facts) -> End:
         return End(at, at, f"reclamation deadline ({activity.reason})" if activity.reason else "reclamation deadline")
     if session.command:
         history, named = facts.history_of(session)
-        band = pure.remaining_band(history, now - started, low=HISTORY_BAND[0], high=HISTORY_BAND[1],
-                                   minimum=HISTORY_MIN)
+        band = pure.remaining_band(history, now - started, low=HISTORY_BAND[0], high=HISTORY_BAND[1], minimum=HISTORY_MIN)
         if band is not None:
             early, late = now + band[0], now + band[1]
             if cap is not None:
@@ -149,8 +154,12 @@ def expected_end(session: ComputeSession, facts: _Facts) -> End:
         early = max(now, last + policy.idle_timeout) + policy.grace
         if cap is not None:
             early = min(early, cap)
-        return End(early, cap, f"idle timeout of {_hours(policy.idle_timeout)}"
-                   + (f", maximum lifetime of {_hours(policy.max_lifetime)}" if cap else ""))
+        return End(
+            early,
+            cap,
+            f"idle timeout of {_hours(policy.idle_timeout)}"
+            + (f", maximum lifetime of {_hours(policy.max_lifetime)}" if cap else ""),
+        )
     if cap is not None:
         return End(max(now, cap), max(now, cap), f"maximum lifetime of {_hours(policy.max_lifetime)}")
     return End(None, None, "no declared end (no maximum lifetime, idle timeout or batch history)")
@@ -200,8 +209,9 @@ class _ReplayView(ReadView):
             options = dict(scope.options)
             if scope.group_name in base.policies:
                 options["policy"] = base.policies[scope.group_name]
-            self.scopes[key] = PlacementScope(group_name=scope.group_name, slot=scope.slot, nodes=list(scope.nodes),
-                                              options=options, rows=dict(scope.rows))
+            self.scopes[key] = PlacementScope(
+                group_name=scope.group_name, slot=scope.slot, nodes=list(scope.nodes), options=options, rows=dict(scope.rows)
+            )
         self.holdings: dict[str, _Holding] = dict(base.holdings)
 
     def queued_behind(self) -> str:
@@ -214,7 +224,7 @@ class _ReplayView(ReadView):
         return self.base.image_missing(image)
 
     def mig(self, request, image: str):
-        raise InsufficientResource(MIG_NOT_REPLAYED[len("waiting for capacity: "):])
+        raise InsufficientResource(MIG_NOT_REPLAYED[len("waiting for capacity: ") :])
 
     def scope(self, request, image: str) -> PlacementScope:
         """The request's scope; one the queue's read lacks is read now (an unknown group raises
@@ -280,13 +290,22 @@ class _Queue:
     replays: the PENDING sessions in the pass's order, their requests and expected runtimes,
     the active sessions' holdings and expected ends, and every scope the queue needs."""
 
-    def __init__(self, *, now: datetime | None = None, weights: dict[str, int] | None = None,
-                 policies: dict[str, str] | None = None, backfill_limit: int | None = None):
+    def __init__(
+        self,
+        *,
+        now: datetime | None = None,
+        weights: dict[str, int] | None = None,
+        policies: dict[str, str] | None = None,
+        backfill_limit: int | None = None,
+    ):
         self.now = now or timezone.now()
         self.policies = policies or {}
         self.backfill_limit = settings.FGPU_BACKFILL_LIMIT if backfill_limit is None else backfill_limit
-        pending = list(ComputeSession.objects.filter(status=SessionStatus.PENDING).select_related("owner", "image")
-                       .order_by("-priority", "created_at", "pk"))
+        pending = list(
+            ComputeSession.objects.filter(status=SessionStatus.PENDING)
+            .select_related("owner", "image")
+            .order_by("-priority", "created_at", "pk")
+        )
         factors = fairshare.owner_factors({s.owner_id for s in pending}, now=self.now, weights=weights)
         pending.sort(key=lambda s: fairshare.queue_key(s, factors))
         self.pending = pending
@@ -309,7 +328,8 @@ class _Queue:
         self.ends = {key: expected_end(s, facts) for key, s in self.active.items()}
         self.holdings: dict[str, _Holding] = {}
         rows = Allocation.objects.filter(session__in=active, released_at__isnull=True).values_list(
-            "session_id", "device_id", "shares", "memory", "procs")
+            "session_id", "device_id", "shares", "memory", "procs"
+        )
         grants: dict[str, list] = {}
         for session_id, device_id, shares, memory, procs in rows:
             grants.setdefault(str(session_id), []).append(core.DeviceGrant(str(device_id), shares, memory, procs))
@@ -353,14 +373,22 @@ class _Queue:
             if key in self.never:
                 continue
             runtime = self.runtimes[key]
-            out.append(pure.Queued(key=key, shape=queue_shape(session), overtaken=session.overtaken,
-                                   runtime=runtime.latest if late else runtime.earliest, name=session.name))
+            out.append(
+                pure.Queued(
+                    key=key,
+                    shape=queue_shape(session),
+                    overtaken=session.overtaken,
+                    runtime=runtime.latest if late else runtime.earliest,
+                    name=session.name,
+                )
+            )
         return out
 
     def replay(self, *, late: bool) -> pure.Replay:
         ends = {key: (end.latest if late else end.earliest) for key, end in self.ends.items() if key in self.holdings}
-        return pure.replay(self.queued(late=late), ends=ends, room=_Room(self), now=self.now.timestamp(),
-                           backfill_limit=self.backfill_limit)
+        return pure.replay(
+            self.queued(late=late), ends=ends, room=_Room(self), now=self.now.timestamp(), backfill_limit=self.backfill_limit
+        )
 
     def bands(self) -> dict[str, pure.Band]:
         """Every PENDING session's ETA band (key: its id)."""
@@ -376,10 +404,14 @@ class _Queue:
         return out
 
 
-NO_KNOWN_END = ("no estimate: the sessions holding the room it needs have no declared end (no maximum lifetime, "
-                "idle timeout or batch history)")
-UNKNOWN_LATEST = ("the latest start is unknown: sessions holding the room it needs have no declared end "
-                  "(no maximum lifetime, idle timeout or batch history)")
+NO_KNOWN_END = (
+    "no estimate: the sessions holding the room it needs have no declared end (no maximum lifetime, "
+    "idle timeout or batch history)"
+)
+UNKNOWN_LATEST = (
+    "the latest start is unknown: sessions holding the room it needs have no declared end "
+    "(no maximum lifetime, idle timeout or batch history)"
+)
 
 
 def as_datetime(epoch: float | None) -> datetime | None:
@@ -417,7 +449,7 @@ class FitsAfter:
 
 
 def band_outcome(band: pure.Band, now: float) -> str:
-    """"now", "estimate", "unknown" or "never" (see `Eta`)."""
+    """ "now", "estimate", "unknown" or "never" (see `Eta`)."""
     if band.outcome == pure.NEVER:
         return "never"
     if band.earliest is None:
@@ -441,7 +473,8 @@ def _queue_stamp() -> tuple:
     """What changes when any pending or active session is written (one aggregate query): how
     many there are, the sum of their versions (every transition bumps one) and the newest."""
     stamp = ComputeSession.objects.filter(status__in=(SessionStatus.PENDING, *ACTIVE_STATUSES)).aggregate(
-        n=Count("pk"), versions=Sum("version"), newest=Max("created_at"))
+        n=Count("pk"), versions=Sum("version"), newest=Max("created_at")
+    )
     return stamp["n"], stamp["versions"], stamp["newest"]
 
 
@@ -469,10 +502,17 @@ def session_eta(*, session: ComputeSession, now: datetime | None = None) -> Eta:
     band = bands.get(key) or pure.Band(None, None, pure.WAITING, "it is no longer waiting")
     position = next((i + 1 for i, s in enumerate(queue.pending) if str(s.pk) == key), 0)
     fits_now, after = _fits_after(queue, key)
-    return Eta(outcome=band_outcome(band, queue.now.timestamp()), earliest=as_datetime(band.earliest),
-               latest=as_datetime(band.latest),
-               reason=band.reason, position=position, waiting_reason=session.status_reason, fits_after=tuple(after),
-               fits_now=fits_now, computed_at=queue.now)
+    return Eta(
+        outcome=band_outcome(band, queue.now.timestamp()),
+        earliest=as_datetime(band.earliest),
+        latest=as_datetime(band.latest),
+        reason=band.reason,
+        position=position,
+        waiting_reason=session.status_reason,
+        fits_after=tuple(after),
+        fits_now=fits_now,
+        computed_at=queue.now,
+    )
 
 
 def _fits_after(queue: _Queue, key: str) -> tuple[bool, list[FitsAfter]]:
@@ -510,6 +550,7 @@ def _fits_after(queue: _Queue, key: str) -> tuple[bool, list[FitsAfter]]:
 
 # --- what-if (issue 17.5) --------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class WhatIfRow:
     """One PENDING session under today's rules and under the what-if's: its place in each queue
@@ -536,8 +577,13 @@ def _compare(today: pure.Band, other: pure.Band) -> str:
     return "same" if a == b else ("sooner" if b < a else "later")
 
 
-def scheduler_what_if(*, weights: dict[str, int] | None = None, policies: dict[str, str] | None = None,
-                      backfill_limit: int | None = None, now: datetime | None = None) -> list[WhatIfRow]:
+def scheduler_what_if(
+    *,
+    weights: dict[str, int] | None = None,
+    policies: dict[str, str] | None = None,
+    backfill_limit: int | None = None,
+    now: datetime | None = None,
+) -> list[WhatIfRow]:
     """Replay the current queue today and under the changes — `weights` (project name → fair-share
     weight ≥ 1), `policies` (resource group name, "" for requests naming none → placement
     policy, `accelerators.allocation.cluster.POLICIES`), `backfill_limit` (FGPU_BACKFILL_LIMIT's
@@ -555,4 +601,3 @@ def scheduler_what_if(*, weights: dict[str, int] | None = None, policies: dict[s
         b = bands_changed.get(key, pure.Band(None, None, pure.WAITING, "no longer waiting"))
         rows.append(WhatIfRow(session, i + 1, where.get(key, 0), a, b, _compare(a, b)))
     return rows
-

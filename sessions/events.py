@@ -3,6 +3,7 @@
 The channel layer delivers notices; Celery does the work. Notices are sent after commit,
 so a page never sees a state the database does not hold.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -17,6 +17,7 @@ Sources: Slurm's classic fair-share factor F = 2^(-U/S) with usage decayed by Pr
 (priority/multifactor); Backend.AI's BEP-1026 draft for the 7-day half-life and GPU usage in
 cuda.shares-seconds.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,12 +51,10 @@ class _EpochSeconds(Func):
     output_field = FloatField()
 
     def as_postgresql(self, compiler, connection, **extra):
-        return self.as_sql(compiler, connection, template="EXTRACT(EPOCH FROM %(expressions)s)::double precision",
-                           **extra)
+        return self.as_sql(compiler, connection, template="EXTRACT(EPOCH FROM %(expressions)s)::double precision", **extra)
 
     def as_sqlite(self, compiler, connection, **extra):
-        return self.as_sql(compiler, connection, template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)",
-                           **extra)
+        return self.as_sql(compiler, connection, template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)", **extra)
 
 
 def fair_share_factor(*, usage: float, usage_total: float, weight: float, weight_total: float) -> float:
@@ -109,9 +108,12 @@ def account_shares(*, now: datetime | None = None, weights: dict[str, int] | Non
     start = Least(_EpochSeconds("created_at"), end)
     used = Cast("shares", FloatField()) * decayed_seconds(start=start, end=end, now=now_v, half_life=half_life, exp=Exp)
     usage_by_user: dict[int, float] = dict(
-        Allocation.objects.filter(Q(released_at__isnull=True) | Q(released_at__gt=horizon)).order_by()
-        .values("session__owner_id").annotate(usage=Sum(used, output_field=FloatField()))
-        .values_list("session__owner_id", "usage"))
+        Allocation.objects.filter(Q(released_at__isnull=True) | Q(released_at__gt=horizon))
+        .order_by()
+        .values("session__owner_id")
+        .annotate(usage=Sum(used, output_field=FloatField()))
+        .values_list("session__owner_id", "usage")
+    )
     pending_by_user: dict[int, int] = {}
     for owner_id in ComputeSession.objects.filter(status=SessionStatus.PENDING).values_list("owner_id", flat=True):
         pending_by_user[owner_id] = pending_by_user.get(owner_id, 0) + 1
@@ -127,18 +129,34 @@ def account_shares(*, now: datetime | None = None, weights: dict[str, int] | Non
     for user_id, username in get_user_model().objects.filter(pk__in=alone).values_list("pk", "username"):
         accounts.append(("user", username, 1, frozenset([user_id])))
 
-    standing = [(kind, name, weight, members, sum(usage_by_user.get(u, 0.0) for u in members),
-                 sum(pending_by_user.get(u, 0) for u in members)) for kind, name, weight, members in accounts]
+    standing = [
+        (
+            kind,
+            name,
+            weight,
+            members,
+            sum(usage_by_user.get(u, 0.0) for u in members),
+            sum(pending_by_user.get(u, 0) for u in members),
+        )
+        for kind, name, weight, members in accounts
+    ]
     active = [a for a in standing if a[4] > 0 or a[5] > 0]
     usage_total = sum(a[4] for a in active)
     weight_total = sum(a[2] for a in active)
-    shares = [AccountShare(kind=kind, name=name, weight=weight, usage=usage,
-                           usage_share=usage / usage_total if usage_total else 0.0,
-                           weight_share=weight / weight_total,
-                           factor=fair_share_factor(usage=usage, usage_total=usage_total, weight=weight,
-                                                    weight_total=weight_total),
-                           pending=pending, members=members)
-              for kind, name, weight, members, usage, pending in active]
+    shares = [
+        AccountShare(
+            kind=kind,
+            name=name,
+            weight=weight,
+            usage=usage,
+            usage_share=usage / usage_total if usage_total else 0.0,
+            weight_share=weight / weight_total,
+            factor=fair_share_factor(usage=usage, usage_total=usage_total, weight=weight, weight_total=weight_total),
+            pending=pending,
+            members=members,
+        )
+        for kind, name, weight, members, usage, pending in active
+    ]
     return sorted(shares, key=lambda a: (a.factor, a.kind, a.name))
 
 

@@ -13,6 +13,7 @@ Paths are checked here (protocol.files.path_parts, for a clear 400 naming `path`
 the agent, which alone enforces confinement (O_NOFOLLOW from the root's descriptor). Uploads are
 capped at FGPU_FILES_USER_CAP bytes per persistent folder (per user) and per session home.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,10 +34,20 @@ log = logging.getLogger(__name__)
 REPLY_WAIT_S = 30  # how long the web waits for the agent's answer to one op
 BEGIN_WAIT_S = 120  # an upload's start measures the folder against the cap: it may take longer
 
-TITLES = {"bad-path": "Path refused", "symlink": "Path refused", "not-found": "No such file",
-          "not-a-directory": "Not a folder", "is-a-directory": "Is a folder", "not-a-file": "Not a regular file",
-          "exists": "Exists", "read-only": "Read-only", "over-cap": "Over the cap",
-          "no-data-folder": "No persistent folder", "upload-gone": "Upload abandoned", "failed": "File operation failed"}
+TITLES = {
+    "bad-path": "Path refused",
+    "symlink": "Path refused",
+    "not-found": "No such file",
+    "not-a-directory": "Not a folder",
+    "is-a-directory": "Is a folder",
+    "not-a-file": "Not a regular file",
+    "exists": "Exists",
+    "read-only": "Read-only",
+    "over-cap": "Over the cap",
+    "no-data-folder": "No persistent folder",
+    "upload-gone": "Upload abandoned",
+    "failed": "File operation failed",
+}
 
 
 def path_check(path: str) -> list[str]:
@@ -45,25 +56,36 @@ def path_check(path: str) -> list[str]:
     try:
         return proto.path_parts(path)
     except proto.PathRefused as exc:
-        raise ApplicationError(str(exc), type="bad-path", title="Path refused",
-                               field_errors={"path": [str(exc)]}) from None
+        raise ApplicationError(str(exc), type="bad-path", title="Path refused", field_errors={"path": [str(exc)]}) from None
 
 
 def _check_running(session: ComputeSession) -> None:
     if session.status != SessionStatus.RUNNING:
-        raise ApplicationError(f"the session is {session.status}; its files are reached only while it is RUNNING",
-                               type="session-not-running", title="Session not running", status=409)
+        raise ApplicationError(
+            f"the session is {session.status}; its files are reached only while it is RUNNING",
+            type="session-not-running",
+            title="Session not running",
+            status=409,
+        )
 
 
 def _refusal(session: ComputeSession, answer: dict | None, wait_s: float) -> ApplicationError:
     if answer is None:
         node = session.node.name if session.node else "its node"
-        return ApplicationError(f"the agent on {node} did not answer within {wait_s:.0f} s; is the node up?",
-                                type="files-timeout", title="Agent did not answer", status=504)
+        return ApplicationError(
+            f"the agent on {node} did not answer within {wait_s:.0f} s; is the node up?",
+            type="files-timeout",
+            title="Agent did not answer",
+            status=504,
+        )
     code = answer.get("error", "failed")
-    return ApplicationError(answer.get("detail", "the file operation failed"), type=code,
-                            title=TITLES.get(code, "File operation failed"), status=proto.ERRORS.get(code, 502),
-                            field_errors={"path": [answer.get("detail", "")]} if code in ("bad-path", "symlink") else None)
+    return ApplicationError(
+        answer.get("detail", "the file operation failed"),
+        type=code,
+        title=TITLES.get(code, "File operation failed"),
+        status=proto.ERRORS.get(code, 502),
+        field_errors={"path": [answer.get("detail", "")]} if code in ("bad-path", "symlink") else None,
+    )
 
 
 def _owner_projects(session: ComputeSession) -> dict[str, str]:
@@ -88,10 +110,18 @@ class _Link:
         wait_s = REPLY_WAIT_S if wait_s is None else wait_s
         if self.reply is None:
             self.reply = await self.layer.new_channel("files-reply.")
-        await self.layer.group_send(events.pty_group(self.session.pk), {
-            "type": proto.FILES, "session_id": str(self.session.pk), "owner_id": self.session.owner_id,
-            "projects": self.projects, "op": op,
-            "reply_channel": self.reply, **fields})
+        await self.layer.group_send(
+            events.pty_group(self.session.pk),
+            {
+                "type": proto.FILES,
+                "session_id": str(self.session.pk),
+                "owner_id": self.session.owner_id,
+                "projects": self.projects,
+                "op": op,
+                "reply_channel": self.reply,
+                **fields,
+            },
+        )
         answer = None
         try:
             async with asyncio.timeout(wait_s):
@@ -126,16 +156,24 @@ def session_file_delete(*, session: ComputeSession, path: str) -> None:
     """Delete the file, link (the link itself) or folder (with what it holds) at `path`. Raises
     as `session_files_list`; 403 read-only under `.fgpu/`."""
     if not path_check(path):
-        raise ApplicationError("give the path of a file or folder to delete", type="bad-path", title="Path refused",
-                               field_errors={"path": ["the home itself cannot be deleted"]})
+        raise ApplicationError(
+            "give the path of a file or folder to delete",
+            type="bad-path",
+            title="Path refused",
+            field_errors={"path": ["the home itself cannot be deleted"]},
+        )
     _one(session, "delete", path=path)
 
 
 def session_folder_make(*, session: ComputeSession, path: str) -> dict:
     """Make the folder `path` (and its missing parents); its entry."""
     if not path_check(path):
-        raise ApplicationError("give the path of the folder to make", type="bad-path", title="Path refused",
-                               field_errors={"path": ["the home exists"]})
+        raise ApplicationError(
+            "give the path of the folder to make",
+            type="bad-path",
+            title="Path refused",
+            field_errors={"path": ["the home exists"]},
+        )
     return _one(session, "mkdir", path=path)["entry"]
 
 
@@ -148,13 +186,21 @@ def session_file_upload(*, session: ComputeSession, path: str, body, size: int |
     the folder past FGPU_FILES_USER_CAP bytes (refused before a byte is sent when `size` says
     so), 400 is-a-directory when `path` is a folder."""
     if not path_check(path):
-        raise ApplicationError("give the path of the file to write", type="bad-path", title="Path refused",
-                               field_errors={"path": ["a file name is needed"]})
+        raise ApplicationError(
+            "give the path of the file to write",
+            type="bad-path",
+            title="Path refused",
+            field_errors={"path": ["a file name is needed"]},
+        )
     _check_running(session)
     cap = settings.FGPU_FILES_USER_CAP
     if size is not None and size > cap:
-        raise ApplicationError(f"the file ({size} bytes) is larger than a folder may hold ({cap} bytes)",
-                               type="over-cap", title="Over the cap", status=413)
+        raise ApplicationError(
+            f"the file ({size} bytes) is larger than a folder may hold ({cap} bytes)",
+            type="over-cap",
+            title="Over the cap",
+            status=413,
+        )
     return async_to_sync(_upload)(_Link(session, _owner_projects(session)), path, body, size, cap)
 
 
@@ -169,8 +215,9 @@ async def _upload(link: _Link, path: str, body, size: int | None, cap: int) -> d
             await link.ask("upload_chunk", upload_id=upload_id, offset=offset, data=bytes(data))
             offset += len(data)
         if size is not None and offset != size:
-            raise ApplicationError(f"the request body ended after {offset} of its {size} bytes", type="bad-request",
-                                   title="Incomplete upload")
+            raise ApplicationError(
+                f"the request body ended after {offset} of its {size} bytes", type="bad-request", title="Incomplete upload"
+            )
         return (await link.ask("upload_commit", upload_id=upload_id))["entry"]
     except BaseException:
         try:
@@ -188,8 +235,12 @@ def session_file_download(*, session: ComputeSession, path: str) -> tuple[str, i
     iterator early (the client sees a short body)."""
     parts = path_check(path)
     if not parts:
-        raise ApplicationError("give the path of a file to download", type="is-a-directory", title="Is a folder",
-                               field_errors={"path": ["the home is a folder"]})
+        raise ApplicationError(
+            "give the path of a file to download",
+            type="is-a-directory",
+            title="Is a folder",
+            field_errors={"path": ["the home is a folder"]},
+        )
     _check_running(session)
     projects = _owner_projects(session)
     first = async_to_sync(_Link(session, projects).ask)("read", path=path, offset=0, length=proto.CHUNK_BYTES)
@@ -201,7 +252,7 @@ async def _chunks(link: _Link, path: str, first: dict):
     size, data = int(first["size"]), bytes(first["data"])
     sent = 0
     while True:
-        data = data[:size - sent]
+        data = data[: size - sent]
         if data:
             yield data
             sent += len(data)
@@ -210,6 +261,7 @@ async def _chunks(link: _Link, path: str, first: dict):
         try:
             data = bytes((await link.ask("read", path=path, offset=sent, length=proto.CHUNK_BYTES))["data"])
         except ApplicationError as exc:
-            log.warning("download of %r from session %s stopped at %d of %d bytes: %s", path, link.session.pk, sent,
-                        size, exc.detail)
+            log.warning(
+                "download of %r from session %s stopped at %d of %d bytes: %s", path, link.session.pk, sent, size, exc.detail
+            )
             return

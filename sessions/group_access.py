@@ -5,6 +5,7 @@ that projects name is reserved for their members; administrators (`is_staff`) ma
 group. A launch naming a group the owner may not use is refused (`sessions.services.
 session_create`), and the resource presets of such a group are not offered (`sessions.presets`).
 """
+
 from __future__ import annotations
 
 from django.db.models import Q, QuerySet
@@ -35,7 +36,14 @@ def resource_group_check_usable(*, user, name: str) -> None:
     if group is None or resource_groups_usable_by(user=user).filter(pk=group.pk).exists():
         return
     projects = ", ".join(sorted(group.projects.values_list("name", flat=True)))
-    message = (f"resources.resource_group: {name!r} is reserved for the members of project(s) {projects}; "
-               "ask an administrator to add you to one")
-    raise ApplicationError(message, type="resource-group-reserved", title="Resource group reserved", status=403,
-                           field_errors={"resources": [message]})
+    message = (
+        f"resources.resource_group: {name!r} is reserved for the members of project(s) {projects}; "
+        "ask an administrator to add you to one"
+    )
+    raise ApplicationError(
+        message,
+        type="resource-group-reserved",
+        title="Resource group reserved",
+        status=403,
+        field_errors={"resources": [message]},
+    )

@@ -16,6 +16,7 @@ request with the key waits on it (PostgreSQL holds an insert that conflicts with
 uncommitted row until that transaction ends), then finds the committed row and replays its
 answer; if the first one was refused and rolled back, the second goes ahead on its own.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -65,8 +66,7 @@ def idempotency_key_check(value: str | None) -> str | None:
         problem = "printable ASCII characters only (a UUID is a good key)"
     else:
         return value
-    raise ApplicationError(f"{HEADER}: {problem}", type="invalid-idempotency-key",
-                           field_errors={HEADER: [problem]})
+    raise ApplicationError(f"{HEADER}: {problem}", type="invalid-idempotency-key", field_errors={HEADER: [problem]})
 
 
 def request_fingerprint(data) -> str:
@@ -79,8 +79,7 @@ def request_fingerprint(data) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def idempotency_key_answer(*, user, key: str, fingerprint: str,
-                           answer: Callable[[], tuple[int, dict, ComputeSession]]) -> Answer:
+def idempotency_key_answer(*, user, key: str, fingerprint: str, answer: Callable[[], tuple[int, dict, ComputeSession]]) -> Answer:
     """Answer a request of `user` carrying `key` once: the first time, `answer()` runs in a
     transaction with the key's row (it returns the HTTP status, the body and the session it
     created) and the answer is kept; later (or concurrent) requests with the key get the kept
@@ -103,13 +102,25 @@ def idempotency_key_answer(*, user, key: str, fingerprint: str,
         except _Taken:
             kept = _kept(user, key)
         if kept is None:
-            raise ApplicationError(f"another request with this {HEADER} was being answered; send it again",
-                                   type="conflict", title="Conflict", status=409, field_errors={HEADER: ["in use"]})
+            raise ApplicationError(
+                f"another request with this {HEADER} was being answered; send it again",
+                type="conflict",
+                title="Conflict",
+                status=409,
+                field_errors={HEADER: ["in use"]},
+            )
     if kept.fingerprint != fingerprint:
-        problem = ("was used for a different request in the last 24 h; send a new key for a new request, "
-                   "the same body to repeat that one")
-        raise ApplicationError(f"{HEADER}: {problem}", type="idempotency-key-reused",
-                               title="Idempotency key reused", status=422, field_errors={HEADER: [problem]})
+        problem = (
+            "was used for a different request in the last 24 h; send a new key for a new request, "
+            "the same body to repeat that one"
+        )
+        raise ApplicationError(
+            f"{HEADER}: {problem}",
+            type="idempotency-key-reused",
+            title="Idempotency key reused",
+            status=422,
+            field_errors={HEADER: [problem]},
+        )
     return Answer(cast(int, kept.status_code), json.loads(kept.response), replayed=True)  # _kept: rows with a status
 
 
@@ -130,16 +141,20 @@ def _claim(user, key: str, fingerprint: str) -> IdempotencyKey:
 
 def _kept(user, key: str) -> IdempotencyKey | None:
     """The answered row of (user, key) younger than KEY_TTL, or None."""
-    return IdempotencyKey.objects.filter(user=user, key=key, created_at__gte=timezone.now() - KEY_TTL,
-                                         status_code__isnull=False).first()
+    return IdempotencyKey.objects.filter(
+        user=user, key=key, created_at__gte=timezone.now() - KEY_TTL, status_code__isnull=False
+    ).first()
 
 
 def _sweep_expired() -> None:
     """Delete up to SWEEP_BATCH rows older than KEY_TTL, skipping rows another transaction
     holds (no waiting, no deadlock between two launches sweeping at once)."""
     with transaction.atomic():
-        stale = list(IdempotencyKey.objects.select_for_update(skip_locked=True)
-                     .filter(created_at__lt=timezone.now() - KEY_TTL).values_list("pk", flat=True)[:SWEEP_BATCH])
+        stale = list(
+            IdempotencyKey.objects.select_for_update(skip_locked=True)
+            .filter(created_at__lt=timezone.now() - KEY_TTL)
+            .values_list("pk", flat=True)[:SWEEP_BATCH]
+        )
         if stale:
             IdempotencyKey.objects.filter(pk__in=stale).delete()
 

@@ -5,6 +5,7 @@ and then gets the default image: the one marked `is_default`, else the built-in 
 scheduler places a session only on a node whose agent reports holding its image
 (`accelerators.selectors.node_runs_image`; the agent's report: `protocol`, "images").
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,7 +26,7 @@ NO_ROOM_WITH_IMAGE = "no alive node with image {image} could hold it"  # nodes h
 
 
 def image_wait_reason(*, reference: str) -> str:
-    """"" when an ALIVE node holds session image `reference`; else why a session in it waits:
+    """ "" when an ALIVE node holds session image `reference`; else why a session in it waits:
     "waiting for a node with image X: no node has it", or "…: the nodes that have it are not
     alive (LOST)"."""
     statuses = set(Node.objects.filter(node_runs_image(reference)).values_list("status", flat=True))
@@ -38,8 +39,9 @@ def image_wait_reason(*, reference: str) -> str:
 def image_default() -> SessionImage | None:
     """The image of a launch that names none: the one marked default, else the built-in "host"
     (None when neither exists: then the session may run on any node, in the node's own default)."""
-    return (SessionImage.objects.filter(is_default=True).first()
-            or SessionImage.objects.filter(reference=protocol.HOST_IMAGE).first())
+    return (
+        SessionImage.objects.filter(is_default=True).first() or SessionImage.objects.filter(reference=protocol.HOST_IMAGE).first()
+    )
 
 
 def image_get(*, reference: str) -> SessionImage | None:
@@ -64,14 +66,14 @@ def image_for_launch(*, reference: str | None, slot: str) -> SessionImage | None
     image = image_get(reference=reference)
     if image is None:
         references = SessionImage.objects.order_by("reference").values_list("reference", flat=True)
-        known = list(references[:LISTED_IN_ERRORS + 1])
+        known = list(references[: LISTED_IN_ERRORS + 1])
         listed = ", ".join(known[:LISTED_IN_ERRORS]) + (", …" if len(known) > LISTED_IN_ERRORS else "")
         message = f"no registered image {reference!r} (registered: {listed or 'none'})"
-        raise ApplicationError(f"image: {message}", type="unknown-image", title="Unknown image",
-                               field_errors={"image": [message]})
+        raise ApplicationError(
+            f"image: {message}", type="unknown-image", title="Unknown image", field_errors={"image": [message]}
+        )
     if slot and image.accelerators and slot not in image.accelerators:
-        message = (f"image {image.reference} supports {', '.join(image.accelerators)} only; this request asks "
-                   f"for {slot}")
+        message = f"image {image.reference} supports {', '.join(image.accelerators)} only; this request asks for {slot}"
         raise ApplicationError(f"image: {message}", type="invalid-image", field_errors={"image": [message]})
     return image
 
@@ -101,8 +103,12 @@ def image_delete(*, image: SessionImage) -> None:
     with transaction.atomic():
         in_use = image_sessions_waiting_or_active(image=image)
         if in_use:
-            raise ApplicationError(f"{in_use} session(s) waiting or running in image {image.reference} use it; delete "
-                                   "it once they ended", type="image-in-use", title="Image in use", status=409)
+            raise ApplicationError(
+                f"{in_use} session(s) waiting or running in image {image.reference} use it; delete it once they ended",
+                type="image-in-use",
+                title="Image in use",
+                status=409,
+            )
         image.delete()
 
 
@@ -135,13 +141,24 @@ def image_service_ports_apply(*, node_name: str, images, service_ports) -> list[
         try:
             apps, notes = apps_from_service_ports(label)
         except ServicePortsError as exc:
-            log.warning("node %s: image %s carries a malformed label, not taken (the record keeps its apps): %s",
-                        node_name, image.reference, exc)
+            log.warning(
+                "node %s: image %s carries a malformed label, not taken (the record keeps its apps): %s",
+                node_name,
+                image.reference,
+                exc,
+            )
             continue
-        if SessionImage.objects.filter(pk=image.pk, labels=image.labels).update(
-                labels={**current, SERVICE_PORTS_LABEL: label}) == 1:
+        if (
+            SessionImage.objects.filter(pk=image.pk, labels=image.labels).update(labels={**current, SERVICE_PORTS_LABEL: label})
+            == 1
+        ):
             changed.append(image.reference)
-            log.info("image %s: apps from its %s label on node %s: %s%s", image.reference, SERVICE_PORTS_LABEL,
-                     node_name, ", ".join(a["name"] for a in apps) or "none",
-                     f" (left out: {'; '.join(notes)})" if notes else "")
+            log.info(
+                "image %s: apps from its %s label on node %s: %s%s",
+                image.reference,
+                SERVICE_PORTS_LABEL,
+                node_name,
+                ", ".join(a["name"] for a in apps) or "none",
+                f" (left out: {'; '.join(notes)})" if notes else "",
+            )
     return changed

@@ -1,5 +1,6 @@
 """What the launch dialog may offer now: per slot the quantum and the largest placeable amount,
 the MIG profiles in reach; and what a request would get now (the preview)."""
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -54,34 +55,52 @@ def launch_options(*, user=None, resource_group: str = "") -> dict:
             max_now, max_ever = Decimal(core.max_devices(nodes)), Decimal(core.max_devices(core.emptied(every)))
         # The quotas' cap, from the launch's own claim rule (sessions.quotas.claim_max_amount).
         quota_max, quota_limit = claim_max_amount(
-            request=core.ResourceRequest(kind=subtype, amount=quantum, slot=slot_name), headroom=headroom,
-            unit_mem={slot_name: settings.unit_mem if settings.pk else None})
+            request=core.ResourceRequest(kind=subtype, amount=quantum, slot=slot_name),
+            headroom=headroom,
+            unit_mem={slot_name: settings.unit_mem if settings.pk else None},
+        )
         if quota_max is not None:
             quota_max = core.truncate(quota_max, quantum)
         free_now = max_now
         if quota_max is not None:  # the dialog never offers more than the user's quotas allow now
             max_now = min(max_now, quota_max)
         fmt = slot_format_get(slot_name=slot_name, subtype=subtype)
-        slots.append({
-            "slot": f"{slot_name}.{subtype}", "slot_name": slot_name, "subtype": subtype,
-            "allocation_mode": settings.allocation_mode, "display_unit": fmt.display_unit,
-            "display_icon": fmt.display_icon, "human_readable_name": fmt.human_readable_name,
-            "binary": fmt.number_binary, "round_length": fmt.number_round_length,
-            "quantum": str(quantum), "min": str(quantum), "step": str(quantum),
-            "max_now": _amount_text(subtype, max_now), "max_ever": _amount_text(subtype, max_ever),
-            "free_now": _amount_text(subtype, free_now), "quota_limit": quota_limit,
-            "quota_max": None if quota_max is None else _amount_text(subtype, quota_max),
-            "unit_mem": settings.unit_mem, "unit_proc": settings.unit_proc,
-        })
+        slots.append(
+            {
+                "slot": f"{slot_name}.{subtype}",
+                "slot_name": slot_name,
+                "subtype": subtype,
+                "allocation_mode": settings.allocation_mode,
+                "display_unit": fmt.display_unit,
+                "display_icon": fmt.display_icon,
+                "human_readable_name": fmt.human_readable_name,
+                "binary": fmt.number_binary,
+                "round_length": fmt.number_round_length,
+                "quantum": str(quantum),
+                "min": str(quantum),
+                "step": str(quantum),
+                "max_now": _amount_text(subtype, max_now),
+                "max_ever": _amount_text(subtype, max_ever),
+                "free_now": _amount_text(subtype, free_now),
+                "quota_limit": quota_limit,
+                "quota_max": None if quota_max is None else _amount_text(subtype, quota_max),
+                "unit_mem": settings.unit_mem,
+                "unit_proc": settings.unit_proc,
+            }
+        )
     if not all_nodes:
         all_nodes = node_states(slot_name="cuda", group=group)
     return {
         "slots": slots,
         "mig": mig_launch_options(resource_group=resource_group, sessions_left=_sessions_left(headroom)),
-        "cpu": {"max_now": max((n.cpu_total - n.cpu_used for n in all_nodes), default=0),
-                "max_ever": max((n.cpu_total for n in all_nodes), default=0)},
-        "mem": {"max_now": max((n.mem_total - n.mem_used for n in all_nodes), default=0),
-                "max_ever": max((n.mem_total for n in all_nodes), default=0)},
+        "cpu": {
+            "max_now": max((n.cpu_total - n.cpu_used for n in all_nodes), default=0),
+            "max_ever": max((n.cpu_total for n in all_nodes), default=0),
+        },
+        "mem": {
+            "max_now": max((n.mem_total - n.mem_used for n in all_nodes), default=0),
+            "max_ever": max((n.mem_total for n in all_nodes), default=0),
+        },
     }
 
 
@@ -107,12 +126,20 @@ def mig_launch_options(*, resource_group: str = "", sessions_left: int | None = 
     profiles = []
     for offer in mig_scheduling.mig_profile_availability(resource_group=resource_group, slot_name=MIG_SLOT_NAME):
         max_now = offer.max_now if sessions_left is None else min(offer.max_now, sessions_left)
-        profiles.append({
-            "name": offer.name, "memory": offer.memory, "memory_text": format_binary_size(offer.memory),
-            "sm_count": offer.sm_count, "compute_slices": offer.compute_slices, "memory_slices": offer.memory_slices,
-            "models": list(offer.models), "max_now": max_now, "idle_now": min(offer.idle_now, max_now),
-            "max_ever": offer.max_ever,
-        })
+        profiles.append(
+            {
+                "name": offer.name,
+                "memory": offer.memory,
+                "memory_text": format_binary_size(offer.memory),
+                "sm_count": offer.sm_count,
+                "compute_slices": offer.compute_slices,
+                "memory_slices": offer.memory_slices,
+                "models": list(offer.models),
+                "max_now": max_now,
+                "idle_now": min(offer.idle_now, max_now),
+                "max_ever": offer.max_ever,
+            }
+        )
     return {"slot_name": MIG_SLOT_NAME, "profiles": profiles, "isolation": list(ISOLATIONS) if profiles else []}
 
 
@@ -140,34 +167,57 @@ def launch_preview(*, resources: dict, image: str | None = None, owner=None) -> 
     same checks as session_create)."""
     request, _ = request_validate(resources=resources)
     session_image = image_for_launch(reference=image, slot=request.slot)
-    decision = placement_decide(request=request, image=session_image.reference if session_image else "",
-                                owner=owner, view=ReadView())
+    decision = placement_decide(
+        request=request, image=session_image.reference if session_image else "", owner=owner, view=ReadView()
+    )
     outcome = {PLACED: "starts", WAITING: "waits"}.get(decision.outcome, "refused")
     refusal = decision.refusal()
     result: dict[str, Any] = {
-              "outcome": outcome, "refusal": refusal.type if refusal else "", "fits_now": decision.outcome == PLACED,
-              "never": decision.outcome == NEVER,
-              "reason": decision.reason.removeprefix(CAPACITY),
-              "status_reason": decision.reason if decision.outcome == WAITING else "",
-              "problems": list(decision.problems), "node": None, "configuration": request_configuration(request),
-              "devices": [], "mig": None}
+        "outcome": outcome,
+        "refusal": refusal.type if refusal else "",
+        "fits_now": decision.outcome == PLACED,
+        "never": decision.outcome == NEVER,
+        "reason": decision.reason.removeprefix(CAPACITY),
+        "status_reason": decision.reason if decision.outcome == WAITING else "",
+        "problems": list(decision.problems),
+        "node": None,
+        "configuration": request_configuration(request),
+        "devices": [],
+        "mig": None,
+    }
     if decision.mig is not None:
         grant = decision.mig
         device = grant.device
-        result.update(node=grant.node, mig={"profile": grant.profile, "plan": grant.plan}, devices=[{
-            "device": device.device_id, "device_index": device.index, "model_name": device.model_name,
-            "memory": grant.memory, "procs": str(grant.procs),
-            "sm_percent": sm_percent({"procs": grant.procs, "subproc_count": device.subproc_count}), "shares": "0"}])
+        result.update(
+            node=grant.node,
+            mig={"profile": grant.profile, "plan": grant.plan},
+            devices=[
+                {
+                    "device": device.device_id,
+                    "device_index": device.index,
+                    "model_name": device.model_name,
+                    "memory": grant.memory,
+                    "procs": str(grant.procs),
+                    "sm_percent": sm_percent({"procs": grant.procs, "subproc_count": device.subproc_count}),
+                    "shares": "0",
+                }
+            ],
+        )
     elif decision.placement is not None:
         placement = decision.placement
         devices = {str(d.pk): d for d in Device.objects.filter(pk__in=[g.device_id for g in placement.grants])}
         result["node"] = placement.node_id
         for grant in placement.grants:
             device = devices[grant.device_id]
-            result["devices"].append({
-                "device": device.device_id, "device_index": device.index, "model_name": device.model_name,
-                "memory": grant.memory, "procs": format(grant.procs.normalize(), "f"),
-                "sm_percent": sm_percent({"procs": grant.procs, "subproc_count": device.subproc_count}),
-                "shares": shares_text(str(grant.shares)),
-            })
+            result["devices"].append(
+                {
+                    "device": device.device_id,
+                    "device_index": device.index,
+                    "model_name": device.model_name,
+                    "memory": grant.memory,
+                    "procs": format(grant.procs.normalize(), "f"),
+                    "sm_percent": sm_percent({"procs": grant.procs, "subproc_count": device.subproc_count}),
+                    "shares": shares_text(str(grant.shares)),
+                }
+            )
     return result

@@ -29,6 +29,7 @@ GpuInstance rows and one Allocation on the parent GPU or on the static slice at 
 (`mig_rows_write`), the session's transition and notice with the pass's, and the agent's start
 spec with a `mig` block (see `agent.mig`).
 """
+
 from __future__ import annotations
 
 import re
@@ -111,8 +112,7 @@ def mig_choose(request: MigResourceRequest, *, lock: bool = True, image: str = "
     wanted = request.mig_request()
     nodes, devices = _mig_scope(resource_group=request.resource_group, slot_name="cuda", lock=lock, image=image)
     # "Never" is judged on every MIG node: the image may yet come to one that could hold it.
-    every = (_mig_scope(resource_group=request.resource_group, slot_name="cuda", lock=False) if image
-             else (nodes, devices))
+    every = _mig_scope(resource_group=request.resource_group, slot_name="cuda", lock=False) if image else (nodes, devices)
     if not every[0]:
         raise NeverSchedulable("no node has MIG enabled (an administrator sets a node's MIG mode)")
     _check_ever_fits(*every, wanted)
@@ -150,8 +150,9 @@ def _check_ever_fits(nodes: list[Node], devices: list[Device], wanted: mig.MigRe
     static = {n.pk for n in nodes if n.mig_mode == MigMode.STATIC}
     for device in devices:
         if device.node_id in static:
-            if device.is_mig_device and (wanted.profile in _slice_names(device) if wanted.profile
-                                         else device.memory_size >= wanted.memory):
+            if device.is_mig_device and (
+                wanted.profile in _slice_names(device) if wanted.profile else device.memory_size >= wanted.memory
+            ):
                 return
         elif not device.is_mig_device:
             try:
@@ -159,8 +160,10 @@ def _check_ever_fits(nodes: list[Node], devices: list[Device], wanted: mig.MigRe
             except AllocationError:
                 continue
             return
-    raise NeverSchedulable(f"no MIG node could ever hold {wanted.describe()} (no such MIG slice or profile on "
-                           f"{', '.join(sorted(n.name for n in nodes))})")
+    raise NeverSchedulable(
+        f"no MIG node could ever hold {wanted.describe()} (no such MIG slice or profile on "
+        f"{', '.join(sorted(n.name for n in nodes))})"
+    )
 
 
 def _busy_devices(devices: list[Device]) -> dict[str, set]:
@@ -204,16 +207,24 @@ def _static_choice(node: Node, devices: list[Device], wanted: mig.MigRequest, bu
                 continue
         elif device.memory_size < wanted.memory:
             continue
-        rank = MigRank(memory=device.memory_size, memory_slices=0, compute_slices=0, creates=0, destroys=0,
-                       busiest=0, node=node.name, gpu_index=device.index, device_id=device.device_id)
+        rank = MigRank(
+            memory=device.memory_size,
+            memory_slices=0,
+            compute_slices=0,
+            creates=0,
+            destroys=0,
+            busiest=0,
+            node=node.name,
+            gpu_index=device.index,
+            device_id=device.device_id,
+        )
         fitting.append(_Choice(rank=rank, node=node, device=device))
     if not fitting:
         return [], f"no free MIG slice for {wanted.describe()}"
     return [min(fitting, key=lambda c: c.rank)], ""
 
 
-def _mig_scope(*, resource_group: str, slot_name: str, lock: bool,
-               image: str = "") -> tuple[list[Node], list[Device]]:
+def _mig_scope(*, resource_group: str, slot_name: str, lock: bool, image: str = "") -> tuple[list[Node], list[Device]]:
     """The alive nodes with a MIG mode a request naming `resource_group` may use ("" for any),
     holding session image `image` ("": any), and their devices of `slot_name`; `lock` locks them
     and their GPU instances (pk order) inside the caller's transaction."""
@@ -232,8 +243,7 @@ def _mig_scope(*, resource_group: str, slot_name: str, lock: bool,
     return locked_nodes, locked_devices
 
 
-def _gpu_layouts(node: Node, devices: list[Device], busy: dict, reasons: list[str],
-                 instances: list[GpuInstance] | None = None):
+def _gpu_layouts(node: Node, devices: list[Device], busy: dict, reasons: list[str], instances: list[GpuInstance] | None = None):
     """[(GPU, its MIG catalog, its instances as the planner sees them)] for the node's
     MIG-capable whole GPUs that may hold a MIG instance (an instance is in use while its session
     is active); why a MIG-capable GPU may not is appended to `reasons`. `instances`: the node's
@@ -250,10 +260,19 @@ def _gpu_layouts(node: Node, devices: list[Device], busy: dict, reasons: list[st
         if gpu.pk in busy["shared"]:
             reasons.append(f"GPU {gpu.index} serves fGPU shares (MIG and fGPU do not mix on one GPU)")
             continue
-        found.append((gpu, catalog, [
-            mig.MigInstance(key=str(i.pk), profile=i.profile, start=i.placement_start,
-                            in_use=gpu_instance_holds(i))  # in use, or unknown: never reused nor destroyed
-            for i in instances if i.parent_id == gpu.pk]))
+        found.append(
+            (
+                gpu,
+                catalog,
+                [
+                    mig.MigInstance(
+                        key=str(i.pk), profile=i.profile, start=i.placement_start, in_use=gpu_instance_holds(i)
+                    )  # in use, or unknown: never reused nor destroyed
+                    for i in instances
+                    if i.parent_id == gpu.pk
+                ],
+            )
+        )
     return found
 
 
@@ -274,10 +293,17 @@ def _dynamic_choices(node: Node, devices: list[Device], wanted: mig.MigRequest, 
             continue
         in_use = sum(1 for i in layout if i.in_use)
         profile = plan.profile
-        rank = MigRank(memory=profile.memory, memory_slices=profile.memory_slices,
-                       compute_slices=profile.compute_slices, creates=0 if plan.reuse else 1,
-                       destroys=len(plan.destroy), busiest=-in_use, node=node.name, gpu_index=gpu.index,
-                       device_id=gpu.device_id)
+        rank = MigRank(
+            memory=profile.memory,
+            memory_slices=profile.memory_slices,
+            compute_slices=profile.compute_slices,
+            creates=0 if plan.reuse else 1,
+            destroys=len(plan.destroy),
+            busiest=-in_use,
+            node=node.name,
+            gpu_index=gpu.index,
+            device_id=gpu.device_id,
+        )
         choices.append(_Choice(rank=rank, node=node, device=gpu, plan=plan, catalog=catalog))
     return choices, "; ".join(reasons) or "no MIG-capable GPU"
 
@@ -293,8 +319,9 @@ def mig_rows_write(*, session: ComputeSession, choice: _Choice) -> tuple[Allocat
     device = choice.device
     block = None
     if choice.plan is None:  # a static slice
-        allocation = Allocation.objects.create(session=session, device=device, shares=Decimal(1),
-                                               memory=device.memory_size, procs=Decimal(device.subproc_count))
+        allocation = Allocation.objects.create(
+            session=session, device=device, shares=Decimal(1), memory=device.memory_size, procs=Decimal(device.subproc_count)
+        )
         why = f"the free MIG slice {device.mig_profile or device.model_name} ({format_binary_size(device.memory_size)})"
     else:
         plan = choice.plan
@@ -307,20 +334,36 @@ def mig_rows_write(*, session: ComputeSession, choice: _Choice) -> tuple[Allocat
             instance.save(update_fields=["session", "last_used_at"])
         else:
             instance = GpuInstance.objects.create(
-                node=choice.node, parent=device, profile=plan.profile.name, placement_start=plan.start,
-                placement_size=plan.profile.size, memory_size=plan.profile.memory,
-                subproc_count=plan.profile.sm_count_for(device.subproc_count), session=session, last_used_at=now)
-        allocation = Allocation.objects.create(session=session, device=device, shares=Decimal(0),
-                                               memory=instance.memory_size, procs=Decimal(instance.subproc_count))
+                node=choice.node,
+                parent=device,
+                profile=plan.profile.name,
+                placement_start=plan.start,
+                placement_size=plan.profile.size,
+                memory_size=plan.profile.memory,
+                subproc_count=plan.profile.sm_count_for(device.subproc_count),
+                session=session,
+                last_used_at=now,
+            )
+        allocation = Allocation.objects.create(
+            session=session, device=device, shares=Decimal(0), memory=instance.memory_size, procs=Decimal(instance.subproc_count)
+        )
         block = {
-            "gpu": device.device_id, "index": device.index, "model_name": device.model_name,
-            "memory_size": device.memory_size, "subproc_count": device.subproc_count,
-            "profile": plan.profile.name, "start": plan.start, "reuse": bool(plan.reuse),
-            "instance_id": str(instance.pk), "destroy": destroy,
+            "gpu": device.device_id,
+            "index": device.index,
+            "model_name": device.model_name,
+            "memory_size": device.memory_size,
+            "subproc_count": device.subproc_count,
+            "profile": plan.profile.name,
+            "start": plan.start,
+            "reuse": bool(plan.reuse),
+            "instance_id": str(instance.pk),
+            "destroy": destroy,
             # the GPU's whole expected layout after this plan, for the agent to re-apply after a reboot
             # (instances the agent reported unknown are left out: it reports them again if still there)
-            "layout": [{"profile": g.profile, "start": g.placement_start} for g in GpuInstance.objects.filter(
-                parent=device, unknown_since__isnull=True).order_by("placement_start")],
+            "layout": [
+                {"profile": g.profile, "start": g.placement_start}
+                for g in GpuInstance.objects.filter(parent=device, unknown_since__isnull=True).order_by("placement_start")
+            ],
         }
         why = f"a {plan.profile.name} MIG instance ({format_binary_size(plan.profile.memory)}): {plan.describe()}"
     return allocation, block, f"got {why} on GPU {device.index} of {choice.node.name}"
@@ -351,12 +394,23 @@ def mig_preview(*, request: MigResourceRequest, image: str = "") -> MigGrantPrev
     choice = mig_choose(request, lock=False, image=image)
     device = choice.device
     if choice.plan is None:
-        return MigGrantPreview(node=choice.node.name, device=device, profile=device.mig_profile or device.model_name,
-                               memory=device.memory_size, procs=device.subproc_count,
-                               plan=f"the free MIG slice {device.mig_profile or device.model_name}")
+        return MigGrantPreview(
+            node=choice.node.name,
+            device=device,
+            profile=device.mig_profile or device.model_name,
+            memory=device.memory_size,
+            procs=device.subproc_count,
+            plan=f"the free MIG slice {device.mig_profile or device.model_name}",
+        )
     profile = choice.plan.profile
-    return MigGrantPreview(node=choice.node.name, device=device, profile=profile.name, memory=profile.memory,
-                           procs=profile.sm_count_for(device.subproc_count), plan=choice.plan.describe())
+    return MigGrantPreview(
+        node=choice.node.name,
+        device=device,
+        profile=profile.name,
+        memory=profile.memory,
+        procs=profile.sm_count_for(device.subproc_count),
+        plan=choice.plan.describe(),
+    )
 
 
 FULL_PROFILE_NAME = re.compile(r"^(\d+)g\.\d+gb")
@@ -407,48 +461,75 @@ def mig_profile_availability(*, resource_group: str = "", slot_name: str = "cuda
             for device in (d for d in mine if d.is_mig_device):
                 name = device.mig_profile.lower() or device.model_name.lower().partition("-")[2]
                 full = FULL_PROFILE_NAME.match(name)  # "2g.20gb": 2 compute slices; "10g" says only its size
-                _profile_seen(found, name, device.memory_size, device.subproc_count, int(full[1]) if full else 0, 0,
-                              device.model_name)
+                _profile_seen(
+                    found, name, device.memory_size, device.subproc_count, int(full[1]) if full else 0, 0, device.model_name
+                )
                 count = counts.setdefault(name, [0, 0, 0])
                 count[0] += device.pk in free
                 count[2] += 1
         else:
             fixed = node.mig_mode == MigMode.FIXED
             # every MIG-capable GPU counts for "ever"; one serving fGPU shares gives nothing now
-            for gpu, catalog, layout in _gpu_layouts(node, mine, {"any": set(), "shared": set()}, [],
-                                                     instances.get(node.pk, [])):
+            for gpu, catalog, layout in _gpu_layouts(node, mine, {"any": set(), "shared": set()}, [], instances.get(node.pk, [])):
                 for profile in catalog.profiles:
-                    _profile_seen(found, profile.name, profile.memory, profile.sm_count_for(gpu.subproc_count),
-                                  profile.compute_slices, profile.memory_slices, catalog.model)
+                    _profile_seen(
+                        found,
+                        profile.name,
+                        profile.memory,
+                        profile.sm_count_for(gpu.subproc_count),
+                        profile.compute_slices,
+                        profile.memory_slices,
+                        catalog.model,
+                    )
                     count = counts.setdefault(profile.name, [0, 0, 0])
                     if gpu.pk not in busy["shared"]:
                         count[0] += _placeable(catalog, layout, profile, reuse_only=fixed)
                         count[1] += sum(1 for i in layout if i.profile == profile.name and not i.in_use)
-                    count[2] += (sum(1 for i in layout if i.profile == profile.name) if fixed
-                                 else _placeable(catalog, [], profile, reuse_only=False))
+                    count[2] += (
+                        sum(1 for i in layout if i.profile == profile.name)
+                        if fixed
+                        else _placeable(catalog, [], profile, reuse_only=False)
+                    )
         cpu_free, _ = free_now[node.pk]
         for name, (now, idle, ever) in counts.items():
             totals = found[name]["counts"]
             totals[0] += min(now, max(cpu_free, 0))
             totals[1] += min(idle, max(cpu_free, 0))
             totals[2] += min(ever, node.cpu_count)
-    offers = [MigProfileAvailability(name=name, memory=row["memory"], sm_count=row["sm_count"],
-                                     compute_slices=row["compute_slices"], memory_slices=row["memory_slices"],
-                                     models=tuple(sorted(row["models"])), max_now=row["counts"][0],
-                                     idle_now=row["counts"][1], max_ever=row["counts"][2])
-              for name, row in found.items()]
+    offers = [
+        MigProfileAvailability(
+            name=name,
+            memory=row["memory"],
+            sm_count=row["sm_count"],
+            compute_slices=row["compute_slices"],
+            memory_slices=row["memory_slices"],
+            models=tuple(sorted(row["models"])),
+            max_now=row["counts"][0],
+            idle_now=row["counts"][1],
+            max_ever=row["counts"][2],
+        )
+        for name, row in found.items()
+    ]
     return sorted(offers, key=lambda o: (o.memory, o.compute_slices, o.name))
 
 
 def _profile_seen(found: dict, name: str, memory: int, sm_count: int, compute: int, slices: int, model: str) -> None:
-    row = found.setdefault(name, {"memory": memory, "sm_count": sm_count, "compute_slices": compute,
-                                  "memory_slices": slices, "models": set(), "counts": [0, 0, 0]})
+    row = found.setdefault(
+        name,
+        {
+            "memory": memory,
+            "sm_count": sm_count,
+            "compute_slices": compute,
+            "memory_slices": slices,
+            "models": set(),
+            "counts": [0, 0, 0],
+        },
+    )
     row["memory"], row["sm_count"] = min(row["memory"], memory), min(row["sm_count"], sm_count)
     row["models"].add(model)
 
 
-def _placeable(catalog: mig.MigCatalog, layout: list[mig.MigInstance], profile: mig.MigProfile, *,
-               reuse_only: bool) -> int:
+def _placeable(catalog: mig.MigCatalog, layout: list[mig.MigInstance], profile: mig.MigProfile, *, reuse_only: bool) -> int:
     """How many instances of `profile` one GPU laid out as `layout` could give, one request
     after another, as the planner would place them (`reuse_only`: idle instances only, a fixed
     layout)."""

@@ -3,6 +3,7 @@
 Amounts: `shares` in fGPU (Decimal), `memory` in bytes, `procs` in SMs (Decimal, since
 0.1 fGPU × 8 SMs is 0.8 SM), `cpu` in cores, `mem` in bytes.
 """
+
 from __future__ import annotations
 
 import re
@@ -45,8 +46,9 @@ SLOT_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 def validate_image_accelerators(value) -> None:
     """A list of slot names (`["cuda"]`), each once; empty: any. Raises ValidationError."""
     if not isinstance(value, list) or not all(isinstance(v, str) and SLOT_NAME_RE.match(v) for v in value):
-        raise ValidationError('a list of slot names such as ["cuda"] (lower-case letters, digits, "-" and "_"); '
-                              "empty: any accelerator")
+        raise ValidationError(
+            'a list of slot names such as ["cuda"] (lower-case letters, digits, "-" and "_"); empty: any accelerator'
+        )
     if len(set(value)) != len(value):
         raise ValidationError("each slot name once")
 
@@ -82,9 +84,11 @@ def validate_image_apps(value) -> None:
     gets the whole path; false: the prefix is taken off); `path`: where opening it goes, under
     the prefix; `timeout`: seconds to wait for its port (1-600, default 60). Raises ValidationError."""
     if not isinstance(value, list) or len(value) > MAX_APPS:
-        raise ValidationError(f"a list of at most {MAX_APPS} apps, each "
-                              '{"name", "command", "port"} and optionally "title", "protocol", "base_url", "path", '
-                              '"timeout"')
+        raise ValidationError(
+            f"a list of at most {MAX_APPS} apps, each "
+            '{"name", "command", "port"} and optionally "title", "protocol", "base_url", "path", '
+            '"timeout"'
+        )
     names = set()
     for i, app in enumerate(value):
         where = f"app {i + 1}"
@@ -92,20 +96,18 @@ def validate_image_apps(value) -> None:
             raise ValidationError(f"{where}: an object with name, command and port")
         unknown = set(app) - APP_FIELDS
         if unknown:
-            raise ValidationError(f"{where}: unknown field(s) {', '.join(sorted(unknown))} "
-                                  f"(known: {', '.join(sorted(APP_FIELDS))})")
+            raise ValidationError(
+                f"{where}: unknown field(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(APP_FIELDS))})"
+            )
         name = app.get("name")
         if not isinstance(name, str) or not APP_NAME_RE.match(name):
-            raise ValidationError(f"{where}: name: lower-case letters, digits and '-', starting with a letter, "
-                                  "at most 32")
+            raise ValidationError(f"{where}: name: lower-case letters, digits and '-', starting with a letter, at most 32")
         where = f"app {name!r}"
         if name == TERMINAL_APP or name in names:
-            raise ValidationError(f"{where}: name: " + ("the terminal is built in" if name == TERMINAL_APP
-                                                        else "each name once"))
+            raise ValidationError(f"{where}: name: " + ("the terminal is built in" if name == TERMINAL_APP else "each name once"))
         names.add(name)
         command = app.get("command")
-        if not isinstance(command, str) or not command.strip() or len(command) > 4096 or "\x00" in command \
-                or not _utf8(command):
+        if not isinstance(command, str) or not command.strip() or len(command) > 4096 or "\x00" in command or not _utf8(command):
             raise ValidationError(f"{where}: command: one shell command line (1-4096 characters)")
         port = app.get("port")
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
@@ -115,12 +117,16 @@ def validate_image_apps(value) -> None:
         if not isinstance(app.get("base_url", True), bool):
             raise ValidationError(f"{where}: base_url: true or false")
         title, path = app.get("title", ""), app.get("path", "")
-        if not isinstance(title, str) or len(title) > 64 or any(ord(c) < 32 or ord(c) == 127 for c in title) \
-                or not _utf8(title):
+        if not isinstance(title, str) or len(title) > 64 or any(ord(c) < 32 or ord(c) == 127 for c in title) or not _utf8(title):
             raise ValidationError(f"{where}: title: text of at most 64 characters")
-        if not isinstance(path, str) or len(path) > 255 or not re.fullmatch(r"[A-Za-z0-9._~/?=&%+-]*", path) \
-                or path.startswith("/") or ".." in path:
-            raise ValidationError(f"{where}: path: a relative path such as \"lab\" (no \"..\")")
+        if (
+            not isinstance(path, str)
+            or len(path) > 255
+            or not re.fullmatch(r"[A-Za-z0-9._~/?=&%+-]*", path)
+            or path.startswith("/")
+            or ".." in path
+        ):
+            raise ValidationError(f'{where}: path: a relative path such as "lab" (no "..")')
         timeout = app.get("timeout", 60)
         if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= 600:
             raise ValidationError(f"{where}: timeout: seconds from 1 to 600")
@@ -148,34 +154,58 @@ class SessionImage(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     reference = models.CharField(
-        max_length=255, unique=True,
-        validators=[RegexValidator(IMAGE_REFERENCE_RE, 'an image reference such as "nvcr.io/nvidia/pytorch:24.05-py3" '
-                                                       '(letters, digits and . _ / : @ + -)')],
-        help_text='as Docker names it: "registry/repository:tag" or "…@sha256:…"; "host": the process runtime\'s')
-    display_name = models.CharField(max_length=128, blank=True,
-                                    help_text="what the launch dialog shows; empty: the reference")
+        max_length=255,
+        unique=True,
+        validators=[
+            RegexValidator(
+                IMAGE_REFERENCE_RE,
+                'an image reference such as "nvcr.io/nvidia/pytorch:24.05-py3" (letters, digits and . _ / : @ + -)',
+            )
+        ],
+        help_text='as Docker names it: "registry/repository:tag" or "…@sha256:…"; "host": the process runtime\'s',
+    )
+    display_name = models.CharField(max_length=128, blank=True, help_text="what the launch dialog shows; empty: the reference")
     description = models.TextField(blank=True)
-    accelerators = models.JSONField(default=list, blank=True, validators=[validate_image_accelerators],
-                                    help_text='slot names it supports, e.g. ["cuda"]; empty: any (CPU-only too)')
-    shell = models.CharField(max_length=255, blank=True,
-                             validators=[RegexValidator(r"^/\S+$", "an absolute path inside the image, e.g. /bin/bash")],
-                             help_text="the interactive shell inside the image, e.g. /bin/bash; empty: the runtime's")
-    labels = models.JSONField(default=dict, blank=True, validators=[validate_image_labels],
-                              help_text='free-form text labels, e.g. {"framework": "pytorch"}')
-    is_default = models.BooleanField("default", default=False,
-                                     help_text="the image of a launch that names none (at most one)")
-    apps = models.JSONField(default=list, blank=True, validators=[validate_image_apps],
-                            help_text='web apps it offers besides the terminal (sessions.session_apps), e.g. [{"name": '
-                                      '"jupyter", "title": "JupyterLab", "command": "jupyter lab --ip={host} '
-                                      '--port={port} …", "port": 8888, "base_url": true, "path": "lab"}]')
+    accelerators = models.JSONField(
+        default=list,
+        blank=True,
+        validators=[validate_image_accelerators],
+        help_text='slot names it supports, e.g. ["cuda"]; empty: any (CPU-only too)',
+    )
+    shell = models.CharField(
+        max_length=255,
+        blank=True,
+        validators=[RegexValidator(r"^/\S+$", "an absolute path inside the image, e.g. /bin/bash")],
+        help_text="the interactive shell inside the image, e.g. /bin/bash; empty: the runtime's",
+    )
+    labels = models.JSONField(
+        default=dict,
+        blank=True,
+        validators=[validate_image_labels],
+        help_text='free-form text labels, e.g. {"framework": "pytorch"}',
+    )
+    is_default = models.BooleanField("default", default=False, help_text="the image of a launch that names none (at most one)")
+    apps = models.JSONField(
+        default=list,
+        blank=True,
+        validators=[validate_image_apps],
+        help_text='web apps it offers besides the terminal (sessions.session_apps), e.g. [{"name": '
+        '"jupyter", "title": "JupyterLab", "command": "jupyter lab --ip={host} '
+        '--port={port} …", "port": 8888, "base_url": true, "path": "lab"}]',
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["-is_default", "reference"]
         verbose_name = "session image"
-        constraints = [models.UniqueConstraint(fields=["is_default"], condition=models.Q(is_default=True),
-                                               name="session_image_one_default",
-                                               violation_error_message="another image is the default already")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["is_default"],
+                condition=models.Q(is_default=True),
+                name="session_image_one_default",
+                violation_error_message="another image is the default already",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.reference
@@ -193,17 +223,25 @@ class ComputeSession(models.Model):
     status = models.CharField(max_length=12, choices=SessionStatus.choices, default=SessionStatus.PENDING, db_index=True)
     status_reason = models.TextField(blank=True)
     resources = models.JSONField(default=dict, help_text="the request as the user sent it")
-    request_spec = models.JSONField(default=dict, blank=True,
-                                    help_text="the request normalised (accelerators.allocation.requests.request_to_spec)")
+    request_spec = models.JSONField(
+        default=dict, blank=True, help_text="the request normalised (accelerators.allocation.requests.request_to_spec)"
+    )
     slot_name = models.CharField(max_length=32, blank=True, help_text="accelerator slot requested, blank for CPU-only")
     slot_subtype = models.CharField(max_length=32, blank=True, help_text='"shares", "device" or "per_device"')
-    amount = models.DecimalField(max_digits=12, decimal_places=3, default=0,
-                                 help_text="fGPU shares, or a device count (device, per_device)")
+    amount = models.DecimalField(
+        max_digits=12, decimal_places=3, default=0, help_text="fGPU shares, or a device count (device, per_device)"
+    )
     cpu = models.PositiveIntegerField(default=1, help_text="CPU cores")
     mem = models.BigIntegerField(default=0, help_text="main memory, bytes")
     command = models.TextField(blank=True, help_text="batch command; blank for an interactive shell")
-    image = models.ForeignKey(SessionImage, null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions",
-                              help_text="the image it runs in; empty for sessions from before images (any node)")
+    image = models.ForeignKey(
+        SessionImage,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="sessions",
+        help_text="the image it runs in; empty for sessions from before images (any node)",
+    )
     priority = models.SmallIntegerField(default=0, help_text="higher starts first; equal priorities in arrival order")
     overtaken = models.PositiveIntegerField(default=0, help_text="how many later sessions were backfilled past it")
     node = models.ForeignKey("accelerators.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
@@ -213,20 +251,28 @@ class ComputeSession(models.Model):
     terminated_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     version = models.PositiveBigIntegerField(
-        default=0, help_text="raised by every write a page shows (status, reason, node, times): the newest "
-                             "state has the highest")
+        default=0, help_text="raised by every write a page shows (status, reason, node, times): the newest state has the highest"
+    )
     preemptible = models.BooleanField(
-        default=False, help_text="may be stopped to make room for a waiting session of higher priority or of an owner "
-                                 "under its fair share (sessions.preemption); a launch's default: batch yes, "
-                                 "interactive no")
-    min_runtime = models.PositiveIntegerField(
-        default=0, help_text="seconds after its start during which it is never preempted")
+        default=False,
+        help_text="may be stopped to make room for a waiting session of higher priority or of an owner "
+        "under its fair share (sessions.preemption); a launch's default: batch yes, "
+        "interactive no",
+    )
+    min_runtime = models.PositiveIntegerField(default=0, help_text="seconds after its start during which it is never preempted")
     preempted_for = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="preempting",
-        help_text="the waiting session it is (or was) preempted to make room for")
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="preempting",
+        help_text="the waiting session it is (or was) preempted to make room for",
+    )
     preempt_at = models.DateTimeField(
-        null=True, blank=True, help_text="when it is stopped, having been warned (the warning + the grace period); "
-                                         "null: not under notice")
+        null=True,
+        blank=True,
+        help_text="when it is stopped, having been warned (the warning + the grace period); null: not under notice",
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -278,14 +324,21 @@ class Project(models.Model):
     description = models.TextField(blank=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="projects", blank=True)
     resource_groups = models.ManyToManyField(
-        "accelerators.ResourceGroup", related_name="projects", blank=True, verbose_name="resource groups",
+        "accelerators.ResourceGroup",
+        related_name="projects",
+        blank=True,
+        verbose_name="resource groups",
         help_text="resource groups reserved for this project's members (with every other project naming them); "
-                  "a group no project names is open to everyone")
+        "a group no project names is open to everyone",
+    )
     share_weight = models.PositiveIntegerField(
-        default=1, validators=[MinValueValidator(1)], verbose_name="fair-share weight",
+        default=1,
+        validators=[MinValueValidator(1)],
+        verbose_name="fair-share weight",
         help_text="the project's share of the cluster over time against the other projects' weights (and 1 for "
-                  "each user in no project): its members' sessions start ahead while it used less than its share "
-                  "(sessions.fairshare)")
+        "each user in no project): its members' sessions start ahead while it used less than its share "
+        "(sessions.fairshare)",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -310,24 +363,42 @@ class ResourcePreset(models.Model):
     checked by `sessions.presets.preset_check`."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    name = models.CharField(max_length=64, unique=True,
-                            validators=[RegexValidator(r"^[^\x00-\x1f\x7f-\x9f]+$",
-                                                       "no control characters (newline, tab, escape, …)")],
-                            help_text='what users pick, e.g. "Small notebook"; `fgpu launch --preset` takes it')
+    name = models.CharField(
+        max_length=64,
+        unique=True,
+        validators=[RegexValidator(r"^[^\x00-\x1f\x7f-\x9f]+$", "no control characters (newline, tab, escape, …)")],
+        help_text='what users pick, e.g. "Small notebook"; `fgpu launch --preset` takes it',
+    )
     description = models.CharField(max_length=255, blank=True, help_text="one line the launch dialog shows under it")
-    resources = models.JSONField(default=dict, blank=True, verbose_name="GPU request",
-                                 help_text='in any request style a launch takes, e.g. {"cuda.shares": "0.25"}, '
-                                           '{"gpu": 1, "gpu_memory": "4G", "gpu_cores": 50}, {"gpu_fraction": "0.2"}, '
-                                           '{"mig_profile": "1g.10gb"}; {} for a CPU-only session')
+    resources = models.JSONField(
+        default=dict,
+        blank=True,
+        verbose_name="GPU request",
+        help_text='in any request style a launch takes, e.g. {"cuda.shares": "0.25"}, '
+        '{"gpu": 1, "gpu_memory": "4G", "gpu_cores": 50}, {"gpu_fraction": "0.2"}, '
+        '{"mig_profile": "1g.10gb"}; {} for a CPU-only session',
+    )
     cpu = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)], verbose_name="CPU cores")
-    mem = models.BigIntegerField(default=1 << 30, validators=[MinValueValidator(1)], verbose_name="host memory",
-                                 help_text="bytes")
-    image = models.ForeignKey(SessionImage, null=True, blank=True, on_delete=models.SET_NULL, related_name="presets",
-                              help_text="empty: the default image")
+    mem = models.BigIntegerField(
+        default=1 << 30, validators=[MinValueValidator(1)], verbose_name="host memory", help_text="bytes"
+    )
+    image = models.ForeignKey(
+        SessionImage,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="presets",
+        help_text="empty: the default image",
+    )
     resource_group = models.ForeignKey(
-        "accelerators.ResourceGroup", null=True, blank=True, on_delete=models.CASCADE, related_name="presets",
+        "accelerators.ResourceGroup",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="presets",
         verbose_name="resource group",
-        help_text="launches into this group and is offered only to those who may use it; empty: any node, everyone")
+        help_text="launches into this group and is offered only to those who may use it; empty: any node, everyone",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -355,17 +426,18 @@ class Quota(models.Model):
     Rules and counting: sessions.quotas."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
-                             related_name="quotas")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="quotas")
     project = models.ForeignKey(Project, null=True, blank=True, on_delete=models.CASCADE, related_name="quotas")
-    max_fgpu = models.DecimalField(max_digits=12, decimal_places=3, null=True, blank=True,
-                                   help_text="fGPU held at once; empty: unlimited")
-    max_devices = models.PositiveIntegerField(null=True, blank=True,
-                                              help_text="distinct devices held at once; empty: unlimited")
-    max_gpu_memory = models.BigIntegerField(null=True, blank=True,
-                                            help_text="bytes of device memory held at once; empty: unlimited")
-    max_sessions = models.PositiveIntegerField(null=True, blank=True,
-                                               help_text="sessions running or waiting at once; empty: unlimited")
+    max_fgpu = models.DecimalField(
+        max_digits=12, decimal_places=3, null=True, blank=True, help_text="fGPU held at once; empty: unlimited"
+    )
+    max_devices = models.PositiveIntegerField(null=True, blank=True, help_text="distinct devices held at once; empty: unlimited")
+    max_gpu_memory = models.BigIntegerField(
+        null=True, blank=True, help_text="bytes of device memory held at once; empty: unlimited"
+    )
+    max_sessions = models.PositiveIntegerField(
+        null=True, blank=True, help_text="sessions running or waiting at once; empty: unlimited"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -373,22 +445,34 @@ class Quota(models.Model):
         ordering = ["project__name", "user__username"]
         constraints = [
             models.CheckConstraint(
-                condition=(models.Q(user__isnull=False, project__isnull=True)
-                           | models.Q(user__isnull=True, project__isnull=False)),
+                condition=(
+                    models.Q(user__isnull=False, project__isnull=True) | models.Q(user__isnull=True, project__isnull=False)
+                ),
                 name="quota_user_xor_project",
                 violation_error_message="a quota is for one user or for one project: set exactly one of the two",
             ),
-            models.UniqueConstraint(fields=["user"], condition=models.Q(user__isnull=False), name="quota_one_per_user",
-                                    violation_error_message="this user already has a quota"),
-            models.UniqueConstraint(fields=["project"], condition=models.Q(project__isnull=False),
-                                    name="quota_one_per_project",
-                                    violation_error_message="this project already has a quota"),
-            models.CheckConstraint(condition=models.Q(max_fgpu__gte=0) | models.Q(max_fgpu__isnull=True),
-                                   name="quota_max_fgpu_not_negative",
-                                   violation_error_message="max fGPU cannot be negative"),
-            models.CheckConstraint(condition=models.Q(max_gpu_memory__gte=0) | models.Q(max_gpu_memory__isnull=True),
-                                   name="quota_max_gpu_memory_not_negative",
-                                   violation_error_message="max GPU memory cannot be negative"),
+            models.UniqueConstraint(
+                fields=["user"],
+                condition=models.Q(user__isnull=False),
+                name="quota_one_per_user",
+                violation_error_message="this user already has a quota",
+            ),
+            models.UniqueConstraint(
+                fields=["project"],
+                condition=models.Q(project__isnull=False),
+                name="quota_one_per_project",
+                violation_error_message="this project already has a quota",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_fgpu__gte=0) | models.Q(max_fgpu__isnull=True),
+                name="quota_max_fgpu_not_negative",
+                violation_error_message="max fGPU cannot be negative",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_gpu_memory__gte=0) | models.Q(max_gpu_memory__isnull=True),
+                name="quota_max_gpu_memory_not_negative",
+                violation_error_message="max GPU memory cannot be negative",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -445,10 +529,17 @@ class IdempotencyKey(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     key = models.CharField(max_length=255, help_text="the header's value: 1 to 255 printable ASCII characters")
     fingerprint = models.CharField(max_length=64, help_text="SHA-256 (hex) of the request body's JSON, keys sorted")
-    session = models.ForeignKey(ComputeSession, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
-                                help_text="the session the request created")
-    status_code = models.PositiveSmallIntegerField(null=True, help_text="the HTTP status answered (null only "
-                                                                       "inside the transaction that answers)")
+    session = models.ForeignKey(
+        ComputeSession,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="the session the request created",
+    )
+    status_code = models.PositiveSmallIntegerField(
+        null=True, help_text="the HTTP status answered (null only inside the transaction that answers)"
+    )
     response = models.TextField(blank=True, help_text="the body answered, as JSON text (jsonb would reorder its keys)")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 

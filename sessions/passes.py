@@ -4,6 +4,7 @@ ask for one), coalesced on the broker; in standalone mode, passes on a thread of
 The pass itself is the task `fgpu.manager.schedule_pending` (sessions.tasks), sent here by name,
 so the services that ask for a pass import neither the tasks nor the scheduler.
 """
+
 from __future__ import annotations
 
 import logging

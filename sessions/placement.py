@@ -17,6 +17,7 @@ session image, MIG first for MIG requests (isolation "any" falls back to a share
 the allocator under the resource group's policy with its placed workload
 (`PlacementScope.place`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -78,8 +79,9 @@ class Decision:
         if self.outcome == RESERVED:
             return self.error
         if self.outcome == NEVER:
-            return ApplicationError(self.reason, type="never-schedulable", title="Request too large",
-                                    field_errors={"resources": [self.reason]})
+            return ApplicationError(
+                self.reason, type="never-schedulable", title="Request too large", field_errors={"resources": [self.reason]}
+            )
         if self.outcome == QUOTA:
             return quota_refusal_error(list(self.problems))
         return None
@@ -120,8 +122,7 @@ def request_validate(*, resources: dict) -> tuple[core.ResourceRequest, core.Fra
     return request, pure_settings
 
 
-def placement_decide(*, request: core.ResourceRequest, image: str = "", owner=None,
-                     view: ReadView | None = None) -> Decision:
+def placement_decide(*, request: core.ResourceRequest, image: str = "", owner=None, view: ReadView | None = None) -> Decision:
     """The one decision for `request` in session image `image` (a registered reference; "": any
     node). With `owner`, the launch's admission first: RESERVED when the request's resource
     group is reserved for projects `owner` is not a member of, NEVER when no registered node (LOST ones
@@ -160,8 +161,10 @@ def placement_decide(*, request: core.ResourceRequest, image: str = "", owner=No
 def queued_behind_reason(session: ComputeSession) -> str:
     """Why a session waits behind `session`, a PENDING one overtaken as often as the backfill
     limit (FGPU_BACKFILL_LIMIT) allows: nothing behind it starts until it has."""
-    return (f"queued behind {session.name}, which goes first (it has been overtaken {session.overtaken} time(s), "
-            f"the most the backfill limit allows)")
+    return (
+        f"queued behind {session.name}, which goes first (it has been overtaken {session.overtaken} time(s), "
+        f"the most the backfill limit allows)"
+    )
 
 
 def _place(request: core.ResourceRequest, pure_settings, image: str, view: ReadView) -> Decision:
@@ -211,9 +214,12 @@ class ReadView:
         """`queued_behind_reason` of the first PENDING session (priority, then arrival) overtaken
         as often as the backfill limit allows, which a new session would wait behind; "" when
         there is none. (The scheduler's pass tracks this itself, in queue order.)"""
-        first = (ComputeSession.objects.filter(status=SessionStatus.PENDING,
-                                               overtaken__gte=settings.FGPU_BACKFILL_LIMIT)
-                 .order_by("-priority", "created_at", "pk").only("name", "overtaken").first())
+        first = (
+            ComputeSession.objects.filter(status=SessionStatus.PENDING, overtaken__gte=settings.FGPU_BACKFILL_LIMIT)
+            .order_by("-priority", "created_at", "pk")
+            .only("name", "overtaken")
+            .first()
+        )
         return queued_behind_reason(first) if first is not None else ""
 
     def settings(self, request: core.ResourceRequest) -> core.FractionalSettings | None:
@@ -270,8 +276,14 @@ class PlacementScope:
     workloads: dict = field(default_factory=dict)
 
     @classmethod
-    def read(cls, request: core.ResourceRequest, *, image: str = "", for_update: bool = False,
-             latest: dict[str, core.NodeState] | None = None) -> PlacementScope:
+    def read(
+        cls,
+        request: core.ResourceRequest,
+        *,
+        image: str = "",
+        for_update: bool = False,
+        latest: dict[str, core.NodeState] | None = None,
+    ) -> PlacementScope:
         """The scope of `request` (its group and slot) for `image` ("": any node); `for_update`
         locks the node and device rows; `latest` (node name → state) replaces nodes already
         planned on elsewhere. Raises InvalidResourceRequest for an unknown group."""
@@ -280,8 +292,13 @@ class PlacementScope:
         nodes = node_states(slot_name=slot, for_update=for_update, group=group, image=image)
         if latest:
             nodes = [latest.get(n.node_id, n) for n in nodes]
-        return cls(group_name=request.resource_group, slot=slot, nodes=nodes, options=placement_options(group=group),
-                   rows={n.node_id: i for i, n in enumerate(nodes)})
+        return cls(
+            group_name=request.resource_group,
+            slot=slot,
+            nodes=nodes,
+            options=placement_options(group=group),
+            rows={n.node_id: i for i, n in enumerate(nodes)},
+        )
 
     def index(self, pure_settings):
         if pure_settings not in self.indexes:
@@ -291,7 +308,8 @@ class PlacementScope:
     def workload(self, pure_settings) -> cluster.Workload:
         if pure_settings not in self.workloads:
             self.workloads[pure_settings] = placement_workload(
-                resource_group=self.group_name, prefix=shape_prefix(self.slot, pure_settings))
+                resource_group=self.group_name, prefix=shape_prefix(self.slot, pure_settings)
+            )
         return self.workloads[pure_settings]
 
     def place(self, request: core.ResourceRequest, pure_settings) -> core.Placement:
@@ -303,8 +321,7 @@ class PlacementScope:
             # PlacementShape counts it once it is placed).
             workload = self.workload(pure_settings)
             workload.observe(core.request_shape(request, pure_settings))
-        return core.place(self.nodes, request, pure_settings, index=self.index(pure_settings), workload=workload,
-                          **self.options)
+        return core.place(self.nodes, request, pure_settings, index=self.index(pure_settings), workload=workload, **self.options)
 
     def update(self, node: core.NodeState) -> None:
         row = self.rows.get(node.node_id)

@@ -26,6 +26,7 @@ and W's reason ("waiting for capacity: preempting …"). An ended victim keeps "
 as its reason. MIG requests are not preempted for (the MIG planner reuses and destroys idle
 instances itself), nor are MIG sessions preempted.
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,8 +57,12 @@ def preemption_enabled() -> bool:
 def waiting_reasons(pending: list[ComputeSession]) -> dict:
     """{pk of a PENDING session among `pending`: its reason} for those that sessions are being
     preempted for (under notice, or stopping): "waiting for capacity: preempting …". One query."""
-    victims = (ComputeSession.objects.filter(preempted_for_id__in=[s.pk for s in pending], status__in=ACTIVE_STATUSES)
-               .exclude(preempt_at__isnull=True).select_related("node").order_by("preempt_at", "name"))
+    victims = (
+        ComputeSession.objects.filter(preempted_for_id__in=[s.pk for s in pending], status__in=ACTIVE_STATUSES)
+        .exclude(preempt_at__isnull=True)
+        .select_related("node")
+        .order_by("preempt_at", "name")
+    )
     by_waiter: dict = {}
     for v in victims:
         by_waiter.setdefault(v.preempted_for_id, []).append(v)
@@ -69,14 +74,15 @@ def waiter_reason(victims: list[ComputeSession]) -> str:
     when = max(v.preempt_at for v in victims if v.preempt_at is not None)  # all are under notice
     names = ", ".join(v.name for v in victims)
     node = victims[0].node.name if victims[0].node is not None else "its node"
-    return (f"{CAPACITY}preempting {len(victims)} session(s) on {node} to make room ({names}; stopped at "
-            f"{when:%H:%M:%S} UTC)")
+    return f"{CAPACITY}preempting {len(victims)} session(s) on {node} to make room ({names}; stopped at {when:%H:%M:%S} UTC)"
 
 
 def victim_reason(waiter: ComputeSession, at, why: str) -> str:
     """The reason a session under notice shows while it still runs."""
-    return (f"to be preempted at {at:%Y-%m-%d %H:%M:%S} UTC to make room for {waiter.name} of "
-            f"{waiter.owner.get_username()} ({why}); save your work")
+    return (
+        f"to be preempted at {at:%Y-%m-%d %H:%M:%S} UTC to make room for {waiter.name} of "
+        f"{waiter.owner.get_username()} ({why}); save your work"
+    )
 
 
 def preemption_pass(*, blocked: list[ComputeSession], scope_of, options_of, now=None) -> dict:
@@ -94,8 +100,11 @@ def preemption_pass(*, blocked: list[ComputeSession], scope_of, options_of, now=
     waiters = [s for s in blocked if s.status_reason.startswith(CAPACITY)][:MAX_WAITERS_PER_PASS]
     if not waiters:
         return out
-    busy = set(ComputeSession.objects.filter(preempted_for_id__in=[w.pk for w in waiters], status__in=ACTIVE_STATUSES)
-               .exclude(preempt_at__isnull=True).values_list("preempted_for_id", flat=True))
+    busy = set(
+        ComputeSession.objects.filter(preempted_for_id__in=[w.pk for w in waiters], status__in=ACTIVE_STATUSES)
+        .exclude(preempt_at__isnull=True)
+        .values_list("preempted_for_id", flat=True)
+    )
     read: dict = {}  # the scope's node names → its holders (read once per pass), and "factors"
     for waiter in waiters:
         if waiter.pk in busy:
@@ -118,9 +127,16 @@ def preemption_pass(*, blocked: list[ComputeSession], scope_of, options_of, now=
             read["factors"] = fairshare.owner_factors(owners_now | {w.owner_id for w in waiters})
         factors = read["factors"]
         holders = [replace(h, factor=factors.get(owners[h.session_id], 1.0)) for h in holders]
-        room = preemption_choice(nodes, holders, request, _settings(request), priority=waiter.priority,
-                                 factor=factors.get(waiter.owner_id, 1.0), now=now.timestamp(),
-                                 options=options_of(waiter))
+        room = preemption_choice(
+            nodes,
+            holders,
+            request,
+            _settings(request),
+            priority=waiter.priority,
+            factor=factors.get(waiter.owner_id, 1.0),
+            now=now.timestamp(),
+            options=options_of(waiter),
+        )
         if room is None or not room.victims:
             continue
         reasons[waiter.pk] = _warn(waiter, room, now)
@@ -135,22 +151,34 @@ def session_holders(*, node_names: list[str]) -> tuple[list[Holder], list[Holder
     is `preemptible` here only while RUNNING, not under notice already, and holding no MIG
     instance; `factor` 1.0 (the caller sets it); `started_at` its start (epoch seconds);
     `request` its own (None where the slot no longer allows it). Three queries."""
-    sessions = (ComputeSession.objects.filter(node__name__in=node_names, status__in=ACTIVE_STATUSES)
-                .select_related("node").prefetch_related(
-                    Prefetch("allocations", queryset=Allocation.objects.filter(released_at__isnull=True),
-                             to_attr="live"), "gpu_instances"))
+    sessions = (
+        ComputeSession.objects.filter(node__name__in=node_names, status__in=ACTIVE_STATUSES)
+        .select_related("node")
+        .prefetch_related(
+            Prefetch("allocations", queryset=Allocation.objects.filter(released_at__isnull=True), to_attr="live"), "gpu_instances"
+        )
+    )
     running: list[Holder] = []
     stopping: list[Holder] = []
     owners: dict[str, int] = {}
     for s in sessions:
         grants = tuple(core.DeviceGrant(str(a.device_id), a.shares, a.memory, a.procs) for a in s.live)
         started = s.started_at or s.scheduled_at or s.created_at
-        preemptible = (s.preemptible and s.status == SessionStatus.RUNNING and s.preempt_at is None
-                       and not s.gpu_instances.all())
+        preemptible = s.preemptible and s.status == SessionStatus.RUNNING and s.preempt_at is None and not s.gpu_instances.all()
         assert s.node is not None  # an active session on one of `node_names`
-        holder = Holder(str(s.pk), s.node.name, grants, cpu=s.cpu, mem=s.mem, started_at=started.timestamp(),
-                        min_runtime=s.min_runtime, preemptible=preemptible, priority=s.priority, name=s.name,
-                        request=_request_of(s))
+        holder = Holder(
+            str(s.pk),
+            s.node.name,
+            grants,
+            cpu=s.cpu,
+            mem=s.mem,
+            started_at=started.timestamp(),
+            min_runtime=s.min_runtime,
+            preemptible=preemptible,
+            priority=s.priority,
+            name=s.name,
+            request=_request_of(s),
+        )
         owners[holder.session_id] = s.owner_id
         (stopping if s.status == SessionStatus.TERMINATING else running).append(holder)
     return running, stopping, owners
@@ -187,41 +215,61 @@ def _warn(waiter: ComputeSession, room: Room, now) -> str:
     reason = victim_reason(waiter, at, why)
     ids = [v.session_id for v in room.victims]
     ComputeSession.objects.filter(pk__in=ids, status=SessionStatus.RUNNING, preempt_at__isnull=True).update(
-        preempted_for=waiter, preempt_at=at, status_reason=reason, version=NEXT_VERSION)
+        preempted_for=waiter, preempt_at=at, status_reason=reason, version=NEXT_VERSION
+    )
     victims = list(ComputeSession.objects.filter(pk__in=ids, preempted_for=waiter).select_related("node", "owner"))
     sessions_moved, lost = room.cost(now.timestamp())
-    log.info("preemption: %d session(s) on %s (%s) warned for %s, stopped at %s; %.0f fGPU-seconds of work",
-             len(victims), room.node_id, ", ".join(ids), waiter.pk, at.isoformat(), lost)
+    log.info(
+        "preemption: %d session(s) on %s (%s) warned for %s, stopped at %s; %.0f fGPU-seconds of work",
+        len(victims),
+        room.node_id,
+        ", ".join(ids),
+        waiter.pk,
+        at.isoformat(),
+        lost,
+    )
     for victim in victims:
-        session_notice(victim, f"this session will be preempted at {at:%H:%M:%S} UTC (in "
-                               f"{settings.FGPU_PREEMPTION_GRACE_SECONDS} s) to make room for {waiter.name} of "
-                               f"{waiter.owner.get_username()} ({why}): save your work")
+        session_notice(
+            victim,
+            f"this session will be preempted at {at:%H:%M:%S} UTC (in "
+            f"{settings.FGPU_PREEMPTION_GRACE_SECONDS} s) to make room for {waiter.name} of "
+            f"{waiter.owner.get_username()} ({why}): save your work",
+        )
     return waiter_reason(victims) if victims else waiter.status_reason
 
 
 def _stop_due(now) -> list[str]:
     """Stop every victim whose notice ran out while its waiting session still waits; returns their ids."""
-    due = list(ComputeSession.objects.filter(preempt_at__lte=now, preempted_for__status=SessionStatus.PENDING,
-                                             status__in=(SessionStatus.SCHEDULED, SessionStatus.PREPARING,
-                                                         SessionStatus.RUNNING))
-               .select_related("node", "preempted_for", "preempted_for__owner"))
+    due = list(
+        ComputeSession.objects.filter(
+            preempt_at__lte=now,
+            preempted_for__status=SessionStatus.PENDING,
+            status__in=(SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING),
+        ).select_related("node", "preempted_for", "preempted_for__owner")
+    )
     for victim in due:
         waiter = victim.preempted_for
         assert waiter is not None  # the filter follows it
-        session_terminate(session=victim, reason=f"{PREEMPTED}stopped to make room for {waiter.name} of "
-                                                 f"{waiter.owner.get_username()} (session {waiter.pk}), after "
-                                                 f"{settings.FGPU_PREEMPTION_GRACE_SECONDS} s of notice")
+        session_terminate(
+            session=victim,
+            reason=f"{PREEMPTED}stopped to make room for {waiter.name} of "
+            f"{waiter.owner.get_username()} (session {waiter.pk}), after "
+            f"{settings.FGPU_PREEMPTION_GRACE_SECONDS} s of notice",
+        )
     return [str(v.pk) for v in due]
 
 
 def _withdraw(now) -> list[str]:
     """Take back the notices of victims whose waiting session no longer waits (placed elsewhere,
     cancelled, ended) or is gone, before their time; returns their ids."""
-    stale = list(ComputeSession.objects.filter(preempt_at__isnull=False, status=SessionStatus.RUNNING)
-                 .exclude(preempted_for__status=SessionStatus.PENDING).select_related("node"))
+    stale = list(
+        ComputeSession.objects.filter(preempt_at__isnull=False, status=SessionStatus.RUNNING)
+        .exclude(preempted_for__status=SessionStatus.PENDING)
+        .select_related("node")
+    )
     for victim in stale:
         if ComputeSession.objects.filter(pk=victim.pk, preempt_at=victim.preempt_at).update(
-                preempt_at=None, status_reason="", version=NEXT_VERSION):
-            session_notice(victim, "the preemption of this session is withdrawn: the session it made room for "
-                                   "no longer waits")
+            preempt_at=None, status_reason="", version=NEXT_VERSION
+        ):
+            session_notice(victim, "the preemption of this session is withdrawn: the session it made room for no longer waits")
     return [str(v.pk) for v in stale]

@@ -20,6 +20,7 @@ A launch by preset (`{"preset": "<name or id>"}` in `POST /api/v1/sessions/` and
 
 A preset alone therefore launches exactly the preset's request (`ResourcePreset.request()`).
 """
+
 from __future__ import annotations
 
 import uuid
@@ -57,11 +58,13 @@ def preset_check(*, preset: ResourcePreset) -> None:
     request, pure_settings = request_validate(resources=preset.request())
     image_for_launch(reference=preset.image.reference if preset.image else None, slot=request.slot)
     try:  # the launch's admission (every registered node, LOST ones too), without its quotas
-        mig_scheduling.check_ever_fits(request, lambda: core.check_ever_fits(
-            placement_scope(request=request, alive_only=False)[0], request, pure_settings))
+        mig_scheduling.check_ever_fits(
+            request, lambda: core.check_ever_fits(placement_scope(request=request, alive_only=False)[0], request, pure_settings)
+        )
     except NeverSchedulable as exc:
-        raise ApplicationError(str(exc), type="never-schedulable", title="Request too large",
-                               field_errors={"resources": [str(exc)]}) from None
+        raise ApplicationError(
+            str(exc), type="never-schedulable", title="Request too large", field_errors={"resources": [str(exc)]}
+        ) from None
 
 
 def _invalid(field: str, message: str) -> ApplicationError:
@@ -97,11 +100,12 @@ def preset_get_for(*, user, reference: str) -> ResourcePreset:
         pass
     found = found or presets.filter(name=reference).first()
     if found is None:
-        names = list(presets.values_list("name", flat=True)[:LISTED_IN_ERRORS + 1])
+        names = list(presets.values_list("name", flat=True)[: LISTED_IN_ERRORS + 1])
         listed = ", ".join(names[:LISTED_IN_ERRORS]) + (", …" if len(names) > LISTED_IN_ERRORS else "")
         message = f"no preset {reference!r} you may use (yours: {listed or 'none'})"
-        raise ApplicationError(f"preset: {message}", type="unknown-preset", title="Unknown preset",
-                               field_errors={"preset": [message]})
+        raise ApplicationError(
+            f"preset: {message}", type="unknown-preset", title="Unknown preset", field_errors={"preset": [message]}
+        )
     return found
 
 
@@ -111,12 +115,18 @@ def preset_merge(*, preset: ResourcePreset, resources: dict | None) -> dict:
     another resource group than the preset's."""
     merged = preset.request()
     explicit = dict(resources or {})
-    if preset.resource_group is not None and "resource_group" in explicit \
-            and explicit["resource_group"] != preset.resource_group.name:
-        message = (f"preset {preset.name!r} launches into resource group {preset.resource_group.name!r}; "
-                   f"resources.resource_group {explicit['resource_group']!r} conflicts with it (leave it out)")
-        raise ApplicationError(message, type="preset-conflict", title="Conflicts with the preset",
-                               field_errors={"resources": [message]})
+    if (
+        preset.resource_group is not None
+        and "resource_group" in explicit
+        and explicit["resource_group"] != preset.resource_group.name
+    ):
+        message = (
+            f"preset {preset.name!r} launches into resource group {preset.resource_group.name!r}; "
+            f"resources.resource_group {explicit['resource_group']!r} conflicts with it (leave it out)"
+        )
+        raise ApplicationError(
+            message, type="preset-conflict", title="Conflicts with the preset", field_errors={"resources": [message]}
+        )
     if any(key not in COMMON for key in explicit):  # a GPU request of its own: one style per session
         merged = {key: value for key, value in merged.items() if key in COMMON and key != "strategy"}
     for key, value in explicit.items():

@@ -21,6 +21,7 @@ bytes, and 0 where the bytes depend on the device not yet chosen (per-device per
 and eGPU proportions, whole devices). Released (TERMINATED, ERROR, CANCELLED) sessions no
 longer count.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -93,7 +94,8 @@ def quota_usage_of(*, quota: Quota) -> QuotaUsage:
     fgpu, devices, memory = Decimal(live["fgpu"]), live["devices"], live["gpu_memory"]
     unit_mem: dict[str, int | None] = {}
     pending = ComputeSession.objects.filter(_owned(quota), status=SessionStatus.PENDING).only(
-        "request_spec", "slot_name", "slot_subtype", "amount", "cpu", "mem")
+        "request_spec", "slot_name", "slot_subtype", "amount", "cpu", "mem"
+    )
     for session in pending:
         claim = pending_claim(session=session, unit_mem=unit_mem)
         fgpu, devices, memory = fgpu + claim.fgpu, devices + claim.devices, memory + claim.gpu_memory
@@ -127,8 +129,7 @@ def request_claim(request: ResourceRequest, *, unit_mem: dict[str, int | None] |
     slot has no fractional settings) between calls."""
     if request.kind == "shares":
         per_fgpu = slot_unit_mem(request.slot, cache=unit_mem)
-        memory = 0 if per_fgpu is None else int(
-            (Decimal(per_fgpu) * request.amount).to_integral_value(rounding=ROUND_DOWN))
+        memory = 0 if per_fgpu is None else int((Decimal(per_fgpu) * request.amount).to_integral_value(rounding=ROUND_DOWN))
         return QuotaClaim(fgpu=request.amount, gpu_memory=memory)
     if request.kind in DEVICE_KINDS:
         count = int(request.amount)
@@ -178,21 +179,27 @@ def quota_problems(usage: QuotaUsage, *, asked: dict[str, Decimal | int], user=N
     the figures. A limit the request asks nothing of is not checked (a quota lowered below
     what is in use does not block CPU-only sessions, say)."""
     quota, label, problems = usage.quota, quota_label(usage.quota, user=user), []
-    if quota.max_sessions is not None and asked["sessions"] > 0 \
-            and usage.sessions + asked["sessions"] > quota.max_sessions:
-        problems.append(f"{label}: {_plural(usage.sessions, 'session')} running or waiting, "
-                        f"at most {quota.max_sessions}")
+    if quota.max_sessions is not None and asked["sessions"] > 0 and usage.sessions + asked["sessions"] > quota.max_sessions:
+        problems.append(f"{label}: {_plural(usage.sessions, 'session')} running or waiting, at most {quota.max_sessions}")
     if quota.max_fgpu is not None and asked["fgpu"] > 0 and usage.fgpu + asked["fgpu"] > quota.max_fgpu:
-        problems.append(f"{label}: {fgpu_text(usage.fgpu)} fGPU in use + {fgpu_text(asked['fgpu'])} asked > "
-                        f"{fgpu_text(quota.max_fgpu)} allowed")
+        problems.append(
+            f"{label}: {fgpu_text(usage.fgpu)} fGPU in use + {fgpu_text(asked['fgpu'])} asked > "
+            f"{fgpu_text(quota.max_fgpu)} allowed"
+        )
     if quota.max_devices is not None and asked["devices"] > 0 and usage.devices + asked["devices"] > quota.max_devices:
-        problems.append(f"{label}: {_plural(usage.devices, 'device')} in use + {asked['devices']} asked > "
-                        f"{quota.max_devices} allowed")
-    if quota.max_gpu_memory is not None and asked["gpu_memory"] > 0 \
-            and usage.gpu_memory + asked["gpu_memory"] > quota.max_gpu_memory:
-        problems.append(f"{label}: {format_binary_size(usage.gpu_memory)} GPU memory in use + "
-                        f"{format_binary_size(int(asked['gpu_memory']))} asked > "
-                        f"{format_binary_size(quota.max_gpu_memory)} allowed")
+        problems.append(
+            f"{label}: {_plural(usage.devices, 'device')} in use + {asked['devices']} asked > {quota.max_devices} allowed"
+        )
+    if (
+        quota.max_gpu_memory is not None
+        and asked["gpu_memory"] > 0
+        and usage.gpu_memory + asked["gpu_memory"] > quota.max_gpu_memory
+    ):
+        problems.append(
+            f"{label}: {format_binary_size(usage.gpu_memory)} GPU memory in use + "
+            f"{format_binary_size(int(asked['gpu_memory']))} asked > "
+            f"{format_binary_size(quota.max_gpu_memory)} allowed"
+        )
     return problems
 
 
@@ -216,8 +223,9 @@ def quota_refusals(*, user, request: ResourceRequest, lock: bool = True) -> list
 def quota_refusal_error(problems: list[str]) -> ApplicationError:
     """The API's error for a launch `quota_refusals` refused: 400, type "quota-exceeded", title
     "Quota exceeded", `field_errors["resources"]` the sentences."""
-    return ApplicationError("; ".join(problems), type="quota-exceeded", title="Quota exceeded",
-                            field_errors={"resources": list(problems)})
+    return ApplicationError(
+        "; ".join(problems), type="quota-exceeded", title="Quota exceeded", field_errors={"resources": list(problems)}
+    )
 
 
 def quota_check(*, user, request: ResourceRequest) -> None:
@@ -243,8 +251,9 @@ def quota_headroom(*, user) -> dict[str, Decimal | int | None]:
     return headroom
 
 
-def claim_max_amount(*, request: ResourceRequest, headroom: dict,
-                     unit_mem: dict[str, int | None] | None = None) -> tuple[Decimal | None, str]:
+def claim_max_amount(
+    *, request: ResourceRequest, headroom: dict, unit_mem: dict[str, int | None] | None = None
+) -> tuple[Decimal | None, str]:
     """The largest amount of a request like `request` (its kind and slot; its amount ignored)
     whose `request_claim` the quota `headroom` (`quota_headroom`'s figures) still allows, and the
     limit that caps it ("fgpu", "devices", "gpu_memory" or "sessions"): the dialog's maximum
@@ -269,10 +278,10 @@ def claim_max_amount(*, request: ResourceRequest, headroom: dict,
 
 # --- what the API and the account page show -----------------------------------------------
 
+
 def quota_figures(*, fgpu, devices, gpu_memory, sessions) -> dict:
     """Figures for QuotaFiguresSerializer: fGPU as decimal text, the rest as they are; None: unlimited."""
-    return {"fgpu": None if fgpu is None else fgpu_text(fgpu), "devices": devices, "gpu_memory": gpu_memory,
-            "sessions": sessions}
+    return {"fgpu": None if fgpu is None else fgpu_text(fgpu), "devices": devices, "gpu_memory": gpu_memory, "sessions": sessions}
 
 
 def quota_report(*, user) -> dict:
@@ -281,14 +290,18 @@ def quota_report(*, user) -> dict:
     quotas = []
     for usage in quota_usage(user=user):
         quota = usage.quota
-        quotas.append({
-            "id": quota.pk,
-            "scope": "project" if quota.project_id is not None else "user",
-            "name": quota.project.name if quota.project is not None else quota.user.get_username() if quota.user else "",
-            "limits": quota_figures(fgpu=quota.max_fgpu, devices=quota.max_devices, gpu_memory=quota.max_gpu_memory,
-                               sessions=quota.max_sessions),
-            "used": quota_figures(fgpu=usage.fgpu, devices=usage.devices, gpu_memory=usage.gpu_memory,
-                             sessions=usage.sessions),
-            "remaining": quota_figures(**usage.remaining()),
-        })
+        quotas.append(
+            {
+                "id": quota.pk,
+                "scope": "project" if quota.project_id is not None else "user",
+                "name": quota.project.name if quota.project is not None else quota.user.get_username() if quota.user else "",
+                "limits": quota_figures(
+                    fgpu=quota.max_fgpu, devices=quota.max_devices, gpu_memory=quota.max_gpu_memory, sessions=quota.max_sessions
+                ),
+                "used": quota_figures(
+                    fgpu=usage.fgpu, devices=usage.devices, gpu_memory=usage.gpu_memory, sessions=usage.sessions
+                ),
+                "remaining": quota_figures(**usage.remaining()),
+            }
+        )
     return {"user": user.get_username(), "quotas": quotas, "headroom": quota_figures(**quota_headroom(user=user))}

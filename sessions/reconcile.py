@@ -24,6 +24,7 @@ So a session stuck by a lost message moves on within START_RESEND_S + two heartb
 of its agent being reachable again; an agent that stays away is marked LOST after
 FGPU_HEARTBEAT_TIMEOUT and its sessions end when it registers again.
 """
+
 from __future__ import annotations
 
 import logging
@@ -64,23 +65,29 @@ def sessions_reconcile_heartbeat(*, node_name: str, state: dict) -> dict[str, in
     settled_before = min(taken_at, now) - timedelta(seconds=SKEW_S)
     counts = {"moved": 0, "ended": 0, "starts": 0, "stops": 0}
     starts, stops = [], []
-    active = list(ComputeSession.objects.filter(node__name=node_name, status__in=ACTIVE_STATUSES)
-                  .select_related("node", "owner"))
+    active = list(ComputeSession.objects.filter(node__name=node_name, status__in=ACTIVE_STATUSES).select_related("node", "owner"))
     for session in active:
         sid, status = str(session.pk), session.status
         theirs, end = reported.get(sid), ended.get(sid)
         settled = session.scheduled_at is not None and session.scheduled_at < settled_before
         if end is not None and theirs is None:
             end_status = end["status"] if end.get("status") in ENDED_STATES else SessionStatus.ERROR
-            if session_report_apply(session_id=sid, status=end_status, reason=str(end.get("reason", "")),
-                                    exit_code=end.get("exit_code") if isinstance(end.get("exit_code"), int) else None):
+            if session_report_apply(
+                session_id=sid,
+                status=end_status,
+                reason=str(end.get("reason", "")),
+                exit_code=end.get("exit_code") if isinstance(end.get("exit_code"), int) else None,
+            ):
                 counts["ended"] += 1
         elif theirs in ("RUNNING", "PREPARING"):
             if status == SessionStatus.TERMINATING:
                 stops.append(sid)
             elif status in (SessionStatus.SCHEDULED, SessionStatus.PREPARING) and theirs != status:
-                if session_report_apply(session_id=sid, status=theirs, reason="" if theirs == "RUNNING" else
-                                        "preparing the working directory and environment"):
+                if session_report_apply(
+                    session_id=sid,
+                    status=theirs,
+                    reason="" if theirs == "RUNNING" else "preparing the working directory and environment",
+                ):
                     counts["moved"] += 1
         elif theirs is None and settled:
             if status in (SessionStatus.SCHEDULED, SessionStatus.PREPARING):
@@ -88,15 +95,19 @@ def sessions_reconcile_heartbeat(*, node_name: str, state: dict) -> dict[str, in
                     starts.append(session)
             elif status in (SessionStatus.RUNNING, SessionStatus.TERMINATING):
                 final = SessionStatus.ERROR if status == SessionStatus.RUNNING else SessionStatus.TERMINATED
-                reason = ("its agent no longer runs it (the process is gone)" if status == SessionStatus.RUNNING
-                          else "terminated (its agent no longer ran it)")
+                reason = (
+                    "its agent no longer runs it (the process is gone)"
+                    if status == SessionStatus.RUNNING
+                    else "terminated (its agent no longer ran it)"
+                )
                 if session_report_apply(session_id=sid, status=final, reason=reason):
                     counts["ended"] += 1
     known = {str(s.pk) for s in active}
     strays = [sid for sid in reported if sid not in known]
     if strays:  # the agent runs sessions the database has ended (or never had): they must not linger
-        still_active = set(ComputeSession.objects.filter(pk__in=valid_uuids(strays), status__in=ACTIVE_STATUSES)
-                           .values_list("pk", flat=True))
+        still_active = set(
+            ComputeSession.objects.filter(pk__in=valid_uuids(strays), status__in=ACTIVE_STATUSES).values_list("pk", flat=True)
+        )
         stops.extend(sid for sid in strays if sid not in {str(pk) for pk in still_active})
     for session in starts:
         _resend_start(node_name, session)
@@ -134,11 +145,20 @@ def session_start_spec_again(session: ComputeSession) -> dict:
     if instance is not None:
         gpu = instance.parent
         spec["mig"] = {
-            "gpu": gpu.device_id, "index": gpu.index, "model_name": gpu.model_name, "memory_size": gpu.memory_size,
-            "subproc_count": gpu.subproc_count, "profile": instance.profile, "start": instance.placement_start,
-            "reuse": True, "instance_id": str(instance.pk), "destroy": [],
-            "layout": [{"profile": g.profile, "start": g.placement_start} for g in GpuInstance.objects.filter(
-                parent=gpu, unknown_since__isnull=True).order_by("placement_start")],
+            "gpu": gpu.device_id,
+            "index": gpu.index,
+            "model_name": gpu.model_name,
+            "memory_size": gpu.memory_size,
+            "subproc_count": gpu.subproc_count,
+            "profile": instance.profile,
+            "start": instance.placement_start,
+            "reuse": True,
+            "instance_id": str(instance.pk),
+            "destroy": [],
+            "layout": [
+                {"profile": g.profile, "start": g.placement_start}
+                for g in GpuInstance.objects.filter(parent=gpu, unknown_since__isnull=True).order_by("placement_start")
+            ],
         }
     return spec
 
@@ -147,14 +167,14 @@ def _resend_start(node_name: str, session: ComputeSession) -> None:
     from console.celery import agent_send
 
     spec = session_start_spec_again(session)
-    log.info("session %s is %s but its agent on %s does not know it: sending its start again", session.pk,
-             session.status, node_name)
+    log.info(
+        "session %s is %s but its agent on %s does not know it: sending its start again", session.pk, session.status, node_name
+    )
     transaction.on_commit(lambda: agent_send(protocol.SESSION_START, node=node_name, spec=spec))
 
 
 def _resend_stop(node_name: str, session_id: str) -> None:
     from console.celery import agent_send
 
-    log.info("the agent on %s still runs session %s, which is ending or ended here: sending its stop", node_name,
-             session_id)
+    log.info("the agent on %s still runs session %s, which is ending or ended here: sending its stop", node_name, session_id)
     transaction.on_commit(lambda: agent_send(protocol.SESSION_STOP, node=node_name, session_id=session_id))

@@ -2,6 +2,7 @@
 `GET /api/v1/my-resources/`): their fGPU, GPU memory and sessions in use against the quota that
 binds them, and the capacity free by resource group. Reads only; counting rules as
 `sessions.quotas` (one claim rule for the launch, the preview and this panel)."""
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -41,11 +42,15 @@ def my_resources(*, user, slot_name: str = "cuda") -> dict:
                 binding = (usage, left)
         used = getattr(binding[0] if binding else own, key)
         limit = None if binding is None else getattr(binding[0].quota, f"max_{key}")
-        figures.append({
-            "key": key, "used": _figure(key, used), "limit": None if limit is None else _figure(key, limit),
-            "left": None if binding is None else _figure(key, binding[1]),
-            "quota": None if binding is None else quota_label(binding[0].quota, user=user),
-        })
+        figures.append(
+            {
+                "key": key,
+                "used": _figure(key, used),
+                "limit": None if limit is None else _figure(key, limit),
+                "left": None if binding is None else _figure(key, binding[1]),
+                "quota": None if binding is None else quota_label(binding[0].quota, user=user),
+            }
+        )
     return {"usage": figures, "groups": _groups(slot_name)}
 
 
@@ -66,15 +71,27 @@ def _groups(slot_name: str) -> list[dict]:
         total: str | int
         if pure is not None:  # fractional
             free = fgpu_text(sum((core.device_free_shares(d, pure) for d in devices), Decimal(0)))
-            total = fgpu_text(sum((core.device_capacity(memory_size=d.memory_total, subproc_count=d.proc_total,
-                                                        settings=pure) for d in devices), Decimal(0)))
+            total = fgpu_text(
+                sum(
+                    (
+                        core.device_capacity(memory_size=d.memory_total, subproc_count=d.proc_total, settings=pure)
+                        for d in devices
+                    ),
+                    Decimal(0),
+                )
+            )
         else:
             free, total = sum(1 for d in devices if d.is_idle), len(devices)
-        rows.append({
-            "name": group.name if group else "", "nodes": nodes.count(),
-            "nodes_alive": nodes.filter(status=NodeStatus.ALIVE).count(),
-            "allocation_mode": settings.allocation_mode, "free": free, "total": total,
-            "memory_free": sum(max(0, d.memory_total - d.memory_used) for d in devices),
-            "memory_total": sum(d.memory_total for d in devices),
-        })
+        rows.append(
+            {
+                "name": group.name if group else "",
+                "nodes": nodes.count(),
+                "nodes_alive": nodes.filter(status=NodeStatus.ALIVE).count(),
+                "allocation_mode": settings.allocation_mode,
+                "free": free,
+                "total": total,
+                "memory_free": sum(max(0, d.memory_total - d.memory_used) for d in devices),
+                "memory_total": sum(d.memory_total for d in devices),
+            }
+        )
     return rows

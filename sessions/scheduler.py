@@ -15,6 +15,7 @@ start messages through one broker connection (`_send_starts`): 1,000 sessions in
 policies the pass also counts the request shapes it placed per resource group
 (`PlacementShape`): the workload distribution those policies weigh by.
 """
+
 from __future__ import annotations
 
 import json
@@ -82,7 +83,8 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
     with transaction.atomic():
         queue = (
             # Owners read in the same query (the start specs name them), but only sessions locked.
-            ComputeSession.objects.select_for_update(of=("self",)).select_related("owner", "image")
+            ComputeSession.objects.select_for_update(of=("self",))
+            .select_related("owner", "image")
             .filter(status=SessionStatus.PENDING)
             .order_by("-priority", "created_at", "pk")
         )
@@ -124,7 +126,10 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
                 continue
             if decision.outcome != PLACED:  # no longer satisfiable (e.g. the slot's mode changed)
                 session.status, session.status_reason, session.terminated_at = (
-                    SessionStatus.ERROR, decision.reason, timezone.now())
+                    SessionStatus.ERROR,
+                    decision.reason,
+                    timezone.now(),
+                )
                 writes.changed(session, "status", "status_reason", "terminated_at")
                 continue
             if decision.mig is not None:  # a MIG instance or slice (issue 4): its rows written at once
@@ -150,11 +155,19 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
         events.sessions_notify(writes.notices)
     if pending:  # one line a pass, with its phases (commit: the commit, the agents' starts and the pages' notices)
         done = time.monotonic()
-        log.info("scheduler pass: %d pending, %d placed, %d waiting (%d request shapes without room) in %.0f ms "
-                 "(read %.0f, decide %.0f, write %.0f, commit %.0f)",
-                 len(pending), len(scheduled), len(pending) - len(scheduled), len(no_room), (done - started) * 1000,
-                 (read_at - started) * 1000, (decided_at - read_at - writes.seconds) * 1000, writes.seconds * 1000,
-                 (done - decided_at) * 1000)
+        log.info(
+            "scheduler pass: %d pending, %d placed, %d waiting (%d request shapes without room) in %.0f ms "
+            "(read %.0f, decide %.0f, write %.0f, commit %.0f)",
+            len(pending),
+            len(scheduled),
+            len(pending) - len(scheduled),
+            len(no_room),
+            (done - started) * 1000,
+            (read_at - started) * 1000,
+            (decided_at - read_at - writes.seconds) * 1000,
+            writes.seconds * 1000,
+            (done - decided_at) * 1000,
+        )
     return scheduled
 
 
@@ -162,11 +175,11 @@ def _preempt(blocked: list[ComputeSession], view: _PassView, writes: _PassWrites
     """The pass's preemption work (`sessions.preemption.preemption_pass`) on its view: each
     blocked session's scope as this pass left it (rows locked); the reasons of the sessions it
     preempts for written with the pass's."""
+
     def scope(session: ComputeSession) -> PlacementScope:
         return view.scope(session_request(session), image=session.image.reference if session.image is not None else "")
 
-    found = preemption.preemption_pass(blocked=blocked, scope_of=lambda s: scope(s).nodes,
-                                       options_of=lambda s: scope(s).options)
+    found = preemption.preemption_pass(blocked=blocked, scope_of=lambda s: scope(s).nodes, options_of=lambda s: scope(s).options)
     for session in blocked:
         if session.pk in found["for"]:
             writes.wait(session, found["for"][session.pk])
@@ -209,7 +222,11 @@ class _PassWrites:
         other writes; its agent's start spec with its `mig` block appended to `starts`."""
         allocation, block, got = mig_scheduling.mig_rows_write(session=session, choice=choice)
         session.node, session.status, session.status_reason, session.scheduled_at = (
-            choice.node, SessionStatus.SCHEDULED, got, timezone.now())
+            choice.node,
+            SessionStatus.SCHEDULED,
+            got,
+            timezone.now(),
+        )
         self.changed(session, "node", "status", "status_reason", "scheduled_at")
         spec = session_start_spec(session, [allocation])
         if block is not None:
@@ -244,12 +261,15 @@ class _PassWrites:
         rows: list[Allocation] = []
         projects = owner_projects({session.owner_id for session, _ in self.placed})  # one query a pass
         for session, placement in self.placed:
-            mine = [Allocation(session=session, device=devices[g.device_id], shares=g.shares, memory=g.memory,
-                               procs=g.procs) for g in placement.grants]
+            mine = [
+                Allocation(session=session, device=devices[g.device_id], shares=g.shares, memory=g.memory, procs=g.procs)
+                for g in placement.grants
+            ]
             session.node = mine[0].device.node if mine else nodes[placement.node_id]
             rows += mine
-            self.starts.append((placement.node_id, session_start_spec(session, mine,
-                                                                      projects=projects.get(session.owner_id, []))))
+            self.starts.append(
+                (placement.node_id, session_start_spec(session, mine, projects=projects.get(session.owner_id, [])))
+            )
         Allocation.objects.bulk_create(rows, batch_size=1000)
         self.placed.clear()
 
@@ -359,11 +379,12 @@ def queue_shape(session: ComputeSession) -> str:
 def pending_position(session: ComputeSession) -> int:
     """1-based place of a PENDING session in the queue (`fairshare.queue_key`: priority, then its
     owner's fair-share factor, then arrival)."""
-    rivals = list(ComputeSession.objects.filter(status=SessionStatus.PENDING, priority=session.priority)
-                  .only("pk", "priority", "owner_id", "created_at"))
+    rivals = list(
+        ComputeSession.objects.filter(status=SessionStatus.PENDING, priority=session.priority).only(
+            "pk", "priority", "owner_id", "created_at"
+        )
+    )
     factors = fairshare.owner_factors({s.owner_id for s in rivals} | {session.owner_id})
     mine = fairshare.queue_key(session, factors)
     higher = ComputeSession.objects.filter(status=SessionStatus.PENDING, priority__gt=session.priority).count()
     return higher + sum(1 for s in rivals if fairshare.queue_key(s, factors) <= mine)
-
-

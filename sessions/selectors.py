@@ -1,4 +1,5 @@
 """Reads of compute sessions, always through the permission-checking fetch helpers."""
+
 from __future__ import annotations
 
 from typing import TypeGuard, cast
@@ -24,9 +25,12 @@ def sessions_shown():
     with their GPUs). Lists rather than the related managers: Django builds a queryset per
     session and relation to hold a prefetch in a manager."""
     return ComputeSession.objects.prefetch_related(
-        "owner", "node", "image",
+        "owner",
+        "node",
+        "image",
         Prefetch("allocations", queryset=Allocation.objects.select_related("device"), to_attr="allocation_list"),
-        Prefetch("gpu_instances", queryset=GpuInstance.objects.select_related("parent"), to_attr="gpu_instance_list"))
+        Prefetch("gpu_instances", queryset=GpuInstance.objects.select_related("parent"), to_attr="gpu_instance_list"),
+    )
 
 
 def session_list_for(*, user):
@@ -121,11 +125,11 @@ def session_configuration_parts(session: ComputeSession, *, slot_formats: SlotFo
     `slot_formats` (see request_configuration)."""
     request = session_request(session)
     grant, profile = session_grant(session, request)
-    return {"requested": request_configuration(request, slot_formats=slot_formats), "grant": grant,
-            "mig_profile": profile}
+    return {"requested": request_configuration(request, slot_formats=slot_formats), "grant": grant, "mig_profile": profile}
 
 
 # --- what a MIG session got --------------------------------------------------------------------
+
 
 def wants_mig(request) -> TypeGuard[MigResourceRequest]:
     return isinstance(request, MigResourceRequest)
@@ -146,14 +150,20 @@ def session_grant(session: ComputeSession, request) -> tuple[str, str]:
     if not wants_mig(request) or session.node_id is None:
         return "", ""
     instance = session_gpu_instance(session)
-    asked = "the profile asked for" if request.mig_profile else \
-        f"the smallest MIG instance that holds {request.memory.describe() if request.memory else 'it'}"
+    asked = (
+        "the profile asked for"
+        if request.mig_profile
+        else f"the smallest MIG instance that holds {request.memory.describe() if request.memory else 'it'}"
+    )
     if request.isolation == "any":
         asked = f"MIG first, for its hardware isolation; {asked}"
     if instance is not None:
         last = instance.placement_start + instance.placement_size - 1
-        return (f"got MIG {instance.profile} on GPU {instance.parent.index} (memory slices "
-                f"{instance.placement_start}–{last}): {asked}", instance.profile)
+        return (
+            f"got MIG {instance.profile} on GPU {instance.parent.index} (memory slices "
+            f"{instance.placement_start}–{last}): {asked}",
+            instance.profile,
+        )
     allocation = next(iter(session_allocations(session)), None)
     if allocation is None:
         return "", ""
@@ -209,8 +219,8 @@ def session_log_read(*, session: ComputeSession, since: int = 0, limit: int = LO
             position = chunk.offset
         if expected_seq is None:
             start = position
-        text = chunk.text[position - chunk.offset:]
-        piece = text[:limit - taken]
+        text = chunk.text[position - chunk.offset :]
+        piece = text[: limit - taken]
         parts.append(piece)
         taken += len(piece)
         position += len(piece)
@@ -218,9 +228,20 @@ def session_log_read(*, session: ComputeSession, since: int = 0, limit: int = LO
         if len(piece) < len(text):
             break
     ended = session.status in FINAL_STATUSES
-    all_in = bool(row and row.complete) or session.started_at is None or (
-        session.terminated_at is not None
-        and session.terminated_at < timezone.now() - timedelta(seconds=LOG_LOST_AGENT_GRACE_S))
+    all_in = (
+        bool(row and row.complete)
+        or session.started_at is None
+        or (
+            session.terminated_at is not None
+            and session.terminated_at < timezone.now() - timedelta(seconds=LOG_LOST_AGENT_GRACE_S)
+        )
+    )
     truncated = first_kept is not None and since < first_kept[1] and length > settings.FGPU_SESSION_LOG_MAX_CHARS
-    return {"text": "".join(parts), "start": start, "next": position, "length": length,
-            "truncated": truncated, "complete": ended and all_in and position >= length}
+    return {
+        "text": "".join(parts),
+        "start": start,
+        "next": position,
+        "length": length,
+        "truncated": truncated,
+        "complete": ended and all_in and position >= length,
+    }

@@ -1,4 +1,5 @@
 """API shapes of compute sessions. Amounts: shares in fGPU (text), memory in bytes, procs in SMs."""
+
 from __future__ import annotations
 
 import uuid
@@ -11,8 +12,7 @@ from accelerators.selectors import SlotFormats
 from agent.environment import limits_environment
 from console.api_support import ModelSerializer
 from sessions.models import Allocation, ComputeSession
-from sessions.selectors import (configuration_text, session_allocations, session_configuration_parts,
-                                session_gpu_instance)
+from sessions.selectors import configuration_text, session_allocations, session_configuration_parts, session_gpu_instance
 from sessions.session_apps import session_app_links
 
 
@@ -32,8 +32,10 @@ class AllocationSerializer(ModelSerializer):
 class SessionAppSerializer(serializers.Serializer):
     name = serializers.CharField(help_text='the app\'s name in its image, e.g. "jupyter"')
     title = serializers.CharField(help_text='what the pages show, e.g. "JupyterLab"')
-    url = serializers.CharField(help_text="the console's page that starts it and then opens it: "
-                                          "/sessions/<id>/open/<name>/ (it is served under /sessions/<id>/apps/<name>/)")
+    url = serializers.CharField(
+        help_text="the console's page that starts it and then opens it: "
+        "/sessions/<id>/open/<name>/ (it is served under /sessions/<id>/apps/<name>/)"
+    )
 
 
 # Give it sessions from `sessions.selectors.sessions_shown` (their relations read with them): then
@@ -41,31 +43,68 @@ class SessionAppSerializer(serializers.Serializer):
 # whatever its length. (A comment: the schema shows a serializer's docstring.)
 class SessionSerializer(ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
-    node = serializers.CharField(source="node.name", read_only=True, default=None, allow_null=True,
-                                 help_text="node name; null until scheduled")
+    node = serializers.CharField(
+        source="node.name", read_only=True, default=None, allow_null=True, help_text="node name; null until scheduled"
+    )
     configuration = serializers.SerializerMethodField()
     requested = serializers.SerializerMethodField()
     grant = serializers.SerializerMethodField()
     mig_profile = serializers.SerializerMethodField()
     allocations = AllocationSerializer(many=True, read_only=True, source="allocation_list")
-    image = serializers.CharField(source="image.reference", read_only=True, default=None, allow_null=True,
-                                  help_text="the session image's reference; null for a session from before images")
+    image = serializers.CharField(
+        source="image.reference",
+        read_only=True,
+        default=None,
+        allow_null=True,
+        help_text="the session image's reference; null for a session from before images",
+    )
     terminal_url = serializers.SerializerMethodField()
     apps = serializers.SerializerMethodField()
     fraction_enforcement = serializers.SerializerMethodField()
     environment = serializers.SerializerMethodField()
-    preempt_at = serializers.DateTimeField(read_only=True, allow_null=True,
-                                           help_text="under notice of preemption: when it will be stopped; else null")
-    preempted_for = serializers.UUIDField(source="preempted_for_id", read_only=True, allow_null=True,
-                                          help_text="the waiting session it is (or was) preempted for; null: none")
+    preempt_at = serializers.DateTimeField(
+        read_only=True, allow_null=True, help_text="under notice of preemption: when it will be stopped; else null"
+    )
+    preempted_for = serializers.UUIDField(
+        source="preempted_for_id",
+        read_only=True,
+        allow_null=True,
+        help_text="the waiting session it is (or was) preempted for; null: none",
+    )
 
     class Meta:
         model = ComputeSession
-        fields = ["id", "name", "owner", "status", "status_reason", "node", "image", "resources", "priority",
-                  "configuration", "requested", "grant", "mig_profile", "allocations", "command", "created_at",
-                  "scheduled_at", "started_at", "terminated_at", "exit_code", "terminal_url", "apps", "fraction_enforcement",
-                  "version",
-                  "environment", "preemptible", "min_runtime", "preempt_at", "preempted_for"]
+        fields = [
+            "id",
+            "name",
+            "owner",
+            "status",
+            "status_reason",
+            "node",
+            "image",
+            "resources",
+            "priority",
+            "configuration",
+            "requested",
+            "grant",
+            "mig_profile",
+            "allocations",
+            "command",
+            "created_at",
+            "scheduled_at",
+            "started_at",
+            "terminated_at",
+            "exit_code",
+            "terminal_url",
+            "apps",
+            "fraction_enforcement",
+            "version",
+            "environment",
+            "preemptible",
+            "min_runtime",
+            "preempt_at",
+            "preempted_for",
+        ]
         read_only_fields = fields
 
     def to_representation(self, session):
@@ -111,13 +150,21 @@ class SessionSerializer(ModelSerializer):
         if session.node is None:
             return {}
         held = [a for a in session.allocation_list if a.released_at is None] or session.allocation_list
-        devices = [{"device_id": a.device.device_id, "memory_limit": a.memory, "procs": a.procs,
-                    "subproc_count": a.device.subproc_count} for a in sorted(held, key=lambda a: a.device.index)]
+        devices = [
+            {"device_id": a.device.device_id, "memory_limit": a.memory, "procs": a.procs, "subproc_count": a.device.subproc_count}
+            for a in sorted(held, key=lambda a: a.device.index)
+        ]
         instance = session_gpu_instance(session) if self._parts["mig_profile"] else None
         if instance is not None:  # a GPU instance made for it: the MIG device first, as agent.mig.prepare_spec does
-            devices = [{"device_id": instance.uuid or instance.parent.device_id, "memory_limit": instance.memory_size,
-                        "procs": instance.subproc_count, "subproc_count": instance.subproc_count},
-                       *(d for d in devices if d["device_id"] != instance.parent.device_id)]
+            devices = [
+                {
+                    "device_id": instance.uuid or instance.parent.device_id,
+                    "memory_limit": instance.memory_size,
+                    "procs": instance.subproc_count,
+                    "subproc_count": instance.subproc_count,
+                },
+                *(d for d in devices if d["device_id"] != instance.parent.device_id),
+            ]
         return limits_environment(devices, mps=bool((session.node.attributes or {}).get("mps")))
 
     @extend_schema_field(SessionAppSerializer(many=True))
@@ -132,7 +179,8 @@ class SessionSerializer(ModelSerializer):
         if template is None:
             # djangorestframework-stubs type `context` a read-only Mapping; DRF's is the dict it was given.
             template = self.context["terminal_url"] = reverse(  # type: ignore[index]
-                "session-terminal", kwargs={"session_id": ANY_ID})
+                "session-terminal", kwargs={"session_id": ANY_ID}
+            )
         return template.replace(str(ANY_ID), str(session.pk))
 
 
@@ -163,8 +211,10 @@ def validate_command_size(command: str | list[str]) -> None:
     parts = [command] if isinstance(command, str) else command
     size = sum(len(part.encode("utf-8", "surrogatepass")) + 1 for part in parts) - 1
     if size > MAX_COMMAND_BYTES:
-        raise serializers.ValidationError(f"at most {MAX_COMMAND_BYTES // 1024} KiB (UTF-8), got {size} bytes; "
-                                          "put a long script in a file in the session and run that")
+        raise serializers.ValidationError(
+            f"at most {MAX_COMMAND_BYTES // 1024} KiB (UTF-8), got {size} bytes; "
+            "put a long script in a file in the session and run that"
+        )
 
 
 class StrictCharField(serializers.CharField):
@@ -187,28 +237,55 @@ class StrictBooleanField(serializers.BooleanField):
 
 class SessionCreateSerializer(serializers.Serializer):
     name = StrictCharField(max_length=64, required=False, allow_blank=True, default="")
-    resources = serializers.DictField(required=False, help_text='e.g. {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}; '
-                                                                'required unless `preset` is given, then merged into '
-                                                                "the preset's request (`sessions.presets`)")
-    preset = StrictCharField(required=False, allow_blank=False, max_length=64,
-                             help_text="a resource preset's name or id (GET /api/v1/presets/): its request and image; "
-                                       "keys of `resources` replace the preset's (any GPU key its whole GPU request, "
-                                       "null removes one), `image` replaces its image; another "
-                                       "`resources.resource_group` than the preset's is refused (400)")
-    command = StrictCharField(required=False, allow_blank=True, default="", validators=[validate_command_size],
-                              help_text="batch command (at most 64 KiB); blank for an interactive shell")
-    priority = serializers.IntegerField(required=False, default=0, min_value=-100, max_value=100,
-                                        help_text="higher starts first; above 0 for administrators only")
-    image = StrictCharField(required=False, allow_null=True, allow_blank=True, default=None, max_length=255,
-                            help_text="a registered session image's reference (GET /api/v1/images/), e.g. "
-                                      "\"fgpu-session:test\"; absent, null or empty: the default image")
-    preemptible = StrictBooleanField(required=False, allow_null=True, default=None,
-                                           help_text="may be stopped (warned first) to make room for a waiting session "
-                                                     "of higher priority or of an owner under its fair share; absent or "
-                                                     "null: true for a batch command, false for an interactive shell")
-    min_runtime = serializers.IntegerField(required=False, default=0, min_value=0, max_value=MAX_MIN_RUNTIME,
-                                           help_text="seconds after its start during which it is never preempted "
-                                                     f"(0 to {MAX_MIN_RUNTIME}, default 0)")
+    resources = serializers.DictField(
+        required=False,
+        help_text='e.g. {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}; '
+        "required unless `preset` is given, then merged into "
+        "the preset's request (`sessions.presets`)",
+    )
+    preset = StrictCharField(
+        required=False,
+        allow_blank=False,
+        max_length=64,
+        help_text="a resource preset's name or id (GET /api/v1/presets/): its request and image; "
+        "keys of `resources` replace the preset's (any GPU key its whole GPU request, "
+        "null removes one), `image` replaces its image; another "
+        "`resources.resource_group` than the preset's is refused (400)",
+    )
+    command = StrictCharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        validators=[validate_command_size],
+        help_text="batch command (at most 64 KiB); blank for an interactive shell",
+    )
+    priority = serializers.IntegerField(
+        required=False, default=0, min_value=-100, max_value=100, help_text="higher starts first; above 0 for administrators only"
+    )
+    image = StrictCharField(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        default=None,
+        max_length=255,
+        help_text="a registered session image's reference (GET /api/v1/images/), e.g. "
+        '"fgpu-session:test"; absent, null or empty: the default image',
+    )
+    preemptible = StrictBooleanField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="may be stopped (warned first) to make room for a waiting session "
+        "of higher priority or of an owner under its fair share; absent or "
+        "null: true for a batch command, false for an interactive shell",
+    )
+    min_runtime = serializers.IntegerField(
+        required=False,
+        default=0,
+        min_value=0,
+        max_value=MAX_MIN_RUNTIME,
+        help_text=f"seconds after its start during which it is never preempted (0 to {MAX_MIN_RUNTIME}, default 0)",
+    )
 
     def validate(self, attrs):
         if "resources" not in attrs and not attrs.get("preset"):
@@ -234,29 +311,38 @@ class PreviewDeviceSerializer(serializers.Serializer):
 
 class PreviewMigSerializer(serializers.Serializer):
     profile = serializers.CharField(help_text='the MIG profile the session would get: "1g.20gb" (or a static slice\'s name)')
-    plan = serializers.CharField(help_text='how, in words: "creates a 1g.20gb instance at memory slice 0", '
-                                           '"reuses the idle 1g.20gb instance at memory slice 2"')
+    plan = serializers.CharField(
+        help_text='how, in words: "creates a 1g.20gb instance at memory slice 0", '
+        '"reuses the idle 1g.20gb instance at memory slice 2"'
+    )
 
 
 class PreviewSerializer(serializers.Serializer):
-    outcome = serializers.ChoiceField(["starts", "waits", "refused"],
-                                      help_text="what launching it does now: starts on `node`, waits in the queue, "
-                                                "or is refused (400: never fits, or a quota)")
-    refusal = serializers.CharField(allow_blank=True, help_text='the launch\'s error type when refused: '
-                                                                '"never-schedulable", "quota-exceeded", '
-                                                                '"resource-group-reserved"; "" otherwise')
+    outcome = serializers.ChoiceField(
+        ["starts", "waits", "refused"],
+        help_text="what launching it does now: starts on `node`, waits in the queue, or is refused (400: never fits, or a quota)",
+    )
+    refusal = serializers.CharField(
+        allow_blank=True,
+        help_text="the launch's error type when refused: "
+        '"never-schedulable", "quota-exceeded", '
+        '"resource-group-reserved"; "" otherwise',
+    )
     fits_now = serializers.BooleanField(help_text="a node can take it right now")
     never = serializers.BooleanField(help_text="no registered node could ever take it")
     reason = serializers.CharField(allow_blank=True, help_text="why it waits or is refused; blank when it fits")
-    status_reason = serializers.CharField(allow_blank=True, help_text="the reason its session would show while "
-                                                                      "it waits (\"waiting for capacity: …\")")
-    problems = serializers.ListField(child=serializers.CharField(), help_text="a quota's refusal: one sentence per "
-                                                                              "limit passed, as the launch answers")
+    status_reason = serializers.CharField(
+        allow_blank=True, help_text='the reason its session would show while it waits ("waiting for capacity: …")'
+    )
+    problems = serializers.ListField(
+        child=serializers.CharField(), help_text="a quota's refusal: one sentence per limit passed, as the launch answers"
+    )
     node = serializers.CharField(allow_null=True, help_text="where it would go, when it fits now")
     configuration = serializers.CharField(help_text='the request formatted by the slot formats: "0.50 fGPU · 1 core · 1 GiB"')
     devices = PreviewDeviceSerializer(many=True)
-    mig = PreviewMigSerializer(allow_null=True, help_text="null unless a MIG instance would hold it now; then "
-                                                          "`devices` is its GPU (or static slice)")
+    mig = PreviewMigSerializer(
+        allow_null=True, help_text="null unless a MIG instance would hold it now; then `devices` is its GPU (or static slice)"
+    )
 
 
 class LaunchSlotSerializer(serializers.Serializer):
@@ -275,10 +361,12 @@ class LaunchSlotSerializer(serializers.Serializer):
     max_now = serializers.CharField(help_text="largest amount one session could get now, capped by the caller's quotas")
     max_ever = serializers.CharField(help_text="largest amount one session could get on empty nodes")
     free_now = serializers.CharField(help_text="largest amount one session could get now, quotas aside")
-    quota_max = serializers.CharField(allow_null=True, help_text="largest amount the caller's quotas allow now "
-                                                                 "(null: no quota limits it)")
-    quota_limit = serializers.CharField(allow_blank=True, help_text='the limit that sets `quota_max`: "fgpu", '
-                                                                    '"devices", "gpu_memory", "sessions" or ""')
+    quota_max = serializers.CharField(
+        allow_null=True, help_text="largest amount the caller's quotas allow now (null: no quota limits it)"
+    )
+    quota_limit = serializers.CharField(
+        allow_blank=True, help_text='the limit that sets `quota_max`: "fgpu", "devices", "gpu_memory", "sessions" or ""'
+    )
     unit_mem = serializers.IntegerField(help_text="bytes in 1.0 fGPU")
     unit_proc = serializers.IntegerField(help_text="SMs in 1.0 fGPU")
 
@@ -296,21 +384,26 @@ class LaunchMigProfileSerializer(serializers.Serializer):
     compute_slices = serializers.IntegerField(help_text="compute slices of 7 (0: unknown, a static slice named by size)")
     memory_slices = serializers.IntegerField(help_text="memory slices of 8 (0: a static slice)")
     models = serializers.ListField(child=serializers.CharField(), help_text="GPU models (or static slices) that have it")
-    max_now = serializers.IntegerField(help_text="sessions that could get one now, one after another: idle instances "
-                                                 "reused, new ones as the planner would place them, free static "
-                                                 "slices; capped by free CPU cores and the caller's session quota")
+    max_now = serializers.IntegerField(
+        help_text="sessions that could get one now, one after another: idle instances "
+        "reused, new ones as the planner would place them, free static "
+        "slices; capped by free CPU cores and the caller's session quota"
+    )
     idle_now = serializers.IntegerField(help_text="of max_now, how many reuse an idle instance")
-    max_ever = serializers.IntegerField(help_text="the same on emptied nodes (a fixed layout: the instances it has); "
-                                                  "0: it can never be had")
+    max_ever = serializers.IntegerField(
+        help_text="the same on emptied nodes (a fixed layout: the instances it has); 0: it can never be had"
+    )
 
 
 class LaunchMigSerializer(serializers.Serializer):
     slot_name = serializers.CharField(help_text="the slot whose GPUs MIG splits")
     profiles = LaunchMigProfileSerializer(many=True, help_text="smallest first; empty without a MIG node in reach")
-    isolation = serializers.ListField(child=serializers.ChoiceField(choices=["shared", "mig", "any"]),
-                                      help_text="the `isolation` a memory-sized request may ask for: shared "
-                                                "(a slice of a shared GPU), mig (a MIG instance), any (either, the "
-                                                "scheduler decides); empty without a MIG node in reach")
+    isolation = serializers.ListField(
+        child=serializers.ChoiceField(choices=["shared", "mig", "any"]),
+        help_text="the `isolation` a memory-sized request may ask for: shared "
+        "(a slice of a shared GPU), mig (a MIG instance), any (either, the "
+        "scheduler decides); empty without a MIG node in reach",
+    )
 
 
 class LaunchOptionsSerializer(serializers.Serializer):

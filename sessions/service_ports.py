@@ -17,11 +17,13 @@ inspect cannot read), on its first port. A `tcp` entry (no HTTP to proxy) and an
 known command are left out, each with a note saying why. The image record's own `apps` win over
 the label's by name (`merged_apps`).
 """
+
 from __future__ import annotations
 
 import re
 
 from protocol import SERVICE_PORTS_LABEL
+
 PROTOCOLS = ("tcp", "http", "preopen")  # Backend.AI's ServicePortProtocols
 RESERVED_PORTS = (2000, 2001, 2002, 2003, 2200, 7681)  # Backend.AI's, for its own kernel runner
 MAX_LABEL = 1024  # characters (the image record's labels' limit)
@@ -32,22 +34,35 @@ class ServicePortsError(ValueError):
     """A malformed `ai.backend.service-ports` label; the message names the entry and the rule."""
 
 
-def jupyter_app(*, python: str = "python3", name: str = "jupyter", title: str = "JupyterLab", port: int = 8888,
-                module: str = "jupyterlab", path: str = "lab") -> dict:
+def jupyter_app(
+    *,
+    python: str = "python3",
+    name: str = "jupyter",
+    title: str = "JupyterLab",
+    port: int = 8888,
+    module: str = "jupyterlab",
+    path: str = "lab",
+) -> dict:
     """JupyterLab (`module` "jupyterlab") or the classic Notebook ("notebook", path "tree") as a
     session app: `python -m <module>` under the console's prefix with the console's token,
     remote access allowed (the Host it sees is the console's; root allowed: the process runtime
     runs sessions as the agent's user). The standalone demo's, and the label's Jupyter apps."""
-    return {"name": name, "title": title, "port": port, "base_url": True, "path": path, "timeout": 120,
-            "command": f"exec {python} -m {module} --no-browser --ip={{host}} --port={{port}} "
-                       "--ServerApp.base_url={base_url} --IdentityProvider.token={token} "
-                       "--ServerApp.allow_remote_access=True --allow-root"}
+    return {
+        "name": name,
+        "title": title,
+        "port": port,
+        "base_url": True,
+        "path": path,
+        "timeout": 120,
+        "command": f"exec {python} -m {module} --no-browser --ip={{host}} --port={{port}} "
+        "--ServerApp.base_url={base_url} --IdentityProvider.token={token} "
+        "--ServerApp.allow_remote_access=True --allow-root",
+    }
 
 
 # name in the label → the app (its port filled in from the label). Backend.AI's intrinsic Jupyter apps.
 KNOWN_APPS = {
-    "jupyter": lambda port: jupyter_app(name="jupyter", title="Jupyter Notebook", port=port, module="notebook",
-                                        path="tree"),
+    "jupyter": lambda port: jupyter_app(name="jupyter", title="Jupyter Notebook", port=port, module="notebook", path="tree"),
     "jupyterlab": lambda port: jupyter_app(name="jupyterlab", title="JupyterLab", port=port),
 }
 
@@ -57,8 +72,7 @@ def parse_service_ports(label: str) -> list[dict]:
     …)}]` in the label's order ("" → []). Raises ServicePortsError (see the module docstring for
     the rules, which are Backend.AI's)."""
     if not isinstance(label, str):
-        raise ServicePortsError(f"{SERVICE_PORTS_LABEL}: text such as \"jupyterlab:http:8090\", not "
-                                f"{type(label).__name__}")
+        raise ServicePortsError(f'{SERVICE_PORTS_LABEL}: text such as "jupyterlab:http:8090", not {type(label).__name__}')
     if len(label) > MAX_LABEL:
         raise ServicePortsError(f"{SERVICE_PORTS_LABEL}: at most {MAX_LABEL} characters")
     entries, used, rest, position = [], set(), label, 1
@@ -66,9 +80,11 @@ def parse_service_ports(label: str) -> list[dict]:
         match = _ENTRY.match(rest)
         if match is None:
             shown = rest.split(",", 1)[0][:60]
-            raise ServicePortsError(f"{SERVICE_PORTS_LABEL}: entry {position} ({shown!r}) is not name:protocol:port "
-                                    "or name:protocol:[port,port] (e.g. jupyterlab:http:8090)")
-        rest = rest[match.end():]
+            raise ServicePortsError(
+                f"{SERVICE_PORTS_LABEL}: entry {position} ({shown!r}) is not name:protocol:port "
+                "or name:protocol:[port,port] (e.g. jupyterlab:http:8090)"
+            )
+        rest = rest[match.end() :]
         if match.group(0).endswith(",") and not rest:
             raise ServicePortsError(f"{SERVICE_PORTS_LABEL}: a comma ends the label (an empty entry {position + 1})")
         name, proto = match.group("name"), match.group("proto")

@@ -5,6 +5,7 @@ Status changes are compare-and-set (`filter(status__in=…).update(…)`): when 
 race, exactly one wins and the other sees `updated == 0`. Allocations are released in the
 same transaction as the move to a final status, so they are released exactly once.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,8 +43,17 @@ log = logging.getLogger(__name__)
 MAX_NAME = 64
 
 
-def session_create(*, owner, name: str, resources: dict, command: str = "", priority: int = 0,
-                   image: str | None = None, preemptible: bool | None = None, min_runtime: int = 0) -> ComputeSession:
+def session_create(
+    *,
+    owner,
+    name: str,
+    resources: dict,
+    command: str = "",
+    priority: int = 0,
+    image: str | None = None,
+    preemptible: bool | None = None,
+    min_runtime: int = 0,
+) -> ComputeSession:
     """Validate `resources` (see accelerators.allocation.requests) and write the session PENDING;
     the scheduler runs after commit. `image`: a registered session image's reference (None or
     "": the default image, `sessions.images.image_default`); the scheduler places the session
@@ -63,13 +73,17 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
     """
     name = (name or "").strip()
     if priority > 0 and not owner.is_staff:
-        raise ApplicationError("priority: only administrators may raise a session's priority above 0",
-                               field_errors={"priority": ["only administrators may raise a session's priority above 0"]})
+        raise ApplicationError(
+            "priority: only administrators may raise a session's priority above 0",
+            field_errors={"priority": ["only administrators may raise a session's priority above 0"]},
+        )
     if len(name) > MAX_NAME:
         raise ApplicationError(f"name: at most {MAX_NAME} characters", field_errors={"name": [f"at most {MAX_NAME} characters"]})
     if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):  # C0, DEL and C1 controls: escapes, newlines
-        raise ApplicationError("name: control characters (newline, tab, escape, …) are not allowed",
-                               field_errors={"name": ["control characters (newline, tab, escape, …) are not allowed"]})
+        raise ApplicationError(
+            "name: control characters (newline, tab, escape, …) are not allowed",
+            field_errors={"name": ["control characters (newline, tab, escape, …) are not allowed"]},
+        )
     request, _ = request_validate(resources=resources)
     session_image = image_for_launch(reference=image, slot=request.slot)
     with transaction.atomic():
@@ -78,18 +92,27 @@ def session_create(*, owner, name: str, resources: dict, command: str = "", prio
         # registered node, LOST ones included (a request that fits a node whose agent is
         # restarting waits for it instead of being refused), and the quotas allow its claim
         # (their rows stay locked until this transaction ends).
-        decision = placement_decide(request=request, image=session_image.reference if session_image else "",
-                                    owner=owner)
+        decision = placement_decide(request=request, image=session_image.reference if session_image else "", owner=owner)
         refusal = decision.refusal()
         if refusal is not None:
             raise refusal
         name = name or session_default_name(owner=owner, lock=True)
         session = ComputeSession.objects.create(
-            owner=owner, name=name, resources=resources, request_spec=request_to_spec(request),
-            slot_name=request.slot, slot_subtype=request.kind if request.slot else "",
-            amount=request.amount, cpu=request.cpu, mem=request.mem, command=command or "", priority=priority,
-            image=session_image, status_reason=decision.reason,
-            preemptible=bool(command) if preemptible is None else preemptible, min_runtime=max(0, int(min_runtime)),
+            owner=owner,
+            name=name,
+            resources=resources,
+            request_spec=request_to_spec(request),
+            slot_name=request.slot,
+            slot_subtype=request.kind if request.slot else "",
+            amount=request.amount,
+            cpu=request.cpu,
+            mem=request.mem,
+            command=command or "",
+            priority=priority,
+            image=session_image,
+            status_reason=decision.reason,
+            preemptible=bool(command) if preemptible is None else preemptible,
+            min_runtime=max(0, int(min_runtime)),
         )
         # The pass first: the launch does not wait for the page's notice (a page that hears the
         # pass's state first keeps it: it has the higher version).
@@ -109,7 +132,7 @@ def session_default_name(*, owner, lock: bool = False) -> str:
     if lock:
         list(type(owner).objects.select_for_update().filter(pk=owner.pk).values_list("pk", flat=True))
     names = ComputeSession.objects.filter(owner=owner, name__regex=rf"^{DEFAULT_NAME_PREFIX}[0-9]{{1,18}}$")
-    numbers = [int(name[len(DEFAULT_NAME_PREFIX):]) for name in names.values_list("name", flat=True)]
+    numbers = [int(name[len(DEFAULT_NAME_PREFIX) :]) for name in names.values_list("name", flat=True)]
     return f"{DEFAULT_NAME_PREFIX}{max(numbers, default=0) + 1}"
 
 
@@ -139,7 +162,9 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
     now = timezone.now()
     with transaction.atomic():
         if ComputeSession.objects.filter(pk=session.pk, status=SessionStatus.PENDING).update(
-            status=SessionStatus.CANCELLED, status_reason="cancelled before it was scheduled", terminated_at=now,
+            status=SessionStatus.CANCELLED,
+            status_reason="cancelled before it was scheduled",
+            terminated_at=now,
             version=NEXT_VERSION,
         ):
             session.refresh_from_db()
@@ -147,14 +172,16 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
             return session
         node_lost = session.node is not None and session.node.status == NodeStatus.LOST
         if node_lost:
-            _finish(session, status=SessionStatus.TERMINATED, reason=reason or "terminated while its node was lost",
-                    exit_code=None)
+            _finish(
+                session, status=SessionStatus.TERMINATED, reason=reason or "terminated while its node was lost", exit_code=None
+            )
             session.refresh_from_db()
             return session
         moved = ComputeSession.objects.filter(
             pk=session.pk, status__in=(SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING)
-        ).update(status=SessionStatus.TERMINATING, status_reason=reason or "terminating at the user's request",
-                 version=NEXT_VERSION)
+        ).update(
+            status=SessionStatus.TERMINATING, status_reason=reason or "terminating at the user's request", version=NEXT_VERSION
+        )
         session.refresh_from_db(fields=SHOWN_STATE)  # keeps the node read with it (unchanged here)
         if moved or session.status == SessionStatus.TERMINATING:
             assert session.node is not None  # SCHEDULED, PREPARING, RUNNING and TERMINATING sessions have one
@@ -195,8 +222,12 @@ def _send_stop(node_name: str, session_id: str) -> None:
     try:
         agent_send(protocol.SESSION_STOP, node=node_name, session_id=session_id)
     except TRANSIENT_ERRORS:
-        log.warning("could not send the stop of session %s to %s (the broker is unreachable); the next heartbeat's "
-                    "reconciliation sends it again", session_id, node_name)
+        log.warning(
+            "could not send the stop of session %s to %s (the broker is unreachable); the next heartbeat's "
+            "reconciliation sends it again",
+            session_id,
+            node_name,
+        )
 
 
 def _finish(session: ComputeSession, *, status: str, reason: str, exit_code: int | None) -> bool:
@@ -223,8 +254,9 @@ _REPORT_SOURCES: dict[str, tuple[str, ...]] = {
 }
 
 
-def session_report_apply(*, session_id: str, status: str, reason: str = "", exit_code: int | None = None,
-                         node: str | None = None) -> bool:
+def session_report_apply(
+    *, session_id: str, status: str, reason: str = "", exit_code: int | None = None, node: str | None = None
+) -> bool:
     """Apply an agent's report about a session (compare-and-set on the status).
 
     PREPARING and RUNNING move the session forward only from earlier states; TERMINATED and
@@ -238,8 +270,7 @@ def session_report_apply(*, session_id: str, status: str, reason: str = "", exit
         log.warning("agent reported %s for unknown session %s", status, session_id)
         return False
     if node is not None and (session.node is None or session.node.name != node):
-        log.warning("refused a %s report for session %s from node %s: the session does not run there", status,
-                    session_id, node)
+        log.warning("refused a %s report for session %s from node %s: the session does not run there", status, session_id, node)
         return False
     with transaction.atomic():
         if status in _REPORT_SOURCES:
@@ -273,9 +304,12 @@ def sessions_reconcile_node(*, node_name: str, running: list[str]) -> list[str]:
             keep.append(str(session.pk))
         elif session.status in (SessionStatus.PREPARING, SessionStatus.RUNNING, SessionStatus.TERMINATING):
             with transaction.atomic():
-                _finish(session, status=SessionStatus.ERROR if session.status != SessionStatus.TERMINATING
-                        else SessionStatus.TERMINATED, reason="the agent restarted and no longer runs this session",
-                        exit_code=None)
+                _finish(
+                    session,
+                    status=SessionStatus.ERROR if session.status != SessionStatus.TERMINATING else SessionStatus.TERMINATED,
+                    reason="the agent restarted and no longer runs this session",
+                    exit_code=None,
+                )
         else:  # SCHEDULED: the start message may still be on its way in the agent's queue
             keep.append(str(session.pk))
     return keep
@@ -289,11 +323,17 @@ def terminal_ticket_create(*, session: ComputeSession, user) -> tuple[str, Termi
     """A one-time ticket for the session's terminal websocket, valid FGPU_TERMINAL_TICKET_TTL
     seconds. Raises ApplicationError 409 unless the session is RUNNING."""
     if session.status != SessionStatus.RUNNING:
-        raise ApplicationError(f"the session is {session.status}; a terminal opens only while it is RUNNING",
-                               type="session-not-running", title="Session not running", status=409)
+        raise ApplicationError(
+            f"the session is {session.status}; a terminal opens only while it is RUNNING",
+            type="session-not-running",
+            title="Session not running",
+            status=409,
+        )
     ticket = secrets.token_urlsafe(32)
     row = TerminalTicket.objects.create(
-        digest=_digest(ticket), session=session, user=user,
+        digest=_digest(ticket),
+        session=session,
+        user=user,
         expires_at=timezone.now() + timedelta(seconds=settings.FGPU_TERMINAL_TICKET_TTL),
     )
     return ticket, row
@@ -305,18 +345,21 @@ def terminal_ticket_redeem(*, session_id: str, ticket: str) -> ComputeSession:
     (403 for a wrong, expired or reused ticket; 409 when not running)."""
     now = timezone.now()
     digest = _digest(ticket or "")
-    spent = TerminalTicket.objects.filter(digest=digest, session__pk=session_id, used_at__isnull=True,
-                                          expires_at__gt=now).update(used_at=now)
+    spent = TerminalTicket.objects.filter(digest=digest, session__pk=session_id, used_at__isnull=True, expires_at__gt=now).update(
+        used_at=now
+    )
     if spent != 1:
-        raise ApplicationError("the terminal ticket is wrong, expired or already used", type="bad-ticket",
-                               title="Bad ticket", status=403)
+        raise ApplicationError(
+            "the terminal ticket is wrong, expired or already used", type="bad-ticket", title="Bad ticket", status=403
+        )
     row = TerminalTicket.objects.select_related("user", "session").get(digest=digest)
     session, user = row.session, row.user
     if not (user.is_active and (user.is_staff or session.owner_id == user.pk)):
         raise ApplicationError("the ticket's user may not open this terminal", type="bad-ticket", title="Bad ticket", status=403)
     if session.status != SessionStatus.RUNNING:
-        raise ApplicationError(f"the session is {session.status}", type="session-not-running", title="Session not running",
-                               status=409)
+        raise ApplicationError(
+            f"the session is {session.status}", type="session-not-running", title="Session not running", status=409
+        )
     return session
 
 
@@ -324,11 +367,16 @@ def terminal_ticket_unspend(*, session_id: str, ticket: str) -> bool:
     """Make a ticket spent by `terminal_ticket_redeem` usable again, when the terminal could not
     be opened through no fault of its holder (the channel layer was unreachable); it still
     expires at its time. Returns whether a spent, unexpired ticket was found."""
-    return TerminalTicket.objects.filter(digest=_digest(ticket or ""), session__pk=session_id, used_at__isnull=False,
-                                         expires_at__gt=timezone.now()).update(used_at=None) == 1
+    return (
+        TerminalTicket.objects.filter(
+            digest=_digest(ticket or ""), session__pk=session_id, used_at__isnull=False, expires_at__gt=timezone.now()
+        ).update(used_at=None)
+        == 1
+    )
 
 
 # --- output logs ----------------------------------------------------------------------------
+
 
 def session_log_append(*, session_id: str, seq: int, offset: int, text: str, final: bool = False) -> bool:
     """Store one batch of a session's output shipped by its agent (agent.core).
@@ -361,8 +409,7 @@ def session_log_append(*, session_id: str, seq: int, offset: int, text: str, fin
             row.complete = True
             fields.append("complete")
         row.save(update_fields=fields)
-        SessionLogChunk.objects.filter(session__pk=session_id,
-                                       end__lte=row.length - settings.FGPU_SESSION_LOG_MAX_CHARS).delete()
+        SessionLogChunk.objects.filter(session__pk=session_id, end__lte=row.length - settings.FGPU_SESSION_LOG_MAX_CHARS).delete()
     return True
 
 
@@ -399,8 +446,12 @@ def session_exec_call(*, session: ComputeSession, command, timeout: int) -> Exec
     Raises ApplicationError 409 "session-not-running" unless RUNNING."""
     _exec_check_running(session)
     message = {"type": "pty.exec", "session_id": str(session.pk), "argv": command, "timeout": timeout}
-    return ExecCall(group=events.pty_group(session.pk), message=message, timeout=timeout,
-                    node=session.node.name if session.node else "its node")
+    return ExecCall(
+        group=events.pty_group(session.pk),
+        message=message,
+        timeout=timeout,
+        node=session.node.name if session.node else "its node",
+    )
 
 
 async def session_exec_wait(call: ExecCall) -> dict:
@@ -416,20 +467,32 @@ async def session_exec_wait(call: ExecCall) -> dict:
     wait_s = call.timeout + EXEC_REPLY_GRACE_S
     result = await _exec_roundtrip(call.group, call.message, wait_s)
     if result is None:
-        raise ApplicationError(f"the agent on {call.node} did not answer within {wait_s} s; is the node up?",
-                               type="exec-timeout", title="Exec timed out", status=504)
+        raise ApplicationError(
+            f"the agent on {call.node} did not answer within {wait_s} s; is the node up?",
+            type="exec-timeout",
+            title="Exec timed out",
+            status=504,
+        )
     if result.get("error"):
         raise ApplicationError(result["error"], type="exec-failed", title="Exec failed", status=502)
     if result.get("timed_out"):
-        raise ApplicationError(f"the command ran longer than its timeout of {call.timeout} s and was killed; "
-                               "pass a larger \"timeout\"", type="exec-timeout", title="Exec timed out", status=504)
+        raise ApplicationError(
+            f'the command ran longer than its timeout of {call.timeout} s and was killed; pass a larger "timeout"',
+            type="exec-timeout",
+            title="Exec timed out",
+            status=504,
+        )
     return {key: result[key] for key in ("exit_code", "stdout", "stderr", "truncated", "duration_ms")}
 
 
 def _exec_check_running(session: ComputeSession) -> None:
     if session.status != SessionStatus.RUNNING:
-        raise ApplicationError(f"the session is {session.status}; commands run only while it is RUNNING",
-                               type="session-not-running", title="Session not running", status=409)
+        raise ApplicationError(
+            f"the session is {session.status}; commands run only while it is RUNNING",
+            type="session-not-running",
+            title="Session not running",
+            status=409,
+        )
 
 
 async def _exec_roundtrip(group: str, message: dict, wait_s: float) -> dict | None:
@@ -469,13 +532,26 @@ def session_exec_start(*, session: ComputeSession, command, timeout: int) -> dic
     state `failed` on the next read."""
     _exec_check_running(session)
     exec_id = str(uuid.uuid4())
-    record = {"session": str(session.pk), "node": session.node.name if session.node else "",
-              "command": json.dumps(command), "timeout": str(timeout), "cap": str(settings.FGPU_EXEC_STREAM_MAX_BYTES),
-              "state": "starting", "cancel": "0", "truncated": "0", "created_ms": str(_now_ms())}
-    exec_store_default().create(exec_id, record,
-                                ttl_s=int(timeout + 3 * EXEC_REPLY_GRACE_S) + settings.FGPU_EXEC_OUTPUT_TTL)
-    message = {"type": "pty.exec_stream", "session_id": str(session.pk), "exec_id": exec_id, "argv": command,
-               "timeout": timeout, "ttl": settings.FGPU_EXEC_OUTPUT_TTL}
+    record = {
+        "session": str(session.pk),
+        "node": session.node.name if session.node else "",
+        "command": json.dumps(command),
+        "timeout": str(timeout),
+        "cap": str(settings.FGPU_EXEC_STREAM_MAX_BYTES),
+        "state": "starting",
+        "cancel": "0",
+        "truncated": "0",
+        "created_ms": str(_now_ms()),
+    }
+    exec_store_default().create(exec_id, record, ttl_s=int(timeout + 3 * EXEC_REPLY_GRACE_S) + settings.FGPU_EXEC_OUTPUT_TTL)
+    message = {
+        "type": "pty.exec_stream",
+        "session_id": str(session.pk),
+        "exec_id": exec_id,
+        "argv": command,
+        "timeout": timeout,
+        "ttl": settings.FGPU_EXEC_OUTPUT_TTL,
+    }
     async_to_sync(get_channel_layer().group_send)(events.pty_group(session.pk), message)
     return _exec_shape(exec_id, record)
 
@@ -507,8 +583,7 @@ def session_exec_read(*, session: ComputeSession, exec_id: str, since: int = 0) 
         size += len(text)
     shape = _exec_shape(exec_id, record)
     after = since + len(out) if since < total else since
-    return {**shape, "chunks": out, "since": since, "next": after,
-            "complete": not shape["running"] and after >= total}
+    return {**shape, "chunks": out, "since": since, "next": after, "complete": not shape["running"] and after >= total}
 
 
 def session_exec_cancel(*, session: ComputeSession, exec_id: str) -> dict:
@@ -539,8 +614,9 @@ def _now_ms() -> int:
 def _exec_of(session: ComputeSession, exec_id: str, record: dict | None) -> dict:
     """`record` if it is an exec of `session`; else ApplicationError 404."""
     if record is None or record.get("session") != str(session.pk):
-        raise ApplicationError("this session has no such exec (or its output expired)", type="not-found",
-                               title="Not found", status=404)
+        raise ApplicationError(
+            "this session has no such exec (or its output expired)", type="not-found", title="Not found", status=404
+        )
     return record
 
 
@@ -555,18 +631,27 @@ def _exec_settle(store, exec_id: str, record: dict) -> dict:
         error = f"the agent on {node} stopped reporting on the command; is the node up?"
     else:
         return record
-    if store.transition(exec_id, from_states=(record["state"],), fields={"state": "failed", "error": error},
-                        ttl_s=settings.FGPU_EXEC_OUTPUT_TTL):
+    if store.transition(
+        exec_id, from_states=(record["state"],), fields={"state": "failed", "error": error}, ttl_s=settings.FGPU_EXEC_OUTPUT_TTL
+    ):
         return {**record, "state": "failed", "error": error}
     return store.get(exec_id) or record
 
 
 def _exec_shape(exec_id: str, record: dict) -> dict:
     state = record["state"]
-    return {"id": exec_id, "session": record["session"], "command": json.loads(record["command"]),
-            "timeout": int(record["timeout"]), "state": state, "running": state in LIVE_STATES,
-            "exit_code": int(record["exit_code"]) if record.get("exit_code") else None,
-            "cancelled": state == "cancelled", "timed_out": state == "timed_out", "error": record.get("error", ""),
-            "truncated": record.get("truncated") == "1",
-            "duration_ms": int(record["duration_ms"]) if record.get("duration_ms") else None,
-            "created_at": datetime.fromtimestamp(int(record["created_ms"]) / 1000, tz=dt_timezone.utc)}
+    return {
+        "id": exec_id,
+        "session": record["session"],
+        "command": json.loads(record["command"]),
+        "timeout": int(record["timeout"]),
+        "state": state,
+        "running": state in LIVE_STATES,
+        "exit_code": int(record["exit_code"]) if record.get("exit_code") else None,
+        "cancelled": state == "cancelled",
+        "timed_out": state == "timed_out",
+        "error": record.get("error", ""),
+        "truncated": record.get("truncated") == "1",
+        "duration_ms": int(record["duration_ms"]) if record.get("duration_ms") else None,
+        "created_at": datetime.fromtimestamp(int(record["created_ms"]) / 1000, tz=dt_timezone.utc),
+    }

@@ -17,6 +17,7 @@ The app's token (Jupyter's `--IdentityProvider.token`) is derived from the conso
 the session and the app (`app_token`): the agent puts it into the command, the proxy sends it
 upstream in `Authorization: token …`; no page or API answer carries it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -63,15 +64,20 @@ def session_apps(session: ComputeSession) -> list[dict]:
     image. The built-in terminal is not among them."""
     image = session.image
     apps = merged_apps(image.apps if isinstance(image.apps, list) else [], image.labels) if image is not None else []
-    return [{"title": app["name"], "protocol": "http", "base_url": True, "path": "", "timeout": DEFAULT_TIMEOUT_S,
-             **app} for app in apps if isinstance(app, dict) and app.get("name") != TERMINAL_APP]
+    return [
+        {"title": app["name"], "protocol": "http", "base_url": True, "path": "", "timeout": DEFAULT_TIMEOUT_S, **app}
+        for app in apps
+        if isinstance(app, dict) and app.get("name") != TERMINAL_APP
+    ]
 
 
 def session_app_links(session: ComputeSession) -> list[dict]:
     """What the pages and the session API show of its apps: `[{"name", "title", "url"}]`, `url`
     the page that starts the app and then opens it ("/sessions/<id>/open/<name>/")."""
-    return [{"name": app["name"], "title": app["title"], "url": OPEN_PAGE.format(session=session.pk, app=app["name"])}
-            for app in session_apps(session)]
+    return [
+        {"name": app["name"], "title": app["title"], "url": OPEN_PAGE.format(session=session.pk, app=app["name"])}
+        for app in session_apps(session)
+    ]
 
 
 def session_app_get(*, session: ComputeSession, name: str) -> dict:
@@ -79,22 +85,29 @@ def session_app_get(*, session: ComputeSession, name: str) -> dict:
     for app in session_apps(session):
         if app["name"] == name:
             return app
-    raise ApplicationError(f"the session's image offers no app {name!r}", type="unknown-app", title="Unknown app",
-                           status=404)
+    raise ApplicationError(f"the session's image offers no app {name!r}", type="unknown-app", title="Unknown app", status=404)
 
 
 def _check_running(session: ComputeSession) -> None:
     if session.status != SessionStatus.RUNNING:
-        raise ApplicationError(f"the session is {session.status}; its apps run only while it is RUNNING",
-                               type="session-not-running", title="Session not running", status=409)
+        raise ApplicationError(
+            f"the session is {session.status}; its apps run only while it is RUNNING",
+            type="session-not-running",
+            title="Session not running",
+            status=409,
+        )
 
 
 def app_open_message(*, session: ComputeSession, app: dict) -> dict:
     """The `pty.app_open` message that starts `app` in `session` (without its reply channel)."""
-    return {"type": "pty.app_open", "session_id": str(session.pk), "timeout": app["timeout"],
-            "app": {key: app[key] for key in ("name", "command", "port", "base_url")},
-            "base_url": app_prefix(session_id=session.pk, app=app["name"]),
-            "token": app_token(session_id=session.pk, app=app["name"])}
+    return {
+        "type": "pty.app_open",
+        "session_id": str(session.pk),
+        "timeout": app["timeout"],
+        "app": {key: app[key] for key in ("name", "command", "port", "base_url")},
+        "base_url": app_prefix(session_id=session.pk, app=app["name"]),
+        "token": app_token(session_id=session.pk, app=app["name"]),
+    }
 
 
 async def session_app_open(*, session: ComputeSession, app: dict, node: str, on_progress=None) -> dict:
@@ -110,8 +123,7 @@ async def session_app_open(*, session: ComputeSession, app: dict, node: str, on_
     _check_running(session)
     layer = get_channel_layer()
     reply = await layer.new_channel("app-reply.")
-    await layer.group_send(protocol.pty_group(session.pk), {**app_open_message(session=session, app=app),
-                                                          "reply_channel": reply})
+    await layer.group_send(protocol.pty_group(session.pk), {**app_open_message(session=session, app=app), "reply_channel": reply})
     wait_s = app["timeout"] + REPLY_GRACE_S
     try:
         async with asyncio.timeout(wait_s):
@@ -127,11 +139,19 @@ async def session_app_open(*, session: ComputeSession, app: dict, node: str, on_
                 elif kind == "app.failed":
                     output = str(answer.get("output") or "").rstrip()
                     detail = str(answer.get("error") or "the app failed to start")
-                    raise ApplicationError(detail + (f"; its last output:\n{output}" if output else ""),
-                                           type="app-failed", title="App failed to start", status=502)
+                    raise ApplicationError(
+                        detail + (f"; its last output:\n{output}" if output else ""),
+                        type="app-failed",
+                        title="App failed to start",
+                        status=502,
+                    )
     except TimeoutError:
-        raise ApplicationError(f"the agent on {node} did not answer within {wait_s} s; is the node up?",
-                               type="app-timeout", title="App start timed out", status=504) from None
+        raise ApplicationError(
+            f"the agent on {node} did not answer within {wait_s} s; is the node up?",
+            type="app-timeout",
+            title="App start timed out",
+            status=504,
+        ) from None
 
 
 async def session_app_target(*, session_id: str, name: str, port: int | None = None) -> tuple[str, int] | dict:
@@ -145,8 +165,10 @@ async def session_app_target(*, session_id: str, name: str, port: int | None = N
         return known[0], known[1]
     layer = get_channel_layer()
     reply = await layer.new_channel("app-reply.")
-    await layer.group_send(protocol.pty_group(session_id), {"type": "pty.app_status", "session_id": str(session_id),
-                                                          "name": name, "port": port, "reply_channel": reply})
+    await layer.group_send(
+        protocol.pty_group(session_id),
+        {"type": "pty.app_status", "session_id": str(session_id), "name": name, "port": port, "reply_channel": reply},
+    )
     try:
         async with asyncio.timeout(STATUS_WAIT_S):
             while True:

@@ -1,5 +1,6 @@
 """What an agent is sent to start a session (`fgpu.agent.session_start`'s `spec`): built by the
 scheduler's pass, the MIG path and the heartbeat's reconcile (a start sent again)."""
+
 from __future__ import annotations
 
 from accelerators.allocation.units import amount_text
@@ -10,15 +11,17 @@ def owner_projects(owner_ids) -> dict[int, list[dict]]:
     """user id → the projects they are a member of, `[{"id", "name"}]` by name (one query): whose
     persistent folders their sessions get (agent.files)."""
     found: dict[int, list[dict]] = {}
-    links = Project.members.through.objects.filter(user_id__in=owner_ids).values_list(
-        "user_id", "project_id", "project__name").order_by("project__name")
+    links = (
+        Project.members.through.objects.filter(user_id__in=owner_ids)
+        .values_list("user_id", "project_id", "project__name")
+        .order_by("project__name")
+    )
     for user_id, project_id, name in links:
         found.setdefault(user_id, []).append({"id": str(project_id), "name": name})
     return found
 
 
-def session_start_spec(session: ComputeSession, allocations: list[Allocation], *,
-                       projects: list[dict] | None = None) -> dict:
+def session_start_spec(session: ComputeSession, allocations: list[Allocation], *, projects: list[dict] | None = None) -> dict:
     """What the agent needs to start the session (JSON-safe). Sizes in bytes, procs in SMs.
     `image`: the session image's reference ("" for a session from before images: the docker
     runtime then takes agent.toml's `default-image`); `shell`: the image's interactive shell

@@ -5,6 +5,7 @@ tasks (`fgpu.agent.*`, queue `agent.<node>`) live on the node side, in agent/tas
 manager knows them by name only (protocol) and sends them with `agent_send`. Routes:
 `console.celery.route_task`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,24 +20,47 @@ from sessions.passes import SCHEDULE_PENDING_TASK, SCHEDULE_QUEUED_KEY, _redis, 
 
 log = logging.getLogger(__name__)
 
+
 def manager_task(name: str):
     """A manager task (queue `manager`): acknowledged after it ran (every manager task is
     idempotent), retried on TRANSIENT_ERRORS."""
-    return shared_task(name=name, acks_late=True, autoretry_for=TRANSIENT_ERRORS, retry_backoff=1,
-                       retry_backoff_max=30, retry_jitter=True, max_retries=20)
+    return shared_task(
+        name=name,
+        acks_late=True,
+        autoretry_for=TRANSIENT_ERRORS,
+        retry_backoff=1,
+        retry_backoff_max=30,
+        retry_jitter=True,
+        max_retries=20,
+    )
 
 
 # --- manager side -------------------------------------------------------------------------
 
+
 @manager_task(protocol.AGENT_REGISTER)
-def agent_register(*, node: str, inventory: dict, running: list[str], images: dict | None = None,
-                   image_service_ports: dict | None = None, signature: str | None = None) -> None:
+def agent_register(
+    *,
+    node: str,
+    inventory: dict,
+    running: list[str],
+    images: dict | None = None,
+    image_service_ports: dict | None = None,
+    signature: str | None = None,
+) -> None:
     """An agent started: apply its inventory and the session images it holds (`images`, see
     protocol; None from an agent before images: the process runtime's "host"), reconcile its
     sessions, tell it which to keep. `image_service_ports`: the held images' ai.backend.service-ports
     labels, which the image records matching them take their apps from (image_service_ports_apply)."""
-    if not _authentic(protocol.AGENT_REGISTER, node, node=node, inventory=inventory, running=running,
-                      signature=signature, **_sent(images=images, image_service_ports=image_service_ports)):
+    if not _authentic(
+        protocol.AGENT_REGISTER,
+        node,
+        node=node,
+        inventory=inventory,
+        running=running,
+        signature=signature,
+        **_sent(images=images, image_service_ports=image_service_ports),
+    ):
         return
     from accelerators.mig_services import node_mig_push
     from accelerators.plugins.base import DeviceInfo
@@ -77,9 +101,16 @@ def mig_report(*, node: str, report: dict, signature: str | None = None) -> None
 
 
 @shared_task(name=protocol.AGENT_HEARTBEAT, acks_late=True)
-def agent_heartbeat(*, node: str, running: list[str], mig_digest: str | None = None, state: dict | None = None,
-                    images: dict | None = None, image_service_ports: dict | None = None,
-                    signature: str | None = None) -> None:
+def agent_heartbeat(
+    *,
+    node: str,
+    running: list[str],
+    mig_digest: str | None = None,
+    state: dict | None = None,
+    images: dict | None = None,
+    image_service_ports: dict | None = None,
+    signature: str | None = None,
+) -> None:
     """`mig_digest`: the digest of the GPU instances the agent finds on its MIG GPUs (None: none
     known); a mismatch with the manager's asks for a full MIG reconcile (`node_mig_heartbeat_check`).
     `state`: the agent's view of its sessions (`Agent.state`), reconciled with the database
@@ -94,8 +125,16 @@ def agent_heartbeat(*, node: str, running: list[str], mig_digest: str | None = N
     from sessions.images import image_service_ports_apply
     from sessions.reconcile import sessions_reconcile_heartbeat
 
-    if not _authentic(protocol.AGENT_HEARTBEAT, node, node=node, running=running, mig_digest=mig_digest, state=state,
-                      signature=signature, **_sent(images=images, image_service_ports=image_service_ports)):
+    if not _authentic(
+        protocol.AGENT_HEARTBEAT,
+        node,
+        node=node,
+        running=running,
+        mig_digest=mig_digest,
+        state=state,
+        signature=signature,
+        **_sent(images=images, image_service_ports=image_service_ports),
+    ):
         return
     if not node_heartbeat(node_name=node):
         log.warning("heartbeat from unregistered node %s", node)
@@ -110,28 +149,60 @@ def agent_heartbeat(*, node: str, running: list[str], mig_digest: str | None = N
 
 
 @manager_task(protocol.SESSION_REPORT)
-def session_report(*, session_id: str, status: str, reason: str = "", exit_code: int | None = None,
-                   node: str | None = None, signature: str | None = None) -> None:
+def session_report(
+    *,
+    session_id: str,
+    status: str,
+    reason: str = "",
+    exit_code: int | None = None,
+    node: str | None = None,
+    signature: str | None = None,
+) -> None:
     """`node`: the agent's node (agents from before node keys leave it out); the report applies
     only to a session on that node, and only when signed with its key where it has one."""
     from sessions.services import session_report_apply
 
-    if not _authentic(protocol.SESSION_REPORT, node or _node_of(session_id), session_id=session_id, status=status,
-                      reason=reason, exit_code=exit_code, node=node, signature=signature):
+    if not _authentic(
+        protocol.SESSION_REPORT,
+        node or _node_of(session_id),
+        session_id=session_id,
+        status=status,
+        reason=reason,
+        exit_code=exit_code,
+        node=node,
+        signature=signature,
+    ):
         return
     session_report_apply(session_id=session_id, status=status, reason=reason, exit_code=exit_code, node=node)
 
 
 @manager_task(protocol.SESSION_LOG_APPEND)
-def session_log_append(*, session_id: str, seq: int, offset: int, text: str, final: bool = False,
-                       node: str | None = None, signature: str | None = None) -> None:
+def session_log_append(
+    *,
+    session_id: str,
+    seq: int,
+    offset: int,
+    text: str,
+    final: bool = False,
+    node: str | None = None,
+    signature: str | None = None,
+) -> None:
     """Store one batch of a session's output (idempotent by `seq`, so acks_late is safe); from
     the session's own node only (see `session_report`)."""
     from sessions.services import session_log_append as append
 
     sender = node or _node_of(session_id)
-    if not _authentic(protocol.SESSION_LOG_APPEND, sender, session_id=session_id, seq=seq, offset=offset, text=text,
-                      final=final, node=node, signature=signature):
+    if not _authentic(
+        protocol.SESSION_LOG_APPEND,
+        sender,
+        session_id=session_id,
+        seq=seq,
+        offset=offset,
+        text=text,
+        final=final,
+        node=node,
+        signature=signature,
+    ):
         return
     if node is not None and node != _node_of(session_id):
         log.warning("refused output of session %s from node %s: the session does not run there", session_id, node)

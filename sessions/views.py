@@ -1,4 +1,5 @@
 """Pages: the session list with its launch dialog, and the terminal page. Thin views."""
+
 from __future__ import annotations
 
 import re
@@ -28,7 +29,7 @@ TABS = {
 }
 LIST_TABS = [("all", "All"), ("running", "Running"), ("finished", "Finished")]
 PAGE_SIZE = 25  # rows per page of the list
-MAX_PAGE = 10 ** 6
+MAX_PAGE = 10**6
 
 
 @login_required
@@ -55,8 +56,7 @@ def list_filters(request) -> dict:
 
 
 def _sessions_shown(user, filters: dict):
-    sessions = session_list_for(user=user).filter(status__in=[filters["status"]] if filters["status"]
-                                                  else TABS[filters["tab"]])
+    sessions = session_list_for(user=user).filter(status__in=[filters["status"]] if filters["status"] else TABS[filters["tab"]])
     if filters["owner"]:
         sessions = sessions.filter(owner__username=filters["owner"])
     if filters["node"]:
@@ -71,20 +71,40 @@ def session_list(request):
     count = shown.count()
     filters["page"] = min(filters["page"], max(1, -(-count // PAGE_SIZE)))  # past the last page: the last
     start = (filters["page"] - 1) * PAGE_SIZE
-    sessions = SessionSerializer(shown[start:start + PAGE_SIZE], many=True).data
+    sessions = SessionSerializer(shown[start : start + PAGE_SIZE], many=True).data
     images = SessionImageSerializer(SessionImage.objects.all(), many=True, context={}).data  # as GET /api/v1/images/
     default = image_default()
-    owners = sorted(ComputeSession.objects.order_by().values_list("owner__username", flat=True).distinct()) \
-        if request.user.is_staff else []
-    return render(request, "sessions/session_list.html", {
-        "sessions": sessions, "launch_options": launch_options(user=request.user), "images": images,
-        "my_resources": my_resources(user=request.user),
-        "default_image": default.reference if default else "",
-        "list_state": {"filters": filters, "count": count, "page_size": PAGE_SIZE, "show_owner": request.user.is_staff,
-                       "owners": owners, "nodes": list(Node.objects.order_by("name").values_list("name", flat=True)),
-                       "default_name": session_default_name(owner=request.user)},
-        "show_owner": request.user.is_staff, "filters": filters, "list_tabs": LIST_TABS, "count": count,
-        "first": start + 1 if count else 0, "last": start + len(sessions)})
+    owners = (
+        sorted(ComputeSession.objects.order_by().values_list("owner__username", flat=True).distinct())
+        if request.user.is_staff
+        else []
+    )
+    return render(
+        request,
+        "sessions/session_list.html",
+        {
+            "sessions": sessions,
+            "launch_options": launch_options(user=request.user),
+            "images": images,
+            "my_resources": my_resources(user=request.user),
+            "default_image": default.reference if default else "",
+            "list_state": {
+                "filters": filters,
+                "count": count,
+                "page_size": PAGE_SIZE,
+                "show_owner": request.user.is_staff,
+                "owners": owners,
+                "nodes": list(Node.objects.order_by("name").values_list("name", flat=True)),
+                "default_name": session_default_name(owner=request.user),
+            },
+            "show_owner": request.user.is_staff,
+            "filters": filters,
+            "list_tabs": LIST_TABS,
+            "count": count,
+            "first": start + 1 if count else 0,
+            "last": start + len(sessions),
+        },
+    )
 
 
 @login_required
@@ -103,5 +123,4 @@ def session_app_open(request, session_id, app):
         found = session_app_get(session=session, name=app)
     except ApplicationError:
         raise Http404("no such app") from None
-    return render(request, "sessions/app_open.html", {"session": session, "app": found,
-                                                      "status": session.status})
+    return render(request, "sessions/app_open.html", {"session": session, "app": found, "status": session.status})

@@ -1,5 +1,6 @@
 """Admin pages of usage: the idle policies per resource group, and the accounting report
 (GPU-hours per user, project or node over a date range, with its CSV export)."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -17,11 +18,18 @@ from usage.selectors import GROUPS, NO_PROJECT, usage_report
 @admin.register(IdlePolicy)
 class IdlePolicyAdmin(admin.ModelAdmin):
     list_display = ("__str__", "gpu_util_threshold", "idle_timeout", "max_lifetime", "grace")
-    fieldsets = ((None, {"fields": ("resource_group", "gpu_util_threshold", "idle_timeout", "max_lifetime", "grace"),
-                         "description": "An interactive session whose GPU utilisation stays under the threshold and "
-                                        "whose terminal sees no input for the idle timeout is warned (terminal and "
-                                        "page), then terminated after the grace period; any session is terminated at "
-                                        "its maximum lifetime. Batch sessions are never reclaimed as idle."}),)
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": ("resource_group", "gpu_util_threshold", "idle_timeout", "max_lifetime", "grace"),
+                "description": "An interactive session whose GPU utilisation stays under the threshold and "
+                "whose terminal sees no input for the idle timeout is warned (terminal and "
+                "page), then terminated after the grace period; any session is terminated at "
+                "its maximum lifetime. Batch sessions are never reclaimed as idle.",
+            },
+        ),
+    )
 
 
 @admin.register(UsageReport)
@@ -53,8 +61,18 @@ class UsageReportAdmin(admin.ModelAdmin):
             start, end = now - timedelta(days=30), now
         for row in rows:
             row["label"] = "(no project)" if row["key"] == NO_PROJECT else row["key"]
-        context = {**self.admin_site.each_context(request), "title": "Usage report", "opts": self.model._meta,
-                   "rows": rows, "error": error, "groups": GROUPS, "group_by": group_by,
-                   "start": start, "end": end, "start_text": request.GET.get("from") or f"{start:%Y-%m-%d}",
-                   "end_text": request.GET.get("to") or "", **(extra_context or {})}
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Usage report",
+            "opts": self.model._meta,
+            "rows": rows,
+            "error": error,
+            "groups": GROUPS,
+            "group_by": group_by,
+            "start": start,
+            "end": end,
+            "start_text": request.GET.get("from") or f"{start:%Y-%m-%d}",
+            "end_text": request.GET.get("to") or "",
+            **(extra_context or {}),
+        }
         return TemplateResponse(request, "admin/usage/usage_report.html", context)

@@ -23,6 +23,7 @@ Per-device and per-session usage figures are the newest sample of the last SAMPL
 seconds: a device or session whose agent sent nothing for longer is left out (a gap in
 Prometheus too, never a stale or zero value).
 """
+
 from __future__ import annotations
 
 import hmac
@@ -72,22 +73,24 @@ class ConsoleCollector:
     def _sessions(self, horizon: int):
         labels = ["session", "session_name", "user", "node"]
         usage = GaugeMetricFamily("vGPU_device_memory_usage_in_bytes", "GPU memory a session uses (bytes).", labels=labels)
-        limit = GaugeMetricFamily("vGPU_device_memory_limit_in_bytes", "GPU memory a session was granted (bytes).",
-                                  labels=labels)
-        util = GaugeMetricFamily("Device_utilization_desc_of_container", "GPU utilisation of a session (percent).",
-                                 labels=labels)
+        limit = GaugeMetricFamily("vGPU_device_memory_limit_in_bytes", "GPU memory a session was granted (bytes).", labels=labels)
+        util = GaugeMetricFamily("Device_utilization_desc_of_container", "GPU utilisation of a session (percent).", labels=labels)
         granted = GaugeMetricFamily("fgpu_session_granted_fgpu", "fGPU a session holds.", labels=labels)
         cpu = GaugeMetricFamily("fgpu_session_cpu_millicores", "CPU a session uses (milli-cores).", labels=labels)
-        mem = GaugeMetricFamily("fgpu_session_memory_bytes", "Main memory a session holds resident (bytes).",
-                                labels=labels)
+        mem = GaugeMetricFamily("fgpu_session_memory_bytes", "Main memory a session holds resident (bytes).", labels=labels)
         latest = latest_session_samples(horizon=horizon)
-        held = (Allocation.objects.filter(released_at__isnull=True).values("session_id", "session__name",
-                                                                           "session__owner__username",
-                                                                           "session__node__name")
-                .annotate(memory=Sum("memory"), shares=Sum("shares")))
+        held = (
+            Allocation.objects.filter(released_at__isnull=True)
+            .values("session_id", "session__name", "session__owner__username", "session__node__name")
+            .annotate(memory=Sum("memory"), shares=Sum("shares"))
+        )
         for row in held:
-            values = [str(row["session_id"]), row["session__name"], row["session__owner__username"],
-                      row["session__node__name"] or ""]
+            values = [
+                str(row["session_id"]),
+                row["session__name"],
+                row["session__owner__username"],
+                row["session__node__name"] or "",
+            ]
             limit.add_metric(values, row["memory"])
             granted.add_metric(values, float(row["shares"]))
             sample = latest.get(row["session_id"])
@@ -101,8 +104,7 @@ class ConsoleCollector:
 
     def _nodes(self):
         free = GaugeMetricFamily("fgpu_node_free_fgpu", "fGPU a node has free (fractional devices).", labels=["node"])
-        capacity = GaugeMetricFamily("fgpu_node_capacity_fgpu", "fGPU a node holds (fractional devices).",
-                                     labels=["node"])
+        capacity = GaugeMetricFamily("fgpu_node_capacity_fgpu", "fGPU a node holds (fractional devices).", labels=["node"])
         devices = list(devices_with_usage(Device.objects.filter(node__status="ALIVE")).select_related("node"))
         totals: dict[str, list[Decimal]] = {}
         summaries = device_fgpu_summary(devices)
@@ -125,10 +127,14 @@ class ConsoleCollector:
         placed = ComputeSession.objects.filter(scheduled_at__isnull=False)
         counts = placed.aggregate(
             total=Count("id"),
-            **{f"le_{i}": Count("id", filter=Q(scheduled_at__lte=F("created_at") + timedelta(seconds=b)))
-               for i, b in enumerate(LATENCY_BUCKETS)})
-        histogram = HistogramMetricFamily("fgpu_scheduler_placement_latency_seconds",
-                                          "Seconds from launch to placement (all sessions placed).")
+            **{
+                f"le_{i}": Count("id", filter=Q(scheduled_at__lte=F("created_at") + timedelta(seconds=b)))
+                for i, b in enumerate(LATENCY_BUCKETS)
+            },
+        )
+        histogram = HistogramMetricFamily(
+            "fgpu_scheduler_placement_latency_seconds", "Seconds from launch to placement (all sessions placed)."
+        )
         buckets = [(str(b), counts[f"le_{i}"]) for i, b in enumerate(LATENCY_BUCKETS)] + [("+Inf", counts["total"])]
         histogram.add_metric([], buckets, sum_value=_latency_sum(placed))
         yield histogram
@@ -136,7 +142,8 @@ class ConsoleCollector:
         tally = ComputeSession.objects.aggregate(
             started=Count("id", filter=Q(started_at__isnull=False)),
             failed=Count("id", filter=Q(started_at__isnull=True, status=SessionStatus.ERROR)),
-            cancelled=Count("id", filter=Q(started_at__isnull=True, status=SessionStatus.CANCELLED)))
+            cancelled=Count("id", filter=Q(started_at__isnull=True, status=SessionStatus.CANCELLED)),
+        )
         for outcome, count in tally.items():
             outcomes.add_metric([outcome], count)
         yield outcomes

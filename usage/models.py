@@ -8,6 +8,7 @@ A rollup keeps sums over its samples' spans (`*_s` columns: value × seconds), s
 Hourly and daily sums of the 5-minute ones (SessionPeriodRollup) let a month's report read
 about 30 rows per session instead of 8,640.
 """
+
 from __future__ import annotations
 
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -128,25 +129,35 @@ class IdlePolicy(models.Model):
     `grace` before). `resource_group` null: the policy of sessions on nodes in no group.
     Batch sessions (with a command) are never reclaimed as idle; max lifetime applies to them."""
 
-    resource_group = models.OneToOneField("accelerators.ResourceGroup", null=True, blank=True, on_delete=models.CASCADE,
-                                          related_name="idle_policy")
+    resource_group = models.OneToOneField(
+        "accelerators.ResourceGroup", null=True, blank=True, on_delete=models.CASCADE, related_name="idle_policy"
+    )
     gpu_util_threshold = models.PositiveSmallIntegerField(
-        default=1, validators=[MinValueValidator(0), MaxValueValidator(100)],
-        help_text="percent: a session using less than this is idle")
+        default=1,
+        validators=[MinValueValidator(0), MaxValueValidator(100)],
+        help_text="percent: a session using less than this is idle",
+    )
     idle_timeout = models.PositiveIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(60)],
-        help_text="seconds idle (GPU under the threshold, no terminal input) before the warning; empty: never")
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(60)],
+        help_text="seconds idle (GPU under the threshold, no terminal input) before the warning; empty: never",
+    )
     max_lifetime = models.PositiveIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(60)],
-        help_text="seconds a session may run at most; empty: no limit")
-    grace = models.PositiveIntegerField(default=600, validators=[MinValueValidator(10)],
-                                        help_text="seconds between the warning and the termination")
+        null=True, blank=True, validators=[MinValueValidator(60)], help_text="seconds a session may run at most; empty: no limit"
+    )
+    grace = models.PositiveIntegerField(
+        default=600, validators=[MinValueValidator(10)], help_text="seconds between the warning and the termination"
+    )
 
     class Meta:
         verbose_name = "idle policy"
         verbose_name_plural = "idle policies"
-        constraints = [models.UniqueConstraint(fields=["resource_group"], condition=models.Q(resource_group__isnull=True),
-                                               name="usage_idle_policy_one_default")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["resource_group"], condition=models.Q(resource_group__isnull=True), name="usage_idle_policy_one_default"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"idle policy of {self.resource_group or 'nodes in no group'}"
@@ -157,8 +168,9 @@ class SessionActivity(models.Model):
     last busy sample the agents reported, and the warning given (`deadline`: when it is
     terminated unless it becomes busy; `reason`: why)."""
 
-    session = models.OneToOneField("compute_sessions.ComputeSession", primary_key=True, on_delete=models.CASCADE,
-                                   related_name="activity")
+    session = models.OneToOneField(
+        "compute_sessions.ComputeSession", primary_key=True, on_delete=models.CASCADE, related_name="activity"
+    )
     last_input = models.BigIntegerField(null=True, help_text="epoch seconds of the last terminal input")
     last_sample = models.BigIntegerField(null=True, help_text="epoch seconds of the last sample")
     deadline = models.DateTimeField(null=True, blank=True)

@@ -14,6 +14,7 @@ for nobody, and its rows would be as old as the last heartbeat. Asked for, it co
 channel-layer round trip per look, and nothing reaches the database but one read of the
 sessions the answer names.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -53,8 +54,12 @@ def node_processes_check(*, node: Node) -> Node:
     """`node` if its agent can be asked; ApplicationError 409 "node-not-alive" otherwise (its
     agent is not heartbeating: nobody to ask)."""
     if node.status != NodeStatus.ALIVE:
-        raise ApplicationError(f"node {node.name} is {node.status}: its agent is not there to ask",
-                               type="node-not-alive", title="Node not alive", status=409)
+        raise ApplicationError(
+            f"node {node.name} is {node.status}: its agent is not there to ask",
+            type="node-not-alive",
+            title="Node not alive",
+            status=409,
+        )
     return node
 
 
@@ -73,11 +78,19 @@ async def node_processes_wait(node: Node, *, wait_s: float = REPLY_WAIT_S) -> di
     sessions the answer names are read after it came."""
     answer = await _ask(node.name, wait_s)
     if answer is None:
-        raise ApplicationError(f"the agent on {node.name} did not answer within {wait_s:.0f} s; is the node up?",
-                               type="node-timeout", title="Agent did not answer", status=504)
+        raise ApplicationError(
+            f"the agent on {node.name} did not answer within {wait_s:.0f} s; is the node up?",
+            type="node-timeout",
+            title="Agent did not answer",
+            status=504,
+        )
     if not answer.get("ok"):
-        raise ApplicationError(str(answer.get("detail") or "the agent could not list the GPU processes"),
-                               type="node-processes-failed", title="GPU processes unreadable", status=502)
+        raise ApplicationError(
+            str(answer.get("detail") or "the agent could not list the GPU processes"),
+            type="node-processes-failed",
+            title="GPU processes unreadable",
+            status=502,
+        )
     return await sync_to_async(_shown)(node, answer)
 
 
@@ -87,20 +100,40 @@ def _shown(node: Node, answer: dict) -> dict:
     devices = {d.device_id: d for d in node.devices.all()}
     ids = {str(row["session_id"]) for row in rows if row.get("session_id")}
     sessions = {str(s.pk): s for s in ComputeSession.objects.filter(pk__in=ids).select_related("owner")}
-    granted = {(str(a.session_id), a.device.device_id): a.memory
-               for a in Allocation.objects.filter(session__pk__in=list(sessions), device__node=node, released_at=None)
-               .select_related("device")}
+    granted = {
+        (str(a.session_id), a.device.device_id): a.memory
+        for a in Allocation.objects.filter(session__pk__in=list(sessions), device__node=node, released_at=None).select_related(
+            "device"
+        )
+    }
     out = []
     for row in rows:
         device = devices.get(str(row.get("device") or ""))
         session = sessions.get(str(row.get("session_id") or ""))
-        out.append({
-            "device": str(row.get("device") or ""), "index": device.index if device else row.get("index"),
-            "model_name": device.model_name if device else "", "pid": int(row.get("pid") or 0),
-            "command": str(row.get("command") or ""), "memory": row.get("memory"), "kind": str(row.get("kind") or ""),
-            "session": None if session is None else {
-                "id": str(session.pk), "name": session.name, "owner": session.owner.username, "status": session.status,
-                "granted_memory": granted.get((str(session.pk), str(row.get("device") or "")))},
-        })
-    return {"node": node.name, "source": answer.get("source", ""), "at": answer.get("at"),
-            "truncated": bool(answer.get("truncated")), "processes": out}
+        out.append(
+            {
+                "device": str(row.get("device") or ""),
+                "index": device.index if device else row.get("index"),
+                "model_name": device.model_name if device else "",
+                "pid": int(row.get("pid") or 0),
+                "command": str(row.get("command") or ""),
+                "memory": row.get("memory"),
+                "kind": str(row.get("kind") or ""),
+                "session": None
+                if session is None
+                else {
+                    "id": str(session.pk),
+                    "name": session.name,
+                    "owner": session.owner.username,
+                    "status": session.status,
+                    "granted_memory": granted.get((str(session.pk), str(row.get("device") or ""))),
+                },
+            }
+        )
+    return {
+        "node": node.name,
+        "source": answer.get("source", ""),
+        "at": answer.get("at"),
+        "truncated": bool(answer.get("truncated")),
+        "processes": out,
+    }

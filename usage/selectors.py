@@ -1,5 +1,6 @@
 """Reads of usage: accounting (GPU-hours per user, project or node), a session's or device's
 history for charts, and what /metrics exports (issue 15)."""
+
 from __future__ import annotations
 
 import collections
@@ -15,7 +16,13 @@ from django.utils import timezone
 from accelerators.models import Device
 from sessions.models import Allocation, ComputeSession, Project
 from usage.models import (
-    DeviceRollup, DeviceSample, RollupState, SessionActivity, SessionPeriodRollup, SessionRollup, SessionSample,
+    DeviceRollup,
+    DeviceSample,
+    RollupState,
+    SessionActivity,
+    SessionPeriodRollup,
+    SessionRollup,
+    SessionSample,
 )
 
 GiB = Decimal(1 << 30)
@@ -44,9 +51,15 @@ class UsageRow:
     sessions: int = 0
 
     def as_dict(self) -> dict:
-        return {"key": self.key, "gpu_hours": _q(self.gpu_hours), "fgpu_hours": _q(self.fgpu_hours),
-                "gpu_memory_gib_hours": _q(self.gpu_memory_gib_hours), "used_gpu_hours": _q(self.used_gpu_hours),
-                "used_gpu_memory_gib_hours": _q(self.used_gpu_memory_gib_hours), "sessions": self.sessions}
+        return {
+            "key": self.key,
+            "gpu_hours": _q(self.gpu_hours),
+            "fgpu_hours": _q(self.fgpu_hours),
+            "gpu_memory_gib_hours": _q(self.gpu_memory_gib_hours),
+            "used_gpu_hours": _q(self.used_gpu_hours),
+            "used_gpu_memory_gib_hours": _q(self.used_gpu_memory_gib_hours),
+            "sessions": self.sessions,
+        }
 
 
 def _q(value: Decimal) -> str:
@@ -73,10 +86,21 @@ def usage_report(*, user, start: datetime, end: datetime, group_by: str, now: da
         raise ValueError("to must be after from")
     now = now or timezone.now()
     visible = Q() if user.is_staff else Q(session__owner=user)
-    allocations = (Allocation.objects.filter(visible, created_at__lt=end)
-                   .filter(Q(released_at__isnull=True) | Q(released_at__gt=start))
-                   .values("session_id", "session__owner_id", "session__owner__username", "device__node__name",
-                           "device__memory_size", "shares", "memory", "created_at", "released_at"))
+    allocations = (
+        Allocation.objects.filter(visible, created_at__lt=end)
+        .filter(Q(released_at__isnull=True) | Q(released_at__gt=start))
+        .values(
+            "session_id",
+            "session__owner_id",
+            "session__owner__username",
+            "device__node__name",
+            "device__memory_size",
+            "shares",
+            "memory",
+            "created_at",
+            "released_at",
+        )
+    )
     session_keys: dict = {}
     rows: dict[str, UsageRow] = {}
     members = _projects_of_owners() if group_by == "project" else {}
@@ -186,18 +210,25 @@ def _used(*, visible_owner, start: datetime, end: datetime) -> dict:
             within = Q()
             for a, b in ranges[width]:
                 within |= Q(start__gte=a, start__lt=b)
-            add(SessionPeriodRollup.objects.filter(owner, within, width=width).values("session_id")
-                .annotate(m=Sum("gpu_memory_s"), u=Sum("gpu_util_s")))
+            add(
+                SessionPeriodRollup.objects.filter(owner, within, width=width)
+                .values("session_id")
+                .annotate(m=Sum("gpu_memory_s"), u=Sum("gpu_util_s"))
+            )
     buckets = Q()
     for lo, hi in ranges[300]:
         if lo < mark:
             buckets |= Q(bucket__gte=lo, bucket__lt=min(hi, mark))
     if buckets:
-        add(SessionRollup.objects.filter(owner, buckets).values("session_id")
-            .annotate(m=Sum("gpu_memory_s"), u=Sum("gpu_util_s")))
+        add(
+            SessionRollup.objects.filter(owner, buckets).values("session_id").annotate(m=Sum("gpu_memory_s"), u=Sum("gpu_util_s"))
+        )
     if t1 > mark:
-        add(SessionSample.objects.filter(owner, t__gte=max(t0, mark), t__lt=t1).values("session_id")
-            .annotate(m=Sum(F("gpu_memory") * F("span")), u=Sum(F("gpu_util") * F("span"))))
+        add(
+            SessionSample.objects.filter(owner, t__gte=max(t0, mark), t__lt=t1)
+            .values("session_id")
+            .annotate(m=Sum(F("gpu_memory") * F("span")), u=Sum(F("gpu_util") * F("span")))
+        )
     return {sid: tuple(v) for sid, v in out.items()}
 
 
@@ -219,22 +250,33 @@ def session_series(*, session: ComputeSession, since: int, until: int) -> dict:
     points: Iterable[tuple]
     if since >= mark:
         resolution = "raw"
-        points = (SessionSample.objects.filter(session=session, t__gte=since, t__lt=until).order_by("t")
-                  .values_list("t", "span", "gpu_memory", "gpu_util", "cpu", "mem"))
+        points = (
+            SessionSample.objects.filter(session=session, t__gte=since, t__lt=until)
+            .order_by("t")
+            .values_list("t", "span", "gpu_memory", "gpu_util", "cpu", "mem")
+        )
     else:
         long = until - since > SERIES_MAX_POINTS * 300 and since < hour_mark
         resolution, width = ("1h", SessionPeriodRollup.HOUR) if long else ("5m", 300)
-        points = [(b, width, None if not g else m // g, None if not g else u // g, None if not s else c // s, x)
-                  for b, s, g, m, u, c, x in _rollup_points(session, since - since % width, until, width,
-                                                            hour_mark=hour_mark, mark=mark)]
+        points = [
+            (b, width, None if not g else m // g, None if not g else u // g, None if not s else c // s, x)
+            for b, s, g, m, u, c, x in _rollup_points(
+                session, since - since % width, until, width, hour_mark=hour_mark, mark=mark
+            )
+        ]
     names = ("t", "gpu_memory", "gpu_util", "cpu", "mem")
     rows = list(points)[-SERIES_MAX_POINTS:]
     columns = _columns(((t, g, u, c, m) for t, _, g, u, c, m in rows), names, [span for _, span, *_ in rows])
-    limit = (Allocation.objects.filter(session=session).aggregate(m=Sum("memory"))["m"] or 0)
+    limit = Allocation.objects.filter(session=session).aggregate(m=Sum("memory"))["m"] or 0
     activity = SessionActivity.objects.filter(session=session).values("deadline", "reason").first()
     deadline = activity["deadline"] if activity else None
-    return {**columns, "resolution": resolution, "gpu_memory_limit": limit,
-            "deadline": deadline.isoformat() if deadline else None, "deadline_reason": activity["reason"] if activity else ""}
+    return {
+        **columns,
+        "resolution": resolution,
+        "gpu_memory_limit": limit,
+        "deadline": deadline.isoformat() if deadline else None,
+        "deadline_reason": activity["reason"] if activity else "",
+    }
 
 
 ROLLUP_POINT = ("span_s", "gpu_span_s", "gpu_memory_s", "gpu_util_s", "cpu_s", "mem_max")
@@ -247,31 +289,49 @@ def _rollup_points(session, since: int, until: int, width: int, *, hour_mark: in
     a rollup sums them), each period's parts added up."""
     sources: list[Iterable[tuple]] = []
     if width == SessionPeriodRollup.HOUR:
-        sources.append(SessionPeriodRollup.objects.filter(session=session, width=width, start__gte=since,
-                                                          start__lt=min(until, hour_mark))
-                       .values_list("start", *ROLLUP_POINT))
+        sources.append(
+            SessionPeriodRollup.objects.filter(
+                session=session, width=width, start__gte=since, start__lt=min(until, hour_mark)
+            ).values_list("start", *ROLLUP_POINT)
+        )
         since = max(since, hour_mark)
     period = F("bucket") - F("bucket") % width
-    sources.append(SessionRollup.objects.filter(session=session, bucket__gte=since, bucket__lt=min(until, mark))
-                   .annotate(p=period).values("p").order_by("p")
-                   .annotate(a=Sum("span_s"), b=Sum("gpu_span_s"), c=Sum("gpu_memory_s"), d=Sum("gpu_util_s"),
-                             e=Sum("cpu_s"), f=Max("mem_max")).values_list("p", "a", "b", "c", "d", "e", "f"))
+    sources.append(
+        SessionRollup.objects.filter(session=session, bucket__gte=since, bucket__lt=min(until, mark))
+        .annotate(p=period)
+        .values("p")
+        .order_by("p")
+        .annotate(
+            a=Sum("span_s"), b=Sum("gpu_span_s"), c=Sum("gpu_memory_s"), d=Sum("gpu_util_s"), e=Sum("cpu_s"), f=Max("mem_max")
+        )
+        .values_list("p", "a", "b", "c", "d", "e", "f")
+    )
     if until > mark:
         known = Q(gpu_memory__isnull=False)
-        sources.append(SessionSample.objects.filter(session=session, t__gte=max(since, mark), t__lt=until)
-                       .annotate(p=F("t") - F("t") % width).values("p").order_by("p")
-                       .annotate(a=Sum("span"), b=Sum("span", filter=known), c=Sum(F("gpu_memory") * F("span"), filter=known),
-                                 d=Sum(F("gpu_util") * F("span"), filter=Q(gpu_util__isnull=False)),
-                                 e=Sum(F("cpu") * F("span"), filter=Q(cpu__isnull=False)), f=Max("mem"))
-                       .values_list("p", "a", "b", "c", "d", "e", "f"))
+        sources.append(
+            SessionSample.objects.filter(session=session, t__gte=max(since, mark), t__lt=until)
+            .annotate(p=F("t") - F("t") % width)
+            .values("p")
+            .order_by("p")
+            .annotate(
+                a=Sum("span"),
+                b=Sum("span", filter=known),
+                c=Sum(F("gpu_memory") * F("span"), filter=known),
+                d=Sum(F("gpu_util") * F("span"), filter=Q(gpu_util__isnull=False)),
+                e=Sum(F("cpu") * F("span"), filter=Q(cpu__isnull=False)),
+                f=Max("mem"),
+            )
+            .values_list("p", "a", "b", "c", "d", "e", "f")
+        )
     merged: dict[int, list] = {}
     for source in sources:
         for start, *values in source:
             values = [v or 0 for v in values[:5]] + [values[5]]
             if start in merged:
                 old = merged[start]
-                merged[start] = [a + b for a, b in zip(old[:5], values[:5])] + [max(filter(None.__ne__, (old[5], values[5])),
-                                                                                    default=None)]
+                merged[start] = [a + b for a, b in zip(old[:5], values[:5])] + [
+                    max(filter(None.__ne__, (old[5], values[5])), default=None)
+                ]
             else:
                 merged[start] = values
     return [(start, *merged[start]) for start in sorted(merged)]
@@ -304,27 +364,42 @@ def node_device_series(*, node, since: int, until: int) -> list[dict]:
     silence is a None point, as in `session_series`."""
     from django.db.models import Avg
 
-    devices = list(Device.objects.filter(node=node, is_mig_device=False).order_by("index")
-                   .values("id", "index", "device_id", "model_name", "memory_size"))
+    devices = list(
+        Device.objects.filter(node=node, is_mig_device=False)
+        .order_by("index")
+        .values("id", "index", "device_id", "model_name", "memory_size")
+    )
     ids = [d["id"] for d in devices]
     mark = _watermark()
     by_device: collections.defaultdict[Any, list] = collections.defaultdict(list)
     rows: Iterable[tuple]
     if since >= mark:
-        rows = DeviceSample.objects.filter(device_id__in=ids, t__gte=since, t__lt=until).order_by("t").values_list(
-            "device_id", "t", "memory_used", "util")
+        rows = (
+            DeviceSample.objects.filter(device_id__in=ids, t__gte=since, t__lt=until)
+            .order_by("t")
+            .values_list("device_id", "t", "memory_used", "util")
+        )
         width = None
     else:
         width = SessionPeriodRollup.HOUR if until - since > SERIES_MAX_POINTS * 300 else 300
         period = F("bucket") - F("bucket") % width
-        found = list(DeviceRollup.objects.filter(device_id__in=ids, bucket__gte=since - since % width,
-                                                bucket__lt=min(until, mark))
-                    .annotate(p=period).values("device_id", "p").order_by("p")
-                    .annotate(m=Avg("memory_used_avg"), u=Avg("util_avg")).values_list("device_id", "p", "m", "u"))
+        found = list(
+            DeviceRollup.objects.filter(device_id__in=ids, bucket__gte=since - since % width, bucket__lt=min(until, mark))
+            .annotate(p=period)
+            .values("device_id", "p")
+            .order_by("p")
+            .annotate(m=Avg("memory_used_avg"), u=Avg("util_avg"))
+            .values_list("device_id", "p", "m", "u")
+        )
         if until > mark:  # the buckets not closed yet, from their samples
-            found += list(DeviceSample.objects.filter(device_id__in=ids, t__gte=mark, t__lt=until)
-                         .annotate(p=F("t") - F("t") % width).values("device_id", "p").order_by("p")
-                         .annotate(m=Avg("memory_used"), u=Avg("util")).values_list("device_id", "p", "m", "u"))
+            found += list(
+                DeviceSample.objects.filter(device_id__in=ids, t__gte=mark, t__lt=until)
+                .annotate(p=F("t") - F("t") % width)
+                .values("device_id", "p")
+                .order_by("p")
+                .annotate(m=Avg("memory_used"), u=Avg("util"))
+                .values_list("device_id", "p", "m", "u")
+            )
         rows = [(d, p, None if m is None else int(m), None if u is None else int(round(u))) for d, p, m, u in found]
     for device_id, *row in rows:
         points = by_device[device_id]
@@ -336,9 +411,15 @@ def node_device_series(*, node, since: int, until: int) -> list[dict]:
         points = by_device[d["id"]][-SERIES_MAX_POINTS:]
         steps = [b[0] - a[0] for a, b in zip(points, points[1:]) if b[0] > a[0]]
         span = width or min(steps, default=1)
-        out.append({"index": d["index"], "uuid": d["device_id"], "model_name": d["model_name"],
-                    "memory_size": d["memory_size"],
-                    **_columns(points, ("t", "memory_used", "util"), [span] * len(points))})
+        out.append(
+            {
+                "index": d["index"],
+                "uuid": d["device_id"],
+                "model_name": d["model_name"],
+                "memory_size": d["memory_size"],
+                **_columns(points, ("t", "memory_used", "util"), [span] * len(points)),
+            }
+        )
     return out
 
 
@@ -351,35 +432,69 @@ def latest_session_usage(*, user, session_ids: list, horizon: int) -> list[dict]
     visible = ComputeSession.objects.filter(pk__in=session_ids)
     if not user.is_staff:
         visible = visible.filter(owner=user)
-    limits = dict(visible.annotate(limit=Sum("allocations__memory", filter=Q(allocations__released_at__isnull=True)))
-                  .values_list("id", "limit"))
+    limits = dict(
+        visible.annotate(limit=Sum("allocations__memory", filter=Q(allocations__released_at__isnull=True))).values_list(
+            "id", "limit"
+        )
+    )
     newest = {}
-    for sid, t, gpu_memory, gpu_util in (SessionSample.objects.filter(session_id__in=list(limits), t__gte=horizon)
-                                         .order_by("t").values_list("session_id", "t", "gpu_memory", "gpu_util")):
+    for sid, t, gpu_memory, gpu_util in (
+        SessionSample.objects.filter(session_id__in=list(limits), t__gte=horizon)
+        .order_by("t")
+        .values_list("session_id", "t", "gpu_memory", "gpu_util")
+    ):
         newest[sid] = (t, gpu_memory, gpu_util)
-    return [{"id": sid, "t": newest.get(sid, (None,))[0], "gpu_memory": newest.get(sid, (None, None))[1],
-             "gpu_util": newest.get(sid, (None, None, None))[2], "gpu_memory_limit": limit or 0}
-            for sid, limit in limits.items()]
+    return [
+        {
+            "id": sid,
+            "t": newest.get(sid, (None,))[0],
+            "gpu_memory": newest.get(sid, (None, None))[1],
+            "gpu_util": newest.get(sid, (None, None, None))[2],
+            "gpu_memory_limit": limit or 0,
+        }
+        for sid, limit in limits.items()
+    ]
 
 
 # --- what /metrics exports ------------------------------------------------------------------------
+
 
 def latest_device_samples(*, horizon: int) -> list[dict]:
     """The newest sample of each device sampled since `horizon` (epoch seconds), with its node,
     index, UUID and model: `[{"node", "index", "uuid", "model", "memory_used", "memory_total", "util"}]`."""
     newest = {}
-    for r in (DeviceSample.objects.filter(t__gte=horizon).order_by("t")
-              .values("device_id", "device__node__name", "device__index", "device__device_id", "device__model_name",
-                      "memory_used", "memory_total", "util")):
-        newest[r["device_id"]] = {"node": r["device__node__name"], "index": r["device__index"],
-                                  "uuid": r["device__device_id"], "model": r["device__model_name"],
-                                  "memory_used": r["memory_used"], "memory_total": r["memory_total"], "util": r["util"]}
+    for r in (
+        DeviceSample.objects.filter(t__gte=horizon)
+        .order_by("t")
+        .values(
+            "device_id",
+            "device__node__name",
+            "device__index",
+            "device__device_id",
+            "device__model_name",
+            "memory_used",
+            "memory_total",
+            "util",
+        )
+    ):
+        newest[r["device_id"]] = {
+            "node": r["device__node__name"],
+            "index": r["device__index"],
+            "uuid": r["device__device_id"],
+            "model": r["device__model_name"],
+            "memory_used": r["memory_used"],
+            "memory_total": r["memory_total"],
+            "util": r["util"],
+        }
     return list(newest.values())
 
 
 def latest_session_samples(*, horizon: int) -> dict:
     """{session id: (gpu_memory bytes, gpu_util percent, cpu milli-cores, mem bytes)} of each
     session's newest sample since `horizon` (a few per session: the last minute or so)."""
-    rows = SessionSample.objects.filter(t__gte=horizon).order_by("t").values_list("session_id", "gpu_memory", "gpu_util",
-                                                                                   "cpu", "mem")
+    rows = (
+        SessionSample.objects.filter(t__gte=horizon)
+        .order_by("t")
+        .values_list("session_id", "gpu_memory", "gpu_util", "cpu", "mem")
+    )
     return {r[0]: r[1:] for r in rows}

@@ -1,5 +1,6 @@
 """Writes of usage: storing the agents' samples, rolling them up into 5-minute means with
 retention, and idle reclamation (issue 15). Reads are in usage.selectors."""
+
 from __future__ import annotations
 
 import logging
@@ -17,7 +18,13 @@ from accelerators.models import Device
 from sessions.models import ComputeSession, SessionStatus
 from sessions.reconcile import valid_uuids
 from usage.models import (
-    DeviceRollup, DeviceSample, IdlePolicy, RollupState, SessionActivity, SessionPeriodRollup, SessionRollup,
+    DeviceRollup,
+    DeviceSample,
+    IdlePolicy,
+    RollupState,
+    SessionActivity,
+    SessionPeriodRollup,
+    SessionRollup,
     SessionSample,
 )
 
@@ -102,18 +109,27 @@ def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
         return True
 
     ids = {str(row.get("session_id")) for row in sessions_in if isinstance(row, dict)}
-    known = {str(s["id"]): s for s in ComputeSession.objects.filter(pk__in=valid_uuids(list(ids)), node__name=node_name)
-             .values("id", "status", "started_at", "terminated_at")}
+    known = {
+        str(s["id"]): s
+        for s in ComputeSession.objects.filter(pk__in=valid_uuids(list(ids)), node__name=node_name).values(
+            "id", "status", "started_at", "terminated_at"
+        )
+    }
     rows: list[SessionSample] = []
     activity: dict[str, list] = {}  # session id → [last input or None, last sample] (Unix s)
     for row in sessions_in:
         try:
             sid = str(row["session_id"])
             t = _whole(row["t"], 0, 2**40)
-            sample = SessionSample(session_id=sid, t=t, span=_whole(row.get("span", 1), 1, MAX_SPAN),
-                                   gpu_memory=_int(row.get("gpu_memory"), 0, 2**62),
-                                   gpu_util=_int(row.get("gpu_util"), 0, 100), cpu=_int(row.get("cpu"), 0, 2**31 - 1),
-                                   mem=_int(row.get("mem"), 0, 2**62))
+            sample = SessionSample(
+                session_id=sid,
+                t=t,
+                span=_whole(row.get("span", 1), 1, MAX_SPAN),
+                gpu_memory=_int(row.get("gpu_memory"), 0, 2**62),
+                gpu_util=_int(row.get("gpu_util"), 0, 100),
+                cpu=_int(row.get("cpu"), 0, 2**31 - 1),
+                mem=_int(row.get("mem"), 0, 2**62),
+            )
             last_input = _int(row.get("last_input"), 0, 2**40)
         except (KeyError, TypeError, ValueError):
             result.refuse("malformed")
@@ -123,8 +139,7 @@ def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
             result.refuse("unknown session")
             continue
         ended = session["terminated_at"]
-        if session["status"] in (SessionStatus.PENDING, SessionStatus.CANCELLED) or (
-                ended is not None and t > ended.timestamp()):
+        if session["status"] in (SessionStatus.PENDING, SessionStatus.CANCELLED) or (ended is not None and t > ended.timestamp()):
             result.refuse("session ended")
             continue
         if not timely(t):
@@ -148,8 +163,9 @@ def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
             result.refuse("unknown device")
             continue
         if timely(t):
-            device_rows.append(DeviceSample(device_id=device_id, t=t, memory_used=memory_used,
-                                            memory_total=memory_total, util=util))
+            device_rows.append(
+                DeviceSample(device_id=device_id, t=t, memory_used=memory_used, memory_total=memory_total, util=util)
+            )
     with transaction.atomic():
         stored = _insert(SessionSample, rows) + _insert(DeviceSample, device_rows)
         for sid, (last_input, last_sample) in activity.items():
@@ -189,6 +205,7 @@ def _activity_note(session_id: str, *, last_input: int | None, last_sample: int)
 
 # --- rollup and retention ----------------------------------------------------------------------
 
+
 def usage_rollup(*, now: float | None = None) -> dict:
     """Roll full-resolution samples up into 5-minute buckets, up to the new watermark
     (now − FGPU_USAGE_LATENESS, rounded down to a bucket); sum the closed buckets into hourly and
@@ -213,15 +230,25 @@ def usage_rollup(*, now: float | None = None) -> dict:
         state.save(update_fields=["watermark", "hour_watermark", "day_watermark"])
     raw_horizon = int(now - settings.FGPU_USAGE_RAW_RETENTION)
     raw_horizon = min(raw_horizon, state.watermark)  # never delete what is not rolled up yet
-    deleted_samples = (SessionSample.objects.filter(t__lt=raw_horizon).delete()[0]
-                       + DeviceSample.objects.filter(t__lt=raw_horizon).delete()[0])
+    deleted_samples = (
+        SessionSample.objects.filter(t__lt=raw_horizon).delete()[0] + DeviceSample.objects.filter(t__lt=raw_horizon).delete()[0]
+    )
     rollup_horizon = int(now - settings.FGPU_USAGE_ROLLUP_RETENTION)
-    deleted_rollups = (SessionRollup.objects.filter(bucket__lt=rollup_horizon).delete()[0]
-                       + DeviceRollup.objects.filter(bucket__lt=rollup_horizon).delete()[0]
-                       + SessionPeriodRollup.objects.filter(start__lt=rollup_horizon).delete()[0])
-    return {"watermark": state.watermark, "hour_watermark": state.hour_watermark, "day_watermark": state.day_watermark,
-            "session_buckets": session_buckets, "device_buckets": device_buckets, **periods,
-            "deleted_samples": deleted_samples, "deleted_rollups": deleted_rollups}
+    deleted_rollups = (
+        SessionRollup.objects.filter(bucket__lt=rollup_horizon).delete()[0]
+        + DeviceRollup.objects.filter(bucket__lt=rollup_horizon).delete()[0]
+        + SessionPeriodRollup.objects.filter(start__lt=rollup_horizon).delete()[0]
+    )
+    return {
+        "watermark": state.watermark,
+        "hour_watermark": state.hour_watermark,
+        "day_watermark": state.day_watermark,
+        "session_buckets": session_buckets,
+        "device_buckets": device_buckets,
+        **periods,
+        "deleted_samples": deleted_samples,
+        "deleted_rollups": deleted_rollups,
+    }
 
 
 def _roll_periods(state: RollupState) -> dict:
@@ -231,8 +258,10 @@ def _roll_periods(state: RollupState) -> dict:
     written, "days": rows written}`."""
     written = {}
     source_mark = state.watermark
-    for width, mark_field, name in ((SessionPeriodRollup.HOUR, "hour_watermark", "hours"),
-                                    (SessionPeriodRollup.DAY, "day_watermark", "days")):
+    for width, mark_field, name in (
+        (SessionPeriodRollup.HOUR, "hour_watermark", "hours"),
+        (SessionPeriodRollup.DAY, "day_watermark", "days"),
+    ):
         target = source_mark // width * width
         mark = getattr(state, mark_field) or _first_period(width, target)
         end = min(target, mark + PERIOD_BACKFILL)
@@ -272,54 +301,105 @@ def _roll_period(width: int, start: int, end: int) -> int:
             f"{', '.join(f'MAX({c})' for c in maxima)} FROM {table} WHERE {column} >= %s AND {column} < %s {extra} "
             f"GROUP BY session_id, {period} "
             f"ON CONFLICT (session_id, width, start) DO UPDATE SET "
-            f"{', '.join(f'{c} = excluded.{c}' for c in sums + maxima)}", [start, end])
+            f"{', '.join(f'{c} = excluded.{c}' for c in sums + maxima)}",
+            [start, end],
+        )
         return cursor.rowcount
 
 
 def _first_sample_bucket(default: int) -> int:
-    first = min(filter(None, (SessionSample.objects.order_by("t").values_list("t", flat=True).first(),
-                              DeviceSample.objects.order_by("t").values_list("t", flat=True).first())), default=None)
+    first = min(
+        filter(
+            None,
+            (
+                SessionSample.objects.order_by("t").values_list("t", flat=True).first(),
+                DeviceSample.objects.order_by("t").values_list("t", flat=True).first(),
+            ),
+        ),
+        default=None,
+    )
     return default if first is None else first // BUCKET * BUCKET
 
 
 def _roll_sessions(start: int, end: int) -> int:
     known_gpu = Q(gpu_memory__isnull=False)
-    rows = (SessionSample.objects.filter(t__gte=start, t__lt=end)
-            .annotate(b=F("t") - F("t") % BUCKET).values("session_id", "b")
-            .annotate(samples=Count("id"), span_s=Sum("span"),
-                      gpu_memory_s=Coalesce(Sum(F("gpu_memory") * F("span"), filter=known_gpu), 0),
-                      gpu_memory_max=Max("gpu_memory"),
-                      gpu_util_s=Coalesce(Sum(F("gpu_util") * F("span"), filter=Q(gpu_util__isnull=False)), 0),
-                      gpu_util_max=Max("gpu_util"),
-                      gpu_span_s=Coalesce(Sum("span", filter=known_gpu), 0),
-                      cpu_s=Coalesce(Sum(F("cpu") * F("span"), filter=Q(cpu__isnull=False)), 0),
-                      mem_max=Max("mem")))
+    rows = (
+        SessionSample.objects.filter(t__gte=start, t__lt=end)
+        .annotate(b=F("t") - F("t") % BUCKET)
+        .values("session_id", "b")
+        .annotate(
+            samples=Count("id"),
+            span_s=Sum("span"),
+            gpu_memory_s=Coalesce(Sum(F("gpu_memory") * F("span"), filter=known_gpu), 0),
+            gpu_memory_max=Max("gpu_memory"),
+            gpu_util_s=Coalesce(Sum(F("gpu_util") * F("span"), filter=Q(gpu_util__isnull=False)), 0),
+            gpu_util_max=Max("gpu_util"),
+            gpu_span_s=Coalesce(Sum("span", filter=known_gpu), 0),
+            cpu_s=Coalesce(Sum(F("cpu") * F("span"), filter=Q(cpu__isnull=False)), 0),
+            mem_max=Max("mem"),
+        )
+    )
     # values() rows are plain dicts; django-stubs type them as TypedDicts whose keys cannot be popped.
     objs = [SessionRollup(session_id=r.pop("session_id"), bucket=r.pop("b"), **r) for r in rows]  # type: ignore[misc]
-    SessionRollup.objects.bulk_create(objs, batch_size=2000, update_conflicts=True, unique_fields=["session", "bucket"],
-                                      update_fields=["samples", "span_s", "gpu_memory_s", "gpu_memory_max", "gpu_util_s",
-                                                     "gpu_util_max", "gpu_span_s", "cpu_s", "mem_max"])
+    SessionRollup.objects.bulk_create(
+        objs,
+        batch_size=2000,
+        update_conflicts=True,
+        unique_fields=["session", "bucket"],
+        update_fields=[
+            "samples",
+            "span_s",
+            "gpu_memory_s",
+            "gpu_memory_max",
+            "gpu_util_s",
+            "gpu_util_max",
+            "gpu_span_s",
+            "cpu_s",
+            "mem_max",
+        ],
+    )
     return len(objs)
 
 
 def _roll_devices(start: int, end: int) -> int:
     from django.db.models import Avg
 
-    rows = (DeviceSample.objects.filter(t__gte=start, t__lt=end)
-            .annotate(b=F("t") - F("t") % BUCKET).values("device_id", "b")
-            .annotate(samples=Count("id"), memory_used_avg=Avg("memory_used"), memory_used_max=Max("memory_used"),
-                      memory_total=Max("memory_total"), util_avg=Avg("util")))
-    objs = [DeviceRollup(device_id=r["device_id"], bucket=r["b"], samples=r["samples"],
-                         memory_used_avg=int(r["memory_used_avg"]), memory_used_max=r["memory_used_max"],
-                         memory_total=r["memory_total"],
-                         util_avg=None if r["util_avg"] is None else int(round(r["util_avg"]))) for r in rows]
-    DeviceRollup.objects.bulk_create(objs, batch_size=2000, update_conflicts=True, unique_fields=["device", "bucket"],
-                                     update_fields=["samples", "memory_used_avg", "memory_used_max", "memory_total",
-                                                    "util_avg"])
+    rows = (
+        DeviceSample.objects.filter(t__gte=start, t__lt=end)
+        .annotate(b=F("t") - F("t") % BUCKET)
+        .values("device_id", "b")
+        .annotate(
+            samples=Count("id"),
+            memory_used_avg=Avg("memory_used"),
+            memory_used_max=Max("memory_used"),
+            memory_total=Max("memory_total"),
+            util_avg=Avg("util"),
+        )
+    )
+    objs = [
+        DeviceRollup(
+            device_id=r["device_id"],
+            bucket=r["b"],
+            samples=r["samples"],
+            memory_used_avg=int(r["memory_used_avg"]),
+            memory_used_max=r["memory_used_max"],
+            memory_total=r["memory_total"],
+            util_avg=None if r["util_avg"] is None else int(round(r["util_avg"])),
+        )
+        for r in rows
+    ]
+    DeviceRollup.objects.bulk_create(
+        objs,
+        batch_size=2000,
+        update_conflicts=True,
+        unique_fields=["device", "bucket"],
+        update_fields=["samples", "memory_used_avg", "memory_used_max", "memory_total", "util_avg"],
+    )
     return len(objs)
 
 
 # --- idle reclamation ---------------------------------------------------------------------------
+
 
 def _policy_for(session: ComputeSession, policies: dict) -> IdlePolicy | None:
     group = session.node.resource_group_id if session.node else None
@@ -361,8 +441,7 @@ def usage_idle_check(*, now: datetime | None = None) -> dict:
         if activity is None or activity.deadline is None:
             deadline = now + timedelta(seconds=policy.grace)
             SessionActivity.objects.update_or_create(session=session, defaults={"deadline": deadline, "reason": reason})
-            _notify(session, f"{reason}: this session will be terminated at {deadline:%Y-%m-%d %H:%M:%S} UTC "
-                             f"unless it is used")
+            _notify(session, f"{reason}: this session will be terminated at {deadline:%Y-%m-%d %H:%M:%S} UTC unless it is used")
             out["warned"].append(str(session.pk))
         elif activity.deadline <= now:
             session_terminate(session=session, reason=f"{RECLAIMED}{reason}")
@@ -390,7 +469,8 @@ def _reclaim_reason(session: ComputeSession, policy: IdlePolicy, now: datetime) 
     if (last_input or 0) >= since:
         return None
     window = SessionSample.objects.filter(session=session, t__gte=since).aggregate(
-        busiest=Max("gpu_util"), unknown=Count("id", filter=Q(gpu_util__isnull=True)), covered=Sum("span"))
+        busiest=Max("gpu_util"), unknown=Count("id", filter=Q(gpu_util__isnull=True)), covered=Sum("span")
+    )
     if not window["covered"] or window["covered"] < policy.idle_timeout // 2 or window["unknown"]:
         return None  # too few samples to call it idle (the agent was silent, or the figures unknown)
     if window["busiest"] is not None and window["busiest"] >= policy.gpu_util_threshold:

@@ -1,5 +1,6 @@
 """Usage tasks, thin: the agents' sample batches (queue `manager.usage`) and the periodic
 rollup and idle check (beat, queue `manager`). Each calls one service in usage.services."""
+
 from __future__ import annotations
 
 import protocol

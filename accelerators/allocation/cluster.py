@@ -46,6 +46,7 @@ an after-state row is kept by (shape, state, device amount); fgd-plus scores onl
 plan class of a SHARE request. These change no choice (tests/test_packing_plan.py compares
 them with a fresh index, exactly).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -105,8 +106,19 @@ class Shape:
 def shape_key(shape: Shape) -> str:
     """A shape as text for storage ("kind:cpu:mem:count:amount:memory:fraction:per_device");
     models are not kept (the scheduler's shapes name none)."""
-    return ":".join(str(v) for v in (KIND_NAMES[shape.kind], shape.cpu, shape.mem, shape.count, shape.amount,
-                                     shape.memory, repr(shape.device_fraction), int(shape.per_device)))
+    return ":".join(
+        str(v)
+        for v in (
+            KIND_NAMES[shape.kind],
+            shape.cpu,
+            shape.mem,
+            shape.count,
+            shape.amount,
+            shape.memory,
+            repr(shape.device_fraction),
+            int(shape.per_device),
+        )
+    )
 
 
 def shape_from_key(key: str) -> Shape | None:
@@ -116,8 +128,16 @@ def shape_from_key(key: str) -> Shape | None:
     if len(parts) != 8 or parts[0] not in kinds:
         return None
     try:
-        return Shape(kinds[parts[0]], cpu=int(parts[1]), mem=int(parts[2]), count=int(parts[3]), amount=int(parts[4]),
-                     memory=int(parts[5]), device_fraction=float(parts[6]), per_device=bool(int(parts[7])))
+        return Shape(
+            kinds[parts[0]],
+            cpu=int(parts[1]),
+            mem=int(parts[2]),
+            count=int(parts[3]),
+            amount=int(parts[4]),
+            memory=int(parts[5]),
+            device_fraction=float(parts[6]),
+            per_device=bool(int(parts[7])),
+        )
     except ValueError:
         return None
 
@@ -222,7 +242,7 @@ class Workload:
         return plan
 
     def counts(self) -> dict[Shape, int]:
-        return {s: int(c) for s, c in zip(self.shapes, self._counts[:len(self.shapes)])}
+        return {s: int(c) for s, c in zip(self.shapes, self._counts[: len(self.shapes)])}
 
     def arrays(self, models: dict[str, int]) -> WorkloadArrays:
         """Per-shape arrays for the scorer: cpu, mem, model mask (T × models), class index
@@ -230,7 +250,7 @@ class Workload:
         key = (len(self.shapes), len(models))
         if self._cache is not None and self._cache[0] == key:
             cached = self._cache[1]
-            p = self._counts[:len(self.shapes)]
+            p = self._counts[: len(self.shapes)]
             cached.total = float(self.observed)
             cached.p = p
             self._ratios(cached, p)
@@ -252,7 +272,7 @@ class Workload:
             cls[i] = classes.setdefault(k, len(classes))
         onehot = np.zeros((t, len(classes)), dtype=np.float64)
         onehot[np.arange(t), cls] = 1.0
-        p = self._counts[:len(self.shapes)]
+        p = self._counts[: len(self.shapes)]
         kinds = np.array([c[0] for c in classes], dtype=np.int64)
         counts = np.array([c[1] for c in classes], dtype=np.int64)
         amounts = np.array([c[2] for c in classes], dtype=np.int64)
@@ -260,12 +280,31 @@ class Workload:
         named = np.array([bool(s.models) for s in self.shapes], dtype=np.float64)
         share, whole, span = (np.nonzero(kinds == k)[0] for k in (SHARE, WHOLE, SPAN))
         cached = WorkloadArrays(
-            cpu=cpu, mem=mem, mask=mask, mask_by_model=np.ascontiguousarray(mask.T), cls=cls, classes=list(classes),
-            onehot=onehot, kinds=kinds, counts=counts, amounts=amounts, share_classes=share,
-            share_amounts=amounts[share], whole_classes=whole, whole_counts=counts[whole],
-            none_classes=np.nonzero(kinds == NONE)[0], span_classes=span, span_amounts=amounts[span],
-            gpu=gpu, named=named, named_any=bool(named.any()), cpu_with_gpu=cpu * (gpu > 0),
-            mem_with_gpu=mem * (gpu > 0), p=p, total=p.sum())
+            cpu=cpu,
+            mem=mem,
+            mask=mask,
+            mask_by_model=np.ascontiguousarray(mask.T),
+            cls=cls,
+            classes=list(classes),
+            onehot=onehot,
+            kinds=kinds,
+            counts=counts,
+            amounts=amounts,
+            share_classes=share,
+            share_amounts=amounts[share],
+            whole_classes=whole,
+            whole_counts=counts[whole],
+            none_classes=np.nonzero(kinds == NONE)[0],
+            span_classes=span,
+            span_amounts=amounts[span],
+            gpu=gpu,
+            named=named,
+            named_any=bool(named.any()),
+            cpu_with_gpu=cpu * (gpu > 0),
+            mem_with_gpu=mem * (gpu > 0),
+            p=p,
+            total=p.sum(),
+        )
         self._ratios(cached, p)
         self._cache = (key, cached)
         return cached
@@ -290,8 +329,13 @@ class Workload:
 def _unique_rows(*columns):
     """(unique row positions, inverse) over equal tuples of int columns."""
     stacked = np.stack(columns, axis=1)
-    if stacked.min(initial=0) >= 0 and stacked.shape[1] == 3 and stacked[:, 0].max(initial=0) < 64 \
-            and stacked[:, 1].max(initial=0) < (1 << 28) and stacked[:, 2].max(initial=0) < (1 << 30):
+    if (
+        stacked.min(initial=0) >= 0
+        and stacked.shape[1] == 3
+        and stacked[:, 0].max(initial=0) < 64
+        and stacked[:, 1].max(initial=0) < (1 << 28)
+        and stacked[:, 2].max(initial=0) < (1 << 30)
+    ):
         key = (stacked[:, 0] << 58) | (stacked[:, 1] << 30) | stacked[:, 2]
         _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     else:
@@ -444,9 +488,12 @@ class _FragCache:
         height = max(table.shape[0], 2 * rows)
         if limit is not None:
             height = max(min(height, limit), rows, table.shape[0])
-        grown = np.zeros((height, max(table.shape[1], 2 * t)), dtype=table.dtype,
-                         order="F" if table.flags.f_contiguous and not table.flags.c_contiguous else "C")
-        grown[:table.shape[0], :table.shape[1]] = table
+        grown = np.zeros(
+            (height, max(table.shape[1], 2 * t)),
+            dtype=table.dtype,
+            order="F" if table.flags.f_contiguous and not table.flags.c_contiguous else "C",
+        )
+        grown[: table.shape[0], : table.shape[1]] = table
         return grown, np.concatenate([cols, np.zeros(grown.shape[0] - len(cols), dtype=np.int64)])
 
     def after_ids(self, shape: Shape, keys: np.ndarray) -> np.ndarray:
@@ -474,7 +521,7 @@ class _FragCache:
             if directory is None or len(directory) < self.states:
                 grown = np.full(max(64, 2 * self.states), -1, dtype=np.int64)
                 if directory is not None:
-                    grown[:len(directory)] = directory
+                    grown[: len(directory)] = directory
                 directory = self.after_dir[shape] = grown
             rows = directory[states]
             missing = rows < 0
@@ -505,9 +552,21 @@ class ClusterIndex:
     row). Device slots per node are columns 0..G-1; cap 0 marks a missing device.
     """
 
-    def __init__(self, *, names: Sequence[str], cpu_total, mem_total, models: Sequence[str],
-                 cap, cpu_free=None, mem_free=None, free=None, memory_total=None, memory_free=None,
-                 device_memory=None):
+    def __init__(
+        self,
+        *,
+        names: Sequence[str],
+        cpu_total,
+        mem_total,
+        models: Sequence[str],
+        cap,
+        cpu_free=None,
+        mem_free=None,
+        free=None,
+        memory_total=None,
+        memory_free=None,
+        device_memory=None,
+    ):
         self.names = list(names)
         self.row = {name: i for i, name in enumerate(self.names)}
         self.cpu_total = np.asarray(cpu_total, dtype=np.int64)
@@ -516,16 +575,18 @@ class ClusterIndex:
         self.mem_free = np.array(self.mem_total if mem_free is None else mem_free, dtype=np.int64)
         self.model_ids: dict[str, int] = {}
         self.model = np.array([self.model_ids.setdefault(m, len(self.model_ids)) for m in models], dtype=np.int64)
-        self.cap = np.asarray(cap, dtype=np.int64).reshape(len(self.names), -1) if len(self.names) else \
-            np.zeros((0, 1), dtype=np.int64)
+        self.cap = (
+            np.asarray(cap, dtype=np.int64).reshape(len(self.names), -1) if len(self.names) else np.zeros((0, 1), dtype=np.int64)
+        )
         self.free = np.array(self.cap if free is None else free, dtype=np.int64).reshape(self.cap.shape)
         self.gpu_total = self.cap.sum(axis=1)
         self.unit = self.cap.max(axis=1, initial=0)  # one device's amount (the node's largest)
         # Device memory (binpack/spread's measure, as `core._remaining_gpu`); openb: the GPU amount.
         self.memory_total = np.asarray(self.gpu_total if memory_total is None else memory_total, dtype=np.int64)
         self.memory_free = np.array(self.free.sum(axis=1) if memory_free is None else memory_free, dtype=np.int64)
-        self.device_memory = np.asarray(self.cap.max(axis=1, initial=0) if device_memory is None else device_memory,
-                                        dtype=np.int64)
+        self.device_memory = np.asarray(
+            self.cap.max(axis=1, initial=0) if device_memory is None else device_memory, dtype=np.int64
+        )
         # Equivalence classes: nodes in the same state (model, CPU, memory, device amounts as a
         # multiset) share an id, so a policy scores one representative per class.
         self._state_ids: dict[tuple, int] = {}
@@ -550,7 +611,7 @@ class ClusterIndex:
         self.idle[rows] = (present & (free == cap)).sum(axis=1)
         seen = np.zeros(free.shape, dtype=bool)
         for j in range(1, free.shape[1]):
-            seen[:, j] = (free[:, :j] == free[:, j:j + 1]).any(axis=1)
+            seen[:, j] = (free[:, :j] == free[:, j : j + 1]).any(axis=1)
         self.distinct[rows] = present & ~seen
 
     def _derive_row(self, row: int) -> None:
@@ -599,7 +660,7 @@ class ClusterIndex:
         """Replace a node's free figures (the scheduler, after the exact allocator's plan)."""
         self.cpu_free[row], self.mem_free[row], self.memory_free[row] = cpu_free, mem_free, memory_free
         self.free[row, :] = 0
-        self.free[row, :len(free)] = free
+        self.free[row, : len(free)] = free
         self.state[row] = self._state_id(row)
         self._derive_row(row)
 
@@ -695,8 +756,7 @@ class ClusterIndex:
         t = len(arrays.cpu)
         cache = self._frag_cache(workload, t)
         if shape.kind == SHARE:  # classes: (state, free amount of the device taken from)
-            ukeys, first, inverse = np.unique(state * (1 << 22) + self.free[cand, slots], return_index=True,
-                                              return_inverse=True)
+            ukeys, first, inverse = np.unique(state * (1 << 22) + self.free[cand, slots], return_index=True, return_inverse=True)
             before_ids = ukeys >> 22
         else:  # classes: states (one representative each: equal states score alike)
             first, inverse = self._classes(state)
@@ -719,9 +779,11 @@ class ClusterIndex:
                 np.concatenate([self.mem_free[before_rows], self.mem_free[after_rows] - shape.mem]),
                 self.model[rows],
                 np.concatenate([self.free[before_rows], self.after_states(shape, after_rows, slots[first[stale_after]])]),
-                self.cap[rows], arrays)
-            cache.store(before_new, parts[:len(before_rows)], t)
-            cache.store_after(after_ids[stale_after], parts[len(before_rows):], t)
+                self.cap[rows],
+                arrays,
+            )
+            cache.store(before_new, parts[: len(before_rows)], t)
+            cache.store_after(after_ids[stale_after], parts[len(before_rows) :], t)
         p = arrays.p
         delta = cache.after[after_ids, :t] @ p - cache.before_dots(before_ids, p, t, self.state)
         return delta[inverse.reshape(-1)]
@@ -772,7 +834,7 @@ class ClusterIndex:
         if share is None:  # the cluster's GPU by model never changes
             capacity = np.bincount(self.model, weights=self.gpu_total, minlength=len(self.model_ids))
             share = self._model_share = capacity / max(capacity.sum(), 1)
-        return np.where(share > 0, demand[:len(share)] / np.maximum(share, 1e-12), 0.0)
+        return np.where(share > 0, demand[: len(share)] / np.maximum(share, 1e-12), 0.0)
 
     def _stranded(self, rows, arrays, cpu=None, mem=None, gpu=None) -> np.ndarray:
         """Free GPU on each row's node that its free CPU or memory cannot serve at the seen
@@ -826,7 +888,7 @@ class ClusterIndex:
         if shape.kind == SHARE:
             return {slot: shape.amount}
         if shape.kind == WHOLE:
-            idle = np.nonzero((self.free[row] == self.cap[row]) & (self.cap[row] > 0))[0][:shape.count]
+            idle = np.nonzero((self.free[row] == self.cap[row]) & (self.cap[row] > 0))[0][: shape.count]
             return {int(s): int(self.free[row, s]) for s in idle}
         if shape.kind == SPAN:
             after = self.after_states(shape, np.array([row]), np.array([-1]))
@@ -841,16 +903,19 @@ class ClusterIndex:
 # only) and `best_only` (see `ClusterIndex.scores`); it answers (rows, slots, keys) for
 # np.lexsort, lower is better, most significant key last.
 
+
 def _remaining_memory(index: ClusterIndex, shape: Shape, cand) -> np.ndarray:
     """The candidates' node GPU memory left after `shape`, as a fraction of their total."""
-    taken = (shape.memory + shape.device_fraction * index.device_memory[cand]
-             if shape.memory or shape.device_fraction else shape.gpu_amount)
+    taken = (
+        shape.memory + shape.device_fraction * index.device_memory[cand]
+        if shape.memory or shape.device_fraction
+        else shape.gpu_amount
+    )
     total = np.where(index.memory_total[cand] > 0, index.memory_total[cand], 1)
     return (index.memory_free[cand] - taken) / total
 
 
-def score_binpack(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *,
-                  best_only: bool = False):
+def score_binpack(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *, best_only: bool = False):
     """binpack (HAMi's node policy): the node with the least GPU left free after the request (its
     GPU memory, as a fraction of the node's), the first node on a tie; within the node, for a
     SHARE request, the device with the least free amount that holds it (the allocator's
@@ -861,8 +926,7 @@ def score_binpack(index: ClusterIndex, shape: Shape, cand, slots, workload: Work
     return cand, slots, (cand, remaining)
 
 
-def score_spread(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *,
-                 best_only: bool = False):
+def score_spread(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *, best_only: bool = False):
     """spread (HAMi's node policy): binpack's order reversed: the node with the most GPU left
     free after the request, the first node on a tie; within the node, for a SHARE request, the
     device with the most free amount."""
@@ -872,8 +936,7 @@ def score_spread(index: ClusterIndex, shape: Shape, cand, slots, workload: Workl
     return cand, slots, (cand, -remaining)
 
 
-def score_best_fit(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *,
-                   best_only: bool = False):
+def score_best_fit(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *, best_only: bool = False):
     """best-fit: the node the request fills best (`ClusterIndex._best_fit`: CPU, memory and GPU
     left, weighted); within the node, for a SHARE request, the device with the least free
     amount that holds it."""
@@ -889,8 +952,7 @@ def _needs_workload(policy: str, workload: Workload | None) -> Workload:
     return workload
 
 
-def score_fgd(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *,
-              best_only: bool = False):
+def score_fgd(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *, best_only: bool = False):
     """fgd (Weng et al. ATC'23, "Fragmentation Gradient Descent"): the candidate whose
     fragmentation grows least, weighed by the workload seen so far. Raises ValueError without
     `workload`."""
@@ -901,8 +963,7 @@ def score_fgd(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload
     return cand, slots, (cand, index._frag_delta(shape, cand, slots, arrays, workload))
 
 
-def score_fgd_plus(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *,
-                   best_only: bool = False):
+def score_fgd_plus(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *, best_only: bool = False):
     """fgd-plus (ours, on fgd): for SHARE and SPAN requests first the packing plan's rank and
     the model's scarcity pressure, then fgd's fragmentation growth plus best-fit, stranded CPU
     and memory and (with SCARCITY_WEIGHT) scarcity terms. Raises ValueError without `workload`."""
@@ -922,14 +983,21 @@ def score_fgd_plus(index: ClusterIndex, shape: Shape, cand, slots, workload: Wor
     delta = index._frag_delta(shape, cand, slots, arrays, workload)
     gpu_after = index._gpu_after(shape, cand)
     fit = index._best_fit(shape, cand, gpu_after, PLUS_FIT_WEIGHTS)
-    stranded = index._stranded(cand, arrays, index.cpu_free[cand] - shape.cpu, index.mem_free[cand] - shape.mem,
-                               gpu_after) - index._stranded(cand, arrays)
+    stranded = index._stranded(
+        cand, arrays, index.cpu_free[cand] - shape.cpu, index.mem_free[cand] - shape.mem, gpu_after
+    ) - index._stranded(cand, arrays)
     score = delta / arrays.total + FIT_WEIGHT * fit * np.maximum(index.unit[cand], 1) + STRAND_WEIGHT * stranded
     if SCARCITY_WEIGHT and pressured:
         score = score + SCARCITY_WEIGHT * pressure * (
-            shape.gpu_amount + (shape.cpu / arrays.cpu_per_gpu if arrays.cpu_per_gpu > 0 else 0))
+            shape.gpu_amount + (shape.cpu / arrays.cpu_per_gpu if arrays.cpu_per_gpu > 0 else 0)
+        )
     return cand, slots, (cand, fit, score, *leading)
 
 
-POLICY_SCORERS = {"binpack": score_binpack, "spread": score_spread, "best-fit": score_best_fit, "fgd": score_fgd,
-                  "fgd-plus": score_fgd_plus}
+POLICY_SCORERS = {
+    "binpack": score_binpack,
+    "spread": score_spread,
+    "best-fit": score_best_fit,
+    "fgd": score_fgd,
+    "fgd-plus": score_fgd_plus,
+}

@@ -21,6 +21,7 @@ MIG: the map lists MIG GPUs apart (their idle instances and stranded slices come
 planner, `accelerators.allocation.mig`), and the plan does not move MIG sessions: the planner
 already reuses or destroys idle instances as a MIG request needs them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -86,8 +87,9 @@ class CompactionPlan:
         return not self.moves
 
 
-def request_fgpu(request: core.ResourceRequest, settings: core.FractionalSettings | None,
-                 nodes: Sequence[core.NodeState] = ()) -> Decimal:
+def request_fgpu(
+    request: core.ResourceRequest, settings: core.FractionalSettings | None, nodes: Sequence[core.NodeState] = ()
+) -> Decimal:
     """How large `request` is in fGPU, to compare shapes: the amount (fGPU); whole devices × the
     largest device's capacity among `nodes`; per-device × its memory in fGPU (or × the largest
     capacity when it asks for all the memory). 0 without fractional settings or for CPU only."""
@@ -95,15 +97,26 @@ def request_fgpu(request: core.ResourceRequest, settings: core.FractionalSetting
         return core.ZERO
     if request.kind == "shares":
         return request.amount
-    largest = max((core.device_capacity(memory_size=d.memory_total, subproc_count=d.proc_total, settings=settings)
-                   for n in nodes for d in n.devices), default=Decimal(1))
+    largest = max(
+        (
+            core.device_capacity(memory_size=d.memory_total, subproc_count=d.proc_total, settings=settings)
+            for n in nodes
+            for d in n.devices
+        ),
+        default=Decimal(1),
+    )
     if request.kind == "per_device" and request.memory is not None and request.memory.bytes:
         return request.amount * Decimal(request.memory.bytes) / Decimal(settings.unit_mem)
     return request.amount * largest
 
 
-def fragmentation_map(nodes: Sequence[core.NodeState], settings: core.FractionalSettings, *,
-                      shapes: Sequence[core.ResourceRequest], options: dict | None = None) -> FragmentationMap:
+def fragmentation_map(
+    nodes: Sequence[core.NodeState],
+    settings: core.FractionalSettings,
+    *,
+    shapes: Sequence[core.ResourceRequest],
+    options: dict | None = None,
+) -> FragmentationMap:
     """The map of `nodes` (one group's, fractional mode) against the recent request `shapes`
     (see the module); `options`: `core.place`'s (the group's policy). Pure; raises nothing of its own."""
     shapes = tuple(shapes)
@@ -115,16 +128,23 @@ def fragmentation_map(nodes: Sequence[core.NodeState], settings: core.Fractional
         for d in n.devices:
             free = core.device_free_shares(d, settings)
             capacity = core.device_capacity(memory_size=d.memory_total, subproc_count=d.proc_total, settings=settings)
-            used = free > 0 and (any(any(g.device_id == d.device_id for g in p.grants) for _, p in fitting[n.node_id])
-                                 or any(place_on(n, replace(s, pins=(d.device_id,), exclude=()), settings, options)
-                                        for s in shapes))
-            devices.append(DeviceFree(n.node_id, d.device_id, d.label, free, capacity, d.sessions,
-                                      stranded=free > 0 and not used))
+            used = free > 0 and (
+                any(any(g.device_id == d.device_id for g in p.grants) for _, p in fitting[n.node_id])
+                or any(place_on(n, replace(s, pins=(d.device_id,), exclude=()), settings, options) for s in shapes)
+            )
+            devices.append(
+                DeviceFree(n.node_id, d.device_id, d.label, free, capacity, d.sessions, stranded=free > 0 and not used)
+            )
     placeable = [s for fits in fitting.values() for s, _ in fits]
     largest = max(placeable, key=lambda s: request_fgpu(s, settings, nodes), default=None)
-    return FragmentationMap(devices=tuple(devices), free=sum((d.free for d in devices), core.ZERO),
-                            stranded=sum((d.free for d in devices if d.stranded), core.ZERO),
-                            largest_fgpu=core.max_shares(nodes, settings), largest_shape=largest, shapes=shapes)
+    return FragmentationMap(
+        devices=tuple(devices),
+        free=sum((d.free for d in devices), core.ZERO),
+        stranded=sum((d.free for d in devices if d.stranded), core.ZERO),
+        largest_fgpu=core.max_shares(nodes, settings),
+        largest_shape=largest,
+        shapes=shapes,
+    )
 
 
 def movable(holder: Holder, now: float) -> bool:
@@ -132,9 +152,15 @@ def movable(holder: Holder, now: float) -> bool:
     return holder.preemptible and holder.ran(now) >= holder.min_runtime
 
 
-def compaction_plan(nodes: Sequence[core.NodeState], holders: Sequence[Holder], target: core.ResourceRequest,
-                    settings: core.FractionalSettings | None, *, now: float,
-                    options: dict | None = None) -> CompactionPlan | None:
+def compaction_plan(
+    nodes: Sequence[core.NodeState],
+    holders: Sequence[Holder],
+    target: core.ResourceRequest,
+    settings: core.FractionalSettings | None,
+    *,
+    now: float,
+    options: dict | None = None,
+) -> CompactionPlan | None:
     """The plan that makes `target` fit (see the module): None when no set of movable sessions
     on one node does it with every moved session fitting again; a plan without moves when it
     fits now. `holders`: the sessions holding `nodes`' resources (their grants counted in the
@@ -144,8 +170,10 @@ def compaction_plan(nodes: Sequence[core.NodeState], holders: Sequence[Holder], 
     def relocatable(room: Room) -> bool:
         if room.placement is None:  # room_needed's candidates always carry their placement
             return False
-        after = [core.apply_placement(release(n, room.victims), target, room.placement) if n.node_id == room.node_id
-                 else n for n in nodes]
+        after = [
+            core.apply_placement(release(n, room.victims), target, room.placement) if n.node_id == room.node_id else n
+            for n in nodes
+        ]
         placed = []
         for victim in sorted(room.victims, key=lambda h: (-h.shares, h.session_id)):
             request = _request_of(victim)
@@ -159,13 +187,22 @@ def compaction_plan(nodes: Sequence[core.NodeState], holders: Sequence[Holder], 
         moves[_key(room)] = tuple(placed)
         return True
 
-    room = room_needed(nodes, holders, target, settings, eligible=lambda h: movable(h, now),
-                       order=lambda h: (float(h.shares) * h.ran(now), h.session_id), options=options, accept=relocatable)
+    room = room_needed(
+        nodes,
+        holders,
+        target,
+        settings,
+        eligible=lambda h: movable(h, now),
+        order=lambda h: (float(h.shares) * h.ran(now), h.session_id),
+        options=options,
+        accept=relocatable,
+    )
     if room is None or room.placement is None:  # room_needed's rooms always carry their placement
         return None
     sessions_moved, lost = room.cost(now)
-    return CompactionPlan(node_id=room.node_id, moves=moves[_key(room)], placement=room.placement,
-                          sessions_moved=sessions_moved, work_lost=lost)
+    return CompactionPlan(
+        node_id=room.node_id, moves=moves[_key(room)], placement=room.placement, sessions_moved=sessions_moved, work_lost=lost
+    )
 
 
 def _key(room: Room) -> tuple:
@@ -177,5 +214,4 @@ def _request_of(holder: Holder) -> core.ResourceRequest:
     (`Holder.request`), else its fGPU (the sum of its grants), cores and memory."""
     if holder.request is not None:
         return holder.request
-    return core.ResourceRequest("shares" if holder.grants else "none", amount=holder.shares, cpu=holder.cpu,
-                                mem=holder.mem)
+    return core.ResourceRequest("shares" if holder.grants else "none", amount=holder.shares, cpu=holder.cpu, mem=holder.mem)

@@ -6,6 +6,7 @@ SMs. Capacity formula and the `evenly` / `fill` strategies are Backend.AI's frac
 where Backend.AI rounds a split below the request, this module grants exactly the request or
 raises. Functions never mutate their inputs; the scheduler writes the returned plan.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
@@ -227,7 +228,11 @@ def check_quantum(amount: Decimal, settings: FractionalSettings) -> None:
 
 
 def allocate_shares(
-    devices: Sequence[DeviceState], amount: Decimal, settings: FractionalSettings, *, strategy: Strategy = "evenly",
+    devices: Sequence[DeviceState],
+    amount: Decimal,
+    settings: FractionalSettings,
+    *,
+    strategy: Strategy = "evenly",
     plan_for: PlanLookup | None = None,
 ) -> tuple[DeviceGrant, ...]:
     """Split `amount` fGPU over `devices` of one node; the grants add up to exactly `amount`.
@@ -278,9 +283,7 @@ def allocate_shares(
             taken = _water_fill(by_free[:count], free, want)
     else:
         raise InvalidResourceRequest(f"unknown allocation strategy {strategy!r} (expected 'evenly' or 'fill')")
-    return tuple(
-        shares_grant(d.device_id, quantum * taken[d.device_id], settings) for d in devices if taken.get(d.device_id)
-    )
+    return tuple(shares_grant(d.device_id, quantum * taken[d.device_id], settings) for d in devices if taken.get(d.device_id))
 
 
 def _water_fill(chosen: Sequence[DeviceState], free: dict[str, int], want: int) -> dict[str, int]:
@@ -301,8 +304,9 @@ def _water_fill(chosen: Sequence[DeviceState], free: dict[str, int], want: int) 
     return taken
 
 
-def allocate_devices(devices: Sequence[DeviceState], count: int, *, node: NodeState | None = None,
-                     numa_required: bool = False) -> tuple[DeviceGrant, ...]:
+def allocate_devices(
+    devices: Sequence[DeviceState], count: int, *, node: NodeState | None = None, numa_required: bool = False
+) -> tuple[DeviceGrant, ...]:
     """Give `count` whole, idle devices: the best-linked set where `node` reports links,
     else devices that share one NUMA node (the smallest NUMA group that holds them all).
     Raises InsufficientResource."""
@@ -313,8 +317,7 @@ def allocate_devices(devices: Sequence[DeviceState], count: int, *, node: NodeSt
         raise InsufficientResource(f"{count} whole GPU(s) requested, {len(idle)} idle on this node")
     chosen = _topology_pick(idle, count, node, numa_required=numa_required)
     return tuple(
-        DeviceGrant(device_id=d.device_id, shares=Decimal(1), memory=d.memory_total, procs=Decimal(d.proc_total))
-        for d in chosen
+        DeviceGrant(device_id=d.device_id, shares=Decimal(1), memory=d.memory_total, procs=Decimal(d.proc_total)) for d in chosen
     )
 
 
@@ -342,8 +345,9 @@ def _numa_pick(devices: Sequence[DeviceState], count: int, *, required: bool) ->
     return list(devices[:count])
 
 
-def _topology_pick(ordered: Sequence[DeviceState], count: int, node: NodeState | None, *,
-                   numa_required: bool) -> list[DeviceState]:
+def _topology_pick(
+    ordered: Sequence[DeviceState], count: int, node: NodeState | None, *, numa_required: bool
+) -> list[DeviceState]:
     """`count` devices from `ordered` (policy order). Where the node reports links between its
     devices: several devices → the best-linked set (`topology.best_set`); one device → the
     worst-connected one (`topology.loneliest`), keeping well-linked devices free together for
@@ -394,14 +398,20 @@ def device_score(device: DeviceState, request: ResourceRequest, weights: tuple[D
     procs = Decimal(device.hardware_procs) * request.cores / 100
     w_mem, w_proc, w_sessions = weights
     split = device.max_sessions or 10
-    return (w_mem * Decimal(device.memory_used + memory) / max(device.memory_total, 1)
-            + w_proc * (device.proc_used + procs) / max(device.proc_total, 1)
-            + w_sessions * Decimal(device.sessions + 1) / split)
+    return (
+        w_mem * Decimal(device.memory_used + memory) / max(device.memory_total, 1)
+        + w_proc * (device.proc_used + procs) / max(device.proc_total, 1)
+        + w_sessions * Decimal(device.sessions + 1) / split
+    )
 
 
 def allocate_per_device(
-    devices: Sequence[DeviceState], request: ResourceRequest, settings: FractionalSettings | None, *,
-    policy: Policy = "binpack", node: NodeState | None = None,
+    devices: Sequence[DeviceState],
+    request: ResourceRequest,
+    settings: FractionalSettings | None,
+    *,
+    policy: Policy = "binpack",
+    node: NodeState | None = None,
 ) -> tuple[DeviceGrant, ...]:
     """Give `request.amount` distinct devices, each `request.memory` and `request.cores`
     percent of its SMs (HAMi's per-device memory + core limits, Run:ai's fractions, eGPU's
@@ -463,8 +473,9 @@ def _unfragmented(devices, request: ResourceRequest, settings: FractionalSetting
     return allocate_shares(devices, request.amount, settings, strategy="fill")
 
 
-def _plan_ranks(devices: Sequence[DeviceState], free: dict[str, int], want: int, settings: FractionalSettings,
-                plan_for: PlanLookup) -> dict[str, int]:
+def _plan_ranks(
+    devices: Sequence[DeviceState], free: dict[str, int], want: int, settings: FractionalSettings, plan_for: PlanLookup
+) -> dict[str, int]:
     """Per device id, `packing.plan_ranks` for `want` quanta (as cluster.ClusterIndex ranks
     the node's candidates)."""
     capacity = np.array([_device_units(d, settings)[1] for d in devices], dtype=np.int64)
@@ -473,8 +484,15 @@ def _plan_ranks(devices: Sequence[DeviceState], free: dict[str, int], want: int,
     return {d.device_id: int(r) for d, r in zip(devices, ranks)}
 
 
-def _allocate_on_node(node: NodeState, request: ResourceRequest, settings: FractionalSettings | None, strategy: Strategy,
-                      policy: Policy = "binpack", no_fragmentation: bool = False, plan_for: PlanLookup | None = None):
+def _allocate_on_node(
+    node: NodeState,
+    request: ResourceRequest,
+    settings: FractionalSettings | None,
+    strategy: Strategy,
+    policy: Policy = "binpack",
+    no_fragmentation: bool = False,
+    plan_for: PlanLookup | None = None,
+):
     if request.cpu > node.cpu_total - node.cpu_used:
         raise InsufficientResource(f"{request.cpu} CPU cores requested, {node.cpu_total - node.cpu_used} free")
     if request.mem > node.mem_total - node.mem_used:
@@ -501,8 +519,9 @@ def _allocate_on_node(node: NodeState, request: ResourceRequest, settings: Fract
     return allocate_devices(devices, int(request.amount), node=node, numa_required=request.numa)
 
 
-def _shares_on_one_numa_node(devices, request: ResourceRequest, settings: FractionalSettings, strategy: Strategy,
-                             plan_for: PlanLookup | None = None):
+def _shares_on_one_numa_node(
+    devices, request: ResourceRequest, settings: FractionalSettings, strategy: Strategy, plan_for: PlanLookup | None = None
+):
     """An fGPU request kept on one NUMA node: the first NUMA node (by its devices' order) that
     holds it. Raises the last node's InsufficientResource when none does."""
     groups = _by_numa(devices)
@@ -555,8 +574,9 @@ def place(
     plan_for = workload.packing_plan if policy == "fgd-plus" and workload is not None else None
     for row in index.ranking(shape, policy, workload):
         try:
-            grants = _allocate_on_node(nodes[row], request, settings, strategy, _device_policy(policy), no_fragmentation,
-                                       plan_for)
+            grants = _allocate_on_node(
+                nodes[row], request, settings, strategy, _device_policy(policy), no_fragmentation, plan_for
+            )
         except InsufficientResource:
             continue
         return Placement(nodes[row].node_id, grants)
@@ -598,8 +618,9 @@ def request_shape(request: ResourceRequest, settings: FractionalSettings | None)
             fraction = float(count)
         elif request.memory.percent:
             fraction = float(count * request.memory.percent / 100)
-        return cluster.Shape(cluster.NONE, cpu=cpu, mem=mem, count=count, memory=count * memory,
-                             device_fraction=fraction, per_device=True)
+        return cluster.Shape(
+            cluster.NONE, cpu=cpu, mem=mem, count=count, memory=count * memory, device_fraction=fraction, per_device=True
+        )
     return cluster.Shape(cluster.NONE, cpu=cpu, mem=mem)
 
 
@@ -608,8 +629,12 @@ def _device_units(device: DeviceState, settings: FractionalSettings | None) -> t
     memory in discrete mode. A full device (split count reached, all SMs held) has none free."""
     if settings is not None:
         quantum = settings.quantum
-        cap = int(truncate(device_capacity(memory_size=device.memory_total, subproc_count=device.proc_total,
-                                           settings=settings), quantum) / quantum)
+        cap = int(
+            truncate(
+                device_capacity(memory_size=device.memory_total, subproc_count=device.proc_total, settings=settings), quantum
+            )
+            / quantum
+        )
         if cap == 0:  # too small for one quantum: still a whole device
             return int(device.is_idle), 1
         free = int(truncate(device_free_shares(device, settings), quantum) / quantum)
@@ -647,10 +672,18 @@ def cluster_index(nodes: Sequence[NodeState], settings: FractionalSettings | Non
         memory_free.append(sum(d.memory_total - d.memory_used for d in node.devices))
         device_memory.append(max((d.memory_total for d in node.devices), default=0))
     return cluster.ClusterIndex(
-        names=[n.node_id for n in nodes], cpu_total=[n.cpu_total for n in nodes], mem_total=[n.mem_total for n in nodes],
-        cpu_free=[n.cpu_total - n.cpu_used for n in nodes], mem_free=[n.mem_total - n.mem_used for n in nodes],
-        models=["" for _ in nodes], cap=cap, free=free, memory_total=memory_total, memory_free=memory_free,
-        device_memory=device_memory)
+        names=[n.node_id for n in nodes],
+        cpu_total=[n.cpu_total for n in nodes],
+        mem_total=[n.mem_total for n in nodes],
+        cpu_free=[n.cpu_total - n.cpu_used for n in nodes],
+        mem_free=[n.mem_total - n.mem_used for n in nodes],
+        models=["" for _ in nodes],
+        cap=cap,
+        free=free,
+        memory_total=memory_total,
+        memory_free=memory_free,
+        device_memory=device_memory,
+    )
 
 
 def apply_placement(node: NodeState, request: ResourceRequest, placement: Placement) -> NodeState:
@@ -681,11 +714,14 @@ def release_placement(node: NodeState, *, cpu: int, mem: int, grants: Iterable[D
     for d in node.devices:
         g = given.get(d.device_id)
         if g is not None:
-            d = replace(d, memory_used=max(0, d.memory_used - g.memory), proc_used=max(ZERO, d.proc_used - g.procs),
-                        sessions=max(0, d.sessions - 1))
+            d = replace(
+                d,
+                memory_used=max(0, d.memory_used - g.memory),
+                proc_used=max(ZERO, d.proc_used - g.procs),
+                sessions=max(0, d.sessions - 1),
+            )
         devices.append(d)
-    return replace(node, cpu_used=max(0, node.cpu_used - cpu), mem_used=max(0, node.mem_used - mem),
-                   devices=tuple(devices))
+    return replace(node, cpu_used=max(0, node.cpu_used - cpu), mem_used=max(0, node.mem_used - mem), devices=tuple(devices))
 
 
 def check_ever_fits(
@@ -710,8 +746,9 @@ def check_ever_fits(
 def emptied(nodes: Iterable[NodeState]) -> list[NodeState]:
     """The same nodes and devices with nothing allocated: what the cluster could ever hold."""
     return [
-        replace(n, cpu_used=0, mem_used=0,
-                devices=tuple(replace(d, memory_used=0, proc_used=ZERO, sessions=0) for d in n.devices))
+        replace(
+            n, cpu_used=0, mem_used=0, devices=tuple(replace(d, memory_used=0, proc_used=ZERO, sessions=0) for d in n.devices)
+        )
         for n in nodes
     ]
 
@@ -732,19 +769,25 @@ def _never_reason(nodes: Sequence[NodeState], request: ResourceRequest, settings
         if len(reasons) == len(nodes):
             return f"{request.slot}: no node could ever give it: " + "; ".join(reasons[:3])
     if request.kind == "shares" and settings is not None and max_shares(nodes, settings) < request.amount:
-        return (f"{request.slot}.shares: {amount_text(request.amount)} fGPU requested, but the largest any node can hold "
-                f"is {max_shares(nodes, settings):.2f} fGPU")
+        return (
+            f"{request.slot}.shares: {amount_text(request.amount)} fGPU requested, but the largest any node can hold "
+            f"is {max_shares(nodes, settings):.2f} fGPU"
+        )
     if request.kind == "device" and max_devices(nodes) < request.amount:
-        return (f"{request.slot}.device: {amount_text(request.amount)} GPU(s) requested, "
-                f"but the largest node has {max_devices(nodes)}")
+        return (
+            f"{request.slot}.device: {amount_text(request.amount)} GPU(s) requested, "
+            f"but the largest node has {max_devices(nodes)}"
+        )
     cpu = max((n.cpu_total for n in nodes), default=0)
     mem = max((n.mem_total for n in nodes), default=0)
     if request.cpu > cpu:
         return f"cpu: {request.cpu} CPU cores requested, but the largest node has {cpu}"
     if request.mem > mem:
         return f"mem: {format_binary_size(request.mem)} memory requested, but the largest node has {format_binary_size(mem)}"
-    return (f"no single node has {request.cpu} CPU cores, {format_binary_size(request.mem)} memory and the "
-            f"accelerator amount together")
+    return (
+        f"no single node has {request.cpu} CPU cores, {format_binary_size(request.mem)} memory and the "
+        f"accelerator amount together"
+    )
 
 
 def max_shares(nodes: Iterable[NodeState], settings: FractionalSettings) -> Decimal:

@@ -1,4 +1,5 @@
 """Typed allocation errors. Each carries a sentence a user can act on (`str(error)`)."""
+
 from __future__ import annotations
 
 

@@ -33,6 +33,7 @@ instances are destroyed only when their slices are needed (the plan names them).
 `accelerators.allocation.errors`: InvalidResourceRequest (unknown profile), NeverSchedulable
 (larger than the GPU's largest profile), InsufficientResource (no room now).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -69,44 +70,145 @@ KINDS = tuple(GEOMETRY)
 # model → (family, whole-GPU memory in GiB as the names give it, source, {kind: (name,
 # observed SMs or 0, observed memory GiB text or "")}). From mig-profiles.csv.
 MODELS: dict[str, tuple[str, int, str, dict[str, tuple[str, int, str]]]] = {
-    "A100-40GB": ("A100", 40, "captured: MIG User Guide lgip/lgipp example (A100-SXM4-40GB)", {
-        "1g": ("1g.5gb", 14, "4.75"), "1g+me": ("1g.5gb+me", 14, "4.75"), "1g.2x": ("1g.10gb", 14, "9.62"),
-        "2g": ("2g.10gb", 28, "9.62"), "3g": ("3g.20gb", 42, "19.5"), "4g": ("4g.20gb", 56, "19.5"),
-        "7g": ("7g.40gb", 98, "39.25")}),
-    "A100-80GB": ("A100", 80, "A100 80GB PCIe lgip capture (driver 515.86.01); names from mig-parted "
-                              "config-default.yaml; 1g.20gb assumed same as A100-40GB (same GA100 slot layout)", {
-        "1g": ("1g.10gb", 14, "9.5"), "1g+me": ("1g.10gb+me", 14, "9.5"), "1g.2x": ("1g.20gb", 14, ""),
-        "2g": ("2g.20gb", 28, "19.5"), "3g": ("3g.40gb", 42, "39.25"), "4g": ("4g.40gb", 56, "39.25"),
-        "7g": ("7g.80gb", 98, "79.0")}),
-    "H100-80GB": ("H100", 80, "captured: H100 80GB HBM3 lgip/lgipp capture (public repo notes)", {
-        "1g": ("1g.10gb", 16, "9.75"), "1g+me": ("1g.10gb+me", 16, "9.75"), "1g.2x": ("1g.20gb", 26, "19.62"),
-        "2g": ("2g.20gb", 32, "19.62"), "3g": ("3g.40gb", 60, "39.5"), "4g": ("4g.40gb", 64, "39.5"),
-        "7g": ("7g.80gb", 132, "79.25")}),
-    "H100-94GB": ("H100", 94, "captured: Azure NC40ads_H100_v5 (H100 NVL) lgip/lgipp capture", {
-        "1g": ("1g.12gb", 16, "10.75"), "1g+me": ("1g.12gb+me", 16, "10.75"), "1g.2x": ("1g.24gb", 26, "21.62"),
-        "2g": ("2g.24gb", 32, "21.62"), "3g": ("3g.47gb", 60, "46.38"), "4g": ("4g.47gb", 64, "46.38"),
-        "7g": ("7g.94gb", 132, "93.12")}),
-    "H100-96GB": ("H100", 96, "not captured (assumed same layout): mig-parted config-default.yaml "
-                              "(H100 96GB, GH200 96GB, H20 96GB)", {
-        "1g": ("1g.12gb", 0, ""), "1g+me": ("1g.12gb+me", 0, ""), "1g.2x": ("1g.24gb", 0, ""),
-        "2g": ("2g.24gb", 0, ""), "3g": ("3g.48gb", 0, ""), "4g": ("4g.48gb", 0, ""), "7g": ("7g.96gb", 0, "")}),
-    "H200-141GB": ("H200", 141, "not captured (assumed same layout): MIG User Guide Table 8 (H200); partial lgip "
-                                "capture in a public test fixture; 3g SM=60 from third-party notes", {
-        "1g": ("1g.18gb", 16, "16.0"), "1g+me": ("1g.18gb+me", 16, "16.0"), "1g.2x": ("1g.35gb", 0, ""),
-        "2g": ("2g.35gb", 32, "32.5"), "3g": ("3g.71gb", 60, ""), "4g": ("4g.71gb", 0, ""),
-        "7g": ("7g.141gb", 132, "140.0")}),
-    "GH200-144GB": ("GH200", 144, "not captured: mig-parted config-default.yaml (GH200 144GB HBM3e)", {
-        "1g": ("1g.18gb", 0, ""), "1g+me": ("1g.18gb+me", 0, ""), "1g.2x": ("1g.36gb", 0, ""),
-        "2g": ("2g.36gb", 0, ""), "3g": ("3g.72gb", 0, ""), "4g": ("4g.72gb", 0, ""), "7g": ("7g.144gb", 0, "")}),
-    "B200-180GB": ("B200", 180, "not captured: MIG User Guide Table 9 (B200); mig-parted config-default.yaml", {
-        "1g": ("1g.23gb", 0, ""), "1g+me": ("1g.23gb+me", 0, ""), "1g.2x": ("1g.45gb", 0, ""),
-        "2g": ("2g.45gb", 0, ""), "3g": ("3g.90gb", 0, ""), "4g": ("4g.90gb", 0, ""), "7g": ("7g.180gb", 0, "")}),
-    "GB200-186GB": ("GB200", 186, "not captured: mig-parted config-default.yaml (GB200 HGX)", {
-        "1g": ("1g.23gb", 0, ""), "1g+me": ("1g.23gb+me", 0, ""), "1g.2x": ("1g.47gb", 0, ""),
-        "2g": ("2g.47gb", 0, ""), "3g": ("3g.93gb", 0, ""), "4g": ("4g.93gb", 0, ""), "7g": ("7g.186gb", 0, "")}),
+    "A100-40GB": (
+        "A100",
+        40,
+        "captured: MIG User Guide lgip/lgipp example (A100-SXM4-40GB)",
+        {
+            "1g": ("1g.5gb", 14, "4.75"),
+            "1g+me": ("1g.5gb+me", 14, "4.75"),
+            "1g.2x": ("1g.10gb", 14, "9.62"),
+            "2g": ("2g.10gb", 28, "9.62"),
+            "3g": ("3g.20gb", 42, "19.5"),
+            "4g": ("4g.20gb", 56, "19.5"),
+            "7g": ("7g.40gb", 98, "39.25"),
+        },
+    ),
+    "A100-80GB": (
+        "A100",
+        80,
+        "A100 80GB PCIe lgip capture (driver 515.86.01); names from mig-parted "
+        "config-default.yaml; 1g.20gb assumed same as A100-40GB (same GA100 slot layout)",
+        {
+            "1g": ("1g.10gb", 14, "9.5"),
+            "1g+me": ("1g.10gb+me", 14, "9.5"),
+            "1g.2x": ("1g.20gb", 14, ""),
+            "2g": ("2g.20gb", 28, "19.5"),
+            "3g": ("3g.40gb", 42, "39.25"),
+            "4g": ("4g.40gb", 56, "39.25"),
+            "7g": ("7g.80gb", 98, "79.0"),
+        },
+    ),
+    "H100-80GB": (
+        "H100",
+        80,
+        "captured: H100 80GB HBM3 lgip/lgipp capture (public repo notes)",
+        {
+            "1g": ("1g.10gb", 16, "9.75"),
+            "1g+me": ("1g.10gb+me", 16, "9.75"),
+            "1g.2x": ("1g.20gb", 26, "19.62"),
+            "2g": ("2g.20gb", 32, "19.62"),
+            "3g": ("3g.40gb", 60, "39.5"),
+            "4g": ("4g.40gb", 64, "39.5"),
+            "7g": ("7g.80gb", 132, "79.25"),
+        },
+    ),
+    "H100-94GB": (
+        "H100",
+        94,
+        "captured: Azure NC40ads_H100_v5 (H100 NVL) lgip/lgipp capture",
+        {
+            "1g": ("1g.12gb", 16, "10.75"),
+            "1g+me": ("1g.12gb+me", 16, "10.75"),
+            "1g.2x": ("1g.24gb", 26, "21.62"),
+            "2g": ("2g.24gb", 32, "21.62"),
+            "3g": ("3g.47gb", 60, "46.38"),
+            "4g": ("4g.47gb", 64, "46.38"),
+            "7g": ("7g.94gb", 132, "93.12"),
+        },
+    ),
+    "H100-96GB": (
+        "H100",
+        96,
+        "not captured (assumed same layout): mig-parted config-default.yaml (H100 96GB, GH200 96GB, H20 96GB)",
+        {
+            "1g": ("1g.12gb", 0, ""),
+            "1g+me": ("1g.12gb+me", 0, ""),
+            "1g.2x": ("1g.24gb", 0, ""),
+            "2g": ("2g.24gb", 0, ""),
+            "3g": ("3g.48gb", 0, ""),
+            "4g": ("4g.48gb", 0, ""),
+            "7g": ("7g.96gb", 0, ""),
+        },
+    ),
+    "H200-141GB": (
+        "H200",
+        141,
+        "not captured (assumed same layout): MIG User Guide Table 8 (H200); partial lgip "
+        "capture in a public test fixture; 3g SM=60 from third-party notes",
+        {
+            "1g": ("1g.18gb", 16, "16.0"),
+            "1g+me": ("1g.18gb+me", 16, "16.0"),
+            "1g.2x": ("1g.35gb", 0, ""),
+            "2g": ("2g.35gb", 32, "32.5"),
+            "3g": ("3g.71gb", 60, ""),
+            "4g": ("4g.71gb", 0, ""),
+            "7g": ("7g.141gb", 132, "140.0"),
+        },
+    ),
+    "GH200-144GB": (
+        "GH200",
+        144,
+        "not captured: mig-parted config-default.yaml (GH200 144GB HBM3e)",
+        {
+            "1g": ("1g.18gb", 0, ""),
+            "1g+me": ("1g.18gb+me", 0, ""),
+            "1g.2x": ("1g.36gb", 0, ""),
+            "2g": ("2g.36gb", 0, ""),
+            "3g": ("3g.72gb", 0, ""),
+            "4g": ("4g.72gb", 0, ""),
+            "7g": ("7g.144gb", 0, ""),
+        },
+    ),
+    "B200-180GB": (
+        "B200",
+        180,
+        "not captured: MIG User Guide Table 9 (B200); mig-parted config-default.yaml",
+        {
+            "1g": ("1g.23gb", 0, ""),
+            "1g+me": ("1g.23gb+me", 0, ""),
+            "1g.2x": ("1g.45gb", 0, ""),
+            "2g": ("2g.45gb", 0, ""),
+            "3g": ("3g.90gb", 0, ""),
+            "4g": ("4g.90gb", 0, ""),
+            "7g": ("7g.180gb", 0, ""),
+        },
+    ),
+    "GB200-186GB": (
+        "GB200",
+        186,
+        "not captured: mig-parted config-default.yaml (GB200 HGX)",
+        {
+            "1g": ("1g.23gb", 0, ""),
+            "1g+me": ("1g.23gb+me", 0, ""),
+            "1g.2x": ("1g.47gb", 0, ""),
+            "2g": ("2g.47gb", 0, ""),
+            "3g": ("3g.93gb", 0, ""),
+            "4g": ("4g.93gb", 0, ""),
+            "7g": ("7g.186gb", 0, ""),
+        },
+    ),
 }
-ALIASES = {"A100": "A100-40GB", "H100": "H100-80GB", "H200": "H200-141GB", "B200": "B200-180GB",
-           "H100-NVL": "H100-94GB", "H20": "H100-96GB", "GH200": "GH200-144GB", "GB200": "GB200-186GB"}
+ALIASES = {
+    "A100": "A100-40GB",
+    "H100": "H100-80GB",
+    "H200": "H200-141GB",
+    "B200": "B200-180GB",
+    "H100-NVL": "H100-94GB",
+    "H20": "H100-96GB",
+    "GH200": "GH200-144GB",
+    "GB200": "GB200-186GB",
+}
 
 
 @dataclass(frozen=True)
@@ -152,8 +254,7 @@ class MigCatalog:
             if profile.name == wanted:
                 return profile
         known = ", ".join(p.name for p in self.profiles)
-        raise InvalidResourceRequest(f"resources.mig_profile: {name!r} is not a MIG profile of {self.model} "
-                                     f"(known: {known})")
+        raise InvalidResourceRequest(f"resources.mig_profile: {name!r} is not a MIG profile of {self.model} (known: {known})")
 
     def by_nvml_profile(self, nvml_profile: int) -> MigProfile | None:
         return next((p for p in self.profiles if p.nvml_profile == nvml_profile), None)
@@ -165,21 +266,50 @@ class MigCatalog:
 
 def catalog_as_dict(catalog: MigCatalog) -> dict:
     """A JSON-safe form of `catalog` (what an agent reports per GPU); `catalog_from_dict` reads it."""
-    return {"model": catalog.model, "source": catalog.source, "profiles": [
-        {"name": p.name, "nvml_profile": p.nvml_profile, "profile_id": p.profile_id, "compute_slices": p.compute_slices,
-         "memory_slices": p.memory_slices, "memory": p.memory, "sm_count": p.sm_count,
-         "max_instances": p.max_instances, "starts": list(p.starts), "size": p.size} for p in catalog.profiles]}
+    return {
+        "model": catalog.model,
+        "source": catalog.source,
+        "profiles": [
+            {
+                "name": p.name,
+                "nvml_profile": p.nvml_profile,
+                "profile_id": p.profile_id,
+                "compute_slices": p.compute_slices,
+                "memory_slices": p.memory_slices,
+                "memory": p.memory,
+                "sm_count": p.sm_count,
+                "max_instances": p.max_instances,
+                "starts": list(p.starts),
+                "size": p.size,
+            }
+            for p in catalog.profiles
+        ],
+    }
 
 
 def catalog_from_dict(data: dict) -> MigCatalog:
     """`catalog_as_dict`'s form → MigCatalog. Raises InvalidResourceRequest for a malformed one."""
     try:
-        profiles = tuple(sorted((MigProfile(
-            name=str(p["name"]), nvml_profile=int(p["nvml_profile"]), profile_id=int(p["profile_id"]),
-            compute_slices=int(p["compute_slices"]), memory_slices=int(p["memory_slices"]), memory=int(p["memory"]),
-            sm_count=int(p["sm_count"]), max_instances=int(p["max_instances"]),
-            starts=tuple(int(x) for x in p["starts"]), size=int(p["size"])) for p in data["profiles"]),
-            key=_smallest_first))
+        profiles = tuple(
+            sorted(
+                (
+                    MigProfile(
+                        name=str(p["name"]),
+                        nvml_profile=int(p["nvml_profile"]),
+                        profile_id=int(p["profile_id"]),
+                        compute_slices=int(p["compute_slices"]),
+                        memory_slices=int(p["memory_slices"]),
+                        memory=int(p["memory"]),
+                        sm_count=int(p["sm_count"]),
+                        max_instances=int(p["max_instances"]),
+                        starts=tuple(int(x) for x in p["starts"]),
+                        size=int(p["size"]),
+                    )
+                    for p in data["profiles"]
+                ),
+                key=_smallest_first,
+            )
+        )
         return MigCatalog(model=str(data["model"]), profiles=profiles, source=str(data.get("source", "")))
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidResourceRequest(f"a reported MIG catalog is malformed: {exc!r}") from None
@@ -204,10 +334,21 @@ def _build(model: str) -> MigCatalog:
             memory, assumed = observed_memory[slices], True
         else:
             memory, assumed = (whole_gib * GiB * slices // MEMORY_SLICES) // EIGHTH_GIB * EIGHTH_GIB, True
-        profiles.append(MigProfile(
-            name=name, nvml_profile=nvml_profile, profile_id=profile_id, compute_slices=compute, memory_slices=slices,
-            memory=memory, sm_count=sms or observed_sms.get(compute, 0), max_instances=max_count, starts=starts,
-            size=size, memory_assumed=assumed))
+        profiles.append(
+            MigProfile(
+                name=name,
+                nvml_profile=nvml_profile,
+                profile_id=profile_id,
+                compute_slices=compute,
+                memory_slices=slices,
+                memory=memory,
+                sm_count=sms or observed_sms.get(compute, 0),
+                max_instances=max_count,
+                starts=starts,
+                size=size,
+                memory_assumed=assumed,
+            )
+        )
     profiles.sort(key=_smallest_first)
     return MigCatalog(model=model, profiles=tuple(profiles), source=source)
 
@@ -324,8 +465,10 @@ def candidate_profiles(catalog: MigCatalog, request: MigRequest) -> list[MigProf
     fitting = [p for p in catalog.profiles if p.memory >= request.memory and not p.media_extensions]
     if not fitting:
         largest = catalog.largest
-        raise NeverSchedulable(f"{format_binary_size(request.memory)} is more than the largest MIG instance of "
-                               f"{catalog.model} ({largest.name}, {format_binary_size(largest.memory)})")
+        raise NeverSchedulable(
+            f"{format_binary_size(request.memory)} is more than the largest MIG instance of "
+            f"{catalog.model} ({largest.name}, {format_binary_size(largest.memory)})"
+        )
     return sorted(fitting, key=_smallest_first)
 
 
@@ -357,8 +500,7 @@ def plan_instance(catalog: MigCatalog, instances: Sequence[MigInstance], request
             return MigPlan(profile=profile, start=best[1], destroy=best[2])
     used = ", ".join(f"{i.profile}@{i.start}" for i in sorted(instances, key=lambda i: i.start) if i.in_use) or "none"
     names = ", ".join(p.name for p in candidates)
-    raise InsufficientResource(f"no room for {request.describe()} ({names}) on this {catalog.model}: "
-                               f"instances in use {used}")
+    raise InsufficientResource(f"no room for {request.describe()} ({names}) on this {catalog.model}: instances in use {used}")
 
 
 def _creation_option(catalog: MigCatalog, instances: Sequence[MigInstance], profile: MigProfile, start: int):
@@ -375,8 +517,7 @@ def _creation_option(catalog: MigCatalog, instances: Sequence[MigInstance], prof
     return key, start, tuple(i.key for i in sorted(blockers, key=lambda i: i.start))
 
 
-def _blockers(catalog: MigCatalog, instances: Sequence[MigInstance], profile: MigProfile,
-              start: int) -> list[MigInstance] | None:
+def _blockers(catalog: MigCatalog, instances: Sequence[MigInstance], profile: MigProfile, start: int) -> list[MigInstance] | None:
     """The idle instances in the way of creating `profile` at `start`, or None when it cannot
     be created there (past slice 7, over an instance in use, over the max count, over 7
     compute slices)."""
@@ -428,8 +569,10 @@ def layout_problems(catalog: MigCatalog, instances: Iterable[MigInstance]) -> li
             problems.append(f"{instance.key}: {instance.profile!r} is not a MIG profile of {catalog.model}")
             continue
         if instance.start not in profile.starts:
-            problems.append(f"{instance.key}: {profile.name} cannot start at memory slice {instance.start} "
-                            f"(allowed: {', '.join(map(str, profile.starts))})")
+            problems.append(
+                f"{instance.key}: {profile.name} cannot start at memory slice {instance.start} "
+                f"(allowed: {', '.join(map(str, profile.starts))})"
+            )
         for slot in slices_of(profile, instance.start):
             if slot in owner:
                 problems.append(f"{instance.key}: memory slice {slot} is already held by {owner[slot]}")
@@ -483,9 +626,8 @@ def _longest_run(free: set[int]) -> int:
 
 
 def memory_text(profile: MigProfile) -> str:
-    """"19.62 GiB" for display (truncated to 2 decimals)."""
+    """ "19.62 GiB" for display (truncated to 2 decimals)."""
     return format_binary_size(profile.memory)
-
 
 
 def layout_digest(gpus: Iterable[str], instances: Iterable[tuple[str, str, int]]) -> str:
@@ -493,6 +635,7 @@ def layout_digest(gpus: Iterable[str], instances: Iterable[tuple[str, str, int]]
     the manager's comparison: `gpus` the GPU UUIDs in scope, `instances` (GPU UUID, profile,
     first memory slice) tuples (order does not matter). Both sides compute it with this one
     function, so equal layouts give equal digests. Returns 16 hex digits (SHA-256, cut)."""
-    body = json.dumps({"gpus": sorted(set(gpus)), "instances": sorted([g, p, int(s)] for g, p, s in instances)},
-                      separators=(",", ":"))
+    body = json.dumps(
+        {"gpus": sorted(set(gpus)), "instances": sorted([g, p, int(s)] for g, p, s in instances)}, separators=(",", ":")
+    )
     return hashlib.sha256(body.encode()).hexdigest()[:16]

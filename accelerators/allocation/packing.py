@@ -22,6 +22,7 @@ device first, then on an idle one, then anywhere else it fits.
 Units: `capacity` and amounts are integers in the caller's device units (openb: milli-GPU,
 1000 a GPU; the scheduler: fGPU quanta of one device). Pure: numpy and scipy's HiGHS LP.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -65,8 +66,13 @@ class PackingPlan:
         return inside & self.table[np.clip(used, 0, self.capacity), column]
 
 
-def plan_ranks(capacity: np.ndarray, used: np.ndarray, amount: int,
-               plan_for: Callable[[int], PackingPlan | None], eligible: np.ndarray | None = None) -> np.ndarray:
+def plan_ranks(
+    capacity: np.ndarray,
+    used: np.ndarray,
+    amount: int,
+    plan_for: Callable[[int], PackingPlan | None],
+    eligible: np.ndarray | None = None,
+) -> np.ndarray:
     """fgd-plus's order among devices for a request of `amount` units, one int per device
     (arrays of any one shape: `capacity` and `used` in units, `eligible` bool, default all):
     0 in use and on the plan for `amount`, 1 idle, 2 otherwise or not eligible; every eligible
@@ -132,9 +138,14 @@ def solve_packing_plan(capacity: int, demand: Mapping[int, float], start: Packin
         patterns.append(counts)
     support = [j for j in range(len(patterns)) if result.x[j] > 1e-9]
     chosen = tuple(tuple((amounts[i], int(patterns[j][i])) for i in np.nonzero(patterns[j])[0]) for j in support)
-    return PackingPlan(capacity=capacity, amounts=amounts, patterns=chosen,
-                       frequency=tuple(float(result.x[j]) for j in support), bins=float(result.fun),
-                       table=_on_plan_table(capacity, amounts, chosen))
+    return PackingPlan(
+        capacity=capacity,
+        amounts=amounts,
+        patterns=chosen,
+        frequency=tuple(float(result.x[j]) for j in support),
+        bins=float(result.fun),
+        table=_on_plan_table(capacity, amounts, chosen),
+    )
 
 
 def _knapsack(weights: list[int], values: np.ndarray, room: int) -> tuple[float, np.ndarray]:

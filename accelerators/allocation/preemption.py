@@ -25,6 +25,7 @@ preferred (`order`); `preemption_choice` is that question under the preemption r
 The ETA and what-if engineers reuse `room_needed` with their own `eligible` (every running
 session) and `order` (the declared or predicted end) for "what would make it fit now".
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
@@ -106,14 +107,19 @@ def release(node: core.NodeState, holders: Iterable[Holder]) -> core.NodeState:
     devices = []
     for d in node.devices:
         for g in taken.get(d.device_id, ()):
-            d = replace(d, memory_used=max(0, d.memory_used - g.memory), proc_used=max(core.ZERO, d.proc_used - g.procs),
-                        sessions=max(0, d.sessions - 1))
+            d = replace(
+                d,
+                memory_used=max(0, d.memory_used - g.memory),
+                proc_used=max(core.ZERO, d.proc_used - g.procs),
+                sessions=max(0, d.sessions - 1),
+            )
         devices.append(d)
     return replace(node, cpu_used=max(0, node.cpu_used - cpu), mem_used=max(0, node.mem_used - mem), devices=tuple(devices))
 
 
-def place_on(node: core.NodeState, request: core.ResourceRequest, settings: core.FractionalSettings | None,
-             options: dict | None = None) -> core.Placement | None:
+def place_on(
+    node: core.NodeState, request: core.ResourceRequest, settings: core.FractionalSettings | None, options: dict | None = None
+) -> core.Placement | None:
     """The allocator's plan for `request` on `node` alone under `options` (`core.place`'s
     policy, strategy, no_fragmentation), or None when it does not fit there now or ever."""
     try:
@@ -122,10 +128,17 @@ def place_on(node: core.NodeState, request: core.ResourceRequest, settings: core
         return None
 
 
-def room_needed(nodes: Sequence[core.NodeState], holders: Iterable[Holder], request: core.ResourceRequest,
-                settings: core.FractionalSettings | None, *, eligible: Callable[[Holder], bool] = lambda h: True,
-                order: Callable[[Holder], Any] = lambda h: 0, options: dict | None = None,
-                accept: Callable[[Room], bool] | None = None) -> Room | None:
+def room_needed(
+    nodes: Sequence[core.NodeState],
+    holders: Iterable[Holder],
+    request: core.ResourceRequest,
+    settings: core.FractionalSettings | None,
+    *,
+    eligible: Callable[[Holder], bool] = lambda h: True,
+    order: Callable[[Holder], Any] = lambda h: 0,
+    options: dict | None = None,
+    accept: Callable[[Room], bool] | None = None,
+) -> Room | None:
     """The fewest `eligible` holders, all on one node, whose removal lets the allocator place
     `request` there (`core.place` under `options`); among sets of that size the one first by
     `order` (the sorted order keys compared in turn); among nodes, the fewest victims, then
@@ -146,8 +159,9 @@ def room_needed(nodes: Sequence[core.NodeState], holders: Iterable[Holder], requ
             by_node.setdefault(h.node_id, []).append(h)
     best: tuple | None = None
     for position, node in enumerate(nodes):
-        found = _node_room(node, sorted(by_node.get(node.node_id, []), key=order), request, settings, options,
-                           accept or (lambda room: True))
+        found = _node_room(
+            node, sorted(by_node.get(node.node_id, []), key=order), request, settings, options, accept or (lambda room: True)
+        )
         if found is None:
             continue
         key = (len(found.victims), [order(v) for v in found.victims], position)
@@ -158,8 +172,14 @@ def room_needed(nodes: Sequence[core.NodeState], holders: Iterable[Holder], requ
     return best[1] if best is not None else None
 
 
-def _node_room(node: core.NodeState, candidates: list[Holder], request: core.ResourceRequest,
-               settings: core.FractionalSettings | None, options: dict | None, accept) -> Room | None:
+def _node_room(
+    node: core.NodeState,
+    candidates: list[Holder],
+    request: core.ResourceRequest,
+    settings: core.FractionalSettings | None,
+    options: dict | None,
+    accept,
+) -> Room | None:
     """`room_needed` on one node; `candidates` in preference order."""
     placement = place_on(node, request, settings, options)
     if placement is not None and accept(Room(node.node_id, (), placement)):
@@ -184,8 +204,9 @@ def _node_room(node: core.NodeState, candidates: list[Holder], request: core.Res
     return None  # every candidate set that fits was refused by `accept`
 
 
-def _shortfall(node: core.NodeState, request: core.ResourceRequest,
-               settings: core.FractionalSettings | None) -> tuple[int, int, Decimal]:
+def _shortfall(
+    node: core.NodeState, request: core.ResourceRequest, settings: core.FractionalSettings | None
+) -> tuple[int, int, Decimal]:
     """What `node` lacks for `request` at the least, whatever the allocator's choice: (CPU
     cores, memory bytes, fGPU; fGPU only for an fGPU request), each ≥ 0. The fGPU free is
     counted before truncation and split counts (what removing sessions could at most add to)."""
@@ -193,9 +214,19 @@ def _shortfall(node: core.NodeState, request: core.ResourceRequest,
     mem = max(0, request.mem - (node.mem_total - node.mem_used))
     fgpu = core.ZERO
     if request.kind == "shares" and settings is not None:
-        free = sum((max(core.ZERO, min(Decimal(d.memory_total - d.memory_used) / settings.unit_mem,
-                                       (Decimal(d.proc_total) - d.proc_used) / settings.unit_proc))
-                    for d in node.devices), core.ZERO)
+        free = sum(
+            (
+                max(
+                    core.ZERO,
+                    min(
+                        Decimal(d.memory_total - d.memory_used) / settings.unit_mem,
+                        (Decimal(d.proc_total) - d.proc_used) / settings.unit_proc,
+                    ),
+                )
+                for d in node.devices
+            ),
+            core.ZERO,
+        )
         fgpu = max(core.ZERO, request.amount - free)
     return cpu, mem, fgpu
 
@@ -204,19 +235,26 @@ def _freed(holder: Holder, settings: core.FractionalSettings | None) -> Decimal:
     """The most fGPU removing `holder` can add to its node's free count (`_shortfall`'s)."""
     if settings is None:
         return core.ZERO
-    return sum((max(Decimal(g.memory) / settings.unit_mem, g.procs / settings.unit_proc) for g in holder.grants),
-               core.ZERO)
+    return sum((max(Decimal(g.memory) / settings.unit_mem, g.procs / settings.unit_proc) for g in holder.grants), core.ZERO)
 
 
 def _covers(subset: Sequence[Holder], short: tuple[int, int, Decimal], freed: dict[str, Decimal]) -> bool:
     """Whether removing `subset` frees at least `short` (a necessary condition only)."""
     cpu, mem, fgpu = short
-    return (sum(h.cpu for h in subset) >= cpu and sum(h.mem for h in subset) >= mem
-            and (not fgpu or sum((freed[h.session_id] for h in subset), core.ZERO) >= fgpu))
+    return (
+        sum(h.cpu for h in subset) >= cpu
+        and sum(h.mem for h in subset) >= mem
+        and (not fgpu or sum((freed[h.session_id] for h in subset), core.ZERO) >= fgpu)
+    )
 
 
-def _irreducible(node: core.NodeState, candidates: list[Holder], request: core.ResourceRequest,
-                 settings: core.FractionalSettings | None, options: dict | None) -> Room:
+def _irreducible(
+    node: core.NodeState,
+    candidates: list[Holder],
+    request: core.ResourceRequest,
+    settings: core.FractionalSettings | None,
+    options: dict | None,
+) -> Room:
     """Every candidate removed, then each put back, least preferred first, where the request
     still fits without it."""
     chosen = list(candidates)
@@ -240,13 +278,28 @@ def may_preempt(holder: Holder, *, priority: int, factor: float, now: float, mar
     return factor >= 2.0 ** -(1 - margin) and holder.factor <= 2.0 ** -(1 + margin)
 
 
-def preemption_choice(nodes: Sequence[core.NodeState], holders: Iterable[Holder], request: core.ResourceRequest,
-                      settings: core.FractionalSettings | None, *, priority: int, factor: float, now: float,
-                      options: dict | None = None, margin: float = SHARE_MARGIN) -> Room | None:
+def preemption_choice(
+    nodes: Sequence[core.NodeState],
+    holders: Iterable[Holder],
+    request: core.ResourceRequest,
+    settings: core.FractionalSettings | None,
+    *,
+    priority: int,
+    factor: float,
+    now: float,
+    options: dict | None = None,
+    margin: float = SHARE_MARGIN,
+) -> Room | None:
     """The sessions to preempt for a waiting `request` (of `priority`, its owner's fair-share
     `factor`) at `now` (epoch seconds): `room_needed` over the holders `may_preempt` allows,
     youngest first (latest `started_at`). None when preemption cannot make it fit (then nothing
     is preempted); a Room without victims when it fits already. Shapes as `room_needed`."""
-    return room_needed(nodes, holders, request, settings,
-                       eligible=lambda h: may_preempt(h, priority=priority, factor=factor, now=now, margin=margin),
-                       order=lambda h: (-h.started_at, h.session_id), options=options)
+    return room_needed(
+        nodes,
+        holders,
+        request,
+        settings,
+        eligible=lambda h: may_preempt(h, priority=priority, factor=factor, now=now, margin=margin),
+        order=lambda h: (-h.started_at, h.session_id),
+        options=options,
+    )

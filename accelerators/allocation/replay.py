@@ -16,6 +16,7 @@ scheduler's ("expected start time" of pending jobs from the running jobs' time l
 `squeue --start`); here the ends are predictions, not limits, and the answer is a band
 (`eta_band`: the earliest from the optimistic ends, the latest from the pessimistic ones).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -115,8 +116,15 @@ class Replay:
     ended: dict[str, float] = field(default_factory=dict)
 
 
-def replay(queue: Iterable[Queued], *, ends: dict[str, float | None], room: Room, now: float,
-           backfill_limit: int, max_events: int = MAX_EVENTS) -> Replay:
+def replay(
+    queue: Iterable[Queued],
+    *,
+    ends: dict[str, float | None],
+    room: Room,
+    now: float,
+    backfill_limit: int,
+    max_events: int = MAX_EVENTS,
+) -> Replay:
     """Replay `queue` (in queue order; not changed) on `room` from `now` (epoch seconds).
     `ends`: key of each session holding room now → when it ends (epoch seconds; None: no known
     end: it holds its room for the whole replay). A queued session with `arrives` joins the
@@ -152,8 +160,9 @@ def replay(queue: Iterable[Queued], *, ends: dict[str, float | None], room: Room
     return out
 
 
-def _pass(waiting: list[Queued], t: float, room: Room, backfill_limit: int, holding: dict, out: Replay,
-          reasons: dict[str, str]) -> list[Queued]:
+def _pass(
+    waiting: list[Queued], t: float, room: Room, backfill_limit: int, holding: dict, out: Replay, reasons: dict[str, str]
+) -> list[Queued]:
     """One pass at `t` over `waiting` (queue order): the real pass's rules (module docstring).
     Returns those still waiting; records starts in `out` and the placed ones' ends in `holding`."""
     backfill = Backfill(backfill_limit)
@@ -221,8 +230,7 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def remaining_band(history: list[float], elapsed: float, *, low: float, high: float,
-                   minimum: int) -> tuple[float, float] | None:
+def remaining_band(history: list[float], elapsed: float, *, low: float, high: float, minimum: int) -> tuple[float, float] | None:
     """How much longer a session that has run `elapsed` seconds runs, from the runtimes
     (seconds) of like sessions before it: the `low` and `high` quantiles of those that ran at
     least as long, minus `elapsed` (never below 0). None with fewer than `minimum` such runtimes

@@ -17,6 +17,7 @@ Any style may add `devices` (pins: UUIDs or indexes), `exclude`, `policy` (`binp
 `spread`, `best-fit`, `fgd`, `fgd-plus`: accelerators/allocation/cluster.py), `numa` (true: one NUMA node) and `resource_group` (a node pool's name). Where HAMi clamps cores above 100 or below 0
 silently (a bug its users reported), they are refused here.
 """
+
 from __future__ import annotations
 
 from dataclasses import fields
@@ -41,8 +42,14 @@ HAMI_STYLE = {"gpu", "gpu_memory", "gpu_memory_percentage", "gpu_cores"}
 FRACTION_STYLE = {"gpu_fraction"}
 HAMI_NVIDIA = {"nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores"}
 HAMI_METAX = {"metax-tech.com/sgpu", "metax-tech.com/vcore", "metax-tech.com/vmemory"}
-EGPU_KEYS = {"GPU_MEM_PER_DEVICE", "ALIYUN_COM_GPU_MEM_CONTAINER", "ALIYUN_COM_GPU_MEM_DEV",
-             "ALIYUN_COM_GPU_MEM_RESERVED", "GPU_UTIL_PER_DEVICE", "NVIDIA_VISIBLE_DEVICES"}
+EGPU_KEYS = {
+    "GPU_MEM_PER_DEVICE",
+    "ALIYUN_COM_GPU_MEM_CONTAINER",
+    "ALIYUN_COM_GPU_MEM_DEV",
+    "ALIYUN_COM_GPU_MEM_RESERVED",
+    "GPU_UTIL_PER_DEVICE",
+    "NVIDIA_VISIBLE_DEVICES",
+}
 
 
 def fail(key: str, problem: str) -> NoReturn:
@@ -54,7 +61,7 @@ def parse_resources(resources: object) -> ResourceRequest:
     amount=0.5, cpu=1, mem=1073741824, slot="cuda"); every dialect of the module docstring
     likewise. One accelerator dialect per request. Raises InvalidResourceRequest."""
     if not isinstance(resources, dict):
-        raise InvalidResourceRequest("resources: expected an object such as {\"cuda.shares\": \"0.5\"}")
+        raise InvalidResourceRequest('resources: expected an object such as {"cuda.shares": "0.5"}')
     _check_text(resources)
     cpu = _parse_cpu(resources.get("cpu", DEFAULT_CPU))
     try:
@@ -85,8 +92,10 @@ def _check_text(resources: dict) -> None:
         for key, item in items:
             where = f"{path}.{key}" if path else str(key)
             if not all(_storable(text) for text in (key, item) if isinstance(text, str)):
-                fail(where.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00"),
-                     "contains a NUL character or an unpaired surrogate (text that cannot be stored)")
+                fail(
+                    where.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00"),
+                    "contains a NUL character or an unpaired surrogate (text that cannot be stored)",
+                )
             stack.append((where, item))
 
 
@@ -103,29 +112,40 @@ def _storable(text: str) -> bool:
 def _parse_accelerator(accelerator: dict, *, cpu: int, mem: int, common: dict) -> ResourceRequest:
     styles = _styles(accelerator)
     if len(styles) > 1:
-        raise InvalidResourceRequest(
-            f"resources: one accelerator request per session, got {', '.join(sorted(accelerator))}"
-        )
+        raise InvalidResourceRequest(f"resources: one accelerator request per session, got {', '.join(sorted(accelerator))}")
     style = styles[0] if styles else "cpu"
     if style == "cpu":
         if common["pins"]:
             fail("devices", "pinning devices needs a GPU request")
-        return ResourceRequest(kind="none", amount=ZERO, cpu=cpu, mem=mem, slot="", style="cpu",
-                               resource_group=common["resource_group"])
+        return ResourceRequest(
+            kind="none", amount=ZERO, cpu=cpu, mem=mem, slot="", style="cpu", resource_group=common["resource_group"]
+        )
     if common["strategy"] and not style.endswith(".shares"):
         fail("strategy", "applies to fGPU requests (<slot>.shares) only")
     parsed = _parser(style)(accelerator)
     kind, amount, slot = parsed["kind"], parsed["amount"], parsed["slot"]
     if amount == 0:
-        return ResourceRequest(kind="none", amount=ZERO, cpu=cpu, mem=mem, slot="", style="cpu",
-                               resource_group=common["resource_group"])
+        return ResourceRequest(
+            kind="none", amount=ZERO, cpu=cpu, mem=mem, slot="", style="cpu", resource_group=common["resource_group"]
+        )
     pins = parsed.pop("pins", ()) or common["pins"]
     if style.startswith("slot:"):
         style = "fgpu" if kind == "shares" else "devices"
     return ResourceRequest(
-        kind=kind, amount=Decimal(amount), cpu=cpu, mem=mem, slot=slot, memory=parsed.get("memory"),
-        cores=parsed.get("cores", ZERO), pins=pins, exclude=common["exclude"], policy=common["policy"],
-        strategy=common["strategy"], numa=common["numa"], style=style, resource_group=common["resource_group"],
+        kind=kind,
+        amount=Decimal(amount),
+        cpu=cpu,
+        mem=mem,
+        slot=slot,
+        memory=parsed.get("memory"),
+        cores=parsed.get("cores", ZERO),
+        pins=pins,
+        exclude=common["exclude"],
+        policy=common["policy"],
+        strategy=common["strategy"],
+        numa=common["numa"],
+        style=style,
+        resource_group=common["resource_group"],
     )
 
 
@@ -137,13 +157,13 @@ def _mig_request(accelerator: dict, *, cpu: int, mem: int, common: dict) -> tupl
         fail("isolation", f"{isolation!r} is not an isolation (mig, any or shared)")
     if "mig_profile" in accelerator:
         if isolation != "mig":
-            fail("isolation", "a mig_profile request is a MIG instance: isolation must be \"mig\" or left out")
+            fail("isolation", 'a mig_profile request is a MIG instance: isolation must be "mig" or left out')
         others = sorted(set(accelerator) - {"mig_profile", "isolation"})
         if others:
             fail("mig_profile", f"one accelerator request per session, got mig_profile and {', '.join(others)}")
         profile = accelerator["mig_profile"]
         if not isinstance(profile, str) or not PROFILE_NAME.match(profile.strip().lower()):
-            fail("mig_profile", f"{profile!r} is not a MIG profile (e.g. \"1g.10gb\", \"2g.20gb\" or \"10g\")")
+            fail("mig_profile", f'{profile!r} is not a MIG profile (e.g. "1g.10gb", "2g.20gb" or "10g")')
         return isolation, _mig(cpu, mem, common, mig_profile=profile.strip().lower(), memory=None)
     if isolation == "shared":
         return isolation, None
@@ -156,16 +176,26 @@ def _mig_request(accelerator: dict, *, cpu: int, mem: int, common: dict) -> tupl
         fail("gpu", "a MIG request is for one instance (gpu: 1)")
     if isolation == "any":
         return isolation, None
-    return isolation, _mig(cpu, mem, common, mig_profile="",
-                           memory=MemorySpec(bytes=_size(accelerator["gpu_memory"], "gpu_memory")))
+    return isolation, _mig(
+        cpu, mem, common, mig_profile="", memory=MemorySpec(bytes=_size(accelerator["gpu_memory"], "gpu_memory"))
+    )
 
 
 def _mig(cpu: int, mem: int, common: dict, *, mig_profile: str, memory: MemorySpec | None) -> MigResourceRequest:
     if common["pins"] or common["exclude"]:
         fail("devices", "MIG instances are chosen by the scheduler; devices and exclude do not apply")
-    return MigResourceRequest(kind="mig", amount=Decimal(1), cpu=cpu, mem=mem, slot="cuda", memory=memory,
-                              style="mig", resource_group=common["resource_group"], mig_profile=mig_profile,
-                              isolation="mig")
+    return MigResourceRequest(
+        kind="mig",
+        amount=Decimal(1),
+        cpu=cpu,
+        mem=mem,
+        slot="cuda",
+        memory=memory,
+        style="mig",
+        resource_group=common["resource_group"],
+        mig_profile=mig_profile,
+        isolation="mig",
+    )
 
 
 def _styles(accelerator: dict) -> list[str]:
@@ -182,8 +212,11 @@ def _styles(accelerator: dict) -> list[str]:
         else:
             slot, _, subtype = key.partition(".")
             if not slot or subtype not in ("shares", "device"):
-                fail(key, "unknown resource (expected <slot>.shares, <slot>.device, gpu/gpu_memory/gpu_cores, "
-                          "gpu_fraction, nvidia.com/gpu…, egpu, cpu or mem, e.g. cuda.shares)")
+                fail(
+                    key,
+                    "unknown resource (expected <slot>.shares, <slot>.device, gpu/gpu_memory/gpu_cores, "
+                    "gpu_fraction, nvidia.com/gpu…, egpu, cpu or mem, e.g. cuda.shares)",
+                )
             style = f"slot:{key}"
         if style not in styles:
             styles.append(style)
@@ -203,9 +236,14 @@ def _common_options(resources: dict) -> dict:
     group = resources.get("resource_group", "")
     if not isinstance(group, str):
         fail("resource_group", "expected the name of a resource group")
-    return {"pins": _device_list(resources.get("devices"), "devices"),
-            "exclude": _device_list(resources.get("exclude"), "exclude"),
-            "policy": policy, "strategy": strategy, "numa": numa, "resource_group": group}
+    return {
+        "pins": _device_list(resources.get("devices"), "devices"),
+        "exclude": _device_list(resources.get("exclude"), "exclude"),
+        "policy": policy,
+        "strategy": strategy,
+        "numa": numa,
+        "resource_group": group,
+    }
 
 
 def _device_list(value: object, key: str) -> tuple[str, ...]:
@@ -254,8 +292,9 @@ def _percent(value: object, key: str, *, allow_zero: bool = True) -> Decimal:
 def _size(value: object, key: str, *, bare_unit: int = 1) -> int:
     """A size (at most units.MAX_SIZE, 1 EiB); a bare whole number counts in `bare_unit` bytes
     (MiB for HAMi's gpumem)."""
-    bare = bare_unit != 1 and (isinstance(value, int) and not isinstance(value, bool) or
-                               isinstance(value, str) and value.strip().isdigit())
+    bare = bare_unit != 1 and (
+        isinstance(value, int) and not isinstance(value, bool) or isinstance(value, str) and value.strip().isdigit()
+    )
     try:
         size = parse_binary_size(value)
         if bare:
@@ -328,23 +367,29 @@ def _hami_metax(accelerator: dict) -> dict:
 def _egpu(accelerator: dict) -> dict:
     block = accelerator["egpu"]
     if not isinstance(block, dict):
-        fail("egpu", "expected an object of eGPU settings such as {\"GPU_MEM_PER_DEVICE\": 4294967296}")
+        fail("egpu", 'expected an object of eGPU settings such as {"GPU_MEM_PER_DEVICE": 4294967296}')
     for key in block:
         if key not in EGPU_KEYS:
             fail(f"egpu.{key}", f"unknown eGPU setting (known: {', '.join(sorted(EGPU_KEYS))})")
-    reserved = _count(block.get("ALIYUN_COM_GPU_MEM_RESERVED", EGPU_RESERVED_DEFAULT_MIB),
-                      "egpu.ALIYUN_COM_GPU_MEM_RESERVED") * MiB
+    reserved = (
+        _count(block.get("ALIYUN_COM_GPU_MEM_RESERVED", EGPU_RESERVED_DEFAULT_MIB), "egpu.ALIYUN_COM_GPU_MEM_RESERVED") * MiB
+    )
     if "GPU_MEM_PER_DEVICE" in block:
         if "ALIYUN_COM_GPU_MEM_CONTAINER" in block:
             fail("egpu.ALIYUN_COM_GPU_MEM_CONTAINER", "give GPU_MEM_PER_DEVICE or the proportional pair, not both")
         memory = MemorySpec(bytes=_size(block["GPU_MEM_PER_DEVICE"], "egpu.GPU_MEM_PER_DEVICE"))
     elif "ALIYUN_COM_GPU_MEM_CONTAINER" in block:
         container = _positive(block["ALIYUN_COM_GPU_MEM_CONTAINER"], "egpu.ALIYUN_COM_GPU_MEM_CONTAINER")
-        dev = _positive(block["ALIYUN_COM_GPU_MEM_DEV"], "egpu.ALIYUN_COM_GPU_MEM_DEV") \
-            if "ALIYUN_COM_GPU_MEM_DEV" in block else ZERO
+        dev = (
+            _positive(block["ALIYUN_COM_GPU_MEM_DEV"], "egpu.ALIYUN_COM_GPU_MEM_DEV")
+            if "ALIYUN_COM_GPU_MEM_DEV" in block
+            else ZERO
+        )
         if dev and container > dev:
-            fail("egpu.ALIYUN_COM_GPU_MEM_CONTAINER", f"{amount_text(container)} is more than ALIYUN_COM_GPU_MEM_DEV "
-                                                      f"{amount_text(dev)}")
+            fail(
+                "egpu.ALIYUN_COM_GPU_MEM_CONTAINER",
+                f"{amount_text(container)} is more than ALIYUN_COM_GPU_MEM_DEV {amount_text(dev)}",
+            )
         memory = MemorySpec(container=container, dev=dev, reserved=reserved)
     else:
         fail("egpu", "needs GPU_MEM_PER_DEVICE (bytes) or ALIYUN_COM_GPU_MEM_CONTAINER")
@@ -373,6 +418,8 @@ _PARSERS = {
     "hami-names-metax": _hami_metax,
     "egpu": _egpu,
 }
+
+
 def _parser(style: str):
     return _slot_style if style.startswith("slot:") else _PARSERS[style]
 
@@ -393,20 +440,35 @@ def _parse_cpu(value: object) -> int:
 
 # --- the normalised request as JSON (stored with the session) ------------------------------
 
+
 def request_to_spec(request: ResourceRequest) -> dict:
     """A JSON-safe dict of `request` (Decimals as text); `request_from_spec` reads it back."""
     memory = request.memory
-    mig = {"mig_profile": request.mig_profile, "isolation": request.isolation} \
-        if isinstance(request, MigResourceRequest) else {}
+    mig = {"mig_profile": request.mig_profile, "isolation": request.isolation} if isinstance(request, MigResourceRequest) else {}
     return {
         **mig,
-        "kind": request.kind, "amount": str(request.amount), "cpu": request.cpu, "mem": request.mem,
-        "slot": request.slot, "cores": str(request.cores), "pins": list(request.pins),
-        "exclude": list(request.exclude), "policy": request.policy, "strategy": request.strategy,
-        "numa": request.numa, "style": request.style, "resource_group": request.resource_group,
-        "memory": None if memory is None else {
-            "bytes": memory.bytes, "percent": str(memory.percent), "container": str(memory.container),
-            "dev": str(memory.dev), "reserved": memory.reserved},
+        "kind": request.kind,
+        "amount": str(request.amount),
+        "cpu": request.cpu,
+        "mem": request.mem,
+        "slot": request.slot,
+        "cores": str(request.cores),
+        "pins": list(request.pins),
+        "exclude": list(request.exclude),
+        "policy": request.policy,
+        "strategy": request.strategy,
+        "numa": request.numa,
+        "style": request.style,
+        "resource_group": request.resource_group,
+        "memory": None
+        if memory is None
+        else {
+            "bytes": memory.bytes,
+            "percent": str(memory.percent),
+            "container": str(memory.container),
+            "dev": str(memory.dev),
+            "reserved": memory.reserved,
+        },
     }
 
 
@@ -415,13 +477,28 @@ def request_from_spec(spec: dict) -> ResourceRequest:
     mig = {"mig_profile": spec.get("mig_profile", ""), "isolation": spec["isolation"]} if "isolation" in spec else {}
     return (MigResourceRequest if mig else ResourceRequest)(
         **mig,
-        kind=spec["kind"], amount=Decimal(spec["amount"]), cpu=spec["cpu"], mem=spec["mem"], slot=spec["slot"],
-        cores=Decimal(spec.get("cores", "0")), pins=tuple(spec.get("pins", ())), exclude=tuple(spec.get("exclude", ())),
-        policy=spec.get("policy"), strategy=spec.get("strategy"), numa=spec.get("numa", False),
-        style=spec.get("style", ""), resource_group=spec.get("resource_group", ""),
-        memory=None if memory is None else MemorySpec(
-            bytes=memory["bytes"], percent=Decimal(memory["percent"]), container=Decimal(memory["container"]),
-            dev=Decimal(memory["dev"]), reserved=memory["reserved"]),
+        kind=spec["kind"],
+        amount=Decimal(spec["amount"]),
+        cpu=spec["cpu"],
+        mem=spec["mem"],
+        slot=spec["slot"],
+        cores=Decimal(spec.get("cores", "0")),
+        pins=tuple(spec.get("pins", ())),
+        exclude=tuple(spec.get("exclude", ())),
+        policy=spec.get("policy"),
+        strategy=spec.get("strategy"),
+        numa=spec.get("numa", False),
+        style=spec.get("style", ""),
+        resource_group=spec.get("resource_group", ""),
+        memory=None
+        if memory is None
+        else MemorySpec(
+            bytes=memory["bytes"],
+            percent=Decimal(memory["percent"]),
+            container=Decimal(memory["container"]),
+            dev=Decimal(memory["dev"]),
+            reserved=memory["reserved"],
+        ),
     )
 
 

@@ -27,6 +27,7 @@ whose weakest pair is strongest (`best_set`); a one-device request takes the fre
 whose best link to the other free devices is weakest (`loneliest`), so that well-linked
 pairs stay free for later multi-device work.
 """
+
 from __future__ import annotations
 
 import math
@@ -167,14 +168,10 @@ def parse_link_kind(text: str) -> tuple[str, int]:
     if match and int(match.group(2)) >= 1:
         kind = METAXLINK if match.group(1) == METAXLINK else NVLINK
         return kind, int(match.group(2))
-    raise ValueError(
-        f"unknown link kind {text!r} (expected NVLINK, METAXLINK, NV<lanes>, PIX, PXB, PHB, NODE or SYS)"
-    )
+    raise ValueError(f"unknown link kind {text!r} (expected NVLINK, METAXLINK, NV<lanes>, PIX, PXB, PHB, NODE or SYS)")
 
 
-def pair_score(
-    a: str, b: str, links: Iterable[Link], *, numa: Mapping[str, int | None] | None = None
-) -> int:
+def pair_score(a: str, b: str, links: Iterable[Link], *, numa: Mapping[str, int | None] | None = None) -> int:
     """The score (`link_score`) of the best link between devices `a` and `b`; without one,
     NODE's score when `numa` (device id → NUMA node, None unknown) puts both on one NUMA
     node, else SYS's. Raises ValueError when `a == b`."""
@@ -281,7 +278,7 @@ def _set_key(subset: Sequence[int], matrix: list[list[int]]) -> tuple[int, int]:
     weakest, total = None, 0
     for i, a in enumerate(subset):
         row = matrix[a]
-        for b in subset[i + 1:]:
+        for b in subset[i + 1 :]:
             score = row[b]
             total += score
             if weakest is None or score < weakest:

@@ -9,6 +9,7 @@ BigIntegerField, amounts in DecimalField(max_digits=12, decimal_places=3)) or th
 arithmetic done with it: a size is at most MAX_SIZE (1 EiB), a decimal below MAX_DECIMAL (10^9)
 with at most MAX_DECIMAL_PLACES (6) digits after the point.
 """
+
 from __future__ import annotations
 
 import re
@@ -18,7 +19,7 @@ from decimal import ROUND_DOWN, Decimal, InvalidOperation
 from fgpu_cli.units import amount_text, fgpu_text, format_binary_size, format_number  # noqa: F401 (re-exported)
 
 MAX_SIZE = 1 << 60  # 1 EiB: far above any machine's memory, far below a BigIntegerField's 2^63 - 1
-MAX_DECIMAL = 10 ** 9  # amounts are stored with 9 digits before the point (max_digits 12, decimal_places 3)
+MAX_DECIMAL = 10**9  # amounts are stored with 9 digits before the point (max_digits 12, decimal_places 3)
 MAX_DECIMAL_PLACES = 6
 
 _SUFFIX_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
@@ -81,8 +82,7 @@ def parse_decimal(value: object, *, what: str) -> Decimal:
     if number >= MAX_DECIMAL:
         raise ValueError(f"{what}: {_short(value)} is too large (at most {MAX_DECIMAL - 1})")
     if number != number.quantize(Decimal(1).scaleb(-MAX_DECIMAL_PLACES)):
-        raise ValueError(f"{what}: {_short(value)} has too many digits after the point "
-                         f"(at most {MAX_DECIMAL_PLACES})")
+        raise ValueError(f"{what}: {_short(value)} has too many digits after the point (at most {MAX_DECIMAL_PLACES})")
     return number
 
 

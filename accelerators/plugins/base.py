@@ -3,6 +3,7 @@
 Plugins are named as in Backend.AI's agent.toml `allowed-compute-plugins`
 (`ai.backend.accelerator.mock`, `ai.backend.accelerator.cuda`).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

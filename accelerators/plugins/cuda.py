@@ -48,6 +48,7 @@ except "not supported" (or "function not found" on older drivers) for the option
 NUMA node, MIG mode, the attributes of a full GPU, NVLink and the PCIe topology — which fall
 back as described above.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -309,7 +310,7 @@ def _gpu_links(nvml: Any, gpus: list[tuple[Any, DeviceInfo]]) -> list[dict]:
 
     links = []
     for i, (handle_a, a) in enumerate(gpus):
-        for handle_b, b in gpus[i + 1:]:
+        for handle_b, b in gpus[i + 1 :]:
             lanes = max(direct[a.device_id][b.device_id], direct[b.device_id][a.device_id])
             lanes += min(switch_lanes[a.device_id], switch_lanes[b.device_id])
             if lanes:
@@ -368,8 +369,9 @@ def _call(nvml: Any, name: str, *args: Any, target: str = "") -> Any:
         raise _error(name, err, target) from err
 
 
-def _optional(nvml: Any, name: str, *args: Any, target: str = "",
-              also_unavailable: set[int] | frozenset[int] = frozenset()) -> Any:
+def _optional(
+    nvml: Any, name: str, *args: Any, target: str = "", also_unavailable: set[int] | frozenset[int] = frozenset()
+) -> Any:
     """Like `_call`, but None where the driver does not offer the field (NOT_SUPPORTED,
     FUNCTION_NOT_FOUND, or a binding too old to have the function)."""
     unavailable = {_code(nvml, "NVML_ERROR_NOT_SUPPORTED", 3), _code(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)}

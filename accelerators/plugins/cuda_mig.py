@@ -19,6 +19,7 @@ Calls, as the NVIDIA MIG User Guide and nvml.h describe them:
 Every NVML failure raises `MigNvmlError` with the reason in words (`reason_in_words`).
 Pass `nvml=` the pynvml module (default) or a fake with the same functions.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -34,8 +35,18 @@ from accelerators.plugins.nvml_names import nvml_text as _text
 MiB = 1 << 20
 MAX_GPU_INSTANCE_ID = 32  # NVML numbers GPU instances from 1; a GPU has at most 7 (+ none spare)
 # NVML_GPU_INSTANCE_PROFILE_* index → the suffix nvidia-smi adds to the name (nvml.h comments).
-_SUFFIXES = {7: "+me", 8: "+me", 13: "-me", 14: "-me", 15: "+me.all", 16: "+me.all", 10: "+gfx", 11: "+gfx",
-             12: "+gfx", 17: "+gfx"}
+_SUFFIXES = {
+    7: "+me",
+    8: "+me",
+    13: "-me",
+    14: "-me",
+    15: "+me.all",
+    16: "+me.all",
+    10: "+gfx",
+    11: "+gfx",
+    12: "+gfx",
+    17: "+gfx",
+}
 # compute slices → NVML_COMPUTE_INSTANCE_PROFILE_* (a compute instance over the whole GPU instance)
 _CI_PROFILES = {1: 0, 2: 1, 3: 2, 4: 3, 6: 6, 7: 4, 8: 5}
 
@@ -55,7 +66,7 @@ def reason_in_words(code: int | None, *, call: str = "") -> str:
     words = {
         pynvml.NVML_ERROR_IN_USE: "the MIG instance is in use: a process is still attached to it",
         pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: "the GPU has no room for this MIG instance at that placement "
-                                                  "(insufficient resources)",
+        "(insufficient resources)",
         pynvml.NVML_ERROR_NO_PERMISSION: "the agent may not change MIG instances (it must run as root)",
         pynvml.NVML_ERROR_NOT_SUPPORTED: "MIG mode is off on this GPU (or the GPU does not support MIG)",
         pynvml.NVML_ERROR_RESET_REQUIRED: "the GPU must be reset before its MIG mode change takes effect",
@@ -87,8 +98,7 @@ def mig_enabled(nvml: Any, handle: Any) -> None:
         raise MigNvmlError("nvmlDeviceGetMigMode", err.value, reason_in_words(err.value)) from err
     if int(current) == pynvml.NVML_DEVICE_MIG_ENABLE:
         return
-    code = pynvml.NVML_ERROR_RESET_REQUIRED if int(pending) == pynvml.NVML_DEVICE_MIG_ENABLE else \
-        pynvml.NVML_ERROR_NOT_SUPPORTED
+    code = pynvml.NVML_ERROR_RESET_REQUIRED if int(pending) == pynvml.NVML_DEVICE_MIG_ENABLE else pynvml.NVML_ERROR_NOT_SUPPORTED
     raise MigNvmlError("nvmlDeviceGetMigMode", code, reason_in_words(code))
 
 
@@ -120,13 +130,27 @@ def catalog_from_nvml(nvml: Any, handle: Any, *, model: str, memory_total: int, 
         name = _text(getattr(info, "name", b"") or "").strip()
         name = name[4:] if name.startswith("MIG ") else ""
         if not name:
-            name = mig_profile_name(gpu_slices=int(info.sliceCount), compute_slices=int(info.sliceCount),
-                                    memory_mib=int(info.memorySizeMB), parent_memory=memory_total) + _SUFFIXES.get(index, "")
+            name = mig_profile_name(
+                gpu_slices=int(info.sliceCount),
+                compute_slices=int(info.sliceCount),
+                memory_mib=int(info.memorySizeMB),
+                parent_memory=memory_total,
+            ) + _SUFFIXES.get(index, "")
         size = placements[0][1]
-        profiles.append(MigProfile(
-            name=name.lower(), nvml_profile=index, profile_id=int(info.id), compute_slices=int(info.sliceCount),
-            memory_slices=size, memory=int(info.memorySizeMB) * MiB, sm_count=int(info.multiprocessorCount),
-            max_instances=int(info.instanceCount), starts=tuple(s for s, _ in placements), size=size))
+        profiles.append(
+            MigProfile(
+                name=name.lower(),
+                nvml_profile=index,
+                profile_id=int(info.id),
+                compute_slices=int(info.sliceCount),
+                memory_slices=size,
+                memory=int(info.memorySizeMB) * MiB,
+                sm_count=int(info.multiprocessorCount),
+                max_instances=int(info.instanceCount),
+                starts=tuple(s for s, _ in placements),
+                size=size,
+            )
+        )
     profiles.sort(key=lambda p: (p.memory, p.memory_slices, p.compute_slices, p.media_extensions, p.nvml_profile))
     return MigCatalog(model=model, profiles=tuple(profiles), source="NVML on the node")
 
@@ -165,10 +189,18 @@ def list_instances(nvml: Any, handle: Any, *, gpu: str, catalog: MigCatalog) -> 
         info = call(nvml, "nvmlGpuInstanceGetInfo", gi)
         profile = by_id.get(int(info.profileId))
         uuid, memory, sms = devices.get(gi_id, ("", 0, 0))
-        found.append(LiveInstance(gpu=gpu, profile=profile.name if profile else f"profile-id-{info.profileId}",
-                                  start=int(info.placement.start), size=int(info.placement.size), gpu_instance_id=gi_id,
-                                  uuid=uuid, memory=memory or (profile.memory if profile else 0),
-                                  sm_count=sms or (profile.sm_count if profile else 0)))
+        found.append(
+            LiveInstance(
+                gpu=gpu,
+                profile=profile.name if profile else f"profile-id-{info.profileId}",
+                start=int(info.placement.start),
+                size=int(info.placement.size),
+                gpu_instance_id=gi_id,
+                uuid=uuid,
+                memory=memory or (profile.memory if profile else 0),
+                sm_count=sms or (profile.sm_count if profile else 0),
+            )
+        )
     return sorted(found, key=lambda i: i.start)
 
 
@@ -181,8 +213,13 @@ def create_instance(nvml: Any, handle: Any, *, gpu: str, profile: MigProfile, st
     placement.start, placement.size = start, profile.size
     gi = call(nvml, "nvmlDeviceCreateGpuInstanceWithPlacement", handle, profile.profile_id, ctypes.byref(placement))
     try:
-        ci_profile = call(nvml, "nvmlGpuInstanceGetComputeInstanceProfileInfo", gi,
-                          _CI_PROFILES.get(profile.compute_slices, 0), pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+        ci_profile = call(
+            nvml,
+            "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+            gi,
+            _CI_PROFILES.get(profile.compute_slices, 0),
+            pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+        )
         call(nvml, "nvmlGpuInstanceCreateComputeInstance", gi, int(ci_profile.id))
     except MigNvmlError:
         try:
@@ -192,8 +229,16 @@ def create_instance(nvml: Any, handle: Any, *, gpu: str, profile: MigProfile, st
         raise
     gi_id = int(call(nvml, "nvmlGpuInstanceGetInfo", gi).id)
     uuid, memory, sms = _mig_devices(nvml, handle).get(gi_id, ("", 0, 0))
-    return LiveInstance(gpu=gpu, profile=profile.name, start=start, size=profile.size, gpu_instance_id=gi_id, uuid=uuid,
-                        memory=memory or profile.memory, sm_count=sms or profile.sm_count)
+    return LiveInstance(
+        gpu=gpu,
+        profile=profile.name,
+        start=start,
+        size=profile.size,
+        gpu_instance_id=gi_id,
+        uuid=uuid,
+        memory=memory or profile.memory,
+        sm_count=sms or profile.sm_count,
+    )
 
 
 def destroy_instance(nvml: Any, handle: Any, *, gpu_instance_id: int) -> None:

@@ -6,6 +6,7 @@ devices as if discovered on the node, with the file's `[attributes]` (`nvidia_dr
 as the links between its devices. Nothing is written anywhere; the agent sends the
 inventory to the manager, which applies it with `node_inventory_apply`.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

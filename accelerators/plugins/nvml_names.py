@@ -1,5 +1,6 @@
 """Names NVML gives and the names NVIDIA's tools print for them, shared by the CUDA plugin
 (accelerators.plugins.cuda) and its MIG half (accelerators.plugins.cuda_mig). No pynvml here."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """Template filters for the profile page."""
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -12,7 +13,7 @@ register = template.Library()
 
 @register.filter
 def ago(value: datetime | None) -> str:
-    """"just now" under a minute, else "3 hours ago" (the largest unit only); "" for None."""
+    """ "just now" under a minute, else "3 hours ago" (the largest unit only); "" for None."""
     if value is None:
         return ""
     if (timezone.now() - value).total_seconds() < 60:

@@ -5,6 +5,7 @@ inventory) or the etcd-style JSON of fractional settings. Prints a summary on st
 warning on stderr as `warning: …`. A file that cannot be imported exits with status 1 and
 the file, field and problem; nothing is imported then.
 """
+
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser

@@ -1,4 +1,5 @@
 """`manage.py login_unlock --user NAME … --address IP …`: clear login throttle locks."""
+
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
@@ -7,8 +8,7 @@ from accounts import throttle
 
 
 class Command(BaseCommand):
-    help = ("Clear the login throttle's locks: a user's (from every address) and an address's "
-            "(accounts.throttle).")
+    help = "Clear the login throttle's locks: a user's (from every address) and an address's (accounts.throttle)."
 
     def add_arguments(self, parser):
         parser.add_argument("--user", action="append", default=[], metavar="NAME", help="a username (repeatable)")

@@ -5,6 +5,7 @@ work to the agent's asyncio loop), talks to the manager through queue `manager`,
 terminals through the Redis channel layer, pushes streamed exec output to Redis on the same
 URL, and never opens the database.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,14 +43,18 @@ class Command(BaseCommand):
         # What the broker's ACL user of this node reaches (console/broker_acl.py): its unacknowledged
         # messages under keys of its own, no remote control (no pidbox fanout) and no Celery worker
         # heartbeat events (`without_heartbeat` below; the agent's own heartbeat is a manager task).
-        app.conf.broker_transport_options = {**app.conf.broker_transport_options,
-                                             **agent_transport_options(cfg.node_name)}
+        app.conf.broker_transport_options = {**app.conf.broker_transport_options, **agent_transport_options(cfg.node_name)}
         app.conf.worker_enable_remote_control = False
         # Same layer settings as the web's (console.settings), on the agent's broker URL.
         layer = RedisChannelLayer(hosts=[{"address": cfg.broker_url, "socket_timeout": None}], capacity=1000, expiry=60)
         try:
-            agent = build_agent(cfg, celery_app=app, channel_layer=layer, heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL,
-                                exec_store=exec_store_for(cfg.broker_url))
+            agent = build_agent(
+                cfg,
+                celery_app=app,
+                channel_layer=layer,
+                heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL,
+                exec_store=exec_store_for(cfg.broker_url),
+            )
         except Exception as exc:
             raise CommandError(f"{cfg.path.name}: could not start the agent (compute plugins, runtime): {exc}") from None
         for warning in agent.inventory.get("warnings", []):
@@ -68,11 +73,18 @@ class Command(BaseCommand):
         thread.start()
         if not ready.wait(timeout=60):
             raise CommandError("the agent did not start within 60 s (is Redis reachable?)")
-        self.stdout.write(f"agent {cfg.node_name}: {len(agent.inventory['devices'])} device(s), "
-                          f"queue {agent_queue(cfg.node_name)}")
+        self.stdout.write(
+            f"agent {cfg.node_name}: {len(agent.inventory['devices'])} device(s), queue {agent_queue(cfg.node_name)}"
+        )
         worker = app.Worker(
-            hostname=f"agent@{cfg.node_name}", queues=[agent_queue(cfg.node_name)], pool="solo", concurrency=1,
-            without_mingle=True, without_gossip=True, without_heartbeat=True, loglevel="INFO",
+            hostname=f"agent@{cfg.node_name}",
+            queues=[agent_queue(cfg.node_name)],
+            pool="solo",
+            concurrency=1,
+            without_mingle=True,
+            without_gossip=True,
+            without_heartbeat=True,
+            loglevel="INFO",
         )
         try:
             worker.start()

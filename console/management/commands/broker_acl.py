@@ -1,5 +1,6 @@
 """`python manage.py broker_acl NODE [NODE …] --acl-file users.acl`: the broker's Redis ACL users,
 one per role (console/broker_acl.py), and the URL each process is given."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,10 @@ from console.broker_acl import MANAGER, WEB, acl_file as acl_text, agent_user, b
 
 
 class Command(BaseCommand):
-    help = ("Write a Redis ACL file with a user for the web, the manager and each node's agent (new random "
-            "passwords), and print the broker URL each process gets.")
+    help = (
+        "Write a Redis ACL file with a user for the web, the manager and each node's agent (new random "
+        "passwords), and print the broker URL each process gets."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("nodes", nargs="+", help="the agents' node names (agent.toml [agent] id)")
@@ -33,9 +36,11 @@ class Command(BaseCommand):
         with os.fdopen(fd, "w") as out:
             out.write(acl_text(users))
         by_name = {u.name: u for u in users}
-        self.stdout.write(f"wrote {path} ({len(users)} users; the default user is off). Load it with "
-                          f"`redis-server --aclfile {path.resolve()}` (or `ACL LOAD`).\n")
+        self.stdout.write(
+            f"wrote {path} ({len(users)} users; the default user is off). Load it with "
+            f"`redis-server --aclfile {path.resolve()}` (or `ACL LOAD`).\n"
+        )
         self.stdout.write(f"web (daphne):            REDIS_URL={by_name[WEB].url(broker_url)}")
         self.stdout.write(f"manager (worker, beat):  REDIS_URL={by_name[MANAGER].url(broker_url)}")
         for node in nodes:
-            self.stdout.write(f"agent {node}: agent.toml [manager] broker-url = \"{by_name[agent_user(node)].url(broker_url)}\"")
+            self.stdout.write(f'agent {node}: agent.toml [manager] broker-url = "{by_name[agent_user(node)].url(broker_url)}"')

@@ -7,6 +7,7 @@ Environment: PORT (8000), FGPU_ADMIN_PASSWORD, FGPU_AGENT_CONFIG (demo/agent.tom
 FGPU_ACCELERATOR_CONFIG (an etcd-style JSON; the demo's is imported only on first start),
 FGPU_DATA_DIR (./var).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -58,9 +59,12 @@ class Command(BaseCommand):
         names = [c.node_name for c in configs]
         if len(set(names)) != len(names):
             raise CommandError(f"FGPU_AGENT_CONFIG: two agent.toml files use the same [agent] id: {names}")
-        configs = [dataclasses.replace(c, scratch_root=settings.FGPU_SESSIONS_DIR / c.node_name,
-                                       data_root=settings.DATA_DIR / "user-data")  # one, as NFS would be
-                   for c in configs]
+        configs = [
+            dataclasses.replace(
+                c, scratch_root=settings.FGPU_SESSIONS_DIR / c.node_name, data_root=settings.DATA_DIR / "user-data"
+            )  # one, as NFS would be
+            for c in configs
+        ]
         runtime = env_str("FGPU_RUNTIME", "process")  # standalone runs sessions as processes unless told otherwise
         if runtime not in RUNTIMES:
             raise CommandError(f"FGPU_RUNTIME={runtime!r}: expected one of {', '.join(RUNTIMES)}")
@@ -68,17 +72,22 @@ class Command(BaseCommand):
 
         call_command("migrate", interactive=False, verbosity=0)
         if not FractionalSettings.objects.filter(slot_name="cuda").exists():  # first start: the demo offers Jupyter
-            SessionImage.objects.filter(reference=protocol.HOST_IMAGE, apps=[]).update(
-                apps=[jupyter_app(python=sys.executable)])
+            SessionImage.objects.filter(reference=protocol.HOST_IMAGE, apps=[]).update(apps=[jupyter_app(python=sys.executable)])
         self._import_settings(configs)
         self._register_images(configs)
         self._ensure_admin()
         agents = []
         for config in configs:
             try:
-                agents.append(build_agent(config, celery_app=celery_app, channel_layer=get_channel_layer(),
-                                          exec_store=exec_store_default(),
-                                          heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL))
+                agents.append(
+                    build_agent(
+                        config,
+                        celery_app=celery_app,
+                        channel_layer=get_channel_layer(),
+                        exec_store=exec_store_default(),
+                        heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL,
+                    )
+                )
             except Exception as exc:
                 raise CommandError(f"{config.path}: could not load the compute plugins: {exc}") from None
         self._serve(host, port, agents)
@@ -109,9 +118,13 @@ class Command(BaseCommand):
         for config in configs:
             if config.runtime != DOCKER:
                 continue
-            image, _ = SessionImage.objects.get_or_create(reference=config.default_image, defaults={
-                "description": f"the default-image of {config.path.name} (node {config.node_name})",
-                "apps": [jupyter_app(python="python3")]})  # the demo offers Jupyter (where the image has it)
+            image, _ = SessionImage.objects.get_or_create(
+                reference=config.default_image,
+                defaults={
+                    "description": f"the default-image of {config.path.name} (node {config.node_name})",
+                    "apps": [jupyter_app(python="python3")],
+                },
+            )  # the demo offers Jupyter (where the image has it)
             current = image_default()
             if current is None or current.reference == protocol.HOST_IMAGE:
                 image.is_default = True
@@ -159,15 +172,22 @@ class Command(BaseCommand):
                             log.exception("periodic %s failed", task.name)
 
             asyncio.get_running_loop().create_task(periodic())
-            self.stdout.write(self.style.SUCCESS(
-                f"fGPU Console is serving on http://{host}:{port}/ (user admin; nodes: {', '.join(a.node for a in agents)})"
-            ))
+            self.stdout.write(
+                self.style.SUCCESS(
+                    f"fGPU Console is serving on http://{host}:{port}/ (user admin; nodes: {', '.join(a.node for a in agents)})"
+                )
+            )
 
         def ready():
             asyncio.get_event_loop().create_task(start_agents())
 
-        server = Server(application=application, endpoints=[f"tcp:port={port}:interface={host}"], ready_callable=ready,
-                        signal_handlers=True, verbosity=0)
+        server = Server(
+            application=application,
+            endpoints=[f"tcp:port={port}:interface={host}"],
+            ready_callable=ready,
+            signal_handlers=True,
+            verbosity=0,
+        )
         try:
             server.run()
         finally:
