@@ -43,7 +43,15 @@ from accelerators.allocation.errors import AllocationError, InsufficientResource
 from accelerators.models import ResourceGroup
 from sessions import fairshare
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus
-from sessions.placement import CAPACITY, PLACED, WAITING, PlacementScope, ReadView, placement_decide
+from sessions.placement import (
+    CAPACITY,
+    PLACED,
+    WAITING,
+    PlacementScope,
+    ReadView,
+    RememberingReadView,
+    placement_decide,
+)
 from sessions.scheduler import queue_shape
 from sessions.selectors import session_request
 
@@ -336,10 +344,8 @@ class _Queue:
         for key, s in self.active.items():
             if s.node is not None:
                 self.holdings[key] = _Holding(s.slot_name, s.node.name, s.cpu, s.mem, tuple(grants.get(key, ())))
-        self._settings: dict = {}
-        self._images: dict[str, str] = {}
         self.scopes: dict[tuple, PlacementScope] = {}
-        self._reader = ReadView()
+        self._reader = RememberingReadView()  # slot settings and image reasons, read once for every replay
         for key, request in self.requests.items():
             scope_key = (request.resource_group, request.slot or "cuda", self.images[key])
             if scope_key in self.scopes:
@@ -350,21 +356,10 @@ class _Queue:
                 continue  # an unknown group: the decision says so
 
     def settings(self, request):
-        key = (request.slot, request.kind)
-        if key not in self._settings:
-            try:
-                self._settings[key] = self._reader.settings(request)
-            except AllocationError as exc:
-                self._settings[key] = exc
-        found = self._settings[key]
-        if isinstance(found, AllocationError):
-            raise type(found)(str(found))
-        return found
+        return self._reader.settings(request)
 
     def image_missing(self, image: str) -> str:
-        if image not in self._images:
-            self._images[image] = self._reader.image_missing(image)
-        return self._images[image]
+        return self._reader.image_missing(image)
 
     def queued(self, *, late: bool) -> list[pure.Queued]:
         out = []

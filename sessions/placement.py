@@ -245,6 +245,33 @@ class ReadView:
         return PlacementScope.read(request, image=image).place(request, pure_settings)
 
 
+class RememberingReadView(ReadView):
+    """A ReadView whose slot settings and image reasons are read once (per slot and kind, per
+    image) and then remembered: for the reads of many decisions over one state (the scheduler's
+    pass, the ETA's replay). A settings read that raised raises the same error each time."""
+
+    def __init__(self) -> None:
+        self._settings: dict = {}
+        self._images: dict[str, str] = {}
+
+    def settings(self, request: core.ResourceRequest) -> core.FractionalSettings | None:
+        key = (request.slot, request.kind)
+        if key not in self._settings:
+            try:
+                self._settings[key] = super().settings(request)
+            except AllocationError as exc:
+                self._settings[key] = exc
+        found = self._settings[key]
+        if isinstance(found, AllocationError):
+            raise type(found)(str(found))
+        return found
+
+    def image_missing(self, image: str) -> str:
+        if image not in self._images:
+            self._images[image] = super().image_missing(image)
+        return self._images[image]
+
+
 class AdmissionView(ReadView):
     """`placement_decide` for the launch itself: admission only (the scheduler places)."""
 

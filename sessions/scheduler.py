@@ -33,7 +33,6 @@ import protocol
 from accelerators.allocation import cluster, core
 from accelerators.allocation.replay import Backfill
 from accelerators.models import Device, Node, PlacementShape
-from accelerators.allocation.errors import AllocationError
 from sessions import events, fairshare, mig_scheduling, preemption
 from sessions.models import NEXT_VERSION, Allocation, ComputeSession, SessionStatus
 from sessions.selectors import session_request
@@ -41,7 +40,7 @@ from sessions.placement import (
     PLACED,
     WAITING,
     PlacementScope,
-    ReadView,
+    RememberingReadView,
     placement_decide,
     queued_behind_reason,
     shape_prefix,
@@ -274,43 +273,21 @@ class _PassWrites:
         self.placed.clear()
 
 
-class _PassView(ReadView):
+class _PassView(RememberingReadView):
     """How `placement_decide` reads the cluster in a pass: the scopes the pass has read and
     locked, by (resource group name, slot, image), kept current with the pass's plans; slot
-    settings and image reasons read once per pass; MIG choices under lock."""
+    settings and image reasons read once per pass (RememberingReadView); MIG choices under lock."""
 
     def __init__(self, writes: _PassWrites):
+        super().__init__()
         self.writes = writes
         self.scopes: dict[tuple[str, str, str], PlacementScope] = {}
         self.placed: Counter = Counter()
-        self._settings: dict = {}
-        self._images: dict[str, str] = {}
 
     def forget(self) -> None:
         """Drop the scopes read so far (their rows stay locked); the next request re-reads them.
         For placements made outside this view (MIG)."""
         self.scopes.clear()
-
-    def settings(self, request: core.ResourceRequest):
-        """`ReadView.settings`, read once per slot and kind in a pass; raises its AllocationError
-        each time."""
-        key = (request.slot, request.kind)
-        if key not in self._settings:
-            try:
-                self._settings[key] = super().settings(request)
-            except AllocationError as exc:
-                self._settings[key] = exc
-        found = self._settings[key]
-        if isinstance(found, AllocationError):
-            raise type(found)(str(found))
-        return found
-
-    def image_missing(self, image: str) -> str:
-        """`sessions.images.image_wait_reason` ("" when an alive node holds `image`), read once per
-        image in a pass."""
-        if image not in self._images:
-            self._images[image] = super().image_missing(image)
-        return self._images[image]
 
     def mig(self, request, image: str):
         """The MIG choice for `request` (`mig_scheduling.mig_choose`), its rows locked; raises
