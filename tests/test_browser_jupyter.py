@@ -26,6 +26,34 @@ NOTEBOOK = {"cells": [{"cell_type": "code", "execution_count": None, "id": "walk
             "nbformat": 4, "nbformat_minor": 5}
 
 
+def run_the_walkthrough_notebook(list_page, row, *, prefix: str, app: str, failed_shot: str):
+    """From `row` of the session list (on `list_page`), open app `app` (JupyterLab, served under `prefix`) in a new
+    tab, open walkthrough.ipynb (written into the session beforehand), run its cell once the
+    kernel is connected (its websocket through the proxy: the status bar says Idle), and wait
+    until the output shows the session's device and its 2048MiB slice. Returns (the tab, the
+    cell's output); a screenshot named `failed_shot` if the output never comes."""
+    from playwright.sync_api import expect
+
+    with list_page.context.expect_page() as opened:
+        row.locator(f'a.app-link[data-app="{app}"]').click()
+    lab = opened.value
+    expect(lab).to_have_url(prefix + "lab", timeout=120_000)
+    expect(lab.locator("#jp-main-dock-panel")).to_be_visible(timeout=120_000)
+    lab.goto(prefix + "lab/tree/walkthrough.ipynb")
+    expect(lab.locator(".jp-Notebook .jp-Cell").first).to_contain_text("CUDA_VISIBLE_DEVICES", timeout=120_000)
+    expect(lab.locator(".jp-StatusBar-Widget").filter(has_text="| Idle").first).to_be_visible(timeout=120_000)
+    output = lab.locator(".jp-Notebook .jp-OutputArea").first
+    try:
+        lab.locator(".jp-Notebook .jp-Cell").first.click()
+        lab.locator("jp-button[data-command='notebook:run-cell-and-select-next']").click()
+        expect(output).to_contain_text("CUDA_VISIBLE_DEVICES = GPU-", timeout=120_000)
+        expect(output).to_contain_text("0MiB /   2048MiB", timeout=120_000)
+    except AssertionError:
+        lab.screenshot(path=str(screenshot_dir() / failed_shot), animations="disabled")
+        raise
+    return lab, output
+
+
 def test_a_notebook_opened_from_the_session_list_sees_its_gpu_slice(console_url, page):
     from playwright.sync_api import expect
 
@@ -41,25 +69,8 @@ def test_a_notebook_opened_from_the_session_list_sees_its_gpu_slice(console_url,
                token)[0]
     assert ran["exit_code"] == 0, ran
 
-    with page.context.expect_page() as opened:
-        row.locator('a.app-link[data-app="jupyter"]').click()
-    lab = opened.value
-    prefix = f"{base}/sessions/{session['id']}/apps/jupyter/"
-    expect(lab).to_have_url(prefix + "lab", timeout=120_000)
-    expect(lab.locator("#jp-main-dock-panel")).to_be_visible(timeout=120_000)
-    lab.goto(prefix + "lab/tree/walkthrough.ipynb")
-    expect(lab.locator(".jp-Notebook .jp-Cell").first).to_contain_text("CUDA_VISIBLE_DEVICES", timeout=120_000)
-    # The kernel is connected (its websocket through the proxy) once the status bar says Idle.
-    expect(lab.locator(".jp-StatusBar-Widget").filter(has_text="| Idle").first).to_be_visible(timeout=120_000)
-    output = lab.locator(".jp-Notebook .jp-OutputArea").first
-    try:
-        lab.locator(".jp-Notebook .jp-Cell").first.click()
-        lab.locator("jp-button[data-command='notebook:run-cell-and-select-next']").click()
-        expect(output).to_contain_text("CUDA_VISIBLE_DEVICES = GPU-", timeout=120_000)
-    except AssertionError:
-        lab.screenshot(path=str(screenshot_dir() / "session-apps-jupyter-failed.png"), animations="disabled")
-        raise
-    expect(output).to_contain_text("0MiB /   2048MiB", timeout=120_000)
+    lab, output = run_the_walkthrough_notebook(page, row, prefix=f"{base}/sessions/{session['id']}/apps/jupyter/",
+                                               app="jupyter", failed_shot="session-apps-jupyter-failed.png")
     expect(output).to_contain_text("GPU 0 is a 0.50 fGPU slice of CUDA GPU 8192MiB (2048MiB, 20 of 80 SMs = 25%)")
     lab.screenshot(path=str(screenshot_dir() / "session-apps-jupyter-notebook.png"), animations="disabled")
 

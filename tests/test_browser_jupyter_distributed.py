@@ -27,7 +27,7 @@ from sessions.service_ports import SERVICE_PORTS_LABEL
 from tests.conftest import ROOT, wait_until
 from tests.test_browser import ADMIN_PASSWORD, screenshot_dir
 from tests.test_browser import page  # noqa: F401  (fixture)
-from tests.test_browser_jupyter import NOTEBOOK
+from tests.test_browser_jupyter import NOTEBOOK, run_the_walkthrough_notebook
 from tests.test_browser_workloads import log_in
 from tests.test_e2e_distributed import api, get_ok
 from tests.test_session_apps_e2e import BridgedDockerNode
@@ -84,25 +84,9 @@ def test_a_notebook_in_a_container_on_the_distributed_stack_sees_its_slice_and_t
     log_in(page, base)
     row = page.locator(f'#sessions-table tr[data-session-id="{session["id"]}"]')
     expect(row.locator("td.status")).to_have_text("RUNNING")
-    with page.context.expect_page() as opened:
-        row.locator('a.app-link[data-app="jupyterlab"]').click()
-    lab = opened.value
     prefix = f"{base}/sessions/{session['id']}/apps/jupyterlab/"
-    expect(lab).to_have_url(prefix + "lab", timeout=120_000)
-    expect(lab.locator("#jp-main-dock-panel")).to_be_visible(timeout=120_000)
-    lab.goto(prefix + "lab/tree/walkthrough.ipynb")
-    expect(lab.locator(".jp-Notebook .jp-Cell").first).to_contain_text("CUDA_VISIBLE_DEVICES", timeout=120_000)
-    # The kernel is connected (its websocket through the proxy) once the status bar says Idle.
-    expect(lab.locator(".jp-StatusBar-Widget").filter(has_text="| Idle").first).to_be_visible(timeout=120_000)
-    output = lab.locator(".jp-Notebook .jp-OutputArea").first
-    try:
-        lab.locator(".jp-Notebook .jp-Cell").first.click()
-        lab.locator("jp-button[data-command='notebook:run-cell-and-select-next']").click()
-        expect(output).to_contain_text("CUDA_VISIBLE_DEVICES = GPU-", timeout=120_000)
-        expect(output).to_contain_text("0MiB /   2048MiB", timeout=120_000)
-    except AssertionError:
-        lab.screenshot(path=str(screenshot_dir() / "jupyter-distributed-failed.png"), animations="disabled")
-        raise
+    lab, output = run_the_walkthrough_notebook(page, row, prefix=prefix, app="jupyterlab",
+                                               failed_shot="jupyter-distributed-failed.png")
     expect(output).to_contain_text("GPU 0 is a 0.50 fGPU slice of CUDA GPU 8192MiB (2048MiB, 20 of 80 SMs = 25%)")
     lab.screenshot(path=str(screenshot_dir() / "jupyter-distributed-notebook.png"), animations="disabled")
 
