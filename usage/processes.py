@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
 import protocol
@@ -42,12 +42,6 @@ async def _ask(node: str, wait_s: float) -> dict | None:
                     return message
     except TimeoutError:
         return None
-
-
-def node_processes(*, node: Node, wait_s: float = REPLY_WAIT_S) -> dict:
-    """`node_processes_wait(node_processes_check(node=node), …)` for a synchronous caller (the
-    answer and errors as there)."""
-    return async_to_sync(node_processes_wait)(node_processes_check(node=node), wait_s=wait_s)
 
 
 def node_processes_check(*, node: Node) -> Node:
