@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 from django.db.models import Sum
 
-from accelerators.models import Device
+from accelerators.models import Device, Node
 from sessions import services
 from sessions.models import Allocation, ComputeSession, SessionStatus
 from sessions.scheduler import schedule_pending
@@ -118,7 +118,6 @@ def test_a_pass_waits_for_a_node_whose_inventory_is_changing_and_places_by_the_n
 
     make_cluster(nodes={"demo-node": [mock_gpu(0)]})
     user = django_user_model.objects.create_user("alice")
-    Node = type(Device.objects.get().node)
     Node.objects.filter(name="demo-node").update(status="LOST")  # the launch's own pass places nothing
     session = services.session_create(owner=user, name="big", resources={"cuda.shares": "1.5"})
     Node.objects.filter(name="demo-node").update(status="ALIVE")
