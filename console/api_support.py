@@ -254,6 +254,14 @@ def page_etag(data) -> str:
     return f'W/"{hashlib.sha256(body).hexdigest()[:32]}"'
 
 
+def etag_answer(request, response: Response, tag: str) -> Response:
+    """`response` (a 200 list) with `ETag: tag`, or 304 with no body when `If-None-Match` lists it."""
+    if _none_match(request, tag):
+        return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": tag})
+    response["ETag"] = tag
+    return response
+
+
 def _none_match(request, tag: str) -> bool:
     """Whether `If-None-Match` lists `tag` (weak comparison: W/ prefixes ignored) or is `*`."""
     header = request.headers.get("If-None-Match", "")
@@ -273,13 +281,7 @@ class ListETagMixin(_ListMixedInto):
 
     def list(self, request, *args, **kwargs):
         response = super().list(request, *args, **kwargs)
-        if response.status_code != 200:
-            return response
-        tag = page_etag(response.data)
-        if _none_match(request, tag):
-            return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": tag})
-        response["ETag"] = tag
-        return response
+        return etag_answer(request, response, page_etag(response.data)) if response.status_code == 200 else response
 
 
 class ETagMixin(ListETagMixin, ViewMixinBase):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Collection
 from functools import partial
 
 from django.conf import settings
@@ -16,15 +18,23 @@ from rest_framework.response import Response
 
 from accelerators.allocation.errors import InvalidResourceRequest
 from console.api_async import AwaitedResponse, awaiting_view
-from console.api_support import ErrorSerializer, ListETagMixin
+from console.api_support import ErrorSerializer, ListETagMixin, etag_answer
 from console.errors import ApplicationError
 from sessions import events, idempotency, services
+from sessions.shapes import session_shapes, shapes_kept, with_shape_keys
 from protocol.exec_store import STATES, STREAMS
 from sessions.launch import launch_options, launch_preview
 from sessions.models import ComputeSession, SessionStatus
 from sessions.presets import launch_with_preset
 from sessions.session_apps import session_app_get, session_app_open
-from sessions.selectors import LOG_READ_MAX_CHARS, session_get_for, session_list_for, session_log_read, session_to_change_for
+from sessions.selectors import (
+    LOG_READ_MAX_CHARS,
+    session_get_for,
+    session_list_for,
+    session_log_read,
+    session_to_change_for,
+    sessions_shown,
+)
 from sessions.serializers import (
     LaunchOptionsSerializer,
     PreviewSerializer,
@@ -350,6 +360,22 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
 
     def get_object(self):
         return session_get_for(user=self.request.user, session_id=self.kwargs["session_id"])
+
+    def list(self, request, *args, **kwargs):
+        """A page of sessions, from the shapes this process kept while their rows are unchanged
+        (sessions.shapes), with an ETag over the page's fingerprints."""
+        if not shapes_kept():
+            return super().list(request, *args, **kwargs)
+        page = self.paginate_queryset(with_shape_keys(self.filter_queryset(self.get_queryset())))
+        data, digest = session_shapes(page or [], render=self._render)
+        response = self.get_paginated_response(data)
+        links = f"{response.data['count']}|{response.data['next']}|{response.data['previous']}|{digest}"
+        return etag_answer(request, response, f'W/"{hashlib.sha256(links.encode()).hexdigest()[:32]}"')
+
+    def _render(self, ids: Collection) -> dict:
+        """{id: API shape} of the sessions `ids`, read now as the list reads them."""
+        sessions = list(sessions_shown().filter(pk__in=ids))
+        return {session.pk: shape for session, shape in zip(sessions, self.get_serializer(sessions, many=True).data)}
 
     @extend_schema(
         summary="Launch a session",
