@@ -117,3 +117,20 @@ def test_the_layering_check_sees_a_forbidden_import(tmp_path):
     names = {n.module for n in ast.walk(module) if isinstance(n, ast.ImportFrom)}
 
     assert any(under(n, MANAGER) for n in names)
+
+
+def test_no_script_directory_module_shadows_the_standard_library():
+    """`python benchmarks/x.py` (or demo/, deploy/) puts the script's directory first on sys.path:
+    a module there named like a standard one (benchmarks/queue.py once) breaks every import of
+    it, Django's own included."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    shadowing = [
+        str(path.relative_to(root))
+        for folder in ("benchmarks", "demo", "deploy", "tests")
+        for path in (root / folder).glob("*.py")
+        if path.stem in sys.stdlib_module_names
+    ]
+    assert shadowing == []

@@ -14,7 +14,7 @@ preferred (`order`); `preemption_choice` is that question under the preemption r
   KAI's reclaim takes back only from queues above their fair share, for queues below theirs;
   Kueue's fair-sharing preemption likewise never takes from a queue whose share is not above
   the preemptor's. The band keeps accounts that hover at their shares from preempting each
-  other in turn as their usage crosses (benchmarks/queue.py measured the churn without it);
+  other in turn as their usage crosses (benchmarks/fairshare_queue.py measured the churn without it);
 - the fewest holders, all on one node (a session is placed on one node), the youngest first
   among sets of the same size (they lose the least work; Kueue and KAI prefer the most recently
   started victims);
@@ -40,7 +40,7 @@ from accelerators.allocation.errors import InsufficientResource, NeverSchedulabl
 UNDER_SHARE = 0.5  # a fair-share factor above this: the account used less than its share (sessions.fairshare)
 # Fair-share preemption needs the waiting account at most (1 - SHARE_MARGIN) of its share used and the
 # holder's at least (1 + SHARE_MARGIN): factor ≥ 2^-(1 - m) and ≤ 2^-(1 + m). Without the band, accounts that
-# hover at their shares under contention preempted each other at every crossing (benchmarks/queue.py).
+# hover at their shares under contention preempted each other at every crossing (benchmarks/fairshare_queue.py).
 SHARE_MARGIN = 0.1
 MAX_SUBSETS = 4096  # subsets the allocator is asked about per node; past it an irreducible set is taken (room_needed)
 MAX_ENUMERATED = 200_000  # subsets looked at per node (most are ruled out by what they free without the allocator)

@@ -1,7 +1,7 @@
 """The queue over time (issue 17): Alibaba's openb trace replayed, with its own arrivals and
 durations, through the scheduler's rules in pure Python with fair share and preemption on.
 
-    python benchmarks/queue.py [--trace default] [--nodes 2] [--weights 3,2,1] [--grace 300]
+    python benchmarks/fairshare_queue.py [--trace default] [--nodes 2] [--weights 3,2,1] [--grace 300]
                                [--min-runtime 600] [--half-life-days 7] [--policy binpack] [--limit N] [--json]
 
 What is replayed (every choice stated, all deterministic):
@@ -37,7 +37,7 @@ Printed: per project its share of the GPU-time over the run and over the contend
 three projects have sessions waiting) against its weight share, and the largest distance; the
 sessions preempted, the GPU-hours they lost, the longest notice-to-stop; waits per priority. Asserted:
 no session is preempted before its minimum runtime, none is non-preemptible, and GPU usage never
-exceeds capacity. Results: benchmarks/results/queue.txt.
+exceeds capacity. Results: benchmarks/results/fairshare_queue.txt.
 
 Hook: `SECTIONS` lists the report's sections, each `section(replay) -> list[str]` run after the
 replay; `Replay.on_arrival` lists observers `observer(replay, session, now)` called as each
