@@ -19,15 +19,13 @@ from sessions.models import Allocation, ComputeSession
 
 def sessions_shown():
     """Every session, newest first, read with what SessionSerializer shows of it, so that any
-    number of them costs the same six queries: its owner, node and image (each row once, not
-    once per session: a page of one user's sessions holds one user), `allocation_list` (its
-    allocations with their devices, in device order) and `gpu_instance_list` (its GPU instances
-    with their GPUs). Lists rather than the related managers: Django builds a queryset per
-    session and relation to hold a prefetch in a manager."""
-    return ComputeSession.objects.prefetch_related(
-        "owner",
-        "node",
-        "image",
+    number of them costs the same three queries: the sessions joined with their owner, node and
+    image; `allocation_list` (their allocations with their devices, in device order); and
+    `gpu_instance_list` (their GPU instances with their GPUs). Lists rather than the related
+    managers: Django builds a queryset per session and relation to hold a prefetch in a manager.
+    (Joined, not prefetched: a page is mostly served from kept shapes, sessions.shapes, so the
+    reads that matter are one session's, a notice's or an answer's, where each query counts.)"""
+    return ComputeSession.objects.select_related("owner", "node", "image").prefetch_related(
         Prefetch("allocations", queryset=Allocation.objects.select_related("device"), to_attr="allocation_list"),
         Prefetch("gpu_instances", queryset=GpuInstance.objects.select_related("parent"), to_attr="gpu_instance_list"),
     )

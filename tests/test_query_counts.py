@@ -73,9 +73,9 @@ def gpus_with_mig_slices(count: int, *, node: int = 0) -> list:
 
 # --- sessions -------------------------------------------------------------------------------------
 
-# The sessions; their owners, nodes and images (3); their allocations with devices; their GPU
+# The sessions with their owners, nodes and images; their allocations with devices; their GPU
 # instances with GPUs; the slot formats (once, for every row that shows an fGPU amount).
-SESSIONS_QUERIES = 7
+SESSIONS_QUERIES = 4
 
 
 def test_the_session_list_costs_the_same_queries_for_1_or_100_sessions_of_every_style(
@@ -281,9 +281,9 @@ def test_the_token_list_of_the_profile_page_costs_the_same_queries_for_1_or_100_
 
 # The token; the session with its node (the permission check); the two conditional UPDATEs
 # (PENDING → CANCELLED, then → TERMINATING) and the refresh of their columns in BEGIN … COMMIT;
-# the notice's read (the session, its owner, node and image, allocations with devices, GPU
-# instances, slot formats). The answer is the notice's shape: nothing is read a second time.
-TERMINATE_QUERIES = TOKEN + 1 + 5 + 7
+# the notice's read (the session with its owner, node and image; allocations with devices; GPU
+# instances; slot formats). The answer is the notice's shape: nothing is read a second time.
+TERMINATE_QUERIES = TOKEN + 1 + 5 + 4
 
 
 @pytest.mark.django_db(transaction=True)  # the notice is rendered at the real commit, as in production
