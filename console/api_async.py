@@ -13,7 +13,10 @@ connection back to the pool, lets the request's thread end, and awaits the respo
 coroutine on the event loop. Its result becomes the body; an exception it raises is rendered
 by the API's exception handler (console.api_errors: the one error shape, 503 for a broker
 error), as if the view had raised it. The headers, status and content negotiation are the DRF
-view's. Under Django's test client (a sync caller) the same code runs on the caller's thread.
+view's. A result that is itself a Django response (a StreamingHttpResponse over an async
+iterator, for a download streamed as the agent reads it) is answered as it is, with the DRF
+view's headers it does not set (Allow, Vary). Under Django's test client (a sync caller) the
+same code runs on the caller's thread.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 from asgiref.sync import SyncToAsync, sync_to_async
 from django.db import connections
+from django.http import HttpResponseBase
 from rest_framework.response import Response
 
 from console.api_errors import exception_handler
@@ -32,7 +36,8 @@ from console.api_errors import exception_handler
 class AwaitedResponse(Response):
     """A DRF view's answer whose body is the result of `wait()` (a coroutine function taking no
     argument), awaited by `awaiting_view` after the view returned; `status` is the answer's
-    status when `wait()` returns (200 by default)."""
+    status when `wait()` returns (200 by default). When `wait()` returns an HttpResponseBase,
+    that response is the answer instead (with this one's headers it lacks)."""
 
     def __init__(self, wait: Callable[[], Awaitable[Any]], *, status: int = 200):
         super().__init__(None, status=status)
@@ -50,7 +55,12 @@ def awaiting_view(view: Callable) -> Callable:
             return response
         _request_thread_release()
         try:
-            response.data = await response.wait()
+            result = await response.wait()
+            if isinstance(result, HttpResponseBase):
+                for header, value in response.items():
+                    result.setdefault(header, value)
+                return result
+            response.data = result
         except Exception as exc:
             error = exception_handler(exc, response.renderer_context)  # type: ignore[attr-defined]  # set by DRF, not in its stubs
             if error is None:

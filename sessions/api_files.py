@@ -1,6 +1,7 @@
 """REST API for a session's files (`/api/v1/sessions/<id>/files/…`, issue 18). Thin: validate →
 fetch the session with the permission check (owner or administrator; anyone else 404) → one
-service of sessions.files."""
+service of sessions.files, whose wait for the agent is answered on the event loop, holding no
+web thread and no database connection (console.api_async)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers, status
 from rest_framework.decorators import api_view
-from rest_framework.response import Response
 
+from console.api_async import AwaitedResponse, awaiting_view
 from console.api_support import ErrorSerializer
 from console.errors import ApplicationError
 from protocol.files import DATA_DIR
@@ -107,6 +108,7 @@ def _session(request, session_id):
         description="Deletes a file, a symbolic link (the link itself, not what it points at) or a folder with everything in it.",
     ),
 )
+@awaiting_view
 @api_view(["GET", "POST", "DELETE"])
 def files_view(request, session_id):
     """GET `?path=` → the folder's entries; POST `{"path"}` → make a folder; DELETE `?path=` → delete."""
@@ -114,13 +116,21 @@ def files_view(request, session_id):
     if request.method == "POST":
         data = FolderCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        entry = files.session_folder_make(session=session, path=data.validated_data["path"])
-        return Response(FileEntrySerializer(entry).data, status=status.HTTP_201_CREATED)
+        made = files.session_folder_make(session=session, path=data.validated_data["path"])
+        return AwaitedResponse(_shown(made, FileEntrySerializer), status=status.HTTP_201_CREATED)
     path = request.query_params.get("path", "")
     if request.method == "DELETE":
-        files.session_file_delete(session=session, path=path)
-        return Response(status=status.HTTP_204_NO_CONTENT)
-    return Response(FileListSerializer(files.session_files_list(session=session, path=path)).data)
+        return AwaitedResponse(files.session_file_delete(session=session, path=path), status=status.HTTP_204_NO_CONTENT)
+    return AwaitedResponse(_shown(files.session_files_list(session=session, path=path), FileListSerializer))
+
+
+def _shown(wait, serializer):
+    """The wait whose result is `wait()`'s, shown by `serializer` (on plain data: no database)."""
+
+    async def shown():
+        return serializer(await wait()).data
+
+    return shown
 
 
 @extend_schema_view(
@@ -152,6 +162,7 @@ def files_view(request, session_id):
         "progress of the transfer to the web server, which follows at once.",
     ),
 )
+@awaiting_view
 @api_view(["GET", "PUT"])
 def file_content_view(request, session_id):
     """GET `?path=` → the file's bytes; PUT `?path=` with the bytes as the body → 201 its entry."""
@@ -164,12 +175,22 @@ def file_content_view(request, session_id):
             size = None if length is None else int(length)
         except ValueError:
             raise ApplicationError("Content-Length is not a number", field_errors={"Content-Length": ["a number"]}) from None
-        entry = files.session_file_upload(session=session, path=path, body=raw, size=size)
-        return Response(FileEntrySerializer(entry).data, status=status.HTTP_201_CREATED)
-    name, size, chunks = files.session_file_download(session=session, path=path)
-    response = StreamingHttpResponse(chunks, content_type="application/octet-stream")
-    response["Content-Length"] = str(size)
-    response["Content-Disposition"] = content_disposition_header(True, name)
-    response["X-Content-Type-Options"] = "nosniff"
-    response["Cache-Control"] = "no-store"
-    return response
+        written = files.session_file_upload(session=session, path=path, body=raw, size=size)
+        return AwaitedResponse(_shown(written, FileEntrySerializer), status=status.HTTP_201_CREATED)
+    return AwaitedResponse(_streamed(files.session_file_download(session=session, path=path)))
+
+
+def _streamed(wait):
+    """The wait answering the download `wait()` starts (sessions.files.session_file_download)
+    as a response streaming its chunks as they come."""
+
+    async def streamed():
+        name, size, chunks = await wait()
+        response = StreamingHttpResponse(chunks, content_type="application/octet-stream")
+        response["Content-Length"] = str(size)
+        response["Content-Disposition"] = content_disposition_header(True, name)
+        response["X-Content-Type-Options"] = "nosniff"
+        response["Cache-Control"] = "no-store"
+        return response
+
+    return streamed

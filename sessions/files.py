@@ -9,6 +9,12 @@ CHUNK_BYTES (256 KiB), one request and one answer at a time: an upload is read f
 body chunk by chunk (daphne holds it in a temporary file) and a download is streamed to the
 client as the agent answers, so a web process holds one chunk per transfer in memory.
 
+Each service checks the path and the session and reads what it needs of the database (the
+owner's projects) in sync code, then returns the wait: a coroutine function that talks to the
+agent on the event loop and reads no database, so the API (console.api_async) holds no web
+thread and no database connection while the agent answers. An upload's body is read by the
+wait (from daphne's temporary file: local, a chunk at a time).
+
 Paths are checked here (protocol.files.path_parts, for a clear 400 naming `path`) and again on
 the agent, which alone enforces confinement (O_NOFOLLOW from the root's descriptor). Uploads are
 capped at FGPU_FILES_USER_CAP bytes per persistent folder (per user) and per session home.
@@ -18,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 
@@ -33,6 +41,9 @@ log = logging.getLogger(__name__)
 
 REPLY_WAIT_S = 30  # how long the web waits for the agent's answer to one op
 BEGIN_WAIT_S = 120  # an upload's start measures the folder against the cap: it may take longer
+
+T = TypeVar("T")
+Wait = Callable[[], Awaitable[T]]  # what a service returns: awaited on the event loop, it reads no database
 
 TITLES = {
     "bad-path": "Path refused",
@@ -69,9 +80,8 @@ def _check_running(session: ComputeSession) -> None:
         )
 
 
-def _refusal(session: ComputeSession, answer: dict | None, wait_s: float) -> ApplicationError:
+def _refusal(node: str, answer: dict | None, wait_s: float) -> ApplicationError:
     if answer is None:
-        node = session.node.name if session.node else "its node"
         return ApplicationError(
             f"the agent on {node} did not answer within {wait_s:.0f} s; is the node up?",
             type="files-timeout",
@@ -94,13 +104,37 @@ def _owner_projects(session: ComputeSession) -> dict[str, str]:
     return {name: str(pk) for pk, name in session.owner.projects.values_list("pk", "name")}
 
 
-class _Link:
-    """One reply channel to a session's agent, for a sequence of ops (an upload, a download).
-    `projects`: the owner's (`_owner_projects`, read in sync code: the ops run on an event loop)."""
+@dataclass(frozen=True)
+class FilesCall:
+    """What the waits need of a RUNNING session, read in sync code before they start (they run
+    on the event loop and read no database): its id, its owner's id, the owner's projects
+    (`_owner_projects`), its node's name (for errors) and the cap (bytes) an upload is held to."""
 
-    def __init__(self, session: ComputeSession, projects: dict[str, str]) -> None:
-        self.session = session
-        self.projects = projects
+    session_id: str
+    owner_id: int
+    projects: dict[str, str]
+    node: str
+    cap: int
+
+
+def _call(session: ComputeSession) -> FilesCall:
+    """The session's FilesCall: one query (the owner's projects). Raises ApplicationError 409
+    session-not-running."""
+    _check_running(session)
+    return FilesCall(
+        session_id=str(session.pk),
+        owner_id=session.owner_id,
+        projects=_owner_projects(session),
+        node=session.node.name if session.node else "its node",
+        cap=settings.FGPU_FILES_USER_CAP,
+    )
+
+
+class _Link:
+    """One reply channel to a session's agent, for a sequence of ops (an upload, a download)."""
+
+    def __init__(self, call: FilesCall) -> None:
+        self.call = call
         self.layer = get_channel_layer()
         self.reply: str | None = None
 
@@ -111,12 +145,12 @@ class _Link:
         if self.reply is None:
             self.reply = await self.layer.new_channel("files-reply.")
         await self.layer.group_send(
-            events.pty_group(self.session.pk),
+            events.pty_group(self.call.session_id),
             {
                 "type": proto.FILES,
-                "session_id": str(self.session.pk),
-                "owner_id": self.session.owner_id,
-                "projects": self.projects,
+                "session_id": self.call.session_id,
+                "owner_id": self.call.owner_id,
+                "projects": self.call.projects,
                 "op": op,
                 "reply_channel": self.reply,
                 **fields,
@@ -132,29 +166,32 @@ class _Link:
         except TimeoutError:
             pass
         if answer is None or not answer.get("ok"):
-            raise _refusal(self.session, answer, wait_s)
+            raise _refusal(self.call.node, answer, wait_s)
         return answer
 
 
-def _one(session: ComputeSession, op: str, **fields) -> dict:
-    _check_running(session)
-    return async_to_sync(_Link(session, _owner_projects(session)).ask)(op, **fields)
+def session_files_list(*, session: ComputeSession, path: str = "") -> Wait[dict]:
+    """The wait for the folder `path` of a RUNNING session (relative to its home; `data/…` its
+    owner's persistent folder): a coroutine function (no argument, awaited on the event loop; it
+    reads no database) that returns `{"path", "entries": [{"name", "type": "dir" | "file" |
+    "link" | "other", "size" (bytes), "mtime" (epoch s), "persistent"?}], "truncated"}`.
 
-
-def session_files_list(*, session: ComputeSession, path: str = "") -> dict:
-    """The folder `path` of a RUNNING session (relative to its home; `data/…` its owner's
-    persistent folder): `{"path", "entries": [{"name", "type": "dir" | "file" | "link" | "other",
-    "size" (bytes), "mtime" (epoch s), "persistent"?}], "truncated"}`. Raises ApplicationError:
-    400 bad-path / symlink / not-a-directory, 404 not-found, 409 session-not-running, 504
-    files-timeout (the agent did not answer)."""
+    Raises ApplicationError (this call: 400 bad-path, 409 session-not-running; the wait: 400
+    symlink / not-a-directory, 404 not-found, 504 files-timeout when the agent did not answer
+    within REPLY_WAIT_S seconds)."""
     path_check(path)
-    answer = _one(session, "list", path=path)
-    return {"path": answer["path"], "entries": answer["entries"], "truncated": answer["truncated"]}
+    call = _call(session)
+
+    async def wait() -> dict:
+        answer = await _Link(call).ask("list", path=path)
+        return {"path": answer["path"], "entries": answer["entries"], "truncated": answer["truncated"]}
+
+    return wait
 
 
-def session_file_delete(*, session: ComputeSession, path: str) -> None:
-    """Delete the file, link (the link itself) or folder (with what it holds) at `path`. Raises
-    as `session_files_list`; 403 read-only under `.fgpu/`."""
+def session_file_delete(*, session: ComputeSession, path: str) -> Wait[None]:
+    """The wait deleting the file, link (the link itself) or folder (with what it holds) at
+    `path`. Raises as `session_files_list`; the wait 403 read-only under `.fgpu/`."""
     if not path_check(path):
         raise ApplicationError(
             "give the path of a file or folder to delete",
@@ -162,11 +199,17 @@ def session_file_delete(*, session: ComputeSession, path: str) -> None:
             title="Path refused",
             field_errors={"path": ["the home itself cannot be deleted"]},
         )
-    _one(session, "delete", path=path)
+    call = _call(session)
+
+    async def wait() -> None:
+        await _Link(call).ask("delete", path=path)
+
+    return wait
 
 
-def session_folder_make(*, session: ComputeSession, path: str) -> dict:
-    """Make the folder `path` (and its missing parents); its entry."""
+def session_folder_make(*, session: ComputeSession, path: str) -> Wait[dict]:
+    """The wait making the folder `path` (and its missing parents), which returns its entry.
+    Raises as `session_files_list`."""
     if not path_check(path):
         raise ApplicationError(
             "give the path of the folder to make",
@@ -174,17 +217,23 @@ def session_folder_make(*, session: ComputeSession, path: str) -> dict:
             title="Path refused",
             field_errors={"path": ["the home exists"]},
         )
-    return _one(session, "mkdir", path=path)["entry"]
+    call = _call(session)
+
+    async def wait() -> dict:
+        return (await _Link(call).ask("mkdir", path=path))["entry"]
+
+    return wait
 
 
-def session_file_upload(*, session: ComputeSession, path: str, body, size: int | None) -> dict:
-    """Write the bytes of `body` (a file-like object: `read(n)`) to `path`, replacing a file
-    there once all of it arrived (a failed upload leaves the old file and no partial one).
-    `size`: the body's length in bytes when known (Content-Length). Returns the new entry.
+def session_file_upload(*, session: ComputeSession, path: str, body, size: int | None) -> Wait[dict]:
+    """The wait writing the bytes of `body` (a file-like object: `read(n)`, a local file or
+    memory: it is read on the event loop) to `path`, replacing a file there once all of it
+    arrived (a failed upload leaves the old file and no partial one), which returns the new
+    entry. `size`: the body's length in bytes when known (Content-Length).
 
     Raises ApplicationError as `session_files_list`, and 413 over-cap when the file would bring
-    the folder past FGPU_FILES_USER_CAP bytes (refused before a byte is sent when `size` says
-    so), 400 is-a-directory when `path` is a folder."""
+    the folder past FGPU_FILES_USER_CAP bytes (this call, before a byte is sent, when `size`
+    says so; else the wait), 400 is-a-directory (the wait) when `path` is a folder."""
     if not path_check(path):
         raise ApplicationError(
             "give the path of the file to write",
@@ -192,20 +241,20 @@ def session_file_upload(*, session: ComputeSession, path: str, body, size: int |
             title="Path refused",
             field_errors={"path": ["a file name is needed"]},
         )
-    _check_running(session)
-    cap = settings.FGPU_FILES_USER_CAP
-    if size is not None and size > cap:
+    call = _call(session)
+    if size is not None and size > call.cap:
         raise ApplicationError(
-            f"the file ({size} bytes) is larger than a folder may hold ({cap} bytes)",
+            f"the file ({size} bytes) is larger than a folder may hold ({call.cap} bytes)",
             type="over-cap",
             title="Over the cap",
             status=413,
         )
-    return async_to_sync(_upload)(_Link(session, _owner_projects(session)), path, body, size, cap)
+    return partial(_upload, _Link(call), path, body, size)
 
 
-async def _upload(link: _Link, path: str, body, size: int | None, cap: int) -> dict:
-    upload_id = (await link.ask("upload_begin", path=path, size=size, cap=cap, wait_s=BEGIN_WAIT_S))["upload_id"]
+async def _upload(link: _Link, path: str, body, size: int | None) -> dict:
+    begun = await link.ask("upload_begin", path=path, size=size, cap=link.call.cap, wait_s=BEGIN_WAIT_S)
+    upload_id = begun["upload_id"]
     offset = 0
     try:
         while True:
@@ -227,12 +276,13 @@ async def _upload(link: _Link, path: str, body, size: int | None, cap: int) -> d
         raise
 
 
-def session_file_download(*, session: ComputeSession, path: str) -> tuple[str, int, AsyncIterator[bytes]]:
-    """Start reading the regular file at `path`: `(name, size in bytes, chunks)` where
-    `chunks` is an async iterator of bytes (at most CHUNK_BYTES each) that ends after `size`
-    bytes, asking the agent for each in turn. Raises ApplicationError as `session_files_list`
-    before anything is sent, and 400 is-a-directory / not-a-file; a failure later ends the
-    iterator early (the client sees a short body)."""
+def session_file_download(*, session: ComputeSession, path: str) -> Wait[tuple[str, int, AsyncIterator[bytes]]]:
+    """The wait starting to read the regular file at `path`, which returns `(name, size in
+    bytes, chunks)` once the agent answered the first chunk, where `chunks` is an async iterator
+    of bytes (at most CHUNK_BYTES each) that ends after `size` bytes, asking the agent for each
+    in turn. Raises ApplicationError as `session_files_list` (before anything is sent), and 400
+    is-a-directory / not-a-file; a failure later ends the iterator early (the client sees a
+    short body)."""
     parts = path_check(path)
     if not parts:
         raise ApplicationError(
@@ -241,11 +291,15 @@ def session_file_download(*, session: ComputeSession, path: str) -> tuple[str, i
             title="Is a folder",
             field_errors={"path": ["the home is a folder"]},
         )
-    _check_running(session)
-    projects = _owner_projects(session)
-    first = async_to_sync(_Link(session, projects).ask)("read", path=path, offset=0, length=proto.CHUNK_BYTES)
-    # the rest on a reply channel of its own: it is read on the server's loop, not this call's
-    return parts[-1], int(first["size"]), _chunks(_Link(session, projects), path, first)
+    call = _call(session)
+
+    async def wait() -> tuple[str, int, AsyncIterator[bytes]]:
+        first = await _Link(call).ask("read", path=path, offset=0, length=proto.CHUNK_BYTES)
+        # the rest on a reply channel of its own: under a sync caller (the test client) it is
+        # read on another loop than this wait's
+        return parts[-1], int(first["size"]), _chunks(_Link(call), path, first)
+
+    return wait
 
 
 async def _chunks(link: _Link, path: str, first: dict):
@@ -262,6 +316,6 @@ async def _chunks(link: _Link, path: str, first: dict):
             data = bytes((await link.ask("read", path=path, offset=sent, length=proto.CHUNK_BYTES))["data"])
         except ApplicationError as exc:
             log.warning(
-                "download of %r from session %s stopped at %d of %d bytes: %s", path, link.session.pk, sent, size, exc.detail
+                "download of %r from session %s stopped at %d of %d bytes: %s", path, link.call.session_id, sent, size, exc.detail
             )
             return

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.seed import GiB, make_cluster, mock_gpu  # noqa: F401 (re-exported)
-from tests.stack import ROOT, Proc, Stack, StackNode, free_port, wait_until  # noqa: F401 (re-exported)
+from tests.stack import ROOT, Proc, Stack, StackNode, free_port, wait_until, wait_until_async  # noqa: F401 (re-exported)
 
 
 @pytest.hookimpl(wrapper=True)

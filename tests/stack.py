@@ -30,6 +30,8 @@ No pytest here: a plain script (a benchmark) uses it as well, after `django.setu
 """
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import os
 import signal
@@ -59,6 +61,26 @@ def wait_until(predicate: Callable, *, timeout: float = 30.0, interval: float = 
             return last
         time.sleep(interval)  # noqa: TID251 (the one poll interval of the tests' condition waits)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+async def wait_until_async(predicate: Callable, *, timeout: float = 30.0, interval: float = 0.1,
+                           what: str = "condition"):
+    """`wait_until` on an event loop: poll `predicate` (a function, or a coroutine function, whose
+    result is awaited) until it returns a truthy value (returned), sleeping `interval` s between
+    tries without blocking the loop; AssertionError after `timeout` s, also when an awaited
+    `predicate` is still running then."""
+    last = None
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                last = predicate()
+                if inspect.isawaitable(last):
+                    last = await last
+                if last:
+                    return last
+                await asyncio.sleep(interval)  # noqa: TID251 (the one poll interval of the tests' async condition waits)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}") from None
 
 
 class ApiClient:

@@ -14,6 +14,7 @@ import time
 
 from agent import core as agent_runtime
 from agent import runtimes
+from tests.conftest import wait_until_async
 from tests.test_agent_runtime import Harness, run_agent, start_spec
 
 SESSIONS = 30  # the old agent stopped at its 7th session on a 2-core machine
@@ -48,10 +49,10 @@ def test_a_paste_into_a_program_that_does_not_read_neither_spins_the_agent_nor_s
 
     async def scenario(h: Harness):
         # Raw mode: every byte typed reaches the program; it reads nothing for 2 s, then all of it.
-        spec = start_spec(command=f"stty raw -echo; sleep 2; head -c {paste} | wc -c")
+        spec = start_spec(command=f"stty raw -echo; echo ready; sleep 2; head -c {paste} | wc -c")
         channel = await h.watch_terminal(spec["session_id"])
         session_id = await h.start_session(spec)
-        await asyncio.sleep(0.3)  # stty has run; the program is in its sleep
+        await h.read_until(channel, "ready")  # stty has run; the program is in its sleep
         cpu_before, beats = time.process_time(), len(h.manager.heartbeats)
         await h.type(session_id, "x" * paste)
         await h.manager.wait_for(lambda: len(h.manager.heartbeats) >= beats + 10, what="heartbeats meanwhile")
@@ -103,7 +104,7 @@ def test_a_slow_terminal_reader_gets_every_byte_in_order_in_standalone_mode(tmp_
                 received.append(message["data"])
                 frames += 1
                 if frames % 4 == 0:
-                    await asyncio.sleep(0.01)  # a reader slower than the program
+                    await asyncio.sleep(0.01)  # noqa: TID251 (the behaviour under test: a reader slower than the program)
         text = "".join(received)
         assert hashlib.sha256(text.encode()).hexdigest() == hashlib.sha256(expected.encode()).hexdigest(), (
             f"{len(text)} characters arrived of {len(expected)}")
@@ -117,7 +118,8 @@ def test_a_daemon_that_escaped_with_setsid_ends_with_its_session(tmp_path):
         pid_file = tmp_path / "daemon.pid"
         spec = start_spec(command=f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' & sleep 30")
         session_id = await h.start_session(spec)
-        await until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the daemon's pid")
+        await wait_until_async(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=20, interval=0.05,
+                               what="the daemon's pid")
         daemon = int(pid_file.read_text())
         assert os.getsid(daemon) != h.agent.sessions[session_id].process.pid  # it left the session
         await h.agent._stop(session_id, reason="terminated")
@@ -154,17 +156,6 @@ def test_the_scratch_sweep_removes_only_old_directories_of_sessions_not_running(
         os.utime(root / name, (hour_ago, hour_ago))
     assert agent_runtime.sweep_scratch(root, keep={"old-running"}, older_than_s=600) == 1
     assert sorted(p.name for p in root.iterdir()) == ["new-ended", "old-running"]
-
-
-async def until(predicate, *, what: str, timeout: float = 20.0):
-    """Poll `predicate` on the loop until it is truthy; fail after `timeout` seconds."""
-    try:
-        async with asyncio.timeout(timeout):
-            while not (found := predicate()):
-                await asyncio.sleep(0.05)
-            return found
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 def _alive(pid: int) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from tests.conftest import wait_until_async
 from tests.test_agent_runtime import TIMEOUT, run_agent, start_spec
 
 
@@ -138,9 +139,8 @@ def test_a_command_still_running_when_its_session_stops_is_killed_with_it(tmp_pa
         session_id = await h.start_session(start_spec())
         reply = await h.layer.new_channel("test-exec.")
         await h.to_pty(session_id, {"type": "pty.exec", "argv": "sleep 60", "timeout": 120, "reply_channel": reply})
-        async with asyncio.timeout(TIMEOUT):  # until the command runs
-            while not h.agent.sessions[session_id].execs:
-                await asyncio.sleep(0.02)
+        await wait_until_async(lambda: h.agent.sessions[session_id].execs, timeout=TIMEOUT, interval=0.02,
+                               what="the command running")
         await asyncio.to_thread(h.agent.submit_stop, session_id)
         async with asyncio.timeout(TIMEOUT):
             result = await h.layer.receive(reply)

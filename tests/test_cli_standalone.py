@@ -1,4 +1,4 @@
-"""`fgpu exec` and `fgpu logs` against the console as `make run` starts it (`manage.py standalone`):
+"""`fgpu exec`, `fgpu cp` and `fgpu logs` against the console as `make run` starts it (`manage.py standalone`):
 there exec travels over the in-memory channel layer to the embedded agent on daphne's own event
 loop, and the agent ships its output through eager Celery into SQLite — other transports than
 the distributed stack's (tests/test_cli_e2e.py), the same code."""
@@ -32,7 +32,7 @@ def fgpu(tmp_path):
     return run
 
 
-def test_exec_and_logs_work_in_standalone_mode(console_url, fgpu):  # noqa: F811
+def test_exec_files_and_logs_work_in_standalone_mode(console_url, fgpu, tmp_path):  # noqa: F811
     login = fgpu("login", console_url, "-u", "admin", "--password-stdin", input=ADMIN_PASSWORD + "\n")
     assert login.returncode == 0 and "as admin (administrator)" in login.stderr, login.stderr
     me = json.loads(fgpu("whoami", "-o", "json").stdout)
@@ -43,6 +43,12 @@ def test_exec_and_logs_work_in_standalone_mode(console_url, fgpu):  # noqa: F811
     assert out.returncode == 0 and "4096MiB" in out.stdout, (out.stdout, out.stderr)
     out = fgpu("exec", "half", "--", "sh", "-c", "echo $CUDA_DEVICE_SM_LIMIT; exit 4")
     assert (out.returncode, out.stdout) == (4, "50\n"), out.stderr
+    payload = os.urandom(600 * 1024 + 7)  # the files API too: three 256 KiB chunks each way
+    (tmp_path / "payload.bin").write_bytes(payload)
+    out = fgpu("cp", str(tmp_path / "payload.bin"), "half:payload.bin")
+    assert out.returncode == 0, out.stderr
+    out = fgpu("cp", "half:payload.bin", str(tmp_path / "back.bin"))
+    assert out.returncode == 0 and (tmp_path / "back.bin").read_bytes() == payload, out.stderr
 
     launched = fgpu("launch", "--name", "job", "--fgpu", "0.5", "--command", "echo one; sleep 1; echo two",
                     "--wait", "--timeout", "60")

@@ -16,7 +16,7 @@ from django.test import override_settings
 from sessions import services
 from console.exec_store import exec_store_default
 from protocol.exec_store import MemoryExecStore, RedisExecStore
-from tests.conftest import assert_error_shape, client_for, wait_until
+from tests.conftest import assert_error_shape, client_for, wait_until, wait_until_async
 from tests.test_agent_runtime import run_agent, start_spec
 from tests.test_api_logs_exec import demo_agent, end  # noqa: F401 (fixtures)
 
@@ -231,14 +231,12 @@ def test_a_streamed_exec_still_running_when_its_session_stops_is_killed_with_it(
                                "cap": "1000", "state": "starting", "cancel": "0", "created_ms": "0"}, ttl_s=60)
         await h.to_pty(session_id, {"type": "pty.exec_stream", "exec_id": exec_id, "argv": "sleep 60",
                                     "timeout": 120, "ttl": 60})
-        async with asyncio.timeout(20):
-            while not h.agent.sessions[session_id].execs:
-                await asyncio.sleep(0.02)
+        await wait_until_async(lambda: h.agent.sessions[session_id].execs, timeout=20, interval=0.02,
+                               what="the command running")
         await asyncio.to_thread(h.agent.submit_stop, session_id)
         await h.manager.wait_for_report(session_id, "TERMINATED")
-        async with asyncio.timeout(20):
-            while store.get(exec_id)["state"] == "running":
-                await asyncio.sleep(0.02)
+        await wait_until_async(lambda: store.get(exec_id)["state"] != "running", timeout=20, interval=0.02,
+                               what="the exec no longer running")
         return store.get(exec_id)
 
     record = run_agent(tmp_path, scenario)

@@ -21,7 +21,7 @@ from sessions.models import ComputeSession, SessionStatus
 from agent import mig as runtime_mig
 from agent.core import Agent, CeleryManager
 from sessions.services import session_create
-from tests.conftest import GiB, client_for, make_cluster, mock_gpu
+from tests.conftest import GiB, client_for, make_cluster, mock_gpu, wait_until_async
 from tests.fakes.fake_pynvml import FakeNvml
 from tests.test_agent_runtime import Harness, RecordingManager
 from tests.test_mig_agent import H100, block, h100, manager_for
@@ -293,9 +293,8 @@ def test_after_registering_the_agent_gets_the_layout_recreates_it_and_the_manage
         agent.mig = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake), on_report=agent._send_mig_report)
         await agent.start()
         try:
-            async with asyncio.timeout(30):
-                while not await database_sync_to_async(GpuInstance.objects.filter(unknown_since__isnull=False).exists)():
-                    await asyncio.sleep(0.05)
+            await wait_until_async(database_sync_to_async(GpuInstance.objects.filter(unknown_since__isnull=False).exists),
+                                   timeout=30, interval=0.05, what="the stranger recorded as unknown")
         finally:
             await agent.shutdown()
 

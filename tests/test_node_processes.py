@@ -7,7 +7,6 @@ docker runtime is in tests/test_browser_jupyter_distributed.py; the CLI's table 
 recorded answer of the API."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 
 import protocol
 from agent.usage import UsageSampler
-from tests.conftest import GiB
+from tests.conftest import GiB, wait_until_async
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, FakeProcess
 from tests.test_agent_runtime import TIMEOUT, run_agent, start_spec
 
@@ -77,14 +76,15 @@ def test_an_agent_on_a_mock_node_answers_with_each_sessions_slice_or_its_declara
         whole = await h.start_session(start_spec(command="exec sleep 30", memory_limit=2 * GiB))
         declared = await h.start_session(start_spec(command=declare, shares="0.25", memory_limit=GiB))
         reply = await h.layer.new_channel("test.")
-        async with asyncio.timeout(TIMEOUT):
-            while True:
-                await h.layer.group_send(protocol.node_group(h.agent.node),
-                                         {"type": protocol.NODE_PROCESSES, "reply_channel": reply})
-                answer = await h.layer.receive(reply)
-                if {p["session_id"]: p["memory"] for p in answer["processes"]}.get(declared) == 1536 * MiB:
-                    break
-                await asyncio.sleep(0.2)  # the program has not written its declaration yet
+
+        async def declared_answer():
+            await h.layer.group_send(protocol.node_group(h.agent.node),
+                                     {"type": protocol.NODE_PROCESSES, "reply_channel": reply})
+            answer = await h.layer.receive(reply)
+            return answer if {p["session_id"]: p["memory"] for p in answer["processes"]}.get(declared) == 1536 * MiB else None
+
+        # until the program has written its declaration
+        answer = await wait_until_async(declared_answer, timeout=TIMEOUT, interval=0.2, what="the declared 1536 MiB")
         pids = {sid: h.agent.sessions[sid].process.pid for sid in (whole, declared)}
         return whole, declared, pids, answer
 

@@ -14,7 +14,7 @@ import json
 import pytest
 import websockets
 
-from tests.conftest import ROOT, StackNode, wait_until
+from tests.conftest import ROOT, StackNode, wait_until, wait_until_async
 from tests.test_e2e_distributed import api, get_ok
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -41,12 +41,14 @@ def preempting_cluster(distributed_stack, django_user_model, monkeypatch):
     return stack.base, *tokens
 
 
-async def watch_terminal(url: str, until: str, *, timeout: float) -> str:
+async def watch_terminal(url: str, until: str, *, timeout: float, connected: asyncio.Event | None = None) -> str:
     """Everything the terminal websocket sends until a frame of type `until` ("exit"), as text
-    (an exit frame as "<exit N>")."""
+    (an exit frame as "<exit N>"). `connected` is set once the websocket is open."""
     output = ""
     async with websockets.connect(url) as ws:
         await ws.send(json.dumps({"type": "resize", "cols": 200, "rows": 40}))
+        if connected is not None:
+            connected.set()
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             remaining = deadline - asyncio.get_running_loop().time()
@@ -76,8 +78,12 @@ def test_a_preemptible_session_is_warned_in_its_terminal_ends_with_the_reason_an
     url = f"ws://127.0.0.1:{base.rsplit(':', 1)[1]}{ticket['url']}"
 
     async def scenario() -> str:
-        watching = asyncio.create_task(watch_terminal(url, "exit", timeout=90))
-        await asyncio.sleep(0)  # the websocket connects before the launch below
+        connected = asyncio.Event()
+        watching = asyncio.create_task(watch_terminal(url, "exit", timeout=90, connected=connected))
+        # the websocket connects before the launch below (a failed connection ends the wait too)
+        await wait_until_async(lambda: connected.is_set() or watching.done(), timeout=30, what="the terminal connected")
+        if watching.done():
+            watching.result()  # raises why it ended
         status, urgent = await asyncio.to_thread(api, base, "POST", "/api/v1/sessions/", root, {
             "name": "urgent", "resources": {"cuda.shares": "1", "cpu": 1, "mem": "256M"}, "priority": 5})
         assert status == 201, urgent

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from agent import core as agent_runtime
+from tests.conftest import wait_until_async
 from tests.test_agent_runtime import Harness, run_agent, start_spec
 
 LINES = 400_000  # about 3 MB through the PTY: more than the window
@@ -102,9 +103,7 @@ def test_the_output_rate_cap_holds_only_output_nobody_reads_or_next_to_other_wor
         h.agent._busy.clear()
         verdicts = {"nobody reads": h.agent._output_capped(running, loop.time())}
         await attach(h, quiet["session_id"])
-        async with asyncio.timeout(10):
-            while not running.readers:
-                await asyncio.sleep(0.01)
+        await wait_until_async(lambda: running.readers, timeout=10, interval=0.01, what="the terminal's reader")
         h.agent._busy.clear()
         verdicts["read, alone"] = h.agent._output_capped(running, loop.time())
         h.agent._busy[other["session_id"]] = loop.time()

@@ -43,7 +43,7 @@ async def read_between(url: str, command: str, *, pause_after: int, pause_s: flo
                     break
                 if not paused and received >= pause_after:
                     paused = True
-                    await asyncio.sleep(pause_s)  # a client that does not read: the agent must wait for it
+                    await asyncio.sleep(pause_s)  # noqa: TID251 (the behaviour under test: a client that does not read; the agent must wait for it)
     text = "".join(chunks)
     begin = text.index("BEGIN-42\r\n") + len("BEGIN-42\r\n")
     return text[begin:text.index("END-42", begin)]

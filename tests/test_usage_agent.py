@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from agent.usage import BACKLOG_SAMPLES, UsageSampler, read_declaration
-from tests.conftest import GiB
+from tests.conftest import GiB, wait_until_async
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, FakeProcess
 from tests.test_agent_runtime import TIMEOUT, run_agent, start_spec
 
@@ -53,14 +53,16 @@ def test_a_session_that_allocates_in_a_loop_grows_on_the_mock_device_while_anoth
         growing = await h.start_session(start_spec(command=GROW))
         flat = await h.start_session(start_spec(command="sleep 30"))
         sampler = h.agent.usage
-        seen = []
-        async with asyncio.timeout(TIMEOUT):
-            while len({s["gpu_memory"] for s in seen if s["session_id"] == growing}) < 4:
-                await asyncio.sleep(0.35)
-                sampler._last_t.clear()  # sample again within the same second
-                taken = await asyncio.to_thread(sampler.sample)
-                seen.extend(taken["sessions"])
-                devices = taken["devices"]
+        seen, devices = [], []
+
+        async def four_sizes_seen():
+            sampler._last_t.clear()  # sample again within the same second
+            taken = await asyncio.to_thread(sampler.sample)
+            seen.extend(taken["sessions"])
+            devices[:] = taken["devices"]
+            return len({s["gpu_memory"] for s in seen if s["session_id"] == growing}) >= 4
+
+        await wait_until_async(four_sizes_seen, timeout=TIMEOUT, interval=0.35, what="four sizes of the growing session")
         return growing, flat, seen, devices
 
     growing, flat, seen, devices = run_agent(tmp_path, scenario)
@@ -82,9 +84,8 @@ def test_terminal_input_is_noticed_and_batches_reach_the_manager_or_wait_for_it(
         sampler = h.agent.usage
         h.agent.manager.usage = manager.usage  # the recording fake learns the usage call
         await h.type(session, "true\r")
-        async with asyncio.timeout(TIMEOUT):
-            while session not in sampler._last_input:
-                await asyncio.sleep(0.05)
+        await wait_until_async(lambda: session in sampler._last_input, timeout=TIMEOUT, interval=0.05,
+                               what="the input noticed")
         sampler.pending.append(await asyncio.to_thread(sampler.sample))
         manager.fail = True
         kept = await sampler.flush()
