@@ -873,14 +873,15 @@ class Agent:
 
     async def _wait_exit(self, running: RunningSession) -> None:
         """Once the session's leader exited: end every process of the session, drain and close
-        the PTY, ship the rest of the log, report TERMINATED (also when any step fails)."""
+        the PTY, report TERMINATED while the rest of the log is shipped (also when any step fails)."""
         await running.exit_event.wait()
+        closing: asyncio.Task | None = None  # the log's closing, once started
         reason = ""
         try:
-            code = await self._in(self._work, running.process.wait)
             # The session ends with its shell: background jobs (own process groups, nohup'd,
             # setsid'd) must not outlive the allocation that is about to be released.
-            if await self._in(self._work, running.process.kill_all):
+            code, left = await self._in(self._work, _reap_and_kill, running.process)
+            if left:
                 # A signal takes effect when its process next runs: report TERMINATED once none
                 # is left (zombies hold nothing), so the slice is free when the manager releases
                 # it. Polled every 5 ms at first, then less often.
@@ -903,7 +904,9 @@ class Agent:
                 await asyncio.wait_for(asyncio.shield(running.pump_task), timeout=10)
             except TimeoutError:
                 log.warning("agent %s: the last terminal output of %s was not sent in time", self.node, running.session_id)
-            await self._close_log(running)
+            # The rest of the log goes to the manager while the end is reported (two queues:
+            # their order was never kept; the log reads as incomplete until its last batch).
+            closing = self.loop.create_task(self._close_log(running))
         except Exception as exc:
             log.exception("agent %s: ending session %s failed", self.node, running.session_id)
             reason = f"the agent could not end the session cleanly: {exc}"
@@ -921,15 +924,24 @@ class Agent:
         except Exception:
             log.exception("agent %s: could not remove what session %s left", self.node, running.session_id)
         try:
+            os.utime(running.work_dir)  # the retention of the working directory counts from here
+        except OSError:
+            pass
+        # The report first (it frees the slice), the terminals' exit frame and the log beside it.
+        await asyncio.gather(self._end(running.session_id, "TERMINATED", reason, exit_code), self._exit_frame(running, exit_code))
+        if closing is not None:
+            try:
+                await closing
+            except Exception:
+                log.exception("agent %s: shipping the last output of %s failed", self.node, running.session_id)
+
+    async def _exit_frame(self, running: RunningSession, exit_code: int) -> None:
+        """Tell the session's terminals it ended (`terminal.exit`) and leave its PTY group."""
+        try:
             await self.layer.group_send(protocol.terminal_group(running.session_id), {"type": "terminal.exit", "code": exit_code})
             await self.layer.group_discard(protocol.pty_group(running.session_id), self.channel)
         except Exception:
             log.warning("agent %s: could not tell the terminal of %s that it ended", self.node, running.session_id)
-        try:
-            os.utime(running.work_dir)  # the retention of the working directory counts from here
-        except OSError:
-            pass
-        await self._end(running.session_id, "TERMINATED", reason, exit_code)
 
     async def _stop(self, session_id: str, *, reason: str) -> None:
         running = self.sessions.get(session_id)
@@ -1083,7 +1095,7 @@ class Agent:
 
     async def _close_log(self, running: RunningSession) -> None:
         """Stop the periodic shipping and send the rest of the output with the final mark
-        (a few tries, LOG_FLUSH_S apart), before the session is reported ended."""
+        (a few tries, LOG_FLUSH_S apart), while the session's end is reported."""
         running.log_closed = True
         running.log_closing.set()
         running.log_wake.set()
@@ -1230,6 +1242,12 @@ def _take_front(parts: list, limit: int) -> str:
         taken.append(parts.pop(0))
         size += len(part)
     return "".join(taken)
+
+
+def _reap_and_kill(process) -> tuple[int, int]:
+    """Blocking, in one hop to a worker thread: the exited leader's status (`process.wait`) and
+    how many processes of its session were left and got SIGKILL (`process.kill_all`)."""
+    return process.wait(), process.kill_all()
 
 
 def _drop_oldest(running: RunningSession) -> None:

@@ -24,6 +24,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import termios
 import time
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ class SessionHandle:
         self.session_id = session_id
         self.process = process
         self.pid = process.pid
+        self.started = _start_ticks("/proc", str(process.pid))  # no process older than its leader is the session's
         self.fd = master_fd
         self.env = env
         self.work_dir = work_dir
@@ -96,18 +98,22 @@ class SessionHandle:
 
     def signal_all(self, *sigs: int) -> None:
         """Blocking: each of `sigs`, in order, to every process of the session's process
-        session (one scan of /proc)."""
+        session: the leader first (an interactive shell ends on SIGHUP without waiting for the
+        scan), then the others (one scan of /proc)."""
+        for sig in sigs:
+            _kill(self.pid, sig)
         signal_session(self.pid, *sigs)
 
     def kill_all(self) -> int:
         """Blocking: SIGKILL to every live process of the session, those that escaped its
         process session too (they carry its FGPU_SESSION_ID). Returns how many were signalled
         (0: none was left but zombies, so there is nothing to wait for)."""
-        return sum(_kill(pid, signal.SIGKILL) for pid in session_processes(self.session_id, self.pid, live_only=True))
+        found = session_processes(self.session_id, self.pid, live_only=True, since=self.started)
+        return sum(_kill(pid, signal.SIGKILL) for pid in found)
 
     def alive(self) -> bool:
         """Blocking: whether any process of the session is left (zombies do not count)."""
-        return bool(session_processes(self.session_id, self.pid, live_only=True))
+        return bool(session_processes(self.session_id, self.pid, live_only=True, since=self.started))
 
     def exec_popen(self, argv: list[str], *, stdout, stderr) -> subprocess.Popen:
         """Start `argv` beside the session: its environment and working directory, stdin from
@@ -288,12 +294,18 @@ def session_members(sid: int, *, proc: str = "/proc", live_only: bool = False) -
     return pids
 
 
-def session_processes(session_id: str, sid: int, *, proc: str = "/proc", live_only: bool = False) -> list[int]:
+def session_processes(
+    session_id: str, sid: int, *, proc: str = "/proc", live_only: bool = False, since: int | None = None
+) -> list[int]:
     """Pids of a session's processes, from one scan of `proc`: those in its process session
     `sid` (whatever process group job control gave them) and those whose environment carries
     its `FGPU_SESSION_ID` (a daemon that called setsid() or double-forked to get away);
-    `live_only`: not zombies. A process that also rewrote its environment escapes this; a
-    session in a container (its own cgroup) has no such gap."""
+    `live_only`: not zombies. `since`: the leader's start (clock ticks after boot, /proc stat's
+    field 22): the environment of a process started before it is not read (only the session's
+    descendants can carry its id, and each started after its leader), so a scan reads one
+    small file per process of the node and a second one only for the newer ones. A process that
+    also rewrote its environment escapes this; a session in a container (its own cgroup) has
+    no such gap."""
     marker = f"FGPU_SESSION_ID={session_id}".encode()
     own = os.getpid()
     pids = []
@@ -303,9 +315,26 @@ def session_processes(session_id: str, sid: int, *, proc: str = "/proc", live_on
         fields = _stat_fields(proc, entry.name)
         if fields is None or (live_only and fields[0] == "Z"):
             continue
-        if int(fields[3]) == sid or marker in _environ(proc, entry.name):
+        if int(fields[3]) == sid:
+            pids.append(int(entry.name))
+        elif (since is None or _started(fields) >= since) and marker in _environ(proc, entry.name):
             pids.append(int(entry.name))
     return pids
+
+
+STARTTIME = 19  # of _stat_fields: /proc/<pid>/stat's field 22, the start in clock ticks after boot
+
+
+def _started(fields: list[str]) -> int:
+    """When the process of `_stat_fields`' `fields` started (clock ticks after boot); a stat
+    without the field counts as the newest."""
+    return int(fields[STARTTIME]) if len(fields) > STARTTIME else sys.maxsize
+
+
+def _start_ticks(proc: str, pid: str) -> int | None:
+    """When process `pid` started (clock ticks after boot), or None if it is gone."""
+    fields = _stat_fields(proc, pid)
+    return _started(fields) if fields is not None else None
 
 
 def signal_session(sid: int, *sigs: int) -> None:

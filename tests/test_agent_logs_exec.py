@@ -1,5 +1,5 @@
 """The agent's side of session logs and server-side exec: output shipped to the manager in
-sequence-numbered batches (the last one marked final, before TERMINATED is reported), and
+sequence-numbered batches (the last one marked final, sent as TERMINATED is reported), and
 `pty.exec` messages answered with the command's status and output, run in the session's
 environment. A real Agent on Channels' in-memory layer; the manager is a recording fake."""
 from __future__ import annotations
@@ -8,6 +8,13 @@ import asyncio
 
 from tests.conftest import wait_until_async
 from tests.test_agent_runtime import TIMEOUT, run_agent, start_spec
+
+
+async def ended_and_shipped(h, session_id: str) -> None:
+    """Until the agent reported the session TERMINATED and shipped its log's final batch (the
+    two go to the manager side by side)."""
+    await h.manager.wait_for_report(session_id, "TERMINATED")
+    await h.manager.wait_for(lambda: any(e[0] == session_id and e[4] for e in h.manager.logs), what="the final batch")
 
 
 def shipped_text(logs, session_id) -> str:
@@ -22,11 +29,11 @@ async def exec_in(h, session_id: str, argv, timeout: float = 10) -> dict:
         return await h.layer.receive(reply)
 
 
-def test_a_batch_sessions_output_is_shipped_in_numbered_batches_ending_with_a_final_one_before_it_is_reported_ended(tmp_path):
+def test_a_batch_sessions_output_is_shipped_in_numbered_batches_ending_with_a_final_one_as_it_ends(tmp_path):
     async def scenario(h):
         spec = start_spec(command="for i in 1 2 3; do echo line-$i; done")
         await h.start_session(spec)
-        await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
+        await ended_and_shipped(h, spec["session_id"])
         return spec["session_id"], list(h.manager.logs), list(h.manager.reports)
 
     session_id, logs, reports = run_agent(tmp_path, scenario)
@@ -108,7 +115,7 @@ def test_a_batch_the_manager_did_not_take_is_sent_again_with_the_same_number(tmp
     async def scenario(h):
         spec = start_spec(command="echo first; sleep 1.5; echo second")
         await h.start_session(spec)
-        await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
+        await ended_and_shipped(h, spec["session_id"])
         return spec["session_id"], list(h.manager.logs)
 
     session_id, logs = run_agent(tmp_path, scenario)

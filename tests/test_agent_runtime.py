@@ -512,3 +512,24 @@ def test_session_members_reads_the_session_id_and_can_leave_zombies_out(tmp_path
 
     assert sorted(session_members(77, proc=str(tmp_path))) == [101, 102]
     assert session_members(77, proc=str(tmp_path), live_only=True) == [101]
+
+
+def test_session_processes_reads_the_environment_only_of_processes_newer_than_the_leader(tmp_path):
+    """A process that left the session (setsid) is found by the FGPU_SESSION_ID in its
+    environment; with `since` (the leader's start), a process that started before the leader is
+    not read at all: none of the session's can be older than it."""
+    from agent.runtimes import session_processes
+
+    def process(pid: int, *, started: int, environ: bytes, session: int = 5) -> None:
+        (tmp_path / str(pid)).mkdir()
+        rest = " ".join(["0"] * 15) + f" {started} 0"  # tty_nr … itrealvalue, then starttime (field 22)
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (sh) S 1 {pid} {session} {rest}\n")
+        (tmp_path / str(pid) / "environ").write_bytes(environ)
+
+    process(201, started=1000, environ=b"FGPU_SESSION_ID=s1\0", session=201)  # the leader
+    process(202, started=1500, environ=b"HOME=/\0FGPU_SESSION_ID=s1\0")  # a daemon that called setsid
+    process(203, started=900, environ=b"FGPU_SESSION_ID=s1\0")  # older than the leader: never its
+    process(204, started=1600, environ=b"FGPU_SESSION_ID=s2\0")  # another session's
+
+    assert sorted(session_processes("s1", 201, proc=str(tmp_path))) == [201, 202, 203]
+    assert sorted(session_processes("s1", 201, proc=str(tmp_path), since=1000)) == [201, 202]
