@@ -1212,6 +1212,8 @@ class Agent:
             self._in_background(self._in(self._work, running.process.resize, int(message["rows"]), int(message["cols"])))
         elif kind == "pty.ack":
             self._reader_ack(running, str(message["channel"]), int(message["offset"]), int(message["n"]))
+        elif kind == "pty.stop":  # the manager's stop, ahead of its task (protocol)
+            self._in_background(self._stop(running.session_id, reason="terminated"))
         elif kind == "pty.detach":
             running.readers.pop(message.get("channel"), None)
             running.outbox_wake.set()

@@ -40,7 +40,10 @@ the web send `pty.input` {data}, `pty.resize` {rows, cols}, `pty.attach` {reply_
 `pty.ack` {channel, offset, n}, `pty.detach` {channel}, `pty.exec` and `pty.exec_stream`, and
 the session apps' `pty.app_open` {app, base_url, token, timeout, reply_channel} and `pty.app_status`
 {name, port, reply_channel}, answered on the reply channel: agent.session_apps, and a session's files'
-`pty.files` {op, owner_id, path, …, reply_channel}: protocol.files, agent.files),
+`pty.files` {op, owner_id, path, …, reply_channel}: protocol.files, agent.files, and the
+manager's `pty.stop` {}: the stop of SESSION_STOP sent beside its task, which arrives in a
+millisecond while the agent listens; the task, kept in the agent's queue, is the one that
+cannot be lost, and whichever arrives second finds the session stopping or ended),
 `node-<node name>` (the node's agent joins it; the web sends `node.processes` {reply_channel},
 answered `node.processes.result` {ok, at, source, processes}: agent.usage.UsageSampler.processes),
 `terminal-<session id>` (terminal consumers join it; the agent sends `terminal.output` {data,

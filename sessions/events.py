@@ -80,13 +80,19 @@ def _send_updates(entries: list[tuple]) -> None:
         _SENDER.send(sends)
 
 
+def pty_send(session_id, message: dict) -> None:
+    """Send `message` (a `pty.*` message, protocol) to the session's agent over the channel
+    layer, best-effort, without waiting (as the notices go: `_Sender`)."""
+    _SENDER.send([(pty_group(session_id), {**message, "session_id": str(session_id)})])
+
+
 async def _group_send_all(layer, sends: list[tuple[str, dict]]) -> None:
     """Send in order (a group sees its notices in the order they were made), logging failures."""
     for group, message in sends:
         try:
             await layer.group_send(group, message)
         except Exception:  # a notice is best-effort: the state is already committed
-            log.exception("could not push the update of session %s", message["session"]["id"])
+            log.exception("could not send %s to %s", message["type"], group)
 
 
 class _Sender:

@@ -214,11 +214,14 @@ def session_notice(session: ComputeSession, text: str) -> None:
 
 
 def _send_stop(node_name: str, session_id: str) -> None:
-    """Tell the node's agent to stop the session. A broker that cannot be reached is logged, not
+    """Tell the node's agent to stop the session: `pty.stop` over the channel layer, which it
+    takes in a millisecond while it runs (best-effort), and the SESSION_STOP task, which waits
+    in its queue while it does not (protocol). A broker that cannot be reached is logged, not
     raised (the session is TERMINATING in the database): the reconciliation of the agent's next
     heartbeat sends the stop again (sessions.reconcile)."""
     from console.celery import TRANSIENT_ERRORS, agent_send
 
+    events.pty_send(session_id, {"type": "pty.stop"})
     try:
         agent_send(protocol.SESSION_STOP, node=node_name, session_id=session_id)
     except TRANSIENT_ERRORS:

@@ -306,6 +306,25 @@ def test_stopping_a_session_kills_its_process_group_sends_exit_and_reports_termi
     run_agent(tmp_path, scenario)
 
 
+def test_the_managers_stop_over_the_channel_layer_and_its_task_after_it_stop_the_session_once(tmp_path):
+    """`pty.stop` (sent beside the SESSION_STOP task) stops the session; the task arriving
+    second finds it ended and reports the same end again, which the manager's compare-and-set
+    ignores (protocol)."""
+    async def scenario(h: Harness):
+        session_id = await h.start_session(start_spec())
+        pgid = h.agent.sessions[session_id].process.pid
+
+        await h.to_pty(session_id, {"type": "pty.stop"})
+        _, reason, _ = await h.manager.wait_for_report(session_id, "TERMINATED")
+        assert reason == "terminated" and not process_group_alive(pgid)
+
+        await asyncio.to_thread(h.agent.submit_stop, session_id)  # the task, later
+        await h.manager.wait_for(lambda: len(h.manager.reports_for(session_id)) == 4, what="the end reported again")
+        assert [s for s, _, _ in h.manager.reports_for(session_id)] == ["PREPARING", "RUNNING", "TERMINATED", "TERMINATED"]
+
+    run_agent(tmp_path, scenario)
+
+
 def test_a_batch_command_reports_terminated_with_its_exit_code(tmp_path):
     async def scenario(h: Harness):
         spec = start_spec(command="exit 3")
