@@ -279,6 +279,9 @@ def test_after_registering_the_agent_gets_the_layout_recreates_it_and_the_manage
     """Celery runs eagerly here (the manager's tasks in the agent's worker threads); the agent
     runs on its own loop with the fake NVML, where an idle instance the manager planned is gone
     (a reboot) and a stranger was made by hand."""
+    import agent.tasks  # noqa: F401  (with eager Celery, a send by name runs only a task registered here:
+    import sessions.tasks  # noqa: F401  the agent's and the manager's, as the whole suite has them)
+
     node = mig_node(name="gpu-node", devices=[GPU])
     gpu = node.devices.get()
     GpuInstance.objects.create(node=node, parent=gpu, profile="3g.40gb", placement_start=4, placement_size=4)
