@@ -356,6 +356,7 @@ class Stack:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        remove_agent_cgroups([node.name for node in self.nodes])
 
     def __enter__(self) -> Stack:
         return self.start()
@@ -501,6 +502,19 @@ def session_processes(session_ids: Iterable[str]) -> dict[str, list[int]]:
                 found.setdefault(markers[var], []).append(int(entry.name))
                 break
     return found
+
+
+def remove_agent_cgroups(nodes: Iterable[str]) -> None:
+    """Kill what the cgroups of the agents of `nodes` hold (their sessions' processes, also
+    those that rewrote their environment) and remove them: what an agent killed by a test leaves
+    (agent.runtimes.SessionCgroups)."""
+    from agent.runtimes import CGROUP_AUTO, SessionCgroups, cgroup2_root
+
+    root, _ = cgroup2_root(CGROUP_AUTO)
+    for node in nodes if root is not None else ():
+        cgroups = SessionCgroups(root / f"fgpu-agent-{node}")
+        cgroups.clean_up()
+        cgroups.close()
 
 
 def leftover_session_processes(work_dir: Path) -> list[int]:
