@@ -18,6 +18,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from agent import runtimes
 from agent.runtimes import CGROUP_AUTO, SessionCgroup, cgroup2_mounts, cgroup2_root
 from tests.conftest import ROOT, wait_until_async
@@ -204,31 +206,32 @@ def test_an_exec_beside_the_session_runs_in_its_cgroup_and_ends_with_it(tmp_path
     run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO)
 
 
-def test_where_the_agent_cannot_create_cgroups_it_says_why_and_the_proc_scan_ends_sessions(tmp_path, caplog):
-    """agent.toml's cgroup-root names a directory that is not in a cgroup v2 hierarchy, then one
-    that is but cannot be created: each time the agent logs why and falls back to the scan,
-    which still ends a daemon that kept its environment."""
-    for setting, why in ((str(tmp_path), "is not in a cgroup v2 hierarchy"),
-                         (str(cgroup2_root(CGROUP_AUTO)[0] / "no-such-parent" / "x"), "cannot create")):
-        pid_file = tmp_path / "daemon.pid"
-        pid_file.unlink(missing_ok=True)
+@pytest.mark.parametrize(("where", "why"), [("tmp", "is not in a cgroup v2 hierarchy"), ("missing", "cannot create")],
+                         ids=["not-cgroup2", "not-creatable"])
+def test_where_the_agent_cannot_create_cgroups_it_says_why_and_the_proc_scan_ends_sessions(tmp_path, caplog, where, why):
+    """agent.toml's cgroup-root names a directory that is not in a cgroup v2 hierarchy, or one
+    that is but cannot be created: the agent logs why, once, and falls back to the scan, which
+    still ends a daemon that kept its environment."""
+    root, reason = cgroup2_root(CGROUP_AUTO)
+    assert root is not None, reason
+    setting = str(tmp_path) if where == "tmp" else str(root / "no-such-parent" / "x")
+    pid_file = tmp_path / "daemon.pid"
 
-        async def scenario(h: Harness):
-            assert h.agent.runtime.cgroups is None
-            spec = start_spec(command=f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' & sleep 300")
-            session_id = await h.start_session(spec)
-            assert h.agent.sessions[session_id].process.cgroup is None
-            daemon = await daemon_pid(pid_file)
-            await h.agent._stop(session_id, reason="terminated")
-            await h.manager.wait_for_report(session_id, "TERMINATED")
-            return daemon
+    async def scenario(h: Harness):
+        assert h.agent.runtime.cgroups is None
+        spec = start_spec(command=f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' & sleep 300")
+        session_id = await h.start_session(spec)
+        assert h.agent.sessions[session_id].process.cgroup is None
+        daemon = await daemon_pid(pid_file)
+        await h.agent._stop(session_id, reason="terminated")
+        await h.manager.wait_for_report(session_id, "TERMINATED")
+        return daemon
 
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="agent.runtimes"):
-            daemon = run_agent(tmp_path, scenario, cgroup_root=setting)
-        assert not pid_alive(daemon)
-        messages = [r.getMessage() for r in caplog.records if "scanning /proc" in r.getMessage()]
-        assert len(messages) == 1 and why in messages[0], caplog.text
+    with caplog.at_level(logging.WARNING, logger="agent.runtimes"):
+        daemon = run_agent(tmp_path, scenario, cgroup_root=setting)
+    assert not pid_alive(daemon)
+    messages = [r.getMessage() for r in caplog.records if "scanning /proc" in r.getMessage()]
+    assert len(messages) == 1 and why in messages[0], caplog.text
 
 
 def test_cgroup2_mounts_are_read_from_mountinfo(tmp_path):
