@@ -942,7 +942,9 @@ class Agent:
     async def _wait_gone(self, running: RunningSession, *, deadline: float) -> None:
         """Until no process of the session is left, or the loop's clock passes `deadline`: woken
         by its cgroup's events where it has a cgroup (the kernel says when its last process
-        exited), else polled every 5 ms at first, then less often."""
+        exited; it notifies a cgroup.events file at most every 10 ms, so a session ending within
+        10 ms of its last change may wait up to that), else polled every 5 ms at first, then
+        less often."""
         watch = getattr(running.process, "watch", lambda: None)()  # a docker session has none
         if watch is None:
             pause = 0.005

@@ -1,5 +1,6 @@
 """Where a session's processes run: the runtime interface the agent drives, and the `process`
-runtime (a PTY process group of the agent's own user on the node).
+runtime (a PTY process group of the agent's own user on the node, tracked by a cgroup v2 of its
+own where the agent can create one, else by scanning /proc).
 
 The agent (agent.core) is the same for every runtime: it reads and writes a
 session's terminal through `SessionHandle.fd` when the loop says it is ready, learns of its end
@@ -599,10 +600,8 @@ class SessionCgroup:
         try:
             _write(self.path / "cgroup.kill", b"1")
             return len(found)
-        except FileNotFoundError:  # kernel < 5.14
+        except OSError:  # no cgroup.kill (kernel < 5.14): each pid (none if the cgroup is gone)
             pass
-        except OSError:
-            return 0  # gone meanwhile
         frozen = _write_quietly(self.path / "cgroup.freeze", b"1")  # no fork escapes the pass below
         try:
             for pid in self.pids():
