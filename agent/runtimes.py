@@ -697,6 +697,7 @@ class SessionCgroups:
         """Blocking: session `session_id`'s cgroup, new (what an earlier start of it left is killed
         first). Raises OSError."""
         cgroup = SessionCgroup(self.parent / f"session-{session_id}")
+        self.parent.mkdir(exist_ok=True)  # removed meanwhile (by hand): made again
         try:
             cgroup.path.mkdir()
         except FileExistsError:
