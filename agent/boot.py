@@ -49,8 +49,8 @@ def load_inventory(config: AgentConfig) -> dict:
 
 
 def build_runtime(config: AgentConfig):
-    """The runtime agent.toml's `[container] runtime` names. Raises DockerRuntimeError (docker:
-    Docker Engine unreachable)."""
+    """The runtime agent.toml's `[container] runtime` names (process: with its `cgroup-root`).
+    Raises DockerRuntimeError (docker: Docker Engine unreachable)."""
     if config.runtime == DOCKER:
         from agent.docker_runtime import DockerRuntime
 
@@ -65,7 +65,7 @@ def build_runtime(config: AgentConfig):
             mps_pipe_directory=config.mps_pipe_directory if config.mps else None,
             pull=config.pull_images,
         )
-    return ProcessRuntime()
+    return ProcessRuntime(node=config.node_name, cgroup_root=config.cgroup_root)
 
 
 def build_agent(config: AgentConfig, *, celery_app, channel_layer, heartbeat_s: float, exec_store=None) -> Agent:

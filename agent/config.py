@@ -25,6 +25,9 @@ over::
     pull-images = true                                  # docker: pull an image the node lacks when a session needs it
     mps-pipe-directory = "/tmp/nvidia-mps"              # docker, with [agent] mps = true: the node's MPS pipes
     app-address = "127.0.0.1"                           # process: where session apps listen (the web hosts reach it)
+    cgroup-root = "auto"                                # process: where each session gets a cgroup v2 of its own
+                                                        #   ("auto": /sys/fs/cgroup or a cgroup2 mount such as
+                                                        #   /sys/fs/cgroup/unified; a cgroup2 directory; "none": scan /proc)
     app-relay = false                                   # docker: relay apps through the agent on app-address
                                                         #   (web hosts that cannot reach the containers' network)
     data-root = "./var/user-data"                       # users' persistent folders (~/data); shared storage (NFS) on a cluster
@@ -48,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelerators.allocation.units import SizeError, parse_binary_size
-from agent.runtimes import RUNTIMES
+from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, RUNTIMES
 
 MOCK_PLUGIN = "ai.backend.accelerator.mock"
 CUDA_PLUGIN = "ai.backend.accelerator.cuda"
@@ -84,6 +87,7 @@ class AgentConfig:
     app_address: str = "127.0.0.1"
     app_relay: bool = False
     data_root: Path | None = None  # users' persistent folders, `<data_root>/users/<user id>` (agent.files)
+    cgroup_root: str = CGROUP_AUTO  # process runtime: "auto", "none" or an absolute cgroup2 directory
     extra: dict = field(default_factory=dict)
 
     @property
@@ -197,6 +201,9 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
     except socket.gaierror:
         fail("container.app-address", f"{app_address!r} is not an IP address (where session apps listen)")
     data_root = (path.parent / text(container, "data-root", "container.data-root", "user-data")).resolve()
+    cgroup_root = text(container, "cgroup-root", "container.cgroup-root", CGROUP_AUTO)
+    if cgroup_root not in (CGROUP_AUTO, CGROUP_NONE) and not Path(cgroup_root).is_absolute():
+        fail("container.cgroup-root", f'{cgroup_root!r}: expected "auto", "none" or an absolute path (a cgroup v2 directory)')
     usage = table(data, "usage", "usage")
     usage_interval = usage.get("interval", 5)
     if isinstance(usage_interval, bool) or not isinstance(usage_interval, int) or not 1 <= usage_interval <= 300:
@@ -235,4 +242,5 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
         app_address=app_address,
         app_relay=app_relay,
         data_root=data_root,
+        cgroup_root=cgroup_root,
     )

@@ -280,8 +280,9 @@ class Agent:
     session re-reports RUNNING, of an ended one re-reports its end; a stop of an ended one
     re-reports its end. A report the broker does not take is tried again (REPORT_RETRY_S) in
     the background. Every process of a session ends with it: those in its process session and
-    those carrying its `FGPU_SESSION_ID` (which escaped with setsid), also after an agent
-    restart (`kill_orphans` at start).
+    those carrying its `FGPU_SESSION_ID` (which escaped with setsid) — or, where the process
+    runtime gives each session a cgroup, every process in it —, also after an agent restart
+    (`Runtime.clean_up_at_start`).
 
     MIG (issue 4): after registering, the manager sends the expected layout of each MIG GPU
     (`submit_mig_reconcile`); the agent re-creates missing instances and reports the ones the
@@ -320,7 +321,7 @@ class Agent:
         self.heartbeat_s = heartbeat_s
         self.exec_store = exec_store or exec_store_for("")  # streamed exec output (protocol.exec_store)
         self.scratch_retention_s = scratch_retention_s
-        self.runtime = runtime or ProcessRuntime()  # where sessions run (agent.runtimes)
+        self.runtime = runtime or ProcessRuntime(node=node)  # where sessions run (agent.runtimes)
         self.images = HeldImages(self.runtime)  # the session images it holds, for registration and heartbeats
         self.sessions: dict[str, RunningSession] = {}
         self._starting: set[str] = set()  # between the start message and the process existing
@@ -377,6 +378,12 @@ class Agent:
     async def shutdown(self) -> None:
         """Kill every session (reported TERMINATED) and stop the loops."""
         await asyncio.gather(*(self._stop(session_id, reason="the agent shut down") for session_id in list(self.sessions)))
+        close = getattr(self.runtime, "close", None)  # the process runtime's parent cgroup, once empty
+        if close is not None:
+            try:
+                await self._in(self._work, close)
+            except Exception:
+                log.exception("agent %s: could not close its runtime", self.node)
         for task in self._tasks:
             task.cancel()
         _AGENTS.pop(self.node, None)
@@ -884,11 +891,8 @@ class Agent:
             if left:
                 # A signal takes effect when its process next runs: report TERMINATED once none
                 # is left (zombies hold nothing), so the slice is free when the manager releases
-                # it. Polled every 5 ms at first, then less often.
-                deadline, pause = self.loop.time() + KILL_WAIT_S, 0.005
-                while self.loop.time() < deadline and await self._in(self._work, running.process.alive):
-                    await asyncio.sleep(pause)
-                    pause = min(pause * 2, 0.1)
+                # it.
+                await self._wait_gone(running, deadline=self.loop.time() + KILL_WAIT_S)
             # Let the PTY drain what the process wrote last (a background child may keep it
             # open: then give up after a second), then close it.
             try:
@@ -934,6 +938,40 @@ class Agent:
                 await closing
             except Exception:
                 log.exception("agent %s: shipping the last output of %s failed", self.node, running.session_id)
+
+    async def _wait_gone(self, running: RunningSession, *, deadline: float) -> None:
+        """Until no process of the session is left, or the loop's clock passes `deadline`: woken
+        by its cgroup's events where it has a cgroup (the kernel says when its last process
+        exited; it notifies a cgroup.events file at most every 10 ms, so a session ending within
+        10 ms of its last change may wait up to that), else polled every 5 ms at first, then
+        less often."""
+        watch = getattr(running.process, "watch", lambda: None)()  # a docker session has none
+        if watch is None:
+            pause = 0.005
+            while self.loop.time() < deadline and await self._in(self._work, running.process.alive):
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.1)
+            return
+        changed = asyncio.Event()
+
+        def on_change() -> None:
+            watch.clear()
+            changed.set()
+
+        self.loop.add_reader(watch.fd, on_change)
+        try:
+            while watch.populated():  # read after arming: an exit in between still wakes us
+                remaining = deadline - self.loop.time()
+                if remaining <= 0:
+                    return
+                try:
+                    await asyncio.wait_for(changed.wait(), timeout=remaining)
+                except TimeoutError:
+                    return
+                changed.clear()
+        finally:
+            self.loop.remove_reader(watch.fd)
+            watch.close()
 
     async def _exit_frame(self, running: RunningSession, exit_code: int) -> None:
         """Tell the session's terminals it ended (`terminal.exit`) and leave its PTY group."""

@@ -1,5 +1,6 @@
 """Where a session's processes run: the runtime interface the agent drives, and the `process`
-runtime (a PTY process group of the agent's own user on the node).
+runtime (a PTY process group of the agent's own user on the node, tracked by a cgroup v2 of its
+own where the agent can create one, else by scanning /proc).
 
 The agent (agent.core) is the same for every runtime: it reads and writes a
 session's terminal through `SessionHandle.fd` when the loop says it is ready, learns of its end
@@ -17,9 +18,11 @@ working directory and its `.fgpu` metadata to the session's own view (the same o
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import os
 import pty
+import select
 import shutil
 import signal
 import struct
@@ -37,6 +40,9 @@ log = logging.getLogger(__name__)
 PROCESS = "process"
 DOCKER = "docker"
 RUNTIMES = (PROCESS, DOCKER)
+CGROUP_AUTO = "auto"  # agent.toml [container] cgroup-root: find a writable cgroup2 hierarchy
+CGROUP_NONE = "none"  # never: always the /proc scan
+CGROUP_EMPTY_WAIT_S = 2.0  # how long removing a cgroup waits for its killed processes to be gone
 
 
 @dataclass(frozen=True)
@@ -56,11 +62,22 @@ class SessionHandle:
     returns b"" at its end; `write` raises BlockingIOError when full). `pid`: the host pid of
     the session's leader, where there is one."""
 
-    def __init__(self, session_id: str, process: subprocess.Popen, master_fd: int, *, env: dict, work_dir: Path):
+    def __init__(
+        self,
+        session_id: str,
+        process: subprocess.Popen,
+        master_fd: int,
+        *,
+        env: dict,
+        work_dir: Path,
+        cgroup: SessionCgroup | None = None,
+    ):
         self.session_id = session_id
         self.process = process
         self.pid = process.pid
-        self.started = _start_ticks("/proc", str(process.pid))  # no process older than its leader is the session's
+        self.cgroup = cgroup  # its processes, where the runtime gave it a cgroup; else found by scanning /proc
+        # No process older than its leader is the session's (what a scan reads the environment of).
+        self.started = None if cgroup is not None else _start_ticks("/proc", str(process.pid))
         self.fd = master_fd
         self.env = env
         self.work_dir = work_dir
@@ -97,28 +114,52 @@ class SessionHandle:
         set_winsize(self.fd, rows, cols)
 
     def signal_all(self, *sigs: int) -> None:
-        """Blocking: each of `sigs`, in order, to every process of the session's process
-        session: the leader first (an interactive shell ends on SIGHUP without waiting for the
-        scan), then the others (one scan of /proc)."""
+        """Blocking: each of `sigs`, in order, to every process of the session: the leader
+        first (an interactive shell ends on SIGHUP without waiting for the rest), then the
+        others: those in its cgroup (one read of cgroup.procs) or, without one, those in its
+        process session (one scan of /proc)."""
         for sig in sigs:
             _kill(self.pid, sig)
-        signal_session(self.pid, *sigs)
+        if self.cgroup is None:
+            signal_session(self.pid, *sigs)
+            return
+        for pid in self.cgroup.pids():
+            if pid != self.pid:
+                for sig in sigs:
+                    _kill(pid, sig)
 
     def kill_all(self) -> int:
-        """Blocking: SIGKILL to every live process of the session, those that escaped its
-        process session too (they carry its FGPU_SESSION_ID). Returns how many were signalled
-        (0: none was left but zombies, so there is nothing to wait for)."""
+        """Blocking: SIGKILL to every live process of the session: its cgroup's (cgroup.kill),
+        or without one those of its process session and those that escaped it (they carry its
+        FGPU_SESSION_ID; one scan of /proc). Returns how many were signalled (0: none was left
+        but zombies, so there is nothing to wait for)."""
+        if self.cgroup is not None:
+            return self.cgroup.kill()
         found = session_processes(self.session_id, self.pid, live_only=True, since=self.started)
         return sum(_kill(pid, signal.SIGKILL) for pid in found)
 
     def alive(self) -> bool:
         """Blocking: whether any process of the session is left (zombies do not count)."""
+        if self.cgroup is not None:
+            return self.cgroup.populated()
         return bool(session_processes(self.session_id, self.pid, live_only=True, since=self.started))
+
+    def pids(self) -> list[int]:
+        """Blocking: the pids of the session's live processes (as `alive` finds them)."""
+        if self.cgroup is not None:
+            return self.cgroup.pids()
+        return session_processes(self.session_id, self.pid, live_only=True, since=self.started)
+
+    def watch(self) -> CgroupWatch | None:
+        """A watch whose `fd` turns readable when the session's last process may have exited
+        (its cgroup.events), or None (no cgroup: poll `alive`). The caller closes it."""
+        return self.cgroup.watch() if self.cgroup is not None else None
 
     def exec_popen(self, argv: list[str], *, stdout, stderr) -> subprocess.Popen:
         """Start `argv` beside the session: its environment and working directory, stdin from
-        /dev/null, in a process session of its own (so `signal_session(popen.pid, …)` reaches
-        all it starts). Raises FileNotFoundError / PermissionError as Popen does."""
+        /dev/null, in a process session of its own (so `signal_exec` reaches all it starts) and
+        in the session's cgroup where it has one (so it ends with the session). Raises
+        FileNotFoundError / PermissionError as Popen does."""
         return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -128,28 +169,55 @@ class SessionHandle:
             env=self.env,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=default_signals,
+            preexec_fn=default_signals if self.cgroup is None else _joining(self.cgroup, default_signals),
         )
 
     def signal_exec(self, process: subprocess.Popen, sig: int) -> None:
-        """Blocking: `sig` to a command started by `exec_popen` and everything it started."""
-        signal_session(process.pid, sig)
+        """Blocking: `sig` to a command started by `exec_popen` and everything it started in its
+        process session (with a cgroup: those of the cgroup's processes, by getsid)."""
+        if self.cgroup is None:
+            signal_session(process.pid, sig)
+            return
+        _kill(process.pid, sig)
+        for pid in self.cgroup.pids():
+            try:
+                if pid != process.pid and os.getsid(pid) == process.pid:
+                    _kill(pid, sig)
+            except OSError:  # gone meanwhile
+                pass
 
     def end_reason(self, exit_code: int) -> str:
         """Why it ended, where the runtime knows more than the exit code ("" here)."""
         return ""
 
     def remove(self) -> None:
-        """Blocking: what is left once the session ended (nothing, for a process)."""
+        """Blocking: what is left once the session ended: its cgroup, removed (what is still in
+        it is killed first)."""
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
 
 class ProcessRuntime:
     """Sessions as PTY process groups of the agent's own Unix user, sharing the node's files and
     processes: for the standalone default and GPU-less development. Nothing isolates one session
     from another or from the agent (use the docker runtime where more than one trusted person
-    shares a node); `cpu` and `mem` are accounted, not enforced."""
+    shares a node); `cpu` and `mem` are accounted, not enforced.
+
+    A session's processes: where the agent may create cgroups v2 (`cgroup_root`, agent.toml's
+    `[container] cgroup-root`: "auto", a cgroup2 directory, or "none"), each session has its own,
+    `<root>/fgpu-agent-<node>/session-<id>`, which its leader joins before it execs, so every
+    process it starts is tracked and killed through it (a daemon that calls setsid and clears
+    its environment too); elsewhere they are found by scanning /proc (process session and
+    FGPU_SESSION_ID). Which of the two is decided when the agent starts (`clean_up_at_start`),
+    and logged once with the reason. `node`: the agent's node name ("": one derived from the
+    scratch root)."""
 
     name = PROCESS
+
+    def __init__(self, *, node: str = "", cgroup_root: str = CGROUP_AUTO) -> None:
+        self.node = node
+        self.cgroup_root = cgroup_root
+        self.cgroups: SessionCgroups | None = None  # set by clean_up_at_start where cgroups work
 
     def paths(self, work_dir: Path) -> SessionPaths:
         meta = work_dir / ".fgpu"
@@ -171,6 +239,7 @@ class ProcessRuntime:
     def spawn(self, *, spec: dict, argv: list[str], env: dict, work_dir: Path, progress=None) -> SessionHandle:
         """Blocking: `argv` on a new PTY in its own process session, in `work_dir` with `env`
         (`progress`: unused, there is nothing to pull)."""
+        cgroup = self.cgroups.create(spec["session_id"]) if self.cgroups is not None else None
         master_fd, slave_fd = pty.openpty()
         set_winsize(slave_fd, 24, 80)
         try:
@@ -183,20 +252,37 @@ class ProcessRuntime:
                 env=env,
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=_make_controlling_tty,
+                preexec_fn=_make_controlling_tty if cgroup is None else _joining(cgroup, _make_controlling_tty),
             )
         except BaseException:
             os.close(master_fd)
+            if cgroup is not None:
+                cgroup.remove()
             raise
         finally:
             os.close(slave_fd)
         os.set_blocking(master_fd, False)
-        return SessionHandle(spec["session_id"], process, master_fd, env=env, work_dir=work_dir)
+        return SessionHandle(spec["session_id"], process, master_fd, env=env, work_dir=work_dir, cgroup=cgroup)
 
     def clean_up_at_start(self, scratch_root: Path) -> tuple[list[SessionHandle], int]:
-        """Blocking, when the agent starts: sessions to adopt (none: a PTY does not survive its
-        agent) and how many processes an earlier run's sessions left were killed."""
-        return [], kill_orphans(scratch_root)
+        """Blocking, when the agent starts: decide how sessions' processes are tracked (their
+        own cgroups, or the /proc scan; logged with the reason), then return the sessions to
+        adopt (none: a PTY does not survive its agent) and how many processes an earlier run's
+        sessions left were killed (through the cgroups under the agent's parent cgroup, or
+        found by the FGPU_ALLOCATION under `scratch_root` in their environment)."""
+        name = f"fgpu-agent-{self.node or hashlib.sha256(os.fsencode(Path(scratch_root).resolve())).hexdigest()[:12]}"
+        self.cgroups, why = open_session_cgroups(self.cgroup_root, name=name)
+        if self.cgroups is None:
+            log.warning("sessions' processes are found by scanning /proc (no cgroup of their own): %s", why)
+            return [], kill_orphans(scratch_root)
+        log.info("each session's processes are tracked by its own cgroup under %s", self.cgroups.parent)
+        return [], self.cgroups.clean_up()
+
+    def close(self) -> None:
+        """Blocking, when the agent shuts down (its sessions ended): remove the parent cgroup
+        where it is empty."""
+        if self.cgroups is not None:
+            self.cgroups.close()
 
     def holds_image(self, reference: str) -> bool:
         return reference == protocol.HOST_IMAGE
@@ -275,6 +361,16 @@ def _make_controlling_tty() -> None:
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
     except OSError:
         pass
+
+
+def _joining(cgroup: SessionCgroup, then):
+    """A preexec_fn: join `cgroup` (os.open/os.write only), then run `then()`."""
+
+    def preexec() -> None:
+        cgroup.join()
+        then()
+
+    return preexec
 
 
 # --- a session's processes, from /proc ------------------------------------------------------
@@ -383,3 +479,265 @@ def _environ(proc: str, pid: str) -> bytes:
             return f.read()
     except OSError:  # gone, or not ours to read
         return b""
+
+
+# --- a session's processes, by its own cgroup (cgroup v2) -------------------------------------
+
+
+def cgroup2_mounts(*, mountinfo: str = "/proc/self/mountinfo") -> list[Path]:
+    """The mount points of cgroup v2 hierarchies (`cgroup2` file systems), as this process sees
+    them; [] where /proc cannot tell."""
+    mounts = []
+    try:
+        with open(mountinfo) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields = line.split(" - ", 1)
+        if len(fields) == 2 and fields[1].split()[:1] == ["cgroup2"]:
+            point = fields[0].split()[4].replace("\\040", " ")
+            mounts.append(Path(point))
+    return mounts
+
+
+def cgroup2_root(setting: str, *, mountinfo: str = "/proc/self/mountinfo") -> tuple[Path | None, str]:
+    """Where session cgroups may go for agent.toml's `[container] cgroup-root` (`setting`):
+    "auto" picks /sys/fs/cgroup where it is cgroup v2 (unified hierarchy), else the first cgroup2
+    mount (/sys/fs/cgroup/unified on a hybrid system); a path must lie in a cgroup2 mount; "none"
+    picks nothing. Returns (directory, "") or (None, why not)."""
+    if setting == CGROUP_NONE:
+        return None, 'agent.toml says [container] cgroup-root = "none"'
+    mounts = cgroup2_mounts(mountinfo=mountinfo)
+    if setting != CGROUP_AUTO:
+        wanted = Path(setting)
+        if not any(wanted == m or m in wanted.parents for m in mounts):
+            return None, f"{wanted} is not in a cgroup v2 hierarchy (cgroup2 mounts: {', '.join(map(str, mounts)) or 'none'})"
+        return wanted, ""
+    unified = Path("/sys/fs/cgroup")
+    if unified in mounts:
+        return unified, ""
+    if mounts:
+        return mounts[0], ""
+    return None, "no cgroup v2 hierarchy is mounted (cgroup v1 only)"
+
+
+def open_session_cgroups(setting: str, *, name: str) -> tuple[SessionCgroups | None, str]:
+    """Blocking: the parent cgroup `<root>/<name>` of an agent's sessions (`root`:
+    `cgroup2_root(setting)`), created and checked by moving a short-lived child into a probe
+    cgroup under it (what a session's leader does before it execs). Returns (its SessionCgroups,
+    "") or (None, why sessions cannot have cgroups here: not cgroup v2, not writable, …)."""
+    root, why = cgroup2_root(setting)
+    if root is None:
+        return None, why
+    parent = root / name
+    try:
+        parent.mkdir(exist_ok=True)
+    except OSError as exc:
+        return None, f"cannot create {parent}: {exc.strerror or exc}"
+    cgroups = SessionCgroups(parent)
+    probe = SessionCgroup(parent / f"probe-{os.getpid()}")
+    try:
+        probe.path.mkdir(exist_ok=True)
+        subprocess.run(["/bin/sh", "-c", "exit 0"], preexec_fn=probe.join, close_fds=True, check=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        why = f"cannot move a process into a cgroup under {parent}: {exc}"
+        probe.remove()
+        try:
+            parent.rmdir()
+        except OSError:
+            pass
+        return None, why
+    probe.remove()
+    return cgroups, ""
+
+
+class SessionCgroup:
+    """One session's cgroup (v2): its leader joins it before it execs (`join`, in the child), so
+    every process it starts is in it too, whatever it does (setsid, double fork, a clean
+    environment); only the cgroup's own processes count (none is put in a child cgroup).
+
+    Files read: `cgroup.procs` (the pids, zombies not listed), `cgroup.events` ("populated 0"
+    once the last process exited; pollable), `cgroup.kill` (kernel ≥ 5.14: SIGKILL to all at
+    once; else each pid, the cgroup frozen meanwhile where `cgroup.freeze` exists)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._procs = os.fsencode(self.path / "cgroup.procs")  # encoded now: `join` runs between fork and exec
+
+    def join(self) -> None:
+        """In a child between fork and exec (a preexec_fn): move this process into the cgroup.
+        Only os.open / os.write / os.close (nothing that allocates in C or takes locks).
+        Raises OSError (the cgroup is gone, or not ours to write)."""
+        fd = os.open(self._procs, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+
+    def pids(self) -> list[int]:
+        """Blocking: the pids of the cgroup's processes (not zombies); [] once it is gone."""
+        try:
+            with open(self._procs, "rb") as f:
+                return [int(pid) for pid in f.read().split()]
+        except OSError:
+            return []
+
+    def populated(self) -> bool:
+        """Blocking: whether any process (not a zombie) is left in it."""
+        try:
+            with open(self.path / "cgroup.events", "rb") as f:
+                return b"populated 1" in f.read()
+        except OSError:
+            return False
+
+    def kill(self) -> int:
+        """Blocking: SIGKILL to every process in it. Returns how many there were (0: none was
+        left, so there is nothing to wait for)."""
+        found = self.pids()
+        if not found:
+            return 0
+        try:
+            _write(self.path / "cgroup.kill", b"1")
+            return len(found)
+        except OSError:  # no cgroup.kill (kernel < 5.14): each pid (none if the cgroup is gone)
+            pass
+        frozen = _write_quietly(self.path / "cgroup.freeze", b"1")  # no fork escapes the pass below
+        try:
+            for pid in self.pids():
+                _kill(pid, signal.SIGKILL)  # a fatal signal ends a frozen process
+        finally:
+            if frozen:
+                _write_quietly(self.path / "cgroup.freeze", b"0")
+        return len(found)
+
+    def watch(self) -> CgroupWatch | None:
+        """A watch on its cgroup.events (None once it is gone)."""
+        try:
+            return CgroupWatch(self.path / "cgroup.events")
+        except OSError:
+            return None
+
+    def wait_empty(self, timeout: float) -> bool:
+        """Blocking: wait up to `timeout` seconds for the last process to exit (woken by
+        cgroup.events, not polled). Returns whether none is left."""
+        watch = self.watch()
+        if watch is None:
+            return True
+        try:
+            deadline = time.monotonic() + timeout
+            while watch.populated():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not watch.wait(remaining):
+                    return not watch.populated()
+            return True
+        finally:
+            watch.close()
+
+    def remove(self, *, timeout: float = CGROUP_EMPTY_WAIT_S) -> bool:
+        """Blocking: kill what is left, wait up to `timeout` seconds for it to be gone, remove
+        the cgroup. Returns whether it is gone (False: a process would not die in time, e.g.
+        in uninterruptible sleep; the agent's next start removes it)."""
+        if self.kill():
+            self.wait_empty(timeout)
+        try:
+            self.path.rmdir()
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            log.warning("could not remove cgroup %s: %s", self.path, exc.strerror or exc)
+            return False
+        return True
+
+
+class CgroupWatch:
+    """Changes of one cgroup.events file: `fd` (an epoll descriptor, for an event loop's
+    add_reader) turns readable when the file changes (the kernel notifies with POLLPRI, e.g.
+    when the cgroup's last process exits); `clear()` consumes that. `close()` when done."""
+
+    def __init__(self, events: Path) -> None:
+        self._events = os.open(events, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._epoll = select.epoll()
+            self._epoll.register(self._events, select.EPOLLPRI | select.EPOLLET)
+        except BaseException:
+            os.close(self._events)
+            raise
+        self.fd = self._epoll.fileno()
+        self.clear()  # an open file starts out "changed"
+
+    def populated(self) -> bool:
+        """Whether any process is in the cgroup now (read after arming: no exit is missed)."""
+        try:
+            return b"populated 1" in os.pread(self._events, 256, 0)
+        except OSError:  # removed meanwhile
+            return False
+
+    def clear(self) -> None:
+        self._epoll.poll(0)
+
+    def wait(self, timeout: float) -> bool:
+        """Blocking: wait up to `timeout` seconds for a change. Returns whether one came."""
+        return bool(self._epoll.poll(timeout))
+
+    def close(self) -> None:
+        self._epoll.close()
+        os.close(self._events)
+
+
+class SessionCgroups:
+    """The cgroups of one agent's sessions: `parent/session-<id>` each (`parent`: e.g.
+    /sys/fs/cgroup/fgpu-agent-<node>, beside the agent's own cgroup, never inside it: cgroup v2
+    keeps processes out of a cgroup whose children have controllers)."""
+
+    def __init__(self, parent: Path) -> None:
+        self.parent = Path(parent)
+
+    def create(self, session_id: str) -> SessionCgroup:
+        """Blocking: session `session_id`'s cgroup, new (what an earlier start of it left is killed
+        first). Raises OSError."""
+        cgroup = SessionCgroup(self.parent / f"session-{session_id}")
+        self.parent.mkdir(exist_ok=True)  # removed meanwhile (by hand): made again
+        try:
+            cgroup.path.mkdir()
+        except FileExistsError:
+            cgroup.kill()
+        return cgroup
+
+    def clean_up(self) -> int:
+        """Blocking, when the agent starts: kill what every cgroup under the parent still holds
+        (sessions of an earlier run of this agent) and remove them. Returns how many processes
+        were killed."""
+        killed = 0
+        try:
+            entries = [entry for entry in os.scandir(self.parent) if entry.is_dir(follow_symlinks=False)]
+        except OSError:
+            return 0
+        for entry in entries:
+            cgroup = SessionCgroup(Path(entry.path))
+            killed += len(cgroup.pids())
+            cgroup.remove()
+        return killed
+
+    def close(self) -> None:
+        """Blocking: remove the parent if no session's cgroup is left in it."""
+        try:
+            self.parent.rmdir()
+        except OSError:
+            pass
+
+
+def _write(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _write_quietly(path: Path, data: bytes) -> bool:
+    try:
+        _write(path, data)
+        return True
+    except OSError:
+        return False

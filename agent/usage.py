@@ -131,8 +131,8 @@ def cgroup_usage(directory: Path) -> tuple[float, int, set[int]] | None:
 
 def session_pids(session_id: str, handle) -> set[int]:
     """The host pids of a session's processes: its container's cgroup (`cgroup.procs`) where it
-    has one of its own, else its process tree (`runtimes.session_processes`); empty for a session
-    without a process yet."""
+    has one of its own, else its handle's (`SessionHandle.pids`: the session's own cgroup, or its
+    process tree by `runtimes.session_processes`); empty for a session without a process yet."""
     pid = getattr(handle, "pid", None)
     if not pid:
         return set()
@@ -143,7 +143,17 @@ def session_pids(session_id: str, handle) -> set[int]:
                 return {int(p) for p in (directory / "cgroup.procs").read_text().split()}
             except (OSError, ValueError):
                 pass
-    return set(session_processes(session_id, pid, live_only=True))
+    return set(_tree_pids(session_id, handle))
+
+
+def _tree_pids(session_id: str, handle) -> list[int]:
+    """The live pids of a session without a container: its handle's (`SessionHandle.pids`: its
+    cgroup's, or the /proc scan), or a scan from its leader `pid` for a handle without `pids`."""
+    pids = getattr(handle, "pids", None)
+    if pids is not None:
+        return pids()
+    pid = getattr(handle, "pid", None)
+    return session_processes(session_id, pid, live_only=True) if pid else []
 
 
 def command_line(pid: int, *, proc: str = "/proc", nvml=None, limit: int = 256) -> str:
@@ -305,7 +315,7 @@ class UsageSampler:
             directory = _cgroup_dir(pid)
             measured = cgroup_usage(directory) if directory is not None else None
         if measured is None:
-            found = session_processes(session_id, pid, live_only=True) if pid else []
+            found = _tree_pids(session_id, handle) if pid else []
             cpu_s, mem = process_usage(found)
             measured = (cpu_s, mem, set(found))
         cpu_s, mem, pids = measured

@@ -50,6 +50,31 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
 
 
 @pytest.fixture(autouse=True)
+def no_cgroups_left():
+    """Every test leaves the node's cgroups as it found them: the agents' parent cgroups
+    (`fgpu-agent-<node>` under the cgroup v2 root, agent.runtimes) a test's agents created are
+    gone when it ends. What is left is killed and removed, and the test fails saying so."""
+    from agent.runtimes import CGROUP_AUTO, SessionCgroups, cgroup2_root
+
+    root, _ = cgroup2_root(CGROUP_AUTO)
+    before = set(agent_cgroups(root))
+    yield
+    left = sorted(set(agent_cgroups(root)) - before)
+    for parent in left:
+        cgroups = SessionCgroups(parent)
+        cgroups.clean_up()
+        cgroups.close()
+    assert not left, f"the test left cgroups behind: {[str(p) for p in left]}"
+
+
+def agent_cgroups(root) -> list:
+    """The agents' parent cgroups under cgroup v2 root `root` (None: no cgroup v2)."""
+    if root is None:
+        return []
+    return [p for p in root.iterdir() if p.is_dir() and p.name.startswith("fgpu-agent-")]
+
+
+@pytest.fixture(autouse=True)
 def eager_celery():
     """In-process tests run tasks where they are sent (the e2e tests use real workers)."""
     from console.celery import app

@@ -184,8 +184,8 @@ class Proc:
 class StackNode:
     """One agent process: its node name, its mock-accelerator.toml text, agent.toml's
     `cpu-count` and `memory`, how many devices its inventory lists (the node counts as up once
-    all are registered), its runtime ("process" or "docker": network none, the test image) and
-    `scratch-retention` (seconds; None: agent.toml's default)."""
+    all are registered), its runtime ("process" or "docker": network none, the test image),
+    `scratch-retention` (seconds; None: agent.toml's default) and `cgroup-root`."""
 
     name: str
     mock_toml: str
@@ -194,12 +194,14 @@ class StackNode:
     devices: int = 1
     runtime: str = "process"
     scratch_retention: int | None = None
+    cgroup_root: str | None = None  # agent.toml's [container] cgroup-root (None: its default, "auto")
 
     def agent_toml(self) -> str:
         retention = "" if self.scratch_retention is None else f"scratch-retention = {self.scratch_retention}\n"
+        cgroups = "" if self.cgroup_root is None else f'cgroup-root = "{self.cgroup_root}"\n'
         return (f'[agent]\nid = "{self.name}"\nallowed-compute-plugins = ["ai.backend.accelerator.mock"]\n'
                 f'cpu-count = {self.cpu_count}\nmemory = "{self.memory}"\n[container]\nscratch-root = "scratches"\n'
-                f'{retention}runtime = "{self.runtime}"\nnetwork = "none"\ndefault-image = "fgpu-session:test"\n')
+                f'{retention}{cgroups}runtime = "{self.runtime}"\nnetwork = "none"\ndefault-image = "fgpu-session:test"\n')
 
 
 def web_command(port: int) -> list[str]:
@@ -356,6 +358,7 @@ class Stack:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        remove_agent_cgroups([node.name for node in self.nodes])
 
     def __enter__(self) -> Stack:
         return self.start()
@@ -501,6 +504,19 @@ def session_processes(session_ids: Iterable[str]) -> dict[str, list[int]]:
                 found.setdefault(markers[var], []).append(int(entry.name))
                 break
     return found
+
+
+def remove_agent_cgroups(nodes: Iterable[str]) -> None:
+    """Kill what the cgroups of the agents of `nodes` hold (their sessions' processes, also
+    those that rewrote their environment) and remove them: what an agent killed by a test leaves
+    (agent.runtimes.SessionCgroups)."""
+    from agent.runtimes import CGROUP_AUTO, SessionCgroups, cgroup2_root
+
+    root, _ = cgroup2_root(CGROUP_AUTO)
+    for node in nodes if root is not None else ():
+        cgroups = SessionCgroups(root / f"fgpu-agent-{node}")
+        cgroups.clean_up()
+        cgroups.close()
 
 
 def leftover_session_processes(work_dir: Path) -> list[int]:

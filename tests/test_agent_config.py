@@ -61,6 +61,23 @@ def test_the_scratch_retention_comes_from_agent_toml_in_seconds(tmp_path):
     assert load_agent_config(path).scratch_retention_s == 0
 
 
+def test_the_process_runtimes_cgroup_root_is_auto_none_or_an_absolute_path_and_reaches_the_runtime(tmp_path):
+    from agent.boot import build_runtime
+
+    path = write_agent(tmp_path, '[agent]\nid = "n1"\n')
+    assert load_agent_config(path).cgroup_root == "auto"
+    for value in ("none", "/sys/fs/cgroup/unified/agents"):
+        path.write_text(f'[agent]\nid = "n1"\n[container]\ncgroup-root = "{value}"\n')
+        config = load_agent_config(path)
+        assert config.cgroup_root == value
+        runtime = build_runtime(config)
+        assert (runtime.node, runtime.cgroup_root) == ("n1", value)
+    for value in ('"unified"', "1"):
+        path.write_text(f'[agent]\nid = "n1"\n[container]\ncgroup-root = {value}\n')
+        with pytest.raises(AgentConfigError, match="^node-a.toml: container.cgroup-root: "):
+            load_agent_config(path)
+
+
 def test_the_broker_url_comes_from_the_file_or_the_default(tmp_path):
     path = write_agent(tmp_path, '[agent]\nid = "n1"\n')
     assert load_agent_config(path, default_broker="redis://r:6379/0").broker_url == "redis://r:6379/0"

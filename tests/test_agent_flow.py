@@ -15,7 +15,7 @@ import time
 from agent import core as agent_runtime
 from agent import runtimes
 from tests.conftest import wait_until_async
-from tests.test_agent_runtime import Harness, run_agent, start_spec
+from tests.test_agent_runtime import Harness, process_tracking, run_agent, start_spec  # noqa: F401 (both ways of tracking)
 
 SESSIONS = 30  # the old agent stopped at its 7th session on a 2-core machine
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.conftest import wait_until_async
-from tests.test_agent_runtime import TIMEOUT, run_agent, start_spec
+from tests.test_agent_runtime import TIMEOUT, process_tracking, run_agent, start_spec  # noqa: F401 (both ways of tracking)
 
 
 async def ended_and_shipped(h, session_id: str) -> None:

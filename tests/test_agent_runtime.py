@@ -19,6 +19,7 @@ from channels.layers import InMemoryChannelLayer
 from sessions import events
 from console.exec_store import exec_store_default
 from agent.core import Agent, agent_for
+from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, ProcessRuntime
 from tests.conftest import GiB, mock_gpu
 
 TIMEOUT = 20.0
@@ -156,19 +157,50 @@ class Harness:
                     return message
 
 
-def run_agent(tmp_path, scenario, *, heartbeat_s: float = 60.0, layer_class=InMemoryChannelLayer):
-    """Start a real Agent on a fresh asyncio loop, run `await scenario(harness)`, shut it down."""
-    node = f"test-node-{uuid.uuid4().hex[:8]}"
+# How the process runtime tracks a session's processes (agent.toml's [container] cgroup-root):
+# its own cgroup v2, or the /proc scan. The tests of this module and of those that import
+# `process_tracking` run in both; `run_agent` reads the mode the fixture chose.
+TRACKING = {"cgroup": CGROUP_AUTO, "scan": CGROUP_NONE}
+_tracking = {"mode": "cgroup"}
+
+
+@pytest.fixture(params=sorted(TRACKING), autouse=True)
+def process_tracking(request) -> str:
+    """Each test once with each way of tracking processes ("cgroup": a test fails where this
+    machine has no writable cgroup v2)."""
+    _tracking["mode"] = request.param
+    yield request.param
+    _tracking["mode"] = "cgroup"
+
+
+def run_agent(
+    tmp_path,
+    scenario,
+    *,
+    heartbeat_s: float = 60.0,
+    layer_class=InMemoryChannelLayer,
+    node: str | None = None,
+    cgroup_root: str | None = None,
+    manager_class=None,
+):
+    """Start a real Agent on a fresh asyncio loop, run `await scenario(harness)`, shut it down.
+    `cgroup_root`: the process runtime's (None: the mode of `process_tracking`, checked: in
+    "cgroup" mode the agent must have cgroups); `manager_class`: a RecordingManager subclass."""
+    node = node or f"test-node-{uuid.uuid4().hex[:8]}"
+    mode = _tracking["mode"]
+    runtime = ProcessRuntime(node=node, cgroup_root=TRACKING[mode] if cgroup_root is None else cgroup_root)
 
     async def main():
         layer = layer_class()
-        manager = RecordingManager(asyncio.get_running_loop())
+        manager = (manager_class or RecordingManager)(asyncio.get_running_loop())
         inventory = {"devices": [DEVICE.as_dict()], "plugins": ["ai.backend.accelerator.mock"], "attributes": {},
                      "cpu_count": 8, "memory_size": 32 * GiB}
         agent = Agent(node=node, inventory=inventory, channel_layer=layer, manager=manager,
                       scratch_root=tmp_path / "scratch", mock=True, heartbeat_s=heartbeat_s,
-                      exec_store=exec_store_default())
+                      exec_store=exec_store_default(), runtime=runtime)
         await agent.start()
+        if cgroup_root is None and mode == "cgroup":
+            assert runtime.cgroups is not None, "this machine has no writable cgroup v2 hierarchy (see the log)"
         try:
             return await scenario(Harness(agent, manager, layer))
         finally:

@@ -76,12 +76,13 @@ def client_requests(client: int) -> list[dict]:
             for i, resources in enumerate(styles)]
 
 
-@pytest.fixture
-def race_cluster(distributed_stack, django_user_model):
-    """The stack with one agent per node of NODES on Redis db REDIS_DB, and CLIENTS users;
-    returns (the tests.stack.Stack, {username: token})."""
+@pytest.fixture(params=["auto", "none"], ids=["cgroup", "scan"])
+def race_cluster(distributed_stack, django_user_model, request):
+    """The stack with one agent per node of NODES on Redis db REDIS_DB, and CLIENTS users, its
+    agents tracking sessions' processes by cgroup or by the /proc scan (agent.toml's
+    cgroup-root); returns (the tests.stack.Stack, {username: token})."""
     stack = distributed_stack(redis_db=REDIS_DB, nodes=[
-        StackNode(name, mock_toml(devices), cpu_count=32, memory="64G", devices=len(devices))
+        StackNode(name, mock_toml(devices), cpu_count=32, memory="64G", devices=len(devices), cgroup_root=request.param)
         for name, (devices, _) in NODES.items()])
     tokens = {}
     for i in range(CLIENTS):

@@ -1,0 +1,254 @@
+"""A process-runtime session's processes tracked by its own cgroup v2 (issue 14, item 3): the
+leader joins `<root>/fgpu-agent-<node>/session-<id>` before it execs, so a daemon that
+double-forks, calls setsid and clears its environment (invisible to the /proc scan) still ends
+with its session, before the slice is reported free; the cgroup is removed afterwards, and what
+a killed agent's sessions left is killed and removed when the agent starts again. Where the
+agent cannot create cgroups, the /proc scan does the work and the agent says why.
+
+Real processes, real cgroups on this machine (CI runs as root on a machine with a writable
+cgroup2 hierarchy: a test here fails, never skips, where there is none)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agent import runtimes
+from agent.runtimes import CGROUP_AUTO, SessionCgroup, cgroup2_mounts, cgroup2_root
+from tests.conftest import ROOT, wait_until_async
+from tests.test_agent_runtime import Harness, RecordingManager, pid_alive, run_agent, start_spec
+
+
+def daemon_script(tmp_path: Path) -> tuple[Path, Path]:
+    """A session program that starts a daemon the way daemons get away: a double fork (the
+    subshell exits, the daemon is reparented), setsid, and a clean environment (`env -i`: no
+    FGPU_SESSION_ID, no FGPU_ALLOCATION); the daemon writes its pid, the program then sleeps."""
+    pid_file = tmp_path / "daemon.pid"
+    script = tmp_path / "start-daemon.sh"
+    script.write_text(textwrap.dedent(f"""\
+        ( setsid env -i /bin/sh -c 'echo $$ > {pid_file}.tmp; mv {pid_file}.tmp {pid_file}; exec sleep 300' & )
+        exec sleep 300
+        """))
+    return script, pid_file
+
+
+async def daemon_pid(pid_file: Path) -> int:
+    await wait_until_async(lambda: pid_file.exists(), timeout=20, interval=0.02, what="the daemon's pid")
+    return int(pid_file.read_text())
+
+
+def environ(pid: int) -> bytes:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return f.read()
+
+
+def cgroup_of(pid: int) -> str:
+    """`pid`'s cgroup v2 path (the "0::" line of /proc/<pid>/cgroup)."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        return next(line[3:] for line in f.read().splitlines() if line.startswith("0::"))
+
+
+class AliveAtReport(RecordingManager):
+    """Also notes, when each TERMINATED report is made, whether the watched pids were alive."""
+
+    watched: list[int] = []
+
+    def report(self, session_id, status, reason, exit_code):
+        if status == "TERMINATED":
+            self.alive_at_end = [pid for pid in self.watched if pid_alive(pid)]
+        super().report(session_id, status, reason, exit_code)
+
+
+def test_this_machine_has_a_cgroup2_hierarchy_the_agent_can_use():
+    root, why = cgroup2_root(CGROUP_AUTO)
+    assert root is not None, why
+    assert root in cgroup2_mounts()
+
+
+def test_a_daemon_that_double_forks_calls_setsid_and_clears_its_environment_ends_with_its_session(tmp_path):
+    script, pid_file = daemon_script(tmp_path)
+    seen = {}
+
+    async def scenario(h: Harness):
+        spec = start_spec(command=f"sh {script}")
+        session_id = await h.start_session(spec)
+        running = h.agent.sessions[session_id]
+        cgroup = running.process.cgroup
+        assert cgroup is not None and cgroup.path.parent == h.agent.runtime.cgroups.parent
+        assert cgroup.path.name == f"session-{session_id}"
+        daemon = await daemon_pid(pid_file)
+        seen["daemon"] = daemon
+        # It got away from everything the /proc scan looks at ...
+        assert os.getsid(daemon) != running.process.pid
+        assert b"FGPU_SESSION_ID" not in environ(daemon)
+        assert daemon not in runtimes.session_processes(session_id, running.process.pid, live_only=True)
+        # ... but not from its session's cgroup.
+        assert cgroup_of(daemon) == cgroup_of(running.process.pid)
+        assert daemon in cgroup.pids() and running.process.pid in cgroup.pids()
+        h.manager.watched = [daemon]
+
+        await asyncio.to_thread(h.agent.submit_stop, session_id)
+        await h.manager.wait_for_report(session_id, "TERMINATED")
+
+        assert h.manager.alive_at_end == [], "the slice was reported free while the daemon still ran"
+        assert not pid_alive(daemon)
+        assert not cgroup.path.exists(), "the session's cgroup outlived it"
+        seen["parent"] = h.agent.runtime.cgroups.parent
+
+    try:
+        run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO, manager_class=AliveAtReport)
+    finally:
+        if "daemon" in seen and pid_alive(seen["daemon"]):
+            os.kill(seen["daemon"], signal.SIGKILL)
+    assert not seen["parent"].exists(), "the agent's parent cgroup outlived its shutdown"
+
+
+def test_a_session_whose_program_exits_leaving_a_daemon_ends_only_once_the_daemon_is_gone(tmp_path):
+    """The leader exits by itself: the agent kills the rest through the cgroup and reports
+    TERMINATED (the leader's exit code) once the cgroup says none is left."""
+    script, pid_file = daemon_script(tmp_path)
+    script.write_text(script.read_text().replace("exec sleep 300", f"while [ ! -e {pid_file} ]; do :; done; exit 3"))
+
+    async def scenario(h: Harness):
+        spec = start_spec(command=f"sh {script}")
+        h.manager.watched = []
+        channel = await h.watch_terminal(spec["session_id"])
+        await asyncio.to_thread(h.agent.submit_start, spec)
+        daemon = await daemon_pid(pid_file)
+        h.manager.watched.append(daemon)
+        await h.receive_type(channel, "terminal.exit")
+        _, reason, code = await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
+        assert code == 3, reason
+        assert h.manager.alive_at_end == []
+        assert not (h.agent.runtime.cgroups.parent / f"session-{spec['session_id']}").exists()
+
+    run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO, manager_class=AliveAtReport)
+
+
+# A runtime in a process of its own, killed with SIGKILL once its session's daemon runs: what a
+# crashed agent leaves on the node.
+KILLED_AGENT = """
+import json, os, signal, subprocess, sys
+from pathlib import Path
+from agent.runtimes import ProcessRuntime
+node, scratch, script, pid_file = sys.argv[1:5]
+runtime = ProcessRuntime(node=node)
+runtime.clean_up_at_start(Path(scratch))
+assert runtime.cgroups is not None, "no cgroups"
+work = Path(scratch) / "s-orphan"
+work.mkdir(parents=True)
+handle = runtime.spawn(spec={"session_id": "s-orphan"}, argv=["/bin/sh", script], env=dict(os.environ), work_dir=work)
+while not os.path.exists(pid_file):
+    pass
+print(json.dumps({"leader": handle.pid, "cgroup": str(handle.cgroup.path)}), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_an_agent_that_starts_again_kills_and_removes_the_cgroups_a_killed_run_left(tmp_path, caplog):
+    import json
+
+    node = f"test-node-orphans-{os.getpid()}"
+    scratch = tmp_path / "scratch"
+    script, pid_file = daemon_script(tmp_path)
+    killed = subprocess.run([sys.executable, "-c", KILLED_AGENT, node, str(scratch), str(script), str(pid_file)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    left = json.loads(killed.stdout)
+    daemon = int(pid_file.read_text())
+    cgroup = Path(left["cgroup"])
+    try:
+        # The leader ended with the PTY its agent held; the daemon runs on, in the cgroup.
+        assert pid_alive(daemon), "the killed agent's session's daemon should still run"
+        assert daemon in SessionCgroup(cgroup).pids()
+
+        async def scenario(h: Harness):
+            assert not pid_alive(daemon) and not pid_alive(left["leader"])
+            assert not cgroup.exists()
+            assert cgroup.parent.exists()  # the new run's own parent
+
+        with caplog.at_level(logging.WARNING, logger="agent.core"):
+            run_agent(tmp_path, scenario, node=node, cgroup_root=CGROUP_AUTO)
+        assert any("removed 1 process(es)" in r.getMessage() for r in caplog.records), caplog.text
+        assert not cgroup.parent.exists()
+    finally:
+        for pid in (daemon, left["leader"]):
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        SessionCgroup(cgroup).remove()
+        runtimes.SessionCgroups(cgroup.parent).close()
+
+
+def test_an_exec_beside_the_session_runs_in_its_cgroup_and_ends_with_it(tmp_path):
+    async def scenario(h: Harness):
+        session_id = await h.start_session(start_spec(command="sleep 300"))
+        running = h.agent.sessions[session_id]
+        process = running.process.exec_popen(["/bin/sh", "-c", "setsid sleep 300 & exec sleep 300"],
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            await wait_until_async(lambda: len(running.process.cgroup.pids()) == 3, timeout=20, interval=0.02,
+                                   what="the exec and its daemon in the session's cgroup")
+            members = running.process.cgroup.pids()
+            await asyncio.to_thread(h.agent.submit_stop, session_id)
+            await h.manager.wait_for_report(session_id, "TERMINATED")
+            assert not any(pid_alive(pid) for pid in members)
+        finally:
+            process.kill()
+            process.wait()
+
+    run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO)
+
+
+@pytest.mark.parametrize(("where", "why"), [("tmp", "is not in a cgroup v2 hierarchy"), ("missing", "cannot create")],
+                         ids=["not-cgroup2", "not-creatable"])
+def test_where_the_agent_cannot_create_cgroups_it_says_why_and_the_proc_scan_ends_sessions(tmp_path, caplog, where, why):
+    """agent.toml's cgroup-root names a directory that is not in a cgroup v2 hierarchy, or one
+    that is but cannot be created: the agent logs why, once, and falls back to the scan, which
+    still ends a daemon that kept its environment."""
+    root, reason = cgroup2_root(CGROUP_AUTO)
+    assert root is not None, reason
+    setting = str(tmp_path) if where == "tmp" else str(root / "no-such-parent" / "x")
+    pid_file = tmp_path / "daemon.pid"
+
+    async def scenario(h: Harness):
+        assert h.agent.runtime.cgroups is None
+        spec = start_spec(command=f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' & sleep 300")
+        session_id = await h.start_session(spec)
+        assert h.agent.sessions[session_id].process.cgroup is None
+        daemon = await daemon_pid(pid_file)
+        await h.agent._stop(session_id, reason="terminated")
+        await h.manager.wait_for_report(session_id, "TERMINATED")
+        return daemon
+
+    with caplog.at_level(logging.WARNING, logger="agent.runtimes"):
+        daemon = run_agent(tmp_path, scenario, cgroup_root=setting)
+    assert not pid_alive(daemon)
+    messages = [r.getMessage() for r in caplog.records if "scanning /proc" in r.getMessage()]
+    assert len(messages) == 1 and why in messages[0], caplog.text
+
+
+def test_cgroup2_mounts_are_read_from_mountinfo(tmp_path):
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "30 25 0:26 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n"
+        "31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw\n"
+        "32 30 0:28 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n")
+    assert cgroup2_mounts(mountinfo=str(mountinfo)) == [Path("/sys/fs/cgroup/unified")]
+    assert cgroup2_root(CGROUP_AUTO, mountinfo=str(mountinfo)) == (Path("/sys/fs/cgroup/unified"), "")
+    assert cgroup2_root("/sys/fs/cgroup/unified/agents", mountinfo=str(mountinfo)) == (
+        Path("/sys/fs/cgroup/unified/agents"), "")
+    assert cgroup2_root("/sys/fs/cgroup/memory", mountinfo=str(mountinfo))[0] is None
+    assert cgroup2_root("none", mountinfo=str(mountinfo))[0] is None
+    (tmp_path / "v1only").write_text("32 30 0:28 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n")
+    assert cgroup2_root(CGROUP_AUTO, mountinfo=str(tmp_path / "v1only")) == (
+        None, "no cgroup v2 hierarchy is mounted (cgroup v1 only)")
+    unified = "29 1 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n31 29 0:30 / /mnt/x rw - cgroup2 cgroup2 rw\n"
+    (tmp_path / "unified").write_text(unified)
+    assert cgroup2_root(CGROUP_AUTO, mountinfo=str(tmp_path / "unified"))[0] == Path("/sys/fs/cgroup")
