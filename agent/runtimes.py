@@ -268,15 +268,17 @@ class ProcessRuntime:
         """Blocking, when the agent starts: decide how sessions' processes are tracked (their
         own cgroups, or the /proc scan; logged with the reason), then return the sessions to
         adopt (none: a PTY does not survive its agent) and how many processes an earlier run's
-        sessions left were killed (through the cgroups under the agent's parent cgroup, or
-        found by the FGPU_ALLOCATION under `scratch_root` in their environment)."""
+        sessions left were killed: through the cgroups under the agent's parent cgroup, and
+        those found by the FGPU_ALLOCATION under `scratch_root` in their environment (one scan
+        in either mode: a run that used the scan, or an agent from before cgroups, left its
+        sessions in no cgroup of ours)."""
         name = f"fgpu-agent-{self.node or hashlib.sha256(os.fsencode(Path(scratch_root).resolve())).hexdigest()[:12]}"
         self.cgroups, why = open_session_cgroups(self.cgroup_root, name=name)
         if self.cgroups is None:
             log.warning("sessions' processes are found by scanning /proc (no cgroup of their own): %s", why)
             return [], kill_orphans(scratch_root)
         log.info("each session's processes are tracked by its own cgroup under %s", self.cgroups.parent)
-        return [], self.cgroups.clean_up()
+        return [], self.cgroups.clean_up() + kill_orphans(scratch_root)
 
     def close(self) -> None:
         """Blocking, when the agent shuts down (its sessions ended): remove the parent cgroup
