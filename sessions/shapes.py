@@ -23,7 +23,7 @@ with a new shape. Kept only on PostgreSQL and outside a transaction: inside one,
 writes share one `xmin` (another database, standalone's SQLite, renders every page).
 
 Shapes kept: at most SHAPE_CACHE_SIZE per process (the least recently served go first), about
-3 KiB each. A new field of the shape that reads another table needs a trigger in a migration like
+4 KiB each. A new field of the shape that reads another table needs a trigger in a migration like
 0013's; tests/test_session_shapes.py checks each one against a fresh render.
 """
 
@@ -39,7 +39,7 @@ from django.db.models.expressions import RawSQL
 from accelerators.models import SlotFormat
 from sessions.models import ComputeSession
 
-SHAPE_CACHE_SIZE = 20_000  # shapes per web process (≈ 60 MiB at most)
+SHAPE_CACHE_SIZE = 10_000  # shapes per web process (≈ 40 MiB at most: 4 KiB each, measured)
 
 
 def _shape_key_sql() -> str:
