@@ -393,9 +393,13 @@ class Agent:
     def kill_all_now(self) -> None:
         """SIGKILL every process of every session, from any thread, without reporting: for a
         host process that is exiting after its event loop stopped. The manager learns at the
-        agent's next registration (the sessions end in ERROR, their allocations released)."""
+        agent's next registration (the sessions end in ERROR, their allocations released).
+        The runtime's own cgroups (the process runtime's) are removed with what they held."""
         for running in list(self.sessions.values()):
             running.process.kill_all()
+        release = getattr(self.runtime, "release_now", None)  # a docker runtime has none
+        if release is not None:
+            release()
 
     async def _in(self, pool: ThreadPoolExecutor, fn, *args, **kwargs):
         """Run blocking `fn(*args, **kwargs)` on `pool` and await its result."""

@@ -286,6 +286,13 @@ class ProcessRuntime:
         if self.cgroups is not None:
             self.cgroups.close()
 
+    def release_now(self) -> None:
+        """Blocking, when the host process exits without ending its sessions (standalone mode's
+        console): kill what the sessions' cgroups hold, then remove them and the parent."""
+        if self.cgroups is not None:
+            self.cgroups.clean_up()
+            self.cgroups.close()
+
     def holds_image(self, reference: str) -> bool:
         return reference == protocol.HOST_IMAGE
 
