@@ -6,8 +6,10 @@ Everything runs on one asyncio loop (the agent's own in `manage.py agent`, daphn
 standalone mode). Celery task handlers call the thread-safe `submit_*` methods, which
 schedule work on that loop and return at once. Reports to the manager go through Celery
 tasks (`fgpu.manager.*`), called from a worker thread so the loop never blocks. Terminal
-frames travel through the channel layer: input from group `pty-<session>` (which the agent
-joins), output to group `terminal-<session>` (which terminal consumers join).
+frames travel through a direct TCP stream per terminal where the web reaches the agent
+(agent.direct, protocol.terminal_stream), else through the channel layer: input from group
+`pty-<session>` (which the agent joins), output to group `terminal-<session>` (which terminal
+consumers join). The handshake is always on the layer.
 
 Session output is also shipped to the manager (`fgpu.manager.session_log_append`) in batches:
 every LOG_FLUSH_S seconds, or sooner once LOG_BATCH_CHARS characters are waiting, at most one

@@ -266,6 +266,8 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
     async def _to_agent(self, message: dict) -> None:
         """To the agent: over the direct stream where there is one, else through the layer; held
         while the attach is unanswered (at most PENDING_MESSAGES; more are dropped, logged)."""
+        if not self.session_id:  # refused: nothing is relayed
+            return
         async with self.agent_lock:
             if self.pending is not None:
                 if len(self.pending) < PENDING_MESSAGES:

@@ -156,8 +156,9 @@ class Harness:
                     return message
 
 
-def run_agent(tmp_path, scenario, *, heartbeat_s: float = 60.0, layer_class=InMemoryChannelLayer):
-    """Start a real Agent on a fresh asyncio loop, run `await scenario(harness)`, shut it down."""
+def run_agent(tmp_path, scenario, *, heartbeat_s: float = 60.0, layer_class=InMemoryChannelLayer, **agent_options):
+    """Start a real Agent on a fresh asyncio loop, run `await scenario(harness)`, shut it down.
+    `agent_options`: more keyword arguments of Agent (e.g. terminal_direct=True)."""
     node = f"test-node-{uuid.uuid4().hex[:8]}"
 
     async def main():
@@ -167,7 +168,7 @@ def run_agent(tmp_path, scenario, *, heartbeat_s: float = 60.0, layer_class=InMe
                      "cpu_count": 8, "memory_size": 32 * GiB}
         agent = Agent(node=node, inventory=inventory, channel_layer=layer, manager=manager,
                       scratch_root=tmp_path / "scratch", mock=True, heartbeat_s=heartbeat_s,
-                      exec_store=exec_store_default())
+                      exec_store=exec_store_default(), **agent_options)
         await agent.start()
         try:
             return await scenario(Harness(agent, manager, layer))
