@@ -90,6 +90,11 @@ READER_WINDOW_CHARS = 1024 * 1024
 READER_WINDOW_FRAMES = 64
 READER_STALL_S = 10.0
 COALESCE_S = 0.001
+# A direct stream's write takes no time, so nothing piles up behind it as behind a group send: after
+# a frame of STREAM_CHARS or more (output streams), output that comes within STREAM_GAP_S waits
+# COALESCE_S for more. A keystroke's echo after a quiet moment goes at once.
+STREAM_CHARS = 1024
+STREAM_GAP_S = 0.004
 # The output rate cap: a session's output is read from its PTY at OUTPUT_RATE_BYTES a second at
 # most (a token bucket of OUTPUT_BURST_BYTES) while nobody reads it at a terminal (its output goes
 # to the log alone, which ships at that rate: LOG_CHUNK_CHARS per LOG_FLUSH_S) or while the node
@@ -868,12 +873,21 @@ class Agent:
         again once the outbox drained below OUTBOX_LOW; ends once the session's output is closed
         and sent. While output streams (more came while the last frame was on its way), the next
         frame waits COALESCE_S for more unless it is half full: fewer, larger frames cost less at
-        every hop; a keystroke's echo (nothing in flight before it) goes at once."""
+        every hop; a keystroke's echo (nothing in flight before it) goes at once. Where the frames
+        go to direct streams alone, output streams while large frames follow one another
+        (STREAM_CHARS, STREAM_GAP_S)."""
         group = protocol.terminal_group(running.session_id)
         streaming = False
+        large_at = -STREAM_GAP_S  # loop time of the last large frame written to direct streams alone
         while True:
             await running.outbox_wake.wait()
             running.outbox_wake.clear()
+            if (
+                self.loop.time() - large_at < STREAM_GAP_S
+                and running.outbox_chars < FRAME_CHARS // 2
+                and not running.output_closed
+            ):
+                await asyncio.sleep(COALESCE_S)
             while running.outbox and not (running.readers and self._readers_behind(running)):
                 if streaming and running.outbox_chars < FRAME_CHARS // 2 and not running.output_closed:
                     await asyncio.sleep(COALESCE_S)
@@ -886,6 +900,8 @@ class Agent:
                     for stream in running.direct.values():
                         stream.write(line)
                     if not (running.layer_channels or running.adopted):
+                        if len(frame) >= STREAM_CHARS:
+                            large_at = self.loop.time()
                         if running.outbox_chars <= OUTBOX_LOW:
                             self._resume_reading(running)
                         streaming = bool(running.outbox)

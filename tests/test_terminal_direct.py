@@ -2,7 +2,7 @@
 Celery manager and agent processes on Redis and PostgreSQL, real websocket and TCP clients.
 
 A terminal whose agent listens reads and types through a TCP connection of its own to the agent:
-the echo comes back over it, 2,000,000 lines of `seq` arrive complete and in order (also while the
+the echo and a manager's notice come back over it, 2,000,000 lines of `seq` arrive complete and in order (also while the
 client stops reading for a while: the agent waits for it), a terminal on the layer beside it sees
 the same output, the session's exit arrives, a wrong or reused token is refused, and an agent that
 dies closes the terminal with 4502 (the page connects again). Where the agent does not listen or
@@ -17,6 +17,8 @@ import re
 import pytest
 import websockets
 
+import protocol
+from console.celery import app
 from console.layers import RedisChannelLayer
 from protocol import pty_group, terminal_group
 from protocol.terminal_stream import encode
@@ -81,6 +83,14 @@ def test_a_terminal_reads_and_types_through_its_direct_stream_and_its_session_en
             await type_and_read(ws, "echo HELLO-$((6*7)); stty size\r", "30 100")
             wait_until(lambda: f"of session {session_id} reads from 127.0.0.1:" in agent_log(stack), timeout=10,
                        what="the agent to say the terminal reads directly")
+            # A manager's notice (idle reclamation, preemption: task fgpu.agent.session_notice) reaches it.
+            with app.connection_for_write(stack.redis_url) as connection:
+                app.send_task(protocol.SESSION_NOTICE, kwargs={"node": "direct-node", "session_id": session_id,
+                                                               "text": "NOTICE-42"}, connection=connection)
+            notice = ""
+            async with asyncio.timeout(20):
+                while "[fgpu: NOTICE-42]" not in notice:
+                    notice += json.loads(await ws.recv())["data"]
             await ws.send(json.dumps({"type": "input", "data": "exit 3\r"}))
             async with asyncio.timeout(20):
                 while (frame := json.loads(await ws.recv()))["type"] != "exit":
