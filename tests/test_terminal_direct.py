@@ -153,6 +153,9 @@ def test_a_terminal_on_the_layer_beside_a_direct_one_sees_the_same_output_and_to
             scrollback = await from_layer("FIRST-42")
             direct_side = await type_and_read(ws, "echo SECOND-$((6*7))\r", "SECOND-42")
             layer_side = await from_layer("SECOND-42")
+            # A third terminal, direct too: its scrollback shows what came before it, once.
+            async with websockets.connect(terminal_url(stack, client, session_id), max_size=2**22) as third:
+                third_scrollback = json.loads(await asyncio.wait_for(third.recv(), 10))["data"]
 
             # Tokens: offered only on the asker's own channel; good once; a wrong one is refused.
             other = await layer.new_channel("test.")
@@ -165,10 +168,11 @@ def test_a_terminal_on_the_layer_beside_a_direct_one_sees_the_same_output_and_to
                 writer.write(encode({"token": token}))
                 answers.append(json.loads(await asyncio.wait_for(reader.readline(), 10))["type"])
                 writer.close()
-            return scrollback, direct_side, layer_side, offer, answers
+            return scrollback, direct_side, layer_side, third_scrollback, offer, answers
 
-    scrollback, direct_side, layer_side, offer, answers = asyncio.run(scenario())
+    scrollback, direct_side, layer_side, third_scrollback, offer, answers = asyncio.run(scenario())
     assert "FIRST-42" in scrollback
+    assert third_scrollback.count("FIRST-42") == 1 and third_scrollback.count("SECOND-42") == 1, third_scrollback
     assert "SECOND-42" in direct_side and "SECOND-42" in layer_side
     assert (offer["type"], offer["host"], offer["port"]) == ("terminal.direct", "127.0.0.1", port)
     assert answers == ["direct.ok", "direct.refused", "direct.refused"]
