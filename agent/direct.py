@@ -140,8 +140,8 @@ class DirectServer:
                 message = json.loads(line)
                 if isinstance(message, dict):
                     self.agent._direct_message(running, channel, message)
-        except (ConnectionError, ValueError, asyncio.LimitOverrunError) as exc:
-            log.info("agent %s: direct terminal stream from %s ended: %s", self.agent.node, peer, exc)
+        except (ConnectionError, ValueError, KeyError, TypeError, asyncio.LimitOverrunError) as exc:
+            log.info("agent %s: direct terminal stream from %s ended: %r", self.agent.node, peer, exc)
         finally:
             if running is not None:
                 self.agent._direct_detach(running, channel, stream)

@@ -58,6 +58,9 @@ ACK_POLL_S = 0.005  # how often a held acknowledgement looks at daphne's buffer 
 ATTACH_WAIT_S = 2.0  # input waits this long at most for the agent's answer to the attach (direct or not)
 DIRECT_CONNECT_S = 1.0  # connecting to the agent's direct stream and its answer, at most
 PENDING_MESSAGES = 1000  # client messages kept at most while the attach is unanswered
+# Layer output frames kept at most meanwhile (the oldest go first: the scrollback that answers the
+# attach holds them); an attach answered over the layer leaves the agent at most a window ahead.
+HELD_FRAMES = 256
 
 
 def websocket_backlog(send) -> int:
@@ -296,6 +299,8 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
         if self.pending is not None:
             if "offset" in event:
                 self.held.append(event)
+                if len(self.held) > HELD_FRAMES:
+                    del self.held[0]
                 return
             await self._use_layer()
         await self._deliver(event)
