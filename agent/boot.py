@@ -68,10 +68,14 @@ def build_runtime(config: AgentConfig):
     return ProcessRuntime(node=config.node_name, cgroup_root=config.cgroup_root)
 
 
-def build_agent(config: AgentConfig, *, celery_app, channel_layer, heartbeat_s: float, exec_store=None) -> Agent:
+def build_agent(
+    config: AgentConfig, *, celery_app, channel_layer, heartbeat_s: float, exec_store=None, terminal_direct: bool = True
+) -> Agent:
     """The agent of `config`'s node, sending to the manager through `celery_app` (the console's,
     console.celery.app). `exec_store`: where its streamed execs keep their output
-    (protocol.exec_store; None: this process's memory store)."""
+    (protocol.exec_store; None: this process's memory store). `terminal_direct`: False keeps its
+    terminals on the channel layer whatever agent.toml says (standalone mode: the consumers share
+    the agent's process and loop, and its in-memory layer is the shorter path)."""
     inventory = load_inventory(config)
     agent = Agent(
         runtime=build_runtime(config),
@@ -88,6 +92,9 @@ def build_agent(config: AgentConfig, *, celery_app, channel_layer, heartbeat_s: 
         app_address=config.app_address,
         data_root=config.data_root,
         app_relay=config.app_relay,
+        terminal_direct=terminal_direct and config.terminal_direct,
+        terminal_port=config.terminal_port,
+        terminal_address=config.terminal_address,
     )
     agent.usage.configure(interval_s=config.usage_interval_s, flush_s=config.usage_flush_s)
     return agent

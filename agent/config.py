@@ -31,6 +31,10 @@ over::
     app-relay = false                                   # docker: relay apps through the agent on app-address
                                                         #   (web hosts that cannot reach the containers' network)
     data-root = "./var/user-data"                       # users' persistent folders (~/data); shared storage (NFS) on a cluster
+    terminal-direct = true                              # terminals stream directly to the web on app-address (agent.direct)
+    terminal-port = 0                                   # its TCP port; 0: a free one
+    terminal-address = "203.0.113.5"                    # where the web connects to it; default: app-address
+                                                        #   (a node behind NAT: its forwarded address)
 
     [usage]
     interval = 5                                        # seconds between usage samples (1-300)
@@ -86,6 +90,9 @@ class AgentConfig:
     usage_flush_s: int = 15
     app_address: str = "127.0.0.1"
     app_relay: bool = False
+    terminal_direct: bool = True  # listen for direct terminal streams on app_address (agent.direct)
+    terminal_port: int = 0  # … on this port (0: a free one)
+    terminal_address: str = ""  # the address the web connects to for them ("": app_address)
     data_root: Path | None = None  # users' persistent folders, `<data_root>/users/<user id>` (agent.files)
     cgroup_root: str = CGROUP_AUTO  # process runtime: "auto", "none" or an absolute cgroup2 directory
     extra: dict = field(default_factory=dict)
@@ -200,6 +207,18 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
         socket.getaddrinfo(app_address, None, proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICHOST)
     except socket.gaierror:
         fail("container.app-address", f"{app_address!r} is not an IP address (where session apps listen)")
+    terminal_direct = container.get("terminal-direct", True)
+    if not isinstance(terminal_direct, bool):
+        fail("container.terminal-direct", "expected true or false")
+    terminal_port = container.get("terminal-port", 0)
+    if isinstance(terminal_port, bool) or not isinstance(terminal_port, int) or not 0 <= terminal_port <= 65535:
+        fail("container.terminal-port", f"{terminal_port!r} is not a TCP port from 0 (a free one) to 65535")
+    terminal_address = text(container, "terminal-address", "container.terminal-address", "")
+    if terminal_address:
+        try:
+            socket.getaddrinfo(terminal_address, None, proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICHOST)
+        except socket.gaierror:
+            fail("container.terminal-address", f"{terminal_address!r} is not an IP address (where the web reaches the agent)")
     data_root = (path.parent / text(container, "data-root", "container.data-root", "user-data")).resolve()
     cgroup_root = text(container, "cgroup-root", "container.cgroup-root", CGROUP_AUTO)
     if cgroup_root not in (CGROUP_AUTO, CGROUP_NONE) and not Path(cgroup_root).is_absolute():
@@ -241,6 +260,9 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
         usage_flush_s=usage_flush,
         app_address=app_address,
         app_relay=app_relay,
+        terminal_direct=terminal_direct,
+        terminal_port=terminal_port,
+        terminal_address=terminal_address,
         data_root=data_root,
         cgroup_root=cgroup_root,
     )

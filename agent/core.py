@@ -6,8 +6,10 @@ Everything runs on one asyncio loop (the agent's own in `manage.py agent`, daphn
 standalone mode). Celery task handlers call the thread-safe `submit_*` methods, which
 schedule work on that loop and return at once. Reports to the manager go through Celery
 tasks (`fgpu.manager.*`), called from a worker thread so the loop never blocks. Terminal
-frames travel through the channel layer: input from group `pty-<session>` (which the agent
-joins), output to group `terminal-<session>` (which terminal consumers join).
+frames travel through a direct TCP stream per terminal where the web reaches the agent
+(agent.direct, protocol.terminal_stream), else through the channel layer: input from group
+`pty-<session>` (which the agent joins), output to group `terminal-<session>` (which terminal
+consumers join). The handshake is always on the layer.
 
 Session output is also shipped to the manager (`fgpu.manager.session_log_append`) in batches:
 every LOG_FLUSH_S seconds, or sooner once LOG_BATCH_CHARS characters are waiting, at most one
@@ -42,6 +44,8 @@ import protocol
 from protocol import files as protocol_files
 from protocol.exec_store import exec_store_for
 from agent import exec_stream
+from protocol.terminal_stream import DIRECT_OFFER, DIRECT_OK, encode
+from agent.direct import DirectServer, DirectStream
 from agent import files as session_files
 from agent import mig as mig_runtime
 from agent.environment import allocation_document, session_environment
@@ -86,6 +90,11 @@ READER_WINDOW_CHARS = 1024 * 1024
 READER_WINDOW_FRAMES = 64
 READER_STALL_S = 10.0
 COALESCE_S = 0.001
+# A direct stream's write takes no time, so nothing piles up behind it as behind a group send: after
+# a frame of STREAM_CHARS or more (output streams), output that comes within STREAM_GAP_S waits
+# COALESCE_S for more. A keystroke's echo after a quiet moment goes at once.
+STREAM_CHARS = 1024
+STREAM_GAP_S = 0.004
 # The output rate cap: a session's output is read from its PTY at OUTPUT_RATE_BYTES a second at
 # most (a token bucket of OUTPUT_BURST_BYTES) while nobody reads it at a terminal (its output goes
 # to the log alone, which ships at that rate: LOG_CHUNK_CHARS per LOG_FLUSH_S) or while the node
@@ -231,6 +240,9 @@ class RunningSession:
     sent: int = 0  # characters sent to the terminal group: the `offset` of the last frame
     frames: int = 0  # frames sent to the terminal group: the `n` of the last frame
     readers: dict = field(default_factory=dict)  # consumer channel → [acked offset, acked n, loop time of the ack]
+    direct: dict = field(default_factory=dict)  # consumer channel → its DirectStream (agent.direct): its frames go there
+    layer_channels: set = field(default_factory=set)  # consumers that attached over the layer (until they detach)
+    adopted: bool = False  # run on from an earlier agent: consumers it never saw attach may read the terminal group
     stall_check: asyncio.TimerHandle | None = None  # re-checks the readers once one may have stalled
     inbox: bytearray = field(default_factory=bytearray)  # terminal input the PTY has not taken yet
     writing: bool = False  # the PTY is registered with the loop for writing (inbox not empty)
@@ -310,6 +322,9 @@ class Agent:
         app_address: str = "127.0.0.1",
         data_root: Path | None = None,
         app_relay: bool = False,
+        terminal_direct: bool = False,
+        terminal_port: int = 0,
+        terminal_address: str = "",
     ) -> None:
         self.node = node
         self.inventory = inventory
@@ -347,6 +362,12 @@ class Agent:
         self.apps = SessionApps(self)
         self.data_root = None if data_root is None else Path(data_root)  # users' persistent folders (agent.files)
         self.files = session_files.SessionFiles(self)
+        # Direct terminal streams (agent.direct) on app_address, where agent.toml leaves them on.
+        self.direct = (
+            DirectServer(self, host=app_address, port=terminal_port, advertise=terminal_address or app_address)
+            if terminal_direct
+            else None
+        )
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -362,9 +383,12 @@ class Agent:
             log.warning("agent %s: removed %d process(es) or container(s) left by sessions of an earlier run", self.node, orphans)
         for handle in adopted:  # sessions that outlived the agent in their containers: run them on
             running = RunningSession(session_id=handle.session_id, process=handle, work_dir=handle.work_dir, env=handle.env)
+            running.adopted = True
             self.sessions[handle.session_id] = running
             self._attach(running)
             log.info("agent %s: adopted session %s, still running", self.node, handle.session_id)
+        if self.direct is not None:
+            await self.direct.start()
         self.channel = await self.layer.new_channel(f"agent.{self.node}.")
         await self._refresh_groups()  # adopted sessions' terminals and execs reach this agent again
         self._tasks.append(asyncio.create_task(self._receive_loop(), name=f"agent-{self.node}-receive"))
@@ -386,6 +410,8 @@ class Agent:
                 log.exception("agent %s: could not close its runtime", self.node)
         for task in self._tasks:
             task.cancel()
+        if self.direct is not None:
+            self.direct.close()
         _AGENTS.pop(self.node, None)
         for pool in (self._work, self._manager_pool, self._exec_pool, self._heartbeat_pool, self.files.pool):
             pool.shutdown(wait=False, cancel_futures=True)
@@ -621,6 +647,8 @@ class Agent:
         """Undo a start that failed after its process existed: kill every process, close the PTY."""
         self.sessions.pop(running.session_id, None)
         SessionApps.close_relays(running)
+        for stream in running.direct.values():
+            stream.close()
         for task in (running.pump_task, running.log_task, running.exited, running.exit_poll):
             if task is not None:
                 task.cancel()
@@ -710,16 +738,24 @@ class Agent:
                 READER_STALL_S,
             )
             del running.readers[channel]
+            stream = running.direct.pop(channel, None)
+            if stream is not None:  # its buffer would grow: it closes, and its page connects again
+                stream.close()
         return behind
 
     def _recheck_readers(self, running: RunningSession) -> None:
         running.stall_check = None
         running.outbox_wake.set()
 
-    def _reader_ack(self, running: RunningSession, channel: str, offset: int, n: int) -> None:
-        """A terminal consumer's websocket took the output up to `offset` (frame `n`)."""
+    def _reader_ack(self, running: RunningSession, channel: str, offset: int, n: int, *, direct: bool = False) -> None:
+        """A terminal consumer's websocket took the output up to `offset` (frame `n`). A reader
+        over the layer that stalled (or attached to an earlier agent) counts again; a direct
+        one that stalled lost its stream."""
         reader = running.readers.get(channel)
         if reader is None:
+            if direct:
+                return
+            running.layer_channels.add(channel)
             running.readers[channel] = [offset, n, self.loop.time()]
         elif offset >= reader[0]:
             reader[:] = [offset, n, self.loop.time()]
@@ -848,12 +884,21 @@ class Agent:
         again once the outbox drained below OUTBOX_LOW; ends once the session's output is closed
         and sent. While output streams (more came while the last frame was on its way), the next
         frame waits COALESCE_S for more unless it is half full: fewer, larger frames cost less at
-        every hop; a keystroke's echo (nothing in flight before it) goes at once."""
+        every hop; a keystroke's echo (nothing in flight before it) goes at once. Where the frames
+        go to direct streams alone, output streams while large frames follow one another
+        (STREAM_CHARS, STREAM_GAP_S)."""
         group = protocol.terminal_group(running.session_id)
         streaming = False
+        large_at = -STREAM_GAP_S  # loop time of the last large frame written to direct streams alone
         while True:
             await running.outbox_wake.wait()
             running.outbox_wake.clear()
+            if (
+                self.loop.time() - large_at < STREAM_GAP_S
+                and running.outbox_chars < FRAME_CHARS // 2
+                and not running.output_closed
+            ):
+                await asyncio.sleep(COALESCE_S)
             while running.outbox and not (running.readers and self._readers_behind(running)):
                 if streaming and running.outbox_chars < FRAME_CHARS // 2 and not running.output_closed:
                     await asyncio.sleep(COALESCE_S)
@@ -861,6 +906,17 @@ class Agent:
                 running.sent += len(frame)
                 running.frames += 1
                 message = {"type": "terminal.output", "data": frame, "offset": running.sent, "n": running.frames}
+                if running.direct:  # written before any await: a reader that attaches meanwhile starts after it
+                    line = encode(message)
+                    for stream in running.direct.values():
+                        stream.write(line)
+                    if not (running.layer_channels or running.adopted):
+                        if len(frame) >= STREAM_CHARS:
+                            large_at = self.loop.time()
+                        if running.outbox_chars <= OUTBOX_LOW:
+                            self._resume_reading(running)
+                        streaming = bool(running.outbox)
+                        continue
                 for attempt in range(3):
                     try:
                         await self.layer.group_send(group, message)
@@ -931,6 +987,12 @@ class Agent:
             await self._in(self._work, running.process.remove)  # its container, where it has one
         except Exception:
             log.exception("agent %s: could not remove what session %s left", self.node, running.session_id)
+        if running.direct:  # after the last frame on each direct stream, which then closes
+            line = encode({"type": "terminal.exit", "code": exit_code})
+            for stream in running.direct.values():
+                stream.write(line)
+                stream.close()
+            running.direct.clear()
         try:
             os.utime(running.work_dir)  # the retention of the working directory counts from here
         except OSError:
@@ -1239,6 +1301,54 @@ class Agent:
             answer = {"ok": False, "detail": f"the agent could not list the GPU processes: {exc}"}
         await self.layer.send(reply_channel, {"type": protocol.NODE_PROCESSES_RESULT, **answer})
 
+    async def _send_all(self, channel: str, messages: list[dict]) -> None:
+        for message in messages:
+            await self.layer.send(channel, message)
+
+    # --- direct terminal streams (agent.direct) -----------------------------------------
+
+    def _direct_attach(self, running: RunningSession, channel: str, stream: DirectStream) -> None:
+        """A consumer presented its token on `stream`: it reads the session from the last frame
+        sent on (flow control as a layer reader's), after the scrollback up to that frame."""
+        stream.write(encode({"type": DIRECT_OK}))
+        stream.write(encode({"type": "terminal.output", "data": self._scrollback_until_sent(running)}))
+        running.readers[channel] = [running.sent, running.frames, self.loop.time()]
+        running.direct[channel] = stream
+        log.info("agent %s: terminal %s of session %s reads from %s", self.node, channel, running.session_id, stream.peer)
+
+    def _direct_message(self, running: RunningSession, channel: str, message: dict) -> None:
+        """`pty.input`, `pty.resize` or `pty.ack` from a direct stream (others are ignored)."""
+        kind = message.get("type")
+        if kind == "pty.input" and isinstance(message.get("data"), str):
+            self.usage.note_input(running.session_id)
+            self._write_input(running, message["data"].encode())
+        elif kind == "pty.resize":
+            self._in_background(self._in(self._work, running.process.resize, int(message["rows"]), int(message["cols"])))
+        elif kind == "pty.ack":
+            self._reader_ack(running, channel, int(message["offset"]), int(message["n"]), direct=True)
+
+    def _direct_detach(self, running: RunningSession, channel: str, stream: DirectStream) -> None:
+        """The direct stream closed: its consumer no longer reads (as `pty.detach`)."""
+        if running.direct.get(channel) is stream:
+            del running.direct[channel]
+            running.readers.pop(channel, None)
+            running.outbox_wake.set()
+
+    @staticmethod
+    def _scrollback_until_sent(running: RunningSession) -> str:
+        """The last SCROLLBACK_BYTES of output up to the last frame sent: the scrollback without
+        what still waits in the decoder and the outbox (a direct reader gets that as frames), or
+        nothing where the outbox holds more than the scrollback."""
+        raw = bytes(running.scrollback[-SCROLLBACK_BYTES:])
+        held = running.decoder.getstate()[0]
+        if held:
+            raw = raw[: -len(held)]
+        text = raw.decode("utf-8", "replace")
+        waiting = "".join(running.outbox)
+        if not waiting:
+            return text
+        return text[: -len(waiting)] if text.endswith(waiting) else ""
+
     def _handle(self, message: dict) -> None:
         if message.get("type") == protocol.NODE_PROCESSES:  # the node's GPU processes (agent.usage)
             self._in_background(self._answer_processes(str(message["reply_channel"])))
@@ -1258,11 +1368,21 @@ class Agent:
             self._in_background(self._stop(running.session_id, reason="terminated"))
         elif kind == "pty.detach":
             running.readers.pop(message.get("channel"), None)
+            running.layer_channels.discard(message.get("channel"))
             running.outbox_wake.set()
         elif kind == "pty.attach":  # a terminal opened: it reads the session from here on (flow control)
-            running.readers[message["reply_channel"]] = [running.sent, running.frames, self.loop.time()]
+            channel = str(message["reply_channel"])
+            if message.get("direct") and self.direct is not None and self.direct.serving and not running.output_closed:
+                offer = {"type": DIRECT_OFFER, **self.direct.offer(running.session_id, channel)}
+                self._in_background(self.layer.send(channel, offer))  # it reads from its stream once it connects
+                return
+            running.readers[channel] = [running.sent, running.frames, self.loop.time()]
+            running.layer_channels.add(channel)
             backlog = bytes(running.scrollback[-SCROLLBACK_BYTES:]).decode("utf-8", "replace")
-            self._in_background(self.layer.send(message["reply_channel"], {"type": "terminal.output", "data": backlog}))
+            replies = [{"type": "terminal.output", "data": backlog}]
+            if message.get("direct"):  # it asked for a direct stream: none (it waits for this answer first)
+                replies.insert(0, {"type": DIRECT_OFFER, "host": ""})
+            self._in_background(self._send_all(channel, replies))
         elif kind == "pty.exec":
             self._in_background(self._exec(running, message))
         elif kind == "pty.exec_stream":  # runs on a thread of its own (agent.exec_stream)

@@ -15,7 +15,10 @@ Targets, each started on its own and stopped before the next, each running
 - `standalone`: `manage.py standalone` (in-memory channel layer, eager Celery, SQLite);
 - `distributed`: tests/stack.py's daphne, Celery manager, beat and one agent, with a private
   redis-server and a private PostgreSQL cluster (initdb in a temporary directory, run as user
-  postgres), so that every process of the stack is counted and nothing shared is touched.
+  postgres), so that every process of the stack is counted and nothing shared is touched; the
+  terminal on the agent's direct stream (agent.direct: agent.toml's default);
+- `distributed-layer`: the same with agent.toml's `terminal-direct = false`: the terminal through
+  the channel layer (Redis), the path of a node the web cannot reach.
 
 Figures per target (median of --repeat repetitions):
 - keystroke echo: --echo-samples round trips, alternately `a` (bash echoes it) and a backspace,
@@ -385,11 +388,15 @@ class StandaloneTarget(Target):
 
 
 class PrivatePostgres:
-    """A PostgreSQL cluster of the benchmark's own (initdb in `work`, a free port, user postgres,
-    trust), so that its CPU can be counted whole; None from `start` where it cannot run."""
+    """A PostgreSQL cluster of the benchmark's own (initdb in `work`/`name`, user postgres, trust), so
+    that its CPU can be counted whole; None from `start` where it cannot run. Every cluster of a run
+    listens on the same free port (one at a time): Django, set up once, keeps its first URL."""
 
-    def __init__(self, work: Path):
-        self.dir, self.port, self.proc = work / "pg", free_port(), None
+    run_port = 0
+
+    def __init__(self, work: Path, name: str = "pg"):
+        PrivatePostgres.run_port = PrivatePostgres.run_port or free_port()
+        self.dir, self.port, self.proc = work / name, PrivatePostgres.run_port, None
         self.bin = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"))), None)
 
     def start(self) -> str | None:
@@ -438,9 +445,9 @@ class PrivatePostgres:
 class DistributedTarget(Target):
     name = "distributed"
 
-    def __init__(self, work: Path, shared_database_url: str):
-        self.work, self.shared_database_url = work, shared_database_url
-        self.pg, self.stack = PrivatePostgres(work), None
+    def __init__(self, work: Path, shared_database_url: str, *, container: str = ""):
+        self.work, self.shared_database_url, self.container = work, shared_database_url, container
+        self.pg, self.stack = PrivatePostgres(work, f"pg-{self.name}"), None
 
     def start(self) -> None:
         from tests.stack import Stack, StackNode, mock_inventory
@@ -448,8 +455,8 @@ class DistributedTarget(Target):
         database_url = self.pg.start() or self.shared_database_url
         setup_django(database_url)
         create_admin()
-        node = StackNode("bench-node", mock_inventory(gpus=1), devices=1)
-        self.stack = Stack(nodes=[node], work_dir=self.work / "distributed", database_url=database_url).start(timeout=120)
+        node = StackNode("bench-node", mock_inventory(gpus=1), devices=1, container=self.container)
+        self.stack = Stack(nodes=[node], work_dir=self.work / self.name, database_url=database_url).start(timeout=120)
         self.api = ConsoleApi(self.stack.base)
         self.api.launch()
         postmaster = self.pg.postmaster()
@@ -472,6 +479,10 @@ class DistributedTarget(Target):
 
             connections.close_all()
         self.pg.close()
+
+
+class DistributedLayerTarget(DistributedTarget):
+    name = "distributed-layer"
 
 
 def port_open(port: int) -> bool:
@@ -621,6 +632,7 @@ def main() -> int:
             "ttyd": lambda: TtydTarget(work, binary=ttyd, url=args.ttyd) if (ttyd or args.ttyd) else None,
             "standalone": lambda: StandaloneTarget(work),
             "distributed": lambda: DistributedTarget(work, args.database_url),
+            "distributed-layer": lambda: DistributedLayerTarget(work, args.database_url, container="terminal-direct = false"),
         }
         for name in wanted:
             target = makers[name]()
@@ -647,16 +659,16 @@ def report(results: dict[str, dict], args) -> list[str]:
     lines = [
         f"# benchmarks/terminal.py {' '.join(sys.argv[1:])}  ({time.strftime('%Y-%m-%d %H:%M')}, "
         f"{os.cpu_count()} cores, median of {args.repeat}){'  ' + args.note if args.note else ''}",
-        f"{'target':<12} {'echo p50 ms':>11} {'p99 ms':>8} {'bulk MB/s':>10} {'core·s/MB':>10} {'lost B':>7}   "
+        f"{'target':<17} {'echo p50 ms':>11} {'p99 ms':>8} {'bulk MB/s':>10} {'core·s/MB':>10} {'lost B':>7}   "
         f"{'slow: lost B':>12} {'MB/s':>6} {'RSS +MiB':>9}",
     ]
     for name, r in results.items():
         lines.append(
-            f"{name:<12} {r['echo_p50_ms']:>11.3f} {r['echo_p99_ms']:>8.3f} {r['bulk_mb_s']:>10.2f} "
+            f"{name:<17} {r['echo_p50_ms']:>11.3f} {r['echo_p99_ms']:>8.3f} {r['bulk_mb_s']:>10.2f} "
             f"{r['cpu_s_per_mb']:>10.4f} {r['lost']:>7}   {r['slow_lost']:>12} {r['slow_mb_s']:>6.2f} "
             f"{r['slow_rss_growth_mib']:>9.1f}"
         )
-    for name in ("standalone", "distributed"):
+    for name in ("standalone", "distributed", "distributed-layer"):
         if name in results and floor:
             r = results[name]
             lines.append(

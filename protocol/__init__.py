@@ -36,7 +36,8 @@ label (sessions.service_ports turns it into the image record's apps). A register
 matches a reported one as it is or in `image_key` form (the form in which Docker lists its tags).
 
 Channel-layer groups: `pty-<session id>` (the session's agent joins it; terminal consumers and
-the web send `pty.input` {data}, `pty.resize` {rows, cols}, `pty.attach` {reply_channel},
+the web send `pty.input` {data}, `pty.resize` {rows, cols}, `pty.attach` {reply_channel, direct} (direct: the
+consumer can take a direct stream: protocol.terminal_stream),
 `pty.ack` {channel, offset, n}, `pty.detach` {channel}, `pty.exec` and `pty.exec_stream`, and
 the session apps' `pty.app_open` {app, base_url, token, timeout, reply_channel} and `pty.app_status`
 {name, port, reply_channel}, answered on the reply channel: agent.session_apps, and a session's files'
@@ -47,10 +48,11 @@ cannot be lost, and whichever arrives second finds the session stopping or ended
 `node-<node name>` (the node's agent joins it; the web sends `node.processes` {reply_channel},
 answered `node.processes.result` {ok, at, source, processes}: agent.usage.UsageSampler.processes),
 `terminal-<session id>` (terminal consumers join it; the agent sends `terminal.output` {data,
-offset, n} and `terminal.exit` {code}). Flow control (agent.core, READER_WINDOW_CHARS): `offset`
-counts the characters sent to the group up to the end of the frame and `n` the frames; a consumer
-that attached acknowledges what its websocket took with `pty.ack`, and `pty.detach` when it
-closes. The scrollback that answers `pty.attach` carries neither.
+offset, n} and `terminal.exit` {code}; the output unless every terminal that attached reads a
+direct stream). Flow control (agent.core, READER_WINDOW_CHARS): `offset` counts the characters
+sent up to the end of the frame and `n` the frames; a consumer that attached acknowledges what its
+websocket took with `pty.ack`, and `pty.detach` when it closes. The scrollback that answers
+`pty.attach` carries neither.
 """
 
 from __future__ import annotations

@@ -9,6 +9,17 @@ or ACK_FRAMES frames, and only once daphne holds less than WEBSOCKET_BACKLOG_BYT
 that the client has not read yet; the agent sends a terminal at most a window past what it
 acknowledged, and leaves the PTY unread while its output waits. So a slow client holds back its
 own session's program, and daphne's memory for it stays bounded.
+
+The direct stream (protocol.terminal_stream): the consumer's attach asks for one; where the agent
+offers it (a host, a port and a one-time token, on this consumer's own reply channel), the
+consumer connects (DIRECT_CONNECT_S at most) and from then on its output, input, resizes and
+acknowledgements travel over that TCP connection, not through the channel layer; it stays in the
+terminal group, whose output frames it then ignores (they are for the consumers on the layer).
+Where the connection cannot be made or the token is refused, it attaches over the layer as
+before. Until the agent answered (ATTACH_WAIT_S at most), what the client types waits, so input
+never overtakes itself between the two paths. A direct stream that breaks without the session's
+exit closes the websocket with 4502 (CLOSE_AGENT_LOST: the page connects again): no output is lost or reordered
+silently.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console.errors import ApplicationError
+from protocol.terminal_stream import DIRECT_OFFER, DIRECT_OK, LINE_LIMIT, encode
 from sessions import events
 from sessions.services import terminal_ticket_redeem, terminal_ticket_unspend
 
@@ -33,12 +45,22 @@ CLOSE_BAD_TICKET = 4403
 CLOSE_NOT_RUNNING = 4409
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_TRY_AGAIN = 1013  # RFC 6455 "Try Again Later": the channel layer (Redis) could not be reached
+# The direct stream to the session's agent broke before the session's exit (the agent restarted,
+# the network failed): the page connects again. An application code: autobahn (daphne) closes
+# with 1000 or 3000-4999 only, and raises for 1013.
+CLOSE_AGENT_LOST = 4502
 LAYER_RETRY_S = 0.25  # a pooled connection that a Redis restart broke fails once; the retry gets a new one
 MAX_INPUT = 64 * 1024
 ACK_CHARS = 256 * 1024  # acknowledge output every this many characters (a quarter of the agent's window)
 ACK_FRAMES = 16  # … or this many frames (a quarter of its window)
 WEBSOCKET_BACKLOG_BYTES = 256 * 1024  # acknowledge only while daphne holds less than this for the client
 ACK_POLL_S = 0.005  # how often a held acknowledgement looks at daphne's buffer again
+ATTACH_WAIT_S = 2.0  # input waits this long at most for the agent's answer to the attach (direct or not)
+DIRECT_CONNECT_S = 1.0  # connecting to the agent's direct stream and its answer, at most
+PENDING_MESSAGES = 1000  # client messages kept at most while the attach is unanswered
+# Layer output frames kept at most meanwhile (the oldest go first: the scrollback that answers the
+# attach holds them); an attach answered over the layer leaves the agent at most a window ahead.
+HELD_FRAMES = 256
 
 
 def websocket_backlog(send) -> int:
@@ -67,6 +89,14 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
     delivered: tuple[int, int] = (0, 0)  # (offset, n) of the last output frame sent to the client
     acked: tuple[int, int] = (0, 0)  # … and of the last one acknowledged to the agent
     ack_task: asyncio.Task | None = None  # an acknowledgement waiting for daphne's buffer to drain
+    pending: list | None = None  # messages to the agent held until it answered the attach; None once it did
+    held: list  # layer output frames that came while the attach was unanswered
+    attach_timer: asyncio.TimerHandle | None = None
+    agent_lock: asyncio.Lock  # messages to the agent go out one at a time, in order
+    direct_writer: asyncio.StreamWriter | None = None  # the direct stream, once it is used
+    direct_task: asyncio.Task | None = None  # reads it
+    layer_task: asyncio.Task | None = None  # relays over the layer after an unanswered attach
+    layer_exit: int | None = None  # the session's exit code, when the layer said it before the direct stream
 
     async def connect(self) -> None:
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
@@ -91,7 +121,93 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
             await self._refuse(CLOSE_TRY_AGAIN)
             return
         await self.accept()
-        await self._to_agent({"type": "pty.attach", "reply_channel": self.channel_name})
+        self.pending, self.held, self.agent_lock = [], [], asyncio.Lock()
+        await self._layer_send({"type": "pty.attach", "reply_channel": self.channel_name, "direct": True})
+        self.attach_timer = asyncio.get_running_loop().call_later(ATTACH_WAIT_S, self._attach_unanswered)
+
+    def _attach_unanswered(self) -> None:
+        self.attach_timer = None
+        if self.pending is not None:  # an agent from before direct streams, or none: relay as before
+            self.layer_task = asyncio.create_task(self._use_layer())
+
+    async def terminal_direct(self, event) -> None:
+        """The agent's answer to the attach: a direct stream's address and token, or none."""
+        if self.attach_timer is not None:
+            self.attach_timer.cancel()
+            self.attach_timer = None
+        if self.pending is None:  # answered too late: the consumer relays over the layer already
+            if event.get("host"):  # … and the agent did not count it as a reader
+                await self._layer_send({"type": "pty.attach", "reply_channel": self.channel_name})
+            return
+        if event.get("host"):
+            connection = await self._connect_direct(event)
+            if connection is not None:
+                await self._use_direct(*connection)
+                return
+            await self._layer_send({"type": "pty.attach", "reply_channel": self.channel_name})
+        await self._use_layer()
+
+    async def _connect_direct(self, offer: dict) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The agent's direct stream with the token presented and accepted; None (logged) when it
+        cannot be had within DIRECT_CONNECT_S."""
+        writer = None
+        try:
+            async with asyncio.timeout(DIRECT_CONNECT_S):
+                reader, writer = await asyncio.open_connection(str(offer["host"]), int(offer["port"]), limit=LINE_LIMIT)
+                writer.write(encode({"token": str(offer["token"])}))
+                answer = json.loads(await reader.readline() or b"null")
+        except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+            log.info(
+                "terminal for %s: no direct stream from %s:%s (%s); relaying through the channel layer",
+                self.session_id,
+                offer.get("host"),
+                offer.get("port"),
+                exc or type(exc).__name__,
+            )
+            answer = None
+        if isinstance(answer, dict) and answer.get("type") == DIRECT_OK and writer is not None:
+            return reader, writer
+        if answer is not None:
+            log.warning("terminal for %s: the agent refused the direct stream: %s", self.session_id, answer)
+        if writer is not None:
+            writer.close()
+        return None
+
+    async def _use_direct(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async with self.agent_lock:
+            pending, self.pending, self.held = self.pending or [], None, []
+            self.direct_writer = writer
+            for message in pending:
+                writer.write(encode(message))
+        self.direct_task = asyncio.create_task(self._read_direct(reader))
+
+    async def _use_layer(self) -> None:
+        async with self.agent_lock:
+            pending, self.pending = self.pending or [], None
+            held, self.held = self.held, []
+            for message in pending:
+                await self._layer_send(message)
+        for event in held:
+            await self._deliver(event)
+
+    async def _read_direct(self, reader: asyncio.StreamReader) -> None:
+        """Relay the direct stream's frames to the client until the session's exit; a stream that
+        ends before it closes the websocket with CLOSE_AGENT_LOST (the page connects again)."""
+        try:
+            while line := await reader.readline():
+                event = json.loads(line)
+                if event.get("type") == "terminal.output":
+                    await self._deliver(event)
+                elif event.get("type") == "terminal.exit":
+                    await self.terminal_exit(event)
+                    return
+        except (ConnectionError, ValueError) as exc:
+            log.info("terminal for %s: the direct stream broke: %s", self.session_id, exc)
+        if self.layer_exit is not None:
+            await self.terminal_exit({"code": self.layer_exit})
+            return
+        log.warning("terminal for %s: the direct stream ended before the session; closing", self.session_id)
+        await self.close(code=CLOSE_AGENT_LOST, reason="the connection to the session's agent broke")
 
     async def _join(self, group: str) -> None:
         try:
@@ -110,10 +226,19 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code) -> None:
         if self.ack_task is not None:
             self.ack_task.cancel()
+        if self.attach_timer is not None:
+            self.attach_timer.cancel()
+        for task in (self.direct_task, self.layer_task):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        if self.direct_writer is not None:  # the agent detaches the stream's reader when it closes
+            self.direct_writer.close()
         if self.session_id:
             await self.channel_layer.group_discard(events.terminal_group(self.session_id), self.channel_name)
+            if self.direct_writer is not None:
+                return
             try:  # the agent stops waiting for this terminal (else it would, READER_STALL_S, once it is behind)
-                await self._to_agent({"type": "pty.detach", "channel": self.channel_name})
+                await self._layer_send({"type": "pty.detach", "channel": self.channel_name})
             except Exception:
                 log.info("terminal for %s: could not tell the agent it closed", self.session_id, exc_info=True)
 
@@ -123,6 +248,8 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
         for the relay's own messages, which touch no database."""
         if message["type"] == "terminal.output":
             await self.terminal_output(message)
+        elif message["type"] == DIRECT_OFFER:
+            await self.terminal_direct(message)
         elif message["type"] == "websocket.receive":
             await self.websocket_receive(message)
         else:
@@ -140,10 +267,45 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
             await self._to_agent({"type": "pty.resize", "cols": cols, "rows": rows})
 
     async def _to_agent(self, message: dict) -> None:
+        """To the agent: over the direct stream where there is one, else through the layer; held
+        while the attach is unanswered (at most PENDING_MESSAGES; more are dropped, logged)."""
+        if not self.session_id:  # refused: nothing is relayed
+            return
+        async with self.agent_lock:
+            if self.pending is not None:
+                if len(self.pending) < PENDING_MESSAGES:
+                    self.pending.append(message)
+                else:
+                    log.warning("terminal for %s: dropped a %s while the agent did not answer", self.session_id, message["type"])
+            elif self.direct_writer is not None:
+                self.direct_writer.write(encode(message))
+                try:
+                    await self.direct_writer.drain()
+                except ConnectionError:
+                    pass  # the stream's reader closes the terminal
+            else:
+                await self._layer_send(message)
+
+    async def _layer_send(self, message: dict) -> None:
         message["session_id"] = self.session_id
         await self.channel_layer.group_send(events.pty_group(self.session_id), message)
 
     async def terminal_output(self, event) -> None:
+        """Output through the layer: for this consumer unless it reads a direct stream; held
+        while the attach is unanswered (the scrollback of an agent from before direct streams
+        ends that wait)."""
+        if self.direct_writer is not None:
+            return
+        if self.pending is not None:
+            if "offset" in event:
+                self.held.append(event)
+                if len(self.held) > HELD_FRAMES:
+                    del self.held[0]
+                return
+            await self._use_layer()
+        await self._deliver(event)
+
+    async def _deliver(self, event) -> None:
         await self.send(text_data='{"type": "output", "data": ' + json.dumps(event["data"]) + "}")
         offset = event.get("offset")
         if offset is None:  # the scrollback (or an agent from before flow control)
@@ -170,6 +332,9 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
             log.warning("terminal for %s: could not acknowledge output", self.session_id, exc_info=True)
 
     async def terminal_exit(self, event) -> None:
+        if self.direct_writer is not None and self.direct_task is not asyncio.current_task():
+            self.layer_exit = event["code"]  # the direct stream's last frames may still be on their way
+            return
         await self.send_json({"type": "exit", "code": event["code"]})
         await self.close()
 

@@ -185,7 +185,7 @@ class StackNode:
     """One agent process: its node name, its mock-accelerator.toml text, agent.toml's
     `cpu-count` and `memory`, how many devices its inventory lists (the node counts as up once
     all are registered), its runtime ("process" or "docker": network none, the test image),
-    `scratch-retention` (seconds; None: agent.toml's default) and `cgroup-root`."""
+    `scratch-retention` (seconds; None: agent.toml's default), `cgroup-root` and more `[container]` lines."""
 
     name: str
     mock_toml: str
@@ -195,13 +195,15 @@ class StackNode:
     runtime: str = "process"
     scratch_retention: int | None = None
     cgroup_root: str | None = None  # agent.toml's [container] cgroup-root (None: its default, "auto")
+    container: str = ""  # more lines of agent.toml's [container] table (e.g. 'terminal-direct = false')
 
     def agent_toml(self) -> str:
         retention = "" if self.scratch_retention is None else f"scratch-retention = {self.scratch_retention}\n"
         cgroups = "" if self.cgroup_root is None else f'cgroup-root = "{self.cgroup_root}"\n'
         return (f'[agent]\nid = "{self.name}"\nallowed-compute-plugins = ["ai.backend.accelerator.mock"]\n'
                 f'cpu-count = {self.cpu_count}\nmemory = "{self.memory}"\n[container]\nscratch-root = "scratches"\n'
-                f'{retention}{cgroups}runtime = "{self.runtime}"\nnetwork = "none"\ndefault-image = "fgpu-session:test"\n')
+                f'{retention}{cgroups}runtime = "{self.runtime}"\nnetwork = "none"\ndefault-image = "fgpu-session:test"\n'
+                f'{self.container}\n')
 
 
 def web_command(port: int) -> list[str]:

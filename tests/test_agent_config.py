@@ -170,9 +170,14 @@ def test_other_bad_values_are_refused_naming_the_file_and_key(tmp_path, body, ke
         ('plugins = ["mock"]\n[agent]\nid = "n1"\n', "plugins"),
         ('[agent]\nid = "n1"\n[plugins]\nmock = "mock-accelerator.toml"\n', "plugins.mock"),
         ('[agent]\nid = "n1"\n[container]\napp-relay = "yes"\n', "container.app-relay"),
+        ('[agent]\nid = "n1"\n[container]\nterminal-direct = "on"\n', "container.terminal-direct"),
+        ('[agent]\nid = "n1"\n[container]\nterminal-port = 70000\n', "container.terminal-port"),
+        ('[agent]\nid = "n1"\n[container]\nterminal-port = "7000"\n', "container.terminal-port"),
+        ('[agent]\nid = "n1"\n[container]\nterminal-address = "node-1.example"\n', "container.terminal-address"),
     ],
     ids=["manager-not-a-table", "broker-url-integer", "scratch-root-integer", "retention-text", "retention-negative",
-         "plugins-not-a-table", "plugins-mock-not-a-table", "app-relay-text"],
+         "plugins-not-a-table", "plugins-mock-not-a-table", "app-relay-text", "terminal-direct-text",
+         "terminal-port-too-large", "terminal-port-text", "terminal-address-a-name"],
 )
 def test_a_value_of_the_wrong_type_is_an_agent_config_error_not_a_crash(tmp_path, body, key):
     path = write_agent(tmp_path, body)
@@ -203,3 +208,12 @@ def test_how_a_fraction_is_enforced_follows_runtime_hami_core_and_mps(tmp_path):
 def test_a_bad_enforcement_setting_is_refused_naming_the_key(tmp_path, container, key):
     with pytest.raises(AgentConfigError, match=f"node-a.toml: {key}: "):
         load_agent_config(write_agent(tmp_path, f'[agent]\nid = "n"\n[container]\n{container}'))
+
+
+def test_direct_terminal_streams_are_on_by_default_on_a_free_port_of_the_app_address(tmp_path):
+    default = load_agent_config(write_agent(tmp_path, '[agent]\nid = "n"\n'))
+    assert (default.terminal_direct, default.terminal_port, default.terminal_address) == (True, 0, "")
+    configured = load_agent_config(write_agent(tmp_path, '[agent]\nid = "n"\n[container]\nterminal-direct = false\n'
+                                                          'terminal-port = 7010\nterminal-address = "203.0.113.5"\n'))
+    assert (configured.terminal_direct, configured.terminal_port, configured.terminal_address) == (
+        False, 7010, "203.0.113.5")

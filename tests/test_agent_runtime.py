@@ -182,10 +182,12 @@ def run_agent(
     node: str | None = None,
     cgroup_root: str | None = None,
     manager_class=None,
+    **agent_options,
 ):
     """Start a real Agent on a fresh asyncio loop, run `await scenario(harness)`, shut it down.
     `cgroup_root`: the process runtime's (None: the mode of `process_tracking`, checked: in
-    "cgroup" mode the agent must have cgroups); `manager_class`: a RecordingManager subclass."""
+    "cgroup" mode the agent must have cgroups); `manager_class`: a RecordingManager subclass;
+    `agent_options`: more keyword arguments of Agent (e.g. terminal_direct=True)."""
     node = node or f"test-node-{uuid.uuid4().hex[:8]}"
     mode = _tracking["mode"]
     runtime = ProcessRuntime(node=node, cgroup_root=TRACKING[mode] if cgroup_root is None else cgroup_root)
@@ -197,7 +199,7 @@ def run_agent(
                      "cpu_count": 8, "memory_size": 32 * GiB}
         agent = Agent(node=node, inventory=inventory, channel_layer=layer, manager=manager,
                       scratch_root=tmp_path / "scratch", mock=True, heartbeat_s=heartbeat_s,
-                      exec_store=exec_store_default(), runtime=runtime)
+                      exec_store=exec_store_default(), runtime=runtime, **agent_options)
         await agent.start()
         if cgroup_root is None and mode == "cgroup":
             assert runtime.cgroups is not None, "this machine has no writable cgroup v2 hierarchy (see the log)"

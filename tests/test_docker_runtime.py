@@ -6,6 +6,7 @@ On CI a missing Docker Engine or test image fails these tests (tests/docker_supp
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import uuid
 
@@ -13,9 +14,11 @@ import pytest
 from channels.layers import InMemoryChannelLayer
 
 from agent.core import Agent
+from agent.direct import DirectServer
 from agent.docker_runtime import LABEL_NODE, DockerRuntime
 from tests.conftest import GiB
 from tests.test_agent_runtime import DEVICE, Harness, RecordingManager, start_spec
+from tests.test_terminal_flow import direct_reader
 
 pytestmark = pytest.mark.docker
 MiB = 1 << 20
@@ -183,14 +186,20 @@ def test_an_agent_that_starts_again_adopts_its_running_containers_and_removes_en
             first.loop.remove_reader(running.process.fd)
         docker_client.containers.get(f"fgpu-{ended}").kill()
         second = docker_agent(tmp_path, docker_client, test_image, node)
+        second.direct = DirectServer(second, host="127.0.0.1")  # direct terminal streams (agent.direct) on
         await second.start()
         try:
             assert set(second.sessions) == {keep}
             assert run_docker.manager.registered[-1][2] == [keep]  # the manager hears it still runs
             h2 = Harness(second, run_docker.manager, run_docker.layer)
-            channel = await h2.watch_terminal(keep)
+            channel = await h2.watch_terminal(keep)  # a terminal of the first agent's: it never attached here
+            reader, _ = await direct_reader(h2, keep)  # … beside one that reads a direct stream
             await h2.type(keep, "echo still-$((40+2))\r")
             await h2.read_until(channel, "still-42")
+            direct = ""
+            async with asyncio.timeout(20):
+                while "still-42" not in direct:
+                    direct += json.loads(await reader.readline()).get("data", "")
             return keep, ended
         finally:
             await second.shutdown()

@@ -5,8 +5,11 @@ stops acknowledging for READER_STALL_S holds nothing back. And where the output 
 from __future__ import annotations
 
 import asyncio
+import json
 
 from agent import core as agent_runtime
+from agent import direct as agent_direct
+from protocol.terminal_stream import LINE_LIMIT, encode
 from tests.conftest import wait_until_async
 from tests.test_agent_runtime import Harness, run_agent, start_spec
 
@@ -116,3 +119,80 @@ def test_the_output_rate_cap_holds_only_output_nobody_reads_or_next_to_other_wor
 
     assert run_agent(tmp_path, scenario) == {"nobody reads": True, "read, alone": False,
                                              "read, another session outputs": True, "read, a session starts": True}
+
+
+# --- the same over a direct stream (agent.direct, protocol.terminal_stream) -------------------------------------
+
+async def direct_reader(h: Harness, session_id: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A reader of the session on a direct stream, as a terminal consumer connects one: attach asking
+    for it over the layer, connect to the offered address, present the token, read `direct.ok`."""
+    channel = await h.watch_terminal(session_id)
+    await h.to_pty(session_id, {"type": "pty.attach", "reply_channel": channel, "direct": True})
+    offer = await asyncio.wait_for(h.layer.receive(channel), 10)
+    assert offer["type"] == "terminal.direct" and offer["host"] == "127.0.0.1", offer
+    reader, writer = await asyncio.open_connection(offer["host"], offer["port"], limit=LINE_LIMIT)
+    writer.write(encode({"token": offer["token"]}))
+    assert json.loads(await reader.readline()) == {"type": "direct.ok"}
+    return reader, writer
+
+
+async def direct_frames_until_quiet(reader: asyncio.StreamReader, *, quiet_s: float = 0.5) -> list[dict]:
+    frames = []
+    while True:
+        try:
+            line = await asyncio.wait_for(reader.readline(), quiet_s)
+        except TimeoutError:
+            return frames
+        message = json.loads(line)
+        if message["type"] == "terminal.output" and "offset" in message:
+            frames.append(message)
+
+
+def test_a_direct_reader_is_written_at_most_a_window_past_its_acknowledgement_and_then_everything_in_order(tmp_path):
+    async def scenario(h: Harness):
+        spec = start_seq(h)
+        await h.start_session(spec)
+        reader, writer = await direct_reader(h, spec["session_id"])
+        held = await direct_frames_until_quiet(reader)
+        running = h.agent.sessions[spec["session_id"]]
+        assert not running.reading and not running.layer_channels  # seq waits; the group is not sent to
+        frames, text = list(held), "".join(f["data"] for f in held)
+        async with asyncio.timeout(60):
+            while "\r\n" + str(LINES) + "\r\n" not in text:
+                last = frames[-1]
+                writer.write(encode({"type": "pty.ack", "offset": last["offset"], "n": last["n"]}))
+                message = json.loads(await reader.readline())
+                assert message["type"] == "terminal.output" and "offset" in message, message
+                frames.append(message)
+                text += message["data"]
+        writer.close()
+        start = text.index("1\r\n2\r\n")
+        return held, text[start:text.index("\r\n" + str(LINES) + "\r\n") + len(str(LINES)) + 4]
+
+    held, text = run_agent(tmp_path, scenario, terminal_direct=True)
+    sent = held[-1]["offset"] - held[0]["offset"] + len(held[0]["data"])
+    assert len(held) <= agent_runtime.READER_WINDOW_FRAMES + 1
+    assert sent <= agent_runtime.READER_WINDOW_CHARS + agent_runtime.FRAME_CHARS
+    assert text == EXPECTED
+
+
+def test_an_expired_token_is_refused_and_the_terminal_can_still_attach_over_the_layer(tmp_path, monkeypatch):
+    monkeypatch.setattr(agent_direct, "TOKEN_TTL_S", -1.0)  # expired as soon as it is offered
+
+    async def scenario(h: Harness):
+        spec = start_spec(command="echo READY; sleep 30")
+        await h.start_session(spec)
+        channel = await h.watch_terminal(spec["session_id"])
+        await h.to_pty(spec["session_id"], {"type": "pty.attach", "reply_channel": channel, "direct": True})
+        offer = await asyncio.wait_for(h.layer.receive(channel), 10)
+        reader, writer = await asyncio.open_connection(offer["host"], offer["port"])
+        writer.write(encode({"token": offer["token"]}))
+        answer = json.loads(await reader.readline())
+        closed = await reader.read() == b""
+        writer.close()
+        await h.to_pty(spec["session_id"], {"type": "pty.attach", "reply_channel": channel})
+        return answer, closed, await h.read_until(channel, "READY")
+
+    answer, closed, scrollback = run_agent(tmp_path, scenario, terminal_direct=True)
+    assert answer == {"type": "direct.refused", "detail": "expired token"} and closed
+    assert "READY" in scrollback

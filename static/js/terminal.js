@@ -246,8 +246,10 @@
       if (ev.code === 4401 || ev.code === 4403) text += " (ticket refused)";
       else if (ev.reason) text += " (" + ev.reason + ")";
       // 1013: the server could not reach its message broker; 1011 and 1006: the connection broke
-      // (a server restart). The session may go on.
-      if ((ev.code === 1013 || ev.code === 1011 || ev.code === 1006) && FINAL.indexOf(session.status) === -1) {
+      // (a server restart); 4502: the server's direct stream to the session's agent broke (an agent
+      // restart). The session may go on.
+      var retry = [1013, 1011, 1006, 4502];
+      if (retry.indexOf(ev.code) !== -1 && FINAL.indexOf(session.status) === -1) {
         retryLater(text);
         return;
       }

@@ -86,6 +86,7 @@ class Command(BaseCommand):
                         channel_layer=get_channel_layer(),
                         exec_store=exec_store_default(),
                         heartbeat_s=settings.FGPU_HEARTBEAT_INTERVAL,
+                        terminal_direct=False,  # its consumers share its loop: the in-memory layer is shorter
                     )
                 )
             except Exception as exc:
