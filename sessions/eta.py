@@ -44,7 +44,7 @@ from django.utils import timezone
 
 from accelerators.allocation import core
 from accelerators.allocation import replay as pure
-from accelerators.allocation.errors import AllocationError, InsufficientResource
+from accelerators.allocation.errors import AllocationError
 from accelerators.models import ResourceGroup
 from sessions import fairshare, mig_scheduling
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus
@@ -488,7 +488,9 @@ class Eta:
     "estimate" (a band: `earliest` … `latest`, `latest` None when unknown), "unknown" (no
     band: `reason` says why) or "never" (`reason`); `position` in the queue (1-based);
     `waiting_reason` the reason per node the last pass gave; `fits_after` the running sessions
-    whose end would make it fit now (`FitsAfter`), soonest first; `computed_at`."""
+    whose end would make it fit now (`FitsAfter`), soonest first; `computed_at`; `mig_now`, for
+    a MIG request that does not fit now, the smaller MIG profiles it could get now
+    (`mig_scheduling.MigOffer`, largest first)."""
 
     outcome: str
     earliest: datetime | None
@@ -499,6 +501,7 @@ class Eta:
     fits_after: tuple
     fits_now: bool
     computed_at: datetime
+    mig_now: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -566,6 +569,7 @@ def session_eta(*, session: ComputeSession, now: datetime | None = None) -> Eta:
     position = next((i + 1 for i, s in enumerate(queue.pending) if str(s.pk) == key), 0)
     fits_now, after = _fits_after(queue, key)
     return Eta(
+        mig_now=() if fits_now else tuple(_mig_now(queue, key)),
         outcome=band_outcome(band, queue.now.timestamp()),
         earliest=as_datetime(band.earliest),
         latest=as_datetime(band.latest),
@@ -617,6 +621,16 @@ def _fits_after(queue: _Queue, key: str) -> tuple[bool, list[FitsAfter]]:
         if trial.place(key)[0] == pure.PLACED:
             needed.remove(other)
     return False, [FitsAfter(queue.active[k], queue.holdings[k].node_id, queue.ends[k]) for k in needed]
+
+
+def _mig_now(queue: _Queue, key: str) -> list[mig_scheduling.MigOffer]:
+    """For queued MIG request `key`, the smaller MIG profiles free now (`mig_smaller_now` on the
+    MIG nodes as read); empty for other requests."""
+    request = queue.requests.get(key)
+    if request is None or not mig_scheduling.wants_mig(request):
+        return []
+    scope = queue.mig_scopes.get((request.resource_group, queue.images[key]))
+    return mig_scheduling.mig_smaller_now(scope, request) if scope is not None else []
 
 
 # --- what-if (issue 17.5) --------------------------------------------------------------------------

@@ -667,3 +667,48 @@ def _placeable(catalog: mig.MigCatalog, layout: list[mig.MigInstance], profile: 
             return count
         layout = list(mig.apply_plan(layout, plan, key=f"planned-{count}"))
         count += 1
+
+
+@dataclass(frozen=True)
+class MigOffer:
+    """A MIG profile a request could get now instead of its own: `profile` ("2g.20gb", or a
+    static slice's name) and its `memory` in bytes (the least over the GPUs that have it)."""
+
+    profile: str
+    memory: int
+
+
+def mig_smaller_now(scope: MigScope, request: MigResourceRequest) -> list[MigOffer]:
+    """The MIG profiles smaller than what `request` asks (less memory than its `mig_profile`
+    on any GPU that has it, or than its memory size) that the choice (`mig_choose_in`) would
+    give now on `scope`, each tried alone (the queue aside), largest first. Media-extension
+    profiles are left out. Reads nothing from the database; `scope` is not changed."""
+    sizes: dict[str, int] = {}
+    for room in scope.rooms:
+        for device in room.devices:
+            if room.node.mig_mode == MigMode.STATIC:
+                if device.is_mig_device:
+                    name = device.mig_profile.lower() or device.model_name.lower().partition("-")[2]
+                    sizes[name] = min(sizes.get(name, device.memory_size), device.memory_size)
+                continue
+            if device.is_mig_device:
+                continue
+            try:
+                catalog = device_mig_catalog(device)
+            except InvalidResourceRequest:
+                continue
+            for profile in catalog.profiles:
+                if not profile.media_extensions:
+                    sizes[profile.name] = min(sizes.get(profile.name, profile.memory), profile.memory)
+    wanted = request.mig_request()
+    limit = sizes.get(wanted.profile.lower(), 0) if wanted.profile else wanted.memory
+    offers = []
+    for name, memory in sorted(sizes.items(), key=lambda item: (-item[1], item[0])):
+        if memory >= limit:
+            continue
+        try:
+            mig_choose_in(scope.copy({}), replace(request, mig_profile=name, isolation="mig"))
+        except AllocationError:
+            continue
+        offers.append(MigOffer(profile=name, memory=memory))
+    return offers

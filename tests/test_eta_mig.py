@@ -215,7 +215,7 @@ def test_a_waiting_mig_session_gets_a_band_from_the_end_of_the_instance_in_its_w
     assert close(answer.earliest, four.started_at + timedelta(hours=2))
     assert close(answer.latest, four.started_at + timedelta(hours=2))
     assert [(f.session.pk, f.node) for f in answer.fits_after] == [(four.pk, "mig-node")]
-    assert not answer.fits_now
+    assert not answer.fits_now and answer.mig_now == ()  # every memory slice is held: nothing smaller either
     assert GpuInstance.objects.count() == 2  # nothing written: no instance planned for it
     assert ComputeSession.objects.get(pk=mine.pk).status == SessionStatus.PENDING
 
@@ -251,3 +251,27 @@ def test_isolation_any_waits_for_whichever_comes_free_first_on_the_real_database
 
     assert answer.outcome == "estimate" and close(answer.earliest, whole.started_at + timedelta(hours=2))
     assert [f.session.pk for f in answer.fits_after] == [whole.pk]
+
+
+def test_a_waiting_mig_request_is_told_which_smaller_profiles_are_free_now(two_hours, alice, bob):
+    mig_node()
+    started(bob, "three", {"mig_profile": "3g.40gb"}, minutes_ago=10)  # slices 0-3 or 4-7
+    mine = pending(alice, "mine", {"mig_profile": "7g.80gb"})
+
+    answer = eta.session_eta(session=mine)
+    body = client_for(alice).get(f"/api/v1/sessions/{mine.pk}/eta/").json()
+
+    names = [o.profile for o in answer.mig_now]
+    # The planner put the 3g at slice 4: 4 compute slices and slices 0-3 are left. Largest first.
+    assert GpuInstance.objects.get().placement_start == 4
+    assert names == ["3g.40gb", "4g.40gb", "1g.20gb", "2g.20gb", "1g.10gb"]
+    assert [o["profile"] for o in body["mig_now"]] == names
+    assert body["mig_now"][0]["memory"] == answer.mig_now[0].memory > 0
+
+
+def test_a_shared_request_gets_no_mig_hint(two_hours, alice, bob):
+    make_cluster(nodes={"plain": [mock_gpu(0)]})
+    started(bob, "shared", {"cuda.shares": "2", "mem": "64M"}, minutes_ago=10)
+    mine = pending(alice, "mine", {"cuda.shares": "1", "mem": "64M"})
+
+    assert eta.session_eta(session=mine).mig_now == ()
