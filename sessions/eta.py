@@ -248,6 +248,7 @@ class _ReplayView(ReadView):
         self.holdings: dict[str, _Holding] = dict(base.holdings)
         self.rooms: dict[str, mig_scheduling.MigNodeRoom] = {}  # node pk text → its MIG room, shared by the MIG scopes
         self.mig_scopes = {key: scope.copy(self.rooms) for key, scope in base.mig_scopes.items()}
+        self.rooms_by_name = {room.node.name: room for room in self.rooms.values()}
 
     def queued_behind(self) -> str:
         return ""  # the replay applies the backfill rule itself (replay.Backfill), in queue order
@@ -270,10 +271,8 @@ class _ReplayView(ReadView):
             self.mig_scopes[key] = mig_scheduling.mig_scope_read(resource_group=request.resource_group, image=image).copy(
                 self.rooms
             )
+            self.rooms_by_name = {room.node.name: room for room in self.rooms.values()}
         return self.mig_scopes[key]
-
-    def _room(self, node_id: str) -> mig_scheduling.MigNodeRoom | None:
-        return next((room for room in self.rooms.values() if room.node.name == node_id), None)
 
     def scope(self, request, image: str) -> PlacementScope:
         """The request's scope; one the queue's read lacks is read now (an unknown group raises
@@ -293,7 +292,7 @@ class _ReplayView(ReadView):
         node = core.apply_placement(scope.nodes[scope.rows[placement.node_id]], request, placement)
         self._update(scope.slot, node)
         self.holdings[key] = _Holding(scope.slot, placement.node_id, request.cpu, request.mem, placement.grants)
-        room = self._room(placement.node_id)
+        room = self.rooms_by_name.get(placement.node_id)
         if room is not None:
             room.take(key, cpu=request.cpu, mem=request.mem, devices=tuple(g.device_id for g in placement.grants))
 
@@ -323,7 +322,7 @@ class _ReplayView(ReadView):
             node = scope.nodes[scope.rows[held.node_id]]
             self._update(scope.slot, core.release_placement(node, cpu=held.cpu, mem=held.mem, grants=held.grants))
             done.add(scope.slot)
-        room = self._room(held.node_id)
+        room = self.rooms_by_name.get(held.node_id)
         if room is not None:
             room.release(key, cpu=held.cpu, mem=held.mem)
 

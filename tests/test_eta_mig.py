@@ -112,6 +112,22 @@ def test_on_a_fixed_layout_a_3g_request_waits_for_the_instance_of_its_profile_no
     assert on_dynamic["want"].at == NOW + 20 * MIN
 
 
+def test_on_a_static_node_a_request_waits_for_a_slice_of_its_profile_to_come_free():
+    node = Node(name="static", mig_mode=MigMode.STATIC, status=NodeStatus.ALIVE, cpu_count=64, memory_size=512 * GiB)
+    slices = [Device(node=node, slot_name="cuda", device_id=f"MIG-{i}", index=i, model_name="A100-MIG-3g",
+                     mig_profile=profile, is_mig_device=True, mother_uuid="gpu0", memory_size=size * GiB, subproc_count=42)
+              for i, (profile, size) in enumerate([("3g.20gb", 20), ("2g.10gb", 10), ("1g.5gb", 5)])]
+    holders = {str(slices[0].pk): {"big": False}, str(slices[1].pk): {"mid": False}}
+    room = MigNodeRoom(node=node, devices=slices, cpu=62, mem=510 * GiB, holders=holders)
+    held = {key: eta._Holding("cuda", "static", 1, GiB, ()) for key in ("big", "mid")}
+
+    starts = replay_starts([room], {"small": {"gpu_memory": "8G", "isolation": "mig"}, "want": {"mig_profile": "3g.20gb"}},
+                           {"big": NOW + 40 * MIN, "mid": NOW + 10 * MIN}, held)
+
+    assert starts["want"] == pure.Start(NOW + 40 * MIN, pure.PLACED)  # its slice, not the first one freed
+    assert starts["small"] == pure.Start(NOW + 10 * MIN, pure.PLACED)  # the 2g.10gb slice, the smallest of 8 GiB up
+
+
 def test_a_fixed_layout_with_no_instance_of_the_profile_leaves_it_waiting_with_the_reason():
     fixed, held = h100_room("fix", MigMode.FIXED, {"four": ("4g.40gb", 0)})
 
