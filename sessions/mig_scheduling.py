@@ -28,6 +28,12 @@ under lock) and writes the choice with the pass's other writes (`_PassWrites.pla
 GpuInstance rows and one Allocation on the parent GPU or on the static slice at once
 (`mig_rows_write`), the session's transition and notice with the pass's, and the agent's start
 spec with a `mig` block (see `agent.mig`).
+
+`mig_choose` is a read (`mig_scope_read`: a `MigScope` of `MigNodeRoom`s) and a choice on what
+was read (`mig_choose_in`, no database). The ETA's replay (`sessions.eta`, issue 17.3) makes the
+same choice on in-memory copies of the rooms, which its placements and ends keep current
+(`MigNodeRoom.take` / `release`, as `mig_rows_write` and a session's end change the rows), and
+`mig_smaller_now` names the smaller profiles a waiting request could get now.
 """
 
 from __future__ import annotations
