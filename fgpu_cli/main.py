@@ -446,6 +446,9 @@ def _eta_pairs(eta: dict) -> list[tuple[str, object]]:
         after.append(f"{who} on {row.get('node')} ends {ends} ({row.get('basis')})")
     if after:
         pairs.append(("Fits once these end", "; ".join(after)))
+    smaller = [f"{o.get('profile')} ({int(o.get('memory') or 0) / (1 << 30):.1f} GiB)" for o in eta.get("mig_now") or []]
+    if smaller:
+        pairs.append(("Smaller MIG now", ", ".join(smaller)))
     return pairs
 
 

@@ -40,6 +40,11 @@ class FitsAfterSerializer(serializers.Serializer):
     )
 
 
+class MigOfferSerializer(serializers.Serializer):
+    profile = serializers.CharField(help_text='a MIG profile ("2g.20gb") or static slice name')
+    memory = serializers.IntegerField(help_text="its memory, bytes")
+
+
 class EtaSerializer(serializers.Serializer):
     session = serializers.UUIDField()
     outcome = serializers.ChoiceField(
@@ -67,6 +72,12 @@ class EtaSerializer(serializers.Serializer):
         "fits now or when no ends would",
     )
     computed_at = serializers.DateTimeField()
+    mig_now = MigOfferSerializer(
+        many=True,
+        required=False,
+        help_text="for a MIG request that does not fit now: smaller MIG profiles it could get now, largest first "
+        "(launching again with one of them starts sooner); empty otherwise",
+    )
 
 
 NOT_PENDING = OpenApiResponse(ErrorSerializer, description='The session is not PENDING (type "not-pending").')
@@ -100,6 +111,7 @@ def eta_shape(answer: eta.Eta, *, session_id, user) -> dict:
             "fits_now": answer.fits_now,
             "fits_after": [shown(r) for r in answer.fits_after],
             "computed_at": answer.computed_at,
+            "mig_now": [{"profile": o.profile, "memory": o.memory} for o in answer.mig_now],
         }
     ).data
 
@@ -117,8 +129,10 @@ def eta_shape(answer: eta.Eta, *, session_id, user) -> dict:
     "reclamation deadline they were warned of, and for batch sessions the runtimes of their owner's "
     "earlier batch sessions (5th–95th percentile). A band: `earliest` if every running session ends "
     "at its earliest expected end, `latest` if at its latest (null: some have no known end). Also the "
-    "reason per node the last pass gave and which running sessions' ends would make room now. Not "
-    "replayed: MIG instances, sessions launched later, terminations by hand.",
+    "reason per node the last pass gave and which running sessions' ends would make room now. MIG "
+    "requests are replayed with the scheduler's MIG choice: an ending session's GPU instance becomes idle "
+    "(reused, or on a dynamic node destroyed for its slices), a static slice comes free; `mig_now` names "
+    "smaller MIG profiles free now. Not replayed: sessions launched later, terminations by hand.",
     examples=[
         OpenApiExample(
             "Waiting for one session",
@@ -144,6 +158,7 @@ def eta_shape(answer: eta.Eta, *, session_id, user) -> dict:
                     }
                 ],
                 "computed_at": "2026-11-26T09:00:00Z",
+                "mig_now": [],
             },
         )
     ],
@@ -151,7 +166,7 @@ def eta_shape(answer: eta.Eta, *, session_id, user) -> dict:
 @api_view(["GET"])
 def session_eta_view(request, session_id):
     """`{"session", "outcome", "earliest", "latest", "reason", "position", "waiting_reason", "fits_now", "fits_after",
-    "computed_at"}`; 404 for a session the caller may not see, 409 for one not PENDING."""
+    "computed_at", "mig_now"}`; 404 for a session the caller may not see, 409 for one not PENDING."""
     session = session_get_for(user=request.user, session_id=session_id)
     if session.status != SessionStatus.PENDING:
         raise ApplicationError(

@@ -9,7 +9,12 @@ as it stands, read without locks and nothing written:
 - what fits: `sessions.placement.placement_decide` on an in-memory copy of the nodes
   (`_ReplayView`), i.e. `core.place` under each resource group's policy, the pure placement
   the real pass runs; a placement takes its room (`core.apply_placement`), an end gives it
-  back (`core.release_placement`);
+  back (`core.release_placement`); a MIG request (a MIG profile, a memory size with isolation
+  "mig", isolation "any" where MIG is the choice) gets the pass's MIG choice
+  (`mig_scheduling.mig_choose_in`, the planner `accelerators.allocation.mig.plan_instance`) on
+  an in-memory copy of the MIG nodes (`mig_scheduling.MigNodeRoom`): an end leaves its GPU
+  instance idle — reused, or on a dynamic node destroyed for its slices when they are needed,
+  on a fixed layout only reused — and frees a static slice, as the real rows would;
 - when room comes free: each active session's expected end (`expected_end`), from what the
   console knows: its resource group's maximum lifetime and idle timeout (usage.IdlePolicy),
   the idle-reclamation deadline it was warned of (usage.SessionActivity), and for a batch
@@ -21,16 +26,16 @@ the pessimistic one at its latest (a session with no known latest end never ends
 ETA is its start in the first to its start in the second; "unknown" (with why) when it starts
 in neither, "never" when no node could ever hold it (the reason the launch would give).
 
-Not replayed: MIG instances (a MIG request waits in the replay, "MIG instances are not
-replayed"), the fair-share factors' drift while the queue runs (the order of now is kept),
-sessions launched later, and terminations by hand.
+Not replayed: the fair-share factors' drift while the queue runs (the order of now is kept),
+sessions launched later, terminations by hand, and an administrator's changes (MIG modes and
+layouts, nodes).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone as dt_timezone
 
 from django.conf import settings
@@ -39,9 +44,9 @@ from django.utils import timezone
 
 from accelerators.allocation import core
 from accelerators.allocation import replay as pure
-from accelerators.allocation.errors import AllocationError, InsufficientResource
+from accelerators.allocation.errors import AllocationError
 from accelerators.models import ResourceGroup
-from sessions import fairshare
+from sessions import fairshare, mig_scheduling
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus
 from sessions.placement import (
     CAPACITY,
@@ -58,7 +63,6 @@ from sessions.selectors import session_request
 HISTORY_DAYS = 30  # batch sessions that ended within this many days make the history
 HISTORY_MIN, HISTORY_BAND = pure.HISTORY_MIN, pure.HISTORY_BAND  # shared with benchmarks/eta.py
 FITS_AFTER_MAX = 200  # running sessions tried, soonest end first, for what would make room
-MIG_NOT_REPLAYED = "waiting for capacity: MIG instances are not replayed, so no ETA is given for a MIG request"
 
 
 @dataclass(frozen=True)
@@ -195,22 +199,43 @@ def expected_runtime(session: ComputeSession, request: core.ResourceRequest, fac
 
 @dataclass
 class _Holding:
-    slot: str
+    slot: str  # "": CPU and memory only, or a MIG instance or slice (in every slot's scopes)
     node_id: str
     cpu: int
     mem: int
     grants: tuple[core.DeviceGrant, ...]
 
 
+@dataclass
+class _Read:
+    """What `_ReplayView` copies (`_Queue` reads it from the database; a test may build it in
+    memory): `scopes` ((resource group, slot, image) → PlacementScope), `mig_scopes` ((resource
+    group, image) → mig_scheduling.MigScope), `holdings` (session key → what it holds),
+    `policies` (the what-if's), the slot settings and image reasons."""
+
+    scopes: dict[tuple, PlacementScope]
+    holdings: dict[str, _Holding]
+    mig_scopes: dict[tuple, mig_scheduling.MigScope] = field(default_factory=dict)
+    policies: dict[str, str] = field(default_factory=dict)
+    reader: ReadView = field(default_factory=RememberingReadView)
+
+    def settings(self, request):
+        return self.reader.settings(request)
+
+    def image_missing(self, image: str) -> str:
+        return self.reader.image_missing(image)
+
+
 class _ReplayView(ReadView):
     """`placement_decide`'s view in a replay: every scope the queue needs, read once without
-    locks (`_Queue.read`), copied per replay and kept current with the replay's placements and
-    ends; slot settings and image reasons read once; MIG not replayed (its choice raises
-    InsufficientResource: a MIG-only request waits, one with isolation "any" may take a shared
-    slice); `policies` (resource group name, "" for requests naming none → placement policy)
-    replaces the groups' own (the what-if)."""
+    locks (`_Queue`), copied per replay and kept current with the replay's placements and
+    ends; slot settings and image reasons read once; MIG choices by the pass's own
+    (`mig_scheduling.mig_choose_in`) on a copy of the MIG nodes (`MigNodeRoom`, one per node
+    shared by every MIG scope holding it), which every placement and end on a MIG node keeps
+    current (CPU cores and memory, allocations, GPU instances); `policies` (resource group name,
+    "" for requests naming none → placement policy) replaces the groups' own (the what-if)."""
 
-    def __init__(self, base: _Queue):
+    def __init__(self, base: _Read):
         self.base = base
         self.scopes: dict[tuple, PlacementScope] = {}
         for key, scope in base.scopes.items():
@@ -221,6 +246,9 @@ class _ReplayView(ReadView):
                 group_name=scope.group_name, slot=scope.slot, nodes=list(scope.nodes), options=options, rows=dict(scope.rows)
             )
         self.holdings: dict[str, _Holding] = dict(base.holdings)
+        self.rooms: dict[str, mig_scheduling.MigNodeRoom] = {}  # node pk text → its MIG room, shared by the MIG scopes
+        self.mig_scopes = {key: scope.copy(self.rooms) for key, scope in base.mig_scopes.items()}
+        self.rooms_by_name = {room.node.name: room for room in self.rooms.values()}
 
     def queued_behind(self) -> str:
         return ""  # the replay applies the backfill rule itself (replay.Backfill), in queue order
@@ -232,7 +260,19 @@ class _ReplayView(ReadView):
         return self.base.image_missing(image)
 
     def mig(self, request, image: str):
-        raise InsufficientResource(MIG_NOT_REPLAYED[len("waiting for capacity: ") :])
+        """The pass's MIG choice on the replay's MIG nodes; raises as `mig_scheduling.mig_choose`."""
+        return mig_scheduling.mig_choose_in(self.mig_scope(request, image), request)
+
+    def mig_scope(self, request, image: str) -> mig_scheduling.MigScope:
+        """The request's MIG scope; one the queue's read lacks is read now (an unknown group
+        raises InvalidResourceRequest, as a real read does)."""
+        key = (request.resource_group, image)
+        if key not in self.mig_scopes:
+            self.mig_scopes[key] = mig_scheduling.mig_scope_read(resource_group=request.resource_group, image=image).copy(
+                self.rooms
+            )
+            self.rooms_by_name = {room.node.name: room for room in self.rooms.values()}
+        return self.mig_scopes[key]
 
     def scope(self, request, image: str) -> PlacementScope:
         """The request's scope; one the queue's read lacks is read now (an unknown group raises
@@ -246,11 +286,29 @@ class _ReplayView(ReadView):
         return self.scope(request, image).place(request, pure_settings)
 
     def take(self, key: str, request, image: str, placement: core.Placement) -> None:
-        """Queued session `key`'s placement takes its room (in every scope of its slot)."""
+        """Queued session `key`'s placement takes its room (in every scope of its slot, and its
+        node's MIG room)."""
         scope = self.scope(request, image)
         node = core.apply_placement(scope.nodes[scope.rows[placement.node_id]], request, placement)
         self._update(scope.slot, node)
         self.holdings[key] = _Holding(scope.slot, placement.node_id, request.cpu, request.mem, placement.grants)
+        room = self.rooms_by_name.get(placement.node_id)
+        if room is not None:
+            room.take(key, cpu=request.cpu, mem=request.mem, devices=tuple(g.device_id for g in placement.grants))
+
+    def take_mig(self, key: str, request, choice) -> None:
+        """Queued session `key`'s MIG choice (`mig_choose_in`'s) takes its instance or slice in
+        its node's MIG room, and its CPU cores and memory in every scope holding the node."""
+        room = self.rooms[str(choice.node.pk)]
+        room.take(key, cpu=request.cpu, mem=request.mem, choice=choice)
+        done: set = set()
+        for scope in self.scopes.values():
+            if room.node.name not in scope.rows or scope.slot in done:
+                continue
+            node = scope.nodes[scope.rows[room.node.name]]
+            self._update(scope.slot, replace(node, cpu_used=node.cpu_used + request.cpu, mem_used=node.mem_used + request.mem))
+            done.add(scope.slot)
+        self.holdings[key] = _Holding("", room.node.name, request.cpu, request.mem, ())
 
     def release(self, key: str) -> None:
         """What `key` holds comes free (in every scope of its slot; CPU-only: of every slot)."""
@@ -264,6 +322,9 @@ class _ReplayView(ReadView):
             node = scope.nodes[scope.rows[held.node_id]]
             self._update(scope.slot, core.release_placement(node, cpu=held.cpu, mem=held.mem, grants=held.grants))
             done.add(scope.slot)
+        room = self.rooms_by_name.get(held.node_id)
+        if room is not None:
+            room.release(key, cpu=held.cpu, mem=held.mem)
 
     def _update(self, slot: str, node: core.NodeState) -> None:
         for scope in self.scopes.values():
@@ -273,15 +334,18 @@ class _ReplayView(ReadView):
 
 class _Room:
     """`replay.Room` over a `_ReplayView`: a queued session fits when `placement_decide` says
-    PLACED."""
+    PLACED. `requests` and `images`: the queued sessions' (by key)."""
 
-    def __init__(self, base: _Queue):
-        self.base = base
+    def __init__(self, base: _Read, requests: dict[str, core.ResourceRequest], images: dict[str, str]):
+        self.requests, self.images = requests, images
         self.view = _ReplayView(base)
 
     def place(self, key: str) -> tuple[str, str]:
-        request, image = self.base.requests[key], self.base.images[key]
+        request, image = self.requests[key], self.images[key]
         decision = placement_decide(request=request, image=image, view=self.view)
+        if decision.outcome == PLACED and decision.mig is not None:
+            self.view.take_mig(key, request, decision.mig)
+            return pure.PLACED, ""
         if decision.outcome == PLACED and decision.placement is not None:
             self.view.take(key, request, image, decision.placement)
             return pure.PLACED, ""
@@ -345,21 +409,24 @@ class _Queue:
             if s.node is not None:
                 self.holdings[key] = _Holding(s.slot_name, s.node.name, s.cpu, s.mem, tuple(grants.get(key, ())))
         self.scopes: dict[tuple, PlacementScope] = {}
-        self._reader = RememberingReadView()  # slot settings and image reasons, read once for every replay
+        self.mig_scopes: dict[tuple, mig_scheduling.MigScope] = {}
         for key, request in self.requests.items():
             scope_key = (request.resource_group, request.slot or "cuda", self.images[key])
-            if scope_key in self.scopes:
-                continue
             try:
-                self.scopes[scope_key] = PlacementScope.read(request, image=self.images[key])
+                if scope_key not in self.scopes:
+                    self.scopes[scope_key] = PlacementScope.read(request, image=self.images[key])
+                if mig_scheduling.wants_mig(request) and (request.resource_group, self.images[key]) not in self.mig_scopes:
+                    self.mig_scopes[(request.resource_group, self.images[key])] = mig_scheduling.mig_scope_read(
+                        resource_group=request.resource_group, image=self.images[key]
+                    )
             except AllocationError:
                 continue  # an unknown group: the decision says so
+        # slot settings and image reasons read once for every replay
+        self.read = _Read(self.scopes, self.holdings, self.mig_scopes, self.policies, RememberingReadView())
 
-    def settings(self, request):
-        return self._reader.settings(request)
-
-    def image_missing(self, image: str) -> str:
-        return self._reader.image_missing(image)
+    def room(self) -> _Room:
+        """A fresh `_Room` over the cluster as read (each replay changes its own copy)."""
+        return _Room(self.read, self.requests, self.images)
 
     def queued(self, *, late: bool) -> list[pure.Queued]:
         out = []
@@ -382,7 +449,7 @@ class _Queue:
     def replay(self, *, late: bool) -> pure.Replay:
         ends = {key: (end.latest if late else end.earliest) for key, end in self.ends.items() if key in self.holdings}
         return pure.replay(
-            self.queued(late=late), ends=ends, room=_Room(self), now=self.now.timestamp(), backfill_limit=self.backfill_limit
+            self.queued(late=late), ends=ends, room=self.room(), now=self.now.timestamp(), backfill_limit=self.backfill_limit
         )
 
     def bands(self) -> dict[str, pure.Band]:
@@ -393,7 +460,7 @@ class _Queue:
             band = pure.eta_band(early.starts[key], late.starts[key])
             if band.outcome == pure.PLACED and band.latest is None:
                 band = replace(band, reason=UNKNOWN_LATEST)
-            elif band.outcome == pure.WAITING and band.reason.startswith(CAPACITY) and band.reason != MIG_NOT_REPLAYED:
+            elif band.outcome == pure.WAITING and band.reason.startswith(CAPACITY):
                 band = replace(band, reason=f"{NO_KNOWN_END} ({band.reason})")
             out[key] = band
         return out
@@ -420,7 +487,9 @@ class Eta:
     "estimate" (a band: `earliest` … `latest`, `latest` None when unknown), "unknown" (no
     band: `reason` says why) or "never" (`reason`); `position` in the queue (1-based);
     `waiting_reason` the reason per node the last pass gave; `fits_after` the running sessions
-    whose end would make it fit now (`FitsAfter`), soonest first; `computed_at`."""
+    whose end would make it fit now (`FitsAfter`), soonest first; `computed_at`; `mig_now`, for
+    a MIG request that does not fit now, the smaller MIG profiles it could get now
+    (`mig_scheduling.MigOffer`, largest first)."""
 
     outcome: str
     earliest: datetime | None
@@ -431,6 +500,7 @@ class Eta:
     fits_after: tuple
     fits_now: bool
     computed_at: datetime
+    mig_now: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -498,6 +568,7 @@ def session_eta(*, session: ComputeSession, now: datetime | None = None) -> Eta:
     position = next((i + 1 for i, s in enumerate(queue.pending) if str(s.pk) == key), 0)
     fits_now, after = _fits_after(queue, key)
     return Eta(
+        mig_now=() if fits_now else tuple(_mig_now(queue, key)),
         outcome=band_outcome(band, queue.now.timestamp()),
         earliest=as_datetime(band.earliest),
         latest=as_datetime(band.latest),
@@ -514,17 +585,25 @@ def _fits_after(queue: _Queue, key: str) -> tuple[bool, list[FitsAfter]]:
     """Whether queued session `key` fits on the cluster as it is now (the queue aside), and if
     not, the running sessions on its nodes whose ends make it fit: taken in order of their
     expected end (the first FITS_AFTER_MAX) until it fits, then those it fits without dropped.
-    Empty when none would: it waits for something else (an image, MIG), or never fits."""
+    The nodes are its scope's and, for a MIG request, its MIG scope's (ends there free a GPU
+    instance or slice as `MigNodeRoom.release` does). Empty when none would: it waits for
+    something else (an image), or never fits."""
     if key not in queue.requests:
         return False, []
-    if _Room(queue).place(key)[0] == pure.PLACED:
+    if queue.room().place(key)[0] == pure.PLACED:
         return True, []
     request, image = queue.requests[key], queue.images[key]
     scope = queue.scopes.get((request.resource_group, request.slot or "cuda", image))
-    near = [k for k, held in queue.holdings.items() if scope is not None and held.node_id in scope.rows]
+    nodes = set(scope.rows) if scope is not None else set()
+    if mig_scheduling.wants_mig(request):
+        if request.isolation != "any":
+            nodes = set()  # a MIG-only request: only the MIG nodes' ends make room
+        mig_scope = queue.mig_scopes.get((request.resource_group, image))
+        nodes |= {room.node.name for room in mig_scope.rooms} if mig_scope is not None else set()
+    near = [k for k, held in queue.holdings.items() if held.node_id in nodes]
     order = sorted(near, key=lambda k: (queue.ends[k].earliest is None, queue.ends[k].earliest or 0.0, k))
     taken: list[str] = []
-    room = _Room(queue)  # ends taken one after another: a placement that fails changes nothing
+    room = queue.room()  # ends taken one after another: a placement that fails changes nothing
     for other in order[:FITS_AFTER_MAX]:
         taken.append(other)
         room.release(other)
@@ -534,13 +613,23 @@ def _fits_after(queue: _Queue, key: str) -> tuple[bool, list[FitsAfter]]:
         return False, []
     needed = list(taken)
     for other in reversed(taken):  # drop those it fits without
-        trial = _Room(queue)
+        trial = queue.room()
         for k in needed:
             if k != other:
                 trial.release(k)
         if trial.place(key)[0] == pure.PLACED:
             needed.remove(other)
     return False, [FitsAfter(queue.active[k], queue.holdings[k].node_id, queue.ends[k]) for k in needed]
+
+
+def _mig_now(queue: _Queue, key: str) -> list[mig_scheduling.MigOffer]:
+    """For queued MIG request `key`, the smaller MIG profiles free now (`mig_smaller_now` on the
+    MIG nodes as read); empty for other requests."""
+    request = queue.requests.get(key)
+    if request is None or not mig_scheduling.wants_mig(request):
+        return []
+    scope = queue.mig_scopes.get((request.resource_group, queue.images[key]))
+    return mig_scheduling.mig_smaller_now(scope, request) if scope is not None else []
 
 
 # --- what-if (issue 17.5) --------------------------------------------------------------------------

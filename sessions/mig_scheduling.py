@@ -28,12 +28,18 @@ under lock) and writes the choice with the pass's other writes (`_PassWrites.pla
 GpuInstance rows and one Allocation on the parent GPU or on the static slice at once
 (`mig_rows_write`), the session's transition and notice with the pass's, and the agent's start
 spec with a `mig` block (see `agent.mig`).
+
+`mig_choose` is a read (`mig_scope_read`: a `MigScope` of `MigNodeRoom`s) and a choice on what
+was read (`mig_choose_in`, no database). The ETA's replay (`sessions.eta`, issue 17.3) makes the
+same choice on in-memory copies of the rooms, which its placements and ends keep current
+(`MigNodeRoom.take` / `release`, as `mig_rows_write` and a session's end change the rows), and
+`mig_smaller_now` names the smaller profiles a waiting request could get now.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import NamedTuple
 
@@ -108,35 +114,164 @@ def mig_choose(request: MigResourceRequest, *, lock: bool = True, image: str = "
     "": any); with `lock`, the candidate nodes, devices and GPU instances are locked (pk order)
     inside the caller's transaction. `mig_rows_write` writes its rows. Raises NeverSchedulable when no MIG
     node could ever hold it, InsufficientResource (the reasons per node) when none can now, also
-    when only nodes without the image could."""
+    when only nodes without the image could. The read (`mig_scope_read`), then the choice on
+    what was read (`mig_choose_in`)."""
+    return mig_choose_in(mig_scope_read(resource_group=request.resource_group, image=image, lock=lock), request)
+
+
+@dataclass
+class MigNodeRoom:
+    """One alive MIG node as a MIG choice sees it: the `node` row and its cuda `devices`; `cpu`
+    cores and `mem` bytes its active sessions leave; `holders`, the live allocations per device
+    (device pk text → {session key (its id text): whether it holds a GPU instance}); `layouts`,
+    each MIG-capable GPU's instances as the planner sees them (GPU pk text → MigInstance tuple;
+    a GPU without instances may be absent); `instances`, which session holds which instance
+    (session key → (GPU pk text, instance key)).
+
+    The scheduler reads it (`mig_scope_read`) for one choice and writes the choice as rows
+    (`mig_rows_write`); the ETA's replay (`sessions.eta`) keeps an in-memory copy current with
+    `take` and `release`, which change it as those rows would: a session's end leaves its GPU
+    instance idle (reusable; on a dynamic node the planner may destroy it for its slices, on a
+    fixed layout only reuse it) and frees a static slice."""
+
+    node: Node
+    devices: list[Device]
+    cpu: int
+    mem: int
+    holders: dict[str, dict[str, bool]] = field(default_factory=dict)
+    layouts: dict[str, tuple[mig.MigInstance, ...]] = field(default_factory=dict)
+    instances: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def copy(self) -> MigNodeRoom:
+        """A copy whose changes leave this one as it is (the rows are shared, never changed)."""
+        return replace(
+            self,
+            holders={d: dict(held) for d, held in self.holders.items()},
+            layouts=dict(self.layouts),
+            instances=dict(self.instances),
+        )
+
+    def busy(self) -> dict[str, set[str]]:
+        """{"any": device pks (text) with live allocations, "shared": those whose live
+        allocations are not all MIG instances (fGPU, per-device or static slices)}."""
+        return {
+            "any": {d for d, held in self.holders.items() if held},
+            "shared": {d for d, held in self.holders.items() if not all(held.values())},
+        }
+
+    def take(self, key: str, *, cpu: int, mem: int, choice: _Choice | None = None, devices: tuple[str, ...] = ()) -> None:
+        """Session `key` starts here with `cpu` cores and `mem` bytes: on MIG `choice`
+        (`mig_choose_in`'s, for this node: its plan applied, a created instance keyed
+        "planned-<key>"), or on a shared slice of `devices` (device pk texts) or none (CPU only)."""
+        self.cpu, self.mem = self.cpu - cpu, self.mem - mem
+        for device in devices:
+            self.holders.setdefault(device, {})[key] = False
+        if choice is None:
+            return
+        device = str(choice.device.pk)
+        if choice.plan is None:  # a static slice: no GPU instance
+            self.holders.setdefault(device, {})[key] = False
+            return
+        instance = choice.plan.reuse or f"planned-{key}"
+        self.layouts[device] = mig.apply_plan(self.layouts.get(device, ()), choice.plan, key=instance)
+        self.holders.setdefault(device, {})[key] = True
+        self.instances[key] = (device, instance)
+
+    def release(self, key: str, *, cpu: int, mem: int) -> None:
+        """Session `key`, holding `cpu` cores and `mem` bytes here, ends: its allocations go,
+        its GPU instance stays, idle (`mig.release`)."""
+        self.cpu, self.mem = self.cpu + cpu, self.mem + mem
+        for held in self.holders.values():
+            held.pop(key, None)
+        found = self.instances.pop(key, None)
+        if found is not None:
+            gpu, instance = found
+            self.layouts[gpu] = mig.release(self.layouts.get(gpu, ()), instance)
+
+
+@dataclass
+class MigScope:
+    """What a MIG choice reads for a request of one resource group in one session image:
+    `rooms`, the alive MIG nodes of the group holding the image (`MigNodeRoom`); `every`, the
+    alive MIG nodes of the group and their cuda devices, any image (what "never" is judged
+    on); `image` ("": any)."""
+
+    rooms: list[MigNodeRoom]
+    every: tuple[list[Node], list[Device]]
+    image: str = ""
+
+    def copy(self, rooms: dict[str, MigNodeRoom]) -> MigScope:
+        """This scope over `rooms` (node pk text → room): the room already there for a node,
+        else a copy of this scope's, added. Scopes copied into one `rooms` share their nodes'
+        state (a node may be in several scopes)."""
+        return replace(self, rooms=[rooms.setdefault(str(r.node.pk), r.copy()) for r in self.rooms])
+
+
+def mig_scope_read(*, resource_group: str, image: str = "", lock: bool = False) -> MigScope:
+    """Read the `MigScope` of a request naming `resource_group` ("" for any) in session image
+    `image` ("": any node); `lock` locks the candidate nodes, devices and GPU instances (pk
+    order) inside the caller's transaction. A few queries, whatever the number of nodes. Raises
+    InvalidResourceRequest for an unknown resource group."""
+    nodes, devices = _mig_scope(resource_group=resource_group, slot_name="cuda", lock=lock, image=image)
+    every = _mig_scope(resource_group=resource_group, slot_name="cuda", lock=False) if image else (nodes, devices)
+    free = _nodes_free(nodes)
+    rows = list(GpuInstance.objects.filter(node__in=nodes).select_related("session"))
+    mig_sessions = {str(i.session_id) for i in rows if i.session is not None and i.session.status in ACTIVE_STATUSES}
+    live = Allocation.objects.filter(device__in=devices, released_at__isnull=True).values_list("device_id", "session_id")
+    holders: dict[str, dict[str, bool]] = {}
+    for device_id, session_id in live:
+        holders.setdefault(str(device_id), {})[str(session_id)] = str(session_id) in mig_sessions
+    rooms = []
+    for node in nodes:
+        mine = [d for d in devices if d.node_id == node.pk]
+        pks = {str(d.pk) for d in mine}
+        own = [i for i in rows if i.node_id == node.pk]
+        rooms.append(
+            MigNodeRoom(
+                node=node,
+                devices=mine,
+                cpu=free[node.pk][0],
+                mem=free[node.pk][1],
+                holders={d: held for d, held in holders.items() if d in pks},
+                layouts=_planner_layouts(own),
+                instances={
+                    str(i.session_id): (str(i.parent_id), str(i.pk))
+                    for i in own
+                    if i.unknown_since is None and str(i.session_id) in mig_sessions
+                },
+            )
+        )
+    return MigScope(rooms=rooms, every=every, image=image)
+
+
+def mig_choose_in(scope: MigScope, request: MigResourceRequest) -> _Choice:
+    """`mig_choose` on a scope already read (or kept in memory: the ETA's replay): nothing is
+    read from the database. Raises as `mig_choose`."""
     wanted = request.mig_request()
-    nodes, devices = _mig_scope(resource_group=request.resource_group, slot_name="cuda", lock=lock, image=image)
-    # "Never" is judged on every MIG node: the image may yet come to one that could hold it.
-    every = _mig_scope(resource_group=request.resource_group, slot_name="cuda", lock=False) if image else (nodes, devices)
-    if not every[0]:
+    image = scope.image
+    if not scope.every[0]:
         raise NeverSchedulable("no node has MIG enabled (an administrator sets a node's MIG mode)")
-    _check_ever_fits(*every, wanted)
-    if image and not nodes:
+    # "Never" is judged on every MIG node: the image may yet come to one that could hold it.
+    _check_ever_fits(*scope.every, wanted)
+    if image and not scope.rooms:
         raise InsufficientResource(f"no node with MIG enabled has image {image}")
     if image:
         try:
-            _check_ever_fits(nodes, devices, wanted)
+            _check_ever_fits([r.node for r in scope.rooms], [d for r in scope.rooms for d in r.devices], wanted)
         except NeverSchedulable as exc:
             raise InsufficientResource(f"the MIG nodes with image {image} cannot hold it: {exc}") from None
-    busy = _busy_devices(devices)
     choices: list[_Choice] = []
     reasons: list[str] = []
-    free = _nodes_free(nodes)  # one query for every node's CPU and memory left
-    for node in sorted(nodes, key=lambda n: n.name):
-        cpu, mem = free[node.pk]
-        if cpu < request.cpu or mem < request.mem:
+    for room in sorted(scope.rooms, key=lambda r: r.node.name):
+        node = room.node
+        if room.cpu < request.cpu or room.mem < request.mem:
             reasons.append(f"{node.name}: not enough CPU cores or memory left")
             continue
-        mine = [d for d in devices if d.node_id == node.pk]
+        busy = room.busy()
         if node.mig_mode == MigMode.STATIC:
-            found, why = _static_choice(node, mine, wanted, busy)
+            found, why = _static_choice(node, room.devices, wanted, busy)
         else:
-            found, why = _dynamic_choices(node, mine, wanted, busy)
+            found, why = _dynamic_choices(node, room.devices, wanted, busy, room.layouts)
         choices.extend(found)
         if not found:
             reasons.append(f"{node.name}: {why}")
@@ -167,12 +302,12 @@ def _check_ever_fits(nodes: list[Node], devices: list[Device], wanted: mig.MigRe
 
 
 def _busy_devices(devices: list[Device]) -> dict[str, set]:
-    """{"any": device pks with live allocations, "shared": those whose live allocations are not
-    MIG instances (fGPU or per-device slices)}."""
+    """{"any": device pks (text) with live allocations, "shared": those whose live allocations are
+    not MIG instances (fGPU or per-device slices)}."""
     live = Allocation.objects.filter(device__in=devices, released_at__isnull=True)
-    any_pks = set(live.values_list("device_id", flat=True))
+    any_pks = {str(pk) for pk in live.values_list("device_id", flat=True)}
     mig_sessions = GpuInstance.objects.filter(session__status__in=ACTIVE_STATUSES).values_list("session_id", flat=True)
-    shared = set(live.exclude(session_id__in=mig_sessions).values_list("device_id", flat=True))
+    shared = {str(pk) for pk in live.exclude(session_id__in=mig_sessions).values_list("device_id", flat=True)}
     return {"any": any_pks, "shared": shared}
 
 
@@ -195,8 +330,8 @@ def _slice_names(device: Device) -> set[str]:
 def _free_slices(devices: list[Device], busy: dict) -> list[Device]:
     """The static MIG slices among `devices` free now: none of their allocations is live and their
     GPU serves no fGPU shares (MIG and fGPU do not mix on one GPU)."""
-    mothers_shared = {d.mother_uuid for d in devices if not d.is_mig_device and d.pk in busy["shared"]}
-    return [d for d in devices if d.is_mig_device and d.pk not in busy["any"] and d.mother_uuid not in mothers_shared]
+    mothers_shared = {d.mother_uuid for d in devices if not d.is_mig_device and str(d.pk) in busy["shared"]}
+    return [d for d in devices if d.is_mig_device and str(d.pk) not in busy["any"] and d.mother_uuid not in mothers_shared]
 
 
 def _static_choice(node: Node, devices: list[Device], wanted: mig.MigRequest, busy: dict):
@@ -243,43 +378,37 @@ def _mig_scope(*, resource_group: str, slot_name: str, lock: bool, image: str = 
     return locked_nodes, locked_devices
 
 
-def _gpu_layouts(node: Node, devices: list[Device], busy: dict, reasons: list[str], instances: list[GpuInstance] | None = None):
+def _planner_layouts(rows: list[GpuInstance]) -> dict[str, tuple[mig.MigInstance, ...]]:
+    """GPU instance rows (with their sessions) → {GPU pk text: the instances as the planner sees
+    them}: in use while their session is active, or unknown (never reused nor destroyed)."""
+    layouts: dict[str, tuple[mig.MigInstance, ...]] = {}
+    for i in rows:
+        instance = mig.MigInstance(key=str(i.pk), profile=i.profile, start=i.placement_start, in_use=gpu_instance_holds(i))
+        layouts[str(i.parent_id)] = (*layouts.get(str(i.parent_id), ()), instance)
+    return layouts
+
+
+def _gpu_layouts(node: Node, devices: list[Device], busy: dict, reasons: list[str], layouts: dict[str, tuple]):
     """[(GPU, its MIG catalog, its instances as the planner sees them)] for the node's
-    MIG-capable whole GPUs that may hold a MIG instance (an instance is in use while its session
-    is active); why a MIG-capable GPU may not is appended to `reasons`. `instances`: the node's
-    GPU instances with their sessions, where the caller read them for many nodes at once (None:
-    one query)."""
+    MIG-capable whole GPUs that may hold a MIG instance; why a MIG-capable GPU may not is
+    appended to `reasons`. `layouts`: the node's GPUs' instances (`_planner_layouts`)."""
     found = []
-    if instances is None:
-        instances = list(GpuInstance.objects.filter(node=node).select_related("session"))
     for gpu in (d for d in devices if not d.is_mig_device):
         try:
             catalog = device_mig_catalog(gpu)
         except InvalidResourceRequest:
             continue
-        if gpu.pk in busy["shared"]:
+        if str(gpu.pk) in busy["shared"]:
             reasons.append(f"GPU {gpu.index} serves fGPU shares (MIG and fGPU do not mix on one GPU)")
             continue
-        found.append(
-            (
-                gpu,
-                catalog,
-                [
-                    mig.MigInstance(
-                        key=str(i.pk), profile=i.profile, start=i.placement_start, in_use=gpu_instance_holds(i)
-                    )  # in use, or unknown: never reused nor destroyed
-                    for i in instances
-                    if i.parent_id == gpu.pk
-                ],
-            )
-        )
+        found.append((gpu, catalog, list(layouts.get(str(gpu.pk), ()))))
     return found
 
 
-def _dynamic_choices(node: Node, devices: list[Device], wanted: mig.MigRequest, busy: dict):
+def _dynamic_choices(node: Node, devices: list[Device], wanted: mig.MigRequest, busy: dict, layouts: dict[str, tuple]):
     choices: list[_Choice] = []
     reasons: list[str] = []
-    for gpu, catalog, layout in _gpu_layouts(node, devices, busy, reasons):
+    for gpu, catalog, layout in _gpu_layouts(node, devices, busy, reasons, layouts):
         try:
             plan = mig.plan_instance(catalog, layout, wanted)
         except (NeverSchedulable, InsufficientResource) as exc:
@@ -470,7 +599,8 @@ def mig_profile_availability(*, resource_group: str = "", slot_name: str = "cuda
         else:
             fixed = node.mig_mode == MigMode.FIXED
             # every MIG-capable GPU counts for "ever"; one serving fGPU shares gives nothing now
-            for gpu, catalog, layout in _gpu_layouts(node, mine, {"any": set(), "shared": set()}, [], instances.get(node.pk, [])):
+            layouts = _planner_layouts(instances.get(node.pk, []))
+            for gpu, catalog, layout in _gpu_layouts(node, mine, {"any": set(), "shared": set()}, [], layouts):
                 for profile in catalog.profiles:
                     _profile_seen(
                         found,
@@ -482,7 +612,7 @@ def mig_profile_availability(*, resource_group: str = "", slot_name: str = "cuda
                         catalog.model,
                     )
                     count = counts.setdefault(profile.name, [0, 0, 0])
-                    if gpu.pk not in busy["shared"]:
+                    if str(gpu.pk) not in busy["shared"]:
                         count[0] += _placeable(catalog, layout, profile, reuse_only=fixed)
                         count[1] += sum(1 for i in layout if i.profile == profile.name and not i.in_use)
                     count[2] += (
@@ -543,3 +673,48 @@ def _placeable(catalog: mig.MigCatalog, layout: list[mig.MigInstance], profile: 
             return count
         layout = list(mig.apply_plan(layout, plan, key=f"planned-{count}"))
         count += 1
+
+
+@dataclass(frozen=True)
+class MigOffer:
+    """A MIG profile a request could get now instead of its own: `profile` ("2g.20gb", or a
+    static slice's name) and its `memory` in bytes (the least over the GPUs that have it)."""
+
+    profile: str
+    memory: int
+
+
+def mig_smaller_now(scope: MigScope, request: MigResourceRequest) -> list[MigOffer]:
+    """The MIG profiles smaller than what `request` asks (less memory than its `mig_profile`
+    on any GPU that has it, or than its memory size) that the choice (`mig_choose_in`) would
+    give now on `scope`, each tried alone (the queue aside), largest first. Media-extension
+    profiles are left out. Reads nothing from the database; `scope` is not changed."""
+    sizes: dict[str, int] = {}
+    for room in scope.rooms:
+        for device in room.devices:
+            if room.node.mig_mode == MigMode.STATIC:
+                if device.is_mig_device:
+                    name = device.mig_profile.lower() or device.model_name.lower().partition("-")[2]
+                    sizes[name] = min(sizes.get(name, device.memory_size), device.memory_size)
+                continue
+            if device.is_mig_device:
+                continue
+            try:
+                catalog = device_mig_catalog(device)
+            except InvalidResourceRequest:
+                continue
+            for profile in catalog.profiles:
+                if not profile.media_extensions:
+                    sizes[profile.name] = min(sizes.get(profile.name, profile.memory), profile.memory)
+    wanted = request.mig_request()
+    limit = sizes.get(wanted.profile.lower(), 0) if wanted.profile else wanted.memory
+    offers = []
+    for name, memory in sorted(sizes.items(), key=lambda item: (-item[1], item[0])):
+        if memory >= limit:
+            continue
+        try:
+            mig_choose_in(scope.copy({}), replace(request, mig_profile=name, isolation="mig"))
+        except AllocationError:
+            continue
+        offers.append(MigOffer(profile=name, memory=memory))
+    return offers

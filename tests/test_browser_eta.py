@@ -108,3 +108,56 @@ def test_a_pending_sessions_page_says_when_it_should_start_and_what_it_waits_for
     expect(panel).to_be_hidden()
     assert page.js_errors == [], page.js_errors
     page.context.close()
+
+
+MIG_SETUP = """
+from django.db import transaction
+from accelerators.mig_services import node_mig_settings_apply
+from accelerators.models import Node
+from tests.conftest import wait_until
+wait_until(lambda: Node.objects.filter(name="demo-mig-node").exists(), timeout=60, interval=0.2, what="the MIG node")
+with transaction.atomic():
+    node = Node.objects.get(name="demo-mig-node")
+    node.mig_mode = "dynamic"
+    node.save(update_fields=["mig_mode"])
+    node_mig_settings_apply(node=node)
+"""
+
+
+@pytest.fixture
+def mig_console(procs, tmp_path):
+    """The standalone console with the demo node and the demo MIG node (one mock H100 80GB)."""
+    console = Standalone(procs, tmp_path)
+    console.env["FGPU_AGENT_CONFIG"] = f"{ROOT / 'demo' / 'agent.toml'},{ROOT / 'demo' / 'agent-mig-h100.toml'}"
+    console.start()
+    return console
+
+
+def test_a_waiting_mig_sessions_page_gives_its_band_and_the_smaller_profiles_free_now(mig_console, browser):
+    from playwright.sync_api import expect
+
+    console = mig_console
+    console.manage(SETUP.format(password=BOB_PASSWORD) + MIG_SETUP)
+    admin = console.api("admin", ADMIN_PASSWORD)
+    bob = console.api("bob", BOB_PASSWORD)
+    code, job = admin.call("POST", "/api/v1/sessions/", {"name": "train", "command": "sleep 3600",
+                                                        "resources": {"mig_profile": "4g.40gb", "mem": "256M"}})
+    assert code == 201, job
+    wait_status(admin, job["id"], "RUNNING")
+    code, mine = bob.call("POST", "/api/v1/sessions/", {"name": "whole", "resources": {"mig_profile": "7g.80gb",
+                                                                                       "mem": "256M"}})
+    assert code == 201, mine
+
+    page = new_page(browser)
+    log_in(page, console.url, username="bob", password=BOB_PASSWORD)
+    page.goto(console.url + mine["terminal_url"])
+    expect(page.locator("#eta-answer")).to_have_attribute("data-outcome", "estimate")
+    expect(page.locator("#eta-answer")).to_have_text(re.compile(rf"^Expected to start {CLOCK} – {CLOCK}$"))
+    expect(page.locator("#eta-after li .eta-where")).to_have_text("on demo-mig-node")
+    expect(page.locator("#eta-mig-now")).to_be_visible()
+    expect(page.locator("#eta-mig-now")).to_have_text(
+        re.compile(r"^A smaller MIG instance is free now: 3g\.40gb \(39\.5 GiB\), "))
+    page.locator("#eta-panel").scroll_into_view_if_needed()
+    page.screenshot(path=str(screenshot_dir() / "eta-pending-mig.png"), animations="disabled")
+    assert page.js_errors == [], page.js_errors
+    page.context.close()

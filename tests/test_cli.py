@@ -461,6 +461,18 @@ def test_describe_shows_allocation_environment_and_pending_reason(api, capsys):
     assert cli.main(["describe", SID, "-o", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["eta"]["position"] == 2
 
+
+def test_describe_names_the_smaller_mig_profiles_free_now(api, capsys):
+    api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, session(status="PENDING", node=None,
+                                                                     status_reason="waiting for capacity: mig-node: …"))
+    api.routes[("GET", f"/api/v1/sessions/{SID}/eta/")] = (200, {
+        "session": SID, "outcome": "unknown", "earliest": None, "latest": None, "reason": "no estimate", "position": 1,
+        "waiting_reason": "", "fits_now": False, "fits_after": [], "computed_at": "2026-11-26T09:00:00Z",
+        "mig_now": [{"profile": "3g.40gb", "memory": 42413948928}, {"profile": "1g.10gb", "memory": 10468982784}]})
+    assert cli.main(["describe", SID]) == 0
+    out = capsys.readouterr().out
+    assert "Smaller MIG now:" in out and "3g.40gb (39.5 GiB), 1g.10gb (9.8 GiB)" in out, out
+
     api.routes.pop(("GET", f"/api/v1/sessions/{SID}/"))
     assert cli.main(["describe", SID]) == 1
     assert "no session" in one_line_error(capsys.readouterr().err)

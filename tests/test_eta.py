@@ -265,7 +265,7 @@ def test_the_eta_api_answers_its_shape_and_hides_another_users_session(one_gpu, 
     assert answer.status_code == 200
     body = answer.json()
     assert set(body) == {"session", "outcome", "earliest", "latest", "reason", "position", "waiting_reason",
-                         "fits_now", "fits_after", "computed_at"}
+                         "fits_now", "fits_after", "computed_at", "mig_now"}
     assert body["outcome"] == "estimate" and body["position"] == 1
     assert body["fits_after"] == [{"session": None, "name": None, "owner": None, "node": "n1",
                                    "ends_earliest": body["earliest"], "ends_latest": body["latest"],

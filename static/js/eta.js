@@ -75,6 +75,9 @@
     $("eta-when").hidden = !when;
     $("eta-explain").textContent = explain.charAt(0).toUpperCase() + explain.slice(1);
     $("eta-explain").hidden = !explain;
+    var smaller = (a.mig_now || []).map(function (o) { return o.profile + " (" + (o.memory / 1073741824).toFixed(1) + " GiB)"; });
+    $("eta-mig-now").textContent = smaller.length ? "A smaller MIG instance is free now: " + smaller.join(", ") : "";
+    $("eta-mig-now").hidden = !smaller.length;
     $("eta-position").textContent = a.position ? "#" + a.position : "—";
     $("eta-fits").textContent = a.fits_now ? "yes (it waits its turn)" : "no";
 
