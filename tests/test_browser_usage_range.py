@@ -74,7 +74,7 @@ def test_the_range_picker_redraws_the_charts_at_the_servers_resolution_and_hover
     # Hover: the legend names the time and the value of each series under the cursor.
     cells = hover_legend(page, memory)
     expect(cells.nth(0)).to_have_text(re.compile(r"\d{2}:\d{2}:\d{2}"))
-    expect(cells.nth(1)).to_have_text(re.compile(r"^\d+(\.\d+)? MiB$"))  # used: 256-1264 MiB
+    expect(cells.nth(1)).to_have_text(re.compile(r"^\d+(\.\d+)? [MG]iB$"))  # used: 256-1264 MiB (1 GiB and more in GiB)
     expect(cells.nth(2)).to_have_text("2 GiB")  # the limit
     util = charts.locator('[data-chart="util"]')
     expect(hover_legend(page, util).nth(1)).to_have_text(re.compile(r"^\d+ %$"))
