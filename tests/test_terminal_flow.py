@@ -9,7 +9,7 @@ import json
 
 from agent import core as agent_runtime
 from agent import direct as agent_direct
-from protocol.terminal_stream import LINE_LIMIT, encode
+from protocol.terminal_stream import DIRECT_OFFER, LINE_LIMIT, encode
 from tests.conftest import wait_until_async
 from tests.test_agent_runtime import Harness, run_agent, start_spec
 
@@ -128,8 +128,8 @@ async def direct_reader(h: Harness, session_id: str) -> tuple[asyncio.StreamRead
     for it over the layer, connect to the offered address, present the token, read `direct.ok`."""
     channel = await h.watch_terminal(session_id)
     await h.to_pty(session_id, {"type": "pty.attach", "reply_channel": channel, "direct": True})
-    offer = await asyncio.wait_for(h.layer.receive(channel), 10)
-    assert offer["type"] == "terminal.direct" and offer["host"] == "127.0.0.1", offer
+    offer = await h.receive_type(channel, DIRECT_OFFER, timeout=10)  # output the group got first is skipped
+    assert offer["host"] == "127.0.0.1", offer
     reader, writer = await asyncio.open_connection(offer["host"], offer["port"], limit=LINE_LIMIT)
     writer.write(encode({"token": offer["token"]}))
     assert json.loads(await reader.readline()) == {"type": "direct.ok"}
@@ -184,7 +184,7 @@ def test_an_expired_token_is_refused_and_the_terminal_can_still_attach_over_the_
         await h.start_session(spec)
         channel = await h.watch_terminal(spec["session_id"])
         await h.to_pty(spec["session_id"], {"type": "pty.attach", "reply_channel": channel, "direct": True})
-        offer = await asyncio.wait_for(h.layer.receive(channel), 10)
+        offer = await h.receive_type(channel, DIRECT_OFFER, timeout=10)  # READY may come first, to the group
         reader, writer = await asyncio.open_connection(offer["host"], offer["port"])
         writer.write(encode({"token": offer["token"]}))
         answer = json.loads(await reader.readline())
