@@ -18,6 +18,7 @@ and flushed), FGPU_BENCH_REDIS_URL (a Redis database of its own, flushed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -104,22 +105,16 @@ def measure(base: str, token: str, web_pid: int, session_id: str, held: int, hol
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--held", type=int, nargs="+", default=[20, 100])
-    parser.add_argument("--hold", type=int, default=20, help="seconds each exec's command runs")
-    parser.add_argument("--settle", type=float, default=4.0, help="seconds between the posts and the measurement")
-    parser.add_argument("--label", default="")
-    parser.add_argument("--out", default="")
-    args = parser.parse_args()
-    setup_django(DATABASE_URL)
-    token = fresh_user()
+@contextlib.contextmanager
+def stack_with_a_running_session(token: str, *, database_url: str, redis_url: str):
+    """The distributed stack (one mock node) on `database_url` and `redis_url`, with one 0.5 fGPU
+    session of `token`'s user RUNNING: yields (stack, the session's API shape)."""
     with tempfile.TemporaryDirectory() as work:
         with Stack(
             nodes=[StackNode("bench-node", mock_inventory(gpus=1))],
             work_dir=Path(work),
-            redis_url=REDIS_URL,
-            database_url=DATABASE_URL,
+            redis_url=redis_url,
+            database_url=database_url,
         ) as stack:
             status, created = call(
                 stack.base,
@@ -134,10 +129,23 @@ def main() -> None:
                 timeout=60,
                 what="the session RUNNING",
             )
-            lines = [
-                measure(stack.base, token, stack.procs["web"].pid, created["id"], n, args.hold, args.settle)
-                for n in [0, *args.held]
-            ]
+            yield stack, created
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--held", type=int, nargs="+", default=[20, 100])
+    parser.add_argument("--hold", type=int, default=20, help="seconds each exec's command runs")
+    parser.add_argument("--settle", type=float, default=4.0, help="seconds between the posts and the measurement")
+    parser.add_argument("--label", default="")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    setup_django(DATABASE_URL)
+    token = fresh_user()
+    with stack_with_a_running_session(token, database_url=DATABASE_URL, redis_url=REDIS_URL) as (stack, created):
+        lines = [
+            measure(stack.base, token, stack.procs["web"].pid, created["id"], n, args.hold, args.settle) for n in [0, *args.held]
+        ]
     report = "\n".join(f"{args.label}: {line}" if args.label else line for line in lines) + "\n"
     print(report, end="")
     if args.out:

@@ -23,7 +23,6 @@ import os
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -34,8 +33,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.agent_scale import fresh_user, setup_django  # noqa: E402
-from benchmarks.exec_concurrency import call, threads_of, timed_gets  # noqa: E402
-from tests.stack import Stack, StackNode, mock_inventory, wait_until  # noqa: E402
+from benchmarks.exec_concurrency import call, stack_with_a_running_session, threads_of, timed_gets  # noqa: E402
+from tests.stack import Stack  # noqa: E402
 
 DATABASE_URL = os.environ.get("FGPU_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/fgpu_bench_files")
 REDIS_URL = os.environ.get("FGPU_BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
@@ -85,27 +84,8 @@ def main() -> None:
     args = parser.parse_args()
     setup_django(DATABASE_URL)
     token = fresh_user()
-    with tempfile.TemporaryDirectory() as work:
-        with Stack(
-            nodes=[StackNode("bench-node", mock_inventory(gpus=1))],
-            work_dir=Path(work),
-            redis_url=REDIS_URL,
-            database_url=DATABASE_URL,
-        ) as stack:
-            status, created = call(
-                stack.base,
-                token,
-                "POST",
-                "/api/v1/sessions/",
-                {"name": "held", "resources": {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}},
-            )
-            assert status == 201, created
-            wait_until(
-                lambda: call(stack.base, token, "GET", f"/api/v1/sessions/{created['id']}/")[1].get("status") == "RUNNING",
-                timeout=60,
-                what="the session RUNNING",
-            )
-            lines = [measure(stack, token, created["id"], n, args.settle) for n in [0, *args.held]]
+    with stack_with_a_running_session(token, database_url=DATABASE_URL, redis_url=REDIS_URL) as (stack, created):
+        lines = [measure(stack, token, created["id"], n, args.settle) for n in [0, *args.held]]
     report = "\n".join(f"{args.label}: {line}" if args.label else line for line in lines) + "\n"
     print(report, end="")
     if args.out:
