@@ -229,11 +229,15 @@ def node_agent_key_rotate(*, node_name: str) -> str:
     return key
 
 
-def node_message_verify(*, node_name: str, task: str, kwargs: dict) -> bool:
+def node_message_verify(*, node_name: str, task: str, kwargs: dict, node: Node | None = None) -> bool:
     """Whether a message an agent sent as `node_name` may be applied: signed with the node's
     key (protocol.sign) when it has one; unsigned only for a node without a key, and only while
-    FGPU_REQUIRE_NODE_KEYS is off. A refusal is logged (a warning naming the node and task)."""
-    key = Node.objects.filter(name=node_name).values_list("agent_key", flat=True).first() or ""
+    FGPU_REQUIRE_NODE_KEYS is off. A refusal is logged (a warning naming the node and task).
+    `node`: that node's row where the caller read it already (its key is taken from it, no query)."""
+    if node is not None and node.name == node_name:
+        key = node.agent_key or ""
+    else:
+        key = Node.objects.filter(name=node_name).values_list("agent_key", flat=True).first() or ""
     if key:
         if protocol.verify(key, task, kwargs, kwargs.get(protocol.SIGNATURE)):
             return True

@@ -431,6 +431,13 @@ class Agent:
         """Run blocking `fn(*args, **kwargs)` on `pool` and await its result."""
         return await self.loop.run_in_executor(pool, partial(fn, *args, **kwargs))
 
+    async def _on_process(self, running: RunningSession, fn, *args):
+        """`fn(*args)`, a call on the session's process: on the loop where the runtime says it is
+        quick (`process.quick`: a few system calls), else on the work pool."""
+        if running.process.quick:
+            return fn(*args)
+        return await self._in(self._work, fn, *args)
+
     async def _call(self, fn, *args, **kwargs):
         """A call to the manager (a Celery publish; in standalone mode the manager's code itself,
         eagerly) on the manager pool: never on the loop, never behind session work."""
@@ -940,14 +947,14 @@ class Agent:
 
     async def _wait_exit(self, running: RunningSession) -> None:
         """Once the session's leader exited: end every process of the session, drain and close
-        the PTY, report TERMINATED while the rest of the log is shipped (also when any step fails)."""
+        the PTY, report TERMINATED, then ship the rest of the log (also when any step fails)."""
         await running.exit_event.wait()
-        closing: asyncio.Task | None = None  # the log's closing, once started
+        log_ready = False  # the PTY drained: the log's last batch holds everything
         reason = ""
         try:
             # The session ends with its shell: background jobs (own process groups, nohup'd,
             # setsid'd) must not outlive the allocation that is about to be released.
-            code, left = await self._in(self._work, _reap_and_kill, running.process)
+            code, left = await self._on_process(running, _reap_and_kill, running.process)
             if left:
                 # A signal takes effect when its process next runs: report TERMINATED once none
                 # is left (zombies hold nothing), so the slice is free when the manager releases
@@ -968,14 +975,12 @@ class Agent:
                 await asyncio.wait_for(asyncio.shield(running.pump_task), timeout=10)
             except TimeoutError:
                 log.warning("agent %s: the last terminal output of %s was not sent in time", self.node, running.session_id)
-            # The rest of the log goes to the manager while the end is reported (two queues:
-            # their order was never kept; the log reads as incomplete until its last batch).
-            closing = self.loop.create_task(self._close_log(running))
+            log_ready = True
         except Exception as exc:
             log.exception("agent %s: ending session %s failed", self.node, running.session_id)
             reason = f"the agent could not end the session cleanly: {exc}"
             self._close_pty(running)
-            await self._in(self._work, running.process.kill_all)
+            await self._on_process(running, running.process.kill_all)
             code = await self._in(self._work, running.process.wait)
         self.sessions.pop(running.session_id, None)
         SessionApps.close_relays(running)
@@ -997,11 +1002,13 @@ class Agent:
             os.utime(running.work_dir)  # the retention of the working directory counts from here
         except OSError:
             pass
-        # The report first (it frees the slice), the terminals' exit frame and the log beside it.
+        # The report first (it frees the slice), the terminals' exit frame beside it; the rest of
+        # the log after it, so that the manager takes the report first (the log reads as
+        # incomplete until its last batch; the two were never ordered: two queues).
         await asyncio.gather(self._end(running.session_id, "TERMINATED", reason, exit_code), self._exit_frame(running, exit_code))
-        if closing is not None:
+        if log_ready:
             try:
-                await closing
+                await self._close_log(running)
             except Exception:
                 log.exception("agent %s: shipping the last output of %s failed", self.node, running.session_id)
 
@@ -1065,11 +1072,11 @@ class Agent:
             await self._in(self._work, running.process.signal_exec, process, signal.SIGKILL)
         # Every process of the session, every group: SIGHUP ends an interactive shell (which
         # ignores SIGTERM), SIGTERM what ignores SIGHUP (nohup).
-        await self._in(self._work, running.process.signal_all, signal.SIGHUP, signal.SIGTERM)
+        await self._on_process(running, running.process.signal_all, signal.SIGHUP, signal.SIGTERM)
         try:
             await asyncio.wait_for(running.exit_event.wait(), timeout=KILL_GRACE_S)
         except TimeoutError:  # the leader did not end in time (once it has, _wait_exit kills the rest)
-            await self._in(self._work, running.process.kill_all)
+            await self._on_process(running, running.process.kill_all)
         if running.exited is not None:
             await asyncio.shield(running.exited)  # returns once TERMINATED has been reported
 

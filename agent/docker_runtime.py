@@ -132,6 +132,8 @@ class DockerSession:
             return f"killed: out of memory at its {format_binary_size(self.mem)} limit (exit code {exit_code})"
         return ""
 
+    quick = False  # signals and waits are Docker API calls (see SessionHandle.quick)
+
     def signal_all(self, *sigs: int) -> None:
         for sig in sigs:
             try:

@@ -113,6 +113,15 @@ class SessionHandle:
     def resize(self, rows: int, cols: int) -> None:
         set_winsize(self.fd, rows, cols)
 
+    @property
+    def quick(self) -> bool:
+        """Whether `signal_all`, `kill_all` and, once the leader exited, `wait` are a few system
+        calls that take microseconds (kill(2), one read of cgroup.procs, one write of
+        cgroup.kill): true for a session in its own cgroup, where the agent makes them on its
+        event loop instead of a hop to a worker thread and back (issue 14: terminate's
+        latency); false where they scan /proc."""
+        return self.cgroup is not None
+
     def signal_all(self, *sigs: int) -> None:
         """Blocking: each of `sigs`, in order, to every process of the session: the leader
         first (an interactive shell ends on SIGHUP without waiting for the rest), then the

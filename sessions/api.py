@@ -33,7 +33,7 @@ from sessions.selectors import (
     session_list_for,
     session_log_read,
     session_to_change_for,
-    sessions_shown,
+    sessions_shown_by_id,
 )
 from sessions.serializers import (
     LaunchOptionsSerializer,
@@ -374,7 +374,7 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
 
     def _render(self, ids: Collection) -> dict:
         """{id: API shape} of the sessions `ids`, read now as the list reads them."""
-        sessions = list(sessions_shown().filter(pk__in=ids))
+        sessions = sessions_shown_by_id(ids)
         return {session.pk: shape for session, shape in zip(sessions, self.get_serializer(sessions, many=True).data)}
 
     @extend_schema(

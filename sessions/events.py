@@ -62,11 +62,10 @@ def shape_shown(session) -> dict | None:
 
 
 def _send_updates(entries: list[tuple]) -> None:
-    from sessions.selectors import sessions_shown
+    from sessions.selectors import sessions_shown_by_id
     from sessions.serializers import SessionSerializer
 
-    ids = list(dict.fromkeys(session_id for session_id, _ in entries))
-    fresh = sessions_shown().filter(pk__in=ids)
+    fresh = sessions_shown_by_id(list(dict.fromkeys(session_id for session_id, _ in entries)))
     # Through JSON, so the messages hold only plain types (msgpack on the Redis layer).
     shapes = {shape["id"]: shape for shape in json.loads(JSONRenderer().render(SessionSerializer(fresh, many=True).data))}
     _rendered.shapes = shapes

@@ -7,6 +7,7 @@ so the services that ask for a pass import neither the tasks nor the scheduler.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
@@ -22,9 +23,16 @@ SCHEDULE_QUEUED_KEY = "fgpu:schedule-pending:queued"
 
 
 def _redis():
+    """The process's client of REDIS_URL (thread-safe, with its own connection pool): a pass's
+    flag costs one command, not a new connection (issue 14)."""
+    return _client(settings.REDIS_URL)
+
+
+@functools.lru_cache(maxsize=4)
+def _client(url: str):
     import redis
 
-    return redis.Redis.from_url(settings.REDIS_URL)
+    return redis.Redis.from_url(url)
 
 
 def schedule_pending_soon() -> None:

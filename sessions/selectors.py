@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TypeGuard, cast
 
 from django.core.exceptions import ValidationError
@@ -26,9 +27,24 @@ def sessions_shown():
     (Joined, not prefetched: a page is mostly served from kept shapes, sessions.shapes, so the
     reads that matter are one session's, a notice's or an answer's, where each query counts.)"""
     return ComputeSession.objects.select_related("owner", "node", "image").prefetch_related(
-        Prefetch("allocations", queryset=Allocation.objects.select_related("device"), to_attr="allocation_list"),
+        _allocations(),
         Prefetch("gpu_instances", queryset=GpuInstance.objects.select_related("parent"), to_attr="gpu_instance_list"),
     )
+
+
+def _allocations() -> Prefetch:
+    return Prefetch("allocations", queryset=Allocation.objects.select_related("device"), to_attr="allocation_list")
+
+
+def sessions_shown_by_id(ids: Collection) -> list[ComputeSession]:
+    """The sessions `ids`, in no particular order, read as `sessions_shown` reads them, but for one
+    session without its GPU instances: `session_gpu_instance` reads that of a MIG session when
+    asked (one query then; none for the others, most sessions). A notice's or an answer's read:
+    2 queries instead of 3 for one non-MIG session (issue 14), 3 for any number."""
+    sessions = sessions_shown().filter(pk__in=ids).order_by()
+    if len(ids) == 1:
+        sessions = sessions.prefetch_related(None).prefetch_related(_allocations())
+    return list(sessions)
 
 
 def session_list_for(*, user):

@@ -158,38 +158,55 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
     allocations). On a LOST node the session ends at once, since no agent will answer. A
     session already ending or ended is left as it is (idempotent). `reason`: why, when not at
     the user's request (starting with RECLAIMED or PREEMPTED, it stays the session's reason once it
-    ended; so does REQUESTED + the username of whoever asked, which the API gives)."""
-    now = timezone.now()
-    with transaction.atomic():
-        if ComputeSession.objects.filter(pk=session.pk, status=SessionStatus.PENDING).update(
-            status=SessionStatus.CANCELLED,
-            status_reason="cancelled before it was scheduled",
-            terminated_at=now,
-            version=NEXT_VERSION,
-        ):
-            session.refresh_from_db()
-            events.session_notify(session)
+    ended; so does REQUESTED + the username of whoever asked, which the API gives).
+
+    `session` as read with its node (its status decides which move is tried first; each is a
+    compare-and-set, so a stale read only costs a statement). The move to TERMINATING is one
+    UPDATE, so outside a transaction the stop goes out as soon as it is committed, before the
+    session is read back (issue 14: terminate's latency); inside one, after that commits."""
+    if session.status == SessionStatus.PENDING:
+        if _cancel_pending(session):
             return session
-        node_lost = session.node is not None and session.node.status == NodeStatus.LOST
-        if node_lost:
+        session.refresh_from_db(fields=[*SHOWN_STATE, "node"])  # scheduled meanwhile: on a node now
+    if session.node is not None and session.node.status == NodeStatus.LOST:
+        with transaction.atomic():
             _finish(
                 session, status=SessionStatus.TERMINATED, reason=reason or "terminated while its node was lost", exit_code=None
             )
-            session.refresh_from_db()
-            return session
-        moved = ComputeSession.objects.filter(
-            pk=session.pk, status__in=(SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING)
-        ).update(
-            status=SessionStatus.TERMINATING, status_reason=reason or "terminating at the user's request", version=NEXT_VERSION
-        )
-        session.refresh_from_db(fields=SHOWN_STATE)  # keeps the node read with it (unchanged here)
-        if moved or session.status == SessionStatus.TERMINATING:
-            assert session.node is not None  # SCHEDULED, PREPARING, RUNNING and TERMINATING sessions have one
-            node_name, session_id = session.node.name, str(session.pk)
-            transaction.on_commit(lambda: _send_stop(node_name, session_id))  # first: the stop does not wait
-            if moved:
-                events.session_notify(session)
+        session.refresh_from_db()
+        return session
+    moved = ComputeSession.objects.filter(
+        pk=session.pk, status__in=(SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING)
+    ).update(status=SessionStatus.TERMINATING, status_reason=reason or "terminating at the user's request", version=NEXT_VERSION)
+    if moved:
+        _stop_on_commit(session)  # first: the stop does not wait for the read back or the notice
+    session.refresh_from_db(fields=SHOWN_STATE)  # keeps the node read with it (unchanged here)
+    if moved:
+        events.session_notify(session)
+    elif session.status == SessionStatus.TERMINATING:  # asked again: the stop may have been lost
+        _stop_on_commit(session)
     return session
+
+
+def _stop_on_commit(session: ComputeSession) -> None:
+    """`_send_stop` to the session's node once the current transaction commits (at once outside one)."""
+    assert session.node is not None  # SCHEDULED, PREPARING, RUNNING and TERMINATING sessions have one
+    node_name, session_id = session.node.name, str(session.pk)
+    transaction.on_commit(lambda: _send_stop(node_name, session_id))
+
+
+def _cancel_pending(session: ComputeSession) -> bool:
+    """PENDING → CANCELLED (compare-and-set) and the notice; False if it was no longer pending."""
+    if not ComputeSession.objects.filter(pk=session.pk, status=SessionStatus.PENDING).update(
+        status=SessionStatus.CANCELLED,
+        status_reason="cancelled before it was scheduled",
+        terminated_at=timezone.now(),
+        version=NEXT_VERSION,
+    ):
+        return False
+    session.refresh_from_db()
+    events.session_notify(session)
+    return True
 
 
 def session_notice(session: ComputeSession, text: str) -> None:
@@ -258,7 +275,13 @@ _REPORT_SOURCES: dict[str, tuple[str, ...]] = {
 
 
 def session_report_apply(
-    *, session_id: str, status: str, reason: str = "", exit_code: int | None = None, node: str | None = None
+    *,
+    session_id: str,
+    status: str,
+    reason: str = "",
+    exit_code: int | None = None,
+    node: str | None = None,
+    session: ComputeSession | None = None,
 ) -> bool:
     """Apply an agent's report about a session (compare-and-set on the status).
 
@@ -266,28 +289,29 @@ def session_report_apply(
     ERROR end it from any active state and release its allocations. A report that arrives out
     of order (RUNNING after the user already asked to terminate) is ignored. Returns whether
     the session changed. Unknown ids are logged and ignored, and so is a report from `node`
-    (the sending agent's, where it says) for a session that does not run on it.
+    (the sending agent's, where it says) for a session that does not run on it. `session`: the
+    session `session_id` as the caller read it with its node (else read here).
     """
-    session = ComputeSession.objects.filter(pk=session_id).select_related("node", "owner").first()
+    if session is None:
+        session = ComputeSession.objects.filter(pk=session_id).select_related("node").first()
     if session is None:
         log.warning("agent reported %s for unknown session %s", status, session_id)
         return False
     if node is not None and (session.node is None or session.node.name != node):
         log.warning("refused a %s report for session %s from node %s: the session does not run there", status, session_id, node)
         return False
+    if status in _REPORT_SOURCES:  # one compare-and-set UPDATE: no transaction of its own
+        fields = {"status": status, "status_reason": reason, "version": NEXT_VERSION}
+        if status == SessionStatus.RUNNING:
+            fields["started_at"] = timezone.now()
+        moved = ComputeSession.objects.filter(pk=session.pk, status__in=_REPORT_SOURCES[status]).update(**fields)
+        if moved:
+            events.session_notify(session)
+        elif status == SessionStatus.RUNNING and session.node is not None and session.status not in ACTIVE_STATUSES:
+            # It ended here while the agent was starting it: the process must not linger.
+            _stop_on_commit(session)
+        return bool(moved)
     with transaction.atomic():
-        if status in _REPORT_SOURCES:
-            fields = {"status": status, "status_reason": reason, "version": NEXT_VERSION}
-            if status == SessionStatus.RUNNING:
-                fields["started_at"] = timezone.now()
-            moved = ComputeSession.objects.filter(pk=session.pk, status__in=_REPORT_SOURCES[status]).update(**fields)
-            if moved:
-                events.session_notify(session)
-            elif status == SessionStatus.RUNNING and session.node is not None and session.status not in ACTIVE_STATUSES:
-                # It ended here while the agent was starting it: the process must not linger.
-                node_name, sid = session.node.name, str(session.pk)
-                transaction.on_commit(lambda: _send_stop(node_name, sid))
-            return bool(moved)
         if status in (SessionStatus.TERMINATED, SessionStatus.ERROR):
             if status == SessionStatus.TERMINATED and session.status_reason.startswith((RECLAIMED, REQUESTED, PREEMPTED)):
                 reason = session.status_reason  # the manager's reason (who asked), not the agent's "terminated"
@@ -381,7 +405,7 @@ def terminal_ticket_unspend(*, session_id: str, ticket: str) -> bool:
 # --- output logs ----------------------------------------------------------------------------
 
 
-def session_log_append(*, session_id: str, seq: int, offset: int, text: str, final: bool = False) -> bool:
+def session_log_append(*, session_id: str, seq: int, offset: int, text: str, final: bool = False, known: bool = False) -> bool:
     """Store one batch of a session's output shipped by its agent (agent.core).
 
     `seq` numbers the agent's batches from 0, `offset` is the batch's position in the output in
@@ -389,18 +413,19 @@ def session_log_append(*, session_id: str, seq: int, offset: int, text: str, fin
     so the task may be retried. `final` marks the session's last batch. Only the last
     FGPU_SESSION_LOG_MAX_CHARS characters are kept: older batches are deleted. NUL characters
     (PostgreSQL text cannot hold them) are stored as U+FFFD. Returns whether the batch was
-    stored; unknown sessions are logged and ignored."""
+    stored; unknown sessions are logged and ignored (`known`: the caller read the session).
+    Four statements for a batch of a log under its limit (issue 14: the manager's share of a
+    busy terminal)."""
     from sessions.models import SessionLog, SessionLogChunk
 
-    if not ComputeSession.objects.filter(pk=session_id).exists():
+    if not known and not ComputeSession.objects.filter(pk=session_id).exists():
         log.warning("agent shipped output for unknown session %s", session_id)
         return False
     text = text.replace("\x00", "\ufffd")
     end = offset + len(text)
     with transaction.atomic():
         # django-stubs want a UUID where Django takes its text too (filters below: session__pk, which they accept).
-        SessionLog.objects.get_or_create(session_id=session_id)  # type: ignore[misc]
-        row = SessionLog.objects.select_for_update().get(session__pk=session_id)
+        row, _ = SessionLog.objects.select_for_update().get_or_create(session_id=session_id)  # type: ignore[misc]
         if SessionLogChunk.objects.filter(session__pk=session_id, seq=seq).exists():
             return False
         SessionLogChunk.objects.create(session_id=session_id, seq=seq, offset=offset, end=end, text=text)
@@ -412,7 +437,10 @@ def session_log_append(*, session_id: str, seq: int, offset: int, text: str, fin
             row.complete = True
             fields.append("complete")
         row.save(update_fields=fields)
-        SessionLogChunk.objects.filter(session__pk=session_id, end__lte=row.length - settings.FGPU_SESSION_LOG_MAX_CHARS).delete()
+        if row.length > settings.FGPU_SESSION_LOG_MAX_CHARS:
+            SessionLogChunk.objects.filter(
+                session__pk=session_id, end__lte=row.length - settings.FGPU_SESSION_LOG_MAX_CHARS
+            ).delete()
     return True
 
 

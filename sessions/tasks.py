@@ -162,9 +162,12 @@ def session_report(
     only to a session on that node, and only when signed with its key where it has one."""
     from sessions.services import session_report_apply
 
+    session = _session_with_node(session_id)
+    placed = session.node if session is not None else None
     if not _authentic(
         protocol.SESSION_REPORT,
-        node or _node_of(session_id),
+        node or (placed.name if placed is not None else None),
+        known=placed,
         session_id=session_id,
         status=status,
         reason=reason,
@@ -173,7 +176,7 @@ def session_report(
         signature=signature,
     ):
         return
-    session_report_apply(session_id=session_id, status=status, reason=reason, exit_code=exit_code, node=node)
+    session_report_apply(session_id=session_id, status=status, reason=reason, exit_code=exit_code, node=node, session=session)
 
 
 @manager_task(protocol.SESSION_LOG_APPEND)
@@ -191,10 +194,12 @@ def session_log_append(
     the session's own node only (see `session_report`)."""
     from sessions.services import session_log_append as append
 
-    sender = node or _node_of(session_id)
+    session = _session_with_node(session_id)
+    placed = session.node if session is not None else None
     if not _authentic(
         protocol.SESSION_LOG_APPEND,
-        sender,
+        node or (placed.name if placed is not None else None),
+        known=placed,
         session_id=session_id,
         seq=seq,
         offset=offset,
@@ -204,23 +209,27 @@ def session_log_append(
         signature=signature,
     ):
         return
-    if node is not None and node != _node_of(session_id):
+    if session is None:
+        log.warning("agent shipped output for unknown session %s", session_id)
+        return
+    if node is not None and (placed is None or placed.name != node):
         log.warning("refused output of session %s from node %s: the session does not run there", session_id, node)
         return
-    append(session_id=session_id, seq=seq, offset=offset, text=text, final=final)
+    append(session_id=session_id, seq=seq, offset=offset, text=text, final=final, known=True)
 
 
-def _authentic(task: str, sender: str | None, **kwargs) -> bool:
+def _authentic(task: str, sender: str | None, *, known=None, **kwargs) -> bool:
     """Whether an agent's message may be applied (accelerators.services.node_message_verify):
     `sender` the node it comes from, `kwargs` the task's keyword arguments as sent, its
-    signature included."""
+    signature included; `known`: a Node row the task read already (used when it is the
+    sender's: no second query)."""
     from accelerators.services import node_message_verify
 
     if sender is None:  # a report for a session that is on no node (or gone): nothing to authenticate against
         return True
     if kwargs.get("node") is None:
         kwargs.pop("node", None)  # an agent from before node keys sends no node: sign what it sent
-    return node_message_verify(node_name=sender, task=task, kwargs=kwargs)
+    return node_message_verify(node_name=sender, task=task, kwargs=kwargs, node=known)
 
 
 def _sent(**kwargs) -> dict:
@@ -229,11 +238,13 @@ def _sent(**kwargs) -> dict:
     return {key: value for key, value in kwargs.items() if value is not None}
 
 
-def _node_of(session_id: str) -> str | None:
+def _session_with_node(session_id: str):
+    """The session with its node (the node's key included: one query), or None for an unknown
+    or malformed id: what an agent's report or log batch is checked against and applied to."""
     from sessions.models import ComputeSession
 
     try:
-        return ComputeSession.objects.filter(pk=session_id).values_list("node__name", flat=True).first()
+        return ComputeSession.objects.select_related("node").filter(pk=session_id).first()
     except (ValueError, TypeError, ValidationError):
         return None
 

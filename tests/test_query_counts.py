@@ -279,11 +279,12 @@ def test_the_token_list_of_the_profile_page_costs_the_same_queries_for_1_or_100_
 
 # --- a write's answer -----------------------------------------------------------------------------
 
-# The token; the session with its node (the permission check); the two conditional UPDATEs
-# (PENDING → CANCELLED, then → TERMINATING) and the refresh of their columns in BEGIN … COMMIT;
-# the notice's read (the session with its owner, node and image; allocations with devices; GPU
-# instances; slot formats). The answer is the notice's shape: nothing is read a second time.
-TERMINATE_QUERIES = TOKEN + 1 + 5 + 4
+# The token; the session with its node (the permission check); the conditional UPDATE to
+# TERMINATING (a RUNNING session is not tried as PENDING; one statement, no BEGIN … COMMIT: the stop
+# goes out when it returns) and the refresh of its columns; the notice's read (the session with
+# its owner, node and image; allocations with devices; slot formats; a session that is not MIG's
+# reads no GPU instances). The answer is the notice's shape: nothing is read a second time.
+TERMINATE_QUERIES = TOKEN + 1 + 2 + 3
 
 
 @pytest.mark.django_db(transaction=True)  # the notice is rendered at the real commit, as in production
@@ -317,3 +318,52 @@ def test_a_notices_shape_is_not_answered_for_another_state_of_the_session(alice)
     assert events.shape_shown(session) is None
     events._rendered.shapes = {}
     assert events.shape_shown(session) is None
+
+
+# --- an agent's messages on the manager -------------------------------------------------------------
+
+# The session with its node, whose key checks the signature; BEGIN, the conditional UPDATE of the
+# session, the release of its allocations, COMMIT; then, after the commit, the notice's read (3, as
+# above), the MIG layout retry's look at the node, and the scheduler pass the release asks for (eager
+# in tests, a task of its own in production: BEGIN, the pending sessions, COMMIT).
+REPORT_QUERIES = 1 + 4 + 3 + 1 + 3
+
+
+@pytest.mark.django_db(transaction=True)  # the notice is rendered at the real commit, as in production
+def test_an_agents_terminated_report_reads_the_session_and_its_nodes_key_once(alice, django_assert_max_num_queries):
+    from sessions.tasks import session_report
+
+    gpu_cluster(nodes=1)
+    session = launch(alice, 1, {"cuda.shares": "0.5"})[0]
+    session_report_apply(session_id=str(session.pk), status="RUNNING")
+    node = Node.objects.get().name
+
+    with django_assert_max_num_queries(REPORT_QUERIES):
+        session_report(session_id=str(session.pk), status="TERMINATED", reason="terminated", exit_code=0, node=node)
+
+    session.refresh_from_db()
+    assert session.status == "TERMINATED"
+    assert not session.allocations.filter(released_at__isnull=True).exists()
+
+
+# The session with its node (and key); BEGIN, the log's row locked, whether the batch is stored
+# already, the batch, the log's length, COMMIT. Older batches are deleted only once the log passes
+# its limit.
+LOG_BATCH_QUERIES = 1 + 6
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_log_batch_costs_the_same_few_statements_on_the_manager(alice, django_assert_max_num_queries):
+    from sessions.models import SessionLogChunk
+    from sessions.tasks import session_log_append
+
+    gpu_cluster(nodes=1)
+    session = launch(alice, 1, {"cuda.shares": "0.5"})[0]
+    node = Node.objects.get().name
+    session_log_append(session_id=str(session.pk), seq=0, offset=0, text="a" * 10, node=node)  # creates the log
+
+    with django_assert_max_num_queries(LOG_BATCH_QUERIES):
+        session_log_append(session_id=str(session.pk), seq=1, offset=10, text="b" * 10, node=node)
+
+    assert list(SessionLogChunk.objects.filter(session=session).order_by("seq").values_list("text", flat=True)) == [
+        "a" * 10, "b" * 10]
