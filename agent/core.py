@@ -602,8 +602,12 @@ class Agent:
             await self._report_end(session_id)
             return
         self._starting.add(session_id)
+        # PREPARING is published while the session is prepared (the launch does not wait for the
+        # publish), and before whatever is reported next (awaited below).
+        preparing = asyncio.ensure_future(
+            self._report(session_id, "PREPARING", "preparing the working directory and environment", retry=False)
+        )
         try:
-            await self._report(session_id, "PREPARING", "preparing the working directory and environment", retry=False)
             running = await self._in(self._work, self._spawn, spec)
             self.sessions[session_id] = running
             self._attach(running)
@@ -611,10 +615,12 @@ class Agent:
             log.exception("agent %s: session %s failed to start", self.node, session_id)
             if running is not None:
                 await self._abandon(running)
+            await preparing
             await self._end(session_id, "ERROR", f"the agent could not start the session: {exc}", None)
             return
         finally:
             self._starting.discard(session_id)
+        await preparing
         try:
             await self.layer.group_add(protocol.pty_group(session_id), self.channel)
         except Exception:  # the layer is down: the heartbeat's group refresh joins it later
