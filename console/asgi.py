@@ -7,6 +7,7 @@ URL router (Channels' docs; the app proxy's websockets are routed there too).
 """
 
 import os
+from importlib import import_module
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
@@ -20,6 +21,7 @@ from channels.security.websocket import OriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from console.startup import freeze_imported_objects  # noqa: E402
 from sessions.app_proxy import AppHttpProxy, AppProxyRouter  # noqa: E402
 from sessions.routing import websocket_urlpatterns  # noqa: E402
 
@@ -42,3 +44,6 @@ application = ProtocolTypeRouter(
         "websocket": BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), settings.ALLOWED_HOSTS),
     }
 )
+
+import_module(settings.ROOT_URLCONF)  # the views and what they import, loaded now rather than at the first request
+freeze_imported_objects("web")

@@ -13,7 +13,7 @@ import os
 import kombu.exceptions
 import redis.exceptions
 from celery import Celery
-from celery.signals import celeryd_after_setup
+from celery.signals import celeryd_after_setup, worker_ready
 from django import db
 
 from console.broker import patch_redis_transport
@@ -62,6 +62,15 @@ def consume_manager_queues(sender, instance, **kwargs):
         for queue in MANAGER_QUEUES:
             if queue not in queues.consume_from:
                 queues.select_add(queue)
+
+
+@worker_ready.connect
+def freeze_worker_imports(sender, **kwargs):
+    """A worker's tasks and what they import are loaded once it is ready: out of garbage
+    collection from then on (console.startup)."""
+    from console.startup import freeze_imported_objects
+
+    freeze_imported_objects("worker")
 
 
 # Errors a manager task is retried after (with backoff, 1 s doubling up to 30 s, 20 times): the

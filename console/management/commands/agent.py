@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 from console.broker_acl import agent_transport_options
 from console.celery import agent_queue, app
 from console.layers import RedisChannelLayer
+from console.startup import freeze_imported_objects
 from protocol.exec_store import exec_store_for
 from agent.boot import build_agent
 from agent.config import AgentConfigError, load_agent_config
@@ -32,6 +33,7 @@ class Command(BaseCommand):
         parser.add_argument("--config", required=True, help="path to agent.toml")
 
     def handle(self, *args, config: str, **options):
+
         try:
             cfg = load_agent_config(config, default_broker=settings.REDIS_URL)
         except AgentConfigError as exc:
@@ -73,6 +75,7 @@ class Command(BaseCommand):
         thread.start()
         if not ready.wait(timeout=60):
             raise CommandError("the agent did not start within 60 s (is Redis reachable?)")
+        freeze_imported_objects(f"agent {cfg.node_name}")
         self.stdout.write(
             f"agent {cfg.node_name}: {len(agent.inventory['devices'])} device(s), queue {agent_queue(cfg.node_name)}"
         )
