@@ -89,15 +89,15 @@ def devices_with_usage(devices):
 def device_state(device) -> core.DeviceState:
     """A Device annotated by `devices_with_usage` (its node loaded) → the allocator's
     DeviceState (id = pk text): totals scaled by the node's memory/core scaling, the node's
-    split count as `max_sessions`."""
+    split count as `max_sessions`. A Device not annotated is read as nothing used."""
     node = device.node
     return core.DeviceState(
         device_id=str(device.pk),
         memory_total=int(Decimal(device.memory_size) * node.memory_scaling),
         proc_total=int(Decimal(device.subproc_count) * node.core_scaling),
-        memory_used=int(device.memory_used or 0),
-        proc_used=Decimal(device.proc_used or 0),
-        sessions=int(device.session_count or 0),
+        memory_used=int(getattr(device, "memory_used", 0) or 0),
+        proc_used=Decimal(getattr(device, "proc_used", 0) or 0),
+        sessions=int(getattr(device, "session_count", 0) or 0),
         numa_node=device.numa_node,
         max_sessions=node.device_split_count,
         uuid=device.device_id,
@@ -162,15 +162,19 @@ def resource_group_get(*, name: str) -> ResourceGroup | None:
     return group
 
 
-def placement_scope(*, request: core.ResourceRequest, for_update: bool = False, alive_only: bool = True, image: str = ""):
+def placement_scope(
+    *, request: core.ResourceRequest, for_update: bool = False, alive_only: bool = True, image: str = "", usage: bool = True
+):
     """The nodes a request may go to, as the allocator sees them, and the placement options for
     `core.place` (`{"policy", "no_fragmentation"}`). A request naming a resource group goes to
     that group's nodes under its rules; one naming none may go to any node, under the rules of
     the group named "default" if there is one (else fgd-plus, fragmentation allowed:
     `placement_options`). `image`: a session image reference; only nodes holding it ("": any
-    node)."""
+    node). `usage`: as node_states."""
     group = resource_group_get(name=request.resource_group)
-    nodes = node_states(slot_name=request.slot or "cuda", for_update=for_update, alive_only=alive_only, group=group, image=image)
+    nodes = node_states(
+        slot_name=request.slot or "cuda", for_update=for_update, alive_only=alive_only, group=group, image=image, usage=usage
+    )
     return nodes, placement_options(group=group)
 
 
@@ -205,13 +209,21 @@ def placement_workload(*, resource_group: str, prefix: str) -> cluster.Workload:
 
 
 def node_states(
-    *, slot_name: str, for_update: bool = False, alive_only: bool = True, group: ResourceGroup | None = None, image: str = ""
+    *,
+    slot_name: str,
+    for_update: bool = False,
+    alive_only: bool = True,
+    group: ResourceGroup | None = None,
+    image: str = "",
+    usage: bool = True,
 ) -> list[core.NodeState]:
     """Every (alive) node as the allocator sees it: CPU/memory left after live sessions and the
     slot's non-MIG devices with their live usage. `for_update` locks the device rows (in pk
     order, so concurrent schedulers queue instead of deadlocking) inside the caller's
     transaction; the usage read afterwards is therefore current. `image`: only the nodes
-    holding that session image (`node_runs_image`; "": every node)."""
+    holding that session image (`node_runs_image`; "": every node). Without `usage`, nothing is
+    read as used (no sums over sessions and allocations): for what a node could ever hold
+    (`core.check_ever_fits` empties the nodes anyway; issue 14: a launch's admission)."""
     nodes = Node.objects.all()
     if alive_only:
         nodes = nodes.filter(status=NodeStatus.ALIVE)
@@ -223,16 +235,15 @@ def node_states(
     if for_update:
         list(nodes.order_by("pk").select_for_update().values_list("pk", flat=True))
         list(device_rows.order_by("pk").select_for_update().values_list("pk", flat=True))
-    annotated = list(
-        nodes.annotate(
+    if usage:
+        nodes = nodes.annotate(
             cpu_used=Sum("sessions__cpu", filter=Q(sessions__status__in=protocol.SESSION_ACTIVE_STATES), default=0),
             mem_used=Sum("sessions__mem", filter=Q(sessions__status__in=protocol.SESSION_ACTIVE_STATES), default=0),
         )
-        .select_related("resource_group")
-        .order_by("name")
-    )
+    annotated = list(nodes.select_related("resource_group").order_by("name"))
+    devices = device_rows.select_related("node")
     by_node: dict = {}
-    for device in devices_with_usage(device_rows.select_related("node")).order_by("index"):
+    for device in (devices_with_usage(devices) if usage else devices).order_by("index"):
         by_node.setdefault(device.node_id, []).append(device_state(device))
     # node_id is the node's name: unique, and what a user reads in a refusal's reason.
     links: dict = {}
@@ -249,8 +260,8 @@ def node_states(
             node_id=n.name,
             cpu_total=n.cpu_count,
             mem_total=n.memory_size,
-            cpu_used=int(n.cpu_used),
-            mem_used=int(n.mem_used),
+            cpu_used=int(getattr(n, "cpu_used", 0)),
+            mem_used=int(getattr(n, "mem_used", 0)),
             devices=tuple(by_node.get(n.pk, ())),
             links=tuple(links.get(n.pk, ())),
             weights=weights[n.pk],

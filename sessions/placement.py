@@ -229,7 +229,7 @@ class ReadView:
     def check_ever_fits(self, request: core.ResourceRequest, pure_settings) -> None:
         """Raises NeverSchedulable when no registered node (alive or LOST, any image) of the
         request's group could hold it with all of it free."""
-        core.check_ever_fits(placement_scope(request=request, alive_only=False)[0], request, pure_settings)
+        core.check_ever_fits(placement_scope(request=request, alive_only=False, usage=False)[0], request, pure_settings)
 
     def image_missing(self, image: str) -> str:
         """Why a session in `image` waits although it may fit ("" when an alive node holds it)."""

@@ -59,7 +59,10 @@ def preset_check(*, preset: ResourcePreset) -> None:
     image_for_launch(reference=preset.image.reference if preset.image else None, slot=request.slot)
     try:  # the launch's admission (every registered node, LOST ones too), without its quotas
         mig_scheduling.check_ever_fits(
-            request, lambda: core.check_ever_fits(placement_scope(request=request, alive_only=False)[0], request, pure_settings)
+            request,
+            lambda: core.check_ever_fits(
+                placement_scope(request=request, alive_only=False, usage=False)[0], request, pure_settings
+            ),
         )
     except NeverSchedulable as exc:
         raise ApplicationError(

@@ -146,3 +146,25 @@ def test_a_pass_logs_one_line_with_its_counts_and_the_durations_of_its_phases(us
     assert found, lines[0]
     total, *phases = map(int, found.groups())
     assert abs(total - sum(phases)) <= len(phases), (total, phases)  # the phases add up to the pass (rounding)
+
+
+def test_node_states_without_usage_read_the_inventory_as_free_for_the_launchs_admission(user):
+    """What a node could ever hold needs no sums over its sessions and allocations (the launch's
+    admission, `placement_decide` without a view, reads it so); the scheduler's read sums them."""
+    from accelerators.selectors import node_states
+
+    make_cluster(nodes={"node-a": [mock_gpu(0)]})
+    session = pending(user, 1, "0.5", cpu=2)[0]
+    schedule_pending()
+    assert node_of(session) == "node-a"
+
+    [used] = node_states(slot_name="cuda")
+    [free] = node_states(slot_name="cuda", usage=False)
+
+    assert (used.cpu_used, used.devices[0].sessions) == (2, 1) and used.devices[0].memory_used > 0
+    assert (free.cpu_used, free.mem_used, free.devices[0].sessions, free.devices[0].memory_used) == (0, 0, 0, 0)
+    assert free.devices[0].proc_used == 0 and (free.cpu_total, free.devices[0].memory_total) == (
+        used.cpu_total, used.devices[0].memory_total)
+    with CaptureQueriesContext(connection) as captured:
+        node_states(slot_name="cuda", usage=False)
+    assert not [q["sql"] for q in captured if "SUM(" in q["sql"].upper()]
