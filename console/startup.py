@@ -21,8 +21,12 @@ log = logging.getLogger(__name__)
 
 
 def freeze_imported_objects(what: str) -> None:
-    """Collect once, then freeze every object alive (see the module's docstring). `what`: the
-    process, for the log line (how many objects were frozen and how long the collection took)."""
+    """Collect once, then freeze every object alive (see the module's docstring); once a process:
+    a later call does nothing (the agent's in-process Celery worker, ready after the agent froze).
+    `what`: the process, for the log line (how many objects were frozen and how long the
+    collection took)."""
+    if gc.get_freeze_count():
+        return
     started = time.perf_counter()
     gc.collect()
     gc.freeze()

@@ -27,15 +27,14 @@ import uuid
 
 from django.db.models import Q, QuerySet
 
-from accelerators.allocation import core
 from accelerators.allocation.errors import NeverSchedulable
 from accelerators.allocation.requests import COMMON
-from accelerators.selectors import placement_scope
 from console.errors import ApplicationError
 from sessions import mig_scheduling
 from sessions.group_access import resource_groups_usable_by
 from sessions.images import image_for_launch
 from sessions.models import ResourcePreset
+from sessions.placement import ReadView
 from sessions.services import request_validate
 
 OWN_FIELDS = {"cpu": "cpu", "mem": "mem", "resource_group": "resource_group"}  # request keys with columns
@@ -58,12 +57,7 @@ def preset_check(*, preset: ResourcePreset) -> None:
     request, pure_settings = request_validate(resources=preset.request())
     image_for_launch(reference=preset.image.reference if preset.image else None, slot=request.slot)
     try:  # the launch's admission (every registered node, LOST ones too), without its quotas
-        mig_scheduling.check_ever_fits(
-            request,
-            lambda: core.check_ever_fits(
-                placement_scope(request=request, alive_only=False, usage=False)[0], request, pure_settings
-            ),
-        )
+        mig_scheduling.check_ever_fits(request, lambda: ReadView().check_ever_fits(request, pure_settings))
     except NeverSchedulable as exc:
         raise ApplicationError(
             str(exc), type="never-schedulable", title="Request too large", field_errors={"resources": [str(exc)]}

@@ -18,22 +18,23 @@ from accelerators.selectors import SlotFormats, slot_format_get
 from sessions.models import Allocation, ComputeSession
 
 
-def sessions_shown():
+def sessions_shown(*, gpu_instances: bool = True):
     """Every session, newest first, read with what SessionSerializer shows of it, so that any
     number of them costs the same three queries: the sessions joined with their owner, node and
     image; `allocation_list` (their allocations with their devices, in device order); and
     `gpu_instance_list` (their GPU instances with their GPUs). Lists rather than the related
     managers: Django builds a queryset per session and relation to hold a prefetch in a manager.
     (Joined, not prefetched: a page is mostly served from kept shapes, sessions.shapes, so the
-    reads that matter are one session's, a notice's or an answer's, where each query counts.)"""
-    return ComputeSession.objects.select_related("owner", "node", "image").prefetch_related(
-        _allocations(),
-        Prefetch("gpu_instances", queryset=GpuInstance.objects.select_related("parent"), to_attr="gpu_instance_list"),
+    reads that matter are one session's, a notice's or an answer's, where each query counts.)
+    Without `gpu_instances`, `session_gpu_instance` reads a MIG session's when asked."""
+    sessions = ComputeSession.objects.select_related("owner", "node", "image").prefetch_related(
+        Prefetch("allocations", queryset=Allocation.objects.select_related("device"), to_attr="allocation_list")
     )
-
-
-def _allocations() -> Prefetch:
-    return Prefetch("allocations", queryset=Allocation.objects.select_related("device"), to_attr="allocation_list")
+    if not gpu_instances:
+        return sessions
+    return sessions.prefetch_related(
+        Prefetch("gpu_instances", queryset=GpuInstance.objects.select_related("parent"), to_attr="gpu_instance_list")
+    )
 
 
 def sessions_shown_by_id(ids: Collection) -> list[ComputeSession]:
@@ -41,10 +42,7 @@ def sessions_shown_by_id(ids: Collection) -> list[ComputeSession]:
     session without its GPU instances: `session_gpu_instance` reads that of a MIG session when
     asked (one query then; none for the others, most sessions). A notice's or an answer's read:
     2 queries instead of 3 for one non-MIG session (issue 14), 3 for any number."""
-    sessions = sessions_shown().filter(pk__in=ids).order_by()
-    if len(ids) == 1:
-        sessions = sessions.prefetch_related(None).prefetch_related(_allocations())
-    return list(sessions)
+    return list(sessions_shown(gpu_instances=len(ids) != 1).filter(pk__in=ids).order_by())
 
 
 def session_list_for(*, user):

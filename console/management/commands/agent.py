@@ -33,7 +33,6 @@ class Command(BaseCommand):
         parser.add_argument("--config", required=True, help="path to agent.toml")
 
     def handle(self, *args, config: str, **options):
-
         try:
             cfg = load_agent_config(config, default_broker=settings.REDIS_URL)
         except AgentConfigError as exc:
