@@ -132,6 +132,21 @@ def stack_with_a_running_session(token: str, *, database_url: str, redis_url: st
             yield stack, created
 
 
+def measure_held(held: list[int], measure_one, *, database_url: str, redis_url: str, label: str, out: str) -> None:
+    """On a stack with one running session (on `database_url` and `redis_url`),
+    `measure_one(stack, token, session_id, n)` (a report line) for 0 and each count of `held`; the
+    lines printed, each after `label` where there is one, and appended to the file `out` ("": none)."""
+    setup_django(database_url)
+    token = fresh_user()
+    with stack_with_a_running_session(token, database_url=database_url, redis_url=redis_url) as (stack, created):
+        lines = [measure_one(stack, token, created["id"], n) for n in [0, *held]]
+    report = "\n".join(f"{label}: {line}" if label else line for line in lines) + "\n"
+    print(report, end="")
+    if out:
+        with open(out, "a") as f:
+            f.write(report)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--held", type=int, nargs="+", default=[20, 100])
@@ -140,17 +155,16 @@ def main() -> None:
     parser.add_argument("--label", default="")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    setup_django(DATABASE_URL)
-    token = fresh_user()
-    with stack_with_a_running_session(token, database_url=DATABASE_URL, redis_url=REDIS_URL) as (stack, created):
-        lines = [
-            measure(stack.base, token, stack.procs["web"].pid, created["id"], n, args.hold, args.settle) for n in [0, *args.held]
-        ]
-    report = "\n".join(f"{args.label}: {line}" if args.label else line for line in lines) + "\n"
-    print(report, end="")
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(report)
+    measure_held(
+        args.held,
+        lambda stack, token, session_id, n: measure(
+            stack.base, token, stack.procs["web"].pid, session_id, n, args.hold, args.settle
+        ),
+        database_url=DATABASE_URL,
+        redis_url=REDIS_URL,
+        label=args.label,
+        out=args.out,
+    )
 
 
 if __name__ == "__main__":

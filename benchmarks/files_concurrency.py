@@ -32,8 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.agent_scale import fresh_user, setup_django  # noqa: E402
-from benchmarks.exec_concurrency import call, stack_with_a_running_session, threads_of, timed_gets  # noqa: E402
+from benchmarks.exec_concurrency import call, measure_held, threads_of, timed_gets  # noqa: E402
 from tests.stack import Stack  # noqa: E402
 
 DATABASE_URL = os.environ.get("FGPU_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/fgpu_bench_files")
@@ -82,15 +81,14 @@ def main() -> None:
     parser.add_argument("--label", default="")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    setup_django(DATABASE_URL)
-    token = fresh_user()
-    with stack_with_a_running_session(token, database_url=DATABASE_URL, redis_url=REDIS_URL) as (stack, created):
-        lines = [measure(stack, token, created["id"], n, args.settle) for n in [0, *args.held]]
-    report = "\n".join(f"{args.label}: {line}" if args.label else line for line in lines) + "\n"
-    print(report, end="")
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(report)
+    measure_held(
+        args.held,
+        lambda stack, token, session_id, n: measure(stack, token, session_id, n, args.settle),
+        database_url=DATABASE_URL,
+        redis_url=REDIS_URL,
+        label=args.label,
+        out=args.out,
+    )
 
 
 if __name__ == "__main__":
