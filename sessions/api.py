@@ -40,6 +40,7 @@ from sessions.serializers import (
     PreviewSerializer,
     SessionCreateSerializer,
     SessionSerializer,
+    session_shape,
     TerminalTicketSerializer,
     validate_command,
 )
@@ -424,7 +425,7 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
 
     @extend_schema(summary="One session with its allocations")
     def retrieve(self, request, session_id=None):
-        return Response(SessionSerializer(self.get_object()).data)
+        return Response(session_shape(self.get_object()))
 
     @extend_schema(
         summary="Terminate a session",
@@ -444,9 +445,7 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
 
     def _shown(self, session: ComputeSession) -> dict:
         """The session's API shape after a write: the one its notice rendered (same state), else read."""
-        return (
-            events.shape_shown(session) or SessionSerializer(session_get_for(user=self.request.user, session_id=session.pk)).data
-        )
+        return events.shape_shown(session) or session_shape(session_get_for(user=self.request.user, session_id=session.pk))
 
     @extend_schema(
         summary="Preview a launch",

@@ -63,11 +63,11 @@ def shape_shown(session) -> dict | None:
 
 def _send_updates(entries: list[tuple]) -> None:
     from sessions.selectors import sessions_shown_by_id
-    from sessions.serializers import SessionSerializer
+    from sessions.serializers import session_shapes
 
     fresh = sessions_shown_by_id(list(dict.fromkeys(session_id for session_id, _ in entries)))
     # Through JSON, so the messages hold only plain types (msgpack on the Redis layer).
-    shapes = {shape["id"]: shape for shape in json.loads(JSONRenderer().render(SessionSerializer(fresh, many=True).data))}
+    shapes = {shape["id"]: shape for shape in json.loads(JSONRenderer().render(session_shapes(fresh)))}
     _rendered.shapes = shapes
     sends = []
     for session_id, owner_id in entries:

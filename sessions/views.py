@@ -17,7 +17,7 @@ from sessions.launch import launch_options
 from sessions.resources import my_resources
 from sessions.models import ACTIVE_STATUSES, FINAL_STATUSES, ComputeSession, SessionImage, SessionStatus
 from sessions.selectors import session_get_for, session_list_for
-from sessions.serializers import SessionSerializer
+from sessions.serializers import SessionSerializer, session_shape
 from sessions.services import session_default_name
 from sessions.session_apps import session_app_get
 
@@ -110,7 +110,7 @@ def session_list(request):
 @login_required
 def session_terminal(request, session_id):
     session = session_get_for(user=request.user, session_id=session_id)
-    return render(request, "sessions/terminal.html", {"session": SessionSerializer(session).data})
+    return render(request, "sessions/terminal.html", {"session": session_shape(session)})
 
 
 @login_required

@@ -15,8 +15,8 @@ from django.utils import timezone
 
 from accelerators.models import Device, GpuInstance, Node, SlotFormat
 from sessions.models import Allocation, ComputeSession, SessionImage
-from sessions.selectors import session_get_for
-from sessions.serializers import SessionSerializer
+from sessions.selectors import session_get_for, sessions_shown
+from sessions.serializers import SessionSerializer, session_shapes
 from sessions.shapes import SHAPES
 from tests.conftest import client_for
 from tests.seed import gpu_cluster, sessions_in_every_style
@@ -175,3 +175,22 @@ def test_the_etag_changes_with_a_shape_and_only_then(cluster, alice):
     node_attributes(cluster, alice)
     answer = api.get("/api/v1/sessions/", HTTP_IF_NONE_MATCH=tag)
     assert answer.status_code == 200 and answer["ETag"] != tag
+
+
+def all_shown(user) -> list[ComputeSession]:
+    return list(sessions_shown().filter(owner=user))
+
+
+@pytest.mark.parametrize("write", WRITES, ids=lambda write: write.__name__)
+def test_the_threads_kept_serializer_renders_what_a_new_one_renders_after_every_write(cluster, alice, write):
+    """session_shapes keeps one SessionSerializer per thread (its fields built once): what it
+    renders after a write, the slot formats' included (read anew at every call), is what a
+    serializer made for the call renders."""
+    before = session_shapes(all_shown(alice))
+    assert before == SessionSerializer(all_shown(alice), many=True).data
+
+    write(cluster, alice)
+
+    after = session_shapes(all_shown(alice))
+    assert after != before
+    assert after == SessionSerializer(all_shown(alice), many=True).data
