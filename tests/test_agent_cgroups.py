@@ -10,6 +10,7 @@ cgroup2 hierarchy: a test here fails, never skips, where there is none)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -23,6 +24,7 @@ import pytest
 from agent import runtimes
 from agent.runtimes import CGROUP_AUTO, SessionCgroup, cgroup2_mounts, cgroup2_root
 from tests.conftest import ROOT, wait_until_async
+from tests.stack import wait_until
 from tests.test_agent_runtime import Harness, RecordingManager, pid_alive, run_agent, start_spec
 
 
@@ -252,3 +254,125 @@ def test_cgroup2_mounts_are_read_from_mountinfo(tmp_path):
     unified = "29 1 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n31 29 0:30 / /mnt/x rw - cgroup2 cgroup2 rw\n"
     (tmp_path / "unified").write_text(unified)
     assert cgroup2_root(CGROUP_AUTO, mountinfo=str(tmp_path / "unified"))[0] == Path("/sys/fs/cgroup")
+
+
+# --- the session leader's start (runtimes.popen_leader) -----------------------------------------
+
+
+def leader_state(pid: int) -> dict:
+    """What popen_leader promises of a leader, read from /proc: its process session and
+    controlling terminal (stat fields 6 and 7), its cgroup, and which of SIGINT, SIGQUIT and SIGHUP
+    it ignores."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    with open(f"/proc/{pid}/status") as f:
+        ignored = int(next(line.split()[1] for line in f if line.startswith("SigIgn:")), 16)
+    return {
+        "session": int(fields[3]),
+        "tty_nr": int(fields[4]),
+        "cgroup": cgroup_of(pid),
+        "ignores": [sig.name for sig in runtimes._RESET_SIGNALS if ignored & (1 << (sig - 1))],
+    }
+
+
+@pytest.fixture
+def session_cgroup():
+    root, why = cgroup2_root(CGROUP_AUTO)
+    assert root is not None, why
+    cgroups = runtimes.SessionCgroups(root / f"fgpu-test-leader-{os.getpid()}")
+    cgroup = cgroups.create("leader")
+    yield cgroup
+    cgroup.remove()
+    cgroups.close()
+
+
+@contextlib.contextmanager
+def dispositions(ignored: tuple[signal.Signals, ...] = ()):
+    """SIGINT, SIGQUIT and SIGHUP caught (SIGINT by Python's own handler) or at their default,
+    except those `ignored`; as they were afterwards (something earlier in the suite may leave
+    SIGINT ignored)."""
+    caught = {signal.SIGINT: signal.default_int_handler, signal.SIGQUIT: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL}
+    before = {sig: signal.signal(sig, signal.SIG_IGN if sig in ignored else handler) for sig, handler in caught.items()}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def start_leader(cgroup: SessionCgroup) -> tuple[subprocess.Popen, int, str]:
+    """`sleep 300` as a session's leader on a new PTY (as the runtime's spawn starts one), the
+    PTY's master and its terminal's path; the caller kills it."""
+    import pty
+
+    master, slave = pty.openpty()
+    tty = os.ttyname(slave)
+    try:
+        process = runtimes.popen_leader(
+            ["sleep", "300"], cgroup=cgroup, tty=tty, stdin=slave, stdout=slave, stderr=slave, cwd="/",
+            env={"PATH": os.environ["PATH"]},
+        )  # fmt: skip
+    finally:
+        os.close(slave)
+    return process, master, tty
+
+
+@pytest.mark.parametrize("ignored", [(), (signal.SIGHUP,)], ids=["signals-caught", "started-ignoring-sighup"])
+def test_a_leader_has_its_session_terminal_cgroup_and_default_signals_with_or_without_a_preexec_fn(
+        session_cgroup, monkeypatch, ignored):
+    """Where the agent ignores none of SIGINT, SIGQUIT and SIGHUP the leader is readied by
+    LEADER_SCRIPT (no preexec_fn: no fork of the agent); where it ignores one, by a preexec_fn.
+    Either way the leader leads its own process session, has its PTY as controlling terminal, is
+    in its cgroup before it runs its command and ignores none of them."""
+    popens = []
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: popens.append(kw) or real_popen(*a, **kw))
+    with dispositions(ignored):
+        process, master, tty = start_leader(session_cgroup)
+    try:
+        assert (popens[0]["preexec_fn"] is not None) == bool(ignored)
+        state = {}
+
+        def exec_done():  # the script's shell has become `sleep`
+            state.update(leader_state(process.pid))
+            with open(f"/proc/{process.pid}/comm") as f:
+                return f.read().strip() == "sleep"
+
+        wait_until(exec_done, timeout=10, interval=0.01, what="the leader's exec")
+        assert state["session"] == process.pid
+        assert state["tty_nr"] == os.stat(tty).st_rdev
+        assert state["cgroup"] == "/" + str(session_cgroup.path.relative_to(cgroup2_root(CGROUP_AUTO)[0]))
+        assert state["ignores"] == []
+        assert session_cgroup.pids() == [process.pid]
+    finally:
+        process.kill()
+        process.wait()
+        os.close(master)
+
+
+def test_an_agent_started_ignoring_sighup_catches_it_instead_so_its_leaders_need_no_preexec_fn():
+    """`manage.py agent` and `standalone` call stop_ignoring_session_signals first: a signal the
+    process was started ignoring (nohup) is caught by a handler that does nothing, which a leader
+    does not inherit."""
+    with dispositions(ignored=(signal.SIGHUP,)):
+        assert runtimes._ignored(runtimes._RESET_SIGNALS)
+        runtimes.stop_ignoring_session_signals()
+        assert signal.getsignal(signal.SIGHUP) is runtimes._still_ignored
+        assert not runtimes._ignored(runtimes._RESET_SIGNALS)
+        signal.raise_signal(signal.SIGHUP)  # caught (its handler runs before the next line), and nothing happens
+        assert signal.getsignal(signal.SIGHUP) is runtimes._still_ignored
+
+
+def test_a_leader_that_cannot_join_its_cgroup_never_runs_its_command(tmp_path):
+    """LEADER_SCRIPT ends with 126 and the shell's reason where cgroup.procs cannot be written
+    (the cgroup removed meanwhile): the command does not run outside it."""
+    marker = tmp_path / "ran"
+    with dispositions():
+        process = runtimes.popen_leader(
+            ["/bin/sh", "-c", f"touch {marker}"], cgroup=SessionCgroup(tmp_path / "gone"), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env={"PATH": os.environ["PATH"]},
+        )  # fmt: skip
+    out, err = process.communicate(timeout=10)
+    assert process.returncode == 126, (out, err)
+    assert b"cgroup.procs" in err
+    assert not marker.exists()

@@ -22,6 +22,7 @@ from console.startup import freeze_imported_objects
 from protocol.exec_store import exec_store_for
 from agent.boot import build_agent
 from agent.config import AgentConfigError, load_agent_config
+from agent.runtimes import stop_ignoring_session_signals
 
 log = logging.getLogger("fgpu.agent")
 
@@ -33,6 +34,7 @@ class Command(BaseCommand):
         parser.add_argument("--config", required=True, help="path to agent.toml")
 
     def handle(self, *args, config: str, **options):
+        stop_ignoring_session_signals()
         try:
             cfg = load_agent_config(config, default_broker=settings.REDIS_URL)
         except AgentConfigError as exc:

@@ -34,7 +34,7 @@ from agent.config import AgentConfigError, load_agent_config
 from sessions.images import image_default, image_save
 from sessions.models import SessionImage
 from sessions.session_apps import jupyter_app
-from agent.runtimes import DOCKER, RUNTIMES
+from agent.runtimes import DOCKER, RUNTIMES, stop_ignoring_session_signals
 
 log = logging.getLogger("fgpu.standalone")
 
@@ -50,6 +50,7 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=None)
 
     def handle(self, *args, host: str, port: int | None, **options):
+        stop_ignoring_session_signals()
         port = port or env_int("PORT", 8000, minimum=1, maximum=65535)
         agent_files = env_list("FGPU_AGENT_CONFIG", [str(DEMO_AGENT)])
         try:
