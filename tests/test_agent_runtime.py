@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import uuid
 
 import pytest
@@ -488,6 +489,30 @@ def test_a_process_that_ignores_sighup_and_sigterm_is_killed_after_the_grace_per
         assert reason == "terminated"
         assert code == 128 + 9  # SIGKILL
         assert not process_group_alive(pgid)
+
+    run_agent(tmp_path, scenario)
+
+
+# Takes the first SIGHUP without ending (as an interactive bash may while it starts up), ignores
+# SIGTERM; the next SIGHUP finds the default action.
+MISSES_THE_FIRST_SIGHUP = "trap 'trap - HUP' HUP; trap '' TERM; echo armed-$((20 + 2)); while :; do sleep 0.05; done"
+
+
+def test_a_leader_that_takes_the_first_sighup_without_ending_ends_on_the_next_one_within_the_grace(tmp_path):
+    """`_stop` sends SIGHUP again within KILL_GRACE_S (RESIGNAL_S, doubling): the session ends
+    by SIGHUP (129), not by the SIGKILL after the grace (137)."""
+
+    async def scenario(h: Harness):
+        spec = start_spec(command=MISSES_THE_FIRST_SIGHUP)
+        channel = await h.watch_terminal(spec["session_id"])
+        await asyncio.to_thread(h.agent.submit_start, spec)
+        await h.read_until(channel, "armed-22")
+
+        await asyncio.to_thread(h.agent.submit_stop, spec["session_id"])
+
+        _, reason, code = await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
+        assert reason == "terminated"
+        assert code == 128 + signal.SIGHUP
 
     run_agent(tmp_path, scenario)
 
