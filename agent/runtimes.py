@@ -44,6 +44,7 @@ RUNTIMES = (PROCESS, DOCKER)
 CGROUP_AUTO = "auto"  # agent.toml [container] cgroup-root: find a writable cgroup2 hierarchy
 CGROUP_NONE = "none"  # never: always the /proc scan
 CGROUP_EMPTY_WAIT_S = 2.0  # how long removing a cgroup waits for its killed processes to be gone
+CGROUP_RMDIR_RETRY_S = 0.005  # between tries to remove a cgroup whose killed processes are still exiting
 
 
 @dataclass(frozen=True)
@@ -650,9 +651,10 @@ def open_session_cgroups(setting: str, *, name: str) -> tuple[SessionCgroups | N
 
 
 class SessionCgroup:
-    """One session's cgroup (v2): its leader joins it before it execs (`join`, in the child), so
-    every process it starts is in it too, whatever it does (setsid, double fork, a clean
-    environment); only the cgroup's own processes count (none is put in a child cgroup).
+    """One session's cgroup (v2): its leader joins it before it runs its command (LEADER_SCRIPT,
+    or `join` in a preexec_fn), so every process it starts is in it too, whatever it does
+    (setsid, double fork, a clean environment); only the cgroup's own processes count (none is
+    put in a child cgroup).
 
     Files read: `cgroup.procs` (the pids, zombies not listed), `cgroup.events` ("populated 0"
     once the last process exited; pollable), `cgroup.kill` (kernel ≥ 5.14: SIGKILL to all at
@@ -739,17 +741,25 @@ class SessionCgroup:
     def remove(self, *, timeout: float = CGROUP_EMPTY_WAIT_S) -> bool:
         """Blocking: kill what is left, wait up to `timeout` seconds for it to be gone, remove
         the cgroup. Returns whether it is gone (False: a process would not die in time, e.g.
-        in uninterruptible sleep; the agent's next start removes it)."""
-        if self.kill():
-            self.wait_empty(timeout)
-        try:
-            self.path.rmdir()
-        except FileNotFoundError:
+        in uninterruptible sleep; the agent's next start removes it). Processes killed just
+        before (`kill`, cgroup.kill) are in no cgroup.procs while they exit, yet the kernel
+        refuses the rmdir (EBUSY) until they are gone: it is tried again, every 5 ms, until
+        `timeout` (seen when standalone's exit killed a Jupyter kernel's children)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.kill()
+            self.wait_empty(max(0.0, deadline - time.monotonic()))
+            try:
+                self.path.rmdir()
+            except FileNotFoundError:
+                return True
+            except OSError as exc:
+                if exc.errno == errno.EBUSY and time.monotonic() < deadline:
+                    time.sleep(CGROUP_RMDIR_RETRY_S)
+                    continue
+                log.warning("could not remove cgroup %s: %s", self.path, exc.strerror or exc)
+                return False
             return True
-        except OSError as exc:
-            log.warning("could not remove cgroup %s: %s", self.path, exc.strerror or exc)
-            return False
-        return True
 
 
 class CgroupWatch:

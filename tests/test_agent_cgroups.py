@@ -376,3 +376,32 @@ def test_a_leader_that_cannot_join_its_cgroup_never_runs_its_command(tmp_path):
     assert process.returncode == 126, (out, err)
     assert b"cgroup.procs" in err
     assert not marker.exists()
+
+
+def test_a_cgroup_whose_processes_were_just_killed_is_removed_once_they_have_exited(session_cgroup):
+    """What standalone's exit does (kill_all_now: cgroup.kill, then release_now): a killed
+    process leaves cgroup.procs once its main thread has exited, while its other threads are
+    still exiting (freeing 1.5 GiB); the cgroup stays populated and the kernel refuses the
+    rmdir (EBUSY) until they have. `remove` waits for that instead of leaving the cgroup behind
+    (a JupyterLab session's was left, at 1 exit of standalone in 3; this test failed 5 of 5
+    before)."""
+    holder = (
+        "import threading, time; held = [bytearray(1 << 27) for _ in range(8)]\n"
+        "for _ in range(8): threading.Thread(target=lambda: [bytearray(1 << 26), time.sleep(1000)]).start()\n"
+        "time.sleep(0.2); print('held', flush=True); time.sleep(1000)"
+    )
+    with dispositions():
+        process = runtimes.popen_leader(
+            [sys.executable, "-c", holder], cgroup=session_cgroup, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, cwd="/", env={"PATH": os.environ["PATH"]},
+        )  # fmt: skip
+    try:
+        assert process.stdout.readline() == b"held\n"
+        (session_cgroup.path / "cgroup.kill").write_bytes(b"1")
+        wait_until(lambda: not session_cgroup.pids(), timeout=10, interval=0.0005, what="cgroup.procs to be empty")
+
+        assert session_cgroup.remove()
+        assert not session_cgroup.path.exists()
+    finally:
+        process.kill()
+        process.wait()
