@@ -84,7 +84,8 @@
   // ---- /ws/sessions/: session notices, reconnecting within 5 s once the server is back ----
 
   var CLOSE_UNAUTHENTICATED = 4401;
-  var RETRY_MAX_MS = 3000; // with ±25 % jitter: a restarted server is seen again within 4 s
+  var RETRY_MAX_MS = 2000; // with ±25 % jitter: a restarted server is seen again within 2.5 s, and the page
+  // loaded again within its 5 s promise also when that load is slow (a server busy starting up)
 
   // handlers: onSession(session), onOpen(reopened: true after a gap), onDown().
   function watchSessions(handlers) {
