@@ -18,7 +18,11 @@ Targets, each started on its own and stopped before the next, each running
   postgres), so that every process of the stack is counted and nothing shared is touched; the
   terminal on the agent's direct stream (agent.direct: agent.toml's default);
 - `distributed-layer`: the same with agent.toml's `terminal-direct = false`: the terminal through
-  the channel layer (Redis), the path of a node the web cannot reach.
+  the channel layer (Redis), the path of a node the web cannot reach;
+- `distributed-hop`: the same stack with benchmarks/terminal_hop.py (a minimal websocket ⇄
+  direct-stream relay in its own process) in place of daphne on the terminal's path: the floor of
+  any web process between the browser and the agent. `distributed` minus it is what daphne,
+  Channels and the consumer add; it minus `relay` is what a second process on the path costs.
 
 Figures per target (median of --repeat repetitions):
 - keystroke echo: --echo-samples round trips, alternately `a` (bash echoes it) and a backspace,
@@ -234,6 +238,13 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def start_script(work: Path, script: str, port: int, *args: str) -> Proc:
+    """benchmarks/`script` PORT ARGS… started (its output in `work`), once it listens on `port`."""
+    proc = Proc(script, [PYTHON, str(ROOT / "benchmarks" / script), str(port), *args], env=dict(os.environ), log_dir=work)
+    wait_until(lambda: port_open(port), timeout=20, what=f"{script} to listen")
+    return proc
+
+
 class Target:
     """A terminal server under test: `start()`, `url()` (a fresh websocket URL each time),
     `pids()` (its processes, for CPU and memory), `close()`."""
@@ -267,13 +278,7 @@ class RelayTarget(Target):
         self.work, self.port, self.proc = work, free_port(), None
 
     def start(self) -> None:
-        self.proc = Proc(
-            "relay",
-            [PYTHON, str(ROOT / "benchmarks" / "terminal_relay.py"), str(self.port), *SHELL],
-            env=dict(os.environ),
-            log_dir=self.work,
-        )
-        wait_until(lambda: port_open(self.port), timeout=20, what="the relay to listen")
+        self.proc = start_script(self.work, "terminal_relay.py", self.port, *SHELL)
 
     def url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/"
@@ -485,6 +490,29 @@ class DistributedLayerTarget(DistributedTarget):
     name = "distributed-layer"
 
 
+class DistributedHopTarget(DistributedTarget):
+    """The distributed stack with benchmarks/terminal_hop.py in place of daphne on the terminal's
+    path: the floor of any web process between the browser and the agent."""
+
+    name = "distributed-hop"
+
+    def start(self) -> None:
+        super().start()
+        self.port = free_port()
+        self.hop = start_script(self.work, "terminal_hop.py", self.port, self.stack.redis_url, self.api.session_id)
+
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/"
+
+    def named_pids(self) -> dict[str, list[int]]:
+        return {**super().named_pids(), "hop": [self.hop.pid]}
+
+    def close(self) -> None:
+        if getattr(self, "hop", None):
+            self.hop.stop(timeout=5)
+        super().close()
+
+
 def port_open(port: int) -> bool:
     import socket
 
@@ -633,6 +661,7 @@ def main() -> int:
             "standalone": lambda: StandaloneTarget(work),
             "distributed": lambda: DistributedTarget(work, args.database_url),
             "distributed-layer": lambda: DistributedLayerTarget(work, args.database_url, container="terminal-direct = false"),
+            "distributed-hop": lambda: DistributedHopTarget(work, args.database_url),
         }
         for name in wanted:
             target = makers[name]()
@@ -668,7 +697,7 @@ def report(results: dict[str, dict], args) -> list[str]:
             f"{r['cpu_s_per_mb']:>10.4f} {r['lost']:>7}   {r['slow_lost']:>12} {r['slow_mb_s']:>6.2f} "
             f"{r['slow_rss_growth_mib']:>9.1f}"
         )
-    for name in ("standalone", "distributed", "distributed-layer"):
+    for name in ("standalone", "distributed", "distributed-layer", "distributed-hop"):
         if name in results and floor:
             r = results[name]
             lines.append(
