@@ -33,6 +33,7 @@ if str(ROOT) not in sys.path:
 
 from agent import runtimes  # noqa: E402
 from agent.runtimes import CGROUP_AUTO, open_session_cgroups, popen_leader  # noqa: E402
+from benchmarks.agent_scale import percentile, proc_status  # noqa: E402
 
 WAYS = ("script", "preexec_fn")
 
@@ -71,11 +72,6 @@ def one(cgroups, name: str, index: int) -> tuple[float, float]:
         cgroup.remove()
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def measure(cgroups, rss_mib: int, repeat: int) -> list[str]:
     ballast = bytearray(rss_mib * 1024 * 1024)
     for offset in range(0, len(ballast), 4096):  # touched, so the pages are resident and mapped
@@ -112,7 +108,8 @@ def main() -> None:
         raise SystemExit(f"no cgroup for the leaders: {why}")
     try:
         lines = [f"# python -m benchmarks.leader_spawn --rss {' '.join(map(str, args.rss))} --repeat {args.repeat}"]
-        lines.append(f"# {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, this process at {rss_now_mib():.0f} MiB")
+        rss_mib_now = proc_status(os.getpid())[0] / 2**20
+        lines.append(f"# {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, this process at {rss_mib_now:.0f} MiB")
         for rss_mib in args.rss:
             lines += measure(cgroups, rss_mib, args.repeat)
     finally:
@@ -121,14 +118,6 @@ def main() -> None:
     print(text, end="")
     with open(args.out, "a") as f:
         f.write(text)
-
-
-def rss_now_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 if __name__ == "__main__":
