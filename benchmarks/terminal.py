@@ -27,7 +27,10 @@ Targets, each started on its own and stopped before the next, each running
 Figures per target (median of --repeat repetitions):
 - keystroke echo: --echo-samples round trips, alternately `a` (bash echoes it) and a backspace,
   each timed from the websocket send to its echo, once the target is idle (`settle`); p50 and
-  p99 in ms;
+  p99 in ms; and the CPU (user + system, from /proc) the target's own processes spent on them,
+  in µs a keystroke: unlike the latency, it hardly moves with what else the machine does, so it
+  shows what a change on the path saves (the clock's tick is 10 ms: use --echo-samples 2000 or
+  more to compare a few µs);
 - bulk: `head -c N /dev/zero | base64` (N = --bulk-bytes) between two markers, read as fast as
   the client can: MB (10^6 bytes) of terminal output a second, from the command's send to the end
   marker; CPU per MB: user + system seconds of the target's own processes (from /proc; the
@@ -578,7 +581,9 @@ async def run_target(target: Target, args) -> dict:
     for _ in range(args.repeat):
         await settle(target)
         term = await Terminal.open(target.url(), target.kind)
+        cpu_before = target.cpu()
         echo = sorted(await measure_echo(term, args.echo_samples))
+        echo_cpu = {name: seconds - cpu_before.get(name, 0) for name, seconds in target.cpu().items()}
         await term.close()
         term = await Terminal.open(target.url(), target.kind)
         cpu_before = target.cpu()
@@ -590,6 +595,7 @@ async def run_target(target: Target, args) -> dict:
             {
                 "echo_p50_ms": statistics.median(echo) * 1000,
                 "echo_p99_ms": percentile(echo, 0.99) * 1000,
+                "echo_cpu_us": sum(echo_cpu.values()) / len(echo) * 1e6,
                 "bulk_mb_s": mb / bulk["seconds"],
                 "cpu_s_per_mb": sum(cpu.values()) / mb,
                 "lost": bulk["lost"],
@@ -600,7 +606,9 @@ async def run_target(target: Target, args) -> dict:
             f"  {target.name}: "
             + json.dumps({k: round(v, 4) for k, v in reps[-1].items()})
             + "  core·s/MB by process: "
-            + json.dumps({k: round(v / mb, 4) for k, v in cpu.items()}),
+            + json.dumps({k: round(v / mb, 4) for k, v in cpu.items()})
+            + "  CPU µs a keystroke by process: "
+            + json.dumps({k: round(v / len(echo) * 1e6) for k, v in echo_cpu.items()}),
             flush=True,
         )
     figures = {key: statistics.median(r[key] for r in reps) for key in reps[0] if key not in ("lost", "frame_kb")}
@@ -688,12 +696,12 @@ def report(results: dict[str, dict], args) -> list[str]:
     lines = [
         f"# benchmarks/terminal.py {' '.join(sys.argv[1:])}  ({time.strftime('%Y-%m-%d %H:%M')}, "
         f"{os.cpu_count()} cores, median of {args.repeat}){'  ' + args.note if args.note else ''}",
-        f"{'target':<17} {'echo p50 ms':>11} {'p99 ms':>8} {'bulk MB/s':>10} {'core·s/MB':>10} {'lost B':>7}   "
+        f"{'target':<17} {'echo p50 ms':>11} {'p99 ms':>8} {'CPU µs':>7} {'bulk MB/s':>10} {'core·s/MB':>10} {'lost B':>7}   "
         f"{'slow: lost B':>12} {'MB/s':>6} {'RSS +MiB':>9}",
     ]
     for name, r in results.items():
         lines.append(
-            f"{name:<17} {r['echo_p50_ms']:>11.3f} {r['echo_p99_ms']:>8.3f} {r['bulk_mb_s']:>10.2f} "
+            f"{name:<17} {r['echo_p50_ms']:>11.3f} {r['echo_p99_ms']:>8.3f} {r['echo_cpu_us']:>7.0f} {r['bulk_mb_s']:>10.2f} "
             f"{r['cpu_s_per_mb']:>10.4f} {r['lost']:>7}   {r['slow_lost']:>12} {r['slow_mb_s']:>6.2f} "
             f"{r['slow_rss_growth_mib']:>9.1f}"
         )

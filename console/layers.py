@@ -60,6 +60,28 @@ class FlowControlledInMemoryChannelLayer(InMemoryChannelLayer):
                     raise
                 await asyncio.sleep(POLL_S)
 
+    async def group_send(self, group, message):
+        """Channels' group_send, without a task for each member: a send to a channel with room
+        (InMemoryChannelLayer's `send` never waits) is done at once, so a keystroke's input and
+        its echo reach the other side two event-loop turns sooner; only the sends that wait for
+        room (terminal output to a full channel) run as tasks, and the call returns once they
+        are done, as Channels' does (a full channel's other messages are dropped, as there)."""
+        assert isinstance(message, dict), "Message is not a dict"
+        self.require_valid_group_name(group)
+        self._clean_expired()
+        waiting = []
+        for channel in list(self.groups.get(group, ())):
+            try:
+                await super().send(channel, message)
+            except ChannelFull:
+                if message.get("type") in WAITING_TYPES:
+                    waiting.append(asyncio.create_task(self.send(channel, message)))
+        for sent in asyncio.as_completed(waiting):
+            try:
+                await sent
+            except ChannelFull:
+                pass
+
 
 # KEYS: channel keys. ARGV: their messages, their capacities, now (s), expiry (s). Drops each
 # key's expired messages, adds the message where the key holds fewer than its capacity; answers

@@ -31,7 +31,10 @@ import logging
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
+from twisted.internet.tcp import Connection as TwistedConnection
 
 from console.errors import ApplicationError
 from protocol.terminal_stream import DIRECT_OFFER, DIRECT_OK, LINE_LIMIT, encode
@@ -63,22 +66,42 @@ PENDING_MESSAGES = 1000  # client messages kept at most while the attach is unan
 HELD_FRAMES = 256
 
 
+def _server_transport(send):
+    """The Twisted transport behind a consumer's `send` (`base_send`: Channels' session middleware
+    wraps daphne's `partial(Server.handle_reply, protocol)`), or None under another server."""
+    for _ in range(4):
+        if isinstance(send, functools.partial):
+            return getattr(send.args[0], "transport", None) if send.args else None
+        send = getattr(getattr(send, "__self__", None), "real_send", None)
+    return None
+
+
 def websocket_backlog(send) -> int:
     """Bytes the ASGI server holds for this websocket that the client has not taken yet: daphne
     (Twisted) writes what the socket does not take into its transport's buffer without limit, and
-    its ASGI `send` returns at once. `send` is the consumer's `base_send` (Channels' session
-    middleware wraps daphne's `partial(Server.handle_reply, protocol)`). 0 under another server."""
-    for _ in range(4):
-        if isinstance(send, functools.partial):
-            transport = getattr(send.args[0], "transport", None) if send.args else None
-            if transport is None:
-                return 0
-            try:
-                return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
-            except (AttributeError, TypeError):
-                return 0
-        send = getattr(getattr(send, "__self__", None), "real_send", None)
-    return 0
+    its ASGI `send` returns at once. 0 under another server."""
+    transport = _server_transport(send)
+    try:
+        return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
+    except (AttributeError, TypeError):
+        return 0
+
+
+def write_now(send) -> None:
+    """Hand what daphne holds for this websocket to the socket now rather than on the event loop's
+    next turn: Twisted's `write` only buffers and asks the reactor to say when the socket is
+    writable (two epoll_ctl calls and a loop iteration on a keystroke's echo). Where the socket
+    takes less, or fails, the reactor finds the rest (or the error) as before, since the write
+    left it watching the socket; a closing connection (whose last write the reactor must see to
+    close it), a TLS or a non-Twisted transport is left alone."""
+    transport = _server_transport(send)
+    if (
+        isinstance(transport, TwistedConnection)
+        and transport.connected
+        and not transport.disconnecting
+        and transport._tempDataLen
+    ):
+        transport.doWrite()
 
 
 class TerminalConsumer(AsyncJsonWebsocketConsumer):
@@ -242,6 +265,41 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
             except Exception:
                 log.info("terminal for %s: could not tell the agent it closed", self.session_id, exc_info=True)
 
+    async def __call__(self, scope, receive, send) -> None:
+        """Channels' consumer loop (AsyncConsumer.__call__), except that each source (the
+        websocket, the channel layer) is read by a task of its own that dispatches what it
+        received itself, one message at a time across both (a lock), instead of through
+        `await_many_dispatch`'s `asyncio.wait`: a keystroke reaches the agent two event-loop turns
+        sooner. Ends, like Channels', when a dispatch raises StopConsumer (the websocket closed)."""
+        self.scope = scope
+        self.channel_layer = get_channel_layer(self.channel_layer_alias)
+        self.channel_name = await self.channel_layer.new_channel()
+        self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
+        self.base_send = send
+        lock = asyncio.Lock()
+
+        async def read(source) -> None:
+            while True:
+                try:
+                    message = await source()
+                except Exception:
+                    async with lock:  # as in Channels: after the dispatch in progress
+                        raise
+                async with lock:
+                    await self.dispatch(message)
+
+        readers = [asyncio.create_task(read(receive)), asyncio.create_task(read(self.channel_receive))]
+        try:
+            done, _ = await asyncio.wait(readers, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        except StopConsumer:
+            pass
+        finally:
+            for task in readers:
+                task.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+
     async def dispatch(self, message) -> None:
         """Channels' dispatch, without its per-message `aclose_old_connections` (a round trip
         through a worker thread, the largest cost of a keystroke's echo in benchmarks/terminal.py)
@@ -307,6 +365,7 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
 
     async def _deliver(self, event) -> None:
         await self.send(text_data='{"type": "output", "data": ' + json.dumps(event["data"]) + "}")
+        write_now(self.base_send)
         offset = event.get("offset")
         if offset is None:  # the scrollback (or an agent from before flow control)
             return
