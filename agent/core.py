@@ -95,9 +95,10 @@ READER_WINDOW_CHARS = 1024 * 1024
 READER_WINDOW_FRAMES = 64
 READER_STALL_S = 10.0
 COALESCE_S = 0.001
-# A direct stream's write takes no time, so nothing piles up behind it as behind a group send: after
-# a frame of STREAM_CHARS or more (output streams), output that comes within STREAM_GAP_S waits
-# COALESCE_S for more. A keystroke's echo after a quiet moment goes at once.
+# A direct stream's write takes no time, nor does a group send of the in-memory layer (standalone)
+# to consumers with room, so nothing piles up behind them as behind a group send through Redis:
+# after a frame of STREAM_CHARS or more (output streams), output that comes within STREAM_GAP_S
+# waits COALESCE_S for more. A keystroke's echo after a quiet moment goes at once.
 STREAM_CHARS = 1024
 STREAM_GAP_S = 0.004
 # The output rate cap: a session's output is read from its PTY at OUTPUT_RATE_BYTES a second at
@@ -902,12 +903,12 @@ class Agent:
         again once the outbox drained below OUTBOX_LOW; ends once the session's output is closed
         and sent. While output streams (more came while the last frame was on its way), the next
         frame waits COALESCE_S for more unless it is half full: fewer, larger frames cost less at
-        every hop; a keystroke's echo (nothing in flight before it) goes at once. Where the frames
-        go to direct streams alone, output streams while large frames follow one another
-        (STREAM_CHARS, STREAM_GAP_S)."""
+        every hop; a keystroke's echo (nothing in flight before it) goes at once. Output also
+        streams while large frames follow one another (STREAM_CHARS, STREAM_GAP_S): what a
+        direct stream or the in-memory layer sends is never on its way for long."""
         group = protocol.terminal_group(running.session_id)
         streaming = False
-        large_at = -STREAM_GAP_S  # loop time of the last large frame written to direct streams alone
+        large_at = -STREAM_GAP_S  # loop time of the last large frame sent
         while True:
             await running.outbox_wake.wait()
             running.outbox_wake.clear()
@@ -923,14 +924,14 @@ class Agent:
                 frame = self._take_frame(running)
                 running.sent += len(frame)
                 running.frames += 1
+                if len(frame) >= STREAM_CHARS:
+                    large_at = self.loop.time()
                 message = {"type": "terminal.output", "data": frame, "offset": running.sent, "n": running.frames}
                 if running.direct:  # written before any await: a reader that attaches meanwhile starts after it
                     line = encode(message)
                     for stream in running.direct.values():
                         stream.write(line)
                     if not (running.layer_channels or running.adopted):
-                        if len(frame) >= STREAM_CHARS:
-                            large_at = self.loop.time()
                         if running.outbox_chars <= OUTBOX_LOW:
                             self._resume_reading(running)
                         streaming = bool(running.outbox)

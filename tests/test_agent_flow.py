@@ -113,6 +113,32 @@ def test_a_slow_terminal_reader_gets_every_byte_in_order_in_standalone_mode(tmp_
     run_agent(tmp_path, scenario, layer_class=FlowControlledInMemoryChannelLayer)
 
 
+def test_streaming_output_goes_in_frames_of_many_pty_reads_in_standalone_mode(tmp_path):
+    """Standalone's group send takes no time (console.layers), so the output pump coalesces by
+    STREAM_CHARS/STREAM_GAP_S as for direct streams: a PTY read is at most 4 KiB, and a frame per
+    read would cost every hop (daphne, the browser) several times the work per byte."""
+    from console.layers import FlowControlledInMemoryChannelLayer
+
+    size = 600_000  # base64 makes ~810 kB: within the output cap's burst (a reader that attached has none)
+
+    async def scenario(h: Harness):
+        spec = start_spec(command=f"sleep 0.5; head -c {size} /dev/zero | base64; echo END-$((6*7))")
+        channel = await h.watch_terminal(spec["session_id"])
+        await h.start_session(spec)
+        frames = []
+        async with asyncio.timeout(60):
+            while not frames or "END-42" not in frames[-1]:
+                message = await h.layer.receive(channel)
+                assert message["type"] == "terminal.output", message
+                frames.append(message["data"])
+        return frames
+
+    frames = run_agent(tmp_path, scenario, layer_class=FlowControlledInMemoryChannelLayer)
+    streamed = sum(len(frame) for frame in frames)
+    assert streamed > size, "the output did not arrive"
+    assert streamed / len(frames) > 3 * 4096, f"{len(frames)} frames for {streamed} characters"
+
+
 def test_a_daemon_that_escaped_with_setsid_ends_with_its_session(tmp_path):
     async def scenario(h: Harness):
         pid_file = tmp_path / "daemon.pid"
