@@ -156,9 +156,16 @@ class SessionHandle:
         return bool(session_processes(self.session_id, self.pid, live_only=True, since=self.started))
 
     def pids(self) -> list[int]:
-        """Blocking: the pids of the session's live processes (as `alive` finds them)."""
+        """Blocking: the pids of the session's live processes (as `alive` finds them); with a
+        cgroup, the leader's while the cgroup lists none: the leader joins it a moment after
+        the spawn (LEADER_SCRIPT), and a usage sample meanwhile would find the session empty."""
         if self.cgroup is not None:
-            return self.cgroup.pids()
+            found = self.cgroup.pids()
+            if not found:
+                fields = _stat_fields("/proc", str(self.pid))
+                if fields is not None and fields[0] != "Z":
+                    return [self.pid]
+            return found
         return session_processes(self.session_id, self.pid, live_only=True, since=self.started)
 
     def watch(self) -> CgroupWatch | None:

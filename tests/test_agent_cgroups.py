@@ -405,3 +405,21 @@ def test_a_cgroup_whose_processes_were_just_killed_is_removed_once_they_have_exi
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_session_counts_its_leader_from_its_spawn_before_the_leader_joined_its_cgroup(session_cgroup):
+    """LEADER_SCRIPT joins the cgroup a moment after the spawn; meanwhile the session's pids are
+    its leader's (else a usage sample then reads an empty session: mem 0, a CI failure), and
+    once it joined, the cgroup's."""
+    for _ in range(10):
+        process, master, _ = start_leader(session_cgroup)
+        handle = runtimes.SessionHandle("s", process, master, env={}, work_dir=Path("/"), cgroup=session_cgroup)
+        try:
+            assert handle.pids() == [process.pid]  # before or after the join: the leader alone
+            wait_until(lambda: session_cgroup.pids() == [process.pid], timeout=10, what="the leader in its cgroup")
+            assert handle.pids() == [process.pid]
+        finally:
+            process.kill()
+            process.wait()
+            os.close(master)
+        wait_until(lambda: not session_cgroup.populated(), timeout=10, what="the cgroup empty")
