@@ -34,9 +34,9 @@ Figures per target (median of the rounds):
 - keystroke echo: --echo-samples round trips, alternately `a` (bash echoes it) and a backspace,
   each timed from the websocket send to its echo, once the target is idle (`settle`); p50 and
   p99 in ms; and the CPU (user + system, from /proc) the target's own processes spent on them,
-  in µs a keystroke: unlike the latency, it hardly moves with what else the machine does, so it
-  shows what a change on the path saves (the clock's tick is 10 ms: use --echo-samples 2000 or
-  more to compare a few µs);
+  in µs a keystroke: it moves less than the latency with what else the machine does (though with
+  the machine's own speed, which drifts), so it shows what a change on the path saves (the
+  clock's tick is 10 ms: use --echo-samples 2000 or more to compare a few µs);
 - bulk: `head -c N /dev/zero | base64` (N = --bulk-bytes) between two markers, read as fast as
   the client can: MB (10^6 bytes) of terminal output a second, from the command's send to the end
   marker; CPU per MB: user + system seconds of the target's own processes (from /proc; the
@@ -275,6 +275,10 @@ class Target:
     def cpu(self) -> dict[str, float]:
         """CPU seconds so far of each of the target's processes, by name."""
         return {name: cpu_seconds(pids, reaped_children_of=self.reaped) for name, pids in self.named_pids().items()}
+
+    def cpu_since(self, before: dict[str, float]) -> dict[str, float]:
+        """CPU seconds of each of the target's processes, by name, since `before` (a `cpu()`)."""
+        return {name: seconds - before.get(name, 0) for name, seconds in self.cpu().items()}
 
     def rss(self) -> int:
         return sum(proc_status(pid)[0] for pid in self.pids())
@@ -581,11 +585,15 @@ async def settle(targets: list[Target], *, idle: float = 0.05, timeout: float = 
     """Wait until the targets' processes use less than `idle` of a core over a second (at most
     `timeout` s): after a bulk run ours still ships the log's backlog to the manager for a few
     seconds, and every measure starts on a quiet system."""
+
+    def used() -> float:
+        return sum(sum(target.cpu().values()) for target in targets)
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        before = sum(sum(target.cpu().values()) for target in targets)
+        before = used()
         await asyncio.sleep(1.0)
-        if sum(sum(target.cpu().values()) for target in targets) - before < idle:
+        if used() - before < idle:
             return
 
 
@@ -595,12 +603,12 @@ async def measure_rep(target: Target, targets: list[Target], args) -> dict:
     term = await Terminal.open(target.url(), target.kind)
     cpu_before = target.cpu()
     echo = sorted(await measure_echo(term, args.echo_samples))
-    echo_cpu = {name: seconds - cpu_before.get(name, 0) for name, seconds in target.cpu().items()}
+    echo_cpu = target.cpu_since(cpu_before)
     await term.close()
     term = await Terminal.open(target.url(), target.kind)
     cpu_before = target.cpu()
     bulk = await measure_bulk(term, args.bulk_bytes)
-    cpu = {name: seconds - cpu_before.get(name, 0) for name, seconds in target.cpu().items()}
+    cpu = target.cpu_since(cpu_before)
     await term.close()
     mb = bulk["bytes"] / 1e6 or float("nan")
     rep = {
