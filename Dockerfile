@@ -15,4 +15,4 @@ RUN pip install .
 COPY . .
 RUN FGPU_DATA_DIR=/tmp/build python manage.py collectstatic --noinput >/dev/null
 EXPOSE 8000
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "console.asgi:application"]
+CMD ["uvicorn", "--host", "0.0.0.0", "--port", "8000", "console.asgi:application"]

@@ -18,7 +18,8 @@ first failure; a successful login clears its (username, address) count, never th
 an attacker could reset it with an account of their own). An administrator clears a user's
 locks (the Users admin's "Clear failed logins" action, or `manage.py login_unlock --user NAME`)
 and an address's (`manage.py login_unlock --address IP`). The address is REMOTE_ADDR: behind a
-reverse proxy run daphne with `--proxy-headers`, or every user shares the proxy's address.
+reverse proxy, uvicorn takes it from X-Forwarded-For only from `--forwarded-allow-ips` (default
+127.0.0.1): list the proxy's address there, or every user shares the proxy's address.
 """
 
 from __future__ import annotations

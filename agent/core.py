@@ -2,7 +2,7 @@
 process groups, or one container each with agent.docker_runtime) and relays their
 terminals.
 
-Everything runs on one asyncio loop (the agent's own in `manage.py agent`, daphne's in
+Everything runs on one asyncio loop (the agent's own in `manage.py agent`, uvicorn's in
 standalone mode). Celery task handlers call the thread-safe `submit_*` methods, which
 schedule work on that loop and return at once. Reports to the manager go through Celery
 tasks (`fgpu.manager.*`), called from a worker thread so the loop never blocks. Terminal
@@ -87,7 +87,7 @@ EXEC_OUTPUT_BYTES = 1024 * 1024  # stdout and stderr of an exec are each cut to 
 # which drops the oldest past it) are never reached. A reader that acknowledges nothing for
 # READER_STALL_S while it holds the window (its web process died) stops counting until it
 # acknowledges again. One frame carries at most FRAME_CHARS characters (JSON-escaped, well under
-# daphne's 1 MiB websocket message limit).
+# the smallest websocket message limit on the way, daphne's 1 MiB).
 OUTBOX_HIGH = 256 * 1024
 OUTBOX_LOW = 64 * 1024
 FRAME_CHARS = 64 * 1024

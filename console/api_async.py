@@ -2,7 +2,7 @@
 web thread or a database connection while they wait.
 
 Django serves a DRF view on a thread of the request's own (asgiref's thread-sensitive
-executor, one per request under daphne) and the request keeps its database connection until
+executor, one per request) and the request keeps its database connection until
 it ends: a view that waits minutes for an agent would hold both, and a few dozen such requests
 would take every connection of the pool (settings.DATABASE_POOL) from the rest of the site.
 

@@ -1,9 +1,10 @@
-"""ASGI entry point: `daphne console.asgi:application`.
+"""ASGI entry point: `uvicorn console.asgi:application` (daphne serves it too).
 
 HTTP goes to Django (static files served by Django's ASGI static handler), except
 `/sessions/<id>/apps/<name>/…`, which goes to the app proxy (sessions.app_proxy: it checks the
 sign-in cookie itself); websockets go through the origin check, then session-cookie auth, then the
-URL router (Channels' docs; the app proxy's websockets are routed there too).
+URL router (Channels' docs; the app proxy's websockets are routed there too); a message sent to a
+websocket whose client has gone is dropped.
 """
 
 import os
@@ -38,10 +39,36 @@ class BrowserOriginValidator(OriginValidator):
         return super().valid_origin(parsed_origin)
 
 
+class GoneClientSendsDropped:
+    """ASGI middleware: a websocket's sends after its client has gone are dropped, as daphne
+    drops them; uvicorn raises ClientDisconnected (an OSError) instead, which would end the
+    consumer with an error before the disconnect that is on its way reaches it. The server's
+    own `send` stays reachable as `real_send` (sessions.consumers.server_transport)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        await self.app(scope, receive, _DroppingSend(send).send)
+
+
+class _DroppingSend:
+    def __init__(self, real_send):
+        self.real_send = real_send
+
+    async def send(self, message) -> None:
+        try:
+            await self.real_send(message)
+        except OSError:
+            pass
+
+
 application = ProtocolTypeRouter(
     {
         "http": AppProxyRouter(AppHttpProxy(), ASGIStaticFilesHandler(django_asgi_app)),
-        "websocket": BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), settings.ALLOWED_HOSTS),
+        "websocket": GoneClientSendsDropped(
+            BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), settings.ALLOWED_HOSTS)
+        ),
     }
 )
 

@@ -80,7 +80,7 @@ CLOSE_UNAUTHENTICATED, CLOSE_NOT_FOUND, CLOSE_ENDED, CLOSE_APP_CLOSED = 4401, 44
 CONNECT_TIMEOUT_S = 10.0
 WEBSOCKET_MAX_BYTES = 16 * 1024 * 1024  # the largest websocket message relayed either way (a big notebook)
 
-_clients: dict[int, httpx.AsyncClient] = {}  # one per event loop (daphne runs one)
+_clients: dict[int, httpx.AsyncClient] = {}  # one per event loop (the web server runs one)
 
 
 def _client() -> httpx.AsyncClient:
@@ -342,7 +342,7 @@ class AppHttpProxy:
 
 
 async def _request_body(receive):
-    """The request's body as daphne hands it over, chunk by chunk (httpx streams it on)."""
+    """The request's body as the server hands it over, chunk by chunk (httpx streams it on)."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

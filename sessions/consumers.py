@@ -5,10 +5,10 @@ Terminal frames (DESIGN.md): client → `{"type": "input", "data"}`, `{"type": "
 
 Flow control (agent.core, READER_WINDOW_CHARS): the terminal consumer acknowledges the output its
 websocket has taken (`pty.ack` with the last frame's `offset` and `n`), every ACK_CHARS characters
-or ACK_FRAMES frames, and only once daphne holds less than WEBSOCKET_BACKLOG_BYTES for the socket
+or ACK_FRAMES frames, and only once the server holds less than WEBSOCKET_BACKLOG_BYTES for the socket
 that the client has not read yet; the agent sends a terminal at most a window past what it
 acknowledged, and leaves the PTY unread while its output waits. So a slow client holds back its
-own session's program, and daphne's memory for it stays bounded.
+own session's program, and the server's memory for it stays bounded.
 
 The direct stream (protocol.terminal_stream): the consumer's attach asks for one; where the agent
 offers it (a host, a port and a one-time token, on this consumer's own reply channel), the
@@ -56,8 +56,8 @@ LAYER_RETRY_S = 0.25  # a pooled connection that a Redis restart broke fails onc
 MAX_INPUT = 64 * 1024
 ACK_CHARS = 256 * 1024  # acknowledge output every this many characters (a quarter of the agent's window)
 ACK_FRAMES = 16  # … or this many frames (a quarter of its window)
-WEBSOCKET_BACKLOG_BYTES = 256 * 1024  # acknowledge only while daphne holds less than this for the client
-ACK_POLL_S = 0.005  # how often a held acknowledgement looks at daphne's buffer again
+WEBSOCKET_BACKLOG_BYTES = 256 * 1024  # acknowledge only while the server holds less than this for the client
+ACK_POLL_S = 0.005  # how often a held acknowledgement looks at the server's buffer again
 ATTACH_WAIT_S = 2.0  # input waits this long at most for the agent's answer to the attach (direct or not)
 DIRECT_CONNECT_S = 1.0  # connecting to the agent's direct stream and its answer, at most
 PENDING_MESSAGES = 1000  # client messages kept at most while the attach is unanswered
@@ -66,35 +66,42 @@ PENDING_MESSAGES = 1000  # client messages kept at most while the attach is unan
 HELD_FRAMES = 256
 
 
-def _server_transport(send):
-    """The Twisted transport behind a consumer's `send` (`base_send`: Channels' session middleware
-    wraps daphne's `partial(Server.handle_reply, protocol)`), or None under another server."""
+def server_transport(send):
+    """The transport under a consumer's `send` (Channels' session middleware wraps the server's
+    own): daphne's `partial(Server.handle_reply, protocol)` or uvicorn's bound `send` of its
+    websocket protocol; None under another server."""
     for _ in range(4):
         if isinstance(send, functools.partial):
             return getattr(send.args[0], "transport", None) if send.args else None
-        send = getattr(getattr(send, "__self__", None), "real_send", None)
+        owner = getattr(send, "__self__", None)
+        send = getattr(owner, "real_send", None)
+        if send is None:
+            return getattr(owner, "transport", None)
     return None
 
 
-def websocket_backlog(send) -> int:
-    """Bytes the ASGI server holds for this websocket that the client has not taken yet: daphne
-    (Twisted) writes what the socket does not take into its transport's buffer without limit, and
-    its ASGI `send` returns at once. 0 under another server."""
-    transport = _server_transport(send)
+def websocket_backlog(transport) -> int:
+    """Bytes the server holds for this websocket that the client has not taken yet (`transport`:
+    server_transport's). uvicorn's asyncio transport says so itself, and its `send` waits while
+    it holds more than asyncio's high-water mark (64 KiB); daphne (Twisted) writes what the socket
+    does not take into its transport's buffer without limit, and its `send` returns at once. 0
+    under another server."""
+    if isinstance(transport, asyncio.WriteTransport):
+        return transport.get_write_buffer_size()
     try:
         return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
     except (AttributeError, TypeError):
         return 0
 
 
-def write_now(send) -> None:
-    """Hand what daphne holds for this websocket to the socket now rather than on the event loop's
-    next turn: Twisted's `write` only buffers and asks the reactor to say when the socket is
-    writable (two epoll_ctl calls and a loop iteration on a keystroke's echo). Where the socket
-    takes less, or fails, the reactor finds the rest (or the error) as before, since the write
-    left it watching the socket; a closing connection (whose last write the reactor must see to
-    close it), a TLS or a non-Twisted transport is left alone."""
-    transport = _server_transport(send)
+def write_now(transport) -> None:
+    """Under daphne, hand what it holds for this websocket to the socket now rather than on the
+    event loop's next turn: Twisted's `write` only buffers and asks the reactor to say when the
+    socket is writable (two epoll_ctl calls and a loop iteration on a keystroke's echo). Where the
+    socket takes less, or fails, the reactor finds the rest (or the error) as before, since the
+    write left it watching the socket; a closing connection (whose last write the reactor must see
+    to close it), a TLS or a non-Twisted transport (uvicorn's asyncio one writes at once) is left
+    alone."""
     if (
         isinstance(transport, TwistedConnection)
         and transport.connected
@@ -111,7 +118,7 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
     session_id: str = ""
     delivered: tuple[int, int] = (0, 0)  # (offset, n) of the last output frame sent to the client
     acked: tuple[int, int] = (0, 0)  # … and of the last one acknowledged to the agent
-    ack_task: asyncio.Task | None = None  # an acknowledgement waiting for daphne's buffer to drain
+    ack_task: asyncio.Task | None = None  # an acknowledgement waiting for the server's buffer to drain
     pending: list | None = None  # messages to the agent held until it answered the attach; None once it did
     held: list  # layer output frames that came while the attach was unanswered
     attach_timer: asyncio.TimerHandle | None = None
@@ -275,6 +282,7 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
         self.channel_layer = get_channel_layer(self.channel_layer_alias)
         self.channel_name = await self.channel_layer.new_channel()
         self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
+        self.transport = server_transport(send)
         self.base_send = send
         lock = asyncio.Lock()
 
@@ -365,20 +373,20 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
 
     async def _deliver(self, event) -> None:
         await self.send(text_data='{"type": "output", "data": ' + json.dumps(event["data"]) + "}")
-        write_now(self.base_send)
+        write_now(self.transport)
         offset = event.get("offset")
         if offset is None:  # the scrollback (or an agent from before flow control)
             return
         self.delivered = (offset, event.get("n", 0))
         due = offset - self.acked[0] >= ACK_CHARS or self.delivered[1] - self.acked[1] >= ACK_FRAMES
         if due and self.ack_task is None:
-            if websocket_backlog(self.base_send) < WEBSOCKET_BACKLOG_BYTES:
+            if websocket_backlog(self.transport) < WEBSOCKET_BACKLOG_BYTES:
                 await self._ack()
             else:
                 self.ack_task = asyncio.create_task(self._ack_when_drained())
 
     async def _ack_when_drained(self) -> None:
-        while websocket_backlog(self.base_send) >= WEBSOCKET_BACKLOG_BYTES:
+        while websocket_backlog(self.transport) >= WEBSOCKET_BACKLOG_BYTES:
             await asyncio.sleep(ACK_POLL_S)
         self.ack_task = None
         await self._ack()

@@ -102,7 +102,7 @@ class _Sender:
 
     The loop is a thread of its own (web and manager processes), or the server's loop where the
     channel layer must be used from it (`use_loop`: standalone mode's in-memory layer lives on
-    daphne's loop). Notices are best-effort, as before: a process that dies loses those not yet
+    the web server's loop). Notices are best-effort, as before: a process that dies loses those not yet
     sent; the pages re-read the list when their websocket reconnects."""
 
     def __init__(self) -> None:

@@ -6,14 +6,14 @@ each answered on a reply channel (agent.files; message shapes in protocol.files)
 it works wherever the terminal does: web processes and agents on different hosts share only the
 channel layer (Redis), no address of the node is needed. File bytes travel in chunks of at most
 CHUNK_BYTES (256 KiB), one request and one answer at a time: an upload is read from the request
-body chunk by chunk (daphne holds it in a temporary file) and a download is streamed to the
+body chunk by chunk (Django's ASGI handler holds it in a temporary file) and a download is streamed to the
 client as the agent answers, so a web process holds one chunk per transfer in memory.
 
 Each service checks the path and the session and reads what it needs of the database (the
 owner's projects) in sync code, then returns the wait: a coroutine function that talks to the
 agent on the event loop and reads no database, so the API (console.api_async) holds no web
 thread and no database connection while the agent answers. An upload's body is read by the
-wait (from daphne's temporary file: local, a chunk at a time).
+wait (from Django's temporary file: local, a chunk at a time).
 
 Paths are checked here (protocol.files.path_parts, for a clear 400 naming `path`) and again on
 the agent, which alone enforces confinement (O_NOFOLLOW from the root's descriptor). Uploads are

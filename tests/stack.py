@@ -3,7 +3,7 @@
     from tests.stack import Stack, StackNode, mock_inventory
 
     with Stack(nodes=[StackNode("node-0", mock_inventory(gpus=2), devices=2)], work_dir=tmp) as stack:
-        stack.base                      # http://127.0.0.1:<port> (daphne)
+        stack.base                      # http://127.0.0.1:<port> (uvicorn)
         stack.kill("manager")           # SIGKILL its whole process group
         stack.restart("manager")        # the same command again (a new log file)
         stack.redis_stop(); stack.redis_start()   # a private broker only
@@ -15,7 +15,7 @@ it, each with its output in `<work_dir>/<name>.log` (`<name>.<n>.log` after the 
 | name | command |
 |---|---|
 | `redis` | `redis-server --port N --save "" --appendonly no` (only with `redis_url=None`: a private broker; with `broker_acl=True` its ACL users come from console/broker_acl.py and each process gets its role's URL) |
-| `web` | `daphne console.asgi:application` |
+| `web` | `uvicorn console.asgi:application` |
 | `manager` | `celery -A console worker -Q manager --pool threads --concurrency 4 --without-gossip --without-mingle` |
 | `beat` | `celery -A console beat` (one beat, a process of its own, as the README runs it) |
 | `agent-<node>` | `python manage.py agent --config <work_dir>/nodes/<node>/agent.toml` |
@@ -207,9 +207,9 @@ class StackNode:
 
 
 def web_command(port: int) -> list[str]:
-    """The web process's command line, as DESIGN.md runs it (`daphne console.asgi:application`),
+    """The web process's command line, as the README runs it (`uvicorn console.asgi:application`),
     listening on 127.0.0.1:`port`."""
-    return [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"]
+    return [str(BIN / "uvicorn"), "--host", "127.0.0.1", "--port", str(port), "console.asgi:application"]
 
 
 def web_answers(base: str) -> bool:
@@ -251,7 +251,7 @@ class Stack:
     schedule. `redis_url`: a Redis database to use (flushed first when `flush_redis`); None
     starts a private redis-server on a free port, which `redis_stop` / `redis_start` take down
     and bring back (its data is gone then: queues, groups). `env`: extra variables for every
-    process (e.g. FGPU_HEARTBEAT_TIMEOUT). `start()` returns once daphne answers and every node
+    process (e.g. FGPU_HEARTBEAT_TIMEOUT). `start()` returns once the web process answers and every node
     is ALIVE with all its devices."""
 
     def __init__(self, *, nodes: Iterable[StackNode], work_dir: Path, redis_url: str | None = None,
@@ -335,7 +335,7 @@ class Stack:
             self._run(self.agent_name(node.name), [PYTHON, "manage.py", "agent", "--config",
                                                    str(node_dir / "agent.toml")],
                       self._role_env(agent_env, f"fgpu-agent-{node.name}"))
-        self._wait_for(self.web_answers, timeout=timeout, what="daphne to answer")
+        self._wait_for(self.web_answers, timeout=timeout, what="the web process to answer")
         self._wait_for(self.nodes_ready, timeout=timeout, what="every agent to register its node")
 
     def close(self) -> None:

@@ -40,7 +40,7 @@ class Command(BaseCommand):
             f"wrote {path} ({len(users)} users; the default user is off). Load it with "
             f"`redis-server --aclfile {path.resolve()}` (or `ACL LOAD`).\n"
         )
-        self.stdout.write(f"web (daphne):            REDIS_URL={by_name[WEB].url(broker_url)}")
+        self.stdout.write(f"web:                     REDIS_URL={by_name[WEB].url(broker_url)}")
         self.stdout.write(f"manager (worker, beat):  REDIS_URL={by_name[MANAGER].url(broker_url)}")
         for node in nodes:
             self.stdout.write(f'agent {node}: agent.toml [manager] broker-url = "{by_name[agent_user(node)].url(broker_url)}"')

@@ -1,8 +1,8 @@
 """`python manage.py standalone` (what `make run` starts): the whole console on one machine.
 
 Migrates the SQLite database under FGPU_DATA_DIR, imports the accelerator settings, makes
-sure user `admin` exists, then serves http://127.0.0.1:$PORT with daphne and runs one
-embedded agent (one mock node) per agent.toml in FGPU_AGENT_CONFIG on daphne's event loop.
+sure user `admin` exists, then serves http://127.0.0.1:$PORT with uvicorn and runs one
+embedded agent (one mock node) per agent.toml in FGPU_AGENT_CONFIG on uvicorn's event loop.
 Environment: PORT (8000), FGPU_ADMIN_PASSWORD, FGPU_AGENT_CONFIG (demo/agent.toml),
 FGPU_ACCELERATOR_CONFIG (an etcd-style JSON; the demo's is imported only on first start),
 FGPU_DATA_DIR (./var).
@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import secrets
+import signal
 import sys
 
 from asgiref.sync import sync_to_async
@@ -152,48 +153,59 @@ class Command(BaseCommand):
             self.stdout.write("Changed the password of user admin to the one from FGPU_ADMIN_PASSWORD")
 
     def _serve(self, host: str, port: int, agents) -> None:
-        from daphne.server import Server
+        import uvicorn
 
         from console.asgi import application
         from sessions import events
         from sessions.tasks import node_check_heartbeats, schedule_pending
         from usage.tasks import usage_idle_check, usage_rollup  # also registers the agents' usage_report
 
-        async def start_agents():
+        async def periodic():
+            while True:
+                await asyncio.sleep(settings.FGPU_HEARTBEAT_INTERVAL)
+                for task in (node_check_heartbeats, schedule_pending, usage_rollup, usage_idle_check):
+                    try:
+                        await sync_to_async(task.delay, thread_sensitive=False)()
+                    except Exception:
+                        log.exception("periodic %s failed", task.name)
+
+        async def serve():
+            # log_config None: Django's LOGGING (console.settings) stays; no access log, as before.
+            config = uvicorn.Config(application, host=host, port=port, lifespan="off", log_config=None, access_log=False)
+            logging.getLogger("uvicorn.error").setLevel(logging.WARNING)  # the line below says where it serves
+            server = uvicorn.Server(config)
+            serving = asyncio.create_task(server.serve())
+            while not server.started:  # the agents start once the port is bound, as daphne's ready_callable did
+                if serving.done():
+                    return await serving  # the port was taken: uvicorn logged why
+                await asyncio.sleep(0.02)
             events.use_loop(asyncio.get_running_loop())  # the in-memory channel layer lives on this loop
             for agent in agents:
                 await agent.start()
-
-            async def periodic():
-                while True:
-                    await asyncio.sleep(settings.FGPU_HEARTBEAT_INTERVAL)
-                    for task in (node_check_heartbeats, schedule_pending, usage_rollup, usage_idle_check):
-                        try:
-                            await sync_to_async(task.delay, thread_sensitive=False)()
-                        except Exception:
-                            log.exception("periodic %s failed", task.name)
-
-            asyncio.get_running_loop().create_task(periodic())
+            background = asyncio.create_task(periodic())
             self.stdout.write(
                 self.style.SUCCESS(
                     f"fGPU Console is serving on http://{host}:{port}/ (user admin; nodes: {', '.join(a.node for a in agents)})"
                 )
             )
+            try:
+                await serving
+            finally:
+                background.cancel()
 
-        def ready():
-            asyncio.get_event_loop().create_task(start_agents())
-
-        server = Server(
-            application=application,
-            endpoints=[f"tcp:port={port}:interface={host}"],
-            ready_callable=ready,
-            signal_handlers=True,
-            verbosity=0,
-        )
+        # uvicorn stops gracefully on SIGTERM and SIGINT, then raises the signal again for the
+        # handler it found: one that does nothing lets the sessions be killed below (rather than
+        # the process die first, SIGTERM's default, or print a traceback, SIGINT's).
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _stopped)
         try:
-            server.run()
+            asyncio.run(serve())
         finally:
             # Sessions' shells must not outlive the console (and their waiting threads would
             # keep this process from exiting).
             for agent in agents:
                 agent.kill_all_now()
+
+
+def _stopped(signum, frame) -> None:
+    """SIGTERM or SIGINT once uvicorn has stopped (Command._serve)."""
