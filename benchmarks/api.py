@@ -9,7 +9,7 @@ and fills it as a real cluster would be filled (tests/seed.py): `--nodes` nodes 
 registered by `node_inventory_apply` (as their agents would) and a dynamic-MIG node of 4 H100s,
 then `--sessions` sessions of one user in every request style (fGPU, memory + cores, fraction,
 MIG profile, isolation "any", CPU only), placed by the scheduler, a tenth ended and a tenth
-waiting. Starts one web process (daphne, the command tests/stack.py runs) on it and measures,
+waiting. Starts one web process (uvicorn, the command tests/stack.py runs) on it and measures,
 one after another:
 
 1. `GET /api/v1/sessions/` (the default page: 100 rows) and `GET /api/v1/me/`, each for
@@ -157,7 +157,7 @@ def serve(work: Path):
     env = {**os.environ, "DATABASE_URL": database_url_default(), "FGPU_DATA_DIR": str(work / "data"), "FGPU_LOG_LEVEL": "WARNING"}
     env.pop("REDIS_URL", None)
     web = Proc("web", web_command(port), env=env, log_dir=work)
-    wait_until(lambda: web_answers(f"http://127.0.0.1:{port}"), timeout=60, what="daphne to answer")
+    wait_until(lambda: web_answers(f"http://127.0.0.1:{port}"), timeout=60, what="the web process to answer")
     return web, port
 
 
@@ -165,7 +165,7 @@ def run(args) -> list[str]:
     token = seed(nodes=args.nodes, sessions=args.sessions)
     lines = [
         f"{args.nodes:,} nodes × 8 GPUs (+ a 4-GPU MIG node), {args.sessions} sessions of one user; "
-        f"one daphne process; {os.cpu_count()} CPU(s), load generator on the same machine",
+        f"one uvicorn process; {os.cpu_count()} CPU(s), load generator on the same machine",
         "",
     ]
     with tempfile.TemporaryDirectory() as scratch:

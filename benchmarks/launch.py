@@ -1,6 +1,6 @@
 """Launch and terminate as a user sees them, end to end: POST /api/v1/sessions/ → RUNNING and
 DELETE → TERMINATED, in standalone mode (`manage.py standalone`, SQLite, eager Celery, the
-embedded agent) and on the distributed stack (daphne, Celery manager and beat, one agent, Redis,
+embedded agent) and on the distributed stack (uvicorn, Celery manager and beat, one agent, Redis,
 PostgreSQL: tests/stack.py), in one run.
 
     python benchmarks/launch.py [--sessions 30] [--out benchmarks/results/launch.txt]

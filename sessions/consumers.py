@@ -86,8 +86,9 @@ def websocket_backlog(transport) -> int:
     it holds more than asyncio's high-water mark (64 KiB); daphne (Twisted) writes what the socket
     does not take into its transport's buffer without limit, and its `send` returns at once. 0
     under another server."""
-    if isinstance(transport, asyncio.WriteTransport):
-        return transport.get_write_buffer_size()
+    buffered = getattr(transport, "get_write_buffer_size", None)  # asyncio's and uvloop's transports
+    if buffered is not None:
+        return buffered()
     try:
         return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
     except (AttributeError, TypeError):

@@ -245,10 +245,11 @@
       var text = "Connection closed";
       if (ev.code === 4401 || ev.code === 4403) text += " (ticket refused)";
       else if (ev.reason) text += " (" + ev.reason + ")";
-      // 1013: the server could not reach its message broker; 1011 and 1006: the connection broke
-      // (a server restart); 4502: the server's direct stream to the session's agent broke (an agent
-      // restart). The session may go on.
-      var retry = [1013, 1011, 1006, 4502];
+      // 1013: the server could not reach its message broker; 1012 ("service restart") and 1001
+      // ("going away"): the server is stopping (uvicorn says 1012); 1011 and 1006: the connection
+      // broke (a server that died); 4502: the server's direct stream to the session's agent broke
+      // (an agent restart). The session may go on.
+      var retry = [1013, 1012, 1001, 1011, 1006, 4502];
       if (retry.indexOf(ev.code) !== -1 && FINAL.indexOf(session.status) === -1) {
         retryLater(text);
         return;
