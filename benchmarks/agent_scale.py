@@ -1,6 +1,6 @@
 """One mock agent holding hundreds of sessions, and a flooding session next to launches (issue 12).
 
-Runs the real distributed stack (tests/stack.py: daphne, a Celery manager, beat, one agent, a
+Runs the real distributed stack (tests/stack.py: uvicorn, a Celery manager, beat, one agent, a
 private redis-server) against its own PostgreSQL database and measures, through the REST API as
 a user would:
 

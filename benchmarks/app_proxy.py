@@ -3,7 +3,7 @@ through `/sessions/<id>/apps/<name>/` against the same app reached directly, in 
 
     .venv/bin/python benchmarks/app_proxy.py [--requests 500] [--download-mb 200] [--upload-mb 100] [--messages 500]
 
-A standalone console (`manage.py standalone`: daphne, the embedded agent on the process runtime)
+A standalone console (`manage.py standalone`: uvicorn, the embedded agent on the process runtime)
 on a free port, with the image "host" declaring the app `echo` (tests/apps/echo_app.py served by
 daphne inside a session; it writes the port and token the agent gave it to its home directory,
 read back through the exec API, so the direct client can reach it with the token the proxy would

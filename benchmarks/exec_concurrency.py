@@ -1,4 +1,4 @@
-"""Blocking execs held at once against the distributed stack (daphne, Celery manager and beat,
+"""Blocking execs held at once against the distributed stack (uvicorn, Celery manager and beat,
 one agent, Redis, PostgreSQL: tests/stack.py): how many threads the web process has, and how
 long a quick GET takes, while N execs (`POST /api/v1/sessions/<id>/exec/`, `sleep --hold`) wait
 for their agent.

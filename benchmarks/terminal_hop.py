@@ -4,7 +4,7 @@
     python benchmarks/terminal_hop.py PORT REDIS_URL SESSION_ID
 
 A websocket server (the `websockets` package, as benchmarks/terminal_relay.py) in place of
-daphne and TerminalConsumer: for each connection it asks the session's agent for a direct
+uvicorn and TerminalConsumer: for each connection it asks the session's agent for a direct
 stream over the channel layer at REDIS_URL (`pty.attach` with `direct`, as the consumer does),
 connects with the token it is offered (protocol.terminal_stream) and from then on relays the same
 JSON frames both ways: client `input` and `resize` → `pty.input`, `pty.resize` lines; the agent's
@@ -13,7 +13,7 @@ websocket has taken it (`await ws.send` waits for the socket's buffer to drain),
 flow control holds and a slow reader loses nothing. No ticket, no user, no database, no
 fallback to the layer: a measuring instrument, not a terminal to serve.
 
-The distributed target's echo minus this one's is what daphne, Channels and the consumer add;
+The distributed target's echo minus this one's is what uvicorn, Channels and the consumer add;
 this one's minus the relay's is the cost of a second process on the path (its two wake-ups and
 two loopback sends each way), which no web process can avoid.
 """

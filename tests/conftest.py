@@ -1,6 +1,6 @@
 """Shared fixtures. The suite runs against real PostgreSQL and Redis (`make test` sets
 DATABASE_URL and REDIS_URL); in-process tests run Celery tasks eagerly, the end-to-end
-tests start real daphne, Celery and agent processes."""
+tests start real uvicorn, Celery and agent processes."""
 from __future__ import annotations
 
 import os
@@ -175,9 +175,9 @@ def procs(tmp_path, request):
 @pytest.fixture
 def distributed_stack(tmp_path, request):
     """Start the distributed processes: `distributed_stack(nodes=[StackNode…], redis_db=N)` →
-    tests.stack.Stack, once daphne answers and every node is ALIVE with all its devices.
+    tests.stack.Stack, once uvicorn answers and every node is ALIVE with all its devices.
 
-    daphne, a Celery manager worker (threads, concurrency 4, without gossip and mingle), one
+    uvicorn, a Celery manager worker (threads, concurrency 4, without gossip and mingle), one
     beat process and one agent process per node (tests/stack.py), against the test database
     (the test needs `django_db(transaction=True)`) and Redis database `redis_db`, flushed first
     so stale queues cannot interfere (the suite's e2e tests each use their own: 7, 11;

@@ -116,7 +116,7 @@ def test_a_slow_terminal_reader_gets_every_byte_in_order_in_standalone_mode(tmp_
 def test_streaming_output_goes_in_frames_of_many_pty_reads_in_standalone_mode(tmp_path):
     """Standalone's group send takes no time (console.layers), so the output pump coalesces by
     STREAM_CHARS/STREAM_GAP_S as for direct streams: a PTY read is at most 4 KiB, and a frame per
-    read would cost every hop (daphne, the browser) several times the work per byte."""
+    read would cost every hop (uvicorn, the browser) several times the work per byte."""
     from console.layers import FlowControlledInMemoryChannelLayer
 
     size = 600_000  # base64 makes ~810 kB: within the output cap's burst (a reader that attached has none)

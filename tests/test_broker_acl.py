@@ -1,7 +1,7 @@
 """The broker's ACL users (console/broker_acl.py, issue 13): no one reaches the broker without a
 password, and an agent's user reaches its own queue and the keys its node needs, nothing else.
 
-The end-to-end test runs the distributed stack (daphne, manager, beat, two agents) against a
+The end-to-end test runs the distributed stack (uvicorn, manager, beat, two agents) against a
 private redis-server loaded with the ACL file, each process with its role's URL, launches a
 session and uses its terminal and exec, terminates it, and then reads Redis' ACL log: no
 command of a role's user was refused along the way. Then it tries, as one agent, what the ACL

@@ -1,5 +1,5 @@
 """The fGPU walkthrough's second half in a real browser on the distributed stack (issue 16): web
-(daphne), a Celery manager and a docker node's agent as separate processes against PostgreSQL and
+(uvicorn), a Celery manager and a docker node's agent as separate processes against PostgreSQL and
 Redis. The session runs in a container of the Debian test image (tests/images/build.sh), which
 carries JupyterLab and Backend.AI's label `ai.backend.service-ports=jupyterlab:http:8090`; the
 image record is registered without apps and takes its JupyterLab app from that label, as the docker

@@ -1,4 +1,4 @@
-"""The `fgpu` command line against the distributed stack (daphne, a Celery manager worker and
+"""The `fgpu` command line against the distributed stack (uvicorn, a Celery manager worker and
 an agent process with the demo mock node: one 8 GiB / 80-SM GPU, 1.0 fGPU = 4 GiB and 40 SMs).
 Every step runs the installed console script as a subprocess, with its own config directory.
 """

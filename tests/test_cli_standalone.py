@@ -1,5 +1,5 @@
 """`fgpu exec`, `fgpu cp` and `fgpu logs` against the console as `make run` starts it (`manage.py standalone`):
-there exec travels over the in-memory channel layer to the embedded agent on daphne's own event
+there exec travels over the in-memory channel layer to the embedded agent on uvicorn's own event
 loop, and the agent ships its output through eager Celery into SQLite — other transports than
 the distributed stack's (tests/test_cli_e2e.py), the same code."""
 from __future__ import annotations

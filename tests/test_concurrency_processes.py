@@ -5,7 +5,7 @@ GPUs and `race-b` with one 4 GiB / 40-SM GPU whose split count is 1; fractional 
 unit_mem 4 GiB, unit_proc 40, quantum 0.25 (so 2 + 2 + 1 fGPU). Six client processes, each
 with its own user's token, are released together by a start file and each POSTs four mixed
 requests (fGPU 0.75 or 1.5, HAMi style gpu/gpu_memory/gpu_cores, a Run:ai style fraction) —
-24 sessions racing through daphne, the Celery manager worker's scheduler passes and the
+24 sessions racing through uvicorn, the Celery manager worker's scheduler passes and the
 agents. While they settle, and once they have, no device holds more live allocations than
 its memory, SMs and split count allow; every session ends RUNNING or PENDING (a PENDING one
 saying why, from a scheduler pass), and each node runs at least one.

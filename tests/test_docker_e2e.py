@@ -1,5 +1,5 @@
 """Sessions in containers, end to end on the distributed stack (issue 13), from outside as a user
-would: daphne, a Celery manager, beat and an agent process whose agent.toml says
+would: uvicorn, a Celery manager, beat and an agent process whose agent.toml says
 `runtime = "docker"` (network none, the session test image built by tests/images/build.sh).
 
 Two users' sessions run side by side; through the terminal websocket and the exec API each

@@ -1,4 +1,4 @@
-"""The walkthrough, distributed: real PostgreSQL and Redis, a daphne server, a separate Celery
+"""The walkthrough, distributed: real PostgreSQL and Redis, a uvicorn server, a separate Celery
 manager worker (with beat) and a separate agent process with the demo mock node.
 
 A 0.5 fGPU session is created through the REST API, reaches RUNNING, its terminal websocket

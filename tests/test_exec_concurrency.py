@@ -1,9 +1,9 @@
 """The blocking exec (`POST /api/v1/sessions/<id>/exec/` without `"stream": true`) waits for the
-agent on daphne's event loop: many long execs held at once take neither the web process's
+agent on uvicorn's event loop: many long execs held at once take neither the web process's
 threads nor its database connections (a pool of DATABASE_POOL["max_size"] = 32), so the rest of
 the API still answers while they run, and each exec still answers its result when it ends.
 
-Real processes (tests/stack.py): daphne, the manager worker, and two agents (an agent runs at
+Real processes (tests/stack.py): uvicorn, the manager worker, and two agents (an agent runs at
 most agent.core.EXEC_THREADS = 32 blocking execs at a time: 30 each keeps every command
 running). Each command blocks reading a FIFO until the test writes to it.
 """

@@ -1,9 +1,9 @@
 """The files API (`/api/v1/sessions/<id>/files/…`: list, download, upload) waits for the agent on
-daphne's event loop: sixty requests held at once by an agent that does not answer take neither
+uvicorn's event loop: sixty requests held at once by an agent that does not answer take neither
 the web process's threads nor its database connections (a pool of DATABASE_POOL["max_size"] =
 32), the rest of the API answers meanwhile, and each request answers in full once the agent does.
 
-Real processes (tests/stack.py): daphne, the manager worker and one agent, which the test stops
+Real processes (tests/stack.py): uvicorn, the manager worker and one agent, which the test stops
 (SIGSTOP) while the requests are held and continues (SIGCONT) after. The test joins the
 session's `pty-<id>` group itself, as a second listener that never answers, to see each
 request's first op reach the agent's channel (then every request is waiting for the agent).

@@ -1,4 +1,4 @@
-"""A session's files on the distributed stack (daphne, a Celery manager worker and an agent
+"""A session's files on the distributed stack (uvicorn, a Celery manager worker and an agent
 process on the demo mock node; tests/stack.py), with the installed `fgpu` as a subprocess:
 `fgpu cp` into a session and back out byte-identical, refusals, and the user's persistent
 folder (`~/data`, the agent's `[container] data-root`) that outlives a session and is mounted

@@ -1,4 +1,4 @@
-"""MIG across the real processes (daphne, a Celery manager worker, an agent process, Redis,
+"""MIG across the real processes (uvicorn, a Celery manager worker, an agent process, Redis,
 PostgreSQL): a dynamic-MIG H100 mock node whose manager expects an idle 3g.40gb instance. When
 its agent starts and registers, the manager sends it that layout over its `agent.<node>` queue;
 the agent (a fresh process: no instance exists) creates it and reports back over the `manager`

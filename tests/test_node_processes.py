@@ -2,7 +2,7 @@
 much memory of which GPU. On real GPUs from NVML's running processes (the fake pynvml: NVML is
 outside the process), matched to sessions by their process tree; on a mock node each session's
 declared use, else its granted slice; asked of a real agent over the channel layer
-(`node.processes` on the node's group). The whole path through daphne, the admin page and the
+(`node.processes` on the node's group). The whole path through uvicorn, the admin page and the
 docker runtime is in tests/test_browser_jupyter_distributed.py; the CLI's table here, against a
 recorded answer of the API."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Preemption with notice on the real stack (issue 17.2): PostgreSQL, Redis, daphne, a Celery
+"""Preemption with notice on the real stack (issue 17.2): PostgreSQL, Redis, uvicorn, a Celery
 manager worker with beat, and an agent process with the demo node (one 2 fGPU GPU).
 
 alice's batch session holds the whole GPU; an administrator's priority-5 session then waits for

@@ -1,4 +1,4 @@
-"""Session apps end to end on the distributed stack (issue 16): daphne, a Celery manager and an
+"""Session apps end to end on the distributed stack (issue 16): uvicorn, a Celery manager and an
 agent process; the session image "host" declares apps, among them `echo` (tests/apps/echo_app.py,
 a real ASGI app served by daphne inside the session, refusing requests without its token).
 

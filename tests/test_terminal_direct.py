@@ -1,4 +1,4 @@
-"""The distributed terminal's direct stream (protocol.terminal_stream, agent.direct): real daphne,
+"""The distributed terminal's direct stream (protocol.terminal_stream, agent.direct): real uvicorn,
 Celery manager and agent processes on Redis and PostgreSQL, real websocket and TCP clients.
 
 A terminal whose agent listens reads and types through a TCP connection of its own to the agent:

@@ -1,4 +1,4 @@
-"""Terminal output through the whole standalone console as `make run` starts it: a real daphne
+"""Terminal output through the whole standalone console as `make run` starts it: a real uvicorn
 server process, its embedded agent and in-memory channel layer, a real websocket client. Not a
 timing: every line of a large output arrives, in order, also when the client stops reading for a
 while (the agent then leaves the PTY unread: agent.core, READER_WINDOW_CHARS)."""

@@ -1,6 +1,6 @@
 """The fault-injection harness: tests/stack.py's distributed stack with a private broker.
 
-`fault_stack(nodes=2, gpus=4)` starts a private redis-server, daphne, a Celery manager worker,
+`fault_stack(nodes=2, gpus=4)` starts a private redis-server, uvicorn, a Celery manager worker,
 one beat process and one agent per node (mock GPUs of 8 GiB / 80 SMs: 2 fGPU each with the demo
 settings, 64 CPUs and 256 GiB so only the GPUs limit); heartbeats every 2 s, a node LOST after
 10 s of silence, a dead manager's messages back after 10 s. Its `kill(name)` / `restart(name)`,
