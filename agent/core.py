@@ -1345,14 +1345,22 @@ class Agent:
 
     def _direct_message(self, running: RunningSession, channel: str, message: dict) -> None:
         """`pty.input`, `pty.resize` or `pty.ack` from a direct stream (others are ignored)."""
+        if not self._terminal_input(running, message) and message.get("type") == "pty.ack":
+            self._reader_ack(running, channel, int(message["offset"]), int(message["n"]), direct=True)
+
+    def _terminal_input(self, running: RunningSession, message: dict) -> bool:
+        """A terminal's `pty.input` (`data`: text, written to the PTY) or `pty.resize` (`rows`,
+        `cols`), from a direct stream or the layer alike; False for any other message. Raises
+        KeyError, TypeError or ValueError on a resize without whole rows and columns."""
         kind = message.get("type")
         if kind == "pty.input" and isinstance(message.get("data"), str):
             self.usage.note_input(running.session_id)
             self._write_input(running, message["data"].encode())
         elif kind == "pty.resize":
             self._in_background(self._in(self._work, running.process.resize, int(message["rows"]), int(message["cols"])))
-        elif kind == "pty.ack":
-            self._reader_ack(running, channel, int(message["offset"]), int(message["n"]), direct=True)
+        else:
+            return False
+        return True
 
     def _direct_detach(self, running: RunningSession, channel: str, stream: DirectStream) -> None:
         """The direct stream closed: its consumer no longer reads (as `pty.detach`)."""
@@ -1383,13 +1391,10 @@ class Agent:
         running = self.sessions.get(message.get("session_id", ""))
         if running is None:
             return
+        if self._terminal_input(running, message):
+            return
         kind = message.get("type")
-        if kind == "pty.input":
-            self.usage.note_input(running.session_id)
-            self._write_input(running, message["data"].encode())
-        elif kind == "pty.resize":
-            self._in_background(self._in(self._work, running.process.resize, int(message["rows"]), int(message["cols"])))
-        elif kind == "pty.ack":
+        if kind == "pty.ack":
             self._reader_ack(running, str(message["channel"]), int(message["offset"]), int(message["n"]))
         elif kind == "pty.stop":  # the manager's stop, ahead of its task (protocol)
             self._in_background(self._stop(running.session_id, reason="terminated"))
