@@ -1,0 +1,85 @@
+"""The web server under the console's websockets, as real processes: uvicorn (the web command) and
+daphne (which serves the same application). The terminal's flow control reads what the server
+holds for a client that does not read (sessions.consumers.server_transport, websocket_backlog)
+through Channels' middleware and the console's own, under either server; a send to a client that
+has gone is dropped (console.asgi.GoneClientSendsDropped), not an error that ends the consumer.
+The app: tests/apps/backlog_app.py."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import socket
+
+import pytest
+import websockets
+
+from tests.stack import BIN, Proc, free_port, wait_until
+
+pytestmark = pytest.mark.e2e
+
+SERVERS = {
+    "uvicorn": lambda port: [str(BIN / "uvicorn"), "--host", "127.0.0.1", "--port", str(port),
+                             "tests.apps.backlog_app:application"],
+    "daphne": lambda port: [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port),
+                            "tests.apps.backlog_app:application"],
+}
+
+
+@pytest.fixture(params=sorted(SERVERS))
+def server(request, tmp_path):
+    port = free_port()
+    proc = Proc(request.param, SERVERS[request.param](port), env=dict(os.environ), log_dir=tmp_path)
+
+    def listening() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0 or not proc.alive()
+
+    wait_until(listening, timeout=30, what=f"{request.param} to listen")
+    assert proc.alive(), proc.output()
+    yield request.param, port, proc
+    proc.stop(timeout=5)
+
+
+def test_the_backlog_of_a_client_that_does_not_read_is_seen_through_the_middleware(server):
+    name, port, proc = server
+    # A client that reads nothing after the handshake, with a small receive buffer: the kernel's
+    # buffers fill, then the server's (a websocket library would go on reading into its own).
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.settimeout(30)
+    client.connect(("127.0.0.1", port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    client.sendall((f"GET /fill HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                    f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += client.recv(1)
+    assert received.startswith(b"HTTP/1.1 101"), received
+    wait_until(lambda: "backlog " in proc.output(), timeout=60, what=f"{name} to hold a backlog")
+    received = b""
+    while b'{"backlog"' not in received or b"}" not in received[received.index(b'{"backlog"'):]:
+        chunk = client.recv(1 << 20)
+        assert chunk, (received[-200:], proc.output())
+        received += chunk
+    client.close()
+    start = received.index(b'{"backlog"')
+    report = json.loads(received[start:received.index(b"}", start) + 1])
+    assert report["backlog"] > 0, (report, proc.output())
+    assert report["transport"] != "NoneType", report  # the server's transport was found
+
+
+def test_sends_to_a_client_that_went_away_are_dropped(server):
+    name, port, proc = server
+
+    async def run() -> None:
+        ws = await websockets.connect(f"ws://127.0.0.1:{port}/gone")
+        await ws.send("bye")
+        ws.transport.abort()  # gone without a close frame, as a browser whose network broke
+
+    asyncio.run(run())
+    wait_until(lambda: "sent 100 frames after the client went away" in proc.output(), timeout=15,
+               what=f"{name}'s app to finish its sends")
+    assert "Exception in ASGI application" not in proc.output()
+    assert "Traceback" not in proc.output(), proc.output()
