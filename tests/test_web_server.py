@@ -83,3 +83,24 @@ def test_sends_to_a_client_that_went_away_are_dropped(server):
                what=f"{name}'s app to finish its sends")
     assert "Exception in ASGI application" not in proc.output()
     assert "Traceback" not in proc.output(), proc.output()
+
+
+def test_standalone_on_a_taken_port_says_so_and_exits(tmp_path):
+    """`manage.py standalone` embeds uvicorn: a port in use is one error line and exit status 1,
+    not a traceback (uvicorn's startup exits the process by SystemExit)."""
+    import subprocess
+
+    from tests.stack import PYTHON, ROOT
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+        env.update(FGPU_DATA_DIR=str(tmp_path), PORT=str(port), FGPU_ADMIN_PASSWORD="admin-pass-123")
+        done = subprocess.run([PYTHON, "manage.py", "standalone"], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert f"CommandError: could not serve on 127.0.0.1:{port}" in done.stderr
+    assert "address already in use" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

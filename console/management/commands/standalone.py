@@ -174,10 +174,17 @@ class Command(BaseCommand):
             config = uvicorn.Config(application, host=host, port=port, lifespan="off", log_config=None, access_log=False)
             logging.getLogger("uvicorn.error").setLevel(logging.WARNING)  # the line below says where it serves
             server = uvicorn.Server(config)
-            serving = asyncio.create_task(server.serve())
+
+            async def run_server() -> None:
+                try:
+                    await server.serve()
+                except SystemExit:  # uvicorn's startup failed, and it logged why (the port is taken, say)
+                    raise CommandError(f"could not serve on {host}:{port} (the error above)") from None
+
+            serving = asyncio.create_task(run_server())
             while not server.started:  # the agents start once the port is bound, as daphne's ready_callable did
                 if serving.done():
-                    return await serving  # the port was taken: uvicorn logged why
+                    return await serving
                 await asyncio.sleep(0.02)
             events.use_loop(asyncio.get_running_loop())  # the in-memory channel layer lives on this loop
             for agent in agents:
