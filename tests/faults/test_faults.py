@@ -51,7 +51,7 @@ def requests_for(rng: random.Random) -> list[dict]:
 
 
 class CapacitySampler(threading.Thread):
-    """Samples the unreleased allocations per device every 0.25 s; records any over capacity."""
+    """Samples the unreleased allocations per device every 0.1 s; records any over capacity."""
 
     def __init__(self):
         super().__init__(daemon=True)
@@ -68,7 +68,7 @@ class CapacitySampler(threading.Thread):
 
         try:
             capacity = {d.pk: (d.memory_size, d.subproc_count) for d in Device.objects.all()}
-            while not self.stop.wait(0.25):
+            while not self.stop.wait(0.1):
                 try:
                     rows = (Allocation.objects.filter(released_at__isnull=True).values("device_id")
                             .annotate(memory=Sum("memory"), procs=Sum("procs")))
