@@ -206,10 +206,10 @@ class StackNode:
                 f'{self.container}\n')
 
 
-def web_command(port: int) -> list[str]:
+def web_command(port: int, application: str = "console.asgi:application") -> list[str]:
     """The web process's command line, as the README runs it (`uvicorn console.asgi:application`),
-    listening on 127.0.0.1:`port`."""
-    return [str(BIN / "uvicorn"), "--host", "127.0.0.1", "--port", str(port), "console.asgi:application"]
+    listening on 127.0.0.1:`port`; `application`: another ASGI app to serve the same way."""
+    return [str(BIN / "uvicorn"), "--host", "127.0.0.1", "--port", str(port), application]
 
 
 def web_answers(base: str) -> bool:

@@ -11,19 +11,19 @@ import base64
 import json
 import os
 import socket
+import subprocess
 
 import pytest
 import websockets
 
-from tests.stack import BIN, Proc, free_port, wait_until
+from tests.stack import BIN, PYTHON, ROOT, Proc, free_port, wait_until, web_command
 
 pytestmark = pytest.mark.e2e
 
+APP = "tests.apps.backlog_app:application"
 SERVERS = {
-    "uvicorn": lambda port: [str(BIN / "uvicorn"), "--host", "127.0.0.1", "--port", str(port),
-                             "tests.apps.backlog_app:application"],
-    "daphne": lambda port: [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port),
-                            "tests.apps.backlog_app:application"],
+    "uvicorn": lambda port: web_command(port, APP),
+    "daphne": lambda port: [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), APP],
 }
 
 
@@ -88,10 +88,6 @@ def test_sends_to_a_client_that_went_away_are_dropped(server):
 def test_standalone_on_a_taken_port_says_so_and_exits(tmp_path):
     """`manage.py standalone` embeds uvicorn: a port in use is one error line and exit status 1,
     not a traceback (uvicorn's startup exits the process by SystemExit)."""
-    import subprocess
-
-    from tests.stack import PYTHON, ROOT
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
