@@ -1,6 +1,7 @@
 """ASGI entry point: `uvicorn console.asgi:application` (daphne serves it too).
 
-HTTP goes to Django (static files served by Django's ASGI static handler), except
+HTTP goes to Django (static files served by Django's ASGI static handler) behind the upload
+guard (console.upload_guard: a body is refused before it is read, 401/413), except
 `/sessions/<id>/apps/<name>/…`, which goes to the app proxy (sessions.app_proxy: it checks the
 sign-in cookie itself); websockets go through the origin check, then session-cookie auth, then the
 URL router (Channels' docs; the app proxy's websockets are routed there too); a message sent to a
@@ -23,6 +24,7 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from console.startup import freeze_imported_objects  # noqa: E402
+from console.upload_guard import UploadGuard  # noqa: E402
 from sessions.app_proxy import AppHttpProxy, AppProxyRouter  # noqa: E402
 from sessions.routing import websocket_urlpatterns  # noqa: E402
 
@@ -65,7 +67,7 @@ class _DroppingSend:
 
 application = ProtocolTypeRouter(
     {
-        "http": AppProxyRouter(AppHttpProxy(), ASGIStaticFilesHandler(django_asgi_app)),
+        "http": AppProxyRouter(AppHttpProxy(), UploadGuard(ASGIStaticFilesHandler(django_asgi_app))),
         "websocket": GoneClientSendsDropped(
             BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), settings.ALLOWED_HOSTS)
         ),
