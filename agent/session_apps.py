@@ -4,9 +4,11 @@ where it listens, so the console's proxy (sessions.app_proxy) can reach it.
 
 Messages (channel layer, on the session's `pty-<id>` group; the web: sessions.session_apps):
 
-- `pty.app_open` {app: {name, command, port, base_url}, base_url, token, timeout, reply_channel}:
-  start the app unless it runs (idempotent: a second open of a running app answers at once, one
-  of an app still starting waits for the same start). Answers `app.progress` {text} about once
+- `pty.app_open` {app: {name, command, port, base_url}, base_url, token, keep, timeout, reply_channel}:
+  start the app unless it runs with the token `keep` (idempotent: a second open of a running app
+  answers at once, one of an app still starting waits for the same start); an app that runs with
+  another token (the web no longer holds its token: `keep` is "" or differs) is stopped and started
+  anew with `token` (the web's new random token; sessions.session_apps). Answers `app.progress` {text} about once
   a second while it waits, then `app.ready` {host, port, reused} or `app.failed` {error, output}
   (its command exited, or its port did not answer within `timeout` seconds: it is killed; `output`
   is the last OUTPUT_TAIL_BYTES of what it wrote).
@@ -64,6 +66,7 @@ class AppProcess:
     ready: asyncio.Future
     started: float = field(default_factory=time.monotonic)
     relay: asyncio.Server | None = None  # the agent's relay where agent.toml asks for one
+    token: str | None = None  # the token it was started with (None: adopted, unknown)
 
     def reached_at(self) -> tuple[str, int]:
         """Where the web reaches the app: the relay's address, else the app's own."""
@@ -123,7 +126,7 @@ class SessionApps:
 
     async def _reply(self, message: dict, answer: dict) -> None:
         try:
-            await self.agent.layer.send(message["reply_channel"], answer)
+            await self.agent.layer.send(message["reply_channel"], self.agent.guard.answer(answer))  # sealed: protocol.channel
         except Exception:
             log.warning("agent %s: could not answer an app message", self.agent.node, exc_info=True)
 
@@ -207,7 +210,20 @@ class SessionApps:
         """The app running (or starting) in `running`, started now unless it runs: (app, reused)."""
         spec = message["app"]
         name = str(spec["name"])
+        keep = str(message.get("keep") or "")
         current = running.apps.get(name)
+        if current is not None and isinstance(current.process, Adopted) and current.token is None and keep:
+            current.token = keep  # adopted after a restart: it runs with the token the web still holds
+        if current is not None and current.token != keep and not isinstance(current.process, Adopted):
+            log.info(
+                "agent %s: app %s of session %s runs with a token the console no longer holds: started anew",
+                self.agent.node,
+                name,
+                running.session_id,
+            )
+            await self._stop(running, current)
+            running.apps.pop(name, None)
+            current = None
         if (
             current is not None
             and current.relay is not None
@@ -220,6 +236,11 @@ class SessionApps:
             current.relay = None
         if current is not None and isinstance(current.process, Adopted):
             if await _answers(current.host, current.port):
+                if current.token is None:
+                    raise RuntimeError(
+                        "it runs since before the agent restarted, with a token the console no longer holds; "
+                        "end the session and start a new one to use it"
+                    )
                 return current, True
             running.apps.pop(name, None)  # it went away: start it again
             current = None
@@ -230,11 +251,30 @@ class SessionApps:
             running.apps.pop(name, None)
         adopted = await self._adopt(running, name, int(spec["port"]))
         if adopted is not None:
+            if not keep:
+                running.apps.pop(name, None)
+                raise RuntimeError(
+                    "it runs since before the agent restarted, with a token the console no longer holds; "
+                    "end the session and start a new one to use it"
+                )
+            adopted.token = keep
             return adopted, True
         app = await self.agent._in(self.agent._work, self._spawn, running, message)
         running.apps[name] = app
         self.agent._in_background(self._watch(running, app, float(message.get("timeout") or 60)))
         return app, False
+
+    async def _stop(self, running, app: AppProcess) -> None:
+        """Stop `app` (to start it again with a new token): its command and what it started are
+        killed and waited for (so its port is free), its relay closed."""
+        if app.relay is not None:
+            app.relay.close()
+            app.relay = None
+        await self.agent._in(self.agent._work, running.process.signal_exec, app.process, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while await self.agent._in(self.agent._work, app.process.poll) is None and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+        running.execs.discard(app.process)  # a start still waited for ends as exited (_watch)
 
     async def _adopt(self, running, name: str, port: int) -> AppProcess | None:
         """In a container, the app `name` answering on its declared `port` already (it outlived
@@ -281,7 +321,13 @@ class SessionApps:
         running.execs.add(process)  # killed with the session
         log.info("agent %s: started app %s of session %s on %s:%d", self.agent.node, spec["name"], running.session_id, host, port)
         return AppProcess(
-            name=str(spec["name"]), process=process, host=host, port=port, output=output, ready=self.agent.loop.create_future()
+            name=str(spec["name"]),
+            process=process,
+            host=host,
+            port=port,
+            output=output,
+            ready=self.agent.loop.create_future(),
+            token=str(message["token"]),
         )
 
     async def _watch(self, running, app: AppProcess, timeout: float) -> None:

@@ -2,12 +2,15 @@
 
 HTTP goes to Django (static files served by Django's ASGI static handler) behind the upload
 guard (console.upload_guard: a body is refused before it is read, 401/413), except
-`/sessions/<id>/apps/<name>/…`, which goes to the app proxy (sessions.app_proxy: it checks the
-sign-in cookie itself); websockets go through the origin check, then session-cookie auth, then the
-URL router (Channels' docs; the app proxy's websockets are routed there too); a message sent to a
-websocket whose client has gone is dropped.
+`/sessions/<id>/apps/<name>/…`, which the app proxy hands on to the apps origin with a one-time
+ticket (sessions.app_proxy.ConsoleAppRedirect); websockets go through the origin check, then
+session-cookie auth, then the URL router (Channels' docs); a message sent to a websocket whose
+client has gone is dropped. In front of it all, requests to the apps origin (FGPU_APPS_ORIGIN,
+told apart by their `Host`) go to the app proxy alone, and those the apps origin's pages send to
+the console are refused (sessions.app_proxy.OriginRouter).
 """
 
+import logging
 import os
 from importlib import import_module
 
@@ -25,7 +28,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from console.startup import freeze_imported_objects  # noqa: E402
 from console.upload_guard import UploadGuard  # noqa: E402
-from sessions.app_proxy import AppHttpProxy, AppProxyRouter  # noqa: E402
+from sessions.app_proxy import AppProxyRouter, AppWebsocketProxy, ConsoleAppRedirect, OriginRouter  # noqa: E402
 from sessions.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -65,14 +68,23 @@ class _DroppingSend:
             pass
 
 
-application = ProtocolTypeRouter(
-    {
-        "http": AppProxyRouter(AppHttpProxy(), UploadGuard(ASGIStaticFilesHandler(django_asgi_app))),
-        "websocket": GoneClientSendsDropped(
-            BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), settings.ALLOWED_HOSTS)
-        ),
-    }
+application = OriginRouter(
+    ProtocolTypeRouter(
+        {
+            "http": AppProxyRouter(ConsoleAppRedirect(), UploadGuard(ASGIStaticFilesHandler(django_asgi_app))),
+            "websocket": GoneClientSendsDropped(
+                BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), settings.ALLOWED_HOSTS)
+            ),
+        }
+    ),
+    apps_websocket=GoneClientSendsDropped(AppWebsocketProxy()),
 )
+if settings.FGPU_APPS_ORIGIN:
+    logging.getLogger("fgpu.web").info("session apps are served on %s (FGPU_APPS_ORIGIN) only", settings.FGPU_APPS_ORIGIN)
+else:
+    logging.getLogger("fgpu.web").warning(
+        "session apps are off: FGPU_APPS_ORIGIN is not set (an origin of their own, e.g. http://apps.example.org: README)"
+    )
 
 import_module(settings.ROOT_URLCONF)  # the views and what they import, loaded now rather than at the first request
 freeze_imported_objects("web")

@@ -46,6 +46,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "console.security_headers.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -279,6 +280,63 @@ FGPU_USAGE_LATENESS = 3600
 FGPU_METRICS_TOKEN = env_str("FGPU_METRICS_TOKEN")
 if FGPU_METRICS_TOKEN and (len(FGPU_METRICS_TOKEN) < 16 or not FGPU_METRICS_TOKEN.isprintable()):
     raise ImproperlyConfigured("FGPU_METRICS_TOKEN: at least 16 printable characters (or unset: /metrics off)")
+
+
+# Session apps on their own origin (issue 31.4; sessions.app_origin): FGPU_APPS_ORIGIN is where
+# they are served ("http://apps.gpu.example.org", "http://127.0.0.1:8001"), never the console's
+# origin. Unset: apps are off (their pages say so), except in standalone, which serves them on
+# its port + 1 (FGPU_APPS_PORT). The console's sign-in reaches it by a one-time ticket of
+# FGPU_APP_TICKET_TTL seconds, turned into the app-origin cookie FGPU_APPS_COOKIE, kept
+# FGPU_APP_COOKIE_AGE seconds.
+def _apps_origin(value: str) -> str:
+    if not value:
+        return ""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value.strip())
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 or parts.path not in ("", "/"):
+        raise ImproperlyConfigured(
+            f"FGPU_APPS_ORIGIN={value!r}: expected an origin, http(s)://host[:port], with no path (e.g. http://apps.gpu.example.org)"
+        )
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ImproperlyConfigured(f"FGPU_APPS_ORIGIN={value!r}: an origin has no user, query or fragment")
+    return f"{parts.scheme}://{parts.netloc.lower()}"
+
+
+FGPU_APPS_ORIGIN = _apps_origin(env_str("FGPU_APPS_ORIGIN"))
+FGPU_APPS_COOKIE = "fgpu_app"
+FGPU_APP_TICKET_TTL = env_int("FGPU_APP_TICKET_TTL", 30, minimum=5, maximum=300)  # seconds
+FGPU_APP_COOKIE_AGE = env_int("FGPU_APP_COOKIE_AGE", 12 * 3600, minimum=60, maximum=30 * 86400)  # seconds
+FGPU_APP_TOKEN_TTL = 30 * 86400  # seconds an app's token is kept after its last open (sessions.session_apps)
+
+# Security headers of the console's origin (console.security_headers): a strict
+# Content-Security-Policy (scripts only from the console's own files), no framing, no referrer
+# to other origins, no MIME sniffing. Over TLS (FGPU_TLS=true, or a proxy's header named by
+# FGPU_SECURE_PROXY_SSL_HEADER, e.g. "X-Forwarded-Proto"): HSTS and Secure cookies.
+FGPU_TLS = env_bool("FGPU_TLS", False)
+_proxy_ssl_header = env_str("FGPU_SECURE_PROXY_SSL_HEADER")
+if _proxy_ssl_header:
+    if not _proxy_ssl_header.replace("-", "").isalnum():
+        raise ImproperlyConfigured(f"FGPU_SECURE_PROXY_SSL_HEADER={_proxy_ssl_header!r}: a header name, e.g. X-Forwarded-Proto")
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https")
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "font-src 'self'; connect-src 'self'; frame-src 'self'; frame-ancestors 'none'; base-uri 'self'; "
+    "form-action 'self'; object-src 'none'"
+)
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+CSRF_COOKIE_HTTPONLY = True  # the pages read the token from their form (console.js), not the cookie
+if FGPU_TLS or _proxy_ssl_header:
+    SECURE_HSTS_SECONDS = env_int("FGPU_HSTS_SECONDS", 365 * 86400, minimum=0, maximum=2 * 365 * 86400)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
 
 LOGGING = {
     "version": 1,

@@ -1,13 +1,21 @@
-"""The console's app proxy (issue 16): `/sessions/<id>/apps/<name>/…` forwards HTTP (streamed
-both ways, with httpx) and websockets (with `websockets`) to a web app running in the session
-(sessions.session_apps), for the session's owner and administrators only.
+"""The console's app proxy (issue 16): `/sessions/<id>/apps/<name>/…` on the apps origin
+(issue 31.4, sessions.app_origin) forwards HTTP (streamed both ways, with httpx) and websockets
+(with `websockets`) to a web app running in the session (sessions.session_apps), for the
+session's owner and administrators only.
 
-- Who: the console's sign-in (the session cookie; websockets through Channels' AuthMiddlewareStack). Signed
-  out: HTTP is sent to the login page (websockets are closed, 4401); another user's session or
-  an app its image does not declare: 404, as everywhere (ids do not leak).
+- Where: only on the apps origin (FGPU_APPS_ORIGIN), whose pages never see the console's cookies.
+  The same path on the console's origin (`ConsoleAppRedirect`) answers a signed-in user with a
+  one-time ticket: 302 to `<apps origin>/_fgpu/app-login?ticket=…` (`AppLogin`), which sets the
+  app-origin cookie and sends the browser on to the app (without the ticket in its address).
+  The apps origin serves nothing else (404), and the console refuses requests its pages send
+  (`Origin` the apps origin: 403, websockets closed 4403): `OriginRouter`.
+- Who: the app-origin cookie's grant, re-checked on every request (its user active and still the
+  session's owner or an administrator). Without one: 401 (websockets are closed, 4401); another
+  user's session or an app its image does not declare: 404, as everywhere (ids do not leak).
 - What goes upstream: the request as the browser sent it, to where the session's agent says
-  the app listens, with `Authorization: token <the app's token>` (set by the console: the user
-  never sees it) and without the console's own cookies (session, CSRF) and credentials. Apps
+  the app listens, with `Authorization: token <the app's token>` (random per start, set by the
+  console: the user never sees it) and without the console's cookies (session, CSRF, the
+  app-origin cookie) and credentials. Apps
   served under the prefix (`base_url` true, as Jupyter with `--ServerApp.base_url`) get the whole
   path; others get the rest after the prefix (and a `Location` they answer is put under it).
 - The token never reaches the browser: apps that put it into their pages (JupyterLab's page
@@ -38,6 +46,7 @@ from websockets.typing import Origin
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib import auth
+from django.contrib.auth import get_user_model
 from django.http import Http404
 from django.shortcuts import resolve_url
 from django.template.loader import render_to_string
@@ -45,10 +54,24 @@ from django.template.loader import render_to_string
 from console.errors import ApplicationError
 from sessions.models import SessionStatus
 from sessions.selectors import session_get_for
+from sessions.app_origin import (
+    LOGIN_PATH,
+    app_cookie,
+    app_grant_find,
+    app_grant_issue,
+    app_ticket_issue,
+    app_ticket_redeem,
+    apps_origin,
+    cookie_values,
+    from_apps_origin,
+    header,
+    is_apps_request,
+    origin_key,
+)
 from sessions.session_apps import (
     OPEN_PAGE,
     app_prefix,
-    app_token,
+    app_token_get,
     session_app_get,
     session_app_target,
     session_app_target_forget,
@@ -76,7 +99,9 @@ HOP_BY_HOP = {
     "cookie",
     "content-length",
 }
-CLOSE_UNAUTHENTICATED, CLOSE_NOT_FOUND, CLOSE_ENDED, CLOSE_APP_CLOSED = 4401, 4404, 4410, 4502
+CLOSE_UNAUTHENTICATED, CLOSE_REFUSED, CLOSE_NOT_FOUND, CLOSE_ENDED, CLOSE_APP_CLOSED = 4401, 4403, 4404, 4410, 4502
+# The proxy's own pages (app_unavailable.html): no script, no framing.
+PAGE_POLICY = b"default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 CONNECT_TIMEOUT_S = 10.0
 WEBSOCKET_MAX_BYTES = 16 * 1024 * 1024  # the largest websocket message relayed either way (a big notebook)
 
@@ -143,9 +168,14 @@ def cross_site(scope) -> bool:
     return origin == "null" or origin.split("://", 1)[-1] != headers.get(b"host", "")
 
 
+def _ours() -> set[str]:
+    """The console's cookie names: its session, CSRF token and the app-origin cookie."""
+    return {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME, settings.FGPU_APPS_COOKIE}
+
+
 def _cookies_without_console(header: str) -> str:
-    """The Cookie header less the console's own cookies (its session and CSRF token)."""
-    ours = {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME}
+    """The Cookie header less the console's own cookies (`_ours`)."""
+    ours = _ours()
     kept = [part.strip() for part in header.split(";") if part.strip() and part.split("=", 1)[0].strip() not in ours]
     return "; ".join(kept)
 
@@ -194,37 +224,48 @@ def _signed_in_lookup(session_key: str, session_id: str, name: str) -> dict | No
     user = auth.get_user(SimpleNamespace(session=store))  # type: ignore[arg-type]  # it reads only `.session`
     if not user.is_authenticated:
         return None
-    return _lookup(user, session_id, name)
+    return {**_lookup(user, session_id, name), "user": user.pk}
 
 
 def _session_key(scope) -> str:
-    for name, value in scope.get("headers", []):
-        if name == b"cookie":
-            for part in value.decode("latin-1").split(";"):
-                key, _, found = part.strip().partition("=")
-                if key == settings.SESSION_COOKIE_NAME:
-                    return found
-    return ""
+    found = cookie_values(scope, settings.SESSION_COOKIE_NAME)
+    return found[0] if found else ""
+
+
+def _granted_lookup(values: list[str], session_id: str, name: str) -> dict | None:
+    """Blocking (cache, database): the grant among the app-origin cookie's `values` for this
+    session's app, its user (active), then `_lookup` as that user, with the grant's `console`
+    origin; None without a grant or with an inactive user. Raises Http404 as `_lookup`."""
+    grant = app_grant_find(values, session_id=session_id, app=name)
+    if grant is None:
+        return None
+    user = get_user_model().objects.filter(pk=grant["user"], is_active=True).first()
+    if user is None:
+        return None
+    return {**_lookup(user, session_id, name), "console": grant["console"]}
 
 
 async def _check(scope, match) -> tuple[int, dict]:
-    """(0, what `_lookup` found), or (an HTTP status, page context) when the request is refused.
-    Websockets carry `scope["user"]` (AuthMiddlewareStack); HTTP requests are signed in here."""
+    """(0, what `_lookup` found), or (an HTTP status, page context) when the request is refused:
+    on the apps origin, signed in by the app-origin cookie (`_granted_lookup`); on the console's
+    (`ConsoleAppRedirect`), by the console's sign-in cookie."""
     try:
-        if scope["type"] == "websocket":
-            user = scope.get("user")
-            if user is None or not user.is_authenticated:
-                return 401, {}
-            found = await database_sync_to_async(_lookup)(user, match["session"], match["app"])
+        if is_apps_request(scope):
+            values = cookie_values(scope, settings.FGPU_APPS_COOKIE)
+            found = await database_sync_to_async(_granted_lookup)(values, match["session"], match["app"])
         else:
             found = await database_sync_to_async(_signed_in_lookup)(_session_key(scope), match["session"], match["app"])
-            if found is None:
-                return 401, {}
+        if found is None:
+            return 401, {}
     except Http404:
         return 404, {}
     if found["status"] != SessionStatus.RUNNING:
         session_app_target_forget(session_id=match["session"], name=match["app"])
-        return 410, {"title": "Session ended", "why": f"The session is {found['status']}: its apps ended with it."}
+        return 410, {
+            "title": "Session ended",
+            "why": f"The session is {found['status']}: its apps ended with it.",
+            "console": found.get("console", ""),
+        }
     return 0, found
 
 
@@ -255,6 +296,10 @@ async def _page(send, status: int, context: dict, *, headers=()) -> None:
             "headers": [
                 (b"content-type", b"text/html; charset=utf-8"),
                 (b"cache-control", b"no-store"),
+                (b"content-security-policy", PAGE_POLICY),
+                (b"x-frame-options", b"DENY"),
+                (b"referrer-policy", b"no-referrer"),
+                (b"x-content-type-options", b"nosniff"),
                 (b"content-length", str(len(body)).encode()),
                 *headers,
             ],
@@ -263,17 +308,19 @@ async def _page(send, status: int, context: dict, *, headers=()) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _not_running(session_id: str, app: dict, error: str) -> dict:
+async def _not_running(session_id: str, app: dict, error: str, *, console: str | None) -> dict:
+    """The 502 page's context; `console`: the console's origin its links go to (None: unknown)."""
     return {
         "title": f"{app['title']} is not running",
         "why": f"{app['title']} is not running in this session: {error}.",
-        "reopen": OPEN_PAGE.format(session=session_id, app=app["name"]),
+        "reopen": OPEN_PAGE.format(session=session_id, app=app["name"]) if console is not None else "",
+        "console": console,
     }
 
 
 class AppHttpProxy:
-    """ASGI application for HTTP requests under `/sessions/<id>/apps/<name>/` (it reads the
-    console's sign-in cookie itself: `_check`)."""
+    """ASGI application for HTTP requests under `/sessions/<id>/apps/<name>/` on the apps origin
+    (signed in by the app-origin cookie: `_check`)."""
 
     async def __call__(self, scope, receive, send) -> None:
         match = PATH_RE.match(scope["path"])
@@ -287,19 +334,21 @@ class AppHttpProxy:
             return
         status, found = await _check(scope, match)
         if status == 401:
-            login = resolve_url(settings.LOGIN_URL) + "?next=" + quote(scope["path"])
-            await _page(
-                send, 302, {"title": "Signed out", "why": "Sign in to open this app."}, headers=[(b"location", login.encode())]
-            )
+            why = "Open this app from the console's session list: it signs you in here for this app."
+            await _page(send, 401, {"title": "Not signed in to this app", "why": why, "console": None})
             return
         if status:
-            await _page(send, status, found or {"title": "Not found", "why": "There is no such app."})
+            await _page(send, status, found or {"title": "Not found", "why": "There is no such app.", "console": None})
             return
-        await self._forward(scope, receive, send, match, found["app"])
+        await self._forward(scope, receive, send, match, found["app"], console=found["console"])
 
-    async def _forward(self, scope, receive, send, match, app: dict) -> None:
+    async def _forward(self, scope, receive, send, match, app: dict, *, console: str) -> None:
         session_id = match["session"]
-        token = app_token(session_id=session_id, app=app["name"])
+        token = await app_token_get(session_id=session_id, app=app["name"])
+        if token is None:
+            await _drain(receive)
+            await _page(send, 502, await _not_running(session_id, app, "it has not been opened", console=console))
+            return
         headers = upstream_headers(scope, token=token)
         sent_headers = {name for name, _ in scope.get("headers", [])}
         has_body = b"content-length" in sent_headers or b"transfer-encoding" in sent_headers
@@ -312,7 +361,7 @@ class AppHttpProxy:
         for attempt in range(2):
             target = await session_app_target(session_id=session_id, name=app["name"], port=app["port"])
             if isinstance(target, dict):
-                await _page(send, 502, await _not_running(session_id, app, target["error"]))
+                await _page(send, 502, await _not_running(session_id, app, target["error"], console=console))
                 return
             url = f"http://{_host(target[0])}:{target[1]}{upstream_path(scope, match, app, token=token)}"
             request = _client().build_request(scope["method"], url, headers=headers, content=body)
@@ -324,14 +373,16 @@ class AppHttpProxy:
                 if attempt or body is not None:
                     target = await session_app_target(session_id=session_id, name=app["name"], port=app["port"])
                     error = target["error"] if isinstance(target, dict) else "it does not accept connections"
-                    await _page(send, 502, await _not_running(session_id, app, error))
+                    await _page(send, 502, await _not_running(session_id, app, error, console=console))
                     return
             except ConnectionAbortedError:  # the browser went away during its upload
                 return
             except httpx.HTTPError as exc:  # it closed the connection, or answered nonsense
                 log.info("app %s of session %s: %s", app["name"], session_id, exc)
                 session_app_target_forget(session_id=session_id, name=app["name"])
-                await _page(send, 502, await _not_running(session_id, app, "it closed the connection without an answer"))
+                await _page(
+                    send, 502, await _not_running(session_id, app, "it closed the connection without an answer", console=console)
+                )
                 return
         try:
             await _relay_response(
@@ -367,14 +418,14 @@ def _host(host: str) -> str:
 async def _relay_response(response: httpx.Response, receive, send, *, prefix: str, app: dict, mask: TokenMask) -> None:
     """Send the app's answer to the browser as it comes (its body undecoded, chunk by chunk, the
     token masked); stop reading the app when the browser goes away."""
-    ours = {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME}
+    ours = _ours()
     headers = []
     for name, value in response.headers.raw:
         lower = name.lower()
         if lower in (b"connection", b"keep-alive", b"transfer-encoding", b"trailer", b"upgrade"):
             continue
         if lower == b"set-cookie" and value.split(b"=", 1)[0].strip().decode("latin-1") in ours:
-            continue  # an app never replaces the console's sign-in or CSRF cookie
+            continue  # an app never replaces the console's sign-in, CSRF or app-origin cookie
         if lower == b"location":
             value = _location(value.decode("latin-1"), prefix=prefix, app=app).encode("latin-1")
         headers.append((lower, value.replace(mask.secret, mask.mask)))
@@ -400,8 +451,137 @@ async def _wait_disconnect(receive) -> None:
         pass
 
 
+class ConsoleAppRedirect:
+    """ASGI, the console's origin, HTTP under `/sessions/<id>/apps/<name>/`: a signed-in user who
+    may see the session's app (its owner or an administrator, the session RUNNING) is sent to the
+    apps origin with a one-time ticket for the path asked (302); signed out: to the login page
+    (302); another's session or no such app: 404; an ended session: 410; apps off (no
+    FGPU_APPS_ORIGIN): 404 saying so. Only GET and HEAD (405 else): nothing is proxied here."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        await _drain(receive)
+        match = PATH_RE.match(scope["path"])
+        if match is None or path_escapes(scope):
+            await _page(send, 400, {"title": "Bad path", "why": "The address tries to leave the app's place.", "console": ""})
+            return
+        if not apps_origin():
+            why = "Session apps are off on this console: its administrator has not set FGPU_APPS_ORIGIN (README, Session apps)."
+            await _page(send, 404, {"title": "Apps are off", "why": why, "console": ""})
+            return
+        if scope.get("method") not in ("GET", "HEAD"):
+            why = "Apps are served on their own origin; this address only leads there."
+            await _page(send, 405, {"title": "Not here", "why": why, "console": ""}, headers=[(b"allow", b"GET, HEAD")])
+            return
+        status, found = await _check(scope, match)
+        if status == 401:
+            login = resolve_url(settings.LOGIN_URL) + "?next=" + quote(scope["path"])
+            await _page(
+                send,
+                302,
+                {"title": "Signed out", "why": "Sign in to open this app.", "console": ""},
+                headers=[(b"location", login.encode())],
+            )
+            return
+        if status:
+            await _page(send, status, {"console": "", **(found or {"title": "Not found", "why": "There is no such app."})})
+            return
+        query = scope.get("query_string", b"").decode("latin-1")
+        path = quote(scope["path"], safe="/:@!$&'()*+,;=-._~") + (f"?{query}" if query else "")
+        ticket = await database_sync_to_async(app_ticket_issue)(
+            user_id=found["user"], session_id=match["session"], app=match["app"], path=path, console=_console_origin(scope)
+        )
+        location = f"{apps_origin()}{LOGIN_PATH}?ticket={ticket}"
+        why = "Apps are served on their own origin: on your way there."
+        await _page(
+            send, 302, {"title": "Opening the app", "why": why, "console": ""}, headers=[(b"location", location.encode())]
+        )
+
+
+def _console_origin(scope) -> str:
+    """The console's origin as this request reached it: "scheme://host"."""
+    scheme = "https" if scope.get("scheme") in ("https", "wss") else "http"
+    if settings.FGPU_TLS or (getattr(settings, "SECURE_PROXY_SSL_HEADER", None) and _proxied_https(scope)):
+        scheme = "https"
+    return f"{scheme}://{header(scope, b'host') or 'localhost'}"
+
+
+def _proxied_https(scope) -> bool:
+    name, value = settings.SECURE_PROXY_SSL_HEADER
+    wanted = name.removeprefix("HTTP_").lower().replace("_", "-").encode()
+    return any(key == wanted and sent.decode("latin-1").split(",")[0].strip() == value for key, sent in scope.get("headers", []))
+
+
+class AppLogin:
+    """ASGI, the apps origin, `GET /_fgpu/app-login?ticket=…`: redeems the one-time ticket
+    (sessions.app_origin), sets the app-origin cookie for its session's app and redirects to the
+    path the ticket was issued for (302, the ticket no longer in the address). An unknown, used or
+    expired ticket: 403, and nothing set."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        await _drain(receive)
+        from urllib.parse import parse_qs
+
+        ticket = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("ticket", [""])[0]
+        record = await database_sync_to_async(app_ticket_redeem)(ticket)
+        if record is None:
+            why = "This link to an app was used already or has expired: open the app again from the console's session list."
+            await _page(send, 403, {"title": "Link expired", "why": why, "console": None})
+            return
+        grant = await database_sync_to_async(app_grant_issue)(record)
+        cookie = app_cookie(grant, session_id=record["session"], app=record["app"])
+        headers = [(b"location", record["path"].encode("latin-1")), (b"set-cookie", cookie), (b"referrer-policy", b"no-referrer")]
+        why = "Signed in to this app: opening it."
+        await _page(send, 302, {"title": "Opening the app", "why": why, "console": record["console"]}, headers=headers)
+
+
+class OriginRouter:
+    """ASGI, the web's root: requests to the apps origin (`Host`: sessions.app_origin) go to
+    `apps` (HTTP: the login path and the app proxy; websockets: the app proxy's, their `Origin`
+    the apps origin or none), anything else there is 404; requests the apps origin's pages send
+    to the console (`Origin`: the apps origin) are refused (403; websockets closed 4403); the
+    rest goes to `console`. `apps_websocket`: AppWebsocketProxy, as the server's sends should reach it."""
+
+    def __init__(self, console, *, apps_websocket) -> None:
+        self.console, self.websocket_proxy = console, apps_websocket
+        self.http_proxy, self.login = AppHttpProxy(), AppLogin()
+
+    async def __call__(self, scope, receive, send):
+        kind = scope["type"]
+        if kind not in ("http", "websocket"):
+            return await self.console(scope, receive, send)
+        if is_apps_request(scope):
+            return await self._apps(scope, receive, send)
+        if from_apps_origin(scope):
+            return await _refuse(scope, receive, send, 403, "The console answers only its own pages.")
+        return await self.console(scope, receive, send)
+
+    async def _apps(self, scope, receive, send):
+        path = scope["path"]
+        if scope["type"] == "http":
+            if path == LOGIN_PATH:
+                return await self.login(scope, receive, send)
+            if PATH_RE.match(path):
+                return await self.http_proxy(scope, receive, send)
+            return await _refuse(scope, receive, send, 404, "There is nothing here but session apps.")
+        origin = header(scope, b"origin")
+        if not PATH_RE.match(path) or (origin is not None and origin_key(origin) != origin_key(apps_origin())):
+            return await _refuse(scope, receive, send, 403, "")
+        return await self.websocket_proxy(scope, receive, send)
+
+
+async def _refuse(scope, receive, send, status: int, why: str) -> None:
+    """Refuse an HTTP request with the proxy's page (`status`), or close a websocket (4403/4404)."""
+    if scope["type"] == "websocket":
+        if (await receive())["type"] == "websocket.connect":
+            await send({"type": "websocket.close", "code": CLOSE_NOT_FOUND if status == 404 else CLOSE_REFUSED})
+        return
+    await _drain(receive)
+    await _page(send, status, {"title": "Not found" if status == 404 else "Refused", "why": why, "console": None})
+
+
 class AppProxyRouter:
-    """ASGI: HTTP under `/sessions/<id>/apps/` to `proxy`, everything else to `fallback`."""
+    """ASGI, the console's origin: HTTP under `/sessions/<id>/apps/` to `proxy` (ConsoleAppRedirect),
+    everything else to `fallback`."""
 
     def __init__(self, proxy, fallback) -> None:
         self.proxy, self.fallback = proxy, fallback
@@ -418,10 +598,10 @@ class AppProxyRouter:
 
 
 class AppWebsocketProxy:
-    """ASGI application for websockets under `/sessions/<id>/apps/<name>/` (routed by
-    sessions.routing, behind the origin check and AuthMiddlewareStack): connects to the app's
-    websocket with the app's token, accepts the browser's with the subprotocol the app chose,
-    then relays messages both ways until either side closes (its close code passed on)."""
+    """ASGI application for websockets under `/sessions/<id>/apps/<name>/` on the apps origin
+    (OriginRouter: its `Origin` checked; signed in by the app-origin cookie, `_check`): connects to
+    the app's websocket with the app's token, accepts the browser's with the subprotocol the app
+    chose, then relays messages both ways until either side closes (its close code passed on)."""
 
     async def __call__(self, scope, receive, send) -> None:
         message = await receive()
@@ -437,16 +617,16 @@ class AppWebsocketProxy:
             await send({"type": "websocket.close", "code": codes.get(status, CLOSE_NOT_FOUND)})
             return
         app, session_id = found["app"], match["session"]
-        upstream = await self._connect(scope, match, app)
-        if upstream is None:
+        token = await app_token_get(session_id=session_id, app=app["name"])
+        upstream = await self._connect(scope, match, app, token=token) if token is not None else None
+        if upstream is None or token is None:
             await send({"type": "websocket.close", "code": CLOSE_APP_CLOSED})
             return
         await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
         log.debug("app websocket %s of session %s open", app["name"], session_id)
-        await _relay_websocket(upstream, receive, send, token=app_token(session_id=session_id, app=app["name"]))
+        await _relay_websocket(upstream, receive, send, token=token)
 
-    async def _connect(self, scope, match, app: dict):
-        token = app_token(session_id=match["session"], app=app["name"])
+    async def _connect(self, scope, match, app: dict, *, token: str):
         protocols = [
             p.strip()
             for _, v in scope.get("headers", [])

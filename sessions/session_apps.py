@@ -13,25 +13,35 @@ hosts can reach: the node's `[container] app-address` (process runtime: the app 
 or the session container's address (docker runtime: on the node's container network), or, where the
 node's agent.toml sets `app-relay`, the agent's relay on `app-address` (agent.session_apps).
 
-The app's token (Jupyter's `--IdentityProvider.token`) is derived from the console's secret key,
-the session and the app (`app_token`): the agent puts it into the command, the proxy sends it
-upstream in `Authorization: token …`; no page or API answer carries it.
+The app's token (Jupyter's `--IdentityProvider.token`) is random, 48 hex characters
+(secrets.token_hex), chosen by the web for each start of the app and never derived from a key: the
+open message carries a new one (`token`) and the one the web holds (`keep`, "" if none); the agent
+keeps an app that runs with `keep`, and starts it anew with `token` otherwise (it was not running,
+or runs with a token the web no longer holds). The web keeps the token of the running app in
+Django's cache (Redis in the distributed stack: every web process finds it; `app_token_get`) for
+FGPU_APP_TOKEN_TTL after its last open; the proxy sends it upstream in `Authorization: token …`;
+no page or API answer carries it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
+import logging
+import secrets
 import time
 
+from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.core.cache import cache
 
-import protocol
 from console.errors import ApplicationError
+from protocol.channel import AgentLink, Refused, reply_prefix
+from sessions import events
 from sessions.models import TERMINAL_APP, ComputeSession, SessionStatus
 from sessions.service_ports import jupyter_app, merged_apps  # noqa: F401  (jupyter_app: imported from here too)
+
+log = logging.getLogger(__name__)
 
 APP_PREFIX = "/sessions/{session}/apps/{app}/"
 OPEN_PAGE = "/sessions/{session}/open/{app}/"
@@ -45,11 +55,22 @@ MAX_TARGETS = 10_000
 DEFAULT_TIMEOUT_S = 60
 
 
-def app_token(*, session_id, app: str) -> str:
-    """The token the console sets for app `app` of session `session_id` (hex, 48 characters):
-    HMAC-SHA256 of both under SECRET_KEY, so every web process computes the same one."""
-    message = f"fgpu-app:{session_id}:{app}".encode()
-    return hmac.new(settings.SECRET_KEY.encode(), message, hashlib.sha256).hexdigest()[:48]
+TOKEN_KEY = "fgpu-app-token:{session}:{app}"
+
+
+def app_token_new() -> str:
+    """A new app token: 48 random hex characters (secrets.token_hex(24), 192 bits)."""
+    return secrets.token_hex(24)
+
+
+async def app_token_get(*, session_id, app: str) -> str | None:
+    """The token app `app` of session `session_id` was last started with (by any web process);
+    None when no web process opened it (or FGPU_APP_TOKEN_TTL passed since)."""
+    return await cache.aget(TOKEN_KEY.format(session=session_id, app=app))
+
+
+async def _app_token_keep(*, session_id, app: str, token: str) -> None:
+    await cache.aset(TOKEN_KEY.format(session=session_id, app=app), token, settings.FGPU_APP_TOKEN_TTL)
 
 
 def app_prefix(*, session_id, app: str) -> str:
@@ -98,44 +119,57 @@ def _check_running(session: ComputeSession) -> None:
         )
 
 
-def app_open_message(*, session: ComputeSession, app: dict) -> dict:
-    """The `pty.app_open` message that starts `app` in `session` (without its reply channel)."""
+def app_open_message(*, session: ComputeSession, app: dict, token: str, keep: str | None) -> dict:
+    """The `pty.app_open` message that starts `app` in `session` (without its reply channel):
+    `token` the new token for a start, `keep` the one the web holds for a running app ("" if none)."""
     return {
         "type": "pty.app_open",
         "session_id": str(session.pk),
         "timeout": app["timeout"],
         "app": {key: app[key] for key in ("name", "command", "port", "base_url")},
         "base_url": app_prefix(session_id=session.pk, app=app["name"]),
-        "token": app_token(session_id=session.pk, app=app["name"]),
+        "token": token,
+        "keep": keep or "",
     }
 
 
 async def session_app_open(*, session: ComputeSession, app: dict, node: str, on_progress=None) -> dict:
     """Start `app` (from `session_app_get`) in RUNNING `session` on its node `node` if it does not run
     yet, and wait until its port answers; `on_progress(text)` (async) is called with each word of
-    progress. Returns `{"url", "reused"}` (`url`: where to open it, on the console; `reused`: it
-    was running already).
+    progress. Returns `{"url", "reused"}` (`url`: its path, which the console's origin hands on
+    to the apps origin with a ticket (sessions.app_origin); `reused`: it was running already).
+    A start gets a new random token (kept for the proxy once the app answers); a running app keeps its own.
 
     Raises ApplicationError: 409 "session-not-running"; 502 "app-failed" when its command exited
     or its port did not answer within its timeout (`detail` says which and ends with the app's
     last output); 504 "app-timeout" when the agent did not answer within the app's timeout +
     REPLY_GRACE_S."""
     _check_running(session)
+    keep = await app_token_get(session_id=session.pk, app=app["name"])
+    token = app_token_new()
     layer = get_channel_layer()
-    reply = await layer.new_channel("app-reply.")
-    await layer.group_send(protocol.pty_group(session.pk), {**app_open_message(session=session, app=app), "reply_channel": reply})
+    link = await sync_to_async(events.agent_link_of_session)(session.pk)  # seals the open, verifies answers
+    if link is None:
+        raise ApplicationError(
+            "the session is not on a node", type="session-not-running", title="Session not running", status=409
+        )
+    reply = await layer.new_channel(reply_prefix("app"))
+    message = app_open_message(session=session, app=app, token=token, keep=keep)
+    await layer.group_send(link.pty_group(session.pk), link.command({**message, "reply_channel": reply}))
     wait_s = app["timeout"] + REPLY_GRACE_S
     try:
         async with asyncio.timeout(wait_s):
             while True:
-                answer = await layer.receive(reply)
+                answer = await _verified(link, await layer.receive(reply))
                 kind = answer.get("type")
                 if kind == "app.progress" and on_progress is not None:
                     await on_progress(str(answer.get("text", "")))
                 elif kind == "app.ready":
+                    reused = bool(answer.get("reused")) and bool(keep)
+                    await _app_token_keep(session_id=session.pk, app=app["name"], token=keep if reused else token)
                     _remember((str(session.pk), app["name"]), answer["host"], int(answer["port"]))
                     url = app_prefix(session_id=session.pk, app=app["name"]) + app["path"]
-                    return {"url": url, "reused": bool(answer.get("reused"))}
+                    return {"url": url, "reused": reused}
                 elif kind == "app.failed":
                     output = str(answer.get("output") or "").rstrip()
                     detail = str(answer.get("error") or "the app failed to start")
@@ -164,15 +198,20 @@ async def session_app_target(*, session_id: str, name: str, port: int | None = N
     if known is not None and known[2] > time.monotonic():
         return known[0], known[1]
     layer = get_channel_layer()
-    reply = await layer.new_channel("app-reply.")
+    link = await sync_to_async(events.agent_link_of_session)(session_id)
+    if link is None:
+        return {"error": "the session is not on a node"}
+    reply = await layer.new_channel(reply_prefix("app"))
     await layer.group_send(
-        protocol.pty_group(session_id),
-        {"type": "pty.app_status", "session_id": str(session_id), "name": name, "port": port, "reply_channel": reply},
+        link.pty_group(session_id),
+        link.command(
+            {"type": "pty.app_status", "session_id": str(session_id), "name": name, "port": port, "reply_channel": reply}
+        ),
     )
     try:
         async with asyncio.timeout(STATUS_WAIT_S):
             while True:
-                answer = await layer.receive(reply)
+                answer = await _verified(link, await layer.receive(reply))
                 if answer.get("type") == "app.status":
                     break
     except TimeoutError:
@@ -180,6 +219,16 @@ async def session_app_target(*, session_id: str, name: str, port: int | None = N
     if not answer.get("running"):
         return {"error": str(answer.get("error") or "it is not running")}
     return _remember(key, answer["host"], int(answer["port"]))
+
+
+async def _verified(link: AgentLink, answer: dict) -> dict:
+    """The agent's `answer` once its node's key verifies it (protocol.channel); else `{}` (logged):
+    a listener named by a forged answer never gets a user's request."""
+    try:
+        return link.answer(answer)
+    except Refused as exc:
+        log.warning("ignored an app answer claiming to come from node %s: %s", link.node, exc)
+        return {}
 
 
 def _remember(key: tuple[str, str], host: str, port: int) -> tuple[str, int]:
