@@ -16,6 +16,7 @@ import logging
 import secrets
 import signal
 import sys
+from urllib.parse import urlsplit
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
@@ -153,8 +154,14 @@ class Command(BaseCommand):
             self.stdout.write("Changed the password of user admin to the one from FGPU_ADMIN_PASSWORD")
 
     def _serve(self, host: str, port: int, agents) -> None:
+        """Serve the console on host:port and session apps on their own origin (issue 31.4): a
+        second socket of the same uvicorn server, FGPU_APPS_PORT (default port + 1) on `host`;
+        the origin is FGPU_APPS_ORIGIN, else http://<host>:<that port> (127.0.0.1 for a wildcard
+        `host`). The ASGI app tells the two apart by the request's Host (sessions.app_origin)."""
         import uvicorn
 
+        apps_port, apps_origin = _apps_listener(host, port)
+        settings.FGPU_APPS_ORIGIN = apps_origin  # before console.asgi reads it
         from console.asgi import application
         from sessions import events
         from sessions.tasks import node_check_heartbeats, schedule_pending
@@ -176,10 +183,17 @@ class Command(BaseCommand):
             server = uvicorn.Server(config)
 
             async def run_server() -> None:
-                try:
-                    await server.serve()
-                except SystemExit:  # uvicorn's startup failed, and it logged why (the port is taken, say)
-                    raise CommandError(f"could not serve on {host}:{port} (the error above)") from None
+                sockets = []
+                try:  # each socket bound as uvicorn binds its own (Config.bind_socket); one server serves both
+                    for listen in {port, apps_port}:
+                        sockets.append(uvicorn.Config(application, host=host, port=listen, log_config=None).bind_socket())
+                    await server.serve(sockets=sockets)
+                except SystemExit:  # a bind or uvicorn's startup failed, and it logged why (the port is taken, say)
+                    where = ", ".join(f"{host}:{p}" for p in sorted({port, apps_port}))
+                    raise CommandError(f"could not serve on {where} (the error above)") from None
+                finally:
+                    for sock in sockets:
+                        sock.close()
 
             serving = asyncio.create_task(run_server())
             while not server.started:  # the agents start once the port is bound, as daphne's ready_callable did
@@ -194,6 +208,10 @@ class Command(BaseCommand):
                 self.style.SUCCESS(
                     f"fGPU Console is serving on http://{host}:{port}/ (user admin; nodes: {', '.join(a.node for a in agents)})"
                 )
+            )
+            self.stdout.write(
+                f"Session apps are served on {apps_origin}/ only, their own origin (FGPU_APPS_ORIGIN, FGPU_APPS_PORT): "
+                "their pages never see the console's cookies."
             )
             try:
                 await serving
@@ -212,6 +230,23 @@ class Command(BaseCommand):
             # keep this process from exiting).
             for agent in agents:
                 agent.kill_all_now()
+
+
+def _apps_listener(host: str, port: int) -> tuple[int, str]:
+    """(the local port, the origin) of session apps in standalone: FGPU_APPS_PORT, else the port of
+    FGPU_APPS_ORIGIN where it names one, else `port` + 1; FGPU_APPS_ORIGIN, else
+    http://<host>:<that port> (127.0.0.1 for a wildcard `host`). Raises CommandError for a port
+    out of range."""
+    origin = settings.FGPU_APPS_ORIGIN
+    named = urlsplit(origin).port if origin else None
+    default = named or port + 1
+    if default > 65535:
+        raise CommandError(f"PORT={port}: session apps need a second port (PORT + 1); set FGPU_APPS_PORT")
+    apps_port = env_int("FGPU_APPS_PORT", default, minimum=1, maximum=65535)
+    if not origin:
+        shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else (f"[{host}]" if ":" in host else host)
+        origin = f"http://{shown}:{apps_port}"
+    return apps_port, origin
 
 
 def _stopped(signum, frame) -> None:
