@@ -7,7 +7,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: install run test test-fast lint clean
+.PHONY: install run image test test-fast lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ install: $(VENV)/.installed
 
 run: install
 	PORT=$(PORT) $(PY) manage.py standalone
+
+# The session image of the docker runtime, fgpu-session:latest (also tagged fgpu-session:test), built from
+# Debian's packages with mmdebstrap, no registry needed: as root, about 5 minutes, its progress shown.
+image:
+	tests/images/build.sh
 
 # Lint first; a violation fails the run. On the product code (pyproject.toml [tool.ruff]): ruff's lint
 # and its formatter (`ruff format .` fixes what --check finds), import-linter's contracts

@@ -5,6 +5,7 @@ from __future__ import annotations
 import agent.tasks  # noqa: F401  (registers the agent's tasks with the app: in standalone mode they run here)
 from agent.config import CUDA_PLUGIN, MOCK_PLUGIN, AgentConfig
 from agent.core import Agent, CeleryManager
+from agent.network import instance_id
 from agent.runtimes import DOCKER, ProcessRuntime
 
 
@@ -60,6 +61,8 @@ def build_runtime(config: AgentConfig):
             uid=config.uid,
             gid=config.uid,
             network=config.network,
+            instance=instance_id(str(config.scratch_root)),  # one network per installation (agent.network)
+            block_private=config.block_private_networks,
             gpus=CUDA_PLUGIN in config.plugins,
             hami_core=config.hami_core,
             mps_pipe_directory=config.mps_pipe_directory if config.mps else None,

@@ -18,9 +18,10 @@ over::
     scratch-root = "./var/scratches"                    # sessions' working directories
     scratch-retention = 3600                            # seconds an ended session's directory is kept
     runtime = "process"                                 # or "docker": one container per session
-    default-image = "fgpu-session:test"                 # docker: the image of a session that names none
+    default-image = "fgpu-session:latest"               # docker: the image of a session that names none (make image)
     uid = 1000                                          # docker: whom sessions run as inside
-    network = "bridge"                                  # docker: "bridge" or "none"
+    network = "outbound"                                # docker: "outbound" (internet only; old name "bridge") or "none"
+    block-private-networks = true                       # docker, outbound: sessions cannot reach private (RFC 1918) addresses
     hami-core = "/usr/local/vgpu/libvgpu.so"            # docker: enforce fractions with HAMi-core (preloaded)
     pull-images = true                                  # docker: pull an image the node lacks when a session needs it
     mps-pipe-directory = "/tmp/nvidia-mps"              # docker, with [agent] mps = true: the node's MPS pipes
@@ -55,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from accelerators.allocation.units import SizeError, parse_binary_size
+from agent.network import OUTBOUND, network_mode
 from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, RUNTIMES
 
 MOCK_PLUGIN = "ai.backend.accelerator.mock"
@@ -80,9 +82,10 @@ class AgentConfig:
     scratch_retention_s: int = 3600
     node_key: str = ""
     runtime: str = "process"
-    default_image: str = "fgpu-session:test"
+    default_image: str = "fgpu-session:latest"
     uid: int = 1000
-    network: str = "bridge"
+    network: str = "outbound"  # docker: "outbound" or "none" (agent.network)
+    block_private_networks: bool = True  # docker, outbound: drop sessions' traffic to private addresses
     hami_core: Path | None = None
     mps_pipe_directory: Path = Path("/tmp/nvidia-mps")
     pull_images: bool = True
@@ -181,13 +184,17 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
     runtime = text(container, "runtime", "container.runtime", "process")
     if runtime not in RUNTIMES:
         fail("container.runtime", f"{runtime!r} is not a runtime (known: {', '.join(RUNTIMES)})")
-    default_image = text(container, "default-image", "container.default-image", "fgpu-session:test")
+    default_image = text(container, "default-image", "container.default-image", "fgpu-session:latest")
     uid = container.get("uid", 1000)
     if isinstance(uid, bool) or not isinstance(uid, int) or not 1 <= uid <= 65534:
         fail("container.uid", f"{uid!r} is not a user id from 1 to 65534 (sessions never run as root)")
-    network = text(container, "network", "container.network", "bridge")
-    if network not in ("bridge", "none"):
-        fail("container.network", f'{network!r}: expected "bridge" or "none"')
+    try:
+        network = network_mode(text(container, "network", "container.network", OUTBOUND))
+    except ValueError as exc:
+        fail("container.network", str(exc))
+    block_private = container.get("block-private-networks", True)
+    if not isinstance(block_private, bool):
+        fail("container.block-private-networks", "expected true or false")
     hami_core = None
     if "hami-core" in container:
         hami_core = (path.parent / text(container, "hami-core", "container.hami-core", "")).resolve()
@@ -253,6 +260,7 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
         default_image=default_image,
         uid=uid,
         network=network,
+        block_private_networks=block_private,
         hami_core=hami_core,
         mps_pipe_directory=mps_pipes,
         pull_images=pull_images,

@@ -8,8 +8,10 @@ shell. Isolation and limits: the session's working directory mounted read-write 
 (`/home/work`), the virtual nvidia-smi and the allocation document read-only at `/opt/fgpu`,
 `cpu` → `nano_cpus`, `mem` → `mem_limit` with swap off, a pids limit, every capability dropped,
 `no-new-privileges`, a non-root user (agent.toml `uid`), no Docker socket, the network of
-agent.toml (`bridge` or `none`). On a CUDA node the granted devices (or MIG devices) are asked
-for by UUID through the NVIDIA container toolkit (`DeviceRequest`); a mock node asks for none.
+agent.toml (`outbound`: the agent's own network, guarded so that sessions reach neither each
+other nor the node, link-local or private addresses, agent.network; or `none`). On a CUDA node
+the granted devices (or MIG devices) are asked for by UUID through the NVIDIA container
+toolkit (`DeviceRequest`); a mock node asks for none.
 A fraction is enforced where agent.toml says how: `hami-core` mounts HAMi-core's libvgpu.so
 read-only at HAMI_CORE_PATH and preloads it (`LD_PRELOAD`; it reads the contract's
 `CUDA_DEVICE_MEMORY_LIMIT_<i>` and `CUDA_DEVICE_SM_LIMIT`, as HAMi's device plugin arranges);
@@ -36,6 +38,7 @@ from typing import Any
 
 import protocol
 from accelerators.allocation.units import format_binary_size
+from agent.network import OUTBOUND, NetworkError, SessionNetwork, instance_id, network_mode
 from agent.runtimes import DOCKER, SessionPaths
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,36 @@ def _split_reference(reference: str) -> tuple[str, str | None]:
     if name and "/" not in tag:
         return name, tag
     return reference, "latest"
+
+
+def docker_engine_where() -> str:
+    """Where the Docker SDK looks for Docker Engine: DOCKER_HOST, else the local socket."""
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def docker_engine_probe(*, timeout_s: float = 3.0):
+    """Blocking, at most about `timeout_s` seconds: `(client, "")` when Docker Engine answers a
+    ping at docker_engine_where() (client: a docker.DockerClient with that timeout), else
+    `(None, why)` with the SDK's or the engine's words (no socket, permission denied, timed out)."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=max(1, round(timeout_s)))
+        client.ping()
+        return client, ""
+    except Exception as exc:  # no SDK, no socket, no permission, no answer: all mean "not here"
+        return None, " ".join(str(exc).split()) or type(exc).__name__
+
+
+def docker_image_present(client, reference: str) -> bool:
+    """Blocking: whether Docker Engine holds image `reference` (a tag or digest) locally."""
+    import docker
+
+    try:
+        client.images.get(reference)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
 
 
 class DockerRuntimeError(RuntimeError):
@@ -282,7 +315,9 @@ class DockerRuntime:
     """Sessions in containers (see the module docstring). `client`: a docker.DockerClient
     (default: docker.from_env(), i.e. DOCKER_HOST or the local socket); `default_image`: the
     image of a spec that names none; `uid`/`gid`: whom the session runs as inside; `network`:
-    "bridge" or "none"; `gpus`: ask the NVIDIA container toolkit for the granted devices (CUDA
+    "outbound" (old name "bridge": agent.network's guarded network of this agent, named after
+    `node` and `instance`, an agent installation's id, default one of `node` alone; private
+    addresses dropped too where `block_private`) or "none"; `gpus`: ask the NVIDIA container toolkit for the granted devices (CUDA
     nodes; a mock node has nothing to ask for); `hami_core`: the node's libvgpu.so, preloaded in
     every session; `mps_pipe_directory`: the node's MPS pipe directory (None: no MPS); `pull`:
     pull an image the node lacks from its registry when a session needs it. Raises
@@ -297,7 +332,9 @@ class DockerRuntime:
         default_image: str,
         uid: int = 1000,
         gid: int = 1000,
-        network: str = "bridge",
+        network: str = OUTBOUND,
+        instance: str | None = None,
+        block_private: bool = True,
         gpus: bool = False,
         hami_core: Path | None = None,
         mps_pipe_directory: Path | None = None,
@@ -315,7 +352,15 @@ class DockerRuntime:
         self.default_image = default_image
         self.uid, self.gid = uid, gid
         self.user = f"{uid}:{gid}"
-        self.network = network
+        try:
+            self.network = network_mode(network)
+        except ValueError as exc:
+            raise DockerRuntimeError(f"network {exc}") from None
+        self.session_network = (
+            SessionNetwork(self.client, node=node, instance=instance or instance_id(f"node:{node}"), block_private=block_private)
+            if self.network == OUTBOUND
+            else None
+        )
         self.gpus = gpus
         self.hami_core = hami_core
         self.mps_pipe_directory = mps_pipe_directory
@@ -363,7 +408,7 @@ class DockerRuntime:
             pids_limit=PIDS_LIMIT,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
-            network_mode=self.network,
+            network_mode=self.session_network.names.network if self.session_network is not None else "none",
         )
         if spec.get("data_dir"):  # the owner's persistent folder (agent.files) at ~/data
             config["mounts"].append(docker.types.Mount(f"{HOME}/data", spec["data_dir"], type="bind"))
@@ -404,8 +449,15 @@ class DockerRuntime:
                     raise
                 self.pull_image(config["image"], progress=progress)
                 container = self.client.containers.create(**config)
+            except docker.errors.NotFound as exc:
+                if self.session_network is None or self.session_network.names.network not in str(exc):
+                    raise
+                self.session_network.ensure()  # someone removed the network: make it again
+                container = self.client.containers.create(**config)
         except docker.errors.ImageNotFound:
             raise DockerRuntimeError(f"image {config['image']!r} is not on node {self.node}") from None
+        except NetworkError as exc:
+            raise DockerRuntimeError(str(exc)) from None
         except docker.errors.APIError as exc:
             raise DockerRuntimeError(f"Docker refused the session's container: {exc.explanation or exc}") from None
         try:
@@ -467,8 +519,15 @@ class DockerRuntime:
 
     def clean_up_at_start(self, scratch_root: Path) -> tuple[list[DockerSession], int]:
         """Blocking, when the agent starts: adopt this node's running session containers (their
-        scrollback seeded from the container's last output), remove the ended ones. Returns
-        (adopted handles, how many containers were removed)."""
+        scrollback seeded from the container's last output), remove the ended ones; make the
+        sessions' network and its rules (network "outbound", SessionNetwork.ensure). Returns
+        (adopted handles, how many containers were removed). Raises DockerRuntimeError when Docker
+        refuses the network."""
+        if self.session_network is not None:
+            try:
+                self.session_network.ensure()
+            except NetworkError as exc:
+                raise DockerRuntimeError(str(exc)) from None
         adopted, removed = [], 0
         for container in self.client.containers.list(all=True, filters={"label": f"{LABEL_NODE}={self.node}"}):
             labels = container.labels
@@ -488,6 +547,34 @@ class DockerRuntime:
                 container.remove(v=True, force=True)
                 removed += 1
         return adopted, removed
+
+    @property
+    def network_warning(self) -> str:
+        """Why the sessions' network is not guarded, for the operator ("" when it is, or "none")."""
+        return self.session_network.warning if self.session_network is not None else ""
+
+    def close(self) -> None:
+        """Blocking, when the agent shuts down after its sessions ended: remove the sessions'
+        network and its rules unless a container is still on it (Agent.shutdown)."""
+        if self.session_network is not None:
+            self.session_network.remove()
+
+    def release_now(self) -> None:
+        """Blocking, when a host process exits after killing its sessions (Agent.kill_all_now,
+        standalone): remove this agent's containers on its network, then the network and its rules.
+        With network "none" the killed containers are left for the next start's clean-up."""
+        if self.session_network is None:
+            return
+        network = self.session_network.names.network
+        try:
+            for container in self.client.containers.list(
+                all=True, filters={"label": f"{LABEL_NODE}={self.node}", "network": network}
+            ):
+                container.remove(v=True, force=True)
+        except Exception as exc:  # Docker went away meanwhile: the next start cleans up
+            log.warning("agent %s: could not remove its containers on %s: %s", self.node, network, exc)
+            return
+        self.session_network.remove()
 
     def images(self) -> dict[str, str]:
         """Blocking: the local images, `{reference: image id}`, every tag ("fgpu-session:test") and

@@ -11,6 +11,12 @@ import pytest
 from tests.seed import GiB, make_cluster, mock_gpu  # noqa: F401 (re-exported)
 from tests.stack import ROOT, Proc, Stack, StackNode, free_port, wait_until, wait_until_async  # noqa: F401 (re-exported)
 
+# The standalone consoles the tests start (tests/test_browser*.py, test_cli_standalone.py, …) copy this
+# environment and run sessions as processes unless a test sets FGPU_RUNTIME itself: standalone's
+# default, auto, picks docker where Docker Engine holds the session image (CI). tests/test_runtime_choice.py
+# starts them with auto.
+os.environ.setdefault("FGPU_RUNTIME", "process")
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):

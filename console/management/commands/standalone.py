@@ -5,7 +5,8 @@ sure user `admin` exists, then serves http://127.0.0.1:$PORT with uvicorn and ru
 embedded agent (one mock node) per agent.toml in FGPU_AGENT_CONFIG on uvicorn's event loop.
 Environment: PORT (8000), FGPU_ADMIN_PASSWORD, FGPU_AGENT_CONFIG (demo/agent.toml),
 FGPU_ACCELERATOR_CONFIG (an etcd-style JSON; the demo's is imported only on first start),
-FGPU_DATA_DIR (./var).
+FGPU_DATA_DIR (./var), FGPU_RUNTIME (auto: docker where Docker Engine answers and holds the
+session image, else process; see Command._choose_runtime).
 """
 
 from __future__ import annotations
@@ -36,12 +37,15 @@ from agent.config import AgentConfigError, load_agent_config
 from sessions.images import image_default, image_save
 from sessions.models import SessionImage
 from sessions.session_apps import jupyter_app
-from agent.runtimes import DOCKER, RUNTIMES, stop_ignoring_session_signals
+from agent.docker_runtime import docker_engine_probe, docker_engine_where, docker_image_present
+from agent.runtimes import DOCKER, PROCESS, RUNTIMES, stop_ignoring_session_signals
 
 log = logging.getLogger("fgpu.standalone")
 
 DEMO_AGENT = settings.BASE_DIR / "demo" / "agent.toml"
 DEMO_ACCELERATOR = settings.BASE_DIR / "demo" / "accelerator.json"
+AUTO = "auto"  # FGPU_RUNTIME: docker where Docker Engine answers and holds the session image, else process
+IMAGE_BUILD_MINUTES = 5  # `make image` (tests/images/build.sh) on a 2-core machine with a fresh package cache
 
 
 class Command(BaseCommand):
@@ -68,9 +72,7 @@ class Command(BaseCommand):
             )  # one, as NFS would be
             for c in configs
         ]
-        runtime = env_str("FGPU_RUNTIME", "process")  # standalone runs sessions as processes unless told otherwise
-        if runtime not in RUNTIMES:
-            raise CommandError(f"FGPU_RUNTIME={runtime!r}: expected one of {', '.join(RUNTIMES)}")
+        runtime = self._choose_runtime(env_str("FGPU_RUNTIME", AUTO), configs)
         configs = [dataclasses.replace(c, runtime=runtime) for c in configs]
 
         call_command("migrate", interactive=False, verbosity=0)
@@ -95,6 +97,52 @@ class Command(BaseCommand):
             except Exception as exc:
                 raise CommandError(f"{config.path}: could not load the compute plugins: {exc}") from None
         self._serve(host, port, agents)
+
+    def _choose_runtime(self, requested: str, configs) -> str:
+        """The runtime of every embedded agent, from FGPU_RUNTIME: "process", "docker", or "auto"
+        (the default): docker where Docker Engine answers (docker_engine_probe, 3 s at most) and
+        holds every agent's `default-image`, else process. Says which and why in one or two lines.
+        Raises CommandError for an unknown value, or for "docker" when Docker Engine does not answer."""
+        if requested not in (AUTO, *RUNTIMES):
+            raise CommandError(f"FGPU_RUNTIME={requested!r}: expected one of {AUTO}, {', '.join(RUNTIMES)}")
+        if requested == PROCESS:
+            self.stdout.write("Sessions run as processes on this machine (FGPU_RUNTIME=process).")
+            return PROCESS
+        where = docker_engine_where()
+        client, problem = docker_engine_probe(timeout_s=3)
+        if client is None:
+            if requested == DOCKER:
+                raise CommandError(f"FGPU_RUNTIME=docker: Docker Engine does not answer at {where}: {problem}")
+            self.stdout.write(
+                f"Sessions run as processes on this machine (the process runtime): Docker Engine does not answer "
+                f"at {where} ({problem}). FGPU_RUNTIME=docker or process chooses."
+            )
+            return PROCESS
+        try:
+            images = sorted({c.default_image for c in configs})
+            missing = [image for image in images if not docker_image_present(client, image)]
+        finally:
+            client.close()
+        if missing and requested == AUTO:
+            self.stdout.write(
+                self.style.WARNING(
+                    f"Docker Engine answers at {where}, but the session image {', '.join(missing)} is not on this "
+                    f"machine: `sudo make image` builds it from Debian's packages (about {IMAGE_BUILD_MINUTES} "
+                    "minutes, its progress shown), then start again. This start runs sessions as processes on "
+                    "this machine (the process runtime)."
+                )
+            )
+            return PROCESS
+        if missing:  # docker, asked for by name: a session's image may still be pulled (pull-images)
+            self.stdout.write(
+                self.style.WARNING(
+                    f"The session image {', '.join(missing)} is not on this machine: `sudo make image` builds it "
+                    f"(about {IMAGE_BUILD_MINUTES} minutes); until then a session that needs it is pulled or fails."
+                )
+            )
+        chosen = "FGPU_RUNTIME=docker" if requested == DOCKER else f"Docker Engine answers at {where}"
+        self.stdout.write(f"Sessions run in Docker containers (image {', '.join(images)}): {chosen}.")
+        return DOCKER
 
     def _import_settings(self, configs) -> None:
         # On first start (no cuda settings yet) the demo's "1 physical GPU = 2 fGPU" is
