@@ -37,6 +37,7 @@ def session_start_spec(session: ComputeSession, allocations: list[Allocation], *
         "name": session.name,
         "owner": session.owner.get_username(),
         "owner_id": session.owner_id,  # names the owner's persistent folder on the node (agent.files)
+        "owner_is_staff": session.owner.is_staff,  # an administrator's session may run unconfined (agent.sandbox)
         "projects": projects,
         "command": session.command,
         "cpu": session.cpu,

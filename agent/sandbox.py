@@ -1,0 +1,304 @@
+"""The process runtime's sandbox (issue 31, item 2): every session runs under bubblewrap
+(`bwrap`, Debian's), as an unprivileged host user that is never the agent's, in its own user,
+mount, PID, IPC, UTS and network namespaces.
+
+What a session sees (`Sandbox.command`): the host system read-only (/usr, /etc and the /bin,
+/lib… links or directories), a fresh /dev, /tmp and a /proc of its own PID namespace; its home
+(the session's working directory) read-write at the same path it has on the host, so the paths
+in its environment (FGPU_ALLOCATION, the virtual nvidia-smi's `<work_dir>/.fgpu/bin`) hold; its
+data folders (`~/data`, `~/projects/<name>`: symbolic links to folders under the data root, bound
+at their own paths) read-write; and read-only what the virtual nvidia-smi and the host image's apps
+(JupyterLab) run with: the agent's Python (`sys.base_prefix`, `sys.prefix`: the venv) and the
+`agent` package. Nothing else: no agent.toml, no FGPU_DATA_DIR (the console's database, other
+sessions' homes), no host /proc, no Docker socket, no /run, no /var, no /home. The network is
+only loopback unless agent.toml says `[container] network = "host"` (UNSAFE: the node's network,
+with Redis, PostgreSQL, the web and the agent in reach).
+
+Who it runs as: an agent that is root drops to agent.toml's `[container] uid`/`gid` (setpriv:
+no supplementary groups, no capabilities, no_new_privs) before it execs bwrap, which then
+creates the user namespace as that user (uid and gid mapped to themselves). That user cannot
+traverse what the agent can (its Python under /root, a data root of mode 0700), so first, still
+root, the leader stages every bind source in a mount namespace of its own (util-linux `unshare
+--mount --propagation private`: nothing is seen outside it): a tmpfs on STAGE_POINT, each source
+bind-mounted under it (STAGE_SCRIPT), from where bwrap binds them to their own paths. An agent
+that is not root cannot switch users: the session runs as the agent's user, in bwrap's user
+namespace, seeing only its own paths (logged at start).
+
+Where bwrap cannot run (not installed, user namespaces off), `probe` says why once at the
+agent's start: agent.toml's `[container] sandbox` then decides: "auto" (the default) runs
+administrators' sessions unconfined and refuses others' with the reason; "bubblewrap" makes the
+agent refuse to start; "none" runs every session unconfined (UNSAFE: a single-user machine,
+logged loudly at start).
+
+Beside a session (`Sandbox.enter`): util-linux `nsenter` into the namespaces of the sandbox's
+init (bwrap's child, its pid read from bwrap's `--json-status-fd`), as the session's uid and gid,
+in the session's working directory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SANDBOX_AUTO = "auto"  # bubblewrap where it works; without it only administrators' sessions run
+SANDBOX_BUBBLEWRAP = "bubblewrap"  # required: the agent refuses to start without it
+SANDBOX_NONE = "none"  # UNSAFE: sessions run unconfined, as the agent's user (a single-user machine)
+SANDBOXES = (SANDBOX_AUTO, SANDBOX_BUBBLEWRAP, SANDBOX_NONE)
+NETWORK_HOST = "host"  # process runtime, UNSAFE: sessions share the node's network
+NETWORK_NONE = "none"  # process runtime: only loopback of the session's own (its default)
+STAGE_POINT = Path("/run/fgpu-sandbox")  # an empty directory: a tmpfs goes on it in each leader's own mount namespace
+STATUS_TIMEOUT_S = 10.0  # how long a spawn waits for bwrap to say its sandbox's init runs
+PROBE_TIMEOUT_S = 20.0
+SYSTEM_READ_ONLY = ("/usr", "/etc")  # bound read-only at their own paths
+SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # symbolic links (merged /usr) or directories
+# Run by root in the leader's own mount namespace: `$1` the stage point, `$2` how many sources
+# follow; each source is bind-mounted on `<stage>/<i>`, then the rest (setpriv … bwrap …) is
+# exec'd. mount(8) answers for itself on stderr (the session's terminal) and the leader exits 125.
+STAGE_SCRIPT = (
+    's=$1; n=$2; shift 2; mount -t tmpfs -o mode=0755,size=16k fgpu-stage "$s" || exit 125; i=0; '
+    'while [ "$i" -lt "$n" ]; do mkdir "$s/$i" && mount --bind "$1" "$s/$i" || exit 125; shift; i=$((i + 1)); done; '
+    'exec "$@"'
+)
+CLONE_NEWNET = 0x40000000
+
+
+class SandboxError(RuntimeError):
+    """A session cannot start confined (bwrap said why, or did not say its init's pid in time)."""
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How the process runtime confines sessions: `bwrap`, `setpriv`, `unshare`, `nsenter`:
+    the tools' paths; `uid`/`gid`: whom sessions run as (the agent's own where `drop` is False:
+    the agent is not root); `share_net`: the node's network (agent.toml network "host", UNSAFE);
+    `read_only`: host directories every session sees read-only at their own paths (the agent's
+    Python and `agent` package)."""
+
+    bwrap: str
+    setpriv: str
+    unshare: str
+    nsenter: str
+    uid: int
+    gid: int
+    drop: bool
+    share_net: bool
+    read_only: tuple[str, ...]
+
+    def command(self, argv: list[str], *, home: Path, data: list[Path], status_fd: int) -> list[str]:
+        """The leader's command (after it joined its cgroup and took its terminal) that runs
+        `argv` in the sandbox: `home` (the working directory) and `data` (folders) read-write at
+        their own paths, `read_only` and the host system read-only; bwrap writes its sandbox's
+        init pid as JSON on `status_fd` (`{"child-pid": N, …}`, a line) and, at the end, the
+        exit code (`{"exit-code": N}`)."""
+        writable = [str(home), *(str(folder) for folder in data)]
+        sources = [*self.read_only, *writable]
+        staged = [str(STAGE_POINT / str(i)) for i in range(len(sources))] if self.drop else sources
+        args = [self.bwrap, "--unshare-all", "--die-with-parent"]
+        if self.share_net:
+            args.append("--share-net")
+        for directory in SYSTEM_READ_ONLY:
+            args += ["--ro-bind", directory, directory]
+        for entry in SYSTEM_LINKS:
+            if os.path.islink(entry):
+                args += ["--symlink", os.readlink(entry), entry]
+            elif os.path.isdir(entry):
+                args += ["--ro-bind", entry, entry]
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        for device in gpu_devices():
+            args += ["--dev-bind", device, device]
+        for source, dest in zip(staged, sources, strict=True):
+            args += ["--ro-bind" if dest in self.read_only else "--bind", source, dest]
+        args += ["--chdir", str(home), "--json-status-fd", str(status_fd), "--", *argv]
+        if not self.drop:
+            return args
+        drop = [self.setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs"]
+        drop += ["--inh-caps=-all", "--bounding-set=-all", "--"]
+        stage = [self.unshare, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", STAGE_SCRIPT, "fgpu-stage"]
+        return [*stage, str(STAGE_POINT), str(len(sources)), *sources, *drop, *args]
+
+    def enter(self, init_pid: int, argv: list[str], *, cwd: Path) -> list[str]:
+        """The command that runs `argv` inside the sandbox whose init is `init_pid` (host pid):
+        its user, mount, PID, network, IPC and UTS namespaces and root, as the session's uid and
+        gid (no capabilities: not root in its user namespace), with no_new_privs, in `cwd`."""
+        who = [f"--setuid={self.uid}", f"--setgid={self.gid}"] if self.drop else ["--preserve-credentials"]
+        return [
+            self.nsenter, f"--target={init_pid}", "--user", "--mount", "--pid", "--net", "--ipc", "--uts",
+            *who, "--root", f"--wd={cwd}", "--", self.setpriv, "--no-new-privs", "--", *argv,
+        ]  # fmt: skip
+
+    def own(self, *paths: Path) -> None:
+        """Blocking: give each of `paths` (not following links) to the session's uid and gid,
+        where the agent may (it is root); a path that is gone is skipped."""
+        if not self.drop:
+            return
+        for path in paths:
+            try:
+                os.chown(path, self.uid, self.gid, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+
+
+def gpu_devices(dev: str = "/dev") -> list[str]:
+    """The NVIDIA device nodes of this node (/dev/nvidia*, /dev/nvidia-caps/*), which sessions get
+    as the docker runtime's get them; [] on a node without them (the mock plugin)."""
+    found = []
+    try:
+        names = sorted(os.listdir(dev))
+    except OSError:
+        return []
+    for name in names:
+        if name.startswith("nvidia"):
+            found.append(os.path.join(dev, name))
+    return found
+
+
+def read_init_pid(status_fd: int, *, timeout: float = STATUS_TIMEOUT_S) -> int:
+    """Blocking: the host pid of a sandbox's init, from the first line bwrap writes on its
+    `--json-status-fd` (read end `status_fd`, left open: bwrap writes its exit code there at the
+    end). Raises SandboxError when bwrap ends first (it said why on the session's terminal) or
+    says nothing within `timeout` seconds."""
+    data = b""
+    while not data.endswith(b"\n"):
+        ready, _, _ = select.select([status_fd], [], [], timeout)
+        if not ready:
+            raise SandboxError(f"the sandbox did not start within {timeout:g} s")
+        chunk = os.read(status_fd, 4096)
+        if not chunk:
+            raise SandboxError("the sandbox could not be set up")
+        data += chunk
+    try:
+        return int(json.loads(data.split(b"\n", 1)[0])["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        raise SandboxError(f"bwrap's status is not what it should be: {data[:200]!r}") from None
+
+
+def probe(setting: str, *, uid: int, gid: int, network: str) -> tuple[Sandbox | None, str]:
+    """Blocking, once when the agent starts: the sandbox of agent.toml's `[container] sandbox`
+    (`setting`), `uid`/`gid` and `network` ("host" shares the node's), checked by running a
+    command through it exactly as a session would run. Returns (Sandbox, "") or (None, why no
+    sandbox is possible here: a tool missing, user namespaces off, …; for "none": that the
+    operator said so)."""
+    if setting == SANDBOX_NONE:
+        return None, 'agent.toml says [container] sandbox = "none"'
+    tools = {name: shutil.which(name) for name in ("bwrap", "setpriv", "unshare", "nsenter")}
+    missing = [name for name, path in tools.items() if path is None]
+    if missing:
+        return None, f"{', '.join(missing)} not found on PATH (Debian: apt-get install bubblewrap util-linux)"
+    drop = os.geteuid() == 0
+    if drop:
+        try:
+            STAGE_POINT.mkdir(mode=0o755, exist_ok=True)
+        except OSError as exc:
+            return None, f"cannot create {STAGE_POINT}: {exc.strerror or exc}"
+    sandbox = Sandbox(
+        bwrap=str(tools["bwrap"]),
+        setpriv=str(tools["setpriv"]),
+        unshare=str(tools["unshare"]),
+        nsenter=str(tools["nsenter"]),
+        uid=uid if drop else os.getuid(),
+        gid=gid if drop else os.getgid(),
+        drop=drop,
+        share_net=network == NETWORK_HOST,
+        read_only=python_directories(),
+    )
+    with tempfile.TemporaryDirectory(prefix="fgpu-sandbox-probe-") as home:
+        sandbox.own(Path(home))
+        why = _trial(sandbox, Path(home))
+    return (None, why) if why else (sandbox, "")
+
+
+def _trial(sandbox: Sandbox, home: Path) -> str:
+    """Blocking: run a trial command through `sandbox` with `home`: that the agent's Python can
+    be run inside. Returns "" or why it failed."""
+    read, write = os.pipe()
+    trial = ["/bin/sh", "-c", 'test -x "$1" || exit 3', "fgpu-probe", sys.executable]
+    try:
+        argv = sandbox.command(trial, home=home, data=[], status_fd=write)
+        child = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(write,)
+        )
+        os.close(write)
+        write = -1
+        try:
+            out, _ = child.communicate(timeout=PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            return f"bwrap did not finish a trial command within {PROBE_TIMEOUT_S:g} s"
+    except OSError as exc:
+        return f"bwrap could not be started: {exc}"
+    finally:
+        os.close(read)
+        if write >= 0:
+            os.close(write)
+    if child.returncode == 3:
+        return f"the agent's Python ({sys.executable}) cannot be run inside the sandbox"
+    if child.returncode:
+        said = out.decode(errors="replace").strip() or f"exit status {child.returncode}"
+        return f"bwrap cannot create a sandbox here: {said}"
+    return ""
+
+
+def python_directories() -> tuple[str, ...]:
+    """What the agent's Python needs inside a sandbox, read-only: its installation
+    (`sys.base_prefix`, `sys.prefix`: the venv, and where `sys.executable` leads) and the
+    project's `agent` package (the virtual nvidia-smi imports agent.nvidia_smi from it). None
+    lies inside another (bwrap binds each at its own path)."""
+    executable = Path(sys.executable).resolve()
+    candidates = [Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), executable.parent.parent]
+    candidates.append(Path(__file__).resolve().parent)  # the agent package
+    kept: list[Path] = []
+    for path in sorted(set(candidates), key=lambda p: len(p.parts)):
+        if path == Path("/") or any(path == k or k in path.parents for k in kept):
+            continue
+        if any(str(path).startswith(prefix + "/") or str(path) == prefix for prefix in ("/usr", "/etc")):
+            continue  # the system's: bound anyway
+        kept.append(path)
+    return tuple(str(p) for p in kept)
+
+
+# --- reaching a port inside a session's own network namespace ---------------------------
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_netns_lock = threading.Lock()
+
+
+def netns_socket(pid: int, family: int = socket.AF_INET) -> socket.socket:
+    """Blocking: a new TCP socket that belongs to the network namespace of process `pid` (a
+    sandbox's init): the calling thread enters that namespace (setns(2) on /proc/<pid>/ns/net),
+    creates the socket and returns to its own before anything else runs on it. Connect it as
+    any other (the namespace is the socket's for its life). Raises OSError (the process is gone;
+    EPERM: the agent may not enter it)."""
+    target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with _netns_lock:
+            own = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if _libc.setns(target, CLONE_NEWNET) != 0:
+                    code = ctypes.get_errno()
+                    raise OSError(code, f"setns into the network namespace of {pid}: {os.strerror(code)}")
+                try:
+                    return socket.socket(family, socket.SOCK_STREAM)
+                finally:
+                    if _libc.setns(own, CLONE_NEWNET) != 0:  # never leave this thread in the session's namespace
+                        code = ctypes.get_errno()
+                        log.critical("could not return to the agent's network namespace: %s", os.strerror(code))
+                        os._exit(70)
+            finally:
+                os.close(own)
+    finally:
+        os.close(target)
