@@ -42,6 +42,7 @@ import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class AppProcess:
     ready: asyncio.Future
     started: float = field(default_factory=time.monotonic)
     relay: asyncio.Server | None = None  # the agent's relay where agent.toml asks for one
+    socket_in: Callable[[], socket.socket] | None = None  # a sandboxed session's: a new socket in its network namespace
     token: str | None = None  # the token it was started with (None: adopted, unknown)
 
     def reached_at(self) -> tuple[str, int]:
@@ -177,13 +179,17 @@ class SessionApps:
 
     async def _relayed(self, running, app: AppProcess) -> tuple[str, int]:
         """Where the web reaches a running `app`: through the agent's relay (started now if it is
-        not listening yet) for a container's app where agent.toml sets `app-relay`, else at the
-        app's own address."""
-        if not getattr(self.agent, "app_relay", False) or getattr(running.process, "app_address", None) is None:
+        not listening yet) for a container's app where agent.toml sets `app-relay` and for a
+        sandboxed session's app (it listens on the loopback of the session's own network
+        namespace, reached through `socket_in`), else at the app's own address."""
+        relayed = getattr(self.agent, "app_relay", False) and getattr(running.process, "app_address", None) is not None
+        if not relayed and app.socket_in is None:
             return app.host, app.port
         if app.relay is None:
-            target = (app.host, app.port)
-            app.relay = await asyncio.start_server(lambda r, w: relay_pipe(r, w, target), host=self.agent.app_address, port=0)
+            target, socket_in = (app.host, app.port), app.socket_in
+            app.relay = await asyncio.start_server(
+                lambda r, w: relay_pipe(r, w, target, socket_in=socket_in), host=self.agent.app_address, port=0
+            )
             running.relays.append(app.relay)
             log.info(
                 "agent %s: relaying app %s of session %s from %s:%d to %s:%d",
@@ -229,7 +235,7 @@ class SessionApps:
             and current.relay is not None
             and (
                 await self.agent._in(self.agent._work, current.process.poll) is not None
-                or not await _answers(current.host, current.port)
+                or not await _answers(current.host, current.port, current.socket_in)
             )
         ):
             current.relay.close()  # the app went away: its relay too (a new start gets a new one)
@@ -309,7 +315,13 @@ class SessionApps:
         if address is not None:  # in a container: its declared port, on the container's address
             bind, host = address()
             port = int(spec["port"])
-        else:  # the process runtime: the node's network, shared by every session: a free port
+        elif (socket_in := getattr(running.process, "app_socket", None)) is not None:
+            # a sandbox with a network of its own: its loopback, a port free there (the agent relays it)
+            bind = host = "127.0.0.1"
+            with socket_in() as probe:
+                probe.bind((bind, 0))
+                port = probe.getsockname()[1]
+        else:  # the process runtime on the node's network, shared by every session: a free port
             bind = host = self.agent.app_address
             port = free_port(bind)
         values = {"host": bind, "port": str(port), "base_url": str(message["base_url"]), "token": str(message["token"])}
@@ -328,6 +340,7 @@ class SessionApps:
             output=output,
             ready=self.agent.loop.create_future(),
             token=str(message["token"]),
+            socket_in=getattr(running.process, "app_socket", None) if address is None else None,
         )
 
     async def _watch(self, running, app: AppProcess, timeout: float) -> None:
@@ -347,7 +360,7 @@ class SessionApps:
                 )
                 running.execs.discard(app.process)
                 return
-            if await _answers(app.host, app.port):
+            if await _answers(app.host, app.port, app.socket_in):
                 app.ready.set_result({"ok": True})
                 return
             if time.monotonic() >= deadline:
@@ -367,12 +380,15 @@ class SessionApps:
 RELAY_CHUNK = 64 * 1024  # bytes read at a time on either side of a relayed connection
 
 
-async def relay_pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, target: tuple[str, int]) -> None:
-    """One relayed connection: connect to `target` (the app in its container) and copy bytes both
-    ways until either side ends (each direction's end passed on as a half-close), then close both.
-    Backpressure: a side that does not read stops the other from being read (drain)."""
+async def relay_pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, target: tuple[str, int], *, socket_in=None
+) -> None:
+    """One relayed connection: connect to `target` (the app in its container, or on a sandbox's
+    loopback through `socket_in`, `_connect`) and copy bytes both ways until either side ends
+    (each direction's end passed on as a half-close), then close both. Backpressure: a side that
+    does not read stops the other from being read (drain)."""
     try:
-        up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(*target), timeout=CONNECT_TIMEOUT_S * 5)
+        up_reader, up_writer = await _connect(*target, socket_in, timeout=CONNECT_TIMEOUT_S * 5)
     except (OSError, TimeoutError):
         writer.close()
         return
@@ -394,10 +410,28 @@ async def relay_pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
             side.close()
 
 
-async def _answers(host: str, port: int) -> bool:
-    """Whether something accepts TCP connections at host:port."""
+async def _connect(host: str, port: int, socket_in, *, timeout: float):
+    """A stream connection to host:port (reader, writer): on the agent's network, or with
+    `socket_in` (a blocking function that makes a socket in a sandboxed session's network
+    namespace, agent.sandbox.netns_socket; run on a worker thread) on the session's. Raises
+    OSError, TimeoutError."""
+    if socket_in is None:
+        return await asyncio.wait_for(asyncio.open_connection(host, port), timeout=timeout)
+    sock = await asyncio.to_thread(socket_in)
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=CONNECT_TIMEOUT_S)
+        sock.setblocking(False)
+        await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (host, port)), timeout=timeout)
+        return await asyncio.open_connection(sock=sock)
+    except BaseException:
+        sock.close()
+        raise
+
+
+async def _answers(host: str, port: int, socket_in=None) -> bool:
+    """Whether something accepts TCP connections at host:port (in a sandboxed session's network
+    namespace with `socket_in`: `_connect`)."""
+    try:
+        _, writer = await _connect(host, port, socket_in, timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError):
         return False
     writer.close()
