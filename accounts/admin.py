@@ -7,7 +7,7 @@ from rest_framework.authtoken.models import TokenProxy
 from accelerators.admin_display import when_html
 from accounts import throttle
 from accounts.services import login_token_revoke
-from accounts.models import ApiToken, LoginToken
+from accounts.models import ApiToken, LoginToken, TokenKind
 
 User = get_user_model()
 
@@ -25,6 +25,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(kind=TokenKind.NAMED)  # login tokens: their own section
 
     @admin.display(description="key starts with", ordering="prefix")
     def key_prefix(self, obj: ApiToken) -> str:
@@ -56,14 +59,13 @@ if admin.site.is_registered(TokenProxy):
 
 @admin.register(LoginToken)
 class LoginTokenAdmin(admin.ModelAdmin):
-    """The token each user's password gets from `POST /api/v1/auth/token/` (`fgpu login`): one per
-    user, listed by its first characters only. A token's key is its primary key, so the rows have
-    no links and no check boxes (either would put the whole key in the page); revoke one from the
-    users list: "Revoke login tokens (sign out of fgpu)"."""
+    """The tokens users' passwords got from `POST /api/v1/auth/token/` (`fgpu login`), listed by
+    their first characters (only their digests are stored); revoke them from the users list:
+    "Revoke login tokens (sign out of fgpu)"."""
 
-    list_display = ["user", "key_prefix", "issued"]
+    list_display = ["user", "key_prefix", "issued", "last_used"]
     list_display_links = None
-    search_fields = ["user__username"]
+    search_fields = ["user__username", "prefix"]
     list_select_related = ["user"]
     actions = None
 
@@ -76,13 +78,17 @@ class LoginTokenAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
-    @admin.display(description="key starts with")
+    @admin.display(description="key starts with", ordering="prefix")
     def key_prefix(self, obj: LoginToken) -> str:
-        return f"{obj.key[:8]}…"
+        return f"{obj.prefix}…"
 
-    @admin.display(description="issued", ordering="created")
+    @admin.display(description="issued", ordering="created_at")
     def issued(self, obj: LoginToken) -> str:
-        return when_html(obj.created)
+        return when_html(obj.created_at)
+
+    @admin.display(description="last used", ordering="last_used_at")
+    def last_used(self, obj: LoginToken) -> str:
+        return when_html(obj.last_used_at) if obj.last_used_at else "never"
 
 
 admin.site.unregister(User)

@@ -1,5 +1,5 @@
-"""`POST /api/v1/auth/token/`: DRF's obtain-token endpoint behind the login throttle; `GET
-/api/v1/me/`: who the caller is."""
+"""`POST /api/v1/auth/token/`: a login token for a password (DRF's obtain-token endpoint, issuing
+hashed tokens, behind the login throttle); `GET /api/v1/me/`: who the caller is."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.authtoken.views import ObtainAuthToken
 
 from accounts import throttle
+from accounts.services import login_token_issue
 from console.api_support import ErrorSerializer
 from sessions.api_quotas import QuotaFiguresSerializer
 
@@ -30,9 +31,11 @@ class TooManyAttempts(exceptions.APIException):
 
 
 class ObtainAuthTokenView(ObtainAuthToken):
-    """`{"username", "password"}` → `{"token"}`, exactly as DRF's ObtainAuthToken (the same key
-    for the same user every time; `fgpu login` stores it). While the username or the client's
-    address has too many recent failed logins (accounts.throttle): 429, password not checked."""
+    """`{"username", "password"}` → `{"token"}`: DRF's ObtainAuthToken (its serializer checks the
+    password: 400 when wrong), except that each call issues a new login token, stored as its
+    SHA-256 digest (accounts.services.login_token_issue; `fgpu login` stores the key). While the
+    username or the client's address has too many recent failed logins (accounts.throttle): 429,
+    password not checked."""
 
     @extend_schema(
         request=AuthTokenSerializer,
@@ -49,7 +52,7 @@ class ObtainAuthTokenView(ObtainAuthToken):
         },
         examples=[
             OpenApiExample("Log in", value={"username": "alice", "password": "correct horse battery"}, request_only=True),
-            OpenApiExample("Token", value={"token": "9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b"}, response_only=True),
+            OpenApiExample("Token", value={"token": "Jx2dC3bQ0WJ8s1m4nS7vR9kT6yU5hL2pA8fE3gZ0cXo"}, response_only=True),
         ],
         auth=[],
     )
@@ -58,7 +61,9 @@ class ObtainAuthTokenView(ObtainAuthToken):
         wait = throttle.login_blocked_for(username=str(username or ""), ip=throttle.client_ip(request))
         if wait:
             raise TooManyAttempts(wait)
-        return super().post(request, *args, **kwargs)
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        return Response({"token": login_token_issue(user=serializer.validated_data["user"])})
 
 
 obtain_auth_token = ObtainAuthTokenView.as_view()

@@ -1,7 +1,7 @@
-"""`Authorization: Token <key>` for the REST API: named API tokens first, then DRF authtoken keys.
-
-The keys `POST /api/v1/auth/token/` hands out (DRF's `authtoken`, what `fgpu login` stores) keep
-working unchanged; a key that is neither is refused with 401, as is a revoked API token.
+"""`Authorization: Token <key>` for the REST API: named API tokens and login tokens (`POST
+/api/v1/auth/token/`, what `fgpu login` stores), both stored as SHA-256 digests and found by the
+digest of the key presented (accounts.selectors.api_token_find). An unknown key, a revoked token
+or an inactive user is refused with 401.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from accounts.services import api_token_touch
 
 
 class ApiTokenAuthentication(TokenAuthentication):
-    """DRF authentication class: `Token <key>` → `(user, ApiToken)` for a named API token, or
-    `(user, authtoken.Token)` for a DRF authtoken key. Raises AuthenticationFailed (401, with
-    `WWW-Authenticate: Token`) for a revoked token, an unknown key or an inactive user."""
+    """DRF authentication class: `Token <key>` → `(user, ApiToken)` (a named token or a login
+    token: `token.kind`). Raises AuthenticationFailed (401, with `WWW-Authenticate: Token`) for
+    an unknown key, a revoked token or an inactive user."""
 
     def authenticate_credentials(self, key):
         token = api_token_find(key=key)
         if token is None:
-            return super().authenticate_credentials(key)  # DRF authtoken: unknown keys fail there
+            raise exceptions.AuthenticationFailed("Invalid token.")
         if token.is_revoked:
             raise exceptions.AuthenticationFailed("This token was revoked.")
         if not token.user.is_active:

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-from typing import cast
-
 from django.core.exceptions import ValidationError
 from django.http import Http404
-from rest_framework.authtoken.models import Token
-
-from accounts.models import ApiToken
+from accounts.models import ApiToken, LoginToken, TokenKind
 
 
 def api_token_digest(key: str) -> str:
@@ -18,8 +14,9 @@ def api_token_digest(key: str) -> str:
 
 
 def api_token_list_for(*, user):
-    """`user`'s live (not revoked) tokens, newest first. Personal: staff see only their own here."""
-    return ApiToken.objects.filter(user=user, revoked_at__isnull=True).order_by("-created_at")
+    """`user`'s live (not revoked) named tokens, newest first. Personal: staff see only their own
+    here. Login tokens are not listed (login_token_get_for)."""
+    return ApiToken.objects.filter(user=user, kind=TokenKind.NAMED, revoked_at__isnull=True).order_by("-created_at")
 
 
 def api_token_get_for(*, user, token_id) -> ApiToken:
@@ -31,25 +28,19 @@ def api_token_get_for(*, user, token_id) -> ApiToken:
         raise Http404("no such token") from None
 
 
-# DRF authtoken keys are 40 hex digits (Token.key holds no more); a named token's key is 43
-# characters (accounts.services.api_token_create), so the length tells which table to look in.
-LOGIN_TOKEN_KEY_LENGTH = cast(int, Token._meta.get_field("key").max_length)  # a CharField's: always set
-
-
 def api_token_find(*, key: str) -> ApiToken | None:
-    """The ApiToken (revoked or not, with its user) whose key this is; None when no ApiToken has
-    it (it may still be a key from DRF's authtoken, see accounts.authentication). A key no
-    longer than a DRF authtoken key (LOGIN_TOKEN_KEY_LENGTH) is no named token's: None without
-    a query, so every request authenticates with one lookup."""
-    if len(key) <= LOGIN_TOKEN_KEY_LENGTH:
+    """The token (named or login, revoked or not, with its user) whose key this is, found by the
+    SHA-256 digest of `key` (one indexed lookup: the key itself is stored nowhere, so nothing
+    compares it; the digest equality is the database's); None when no token has it."""
+    if not key or len(key) > 256:
         return None
     return ApiToken.objects.select_related("user").filter(digest=api_token_digest(key)).first()
 
 
-def login_token_get_for(*, user) -> Token | None:
-    """The token `POST /api/v1/auth/token/` hands out for `user`'s password (`fgpu login` stores
-    it), or None when none was issued yet."""
-    return Token.objects.filter(user=user).first()
+def login_token_get_for(*, user) -> LoginToken | None:
+    """The newest live token `POST /api/v1/auth/token/` issued for `user`'s password (`fgpu
+    login` stores it), or None when there is none."""
+    return LoginToken.objects.filter(user=user, revoked_at__isnull=True).order_by("-created_at").first()
 
 
 def user_summary(*, user) -> dict:

@@ -1,4 +1,4 @@
-"""Writes to API tokens: create, revoke, record use."""
+"""Writes to API tokens: create, revoke, record use; login tokens: issue, revoke."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from typing import cast
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 
-from accounts.models import ApiToken
+from accounts.models import ApiToken, LoginToken, TokenKind
 from accounts.selectors import api_token_digest
 from console.errors import ApplicationError
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+LOGIN_TOKENS_KEPT = 10  # a user's newest login tokens that stay valid (one per machine that ran fgpu login)
+LOGIN_TOKEN_NAME = "fgpu login"
 NAME_MAX_LENGTH = cast(int, ApiToken._meta.get_field("name").max_length)  # a CharField's: always set
 
 
@@ -31,7 +32,7 @@ def api_token_create(*, user, name: str) -> tuple[str, ApiToken]:
     if len(name) > NAME_MAX_LENGTH:
         detail = f"A token name has at most {NAME_MAX_LENGTH} characters."
         raise ApplicationError(detail, field_errors={"name": [detail]})
-    key = secrets.token_urlsafe(32)  # 43 characters: longer than any DRF authtoken key (api_token_find)
+    key = secrets.token_urlsafe(32)  # 43 characters
     try:
         with transaction.atomic():
             token = ApiToken.objects.create(
@@ -63,8 +64,29 @@ def api_token_touch(*, token: ApiToken) -> bool:
     return updated == 1
 
 
+def login_token_issue(*, user) -> str:
+    """A new login token for `user` (what `POST /api/v1/auth/token/` answers for a password and
+    `fgpu login` stores). Returns its key (43 URL-safe characters, 256 bits), which exists only in
+    this return value: the row holds its SHA-256 digest, as a named token's. Each call issues a
+    new key; the user's LOGIN_TOKENS_KEPT newest login tokens stay valid, older ones are deleted
+    (so `fgpu login` on one machine does not sign another out, and a script that logs in on
+    every run does not pile up keys)."""
+    key = secrets.token_urlsafe(32)
+    with transaction.atomic():
+        LoginToken.objects.create(
+            user=user,
+            name=LOGIN_TOKEN_NAME,
+            kind=TokenKind.LOGIN,
+            digest=api_token_digest(key),
+            prefix=key[: ApiToken.PREFIX_LENGTH],
+        )
+        kept = LoginToken.objects.filter(user=user).order_by("-created_at").values_list("pk", flat=True)[:LOGIN_TOKENS_KEPT]
+        LoginToken.objects.filter(user=user).exclude(pk__in=list(kept)).delete()
+    return key
+
+
 def login_token_revoke(*, user) -> bool:
-    """Delete the token `POST /api/v1/auth/token/` issued for `user`'s password (DRF authtoken);
-    the next `fgpu login` gets a new one. True if there was one."""
-    deleted, _ = Token.objects.filter(user=user).delete()
+    """Delete every login token `POST /api/v1/auth/token/` issued for `user`'s password; the
+    next `fgpu login` gets a new one. True if there was one."""
+    deleted, _ = LoginToken.objects.filter(user=user).delete()
     return deleted > 0

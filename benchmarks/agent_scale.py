@@ -78,11 +78,11 @@ def fresh_user() -> str:
     """Empty the database and create the benchmark's user; returns its API token."""
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
-    from rest_framework.authtoken.models import Token
+    from accounts.services import login_token_issue
 
     call_command("flush", interactive=False, verbosity=0)
     user = get_user_model().objects.create_user(f"bench-{uuid.uuid4().hex[:6]}")
-    return Token.objects.create(user=user).key
+    return login_token_issue(user=user)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -138,7 +138,7 @@ def seed(*, nodes: int, sessions: int) -> str:
     """The cluster and the user's sessions (module docstring); returns the user's API token."""
     from django.contrib.auth import get_user_model
     from django.db import transaction
-    from rest_framework.authtoken.models import Token
+    from accounts.services import login_token_issue
 
     from tests.seed import gpu_cluster, sessions_in_every_style
 
@@ -146,7 +146,7 @@ def seed(*, nodes: int, sessions: int) -> str:
         gpu_cluster(nodes=nodes, gpus=8, mig_gpus=4)
     user = get_user_model().objects.create_user("bench")
     sessions_in_every_style(owner=user, count=sessions)
-    return Token.objects.create(user=user).key
+    return login_token_issue(user=user)
 
 
 def serve(work: Path):

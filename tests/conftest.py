@@ -55,29 +55,55 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
             connection.close_pool()
 
 
+# This run's agents (in this process and in the processes it starts, which inherit it) name their
+# parent cgroups `fgpu-agent-<tag>-<node>-<instance>` (agent.runtimes.parent_cgroup_name), so the
+# fixture below finds what this run made and never touches another run's or a console's.
+CGROUP_TAG = os.environ.setdefault("FGPU_CGROUP_TAG", f"test{os.getpid()}")
+
+
 @pytest.fixture(autouse=True)
 def no_cgroups_left():
-    """Every test leaves the node's cgroups as it found them: the agents' parent cgroups
-    (`fgpu-agent-<node>` under the cgroup v2 root, agent.runtimes) a test's agents created are
-    gone when it ends. What is left is killed and removed, and the test fails saying so."""
-    from agent.runtimes import CGROUP_AUTO, SessionCgroups, cgroup2_root
-
-    root, _ = cgroup2_root(CGROUP_AUTO)
-    before = set(agent_cgroups(root))
+    """Every test leaves the node's cgroups as it found them: the agents' parent cgroups this
+    test run's agents created (`fgpu-agent-<FGPU_CGROUP_TAG>-…` under the cgroup v2 root and in
+    the cgroup v1 hierarchies of memory, cpu and pids, agent.limits) are gone when the test ends.
+    What is left is killed and removed, and the test fails saying so; cgroups of other runs and
+    of consoles on the machine are never looked at."""
+    before = set(agent_cgroups())
     yield
-    left = sorted(set(agent_cgroups(root)) - before)
+    left = sorted(set(agent_cgroups()) - before)
     for parent in left:
-        cgroups = SessionCgroups(parent)
-        cgroups.clean_up()
-        cgroups.close()
+        remove_cgroup_tree(parent)
     assert not left, f"the test left cgroups behind: {[str(p) for p in left]}"
 
 
-def agent_cgroups(root) -> list:
-    """The agents' parent cgroups under cgroup v2 root `root` (None: no cgroup v2)."""
-    if root is None:
-        return []
-    return [p for p in root.iterdir() if p.is_dir() and p.name.startswith("fgpu-agent-")]
+def agent_cgroups() -> list:
+    """This run's agents' parent cgroups: under the cgroup v2 root and in each cgroup v1
+    hierarchy of agent.limits' controllers."""
+    from agent.limits import cgroup_v1_mounts
+    from agent.runtimes import CGROUP_AUTO, cgroup2_root
+
+    root, _ = cgroup2_root(CGROUP_AUTO)
+    tops = sorted({*([root] if root is not None else []), *cgroup_v1_mounts().values()})
+    prefix = f"fgpu-agent-{CGROUP_TAG}-"
+    return [p for top in tops for p in top.iterdir() if p.is_dir() and p.name.startswith(prefix)]
+
+
+def remove_cgroup_tree(parent) -> None:
+    """Kill what `parent`'s session cgroups hold (cgroup v2's cgroup.kill; each pid in a v1
+    hierarchy) and remove them, then `parent`."""
+    import time
+
+    from agent.runtimes import CGROUP_EMPTY_WAIT_S, SessionCgroups, _remove_v1
+
+    if (parent / "cgroup.events").exists():  # cgroup v2
+        cgroups = SessionCgroups(parent)
+        cgroups.clean_up()
+        cgroups.close()
+        return
+    deadline = time.monotonic() + CGROUP_EMPTY_WAIT_S
+    for child in [c for c in parent.iterdir() if c.is_dir()]:
+        _remove_v1(child, deadline)
+    _remove_v1(parent, deadline)
 
 
 @pytest.fixture(autouse=True)
@@ -145,13 +171,14 @@ def admin(django_user_model):
 
 
 def client_for(user):
-    """An APIClient sending `user`'s DRF token (anonymous for None)."""
-    from rest_framework.authtoken.models import Token
+    """An APIClient sending a login token of `user`'s (anonymous for None)."""
     from rest_framework.test import APIClient
+
+    from accounts.services import login_token_issue
 
     client = APIClient()
     if user is not None:
-        client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {login_token_issue(user=user)}")
     return client
 
 

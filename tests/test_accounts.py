@@ -1,5 +1,5 @@
-"""Named API tokens (create, show once, revoke, authenticate), the DRF authtoken endpoint that
-`fgpu login` uses, and login throttling on the login page, the token endpoint and the admin's
+"""Named API tokens (create, show once, revoke, authenticate), the login token endpoint that
+`fgpu login` uses (its tokens stored hashed), and login throttling on the login page, the token endpoint and the admin's
 login — through the real URLconf and the one error shape."""
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 from django.contrib.auth import SESSION_KEY
 from django.test import Client
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from accounts import services, throttle
-from accounts.models import ApiToken
+from accounts.models import ApiToken, LoginToken
+from accounts.selectors import api_token_digest, api_token_list_for
 from tests.conftest import assert_error_shape
 
 pytestmark = pytest.mark.django_db
@@ -208,19 +208,56 @@ def test_an_unknown_or_malformed_token_gets_401(db, header):
     assert response["WWW-Authenticate"].startswith("Token")
 
 
-# --- the password endpoint (`fgpu login`) keeps working exactly --------------------------------
+# --- the password endpoint (`fgpu login`) ----------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", ["json", "multipart"])
-def test_the_password_endpoint_still_returns_the_users_drf_authtoken(alice, fmt):
+def test_the_password_endpoint_issues_a_login_token_stored_only_as_its_digest(alice, fmt):
     client = APIClient()
 
     first = client.post("/api/v1/auth/token/", {"username": "alice", "password": PASSWORD}, format=fmt)
     again = client.post("/api/v1/auth/token/", {"username": "alice", "password": PASSWORD}, format=fmt)
 
     assert first.status_code == 200, first.content
-    assert first.json() == {"token": Token.objects.get(user=alice).key}
-    assert again.json() == first.json()
-    assert with_token(first.json()["token"]).get("/api/v1/sessions/").status_code == 200
+    key, other = first.json()["token"], again.json()["token"]
+    assert key != other  # a new key for every login; both work (two machines ran fgpu login)
+    stored = list(LoginToken.objects.filter(user=alice))
+    assert {t.digest for t in stored} == {api_token_digest(key), api_token_digest(other)}
+    assert not any(key in str(value) for t in stored for value in vars(t).values())  # no plaintext anywhere
+    assert with_token(key).get("/api/v1/sessions/").status_code == 200
+    assert with_token(other).get("/api/v1/sessions/").status_code == 200
+
+
+def test_a_user_keeps_the_newest_login_tokens_only(alice):
+    keys = [services.login_token_issue(user=alice) for _ in range(services.LOGIN_TOKENS_KEPT + 1)]
+
+    assert LoginToken.objects.filter(user=alice).count() == services.LOGIN_TOKENS_KEPT
+    assert_error_shape(with_token(keys[0]).get("/api/v1/sessions/"), 401)  # the oldest is gone
+    assert with_token(keys[-1]).get("/api/v1/sessions/").status_code == 200
+
+
+def test_login_tokens_are_not_listed_with_the_named_tokens_and_may_share_a_name(alice):
+    services.login_token_issue(user=alice)
+    services.login_token_issue(user=alice)
+    key, _ = services.api_token_create(user=alice, name="fgpu login")  # a named token may be called so too
+
+    assert [t.kind for t in api_token_list_for(user=alice)] == ["named"]
+    assert with_token(key).get("/api/v1/sessions/").status_code == 200
+
+
+def test_a_plaintext_login_token_of_before_is_hashed_by_the_migration_and_keeps_working(alice):
+    import importlib
+
+    from django.apps import apps
+    from rest_framework.authtoken.models import Token
+
+    key = Token.objects.create(user=alice).key  # as DRF's authtoken stored it, in plaintext
+    migration = importlib.import_module("accounts.migrations.0003_login_tokens_hashed")
+
+    migration.hash_login_tokens(apps, None)
+
+    assert not Token.objects.exists()
+    assert LoginToken.objects.get(user=alice).digest == api_token_digest(key)
+    assert with_token(key).get("/api/v1/sessions/").status_code == 200
 
 
 def test_the_login_token_shows_on_the_profile_and_revoking_it_ends_it(browser, alice):
@@ -233,7 +270,7 @@ def test_the_login_token_shows_on_the_profile_and_revoking_it_ends_it(browser, a
 
     assert browser.post("/account/login-token/revoke/").status_code == 302
 
-    assert not Token.objects.filter(user=alice).exists()
+    assert not LoginToken.objects.filter(user=alice).exists()
     assert_error_shape(with_token(key).get("/api/v1/sessions/"), 401)
     fresh = APIClient().post("/api/v1/auth/token/", {"username": "alice", "password": PASSWORD},
                              format="json").json()["token"]
@@ -292,7 +329,7 @@ def test_after_five_failed_logins_the_token_endpoint_answers_429_even_for_the_ri
     assert body == {"type": "too-many-attempts", "title": "Too many requests",
                     "detail": "Too many attempts, try again in 15 minutes.", "field_errors": {}}
     assert response["Retry-After"] == "900"
-    assert not Token.objects.exists()
+    assert not LoginToken.objects.exists()
 
 
 def test_four_failed_logins_do_not_lock_anyone_out(alice, clock):

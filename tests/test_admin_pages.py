@@ -111,18 +111,19 @@ def test_quota_labels_say_fgpu(admin):
 
 
 def test_login_tokens_are_listed_by_their_first_characters_and_revoked_from_the_users_list(admin, alice):
-    from rest_framework.authtoken.models import Token
+    from accounts.models import LoginToken
+    from accounts.services import login_token_issue
 
-    key = Token.objects.create(user=alice).key
+    key = login_token_issue(user=alice)
     api_token_create(user=alice, name="laptop")
     client = admin_client(admin)
     text = page_text(client, "/admin/accounts/logintoken/")
-    assert f"{key[:8]}…" in text and key not in text  # its key is its primary key: no links, no check boxes
+    assert f"{key[:8]}…" in text and key not in text  # only its digest is stored; no links, no check boxes
     text = page_text(client, "/admin/accounts/apitoken/")
     assert "laptop" in text and "never" in text
     answer = client.post("/admin/auth/user/", {"action": "revoke_login_tokens", "_selected_action": [alice.pk]})
     assert answer.status_code == 302
-    assert not Token.objects.filter(user=alice).exists()
+    assert not LoginToken.objects.filter(user=alice).exists()
     assert client_for(None).get("/api/v1/me/", HTTP_AUTHORIZATION=f"Token {key}").status_code == 401
 
 

@@ -6,7 +6,8 @@ import json
 import re
 
 import pytest
-from rest_framework.authtoken.models import Token
+from accounts.models import LoginToken
+from accounts.selectors import api_token_digest
 from rest_framework.test import APIClient
 
 from sessions import services
@@ -42,7 +43,7 @@ def test_a_user_gets_an_api_token_for_their_password_and_it_authenticates(demo_c
 
     assert response.status_code == 200, response.content
     token = response.json()["token"]
-    assert token == Token.objects.get(user=user).key
+    assert LoginToken.objects.get(user=user).digest == api_token_digest(token)  # stored hashed
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
     assert client.get("/api/v1/sessions/").status_code == 200
@@ -54,7 +55,7 @@ def test_a_wrong_password_gets_no_token(demo_cluster, django_user_model):
     response = APIClient().post("/api/v1/auth/token/", {"username": "carol", "password": "nope"}, format="json")
 
     body = assert_error_shape(response, 400)
-    assert not Token.objects.exists()
+    assert not LoginToken.objects.exists()
     assert body["field_errors"]
 
 

@@ -79,9 +79,9 @@ def acl_stack(tmp_path):
 @pytest.mark.django_db(transaction=True)
 def test_the_stack_runs_with_one_broker_user_per_role_and_an_agent_is_refused_the_rest(acl_stack, django_user_model):
     stack = acl_stack
-    from rest_framework.authtoken.models import Token
+    from accounts.services import login_token_issue
 
-    token = Token.objects.create(user=django_user_model.objects.create_user("alice")).key
+    token = login_token_issue(user=django_user_model.objects.create_user("alice"))
     status, created = api(stack.base, "POST", "/api/v1/sessions/", token, {"resources": {"cuda.shares": "0.5"}})
     assert status == 201, created
     path = f"/api/v1/sessions/{created['id']}/"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from rest_framework.authtoken.models import Token
 
+from accounts.services import login_token_issue
 from fgpu_cli import main as cli
 from fgpu_cli.launch import UsageError, build_body
 from sessions.models import ComputeSession, ResourcePreset
@@ -22,7 +22,7 @@ def fgpu(live_server, demo_cluster, alice, monkeypatch, tmp_path):
     (its output: capsys)."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("FGPU_URL", live_server.url)
-    monkeypatch.setenv("FGPU_TOKEN", Token.objects.create(user=alice).key)
+    monkeypatch.setenv("FGPU_TOKEN", login_token_issue(user=alice))
 
     def run(*args) -> int:
         return cli.main(list(args))
