@@ -68,7 +68,7 @@ def build_runtime(config: AgentConfig):
             mps_pipe_directory=config.mps_pipe_directory if config.mps else None,
             pull=config.pull_images,
         )
-    return ProcessRuntime(node=config.node_name, cgroup_root=config.cgroup_root)
+    return ProcessRuntime(node=config.node_name, cgroup_root=config.cgroup_root, limits=config.limits)
 
 
 def build_agent(

@@ -41,6 +41,14 @@ over::
     interval = 5                                        # seconds between usage samples (1-300)
     flush = 15                                          # seconds between batches to the manager (1-3600)
 
+    [limits]                                            # what each session may use (agent.limits, agent.storage)
+    default-memory = "4G"                               # a session that asks no memory (default: 4G, at most [agent] memory)
+    session-pids = 4096                                 # processes and threads of one session
+    node-pids = 16384                                   # of all sessions of this agent together (process runtime)
+    session-storage = "10G"                             # a session's home (scratch) and container layer
+    user-data-storage = "10G"                           # a user's ~/data folder
+    storage-interval = 60                               # seconds between measures of sessions' storage (5-3600)
+
     [plugins.mock]
     config = "mock-accelerator.toml"                    # relative to this file
 
@@ -57,7 +65,8 @@ from pathlib import Path
 
 from accelerators.allocation.units import SizeError, parse_binary_size
 from agent.network import OUTBOUND, network_mode
-from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, RUNTIMES
+from agent.limits import SessionLimits
+from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, RUNTIMES, cgroup_tag
 
 MOCK_PLUGIN = "ai.backend.accelerator.mock"
 CUDA_PLUGIN = "ai.backend.accelerator.cuda"
@@ -98,6 +107,7 @@ class AgentConfig:
     terminal_address: str = ""  # the address the web connects to for them ("": app_address)
     data_root: Path | None = None  # users' persistent folders, `<data_root>/users/<user id>` (agent.files)
     cgroup_root: str = CGROUP_AUTO  # process runtime: "auto", "none" or an absolute cgroup2 directory
+    limits: SessionLimits = field(default_factory=SessionLimits)  # [limits] (agent.limits)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -230,6 +240,36 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
     cgroup_root = text(container, "cgroup-root", "container.cgroup-root", CGROUP_AUTO)
     if cgroup_root not in (CGROUP_AUTO, CGROUP_NONE) and not Path(cgroup_root).is_absolute():
         fail("container.cgroup-root", f'{cgroup_root!r}: expected "auto", "none" or an absolute path (a cgroup v2 directory)')
+    try:
+        cgroup_tag()
+    except ValueError as exc:
+        raise AgentConfigError(str(exc)) from None
+    limits_table = table(data, "limits", "limits")
+
+    def size(key: str, default: int, least: int) -> int:
+        try:
+            value = parse_binary_size(limits_table.get(key, default))
+        except SizeError as exc:
+            fail(f"limits.{key}", str(exc))
+        if value < least:
+            fail(f"limits.{key}", f"{limits_table[key]!r} is less than {least >> 20} MiB")
+        return value
+
+    def count(key: str, default: int, least: int, most: int) -> int:
+        value = limits_table.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+            fail(f"limits.{key}", f"{value!r} is not a whole number from {least} to {most}")
+        return value
+
+    default_memory = min(SessionLimits.default_memory, memory_size or SessionLimits.default_memory)  # 4 GiB, or the node's
+    limits = SessionLimits(
+        default_memory=size("default-memory", default_memory, 16 << 20),
+        session_pids=count("session-pids", SessionLimits.session_pids, 16, 4_194_304),
+        node_pids=count("node-pids", SessionLimits.node_pids, 16, 4_194_304),
+        session_storage=size("session-storage", SessionLimits.session_storage, 1 << 20),
+        user_data_storage=size("user-data-storage", SessionLimits.user_data_storage, 1 << 20),
+        storage_interval_s=count("storage-interval", SessionLimits.storage_interval_s, 5, 3600),
+    )
     usage = table(data, "usage", "usage")
     usage_interval = usage.get("interval", 5)
     if isinstance(usage_interval, bool) or not isinstance(usage_interval, int) or not 1 <= usage_interval <= 300:
@@ -273,4 +313,5 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
         terminal_address=terminal_address,
         data_root=data_root,
         cgroup_root=cgroup_root,
+        limits=limits,
     )

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import protocol
+from accelerators.allocation.units import format_binary_size
+from agent.limits import Hierarchies, SessionLimits, remove_dir
 
 log = logging.getLogger(__name__)
 
@@ -197,8 +199,14 @@ class SessionHandle:
                 pass
 
     def end_reason(self, exit_code: int) -> str:
-        """Why it ended, where the runtime knows more than the exit code ("" here)."""
-        return ""
+        """Why it ended, where the runtime knows more than the exit code: its cgroup's OOM kills
+        ("killed: out of memory at its 64 MiB limit (1 process; exit code -9)"), else ""."""
+        kills = self.cgroup.oom_kills() if self.cgroup is not None else 0
+        if not kills:
+            return ""
+        limit = self.cgroup.memory_limit() if self.cgroup is not None else 0
+        at = f" at its {format_binary_size(limit)} limit" if limit else ""
+        return f"killed: out of memory{at} ({kills} process{'es' if kills > 1 else ''}; exit code {exit_code})"
 
     def remove(self) -> None:
         """Blocking: what is left once the session ended: its cgroup, removed (what is still in
@@ -219,14 +227,24 @@ class ProcessRuntime:
     process it starts is tracked and killed through it (a daemon that calls setsid and clears
     its environment too); elsewhere they are found by scanning /proc (process session and
     FGPU_SESSION_ID). Which of the two is decided when the agent starts (`clean_up_at_start`),
-    and logged once with the reason. `node`: the agent's node name ("": one derived from the
-    scratch root)."""
+    and logged once with the reason. `node`: the agent's node name ("": "node"); the parent
+    cgroup's name carries it and the agent's instance (`parent_cgroup_name`: its scratch root's
+    hash, and FGPU_CGROUP_TAG where set, `cgroup_tag`).
+
+    `limits` (agent.limits; default: SessionLimits()): each session's cgroup holds it to its
+    memory (start spec `mem`, else the default), CPU (`cpu` cores) and pids, and all sessions
+    together to the node's pids; what cannot be enforced on this machine is logged once at
+    start, and nothing is enforced in the /proc scan mode (logged too)."""
 
     name = PROCESS
 
-    def __init__(self, *, node: str = "", cgroup_root: str = CGROUP_AUTO) -> None:
+    def __init__(
+        self, *, node: str = "", cgroup_root: str = CGROUP_AUTO, limits: SessionLimits | None = None, tag: str | None = None
+    ) -> None:
         self.node = node
         self.cgroup_root = cgroup_root
+        self.limits = limits if limits is not None else SessionLimits()
+        self.tag = cgroup_tag() if tag is None else tag
         self.cgroups: SessionCgroups | None = None  # set by clean_up_at_start where cgroups work
 
     def paths(self, work_dir: Path) -> SessionPaths:
@@ -249,7 +267,7 @@ class ProcessRuntime:
     def spawn(self, *, spec: dict, argv: list[str], env: dict, work_dir: Path, progress=None) -> SessionHandle:
         """Blocking: `argv` on a new PTY in its own process session, in `work_dir` with `env`
         (`progress`: unused, there is nothing to pull)."""
-        cgroup = self.cgroups.create(spec["session_id"]) if self.cgroups is not None else None
+        cgroup = self.cgroups.create(spec["session_id"], spec=spec) if self.cgroups is not None else None  # with its limits
         master_fd, slave_fd = pty.openpty()
         set_winsize(slave_fd, 24, 80)
         try:
@@ -281,12 +299,16 @@ class ProcessRuntime:
         those found by the FGPU_ALLOCATION under `scratch_root` in their environment (one scan
         in either mode: a run that used the scan, or an agent from before cgroups, left its
         sessions in no cgroup of ours)."""
-        name = f"fgpu-agent-{self.node or hashlib.sha256(os.fsencode(Path(scratch_root).resolve())).hexdigest()[:12]}"
-        self.cgroups, why = open_session_cgroups(self.cgroup_root, name=name)
+        name = parent_cgroup_name(self.node, scratch_root, tag=self.tag)
+        self.cgroups, why = open_session_cgroups(self.cgroup_root, name=name, limits=self.limits)
         if self.cgroups is None:
             log.warning("sessions' processes are found by scanning /proc (no cgroup of their own): %s", why)
+            log.warning("sessions' memory, CPU and processes are not limited (no cgroup of their own)")
             return [], kill_orphans(scratch_root)
         log.info("each session's processes are tracked by its own cgroup under %s", self.cgroups.parent)
+        hierarchies = self.cgroups.hierarchies
+        for controller, reason in sorted(hierarchies.missing.items()) if hierarchies is not None else []:
+            log.warning("sessions' %s is not limited: %s", controller, reason)
         return [], self.cgroups.clean_up() + kill_orphans(scratch_root)
 
     def close(self) -> None:
@@ -377,7 +399,11 @@ def default_signals() -> None:
 # none), so all the command starts is in its cgroup; `$2`: the terminal to make the session's
 # controlling one ("": none): a session leader without one that opens a terminal (no
 # O_NOCTTY) gets it as its controlling terminal. Then the command, with the shell's pid.
-LEADER_SCRIPT = 'if [ -n "$1" ]; then echo 0 >"$1" || exit 126; fi; if [ -n "$2" ]; then exec 0<>"$2"; fi; shift 2; exec "$@"'
+# `$1` holds every cgroup.procs the leader joins, one a line (SessionCgroup.procs_paths: cgroup v2's,
+# then each v1 hierarchy's that limits the session; none holds whitespace; `set -f`: no globbing).
+LEADER_SCRIPT = (
+    'set -f; for p in $1; do echo 0 >"$p" || exit 126; done; if [ -n "$2" ]; then exec 0<>"$2"; fi; shift 2; exec "$@"'
+)
 # What `default_signals` gives the leader that the script cannot: a shell cannot reset a signal
 # ignored when it started (POSIX), so where the agent ignores one of these the leader is readied
 # by a preexec_fn as before (an agent started under nohup; `manage.py agent` stops ignoring them).
@@ -399,7 +425,7 @@ def popen_leader(
         preexec, argv = (then if cgroup is None else _joining(cgroup, then)), argv
     else:
         _check_executable(argv[0], cwd=cwd, env=env)
-        procs = os.fsdecode(cgroup.procs_path) if cgroup is not None else ""
+        procs = "\n".join(map(os.fsdecode, cgroup.procs_paths)) if cgroup is not None else ""  # v2's, then v1's (limits)
         preexec, argv = None, ["/bin/sh", "-c", LEADER_SCRIPT, "fgpu-session", procs, tty, *argv]
     return subprocess.Popen(
         argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env, start_new_session=True, close_fds=True,
@@ -621,23 +647,49 @@ def cgroup2_root(setting: str, *, mountinfo: str = "/proc/self/mountinfo") -> tu
     return None, "no cgroup v2 hierarchy is mounted (cgroup v1 only)"
 
 
-def open_session_cgroups(setting: str, *, name: str) -> tuple[SessionCgroups | None, str]:
+def open_session_cgroups(
+    setting: str, *, name: str, limits: SessionLimits | None = None, mountinfo: str = "/proc/self/mountinfo"
+) -> tuple[SessionCgroups | None, str]:
     """Blocking: the parent cgroup `<root>/<name>` of an agent's sessions (`root`:
     `cgroup2_root(setting)`), created and checked by moving a short-lived child into a probe
-    cgroup under it (what a session's leader does before it execs). Returns (its SessionCgroups,
-    "") or (None, why sessions cannot have cgroups here: not cgroup v2, not writable, …)."""
-    root, why = cgroup2_root(setting)
+    cgroup under it (what a session's leader does before it execs). With `limits`, the
+    controllers that enforce them are found and readied (agent.limits.Hierarchies.open: cgroup
+    v2's, else the v1 hierarchies', which the probe joins too; where it cannot, they are dropped
+    and named in `hierarchies.missing`). Returns (its SessionCgroups, "") or (None, why sessions
+    cannot have cgroups here: not cgroup v2, not writable, a path with whitespace, …)."""
+    root, why = cgroup2_root(setting, mountinfo=mountinfo)
     if root is None:
         return None, why
     parent = root / name
+    if any(c.isspace() for c in str(parent)):
+        return None, f"{str(parent)!r} holds whitespace (a session's leader takes its cgroups' paths in one word each)"
     try:
         parent.mkdir(exist_ok=True)
     except OSError as exc:
         return None, f"cannot create {parent}: {exc.strerror or exc}"
-    cgroups = SessionCgroups(parent)
-    probe = SessionCgroup(parent / f"probe-{os.getpid()}")
+    hierarchies = Hierarchies.open(parent, node_pids=limits.node_pids, mountinfo=mountinfo) if limits else None
+    if hierarchies is not None and any(c.isspace() for d in hierarchies.v1_parents() for c in str(d)):
+        hierarchies.drop_v1("a cgroup v1 mount point holds whitespace")
+    cgroups = SessionCgroups(parent, hierarchies=hierarchies, limits=limits)
+    why = _probe(cgroups)
+    if why and hierarchies is not None and hierarchies.v1:
+        hierarchies.drop_v1(f"a process cannot join the cgroup v1 hierarchies: {why}")
+        why = _probe(cgroups)
+    if why:
+        cgroups.close()
+        return None, f"cannot move a process into a cgroup under {parent}: {why}"
+    return cgroups, ""
+
+
+def _probe(cgroups: SessionCgroups) -> str:
+    """Blocking: start a short-lived leader in a probe cgroup of `cgroups` (every hierarchy a
+    session's leader joins), then remove it. Returns "" or why the leader could not join."""
+    name = f"probe-{os.getpid()}"
+    hierarchies = cgroups.hierarchies
+    probe = SessionCgroup(cgroups.parent / name, v1=tuple(hierarchies.session_dirs(name)) if hierarchies else ())
     try:
-        probe.path.mkdir(exist_ok=True)
+        for directory in (probe.path, *probe.v1):
+            directory.mkdir(exist_ok=True)
         child = popen_leader(
             ["/bin/sh", "-c", "exit 0"], cgroup=probe, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, cwd=None, env=None,
@@ -646,45 +698,87 @@ def open_session_cgroups(setting: str, *, name: str) -> tuple[SessionCgroups | N
         if child.returncode:
             raise subprocess.SubprocessError(err.decode(errors="replace").strip() or f"exit status {child.returncode}")
     except (OSError, subprocess.SubprocessError) as exc:
-        why = f"cannot move a process into a cgroup under {parent}: {exc}"
+        return str(exc)
+    finally:
         probe.remove()
-        try:
-            parent.rmdir()
-        except OSError:
-            pass
-        return None, why
-    probe.remove()
-    return cgroups, ""
+    return ""
+
+
+def parent_cgroup_name(node: str, scratch_root: Path, *, tag: str = "") -> str:
+    """The name of an agent's parent cgroup: `fgpu-agent-[<tag>-]<node>-<instance>`, where
+    `<instance>` is the first 10 hex digits of the SHA-256 of the agent's resolved scratch root
+    (a console's own: standalone's lies under its FGPU_DATA_DIR), so two consoles on one host
+    whose nodes share a name (`demo-node`) have a parent each and clean up only their own
+    (issue 31, item 8); `tag`: FGPU_CGROUP_TAG (`cgroup_tag`), e.g. a test run's, which then
+    finds what it made by the prefix `fgpu-agent-<tag>-`. `node` "": "node"."""
+    instance = hashlib.sha256(os.fsencode(Path(scratch_root).resolve())).hexdigest()[:10]
+    return f"fgpu-agent-{tag + '-' if tag else ''}{node or 'node'}-{instance}"
+
+
+CGROUP_TAG_ENV = "FGPU_CGROUP_TAG"
+
+
+def cgroup_tag(environ=os.environ) -> str:
+    """FGPU_CGROUP_TAG: a word (letters, digits, '_'; at most 32) the names of this process's
+    agents' parent cgroups carry (`parent_cgroup_name`); "" where unset. Raises ValueError for
+    any other value."""
+    tag = environ.get(CGROUP_TAG_ENV, "")
+    if tag and not (len(tag) <= 32 and tag.replace("_", "").isalnum() and tag.isascii()):
+        raise ValueError(f"{CGROUP_TAG_ENV}={tag!r}: expected at most 32 letters, digits or '_'")
+    return tag
 
 
 class SessionCgroup:
     """One session's cgroup (v2): its leader joins it before it runs its command (LEADER_SCRIPT,
     or `join` in a preexec_fn), so every process it starts is in it too, whatever it does
     (setsid, double fork, a clean environment); only the cgroup's own processes count (none is
-    put in a child cgroup).
+    put in a child cgroup). `v1`: its directories in the cgroup v1 hierarchies that hold the
+    controllers limiting it where cgroup v2 has none (agent.limits: memory, cpu, pids on a hybrid
+    machine), which the leader joins too; `hierarchies`: where its limits are (agent.limits).
 
     Files read: `cgroup.procs` (the pids, zombies not listed), `cgroup.events` ("populated 0"
     once the last process exited; pollable), `cgroup.kill` (kernel ≥ 5.14: SIGKILL to all at
     once; else each pid, the cgroup frozen meanwhile where `cgroup.freeze` exists)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, v1: tuple[Path, ...] = (), hierarchies: Hierarchies | None = None) -> None:
         self.path = Path(path)
+        self.v1 = tuple(Path(d) for d in v1)
+        self.hierarchies = hierarchies
         self._procs = os.fsencode(self.path / "cgroup.procs")  # encoded now: `join` runs between fork and exec
+        self._all_procs = [self._procs, *(os.fsencode(d / "cgroup.procs") for d in self.v1)]
 
     @property
     def procs_path(self) -> bytes:
-        """Its cgroup.procs (encoded): a process that writes "0" into it joins the cgroup."""
+        """Its cgroup v2 cgroup.procs (encoded): a process that writes "0" into it joins the cgroup."""
         return self._procs
 
+    @property
+    def procs_paths(self) -> list[bytes]:
+        """Every cgroup.procs a leader writes "0" into before it execs (encoded): the v2 one
+        first, then one per v1 hierarchy (`v1`). None of them holds whitespace
+        (open_session_cgroups refuses such a parent), so LEADER_SCRIPT takes them in one
+        argument, separated by newlines."""
+        return list(self._all_procs)
+
     def join(self) -> None:
-        """In a child between fork and exec (a preexec_fn): move this process into the cgroup.
-        Only os.open / os.write / os.close (nothing that allocates in C or takes locks).
-        Raises OSError (the cgroup is gone, or not ours to write)."""
-        fd = os.open(self._procs, os.O_WRONLY)
-        try:
-            os.write(fd, b"0")
-        finally:
-            os.close(fd)
+        """In a child between fork and exec (a preexec_fn): move this process into the cgroup
+        (and its v1 ones). Only os.open / os.write / os.close (nothing that allocates in C or
+        takes locks). Raises OSError (the cgroup is gone, or not ours to write)."""
+        for procs in self._all_procs:
+            fd = os.open(procs, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+
+    def oom_kills(self) -> int:
+        """Blocking: how many of its processes the kernel's OOM killer ended at its memory limit
+        (0 where no memory limit is enforced)."""
+        return self.hierarchies.oom_kills(self.path.name) if self.hierarchies is not None else 0
+
+    def memory_limit(self) -> int:
+        """Blocking: its memory limit in bytes (0: none enforced)."""
+        return self.hierarchies.memory_limit(self.path.name) if self.hierarchies is not None else 0
 
     def pids(self) -> list[int]:
         """Blocking: the pids of the cgroup's processes (not zombies); [] once it is gone."""
@@ -759,14 +853,17 @@ class SessionCgroup:
             try:
                 self.path.rmdir()
             except FileNotFoundError:
-                return True
+                break
             except OSError as exc:
                 if exc.errno == errno.EBUSY and time.monotonic() < deadline:
                     time.sleep(CGROUP_RMDIR_RETRY_S)
                     continue
                 log.warning("could not remove cgroup %s: %s", self.path, exc.strerror or exc)
                 return False
-            return True
+            break
+        for directory in self.v1:
+            _remove_v1(directory, deadline)
+        return not any(directory.exists() for directory in self.v1)
 
 
 class CgroupWatch:
@@ -806,21 +903,41 @@ class CgroupWatch:
 
 class SessionCgroups:
     """The cgroups of one agent's sessions: `parent/session-<id>` each (`parent`: e.g.
-    /sys/fs/cgroup/fgpu-agent-<node>, beside the agent's own cgroup, never inside it: cgroup v2
-    keeps processes out of a cgroup whose children have controllers)."""
+    /sys/fs/cgroup/fgpu-agent-<node>-<instance>, `parent_cgroup_name`; beside the agent's own
+    cgroup, never inside it: cgroup v2 keeps processes out of a cgroup whose children have
+    controllers). `hierarchies` (agent.limits): where the controllers limiting them are (cgroup
+    v2 under `parent`, or the v1 hierarchies, `<mount>/<parent's name>/session-<id>`);
+    `limits`: what each session gets (None: none enforced)."""
 
-    def __init__(self, parent: Path) -> None:
+    def __init__(self, parent: Path, *, hierarchies: Hierarchies | None = None, limits: SessionLimits | None = None) -> None:
         self.parent = Path(parent)
+        self.hierarchies = hierarchies
+        self.limits = limits
 
-    def create(self, session_id: str) -> SessionCgroup:
+    def create(self, session_id: str, *, spec: dict | None = None) -> SessionCgroup:
         """Blocking: session `session_id`'s cgroup, new (what an earlier start of it left is killed
-        first). Raises OSError."""
-        cgroup = SessionCgroup(self.parent / f"session-{session_id}")
+        first), with its directories in the v1 hierarchies and the limits of start spec `spec`
+        (its `mem` and `cpu`; agent.limits.SessionLimits.for_spec) written. Raises OSError (the
+        cgroup removed again: a session is never started without the limits it should have)."""
+        name = f"session-{session_id}"
+        hierarchies = self.hierarchies
+        cgroup = SessionCgroup(
+            self.parent / name, v1=tuple(hierarchies.session_dirs(name)) if hierarchies else (), hierarchies=hierarchies
+        )
         self.parent.mkdir(exist_ok=True)  # removed meanwhile (by hand): made again
         try:
             cgroup.path.mkdir()
         except FileExistsError:
             cgroup.kill()
+        try:
+            for directory in cgroup.v1:
+                directory.parent.mkdir(exist_ok=True)
+                directory.mkdir(exist_ok=True)
+            if hierarchies is not None and self.limits is not None:
+                hierarchies.apply(name, self.limits.for_spec(spec or {}))
+        except OSError:
+            cgroup.remove()
+            raise
         return cgroup
 
     def clean_up(self) -> int:
@@ -836,14 +953,48 @@ class SessionCgroups:
             cgroup = SessionCgroup(Path(entry.path))
             killed += len(cgroup.pids())
             cgroup.remove()
+        for parent in self.hierarchies.v1_parents() if self.hierarchies is not None else []:
+            try:
+                left = [Path(entry.path) for entry in os.scandir(parent) if entry.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            deadline = time.monotonic() + CGROUP_EMPTY_WAIT_S
+            for directory in left:  # their v2 cgroups are gone with their processes; a session's v1 one is left
+                killed += _remove_v1(directory, deadline)
         return killed
 
     def close(self) -> None:
-        """Blocking: remove the parent if no session's cgroup is left in it."""
+        """Blocking: remove the parent (and its directories in the v1 hierarchies) if no
+        session's cgroup is left in it."""
         try:
             self.parent.rmdir()
         except OSError:
             pass
+        for parent in self.hierarchies.v1_parents() if self.hierarchies is not None else []:
+            remove_dir(parent)
+
+
+def _remove_v1(directory: Path, deadline: float) -> int:
+    """Blocking: remove session cgroup `directory` of a v1 hierarchy, killing what is still in it
+    (a process of the session is in its v2 cgroup too, killed with it already; this is for a
+    hierarchy a leader joined before its v2 cgroup was removed by hand) and retrying while the
+    kernel says EBUSY (killed processes still exiting) until `deadline` (time.monotonic). Returns
+    how many processes it killed; logs a directory it could not remove."""
+    killed = 0
+    while True:
+        pids = SessionCgroup(directory).pids()
+        killed += sum(_kill(pid, signal.SIGKILL) for pid in pids)
+        try:
+            directory.rmdir()
+            return killed
+        except FileNotFoundError:
+            return killed
+        except OSError as exc:
+            if exc.errno == errno.EBUSY and time.monotonic() < deadline:
+                time.sleep(CGROUP_RMDIR_RETRY_S)
+                continue
+            log.warning("could not remove cgroup %s: %s", directory, exc.strerror or exc)
+            return killed
 
 
 def _write(path: Path, data: bytes) -> None:

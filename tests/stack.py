@@ -360,7 +360,7 @@ class Stack:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        remove_agent_cgroups([node.name for node in self.nodes])
+        remove_agent_cgroups([node.name for node in self.nodes], self.work_dir)
 
     def __enter__(self) -> Stack:
         return self.start()
@@ -508,17 +508,22 @@ def session_processes(session_ids: Iterable[str]) -> dict[str, list[int]]:
     return found
 
 
-def remove_agent_cgroups(nodes: Iterable[str]) -> None:
-    """Kill what the cgroups of the agents of `nodes` hold (their sessions' processes, also
-    those that rewrote their environment) and remove them: what an agent killed by a test leaves
-    (agent.runtimes.SessionCgroups)."""
-    from agent.runtimes import CGROUP_AUTO, SessionCgroups, cgroup2_root
+def remove_agent_cgroups(nodes: Iterable[str], work_dir: Path) -> None:
+    """Kill what the cgroups of the agents of `nodes` (run from `work_dir`: their scratch roots
+    are `<work_dir>/nodes/<node>/scratches`) hold (their sessions' processes, also those that
+    rewrote their environment) and remove them, in cgroup v2 and the v1 hierarchies: what an
+    agent killed by a test leaves (agent.runtimes.SessionCgroups, parent_cgroup_name)."""
+    from agent.limits import cgroup_v1_mounts
+    from agent.runtimes import CGROUP_AUTO, cgroup2_root, cgroup_tag, parent_cgroup_name
+    from tests.conftest import remove_cgroup_tree
 
     root, _ = cgroup2_root(CGROUP_AUTO)
-    for node in nodes if root is not None else ():
-        cgroups = SessionCgroups(root / f"fgpu-agent-{node}")
-        cgroups.clean_up()
-        cgroups.close()
+    tops = sorted({*([root] if root is not None else []), *cgroup_v1_mounts().values()})
+    for node in nodes:
+        name = parent_cgroup_name(node, Path(work_dir) / "nodes" / node / "scratches", tag=cgroup_tag())
+        for top in tops:
+            if (top / name).is_dir():
+                remove_cgroup_tree(top / name)
 
 
 def leftover_session_processes(work_dir: Path) -> list[int]:

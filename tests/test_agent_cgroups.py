@@ -333,10 +333,12 @@ def test_a_leader_has_its_session_terminal_cgroup_and_default_signals_with_or_wi
         assert (popens[0]["preexec_fn"] is not None) == bool(ignored)
         state = {}
 
-        def exec_done():  # the script's shell has become `sleep`
-            state.update(leader_state(process.pid))
+        def exec_done():  # the script's shell has become `sleep` (read first: the state is then the command's)
             with open(f"/proc/{process.pid}/comm") as f:
-                return f.read().strip() == "sleep"
+                if f.read().strip() != "sleep":
+                    return False
+            state.update(leader_state(process.pid))
+            return True
 
         wait_until(exec_done, timeout=10, interval=0.01, what="the leader's exec")
         assert state["session"] == process.pid
@@ -416,10 +418,64 @@ def test_a_session_counts_its_leader_from_its_spawn_before_the_leader_joined_its
         handle = runtimes.SessionHandle("s", process, master, env={}, work_dir=Path("/"), cgroup=session_cgroup)
         try:
             assert handle.pids() == [process.pid]  # before or after the join: the leader alone
-            wait_until(lambda: session_cgroup.pids() == [process.pid], timeout=10, what="the leader in its cgroup")
+            wait_until(lambda p=process: session_cgroup.pids() == [p.pid], timeout=10, what="the leader in its cgroup")
             assert handle.pids() == [process.pid]
         finally:
             process.kill()
             process.wait()
             os.close(master)
         wait_until(lambda: not session_cgroup.populated(), timeout=10, what="the cgroup empty")
+
+
+# --- two consoles on one host (issue 31, item 8) -------------------------------------------------
+
+# Another console's agent starting on the same host with the same node name, in a process of its
+# own: its runtime's start-up clean-up (what killed every session of a console whose node bore the
+# same name, when both agents' parents were `fgpu-agent-<node>`), then its shutdown.
+OTHER_CONSOLE = """
+import sys
+from pathlib import Path
+from agent.runtimes import ProcessRuntime
+node, scratch = sys.argv[1:3]
+runtime = ProcessRuntime(node=node)
+handles, killed = runtime.clean_up_at_start(Path(scratch))
+assert runtime.cgroups is not None, "no cgroups"
+print(runtime.cgroups.parent, killed, flush=True)
+runtime.close()
+"""
+
+
+def test_two_agents_with_one_node_name_and_their_own_data_dirs_leave_each_other_s_sessions_alone(tmp_path):
+    node = f"demo-node-{os.getpid()}"
+
+    async def scenario(h: Harness):
+        session_id = await h.start_session(start_spec(command="sleep 300"))
+        running = h.agent.sessions[session_id]
+        pids = running.process.cgroup.pids()
+        assert pids
+        other = subprocess.run([sys.executable, "-c", OTHER_CONSOLE, node, str(tmp_path / "other-console" / "scratch")],
+                               cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert other.returncode == 0, other.stderr
+        other_parent, killed = other.stdout.split()
+        assert Path(other_parent) != h.agent.runtime.cgroups.parent
+        assert killed == "0"
+        assert all(pid_alive(pid) for pid in pids), "the other console's start killed this console's session"
+        assert running.process.cgroup.path.exists()
+        assert session_id in h.agent.sessions and running.process.alive()
+
+    run_agent(tmp_path, scenario, node=node, cgroup_root=CGROUP_AUTO)
+
+
+def test_an_agent_s_parent_cgroup_names_its_node_instance_and_the_test_run_s_tag(tmp_path):
+    from tests.conftest import CGROUP_TAG
+
+    a = runtimes.parent_cgroup_name("demo-node", tmp_path / "a", tag="")
+    b = runtimes.parent_cgroup_name("demo-node", tmp_path / "b", tag="")
+    assert a.startswith("fgpu-agent-demo-node-") and b.startswith("fgpu-agent-demo-node-") and a != b
+    assert a == runtimes.parent_cgroup_name("demo-node", tmp_path / "x" / ".." / "a", tag="")  # the resolved path
+    assert runtimes.parent_cgroup_name("n", tmp_path, tag="run7").startswith("fgpu-agent-run7-n-")
+    assert runtimes.ProcessRuntime(node="n").tag == CGROUP_TAG  # this run's (tests/conftest.py)
+    for bad in ("a b", "x/y", "a-b", "é", "t" * 33):
+        with pytest.raises(ValueError, match="FGPU_CGROUP_TAG"):
+            runtimes.cgroup_tag({"FGPU_CGROUP_TAG": bad})
+    assert runtimes.cgroup_tag({}) == ""
