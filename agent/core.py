@@ -8,8 +8,10 @@ schedule work on that loop and return at once. Reports to the manager go through
 tasks (`fgpu.manager.*`), called from a worker thread so the loop never blocks. Terminal
 frames travel through a direct TCP stream per terminal where the web reaches the agent
 (agent.direct, protocol.terminal_stream), else through the channel layer: input from group
-`pty-<session>` (which the agent joins), output to group `terminal-<session>` (which terminal
-consumers join). The handshake is always on the layer.
+`pty.<node>.<session>` (which the agent joins), output to group `term.<node>.<session>` (which
+terminal consumers join). The handshake is always on the layer. Every command on the layer is
+sealed by the web with the node's key and opened before the agent acts on it; its answers are
+sealed in turn (protocol.channel).
 
 Session output is also shipped to the manager (`fgpu.manager.session_log_append`) in batches:
 every LOG_FLUSH_S seconds, or sooner once LOG_BATCH_CHARS characters are waiting, at most one
@@ -41,6 +43,7 @@ from functools import partial
 from pathlib import Path
 
 import protocol
+from protocol import channel as protocol_channel
 from protocol import files as protocol_files
 from protocol.exec_store import exec_store_for
 from agent import exec_stream
@@ -351,6 +354,8 @@ class Agent:
         self._busy: dict[str, float] = {}  # session id → loop time it last output something (BUSY_S)
         self._busy_pruned = 0.0
         self.channel: str | None = None
+        # Opens the commands it receives (sealed by the web with the node's key: protocol.channel) and seals its answers.
+        self.guard = protocol_channel.CommandGuard(node=node, key=getattr(manager, "key", "") or "")
         self._registered = False
         self._tasks: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()  # report retries, attach replies: kept until done
@@ -395,7 +400,7 @@ class Agent:
             log.info("agent %s: adopted session %s, still running", self.node, handle.session_id)
         if self.direct is not None:
             await self.direct.start()
-        self.channel = await self.layer.new_channel(f"agent.{self.node}.")
+        self.channel = await self.layer.new_channel(protocol_channel.agent_channel_prefix(self.node))
         await self._refresh_groups()  # adopted sessions' terminals and execs reach this agent again
         self._tasks.append(asyncio.create_task(self._receive_loop(), name=f"agent-{self.node}-receive"))
         await self._in(self._work, self.images.refresh)
@@ -518,7 +523,7 @@ class Agent:
             del self._ended[next(iter(self._ended))]
 
     async def _refresh_groups(self) -> None:
-        """Join the node's `node-<name>` group and each running session's `pty-<id>` group again:
+        """Join the node's `node.<node>` group and each running session's `pty.<node>.<id>` group again:
         channel layers forget a group membership after their group expiry (channels_redis: a
         day), and a restarted Redis forgets them all, after which terminal input, exec requests
         and the web's questions about the node would reach nobody."""
@@ -529,7 +534,7 @@ class Agent:
             return
         for session_id in list(self.sessions):
             try:
-                await self.layer.group_add(protocol.pty_group(session_id), self.channel)
+                await self.layer.group_add(protocol.pty_group(self.node, session_id), self.channel)
             except Exception:
                 log.warning("agent %s: could not renew the terminal group of %s", self.node, session_id)
                 return  # the layer is down: the next heartbeat tries again
@@ -628,7 +633,7 @@ class Agent:
             self._starting.discard(session_id)
         await preparing
         try:
-            await self.layer.group_add(protocol.pty_group(session_id), self.channel)
+            await self.layer.group_add(protocol.pty_group(self.node, session_id), self.channel)
         except Exception:  # the layer is down: the heartbeat's group refresh joins it later
             log.warning("agent %s: could not join the terminal group of %s yet", self.node, session_id)
         if session_id in self._cancelled:  # terminated while it was being prepared
@@ -906,7 +911,7 @@ class Agent:
         every hop; a keystroke's echo (nothing in flight before it) goes at once. Output also
         streams while large frames follow one another (STREAM_CHARS, STREAM_GAP_S): what a
         direct stream or the in-memory layer sends is never on its way for long."""
-        group = protocol.terminal_group(running.session_id)
+        group = protocol.terminal_group(self.node, running.session_id)
         streaming = False
         large_at = -STREAM_GAP_S  # loop time of the last large frame sent
         while True:
@@ -1061,8 +1066,10 @@ class Agent:
     async def _exit_frame(self, running: RunningSession, exit_code: int) -> None:
         """Tell the session's terminals it ended (`terminal.exit`) and leave its PTY group."""
         try:
-            await self.layer.group_send(protocol.terminal_group(running.session_id), {"type": "terminal.exit", "code": exit_code})
-            await self.layer.group_discard(protocol.pty_group(running.session_id), self.channel)
+            await self.layer.group_send(
+                protocol.terminal_group(self.node, running.session_id), {"type": "terminal.exit", "code": exit_code}
+            )
+            await self.layer.group_discard(protocol.pty_group(self.node, running.session_id), self.channel)
         except Exception:
             log.warning("agent %s: could not tell the terminal of %s that it ended", self.node, running.session_id)
 
@@ -1251,7 +1258,7 @@ class Agent:
         except Exception as exc:
             result = {"error": f"could not run the command: {exc}"}
         try:
-            await self.layer.send(message["reply_channel"], {"type": "exec.result", **result})
+            await self.layer.send(message["reply_channel"], self.guard.answer({"type": "exec.result", **result}))
         except Exception:
             log.exception("agent %s: could not answer an exec in session %s", self.node, running.session_id)
 
@@ -1326,7 +1333,7 @@ class Agent:
         except Exception as exc:
             log.exception("agent %s: could not list the GPU processes", self.node)
             answer = {"ok": False, "detail": f"the agent could not list the GPU processes: {exc}"}
-        await self.layer.send(reply_channel, {"type": protocol.NODE_PROCESSES_RESULT, **answer})
+        await self.layer.send(reply_channel, self.guard.answer({"type": protocol.NODE_PROCESSES_RESULT, **answer}))
 
     async def _send_all(self, channel: str, messages: list[dict]) -> None:
         for message in messages:
@@ -1385,44 +1392,52 @@ class Agent:
         return text[: -len(waiting)] if text.endswith(waiting) else ""
 
     def _handle(self, message: dict) -> None:
-        if message.get("type") == protocol.NODE_PROCESSES:  # the node's GPU processes (agent.usage)
-            self._in_background(self._answer_processes(str(message["reply_channel"])))
+        """Act on a command from the channel layer once it is opened (sealed by the web with the
+        node's key, fresh, not replayed: protocol.channel.CommandGuard) and typed; what fails
+        either is dropped and logged, and so is a command for a session this node does not run."""
+        try:
+            command = protocol_channel.command_from_dict(self.guard.open(message))
+        except protocol_channel.Refused as exc:
+            log.warning("agent %s: dropped a %r message: %s", self.node, str(message.get("type"))[:40], exc)
             return
-        running = self.sessions.get(message.get("session_id", ""))
+        if isinstance(command, protocol_channel.NodeProcesses):  # the node's GPU processes (agent.usage)
+            self._in_background(self._answer_processes(command.reply_channel))
+            return
+        session_id = command["session_id"] if isinstance(command, dict) else command.session_id
+        running = self.sessions.get(session_id)
         if running is None:
             return
-        if self._terminal_input(running, message):
-            return
-        kind = message.get("type")
-        if kind == "pty.ack":
-            self._reader_ack(running, str(message["channel"]), int(message["offset"]), int(message["n"]))
-        elif kind == "pty.stop":  # the manager's stop, ahead of its task (protocol)
+        if isinstance(command, (protocol_channel.PtyInput, protocol_channel.PtyResize)):
+            self._terminal_input(running, command.to_dict())
+        elif isinstance(command, protocol_channel.PtyAck):
+            self._reader_ack(running, command.channel, command.offset, command.n)
+        elif isinstance(command, protocol_channel.PtyStop):  # the manager's stop, ahead of its task (protocol)
             self._in_background(self._stop(running.session_id, reason="terminated"))
-        elif kind == "pty.detach":
-            running.readers.pop(message.get("channel"), None)
-            running.layer_channels.discard(message.get("channel"))
+        elif isinstance(command, protocol_channel.PtyDetach):
+            running.readers.pop(command.channel, None)
+            running.layer_channels.discard(command.channel)
             running.outbox_wake.set()
-        elif kind == "pty.attach":  # a terminal opened: it reads the session from here on (flow control)
-            channel = str(message["reply_channel"])
-            if message.get("direct") and self.direct is not None and self.direct.serving and not running.output_closed:
-                offer = {"type": DIRECT_OFFER, **self.direct.offer(running.session_id, channel)}
+        elif isinstance(command, protocol_channel.PtyAttach):  # a terminal opened: it reads the session from here on
+            channel = command.reply_channel
+            if command.direct and self.direct is not None and self.direct.serving and not running.output_closed:
+                offer = self.guard.answer({"type": DIRECT_OFFER, **self.direct.offer(running.session_id, channel)})
                 self._in_background(self.layer.send(channel, offer))  # it reads from its stream once it connects
                 return
             running.readers[channel] = [running.sent, running.frames, self.loop.time()]
             running.layer_channels.add(channel)
             backlog = bytes(running.scrollback[-SCROLLBACK_BYTES:]).decode("utf-8", "replace")
             replies = [{"type": "terminal.output", "data": backlog}]
-            if message.get("direct"):  # it asked for a direct stream: none (it waits for this answer first)
-                replies.insert(0, {"type": DIRECT_OFFER, "host": ""})
+            if command.direct:  # it asked for a direct stream: none (it waits for this answer first)
+                replies.insert(0, self.guard.answer({"type": DIRECT_OFFER, "host": ""}))
             self._in_background(self._send_all(channel, replies))
-        elif kind == "pty.exec":
-            self._in_background(self._exec(running, message))
-        elif kind == "pty.exec_stream":  # runs on a thread of its own (agent.exec_stream)
-            exec_stream.start(self, running, message)
-        elif kind in ("pty.app_open", "pty.app_status"):  # session apps (agent.session_apps)
-            self.apps.handle(running, message)
-        elif kind == protocol_files.FILES:  # the session's files (agent.files)
-            self.files.handle(running, message)
+        elif isinstance(command, protocol_channel.PtyExec):
+            self._in_background(self._exec(running, command.to_dict()))
+        elif isinstance(command, protocol_channel.PtyExecStream):  # runs on a thread of its own (agent.exec_stream)
+            exec_stream.start(self, running, command.to_dict())
+        elif isinstance(command, dict) and command["type"] in ("pty.app_open", "pty.app_status"):  # agent.session_apps
+            self.apps.handle(running, command)
+        elif isinstance(command, dict) and command["type"] == protocol_files.FILES:  # the session's files (agent.files)
+            self.files.handle(running, command)
 
 
 def _take_front(parts: list, limit: int) -> str:

@@ -28,7 +28,7 @@ import subprocess
 import threading
 import time
 
-from protocol.exec_store import STDERR, STDOUT
+from protocol.exec_store import STDERR, STDOUT, record_id
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,10 @@ def start(agent, running, message: dict) -> threading.Thread:
 
 
 def _run_logged(agent, running, message: dict) -> None:
+    # The record of this node's exec (protocol.exec_store.record_id): never one of another node's.
+    stored = {**message, "exec_id": record_id(agent.node, str(message["exec_id"]))}
     try:
-        run(agent.exec_store, running, message, shell=agent.runtime.shell())
+        run(agent.exec_store, running, stored, shell=agent.runtime.shell())
     except Exception:
         log.exception("agent %s: streamed exec %s in session %s failed", agent.node, message.get("exec_id"), running.session_id)
 

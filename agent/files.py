@@ -477,7 +477,7 @@ class SessionFiles:
             log.exception("agent %s: file op %r failed", self.agent.node, message.get("op"))
             result = {"ok": False, "error": "failed", "detail": f"the agent could not do it: {exc}"}
         try:
-            await self.agent.layer.send(message["reply_channel"], {"type": proto.RESULT, **result})
+            await self.agent.layer.send(message["reply_channel"], self.agent.guard.answer({"type": proto.RESULT, **result}))
         except Exception:
             log.exception("agent %s: could not answer a file op in session %s", self.agent.node, running.session_id)
 

@@ -51,7 +51,7 @@ def measure(stack: Stack, token: str, session_id: str, held: int, settle_s: floa
             f"held    0: web threads {threads_of(web):4d}; GET ms p50 {statistics.median(g for g, _ in gets):8.1f} "
             f"max {max(g for g, _ in gets):8.1f} statuses {dict(Counter(s for _, s in gets))}"
         )
-    listener = Listener(stack.redis_url, events.pty_group(session_id), held)
+    listener = Listener(stack.redis_url, events.pty_group("bench-node", session_id), held)
     listener.start()
     assert listener.joined.wait(30)
     os.kill(agent, signal.SIGSTOP)

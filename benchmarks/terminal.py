@@ -519,7 +519,7 @@ class DistributedHopTarget(DistributedTarget):
         else:
             self.pg, self.stack, self.api, self.reaped = self.beside.pg, self.beside.stack, self.beside.api, self.beside.reaped
         self.port = free_port()
-        self.hop = start_script(self.work, "terminal_hop.py", self.port, self.stack.redis_url, self.api.session_id)
+        self.hop = start_script(self.work, "terminal_hop.py", self.port, self.stack.redis_url, self.api.session_id, "bench-node")
 
     def url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/"

@@ -1,7 +1,7 @@
 """The floor of the web's part of a distributed terminal, for benchmarks/terminal.py (target
 `distributed-hop`): the least a Python process between the browser and the agent can do.
 
-    python benchmarks/terminal_hop.py PORT REDIS_URL SESSION_ID
+    python benchmarks/terminal_hop.py PORT REDIS_URL SESSION_ID NODE
 
 A websocket server (the `websockets` package, as benchmarks/terminal_relay.py) in place of
 uvicorn and TerminalConsumer: for each connection it asks the session's agent for a direct
@@ -30,7 +30,7 @@ from console.layers import RedisChannelLayer  # noqa: E402 (the project's root o
 from protocol import pty_group  # noqa: E402
 from protocol.terminal_stream import DIRECT_OK, LINE_LIMIT, encode  # noqa: E402
 
-PORT, REDIS_URL, SESSION_ID = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+PORT, REDIS_URL, SESSION_ID, NODE = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]  # a node without a key
 layer = RedisChannelLayer(hosts=[{"address": REDIS_URL, "socket_timeout": None}])
 
 
@@ -38,7 +38,7 @@ async def agent_stream() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """The session's direct stream from its agent, the token presented and accepted."""
     channel = await layer.new_channel()
     attach = {"type": "pty.attach", "reply_channel": channel, "direct": True, "session_id": SESSION_ID}
-    await layer.group_send(pty_group(SESSION_ID), attach)
+    await layer.group_send(pty_group(NODE, SESSION_ID), attach)
     offer = await asyncio.wait_for(layer.receive(channel), 10)
     if not offer.get("host"):
         raise RuntimeError(f"the agent offers no direct stream: {offer}")

@@ -5,19 +5,25 @@ user is switched off), and an agent's user reaches only what its node needs:
 | role | keys | why |
 |---|---|---|
 | web, manager | all (`~* &*`), every command but `@admin` and `@dangerous` | they publish to every queue and serve every terminal |
-| agent of node N | its own queue `agent.N` and its unacknowledged-message keys `unacked.agent.N*` | it takes its starts and stops; no other node's |
+| agent of node N | its own queue `agent.N` and its unacknowledged-message keys `unacked.agent.N`, `…_index`, `…_mutex` | it takes its starts and stops; no other node's |
 | | `manager`, `manager.heartbeats`, `manager.logs`: write only (`%W~`) | it posts reports, heartbeats and log batches, and reads none of them |
 | | `_kombu.binding.Q` and `_kombu.binding_permanent.Q` for Q in those three queues | kombu's routing table for them |
-| | `asgi*` (the channel layer: `asgi:group:<name>`, `asgi<channel>`) and `fgpu:exec:*` (streamed exec output) | terminals and execs of its sessions |
+| | the channel layer's keys of its node only (T = protocol.channel.node_tag(N)): its sessions' command and output groups `asgi:group:pty.T.*`, `asgi:group:term.T.*`, its node group `asgi:group:node.T`, its own channel `asgiagent.T.*` | terminals, execs, files and apps of its sessions |
+| | the web's channels, write only: `%W~asgispecific.*` (terminal consumers), `%W~asgireply.*` (reply channels) | its answers and terminal frames; it reads none of them |
+| | `fgpu:exec:T:*` (its sessions' streamed exec output: protocol.exec_store.record_id) | |
+
+Commands: what kombu, the channel layer (console.layers) and the exec store run, and no command
+that lists keys (SCAN, KEYS, RANDOMKEY, DBSIZE), so an agent cannot learn the names of other
+nodes' keys (its key patterns do not give it their contents either). The web's channel names are
+random (128 bits); an agent learns only those that attach to its own sessions.
 
 The agent's Celery connection keeps its unacknowledged messages under `unacked.agent.N`
 (`agent_transport_options`), not in the shared `unacked` hash, and runs without remote control
 (no pidbox fanout); priority sub-queues are not used (`priority_steps` [0], in settings), so
-each queue is one key. What this does not give: channel-layer keys are not per node (Channels
-names its channels at random), so an agent's credentials could still reach another node's
-terminal groups; the node keys (README, "Node keys") keep such an agent from changing another
-node's sessions in the database. A session never holds any of these credentials: the docker
-runtime gives it neither the agent's environment nor its configuration.
+each queue is one key. Every command to an agent is sealed with its node's key and every answer
+it sends verified by the web (protocol.channel); its reports are signed (protocol.sign). A
+session never holds any of these credentials: the docker runtime gives it neither the agent's
+environment nor its configuration.
 
 Source of the key names: kombu's Redis transport (queues are lists named as the queue;
 `_kombu.binding.<exchange>` sets; `unacked`, `unacked_index`, `unacked_mutex` keys, renamable by
@@ -33,15 +39,17 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import protocol
+from protocol.channel import node_tag
 
 WEB, MANAGER = "fgpu-web", "fgpu-manager"
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 SERVICE_RULES = "~* &* +@all -@admin -@dangerous"
 # What an agent's connections run: kombu (lists, sets, sorted sets and hashes, MULTI/EXEC, Lua for
-# its unacked bookkeeping), channels_redis (sorted sets, Lua) and the exec store (hashes, lists, Lua).
+# its unacked bookkeeping), channels_redis (sorted sets, Lua) and the exec store (hashes, lists, Lua);
+# nothing that lists the keyspace (@read holds SCAN, KEYS and RANDOMKEY; @keyspace DBSIZE).
 AGENT_COMMANDS = (
-    "-@all +@connection +@read +@write +@list +@set +@sortedset +@hash +@string +@keyspace "
-    "+@scripting +@transaction -@admin -@dangerous"
+    "-@all +@connection +@read +@write +@list +@set +@sortedset +@hash +@string "
+    "+@scripting +@transaction -@admin -@dangerous -scan -keys -randomkey -dbsize"
 )
 
 
@@ -61,8 +69,12 @@ def agent_transport_options(node: str) -> dict:
 
 def agent_rules(node: str) -> str:
     """The ACL rules of `node`'s agent (see the module's table)."""
-    queue = protocol.agent_queue(node)
-    keys = [f"~{queue}", f"~unacked.{queue}*", *(f"%W~{q}" for q in protocol.MANAGER_QUEUES), "~asgi*", "~fgpu:exec:*"]
+    queue, tag = protocol.agent_queue(node), node_tag(node)
+    # Its unacknowledged-message keys by name (a pattern `unacked.agent.N*` would reach node N0's too).
+    unacked = agent_transport_options(node).values()
+    keys = [f"~{queue}", *(f"~{key}" for key in unacked), *(f"%W~{q}" for q in protocol.MANAGER_QUEUES)]
+    keys += [f"~asgi:group:pty.{tag}.*", f"~asgi:group:term.{tag}.*", f"~asgi:group:node.{tag}", f"~asgiagent.{tag}.*"]
+    keys += ["%W~asgispecific.*", "%W~asgireply.*", f"~fgpu:exec:{tag}:*"]
     for routed in (queue, *protocol.MANAGER_QUEUES):  # kombu's routing table of each
         keys += [f"~_kombu.binding.{routed}", f"~_kombu.binding_permanent.{routed}"]
     return f"resetkeys resetchannels {' '.join(keys)} {AGENT_COMMANDS}"

@@ -83,17 +83,22 @@ class FlowControlledInMemoryChannelLayer(InMemoryChannelLayer):
                 pass
 
 
-# KEYS: channel keys. ARGV: their messages, their capacities, now (s), expiry (s). Drops each
-# key's expired messages, adds the message where the key holds fewer than its capacity; answers
-# how many keys were full (channels_redis's group_send script, with its expiry step folded in).
+# No KEYS. ARGV: n, n channel keys, their messages, their capacities, now (s), expiry (s). Drops
+# each key's expired messages, adds the message where the key holds fewer than its capacity;
+# answers how many keys were full (channels_redis's group_send script, with its expiry step folded
+# in). The keys are arguments, not KEYS, and only commands that need no read permission touch them
+# (ZREMRANGEBYSCORE, ZCARD, ZADD, EXPIRE): an agent's broker user may write to the web's channels
+# but not read them (console.broker_acl), and Redis asks read and write permission for every key a
+# script declares in KEYS.
 _PUSH = """
-local n, now, expiry = #KEYS, tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
+local n, now, expiry = tonumber(ARGV[1]), tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
 local full = 0
-for i = 1, n do
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], 0, math.floor(now) - expiry)
-  if redis.call('ZCOUNT', KEYS[i], '-inf', '+inf') < tonumber(ARGV[n + i]) then
-    redis.call('ZADD', KEYS[i], now, ARGV[i])
-    redis.call('EXPIRE', KEYS[i], expiry)
+for i = 2, n + 1 do
+  local key = ARGV[i]
+  redis.call('ZREMRANGEBYSCORE', key, 0, math.floor(now) - expiry)
+  if redis.call('ZCARD', key) < tonumber(ARGV[2 * n + i]) then
+    redis.call('ZADD', key, now, ARGV[n + i])
+    redis.call('EXPIRE', key, expiry)
   else
     full = full + 1
   end
@@ -105,6 +110,7 @@ return full
 # three (random prefix; its msgpack map header, one entry more; the map's entries) and the msgpack
 # of "__asgi_channel__". Each member channel's key gets the message with `__asgi_channel__` the
 # list of the members that share the key (as channels_redis's _map_channel_keys_to_connection).
+# The members' keys are written with commands that need no read permission (see _PUSH).
 _GROUP_PUSH = """
 local prefix, cap, now, expiry = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], 0, ARGV[2])
@@ -118,7 +124,7 @@ end
 local full = 0
 for _, key in ipairs(keys) do
   redis.call('ZREMRANGEBYSCORE', key, 0, math.floor(now) - expiry)
-  if redis.call('ZCOUNT', key, '-inf', '+inf') < cap then
+  if redis.call('ZCARD', key) < cap then
     redis.call('ZADD', key, now, ARGV[6] .. ARGV[7] .. ARGV[8] .. ARGV[9] .. cmsgpack.pack(by_key[key]))
     redis.call('EXPIRE', key, expiry)
   else
@@ -150,7 +156,7 @@ class RedisChannelLayer(ChannelsRedisLayer):
     async def _push_to(self, index: int, keys: list, messages: list, capacities: list) -> int:
         connection = self.connection(index)
         return await self._push_script(connection)(
-            keys=keys, args=[*messages, *capacities, time.time(), self.expiry], client=connection
+            keys=[], args=[len(keys), *keys, *messages, *capacities, time.time(), self.expiry], client=connection
         )
 
     async def send(self, channel, message):

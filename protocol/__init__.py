@@ -35,7 +35,8 @@ id: its "ai.backend.service-ports" label}` for the held images whose inspect car
 label (sessions.service_ports turns it into the image record's apps). A registered reference
 matches a reported one as it is or in `image_key` form (the form in which Docker lists its tags).
 
-Channel-layer groups: `pty-<session id>` (the session's agent joins it; terminal consumers and
+Channel-layer groups (names per node, and every command sealed with the node's key:
+protocol.channel): `pty.<node>.<session id>` (the session's agent joins it; terminal consumers and
 the web send `pty.input` {data}, `pty.resize` {rows, cols}, `pty.attach` {reply_channel, direct} (direct: the
 consumer can take a direct stream: protocol.terminal_stream),
 `pty.ack` {channel, offset, n}, `pty.detach` {channel}, `pty.exec` and `pty.exec_stream`, and
@@ -45,9 +46,9 @@ the session apps' `pty.app_open` {app, base_url, token, timeout, reply_channel} 
 manager's `pty.stop` {}: the stop of SESSION_STOP sent beside its task, which arrives in a
 millisecond while the agent listens; the task, kept in the agent's queue, is the one that
 cannot be lost, and whichever arrives second finds the session stopping or ended),
-`node-<node name>` (the node's agent joins it; the web sends `node.processes` {reply_channel},
+`node.<node>` (the node's agent joins it; the web sends `node.processes` {reply_channel},
 answered `node.processes.result` {ok, at, source, processes}: agent.usage.UsageSampler.processes),
-`terminal-<session id>` (terminal consumers join it; the agent sends `terminal.output` {data,
+`term.<node>.<session id>` (terminal consumers join it; the agent sends `terminal.output` {data,
 offset, n} and `terminal.exit` {code}; the output unless every terminal that attached reads a
 direct stream). Flow control (agent.core, READER_WINDOW_CHARS): `offset` counts the characters
 sent up to the end of the frame and `n` the frames; a consumer that attached acknowledges what its
@@ -124,24 +125,11 @@ def agent_queue(node: str) -> str:
     return f"agent.{node}"
 
 
-def terminal_group(session_id) -> str:
-    """Where the agent sends a session's PTY output; terminal consumers join it."""
-    return f"terminal-{session_id}"
+# The channel layer's names carry the node (`pty.<node>.<session>`, `term.<node>.<session>`,
+# `node.<node>`), so that a broker ACL confines each agent to its own: protocol.channel.
+from protocol.channel import NODE_PROCESSES, NODE_PROCESSES_RESULT, node_group, pty_group, terminal_group  # noqa: E402,F401
 
-
-def node_group(node: str) -> str:
-    """Where the web asks a node's agent about the node itself (`node.processes`); its agent joins it."""
-    return f"node-{node}"
-
-
-NODE_PROCESSES = "node.processes"  # the web → the node's agent: {reply_channel}
-NODE_PROCESSES_RESULT = "node.processes.result"  # the answer: {ok, at, source, processes, truncated}
 MAX_NODE_PROCESSES = 2000  # the most GPU processes one answer lists (the channel layer's messages stay small)
-
-
-def pty_group(session_id) -> str:
-    """Where terminal consumers send input and resizes; the session's agent joins it."""
-    return f"pty-{session_id}"
 
 
 # --- message authentication --------------------------------------------------------------------

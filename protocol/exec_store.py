@@ -5,9 +5,11 @@ Two stores with one interface: RedisExecStore (the web and the agents share the 
 already the Celery broker and the channel layer) and MemoryExecStore (standalone mode: the web
 and its embedded agents share one process). Neither touches the database.
 
-Redis keys: `fgpu:exec:<id>` is a hash, the exec's record (strings: `session`, `node`, `command`
+Redis keys, per node (issue 31: an agent's broker user reaches `fgpu:exec:<its node's tag>:*`
+only): a store id is `record_id(node, exec id)` = `<node tag>:<exec id>` (protocol.channel.node_tag),
+and `fgpu:exec:<store id>` is a hash, the exec's record (strings: `session`, `node`, `command`
 (JSON), `timeout` (s), `cap` (bytes per stream), `state`, `cancel`, `created_ms`, `started_ms`,
-`exit_code`, `error`, `duration_ms`, `truncated`, `bytes_o`, `bytes_e`); `fgpu:exec:<id>:out` is
+`exit_code`, `error`, `duration_ms`, `truncated`, `bytes_o`, `bytes_e`); `fgpu:exec:<store id>:out` is
 a list of output chunks, each its stream's letter (`o` stdout, `e` stderr) followed by UTF-8
 text. Both expire together (`ttl_s` at creation, re-armed by a transition that passes one).
 
@@ -22,6 +24,8 @@ from __future__ import annotations
 import threading
 import time
 
+from protocol.channel import node_tag
+
 STDOUT, STDERR = "o", "e"
 STREAM_NAMES = {STDOUT: "stdout", STDERR: "stderr"}
 STREAMS = tuple(STREAM_NAMES.values())
@@ -29,6 +33,13 @@ STATES = ("starting", "running", "exited", "timed_out", "cancelled", "failed")
 LIVE_STATES = ("starting", "running")
 
 _KEY = "fgpu:exec:{}"
+
+
+def record_id(node: str, exec_id: str) -> str:
+    """The store id of exec `exec_id` of a session on `node` (the id every method below takes):
+    the web computes it from the session's node, the agent from its own, never from a message."""
+    return f"{node_tag(node)}:{exec_id}"
+
 
 # KEYS: record, output. ARGV: allowed states (comma list), ttl ("" keeps it), then field, value, ...
 _TRANSITION = """

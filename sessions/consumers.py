@@ -37,6 +37,7 @@ from channels.layers import get_channel_layer
 from twisted.internet.tcp import Connection as TwistedConnection
 
 from console.errors import ApplicationError
+from protocol.channel import AgentLink, Refused
 from protocol.terminal_stream import DIRECT_OFFER, DIRECT_OK, LINE_LIMIT, encode
 from sessions import events
 from sessions.services import terminal_ticket_redeem, terminal_ticket_unspend
@@ -117,6 +118,7 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
     user may open this session, then relays frames to and from the agent's PTY."""
 
     session_id: str = ""
+    link: AgentLink | None = None  # the session's node (protocol.channel): its groups; seals and verifies
     delivered: tuple[int, int] = (0, 0)  # (offset, n) of the last output frame sent to the client
     acked: tuple[int, int] = (0, 0)  # … and of the last one acknowledged to the agent
     ack_task: asyncio.Task | None = None  # an acknowledgement waiting for the server's buffer to drain
@@ -142,8 +144,12 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
         if user is not None and user.is_authenticated and user.pk != session.owner_id and not user.is_staff:
             await self._refuse(CLOSE_BAD_TICKET)
             return
+        if session.node is None:
+            await self._refuse(CLOSE_NOT_RUNNING)
+            return
+        self.link = events.agent_link(session.node)
         try:
-            await self._join(events.terminal_group(self.session_id))
+            await self._join(self.link.terminal_group(self.session_id))
         except Exception:
             # The relay cannot work without the layer: give the ticket back (the page asks again
             # with it after a moment) and say "try again later" instead of failing with 1011.
@@ -264,8 +270,8 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
                 task.cancel()
         if self.direct_writer is not None:  # the agent detaches the stream's reader when it closes
             self.direct_writer.close()
-        if self.session_id:
-            await self.channel_layer.group_discard(events.terminal_group(self.session_id), self.channel_name)
+        if self.session_id and self.link is not None:
+            await self.channel_layer.group_discard(self.link.terminal_group(self.session_id), self.channel_name)
             if self.direct_writer is not None:
                 return
             try:  # the agent stops waiting for this terminal (else it would, READER_STALL_S, once it is behind)
@@ -316,7 +322,15 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
         if message["type"] == "terminal.output":
             await self.terminal_output(message)
         elif message["type"] == DIRECT_OFFER:
-            await self.terminal_direct(message)
+            try:  # it names where this terminal connects: only its node's agent may say
+                offer = self.link.answer(message) if self.link is not None else None
+            except Refused as exc:
+                log.warning(
+                    "terminal for %s: ignored a direct-stream offer not from node %s: %s", self.session_id, self.link.node, exc
+                )
+                return
+            if offer is not None:
+                await self.terminal_direct(offer)
         elif message["type"] == "websocket.receive":
             await self.websocket_receive(message)
         else:
@@ -354,8 +368,11 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
                 await self._layer_send(message)
 
     async def _layer_send(self, message: dict) -> None:
+        """`message` to the session's agent through the layer, sealed with its node's key."""
+        if self.link is None:
+            return
         message["session_id"] = self.session_id
-        await self.channel_layer.group_send(events.pty_group(self.session_id), message)
+        await self.channel_layer.group_send(self.link.pty_group(self.session_id), self.link.command(message))
 
     async def terminal_output(self, event) -> None:
         """Output through the layer: for this consumer unless it reads a direct stream; held

@@ -16,6 +16,7 @@ from django.db import transaction
 from rest_framework.renderers import JSONRenderer
 
 from protocol import pty_group, terminal_group  # noqa: F401 (the agent's groups, re-exported for the web)
+from protocol.channel import AgentLink
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +80,39 @@ def _send_updates(entries: list[tuple]) -> None:
         _SENDER.send(sends)
 
 
-def pty_send(session_id, message: dict) -> None:
-    """Send `message` (a `pty.*` message, protocol) to the session's agent over the channel
-    layer, best-effort, without waiting (as the notices go: `_Sender`)."""
-    _SENDER.send([(pty_group(session_id), {**message, "session_id": str(session_id)})])
+def agent_link(node) -> AgentLink:
+    """How the web talks to `node`'s agent (an accelerators Node): the channel layer's names of
+    that node and its agent key, which seals every command and verifies every answer
+    (protocol.channel; FGPU_REQUIRE_NODE_KEYS: answers of a node without a key are refused)."""
+    from django.conf import settings
+
+    return AgentLink(node=node.name, key=node.agent_key or "", required=settings.FGPU_REQUIRE_NODE_KEYS)
+
+
+def agent_link_named(node_name: str) -> AgentLink:
+    """`agent_link` of the node named `node_name` (one query for its key; none where unknown)."""
+    from django.conf import settings
+
+    from accelerators.models import Node
+
+    key = Node.objects.filter(name=node_name).values_list("agent_key", flat=True).first() or ""
+    return AgentLink(node=node_name, key=key, required=settings.FGPU_REQUIRE_NODE_KEYS)
+
+
+def agent_link_of_session(session_id) -> AgentLink | None:
+    """`agent_link` of the node session `session_id` is placed on (one query); None when it is on
+    none (or there is no such session)."""
+    from accelerators.models import Node
+
+    node = Node.objects.filter(sessions__pk=session_id).only("name", "agent_key").first()
+    return None if node is None else agent_link(node)
+
+
+def pty_send(link: AgentLink, session_id, message: dict) -> None:
+    """Send `message` (a `pty.*` message, protocol) to the session's agent (`link`: its node)
+    over the channel layer, sealed with the node's key, best-effort, without waiting (as the
+    notices go: `_Sender`)."""
+    _SENDER.send([(link.pty_group(session_id), link.command({**message, "session_id": str(session_id)}))])
 
 
 async def _group_send_all(layer, sends: list[tuple[str, dict]]) -> None:

@@ -34,6 +34,7 @@ from django.conf import settings
 
 from console.errors import ApplicationError
 from protocol import files as proto
+from protocol.channel import AgentLink, Refused, reply_prefix
 from sessions import events
 from sessions.models import ComputeSession, SessionStatus
 
@@ -115,6 +116,7 @@ class FilesCall:
     projects: dict[str, str]
     node: str
     cap: int
+    link: AgentLink | None = None  # the node's (protocol.channel): seals each op, verifies each answer
 
 
 def _call(session: ComputeSession) -> FilesCall:
@@ -127,6 +129,7 @@ def _call(session: ComputeSession) -> FilesCall:
         projects=_owner_projects(session),
         node=session.node.name if session.node else "its node",
         cap=settings.FGPU_FILES_USER_CAP,
+        link=events.agent_link(session.node) if session.node else None,
     )
 
 
@@ -142,25 +145,33 @@ class _Link:
         """Send op with `fields` and return the agent's answer; raises ApplicationError when it
         refuses or does not answer within `wait_s` seconds (default REPLY_WAIT_S)."""
         wait_s = REPLY_WAIT_S if wait_s is None else wait_s
+        link = self.call.link or AgentLink(node=self.call.node)
         if self.reply is None:
-            self.reply = await self.layer.new_channel("files-reply.")
+            self.reply = await self.layer.new_channel(reply_prefix("files"))
         await self.layer.group_send(
-            events.pty_group(self.call.session_id),
-            {
-                "type": proto.FILES,
-                "session_id": self.call.session_id,
-                "owner_id": self.call.owner_id,
-                "projects": self.call.projects,
-                "op": op,
-                "reply_channel": self.reply,
-                **fields,
-            },
+            link.pty_group(self.call.session_id),
+            link.command(
+                {
+                    "type": proto.FILES,
+                    "session_id": self.call.session_id,
+                    "owner_id": self.call.owner_id,
+                    "projects": self.call.projects,
+                    "op": op,
+                    "reply_channel": self.reply,
+                    **fields,
+                }
+            ),
         )
         answer = None
         try:
             async with asyncio.timeout(wait_s):
                 while answer is None:
                     message = await self.layer.receive(self.reply)
+                    try:
+                        message = link.answer(message)
+                    except Refused as exc:
+                        log.warning("ignored a files answer claiming to come from node %s: %s", link.node, exc)
+                        continue
                     if message.get("type") == proto.RESULT:
                         answer = message
         except TimeoutError:

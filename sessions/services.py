@@ -33,7 +33,8 @@ from accelerators.models import NodeStatus
 from console.errors import ApplicationError
 from sessions import events
 from console.exec_store import exec_store_default
-from protocol.exec_store import LIVE_STATES, STREAM_NAMES
+from protocol.channel import AgentLink, Refused, reply_prefix
+from protocol.exec_store import LIVE_STATES, STREAM_NAMES, record_id
 from sessions.images import image_for_launch
 from sessions.placement import placement_decide, request_validate
 from sessions.models import ACTIVE_STATUSES, NEXT_VERSION, Allocation, ComputeSession, SessionStatus, TerminalTicket
@@ -238,7 +239,7 @@ def _send_stop(node_name: str, session_id: str) -> None:
     heartbeat sends the stop again (sessions.reconcile)."""
     from console.celery import TRANSIENT_ERRORS, agent_send
 
-    events.pty_send(session_id, {"type": "pty.stop"})
+    events.pty_send(events.agent_link_named(node_name), session_id, {"type": "pty.stop"})
     try:
         agent_send(protocol.SESSION_STOP, node=node_name, session_id=session_id)
     except TRANSIENT_ERRORS:
@@ -379,7 +380,7 @@ def terminal_ticket_redeem(*, session_id: str, ticket: str) -> ComputeSession:
         raise ApplicationError(
             "the terminal ticket is wrong, expired or already used", type="bad-ticket", title="Bad ticket", status=403
         )
-    row = TerminalTicket.objects.select_related("user", "session").get(digest=digest)
+    row = TerminalTicket.objects.select_related("user", "session", "session__node").get(digest=digest)
     session, user = row.session, row.user
     if not (user.is_active and (user.is_staff or session.owner_id == user.pk)):
         raise ApplicationError("the ticket's user may not open this terminal", type="bad-ticket", title="Bad ticket", status=403)
@@ -465,6 +466,7 @@ class ExecCall:
     message: dict
     timeout: int
     node: str
+    link: AgentLink | None = None  # the node's (protocol.channel): seals the message, verifies the answer
 
 
 def session_exec_call(*, session: ComputeSession, command, timeout: int) -> ExecCall:
@@ -477,12 +479,8 @@ def session_exec_call(*, session: ComputeSession, command, timeout: int) -> Exec
     Raises ApplicationError 409 "session-not-running" unless RUNNING."""
     _exec_check_running(session)
     message = {"type": "pty.exec", "session_id": str(session.pk), "argv": command, "timeout": timeout}
-    return ExecCall(
-        group=events.pty_group(session.pk),
-        message=message,
-        timeout=timeout,
-        node=session.node.name if session.node else "its node",
-    )
+    link = events.agent_link(session.node)
+    return ExecCall(group=link.pty_group(session.pk), message=message, timeout=timeout, node=link.node, link=link)
 
 
 async def session_exec_wait(call: ExecCall) -> dict:
@@ -496,7 +494,7 @@ async def session_exec_wait(call: ExecCall) -> dict:
     killed) or the agent did not answer within the timeout + EXEC_REPLY_GRACE_S seconds; 502
     "exec-failed" when the agent could not start it."""
     wait_s = call.timeout + EXEC_REPLY_GRACE_S
-    result = await _exec_roundtrip(call.group, call.message, wait_s)
+    result = await _exec_roundtrip(call.group, call.message, wait_s, link=call.link)
     if result is None:
         raise ApplicationError(
             f"the agent on {call.node} did not answer within {wait_s} s; is the node up?",
@@ -526,15 +524,23 @@ def _exec_check_running(session: ComputeSession) -> None:
         )
 
 
-async def _exec_roundtrip(group: str, message: dict, wait_s: float) -> dict | None:
-    """Send `message` to `group` with a fresh reply channel; the reply, or None after `wait_s`."""
+async def _exec_roundtrip(group: str, message: dict, wait_s: float, *, link: AgentLink | None = None) -> dict | None:
+    """Send `message` to `group` with a fresh reply channel, sealed by `link` (the session's node);
+    the reply that `link` verifies, or None after `wait_s` (answers that do not verify are
+    logged and ignored)."""
     layer = get_channel_layer()
-    reply = await layer.new_channel("exec-reply.")
-    await layer.group_send(group, {**message, "reply_channel": reply})
+    link = link or AgentLink(node="")
+    reply = await layer.new_channel(reply_prefix("exec"))
+    await layer.group_send(group, link.command({**message, "reply_channel": reply}))
     try:
         async with asyncio.timeout(wait_s):
             while True:
                 answer = await layer.receive(reply)
+                try:
+                    answer = link.answer(answer)
+                except Refused as exc:
+                    log.warning("ignored an exec answer claiming to come from node %s: %s", link.node, exc)
+                    continue
                 if answer.get("type") == "exec.result":
                     return answer
     except TimeoutError:
@@ -562,6 +568,7 @@ def session_exec_start(*, session: ComputeSession, command, timeout: int) -> dic
     unless RUNNING. An agent that does not take it within EXEC_REPLY_GRACE_S seconds shows as
     state `failed` on the next read."""
     _exec_check_running(session)
+    link = events.agent_link(session.node)
     exec_id = str(uuid.uuid4())
     record = {
         "session": str(session.pk),
@@ -574,7 +581,9 @@ def session_exec_start(*, session: ComputeSession, command, timeout: int) -> dic
         "truncated": "0",
         "created_ms": str(_now_ms()),
     }
-    exec_store_default().create(exec_id, record, ttl_s=int(timeout + 3 * EXEC_REPLY_GRACE_S) + settings.FGPU_EXEC_OUTPUT_TTL)
+    exec_store_default().create(
+        record_id(link.node, exec_id), record, ttl_s=int(timeout + 3 * EXEC_REPLY_GRACE_S) + settings.FGPU_EXEC_OUTPUT_TTL
+    )
     message = {
         "type": "pty.exec_stream",
         "session_id": str(session.pk),
@@ -583,7 +592,7 @@ def session_exec_start(*, session: ComputeSession, command, timeout: int) -> dic
         "timeout": timeout,
         "ttl": settings.FGPU_EXEC_OUTPUT_TTL,
     }
-    async_to_sync(get_channel_layer().group_send)(events.pty_group(session.pk), message)
+    async_to_sync(get_channel_layer().group_send)(link.pty_group(session.pk), link.command(message))
     return _exec_shape(exec_id, record)
 
 
@@ -603,8 +612,9 @@ def session_exec_read(*, session: ComputeSession, exec_id: str, since: int = 0) 
     `failed` here. Raises ApplicationError 404 "not-found" when `session` has no such exec
     (or its output expired)."""
     store = exec_store_default()
-    record, chunks, total = store.read(exec_id, since=since, max_chunks=EXEC_READ_MAX_CHUNKS)
-    record = _exec_settle(store, exec_id, _exec_of(session, exec_id, record))
+    stored = _exec_record_id(session, exec_id)
+    record, chunks, total = store.read(stored, since=since, max_chunks=EXEC_READ_MAX_CHUNKS)
+    record = _exec_settle(store, stored, _exec_of(session, exec_id, record))
     out: list[dict] = []
     size = 0
     for stream, text in chunks:
@@ -626,13 +636,14 @@ def session_exec_cancel(*, session: ComputeSession, exec_id: str) -> dict:
     does, without output: `running` false once it ended (`cancelled` true when this stopped it).
     Raises ApplicationError 404 "not-found" when `session` has no such exec."""
     store = exec_store_default()
-    record = _exec_of(session, exec_id, store.get(exec_id))
+    stored = _exec_record_id(session, exec_id)
+    record = _exec_of(session, exec_id, store.get(stored))
     ended = {"state": "cancelled", "error": "", "duration_ms": "0"}
-    if not store.transition(exec_id, from_states=("starting",), fields=ended, ttl_s=settings.FGPU_EXEC_OUTPUT_TTL):
-        store.transition(exec_id, from_states=("running",), fields={"cancel": "1"})
+    if not store.transition(stored, from_states=("starting",), fields=ended, ttl_s=settings.FGPU_EXEC_OUTPUT_TTL):
+        store.transition(stored, from_states=("running",), fields={"cancel": "1"})
     deadline = time.monotonic() + EXEC_CANCEL_WAIT_S
     while True:
-        record = _exec_settle(store, exec_id, store.get(exec_id) or record)
+        record = _exec_settle(store, stored, store.get(stored) or record)
         if record["state"] not in LIVE_STATES or time.monotonic() >= deadline:
             return _exec_shape(exec_id, record)
         time.sleep(EXEC_CANCEL_POLL_S)
@@ -640,6 +651,16 @@ def session_exec_cancel(*, session: ComputeSession, exec_id: str) -> dict:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _exec_record_id(session: ComputeSession, exec_id: str) -> str:
+    """The exec store's id of `session`'s exec `exec_id` (per node: protocol.exec_store.record_id);
+    ApplicationError 404 when the session was never placed on a node (it ran no exec)."""
+    if session.node is None:
+        raise ApplicationError(
+            "this session has no such exec (or its output expired)", type="not-found", title="Not found", status=404
+        )
+    return record_id(session.node.name, exec_id)
 
 
 def _exec_of(session: ComputeSession, exec_id: str, record: dict | None) -> dict:
@@ -653,7 +674,8 @@ def _exec_of(session: ComputeSession, exec_id: str, record: dict | None) -> dict
 
 def _exec_settle(store, exec_id: str, record: dict) -> dict:
     """Give up on an exec whose agent is silent (see `session_exec_read`): compare-and-set to
-    `failed`, so an agent that turns up later cannot start it. Returns the current record."""
+    `failed`, so an agent that turns up later cannot start it. `exec_id`: its store id
+    (`_exec_record_id`). Returns the current record."""
     node = record.get("node") or "its node"
     age_ms = _now_ms() - int(record["created_ms"])  # the web's clock only: the agent's may be off
     if record["state"] == "starting" and age_ms > EXEC_REPLY_GRACE_S * 1000:

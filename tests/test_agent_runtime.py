@@ -127,11 +127,11 @@ class Harness:
     async def watch_terminal(self, session_id: str) -> str:
         """A channel of our own in the session's terminal group (as a terminal consumer joins it)."""
         channel = await self.layer.new_channel("test.")
-        await self.layer.group_add(events.terminal_group(session_id), channel)
+        await self.layer.group_add(events.terminal_group(self.agent.node, session_id), channel)
         return channel
 
     async def to_pty(self, session_id: str, message: dict) -> None:
-        await self.layer.group_send(events.pty_group(session_id), {**message, "session_id": session_id})
+        await self.layer.group_send(events.pty_group(self.agent.node, session_id), {**message, "session_id": session_id})
 
     async def type(self, session_id: str, text: str) -> None:
         await self.to_pty(session_id, {"type": "pty.input", "data": text})

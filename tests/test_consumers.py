@@ -54,12 +54,15 @@ async def receive_of_type(layer, channel: str, kind: str) -> dict:
                 return message
 
 
+NODE = "demo-node"  # where alices_session runs (conftest.demo_cluster)
+
+
 async def agent_side(session_id) -> tuple:
     """The configured channel layer and a channel of ours in the session's PTY group, as the
     session's agent joins it."""
     layer = get_channel_layer()
     channel = await layer.new_channel()  # the layer's own prefix: channels_redis serves one per process
-    await layer.group_add(events.pty_group(session_id), channel)
+    await layer.group_add(events.pty_group(NODE, session_id), channel)
     return layer, channel
 
 
@@ -180,7 +183,7 @@ def test_a_connected_terminal_asks_the_agent_for_the_scrollback_and_relays_input
             assert await communicator.receive_json_from(TIMEOUT) == {"type": "output", "data": "scrollback"}
         finally:
             await communicator.disconnect()
-            await layer.group_discard(events.pty_group(session_id), agent)
+            await layer.group_discard(events.pty_group(NODE, session_id), agent)
 
     asyncio.run(scenario())
 
@@ -195,10 +198,10 @@ def test_terminal_output_and_exit_from_the_agent_reach_the_browser(alices_sessio
         connected, _ = await communicator.connect(TIMEOUT)
         assert connected is True
 
-        await layer.group_send(events.terminal_group(session_id), {"type": "terminal.output", "data": "2048MiB\r\n"})
+        await layer.group_send(events.terminal_group(NODE, session_id), {"type": "terminal.output", "data": "2048MiB\r\n"})
         assert await communicator.receive_json_from(TIMEOUT) == {"type": "output", "data": "2048MiB\r\n"}
 
-        await layer.group_send(events.terminal_group(session_id), {"type": "terminal.exit", "code": 129})
+        await layer.group_send(events.terminal_group(NODE, session_id), {"type": "terminal.exit", "code": 129})
         assert await communicator.receive_json_from(TIMEOUT) == {"type": "exit", "code": 129}
         closed = await communicator.receive_output(TIMEOUT)
         assert closed["type"] == "websocket.close"
@@ -225,7 +228,7 @@ def test_malformed_frames_from_the_browser_are_not_relayed(alices_session, alice
             assert message["data"] == "after\r"  # nothing before it got through
         finally:
             await communicator.disconnect()
-            await layer.group_discard(events.pty_group(session_id), agent)
+            await layer.group_discard(events.pty_group(NODE, session_id), agent)
 
     asyncio.run(scenario())
 
@@ -261,7 +264,7 @@ def test_a_terminal_idle_for_longer_than_the_redis_socket_timeout_still_relays_o
         assert (await communicator.connect(TIMEOUT))[0] is True
         assert await communicator.receive_nothing(timeout=IDLE_S, interval=0.5)  # a quiet terminal
 
-        await get_channel_layer().group_send(events.terminal_group(session_id),
+        await get_channel_layer().group_send(events.terminal_group(NODE, session_id),
                                              {"type": "terminal.output", "data": "still here"})
         assert await communicator.receive_json_from(TIMEOUT) == {"type": "output", "data": "still here"}
         await communicator.disconnect()

@@ -15,7 +15,7 @@ from django.test import override_settings
 
 from sessions import services
 from console.exec_store import exec_store_default
-from protocol.exec_store import MemoryExecStore, RedisExecStore
+from protocol.exec_store import MemoryExecStore, RedisExecStore, record_id
 from tests.conftest import assert_error_shape, client_for, wait_until, wait_until_async
 from tests.test_agent_runtime import run_agent, start_spec
 from tests.test_api_logs_exec import demo_agent, end  # noqa: F401 (fixtures)
@@ -121,7 +121,7 @@ def test_one_read_returns_about_its_byte_limit_and_next_moves_on(alices_session,
     monkeypatch.setattr(services, "EXEC_READ_MAX_BYTES", 10)
     api = client_for(alice)
     started = stream(api, alices_session, "true")  # no agent: it stays `starting`
-    exec_store_default().append(started["id"], [("o", "abcdef"), ("e", "ghijkl"), ("o", "mn")])
+    exec_store_default().append(record_id(alices_session.node.name, started["id"]), [("o", "abcdef"), ("e", "ghijkl"), ("o", "mn")])
 
     first = read(api, alices_session, started["id"])
     second = read(api, alices_session, started["id"], since=first["next"])
@@ -192,7 +192,7 @@ def test_an_exec_cancelled_before_an_agent_took_it_never_runs(alices_session, al
 
     assert (body["state"], body["cancelled"], body["exit_code"], body["running"]) == ("cancelled", True, None, False)
     # An agent that takes it now finds it cancelled and does not start it (compare-and-set).
-    assert not exec_store_default().transition(started["id"], from_states=("starting",), fields={"state": "running"})
+    assert not exec_store_default().transition(record_id(alices_session.node.name, started["id"]), from_states=("starting",), fields={"state": "running"})
 
 
 def test_an_ended_exec_is_left_as_it_is_by_delete(alices_session, alice, demo_agent):
@@ -218,7 +218,7 @@ def test_an_exec_no_agent_takes_fails_after_the_grace_and_cannot_start_later(ali
 
     assert failed["running"] is False and failed["complete"] is True
     assert "demo-node did not take the command" in failed["error"]
-    assert not exec_store_default().transition(started["id"], from_states=("starting",), fields={"state": "running"})
+    assert not exec_store_default().transition(record_id(alices_session.node.name, started["id"]), from_states=("starting",), fields={"state": "running"})
 
 
 def test_a_streamed_exec_still_running_when_its_session_stops_is_killed_with_it(tmp_path):
@@ -227,7 +227,7 @@ def test_a_streamed_exec_still_running_when_its_session_stops_is_killed_with_it(
 
     async def scenario(h):
         session_id = await h.start_session(start_spec())
-        store.create(exec_id, {"session": session_id, "node": h.agent.node, "command": '"sleep 60"', "timeout": "120",
+        store.create(record_id(h.agent.node, exec_id), {"session": session_id, "node": h.agent.node, "command": '"sleep 60"', "timeout": "120",
                                "cap": "1000", "state": "starting", "cancel": "0", "created_ms": "0"}, ttl_s=60)
         await h.to_pty(session_id, {"type": "pty.exec_stream", "exec_id": exec_id, "argv": "sleep 60",
                                     "timeout": 120, "ttl": 60})
@@ -235,9 +235,9 @@ def test_a_streamed_exec_still_running_when_its_session_stops_is_killed_with_it(
                                what="the command running")
         await asyncio.to_thread(h.agent.submit_stop, session_id)
         await h.manager.wait_for_report(session_id, "TERMINATED")
-        await wait_until_async(lambda: store.get(exec_id)["state"] != "running", timeout=20, interval=0.02,
-                               what="the exec no longer running")
-        return store.get(exec_id)
+        await wait_until_async(lambda: store.get(record_id(h.agent.node, exec_id))["state"] != "running", timeout=20,
+                               interval=0.02, what="the exec no longer running")
+        return store.get(record_id(h.agent.node, exec_id))
 
     record = run_agent(tmp_path, scenario)
 

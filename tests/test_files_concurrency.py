@@ -116,7 +116,7 @@ def test_sixty_file_requests_held_by_a_stopped_agent_hold_no_web_thread_and_answ
     for _ in range(3):  # the web process's pools as any request leaves them
         assert call(stack.base, token, "GET", f"/api/v1/sessions/{session}/")[0] == 200
     idle_threads = threads_of(web)
-    listener = Listener(stack.redis_url, events.pty_group(session), HELD)
+    listener = Listener(stack.redis_url, events.pty_group("files-a", session), HELD)
     listener.start()
     assert listener.joined.wait(30)
 

@@ -129,7 +129,7 @@ def test_a_terminal_on_the_layer_beside_a_direct_one_sees_the_same_output_and_to
     async def scenario():
         layer = RedisChannelLayer(hosts=[{"address": stack.redis_url, "socket_timeout": None}], capacity=1000, expiry=60)
         channel = await layer.new_channel("test.")
-        await layer.group_add(terminal_group(session_id), channel)
+        await layer.group_add(terminal_group("direct-node", session_id), channel)
 
         async def from_layer(expect: str) -> str:
             output = ""
@@ -139,7 +139,7 @@ def test_a_terminal_on_the_layer_beside_a_direct_one_sees_the_same_output_and_to
                     if message["type"] == "terminal.output":
                         output += message["data"]
                         if "offset" in message:
-                            await layer.group_send(pty_group(session_id), {
+                            await layer.group_send(pty_group("direct-node", session_id), {
                                 "type": "pty.ack", "channel": channel, "offset": message["offset"], "n": message["n"],
                                 "session_id": session_id})
             return output
@@ -148,7 +148,7 @@ def test_a_terminal_on_the_layer_beside_a_direct_one_sees_the_same_output_and_to
             await type_and_read(ws, "echo FIRST-$((6*7))\r", "FIRST-42")
             # A second terminal, on the layer (as a web process whose agent it cannot reach): it attaches
             # without asking for a direct stream and reads the terminal group.
-            await layer.group_send(pty_group(session_id), {"type": "pty.attach", "reply_channel": channel,
+            await layer.group_send(pty_group("direct-node", session_id), {"type": "pty.attach", "reply_channel": channel,
                                                            "session_id": session_id})
             scrollback = await from_layer("FIRST-42")
             direct_side = await type_and_read(ws, "echo SECOND-$((6*7))\r", "SECOND-42")
@@ -159,7 +159,7 @@ def test_a_terminal_on_the_layer_beside_a_direct_one_sees_the_same_output_and_to
 
             # Tokens: offered only on the asker's own channel; good once; a wrong one is refused.
             other = await layer.new_channel("test.")
-            await layer.group_send(pty_group(session_id), {"type": "pty.attach", "reply_channel": other,
+            await layer.group_send(pty_group("direct-node", session_id), {"type": "pty.attach", "reply_channel": other,
                                                            "session_id": session_id, "direct": True})
             offer = await asyncio.wait_for(layer.receive(other), 10)
             answers = []

@@ -3,7 +3,7 @@ host's `nvidia-smi` showing each session's process on its slice): which process 
 of which session holds how much memory of which GPU, for the node admin page and `fgpu nodes
 --processes` (`GET /api/v1/nodes/<name>/processes/`).
 
-Asked for, not reported unasked: the web sends `node.processes` to the node's `node-<name>`
+Asked for, not reported unasked: the web sends `node.processes` to the node's `node.<name>`
 channel-layer group (only its agent joins it) and waits for the answer on a reply channel, as
 a session's files are read (sessions.files). The agent reads NVML's running processes on a real
 node, the sessions' declared use on a mock one (agent.usage.UsageSampler.processes). Why on
@@ -18,26 +18,37 @@ sessions the answer names.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 import protocol
+from protocol.channel import AgentLink, Refused, reply_prefix
 from accelerators.models import Node, NodeStatus
 from console.errors import ApplicationError
 from sessions.models import Allocation, ComputeSession
 
+log = logging.getLogger(__name__)
+
 REPLY_WAIT_S = 10  # how long the web waits for the agent (NVML answers in milliseconds; a busy node may lag)
 
 
-async def _ask(node: str, wait_s: float) -> dict | None:
+async def _ask(link: AgentLink, wait_s: float) -> dict | None:
+    """Ask `link`'s node (sealed with its key); its answer once verified, or None after `wait_s`."""
     layer = get_channel_layer()
-    reply = await layer.new_channel("processes-reply.")
-    await layer.group_send(protocol.node_group(node), {"type": protocol.NODE_PROCESSES, "reply_channel": reply})
+    reply = await layer.new_channel(reply_prefix("processes"))
+    await layer.group_send(link.node_group(), link.command({"type": protocol.NODE_PROCESSES, "reply_channel": reply}))
     try:
         async with asyncio.timeout(wait_s):
             while True:
                 message = await layer.receive(reply)
+                try:
+                    message = link.answer(message)
+                except Refused as exc:
+                    log.warning("ignored an answer claiming to come from node %s: %s", link.node, exc)
+                    continue
                 if message.get("type") == protocol.NODE_PROCESSES_RESULT:
                     return message
     except TimeoutError:
@@ -70,7 +81,7 @@ async def node_processes_wait(node: Node, *, wait_s: float = REPLY_WAIT_S) -> di
     (the agent could not read them; its words in `detail`). Awaited on the event loop (the API
     view: console.api_async), so no web thread nor database connection waits for the agent; the
     sessions the answer names are read after it came."""
-    answer = await _ask(node.name, wait_s)
+    answer = await _ask(AgentLink(node=node.name, key=node.agent_key or "", required=settings.FGPU_REQUIRE_NODE_KEYS), wait_s)
     if answer is None:
         raise ApplicationError(
             f"the agent on {node.name} did not answer within {wait_s:.0f} s; is the node up?",
