@@ -78,8 +78,9 @@ async def application(scope, receive, send) -> None:
     if path == "/echo":
         cookie = headers.get("cookie", "")
         body = {"method": scope["method"], "path": scope["path"], "query": scope.get("query_string", b"").decode(),
-                "authorized": authorized, "cookie": cookie, "console_cookie": "sessionid=" in cookie or "csrftoken=" in cookie,
-                "host": headers.get("host", ""), "forwarded_host": headers.get("x-forwarded-host", "")}
+                "authorized": authorized, "cookie": cookie, "console_cookie": any(f"{n}=" in cookie for n in ("sessionid", "csrftoken", "fgpu_app")),
+                "host": headers.get("host", ""), "forwarded_host": headers.get("x-forwarded-host", ""),
+                "token_sha256": hashlib.sha256(TOKEN.encode()).hexdigest()}  # which token it runs with, not the token
         await _answer(send, 200, json.dumps(body).encode(), "application/json")
     elif path == "/upload":
         await _answer(send, 200, json.dumps({"bytes": size, "sha256": digest.hexdigest()}).encode(), "application/json")

@@ -1,0 +1,270 @@
+"""Session apps on their own origin (issue 31.4), against the console as `make run` starts it
+(standalone, the process runtime, apps on PORT + 1), with a real app in the session
+(tests/apps/echo_app.py); and the tickets' and grants' rules in process.
+
+The console's origin hands a signed-in user on to the apps origin with a one-time ticket, which
+becomes the app-origin cookie (HttpOnly, SameSite=Lax, its path the app's); the apps origin
+serves nothing of the console (404), the console refuses what the apps origin's pages send
+(403); the ticket is single use, expires and opens only its session's app; app tokens are new
+at each start and not the old HMAC of SECRET_KEY. Every wait has a deadline."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import socket
+import sys
+import time
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT, wait_until
+from tests.stack import free_port
+
+ADMIN_PASSWORD = "admin-pass-app-origin"
+ECHO = (f"PYTHONPATH={ROOT / 'tests' / 'apps'} exec {sys.executable} -m daphne -b {{host}} -p {{port}} "
+        "echo_app:application")
+APPS = [{"name": "echo", "title": "Echo", "command": ECHO, "port": 8080, "base_url": True, "timeout": 60},
+        {"name": "plain", "title": "Plain", "command": "ECHO_APP_PREFIXED=0 " + ECHO, "port": 8081,
+         "base_url": False, "timeout": 60}]
+
+
+def _free_pair() -> int:
+    """A free port whose next port is free too (standalone serves apps on PORT + 1)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two free ports in a row")
+
+
+def start_standalone(procs, tmp_path, **env_extra) -> tuple[str, str, object]:
+    """A standalone console; (console base, apps base, its Proc) once it serves. Its node runs
+    sessions unconfined (`sandbox = "none"`): the echo app runs from this checkout's tests/apps,
+    which a sandboxed session does not see; what is tested here is the origin, not the sandbox."""
+    port = _free_pair()
+    agent = tmp_path / "agent.toml"
+    agent.write_text((ROOT / "demo" / "agent.toml").read_text().replace(
+        'config = "mock-accelerator.toml"', f'config = "{ROOT / "demo" / "mock-accelerator.toml"}"')
+        + '\n[container]\nsandbox = "none"\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update(FGPU_DATA_DIR=str(tmp_path / "data"), FGPU_ADMIN_PASSWORD=ADMIN_PASSWORD, PORT=str(port),
+               PYTHONUNBUFFERED="1", FGPU_RUNTIME="process", FGPU_AGENT_CONFIG=str(agent), **env_extra)
+    server = procs.start("standalone", [sys.executable, "manage.py", "standalone"], env)
+    base = f"http://127.0.0.1:{port}"
+
+    def ready():
+        assert server.popen.poll() is None, f"standalone exited:\n{server.output()}"
+        return "Session apps are served on" in server.output()
+
+    wait_until(ready, timeout=90, interval=0.2, what="the standalone console to serve")
+    return base, f"http://127.0.0.1:{port + 1}", server
+
+
+def api(base: str, method: str, path: str, token: str | None = None, body=None, headers: dict | None = None):
+    answer = httpx.request(method, base + path, json=body, timeout=60,
+                           headers={**({"Authorization": f"Token {token}"} if token else {}), **(headers or {})})
+    return answer
+
+
+def login(base: str, username: str, password: str) -> httpx.Client:
+    client = httpx.Client(base_url=base, timeout=60, follow_redirects=False)
+    page = client.get("/login/")
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    assert client.post("/login/", data={"username": username, "password": password,
+                                        "csrfmiddlewaretoken": csrf}).status_code == 302
+    return client
+
+
+@pytest.fixture
+def apps_console(procs, tmp_path):
+    """Standalone with the apps declared on "host" and a RUNNING session of the admin's:
+    (console base, apps base, admin API token, session id)."""
+    base, apps, _ = start_standalone(procs, tmp_path)
+    token = api(base, "POST", "/api/v1/auth/token/", body={"username": "admin", "password": ADMIN_PASSWORD}).json()["token"]
+    host = next(i for i in api(base, "GET", "/api/v1/images/", token).json()["results"] if i["reference"] == "host")
+    tag = api(base, "GET", f"/api/v1/images/{host['id']}/", token).headers["ETag"]
+    assert api(base, "PATCH", f"/api/v1/images/{host['id']}/", token, {"apps": APPS}, {"If-Match": tag}).status_code == 200
+    created = api(base, "POST", "/api/v1/sessions/", token, {"name": "apps", "resources": {"cuda.shares": "0.5"}}).json()
+    wait_until(lambda: api(base, "GET", f"/api/v1/sessions/{created['id']}/", token).json()["status"] == "RUNNING",
+               timeout=60, what="the session to run")
+    return base, apps, token, created["id"]
+
+
+def open_app(base: str, token: str, session_id: str, app: str) -> dict:
+    answer = api(base, "POST", f"/api/v1/sessions/{session_id}/apps/{app}/", token)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def ticket_for(console: httpx.Client, path: str, apps: str) -> str:
+    """The ticket the console's origin hands on for `path` (its redirect to the apps origin)."""
+    answer = console.get(path)
+    assert answer.status_code == 302, answer.text[:500]
+    location = answer.headers["location"]
+    assert location.startswith(apps + "/_fgpu/app-login?ticket="), location
+    return parse_qs(urlsplit(location).query)["ticket"][0]
+
+
+@pytest.mark.e2e
+def test_an_app_opens_on_its_own_origin_through_a_one_time_ticket_and_the_console_is_not_served_there(apps_console):
+    base, apps, token, session_id = apps_console
+    prefix = f"/sessions/{session_id}/apps/echo/"
+    opened = open_app(base, token, session_id, "echo")
+    assert opened["url"] == prefix
+    console = login(base, "admin", ADMIN_PASSWORD)
+
+    # The console's origin: signed out, the login page; signed in, a ticket to the apps origin.
+    signed_out = httpx.get(base + prefix + "echo", timeout=30)
+    assert signed_out.status_code == 302 and signed_out.headers["location"].startswith("/login/?next=")
+    ticket = ticket_for(console, prefix + "echo?q=1", apps)
+    assert console.post(prefix + "echo").status_code == 405  # nothing is proxied on the console's origin
+
+    # The apps origin: the ticket becomes its cookie, and the browser goes on without the ticket.
+    browser = httpx.Client(base_url=apps, timeout=60, follow_redirects=False)
+    landed = browser.get(f"/_fgpu/app-login?ticket={ticket}")
+    assert landed.status_code == 302 and landed.headers["location"] == prefix + "echo?q=1"
+    cookie = landed.headers["set-cookie"]
+    assert cookie.startswith("fgpu_app=") and f"Path={prefix};" in cookie
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Secure" not in cookie  # http here
+    echoed = browser.get(prefix + "echo?q=1")
+    assert echoed.status_code == 200, echoed.text
+    body = echoed.json()
+    assert body["authorized"] is True and body["console_cookie"] is False and body["query"] == "q=1"
+
+    # Used once: a second redemption is refused and sets nothing.
+    again = httpx.get(f"{apps}/_fgpu/app-login?ticket={ticket}", timeout=30)
+    assert again.status_code == 403 and "set-cookie" not in again.headers
+    # Without the cookie, or with only the console's, the apps origin opens nothing.
+    stranger = httpx.get(apps + prefix + "echo", timeout=30, cookies=dict(console.cookies))
+    assert stranger.status_code == 401 and "authorized" not in stranger.text
+
+    # The grant is for its app: another app of the same session needs its own ticket.
+    open_app(base, token, session_id, "plain")
+    browser.cookies.set("fgpu_app", browser.cookies["fgpu_app"], path=f"/sessions/{session_id}/apps/plain/")
+    assert browser.get(f"/sessions/{session_id}/apps/plain/echo").status_code == 401
+
+    # The apps origin serves nothing of the console; the console refuses its pages' requests.
+    for path in ("/login/", "/api/v1/me/", "/admin/", "/static/js/console.js", f"/sessions/{session_id}/terminal/"):
+        assert browser.get(path).status_code == 404, path
+    from_app = console.get("/api/v1/me/", headers={"Origin": apps})
+    assert from_app.status_code == 403 and "username" not in from_app.text
+    assert console.get("/api/v1/me/").status_code == 200
+
+
+@pytest.mark.e2e
+def test_an_app_gets_a_new_random_token_at_each_start_never_the_hmac_of_the_secret_key(apps_console):
+    from django.conf import settings
+
+    base, apps, token, session_id = apps_console
+    prefix = f"/sessions/{session_id}/apps/echo/"
+    console = login(base, "admin", ADMIN_PASSWORD)
+
+    def token_hash() -> str:
+        open_app(base, token, session_id, "echo")
+        browser = httpx.Client(base_url=apps, timeout=60, follow_redirects=True)
+        browser.get(f"/_fgpu/app-login?ticket={ticket_for(console, prefix + 'echo', apps)}")
+        echoed = browser.get(prefix + "echo")
+        assert echoed.status_code == 200, echoed.text
+        return echoed.json()["token_sha256"], browser
+
+    first, browser = token_hash()
+    assert browser.get(prefix + "exit").status_code == 200  # the app ends; its next start is a new one
+    wait_until(lambda: browser.get(prefix + "echo").status_code == 502, timeout=30, what="the app to be gone")
+    second, _ = token_hash()
+    assert first != second
+    for key in (settings.SECRET_KEY, "dev-only-insecure-key-set-FGPU_SECRET_KEY-in-production"):
+        derived = hmac.new(key.encode(), f"fgpu-app:{session_id}:echo".encode(), hashlib.sha256).hexdigest()[:48]
+        assert hashlib.sha256(derived.encode()).hexdigest() not in (first, second)
+
+
+# --- in process: the ticket's and the grant's rules ---------------------------------------------
+
+
+def test_a_ticket_is_single_use_and_bound_to_its_user_session_and_app(settings):
+    from sessions.app_origin import app_grant_find, app_grant_issue, app_ticket_issue, app_ticket_redeem
+
+    session = "0b0e2f3c-1d2e-4f5a-8b9c-0d1e2f3a4b5c"
+    ticket = app_ticket_issue(user_id=7, session_id=session, app="echo", path="/x", console="http://c")
+    record = app_ticket_redeem(ticket)
+    assert record == {"user": 7, "session": session, "app": "echo", "path": "/x", "console": "http://c"}
+    assert app_ticket_redeem(ticket) is None
+    assert app_ticket_redeem("not-a-ticket") is None and app_ticket_redeem("x" * 100) is None
+    grant = app_grant_issue(record)
+    assert app_grant_find([grant], session_id=session, app="echo")["user"] == 7
+    assert app_grant_find([grant], session_id=session, app="plain") is None
+    assert app_grant_find([grant], session_id="11111111-1111-1111-1111-111111111111", app="echo") is None
+    assert app_grant_find(["forged", grant[:-1]], session_id=session, app="echo") is None
+
+
+def test_a_ticket_expires_after_its_ttl(settings, monkeypatch):
+    import django.core.cache.backends.locmem as locmem
+
+    from sessions.app_origin import app_ticket_issue, app_ticket_redeem
+
+    settings.FGPU_APP_TICKET_TTL = 30
+    ticket = app_ticket_issue(user_id=1, session_id="s", app="a", path="/", console="")
+    later = time.time() + 31
+    monkeypatch.setattr(locmem.time, "time", lambda: later)  # the clock, 31 s on
+    assert app_ticket_redeem(ticket) is None
+
+
+@pytest.mark.parametrize("host, apps, expected", [
+    ("127.0.0.1:8001", "http://127.0.0.1:8001", True),
+    ("127.0.0.1:8000", "http://127.0.0.1:8001", False),
+    ("APPS.example.org", "https://apps.example.org", True),
+    ("apps.example.org:443", "https://apps.example.org", True),
+    ("apps.example.org:8443", "https://apps.example.org", False),
+    ("gpu.example.org", "https://apps.example.org", False),
+    ("[::1]:8001", "http://[::1]:8001", True),
+    ("whatever", "", False),
+])
+def test_the_apps_origin_is_told_apart_by_the_host_header(settings, host, apps, expected):
+    from sessions.app_origin import is_apps_request
+
+    settings.FGPU_APPS_ORIGIN = apps
+    assert is_apps_request({"type": "http", "headers": [(b"host", host.encode())]}) is expected
+
+
+@pytest.mark.parametrize("value", ["apps.example.org", "ftp://apps.example.org", "http://apps.example.org/x",
+                                   "http://user@apps.example.org", "http://apps.example.org:99999", "http://"])
+def test_a_malformed_apps_origin_is_refused_at_start(value):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from console.settings import _apps_origin
+
+    with pytest.raises(ImproperlyConfigured, match="FGPU_APPS_ORIGIN"):
+        _apps_origin(value)
+    assert _apps_origin("HTTP://Apps.Example.org:8001/") == "http://apps.example.org:8001"
+
+
+def test_the_console_answers_with_its_security_headers(client):
+    page = client.get("/login/")
+    policy = page["Content-Security-Policy"]
+    assert "script-src 'self';" in policy and "frame-ancestors 'none'" in policy and "default-src 'self'" in policy
+    assert "'unsafe-inline'" not in policy.split("script-src", 1)[1].split(";", 1)[0]
+    assert page["X-Frame-Options"] == "DENY" and page["Referrer-Policy"] == "same-origin"
+    assert page["X-Content-Type-Options"] == "nosniff"
+    assert "HttpOnly" in str(page.cookies["csrftoken"]) or page.cookies["csrftoken"]["httponly"]
+
+
+def test_over_tls_the_console_sends_hsts_and_secure_cookies():
+    """console.settings under FGPU_TLS=true, in a fresh interpreter (settings are read once)."""
+    import subprocess
+
+    script = ("import django, os; os.environ['DJANGO_SETTINGS_MODULE']='console.settings'; django.setup();"
+              "from django.conf import settings as s; import json;"
+              "print(json.dumps([s.SECURE_HSTS_SECONDS, s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE]))")
+    env = {**os.environ, "FGPU_TLS": "true"}
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    hsts, session_secure, csrf_secure = json.loads(out.stdout.strip().splitlines()[-1])
+    assert hsts >= 365 * 86400 and session_secure and csrf_secure
