@@ -382,7 +382,9 @@ def test_with_app_relay_the_agent_relays_a_containers_app_on_its_app_address_unt
 
     async def main():
         layer, manager = InMemoryChannelLayer(), RecordingManager(asyncio.get_running_loop())
-        runtime = DockerRuntime(node=node, default_image=test_image, network="bridge", client=docker_client)
+        runtime = DockerRuntime(node=node, default_image=test_image, network="bridge", client=docker_client,
+                                instance=uuid.uuid4().hex[:10])  # "bridge": the old name of "outbound" (agent.network)
+        runtimes.append(runtime)
         agent = Agent(node=node, inventory={"devices": [DEVICE.as_dict()], "plugins": [], "attributes": {}, "cpu_count": 8,
                                             "memory_size": 32 * GiB}, channel_layer=layer, manager=manager,
                       scratch_root=tmp_path / "scratch", mock=True, heartbeat_s=60, runtime=runtime,
@@ -412,11 +414,14 @@ def test_with_app_relay_the_agent_relays_a_containers_app_on_its_app_address_unt
         finally:
             await agent.shutdown()
 
+    runtimes: list = []
     try:
         answer, body, container_host, after = asyncio.run(main())
     finally:
         for container in docker_client.containers.list(all=True, filters={"label": f"{LABEL_NODE}={node}"}):
             container.remove(force=True)
+        for runtime in runtimes:  # its network and iptables chain, whatever happened
+            runtime.session_network.remove()
 
     assert answer["host"] == "127.0.0.1" and answer["port"] != 8000 and container_host != "127.0.0.1"
     assert body == b"relayed\n"
