@@ -20,6 +20,10 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
+from console.secret_key import require_secret_key  # noqa: E402
+
+require_secret_key("web")  # no SECRET_KEY of its own (FGPU_SECRET_KEY; standalone keeps one): exit 2, saying why
+
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import OriginValidator  # noqa: E402

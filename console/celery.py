@@ -13,7 +13,7 @@ import os
 import kombu.exceptions
 import redis.exceptions
 from celery import Celery
-from celery.signals import celeryd_after_setup, worker_ready
+from celery.signals import beat_init, celeryd_after_setup, worker_init, worker_ready
 from django import db
 
 from console.broker import patch_redis_transport
@@ -48,6 +48,22 @@ def route_task(name, args, kwargs, options, task=None, **kw):
 
 
 app.conf.task_routes = (route_task,)
+
+
+@worker_init.connect
+def worker_needs_secret_key(**kwargs):
+    """A worker (the manager) refuses to start without a SECRET_KEY of its own (console.secret_key)."""
+    from console.secret_key import require_secret_key
+
+    require_secret_key("manager")
+
+
+@beat_init.connect
+def beat_needs_secret_key(**kwargs):
+    """Beat refuses to start without a SECRET_KEY of its own (console.secret_key)."""
+    from console.secret_key import require_secret_key
+
+    require_secret_key("beat")
 app.conf.task_default_queue = MANAGER_QUEUE
 
 

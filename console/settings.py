@@ -14,11 +14,14 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from console.env import env_bool, env_int, env_list, env_str, env_url
+from console.secret_key import secret_key_from_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DATA_DIR = Path(env_str("FGPU_DATA_DIR", str(BASE_DIR / "var"))).resolve()
-SECRET_KEY = env_str("FGPU_SECRET_KEY") or "dev-only-insecure-key-set-FGPU_SECRET_KEY-in-production"
+# FGPU_SECRET_KEY, never a public default: without a usable one the key is random for this process and the
+# web, manager and beat refuse to start (console.secret_key); standalone keeps a key of its own.
+SECRET_KEY, SECRET_KEY_PROBLEM = secret_key_from_env()
 DEBUG = env_bool("FGPU_DEBUG", False)
 ALLOWED_HOSTS = env_list("FGPU_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("FGPU_CSRF_TRUSTED_ORIGINS", [])

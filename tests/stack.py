@@ -278,6 +278,8 @@ class Stack:
         self.flush_redis = flush_redis
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
+        # Session apps' own origin: the same uvicorn, told apart by the Host (another site to the browser).
+        self.apps_base = f"http://localhost:{self.port}"
         self.env: dict = {}
         self.procs: dict[str, Proc] = {}  # name → the current process of that name
         self.history: list[Proc] = []  # every process started, restarts included, in order
@@ -310,7 +312,7 @@ class Stack:
             redis.Redis.from_url(self.redis_url).flushdb()
         env = {**os.environ, "DATABASE_URL": self.database_url or database_url_default(), "REDIS_URL": self.redis_url,
                "FGPU_DATA_DIR": str(self.work_dir / "data"), "FGPU_HEARTBEAT_INTERVAL": str(self.heartbeat_interval),
-               "PYTHONUNBUFFERED": "1", **self.extra_env}
+               "PYTHONUNBUFFERED": "1", "FGPU_APPS_ORIGIN": self.apps_base, **self.extra_env}
         env.pop("FGPU_CELERY_EAGER", None)
         self.env = env
         script = ("from django.core.management import call_command\n"
