@@ -258,9 +258,9 @@ class Stack:
                  database_url: str | None = None, env: dict | None = None, heartbeat_interval: int = 2,
                  flush_redis: bool = True, broker_acl: bool = False, node_keys: bool = False):
         self.nodes = list(nodes)
-        assert not broker_acl or redis_url is None, "broker_acl needs the private broker"
         self.want_node_keys = node_keys  # each agent gets a node key (`manage.py node_key`; FGPU_NODE_KEY)
         self.node_keys: dict[str, str] = {}  # with node_keys: node name → its agent key
+        assert not broker_acl or redis_url is None, "broker_acl needs the private broker"
         self.broker_users = {}  # with broker_acl: user name → console.broker_acl.BrokerUser
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -320,20 +320,20 @@ class Stack:
         script = ("from django.core.management import call_command\n"
                   f"call_command('import_accelerator_config', {str(ROOT / 'demo' / 'mock-accelerator.toml')!r})\n"
                   f"call_command('import_accelerator_config', {str(ROOT / 'demo' / 'accelerator.json')!r})\n")
-        out = subprocess.run([PYTHON, "manage.py", "shell", "-c", script], cwd=ROOT, env=env, capture_output=True,
-                             text=True)
-        if out.returncode != 0:
         if self.want_node_keys:
             script += ("import json\nfrom accelerators.services import node_agent_key_rotate\n"
                        f"print('NODE-KEYS', json.dumps({{n: node_agent_key_rotate(node_name=n) for n in "
                        f"{[n.name for n in self.nodes]!r}}}))\n")
+        out = subprocess.run([PYTHON, "manage.py", "shell", "-c", script], cwd=ROOT, env=env, capture_output=True,
+                             text=True)
+        if out.returncode != 0:
             raise RuntimeError(f"import_accelerator_config failed:\n{out.stdout}{out.stderr}")
-        self._run("web", web_command(self.port), self._role_env(env, "fgpu-web"))
-        self._run("manager", [str(BIN / "celery"), "-A", "console", "worker", "-Q", "manager", "--pool", "threads",
-                              "--concurrency", "4", "--without-gossip", "--without-mingle", "--loglevel", "INFO",
         for line in out.stdout.splitlines():
             if line.startswith("NODE-KEYS "):
                 self.node_keys = json.loads(line.removeprefix("NODE-KEYS "))
+        self._run("web", web_command(self.port), self._role_env(env, "fgpu-web"))
+        self._run("manager", [str(BIN / "celery"), "-A", "console", "worker", "-Q", "manager", "--pool", "threads",
+                              "--concurrency", "4", "--without-gossip", "--without-mingle", "--loglevel", "INFO",
                               "--hostname", f"manager-{uuid.uuid4().hex[:8]}@%h"], self._role_env(env, "fgpu-manager"))
         self._run("beat", [str(BIN / "celery"), "-A", "console", "beat", "--schedule",
                            str(self.work_dir / "beat-schedule"), "--loglevel", "INFO"], self._role_env(env, "fgpu-manager"))
@@ -343,10 +343,10 @@ class Stack:
             node_dir.mkdir(parents=True, exist_ok=True)
             (node_dir / "mock-accelerator.toml").write_text(node.mock_toml)
             (node_dir / "agent.toml").write_text(node.agent_toml())
+            node_env = {**agent_env, "FGPU_NODE_KEY": self.node_keys[node.name]} if self.node_keys else agent_env
             self._run(self.agent_name(node.name), [PYTHON, "manage.py", "agent", "--config",
                                                    str(node_dir / "agent.toml")],
                       self._role_env(node_env, f"fgpu-agent-{node.name}"))
-            node_env = {**agent_env, "FGPU_NODE_KEY": self.node_keys[node.name]} if self.node_keys else agent_env
         self._wait_for(self.web_answers, timeout=timeout, what="the web process to answer")
         self._wait_for(self.nodes_ready, timeout=timeout, what="every agent to register its node")
 
