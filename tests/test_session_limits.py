@@ -1,0 +1,162 @@
+"""A process-runtime session's memory, CPU and pids held by its cgroups (issue 31, items 2 and 6):
+agent.limits finds each controller in cgroup v2 or, on a hybrid machine such as this one and CI's,
+in the v1 hierarchies (/sys/fs/cgroup/memory, …/cpu, …/pids), the session's leader joins them all
+before it execs, and removal leaves nothing behind (tests/conftest.py's no_cgroups_left checks the
+v1 hierarchies too).
+
+Real processes, real cgroups (CI runs as root with them writable: a test fails, never skips,
+where they are not)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import runtimes
+from agent.limits import CPU_PERIOD_US, SessionLimits, cgroup_v1_mounts, cpu_quota_us
+from agent.runtimes import CGROUP_AUTO, open_session_cgroups, parent_cgroup_name
+from tests.conftest import CGROUP_TAG
+from tests.stack import wait_until
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def limited(tmp_path):
+    """An agent's sessions' cgroups with small limits: 64 MiB of memory by default, 64 pids a
+    session, 100 for all together."""
+    limits = SessionLimits(default_memory=64 * MiB, session_pids=64, node_pids=100)
+    cgroups, why = open_session_cgroups(CGROUP_AUTO, name=parent_cgroup_name("limits", tmp_path, tag=CGROUP_TAG),
+                                        limits=limits)
+    assert cgroups is not None, why
+    assert cgroups.hierarchies is not None and not cgroups.hierarchies.missing, cgroups.hierarchies
+    yield cgroups
+    cgroups.clean_up()
+    cgroups.close()
+
+
+def leader(cgroup, argv: list[str], **kw) -> subprocess.Popen:
+    return runtimes.popen_leader(argv, cgroup=cgroup, stdin=subprocess.DEVNULL, stdout=kw.get("stdout", subprocess.PIPE),
+                                 stderr=subprocess.DEVNULL, cwd="/", env={"PATH": "/usr/bin:/bin"})
+
+
+def pids_file(cgroups, name: str, file: str) -> Path:
+    directory = cgroups.hierarchies.directory("pids")
+    return directory / name / file if name else directory / file
+
+
+def test_a_session_that_allocates_past_its_memory_is_killed_and_says_so(limited):
+    cgroup = limited.create("greedy", spec={"mem": 64 * MiB})
+    process = leader(cgroup, [sys.executable, "-c", "b = b'x' * (256 << 20); print('survived', flush=True)"])
+    out, _ = process.communicate(timeout=60)
+    assert b"survived" not in out
+    assert process.returncode == -9
+    assert cgroup.oom_kills() >= 1 and cgroup.memory_limit() == 64 * MiB
+    handle = runtimes.SessionHandle("greedy", process, -1, env={}, work_dir=Path("/"), cgroup=cgroup)
+    assert handle.end_reason(-9).startswith("killed: out of memory at its 64 MiB limit")
+    cgroup.remove()
+
+
+def test_a_session_that_asks_no_memory_gets_the_default(limited):
+    cgroup = limited.create("plain", spec={})
+    try:
+        assert cgroup.memory_limit() == 64 * MiB
+    finally:
+        cgroup.remove()
+
+
+# 10,000 forks of `sleep 30`, each refused fork counted (a shell ends at its first; perl-base is in
+# every Debian): prints "<forked> <refused>" once all were tried.
+FORK_BOMB = [
+    "perl", "-e",
+    'my ($ok, $no) = (0, 0); for (1 .. 10000) { my $p = fork; if (!defined $p) { $no++ } elsif ($p == 0) '
+    '{ exec "sleep", "30" } else { $ok++ } } $| = 1; print "$ok $no\\n"; sleep 60',
+]
+
+
+def test_a_fork_bomb_is_capped_at_its_session_s_pids_and_the_node_s_and_the_host_stays_responsive(limited):
+    first, second = limited.create("bomb1", spec={"cpu": 1}), limited.create("bomb2", spec={"cpu": 1})
+    processes = [leader(first, FORK_BOMB), leader(second, FORK_BOMB)]
+    try:
+        wait_until(lambda: int(pids_file(limited, "", "pids.current").read_text()) == 100, timeout=30,
+                   what="the sessions' processes at the node's cap")
+        started = time.monotonic()  # while both still fork
+        subprocess.run(["true"], check=True, timeout=10)
+        assert time.monotonic() - started < 2.0, "the host did not start a process in 2 s"
+        forked = [process.stdout.readline().split() for process in processes]  # once all 10,000 forks were tried
+        assert all(int(ok) <= 63 and int(refused) >= 10000 - 63 for ok, refused in forked), forked
+        for name in ("session-bomb1", "session-bomb2"):
+            assert int(pids_file(limited, name, "pids.current").read_text()) <= 64
+            assert int(pids_file(limited, name, "pids.events").read_text().split()[1]) > 0  # forks refused
+        # 2 × 64 would pass the node's 100: its cap held both sessions together, to the last pid.
+        assert sum(int(ok) for ok, _ in forked) + 2 == 100, forked
+        assert int(pids_file(limited, "", "pids.current").read_text()) == 100
+    finally:
+        for process in processes:
+            process.kill()
+        first.remove()
+        second.remove()
+    assert not first.path.exists() and not any(d.exists() for d in first.v1 + second.v1)
+
+
+def test_a_session_s_cpu_is_held_to_its_cores(limited):
+    """0.1 core: a busy loop of 2 s of wall time gets about 0.2 s of CPU (without the quota, up to
+    2 s)."""
+    cgroup = limited.create("busy", spec={"cpu": "0.1"})
+    busy = textwrap.dedent("""\
+        import time
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            pass
+        print(time.process_time(), flush=True)
+        """)
+    try:
+        process = leader(cgroup, [sys.executable, "-c", busy])
+        out, _ = process.communicate(timeout=60)
+        assert process.returncode == 0
+        assert float(out) < 0.45, f"{float(out):.2f} s of CPU in 2 s at 0.1 core"
+    finally:
+        cgroup.remove()
+
+
+def test_the_leader_joins_every_hierarchy_that_limits_it_and_removal_leaves_none(limited):
+    cgroup = limited.create("joined", spec={"mem": 128 * MiB, "cpu": 2})
+    process = leader(cgroup, ["sleep", "300"])
+    try:
+        wait_until(lambda: all(process.pid in runtimes.SessionCgroup(d).pids() for d in cgroup.v1), timeout=10,
+                   what="the leader in each v1 hierarchy")
+        assert process.pid in runtimes.SessionCgroup(cgroup.path).pids()
+        cpu = limited.hierarchies.directory("cpu") / cgroup.path.name
+        if "cpu" in limited.hierarchies.controllers:
+            assert (cpu / "cpu.max").read_text().split() == [str(2 * CPU_PERIOD_US), str(CPU_PERIOD_US)]
+        else:
+            assert int((cpu / "cpu.cfs_quota_us").read_text()) == 2 * CPU_PERIOD_US
+    finally:
+        assert cgroup.remove()
+        process.wait()
+    assert not cgroup.path.exists() and not any(d.exists() for d in cgroup.v1)
+
+
+def test_cgroup_v1_mounts_and_cpu_quotas():
+    mountinfo = "\n".join([
+        "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw",
+        "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct",
+        "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory",
+        "39 31 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids",
+        "41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw",
+    ])
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".mountinfo") as f:
+        f.write(mountinfo + "\n")
+        f.flush()
+        assert cgroup_v1_mounts(mountinfo=f.name) == {
+            "cpu": Path("/sys/fs/cgroup/cpu,cpuacct"), "memory": Path("/sys/fs/cgroup/memory"),
+            "pids": Path("/sys/fs/cgroup/pids")}
+    assert cpu_quota_us(2) == 200_000 and cpu_quota_us("0.5") == 50_000 and cpu_quota_us("0.001") == 1000
+    assert cpu_quota_us(None) == 0 and cpu_quota_us("x") == 0 and cpu_quota_us(0) == 0 and cpu_quota_us("NaN") == 0
+    assert SessionLimits().memory_for({}) == 4 << 30 and SessionLimits().memory_for({"mem": 5}) == 5
