@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 
 from sessions.app_proxy import TokenMask, path_escapes, upstream_headers, upstream_path, PATH_RE
 from sessions.models import SessionImage, validate_image_apps
-from sessions.session_apps import app_token, jupyter_app, session_app_links
+from sessions.session_apps import app_open_message, app_token_new, jupyter_app, session_app_links
 from tests.conftest import client_for
 
 JUPYTER = jupyter_app(python="python3")
@@ -65,7 +65,7 @@ def test_administrators_declare_apps_through_the_api_and_sessions_show_them_with
     session_id = launched.json()["id"]
     assert launched.json()["apps"] == [{"name": "jupyter", "title": "JupyterLab",
                                         "url": f"/sessions/{session_id}/open/jupyter/"}]
-    assert app_token(session_id=session_id, app="jupyter") not in launched.content.decode()
+    assert "token" not in json.dumps(launched.json()["apps"])
     assert client_for(alice).get("/api/v1/images/").json()["results"][0]["apps"] == [JUPYTER]
 
 
@@ -77,12 +77,28 @@ def test_a_session_from_before_images_has_no_apps(alice):
     assert session_app_links(session) == []
 
 
-def test_the_token_differs_per_session_and_app_and_is_stable():
-    one = app_token(session_id="11111111-1111-1111-1111-111111111111", app="jupyter")
-    assert one == app_token(session_id="11111111-1111-1111-1111-111111111111", app="jupyter")
-    assert one != app_token(session_id="11111111-1111-1111-1111-111111111111", app="tensorboard")
-    assert one != app_token(session_id="22222222-2222-2222-2222-222222222222", app="jupyter")
-    assert len(one) == 48
+def test_app_tokens_are_random_not_derived_from_the_secret_key(settings):
+    import hashlib
+    import hmac
+
+    tokens = {app_token_new() for _ in range(100)}
+    assert len(tokens) == 100 and all(len(t) == 48 and int(t, 16) >= 0 for t in tokens)
+    derived = hmac.new(settings.SECRET_KEY.encode(), b"fgpu-app:11111111-1111-1111-1111-111111111111:jupyter",
+                       hashlib.sha256).hexdigest()[:48]
+    assert derived not in tokens
+
+
+@pytest.mark.django_db
+def test_the_open_message_carries_a_new_token_and_the_one_to_keep(alices_session):
+    from sessions.session_apps import session_app_get
+
+    image = alices_session.image
+    image.apps = [JUPYTER]
+    image.save(update_fields=["apps"])
+    app = session_app_get(session=alices_session, name="jupyter")
+    message = app_open_message(session=alices_session, app=app, token="a" * 48, keep=None)
+    assert (message["token"], message["keep"]) == ("a" * 48, "")
+    assert app_open_message(session=alices_session, app=app, token="b" * 48, keep="a" * 48)["keep"] == "a" * 48
 
 
 SESSION = "0b0e2f3c-1d2e-4f5a-8b9c-0d1e2f3a4b5c"
@@ -112,7 +128,7 @@ def test_ordinary_paths_pass(path):
 
 def test_the_app_gets_its_token_and_the_browsers_cookies_but_not_the_consoles():
     headers = upstream_headers(scope("/x", headers=[
-        (b"host", b"console.example:8443"), (b"cookie", b"sessionid=s3cret; _xsrf=abc; csrftoken=t0k"),
+        (b"host", b"console.example:8443"), (b"cookie", b"sessionid=s3cret; _xsrf=abc; csrftoken=t0k; fgpu_app=grant"),
         (b"authorization", b"Token user-api-key"), (b"accept-encoding", b"gzip"), (b"connection", b"keep-alive"),
         (b"sec-websocket-key", b"k"), (b"x-custom", b"kept")]), token="the-token")
     assert dict(headers) == {"cookie": "_xsrf=abc", "authorization": "token the-token", "accept-encoding": "identity",
