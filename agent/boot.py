@@ -68,7 +68,15 @@ def build_runtime(config: AgentConfig):
             mps_pipe_directory=config.mps_pipe_directory if config.mps else None,
             pull=config.pull_images,
         )
-    return ProcessRuntime(node=config.node_name, cgroup_root=config.cgroup_root, limits=config.limits)
+    return ProcessRuntime(
+        node=config.node_name,
+        cgroup_root=config.cgroup_root,
+        limits=config.limits,
+        sandbox=config.sandbox,
+        uid=config.uid,
+        gid=config.gid,
+        network=config.network,
+    )
 
 
 def build_agent(

@@ -19,8 +19,14 @@ over::
     scratch-retention = 3600                            # seconds an ended session's directory is kept
     runtime = "process"                                 # or "docker": one container per session
     default-image = "fgpu-session:latest"               # docker: the image of a session that names none (make image)
-    uid = 1000                                          # docker: whom sessions run as inside
+    uid = 1000                                          # whom sessions run as (docker: inside; process: on the host)
+    gid = 1000                                          # process: sessions' group (default: uid)
+    sandbox = "auto"                                    # process: "auto" (bubblewrap where it works, else only
+                                                        #   administrators' sessions), "bubblewrap" (required),
+                                                        #   "none" (UNSAFE: unconfined, a single-user machine)
     network = "outbound"                                # docker: "outbound" (internet only; old name "bridge") or "none"
+                                                        # process: "none" (its default: loopback only) or "host"
+                                                        #   (UNSAFE: the node's network)
     block-private-networks = true                       # docker, outbound: sessions cannot reach private (RFC 1918) addresses
     hami-core = "/usr/local/vgpu/libvgpu.so"            # docker: enforce fractions with HAMi-core (preloaded)
     pull-images = true                                  # docker: pull an image the node lacks when a session needs it
@@ -67,6 +73,7 @@ from accelerators.allocation.units import SizeError, parse_binary_size
 from agent.network import OUTBOUND, network_mode
 from agent.limits import SessionLimits
 from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, RUNTIMES, cgroup_tag
+from agent.sandbox import NETWORK_HOST, NETWORK_NONE, SANDBOX_AUTO, SANDBOXES
 
 MOCK_PLUGIN = "ai.backend.accelerator.mock"
 CUDA_PLUGIN = "ai.backend.accelerator.cuda"
@@ -107,6 +114,8 @@ class AgentConfig:
     terminal_address: str = ""  # the address the web connects to for them ("": app_address)
     data_root: Path | None = None  # users' persistent folders, `<data_root>/users/<user id>` (agent.files)
     cgroup_root: str = CGROUP_AUTO  # process runtime: "auto", "none" or an absolute cgroup2 directory
+    gid: int = 1000  # process runtime: sessions' group on the host
+    sandbox: str = SANDBOX_AUTO  # process runtime: "auto", "bubblewrap" or "none" (agent.sandbox)
     limits: SessionLimits = field(default_factory=SessionLimits)  # [limits] (agent.limits)
     extra: dict = field(default_factory=dict)
 
@@ -198,10 +207,21 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
     uid = container.get("uid", 1000)
     if isinstance(uid, bool) or not isinstance(uid, int) or not 1 <= uid <= 65534:
         fail("container.uid", f"{uid!r} is not a user id from 1 to 65534 (sessions never run as root)")
-    try:
-        network = network_mode(text(container, "network", "container.network", OUTBOUND))
-    except ValueError as exc:
-        fail("container.network", str(exc))
+    gid = container.get("gid", uid)
+    if isinstance(gid, bool) or not isinstance(gid, int) or not 1 <= gid <= 65534:
+        fail("container.gid", f"{gid!r} is not a group id from 1 to 65534 (sessions never run as root)")
+    sandbox = text(container, "sandbox", "container.sandbox", SANDBOX_AUTO)
+    if sandbox not in SANDBOXES:
+        fail("container.sandbox", f"{sandbox!r}: expected one of {', '.join(SANDBOXES)}")
+    if runtime == "process":  # the process runtime: its own loopback, or the node's network
+        network = text(container, "network", "container.network", NETWORK_NONE)
+        if network not in (NETWORK_NONE, NETWORK_HOST):
+            fail("container.network", f'{network!r}: the process runtime takes "none" (loopback only) or "host" (UNSAFE)')
+    else:
+        try:
+            network = network_mode(text(container, "network", "container.network", OUTBOUND))
+        except ValueError as exc:
+            fail("container.network", str(exc))
     block_private = container.get("block-private-networks", True)
     if not isinstance(block_private, bool):
         fail("container.block-private-networks", "expected true or false")
@@ -313,5 +333,7 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
         terminal_address=terminal_address,
         data_root=data_root,
         cgroup_root=cgroup_root,
+        gid=gid,
+        sandbox=sandbox,
         limits=limits,
     )

@@ -32,11 +32,16 @@ import sys
 import termios
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import protocol
+from protocol.files import PROJECTS_DIR
 from accelerators.allocation.units import format_binary_size
 from agent.limits import Hierarchies, SessionLimits, remove_dir
+from agent.sandbox import SANDBOX_AUTO, SANDBOX_BUBBLEWRAP, SANDBOX_NONE, Sandbox, SandboxError, read_init_pid
+from agent.sandbox import netns_socket
+from agent.sandbox import probe as probe_sandbox
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,7 @@ RUNTIMES = (PROCESS, DOCKER)
 CGROUP_AUTO = "auto"  # agent.toml [container] cgroup-root: find a writable cgroup2 hierarchy
 CGROUP_NONE = "none"  # never: always the /proc scan
 CGROUP_EMPTY_WAIT_S = 2.0  # how long removing a cgroup waits for its killed processes to be gone
+SANDBOX_REAP_S = 1.0  # how long killing a sandboxed session waits for bwrap to reap the sandbox's init
 CGROUP_RMDIR_RETRY_S = 0.005  # between tries to remove a cgroup whose killed processes are still exiting
 
 
@@ -75,6 +81,9 @@ class SessionHandle:
         env: dict,
         work_dir: Path,
         cgroup: SessionCgroup | None = None,
+        sandbox: Sandbox | None = None,
+        init_pid: int = 0,
+        status_fd: int = -1,
     ):
         self.session_id = session_id
         self.process = process
@@ -85,6 +94,9 @@ class SessionHandle:
         self.fd = master_fd
         self.env = env
         self.work_dir = work_dir
+        self.sandbox = sandbox  # where it runs confined (agent.sandbox): exec enters it
+        self.init_pid = init_pid  # host pid of its sandbox's init (bwrap's child), whose namespaces exec enters
+        self._status_fd = status_fd  # bwrap's --json-status-fd, read end: open till the end (bwrap writes its exit there)
 
     def read(self, size: int) -> bytes:
         try:
@@ -123,21 +135,30 @@ class SessionHandle:
         calls that take microseconds (kill(2), one read of cgroup.procs, one write of
         cgroup.kill): true for a session in its own cgroup, where the agent makes them on its
         event loop instead of a hop to a worker thread and back (issue 14: terminate's
-        latency); false where they scan /proc."""
-        return self.cgroup is not None
+        latency); false where they scan /proc, and in a sandbox (`kill_all` waits for its leader
+        to reap the sandbox's init)."""
+        return self.cgroup is not None and self.sandbox is None
 
     def signal_all(self, *sigs: int) -> None:
         """Blocking: each of `sigs`, in order, to every process of the session: the leader
         first (an interactive shell ends on SIGHUP without waiting for the rest), then the
         others: those in its cgroup (one read of cgroup.procs) or, without one, those in its
-        process session (one scan of /proc)."""
-        for sig in sigs:
-            _kill(self.pid, sig)
+        process session (one scan of /proc). In a sandbox the leader (bwrap, outside it) is
+        spared: it ends when the sandbox's init does, which ends with the session's command, and
+        reaps that init first (killed before it, the init would be left a zombie of the node's
+        pid 1)."""
+        spared = {self.pid, self.init_pid} if self.sandbox is not None else set()
+        if self.sandbox is None:
+            for sig in sigs:
+                _kill(self.pid, sig)
         if self.cgroup is None:
-            signal_session(self.pid, *sigs)
+            for pid in session_members(self.pid):
+                if pid != self.pid and pid not in spared:
+                    for sig in sigs:
+                        _kill(pid, sig)
             return
         for pid in self.cgroup.pids():
-            if pid != self.pid:
+            if pid != self.pid and pid not in spared:
                 for sig in sigs:
                     _kill(pid, sig)
 
@@ -145,7 +166,11 @@ class SessionHandle:
         """Blocking: SIGKILL to every live process of the session: its cgroup's (cgroup.kill),
         or without one those of its process session and those that escaped it (they carry its
         FGPU_SESSION_ID; one scan of /proc). Returns how many were signalled (0: none was left
-        but zombies, so there is nothing to wait for)."""
+        but zombies, so there is nothing to wait for). In a sandbox its init is killed first,
+        which ends every process of its PID namespace, and the leader (bwrap) is given up to
+        SANDBOX_REAP_S to reap it and exit before the rest is killed (`signal_all`)."""
+        if self.sandbox is not None and _kill(self.init_pid, signal.SIGKILL):
+            _wait_exit(self.pid, SANDBOX_REAP_S)
         if self.cgroup is not None:
             return self.cgroup.kill()
         found = session_processes(self.session_id, self.pid, live_only=True, since=self.started)
@@ -178,11 +203,25 @@ class SessionHandle:
     def exec_popen(self, argv: list[str], *, stdout, stderr) -> subprocess.Popen:
         """Start `argv` beside the session: its environment and working directory, stdin from
         /dev/null, in a process session of its own (so `signal_exec` reaches all it starts) and
-        in the session's cgroup where it has one (so it ends with the session). Raises
-        FileNotFoundError / PermissionError as Popen does."""
+        in the session's cgroup where it has one (so it ends with the session); inside its
+        sandbox where it has one (its namespaces, uid and gid: Sandbox.enter, util-linux
+        nsenter, whose exit status is the command's). Raises FileNotFoundError /
+        PermissionError as Popen does (for the command itself only outside a sandbox: inside,
+        a missing command is nsenter's exit status 127)."""
+        if self.sandbox is not None:
+            argv = self.sandbox.enter(self.init_pid, argv, cwd=self.work_dir)
         return popen_leader(
             argv, cgroup=self.cgroup, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=self.work_dir, env=self.env
         )
+
+    @property
+    def app_socket(self):
+        """Where its apps listen in a network namespace of its own (a sandbox without the node's
+        network): a blocking function that makes a TCP socket in that namespace (unconnected;
+        agent.sandbox.netns_socket; raises OSError); None: its apps are on the node's network."""
+        if self.sandbox is None or self.sandbox.share_net:
+            return None
+        return partial(netns_socket, self.init_pid)
 
     def signal_exec(self, process: subprocess.Popen, sig: int) -> None:
         """Blocking: `sig` to a command started by `exec_popen` and everything it started in its
@@ -210,16 +249,25 @@ class SessionHandle:
 
     def remove(self) -> None:
         """Blocking: what is left once the session ended: its cgroup, removed (what is still in
-        it is killed first)."""
+        it is killed first), and its sandbox's status pipe closed."""
         if self.cgroup is not None:
             self.cgroup.remove()
+        if self._status_fd >= 0:
+            os.close(self._status_fd)
+            self._status_fd = -1
 
 
 class ProcessRuntime:
-    """Sessions as PTY process groups of the agent's own Unix user, sharing the node's files and
-    processes: for the standalone default and GPU-less development. Nothing isolates one session
-    from another or from the agent (use the docker runtime where more than one trusted person
-    shares a node); `cpu` and `mem` are accounted, not enforced.
+    """Sessions as PTY process groups on the node, each confined by bubblewrap (agent.sandbox): an
+    unprivileged user that is never the agent's (`uid`/`gid`, agent.toml's `[container] uid`,
+    where the agent is root), its own user, mount, PID, IPC, UTS and network namespaces, the host
+    system read-only, its home and data folders read-write, nothing of the agent, the console or
+    another session; only loopback unless `network` is "host" (UNSAFE). Where no sandbox is
+    possible (`sandbox`, agent.toml's `[container] sandbox`: "auto", "bubblewrap" or "none"; decided
+    once when the agent starts, `clean_up_at_start`, and logged with the reason), "auto" runs
+    only administrators' sessions (start spec `owner_is_staff`), unconfined, and refuses others'
+    with the reason; "bubblewrap" refuses to start; "none" runs every session unconfined as the
+    agent's user (UNSAFE, for a single-user machine).
 
     A session's processes: where the agent may create cgroups v2 (`cgroup_root`, agent.toml's
     `[container] cgroup-root`: "auto", a cgroup2 directory, or "none"), each session has its own,
@@ -239,8 +287,21 @@ class ProcessRuntime:
     name = PROCESS
 
     def __init__(
-        self, *, node: str = "", cgroup_root: str = CGROUP_AUTO, limits: SessionLimits | None = None, tag: str | None = None
+        self,
+        *,
+        node: str = "",
+        cgroup_root: str = CGROUP_AUTO,
+        limits: SessionLimits | None = None,
+        tag: str | None = None,
+        sandbox: str = SANDBOX_AUTO,
+        uid: int = 1000,
+        gid: int = 1000,
+        network: str = "none",
     ) -> None:
+        self.sandbox_setting = sandbox
+        self.uid, self.gid, self.network = uid, gid, network
+        self.sandbox: Sandbox | None = None  # set by `confine` where bubblewrap works
+        self.unconfined_why: str | None = None  # why not (None: not probed yet)
         self.node = node
         self.cgroup_root = cgroup_root
         self.limits = limits if limits is not None else SessionLimits()
@@ -264,32 +325,103 @@ class ProcessRuntime:
 
         nvidia_smi.install(bin_dir)
 
+    def confine(self) -> Sandbox | None:
+        """Blocking, once (the agent's start calls it first): find whether sessions can run in
+        a sandbox here (agent.sandbox.probe) and log what they run in. Returns the Sandbox, or
+        None (`unconfined_why` says why). Raises SandboxError where agent.toml requires
+        bubblewrap and it cannot run."""
+        if self.unconfined_why is not None or self.sandbox is not None:
+            return self.sandbox
+        self.sandbox, why = probe_sandbox(self.sandbox_setting, uid=self.uid, gid=self.gid, network=self.network)
+        if self.sandbox is None:
+            self.unconfined_why = why
+            if self.sandbox_setting == SANDBOX_BUBBLEWRAP:
+                raise SandboxError(f'agent.toml says [container] sandbox = "bubblewrap", but it cannot run here: {why}')
+            if self.sandbox_setting == SANDBOX_NONE:
+                log.warning(
+                    "UNSAFE: sessions run UNCONFINED as the agent's user (uid %d), seeing and reaching all it can: %s "
+                    "(for a single-user machine only)",
+                    os.getuid(),
+                    why,
+                )
+            else:
+                log.warning(
+                    "sessions cannot be confined here (%s): only administrators' sessions will run, unconfined; "
+                    "other users' launches are refused",
+                    why,
+                )
+            return None
+        who = (
+            f"uid {self.sandbox.uid}, gid {self.sandbox.gid}"
+            if self.sandbox.drop
+            else f"the agent's own uid {self.sandbox.uid} (the agent is not root, so it cannot switch users)"
+        )
+        log.info("each session runs in a bubblewrap sandbox as %s", who)
+        if self.sandbox.share_net:
+            log.warning(
+                'UNSAFE: agent.toml says [container] network = "host": sessions share the node\'s network and reach '
+                "Redis, PostgreSQL, the web and this agent"
+            )
+        return self.sandbox
+
     def spawn(self, *, spec: dict, argv: list[str], env: dict, work_dir: Path, progress=None) -> SessionHandle:
         """Blocking: `argv` on a new PTY in its own process session, in `work_dir` with `env`
-        (`progress`: unused, there is nothing to pull)."""
+        (`progress`: unused, there is nothing to pull), in its sandbox (`confine`): its home and
+        the data folders of `spec` (`data_dir`, `project_dirs`) given to the session's user first.
+        Raises SandboxError (no sandbox here and the owner is no administrator, under "auto";
+        bubblewrap could not set it up: what it said on the terminal) and OSError."""
+        sandbox = self.confine()
+        if sandbox is None and self.sandbox_setting != SANDBOX_NONE and not spec.get("owner_is_staff"):
+            raise SandboxError(
+                f"this node cannot confine sessions ({self.unconfined_why}), so it runs only administrators' sessions; "
+                "ask an administrator to install bubblewrap there, or to run your session on another node"
+            )
+        data = [Path(p) for p in (spec.get("data_dir") or "", *(spec.get("project_dirs") or {}).values()) if p]
+        if sandbox is not None:
+            projects = work_dir / PROJECTS_DIR
+            sandbox.own(work_dir, *([projects] if projects.is_dir() else []), *data)
         cgroup = self.cgroups.create(spec["session_id"], spec=spec) if self.cgroups is not None else None  # with its limits
         master_fd, slave_fd = pty.openpty()
         set_winsize(slave_fd, 24, 80)
+        status_read, status_write = os.pipe() if sandbox is not None else (-1, -1)
+        if sandbox is not None:
+            _check_executable(argv[0], cwd=work_dir, env=env)  # the host system is the sandbox's (read-only)
+            argv = sandbox.command(argv, home=work_dir, data=data, status_fd=status_write)
         try:
-            process = popen_leader(
-                argv,
-                cgroup=cgroup,
-                tty=os.ttyname(slave_fd),
-                stdin=slave_fd,
-                stdout=slave_fd,
-                stderr=slave_fd,
-                cwd=work_dir,
-                env=env,
-            )
+            try:
+                process = popen_leader(
+                    argv,
+                    cgroup=cgroup,
+                    tty=os.ttyname(slave_fd),
+                    stdin=slave_fd,
+                    stdout=slave_fd,
+                    stderr=slave_fd,
+                    cwd=work_dir,
+                    env=env,
+                    pass_fds=(status_write,) if sandbox is not None else (),
+                )
+            finally:
+                os.close(slave_fd)
+                if status_write >= 0:
+                    os.close(status_write)
+            init_pid = 0
+            if sandbox is not None:
+                try:
+                    init_pid = read_init_pid(status_read)
+                except SandboxError as exc:
+                    raise SandboxError(f"{exc}: {_said(process, master_fd)}") from None
         except BaseException:
             os.close(master_fd)
+            if status_read >= 0:
+                os.close(status_read)
             if cgroup is not None:
                 cgroup.remove()
             raise
-        finally:
-            os.close(slave_fd)
         os.set_blocking(master_fd, False)
-        return SessionHandle(spec["session_id"], process, master_fd, env=env, work_dir=work_dir, cgroup=cgroup)
+        return SessionHandle(
+            spec["session_id"], process, master_fd, env=env, work_dir=work_dir, cgroup=cgroup, sandbox=sandbox,
+            init_pid=init_pid, status_fd=status_read,
+        )  # fmt: skip
 
     def clean_up_at_start(self, scratch_root: Path) -> tuple[list[SessionHandle], int]:
         """Blocking, when the agent starts: decide how sessions' processes are tracked (their
@@ -298,7 +430,9 @@ class ProcessRuntime:
         sessions left were killed: through the cgroups under the agent's parent cgroup, and
         those found by the FGPU_ALLOCATION under `scratch_root` in their environment (one scan
         in either mode: a run that used the scan, or an agent from before cgroups, left its
-        sessions in no cgroup of ours)."""
+        sessions in no cgroup of ours). First, whether sessions can be sandboxed (`confine`;
+        raises SandboxError where agent.toml requires bubblewrap and it cannot run)."""
+        self.confine()
         name = parent_cgroup_name(self.node, scratch_root, tag=self.tag)
         self.cgroups, why = open_session_cgroups(self.cgroup_root, name=name, limits=self.limits)
         if self.cgroups is None:
@@ -411,7 +545,7 @@ _RESET_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
 
 
 def popen_leader(
-    argv: list[str], *, cgroup: SessionCgroup | None, tty: str = "", stdin, stdout, stderr, cwd, env
+    argv: list[str], *, cgroup: SessionCgroup | None, tty: str = "", stdin, stdout, stderr, cwd, env, pass_fds=()
 ) -> subprocess.Popen:
     """Blocking: start `argv` as the leader of a new process session (its pid is the session
     id) with `stdin`, `stdout` and `stderr` (as Popen takes them), in `cgroup` where given, with
@@ -419,7 +553,7 @@ def popen_leader(
     `default_signals` resets at their default disposition: without a preexec_fn
     (LEADER_SCRIPT) unless this process ignores one of those signals. Raises OSError as Popen
     does; where the script cannot join the cgroup, the leader ends with 126 instead (the shell
-    says why on stderr)."""
+    says why on stderr). `pass_fds`: descriptors the command inherits (bwrap's status pipe)."""
     if _ignored(_RESET_SIGNALS):
         then = _make_controlling_tty if tty else default_signals
         preexec, argv = (then if cgroup is None else _joining(cgroup, then)), argv
@@ -429,8 +563,43 @@ def popen_leader(
         preexec, argv = None, ["/bin/sh", "-c", LEADER_SCRIPT, "fgpu-session", procs, tty, *argv]
     return subprocess.Popen(
         argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env, start_new_session=True, close_fds=True,
-        preexec_fn=preexec,
+        preexec_fn=preexec, pass_fds=pass_fds,
     )  # fmt: skip
+
+
+def _wait_exit(pid: int, timeout: float) -> bool:
+    """Blocking: wait up to `timeout` seconds for process `pid` (a child of this process) to exit,
+    without reaping it (its pidfd; its Popen's wait reaps it). Returns whether it exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return False
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+def _said(process: subprocess.Popen, master_fd: int, *, timeout: float = 5.0) -> str:
+    """Blocking: what a leader that failed wrote on its terminal (the last 2 kB, as text), once
+    it ended (killed after `timeout` seconds)."""
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    os.set_blocking(master_fd, False)
+    said = b""
+    while True:
+        try:
+            chunk = os.read(master_fd, 65536)
+        except OSError:  # nothing more (EAGAIN), or EIO: the terminal's last holder is gone
+            break
+        if not chunk:
+            break
+        said += chunk
+    text = said[-2048:].decode(errors="replace").strip()
+    return text or f"exit status {process.returncode}"
 
 
 def _check_executable(program: str, *, cwd, env) -> None:
