@@ -11,6 +11,20 @@ import pytest
 from tests.seed import GiB, make_cluster, mock_gpu  # noqa: F401 (re-exported)
 from tests.stack import ROOT, Proc, Stack, StackNode, free_port, wait_until, wait_until_async  # noqa: F401 (re-exported)
 
+
+def _secret_key_for_this_run() -> None:
+    """The console's SECRET_KEY for this run (console.secret_key): FGPU_SECRET_KEY when it is given
+    and usable, else the random key settings made for this process, put into the environment that
+    every process the tests start inherits (tests.stack), so a sign-in cookie made here is valid there."""
+    from django.conf import settings
+
+    if settings.SECRET_KEY_PROBLEM is not None:
+        os.environ["FGPU_SECRET_KEY"] = settings.SECRET_KEY
+        settings.SECRET_KEY_PROBLEM = None
+
+
+_secret_key_for_this_run()
+
 # The standalone consoles the tests start (tests/test_browser*.py, test_cli_standalone.py, …) copy this
 # environment and run sessions as processes unless a test sets FGPU_RUNTIME itself: standalone's
 # default, auto, picks docker where Docker Engine holds the session image (CI). tests/test_runtime_choice.py

@@ -34,6 +34,7 @@ import asyncio
 import inspect
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -316,6 +317,8 @@ class Stack:
                "FGPU_DATA_DIR": str(self.work_dir / "data"), "FGPU_HEARTBEAT_INTERVAL": str(self.heartbeat_interval),
                "PYTHONUNBUFFERED": "1", "FGPU_APPS_ORIGIN": self.apps_base, **self.extra_env}
         env.pop("FGPU_CELERY_EAGER", None)
+        if len(env.get("FGPU_SECRET_KEY", "")) < 32:  # web, manager and beat refuse to start without one
+            env["FGPU_SECRET_KEY"] = secrets.token_urlsafe(48)  # this stack's own (a test run has one: conftest)
         self.env = env
         script = ("from django.core.management import call_command\n"
                   f"call_command('import_accelerator_config', {str(ROOT / 'demo' / 'mock-accelerator.toml')!r})\n"
