@@ -399,7 +399,7 @@ def command_from_dict(message: dict) -> Command | dict:
     kind = message.get("type")
     typed = TYPED.get(kind) if isinstance(kind, str) else None
     if typed is not None:
-        return typed.from_dict(message)  # type: ignore[attr-defined]
+        return typed.from_dict(message)
     if kind in PASSED:
         _field(message, "session_id", str)
         _field(message, "reply_channel", str)

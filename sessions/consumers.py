@@ -322,15 +322,14 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
         if message["type"] == "terminal.output":
             await self.terminal_output(message)
         elif message["type"] == DIRECT_OFFER:
-            try:  # it names where this terminal connects: only its node's agent may say
-                offer = self.link.answer(message) if self.link is not None else None
-            except Refused as exc:
-                log.warning(
-                    "terminal for %s: ignored a direct-stream offer not from node %s: %s", self.session_id, self.link.node, exc
-                )
+            if self.link is None:
                 return
-            if offer is not None:
-                await self.terminal_direct(offer)
+            try:  # it names where this terminal connects: only its node's agent may say
+                offer = self.link.answer(message)
+            except Refused as exc:
+                log.warning("terminal for %s: ignored a direct-stream offer not from its node: %s", self.session_id, exc)
+                return
+            await self.terminal_direct(offer)
         elif message["type"] == "websocket.receive":
             await self.websocket_receive(message)
         else:

@@ -17,6 +17,7 @@ from rest_framework.renderers import JSONRenderer
 
 from protocol import pty_group, terminal_group  # noqa: F401 (the agent's groups, re-exported for the web)
 from protocol.channel import AgentLink
+from sessions.agent_links import agent_link, agent_link_named, agent_link_of_session  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -78,34 +79,6 @@ def _send_updates(entries: list[tuple]) -> None:
             sends += [(group, message) for group in (session_group(session_id), user_group(owner_id), STAFF_GROUP)]
     if sends:
         _SENDER.send(sends)
-
-
-def agent_link(node) -> AgentLink:
-    """How the web talks to `node`'s agent (an accelerators Node): the channel layer's names of
-    that node and its agent key, which seals every command and verifies every answer
-    (protocol.channel; FGPU_REQUIRE_NODE_KEYS: answers of a node without a key are refused)."""
-    from django.conf import settings
-
-    return AgentLink(node=node.name, key=node.agent_key or "", required=settings.FGPU_REQUIRE_NODE_KEYS)
-
-
-def agent_link_named(node_name: str) -> AgentLink:
-    """`agent_link` of the node named `node_name` (one query for its key; none where unknown)."""
-    from django.conf import settings
-
-    from accelerators.models import Node
-
-    key = Node.objects.filter(name=node_name).values_list("agent_key", flat=True).first() or ""
-    return AgentLink(node=node_name, key=key, required=settings.FGPU_REQUIRE_NODE_KEYS)
-
-
-def agent_link_of_session(session_id) -> AgentLink | None:
-    """`agent_link` of the node session `session_id` is placed on (one query); None when it is on
-    none (or there is no such session)."""
-    from accelerators.models import Node
-
-    node = Node.objects.filter(sessions__pk=session_id).only("name", "agent_key").first()
-    return None if node is None else agent_link(node)
 
 
 def pty_send(link: AgentLink, session_id, message: dict) -> None:

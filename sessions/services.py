@@ -479,7 +479,7 @@ def session_exec_call(*, session: ComputeSession, command, timeout: int) -> Exec
     Raises ApplicationError 409 "session-not-running" unless RUNNING."""
     _exec_check_running(session)
     message = {"type": "pty.exec", "session_id": str(session.pk), "argv": command, "timeout": timeout}
-    link = events.agent_link(session.node)
+    link = _node_link(session)
     return ExecCall(group=link.pty_group(session.pk), message=message, timeout=timeout, node=link.node, link=link)
 
 
@@ -512,6 +512,16 @@ async def session_exec_wait(call: ExecCall) -> dict:
             status=504,
         )
     return {key: result[key] for key in ("exit_code", "stdout", "stderr", "truncated", "duration_ms")}
+
+
+def _node_link(session: ComputeSession) -> AgentLink:
+    """The link to a RUNNING session's agent (protocol.channel); ApplicationError 409 when the
+    session is on no node (none RUNNING is)."""
+    if session.node is None:
+        raise ApplicationError(
+            "the session is not on a node", type="session-not-running", title="Session not running", status=409
+        )
+    return events.agent_link(session.node)
 
 
 def _exec_check_running(session: ComputeSession) -> None:
@@ -568,7 +578,7 @@ def session_exec_start(*, session: ComputeSession, command, timeout: int) -> dic
     unless RUNNING. An agent that does not take it within EXEC_REPLY_GRACE_S seconds shows as
     state `failed` on the next read."""
     _exec_check_running(session)
-    link = events.agent_link(session.node)
+    link = _node_link(session)
     exec_id = str(uuid.uuid4())
     record = {
         "session": str(session.pk),

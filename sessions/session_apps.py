@@ -37,7 +37,7 @@ from django.core.cache import cache
 
 from console.errors import ApplicationError
 from protocol.channel import AgentLink, Refused, reply_prefix
-from sessions import events
+from sessions.agent_links import agent_link_of_session
 from sessions.models import TERMINAL_APP, ComputeSession, SessionStatus
 from sessions.service_ports import jupyter_app, merged_apps  # noqa: F401  (jupyter_app: imported from here too)
 
@@ -148,7 +148,7 @@ async def session_app_open(*, session: ComputeSession, app: dict, node: str, on_
     keep = await app_token_get(session_id=session.pk, app=app["name"])
     token = app_token_new()
     layer = get_channel_layer()
-    link = await sync_to_async(events.agent_link_of_session)(session.pk)  # seals the open, verifies answers
+    link = await sync_to_async(agent_link_of_session)(session.pk)  # seals the open, verifies answers
     if link is None:
         raise ApplicationError(
             "the session is not on a node", type="session-not-running", title="Session not running", status=409
@@ -198,7 +198,7 @@ async def session_app_target(*, session_id: str, name: str, port: int | None = N
     if known is not None and known[2] > time.monotonic():
         return known[0], known[1]
     layer = get_channel_layer()
-    link = await sync_to_async(events.agent_link_of_session)(session_id)
+    link = await sync_to_async(agent_link_of_session)(session_id)
     if link is None:
         return {"error": "the session is not on a node"}
     reply = await layer.new_channel(reply_prefix("app"))

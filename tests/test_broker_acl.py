@@ -122,3 +122,49 @@ def test_the_stack_runs_with_one_broker_user_per_role_and_an_agent_is_refused_th
         redis.Redis(host="127.0.0.1", port=port).ping()  # no credentials: the default user is off
     with pytest.raises(redis.exceptions.AuthenticationError):
         redis.Redis(host="127.0.0.1", port=port, username=me.name, password="guess").ping()
+
+
+def test_an_agent_reaches_the_channel_layer_keys_of_its_own_node_only_and_cannot_list_keys():
+    from fnmatch import fnmatchcase
+
+    from protocol.channel import agent_channel_prefix, node_group, node_tag, pty_group, terminal_group
+
+    rules = agent_rules("gpu-1").split()
+    readable = [r[1:] for r in rules if r.startswith("~")]
+    write_only = [r[3:] for r in rules if r.startswith("%W~")]
+
+    def reaches(key: str, patterns: list[str]) -> bool:
+        return any(fnmatchcase(key, p) for p in patterns)
+
+    session = "0b5c0f8e-4b1c-4f5e-9d7e-2f1a3c4b5d6e"
+    for own in (f"asgi:group:{pty_group('gpu-1', session)}", f"asgi:group:{terminal_group('gpu-1', session)}",
+                f"asgi:group:{node_group('gpu-1')}", "asgiagent.gpu-1.0123abcd!", f"fgpu:exec:gpu-1:{session}:out",
+                "unacked.agent.gpu-1", "unacked.agent.gpu-1_index"):
+        assert reaches(own, readable), own
+    for other in ("gpu-10", "gpu-1.5", "gpu", "gpu-2"):  # names that start alike, with a dot, shorter
+        for key in (f"asgi:group:{pty_group(other, session)}", f"asgi:group:{terminal_group(other, session)}",
+                    f"asgi:group:{node_group(other)}", f"asgi{agent_channel_prefix(other)}.0123abcd!",
+                    f"fgpu:exec:{node_tag(other)}:{session}",
+                    f"unacked.agent.{other}", f"agent.{other}"):
+            assert not reaches(key, readable) and not reaches(key, write_only), (other, key)
+    assert reaches("asgispecific.0123abcd!", write_only) and not reaches("asgispecific.0123abcd!", readable)
+    assert reaches("asgireply.app.0123abcd!", write_only) and not reaches("asgireply.app.0123abcd!", readable)
+    assert "~asgi*" not in rules and "~fgpu:exec:*" not in rules and "+@keyspace" not in rules
+    assert {"-scan", "-keys", "-randomkey", "-dbsize"} <= set(rules)
+
+
+def test_every_nodes_group_names_are_valid_channels_names_and_long_or_dotted_names_are_hashed_apart():
+    from channels.layers import BaseChannelLayer
+
+    from protocol.channel import node_tag, pty_group, terminal_group
+
+    layer = BaseChannelLayer()
+    session = "0b5c0f8e-4b1c-4f5e-9d7e-2f1a3c4b5d6e"
+    names = ["n", "gpu-1", "a" * 40, "a" * 41, "a" * 128, "gpu.1", "gpu_1", "A.b-c_d." + "x" * 120]
+    for node in names:
+        for group in (pty_group(node, session), terminal_group(node, session)):
+            assert layer.require_valid_group_name(group) and len(group) < 100, group
+        agent_user(node)  # every name a broker user may carry
+    tags = [node_tag(n) for n in names]
+    assert len(set(tags)) == len(tags) and all("." not in t for t in tags)
+    assert node_tag("gpu-1") == "gpu-1" and node_tag("gpu.1").startswith("_") and len(node_tag("a" * 41)) == 41

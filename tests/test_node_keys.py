@@ -4,6 +4,7 @@ messages go through the manager's Celery tasks (eager), as the agent sends them.
 from __future__ import annotations
 
 import io
+import time
 import logging
 
 import pytest
@@ -110,3 +111,70 @@ def test_a_signature_covers_every_argument():
     assert not protocol.verify("k", protocol.SESSION_REPORT, {**kwargs, "status": "TERMINATED"}, signature)
     assert not protocol.verify("k", protocol.SESSION_LOG_APPEND, kwargs, signature)
     assert not protocol.verify("other", protocol.SESSION_REPORT, kwargs, signature)
+
+
+# --- commands to agents and their answers (protocol.channel) --------------------------------------
+
+
+def test_a_sealed_command_opens_once_within_its_age_for_its_own_node_only():
+    from protocol.channel import MAX_AGE_S, TO_AGENT, AgentLink, CommandGuard, Refused, seal
+
+    guard, web = CommandGuard(node="node-a", key="k-a"), AgentLink(node="node-a", key="k-a")
+    message = web.command({"type": "pty.input", "session_id": "s", "data": "ls\r"})
+
+    assert guard.open(message) == {"type": "pty.input", "session_id": "s", "data": "ls\r"}
+    for refused, why in (
+        (message, "replayed"),
+        ({"type": "pty.input", "session_id": "s", "data": "ls\r"}, "unsigned"),
+        ({**message, "data": "rm -rf ~\r"}, "does not verify"),  # a changed field
+        ({**message, "session_id": "t"}, "does not verify"),  # another session
+        (AgentLink(node="node-b", key="k-a").command({"type": "pty.stop", "session_id": "s"}), "does not verify"),
+        (AgentLink(node="node-a", key="k-b").command({"type": "pty.stop", "session_id": "s"}), "does not verify"),
+        (seal({"type": "pty.stop", "session_id": "s"}, key="k-a", node="node-a", direction=TO_AGENT,
+              now=time.time() - MAX_AGE_S - 5), "from now"),
+        ({**message, "auth": {"ts": "1", "nonce": 2}}, "malformed"),
+    ):
+        with pytest.raises(Refused, match=why):
+            guard.open(refused)
+
+
+def test_a_node_without_a_key_takes_unsealed_commands_and_its_answers_pass_unless_keys_are_required():
+    from protocol.channel import AgentLink, CommandGuard, Refused
+
+    guard = CommandGuard(node="node-a", key="")
+    assert guard.open({"type": "pty.stop", "session_id": "s"}) == {"type": "pty.stop", "session_id": "s"}
+    assert guard.answer({"type": "exec.result"}) == {"type": "exec.result"}
+    assert AgentLink(node="node-a").answer({"type": "exec.result"}) == {"type": "exec.result"}
+    with pytest.raises(Refused, match="keys are required"):
+        AgentLink(node="node-a", required=True).answer({"type": "exec.result"})
+
+
+def test_commands_are_typed_and_malformed_ones_are_refused():
+    from protocol.channel import Malformed, PtyAck, PtyExec, PtyResize, command_from_dict
+
+    assert command_from_dict({"type": "pty.resize", "session_id": "s", "rows": 24, "cols": 80}) == PtyResize("s", 24, 80)
+    ack = PtyAck("s", "specific.x!y", 10, 1)
+    assert command_from_dict(ack.to_dict()) == ack
+    assert command_from_dict({"type": "pty.exec", "session_id": "s", "argv": ["ls"], "timeout": 5,
+                              "reply_channel": "r"}) == PtyExec("s", ["ls"], 5, "r")
+    for bad in ({"type": "pty.resize", "session_id": "s", "rows": "24", "cols": 80},
+                {"type": "pty.resize", "session_id": "s", "rows": 0, "cols": 80},
+                {"type": "pty.input", "session_id": "s", "data": b"x"},
+                {"type": "pty.ack", "session_id": "s", "channel": "c", "offset": True, "n": 1},
+                {"type": "pty.exec", "session_id": "s", "argv": [1], "timeout": 5, "reply_channel": "r"},
+                {"type": "pty.exec_stream", "session_id": "s", "exec_id": "../x", "argv": "ls", "timeout": 5},
+                {"type": "pty.files", "session_id": "s"},
+                {"type": "pty.input", "data": "x"},
+                {"type": "pty.anything", "session_id": "s"}):
+        with pytest.raises(Malformed):
+            command_from_dict(bad)
+
+
+def test_bytes_in_a_command_are_covered_by_its_seal():
+    from protocol.channel import AgentLink, CommandGuard, Refused
+
+    web, guard = AgentLink(node="node-a", key="k"), CommandGuard(node="node-a", key="k")
+    chunk = web.command({"type": "pty.files", "session_id": "s", "op": "upload_chunk", "data": b"\x00" * 10, "reply_channel": "r"})
+    with pytest.raises(Refused):
+        guard.open({**chunk, "data": b"\x01" * 10})
+    assert guard.open(chunk)["data"] == b"\x00" * 10

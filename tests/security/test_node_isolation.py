@@ -43,8 +43,11 @@ def attack(tmp_path, django_user_model):
         status, created = api(stack.base, "POST", "/api/v1/sessions/", token, {"resources": {"cuda.shares": "0.5"}})
         assert status == 201, created
         path = f"/api/v1/sessions/{created['id']}/"
-        session = wait_until(lambda: (s := get_ok(stack.base, path, token))["status"] in ("RUNNING", "ERROR") and s,
-                             timeout=60, what="the session to start")
+        session = wait_until(
+            lambda: (s := get_ok(stack.base, path, token))["status"] in ("RUNNING", "ERROR") and s,
+            timeout=60,
+            what="the session to start",
+        )
         assert session["status"] == "RUNNING", session
         a = session["node"]
         b = next(n for n in NODES if n != a)
@@ -80,23 +83,30 @@ def test_node_bs_broker_user_cannot_list_the_keyspace_or_read_node_as_keys(attac
     thief = redis.Redis.from_url(b_url)
     assert thief.ping()
     # Something of A's in the exec store and the channel layer, to make sure the keys exist.
-    status, started = api(stack.base, "POST", f"/api/v1/sessions/{session_id}/exec/", token,
-                          {"command": "echo secret-of-a", "stream": True})
+    status, started = api(
+        stack.base, "POST", f"/api/v1/sessions/{session_id}/exec/", token, {"command": "echo secret-of-a", "stream": True}
+    )
     assert status in (200, 201, 202), started
     mine = f"asgi:group:pty.{node_tag(b)}.x"
     thief.zadd(mine, {"probe": 1})  # its own keys: reachable (the refusals below are not a broken user)
     assert thief.zrange(mine, 0, -1) == [b"probe"]
 
-    for attempt in (lambda: thief.scan(0), lambda: thief.keys("*"), lambda: thief.randomkey(), lambda: thief.dbsize(),
-                    lambda: thief.zrange(f"asgi:group:{pty_group(a, session_id)}", 0, -1),
-                    lambda: thief.zrange(f"asgi:group:{terminal_group(a, session_id)}", 0, -1),
-                    lambda: thief.zrange(f"asgi:group:{node_group(a)}", 0, -1),
-                    lambda: thief.zpopmin(f"asgiagent.{node_tag(a)}.0123456789abcdef!"),  # A's agent's messages
-                    lambda: thief.zrange("asgispecific.0123456789abcdef!", 0, -1),  # terminals' output, scrollback
-                    lambda: thief.zpopmin("asgireply.app.0123456789abcdef!"),  # the web's app questions' answers
-                    lambda: thief.hgetall(f"fgpu:exec:{node_tag(a)}:{started['id']}"),
-                    lambda: thief.lrange(f"fgpu:exec:{node_tag(a)}:{started['id']}:out", 0, -1),
-                    lambda: thief.llen(f"agent.{a}"), lambda: thief.hgetall(f"unacked.agent.{a}")):
+    for attempt in (
+        lambda: thief.scan(0),
+        lambda: thief.keys("*"),
+        lambda: thief.randomkey(),
+        lambda: thief.dbsize(),
+        lambda: thief.zrange(f"asgi:group:{pty_group(a, session_id)}", 0, -1),
+        lambda: thief.zrange(f"asgi:group:{terminal_group(a, session_id)}", 0, -1),
+        lambda: thief.zrange(f"asgi:group:{node_group(a)}", 0, -1),
+        lambda: thief.zpopmin(f"asgiagent.{node_tag(a)}.0123456789abcdef!"),  # A's agent's messages
+        lambda: thief.zrange("asgispecific.0123456789abcdef!", 0, -1),  # terminals' output, scrollback
+        lambda: thief.zpopmin("asgireply.app.0123456789abcdef!"),  # the web's app questions' answers
+        lambda: thief.hgetall(f"fgpu:exec:{node_tag(a)}:{started['id']}"),
+        lambda: thief.lrange(f"fgpu:exec:{node_tag(a)}:{started['id']}:out", 0, -1),
+        lambda: thief.llen(f"agent.{a}"),
+        lambda: thief.hgetall(f"unacked.agent.{a}"),
+    ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             attempt()
     with pytest.raises(redis.exceptions.AuthenticationError):
@@ -117,13 +127,25 @@ def test_node_b_cannot_join_or_write_node_as_groups_and_channels(attack):
             except redis.exceptions.ResponseError as exc:
                 refused.append(("join", group, acl_refusal(exc)))
         forged = AgentLink(node=a, key=b_key)
-        for kind, extra in (("pty.input", {"data": "echo typed-by-b >> isolation.txt\r"}), ("pty.stop", {}),
-                            ("pty.exec", {"argv": "touch exec-by-b", "timeout": 5, "reply_channel": mine}),
-                            ("pty.app_open", {"app": {"name": "x", "command": "sleep 1", "port": 1, "base_url": "/"},
-                                              "base_url": "/", "token": "t", "timeout": 5, "reply_channel": mine})):
+        for kind, extra in (
+            ("pty.input", {"data": "echo typed-by-b >> isolation.txt\r"}),
+            ("pty.stop", {}),
+            ("pty.exec", {"argv": "touch exec-by-b", "timeout": 5, "reply_channel": mine}),
+            (
+                "pty.app_open",
+                {
+                    "app": {"name": "x", "command": "sleep 1", "port": 1, "base_url": "/"},
+                    "base_url": "/",
+                    "token": "t",
+                    "timeout": 5,
+                    "reply_channel": mine,
+                },
+            ),
+        ):
             try:
-                await layer.group_send(pty_group(a, session_id),
-                                       forged.command({"type": kind, "session_id": session_id, **extra}))
+                await layer.group_send(
+                    pty_group(a, session_id), forged.command({"type": kind, "session_id": session_id, **extra})
+                )
             except redis.exceptions.ResponseError as exc:
                 refused.append(("send", kind, acl_refusal(exc)))
         try:  # A's agent's own channel (its name is random, but the key's pattern is refused whole)
@@ -155,16 +177,24 @@ def test_node_as_agent_ignores_commands_not_sealed_with_its_own_key(attack):
     admin_send(stack, group, typed(unsigned, "unsigned"))
     admin_send(stack, group, forged.command({"type": "pty.stop", "session_id": session_id}))
     admin_send(stack, group, unsigned.command({"type": "pty.stop", "session_id": session_id}))
-    stale = seal({"type": "pty.input", "session_id": session_id, "data": "echo stale >> isolation.txt\r"},
-                 key=own.key, node=a, direction=TO_AGENT, now=time.time() - 120)  # one of A's, two minutes old
+    stale = seal(
+        {"type": "pty.input", "session_id": session_id, "data": "echo stale >> isolation.txt\r"},
+        key=own.key,
+        node=a,
+        direction=TO_AGENT,
+        now=time.time() - 120,
+    )  # one of A's, two minutes old
     admin_send(stack, group, stale)
     genuine = typed(own, "genuine")
     admin_send(stack, group, genuine)
     admin_send(stack, group, genuine)  # the same sealed message again: a replay
     admin_send(stack, group, typed(own, "after"))
 
-    seen = wait_until(lambda: (t := exec_stdout(stack, token, session_id, "cat isolation.txt 2>/dev/null")).endswith(
-        "after\n") and t, timeout=30, what="the session's own commands to take effect")
+    seen = wait_until(
+        lambda: (t := exec_stdout(stack, token, session_id, "cat isolation.txt 2>/dev/null")).endswith("after\n") and t,
+        timeout=30,
+        what="the session's own commands to take effect",
+    )
 
     assert seen == "genuine\nafter\n", f"node A's agent acted on commands not sealed with its key: {seen!r}"
     assert get_ok(stack.base, f"/api/v1/sessions/{session_id}/", token)["status"] == "RUNNING"
@@ -184,8 +214,11 @@ def test_a_key_from_node_b_does_not_pass_for_node_a_either_way():
     with pytest.raises(Refused):  # an answer of A's agent, sent back to it as a command
         a_agent.open(a_agent.answer({"type": "pty.stop", "session_id": "s"}))
     with pytest.raises(Refused):  # a forged app answer pointing the web at B's listener
-        web.answer(CommandGuard(node="iso-a", key=b_key).answer({"type": "app.status", "running": True,
-                                                                 "host": "10.0.0.66", "port": 8888}))
+        web.answer(
+            CommandGuard(node="iso-a", key=b_key).answer(
+                {"type": "app.status", "running": True, "host": "10.0.0.66", "port": 8888}
+            )
+        )
     with pytest.raises(Refused):
         web.answer({"type": "app.status", "running": True, "host": "10.0.0.66", "port": 8888})  # unsigned
     assert web.answer(a_agent.answer({"type": "app.status", "host": "h"}))["host"] == "h"
