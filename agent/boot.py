@@ -108,4 +108,5 @@ def build_agent(
         terminal_address=config.terminal_address,
     )
     agent.usage.configure(interval_s=config.usage_interval_s, flush_s=config.usage_flush_s)
+    agent.storage.configure(config.limits)  # [limits] session-storage, user-data-storage (agent.storage)
     return agent

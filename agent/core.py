@@ -54,6 +54,7 @@ from agent import mig as mig_runtime
 from agent.environment import allocation_document, session_environment
 from agent.runtimes import HeldImages, ProcessRuntime, SessionHandle
 from agent.session_apps import SessionApps
+from agent.storage import StorageWatch
 from agent.usage import UsageSampler
 
 log = logging.getLogger(__name__)
@@ -265,6 +266,7 @@ class RunningSession:
     exited: asyncio.Task | None = None  # _wait_exit: done once the session is reported ended
     stopping: str = ""  # why the agent is killing it; empty while nobody asked
     env: dict = field(default_factory=dict)  # the session's environment, for exec
+    data_dir: Path | None = None  # its owner's persistent folder (~/data), whose storage agent.storage measures
     log_pending: list = field(default_factory=list)  # decoded output not yet batched
     log_pending_chars: int = 0
     log_seq: int = 0  # sequence number of the next batch
@@ -368,6 +370,7 @@ class Agent:
             mig_runtime.MockMigBackend() if mock else mig_runtime.NvmlMigBackend(), on_report=self._send_mig_report
         )
         self.usage = UsageSampler(self)  # usage samples to the manager (issue 15; agent.usage)
+        self.storage = StorageWatch(self)  # sessions' storage measured and limited (issue 31; agent.storage)
         self.app_address = app_address  # where the process runtime's session apps listen (agent.session_apps)
         self.app_relay = app_relay  # docker: relay container apps through the agent on app_address (agent.session_apps)
         self.apps = SessionApps(self)
@@ -408,6 +411,7 @@ class Agent:
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"agent-{self.node}-heartbeat"))
         self._tasks.append(asyncio.create_task(self._sweep_loop(), name=f"agent-{self.node}-sweep"))
         self._tasks.append(asyncio.create_task(self.usage.run(), name=f"agent-{self.node}-usage"))
+        self._tasks.append(asyncio.create_task(self.storage.run(), name=f"agent-{self.node}-storage"))
         log.info("agent %s started with %d device(s)", self.node, len(self.inventory["devices"]))
 
     async def shutdown(self) -> None:
@@ -725,7 +729,7 @@ class Agent:
         handle = self.runtime.spawn(
             spec=spec, argv=argv, env=env, work_dir=work_dir, progress=partial(self._progress_from_thread, session_id)
         )
-        return RunningSession(session_id=session_id, process=handle, work_dir=work_dir, env=env)
+        return RunningSession(session_id=session_id, process=handle, work_dir=work_dir, env=env, data_dir=folder)
 
     def _progress_from_thread(self, session_id: str, text: str) -> None:
         """A runtime's word on a slow start (an image pull), from the worker thread that spawns:

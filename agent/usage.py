@@ -11,7 +11,9 @@ Every `interval_s` seconds (agent.toml `[usage] interval`, default 5) one sample
   (the time since the session's previous sample, at most 2 × interval, so a pause of the agent
   stays a gap and is never counted), "gpu_memory": bytes or None, "gpu_util": percent or None,
   "cpu": milli-cores (1000 = one core busy the whole span), "mem": bytes resident,
-  "last_input": epoch seconds of the last terminal input or None}`.
+  "last_input": epoch seconds of the last terminal input or None, "storage": bytes in its home and
+  container layer at the last measure (agent.storage) or None}`. The manager stores no `storage`
+  yet (usage.SessionSample has no column for it); the agent enforces the limit itself.
 
 Where the figures come from:
 
@@ -282,6 +284,7 @@ class UsageSampler:
             gpu, devices = self._mock_gpu(sessions, t)
         else:
             gpu, devices = self._nvml_gpu(sessions, {sid: h[2] for sid, h in host.items()}, t)
+        storage = getattr(getattr(self.agent, "storage", None), "used", {})
         rows = []
         for sid in sessions:
             cpu, mem, _ = host[sid]
@@ -302,6 +305,7 @@ class UsageSampler:
                     "cpu": cpu,
                     "mem": mem,
                     "last_input": None if last_input is None else int(last_input),
+                    "storage": storage.get(sid),  # bytes in its home and container layer (agent.storage; None: not yet)
                 }
             )
         return {"devices": devices, "sessions": rows}

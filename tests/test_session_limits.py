@@ -160,3 +160,70 @@ def test_cgroup_v1_mounts_and_cpu_quotas():
     assert cpu_quota_us(2) == 200_000 and cpu_quota_us("0.5") == 50_000 and cpu_quota_us("0.001") == 1000
     assert cpu_quota_us(None) == 0 and cpu_quota_us("x") == 0 and cpu_quota_us(0) == 0 and cpu_quota_us("NaN") == 0
     assert SessionLimits().memory_for({}) == 4 << 30 and SessionLimits().memory_for({"mem": 5}) == 5
+
+
+# --- storage (agent.storage) ------------------------------------------------------------------------
+
+
+def test_measure_counts_allocated_blocks_each_inode_once_and_no_symlinked_tree(tmp_path):
+    from agent.storage import measure
+
+    tree = tmp_path / "home"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "a").write_bytes(b"x" * (3 * MiB))
+    (tree / "sub" / "b").write_bytes(b"y" * MiB)
+    (tree / "sub" / "b-again").hardlink_to(tree / "sub" / "b")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "big").write_bytes(b"z" * (8 * MiB))
+    (tree / "link").symlink_to(outside)
+    with open(tree / "sparse", "wb") as f:
+        f.truncate(1 << 30)  # 1 GiB long, nothing written: nothing allocated
+    used, complete = measure(tree)
+    assert complete
+    assert 4 * MiB <= used < 5 * MiB, used
+    assert measure(tree, budget=2) == (measure(tree, budget=2)[0], False)
+    assert measure(tmp_path / "missing") == (0, True)
+
+
+def storage_limited(h, **limits) -> None:
+    """The agent's [limits] as an operator would set them (agent.storage reads them at each measure)."""
+    h.agent.storage.configure(SessionLimits(**limits))
+
+
+def test_a_session_that_writes_past_its_storage_limit_is_stopped_with_the_reason(tmp_path):
+    from tests.test_agent_runtime import Harness, run_agent, start_spec
+
+    async def scenario(h: Harness):
+        storage_limited(h, session_storage=8 * MiB)
+        spec = start_spec(command="head -c 20971520 /dev/zero > big && echo WRITTEN && sleep 300")
+        channel = await h.watch_terminal(spec["session_id"])
+        await h.start_session(spec)
+        await h.read_until(channel, "WRITTEN")
+        assert await h.agent.storage.check_now() == [(spec["session_id"], "used 20 MiB of its 8 MiB storage limit (home)")]
+        _, reason, _ = await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
+        assert reason == "used 20 MiB of its 8 MiB storage limit (home)"
+
+    run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO)
+
+
+def test_a_user_s_data_folder_past_its_limit_stops_the_session_and_below_it_the_use_is_sampled(tmp_path):
+    from tests.test_agent_runtime import Harness, run_agent, start_spec
+
+    async def scenario(h: Harness):
+        storage_limited(h, user_data_storage=4 * MiB)
+        spec = {**start_spec(command="head -c 2097152 /dev/zero > data/small && echo WRITTEN && sleep 300"), "owner_id": 7}
+        channel = await h.watch_terminal(spec["session_id"])
+        await h.start_session(spec)
+        await h.read_until(channel, "WRITTEN")
+        assert await h.agent.storage.check_now() == []
+        assert (tmp_path / "data" / "users" / "7" / "small").stat().st_size == 2 * MiB
+        rows = h.agent.usage.sample()["sessions"]
+        assert rows[0]["storage"] is not None and rows[0]["storage"] < MiB  # its home; ~/data is the user's
+        (tmp_path / "data" / "users" / "7" / "more").write_bytes(b"m" * (3 * MiB))  # as another session of hers would
+        over = await h.agent.storage.check_now()
+        assert over == [(spec["session_id"], "used 5 MiB of its 4 MiB storage limit (~/data)")], over
+        _, reason, _ = await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
+        assert reason.endswith("storage limit (~/data)")
+
+    run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO, data_root=tmp_path / "data")
