@@ -143,8 +143,10 @@ def _machine_memory() -> int:
         return 0
 
 
-def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentConfig:
-    """Read and check agent.toml. Raises AgentConfigError naming the file and key."""
+def load_agent_config(path: str | Path, *, default_broker: str = "", runtime: str | None = None) -> AgentConfig:
+    """Read and check agent.toml. `runtime`: the runtime to read it for instead of its `[container]
+    runtime` (standalone's FGPU_RUNTIME), so that that runtime's defaults apply (its network).
+    Raises AgentConfigError naming the file and key."""
     path = Path(path).resolve()
     where = path.name
 
@@ -200,7 +202,7 @@ def load_agent_config(path: str | Path, *, default_broker: str = "") -> AgentCon
     retention = container.get("scratch-retention", 3600)
     if isinstance(retention, bool) or not isinstance(retention, int) or not 0 <= retention <= 365 * 86400:
         fail("container.scratch-retention", f"{retention!r} is not a number of seconds from 0 to 31536000")
-    runtime = text(container, "runtime", "container.runtime", "process")
+    runtime = runtime or text(container, "runtime", "container.runtime", "process")
     if runtime not in RUNTIMES:
         fail("container.runtime", f"{runtime!r} is not a runtime (known: {', '.join(RUNTIMES)})")
     default_image = text(container, "default-image", "container.default-image", "fgpu-session:latest")

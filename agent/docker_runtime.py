@@ -188,8 +188,15 @@ class DockerSession:
         return bool(self.container.attrs["State"].get("Running"))
 
     def remove(self) -> None:
+        import docker
+
         try:
             self.container.remove(v=True, force=True)
+        except docker.errors.APIError as exc:
+            if exc.status_code in (404, 409):  # gone, or being removed (DockerRuntime.release_now at exit)
+                log.debug("container of session %s: %s", self.session_id, exc.explanation or exc)
+            else:
+                log.warning("could not remove the container of session %s: %s", self.session_id, exc)
         except Exception as exc:
             log.warning("could not remove the container of session %s: %s", self.session_id, exc)
 

@@ -59,21 +59,24 @@ class Command(BaseCommand):
         stop_ignoring_session_signals()
         port = port or env_int("PORT", 8000, minimum=1, maximum=65535)
         agent_files = env_list("FGPU_AGENT_CONFIG", [str(DEMO_AGENT)])
-        try:
-            configs = [load_agent_config(path) for path in agent_files]
-        except AgentConfigError as exc:
-            raise CommandError(f"FGPU_AGENT_CONFIG: {exc}") from None
+
+        def load(runtime: str | None = None) -> list:
+            try:
+                configs = [load_agent_config(path, runtime=runtime) for path in agent_files]
+            except AgentConfigError as exc:
+                raise CommandError(f"FGPU_AGENT_CONFIG: {exc}") from None
+            return [
+                dataclasses.replace(
+                    c, scratch_root=settings.FGPU_SESSIONS_DIR / c.node_name, data_root=settings.DATA_DIR / "user-data"
+                )  # one, as NFS would be
+                for c in configs
+            ]
+
+        configs = load()
         names = [c.node_name for c in configs]
         if len(set(names)) != len(names):
             raise CommandError(f"FGPU_AGENT_CONFIG: two agent.toml files use the same [agent] id: {names}")
-        configs = [
-            dataclasses.replace(
-                c, scratch_root=settings.FGPU_SESSIONS_DIR / c.node_name, data_root=settings.DATA_DIR / "user-data"
-            )  # one, as NFS would be
-            for c in configs
-        ]
-        runtime = self._choose_runtime(env_str("FGPU_RUNTIME", AUTO), configs)
-        configs = [dataclasses.replace(c, runtime=runtime) for c in configs]
+        configs = load(self._choose_runtime(env_str("FGPU_RUNTIME", AUTO), configs))  # that runtime's defaults (network)
 
         call_command("migrate", interactive=False, verbosity=0)
         if not FractionalSettings.objects.filter(slot_name="cuda").exists():  # first start: the demo offers Jupyter
