@@ -891,7 +891,7 @@ def cgroup_tag(environ=os.environ) -> str:
     """FGPU_CGROUP_TAG: a word (letters, digits, '_'; at most 32) the names of this process's
     agents' parent cgroups carry (`parent_cgroup_name`); "" where unset. Raises ValueError for
     any other value."""
-    tag = environ.get(CGROUP_TAG_ENV, "")
+    tag = environ.get("FGPU_CGROUP_TAG", "")
     if tag and not (len(tag) <= 32 and tag.replace("_", "").isalnum() and tag.isascii()):
         raise ValueError(f"{CGROUP_TAG_ENV}={tag!r}: expected at most 32 letters, digits or '_'")
     return tag
