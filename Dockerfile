@@ -1,5 +1,7 @@
 # One image for every fGPU Console process (web, manager worker, beat, agent); compose.yaml
 # picks the command. The agent on a real GPU node needs the NVIDIA container runtime.
+# The processes run as the unprivileged user `fgpu` (uid 10001); compose runs the agent as root
+# (it drives the host's Docker Engine through its socket).
 FROM python:3.11-slim
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
@@ -14,5 +16,8 @@ COPY fgpu_cli ./fgpu_cli
 RUN pip install .
 COPY . .
 RUN FGPU_DATA_DIR=/tmp/build python manage.py collectstatic --noinput >/dev/null
+RUN useradd --system --uid 10001 --user-group --home-dir /data --no-create-home fgpu \
+    && mkdir -p /data && chown fgpu:fgpu /data && chmod 0750 /data
+USER fgpu
 EXPOSE 8000
 CMD ["uvicorn", "--host", "0.0.0.0", "--port", "8000", "console.asgi:application"]
