@@ -4,7 +4,7 @@
 An administrator declares two apps on "host" through the API: `echo` (tests/apps/echo_app.py, a
 real ASGI app whose page opens a websocket back to itself) and `broken` (exits at once). The session
 list and the session page show them beside Terminal; clicking Echo opens a new tab that starts it
-and then shows the app's page, whose websocket answers through the proxy; Broken's tab says it
+and then shows the app's page on the apps origin (make run's port + 1, through a one-time ticket), whose websocket answers through the proxy; Broken's tab says it
 exited, with its output; once the session ends, the app's tab says so on reload.
 Screenshots go to $FGPU_SCREENSHOT_DIR, else <repo>/screenshots/."""
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import urllib.request
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -57,7 +58,8 @@ def test_apps_open_from_the_session_list_in_a_new_tab_and_say_when_they_closed(c
     with page.context.expect_page() as opened:
         row.locator('a.app-link[data-app="echo"]').click()
     app = opened.value
-    expect(app).to_have_url(f"{base}/sessions/{session['id']}/apps/echo/", timeout=60_000)
+    apps = f"http://127.0.0.1:{urlsplit(base).port + 1}"  # make run's apps origin: its port + 1
+    expect(app).to_have_url(f"{apps}/sessions/{session['id']}/apps/echo/", timeout=60_000)  # there, not the console's
     expect(app.locator("h1")).to_have_text("hello from echo_app")
     expect(app.locator("#ws")).to_have_text("websocket says: echo:hi")
     app.screenshot(path=str(screenshot_dir() / "session-apps-echo.png"), animations="disabled")
