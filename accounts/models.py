@@ -5,6 +5,7 @@ rows of the same table (`kind` "login") shown through a proxy."""
 from __future__ import annotations
 
 import uuid
+from typing import ClassVar
 
 from django.conf import settings
 from django.db import models
@@ -68,7 +69,7 @@ class LoginToken(ApiToken):
     ApiToken rows of kind "login", shown in the admin beside the named API tokens. A proxy: no
     table of its own; its manager sees login tokens only."""
 
-    objects = LoginTokenManager()
+    objects: ClassVar[LoginTokenManager] = LoginTokenManager()  # login tokens only
 
     class Meta:
         proxy = True
