@@ -49,6 +49,9 @@ PATH = "/opt/fgpu/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
 PIDS_LIMIT = 4096
 STOP_GRACE_S = 3
 LABEL_SESSION, LABEL_NODE, LABEL_WORK_DIR = "fgpu.session", "fgpu.node", "fgpu.work-dir"
+# The agent installation that made a container (agent.network.instance_id of its scratch root): two
+# consoles on one host whose nodes share a name (both `make run`'s demo-node) leave each other's alone.
+LABEL_INSTANCE = "fgpu.instance"
 HAMI_CORE_PATH = "/usr/local/vgpu/libvgpu.so"  # where HAMi's device plugin mounts it too
 PULL_PROGRESS_S = 1.0  # at most one progress report a second while an image is pulled
 
@@ -363,8 +366,9 @@ class DockerRuntime:
             self.network = network_mode(network)
         except ValueError as exc:
             raise DockerRuntimeError(f"network {exc}") from None
+        self.instance = instance or instance_id(f"node:{node}")
         self.session_network = (
-            SessionNetwork(self.client, node=node, instance=instance or instance_id(f"node:{node}"), block_private=block_private)
+            SessionNetwork(self.client, node=node, instance=self.instance, block_private=block_private)
             if self.network == OUTBOUND
             else None
         )
@@ -406,7 +410,12 @@ class DockerRuntime:
             working_dir=HOME,
             user=self.user,
             init=True,
-            labels={LABEL_SESSION: session_id, LABEL_NODE: self.node, LABEL_WORK_DIR: str(work_dir)},
+            labels={
+                LABEL_SESSION: session_id,
+                LABEL_NODE: self.node,
+                LABEL_WORK_DIR: str(work_dir),
+                LABEL_INSTANCE: self.instance,
+            },
             mounts=[
                 docker.types.Mount(HOME, str(work_dir), type="bind"),
                 docker.types.Mount(TOOLS, str(work_dir / ".fgpu"), type="bind", read_only=True),
@@ -538,6 +547,8 @@ class DockerRuntime:
         adopted, removed = [], 0
         for container in self.client.containers.list(all=True, filters={"label": f"{LABEL_NODE}={self.node}"}):
             labels = container.labels
+            if not self._made_here(labels, scratch_root):
+                continue  # another installation's (another console on this host): never ours to adopt or remove
             if container.status == "running":
                 env = dict(item.split("=", 1) for item in container.attrs["Config"].get("Env") or [] if "=" in item)
                 handle = DockerSession(
@@ -554,6 +565,15 @@ class DockerRuntime:
                 container.remove(v=True, force=True)
                 removed += 1
         return adopted, removed
+
+    def _made_here(self, labels: dict, scratch_root: Path) -> bool:
+        """Whether a container with `labels` (of this node) is this installation's: its instance
+        label is ours, or, on a container from before that label, its work dir lies under
+        `scratch_root`."""
+        if LABEL_INSTANCE in labels:
+            return labels[LABEL_INSTANCE] == self.instance
+        work_dir = labels.get(LABEL_WORK_DIR, "")
+        return bool(work_dir) and Path(scratch_root) in Path(work_dir).parents
 
     @property
     def network_warning(self) -> str:
@@ -574,9 +594,8 @@ class DockerRuntime:
             return
         network = self.session_network.names.network
         try:
-            for container in self.client.containers.list(
-                all=True, filters={"label": f"{LABEL_NODE}={self.node}", "network": network}
-            ):
+            ours = [f"{LABEL_NODE}={self.node}", f"{LABEL_INSTANCE}={self.instance}"]
+            for container in self.client.containers.list(all=True, filters={"label": ours, "network": network}):
                 container.remove(v=True, force=True)
         except Exception as exc:  # Docker went away meanwhile: the next start cleans up
             log.warning("agent %s: could not remove its containers on %s: %s", self.node, network, exc)

@@ -213,6 +213,40 @@ def test_an_agent_that_starts_again_adopts_its_running_containers_and_removes_en
     assert containers_of(docker_client, keep) == []  # stopped and removed at the second agent's shutdown
 
 
+def test_an_agent_of_another_installation_with_the_same_node_name_leaves_the_containers_alone(tmp_path, docker_client,
+                                                                                              test_image):
+    """Two consoles on one host whose nodes share a name (both `make run`'s demo-node; issue 31 item 8):
+    the second's start neither adopts nor removes the first's containers, running or ended."""
+    node = f"docker-node-{uuid.uuid4().hex[:8]}"
+
+    async def main():
+        run_docker.layer = InMemoryChannelLayer()
+        run_docker.manager = RecordingManager(asyncio.get_running_loop())
+        first = docker_agent(tmp_path / "first", docker_client, test_image, node, instance="console-one")
+        await first.start()
+        h = Harness(first, run_docker.manager, run_docker.layer)
+        running = await h.start_session(start_spec())
+        ended = await h.start_session(start_spec())
+        docker_client.containers.get(f"fgpu-{ended}").kill()
+        second = docker_agent(tmp_path / "second", docker_client, test_image, node, instance="console-two")
+        await second.start()
+        try:
+            assert second.sessions == {}
+            assert docker_client.containers.get(f"fgpu-{running}").status == "running"
+            assert len(containers_of(docker_client, ended)) == 1  # the first's to remove, not the second's
+        finally:
+            await second.shutdown()
+            await first.shutdown()
+        return running
+
+    try:
+        running = asyncio.run(main())
+    finally:
+        for container in docker_client.containers.list(all=True, filters={"label": f"{LABEL_NODE}={node}"}):
+            container.remove(force=True)
+    assert containers_of(docker_client, running) == []
+
+
 def test_a_cuda_node_asks_docker_for_exactly_the_granted_devices(tmp_path, docker_client, test_image):
     runtime = DockerRuntime(node="gpu-node", default_image=test_image, network="none", client=docker_client, gpus=True)
     spec = start_spec()
