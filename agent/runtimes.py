@@ -40,7 +40,7 @@ from protocol.files import PROJECTS_DIR
 from accelerators.allocation.units import format_binary_size
 from agent.limits import Hierarchies, SessionLimits, remove_dir
 from agent.sandbox import SANDBOX_AUTO, SANDBOX_BUBBLEWRAP, SANDBOX_NONE, Sandbox, SandboxError, read_init_pid
-from agent.sandbox import netns_socket
+from agent.sandbox import become_subreaper, netns_socket, reap_orphans
 from agent.sandbox import probe as probe_sandbox
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,9 @@ class SessionHandle:
         self.sandbox = sandbox  # where it runs confined (agent.sandbox): exec enters it
         self.init_pid = init_pid  # host pid of its sandbox's init (bwrap's child), whose namespaces exec enters
         self._status_fd = status_fd  # bwrap's --json-status-fd, read end: open till the end (bwrap writes its exit there)
+        # Its init's pidfd (to see it exit and reap it, whatever pid it leaves free) and its PID
+        # namespace (which processes of its cgroup are inside the sandbox); -1 and "" without one.
+        self._init_fd, self._pid_namespace = _open_init(init_pid) if sandbox is not None else (-1, "")
 
     def read(self, size: int) -> bytes:
         try:
@@ -143,24 +146,26 @@ class SessionHandle:
         """Blocking: each of `sigs`, in order, to every process of the session: the leader
         first (an interactive shell ends on SIGHUP without waiting for the rest), then the
         others: those in its cgroup (one read of cgroup.procs) or, without one, those in its
-        process session (one scan of /proc). In a sandbox the leader (bwrap, outside it) is
-        spared: it ends when the sandbox's init does, which ends with the session's command, and
-        reaps that init first (killed before it, the init would be left a zombie of the node's
-        pid 1)."""
-        spared = {self.pid, self.init_pid} if self.sandbox is not None else set()
+        process session (one scan of /proc). In a sandbox only the processes inside it (its PID
+        namespace) but its init: the leader (bwrap) ends when the init does, which ends with the
+        session's command, and an exec's nsenter when its child does (killed first, they would
+        leave their child an orphan: `remove` reaps those)."""
         if self.sandbox is None:
             for sig in sigs:
                 _kill(self.pid, sig)
-        if self.cgroup is None:
-            for pid in session_members(self.pid):
-                if pid != self.pid and pid not in spared:
-                    for sig in sigs:
-                        _kill(pid, sig)
-            return
-        for pid in self.cgroup.pids():
-            if pid != self.pid and pid not in spared:
-                for sig in sigs:
-                    _kill(pid, sig)
+        members = session_members(self.pid) if self.cgroup is None else self.cgroup.pids()
+        for pid in members:
+            if pid == self.pid or (self.sandbox is not None and (pid == self.init_pid or not self._inside(pid))):
+                continue
+            for sig in sigs:
+                _kill(pid, sig)
+
+    def _inside(self, pid: int) -> bool:
+        """Whether process `pid` lives in the session's sandbox (its PID namespace)."""
+        try:
+            return os.readlink(f"/proc/{pid}/ns/pid") == self._pid_namespace
+        except OSError:  # gone
+            return False
 
     def kill_all(self) -> int:
         """Blocking: SIGKILL to every live process of the session: its cgroup's (cgroup.kill),
@@ -225,11 +230,16 @@ class SessionHandle:
 
     def signal_exec(self, process: subprocess.Popen, sig: int) -> None:
         """Blocking: `sig` to a command started by `exec_popen` and everything it started in its
-        process session (with a cgroup: those of the cgroup's processes, by getsid)."""
+        process session (with a cgroup: those of the cgroup's processes, by getsid). In a sandbox
+        `process` is nsenter, which is spared: it ends when its child, the command, does (killed
+        first, it would leave the command an orphan outside the sandbox's reach)."""
         if self.cgroup is None:
-            signal_session(process.pid, sig)
+            for pid in session_members(process.pid):
+                if self.sandbox is None or pid != process.pid:
+                    _kill(pid, sig)
             return
-        _kill(process.pid, sig)
+        if self.sandbox is None:
+            _kill(process.pid, sig)
         for pid in self.cgroup.pids():
             try:
                 if pid != process.pid and os.getsid(pid) == process.pid:
@@ -249,12 +259,27 @@ class SessionHandle:
 
     def remove(self) -> None:
         """Blocking: what is left once the session ended: its cgroup, removed (what is still in
-        it is killed first), and its sandbox's status pipe closed."""
+        it is killed first), its sandbox's status pipe closed, and its sandbox's init and
+        orphans reaped (agent.sandbox.reap_orphans: this process is their subreaper), waiting
+        up to SANDBOX_REAP_S for the init to exit."""
         if self.cgroup is not None:
             self.cgroup.remove()
         if self._status_fd >= 0:
             os.close(self._status_fd)
             self._status_fd = -1
+        if self._init_fd >= 0:
+            deadline = time.monotonic() + SANDBOX_REAP_S
+            while True:
+                reap_orphans()  # first: an orphaned zombie in its namespace holds the init until reaped
+                if select.select([self._init_fd], [], [], 0)[0]:
+                    break
+                if time.monotonic() >= deadline:
+                    log.warning("the sandbox init of session %s did not exit in time", self.session_id)
+                    break
+                select.select([self._init_fd], [], [], 0.01)
+            reap_orphans()  # the init itself, where it came to this process
+            os.close(self._init_fd)
+            self._init_fd = -1
 
 
 class ProcessRuntime:
@@ -357,6 +382,7 @@ class ProcessRuntime:
             else f"the agent's own uid {self.sandbox.uid} (the agent is not root, so it cannot switch users)"
         )
         log.info("each session runs in a bubblewrap sandbox as %s", who)
+        become_subreaper()  # what bwrap and nsenter leave comes to this process (agent.sandbox)
         if self.sandbox.share_net:
             log.warning(
                 'UNSAFE: agent.toml says [container] network = "host": sessions share the node\'s network and reach '
@@ -565,6 +591,19 @@ def popen_leader(
         argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env, start_new_session=True, close_fds=True,
         preexec_fn=preexec, pass_fds=pass_fds,
     )  # fmt: skip
+
+
+def _open_init(init_pid: int) -> tuple[int, str]:
+    """A sandbox's init's pidfd and its PID namespace (/proc/<pid>/ns/pid's link); (-1, "")
+    where it is gone already (its command failed at once: nothing inside to reach)."""
+    try:
+        fd = os.pidfd_open(init_pid)
+    except OSError:
+        return -1, ""
+    try:
+        return fd, os.readlink(f"/proc/{init_pid}/ns/pid")
+    except OSError:
+        return fd, ""
 
 
 def _wait_exit(pid: int, timeout: float) -> bool:

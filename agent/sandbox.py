@@ -74,6 +74,8 @@ STAGE_SCRIPT = (
 )
 CLONE_NEWNET = 0x40000000
 
+_libc = ctypes.CDLL(None, use_errno=True)
+
 
 class SandboxError(RuntimeError):
     """A session cannot start confined (bwrap said why, or did not say its init's pid in time)."""
@@ -270,10 +272,75 @@ def python_directories() -> tuple[str, ...]:
     return tuple(str(p) for p in kept)
 
 
+# --- reaping what a sandbox leaves -------------------------------------------------------
+#
+# bwrap (the leader) exits as soon as its sandbox's init says that the session's command ended,
+# without waiting for that init, which exits a moment later; and util-linux nsenter (an exec) may
+# end before the child it forked into the sandbox. Both orphans are reparented by the kernel to the
+# nearest "child subreaper" above them, else to the node's pid 1, which on a machine whose pid 1
+# reaps nothing (a container's, some VMs') keeps them as zombies for good: one per ended session,
+# and an init whose namespace still holds an unreaped zombie never finishes exiting (it waits in
+# the kernel for every process of its namespace to be reaped). So the agent declares itself their
+# subreaper (`become_subreaper`) and reaps them when a session is removed (`reap_orphans`).
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process the child subreaper of its descendants (prctl(2)
+    PR_SET_CHILD_SUBREAPER): an orphan among them comes to it rather than to the node's pid 1.
+    Returns whether the kernel took it (it logs why not)."""
+    if _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        log.warning("could not become the subreaper of sessions' processes: %s", os.strerror(ctypes.get_errno()))
+        return False
+    return True
+
+
+def reap_orphans(*, proc: str = "/proc") -> int:
+    """Blocking, a few reads of `proc`: reap every zombie child of this process that lives in a PID
+    namespace below its own (a sandbox's init, an exec's child whose nsenter ended first: orphans
+    the kernel handed to this process as their subreaper). Its own children (subprocess.Popen's,
+    which reap them) live in its own namespace and are never touched. Returns how many were reaped."""
+    depth = _namespace_depth(f"{proc}/self/status")
+    reaped = 0
+    for children in Path(proc, "self", "task").glob("*/children"):
+        try:
+            pids = children.read_text().split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        for pid in pids:
+            status = f"{proc}/{pid}/status"
+            try:
+                with open(status) as f:
+                    zombie = any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+            except OSError:
+                continue
+            if not zombie or _namespace_depth(status) <= depth:
+                continue
+            try:  # a zombie child of ours stays ours (and its pid unused) until we reap it
+                if os.waitpid(int(pid), os.WNOHANG)[0]:
+                    reaped += 1
+            except ChildProcessError:
+                continue
+    return reaped
+
+
+def _namespace_depth(status: str) -> int:
+    """How many PID namespaces the process of `status` (a /proc/<pid>/status) has a pid in (its
+    NSpid line's entries); 0 if it is gone."""
+    try:
+        with open(status) as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return len(line.split()) - 1
+    except OSError:
+        pass
+    return 0
+
+
 # --- reaching a port inside a session's own network namespace ---------------------------
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
 _netns_lock = threading.Lock()
 
 

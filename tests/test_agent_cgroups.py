@@ -25,20 +25,25 @@ from agent import runtimes
 from agent.runtimes import CGROUP_AUTO, SessionCgroup, cgroup2_mounts, cgroup2_root
 from tests.conftest import ROOT, wait_until_async
 from tests.stack import wait_until
-from tests.test_agent_runtime import Harness, RecordingManager, pid_alive, run_agent, start_spec
+from tests.test_agent_runtime import Harness, RecordingManager, host_pid, pid_alive, run_agent, start_spec
 
 
-def daemon_script(tmp_path: Path) -> tuple[Path, Path]:
-    """A session program that starts a daemon the way daemons get away: a double fork (the
-    subshell exits, the daemon is reparented), setsid, and a clean environment (`env -i`: no
-    FGPU_SESSION_ID, no FGPU_ALLOCATION); the daemon writes its pid, the program then sleeps."""
-    pid_file = tmp_path / "daemon.pid"
-    script = tmp_path / "start-daemon.sh"
-    script.write_text(textwrap.dedent(f"""\
+def daemon_command(pid_file: Path, *, then: str = "exec sleep 300") -> str:
+    """A session program (its shell's `-c`) that starts a daemon the way daemons get away: a
+    double fork (the subshell exits, the daemon is reparented), setsid, and a clean environment
+    (`env -i`: no FGPU_SESSION_ID, no FGPU_ALLOCATION); the daemon writes its pid (as the session
+    sees it: `host_pid` gives the node's) to `pid_file`, which lies in the session's home (the
+    only folder of the node a sandboxed session writes), and the program goes on with `then`."""
+    return textwrap.dedent(f"""\
         ( setsid env -i /bin/sh -c 'echo $$ > {pid_file}.tmp; mv {pid_file}.tmp {pid_file}; exec sleep 300' & )
-        exec sleep 300
-        """))
-    return script, pid_file
+        {then}
+        """)
+
+
+def session_home(h: Harness, spec: dict) -> Path:
+    """The session's working directory (its home), as the agent makes it: a sandboxed session
+    sees it at the same path."""
+    return h.agent.scratch_root / spec["session_id"]
 
 
 async def daemon_pid(pid_file: Path) -> int:
@@ -75,17 +80,18 @@ def test_this_machine_has_a_cgroup2_hierarchy_the_agent_can_use():
 
 
 def test_a_daemon_that_double_forks_calls_setsid_and_clears_its_environment_ends_with_its_session(tmp_path):
-    script, pid_file = daemon_script(tmp_path)
     seen = {}
 
     async def scenario(h: Harness):
-        spec = start_spec(command=f"sh {script}")
+        spec = start_spec()
+        pid_file = session_home(h, spec) / "daemon.pid"
+        spec["command"] = daemon_command(pid_file)
         session_id = await h.start_session(spec)
         running = h.agent.sessions[session_id]
         cgroup = running.process.cgroup
         assert cgroup is not None and cgroup.path.parent == h.agent.runtime.cgroups.parent
         assert cgroup.path.name == f"session-{session_id}"
-        daemon = await daemon_pid(pid_file)
+        daemon = host_pid(running.process, await daemon_pid(pid_file))
         seen["daemon"] = daemon
         # It got away from everything the /proc scan looks at ...
         assert os.getsid(daemon) != running.process.pid
@@ -115,16 +121,18 @@ def test_a_daemon_that_double_forks_calls_setsid_and_clears_its_environment_ends
 def test_a_session_whose_program_exits_leaving_a_daemon_ends_only_once_the_daemon_is_gone(tmp_path):
     """The leader exits by itself: the agent kills the rest through the cgroup and reports
     TERMINATED (the leader's exit code) once the cgroup says none is left."""
-    script, pid_file = daemon_script(tmp_path)
-    script.write_text(script.read_text().replace("exec sleep 300", f"while [ ! -e {pid_file} ]; do :; done; exit 3"))
 
     async def scenario(h: Harness):
-        spec = start_spec(command=f"sh {script}")
+        spec = start_spec()
+        pid_file, go = session_home(h, spec) / "daemon.pid", session_home(h, spec) / "go"
+        # It exits once the test has the daemon's pid (the test's `go`), leaving the daemon.
+        spec["command"] = daemon_command(pid_file, then=f"while [ ! -e {go} ]; do sleep 0.01; done; exit 3")
         h.manager.watched = []
         channel = await h.watch_terminal(spec["session_id"])
-        await asyncio.to_thread(h.agent.submit_start, spec)
-        daemon = await daemon_pid(pid_file)
+        await h.start_session(spec)
+        daemon = host_pid(h.agent.sessions[spec["session_id"]].process, await daemon_pid(pid_file))
         h.manager.watched.append(daemon)
+        go.touch()
         await h.receive_type(channel, "terminal.exit")
         _, reason, code = await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
         assert code == 3, reason
@@ -135,53 +143,65 @@ def test_a_session_whose_program_exits_leaving_a_daemon_ends_only_once_the_daemo
 
 
 # A runtime in a process of its own, killed with SIGKILL once its session's daemon runs: what a
-# crashed agent leaves on the node.
+# crashed agent leaves on the node. argv: node, scratch root, the session's program (its shell's
+# -c, writing the daemon's pid into its home), [container] sandbox. It prints the leader's pid,
+# the session's cgroup and the node's pids of all the cgroup holds (a sandbox's pids are its own).
 KILLED_AGENT = """
 import json, os, signal, subprocess, sys
 from pathlib import Path
 from agent.runtimes import ProcessRuntime
-node, scratch, script, pid_file = sys.argv[1:5]
-runtime = ProcessRuntime(node=node)
+node, scratch, command, sandbox = sys.argv[1:5]
+runtime = ProcessRuntime(node=node, sandbox=sandbox)
 runtime.clean_up_at_start(Path(scratch))
 assert runtime.cgroups is not None, "no cgroups"
 work = Path(scratch) / "s-orphan"
 work.mkdir(parents=True)
-handle = runtime.spawn(spec={"session_id": "s-orphan"}, argv=["/bin/sh", script], env=dict(os.environ), work_dir=work)
-while not os.path.exists(pid_file):
+handle = runtime.spawn(spec={"session_id": "s-orphan"}, argv=["/bin/sh", "-c", command], env=dict(os.environ), work_dir=work)
+while not (work / "daemon.pid").exists():
     pass
-print(json.dumps({"leader": handle.pid, "cgroup": str(handle.cgroup.path)}), flush=True)
+print(json.dumps({"leader": handle.pid, "cgroup": str(handle.cgroup.path), "pids": handle.cgroup.pids()}), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_an_agent_that_starts_again_kills_and_removes_the_cgroups_a_killed_run_left(tmp_path, caplog):
+@pytest.mark.parametrize("sandbox", ["none", "auto"], ids=["unconfined", "sandboxed"])
+def test_an_agent_that_starts_again_kills_and_removes_the_cgroups_a_killed_run_left(tmp_path, caplog, sandbox):
+    """Unconfined (sandbox "none"), the killed agent's session's daemon runs on in its cgroup
+    until the next start kills it; in a sandbox, bwrap (--die-with-parent) ends the whole
+    sandbox with its agent, and the next start removes the cgroup it left."""
     import json
 
     node = f"test-node-orphans-{os.getpid()}"
     scratch = tmp_path / "scratch"
-    script, pid_file = daemon_script(tmp_path)
-    killed = subprocess.run([sys.executable, "-c", KILLED_AGENT, node, str(scratch), str(script), str(pid_file)],
+    pid_file = scratch / "s-orphan" / "daemon.pid"
+    killed = subprocess.run([sys.executable, "-c", KILLED_AGENT, node, str(scratch), daemon_command(pid_file), sandbox],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     left = json.loads(killed.stdout)
-    daemon = int(pid_file.read_text())
     cgroup = Path(left["cgroup"])
     try:
-        # The leader ended with the PTY its agent held; the daemon runs on, in the cgroup.
-        assert pid_alive(daemon), "the killed agent's session's daemon should still run"
-        assert daemon in SessionCgroup(cgroup).pids()
+        if sandbox == "none":
+            # The leader ended with the PTY its agent held; the daemon runs on, in the cgroup.
+            daemon = int(pid_file.read_text())
+            assert pid_alive(daemon), "the killed agent's session's daemon should still run"
+            assert daemon in SessionCgroup(cgroup).pids()
+        else:
+            wait_until(lambda: not any(pid_alive(pid) for pid in left["pids"]), timeout=20,
+                       what="the sandbox's processes to end with its agent")
+            assert cgroup.exists()
 
         async def scenario(h: Harness):
-            assert not pid_alive(daemon) and not pid_alive(left["leader"])
+            assert not any(pid_alive(pid) for pid in [*left["pids"], left["leader"]])
             assert not cgroup.exists()
             assert cgroup.parent.exists()  # the new run's own parent
 
         with caplog.at_level(logging.WARNING, logger="agent.core"):
             run_agent(tmp_path, scenario, node=node, cgroup_root=CGROUP_AUTO)
-        assert any("removed 1 process(es)" in r.getMessage() for r in caplog.records), caplog.text
+        if sandbox == "none":
+            assert any("removed 1 process(es)" in r.getMessage() for r in caplog.records), caplog.text
         assert not cgroup.parent.exists()
     finally:
-        for pid in (daemon, left["leader"]):
+        for pid in [*left["pids"], left["leader"]]:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
         SessionCgroup(cgroup).remove()
@@ -192,18 +212,62 @@ def test_an_exec_beside_the_session_runs_in_its_cgroup_and_ends_with_it(tmp_path
     async def scenario(h: Harness):
         session_id = await h.start_session(start_spec(command="sleep 300"))
         running = h.agent.sessions[session_id]
+        before = len(running.process.cgroup.pids())  # sandboxed: bwrap, its init and the shell
         process = running.process.exec_popen(["/bin/sh", "-c", "setsid sleep 300 & exec sleep 300"],
                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # The exec and its daemon; in a sandbox also nsenter, which forks into its PID namespace.
+        started = 3 if running.process.sandbox is not None else 2
         try:
-            await wait_until_async(lambda: len(running.process.cgroup.pids()) == 3, timeout=20, interval=0.02,
+            await wait_until_async(lambda: len(running.process.cgroup.pids()) == before + started, timeout=20, interval=0.02,
                                    what="the exec and its daemon in the session's cgroup")
             members = running.process.cgroup.pids()
             await asyncio.to_thread(h.agent.submit_stop, session_id)
             await h.manager.wait_for_report(session_id, "TERMINATED")
-            assert not any(pid_alive(pid) for pid in members)
+            assert not [pid for pid in members if pid_alive(pid)]
         finally:
             process.kill()
             process.wait()
+
+    run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO)
+
+
+def start_ticks(pid: int) -> str | None:
+    """When process `pid` started (/proc/<pid>/stat's field 22), None once it is gone (reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except FileNotFoundError:
+        return None
+
+
+@pytest.mark.parametrize("end", ["exits", "stopped-beside-an-exec"])
+def test_a_sandboxed_session_leaves_no_zombie_once_it_ended(tmp_path, end):
+    """bwrap exits before its sandbox's init, and an exec's nsenter may end before its child: the
+    agent, their subreaper, reaps both, so neither is left a zombie (of a pid 1 that reaps
+    nothing, as on the CI machine) nor holds the sandbox's init alive. Both ways a session ends:
+    its command exits by itself, or it is stopped while an exec runs beside it."""
+
+    async def scenario(h: Harness):
+        command = "exit 3" if end == "exits" else "sleep 300"
+        spec = start_spec(command=f"while [ ! -e go ]; do sleep 0.01; done; {command}")
+        session_id = await h.start_session(spec)
+        running = h.agent.sessions[session_id].process
+        assert running.sandbox is not None, h.agent.runtime.unconfined_why
+        init = (running.init_pid, start_ticks(running.init_pid))
+        exec_process = None
+        if end == "exits":
+            (session_home(h, spec) / "go").touch()
+        else:
+            (session_home(h, spec) / "go").touch()
+            exec_process = running.exec_popen(["/bin/sh", "-c", "trap '' HUP TERM; sleep 300"],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            await wait_until_async(lambda: len([p for p in running.cgroup.pids() if running._inside(p)]) >= 3,
+                                   timeout=20, interval=0.02, what="the exec inside the sandbox")
+            await asyncio.to_thread(h.agent.submit_stop, session_id)
+        await h.manager.wait_for_report(session_id, "TERMINATED")
+        if exec_process is not None:
+            exec_process.wait(timeout=20)  # nsenter, the test's own child
+        assert start_ticks(init[0]) != init[1], f"the sandbox's init {init[0]} is left: {open(f'/proc/{init[0]}/status').read()}"
 
     run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO)
 
@@ -217,14 +281,15 @@ def test_where_the_agent_cannot_create_cgroups_it_says_why_and_the_proc_scan_end
     root, reason = cgroup2_root(CGROUP_AUTO)
     assert root is not None, reason
     setting = str(tmp_path) if where == "tmp" else str(root / "no-such-parent" / "x")
-    pid_file = tmp_path / "daemon.pid"
 
     async def scenario(h: Harness):
         assert h.agent.runtime.cgroups is None
-        spec = start_spec(command=f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' & sleep 300")
+        spec = start_spec()
+        pid_file = session_home(h, spec) / "daemon.pid"
+        spec["command"] = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' & sleep 300"
         session_id = await h.start_session(spec)
         assert h.agent.sessions[session_id].process.cgroup is None
-        daemon = await daemon_pid(pid_file)
+        daemon = host_pid(h.agent.sessions[session_id].process, await daemon_pid(pid_file))
         await h.agent._stop(session_id, reason="terminated")
         await h.manager.wait_for_report(session_id, "TERMINATED")
         return daemon
