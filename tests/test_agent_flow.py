@@ -15,7 +15,7 @@ import time
 from agent import core as agent_runtime
 from agent import runtimes
 from tests.conftest import wait_until_async
-from tests.test_agent_runtime import Harness, process_tracking, run_agent, start_spec  # noqa: F401 (both ways of tracking)
+from tests.test_agent_runtime import Harness, host_pid, process_tracking, run_agent, start_spec  # noqa: F401 (both ways of tracking)
 
 SESSIONS = 30  # the old agent stopped at its 7th session on a 2-core machine
 
@@ -141,12 +141,13 @@ def test_streaming_output_goes_in_frames_of_many_pty_reads_in_standalone_mode(tm
 
 def test_a_daemon_that_escaped_with_setsid_ends_with_its_session(tmp_path):
     async def scenario(h: Harness):
-        pid_file = tmp_path / "daemon.pid"
-        spec = start_spec(command=f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' & sleep 30")
+        spec = start_spec()
+        pid_file = h.agent.scratch_root / spec["session_id"] / "daemon.pid"  # in its home: a sandbox shows it no other
+        spec["command"] = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' & sleep 30"
         session_id = await h.start_session(spec)
         await wait_until_async(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=20, interval=0.05,
                                what="the daemon's pid")
-        daemon = int(pid_file.read_text())
+        daemon = host_pid(h.agent.sessions[session_id].process, int(pid_file.read_text()))  # the sandbox's own pid
         assert os.getsid(daemon) != h.agent.sessions[session_id].process.pid  # it left the session
         await h.agent._stop(session_id, reason="terminated")
         await h.manager.wait_for_report(session_id, "TERMINATED")
