@@ -233,3 +233,37 @@ def test_a_key_from_node_b_does_not_pass_for_node_a_either_way():
 
 def seal_at(link: AgentLink, when: float) -> dict:
     return seal({"type": "pty.stop", "session_id": "s"}, key=link.key, node=link.node, direction=TO_AGENT, now=when)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_web_sends_no_app_request_to_a_listener_named_by_an_answer_its_node_did_not_seal(alices_session):
+    """Answering the web's `pty.app_status` first, with another node's key or none, names no
+    listener: the web waits for the answer that the session's own node sealed."""
+    from channels.layers import get_channel_layer
+
+    from accelerators.models import Node
+    from protocol.channel import CommandGuard
+    from sessions.session_apps import session_app_target
+
+    node = alices_session.node.name
+    Node.objects.filter(name=node).update(agent_key="a" * 43)
+    own, other = CommandGuard(node=node, key="a" * 43), CommandGuard(node=node, key="b" * 43)
+    session_id = str(alices_session.pk)
+
+    async def scenario():
+        layer = get_channel_layer()
+        agent = await layer.new_channel()
+        await layer.group_add(pty_group(node, session_id), agent)
+        asked = asyncio.create_task(session_app_target(session_id=session_id, name="isolation-app", port=8888))
+        question = own.open(await asyncio.wait_for(layer.receive(agent), 10))  # sealed with the node's key
+        reply = question["reply_channel"]
+        status = {"type": "app.status", "running": True}
+        await layer.send(reply, other.answer({**status, "host": "10.66.0.1", "port": 6666}))  # node B's key
+        await layer.send(reply, {**status, "host": "10.66.0.2", "port": 6667})  # unsealed
+        await layer.send(reply, own.answer({**status, "host": "127.0.0.1", "port": 8888}))
+        return question, await asyncio.wait_for(asked, 10)
+
+    question, target = asyncio.run(scenario())
+
+    assert question["type"] == "pty.app_status" and question["session_id"] == session_id
+    assert target == ("127.0.0.1", 8888), f"the web took a forged answer: {target}"
