@@ -135,6 +135,11 @@ return full
 """
 _ASGI_CHANNEL = msgpack.packb("__asgi_channel__")
 RECEIVE_BATCH = 100  # the most messages one ZPOPMIN takes
+# The most channels of one process with messages waiting and nobody receiving yet (a reply that
+# came before its `receive`): past it, a message for a channel without an inbox is dropped. Agents
+# may write to the web's channels (console.broker_acl); this keeps one that writes to made-up
+# channel names from growing a web process's memory without bound.
+MAX_INBOXES = 10_000
 
 
 class RedisChannelLayer(ChannelsRedisLayer):
@@ -147,6 +152,7 @@ class RedisChannelLayer(ChannelsRedisLayer):
         self._push = self._group_push = None
         self._receivers: dict = {}  # (event loop, channels' non-local name) → its receiving task
         self._inboxes: collections.defaultdict = collections.defaultdict(functools.partial(BoundedQueue, self.capacity))
+        self._dropped = 0  # messages dropped for want of an inbox (MAX_INBOXES)
 
     def _push_script(self, connection):
         if self._push is None:
@@ -260,6 +266,11 @@ class RedisChannelLayer(ChannelsRedisLayer):
             for member, _score in taken:
                 channels, message = self._unpack(member)
                 for name in channels:
+                    if name not in self._inboxes and len(self._inboxes) >= MAX_INBOXES:
+                        self._dropped += 1  # for a channel nobody receives on: a writer's guesses (below)
+                        if self._dropped in (1, 1000) or self._dropped % 100_000 == 0:
+                            log.warning("channel layer: dropped %d message(s) for channels nobody waits on", self._dropped)
+                        continue
                     self._inboxes[name].put_nowait(message if len(channels) == 1 else dict(message))
 
     def _unpack(self, member: bytes) -> tuple[list, dict]:

@@ -91,3 +91,24 @@ def test_a_send_to_a_full_channel_raises_channel_full_and_a_group_send_skips_it(
 
     got, free = run(scenario)
     assert got == ["fill"] * 3 and free == "to both"
+
+
+def test_messages_for_made_up_channels_of_a_process_stop_growing_its_memory_at_max_inboxes(monkeypatch):
+    """A writer that may write a web process's key (an agent: console.broker_acl) and names channels
+    nobody receives on fills at most MAX_INBOXES inboxes; the process's own channels still get theirs."""
+    import console.layers
+
+    monkeypatch.setattr(console.layers, "MAX_INBOXES", 3)
+
+    async def scenario():
+        (ours,) = layers(RedisChannelLayer)
+        mine = await ours.new_channel()
+        prefix = mine.split("!")[0]
+        for i in range(50):
+            await ours.send(f"{prefix}!made-up-{i}", {"type": "junk"})
+        await ours.send(mine, {"type": "mine"})
+        got = await receive(ours, mine)
+        return got, len(ours._inboxes), ours._dropped
+
+    got, inboxes, dropped = run(scenario)
+    assert got == {"type": "mine"} and inboxes <= 3 and dropped >= 47
