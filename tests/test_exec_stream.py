@@ -59,14 +59,13 @@ def text_of(chunks, name: str) -> str:
     return "".join(data for stream, data in chunks if stream == name)
 
 
-def alive(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie no parent reaped yet counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
+def live_in_session(api, session, pids: list[int]) -> list[int]:
+    """Which of `pids` (as the session sees them: a sandboxed session has a PID namespace of its
+    own) live, asked the way its user would: `kill -0` in an exec beside it."""
+    command = f"for p in {' '.join(map(str, pids))}; do kill -0 $p 2>/dev/null && echo $p; done; true"
+    response = api.post(exec_url(session), {"command": command, "timeout": 20}, format="json")
+    assert response.status_code == 200, response.content
+    return [int(line) for line in response.json()["stdout"].split()]
 
 
 @pytest.fixture
@@ -169,7 +168,7 @@ def test_delete_kills_the_command_and_everything_it_started_and_the_result_says_
     wait_until(lambda: read(api, alices_session, started["id"])["chunks"], timeout=20, interval=0.05,
                what="the command to start")
     pids = [int((work_dir / name).read_text()) for name in ("pid", "child")]
-    assert all(alive(pid) for pid in pids)
+    assert live_in_session(api, alices_session, pids) == pids
 
     response = api.delete(exec_url(alices_session, started["id"]))
 
@@ -177,7 +176,7 @@ def test_delete_kills_the_command_and_everything_it_started_and_the_result_says_
     body = response.json()
     assert (body["state"], body["cancelled"], body["running"], body["exit_code"]) == ("cancelled", True, False, 128 + 15)
     assert "chunks" not in body
-    wait_until(lambda: not any(alive(pid) for pid in pids), timeout=10, what="the command's processes to be gone")
+    wait_until(lambda: not live_in_session(api, alices_session, pids), timeout=10, what="the command's processes to be gone")
     final, chunks = follow(api, alices_session, started["id"])
     assert (final["state"], final["cancelled"], chunks) == ("cancelled", True, [("stdout", "started\n")])
     again = api.delete(exec_url(alices_session, started["id"]))  # idempotent
