@@ -1,11 +1,15 @@
 """Session apps end to end on the distributed stack (issue 16): uvicorn, a Celery manager and an
 agent process; the session image "host" declares apps, among them `echo` (tests/apps/echo_app.py,
-a real ASGI app served by daphne inside the session, refusing requests without its token).
+a real ASGI app served by daphne inside the session, refusing requests without its token; the
+node runs sessions unconfined, `sandbox = "none"`, as a sandboxed session does not see this
+checkout's tests/apps: what is tested here is the proxy, not the sandbox).
 
-Opening the app starts it in the session (progress, then its URL; again: reused), the proxy
-forwards HTTP (a 50 MB upload, a streamed answer that waits for a websocket message) and
-websockets both ways with the token injected and the console's cookies kept back; another user
-gets 404s, a signed-out browser the login page; escaping paths are refused; an app that exits,
+Opening the app starts it in the session (progress, then its URL; again: reused); the app is
+served on the apps origin (the stack's http://localhost:<port>, issue 31.4), reached from the
+console's origin through a one-time ticket; there the proxy forwards HTTP (a 50 MB upload, a
+streamed answer that waits for a websocket message) and websockets both ways with the token
+injected and the console's cookies kept back; another user gets 404s, a signed-out browser the
+login page; escaping paths are refused; an app that exits,
 one that never opens its port and a session that ends are each said so. Every wait has a deadline.
 """
 from __future__ import annotations
@@ -67,6 +71,22 @@ def open_app(base: str, client: httpx.Client, session_id: str, app: str) -> list
     return messages
 
 
+def on_apps_origin(apps: str, console: httpx.Client, path: str) -> httpx.Client:
+    """A browser on the apps origin, signed in to the app of `path` as `console`'s user: the
+    console's origin hands it a one-time ticket, which the apps origin turns into its cookie."""
+    hop = console.get(path)
+    assert hop.status_code == 302 and hop.headers["location"].startswith(apps + "/_fgpu/app-login?ticket="), hop.text
+    browser = httpx.Client(base_url=apps, timeout=60, follow_redirects=False)
+    landed = browser.get(hop.headers["location"][len(apps):])
+    assert landed.status_code == 302 and "fgpu_app=" in landed.headers["set-cookie"], landed.text
+    return browser
+
+
+def shows_token(text: str, token_sha256: str) -> bool:
+    """Whether `text` holds the token whose SHA-256 is `token_sha256` (any 48 hex characters in it)."""
+    return any(hashlib.sha256(m.encode()).hexdigest() == token_sha256 for m in re.findall(r"(?=([0-9a-f]{48}))", text))
+
+
 def raw_get(base: str, path: str, cookies: dict) -> int:
     """GET `path` exactly as written (no client-side normalisation of dots or escapes)."""
     parts = urlsplit(base)
@@ -82,12 +102,12 @@ def raw_get(base: str, path: str, cookies: dict) -> int:
 @pytest.fixture
 def apps_stack(distributed_stack, django_user_model):
     """The stack with the demo node, the "host" image declaring APPS, alice (with a RUNNING
-    interactive 0.5 fGPU session) and bob. Returns (base, alice's token, session id)."""
+    interactive 0.5 fGPU session) and bob. Returns (base, apps base, alice's token, session id)."""
     from sessions.models import SessionImage
 
     SessionImage.objects.filter(reference="host").update(apps=APPS)
-    stack = distributed_stack(nodes=[StackNode("apps-node", (ROOT / "demo" / "mock-accelerator.toml").read_text())],
-                              redis_db=REDIS_DB)
+    stack = distributed_stack(nodes=[StackNode("apps-node", (ROOT / "demo" / "mock-accelerator.toml").read_text(),
+                                               container='sandbox = "none"')], redis_db=REDIS_DB)
     django_user_model.objects.create_user("alice", password="alice-pass-123")
     django_user_model.objects.create_user("bob", password="bob-pass-123")
     status, body = api(stack.base, "POST", "/api/v1/auth/token/", body={"username": "alice", "password": "alice-pass-123"})
@@ -98,13 +118,11 @@ def apps_stack(distributed_stack, django_user_model):
     assert status == 201, created
     wait_until(lambda: get_ok(stack.base, f"/api/v1/sessions/{created['id']}/", token)["status"] == "RUNNING",
                timeout=60, what="the session to be RUNNING")
-    return stack.base, token, created["id"]
+    return stack.base, stack.apps_base, token, created["id"]
 
 
 def test_an_app_opens_through_the_proxy_for_its_owner_only_and_says_when_it_closed(apps_stack):
-    from sessions.session_apps import app_token
-
-    base, token, session_id = apps_stack
+    base, apps, token, session_id = apps_stack
     prefix = f"/sessions/{session_id}/apps/echo/"
     listed = get_ok(base, f"/api/v1/sessions/{session_id}/", token)["apps"]
     assert [a["name"] for a in listed] == ["echo", "plain", "broken", "mute"]
@@ -119,38 +137,40 @@ def test_an_app_opens_through_the_proxy_for_its_owner_only_and_says_when_it_clos
     assert all(m["type"] == "progress" for m in messages[:-1])
     assert open_app(base, alice, session_id, "echo")[-1]["reused"] is True
 
-    # HTTP through the proxy: the app got its token (it answers 403 without) and not the console's cookies.
-    alice.cookies.set("app-cookie", "kept")
-    echoed = alice.get(prefix + "echo", params={"q": "1"})
+    # HTTP through the proxy, on the apps origin: the app got its token (it answers 403 without) and
+    # not the console's cookies (nor the app origin's own).
+    app = on_apps_origin(apps, alice, prefix + "echo")
+    app.cookies.set("app-cookie", "kept")
+    echoed = app.get(prefix + "echo", params={"q": "1"})
     assert echoed.status_code == 200, echoed.text
     body = echoed.json()
     assert body["authorized"] is True and body["console_cookie"] is False and "app-cookie=kept" in body["cookie"]
     assert body["path"] == prefix + "echo" and body["query"] == "q=1"
-    assert body["host"] == urlsplit(base).netloc
-    secret = app_token(session_id=session_id, app="echo")
+    assert body["host"] == urlsplit(apps).netloc
     for shown in (page.text, echoed.text, json.dumps(get_ok(base, f"/api/v1/sessions/{session_id}/", token))):
-        assert secret not in shown
+        assert not shows_token(shown, body["token_sha256"])
 
     # An app without the prefix gets the path after it.
     assert open_app(base, alice, session_id, "plain")[-1]["type"] == "ready"
-    plain = alice.get(f"/sessions/{session_id}/apps/plain/echo").json()
+    plain_path = f"/sessions/{session_id}/apps/plain/echo"
+    plain = on_apps_origin(apps, alice, plain_path).get(plain_path).json()
     assert plain["path"] == "/echo" and plain["authorized"] is True
 
     # A 50 MB upload and a 50 MB download.
     upload = os.urandom(1 << 20) * 50
-    stored = alice.post(prefix + "upload", content=upload, headers={"Content-Type": "application/octet-stream"})
+    stored = app.post(prefix + "upload", content=upload, headers={"Content-Type": "application/octet-stream"})
     assert stored.json() == {"bytes": len(upload), "sha256": hashlib.sha256(upload).hexdigest()}
-    with alice.stream("GET", prefix + "bytes", params={"n": 50 * 10 ** 6}) as download:
+    with app.stream("GET", prefix + "bytes", params={"n": 50 * 10 ** 6}) as download:
         assert download.status_code == 200
         assert sum(len(chunk) for chunk in download.iter_raw()) == 50 * 10 ** 6
 
     # A websocket both ways (with the subprotocol the app chose), and a streamed answer: its first
     # part arrives while the app still waits for the websocket's "release".
-    cookie = "; ".join(f"{k}={v}" for k, v in alice.cookies.items())
-    with alice.stream("GET", prefix + "gate") as gated:
+    cookie = "; ".join(f"{k}={v}" for k, v in app.cookies.items())
+    with app.stream("GET", prefix + "gate") as gated:
         lines = gated.iter_lines()
         assert next(lines) == "first"
-        with connect(ws_url(base, prefix + "ws"), additional_headers={"Cookie": cookie},
+        with connect(ws_url(apps, prefix + "ws"), additional_headers={"Cookie": cookie},
                      subprotocols=["v1.kernel.websocket.jupyter.org"], open_timeout=30) as ws:
             assert ws.subprotocol == "v1.kernel.websocket.jupyter.org"
             ws.send("hello")
@@ -161,13 +181,15 @@ def test_an_app_opens_through_the_proxy_for_its_owner_only_and_says_when_it_clos
             assert ws.recv(timeout=30) == "echo:release"
         assert next(lines) == "second"
 
-    # Another user: 404 (HTTP, the open page, and the websocket); signed out: the login page.
+    # Another user: 404 (HTTP, the open page: no ticket); with his console cookie on the apps
+    # origin, nothing (HTTP 401, the websocket refused); signed out: the login page.
     bob = login(base, "bob", "bob-pass-123")
     assert bob.get(prefix + "echo").status_code == 404
     assert bob.get(f"/sessions/{session_id}/open/echo/").status_code == 404
     bob_cookie = "; ".join(f"{k}={v}" for k, v in bob.cookies.items())
+    assert httpx.get(apps + prefix + "echo", headers={"Cookie": bob_cookie}, timeout=30).status_code == 401
     with pytest.raises(InvalidStatus):
-        connect(ws_url(base, prefix + "ws"), additional_headers={"Cookie": bob_cookie}, open_timeout=30)
+        connect(ws_url(apps, prefix + "ws"), additional_headers={"Cookie": bob_cookie}, open_timeout=30)
     signed_out = httpx.get(base + prefix + "echo", follow_redirects=False, timeout=30)
     assert signed_out.status_code == 302 and signed_out.headers["location"] == f"/login/?next={prefix}echo"
     assert alice.get(f"/sessions/{session_id}/apps/nothing/").status_code == 404
@@ -175,17 +197,18 @@ def test_an_app_opens_through_the_proxy_for_its_owner_only_and_says_when_it_clos
     # Paths that try to leave the prefix.
     for escape in ("../../terminal/", "%2e%2e/%2e%2e/terminal/", "..%2f..%2fterminal/", "a/./b", "a%5c..%5cb"):
         assert raw_get(base, prefix + escape, dict(alice.cookies)) == 400, escape
+        assert raw_get(apps, prefix + escape, dict(app.cookies)) == 400, escape
 
     # The app exits: its page says so, with a link that starts it again.
-    assert alice.get(prefix + "exit").status_code == 200
-    closed = wait_until(lambda: (r := alice.get(prefix + "echo")).status_code == 502 and r, timeout=30,
-                        what="the proxy to see the app gone")
+    assert app.get(prefix + "exit").status_code == 200
+    closed = wait_until(lambda: (r := app.get(prefix + "echo")).status_code == 502 and "exited" in r.text and r,
+                        timeout=30, what="the proxy to see the app gone, and its agent to say it exited")
     assert "Echo is not running" in closed.text and "exited with code 3" in closed.text
-    assert f'href="/sessions/{session_id}/open/echo/"' in closed.text
+    assert f'href="{base}/sessions/{session_id}/open/echo/"' in closed.text  # on the console's origin
     assert open_app(base, alice, session_id, "echo")[-1]["reused"] is False
 
     # The session ends while a websocket is open: the websocket closes, the app's page says the session ended.
-    with connect(ws_url(base, prefix + "ws"), additional_headers={"Cookie": cookie}, open_timeout=30) as ws:
+    with connect(ws_url(apps, prefix + "ws"), additional_headers={"Cookie": cookie}, open_timeout=30) as ws:
         status, _ = api(base, "DELETE", f"/api/v1/sessions/{session_id}/", token)
         assert status == 202
         wait_until(lambda: get_ok(base, f"/api/v1/sessions/{session_id}/", token)["status"] == "TERMINATED",
@@ -193,14 +216,14 @@ def test_an_app_opens_through_the_proxy_for_its_owner_only_and_says_when_it_clos
         with pytest.raises(Exception):
             while True:
                 ws.recv(timeout=30)
-    ended = alice.get(prefix + "echo")
+    ended = app.get(prefix + "echo")
     assert ended.status_code == 410 and "Session ended" in ended.text
     failed = open_app(base, alice, session_id, "echo")[-1]
     assert failed["type"] == "error" and failed["error"] == "session-not-running"
 
 
 def test_an_app_that_exits_or_never_answers_is_reported_with_its_output(apps_stack):
-    base, token, session_id = apps_stack
+    base, _, token, session_id = apps_stack
     alice = login(base, "alice", "alice-pass-123")
 
     # The same through the REST API (for scripts): the URL once it answers, the refusals in the error shape.
@@ -256,9 +279,10 @@ def test_in_the_docker_runtime_an_app_runs_in_the_sessions_container_and_is_reac
     alice = login(stack.base, "alice", "alice-pass-123")
     opened = open_app(stack.base, alice, created["id"], "files")
     assert opened[-1] == {"type": "ready", "url": f"/sessions/{created['id']}/apps/files/", "reused": False}, opened
-    listing = alice.get(f"/sessions/{created['id']}/apps/files/")
+    app = on_apps_origin(stack.apps_base, alice, f"/sessions/{created['id']}/apps/files/")
+    listing = app.get(f"/sessions/{created['id']}/apps/files/")
     assert listing.status_code == 200 and "hello.txt" in listing.text
-    assert alice.get(f"/sessions/{created['id']}/apps/files/hello.txt").text == "in-container\n"
+    assert app.get(f"/sessions/{created['id']}/apps/files/hello.txt").text == "in-container\n"
 
     # The agent restarts; the container and the app in it run on: opening it again adopts it, not a
     # second copy (which could not listen on the same port).
@@ -267,4 +291,4 @@ def test_in_the_docker_runtime_an_app_runs_in_the_sessions_container_and_is_reac
                what="the restarted agent to adopt the session")
     again = open_app(stack.base, alice, created["id"], "files")
     assert again[-1] == {"type": "ready", "url": f"/sessions/{created['id']}/apps/files/", "reused": True}, again
-    assert alice.get(f"/sessions/{created['id']}/apps/files/hello.txt").text == "in-container\n"
+    assert app.get(f"/sessions/{created['id']}/apps/files/hello.txt").text == "in-container\n"
