@@ -67,6 +67,7 @@ def build_runtime(config: AgentConfig):
             hami_core=config.hami_core,
             mps_pipe_directory=config.mps_pipe_directory if config.mps else None,
             pull=config.pull_images,
+            limits=config.limits,  # default memory, pids a container and all of them together (agent.limits)
         )
     return ProcessRuntime(
         node=config.node_name,

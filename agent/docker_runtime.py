@@ -39,7 +39,8 @@ from typing import Any
 import protocol
 from accelerators.allocation.units import format_binary_size
 from agent.network import OUTBOUND, NetworkError, SessionNetwork, instance_id, network_mode
-from agent.runtimes import DOCKER, SessionPaths
+from agent.limits import SessionLimits, docker_parent_open, docker_parent_remove
+from agent.runtimes import DOCKER, SessionPaths, cgroup_tag, parent_cgroup_name
 
 log = logging.getLogger(__name__)
 
@@ -349,6 +350,7 @@ class DockerRuntime:
         hami_core: Path | None = None,
         mps_pipe_directory: Path | None = None,
         pull: bool = True,
+        limits: SessionLimits | None = None,
         client=None,
     ):
         import docker
@@ -376,6 +378,9 @@ class DockerRuntime:
         self.hami_core = hami_core
         self.mps_pipe_directory = mps_pipe_directory
         self.pull = pull
+        self.limits = limits if limits is not None else SessionLimits()  # [limits]: default memory, pids (agent.limits)
+        self.cgroup_parent = ""  # all its containers' parent cgroup, capped at limits.node_pids (clean_up_at_start)
+        self._cgroup_parent_name = ""
 
     def paths(self, work_dir: Path) -> SessionPaths:
         return SessionPaths(home=HOME, bin_dir=f"{TOOLS}/bin", allocation=f"{TOOLS}/allocation.json")
@@ -398,7 +403,7 @@ class DockerRuntime:
         import docker
 
         session_id = spec["session_id"]
-        mem = int(spec.get("mem") or 0)
+        mem = int(spec.get("mem") or 0) or self.limits.default_memory  # none asked: [limits] default-memory
         config: dict[str, Any] = dict(
             image=spec.get("image") or self.default_image,
             command=argv,
@@ -421,11 +426,13 @@ class DockerRuntime:
                 docker.types.Mount(TOOLS, str(work_dir / ".fgpu"), type="bind", read_only=True),
             ],
             nano_cpus=int(spec.get("cpu") or 1) * 1_000_000_000,
-            pids_limit=PIDS_LIMIT,
+            pids_limit=self.limits.session_pids,  # PIDS_LIMIT unless [limits] session-pids says otherwise
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             network_mode=self.session_network.names.network if self.session_network is not None else "none",
         )
+        if self.cgroup_parent:  # all the agent's containers together: [limits] node-pids
+            config["cgroup_parent"] = self.cgroup_parent
         if spec.get("data_dir"):  # the owner's persistent folder (agent.files) at ~/data
             config["mounts"].append(docker.types.Mount(f"{HOME}/data", spec["data_dir"], type="bind"))
         for name, folder in (spec.get("project_dirs") or {}).items():  # and each of their projects'
@@ -544,6 +551,7 @@ class DockerRuntime:
                 self.session_network.ensure()
             except NetworkError as exc:
                 raise DockerRuntimeError(str(exc)) from None
+        self._open_cgroup_parent(scratch_root)
         adopted, removed = [], 0
         for container in self.client.containers.list(all=True, filters={"label": f"{LABEL_NODE}={self.node}"}):
             labels = container.labels
@@ -566,6 +574,21 @@ class DockerRuntime:
                 removed += 1
         return adopted, removed
 
+    def _open_cgroup_parent(self, scratch_root: Path) -> None:
+        """Blocking: the parent cgroup of this agent's containers, `/<agent.runtimes.parent_cgroup_name>`
+        (its node, instance and FGPU_CGROUP_TAG, as the process runtime's), its pids.max the node's
+        cap on all of them (agent.limits.docker_parent_open); where it cannot be (Docker's systemd
+        driver, no pids controller), containers go where Docker puts them and the agent says why."""
+        self._cgroup_parent_name = parent_cgroup_name(self.node, scratch_root, tag=cgroup_tag())
+        try:
+            driver = str(self.client.info().get("CgroupDriver") or "")
+        except Exception:  # Docker went away meanwhile: no parent (docker_parent_open says why)
+            driver = ""
+        self.cgroup_parent, why = docker_parent_open(self._cgroup_parent_name, node_pids=self.limits.node_pids,
+                                                     cgroup_driver=driver)  # fmt: skip
+        if not self.cgroup_parent:
+            log.warning("sessions' containers together are not held to %d pids: %s", self.limits.node_pids, why)
+
     def _made_here(self, labels: dict, scratch_root: Path) -> bool:
         """Whether a container with `labels` (of this node) is this installation's: its instance
         label is ours, or, on a container from before that label, its work dir lies under
@@ -582,15 +605,21 @@ class DockerRuntime:
 
     def close(self) -> None:
         """Blocking, when the agent shuts down after its sessions ended: remove the sessions'
-        network and its rules unless a container is still on it (Agent.shutdown)."""
+        network and its rules unless a container is still on it (Agent.shutdown), and the
+        containers' parent cgroup where none is left in it."""
         if self.session_network is not None:
             self.session_network.remove()
+        if self._cgroup_parent_name:
+            docker_parent_remove(self._cgroup_parent_name)
 
     def release_now(self) -> None:
         """Blocking, when a host process exits after killing its sessions (Agent.kill_all_now,
         standalone): remove this agent's containers on its network, then the network and its rules.
-        With network "none" the killed containers are left for the next start's clean-up."""
+        With network "none" the killed containers are left for the next start's clean-up. The
+        containers' parent cgroup goes where none is left in it."""
         if self.session_network is None:
+            if self._cgroup_parent_name:
+                docker_parent_remove(self._cgroup_parent_name)
             return
         network = self.session_network.names.network
         try:
@@ -601,6 +630,8 @@ class DockerRuntime:
             log.warning("agent %s: could not remove its containers on %s: %s", self.node, network, exc)
             return
         self.session_network.remove()
+        if self._cgroup_parent_name:
+            docker_parent_remove(self._cgroup_parent_name)
 
     def images(self) -> dict[str, str]:
         """Blocking: the local images, `{reference: image id}`, every tag ("fgpu-session:test") and

@@ -280,3 +280,67 @@ def remove_dir(path: Path) -> bool:
     except OSError:
         return False
     return True
+
+
+# --- the docker runtime's containers: one parent cgroup for all of an agent's sessions -------------
+
+
+def docker_parent_open(
+    name: str, *, node_pids: int, cgroup_driver: str, mountinfo: str = "/proc/self/mountinfo"
+) -> tuple[str, str]:
+    """Blocking: the `cgroup_parent` of an agent's session containers, `/<name>`, with its pids.max
+    written (`node_pids`: all its containers together), made before Docker puts a container in
+    it (Docker's cgroupfs driver creates the rest of the path in every hierarchy). Returns
+    (cgroup_parent, "") or ("", why the node-wide cap is not enforced for containers): Docker's
+    systemd driver (its parents are slices the agent does not manage), no pids controller, or a
+    file that cannot be written."""
+    if cgroup_driver != "cgroupfs":
+        return "", f"Docker's cgroup driver is {cgroup_driver or 'unknown'}, not cgroupfs"
+    found = _docker_pids_directory(name, mountinfo=mountinfo)
+    if found is None:
+        return "", "no pids controller is offered (cgroup v2 without it, and no cgroup v1 pids hierarchy)"
+    directory, v2 = found
+    try:
+        directory.mkdir(exist_ok=True)
+        why = _enable(directory, "pids") if v2 else ""  # v2: in the root's subtree_control and the parent's
+        if why:
+            return "", why
+        write_file(directory / "pids.max", str(node_pids))
+    except OSError as exc:
+        return "", f"cannot cap {directory}: {exc.strerror or exc}"
+    return f"/{name}", ""
+
+
+def docker_parent_remove(name: str, *, mountinfo: str = "/proc/self/mountinfo") -> None:
+    """Blocking: remove the parent `/<name>` of an agent's containers from every cgroup hierarchy
+    Docker made it in, where no container is left in it (a container's own cgroup is removed
+    with the container)."""
+    for top in _all_hierarchies(mountinfo=mountinfo):
+        remove_dir(top / name)
+
+
+def _docker_pids_directory(name: str, *, mountinfo: str) -> tuple[Path, bool] | None:
+    """(Where the containers' parent `name` holds the pids controller, whether that is cgroup v2),
+    or None."""
+    v1 = cgroup_v1_mounts(mountinfo=mountinfo).get("pids")
+    if v1 is not None:
+        return v1 / name, False
+    for top in _all_hierarchies(mountinfo=mountinfo):
+        if "pids" in _read_words(top / "cgroup.controllers"):
+            return top / name, True
+    return None
+
+
+def _all_hierarchies(*, mountinfo: str) -> list[Path]:
+    """The mount points of every cgroup hierarchy (v1 and v2) this process sees."""
+    found = []
+    try:
+        with open(mountinfo) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields = line.split(" - ", 1)
+        if len(fields) == 2 and fields[1].split()[:1] in (["cgroup"], ["cgroup2"]):
+            found.append(Path(fields[0].split()[4].replace("\\040", " ")))
+    return found

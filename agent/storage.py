@@ -80,13 +80,15 @@ def measure(root: Path, *, budget: int = MEASURE_BUDGET) -> tuple[int, bool]:
 
 def container_layer_size(handle) -> int:
     """Blocking: bytes in the writable layer of the container of a docker runtime's session
-    (`handle.container`; Docker's SizeRw, which it computes by walking the layer); 0 for a session
+    (`handle.container`; Docker's SizeRw, which it computes by walking the layer: `docker ps
+    --size`, what `docker inspect --size` reads); 0 for a session
     in no container or where Docker cannot tell."""
     container = getattr(handle, "container", None)
     if container is None:
         return 0
     try:
-        return int(container.client.api.inspect_container(container.id, size=True).get("SizeRw") or 0)
+        listed = container.client.api.containers(all=True, size=True, filters={"id": container.id})  # GET /containers/json?size=1
+        return int(listed[0].get("SizeRw") or 0) if listed else 0
     except Exception as exc:  # Docker unreachable, the container gone meanwhile
         log.debug("could not read the writable layer's size of container %s: %s", getattr(container, "id", "?"), exc)
         return 0

@@ -12,6 +12,7 @@ controller-less cgroup2)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import time
 from functools import partial
@@ -81,3 +82,75 @@ def test_a_fork_bomb_in_two_sessions_stays_under_their_pids_and_the_node_s_and_t
             await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
 
     run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO)
+
+
+# --- the docker runtime: the same attacks from inside a container ----------------------------------
+
+from tests.test_docker_runtime import TEST_IMAGE, run_docker  # noqa: E402
+
+DOCKER_LIMITS = SessionLimits(default_memory=64 * MiB, session_pids=64, node_pids=100, session_storage=8 * MiB)
+
+
+@pytest.fixture(scope="module")
+def docker_engine():
+    """Docker Engine on this machine and its session image (tests/images/build.sh). Missing on CI is
+    a failure, never a skip (.ci/run starts it and builds the image)."""
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+        client.images.get(TEST_IMAGE)
+    except Exception as exc:
+        pytest.fail(f"Docker Engine or image {TEST_IMAGE} is missing ({exc}); .ci/run provides both")
+    return client
+
+
+def test_a_container_that_asks_no_memory_cannot_allocate_past_the_default(tmp_path, docker_engine):
+    async def scenario(h: Harness):
+        spec = {**start_spec(command=GREEDY), "mem": 0}
+        output, reason = await ended(h, spec)
+        assert "SURVIVED" not in output, "the container held 256 MiB past the 64 MiB default"
+        assert "out of memory at its 64 MiB limit" in reason, reason
+
+    run_docker(tmp_path, docker_engine, TEST_IMAGE, scenario, limits=DOCKER_LIMITS)
+
+
+def test_a_fork_bomb_in_two_containers_stays_under_their_pids_and_the_node_s(tmp_path, docker_engine):
+    command = " ".join([FORK_BOMB[0], FORK_BOMB[1], "'" + FORK_BOMB[2] + "'"])
+
+    async def scenario(h: Harness):
+        assert h.agent.runtime.cgroup_parent, "the containers have no parent cgroup of the agent's"
+        specs = [start_spec(command=command), start_spec(command=command)]
+        channels = [await h.watch_terminal(spec["session_id"]) for spec in specs]
+        for spec in specs:
+            await h.start_session(spec)
+        outputs = [await h.read_until(channel, "\n", timeout=120) for channel in channels]
+        started = time.monotonic()
+        await asyncio.to_thread(subprocess.run, ["true"], check=True, timeout=10)
+        assert time.monotonic() - started < 2.0, "the host did not start a process in 2 s"
+        forked = [int(output.split()[0]) for output in outputs]
+        assert all(n <= 63 for n in forked), f"a container forked past its 64 pids: {forked}"
+        # Each container also holds its init (docker-init) and perl: the node's 100 is everything.
+        assert sum(forked) + 4 <= 100, f"the containers together passed the node's 100 pids: {forked}"
+        for spec in specs:
+            await asyncio.to_thread(h.agent.submit_stop, spec["session_id"])
+            await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
+
+    run_docker(tmp_path, docker_engine, TEST_IMAGE, scenario, limits=DOCKER_LIMITS)
+
+
+def test_a_container_that_fills_its_writable_layer_is_stopped(tmp_path, docker_engine):
+    async def scenario(h: Harness):
+        h.agent.storage.configure(DOCKER_LIMITS)
+        spec = start_spec(command="head -c 20971520 /dev/zero > /tmp/big && echo WRITTEN && sleep 300")
+        channel = await h.watch_terminal(spec["session_id"])
+        await h.start_session(spec)
+        await h.read_until(channel, "WRITTEN")
+        [(session_id, reason)] = await h.agent.storage.check_now()
+        assert session_id == spec["session_id"]
+        assert re.fullmatch(r"used 20(\.\d)? MiB of its 8 MiB storage limit \(home and container layer\)", reason), reason
+        _, reported, _ = await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
+        assert reported == reason
+
+    run_docker(tmp_path, docker_engine, TEST_IMAGE, scenario, limits=DOCKER_LIMITS)
