@@ -8,6 +8,7 @@ Real processes, real cgroups (CI runs as root with them writable: a test fails, 
 where they are not)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -227,3 +228,50 @@ def test_a_user_s_data_folder_past_its_limit_stops_the_session_and_below_it_the_
         assert reason.endswith("storage limit (~/data)")
 
     run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO, data_root=tmp_path / "data")
+
+
+# --- agent.toml's [limits] ------------------------------------------------------------------------
+
+
+def agent_toml(tmp_path, limits: str, *, memory: str = "32G") -> Path:
+    (tmp_path / "mock-accelerator.toml").write_text("")
+    path = tmp_path / "agent.toml"
+    path.write_text(f'[agent]\nid = "n1"\nmemory = "{memory}"\n[limits]\n{limits}\n')
+    return path
+
+
+def test_agent_toml_limits_are_read_with_their_defaults(tmp_path):
+    from agent.config import load_agent_config
+
+    limits = load_agent_config(agent_toml(tmp_path, "")).limits
+    assert limits == SessionLimits()
+    assert limits.default_memory == 4 << 30 and limits.session_pids == 4096 and limits.node_pids == 16384
+    assert limits.session_storage == limits.user_data_storage == 10 << 30 and limits.storage_interval_s == 60
+    assert load_agent_config(agent_toml(tmp_path, "", memory="2G")).limits.default_memory == 2 << 30  # the node's, if less
+    read = load_agent_config(agent_toml(tmp_path, 'default-memory = "512M"\nsession-pids = 256\nnode-pids = 1024\n'
+                                                  'session-storage = "1G"\nuser-data-storage = "50G"\nstorage-interval = 30'))
+    assert read.limits == SessionLimits(default_memory=512 * MiB, session_pids=256, node_pids=1024, session_storage=1 << 30,
+                                        user_data_storage=50 << 30, storage_interval_s=30)
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    ('default-memory = "1K"', "limits.default-memory: '1K' is less than 16 MiB"),
+    ('default-memory = "lots"', "limits.default-memory"),
+    ("session-pids = 0", "limits.session-pids: 0 is not a whole number from 16 to 4194304"),
+    ("node-pids = true", "limits.node-pids"),
+    ("storage-interval = 1", "limits.storage-interval: 1 is not a whole number from 5 to 3600"),
+    ('session-storage = "-1G"', "limits.session-storage"),
+])
+def test_a_bad_limit_stops_the_agent_naming_the_key(tmp_path, line, says):
+    from agent.config import AgentConfigError, load_agent_config
+
+    with pytest.raises(AgentConfigError, match=re.escape(says)):
+        load_agent_config(agent_toml(tmp_path, line))
+
+
+def test_a_bad_cgroup_tag_stops_the_agent(tmp_path, monkeypatch):
+    from agent.config import AgentConfigError, load_agent_config
+
+    monkeypatch.setenv("FGPU_CGROUP_TAG", "../escape")
+    with pytest.raises(AgentConfigError, match="FGPU_CGROUP_TAG"):
+        load_agent_config(agent_toml(tmp_path, ""))
