@@ -40,7 +40,7 @@ from protocol.files import PROJECTS_DIR
 from accelerators.allocation.units import format_binary_size
 from agent.limits import Hierarchies, SessionLimits, remove_dir
 from agent.sandbox import SANDBOX_AUTO, SANDBOX_BUBBLEWRAP, SANDBOX_NONE, Sandbox, SandboxError, read_init_pid
-from agent.sandbox import become_subreaper, netns_socket, reap_orphans
+from agent.sandbox import become_subreaper, netns_socket, reap_orphans, wait_set_up
 from agent.sandbox import probe as probe_sandbox
 
 log = logging.getLogger(__name__)
@@ -432,8 +432,9 @@ class ProcessRuntime:
                     os.close(status_write)
             init_pid = 0
             if sandbox is not None:
-                try:
+                try:  # its init's pid, then that the sandbox is set up (exec may enter it)
                     init_pid = read_init_pid(status_read)
+                    wait_set_up(init_pid)
                 except SandboxError as exc:
                     raise SandboxError(f"{exc}: {_said(process, master_fd)}") from None
         except BaseException:

@@ -44,10 +44,12 @@ import os
 import select
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,13 +67,15 @@ PROBE_TIMEOUT_S = 20.0
 SYSTEM_READ_ONLY = ("/usr", "/etc")  # bound read-only at their own paths
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # symbolic links (merged /usr) or directories
 # Run by root in the leader's own mount namespace: `$1` the stage point, `$2` how many sources
-# follow; each source is bind-mounted on `<stage>/<i>`, then the rest (setpriv … bwrap …) is
-# exec'd. mount(8) answers for itself on stderr (the session's terminal) and the leader exits 125.
+# follow; each source is bind-mounted on `<stage>/<i>` (one mount(8) each, which makes the
+# directory: X-mount.mkdir), then the rest (setpriv … bwrap …) is exec'd. mount(8) answers for
+# itself on stderr (the session's terminal) and the leader exits 125.
 STAGE_SCRIPT = (
     's=$1; n=$2; shift 2; mount -t tmpfs -o mode=0755,size=16k fgpu-stage "$s" || exit 125; i=0; '
-    'while [ "$i" -lt "$n" ]; do mkdir "$s/$i" && mount --bind "$1" "$s/$i" || exit 125; shift; i=$((i + 1)); done; '
+    'while [ "$i" -lt "$n" ]; do mount --bind -o X-mount.mkdir "$1" "$s/$i" || exit 125; shift; i=$((i + 1)); done; '
     'exec "$@"'
 )
+SETUP_POLL_S = 0.001  # between looks at whether a sandbox's init has started its command (wait_set_up)
 CLONE_NEWNET = 0x40000000
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -104,10 +108,14 @@ class Sandbox:
         `argv` in the sandbox: `home` (the working directory) and `data` (folders) read-write at
         their own paths, `read_only` and the host system read-only; bwrap writes its sandbox's
         init pid as JSON on `status_fd` (`{"child-pid": N, …}`, a line) and, at the end, the
-        exit code (`{"exit-code": N}`)."""
+        exit code (`{"exit-code": N}`). Only the sources the session's user cannot reach itself
+        (`searchable`) are staged: each costs the leader a mount(8), and with none to stage the
+        leader runs no mount namespace of its own (the launch's cost, issue 14)."""
         writable = [str(home), *(str(folder) for folder in data)]
         sources = [*self.read_only, *writable]
-        staged = [str(STAGE_POINT / str(i)) for i in range(len(sources))] if self.drop else sources
+        hidden = [src for src in sources if self.drop and not searchable(src, self.uid, self.gid)]
+        stage = {src: str(STAGE_POINT / str(i)) for i, src in enumerate(hidden)}
+        staged = [stage.get(src, src) for src in sources]
         args = [self.bwrap, "--unshare-all", "--die-with-parent"]
         if self.share_net:
             args.append("--share-net")
@@ -128,8 +136,10 @@ class Sandbox:
             return args
         drop = [self.setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs"]
         drop += ["--inh-caps=-all", "--bounding-set=-all", "--"]
-        stage = [self.unshare, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", STAGE_SCRIPT, "fgpu-stage"]
-        return [*stage, str(STAGE_POINT), str(len(sources)), *sources, *drop, *args]
+        if not hidden:
+            return [*drop, *args]
+        staging = [self.unshare, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", STAGE_SCRIPT, "fgpu-stage"]
+        return [*staging, str(STAGE_POINT), str(len(hidden)), *hidden, *drop, *args]
 
     def enter(self, init_pid: int, argv: list[str], *, cwd: Path) -> list[str]:
         """The command that runs `argv` inside the sandbox whose init is `init_pid` (host pid):
@@ -151,6 +161,32 @@ class Sandbox:
                 os.chown(path, self.uid, self.gid, follow_symlinks=False)
             except FileNotFoundError:
                 continue
+
+
+def searchable(path: str, uid: int, gid: int) -> bool:
+    """Blocking, a stat per directory above `path` (an absolute path): whether a process of `uid`
+    and `gid` alone (no supplementary groups: setpriv --clear-groups) may look `path` up, i.e.
+    bind-mount it: no symbolic link on the way and search (x) permission on every directory
+    above it. False where one is gone or unreadable."""
+    if os.path.realpath(path) != os.path.normpath(path):
+        return False
+    parent = os.path.dirname(os.path.normpath(path))
+    while True:
+        try:
+            info = os.stat(parent)
+        except OSError:
+            return False
+        if info.st_uid == uid:
+            allowed = info.st_mode & stat.S_IXUSR
+        elif info.st_gid == gid:
+            allowed = info.st_mode & stat.S_IXGRP
+        else:
+            allowed = info.st_mode & stat.S_IXOTH
+        if not allowed:
+            return False
+        if parent == "/":
+            return True
+        parent = os.path.dirname(parent)
 
 
 def gpu_devices(dev: str = "/dev") -> list[str]:
@@ -185,6 +221,30 @@ def read_init_pid(status_fd: int, *, timeout: float = STATUS_TIMEOUT_S) -> int:
         return int(json.loads(data.split(b"\n", 1)[0])["child-pid"])
     except (ValueError, KeyError, TypeError):
         raise SandboxError(f"bwrap's status is not what it should be: {data[:200]!r}") from None
+
+
+def wait_set_up(init_pid: int, *, timeout: float = STATUS_TIMEOUT_S, proc: str = "/proc") -> None:
+    """Blocking: wait until the sandbox whose init is `init_pid` (host pid) is set up: bwrap says
+    its init's pid before the init has mapped its user and moved into its new root, and the init
+    forks the session's command only once all is done (bubblewrap.c: the fork for pid 1 follows
+    the set-up), so until it has a child an exec entering its namespaces could find the node's
+    file system there. An init that ended is done too (the command ran, or bwrap failed: it says
+    so on the terminal). Raises SandboxError after `timeout` seconds (a few ms in practice)."""
+    children = f"{proc}/{init_pid}/task/{init_pid}/children"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(children) as f:
+                if f.read().strip():
+                    return
+            with open(f"{proc}/{init_pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in "ZX":
+                    return
+        except (OSError, IndexError):  # gone
+            return
+        if time.monotonic() >= deadline:
+            raise SandboxError(f"the sandbox was not set up within {timeout:g} s")
+        time.sleep(SETUP_POLL_S)
 
 
 def probe(setting: str, *, uid: int, gid: int, network: str) -> tuple[Sandbox | None, str]:
