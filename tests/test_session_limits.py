@@ -275,3 +275,35 @@ def test_a_bad_cgroup_tag_stops_the_agent(tmp_path, monkeypatch):
     monkeypatch.setenv("FGPU_CGROUP_TAG", "../escape")
     with pytest.raises(AgentConfigError, match="FGPU_CGROUP_TAG"):
         load_agent_config(agent_toml(tmp_path, ""))
+
+
+def test_on_cgroup_v2_with_controllers_the_limits_go_in_its_files(tmp_path):
+    """A unified hierarchy that offers memory, cpu and pids (a pure cgroup v2 machine; this one's
+    offers none, so its kernel files are stood in for by plain files of the same names): the
+    controllers are enabled for the parent's children from the root down, the node's cap is the
+    parent's pids.max, a session's limits its memory.max (no swap), cpu.max and pids.max, and no
+    v1 hierarchy is used. (What subtree_control holds is the kernel's to keep: a plain file only
+    keeps bytes.)"""
+    from agent.limits import Hierarchies
+
+    root = tmp_path / "cgroup"
+    parent = root / "fgpu-agent-n-0123456789"
+    session = parent / "session-s1"
+    session.mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    for directory in (root, parent):
+        (directory / "cgroup.subtree_control").write_text("")
+    for name in ("pids.max",):
+        (parent / name).write_text("")
+    for name in ("memory.max", "memory.swap.max", "cpu.max", "pids.max", "memory.events"):
+        (session / name).write_text("")
+    v1_only = tmp_path / "mountinfo"
+    v1_only.write_text("35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n")
+    hierarchies = Hierarchies.open(parent, node_pids=100, mountinfo=str(v1_only))
+    assert hierarchies.controllers == {"memory", "cpu", "pids"} and hierarchies.v1 == {} and hierarchies.missing == {}
+    assert (parent / "pids.max").read_text() == "100"
+    hierarchies.apply("session-s1", SessionLimits(default_memory=64 * MiB, session_pids=64).for_spec({"cpu": "1.5"}))
+    assert (session / "memory.max").read_text() == str(64 * MiB) and (session / "memory.swap.max").read_text() == "0"
+    assert (session / "cpu.max").read_text() == f"150000 {CPU_PERIOD_US}" and (session / "pids.max").read_text() == "64"
+    (session / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    assert hierarchies.oom_kills("session-s1") == 1 and hierarchies.memory_limit("session-s1") == 64 * MiB
