@@ -27,7 +27,7 @@ from sessions.service_ports import SERVICE_PORTS_LABEL
 from tests.conftest import ROOT, wait_until
 from tests.test_browser import ADMIN_PASSWORD, screenshot_dir
 from tests.test_browser import page  # noqa: F401  (fixture)
-from tests.test_browser_jupyter import NOTEBOOK, run_the_walkthrough_notebook
+from tests.test_browser_jupyter import NOTEBOOK, assert_no_token, run_the_walkthrough_notebook
 from tests.test_browser_workloads import log_in
 from tests.test_e2e_distributed import api, get_ok
 from tests.test_session_apps_e2e import BridgedDockerNode
@@ -84,7 +84,7 @@ def test_a_notebook_in_a_container_on_the_distributed_stack_sees_its_slice_and_t
     log_in(page, base)
     row = page.locator(f'#sessions-table tr[data-session-id="{session["id"]}"]')
     expect(row.locator("td.status")).to_have_text("RUNNING")
-    prefix = f"{base}/sessions/{session['id']}/apps/jupyterlab/"
+    prefix = f"{stack.apps_base}/sessions/{session['id']}/apps/jupyterlab/"  # the apps origin
     lab, output = run_the_walkthrough_notebook(page, row, prefix=prefix, app="jupyterlab",
                                                failed_shot="jupyter-distributed-failed.png")
     expect(output).to_contain_text("GPU 0 is a 0.50 fGPU slice of CUDA GPU 8192MiB (2048MiB, 20 of 80 SMs = 25%)")
@@ -121,7 +121,4 @@ def test_a_notebook_in_a_container_on_the_distributed_stack_sees_its_slice_and_t
     line = next(x for x in listed.stdout.splitlines() if x.startswith("docker-lab"))
     assert line.split()[3:9] == [str(container_pid), "notebook", "admin", "2", "GiB", "2"], listed.stdout
 
-    from sessions.session_apps import app_token
-
-    secret = app_token(session_id=session["id"], app="jupyterlab")
-    assert secret not in lab.content() and secret not in page.content()
+    assert_no_token(lab.content(), page.content())
