@@ -207,8 +207,8 @@ class Command(BaseCommand):
     def _serve(self, host: str, port: int, agents) -> None:
         """Serve the console on host:port and session apps on their own origin (issue 31.4): a
         second socket of the same uvicorn server, FGPU_APPS_PORT (default port + 1) on `host`;
-        the origin is FGPU_APPS_ORIGIN, else http://<host>:<that port> (127.0.0.1 for a wildcard
-        `host`). The ASGI app tells the two apart by the request's Host (sessions.app_origin)."""
+        the origin is FGPU_APPS_ORIGIN, else http://localhost:<that port> (`_apps_listener`). The
+        ASGI app tells the two apart by the request's Host (sessions.app_origin)."""
         import uvicorn
 
         apps_port, apps_origin = _apps_listener(host, port)
@@ -263,6 +263,11 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"Session apps are served on {apps_origin}/ only, their own origin (FGPU_APPS_ORIGIN, FGPU_APPS_PORT): "
                 "their pages never see the console's cookies."
+                + (
+                    " Only this machine's browser reaches localhost: set FGPU_APPS_ORIGIN to a name other machines reach."
+                    if host in ("0.0.0.0", "::") and "//localhost:" in apps_origin
+                    else ""
+                )
             )
             try:
                 await serving
@@ -286,8 +291,9 @@ class Command(BaseCommand):
 def _apps_listener(host: str, port: int) -> tuple[int, str]:
     """(the local port, the origin) of session apps in standalone: FGPU_APPS_PORT, else the port of
     FGPU_APPS_ORIGIN where it names one, else `port` + 1; FGPU_APPS_ORIGIN, else
-    http://<host>:<that port> (127.0.0.1 for a wildcard `host`). Raises CommandError for a port
-    out of range."""
+    http://<host>:<that port>, where a loopback or wildcard `host` is named "localhost": another
+    host name than the console's 127.0.0.1, so that a browser keeps the console's cookies from the
+    apps origin (cookies are per host, not per port). Raises CommandError for a port out of range."""
     origin = settings.FGPU_APPS_ORIGIN
     named = urlsplit(origin).port if origin else None
     default = named or port + 1
@@ -295,7 +301,8 @@ def _apps_listener(host: str, port: int) -> tuple[int, str]:
         raise CommandError(f"PORT={port}: session apps need a second port (PORT + 1); set FGPU_APPS_PORT")
     apps_port = env_int("FGPU_APPS_PORT", default, minimum=1, maximum=65535)
     if not origin:
-        shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else (f"[{host}]" if ":" in host else host)
+        loopback = ("", "0.0.0.0", "::", "127.0.0.1", "::1", "localhost")
+        shown = "localhost" if host in loopback else (f"[{host}]" if ":" in host else host)
         origin = f"http://{shown}:{apps_port}"
     return apps_port, origin
 
