@@ -150,6 +150,35 @@ def test_exec_beside_a_session_runs_inside_its_sandbox(bait):
     run_agent(bait, scenario)
 
 
+def test_an_exec_the_moment_a_session_started_finds_its_sandbox_set_up_not_the_node(bait):
+    """bwrap names its sandbox's init before the init has mapped its user and moved into its new
+    root: an exec that entered it then would run with the node's file system. The runtime's spawn
+    returns only once the sandbox is set up; an exec started at that moment, five times over,
+    runs as the session's user and reads nothing of the node."""
+    runtime = ProcessRuntime(node=f"test-node-race-{os.getpid()}")
+    runtime.clean_up_at_start(bait / "scratch")
+    try:
+        for attempt in range(5):
+            work_dir = bait / "scratch" / f"race-{attempt}"
+            work_dir.mkdir(parents=True)
+            spec = {**non_admin_spec(), "session_id": f"race-{attempt}"}
+            handle = runtime.spawn(spec=spec, argv=["sleep", "30"], env={"PATH": "/usr/bin:/bin"}, work_dir=work_dir)
+            try:
+                assert handle.sandbox is not None, runtime.unconfined_why
+                process = handle.exec_popen(["/bin/sh", "-c", f"id -u; cat {bait / 'agent.toml'}"],
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                output = process.communicate(timeout=30)[0].decode()
+                assert SECRET not in output, f"an exec at the session's start read the agent's config: {output}"
+                assert output.splitlines()[0] == str(handle.sandbox.uid), f"the exec did not run as the session: {output}"
+            finally:
+                handle.kill_all()
+                handle.wait()
+                handle.remove()
+                handle.close_stream()
+    finally:
+        runtime.release_now()
+
+
 def test_without_a_sandbox_a_non_administrators_session_is_refused_and_an_administrators_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap to be found: as on a node without bubblewrap
     runtime = ProcessRuntime(node="h1-refuse", cgroup_root="none")
