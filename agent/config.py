@@ -53,6 +53,7 @@ over::
     node-pids = 16384                                   # of all sessions of this agent together (process runtime)
     session-storage = "10G"                             # a session's home (scratch) and container layer
     user-data-storage = "10G"                           # a user's ~/data folder
+    project-data-storage = "10G"                        # a project's data folder (~/projects/<name>)
     storage-interval = 60                               # seconds between measures of sessions' storage (5-3600)
 
     [plugins.mock]
@@ -290,6 +291,7 @@ def load_agent_config(path: str | Path, *, default_broker: str = "", runtime: st
         node_pids=count("node-pids", SessionLimits.node_pids, 16, 4_194_304),
         session_storage=size("session-storage", SessionLimits.session_storage, 1 << 20),
         user_data_storage=size("user-data-storage", SessionLimits.user_data_storage, 1 << 20),
+        project_data_storage=size("project-data-storage", SessionLimits.project_data_storage, 1 << 20),
         storage_interval_s=count("storage-interval", SessionLimits.storage_interval_s, 5, 3600),
     )
     usage = table(data, "usage", "usage")

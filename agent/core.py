@@ -267,6 +267,7 @@ class RunningSession:
     stopping: str = ""  # why the agent is killing it; empty while nobody asked
     env: dict = field(default_factory=dict)  # the session's environment, for exec
     data_dir: Path | None = None  # its owner's persistent folder (~/data), whose storage agent.storage measures
+    project_dirs: dict = field(default_factory=dict)  # its projects' folders (~/projects/<name>: Path), measured too
     log_pending: list = field(default_factory=list)  # decoded output not yet batched
     log_pending_chars: int = 0
     log_seq: int = 0  # sequence number of the next batch
@@ -729,7 +730,9 @@ class Agent:
         handle = self.runtime.spawn(
             spec=spec, argv=argv, env=env, work_dir=work_dir, progress=partial(self._progress_from_thread, session_id)
         )
-        return RunningSession(session_id=session_id, process=handle, work_dir=work_dir, env=env, data_dir=folder)
+        return RunningSession(
+            session_id=session_id, process=handle, work_dir=work_dir, env=env, data_dir=folder, project_dirs=projects
+        )
 
     def _progress_from_thread(self, session_id: str, text: str) -> None:
         """A runtime's word on a slow start (an image pull), from the worker thread that spawns:

@@ -43,6 +43,7 @@ SESSION_PIDS = 4096  # a session's processes and threads (the docker runtime's P
 NODE_PIDS = 16384  # all sessions of one agent together
 SESSION_STORAGE = 10 * GiB  # a session's home (scratch) and container layer
 USER_DATA_STORAGE = 10 * GiB  # a user's ~/data folder
+PROJECT_DATA_STORAGE = 10 * GiB  # a project's data folder (~/projects/<name>)
 STORAGE_INTERVAL_S = 60  # seconds between two measures of a session's storage
 CPU_PERIOD_US = 100_000  # the CFS period: 100 ms
 MIN_CPU_QUOTA_US = 1000  # the kernel's least quota (1 ms)
@@ -53,14 +54,16 @@ class SessionLimits:
     """agent.toml's `[limits]`: `default_memory` (bytes, for a session whose start spec asks no
     `mem`), `session_pids` and `node_pids` (processes and threads: one session's, all of the
     agent's sessions' together), `session_storage` (bytes in a session's home and container
-    layer), `user_data_storage` (bytes in a user's ~/data), `storage_interval_s` (seconds
-    between measures where no file system quota holds them)."""
+    layer), `user_data_storage` (bytes in a user's ~/data), `project_data_storage` (bytes in a
+    project's data folder, ~/projects/<name>), `storage_interval_s` (seconds between measures
+    where no file system quota holds them)."""
 
     default_memory: int = DEFAULT_MEMORY
     session_pids: int = SESSION_PIDS
     node_pids: int = NODE_PIDS
     session_storage: int = SESSION_STORAGE
     user_data_storage: int = USER_DATA_STORAGE
+    project_data_storage: int = PROJECT_DATA_STORAGE
     storage_interval_s: int = STORAGE_INTERVAL_S
 
     def memory_for(self, spec: dict) -> int:

@@ -2,7 +2,9 @@
 (its scratch directory, the working directory the agent made) and, in the docker runtime, its
 container's writable layer, together at most `[limits] session-storage` bytes (default 10 GiB);
 each user's persistent `~/data` folder at most `[limits] user-data-storage` bytes (default
-10 GiB), whichever of the user's sessions on the node wrote it.
+10 GiB), whichever of the user's sessions on the node wrote it; each project's data folder
+(`~/projects/<name>`) at most `[limits] project-data-storage` bytes (default 10 GiB), whichever of
+its members' sessions wrote it: every session that mounts a folder past its limit is stopped.
 
 The file systems under the scratch and data roots of this project's nodes have no project quotas
 (ext4 without the `project` feature, overlay2 on ext4), so the agent measures instead: every
@@ -120,7 +122,7 @@ class StorageWatch:
         self.limits = limits or SessionLimits()
         self.clock = clock
         self.used: dict[str, int] = {}
-        self._warned: set[tuple[str, str]] = set()  # (session id, "session" | "data") told they near a limit
+        self._warned: set[tuple[str, str]] = set()  # (session id, "session" | a folder's name) told they near a limit
         self._partial_logged: set[str] = set()
 
     def configure(self, limits: SessionLimits) -> None:
@@ -152,7 +154,7 @@ class StorageWatch:
             self.used.pop(gone, None)
         self._warned = {key for key in self._warned if key[0] in sessions}
         over: list[tuple[str, str]] = []
-        data_use: dict[Path, int] = {}
+        data_use: dict[Path, int] = {}  # each folder measured once a round, however many sessions mount it
         for session_id, running in sessions.items():
             home = self._measure(Path(running.work_dir))
             layer = container_layer_size(running.process)
@@ -164,16 +166,16 @@ class StorageWatch:
                 continue
             self._warn(session_id, "session", home + layer, limit, what)
             data_dir = getattr(running, "data_dir", None)
-            if data_dir is None:
-                continue
-            data_dir = Path(data_dir)
-            if data_dir not in data_use:
-                data_use[data_dir] = self._measure(data_dir)
-            limit = self.limits.user_data_storage
-            if data_use[data_dir] > limit:
-                over.append((session_id, over_reason(data_use[data_dir], limit, "~/data")))
-            else:
-                self._warn(session_id, "data", data_use[data_dir], limit, "~/data")
+            folders = [(Path(data_dir), self.limits.user_data_storage, "~/data")] if data_dir is not None else []
+            for name, folder in sorted((getattr(running, "project_dirs", None) or {}).items()):
+                folders.append((Path(folder), self.limits.project_data_storage, f"~/projects/{name}"))
+            for folder, limit, what in folders:
+                if folder not in data_use:
+                    data_use[folder] = self._measure(folder)
+                if data_use[folder] > limit:
+                    over.append((session_id, over_reason(data_use[folder], limit, what)))
+                    break
+                self._warn(session_id, what, data_use[folder], limit, what)
         return over
 
     def _measure(self, root: Path) -> int:

@@ -307,3 +307,27 @@ def test_on_cgroup_v2_with_controllers_the_limits_go_in_its_files(tmp_path):
     assert (session / "cpu.max").read_text() == f"150000 {CPU_PERIOD_US}" and (session / "pids.max").read_text() == "64"
     (session / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     assert hierarchies.oom_kills("session-s1") == 1 and hierarchies.memory_limit("session-s1") == 64 * MiB
+
+
+def test_a_project_folder_past_its_limit_stops_every_session_that_mounts_it(tmp_path):
+    from tests.test_agent_runtime import Harness, run_agent, start_spec
+
+    async def scenario(h: Harness):
+        storage_limited(h, project_data_storage=4 * MiB)
+        project = [{"id": "p-77", "name": "vision"}]
+        specs = [{**start_spec(command="echo UP && sleep 300"), "owner_id": owner, "projects": project} for owner in (7, 8)]
+        for spec in specs:
+            channel = await h.watch_terminal(spec["session_id"])
+            await h.start_session(spec)
+            await h.read_until(channel, "UP")
+        folder = tmp_path / "data" / "projects" / "p-77"
+        assert folder.is_dir()
+        (folder / "weights").write_bytes(b"w" * (5 * MiB))  # as one member's session writes into ~/projects/vision
+        over = sorted(await h.agent.storage.check_now())
+        reason = "used 5 MiB of its 4 MiB storage limit (~/projects/vision)"
+        assert over == sorted((spec["session_id"], reason) for spec in specs), over
+        for spec in specs:
+            _, reported, _ = await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
+            assert reported == reason
+
+    run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO, data_root=tmp_path / "data")
