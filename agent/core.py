@@ -47,7 +47,7 @@ from protocol import channel as protocol_channel
 from protocol import files as protocol_files
 from protocol.exec_store import exec_store_for
 from agent import exec_stream
-from protocol.terminal_stream import DIRECT_OFFER, DIRECT_OK, encode
+from protocol.terminal_stream import DIRECT_OK, encode
 from agent.direct import DirectServer, DirectStream
 from agent import files as session_files
 from agent import mig as mig_runtime
@@ -1427,7 +1427,9 @@ class Agent:
         elif isinstance(command, protocol_channel.PtyAttach):  # a terminal opened: it reads the session from here on
             channel = command.reply_channel
             if command.direct and self.direct is not None and self.direct.serving and not running.output_closed:
-                offer = self.guard.answer({"type": DIRECT_OFFER, **self.direct.offer(running.session_id, channel)})
+                offer = self.guard.answer(
+                    protocol_channel.DirectOffer(**self.direct.offer(running.session_id, channel)).to_dict()
+                )
                 self._in_background(self.layer.send(channel, offer))  # it reads from its stream once it connects
                 return
             running.readers[channel] = [running.sent, running.frames, self.loop.time()]
@@ -1435,7 +1437,7 @@ class Agent:
             backlog = bytes(running.scrollback[-SCROLLBACK_BYTES:]).decode("utf-8", "replace")
             replies = [{"type": "terminal.output", "data": backlog}]
             if command.direct:  # it asked for a direct stream: none (it waits for this answer first)
-                replies.insert(0, self.guard.answer({"type": DIRECT_OFFER, "host": ""}))
+                replies.insert(0, self.guard.answer(protocol_channel.DirectOffer(host="").to_dict()))
             self._in_background(self._send_all(channel, replies))
         elif isinstance(command, protocol_channel.PtyExec):
             self._in_background(self._exec(running, command.to_dict()))

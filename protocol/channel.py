@@ -50,6 +50,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, fields
 
+from protocol.terminal_stream import DIRECT_OFFER
+
 AUTH = "auth"  # the field a sealed message carries its seal in
 MAX_AGE_S = 60  # a sealed message older (or newer) than this by the receiver's clock is refused
 TAG_MAX = 40  # a node name longer than this (or with a '.') is hashed into its tag
@@ -384,6 +386,33 @@ class NodeProcesses(Command):
     @classmethod
     def from_dict(cls, m: dict) -> NodeProcesses:
         return cls(session_id="", reply_channel=_field(m, "reply_channel", str))
+
+
+# --- typed answers -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DirectOffer:
+    """The agent's answer to an attach that asked for a direct stream (protocol.terminal_stream):
+    where to connect (`host` "" : no direct stream; `port` 1-65535) and the one-time `token`."""
+
+    TYPE = DIRECT_OFFER
+    host: str
+    port: int = 0
+    token: str = ""
+
+    def to_dict(self) -> dict:
+        return {"type": self.TYPE, "host": self.host, "port": self.port, "token": self.token}
+
+    @classmethod
+    def from_dict(cls, m: dict) -> DirectOffer:
+        host = _field(m, "host", str)
+        if not host:
+            return cls(host="")
+        port, token = _field(m, "port", int), _field(m, "token", str)
+        if not (0 < port < 65536 and 0 < len(host) <= 255 and 0 < len(token) <= 256):
+            raise Malformed("a direct-stream offer out of range")
+        return cls(host=host, port=port, token=token)
 
 
 TYPED = {c.TYPE: c for c in (PtyInput, PtyResize, PtyAttach, PtyAck, PtyDetach, PtyStop, PtyExec, PtyExecStream, NodeProcesses)}

@@ -37,7 +37,7 @@ from channels.layers import get_channel_layer
 from twisted.internet.tcp import Connection as TwistedConnection
 
 from console.errors import ApplicationError
-from protocol.channel import AgentLink, Refused
+from protocol.channel import AgentLink, DirectOffer, Refused
 from protocol.terminal_stream import DIRECT_OFFER, DIRECT_OK, LINE_LIMIT, encode
 from sessions import events
 from sessions.services import terminal_ticket_redeem, terminal_ticket_unspend
@@ -325,7 +325,7 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
             if self.link is None:
                 return
             try:  # it names where this terminal connects: only its node's agent may say
-                offer = self.link.answer(message)
+                offer = DirectOffer.from_dict(self.link.answer(message)).to_dict()
             except Refused as exc:
                 log.warning("terminal for %s: ignored a direct-stream offer not from its node: %s", self.session_id, exc)
                 return

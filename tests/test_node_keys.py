@@ -178,3 +178,15 @@ def test_bytes_in_a_command_are_covered_by_its_seal():
     with pytest.raises(Refused):
         guard.open({**chunk, "data": b"\x01" * 10})
     assert guard.open(chunk)["data"] == b"\x00" * 10
+
+
+def test_a_direct_stream_offer_is_typed_and_one_out_of_range_is_refused():
+    from protocol.channel import DirectOffer, Malformed
+
+    offer = DirectOffer(host="10.0.0.5", port=4000, token="t")
+    assert DirectOffer.from_dict(offer.to_dict()) == offer
+    assert DirectOffer.from_dict({"type": "terminal.direct", "host": ""}) == DirectOffer(host="")
+    for bad in ({"host": "h", "port": 0, "token": "t"}, {"host": "h", "port": "80", "token": "t"},
+                {"host": "h", "port": 80}, {"host": 5}):
+        with pytest.raises(Malformed):
+            DirectOffer.from_dict({"type": "terminal.direct", **bad})
