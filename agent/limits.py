@@ -3,7 +3,7 @@ processes through cgroups (issue 31, items 2 and 6), for the process runtime.
 
 A session's limits (`SessionLimits.for_spec`): its start spec's `mem` (bytes; where none is
 asked, agent.toml's `[limits] default-memory`, default 4 GiB, at most the node's memory), its
-`cpu` (cores, as a CFS quota: `cpu` × 100 ms of CPU time every 100 ms) and `[limits]
+`cpu` (cores, 1 where none is asked, as a CFS quota: `cpu` × 100 ms of CPU time every 100 ms) and `[limits]
 session-pids` processes (default 4096, the docker runtime's PIDS_LIMIT). All sessions of one
 agent together: `[limits] node-pids` processes (default 16384), the pids.max of the agent's
 parent cgroup, so a fork bomb in one session, or in several, cannot take the node's last pids.
@@ -71,9 +71,9 @@ class SessionLimits:
         return int(spec.get("mem") or 0) or self.default_memory
 
     def for_spec(self, spec: dict) -> dict[str, int]:
-        """What one session's cgroup gets: {"memory": bytes, "cpu": quota µs per CPU_PERIOD_US
-        (0: none asked, not limited), "pids": processes}."""
-        return {"memory": self.memory_for(spec), "cpu": cpu_quota_us(spec.get("cpu")), "pids": self.session_pids}
+        """What one session's cgroup gets: {"memory": bytes, "cpu": quota µs per CPU_PERIOD_US (its
+        `cpu` cores; 1 core where none is asked, as the docker runtime), "pids": processes}."""
+        return {"memory": self.memory_for(spec), "cpu": cpu_quota_us(spec.get("cpu") or 1), "pids": self.session_pids}
 
 
 def cpu_quota_us(cores) -> int:

@@ -161,6 +161,7 @@ def test_cgroup_v1_mounts_and_cpu_quotas():
     assert cpu_quota_us(2) == 200_000 and cpu_quota_us("0.5") == 50_000 and cpu_quota_us("0.001") == 1000
     assert cpu_quota_us(None) == 0 and cpu_quota_us("x") == 0 and cpu_quota_us(0) == 0 and cpu_quota_us("NaN") == 0
     assert SessionLimits().memory_for({}) == 4 << 30 and SessionLimits().memory_for({"mem": 5}) == 5
+    assert SessionLimits().for_spec({}) == {"memory": 4 << 30, "cpu": CPU_PERIOD_US, "pids": 4096}  # 1 core by default
 
 
 # --- storage (agent.storage) ------------------------------------------------------------------------
