@@ -165,8 +165,9 @@ async def session_app_open(*, session: ComputeSession, app: dict, node: str, on_
                 if kind == "app.progress" and on_progress is not None:
                     await on_progress(str(answer.get("text", "")))
                 elif kind == "app.ready":
-                    reused = bool(answer.get("reused")) and bool(keep)
-                    await _app_token_keep(session_id=session.pk, app=app["name"], token=keep if reused else token)
+                    reused = bool(keep) and bool(answer.get("reused"))
+                    held = keep if reused and keep else token  # a reused app runs with the held one
+                    await _app_token_keep(session_id=session.pk, app=app["name"], token=held)
                     _remember((str(session.pk), app["name"]), answer["host"], int(answer["port"]))
                     url = app_prefix(session_id=session.pk, app=app["name"]) + app["path"]
                     return {"url": url, "reused": reused}
