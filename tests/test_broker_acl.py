@@ -70,7 +70,8 @@ def test_the_command_writes_the_file_private_and_prints_every_role_url(tmp_path)
 
 @pytest.fixture
 def acl_stack(tmp_path):
-    nodes = [StackNode(f"acl-node-{i}", mock_inventory(gpus=1)) for i in range(2)]
+    # terminal-direct off: the terminal's output takes the channel layer, the path the ACL confines.
+    nodes = [StackNode(f"acl-node-{i}", mock_inventory(gpus=1), container="terminal-direct = false") for i in range(2)]
     with Stack(nodes=nodes, work_dir=tmp_path / "stack", broker_acl=True) as stack:
         yield stack
 
