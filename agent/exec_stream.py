@@ -3,7 +3,7 @@ output to the exec store (protocol.exec_store) as it comes, until it exits, runs
 timeout, or someone cancels it.
 
 The web writes the exec's record (`starting`) and sends `pty.exec_stream` to the session's
-`pty-<id>` group; the agent hands it to `start`, which runs the command on a thread of its own
+`pty.<node>.<id>` group; the agent hands it to `start`, which runs the command on a thread of its own
 (a streamed command may run for minutes: it must not hold the agent's event loop or its thread
 pool). That thread claims the record (`starting` → `running`, so a command cancelled or given
 up on before the agent took it never starts), starts the command in its own process session

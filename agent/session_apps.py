@@ -2,7 +2,7 @@
 (JupyterLab, TensorBoard, …) inside the session on demand, wait until its port answers, and say
 where it listens, so the console's proxy (sessions.app_proxy) can reach it.
 
-Messages (channel layer, on the session's `pty-<id>` group; the web: sessions.session_apps):
+Messages (channel layer, on the session's `pty.<node>.<id>` group; the web: sessions.session_apps):
 
 - `pty.app_open` {app: {name, command, port, base_url}, base_url, token, keep, timeout, reply_channel}:
   start the app unless it runs with the token `keep` (idempotent: a second open of a running app

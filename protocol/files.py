@@ -17,7 +17,7 @@ surrogates, parts over NAME_MAX_BYTES and paths over PATH_MAX_CHARS. The agent t
 part relative to the root's descriptor with O_NOFOLLOW (agent.files), so a symbolic link on the
 way is refused too, wherever it points.
 
-Messages (channel layer, the session's `pty-<id>` group, answered on `reply_channel`):
+Messages (channel layer, the session's `pty.<node>.<id>` group, answered on `reply_channel`):
 `pty.files` {op, owner_id, projects ({name: id}: the owner's), path, …} → `files.result` {ok: true, …}
 or {ok: false, error, detail}.
 `op`: `list` {path} → {entries: [{name, type, size, mtime}], truncated}; `stat` {path} →

@@ -1,7 +1,7 @@
 """A session's files from the web (issue 18, item 6): list, download, upload, delete and make
 folders in a RUNNING session's home and its owner's persistent folder (`data/`).
 
-Transport: `pty.files` messages to the session's `pty-<id>` group (which only its agent joins),
+Transport: `pty.files` messages to the session's `pty.<node>.<id>` group (which only its agent joins),
 each answered on a reply channel (agent.files; message shapes in protocol.files), as exec is. So
 it works wherever the terminal does: web processes and agents on different hosts share only the
 channel layer (Redis), no address of the node is needed. File bytes travel in chunks of at most

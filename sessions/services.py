@@ -485,7 +485,7 @@ def session_exec_call(*, session: ComputeSession, command, timeout: int) -> Exec
 
 async def session_exec_wait(call: ExecCall) -> dict:
     """Send `call` and wait for its result on the event loop, holding no thread and no database
-    connection. Transport: a `pty.exec` message to the session's `pty-<id>` group (which only its
+    connection. Transport: a `pty.exec` message to the session's `pty.<node>.<id>` group (which only its
     agent joins) with a reply channel; the agent answers on it (agent.core.Agent._exec).
     Returns `{"exit_code", "stdout", "stderr", "truncated", "duration_ms"}` (stdout and stderr
     at most 1 MiB each, `truncated` when cut).
@@ -573,7 +573,7 @@ def session_exec_start(*, session: ComputeSession, command, timeout: int) -> dic
     `command` is an argument vector or one shell command line; `timeout` in seconds.
 
     Transport: the record is written `starting`, then a `pty.exec_stream` message goes to the
-    session's `pty-<id>` group (agent.exec_stream runs it). Returns the exec's state
+    session's `pty.<node>.<id>` group (agent.exec_stream runs it). Returns the exec's state
     (see `session_exec_read`, without output). Raises ApplicationError 409 "session-not-running"
     unless RUNNING. An agent that does not take it within EXEC_REPLY_GRACE_S seconds shows as
     state `failed` on the next read."""

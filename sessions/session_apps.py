@@ -3,7 +3,7 @@ JupyterLab), started on demand inside the session by its agent and served throug
 console's own proxy (`sessions.app_proxy`) under `/sessions/<id>/apps/<name>/`.
 
 Transport, as exec's (`sessions.services.session_exec`): the web sends `pty.app_open` to the
-session's `pty-<id>` group (only its agent joins it) with a fresh reply channel; the agent
+session's `pty.<node>.<id>` group (only its agent joins it) with a fresh reply channel; the agent
 (agent.session_apps) starts the app's command if it does not run yet, and answers `app.progress`
 {text} while it waits for the app's port, then `app.ready` {host, port, reused} or
 `app.failed` {error, output}. `pty.app_status` asks where a running app listens (`app.status`

@@ -5,7 +5,7 @@ the web process's threads nor its database connections (a pool of DATABASE_POOL[
 
 Real processes (tests/stack.py): uvicorn, the manager worker and one agent, which the test stops
 (SIGSTOP) while the requests are held and continues (SIGCONT) after. The test joins the
-session's `pty-<id>` group itself, as a second listener that never answers, to see each
+session's `pty.<node>.<id>` group itself, as a second listener that never answers, to see each
 request's first op reach the agent's channel (then every request is waiting for the agent).
 """
 from __future__ import annotations
