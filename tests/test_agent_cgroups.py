@@ -1,9 +1,11 @@
 """A process-runtime session's processes tracked by its own cgroup v2 (issue 14, item 3): the
-leader joins `<root>/fgpu-agent-<node>/session-<id>` before it execs, so a daemon that
+leader joins `<root>/fgpu-agent-<node>-<instance>/session-<id>` before it execs, so a daemon that
 double-forks, calls setsid and clears its environment (invisible to the /proc scan) still ends
 with its session, before the slice is reported free; the cgroup is removed afterwards, and what
-a killed agent's sessions left is killed and removed when the agent starts again. Where the
-agent cannot create cgroups, the /proc scan does the work and the agent says why.
+a killed agent's sessions left is killed and removed when the agent starts again, by that agent
+only: another console's agent on the host, whose node has the same name, has a parent of its own
+(issue 31, item 8). Where the agent cannot create cgroups, the /proc scan does the work and the
+agent says why.
 
 Real processes, real cgroups on this machine (CI runs as root on a machine with a writable
 cgroup2 hierarchy: a test here fails, never skips, where there is none)."""
