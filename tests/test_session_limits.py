@@ -332,3 +332,28 @@ def test_a_project_folder_past_its_limit_stops_every_session_that_mounts_it(tmp_
             assert reported == reason
 
     run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO, data_root=tmp_path / "data")
+
+
+def test_a_controller_found_nowhere_is_named_with_the_reason_and_the_rest_still_hold(tmp_path):
+    """Only the memory hierarchy among the v1 mounts (the machine's real one): cpu and pids are
+    missing with why, memory still limits, and removal leaves nothing."""
+    root = runtimes.cgroup2_root(CGROUP_AUTO)[0]
+    memory = cgroup_v1_mounts().get("memory")
+    assert root is not None and memory is not None
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"41 31 0:38 / {root} rw - cgroup2 cgroup2 rw\n35 31 0:32 / {memory} rw - cgroup cgroup rw,memory\n")
+    limits = SessionLimits(default_memory=64 * MiB)
+    cgroups, why = open_session_cgroups(CGROUP_AUTO, name=parent_cgroup_name("partial", tmp_path, tag=CGROUP_TAG),
+                                        limits=limits, mountinfo=str(mountinfo))
+    assert cgroups is not None, why
+    try:
+        missing = cgroups.hierarchies.missing
+        assert set(missing) == {"cpu", "pids"}, missing
+        assert missing["pids"] == "neither cgroup v2 nor a cgroup v1 hierarchy offers it"
+        cgroup = cgroups.create("s", spec={})
+        assert cgroup.memory_limit() == 64 * MiB and [d.parent.parent for d in cgroup.v1] == [memory]
+        assert cgroup.remove()
+    finally:
+        cgroups.clean_up()
+        cgroups.close()
+    assert not (memory / cgroups.parent.name).exists() and not cgroups.parent.exists()
