@@ -75,12 +75,6 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
 CGROUP_TAG = os.environ.setdefault("FGPU_CGROUP_TAG", f"test{os.getpid()}")
 
 
-# This run's agents (in this process and in the processes it starts, which inherit it) name their
-# parent cgroups `fgpu-agent-<tag>-<node>-<instance>` (agent.runtimes.parent_cgroup_name), so the
-# fixture below finds what this run made and never touches another run's or a console's.
-CGROUP_TAG = os.environ.setdefault("FGPU_CGROUP_TAG", f"test{os.getpid()}")
-
-
 @pytest.fixture(autouse=True)
 def no_cgroups_left():
     """Every test leaves the node's cgroups as it found them: the agents' parent cgroups this
