@@ -66,7 +66,7 @@ def start_standalone(procs, tmp_path, **env_extra) -> tuple[str, str, object]:
         return "Session apps are served on" in server.output()
 
     wait_until(ready, timeout=90, interval=0.2, what="the standalone console to serve")
-    return base, f"http://127.0.0.1:{port + 1}", server
+    return base, f"http://localhost:{port + 1}", server
 
 
 def api(base: str, method: str, path: str, token: str | None = None, body=None, headers: dict | None = None):

@@ -71,7 +71,7 @@ def test_a_notebook_opened_from_the_session_list_sees_its_gpu_slice(console_url,
                token)[0]
     assert ran["exit_code"] == 0, ran
 
-    apps = f"http://127.0.0.1:{urlsplit(base).port + 1}"  # make run's apps origin
+    apps = f"http://localhost:{urlsplit(base).port + 1}"  # make run's apps origin
     lab, output = run_the_walkthrough_notebook(page, row, prefix=f"{apps}/sessions/{session['id']}/apps/jupyter/",
                                                app="jupyter", failed_shot="session-apps-jupyter-failed.png")
     expect(output).to_contain_text("GPU 0 is a 0.50 fGPU slice of CUDA GPU 8192MiB (2048MiB, 20 of 80 SMs = 25%)")

@@ -2,7 +2,9 @@
 (tests/test_browser.py: standalone, demo-node on the process runtime, image "host").
 
 An administrator declares two apps on "host" through the API: `echo` (tests/apps/echo_app.py, a
-real ASGI app whose page opens a websocket back to itself) and `broken` (exits at once). The session
+real ASGI app whose page opens a websocket back to itself, which the session's user uploads into
+the session's home through the files API, as a sandboxed session sees no folder of this checkout)
+and `broken` (exits at once). The session
 list and the session page show them beside Terminal; clicking Echo opens a new tab that starts it
 and then shows the app's page on the apps origin (make run's port + 1, through a one-time ticket), whose websocket answers through the proxy; Broken's tab says it
 exited, with its output; once the session ends, the app's tab says so on reload.
@@ -23,8 +25,8 @@ from tests.test_browser_workloads import log_in
 
 pytestmark = pytest.mark.browser
 
-ECHO = (f"PYTHONPATH={ROOT / 'tests' / 'apps'} exec {sys.executable} -m daphne -b {{host}} -p {{port}} "
-        "echo_app:application")
+ECHO = (f'PYTHONPATH="$HOME/apps" exec {sys.executable} -m daphne -b {{host}} -p {{port}} '
+        "echo_app:application")  # the agent's Python (and its daphne) is what a sandbox shows read-only
 APPS = [{"name": "echo", "title": "Echo", "command": ECHO, "port": 8080, "base_url": True, "timeout": 60},
         {"name": "broken", "title": "Broken", "command": "echo 'broken: no such notebook'; exit 4", "port": 8082}]
 
@@ -52,13 +54,18 @@ def test_apps_open_from_the_session_list_in_a_new_tab_and_say_when_they_closed(c
     log_in(page, base)
     row = page.locator(f'#sessions-table tr[data-session-id="{session["id"]}"]')
     expect(row.locator("td.status")).to_have_text("RUNNING")
+    upload = urllib.request.Request(f"{base}/api/v1/sessions/{session['id']}/files/content/?path=apps/echo_app.py",
+                                    data=(ROOT / "tests" / "apps" / "echo_app.py").read_bytes(), method="PUT",
+                                    headers={"Authorization": f"Token {token}", "Content-Type": "application/octet-stream"})
+    with urllib.request.urlopen(upload, timeout=30) as response:
+        assert response.status in (200, 201), response.read()
     expect(row.locator("a.app-link")).to_have_text(["Echo", "Broken"])
     page.screenshot(path=str(screenshot_dir() / "session-apps-list.png"), animations="disabled")
 
     with page.context.expect_page() as opened:
         row.locator('a.app-link[data-app="echo"]').click()
     app = opened.value
-    apps = f"http://127.0.0.1:{urlsplit(base).port + 1}"  # make run's apps origin: its port + 1
+    apps = f"http://localhost:{urlsplit(base).port + 1}"  # make run's apps origin: localhost, its port + 1
     expect(app).to_have_url(f"{apps}/sessions/{session['id']}/apps/echo/", timeout=60_000)  # there, not the console's
     expect(app.locator("h1")).to_have_text("hello from echo_app")
     expect(app.locator("#ws")).to_have_text("websocket says: echo:hi")
