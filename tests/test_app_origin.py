@@ -24,6 +24,7 @@ import pytest
 
 from tests.conftest import ROOT, wait_until
 from tests.stack import free_port
+from tests.test_browser import page  # noqa: F401  (fixture)
 
 ADMIN_PASSWORD = "admin-pass-app-origin"
 ECHO = (f"PYTHONPATH={ROOT / 'tests' / 'apps'} exec {sys.executable} -m daphne -b {{host}} -p {{port}} "
@@ -77,8 +78,8 @@ def api(base: str, method: str, path: str, token: str | None = None, body=None, 
 
 def login(base: str, username: str, password: str) -> httpx.Client:
     client = httpx.Client(base_url=base, timeout=60, follow_redirects=False)
-    page = client.get("/login/")
-    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    form = client.get("/login/")
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
     assert client.post("/login/", data={"username": username, "password": password,
                                         "csrfmiddlewaretoken": csrf}).status_code == 302
     return client
@@ -247,13 +248,13 @@ def test_a_malformed_apps_origin_is_refused_at_start(value):
 
 
 def test_the_console_answers_with_its_security_headers(client):
-    page = client.get("/login/")
-    policy = page["Content-Security-Policy"]
+    answer = client.get("/login/")
+    policy = answer["Content-Security-Policy"]
     assert "script-src 'self';" in policy and "frame-ancestors 'none'" in policy and "default-src 'self'" in policy
     assert "'unsafe-inline'" not in policy.split("script-src", 1)[1].split(";", 1)[0]
-    assert page["X-Frame-Options"] == "DENY" and page["Referrer-Policy"] == "same-origin"
-    assert page["X-Content-Type-Options"] == "nosniff"
-    assert "HttpOnly" in str(page.cookies["csrftoken"]) or page.cookies["csrftoken"]["httponly"]
+    assert answer["X-Frame-Options"] == "DENY" and answer["Referrer-Policy"] == "same-origin"
+    assert answer["X-Content-Type-Options"] == "nosniff"
+    assert answer.cookies["csrftoken"]["httponly"]
 
 
 def test_over_tls_the_console_sends_hsts_and_secure_cookies():
@@ -268,3 +269,23 @@ def test_over_tls_the_console_sends_hsts_and_secure_cookies():
     assert out.returncode == 0, out.stderr
     hsts, session_secure, csrf_secure = json.loads(out.stdout.strip().splitlines()[-1])
     assert hsts >= 365 * 86400 and session_secure and csrf_secure
+
+
+@pytest.mark.browser
+def test_the_consoles_pages_run_their_scripts_under_its_content_security_policy(procs, tmp_path, page):  # noqa: F811
+    """Chromium reports every script, style or connection the CSP blocks as a console error (the
+    `page` fixture collects them): the session list (its live websocket), the API docs (Swagger
+    UI, whose start script is a file of its own) and an admin page load with none."""
+    from playwright.sync_api import expect
+
+    from tests.test_browser_workloads import log_in
+
+    base, _, _ = start_standalone(procs, tmp_path)
+    log_in(page, base, password=ADMIN_PASSWORD)  # waits for the session list's websocket: "live"
+    assert "script-src 'self'" in page.context.request.get(base + "/sessions/").headers["content-security-policy"]
+    page.goto(base + "/api/docs/")
+    expect(page.locator("#swagger-ui .opblock").first).to_be_visible(timeout=30_000)
+    page.goto(base + "/admin/compute_sessions/sessionimage/")
+    expect(page.locator("#result_list")).to_be_visible()
+    assert not [e for e in page.js_errors if "Content Security Policy" in e or "Refused to" in e], page.js_errors
+    assert page.js_errors == [], page.js_errors
