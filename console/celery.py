@@ -64,6 +64,8 @@ def beat_needs_secret_key(**kwargs):
     from console.secret_key import require_secret_key
 
     require_secret_key("beat")
+
+
 app.conf.task_default_queue = MANAGER_QUEUE
 
 
