@@ -1,5 +1,7 @@
 """What the console's app proxy (issue 16, sessions/app_proxy.py) adds: a session app reached
-through `/sessions/<id>/apps/<name>/` against the same app reached directly, in one run.
+through `/sessions/<id>/apps/<name>/` on the apps origin (issue 31.4: make run's
+http://localhost:<PORT + 1>, signed in there by the console's one-time ticket) against the same
+app reached directly, in one run.
 
     .venv/bin/python benchmarks/app_proxy.py [--requests 500] [--download-mb 200] [--upload-mb 100] [--messages 500]
 
@@ -100,6 +102,18 @@ def prepare(base: str) -> tuple[httpx.Client, str, dict]:
     return browser, session["id"], {"port": int(port), "token": app_token, "cookie": cookie}
 
 
+def apps_origin_client(base: str, browser: httpx.Client, prefix: str) -> tuple[str, httpx.Client]:
+    """(the apps origin, a client signed in there to the app under `prefix`): the console's origin
+    hands `browser` a one-time ticket (issue 31.4), which the apps origin turns into its cookie."""
+    apps = f"http://localhost:{int(base.rsplit(':', 1)[1]) + 1}"  # make run's apps origin: localhost, PORT + 1
+    hop = browser.get(prefix, follow_redirects=False)
+    assert hop.status_code == 302 and hop.headers["location"].startswith(apps), hop.text
+    client = httpx.Client(base_url=apps, timeout=120)
+    landed = client.get(hop.headers["location"][len(apps) :], follow_redirects=False)
+    assert landed.status_code == 302 and "fgpu_app" in client.cookies, landed.text
+    return apps, client
+
+
 def measure(client: httpx.Client, prefix: str, ws_url: str, ws_headers: dict, args) -> dict:
     client.get(prefix + "echo").raise_for_status()  # warm: the connection, and the proxy's target
     times = []
@@ -150,7 +164,9 @@ def main() -> None:
         try:
             browser, session_id, app = prepare(base)
             prefix = f"/sessions/{session_id}/apps/echo/"
-            proxied = measure(browser, prefix, base.replace("http", "ws") + prefix + "ws", {"Cookie": app["cookie"]}, args)
+            apps, on_apps = apps_origin_client(base, browser, prefix)
+            cookie = {"Cookie": f"fgpu_app={on_apps.cookies['fgpu_app']}"}
+            proxied = measure(on_apps, prefix, apps.replace("http", "ws") + prefix + "ws", cookie, args)
             api_times = []  # for scale: a small page of the console's own API on the same connection
             for _ in range(args.requests):
                 started = time.perf_counter()
