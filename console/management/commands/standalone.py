@@ -36,6 +36,7 @@ from agent.boot import build_agent
 from agent.config import AgentConfigError, load_agent_config
 from sessions.images import image_default, image_save
 from sessions.models import SessionImage
+from sessions.app_origin import host_key, origin_key
 from sessions.session_apps import jupyter_app
 from agent.docker_runtime import docker_engine_probe, docker_engine_where, docker_image_present
 from agent.runtimes import DOCKER, PROCESS, RUNTIMES, stop_ignoring_session_signals
@@ -304,6 +305,8 @@ def _apps_listener(host: str, port: int) -> tuple[int, str]:
         loopback = ("", "0.0.0.0", "::", "127.0.0.1", "::1", "localhost")
         shown = "localhost" if host in loopback else (f"[{host}]" if ":" in host else host)
         origin = f"http://{shown}:{apps_port}"
+    if origin_key(origin) == host_key(f"[{host}]:{port}" if ":" in host else f"{host}:{port}", scheme="http"):
+        raise CommandError(f"FGPU_APPS_ORIGIN={origin}: that is the console's own origin; apps need one of their own")
     return apps_port, origin
 
 
