@@ -75,6 +75,9 @@ STAGE_SCRIPT = (
     'while [ "$i" -lt "$n" ]; do mount --bind -o X-mount.mkdir "$1" "$s/$i" || exit 125; shift; i=$((i + 1)); done; '
     'exec "$@"'
 )
+# Run inside a sandbox by an exec (Sandbox.enter), before its command: into the working directory
+# `$1`, looked up inside (the shell started with the node's: nsenter keeps the caller's).
+ENTER_SCRIPT = 'cd -- "$1" || exit 125; shift; exec "$@"'
 SETUP_POLL_S = 0.001  # between looks at whether a sandbox's init has started its command (wait_set_up)
 CLONE_NEWNET = 0x40000000
 
@@ -144,11 +147,15 @@ class Sandbox:
     def enter(self, init_pid: int, argv: list[str], *, cwd: Path) -> list[str]:
         """The command that runs `argv` inside the sandbox whose init is `init_pid` (host pid):
         its user, mount, PID, network, IPC and UTS namespaces and root, as the session's uid and
-        gid (no capabilities: not root in its user namespace), with no_new_privs, in `cwd`."""
+        gid (no capabilities: not root in its user namespace), with no_new_privs, in `cwd` as the
+        sandbox sees it (ENTER_SCRIPT's cd; exit status 125 where it cannot). Not nsenter's
+        --wd: it opens the directory on the node before it enters, and a working directory of
+        the node's tree lets `cd -P ..` climb the node's file system past the sandbox's root."""
         who = [f"--setuid={self.uid}", f"--setgid={self.gid}"] if self.drop else ["--preserve-credentials"]
         return [
             self.nsenter, f"--target={init_pid}", "--user", "--mount", "--pid", "--net", "--ipc", "--uts",
-            *who, "--root", f"--wd={cwd}", "--", self.setpriv, "--no-new-privs", "--", *argv,
+            *who, "--root", "--", self.setpriv, "--no-new-privs", "--",
+            "/bin/sh", "-c", ENTER_SCRIPT, "fgpu-exec", str(cwd), *argv,
         ]  # fmt: skip
 
     def own(self, *paths: Path) -> None:

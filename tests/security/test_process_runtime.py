@@ -150,6 +150,32 @@ def test_exec_beside_a_session_runs_inside_its_sandbox(bait):
     run_agent(bait, scenario)
 
 
+def test_an_exec_cannot_climb_from_its_working_directory_into_the_nodes_file_system(bait):
+    """An exec starts in the session's home. Were that directory the node's (nsenter --wd opens it
+    before entering the sandbox), `..` would climb the node's tree past the sandbox's root:
+    from a home under a folder all may search (0755 here, as many data directories are) to the
+    agent's config beside it. It must find only what the sandbox shows."""
+    bait.chmod(0o755)
+    (bait / "scratch").mkdir(mode=0o755, exist_ok=True)
+    (bait / "scratch").chmod(0o755)
+
+    async def scenario(h: Harness):
+        session_id = await h.start_session(non_admin_spec())
+        handle = h.agent.sessions[session_id].process
+        assert handle.sandbox is not None
+
+        def run() -> str:
+            process = handle.exec_popen(["/bin/sh", "-c", "ls -a ../..; cat ../../agent.toml"],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            return process.communicate(timeout=30)[0].decode()
+
+        output = await asyncio.to_thread(run)
+        assert SECRET not in output, f"exec climbed out of its sandbox: {output}"
+        assert "db.sqlite3" not in output, f"exec listed the node's folder: {output}"
+
+    run_agent(bait, scenario)
+
+
 def test_an_exec_the_moment_a_session_started_finds_its_sandbox_set_up_not_the_node(bait):
     """bwrap names its sandbox's init before the init has mapped its user and moved into its new
     root: an exec that entered it then would run with the node's file system. The runtime's spawn
