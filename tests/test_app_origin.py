@@ -289,3 +289,29 @@ def test_the_consoles_pages_run_their_scripts_under_its_content_security_policy(
     expect(page.locator("#result_list")).to_be_visible()
     assert not [e for e in page.js_errors if "Content Security Policy" in e or "Refused to" in e], page.js_errors
     assert page.js_errors == [], page.js_errors
+
+
+@pytest.mark.django_db
+def test_a_grant_is_checked_again_on_every_request_a_deactivated_user_or_another_users_session_opens_nothing(
+        alices_session, alice, bob, staff):
+    from django.http import Http404
+
+    from sessions.app_origin import app_grant_issue
+    from sessions.app_proxy import _granted_lookup
+
+    image = alices_session.image
+    image.apps = [APPS[0]]
+    image.save(update_fields=["apps"])
+    session = str(alices_session.pk)
+
+    def grant(user) -> str:
+        return app_grant_issue({"user": user.pk, "session": session, "app": "echo", "console": "http://c"})
+
+    mine, bobs, admins = grant(alice), grant(bob), grant(staff)
+    assert _granted_lookup([mine], session, "echo")["console"] == "http://c"
+    assert _granted_lookup([admins], session, "echo") is not None  # administrators may open users' apps
+    with pytest.raises(Http404):
+        _granted_lookup([bobs], session, "echo")  # a grant names a user; the session is not bob's
+    alice.is_active = False
+    alice.save(update_fields=["is_active"])
+    assert _granted_lookup([mine], session, "echo") is None
