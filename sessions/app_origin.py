@@ -105,18 +105,20 @@ def cookie_values(scope, name: str) -> list[str]:
     return found
 
 
-def app_ticket_issue(*, user_id: int, session_id: str, app: str, path: str, console: str) -> str:
+def app_ticket_issue(*, user_id: int, auth: str, session_id: str, app: str, path: str, console: str) -> str:
     """A new ticket for `user_id` to open `path` (under "/sessions/<session_id>/apps/<app>/", with
-    its query) on the apps origin; `console`: the console's origin the ticket was issued on (the
-    app origin's pages link back to it). Returns the ticket (43 URL-safe characters)."""
+    its query) on the apps origin; `auth`: the user's session auth hash now (Django's, from the
+    password hash: a changed password ends the grants it led to); `console`: the console's origin
+    the ticket was issued on (the app origin's pages link back to it). Returns the ticket (43
+    URL-safe characters)."""
     ticket = secrets.token_urlsafe(32)
-    record = {"user": user_id, "session": str(session_id), "app": app, "path": path, "console": console}
+    record = {"user": user_id, "auth": auth, "session": str(session_id), "app": app, "path": path, "console": console}
     cache.set(TICKET_KEY.format(ticket), record, settings.FGPU_APP_TICKET_TTL)
     return ticket
 
 
 def app_ticket_redeem(ticket: str) -> dict | None:
-    """The ticket's record `{"user", "session", "app", "path", "console"}`, and the ticket gone:
+    """The ticket's record `{"user", "auth", "session", "app", "path", "console"}`, and the ticket gone:
     of two redeemers at once, one gets it. None for an unknown, used or expired ticket."""
     if not ticket or len(ticket) > 64:
         return None
@@ -130,13 +132,13 @@ def app_ticket_redeem(ticket: str) -> dict | None:
 def app_grant_issue(record: dict) -> str:
     """A new grant (the app-origin cookie's value) for a redeemed ticket's user, session and app."""
     grant = secrets.token_urlsafe(32)
-    value = {key: record[key] for key in ("user", "session", "app", "console")}
+    value = {key: record[key] for key in ("user", "auth", "session", "app", "console")}
     cache.set(GRANT_KEY.format(grant), value, settings.FGPU_APP_COOKIE_AGE)
     return grant
 
 
 def app_grant_find(values: list[str], *, session_id: str, app: str) -> dict | None:
-    """The grant among the cookie values `values` made for `session_id`'s `app`: `{"user",
+    """The grant among the cookie values `values` made for `session_id`'s `app`: `{"user", "auth",
     "session", "app", "console"}`; None when there is none."""
     for value in values[:16]:
         if len(value) > 64:

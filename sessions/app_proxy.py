@@ -48,6 +48,7 @@ from django.conf import settings
 from django.contrib import auth
 from django.contrib.auth import get_user_model
 from django.http import Http404
+from django.utils.crypto import constant_time_compare
 from django.shortcuts import resolve_url
 from django.template.loader import render_to_string
 
@@ -218,13 +219,14 @@ def _lookup(user, session_id: str, name: str) -> dict:
 
 def _signed_in_lookup(session_key: str, session_id: str, name: str) -> dict | None:
     """Blocking (database): the console user of the sign-in cookie `session_key` (Django's
-    `auth.get_user`, with its session-hash check), then `_lookup`; None when nobody is signed in.
-    One trip to a worker thread per request, where Channels' AuthMiddlewareStack takes two more."""
+    `auth.get_user`, with its session-hash check), then `_lookup`, with the user's `user` (pk) and
+    `auth` (its session auth hash); None when nobody is signed in. One trip to a worker thread
+    per request, where Channels' AuthMiddlewareStack takes two more."""
     store = import_module(settings.SESSION_ENGINE).SessionStore(session_key or None)
     user = auth.get_user(SimpleNamespace(session=store))  # type: ignore[arg-type]  # it reads only `.session`
     if not user.is_authenticated:
         return None
-    return {**_lookup(user, session_id, name), "user": user.pk}
+    return {**_lookup(user, session_id, name), "user": user.pk, "auth": user.get_session_auth_hash()}
 
 
 def _session_key(scope) -> str:
@@ -234,14 +236,15 @@ def _session_key(scope) -> str:
 
 def _granted_lookup(values: list[str], session_id: str, name: str) -> dict | None:
     """Blocking (cache, database): the grant among the app-origin cookie's `values` for this
-    session's app, its user (active), then `_lookup` as that user, with the grant's `console`
-    origin; None without a grant or with an inactive user. Raises Http404 as `_lookup`."""
+    session's app, its user (active, the password unchanged since), then `_lookup` as that user,
+    with the grant's `console` origin; None without a grant, or with an inactive user or another
+    password. Raises Http404 as `_lookup`."""
     grant = app_grant_find(values, session_id=session_id, app=name)
     if grant is None:
         return None
     user = get_user_model().objects.filter(pk=grant["user"], is_active=True).first()
-    if user is None:
-        return None
+    if user is None or not constant_time_compare(grant.get("auth", ""), user.get_session_auth_hash()):
+        return None  # gone, deactivated, or its password changed since
     return {**_lookup(user, session_id, name), "console": grant["console"]}
 
 
@@ -488,7 +491,12 @@ class ConsoleAppRedirect:
         query = scope.get("query_string", b"").decode("latin-1")
         path = quote(scope["path"], safe="/:@!$&'()*+,;=-._~") + (f"?{query}" if query else "")
         ticket = await database_sync_to_async(app_ticket_issue)(
-            user_id=found["user"], session_id=match["session"], app=match["app"], path=path, console=_console_origin(scope)
+            user_id=found["user"],
+            auth=found["auth"],
+            session_id=match["session"],
+            app=match["app"],
+            path=path,
+            console=_console_origin(scope),
         )
         location = f"{apps_origin()}{LOGIN_PATH}?ticket={ticket}"
         why = "Apps are served on their own origin: on your way there."
