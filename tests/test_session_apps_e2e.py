@@ -1,8 +1,9 @@
 """Session apps end to end on the distributed stack (issue 16): uvicorn, a Celery manager and an
 agent process; the session image "host" declares apps, among them `echo` (tests/apps/echo_app.py,
-a real ASGI app served by daphne inside the session, refusing requests without its token; the
-node runs sessions unconfined, `sandbox = "none"`, as a sandboxed session does not see this
-checkout's tests/apps: what is tested here is the proxy, not the sandbox).
+a real ASGI app served by daphne inside the session, refusing requests without its token, which
+alice uploads into her session's home through the files API, as a user would: her sandboxed
+session sees no folder of this checkout; its apps listen in the sandbox's own network namespace,
+which the agent relays).
 
 Opening the app starts it in the session (progress, then its URL; again: reused); the app is
 served on the apps origin (the stack's http://localhost:<port>, issue 31.4), reached from the
@@ -34,8 +35,8 @@ from tests.test_e2e_distributed import api, get_ok
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 REDIS_DB = 15  # of its own, flushed first (FGPU_TEST_STACK_REDIS_DB overrides it)
-ECHO = (f"PYTHONPATH={ROOT / 'tests' / 'apps'} exec {sys.executable} -m daphne -b {{host}} -p {{port}} "
-        "echo_app:application")
+ECHO = (f'PYTHONPATH="$HOME/apps" exec {sys.executable} -m daphne -b {{host}} -p {{port}} '
+        "echo_app:application")  # the agent's Python (and its daphne) is what a sandbox shows read-only
 APPS = [
     {"name": "echo", "title": "Echo", "command": ECHO, "port": 8080, "base_url": True, "path": "echo?opened=1",
      "timeout": 60},
@@ -106,8 +107,8 @@ def apps_stack(distributed_stack, django_user_model):
     from sessions.models import SessionImage
 
     SessionImage.objects.filter(reference="host").update(apps=APPS)
-    stack = distributed_stack(nodes=[StackNode("apps-node", (ROOT / "demo" / "mock-accelerator.toml").read_text(),
-                                               container='sandbox = "none"')], redis_db=REDIS_DB)
+    stack = distributed_stack(nodes=[StackNode("apps-node", (ROOT / "demo" / "mock-accelerator.toml").read_text())],
+                              redis_db=REDIS_DB)
     django_user_model.objects.create_user("alice", password="alice-pass-123")
     django_user_model.objects.create_user("bob", password="bob-pass-123")
     status, body = api(stack.base, "POST", "/api/v1/auth/token/", body={"username": "alice", "password": "alice-pass-123"})
@@ -118,6 +119,10 @@ def apps_stack(distributed_stack, django_user_model):
     assert status == 201, created
     wait_until(lambda: get_ok(stack.base, f"/api/v1/sessions/{created['id']}/", token)["status"] == "RUNNING",
                timeout=60, what="the session to be RUNNING")
+    uploaded = httpx.put(f"{stack.base}/api/v1/sessions/{created['id']}/files/content/?path=apps/echo_app.py",
+                         content=(ROOT / "tests" / "apps" / "echo_app.py").read_bytes(), timeout=60,
+                         headers={"Authorization": f"Token {token}", "Content-Type": "application/octet-stream"})
+    assert uploaded.status_code in (200, 201), uploaded.text
     return stack.base, stack.apps_base, token, created["id"]
 
 
