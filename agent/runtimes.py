@@ -160,6 +160,20 @@ class SessionHandle:
             for sig in sigs:
                 _kill(pid, sig)
 
+    @property
+    def command_pid(self) -> int:
+        """Blocking, one read of /proc: the host pid of the process that runs the session's
+        command: in a sandbox its init's child (the leader is bwrap, outside it), else the leader
+        (`pid`); the leader's once the command has ended."""
+        if self.sandbox is None:
+            return self.pid
+        try:
+            with open(f"/proc/{self.init_pid}/task/{self.init_pid}/children") as f:
+                children = f.read().split()
+        except OSError:
+            return self.pid
+        return int(children[0]) if children else self.pid
+
     def _inside(self, pid: int) -> bool:
         """Whether process `pid` lives in the session's sandbox (its PID namespace)."""
         try:

@@ -401,7 +401,7 @@ class UsageSampler:
         index = {d["device_id"]: i for i, d in enumerate(self._inventory())}
         rows = []
         for sid, running in sessions.items():
-            pid = getattr(running.process, "pid", None)
+            pid = getattr(running.process, "command_pid", None) or getattr(running.process, "pid", None)  # not bwrap's
             granted = self._granted(running)
             if not pid or not granted:
                 continue

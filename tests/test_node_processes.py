@@ -85,7 +85,7 @@ def test_an_agent_on_a_mock_node_answers_with_each_sessions_slice_or_its_declara
 
         # until the program has written its declaration
         answer = await wait_until_async(declared_answer, timeout=TIMEOUT, interval=0.2, what="the declared 1536 MiB")
-        pids = {sid: h.agent.sessions[sid].process.pid for sid in (whole, declared)}
+        pids = {sid: h.agent.sessions[sid].process.command_pid for sid in (whole, declared)}  # in a sandbox: not bwrap
         return whole, declared, pids, answer
 
     whole, declared, pids, answer = run_agent(tmp_path, scenario)
