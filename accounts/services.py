@@ -79,6 +79,7 @@ def login_token_issue(*, user) -> str:
             kind=TokenKind.LOGIN,
             digest=api_token_digest(key),
             prefix=key[: ApiToken.PREFIX_LENGTH],
+            last_used_at=timezone.now(),  # issued at a sign-in: used now (its first request then writes nothing)
         )
         kept = LoginToken.objects.filter(user=user).order_by("-created_at").values_list("pk", flat=True)[:LOGIN_TOKENS_KEPT]
         LoginToken.objects.filter(user=user).exclude(pk__in=list(kept)).delete()

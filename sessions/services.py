@@ -192,8 +192,8 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
 def _stop_on_commit(session: ComputeSession) -> None:
     """`_send_stop` to the session's node once the current transaction commits (at once outside one)."""
     assert session.node is not None  # SCHEDULED, PREPARING, RUNNING and TERMINATING sessions have one
-    node_name, session_id = session.node.name, str(session.pk)
-    transaction.on_commit(lambda: _send_stop(node_name, session_id))
+    link, session_id = events.agent_link(session.node), str(session.pk)  # the node as read with the session: its key too
+    transaction.on_commit(lambda: _send_stop(link, session_id))
 
 
 def _cancel_pending(session: ComputeSession) -> bool:
@@ -231,15 +231,16 @@ def session_notice(session: ComputeSession, text: str) -> None:
     transaction.on_commit(send)
 
 
-def _send_stop(node_name: str, session_id: str) -> None:
-    """Tell the node's agent to stop the session: `pty.stop` over the channel layer, which it
+def _send_stop(link: AgentLink, session_id: str) -> None:
+    """Tell the node's agent (`link`: how the web reaches it, protocol.channel) to stop the session: `pty.stop` over the channel layer, which it
     takes in a millisecond while it runs (best-effort), and the SESSION_STOP task, which waits
     in its queue while it does not (protocol). A broker that cannot be reached is logged, not
     raised (the session is TERMINATING in the database): the reconciliation of the agent's next
     heartbeat sends the stop again (sessions.reconcile)."""
     from console.celery import TRANSIENT_ERRORS, agent_send
 
-    events.pty_send(events.agent_link_named(node_name), session_id, {"type": "pty.stop"})
+    node_name = link.node
+    events.pty_send(link, session_id, {"type": "pty.stop"})
     try:
         agent_send(protocol.SESSION_STOP, node=node_name, session_id=session_id)
     except TRANSIENT_ERRORS:

@@ -17,10 +17,11 @@ from django.db import close_old_connections
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.validation import validate_schema
 from hypothesis import HealthCheck, settings
-from rest_framework.authtoken.models import Token
 from schemathesis.specs.openapi.checks import missing_required_header, positive_data_acceptance, use_after_free
 from rest_framework.test import APIClient
 
+from accounts.selectors import api_token_find
+from accounts.services import login_token_issue
 from sessions.models import Project, Quota
 from tests.conftest import ERROR_KEYS
 
@@ -176,7 +177,7 @@ def admin_token(demo_cluster, django_user_model, wsgi_in_test_transaction) -> st
     vision.members.add(alice, admin)
     Quota.objects.create(user=alice, max_fgpu="1.5", max_sessions=3)
     Quota.objects.create(project=vision, max_fgpu="100")
-    return Token.objects.create(user=admin).key
+    return login_token_issue(user=admin)
 
 
 @schema.parametrize()
@@ -278,7 +279,7 @@ def test_a_streamed_exec_answers_as_documented(admin_token):
     from sessions import services
     from sessions.scheduler import schedule_pending
 
-    admin = Token.objects.get(key=admin_token).user
+    admin = api_token_find(key=admin_token).user
     session = services.session_create(owner=admin, name="streamed", resources={"cuda.shares": "0.5"})
     schedule_pending()
     for status in ("PREPARING", "RUNNING"):

@@ -16,11 +16,10 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.resolvers import RegexPattern, RoutePattern
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from accounts import services as account_services
-from accounts.models import ApiToken
+from accounts.models import ApiToken, LoginToken
 from console.asgi import application
 from sessions import events, services
 from sessions.consumers import CLOSE_BAD_TICKET, CLOSE_UNAUTHENTICATED
@@ -391,14 +390,14 @@ def test_creating_a_token_needs_the_csrf_token(alice):
 @pytest.mark.django_db
 def test_revoking_a_token_needs_the_csrf_token(alice):
     _, token = account_services.api_token_create(user=alice, name="ci")
-    Token.objects.create(user=alice)
+    account_services.login_token_issue(user=alice)
     client, csrf = csrf_client(alice)
 
     assert client.post(f"/account/tokens/{token.pk}/revoke/").status_code == 403
     assert client.post("/account/login-token/revoke/").status_code == 403
     token.refresh_from_db()
     assert token.revoked_at is None
-    assert Token.objects.filter(user=alice).exists()
+    assert LoginToken.objects.filter(user=alice).exists()
 
     assert client.post(f"/account/tokens/{token.pk}/revoke/", {"csrfmiddlewaretoken": csrf}).status_code == 302
     token.refresh_from_db()

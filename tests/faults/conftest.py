@@ -39,7 +39,7 @@ def fault_stack(tmp_path, request):
 
 @pytest.fixture
 def alice_token(django_user_model) -> str:
-    """A user's DRF token, for the clients of the fault and load tests."""
-    from rest_framework.authtoken.models import Token
+    """A user's login token, for the clients of the fault and load tests."""
+    from accounts.services import login_token_issue
 
-    return Token.objects.create(user=django_user_model.objects.create_user("alice")).key
+    return login_token_issue(user=django_user_model.objects.create_user("alice"))
