@@ -40,8 +40,7 @@ class Sessions:
     def close(self) -> None:
         for container in self.runtime.client.containers.list(all=True, filters={"label": f"fgpu.node={self.runtime.node}"}):
             container.remove(force=True)
-        if self.runtime.session_network is not None:
-            self.runtime.session_network.remove()
+        self.runtime.close()  # the network and its rules, and the containers' parent cgroup (agent.limits)
 
 
 def make_runtime(network: str, **options):
