@@ -5,7 +5,7 @@ the API still answers while they run, and each exec still answers its result whe
 
 Real processes (tests/stack.py): uvicorn, the manager worker, and two agents (an agent runs at
 most agent.core.EXEC_THREADS = 32 blocking execs at a time: 30 each keeps every command
-running). Each command blocks reading a FIFO until the test writes to it.
+running). Each command blocks reading a FIFO in its session's home until the test writes to it.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import json
 import os
 import urllib.error
 import urllib.request
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -45,31 +46,38 @@ def threads_of(pid: int) -> int:
         return int(next(line for line in f if line.startswith("Threads:")).split()[1])
 
 
-def readers_of(path: str) -> int:
-    """How many live processes have `path` on their command line."""
-    needle, found = path.encode(), 0
+def readers_of(name: str) -> list[int]:
+    """The pids of the live `cat <name>` processes (the sessions' own: their sandboxes' PID namespaces
+    lie below this one, so the node sees them)."""
+    needle, found = name.encode(), []
     for entry in os.scandir("/proc"):
         try:
             with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                found += needle in f.read().split(b"\0")
+                argv = f.read().split(b"\0")
         except OSError:
             continue
+        if argv[0].endswith(b"cat") and needle in argv:
+            found.append(int(entry.name))
     return found
 
 
-def release(fifo: str) -> None:
-    """Give every `cat` blocked on `fifo` a writer (and EOF once it closes); a cat not reading
-    yet is served by the next call."""
-    try:
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno != errno.ENXIO:  # no reader right now
-            raise
-        return
-    try:
-        os.write(fd, b"go\n")
-    finally:
-        os.close(fd)
+def release(name: str) -> None:
+    """Give every `cat` blocked on the FIFO `name` in its session's home a writer (and EOF once it
+    closes), through the cat's own working directory (/proc/<pid>/cwd: the home as its sandbox
+    shows it); a cat not reading yet is served by the next call."""
+    for pid in readers_of(name):
+        try:
+            fd = os.open(f"/proc/{pid}/cwd/{name}", os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno not in (errno.ENXIO, errno.ENOENT, errno.ESRCH):  # no reader right now, or it ended
+                raise
+            continue
+        try:
+            os.write(fd, b"go\n")
+        except BrokenPipeError:
+            pass
+        finally:
+            os.close(fd)
 
 
 @pytest.fixture
@@ -94,11 +102,13 @@ def two_sessions(distributed_stack, django_user_model):
     return stack, token, ids
 
 
-def test_sixty_held_execs_hold_no_web_thread_and_a_get_answers_meanwhile(two_sessions, tmp_path):
+def test_sixty_held_execs_hold_no_web_thread_and_a_get_answers_meanwhile(two_sessions):
     stack, token, ids = two_sessions
     assert HELD > DATABASE_POOL["max_size"]
-    fifo = str(tmp_path / "release.fifo")
-    os.mkfifo(fifo)
+    fifo = f"release-{uuid.uuid4().hex[:8]}.fifo"  # in each session's home (what its sandbox shows it)
+    for session_id in ids:
+        status, made = call(stack.base, token, "POST", f"/api/v1/sessions/{session_id}/exec/", {"command": ["mkfifo", fifo]})
+        assert (status, made.get("exit_code")) == (200, 0), made
     web = stack.procs["web"].pid
     for _ in range(3):  # the web process's pools as any request leaves them
         assert call(stack.base, token, "GET", f"/api/v1/sessions/{ids[0]}/")[0] == 200
@@ -108,7 +118,7 @@ def test_sixty_held_execs_hold_no_web_thread_and_a_get_answers_meanwhile(two_ses
         execs = [pool.submit(call, stack.base, token, "POST", f"/api/v1/sessions/{ids[i % 2]}/exec/",
                              {"command": ["cat", fifo], "timeout": 120}) for i in range(HELD)]
         try:
-            wait_until(lambda: readers_of(fifo) == HELD, timeout=60, what=f"{HELD} commands blocked on the FIFO")
+            wait_until(lambda: len(readers_of(fifo)) == HELD, timeout=60, what=f"{HELD} commands blocked on the FIFO")
             held_threads = threads_of(web)
             status, shown = call(stack.base, token, "GET", f"/api/v1/sessions/{ids[1]}/", timeout=60)
             answered_meanwhile = [f for f in execs if f.done()]
