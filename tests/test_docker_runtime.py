@@ -226,8 +226,9 @@ def test_an_agent_of_another_installation_with_the_same_node_name_leaves_the_con
         await first.start()
         h = Harness(first, run_docker.manager, run_docker.layer)
         running = await h.start_session(start_spec())
-        ended = await h.start_session(start_spec())
-        docker_client.containers.get(f"fgpu-{ended}").kill()
+        ended = str(uuid.uuid4())  # a container of the first's that is not running (created, never started)
+        docker_client.containers.create(test_image, ["true"], name=f"fgpu-{ended}", labels={
+            "fgpu.session": ended, LABEL_NODE: node, "fgpu.instance": "console-one"})
         second = docker_agent(tmp_path / "second", docker_client, test_image, node, instance="console-two")
         await second.start()
         try:
