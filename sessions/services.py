@@ -232,11 +232,11 @@ def session_notice(session: ComputeSession, text: str) -> None:
 
 
 def _send_stop(link: AgentLink, session_id: str) -> None:
-    """Tell the node's agent (`link`: how the web reaches it, protocol.channel) to stop the session: `pty.stop` over the channel layer, which it
-    takes in a millisecond while it runs (best-effort), and the SESSION_STOP task, which waits
-    in its queue while it does not (protocol). A broker that cannot be reached is logged, not
-    raised (the session is TERMINATING in the database): the reconciliation of the agent's next
-    heartbeat sends the stop again (sessions.reconcile)."""
+    """Tell the node's agent (`link`: how the web reaches it, protocol.channel) to stop the session:
+    `pty.stop` over the channel layer, which it takes in a millisecond while it runs (best-effort),
+    and the SESSION_STOP task, which waits in its queue while it does not (protocol). A broker that
+    cannot be reached is logged, not raised (the session is TERMINATING in the database): the
+    reconciliation of the agent's next heartbeat sends the stop again (sessions.reconcile)."""
     from console.celery import TRANSIENT_ERRORS, agent_send
 
     node_name = link.node
