@@ -336,6 +336,12 @@ def _docker_pids_directory(name: str, *, mountinfo: str) -> tuple[Path, bool] | 
 
 def _all_hierarchies(*, mountinfo: str) -> list[Path]:
     """The mount points of every cgroup hierarchy (v1 and v2) this process sees."""
+    return cgroup_mounts(("cgroup", "cgroup2"), mountinfo=mountinfo)
+
+
+def cgroup_mounts(types: tuple[str, ...], *, mountinfo: str = "/proc/self/mountinfo") -> list[Path]:
+    """The mount points of the file systems of `types` ("cgroup": v1 hierarchies, "cgroup2"), as
+    /proc/self/mountinfo (`mountinfo`) lists them; [] where it cannot be read."""
     found = []
     try:
         with open(mountinfo) as f:
@@ -344,6 +350,6 @@ def _all_hierarchies(*, mountinfo: str) -> list[Path]:
         return []
     for line in lines:
         fields = line.split(" - ", 1)
-        if len(fields) == 2 and fields[1].split()[:1] in (["cgroup"], ["cgroup2"]):
+        if len(fields) == 2 and fields[1].split()[:1] and fields[1].split()[0] in types:
             found.append(Path(fields[0].split()[4].replace("\\040", " ")))
     return found

@@ -38,7 +38,7 @@ from pathlib import Path
 import protocol
 from protocol.files import PROJECTS_DIR
 from accelerators.allocation.units import format_binary_size
-from agent.limits import Hierarchies, SessionLimits, remove_dir
+from agent.limits import Hierarchies, SessionLimits, cgroup_mounts, remove_dir
 from agent.sandbox import SANDBOX_AUTO, SANDBOX_BUBBLEWRAP, SANDBOX_NONE, Sandbox, SandboxError, read_init_pid
 from agent.sandbox import become_subreaper, netns_socket, reap_orphans, wait_set_up
 from agent.sandbox import probe as probe_sandbox
@@ -835,18 +835,7 @@ def _environ(proc: str, pid: str) -> bytes:
 def cgroup2_mounts(*, mountinfo: str = "/proc/self/mountinfo") -> list[Path]:
     """The mount points of cgroup v2 hierarchies (`cgroup2` file systems), as this process sees
     them; [] where /proc cannot tell."""
-    mounts = []
-    try:
-        with open(mountinfo) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        fields = line.split(" - ", 1)
-        if len(fields) == 2 and fields[1].split()[:1] == ["cgroup2"]:
-            point = fields[0].split()[4].replace("\\040", " ")
-            mounts.append(Path(point))
-    return mounts
+    return cgroup_mounts(("cgroup2",), mountinfo=mountinfo)
 
 
 def cgroup2_root(setting: str, *, mountinfo: str = "/proc/self/mountinfo") -> tuple[Path | None, str]:
