@@ -128,9 +128,20 @@ class ApiClient:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free TCP port of 127.0.0.1 whose next port is free too: a standalone console serves its
+    session apps on PORT + 1 (FGPU_APPS_PORT's default), which a test's console must find free."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port >= 65535:
+            continue
+        with socket.socket() as t:
+            try:
+                t.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
 
 
 class Proc:
