@@ -5,7 +5,7 @@ from __future__ import annotations
 import agent.tasks  # noqa: F401  (registers the agent's tasks with the app: in standalone mode they run here)
 from agent.config import CUDA_PLUGIN, MOCK_PLUGIN, AgentConfig
 from agent.core import Agent, CeleryManager
-from agent.network import instance_id
+from agent.network import installation_id
 from agent.runtimes import DOCKER, ProcessRuntime
 
 
@@ -59,9 +59,9 @@ def build_runtime(config: AgentConfig):
             node=config.node_name,
             default_image=config.default_image,
             uid=config.uid,
-            gid=config.uid,
+            gid=config.gid,
             network=config.network,
-            instance=instance_id(str(config.scratch_root)),  # one network per installation (agent.network)
+            instance=installation_id(config.scratch_root),  # one network per installation (agent.network)
             block_private=config.block_private_networks,
             gpus=CUDA_PLUGIN in config.plugins,
             hami_core=config.hami_core,

@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import logging
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -81,6 +82,12 @@ def instance_id(key: str) -> str:
     """10 hex digits naming an agent installation on its host: a hash of `key` (its scratch root's
     absolute path, agent.boot)."""
     return hashlib.sha256(key.encode()).hexdigest()[:10]
+
+
+def installation_id(scratch_root: Path | str) -> str:
+    """`instance_id` of the agent installation whose scratch root is `scratch_root` (resolved
+    first): the one id its docker network, containers and parent cgroups are named by."""
+    return instance_id(os.fsdecode(Path(scratch_root).resolve()))
 
 
 def network_names(node: str, instance: str) -> NetworkNames:

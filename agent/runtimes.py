@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import logging
 import os
 import pty
@@ -38,6 +37,7 @@ from pathlib import Path
 import protocol
 from protocol.files import PROJECTS_DIR
 from accelerators.allocation.units import format_binary_size
+from agent.network import installation_id
 from agent.limits import Hierarchies, SessionLimits, cgroup_mounts, remove_dir
 from agent.sandbox import SANDBOX_AUTO, SANDBOX_BUBBLEWRAP, SANDBOX_NONE, Sandbox, SandboxError, read_init_pid
 from agent.sandbox import become_subreaper, netns_socket, reap_orphans, wait_set_up
@@ -923,7 +923,7 @@ def parent_cgroup_name(node: str, scratch_root: Path, *, tag: str = "") -> str:
     whose nodes share a name (`demo-node`) have a parent each and clean up only their own
     (issue 31, item 8); `tag`: FGPU_CGROUP_TAG (`cgroup_tag`), e.g. a test run's, which then
     finds what it made by the prefix `fgpu-agent-<tag>-`. `node` "": "node"."""
-    instance = hashlib.sha256(os.fsencode(Path(scratch_root).resolve())).hexdigest()[:10]
+    instance = installation_id(scratch_root)
     return f"fgpu-agent-{tag + '-' if tag else ''}{node or 'node'}-{instance}"
 
 
