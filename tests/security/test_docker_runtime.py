@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from tests.stack import ROOT, wait_until
-from tests.test_docker_network import Sessions, make_runtime
+from tests.test_docker_network import outbound  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.docker
 PROBE = ("python3 -c 'import socket,sys\ns=socket.socket(); s.settimeout(2)\ntry:\n s.connect((sys.argv[1], int(sys.argv[2])))"
@@ -21,15 +21,10 @@ PROBE = ("python3 -c 'import socket,sys\ns=socket.socket(); s.settimeout(2)\ntry
 
 
 @pytest.fixture
-def sessions(tmp_path):
-    runtime = make_runtime("outbound")
-    sessions = Sessions(runtime, tmp_path)
-    try:
-        runtime.clean_up_at_start(tmp_path)
-        assert runtime.session_network.guarded, runtime.network_warning
-        yield sessions
-    finally:
-        sessions.close()
+def sessions(outbound):
+    """test_docker_network's outbound runtime, its rules in place (else these attacks prove nothing)."""
+    assert outbound.runtime.session_network.guarded, outbound.runtime.network_warning
+    return outbound
 
 
 def run_in(container, command: str) -> str:
