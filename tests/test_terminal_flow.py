@@ -15,6 +15,7 @@ from tests.test_agent_runtime import Harness, run_agent, start_spec
 
 LINES = 400_000  # about 3 MB through the PTY: more than the window
 EXPECTED = "".join(f"{i}\r\n" for i in range(1, LINES + 1))
+GO = {"type": "pty.input", "data": "go\n"}  # the line start_seq's session waits for
 
 
 async def attach(h: Harness, session_id: str) -> str:
@@ -53,7 +54,9 @@ async def read_to_the_end(h: Harness, channel: str, frames: list[dict], *, ack: 
 
 
 def start_seq(h: Harness):
-    spec = start_spec(command=f"sleep 0.3; seq 1 {LINES}; sleep 30")
+    """A session whose seq starts only when a line is typed (`go`), once its readers attached: a
+    loaded machine's slow attach can no longer leave the first lines in the scrollback."""
+    spec = start_spec(command=f"read -r go; seq 1 {LINES}; sleep 30")
     h.session_id = spec["session_id"]
     return spec
 
@@ -64,6 +67,7 @@ def test_a_reader_is_sent_at_most_a_window_past_its_acknowledgement_and_then_eve
         channel = await h.watch_terminal(spec["session_id"])
         await h.start_session(spec)
         await h.to_pty(spec["session_id"], {"type": "pty.attach", "reply_channel": channel})
+        await h.to_pty(spec["session_id"], GO)
         held = await frames_until_quiet(h, channel)
         running = h.agent.sessions[spec["session_id"]]
         assert not running.reading  # the PTY is left unread: seq waits
@@ -89,6 +93,7 @@ def test_a_reader_that_closes_or_stops_acknowledging_holds_the_session_back_no_l
         gone, closing, reader = channels  # acknowledges nothing; closes; reads and acknowledges
         for channel in channels:
             await h.to_pty(spec["session_id"], {"type": "pty.attach", "reply_channel": channel})
+        await h.to_pty(spec["session_id"], GO)
         await frames_until_quiet(h, closing, quiet_s=0.3)  # the window is spent: all three hold it
         await h.to_pty(spec["session_id"], {"type": "pty.detach", "channel": closing})
         return await read_to_the_end(h, reader, [], ack=True)
@@ -153,6 +158,7 @@ def test_a_direct_reader_is_written_at_most_a_window_past_its_acknowledgement_an
         spec = start_seq(h)
         await h.start_session(spec)
         reader, writer = await direct_reader(h, spec["session_id"])
+        writer.write(encode(GO))
         held = await direct_frames_until_quiet(reader)
         running = h.agent.sessions[spec["session_id"]]
         assert not running.reading and not running.layer_channels  # seq waits; the group is not sent to
