@@ -17,8 +17,10 @@ as it stands, read without locks and nothing written:
   on a fixed layout only reused — and frees a static slice, as the real rows would;
 - when room comes free: each active session's expected end (`expected_end`), from what the
   console knows: its resource group's maximum lifetime and idle timeout (usage.IdlePolicy),
-  the idle-reclamation deadline it was warned of (usage.SessionActivity), and for a batch
-  session the runtimes of earlier batch sessions of its owner and image (`history_band`);
+  the preemption time it was warned of (`preempt_at`), the idle-reclamation deadline it was
+  warned of (usage.SessionActivity), and for a batch session the runtimes of earlier completed
+  runs of its command, keyed by command, image, request and project with coarser keys when a
+  fine one has too little history (`accelerators.allocation.runtime_history`);
   a session the replay starts holds its room for its own expected runtime.
 
 Two replays give a band: the optimistic one ends every session at its earliest expected end,
@@ -33,6 +35,7 @@ layouts, nodes).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -44,10 +47,11 @@ from django.utils import timezone
 
 from accelerators.allocation import core
 from accelerators.allocation import replay as pure
+from accelerators.allocation import runtime_history as history
 from accelerators.allocation.errors import AllocationError
 from accelerators.models import ResourceGroup
 from sessions import fairshare, mig_scheduling
-from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus
+from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, Project, SessionStatus
 from sessions.placement import (
     CAPACITY,
     PLACED,
@@ -61,6 +65,7 @@ from sessions.scheduler import queue_shape
 from sessions.selectors import session_request
 
 HISTORY_DAYS = 30  # batch sessions that ended within this many days make the history
+HISTORY_ROWS = 5000  # the most recent ended runs of the queue's commands read
 HISTORY_MIN, HISTORY_BAND = pure.HISTORY_MIN, pure.HISTORY_BAND  # shared with benchmarks/eta.py
 FITS_AFTER_MAX = 200  # running sessions tried, soonest end first, for what would make room
 
@@ -93,9 +98,24 @@ def _hours(seconds: float) -> str:
     return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
 
 
+def run_outcome(*, status_reason: str, exit_code: int | None, preempted: bool) -> str:
+    """How a TERMINATED batch session ended (`runtime_history.OUTCOMES`): "preempted" (stopped
+    for another session: `preempted_for` set or a "preempted: " reason), "cancelled" (terminated
+    at someone's request or reclaimed when idle), "failed" (a non-zero or no exit code), else
+    "completed". Only completed runs make a history."""
+    from sessions.services import PREEMPTED, RECLAIMED, REQUESTED
+
+    if preempted or status_reason.startswith(PREEMPTED):
+        return history.PREEMPTED
+    if status_reason.startswith((REQUESTED, RECLAIMED)):
+        return history.CANCELLED
+    return history.COMPLETED if exit_code == 0 else history.FAILED
+
+
 class _Facts:
     """What the estimates read, once per replay: the idle policies by resource group id, the
-    running sessions' idle warnings and last terminal input, the batch histories."""
+    running sessions' idle warnings and last terminal input, the batch histories
+    (`runtime_history.History` of the completed runs of the commands the sessions run)."""
 
     def __init__(self, *, now: datetime, sessions: list[ComputeSession]):
         from usage.models import IdlePolicy, SessionActivity
@@ -104,58 +124,82 @@ class _Facts:
         self.policies = {p.resource_group_id: p for p in IdlePolicy.objects.all()}
         self.groups = dict(ResourceGroup.objects.values_list("name", "pk"))
         self.activity = {a.session_id: a for a in SessionActivity.objects.filter(session__in=[s.pk for s in sessions])}
-        self.history: dict[tuple, list[float]] = {}
-        owners = {s.owner_id for s in sessions if s.command}
-        if owners:
-            rows = (
-                ComputeSession.objects.filter(owner_id__in=owners, status=SessionStatus.TERMINATED)
-                .exclude(command="")
-                .filter(
-                    started_at__isnull=False, terminated_at__isnull=False, terminated_at__gte=now - timedelta(days=HISTORY_DAYS)
-                )
-                .order_by("-terminated_at")
-                .values_list("owner_id", "image_id", "started_at", "terminated_at")[:5000]
-            )
-            for owner_id, image_id, started, ended in rows:
-                if started is None or ended is None:  # the filter leaves none; the type checker does not know
-                    continue
-                seconds = (ended - started).total_seconds()
-                for key in {(owner_id, image_id), (owner_id, None)}:  # one key for a session without an image
-                    self.history.setdefault(key, []).append(seconds)
+        self.history = history.History()
+        self.projects: dict[int, str] = {}
+        commands = {s.command.strip() for s in sessions if s.command.strip()}
+        if not commands:
+            return
+        rows = list(
+            ComputeSession.objects.filter(status=SessionStatus.TERMINATED, command__in=commands | {s.command for s in sessions})
+            .filter(started_at__isnull=False, terminated_at__isnull=False, terminated_at__gte=now - timedelta(days=HISTORY_DAYS))
+            .order_by("-terminated_at")
+            .values_list(
+                "owner_id",
+                "command",
+                "image__reference",
+                "request_spec",
+                "started_at",
+                "terminated_at",
+                "status_reason",
+                "exit_code",
+                "preempted_for_id",
+            )[:HISTORY_ROWS]
+        )
+        owners = {row[0] for row in rows} | {s.owner_id for s in sessions}
+        member: dict[int, list[str]] = {}
+        for user_id, project_id in Project.members.through.objects.filter(user_id__in=owners).values_list(
+            "user_id", "project_id"
+        ):
+            member.setdefault(user_id, []).append(str(project_id))
+        self.projects = {user_id: "p" + ",".join(sorted(ids)) for user_id, ids in member.items()}
+        for owner_id, command, image, spec, started, ended, reason, exit_code, preempted in rows:
+            if started is None or ended is None:  # the filter leaves none; the type checker does not know
+                continue
+            outcome = run_outcome(status_reason=reason, exit_code=exit_code, preempted=preempted is not None)
+            job = history.Job(command, image or "", _spec_text(spec), self._project(owner_id))
+            self.history.add(job, (ended - started).total_seconds(), outcome)
+
+    def _project(self, owner_id: int) -> str:
+        return self.projects.get(owner_id, f"u{owner_id}")
 
     def policy(self, group_id):
         return self.policies.get(group_id)
 
-    def history_of(self, session: ComputeSession) -> tuple[list[float], str]:
-        """The runtimes (seconds) of earlier batch sessions like `session` (same owner and image,
-        else same owner) and how they are named."""
-        same = self.history.get((session.owner_id, session.image_id), [])
-        if len(same) >= HISTORY_MIN:
-            return same, f"batch history of this image ({len(same)} runs)"
-        mine = self.history.get((session.owner_id, None), [])
-        return mine, f"batch history of the owner ({len(mine)} runs)"
+    def job(self, session: ComputeSession) -> history.Job:
+        """`session`'s key for the history: command, image, normalised request, project."""
+        image = session.image.reference if session.image_id and session.image else ""
+        return history.Job(session.command, image, _spec_text(session.request_spec), self._project(session.owner_id))
+
+
+def _spec_text(spec) -> str:
+    return json.dumps(spec or {}, sort_keys=True)
 
 
 def expected_end(session: ComputeSession, facts: _Facts) -> End:
-    """When an active `session` (SCHEDULED … TERMINATING) is expected to end, in this order:
-    TERMINATING → now; a warning of idle reclamation or of its maximum lifetime → its deadline;
-    a batch session with a history (`history_band`, at least HISTORY_MIN runtimes of sessions
-    that ran as long) → now + that band, capped by its maximum lifetime; an interactive one
-    under an idle timeout → earliest when it would be reclaimed were it left idle from now,
-    latest its maximum lifetime (or unknown); else its maximum lifetime, or no known end."""
+    """When an active `session` (SCHEDULED … TERMINATING) is expected to end; known ends before
+    predictions (Slurm's backfill takes a job's time limit before anything else), in this order:
+    TERMINATING → now; under a preemption notice → its `preempt_at`; a warning of idle
+    reclamation or of its maximum lifetime → its deadline; a batch session with a history
+    (`runtime_history.History.band`: the completed runs of its command, keyed as finely as the
+    history allows) → now + that band, capped by its maximum lifetime; an interactive one under
+    an idle timeout → earliest when it would be reclaimed were it left idle from now, latest its
+    maximum lifetime (or unknown); else its maximum lifetime, or no known end."""
     now = facts.now.timestamp()
     if session.status == SessionStatus.TERMINATING:
         return End(now, now, "terminating")
     started = session.started_at.timestamp() if session.started_at else now
     policy = facts.policy(session.node.resource_group_id if session.node else None)
     cap = started + policy.max_lifetime if policy and policy.max_lifetime else None
+    if session.preempt_at is not None:
+        at = max(now, session.preempt_at.timestamp())
+        at = min(at, cap) if cap is not None else at
+        return End(at, at, "preemption notice (stopped at the end of its grace period)")
     activity = facts.activity.get(session.pk)
     if activity is not None and activity.deadline is not None:
         at = max(now, activity.deadline.timestamp())
         return End(at, at, f"reclamation deadline ({activity.reason})" if activity.reason else "reclamation deadline")
     if session.command:
-        history, named = facts.history_of(session)
-        band = pure.remaining_band(history, now - started, low=HISTORY_BAND[0], high=HISTORY_BAND[1], minimum=HISTORY_MIN)
+        band, named = facts.history.band(facts.job(session), now - started)
         if band is not None:
             early, late = now + band[0], now + band[1]
             if cap is not None:
@@ -185,8 +229,7 @@ def expected_runtime(session: ComputeSession, request: core.ResourceRequest, fac
     policy = facts.policy(facts.groups.get(request.resource_group) if request.resource_group else None)
     cap = float(policy.max_lifetime) if policy and policy.max_lifetime else None
     if session.command:
-        history, named = facts.history_of(session)
-        band = pure.remaining_band(history, 0.0, low=HISTORY_BAND[0], high=HISTORY_BAND[1], minimum=HISTORY_MIN)
+        band, named = facts.history.band(facts.job(session))
         if band is not None:
             return Runtime(min(band[0], cap or band[0]), min(band[1], cap or band[1]), named)
     elif policy and policy.idle_timeout:
@@ -381,7 +424,7 @@ class _Queue:
         factors = fairshare.owner_factors({s.owner_id for s in pending}, now=self.now, weights=weights)
         pending.sort(key=lambda s: fairshare.queue_key(s, factors))
         self.pending = pending
-        active = list(ComputeSession.objects.filter(status__in=ACTIVE_STATUSES).select_related("node", "owner"))
+        active = list(ComputeSession.objects.filter(status__in=ACTIVE_STATUSES).select_related("node", "owner", "image"))
         self.active = {str(s.pk): s for s in active}
         facts = _Facts(now=self.now, sessions=pending + active)
         self.requests: dict[str, core.ResourceRequest] = {}

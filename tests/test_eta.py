@@ -216,7 +216,8 @@ def test_a_batch_session_is_expected_to_end_as_its_owners_earlier_batch_sessions
     now = timezone.now()
     for minutes in (10, 12, 14):  # alice's earlier runs of the same job
         ComputeSession.objects.create(owner=alice, name="past", command="python train.py", resources={},
-                                      status=SessionStatus.TERMINATED, started_at=now - timedelta(days=1, minutes=minutes),
+                                      status=SessionStatus.TERMINATED, exit_code=0,
+                                      started_at=now - timedelta(days=1, minutes=minutes),
                                       terminated_at=now - timedelta(days=1))
     holder = running(alice, minutes_ago=2, command="python train.py")
     mine = waiting(bob, "next")
