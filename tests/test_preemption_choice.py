@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accelerators.allocation import core
-from accelerators.allocation.preemption import Holder, may_preempt, place_on, preemption_choice, release, room_needed
+from accelerators.allocation.preemption import (
+    Holder, may_preempt, place_on, preemption_choice, release, room_needed, victims_cost, work_lost)
 
 GiB = 1 << 30
 D = Decimal
@@ -67,6 +68,48 @@ def test_the_fewest_youngest_preemptible_sessions_past_their_minimum_runtime_go(
     assert room.cost(NOW) == (2, 1 * (NOW - 9_000.0) + 1 * (NOW - 9_500.0))
 
 
+def test_the_lowest_priority_goes_first_whatever_its_age_or_size():
+    # Issue 32: a priority-2 session was preempted (the youngest) while a priority-0 one ran.
+    nodes, holders = fill([node("n1")], [
+        ("low-old", "1", {"preemptible": True, "started_at": 100.0, "priority": 0}),
+        ("mid-young", "1", {"preemptible": True, "started_at": 9_900.0, "priority": 2}),
+        ("low-b", "1", {"preemptible": True, "started_at": 5_000.0, "priority": 0}),
+        ("mid-b", "1", {"preemptible": True, "started_at": 9_950.0, "priority": 2}),
+    ])
+    room = preemption_choice(nodes, holders, shares("1"), FRACTIONAL, priority=5, factor=0.5, now=NOW)
+    assert [v.session_id for v in room.victims] == ["low-b"]  # priority 0, and less work lost than low-old
+    # 2 fGPU: the two priority-0 sessions, although one of them ran nearly three hours
+    room = preemption_choice(nodes, holders, shares("2"), FRACTIONAL, priority=5, factor=0.5, now=NOW)
+    assert {v.session_id for v in room.victims} == {"low-old", "low-b"}
+    # 3 fGPU: a priority-2 session must go too, one only (and two priority-0 ones rather than
+    # another priority-2 one that lost less work): the one of them that lost the least work
+    room = preemption_choice(nodes, holders, shares("3"), FRACTIONAL, priority=5, factor=0.5, now=NOW)
+    assert {v.session_id for v in room.victims} == {"low-old", "low-b", "mid-b"}
+    # a waiting session of priority 1 never touches the priority-2 ones
+    assert preemption_choice(nodes, holders, shares("3"), FRACTIONAL, priority=1, factor=0.5, now=NOW) is None
+
+
+def test_among_equal_priorities_the_least_work_lost_goes_even_if_more_sessions_go():
+    nodes, holders = fill([node("n1", gpus=1)], [
+        ("big-long", "1", {"preemptible": True, "started_at": 0.0}),  # 1 fGPU × 2.8 h
+        ("small-a", "0.5", {"preemptible": True, "started_at": 9_000.0}),  # 0.5 fGPU × 0.28 h
+        ("small-b", "0.5", {"preemptible": True, "started_at": 8_000.0}),
+    ])
+    room = preemption_choice(nodes, holders, shares("1"), FRACTIONAL, priority=1, factor=0.5, now=NOW)
+    assert {v.session_id for v in room.victims} == {"small-a", "small-b"}
+    assert victims_cost(room.victims, NOW)[0] == [(0, round(0.5 * 1000 / 3600 + 0.5 * 2000 / 3600, 6), 2)]
+    assert work_lost(holders[0], NOW) == NOW / 3600
+
+
+def test_the_node_whose_victims_are_of_lower_priority_is_chosen():
+    nodes, holders = fill([node("n1", gpus=1), node("n2", gpus=1)], [
+        ("a", "2", {"preemptible": True, "started_at": 9_999.0, "priority": 1}),
+        ("b", "2", {"preemptible": True, "started_at": 0.0, "priority": 0}),
+    ])
+    room = preemption_choice(nodes, holders, shares("1"), FRACTIONAL, priority=3, factor=0.5, now=NOW)
+    assert room.node_id == "n2" and [v.session_id for v in room.victims] == ["b"]
+
+
 def test_a_session_inside_its_minimum_runtime_is_never_chosen():
     nodes, holders = fill([node("n1", gpus=1)], [
         ("fresh", "1", {"preemptible": True, "started_at": 9_990.0, "min_runtime": 60}),
@@ -122,7 +165,8 @@ session_specs = st.lists(st.tuples(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(gpus=st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=3), specs=session_specs,
        want=st.sampled_from(["0.5", "1", "1.5", "2", "3", "4"]), priority=st.integers(min_value=-1, max_value=2))
-def test_the_choice_is_a_minimal_set_of_allowed_sessions_that_makes_the_request_fit(gpus, specs, want, priority):
+def test_the_choice_is_the_lowest_priority_then_least_work_set_of_allowed_sessions_that_makes_the_request_fit(
+        gpus, specs, want, priority):
     nodes, holders = fill([node(f"n{i}", gpus=g) for i, g in enumerate(gpus)], [
         (f"s{i}", amount, {"preemptible": p, "started_at": float(t), "min_runtime": m, "priority": pr})
         for i, (amount, p, t, m, pr) in enumerate(specs)])
@@ -130,18 +174,21 @@ def test_the_choice_is_a_minimal_set_of_allowed_sessions_that_makes_the_request_
     room = preemption_choice(nodes, holders, request, FRACTIONAL, priority=priority, factor=0.5, now=NOW)
     allowed = [h for h in holders if may_preempt(h, priority=priority, factor=0.5, now=NOW)]
 
-    def smallest_on(n: core.NodeState) -> int | None:
+    def fitting(n: core.NodeState):
         mine = [h for h in allowed if h.node_id == n.node_id]
         for size in range(len(mine) + 1):
-            if any(place_on(release(n, subset), request, FRACTIONAL) for subset in combinations(mine, size)):
-                return size
-        return None
+            for subset in combinations(mine, size):
+                if place_on(release(n, subset), request, FRACTIONAL):
+                    yield subset
 
-    sizes = [s for s in (smallest_on(n) for n in nodes) if s is not None]
+    def rank(subset) -> tuple:  # brute force: per priority, highest first: (priority, work lost, count); ...
+        return victims_cost(subset, NOW)
+
+    every = [rank(subset) for n in nodes for subset in fitting(n)]
     if room is None:
-        assert sizes == []  # no node could be made to hold it: nothing is preempted
+        assert every == []  # no node could be made to hold it: nothing is preempted
         return
-    assert sizes and len(room.victims) == min(sizes)  # the fewest
+    assert every and rank(room.victims) == min(every)  # the lowest priority, then the least work, fewest, youngest
     for victim in room.victims:
         assert victim.preemptible and victim.ran(NOW) >= victim.min_runtime and victim.priority < priority
         assert victim.node_id == room.node_id

@@ -15,9 +15,13 @@ preferred (`order`); `preemption_choice` is that question under the preemption r
   Kueue's fair-sharing preemption likewise never takes from a queue whose share is not above
   the preemptor's. The band keeps accounts that hover at their shares from preempting each
   other in turn as their usage crosses (benchmarks/fairshare_queue.py measured the churn without it);
-- the fewest holders, all on one node (a session is placed on one node), the youngest first
-  among sets of the same size (they lose the least work; Kueue and KAI prefer the most recently
-  started victims);
+- never a holder of higher priority than the waiting request (`may_preempt`); among the sets
+  that make it fit, all on one node (a session is placed on one node): the lowest priority
+  first (the set whose highest-priority member is lowest: no session of priority p goes while
+  sessions of lower priorities alone would do; Kueue's and Slurm's preemption take the lowest
+  priority first), then the least work lost (fGPU-hours: each victim's fGPU × the hours it ran;
+  a restarted job loses what it ran), then the fewest sessions, then the youngest (the most
+  recently started, as Kueue and KAI prefer);
 - the fit is checked with the allocator itself (`core.place` on the node with the holders
   released, under the resource group's placement options), so nothing is preempted to make room
   the request could not use (a device split, a NUMA or topology rule, CPU or memory).
@@ -138,13 +142,17 @@ def room_needed(
     order: Callable[[Holder], Any] = lambda h: 0,
     options: dict | None = None,
     accept: Callable[[Room], bool] | None = None,
+    cost: Callable[[Sequence[Holder]], Any] | None = None,
 ) -> Room | None:
     """The fewest `eligible` holders, all on one node, whose removal lets the allocator place
     `request` there (`core.place` under `options`); among sets of that size the one first by
     `order` (the sorted order keys compared in turn); among nodes, the fewest victims, then
-    `order`, then the nodes' order. `accept` (None: any): a further test a candidate Room must
-    pass (the compaction plan's "the moved sessions fit elsewhere"). A request that fits as things are gets a Room without
-    victims. None when no node can be made to hold it with its eligible holders removed.
+    `order`, then the nodes' order. `cost` (None: as just said): a set's cost instead, which
+    never falls when a holder is added (e.g. the work it loses): the set of least cost among all
+    that fit, on the node of least cost (then the nodes' order). `accept` (None: any): a further
+    test a candidate Room must pass (the compaction plan's "the moved sessions fit elsewhere").
+    A request that fits as things are gets a Room without victims. None when no node can be made
+    to hold it with its eligible holders removed.
 
     `nodes`: NodeState as the scheduler reads them (each holder's grants included in its
     node's usage); `holders`: the sessions holding them (those on other nodes are ignored).
@@ -160,11 +168,20 @@ def room_needed(
     best: tuple | None = None
     for position, node in enumerate(nodes):
         found = _node_room(
-            node, sorted(by_node.get(node.node_id, []), key=order), request, settings, options, accept or (lambda room: True)
+            node,
+            sorted(by_node.get(node.node_id, []), key=order),
+            request,
+            settings,
+            options,
+            accept or (lambda room: True),
+            cost,
         )
         if found is None:
             continue
-        key = (len(found.victims), [order(v) for v in found.victims], position)
+        if cost is not None:
+            key: tuple = (cost(found.victims), position)
+        else:
+            key = (len(found.victims), [order(v) for v in found.victims], position)
         if best is None or key < best[0]:
             best = (key, found)
         if not found.victims:
@@ -179,8 +196,11 @@ def _node_room(
     settings: core.FractionalSettings | None,
     options: dict | None,
     accept,
+    cost: Callable[[Sequence[Holder]], Any] | None = None,
 ) -> Room | None:
-    """`room_needed` on one node; `candidates` in preference order."""
+    """`room_needed` on one node; `candidates` in preference order. Without `cost` the first set
+    that fits (the fewest, first by preference); with it, every set is looked at (within the
+    bounds) and those that cannot cost less than the best found are not tried."""
     placement = place_on(node, request, settings, options)
     if placement is not None and accept(Room(node.node_id, (), placement)):
         return Room(node.node_id, (), placement)
@@ -189,19 +209,27 @@ def _node_room(
     short = _shortfall(node, request, settings)
     freed = {h.session_id: _freed(h, settings) for h in candidates}
     tried = enumerated = 0
+    best: tuple[Any, Room] | None = None
     for size in range(1, len(candidates) + 1):
         for subset in combinations(candidates, size):  # in preference order: the first that fits wins
             enumerated += 1
+            price = cost(subset) if cost is not None else None
+            if best is not None and not price < best[0]:
+                continue  # cannot beat the set found
             if not _covers(subset, short, freed):
                 continue  # frees too little CPU, memory or fGPU: the allocator need not be asked
             tried += 1
             if tried > MAX_SUBSETS or enumerated > MAX_ENUMERATED:
+                if best is not None:
+                    return best[1]
                 room = _irreducible(node, candidates, request, settings, options)
                 return room if accept(room) else None
             placement = place_on(release(node, subset), request, settings, options)
             if placement is not None and accept(Room(node.node_id, subset, placement)):
-                return Room(node.node_id, subset, placement)
-    return None  # every candidate set that fits was refused by `accept`
+                if cost is None:
+                    return Room(node.node_id, subset, placement)
+                best = (price, Room(node.node_id, subset, placement))
+    return best[1] if best is not None else None  # None: every candidate set that fits was refused by `accept`
 
 
 def _shortfall(
@@ -278,6 +306,29 @@ def may_preempt(holder: Holder, *, priority: int, factor: float, now: float, mar
     return factor >= 2.0 ** -(1 - margin) and holder.factor <= 2.0 ** -(1 + margin)
 
 
+def work_lost(holder: Holder, now: float) -> float:
+    """The work `holder` loses if stopped at `now` (epoch seconds): fGPU-hours, its fGPU × the
+    hours it has run."""
+    return float(holder.shares) * holder.ran(now) / 3600
+
+
+def victims_cost(victims: Sequence[Holder], now: float) -> tuple:
+    """How much preempting `victims` (one node's) costs at `now`, compared as a tuple: per
+    priority among them, the highest first, (priority, fGPU-hours of work lost at it
+    (`work_lost`, to the microhour), how many) — so a set that touches a higher priority costs
+    more than any that does not, and at the same priorities the one that loses less work there
+    costs less — then the youngest first (their start times, latest first, negated), then their
+    ids (a stable choice). Never falls when a victim is added."""
+    levels: dict[int, list[Holder]] = {}
+    for v in victims:
+        levels.setdefault(v.priority, []).append(v)
+    return (
+        [(p, round(sum(work_lost(v, now) for v in levels[p]), 6), len(levels[p])) for p in sorted(levels, reverse=True)],
+        sorted(-v.started_at for v in victims),
+        sorted(v.session_id for v in victims),
+    )
+
+
 def preemption_choice(
     nodes: Sequence[core.NodeState],
     holders: Iterable[Holder],
@@ -291,15 +342,26 @@ def preemption_choice(
     margin: float = SHARE_MARGIN,
 ) -> Room | None:
     """The sessions to preempt for a waiting `request` (of `priority`, its owner's fair-share
-    `factor`) at `now` (epoch seconds): `room_needed` over the holders `may_preempt` allows,
-    youngest first (latest `started_at`). None when preemption cannot make it fit (then nothing
-    is preempted); a Room without victims when it fits already. Shapes as `room_needed`."""
-    return room_needed(
-        nodes,
-        holders,
-        request,
-        settings,
-        eligible=lambda h: may_preempt(h, priority=priority, factor=factor, now=now, margin=margin),
-        order=lambda h: (-h.started_at, h.session_id),
-        options=options,
-    )
+    `factor`) at `now` (epoch seconds), among the holders `may_preempt` allows (never one of
+    higher priority than `priority`): the lowest priority first — the sets of holders of the
+    lowest priority alone are tried first, a higher priority only where they cannot make room
+    on any node — then, among the sets that fit at that priority (on any node), the least
+    `victims_cost`: at each priority, highest first, the least work lost in fGPU-hours, then
+    the fewest; then the youngest. None when
+    preemption cannot make it fit (then nothing is preempted); a Room without victims when it
+    fits already. Shapes as `room_needed`."""
+    allowed = [h for h in holders if may_preempt(h, priority=priority, factor=factor, now=now, margin=margin)]
+    levels: list[int | None] = [*sorted({h.priority for h in allowed})] or [None]
+    for level in levels:
+        room = room_needed(
+            nodes,
+            [h for h in allowed if level is None or h.priority <= level],
+            request,
+            settings,
+            order=lambda h: (h.priority, work_lost(h, now), -h.started_at, h.session_id),
+            options=options,
+            cost=lambda victims: victims_cost(victims, now),
+        )
+        if room is not None:
+            return room
+    return None
