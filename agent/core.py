@@ -265,6 +265,7 @@ class RunningSession:
     exit_poll: asyncio.Task | None = None  # only where there is no pidfd
     exited: asyncio.Task | None = None  # _wait_exit: done once the session is reported ended
     stopping: str = ""  # why the agent is killing it; empty while nobody asked
+    preempt_notice: str = ""  # the preemption notice it was signalled for (protocol.channel.PtyPreempt): acted on once
     env: dict = field(default_factory=dict)  # the session's environment, for exec
     data_dir: Path | None = None  # its owner's persistent folder (~/data), whose storage agent.storage measures
     project_dirs: dict = field(default_factory=dict)  # its projects' folders (~/projects/<name>: Path), measured too
@@ -1114,6 +1115,21 @@ class Agent:
         if running.exited is not None:
             await asyncio.shield(running.exited)  # returns once TERMINATED has been reported
 
+    def _preempt_notice(self, running: RunningSession, command: protocol_channel.PtyPreempt) -> None:
+        """A preemption notice (protocol.channel.PtyPreempt), once per notice and never to a session
+        that is stopping: its text as a line of the session's output, terminal and log (before
+        anything the signal makes the program print), then the signal to the session's command's
+        process group (a container: to its init, which passes it on)."""
+        if running.stopping or running.preempt_notice == command.notice:
+            return  # the manager re-sends it every pass while the notice stands
+        running.preempt_notice = command.notice
+        self._output(running, f"\r\n[fgpu: {command.text}]\r\n")
+        running.log_wake.set()  # the log has it now, not at the next batch
+        log.info(
+            "agent %s: session %s preempted: %s sent (notice %s)", self.node, running.session_id, command.signal, command.notice
+        )
+        self._in_background(self._on_process(running, running.process.signal_group, signal.Signals[command.signal]))
+
     async def _sync(self, keep: set[str]) -> None:
         await asyncio.gather(
             *(
@@ -1420,6 +1436,8 @@ class Agent:
             self._reader_ack(running, command.channel, command.offset, command.n)
         elif isinstance(command, protocol_channel.PtyStop):  # the manager's stop, ahead of its task (protocol)
             self._in_background(self._stop(running.session_id, reason="terminated"))
+        elif isinstance(command, protocol_channel.PtyPreempt):  # a preemption notice: a logged line, then its signal
+            self._preempt_notice(running, command)
         elif isinstance(command, protocol_channel.PtyDetach):
             running.readers.pop(command.channel, None)
             running.layer_channels.discard(command.channel)

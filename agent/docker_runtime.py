@@ -178,6 +178,12 @@ class DockerSession:
             except Exception as exc:
                 log.debug("signal %s to %s: %s", sig, self.session_id, exc)
 
+    def signal_group(self, sig: int) -> int:
+        """`sig` to the container (`docker kill --signal`: its init, docker-init, passes it on to
+        the session's command): a preemption notice. Returns 1."""
+        self.signal_all(sig)
+        return 1
+
     def kill_all(self) -> int:
         """SIGKILL to the container's init: the kernel ends every process of its PID namespace.
         Returns 1 (whether anything was left is for `alive` to say)."""

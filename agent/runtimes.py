@@ -160,6 +160,34 @@ class SessionHandle:
             for sig in sigs:
                 _kill(pid, sig)
 
+    def signal_group(self, sig: int) -> int:
+        """Blocking: `sig` to every process of the session's command's process group (a
+        preemption notice, as Slurm's `--signal` reaches a job's processes): outside a sandbox
+        the leader's group (killpg: the leader runs the command); in one, the processes inside it
+        in the command's group, never its init or the leader (bwrap), which would end it.
+        Returns how many were signalled (0: the group is gone)."""
+        if self.sandbox is None:
+            try:
+                os.killpg(self.pid, sig)
+                return 1
+            except (ProcessLookupError, PermissionError):
+                return 0
+        try:
+            group = os.getpgid(self.command_pid)
+        except OSError:
+            return 0
+        members = session_members(self.pid) if self.cgroup is None else self.cgroup.pids()
+        signalled = 0
+        for pid in members:
+            if pid in (self.pid, self.init_pid) or not self._inside(pid):
+                continue
+            try:
+                if os.getpgid(pid) == group:
+                    signalled += _kill(pid, sig)
+            except OSError:  # gone
+                continue
+        return signalled
+
     @property
     def command_pid(self) -> int:
         """Blocking, one read of /proc: the host pid of the process that runs the session's

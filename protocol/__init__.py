@@ -45,7 +45,10 @@ the session apps' `pty.app_open` {app, base_url, token, timeout, reply_channel} 
 `pty.files` {op, owner_id, path, …, reply_channel}: protocol.files, agent.files, and the
 manager's `pty.stop` {}: the stop of SESSION_STOP sent beside its task, which arrives in a
 millisecond while the agent listens; the task, kept in the agent's queue, is the one that
-cannot be lost, and whichever arrives second finds the session stopping or ended),
+cannot be lost, and whichever arrives second finds the session stopping or ended;
+and the manager's `pty.preempt` {signal, text, notice}: a preemption notice, written as a line of
+the session's output (terminal and log) and then its signal sent (protocol.channel.PtyPreempt;
+re-sent every scheduler pass while the notice stands, acted on once per notice),
 `node.<node>` (the node's agent joins it; the web sends `node.processes` {reply_channel},
 answered `node.processes.result` {ok, at, source, processes}: agent.usage.UsageSampler.processes),
 `term.<node>.<session id>` (terminal consumers join it; the agent sends `terminal.output` {data,

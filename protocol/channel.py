@@ -388,6 +388,51 @@ class NodeProcesses(Command):
         return cls(session_id="", reply_channel=_field(m, "reply_channel", str))
 
 
+# Signals a session may ask for at a preemption notice (Slurm's `--signal`): those a program can
+# catch and act on, by name. Not SIGKILL or SIGSTOP (no program can handle them: the grace would be lost).
+PREEMPT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGCONT", "SIGWINCH", "SIGURG")
+DEFAULT_PREEMPT_SIGNAL = "SIGTERM"
+MAX_NOTICE_CHARS = 1000  # the longest preemption notice line
+
+
+def preempt_signal_name(value: str) -> str:
+    """A preemption signal's name as the agent takes it: `value` ("TERM", "sigusr1", "SIGUSR1")
+    in upper case with the SIG prefix, one of PREEMPT_SIGNALS. Raises ValueError naming those."""
+    name = value.strip().upper() if isinstance(value, str) else ""
+    name = name if name.startswith("SIG") else f"SIG{name}"
+    if name not in PREEMPT_SIGNALS:
+        raise ValueError(
+            f"{value!r} is not a signal a session may be sent at a preemption notice: one of {', '.join(PREEMPT_SIGNALS)}"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class PtyPreempt(Command):
+    """The manager's preemption notice (sessions.preemption): the agent writes `text` as a line of
+    the session's output (its terminal and its log) and then sends `signal` (a name of
+    PREEMPT_SIGNALS) to the session: the process runtime to its command's process group, the
+    docker runtime to its container. `notice`: the notice's id (its stop time, ISO 8601): the
+    manager re-sends the command on every pass while the notice stands, and the agent acts once
+    per session and notice."""
+
+    TYPE = "pty.preempt"
+    signal: str
+    text: str
+    notice: str
+
+    @classmethod
+    def from_dict(cls, m: dict) -> PtyPreempt:
+        try:
+            name = preempt_signal_name(_field(m, "signal", str))
+        except ValueError as exc:
+            raise Malformed(str(exc)) from None
+        text, notice = _field(m, "text", str), _field(m, "notice", str)
+        if len(text) > MAX_NOTICE_CHARS or not (0 < len(notice) <= 64):
+            raise Malformed("a preemption notice out of range")
+        return cls(session_id=_field(m, "session_id", str), signal=name, text=text, notice=notice)
+
+
 # --- typed answers -------------------------------------------------------------------------------
 
 
@@ -415,7 +460,10 @@ class DirectOffer:
         return cls(host=host, port=port, token=token)
 
 
-TYPED = {c.TYPE: c for c in (PtyInput, PtyResize, PtyAttach, PtyAck, PtyDetach, PtyStop, PtyExec, PtyExecStream, NodeProcesses)}
+TYPED = {
+    c.TYPE: c
+    for c in (PtyInput, PtyResize, PtyAttach, PtyAck, PtyDetach, PtyStop, PtyPreempt, PtyExec, PtyExecStream, NodeProcesses)
+}
 # Commands whose content another module types (protocol.files; agent.session_apps): checked here
 # for their session and reply channel only.
 PASSED = frozenset({"pty.files", "pty.app_open", "pty.app_status"})

@@ -15,6 +15,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
 import protocol
+from protocol.channel import preempt_signal_name
 from accelerators.models import ResourceGroup
 from sessions.service_ports import SERVICE_PORTS_LABEL, ServicePortsError, parse_service_ports
 
@@ -141,6 +142,16 @@ def _utf8(text: str) -> bool:
     return True
 
 
+def validate_preempt_signal(value: str) -> None:
+    """A preemption signal's name in the form protocol.channel.preempt_signal_name gives ("SIGUSR1")."""
+    try:
+        name = preempt_signal_name(value)
+    except ValueError as exc:
+        raise ValidationError(str(exc)) from None
+    if name != value:
+        raise ValidationError(f"write it {name}")
+
+
 class SessionImage(models.Model):
     """A container image sessions may run in, registered by an administrator (Backend.AI's kernel
     images): `reference` as Docker names it ("nvcr.io/nvidia/pytorch:24.05-py3",
@@ -185,6 +196,13 @@ class SessionImage(models.Model):
         help_text='free-form text labels, e.g. {"framework": "pytorch"}',
     )
     is_default = models.BooleanField("default", default=False, help_text="the image of a launch that names none (at most one)")
+    preempt_signal = models.CharField(
+        max_length=8,
+        blank=True,
+        validators=[validate_preempt_signal],
+        help_text="the signal its sessions get at a preemption notice unless the launch names one "
+        '("SIGUSR1"; Slurm\'s --signal); empty: SIGTERM',
+    )
     apps = models.JSONField(
         default=list,
         blank=True,
@@ -272,6 +290,32 @@ class ComputeSession(models.Model):
         null=True,
         blank=True,
         help_text="when it is stopped, having been warned (the warning + the grace period); null: not under notice",
+    )
+    preempt_signal = models.CharField(
+        max_length=8,
+        blank=True,
+        validators=[validate_preempt_signal],
+        help_text="the signal sent to it at a preemption notice, as Slurm's --signal (\"SIGUSR1\"); empty: its image's, "
+        "else SIGTERM",
+    )
+    requeue = models.BooleanField(
+        default=True, help_text="once preempted or moved, it is launched again as a new session (requeued_as)"
+    )
+    requeued_from = models.OneToOneField(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="the preempted or moved session this one asks again for (same request, command and image)",
+    )
+    requeued_as = models.OneToOneField(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="the session launched again for this one once it was preempted or moved",
     )
 
     class Meta:
