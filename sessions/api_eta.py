@@ -14,10 +14,10 @@ from rest_framework.response import Response
 
 from accelerators.allocation import cluster
 from accelerators.allocation import replay as pure
-from accelerators.models import ResourceGroup
+from accelerators.models import Node, ResourceGroup
 from console.api_support import ErrorSerializer
 from console.errors import ApplicationError
-from sessions import eta
+from sessions import eta, fairshare
 from sessions.models import Project, SessionStatus
 from sessions.selectors import session_get_for
 
@@ -181,11 +181,18 @@ def session_eta_view(request, session_id):
 # --- what-if ------------------------------------------------------------------------------------------
 
 
+WHAT_IF_MAX_NAMES = 1000  # projects, resource groups or nodes one what-if may name
+
+
 class WhatIfRequestSerializer(serializers.Serializer):
+    """The what-if's body: any of its fields, nothing else (an unknown key is a 400 naming it).
+    Every number is bounded: weights 1 … fairshare.MAX_SHARE_WEIGHT (Project.share_weight's
+    column), the backfill limit 0 … 10000, at most WHAT_IF_MAX_NAMES names per field."""
+
     share_weights = serializers.DictField(
-        child=serializers.IntegerField(min_value=1),
+        child=serializers.IntegerField(min_value=1, max_value=fairshare.MAX_SHARE_WEIGHT),
         required=False,
-        help_text='project name → fair-share weight, e.g. {"vision": 4}',
+        help_text=f'project name → fair-share weight (1 … {fairshare.MAX_SHARE_WEIGHT}), e.g. {{"vision": 4}}',
     )
     policies = serializers.DictField(
         child=serializers.ChoiceField(list(cluster.POLICIES)),
@@ -195,23 +202,55 @@ class WhatIfRequestSerializer(serializers.Serializer):
     backfill_limit = serializers.IntegerField(
         min_value=0, max_value=10000, required=False, help_text="FGPU_BACKFILL_LIMIT's value (0: strict first in, first out)"
     )
+    drain = serializers.ListField(
+        child=serializers.CharField(max_length=64),
+        required=False,
+        max_length=WHAT_IF_MAX_NAMES,
+        help_text="node names: they take no new session and their running sessions are stopped and requeued "
+        '(as `kubectl drain`), e.g. ["gpu-node-3"]',
+    )
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(str(k) for k in data if k not in self.fields)
+            if unknown:
+                raise serializers.ValidationError(
+                    {k: [f"unknown field (known: {', '.join(self.fields)})"] for k in unknown}
+                    | {"non_field_errors": [f"unknown field{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}"]}
+                )
+        return super().to_internal_value(data)
+
+    @staticmethod
+    def _bounded(value):
+        if len(value) > WHAT_IF_MAX_NAMES:
+            raise serializers.ValidationError(f"at most {WHAT_IF_MAX_NAMES} names")
+        return value
 
     def validate_share_weights(self, value):
+        self._bounded(value)
         unknown = sorted(set(value) - set(Project.objects.filter(name__in=list(value)).values_list("name", flat=True)))
         if unknown:
             raise serializers.ValidationError(f"no project {', '.join(map(repr, unknown))}")
         return value
 
     def validate_policies(self, value):
+        self._bounded(value)
         names = set(ResourceGroup.objects.filter(name__in=list(value)).values_list("name", flat=True)) | {""}
         unknown = sorted(set(value) - names)
         if unknown:
             raise serializers.ValidationError(f"no resource group {', '.join(map(repr, unknown))}")
         return value
 
+    def validate_drain(self, value):
+        names = set(Node.objects.filter(name__in=value).values_list("name", flat=True))
+        unknown = sorted(set(value) - names)
+        if unknown:
+            raise serializers.ValidationError(f"no node {', '.join(map(repr, unknown))}")
+        return sorted(set(value))
+
     def validate(self, attrs):
-        if not any(attrs.get(k) not in (None, {}) for k in ("share_weights", "policies", "backfill_limit")):
-            raise serializers.ValidationError("say what to change: share_weights, policies or backfill_limit")
+        if not any(attrs.get(k) not in (None, {}, []) for k in ("share_weights", "policies", "backfill_limit", "drain")):
+            raise serializers.ValidationError("say what to change: share_weights, policies, backfill_limit or drain")
         return attrs
 
 
@@ -233,10 +272,27 @@ class WhatIfRowSerializer(serializers.Serializer):
     change = serializers.ChoiceField(WHAT_IF_CHANGES, help_text="the what-if's start against today's (earliest, then latest)")
 
 
+class WhatIfMoveSerializer(serializers.Serializer):
+    session = serializers.UUIDField()
+    name = serializers.CharField()
+    owner = serializers.CharField()
+    from_node = serializers.CharField(help_text="the drained node it runs on now")
+    what_if = BandSerializer(help_text="when it would start again, requeued by arrival with its request")
+    to_node_earliest = serializers.CharField(
+        allow_blank=True, help_text="where it would start again if the running sessions end early (blank: nowhere)"
+    )
+    to_node_latest = serializers.CharField(
+        allow_blank=True, help_text="where it would start again if they end late (blank: nowhere)"
+    )
+
+
 class WhatIfSerializer(serializers.Serializer):
     computed_at = serializers.DateTimeField()
     changes = WhatIfRequestSerializer()
     sessions = WhatIfRowSerializer(many=True, help_text="every pending session, in today's queue order")
+    moves = WhatIfMoveSerializer(
+        many=True, help_text="the running sessions a drain stops and requeues, in arrival order (empty without drain)"
+    )
 
 
 def band_shape(band: pure.Band, now: float) -> dict:
@@ -248,7 +304,7 @@ def band_shape(band: pure.Band, now: float) -> dict:
     }
 
 
-def what_if_shape(rows: list[eta.WhatIfRow], *, changes: dict, now) -> dict:
+def what_if_shape(answer: eta.WhatIf, *, changes: dict, now) -> dict:
     """`WhatIfSerializer`'s data."""
     epoch = now.timestamp()
     return WhatIfSerializer(
@@ -266,7 +322,19 @@ def what_if_shape(rows: list[eta.WhatIfRow], *, changes: dict, now) -> dict:
                     "what_if": band_shape(r.what_if, epoch),
                     "change": r.change,
                 }
-                for r in rows
+                for r in answer.rows
+            ],
+            "moves": [
+                {
+                    "session": m.session.pk,
+                    "name": m.session.name,
+                    "owner": m.session.owner.get_username(),
+                    "from_node": m.from_node,
+                    "what_if": band_shape(m.what_if, epoch),
+                    "to_node_earliest": m.to_early,
+                    "to_node_latest": m.to_late,
+                }
+                for m in answer.moves
             ],
         }
     ).data
@@ -279,32 +347,38 @@ def what_if_shape(rows: list[eta.WhatIfRow], *, changes: dict, now) -> dict:
     responses={
         200: WhatIfSerializer,
         400: OpenApiResponse(
-            ErrorSerializer, description="A malformed body, an unknown project or resource group, or nothing to change."
+            ErrorSerializer,
+            description="A malformed body, an unknown key (named), a number out of its bounds, an unknown project, "
+            "resource group or node, or nothing to change.",
         ),
         403: OpenApiResponse(ErrorSerializer, description="Administrators only."),
     },
     description="Replays the current queue twice — under today's rules and under the body's changes (projects' "
-    "fair-share weights, resource groups' placement policies, the backfill limit) — and answers each "
-    "pending session's place and start band under both, and whether it would start sooner or later. "
-    "Nothing is changed. Quotas are not among the changes: the scheduler does not apply them to a "
+    "fair-share weights, resource groups' placement policies, the backfill limit, nodes drained) — and answers each "
+    "pending session's place and start band under both, and whether it would start sooner or later; for a drain, "
+    "each running session on the drained nodes that would be stopped and requeued (`moves`): when and where it "
+    "would start again. Nothing is changed. Quotas are not among the changes: the scheduler does not apply them to a "
     "session already waiting (they are checked at launch, where waiting sessions count).",
     examples=[
         OpenApiExample("Weights", request_only=True, value={"share_weights": {"nlp": 4}}),
         OpenApiExample("Policy", request_only=True, value={"policies": {"default": "spread"}}),
+        OpenApiExample("Drain", request_only=True, value={"drain": ["gpu-node-3"]}),
     ],
 )
 @api_view(["POST"])
 @permission_classes([IsAdminUser])
 def what_if_view(request):
-    """`{"share_weights", "policies", "backfill_limit"}` → `{"computed_at", "changes", "sessions": [...]}`."""
+    """`{"share_weights", "policies", "backfill_limit", "drain"}` → `{"computed_at", "changes", "sessions": [...],
+    "moves": [...]}`."""
     body = WhatIfRequestSerializer(data=request.data)
     body.is_valid(raise_exception=True)
     changes = body.validated_data
     now = timezone.now()
-    rows = eta.scheduler_what_if(
+    answer = eta.scheduler_what_if(
         weights=changes.get("share_weights"),
         policies=changes.get("policies"),
         backfill_limit=changes.get("backfill_limit"),
+        drain=frozenset(changes.get("drain") or ()),
         now=now,
     )
-    return Response(what_if_shape(rows, changes=changes, now=now))
+    return Response(what_if_shape(answer, changes=changes, now=now))

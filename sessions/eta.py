@@ -48,7 +48,8 @@ from django.utils import timezone
 from accelerators.allocation import core
 from accelerators.allocation import replay as pure
 from accelerators.allocation import runtime_history as history
-from accelerators.allocation.errors import AllocationError
+from accelerators.allocation.errors import AllocationError, InsufficientResource
+from accelerators.allocation.reservation import Reservation, Reservations, reservation_find
 from accelerators.models import ResourceGroup
 from sessions import fairshare, mig_scheduling
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, Project, SessionStatus
@@ -60,8 +61,9 @@ from sessions.placement import (
     ReadView,
     RememberingReadView,
     placement_decide,
+    queue_shape,
+    runtime_limits,
 )
-from sessions.scheduler import queue_shape
 from sessions.selectors import session_request
 
 HISTORY_DAYS = 30  # batch sessions that ended within this many days make the history
@@ -254,13 +256,15 @@ class _Read:
     """What `_ReplayView` copies (`_Queue` reads it from the database; a test may build it in
     memory): `scopes` ((resource group, slot, image) → PlacementScope), `mig_scopes` ((resource
     group, image) → mig_scheduling.MigScope), `holdings` (session key → what it holds),
-    `policies` (the what-if's), the slot settings and image reasons."""
+    `policies` and `drain` (node names that take no session: the what-if's), the slot settings
+    and image reasons."""
 
     scopes: dict[tuple, PlacementScope]
     holdings: dict[str, _Holding]
     mig_scopes: dict[tuple, mig_scheduling.MigScope] = field(default_factory=dict)
     policies: dict[str, str] = field(default_factory=dict)
     reader: ReadView = field(default_factory=RememberingReadView)
+    drain: frozenset[str] = frozenset()
 
     def settings(self, request):
         return self.reader.settings(request)
@@ -280,21 +284,34 @@ class _ReplayView(ReadView):
 
     def __init__(self, base: _Read):
         self.base = base
-        self.scopes: dict[tuple, PlacementScope] = {}
-        for key, scope in base.scopes.items():
-            options = dict(scope.options)
-            if scope.group_name in base.policies:
-                options["policy"] = base.policies[scope.group_name]
-            self.scopes[key] = PlacementScope(
-                group_name=scope.group_name, slot=scope.slot, nodes=list(scope.nodes), options=options, rows=dict(scope.rows)
-            )
+        self.scopes: dict[tuple, PlacementScope] = {key: self._copy(scope) for key, scope in base.scopes.items()}
         self.holdings: dict[str, _Holding] = dict(base.holdings)
         self.rooms: dict[str, mig_scheduling.MigNodeRoom] = {}  # node pk text → its MIG room, shared by the MIG scopes
-        self.mig_scopes = {key: scope.copy(self.rooms) for key, scope in base.mig_scopes.items()}
+        self.mig_scopes = {key: self._copy_mig(scope) for key, scope in base.mig_scopes.items()}
         self.rooms_by_name = {room.node.name: room for room in self.rooms.values()}
+        self.around = Reservations()  # the replay pass's backfill reservations (`_Room.place_around`)
+        self.end: float | None = None  # when the session being placed would end at the latest
 
-    def queued_behind(self) -> str:
-        return ""  # the replay applies the backfill rule itself (replay.Backfill), in queue order
+    def _copy(self, scope: PlacementScope) -> PlacementScope:
+        """A copy of `scope` this replay may change: the what-if's placement policy, without
+        the drained nodes."""
+        options = dict(scope.options)
+        if scope.group_name in self.base.policies:
+            options["policy"] = self.base.policies[scope.group_name]
+        nodes = [n for n in scope.nodes if n.node_id not in self.base.drain]
+        return PlacementScope(
+            group_name=scope.group_name,
+            slot=scope.slot,
+            nodes=nodes,
+            options=options,
+            rows={n.node_id: i for i, n in enumerate(nodes)},
+        )
+
+    def _copy_mig(self, scope: mig_scheduling.MigScope) -> mig_scheduling.MigScope:
+        copied = scope.copy(self.rooms)
+        if not self.base.drain:
+            return copied
+        return replace(copied, rooms=[r for r in copied.rooms if r.node.name not in self.base.drain])
 
     def settings(self, request):
         return self.base.settings(request)
@@ -303,7 +320,11 @@ class _ReplayView(ReadView):
         return self.base.image_missing(image)
 
     def mig(self, request, image: str):
-        """The pass's MIG choice on the replay's MIG nodes; raises as `mig_scheduling.mig_choose`."""
+        """The pass's MIG choice on the replay's MIG nodes; raises as `mig_scheduling.mig_choose`
+        (and InsufficientResource while a reservation holds the MIG GPUs, as the pass's view)."""
+        held = self.around.of_mig()
+        if held is not None:
+            raise InsufficientResource(held.blocked_reason())
         return mig_scheduling.mig_choose_in(self.mig_scope(request, image), request)
 
     def mig_scope(self, request, image: str) -> mig_scheduling.MigScope:
@@ -311,8 +332,8 @@ class _ReplayView(ReadView):
         raises InvalidResourceRequest, as a real read does)."""
         key = (request.resource_group, image)
         if key not in self.mig_scopes:
-            self.mig_scopes[key] = mig_scheduling.mig_scope_read(resource_group=request.resource_group, image=image).copy(
-                self.rooms
+            self.mig_scopes[key] = self._copy_mig(
+                mig_scheduling.mig_scope_read(resource_group=request.resource_group, image=image)
             )
             self.rooms_by_name = {room.node.name: room for room in self.rooms.values()}
         return self.mig_scopes[key]
@@ -322,11 +343,11 @@ class _ReplayView(ReadView):
         InvalidResourceRequest, as a real read does)."""
         key = (request.resource_group, request.slot or "cuda", image)
         if key not in self.scopes:
-            self.scopes[key] = PlacementScope.read(request, image=image)
+            self.scopes[key] = self._copy(PlacementScope.read(request, image=image))
         return self.scopes[key]
 
     def place(self, request, pure_settings, image: str) -> core.Placement:
-        return self.scope(request, image).place(request, pure_settings)
+        return self.scope(request, image).place_around(request, pure_settings, self.around, self.end)
 
     def take(self, key: str, request, image: str, placement: core.Placement) -> None:
         """Queued session `key`'s placement takes its room (in every scope of its slot, and its
@@ -377,20 +398,24 @@ class _ReplayView(ReadView):
 
 class _Room:
     """`replay.Room` over a `_ReplayView`: a queued session fits when `placement_decide` says
-    PLACED. `requests` and `images`: the queued sessions' (by key)."""
+    PLACED. `requests` and `images`: the queued sessions' (by key); `where`: the node each
+    placed one went to (key → node name)."""
 
     def __init__(self, base: _Read, requests: dict[str, core.ResourceRequest], images: dict[str, str]):
         self.requests, self.images = requests, images
         self.view = _ReplayView(base)
+        self.where: dict[str, str] = {}
 
     def place(self, key: str) -> tuple[str, str]:
         request, image = self.requests[key], self.images[key]
         decision = placement_decide(request=request, image=image, view=self.view)
         if decision.outcome == PLACED and decision.mig is not None:
             self.view.take_mig(key, request, decision.mig)
+            self.where[key] = decision.mig.node
             return pure.PLACED, ""
         if decision.outcome == PLACED and decision.placement is not None:
             self.view.take(key, request, image, decision.placement)
+            self.where[key] = decision.placement.node_id
             return pure.PLACED, ""
         if decision.outcome == WAITING:
             return pure.WAITING, decision.reason
@@ -398,6 +423,37 @@ class _Room:
 
     def release(self, key: str) -> None:
         self.view.release(key)
+
+    def place_around(self, key: str, reservations: Reservations, end: float | None) -> tuple[str, str]:
+        """`place` where it delays none of a replay pass's `reservations` (`replay.ReservingRoom`)."""
+        self.view.around, self.view.end = reservations, end
+        try:
+            return self.place(key)
+        finally:
+            self.view.around, self.view.end = Reservations(), None
+
+    def reserve(self, key: str, *, name: str, ends: dict, now: float, earlier: list[Reservation]) -> Reservation | None:
+        """Where queued `key` reserves on its scope as this replay left it (`reservation_find`, the
+        pass's rule in `sessions.backfill`); a MIG request holds the MIG GPUs."""
+        request, image = self.requests[key], self.images[key]
+        if mig_scheduling.wants_mig(request):
+            return Reservation.mig(key, name)
+        try:
+            pure_settings, scope = self.view.settings(request), self.view.scope(request, image)
+        except AllocationError:
+            return None
+        return reservation_find(
+            scope.nodes,
+            key=key,
+            name=name,
+            request=request,
+            settings=pure_settings,
+            options=scope.options,
+            holdings=self.view.holdings,
+            ends=ends,
+            now=now,
+            earlier=earlier,
+        )
 
 
 class _Queue:
@@ -412,19 +468,25 @@ class _Queue:
         weights: dict[str, int] | None = None,
         policies: dict[str, str] | None = None,
         backfill_limit: int | None = None,
+        drain: frozenset[str] = frozenset(),
     ):
         self.now = now or timezone.now()
         self.policies = policies or {}
+        self.drain = drain
         self.backfill_limit = settings.FGPU_BACKFILL_LIMIT if backfill_limit is None else backfill_limit
         pending = list(
             ComputeSession.objects.filter(status=SessionStatus.PENDING)
             .select_related("owner", "image")
             .order_by("-priority", "created_at", "pk")
         )
+        active = list(ComputeSession.objects.filter(status__in=ACTIVE_STATUSES).select_related("node", "owner", "image"))
+        # a drain stops the sessions on the drained nodes and requeues them by arrival (as a compaction's moves)
+        self.moved = [s for s in active if s.node is not None and s.node.name in drain and s.status != SessionStatus.TERMINATING]
+        active = [s for s in active if s not in self.moved]
+        pending += self.moved
         factors = fairshare.owner_factors({s.owner_id for s in pending}, now=self.now, weights=weights)
         pending.sort(key=lambda s: fairshare.queue_key(s, factors))
         self.pending = pending
-        active = list(ComputeSession.objects.filter(status__in=ACTIVE_STATUSES).select_related("node", "owner", "image"))
         self.active = {str(s.pk): s for s in active}
         facts = _Facts(now=self.now, sessions=pending + active)
         self.requests: dict[str, core.ResourceRequest] = {}
@@ -465,7 +527,9 @@ class _Queue:
             except AllocationError:
                 continue  # an unknown group: the decision says so
         # slot settings and image reasons read once for every replay
-        self.read = _Read(self.scopes, self.holdings, self.mig_scopes, self.policies, RememberingReadView())
+        self.read = _Read(self.scopes, self.holdings, self.mig_scopes, self.policies, RememberingReadView(), drain)
+        self.rooms: list[_Room] = []
+        self.limits = runtime_limits()  # backfill's time limits (seconds), as the pass's
 
     def room(self) -> _Room:
         """A fresh `_Room` over the cluster as read (each replay changes its own copy)."""
@@ -485,14 +549,17 @@ class _Queue:
                     overtaken=session.overtaken,
                     runtime=runtime.latest if late else runtime.earliest,
                     name=session.name,
+                    limit=self.limits.get(self.requests[key].resource_group),
                 )
             )
         return out
 
     def replay(self, *, late: bool) -> pure.Replay:
         ends = {key: (end.latest if late else end.earliest) for key, end in self.ends.items() if key in self.holdings}
+        room = self.room()
+        self.rooms.append(room)  # the moves' nodes (`where`)
         return pure.replay(
-            self.queued(late=late), ends=ends, room=self.room(), now=self.now.timestamp(), backfill_limit=self.backfill_limit
+            self.queued(late=late), ends=ends, room=room, now=self.now.timestamp(), backfill_limit=self.backfill_limit
         )
 
     def bands(self) -> dict[str, pure.Band]:
@@ -704,21 +771,47 @@ def _compare(today: pure.Band, other: pure.Band) -> str:
     return "same" if a == b else ("sooner" if b < a else "later")
 
 
+@dataclass(frozen=True)
+class WhatIfMove:
+    """A running session a drain would stop and requeue: its `session`, the drained node it
+    runs on (`from_node`), its band to start again (`what_if`, from the moment of the drain) and
+    the node each replay starts it on (`to_early`, `to_late`; "" where it does not start)."""
+
+    session: ComputeSession
+    from_node: str
+    what_if: pure.Band
+    to_early: str
+    to_late: str
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """`scheduler_what_if`'s answer: `rows` (every PENDING session, in today's queue order) and
+    `moves` (the running sessions a drain stops and requeues, in arrival order)."""
+
+    rows: list[WhatIfRow]
+    moves: list[WhatIfMove]
+
+
 def scheduler_what_if(
     *,
     weights: dict[str, int] | None = None,
     policies: dict[str, str] | None = None,
     backfill_limit: int | None = None,
+    drain: frozenset[str] = frozenset(),
     now: datetime | None = None,
-) -> list[WhatIfRow]:
+) -> WhatIf:
     """Replay the current queue today and under the changes — `weights` (project name → fair-share
-    weight ≥ 1), `policies` (resource group name, "" for requests naming none → placement
-    policy, `accelerators.allocation.cluster.POLICIES`), `backfill_limit` (FGPU_BACKFILL_LIMIT's
-    value) — and return each PENDING session's place and band under both, in today's queue
-    order. Nothing is written. The caller checks the names (`what_if_validate`)."""
+    weight, 1 … fairshare.MAX_SHARE_WEIGHT), `policies` (resource group name, "" for requests
+    naming none → placement policy, `accelerators.allocation.cluster.POLICIES`), `backfill_limit`
+    (FGPU_BACKFILL_LIMIT's value), `drain` (node names: they take no new session, and their
+    running sessions are stopped and requeued by arrival with their request, as `kubectl drain`
+    evicts pods and a compaction moves sessions) — and return each PENDING session's place and
+    band under both, in today's queue order, and where and when each drained session would
+    start again. Nothing is written. The caller checks the names (`what_if_validate`)."""
     now = now or timezone.now()
     today = _Queue(now=now)
-    changed = _Queue(now=now, weights=weights, policies=policies, backfill_limit=backfill_limit)
+    changed = _Queue(now=now, weights=weights, policies=policies, backfill_limit=backfill_limit, drain=drain)
     bands_today, bands_changed = today.bands(), changed.bands()
     where = {str(s.pk): i + 1 for i, s in enumerate(changed.pending)}
     rows = []
@@ -727,4 +820,15 @@ def scheduler_what_if(
         a = bands_today.get(key, pure.Band(None, None, pure.WAITING, "no longer waiting"))
         b = bands_changed.get(key, pure.Band(None, None, pure.WAITING, "no longer waiting"))
         rows.append(WhatIfRow(session, i + 1, where.get(key, 0), a, b, _compare(a, b)))
-    return rows
+    early, late = changed.rooms[0].where, changed.rooms[1].where
+    moves = [
+        WhatIfMove(
+            session,
+            session.node.name if session.node else "",
+            bands_changed.get(str(session.pk), pure.Band(None, None, pure.WAITING, "")),
+            early.get(str(session.pk), ""),
+            late.get(str(session.pk), ""),
+        )
+        for session in sorted(changed.moved, key=lambda s: (s.created_at, str(s.pk)))
+    ]
+    return WhatIf(rows, moves)

@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from sessions.models import Allocation, ComputeSession, Project, SessionStatus
 
+MAX_SHARE_WEIGHT = 2_147_483_647  # the largest weight Project.share_weight holds (PostgreSQL integer); floats hold it exactly
 HORIZON_HALF_LIVES = 20  # allocations released longer ago than this count under one millionth: left out
 
 
@@ -59,7 +60,9 @@ class _EpochSeconds(Func):
 
 def fair_share_factor(*, usage: float, usage_total: float, weight: float, weight_total: float) -> float:
     """2^(-(usage / usage_total) / (weight / weight_total)), in (0, 1]; 1.0 when nobody used
-    anything (`usage_total` 0). Weights > 0."""
+    anything (`usage_total` 0). Weights 1 … MAX_SHARE_WEIGHT each; raises ValueError outside."""
+    if not 1 <= weight <= MAX_SHARE_WEIGHT:
+        raise ValueError(f"a fair-share weight is 1 … {MAX_SHARE_WEIGHT}, not {weight}")
     if usage_total <= 0:
         return 1.0
     return 2.0 ** (-(usage / usage_total) / (weight / weight_total))
@@ -92,9 +95,12 @@ def account_shares(*, now: datetime | None = None, weights: dict[str, int] | Non
     """Every active account's standing now (see the module docstring), lowest factor first.
     Three queries: each owner's decayed usage (summed by the database over the allocations within
     HORIZON_HALF_LIVES half-lives), the projects with their members, the pending sessions'
-    owners. Empty when fair share is off. `weights` (project name → share weight ≥ 1) replaces
-    the stored weights of the projects it names: what the standing would be (the scheduler's
-    what-if, `sessions.eta`)."""
+    owners. Empty when fair share is off. `weights` (project name → share weight, 1 …
+    MAX_SHARE_WEIGHT; ValueError outside) replaces the stored weights of the projects it names:
+    what the standing would be (the scheduler's what-if, `sessions.eta`)."""
+    bad = sorted(name for name, w in (weights or {}).items() if not 1 <= w <= MAX_SHARE_WEIGHT)
+    if bad:
+        raise ValueError(f"fair-share weights are 1 … {MAX_SHARE_WEIGHT}: {', '.join(bad)}")
     half_life = half_life_seconds()
     if half_life <= 0:
         return []

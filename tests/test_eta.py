@@ -342,7 +342,7 @@ def test_what_if_the_backfill_limit_were_zero_the_small_session_waits_for_the_bi
     big = waiting(alice, "big")  # the whole GPU
     small = session_create(owner=alice, name="small", resources={"cuda.shares": "1", "mem": "64M"})
 
-    rows = {r.session.name: r for r in eta.scheduler_what_if(backfill_limit=0)}
+    rows = {r.session.name: r for r in eta.scheduler_what_if(backfill_limit=0).rows}
 
     assert rows["small"].today.earliest < rows["big"].today.earliest  # backfilled past big, now
     # strict order: small waits for big, which no longer waits for small's room
