@@ -77,6 +77,7 @@ def build_runtime(config: AgentConfig):
         uid=config.uid,
         gid=config.gid,
         network=config.network,
+        block_private=config.block_private_networks,
     )
 
 

@@ -25,9 +25,9 @@ over::
                                                         #   administrators' sessions), "bubblewrap" (required),
                                                         #   "none" (UNSAFE: unconfined, a single-user machine)
     network = "outbound"                                # docker: "outbound" (internet only; old name "bridge") or "none"
-                                                        # process: "none" (its default: loopback only) or "host"
-                                                        #   (UNSAFE: the node's network)
-    block-private-networks = true                       # docker, outbound: sessions cannot reach private (RFC 1918) addresses
+                                                        # process: "none" (its default: loopback only), "outbound"
+                                                        #   (slirp4netns, as root) or "host" (UNSAFE: the node's network)
+    block-private-networks = true                       # outbound: sessions cannot reach private (RFC 1918) addresses
     hami-core = "/usr/local/vgpu/libvgpu.so"            # docker: enforce fractions with HAMi-core (preloaded)
     pull-images = true                                  # docker: pull an image the node lacks when a session needs it
     mps-pipe-directory = "/tmp/nvidia-mps"              # docker, with [agent] mps = true: the node's MPS pipes
@@ -74,7 +74,7 @@ from accelerators.allocation.units import SizeError, parse_binary_size
 from agent.network import OUTBOUND, network_mode
 from agent.limits import SessionLimits
 from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, RUNTIMES, cgroup_tag
-from agent.sandbox import NETWORK_HOST, NETWORK_NONE, SANDBOX_AUTO, SANDBOXES
+from agent.sandbox import NETWORK_NONE, NETWORKS, SANDBOX_AUTO, SANDBOXES
 
 MOCK_PLUGIN = "ai.backend.accelerator.mock"
 CUDA_PLUGIN = "ai.backend.accelerator.cuda"
@@ -216,10 +216,13 @@ def load_agent_config(path: str | Path, *, default_broker: str = "", runtime: st
     sandbox = text(container, "sandbox", "container.sandbox", SANDBOX_AUTO)
     if sandbox not in SANDBOXES:
         fail("container.sandbox", f"{sandbox!r}: expected one of {', '.join(SANDBOXES)}")
-    if runtime == "process":  # the process runtime: its own loopback, or the node's network
+    if runtime == "process":  # the process runtime: its own loopback, the internet (slirp4netns), or the node's network
         network = text(container, "network", "container.network", NETWORK_NONE)
-        if network not in (NETWORK_NONE, NETWORK_HOST):
-            fail("container.network", f'{network!r}: the process runtime takes "none" (loopback only) or "host" (UNSAFE)')
+        if network not in NETWORKS:
+            fail(
+                "container.network",
+                f'{network!r}: the process runtime takes "none" (loopback only), "outbound" or "host" (UNSAFE)',
+            )
     else:
         try:
             network = network_mode(text(container, "network", "container.network", OUTBOUND))

@@ -25,6 +25,9 @@ chain is removed with the network when the agent ends and no container is left o
 
 `none`: no network at all (only `lo`); session apps cannot be reached.
 
+A process-runtime session's `outbound` network (slirp4netns and nftables rules inside its own
+network namespace, the same destinations refused) is the second part of this module.
+
 The instance id is a hash of the agent's scratch root, so two consoles on one host (two `make run`
 checkouts, the tests) have networks and chains of their own, and an agent that starts again
 finds its own.
@@ -285,3 +288,78 @@ class SessionNetwork:
         if iptables is not None:
             guard_remove(self.names, iptables=iptables)
         return True
+
+
+# --- a process-runtime session's outbound network (agent.toml `[container] network = "outbound"`) ---
+#
+# The process runtime's sandbox has a network namespace of its own (agent.sandbox). With
+# `outbound`, slirp4netns (Debian's; a user-mode TCP/IP stack, the one rootless Podman and Docker
+# use) gives it a tap device, 10.0.2.100/24, a gateway 10.0.2.2 and a DNS forwarder 10.0.2.3, and
+# makes the session's connections from the node's network on its behalf, with
+# `--disable-host-loopback` (10.0.2.2 does not lead to the node's 127.0.0.1). What slirp4netns
+# does not refuse (the node's other addresses, where Redis, PostgreSQL or the web may listen on
+# 0.0.0.0; 169.254/16; the site's private networks) is refused by nftables rules inside the
+# session's own namespace (`session_ruleset`), installed by the agent before the session's command
+# runs (bwrap waits on `--block-fd` meanwhile); the session holds no capability there, so it can
+# neither read nor change them. The same destinations as a docker session's `FGPU-<instance>` chain.
+
+SLIRP_GATEWAY = "10.0.2.2"  # slirp4netns's default network 10.0.2.0/24: the node, as the session sees it
+SLIRP_DNS = "10.0.2.3"  # slirp4netns's DNS forwarder (to the node's resolvers)
+SLIRP_SUBNET = "10.0.2.0/24"
+SLIRP_TAP = "tap0"
+SLIRP_MTU = 65520  # slirp4netns' own recommendation (its man page): fewer, larger frames through the user-mode stack
+SESSION_TABLE = "fgpu_session"
+
+
+def host_addresses(fib_trie: Path = Path("/proc/net/fib_trie")) -> list[str]:
+    """Blocking, one read: the IPv4 addresses of this node's own interfaces (the kernel's LOCAL
+    routes in `fib_trie`, this process's network namespace), loopback ones left out; [] where it
+    cannot be read."""
+    found: list[str] = []
+    try:
+        lines = fib_trie.read_text().splitlines()
+    except OSError:
+        return []
+    last = ""
+    for line in lines:
+        text = line.strip()
+        if text.startswith(("|--", "+--")):
+            last = text.split()[1]
+        elif text.endswith("host LOCAL") and last:
+            try:
+                address = ipaddress.ip_address(last)
+            except ValueError:
+                continue
+            if not address.is_loopback and last not in found:
+                found.append(last)
+    return found
+
+
+def session_ruleset(*, host: list[str], nameservers: list[str], block_private: bool) -> str:
+    """The nftables ruleset (`nft -f` text) of an outbound process-runtime session's network
+    namespace (pure): what leaves on any interface but `lo` is refused (a TCP reset or ICMP
+    unreachable: the caller sees "Connection refused" at once) when it goes to the node (`host`:
+    its addresses, host_addresses; slirp4netns's gateway), to 127/8, 169.254/16, slirp's subnet
+    but its DNS forwarder, and, with `block_private`, to 10/8, 172.16/12, 192.168/16, 100.64/10;
+    all IPv6 is refused (slirp4netns runs without it). DNS (port 53) to slirp's forwarder and to
+    the node's `nameservers` passes first, as in `guard_rules`. Raises ValueError for an address
+    that is not IPv4."""
+    for address in [*host, *nameservers]:
+        ipaddress.IPv4Address(address)
+    dns = ", ".join(dict.fromkeys([SLIRP_DNS, *nameservers]))
+    refused = [SLIRP_GATEWAY, *host, "127.0.0.0/8", LINK_LOCAL, SLIRP_SUBNET]
+    if block_private:
+        refused.extend(PRIVATE_RANGES)
+    return "\n".join([
+        f"table inet {SESSION_TABLE} {{",
+        "  chain output {",
+        "    type filter hook output priority 0; policy accept;",
+        '    oifname "lo" accept',
+        "    meta nfproto ipv6 reject",
+        f"    ip daddr {{ {dns} }} udp dport 53 accept",
+        f"    ip daddr {{ {dns} }} tcp dport 53 accept",
+        *(f"    ip daddr {block} reject" for block in refused),  # one rule each: nft refuses overlapping set elements
+        "  }",
+        "}",
+        "",
+    ])  # fmt: skip

@@ -39,7 +39,7 @@ from protocol.files import PROJECTS_DIR
 from accelerators.allocation.units import format_binary_size
 from agent.network import installation_id
 from agent.limits import Hierarchies, SessionLimits, cgroup_mounts, remove_dir
-from agent.sandbox import SANDBOX_AUTO, SANDBOX_BUBBLEWRAP, SANDBOX_NONE, Sandbox, SandboxError, read_init_pid
+from agent.sandbox import SANDBOX_AUTO, SANDBOX_BUBBLEWRAP, SANDBOX_NONE, Sandbox, SandboxError, SlirpNetwork, read_init_pid
 from agent.sandbox import become_subreaper, netns_socket, reap_orphans, wait_set_up
 from agent.sandbox import probe as probe_sandbox
 
@@ -84,6 +84,7 @@ class SessionHandle:
         sandbox: Sandbox | None = None,
         init_pid: int = 0,
         status_fd: int = -1,
+        network: SlirpNetwork | None = None,
     ):
         self.session_id = session_id
         self.process = process
@@ -97,6 +98,7 @@ class SessionHandle:
         self.sandbox = sandbox  # where it runs confined (agent.sandbox): exec enters it
         self.init_pid = init_pid  # host pid of its sandbox's init (bwrap's child), whose namespaces exec enters
         self._status_fd = status_fd  # bwrap's --json-status-fd, read end: open till the end (bwrap writes its exit there)
+        self.network = network  # its outbound network's slirp4netns (agent.sandbox.SlirpNetwork), ended by `remove`
         # Its init's pidfd (to see it exit and reap it, whatever pid it leaves free) and its PID
         # namespace (which processes of its cgroup are inside the sandbox); -1 and "" without one.
         self._init_fd, self._pid_namespace = _open_init(init_pid) if sandbox is not None else (-1, "")
@@ -301,11 +303,15 @@ class SessionHandle:
 
     def remove(self) -> None:
         """Blocking: what is left once the session ended: its cgroup, removed (what is still in
-        it is killed first), its sandbox's status pipe closed, and its sandbox's init and
+        it is killed first), its outbound network's slirp4netns ended, its sandbox's status pipe
+        closed, and its sandbox's init and
         orphans reaped (agent.sandbox.reap_orphans: this process is their subreaper), waiting
         up to SANDBOX_REAP_S for the init to exit."""
         if self.cgroup is not None:
             self.cgroup.remove()
+        if self.network is not None:
+            self.network.close()
+            self.network = None
         if self._status_fd >= 0:
             os.close(self._status_fd)
             self._status_fd = -1
@@ -329,7 +335,9 @@ class ProcessRuntime:
     unprivileged user that is never the agent's (`uid`/`gid`, agent.toml's `[container] uid`,
     where the agent is root), its own user, mount, PID, IPC, UTS and network namespaces, the host
     system read-only, its home and data folders read-write, nothing of the agent, the console or
-    another session; only loopback unless `network` is "host" (UNSAFE). Where no sandbox is
+    another session; only loopback (`network` "none"), or the internet and nothing of the node,
+    link-local or (`block_private`) private addresses ("outbound": slirp4netns and nftables rules
+    in the session's namespace, agent.network), or the node's network ("host": UNSAFE). Where no sandbox is
     possible (`sandbox`, agent.toml's `[container] sandbox`: "auto", "bubblewrap" or "none"; decided
     once when the agent starts, `clean_up_at_start`, and logged with the reason), "auto" runs
     only administrators' sessions (start spec `owner_is_staff`), unconfined, and refuses others'
@@ -364,9 +372,10 @@ class ProcessRuntime:
         uid: int = 1000,
         gid: int = 1000,
         network: str = "none",
+        block_private: bool = True,
     ) -> None:
         self.sandbox_setting = sandbox
-        self.uid, self.gid, self.network = uid, gid, network
+        self.uid, self.gid, self.network, self.block_private = uid, gid, network, block_private
         self.sandbox: Sandbox | None = None  # set by `confine` where bubblewrap works
         self.unconfined_why: str | None = None  # why not (None: not probed yet)
         self.node = node
@@ -399,7 +408,9 @@ class ProcessRuntime:
         bubblewrap and it cannot run."""
         if self.unconfined_why is not None or self.sandbox is not None:
             return self.sandbox
-        self.sandbox, why = probe_sandbox(self.sandbox_setting, uid=self.uid, gid=self.gid, network=self.network)
+        self.sandbox, why = probe_sandbox(
+            self.sandbox_setting, uid=self.uid, gid=self.gid, network=self.network, block_private=self.block_private
+        )
         if self.sandbox is None:
             self.unconfined_why = why
             if self.sandbox_setting == SANDBOX_BUBBLEWRAP:
@@ -430,6 +441,11 @@ class ProcessRuntime:
                 'UNSAFE: agent.toml says [container] network = "host": sessions share the node\'s network and reach '
                 "Redis, PostgreSQL, the web and this agent"
             )
+        elif self.sandbox.outbound:
+            log.info(
+                "sessions reach the internet through slirp4netns; not this node, link-local%s addresses",
+                " or private" if self.sandbox.block_private else "",
+            )
         return self.sandbox
 
     def spawn(self, *, spec: dict, argv: list[str], env: dict, work_dir: Path, progress=None) -> SessionHandle:
@@ -452,9 +468,12 @@ class ProcessRuntime:
         master_fd, slave_fd = pty.openpty()
         set_winsize(slave_fd, 24, 80)
         status_read, status_write = os.pipe() if sandbox is not None else (-1, -1)
+        # With the outbound network, the sandbox's init waits on this pipe until its network and rules are in place.
+        block_read, block_write = os.pipe() if sandbox is not None and sandbox.outbound else (-1, -1)
         if sandbox is not None:
             _check_executable(argv[0], cwd=work_dir, env=env)  # the host system is the sandbox's (read-only)
-            argv = sandbox.command(argv, home=work_dir, data=data, status_fd=status_write)
+            argv = sandbox.command(argv, home=work_dir, data=data, status_fd=status_write, block_fd=block_read)
+        network, init_pid = None, 0
         try:
             try:
                 process = popen_leader(
@@ -466,20 +485,29 @@ class ProcessRuntime:
                     stderr=slave_fd,
                     cwd=work_dir,
                     env=env,
-                    pass_fds=(status_write,) if sandbox is not None else (),
+                    pass_fds=tuple(fd for fd in (status_write, block_read) if fd >= 0),
                 )
             finally:
                 os.close(slave_fd)
-                if status_write >= 0:
-                    os.close(status_write)
-            init_pid = 0
+                for fd in (status_write, block_read):
+                    if fd >= 0:
+                        os.close(fd)
             if sandbox is not None:
-                try:  # its init's pid, then that the sandbox is set up (exec may enter it)
+                try:  # its init's pid, its network, then that the sandbox is set up (exec may enter it)
                     init_pid = read_init_pid(status_read)
+                    if block_write >= 0:
+                        block, block_write = block_write, -1  # _attach closes it, whatever happens
+                        network = _attach(sandbox, init_pid, block)
                     wait_set_up(init_pid)
                 except SandboxError as exc:
                     raise SandboxError(f"{exc}: {_said(process, master_fd)}") from None
         except BaseException:
+            if block_write >= 0:  # never let a sandbox without its network rules go on: its init is killed first
+                if init_pid:
+                    _kill(init_pid, signal.SIGKILL)
+                os.close(block_write)
+            if network is not None:
+                network.close()
             os.close(master_fd)
             if status_read >= 0:
                 os.close(status_read)
@@ -489,7 +517,7 @@ class ProcessRuntime:
         os.set_blocking(master_fd, False)
         return SessionHandle(
             spec["session_id"], process, master_fd, env=env, work_dir=work_dir, cgroup=cgroup, sandbox=sandbox,
-            init_pid=init_pid, status_fd=status_read,
+            init_pid=init_pid, status_fd=status_read, network=network,
         )  # fmt: skip
 
     def clean_up_at_start(self, scratch_root: Path) -> tuple[list[SessionHandle], int]:
@@ -634,6 +662,23 @@ def popen_leader(
         argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env, start_new_session=True, close_fds=True,
         preexec_fn=preexec, pass_fds=pass_fds,
     )  # fmt: skip
+
+
+def _attach(sandbox: Sandbox, init_pid: int, block_write: int) -> SlirpNetwork:
+    """Blocking: the outbound network of the sandbox whose init is `init_pid` (Sandbox.attach_network),
+    then the init let go on (a byte on `block_write`, which is closed). Raises SandboxError, the
+    init killed before the pipe is closed (its end would let it go on without its rules)."""
+    try:
+        network = sandbox.attach_network(init_pid)
+    except BaseException:
+        _kill(init_pid, signal.SIGKILL)
+        os.close(block_write)
+        raise
+    try:
+        os.write(block_write, b"1")
+    finally:
+        os.close(block_write)
+    return network
 
 
 def _open_init(init_pid: int) -> tuple[int, str]:

@@ -11,8 +11,10 @@ at their own paths) read-write; and read-only what the virtual nvidia-smi and th
 (JupyterLab) run with: the agent's Python (`sys.base_prefix`, `sys.prefix`: the venv) and the
 `agent` package. Nothing else: no agent.toml, no FGPU_DATA_DIR (the console's database, other
 sessions' homes), no host /proc, no Docker socket, no /run, no /var, no /home. The network is
-only loopback unless agent.toml says `[container] network = "host"` (UNSAFE: the node's network,
-with Redis, PostgreSQL, the web and the agent in reach).
+only loopback (agent.toml `[container] network = "none"`, the default) or, with "outbound", the
+internet through slirp4netns and nothing of the node, link-local or (`block-private-networks`)
+private addresses (agent.network's second part; `Sandbox.attach_network`); "host" is the node's
+network (UNSAFE: Redis, PostgreSQL, the web and the agent in reach).
 
 Who it runs as: an agent that is root drops to agent.toml's `[container] uid`/`gid` (setpriv:
 no supplementary groups, no capabilities, no_new_privs) before it execs bwrap, which then
@@ -38,6 +40,8 @@ in the session's working directory.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import fcntl
 import json
 import logging
 import os
@@ -53,6 +57,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.network import SLIRP_MTU, SLIRP_TAP, host_addresses, host_nameservers, session_ruleset
+
 log = logging.getLogger(__name__)
 
 SANDBOX_AUTO = "auto"  # bubblewrap where it works; without it only administrators' sessions run
@@ -61,6 +67,10 @@ SANDBOX_NONE = "none"  # UNSAFE: sessions run unconfined, as the agent's user (a
 SANDBOXES = (SANDBOX_AUTO, SANDBOX_BUBBLEWRAP, SANDBOX_NONE)
 NETWORK_HOST = "host"  # process runtime, UNSAFE: sessions share the node's network
 NETWORK_NONE = "none"  # process runtime: only loopback of the session's own (its default)
+NETWORK_OUTBOUND = "outbound"  # process runtime: the internet through slirp4netns, nothing of the node (agent.network)
+NETWORKS = (NETWORK_NONE, NETWORK_OUTBOUND, NETWORK_HOST)
+SLIRP_READY_TIMEOUT_S = 10.0  # how long a spawn waits for slirp4netns to say the session's network is up
+NFT_TIMEOUT_S = 10.0
 STAGE_POINT = Path("/run/fgpu-sandbox")  # an empty directory: a tmpfs goes on it in each leader's own mount namespace
 STATUS_TIMEOUT_S = 10.0  # how long a spawn waits for bwrap to say its sandbox's init runs
 PROBE_TIMEOUT_S = 20.0
@@ -80,6 +90,7 @@ STAGE_SCRIPT = (
 ENTER_SCRIPT = 'cd -- "$1" || exit 125; shift; exec "$@"'
 SETUP_POLL_S = 0.001  # between looks at whether a sandbox's init has started its command (wait_set_up)
 CLONE_NEWNET = 0x40000000
+NS_GET_USERNS = 0xB701  # ioctl_ns(2): a descriptor of the user namespace that owns a namespace
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -94,7 +105,9 @@ class Sandbox:
     the tools' paths; `uid`/`gid`: whom sessions run as (the agent's own where `drop` is False:
     the agent is not root); `share_net`: the node's network (agent.toml network "host", UNSAFE);
     `read_only`: host directories every session sees read-only at their own paths (the agent's
-    Python and `agent` package)."""
+    Python and `agent` package); `slirp4netns`, `nft`: those tools' paths where sessions get the
+    outbound network (agent.toml network "outbound", `attach_network`), else "";
+    `block_private`: outbound sessions cannot reach private addresses either."""
 
     bwrap: str
     setpriv: str
@@ -105,15 +118,26 @@ class Sandbox:
     drop: bool
     share_net: bool
     read_only: tuple[str, ...]
+    slirp4netns: str = ""
+    nft: str = ""
+    block_private: bool = True
 
-    def command(self, argv: list[str], *, home: Path, data: list[Path], status_fd: int) -> list[str]:
+    @property
+    def outbound(self) -> bool:
+        """Whether sessions get the outbound network (`attach_network` before their command runs)."""
+        return bool(self.slirp4netns and self.nft) and not self.share_net
+
+    def command(self, argv: list[str], *, home: Path, data: list[Path], status_fd: int, block_fd: int = -1) -> list[str]:
         """The leader's command (after it joined its cgroup and took its terminal) that runs
         `argv` in the sandbox: `home` (the working directory) and `data` (folders) read-write at
         their own paths, `read_only` and the host system read-only; bwrap writes its sandbox's
         init pid as JSON on `status_fd` (`{"child-pid": N, …}`, a line) and, at the end, the
-        exit code (`{"exit-code": N}`). Only the sources the session's user cannot reach itself
-        (`searchable`) are staged: each costs the leader a mount(8), and with none to stage the
-        leader runs no mount namespace of its own (the launch's cost, issue 14)."""
+        exit code (`{"exit-code": N}`). With `block_fd` (a pipe's read end), the init waits, its
+        sandbox set up, until a byte arrives there (or its write end closes) before it starts
+        `argv` (bwrap's --block-fd): where the outbound network is attached. Only the sources the
+        session's user cannot reach itself (`searchable`) are staged: each costs the leader a
+        mount(8), and with none to stage the leader runs no mount namespace of its own (the
+        launch's cost, issue 14)."""
         writable = [str(home), *(str(folder) for folder in data)]
         sources = [*self.read_only, *writable]
         hidden = [src for src in sources if self.drop and not searchable(src, self.uid, self.gid)]
@@ -134,7 +158,10 @@ class Sandbox:
             args += ["--dev-bind", device, device]
         for source, dest in zip(staged, sources, strict=True):
             args += ["--ro-bind" if dest in self.read_only else "--bind", source, dest]
-        args += ["--chdir", str(home), "--json-status-fd", str(status_fd), "--", *argv]
+        args += ["--chdir", str(home), "--json-status-fd", str(status_fd)]
+        if block_fd >= 0:
+            args += ["--block-fd", str(block_fd)]
+        args += ["--", *argv]
         if not self.drop:
             return args
         drop = [self.setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs"]
@@ -158,6 +185,67 @@ class Sandbox:
             "/bin/sh", "-c", ENTER_SCRIPT, "fgpu-exec", str(cwd), *argv,
         ]  # fmt: skip
 
+    def attach_network(self, init_pid: int) -> SlirpNetwork:
+        """Blocking, ~20 ms: give the network namespace of the sandbox whose init is `init_pid`
+        (waiting on its --block-fd) the outbound network: slirp4netns attached to it (as root,
+        `--enable-sandbox --enable-seccomp`: its own empty root and mount namespace, no
+        capability but CAP_NET_BIND_SERVICE, a seccomp filter; `--disable-host-loopback`;
+        it ends when its `--exit-fd` closes: SlirpNetwork.close, or this process's end), then
+        agent.network.session_ruleset installed inside (util-linux nsenter, nft). Raises
+        SandboxError with the tool's words (slirp4netns killed again)."""
+        try:  # the namespace and the user namespace that owns it (bwrap's first: its init moved on to a second, inner one)
+            netns = os.open(f"/proc/{init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise SandboxError(f"the sandbox's network namespace is gone: {exc.strerror or exc}") from None
+        try:
+            owner = fcntl.ioctl(netns, NS_GET_USERNS)
+        except OSError as exc:
+            os.close(netns)
+            raise SandboxError(f"the owner of the sandbox's network namespace: {exc.strerror or exc}") from None
+        exit_read, exit_write = os.pipe()
+        ready_read, ready_write = os.pipe()
+        argv = [
+            self.slirp4netns, "--configure", f"--mtu={SLIRP_MTU}", "--disable-host-loopback", "--enable-sandbox",
+            "--enable-seccomp", f"--exit-fd={exit_read}", f"--ready-fd={ready_write}", "--netns-type=path",
+            f"--userns-path=/proc/self/fd/{owner}", f"/proc/self/fd/{netns}", SLIRP_TAP,
+        ]  # fmt: skip
+        try:
+            slirp = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                pass_fds=(exit_read, ready_write, netns, owner), start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:
+            for fd in (exit_read, exit_write, ready_read, ready_write):
+                os.close(fd)
+            raise SandboxError(f"slirp4netns could not be started: {exc}") from None
+        finally:
+            os.close(netns)
+            os.close(owner)
+        os.close(exit_read)
+        os.close(ready_write)
+        network = SlirpNetwork(slirp, exit_write)
+        try:
+            ready, _, _ = select.select([ready_read], [], [], SLIRP_READY_TIMEOUT_S)
+            if not ready or os.read(ready_read, 1) != b"1":
+                raise SandboxError(f"slirp4netns did not set up the session's network: {network.said()}")
+            rules = session_ruleset(host=host_addresses(), nameservers=host_nameservers(), block_private=self.block_private)
+            try:
+                done = subprocess.run(
+                    [self.nsenter, f"--target={init_pid}", "--net", "--", self.nft, "-f", "-"],
+                    input=rules.encode(), capture_output=True, timeout=NFT_TIMEOUT_S,
+                )  # fmt: skip
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise SandboxError(f"the session's network rules could not be installed: {exc}") from None
+            if done.returncode:
+                said = done.stderr.decode(errors="replace").strip() or f"exit status {done.returncode}"
+                raise SandboxError(f"the session's network rules could not be installed: {said}")
+        except BaseException:
+            network.close()
+            raise
+        finally:
+            os.close(ready_read)
+        return network
+
     def own(self, *paths: Path) -> None:
         """Blocking: give each of `paths` (not following links) to the session's uid and gid,
         where the agent may (it is root); a path that is gone is skipped."""
@@ -168,6 +256,32 @@ class Sandbox:
                 os.chown(path, self.uid, self.gid, follow_symlinks=False)
             except FileNotFoundError:
                 continue
+
+
+class SlirpNetwork:
+    """A session's outbound network (Sandbox.attach_network): its slirp4netns process, which ends
+    when `close()` closes the write end of its --exit-fd (or this process ends)."""
+
+    def __init__(self, process: subprocess.Popen, exit_fd: int) -> None:
+        self.process = process
+        self._exit_fd = exit_fd
+
+    def said(self) -> str:
+        """Blocking: what slirp4netns wrote on stderr, once it ended (killed first), last 1 kB."""
+        self.close()
+        text = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+        return text.strip()[-1024:] or f"exit status {self.process.returncode}"
+
+    def close(self) -> None:
+        """Blocking, a few ms: end slirp4netns (its exit fd closed; killed after 2 s) and reap it."""
+        if self._exit_fd >= 0:
+            os.close(self._exit_fd)
+            self._exit_fd = -1
+        try:
+            self.process.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 def searchable(path: str, uid: int, gid: int) -> bool:
@@ -254,12 +368,14 @@ def wait_set_up(init_pid: int, *, timeout: float = STATUS_TIMEOUT_S, proc: str =
         time.sleep(SETUP_POLL_S)
 
 
-def probe(setting: str, *, uid: int, gid: int, network: str) -> tuple[Sandbox | None, str]:
+def probe(setting: str, *, uid: int, gid: int, network: str, block_private: bool = True) -> tuple[Sandbox | None, str]:
     """Blocking, once when the agent starts: the sandbox of agent.toml's `[container] sandbox`
-    (`setting`), `uid`/`gid` and `network` ("host" shares the node's), checked by running a
-    command through it exactly as a session would run. Returns (Sandbox, "") or (None, why no
-    sandbox is possible here: a tool missing, user namespaces off, …; for "none": that the
-    operator said so)."""
+    (`setting`), `uid`/`gid` and `network` ("host" shares the node's; "outbound": slirp4netns
+    and nft, where the agent is root and both are installed, else loopback only, logged as a
+    warning with the reason; `block_private`: outbound refuses private addresses too), checked
+    by running a command through it exactly as a session would run. Returns (Sandbox, "") or
+    (None, why no sandbox is possible here: a tool missing, user namespaces off, …; for "none":
+    that the operator said so)."""
     if setting == SANDBOX_NONE:
         return None, 'agent.toml says [container] sandbox = "none"'
     tools = {name: shutil.which(name) for name in ("bwrap", "setpriv", "unshare", "nsenter")}
@@ -282,11 +398,31 @@ def probe(setting: str, *, uid: int, gid: int, network: str) -> tuple[Sandbox | 
         drop=drop,
         share_net=network == NETWORK_HOST,
         read_only=python_directories(),
+        block_private=block_private,
     )
+    if network == NETWORK_OUTBOUND:
+        slirp4netns, nft, why = outbound_tools(drop=drop)
+        if why:
+            log.warning('agent.toml says [container] network = "outbound", but sessions get only their own loopback: %s', why)
+        sandbox = dataclasses.replace(sandbox, slirp4netns=slirp4netns, nft=nft)
     with tempfile.TemporaryDirectory(prefix="fgpu-sandbox-probe-") as home:
         sandbox.own(Path(home))
         why = _trial(sandbox, Path(home))
     return (None, why) if why else (sandbox, "")
+
+
+def outbound_tools(*, drop: bool) -> tuple[str, str, str]:
+    """(slirp4netns's path, nft's path, "") where sessions can have the outbound network: the
+    agent is root (`drop`: it enters each session's network namespace as root to install its
+    rules) and both tools are installed; else ("", "", why not)."""
+    if not drop:
+        return "", "", "the agent is not root, so it cannot install a session's network rules"
+    found = {name: shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/sbin/{name}") if os.path.exists(p)), "")
+             for name in ("slirp4netns", "nft")}  # fmt: skip
+    missing = [name for name, path in found.items() if not path]
+    if missing:
+        return "", "", f"{', '.join(missing)} not found (Debian: apt-get install slirp4netns nftables)"
+    return found["slirp4netns"], found["nft"], ""
 
 
 def _trial(sandbox: Sandbox, home: Path) -> str:

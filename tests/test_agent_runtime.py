@@ -183,15 +183,19 @@ def run_agent(
     node: str | None = None,
     cgroup_root: str | None = None,
     manager_class=None,
+    runtime_options: dict | None = None,
     **agent_options,
 ):
     """Start a real Agent on a fresh asyncio loop, run `await scenario(harness)`, shut it down.
     `cgroup_root`: the process runtime's (None: the mode of `process_tracking`, checked: in
     "cgroup" mode the agent must have cgroups); `manager_class`: a RecordingManager subclass;
+    `runtime_options`: more keyword arguments of ProcessRuntime (e.g. network="outbound");
     `agent_options`: more keyword arguments of Agent (e.g. terminal_direct=True)."""
     node = node or f"test-node-{uuid.uuid4().hex[:8]}"
     mode = _tracking["mode"]
-    runtime = ProcessRuntime(node=node, cgroup_root=TRACKING[mode] if cgroup_root is None else cgroup_root)
+    runtime = ProcessRuntime(
+        node=node, cgroup_root=TRACKING[mode] if cgroup_root is None else cgroup_root, **(runtime_options or {})
+    )
 
     async def main():
         layer = layer_class()
