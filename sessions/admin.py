@@ -507,8 +507,9 @@ class FragmentationMapAdmin(admin.ModelAdmin):
             else:
                 messages.success(
                     request,
-                    f"Moved {len(done['moved'])} session(s) from {done['node']}: each stops now and "
-                    "starts again as a new session; the waiting session starts where they were.",
+                    f"Moving {len(done['moved'])} session(s) from {done['node']}: each is warned and signalled now, "
+                    f"stopped at {done['moved'][0]['preempt_at']:%H:%M:%S} UTC and started again as a new session; "
+                    "the waiting session starts where they were.",
                 )
             return redirect(request.path)
         report = fragmentation_report(group=group)

@@ -167,8 +167,12 @@ class CompactionApplySerializer(serializers.Serializer):
 
 
 class MovedSerializer(serializers.Serializer):
-    session = serializers.UUIDField(help_text="the moved session (now TERMINATING)")
-    restarted_as = serializers.UUIDField(help_text="the new PENDING session asking the same")
+    session = serializers.UUIDField(help_text="the moved session (now under notice: stopped at preempt_at)")
+    restarted_as = serializers.UUIDField(
+        allow_null=True,
+        help_text="null: it runs until preempt_at, then is stopped and launched again as a new PENDING "
+        "session (the moved session's requeued_as)",
+    )
     to_node = serializers.CharField(help_text="where the plan expects it to start again")
 
 
@@ -192,7 +196,8 @@ class CompactionAppliedSerializer(serializers.Serializer):
     ],
     responses={200: CompactionAppliedSerializer, 403: ErrorSerializer, 409: ErrorSerializer},
     description="Applies the group's plan as it stands now (administrators; logged in the admin history): each moved "
-    'session is terminated with a "preempted: moved …" reason and starts again as a new session. '
+    "session gets a preemption notice (its signal, a line in its log, `preempt_at`), is stopped at `preempt_at` and "
+    "starts again as a new session (`requeued_as`) unless launched with `requeue: false`. "
     '`expected`: the moved sessions\' ids you saw; 409 "plan-changed" when the plan differs now, '
     '409 "nothing-to-apply" when nothing waits or nothing needs moving.',
 )
@@ -208,6 +213,7 @@ def fragmentation_apply_view(request):
             f"group: no resource group {data.validated_data['group']!r}", field_errors={"group": ["a resource group's name"]}
         )
     expected = data.validated_data["expected"]
+    preempt_at = serializers.DateTimeField(help_text="when it is stopped: now + FGPU_PREEMPTION_GRACE_SECONDS")
     done = compaction_apply(
         admin=request.user, group=group, expected=[str(e) for e in expected] if expected is not None else None
     )

@@ -83,6 +83,7 @@ class SessionImageSerializer(serializers.ModelSerializer):
             "labels",
             "is_default",
             "apps",
+            "preempt_signal",
             "nodes",
             "created_at",
         ]

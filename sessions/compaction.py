@@ -6,11 +6,14 @@ The map and the plan are the pure `accelerators.allocation.compaction`; this mod
 inputs — the group's alive nodes for the slot, the sessions holding them
 (`sessions.preemption.session_holders`), the group's request shapes of the last RECENT_DAYS
 days, the largest waiting request — and writes
-the apply: each moved session is terminated with a "preempted: moved …" reason and started again
-as a new PENDING session with the same request, command, image and priority (its work since its
-start is the plan's cost), the action is written to the admin log (LogEntry on the group) and
-each moved session's terminal gets a line; the scheduler then places the waiting session where
-the moves made room.
+the apply: each moved session gets the same notice and grace as a preempted one
+(`sessions.preemption.notice_give`: its reason, `preempt_at` = now + FGPU_PREEMPTION_GRACE_SECONDS,
+a line in its output and its signal), is stopped at its time by the scheduler's pass, and is
+then launched again as a new PENDING session with the same request, command, image and priority
+and its place by arrival (`sessions.preemption.session_requeue`, unless it was launched with
+`requeue: false`; its work since its start is the plan's cost); the action is written to the
+admin log (LogEntry on the group); the scheduler then places the waiting session where the moves
+made room.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
 from django.utils import timezone
@@ -30,11 +34,10 @@ from accelerators.mig_selectors import mig_gpu_layouts
 from accelerators.models import AllocationMode, Node, NodeStatus, ResourceGroup
 from accelerators.selectors import DEFAULT_GROUP, fractional_settings_get, node_states, placement_options
 from console.errors import ApplicationError
-from sessions import events, mig_scheduling
+from sessions import mig_scheduling
 from sessions.models import ComputeSession, SessionStatus
-from sessions.preemption import session_holders
+from sessions.preemption import notice_give, notices_send, session_holders
 from sessions.selectors import session_request
-from sessions.services import PREEMPTED, session_notice, session_terminate
 
 log = logging.getLogger(__name__)
 
@@ -154,11 +157,14 @@ def fragmentation_report(
 
 def compaction_apply(*, admin, group: ResourceGroup | None, expected: list[str] | None = None, slot: str = "cuda") -> dict:
     """Apply `group`'s compaction plan as it stands now (recomputed under lock): each moved
-    session is terminated with the reason "preempted: moved by <admin> …" and started again as
-    a new PENDING session (same owner, name, request, command, image, priority, preemption
-    settings); a LogEntry on the group and a terminal line per moved session record it.
-    `expected`: the moved sessions' ids the admin saw; another plan now is refused.
-    Returns `{"target", "node", "moved": [{"session", "restarted_as", "to_node"}], "work_lost"}`.
+    session is put under notice for the waiting session (reason "to be moved at … by <admin> …",
+    `preempt_at` = now + FGPU_PREEMPTION_GRACE_SECONDS, a line in its output and its signal: the
+    notice a preempted session gets), stopped at that time by the scheduler's pass with a
+    "preempted: …" reason and then launched again (`sessions.preemption.session_requeue`:
+    `requeued_as`); a LogEntry on the group records it. `expected`: the moved sessions' ids the
+    admin saw; another plan now is refused.
+    Returns `{"target", "node", "moved": [{"session", "restarted_as" (None until it is stopped and
+    requeued: see its `requeued_as`), "to_node", "preempt_at"}], "work_lost"}`.
     Raises ApplicationError 409 "nothing-to-apply" (nothing waits, it fits already, or no plan)
     and 409 "plan-changed"."""
     with transaction.atomic():
@@ -182,53 +188,23 @@ def compaction_apply(*, admin, group: ResourceGroup | None, expected: list[str] 
                 status=409,
             )
         target = report.target
-        moved = []
-        for move in plan.moves:
-            session = ComputeSession.objects.select_related("node", "owner", "image").get(pk=move.holder.session_id)
-            again = _restart(session)
-            reason = (
-                f"{PREEMPTED}moved by {admin.get_username()} to compact resource group "
-                f"{report.name or '(any)'} for {target.name} of {target.owner.get_username()}; started again "
-                f"as session {again.pk}"
-            )
-            session_notice(
-                session,
-                f"an administrator moves this session to make room for {target.name}: it stops "
-                f"now and starts again as a new session ({again.pk})",
-            )
-            session_terminate(session=session, reason=reason)
-            moved.append({"session": str(session.pk), "restarted_as": str(again.pk), "to_node": move.to_node})
+        now = timezone.now()
+        at = now + timedelta(seconds=settings.FGPU_PREEMPTION_GRACE_SECONDS)
+        reason = (
+            f"to be moved at {at:%Y-%m-%d %H:%M:%S} UTC by {admin.get_username()} to compact resource group "
+            f"{report.name or '(any)'} for {target.name} of {target.owner.get_username()}: stopped then and "
+            "launched again; save your work"
+        )
+        notice_give(waiter=target, ids=ids, reason=reason, at=at)
+        notices_send(now)
+        moved = [
+            {"session": m.holder.session_id, "restarted_as": None, "to_node": m.to_node, "preempt_at": at} for m in plan.moves
+        ]
         message = (
-            f"compaction: moved {len(moved)} session(s) from {plan.node_id} for {target.name} ({target.pk}); "
-            f"{plan.work_lost / 3600:.2f} fGPU-hours of work lost: {json.dumps(moved)}"
+            f"compaction: moving {len(moved)} session(s) from {plan.node_id} for {target.name} ({target.pk}) at "
+            f"{at.isoformat()}; {plan.work_lost / 3600:.2f} fGPU-hours of work lost: {json.dumps(ids)}"
         )
         if group is not None:
             LogEntry.objects.log_actions(admin.pk, [group], CHANGE, change_message=message, single_object=True)
         log.info("%s by %s", message, admin.get_username())
-        from sessions.passes import schedule_pending_soon
-
-        transaction.on_commit(schedule_pending_soon)
     return {"target": str(target.pk), "node": plan.node_id, "moved": moved, "work_lost": plan.work_lost}
-
-
-def _restart(session: ComputeSession) -> ComputeSession:
-    """A new PENDING session asking what `session` asked (its quota claim moves with it)."""
-    again = ComputeSession.objects.create(
-        owner=session.owner,
-        name=session.name,
-        resources=session.resources,
-        request_spec=session.request_spec,
-        slot_name=session.slot_name,
-        slot_subtype=session.slot_subtype,
-        amount=session.amount,
-        cpu=session.cpu,
-        mem=session.mem,
-        command=session.command,
-        image=session.image,
-        priority=session.priority,
-        preemptible=session.preemptible,
-        min_runtime=session.min_runtime,
-        status_reason=f"started again after a compaction moved session {session.pk}",
-    )
-    events.session_notify(again)
-    return again

@@ -15,7 +15,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
 import protocol
-from protocol.channel import preempt_signal_name
+from protocol.channel import DEFAULT_PREEMPT_SIGNAL, preempt_signal_name
 from accelerators.models import ResourceGroup
 from sessions.service_ports import SERVICE_PORTS_LABEL, ServicePortsError, parse_service_ports
 
@@ -328,6 +328,13 @@ class ComputeSession(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in ACTIVE_STATUSES
+
+    @property
+    def preempt_signal_sent(self) -> str:
+        """The signal it gets at a preemption notice: its launch's `preempt_signal`, else its
+        image's, else SIGTERM (a name of protocol.channel.PREEMPT_SIGNALS). Reads its image."""
+        image = self.image.preempt_signal if self.image is not None else ""
+        return self.preempt_signal or image or DEFAULT_PREEMPT_SIGNAL
 
 
 class Allocation(models.Model):

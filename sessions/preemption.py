@@ -1,30 +1,44 @@
-"""Preemption with notice (issue 17.2): the scheduler's pass stops preemptible sessions to make
-room for a waiting session of higher priority, or of an owner under its fair share — warned
-first, stopped FGPU_PREEMPTION_GRACE_SECONDS later — and records for whom. On only with
-FGPU_PREEMPTION.
+"""Preemption with notice (issues 17.2, 32.2): the scheduler's pass stops preemptible sessions to
+make room for a waiting session of higher priority, or of an owner under its fair share — warned
+and signalled first, stopped FGPU_PREEMPTION_GRACE_SECONDS later — records for whom, and launches
+them again once they ended. Victims are chosen only with FGPU_PREEMPTION; the notices (a
+compaction's moves are under notice the same way, sessions.compaction) are kept by every pass.
 
-Who goes is the pure rule `accelerators.allocation.preemption.preemption_choice` (the fewest,
-youngest preemptible sessions past their minimum runtime, on one node, checked with the real
-allocator under the group's options). This module reads the holders, writes the state and sends
-the notices. Every step is a function of the database, idempotent, re-run by every pass (beat
-runs one every 10 s), so a process that dies half-way leaves nothing the next pass does not
-finish (DESIGN.md, "How the system heals"):
+Who goes is the pure rule `accelerators.allocation.preemption.preemption_choice` (the lowest
+priority first, then the least work lost, then the fewest and youngest, among preemptible
+sessions past their minimum runtime, on one node, checked with the real allocator under the
+group's options; never a session of higher priority than the waiting one). This module reads the
+holders, writes the state and sends the notices. Every step is a function of the database,
+idempotent, re-run by every pass (beat runs one every 10 s), so a process that dies half-way
+leaves nothing the next pass does not finish (DESIGN.md, "How the system heals"):
 
 - a blocked session W with no victim under notice, which preemption can make fit → `_warn`:
-  each victim gets `preempted_for` = W, `preempt_at` = now + grace and a reason; notices after
-  commit;
+  each victim gets `preempted_for` = W, `preempt_at` = now + grace and a reason;
+- every victim under notice that still runs → `notices_send`: its agent is sent `pty.preempt`
+  (protocol.channel.PtyPreempt, sealed with its node's key) on every pass while the notice
+  stands; the agent acts once per notice: a line in the session's output (its terminal and its
+  log, which `fgpu logs` reads) and the session's signal (`preempt_signal`: the launch's, else
+  its image's, else SIGTERM; Slurm's `--signal`) to its command's process group (a container:
+  `docker kill --signal`);
 - a victim under notice whose `preempt_at` passed while W still waits → `_stop_due`:
   `session_terminate` with "preempted: …" (its agent sends SIGTERM, then SIGKILL; the stop is
   re-sent by the heartbeat's reconciliation until it ended);
 - a victim under notice whose W no longer waits (placed, cancelled) → `_withdraw`: the notice is
   taken back;
+- a victim under notice that ended (stopped, or it exited on its signal), unless its launch said
+  `requeue: false` or its owner ended it → `_requeue_ended`: a new PENDING session asking the
+  same (request, command, image, priority, preemption settings), `requeued_from` it and
+  `requeued_as` on it, with the original's `created_at` so it keeps its place by arrival. A new
+  session rather than the same one back to PENDING: a session's id names one run — its log,
+  allocations, exit code and the agent's idempotent start and stop by id — and the old id stays
+  meaningful: its page and API say "requeued as <id>";
 - W's victims ended → the pass places W (their allocations were released with them).
 
 Notices: the victim's `status_reason` (its page and `GET /api/v1/sessions/<id>/`, with
-`preempt_at` and `preempted_for`), a line in its terminal (task `fgpu.agent.session_notice`),
-and W's reason ("waiting for capacity: preempting …"). An ended victim keeps "preempted: …"
-as its reason. MIG requests are not preempted for (the MIG planner reuses and destroys idle
-instances itself), nor are MIG sessions preempted.
+`preempt_at`, which the page counts down, and `preempted_for`), the line and the signal, and W's
+reason ("waiting for capacity: preempting …"). An ended victim keeps "preempted: …" as its
+reason. MIG requests are not preempted for (the MIG planner reuses and destroys idle instances
+itself), nor are MIG sessions preempted.
 """
 
 from __future__ import annotations
@@ -32,22 +46,28 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 
 from django.conf import settings
-from django.db.models import Prefetch
+from django.db import transaction
+from django.db.models import Prefetch, Q
 from django.utils import timezone
 
 from accelerators.allocation import core
 from accelerators.allocation.errors import AllocationError
 from accelerators.allocation.preemption import Holder, Room, place_on, preemption_choice, release
 from sessions import fairshare, mig_scheduling
-from sessions.models import ACTIVE_STATUSES, NEXT_VERSION, Allocation, ComputeSession, SessionStatus
+from protocol.channel import MAX_NOTICE_CHARS, PtyPreempt
+from sessions import events
+from sessions.models import ACTIVE_STATUSES, FINAL_STATUSES, NEXT_VERSION, Allocation, ComputeSession, SessionStatus
 from sessions.placement import CAPACITY
-from sessions.services import PREEMPTED, session_notice, session_terminate
+from sessions.services import PREEMPTED, RECLAIMED, REQUESTED, session_notice, session_terminate
 
 log = logging.getLogger(__name__)
 
 MAX_WAITERS_PER_PASS = 16  # blocked sessions a pass looks at for preemption (the first in queue order)
+REQUEUE_WINDOW = timedelta(hours=1)  # a victim that ended longer ago than this is not launched again (older releases')
+UNDER_NOTICE = (SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING)
 
 
 def preemption_enabled() -> bool:
@@ -88,18 +108,33 @@ def victim_reason(waiter: ComputeSession, at, why: str) -> str:
 def preemption_pass(*, blocked: list[ComputeSession], scope_of, options_of, now=None) -> dict:
     """One pass's preemption work, inside the scheduler's transaction (its node and device rows
     locked): take back notices whose waiting session no longer waits, stop the victims whose
-    time came, and choose victims for the `blocked` sessions (in queue order, at most
-    MAX_WAITERS_PER_PASS, waiting for capacity, not MIG) that have none yet. `scope_of(session)`:
-    the session's scope nodes (`core.NodeState`, the pass's view); `options_of(session)`: its
-    group's `core.place` options. Returns `{"withdrawn", "stopped", "warned": [session ids],
-    "for": {waiter id: reason}}` (the reasons to give the waiters now)."""
+    time came, launch again those that ended, choose victims for the `blocked` sessions (in queue
+    order, at most MAX_WAITERS_PER_PASS, waiting for capacity, not MIG) that have none yet, and
+    send every standing notice to its agent (after commit). `blocked`: empty where preemption is
+    off (the notices a compaction gave are still kept). `scope_of(session)`: the session's scope
+    nodes (`core.NodeState`, the pass's view); `options_of(session)`: its group's `core.place`
+    options. Returns `{"withdrawn", "stopped", "requeued", "warned", "signalled": [session ids],
+    "for": {waiter id: reason}}` (the reasons to give the waiters now). Without a notice
+    standing or ended within REQUEUE_WINDOW and nothing blocked: one query."""
     now = now or timezone.now()
     warned: list[str] = []
     reasons: dict = {}  # waiter pk → its reason
-    out = {"withdrawn": _withdraw(now), "stopped": _stop_due(now), "warned": warned, "for": reasons}
+    out: dict = {"withdrawn": [], "stopped": [], "requeued": [], "warned": warned, "signalled": [], "for": reasons}
+    noticed = ComputeSession.objects.filter(preempt_at__isnull=False).filter(
+        Q(status__in=UNDER_NOTICE) | Q(status__in=FINAL_STATUSES, requeue=True, requeued_as__isnull=True)
+    )
+    if noticed.exists():
+        out.update(withdrawn=_withdraw(now), stopped=_stop_due(now), requeued=_requeue_ended(now))
     waiters = [s for s in blocked if s.status_reason.startswith(CAPACITY)][:MAX_WAITERS_PER_PASS]
-    if not waiters:
-        return out
+    if waiters:
+        _choose(waiters, scope_of, options_of, now, warned, reasons)
+    if warned or noticed.exists():
+        out["signalled"] = notices_send(now)
+    return out
+
+
+def _choose(waiters: list[ComputeSession], scope_of, options_of, now, warned: list[str], reasons: dict) -> None:
+    """Victims for each of `waiters` that has none under notice yet (see `preemption_pass`)."""
     busy = set(
         ComputeSession.objects.filter(preempted_for_id__in=[w.pk for w in waiters], status__in=ACTIVE_STATUSES)
         .exclude(preempt_at__isnull=True)
@@ -142,7 +177,6 @@ def preemption_pass(*, blocked: list[ComputeSession], scope_of, options_of, now=
         reasons[waiter.pk] = _warn(waiter, room, now)
         warned.extend(v.session_id for v in room.victims)
         del read[names]  # its victims are under notice now: read again for the next waiter
-    return out
 
 
 def session_holders(*, node_names: list[str]) -> tuple[list[Holder], list[Holder], dict[str, int]]:
@@ -208,16 +242,10 @@ def _why(waiter: ComputeSession, room: Room) -> str:
 
 
 def _warn(waiter: ComputeSession, room: Room, now) -> str:
-    """Put `room`'s victims under notice for `waiter` (compare-and-set: only sessions still
-    RUNNING and not under notice); notices after commit. Returns the waiter's reason."""
+    """Put `room`'s victims under notice for `waiter` (`notice_give`). Returns the waiter's reason."""
     at = now + timedelta(seconds=settings.FGPU_PREEMPTION_GRACE_SECONDS)
-    why = _why(waiter, room)
-    reason = victim_reason(waiter, at, why)
     ids = [v.session_id for v in room.victims]
-    ComputeSession.objects.filter(pk__in=ids, status=SessionStatus.RUNNING, preempt_at__isnull=True).update(
-        preempted_for=waiter, preempt_at=at, status_reason=reason, version=NEXT_VERSION
-    )
-    victims = list(ComputeSession.objects.filter(pk__in=ids, preempted_for=waiter).select_related("node", "owner"))
+    victims = notice_give(waiter=waiter, ids=ids, reason=victim_reason(waiter, at, _why(waiter, room)), at=at)
     sessions_moved, lost = room.cost(now.timestamp())
     log.info(
         "preemption: %d session(s) on %s (%s) warned for %s, stopped at %s; %.0f fGPU-seconds of work",
@@ -228,14 +256,57 @@ def _warn(waiter: ComputeSession, room: Room, now) -> str:
         at.isoformat(),
         lost,
     )
-    for victim in victims:
-        session_notice(
-            victim,
-            f"this session will be preempted at {at:%H:%M:%S} UTC (in "
-            f"{settings.FGPU_PREEMPTION_GRACE_SECONDS} s) to make room for {waiter.name} of "
-            f"{waiter.owner.get_username()} ({why}): save your work",
-        )
     return waiter_reason(victims) if victims else waiter.status_reason
+
+
+def notice_give(*, waiter: ComputeSession, ids: list[str], reason: str, at) -> list[ComputeSession]:
+    """Put sessions `ids` under notice for `waiter` (compare-and-set: only those still RUNNING and
+    not under notice): `preempted_for`, `preempt_at` = `at`, `reason`; their pages are told
+    after commit, their agents by `notices_send` (this pass's, and every pass's while the notice
+    stands). Returns those now under notice for `waiter` (with their node and owner)."""
+    ComputeSession.objects.filter(pk__in=ids, status=SessionStatus.RUNNING, preempt_at__isnull=True).update(
+        preempted_for=waiter, preempt_at=at, status_reason=reason, version=NEXT_VERSION
+    )
+    victims = list(ComputeSession.objects.filter(pk__in=ids, preempted_for=waiter, preempt_at=at).select_related("node", "owner"))
+    for victim in victims:
+        events.session_notify(victim)
+    return victims
+
+
+def notice_line(session: ComputeSession, signal: str, now) -> str:
+    """The line a session under notice shows in its output (terminal and log) when its agent
+    acts on the notice: when, the signal, and its reason (what happens, when, for whom)."""
+    return f"preemption notice at {now:%H:%M:%S} UTC, {signal} sent: {session.status_reason}"[:MAX_NOTICE_CHARS]
+
+
+def notices_send(now) -> list[str]:
+    """After commit, `pty.preempt` to the agent of every session under notice that still runs
+    (before its `preempt_at`): its line and its signal, acted on once per notice by the agent
+    (protocol.channel.PtyPreempt; the notice's id is its `preempt_at`). Returns their ids. One query."""
+    standing = list(
+        ComputeSession.objects.filter(preempt_at__gt=now, status=SessionStatus.RUNNING, node__isnull=False).select_related(
+            "node", "image"
+        )
+    )
+    sends = []
+    for session in standing:
+        assert session.node is not None and session.preempt_at is not None  # the filter
+        signal = session.preempt_signal_sent
+        command = PtyPreempt(
+            session_id=str(session.pk),
+            signal=signal,
+            text=notice_line(session, signal, now),
+            notice=session.preempt_at.isoformat(),
+        )
+        sends.append((events.agent_link(session.node), str(session.pk), command.to_dict()))
+    if sends:
+        transaction.on_commit(partial(_send_all, sends))
+    return [sid for _, sid, _ in sends]
+
+
+def _send_all(sends: list) -> None:
+    for link, session_id, message in sends:
+        events.pty_send(link, session_id, message)
 
 
 def _stop_due(now) -> list[str]:
@@ -257,6 +328,69 @@ def _stop_due(now) -> list[str]:
             f"{settings.FGPU_PREEMPTION_GRACE_SECONDS} s of notice",
         )
     return [str(v.pk) for v in due]
+
+
+def _requeue_ended(now) -> list[str]:
+    """Launch again every victim under notice that ended (stopped at its time, or it exited on its
+    signal) within REQUEUE_WINDOW, unless its launch said `requeue: false` or its owner (or an
+    idle reclamation) ended it: `session_requeue`. Returns the new sessions' ids."""
+    ended = ComputeSession.objects.filter(
+        preempt_at__isnull=False,
+        preempted_for__isnull=False,
+        status__in=FINAL_STATUSES,
+        requeue=True,
+        requeued_as__isnull=True,
+        terminated_at__gte=now - REQUEUE_WINDOW,
+    ).select_related("owner", "image")
+    again = []
+    for session in ended:
+        if session.status_reason.startswith((REQUESTED, RECLAIMED)):
+            continue
+        requeued = session_requeue(session)
+        if requeued is not None:
+            again.append(str(requeued.pk))
+    return again
+
+
+def session_requeue(session: ComputeSession) -> ComputeSession | None:
+    """A new PENDING session asking what ended `session` asked (owner, name, request, command,
+    image, priority, preemption settings), `requeued_from` it, with its `created_at` (its place by
+    arrival: the queue orders by priority, fair share, then `created_at`); `session` gets
+    `requeued_as` and "requeued as session <id>" in its reason. Compare-and-set: None (nothing
+    created) where it was requeued already. Its quota claim moves with it (the old one ended)."""
+    again = ComputeSession.objects.create(
+        owner=session.owner,
+        name=session.name,
+        resources=session.resources,
+        request_spec=session.request_spec,
+        slot_name=session.slot_name,
+        slot_subtype=session.slot_subtype,
+        amount=session.amount,
+        cpu=session.cpu,
+        mem=session.mem,
+        command=session.command,
+        image=session.image,
+        priority=session.priority,
+        preemptible=session.preemptible,
+        min_runtime=session.min_runtime,
+        preempt_signal=session.preempt_signal,
+        requeue=session.requeue,
+        requeued_from=session,
+        status_reason=f"requeued: session {session.pk} was preempted; it keeps its place by arrival",
+    )
+    reason = session.status_reason if session.status_reason.startswith(PREEMPTED) else f"{PREEMPTED}{session.status_reason}"
+    if not ComputeSession.objects.filter(pk=session.pk, requeued_as__isnull=True).update(
+        requeued_as=again, status_reason=f"{reason}; requeued as session {again.pk}", version=NEXT_VERSION
+    ):
+        again.delete()
+        return None
+    ComputeSession.objects.filter(pk=again.pk).update(created_at=session.created_at)
+    again.refresh_from_db()
+    session.refresh_from_db(fields=["requeued_as", "status_reason", "version"])
+    events.session_notify(again)
+    events.session_notify(session)
+    log.info("preemption: session %s requeued as %s", session.pk, again.pk)
+    return again
 
 
 def _withdraw(now) -> list[str]:

@@ -143,8 +143,7 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
             for earlier in backfill.placed():  # backfilled past them
                 writes.changed(earlier, "overtaken")
         writes.flush()
-        if preemption.preemption_enabled():
-            _preempt(backfill.blocked, view, writes)
+        _preempt(backfill.blocked if preemption.preemption_enabled() else [], view, writes)  # notices kept either way
         view.record_shapes()
         decided_at = time.monotonic()
         # The starts first: the agents do not wait for the pages' notices. An agent's RUNNING may
@@ -173,7 +172,8 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
 def _preempt(blocked: list[ComputeSession], view: _PassView, writes: _PassWrites) -> None:
     """The pass's preemption work (`sessions.preemption.preemption_pass`) on its view: each
     blocked session's scope as this pass left it (rows locked); the reasons of the sessions it
-    preempts for written with the pass's."""
+    preempts for written with the pass's. `blocked` empty (preemption off): only the notices
+    given already (a compaction's) are kept, stopped at their time and requeued."""
 
     def scope(session: ComputeSession) -> PlacementScope:
         return view.scope(session_request(session), image=session.image.reference if session.image is not None else "")

@@ -12,6 +12,7 @@ from rest_framework import serializers
 from accelerators.selectors import SlotFormats
 from agent.environment import limits_environment
 from console.api_support import ModelSerializer
+from protocol.channel import PREEMPT_SIGNALS, preempt_signal_name
 from sessions.models import Allocation, ComputeSession
 from sessions.selectors import configuration_text, session_allocations, session_configuration_parts, session_gpu_instance
 from sessions.session_apps import session_app_links
@@ -37,6 +38,11 @@ class SessionAppSerializer(serializers.Serializer):
         help_text="the console's page that starts it and then opens it: "
         "/sessions/<id>/open/<name>/ (it is served under /sessions/<id>/apps/<name>/)"
     )
+
+
+def _session_id(source: str, help_text: str) -> serializers.UUIDField:
+    """A read-only, nullable id of another session (`source`: the foreign key's `_id` column)."""
+    return serializers.UUIDField(source=source, read_only=True, allow_null=True, help_text=help_text)
 
 
 # Give it sessions from `sessions.selectors.sessions_shown` (their relations read with them): then
@@ -66,11 +72,15 @@ class SessionSerializer(ModelSerializer):
     preempt_at = serializers.DateTimeField(
         read_only=True, allow_null=True, help_text="under notice of preemption: when it will be stopped; else null"
     )
-    preempted_for = serializers.UUIDField(
-        source="preempted_for_id",
+    preempted_for = _session_id("preempted_for_id", "the waiting session it is (or was) preempted for; null: none")
+    preempt_signal = serializers.CharField(
+        source="preempt_signal_sent",
         read_only=True,
-        allow_null=True,
-        help_text="the waiting session it is (or was) preempted for; null: none",
+        help_text="the signal it gets when chosen for preemption (\"SIGTERM\"): its launch's, else its image's, else SIGTERM",
+    )
+    requeued_from = _session_id("requeued_from_id", "the preempted or moved session this one was launched again for; null: none")
+    requeued_as = _session_id(
+        "requeued_as_id", "once preempted or moved and ended: the session launched again for it; null: none (yet)"
     )
 
     class Meta:
@@ -105,6 +115,10 @@ class SessionSerializer(ModelSerializer):
             "min_runtime",
             "preempt_at",
             "preempted_for",
+            "preempt_signal",
+            "requeue",
+            "requeued_from",
+            "requeued_as",
         ]
         read_only_fields = fields
 
@@ -310,6 +324,30 @@ class SessionCreateSerializer(serializers.Serializer):
         max_value=MAX_MIN_RUNTIME,
         help_text=f"seconds after its start during which it is never preempted (0 to {MAX_MIN_RUNTIME}, default 0)",
     )
+
+    preempt_signal = StrictCharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=16,
+        help_text="the signal sent to it when it is chosen for preemption, at the start of its grace period "
+        '(Slurm\'s --signal): "TERM", "SIGUSR1", … (one of ' + ", ".join(PREEMPT_SIGNALS) + "); absent or empty: its "
+        "image's, else SIGTERM",
+    )
+    requeue = StrictBooleanField(
+        required=False,
+        default=True,
+        help_text="once preempted or moved (and ended), launch it again as a new session with the same request, "
+        "command and image, keeping its place by arrival (default true)",
+    )
+
+    def validate_preempt_signal(self, value: str) -> str:
+        if not value:
+            return ""
+        try:
+            return preempt_signal_name(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
     def validate(self, attrs):
         if "resources" not in attrs and not attrs.get("preset"):

@@ -54,13 +54,17 @@ def session_create(
     image: str | None = None,
     preemptible: bool | None = None,
     min_runtime: int = 0,
+    preempt_signal: str = "",
+    requeue: bool = True,
 ) -> ComputeSession:
     """Validate `resources` (see accelerators.allocation.requests) and write the session PENDING;
     the scheduler runs after commit. `image`: a registered session image's reference (None or
     "": the default image, `sessions.images.image_default`); the scheduler places the session
     only on a node that holds it. `preemptible` (None: true for a batch `command`, false for an
     interactive shell) and `min_runtime` (seconds, ≥ 0): whether and from when the scheduler may
-    stop it for a waiting session (sessions.preemption).
+    stop it for a waiting session (sessions.preemption); `preempt_signal` (a name of
+    protocol.channel.PREEMPT_SIGNALS; "": the image's, else SIGTERM) the signal it gets when
+    chosen, and `requeue` whether it is launched again once preempted.
 
     Without a `name` (empty or blank) the session gets `session_default_name`'s, unique among
     the owner's sessions.
@@ -114,6 +118,8 @@ def session_create(
             status_reason=decision.reason,
             preemptible=bool(command) if preemptible is None else preemptible,
             min_runtime=max(0, int(min_runtime)),
+            preempt_signal=preempt_signal,
+            requeue=requeue,
         )
         # The pass first: the launch does not wait for the page's notice (a page that hears the
         # pass's state first keeps it: it has the higher version).

@@ -1,13 +1,15 @@
 """The fragmentation map and compaction plan on the database (issue 17.4): GET
 /api/v1/fragmentation/ (administrators), the admin page per resource group, and applying the
-plan (one logged admin action): the moved session stops with the reason and starts again, a
-non-preemptible session is never moved, and the waiting session then starts."""
+plan (one logged admin action): the moved session gets a preemption notice, stops at its time
+with the reason and starts again, a non-preemptible session is never moved, and the waiting
+session then starts."""
 from __future__ import annotations
 
 import uuid
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.test import Client
 from django.utils import timezone
@@ -92,23 +94,34 @@ def test_applying_the_plan_moves_the_session_logs_it_and_the_waiting_session_sta
     applied = page.post(f"/admin/compute_sessions/fragmentationmap/{group.pk}/change/", {"expected": str(job.pk)})
 
     assert applied.status_code == 302
-    job = ComputeSession.objects.get(pk=job.pk)
-    assert job.status == SessionStatus.TERMINATING and job.status_reason.startswith(PREEMPTED + "moved by root")
-    again = ComputeSession.objects.get(name="job", status=SessionStatus.PENDING)
-    assert (again.command, again.preemptible, again.request_spec) == (job.command, True, job.request_spec)
-    assert str(again.pk) in job.status_reason
+    job = ComputeSession.objects.get(pk=job.pk)  # the same notice and grace as a preemption (issue 32.2)
+    assert job.status == SessionStatus.RUNNING and job.preempted_for_id == waiting.pk
+    assert job.status_reason.startswith("to be moved at ") and "by root to compact resource group default" in job.status_reason
+    grace = settings.FGPU_PREEMPTION_GRACE_SECONDS
+    assert grace - 5 <= (job.preempt_at - timezone.now()).total_seconds() <= grace
     for untouched in (shell, notebook):
         assert ComputeSession.objects.get(pk=untouched.pk).status == SessionStatus.RUNNING
     entry = LogEntry.objects.get(object_id=str(group.pk))
-    assert entry.user == admin and "moved 1 session(s) from n2 for waiting" in entry.change_message
+    assert entry.user == admin and "moving 1 session(s) from n2 for waiting" in entry.change_message
+
+    schedule_pending()  # before its time: it runs on
+    assert ComputeSession.objects.get(pk=job.pk).status == SessionStatus.RUNNING
+    ComputeSession.objects.filter(pk=job.pk).update(preempt_at=timezone.now() - timedelta(seconds=1))  # its time came
+    schedule_pending()
+    job = ComputeSession.objects.get(pk=job.pk)
+    assert job.status == SessionStatus.TERMINATING and job.status_reason.startswith(PREEMPTED + "stopped to make room")
 
     session_report_apply(session_id=str(job.pk), status=SessionStatus.TERMINATED, reason="terminated")
-    schedule_pending()
+    schedule_pending()  # places the waiting session, launches the moved one again
+    schedule_pending()  # places the moved one
 
     assert ComputeSession.objects.get(pk=waiting.pk).node.name == "n2"
-    again = ComputeSession.objects.get(pk=again.pk)
+    job = ComputeSession.objects.get(pk=job.pk)
+    again = ComputeSession.objects.get(pk=job.requeued_as_id)
+    assert (again.command, again.preemptible, again.request_spec) == (job.command, True, job.request_spec)
+    assert again.requeued_from_id == job.pk and again.created_at == job.created_at  # its place by arrival
     assert (again.status, again.node.name) == (SessionStatus.SCHEDULED, "n1")
-    assert ComputeSession.objects.get(pk=job.pk).status_reason.startswith(PREEMPTED)
+    assert job.status_reason.startswith(PREEMPTED) and job.status_reason.endswith(f"requeued as session {again.pk}")
 
 
 def test_a_plan_that_changed_is_refused_and_a_group_with_nothing_to_move_says_so(fragmented, admin):

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from sessions.models import ComputeSession, SessionStatus
 from sessions.scheduler import schedule_pending
-from sessions.services import PREEMPTED, session_create, session_report_apply, session_terminate
+from sessions.services import PREEMPTED, REQUESTED, session_create, session_report_apply, session_terminate
 from tests.conftest import client_for
 from tests.seed import make_cluster, mock_gpu
 
@@ -189,3 +189,132 @@ def test_two_waiters_in_one_pass_never_share_a_victim(settings, alice, staff):
     assert fresh(first).preempted_for_id == a.pk  # the youngest for the first in the queue
     assert fresh(second).preempted_for_id == b.pk  # the other for the second
     assert "preempting 1 session(s) on n1 to make room (second;" in fresh(b).status_reason
+
+
+# --- issue 32.2: who goes, the signal, the requeue ---------------------------------------------------
+
+
+def test_the_pass_preempts_the_lowest_priority_session_whatever_its_age(one_gpu, alice, bob, staff):
+    low = running(alice, "low", fgpu="1", ran_s=4 * 3600, priority=0)  # older: more work lost, but priority 0
+    high = running(staff, "high", fgpu="1", ran_s=60, priority=2)  # the youngest, the least work: priority 2
+    urgent = session_create(owner=staff, name="urgent", resources={"cuda.shares": "1", "mem": "64M"}, priority=5)
+
+    schedule_pending()
+
+    assert fresh(low).preempted_for_id == urgent.pk and fresh(high).preempt_at is None
+
+    mid = session_create(owner=staff, name="mid", resources={"cuda.shares": "1", "mem": "64M"}, priority=1)
+    schedule_pending()  # priority 1 waits behind urgent and may not touch the priority-2 session
+    assert fresh(high).preempt_at is None and fresh(mid).status == SessionStatus.PENDING
+
+
+def test_a_notice_is_sent_to_the_agent_on_every_pass_while_it_stands(one_gpu, alice, staff):
+    from sessions import preemption
+
+    job = running(alice, "job", preempt_signal="SIGUSR1")
+    session_create(owner=staff, name="urgent", resources={"cuda.shares": "1", "mem": "64M"}, priority=5)
+
+    schedule_pending()
+    job = fresh(job)
+    first = preemption.notices_send(timezone.now())
+    again = preemption.notices_send(timezone.now())
+
+    assert first == again == [str(job.pk)]  # the agent acts once per notice (its preempt_at)
+    line = preemption.notice_line(job, job.preempt_signal_sent, timezone.now())
+    assert line.startswith("preemption notice at ") and ", SIGUSR1 sent: to be preempted at " in line
+    ComputeSession.objects.filter(pk=job.pk).update(preempt_at=timezone.now() - timedelta(seconds=1))
+    assert preemption.notices_send(timezone.now()) == []  # its time came: stopped, not signalled again
+
+
+def test_a_preempted_session_is_requeued_once_it_ended_keeping_its_arrival_and_runs_again(one_gpu, alice, staff):
+    job = running(alice, "job", preempt_signal="SIGUSR2", min_runtime=5)
+    urgent = session_create(owner=staff, name="urgent", resources={"cuda.shares": "1", "mem": "64M"}, priority=5)
+    schedule_pending()
+    ComputeSession.objects.filter(pk=job.pk).update(preempt_at=timezone.now() - timedelta(seconds=1))
+    schedule_pending()  # stopped
+    assert fresh(job).status == SessionStatus.TERMINATING and fresh(job).requeued_as_id is None  # not while it runs
+
+    session_report_apply(session_id=str(job.pk), status=SessionStatus.TERMINATED, reason="terminated")
+    schedule_pending()
+    schedule_pending()  # a second pass creates nothing more
+
+    job = fresh(job)
+    again = ComputeSession.objects.get(requeued_from=job)
+    assert job.requeued_as_id == again.pk and job.status_reason.endswith(f"; requeued as session {again.pk}")
+    assert (again.command, again.request_spec, again.image_id, again.priority) == (job.command, job.request_spec,
+                                                                                  job.image_id, job.priority)
+    assert (again.preempt_signal, again.min_runtime, again.preemptible, again.requeue) == ("SIGUSR2", 5, True, True)
+    assert again.created_at == job.created_at  # its place by arrival
+    assert ComputeSession.objects.filter(name="job").count() == 2
+    assert fresh(urgent).status == SessionStatus.SCHEDULED and again.status == SessionStatus.PENDING
+
+    session_terminate(session=fresh(urgent))  # the room is free again: the requeued session runs
+    session_report_apply(session_id=str(urgent.pk), status=SessionStatus.TERMINATED, reason="terminated")
+    schedule_pending()
+    assert fresh(again).status == SessionStatus.SCHEDULED
+
+
+def test_a_session_that_exits_on_its_signal_is_requeued_but_not_one_launched_with_requeue_false(
+        one_gpu, alice, bob, staff):
+    quitter = running(alice, "quitter", fgpu="1")
+    keeper = running(bob, "keeper", fgpu="1", requeue=False)
+    urgent = session_create(owner=staff, name="urgent", resources={"cuda.shares": "2", "mem": "64M"}, priority=5)
+    schedule_pending()
+    assert fresh(quitter).preempted_for_id == urgent.pk and fresh(keeper).preempted_for_id == urgent.pk
+
+    # Both exit on their signal during the grace: their own ends, not the scheduler's stop.
+    session_report_apply(session_id=str(quitter.pk), status=SessionStatus.TERMINATED, reason="exited", exit_code=143)
+    session_report_apply(session_id=str(keeper.pk), status=SessionStatus.TERMINATED, reason="exited", exit_code=0)
+    schedule_pending()
+
+    assert fresh(quitter).requeued_as_id is not None and fresh(quitter).status_reason.startswith(PREEMPTED)
+    assert fresh(keeper).requeued_as_id is None
+    assert fresh(urgent).status == SessionStatus.SCHEDULED
+
+
+
+def test_a_session_its_owner_ends_while_under_notice_is_not_requeued(one_gpu, alice, staff):
+    mine = running(alice, "mine")
+    session_create(owner=staff, name="urgent", resources={"cuda.shares": "1", "mem": "64M"}, priority=5)
+    schedule_pending()
+    assert fresh(mine).preempt_at is not None
+    session_terminate(session=fresh(mine), reason=f"{REQUESTED}alice")
+    session_report_apply(session_id=str(mine.pk), status=SessionStatus.TERMINATED, reason="terminated")
+    schedule_pending()
+    assert fresh(mine).requeued_as_id is None
+
+
+def test_the_launch_takes_preempt_signal_and_requeue_and_refuses_bad_values(one_gpu, alice):
+    client = client_for(alice)
+    body = {"resources": {"cuda.shares": "0.5"}, "command": "true"}
+    named = client.post("/api/v1/sessions/", {**body, "preempt_signal": "usr1", "requeue": False}, format="json")
+    plain = client.post("/api/v1/sessions/", body, format="json")
+    kill = client.post("/api/v1/sessions/", {**body, "preempt_signal": "KILL"}, format="json")
+    bogus = client.post("/api/v1/sessions/", {**body, "preempt_signal": "SIGNOPE"}, format="json")
+    loose = client.post("/api/v1/sessions/", {**body, "requeue": "no"}, format="json")
+
+    assert (named.status_code, plain.status_code) == (201, 201)
+    assert (named.json()["preempt_signal"], named.json()["requeue"]) == ("SIGUSR1", False)
+    assert (plain.json()["preempt_signal"], plain.json()["requeue"]) == ("SIGTERM", True)
+    assert plain.json()["requeued_from"] is None and plain.json()["requeued_as"] is None
+    for refused in (kill, bogus):
+        assert refused.status_code == 400 and "preempt_signal" in refused.json()["field_errors"]
+    assert loose.status_code == 400 and "requeue" in loose.json()["field_errors"]
+    assert ComputeSession.objects.count() == 2
+
+
+def test_an_image_names_the_signal_its_sessions_get_unless_the_launch_names_one(one_gpu, alice, admin):
+    from sessions.models import SessionImage
+
+    host = SessionImage.objects.get(reference="host")
+    images = client_for(admin)
+    url = f"/api/v1/images/{host.pk}/"
+    wrong = images.patch(url, {"preempt_signal": "SIGKILL"}, format="json", HTTP_IF_MATCH=images.get(url)["ETag"])
+    assert wrong.status_code == 400 and "preempt_signal" in wrong.json()["field_errors"]
+    answer = images.patch(url, {"preempt_signal": "SIGUSR2"}, format="json", HTTP_IF_MATCH=images.get(url)["ETag"])
+    assert answer.status_code == 200, answer.json()
+
+    client = client_for(alice)
+    body = {"resources": {"cuda.shares": "0.5"}, "command": "true", "image": "host"}
+    assert client.post("/api/v1/sessions/", body, format="json").json()["preempt_signal"] == "SIGUSR2"
+    assert client.post("/api/v1/sessions/", {**body, "preempt_signal": "INT"}, format="json").json()["preempt_signal"] == "SIGINT"
