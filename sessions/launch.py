@@ -14,7 +14,8 @@ from sessions import mig_scheduling
 from sessions.images import image_for_launch
 from sessions.quotas import claim_max_amount, quota_headroom
 from sessions.selectors import request_configuration
-from sessions.placement import CAPACITY, NEVER, PLACED, WAITING, ReadView, placement_decide, request_validate
+from sessions.backfill import PreviewView
+from sessions.placement import CAPACITY, NEVER, PLACED, WAITING, placement_decide, request_validate
 from agent.environment import shares_text, sm_percent
 
 
@@ -168,7 +169,7 @@ def launch_preview(*, resources: dict, image: str | None = None, owner=None) -> 
     request, _ = request_validate(resources=resources)
     session_image = image_for_launch(reference=image, slot=request.slot)
     decision = placement_decide(
-        request=request, image=session_image.reference if session_image else "", owner=owner, view=ReadView()
+        request=request, image=session_image.reference if session_image else "", owner=owner, view=PreviewView()
     )
     outcome = {PLACED: "starts", WAITING: "waits"}.get(decision.outcome, "refused")
     refusal = decision.refusal()

@@ -20,13 +20,14 @@ the allocator under the resource group's policy with its placed workload
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
 
 from accelerators.allocation import cluster, core
 from accelerators.allocation.errors import AllocationError, InsufficientResource, InvalidResourceRequest, NeverSchedulable
+from accelerators.allocation.reservation import Reservations
 from accelerators.allocation.requests import parse_resources
 from accelerators.allocation.units import amount_text
 from accelerators.models import AllocationMode
@@ -42,7 +43,7 @@ from console.errors import ApplicationError
 from sessions import mig_scheduling
 from sessions.group_access import resource_group_check_usable
 from sessions.images import NO_ROOM_WITH_IMAGE, image_wait_reason
-from sessions.models import ComputeSession, SessionStatus
+from sessions.models import ComputeSession
 from sessions.quotas import quota_refusal_error, quota_refusals
 
 PLACED = "placed"  # starts now: `placement` (a shared slice) or `mig` (a MIG choice)
@@ -152,19 +153,24 @@ def placement_decide(*, request: core.ResourceRequest, image: str = "", owner=No
             return Decision(QUOTA, "; ".join(problems), problems=tuple(problems))
         if not view.places:
             return Decision(WAITING, ADMITTED_REASON)
-    behind = view.queued_behind()
-    if behind:
-        return Decision(WAITING, behind)
     return _place(request, pure_settings, image, view)
 
 
-def queued_behind_reason(session: ComputeSession) -> str:
-    """Why a session waits behind `session`, a PENDING one overtaken as often as the backfill
-    limit (FGPU_BACKFILL_LIMIT) allows: nothing behind it starts until it has."""
-    return (
-        f"queued behind {session.name}, which goes first (it has been overtaken {session.overtaken} time(s), "
-        f"the most the backfill limit allows)"
-    )
+def queue_shape(session: ComputeSession) -> str:
+    """The key of a session's request in a pass: its image and normalised request. Sessions of
+    one key find room or not together, so a pass tries each key once until one is placed."""
+    image = session.image.reference if session.image else ""
+    return f"{image}|{json.dumps(session.request_spec, sort_keys=True)}"
+
+
+def runtime_limits() -> dict[str, int]:
+    """Resource group name ("" for the nodes in no group) → the most seconds a session there may
+    run (usage.IdlePolicy.max_lifetime), for the groups with a limit: what backfill takes as a
+    session's time limit (Slurm's --time) to run it on capacity reserved from a later time."""
+    from usage.models import IdlePolicy
+
+    rows = IdlePolicy.objects.filter(max_lifetime__isnull=False).values_list("resource_group__name", "max_lifetime")
+    return {name or "": seconds for name, seconds in rows if seconds}
 
 
 def _place(request: core.ResourceRequest, pure_settings, image: str, view: ReadView) -> Decision:
@@ -209,18 +215,6 @@ class ReadView:
 
     places = True  # whether the decision goes on to placement (False: admission only)
     locks = False  # whether the admission locks the quota rows (the launch's transaction)
-
-    def queued_behind(self) -> str:
-        """`queued_behind_reason` of the first PENDING session (priority, then arrival) overtaken
-        as often as the backfill limit allows, which a new session would wait behind; "" when
-        there is none. (The scheduler's pass tracks this itself, in queue order.)"""
-        first = (
-            ComputeSession.objects.filter(status=SessionStatus.PENDING, overtaken__gte=settings.FGPU_BACKFILL_LIMIT)
-            .order_by("-priority", "created_at", "pk")
-            .only("name", "overtaken")
-            .first()
-        )
-        return queued_behind_reason(first) if first is not None else ""
 
     def settings(self, request: core.ResourceRequest) -> core.FractionalSettings | None:
         """`request_settings`; raises its AllocationError."""
@@ -349,6 +343,25 @@ class PlacementScope:
             workload = self.workload(pure_settings)
             workload.observe(core.request_shape(request, pure_settings))
         return core.place(self.nodes, request, pure_settings, index=self.index(pure_settings), workload=workload, **self.options)
+
+    def place_around(
+        self, request: core.ResourceRequest, pure_settings, reservations: Reservations, end: float | None
+    ) -> core.Placement:
+        """`place` where it delays none of a pass's backfill `reservations`, for a session that
+        ends at `end` (epoch seconds; None: no runtime limit): `Reservations.place_around`.
+        Raises InsufficientResource (naming the reservation when only reserved room would hold
+        it) / NeverSchedulable as `place` does."""
+        if not reservations.held:
+            return self.place(request, pure_settings)
+
+        def place(nodes: list[core.NodeState] | None) -> core.Placement:
+            if nodes is None:
+                return self.place(request, pure_settings)
+            aware = (request.policy or self.options["policy"]) in cluster.FRAGMENTATION_AWARE
+            workload = self.workload(pure_settings) if aware else None  # observed by the first try
+            return core.place(nodes, request, pure_settings, workload=workload, **self.options)
+
+        return reservations.place_around(self.nodes, cpu=request.cpu, mem=request.mem, end=end, place=place)
 
     def update(self, node: core.NodeState) -> None:
         row = self.rows.get(node.node_id)

@@ -18,7 +18,6 @@ policies the pass also counts the request shapes it placed per resource group
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter
@@ -31,9 +30,12 @@ from django.utils import timezone
 
 import protocol
 from accelerators.allocation import cluster, core
+from accelerators.allocation.errors import AllocationError, InsufficientResource
 from accelerators.allocation.replay import Backfill
+from accelerators.allocation.reservation import Reservation, Reservations
 from accelerators.models import Device, Node, PlacementShape
 from sessions import events, fairshare, mig_scheduling, preemption
+from sessions.backfill import reservation_for
 from sessions.models import NEXT_VERSION, Allocation, ComputeSession, SessionStatus
 from sessions.selectors import session_request
 from sessions.placement import (
@@ -42,7 +44,8 @@ from sessions.placement import (
     PlacementScope,
     RememberingReadView,
     placement_decide,
-    queued_behind_reason,
+    queue_shape,
+    runtime_limits,
     shape_prefix,
 )
 from sessions.start_spec import owner_projects, session_start_spec
@@ -97,31 +100,41 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
         writes = _PassWrites(starts)
         view = _PassView(writes)
         backfill = Backfill(backfill_limit)
+        view.around = backfill.reservations
         no_room: dict[str, str] = {}  # request shape → why it did not fit in this pass
+        now = timezone.now()
+
+        def reserve() -> None:  # the sessions now at the backfill limit reserve what they wait for
+            for holder in backfill.due():
+                found = _reservation(holder, view, now, backfill.reservations.held)
+                if found is not None:
+                    backfill.reservations.add(found)
+                    writes.wait(holder, f"{holder.status_reason}; {found.held_reason()}")
+
         for session in pending:
-            reserved = backfill.holder()
-            if reserved is not None:
-                writes.wait(session, queued_behind_reason(reserved))
-                continue
             image = session.image.reference if session.image else ""
             shape = queue_shape(session)
             if shape in no_room:  # the same request did not fit earlier in this pass: nor does this one
                 writes.wait(session, preempting.get(session.pk) or no_room[shape])
                 backfill.block(session)
+                reserve()
                 continue
             if image and view.image_missing(image):
                 no_room[shape] = view.image_missing(image)
                 writes.wait(session, no_room[shape])
                 backfill.block(session)
+                reserve()
                 continue
             request = session_request(session)
             if mig_scheduling.wants_mig(request):
                 writes.flush()  # the MIG choice reads usage from the database
+            view.end = view.end_of(request, now)
             decision = placement_decide(request=request, image=image, view=view)
             if decision.outcome == WAITING:
                 no_room[shape] = decision.reason
                 writes.wait(session, preempting.get(session.pk) or decision.reason)
                 backfill.block(session)
+                reserve()
                 continue
             if decision.outcome != PLACED:  # no longer satisfiable (e.g. the slot's mode changed)
                 session.status, session.status_reason, session.terminated_at = (
@@ -142,6 +155,7 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
             scheduled.append(str(session.pk))
             for earlier in backfill.placed():  # backfilled past them
                 writes.changed(earlier, "overtaken")
+            reserve()
         writes.flush()
         _preempt(backfill.blocked if preemption.preemption_enabled() else [], view, writes)  # notices kept either way
         view.record_shapes()
@@ -167,6 +181,26 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
             (done - decided_at) * 1000,
         )
     return scheduled
+
+
+def _reservation(session: ComputeSession, view: _PassView, now, earlier: list[Reservation]) -> Reservation | None:
+    """`sessions.backfill.reservation_for` on the pass's view (its writes flushed first: the
+    sessions placed in this pass hold room too). None for a request no longer valid."""
+    try:
+        request = session_request(session)
+        pure_settings = view.settings(request)
+    except AllocationError:
+        return None
+    view.writes.flush()
+    image = session.image.reference if session.image else ""
+    return reservation_for(
+        session=session,
+        request=request,
+        scope=lambda: view.scope(request, image=image),
+        pure_settings=pure_settings,
+        now=now,
+        earlier=earlier,
+    )
 
 
 def _preempt(blocked: list[ComputeSession], view: _PassView, writes: _PassWrites) -> None:
@@ -283,6 +317,20 @@ class _PassView(RememberingReadView):
         self.writes = writes
         self.scopes: dict[tuple[str, str, str], PlacementScope] = {}
         self.placed: Counter = Counter()
+        self.around = Reservations()  # the pass's backfill reservations: placements go around them
+        self.end: float | None = None  # when the session being placed would end at the latest (epoch seconds)
+        self._limits: dict[str, int] | None = None
+
+    def end_of(self, request: core.ResourceRequest, now) -> float | None:
+        """When a session of `request` started `now` ends at the latest: its resource group's
+        maximum lifetime (`runtime_limits`, read once a pass, and only once a reservation
+        exists); None: no limit."""
+        if not self.around.held:
+            return None
+        if self._limits is None:
+            self._limits = runtime_limits()
+        limit = self._limits.get(request.resource_group)
+        return None if limit is None else now.timestamp() + limit
 
     def forget(self) -> None:
         """Drop the scopes read so far (their rows stay locked); the next request re-reads them.
@@ -291,14 +339,15 @@ class _PassView(RememberingReadView):
 
     def mig(self, request, image: str):
         """The MIG choice for `request` (`mig_scheduling.mig_choose`), its rows locked; raises
-        as it does. The pass writes it with `_PassWrites.place_mig`."""
+        as it does, and InsufficientResource while a reservation holds the MIG GPUs. The pass
+        writes it with `_PassWrites.place_mig`."""
+        held = self.around.of_mig()
+        if held is not None:
+            raise InsufficientResource(held.blocked_reason())
         return mig_scheduling.mig_choose(request, image=image)
 
-    def queued_behind(self) -> str:
-        return ""  # the pass tracks the backfill reservation itself, in queue order
-
     def place(self, request: core.ResourceRequest, pure_settings, image: str) -> core.Placement:
-        return self.scope(request, image=image).place(request, pure_settings)
+        return self.scope(request, image=image).place_around(request, pure_settings, self.around, self.end)
 
     def scope(self, request: core.ResourceRequest, *, image: str = "") -> PlacementScope:
         """The nodes of the request's resource group and slot, only those holding `image` ("":
@@ -344,13 +393,6 @@ def _send_starts(starts: list[tuple[str, dict]]) -> None:
                 agent_send(protocol.SESSION_START, producer=producer, node=node_name, spec=spec)
             except Exception:  # the heartbeat's reconcile (sessions.reconcile) sends the start again
                 log.exception("could not send the start of session %s to %s", spec["session_id"], node_name)
-
-
-def queue_shape(session: ComputeSession) -> str:
-    """The key of a session's request in a pass: its image and normalised request. Sessions of
-    one key find room or not together, so a pass tries each key once until one is placed."""
-    image = session.image.reference if session.image else ""
-    return f"{image}|{json.dumps(session.request_spec, sort_keys=True)}"
 
 
 def pending_position(session: ComputeSession) -> int:

@@ -411,8 +411,8 @@ def test_a_smaller_later_request_backfills_past_a_big_head_until_the_head_has_be
     second_small.refresh_from_db()
     assert (head.status, head.overtaken) == (SessionStatus.PENDING, 1)
     assert first_small.status == SessionStatus.SCHEDULED
-    assert second_small.status == SessionStatus.PENDING
-    assert "queued behind" in second_small.status_reason
+    assert second_small.status == SessionStatus.PENDING  # the head's reservation holds the GPU (issue 32.1)
+    assert "GPU 0 on demo-node reserved" in second_small.status_reason and "for s," in second_small.status_reason
 
 
 def test_a_higher_priority_session_is_scheduled_before_earlier_ones(demo_cluster, create, running, settings):

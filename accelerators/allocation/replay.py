@@ -5,10 +5,11 @@ One replay is a discrete-event walk: a pass over the queue now, then one after e
 session ends (its `end`, epoch seconds), until every queued session started, could never start,
 or nothing that holds room has a known end. A pass follows the real pass's rules
 (`sessions.scheduler.schedule_pending`): the queue in its order, a request shape that found no
-room is not tried again in the same pass, and the backfill rule (`Backfill`, the one the real
-pass uses). What "fits" means is the caller's `Room` — in the console, `sessions.placement
-.placement_decide` on an in-memory view of the cluster, i.e. `core.place`, the pure placement
-the real pass runs; in `benchmarks/eta.py`, `core.place` on the openb cluster. A session the
+room is not tried again in the same pass, and the backfill rule with reservations (`Backfill`,
+`reservation`, the one the real pass uses: a session at the limit reserves where it would run
+once the sessions there end, from the replay's ends). What "fits" means is the caller's `Room`
+— in the console, `sessions.placement.placement_decide` on an in-memory view of the cluster,
+i.e. `core.place`, the pure placement the real pass runs; in `benchmarks/eta.py`, `core.place` on the openb cluster. A session the
 replay starts holds its room for its own `runtime` (seconds; None: no known end).
 
 Sources: the event-driven replay of a queue against expected ends is Slurm's backfill
@@ -20,8 +21,10 @@ scheduler's ("expected start time" of pending jobs from the running jobs' time l
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import Protocol, runtime_checkable
+
+from accelerators.allocation.reservation import Reservation, Reservations
 
 PLACED = "placed"
 WAITING = "waiting"
@@ -35,26 +38,27 @@ HISTORY_BAND = (0.05, 0.95)
 
 
 class Backfill:
-    """The pass's backfill rule (Slurm's backfill with a bound on how often a job may be
-    passed; Kueue's "BestEffortFIFO"): a session that waits does not block the smaller ones
+    """The pass's backfill rule with reservations (issue 32.1; Slurm's backfill with
+    reservations, Kueue's "BestEffortFIFO"): a session that waits does not block the ones
     behind it, but each time one behind it starts its `overtaken` count grows, and once that
-    reaches `limit` nothing behind it starts until it has (0: strict first in, first out).
-    Sessions are anything with a mutable integer `overtaken` attribute."""
+    reaches `limit` (0: at once) it reserves the capacity it waits for (`reservations`,
+    `reservation.reservation_find`: its node and devices, from when the sessions there are
+    expected to end); later sessions start only where they do not delay a reservation
+    (`reservation.Reservations.place_around`). Sessions are anything with a mutable integer
+    `overtaken` attribute."""
 
     def __init__(self, limit: int):
         self.limit = limit
         self.blocked: list = []
-        self._reserved = None
-        self._looked = (0, 0)  # (blocked, placed) when the reservation was last looked for
-        self._placed = 0
+        self.reservations = Reservations()
+        self._looked: set[int] = set()  # id() of the blocked sessions whose reservation was looked for
 
-    def holder(self):
-        """The first blocked session overtaken as often as the limit allows (nothing behind it
-        may start in this pass), or None."""
-        if self._reserved is None and self._looked != (len(self.blocked), self._placed):  # only a change can make one
-            self._looked = (len(self.blocked), self._placed)
-            self._reserved = next((b for b in self.blocked if b.overtaken >= self.limit), None)
-        return self._reserved
+    def due(self) -> list:
+        """The blocked sessions overtaken as often as the limit allows whose reservation was not
+        looked for yet in this pass (each is returned once), in queue order."""
+        out = [b for b in self.blocked if b.overtaken >= self.limit and id(b) not in self._looked]
+        self._looked.update(id(b) for b in out)
+        return out
 
     def block(self, session) -> None:
         """`session` waits in this pass."""
@@ -63,7 +67,6 @@ class Backfill:
     def placed(self) -> list:
         """A session behind the blocked ones started: each blocked one is overtaken once more.
         Returns them (the real pass writes their counts)."""
-        self._placed += 1
         for earlier in self.blocked:
             earlier.overtaken += 1
         return self.blocked
@@ -75,7 +78,9 @@ class Queued:
     find room or not together in a pass: the real pass's short-cut), `overtaken` (its backfill
     count now), `runtime` (seconds it holds its room once started; None: no known end), `name`
     (what a reason calls it), `arrives` (epoch seconds it joins the queue; None: it waits
-    already — the console's replay knows no future launches; benchmarks/eta.py replays a trace)."""
+    already — the console's replay knows no future launches; benchmarks/eta.py replays a trace),
+    `limit` (seconds it may run at most, its resource group's maximum lifetime; None: no limit:
+    it never runs on capacity reserved for another, `reservation`)."""
 
     key: str
     shape: str
@@ -83,6 +88,7 @@ class Queued:
     runtime: float | None = None
     name: str = ""
     arrives: float | None = None
+    limit: float | None = None
 
 
 @dataclass
@@ -99,11 +105,28 @@ class Start:
 class Room(Protocol):
     """The cluster as a replay changes it. `place(key)`: (PLACED, "") after taking the room for
     queued session `key`, (WAITING, why) or (NEVER, why) leaving it as it was; `release(key)`:
-    give back what `key` (running, or placed by this replay) holds."""
+    give back what `key` (running, or placed by this replay) holds. A room that cannot say
+    where a session would run reserves everything for a session past the backfill limit (the
+    old global stop); a `ReservingRoom` reserves where it would run."""
 
     def place(self, key: str) -> tuple[str, str]: ...
 
     def release(self, key: str) -> None: ...
+
+
+@runtime_checkable
+class ReservingRoom(Room, Protocol):
+    """A Room that knows nodes and devices: `place_around(key, reservations, end)` places `key`
+    (a session ending at `end`, epoch seconds; None: no limit) where it delays none of
+    `reservations` (`Reservations.place_around`); `reserve(key, ends, now, earlier)` is
+    `reservation.reservation_find` for queued `key` (called `name`; `ends`: the end of each session holding
+    room; `earlier`: the pass's reservations so far)."""
+
+    def place_around(self, key: str, reservations: Reservations, end: float | None) -> tuple[str, str]: ...
+
+    def reserve(
+        self, key: str, *, name: str, ends: dict[str, float | None], now: float, earlier: list[Reservation]
+    ) -> Reservation | None: ...
 
 
 @dataclass
@@ -129,7 +152,7 @@ def replay(
     `ends`: key of each session holding room now → when it ends (epoch seconds; None: no known
     end: it holds its room for the whole replay). A queued session with `arrives` joins the
     queue then, in its place in `queue`'s order. Returns every queued key's `Start`."""
-    items = [Queued(q.key, q.shape, q.overtaken, q.runtime, q.name, q.arrives) for q in queue]  # the caller's stay
+    items = [replace(q) for q in queue]  # the caller's stay as they are
     place = {item.key: i for i, item in enumerate(items)}
     future = sorted((q for q in items if q.arrives is not None and q.arrives > now), key=lambda q: (q.arrives, place[q.key]))
     waiting = [q for q in items if q.arrives is None or q.arrives <= now]
@@ -168,18 +191,35 @@ def _pass(
     backfill = Backfill(backfill_limit)
     no_room: dict[str, str] = {}
     left = []
+
+    def reserve() -> None:  # the sessions now at the backfill limit reserve what they wait for
+        for due in backfill.due():
+            if isinstance(room, ReservingRoom):
+                found = room.reserve(due.key, name=due.name or due.key, ends=holding, now=t, earlier=backfill.reservations.held)
+            else:
+                found = Reservation.everything(due.key, due.name or due.key)
+            if found is not None:
+                backfill.reservations.add(found)
+                if found.held_reason():
+                    reasons[due.key] = f"{reasons.get(due.key, '')}; {found.held_reason()}".lstrip("; ")
+
     for item in waiting:
-        holder = backfill.holder()
-        if holder is not None:
-            reasons[item.key] = f"queued behind {holder.name or holder.key}, which goes first (backfill limit)"
+        everywhere = backfill.reservations.everywhere()
+        if everywhere is not None:
+            reasons[item.key] = everywhere.blocked_reason()
             left.append(item)
             continue
         if item.shape in no_room:
             reasons[item.key] = no_room[item.shape]
             backfill.block(item)
             left.append(item)
+            reserve()
             continue
-        outcome, why = room.place(item.key)
+        if isinstance(room, ReservingRoom):
+            end = None if item.limit is None else t + item.limit
+            outcome, why = room.place_around(item.key, backfill.reservations, end)
+        else:
+            outcome, why = room.place(item.key)
         if outcome == NEVER:
             out.starts[item.key] = Start(None, NEVER, why)
             continue
@@ -187,10 +227,12 @@ def _pass(
             no_room[item.shape] = reasons[item.key] = why
             backfill.block(item)
             left.append(item)
+            reserve()
             continue
         out.starts[item.key] = Start(t, PLACED)
-        backfill.placed()
         holding[item.key] = None if item.runtime is None else t + item.runtime
+        backfill.placed()
+        reserve()
     return left
 
 
