@@ -14,7 +14,8 @@ file system, each inode once, allocated blocks, at most MEASURE_BUDGET entries a
 measure stays cheap), asks Docker for a container's SizeRw (`docker inspect --size`), and stops a
 session past a limit with the reason, e.g. "used 10.3 GiB of its 10 GiB storage limit (home and
 container layer)". Sessions at WARN_FRACTION of a limit are told once in their terminal. The
-figure is in each session's usage sample (`storage`, bytes: agent.usage), for the manager.
+figures are in each session's usage samples (`storage` and `storage_limit`, bytes; `folders`: each
+data folder's use and limit: agent.usage), which the manager stores and shows (usage.models).
 
 A tree with more than MEASURE_BUDGET entries is measured in part (its first entries): a lower
 bound, logged once; it stops a session only where even that passes the limit.
@@ -115,13 +116,16 @@ class StorageWatch:
     those past their limits (module docstring). `agent`: the Agent (its `sessions`, each a
     RunningSession with `work_dir`, `process` and `data_dir`; its work pool, `_in` and `_stop`;
     its `usage` sampler's `notice`). `used`: {session id: bytes in its home and container layer}
-    at the last measure, which agent.usage puts in its samples."""
+    at the last measure, which agent.usage puts in its samples with `limits.session_storage`;
+    `folders`: {session id: [(its folder as the session sees it, "~/data" or "~/projects/<name>",
+    bytes used, bytes of its limit)]} at the last measure, sent with them too."""
 
     def __init__(self, agent, *, limits: SessionLimits | None = None, clock=time.monotonic) -> None:
         self.agent = agent
         self.limits = limits or SessionLimits()
         self.clock = clock
         self.used: dict[str, int] = {}
+        self.folders: dict[str, list[tuple[str, int, int]]] = {}
         self._warned: set[tuple[str, str]] = set()  # (session id, "session" | a folder's name) told they near a limit
         self._partial_logged: set[str] = set()
 
@@ -152,6 +156,8 @@ class StorageWatch:
         sessions = dict(self.agent.sessions)
         for gone in set(self.used) - set(sessions):
             self.used.pop(gone, None)
+        for gone in set(self.folders) - set(sessions):
+            self.folders.pop(gone, None)
         self._warned = {key for key in self._warned if key[0] in sessions}
         over: list[tuple[str, str]] = []
         data_use: dict[Path, int] = {}  # each folder measured once a round, however many sessions mount it
@@ -169,9 +175,11 @@ class StorageWatch:
             folders = [(Path(data_dir), self.limits.user_data_storage, "~/data")] if data_dir is not None else []
             for name, folder in sorted((getattr(running, "project_dirs", None) or {}).items()):
                 folders.append((Path(folder), self.limits.project_data_storage, f"~/projects/{name}"))
+            measured = self.folders[session_id] = []
             for folder, limit, what in folders:
                 if folder not in data_use:
                     data_use[folder] = self._measure(folder)
+                measured.append((what, data_use[folder], limit))
                 if data_use[folder] > limit:
                     over.append((session_id, over_reason(data_use[folder], limit, what)))
                     break

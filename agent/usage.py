@@ -12,8 +12,11 @@ Every `interval_s` seconds (agent.toml `[usage] interval`, default 5) one sample
   stays a gap and is never counted), "gpu_memory": bytes or None, "gpu_util": percent or None,
   "cpu": milli-cores (1000 = one core busy the whole span), "mem": bytes resident,
   "last_input": epoch seconds of the last terminal input or None, "storage": bytes in its home and
-  container layer at the last measure (agent.storage) or None}`. The manager stores no `storage`
-  yet (usage.SessionSample has no column for it); the agent enforces the limit itself.
+  container layer at the last measure (agent.storage) or None (not measured yet), "storage_limit":
+  bytes, the limit the agent enforces on that figure (`[limits] session-storage`; None with no
+  figure), "folders": `[{"folder": "~/data" | "~/projects/<name>", "used": bytes, "limit": bytes}]`,
+  the data folders it mounts at their last measure (empty before the first)}`. The manager stores
+  them (usage.SessionSample.storage, usage.FolderUse); the agent enforces the limits itself.
 
 Where the figures come from:
 
@@ -284,7 +287,9 @@ class UsageSampler:
             gpu, devices = self._mock_gpu(sessions, t)
         else:
             gpu, devices = self._nvml_gpu(sessions, {sid: h[2] for sid, h in host.items()}, t)
-        storage = getattr(getattr(self.agent, "storage", None), "used", {})
+        watch = getattr(self.agent, "storage", None)
+        storage, folders = getattr(watch, "used", {}), getattr(watch, "folders", {})
+        storage_limit = watch.limits.session_storage if watch is not None else None
         rows = []
         for sid in sessions:
             cpu, mem, _ = host[sid]
@@ -306,6 +311,8 @@ class UsageSampler:
                     "mem": mem,
                     "last_input": None if last_input is None else int(last_input),
                     "storage": storage.get(sid),  # bytes in its home and container layer (agent.storage; None: not yet)
+                    "storage_limit": storage_limit if sid in storage else None,
+                    "folders": [{"folder": what, "used": used, "limit": limit} for what, used, limit in folders.get(sid, ())],
                 }
             )
         return {"devices": devices, "sessions": rows}

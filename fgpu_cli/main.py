@@ -37,7 +37,7 @@ from fgpu_cli.formatting import (
 from fgpu_cli.launch import UsageError, build_body
 from fgpu_cli.mig import layout_text, node_text, profiles_text
 from fgpu_cli.sessions import SESSIONS, NotFound, resolve
-from fgpu_cli.usage import usage_csv, usage_text
+from fgpu_cli.usage import storage_text, usage_csv, usage_text
 
 OK, FAILED, USAGE, UNREACHABLE = 0, 1, 2, 3
 POLL_INTERVAL = 0.5
@@ -376,8 +376,12 @@ def cmd_describe(args) -> int:
     allocations = session.get("allocations") or []
     environment = session.get("environment") or {}  # the agent's rule, as the server computes it
     eta = _eta(client, session)
+    series = _usage_now(client, session)
     if args.output == "json":
-        _emit_json({**session, "eta": eta} if eta is not None else session)
+        extra = {"eta": eta} if eta is not None else {}
+        if series is not None and "storage" in series:
+            extra["storage"] = {k: series.get(k) for k in ("storage", "storage_limit", "storage_t")}
+        _emit_json({**session, **extra})
         return OK
     pairs = [("ID", session["id"]), ("Name", session.get("name")), ("Owner", session.get("owner")), ("Status", session["status"])]
     if session.get("status_reason"):
@@ -395,6 +399,8 @@ def cmd_describe(args) -> int:
     ]
     if session.get("terminated_at"):
         pairs += [("Terminated", session["terminated_at"]), ("Exit code", session.get("exit_code"))]
+    if storage_text(series) is not None:
+        pairs.append(("Storage", storage_text(series)))
     print(key_values(pairs))
     print()
     if eta is not None:
@@ -410,6 +416,20 @@ def cmd_describe(args) -> int:
     else:
         print("Allocation: none" + (" yet" if session["status"] in ("PENDING",) else ""))
     return OK
+
+
+def _usage_now(client, session: dict) -> dict | None:
+    """The newest of a session that ran (GET /api/v1/sessions/<id>/usage/ over the last minute: its
+    storage is the newest measure whatever the range); None for one that never ran, or from a server
+    without the endpoint (404)."""
+    if not session.get("started_at"):
+        return None
+    try:
+        return client.get(f"{SESSIONS}{session['id']}/usage/", query={"since": int(time.time()) - 60})
+    except ApiError as exc:
+        if exc.status == 404:
+            return None
+        raise
 
 
 def _eta(client, session: dict) -> dict | None:

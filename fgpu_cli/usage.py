@@ -1,12 +1,13 @@
-"""`fgpu usage`: GPU-hours per user, project or node (`GET /api/v1/usage/`) as a table or CSV.
-Pure functions over the API's JSON."""
+"""`fgpu usage`: GPU-hours per user, project or node (`GET /api/v1/usage/`) as a table or CSV; and
+a session's storage as `fgpu describe` shows it (`GET /api/v1/sessions/<id>/usage/`). Pure
+functions over the API's JSON."""
 
 from __future__ import annotations
 
 import csv
 import io
 
-from fgpu_cli.formatting import table
+from fgpu_cli.formatting import size, table
 
 COLUMNS = (
     ("gpu_hours", "GPU-H"),
@@ -48,3 +49,17 @@ def usage_csv(report: dict) -> str:
     for r in report.get("rows") or []:
         writer.writerow([r.get("key"), *(r.get(k) for k, _ in COLUMNS)])
     return out.getvalue()
+
+
+def storage_text(series: dict | None) -> str | None:
+    """A session's storage (its home and container layer) against the limit its node enforces, from
+    its usage series (`storage`, `storage_limit`: bytes): "1.2 GiB of 10 GiB (12 %)"; "not measured
+    yet" before its node's first measure; None where the server tells nothing of storage."""
+    if not series or "storage" not in series:
+        return None
+    used, limit = series.get("storage"), series.get("storage_limit")
+    if used is None:
+        return "not measured yet"
+    if not limit:
+        return size(used)
+    return f"{size(used)} of {size(limit)} ({int(used) * 100 // int(limit)} %)"

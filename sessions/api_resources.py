@@ -37,9 +37,18 @@ class GroupCapacitySerializer(serializers.Serializer):
     memory_total = serializers.IntegerField(help_text="bytes of device memory on the alive nodes")
 
 
+class FolderUseSerializer(serializers.Serializer):
+    folder = serializers.CharField(help_text='"~/data" (your own) or "~/projects/<name>" (a project\'s)')
+    node = serializers.CharField(help_text="the node whose agent measured it (each node keeps its own folders)")
+    used = serializers.IntegerField(help_text="bytes")
+    limit = serializers.IntegerField(help_text="bytes: the limit that node enforces (it stops sessions past it)")
+    t = serializers.IntegerField(help_text="epoch seconds of the measure")
+
+
 class MyResourcesSerializer(serializers.Serializer):
     usage = UsageFigureSerializer(many=True)
     groups = GroupCapacitySerializer(many=True)
+    storage = FolderUseSerializer(many=True)
 
 
 @extend_schema(
@@ -47,7 +56,8 @@ class MyResourcesSerializer(serializers.Serializer):
     tags=["quotas"],
     responses={200: MyResourcesSerializer},
     description="Your fGPU, GPU memory and sessions in use against the quota that binds each (the one "
-    'with the least left), and the GPU capacity free by resource group ("": every node).',
+    'with the least left), the GPU capacity free by resource group ("": every node), and your data '
+    "folders' storage use per node against its limit.",
 )
 @api_view(["GET"])
 def my_resources_view(request):

@@ -12,6 +12,7 @@ from accelerators.models import AllocationMode, Node, NodeStatus, ResourceGroup
 from accelerators.selectors import fractional_settings_get, node_states
 from sessions.quotas import fgpu_text, quota_label, quota_usage, quota_usage_of
 from sessions.models import Quota
+from usage.selectors import folder_use_list
 
 FIGURES = ("fgpu", "gpu_memory", "sessions")  # what the panel shows of a user's usage
 
@@ -30,7 +31,10 @@ def my_resources(*, user, slot_name: str = "cuda") -> dict:
     `groups`: "" (every node: a request naming no group may go to any) and then each resource
     group by name: its registered and alive nodes, and for slot `slot_name` on the alive nodes
     the fGPU free and in all (`allocation_mode` "fractional", text "3.25") or the idle and all
-    whole GPUs (discrete, integers), and device memory free and in all (bytes)."""
+    whole GPUs (discrete, integers), and device memory free and in all (bytes).
+
+    `storage`: the user's data folders (`~/data`, each project's `~/projects/<name>`) per node, as
+    its agent last measured them against the limit it enforces (usage.selectors.folder_use_list)."""
     own = quota_usage_of(quota=Quota(user=user))
     usages = quota_usage(user=user)
     figures = []
@@ -51,7 +55,7 @@ def my_resources(*, user, slot_name: str = "cuda") -> dict:
                 "quota": None if binding is None else quota_label(binding[0].quota, user=user),
             }
         )
-    return {"usage": figures, "groups": _groups(slot_name)}
+    return {"usage": figures, "groups": _groups(slot_name), "storage": folder_use_list(user=user)}
 
 
 def _figure(key: str, value) -> str | int:

@@ -103,6 +103,36 @@ def test_terminal_input_is_noticed_and_batches_reach_the_manager_or_wait_for_it(
     assert batch["devices"][0]["memory_used"] == 0
 
 
+def test_a_sample_carries_the_sessions_storage_its_limit_and_its_data_folders_at_the_last_measure(tmp_path):
+    from agent.limits import SessionLimits
+    from agent.runtimes import CGROUP_AUTO
+
+    limits = SessionLimits(session_storage=64 * MiB, user_data_storage=32 * MiB, project_data_storage=48 * MiB)
+    writes = ("head -c 2097152 /dev/zero > home.bin && head -c 3145728 /dev/zero > data/mine.bin && "
+              "head -c 1048576 /dev/zero > projects/vision/shared.bin && echo WRITTEN && sleep 300")
+
+    async def scenario(h):
+        h.agent.storage.configure(limits)
+        spec = {**start_spec(command=writes), "owner_id": 7, "projects": [{"id": "p-77", "name": "vision"}]}
+        channel = await h.watch_terminal(spec["session_id"])
+        await h.start_session(spec)
+        before = (await asyncio.to_thread(h.agent.usage.sample))["sessions"]  # not measured yet
+        await h.read_until(channel, "WRITTEN")
+        assert await h.agent.storage.check_now() == []
+        h.agent.usage._last_t.clear()  # sample again within the same second
+        after = (await asyncio.to_thread(h.agent.usage.sample))["sessions"]
+        return before, after
+
+    before, after = run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO, data_root=tmp_path / "data")
+
+    assert (before[0]["storage"], before[0]["storage_limit"], before[0]["folders"]) == (None, None, [])
+    row, = after
+    assert 2 * MiB <= row["storage"] < 3 * MiB and row["storage_limit"] == 64 * MiB  # its home, not ~/data
+    data, vision = row["folders"]
+    assert data["folder"] == "~/data" and 3 * MiB <= data["used"] < 4 * MiB and data["limit"] == 32 * MiB
+    assert vision["folder"] == "~/projects/vision" and MiB <= vision["used"] < 2 * MiB and vision["limit"] == 48 * MiB
+
+
 def test_the_backlog_keeps_the_newest_samples_while_the_manager_is_unreachable():
     agent = SimpleNamespace(sessions={}, inventory={"devices": []}, mock=True, manager=UsageManager(), node="n")
     sampler = UsageSampler(agent)

@@ -8,14 +8,17 @@ The agents sample every second and send every two (agent.toml `[usage]`), so a s
 reaches the manager within seconds; every wait is on a condition with a deadline."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import urllib.request
 from dataclasses import dataclass
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ROOT, StackNode, wait_until
+from tests.conftest import GiB, ROOT, StackNode, wait_until
+from tests.test_cli_e2e import FGPU
 from tests.test_browser import page, screenshot_dir  # noqa: F401 (fixture)
 from tests.test_e2e_distributed import api, get_ok
 
@@ -26,6 +29,7 @@ METRICS_TOKEN = "usage-e2e-metrics-token"
 MiB = 1 << 20
 STEPS_MIB = (256, 512, 768, 1024, 1280)
 FLAT_MIB = 300
+STORAGE_LIMIT_MIB = 48
 GROWS = ("for m in " + " ".join(map(str, STEPS_MIB)) + "; do "
          "printf '{\"memory\": \"%sM\", \"util\": 60}' $m > $HOME/.fgpu-usage.tmp && mv $HOME/.fgpu-usage.tmp $HOME/.fgpu-usage; "
          "sleep 4; done; sleep 600")
@@ -35,10 +39,12 @@ FLAT = (f"printf '{{\"memory\": \"{FLAT_MIB}M\", \"util\": 20}}' > $HOME/.fgpu-u
 
 @dataclass
 class FastSamplingNode(StackNode):
-    """A stack node whose agent samples every second and sends every two."""
+    """A stack node whose agent samples every second and sends every two, and measures its sessions'
+    storage every 5 s (the least agent.toml allows) against a session limit of STORAGE_LIMIT_MIB."""
 
     def agent_toml(self) -> str:
-        return super().agent_toml() + "\n[usage]\ninterval = 1\nflush = 2\n"
+        return (super().agent_toml() + "\n[usage]\ninterval = 1\nflush = 2\n"
+                f'[limits]\nstorage-interval = 5\nsession-storage = "{STORAGE_LIMIT_MIB}M"\n')
 
 
 @pytest.fixture
@@ -78,6 +84,18 @@ def metrics_memory(base: str) -> dict[str, float]:
         text = response.read().decode()
     return {s.labels["session"]: s.value for family in text_string_to_metric_families(text) for s in family.samples
             if s.name == "vGPU_device_memory_usage_in_bytes"}
+
+
+def run_in(base: str, token: str, session_id: str, command: str) -> None:
+    """Run a shell line in the session (POST …/exec/), as its user would in its terminal."""
+    status, body = api(base, "POST", f"/api/v1/sessions/{session_id}/exec/", token, {"command": command, "timeout": 30})
+    assert status == 200 and body["exit_code"] == 0, body
+
+
+def storage_measured(base: str, token: str, session_id: str, at_least: int) -> dict | None:
+    """The session's usage answer once its storage figure reached `at_least` bytes, else None."""
+    answer = get_ok(base, f"/api/v1/sessions/{session_id}/usage/", token)
+    return answer if (answer["storage"] or 0) >= at_least else None
 
 
 def after_first(values: list, value) -> list:
@@ -122,6 +140,35 @@ def test_a_session_declaring_growing_memory_grows_in_its_samples_and_metrics_whi
     assert gpu["memory_used"][-1] == (STEPS_MIB[-1] + FLAT_MIB) * MiB
 
 
+def test_a_sessions_storage_reaches_the_api_my_resources_and_fgpu_describe_and_past_its_limit_it_stops_saying_so(
+        usage_stack, tmp_path):
+    base, token, grows, flat = usage_stack
+    run_in(base, token, grows, "head -c 8388608 /dev/zero > home.bin && head -c 3145728 /dev/zero > data/mine.bin")
+
+    # The agent's measure, in its next sample, through the broker to the manager, in the API.
+    answer = wait_until(lambda: storage_measured(base, token, grows, 8 * MiB), timeout=60, interval=0.5,
+                        what="the session's 8 MiB to show in its usage")
+    assert 8 * MiB <= answer["storage"] < 9 * MiB, answer  # its home; ~/data is the user's own figure
+    assert answer["storage_limit"] == STORAGE_LIMIT_MIB * MiB and answer["storage_t"] is not None
+    folders = wait_until(lambda: [f for f in get_ok(base, "/api/v1/my-resources/", token)["storage"] if f["used"] >= 3 * MiB],
+                         timeout=30, interval=0.5, what="~/data's 3 MiB in My resources")
+    assert [(f["folder"], f["node"], f["limit"]) for f in folders] == [("~/data", "usage-node", 10 * GiB)], folders
+
+    env = {k: v for k, v in os.environ.items() if k not in ("FGPU_URL", "FGPU_TOKEN")}
+    described = subprocess.run([FGPU, "describe", grows], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                               env={**env, "XDG_CONFIG_HOME": str(tmp_path), "FGPU_URL": base, "FGPU_TOKEN": token})
+    assert described.returncode == 0, described.stderr
+    assert re.search(r"^Storage: +8(\.\d+)? MiB of 48 MiB \(1[67] %\)$", described.stdout, re.M), described.stdout
+
+    # Past its limit the agent stops it, and the session says why.
+    run_in(base, token, flat, "head -c 62914560 /dev/zero > big.bin")
+    ended = wait_until(lambda: (s := get_ok(base, f"/api/v1/sessions/{flat}/", token))["status"] not in ("RUNNING", "TERMINATING")
+                       and s, timeout=60, interval=0.5, what="the session past its storage limit to stop")
+    assert ended["status"] == "TERMINATED", ended
+    assert re.fullmatch(r"used 60(\.\d)? MiB of its 48 MiB storage limit \(home\)", ended["status_reason"]), ended
+    assert get_ok(base, f"/api/v1/sessions/{grows}/", token)["status"] == "RUNNING"  # the other stays
+
+
 @pytest.mark.browser
 def test_the_session_page_charts_its_samples_and_the_list_gauges_memory_used_of_granted(usage_stack, page):
     from playwright.sync_api import expect
@@ -129,6 +176,11 @@ def test_the_session_page_charts_its_samples_and_the_list_gauges_memory_used_of_
     base, token, grows, flat = usage_stack
     wait_until(lambda: max(memory_series(base, token, grows), default=0) >= STEPS_MIB[2] * MiB, timeout=60, interval=0.5,
                what="the growing session's samples to reach its third step")
+    run_in(base, token, grows, "head -c 12582912 /dev/zero > home.bin && head -c 3145728 /dev/zero > data/mine.bin")
+    wait_until(lambda: storage_measured(base, token, grows, 12 * MiB), timeout=60, interval=0.5,
+               what="the session's storage to be measured")
+    wait_until(lambda: [f for f in get_ok(base, "/api/v1/my-resources/", token)["storage"] if f["used"] >= 3 * MiB],
+               timeout=30, interval=0.5, what="~/data's use to be measured")
     page.goto(base + "/login/")
     page.fill("#id_username", "alice")
     page.fill("#id_password", "alice-pass-123")
@@ -142,6 +194,12 @@ def test_the_session_page_charts_its_samples_and_the_list_gauges_memory_used_of_
     width = gauge.locator(".usage-gauge-fill").evaluate("e => e.style.width")
     assert width == "29.3%", width  # 300 MiB of 1024
     page.screenshot(path=str(screenshot_dir() / "usage-list-gauges.png"))
+    # My resources: the user's data folder on the node, against its limit.
+    folder = page.locator('#resources-storage li[data-folder="~/data"][data-node="usage-node"]')
+    expect(folder.locator(".resources-label")).to_have_text("~/data on usage-node")
+    expect(folder.locator(".resources-value")).to_have_text(re.compile(r"^3(\.\d)? MiB of 10 GiB$"))
+    expect(folder.locator("[role=meter]")).to_have_attribute("aria-valuetext", re.compile(r"of 10 GiB$"))
+    page.locator("#my-resources").screenshot(path=str(screenshot_dir() / "usage-my-resources-storage.png"))
 
     # The session page: three charts with points, none showing "no samples", a canvas each.
     page.goto(base + f"/sessions/{grows}/terminal/")
@@ -160,6 +218,11 @@ def test_the_session_page_charts_its_samples_and_the_list_gauges_memory_used_of_
         let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++; return n; }""")
     assert painted > 500, painted
     expect(page.locator('#usage-charts [data-chart="memory"] .usage-chart-now')).to_have_text(re.compile(r"^[\d.]+ [MG]iB$"))
+    # Its storage against the limit its node enforces: "12.01 MiB of 48 MiB" and a meter a quarter full.
+    storage = page.locator("#usage-storage")
+    expect(storage.locator(".usage-storage-text")).to_have_text(re.compile(r"^12(\.\d+)? MiB of 48 MiB$"))
+    expect(storage.locator("[role=meter]")).to_have_attribute("aria-valuenow", re.compile(r"^2[56]$"))
+    storage.screenshot(path=str(screenshot_dir() / "usage-session-storage.png"))
     page.screenshot(path=str(screenshot_dir() / "usage-session-page.png"))
 
     assert not page.js_errors, page.js_errors

@@ -179,6 +179,13 @@ class SessionUsageSerializer(serializers.Serializer):
     gpu_memory_limit = serializers.IntegerField(help_text="bytes of GPU memory granted (all devices)")
     deadline = serializers.DateTimeField(allow_null=True, help_text="when idle reclamation terminates it, if warned")
     deadline_reason = serializers.CharField(allow_blank=True)
+    storage = serializers.IntegerField(
+        allow_null=True, help_text="bytes in its home and container layer at its node's newest measure; null: none yet"
+    )
+    storage_limit = serializers.IntegerField(
+        allow_null=True, help_text="bytes: the storage limit its node enforces on that (it stops the session past it)"
+    )
+    storage_t = serializers.IntegerField(allow_null=True, help_text="epoch seconds of that measure's sample")
 
 
 EPOCH_SCHEMA = {"type": "integer", "minimum": 0, "maximum": 2**40}
@@ -211,7 +218,8 @@ def _epoch(name: str, raw: str | None, default: int) -> int:
     },
     description="GPU memory (against the granted limit), GPU utilisation, CPU and memory over time, column-wise for "
     "a chart; full resolution for the last day, 5-minute means before, hourly means for a range longer "
-    "than about a week (2,000 five-minute points). A gap in the samples is a null.",
+    "than about a week (2,000 five-minute points). A gap in the samples is a null. `storage` is the "
+    "newest measure of its home and container layer against its storage limit, whatever the range.",
 )
 @api_view(["GET"])
 def session_usage_view(request, session_id):

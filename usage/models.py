@@ -11,6 +11,7 @@ about 30 rows per session instead of 8,640.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -26,10 +27,45 @@ class SessionSample(models.Model):
     gpu_util = models.SmallIntegerField(null=True, help_text="GPU utilisation, percent; null: unknown")
     cpu = models.IntegerField(null=True, help_text="milli-cores; null: unknown (a session's first sample)")
     mem = models.BigIntegerField(null=True, help_text="bytes of main memory resident")
+    storage = models.BigIntegerField(
+        null=True, help_text="bytes in its home and container layer at the agent's last measure; null: not measured yet"
+    )
+    storage_limit = models.BigIntegerField(
+        null=True, help_text="bytes: the session storage limit its agent enforces (agent.toml [limits] session-storage)"
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["session", "t"], name="usage_session_sample_unique")]
         indexes = [models.Index(fields=["t"], name="usage_session_sample_t")]  # retention and rollup windows
+
+
+class FolderUse(models.Model):
+    """What one persistent data folder holds on one node, as its agent last measured it (agent.storage):
+    a user's `~/data` (`owner`) or a project's `~/projects/<name>` (`project`), never both. Each node
+    keeps its own folders (under its data root), so a user has one row per node they ran on. `t`
+    (epoch seconds) is the sample the figures came with; an older sample never overwrites a newer."""
+
+    node = models.ForeignKey("accelerators.Node", on_delete=models.CASCADE, related_name="+")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.CASCADE, related_name="+")
+    project = models.ForeignKey("compute_sessions.Project", null=True, on_delete=models.CASCADE, related_name="+")
+    used = models.BigIntegerField(help_text="bytes allocated to its files")
+    limit = models.BigIntegerField(help_text="bytes: the limit its agent enforces ([limits] user- or project-data-storage)")
+    t = models.BigIntegerField(help_text="epoch seconds of the measure's sample")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(owner__isnull=False, project__isnull=True)
+                | models.Q(owner__isnull=True, project__isnull=False),
+                name="usage_folder_use_one_subject",
+            ),
+            models.UniqueConstraint(
+                fields=["node", "owner"], condition=models.Q(project__isnull=True), name="usage_folder_use_user"
+            ),
+            models.UniqueConstraint(
+                fields=["node", "project"], condition=models.Q(owner__isnull=True), name="usage_folder_use_project"
+            ),
+        ]
 
 
 class DeviceSample(models.Model):

@@ -16,6 +16,7 @@ from django.utils import timezone
 from accelerators.models import Device
 from sessions.models import Allocation, ComputeSession, Project
 from usage.models import (
+    FolderUse,
     DeviceRollup,
     DeviceSample,
     RollupState,
@@ -241,7 +242,10 @@ def session_series(*, session: ComputeSession, since: int, until: int) -> dict:
     """A session's usage over [since, until) (epoch seconds) for a chart, column-wise:
     `{"t": [epoch s], "gpu_memory": [bytes|None], "gpu_util": [percent|None], "cpu": [milli-cores|None],
     "mem": [bytes|None], "resolution": "raw" | "5m" | "1h", "gpu_memory_limit": bytes granted (sum
-    over devices), "deadline": ISO time or None, "deadline_reason": text}`. Full-resolution samples
+    over devices), "deadline": ISO time or None, "deadline_reason": text, "storage": bytes in its home
+    and container layer at its agent's newest measure, "storage_limit": bytes its agent enforces on
+    that, "storage_t": epoch seconds of that sample (all three None before a first measure, and a day
+    after the session's last sample: raw retention), whatever the range}`. Full-resolution samples
     while the range starts after the watermark (the last hour or so); else 5-minute means, or
     hourly means for a range longer than SERIES_MAX_POINTS 5-minute buckets (about a week: a
     month is 720 points), the newest of them (past the watermark) averaged from the samples as
@@ -270,8 +274,15 @@ def session_series(*, session: ComputeSession, since: int, until: int) -> dict:
     limit = Allocation.objects.filter(session=session).aggregate(m=Sum("memory"))["m"] or 0
     activity = SessionActivity.objects.filter(session=session).values("deadline", "reason").first()
     deadline = activity["deadline"] if activity else None
+    storage = (
+        SessionSample.objects.filter(session=session, storage__isnull=False)
+        .order_by("-t")
+        .values_list("storage", "storage_limit", "t")
+        .first()
+    )
     return {
         **columns,
+        **dict(zip(("storage", "storage_limit", "storage_t"), storage or (None, None, None))),
         "resolution": resolution,
         "gpu_memory_limit": limit,
         "deadline": deadline.isoformat() if deadline else None,
@@ -498,3 +509,26 @@ def latest_session_samples(*, horizon: int) -> dict:
         .values_list("session_id", "gpu_memory", "gpu_util", "cpu", "mem")
     )
     return {r[0]: r[1:] for r in rows}
+
+
+def folder_use_list(*, user) -> list[dict]:
+    """The data folders `user` sees in their sessions, as each node's agent last measured them
+    (usage.FolderUse): their own `~/data` and each of their projects' `~/projects/<name>`, one row per
+    node that measured it: `[{"folder": "~/data" | "~/projects/<name>", "node": node name, "used":
+    bytes, "limit": bytes, "t": epoch seconds}]`, by folder then node. One query."""
+    rows = (
+        FolderUse.objects.filter(Q(owner=user) | Q(project__members=user))
+        .values("node__name", "project__name", "used", "limit", "t")
+        .order_by(F("project__name").asc(nulls_first=True), "node__name")
+        .distinct()
+    )
+    return [
+        {
+            "folder": "~/data" if r["project__name"] is None else f"~/projects/{r['project__name']}",
+            "node": r["node__name"],
+            "used": r["used"],
+            "limit": r["limit"],
+            "t": r["t"],
+        }
+        for r in rows
+    ]

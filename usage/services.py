@@ -14,12 +14,13 @@ from django.db.models import Count, F, Max, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from accelerators.models import Device
-from sessions.models import ComputeSession, SessionStatus
+from accelerators.models import Device, Node
+from sessions.models import ComputeSession, Project, SessionStatus
 from sessions.reconcile import valid_uuids
 from usage.models import (
     DeviceRollup,
     DeviceSample,
+    FolderUse,
     IdlePolicy,
     RollupState,
     SessionActivity,
@@ -29,6 +30,8 @@ from usage.models import (
 )
 
 log = logging.getLogger(__name__)
+
+DATA_FOLDER, PROJECT_FOLDER = "~/data", "~/projects/"  # how a session sees its data folders (agent.storage)
 
 BUCKET = 300  # seconds in one rollup bucket
 MAX_BATCH = 20_000  # samples one batch may carry (a node with 200 sessions, an hour of 5 s samples … is split)
@@ -88,7 +91,8 @@ def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
     - "malformed": a field of the wrong type or out of range (bytes ≥ 0, percent 0–100).
 
     A malformed batch as a whole (not a dict of lists, more than MAX_BATCH samples) is refused as
-    one "malformed batch". Also moves each session's SessionActivity (last input, last sample) on.
+    one "malformed batch". Also moves each session's SessionActivity (last input, last sample) on,
+    and keeps the newest figures of the data folders the samples name (FolderUse, `_folder_note`).
     """
     result = IngestResult()
     sessions_in = batch.get("sessions") if isinstance(batch, dict) else None
@@ -112,10 +116,11 @@ def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
     known = {
         str(s["id"]): s
         for s in ComputeSession.objects.filter(pk__in=valid_uuids(list(ids)), node__name=node_name).values(
-            "id", "status", "started_at", "terminated_at"
+            "id", "status", "started_at", "terminated_at", "owner_id"
         )
     }
     rows: list[SessionSample] = []
+    folders: dict[tuple[int, str], tuple[int, int, int]] = {}  # (owner id, "~/data" …) → newest (t, used, limit)
     activity: dict[str, list] = {}  # session id → [last input or None, last sample] (Unix s)
     for row in sessions_in:
         try:
@@ -129,8 +134,11 @@ def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
                 gpu_util=_int(row.get("gpu_util"), 0, 100),
                 cpu=_int(row.get("cpu"), 0, 2**31 - 1),
                 mem=_int(row.get("mem"), 0, 2**62),
+                storage=_int(row.get("storage"), 0, 2**62),
+                storage_limit=_int(row.get("storage_limit"), 0, 2**62),
             )
             last_input = _int(row.get("last_input"), 0, 2**40)
+            measured = _folders(row.get("folders"))
         except (KeyError, TypeError, ValueError):
             result.refuse("malformed")
             continue
@@ -145,6 +153,10 @@ def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
         if not timely(t):
             continue
         rows.append(sample)
+        for name, used, limit in measured:
+            key = (session["owner_id"], name)
+            if key not in folders or folders[key][0] < t:
+                folders[key] = (t, used, limit)
         seen = activity.setdefault(sid, [None, None])
         seen[0] = max(filter(None, (seen[0], last_input)), default=None)
         seen[1] = max(seen[1] or 0, t)
@@ -170,11 +182,59 @@ def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
         stored = _insert(SessionSample, rows) + _insert(DeviceSample, device_rows)
         for sid, (last_input, last_sample) in activity.items():
             _activity_note(sid, last_input=last_input, last_sample=last_sample)
+        if folders:
+            _folder_note(node_name=node_name, folders=folders)
     result.stored = stored
     result.duplicates = len(rows) + len(device_rows) - stored
     if result.refused:
         log.warning("usage batch from node %s: refused %s", node_name, result.refused)
     return result
+
+
+MAX_FOLDERS = 64  # data folders one session's sample may name (its ~/data and its projects')
+
+
+def _folders(value) -> list[tuple[str, int, int]]:
+    """A sample's `folders` (agent.usage: `[{"folder": "~/data" | "~/projects/<name>", "used": bytes,
+    "limit": bytes}]`, missing or null: none) as [(folder, used, limit)]; ValueError if malformed."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_FOLDERS:
+        raise ValueError("folders: a list of at most 64")
+    out = []
+    for item in value:
+        name = item["folder"]
+        if not isinstance(name, str) or not (name == DATA_FOLDER or (name.startswith(PROJECT_FOLDER) and len(name) <= 80)):
+            raise ValueError(f"folders: {name!r} is neither ~/data nor ~/projects/<name>")
+        out.append((name, _whole(item["used"], 0, 2**62), _whole(item["limit"], 0, 2**62)))
+    return out
+
+
+def _folder_note(*, node_name: str, folders: dict[tuple[int, str], tuple[int, int, int]]) -> None:
+    """Keep each folder's newest figures (FolderUse): `~/data` is its session owner's; `~/projects/<name>`
+    the project of that name, only where the owner is a member (a node reports only for its sessions'
+    folders, and those are the only ones it mounts). An older figure never replaces a newer one."""
+    node_id = Node.objects.filter(name=node_name).values_list("id", flat=True).first()
+    if node_id is None:  # the samples were accepted for sessions on it, so it existed a moment ago
+        return
+    names = {name.removeprefix(PROJECT_FOLDER) for _, name in folders if name != DATA_FOLDER}
+    projects = {
+        (owner_id, name): project_id
+        for owner_id, name, project_id in Project.members.through.objects.filter(project__name__in=names).values_list(
+            "user_id", "project__name", "project_id"
+        )
+    }
+    for (owner_id, name), (t, used, limit) in folders.items():
+        subject: dict[str, object]
+        if name == DATA_FOLDER:
+            subject = {"owner_id": owner_id, "project_id": None}
+        elif (owner_id, name.removeprefix(PROJECT_FOLDER)) in projects:
+            subject = {"owner_id": None, "project_id": projects[(owner_id, name.removeprefix(PROJECT_FOLDER))]}
+        else:
+            continue  # a project the owner left, or one renamed meanwhile
+        figures = {"used": used, "limit": limit, "t": t}
+        if not FolderUse.objects.filter(node_id=node_id, **subject, t__lt=t).update(**figures):
+            FolderUse.objects.get_or_create(node_id=node_id, **subject, defaults=figures)
 
 
 def _insert(model, rows: list) -> int:

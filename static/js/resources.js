@@ -1,5 +1,6 @@
 // "My resources" on the sessions page (issue 18.1): the user's fGPU, GPU memory and sessions in
-// use against the quota that binds each, and the GPU capacity free by resource group. Drawn from
+// use against the quota that binds each, the GPU capacity free by resource group, and their data
+// folders' storage per node against its limit (issue 31). Drawn from
 // the page's JSON, then again from GET /api/v1/my-resources/ whenever the sessions table changes
 // (a launch, a notice, a terminate). No build step; uses console.js's window.fgpu.api.
 (function () {
@@ -39,29 +40,49 @@
     return Math.max(0, Math.min(100, u / l * 100));
   }
 
-  function usageItem(f) {
-    var label = LABELS[f.key] || f.key;
-    var limited = f.limit !== null && f.limit !== undefined;
-    var text = limited ? figure(f.key, f.used) + " of " + figure(f.key, f.limit) : figure(f.key, f.used) + " · no quota";
-    var item = el("li", { "class": "resources-figure", "data-key": f.key });
+  // One figure of the panel: its label and text, and where `meter` is given ({pct, full, note}) a
+  // meter of how full it is with a note below.
+  function figureItem(attrs, label, text, meter) {
+    var item = el("li", Object.assign({ "class": "resources-figure" }, attrs));
     item.appendChild(el("div", { "class": "resources-figure-head" }, [
       el("span", { "class": "resources-label", text: label }),
       el("span", { "class": "resources-value", text: text }),
     ]));
-    if (limited) {
-      var pct = percent(f.used, f.limit);
-      var full = Number(f.left) <= 0;
-      var bar = el("div", { "class": "meter" + (full ? " meter-full" : ""), role: "meter", "aria-label": label + " in use",
-                            "aria-valuemin": "0", "aria-valuemax": "100", "aria-valuenow": String(Math.round(pct)),
-                            "aria-valuetext": text });
-      var fill = el("span", { "class": "meter-fill" });
-      fill.style.width = pct + "%";
-      bar.appendChild(fill);
-      item.appendChild(bar);
-      item.appendChild(el("p", { "class": "resources-source small" + (full ? " resources-full" : ""),
-        text: (full ? "none left · " : figure(f.key, f.left) + " left · ") + "capped by " + f.quota }));
-    }
+    if (!meter) return item;
+    var bar = el("div", { "class": "meter" + (meter.full ? " meter-full" : ""), role: "meter", "aria-label": label + " in use",
+                          "aria-valuemin": "0", "aria-valuemax": "100", "aria-valuenow": String(Math.round(meter.pct)),
+                          "aria-valuetext": text });
+    var fill = el("span", { "class": "meter-fill" });
+    fill.style.width = meter.pct + "%";
+    bar.appendChild(fill);
+    item.appendChild(bar);
+    item.appendChild(el("p", { "class": "resources-source small" + (meter.full ? " resources-full" : ""), text: meter.note }));
     return item;
+  }
+
+  function usageItem(f) {
+    var limited = f.limit !== null && f.limit !== undefined;
+    var text = limited ? figure(f.key, f.used) + " of " + figure(f.key, f.limit) : figure(f.key, f.used) + " · no quota";
+    var full = limited && Number(f.left) <= 0;
+    return figureItem({ "data-key": f.key }, LABELS[f.key] || f.key, text, limited && {
+      pct: percent(f.used, f.limit), full: full,
+      note: (full ? "none left · " : figure(f.key, f.left) + " left · ") + "capped by " + f.quota });
+  }
+
+  // A data folder on one node (the API's storage rows): "~/data on node-1", "1.2 GiB of 10 GiB".
+  function folderItem(f) {
+    var pct = percent(f.used, f.limit);
+    var near = pct >= 90;
+    return figureItem({ "data-folder": f.folder, "data-node": f.node }, f.folder + " on " + f.node,
+      size(f.used) + " of " + size(f.limit), { pct: pct, full: near,
+      note: "measured " + new Date(f.t * 1000).toLocaleString() + (near ? " · sessions that mount it stop past the limit" : "") });
+  }
+
+  // 1288490188 -> "1.2 GiB", 524288000 -> "500 MiB" (binary units, one decimal).
+  function size(bytes) {
+    var units = ["B", "KiB", "MiB", "GiB", "TiB"], v = Number(bytes), i = 0;
+    while (i < units.length - 1 && v >= 1024) { v /= 1024; i++; }
+    return (i && v < 100 ? v.toFixed(1).replace(/\.0$/, "") : Math.round(v)) + " " + units[i];
   }
 
   function groupRow(g) {
@@ -82,6 +103,10 @@
     var body = document.getElementById("resources-groups").tBodies[0];
     body.textContent = "";
     (data.groups || []).forEach(function (g) { body.appendChild(groupRow(g)); });
+    var folders = document.getElementById("resources-storage");
+    folders.textContent = "";
+    (data.storage || []).forEach(function (f) { folders.appendChild(folderItem(f)); });
+    document.getElementById("resources-storage-section").hidden = !(data.storage || []).length;
   }
 
   var timer = null;

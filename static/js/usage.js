@@ -234,6 +234,7 @@
         util.set([d.t, d.gpu_util], since, now);
         cpu.set([d.t, d.cpu], since, now);
         panel.querySelector(".usage-limit").textContent = limit ? bytesText(limit) : "—";
+        storage(panel.querySelector(".usage-storage"), d);
         panel.querySelector(".usage-resolution").textContent =
             {raw: "every sample", "5m": "5-minute means", "1h": "hourly means"}[d.resolution] || d.resolution;
         stale.hidden = true;
@@ -244,6 +245,24 @@
         }
       }).catch(function () { stale.hidden = false; });
     }, function () { return range().seconds > 3600 ? SLOW_POLL_MS : POLL_MS; });
+  }
+
+  // The session's storage (its home and container layer) against the limit its node enforces:
+  // "1.2 GiB of 10 GiB" and a meter, from the usage API's storage, storage_limit and storage_t.
+  function storage(box, d) {
+    if (!box) return;
+    var text = box.querySelector(".usage-storage-text");
+    var meter = box.querySelector(".usage-storage-meter");
+    var known = d.storage !== null && d.storage !== undefined;
+    var words = !known ? "not measured yet"
+      : d.storage_limit ? bytesText(d.storage) + " of " + bytesText(d.storage_limit) : bytesText(d.storage);
+    var pct = known && d.storage_limit ? Math.min(100, d.storage / d.storage_limit * 100) : 0;
+    text.textContent = words;
+    text.title = known && d.storage_t ? "measured " + new Date(d.storage_t * 1000).toLocaleTimeString() : "";
+    meter.setAttribute("aria-valuenow", String(Math.round(pct)));
+    meter.setAttribute("aria-valuetext", words);
+    meter.classList.toggle("usage-storage-near", pct >= 90);
+    meter.querySelector(".usage-storage-fill").style.width = pct + "%";
   }
 
   // ---- Session list gauges -------------------------------------------------------------------
