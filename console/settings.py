@@ -50,6 +50,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "console.security_headers.ContentSecurityPolicyMiddleware",
+    "console.input_guard.RefusedCharactersMiddleware",  # a NUL in the path: 404; in the query: 400 naming it
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
