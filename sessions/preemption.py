@@ -341,7 +341,7 @@ def _requeue_ended(now) -> list[str]:
         requeue=True,
         requeued_as__isnull=True,
         terminated_at__gte=now - REQUEUE_WINDOW,
-    ).select_related("owner", "image")
+    ).select_related("owner", "image", "preempted_for__owner")
     again = []
     for session in ended:
         if session.status_reason.startswith((REQUESTED, RECLAIMED)):
@@ -378,7 +378,11 @@ def session_requeue(session: ComputeSession) -> ComputeSession | None:
         requeued_from=session,
         status_reason=f"requeued: session {session.pk} was preempted; it keeps its place by arrival",
     )
-    reason = session.status_reason if session.status_reason.startswith(PREEMPTED) else f"{PREEMPTED}{session.status_reason}"
+    reason = session.status_reason
+    waiter = session.preempted_for
+    if not reason.startswith(PREEMPTED):  # it ended on its own during its notice (on its signal, most likely)
+        whom = f" to make room for {waiter.name} of {waiter.owner.get_username()} (session {waiter.pk})" if waiter else ""
+        reason = f"{PREEMPTED}ended during its notice{whom}: {reason or 'its process exited'}"
     if not ComputeSession.objects.filter(pk=session.pk, requeued_as__isnull=True).update(
         requeued_as=again, status_reason=f"{reason}; requeued as session {again.pk}", version=NEXT_VERSION
     ):

@@ -267,7 +267,8 @@ def test_a_session_that_exits_on_its_signal_is_requeued_but_not_one_launched_wit
     session_report_apply(session_id=str(keeper.pk), status=SessionStatus.TERMINATED, reason="exited", exit_code=0)
     schedule_pending()
 
-    assert fresh(quitter).requeued_as_id is not None and fresh(quitter).status_reason.startswith(PREEMPTED)
+    assert fresh(quitter).requeued_as_id is not None
+    assert fresh(quitter).status_reason.startswith(PREEMPTED + "ended during its notice to make room for urgent of root")
     assert fresh(keeper).requeued_as_id is None
     assert fresh(urgent).status == SessionStatus.SCHEDULED
 
