@@ -150,6 +150,21 @@ def eta_band(earliest, latest) -> str:
     return f"{clock(earliest)} – {clock(latest)[11:]} ({until(earliest)} – {until(latest)})"
 
 
+def eta_start(eta: dict) -> str:
+    """A pending session's ETA (GET /api/v1/sessions/<id>/eta/) → its "Estimated start" text, as
+    the session page words it: "now" only for one that fits now; one that waits for sessions
+    due to end now starts "any moment" (sessions.eta.band_agreed)."""
+    outcome = eta.get("outcome")
+    if outcome == "now":
+        return "now: it fits and starts at the next scheduler pass"
+    if outcome == "never":
+        return "never, as asked"
+    if outcome != "estimate":
+        return "unknown"
+    text = eta_band(eta.get("earliest"), eta.get("latest"))
+    return text if eta.get("fits_now") else text.replace("(now", "(any moment").replace(" now)", " any moment)")
+
+
 def short_id(session_id: str) -> str:
     return str(session_id)[:8]
 

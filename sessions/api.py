@@ -23,6 +23,7 @@ from console.errors import ApplicationError
 from sessions import events, idempotency, services
 from sessions.shapes import session_shapes, shapes_kept, with_shape_keys
 from protocol.exec_store import STATES, STREAMS
+from sessions.api_eta import PreviewWithEtaSerializer, preview_eta
 from sessions.launch import launch_options, launch_preview
 from sessions.models import ComputeSession, SessionStatus
 from sessions.presets import launch_with_preset
@@ -37,7 +38,6 @@ from sessions.selectors import (
 )
 from sessions.serializers import (
     LaunchOptionsSerializer,
-    PreviewSerializer,
     SessionCreateSerializer,
     SessionSerializer,
     session_shape,
@@ -450,12 +450,13 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
     @extend_schema(
         summary="Preview a launch",
         request=SessionCreateSerializer,
-        responses={200: PreviewSerializer},
+        responses={200: PreviewWithEtaSerializer},
         examples=REQUEST_EXAMPLES,
         description="What launching this request would do now: the launch's checks (the caller's "
         "quotas included) and the scheduler's placement, one decision "
         "(sessions.placement); per device what it would get, or why it waits or is "
-        "refused. Same body as launching; nothing is created.",
+        "refused; and when it would start (`eta`, a band from the queue's replay with this request "
+        "joining it, as a pending session's ETA). Same body as launching; nothing is created.",
     )
     @action(detail=False, methods=["post"])
     def preview(self, request):
@@ -463,7 +464,9 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
         data = SessionCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         fields = launch_with_preset(user=request.user, data=data.validated_data)
-        return Response(launch_preview(resources=fields["resources"], image=fields["image"], owner=request.user))
+        answer = launch_preview(resources=fields["resources"], image=fields["image"], owner=request.user)
+        answer["eta"] = preview_eta(user=request.user, fields=fields, preview=answer)
+        return Response(answer)
 
     @extend_schema(
         summary="Get a terminal ticket",

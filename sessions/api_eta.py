@@ -19,7 +19,10 @@ from console.api_support import ErrorSerializer
 from console.errors import ApplicationError
 from sessions import eta, fairshare
 from sessions.models import Project, SessionStatus
+from sessions.images import image_for_launch
+from sessions.placement import request_validate
 from sessions.selectors import session_get_for
+from sessions.serializers import PreviewSerializer
 
 
 ETA_OUTCOMES = ["now", "estimate", "unknown", "never"]  # sessions.eta.band_outcome
@@ -78,6 +81,53 @@ class EtaSerializer(serializers.Serializer):
         help_text="for a MIG request that does not fit now: smaller MIG profiles it could get now, largest first "
         "(launching again with one of them starts sooner); empty otherwise",
     )
+
+
+class PreviewBandSerializer(serializers.Serializer):
+    outcome = serializers.ChoiceField(
+        ETA_OUTCOMES,
+        help_text='as a pending session\'s ETA: "now" (it fits now and starts at the next pass), "estimate" (between '
+        '`earliest` and `latest`; latest null: unknown), "unknown" (`reason`), "never" (it would be refused)',
+    )
+    earliest = serializers.DateTimeField(allow_null=True)
+    latest = serializers.DateTimeField(allow_null=True)
+    reason = serializers.CharField(allow_blank=True)
+    position = serializers.IntegerField(help_text="its place in the queue were it launched now, 1 first (0: refused)")
+
+
+class PreviewWithEtaSerializer(PreviewSerializer):
+    eta = PreviewBandSerializer(
+        help_text="when it would start were it launched now: the queue replayed as a pending session's ETA is, with "
+        "this request joining it in its place (priority, fair share, arrival)"
+    )
+
+
+def preview_eta(*, user, fields: dict, preview: dict) -> dict:
+    """`PreviewBandSerializer`'s data for a launch `preview` (`sessions.launch.launch_preview`'s
+    answer) of the launch body's `fields` (`launch_with_preset`'s): "never" with the preview's
+    reason when it would be refused, else `eta.request_eta`'s band and place."""
+    if preview["outcome"] == "refused":
+        return {"outcome": "never", "earliest": None, "latest": None, "reason": preview["reason"], "position": 0}
+    request, _ = request_validate(resources=fields["resources"])
+    image = image_for_launch(reference=fields.get("image"), slot=request.slot)
+    band, position, outcome = eta.request_eta(
+        owner=user,
+        request=request,
+        image=image,
+        command=fields.get("command") or "",
+        priority=fields.get("priority") or 0,
+        fits_now=preview["fits_now"],
+    )
+    if outcome == "now" or (preview["fits_now"] and band.earliest is None):
+        now = timezone.now()
+        return {"outcome": "now", "earliest": now, "latest": now, "reason": "", "position": position}
+    return {
+        "outcome": outcome,
+        "earliest": eta.as_datetime(band.earliest),
+        "latest": eta.as_datetime(band.latest),
+        "reason": band.reason,
+        "position": position,
+    }
 
 
 NOT_PENDING = OpenApiResponse(ErrorSerializer, description='The session is not PENDING (type "not-pending").')

@@ -49,6 +49,7 @@ from accelerators.allocation import core
 from accelerators.allocation import replay as pure
 from accelerators.allocation import runtime_history as history
 from accelerators.allocation.errors import AllocationError, InsufficientResource
+from accelerators.allocation.requests import request_to_spec
 from accelerators.allocation.reservation import Reservation, Reservations, reservation_find
 from accelerators.models import ResourceGroup
 from sessions import fairshare, mig_scheduling
@@ -469,6 +470,7 @@ class _Queue:
         policies: dict[str, str] | None = None,
         backfill_limit: int | None = None,
         drain: frozenset[str] = frozenset(),
+        extra: ComputeSession | None = None,
     ):
         self.now = now or timezone.now()
         self.policies = policies or {}
@@ -479,6 +481,8 @@ class _Queue:
             .select_related("owner", "image")
             .order_by("-priority", "created_at", "pk")
         )
+        if extra is not None:  # a request not launched (the preview): it joins the queue now, in its place
+            pending.append(extra)
         active = list(ComputeSession.objects.filter(status__in=ACTIVE_STATUSES).select_related("node", "owner", "image"))
         # a drain stops the sessions on the drained nodes and requeues them by arrival (as a compaction's moves)
         self.moved = [s for s in active if s.node is not None and s.node.name in drain and s.status != SessionStatus.TERMINATING]
@@ -537,7 +541,7 @@ class _Queue:
 
     def queued(self, *, late: bool) -> list[pure.Queued]:
         out = []
-        for session in self.pending:
+        for place, session in enumerate(self.pending, start=1):
             key = str(session.pk)
             if key in self.never:
                 continue
@@ -548,7 +552,7 @@ class _Queue:
                     shape=queue_shape(session),
                     overtaken=session.overtaken,
                     runtime=runtime.latest if late else runtime.earliest,
-                    name=session.name,
+                    name=f"the session at place {place} in the queue",  # a reason names no one's session
                     limit=self.limits.get(self.requests[key].resource_group),
                 )
             )
@@ -623,15 +627,36 @@ class FitsAfter:
     end: End
 
 
-def band_outcome(band: pure.Band, now: float) -> str:
-    """ "now", "estimate", "unknown" or "never" (see `Eta`)."""
+def band_outcome(band: pure.Band, now: float, *, fits_now: bool = True) -> str:
+    """ "now", "estimate", "unknown" or "never" (see `Eta`); "now" only for a band at `now` of a
+    request that fits now (`fits_now`: else sessions are due to end first, an "estimate")."""
     if band.outcome == pure.NEVER:
         return "never"
     if band.earliest is None:
         return "unknown"
-    if band.earliest <= now and band.latest is not None and band.latest <= now:
+    if band.earliest <= now and band.latest is not None and band.latest <= now and fits_now:
         return "now"
     return "estimate"
+
+
+DUE = "it starts once the sessions holding its room end, which they are expected to do now (stopping, or past their expected end)"
+AFTER_ENDS = "at the earliest when the sessions holding its room end; the latest start is unknown ({why})"
+
+
+def band_agreed(band: pure.Band, *, fits_now: bool, after: list[FitsAfter], now: float) -> pure.Band:
+    """`band` made to agree with what the same answer says beside it (issue 32.3: one story in
+    the page, the API and the CLI): a request that does not fit now but whose band starts now
+    gets `DUE` as its reason (never a bare "now" beside "fits now: no"); one with no band whose
+    room is held by sessions with known ends (`after`) starts no earlier than the last of those
+    ends: that is its earliest start, the latest unknown (`AFTER_ENDS`)."""
+    if band.outcome == pure.NEVER or fits_now:
+        return band
+    if band.earliest is not None and band.earliest <= now and not band.reason:
+        return replace(band, reason=DUE)
+    if band.earliest is None and after and all(row.end.earliest is not None for row in after):
+        earliest = max(now, *(row.end.earliest for row in after if row.end.earliest is not None))
+        return pure.Band(earliest, None, pure.PLACED, AFTER_ENDS.format(why=band.reason or "the queue ahead of it"))
+    return band
 
 
 QUEUE_TTL_S = 10.0  # the longest one read of the queue and its two replays serve ETAs (node changes, time)
@@ -677,9 +702,10 @@ def session_eta(*, session: ComputeSession, now: datetime | None = None) -> Eta:
     band = bands.get(key) or pure.Band(None, None, pure.WAITING, "it is no longer waiting")
     position = next((i + 1 for i, s in enumerate(queue.pending) if str(s.pk) == key), 0)
     fits_now, after = _fits_after(queue, key)
+    band = band_agreed(band, fits_now=fits_now, after=after, now=queue.now.timestamp())
     return Eta(
         mig_now=() if fits_now else tuple(_mig_now(queue, key)),
-        outcome=band_outcome(band, queue.now.timestamp()),
+        outcome=band_outcome(band, queue.now.timestamp(), fits_now=fits_now),
         earliest=as_datetime(band.earliest),
         latest=as_datetime(band.latest),
         reason=band.reason,
@@ -689,6 +715,42 @@ def session_eta(*, session: ComputeSession, now: datetime | None = None) -> Eta:
         fits_now=fits_now,
         computed_at=queue.now,
     )
+
+
+def request_eta(
+    *,
+    owner,
+    request: core.ResourceRequest,
+    image=None,
+    command: str = "",
+    priority: int = 0,
+    fits_now: bool | None = None,
+    now: datetime | None = None,
+) -> tuple[pure.Band, int, str]:
+    """When a request not launched would start if it were launched now (issue 32.4: the launch
+    preview): the queue replayed as `session_eta` replays it, with the request joining it now
+    in its place (priority, its owner's fair share, arrival: last among equals). `request`: the
+    normalised request; `image`: a SessionImage or None; `fits_now`: the preview's own answer
+    (None: judged here). Returns (its band, its place in the queue (1-based), `band_outcome`).
+    Reads without locks; writes nothing."""
+    now = now or timezone.now()
+    session = ComputeSession(
+        owner=owner,
+        name="this request",
+        request_spec=request_to_spec(request),
+        command=command,
+        image=image,
+        priority=priority,
+        created_at=now,
+    )
+    queue = _Queue(now=now, extra=session)
+    key = str(session.pk)
+    band = queue.bands().get(key) or pure.Band(None, None, pure.WAITING, "")
+    position = next((i + 1 for i, s in enumerate(queue.pending) if str(s.pk) == key), 0)
+    fits, after = _fits_after(queue, key)
+    fits = fits if fits_now is None else fits_now
+    band = band_agreed(band, fits_now=fits, after=after, now=now.timestamp())
+    return band, position, band_outcome(band, now.timestamp(), fits_now=fits)
 
 
 def _fits_after(queue: _Queue, key: str) -> tuple[bool, list[FitsAfter]]:

@@ -84,9 +84,9 @@ def test_a_preemption_notice_is_a_known_end_before_any_history(db, alice, bob):
     make_cluster(nodes={"n1": [mock_gpu(0)]})
     past_runs(alice, "python long.py", [60, 60, 60], exit_code=0)
     holder = running(alice, minutes_ago=0, command="python long.py")
-    stop = timezone.now() + timedelta(seconds=90)
-    ComputeSession.objects.filter(pk=holder.pk).update(preempt_at=stop)
     mine = waiting(bob, "next")
+    stop = timezone.now() + timedelta(seconds=90)
+    ComputeSession.objects.filter(pk=holder.pk).update(preempt_at=stop, version=holder.version + 1)  # under notice
 
     answer = eta.session_eta(session=mine)
 

@@ -32,7 +32,10 @@
     return Math.floor(h / 24) + " d" + (h % 24 ? " " + (h % 24) + " h" : "");
   }
 
-  function relative(ms) { return ms <= Date.now() + 30000 ? "now" : "in " + span(ms - Date.now()); }
+  // "now" only for a session that fits now; one that waits for ends due now starts "any moment"
+  // (sessions.eta.band_agreed; the CLI says the same)
+  var soon = "now";
+  function relative(ms) { return ms <= Date.now() + 30000 ? soon : "in " + span(ms - Date.now()); }
 
   function band(earliest, latest) { // [clock text, relative text]
     var a = earliest ? new Date(earliest).getTime() : null;
@@ -41,7 +44,7 @@
     if (b === null) return ["from " + clock(a), relative(a) + " at the earliest"];
     if (clock(a) === clock(b)) return ["at " + clock(a), relative(a)];
     var rb = relative(b);
-    return [clock(a) + " – " + clock(b), relative(a) + " to " + (rb === "now" ? "now" : rb.slice(3))];
+    return [clock(a) + " – " + clock(b), relative(a) + " to " + (rb === soon ? soon : rb.slice(3))];
   }
 
   function item(parts) {
@@ -58,6 +61,7 @@
   function render() {
     if (!answer) return;
     var a = answer, text = "", when = "", explain = a.reason || "";
+    soon = a.fits_now ? "now" : "any moment";
     if (a.outcome === "now") {
       text = "It fits now: it starts at the next scheduler pass";
     } else if (a.outcome === "estimate") {
@@ -67,7 +71,7 @@
     } else if (a.outcome === "never") {
       text = "It can never start as asked";
     } else {
-      text = "No estimate yet";
+      text = "No estimate";
     }
     $("eta-answer").textContent = text;
     $("eta-answer").setAttribute("data-outcome", a.outcome);

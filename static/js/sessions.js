@@ -1255,6 +1255,9 @@
     if (refused) submit.disabled = true;
     if (refused) submit.setAttribute("aria-describedby", "preview-line");
     else submit.removeAttribute("aria-describedby");
+    var eta = previewEtaText(data);
+    $("preview-eta").textContent = eta;
+    $("preview-eta").hidden = !eta;
     $("preview-config").textContent = data.configuration || "";
     $("preview-config").hidden = !data.configuration;
     var mig = data.mig || null;
@@ -1281,6 +1284,22 @@
     $("preview-devices").hidden = devices.length === 0;
   }
 
+  // When a request that waits would start (the preview's `eta`: a band from the queue's replay,
+  // as a pending session's "When will I start?" panel gives it; sessions.api_eta.preview_eta).
+  function previewEtaText(data) {
+    var e = data.eta;
+    if (!e || data.fits_now || e.outcome === "never" || e.outcome === "now") return "";
+    var place = e.position ? " · place " + e.position + " in the queue" : "";
+    if (e.outcome !== "estimate" || !e.earliest) return "No estimate of when it starts" + (e.reason ? ": " + e.reason : "") + place;
+    var hm = function (iso) {
+      return new Date(iso).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", hour12: false });
+    };
+    var a = hm(e.earliest), b = e.latest ? hm(e.latest) : "";
+    var when = !b ? "from " + a + " (latest unknown)" : a === b ? "at " + a : a + " – " + b;
+    var due = new Date(e.earliest).getTime() <= Date.now() + 30000 ? " (any moment)" : "";
+    return "Expected to start " + when + due + place;
+  }
+
   function fgpuUnit() {
     var slots = launchOptions.slots || [];
     for (var i = 0; i < slots.length; i++) if (slots[i].allocation_mode !== "discrete") return slots[i].display_unit || "fGPU";
@@ -1303,6 +1322,7 @@
     validate();
     showPreview("invalid", "not valid: " + (data.detail || data.title || "the server refused this request"));
     $("preview-config").hidden = true;
+    $("preview-eta").hidden = true;
     $("preview-mig").hidden = true;
     $("preview-devices").hidden = true;
   }
