@@ -5,6 +5,9 @@
 FROM python:3.11-slim
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
+# iptables: compose's agent guards its sessions' `outbound` network with a chain in the host's tables
+# (agent.network; it runs in the host's network namespace with NET_ADMIN). The other processes never call it.
+RUN apt-get update && apt-get install -y --no-install-recommends iptables && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml README.md ./
 COPY console ./console
 COPY accelerators ./accelerators

@@ -8,6 +8,9 @@ Writes, with new random values:
   FGPU_POSTGRES_PASSWORD, and the broker passwords of the Redis ACL users, one per role
   (console.broker_acl: FGPU_REDIS_WEB_PASSWORD, FGPU_REDIS_MANAGER_PASSWORD, and
   FGPU_REDIS_AGENT_PASSWORD for the agent of node COMPOSE_NODE);
+- and, not a secret, FGPU_APPS_ORIGIN (APPS_ORIGIN: the web's second published port, compose.yaml),
+  where session apps are served: change it to a host name of its own that reaches the web's port
+  8001 (best: another registrable domain, with TLS), as README's "Session apps" says;
 - `deploy/redis/users.acl` (mode 0644: it holds only the SHA-256 of each password, which are
   256-bit random), the Redis ACL file compose's Redis loads: the default user off, one user per
   role (console.broker_acl.acl_file).
@@ -28,10 +31,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_NODE = "compose-node"  # deploy/agent.toml's [agent] id
+APPS_ORIGIN = "http://localhost:8001"  # compose.yaml's web publishes 8001 for it; the console is http://127.0.0.1:8000
 
 
 def env_text(*, broker_passwords: dict[str, str]) -> str:
-    """The `.env` file's text: every secret compose.yaml asks for, new and random."""
+    """The `.env` file's text: every secret compose.yaml asks for, new and random, and the apps origin."""
     from console.broker_acl import MANAGER, WEB, agent_user
 
     values = {
@@ -48,7 +52,12 @@ def env_text(*, broker_passwords: dict[str, str]) -> str:
         "# Secrets of this compose deployment, made by deploy/make_env.py. Keep this file private (mode 0600).",
         "# The console's admin signs in with FGPU_ADMIN_PASSWORD, Grafana's admin with FGPU_GRAFANA_PASSWORD.",
     ]
-    return "\n".join(lines + [f"{name}={value}" for name, value in values.items()]) + "\n"
+    apps = [
+        "# Where session apps are served (not a secret): an origin of their own, never the console's",
+        "# (http://127.0.0.1:8000). localhost:8001 is the web's second port; a host name of its own is better.",
+        f"FGPU_APPS_ORIGIN={APPS_ORIGIN}",
+    ]
+    return "\n".join(lines + [f"{name}={value}" for name, value in values.items()] + apps) + "\n"
 
 
 def write(path: Path, text: str, mode: int) -> None:

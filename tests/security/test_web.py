@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -74,8 +75,12 @@ def test_compose_without_an_env_file_does_not_start_with_default_secrets(tmp_pat
     assert "run deploy/make_env.py first" in out.stderr
 
 
+NOT_SECRET = ("FGPU_APPS_ORIGIN",)  # what make_env.py writes to .env besides the secrets
+
+
 def test_no_secret_of_the_deployment_is_a_known_default(deployment):
     variables, config, _ = deployment
+    variables = {name: value for name, value in variables.items() if name not in NOT_SECRET}
     assert set(variables) >= {"FGPU_SECRET_KEY", "FGPU_METRICS_TOKEN", "FGPU_ADMIN_PASSWORD", "FGPU_GRAFANA_PASSWORD",
                               "FGPU_POSTGRES_PASSWORD", "FGPU_REDIS_WEB_PASSWORD", "FGPU_REDIS_MANAGER_PASSWORD",
                               "FGPU_REDIS_AGENT_PASSWORD"}
@@ -106,8 +111,8 @@ def test_redis_lets_no_one_in_without_a_role_and_each_process_holds_its_own_user
     assert acl_mount["source"].endswith("deploy/redis/users.acl") and acl_mount["read_only"]
     acl = (where / "users.acl").read_text()
     assert acl.splitlines()[0] == "user default off"
-    for secret in variables.values():
-        assert secret not in acl  # only digests
+    for name, secret in variables.items():
+        assert name in NOT_SECRET or secret not in acl  # only digests
     urls = {name: services[name]["environment"]["REDIS_URL"] for name in ("web", "manager", "beat", "agent")}
     assert urls["web"].startswith(f"redis://fgpu-web:{variables['FGPU_REDIS_WEB_PASSWORD']}@")
     assert urls["manager"] == urls["beat"]
@@ -136,6 +141,41 @@ def test_web_manager_and_beat_are_not_root_and_only_the_agent_has_the_docker_soc
     assert any("docker.sock" in str(v) for v in services["agent"]["volumes"])
     assert "deploy/agent.toml" in services["agent"]["command"]
     assert 'runtime = "docker"' in (ROOT / "deploy" / "agent.toml").read_text()
+
+
+def test_apps_are_served_on_an_origin_of_their_own_that_the_web_publishes(deployment):
+    variables, config, _ = deployment
+    web = config["services"]["web"]
+    origin = urlsplit(web["environment"]["FGPU_APPS_ORIGIN"])
+
+    assert web["environment"]["FGPU_APPS_ORIGIN"] == variables["FGPU_APPS_ORIGIN"] == "http://localhost:8001"
+    # Another host name than the console's (http://127.0.0.1:8000), so the browser sends it none of the
+    # console's cookies; the same server behind a second published port, told apart by the Host header.
+    assert origin.hostname not in ("127.0.0.1", "web") and origin.port != 8000
+    published = {(int(p["published"]), int(p["target"])) if isinstance(p, dict) else tuple(map(int, str(p).split(":")[-2:]))
+                 for p in web["ports"]}
+    assert published == {(8000, 8000), (origin.port, 8000)}
+    assert "--port" in web["command"] and web["command"][web["command"].index("--port") + 1] == "8000"
+
+
+def test_compose_sessions_get_the_outbound_network_guarded_by_an_agent_on_the_hosts_network(deployment):
+    from agent.config import load_agent_config
+
+    _, config, _ = deployment
+    services, agent = config["services"], config["services"]["agent"]
+    read = load_agent_config(ROOT / "deploy" / "agent.toml")
+    gateway = config["networks"]["default"]["ipam"]["config"][0]["gateway"]
+    redis_address = services["redis"]["networks"]["default"]["ipv4_address"]
+
+    assert (read.runtime, read.network, read.app_relay) == ("docker", "outbound", True)
+    assert read.block_private_networks  # sessions reach neither this stack's subnet nor the site's
+    # The agent puts its iptables chain into the host's tables, and the web reaches its relays on the
+    # stack network's gateway, an address of the host; it reaches Redis by the address compose fixes.
+    assert agent["network_mode"] == "host" and agent["cap_add"] == ["NET_ADMIN"]
+    assert read.app_address == gateway
+    assert urlsplit(agent["environment"]["REDIS_URL"]).hostname == redis_address
+    assert not services["redis"].get("ports"), "Redis is published"
+    assert "iptables" in (ROOT / "Dockerfile").read_text()
 
 
 def test_the_image_does_not_carry_the_deployments_secrets():
