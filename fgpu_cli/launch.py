@@ -118,12 +118,23 @@ def build_resources(
 
 
 def build_body(
-    *, name=None, command=None, priority=None, image=None, preset=None, preemptible=None, min_runtime=None, **resource_flags
+    *,
+    name=None,
+    command=None,
+    priority=None,
+    image=None,
+    preset=None,
+    preemptible=None,
+    min_runtime=None,
+    preempt_signal=None,
+    requeue=None,
+    **resource_flags,
 ) -> dict:
     """The launch body: `resources` from the GPU, CPU and memory flags (`build_resources`), and
     `name`, `command`, `priority`, `image` (a registered session image's reference; none: the
-    server's default image), `preemptible` (bool) and `min_runtime` (seconds, ≥ 0; UsageError
-    otherwise) where given. With `preset` (a resource preset's name or id) the body
+    server's default image), `preemptible` (bool), `min_runtime` (seconds, ≥ 0; UsageError
+    otherwise), `preempt_signal` (a signal's name, "USR1" or "SIGUSR1": the server checks it) and
+    `requeue` (bool) where given. With `preset` (a resource preset's name or id) the body
     names it and `resources` holds only the flags given, which the server merges into the
     preset's request (a GPU flag replaces its GPU request, `--cpu` / `--mem` its cores and
     memory); no flag: exactly the preset's request."""
@@ -153,4 +164,10 @@ def build_body(
         if min_runtime < 0:
             raise UsageError(f"--min-runtime {min_runtime}: seconds, 0 or more")
         body["min_runtime"] = min_runtime
+    if preempt_signal is not None:
+        if not preempt_signal.strip():
+            raise UsageError("--preempt-signal: a signal's name, e.g. USR1 or SIGTERM")
+        body["preempt_signal"] = preempt_signal.strip()
+    if requeue is not None:
+        body["requeue"] = requeue
     return body

@@ -34,6 +34,7 @@ from fgpu_cli.formatting import (
     size,
     table,
 )
+    until,
 from fgpu_cli.launch import UsageError, build_body
 from fgpu_cli.mig import layout_text, node_text, profiles_text
 from fgpu_cli.sessions import SESSIONS, NotFound, resolve
@@ -203,6 +204,8 @@ def cmd_launch(args) -> int:
         preemptible=args.preemptible,
         min_runtime=args.min_runtime,
         gpu=args.gpu,
+        preempt_signal=args.preempt_signal,
+        requeue=args.requeue,
         gpu_memory=args.gpu_memory,
         gpu_cores=args.gpu_cores,
         gpus=args.gpus,
@@ -327,6 +330,8 @@ def cmd_ps(args) -> int:
     for s in sessions:
         reason = s.get("status_reason") if s["status"] in ("PENDING", "ERROR") else ""
         if reason and len(reason) > 60:
+        if s["status"] == "RUNNING" and s.get("preempt_at"):
+            reason = f"preempted {until(s['preempt_at'])} ({s.get('preempt_signal') or 'SIGTERM'} sent)"
             reason = reason[:59] + "…"
         rows.append(
             [
@@ -371,6 +376,28 @@ def _preemptible_text(session: dict) -> str:
 
 
 def cmd_describe(args) -> int:
+def _preemption_pairs(session: dict) -> list[tuple[str, str]]:
+    """What `fgpu describe` says of a session's preemption: its notice while it stands (when it
+    is stopped, how long from now, the signal it was sent, for which session), its signal, and
+    the sessions it was requeued as or from."""
+    pairs = []
+    if session.get("preempt_at") and session["status"] == "RUNNING":
+        pairs.append(
+            (
+                "Preempted at",
+                f"{session['preempt_at']} ({until(session['preempt_at'])}; {session.get('preempt_signal') or 'SIGTERM'} "
+                f"sent at the notice; for session {short_id(session.get('preempted_for') or '')})",
+            )
+        )
+    if session.get("preempt_signal"):
+        requeue = "" if session.get("requeue", True) else ", not requeued"
+        pairs.append(("Preempt signal", f"{session['preempt_signal']}{requeue}"))
+    for key, label in (("requeued_from", "Requeued from"), ("requeued_as", "Requeued as")):
+        if session.get(key):
+            pairs.append((label, session[key]))
+    return pairs
+
+
     client, creds = _client(args)
     session = resolve(client, args.session, username=creds.username)
     allocations = session.get("allocations") or []
@@ -394,6 +421,7 @@ def cmd_describe(args) -> int:
         ("Priority", session.get("priority")),
         ("Preemptible", _preemptible_text(session)),
         ("Command", session.get("command") or "(interactive shell)"),
+        *_preemption_pairs(session),
         ("Created", session.get("created_at")),
         ("Started", session.get("started_at")),
     ]
@@ -1027,6 +1055,18 @@ def build_parser() -> argparse.ArgumentParser:
         "(fgpu images lists them; default: the server's default image)",
     )
     p.add_argument("--priority", type=int, help="queue priority (above 0: administrators only)")
+    p.add_argument(
+        "--preempt-signal",
+        metavar="SIG",
+        help="the signal it gets when chosen for preemption, at the start of its grace (Slurm's --signal), "
+        "e.g. USR1 (default: its image's, else TERM)",
+    )
+    p.add_argument(
+        "--requeue",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="once preempted (or moved by a compaction), launch it again as a new session keeping its place (default: yes)",
+    )
     p.add_argument(
         "--preemptible",
         action=argparse.BooleanOptionalAction,

@@ -14,6 +14,8 @@ from sessions.models import ComputeSession, SessionStatus
 from sessions.scheduler import schedule_pending
 from sessions.services import PREEMPTED, REQUESTED, session_create, session_report_apply, session_terminate
 from tests.conftest import client_for
+from tests.test_cli import SID, api  # noqa: F401 (the CLI's fake server, a fixture)
+from tests.test_cli import session as cli_session
 from tests.seed import make_cluster, mock_gpu
 
 pytestmark = pytest.mark.django_db
@@ -319,3 +321,34 @@ def test_an_image_names_the_signal_its_sessions_get_unless_the_launch_names_one(
     body = {"resources": {"cuda.shares": "0.5"}, "command": "true", "image": "host"}
     assert client.post("/api/v1/sessions/", body, format="json").json()["preempt_signal"] == "SIGUSR2"
     assert client.post("/api/v1/sessions/", {**body, "preempt_signal": "INT"}, format="json").json()["preempt_signal"] == "SIGINT"
+
+
+def test_the_cli_sends_preempt_signal_and_requeue_and_shows_the_notice(api, capsys):
+    from fgpu_cli import main as cli
+    from fgpu_cli.launch import build_body
+    from fgpu_cli.main import build_parser
+
+    args = build_parser().parse_args(["launch", "--fgpu", "1", "--command", "x", "--preempt-signal", "USR1", "--no-requeue"])
+    assert (args.preempt_signal, args.requeue) == ("USR1", False)
+    assert build_parser().parse_args(["launch", "--fgpu", "1"]).requeue is None
+    assert build_body(fgpu="1", preempt_signal="USR1", requeue=False) == {
+        "resources": {"cuda.shares": "1"}, "preempt_signal": "USR1", "requeue": False}
+
+    soon = (timezone.now() + timedelta(seconds=90)).isoformat()
+    shown = cli_session(status="RUNNING", preempt_at=soon, preempted_for="7f000000-0000-0000-0000-000000000001",
+                        preempt_signal="SIGUSR1", requeue=True, requeued_from=None, requeued_as=None)
+    api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, shown)
+    api.routes[("GET", "/api/v1/sessions/")] = (200, {"results": [shown], "next": None})
+    assert cli.main(["describe", SID]) == 0
+    out = capsys.readouterr().out
+    assert f"Preempted at:    {soon} (in 1m; SIGUSR1 sent at the notice; for session 7f000000)" in out, out
+    assert "Preempt signal:  SIGUSR1" in out
+    assert cli.main(["ps"]) == 0
+    assert "preempted in 1m (SIGUSR1 sent)" in capsys.readouterr().out
+
+    ended = cli_session(status="TERMINATED", preempt_at=soon, preempt_signal="SIGTERM", requeue=True,
+                        requeued_as="7f000000-0000-0000-0000-000000000002", status_reason="preempted: …")
+    api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, ended)
+    assert cli.main(["describe", SID]) == 0
+    out = capsys.readouterr().out
+    assert "Requeued as:     7f000000-0000-0000-0000-000000000002" in out and "Preempted at" not in out
