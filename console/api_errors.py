@@ -2,7 +2,9 @@
 
 `exception_handler` (DRF's EXCEPTION_HANDLER) renders every error an API view raises in it; a
 broker that cannot be reached (Redis down: kombu's OperationalError, redis-py's ConnectionError
-or TimeoutError, from Celery or the channel layer) is a 503 "service-unavailable" with
+or TimeoutError, from Celery or the channel layer) or a database that cannot be (PostgreSQL down
+or its connection cut: Django's OperationalError or InterfaceError, psycopg_pool's PoolTimeout
+among them, after console.settings.DATABASE_POOL's timeout) is a 503 "service-unavailable" with
 `Retry-After`. What no view handles ends in Django's handler500, which answers the same shape
 under /api/ (`console.api_support.server_error`).
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 import logging
 
 from django.core.exceptions import PermissionDenied
+from django.db import InterfaceError as DatabaseInterfaceError
+from django.db import OperationalError as DatabaseOperationalError
 from django.http import Http404
 from kombu.exceptions import OperationalError as KombuOperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -25,6 +29,11 @@ from console.errors import ApplicationError
 log = logging.getLogger(__name__)
 
 BROKER_ERRORS = (KombuOperationalError, RedisConnectionError, RedisTimeoutError)
+# The database could not be reached or its connection broke: no connection within the pool's
+# timeout (PoolTimeout, wrapped by Django), a backend terminated (pg_terminate_backend, a restart),
+# a connection already closed. A statement's transaction was rolled back: nothing of it was kept.
+DATABASE_ERRORS = (DatabaseOperationalError, DatabaseInterfaceError)
+UNAVAILABLE_ERRORS = BROKER_ERRORS + DATABASE_ERRORS
 RETRY_AFTER_S = 5  # what a 503 asks the client to wait before trying again
 
 _TITLES = {
@@ -57,13 +66,19 @@ def error_body(type: str, title: str, detail: str, field_errors: dict[str, list[
     return {"type": type, "title": title, "detail": detail, "field_errors": field_errors or {}}
 
 
+def unavailable_service(exc: BaseException) -> str:
+    """What `exc` (one of UNAVAILABLE_ERRORS) says cannot be reached: "database" or "broker"."""
+    return "database" if isinstance(exc, DATABASE_ERRORS) else "broker"
+
+
 def service_unavailable(exc: BaseException) -> tuple[dict, int, dict[str, str]]:
-    """(body, 503, headers) for a broker error `exc` (one of BROKER_ERRORS), which is logged."""
-    log.warning("answering 503: the broker cannot be reached (%s: %s)", type(exc).__name__, exc)
+    """(body, 503, headers) for a broker or database error `exc` (one of UNAVAILABLE_ERRORS),
+    which is logged (one line: an outage answers many requests)."""
+    service = unavailable_service(exc)
+    what = "The database (PostgreSQL)" if service == "database" else "The message broker (Redis)"
+    log.warning("answering 503: the %s cannot be reached (%s: %s)", service, type(exc).__name__, str(exc).strip()[:200])
     body = error_body(
-        "service-unavailable",
-        "Service unavailable",
-        "The message broker (Redis) cannot be reached right now; try again in a few seconds.",
+        "service-unavailable", "Service unavailable", f"{what} cannot be reached right now; try again in a few seconds."
     )
     return body, 503, {"Retry-After": str(RETRY_AFTER_S)}
 
@@ -71,10 +86,10 @@ def service_unavailable(exc: BaseException) -> tuple[dict, int, dict[str, str]]:
 def exception_handler(exc, context):
     """DRF's handler, answering `error_body` for every error (`field_errors` from a
     ValidationError's fields, nested ones dotted: "resources.cuda.shares"), and a 503 for
-    BROKER_ERRORS; None (Django's handler500 then) for any other exception."""
+    UNAVAILABLE_ERRORS; None (Django's handler500 then) for any other exception."""
     if isinstance(exc, ApplicationError):
         return Response(error_body(exc.type, exc.title, exc.detail, exc.field_errors), status=exc.status)
-    if isinstance(exc, BROKER_ERRORS):
+    if isinstance(exc, UNAVAILABLE_ERRORS):
         body, status, headers = service_unavailable(exc)
         return Response(body, status=status, headers=headers)
     if isinstance(exc, Http404):

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, models, transaction
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
+from django.template import loader
 from django.utils import timezone
 from django.views import defaults
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
@@ -34,7 +35,7 @@ from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schem
 from rest_framework import permissions, serializers, status
 from rest_framework.response import Response
 
-from console.api_errors import BROKER_ERRORS, error_body, service_unavailable
+from console.api_errors import RETRY_AFTER_S, UNAVAILABLE_ERRORS, error_body, service_unavailable, unavailable_service
 from console.errors import ApplicationError
 
 
@@ -162,16 +163,21 @@ def bad_request(request, exception=None):
 
 
 def server_error(request):
-    """handler500: under /api/, the error JSON — 503 "service-unavailable" (with Retry-After)
-    when the exception is a broker one (`console.api_errors.BROKER_ERRORS`), else 500
-    "server-error" (the exception is logged by Django, not shown); Django's page elsewhere.
-    Django calls it while handling the exception, so `sys.exc_info()` holds it."""
+    """handler500: when the exception is a broker or database one that says the service cannot
+    be reached (`console.api_errors.UNAVAILABLE_ERRORS`), 503 with `Retry-After`: under /api/ the
+    error JSON "service-unavailable", elsewhere the pages' own "try again" page (503.html,
+    rendered without the request, so without a query). Else, under /api/, 500 "server-error"
+    (the exception is logged by Django, not shown); Django's page elsewhere. Django calls it
+    while handling the exception, so `sys.exc_info()` holds it."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        body, status, headers = service_unavailable(exc)
+        if request.path.startswith("/api/"):
+            return JsonResponse(body, status=status, headers=headers)
+        page = loader.render_to_string("503.html", {"service": unavailable_service(exc), "retry_after": RETRY_AFTER_S})
+        return HttpResponse(page, status=status, headers=headers)
     if not request.path.startswith("/api/"):
         return defaults.server_error(request)
-    exc = sys.exc_info()[1]
-    if isinstance(exc, BROKER_ERRORS):
-        body, status, headers = service_unavailable(exc)
-        return JsonResponse(body, status=status, headers=headers)
     return JsonResponse(
         error_body("server-error", "Server error", "The server failed to answer this request; the error was logged."), status=500
     )

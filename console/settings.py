@@ -90,7 +90,18 @@ TEMPLATES = [
 # (a request holds its connection to its end: a blocking exec, up to its timeout), a request
 # finding none free waits up to "timeout" seconds; idle ones above "min_size" are closed after
 # "max_idle" seconds. SQLite (standalone) opens a file: nothing to keep.
-DATABASE_POOL = {"min_size": 2, "max_size": 32, "timeout": 30, "max_idle": 60}
+# A database that cannot be reached (stopped, restarting, its host gone) is answered within about
+# a second (issue 33): a request that gets no connection within the pool's "timeout" (1 s) fails
+# with PoolTimeout, which the API answers 503 with Retry-After and the pages with their "try
+# again" page (console.api_errors, console.api_support.server_error), instead of holding the
+# client 30 s for a 500. The pool makes its connections in the background, each attempt given up
+# after DATABASE_CONNECT_TIMEOUT seconds (libpq's connect_timeout; 2 is the least libpq and
+# psycopg honour) and retried with backoff (1 s, 2 s, …) for at most "reconnect_timeout" seconds,
+# after which the next request starts afresh: so the pool is whole again within a few seconds of
+# the database's return, however long it was away (psycopg_pool's default, 300 s, let the backoff
+# grow to minutes while every request answered 503).
+DATABASE_POOL = {"min_size": 2, "max_size": 32, "timeout": 1, "max_idle": 60, "reconnect_timeout": 4}
+DATABASE_CONNECT_TIMEOUT = 2  # seconds
 
 
 def _database(url: str) -> dj_database_url.DBConfig:
@@ -99,7 +110,11 @@ def _database(url: str) -> dj_database_url.DBConfig:
     except Exception as exc:  # dj-database-url raises several types for a bad URL
         raise ImproperlyConfigured(f"DATABASE_URL={url!r}: {exc}") from None
     if config["ENGINE"] == "django.db.backends.postgresql":
-        config["OPTIONS"] = {**config.get("OPTIONS", {}), "pool": dict(DATABASE_POOL)}
+        config["OPTIONS"] = {
+            "connect_timeout": DATABASE_CONNECT_TIMEOUT,
+            **config.get("OPTIONS", {}),
+            "pool": dict(DATABASE_POOL),
+        }
     if config["ENGINE"] == "django.db.backends.sqlite3":
         # Writers queue instead of failing with "database is locked"; IMMEDIATE makes every
         # transaction take the write lock at BEGIN, which is what select_for_update means here.
