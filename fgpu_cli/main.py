@@ -33,8 +33,8 @@ from fgpu_cli.formatting import (
     short_id,
     size,
     table,
-)
     until,
+)
 from fgpu_cli.launch import UsageError, build_body
 from fgpu_cli.mig import layout_text, node_text, profiles_text
 from fgpu_cli.sessions import SESSIONS, NotFound, resolve
@@ -203,9 +203,9 @@ def cmd_launch(args) -> int:
         preset=args.preset,
         preemptible=args.preemptible,
         min_runtime=args.min_runtime,
-        gpu=args.gpu,
         preempt_signal=args.preempt_signal,
         requeue=args.requeue,
+        gpu=args.gpu,
         gpu_memory=args.gpu_memory,
         gpu_cores=args.gpu_cores,
         gpus=args.gpus,
@@ -329,9 +329,9 @@ def cmd_ps(args) -> int:
     rows = []
     for s in sessions:
         reason = s.get("status_reason") if s["status"] in ("PENDING", "ERROR") else ""
-        if reason and len(reason) > 60:
         if s["status"] == "RUNNING" and s.get("preempt_at"):
             reason = f"preempted {until(s['preempt_at'])} ({s.get('preempt_signal') or 'SIGTERM'} sent)"
+        if reason and len(reason) > 60:
             reason = reason[:59] + "…"
         rows.append(
             [
@@ -375,7 +375,6 @@ def _preemptible_text(session: dict) -> str:
     return f"yes (after {runtime} s)" if runtime else "yes"
 
 
-def cmd_describe(args) -> int:
 def _preemption_pairs(session: dict) -> list[tuple[str, str]]:
     """What `fgpu describe` says of a session's preemption: its notice while it stands (when it
     is stopped, how long from now, the signal it was sent, for which session), its signal, and
@@ -398,6 +397,7 @@ def _preemption_pairs(session: dict) -> list[tuple[str, str]]:
     return pairs
 
 
+def cmd_describe(args) -> int:
     client, creds = _client(args)
     session = resolve(client, args.session, username=creds.username)
     allocations = session.get("allocations") or []
@@ -420,8 +420,8 @@ def _preemption_pairs(session: dict) -> list[tuple[str, str]]:
         ("Request", json.dumps(session.get("resources"))),
         ("Priority", session.get("priority")),
         ("Preemptible", _preemptible_text(session)),
-        ("Command", session.get("command") or "(interactive shell)"),
         *_preemption_pairs(session),
+        ("Command", session.get("command") or "(interactive shell)"),
         ("Created", session.get("created_at")),
         ("Started", session.get("started_at")),
     ]
@@ -1056,6 +1056,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--priority", type=int, help="queue priority (above 0: administrators only)")
     p.add_argument(
+        "--preemptible",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether it may be stopped, warned first, for a waiting session of higher priority or of an "
+        "owner under its fair share (default: yes for --command, no for a shell)",
+    )
+    p.add_argument("--min-runtime", type=int, metavar="S", help="seconds after its start it is never preempted")
+    p.add_argument(
         "--preempt-signal",
         metavar="SIG",
         help="the signal it gets when chosen for preemption, at the start of its grace (Slurm's --signal), "
@@ -1067,14 +1075,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="once preempted (or moved by a compaction), launch it again as a new session keeping its place (default: yes)",
     )
-    p.add_argument(
-        "--preemptible",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="whether it may be stopped, warned first, for a waiting session of higher priority or of an "
-        "owner under its fair share (default: yes for --command, no for a shell)",
-    )
-    p.add_argument("--min-runtime", type=int, metavar="S", help="seconds after its start it is never preempted")
     p.add_argument("--wait", action="store_true", help="wait until RUNNING (exit 1 if it ends or errs instead)")
     p.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 1)")
     p.add_argument("--dry-run", action="store_true", help="show what the request would get now; create nothing")
