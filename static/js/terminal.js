@@ -49,10 +49,9 @@
     badge.className = "badge status-" + String(session.status).toLowerCase();
     var final = FINAL.indexOf(session.status) !== -1;
     var reason = final || session.status === "TERMINATING" ? fgpu.endReason(session)
-      : session.status !== "RUNNING" || session.preempt_at ? session.status_reason || "" : "";  // a preemption notice too
+      : session.status !== "RUNNING" ? session.status_reason || "" : "";  // a preemption notice: preemption.js's banner
     $("session-reason").textContent = reason;
     $("session-reason").hidden = !reason;
-    $("session-reason").classList.toggle("is-warning", session.status === "RUNNING" && !!session.preempt_at);
     $("session-configuration").textContent = session.configuration || "—";
     $("session-node").textContent = session.node || "—";
     $("session-devices").textContent = (session.allocations || []).map(function (a) {
