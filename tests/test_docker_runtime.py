@@ -402,6 +402,51 @@ def test_a_session_in_an_image_the_node_lacks_pulls_it_with_progress_then_runs(t
     assert [status for status, _, _ in reports][-1] == "RUNNING"
 
 
+RELAYED_APP = {"name": "files", "command": "cd $HOME && echo relayed > hello.txt && exec python3 -m http.server {port} "
+                                           "--bind {host}", "port": 8000, "base_url": False}  # serves hello.txt: "relayed"
+
+
+async def relay_agent(tmp_path, client, image: str, node: str, runtimes: list, *, network: str, app_address: str) -> Harness:
+    """A started agent of node `node` with the docker runtime on `network` that relays its sessions'
+    apps on `app_address` (agent.toml `app-relay = true`); its runtime is put in `runtimes` (for
+    run_removing)."""
+    layer, manager = InMemoryChannelLayer(), RecordingManager(asyncio.get_running_loop())
+    runtime = DockerRuntime(node=node, default_image=image, network=network, client=client, instance=uuid.uuid4().hex[:10])
+    runtimes.append(runtime)
+    agent = Agent(node=node, inventory={"devices": [DEVICE.as_dict()], "plugins": [], "attributes": {}, "cpu_count": 8,
+                                        "memory_size": 32 * GiB}, channel_layer=layer, manager=manager,
+                  scratch_root=tmp_path / "scratch", mock=True, heartbeat_s=60, runtime=runtime,
+                  app_address=app_address, app_relay=True)
+    await agent.start()
+    return Harness(agent, manager, layer)
+
+
+async def app_answer(h: Harness, session_id: str, app: dict) -> dict:
+    """Open `app` in the session (pty.app_open, as the web does) and wait for its answer past the
+    progress notes: `app.ready` {host, port} or the error."""
+    from tests.test_agent_runtime import TIMEOUT
+
+    reply = await h.layer.new_channel("test.")
+    await h.to_pty(session_id, {"type": "pty.app_open", "app": app, "base_url": "/", "token": "t", "timeout": 60,
+                                "reply_channel": reply})
+    async with asyncio.timeout(TIMEOUT * 3):
+        while (answer := await h.layer.receive(reply))["type"] == "app.progress":
+            pass
+    return answer
+
+
+def run_removing(main, client, node: str, runtimes: list):
+    """asyncio.run(main()), then remove node `node`'s containers and the networks and iptables chains
+    of the docker runtimes main put in `runtimes`, whatever happened."""
+    try:
+        return asyncio.run(main())
+    finally:
+        for container in client.containers.list(all=True, filters={"label": f"{LABEL_NODE}={node}"}):
+            container.remove(force=True)
+        for runtime in runtimes:
+            runtime.session_network.remove()
+
+
 def test_with_app_relay_the_agent_relays_a_containers_app_on_its_app_address_until_the_session_ends(
         tmp_path, docker_client, test_image):
     """agent.toml `[container] app-relay = true`: the web is told the agent's own address (a free
@@ -409,31 +454,15 @@ def test_with_app_relay_the_agent_relays_a_containers_app_on_its_app_address_unt
     closes with the session. (Web hosts that cannot route to the node's bridge network reach the app so.)"""
     import urllib.request
 
-    from tests.test_agent_runtime import TIMEOUT
-
     node = f"docker-node-{uuid.uuid4().hex[:8]}"
-    app = {"name": "files", "command": "cd $HOME && echo relayed > hello.txt && exec python3 -m http.server {port} "
-                                       "--bind {host}", "port": 8000, "base_url": False}
 
     async def main():
-        layer, manager = InMemoryChannelLayer(), RecordingManager(asyncio.get_running_loop())
-        runtime = DockerRuntime(node=node, default_image=test_image, network="bridge", client=docker_client,
-                                instance=uuid.uuid4().hex[:10])  # "bridge": the old name of "outbound" (agent.network)
-        runtimes.append(runtime)
-        agent = Agent(node=node, inventory={"devices": [DEVICE.as_dict()], "plugins": [], "attributes": {}, "cpu_count": 8,
-                                            "memory_size": 32 * GiB}, channel_layer=layer, manager=manager,
-                      scratch_root=tmp_path / "scratch", mock=True, heartbeat_s=60, runtime=runtime,
-                      app_address="127.0.0.1", app_relay=True)
-        await agent.start()
-        h = Harness(agent, manager, layer)
+        # "bridge": the old name of "outbound" (agent.network)
+        h = await relay_agent(tmp_path, docker_client, test_image, node, runtimes, network="bridge", app_address="127.0.0.1")
+        agent, manager = h.agent, h.manager
         try:
             session_id = await h.start_session(start_spec())
-            reply = await layer.new_channel("test.")
-            await h.to_pty(session_id, {"type": "pty.app_open", "app": app, "base_url": "/", "token": "t", "timeout": 60,
-                                        "reply_channel": reply})
-            async with asyncio.timeout(TIMEOUT * 3):
-                while (answer := await layer.receive(reply))["type"] == "app.progress":
-                    pass
+            answer = await app_answer(h, session_id, RELAYED_APP)
             assert answer["type"] == "app.ready", answer
             body = await asyncio.to_thread(lambda: urllib.request.urlopen(
                 f"http://{answer['host']}:{answer['port']}/hello.txt", timeout=10).read())
@@ -450,13 +479,7 @@ def test_with_app_relay_the_agent_relays_a_containers_app_on_its_app_address_unt
             await agent.shutdown()
 
     runtimes: list = []
-    try:
-        answer, body, container_host, after = asyncio.run(main())
-    finally:
-        for container in docker_client.containers.list(all=True, filters={"label": f"{LABEL_NODE}={node}"}):
-            container.remove(force=True)
-        for runtime in runtimes:  # its network and iptables chain, whatever happened
-            runtime.session_network.remove()
+    answer, body, container_host, after = run_removing(main, docker_client, node, runtimes)
 
     assert answer["host"] == "127.0.0.1" and answer["port"] != 8000 and container_host != "127.0.0.1"
     assert body == b"relayed\n"
