@@ -45,7 +45,7 @@ from accelerators.models import (
     SlotFormat,
 )
 from accelerators.selectors import FgpuSummary, device_fgpu_summary
-from accelerators.services import SHARING_FIELDS, node_settings_saved
+from accelerators.services import SHARING_FIELDS, node_mark_dead, node_settings_saved
 
 _EXAMPLE_AMOUNTS = (Decimal("0.5"), Decimal("2"), Decimal("1536"))
 _CENTI = Decimal("0.01")
@@ -615,6 +615,21 @@ class NodeAdmin(admin.ModelAdmin):
     )
     readonly_fields = (*reported, "mig_picture", "mig_status", "usage_charts", "gpu_processes")
     form = NodeForm
+    actions = ("mark_dead",)
+
+    @admin.action(description="Mark dead: its processes are gone, end its sessions (LOST nodes only)", permissions=["change"])
+    def mark_dead(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        """Fencing's administrator's word (accelerators.services.node_mark_dead): each selected LOST
+        node's sessions end and their devices are released; an ALIVE node is refused, named."""
+        from console.errors import ApplicationError
+
+        for node in queryset.order_by("name"):
+            try:
+                ended = node_mark_dead(node_name=node.name, by=request.user.get_username())
+            except ApplicationError as exc:
+                self.message_user(request, exc.detail, messages.ERROR)
+                continue
+            self.message_user(request, f"Node {node.name} marked dead: {ended} session(s) ended, their devices released")
 
     class Media:
         css = {"all": ("vendor/uplot/uPlot.min.css", "css/usage.css")}

@@ -15,13 +15,17 @@ from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.permissions import IsAdminUser
+from rest_framework.response import Response
 
 from accelerators.allocation.units import format_number
 from accelerators.models import AllocationMode, Device, FractionalSettings, Node, NodeStatus, ResourceGroup, SlotFormat
 from accelerators.selectors import device_fgpu_summary, devices_with_usage
-from accelerators.services import node_settings_update
+from accelerators.services import node_mark_dead, node_settings_update
 from console.api_support import (
     ETAG_NOTE,
+    ErrorSerializer,
     IF_MATCH,
     ETagMixin,
     IsAdminOrReadOnly,
@@ -241,6 +245,11 @@ NODE_SETTINGS_DOC = (
 )
 
 
+class MarkDeadSerializer(serializers.Serializer):
+    node = serializers.CharField(help_text="the node's name")
+    sessions_ended = serializers.IntegerField(help_text="how many of its sessions ended, their devices released")
+
+
 @extend_schema_view(
     list=extend_schema(
         summary="List GPU nodes",
@@ -285,6 +294,26 @@ class NodeViewSet(PageDevicesMixin, ETagMixin, mixins.UpdateModelMixin, viewsets
 
     def page_devices(self, rows: list) -> list[Device]:
         return [device for node in rows for device in node.devices.all()]
+
+
+@extend_schema(
+    summary="Mark a LOST node dead (administrators)",
+    tags=["inventory"],
+    request=None,
+    responses={200: MarkDeadSerializer, 403: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
+    description="Fencing: the node's processes are gone (the machine is off or reinstalled), so every session on it "
+    "ends and its devices are released now, instead of when its agent confirms or after FGPU_FENCE_TIMEOUT_SECONDS of "
+    "silence. The node stays LOST until its agent registers again. 409 `node-alive` unless the node is LOST.",
+)
+@api_view(["POST"])
+@permission_classes([IsAdminUser])
+def node_mark_dead_view(request, name: str):
+    """`{"node": name, "sessions_ended": n}` (accelerators.services.node_mark_dead)."""
+    try:
+        ended = node_mark_dead(node_name=name, by=request.user.get_username())
+    except Node.DoesNotExist:
+        raise Http404 from None
+    return Response({"node": name, "sessions_ended": ended})
 
 
 @extend_schema_field(OpenApiTypes.BOOL)

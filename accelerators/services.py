@@ -28,6 +28,10 @@ _MAX_LINK_COUNT = 32767  # DeviceLink.count is a PositiveSmallIntegerField
 # app never imports it.
 node_capacity_changed = Signal()
 
+# Sent inside `node_mark_dead`'s transaction, with `node` (locked, LOST) and `reason`: the sessions
+# app ends the node's sessions and answers how many (sessions.apps), so this app never imports it.
+node_declared_dead = Signal()
+
 # A node's settings an administrator changes to share its devices (the API's NodeSettingsSerializer
 # and the admin form's "Sharing" fields).
 SHARING_FIELDS = ("device_split_count", "memory_scaling", "core_scaling", "resource_group")
@@ -217,6 +221,31 @@ def node_mark_lost(*, timeout_s: int) -> list[str]:
             lost.append(name)
             log.warning("node %s missed heartbeats for %ss: marked LOST", name, timeout_s)
     return lost
+
+
+@transaction.atomic
+def node_mark_dead(*, node_name: str, by: str) -> int:
+    """An administrator (`by`: their username) declares LOST node `node_name` dead: its processes
+    are gone (the machine is off, reinstalled, unplugged), so its sessions end and their devices
+    are released at once instead of waiting for its agent or FGPU_FENCE_TIMEOUT_SECONDS (issue
+    33's fencing; as Slurm's `scontrol update NodeName=… State=DOWN` ends a node's jobs). The node
+    stays LOST until its agent registers again, when whatever still runs there is stopped.
+    Returns how many sessions ended (`node_declared_dead`'s receivers). Raises Node.DoesNotExist
+    for an unknown node, ApplicationError 409 "node-alive" for a node that is not LOST (its agent
+    reports what runs: no one may overrule it)."""
+    from console.errors import ApplicationError
+
+    node = Node.objects.select_for_update().get(name=node_name)
+    if node.status != NodeStatus.LOST:
+        raise ApplicationError(
+            f"node {node_name} is {node.status}: only a LOST node can be marked dead (its agent reports what it runs)",
+            type="node-alive",
+            title="Node alive",
+            status=409,
+        )
+    reason = f"node {node_name} was marked dead by {by}: its processes are assumed gone"
+    log.warning("%s", reason)
+    return sum(int(ended or 0) for _, ended in node_declared_dead.send(sender=Node, node=node, reason=reason))
 
 
 def node_agent_key_rotate(*, node_name: str) -> str:

@@ -67,6 +67,11 @@ urlpatterns = [
         usage_api.node_processes_view,
         name="api-node-processes",
     ),
+    re_path(
+        rf"^api/v1/nodes/(?P<name>{accelerator_api.NodeViewSet.lookup_value_regex})/mark-dead/$",
+        accelerator_api.node_mark_dead_view,
+        name="api-node-mark-dead",
+    ),
     path("metrics", usage_metrics.metrics_view, name="metrics"),
     re_path(
         rf"^api/v1/nodes/(?P<name>{api_mig.NodeMigViewSet.lookup_value_regex})/mig/$",

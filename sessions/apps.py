@@ -9,7 +9,7 @@ class ComputeSessionsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from accelerators.services import node_capacity_changed
+        from accelerators.services import node_capacity_changed, node_declared_dead
 
         # The manager's tasks, registered with the Celery app in every process (the web's too):
         # sessions.passes asks for a pass by the task's name, which an eager Celery (tests,
@@ -17,6 +17,7 @@ class ComputeSessionsConfig(AppConfig):
         from sessions import tasks  # noqa: F401
 
         node_capacity_changed.connect(_node_capacity_changed, dispatch_uid="sessions-schedule-on-node-capacity")
+        node_declared_dead.connect(_node_declared_dead, dispatch_uid="sessions-end-on-node-dead")
 
 
 def _node_capacity_changed(sender, node, **kwargs) -> None:
@@ -25,3 +26,11 @@ def _node_capacity_changed(sender, node, **kwargs) -> None:
     from sessions.passes import schedule_pending_soon
 
     schedule_pending_soon()
+
+
+def _node_declared_dead(sender, node, reason: str, **kwargs) -> int:
+    """An administrator marked LOST `node` dead (accelerators.services.node_mark_dead, inside its
+    transaction): its sessions end and their devices are released. Returns how many ended."""
+    from sessions.reconcile import node_sessions_end
+
+    return node_sessions_end(node_name=node.name, reason=reason)

@@ -23,6 +23,13 @@ session that is just starting; heartbeats older than HEARTBEAT_EXPIRES_S are dro
 So a session stuck by a lost message moves on within START_RESEND_S + two heartbeat intervals
 of its agent being reachable again; an agent that stays away is marked LOST after
 FGPU_HEARTBEAT_TIMEOUT and its sessions end when it registers again.
+
+Fencing (issue 33): a session terminated while its node is LOST stays TERMINATING and keeps its
+devices (sessions.services.session_terminate), since its processes may still run there. What
+ends it is proof that they are gone: the agent's own report of what runs (a heartbeat or a
+registration without it; a restart alone is no proof, since the docker runtime adopts its
+containers), or the node declared dead — silent past FGPU_FENCE_TIMEOUT_SECONDS
+(`sessions_fence_expire`) or marked dead by an administrator (`node_sessions_end`).
 """
 
 from __future__ import annotations
@@ -116,6 +123,49 @@ def sessions_reconcile_heartbeat(*, node_name: str, state: dict) -> dict[str, in
     counts["starts"], counts["stops"] = len(starts), len(stops)
     if any(counts.values()):
         log.info("reconciled node %s with its agent: %s", node_name, counts)
+    return counts
+
+
+def node_sessions_end(*, node_name: str, reason: str) -> int:
+    """Fencing's last step (issue 33): node `node_name` is declared dead — an administrator marked
+    it so, or it stayed silent past FGPU_FENCE_TIMEOUT_SECONDS (`sessions_fence_expire`) — so its
+    processes are assumed gone: every active session on it ends, TERMINATING ones TERMINATED (the
+    stop they waited for; a requester's reason is kept), the others ERROR, each with `reason`,
+    and their allocations are released (sessions.services.session_report_apply: compare-and-set,
+    exactly once). Should the node come back with them running, its agent's first heartbeat gets
+    them stopped (the strays of `sessions_reconcile_heartbeat`). Returns how many ended."""
+    from sessions.services import session_report_apply
+
+    ended = 0
+    for session in ComputeSession.objects.filter(node__name=node_name, status__in=ACTIVE_STATUSES).select_related("node"):
+        final = SessionStatus.TERMINATED if session.status == SessionStatus.TERMINATING else SessionStatus.ERROR
+        ended += session_report_apply(session_id=str(session.pk), status=final, reason=reason, session=session)
+    if ended:
+        log.warning("node %s declared dead: %d session(s) ended, their devices released (%s)", node_name, ended, reason)
+    return ended
+
+
+def sessions_fence_expire(*, timeout_s: int) -> dict[str, int]:
+    """Declare dead every LOST node silent for more than `timeout_s` seconds (counted from its last
+    heartbeat; 0: never) that still has active sessions, and end them (`node_sessions_end`). Each
+    node is locked, LOST and still silent, while its sessions end, so a heartbeat landing meanwhile
+    waits and then finds them ended (its agent is told to stop what still runs). Returns {node
+    name: sessions ended}. Run every few seconds by the manager's beat (node_check_heartbeats)."""
+    from accelerators.models import Node, NodeStatus
+
+    if not timeout_s:
+        return {}
+    cutoff = timezone.now() - timedelta(seconds=timeout_s)
+    silent = Node.objects.filter(status=NodeStatus.LOST, last_heartbeat__lt=cutoff)
+    names = list(silent.filter(sessions__status__in=ACTIVE_STATUSES).values_list("name", flat=True).distinct())
+    counts = {}
+    for name in names:
+        with transaction.atomic():
+            if not list(silent.filter(name=name).select_for_update().values_list("pk", flat=True)):
+                continue  # it came back meanwhile: its agent's reports decide
+            counts[name] = node_sessions_end(
+                node_name=name, reason=f"node {name} was silent for over {timeout_s} s: its processes are assumed gone"
+            )
     return counts
 
 

@@ -167,6 +167,14 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
     the user's request (starting with RECLAIMED or PREEMPTED, it stays the session's reason once it
     ended; so does REQUESTED + the username of whoever asked, which the API gives).
 
+    On a LOST node the session is fenced (issue 33): it moves to TERMINATING like any other and
+    keeps its allocations, so no device it holds is granted again while its processes may still
+    run; its reason says so (`fence_reason`). It ends, and its devices are released, when its
+    agent reports it gone (sessions.reconcile: a heartbeat, or a registration, without it), when
+    the node has been silent FGPU_FENCE_TIMEOUT_SECONDS, or when an administrator marks the node
+    dead (`sessions.reconcile.node_sessions_end`); on a node already past its fence timeout it
+    ends at once.
+
     `session` as read with its node (its status decides which move is tried first; each is a
     compare-and-set, so a stale read only costs a statement). The move to TERMINATING is one
     UPDATE, so outside a transaction the stop goes out as soon as it is committed, before the
@@ -175,16 +183,18 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
         if _cancel_pending(session):
             return session
         session.refresh_from_db(fields=[*SHOWN_STATE, "node"])  # scheduled meanwhile: on a node now
+    reason = reason or "terminating at the user's request"
     if session.node is not None and session.node.status == NodeStatus.LOST:
-        with transaction.atomic():
-            _finish(
-                session, status=SessionStatus.TERMINATED, reason=reason or "terminated while its node was lost", exit_code=None
-            )
-        session.refresh_from_db()
-        return session
+        fence = fence_reason(session.node)
+        if fence is None:  # silent past its fence timeout: its processes are assumed gone
+            with transaction.atomic():
+                _finish(session, status=SessionStatus.TERMINATED, reason=f"{reason}{FENCE_EXPIRED}", exit_code=None)
+            session.refresh_from_db()
+            return session
+        reason += fence
     moved = ComputeSession.objects.filter(
         pk=session.pk, status__in=(SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING)
-    ).update(status=SessionStatus.TERMINATING, status_reason=reason or "terminating at the user's request", version=NEXT_VERSION)
+    ).update(status=SessionStatus.TERMINATING, status_reason=reason, version=NEXT_VERSION)
     if moved:
         _stop_on_commit(session)  # first: the stop does not wait for the read back or the notice
     session.refresh_from_db(fields=SHOWN_STATE)  # keeps the node read with it (unchanged here)
@@ -193,6 +203,34 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
     elif session.status == SessionStatus.TERMINATING:  # asked again: the stop may have been lost
         _stop_on_commit(session)
     return session
+
+
+FENCED = "; releasing its devices when node "  # the rest of a fenced session's reason: `fence_reason`
+FENCE_EXPIRED = "; its node was silent past FGPU_FENCE_TIMEOUT_SECONDS: its processes are assumed gone"
+
+
+def fence_deadline(node) -> datetime | None:
+    """When LOST `node` is assumed dead: its last heartbeat + FGPU_FENCE_TIMEOUT_SECONDS (None:
+    never, with a timeout of 0, or for a node that never sent a heartbeat)."""
+    timeout_s = settings.FGPU_FENCE_TIMEOUT_SECONDS
+    if not timeout_s or node.last_heartbeat is None:
+        return None
+    return node.last_heartbeat + timedelta(seconds=timeout_s)
+
+
+def fence_reason(node) -> str | None:
+    """What a session terminated on LOST `node` says while it waits (appended to its reason, after
+    FENCED): "; releasing its devices when node gpu-1 confirms its processes are gone, or in 287 s
+    (01:40:12 UTC)"; or an administrator's "mark dead", with a fence timeout of 0. None when the
+    node is already past its deadline (`fence_deadline`)."""
+    deadline = fence_deadline(node)
+    if deadline is None:
+        return f"{FENCED}{node.name} confirms its processes are gone, or an administrator marks it dead"
+    left = (deadline - timezone.now()).total_seconds()
+    if left <= 0:
+        return None
+    at = deadline.astimezone(dt_timezone.utc).strftime("%H:%M:%S")
+    return f"{FENCED}{node.name} confirms its processes are gone, or in {int(left + 0.999)} s ({at} UTC)"
 
 
 def _stop_on_commit(session: ComputeSession) -> None:
@@ -322,29 +360,33 @@ def session_report_apply(
     with transaction.atomic():
         if status in (SessionStatus.TERMINATED, SessionStatus.ERROR):
             if status == SessionStatus.TERMINATED and session.status_reason.startswith((RECLAIMED, REQUESTED, PREEMPTED)):
-                reason = session.status_reason  # the manager's reason (who asked), not the agent's "terminated"
+                # the manager's reason (who asked), not the agent's "terminated"; a fence's wait is over
+                reason = session.status_reason.split(FENCED, 1)[0]
             return _finish(session, status=status, reason=reason, exit_code=exit_code)
     log.warning("agent sent unknown status %r for session %s", status, session_id)
     return False
 
 
+AGENT_RESTARTED = "the agent restarted and no longer runs this session"
+
+
 def sessions_reconcile_node(*, node_name: str, running: list[str]) -> list[str]:
     """After an agent (re)registers: sessions the manager holds active on that node but the
-    agent does not run are ended in ERROR (their processes died with the agent) and their
-    allocations released. Returns the ids of the sessions the agent may keep running."""
+    agent does not run are ended in ERROR (their processes died with the agent), TERMINATING ones
+    TERMINATED (who asked stays their reason: `session_report_apply`), and their allocations
+    released. Returns the ids of the sessions the agent may keep running."""
     active = ComputeSession.objects.filter(node__name=node_name, status__in=ACTIVE_STATUSES)
     keep = []
     for session in active:
         if str(session.pk) in running:
             keep.append(str(session.pk))
-        elif session.status in (SessionStatus.PREPARING, SessionStatus.RUNNING, SessionStatus.TERMINATING):
+        elif session.status == SessionStatus.TERMINATING:  # the stop it waited for (a fenced one's too): who asked stays
+            session_report_apply(
+                session_id=str(session.pk), status=SessionStatus.TERMINATED, reason=AGENT_RESTARTED, session=session
+            )
+        elif session.status in (SessionStatus.PREPARING, SessionStatus.RUNNING):
             with transaction.atomic():
-                _finish(
-                    session,
-                    status=SessionStatus.ERROR if session.status != SessionStatus.TERMINATING else SessionStatus.TERMINATED,
-                    reason="the agent restarted and no longer runs this session",
-                    exit_code=None,
-                )
+                _finish(session, status=SessionStatus.ERROR, reason=AGENT_RESTARTED, exit_code=None)
         else:  # SCHEDULED: the start message may still be on its way in the agent's queue
             keep.append(str(session.pk))
     return keep

@@ -261,6 +261,11 @@ def schedule_pending() -> None:
 
 @manager_task("fgpu.manager.node_check_heartbeats")
 def node_check_heartbeats() -> None:
+    """Every few seconds (beat): nodes silent FGPU_HEARTBEAT_TIMEOUT seconds are marked LOST, and
+    LOST ones silent FGPU_FENCE_TIMEOUT_SECONDS are declared dead, their sessions ended
+    (sessions.reconcile.sessions_fence_expire)."""
     from accelerators.services import node_mark_lost
+    from sessions.reconcile import sessions_fence_expire
 
     node_mark_lost(timeout_s=settings.FGPU_HEARTBEAT_TIMEOUT)
+    sessions_fence_expire(timeout_s=settings.FGPU_FENCE_TIMEOUT_SECONDS)

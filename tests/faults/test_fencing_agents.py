@@ -1,0 +1,111 @@
+"""Fencing with real processes (issue 33.5): a session deleted while its node is LOST keeps its GPU
+until its agent confirms the session's processes are gone, so no device is granted twice while
+they may still run.
+
+The stack of tests/faults/conftest.py (web, manager, beat, one agent, a private Redis; a node is
+LOST after 10 s of silence); the node's one GPU is 2 fGPU. The agent is frozen with SIGSTOP (its
+sessions, in sessions of their own, keep running), which makes its node LOST; the session holding
+the whole GPU is deleted; a second session asks for part of that GPU. Then the agent comes back,
+thawed (SIGCONT), or killed and started again (its registration lists what it runs). Every 0.1 s until the second session holds the GPU, the test
+checks that it holds nothing while a process of the first is alive.
+"""
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.stack import ApiClient, session_processes
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+NODE = "fault-node-0"
+BODY = {"cpu": 1, "mem": "64M"}
+
+
+def read(session_id: str):
+    from django.db import connection
+
+    from sessions.models import ComputeSession
+
+    connection.close()  # a fresh read of what the stack's processes wrote
+    return ComputeSession.objects.get(pk=session_id)
+
+
+def node_status() -> str:
+    from accelerators.models import Node
+
+    return Node.objects.get(name=NODE).status
+
+
+def held(session_id: str) -> int:
+    from sessions.models import Allocation
+
+    return Allocation.objects.filter(session_id=session_id, released_at__isnull=True).count()
+
+
+def lost_with_a_deleted_session(stack, alice_token) -> tuple[ApiClient, str, str]:
+    """The whole GPU's session RUNNING with a live process, its agent frozen until its node is LOST,
+    the session deleted (TERMINATING, its GPU still held) and a second session launched for part
+    of the GPU (PENDING). Returns the client and both ids."""
+    client = ApiClient(stack.base, alice_token)
+    status, whole = client.launch("whole", {"resources": {"cuda.shares": "2.0", **BODY}})
+    assert status == 201, whole
+    wait_until(lambda: read(whole["id"]).status == "RUNNING", timeout=60, what="the whole-GPU session to run")
+    wait_until(lambda: session_processes([whole["id"]]).get(whole["id"]), timeout=30, what="its process")
+
+    stack.agents[NODE].signal(signal.SIGSTOP)
+    wait_until(lambda: node_status() == "LOST", timeout=40, what="the frozen agent's node to be LOST")
+    status, deleted = client.delete(whole["id"])
+
+    assert status == 202, deleted
+    assert deleted["status"] == "TERMINATING", deleted
+    assert f"releasing its devices when node {NODE} confirms its processes are gone, or in " in deleted["status_reason"]
+    assert held(whole["id"]) == 1
+    assert session_processes([whole["id"]]).get(whole["id"]), "the frozen node's session runs on"
+    status, newcomer = client.launch("newcomer", {"resources": {"cuda.shares": "0.5", **BODY}})
+    assert status == 201, newcomer
+    assert read(newcomer["id"]).status == "PENDING"
+    return client, whole["id"], newcomer["id"]
+
+
+def granted_only_once_gone(whole: str, newcomer: str) -> None:
+    """Wait until `newcomer` holds the GPU, checking every 0.1 s that it held nothing while a
+    process of `whole` was alive (its allocation read first, the processes after: the strict order)."""
+    twice = []
+
+    def placed() -> bool:
+        holds = held(newcomer) > 0
+        alive = session_processes([whole]).get(whole)
+        if holds and alive:
+            twice.append(alive)
+        return holds and not alive
+
+    wait_until(placed, timeout=90, what="the second session to get the GPU once the first's processes are gone")
+    assert not twice, f"the GPU was granted while the deleted session's processes {twice[0]} still ran"
+    ended = read(whole)
+    assert (ended.status, ended.status_reason, held(whole)) == ("TERMINATED", "at the request of alice", 0)
+    wait_until(lambda: read(newcomer).status == "RUNNING", timeout=60, what="the second session to run")
+
+
+def test_a_session_deleted_while_its_agent_is_frozen_holds_its_gpu_until_the_thawed_agent_stops_it(fault_stack,
+                                                                                                     alice_token):
+    stack = fault_stack(nodes=1, gpus=1)
+    _, whole, newcomer = lost_with_a_deleted_session(stack, alice_token)
+
+    stack.agents[NODE].signal(signal.SIGCONT)
+
+    granted_only_once_gone(whole, newcomer)
+
+
+def test_a_session_deleted_while_its_node_is_lost_holds_its_gpu_until_the_restarted_agent_reports_it_gone(fault_stack,
+                                                                                                            alice_token):
+    stack = fault_stack(nodes=1, gpus=1)
+    _, whole, newcomer = lost_with_a_deleted_session(stack, alice_token)
+    stack.kill(stack.agent_name(NODE))  # sandboxed sessions die with it; the console cannot know that
+
+    assert (read(whole).status, held(whole), held(newcomer)) == ("TERMINATING", 1, 0)
+    stack.restart(stack.agent_name(NODE))  # it registers, listing what it runs: proof
+
+    granted_only_once_gone(whole, newcomer)
