@@ -259,6 +259,11 @@ SPECTACULAR_SETTINGS = {
 # fGPU Console's own knobs.
 FGPU_HEARTBEAT_INTERVAL = env_int("FGPU_HEARTBEAT_INTERVAL", 5, minimum=1, maximum=300)  # seconds
 FGPU_HEARTBEAT_TIMEOUT = env_int("FGPU_HEARTBEAT_TIMEOUT", 30, minimum=2, maximum=3600)  # seconds
+# Fencing (sessions.reconcile): seconds of silence, counted from a LOST node's last heartbeat, after
+# which the console assumes the node's processes are gone and releases its sessions' devices (as
+# Slurm's SlurmdTimeout, 300 s by default, sets a silent node DOWN); 0: never, the console waits
+# for the node's agent or an administrator's "mark dead".
+FGPU_FENCE_TIMEOUT_SECONDS = env_int("FGPU_FENCE_TIMEOUT_SECONDS", 300, minimum=0, maximum=30 * 86400)
 # Refuse every agent message from a node without an agent key (manage.py node_key); off: such a
 # node's messages are applied unauthenticated, as before keys existed.
 FGPU_REQUIRE_NODE_KEYS = env_bool("FGPU_REQUIRE_NODE_KEYS", False)
