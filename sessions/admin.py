@@ -163,6 +163,7 @@ class SessionImageAdmin(admin.ModelAdmin):
         "shell",
         "labels",
         "apps",
+        "preempt_signal",
         "is_default",
         "holding_nodes",
     )

@@ -352,3 +352,21 @@ def test_the_cli_sends_preempt_signal_and_requeue_and_shows_the_notice(api, caps
     assert cli.main(["describe", SID]) == 0
     out = capsys.readouterr().out
     assert "Requeued as:     7f000000-0000-0000-0000-000000000002" in out and "Preempted at" not in out
+
+
+def test_the_preempt_command_is_typed_sealed_per_node_and_refuses_a_signal_no_program_can_catch():
+    from protocol.channel import (
+        MAX_NOTICE_CHARS, AgentLink, CommandGuard, Malformed, PtyPreempt, Refused, command_from_dict, preempt_signal_name)
+
+    assert [preempt_signal_name(v) for v in ("TERM", "usr1", " SIGHUP ")] == ["SIGTERM", "SIGUSR1", "SIGHUP"]
+    for bad in ("KILL", "SIGSTOP", "", "9", "TERMINATE"):
+        with pytest.raises(ValueError):
+            preempt_signal_name(bad)
+    command = PtyPreempt(session_id="s", signal="SIGUSR1", text="notice", notice="2026-11-28T01:00:00+00:00")
+    sealed = AgentLink(node="n1", key="k" * 32).command(command.to_dict())
+    assert command_from_dict(CommandGuard(node="n1", key="k" * 32).open(sealed)) == command
+    with pytest.raises(Refused):  # another node's key: not acted on
+        CommandGuard(node="n2", key="k" * 32).open(sealed)
+    for bad in ({"signal": "SIGKILL"}, {"signal": 15}, {"text": "x" * (MAX_NOTICE_CHARS + 1)}, {"notice": ""}):
+        with pytest.raises(Malformed):
+            command_from_dict({**command.to_dict(), **bad})
