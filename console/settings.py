@@ -269,7 +269,7 @@ FGPU_FENCE_TIMEOUT_SECONDS = env_int("FGPU_FENCE_TIMEOUT_SECONDS", 300, minimum=
 FGPU_REQUIRE_NODE_KEYS = env_bool("FGPU_REQUIRE_NODE_KEYS", False)
 FGPU_TERMINAL_TICKET_TTL = env_int("FGPU_TERMINAL_TICKET_TTL", 60, minimum=5, maximum=3600)  # seconds
 # How many later sessions may start past a pending one that does not fit (backfill) before
-# it is reserved its place; 0 is strict first in, first out.
+# it reserves the node and devices it waits for (sessions.backfill); 0: it reserves at once.
 FGPU_BACKFILL_LIMIT = env_int("FGPU_BACKFILL_LIMIT", 8, minimum=0, maximum=10000)
 # Fair share over time (sessions.fairshare): usage older by this many days counts half; 0 turns it
 # off (first in, first out within a priority).
