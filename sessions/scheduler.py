@@ -64,9 +64,15 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
     fit later in the same pass, and the sessions of that shape behind it get the same reason
     without another placement attempt; reasons are written only where they changed, in bulk.
 
-    Backfill: a session that does not fit now does not block smaller ones behind it, but each
-    time a later session starts past it its `overtaken` count grows, and once that reaches
-    FGPU_BACKFILL_LIMIT nothing behind it starts until it has (0: strict first in, first out).
+    Backfill with reservations (issue 32.1; Slurm's backfill): a session that does not fit now
+    does not block the ones behind it, but each time a later session starts past it its
+    `overtaken` count grows, and once that reaches FGPU_BACKFILL_LIMIT (0: at once) it reserves
+    the node and devices it would get when the sessions there are expected to end, within its
+    resource group, pins and image (`sessions.backfill.reservation_for`); its reason says where
+    and from when. Later sessions start anywhere they do not delay a reservation: elsewhere
+    freely, on reserved devices (or the node's CPU and memory it needs) only when their
+    resource group's maximum lifetime ends them before the reservation's time
+    (`accelerators.allocation.reservation`); one kept off is told whose reservation it is.
 
     Preemption (FGPU_PREEMPTION): after the placements, the pass takes back notices no longer
     needed, stops the sessions whose notice ran out, and puts under notice the fewest
@@ -104,26 +110,30 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
         no_room: dict[str, str] = {}  # request shape → why it did not fit in this pass
         now = timezone.now()
 
-        def reserve() -> None:  # the sessions now at the backfill limit reserve what they wait for
-            for holder in backfill.due():
+        def reserve(waiting: ComputeSession | None = None, reason: str = "") -> None:
+            """`waiting` (if given) waits for `reason`; the sessions now at the backfill limit
+            reserve what they wait for, their reasons saying where (written once)."""
+            if waiting is not None:
+                backfill.block(waiting)
+            due = backfill.due()
+            for holder in due:
                 found = _reservation(holder, view, now, backfill.reservations.held)
+                base = reason if holder is waiting else holder.status_reason
                 if found is not None:
                     backfill.reservations.add(found)
-                    writes.wait(holder, f"{holder.status_reason}; {found.held_reason()}")
+                writes.wait(holder, base if found is None else f"{base}; {found.held_reason()}")
+            if waiting is not None and not any(holder is waiting for holder in due):
+                writes.wait(waiting, reason)
 
         for session in pending:
             image = session.image.reference if session.image else ""
             shape = queue_shape(session)
             if shape in no_room:  # the same request did not fit earlier in this pass: nor does this one
-                writes.wait(session, preempting.get(session.pk) or no_room[shape])
-                backfill.block(session)
-                reserve()
+                reserve(session, preempting.get(session.pk) or no_room[shape])
                 continue
             if image and view.image_missing(image):
                 no_room[shape] = view.image_missing(image)
-                writes.wait(session, no_room[shape])
-                backfill.block(session)
-                reserve()
+                reserve(session, no_room[shape])
                 continue
             request = session_request(session)
             if mig_scheduling.wants_mig(request):
@@ -132,9 +142,7 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
             decision = placement_decide(request=request, image=image, view=view)
             if decision.outcome == WAITING:
                 no_room[shape] = decision.reason
-                writes.wait(session, preempting.get(session.pk) or decision.reason)
-                backfill.block(session)
-                reserve()
+                reserve(session, preempting.get(session.pk) or decision.reason)
                 continue
             if decision.outcome != PLACED:  # no longer satisfiable (e.g. the slot's mode changed)
                 session.status, session.status_reason, session.terminated_at = (

@@ -71,6 +71,10 @@ def test_a_user_who_pins_a_request_to_a_busy_gpu_through_the_api_does_not_stall_
     assert all(state(s).status == SessionStatus.SCHEDULED for s in others), [s.status_reason for s in others]
     assert set().union(*(gpus_of(s) for s in others)) == {A1, mock_gpu(0, node=1).device_id, mock_gpu(1, node=1).device_id}
 
+    version = stall.version
+    schedule_pending()
+    assert state(stall).version == version  # the same reservation next pass: nothing written, no notice
+
     late = launch(alice, "full")  # every GPU taken now: it waits for capacity, not behind bob's request
     schedule_pending()
     assert state(late).status == SessionStatus.PENDING
