@@ -8,8 +8,10 @@ view, instead of each lookup and filter checking its own:
 
 - a NUL in the path is a 404: no object's id or name holds one (under /api/ the API's error shape,
   type "not-found"; elsewhere Django's page);
-- a NUL in a query parameter is a 400 naming the parameter(s) (under /api/ the error shape, type
-  "invalid-parameter", `field_errors` {name: [why]}; elsewhere Django's 400 page).
+- a NUL in a query parameter is, under /api/, a 400 naming the parameter(s) in the error shape
+  (type "invalid-parameter", `field_errors` {name: [why]}); the pages, which ignore a filter they
+  cannot use (`?page=x` is the first page), ignore such a parameter too: it is dropped from
+  `request.GET` before the view (the admin's search included) reads it.
 
 Bodies are the serializers' business: DRF's CharField refuses NUL itself, and the fields that hold
 free JSON check their own (sessions.serializers). Request paths and query strings reach Django
@@ -19,7 +21,6 @@ so no unpaired surrogate, which PostgreSQL refuses as well, can come this way.
 
 from __future__ import annotations
 
-from django.core.exceptions import BadRequest
 from django.http import Http404, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 
@@ -30,19 +31,20 @@ WHY = "must not contain a NUL character (U+0000)"
 
 
 def refused_parameters(query) -> list[str]:
-    """The names (printable: a NUL in a name is shown as `\\x00`) of the parameters of `query` (a
-    QueryDict) whose name or any value holds a character of REFUSED, in order, each once."""
-    names = []
-    for name, values in query.lists():
-        if any(c in REFUSED for c in name) or any(c in REFUSED for value in values for c in value):
-            names.append(name.encode("unicode_escape").decode("ascii"))
-    return names
+    """The names of the parameters of `query` (a QueryDict) whose name or any value holds a
+    character of REFUSED, in order, each once, as sent."""
+    return [name for name, values in query.lists() if any(c in REFUSED for text in (name, *values) for c in text)]
+
+
+def shown(name: str) -> str:
+    """`name` printable: a NUL (or any control character) as its escape, `\\x00`."""
+    return name.encode("unicode_escape").decode("ascii")
 
 
 class RefusedCharactersMiddleware(MiddlewareMixin):
-    """Answers a request whose path or query holds a character of REFUSED itself (see the module
-    docstring): 404 for the path, 400 naming the parameters for the query. MiddlewareMixin: sync
-    and async alike, no thread hop."""
+    """Answers a request whose path holds a character of REFUSED itself (404), and one whose query
+    does (400 naming the parameters under /api/; elsewhere the parameters are dropped): see the
+    module docstring. MiddlewareMixin: sync and async alike, no thread hop."""
 
     def process_request(self, request):
         api = request.path.startswith("/api/")
@@ -55,8 +57,13 @@ class RefusedCharactersMiddleware(MiddlewareMixin):
         names = refused_parameters(request.GET)
         if not names:
             return None
-        detail = "; ".join(f"{name}: {WHY}" for name in names)
         if api:
-            body = error_body("invalid-parameter", "Invalid request", detail, {name: [WHY] for name in names})
+            detail = "; ".join(f"{shown(name)}: {WHY}" for name in names)
+            body = error_body("invalid-parameter", "Invalid request", detail, {shown(name): [WHY] for name in names})
             return JsonResponse(body, status=400)
-        raise BadRequest(detail)
+        kept = request.GET.copy()
+        for name in names:
+            del kept[name]
+        kept._mutable = False
+        request.GET = kept
+        return None
