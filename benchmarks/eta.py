@@ -199,20 +199,41 @@ def estimate(
     for k in waiting:
         band = pure.remaining_band(history.before(at, pods[k]), 0.0, low=low, high=high, minimum=pure.HISTORY_MIN)
         runtimes[k] = band
-    results = []
-    for late in (False, True):
+
+    def room() -> Room:
         seen = cluster.Workload()  # the request shapes seen so far, as the group's PlacementShape counts
         for k in order:
             if pods[k].arrives > at:
                 break
             seen.observe(core.request_shape(pods[k].request, SETTINGS))
-        room = Room(nodes, pods, args.policy, seen)
+        return Room(nodes, pods, args.policy, seen)
+
+    return two_replays(pod_key, pods, room, running, where, waiting, runtimes, bands, at, args.backfill)
+
+
+def two_replays(key, pods, room, running, where, waiting, runtimes, ends, at: float, backfill: int) -> pure.Band:
+    """`key`'s band from the console's two replays at `at` (`sessions.eta`): on a fresh `room()`
+    with the `running` pods where the truth put them (`where`), the `waiting` ones queued for
+    their `runtimes` band's low, then high end (None: no known end), the running ones ending at
+    their `ends` band's (absolute times; None: no known end)."""
+    results = []
+    for late in (False, True):
+        held = room()
         for k in running:
-            room.take(k, where[k])
+            held.take(k, where[k])
         queue = [pure.Queued(k, pods[k].shape, runtime=None if runtimes[k] is None else runtimes[k][int(late)]) for k in waiting]
-        ends = {k: None if bands[k] is None else bands[k][int(late)] for k in running}
-        results.append(pure.replay(queue, ends=ends, room=room, now=at, backfill_limit=args.backfill).starts[pod_key])
+        until = {k: None if ends[k] is None else ends[k][int(late)] for k in running}
+        results.append(pure.replay(queue, ends=until, room=held, now=at, backfill_limit=backfill).starts[key])
     return pure.eta_band(*results)
+
+
+def start_against(band: pure.Band, actual: float, slack: float = 1.0) -> str:
+    """Where a true start fell against a band with both ends: "early", "late" or "in_band"
+    (within `slack` seconds of it)."""
+    assert band.earliest is not None and band.latest is not None
+    if actual < band.earliest - slack:
+        return "early"
+    return "late" if actual > band.latest + slack else "in_band"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,12 +292,8 @@ def main(argv: list[str] | None = None) -> int:
             counts["never"] += 1
         elif band.earliest is None or band.latest is None:
             counts["unknown"] += 1
-        elif actual < band.earliest - 1:
-            counts["early"] += 1
-        elif actual > band.latest + 1:
-            counts["late"] += 1
         else:
-            counts["in_band"] += 1
+            counts[start_against(band, actual)] += 1
         if band.earliest is not None and band.latest is not None:
             widths.append((band.latest - band.earliest) / 60)
             mid = (band.earliest + band.latest) / 2
