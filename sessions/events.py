@@ -45,10 +45,26 @@ def sessions_notify(sessions) -> None:
     One after-commit callback for the whole list: one query (with its prefetches) reads them all,
     and every group send goes out from one event loop, so a scheduler pass placing 1,000
     sessions costs a few hundred milliseconds instead of one query and three thread hops each.
-    A session deleted before the callback runs is skipped. Sends are best-effort (logged)."""
+    A session deleted before the callback runs is skipped. Sends are best-effort (logged), and so
+    is the read: the callback never raises, so nothing after the commit turns the write that
+    notified into an error answer (issue 33)."""
     entries = [(s.pk, s.owner_id) for s in sessions]
     if entries:
-        transaction.on_commit(lambda: _send_updates(entries))
+        transaction.on_commit(lambda: _send_updates(entries), robust=True)
+
+
+def session_notify_rendered(session) -> dict:
+    """Inside the writer's transaction: read `session` as a notice reads it and render its API
+    shape now (the state the commit will hold), and after commit push exactly that shape, as
+    `session_notify` would, without reading the database again. Returns the shape, which
+    `shape_shown` gives too. A write that answers with its session (a launch) so has nothing left
+    to do after its commit that needs the database: the answer is the one the commit earned,
+    whatever happens to the database's connections then (issue 33). Raises what the read raises
+    (django.db.DatabaseError): before the commit, so the write is rolled back with it."""
+    shapes = _render([session.pk])
+    entries = [(session.pk, session.owner_id)]
+    transaction.on_commit(lambda: _push(entries, shapes), robust=True)
+    return shapes[str(session.pk)]
 
 
 _rendered = threading.local()  # .shapes: {session id: API shape} of this thread's last notice
@@ -63,14 +79,33 @@ def shape_shown(session) -> dict | None:
     return shape if shape is not None and shape.get("version") == session.version else None
 
 
-def _send_updates(entries: list[tuple]) -> None:
+def _render(session_ids: list) -> dict[str, dict]:
+    """{session id (text): API shape} of the sessions `session_ids` that exist, read now; kept as
+    this thread's last rendering (`shape_shown`). Raises DatabaseError when the read fails."""
     from sessions.selectors import sessions_shown_by_id
     from sessions.serializers import session_shapes
 
-    fresh = sessions_shown_by_id(list(dict.fromkeys(session_id for session_id, _ in entries)))
+    fresh = sessions_shown_by_id(list(dict.fromkeys(session_ids)))
     # Through JSON, so the messages hold only plain types (msgpack on the Redis layer).
     shapes = {shape["id"]: shape for shape in json.loads(JSONRenderer().render(session_shapes(fresh)))}
     _rendered.shapes = shapes
+    return shapes
+
+
+def _send_updates(entries: list[tuple]) -> None:
+    """After commit: read the sessions of `entries` ((id, owner id) pairs) and push their notices.
+    Never raises: a read that fails (the database's connection cut) loses these notices, logged;
+    the pages re-read the list when their websocket reconnects, and the next change notifies."""
+    try:
+        shapes = _render([session_id for session_id, _ in entries])
+    except Exception:
+        log.warning("could not read %d session(s) for their notices after commit; not sent", len(entries), exc_info=True)
+        return
+    _push(entries, shapes)
+
+
+def _push(entries: list[tuple], shapes: dict[str, dict]) -> None:
+    """Queue the notices of `entries` with their `shapes` (from `_render`) on the sender."""
     sends = []
     for session_id, owner_id in entries:
         shape = shapes.get(str(session_id))

@@ -122,9 +122,12 @@ def session_create(
             requeue=requeue,
         )
         # The pass first: the launch does not wait for the page's notice (a page that hears the
-        # pass's state first keeps it: it has the higher version).
-        transaction.on_commit(_schedule_soon)
-        events.session_notify(session)
+        # pass's state first keeps it: it has the higher version). Both are best-effort after the
+        # commit (robust: logged, never raised), and the notice's shape, which is the launch's
+        # answer too (events.shape_shown), is read here, before the commit: nothing after the
+        # commit can turn the launch into an error answer (issue 33).
+        transaction.on_commit(_schedule_soon, robust=True)
+        events.session_notify_rendered(session)
     return session
 
 
