@@ -25,6 +25,7 @@ from fgpu_cli.formatting import (
     amount,
     decimal_text,
     eta_band,
+    eta_start,
     flatten,
     gib,
     key_values,
@@ -231,6 +232,12 @@ def cmd_launch(args) -> int:
         ]
         if preview.get("reason"):
             pairs.append(("Reason", preview["reason"]))
+        band = preview.get("eta")  # when it would start (servers before issue 32 send none)
+        if band and not preview.get("fits_now") and band.get("outcome") != "never":
+            pairs.append(("Would start", eta_start({**band, "fits_now": False})))
+            if band.get("reason"):
+                pairs.append(("Why", band["reason"]))
+            pairs.append(("Place in queue", band.get("position")))
         print(key_values(pairs))
         if preview.get("devices"):
             print()
@@ -474,16 +481,7 @@ def _eta(client, session: dict) -> dict | None:
 
 
 def _eta_pairs(eta: dict) -> list[tuple[str, object]]:
-    outcome = eta.get("outcome")
-    if outcome == "now":
-        start = "now: it fits and starts at the next scheduler pass"
-    elif outcome == "estimate":
-        start = eta_band(eta.get("earliest"), eta.get("latest"))
-    elif outcome == "never":
-        start = "never, as asked"
-    else:
-        start = "unknown"
-    pairs: list[tuple[str, object]] = [("Estimated start", start)]
+    pairs: list[tuple[str, object]] = [("Estimated start", eta_start(eta))]
     if eta.get("reason"):
         pairs.append(("Why", eta["reason"]))
     pairs += [("Place in queue", eta.get("position")), ("Fits now", "yes" if eta.get("fits_now") else "no")]
