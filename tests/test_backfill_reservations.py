@@ -192,3 +192,15 @@ def test_in_the_replay_small_sessions_streaming_in_never_push_a_reserved_big_one
     assert out.starts["big"].at == 1100.0  # when r ends, as reserved
     early = [k for k, s in out.starts.items() if k != "big" and s.at is not None and s.at < 1100.0]
     assert early and all(out.starts[k].at + 30 <= 1100.0 for k in early)  # backfilled, each done by 100
+
+
+def test_a_pass_reserves_for_the_first_sessions_at_the_limit_only_up_to_its_bound():
+    class Waiting:
+        overtaken = 3
+
+    backfill = pure.Backfill(3)
+    for _ in range(pure.RESERVATIONS_MAX + 4):
+        backfill.block(Waiting())
+
+    assert backfill.due() == backfill.blocked[: pure.RESERVATIONS_MAX]  # in queue order
+    assert backfill.due() == []  # each once a pass, and no more than the bound

@@ -31,6 +31,7 @@ WAITING = "waiting"
 NEVER = "never"
 
 MAX_EVENTS = 5000  # passes a replay makes at most (a moment at which something ends is one pass)
+RESERVATIONS_MAX = 16  # backfill reservations a pass makes at most (each reads the sessions on its nodes)
 HISTORY_MIN = 3  # runtimes needed before a history is believed (`remaining_band`'s `minimum`)
 # Quantiles of a history that bound a prediction: on openb (benchmarks/eta.py, results/eta.txt) the
 # start fell in the band of 93 % of the estimates that gave one at 5-95 %, 43 % at 10-90 %.
@@ -55,8 +56,11 @@ class Backfill:
 
     def due(self) -> list:
         """The blocked sessions overtaken as often as the limit allows whose reservation was not
-        looked for yet in this pass (each is returned once), in queue order."""
-        out = [b for b in self.blocked if b.overtaken >= self.limit and id(b) not in self._looked]
+        looked for yet in this pass (each is returned once), in queue order; the first
+        RESERVATIONS_MAX of the pass only (the others wait as before, passable, until those
+        ahead of them start: Slurm bounds its backfill's work alike, bf_max_job_test)."""
+        room = RESERVATIONS_MAX - len(self._looked)
+        out = [b for b in self.blocked if b.overtaken >= self.limit and id(b) not in self._looked][: max(0, room)]
         self._looked.update(id(b) for b in out)
         return out
 

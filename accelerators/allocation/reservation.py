@@ -137,6 +137,21 @@ def _blank(device: core.DeviceState) -> core.DeviceState:
     )
 
 
+def _may_fit(node: core.NodeState, request: core.ResourceRequest, settings: core.FractionalSettings | None) -> bool:
+    """A cheap necessary condition for `request` on `node` (free CPU cores and memory; idle
+    devices for whole ones, devices not full for per-device requests, free fGPU for shares):
+    False only where `core.place` would refuse it, so a reservation skips its cost there."""
+    if node.cpu_total - node.cpu_used < request.cpu or node.mem_total - node.mem_used < request.mem:
+        return False
+    if request.kind == "device":
+        return sum(1 for d in node.devices if d.is_idle) >= request.amount
+    if request.kind == "per_device":
+        return sum(1 for d in node.devices if not d.is_full) >= request.amount
+    if request.kind == "shares" and settings is not None:
+        return sum((core.device_free_shares(d, settings) for d in node.devices), Decimal(0)) >= request.amount
+    return True
+
+
 def reservation_find(
     nodes: Sequence[core.NodeState],
     *,
@@ -168,10 +183,10 @@ def reservation_find(
         except AllocationError:
             return None
 
-    def shown(state: dict[str, core.NodeState], avoid: bool) -> list[core.NodeState]:
+    def shown(some: Iterable[core.NodeState], avoid: bool) -> list[core.NodeState]:
         if not avoid:
-            return list(state.values())
-        return [replace(n, devices=tuple(_blank(d) if d.device_id in taken else d for d in n.devices)) for n in state.values()]
+            return list(some)
+        return [replace(n, devices=tuple(_blank(d) if d.device_id in taken else d for d in n.devices)) for n in some]
 
     for avoid in (True, False) if taken else (False,):
         state = {n.node_id: n for n in nodes}
@@ -179,14 +194,17 @@ def reservation_find(
             (k for k, h in holdings.items() if h.node_id in state), key=lambda k: (ends.get(k) is None, ends.get(k) or 0.0, k)
         )
         released: list[str] = []
-        placement = fits(shown(state, avoid))
+        candidates = [n for n in shown(state.values(), avoid) if _may_fit(n, request, settings)]
+        placement = fits(candidates) if candidates else None
         for other in order:
             if placement is not None:
                 break
             held = holdings[other]
             state[held.node_id] = core.release_placement(state[held.node_id], cpu=held.cpu, mem=held.mem, grants=held.grants)
             released.append(other)
-            placement = fits(shown(state, avoid))
+            # only the node that end freed room on can hold it now (nothing else changed): one node to try
+            [freed] = shown([state[held.node_id]], avoid)
+            placement = fits([freed]) if _may_fit(freed, request, settings) else None
         if placement is None:
             continue
         node = state[placement.node_id]
