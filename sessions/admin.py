@@ -486,16 +486,57 @@ class FragmentationMapAdmin(admin.ModelAdmin):
     def map_link(self, obj) -> str:
         return format_html('<a href="{}/change/">free fGPU, stranded capacity and compaction plan</a>', obj.pk)
 
+    change_list_template = "admin/sessions/fragmentation_list.html"
+
+    def get_urls(self):
+        from django.urls import path
+
+        implicit = path(
+            "default/",
+            self.admin_site.admin_view(self.implicit_view),
+            name="compute_sessions_fragmentationmap_default",
+        )
+        return [implicit, *super().get_urls()]
+
     def changelist_view(self, request, extra_context=None):
-        return super().changelist_view(request, {"title": "Fragmentation maps: pick a resource group", **(extra_context or {})})
+        from sessions.api_fragmentation import implicit_default_group
+
+        return super().changelist_view(
+            request,
+            {
+                "title": "Fragmentation maps: pick a resource group",
+                "implicit_default": implicit_default_group(),
+                **(extra_context or {}),
+            },
+        )
+
+    def implicit_view(self, request):
+        """The map of the implicit group "default": the nodes in no resource group (issue 32.5;
+        `sessions.api_fragmentation.implicit_default_group`), 404 where there is none."""
+        from django.http import Http404
+
+        from accelerators.selectors import DEFAULT_GROUP, placement_options
+        from sessions.api_fragmentation import implicit_default_group
+
+        if not self.has_view_permission(request) or not implicit_default_group():
+            raise Http404("no implicit default group: every node is in a resource group, or one is named default")
+        shown = {"name": DEFAULT_GROUP, "policy": placement_options(group=None)["policy"], "implicit": True}
+        return self._map_view(request, None, shown)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        from django.shortcuts import get_object_or_404, redirect
+        from django.shortcuts import get_object_or_404
+
+        group = get_object_or_404(FragmentationMap, pk=object_id)
+        return self._map_view(request, group, group, extra_context)
+
+    def _map_view(self, request, group, shown, extra_context=None):
+        """The map page of `group` (None: the implicit "default"), shown as `shown` (its name and
+        policy); a POST applies its plan."""
+        from django.shortcuts import redirect
         from django.template.response import TemplateResponse
 
         from sessions.compaction import compaction_apply, fragmentation_report
 
-        group = get_object_or_404(FragmentationMap, pk=object_id)
         if request.method == "POST":
             if not self.has_change_permission(request, group):
                 raise PermissionDenied
@@ -516,9 +557,9 @@ class FragmentationMapAdmin(admin.ModelAdmin):
         report = fragmentation_report(group=group)
         context = {
             **self.admin_site.each_context(request),
-            "title": f"Fragmentation map: {group.name}",
+            "title": f"Fragmentation map: {shown['name'] if group is None else group.name}",
             "opts": self.model._meta,
-            "group": group,
+            "group": shown,
             "report": report,
             **_report_context(report),
             **(extra_context or {}),

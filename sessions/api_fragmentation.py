@@ -1,6 +1,12 @@
 """`GET /api/v1/fragmentation/` (administrators): each resource group's fragmentation map and
 compaction plan (sessions.compaction); `POST /api/v1/fragmentation/apply/` applies one group's
-plan, as the admin page's button does. Amounts in fGPU (text), work in fGPU-seconds."""
+plan, as the admin page's button does. Amounts in fGPU (text), work in fGPU-seconds.
+
+Nodes in no resource group form the implicit group "default" (issue 32.5) when no group of that
+name exists: the scheduler places a request naming no group on any alive node under fgd-plus
+(`accelerators.selectors.placement_scope`, `placement_options`), so that group's map is every
+alive node's, with the shapes of the requests naming no group (`compaction.fragmentation_report`
+with group None). It is listed when no group is defined or some alive node is in none."""
 
 from __future__ import annotations
 
@@ -12,7 +18,8 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
 from accelerators.allocation.units import amount_text
-from accelerators.models import ResourceGroup
+from accelerators.models import Node, NodeStatus, ResourceGroup
+from accelerators.selectors import DEFAULT_GROUP
 from console.api_support import ErrorSerializer
 from console.errors import ApplicationError
 from sessions.compaction import compaction_apply, fragmentation_report
@@ -48,6 +55,10 @@ class PlanSerializer(serializers.Serializer):
 
 class FragmentationSerializer(serializers.Serializer):
     group = serializers.CharField()
+    implicit = serializers.BooleanField(
+        help_text='true: "default", the nodes in no resource group (no group of that name exists): requests naming '
+        "no group, placed on any alive node"
+    )
     slot = serializers.CharField()
     fractional = serializers.BooleanField(help_text="false: the slot is in discrete mode, no fGPU map")
     free = serializers.CharField(allow_null=True)
@@ -63,7 +74,8 @@ class FragmentationSerializer(serializers.Serializer):
 def _shape(report) -> dict:
     found, plan, now = report.map, report.plan, report.now.timestamp()
     body = {
-        "group": report.name,
+        "group": report.name or DEFAULT_GROUP,
+        "implicit": report.group is None,
         "slot": report.slot,
         "fractional": report.fractional,
         "free": None,
@@ -122,13 +134,35 @@ def _shape(report) -> dict:
     return body
 
 
-def _groups(request) -> list[ResourceGroup]:
-    """Every resource group, or those named `?group=` (a filter: none for an unknown name)."""
+def implicit_default_group() -> bool:
+    """Whether the nodes in no resource group form the implicit group "default" (module
+    docstring): no group of that name, and no group at all or an alive node in none. Two queries."""
+    if ResourceGroup.objects.filter(name=DEFAULT_GROUP).exists():
+        return False
+    return not ResourceGroup.objects.exists() or Node.objects.filter(status=NodeStatus.ALIVE, resource_group=None).exists()
+
+
+def fragmentation_group(name: str) -> ResourceGroup | None:
+    """The resource group of `name` for an apply; None for the implicit "default". Raises
+    ApplicationError (400) for a name that is neither."""
+    group = ResourceGroup.objects.filter(name=name).first()
+    if group is None and not (name == DEFAULT_GROUP and implicit_default_group()):
+        raise ApplicationError(f"group: no resource group {name!r}", field_errors={"group": ["a resource group's name"]})
+    return group
+
+
+def _groups(request) -> list[ResourceGroup | None]:
+    """Every resource group and the implicit "default" (None) where there is one, by name, or
+    those named `?group=` (a filter: none for an unknown name)."""
     if not request.user.is_staff:
         raise PermissionDenied("Only administrators may see the fragmentation map.")
     name = request.query_params.get("group")
     groups = ResourceGroup.objects.order_by("name")
-    return list(groups if name is None else groups.filter(name=name))
+    found: list[ResourceGroup | None] = list(groups if name is None else groups.filter(name=name))
+    if name in (None, DEFAULT_GROUP) and implicit_default_group():
+        found.append(None)
+        found.sort(key=lambda g: g.name if g is not None else DEFAULT_GROUP)
+    return found
 
 
 @extend_schema(
@@ -138,11 +172,13 @@ def _groups(request) -> list[ResourceGroup]:
         OpenApiParameter(
             "group",
             OpenApiTypes.STR,
-            description="only the resource group of this name (default: every one; an unknown name: none)",
+            description='only the resource group of this name ("default": the nodes in no group where no group has '
+            "that name; without it every one; an unknown name: none)",
         )
     ],
     responses={200: FragmentationSerializer(many=True), 403: ErrorSerializer},
-    description="Per resource group (administrators): free fGPU by device, stranded capacity (free but unusable by "
+    description="Per resource group (administrators), and for the nodes in no group as the implicit group "
+    "'default' (`implicit`: true) when no group has that name: free fGPU by device, stranded capacity (free but unusable by "
     "any request shape launched in the group in the last 7 days), the largest request that fits now, "
     "and the compaction plan for the largest waiting session: the fewest preemptible sessions to move "
     "(stop and start again elsewhere) so that it fits, with its cost. Non-preemptible sessions are "
@@ -154,7 +190,9 @@ def fragmentation_view(request):
 
 
 class CompactionApplySerializer(serializers.Serializer):
-    group = serializers.CharField(max_length=64, help_text="the resource group's name")
+    group = serializers.CharField(
+        max_length=64, help_text='the resource group\'s name ("default" for the nodes in no group, where no group has that name)'
+    )
     expected = serializers.ListField(
         child=serializers.UUIDField(),
         required=False,
@@ -174,6 +212,7 @@ class MovedSerializer(serializers.Serializer):
         "session (the moved session's requeued_as)",
     )
     to_node = serializers.CharField(help_text="where the plan expects it to start again")
+    preempt_at = serializers.DateTimeField(help_text="when it is stopped: now + FGPU_PREEMPTION_GRACE_SECONDS")
 
 
 class CompactionAppliedSerializer(serializers.Serializer):
@@ -207,13 +246,8 @@ def fragmentation_apply_view(request):
         raise PermissionDenied("Only administrators may apply a compaction plan.")
     data = CompactionApplySerializer(data=request.data)
     data.is_valid(raise_exception=True)
-    group = ResourceGroup.objects.filter(name=data.validated_data["group"]).first()
-    if group is None:
-        raise ApplicationError(
-            f"group: no resource group {data.validated_data['group']!r}", field_errors={"group": ["a resource group's name"]}
-        )
+    group = fragmentation_group(data.validated_data["group"])
     expected = data.validated_data["expected"]
-    preempt_at = serializers.DateTimeField(help_text="when it is stopped: now + FGPU_PREEMPTION_GRACE_SECONDS")
     done = compaction_apply(
         admin=request.user, group=group, expected=[str(e) for e in expected] if expected is not None else None
     )

@@ -137,3 +137,76 @@ def test_a_plan_that_changed_is_refused_and_a_group_with_nothing_to_move_says_so
     nothing = client.post("/api/v1/fragmentation/apply/", {"group": "default"}, format="json")
     assert nothing.status_code == 409 and nothing.json()["type"] == "nothing-to-apply"
     assert client.get("/api/v1/fragmentation/?group=default").json()[0]["plan"] is None
+
+
+# --- the implicit default group (issue 32.5) ------------------------------------------------------------
+
+@pytest.fixture
+def ungrouped(alice, bob):
+    """The fragmented cluster with its nodes in no resource group (as `make run` leaves them)."""
+    make_cluster(nodes={"n1": [mock_gpu(0, node=0)], "n2": [mock_gpu(0, node=1)]})
+    assert not ResourceGroup.objects.exists()
+    filler = run(alice, "filler", "2", pin=GPU_N1)
+    job = run(alice, "job", "0.5")
+    session_report_apply(session_id=str(filler.pk), status=SessionStatus.TERMINATED, reason="done")
+    run(alice, "shell", "1.5", command="", pin=GPU_N1)
+    run(alice, "notebook", "1", command="", pin=GPU_N2)
+    waiting = session_create(owner=bob, name="waiting", resources={"cuda.shares": "1", "mem": "64M"})
+    schedule_pending()
+    return job, waiting
+
+
+def test_without_resource_groups_the_nodes_form_the_implicit_default_group_in_the_api(ungrouped, admin):
+    job, waiting = ungrouped
+
+    every = client_for(admin).get("/api/v1/fragmentation/").json()
+    named = client_for(admin).get("/api/v1/fragmentation/?group=default").json()
+
+    assert len(every) == len(named) == 1 and every[0]["devices"] == named[0]["devices"]
+    (body,) = every
+    assert (body["group"], body["implicit"]) == ("default", True)
+    assert sorted({d["node"] for d in body["devices"]}) == ["n1", "n2"]
+    assert (body["free"], body["largest_fgpu"]) == ("1", "0.5")
+    assert body["target"]["id"] == str(waiting.pk)
+    assert [m["session"] for m in body["plan"]["moves"]] == [str(job.pk)]
+
+
+def test_a_real_group_named_default_replaces_the_implicit_one_and_ungrouped_nodes_beside_groups_keep_it(ungrouped, admin):
+    ResourceGroup.objects.create(name="other")
+    Node.objects.filter(name="n1").update(resource_group=ResourceGroup.objects.get(name="other"))
+
+    beside = client_for(admin).get("/api/v1/fragmentation/").json()
+    assert [(g["group"], g["implicit"]) for g in beside] == [("default", True), ("other", False)]
+
+    ResourceGroup.objects.create(name="default")
+    named = client_for(admin).get("/api/v1/fragmentation/").json()
+    assert [(g["group"], g["implicit"]) for g in named] == [("default", False), ("other", False)]
+
+
+def test_the_implicit_groups_page_shows_its_map_and_applies_its_plan(ungrouped, admin):
+    job, waiting = ungrouped
+    page = Client()
+    page.force_login(admin)
+
+    listed = page.get("/admin/compute_sessions/fragmentationmap/").content.decode()
+    shown = page.get("/admin/compute_sessions/fragmentationmap/default/")
+
+    assert "/admin/compute_sessions/fragmentationmap/default/" in listed
+    assert shown.status_code == 200
+    html = shown.content.decode()
+    assert "the nodes in no resource group" in html and "Move 1 session off <strong>n2</strong>" in html
+    applied = page.post("/admin/compute_sessions/fragmentationmap/default/", {"expected": str(job.pk)})
+    assert applied.status_code == 302
+    assert ComputeSession.objects.get(pk=job.pk).preempted_for_id == waiting.pk  # under notice (issue 32.2: moved with grace)
+
+
+def test_the_implicit_group_is_applied_through_the_api_and_an_unknown_group_is_a_400(ungrouped, admin):
+    job, waiting = ungrouped
+    client = client_for(admin)
+
+    unknown = client.post("/api/v1/fragmentation/apply/", {"group": "nope"}, format="json")
+    applied = client.post("/api/v1/fragmentation/apply/", {"group": "default", "expected": [str(job.pk)]}, format="json")
+
+    assert unknown.status_code == 400 and "no resource group 'nope'" in unknown.json()["detail"]
+    assert applied.status_code == 200, applied.content
+    assert applied.json()["moved"][0]["session"] == str(job.pk)
