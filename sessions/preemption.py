@@ -123,12 +123,13 @@ def preemption_pass(*, blocked: list[ComputeSession], scope_of, options_of, now=
     noticed = ComputeSession.objects.filter(preempt_at__isnull=False).filter(
         Q(status__in=UNDER_NOTICE) | Q(status__in=FINAL_STATUSES, requeue=True, requeued_as__isnull=True)
     )
-    if noticed.exists():
+    standing = noticed.exists()
+    if standing:
         out.update(withdrawn=_withdraw(now), stopped=_stop_due(now), requeued=_requeue_ended(now))
     waiters = [s for s in blocked if s.status_reason.startswith(CAPACITY)][:MAX_WAITERS_PER_PASS]
     if waiters:
         _choose(waiters, scope_of, options_of, now, warned, reasons)
-    if warned or noticed.exists():
+    if warned or standing:
         out["signalled"] = notices_send(now)
     return out
 

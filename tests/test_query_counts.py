@@ -325,8 +325,9 @@ def test_a_notices_shape_is_not_answered_for_another_state_of_the_session(alice)
 # The session with its node, whose key checks the signature; BEGIN, the conditional UPDATE of the
 # session, the release of its allocations, COMMIT; then, after the commit, the notice's read (3, as
 # above), the MIG layout retry's look at the node, and the scheduler pass the release asks for (eager
-# in tests, a task of its own in production: BEGIN, the pending sessions, COMMIT).
-REPORT_QUERIES = 1 + 4 + 3 + 1 + 3
+# in tests, a task of its own in production: BEGIN, the pending sessions, whether a preemption
+# notice stands or a preempted session waits to be requeued (sessions.preemption), COMMIT).
+REPORT_QUERIES = 1 + 4 + 3 + 1 + 4
 
 
 @pytest.mark.django_db(transaction=True)  # the notice is rendered at the real commit, as in production
