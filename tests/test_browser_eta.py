@@ -3,8 +3,9 @@ standalone console (tests/test_browser_workloads.py's `console`): bob's session 
 the administrator's batch job, which holds the demo node's whole GPU and whose owner's earlier
 runs of the same command took 50-70 minutes; bob's page shows the estimate (a band of times), his place in the
 queue, which session's end would make room (another user's: no name) and why it waits on each
-node. When the job is terminated, bob's session starts and the panel goes away by itself.
-Desktop screenshot: eta-pending-desktop.png."""
+node; his launch dialog says when a new request would start. When the job is terminated, bob's
+session starts and the panel goes away by itself. Screenshots: eta-pending-desktop.png,
+eta-launch-preview.png."""
 from __future__ import annotations
 
 import re
@@ -104,6 +105,19 @@ def test_a_pending_sessions_page_says_when_it_should_start_and_what_it_waits_for
     assert admin_page.js_errors == [], admin_page.js_errors
     assert admin.call("GET", f"/api/v1/projects/{project['id']}/")[1]["share_weight"] == 1  # not saved
     admin_page.context.close()
+
+    # The launch dialog says when a request would start were it launched now (issue 32.4).
+    dialog_page = new_page(browser)
+    log_in(dialog_page, console.url, username="bob", password=BOB_PASSWORD)
+    dialog_page.click("#start-session")
+    expect(dialog_page.locator("#launch-dialog")).to_be_visible()
+    expect(dialog_page.locator("#preview-line")).to_have_text(re.compile(r"^will wait: "))
+    expect(dialog_page.locator("#preview-eta")).to_have_text(
+        re.compile(rf"^Expected to start {CLOCK} – {CLOCK} · place 2 in the queue$"))
+    dialog_page.locator("#launch-dialog").screenshot(path=str(screenshot_dir() / "eta-launch-preview.png"),
+                                                    animations="disabled")
+    assert dialog_page.js_errors == [], dialog_page.js_errors
+    dialog_page.context.close()
 
     admin.call("DELETE", f"/api/v1/sessions/{job['id']}/")  # room: bob's session starts, the panel goes
     expect(page.locator("#session-status-badge")).to_have_text("RUNNING")
