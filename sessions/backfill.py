@@ -40,31 +40,25 @@ def reservation_for(
     pure_settings,
     now: datetime,
     earlier: list[Reservation],
+    cache: dict | None = None,
 ) -> Reservation | None:
     """Where PENDING `session` (its normalised `request`) reserves in this pass
     (`reservation_find`): on the nodes of its `scope()` (its resource group, slot and image, as
     the pass holds them: rows locked, the pass's placements applied and written), once the
     active sessions there end at their latest expected end (`eta.expected_end`; None when
     unknown). A MIG request holds the MIG GPUs (`Reservation.mig`: its instance is not planned
-    ahead). None when it would not fit even with them all ended (it waits for something else). One query for the sessions, one
-    for their allocations, and the ETA's reads of their policies and histories."""
+    ahead). None when it would not fit even with them all ended (it waits for something else).
+    One query for the sessions, one for their allocations, and the ETA's reads of their
+    policies and histories, kept in `cache` (by node set) for the next reservation on the same
+    nodes: the caller empties it when it places a session."""
     if mig_scheduling.wants_mig(request):
         return Reservation.mig(str(session.pk), session.name)
     room = scope()
-    active = list(
-        ComputeSession.objects.filter(status__in=ACTIVE_STATUSES, node__name__in=list(room.rows)).select_related(
-            "node", "owner", "image"
-        )
-    )
-    grants: dict[str, list[core.DeviceGrant]] = {}
-    rows = Allocation.objects.filter(session__in=active, released_at__isnull=True).values_list(
-        "session_id", "device_id", "shares", "memory", "procs"
-    )
-    for session_id, device_id, shares, memory, procs in rows:
-        grants.setdefault(str(session_id), []).append(core.DeviceGrant(str(device_id), shares, memory, procs))
-    holdings = {str(s.pk): _Holding(s.node.name, s.cpu, s.mem, tuple(grants.get(str(s.pk), ()))) for s in active if s.node}
-    facts = eta._Facts(now=now, sessions=active)
-    ends = {str(s.pk): eta.expected_end(s, facts).latest for s in active}
+    cache = {} if cache is None else cache
+    nodes = frozenset(room.rows)
+    if nodes not in cache:
+        cache[nodes] = _held_on(nodes, now)
+    holdings, ends = cache[nodes]
     return reservation_find(
         room.nodes,
         key=str(session.pk),
@@ -79,6 +73,26 @@ def reservation_for(
     )
 
 
+def _held_on(nodes: frozenset[str], now: datetime) -> tuple[dict[str, _Holding], dict[str, float | None]]:
+    """What the active sessions on `nodes` (names) hold, and their latest expected ends (epoch
+    seconds; None: unknown), by session id."""
+    active = list(
+        ComputeSession.objects.filter(status__in=ACTIVE_STATUSES, node__name__in=list(nodes)).select_related(
+            "node", "owner", "image"
+        )
+    )
+    grants: dict[str, list[core.DeviceGrant]] = {}
+    rows = Allocation.objects.filter(session__in=active, released_at__isnull=True).values_list(
+        "session_id", "device_id", "shares", "memory", "procs"
+    )
+    for session_id, device_id, shares, memory, procs in rows:
+        grants.setdefault(str(session_id), []).append(core.DeviceGrant(str(device_id), shares, memory, procs))
+    holdings = {str(s.pk): _Holding(s.node.name, s.cpu, s.mem, tuple(grants.get(str(s.pk), ()))) for s in active if s.node}
+    facts = eta._Facts(now=now, sessions=active)
+    ends = {str(s.pk): eta.expected_end(s, facts).latest for s in active}
+    return holdings, ends
+
+
 class PreviewView(ReadView):
     """`placement_decide`'s view for the launch preview: a `ReadView` (no locks) whose
     placements go around the reservations the next pass would make for the PENDING sessions
@@ -87,6 +101,7 @@ class PreviewView(ReadView):
 
     def __init__(self) -> None:
         self._around: Reservations | None = None
+        self._held: dict = {}  # reservation_for's cache: nothing is placed here
 
     def reservations(self) -> Reservations:
         if self._around is None:
@@ -109,6 +124,7 @@ class PreviewView(ReadView):
                     pure_settings=pure_settings,
                     now=now,
                     earlier=self._around.held,
+                    cache=self._held,
                 )
                 if found is not None:
                     self._around.add(found)

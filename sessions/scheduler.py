@@ -208,6 +208,7 @@ def _reservation(session: ComputeSession, view: _PassView, now, earlier: list[Re
         pure_settings=pure_settings,
         now=now,
         earlier=earlier,
+        cache=view.held,
     )
 
 
@@ -328,6 +329,7 @@ class _PassView(RememberingReadView):
         self.around = Reservations()  # the pass's backfill reservations: placements go around them
         self.end: float | None = None  # when the session being placed would end at the latest (epoch seconds)
         self._limits: dict[str, int] | None = None
+        self.held: dict = {}  # `sessions.backfill.reservation_for`'s read of the sessions on a node set, until a placement
 
     def end_of(self, request: core.ResourceRequest, now) -> float | None:
         """When a session of `request` started `now` ends at the latest: its resource group's
@@ -344,6 +346,7 @@ class _PassView(RememberingReadView):
         """Drop the scopes read so far (their rows stay locked); the next request re-reads them.
         For placements made outside this view (MIG)."""
         self.scopes.clear()
+        self.held.clear()
 
     def mig(self, request, image: str):
         """The MIG choice for `request` (`mig_scheduling.mig_choose`), its rows locked; raises
@@ -371,6 +374,7 @@ class _PassView(RememberingReadView):
 
     def commit(self, scope: PlacementScope, request: core.ResourceRequest, pure_settings, placement: core.Placement) -> None:
         node = core.apply_placement(scope.nodes[scope.rows[placement.node_id]], request, placement)
+        self.held.clear()  # the sessions on its nodes changed: a reservation reads them again
         for other in self.scopes.values():
             if other.slot == scope.slot:
                 other.update(node)
