@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import logging
 import os
 import pty
 import select
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -38,6 +40,7 @@ import protocol
 from protocol.files import PROJECTS_DIR
 from accelerators.allocation.units import format_binary_size
 from agent.network import installation_id
+from agent.holder import receive_fd
 from agent.limits import Hierarchies, SessionLimits, cgroup_mounts, remove_dir
 from agent.sandbox import SANDBOX_AUTO, SANDBOX_BUBBLEWRAP, SANDBOX_NONE, Sandbox, SandboxError, SlirpNetwork, read_init_pid
 from agent.sandbox import become_subreaper, netns_socket, reap_orphans, wait_set_up
@@ -75,7 +78,7 @@ class SessionHandle:
     def __init__(
         self,
         session_id: str,
-        process: subprocess.Popen,
+        process: subprocess.Popen | None,
         master_fd: int,
         *,
         env: dict,
@@ -88,10 +91,8 @@ class SessionHandle:
     ):
         self.session_id = session_id
         self.process = process
-        self.pid = process.pid
+        self.pid = process.pid if process is not None else 0  # a HeldSession's leader is its holder's child
         self.cgroup = cgroup  # its processes, where the runtime gave it a cgroup; else found by scanning /proc
-        # No process older than its leader is the session's (what a scan reads the environment of).
-        self.started = None if cgroup is not None else _start_ticks("/proc", str(process.pid))
         self.fd = master_fd
         self.env = env
         self.work_dir = work_dir
@@ -101,7 +102,9 @@ class SessionHandle:
         self.network = network  # its outbound network's slirp4netns (agent.sandbox.SlirpNetwork), ended by `remove`
         # Its init's pidfd (to see it exit and reap it, whatever pid it leaves free) and its PID
         # namespace (which processes of its cgroup are inside the sandbox); -1 and "" without one.
-        self._init_fd, self._pid_namespace = _open_init(init_pid) if sandbox is not None else (-1, "")
+        self._init_fd, self._pid_namespace = _open_init(init_pid) if sandbox is not None and init_pid else (-1, "")
+        # No process older than its leader is the session's (what a scan reads the environment of).
+        self.started = None if cgroup is not None else _start_ticks("/proc", str(self.pid))
 
     def read(self, size: int) -> bytes:
         try:
@@ -125,10 +128,12 @@ class SessionHandle:
             return None
 
     def poll(self) -> int | None:
+        assert self.process is not None
         return self.process.poll()
 
     def wait(self) -> int:
         """Blocking: the leader's exit status (negative: killed by that signal, as Popen says)."""
+        assert self.process is not None
         return self.process.wait()
 
     def resize(self, rows: int, cols: int) -> None:
@@ -330,6 +335,130 @@ class SessionHandle:
             self._init_fd = -1
 
 
+HOLDER_SCRIPT = Path(__file__).resolve().parent / "holder.py"  # run as a file (`python -I`): it imports only the stdlib
+HOLDERS_DIR = ".holders"  # under the agent's scratch root: each held session's socket, exit status and record
+HOLDER_RING_BYTES = 64 * 1024  # the scrollback a holder keeps and replays (agent.core's SCROLLBACK_BYTES)
+HOLDER_START_TIMEOUT_S = 10.0  # how long a spawn waits for its holder to say its leader runs
+HOLDER_INPUT_BUFFER = 16 * 1024  # the agent's send buffer towards a holder: input held back beside the PTY's own
+HOLDER_EXIT_WAIT_S = 2.0  # how long `wait` waits for a holder to write the status of its leader, once it exited
+
+
+class HeldSession(SessionHandle):
+    """A session whose PTY a holder process owns (agent.holder), which outlives the agent: `fd` is
+    the holder's Unix socket (output as it comes, the scrollback first; what is written there is
+    the terminal's input), the PTY's master (sent by the holder) serves `resize`, the leader is the
+    holder's child (its exit status is read from the holder's `<socket>.exit`). An agent that
+    starts again re-attaches to it (`ProcessRuntime.clean_up_at_start`: `adopt`). The rest (its
+    processes, cgroup, sandbox, exec) is SessionHandle's."""
+
+    def __init__(
+        self,
+        session_id: str,
+        pid: int,
+        connection: socket.socket,
+        master_fd: int,
+        *,
+        env: dict,
+        work_dir: Path,
+        exit_path: Path,
+        holder_cgroup: SessionCgroup | None,
+        holder_pid: int,
+        cgroup: SessionCgroup | None = None,
+        sandbox: Sandbox | None = None,
+        init_pid: int = 0,
+        status_fd: int = -1,
+        network: SlirpNetwork | None = None,
+        holder: subprocess.Popen | None = None,
+    ):
+        self.holder = holder  # the holder where this agent started it (reaped by `remove`); None once adopted
+        self.master_fd = master_fd
+        self.exit_path = exit_path
+        self.holder_cgroup = holder_cgroup
+        self.holder_pid = holder_pid
+        super().__init__(
+            session_id, None, connection.detach(), env=env, work_dir=work_dir, cgroup=cgroup, sandbox=sandbox,
+            init_pid=init_pid, status_fd=status_fd, network=network,
+        )  # fmt: skip
+        self.pid = pid  # `fd` is the holder's connection, read and written as a PTY is (os.read, os.write)
+        if cgroup is None:
+            self.started = _start_ticks("/proc", str(pid))
+
+    def close_stream(self) -> None:
+        os.close(self.fd)
+        os.close(self.master_fd)
+
+    def resize(self, rows: int, cols: int) -> None:
+        set_winsize(self.master_fd, rows, cols)
+
+    def exit_fd(self) -> int | None:
+        """The leader's pidfd, or None once the holder recorded its end (its pid may be another's)."""
+        return None if self.exit_path.exists() else super().exit_fd()
+
+    def poll(self) -> int | None:
+        """The leader's exit status once it exited (the holder's record; negative: killed by that
+        signal), else None; -SIGKILL where it is gone and its holder too, without a record."""
+        try:
+            return int(self.exit_path.read_text().strip())
+        except (OSError, ValueError):
+            pass
+        if _running(self.pid) or _running(self.holder_pid):
+            return None
+        return -signal.SIGKILL
+
+    def wait(self) -> int:
+        """Blocking: the leader's exit status (as `poll`), waiting for it to exit and then up to
+        HOLDER_EXIT_WAIT_S for its holder to write it."""
+        _wait_exit(self.pid, 365 * 86400.0)
+        deadline = time.monotonic() + HOLDER_EXIT_WAIT_S
+        while (code := self.poll()) is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return -signal.SIGKILL if code is None else code
+
+    def remove(self) -> None:
+        """Blocking: SessionHandle.remove, then its holder ended (its cgroup removed; without one,
+        killed) and reaped where this agent started it, and its socket and records removed."""
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        if self.holder_cgroup is not None:
+            self.holder_cgroup.remove()
+        else:
+            _kill(self.holder_pid, signal.SIGKILL)
+        if self.holder is not None:
+            self.holder.wait()
+        super().remove()
+        for path in (self.exit_path, self.exit_path.with_suffix(".json"), self.exit_path.with_suffix("")):
+            try:
+                path.unlink()
+            except OSError:
+                pass
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` lives (not a zombie)."""
+    fields = _stat_fields("/proc", str(pid)) if pid > 0 else None
+    return fields is not None and fields[0] not in "ZX"
+
+
+def holder_connect(holders: Path, session_id: str, *, timeout: float = HOLDER_START_TIMEOUT_S) -> tuple[socket.socket, int]:
+    """Blocking: a connection to session `session_id`'s holder, whose socket is in `holders`, and
+    the PTY master it sent (agent.holder.receive_fd); the connection non-blocking. Raises OSError
+    (no holder listens there)."""
+    directory = os.open(holders, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.settimeout(timeout)
+        connection.connect(f"/proc/self/fd/{directory}/{session_id}")  # any scratch root's length (sun_path: 108 bytes)
+        master = receive_fd(connection)
+    except BaseException:
+        connection.close()
+        raise
+    finally:
+        os.close(directory)
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, HOLDER_INPUT_BUFFER)
+    connection.setblocking(False)
+    return connection, master
+
+
 class ProcessRuntime:
     """Sessions as PTY process groups on the node, each confined by bubblewrap (agent.sandbox): an
     unprivileged user that is never the agent's (`uid`/`gid`, agent.toml's `[container] uid`,
@@ -373,7 +502,9 @@ class ProcessRuntime:
         gid: int = 1000,
         network: str = "none",
         block_private: bool = True,
+        hold: bool = True,
     ) -> None:
+        self.hold = hold  # each session's PTY held by a holder of its own, which outlives the agent (HeldSession)
         self.sandbox_setting = sandbox
         self.uid, self.gid, self.network, self.block_private = uid, gid, network, block_private
         self.sandbox: Sandbox | None = None  # set by `confine` where bubblewrap works
@@ -465,6 +596,10 @@ class ProcessRuntime:
             projects = work_dir / PROJECTS_DIR
             sandbox.own(work_dir, *([projects] if projects.is_dir() else []), *data)
         cgroup = self.cgroups.create(spec["session_id"], spec=spec) if self.cgroups is not None else None  # with its limits
+        if self.hold:
+            return self._spawn_held(
+                session_id=spec["session_id"], argv=argv, env=env, work_dir=work_dir, cgroup=cgroup, sandbox=sandbox, data=data
+            )
         master_fd, slave_fd = pty.openpty()
         set_winsize(slave_fd, 24, 80)
         status_read, status_write = os.pipe() if sandbox is not None else (-1, -1)
@@ -520,27 +655,175 @@ class ProcessRuntime:
             init_pid=init_pid, status_fd=status_read, network=network,
         )  # fmt: skip
 
+    def _spawn_held(
+        self, *, session_id: str, argv: list[str], env: dict, work_dir: Path, cgroup: SessionCgroup | None,
+        sandbox: Sandbox | None, data: list[Path],
+    ) -> HeldSession:  # fmt: skip
+        """Blocking: `spawn` through a holder (agent.holder) of the session's own: the holder, in
+        a cgroup of its own (`holder-<id>` beside the session's, where sessions have cgroups) and a
+        process session of its own, starts the leader (which joins `cgroup`) on the PTY; its socket,
+        exit status and record (`<id>.json`: what `adopt` needs) lie in `<scratch root>/.holders`.
+        Raises SandboxError and OSError as `spawn`, the holder and what it started ended."""
+        holders = work_dir.parent / HOLDERS_DIR
+        holders.mkdir(mode=0o700, exist_ok=True)
+        master_fd, slave_fd = pty.openpty()
+        set_winsize(slave_fd, 24, 80)
+        status_read, status_write = os.pipe() if sandbox is not None else (-1, -1)
+        block_read, block_write = os.pipe() if sandbox is not None and sandbox.outbound else (-1, -1)
+        slirp_read, slirp_write = os.pipe() if block_write >= 0 else (-1, -1)  # slirp4netns ends with the holder
+        if sandbox is not None:
+            _check_executable(argv[0], cwd=work_dir, env=env)
+            argv = sandbox.command(argv, home=work_dir, data=data, status_fd=status_write, block_fd=block_read)
+        procs = "\n".join(map(os.fsdecode, cgroup.procs_paths)) if cgroup is not None else ""
+        leader = ["/bin/sh", "-c", LEADER_SCRIPT, "fgpu-session", procs, os.ttyname(slave_fd), *argv]
+        holder_cgroup = None
+        if self.cgroups is not None:
+            holder_cgroup = SessionCgroup(self.cgroups.parent / f"holder-{session_id}")
+            holder_cgroup.path.mkdir(exist_ok=True)
+        directory = os.open(holders, os.O_PATH | os.O_DIRECTORY)
+        inherited = [fd for fd in (status_write, block_read) if fd >= 0]
+        holder_argv = [
+            sys.executable, "-I", "-S", str(HOLDER_SCRIPT), f"/proc/self/fd/{directory}/{session_id}", str(HOLDER_RING_BYTES),
+            str(master_fd), str(slave_fd), "--", *leader,
+        ]  # fmt: skip
+        holder = None
+        network, init_pid, connection, master = None, 0, None, -1
+        try:
+            try:
+                holder = popen_leader(
+                    holder_argv, cgroup=holder_cgroup, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, cwd=work_dir,
+                    env={"PATH": os.environ.get("PATH", os.defpath), "FGPU_HOLDER_FDS": ",".join(map(str, inherited))},
+                    pass_fds=(master_fd, slave_fd, directory, *inherited, *([slirp_write] if slirp_write >= 0 else [])),
+                )  # fmt: skip
+            finally:
+                for fd in (slave_fd, directory, status_write, block_read, slirp_write, master_fd):
+                    if fd >= 0:
+                        os.close(fd)
+            assert holder.stdin is not None and holder.stdout is not None
+            holder.stdin.write(b"".join(os.fsencode(f"{name}={value}") + b"\0" for name, value in env.items()))
+            holder.stdin.close()
+            ready, _, _ = select.select([holder.stdout], [], [], HOLDER_START_TIMEOUT_S)
+            line = holder.stdout.readline() if ready else b""
+            if not line.strip().isdigit():
+                holder.kill()
+                said = holder.communicate()[1].decode(errors="replace").strip()[-1024:]
+                raise SandboxError(f"the session's holder did not start: {said or f'exit status {holder.returncode}'}")
+            pid = int(line)
+            holder.stdout.close()
+            holder.stderr.close()  # type: ignore[union-attr]
+            connection, master = holder_connect(holders, session_id)
+            if sandbox is not None:
+                try:
+                    init_pid = read_init_pid(status_read)
+                    if block_write >= 0:
+                        block, block_write = block_write, -1
+                        network = _attach(sandbox, init_pid, block, exit_fd=slirp_read)
+                    wait_set_up(init_pid)
+                except SandboxError as exc:
+                    _kill(pid, signal.SIGKILL)
+                    raise SandboxError(f"{exc}: {_said_through(connection)}") from None
+        except BaseException:
+            if block_write >= 0:  # never let a sandbox without its network rules go on
+                if init_pid:
+                    _kill(init_pid, signal.SIGKILL)
+                os.close(block_write)
+            for fd in (status_read, slirp_read, master):
+                if fd >= 0:
+                    os.close(fd)
+            if connection is not None:
+                connection.close()
+            if cgroup is not None:
+                cgroup.remove()
+            if holder_cgroup is not None:
+                holder_cgroup.remove()
+            if holder is not None:
+                holder.kill()
+                holder.wait()
+            if network is not None:
+                network.close()
+            raise
+        if slirp_read >= 0:
+            os.close(slirp_read)
+        handle = HeldSession(
+            session_id, pid, connection, master, env=env, work_dir=work_dir, exit_path=holders / f"{session_id}.exit",
+            holder_cgroup=holder_cgroup, holder_pid=holder.pid, cgroup=cgroup, sandbox=sandbox, init_pid=init_pid,
+            status_fd=status_read, network=network, holder=holder,
+        )  # fmt: skip
+        record = {"pid": pid, "holder_pid": holder.pid, "init_pid": init_pid, "work_dir": str(work_dir), "env": env}
+        (holders / f"{session_id}.json").write_text(json.dumps(record))
+        return handle
+
     def clean_up_at_start(self, scratch_root: Path) -> tuple[list[SessionHandle], int]:
         """Blocking, when the agent starts: decide how sessions' processes are tracked (their
         own cgroups, or the /proc scan; logged with the reason), then return the sessions to
-        adopt (none: a PTY does not survive its agent) and how many processes an earlier run's
-        sessions left were killed: through the cgroups under the agent's parent cgroup, and
-        those found by the FGPU_ALLOCATION under `scratch_root` in their environment (one scan
-        in either mode: a run that used the scan, or an agent from before cgroups, left its
-        sessions in no cgroup of ours). First, whether sessions can be sandboxed (`confine`;
-        raises SandboxError where agent.toml requires bubblewrap and it cannot run)."""
+        adopt (those whose holder still runs, `adopt`; none where sessions are not held: a PTY
+        does not survive its agent) and how many processes an earlier run's other sessions left
+        were killed: through the cgroups under the agent's parent cgroup, and those found by the
+        FGPU_ALLOCATION under `scratch_root` in their environment (one scan in either mode: a run
+        that used the scan, or an agent from before cgroups, left its sessions in no cgroup of
+        ours). First, whether sessions can be sandboxed (`confine`; raises SandboxError where
+        agent.toml requires bubblewrap and it cannot run)."""
         self.confine()
         name = parent_cgroup_name(self.node, scratch_root, tag=self.tag)
         self.cgroups, why = open_session_cgroups(self.cgroup_root, name=name, limits=self.limits)
+        adopted = self.adopt(scratch_root)
+        keep = {handle.session_id for handle in adopted}
         if self.cgroups is None:
             log.warning("sessions' processes are found by scanning /proc (no cgroup of their own): %s", why)
             log.warning("sessions' memory, CPU and processes are not limited (no cgroup of their own)")
-            return [], kill_orphans(scratch_root)
+            return list(adopted), kill_orphans(scratch_root, keep=keep)
         log.info("each session's processes are tracked by its own cgroup under %s", self.cgroups.parent)
         hierarchies = self.cgroups.hierarchies
         for controller, reason in sorted(hierarchies.missing.items()) if hierarchies is not None else []:
             log.warning("sessions' %s is not limited: %s", controller, reason)
-        return [], self.cgroups.clean_up() + kill_orphans(scratch_root)
+        kept = {f"{kind}-{session_id}" for session_id in keep for kind in ("session", "holder")}
+        return list(adopted), self.cgroups.clean_up(keep=kept) + kill_orphans(scratch_root, keep=keep)
+
+    def adopt(self, scratch_root: Path) -> list[HeldSession]:
+        """Blocking, at the agent's start (after its cgroups are decided): the held sessions an
+        earlier run of this agent left, re-attached: each record in `<scratch_root>/.holders`
+        whose holder answers on its socket (its scrollback comes first on the new connection;
+        a session that ended meanwhile is found ended, its status in the holder's record); the
+        files of a holder that is gone are removed (its processes are then killed as any
+        earlier run's)."""
+        holders = scratch_root / HOLDERS_DIR
+        found: list[HeldSession] = []
+        for record in sorted(holders.glob("*.json")) if holders.is_dir() else []:
+            session_id = record.stem
+            try:
+                data = json.loads(record.read_text())
+                connection, master = holder_connect(holders, session_id, timeout=2.0)
+            except (OSError, ValueError) as exc:
+                log.info("session %s's holder is gone (%s): its session is not adopted", session_id, exc)
+                for path in (record, holders / f"{session_id}.exit", holders / session_id):
+                    path.unlink(missing_ok=True)
+                continue
+            cgroups, sandboxed = self.cgroups, bool(data.get("init_pid")) and self.sandbox is not None
+            hierarchies = cgroups.hierarchies if cgroups is not None else None
+            cgroup = holder_cgroup = None
+            if cgroups is not None:
+                name = f"session-{session_id}"
+                v1 = tuple(hierarchies.session_dirs(name)) if hierarchies is not None else ()
+                cgroup = SessionCgroup(cgroups.parent / name, v1=v1, hierarchies=hierarchies)
+                holder_cgroup = SessionCgroup(cgroups.parent / f"holder-{session_id}")
+            found.append(
+                HeldSession(
+                    session_id,
+                    int(data["pid"]),
+                    connection,
+                    master,
+                    env=data["env"],
+                    work_dir=Path(data["work_dir"]),
+                    exit_path=holders / f"{session_id}.exit",
+                    holder_cgroup=holder_cgroup,
+                    holder_pid=int(data["holder_pid"]),
+                    cgroup=cgroup,
+                    sandbox=self.sandbox if sandboxed else None,
+                    init_pid=int(data.get("init_pid") or 0),
+                )  # fmt: skip
+            )
+        return found
 
     def close(self) -> None:
         """Blocking, when the agent shuts down (its sessions ended): remove the parent cgroup
@@ -664,12 +947,12 @@ def popen_leader(
     )  # fmt: skip
 
 
-def _attach(sandbox: Sandbox, init_pid: int, block_write: int) -> SlirpNetwork:
+def _attach(sandbox: Sandbox, init_pid: int, block_write: int, *, exit_fd: int = -1) -> SlirpNetwork:
     """Blocking: the outbound network of the sandbox whose init is `init_pid` (Sandbox.attach_network),
     then the init let go on (a byte on `block_write`, which is closed). Raises SandboxError, the
     init killed before the pipe is closed (its end would let it go on without its rules)."""
     try:
-        network = sandbox.attach_network(init_pid)
+        network = sandbox.attach_network(init_pid, exit_fd=exit_fd)
     except BaseException:
         _kill(init_pid, signal.SIGKILL)
         os.close(block_write)
@@ -679,6 +962,25 @@ def _attach(sandbox: Sandbox, init_pid: int, block_write: int) -> SlirpNetwork:
     finally:
         os.close(block_write)
     return network
+
+
+def _said_through(connection: socket.socket, *, timeout: float = 5.0) -> str:
+    """Blocking: what a held leader that failed wrote on its terminal (the last 2 kB, as text),
+    read from its holder's connection until it closes (at most `timeout` seconds)."""
+    said, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not select.select([connection], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            break
+        try:
+            chunk = connection.recv(65536)
+        except BlockingIOError:
+            continue
+        except OSError:
+            break
+        if not chunk:
+            break
+        said += chunk
+    return said[-2048:].decode(errors="replace").strip() or "the sandbox could not be set up"
 
 
 def _open_init(init_pid: int) -> tuple[int, str]:
@@ -861,16 +1163,19 @@ def signal_session(sid: int, *sigs: int) -> None:
             _kill(pid, sig)
 
 
-def kill_orphans(scratch_root: Path, *, proc: str = "/proc") -> int:
+def kill_orphans(scratch_root: Path, *, proc: str = "/proc", keep: set[str] | frozenset[str] = frozenset()) -> int:
     """SIGKILL every process whose session working directory lies under `scratch_root` (its
     `FGPU_ALLOCATION` names a file there): what sessions of an earlier run of this agent left
-    when the agent died. Returns how many were killed."""
+    when the agent died, but those of the sessions in `keep` (adopted: their FGPU_SESSION_ID).
+    Returns how many were killed."""
     prefix = f"FGPU_ALLOCATION={Path(scratch_root).resolve()}/".encode()
+    kept = {f"FGPU_SESSION_ID={session_id}".encode() for session_id in keep}
     own, killed = os.getpid(), 0
     for entry in os.scandir(proc):
         if not entry.name.isdigit() or int(entry.name) == own:
             continue
-        if any(var.startswith(prefix) for var in _environ(proc, entry.name).split(b"\0")):
+        variables = _environ(proc, entry.name).split(b"\0")
+        if any(var.startswith(prefix) for var in variables) and not kept.intersection(variables):
             killed += _kill(int(entry.name), signal.SIGKILL)
     return killed
 
@@ -1225,13 +1530,13 @@ class SessionCgroups:
             raise
         return cgroup
 
-    def clean_up(self) -> int:
+    def clean_up(self, *, keep: set[str] | frozenset[str] = frozenset()) -> int:
         """Blocking, when the agent starts: kill what every cgroup under the parent still holds
-        (sessions of an earlier run of this agent) and remove them. Returns how many processes
-        were killed."""
+        (sessions of an earlier run of this agent) and remove them, but those named in `keep`
+        (adopted sessions' and their holders'). Returns how many processes were killed."""
         killed = 0
         try:
-            entries = [entry for entry in os.scandir(self.parent) if entry.is_dir(follow_symlinks=False)]
+            entries = [e for e in os.scandir(self.parent) if e.is_dir(follow_symlinks=False) and e.name not in keep]
         except OSError:
             return 0
         for entry in entries:
@@ -1240,7 +1545,7 @@ class SessionCgroups:
             cgroup.remove()
         for parent in self.hierarchies.v1_parents() if self.hierarchies is not None else []:
             try:
-                left = [Path(entry.path) for entry in os.scandir(parent) if entry.is_dir(follow_symlinks=False)]
+                left = [Path(e.path) for e in os.scandir(parent) if e.is_dir(follow_symlinks=False) and e.name not in keep]
             except OSError:
                 continue
             deadline = time.monotonic() + CGROUP_EMPTY_WAIT_S

@@ -185,12 +185,14 @@ class Sandbox:
             "/bin/sh", "-c", ENTER_SCRIPT, "fgpu-exec", str(cwd), *argv,
         ]  # fmt: skip
 
-    def attach_network(self, init_pid: int) -> SlirpNetwork:
+    def attach_network(self, init_pid: int, *, exit_fd: int = -1) -> SlirpNetwork:
         """Blocking, ~20 ms: give the network namespace of the sandbox whose init is `init_pid`
         (waiting on its --block-fd) the outbound network: slirp4netns attached to it (as root,
         `--enable-sandbox --enable-seccomp`: its own empty root and mount namespace, no
         capability but CAP_NET_BIND_SERVICE, a seccomp filter; `--disable-host-loopback`;
-        it ends when its `--exit-fd` closes: SlirpNetwork.close, or this process's end), then
+        it ends when its `--exit-fd` closes: SlirpNetwork.close, or this process's end; with
+        `exit_fd`, a pipe's read end whose write end another process holds (a session's holder,
+        agent.holder), when that one's copy closes: the caller closes `exit_fd`), then
         agent.network.session_ruleset installed inside (util-linux nsenter, nft). Raises
         SandboxError with the tool's words (slirp4netns killed again)."""
         try:  # the namespace and the user namespace that owns it (bwrap's first: its init moved on to a second, inner one)
@@ -202,7 +204,7 @@ class Sandbox:
         except OSError as exc:
             os.close(netns)
             raise SandboxError(f"the owner of the sandbox's network namespace: {exc.strerror or exc}") from None
-        exit_read, exit_write = os.pipe()
+        exit_read, exit_write = (exit_fd, -1) if exit_fd >= 0 else os.pipe()
         ready_read, ready_write = os.pipe()
         argv = [
             self.slirp4netns, "--configure", f"--mtu={SLIRP_MTU}", "--disable-host-loopback", "--enable-sandbox",
@@ -216,12 +218,14 @@ class Sandbox:
             )  # fmt: skip
         except OSError as exc:
             for fd in (exit_read, exit_write, ready_read, ready_write):
-                os.close(fd)
+                if fd >= 0 and fd != exit_fd:
+                    os.close(fd)
             raise SandboxError(f"slirp4netns could not be started: {exc}") from None
         finally:
             os.close(netns)
             os.close(owner)
-        os.close(exit_read)
+        if exit_fd < 0:
+            os.close(exit_read)
         os.close(ready_write)
         network = SlirpNetwork(slirp, exit_write)
         try:
@@ -264,21 +268,21 @@ class SlirpNetwork:
 
     def __init__(self, process: subprocess.Popen, exit_fd: int) -> None:
         self.process = process
-        self._exit_fd = exit_fd
+        self._exit_fd = exit_fd  # -1: another process holds it (a session's holder), and slirp4netns ends with that one
 
     def said(self) -> str:
         """Blocking: what slirp4netns wrote on stderr, once it ended (killed first), last 1 kB."""
-        self.close()
+        self.close(wait=0.0)
         text = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
         return text.strip()[-1024:] or f"exit status {self.process.returncode}"
 
-    def close(self) -> None:
-        """Blocking, a few ms: end slirp4netns (its exit fd closed; killed after 2 s) and reap it."""
+    def close(self, *, wait: float = 2.0) -> None:
+        """Blocking, a few ms: end slirp4netns (its exit fd closed; killed after `wait` seconds) and reap it."""
         if self._exit_fd >= 0:
             os.close(self._exit_fd)
             self._exit_fd = -1
         try:
-            self.process.wait(timeout=2.0)
+            self.process.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()

@@ -148,12 +148,14 @@ def test_a_session_whose_program_exits_leaving_a_daemon_ends_only_once_the_daemo
 # crashed agent leaves on the node. argv: node, scratch root, the session's program (its shell's
 # -c, writing the daemon's pid into its home), [container] sandbox. It prints the leader's pid,
 # the session's cgroup and the node's pids of all the cgroup holds (a sandbox's pids are its own).
+# Its session is not held (hold=False: the PTY is the agent's, as before holders); a held one
+# outlives its agent and is adopted (tests/test_held_sessions.py).
 KILLED_AGENT = """
 import json, os, signal, subprocess, sys
 from pathlib import Path
 from agent.runtimes import ProcessRuntime
 node, scratch, command, sandbox = sys.argv[1:5]
-runtime = ProcessRuntime(node=node, sandbox=sandbox)
+runtime = ProcessRuntime(node=node, sandbox=sandbox, hold=False)
 runtime.clean_up_at_start(Path(scratch))
 assert runtime.cgroups is not None, "no cgroups"
 work = Path(scratch) / "s-orphan"
