@@ -63,6 +63,7 @@ def test_a_user_who_pins_a_request_to_a_busy_gpu_through_the_api_does_not_stall_
     assert response.status_code == 201, response.content
     stall = ComputeSession.objects.get(name="stall", owner=bob)
     others = [launch(alice, f"fits-{i}") for i in range(3)]
+    assert [eta.session_eta(session=s, now=timezone.now()).outcome for s in others] == ["now"] * 3  # the ETA agrees
     schedule_pending()
 
     assert state(stall).status == SessionStatus.PENDING
