@@ -15,9 +15,12 @@ needs stay free for others. A session with no runtime limit (None) never runs on
 capacity; a reservation with no known time (the sessions it waits for have no declared end)
 holds its devices until it starts.
 
-Limits: a fractional reservation holds its whole devices; MIG requests reserve nothing (their
-GPU instances are planned by `mig`, not here); a room that cannot say where a session would
-run (`Reservation.everything`) holds everything, which is the old global stop.
+Limits: a fractional reservation holds its whole devices; a MIG request reserves no GPU
+instance (they are planned by `mig` when room comes) but holds back later MIG requests
+(`Reservation.mig`), and MIG placements are not weighed against a reservation's CPU cores and
+memory; a pass reserves for at most `replay.RESERVATIONS_MAX` sessions; a room that cannot say
+where a session would run (`Reservation.everything`) holds everything, which is the old global
+stop.
 """
 
 from __future__ import annotations
