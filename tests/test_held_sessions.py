@@ -1,6 +1,6 @@
-"""Sessions outlive their agent in the process runtime (issue 33, item 7): a first agent (a child
-process of the test, run as `python -c FIRST_AGENT`) starts a sandboxed session held by its holder
-(agent.holder) and is killed with SIGKILL; the session writes on while no agent runs; a new agent
+"""Sessions outlive their agent in the process runtime (issue 33, item 7): a first agent (a real
+Agent in a child process of the test, `python -c FIRST_AGENT`) starts a sandboxed session held by
+its holder (agent.holder) and is killed with SIGKILL; the session writes on while no agent runs; a new agent
 on the same node and scratch root adopts it: the same leader pid, running, named in its
 registration, and its terminal shows what was written before and during the agent's absence."""
 
@@ -16,46 +16,62 @@ from pathlib import Path
 
 from agent.runtimes import HOLDERS_DIR, ProcessRuntime
 from tests.stack import wait_until, wait_until_async
-from tests.test_agent_runtime import Harness, run_agent
+from tests.test_agent_runtime import Harness, run_agent, start_spec
 
-# The first agent: its runtime spawns one held session whose command says "before", waits for a
-# file the test makes once this agent is dead, then says "during" and sleeps. It prints the
-# session's record as JSON once "before" came through the holder, then waits to be killed.
+# The first agent: a real Agent (agent.core) in a process of its own, with a manager that records
+# its reports and Channels' in-memory layer. It starts one session whose command says "before",
+# waits for a file the test makes once this agent is dead, then says "during" and sleeps; it prints
+# the session's pids as JSON once "before" is in the session's scrollback, then waits to be killed.
 FIRST_AGENT = """
-import json, os, select, sys, time, uuid
+import asyncio, json, sys
 from pathlib import Path
+from channels.layers import InMemoryChannelLayer
+from agent.core import Agent
 from agent.runtimes import ProcessRuntime
-node, scratch = sys.argv[1], Path(sys.argv[2])
-runtime = ProcessRuntime(node=node, hold=True)
-runtime.clean_up_at_start(scratch)
-session_id = str(uuid.uuid4())
-work_dir = scratch / session_id
-work_dir.mkdir(parents=True)
-command = 'echo before-$((40 + 2)); while [ ! -e go ]; do sleep 0.05; done; echo during-$((40 + 2)); exec sleep 600'
-env = {"PATH": "/usr/bin:/bin", "FGPU_SESSION_ID": session_id, "FGPU_ALLOCATION": str(work_dir / "allocation.json")}
-handle = runtime.spawn(spec={"session_id": session_id, "owner_is_staff": False}, argv=["/bin/sh", "-c", command],
-                       env=env, work_dir=work_dir)
-seen, deadline = b"", time.monotonic() + 20
-while b"before-42" not in seen and time.monotonic() < deadline:
-    select.select([handle.fd], [], [], 1)
-    try:
-        seen += handle.read(4096)
-    except BlockingIOError:
-        pass
-print(json.dumps({"session_id": session_id, "pid": handle.pid, "command_pid": handle.command_pid,
-                  "seen": seen.decode(errors="replace")}), flush=True)
-time.sleep(3600)
+
+class Manager:
+    def __init__(self):
+        self.reports = []
+    def register(self, *args, **kwargs): pass
+    def heartbeat(self, *args, **kwargs): pass
+    def log(self, *args, **kwargs): pass
+    def mig_report(self, *args, **kwargs): pass
+    def report(self, session_id, status, reason, exit_code):
+        self.reports.append(status)
+
+async def main(node, scratch, spec):
+    manager = Manager()
+    inventory = {"devices": [], "plugins": ["ai.backend.accelerator.mock"], "attributes": {}, "cpu_count": 8,
+                 "memory_size": 2 ** 35}
+    agent = Agent(node=node, inventory=inventory, channel_layer=InMemoryChannelLayer(), manager=manager,
+                  scratch_root=scratch, mock=True, heartbeat_s=60, runtime=ProcessRuntime(node=node))
+    await agent.start()
+    await asyncio.to_thread(agent.submit_start, spec)
+    async with asyncio.timeout(20):
+        while "RUNNING" not in manager.reports or b"before-42" not in agent.sessions[spec["session_id"]].scrollback:
+            await asyncio.sleep(0.02)
+    process = agent.sessions[spec["session_id"]].process
+    print(json.dumps({"pid": process.pid, "command_pid": process.command_pid}), flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])))
 """
+COMMAND = "echo before-$((40 + 2)); while [ ! -e go ]; do sleep 0.05; done; echo during-$((40 + 2)); exec sleep 600"
 
 
 def start_first_agent(node: str, scratch: Path) -> tuple[subprocess.Popen, dict]:
+    """The first agent, started with one session (non-administrator's, sandboxed: COMMAND) running;
+    its record: the session id, its leader's and its command's host pids."""
+    spec = {**start_spec(command=COMMAND), "owner_is_staff": False, "devices": []}
     first = subprocess.Popen(
-        [sys.executable, "-c", FIRST_AGENT, node, str(scratch)], stdout=subprocess.PIPE, cwd=Path(__file__).parent.parent
+        [sys.executable, "-c", FIRST_AGENT, node, str(scratch), json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).parent.parent,
     )
     assert first.stdout is not None
     line = first.stdout.readline()
     assert line, f"the first agent ended without starting its session (exit status {first.poll()})"
-    return first, json.loads(line)
+    return first, {**json.loads(line), "session_id": spec["session_id"]}
 
 
 def test_a_held_session_keeps_its_pid_and_terminal_when_its_agent_is_killed_and_a_new_one_adopts_it(tmp_path):
@@ -63,7 +79,6 @@ def test_a_held_session_keeps_its_pid_and_terminal_when_its_agent_is_killed_and_
     scratch = tmp_path / "scratch"
     first, started = start_first_agent(node, scratch)
     session_id, pid = started["session_id"], started["pid"]
-    assert "before-42" in started["seen"]
     try:
         first.send_signal(signal.SIGKILL)
         first.wait()
