@@ -26,9 +26,11 @@ DEBUG = env_bool("FGPU_DEBUG", False)
 ALLOWED_HOSTS = env_list("FGPU_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("FGPU_CSRF_TRUSTED_ORIGINS", [])
 
+# Not "daphne" (whose app only makes `runserver` serve ASGI, and costs every process Twisted's
+# import), and the admin without its autodiscovery at start-up: console/urls.py loads the admin
+# modules, so the manager and the agents never import them (issue 33.6: start-up).
 INSTALLED_APPS = [
-    "daphne",
-    "django.contrib.admin",
+    "django.contrib.admin.apps.SimpleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -14,6 +14,10 @@ from sessions import views
 from usage import api as usage_api
 from usage import metrics as usage_metrics
 
+# Every app's admin module, loaded here, by the web only (console.settings: SimpleAdminConfig, as
+# Django's admin documentation describes for a project that discovers its admin modules itself).
+admin.autodiscover()
+
 router = DefaultRouter()
 router.register("sessions", session_api.SessionViewSet, basename="api-session")
 router.register("nodes", accelerator_api.NodeViewSet, basename="api-node")

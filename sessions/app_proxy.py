@@ -38,9 +38,9 @@ import logging
 import re
 from importlib import import_module
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-import httpx
 import websockets
 from websockets.typing import Origin
 from channels.db import database_sync_to_async
@@ -106,10 +106,15 @@ PAGE_POLICY = b"default-src 'none'; style-src 'unsafe-inline'; frame-ancestors '
 CONNECT_TIMEOUT_S = 10.0
 WEBSOCKET_MAX_BYTES = 16 * 1024 * 1024  # the largest websocket message relayed either way (a big notebook)
 
+if TYPE_CHECKING:  # httpx is imported when an app is first proxied, not at the web's start (issue 33.6)
+    import httpx
+
 _clients: dict[int, httpx.AsyncClient] = {}  # one per event loop (the web server runs one)
 
 
 def _client() -> httpx.AsyncClient:
+    import httpx
+
     loop = id(asyncio.get_running_loop())
     client = _clients.get(loop)
     if client is None:  # no environment proxies: apps are reached directly; no read timeout: streams may idle
@@ -346,6 +351,8 @@ class AppHttpProxy:
         await self._forward(scope, receive, send, match, found["app"], console=found["console"])
 
     async def _forward(self, scope, receive, send, match, app: dict, *, console: str) -> None:
+        import httpx
+
         session_id = match["session"]
         token = await app_token_get(session_id=session_id, app=app["name"])
         if token is None:
@@ -421,6 +428,8 @@ def _host(host: str) -> str:
 async def _relay_response(response: httpx.Response, receive, send, *, prefix: str, app: dict, mask: TokenMask) -> None:
     """Send the app's answer to the browser as it comes (its body undecoded, chunk by chunk, the
     token masked); stop reading the app when the browser goes away."""
+    import httpx
+
     ours = _ours()
     headers = []
     for name, value in response.headers.raw:

@@ -28,13 +28,13 @@ import asyncio
 import functools
 import json
 import logging
+import sys
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
-from twisted.internet.tcp import Connection as TwistedConnection
 
 from console.errors import ApplicationError
 from protocol.channel import AgentLink, DirectOffer, Refused
@@ -103,9 +103,12 @@ def write_now(transport) -> None:
     socket takes less, or fails, the reactor finds the rest (or the error) as before, since the
     write left it watching the socket; a closing connection (whose last write the reactor must see
     to close it), a TLS or a non-Twisted transport (uvicorn's asyncio one writes at once) is left
-    alone."""
+    alone. Twisted is looked up, not imported: a transport of it exists only where daphne loaded
+    it, and the web under uvicorn starts without it (issue 33.6)."""
+    tcp = sys.modules.get("twisted.internet.tcp")
     if (
-        isinstance(transport, TwistedConnection)
+        tcp is not None
+        and isinstance(transport, tcp.Connection)
         and transport.connected
         and not transport.disconnecting
         and transport._tempDataLen
