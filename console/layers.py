@@ -60,6 +60,11 @@ class FlowControlledInMemoryChannelLayer(InMemoryChannelLayer):
                     raise
                 await asyncio.sleep(POLL_S)
 
+    async def group_members(self, group) -> int:
+        """How many channels `group` holds now (those not expired)."""
+        self._clean_expired()
+        return len(self.groups.get(group, ()))
+
     async def group_send(self, group, message):
         """Channels' group_send, without a task for each member: a send to a channel with room
         (InMemoryChannelLayer's `send` never waits) is done at once, so a keystroke's input and
@@ -179,6 +184,13 @@ class RedisChannelLayer(ChannelsRedisLayer):
         full = await self._push_to(index, [self.prefix + non_local], [self.serialize(message)], [self.get_capacity(channel)])
         if full:
             raise ChannelFull()
+
+    async def group_members(self, group) -> int:
+        """How many channels `group` holds now (those added within the group expiry): one ZCOUNT.
+        0 after Redis restarted empty, until the members join again (an agent: at its heartbeat)."""
+        assert self.require_valid_group_name(group), "Group name not valid"
+        connection = self.connection(self.consistent_hash(group))
+        return await connection.zcount(self._group_key(group), int(time.time()) - self.group_expiry, "+inf")
 
     async def group_send(self, group, message):
         assert self.require_valid_group_name(group), "Group name not valid"

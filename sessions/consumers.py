@@ -10,6 +10,10 @@ that the client has not read yet; the agent sends a terminal at most a window pa
 acknowledged, and leaves the PTY unread while its output waits. So a slow client holds back its
 own session's program, and the server's memory for it stays bounded.
 
+The attach waits for the session's agent to be in the session's command group (agent_wait_s: a
+Redis restarted empty forgets it until the agent's next heartbeat); with no agent by then, the
+ticket is given back and the websocket closed with 1013 (CLOSE_TRY_AGAIN: the page connects again).
+
 The direct stream (protocol.terminal_stream): the consumer's attach asks for one; where the agent
 offers it (a host, a port and a one-time token, on this consumer's own reply channel), the
 consumer connects (DIRECT_CONNECT_S at most) and from then on its output, input, resizes and
@@ -35,6 +39,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 from console.errors import ApplicationError
 from protocol.channel import AgentLink, DirectOffer, Refused
@@ -60,11 +65,20 @@ ACK_FRAMES = 16  # … or this many frames (a quarter of its window)
 WEBSOCKET_BACKLOG_BYTES = 256 * 1024  # acknowledge only while the server holds less than this for the client
 ACK_POLL_S = 0.005  # how often a held acknowledgement looks at the server's buffer again
 ATTACH_WAIT_S = 2.0  # input waits this long at most for the agent's answer to the attach (direct or not)
+AGENT_POLL_S = 0.25  # how often a terminal looks for its agent in the session's command group (agent_wait_s)
 DIRECT_CONNECT_S = 1.0  # connecting to the agent's direct stream and its answer, at most
 PENDING_MESSAGES = 1000  # client messages kept at most while the attach is unanswered
 # Layer output frames kept at most meanwhile (the oldest go first: the scrollback that answers the
 # attach holds them); an attach answered over the layer leaves the agent at most a window ahead.
 HELD_FRAMES = 256
+
+
+def agent_wait_s() -> float:
+    """Seconds a terminal waits for its session's agent to be in the session's command group
+    before it gives up (CLOSE_TRY_AGAIN, the ticket given back): two heartbeat intervals and 5 s,
+    since an agent joins its groups again at each heartbeat (agent.core `_refresh_groups`), which
+    is what a Redis restarted empty needs (15 s with the default FGPU_HEARTBEAT_INTERVAL, 5 s)."""
+    return 2 * settings.FGPU_HEARTBEAT_INTERVAL + 5.0
 
 
 def server_transport(send):
@@ -133,6 +147,7 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
     direct_task: asyncio.Task | None = None  # reads it
     layer_task: asyncio.Task | None = None  # relays over the layer after an unanswered attach
     layer_exit: int | None = None  # the session's exit code, when the layer said it before the direct stream
+    attach_task: asyncio.Task | None = None  # waits for the agent in its group, then sends the attach
 
     async def connect(self) -> None:
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
@@ -162,8 +177,46 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.accept()
         self.pending, self.held, self.agent_lock = [], [], asyncio.Lock()
+        self.attach_task = asyncio.create_task(self._attach(ticket))
+
+    async def _attach(self, ticket: str) -> None:
+        """Ask the session's agent for the terminal (`pty.attach`) once the agent is in the
+        session's command group, waiting agent_wait_s() at most, then for its answer
+        (ATTACH_WAIT_S; see the module docstring). A Redis that restarted empty has forgotten the
+        agent's membership until the agent joins again at its next heartbeat: an attach sent then
+        reached nobody, and the first terminal opened after a restart stayed silent with its ticket
+        spent (issue 33.4). With no agent in the group by then, nothing was attached: the ticket is
+        given back and the terminal closed with CLOSE_TRY_AGAIN (the page connects again)."""
+        if not await self._agent_joined():
+            log.warning(
+                "terminal for %s: the session's agent is not listening on the channel layer (Redis restarted, or the "
+                "agent is gone); the ticket is given back",
+                self.session_id,
+            )
+            await database_sync_to_async(terminal_ticket_unspend)(session_id=self.session_id, ticket=ticket)
+            await self.close(code=CLOSE_TRY_AGAIN)
+            return
         await self._layer_send({"type": "pty.attach", "reply_channel": self.channel_name, "direct": True})
         self.attach_timer = asyncio.get_running_loop().call_later(ATTACH_WAIT_S, self._attach_unanswered)
+
+    async def _agent_joined(self) -> bool:
+        """Whether the session's command group has a member (its agent), polled every
+        AGENT_POLL_S for agent_wait_s() at most; True at once on a layer that cannot say."""
+        members = getattr(self.channel_layer, "group_members", None)
+        if members is None or self.link is None:
+            return True
+        group = self.link.pty_group(self.session_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + agent_wait_s()
+        while True:
+            try:
+                if await members(group):
+                    return True
+            except Exception:  # Redis coming back: ask again
+                log.info("terminal for %s: cannot read the agent's group yet", self.session_id, exc_info=True)
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(AGENT_POLL_S)
 
     def _attach_unanswered(self) -> None:
         self.attach_timer = None
@@ -264,6 +317,8 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
         self.session_id = ""
 
     async def disconnect(self, code) -> None:
+        if self.attach_task is not None and self.attach_task is not asyncio.current_task():
+            self.attach_task.cancel()
         if self.ack_task is not None:
             self.ack_task.cancel()
         if self.attach_timer is not None:
