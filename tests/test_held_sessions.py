@@ -14,7 +14,9 @@ import sys
 import uuid
 from pathlib import Path
 
-from agent.runtimes import HOLDERS_DIR, ProcessRuntime
+import pytest
+
+from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, HOLDERS_DIR, ProcessRuntime
 from tests.stack import wait_until, wait_until_async
 from tests.test_agent_runtime import Harness, run_agent, start_spec
 
@@ -39,12 +41,13 @@ class Manager:
     def report(self, session_id, status, reason, exit_code):
         self.reports.append(status)
 
-async def main(node, scratch, spec):
+async def main(node, scratch, spec, cgroup_root):
     manager = Manager()
     inventory = {"devices": [], "plugins": ["ai.backend.accelerator.mock"], "attributes": {}, "cpu_count": 8,
                  "memory_size": 2 ** 35}
     agent = Agent(node=node, inventory=inventory, channel_layer=InMemoryChannelLayer(), manager=manager,
-                  scratch_root=scratch, mock=True, heartbeat_s=60, runtime=ProcessRuntime(node=node))
+                  scratch_root=scratch, mock=True, heartbeat_s=60,
+                  runtime=ProcessRuntime(node=node, cgroup_root=cgroup_root))
     await agent.start()
     await asyncio.to_thread(agent.submit_start, spec)
     async with asyncio.timeout(20):
@@ -54,17 +57,18 @@ async def main(node, scratch, spec):
     print(json.dumps({"pid": process.pid, "command_pid": process.command_pid}), flush=True)
     await asyncio.sleep(3600)
 
-asyncio.run(main(sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])))
+asyncio.run(main(sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]))
 """
 COMMAND = "echo before-$((40 + 2)); while [ ! -e go ]; do sleep 0.05; done; echo during-$((40 + 2)); exec sleep 600"
 
 
-def start_first_agent(node: str, scratch: Path) -> tuple[subprocess.Popen, dict]:
-    """The first agent, started with one session (non-administrator's, sandboxed: COMMAND) running;
-    its record: the session id, its leader's and its command's host pids."""
+def start_first_agent(node: str, scratch: Path, cgroup_root: str = CGROUP_AUTO) -> tuple[subprocess.Popen, dict]:
+    """The first agent, started with one session (non-administrator's, sandboxed: COMMAND) running,
+    its processes tracked by `cgroup_root`'s way; its record: the session id, its leader's and its
+    command's host pids."""
     spec = {**start_spec(command=COMMAND), "owner_is_staff": False, "devices": []}
     first = subprocess.Popen(
-        [sys.executable, "-c", FIRST_AGENT, node, str(scratch), json.dumps(spec)],
+        [sys.executable, "-c", FIRST_AGENT, node, str(scratch), json.dumps(spec), cgroup_root],
         stdout=subprocess.PIPE,
         cwd=Path(__file__).parent.parent,
     )
@@ -74,10 +78,11 @@ def start_first_agent(node: str, scratch: Path) -> tuple[subprocess.Popen, dict]
     return first, {**json.loads(line), "session_id": spec["session_id"]}
 
 
-def test_a_held_session_keeps_its_pid_and_terminal_when_its_agent_is_killed_and_a_new_one_adopts_it(tmp_path):
+@pytest.mark.parametrize("cgroup_root", [CGROUP_AUTO, CGROUP_NONE], ids=["cgroup", "scan"])
+def test_a_held_session_keeps_its_pid_and_terminal_when_its_agent_is_killed_and_a_new_one_adopts_it(tmp_path, cgroup_root):
     node = f"held-{uuid.uuid4().hex[:8]}"
     scratch = tmp_path / "scratch"
-    first, started = start_first_agent(node, scratch)
+    first, started = start_first_agent(node, scratch, cgroup_root)
     session_id, pid = started["session_id"], started["pid"]
     try:
         first.send_signal(signal.SIGKILL)
@@ -97,7 +102,7 @@ def test_a_held_session_keeps_its_pid_and_terminal_when_its_agent_is_killed_and_
             assert b"before-42" in running.scrollback, "the scrollback before the restart was lost"
             await h.type(session_id, "")  # the terminal takes input again (nothing to see: it sleeps)
 
-        run_agent(tmp_path, scenario, node=node, runtime_options={"hold": True})
+        run_agent(tmp_path, scenario, node=node, cgroup_root=cgroup_root, runtime_options={"hold": True})
     finally:
         if first.poll() is None:
             first.kill()
