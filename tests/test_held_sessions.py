@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -41,13 +42,13 @@ class Manager:
     def report(self, session_id, status, reason, exit_code):
         self.reports.append(status)
 
-async def main(node, scratch, spec, cgroup_root):
+async def main(node, scratch, spec, cgroup_root, network):
     manager = Manager()
     inventory = {"devices": [], "plugins": ["ai.backend.accelerator.mock"], "attributes": {}, "cpu_count": 8,
                  "memory_size": 2 ** 35}
     agent = Agent(node=node, inventory=inventory, channel_layer=InMemoryChannelLayer(), manager=manager,
                   scratch_root=scratch, mock=True, heartbeat_s=60,
-                  runtime=ProcessRuntime(node=node, cgroup_root=cgroup_root))
+                  runtime=ProcessRuntime(node=node, cgroup_root=cgroup_root, network=network))
     await agent.start()
     await asyncio.to_thread(agent.submit_start, spec)
     async with asyncio.timeout(20):
@@ -57,18 +58,20 @@ async def main(node, scratch, spec, cgroup_root):
     print(json.dumps({"pid": process.pid, "command_pid": process.command_pid}), flush=True)
     await asyncio.sleep(3600)
 
-asyncio.run(main(sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]))
+asyncio.run(main(sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4], sys.argv[5]))
 """
 COMMAND = "echo before-$((40 + 2)); while [ ! -e go ]; do sleep 0.05; done; echo during-$((40 + 2)); exec sleep 600"
 
 
-def start_first_agent(node: str, scratch: Path, cgroup_root: str = CGROUP_AUTO) -> tuple[subprocess.Popen, dict]:
+def start_first_agent(
+    node: str, scratch: Path, cgroup_root: str = CGROUP_AUTO, network: str = "none", command: str = COMMAND
+) -> tuple[subprocess.Popen, dict]:
     """The first agent, started with one session (non-administrator's, sandboxed: COMMAND) running,
-    its processes tracked by `cgroup_root`'s way; its record: the session id, its leader's and its
+    its processes tracked by `cgroup_root`'s way, its network `network`; its record: the session id, its leader's and its
     command's host pids."""
-    spec = {**start_spec(command=COMMAND), "owner_is_staff": False, "devices": []}
+    spec = {**start_spec(command=command), "owner_is_staff": False, "devices": []}
     first = subprocess.Popen(
-        [sys.executable, "-c", FIRST_AGENT, node, str(scratch), json.dumps(spec), cgroup_root],
+        [sys.executable, "-c", FIRST_AGENT, node, str(scratch), json.dumps(spec), cgroup_root, network],
         stdout=subprocess.PIPE,
         cwd=Path(__file__).parent.parent,
     )
@@ -132,6 +135,42 @@ def test_a_held_session_that_ended_while_no_agent_ran_is_found_ended_with_its_ex
         handle.remove()
         runtime.close()
     finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
+def test_an_adopted_outbound_session_keeps_its_network_and_its_rules(tmp_path):
+    """slirp4netns ends with the session's holder, not with its agent: once adopted, the session
+    still reaches a registry over HTTPS, and still not the node (slirp's gateway, a listener of
+    the test's on the node's loopback)."""
+    node = f"held-{uuid.uuid4().hex[:8]}"
+    scratch = tmp_path / "scratch"
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    command = (
+        "echo before-$((40 + 2)); while [ ! -e go ]; do sleep 0.05; done; "
+        "timeout 10 bash -c 'exec 3<>/dev/tcp/deb.debian.org/443' && echo registry-$((40 + 2)); "
+        f"timeout 3 bash -c 'exec 3<>/dev/tcp/10.0.2.2/{port}' || echo refused-$((40 + 2)); exec sleep 600"
+    )
+    first, started = start_first_agent(node, scratch, network="outbound", command=command)
+    session_id = started["session_id"]
+    try:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+
+        async def scenario(h: Harness):
+            running = h.agent.sessions.get(session_id)
+            assert running is not None, "the new agent did not adopt the session"
+            (scratch / session_id / "go").touch()
+            await wait_until_async(
+                lambda: b"refused-42" in running.scrollback, timeout=30, interval=0.05, what="the session's tries"
+            )
+            assert b"registry-42" in running.scrollback, f"the adopted session lost its network: {running.scrollback!r}"
+
+        run_agent(tmp_path, scenario, node=node, runtime_options={"hold": True, "network": "outbound"})
+    finally:
+        listener.close()
         if first.poll() is None:
             first.kill()
             first.wait()
