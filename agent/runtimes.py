@@ -742,6 +742,8 @@ class ProcessRuntime:
                 holder.wait()
             if network is not None:
                 network.close()
+            for path in (holders / session_id, holders / f"{session_id}.exit"):
+                path.unlink(missing_ok=True)
             raise
         if slirp_read >= 0:
             os.close(slirp_read)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, HOLDERS_DIR, ProcessRuntime
+from agent.sandbox import SandboxError
 from tests.stack import wait_until, wait_until_async
 from tests.test_agent_runtime import Harness, run_agent, start_spec
 
@@ -174,3 +175,24 @@ def test_an_adopted_outbound_session_keeps_its_network_and_its_rules(tmp_path):
         if first.poll() is None:
             first.kill()
             first.wait()
+
+
+def test_a_held_session_whose_sandbox_cannot_be_set_up_fails_with_the_reason_and_leaves_no_holder(tmp_path):
+    runtime = ProcessRuntime(node=f"held-{uuid.uuid4().hex[:8]}", cgroup_root=CGROUP_NONE, hold=True)
+    runtime.clean_up_at_start(tmp_path / "scratch")
+    work_dir = tmp_path / "scratch" / str(uuid.uuid4())
+    work_dir.mkdir(parents=True)
+    spec = {"session_id": work_dir.name, "owner_is_staff": False, "data_dir": str(tmp_path / "no-such-folder")}
+    with pytest.raises(SandboxError, match="no-such-folder"):
+        runtime.spawn(spec=spec, argv=["/bin/sleep", "30"], env={"PATH": "/usr/bin:/bin"}, work_dir=work_dir)
+    assert not list((tmp_path / "scratch" / HOLDERS_DIR).iterdir()), "the failed start left its holder's files"
+    holders = [p for p in os.listdir("/proc") if p.isdigit() and work_dir.name.encode() in _cmdline(p)]
+    assert not holders, "the failed start left its holder running"
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
