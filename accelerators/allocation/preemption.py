@@ -48,6 +48,7 @@ UNDER_SHARE = 0.5  # a fair-share factor above this: the account used less than 
 SHARE_MARGIN = 0.1
 MAX_SUBSETS = 4096  # subsets the allocator is asked about per node; past it an irreducible set is taken (room_needed)
 MAX_ENUMERATED = 200_000  # subsets looked at per node (most are ruled out by what they free without the allocator)
+MAX_COSTED = 20_000  # sets whose cost a cheapest-set search (room_needed's `cost`) computes per node; then the best found
 
 
 @dataclass(frozen=True)
@@ -167,15 +168,11 @@ def room_needed(
             by_node.setdefault(h.node_id, []).append(h)
     best: tuple | None = None
     for position, node in enumerate(nodes):
-        found = _node_room(
-            node,
-            sorted(by_node.get(node.node_id, []), key=order),
-            request,
-            settings,
-            options,
-            accept or (lambda room: True),
-            cost,
-        )
+        mine, check = sorted(by_node.get(node.node_id, []), key=order), accept or (lambda room: True)
+        if cost is not None:  # only a set cheaper than the best node's can win
+            found = _cheapest_room(node, mine, request, settings, options, check, cost, best[0][0] if best else None)
+        else:
+            found = _node_room(node, mine, request, settings, options, check)
         if found is None:
             continue
         if cost is not None:
@@ -189,6 +186,25 @@ def room_needed(
     return best[1] if best is not None else None
 
 
+def _as_is_or_shortfall(
+    node: core.NodeState,
+    candidates: list[Holder],
+    request: core.ResourceRequest,
+    settings: core.FractionalSettings | None,
+    options: dict | None,
+    accept,
+) -> Room | tuple[tuple[int, int, Decimal], dict[str, Decimal]] | None:
+    """A Room without victims where `request` fits `node` as it is; None where it would not fit
+    with every candidate removed; else what the node lacks (`_shortfall`) and what each
+    candidate frees (`_freed`, by session id), for the search."""
+    placement = place_on(node, request, settings, options)
+    if placement is not None and accept(Room(node.node_id, (), placement)):
+        return Room(node.node_id, (), placement)
+    if not candidates or place_on(release(node, candidates), request, settings, options) is None:
+        return None
+    return _shortfall(node, request, settings), {h.session_id: _freed(h, settings) for h in candidates}
+
+
 def _node_room(
     node: core.NodeState,
     candidates: list[Holder],
@@ -196,40 +212,94 @@ def _node_room(
     settings: core.FractionalSettings | None,
     options: dict | None,
     accept,
-    cost: Callable[[Sequence[Holder]], Any] | None = None,
 ) -> Room | None:
-    """`room_needed` on one node; `candidates` in preference order. Without `cost` the first set
-    that fits (the fewest, first by preference); with it, every set is looked at (within the
-    bounds) and those that cannot cost less than the best found are not tried."""
-    placement = place_on(node, request, settings, options)
-    if placement is not None and accept(Room(node.node_id, (), placement)):
-        return Room(node.node_id, (), placement)
-    if not candidates or place_on(release(node, candidates), request, settings, options) is None:
-        return None
-    short = _shortfall(node, request, settings)
-    freed = {h.session_id: _freed(h, settings) for h in candidates}
+    """`room_needed` on one node; `candidates` in preference order."""
+    found = _as_is_or_shortfall(node, candidates, request, settings, options, accept)
+    if found is None or isinstance(found, Room):
+        return found
+    short, freed = found
     tried = enumerated = 0
-    best: tuple[Any, Room] | None = None
     for size in range(1, len(candidates) + 1):
         for subset in combinations(candidates, size):  # in preference order: the first that fits wins
             enumerated += 1
-            price = cost(subset) if cost is not None else None
-            if best is not None and not price < best[0]:
-                continue  # cannot beat the set found
             if not _covers(subset, short, freed):
                 continue  # frees too little CPU, memory or fGPU: the allocator need not be asked
             tried += 1
             if tried > MAX_SUBSETS or enumerated > MAX_ENUMERATED:
-                if best is not None:
-                    return best[1]
                 room = _irreducible(node, candidates, request, settings, options)
                 return room if accept(room) else None
             placement = place_on(release(node, subset), request, settings, options)
             if placement is not None and accept(Room(node.node_id, subset, placement)):
-                if cost is None:
-                    return Room(node.node_id, subset, placement)
-                best = (price, Room(node.node_id, subset, placement))
-    return best[1] if best is not None else None  # None: every candidate set that fits was refused by `accept`
+                return Room(node.node_id, subset, placement)
+    return None  # every candidate set that fits was refused by `accept`
+
+
+def _cheapest_room(
+    node: core.NodeState,
+    candidates: list[Holder],
+    request: core.ResourceRequest,
+    settings: core.FractionalSettings | None,
+    options: dict | None,
+    accept,
+    cost: Callable[[Sequence[Holder]], Any],
+    bound: Any = None,
+) -> Room | None:
+    """`room_needed` on one node under a set `cost` (monotone: adding a holder never lowers it):
+    the set of least cost that fits, if it costs less than `bound` (None: any). Branch and bound
+    over `candidates` in preference order (the cheapest first, so a good set is found early): a
+    set that fits is not grown, and a set that costs `bound` or the best found so far is not
+    grown either (nothing it grows into costs less), nor one that could not free enough even with
+    every later candidate. Within MAX_SUBSETS allocator calls and MAX_COSTED sets priced; past
+    them, the best found (else `_irreducible`'s)."""
+    found = _as_is_or_shortfall(node, candidates, request, settings, options, accept)
+    if found is None or isinstance(found, Room):
+        return found
+    short, freed = found
+    best: list = [bound, None]  # [cost to beat, Room]
+    counts = [0, 0]  # [allocator calls, sets looked at]
+    # What the candidates from j on free at most, together: a set that cannot cover the shortfall
+    # even with all of them is not grown. Sums carried along (cores, bytes, fGPU), not recounted.
+    rest = [(0, 0, core.ZERO)] * (len(candidates) + 1)
+    for j in range(len(candidates) - 1, -1, -1):
+        h, (cpu, mem, fgpu) = candidates[j], rest[j + 1]
+        rest[j] = (cpu + h.cpu, mem + h.mem, fgpu + freed[h.session_id])
+
+    def covers(total: tuple, extra: tuple = (0, 0, core.ZERO)) -> bool:
+        return (
+            total[0] + extra[0] >= short[0]
+            and total[1] + extra[1] >= short[1]
+            and (not short[2] or total[2] + extra[2] >= short[2])
+        )
+
+    def grow(start: int, chosen: tuple[Holder, ...], total: tuple) -> bool:
+        """Extend `chosen` (freeing `total`) with candidates from `start` on; False once a bound is reached."""
+        for j in range(start, len(candidates)):
+            h = candidates[j]
+            subset, now_total = (*chosen, h), (total[0] + h.cpu, total[1] + h.mem, total[2] + freed[h.session_id])
+            if not covers(now_total, rest[j + 1]):
+                break  # nor with any later candidate in its place (they free less together)
+            counts[1] += 1
+            if counts[1] > MAX_COSTED:
+                return False
+            price = cost(subset)
+            if best[0] is not None and not price < best[0]:
+                continue  # neither it nor what it grows into can beat the set found
+            if covers(now_total):
+                counts[0] += 1
+                if counts[0] > MAX_SUBSETS:
+                    return False
+                placement = place_on(release(node, subset), request, settings, options)
+                if placement is not None and accept(Room(node.node_id, subset, placement)):
+                    best[:] = [price, Room(node.node_id, subset, placement)]
+                    continue  # it fits: growing it only costs more
+            if not grow(j + 1, subset, now_total):
+                return False
+        return True
+
+    if not grow(0, (), (0, 0, core.ZERO)) and best[1] is None:
+        room = _irreducible(node, candidates, request, settings, options)
+        return room if accept(room) and (bound is None or cost(room.victims) < bound) else None
+    return best[1]
 
 
 def _shortfall(
@@ -312,18 +382,19 @@ def work_lost(holder: Holder, now: float) -> float:
     return float(holder.shares) * holder.ran(now) / 3600
 
 
-def victims_cost(victims: Sequence[Holder], now: float) -> tuple:
+def victims_cost(victims: Sequence[Holder], now: float, works: dict[str, float] | None = None) -> tuple:
     """How much preempting `victims` (one node's) costs at `now`, compared as a tuple: per
     priority among them, the highest first, (priority, fGPU-hours of work lost at it
     (`work_lost`, to the microhour), how many) — so a set that touches a higher priority costs
     more than any that does not, and at the same priorities the one that loses less work there
     costs less — then the youngest first (their start times, latest first, negated), then their
-    ids (a stable choice). Never falls when a victim is added."""
-    levels: dict[int, list[Holder]] = {}
+    ids (a stable choice). Never falls when a victim is added. `works`: `work_lost` by session id,
+    where the caller has it (the search asks for many sets of the same holders)."""
+    levels: dict[int, list[float]] = {}
     for v in victims:
-        levels.setdefault(v.priority, []).append(v)
+        levels.setdefault(v.priority, []).append(works[v.session_id] if works is not None else work_lost(v, now))
     return (
-        [(p, round(sum(work_lost(v, now) for v in levels[p]), 6), len(levels[p])) for p in sorted(levels, reverse=True)],
+        [(p, round(sum(levels[p]), 6), len(levels[p])) for p in sorted(levels, reverse=True)],
         sorted(-v.started_at for v in victims),
         sorted(v.session_id for v in victims),
     )
@@ -351,6 +422,7 @@ def preemption_choice(
     preemption cannot make it fit (then nothing is preempted); a Room without victims when it
     fits already. Shapes as `room_needed`."""
     allowed = [h for h in holders if may_preempt(h, priority=priority, factor=factor, now=now, margin=margin)]
+    works = {h.session_id: work_lost(h, now) for h in allowed}
     levels: list[int | None] = [*sorted({h.priority for h in allowed})] or [None]
     for level in levels:
         room = room_needed(
@@ -358,9 +430,9 @@ def preemption_choice(
             [h for h in allowed if level is None or h.priority <= level],
             request,
             settings,
-            order=lambda h: (h.priority, work_lost(h, now), -h.started_at, h.session_id),
+            order=lambda h: (h.priority, works[h.session_id], -h.started_at, h.session_id),
             options=options,
-            cost=lambda victims: victims_cost(victims, now),
+            cost=lambda victims: victims_cost(victims, now, works),
         )
         if room is not None:
             return room
