@@ -109,3 +109,32 @@ def test_a_session_deleted_while_its_node_is_lost_holds_its_gpu_until_the_restar
     stack.restart(stack.agent_name(NODE))  # it registers, listing what it runs: proof
 
     granted_only_once_gone(whole, newcomer)
+
+
+def test_a_lost_node_marked_dead_ends_its_sessions_and_its_agent_stops_them_when_it_comes_back(fault_stack, alice_token,
+                                                                                                 django_user_model):
+    from accounts.services import login_token_issue
+
+    stack = fault_stack(nodes=1, gpus=1)
+    client = ApiClient(stack.base, alice_token)
+    status, session = client.launch("on-a-dead-node", {"resources": {"cuda.shares": "1.0", **BODY}})
+    assert status == 201, session
+    wait_until(lambda: session_processes([session["id"]]).get(session["id"]), timeout=60, what="its process")
+    root = ApiClient(stack.base, login_token_issue(user=django_user_model.objects.create_user("root", is_staff=True)))
+
+    assert root.call("POST", f"/api/v1/nodes/{NODE}/mark-dead/")[0] == 409  # ALIVE: its agent says what runs
+    stack.agents[NODE].signal(signal.SIGSTOP)
+    wait_until(lambda: node_status() == "LOST", timeout=40, what="the frozen agent's node to be LOST")
+    status, answer = root.call("POST", f"/api/v1/nodes/{NODE}/mark-dead/")
+
+    assert (status, answer) == (200, {"node": NODE, "sessions_ended": 1})
+    ended = read(session["id"])
+    assert (ended.status, held(session["id"])) == ("ERROR", 0)
+    assert ended.status_reason == f"node {NODE} was marked dead by root: its processes are assumed gone"
+    assert session_processes([session["id"]]).get(session["id"]), "an assumption: the frozen node still runs it"
+
+    stack.agents[NODE].signal(signal.SIGCONT)  # it comes back: its first heartbeat lists a session ended here
+
+    wait_until(lambda: not session_processes([session["id"]]).get(session["id"]), timeout=60,
+               what="the agent to stop the session the console ended")
+    assert node_status() == "ALIVE"
