@@ -205,3 +205,15 @@ def test_a_pass_reserves_for_the_first_sessions_at_the_limit_only_up_to_its_boun
 
     assert backfill.due() == backfill.blocked[: pure.RESERVATIONS_MAX]  # in queue order
     assert backfill.due() == []  # each once a pass, and no more than the bound
+
+
+def test_a_second_reservation_takes_other_devices_when_there_are_any_else_it_queues_behind_the_first():
+    room = Cluster(4, {"r1": 2, "r2": 2, "a": 2, "b": 2, "c": 4}, {"r1": 2, "r2": 2})
+    ends = {"r1": 1100.0, "r2": 1200.0}
+
+    first = room.reserve("a", name="a", ends=ends, now=1000.0, earlier=[])
+    second = room.reserve("b", name="b", ends=ends, now=1000.0, earlier=[first])
+    whole = room.reserve("c", name="c", ends=ends, now=1000.0, earlier=[first, second])
+
+    assert (first.labels, first.at, second.labels, second.at) == ("GPU 0-1", 1100.0, "GPU 2-3", 1200.0)
+    assert (whole.labels, whole.at) == ("GPU 0-3", None)  # only on theirs: after them, at no known time
