@@ -12,8 +12,10 @@ under /api/ (`console.api_support.server_error`).
 from __future__ import annotations
 
 import logging
+import threading
 
 from django.core.exceptions import PermissionDenied
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db import InterfaceError as DatabaseInterfaceError
 from django.db import OperationalError as DatabaseOperationalError
 from django.http import Http404
@@ -71,10 +73,38 @@ def unavailable_service(exc: BaseException) -> str:
     return "database" if isinstance(exc, DATABASE_ERRORS) else "broker"
 
 
+_pool_checking = threading.Lock()
+
+
+def database_pool_check() -> None:
+    """Test every idle connection of this process's database pool and replace the broken ones
+    (psycopg_pool's `ConnectionPool.check`), on a thread of its own, one check at a time; nothing
+    where there is no pool (SQLite). After a database restart or terminated backends the pool
+    holds dead connections, and a request handed two of them in a row waits out psycopg_pool's
+    1 s backoff, past the pool's timeout: a 503 although the database is back. One request's 503
+    has the rest of them replaced, so the next requests get live ones."""
+    if not _pool_checking.acquire(blocking=False):
+        return
+
+    def check() -> None:
+        try:
+            pool = getattr(connections[DEFAULT_DB_ALIAS], "pool", None)
+            if pool is not None:
+                pool.check()
+        except Exception:
+            log.info("could not check the database pool's connections", exc_info=True)
+        finally:
+            _pool_checking.release()
+
+    threading.Thread(target=check, name="database-pool-check", daemon=True).start()
+
+
 def service_unavailable(exc: BaseException) -> tuple[dict, int, dict[str, str]]:
     """(body, 503, headers) for a broker or database error `exc` (one of UNAVAILABLE_ERRORS),
     which is logged (one line: an outage answers many requests)."""
     service = unavailable_service(exc)
+    if service == "database":
+        database_pool_check()
     what = "The database (PostgreSQL)" if service == "database" else "The message broker (Redis)"
     log.warning("answering 503: the %s cannot be reached (%s: %s)", service, type(exc).__name__, str(exc).strip()[:200])
     body = error_body(
