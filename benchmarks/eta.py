@@ -50,6 +50,7 @@ if str(ROOT) not in sys.path:
 from accelerators.allocation import cluster, core  # noqa: E402
 from accelerators.allocation import replay as pure  # noqa: E402
 from accelerators.allocation.errors import InsufficientResource, NeverSchedulable  # noqa: E402
+from accelerators.allocation.reservation import Reservation, Reservations, reservation_find  # noqa: E402
 from benchmarks.openb import TRACE_DIR  # noqa: E402
 
 DAY = 86400.0
@@ -108,8 +109,11 @@ def load_nodes(gpus: int) -> list[core.NodeState]:
 
 
 class Room:
-    """`replay.Room` over `core.place` on the slice, with the index kept current as the
-    scheduler's pass keeps it (`core.node_row`). Remembers where each pod went (`where`)."""
+    """`replay.ReservingRoom` over `core.place` on the slice, with the index kept current as the
+    scheduler's pass keeps it (`core.node_row`): a pod past the backfill limit reserves as the
+    pass's sessions do (`reservation.reservation_find`), and pods have no time limit (as a
+    console without a maximum lifetime), so none runs on reserved devices. Remembers where each
+    pod went (`where`)."""
 
     def __init__(self, nodes: list[core.NodeState], pods: dict[str, Pod], policy: str, workload: cluster.Workload):
         self.nodes = list(nodes)
@@ -119,20 +123,49 @@ class Room:
         self.held: dict[str, core.Placement] = {}
         self.where: dict[str, core.Placement] = {}
 
-    def place(self, key: str) -> tuple[str, str]:
+    def place(self, key: str, reservations: Reservations | None = None, end: float | None = None) -> tuple[str, str]:
         request = self.pods[key].request
         workload = None
         if self.policy in cluster.FRAGMENTATION_AWARE:
             self.workload.observe(core.request_shape(request, SETTINGS))
             workload = self.workload
+
+        def place(nodes: list[core.NodeState] | None) -> core.Placement:
+            if nodes is None:
+                return core.place(self.nodes, request, SETTINGS, policy=self.policy, index=self.index, workload=workload)
+            return core.place(nodes, request, SETTINGS, policy=self.policy, workload=workload)
+
         try:
-            placement = core.place(self.nodes, request, SETTINGS, policy=self.policy, index=self.index, workload=workload)
+            if reservations is None:
+                placement = place(None)
+            else:
+                placement = reservations.place_around(self.nodes, cpu=request.cpu, mem=request.mem, end=end, place=place)
         except NeverSchedulable as exc:
             return pure.NEVER, str(exc)
         except InsufficientResource as exc:
             return pure.WAITING, str(exc)
         self.take(key, placement)
         return pure.PLACED, ""
+
+    def place_around(self, key: str, reservations: Reservations, end: float | None) -> tuple[str, str]:
+        return self.place(key, reservations, end)
+
+    def reserve(self, key: str, *, name: str, ends: dict, now: float, earlier: list[Reservation]) -> Reservation | None:
+        holdings = {
+            k: Held(p.node_id, self.pods[k].request.cpu, self.pods[k].request.mem, p.grants) for k, p in self.held.items()
+        }
+        return reservation_find(
+            self.nodes,
+            key=key,
+            name=name,
+            request=self.pods[key].request,
+            settings=SETTINGS,
+            options={"policy": self.policy},
+            holdings=holdings,
+            ends=ends,
+            now=now,
+            earlier=earlier,
+        )
 
     def take(self, key: str, placement: core.Placement) -> None:
         row = self.rows[placement.node_id]
@@ -149,6 +182,16 @@ class Room:
     def _set(self, row: int, node: core.NodeState) -> None:
         self.nodes[row] = node
         self.index.set_row(row, **core.node_row(node, SETTINGS))
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a pod holds (`reservation.Held`)."""
+
+    node_id: str
+    cpu: int
+    mem: int
+    grants: tuple[core.DeviceGrant, ...]
 
 
 class History:
