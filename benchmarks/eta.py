@@ -50,7 +50,7 @@ if str(ROOT) not in sys.path:
 from accelerators.allocation import cluster, core  # noqa: E402
 from accelerators.allocation import replay as pure  # noqa: E402
 from accelerators.allocation.errors import InsufficientResource, NeverSchedulable  # noqa: E402
-from accelerators.allocation.reservation import Reservation, Reservations, reservation_find  # noqa: E402
+from accelerators.allocation.reservation import Holding, Reservation, Reservations, reservation_find  # noqa: E402
 from benchmarks.openb import TRACE_DIR  # noqa: E402
 
 DAY = 86400.0
@@ -152,7 +152,7 @@ class Room:
 
     def reserve(self, key: str, *, name: str, ends: dict, now: float, earlier: list[Reservation]) -> Reservation | None:
         holdings = {
-            k: Held(p.node_id, self.pods[k].request.cpu, self.pods[k].request.mem, p.grants) for k, p in self.held.items()
+            k: Holding(p.node_id, self.pods[k].request.cpu, self.pods[k].request.mem, p.grants) for k, p in self.held.items()
         }
         return reservation_find(
             self.nodes,
@@ -182,16 +182,6 @@ class Room:
     def _set(self, row: int, node: core.NodeState) -> None:
         self.nodes[row] = node
         self.index.set_row(row, **core.node_row(node, SETTINGS))
-
-
-@dataclass(frozen=True)
-class Held:
-    """What a pod holds (`reservation.Held`)."""
-
-    node_id: str
-    cpu: int
-    mem: int
-    grants: tuple[core.DeviceGrant, ...]
 
 
 class History:

@@ -9,7 +9,6 @@ limits), so the pass and the ETA's replay reserve alike.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
@@ -17,19 +16,11 @@ from django.utils import timezone
 
 from accelerators.allocation import core
 from accelerators.allocation.errors import AllocationError, InsufficientResource
-from accelerators.allocation.reservation import Reservation, Reservations, reservation_find
+from accelerators.allocation.reservation import Holding, Reservation, Reservations, reservation_find
 from sessions import eta, mig_scheduling
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus
 from sessions.placement import PlacementScope, ReadView, runtime_limits
 from sessions.selectors import session_request
-
-
-@dataclass(frozen=True)
-class _Holding:
-    node_id: str
-    cpu: int
-    mem: int
-    grants: tuple[core.DeviceGrant, ...]
 
 
 def reservation_for(
@@ -73,7 +64,7 @@ def reservation_for(
     )
 
 
-def _held_on(nodes: frozenset[str], now: datetime) -> tuple[dict[str, _Holding], dict[str, float | None]]:
+def _held_on(nodes: frozenset[str], now: datetime) -> tuple[dict[str, Holding], dict[str, float | None]]:
     """What the active sessions on `nodes` (names) hold, and their latest expected ends (epoch
     seconds; None: unknown), by session id."""
     active = list(
@@ -87,7 +78,7 @@ def _held_on(nodes: frozenset[str], now: datetime) -> tuple[dict[str, _Holding],
     )
     for session_id, device_id, shares, memory, procs in rows:
         grants.setdefault(str(session_id), []).append(core.DeviceGrant(str(device_id), shares, memory, procs))
-    holdings = {str(s.pk): _Holding(s.node.name, s.cpu, s.mem, tuple(grants.get(str(s.pk), ()))) for s in active if s.node}
+    holdings = {str(s.pk): Holding(s.node.name, s.cpu, s.mem, tuple(grants.get(str(s.pk), ()))) for s in active if s.node}
     facts = eta._Facts(now=now, sessions=active)
     ends = {str(s.pk): eta.expected_end(s, facts).latest for s in active}
     return holdings, ends

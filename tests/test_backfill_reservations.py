@@ -13,7 +13,7 @@ from django.utils import timezone
 from accelerators.allocation import core
 from accelerators.allocation import replay as pure
 from accelerators.allocation.errors import InsufficientResource
-from accelerators.allocation.reservation import Reservations, clock, reservation_find
+from accelerators.allocation.reservation import Holding, Reservations, clock, reservation_find
 from accelerators.models import Node, ResourceGroup
 from sessions import eta, services
 from sessions.models import Allocation, ComputeSession, SessionStatus
@@ -159,7 +159,7 @@ class Cluster:
         except InsufficientResource as exc:
             return pure.WAITING, str(exc)
         self.node = core.apply_placement(self.node, request, placement)
-        self.holdings[key] = Held(placement)
+        self.holdings[key] = Holding(placement.node_id, 1, 0, placement.grants)
         return pure.PLACED, ""
 
     def place_around(self, key, reservations, end):
@@ -173,11 +173,6 @@ class Cluster:
     def reserve(self, key, *, name, ends, now, earlier):
         return reservation_find([self.node], key=key, name=name, request=self._request(key), settings=None, options={},
                                 holdings=self.holdings, ends=ends, now=now, earlier=earlier)
-
-
-class Held:
-    def __init__(self, placement):
-        self.node_id, self.cpu, self.mem, self.grants = placement.node_id, 1, 0, placement.grants
 
 
 def test_in_the_replay_small_sessions_streaming_in_never_push_a_reserved_big_one_back():

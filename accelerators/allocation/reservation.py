@@ -130,6 +130,16 @@ class Held(Protocol):
     def grants(self) -> tuple[core.DeviceGrant, ...]: ...
 
 
+@dataclass(frozen=True)
+class Holding:
+    """A `Held` of the caller's making: what one session holds on node `node_id`."""
+
+    node_id: str
+    cpu: int
+    mem: int
+    grants: tuple[core.DeviceGrant, ...]
+
+
 def _blank(device: core.DeviceState) -> core.DeviceState:
     """`device` shown full: no allocator grants anything of it."""
     return replace(
