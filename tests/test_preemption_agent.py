@@ -25,7 +25,7 @@ def logged(h: Harness, session_id: str) -> str:
     return "".join(text for sid, _seq, _offset, text, _final in h.manager.logs if sid == session_id)
 
 
-async def notice_scenario(h: Harness) -> str:
+async def notice_scenario(h: Harness) -> tuple[str, bool]:
     session_id = await h.start_session(start_spec(command=REPORTER))
     await h.manager.wait_for(lambda: "training started" in logged(h, session_id), what="the job to start")
     notice = PtyPreempt(session_id=session_id, signal="SIGUSR1", text="preemption notice at 01:00:00 UTC, SIGUSR1 sent",
@@ -36,19 +36,23 @@ async def notice_scenario(h: Harness) -> str:
     await h.to_pty(session_id, {**notice, "notice": "2026-11-28T02:05:00+00:00"})  # a later notice: heard again
     await h.manager.wait_for(lambda: logged(h, session_id).count("got SIGUSR1") == 2, what="the second notice's signal")
     assert h.agent.sessions[session_id] is not None  # it runs on through its grace
-    return logged(h, session_id)
+    running = h.agent.sessions[session_id].process
+    return logged(h, session_id), getattr(running, "sandbox", None) is not None
 
 
-def check(log: str) -> None:
+def check(log: str, _sandboxed: bool = False) -> None:
     first = log.index("[fgpu: preemption notice at 01:00:00 UTC, SIGUSR1 sent]")
     assert first < log.index("got SIGUSR1")  # the notice line first, then what the program printed
     assert log.count("[fgpu: preemption notice") == 2 and log.count("got SIGUSR1") == 2  # once per notice
 
 
-def test_the_process_runtime_logs_the_notice_and_signals_the_command_once_per_notice(tmp_path):
-    check(run_agent(tmp_path, notice_scenario))
+@pytest.mark.parametrize("sandbox", ["auto", "none"])  # in its bubblewrap sandbox (this machine has it), and without one
+def test_the_process_runtime_logs_the_notice_and_signals_the_command_once_per_notice(tmp_path, sandbox):
+    log, sandboxed = run_agent(tmp_path, notice_scenario, runtime_options={"sandbox": sandbox})
+    assert sandboxed == (sandbox == "auto")
+    check(log)
 
 
 @pytest.mark.docker
 def test_the_docker_runtime_logs_the_notice_and_signals_the_container_once_per_notice(tmp_path, docker_client, test_image):
-    check(run_docker(tmp_path, docker_client, test_image, notice_scenario))
+    check(*run_docker(tmp_path, docker_client, test_image, notice_scenario))
