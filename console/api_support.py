@@ -108,7 +108,8 @@ IF_MATCH_OPTIONAL = OpenApiParameter(
 
 class AutoSchema(SpectacularAutoSchema):
     """drf-spectacular's schema, plus the error responses each operation may answer, all with
-    the `Error` component: 401 and 403 wherever a caller must sign in, 400 where a body or filters are read, 404
+    the `Error` component: 401 and 403 wherever a caller must sign in, 400 where a body or a query
+    parameter is read (a NUL in any is refused: console.input_guard), 404
     where the path names an object, 409 on writes, 412 / 428 where `If-Match` is checked."""
 
     def _error_codes(self) -> list[int]:
@@ -116,7 +117,9 @@ class AutoSchema(SpectacularAutoSchema):
             return []
         codes = [401, 403]
         writes = self.method in ("POST", "PUT", "PATCH")
-        if writes or (self.method == "GET" and self._is_list_view()):
+        # A query parameter holding a NUL is a 400 wherever one is read (console.input_guard).
+        reads_query = any(parameter.get("in") == "query" for parameter in self._get_parameters())
+        if writes or reads_query or (self.method == "GET" and self._is_list_view()):
             codes.append(400)
         if "{" in self.path:
             codes.append(404)

@@ -96,6 +96,15 @@ def test_the_pages_answer_a_nul_in_the_path_with_djangos_404_and_ignore_a_parame
         assert client.get(path).status_code == 200, path
 
 
+def test_every_operation_that_reads_a_query_parameter_documents_its_400():
+    from tests.test_openapi import SCHEMA
+
+    for path, item in SCHEMA["paths"].items():
+        for method, operation in item.items():
+            if any(p["in"] == "query" for p in operation.get("parameters", [])):
+                assert "400" in operation["responses"], f"{method.upper()} {path}"
+
+
 # --- Schemathesis, every string spiked with a NUL and control characters --------------------------------
 
 SPIKE = "\x00\x01\x1b\x7f\x9f"  # NUL, SOH, ESC, DEL, a C1 control
