@@ -120,9 +120,7 @@ def preemption_pass(*, blocked: list[ComputeSession], scope_of, options_of, now=
     warned: list[str] = []
     reasons: dict = {}  # waiter pk → its reason
     out: dict = {"withdrawn": [], "stopped": [], "requeued": [], "warned": warned, "signalled": [], "for": reasons}
-    noticed = ComputeSession.objects.filter(preempt_at__isnull=False).filter(
-        Q(status__in=UNDER_NOTICE) | Q(status__in=FINAL_STATUSES, requeue=True, requeued_as__isnull=True)
-    )
+    noticed = ComputeSession.objects.filter(preempt_at__isnull=False).filter(Q(status__in=UNDER_NOTICE) | _requeue_due(now))
     standing = noticed.exists()
     if standing:
         out.update(withdrawn=_withdraw(now), stopped=_stop_due(now), requeued=_requeue_ended(now))
@@ -335,22 +333,28 @@ def _requeue_ended(now) -> list[str]:
     """Launch again every victim under notice that ended (stopped at its time, or it exited on its
     signal) within REQUEUE_WINDOW, unless its launch said `requeue: false` or its owner (or an
     idle reclamation) ended it: `session_requeue`. Returns the new sessions' ids."""
-    ended = ComputeSession.objects.filter(
-        preempt_at__isnull=False,
-        preempted_for__isnull=False,
-        status__in=FINAL_STATUSES,
-        requeue=True,
-        requeued_as__isnull=True,
-        terminated_at__gte=now - REQUEUE_WINDOW,
-    ).select_related("owner", "image", "preempted_for__owner")
+    ended = (
+        ComputeSession.objects.filter(preempt_at__isnull=False, preempted_for__isnull=False)
+        .filter(_requeue_due(now))
+        .select_related("owner", "image", "preempted_for__owner")
+    )
     again = []
     for session in ended:
-        if session.status_reason.startswith((REQUESTED, RECLAIMED)):
-            continue
         requeued = session_requeue(session)
         if requeued is not None:
             again.append(str(requeued.pk))
     return again
+
+
+def _requeue_due(now) -> Q:
+    """The sessions (among those put under notice) to launch again: ended within REQUEUE_WINDOW,
+    launched with `requeue`, not requeued yet, and not ended by their owner or an idle
+    reclamation (their reasons' REQUESTED, RECLAIMED)."""
+    return (
+        Q(status__in=FINAL_STATUSES, requeue=True, requeued_as__isnull=True, terminated_at__gte=now - REQUEUE_WINDOW)
+        & ~Q(status_reason__startswith=REQUESTED)
+        & ~Q(status_reason__startswith=RECLAIMED)
+    )
 
 
 def session_requeue(session: ComputeSession) -> ComputeSession | None:

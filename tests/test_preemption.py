@@ -370,3 +370,19 @@ def test_the_preempt_command_is_typed_sealed_per_node_and_refuses_a_signal_no_pr
     for bad in ({"signal": "SIGKILL"}, {"signal": 15}, {"text": "x" * (MAX_NOTICE_CHARS + 1)}, {"notice": ""}):
         with pytest.raises(Malformed):
             command_from_dict({**command.to_dict(), **bad})
+
+
+def test_a_victim_that_ended_long_ago_is_not_requeued_and_costs_a_pass_one_query(one_gpu, alice, staff,
+                                                                                  django_assert_max_num_queries):
+    from sessions import preemption
+
+    job = running(alice, "job")
+    urgent = session_create(owner=staff, name="urgent", resources={"cuda.shares": "1", "mem": "64M"}, priority=5)
+    schedule_pending()
+    session_report_apply(session_id=str(job.pk), status=SessionStatus.TERMINATED, reason="exited", exit_code=143)
+    ComputeSession.objects.filter(pk=job.pk).update(terminated_at=timezone.now() - timedelta(hours=2))  # before an upgrade
+    session_terminate(session=fresh(urgent))
+
+    with django_assert_max_num_queries(1):
+        found = preemption.preemption_pass(blocked=[], scope_of=None, options_of=None)
+    assert found["requeued"] == [] and fresh(job).requeued_as_id is None
