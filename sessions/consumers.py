@@ -187,7 +187,14 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
         reached nobody, and the first terminal opened after a restart stayed silent with its ticket
         spent (issue 33.4). With no agent in the group by then, nothing was attached: the ticket is
         given back and the terminal closed with CLOSE_TRY_AGAIN (the page connects again)."""
-        if not await self._agent_joined():
+        try:
+            joined = await self._agent_joined()
+            if joined:
+                await self._layer_send({"type": "pty.attach", "reply_channel": self.channel_name, "direct": True})
+        except Exception:  # the layer failed the attach itself: nothing was attached either
+            log.warning("terminal for %s: could not send the attach", self.session_id, exc_info=True)
+            joined = False
+        if not joined:
             log.warning(
                 "terminal for %s: the session's agent is not listening on the channel layer (Redis restarted, or the "
                 "agent is gone); the ticket is given back",
