@@ -203,7 +203,6 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
             await database_sync_to_async(terminal_ticket_unspend)(session_id=self.session_id, ticket=ticket)
             await self.close(code=CLOSE_TRY_AGAIN)
             return
-        await self._layer_send({"type": "pty.attach", "reply_channel": self.channel_name, "direct": True})
         self.attach_timer = asyncio.get_running_loop().call_later(ATTACH_WAIT_S, self._attach_unanswered)
 
     async def _agent_joined(self) -> bool:
