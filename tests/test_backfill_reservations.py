@@ -13,7 +13,7 @@ from django.utils import timezone
 from accelerators.allocation import core
 from accelerators.allocation import replay as pure
 from accelerators.allocation.errors import InsufficientResource
-from accelerators.allocation.reservation import Holding, Reservations, clock, reservation_find
+from accelerators.allocation.reservation import EARLIER, Holding, Reservations, clock, reservation_find
 from accelerators.models import Node, ResourceGroup
 from sessions import eta, services
 from sessions.models import Allocation, ComputeSession, SessionStatus
@@ -98,7 +98,7 @@ def test_a_session_waiting_in_another_resource_group_holds_only_that_groups_gpus
     assert {first.node.name, elsewhere.node.name} == {"node-b"}
     # node-a's free GPU is big's (it has no runtime limit: it would not end before the reservation)
     assert state(behind_in_train).status == SessionStatus.PENDING
-    assert "GPU 0-1 on node-a reserved once the sessions there end (no known end) for big" in behind_in_train.status_reason
+    assert f"GPU 0-1 on node-a reserved once the sessions there end (no known end) for {EARLIER}" in behind_in_train.status_reason
 
 
 def test_a_big_request_starts_at_its_reservation_and_only_sessions_that_end_before_it_run_on_its_gpus(
@@ -129,7 +129,8 @@ def test_a_big_request_starts_at_its_reservation_and_only_sessions_that_end_befo
     long = launch(alice, "long")  # (one owner: the queue is in arrival order, no fair share)
     schedule_pending()
     assert state(long).status == SessionStatus.PENDING  # GPU 1 is free, but long would delay big
-    assert "GPU 0-1 on node-a reserved" in long.status_reason and "for big" in long.status_reason
+    assert "GPU 0-1 on node-a reserved" in long.status_reason and f"for {EARLIER}" in long.status_reason
+    assert "big" not in long.status_reason  # the reserving session is not named
 
     ComputeSession.objects.filter(pk=busy.pk).update(status=SessionStatus.TERMINATED)  # busy ends at its deadline
     Allocation.objects.filter(session=busy).update(released_at=timezone.now())

@@ -13,6 +13,7 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from accelerators.allocation.reservation import EARLIER
 from console.errors import ApplicationError
 from sessions import services
 from sessions.models import Allocation, ComputeSession, SessionStatus, TerminalTicket
@@ -412,7 +413,7 @@ def test_a_smaller_later_request_backfills_past_a_big_head_until_the_head_has_be
     assert (head.status, head.overtaken) == (SessionStatus.PENDING, 1)
     assert first_small.status == SessionStatus.SCHEDULED
     assert second_small.status == SessionStatus.PENDING  # the head's reservation holds the GPU (issue 32.1)
-    assert "GPU 0 on demo-node reserved" in second_small.status_reason and "for s," in second_small.status_reason
+    assert "GPU 0 on demo-node reserved" in second_small.status_reason and f"for {EARLIER}," in second_small.status_reason
 
 
 def test_a_higher_priority_session_is_scheduled_before_earlier_ones(demo_cluster, create, running, settings):

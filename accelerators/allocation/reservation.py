@@ -63,6 +63,9 @@ def device_names(devices: Iterable[core.DeviceState]) -> str:
     return "GPU " + ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
+EARLIER = "an earlier session in the queue"  # who a reservation is for, in another session's reason
+
+
 @dataclass(frozen=True)
 class Reservation:
     """Capacity held for waiting session `key` (called `name` in reasons): `devices` (device
@@ -102,13 +105,14 @@ class Reservation:
 
     def blocked_reason(self) -> str:
         """What a session kept off this reservation reads: "GPU 0-1 on node-a reserved from ~12:03
-        UTC for <name> (backfill limit)"."""
+        UTC for an earlier session (backfill limit)". It names no session: the reserving one may
+        be another user's (issue 32.3: reasons name no other user's session)."""
         if self.node_id == EVERYWHERE:
-            return f"queued behind {self.name}, which goes first (backfill limit)"
+            return f"queued behind {EARLIER}, which goes first (backfill limit)"
         if self.node_id == MIG_GPUS:
-            return f"queued behind {self.name}, which goes first on the MIG GPUs (backfill limit)"
+            return f"queued behind {EARLIER}, which goes first on the MIG GPUs (backfill limit)"
         return (
-            f"{self.labels} on {self.node_id} reserved {clock(self.at)} for {self.name}, which has been passed "
+            f"{self.labels} on {self.node_id} reserved {clock(self.at)} for {EARLIER}, which has been passed "
             f"as often as the backfill limit allows (it would not end before then)"
         )
 
