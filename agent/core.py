@@ -416,8 +416,17 @@ class Agent:
         self._tasks.append(asyncio.create_task(self.storage.run(), name=f"agent-{self.node}-storage"))
         log.info("agent %s started with %d device(s)", self.node, len(self.inventory["devices"]))
 
-    async def shutdown(self) -> None:
-        """Kill every session (reported TERMINATED) and stop the loops."""
+    async def shutdown(self, *, keep_sessions: bool = False) -> int:
+        """Stop the loops and return how many sessions keep running. `keep_sessions` False: stop
+        every session (each reported TERMINATED). True (a graceful stop of `manage.py agent`, as a
+        kubelet's or slurmd's restart leaves its pods or jobs running): the sessions that outlive
+        their agent (`process.outlives_agent`: held process-runtime sessions, docker containers)
+        are let go, running, for the next start to adopt (`Runtime.clean_up_at_start`); the
+        others (an unheld process session's PTY dies with the agent) are stopped."""
+        kept = [r for r in self.sessions.values() if keep_sessions and outlives_agent(r.process)]
+        for running in kept:
+            self.sessions.pop(running.session_id, None)
+            self._let_go(running)
         await asyncio.gather(*(self._stop(session_id, reason="the agent shut down") for session_id in list(self.sessions)))
         close = getattr(self.runtime, "close", None)  # the process runtime's parent cgroup, once empty
         if close is not None:
@@ -432,17 +441,32 @@ class Agent:
         _AGENTS.pop(self.node, None)
         for pool in (self._work, self._manager_pool, self._exec_pool, self._heartbeat_pool, self.files.pool):
             pool.shutdown(wait=False, cancel_futures=True)
+        if kept:
+            log.warning("agent %s: %d session(s) keep running; the next start adopts them", self.node, len(kept))
+        return len(kept)
 
-    def kill_all_now(self) -> None:
+    def kill_all_now(self, *, keep_sessions: bool = False) -> int:
         """SIGKILL every process of every session, from any thread, without reporting: for a
         host process that is exiting after its event loop stopped. The manager learns at the
         agent's next registration (the sessions end in ERROR, their allocations released).
-        The runtime's own cgroups (the process runtime's) are removed with what they held."""
-        for running in list(self.sessions.values()):
+        Each killed session's remains go with it (`remove`: its cgroup, a held session's holder,
+        which would otherwise wait ORPHAN_WAIT_S for an agent), then the runtime's own cgroups
+        (the process runtime's) with what they held. `keep_sessions`: the sessions that outlive
+        their agent (as `shutdown`) are left running for the next start to adopt, only the others
+        killed. Returns how many sessions keep running."""
+        killed = [r for r in self.sessions.values() if not (keep_sessions and outlives_agent(r.process))]
+        for running in killed:
             running.process.kill_all()
+        for running in killed:
+            try:
+                running.process.remove()
+            except Exception:
+                log.exception("agent %s: could not remove session %s", self.node, running.session_id)
+        kept = len(self.sessions) - len(killed)
         release = getattr(self.runtime, "release_now", None)  # a docker runtime has none
-        if release is not None:
+        if release is not None and not kept:
             release()
+        return kept
 
     async def _in(self, pool: ThreadPoolExecutor, fn, *args, **kwargs):
         """Run blocking `fn(*args, **kwargs)` on `pool` and await its result."""
@@ -676,6 +700,14 @@ class Agent:
     async def _abandon(self, running: RunningSession) -> None:
         """Undo a start that failed after its process existed: kill every process, close the PTY."""
         self.sessions.pop(running.session_id, None)
+        self._let_go(running)
+        await self._in(self._work, running.process.kill_all)
+        await self._in(self._work, running.process.wait)
+        await self._in(self._work, running.process.remove)
+
+    def _let_go(self, running: RunningSession) -> None:
+        """Stop watching a session and close this agent's ends of it (its stream, relays, direct
+        streams, exit watch), leaving its processes alone."""
         SessionApps.close_relays(running)
         for stream in running.direct.values():
             stream.close()
@@ -687,9 +719,6 @@ class Agent:
             self.loop.remove_reader(running.pidfd)
             os.close(running.pidfd)
             running.pidfd = -1
-        await self._in(self._work, running.process.kill_all)
-        await self._in(self._work, running.process.wait)
-        await self._in(self._work, running.process.remove)
 
     def _spawn(self, spec: dict) -> RunningSession:
         """Work dir, allocation document, virtual nvidia-smi, then the session's process through
@@ -1498,6 +1527,12 @@ def _drop_oldest(running: RunningSession) -> None:
     running.log_offset += dropped
     running.log_pending = [text[dropped:]]
     running.log_pending_chars = LOG_BACKLOG_CHARS
+
+
+def outlives_agent(process) -> bool:
+    """Whether a session's process (a runtime's handle) runs on when its agent exits, for the next
+    start to adopt: a held process-runtime session (agent.holder) or a docker container."""
+    return bool(getattr(process, "outlives_agent", False))
 
 
 def sweep_scratch(scratch_root: Path, *, keep: set[str], older_than_s: float) -> int:

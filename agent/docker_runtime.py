@@ -170,6 +170,7 @@ class DockerSession:
         return ""
 
     quick = False  # signals and waits are Docker API calls (see SessionHandle.quick)
+    outlives_agent = True  # its container runs on without the agent; the next start adopts it
 
     def signal_all(self, *sigs: int) -> None:
         for sig in sigs:

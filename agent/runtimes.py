@@ -75,6 +75,8 @@ class SessionHandle:
     returns b"" at its end; `write` raises BlockingIOError when full). `pid`: the host pid of
     the session's leader, where there is one."""
 
+    outlives_agent = False  # its PTY's master is the agent's: the session ends with the agent (HeldSession's does not)
+
     def __init__(
         self,
         session_id: str,
@@ -350,6 +352,8 @@ class HeldSession(SessionHandle):
     holder's child (its exit status is read from the holder's `<socket>.exit`). An agent that
     starts again re-attaches to it (`ProcessRuntime.clean_up_at_start`: `adopt`). The rest (its
     processes, cgroup, sandbox, exec) is SessionHandle's."""
+
+    outlives_agent = True  # an agent that stops gracefully leaves it running, for the next start to adopt
 
     def __init__(
         self,

@@ -30,6 +30,9 @@ _secret_key_for_this_run()
 # default, auto, picks docker where Docker Engine holds the session image (CI). tests/test_runtime_choice.py
 # starts them with auto.
 os.environ.setdefault("FGPU_RUNTIME", "process")
+# And they, and the stacks' agents, stop their sessions when they exit, as they did before a graceful stop
+# left them running for the next start (tests/faults/test_console_restart.py tests that default itself).
+os.environ.setdefault("FGPU_STOP_SESSIONS_ON_EXIT", "true")
 
 
 @pytest.hookimpl(wrapper=True)

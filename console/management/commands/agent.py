@@ -3,7 +3,9 @@
 Consumes Celery queue `agent.<node>` (an embedded worker, solo pool: each task only hands
 work to the agent's asyncio loop), talks to the manager through queue `manager`, relays
 terminals through the Redis channel layer, pushes streamed exec output to Redis on the same
-URL, and never opens the database.
+URL, and never opens the database. A graceful stop (SIGTERM, Ctrl-C) leaves the sessions that
+outlive their agent running for the next start to adopt (Agent.shutdown), unless `--stop-sessions`
+or FGPU_STOP_SESSIONS_ON_EXIT=true.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from console.broker_acl import agent_transport_options
 from console.celery import agent_queue, app
+from console.env import env_bool
 from console.layers import RedisChannelLayer
 from console.startup import freeze_imported_objects
 from protocol.exec_store import exec_store_for
@@ -32,9 +35,16 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--config", required=True, help="path to agent.toml")
+        parser.add_argument(
+            "--stop-sessions",
+            action="store_true",
+            help="stop every session when the agent exits (default: FGPU_STOP_SESSIONS_ON_EXIT, else they keep "
+            "running and the next start adopts them)",
+        )
 
-    def handle(self, *args, config: str, **options):
+    def handle(self, *args, config: str, stop_sessions: bool, **options):
         stop_ignoring_session_signals()
+        keep_sessions = not (stop_sessions or env_bool("FGPU_STOP_SESSIONS_ON_EXIT"))
         try:
             cfg = load_agent_config(config, default_broker=settings.REDIS_URL)
         except AgentConfigError as exc:
@@ -93,5 +103,7 @@ class Command(BaseCommand):
         try:
             worker.start()
         finally:
-            asyncio.run_coroutine_threadsafe(agent.shutdown(), loop).result(timeout=30)
+            kept = asyncio.run_coroutine_threadsafe(agent.shutdown(keep_sessions=keep_sessions), loop).result(timeout=30)
             loop.call_soon_threadsafe(loop.stop)
+            if kept:
+                self.stdout.write(f"agent {cfg.node_name}: {kept} session(s) keep running; the next start adopts them")

@@ -6,7 +6,9 @@ embedded agent (one mock node) per agent.toml in FGPU_AGENT_CONFIG on uvicorn's 
 Environment: PORT (8000), FGPU_ADMIN_PASSWORD, FGPU_AGENT_CONFIG (demo/agent.toml),
 FGPU_ACCELERATOR_CONFIG (an etcd-style JSON; the demo's is imported only on first start),
 FGPU_DATA_DIR (./var), FGPU_RUNTIME (auto: docker where Docker Engine answers and holds the
-session image, else process; see Command._choose_runtime).
+session image, else process; see Command._choose_runtime), FGPU_STOP_SESSIONS_ON_EXIT (false:
+sessions that outlive their agent keep running when it stops and the next start adopts them;
+true, or `--stop-sessions`: every session is stopped as it exits).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import protocol
 from accelerators.config_import import ConfigError, import_accelerator_config
 from accelerators.models import FractionalSettings
 from console.celery import app as celery_app
-from console.env import env_int, env_list, env_str
+from console.env import env_bool, env_int, env_list, env_str
 from console.exec_store import exec_store_default
 from agent.boot import build_agent
 from agent.config import AgentConfigError, load_agent_config
@@ -55,10 +57,17 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--host", default=env_str("FGPU_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=None)
+        parser.add_argument(
+            "--stop-sessions",
+            action="store_true",
+            help="stop every session when the console exits (default: FGPU_STOP_SESSIONS_ON_EXIT, else they keep "
+            "running and the next start adopts them)",
+        )
 
-    def handle(self, *args, host: str, port: int | None, **options):
+    def handle(self, *args, host: str, port: int | None, stop_sessions: bool, **options):
         stop_ignoring_session_signals()
         port = port or env_int("PORT", 8000, minimum=1, maximum=65535)
+        self.stop_sessions = stop_sessions or env_bool("FGPU_STOP_SESSIONS_ON_EXIT")
         agent_files = env_list("FGPU_AGENT_CONFIG", [str(DEMO_AGENT)])
 
         def load(runtime: str | None = None) -> list:
@@ -276,17 +285,29 @@ class Command(BaseCommand):
                 background.cancel()
 
         # uvicorn stops gracefully on SIGTERM and SIGINT, then raises the signal again for the
-        # handler it found: one that does nothing lets the sessions be killed below (rather than
-        # the process die first, SIGTERM's default, or print a traceback, SIGINT's).
+        # handler it found: one that does nothing lets the sessions be let go or killed below
+        # (rather than the process die first, SIGTERM's default, or print a traceback, SIGINT's).
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _stopped)
         try:
             asyncio.run(serve())
         finally:
-            # Sessions' shells must not outlive the console (and their waiting threads would
-            # keep this process from exiting).
-            for agent in agents:
-                agent.kill_all_now()
+            self._let_sessions_go(agents)
+
+    def _let_sessions_go(self, agents) -> None:
+        """As the console exits (its loop stopped): sessions that outlive their agent (held
+        process sessions, docker containers) keep running for the next start to adopt, as a
+        kubelet's restart keeps its pods, and the others are killed (an unheld PTY dies with this
+        process; their waiting threads would keep it from exiting); with --stop-sessions or
+        FGPU_STOP_SESSIONS_ON_EXIT every session is killed. The manager stops with the console:
+        the next start's agent registers the adopted ones as running, and those that ended
+        meanwhile as ended (sessions_reconcile_node), before the first scheduling pass."""
+        kept = sum(agent.kill_all_now(keep_sessions=not self.stop_sessions) for agent in agents)
+        if kept:
+            self.stdout.write(
+                f"{kept} session{'s' if kept != 1 else ''} keep{'s' if kept == 1 else ''} running; the next start adopts "
+                f"{'them' if kept != 1 else 'it'} (--stop-sessions or FGPU_STOP_SESSIONS_ON_EXIT=true stops them on exit)."
+            )
 
 
 def _apps_listener(host: str, port: int) -> tuple[int, str]:
