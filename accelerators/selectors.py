@@ -208,6 +208,18 @@ def placement_workload(*, resource_group: str, prefix: str) -> cluster.Workload:
     return workload
 
 
+def nodes_with_usage(nodes):
+    """Annotate a Node queryset with what its active sessions (`protocol.SESSION_ACTIVE_STATES`)
+    hold: `cpu_used` (cores) and `mem_used` (bytes), 0 for none. The one computation of a
+    node's CPU and memory in use: the allocator's nodes (`node_states`) and the MIG choice's
+    rooms (`sessions.mig_scheduling`) both read it. Not with `select_for_update` (PostgreSQL
+    locks no aggregate): lock first, then read."""
+    active = Q(sessions__status__in=protocol.SESSION_ACTIVE_STATES)
+    return nodes.annotate(
+        cpu_used=Sum("sessions__cpu", filter=active, default=0), mem_used=Sum("sessions__mem", filter=active, default=0)
+    )
+
+
 def node_states(
     *,
     slot_name: str,
@@ -236,10 +248,7 @@ def node_states(
         list(nodes.order_by("pk").select_for_update().values_list("pk", flat=True))
         list(device_rows.order_by("pk").select_for_update().values_list("pk", flat=True))
     if usage:
-        nodes = nodes.annotate(
-            cpu_used=Sum("sessions__cpu", filter=Q(sessions__status__in=protocol.SESSION_ACTIVE_STATES), default=0),
-            mem_used=Sum("sessions__mem", filter=Q(sessions__status__in=protocol.SESSION_ACTIVE_STATES), default=0),
-        )
+        nodes = nodes_with_usage(nodes)
     annotated = list(nodes.select_related("resource_group").order_by("name"))
     devices = device_rows.select_related("node")
     by_node: dict = {}

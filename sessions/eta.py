@@ -412,7 +412,7 @@ class _Room:
         decision = placement_decide(request=request, image=image, view=self.view)
         if decision.outcome == PLACED and decision.mig is not None:
             self.view.take_mig(key, request, decision.mig)
-            self.where[key] = decision.mig.node
+            self.where[key] = decision.mig.node.name
             return pure.PLACED, ""
         if decision.outcome == PLACED and decision.placement is not None:
             self.view.take(key, request, image, decision.placement)

@@ -186,20 +186,20 @@ def launch_preview(*, resources: dict, image: str | None = None, owner=None) -> 
         "devices": [],
         "mig": None,
     }
-    if decision.mig is not None:
-        grant = decision.mig
-        device = grant.device
+    if decision.mig_preview is not None:
+        shown = decision.mig_preview
+        device = shown.device
         result.update(
-            node=grant.node,
-            mig={"profile": grant.profile, "plan": grant.plan},
+            node=shown.node,
+            mig={"profile": shown.profile, "plan": shown.plan},
             devices=[
                 {
                     "device": device.device_id,
                     "device_index": device.index,
                     "model_name": device.model_name,
-                    "memory": grant.memory,
-                    "procs": str(grant.procs),
-                    "sm_percent": sm_percent({"procs": grant.procs, "subproc_count": device.subproc_count}),
+                    "memory": shown.memory,
+                    "procs": str(shown.procs),
+                    "sm_percent": sm_percent({"procs": shown.procs, "subproc_count": device.subproc_count}),
                     "shares": "0",
                 }
             ],

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import NamedTuple
 
-from django.db.models import Sum
 from django.utils import timezone
 
 from accelerators.allocation import mig
@@ -52,7 +51,7 @@ from accelerators.allocation.mig import MigResourceRequest
 from accelerators.allocation.units import format_binary_size
 from accelerators.mig_selectors import device_mig_catalog, gpu_instance_holds
 from accelerators.models import Device, GpuInstance, MigMode, Node, NodeStatus
-from accelerators.selectors import node_runs_image, resource_group_get
+from accelerators.selectors import node_runs_image, nodes_with_usage, resource_group_get
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession
 from sessions.selectors import wants_mig
 
@@ -101,7 +100,12 @@ class MigRank(NamedTuple):
 
 
 @dataclass(frozen=True)
-class _Choice:
+class MigChoice:
+    """What `mig_choose` picks: on `node`, the whole GPU `device` with the planner's `plan` for
+    one GPU instance (created, reused; idle ones destroyed) under the GPU's `catalog` (dynamic
+    and fixed-layout nodes), or the free static slice `device` (`plan` and `catalog` None);
+    `rank` is why it won. The scheduler writes it (`mig_rows_write`)."""
+
     rank: MigRank
     node: Node
     device: Device  # the parent GPU (dynamic) or the static slice
@@ -109,7 +113,7 @@ class _Choice:
     catalog: mig.MigCatalog | None = None
 
 
-def mig_choose(request: MigResourceRequest, *, lock: bool = True, image: str = "") -> _Choice:
+def mig_choose(request: MigResourceRequest, *, lock: bool = True, image: str = "") -> MigChoice:
     """The best MIG choice for `request` on the alive MIG nodes (holding session image `image`;
     "": any); with `lock`, the candidate nodes, devices and GPU instances are locked (pk order)
     inside the caller's transaction. `mig_rows_write` writes its rows. Raises NeverSchedulable when no MIG
@@ -159,7 +163,7 @@ class MigNodeRoom:
             "shared": {d for d, held in self.holders.items() if not all(held.values())},
         }
 
-    def take(self, key: str, *, cpu: int, mem: int, choice: _Choice | None = None, devices: tuple[str, ...] = ()) -> None:
+    def take(self, key: str, *, cpu: int, mem: int, choice: MigChoice | None = None, devices: tuple[str, ...] = ()) -> None:
         """Session `key` starts here with `cpu` cores and `mem` bytes: on MIG `choice`
         (`mig_choose_in`'s, for this node: its plan applied, a created instance keyed
         "planned-<key>"), or on a shared slice of `devices` (device pk texts) or none (CPU only)."""
@@ -244,7 +248,7 @@ def mig_scope_read(*, resource_group: str, image: str = "", lock: bool = False) 
     return MigScope(rooms=rooms, every=every, image=image)
 
 
-def mig_choose_in(scope: MigScope, request: MigResourceRequest) -> _Choice:
+def mig_choose_in(scope: MigScope, request: MigResourceRequest) -> MigChoice:
     """`mig_choose` on a scope already read (or kept in memory: the ETA's replay): nothing is
     read from the database. Raises as `mig_choose`."""
     wanted = request.mig_request()
@@ -260,7 +264,7 @@ def mig_choose_in(scope: MigScope, request: MigResourceRequest) -> _Choice:
             _check_ever_fits([r.node for r in scope.rooms], [d for r in scope.rooms for d in r.devices], wanted)
         except NeverSchedulable as exc:
             raise InsufficientResource(f"the MIG nodes with image {image} cannot hold it: {exc}") from None
-    choices: list[_Choice] = []
+    choices: list[MigChoice] = []
     reasons: list[str] = []
     for room in sorted(scope.rooms, key=lambda r: r.node.name):
         node = room.node
@@ -313,11 +317,11 @@ def _busy_devices(devices: list[Device]) -> dict[str, set]:
 
 def _nodes_free(nodes: list[Node]) -> dict:
     """{node pk: (CPU cores, bytes of memory) that its active sessions leave} for `nodes`, in one
-    query."""
-    used = dict.fromkeys((n.pk for n in nodes), (0, 0))
-    active = ComputeSession.objects.filter(node__in=nodes, status__in=ACTIVE_STATUSES)
-    for node_id, cpu, mem in active.values_list("node").annotate(Sum("cpu"), Sum("mem")).order_by():
-        used[node_id] = (cpu, mem)
+    query (`accelerators.selectors.nodes_with_usage`)."""
+    if not nodes:
+        return {}
+    rows = nodes_with_usage(Node.objects.filter(pk__in=[n.pk for n in nodes])).values_list("pk", "cpu_used", "mem_used")
+    used = {pk: (cpu, mem) for pk, cpu, mem in rows}
     return {n.pk: (n.cpu_count - used[n.pk][0], n.memory_size - used[n.pk][1]) for n in nodes}
 
 
@@ -353,7 +357,7 @@ def _static_choice(node: Node, devices: list[Device], wanted: mig.MigRequest, bu
             gpu_index=device.index,
             device_id=device.device_id,
         )
-        fitting.append(_Choice(rank=rank, node=node, device=device))
+        fitting.append(MigChoice(rank=rank, node=node, device=device))
     if not fitting:
         return [], f"no free MIG slice for {wanted.describe()}"
     return [min(fitting, key=lambda c: c.rank)], ""
@@ -406,7 +410,7 @@ def _gpu_layouts(node: Node, devices: list[Device], busy: dict, reasons: list[st
 
 
 def _dynamic_choices(node: Node, devices: list[Device], wanted: mig.MigRequest, busy: dict, layouts: dict[str, tuple]):
-    choices: list[_Choice] = []
+    choices: list[MigChoice] = []
     reasons: list[str] = []
     for gpu, catalog, layout in _gpu_layouts(node, devices, busy, reasons, layouts):
         try:
@@ -433,11 +437,11 @@ def _dynamic_choices(node: Node, devices: list[Device], wanted: mig.MigRequest, 
             gpu_index=gpu.index,
             device_id=gpu.device_id,
         )
-        choices.append(_Choice(rank=rank, node=node, device=gpu, plan=plan, catalog=catalog))
+        choices.append(MigChoice(rank=rank, node=node, device=gpu, plan=plan, catalog=catalog))
     return choices, "; ".join(reasons) or "no MIG-capable GPU"
 
 
-def mig_rows_write(*, session: ComputeSession, choice: _Choice) -> tuple[Allocation, dict | None, str]:
+def mig_rows_write(*, session: ComputeSession, choice: MigChoice) -> tuple[Allocation, dict | None, str]:
     """Write the rows of `choice` (`mig_choose`'s) for `session`: the GpuInstance rows of its
     plan (destroyed, reused or created) and one Allocation on the parent GPU or on the static
     slice. Returns (that Allocation, the start spec's `mig` block — None for a static slice,

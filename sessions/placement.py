@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
-
 
 from accelerators.allocation import cluster, core
 from accelerators.allocation.errors import AllocationError, InsufficientResource, InvalidResourceRequest, NeverSchedulable
@@ -43,10 +41,11 @@ from console.errors import ApplicationError
 from sessions import mig_scheduling
 from sessions.group_access import resource_group_check_usable
 from sessions.images import NO_ROOM_WITH_IMAGE, image_wait_reason
+from sessions.mig_scheduling import MigChoice, MigGrantPreview
 from sessions.models import ComputeSession
 from sessions.quotas import quota_refusal_error, quota_refusals
 
-PLACED = "placed"  # starts now: `placement` (a shared slice) or `mig` (a MIG choice)
+PLACED = "placed"  # starts now: `placement` (a shared slice), or `mig` / `mig_preview` (MIG)
 WAITING = "waiting"  # admitted, waits in the queue: `reason`
 NEVER = "never"  # no registered node could ever hold it: refused at launch, ERROR in the queue
 QUOTA = "quota"  # a quota of the owner (or of a project of theirs) refuses it: `problems`
@@ -62,15 +61,17 @@ class Decision:
     """What launching a request does now. `outcome`: PLACED, WAITING, NEVER or QUOTA; `reason`:
     the session's status reason for WAITING ("waiting for capacity: …"), the refusal for NEVER
     and QUOTA ("" for PLACED); `problems`: QUOTA's sentences, one per limit passed;
-    `placement`: the allocator's plan (PLACED on a shared slice); `mig`: the view's MIG choice
-    (PLACED on MIG: `mig_scheduling.MigGrantPreview` for a read view, the scheduler's choice to
-    write for its pass view)."""
+    `placement`: the allocator's plan (PLACED on a shared slice). PLACED on MIG, one of two,
+    as the view's `mig` answers: `mig`, the choice the scheduler's pass writes and the ETA's
+    replay plays (`mig_scheduling.MigChoice`), or `mig_preview`, what a read view shows (the
+    launch preview: `mig_scheduling.MigGrantPreview`)."""
 
     outcome: str
     reason: str = ""
     problems: tuple[str, ...] = ()
     placement: core.Placement | None = None
-    mig: Any = None  # MigGrantPreview (a read view) or mig_scheduling's choice (the pass view)
+    mig: MigChoice | None = None
+    mig_preview: MigGrantPreview | None = None
     error: ApplicationError | None = None
 
     def refusal(self) -> ApplicationError | None:
@@ -181,7 +182,8 @@ def _place(request: core.ResourceRequest, pure_settings, image: str, view: ReadV
     mig_reason = ""
     if mig_scheduling.wants_mig(request):
         try:
-            return Decision(PLACED, mig=view.mig(request, image))
+            found = view.mig(request, image)
+            return Decision(PLACED, mig=found) if isinstance(found, MigChoice) else Decision(PLACED, mig_preview=found)
         except InsufficientResource as exc:
             if request.isolation != "any":
                 return Decision(WAITING, CAPACITY + str(exc))
@@ -229,7 +231,7 @@ class ReadView:
         """Why a session in `image` waits although it may fit ("" when an alive node holds it)."""
         return image_wait_reason(reference=image)
 
-    def mig(self, request, image: str):
+    def mig(self, request, image: str) -> MigGrantPreview | MigChoice:
         """What MIG gives `request` now (`mig_scheduling.mig_preview`); raises as it does."""
         return mig_scheduling.mig_preview(request=request, image=image)
 

@@ -7,8 +7,12 @@ Each session is placed by the pure allocator (`accelerators.allocation.core.plac
 group's policy, on that in-memory view and its vectorised index; the plan is written as
 Allocation rows, the session moves PENDING → SCHEDULED, and the view is updated with the plan
 (`core.apply_placement`) in every scope holding that node, so later sessions of the same pass
-see it. The pass's rows are written in a few bulk statements (`_PassWrites`), flushed before
-anything reads usage from the database again. After commit, one batch of page notices
+see it. MIG requests alike (issue 34.4): their scope (`mig_scheduling.MigScope`, one room per
+MIG node) is read and locked once per pass too, the choice made on it in memory
+(`mig_scheduling.mig_choose_in`), and every placement, MIG or shared, kept in the rooms and the
+scopes of its node. The pass's rows are written in a few bulk statements (`_PassWrites`; a MIG
+choice's GPU instance and Allocation rows in placement order), flushed before anything reads
+usage from the database again (a new scope). After commit, one batch of page notices
 (`events.sessions_notify`: one query, one event loop for every group send) and the agents'
 start messages through one broker connection (`_send_starts`): 1,000 sessions in well under
 10 s end to end on PostgreSQL (benchmarks/scheduler_db.py). For the fragmentation-aware
@@ -21,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from dataclasses import replace
 from functools import partial
 
 from django.conf import settings
@@ -136,8 +141,6 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
                 reserve(session, no_room[shape])
                 continue
             request = session_request(session)
-            if mig_scheduling.wants_mig(request):
-                writes.flush()  # the MIG choice reads usage from the database
             view.end = view.end_of(request, now)
             decision = placement_decide(request=request, image=image, view=view)
             if decision.outcome == WAITING:
@@ -152,13 +155,13 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
                 )
                 writes.changed(session, "status", "status_reason", "terminated_at")
                 continue
-            if decision.mig is not None:  # a MIG instance or slice (issue 4): its rows written at once
+            if decision.mig is not None:  # a MIG instance or slice (issue 4)
+                view.commit_mig(str(session.pk), request, decision.mig)
                 writes.place_mig(session, decision.mig)
-                view.forget()  # the MIG session took CPU and memory: re-read the nodes (still locked)
             else:
                 assert decision.placement is not None  # PLACED, not on MIG: a shared slice
                 pure_settings = view.settings(request)
-                view.commit(view.scope(request, image=image), request, pure_settings, decision.placement)
+                view.commit(view.scope(request, image=image), request, pure_settings, decision.placement, key=str(session.pk))
                 writes.place(session, decision.placement)
             scheduled.append(str(session.pk))
             for earlier in backfill.placed():  # backfilled past them
@@ -233,11 +236,13 @@ class _PassWrites:
     sessions' Allocation rows (one bulk insert), their status (one bulk update per set of
     changed fields), waiting reasons, overtaken counts, and the pages' notices (one after-commit
     batch, `events.sessions_notify`). Flushed before anything reads usage from the database
-    again (a new scope, a MIG step), so the pass never sees a state without its own plans."""
+    again (a new scope), so the pass never sees a state without its own plans."""
 
     def __init__(self, starts: list[tuple[str, dict]]):
         self.starts = starts
         self.placed: list[tuple[ComputeSession, core.Placement]] = []
+        self.placed_mig: list[tuple[ComputeSession, mig_scheduling.MigChoice]] = []
+        self.queued: list[ComputeSession] = []  # placed and not flushed, in placement order (their starts')
         self.dirty: dict = {}  # session pk → (session, set of changed fields)
         self.notices: list[ComputeSession] = []
         self.seconds = 0.0  # spent in flush, for the pass's log line
@@ -255,25 +260,19 @@ class _PassWrites:
     def place(self, session: ComputeSession, placement: core.Placement) -> None:
         session.status, session.status_reason, session.scheduled_at = SessionStatus.SCHEDULED, "", timezone.now()
         self.placed.append((session, placement))
+        self.queued.append(session)
         self.changed(session, "node", "status", "status_reason", "scheduled_at")
 
-    def place_mig(self, session: ComputeSession, choice) -> None:
-        """A MIG choice (`mig_scheduling.mig_choose`'s): its GPU instance and Allocation rows
-        written now (`mig_scheduling.mig_rows_write`: the next MIG choice reads them), the
-        session's transition to SCHEDULED with what it got, and its notice, with the pass's
-        other writes; its agent's start spec with its `mig` block appended to `starts`."""
-        allocation, block, got = mig_scheduling.mig_rows_write(session=session, choice=choice)
-        session.node, session.status, session.status_reason, session.scheduled_at = (
-            choice.node,
-            SessionStatus.SCHEDULED,
-            got,
-            timezone.now(),
-        )
+    def place_mig(self, session: ComputeSession, choice: mig_scheduling.MigChoice) -> None:
+        """A MIG choice (`mig_scheduling.mig_choose_in`'s, on the pass's view): the session's
+        transition to SCHEDULED and its notice with the pass's other writes; at the flush, its
+        GPU instance and Allocation rows (`mig_scheduling.mig_rows_write`, in placement order:
+        each start's layout holds the instances planned before it), its reason saying what it
+        got, and its agent's start spec with its `mig` block appended to `starts`."""
+        session.node, session.status, session.scheduled_at = choice.node, SessionStatus.SCHEDULED, timezone.now()
+        self.placed_mig.append((session, choice))
+        self.queued.append(session)
         self.changed(session, "node", "status", "status_reason", "scheduled_at")
-        spec = session_start_spec(session, [allocation])
-        if block is not None:
-            spec["mig"] = block
-        self.starts.append((choice.node.name, spec))
 
     def flush(self) -> None:
         began = time.monotonic()
@@ -281,8 +280,11 @@ class _PassWrites:
         self.seconds += time.monotonic() - began
 
     def _flush(self) -> None:
+        specs = self._write_mig() if self.placed_mig else {}
         if self.placed:
-            self._write_placements()
+            specs.update(self._write_placements())
+        self.starts.extend(specs[session.pk] for session in self.queued)
+        self.queued.clear()
         by_fields: dict = {}
         for session, fields in self.dirty.values():
             if fields - {"overtaken"}:  # shown on the pages: a newer state
@@ -293,14 +295,28 @@ class _PassWrites:
             ComputeSession.objects.bulk_update(sessions, fields, batch_size=500)
         self.dirty.clear()
 
-    def _write_placements(self) -> None:
-        """The allocator's plans as Allocation rows, each session's node, and the agents' start
-        specs (appended to `starts`, in placement order)."""
+    def _write_mig(self) -> dict:
+        """The MIG choices' rows, in placement order, and each session's reason. Returns
+        {session pk: (node name, its start spec with the `mig` block)}."""
+        specs = {}
+        for session, choice in self.placed_mig:
+            allocation, block, session.status_reason = mig_scheduling.mig_rows_write(session=session, choice=choice)
+            spec = session_start_spec(session, [allocation])
+            if block is not None:
+                spec["mig"] = block
+            specs[session.pk] = (choice.node.name, spec)
+        self.placed_mig.clear()
+        return specs
+
+    def _write_placements(self) -> dict:
+        """The allocator's plans as Allocation rows and each session's node. Returns {session
+        pk: (node name, its agent's start spec)}."""
         device_ids = {g.device_id for _, placement in self.placed for g in placement.grants}
         devices = {str(d.pk): d for d in Device.objects.select_related("node").filter(pk__in=device_ids)}
         bare = {p.node_id for _, p in self.placed if not p.grants}  # no device: CPU and memory only
         nodes = {n.name: n for n in Node.objects.filter(name__in=bare)} if bare else {}
         rows: list[Allocation] = []
+        specs = {}
         projects = owner_projects({session.owner_id for session, _ in self.placed})  # one query a pass
         for session, placement in self.placed:
             mine = [
@@ -309,17 +325,21 @@ class _PassWrites:
             ]
             session.node = mine[0].device.node if mine else nodes[placement.node_id]
             rows += mine
-            self.starts.append(
-                (placement.node_id, session_start_spec(session, mine, projects=projects.get(session.owner_id, [])))
+            specs[session.pk] = (
+                placement.node_id,
+                session_start_spec(session, mine, projects=projects.get(session.owner_id, [])),
             )
         Allocation.objects.bulk_create(rows, batch_size=1000)
         self.placed.clear()
+        return specs
 
 
 class _PassView(RememberingReadView):
     """How `placement_decide` reads the cluster in a pass: the scopes the pass has read and
-    locked, by (resource group name, slot, image), kept current with the pass's plans; slot
-    settings and image reasons read once per pass (RememberingReadView); MIG choices under lock."""
+    locked, by (resource group name, slot, image), and the MIG scopes, by (resource group name,
+    image), kept current with the pass's plans (a node's MIG room shared by the MIG scopes
+    holding it, as in the ETA's replay); slot settings and image reasons read once per pass
+    (RememberingReadView)."""
 
     def __init__(self, writes: _PassWrites):
         super().__init__()
@@ -330,6 +350,9 @@ class _PassView(RememberingReadView):
         self.end: float | None = None  # when the session being placed would end at the latest (epoch seconds)
         self._limits: dict[str, int] | None = None
         self.held: dict = {}  # `sessions.backfill.reservation_for`'s read of the sessions on a node set, until a placement
+        self.mig_scopes: dict[tuple[str, str], mig_scheduling.MigScope] = {}
+        self.rooms: dict[str, mig_scheduling.MigNodeRoom] = {}  # node pk text → its MIG room
+        self.rooms_by_name: dict[str, mig_scheduling.MigNodeRoom] = {}
 
     def end_of(self, request: core.ResourceRequest, now) -> float | None:
         """When a session of `request` started `now` ends at the latest: its resource group's
@@ -342,20 +365,33 @@ class _PassView(RememberingReadView):
         limit = self._limits.get(request.resource_group)
         return None if limit is None else now.timestamp() + limit
 
-    def forget(self) -> None:
-        """Drop the scopes read so far (their rows stay locked); the next request re-reads them.
-        For placements made outside this view (MIG)."""
-        self.scopes.clear()
-        self.held.clear()
-
-    def mig(self, request, image: str):
-        """The MIG choice for `request` (`mig_scheduling.mig_choose`), its rows locked; raises
-        as it does, and InsufficientResource while a reservation holds the MIG GPUs. The pass
-        writes it with `_PassWrites.place_mig`."""
+    def mig(self, request, image: str) -> mig_scheduling.MigChoice:
+        """The MIG choice for `request` (`mig_scheduling.mig_choose_in`) on the pass's MIG scope
+        of its group and `image`, read and locked at its first request (the pass's writes
+        flushed first); raises as `mig_scheduling.mig_choose` does, and InsufficientResource
+        while a reservation holds the MIG GPUs. The pass keeps it (`commit_mig`) and writes it
+        (`_PassWrites.place_mig`)."""
         held = self.around.of_mig()
         if held is not None:
             raise InsufficientResource(held.blocked_reason())
-        return mig_scheduling.mig_choose(request, image=image)
+        key = (request.resource_group, image)
+        if key not in self.mig_scopes:
+            self.writes.flush()  # the usage read below must hold this pass's plans
+            read = mig_scheduling.mig_scope_read(resource_group=request.resource_group, image=image, lock=True)
+            self.mig_scopes[key] = read.copy(self.rooms)  # a node's room already planned on stays
+            self.rooms_by_name = {room.node.name: room for room in self.rooms.values()}
+        return mig_scheduling.mig_choose_in(self.mig_scopes[key], request)
+
+    def commit_mig(self, key: str, request, choice: mig_scheduling.MigChoice) -> None:
+        """Session `key`'s MIG `choice` takes its instance or slice in its node's MIG room, and
+        its CPU cores and memory in every scope holding the node."""
+        self.rooms[str(choice.node.pk)].take(key, cpu=request.cpu, mem=request.mem, choice=choice)
+        self.held.clear()
+        for slot in {s.slot for s in self.scopes.values()}:
+            found = next((s for s in self.scopes.values() if s.slot == slot and choice.node.name in s.rows), None)
+            if found is not None:
+                node = found.nodes[found.rows[choice.node.name]]
+                self._update(slot, replace(node, cpu_used=node.cpu_used + request.cpu, mem_used=node.mem_used + request.mem))
 
     def place(self, request: core.ResourceRequest, pure_settings, image: str) -> core.Placement:
         return self.scope(request, image=image).place_around(request, pure_settings, self.around, self.end)
@@ -372,14 +408,24 @@ class _PassView(RememberingReadView):
             self.scopes[key] = PlacementScope.read(request, image=image, for_update=True, latest=latest)
         return self.scopes[key]
 
-    def commit(self, scope: PlacementScope, request: core.ResourceRequest, pure_settings, placement: core.Placement) -> None:
+    def commit(
+        self, scope: PlacementScope, request: core.ResourceRequest, pure_settings, placement: core.Placement, *, key: str
+    ) -> None:
+        """Session `key`'s `placement` (a shared slice, or CPU only) in every scope of its slot
+        and its node's MIG room."""
         node = core.apply_placement(scope.nodes[scope.rows[placement.node_id]], request, placement)
         self.held.clear()  # the sessions on its nodes changed: a reservation reads them again
-        for other in self.scopes.values():
-            if other.slot == scope.slot:
-                other.update(node)
+        self._update(scope.slot, node)
+        room = self.rooms_by_name.get(placement.node_id)
+        if room is not None:
+            room.take(key, cpu=request.cpu, mem=request.mem, devices=tuple(g.device_id for g in placement.grants))
         shape = core.request_shape(request, pure_settings)
         self.placed[(scope.group_name, shape_prefix(scope.slot, pure_settings) + cluster.shape_key(shape))] += 1
+
+    def _update(self, slot: str, node: core.NodeState) -> None:
+        for scope in self.scopes.values():
+            if scope.slot == slot:
+                scope.update(node)
 
     def record_shapes(self) -> None:
         """Add this pass's placed shapes to PlacementShape (one row per group and shape)."""
