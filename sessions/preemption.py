@@ -67,6 +67,10 @@ log = logging.getLogger(__name__)
 
 MAX_WAITERS_PER_PASS = 16  # blocked sessions a pass looks at for preemption (the first in queue order)
 REQUEUE_WINDOW = timedelta(hours=1)  # a victim that ended longer ago than this is not launched again (older releases')
+# A victim is launched again only once the session it made room for has started (or no longer waits), so that
+# its copy, which keeps its arrival, cannot take that room back (a compaction's move: the same priority, maybe a
+# better fair share); past this it is launched again all the same (the room went to someone else meanwhile).
+REQUEUE_AFTER_WAITER = timedelta(minutes=5)
 UNDER_NOTICE = (SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING)
 
 
@@ -332,10 +336,12 @@ def _stop_due(now) -> list[str]:
 def _requeue_ended(now) -> list[str]:
     """Launch again every victim under notice that ended (stopped at its time, or it exited on its
     signal) within REQUEUE_WINDOW, unless its launch said `requeue: false` or its owner (or an
-    idle reclamation) ended it: `session_requeue`. Returns the new sessions' ids."""
+    idle reclamation) ended it: `session_requeue`; not while the session it made room for still
+    waits (up to REQUEUE_AFTER_WAITER after its end). Returns the new sessions' ids."""
     ended = (
         ComputeSession.objects.filter(preempt_at__isnull=False, preempted_for__isnull=False)
         .filter(_requeue_due(now))
+        .exclude(preempted_for__status=SessionStatus.PENDING, terminated_at__gt=now - REQUEUE_AFTER_WAITER)
         .select_related("owner", "image", "preempted_for__owner")
     )
     again = []

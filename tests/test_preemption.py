@@ -276,6 +276,30 @@ def test_a_session_that_exits_on_its_signal_is_requeued_but_not_one_launched_wit
 
 
 
+def test_a_victim_is_requeued_only_once_the_session_it_made_room_for_no_longer_waits(one_gpu, alice, staff):
+    """Its copy keeps its arrival: launched while the waiting session still waits (a compaction's
+    move, of the same priority), it could take the room back and be moved again, round after round."""
+    from sessions import preemption
+
+    job, other = running(alice, "job", fgpu="1"), running(alice, "other", fgpu="1")
+    waiter = session_create(owner=staff, name="waiter", resources={"cuda.shares": "1", "mem": "64M"})
+    now = timezone.now()
+    ComputeSession.objects.filter(pk=job.pk).update(
+        status=SessionStatus.TERMINATED, terminated_at=now, preempt_at=now, preempted_for=waiter,
+        status_reason=PREEMPTED + "stopped to make room",
+    )  # fmt: skip
+    assert preemption._requeue_ended(now) == [] and fresh(job).requeued_as_id is None  # the waiter still waits
+    later = now + preemption.REQUEUE_AFTER_WAITER + timedelta(seconds=1)
+    assert len(preemption._requeue_ended(later)) == 1  # it waited too long: the room went to someone else
+
+    ComputeSession.objects.filter(pk=other.pk).update(
+        status=SessionStatus.TERMINATED, terminated_at=now, preempt_at=now, preempted_for=waiter,
+        status_reason=PREEMPTED + "stopped to make room",
+    )  # fmt: skip
+    ComputeSession.objects.filter(pk=waiter.pk).update(status=SessionStatus.SCHEDULED)
+    assert len(preemption._requeue_ended(now)) == 1 and fresh(other).requeued_as_id is not None  # it started
+
+
 def test_a_session_its_owner_ends_while_under_notice_is_not_requeued(one_gpu, alice, staff):
     mine = running(alice, "mine")
     session_create(owner=staff, name="urgent", resources={"cuda.shares": "1", "mem": "64M"}, priority=5)
