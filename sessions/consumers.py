@@ -41,6 +41,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from console.api_errors import DATABASE_ERRORS
 from console.errors import ApplicationError
 from protocol.channel import AgentLink, DirectOffer, Refused
 from protocol.terminal_stream import DIRECT_OFFER, DIRECT_OK, LINE_LIMIT, encode
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 CLOSE_BAD_TICKET = 4403
 CLOSE_NOT_RUNNING = 4409
 CLOSE_UNAUTHENTICATED = 4401
-CLOSE_TRY_AGAIN = 1013  # RFC 6455 "Try Again Later": the channel layer (Redis) could not be reached
+CLOSE_TRY_AGAIN = 1013  # RFC 6455 "Try Again Later": the channel layer (Redis) or the database could not be reached
 # The direct stream to the session's agent broke before the session's exit (the agent restarted,
 # the network failed): the page connects again. An application code: autobahn (daphne) closes
 # with 1000 or 3000-4999 only, and raises for 1013.
@@ -157,6 +158,10 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
         except ApplicationError as exc:
             log.info("terminal for %s refused: %s", self.session_id, exc.detail)
             await self._refuse(CLOSE_NOT_RUNNING if exc.status == 409 else CLOSE_BAD_TICKET)
+            return
+        except DATABASE_ERRORS as exc:  # as the API's 503: the page connects again
+            log.warning("terminal for %s: the database cannot be reached (%s); try again", self.session_id, exc)
+            await self._refuse(CLOSE_TRY_AGAIN)
             return
         user = self.scope.get("user")
         if user is not None and user.is_authenticated and user.pk != session.owner_id and not user.is_staff:

@@ -166,3 +166,25 @@ def test_with_the_database_stopped_a_page_answers_its_try_again_page_within_2s(o
     assert "Try again" in text and 'id="try-again"' in text and "database" in text
     assert 'http-equiv="refresh"' in text and int(headers["Retry-After"]) > 0
     assert headers["Content-Type"].startswith("text/html")
+
+
+def test_with_the_database_stopped_a_terminal_is_told_to_try_again_within_2s(outage):
+    """Its ticket cannot be checked: 1013 "try again later" (the page connects again), as the
+    API's 503, rather than a consumer that fails (1011) after the pool's old 30 s."""
+    import asyncio
+    import uuid
+
+    import websockets
+
+    pg, base, _, _, _ = outage
+    pg.stop()
+
+    async def closed_with() -> tuple[int, float]:
+        started = time.monotonic()
+        async with websockets.connect(f"ws://{base.removeprefix('http://')}/ws/sessions/{uuid.uuid4()}/terminal/?ticket=x") as ws:
+            with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+        return closed.value.rcvd.code, time.monotonic() - started
+
+    code, took = asyncio.run(closed_with())
+    assert code == 1013 and took < ANSWER_WITHIN_S, (code, took)
