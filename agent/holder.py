@@ -3,11 +3,11 @@ owns its PTY's master and is the parent of its leader, so that the session outli
 restart of `make run`, an agent killed with SIGKILL) as a docker session outlives it in its
 container; the agent that starts again re-attaches to it (ProcessRuntime.clean_up_at_start).
 
-Run as `python -I holder.py SOCKET RING_BYTES MASTER_FD SLAVE_FD -- LEADER_ARGV...` by the
-agent's Python (ProcessRuntime.spawn), in a process session and a cgroup of its own (so the
+Run as `python -I holder.py SOCKET RING_BYTES MASTER_FD SLAVE_FD KEEP_FDS -- LEADER_ARGV...` by
+the agent's Python (ProcessRuntime.spawn), in a process session and a cgroup of its own (so the
 agent's terminal, process group, signals and cgroup do not reach it), with the PTY's two ends and
-whatever the leader inherits besides (bwrap's status and block pipes, named in FGPU_HOLDER_FDS)
-passed as open descriptors; a descriptor it holds and passes on to no one (slirp4netns's exit
+whatever the leader inherits besides (bwrap's status and block pipes: KEEP_FDS, comma-separated,
+empty for none) passed as open descriptors; a descriptor it holds and passes on to no one (slirp4netns's exit
 pipe) lives as long as it does. The leader's environment comes on stdin, `NAME=value` entries
 each ended by a NUL (the holder's own has none of the session's: a scan for a session's processes
 by FGPU_SESSION_ID does not find it). It starts the leader on the PTY's slave in the holder's working directory and says its pid
@@ -204,13 +204,13 @@ def _read_env(fd: int) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 6 or argv[4] != "--":
-        os.write(2, b"usage: python holder.py SOCKET RING_BYTES MASTER_FD SLAVE_FD -- ARGV...\n")
+    if len(argv) < 7 or argv[5] != "--":
+        os.write(2, b"usage: python holder.py SOCKET RING_BYTES MASTER_FD SLAVE_FD KEEP_FDS -- ARGV...\n")
         return 2
     socket_path, ring_bytes, master, slave = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _ignore)
-    keep = [int(fd) for fd in os.environ.pop("FGPU_HOLDER_FDS", "").split(",") if fd]
+    keep = [int(fd) for fd in argv[4].split(",") if fd]
     env = _read_env(0)
     os.set_blocking(master, False)
     os.set_inheritable(master, False)
@@ -222,8 +222,8 @@ def main(argv: list[str]) -> int:
             except OSError:  # the listing's own descriptor, closed meanwhile
                 pass
     leader = os.posix_spawn(
-        argv[5],
-        argv[5:],
+        argv[6],
+        argv[6:],
         env,
         file_actions=[(os.POSIX_SPAWN_DUP2, slave, 0), (os.POSIX_SPAWN_DUP2, slave, 1), (os.POSIX_SPAWN_DUP2, slave, 2),
                       (os.POSIX_SPAWN_CLOSE, slave)],

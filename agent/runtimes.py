@@ -688,7 +688,7 @@ class ProcessRuntime:
         inherited = [fd for fd in (status_write, block_read) if fd >= 0]
         holder_argv = [
             sys.executable, "-I", "-S", str(HOLDER_SCRIPT), f"/proc/self/fd/{directory}/{session_id}", str(HOLDER_RING_BYTES),
-            str(master_fd), str(slave_fd), "--", *leader,
+            str(master_fd), str(slave_fd), ",".join(map(str, inherited)), "--", *leader,
         ]  # fmt: skip
         holder = None
         network, init_pid, connection, master = None, 0, None, -1
@@ -697,7 +697,7 @@ class ProcessRuntime:
                 holder = popen_leader(
                     holder_argv, cgroup=holder_cgroup, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, cwd=work_dir,
-                    env={"PATH": os.environ.get("PATH", os.defpath), "FGPU_HOLDER_FDS": ",".join(map(str, inherited))},
+                    env={"PATH": os.environ.get("PATH", os.defpath)},
                     pass_fds=(master_fd, slave_fd, directory, *inherited, *([slirp_write] if slirp_write >= 0 else [])),
                 )  # fmt: skip
             finally:
