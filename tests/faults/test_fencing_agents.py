@@ -103,10 +103,10 @@ def test_a_session_deleted_while_its_node_is_lost_holds_its_gpu_until_the_restar
                                                                                                             alice_token):
     stack = fault_stack(nodes=1, gpus=1)
     _, whole, newcomer = lost_with_a_deleted_session(stack, alice_token)
-    stack.kill(stack.agent_name(NODE))  # sandboxed sessions die with it; the console cannot know that
+    stack.kill(stack.agent_name(NODE))  # its session runs on, held by its holder; the console cannot know either way
 
     assert (read(whole).status, held(whole), held(newcomer)) == ("TERMINATING", 1, 0)
-    stack.restart(stack.agent_name(NODE))  # it registers, listing what it runs: proof
+    stack.restart(stack.agent_name(NODE))  # it adopts the session, stops it (the stop waits in its queue), reports it gone
 
     granted_only_once_gone(whole, newcomer)
 
@@ -138,3 +138,18 @@ def test_a_lost_node_marked_dead_ends_its_sessions_and_its_agent_stops_them_when
     wait_until(lambda: not session_processes([session["id"]]).get(session["id"]), timeout=60,
                what="the agent to stop the session the console ended")
     assert node_status() == "ALIVE"
+
+
+def test_a_lost_node_silent_past_the_fence_timeout_is_declared_dead_by_the_manager(fault_stack, alice_token):
+    stack = fault_stack(nodes=1, gpus=1, env={"FGPU_FENCE_TIMEOUT_SECONDS": "20"})
+    _, whole, newcomer = lost_with_a_deleted_session(stack, alice_token)
+    assert "or in " in read(whole).status_reason
+
+    # The manager's beat (node_check_heartbeats, every 5 s) declares the node dead 20 s after its last heartbeat.
+    wait_until(lambda: read(whole).status == "TERMINATED", timeout=60, what="the fence timeout to end the session")
+    assert (read(whole).status_reason, held(whole)) == ("at the request of alice", 0)
+    assert (read(newcomer).status, node_status()) == ("PENDING", "LOST")  # nothing is placed on a LOST node
+
+    stack.agents[NODE].signal(signal.SIGCONT)  # it comes back: the session it still runs is stopped
+
+    wait_until(lambda: not session_processes([whole]).get(whole), timeout=60, what="the agent to stop the ended session")
