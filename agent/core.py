@@ -1538,7 +1538,9 @@ def outlives_agent(process) -> bool:
 def sweep_scratch(scratch_root: Path, *, keep: set[str], older_than_s: float) -> int:
     """Remove the working directories under `scratch_root` of sessions not in `keep` that were
     last changed more than `older_than_s` seconds ago (the agent touches one when its session
-    ends). Returns how many were removed."""
+    ends); never the agent's own entries, whose names start with a dot (the process runtime's
+    `.holders`: its held sessions' sockets and records, which the next start adopts them by).
+    Returns how many were removed."""
     horizon, removed = time.time() - older_than_s, 0
     try:
         entries = list(os.scandir(scratch_root))
@@ -1549,7 +1551,7 @@ def sweep_scratch(scratch_root: Path, *, keep: set[str], older_than_s: float) ->
             stale = entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < horizon
         except OSError:
             continue
-        if stale and entry.name not in keep:
+        if stale and entry.name not in keep and not entry.name.startswith("."):
             shutil.rmtree(entry.path, ignore_errors=True)
             removed += 1
     return removed

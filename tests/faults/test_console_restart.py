@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import pytest
 import websockets
 
 from agent.runtimes import HOLDERS_DIR
-from tests.stack import ApiClient, Proc, free_port, wait_until
+from tests.stack import ApiClient, Proc, Stack, StackNode, free_port, mock_inventory, wait_until
 from tests.test_browser import answers
 
 pytestmark = pytest.mark.e2e
@@ -108,7 +109,7 @@ def console(tmp_path, request):
 class Terminal:
     """A session's terminal websocket, as the page opens it (a ticket, then /ws/…/terminal/)."""
 
-    def __init__(self, console: Console, client: ApiClient, session_id: str):
+    def __init__(self, console: Console | Stack, client: ApiClient, session_id: str):
         status, ticket = client.call("POST", f"/api/v1/sessions/{session_id}/terminal-ticket/")
         assert status == 200, ticket
         self.url = f"ws://127.0.0.1:{console.port}{ticket['url']}"
@@ -220,3 +221,62 @@ def test_a_console_told_to_stop_sessions_on_exit_ends_them_holder_included(conso
     wait_until(lambda: not running(record["pid"]) and not running(record["holder_pid"]), timeout=10,
                what="its leader and holder to end")
     assert cgroups_of(session_id) == []
+
+
+def heartbeat_after(node: str, since: float) -> bool:
+    """Whether `node`'s last heartbeat came after `since` (epoch seconds)."""
+    from django.db import connection
+
+    from accelerators.models import Node
+
+    connection.close_if_unusable_or_obsolete()
+    beat = Node.objects.get(name=node).last_heartbeat
+    return beat is not None and beat.timestamp() > since
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_gracefully_stopped_agent_leaves_its_session_running_and_its_next_start_adopts_it(tmp_path, alice_token):
+    """The distributed agent (`manage.py agent`, SIGTERM as systemd stops it): its session runs on
+    while no agent does, and the agent started again adopts it, its terminal included."""
+    stack = Stack(nodes=[StackNode("kept-node", mock_inventory(gpus=1), devices=1, scratch_retention=0)],
+                  work_dir=tmp_path / "stack", env={"FGPU_STOP_SESSIONS_ON_EXIT": "false", "FGPU_HEARTBEAT_TIMEOUT": "60"})
+    try:
+        stack.start()
+        client = ApiClient(stack.base, alice_token)
+        session_id = launch_running(client, "kept")
+        asyncio.run(Terminal(stack, client, session_id).run([f"({IN_HOME}) &", "echo before-$((40 + 2))"], ["before-42"]))
+        holders = tmp_path / "stack" / "nodes" / "kept-node" / "scratches" / HOLDERS_DIR
+        record = json.loads((holders / f"{session_id}.json").read_text())
+
+        agent = stack.agents["kept-node"]
+        agent.signal(signal.SIGTERM)
+        agent.popen.wait(timeout=60)
+        assert "kept-node: 1 session(s) keep running; the next start adopts them" in agent.output(), agent.output()[-3000:]
+        assert running(record["pid"]) and running(record["holder_pid"]), "the session ended with its agent"
+        (Path(record["work_dir"]) / "go").touch()
+        wait_until(lambda: (Path(record["work_dir"]) / "said").exists(), timeout=10, what="the session to write")
+
+        restarted = time.time()
+        stack.restart(stack.agent_name("kept-node"))
+        wait_until(lambda: heartbeat_after("kept-node", restarted), timeout=60, what="the restarted agent's heartbeat")
+        assert status_of(client, session_id)["status"] == "RUNNING"
+        after = asyncio.run(Terminal(stack, client, session_id).run(["echo again-$((40 + 2))"], ["during-42", "again-42"]))
+        assert after.index("before-42") < after.index("during-42") < after.index("again-42")
+        assert running(record["pid"])
+        assert client.delete(session_id)[0] in (200, 202, 204)
+        wait_status(client, session_id, "TERMINATED", timeout=60, what="the session to end")
+        wait_until(lambda: not running(record["pid"]) and not running(record["holder_pid"]), timeout=20,
+                   what="its leader and holder to end")
+    finally:
+        stack.close()
+
+
+def test_the_scratch_sweep_spares_the_holders_directory(tmp_path):
+    """The sockets and records held sessions are adopted by outlive every scratch-retention (0 s too)."""
+    from agent.core import sweep_scratch
+
+    root = tmp_path / "scratch"
+    (root / HOLDERS_DIR).mkdir(parents=True)
+    (root / "ended").mkdir()
+    assert sweep_scratch(root, keep=set(), older_than_s=-1) == 1
+    assert [p.name for p in root.iterdir()] == [HOLDERS_DIR]
