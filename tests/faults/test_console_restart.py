@@ -38,12 +38,18 @@ IN_HOME = "while [ ! -e go ]; do sleep 0.05; done; echo during-$((40 + 2)); : > 
 class Console:
     """A standalone console on `data_dir` and `port`, started again by `start()`."""
 
-    def __init__(self, tmp_path: Path, *, stop_sessions: bool = False):
+    def __init__(self, tmp_path: Path, *, stop_sessions: bool = False, cgroup_root: str | None = None):
         self.tmp_path, self.data_dir, self.port = tmp_path, tmp_path / "data", free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
         self.env.update(FGPU_DATA_DIR=str(self.data_dir), FGPU_ADMIN_PASSWORD=PASSWORD, PORT=str(self.port),
                         PYTHONUNBUFFERED="1", FGPU_RUNTIME="process", FGPU_STOP_SESSIONS_ON_EXIT=str(stop_sessions).lower())
+        if cgroup_root is not None:  # the demo node, its sessions' processes tracked `cgroup_root`'s way
+            demo = Path(__file__).resolve().parents[2] / "demo"
+            (tmp_path / "mock-accelerator.toml").write_text((demo / "mock-accelerator.toml").read_text())
+            toml = (demo / "agent.toml").read_text() + f'\n[container]\ncgroup-root = "{cgroup_root}"\n'
+            (tmp_path / "agent.toml").write_text(toml)
+            self.env["FGPU_AGENT_CONFIG"] = str(tmp_path / "agent.toml")
         self.proc: Proc | None = None
         self.starts = 0
 
@@ -162,9 +168,11 @@ def cgroups_of(session_id: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
-def test_a_restarted_console_finds_its_session_running_with_the_same_leader_and_its_terminal_reattaches(console, sig):
-    first = console()
+@pytest.mark.parametrize(("sig", "cgroup_root"), [(signal.SIGTERM, None), (signal.SIGKILL, None), (signal.SIGTERM, "none")],
+                         ids=["sigterm", "kill-9", "sigterm-scan"])
+def test_a_restarted_console_finds_its_session_running_with_the_same_leader_and_its_terminal_reattaches(console, sig,
+                                                                                                        cgroup_root):
+    first = console(cgroup_root=cgroup_root)
     client = ApiClient(first.base, first.token())
     session_id = launch_running(client, "kept")
     before = asyncio.run(Terminal(first, client, session_id).run(
@@ -210,8 +218,9 @@ def test_a_restarted_console_finds_its_session_running_with_the_same_leader_and_
     assert cgroups_of(session_id) == []
 
 
-def test_a_console_told_to_stop_sessions_on_exit_ends_them_holder_included(console):
-    first = console(stop_sessions=True)
+@pytest.mark.parametrize("cgroup_root", [None, "none"], ids=["cgroup", "scan"])
+def test_a_console_told_to_stop_sessions_on_exit_ends_them_holder_included(console, cgroup_root):
+    first = console(stop_sessions=True, cgroup_root=cgroup_root)
     client = ApiClient(first.base, first.token())
     session_id = launch_running(client, "ended")
     record = json.loads((first.holders() / f"{session_id}.json").read_text())
