@@ -6,6 +6,11 @@ PORT ?= 8000
 # The test suite runs against real services (see README): PostgreSQL and Redis.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+# The tests' processes (pytest and the uvicorn, Celery, agent and standalone processes it starts) keep their
+# bytecode, and pytest its assertion-rewritten modules (every module of a pytest plugin's package, Schemathesis'
+# 350 among them), under var/pycache even where the environment sets PYTHONDONTWRITEBYTECODE: collecting the
+# suite took 15 s instead of 24 s, and each started process 0.25 s less CPU (the machine of issue 34.5).
+TEST_ENV = DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/var/pycache
 
 .PHONY: install run image test test-fast lint clean
 
@@ -37,12 +42,12 @@ lint: install
 	$(VENV)/bin/ruff check --select TID251 tests
 
 test: install lint
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m tests.services_check
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m tests.services_check
+	$(TEST_ENV) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # Everything but the tests that start processes and browsers.
 test-fast: install
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(VENV)/bin/pytest -m "not e2e and not browser" $(PYTEST_ARGS)
+	$(TEST_ENV) $(VENV)/bin/pytest -m "not e2e and not browser" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

@@ -151,10 +151,23 @@ USAGE = "/api/v1/usage/"
 MIG_PROFILES = "/api/v1/mig/profiles/"
 
 # Loaded while collecting: generating the schema reads no database. (Schemathesis' lazy
-# `from_fixture` loader does not run under pytest 9.)
-schema = (schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application())
-          .include(method="GET").include(method="POST", path=LAUNCH_PATHS))
-SCHEMA = copy.deepcopy(schema.raw_schema)
+# `from_fixture` loader does not run under pytest 9.) Fetched from the WSGI app once (drf-spectacular
+# takes 1-5 s to build it); each Schemathesis schema below is loaded from its own copy of that answer,
+# as `from_wsgi` loads its own fetch (a state machine adds its inferred links to its raw schema).
+SCHEMA_PATH = "/api/schema/?format=json"
+SCHEMA = copy.deepcopy(schemathesis.openapi.from_wsgi(SCHEMA_PATH, get_wsgi_application()).raw_schema)
+
+
+def served_schema():
+    """A Schemathesis schema of SCHEMA (a deep copy) calling the console's WSGI app, as
+    `schemathesis.openapi.from_wsgi(SCHEMA_PATH, app)` would load it."""
+    loaded = schemathesis.openapi.from_dict(copy.deepcopy(SCHEMA))
+    loaded.app = get_wsgi_application()
+    loaded.location = SCHEMA_PATH
+    return loaded
+
+
+schema = served_schema().include(method="GET").include(method="POST", path=LAUNCH_PATHS)
 
 
 @pytest.fixture
@@ -197,7 +210,7 @@ def test_api_answers_conform_to_the_schema(case, admin_token):
 
 # --- Schemathesis on the MIG endpoints, against a MIG node that has instances to show ------------------
 
-mig_schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application()).include(
+mig_schema = served_schema().include(
     path_regex=r"/mig/")
 
 
@@ -257,7 +270,7 @@ def test_the_mig_endpoints_answer_the_real_node_as_documented(mig_admin_token):
 
 # --- Schemathesis on a streamed exec of a running session -----------------------------------------------
 
-exec_schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application()).include(
+exec_schema = served_schema().include(
     path_regex=r"/exec/")
 
 
@@ -302,7 +315,7 @@ def test_a_streamed_exec_answers_as_documented(admin_token):
 # drf-spectacular writes no OpenAPI links; Schemathesis infers them (its dependency analysis:
 # `id` of a created session → `{session_id}` of the session's operations), so a scenario launches
 # a session and goes on with its detail, logs, exec, terminal ticket and termination.
-stateful_schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application()).include(
+stateful_schema = served_schema().include(
     path_regex=r"^/api/v1/sessions/")
 SessionWorkflow = stateful_schema.as_state_machine()
 
