@@ -39,7 +39,7 @@ from accelerators.allocation.errors import AllocationError, InsufficientResource
 from accelerators.allocation.replay import Backfill
 from accelerators.allocation.reservation import Reservation, Reservations
 from accelerators.models import Device, Node, PlacementShape
-from sessions import events, fairshare, mig_scheduling, preemption
+from sessions import events, fairshare, mig_scheduling, pass_metrics, preemption
 from sessions.backfill import reservation_for
 from sessions.models import NEXT_VERSION, Allocation, ComputeSession, SessionStatus
 from sessions.selectors import session_request
@@ -88,6 +88,12 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
     Images: a session with a session image goes only to a node whose agent reports holding it
     (`accelerators.selectors.node_runs_image`); while no alive node does, it waits "waiting for a
     node with image <reference>". Sessions from before images (no image) may go to any node.
+
+    Figures (issue 34.6, as Kueue's scheduler exports its cycles): every pass, even of an empty
+    queue, is counted with its duration, the sessions it placed, left waiting and preempted
+    (`sessions.pass_metrics`, exported at /metrics); a pass with a queue logs one line with its
+    phases: read (lock the queue), scopes (lock and read nodes, devices and MIG rooms), decide,
+    preempt, write (the bulk writes) and commit (the commit, the agents' starts, the notices).
     """
     backfill_limit = settings.FGPU_BACKFILL_LIMIT
     scheduled: list[str] = []
@@ -168,7 +174,9 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
                 writes.changed(earlier, "overtaken")
             reserve()
         writes.flush()
-        _preempt(backfill.blocked if preemption.preemption_enabled() else [], view, writes)  # notices kept either way
+        preempt_at, other = time.monotonic(), writes.seconds + view.seconds  # its flushes and reads: their own phases
+        preempted = _preempt(backfill.blocked if preemption.preemption_enabled() else [], view, writes)  # notices kept either way
+        preempt_seconds = time.monotonic() - preempt_at - (writes.seconds + view.seconds - other)
         view.record_shapes()
         decided_at = time.monotonic()
         # The starts first: the agents do not wait for the pages' notices. An agent's RUNNING may
@@ -176,18 +184,25 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
         if starts:
             transaction.on_commit(partial(_send_starts, list(starts)))
         events.sessions_notify(writes.notices)
+    done = time.monotonic()
+    waiting = len(pending) - len(scheduled)
+    pass_metrics.pass_record(
+        seconds=done - started, placed=len(scheduled), waiting=waiting, noticed=preempted["noticed"], stopped=preempted["stopped"]
+    )
     if pending:  # one line a pass, with its phases (commit: the commit, the agents' starts and the pages' notices)
-        done = time.monotonic()
         log.info(
-            "scheduler pass: %d pending, %d placed, %d waiting (%d request shapes without room) in %.0f ms "
-            "(read %.0f, decide %.0f, write %.0f, commit %.0f)",
+            "scheduler pass: %d pending, %d placed, %d waiting, %d preempted (%d request shapes without room) in %.0f ms "
+            "(read %.0f, scopes %.0f, decide %.0f, preempt %.0f, write %.0f, commit %.0f)",
             len(pending),
             len(scheduled),
-            len(pending) - len(scheduled),
+            waiting,
+            preempted["noticed"],
             len(no_room),
             (done - started) * 1000,
             (read_at - started) * 1000,
-            (decided_at - read_at - writes.seconds) * 1000,
+            view.seconds * 1000,
+            (decided_at - read_at - writes.seconds - view.seconds - preempt_seconds) * 1000,
+            preempt_seconds * 1000,
             writes.seconds * 1000,
             (done - decided_at) * 1000,
         )
@@ -215,11 +230,12 @@ def _reservation(session: ComputeSession, view: _PassView, now, earlier: list[Re
     )
 
 
-def _preempt(blocked: list[ComputeSession], view: _PassView, writes: _PassWrites) -> None:
+def _preempt(blocked: list[ComputeSession], view: _PassView, writes: _PassWrites) -> dict[str, int]:
     """The pass's preemption work (`sessions.preemption.preemption_pass`) on its view: each
     blocked session's scope as this pass left it (rows locked); the reasons of the sessions it
     preempts for written with the pass's. `blocked` empty (preemption off): only the notices
-    given already (a compaction's) are kept, stopped at their time and requeued."""
+    given already (a compaction's) are kept, stopped at their time and requeued. Returns
+    {"noticed": sessions put under notice, "stopped": sessions stopped}, for the pass's figures."""
 
     def scope(session: ComputeSession) -> PlacementScope:
         return view.scope(session_request(session), image=session.image.reference if session.image is not None else "")
@@ -229,6 +245,7 @@ def _preempt(blocked: list[ComputeSession], view: _PassView, writes: _PassWrites
         if session.pk in found["for"]:
             writes.wait(session, found["for"][session.pk])
     writes.flush()
+    return {"noticed": len(found["warned"]), "stopped": len(found["stopped"])}
 
 
 class _PassWrites:
@@ -353,6 +370,7 @@ class _PassView(RememberingReadView):
         self.mig_scopes: dict[tuple[str, str], mig_scheduling.MigScope] = {}
         self.rooms: dict[str, mig_scheduling.MigNodeRoom] = {}  # node pk text → its MIG room
         self.rooms_by_name: dict[str, mig_scheduling.MigNodeRoom] = {}
+        self.seconds = 0.0  # spent reading (and locking) scopes, for the pass's log line
 
     def end_of(self, request: core.ResourceRequest, now) -> float | None:
         """When a session of `request` started `now` ends at the latest: its resource group's
@@ -377,9 +395,11 @@ class _PassView(RememberingReadView):
         key = (request.resource_group, image)
         if key not in self.mig_scopes:
             self.writes.flush()  # the usage read below must hold this pass's plans
+            began = time.monotonic()
             read = mig_scheduling.mig_scope_read(resource_group=request.resource_group, image=image, lock=True)
             self.mig_scopes[key] = read.copy(self.rooms)  # a node's room already planned on stays
             self.rooms_by_name = {room.node.name: room for room in self.rooms.values()}
+            self.seconds += time.monotonic() - began
         return mig_scheduling.mig_choose_in(self.mig_scopes[key], request)
 
     def commit_mig(self, key: str, request, choice: mig_scheduling.MigChoice) -> None:
@@ -403,9 +423,11 @@ class _PassView(RememberingReadView):
         key = (request.resource_group, slot, image)
         if key not in self.scopes:
             self.writes.flush()  # the usage read below must hold this pass's plans
+            began = time.monotonic()
             # A node another scope of this pass already planned on: take that scope's view.
             latest = {n.node_id: n for s in self.scopes.values() if s.slot == slot for n in s.nodes}
             self.scopes[key] = PlacementScope.read(request, image=image, for_update=True, latest=latest)
+            self.seconds += time.monotonic() - began
         return self.scopes[key]
 
     def commit(

@@ -141,8 +141,9 @@ def test_a_pass_logs_one_line_with_its_counts_and_the_durations_of_its_phases(us
 
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scheduler pass:")]
     assert len(lines) == 1, lines
-    found = re.fullmatch(r"scheduler pass: 3 pending, 2 placed, 1 waiting \(1 request shapes without room\) in (\d+) ms "
-                         r"\(read (\d+), decide (\d+), write (\d+), commit (\d+)\)", lines[0])
+    found = re.fullmatch(r"scheduler pass: 3 pending, 2 placed, 1 waiting, 0 preempted \(1 request shapes without room\) "
+                         r"in (\d+) ms \(read (\d+), scopes (\d+), decide (\d+), preempt (\d+), write (\d+), commit (\d+)\)",
+                         lines[0])
     assert found, lines[0]
     total, *phases = map(int, found.groups())
     assert abs(total - sum(phases)) <= len(phases), (total, phases)  # the phases add up to the pass (rounding)

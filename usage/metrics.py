@@ -18,6 +18,13 @@ Names follow NVIDIA's DCGM exporter and HAMi where they mean the same:
 | `fgpu_scheduler_pending_sessions` | | sessions | ours |
 | `fgpu_scheduler_placement_latency_seconds` | | histogram, seconds from launch to placement | ours |
 | `fgpu_session_launches_total` | outcome (started, failed, cancelled) | sessions | ours |
+| `fgpu_scheduler_pass_duration_seconds` | | histogram, seconds a pass took | Kueue's `admission_attempt_duration_seconds` |
+| `fgpu_scheduler_placed_sessions_total` | | sessions placed by passes | ours |
+| `fgpu_scheduler_preempted_sessions_total` | stage (noticed, stopped) | sessions | Kueue's `preempted_workloads_total` |
+| `fgpu_scheduler_last_pass_waiting_sessions` | | sessions the last pass left waiting | Kueue's `pending_workloads` |
+| `fgpu_scheduler_last_pass_timestamp_seconds` | | Unix seconds the last pass ended | ours |
+
+The scheduler's pass figures are kept by `sessions.pass_metrics` (Redis; in memory standalone).
 
 Per-device and per-session usage figures are the newest sample of the last SAMPLE_HORIZON_S
 seconds: a device or session whose agent sent nothing for longer is left out (a gap in
@@ -27,10 +34,12 @@ Prometheus too, never a stale or zero value).
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 from datetime import timedelta
 from decimal import Decimal
 
+import redis
 from django.conf import settings
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.http import Http404, HttpResponse
@@ -40,7 +49,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from accelerators.models import Device, Node
 from accelerators.selectors import device_fgpu_summary, devices_with_usage
 from sessions.models import Allocation, ComputeSession, SessionStatus
+from sessions.pass_metrics import BUCKETS as PASS_BUCKETS
+from sessions.pass_metrics import pass_figures
 from usage.selectors import latest_device_samples, latest_session_samples
+
+log = logging.getLogger(__name__)
 
 MiB = 1 << 20
 SAMPLE_HORIZON_S = 60
@@ -147,6 +160,36 @@ class ConsoleCollector:
         for outcome, count in tally.items():
             outcomes.add_metric([outcome], count)
         yield outcomes
+        yield from _passes()
+
+
+def _passes():
+    """The scheduler passes' figures (`sessions.pass_metrics`); none while Redis cannot be
+    reached (a gap, not zeros)."""
+    try:
+        figures = pass_figures()
+    except redis.RedisError:
+        log.warning("the scheduler's pass figures are not exported: Redis cannot be reached", exc_info=True)
+        return
+    duration = HistogramMetricFamily(
+        "fgpu_scheduler_pass_duration_seconds", "Seconds a scheduler pass took (its commit included)."
+    )
+    buckets = [(str(b), figures[f"le_{b}"]) for b in PASS_BUCKETS] + [("+Inf", figures["count"])]
+    duration.add_metric([], buckets, sum_value=figures["sum"])
+    placed = CounterMetricFamily("fgpu_scheduler_placed_sessions", "Sessions placed by scheduler passes.")
+    placed.add_metric([], figures["placed"])
+    preempted = CounterMetricFamily(
+        "fgpu_scheduler_preempted_sessions",
+        "Sessions preempted by scheduler passes: put under notice (noticed), stopped when it ran out (stopped).",
+        labels=["stage"],
+    )
+    for stage in ("noticed", "stopped"):
+        preempted.add_metric([stage], figures[stage])
+    waiting = GaugeMetricFamily("fgpu_scheduler_last_pass_waiting_sessions", "Sessions the last scheduler pass left waiting.")
+    waiting.add_metric([], figures["waiting"])
+    at = GaugeMetricFamily("fgpu_scheduler_last_pass_timestamp_seconds", "When the last scheduler pass ended (Unix seconds).")
+    at.add_metric([], figures["at"])
+    yield from (duration, placed, preempted, waiting, at)
 
 
 def _latency_sum(placed) -> float:
