@@ -56,6 +56,7 @@ from agent.runtimes import HeldImages, ProcessRuntime, SessionHandle
 from agent.session_apps import SessionApps
 from agent.storage import StorageWatch
 from agent.usage import UsageSampler
+from protocol.messages import Heartbeat, LogBatch, NodeName, SessionId, SessionReport, StartSpec
 
 log = logging.getLogger(__name__)
 
@@ -185,37 +186,23 @@ class CeleryManager:
         """`state`: the agent's view of its sessions (`Agent.state`); `images` and
         `image_service_ports` as for `register`. A heartbeat the manager has not taken within
         HEARTBEAT_EXPIRES_S is dropped unread: a newer one is on its way."""
-        kwargs = {"node": node, "running": running, "mig_digest": mig_digest, "state": state}
-        if images is not None:
-            kwargs["images"] = images
-        if image_service_ports:
-            kwargs["image_service_ports"] = image_service_ports
-        self._send(protocol.AGENT_HEARTBEAT, kwargs=kwargs, expires=HEARTBEAT_EXPIRES_S)
+        beat = Heartbeat(
+            node=NodeName(node),
+            running=tuple(SessionId(s) for s in running),
+            mig_digest=mig_digest,
+            state=state,
+            images=images,
+            image_service_ports=image_service_ports,
+        )
+        self._send(protocol.AGENT_HEARTBEAT, kwargs=beat.encode(), expires=HEARTBEAT_EXPIRES_S)
 
     def report(self, session_id: str, status: str, reason: str, exit_code: int | None) -> None:
-        self._send(
-            protocol.SESSION_REPORT,
-            kwargs={
-                "session_id": session_id,
-                "status": status,
-                "reason": reason,
-                "exit_code": exit_code,
-                "node": self.node or None,
-            },
-        )
+        report = SessionReport(SessionId(session_id), status, reason, exit_code, NodeName(self.node) if self.node else None)
+        self._send(protocol.SESSION_REPORT, kwargs=report.encode())
 
     def log(self, session_id: str, seq: int, offset: int, text: str, final: bool) -> None:
-        self._send(
-            protocol.SESSION_LOG_APPEND,
-            kwargs={
-                "session_id": session_id,
-                "seq": seq,
-                "offset": offset,
-                "text": text,
-                "final": final,
-                "node": self.node or None,
-            },
-        )
+        batch = LogBatch(SessionId(session_id), seq, offset, text, final, NodeName(self.node) if self.node else None)
+        self._send(protocol.SESSION_LOG_APPEND, kwargs=batch.encode())
 
     def mig_report(self, node: str, report: dict) -> None:
         self._send(protocol.MIG_REPORT, kwargs={"node": node, "report": report})
@@ -591,8 +578,10 @@ class Agent:
             raise RuntimeError(f"agent {self.node} is not started")
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def submit_start(self, spec: dict) -> None:
-        self._submit(self._start(spec))
+    def submit_start(self, spec: StartSpec | dict) -> None:
+        """Start a session (protocol.messages.StartSpec, or its dict as sent: decoded here, raises
+        Malformed)."""
+        self._submit(self._start(spec if isinstance(spec, StartSpec) else StartSpec.decode(spec)))
 
     def submit_stop(self, session_id: str) -> None:
         self._submit(self._stop(session_id, reason="terminated"))
@@ -628,10 +617,10 @@ class Agent:
 
     # --- sessions ----------------------------------------------------------------------
 
-    async def _start(self, spec: dict) -> None:
+    async def _start(self, spec: StartSpec) -> None:
         """Start a session (idempotent by its id: see the class docstring). Whatever fails once
         the process exists kills it and reports ERROR: no half-started session is left."""
-        session_id = spec["session_id"]
+        session_id = spec.session_id
         if session_id in self._starting:
             return  # a redelivered start message: on its way
         running = self.sessions.get(session_id)
@@ -720,19 +709,21 @@ class Agent:
             os.close(running.pidfd)
             running.pidfd = -1
 
-    def _spawn(self, spec: dict) -> RunningSession:
+    def _spawn(self, start: StartSpec) -> RunningSession:
         """Work dir, allocation document, virtual nvidia-smi, then the session's process through
         the runtime (its own process session, or its own container). Blocking; runs in a thread."""
-        spec = mig_runtime.prepare_spec(self.mig, spec)  # a MIG instance to create or reuse (issue 4)
-        session_id = spec["session_id"]
+        # a MIG instance to create or reuse (issue 4): its device entry read back through the decoder
+        start = StartSpec.decode(mig_runtime.prepare_spec(self.mig, start.encode()))
+        spec = start.encode()  # what the environment and the runtime read, with the node's folders below
+        session_id = start.session_id
         work_dir = self.scratch_root / session_id
         bin_dir = work_dir / ".fgpu" / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
         document = allocation_document(spec, node=self.node, mock=self.mock, attributes=self.inventory.get("attributes", {}))
         (work_dir / ".fgpu" / "allocation.json").write_text(json.dumps(document, indent=2))
         self.runtime.install_tools(bin_dir)
-        folder = session_files.data_folder(self.data_root, spec.get("owner_id"))  # the owner's persistent folder
-        projects = session_files.project_folders(self.data_root, spec.get("projects"))  # and their projects'
+        folder = session_files.data_folder(self.data_root, start.owner_id)  # the owner's persistent folder
+        projects = session_files.project_folders(self.data_root, spec["projects"])  # and their projects'
         session_files.link_data(
             work_dir=work_dir, folder=folder, link=isinstance(self.runtime, ProcessRuntime), projects=projects
         )
@@ -750,11 +741,11 @@ class Agent:
             base_path=self.runtime.base_path(),
             mps=self.mps,
         )
-        env["PS1"] = f"{spec['owner']}@{spec['name']}:\\w\\$ "
-        shell = spec.get("shell") or self.runtime.shell()  # the session image's shell, where it names one
+        env["PS1"] = f"{start.owner}@{start.name}:\\w\\$ "
+        shell = start.shell or self.runtime.shell()  # the session image's shell, where it names one
         argv = (
-            [shell, "-c", spec["command"]]
-            if spec.get("command")
+            [shell, "-c", start.command]
+            if start.command
             else ([shell, "--noprofile", "--norc", "-i"] if shell.endswith("bash") else [shell, "-i"])
         )
         handle = self.runtime.spawn(

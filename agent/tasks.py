@@ -6,9 +6,14 @@ never touch the database."""
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 
 import protocol
+from protocol.messages import Malformed, StartSpec
+
+log = logging.getLogger(__name__)
 
 
 def _agent(node: str):
@@ -19,8 +24,15 @@ def _agent(node: str):
 
 @shared_task(name=protocol.SESSION_START)
 def session_start(*, node: str, spec: dict) -> None:
-    """Start a session's process on `node` (returns at once; the agent reports progress)."""
-    _agent(node).submit_start(spec)
+    """Start a session's process on `node` (returns at once; the agent reports progress). `spec`:
+    protocol.messages.StartSpec as sent; a malformed one is logged and dropped (the manager's
+    heartbeat reconcile sends the start again while the session waits for it)."""
+    try:
+        start = StartSpec.decode(spec)
+    except Malformed as exc:
+        log.warning("agent %s: dropped a malformed start: %s", node, exc)
+        return
+    _agent(node).submit_start(start)
 
 
 @shared_task(name=protocol.SESSION_STOP)

@@ -54,6 +54,7 @@ from accelerators.models import Device, GpuInstance, MigMode, Node, NodeStatus
 from accelerators.selectors import node_runs_image, nodes_with_usage, resource_group_get
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession
 from sessions.selectors import wants_mig
+from sessions.start_spec import mig_block
 
 
 def check_ever_fits(request, ordinary) -> None:
@@ -459,7 +460,7 @@ def mig_rows_write(*, session: ComputeSession, choice: MigChoice) -> tuple[Alloc
     else:
         plan = choice.plan
         doomed = GpuInstance.objects.filter(pk__in=plan.destroy)
-        destroy = [{"profile": g.profile, "start": g.placement_start} for g in doomed.order_by("placement_start")]
+        doomed_rows = list(doomed.order_by("placement_start"))
         doomed.delete()
         if plan.reuse:
             instance = GpuInstance.objects.get(pk=plan.reuse)
@@ -480,24 +481,7 @@ def mig_rows_write(*, session: ComputeSession, choice: MigChoice) -> tuple[Alloc
         allocation = Allocation.objects.create(
             session=session, device=device, shares=Decimal(0), memory=instance.memory_size, procs=Decimal(instance.subproc_count)
         )
-        block = {
-            "gpu": device.device_id,
-            "index": device.index,
-            "model_name": device.model_name,
-            "memory_size": device.memory_size,
-            "subproc_count": device.subproc_count,
-            "profile": plan.profile.name,
-            "start": plan.start,
-            "reuse": bool(plan.reuse),
-            "instance_id": str(instance.pk),
-            "destroy": destroy,
-            # the GPU's whole expected layout after this plan, for the agent to re-apply after a reboot
-            # (instances the agent reported unknown are left out: it reports them again if still there)
-            "layout": [
-                {"profile": g.profile, "start": g.placement_start}
-                for g in GpuInstance.objects.filter(parent=device, unknown_since__isnull=True).order_by("placement_start")
-            ],
-        }
+        block = mig_block(gpu=device, instance=instance, reuse=bool(plan.reuse), destroy=doomed_rows).encode()
         why = f"a {plan.profile.name} MIG instance ({format_binary_size(plan.profile.memory)}): {plan.describe()}"
     return allocation, block, f"got {why} on GPU {device.index} of {choice.node.name}"
 

@@ -187,30 +187,12 @@ def session_start_spec_again(session: ComputeSession) -> dict:
     reuse (no idle instances to destroy: a lost first start may have left them, and the agent
     then reports a layout that needs reconciling)."""
     from accelerators.models import GpuInstance
-    from sessions.start_spec import session_start_spec
+    from sessions.start_spec import mig_block, session_start_message
 
     allocations = list(Allocation.objects.filter(session=session, released_at__isnull=True).select_related("device"))
-    spec = session_start_spec(session, allocations)
     instance = GpuInstance.objects.filter(session=session).select_related("parent").first()
-    if instance is not None:
-        gpu = instance.parent
-        spec["mig"] = {
-            "gpu": gpu.device_id,
-            "index": gpu.index,
-            "model_name": gpu.model_name,
-            "memory_size": gpu.memory_size,
-            "subproc_count": gpu.subproc_count,
-            "profile": instance.profile,
-            "start": instance.placement_start,
-            "reuse": True,
-            "instance_id": str(instance.pk),
-            "destroy": [],
-            "layout": [
-                {"profile": g.profile, "start": g.placement_start}
-                for g in GpuInstance.objects.filter(parent=gpu, unknown_since__isnull=True).order_by("placement_start")
-            ],
-        }
-    return spec
+    block = mig_block(gpu=instance.parent, instance=instance, reuse=True) if instance is not None else None
+    return session_start_message(session, allocations, mig=block).encode()
 
 
 def _resend_start(node_name: str, session: ComputeSession) -> None:

@@ -9,12 +9,14 @@ manager knows them by name only (protocol) and sends them with `agent_send`. Rou
 from __future__ import annotations
 
 import logging
+from typing import Any, TypeVar
 
 from celery import shared_task
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
 import protocol
+from protocol.messages import Heartbeat, LogBatch, Malformed, SessionReport
 from console.celery import TRANSIENT_ERRORS, agent_send  # noqa: F401 (agent_send: re-exported)
 from sessions.passes import SCHEDULE_PENDING_TASK, SCHEDULE_QUEUED_KEY, _redis, schedule_pending_soon
 
@@ -101,121 +103,111 @@ def mig_report(*, node: str, report: dict, signature: str | None = None) -> None
 
 
 @shared_task(name=protocol.AGENT_HEARTBEAT, acks_late=True)
-def agent_heartbeat(
-    *,
-    node: str,
-    running: list[str],
-    mig_digest: str | None = None,
-    state: dict | None = None,
-    images: dict | None = None,
-    image_service_ports: dict | None = None,
-    signature: str | None = None,
-) -> None:
-    """`mig_digest`: the digest of the GPU instances the agent finds on its MIG GPUs (None: none
-    known); a mismatch with the manager's asks for a full MIG reconcile (`node_mig_heartbeat_check`).
-    `state`: the agent's view of its sessions (`Agent.state`), reconciled with the database
-    (sessions.reconcile). `images`: the session images the node holds ({reference: image id};
-    None, from an agent before images: left as registered); when they changed, a scheduler pass
-    places the sessions waiting for them. `image_service_ports` as for agent_register, applied on
-    every heartbeat that carries it (an image record created since takes its apps within one
-    heartbeat; one query of the records its labels name). Not retried: the next heartbeat comes
-    within seconds."""
+def agent_heartbeat(**message: Any) -> None:
+    """An agent's heartbeat (protocol.messages.Heartbeat, its keyword arguments as sent, the
+    signature among them; a malformed one is logged and dropped). `mig_digest`: the digest of
+    the GPU instances the agent finds on its MIG GPUs (None: none known); a mismatch with the
+    manager's asks for a full MIG reconcile (`node_mig_heartbeat_check`). `state`: the agent's
+    view of its sessions (`Agent.state`), reconciled with the database (sessions.reconcile).
+    `images`: the session images the node holds ({reference: image id}; None, from an agent
+    before images: left as registered); when they changed, a scheduler pass places the sessions
+    waiting for them. `image_service_ports` as for agent_register, applied on every heartbeat
+    that carries it (an image record created since takes its apps within one heartbeat; one
+    query of the records its labels name). Not retried: the next heartbeat comes within seconds."""
     from accelerators.mig_services import node_mig_heartbeat_check
     from accelerators.services import node_heartbeat, node_images_apply
     from sessions.images import image_service_ports_apply
     from sessions.reconcile import sessions_reconcile_heartbeat
 
-    if not _authentic(
-        protocol.AGENT_HEARTBEAT,
-        node,
-        node=node,
-        running=running,
-        mig_digest=mig_digest,
-        state=state,
-        signature=signature,
-        **_sent(images=images, image_service_ports=image_service_ports),
-    ):
+    beat = _decoded(Heartbeat, message)
+    if beat is None or not _authentic(protocol.AGENT_HEARTBEAT, beat.node, **message):
         return
+    node = beat.node
     if not node_heartbeat(node_name=node):
         log.warning("heartbeat from unregistered node %s", node)
         return
-    if images is not None and node_images_apply(node_name=node, images=images):
+    if beat.images is not None and node_images_apply(node_name=node, images=beat.images):
         schedule_pending_soon()
-    if images is not None and image_service_ports:
-        image_service_ports_apply(node_name=node, images=images, service_ports=image_service_ports)
-    node_mig_heartbeat_check(node_name=node, digest=mig_digest)
-    if state is not None:
-        sessions_reconcile_heartbeat(node_name=node, state=state)
+    if beat.images is not None and beat.image_service_ports:
+        image_service_ports_apply(node_name=node, images=beat.images, service_ports=beat.image_service_ports)
+    node_mig_heartbeat_check(node_name=node, digest=beat.mig_digest)
+    if beat.state is not None:
+        sessions_reconcile_heartbeat(node_name=node, state=beat.state)
 
 
 @manager_task(protocol.SESSION_REPORT)
-def session_report(
-    *,
-    session_id: str,
-    status: str,
-    reason: str = "",
-    exit_code: int | None = None,
-    node: str | None = None,
-    signature: str | None = None,
-) -> None:
-    """`node`: the agent's node (agents from before node keys leave it out); the report applies
-    only to a session on that node, and only when signed with its key where it has one."""
+def session_report(**message: Any) -> None:
+    """An agent's report on a session (protocol.messages.SessionReport, its keyword arguments as
+    sent; a malformed one is logged and dropped). `node`: the agent's node (agents from before
+    node keys leave it out); the report applies only to a session on that node, and only when
+    signed with its key where it has one."""
     from sessions.services import session_report_apply
 
-    session = _session_with_node(session_id)
+    report = _decoded(SessionReport, message)
+    if report is None:
+        return
+    session = _session_with_node(report.session_id)
     placed = session.node if session is not None else None
     if not _authentic(
-        protocol.SESSION_REPORT,
-        node or (placed.name if placed is not None else None),
-        known=placed,
-        session_id=session_id,
-        status=status,
-        reason=reason,
-        exit_code=exit_code,
-        node=node,
-        signature=signature,
+        protocol.SESSION_REPORT, report.node or (placed.name if placed is not None else None), known=placed, **message
     ):
         return
-    session_report_apply(session_id=session_id, status=status, reason=reason, exit_code=exit_code, node=node, session=session)
+    session_report_apply(
+        session_id=report.session_id,
+        status=report.status,
+        reason=report.reason,
+        exit_code=report.exit_code,
+        node=report.node,
+        session=session,
+    )
 
 
 @manager_task(protocol.SESSION_LOG_APPEND)
-def session_log_append(
-    *,
-    session_id: str,
-    seq: int,
-    offset: int,
-    text: str,
-    final: bool = False,
-    node: str | None = None,
-    signature: str | None = None,
-) -> None:
-    """Store one batch of a session's output (idempotent by `seq`, so acks_late is safe); from
+def session_log_append(**message: Any) -> None:
+    """Store one batch of a session's output (protocol.messages.LogBatch, its keyword arguments as
+    sent; a malformed one is logged and dropped), idempotent by `seq` (so acks_late is safe); from
     the session's own node only (see `session_report`)."""
     from sessions.services import session_log_append as append
 
-    session = _session_with_node(session_id)
+    batch = _decoded(LogBatch, message)
+    if batch is None:
+        return
+    session = _session_with_node(batch.session_id)
     placed = session.node if session is not None else None
+    node = batch.node
     if not _authentic(
-        protocol.SESSION_LOG_APPEND,
-        node or (placed.name if placed is not None else None),
-        known=placed,
-        session_id=session_id,
-        seq=seq,
-        offset=offset,
-        text=text,
-        final=final,
-        node=node,
-        signature=signature,
+        protocol.SESSION_LOG_APPEND, node or (placed.name if placed is not None else None), known=placed, **message
     ):
         return
     if session is None:
-        log.warning("agent shipped output for unknown session %s", session_id)
+        log.warning("agent shipped output for unknown session %s", batch.session_id)
         return
     if node is not None and (placed is None or placed.name != node):
-        log.warning("refused output of session %s from node %s: the session does not run there", session_id, node)
+        log.warning("refused output of session %s from node %s: the session does not run there", batch.session_id, node)
         return
-    append(session_id=session_id, seq=seq, offset=offset, text=text, final=final, known=True)
+    append(session_id=batch.session_id, seq=batch.seq, offset=batch.offset, text=batch.text, final=batch.final, known=True)
+
+
+M = TypeVar("M", Heartbeat, SessionReport, LogBatch)
+
+
+def _decoded(kind: type[M], message: dict[str, Any]) -> M | None:
+    """`message` (a task's keyword arguments) decoded as `kind`, or None once logged when it is
+    malformed: an agent's bad message is dropped, never retried and never a crash."""
+    try:
+        return kind.decode({k: v for k, v in message.items() if k != protocol.SIGNATURE})
+    except Malformed as exc:
+        log.warning("dropped an agent's malformed message: %s", exc)
+        return None
+
+
+def _session_message(task: str, session_id: str, node: str | None, message: dict[str, Any]):
+    """(The session of an agent's report or log batch with its node, or None; whether the message
+    is authentic): signed by `node`, the sender (else, from an agent before node keys, the node the
+    session is placed on), with its key where it has one."""
+    session = _session_with_node(session_id)
+    placed = session.node if session is not None else None
+    return session, _authentic(task, node or (placed.name if placed is not None else None), known=placed, **message)
 
 
 def _authentic(task: str, sender: str | None, *, known=None, **kwargs) -> bool:

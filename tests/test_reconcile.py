@@ -36,7 +36,7 @@ class RecordingAgent:
         self.notices.append((session_id, text))
 
     def submit_start(self, spec):
-        self.starts.append(spec)
+        self.starts.append(spec.encode())  # agent.tasks hands on the decoded StartSpec: kept as sent
 
     def submit_stop(self, session_id):
         self.stops.append(session_id)

@@ -1,0 +1,461 @@
+"""The typed messages between the manager and its agents (issue 34, item 1): the start spec (with
+its MIG block), the heartbeat, the session report and the log batch, each a frozen dataclass with
+a `version`, one encoder (`encode`: the message as it travels, JSON-safe) and one decoder
+(`decode`: raises Malformed, saying which field, for anything else). Both sides use them: the
+manager builds the start spec (sessions.start_spec) and decodes what agents send (sessions.tasks);
+the agent decodes the start spec (agent.tasks) and builds the others (agent.core.ManagerClient).
+
+The wire is the one of the untyped dicts these replaced, so that an agent and a manager of adjacent
+versions interoperate: `encode` writes the same keys (a `version` only when it is not 1, which
+every message is today: a manager's Celery task of an earlier version takes no such keyword), and
+`decode` takes what an earlier version sent (a start spec without `image`, `shell`, `projects`,
+`owner_id` or `owner_is_staff`; a report or log batch without `node`; a heartbeat without
+`images`). Versions only add fields: a decoder reads the fields it knows of a later version's
+message and leaves the others; a change that is not an addition takes a new task name.
+
+Ids that cross the wire have their own types (NewType), so that they are not mixed up:
+`HardwareId` is a device's id as its plugin reports it (accelerators.models.Device.device_id, a
+GPU or MIG UUID); `RowId` a database row's primary key as text (a Device's, a GpuInstance's: the
+allocator's `DeviceGrant.device_id` is one of these, not a hardware id); `SessionId` a session's
+UUID as text; `UserId` a user's integer primary key; `NodeName` a node's name. The start spec's
+device entries carry the hardware id, named `hardware_id` here and `device_id` on the wire (the
+name the agent's inventory gives it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from decimal import Decimal, InvalidOperation
+from typing import Any, NewType
+
+from protocol.channel import Malformed
+
+HardwareId = NewType("HardwareId", str)
+RowId = NewType("RowId", str)
+SessionId = NewType("SessionId", str)
+UserId = NewType("UserId", int)
+NodeName = NewType("NodeName", str)
+
+VERSION = 1  # the version this side writes
+VERSION_KEY = "version"
+
+__all__ = [
+    "VERSION",
+    "HardwareId",
+    "Heartbeat",
+    "LogBatch",
+    "Malformed",
+    "MigBlock",
+    "MigPlacement",
+    "NodeName",
+    "ProjectRef",
+    "RowId",
+    "SessionId",
+    "SessionReport",
+    "StartDevice",
+    "StartSpec",
+    "UserId",
+]
+
+# --- field readers: each raises Malformed naming the message and the field -----------------------
+
+
+def _get(m: dict[str, Any], what: str, name: str, kind: type, default: Any = ..., *, nullable: bool = False) -> Any:
+    if name not in m or (m[name] is None and not nullable):
+        if default is ...:
+            raise Malformed(f"a {what} without {name!r}")
+        return default
+    value = m[name]
+    if value is None:
+        return value
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise Malformed(f"{name!r} of a {what} is not a whole number")
+    if not isinstance(value, kind):
+        raise Malformed(f"{name!r} of a {what} is not {kind.__name__}")
+    return value
+
+
+def _mapping(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise Malformed(f"a {what} that is not an object")
+    return value
+
+
+def _version(m: dict[str, Any], what: str) -> int:
+    version = _get(m, what, VERSION_KEY, int, 1)
+    if version < 1:
+        raise Malformed(f"a {what} of version {version}")
+    return int(version)
+
+
+def _versioned(version: int, body: dict[str, Any]) -> dict[str, Any]:
+    return body if version == 1 else {**body, VERSION_KEY: version}
+
+
+def _count(m: dict[str, Any], what: str, name: str, default: Any = ...) -> Any:
+    value = _get(m, what, name, int, default)
+    if value is not None and value < 0:
+        raise Malformed(f"{name!r} of a {what} is negative")
+    return value
+
+
+def _amount(m: dict[str, Any], what: str, name: str) -> str:
+    text = _get(m, what, name, str)
+    try:
+        ok = Decimal(text).is_finite() and Decimal(text) >= 0
+    except InvalidOperation:
+        ok = False
+    if not ok:
+        raise Malformed(f"{name!r} of a {what} is not a decimal amount: {text[:40]!r}")
+    return str(text)
+
+
+def _node(m: dict[str, Any], what: str) -> NodeName | None:
+    """The optional `node` of an agent's report or log batch (None from an agent before node keys)."""
+    node = _get(m, what, "node", str, None)
+    return NodeName(node) if node is not None else None
+
+
+def _fields_encoded(message: SessionReport | LogBatch) -> dict[str, Any]:
+    """The keyword arguments of a message whose fields are named as its wire keys, in order."""
+    return _versioned(message.version, {f.name: getattr(message, f.name) for f in fields(message) if f.name != VERSION_KEY})
+
+
+def _user_id(value: int | None) -> UserId | None:
+    return UserId(value) if value is not None else None
+
+
+def _strings(m: dict[str, Any], what: str, name: str, default: Any = ...) -> Any:
+    value = _get(m, what, name, list, default)
+    if value is not None and not all(isinstance(v, str) for v in value):
+        raise Malformed(f"{name!r} of a {what} is not a list of strings")
+    return value
+
+
+# --- the start spec ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MigPlacement:
+    """A GPU instance's place on its GPU: its MIG `profile` ("1g.10gb") and its first memory
+    slice `start` (0-7), as NVML names them."""
+
+    profile: str
+    start: int
+
+    def encode(self) -> dict[str, Any]:
+        return {"profile": self.profile, "start": self.start}
+
+    @classmethod
+    def decode(cls, value: Any) -> MigPlacement:
+        m = _mapping(value, "MIG placement")
+        return cls(profile=_get(m, "MIG placement", "profile", str), start=_count(m, "MIG placement", "start"))
+
+
+@dataclass(frozen=True)
+class MigBlock:
+    """The start spec's `mig` block (agent.mig.prepare_spec carries it out): the GPU instance the
+    session gets on GPU `gpu` (its hardware id; `index`, `model_name`, `memory_size` in bytes and
+    `subproc_count` in SMs describe the whole GPU): of MIG profile `profile` at slice `start`,
+    reused (`reuse`) or created, whose row is `instance_id`; the idle instances to `destroy`
+    first, and the GPU's whole expected `layout` once done (for the agent to re-apply after a
+    reboot)."""
+
+    gpu: HardwareId
+    index: int
+    model_name: str
+    memory_size: int
+    subproc_count: int
+    profile: str
+    start: int
+    reuse: bool
+    instance_id: RowId
+    destroy: tuple[MigPlacement, ...] = ()
+    layout: tuple[MigPlacement, ...] = ()
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu,
+            "index": self.index,
+            "model_name": self.model_name,
+            "memory_size": self.memory_size,
+            "subproc_count": self.subproc_count,
+            "profile": self.profile,
+            "start": self.start,
+            "reuse": self.reuse,
+            "instance_id": self.instance_id,
+            "destroy": [p.encode() for p in self.destroy],
+            "layout": [p.encode() for p in self.layout],
+        }
+
+    @classmethod
+    def decode(cls, value: Any) -> MigBlock:
+        w, m = "MIG block", _mapping(value, "MIG block")
+        return cls(
+            gpu=HardwareId(_get(m, w, "gpu", str)),
+            index=_count(m, w, "index", 0),
+            model_name=_get(m, w, "model_name", str, ""),
+            memory_size=_count(m, w, "memory_size", 0),
+            subproc_count=_count(m, w, "subproc_count", 0),
+            profile=_get(m, w, "profile", str),
+            start=_count(m, w, "start"),
+            reuse=_get(m, w, "reuse", bool, False),
+            instance_id=RowId(_get(m, w, "instance_id", str, "")),
+            destroy=tuple(MigPlacement.decode(p) for p in _get(m, w, "destroy", list, [])),
+            layout=tuple(MigPlacement.decode(p) for p in _get(m, w, "layout", list, [])),
+        )
+
+
+@dataclass(frozen=True)
+class StartDevice:
+    """One device a session is given: `hardware_id` (the wire's `device_id`: the plugin's id of
+    the GPU or MIG device, never a database row id), its `index` on the node, `model_name`,
+    `memory_total` (bytes) and `subproc_count` (SMs); the session's share of it: `memory_limit`
+    (bytes), `procs` (SMs) and `shares` (fGPU), both decimal text."""
+
+    hardware_id: HardwareId
+    index: int
+    model_name: str
+    memory_total: int
+    subproc_count: int
+    memory_limit: int
+    procs: str
+    shares: str
+    is_mig_device: bool = False
+    mig_profile: str = ""
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "device_id": self.hardware_id,
+            "index": self.index,
+            "model_name": self.model_name,
+            "memory_total": self.memory_total,
+            "subproc_count": self.subproc_count,
+            "memory_limit": self.memory_limit,
+            "procs": self.procs,
+            "shares": self.shares,
+            "is_mig_device": self.is_mig_device,
+            "mig_profile": self.mig_profile,
+        }
+
+    @classmethod
+    def decode(cls, value: Any) -> StartDevice:
+        w, m = "start spec's device", _mapping(value, "start spec's device")
+        return cls(
+            hardware_id=HardwareId(_get(m, w, "device_id", str)),
+            index=_count(m, w, "index"),
+            model_name=_get(m, w, "model_name", str, ""),
+            memory_total=_count(m, w, "memory_total"),
+            subproc_count=_count(m, w, "subproc_count"),
+            memory_limit=_count(m, w, "memory_limit"),
+            procs=_amount(m, w, "procs"),
+            shares=_amount(m, w, "shares"),
+            is_mig_device=_get(m, w, "is_mig_device", bool, False),
+            mig_profile=_get(m, w, "mig_profile", str, ""),
+        )
+
+
+@dataclass(frozen=True)
+class ProjectRef:
+    """A project the session's owner is a member of (whose persistent folder the session gets as
+    ~/projects/<name>): its row id as text and its name."""
+
+    id: str
+    name: str
+
+    def encode(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name}
+
+    @classmethod
+    def decode(cls, value: Any) -> ProjectRef:
+        m = _mapping(value, "project")
+        return cls(id=_get(m, "project", "id", str), name=_get(m, "project", "name", str))
+
+
+@dataclass(frozen=True)
+class StartSpec:
+    """What an agent is sent to start a session (`fgpu.agent.session_start`'s `spec`): its
+    `session_id`, `image` reference ("": the docker runtime's default image) and `shell` ("": the
+    runtime's), its `name`, `owner` (user name), `owner_id` (None from a manager before persistent
+    folders) and `owner_is_staff` (agent.sandbox), the owner's `projects`, its `command` ("": an
+    interactive shell), `cpu` (cores), `mem` (bytes; 0: the agent's default), its slot format
+    (`slot_name`, `slot_subtype`), its `devices` by index and, for a MIG session, its `mig` block."""
+
+    session_id: SessionId
+    name: str
+    owner: str
+    command: str
+    cpu: int
+    mem: int
+    devices: tuple[StartDevice, ...]
+    image: str = ""
+    shell: str = ""
+    owner_id: UserId | None = None
+    owner_is_staff: bool = False
+    projects: tuple[ProjectRef, ...] = ()
+    slot_name: str = ""
+    slot_subtype: str = ""
+    mig: MigBlock | None = None
+    version: int = field(default=VERSION, compare=False)
+
+    def encode(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "session_id": self.session_id,
+            "image": self.image,
+            "shell": self.shell,
+            "name": self.name,
+            "owner": self.owner,
+            "owner_id": self.owner_id,
+            "owner_is_staff": self.owner_is_staff,
+            "projects": [p.encode() for p in self.projects],
+            "command": self.command,
+            "cpu": self.cpu,
+            "mem": self.mem,
+            "slot_name": self.slot_name,
+            "slot_subtype": self.slot_subtype,
+            "devices": [d.encode() for d in self.devices],
+        }
+        if self.mig is not None:
+            body["mig"] = self.mig.encode()
+        return _versioned(self.version, body)
+
+    @classmethod
+    def decode(cls, value: Any) -> StartSpec:
+        """The start spec of `value` (a dict as sent). Raises Malformed."""
+        w, m = "start spec", _mapping(value, "start spec")
+        mig = m.get("mig")
+        return cls(
+            session_id=SessionId(_get(m, w, "session_id", str)),
+            image=_get(m, w, "image", str, ""),
+            shell=_get(m, w, "shell", str, ""),
+            name=_get(m, w, "name", str),
+            owner=_get(m, w, "owner", str),
+            owner_id=_user_id(_get(m, w, "owner_id", int, None)),
+            owner_is_staff=_get(m, w, "owner_is_staff", bool, False),
+            projects=tuple(ProjectRef.decode(p) for p in _get(m, w, "projects", list, [])),
+            command=_get(m, w, "command", str, ""),
+            cpu=_count(m, w, "cpu", 1),
+            mem=_count(m, w, "mem", 0),
+            slot_name=_get(m, w, "slot_name", str, ""),
+            slot_subtype=_get(m, w, "slot_subtype", str, ""),
+            devices=tuple(StartDevice.decode(d) for d in _get(m, w, "devices", list, [])),
+            mig=MigBlock.decode(mig) if mig else None,
+            version=_version(m, w),
+        )
+
+
+# --- agent → manager ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """`fgpu.manager.agent_heartbeat`'s keyword arguments: the agent's `node`, the session ids it
+    `running`s, the digest of its MIG GPUs' instances (`mig_digest`; None: none known), its view of
+    its sessions (`state`: agent.core.Agent.state; None: not sent), the session images it holds
+    (`images`, {reference: image id}; None from an agent before images: not sent) and their
+    ai.backend.service-ports labels (`image_service_ports`, {image id: label}; sent when not empty).
+    `images` and `image_service_ports` are taken as sent, of any type: the manager keeps their
+    well-formed entries and logs the rest (accelerators.services.node_images_clean,
+    sessions.images.image_service_ports_apply), so one bad reference does not lose a heartbeat."""
+
+    node: NodeName
+    running: tuple[SessionId, ...]
+    mig_digest: str | None = None
+    state: dict[str, Any] | None = None
+    images: object = None
+    image_service_ports: object = None
+    version: int = field(default=VERSION, compare=False)
+
+    def encode(self) -> dict[str, Any]:
+        """The task's keyword arguments (before the signature)."""
+        kwargs: dict[str, Any] = {
+            "node": self.node,
+            "running": list(self.running),
+            "mig_digest": self.mig_digest,
+            "state": self.state,
+        }
+        if self.images is not None:
+            kwargs["images"] = self.images
+        if self.image_service_ports:
+            kwargs["image_service_ports"] = self.image_service_ports
+        return _versioned(self.version, kwargs)
+
+    @classmethod
+    def decode(cls, kwargs: dict[str, Any]) -> Heartbeat:
+        """The heartbeat of the task's keyword arguments (its signature ignored). Raises Malformed."""
+        w, m = "heartbeat", _mapping(kwargs, "heartbeat")
+        return cls(
+            node=NodeName(_get(m, w, "node", str)),
+            running=tuple(SessionId(s) for s in _strings(m, w, "running")),
+            mig_digest=_get(m, w, "mig_digest", str, None),
+            state=_get(m, w, "state", dict, None),
+            images=m.get("images"),
+            image_service_ports=m.get("image_service_ports"),
+            version=_version(m, w),
+        )
+
+
+@dataclass(frozen=True)
+class SessionReport:
+    """`fgpu.manager.session_report`'s keyword arguments: session `session_id` is now `status`
+    (one of the manager's session states: PREPARING, RUNNING, TERMINATED, ERROR, …) for `reason`,
+    with `exit_code` once its process ended (None before, or when unknown); `node`: the reporting
+    agent's (None from an agent before node keys: not sent)."""
+
+    session_id: SessionId
+    status: str
+    reason: str = ""
+    exit_code: int | None = None
+    node: NodeName | None = None
+    version: int = field(default=VERSION, compare=False)
+
+    def encode(self) -> dict[str, Any]:
+        return _fields_encoded(self)
+
+    @classmethod
+    def decode(cls, kwargs: dict[str, Any]) -> SessionReport:
+        """Raises Malformed."""
+        w, m = "session report", _mapping(kwargs, "session report")
+        status = _get(m, w, "status", str)
+        if not status.isupper() or len(status) > 32:
+            raise Malformed(f"a session report of status {status[:40]!r}")
+        return cls(
+            session_id=SessionId(_get(m, w, "session_id", str)),
+            status=status,
+            reason=_get(m, w, "reason", str, ""),
+            exit_code=_get(m, w, "exit_code", int, None),
+            node=_node(m, w),
+            version=_version(m, w),
+        )
+
+
+@dataclass(frozen=True)
+class LogBatch:
+    """`fgpu.manager.session_log_append`'s keyword arguments: batch `seq` (from 0) of session
+    `session_id`'s output, `text` starting at character `offset` of it; `final`: the last batch
+    (the session ended); `node` as for SessionReport."""
+
+    session_id: SessionId
+    seq: int
+    offset: int
+    text: str
+    final: bool = False
+    node: NodeName | None = None
+    version: int = field(default=VERSION, compare=False)
+
+    def encode(self) -> dict[str, Any]:
+        return _fields_encoded(self)
+
+    @classmethod
+    def decode(cls, kwargs: dict[str, Any]) -> LogBatch:
+        """Raises Malformed."""
+        w, m = "log batch", _mapping(kwargs, "log batch")
+        return cls(
+            session_id=SessionId(_get(m, w, "session_id", str)),
+            seq=_count(m, w, "seq"),
+            offset=_count(m, w, "offset"),
+            text=_get(m, w, "text", str),
+            final=_get(m, w, "final", bool, False),
+            node=_node(m, w),
+            version=_version(m, w),
+        )

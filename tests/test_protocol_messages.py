@@ -1,0 +1,251 @@
+"""The typed messages between the manager and its agents (protocol.messages): each encoder and
+decoder round-trips, writes the wire the untyped dicts wrote (so agents and managers of adjacent
+versions interoperate), takes an earlier version's shape, and refuses a malformed message with a
+clear error, which the receiving side logs and drops."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+
+import protocol
+from agent import tasks as agent_tasks
+from agent.core import CeleryManager
+from protocol.messages import (
+    Heartbeat,
+    LogBatch,
+    Malformed,
+    MigBlock,
+    MigPlacement,
+    SessionReport,
+    StartDevice,
+    StartSpec,
+)
+from sessions import tasks as manager_tasks
+from sessions.models import SessionLogChunk, SessionStatus
+
+SESSION = str(uuid.uuid4())
+
+DEVICE = {
+    "device_id": "GPU-8d1f0c2e",
+    "index": 0,
+    "model_name": "NVIDIA A100-SXM4-80GB",
+    "memory_total": 80 << 30,
+    "subproc_count": 108,
+    "memory_limit": 20 << 30,
+    "procs": "27",
+    "shares": "0.25",
+    "is_mig_device": False,
+    "mig_profile": "",
+}
+MIG = {
+    "gpu": "GPU-8d1f0c2e",
+    "index": 0,
+    "model_name": "NVIDIA A100-SXM4-80GB",
+    "memory_size": 80 << 30,
+    "subproc_count": 108,
+    "profile": "3g.40gb",
+    "start": 4,
+    "reuse": False,
+    "instance_id": str(uuid.uuid4()),
+    "destroy": [{"profile": "1g.10gb", "start": 4}],
+    "layout": [{"profile": "3g.40gb", "start": 0}, {"profile": "3g.40gb", "start": 4}],
+}
+SPEC = {  # as sessions.start_spec.session_start_spec wrote it before it was typed
+    "session_id": SESSION,
+    "image": "fgpu-session:test",
+    "shell": "/bin/bash",
+    "name": "notebook",
+    "owner": "alice",
+    "owner_id": 7,
+    "owner_is_staff": False,
+    "projects": [{"id": "3", "name": "lab"}],
+    "command": "",
+    "cpu": 2,
+    "mem": 4 << 30,
+    "slot_name": "cuda",
+    "slot_subtype": "shares",
+    "devices": [DEVICE],
+    "mig": MIG,
+}
+
+
+# --- start spec ----------------------------------------------------------------------------------
+
+
+def test_a_start_spec_decodes_to_typed_fields_and_encodes_to_the_same_json():
+    spec = StartSpec.decode(SPEC)
+    assert spec.devices[0].hardware_id == "GPU-8d1f0c2e"  # the plugin's id, named so
+    assert spec.mig is not None and spec.mig.destroy == (MigPlacement("1g.10gb", 4),)
+    assert spec.version == 1
+    assert spec.encode() == SPEC  # the wire is unchanged: no version key at version 1
+    assert StartSpec.decode(spec.encode()) == spec
+
+
+def test_a_start_spec_from_a_manager_before_images_projects_and_owner_ids_is_accepted_with_defaults():
+    old = {k: v for k, v in SPEC.items() if k not in ("image", "shell", "projects", "owner_id", "owner_is_staff", "mig")}
+    spec = StartSpec.decode(old)
+    assert (spec.image, spec.shell, spec.projects, spec.owner_id, spec.owner_is_staff, spec.mig) == (
+        "",
+        "",
+        (),
+        None,
+        False,
+        None,
+    )
+    assert spec.encode() == {**old, "image": "", "shell": "", "projects": [], "owner_id": None, "owner_is_staff": False}
+
+
+def test_a_later_version_s_start_spec_is_read_for_the_fields_this_side_knows():
+    spec = StartSpec.decode({**SPEC, "version": 2, "gpu_clock_mhz": 1410})
+    assert spec.version == 2 and spec.name == "notebook"
+    assert spec.encode()["version"] == 2
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"session_id": None}, "without 'session_id'"),
+        ({"cpu": "2"}, "'cpu' of a start spec is not a whole number"),
+        ({"mem": -1}, "'mem' of a start spec is negative"),
+        ({"owner_is_staff": "yes"}, "'owner_is_staff' of a start spec is not bool"),
+        ({"devices": {"0": DEVICE}}, "'devices' of a start spec is not list"),
+        ({"devices": [{**DEVICE, "procs": "lots"}]}, "'procs' of a start spec's device is not a decimal amount"),
+        ({"devices": [{**DEVICE, "shares": "NaN"}]}, "'shares' of a start spec's device is not a decimal amount"),
+        ({"devices": [{k: v for k, v in DEVICE.items() if k != "device_id"}]}, "without 'device_id'"),
+        ({"devices": ["GPU-0"]}, "a start spec's device that is not an object"),
+        ({"mig": {**MIG, "gpu": 0}}, "'gpu' of a MIG block is not str"),
+        ({"mig": {**MIG, "destroy": [{"profile": "1g.10gb"}]}}, "a MIG placement without 'start'"),
+        ({"version": 0}, "a start spec of version 0"),
+    ],
+)
+def test_a_malformed_start_spec_is_refused_saying_which_field(change, says):
+    with pytest.raises(Malformed, match=says.replace("(", r"\(").replace(")", r"\)")):
+        StartSpec.decode({**SPEC, **change})
+
+
+def test_a_start_spec_that_is_not_an_object_is_refused():
+    with pytest.raises(Malformed, match="a start spec that is not an object"):
+        StartSpec.decode(["not", "a", "spec"])
+
+
+def test_the_agent_drops_a_malformed_start_with_a_log_line_and_does_not_start_it(caplog):
+    # agent.tasks decodes before it looks the node's agent up: none exists here, so a start that
+    # got through would raise
+    with caplog.at_level(logging.WARNING, logger="agent.tasks"):
+        agent_tasks.session_start(node="no-agent-here", spec={**SPEC, "devices": "all"})
+    assert "dropped a malformed start: 'devices' of a start spec is not list" in caplog.text
+
+
+def test_the_mig_block_and_device_entry_encode_their_fields_under_the_wire_names():
+    block = MigBlock.decode(MIG)
+    assert block.encode() == MIG
+    device = StartDevice.decode(DEVICE)
+    assert device.encode() == DEVICE and device.hardware_id == DEVICE["device_id"]
+
+
+# --- heartbeat, report, log batch --------------------------------------------------------------------
+
+BEAT = {
+    "node": "gpu-1",
+    "running": [SESSION],
+    "mig_digest": "ab12",
+    "state": {"sessions": {}, "ended": {}, "at": 1.5},
+    "images": {"host": "host"},
+    "image_service_ports": {"sha256:1": "jupyter:http:8888"},
+}
+REPORT = {"session_id": SESSION, "status": "RUNNING", "reason": "", "exit_code": None, "node": "gpu-1"}
+BATCH = {"session_id": SESSION, "seq": 3, "offset": 120, "text": "hello\n", "final": False, "node": "gpu-1"}
+
+
+@pytest.mark.parametrize(
+    "kind, wire",
+    [(Heartbeat, BEAT), (SessionReport, REPORT), (LogBatch, BATCH)],
+)
+def test_agent_messages_round_trip_to_the_same_keyword_arguments(kind, wire):
+    message = kind.decode(wire)
+    assert message.encode() == wire
+    assert kind.decode(message.encode()) == message
+
+
+@pytest.mark.parametrize(
+    "kind, old",
+    [
+        (Heartbeat, {"node": "gpu-1", "running": [], "mig_digest": None, "state": None}),  # before images
+        (Heartbeat, {"node": "gpu-1", "running": []}),  # before MIG and state
+        (SessionReport, {"session_id": SESSION, "status": "TERMINATED", "reason": "done", "exit_code": 0}),  # before node keys
+        (LogBatch, {"session_id": SESSION, "seq": 0, "offset": 0, "text": "x"}),  # before `final` and node keys
+    ],
+)
+def test_agent_messages_of_an_earlier_version_are_accepted(kind, old):
+    message = kind.decode(old)
+    assert message.version == 1
+    assert {k: v for k, v in message.encode().items() if v is not None} == {k: v for k, v in old.items() if v is not None} | (
+        {"final": False} if kind is LogBatch else {}
+    ) | ({"reason": ""} if kind is SessionReport and "reason" not in old else {})
+
+
+def test_a_heartbeat_sends_no_images_when_it_has_none_and_no_service_ports_when_there_are_none():
+    wire = Heartbeat.decode({**BEAT, "images": None, "image_service_ports": {}}).encode()
+    assert "images" not in wire and "image_service_ports" not in wire
+
+
+@pytest.mark.parametrize(
+    "kind, wire, says",
+    [
+        (Heartbeat, {**BEAT, "running": SESSION}, "'running' of a heartbeat is not list"),
+        (Heartbeat, {**BEAT, "running": [1]}, "'running' of a heartbeat is not a list of strings"),
+        (Heartbeat, {k: v for k, v in BEAT.items() if k != "node"}, "a heartbeat without 'node'"),
+        (SessionReport, {**REPORT, "status": "running"}, "a session report of status 'running'"),
+        (SessionReport, {**REPORT, "exit_code": "1"}, "'exit_code' of a session report is not a whole number"),
+        (LogBatch, {**BATCH, "seq": -1}, "'seq' of a log batch is negative"),
+        (LogBatch, {**BATCH, "offset": True}, "'offset' of a log batch is not a whole number"),
+        (LogBatch, {**BATCH, "text": b"x"}, "'text' of a log batch is not str"),
+    ],
+)
+def test_a_malformed_agent_message_is_refused_saying_which_field(kind, wire, says):
+    with pytest.raises(Malformed, match=says):
+        kind.decode(wire)
+
+
+class Recording(CeleryManager):
+    def __init__(self, node: str) -> None:
+        super().__init__(app=None, node=node)
+        self.sent: list[tuple[str, dict]] = []
+
+    def _send(self, task: str, **options) -> None:
+        self.sent.append((task, options["kwargs"]))
+
+
+def test_the_agent_sends_the_keyword_arguments_an_earlier_manager_takes():
+    manager = Recording("gpu-1")
+    manager.heartbeat(
+        "gpu-1", [SESSION], "ab12", BEAT["state"], {"host": "host"}, image_service_ports=BEAT["image_service_ports"]
+    )
+    manager.report(SESSION, "RUNNING", "", None)
+    manager.log(SESSION, 3, 120, "hello\n", False)
+    assert manager.sent == [
+        (protocol.AGENT_HEARTBEAT, BEAT),
+        (protocol.SESSION_REPORT, REPORT),
+        (protocol.SESSION_LOG_APPEND, BATCH),
+    ]
+    unnamed = Recording("")
+    unnamed.report(SESSION, "RUNNING", "", None)
+    assert unnamed.sent[0][1]["node"] is None  # standalone: no node named, as before
+
+
+@pytest.mark.django_db
+def test_the_manager_logs_and_drops_malformed_agent_messages(alices_session, caplog):
+    sid = str(alices_session.pk)
+    with caplog.at_level(logging.WARNING, logger="sessions.tasks"):
+        manager_tasks.agent_heartbeat(node=alices_session.node.name, running="all")
+        manager_tasks.session_report(session_id=sid, status=["TERMINATED"], reason="", exit_code=0)
+        manager_tasks.session_log_append(session_id=sid, seq="0", offset=0, text="x")
+    assert caplog.text.count("dropped an agent's malformed message") == 3
+    alices_session.refresh_from_db()
+    assert alices_session.status == SessionStatus.RUNNING
+    assert not SessionLogChunk.objects.filter(session=alices_session).exists()
+    manager_tasks.session_log_append(session_id=sid, seq=0, offset=0, text="x")  # a good one is applied
+    assert SessionLogChunk.objects.filter(session=alices_session).count() == 1
