@@ -23,11 +23,12 @@ For the launch dialog, `mig_preview` reads what a request would get now and
 `mig_profile_availability` which profiles can be asked for and how many could be placed now
 and ever, both through the same choice and planner, without locks or writes.
 
-The scheduler decides with `sessions.placement.placement_decide` (its MIG step: `mig_choose`
-under lock) and writes the choice with the pass's other writes (`_PassWrites.place_mig`): the
-GpuInstance rows and one Allocation on the parent GPU or on the static slice at once
-(`mig_rows_write`), the session's transition and notice with the pass's, and the agent's start
-spec with a `mig` block (see `agent.mig`).
+The scheduler decides with `sessions.placement.placement_decide` (its MIG step: `mig_choose_in`
+on the pass's MIG scope, read and locked once a pass and kept current with the pass's
+placements, MIG and shared: `MigNodeRoom.take`) and writes the choice with the pass's other
+writes (`_PassWrites.place_mig`): at its flush, in placement order, the GpuInstance rows and one
+Allocation on the parent GPU or on the static slice (`mig_rows_write`), with the session's
+transition and notice, and the agent's start spec with a `mig` block (see `agent.mig`).
 
 `mig_choose` is a read (`mig_scope_read`: a `MigScope` of `MigNodeRoom`s) and a choice on what
 was read (`mig_choose_in`, no database). The ETA's replay (`sessions.eta`, issue 17.3) makes the
@@ -133,9 +134,10 @@ class MigNodeRoom:
     a GPU without instances may be absent); `instances`, which session holds which instance
     (session key → (GPU pk text, instance key)).
 
-    The scheduler reads it (`mig_scope_read`) for one choice and writes the choice as rows
-    (`mig_rows_write`); the ETA's replay (`sessions.eta`) keeps an in-memory copy current with
-    `take` and `release`, which change it as those rows would: a session's end leaves its GPU
+    The scheduler's pass reads it (`mig_scope_read`) once and keeps it current with `take` for
+    each placement on the node (the choices' rows written by `mig_rows_write`); the ETA's replay
+    (`sessions.eta`) keeps an in-memory copy current with `take` and `release`, which change it
+    as those rows would: a session's end leaves its GPU
     instance idle (reusable; on a dynamic node the planner may destroy it for its slices, on a
     fixed layout only reuse it) and frees a static slice."""
 
