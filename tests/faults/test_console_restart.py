@@ -38,16 +38,19 @@ IN_HOME = "while [ ! -e go ]; do sleep 0.05; done; echo during-$((40 + 2)); : > 
 class Console:
     """A standalone console on `data_dir` and `port`, started again by `start()`."""
 
-    def __init__(self, tmp_path: Path, *, stop_sessions: bool = False, cgroup_root: str | None = None):
+    def __init__(self, tmp_path: Path, *, stop_sessions: bool = False, cgroup_root: str | None = None,
+                 network: str | None = None):
         self.tmp_path, self.data_dir, self.port = tmp_path, tmp_path / "data", free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
         self.env.update(FGPU_DATA_DIR=str(self.data_dir), FGPU_ADMIN_PASSWORD=PASSWORD, PORT=str(self.port),
                         PYTHONUNBUFFERED="1", FGPU_RUNTIME="process", FGPU_STOP_SESSIONS_ON_EXIT=str(stop_sessions).lower())
-        if cgroup_root is not None:  # the demo node, its sessions' processes tracked `cgroup_root`'s way
+        if cgroup_root is not None or network is not None:  # the demo node, with these [container] settings
             demo = Path(__file__).resolve().parents[2] / "demo"
             (tmp_path / "mock-accelerator.toml").write_text((demo / "mock-accelerator.toml").read_text())
-            toml = (demo / "agent.toml").read_text() + f'\n[container]\ncgroup-root = "{cgroup_root}"\n'
+            toml = (demo / "agent.toml").read_text() + "\n[container]\n"
+            toml += f'cgroup-root = "{cgroup_root}"\n' if cgroup_root is not None else ""
+            toml += f'network = "{network}"\n' if network is not None else ""
             (tmp_path / "agent.toml").write_text(toml)
             self.env["FGPU_AGENT_CONFIG"] = str(tmp_path / "agent.toml")
         self.proc: Proc | None = None
@@ -230,6 +233,57 @@ def test_a_console_told_to_stop_sessions_on_exit_ends_them_holder_included(conso
     wait_until(lambda: not running(record["pid"]) and not running(record["holder_pid"]), timeout=10,
                what="its leader and holder to end")
     assert cgroups_of(session_id) == []
+
+
+def pipes(pid: int) -> set[str]:
+    """The pipes process `pid` holds open ("pipe:[inode]")."""
+    found = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("pipe:"):
+            found.add(link)
+    return found
+
+
+def slirp_of(holder_pid: int) -> int:
+    """The slirp4netns of the session whose holder is `holder_pid`: the one whose --exit-fd is a
+    pipe the holder holds the other end of."""
+    held = pipes(holder_pid)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and Path(f"/proc/{entry}/comm").exists():
+            try:
+                comm = Path(f"/proc/{entry}/comm").read_text().strip()
+            except OSError:
+                continue
+            if comm == "slirp4netns" and pipes(int(entry)) & held:
+                return int(entry)
+    raise AssertionError(f"no slirp4netns shares a pipe with holder {holder_pid}")
+
+
+def test_an_adopted_outbound_sessions_slirp4netns_runs_on_and_ends_with_it(console):
+    """The outbound network's slirp4netns, started by the first console's agent, is no child of
+    the next one: it ends when the session's holder does (its --exit-fd), at the session's DELETE."""
+    first = console(network="outbound")
+    client = ApiClient(first.base, first.token())
+    session_id = launch_running(client, "outbound")
+    record = json.loads((first.holders() / f"{session_id}.json").read_text())
+    slirp = slirp_of(record["holder_pid"])
+
+    first.stop(signal.SIGTERM)
+    second = first.start()
+    client = ApiClient(second.base, second.token())
+    assert status_of(client, session_id)["status"] == "RUNNING"
+    assert running(slirp), "the session's network ended with the console"
+    assert client.delete(session_id)[0] in (200, 202, 204)
+    wait_status(client, session_id, "TERMINATED", timeout=60, what="the session to end")
+    wait_until(lambda: not running(slirp), timeout=10, what="its slirp4netns to end")
 
 
 def heartbeat_after(node: str, since: float) -> bool:
