@@ -343,3 +343,37 @@ def test_the_scratch_sweep_spares_the_holders_directory(tmp_path):
     (root / "ended").mkdir()
     assert sweep_scratch(root, keep=set(), older_than_s=-1) == 1
     assert [p.name for p in root.iterdir()] == [HOLDERS_DIR]
+
+
+@pytest.mark.parametrize("hold", [True, False], ids=["held", "unheld"])
+def test_a_graceful_stop_keeps_held_sessions_and_stops_unheld_ones(tmp_path, hold):
+    """Agent.shutdown(keep_sessions=True): a held session runs on (counted, nothing reported) and the
+    next start adopts it; an unheld one, whose PTY is the agent's own, is stopped and reported
+    TERMINATED, as every session was before."""
+    from tests.test_agent_runtime import Harness, run_agent, start_spec
+
+    node = f"graceful-{os.getpid()}-{int(hold)}"
+    spec = {**start_spec(command="exec sleep 600"), "owner_is_staff": False, "devices": []}
+    session_id = spec["session_id"]
+    seen: dict = {}
+
+    async def stop_gracefully(h: Harness):
+        await h.start_session(spec)
+        seen["pid"] = h.agent.sessions[session_id].process.pid
+        seen["kept"] = await h.agent.shutdown(keep_sessions=True)
+        seen["reports"] = [status for status, _, _ in h.manager.reports_for(session_id)]
+
+    run_agent(tmp_path, stop_gracefully, node=node, runtime_options={"hold": hold})
+    if not hold:
+        assert (seen["kept"], seen["reports"][-1]) == (0, "TERMINATED")
+        wait_until(lambda: not running(seen["pid"]), timeout=10, what="the unheld session to end")
+        return
+    assert (seen["kept"], seen["reports"][-1]) == (1, "RUNNING")
+    assert running(seen["pid"])
+
+    async def adopt(h: Harness):
+        assert session_id in h.agent.sessions, "the next start did not adopt the held session"
+        assert h.agent.sessions[session_id].process.pid == seen["pid"]
+
+    run_agent(tmp_path, adopt, node=node, runtime_options={"hold": True})  # its shutdown() stops it
+    wait_until(lambda: not running(seen["pid"]), timeout=10, what="the adopted session to end")
