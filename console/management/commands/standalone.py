@@ -299,9 +299,11 @@ class Command(BaseCommand):
         process sessions, docker containers) keep running for the next start to adopt, as a
         kubelet's restart keeps its pods, and the others are killed (an unheld PTY dies with this
         process; their waiting threads would keep it from exiting); with --stop-sessions or
-        FGPU_STOP_SESSIONS_ON_EXIT every session is killed. The manager stops with the console:
-        the next start's agent registers the adopted ones as running, and those that ended
-        meanwhile as ended (sessions_reconcile_node), before the first scheduling pass."""
+        FGPU_STOP_SESSIONS_ON_EXIT every session is killed. The manager stops with the console, so
+        nothing is marked LOST or fenced meanwhile and the kept sessions hold their allocations
+        throughout (nothing is granted twice); the next start's agent registers before the periodic
+        heartbeat check runs, naming the adopted sessions as running, and those that ended meanwhile
+        end with their exit status (sessions_reconcile_node)."""
         kept = sum(agent.kill_all_now(keep_sessions=not self.stop_sessions) for agent in agents)
         if kept:
             self.stdout.write(
