@@ -18,14 +18,15 @@ from tests.stack import Stack, StackNode, mock_inventory
 
 @pytest.fixture
 def fault_stack(tmp_path, request):
-    """Start the stack: `fault_stack(nodes=2, gpus=4)` → Stack, once every node is ALIVE."""
+    """Start the stack: `fault_stack(nodes=2, gpus=4, env=None)` → Stack, once every node is ALIVE;
+    `env`: more variables for every process (e.g. FGPU_FENCE_TIMEOUT_SECONDS)."""
     stacks: list[Stack] = []
 
-    def start(*, nodes: int = 2, gpus: int = 4) -> Stack:
+    def start(*, nodes: int = 2, gpus: int = 4, env: dict | None = None) -> Stack:
         stack = Stack(nodes=[StackNode(f"fault-node-{i}", mock_inventory(gpus=gpus), cpu_count=64, memory="256G",
                                        devices=gpus, scratch_retention=0) for i in range(nodes)],
                       work_dir=tmp_path / "stack", env={"FGPU_HEARTBEAT_TIMEOUT": "10",
-                                                        "FGPU_BROKER_VISIBILITY_TIMEOUT": "10"})
+                                                        "FGPU_BROKER_VISIBILITY_TIMEOUT": "10", **(env or {})})
         stacks.append(stack)
         return stack.start()
 
