@@ -61,6 +61,8 @@ websocket took with `pty.ack`, and `pty.detach` when it closes. The scrollback t
 
 from __future__ import annotations
 
+from typing import Any
+
 MANAGER_QUEUE = "manager"
 LOG_QUEUE = "manager.logs"
 HEARTBEAT_QUEUE = "manager.heartbeats"
@@ -130,7 +132,13 @@ def agent_queue(node: str) -> str:
 
 # The channel layer's names carry the node (`pty.<node>.<session>`, `term.<node>.<session>`,
 # `node.<node>`), so that a broker ACL confines each agent to its own: protocol.channel.
-from protocol.channel import NODE_PROCESSES, NODE_PROCESSES_RESULT, node_group, pty_group, terminal_group  # noqa: E402,F401
+from protocol.channel import (  # noqa: E402 (re-exported: the explicit `x as x` form)
+    NODE_PROCESSES as NODE_PROCESSES,
+    NODE_PROCESSES_RESULT as NODE_PROCESSES_RESULT,
+    node_group as node_group,
+    pty_group as pty_group,
+    terminal_group as terminal_group,
+)
 
 MAX_NODE_PROCESSES = 2000  # the most GPU processes one answer lists (the channel layer's messages stay small)
 
@@ -145,14 +153,14 @@ MAX_NODE_PROCESSES = 2000  # the most GPU processes one answer lists (the channe
 SIGNATURE = "signature"
 
 
-def _canonical(task: str, kwargs: dict) -> bytes:
+def _canonical(task: str, kwargs: dict[str, Any]) -> bytes:
     import json
 
     body = {k: v for k, v in kwargs.items() if k != SIGNATURE}
     return task.encode() + b"\n" + json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()
 
 
-def sign(key: str, task: str, kwargs: dict) -> str:
+def sign(key: str, task: str, kwargs: dict[str, Any]) -> str:
     """The signature of `task` with `kwargs` under `key` (hex HMAC-SHA256)."""
     import hashlib
     import hmac
@@ -160,7 +168,7 @@ def sign(key: str, task: str, kwargs: dict) -> str:
     return hmac.new(key.encode(), _canonical(task, kwargs), hashlib.sha256).hexdigest()
 
 
-def verify(key: str, task: str, kwargs: dict, signature: str | None) -> bool:
+def verify(key: str, task: str, kwargs: dict[str, Any], signature: str | None) -> bool:
     """Whether `signature` is `task` with `kwargs` signed under `key` (constant time)."""
     import hmac
 

@@ -49,6 +49,7 @@ import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, fields
+from typing import Any
 
 from protocol.terminal_stream import DIRECT_OFFER
 
@@ -78,12 +79,12 @@ def node_tag(node: str) -> str:
     return "_" + hashlib.sha256(node.encode()).hexdigest()[:40]
 
 
-def pty_group(node: str, session_id) -> str:
+def pty_group(node: str, session_id: object) -> str:
     """Where the web sends a session's commands; the session's agent (on `node`) joins it."""
     return f"pty.{node_tag(node)}.{session_id}"
 
 
-def terminal_group(node: str, session_id) -> str:
+def terminal_group(node: str, session_id: object) -> str:
     """Where the session's agent (on `node`) sends its terminal output; terminal consumers join it."""
     return f"term.{node_tag(node)}.{session_id}"
 
@@ -106,13 +107,13 @@ def reply_prefix(what: str) -> str:
 # --- seals --------------------------------------------------------------------------------------
 
 
-def _bytes_digest(value):
+def _bytes_digest(value: object) -> dict[str, str]:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"bytes-sha256": hashlib.sha256(value).hexdigest()}
     raise TypeError(f"{type(value).__name__} cannot be sealed")
 
 
-def _mac(key: str, direction: str, node: str, ts: int, nonce: str, message: dict) -> str:
+def _mac(key: str, direction: str, node: str, ts: int, nonce: str, message: dict[str, Any]) -> str:
     body = {k: v for k, v in message.items() if k != AUTH}
     canonical = json.dumps(
         [direction, node, ts, nonce, body], sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_bytes_digest
@@ -120,7 +121,7 @@ def _mac(key: str, direction: str, node: str, ts: int, nonce: str, message: dict
     return hmac.new(key.encode(), canonical.encode(), hashlib.sha256).hexdigest()
 
 
-def seal(message: dict, *, key: str, node: str, direction: str, now: float | None = None) -> dict:
+def seal(message: dict[str, Any], *, key: str, node: str, direction: str, now: float | None = None) -> dict[str, Any]:
     """`message` with its seal (field AUTH) under `key`, from the sender's side `direction`
     (TO_AGENT or FROM_AGENT) for `node`; `message` itself as it is when `key` is empty."""
     if not key:
@@ -130,7 +131,9 @@ def seal(message: dict, *, key: str, node: str, direction: str, now: float | Non
     return {**message, AUTH: {"ts": ts, "nonce": nonce, "sig": _mac(key, direction, node, ts, nonce, message)}}
 
 
-def unseal(message: dict, *, key: str, node: str, direction: str, required: bool, now: float | None = None) -> tuple[dict, str]:
+def unseal(
+    message: dict[str, Any], *, key: str, node: str, direction: str, required: bool, now: float | None = None
+) -> tuple[dict[str, Any], str]:
     """`message` without its seal, and the seal's nonce ("" when it had none), when its seal
     verifies under `key` for `node` and `direction` and its time is within MAX_AGE_S of `now`
     (epoch seconds; default the clock). Without `key`: a message without a seal, unless
@@ -162,7 +165,7 @@ class CommandGuard:
         self.node, self.key = node, key
         self._seen: OrderedDict[str, float] = OrderedDict()  # nonce → when it may be forgotten (epoch s)
 
-    def open(self, message: dict, *, now: float | None = None) -> dict:
+    def open(self, message: dict[str, Any], *, now: float | None = None) -> dict[str, Any]:
         """`message` (a dict from the channel layer) without its seal, once verified and
         remembered. Raises Refused (unsigned while the agent has a key, bad signature, stale,
         replayed)."""
@@ -176,7 +179,7 @@ class CommandGuard:
             self._seen[nonce] = now + 2 * MAX_AGE_S
         return body
 
-    def answer(self, message: dict) -> dict:
+    def answer(self, message: dict[str, Any]) -> dict[str, Any]:
         """`message`, an answer to the web, sealed with the agent's key (as it is without one)."""
         return seal(message, key=self.key, node=self.node, direction=FROM_AGENT)
 
@@ -190,21 +193,21 @@ class AgentLink:
     key: str = ""
     required: bool = False
 
-    def pty_group(self, session_id) -> str:
+    def pty_group(self, session_id: object) -> str:
         return pty_group(self.node, session_id)
 
-    def terminal_group(self, session_id) -> str:
+    def terminal_group(self, session_id: object) -> str:
         return terminal_group(self.node, session_id)
 
     def node_group(self) -> str:
         return node_group(self.node)
 
-    def command(self, message: dict) -> dict:
+    def command(self, message: dict[str, Any]) -> dict[str, Any]:
         """`message` (a command to the node's agent, with its `type` and, for a session, its
         `session_id`) sealed with the node's key."""
         return seal(message, key=self.key, node=self.node, direction=TO_AGENT)
 
-    def answer(self, message: dict) -> dict:
+    def answer(self, message: dict[str, Any]) -> dict[str, Any]:
         """An answer of the node's agent without its seal, once verified. Raises Refused."""
         return unseal(message, key=self.key, node=self.node, direction=FROM_AGENT, required=self.required)[0]
 
@@ -216,7 +219,9 @@ class Malformed(Refused):
     """A command whose fields are missing or of the wrong type."""
 
 
-def _field(message: dict, name: str, kind, *, optional: bool = False, default=None):
+def _field(
+    message: dict[str, Any], name: str, kind: type | tuple[type, ...], *, optional: bool = False, default: Any = None
+) -> Any:
     if name not in message or message[name] is None:
         if optional:
             return default
@@ -238,7 +243,7 @@ class Command:
     TYPE = ""
     session_id: str
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"type": self.TYPE, **{f.name: getattr(self, f.name) for f in fields(self)}}
 
 
@@ -250,7 +255,7 @@ class PtyInput(Command):
     data: str
 
     @classmethod
-    def from_dict(cls, m: dict) -> PtyInput:
+    def from_dict(cls, m: dict[str, Any]) -> PtyInput:
         return cls(session_id=_field(m, "session_id", str), data=_field(m, "data", str))
 
 
@@ -263,7 +268,7 @@ class PtyResize(Command):
     cols: int
 
     @classmethod
-    def from_dict(cls, m: dict) -> PtyResize:
+    def from_dict(cls, m: dict[str, Any]) -> PtyResize:
         rows, cols = _field(m, "rows", int), _field(m, "cols", int)
         if not (0 < rows <= 10_000 and 0 < cols <= 10_000):
             raise Malformed("a terminal size out of range")
@@ -279,7 +284,7 @@ class PtyAttach(Command):
     direct: bool = False
 
     @classmethod
-    def from_dict(cls, m: dict) -> PtyAttach:
+    def from_dict(cls, m: dict[str, Any]) -> PtyAttach:
         return cls(
             session_id=_field(m, "session_id", str),
             reply_channel=_field(m, "reply_channel", str),
@@ -297,7 +302,7 @@ class PtyAck(Command):
     n: int
 
     @classmethod
-    def from_dict(cls, m: dict) -> PtyAck:
+    def from_dict(cls, m: dict[str, Any]) -> PtyAck:
         return cls(
             session_id=_field(m, "session_id", str),
             channel=_field(m, "channel", str),
@@ -314,7 +319,7 @@ class PtyDetach(Command):
     channel: str
 
     @classmethod
-    def from_dict(cls, m: dict) -> PtyDetach:
+    def from_dict(cls, m: dict[str, Any]) -> PtyDetach:
         return cls(session_id=_field(m, "session_id", str), channel=_field(m, "channel", str))
 
 
@@ -325,7 +330,7 @@ class PtyStop(Command):
     TYPE = "pty.stop"
 
     @classmethod
-    def from_dict(cls, m: dict) -> PtyStop:
+    def from_dict(cls, m: dict[str, Any]) -> PtyStop:
         return cls(session_id=_field(m, "session_id", str))
 
 
@@ -334,12 +339,12 @@ class PtyExec(Command):
     """A blocking exec: `argv` (a list of strings, or one shell command line), `timeout` (s)."""
 
     TYPE = "pty.exec"
-    argv: list | str
+    argv: list[str] | str
     timeout: float
     reply_channel: str
 
     @classmethod
-    def from_dict(cls, m: dict) -> PtyExec:
+    def from_dict(cls, m: dict[str, Any]) -> PtyExec:
         argv = _field(m, "argv", (list, str))
         if isinstance(argv, list) and not (argv and all(isinstance(a, str) for a in argv)):
             raise Malformed("an argv that is not a list of strings")
@@ -357,12 +362,12 @@ class PtyExecStream(Command):
 
     TYPE = "pty.exec_stream"
     exec_id: str
-    argv: list | str
+    argv: list[str] | str
     timeout: float
     ttl: int
 
     @classmethod
-    def from_dict(cls, m: dict) -> PtyExecStream:
+    def from_dict(cls, m: dict[str, Any]) -> PtyExecStream:
         argv = PtyExec.from_dict({**m, "reply_channel": ""}).argv
         exec_id = _field(m, "exec_id", str)
         if not re.fullmatch(r"[0-9a-f-]{1,64}", exec_id):
@@ -384,7 +389,7 @@ class NodeProcesses(Command):
     reply_channel: str
 
     @classmethod
-    def from_dict(cls, m: dict) -> NodeProcesses:
+    def from_dict(cls, m: dict[str, Any]) -> NodeProcesses:
         return cls(session_id="", reply_channel=_field(m, "reply_channel", str))
 
 
@@ -422,7 +427,7 @@ class PtyPreempt(Command):
     notice: str
 
     @classmethod
-    def from_dict(cls, m: dict) -> PtyPreempt:
+    def from_dict(cls, m: dict[str, Any]) -> PtyPreempt:
         try:
             name = preempt_signal_name(_field(m, "signal", str))
         except ValueError as exc:
@@ -446,11 +451,11 @@ class DirectOffer:
     port: int = 0
     token: str = ""
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"type": self.TYPE, "host": self.host, "port": self.port, "token": self.token}
 
     @classmethod
-    def from_dict(cls, m: dict) -> DirectOffer:
+    def from_dict(cls, m: dict[str, Any]) -> DirectOffer:
         host = _field(m, "host", str)
         if not host:
             return cls(host="")
@@ -469,7 +474,7 @@ TYPED = {
 PASSED = frozenset({"pty.files", "pty.app_open", "pty.app_status"})
 
 
-def command_from_dict(message: dict) -> Command | dict:
+def command_from_dict(message: dict[str, Any]) -> Command | dict[str, Any]:
     """The typed command of `message` (an opened message to an agent), or, for a kind in PASSED,
     the message itself once its `session_id` and `reply_channel` are text. Raises Malformed for
     an unknown type or fields that are missing or of the wrong type."""

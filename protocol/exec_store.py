@@ -169,7 +169,7 @@ class MemoryExecStore:
         self._lock = threading.Lock()
         self._execs: dict[str, tuple[dict[str, str], list[tuple[str, str]], list[float]]] = {}
 
-    def _live(self, exec_id: str):
+    def _live(self, exec_id: str) -> tuple[dict[str, str], list[tuple[str, str]], list[float]] | None:
         entry = self._execs.get(exec_id)
         if entry is not None and entry[2][0] <= time.monotonic():
             del self._execs[exec_id]
@@ -230,7 +230,7 @@ _REDIS: dict[str, RedisExecStore] = {}
 _REDIS_LOCK = threading.Lock()
 
 
-def exec_store_for(url: str):
+def exec_store_for(url: str) -> RedisExecStore | MemoryExecStore:
     """The store on Redis URL `url` (one per URL and process), or this process's memory store
     when `url` is empty or not a Redis URL (`memory://`)."""
     if not url or not url.startswith(("redis://", "rediss://", "unix://")):

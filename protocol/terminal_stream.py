@@ -26,6 +26,7 @@ strings). A line is at most LINE_LIMIT bytes: a frame carries at most 64 Ki char
 from __future__ import annotations
 
 import json
+from typing import Any
 
 LINE_LIMIT = 4 * 1024 * 1024  # bytes in one line at most, both ways
 DIRECT_OFFER = "terminal.direct"  # the agent's answer to an attach that asked for a direct stream
@@ -33,6 +34,6 @@ DIRECT_OK = "direct.ok"
 DIRECT_REFUSED = "direct.refused"
 
 
-def encode(message: dict) -> bytes:
+def encode(message: dict[str, Any]) -> bytes:
     """One line of the stream: `message` (a dict of plain types) as JSON, `\\n`-terminated, UTF-8."""
     return (json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n").encode()

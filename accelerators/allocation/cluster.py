@@ -51,8 +51,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .packing import PackingPlan, plan_ranks, solve_packing_plan
 
@@ -69,6 +71,11 @@ AFTER_ROWS = 1 << 16  # fgd / fgd-plus: after-state rows kept, at most
 CATCH_UP = 16  # fgd / fgd-plus: kept F·p take up to this many observations a column at a time
 SMALL_BATCH = 16  # rows up to which a fragmentation pass does not look for duplicate states
 PRESSURE_STEP = 0.1  # fgd-plus: model pressures closer than this rank alike for SHARE requests
+
+
+# What a policy's scorer returns (POLICY_SCORERS): (candidate rows, device slots, sort keys for
+# np.lexsort, most significant last), each key a (K,) array.
+Scored = tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]
 
 
 @dataclass(frozen=True)
@@ -163,7 +170,7 @@ class WorkloadArrays:
     mask: np.ndarray
     mask_by_model: np.ndarray
     cls: np.ndarray
-    classes: list
+    classes: list[Any]
     onehot: np.ndarray
     kinds: np.ndarray
     counts: np.ndarray
@@ -196,7 +203,7 @@ class Workload:
         self.shapes: list[Shape] = []
         self.position: dict[Shape, int] = {}
         self._counts = np.zeros(16, dtype=np.float64)
-        self._cache: tuple[tuple, WorkloadArrays] | None = None  # (key, arrays) of the last `arrays` call
+        self._cache: tuple[tuple[Any, ...], WorkloadArrays] | None = None  # (key, arrays) of the last `arrays` call
         self._shares: dict[int, int] = {}  # SHARE requests seen, by amount
         self._plans: dict[int, tuple[int, PackingPlan | None]] = {}  # by device capacity: (seen then, plan)
         # Every observation as (shape position, n), so a kept F·p can catch up (`_FragCache`).
@@ -326,7 +333,7 @@ class Workload:
             cached.model_demand = np.zeros(mask.shape[1])
 
 
-def _unique_rows(*columns):
+def _unique_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(unique row positions, inverse) over equal tuples of int columns."""
     stacked = np.stack(columns, axis=1)
     if (
@@ -340,10 +347,12 @@ def _unique_rows(*columns):
         _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     else:
         _, first, inverse = np.unique(stacked, axis=0, return_index=True, return_inverse=True)
-    return first, inverse.reshape(-1)
+    return np.asarray(first), np.asarray(inverse).reshape(-1)
 
 
-def expected_fragmentation(cpu, mem, model, free, cap, arrays) -> np.ndarray:
+def expected_fragmentation(
+    cpu: np.ndarray, mem: np.ndarray, model: np.ndarray, free: np.ndarray, cap: np.ndarray, arrays: WorkloadArrays
+) -> np.ndarray:
     """Σ_m p_m F_n(m) for K node states (Weng et al. ATC'23, Eq. 2–4), unnormalised (p as counts).
 
     `cpu`, `mem`, `model`: (K,) ints; `free`, `cap`: (K, G) ints (cap 0 = no device in that
@@ -359,10 +368,12 @@ def expected_fragmentation(cpu, mem, model, free, cap, arrays) -> np.ndarray:
     weights = fitting.astype(np.float64) @ (arrays.onehot * arrays.p[:, None])  # (U, J): seen mass per class fitting
     if inverse is not None:
         weights = weights[inverse]
-    return gsum * arrays.total - (usable * weights).sum(axis=1)
+    return np.asarray(gsum * arrays.total - (usable * weights).sum(axis=1))
 
 
-def fragmentation_by_shape(cpu, mem, model, free, cap, arrays) -> np.ndarray:
+def fragmentation_by_shape(
+    cpu: np.ndarray, mem: np.ndarray, model: np.ndarray, free: np.ndarray, cap: np.ndarray, arrays: WorkloadArrays
+) -> np.ndarray:
     """F_n(m) per state and seen shape, (K, T) floats: `expected_fragmentation` before the
     weighting by p (so that one is this @ p)."""
     if free.shape[0] == 0 or not len(arrays.cpu):
@@ -370,10 +381,12 @@ def fragmentation_by_shape(cpu, mem, model, free, cap, arrays) -> np.ndarray:
     gsum, fitting, inverse, usable = _fragmentation_parts(cpu, mem, model, free, cap, arrays)
     if inverse is not None:
         fitting = fitting[inverse]
-    return gsum[:, None] - fitting * usable[:, arrays.cls]
+    return np.asarray(gsum[:, None] - fitting * usable[:, arrays.cls])
 
 
-def _fragmentation_parts(cpu, mem, model, free, cap, arrays):
+def _fragmentation_parts(
+    cpu: np.ndarray, mem: np.ndarray, model: np.ndarray, free: np.ndarray, cap: np.ndarray, arrays: WorkloadArrays
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
     """(gsum (K,), fits (U, T) over the distinct (model, CPU, memory), inverse (K,) into U or
     None when each row is its own (few rows), usable (K, J) free GPU each demand class could use)."""
     k = free.shape[0]
@@ -477,10 +490,10 @@ class _FragCache:
             self.is_tracked &= keep
             self.tracked = np.nonzero(self.is_tracked)[0]
             self.prune_at = 2 * len(self.tracked) + 256
-        return self.dot[ids]
+        return np.asarray(self.dot[ids])
 
     @staticmethod
-    def _grown(table, cols, rows: int, t: int, limit: int | None = None):
+    def _grown(table: np.ndarray, cols: np.ndarray, rows: int, t: int, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """`table` (and `cols`) with room for `rows` rows and `t` columns, doubled as needed, at
         most `limit` rows (when given and not less than `rows`)."""
         if rows <= table.shape[0] and t <= table.shape[1]:
@@ -533,13 +546,13 @@ class _FragCache:
             self.after, self.after_cols = self._grown(self.after, self.after_cols, self.after_used, 1, AFTER_ROWS)
         return rows
 
-    def store(self, ids, rows: np.ndarray, t: int) -> None:
+    def store(self, ids: np.ndarray, rows: np.ndarray, t: int) -> None:
         """F rows of before states `ids` (room for `t` shapes: `reserve`)."""
         self.table[ids, :t] = rows
         self.cols[ids] = t
         self.is_tracked[ids] = False  # its dot is taken afresh (a stale copy in `tracked` is harmless)
 
-    def store_after(self, ids, rows: np.ndarray, t: int) -> None:
+    def store_after(self, ids: np.ndarray, rows: np.ndarray, t: int) -> None:
         """F rows of after states `ids` (room for `t` shapes: `reserve`)."""
         self.after[ids, :t] = rows
         self.after_cols[ids] = t
@@ -556,17 +569,17 @@ class ClusterIndex:
         self,
         *,
         names: Sequence[str],
-        cpu_total,
-        mem_total,
+        cpu_total: npt.ArrayLike,
+        mem_total: npt.ArrayLike,
         models: Sequence[str],
-        cap,
-        cpu_free=None,
-        mem_free=None,
-        free=None,
-        memory_total=None,
-        memory_free=None,
-        device_memory=None,
-    ):
+        cap: npt.ArrayLike,
+        cpu_free: npt.ArrayLike | None = None,
+        mem_free: npt.ArrayLike | None = None,
+        free: npt.ArrayLike | None = None,
+        memory_total: npt.ArrayLike | None = None,
+        memory_free: npt.ArrayLike | None = None,
+        device_memory: npt.ArrayLike | None = None,
+    ) -> None:
         self.names = list(names)
         self.row = {name: i for i, name in enumerate(self.names)}
         self.cpu_total = np.asarray(cpu_total, dtype=np.int64)
@@ -589,7 +602,7 @@ class ClusterIndex:
         )
         # Equivalence classes: nodes in the same state (model, CPU, memory, device amounts as a
         # multiset) share an id, so a policy scores one representative per class.
-        self._state_ids: dict[tuple, int] = {}
+        self._state_ids: dict[tuple[Any, ...], int] = {}
         self._by_state: _FragCache | None = None  # F_n(m) rows kept for the last workload scored
         self._model_share: np.ndarray | None = None  # each GPU model's share of the cluster's GPU
         self._scratch = np.zeros(64, dtype=np.int64)  # by state id, for `_classes`
@@ -603,7 +616,7 @@ class ClusterIndex:
         self.distinct = np.zeros(self.cap.shape, dtype=bool)
         self._derive(slice(None))
 
-    def _derive(self, rows) -> None:
+    def _derive(self, rows: np.ndarray | slice) -> None:
         free, cap = self.free[rows], self.cap[rows]
         present = cap > 0
         self.gsum[rows] = free.sum(axis=1)
@@ -682,7 +695,7 @@ class ClusterIndex:
             ok &= self.gsum >= shape.amount
         return ok
 
-    def candidates(self, shape: Shape, rows: np.ndarray):
+    def candidates(self, shape: Shape, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where `shape` could go among `rows`: (cand_rows, slots). SHARE: one candidate per
         distinct free amount on a node that holds it (which device of equal free amount is
         immaterial to the scores), `slots` its device slot; otherwise one per node, slot -1."""
@@ -691,7 +704,7 @@ class ClusterIndex:
             return rows[r], c
         return rows, np.full(len(rows), -1)
 
-    def after_states(self, shape: Shape, cand, slots) -> np.ndarray:
+    def after_states(self, shape: Shape, cand: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """(K, G) free amounts after placing `shape` on each candidate: SHARE on its slot, WHOLE
         on the first idle devices, SPAN filling the most-free devices first."""
         free = self.free[cand]
@@ -708,15 +721,23 @@ class ClusterIndex:
             before = np.cumsum(sorted_free, axis=1) - sorted_free
             take = np.clip(shape.amount - before, 0, sorted_free)
             np.put_along_axis(after, order, sorted_free - take, axis=1)
-        return after
+        return np.asarray(after)
 
-    def _gpu_after(self, shape: Shape, cand) -> np.ndarray:
+    def _gpu_after(self, shape: Shape, cand: np.ndarray) -> np.ndarray:
         """Free GPU left on each candidate's node (whole devices counted at the node's largest)."""
         if shape.kind == WHOLE:
-            return self.gsum[cand] - shape.count * self.unit[cand]
-        return self.gsum[cand] - (shape.amount if shape.kind in (SHARE, SPAN) else 0)
+            return np.asarray(self.gsum[cand] - shape.count * self.unit[cand])
+        return np.asarray(self.gsum[cand] - (shape.amount if shape.kind in (SHARE, SPAN) else 0))
 
-    def frag(self, rows, arrays, *, cpu=None, mem=None, free=None) -> np.ndarray:
+    def frag(
+        self,
+        rows: np.ndarray,
+        arrays: WorkloadArrays,
+        *,
+        cpu: np.ndarray | None = None,
+        mem: np.ndarray | None = None,
+        free: np.ndarray | None = None,
+    ) -> np.ndarray:
         cpu = self.cpu_free[rows] if cpu is None else cpu
         mem = self.mem_free[rows] if mem is None else mem
         free = self.free[rows] if free is None else free
@@ -730,9 +751,9 @@ class ClusterIndex:
         if free_total == 0 or arrays.total == 0:
             return 0.0
         frag = self.frag(np.arange(len(self)), arrays).sum() / arrays.total
-        return 100.0 * frag / free_total
+        return float(100.0 * frag / free_total)
 
-    def scores(self, shape: Shape, policy: str, workload: Workload | None = None, *, best_only: bool = False):
+    def scores(self, shape: Shape, policy: str, workload: Workload | None = None, *, best_only: bool = False) -> Scored:
         """Score every (feasible node, device) candidate for `shape` under `policy`, lower is
         better: the policy's scorer (POLICY_SCORERS) on the feasible candidates. Returns (rows,
         slots, keys) where keys is a tuple of (K,) arrays for np.lexsort, most significant
@@ -746,7 +767,9 @@ class ClusterIndex:
             raise ValueError(f"unknown placement policy {policy!r} (known: {', '.join(POLICIES)})")
         return scorer(self, shape, cand, slots, workload, best_only=best_only)
 
-    def _frag_delta(self, shape: Shape, cand, slots, arrays, workload: Workload) -> np.ndarray:
+    def _frag_delta(
+        self, shape: Shape, cand: np.ndarray, slots: np.ndarray, arrays: WorkloadArrays, workload: Workload
+    ) -> np.ndarray:
         """FGD's gradient per candidate: F(after) − F(before), computed once per equivalence
         class of (node state, device amount taken from). F_n(m) rows are kept (`_FragCache`)
         for before states by state id and for after states by (shape, state, amount), so only
@@ -786,7 +809,7 @@ class ClusterIndex:
             cache.store_after(after_ids[stale_after], parts[len(before_rows) :], t)
         p = arrays.p
         delta = cache.after[after_ids, :t] @ p - cache.before_dots(before_ids, p, t, self.state)
-        return delta[inverse.reshape(-1)]
+        return np.asarray(delta[inverse.reshape(-1)])
 
     def _classes(self, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(first, inverse) for a (K,) array of state ids: one position per distinct state and
@@ -808,7 +831,7 @@ class ClusterIndex:
         self._by_state.reserve(len(self._state_ids), t)
         return self._by_state
 
-    def _plan_rank(self, shape: Shape, cand, slots, workload: Workload) -> np.ndarray:
+    def _plan_rank(self, shape: Shape, cand: np.ndarray, slots: np.ndarray, workload: Workload) -> np.ndarray:
         """(K,) ints: `packing.plan_ranks` (0 on plan, 1 idle, 2 elsewhere) of the candidate's
         device for `shape.amount` under the workload's packing plans. SHARE: the device is the
         candidate's slot. SPAN (the scheduler's fGPU requests): the node's best device that
@@ -823,12 +846,12 @@ class ClusterIndex:
         rank = plan_ranks(cap, cap - free, shape.amount, workload.packing_plan, holds)
         return rank if shape.kind == SHARE else rank.min(axis=1, initial=2)
 
-    def _pressure(self, arrays) -> np.ndarray:
+    def _pressure(self, arrays: WorkloadArrays) -> np.ndarray:
         """Per GPU model: the share of the seen GPU demand that only some models may serve
         (`Shape.models`, spread evenly over the models allowed), over the model's share of the
         cluster's GPU. 0 where no request names models."""
         demand = arrays.model_demand
-        if not demand.any():
+        if demand is None or not demand.any():
             return np.zeros(len(self.model_ids))
         share = self._model_share
         if share is None:  # the cluster's GPU by model never changes
@@ -836,7 +859,14 @@ class ClusterIndex:
             share = self._model_share = capacity / max(capacity.sum(), 1)
         return np.where(share > 0, demand[: len(share)] / np.maximum(share, 1e-12), 0.0)
 
-    def _stranded(self, rows, arrays, cpu=None, mem=None, gpu=None) -> np.ndarray:
+    def _stranded(
+        self,
+        rows: np.ndarray,
+        arrays: WorkloadArrays,
+        cpu: np.ndarray | None = None,
+        mem: np.ndarray | None = None,
+        gpu: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Free GPU on each row's node that its free CPU or memory cannot serve at the seen
         workload's CPU and memory per unit of GPU: max(0, gpu − cpu / r_cpu, gpu − mem / r_mem)."""
         cpu = self.cpu_free[rows] if cpu is None else cpu
@@ -844,9 +874,11 @@ class ClusterIndex:
         gpu = self.gsum[rows] if gpu is None else gpu
         by_cpu = gpu - cpu / arrays.cpu_per_gpu if arrays.cpu_per_gpu > 0 else 0
         by_mem = gpu - mem / arrays.mem_per_gpu if arrays.mem_per_gpu > 0 else 0
-        return np.maximum(0.0, np.maximum(by_cpu, by_mem))
+        return np.asarray(np.maximum(0.0, np.maximum(by_cpu, by_mem)))
 
-    def _best_fit(self, shape: Shape, rows, gpu_after, weights=(1.0, 1.0, 1.0)) -> np.ndarray:
+    def _best_fit(
+        self, shape: Shape, rows: np.ndarray, gpu_after: np.ndarray, weights: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    ) -> np.ndarray:
         """Σ weight × (left after the placement / node total) over CPU, memory and GPU (terms
         of weight 0 are not computed)."""
         fit = np.zeros(len(rows))
@@ -904,7 +936,7 @@ class ClusterIndex:
 # np.lexsort, lower is better, most significant key last.
 
 
-def _remaining_memory(index: ClusterIndex, shape: Shape, cand) -> np.ndarray:
+def _remaining_memory(index: ClusterIndex, shape: Shape, cand: np.ndarray) -> np.ndarray:
     """The candidates' node GPU memory left after `shape`, as a fraction of their total."""
     taken = (
         shape.memory + shape.device_fraction * index.device_memory[cand]
@@ -912,10 +944,18 @@ def _remaining_memory(index: ClusterIndex, shape: Shape, cand) -> np.ndarray:
         else shape.gpu_amount
     )
     total = np.where(index.memory_total[cand] > 0, index.memory_total[cand], 1)
-    return (index.memory_free[cand] - taken) / total
+    return np.asarray((index.memory_free[cand] - taken) / total)
 
 
-def score_binpack(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *, best_only: bool = False):
+def score_binpack(
+    index: ClusterIndex,
+    shape: Shape,
+    cand: np.ndarray,
+    slots: np.ndarray,
+    workload: Workload | None = None,
+    *,
+    best_only: bool = False,
+) -> Scored:
     """binpack (HAMi's node policy): the node with the least GPU left free after the request (its
     GPU memory, as a fraction of the node's), the first node on a tie; within the node, for a
     SHARE request, the device with the least free amount that holds it (the allocator's
@@ -926,7 +966,15 @@ def score_binpack(index: ClusterIndex, shape: Shape, cand, slots, workload: Work
     return cand, slots, (cand, remaining)
 
 
-def score_spread(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *, best_only: bool = False):
+def score_spread(
+    index: ClusterIndex,
+    shape: Shape,
+    cand: np.ndarray,
+    slots: np.ndarray,
+    workload: Workload | None = None,
+    *,
+    best_only: bool = False,
+) -> Scored:
     """spread (HAMi's node policy): binpack's order reversed: the node with the most GPU left
     free after the request, the first node on a tie; within the node, for a SHARE request, the
     device with the most free amount."""
@@ -936,7 +984,15 @@ def score_spread(index: ClusterIndex, shape: Shape, cand, slots, workload: Workl
     return cand, slots, (cand, -remaining)
 
 
-def score_best_fit(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *, best_only: bool = False):
+def score_best_fit(
+    index: ClusterIndex,
+    shape: Shape,
+    cand: np.ndarray,
+    slots: np.ndarray,
+    workload: Workload | None = None,
+    *,
+    best_only: bool = False,
+) -> Scored:
     """best-fit: the node the request fills best (`ClusterIndex._best_fit`: CPU, memory and GPU
     left, weighted); within the node, for a SHARE request, the device with the least free
     amount that holds it."""
@@ -952,7 +1008,15 @@ def _needs_workload(policy: str, workload: Workload | None) -> Workload:
     return workload
 
 
-def score_fgd(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *, best_only: bool = False):
+def score_fgd(
+    index: ClusterIndex,
+    shape: Shape,
+    cand: np.ndarray,
+    slots: np.ndarray,
+    workload: Workload | None = None,
+    *,
+    best_only: bool = False,
+) -> Scored:
     """fgd (Weng et al. ATC'23, "Fragmentation Gradient Descent"): the candidate whose
     fragmentation grows least, weighed by the workload seen so far. Raises ValueError without
     `workload`."""
@@ -963,7 +1027,15 @@ def score_fgd(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload
     return cand, slots, (cand, index._frag_delta(shape, cand, slots, arrays, workload))
 
 
-def score_fgd_plus(index: ClusterIndex, shape: Shape, cand, slots, workload: Workload | None = None, *, best_only: bool = False):
+def score_fgd_plus(
+    index: ClusterIndex,
+    shape: Shape,
+    cand: np.ndarray,
+    slots: np.ndarray,
+    workload: Workload | None = None,
+    *,
+    best_only: bool = False,
+) -> Scored:
     """fgd-plus (ours, on fgd): for SHARE and SPAN requests first the packing plan's rank and
     the model's scarcity pressure, then fgd's fragmentation growth plus best-fit, stranded CPU
     and memory and (with SCARCITY_WEIGHT) scarcity terms. Raises ValueError without `workload`."""
@@ -973,7 +1045,7 @@ def score_fgd_plus(index: ClusterIndex, shape: Shape, cand, slots, workload: Wor
     arrays = workload.arrays(index.model_ids)
     pressured = not shape.models and arrays.named_any  # else no model pressure: all 0
     pressure = index._pressure(arrays)[index.model[cand]] if pressured else np.zeros(len(cand))
-    leading: tuple = ()
+    leading: tuple[np.ndarray, ...] = ()
     if shape.kind in (SHARE, SPAN):
         leading = (index._plan_rank(shape, cand, slots, workload), np.round(pressure / PRESSURE_STEP))
         if best_only:  # the rest cannot win: score only the best (plan rank, pressure) class

@@ -24,6 +24,8 @@ already reuses or destroys idle instances as a MIG request needs them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
@@ -115,7 +117,7 @@ def fragmentation_map(
     settings: core.FractionalSettings,
     *,
     shapes: Sequence[core.ResourceRequest],
-    options: dict | None = None,
+    options: dict[str, Any] | None = None,
 ) -> FragmentationMap:
     """The map of `nodes` (one group's, fractional mode) against the recent request `shapes`
     (see the module); `options`: `core.place`'s (the group's policy). Pure; raises nothing of its own."""
@@ -159,13 +161,13 @@ def compaction_plan(
     settings: core.FractionalSettings | None,
     *,
     now: float,
-    options: dict | None = None,
+    options: dict[str, Any] | None = None,
 ) -> CompactionPlan | None:
     """The plan that makes `target` fit (see the module): None when no set of movable sessions
     on one node does it with every moved session fitting again; a plan without moves when it
     fits now. `holders`: the sessions holding `nodes`' resources (their grants counted in the
     nodes' usage); `now` in epoch seconds. Pure; raises nothing of its own."""
-    moves: dict[tuple, tuple[Move, ...]] = {}  # by `_key(room)`
+    moves: dict[tuple[Any, ...], tuple[Move, ...]] = {}  # by `_key(room)`
 
     def relocatable(room: Room) -> bool:
         if room.placement is None:  # room_needed's candidates always carry their placement
@@ -205,7 +207,7 @@ def compaction_plan(
     )
 
 
-def _key(room: Room) -> tuple:
+def _key(room: Room) -> tuple[Any, ...]:
     return room.node_id, tuple(v.session_id for v in room.victims)
 
 

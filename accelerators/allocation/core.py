@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_DOWN, Decimal
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -465,7 +465,9 @@ def _eligible(devices: Sequence[DeviceState], request: ResourceRequest) -> tuple
     return chosen
 
 
-def _unfragmented(devices, request: ResourceRequest, settings: FractionalSettings, grants) -> tuple[DeviceGrant, ...]:
+def _unfragmented(
+    devices: Sequence[DeviceState], request: ResourceRequest, settings: FractionalSettings, grants: tuple[DeviceGrant, ...]
+) -> tuple[DeviceGrant, ...]:
     """The no-fragmentation guard for an fGPU request split over several devices: instead of an
     even split that leaves every device it touched partly used (1.5 → 0.75 + 0.75), take
     devices whole and leave at most one remainder (1.5 → 1.00 + 0.50), so the free shares stay
@@ -492,7 +494,7 @@ def _allocate_on_node(
     policy: Policy = "binpack",
     no_fragmentation: bool = False,
     plan_for: PlanLookup | None = None,
-):
+) -> tuple[DeviceGrant, ...]:
     if request.cpu > node.cpu_total - node.cpu_used:
         raise InsufficientResource(f"{request.cpu} CPU cores requested, {node.cpu_total - node.cpu_used} free")
     if request.mem > node.mem_total - node.mem_used:
@@ -520,8 +522,12 @@ def _allocate_on_node(
 
 
 def _shares_on_one_numa_node(
-    devices, request: ResourceRequest, settings: FractionalSettings, strategy: Strategy, plan_for: PlanLookup | None = None
-):
+    devices: Sequence[DeviceState],
+    request: ResourceRequest,
+    settings: FractionalSettings,
+    strategy: Strategy,
+    plan_for: PlanLookup | None = None,
+) -> tuple[DeviceGrant, ...]:
     """An fGPU request kept on one NUMA node: the first NUMA node (by its devices' order) that
     holds it. Raises the last node's InsufficientResource when none does."""
     groups = _by_numa(devices)
@@ -644,7 +650,7 @@ def _device_units(device: DeviceState, settings: FractionalSettings | None) -> t
     return max(0, (device.memory_total - device.memory_used) * 1000 // device.memory_total), 1000
 
 
-def node_row(node: NodeState, settings: FractionalSettings | None) -> dict:
+def node_row(node: NodeState, settings: FractionalSettings | None) -> dict[str, Any]:
     """One node's figures for the cluster index (see `cluster_index`)."""
     units = [_device_units(d, settings) for d in node.devices]
     return {

@@ -36,6 +36,8 @@ instances are destroyed only when their slices are needed (the plan names them).
 
 from __future__ import annotations
 
+from typing import Any
+
 import hashlib
 import json
 import re
@@ -264,7 +266,7 @@ class MigCatalog:
         return max(self.profiles, key=lambda p: (p.memory, p.compute_slices))
 
 
-def catalog_as_dict(catalog: MigCatalog) -> dict:
+def catalog_as_dict(catalog: MigCatalog) -> dict[str, Any]:
     """A JSON-safe form of `catalog` (what an agent reports per GPU); `catalog_from_dict` reads it."""
     return {
         "model": catalog.model,
@@ -287,7 +289,7 @@ def catalog_as_dict(catalog: MigCatalog) -> dict:
     }
 
 
-def catalog_from_dict(data: dict) -> MigCatalog:
+def catalog_from_dict(data: dict[str, Any]) -> MigCatalog:
     """`catalog_as_dict`'s form → MigCatalog. Raises InvalidResourceRequest for a malformed one."""
     try:
         profiles = tuple(
@@ -353,7 +355,7 @@ def _build(model: str) -> MigCatalog:
     return MigCatalog(model=model, profiles=tuple(profiles), source=source)
 
 
-def _smallest_first(profile: MigProfile) -> tuple:
+def _smallest_first(profile: MigProfile) -> tuple[Any, ...]:
     return (profile.memory, profile.memory_slices, profile.compute_slices, profile.media_extensions, profile.nvml_profile)
 
 
@@ -503,7 +505,9 @@ def plan_instance(catalog: MigCatalog, instances: Sequence[MigInstance], request
     raise InsufficientResource(f"no room for {request.describe()} ({names}) on this {catalog.model}: instances in use {used}")
 
 
-def _creation_option(catalog: MigCatalog, instances: Sequence[MigInstance], profile: MigProfile, start: int):
+def _creation_option(
+    catalog: MigCatalog, instances: Sequence[MigInstance], profile: MigProfile, start: int
+) -> tuple[tuple[int, ...], int, tuple[str, ...]] | None:
     blockers = _blockers(catalog, instances, profile, start)
     if blockers is None:
         return None

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +63,8 @@ class PackingPlan:
         except ValueError:
             return np.zeros(used.shape, dtype=bool)
         inside = (used >= 0) & (used <= self.capacity)
-        return inside & self.table[np.clip(used, 0, self.capacity), column]
+        on_plan: np.ndarray = inside & self.table[np.clip(used, 0, self.capacity), column]
+        return on_plan
 
 
 def plan_ranks(
@@ -172,7 +173,7 @@ def _knapsack(weights: list[int], values: np.ndarray, room: int) -> tuple[float,
     return float(best[room]), counts
 
 
-def _on_plan_table(capacity: int, amounts: tuple[int, ...], patterns) -> np.ndarray:
+def _on_plan_table(capacity: int, amounts: tuple[int, ...], patterns: Iterable[tuple[tuple[int, int], ...]]) -> np.ndarray:
     """table[used, i]: some pattern, filled up (`_filled`), has a sub-multiset summing to
     `used` with amounts[i] left over."""
     table = np.zeros((capacity + 1, len(amounts)), dtype=bool)
@@ -191,7 +192,7 @@ def _on_plan_table(capacity: int, amounts: tuple[int, ...], patterns) -> np.ndar
     return table
 
 
-def _filled(capacity: int, amounts: tuple[int, ...], pattern) -> tuple[tuple[int, int], ...]:
+def _filled(capacity: int, amounts: tuple[int, ...], pattern: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
     """`pattern` with its room filled, largest amount first: the LP covers demand with ≥, so
     a pattern's spare room may take any amount; the filled pattern keeps those on plan too
     (a 0.05 request on a device planned for 0.47 + 0.47)."""

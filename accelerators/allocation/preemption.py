@@ -123,7 +123,10 @@ def release(node: core.NodeState, holders: Iterable[Holder]) -> core.NodeState:
 
 
 def place_on(
-    node: core.NodeState, request: core.ResourceRequest, settings: core.FractionalSettings | None, options: dict | None = None
+    node: core.NodeState,
+    request: core.ResourceRequest,
+    settings: core.FractionalSettings | None,
+    options: dict[str, Any] | None = None,
 ) -> core.Placement | None:
     """The allocator's plan for `request` on `node` alone under `options` (`core.place`'s
     policy, strategy, no_fragmentation), or None when it does not fit there now or ever."""
@@ -141,7 +144,7 @@ def room_needed(
     *,
     eligible: Callable[[Holder], bool] = lambda h: True,
     order: Callable[[Holder], Any] = lambda h: 0,
-    options: dict | None = None,
+    options: dict[str, Any] | None = None,
     accept: Callable[[Room], bool] | None = None,
     cost: Callable[[Sequence[Holder]], Any] | None = None,
 ) -> Room | None:
@@ -166,7 +169,7 @@ def room_needed(
     for h in holders:
         if eligible(h):
             by_node.setdefault(h.node_id, []).append(h)
-    best: tuple | None = None
+    best: tuple[Any, ...] | None = None
     for position, node in enumerate(nodes):
         mine, check = sorted(by_node.get(node.node_id, []), key=order), accept or (lambda room: True)
         if cost is not None:  # only a set cheaper than the best node's can win
@@ -176,7 +179,7 @@ def room_needed(
         if found is None:
             continue
         if cost is not None:
-            key: tuple = (cost(found.victims), position)
+            key: tuple[Any, ...] = (cost(found.victims), position)
         else:
             key = (len(found.victims), [order(v) for v in found.victims], position)
         if best is None or key < best[0]:
@@ -191,8 +194,8 @@ def _as_is_or_shortfall(
     candidates: list[Holder],
     request: core.ResourceRequest,
     settings: core.FractionalSettings | None,
-    options: dict | None,
-    accept,
+    options: dict[str, Any] | None,
+    accept: Callable[[Room], bool],
 ) -> Room | tuple[tuple[int, int, Decimal], dict[str, Decimal]] | None:
     """A Room without victims where `request` fits `node` as it is; None where it would not fit
     with every candidate removed; else what the node lacks (`_shortfall`) and what each
@@ -210,8 +213,8 @@ def _node_room(
     candidates: list[Holder],
     request: core.ResourceRequest,
     settings: core.FractionalSettings | None,
-    options: dict | None,
-    accept,
+    options: dict[str, Any] | None,
+    accept: Callable[[Room], bool],
 ) -> Room | None:
     """`room_needed` on one node; `candidates` in preference order."""
     found = _as_is_or_shortfall(node, candidates, request, settings, options, accept)
@@ -239,8 +242,8 @@ def _cheapest_room(
     candidates: list[Holder],
     request: core.ResourceRequest,
     settings: core.FractionalSettings | None,
-    options: dict | None,
-    accept,
+    options: dict[str, Any] | None,
+    accept: Callable[[Room], bool],
     cost: Callable[[Sequence[Holder]], Any],
     bound: Any = None,
 ) -> Room | None:
@@ -255,7 +258,7 @@ def _cheapest_room(
     if found is None or isinstance(found, Room):
         return found
     short, freed = found
-    best: list = [bound, None]  # [cost to beat, Room]
+    best: list[Any] = [bound, None]  # [cost to beat, Room]
     counts = [0, 0]  # [allocator calls, sets looked at]
     # What the candidates from j on free at most, together: a set that cannot cover the shortfall
     # even with all of them is not grown. Sums carried along (cores, bytes, fGPU), not recounted.
@@ -264,14 +267,14 @@ def _cheapest_room(
         h, (cpu, mem, fgpu) = candidates[j], rest[j + 1]
         rest[j] = (cpu + h.cpu, mem + h.mem, fgpu + freed[h.session_id])
 
-    def covers(total: tuple, extra: tuple = (0, 0, core.ZERO)) -> bool:
+    def covers(total: tuple[Any, ...], extra: tuple[Any, ...] = (0, 0, core.ZERO)) -> bool:
         return (
             total[0] + extra[0] >= short[0]
             and total[1] + extra[1] >= short[1]
             and (not short[2] or total[2] + extra[2] >= short[2])
         )
 
-    def grow(start: int, chosen: tuple[Holder, ...], total: tuple) -> bool:
+    def grow(start: int, chosen: tuple[Holder, ...], total: tuple[Any, ...]) -> bool:
         """Extend `chosen` (freeing `total`) with candidates from `start` on; False once a bound is reached."""
         for j in range(start, len(candidates)):
             h = candidates[j]
@@ -299,7 +302,8 @@ def _cheapest_room(
     if not grow(0, (), (0, 0, core.ZERO)) and best[1] is None:
         room = _irreducible(node, candidates, request, settings, options)
         return room if accept(room) and (bound is None or cost(room.victims) < bound) else None
-    return best[1]
+    cheapest: Room | None = best[1]
+    return cheapest
 
 
 def _shortfall(
@@ -351,7 +355,7 @@ def _irreducible(
     candidates: list[Holder],
     request: core.ResourceRequest,
     settings: core.FractionalSettings | None,
-    options: dict | None,
+    options: dict[str, Any] | None,
 ) -> Room:
     """Every candidate removed, then each put back, least preferred first, where the request
     still fits without it."""
@@ -373,7 +377,7 @@ def may_preempt(holder: Holder, *, priority: int, factor: float, now: float, mar
         return False
     if priority != holder.priority:
         return priority > holder.priority
-    return factor >= 2.0 ** -(1 - margin) and holder.factor <= 2.0 ** -(1 + margin)
+    return bool(factor >= 2.0 ** -(1 - margin) and holder.factor <= 2.0 ** -(1 + margin))
 
 
 def work_lost(holder: Holder, now: float) -> float:
@@ -382,7 +386,7 @@ def work_lost(holder: Holder, now: float) -> float:
     return float(holder.shares) * holder.ran(now) / 3600
 
 
-def victims_cost(victims: Sequence[Holder], now: float, works: dict[str, float] | None = None) -> tuple:
+def victims_cost(victims: Sequence[Holder], now: float, works: dict[str, float] | None = None) -> tuple[Any, ...]:
     """How much preempting `victims` (one node's) costs at `now`, compared as a tuple: per
     priority among them, the highest first, (priority, fGPU-hours of work lost at it
     (`work_lost`, to the microhour), how many) — so a set that touches a higher priority costs
@@ -409,7 +413,7 @@ def preemption_choice(
     priority: int,
     factor: float,
     now: float,
-    options: dict | None = None,
+    options: dict[str, Any] | None = None,
     margin: float = SHARE_MARGIN,
 ) -> Room | None:
     """The sessions to preempt for a waiting `request` (of `priority`, its owner's fair-share

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from accelerators.allocation.reservation import Reservation, Reservations
 
@@ -50,11 +50,11 @@ class Backfill:
 
     def __init__(self, limit: int):
         self.limit = limit
-        self.blocked: list = []
+        self.blocked: list[Any] = []
         self.reservations = Reservations()
         self._looked: set[int] = set()  # id() of the blocked sessions whose reservation was looked for
 
-    def due(self) -> list:
+    def due(self) -> list[Any]:
         """The blocked sessions overtaken as often as the limit allows whose reservation was not
         looked for yet in this pass (each is returned once), in queue order; the first
         RESERVATIONS_MAX of the pass only (the others wait as before, passable, until those
@@ -64,11 +64,11 @@ class Backfill:
         self._looked.update(id(b) for b in out)
         return out
 
-    def block(self, session) -> None:
+    def block(self, session: Any) -> None:
         """`session` waits in this pass."""
         self.blocked.append(session)
 
-    def placed(self) -> list:
+    def placed(self) -> list[Any]:
         """A session behind the blocked ones started: each blocked one is overtaken once more.
         Returns them (the real pass writes their counts)."""
         for earlier in self.blocked:
@@ -188,7 +188,13 @@ def replay(
 
 
 def _pass(
-    waiting: list[Queued], t: float, room: Room, backfill_limit: int, holding: dict, out: Replay, reasons: dict[str, str]
+    waiting: list[Queued],
+    t: float,
+    room: Room,
+    backfill_limit: int,
+    holding: dict[str, Any],
+    out: Replay,
+    reasons: dict[str, str],
 ) -> list[Queued]:
     """One pass at `t` over `waiting` (queue order): the real pass's rules (module docstring).
     Returns those still waiting; records starts in `out` and the placed ones' ends in `holding`."""

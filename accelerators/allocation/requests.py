@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 from decimal import Decimal
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from accelerators.allocation import cluster
 from accelerators.allocation.core import ZERO, MemorySpec, ResourceRequest
@@ -82,7 +83,7 @@ def parse_resources(resources: object) -> ResourceRequest:
     return request
 
 
-def _check_text(resources: dict) -> None:
+def _check_text(resources: dict[str, Any]) -> None:
     """Refuse a NUL character or an unpaired surrogate in any key or text of `resources` (at
     any depth; lists by index: "devices.0"): PostgreSQL's text and jsonb cannot hold them."""
     stack: list[tuple[str, object]] = [("", resources)]
@@ -109,7 +110,7 @@ def _storable(text: str) -> bool:
     return True
 
 
-def _parse_accelerator(accelerator: dict, *, cpu: int, mem: int, common: dict) -> ResourceRequest:
+def _parse_accelerator(accelerator: dict[str, Any], *, cpu: int, mem: int, common: dict[str, Any]) -> ResourceRequest:
     styles = _styles(accelerator)
     if len(styles) > 1:
         raise InvalidResourceRequest(f"resources: one accelerator request per session, got {', '.join(sorted(accelerator))}")
@@ -149,7 +150,9 @@ def _parse_accelerator(accelerator: dict, *, cpu: int, mem: int, common: dict) -
     )
 
 
-def _mig_request(accelerator: dict, *, cpu: int, mem: int, common: dict) -> tuple[str, ResourceRequest | None]:
+def _mig_request(
+    accelerator: dict[str, Any], *, cpu: int, mem: int, common: dict[str, Any]
+) -> tuple[str, ResourceRequest | None]:
     """(isolation, the MIG request) for `mig_profile` / `isolation` requests; (isolation, None)
     where the rest is parsed as a HAMi-style request ("shared", "any")."""
     isolation = accelerator.get("isolation", "mig" if "mig_profile" in accelerator else "shared")
@@ -181,7 +184,7 @@ def _mig_request(accelerator: dict, *, cpu: int, mem: int, common: dict) -> tupl
     )
 
 
-def _mig(cpu: int, mem: int, common: dict, *, mig_profile: str, memory: MemorySpec | None) -> MigResourceRequest:
+def _mig(cpu: int, mem: int, common: dict[str, Any], *, mig_profile: str, memory: MemorySpec | None) -> MigResourceRequest:
     if common["pins"] or common["exclude"]:
         fail("devices", "MIG instances are chosen by the scheduler; devices and exclude do not apply")
     return MigResourceRequest(
@@ -198,7 +201,7 @@ def _mig(cpu: int, mem: int, common: dict, *, mig_profile: str, memory: MemorySp
     )
 
 
-def _styles(accelerator: dict) -> list[str]:
+def _styles(accelerator: dict[str, Any]) -> list[str]:
     styles = []
     for key in sorted(accelerator):
         if key in HAMI_STYLE:
@@ -223,7 +226,7 @@ def _styles(accelerator: dict) -> list[str]:
     return styles
 
 
-def _common_options(resources: dict) -> dict:
+def _common_options(resources: dict[str, Any]) -> dict[str, Any]:
     policy = resources.get("policy")
     if policy is not None and policy not in cluster.POLICIES:
         fail("policy", f"{policy!r} is not a policy ({', '.join(cluster.POLICIES)})")
@@ -306,7 +309,7 @@ def _size(value: object, key: str, *, bare_unit: int = 1) -> int:
     return size
 
 
-def _slot_style(accelerator: dict) -> dict:
+def _slot_style(accelerator: dict[str, Any]) -> dict[str, Any]:
     key, value = next(iter(accelerator.items()))
     slot, _, subtype = key.partition(".")
     try:
@@ -318,11 +321,11 @@ def _slot_style(accelerator: dict) -> dict:
     return {"kind": subtype, "amount": amount, "slot": slot}
 
 
-def _per_device(count: int, memory: MemorySpec, cores: Decimal, slot: str = "cuda") -> dict:
+def _per_device(count: int, memory: MemorySpec, cores: Decimal, slot: str = "cuda") -> dict[str, Any]:
     return {"kind": "per_device", "amount": Decimal(count), "slot": slot, "memory": memory, "cores": cores}
 
 
-def _memory_and_percent(accelerator: dict, size_key: str, percent_key: str, *, bare_unit: int = 1) -> MemorySpec:
+def _memory_and_percent(accelerator: dict[str, Any], size_key: str, percent_key: str, *, bare_unit: int = 1) -> MemorySpec:
     if size_key in accelerator and percent_key in accelerator:
         fail(percent_key, f"give {size_key} or {percent_key}, not both")
     if size_key in accelerator:
@@ -332,13 +335,13 @@ def _memory_and_percent(accelerator: dict, size_key: str, percent_key: str, *, b
     return MemorySpec(percent=Decimal(100))  # HAMi: without a memory limit the whole memory
 
 
-def _hami_style(accelerator: dict) -> dict:
+def _hami_style(accelerator: dict[str, Any]) -> dict[str, Any]:
     count = _count(accelerator.get("gpu", 1), "gpu")
     memory = _memory_and_percent(accelerator, "gpu_memory", "gpu_memory_percentage")
     return _per_device(count, memory, _percent(accelerator.get("gpu_cores", 0), "gpu_cores"))
 
 
-def _fraction_style(accelerator: dict) -> dict:
+def _fraction_style(accelerator: dict[str, Any]) -> dict[str, Any]:
     try:
         fraction = parse_decimal(accelerator["gpu_fraction"], what="resources.gpu_fraction")
     except ValueError as exc:
@@ -349,13 +352,13 @@ def _fraction_style(accelerator: dict) -> dict:
     return _per_device(1, MemorySpec(percent=percent), percent)
 
 
-def _hami_names(accelerator: dict) -> dict:
+def _hami_names(accelerator: dict[str, Any]) -> dict[str, Any]:
     count = _count(accelerator.get("nvidia.com/gpu", 1), "nvidia.com/gpu")
     memory = _memory_and_percent(accelerator, "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", bare_unit=MiB)
     return _per_device(count, memory, _percent(accelerator.get("nvidia.com/gpucores", 0), "nvidia.com/gpucores"))
 
 
-def _hami_metax(accelerator: dict) -> dict:
+def _hami_metax(accelerator: dict[str, Any]) -> dict[str, Any]:
     count = _count(accelerator.get("metax-tech.com/sgpu", 1), "metax-tech.com/sgpu")
     memory = MemorySpec(percent=Decimal(100))
     if "metax-tech.com/vmemory" in accelerator:  # HAMi's Metax docs: a bare number is GiB
@@ -364,7 +367,7 @@ def _hami_metax(accelerator: dict) -> dict:
     return _per_device(count, memory, cores, slot="metax")
 
 
-def _egpu(accelerator: dict) -> dict:
+def _egpu(accelerator: dict[str, Any]) -> dict[str, Any]:
     block = accelerator["egpu"]
     if not isinstance(block, dict):
         fail("egpu", 'expected an object of eGPU settings such as {"GPU_MEM_PER_DEVICE": 4294967296}')
@@ -420,7 +423,7 @@ _PARSERS = {
 }
 
 
-def _parser(style: str):
+def _parser(style: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return _slot_style if style.startswith("slot:") else _PARSERS[style]
 
 
@@ -441,7 +444,7 @@ def _parse_cpu(value: object) -> int:
 # --- the normalised request as JSON (stored with the session) ------------------------------
 
 
-def request_to_spec(request: ResourceRequest) -> dict:
+def request_to_spec(request: ResourceRequest) -> dict[str, Any]:
     """A JSON-safe dict of `request` (Decimals as text); `request_from_spec` reads it back."""
     memory = request.memory
     mig = {"mig_profile": request.mig_profile, "isolation": request.isolation} if isinstance(request, MigResourceRequest) else {}
@@ -472,7 +475,7 @@ def request_to_spec(request: ResourceRequest) -> dict:
     }
 
 
-def request_from_spec(spec: dict) -> ResourceRequest:
+def request_from_spec(spec: dict[str, Any]) -> ResourceRequest:
     memory = spec.get("memory")
     mig = {"mig_profile": spec.get("mig_profile", ""), "isolation": spec["isolation"]} if "isolation" in spec else {}
     return (MigResourceRequest if mig else ResourceRequest)(

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from decimal import Decimal
-from typing import Protocol
+from typing import Any, Protocol
 
 from accelerators.allocation import core
 from accelerators.allocation.errors import AllocationError, InsufficientResource, NeverSchedulable
@@ -176,7 +176,7 @@ def reservation_find(
     name: str,
     request: core.ResourceRequest,
     settings: core.FractionalSettings | None,
-    options: Mapping,
+    options: Mapping[str, Any],
     holdings: Mapping[str, Held],
     ends: Mapping[str, float | None],
     now: float,

@@ -25,6 +25,8 @@ or a lifetime limit before this history.
 
 from __future__ import annotations
 
+from typing import Any
+
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -57,7 +59,7 @@ class Job:
     resources: str = ""
     project: str = ""
 
-    def key(self, fields: tuple[str, ...]) -> tuple:
+    def key(self, fields: tuple[str, ...]) -> tuple[Any, ...]:
         return (fields, *(getattr(self, f).strip() if f == "command" else getattr(self, f) for f in fields))
 
 
@@ -66,8 +68,8 @@ class History:
     """Runtimes (seconds) by every key of `LEVELS`: `runs` of completed runs, `cut` of runs cut
     short (cancelled, preempted, failed). `add` ignores interactive runs (no command)."""
 
-    runs: dict[tuple, list[float]] = field(default_factory=dict)
-    cut: dict[tuple, list[float]] = field(default_factory=dict)
+    runs: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
+    cut: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
 
     def add(self, job: Job, seconds: float, outcome: str = COMPLETED) -> None:
         if not job.command.strip() or seconds < 0:
@@ -83,7 +85,7 @@ class History:
         runs, basis, _ = self._level(job, elapsed, minimum)
         return runs, basis
 
-    def _level(self, job: Job, elapsed: float, minimum: int) -> tuple[list[float], str, tuple]:
+    def _level(self, job: Job, elapsed: float, minimum: int) -> tuple[list[float], str, tuple[Any, ...]]:
         for fields, words in LEVELS:
             runs = self.runs.get(job.key(fields), [])
             if sum(1 for r in runs if r >= elapsed) >= minimum:

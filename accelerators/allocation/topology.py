@@ -30,6 +30,8 @@ pairs stay free for later multi-device work.
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -119,12 +121,12 @@ class Link:
     def score(self) -> int:
         return link_score(self.kind, self.count)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """`{"a": device_id, "b": device_id, "kind": "NVLINK", "count": 4}` (PluginInventory.links)."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> Link:
+    def from_dict(cls, data: Mapping[str, Any]) -> Link:
         """The inverse of `as_dict`; `count` defaults to 1. Raises ValueError (KeyError for a
         missing a, b or kind is reported as ValueError too)."""
         try:
@@ -287,7 +289,7 @@ def _set_key(subset: Sequence[int], matrix: list[list[int]]) -> tuple[int, int]:
 
 
 def _exact_set(matrix: list[list[int]], k: int) -> tuple[int, ...]:
-    best_key: tuple | None = None
+    best_key: tuple[Any, ...] | None = None
     best: tuple[int, ...] = ()
     for subset in combinations(range(len(matrix)), k):  # lexicographic: candidate order
         key = _set_key(subset, matrix)
@@ -298,7 +300,7 @@ def _exact_set(matrix: list[list[int]], k: int) -> tuple[int, ...]:
 
 def _greedy_set(matrix: list[list[int]], k: int) -> tuple[int, ...]:
     n = len(matrix)
-    best_key: tuple | None = None
+    best_key: tuple[Any, ...] | None = None
     best: tuple[int, ...] = ()
     for seed in range(n):
         chosen = [seed]

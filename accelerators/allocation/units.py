@@ -16,7 +16,12 @@ import re
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
 
 # How amounts and sizes are written: one formatter of each for the server, the agent and `fgpu`.
-from fgpu_cli.units import amount_text, fgpu_text, format_binary_size, format_number  # noqa: F401 (re-exported)
+from fgpu_cli.units import (  # re-exported: the explicit `x as x` form (mypy --strict's no_implicit_reexport)
+    amount_text as amount_text,
+    fgpu_text as fgpu_text,
+    format_binary_size as format_binary_size,
+    format_number as format_number,
+)
 
 MAX_SIZE = 1 << 60  # 1 EiB: far above any machine's memory, far below a BigIntegerField's 2^63 - 1
 MAX_DECIMAL = 10**9  # amounts are stored with 9 digits before the point (max_digits 12, decimal_places 3)
