@@ -9,7 +9,9 @@ their log batches, so that a flooding session never queues ahead of either; `man
 usage samples (issue 15: noisy, batched, never ahead of anything else); `agent.<node>` one
 node's starts, stops, syncs and MIG layouts. A manager worker takes from its queues in turn.
 
-Task names and their keyword arguments:
+Task names and their keyword arguments (typed, with one encoder and one decoder each, where
+protocol.messages says: the start spec with its MIG block, the heartbeat, the session report and
+the log batch):
 
 | task | queue | kwargs |
 |---|---|---|
@@ -20,7 +22,7 @@ Task names and their keyword arguments:
 | `fgpu.manager.session_log_append` | manager.logs | session_id, seq, offset, text, final |
 | `fgpu.manager.mig_report` | manager | node, report |
 | `fgpu.manager.usage_report` | manager.usage | node, batch (agent.usage: `{"interval", "devices", "sessions"}`) |
-| `fgpu.agent.session_start` | agent.<node> | node, spec (the scheduler's start spec) |
+| `fgpu.agent.session_start` | agent.<node> | node, spec (the scheduler's start spec: protocol.messages.StartSpec) |
 | `fgpu.agent.session_stop` | agent.<node> | node, session_id |
 | `fgpu.agent.sessions_sync` | agent.<node> | node, keep (session ids) |
 | `fgpu.agent.mig_reconcile` | agent.<node> | node, gpus, expected, destroy, kind, seq |
