@@ -249,3 +249,17 @@ def test_the_manager_logs_and_drops_malformed_agent_messages(alices_session, cap
     assert not SessionLogChunk.objects.filter(session=alices_session).exists()
     manager_tasks.session_log_append(session_id=sid, seq=0, offset=0, text="x")  # a good one is applied
     assert SessionLogChunk.objects.filter(session=alices_session).count() == 1
+
+
+@pytest.mark.django_db
+def test_the_scheduler_s_start_spec_decodes_and_encodes_to_itself(alices_session):
+    from sessions.models import Allocation
+    from sessions.reconcile import session_start_spec_again
+    from sessions.start_spec import session_start_spec
+
+    allocations = list(Allocation.objects.filter(session=alices_session).select_related("device"))
+    wire = session_start_spec(alices_session, allocations)
+    spec = StartSpec.decode(wire)
+    assert spec.encode() == wire and "version" not in wire
+    assert spec.devices[0].hardware_id == allocations[0].device.device_id != str(allocations[0].device.pk)
+    assert session_start_spec_again(alices_session) == wire  # the reconcile's re-sent start: the same builder
