@@ -331,20 +331,10 @@ class Stack:
         if len(env.get("FGPU_SECRET_KEY", "")) < 32:  # web, manager and beat refuse to start without one
             env["FGPU_SECRET_KEY"] = secrets.token_urlsafe(48)  # this stack's own (a test run has one: conftest)
         self.env = env
-        script = ("from django.core.management import call_command\n"
-                  f"call_command('import_accelerator_config', {str(ROOT / 'demo' / 'mock-accelerator.toml')!r})\n"
-                  f"call_command('import_accelerator_config', {str(ROOT / 'demo' / 'accelerator.json')!r})\n")
-        if self.want_node_keys:
-            script += ("import json\nfrom accelerators.services import node_agent_key_rotate\n"
-                       f"print('NODE-KEYS', json.dumps({{n: node_agent_key_rotate(node_name=n) for n in "
-                       f"{[n.name for n in self.nodes]!r}}}))\n")
-        out = subprocess.run([PYTHON, "manage.py", "shell", "-c", script], cwd=ROOT, env=env, capture_output=True,
-                             text=True)
-        if out.returncode != 0:
-            raise RuntimeError(f"import_accelerator_config failed:\n{out.stdout}{out.stderr}")
-        for line in out.stdout.splitlines():
-            if line.startswith("NODE-KEYS "):
-                self.node_keys = json.loads(line.removeprefix("NODE-KEYS "))
+        if self.database_url is None:
+            self._import_settings_here()
+        else:
+            self._import_settings_in_a_process(env)
         self._run("web", web_command(self.port), self._role_env(env, "fgpu-web"))
         self._run("manager", [str(BIN / "celery"), "-A", "console", "worker", "-Q", "manager", "--pool", "threads",
                               "--concurrency", "4", "--without-gossip", "--without-mingle", "--loglevel", "INFO",
@@ -477,6 +467,42 @@ class Stack:
         return "".join(f"\n----- {proc.log_path.name} -----\n{proc.output()[-tail:]}" for proc in self.history)
 
     # --- internals ---------------------------------------------------------------------------
+
+    def _import_settings_here(self) -> None:
+        """The demo's slot formats and fractional settings imported (and with node_keys, the agents'
+        keys made) through this process's own connection to the stack's database, Django's default
+        one, as `_import_settings_in_a_process` does in a `manage.py shell` of its own: one Django
+        start less before the web, manager and agents can start (1 s of CPU, 2-5 s on a loaded
+        machine). The caller's writes must be committed for the processes to see them: under pytest
+        the test is `django_db(transaction=True)`."""
+        import io
+
+        from django.core.management import call_command
+
+        from accelerators.services import node_agent_key_rotate
+
+        for path in (ROOT / "demo" / "mock-accelerator.toml", ROOT / "demo" / "accelerator.json"):
+            call_command("import_accelerator_config", str(path), stdout=io.StringIO(), stderr=io.StringIO())
+        if self.want_node_keys:
+            self.node_keys = {node.name: node_agent_key_rotate(node_name=node.name) for node in self.nodes}
+
+    def _import_settings_in_a_process(self, env: dict) -> None:
+        """`_import_settings_here` in a `manage.py shell` given `env` (the stack's DATABASE_URL,
+        another database than Django's default connection)."""
+        script = ("from django.core.management import call_command\n"
+                  f"call_command('import_accelerator_config', {str(ROOT / 'demo' / 'mock-accelerator.toml')!r})\n"
+                  f"call_command('import_accelerator_config', {str(ROOT / 'demo' / 'accelerator.json')!r})\n")
+        if self.want_node_keys:
+            script += ("import json\nfrom accelerators.services import node_agent_key_rotate\n"
+                       f"print('NODE-KEYS', json.dumps({{n: node_agent_key_rotate(node_name=n) for n in "
+                       f"{[n.name for n in self.nodes]!r}}}))\n")
+        out = subprocess.run([PYTHON, "manage.py", "shell", "-c", script], cwd=ROOT, env=env, capture_output=True,
+                             text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"import_accelerator_config failed:\n{out.stdout}{out.stderr}")
+        for line in out.stdout.splitlines():
+            if line.startswith("NODE-KEYS "):
+                self.node_keys = json.loads(line.removeprefix("NODE-KEYS "))
 
     def _role_env(self, env: dict, user: str) -> dict:
         """`env` with REDIS_URL carrying `user`'s credentials, where the broker has ACL users."""
