@@ -39,7 +39,7 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[0] = str(ROOT)  # not benchmarks/, whose queue.py would hide the standard library's
+sys.path[0] = str(ROOT)  # not benchmarks/: a script there named like a standard module would hide it
 from benchmarks.agent_scale import setup_django  # noqa: E402 (after the path)
 from tests.stack import BIN, PYTHON, Proc, free_port, mock_inventory, web_command  # noqa: E402
 

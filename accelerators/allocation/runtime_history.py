@@ -1,5 +1,5 @@
 """How long a batch job runs, from the runs like it that ended on their own (issue 32.3). Pure
-Python, no Django: the console's ETA (`sessions.eta`) and `benchmarks/queue.py` use the same
+Python, no Django: the console's ETA (`sessions.eta`) and `benchmarks/queue_bands.py` use the same
 keys, the same filter and the same fall-back.
 
 What predicts a batch job's runtime is the job itself, not who launched it: its command, its
@@ -11,8 +11,8 @@ command's runs, never to another command's. Only runs that completed say how lon
 a cancelled, preempted, reclaimed or failed run says when someone (or something) stopped it. The
 band's late end and the key's choice come from completed runs only; the early end may come
 sooner when runs of that same key were cut short often enough to reach the band's low quantile
-(`early_ends`): a start in a queue of such jobs can come that early. benchmarks/queue.py measures
-both (results/queue.txt): on its mixed trace (18 % of runs cut short) the band from completed runs
+(`early_ends`): a start in a queue of such jobs can come that early. benchmarks/queue_bands.py measures
+both (results/queue_bands.txt): on its mixed trace (18 % of runs cut short) the band from completed runs
 alone held 64 % of the starts (54 % with another seed), with the same key's cut-short runs on the
 early side 82 % (85 %).
 

@@ -1,7 +1,7 @@
 """ETAs on a mixed batch queue (issue 32.3): how many starts fall inside their band, and how far
 from it, with the console's history keying against the old one, measured in the same run.
 
-    python benchmarks/queue.py [--seed 7] [--jobs 600] [--gpus 8] [--load 0.9] [--cancelled 0.1]
+    python benchmarks/queue_bands.py [--seed 7] [--jobs 600] [--gpus 8] [--load 0.9] [--cancelled 0.1]
                                [--preempted 0.05] [--failed 0.03] [--grace 15] [--backfill 3]
                                [--predictions 200] [--json]
 
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(result: dict, args) -> list[str]:
-    """The lines the benchmark prints (results/queue.txt)."""
+    """The lines the benchmark prints (results/queue_bands.txt)."""
     outcomes = ", ".join(f"{n} {o}" for o, n in result["outcomes"].items())
     lines = [
         f"mixed batch trace (seed {args.seed}): {result['jobs']} jobs on {result['gpus']} GPUs at load {args.load} "
