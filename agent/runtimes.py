@@ -43,7 +43,7 @@ from agent.network import installation_id
 from agent.holder import receive_fd
 from agent.limits import Hierarchies, SessionLimits, cgroup_mounts, remove_dir
 from agent.sandbox import SANDBOX_AUTO, SANDBOX_BUBBLEWRAP, SANDBOX_NONE, Sandbox, SandboxError, SlirpNetwork, read_init_pid
-from agent.sandbox import become_subreaper, netns_socket, reap_orphans, wait_set_up
+from agent.sandbox import NVIDIA_PROC, become_subreaper, gpu_devices, netns_socket, reap_orphans, spec_gpus, wait_set_up
 from agent.sandbox import probe as probe_sandbox
 
 log = logging.getLogger(__name__)
@@ -518,6 +518,8 @@ class ProcessRuntime:
         self.limits = limits if limits is not None else SessionLimits()
         self.tag = cgroup_tag() if tag is None else tag
         self.cgroups: SessionCgroups | None = None  # set by clean_up_at_start where cgroups work
+        # Where a sandboxed session's granted GPUs are looked up (agent.sandbox.gpu_devices; tests give fakes).
+        self.dev, self.nvidia_proc, self.nvml = "/dev", NVIDIA_PROC, None
 
     def paths(self, work_dir: Path) -> SessionPaths:
         meta = work_dir / ".fgpu"
@@ -586,9 +588,11 @@ class ProcessRuntime:
     def spawn(self, *, spec: dict, argv: list[str], env: dict, work_dir: Path, progress=None) -> SessionHandle:
         """Blocking: `argv` on a new PTY in its own process session, in `work_dir` with `env`
         (`progress`: unused, there is nothing to pull), in its sandbox (`confine`): its home and
-        the data folders of `spec` (`data_dir`, `project_dirs`) given to the session's user first.
-        Raises SandboxError (no sandbox here and the owner is no administrator, under "auto";
-        bubblewrap could not set it up: what it said on the terminal) and OSError."""
+        the data folders of `spec` (`data_dir`, `project_dirs`) given to the session's user first,
+        and of the node's NVIDIA device nodes only the control nodes and those of its granted
+        devices (agent.sandbox.gpu_devices, looked up once here). Raises SandboxError (no sandbox
+        here and the owner is no administrator, under "auto"; bubblewrap could not set it up: what
+        it said on the terminal) and OSError."""
         sandbox = self.confine()
         if sandbox is None and self.sandbox_setting != SANDBOX_NONE and not spec.get("owner_is_staff"):
             raise SandboxError(
@@ -596,14 +600,17 @@ class ProcessRuntime:
                 "ask an administrator to install bubblewrap there, or to run your session on another node"
             )
         data = [Path(p) for p in (spec.get("data_dir") or "", *(spec.get("project_dirs") or {}).values()) if p]
+        devices: list[str] = []
         if sandbox is not None:
             projects = work_dir / PROJECTS_DIR
             sandbox.own(work_dir, *([projects] if projects.is_dir() else []), *data)
+            devices = gpu_devices(spec_gpus(spec), dev=self.dev, drivers=self.nvidia_proc, nvml=self.nvml)
         cgroup = self.cgroups.create(spec["session_id"], spec=spec) if self.cgroups is not None else None  # with its limits
         if self.hold:
             return self._spawn_held(
-                session_id=spec["session_id"], argv=argv, env=env, work_dir=work_dir, cgroup=cgroup, sandbox=sandbox, data=data
-            )
+                session_id=spec["session_id"], argv=argv, env=env, work_dir=work_dir, cgroup=cgroup, sandbox=sandbox, data=data,
+                devices=devices,
+            )  # fmt: skip
         master_fd, slave_fd = pty.openpty()
         set_winsize(slave_fd, 24, 80)
         status_read, status_write = os.pipe() if sandbox is not None else (-1, -1)
@@ -611,7 +618,7 @@ class ProcessRuntime:
         block_read, block_write = os.pipe() if sandbox is not None and sandbox.outbound else (-1, -1)
         if sandbox is not None:
             _check_executable(argv[0], cwd=work_dir, env=env)  # the host system is the sandbox's (read-only)
-            argv = sandbox.command(argv, home=work_dir, data=data, status_fd=status_write, block_fd=block_read)
+            argv = sandbox.command(argv, home=work_dir, data=data, status_fd=status_write, block_fd=block_read, devices=devices)
         network, init_pid = None, 0
         try:
             try:
@@ -661,7 +668,7 @@ class ProcessRuntime:
 
     def _spawn_held(
         self, *, session_id: str, argv: list[str], env: dict, work_dir: Path, cgroup: SessionCgroup | None,
-        sandbox: Sandbox | None, data: list[Path],
+        sandbox: Sandbox | None, data: list[Path], devices: list[str],
     ) -> HeldSession:  # fmt: skip
         """Blocking: `spawn` through a holder (agent.holder) of the session's own: the holder, in
         a cgroup of its own (`holder-<id>` beside the session's, where sessions have cgroups) and a
@@ -677,7 +684,7 @@ class ProcessRuntime:
         slirp_read, slirp_write = os.pipe() if block_write >= 0 else (-1, -1)  # slirp4netns ends with the holder
         if sandbox is not None:
             _check_executable(argv[0], cwd=work_dir, env=env)
-            argv = sandbox.command(argv, home=work_dir, data=data, status_fd=status_write, block_fd=block_read)
+            argv = sandbox.command(argv, home=work_dir, data=data, status_fd=status_write, block_fd=block_read, devices=devices)
         procs = "\n".join(map(os.fsdecode, cgroup.procs_paths)) if cgroup is not None else ""
         leader = ["/bin/sh", "-c", LEADER_SCRIPT, "fgpu-session", procs, os.ttyname(slave_fd), *argv]
         holder_cgroup = None

@@ -3,7 +3,8 @@
 mount, PID, IPC, UTS and network namespaces.
 
 What a session sees (`Sandbox.command`): the host system read-only (/usr, /etc and the /bin,
-/lib… links or directories), a fresh /dev, /tmp and a /proc of its own PID namespace; its home
+/lib… links or directories), a fresh /dev (with, of the NVIDIA device nodes, only the control
+nodes and its granted GPUs': `gpu_devices`), /tmp and a /proc of its own PID namespace; its home
 (the session's working directory) read-write at the same path it has on the host, so the paths
 in its environment (FGPU_ALLOCATION, the virtual nvidia-smi's `<work_dir>/.fgpu/bin`) hold; its
 data folders (`~/data`, `~/projects/<name>`: symbolic links to folders under the data root, bound
@@ -55,7 +56,9 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from agent.network import SLIRP_MTU, SLIRP_TAP, host_addresses, host_nameservers, session_ruleset
 
@@ -90,6 +93,10 @@ STAGE_SCRIPT = (
 ENTER_SCRIPT = 'cd -- "$1" || exit 125; shift; exec "$@"'
 SETUP_POLL_S = 0.001  # between looks at whether a sandbox's init has started its command (wait_set_up)
 CLONE_NEWNET = 0x40000000
+NVIDIA_PROC = "/proc/driver/nvidia"  # the NVIDIA driver's: gpus/<PCI bus id>/information (gpu_minors' fallback)
+# Every CUDA process opens these (nvidia-container-toolkit's list of control devices); a GPU's own node is nvidia<minor>.
+GPU_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+MIG_CAPS_DIR = "nvidia-caps"  # /dev/nvidia-caps/nvidia-cap<N>: MIG's GPU and compute instance capabilities
 NS_GET_USERNS = 0xB701  # ioctl_ns(2): a descriptor of the user namespace that owns a namespace
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -127,14 +134,18 @@ class Sandbox:
         """Whether sessions get the outbound network (`attach_network` before their command runs)."""
         return bool(self.slirp4netns and self.nft) and not self.share_net
 
-    def command(self, argv: list[str], *, home: Path, data: list[Path], status_fd: int, block_fd: int = -1) -> list[str]:
+    def command(
+        self, argv: list[str], *, home: Path, data: list[Path], status_fd: int, block_fd: int = -1, devices: Sequence[str] = ()
+    ) -> list[str]:
         """The leader's command (after it joined its cgroup and took its terminal) that runs
         `argv` in the sandbox: `home` (the working directory) and `data` (folders) read-write at
         their own paths, `read_only` and the host system read-only; bwrap writes its sandbox's
         init pid as JSON on `status_fd` (`{"child-pid": N, …}`, a line) and, at the end, the
         exit code (`{"exit-code": N}`). With `block_fd` (a pipe's read end), the init waits, its
         sandbox set up, until a byte arrives there (or its write end closes) before it starts
-        `argv` (bwrap's --block-fd): where the outbound network is attached. Only the sources the
+        `argv` (bwrap's --block-fd): where the outbound network is attached. `devices`: the device
+        nodes the session gets (`gpu_devices`: the NVIDIA control nodes and its granted GPUs'),
+        bound at their own paths; the fresh /dev has no other. Only the sources the
         session's user cannot reach itself (`searchable`) are staged: each costs the leader a
         mount(8), and with none to stage the leader runs no mount namespace of its own (the
         launch's cost, issue 14)."""
@@ -154,7 +165,7 @@ class Sandbox:
             elif os.path.isdir(entry):
                 args += ["--ro-bind", entry, entry]
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-        for device in gpu_devices():
+        for device in devices:
             args += ["--dev-bind", device, device]
         for source, dest in zip(staged, sources, strict=True):
             args += ["--ro-bind" if dest in self.read_only else "--bind", source, dest]
@@ -314,18 +325,131 @@ def searchable(path: str, uid: int, gid: int) -> bool:
         parent = os.path.dirname(parent)
 
 
-def gpu_devices(dev: str = "/dev") -> list[str]:
-    """The NVIDIA device nodes of this node (/dev/nvidia*, /dev/nvidia-caps/*), which sessions get
-    as the docker runtime's get them; [] on a node without them (the mock plugin)."""
-    found = []
-    try:
-        names = sorted(os.listdir(dev))
-    except OSError:
+@dataclass(frozen=True)
+class GpuGrant:
+    """A GPU or MIG device granted to a session, as its start spec names it: `uuid` (the wire's
+    `device_id`: "GPU-…" or "MIG-…"), `mig` (the spec's `is_mig_device`) and, for a MIG device,
+    `parent`: its GPU's UUID where the spec says it (its `mig` block's `gpu`), else ""."""
+
+    uuid: str
+    mig: bool = False
+    parent: str = ""
+
+
+def spec_gpus(spec: dict) -> tuple[GpuGrant, ...]:
+    """The devices of start spec `spec` (protocol.messages.StartSpec, as a dict, after
+    agent.mig.prepare_spec): one GpuGrant per entry of `devices` with a `device_id`. A MIG
+    device's parent is the `mig` block's `gpu` where the spec has one MIG device (the block's
+    instance); otherwise it is left for NVML to say (nvmlDeviceGetDeviceHandleFromMigDeviceHandle)."""
+    devices = [d for d in spec.get("devices") or [] if isinstance(d, dict) and d.get("device_id")]
+    block = spec.get("mig")
+    block = block if isinstance(block, dict) else {}
+    migs = sum(1 for d in devices if d.get("is_mig_device"))
+    parent = str(block.get("gpu") or "") if migs == 1 else ""
+    return tuple(
+        GpuGrant(str(d["device_id"]), mig=True, parent=parent) if d.get("is_mig_device") else GpuGrant(str(d["device_id"]))
+        for d in devices
+    )
+
+
+def gpu_devices(grants: Sequence[GpuGrant] = (), *, dev: str = "/dev", drivers: str = NVIDIA_PROC, nvml: Any = None) -> list[str]:
+    """Blocking, one NVML session (or a few small reads of `drivers`): the NVIDIA device nodes a
+    session granted `grants` gets, as the docker runtime's container gets only its granted devices
+    from the NVIDIA container toolkit: the control nodes present in `dev` (GPU_CONTROL_NODES) and
+    `<dev>/nvidia<minor>` of each granted GPU, where `minor` is the GPU's device minor number
+    (`gpu_minors`); for a MIG device, its parent GPU's node and `<dev>/nvidia-caps` (the MIG
+    capability nodes: NOT narrowed yet to the device's own GPU and compute instance caps, so a
+    MIG session holds every MIG capability of the node; CUDA_VISIBLE_DEVICES and the virtual
+    nvidia-smi name its own). A grant whose node cannot be found is logged and left out, never
+    replaced by all nodes. [] for a session without grants and on a node without
+    `<dev>/nvidiactl` (no NVIDIA driver: the mock plugin), where nothing is looked up."""
+    if not grants or not os.path.exists(os.path.join(dev, "nvidiactl")):
         return []
-    for name in names:
-        if name.startswith("nvidia"):
-            found.append(os.path.join(dev, name))
+    found = [os.path.join(dev, name) for name in GPU_CONTROL_NODES if os.path.exists(os.path.join(dev, name))]
+    minors = gpu_minors(grants, drivers=drivers, nvml=nvml)
+    for grant in grants:
+        minor = minors.get(grant.uuid)
+        node = os.path.join(dev, f"nvidia{minor}") if minor is not None else ""
+        if not node or not os.path.exists(node):
+            log.warning(
+                "the session starts without %s: %s", grant.uuid,
+                f"{node} does not exist" if node else "its device minor number was not found (NVML or /proc/driver/nvidia)",
+            )  # fmt: skip
+        elif node not in found:
+            found.append(node)
+    caps = os.path.join(dev, MIG_CAPS_DIR)
+    if any(grant.mig for grant in grants) and os.path.exists(caps):
+        found.append(caps)
     return found
+
+
+def gpu_minors(grants: Sequence[GpuGrant], *, drivers: str = NVIDIA_PROC, nvml: Any = None) -> dict[str, int]:
+    """Blocking: grant UUID → the device minor number of its GPU (a MIG device's: its parent
+    GPU's, the /dev/nvidia<minor> node that opens it), by NVML (`nvml`: the pynvml module, or a
+    fake; None: pynvml imported here): nvmlDeviceGetHandleByUUID, for a MIG handle
+    nvmlDeviceGetDeviceHandleFromMigDeviceHandle, then nvmlDeviceGetMinorNumber, in one
+    nvmlInit/nvmlShutdown. Where NVML cannot be loaded or does not know a UUID, the driver's
+    `<drivers>/gpus/*/information` files ("GPU UUID:" and "Device Minor:" lines; a MIG device by
+    its `parent` only). UUIDs found nowhere are absent; never raises."""
+    minors: dict[str, int] = {}
+    library = nvml
+    try:
+        if library is None:
+            import pynvml
+
+            library = pynvml
+        library.nvmlInit()
+    except Exception as exc:  # pynvml's NVMLError_LibraryNotFound (no driver), ImportError: the files then
+        log.debug("NVML cannot be loaded (%s); device minor numbers from %s", exc, drivers)
+        library = None
+    if library is not None:
+        try:
+            for grant in grants:
+                minor = _nvml_minor(library, grant.uuid)
+                if minor is None and grant.parent:  # a MIG device NVML does not know (yet): its GPU's
+                    minor = _nvml_minor(library, grant.parent)
+                if minor is not None:
+                    minors[grant.uuid] = minor
+        finally:
+            try:
+                library.nvmlShutdown()
+            except Exception as exc:  # its NVMLError: nothing to undo
+                log.debug("nvmlShutdown: %s", exc)
+    missing = [grant for grant in grants if grant.uuid not in minors]
+    if missing:
+        table = driver_minors(drivers)
+        for grant in missing:
+            minor = table.get(grant.parent if grant.mig else grant.uuid)
+            if minor is not None:
+                minors[grant.uuid] = minor
+    return minors
+
+
+def _nvml_minor(nvml: Any, uuid: str) -> int | None:
+    """The device minor number of the GPU of `uuid` (a MIG device's: its parent GPU's) by NVML
+    (initialised), or None where NVML does not say (it logs why at debug level)."""
+    try:
+        handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+        if uuid.startswith("MIG-") and nvml.nvmlDeviceIsMigDeviceHandle(handle):
+            handle = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+        return int(nvml.nvmlDeviceGetMinorNumber(handle))
+    except Exception as exc:  # NVMLError (NOT_FOUND, GPU_IS_LOST, …), or an old pynvml's TypeError on str
+        log.debug("NVML does not give the device minor number of %s: %s", uuid, exc)
+        return None
+
+
+def driver_minors(drivers: str = NVIDIA_PROC) -> dict[str, int]:
+    """Blocking, a read per GPU: GPU UUID → device minor number, from the NVIDIA driver's
+    `<drivers>/gpus/<PCI bus id>/information` (its lines "GPU UUID: GPU-…" and "Device Minor: N");
+    {} where there are none (no driver). A file without both lines, or unreadable, is skipped."""
+    table: dict[str, int] = {}
+    for info in sorted(Path(drivers, "gpus").glob("*/information")):
+        try:
+            fields = dict(line.split(":", 1) for line in info.read_text(errors="replace").splitlines() if ":" in line)
+            table[fields["GPU UUID"].strip()] = int(fields["Device Minor"].strip())
+        except (OSError, KeyError, ValueError):
+            continue
+    return table
 
 
 def read_init_pid(status_fd: int, *, timeout: float = STATUS_TIMEOUT_S) -> int:

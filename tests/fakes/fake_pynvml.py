@@ -137,6 +137,7 @@ class FakeGpu:
     mig_mode_pending: int | None = None  # None: as the current mode
     mig_reset_required: bool = False  # SetMigMode changes only the pending mode (A100 needs a reset)
     gpu_instances: list["FakeGpuInstance"] = field(default_factory=list)
+    minor_number: int | None = None  # its /dev/nvidia<minor> (nvmlDeviceGetMinorNumber); None: its index
 
 
 @dataclass(eq=False)
@@ -282,6 +283,12 @@ class FakeNvml:
         self._enter("nvmlDeviceGetIndex")
         self._full_gpu_only(handle)
         return self.gpus.index(handle.gpu)
+
+    def nvmlDeviceGetMinorNumber(self, handle: FakeHandle) -> int:
+        """The GPU's /dev/nvidia<minor>: `minor_number`, else its index (a MIG handle: INVALID_ARGUMENT)."""
+        self._enter("nvmlDeviceGetMinorNumber")
+        self._full_gpu_only(handle)
+        return handle.gpu.minor_number if handle.gpu.minor_number is not None else self.gpus.index(handle.gpu)
 
     # --- identity and capacity ---------------------------------------------------------
 
