@@ -13,8 +13,8 @@ def create_host_image(apps, schema_editor):
     SessionImage = apps.get_model("compute_sessions", "SessionImage")
     SessionImage.objects.get_or_create(reference="host", defaults={
         "display_name": "Host (no container)",
-        "description": "The node's own system: the process runtime runs sessions as processes of the agent's user, "
-                       "without a container.",
+        "description": "The node's own system, without a container: the process runtime runs each session in "
+                       "its own sandbox (bubblewrap), as an unprivileged user, the system read-only.",
         "is_default": not SessionImage.objects.filter(is_default=True).exists(),
     })
 
