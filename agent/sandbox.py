@@ -206,6 +206,7 @@ class Sandbox:
         agent.holder), when that one's copy closes: the caller closes `exit_fd`), then
         agent.network.session_ruleset installed inside (util-linux nsenter, nft). Raises
         SandboxError with the tool's words (slirp4netns killed again)."""
+        wait_loopback(init_pid)
         try:  # the namespace and the user namespace that owns it (bwrap's first: its init moved on to a second, inner one)
             netns = os.open(f"/proc/{init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
@@ -470,6 +471,28 @@ def read_init_pid(status_fd: int, *, timeout: float = STATUS_TIMEOUT_S) -> int:
         return int(json.loads(data.split(b"\n", 1)[0])["child-pid"])
     except (ValueError, KeyError, TypeError):
         raise SandboxError(f"bwrap's status is not what it should be: {data[:200]!r}") from None
+
+
+def wait_loopback(init_pid: int, *, timeout: float = STATUS_TIMEOUT_S, proc: str = "/proc") -> None:
+    """Blocking, ~1 ms: wait until the sandbox whose init is `init_pid` (host pid) has its loopback
+    up (127.0.0.1 in its network namespace's routes, /proc/<pid>/net/fib_trie). bwrap says its
+    init's pid before the init sets up the loopback (bubblewrap.c: the parent writes the status,
+    then the child runs loopback_setup), and slirp4netns --configure brings `lo` up too, which gives
+    it 127.0.0.1 at once: attached earlier, bwrap's own RTM_NEWADDR then failed ("bwrap: loopback:
+    Failed RTM_NEWADDR", the session's start with it; 2 of 8 runs under load). Returns at once
+    where the routes cannot be read (the sandbox is gone: attaching then says why). Raises
+    SandboxError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"{proc}/{init_pid}/net/fib_trie") as f:
+                if "127.0.0.1" in f.read():
+                    return
+        except OSError:
+            return
+        if time.monotonic() >= deadline:
+            raise SandboxError(f"the sandbox's loopback was not up within {timeout:g} s")
+        time.sleep(SETUP_POLL_S)
 
 
 def wait_set_up(init_pid: int, *, timeout: float = STATUS_TIMEOUT_S, proc: str = "/proc") -> None:

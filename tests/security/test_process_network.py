@@ -156,3 +156,18 @@ def test_agent_toml_gives_the_process_runtime_outbound_and_refuses_an_unknown_ne
     bad = write_agent(tmp_path, '[container]\nnetwork = "bridge"\n', name="bad.toml")
     with pytest.raises(AgentConfigError, match="container.network"):
         load_agent_config(bad)
+
+
+def test_slirp4netns_is_attached_only_once_the_sandbox_has_set_up_its_loopback(tmp_path):
+    """bwrap says its init's pid before the init brings its loopback up; slirp4netns brought `lo` up
+    first now and then, and bwrap's own address for it then failed the session's start."""
+    from agent.sandbox import SandboxError, wait_loopback
+
+    net = tmp_path / "42" / "net"
+    net.mkdir(parents=True)
+    (net / "fib_trie").write_text("")  # a new network namespace: no route yet
+    with pytest.raises(SandboxError, match="loopback was not up"):
+        wait_loopback(42, timeout=0.05, proc=str(tmp_path))
+    (net / "fib_trie").write_text("Local:\n  +-- 127.0.0.0/8 2 0 2\n        |-- 127.0.0.1\n           /32 host LOCAL\n")
+    wait_loopback(42, timeout=0.05, proc=str(tmp_path))
+    wait_loopback(43, timeout=0.05, proc=str(tmp_path))  # gone: attaching says why
