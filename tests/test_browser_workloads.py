@@ -203,8 +203,9 @@ def test_an_admin_sees_owners_tabs_filters_pages_live_elapsed_times_and_whole_re
     expect(page.locator("#sessions-body tr").first.locator("td.owner")).to_have_text("admin")
 
     # A waiting session's long reason: two lines, the whole of it on demand.
-    pending = page.locator('#sessions-body tr[data-status="PENDING"]').first
-    cell = pending.locator("td.status")
+    # (A waiting session's row is redrawn whenever a pass rewrites its reason: the first one with a
+    # long reason, found anew at each look, not whichever row is first at the moment of a look.)
+    cell = page.locator('#sessions-body tr[data-status="PENDING"] td.status[data-long]').first
     expect(cell).to_have_text("PENDING")  # the reason is drawn from data-reason, not the cell's text
     reason = cell.get_attribute("data-reason")
     assert reason.startswith("waiting for capacity") and len(reason) > 90, reason
