@@ -42,7 +42,8 @@ def test_the_image_picker_offers_the_registered_images_with_the_default_selected
     expect(picker).to_have_value("host")
     expect(picker.locator("option")).to_have_text(["Host (no container) · host (default)",
                                                     f"Debian minimal · {TEST_IMAGE}"])
-    expect(page.locator("#image-hint")).to_contain_text("without a container. On demo-node.")
+    expect(page.locator("#image-hint")).to_contain_text("without a container: the process runtime runs each session in its own sandbox")
+    expect(page.locator("#image-hint")).to_contain_text("read-only. On demo-node.")
     expect(page.locator("#preview-line")).to_have_text("starts now on demo-node")
     dialog.screenshot(path=str(screenshot_dir() / "launch-image-picker.png"), animations="disabled")
 

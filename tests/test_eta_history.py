@@ -108,7 +108,7 @@ def test_a_preemption_notice_is_a_known_end_before_any_history(db, alice, bob):
 
 
 def test_the_queue_benchmark_scores_the_console_keying_against_the_old_one(capsys):
-    from benchmarks import queue as bench
+    from benchmarks import queue_bands as bench
 
     assert bench.main(["--jobs", "200", "--predictions", "20", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
