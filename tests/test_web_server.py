@@ -22,8 +22,11 @@ pytestmark = pytest.mark.e2e
 
 APP = "tests.apps.backlog_app:application"
 SERVERS = {
-    "uvicorn": lambda port: web_command(port, APP),
-    "daphne": lambda port: [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), APP],
+    "uvicorn": lambda port: web_command(port, APP) + ["--ws-ping-interval", "600", "--ws-ping-timeout", "600"],
+    # The raw client never answers a ping: daphne's (every 20 s, dropped after 30 s more) or uvicorn's
+    # would end a slow run's connection before the backlog is read.
+    "daphne": lambda port: [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "--ping-interval", "600",
+                            "--ping-timeout", "600", APP],
 }
 
 

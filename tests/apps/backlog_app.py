@@ -4,7 +4,9 @@ Channels' AuthMiddlewareStack), for tests/test_web_server.py, served by the web 
 
 Path `/fill`: sends 64 KiB text frames to a client that does not read until the server holds some
 of them for it (sessions.consumers.websocket_backlog above 0, at most 64 MiB sent), prints
-`backlog N`, then sends one last frame, `{"backlog": bytes, "transport": type name}`, and closes.
+`backlog N`, then sends one last frame, `{"backlog": bytes, "transport": type name}`, and waits
+for the client to close: a server-side close would time out its closing handshake while the slow
+client still drains the backlog, and daphne (autobahn) then aborts the connection with a reset.
 Path `/gone`: waits for the client's disconnect, then sends it 100 frames and prints
 `sent 100 frames after the client went away` once every send returned.
 """
@@ -52,7 +54,8 @@ async def inner(scope, receive, send) -> None:
             break
     print(f"backlog {backlog}", flush=True)
     await send({"type": "websocket.send", "text": json.dumps({"backlog": backlog, "transport": type(transport).__name__})})
-    await send({"type": "websocket.close"})
+    while (await receive())["type"] != "websocket.disconnect":
+        pass
 
 
 application = GoneClientSendsDropped(AuthMiddlewareStack(inner))
