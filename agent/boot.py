@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import agent.tasks  # noqa: F401  (registers the agent's tasks with the app: in standalone mode they run here)
 from agent.config import CUDA_PLUGIN, MOCK_PLUGIN, AgentConfig
-from agent.core import Agent, CeleryManager
+from agent.core import Agent
+from agent.manager_link import CeleryManager
 from agent.network import installation_id
 from agent.runtimes import DOCKER, ProcessRuntime
 

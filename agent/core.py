@@ -52,11 +52,16 @@ from agent.direct import DirectServer, DirectStream
 from agent import files as session_files
 from agent import mig as mig_runtime
 from agent.environment import allocation_document, session_environment
+from agent.manager_link import ManagerLink, service_ports_keyword
 from agent.runtimes import HeldImages, ProcessRuntime, SessionHandle
 from agent.session_apps import SessionApps
 from agent.storage import StorageWatch
 from agent.usage import UsageSampler
-from protocol.messages import Heartbeat, LogBatch, NodeName, SessionId, SessionReport, StartSpec
+from protocol.messages import StartSpec
+
+# What callers (agent.boot, the tests, the benchmarks) import from here: the manager client and the pools' sizes.
+from agent.manager_link import MANAGER_THREADS as MANAGER_THREADS
+from agent.manager_link import CeleryManager as CeleryManager
 
 log = logging.getLogger(__name__)
 
@@ -127,89 +132,9 @@ INPUT_BUFFER_BYTES = 1024 * 1024
 # manager, blocking execs (each holds a thread up to its timeout), and the heartbeat (one thread
 # of its own: a node never goes LOST because its agent is busy).
 WORK_THREADS = 8
-MANAGER_THREADS = 4
 EXEC_THREADS = 32
-REPORT_RETRY_S = (0.5, 1, 2, 4, 5)  # pauses between tries of a report the broker did not take; then every 5 s
-REPORT_GIVE_UP_S = 600  # after this a report is left to the heartbeat's reconciliation
-ENDED_KEEP_S = 600  # how long heartbeats keep listing a session's end (for a manager that missed the report)
-ENDED_KEEP_MAX = 10_000
-HEARTBEAT_EXPIRES_S = 30
 
 _AGENTS: dict[str, "Agent"] = {}
-
-
-class CeleryManager:
-    """How an agent talks to the manager: Celery tasks named in `protocol` (blocking calls).
-    `app`: the Celery app (in standalone mode eager, so a call runs the manager's code at once);
-    `node`: this agent's node, named in its session reports and log batches; `key`: the node's
-    agent key (agent.toml `[manager] node-key`), which signs every message (protocol.sign)."""
-
-    def __init__(self, app, *, node: str = "", key: str = "") -> None:
-        self.app = app
-        self.node = node
-        self.key = key
-
-    def _send(self, task: str, **options) -> None:
-        kwargs = options.pop("kwargs")
-        if self.key:
-            kwargs[protocol.SIGNATURE] = protocol.sign(self.key, task, kwargs)
-        self.app.signature(task, kwargs=kwargs).apply_async(**options)
-
-    def register(
-        self,
-        node: str,
-        inventory: dict,
-        running: list[str],
-        images: dict | None = None,
-        *,
-        image_service_ports: dict | None = None,
-    ) -> None:
-        """`images`: the session images the node holds ({reference: image id}; sent only when known);
-        `image_service_ports`: {image id: its ai.backend.service-ports label} (sent only when not empty)."""
-        kwargs = {"node": node, "inventory": inventory, "running": running}
-        if images is not None:
-            kwargs["images"] = images
-        if image_service_ports:
-            kwargs["image_service_ports"] = image_service_ports
-        self._send(protocol.AGENT_REGISTER, kwargs=kwargs)
-
-    def heartbeat(
-        self,
-        node: str,
-        running: list[str],
-        mig_digest: str | None = None,
-        state: dict | None = None,
-        images: dict | None = None,
-        *,
-        image_service_ports: dict | None = None,
-    ) -> None:
-        """`state`: the agent's view of its sessions (`Agent.state`); `images` and
-        `image_service_ports` as for `register`. A heartbeat the manager has not taken within
-        HEARTBEAT_EXPIRES_S is dropped unread: a newer one is on its way."""
-        beat = Heartbeat(
-            node=NodeName(node),
-            running=tuple(SessionId(s) for s in running),
-            mig_digest=mig_digest,
-            state=state,
-            images=images,
-            image_service_ports=image_service_ports,
-        )
-        self._send(protocol.AGENT_HEARTBEAT, kwargs=beat.encode(), expires=HEARTBEAT_EXPIRES_S)
-
-    def report(self, session_id: str, status: str, reason: str, exit_code: int | None) -> None:
-        report = SessionReport(SessionId(session_id), status, reason, exit_code, NodeName(self.node) if self.node else None)
-        self._send(protocol.SESSION_REPORT, kwargs=report.encode())
-
-    def log(self, session_id: str, seq: int, offset: int, text: str, final: bool) -> None:
-        batch = LogBatch(SessionId(session_id), seq, offset, text, final, NodeName(self.node) if self.node else None)
-        self._send(protocol.SESSION_LOG_APPEND, kwargs=batch.encode())
-
-    def mig_report(self, node: str, report: dict) -> None:
-        self._send(protocol.MIG_REPORT, kwargs={"node": node, "report": report})
-
-    def usage(self, node: str, batch: dict) -> None:
-        """A batch of usage samples (agent.usage), on queue manager.usage."""
-        self._send(protocol.USAGE_REPORT, kwargs={"node": node, "batch": batch})
 
 
 def agent_for(node: str) -> "Agent":
@@ -341,19 +266,17 @@ class Agent:
         self.sessions: dict[str, RunningSession] = {}
         self._starting: set[str] = set()  # between the start message and the process existing
         self._cancelled: set[str] = set()  # stop messages that overtook their session's start
-        self._ended: dict[str, tuple[float, str, str, int | None]] = {}  # id → (when, status, reason, exit code)
         self._busy: dict[str, float] = {}  # session id → loop time it last output something (BUSY_S)
         self._busy_pruned = 0.0
         self.channel: str | None = None
         # Opens the commands it receives (sealed by the web with the node's key: protocol.channel) and seals its answers.
         self.guard = protocol_channel.CommandGuard(node=node, key=getattr(manager, "key", "") or "")
-        self._registered = False
         self._tasks: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()  # report retries, attach replies: kept until done
         self._work = ThreadPoolExecutor(WORK_THREADS, thread_name_prefix=f"agent-{node}-work")
-        self._manager_pool = ThreadPoolExecutor(MANAGER_THREADS, thread_name_prefix=f"agent-{node}-manager")
         self._exec_pool = ThreadPoolExecutor(EXEC_THREADS, thread_name_prefix=f"agent-{node}-exec")
-        self._heartbeat_pool = ThreadPoolExecutor(1, thread_name_prefix=f"agent-{node}-heartbeat")
+        # Registration, heartbeats and session reports, off the loop and retried (agent.manager_link).
+        self.link = ManagerLink(node=node, manager=manager, background=self._in_background)
         # MIG instances the manager plans (issue 4): in memory on mock nodes, through NVML on real ones.
         self.mig = mig_runtime.MigManager(
             mig_runtime.MockMigBackend() if mock else mig_runtime.NvmlMigBackend(), on_report=self._send_mig_report
@@ -380,6 +303,7 @@ class Agent:
         and the scratch directory sweep."""
         self.loop = asyncio.get_running_loop()
         _AGENTS[self.node] = self
+        self.link.start(self.loop)
         self.scratch_root.mkdir(parents=True, exist_ok=True)
         adopted, orphans = await self._in(self._work, self.runtime.clean_up_at_start, self.scratch_root)
         if orphans:
@@ -426,8 +350,9 @@ class Agent:
         if self.direct is not None:
             self.direct.close()
         _AGENTS.pop(self.node, None)
-        for pool in (self._work, self._manager_pool, self._exec_pool, self._heartbeat_pool, self.files.pool):
+        for pool in (self._work, self._exec_pool, self.files.pool):
             pool.shutdown(wait=False, cancel_futures=True)
+        self.link.close()
         if kept:
             log.warning("agent %s: %d session(s) keep running; the next start adopts them", self.node, len(kept))
         return len(kept)
@@ -469,36 +394,24 @@ class Agent:
     async def _call(self, fn, *args, **kwargs):
         """A call to the manager (a Celery publish; in standalone mode the manager's code itself,
         eagerly) on the manager pool: never on the loop, never behind session work."""
-        return await self._in(self._manager_pool, fn, *args, **kwargs)
+        return await self.link.call(fn, *args, **kwargs)
 
     async def _register(self) -> None:
-        try:
-            await self._call(
-                self.manager.register,
-                self.node,
-                self.inventory,
-                list(self.sessions),
-                self.images.current,
-                **self._service_ports(),
-            )
-            self._registered = True
-        except Exception:
-            log.exception("agent %s: could not register with the manager; will try again", self.node)
+        await self.link.register(
+            self.inventory, list(self.sessions), self.images.current, service_ports_keyword(self.images.service_ports)
+        )
 
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_s)
-            if not self._registered:
+            if not self.link.registered:
                 await self._register()
                 continue
             state = self.state()
             if self.images.claim():  # listed on the work pool, at most every HeldImages.REFRESH_S
                 self._in_background(self._in(self._work, self.images.refresh))
-            try:
-                await self._in(self._heartbeat_pool, self._send_heartbeat, list(state["sessions"]), state)
-            except Exception:
-                log.exception("agent %s: heartbeat failed", self.node)
-            self._forget_old_ends()
+            await self.link.heartbeat(partial(self._send_heartbeat, list(state["sessions"]), state))
+            self.link.forget_old_ends()
             await self._refresh_groups()
 
     def state(self) -> dict:
@@ -508,12 +421,7 @@ class Agent:
         sessions = {session_id: "PREPARING" for session_id in self._starting}
         for session_id, running in self.sessions.items():
             sessions[session_id] = "TERMINATING" if running.stopping else "RUNNING"
-        ended = {
-            session_id: {"status": status, "reason": reason, "exit_code": code}
-            for session_id, (_, status, reason, code) in self._ended.items()
-            if session_id not in sessions
-        }
-        return {"sessions": sessions, "ended": ended, "at": time.time()}
+        return {"sessions": sessions, "ended": self.link.ended_state(besides=sessions), "at": time.time()}
 
     def _send_heartbeat(self, running: list[str], state: dict) -> None:
         """Blocking (the heartbeat thread): the heartbeat with the agent's `state`, and the
@@ -524,20 +432,8 @@ class Agent:
         except Exception:
             log.exception("agent %s: could not compute the MIG layout digest", self.node)
             digest = None
-        self.manager.heartbeat(self.node, running, digest, state, self.images.current, **self._service_ports())
-
-    def _service_ports(self) -> dict:
-        """The held images' ai.backend.service-ports labels as a keyword for register and
-        heartbeat, none when there are none (a manager double that predates them keeps working)."""
-        labels = self.images.service_ports
-        return {"image_service_ports": dict(labels)} if labels else {}
-
-    def _forget_old_ends(self) -> None:
-        horizon = time.monotonic() - ENDED_KEEP_S
-        for session_id in [sid for sid, end in self._ended.items() if end[0] < horizon]:
-            del self._ended[session_id]
-        while len(self._ended) > ENDED_KEEP_MAX:
-            del self._ended[next(iter(self._ended))]
+        ports = service_ports_keyword(self.images.service_ports)
+        self.manager.heartbeat(self.node, running, digest, state, self.images.current, **ports)
 
     async def _refresh_groups(self) -> None:
         """Join the node's `node.<node>` group and each running session's `pty.<node>.<id>` group again:
@@ -626,16 +522,16 @@ class Agent:
         running = self.sessions.get(session_id)
         if running is not None:  # a re-sent start: the manager may have missed the report
             if not running.stopping:
-                await self._report(session_id, "RUNNING", "")
+                await self.link.report(session_id, "RUNNING", "")
             return
-        if session_id in self._ended:  # it ran here and ended: never run it twice
-            await self._report_end(session_id)
+        if session_id in self.link.ended:  # it ran here and ended: never run it twice
+            await self.link.report_end(session_id)
             return
         self._starting.add(session_id)
         # PREPARING is published while the session is prepared (the launch does not wait for the
         # publish), and before whatever is reported next (awaited below).
         preparing = asyncio.ensure_future(
-            self._report(session_id, "PREPARING", "preparing the working directory and environment", retry=False)
+            self.link.report(session_id, "PREPARING", "preparing the working directory and environment", retry=False)
         )
         try:
             running = await self._in(self._work, self._spawn, spec)
@@ -646,7 +542,7 @@ class Agent:
             if running is not None:
                 await self._abandon(running)
             await preparing
-            await self._end(session_id, "ERROR", f"the agent could not start the session: {exc}", None)
+            await self.link.end(session_id, "ERROR", f"the agent could not start the session: {exc}", None)
             return
         finally:
             self._starting.discard(session_id)
@@ -659,7 +555,7 @@ class Agent:
             self._cancelled.discard(session_id)
             await self._stop(session_id, reason="terminated while starting")
             return
-        await self._report(session_id, "RUNNING", "")
+        await self.link.report(session_id, "RUNNING", "")
 
     def _attach(self, running: RunningSession) -> None:
         """Watch a new session's exit (its leader's pidfd; a 0.1 s poll where the kernel has
@@ -758,7 +654,7 @@ class Agent:
     def _progress_from_thread(self, session_id: str, text: str) -> None:
         """A runtime's word on a slow start (an image pull), from the worker thread that spawns:
         reported as PREPARING with `text` as the reason, without waiting for it."""
-        asyncio.run_coroutine_threadsafe(self._report(session_id, "PREPARING", text, retry=False), self.loop)
+        asyncio.run_coroutine_threadsafe(self.link.report(session_id, "PREPARING", text, retry=False), self.loop)
 
     # --- the PTY: flow control both ways ------------------------------------------------
 
@@ -1050,7 +946,9 @@ class Agent:
         # The report first (it frees the slice), the terminals' exit frame beside it; the rest of
         # the log after it, so that the manager takes the report first (the log reads as
         # incomplete until its last batch; the two were never ordered: two queues).
-        await asyncio.gather(self._end(running.session_id, "TERMINATED", reason, exit_code), self._exit_frame(running, exit_code))
+        await asyncio.gather(
+            self.link.end(running.session_id, "TERMINATED", reason, exit_code), self._exit_frame(running, exit_code)
+        )
         if log_ready:
             try:
                 await self._close_log(running)
@@ -1107,10 +1005,10 @@ class Agent:
             self._cancelled.add(session_id)  # _start kills it as soon as the process exists
             return
         if running is None:
-            if session_id in self._ended:  # ended here already: say so again (the report may be lost)
-                await self._report_end(session_id)
+            if session_id in self.link.ended:  # ended here already: say so again (the report may be lost)
+                await self.link.report_end(session_id)
             else:  # never here (or the agent restarted): say so
-                await self._end(session_id, "TERMINATED", f"{reason} (no process was running)", None)
+                await self.link.end(session_id, "TERMINATED", f"{reason} (no process was running)", None)
             return
         if running.stopping:
             return
@@ -1158,51 +1056,6 @@ class Agent:
                 if session_id not in keep
             )
         )
-
-    async def _end(self, session_id: str, status: str, reason: str, exit_code: int | None) -> None:
-        """Remember a session's end (heartbeats list it for ENDED_KEEP_S) and report it."""
-        self._ended[session_id] = (time.monotonic(), status, reason, exit_code)
-        await self._report(session_id, status, reason, exit_code=exit_code)
-
-    async def _report_end(self, session_id: str) -> None:
-        _, status, reason, exit_code = self._ended[session_id]
-        await self._report(session_id, status, reason, exit_code=exit_code)
-
-    async def _report(
-        self, session_id: str, status: str, reason: str, exit_code: int | None = None, *, retry: bool = True
-    ) -> None:
-        """Report a session's state to the manager. When the broker does not take it, try again
-        in the background (`retry`; REPORT_RETRY_S apart, for REPORT_GIVE_UP_S at most, after
-        which the heartbeat's state still tells the manager)."""
-        try:
-            await self._call(self.manager.report, session_id, status, reason, exit_code)
-            return
-        except Exception:
-            log.warning(
-                "agent %s: could not report %s for session %s%s",
-                self.node,
-                status,
-                session_id,
-                "; will try again" if retry else "",
-                exc_info=True,
-            )
-        if retry:
-            self._in_background(self._report_retry(session_id, status, reason, exit_code))
-
-    async def _report_retry(self, session_id: str, status: str, reason: str, exit_code: int | None) -> None:
-        give_up = self.loop.time() + REPORT_GIVE_UP_S
-        for attempt in itertools.count():
-            await asyncio.sleep(REPORT_RETRY_S[min(attempt, len(REPORT_RETRY_S) - 1)])
-            try:
-                await self._call(self.manager.report, session_id, status, reason, exit_code)
-                log.info("agent %s: reported %s for session %s after %d retries", self.node, status, session_id, attempt + 1)
-                return
-            except Exception:
-                if self.loop.time() > give_up:
-                    log.error(
-                        "agent %s: gave up reporting %s for session %s; the heartbeat carries it", self.node, status, session_id
-                    )
-                    return
 
     def _in_background(self, coro) -> None:
         task = asyncio.create_task(coro)
