@@ -12,6 +12,7 @@ about 30 rows per session instead of 8,640.
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -197,6 +198,20 @@ class IdlePolicy(models.Model):
 
     def __str__(self) -> str:
         return f"idle policy of {self.resource_group or 'nodes in no group'}"
+
+    def clean(self) -> None:
+        """Refuses a grace (seconds) not shorter than the maximum lifetime (seconds): the lifetime's
+        warning comes `grace` seconds before its end, so such a pair would warn at the start.
+        (usage.services.usage_idle_check still ends a session at its lifetime for a pair written
+        another way.) Raises ValidationError naming `grace`."""
+        super().clean()
+        if self.max_lifetime is not None and self.grace is not None and self.grace >= self.max_lifetime:
+            raise ValidationError(
+                {
+                    "grace": f"must be shorter than the maximum lifetime ({self.max_lifetime} s): the "
+                    "lifetime's warning comes this long before its end"
+                }
+            )
 
 
 class SessionActivity(models.Model):

@@ -7,6 +7,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -475,9 +476,14 @@ def usage_idle_check(*, now: datetime | None = None) -> dict:
     - lifetime: running longer than `max_lifetime`.
 
     A session found reclaimable is warned first (its terminal gets a line, its page the reason
-    and `deadline` = now + grace); one still reclaimable at its deadline is terminated with the
-    reason ("idle for 2 h (GPU utilisation < 1 %)", "reached its maximum lifetime of 8 h"); one that
-    became busy again loses its warning. Returns `{"warned": [ids], "terminated": [ids], "cleared": [ids]}`."""
+    and `deadline`): an idle one `grace` seconds ahead, unless it is used again; one near its
+    maximum lifetime `grace` seconds before it ends (at once when the lifetime is shorter than
+    the grace), its deadline being that end, `started_at + max_lifetime`, whatever the grace
+    (issue 36.3: a 60 s lifetime with 120 s grace ran 125 s); of both, the earlier deadline and
+    its reason are the warning. One still reclaimable at its deadline is terminated
+    with the reason ("idle for 2 h (GPU utilisation < 1 %)", "reached its maximum lifetime of
+    8 h") by the first check at or after it (the beat runs it every 30 s); one that became busy
+    again loses its idle warning. Returns `{"warned": [ids], "terminated": [ids], "cleared": [ids]}`."""
     from sessions.services import RECLAIMED, session_terminate
 
     now = now or timezone.now()
@@ -490,20 +496,32 @@ def usage_idle_check(*, now: datetime | None = None) -> dict:
         policy = _policy_for(session, policies)
         if policy is None:
             continue
-        reason = _reclaim_reason(session, policy, now)
         activity = SessionActivity.objects.filter(session=session).first()
-        if reason is None:
-            if activity is not None and activity.deadline is not None:
+        warned = activity.deadline if activity is not None else None
+        candidates = []  # (deadline, reason, is the lifetime)
+        lifetime = _lifetime_end(session, policy, now)
+        if lifetime is not None:
+            candidates.append((lifetime[1], lifetime[0], True))
+        idle = _idle_reason(session, policy, now)
+        if idle is not None:
+            kept = warned is not None and activity is not None and activity.reason == idle  # warned of it already
+            candidates.append((warned if kept and warned is not None else now + timedelta(seconds=policy.grace), idle, False))
+        if not candidates:
+            if warned is not None:
                 SessionActivity.objects.filter(session=session).update(deadline=None, reason="")
                 _notify(session, "no longer idle: the warning is withdrawn")
                 out["cleared"].append(str(session.pk))
             continue
-        if activity is None or activity.deadline is None:
-            deadline = now + timedelta(seconds=policy.grace)
+        deadline, reason, is_lifetime = min(candidates)  # the earlier end wins
+        if warned != deadline or activity is None or activity.reason != reason:
             SessionActivity.objects.update_or_create(session=session, defaults={"deadline": deadline, "reason": reason})
-            _notify(session, f"{reason}: this session will be terminated at {deadline:%Y-%m-%d %H:%M:%S} UTC unless it is used")
+            at = f"{deadline.astimezone(dt_timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+            if is_lifetime:
+                _notify(session, f"{reason}: this session will be terminated at {at}; save your work before then")
+            else:
+                _notify(session, f"{reason}: this session will be terminated at {at} unless it is used again")
             out["warned"].append(str(session.pk))
-        elif activity.deadline <= now:
+        elif deadline <= now:
             session_terminate(session=session, reason=f"{RECLAIMED}{reason}")
             out["terminated"].append(str(session.pk))
     return out
@@ -515,13 +533,25 @@ def _hours(seconds: int) -> str:
     return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
 
 
-def _reclaim_reason(session: ComputeSession, policy: IdlePolicy, now: datetime) -> str | None:
+def _lifetime_end(session: ComputeSession, policy: IdlePolicy, now: datetime) -> tuple[str, datetime] | None:
+    """`(reason, end)` once `session` is within `grace` seconds of its maximum lifetime (from its
+    start when the lifetime is the shorter), `end` being `started_at + max_lifetime`; else None."""
+    started = session.started_at
+    if started is None or policy.max_lifetime is None:
+        return None
+    if (now - started).total_seconds() < policy.max_lifetime - policy.grace:
+        return None
+    return f"reached its maximum lifetime of {_hours(policy.max_lifetime)}", started + timedelta(seconds=policy.max_lifetime)
+
+
+def _idle_reason(session: ComputeSession, policy: IdlePolicy, now: datetime) -> str | None:
+    """Why `session` is idle at `now` under `policy` ("idle for 10 min (GPU utilisation < 1 %)"),
+    or None: a batch session, too young, terminal input or a busy sample within `idle_timeout`
+    seconds, or too few samples to tell."""
     started = session.started_at
     if started is None:
         return None
     age = (now - started).total_seconds()
-    if policy.max_lifetime is not None and age >= policy.max_lifetime - policy.grace:
-        return f"reached its maximum lifetime of {_hours(policy.max_lifetime)}"
     if policy.idle_timeout is None or session.command or age < policy.idle_timeout:
         return None
     since = int(now.timestamp()) - policy.idle_timeout
@@ -539,7 +569,7 @@ def _reclaim_reason(session: ComputeSession, policy: IdlePolicy, now: datetime) 
 
 
 def _notify(session: ComputeSession, text: str) -> None:
-    """The warning in the session's terminal and on its page (`sessions.services.session_notice`)."""
+    """The warning in the session's terminal and on its page (`sessions.lifecycle.services.session_notice`)."""
     from sessions.services import session_notice
 
     session_notice(session, text)
