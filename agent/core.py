@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import itertools
 import json
 import logging
 import os
@@ -52,6 +51,8 @@ from agent.direct import DirectServer, DirectStream
 from agent import files as session_files
 from agent import mig as mig_runtime
 from agent.environment import allocation_document, session_environment
+from agent.buffers import take_front
+from agent.log_shipper import LogLimits, SessionLog
 from agent.manager_link import ManagerLink, service_ports_keyword
 from agent.runtimes import HeldImages, ProcessRuntime, SessionHandle
 from agent.session_apps import SessionApps
@@ -62,6 +63,11 @@ from protocol.messages import StartSpec
 # What callers (agent.boot, the tests, the benchmarks) import from here: the manager client and the pools' sizes.
 from agent.manager_link import MANAGER_THREADS as MANAGER_THREADS
 from agent.manager_link import CeleryManager as CeleryManager
+from agent.log_shipper import LOG_BACKLOG_CHARS as LOG_BACKLOG_CHARS
+from agent.log_shipper import LOG_BATCH_CHARS as LOG_BATCH_CHARS
+from agent.log_shipper import LOG_CHUNK_CHARS as LOG_CHUNK_CHARS
+from agent.log_shipper import LOG_FLUSH_S as LOG_FLUSH_S
+from agent.log_shipper import LOG_IDLE_FLUSH_S as LOG_IDLE_FLUSH_S
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +80,6 @@ KILL_GRACE_S = 3.0
 # within 30 ms of the launch: benchmarks/launch.py); the next SIGHUP ends it.
 RESIGNAL_S = 0.05
 KILL_WAIT_S = 2.0  # after SIGKILL, how long TERMINATED waits for the session's processes to be gone
-LOG_FLUSH_S = 0.5  # seconds between log batches while LOG_BATCH_CHARS or more wait
-# Seconds between log batches of a trickle (a shell typed in): each batch is a database write on
-# the manager (in standalone mode in the process that relays the terminal, where one every 0.5 s
-# put a 3 ms stall into keystroke echoes every 0.5 s: benchmarks/terminal.py, p99).
-LOG_IDLE_FLUSH_S = 2.0
-LOG_BATCH_CHARS = 64 * 1024  # ship at once when this many characters wait
-LOG_CHUNK_CHARS = 256 * 1024  # the most one batch carries
-# Unshipped output kept (while the manager is unreachable, or the output comes faster than the log
-# ships, LOG_CHUNK_CHARS per LOG_FLUSH_S); older is dropped. As much as the manager keeps of a
-# session's log (FGPU_SESSION_LOG_MAX_CHARS), so the log it keeps ends with an unbroken tail.
-LOG_BACKLOG_CHARS = 4 * 1024 * 1024
 EXEC_OUTPUT_BYTES = 1024 * 1024  # stdout and stderr of an exec are each cut to this many bytes
 # Terminal flow control, end to end: output frames go to the terminal group only while every
 # terminal that reads the session (`readers`: the consumers that attached) has acknowledged all but
@@ -145,6 +140,17 @@ def agent_for(node: str) -> "Agent":
         raise LookupError(f"no agent for node {node!r} runs in this process") from None
 
 
+def log_limits() -> LogLimits:
+    """The log shipper's limits as this module names them (agent.log_shipper's, unless changed here)."""
+    return LogLimits(
+        flush_s=LOG_FLUSH_S,
+        idle_flush_s=LOG_IDLE_FLUSH_S,
+        batch_chars=LOG_BATCH_CHARS,
+        chunk_chars=LOG_CHUNK_CHARS,
+        backlog_chars=LOG_BACKLOG_CHARS,
+    )
+
+
 @dataclass
 class RunningSession:
     session_id: str
@@ -181,18 +187,35 @@ class RunningSession:
     env: dict = field(default_factory=dict)  # the session's environment, for exec
     data_dir: Path | None = None  # its owner's persistent folder (~/data), whose storage agent.storage measures
     project_dirs: dict = field(default_factory=dict)  # its projects' folders (~/projects/<name>: Path), measured too
-    log_pending: list = field(default_factory=list)  # decoded output not yet batched
-    log_pending_chars: int = 0
-    log_seq: int = 0  # sequence number of the next batch
-    log_offset: int = 0  # characters batched so far: the next batch's offset
-    log_unsent: tuple | None = None  # (seq, offset, text, final): a batch the manager has not taken yet
-    log_wake: asyncio.Event = field(default_factory=asyncio.Event)
-    log_closed: bool = False
-    log_closing: asyncio.Event = field(default_factory=asyncio.Event)  # set with log_closed: ends a pause
-    log_task: asyncio.Task | None = None
+    log: SessionLog = field(default_factory=lambda: SessionLog(limits=log_limits()))  # its output to the manager
     execs: set = field(default_factory=set)  # Popen of commands run by exec, killed with the session
     apps: dict = field(default_factory=dict)  # its web apps (agent.session_apps): name → AppProcess
     relays: list = field(default_factory=list)  # the agent's relays to its apps (agent.session_apps), closed with it
+
+    # The log's pending output under the names it had on the session (its tests set them).
+    @property
+    def log_pending(self) -> list[str]:
+        return self.log.pending
+
+    @log_pending.setter
+    def log_pending(self, parts: list[str]) -> None:
+        self.log.pending = parts
+
+    @property
+    def log_pending_chars(self) -> int:
+        return self.log.pending_chars
+
+    @log_pending_chars.setter
+    def log_pending_chars(self, chars: int) -> None:
+        self.log.pending_chars = chars
+
+    @property
+    def log_offset(self) -> int:
+        return self.log.offset
+
+    @log_offset.setter
+    def log_offset(self, offset: int) -> None:
+        self.log.offset = offset
 
 
 class Agent:
@@ -568,7 +591,10 @@ class Agent:
             running.exit_poll = asyncio.create_task(self._poll_exit(running))
         self._resume_reading(running)
         running.pump_task = asyncio.create_task(self._pump_output(running))
-        running.log_task = asyncio.create_task(self._ship_logs(running))
+        running.log.bind(
+            send=partial(self._call, self.manager.log, running.session_id), node=self.node, session_id=running.session_id
+        )
+        running.log.start()
         running.exited = asyncio.create_task(self._wait_exit(running))
 
     def _on_exit(self, running: RunningSession) -> None:
@@ -596,7 +622,7 @@ class Agent:
         SessionApps.close_relays(running)
         for stream in running.direct.values():
             stream.close()
-        for task in (running.pump_task, running.log_task, running.exited, running.exit_poll):
+        for task in (running.pump_task, running.log.task, running.exited, running.exit_poll):
             if task is not None:
                 task.cancel()
         self._close_pty(running)
@@ -769,12 +795,7 @@ class Agent:
         running.outbox_chars += len(text)
         running.outbox_wake.set()
         if log_it:
-            running.log_pending.append(text)
-            running.log_pending_chars += len(text)
-            if running.log_pending_chars >= LOG_BATCH_CHARS:
-                running.log_wake.set()
-            if running.log_pending_chars > 2 * LOG_BACKLOG_CHARS:  # the manager unreachable for long
-                _drop_oldest(running)
+            running.log.add(text)
 
     def _write_input(self, running: RunningSession, data: bytes) -> None:
         """Queue terminal input for the PTY (written as it becomes writable). Input that would
@@ -822,7 +843,7 @@ class Agent:
 
     def _take_frame(self, running: RunningSession) -> str:
         """Up to FRAME_CHARS characters from the front of the outbox."""
-        frame = _take_front(running.outbox, FRAME_CHARS)
+        frame = take_front(running.outbox, FRAME_CHARS)
         running.outbox_chars -= len(frame)
         return frame
 
@@ -951,7 +972,7 @@ class Agent:
         )
         if log_ready:
             try:
-                await self._close_log(running)
+                await running.log.close()
             except Exception:
                 log.exception("agent %s: shipping the last output of %s failed", self.node, running.session_id)
 
@@ -1042,7 +1063,7 @@ class Agent:
             return  # the manager re-sends it every pass while the notice stands
         running.preempt_notice = command.notice
         self._output(running, f"\r\n[fgpu: {command.text}]\r\n")
-        running.log_wake.set()  # the log has it now, not at the next batch
+        running.log.wake.set()  # the log has it now, not at the next batch
         log.info(
             "agent %s: session %s preempted: %s sent (notice %s)", self.node, running.session_id, command.signal, command.notice
         )
@@ -1062,84 +1083,9 @@ class Agent:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    # --- output log --------------------------------------------------------------------
-
-    async def _ship_logs(self, running: RunningSession) -> None:
-        """Ship the session's output every LOG_IDLE_FLUSH_S, or every LOG_FLUSH_S while
-        LOG_BATCH_CHARS or more wait, until _close_log closes the log: one batch at a time, at
-        most one per LOG_FLUSH_S, so a flooding session sends the manager at most
-        LOG_CHUNK_CHARS / LOG_FLUSH_S characters a second (what it writes faster is dropped
-        oldest first past LOG_BACKLOG_CHARS; the stored log keeps only its last
-        FGPU_SESSION_LOG_MAX_CHARS anyway) and a session typed in a write every 2 s at most."""
-        last = -LOG_FLUSH_S
-        while not running.log_closed:
-            if running.log_pending_chars >= LOG_BATCH_CHARS:  # a backlog: on at the LOG_FLUSH_S pace
-                running.log_wake.set()
-            try:
-                await asyncio.wait_for(running.log_wake.wait(), timeout=LOG_IDLE_FLUSH_S)
-            except TimeoutError:
-                pass
-            running.log_wake.clear()
-            pause = last + LOG_FLUSH_S - self.loop.time()
-            if pause > 0:  # closing the log ends the pause (the session's end waits for it)
-                try:
-                    await asyncio.wait_for(running.log_closing.wait(), timeout=pause)
-                except TimeoutError:
-                    pass
-            if not running.log_closed:
-                last = self.loop.time()
-                await self._ship_log(running, final=False, most=1)
-
     def _next_batch(self, running: RunningSession, *, final: bool) -> tuple | None:
-        """Cut the next batch (at most LOG_CHUNK_CHARS) from the pending output. When the
-        backlog outgrew LOG_BACKLOG_CHARS (the manager unreachable), its oldest part is dropped
-        and the offset moves past it, so offsets stay positions in the session's output."""
-        _drop_oldest(running)
-        batch = _take_front(running.log_pending, LOG_CHUNK_CHARS)
-        running.log_pending_chars -= len(batch)
-        last = final and not running.log_pending
-        if not batch and not last:
-            return None
-        chunk = (running.log_seq, running.log_offset, batch, last)
-        running.log_seq += 1
-        running.log_offset += len(batch)
-        return chunk
-
-    async def _ship_log(self, running: RunningSession, *, final: bool, most: int | None = None) -> bool:
-        """Send the unsent batch (a retry keeps its sequence number) and then the pending
-        output, in batches (`most` of them; None: all). Returns False if the manager could not
-        be reached (the output stays pending for the next try)."""
-        for _ in itertools.repeat(None) if most is None else range(most):
-            if running.log_unsent is None:
-                running.log_unsent = self._next_batch(running, final=final)
-                if running.log_unsent is None:
-                    return True
-            try:
-                await self._call(self.manager.log, running.session_id, *running.log_unsent)
-            except Exception:
-                log.warning(
-                    "agent %s: could not ship the output of session %s; will retry", self.node, running.session_id, exc_info=True
-                )
-                return False
-            sent_final = running.log_unsent[3]
-            running.log_unsent = None
-            if sent_final or not (running.log_pending or final):
-                return True
-        return True
-
-    async def _close_log(self, running: RunningSession) -> None:
-        """Stop the periodic shipping and send the rest of the output with the final mark
-        (a few tries, LOG_FLUSH_S apart), while the session's end is reported."""
-        running.log_closed = True
-        running.log_closing.set()
-        running.log_wake.set()
-        if running.log_task is not None:
-            await running.log_task
-        for _ in range(5):
-            if await self._ship_log(running, final=True):
-                return
-            await asyncio.sleep(LOG_FLUSH_S)
-        log.error("agent %s: gave up shipping the last output of session %s", self.node, running.session_id)
+        """The session's next log batch (agent.log_shipper.SessionLog.next_batch)."""
+        return running.log.next_batch(final=final)
 
     # --- exec ----------------------------------------------------------------------------
 
@@ -1340,37 +1286,10 @@ class Agent:
             self.files.handle(running, command)
 
 
-def _take_front(parts: list, limit: int) -> str:
-    """Up to `limit` characters from the front of `parts` (strings, shortened in place): the
-    outbox and the log's pending output, which grow by one part a PTY read."""
-    taken, size = [], 0
-    while parts and size < limit:
-        part = parts[0]
-        if len(part) > limit - size:
-            taken.append(part[: limit - size])
-            parts[0] = part[limit - size :]
-            break
-        taken.append(parts.pop(0))
-        size += len(part)
-    return "".join(taken)
-
-
 def _reap_and_kill(process) -> tuple[int, int]:
     """Blocking, in one hop to a worker thread: the exited leader's status (`process.wait`) and
     how many processes of its session were left and got SIGKILL (`process.kill_all`)."""
     return process.wait(), process.kill_all()
-
-
-def _drop_oldest(running: RunningSession) -> None:
-    """Keep the last LOG_BACKLOG_CHARS characters of the unshipped output; the next batch's
-    offset moves past what is dropped, so offsets stay positions in the session's output."""
-    if running.log_pending_chars <= LOG_BACKLOG_CHARS:
-        return
-    text = "".join(running.log_pending)
-    dropped = len(text) - LOG_BACKLOG_CHARS
-    running.log_offset += dropped
-    running.log_pending = [text[dropped:]]
-    running.log_pending_chars = LOG_BACKLOG_CHARS
 
 
 def outlives_agent(process) -> bool:
