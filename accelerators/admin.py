@@ -26,6 +26,7 @@ from accelerators.admin_display import EMPTY, BinarySizeField, size_html, when_h
 from accelerators.allocation import core, topology, units
 from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.config_import import MAX_UPLOAD_BYTES, ConfigError, import_accelerator_config_upload
+from accelerators.fleet import NO_GROUP, SORTS, STATES, NodeFigures, fleet_nodes
 from accelerators.mig_selectors import (
     device_mig_catalog,
     mig_exclusion,
@@ -588,7 +589,21 @@ def mig_sync_html(node: Node) -> str:
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ("name", "status", "resource_group", "heartbeat", "cpu_count", "memory", "device_count", "sharing")
+    list_display = (
+        "name",
+        "status",
+        "resource_group",
+        "heartbeat",
+        "cpu_count",
+        "memory",
+        "device_count",
+        "free_fgpu",
+        "idle_gpus",
+        "free_mig",
+        "load",
+        "sharing",
+    )
+    change_list_template = "admin/accelerators/node_change_list.html"
     list_filter = ("status", "resource_group")
     search_fields = ("name",)
     inlines = (DeviceInline, DeviceLinkInline)
@@ -637,7 +652,81 @@ class NodeAdmin(admin.ModelAdmin):
 
     def get_urls(self):
         check = self.admin_site.admin_view(self.mig_check_view)
-        return [path("<path:object_id>/mig-check/", check, name="accelerators_node_mig_check"), *super().get_urls()]
+        fleet = self.admin_site.admin_view(self.fleet_view)
+        return [
+            path("fleet/", fleet, name="accelerators_node_fleet"),
+            path("<path:object_id>/mig-check/", check, name="accelerators_node_mig_check"),
+            *super().get_urls(),
+        ]
+
+    def fleet_view(self, request: HttpRequest) -> TemplateResponse:
+        """The fleet overview page (issue 36.4): its filters, drawn by static/js/fleet.js from
+        GET /api/v1/fleet/ (`accelerators.api_fleet`), polled every few seconds while shown."""
+        if not request.user.is_staff or not self.has_view_permission(request):
+            raise PermissionDenied
+        models = Device.objects.filter(is_mig_device=False).order_by("model_name").values_list("model_name", flat=True)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Fleet overview",
+            "opts": self.model._meta,
+            "api_url": reverse("api-fleet"),
+            "states": STATES,
+            "sorts": SORTS,
+            "no_group": NO_GROUP,
+            "groups": ResourceGroup.objects.order_by("name").values_list("name", flat=True),
+            "models": models.distinct(),
+            "node_count": Node.objects.count(),
+            "query": request.GET,
+        }
+        return TemplateResponse(request, "admin/accelerators/fleet.html", context)
+
+    def get_changelist_instance(self, request: HttpRequest):
+        """The change list, its page's nodes given their capacity (`accelerators.fleet`: four
+        queries for the page, none per node) for the capacity columns."""
+        changelist = super().get_changelist_instance(request)
+        shown = list(changelist.result_list)  # evaluated once: the template iterates these very rows
+        figures = {n.pk: n for n in fleet_nodes(only=Node.objects.filter(pk__in=[n.pk for n in shown]))}
+        for node in shown:
+            node._fleet = figures.get(node.pk)  # read by the capacity columns below
+        return changelist
+
+    @staticmethod
+    def _figures(obj: Node) -> NodeFigures | None:
+        return getattr(obj, "_fleet", None)
+
+    def _free_of(self, obj: Node, free: str, total: str, text=str) -> str:
+        """ "<free> / <in all>" of two NodeFigures fields, each shown by `text`; — for none."""
+        figures = self._figures(obj)
+        if figures is None or not getattr(figures, total):
+            return EMPTY
+        return f"{text(getattr(figures, free))} / {text(getattr(figures, total))}"
+
+    @admin.display(description="free fGPU")
+    def free_fgpu(self, obj: Node) -> str:
+        """fGPU free / in all over its GPUs shared by fGPU."""
+        return self._free_of(obj, "fgpu_free", "fgpu_capacity", _fgpu_number)
+
+    @admin.display(description="idle GPUs")
+    def idle_gpus(self, obj: Node) -> str:
+        """GPUs nobody holds / its GPUs that serve no MIG."""
+        return self._free_of(obj, "gpus_idle", "gpus_plain")
+
+    @admin.display(description="free MIG slices")
+    def free_mig(self, obj: Node) -> str:
+        """Free MIG compute slices / in all over its GPUs that serve MIG."""
+        return self._free_of(obj, "mig_free", "mig_total")
+
+    @admin.display(description="allocated")
+    def load(self, obj: Node) -> str:
+        """Its GPUs' mean load: the larger of memory and SMs allocated (MIG: compute slices held)."""
+        figures = self._figures(obj)
+        if figures is None or not figures.gpus:
+            return EMPTY
+        return format_html(
+            "<span class='fleet-load' title='its GPUs allocated, on average (memory or SMs, the larger; MIG: compute "
+            "slices)'>{} %</span>",
+            figures.load,
+        )
 
     def mig_check_view(self, request: HttpRequest, object_id: str) -> JsonResponse:
         """POST {"mig_mode", "mig_layout"} → {"ok": true} or {"ok": false, "error": "…"}: the check the

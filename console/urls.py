@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.routers import DefaultRouter
 
 from accelerators import api as accelerator_api
-from accelerators import api_mig
+from accelerators import api_fleet, api_mig
 from accounts import api as account_api
 from accounts import views as account_views
 from sessions import api as session_api
@@ -52,6 +52,7 @@ urlpatterns = [
     path("api/v1/fairshare/", api_quotas.fairshare_view, name="api-fairshare"),
     path("api/v1/fragmentation/", api_fragmentation.fragmentation_view, name="api-fragmentation"),
     path("api/v1/fragmentation/apply/", api_fragmentation.fragmentation_apply_view, name="api-fragmentation-apply"),
+    path("api/v1/fleet/", api_fleet.fleet_view, name="api-fleet"),
     path("api/v1/my-resources/", api_resources.my_resources_view, name="api-my-resources"),
     path("api/v1/me/", account_api.me_view, name="api-me"),
     path("api/v1/usage/", usage_api.usage_view, name="api-usage"),
