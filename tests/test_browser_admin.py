@@ -37,6 +37,15 @@ def test_an_administrator_edits_the_fixed_mig_layout_in_rows_checked_live_and_im
     page.goto(base + "/admin/accelerators/node/")
     expect(page.locator("#site-name")).to_have_text("fGPU Console administration")
     page.get_by_role("link", name="demo-mig-node", exact=True).click()
+    # In dynamic mode the agent makes the instances: no layout editor shows (nor in static or off
+    # mode); choosing "fixed" brings it, choosing another mode hides it again.
+    page.select_option("#id_mig_mode", "dynamic")
+    expect(page.locator(".field-mig_layout")).to_be_hidden()
+    expect(page.locator(".field-mig_picture")).to_be_visible()
+    page.select_option("#id_mig_mode", "fixed")
+    expect(page.locator(".field-mig_layout")).to_be_visible()
+    page.select_option("#id_mig_mode", "static")
+    expect(page.locator(".field-mig_layout")).to_be_hidden()
     page.select_option("#id_mig_mode", "fixed")
     editor = page.locator(".mig-layout-editor")
     rows = editor.locator("tbody tr")

@@ -21,7 +21,47 @@
                 { key: "week", label: "Week", seconds: 7 * 86400, words: "last week" },
                 { key: "month", label: "Month", seconds: 30 * 86400, words: "last 30 days" }];
   var FINAL = ["TERMINATED", "ERROR", "CANCELLED"];
-  var COLOURS = { used: "#4f46e5", limit: "#d92d20", util: "#0e9384", cpu: "#b54708" };
+  // The charts' colours are the stylesheet's (--chart-* in css/console.css: light-dark() pairs, so
+  // the grid and lines read on the light theme and the dark one). A canvas cannot read a CSS
+  // variable: each is resolved to rgb() through a probe element, and again when the theme changes.
+  var CHART_COLOURS = ["axis", "grid", "tick", "used", "limit", "util", "cpu"];
+  var palette = null;
+  var charts = [];
+  function colours() {
+    if (palette) return palette;
+    var probe = document.createElement("span");
+    probe.hidden = true;
+    document.body.appendChild(probe);
+    palette = {};
+    CHART_COLOURS.forEach(function (name) {
+      probe.style.color = "var(--chart-" + name + ")";
+      palette[name] = getComputedStyle(probe).color;
+    });
+    probe.remove();
+    return palette;
+  }
+  function colour(name) { return function () { return colours()[name]; }; }
+  // A series' area under its line: its colour, faint.
+  function tint(name) {
+    return function () { return colours()[name].replace(/^rgb\((.*)\)$/, "rgba($1, 0.1)"); };
+  }
+  // The theme changes by the toggle (<html data-theme>: the console's static/js/theme.js, or the
+  // admin's own) or by the system's setting.
+  function themeChanged() {
+    palette = null;
+    charts.forEach(function (u) {
+      u.redraw(false, true);
+      // The legend's markers took their colours when the chart was made.
+      u.root.querySelectorAll(".u-legend .u-series").forEach(function (row, i) {
+        var marker = row.querySelector(".u-marker");
+        var s = u.series[i];
+        if (marker && i > 0 && s && s.stroke) marker.style.borderColor = s.stroke(u, i);
+        if (marker && i > 0 && s && s.fill) marker.style.background = s.fill(u, i);
+      });
+    });
+  }
+  new MutationObserver(themeChanged).observe(document.documentElement, { attributes: true, attributeFilter: ["data-theme"] });
+  window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", themeChanged);
   var BIN_UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
   var MIN_WINDOW_S = 120; // a young session's charts span at least 2 minutes, not a whole hour
   // Tick steps of a bytes axis: binary sizes (1 MiB … 1 TiB in 1-2-4 steps), so ticks read "512 MiB", "1.5 GiB".
@@ -108,7 +148,7 @@
   // ---- Charts ------------------------------------------------------------------------------
 
   // One uPlot chart in `box` (an element holding .usage-chart-plot and .usage-chart-empty):
-  // `series` [{label, colour, dash, value(v) -> text}], `yRange` (u, min, max) -> [lo, hi],
+  // `series` [{label, colour (a --chart-* name), fill (bool), dash, value(v) -> text}], `yRange` (u, min, max) -> [lo, hi],
   // `yValues` axis tick text. Sized to its box, kept so on resize.
   function chart(box, opts) {
     var plot = box.querySelector(".usage-chart-plot");
@@ -123,18 +163,19 @@
       legend: { show: true, live: true },
       scales: { x: { time: true }, y: { range: opts.yRange } },
       axes: [
-        { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" }, size: 28,
+        { stroke: colour("axis"), grid: { stroke: colour("grid") }, ticks: { stroke: colour("tick") }, size: 28,
           font: "11px system-ui, sans-serif", values: timeTicks },
-        { stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" }, size: opts.axisSize || 56,
+        { stroke: colour("axis"), grid: { stroke: colour("grid") }, ticks: { stroke: colour("tick") }, size: opts.axisSize || 56,
           font: "11px system-ui, sans-serif", incrs: opts.incrs, values: function (u, ticks) { return ticks.map(opts.tick); } },
       ],
       series: [{ label: "time", value: function (u, v) { return v === null || v === undefined ? "—" : pointTime(u, v); } }]
         .concat(opts.series.map(function (s) {
-          return { label: s.label, stroke: s.colour, width: s.width || 1.5, dash: s.dash, spanGaps: false,
-                   fill: s.fill, points: { show: false },
+          return { label: s.label, stroke: colour(s.colour), width: s.width || 1.5, dash: s.dash, spanGaps: false,
+                   fill: s.fill ? tint(s.colour) : undefined, points: { show: false },
                    value: function (u, v) { return v === undefined ? "—" : s.value(v); } };
         })),
     }, [[]].concat(opts.series.map(function () { return []; })), plot);
+    charts.push(u);
     if (window.ResizeObserver) {
       new ResizeObserver(function () { if (u.width !== width()) u.setSize({ width: width(), height: u.height }); })
         .observe(plot);
@@ -194,19 +235,19 @@
     var limit = 0;
     var memory = chart(root.querySelector('[data-chart="memory"]'), {
       series: [
-        { label: "used", colour: COLOURS.used, fill: "rgba(79, 70, 229, 0.08)", value: bytesText },
-        { label: "limit", colour: COLOURS.limit, dash: [6, 4], width: 1, value: bytesText },
+        { label: "used", colour: "used", fill: true, value: bytesText },
+        { label: "limit", colour: "limit", dash: [6, 4], width: 1, value: bytesText },
       ],
       yRange: function (u, min, max) { return [0, Math.max(limit, max || 0, 1) * 1.05]; },
       tick: bytesText, axisSize: 64, incrs: BYTE_INCRS,
     });
     var util = chart(root.querySelector('[data-chart="util"]'), {
-      series: [{ label: "GPU", colour: COLOURS.util, fill: "rgba(14, 147, 132, 0.08)",
+      series: [{ label: "GPU", colour: "util", fill: true,
                  value: function (v) { return v === null ? "—" : v + " %"; } }],
       yRange: percentRange, tick: function (v) { return v + " %"; }, axisSize: 52,
     });
     var cpu = chart(root.querySelector('[data-chart="cpu"]'), {
-      series: [{ label: "CPU", colour: COLOURS.cpu, fill: "rgba(181, 71, 8, 0.08)",
+      series: [{ label: "CPU", colour: "cpu", fill: true,
                  value: function (v) { return v === null ? "—" : (v / 1000).toFixed(2) + " cores"; } }],
       yRange: function (u, min, max) { return [0, Math.max(1000, max || 0) * 1.05]; },
       tick: function (v) { return (v / 1000) + ""; }, axisSize: 40,
@@ -349,11 +390,11 @@
             root.appendChild(box);
             var entry = { total: device.memory_size };
             entry.memory = chart(box.querySelector('[data-chart="memory"]'), {
-              series: [{ label: "used", colour: COLOURS.used, fill: "rgba(79, 70, 229, 0.08)", value: bytesText }],
+              series: [{ label: "used", colour: "used", fill: true, value: bytesText }],
               yRange: function () { return [0, entry.total]; }, tick: bytesText, axisSize: 64, incrs: BYTE_INCRS,
             });
             entry.util = chart(box.querySelector('[data-chart="util"]'), {
-              series: [{ label: "GPU", colour: COLOURS.util, fill: "rgba(14, 147, 132, 0.08)",
+              series: [{ label: "GPU", colour: "util", fill: true,
                          value: function (v) { return v === null ? "—" : v + " %"; } }],
               yRange: percentRange, tick: function (v) { return v + " %"; }, axisSize: 52,
             });
