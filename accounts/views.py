@@ -6,7 +6,9 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponseRedirect
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
@@ -15,6 +17,10 @@ from accounts.selectors import api_token_get_for, api_token_list_for, login_toke
 from console.errors import ApplicationError
 
 PROFILE_TEMPLATE = "account/profile.html"
+# The new token's key, between the POST that made it and the one GET of the profile that shows it
+# (POST-redirect-GET): kept in the server-side session (django.contrib.sessions' database store),
+# removed by that GET, or with the session at logout.
+NEW_TOKEN_SESSION_KEY = "accounts.new_api_token"
 
 
 class LoginView(auth_views.LoginView):
@@ -36,12 +42,14 @@ class ApiTokenForm(forms.Form):
     name = forms.CharField(max_length=services.NAME_MAX_LENGTH, strip=True)
 
 
-def _profile(request, *, form=None, new_key: str = "", new_token=None, status: int = 200):
+def _profile(request, *, form=None, new_key: str = "", new_token_id: str = "", status: int = 200):
+    tokens = api_token_list_for(user=request.user)
+    new_token = next((token for token in tokens if str(token.pk) == new_token_id), None) if new_key else None
     context = {
-        "tokens": api_token_list_for(user=request.user),
+        "tokens": tokens,
         "login_token": login_token_get_for(user=request.user),
         "form": form or ApiTokenForm(),
-        "new_key": new_key,
+        "new_key": new_key if new_token else "",  # revoked in between: not shown
         "new_token": new_token,
         "api_url": request.build_absolute_uri("/api/v1/"),
     }
@@ -51,15 +59,18 @@ def _profile(request, *, form=None, new_key: str = "", new_token=None, status: i
 @never_cache
 @login_required
 def profile(request):
-    """`/account/`: who you are and your API tokens."""
-    return _profile(request)
+    """`/account/`: who you are and your API tokens; the first GET after a token was created shows
+    its key, once (a reload shows it no more; the response is never cached)."""
+    created = request.session.pop(NEW_TOKEN_SESSION_KEY, None) or {}
+    return _profile(request, new_key=created.get("key", ""), new_token_id=created.get("token_id", ""))
 
 
 @never_cache
 @login_required
 @require_POST
 def token_create(request):
-    """Create a named token and show its key, once, on this response (which no cache keeps)."""
+    """Create a named token, then redirect (303) to the profile, which shows its key once: a reload
+    re-posts nothing. An invalid name is this page again, 400, with the error."""
     form = ApiTokenForm(request.POST)
     if form.is_valid():
         try:
@@ -67,7 +78,8 @@ def token_create(request):
         except ApplicationError as exc:
             form.add_error("name", exc.detail)
         else:
-            return _profile(request, new_key=key, new_token=token)
+            request.session[NEW_TOKEN_SESSION_KEY] = {"key": key, "token_id": str(token.pk)}
+            return HttpResponseRedirect(reverse("accounts:profile"), status=303)  # See Other: GET it
     return _profile(request, form=form, status=400)
 
 

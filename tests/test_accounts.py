@@ -67,11 +67,16 @@ def shown_key(response) -> str:
 # --- named tokens -----------------------------------------------------------------------------
 
 def test_a_token_created_on_the_profile_page_is_shown_once_and_only_its_digest_is_stored(browser, alice):
-    response = create_on_page(browser, "ci-pipeline")
+    posted = create_on_page(browser, "ci-pipeline")
+    # POST-redirect-GET: a reload of the page that shows the key re-posts nothing.
+    assert posted.status_code == 303
+    assert posted["Location"] == "/account/"
+    response = browser.get(posted["Location"])
 
     assert response.status_code == 200
     assert "no-store" in response["Cache-Control"]
     key = shown_key(response)
+    assert "accounts.new_api_token" not in browser.session  # shown: the session no longer holds it
     token = ApiToken.objects.get(user=alice)
     assert token.name == "ci-pipeline"
     assert token.digest == hashlib.sha256(key.encode()).hexdigest()
@@ -155,8 +160,29 @@ def test_a_token_name_is_unique_among_a_users_live_tokens_and_free_again_once_re
 
     services.api_token_create(user=bob, name="ci")  # another user's name space
     services.api_token_revoke(token=first)
-    assert create_on_page(browser, "ci").status_code == 200
+    assert create_on_page(browser, "ci").status_code == 303
     assert ApiToken.objects.filter(user=alice, name="ci", revoked_at__isnull=True).count() == 1
+
+
+def test_a_reload_after_creating_a_token_neither_creates_another_nor_shows_the_key_again(browser, alice):
+    posted = create_on_page(browser, "laptop")
+    first = browser.get(posted["Location"])
+    key = shown_key(first)
+
+    reloaded = browser.get("/account/")
+
+    assert key not in reloaded.content.decode()
+    assert 'id="new-token"' not in reloaded.content.decode()
+    assert ApiToken.objects.filter(user=alice).count() == 1
+
+
+def test_a_token_revoked_before_its_key_was_shown_is_not_shown(browser, alice):
+    posted = create_on_page(browser, "laptop")
+    services.api_token_revoke(token=ApiToken.objects.get(user=alice))
+
+    page = browser.get(posted["Location"]).content.decode()
+
+    assert 'id="new-token"' not in page
 
 
 @pytest.mark.parametrize("name", ["", "   ", "x" * 65])

@@ -383,7 +383,7 @@ def test_creating_a_token_needs_the_csrf_token(alice):
 
     assert client.post("/account/tokens/", {"name": "ci"}).status_code == 403
     assert not ApiToken.objects.exists()
-    assert client.post("/account/tokens/", {"name": "ci", "csrfmiddlewaretoken": csrf}).status_code == 200
+    assert client.post("/account/tokens/", {"name": "ci", "csrfmiddlewaretoken": csrf}).status_code == 303
     assert ApiToken.objects.filter(user=alice, name="ci").exists()
 
 
