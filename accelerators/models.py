@@ -152,7 +152,7 @@ class PlacementShape(models.Model):
     """How many sessions of one request shape the scheduler has placed in a resource group
     (`resource_group` is the group's name, "" for requests naming none): the workload
     distribution p that fragmentation-aware policies (fgd, fgd-plus) weigh by. `key` is the
-    shape in the allocator's index units (`sessions.scheduler.shape_key`)."""
+    shape in the allocator's index units (`sessions.scheduling.scheduler.shape_key`)."""
 
     resource_group = models.CharField(max_length=64, blank=True)
     key = models.CharField(max_length=200)

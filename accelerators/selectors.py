@@ -212,7 +212,7 @@ def nodes_with_usage(nodes):
     """Annotate a Node queryset with what its active sessions (`protocol.SESSION_ACTIVE_STATES`)
     hold: `cpu_used` (cores) and `mem_used` (bytes), 0 for none. The one computation of a
     node's CPU and memory in use: the allocator's nodes (`node_states`) and the MIG choice's
-    rooms (`sessions.mig_scheduling`) both read it. Not with `select_for_update` (PostgreSQL
+    rooms (`sessions.scheduling.mig`) both read it. Not with `select_for_update` (PostgreSQL
     locks no aggregate): lock first, then read."""
     active = Q(sessions__status__in=protocol.SESSION_ACTIVE_STATES)
     return nodes.annotate(

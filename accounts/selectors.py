@@ -46,10 +46,10 @@ def login_token_get_for(*, user) -> LoginToken | None:
 def user_summary(*, user) -> dict:
     """`{"username", "is_admin", "projects", "live_sessions", "quota_headroom"}` for `user`:
     `is_admin` is `is_staff`; `live_sessions` counts sessions PENDING or active;
-    `quota_headroom` is sessions.quotas.quota_headroom as quota figures (fGPU as text, None:
+    `quota_headroom` is sessions.policy.quotas.quota_headroom as quota figures (fGPU as text, None:
     unlimited)."""
     from sessions.models import ACTIVE_STATUSES, SessionStatus
-    from sessions.quotas import quota_figures, quota_headroom
+    from sessions.policy.quotas import quota_figures, quota_headroom
 
     return {
         "username": user.get_username(),

@@ -1,14 +1,14 @@
 """The agent's side of session apps (issue 16): start a web app a session's image declares
 (JupyterLab, TensorBoard, …) inside the session on demand, wait until its port answers, and say
-where it listens, so the console's proxy (sessions.app_proxy) can reach it.
+where it listens, so the console's proxy (sessions.serving.proxy) can reach it.
 
-Messages (channel layer, on the session's `pty.<node>.<id>` group; the web: sessions.session_apps):
+Messages (channel layer, on the session's `pty.<node>.<id>` group; the web: sessions.serving.session_apps):
 
 - `pty.app_open` {app: {name, command, port, base_url}, base_url, token, keep, timeout, reply_channel}:
   start the app unless it runs with the token `keep` (idempotent: a second open of a running app
   answers at once, one of an app still starting waits for the same start); an app that runs with
   another token (the web no longer holds its token: `keep` is "" or differs) is stopped and started
-  anew with `token` (the web's new random token; sessions.session_apps). Answers `app.progress` {text} about once
+  anew with `token` (the web's new random token; sessions.serving.session_apps). Answers `app.progress` {text} about once
   a second while it waits, then `app.ready` {host, port, reused} or `app.failed` {error, output}
   (its command exited, or its port did not answer within `timeout` seconds: it is killed; `output`
   is the last OUTPUT_TAIL_BYTES of what it wrote).

@@ -22,7 +22,7 @@ one after another:
 3. The database queries each of these answers with (in this process, Django's test client on
    the same database) for a page of 1 row and of 100 (`?limit=`): equal when the count does
    not grow with the page; for the sessions also asked again, when the page comes from the
-   shapes the process kept (sessions.shapes).
+   shapes the process kept (sessions.api.shapes).
 
 Needs PostgreSQL only: the web process and this one run without Redis (no GET here uses it).
 Figures go to stdout and to --out.
@@ -126,7 +126,7 @@ def query_counts(token: str, path: str) -> dict:
     api.credentials(HTTP_AUTHORIZATION=f"Token {token}")
     counts = {}
     for rows in (1, 100):
-        for repeat in range(2):  # the second: a page of kept session shapes (sessions.shapes)
+        for repeat in range(2):  # the second: a page of kept session shapes (sessions.api.shapes)
             with CaptureQueriesContext(connection) as queries:
                 response = api.get(path, {"limit": rows})
             assert response.status_code == 200, response.content[:300]

@@ -1,4 +1,4 @@
-"""What the console's app proxy (issue 16, sessions/app_proxy.py) adds: a session app reached
+"""What the console's app proxy (issue 16, sessions/serving/proxy.py) adds: a session app reached
 through `/sessions/<id>/apps/<name>/` on the apps origin (issue 31.4: make run's
 http://localhost:<PORT + 1>, signed in there by the console's one-time ticket) against the same
 app reached directly, in one run.

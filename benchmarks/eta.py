@@ -17,7 +17,7 @@ What happens, all through the project's own pure code:
    --predictions of them, evenly spread), the estimate the console would have given at that
    moment: the same replay from then, over the pods waiting then (in queue order) and the pods
    running then (where the truth put them), each running pod ending at its remaining runtime's
-   band from the history of pods that ended before then, as `sessions.eta.expected_end` does
+   band from the history of pods that ended before then, as `sessions.scheduling.eta.expected_end` does
    for a batch session (`replay.remaining_band`, quantiles `replay.HISTORY_BAND`, at least
    `replay.HISTORY_MIN` runtimes): first pods of the same request shape and QoS (the console's
    "same owner and image"), else pods of the same QoS (its "same owner"); without either, no
@@ -197,7 +197,7 @@ class History:
 
     def before(self, t: float, pod: Pod) -> list[float]:
         upto = bisect.bisect_right(self.ends, t)
-        window = t - 30 * DAY  # sessions.eta.HISTORY_DAYS
+        window = t - 30 * DAY  # sessions.scheduling.eta.HISTORY_DAYS
         same = [
             p.duration
             for e, p in zip(self.ends[:upto], self.pods[:upto])
@@ -245,7 +245,7 @@ def estimate(
 
 
 def two_replays(key, pods, room, running, where, waiting, runtimes, ends, at: float, backfill: int) -> pure.Band:
-    """`key`'s band from the console's two replays at `at` (`sessions.eta`): on a fresh `room()`
+    """`key`'s band from the console's two replays at `at` (`sessions.scheduling.eta`): on a fresh `room()`
     with the `running` pods where the truth put them (`where`), the `waiting` ones queued for
     their `runtimes` band's low, then high end (None: no known end), the running ones ending at
     their `ends` band's (absolute times; None: no known end)."""

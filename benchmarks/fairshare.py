@@ -9,7 +9,7 @@ node of 8 mock GPUs, `--owners` users (half of them in 10 projects) and, for eac
 of 7 days: all inside the horizon) plus one running allocation per owner. Times, median and max
 of `--repeat`:
 
-- `sessions.fairshare.account_shares()`: the database sums each owner's decayed usage and
+- `sessions.scheduling.fairshare.account_shares()`: the database sums each owner's decayed usage and
   answers one row per owner (what every scheduler pass with two or more owners waiting reads);
 - the baseline, in the same run: the same decayed sum computed in Python over every allocation
   row (`decayed_seconds` per row, as account_shares did before), the way a per-row read scales.
@@ -71,7 +71,7 @@ def python_usage(now) -> dict[int, float]:
     from django.db.models import Q
     from django.utils import timezone
 
-    from sessions.fairshare import HORIZON_HALF_LIVES, decayed_seconds, half_life_seconds
+    from sessions.scheduling.fairshare import HORIZON_HALF_LIVES, decayed_seconds, half_life_seconds
     from sessions.models import Allocation
 
     half_life, now_s = half_life_seconds(), now.timestamp()
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from accelerators.models import Device
     from benchmarks.database import throwaway_database
-    from sessions import fairshare
+    from sessions.scheduling import fairshare
     from sessions.models import Allocation, ComputeSession, Project, SessionStatus
     from tests.seed import make_cluster, mock_gpu
 

@@ -24,10 +24,10 @@ What is replayed (every choice stated, all deterministic):
   `--min-runtime` seconds (default 600) of minimum runtime. A preempted pod is warned, stopped
   `--grace` seconds later (default 300, FGPU_PREEMPTION_GRACE_SECONDS' default) and sent again
   as a new session arriving at its stop, with its whole duration (its work is lost).
-- Scheduler: `sessions.scheduler.schedule_pending`'s rules on the pure modules: a pass at every
+- Scheduler: `sessions.scheduling.scheduler.schedule_pending`'s rules on the pure modules: a pass at every
   arrival, end and stop; the queue ordered by priority, then fair-share factor
-  (`sessions.fairshare.fair_share_factor` over usage decayed by `--half-life-days`, default 7,
-  with `sessions.fairshare.decayed_seconds`), then arrival; placement by `core.place` under
+  (`sessions.scheduling.fairshare.fair_share_factor` over usage decayed by `--half-life-days`, default 7,
+  with `sessions.scheduling.fairshare.decayed_seconds`), then arrival; placement by `core.place` under
   `--policy` (default binpack); a request that did not fit is not tried again in the same pass;
   backfill up to FGPU_BACKFILL_LIMIT (8) overtakes; then preemption for the first
   `preemption.MAX_WAITERS_PER_PASS` blocked sessions without victims under notice, by
@@ -76,8 +76,8 @@ django.setup()
 from accelerators.allocation import core  # noqa: E402
 from accelerators.allocation.errors import AllocationError, NeverSchedulable  # noqa: E402
 from accelerators.allocation.preemption import SHARE_MARGIN, Holder, place_on, preemption_choice, release  # noqa: E402
-from sessions.fairshare import decayed_seconds, fair_share_factor  # noqa: E402
-from sessions.preemption import MAX_WAITERS_PER_PASS  # noqa: E402
+from sessions.scheduling.fairshare import decayed_seconds, fair_share_factor  # noqa: E402
+from sessions.scheduling.preemption import MAX_WAITERS_PER_PASS  # noqa: E402
 
 TRACE_DIR = Path(os.environ.get("FGPU_OPENB_DIR", "/work/shared/traces/openb"))
 MiB = 1 << 20
@@ -246,7 +246,7 @@ def _ever_fits(r: Replay, s: Session) -> bool:
 
 def _advance(r: Replay, before: float, now: float) -> None:
     """Account the time from `before` to `now`: GPU-seconds per project (and while contended),
-    and the decayed usage fair share reads (`sessions.fairshare`'s formula)."""
+    and the decayed usage fair share reads (`sessions.scheduling.fairshare`'s formula)."""
     if now <= before:
         return
     dt = now - before
@@ -351,7 +351,7 @@ def _dominates(key: tuple, failed: tuple) -> bool:
 
 
 def _preempt(r: Replay, t: float, blocked: list[Session], factors: dict[str, float], options: dict) -> None:
-    """`sessions.preemption.preemption_pass`'s choice step for the replay: victims warned now,
+    """`sessions.scheduling.preemption.preemption_pass`'s choice step for the replay: victims warned now,
     stopped at t + grace."""
     waiting_for = {s.preempted_for for s in r.running.values() if getattr(s, "preempted_for", None)}
     stopping = [_holder(s, factors) for s in r.running.values() if s.stop_at is not None]

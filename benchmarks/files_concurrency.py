@@ -11,7 +11,7 @@ seconds the web process's thread count is read from /proc, the listings whose op
 session's `pty-<id>` group are counted (a listener joined to it, as in
 tests/test_files_concurrency.py), and five GETs of the session (one after another) are timed;
 then the agent is continued and every listing's status collected. The web waits 30 s for the
-agent's answer (sessions.files.REPLY_WAIT_S): keep --settle well below. Environment:
+agent's answer (sessions.serving.files.REPLY_WAIT_S): keep --settle well below. Environment:
 FGPU_BENCH_DATABASE_URL (a database of its own, created and flushed), FGPU_BENCH_REDIS_URL (a
 Redis database of its own, flushed).
 """
@@ -40,7 +40,7 @@ REDIS_URL = os.environ.get("FGPU_BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
 
 
 def measure(stack: Stack, token: str, session_id: str, held: int, settle_s: float) -> str:
-    from sessions import events
+    from sessions.lifecycle import events
     from tests.test_files_concurrency import Listener
 
     web, agent = stack.procs["web"].pid, stack.agents["bench-node"].pid

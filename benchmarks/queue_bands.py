@@ -13,7 +13,7 @@ What happens, all through the project's own pure code (no database):
    history mixes short and long jobs — arriving as a Poisson stream that asks --load times the
    cluster's GPU-seconds. Each run lasts its kind's length ±10 %; --cancelled of them are
    cancelled after 5-60 % of it, --preempted preempted after 10-90 % of it (with a notice --grace
-   seconds before the stop, as `sessions.preemption` gives one: the session's `preempt_at`),
+   seconds before the stop, as `sessions.scheduling.preemption` gives one: the session's `preempt_at`),
    --failed fail early.
 2. The truth: the trace replayed on --gpus GPUs (nodes of 4 GPUs, 1 fGPU = 1 GPU) by
    `accelerators.allocation.replay.replay` over `core.place` (benchmarks/eta.py's `Room`: the
@@ -24,7 +24,7 @@ What happens, all through the project's own pure code (no database):
    moment (benchmarks/eta.py's `estimate`, the same two replays: every running job ending at the
    low, then the high end of its band), under two keyings of the runtime history of the jobs
    that ended before then:
-   - "console": `accelerators.allocation.runtime_history.History` — what `sessions.eta` reads:
+   - "console": `accelerators.allocation.runtime_history.History` — what `sessions.scheduling.eta` reads:
      keyed by command, image, request and project, falling back to coarser keys; the band from
      completed runs, its early end sooner where runs of the same key were cut short that early
      (`early_ends`); a running job under a preemption notice ends at its `preempt_at`, known
@@ -158,7 +158,7 @@ class Histories:
     def upto(self, t: float) -> None:
         for job in self.jobs[self.taken : bisect.bisect_right(self.ends, t)]:
             self.console.add(job.job, job.ran, job.outcome)
-            for key in ((job.owner, job.image), (job.owner, None)):  # sessions.eta before issue 32
+            for key in ((job.owner, job.image), (job.owner, None)):  # sessions.scheduling.eta before issue 32
                 self.baseline.setdefault(key, []).append(job.ran)
         self.taken = max(self.taken, bisect.bisect_right(self.ends, t))
 
@@ -170,7 +170,7 @@ class Histories:
     def console_band(
         self, job: Job, elapsed: float, at: float, end: float, early_ends: bool = True
     ) -> tuple[float, float] | None:
-        if job.notice and at >= end - job.notice:  # under notice: its preempt_at is known (sessions.eta.expected_end)
+        if job.notice and at >= end - job.notice:  # under notice: its preempt_at is known (sessions.scheduling.eta.expected_end)
             return end - at, end - at
         return self.console.band(job.job, elapsed, early_ends=early_ends)[0]
 
@@ -185,7 +185,7 @@ Band = Callable[[Job, float, float, float], "tuple[float, float] | None"]
 
 
 def estimate(at, key, jobs, order, starts, where, nodes, args, band: Band) -> pure.Band:
-    """The band the console would give job `key` at `at`: the two replays of `sessions.eta`
+    """The band the console would give job `key` at `at`: the two replays of `sessions.scheduling.eta`
     (benchmarks/eta.py's `estimate`), with each job's runtime band from `band(job, elapsed, at,
     true end)`."""
     running = [k for k in order if starts.get(k) is not None and starts[k] <= at < starts[k] + jobs[k].ran]

@@ -9,7 +9,7 @@ devices (1.0 fGPU per GPU, fractional mode, quantum 0.01) and the sessions, PEND
 `session_create` writes them (validated by `request_validate`; fGPU requests from openb pods: the
 sharing fraction, or the GPU count), then
 times one `schedule_pending(limit=N)` pass, the real one: locks, allocator, Allocation rows,
-status changes, and after commit the notices to the pages (`sessions.events`, through the Redis
+status changes, and after commit the notices to the pages (`sessions.lifecycle.events`, through the Redis
 channel layer) and the agents' start messages (Celery, to the broker; purged afterwards, as no
 agent runs; `--no-starts` skips them). Reports the time to commit, the after-commit time, and
 their sum (end to end). Afterwards it checks that no device or node is over-committed.
@@ -42,7 +42,7 @@ def build(sessions: int, policy: str):
     from benchmarks.openb import TRACE_DIR, inflate, load_nodes, load_pods
     from accelerators.allocation.requests import request_to_spec
     from sessions.models import ComputeSession
-    from sessions.placement import request_validate
+    from sessions.scheduling.placement import request_validate
 
     FractionalSettings.objects.update_or_create(
         slot_name="cuda",
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     from accelerators.models import Node
     from benchmarks.database import throwaway_database
-    from sessions import scheduler
+    from sessions.scheduling import scheduler
     from sessions.models import ComputeSession, SessionStatus
 
     with throwaway_database("bench_scheduler"):

@@ -67,7 +67,7 @@ def build(*, sessions: int, days: int, interval: int, now: int) -> dict:
     from accelerators.allocation.requests import request_to_spec
     from accelerators.models import Device, FractionalSettings, Node
     from sessions.models import Allocation, ComputeSession, Project, SessionStatus
-    from sessions.services import request_validate
+    from sessions.lifecycle.services import request_validate
     from usage.models import RollupState
     from usage.services import usage_rollup
 

@@ -3,11 +3,11 @@
 HTTP goes to Django (static files served by Django's ASGI static handler) behind the upload
 guard (console.upload_guard: a body is refused before it is read, 401/413), except
 `/sessions/<id>/apps/<name>/…`, which the app proxy hands on to the apps origin with a one-time
-ticket (sessions.app_proxy.ConsoleAppRedirect); websockets go through the origin check, then
+ticket (sessions.serving.proxy.ConsoleAppRedirect); websockets go through the origin check, then
 session-cookie auth, then the URL router (Channels' docs); a message sent to a websocket whose
 client has gone is dropped. In front of it all, requests to the apps origin (FGPU_APPS_ORIGIN,
 told apart by their `Host`) go to the app proxy alone, and those the apps origin's pages send to
-the console are refused (sessions.app_proxy.OriginRouter).
+the console are refused (sessions.serving.proxy.OriginRouter).
 """
 
 import logging
@@ -32,7 +32,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from console.startup import freeze_imported_objects  # noqa: E402
 from console.upload_guard import UploadGuard  # noqa: E402
-from sessions.app_proxy import AppProxyRouter, AppWebsocketProxy, ConsoleAppRedirect, OriginRouter  # noqa: E402
+from sessions.serving.proxy import AppProxyRouter, AppWebsocketProxy, ConsoleAppRedirect, OriginRouter  # noqa: E402
 from sessions.routing import websocket_urlpatterns  # noqa: E402
 
 

@@ -14,7 +14,7 @@ view, instead of each lookup and filter checking its own:
   `request.GET` before the view (the admin's search included) reads it.
 
 Bodies are the serializers' business: DRF's CharField refuses NUL itself, and the fields that hold
-free JSON check their own (sessions.serializers). Request paths and query strings reach Django
+free JSON check their own (sessions.api.serializers). Request paths and query strings reach Django
 already percent-decoded and UTF-8-decoded (invalid UTF-8 stays percent-encoded or becomes U+FFFD),
 so no unpaired surrogate, which PostgreSQL refuses as well, can come this way.
 """

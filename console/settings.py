@@ -253,15 +253,15 @@ SPECTACULAR_SETTINGS = {
         "MigCatalogSourceEnum": "accelerators.api_mig.CATALOG_SOURCES",
         "ExecStateEnum": "protocol.exec_store.STATES",
         "ExecStreamEnum": "protocol.exec_store.STREAMS",
-        "EtaOutcomeEnum": "sessions.api_eta.ETA_OUTCOMES",
-        "WhatIfChangeEnum": "sessions.api_eta.WHAT_IF_CHANGES",
+        "EtaOutcomeEnum": "sessions.api.eta.ETA_OUTCOMES",
+        "WhatIfChangeEnum": "sessions.api.eta.WHAT_IF_CHANGES",
     },
 }
 
 # fGPU Console's own knobs.
 FGPU_HEARTBEAT_INTERVAL = env_int("FGPU_HEARTBEAT_INTERVAL", 5, minimum=1, maximum=300)  # seconds
 FGPU_HEARTBEAT_TIMEOUT = env_int("FGPU_HEARTBEAT_TIMEOUT", 30, minimum=2, maximum=3600)  # seconds
-# Fencing (sessions.reconcile): seconds of silence, counted from a LOST node's last heartbeat, after
+# Fencing (sessions.lifecycle.reconcile): seconds of silence, counted from a LOST node's last heartbeat, after
 # which the console assumes the node's processes are gone and releases its sessions' devices (as
 # Slurm's SlurmdTimeout, 300 s by default, sets a silent node DOWN); 0: never, the console waits
 # for the node's agent or an administrator's "mark dead".
@@ -271,12 +271,12 @@ FGPU_FENCE_TIMEOUT_SECONDS = env_int("FGPU_FENCE_TIMEOUT_SECONDS", 300, minimum=
 FGPU_REQUIRE_NODE_KEYS = env_bool("FGPU_REQUIRE_NODE_KEYS", False)
 FGPU_TERMINAL_TICKET_TTL = env_int("FGPU_TERMINAL_TICKET_TTL", 60, minimum=5, maximum=3600)  # seconds
 # How many later sessions may start past a pending one that does not fit (backfill) before
-# it reserves the node and devices it waits for (sessions.backfill); 0: it reserves at once.
+# it reserves the node and devices it waits for (sessions.scheduling.backfill); 0: it reserves at once.
 FGPU_BACKFILL_LIMIT = env_int("FGPU_BACKFILL_LIMIT", 8, minimum=0, maximum=10000)
-# Fair share over time (sessions.fairshare): usage older by this many days counts half; 0 turns it
+# Fair share over time (sessions.scheduling.fairshare): usage older by this many days counts half; 0 turns it
 # off (first in, first out within a priority).
 FGPU_FAIRSHARE_HALF_LIFE_DAYS = env_int("FGPU_FAIRSHARE_HALF_LIFE_DAYS", 7, minimum=0, maximum=3650)
-# Preemption with notice (sessions.preemption, issue 17.2): off by default. On, a waiting session of
+# Preemption with notice (sessions.scheduling.preemption, issue 17.2): off by default. On, a waiting session of
 # higher priority (or of an owner under its fair share) may have preemptible sessions stopped for
 # it: each is warned, then stopped this many seconds later.
 FGPU_PREEMPTION = env_bool("FGPU_PREEMPTION", False)
@@ -308,7 +308,7 @@ if FGPU_METRICS_TOKEN and (len(FGPU_METRICS_TOKEN) < 16 or not FGPU_METRICS_TOKE
     raise ImproperlyConfigured("FGPU_METRICS_TOKEN: at least 16 printable characters (or unset: /metrics off)")
 
 
-# Session apps on their own origin (issue 31.4; sessions.app_origin): FGPU_APPS_ORIGIN is where
+# Session apps on their own origin (issue 31.4; sessions.serving.origin): FGPU_APPS_ORIGIN is where
 # they are served ("http://apps.gpu.example.org", "http://127.0.0.1:8001"), never the console's
 # origin. Unset: apps are off (their pages say so), except in standalone, which serves them on
 # its port + 1 (FGPU_APPS_PORT). The console's sign-in reaches it by a one-time ticket of
@@ -337,7 +337,7 @@ FGPU_APPS_ORIGIN = _apps_origin(env_str("FGPU_APPS_ORIGIN"))
 FGPU_APPS_COOKIE = "fgpu_app"
 FGPU_APP_TICKET_TTL = env_int("FGPU_APP_TICKET_TTL", 30, minimum=5, maximum=300)  # seconds
 FGPU_APP_COOKIE_AGE = env_int("FGPU_APP_COOKIE_AGE", 12 * 3600, minimum=60, maximum=30 * 86400)  # seconds
-FGPU_APP_TOKEN_TTL = 30 * 86400  # seconds an app's token is kept after its last open (sessions.session_apps)
+FGPU_APP_TOKEN_TTL = 30 * 86400  # seconds an app's token is kept after its last open (sessions.serving.session_apps)
 
 # Security headers of the console's origin (console.security_headers): a strict
 # Content-Security-Policy (scripts only from the console's own files), no framing, no referrer

@@ -8,8 +8,14 @@ from accelerators import api as accelerator_api
 from accelerators import api_fleet, api_mig
 from accounts import api as account_api
 from accounts import views as account_views
-from sessions import api as session_api
-from sessions import api_eta, api_files, api_fragmentation, api_images, api_presets, api_quotas, api_resources
+from sessions.api import sessions as session_api
+from sessions.api import eta as api_eta
+from sessions.api import files as api_files
+from sessions.api import fragmentation as api_fragmentation
+from sessions.api import images as api_images
+from sessions.api import presets as api_presets
+from sessions.api import quotas as api_quotas
+from sessions.api import resources as api_resources
 from sessions import views
 from usage import api as usage_api
 from usage import metrics as usage_metrics

@@ -153,7 +153,7 @@ def eta_band(earliest, latest) -> str:
 def eta_start(eta: dict) -> str:
     """A pending session's ETA (GET /api/v1/sessions/<id>/eta/) → its "Estimated start" text, as
     the session page words it: "now" only for one that fits now; one that waits for sessions
-    due to end now starts "any moment" (sessions.eta.band_agreed)."""
+    due to end now starts "any moment" (sessions.scheduling.eta.band_agreed)."""
     outcome = eta.get("outcome")
     if outcome == "now":
         return "now: it fits and starts at the next scheduler pass"

@@ -414,7 +414,7 @@ def preempt_signal_name(value: str) -> str:
 
 @dataclass(frozen=True)
 class PtyPreempt(Command):
-    """The manager's preemption notice (sessions.preemption): the agent writes `text` as a line of
+    """The manager's preemption notice (sessions.scheduling.preemption): the agent writes `text` as a line of
     the session's output (its terminal and its log) and then sends `signal` (a name of
     PREEMPT_SIGNALS) to the session: the process runtime to its command's process group, the
     docker runtime to its container. `notice`: the notice's id (its stop time, ISO 8601): the

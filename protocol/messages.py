@@ -2,7 +2,7 @@
 its MIG block), the heartbeat, the session report and the log batch, each a frozen dataclass with
 a `version`, one encoder (`encode`: the message as it travels, JSON-safe) and one decoder
 (`decode`: raises Malformed, saying which field, for anything else). Both sides use them: the
-manager builds the start spec (sessions.start_spec) and decodes what agents send (sessions.tasks);
+manager builds the start spec (sessions.lifecycle.start_spec) and decodes what agents send (sessions.tasks);
 the agent decodes the start spec (agent.tasks) and builds the others (agent.core.ManagerClient).
 
 The wire is the one of the untyped dicts these replaced, so that an agent and a manager of adjacent
@@ -356,7 +356,7 @@ class Heartbeat:
     ai.backend.service-ports labels (`image_service_ports`, {image id: label}; sent when not empty).
     `images` and `image_service_ports` are taken as sent, of any type: the manager keeps their
     well-formed entries and logs the rest (accelerators.services.node_images_clean,
-    sessions.images.image_service_ports_apply), so one bad reference does not lose a heartbeat."""
+    sessions.policy.images.image_service_ports_apply), so one bad reference does not lose a heartbeat."""
 
     node: NodeName
     running: tuple[SessionId, ...]

@@ -1,7 +1,7 @@
 """Django admin pages for projects, quotas, session images, resource presets and (read-only)
 compute sessions.
 
-Quotas show each limit next to what is in use now (`sessions.quotas.quota_usage_of`); GPU
+Quotas show each limit next to what is in use now (`sessions.policy.quotas.quota_usage_of`); GPU
 memory is entered and shown in binary units ("40G", "40 GiB"), fGPU as Decimal text.
 Sessions are read-only here: they change only through their services (terminate from the
 console or the API), so their allocations are released exactly once.
@@ -23,11 +23,11 @@ from accelerators.allocation.requests import parse_resources
 from accelerators.admin_display import EMPTY, BinarySizeField, size_html, when_html
 from accelerators.allocation.units import format_binary_size
 from console.errors import ApplicationError
-from sessions.fairshare import account_shares, half_life_seconds
-from sessions.images import image_save, image_sessions_waiting_or_active
+from sessions.scheduling.fairshare import account_shares, half_life_seconds
+from sessions.policy.images import image_save, image_sessions_waiting_or_active
 from sessions.models import Allocation, ComputeSession, FragmentationMap, Project, Quota, ResourcePreset, SessionImage
-from sessions.presets import preset_check, preset_save
-from sessions.quotas import QuotaUsage, fgpu_text, quota_usage_of
+from sessions.admission.presets import preset_check, preset_save
+from sessions.policy.quotas import QuotaUsage, fgpu_text, quota_usage_of
 from sessions.selectors import request_configuration, session_configuration, session_request
 
 
@@ -42,7 +42,7 @@ class ProjectAdmin(admin.ModelAdmin):
         return super().get_queryset(request).annotate(member_count=Count("members", distinct=True))
 
     def get_changelist_instance(self, request):
-        """The page's projects, each with `fair_share_now` (sessions.fairshare.AccountShare, or
+        """The page's projects, each with `fair_share_now` (sessions.scheduling.fairshare.AccountShare, or
         None for an inactive project): the standing is read once per page, not per row."""
         changelist = super().get_changelist_instance(request)
         shares = {a.name: a for a in account_shares() if a.kind == "project"}
@@ -52,7 +52,7 @@ class ProjectAdmin(admin.ModelAdmin):
 
     @admin.display(description="fair share now")
     def fair_share(self, obj: Project) -> str:
-        """Its factor and usage against its share (sessions.fairshare), or why it has none."""
+        """Its factor and usage against its share (sessions.scheduling.fairshare), or why it has none."""
         account = getattr(obj, "fair_share_now", None)
         if account is None:
             return "inactive (no usage, nothing waiting)" if half_life_seconds() else "off"
@@ -149,7 +149,7 @@ class QuotaAdmin(admin.ModelAdmin):
 @admin.register(SessionImage)
 class SessionImageAdmin(admin.ModelAdmin):
     """Session images sessions may run in (Backend.AI's kernel images). Marking one default takes
-    the mark from the other (`sessions.images.image_save`); an image that sessions waiting or
+    the mark from the other (`sessions.policy.images.image_save`); an image that sessions waiting or
     running use cannot be deleted."""
 
     list_display = ("reference", "display_name", "accelerator_list", "is_default", "holding_nodes", "in_use", "created")
@@ -368,7 +368,7 @@ def _json_lines(value: dict) -> str:
 
 class ResourcePresetForm(forms.ModelForm):
     """A preset's fields in the console's words: the GPU request as JSON in any launch style, host
-    memory as a binary size; saved only when `sessions.presets.preset_check` passes, its refusal
+    memory as a binary size; saved only when `sessions.admission.presets.preset_check` passes, its refusal
     shown under the field it names."""
 
     resources = forms.JSONField(
@@ -458,7 +458,7 @@ class ResourcePresetAdmin(admin.ModelAdmin):
 @admin.register(FragmentationMap)
 class FragmentationMapAdmin(admin.ModelAdmin):
     """One page per resource group: its fragmentation map and compaction plan
-    (sessions.compaction); the plan is applied from it by one POST (logged)."""
+    (sessions.scheduling.compaction); the plan is applied from it by one POST (logged)."""
 
     list_display = ("name", "policy", "node_count", "map_link")
     ordering = ("name",)
@@ -499,7 +499,7 @@ class FragmentationMapAdmin(admin.ModelAdmin):
         return [implicit, *super().get_urls()]
 
     def changelist_view(self, request, extra_context=None):
-        from sessions.api_fragmentation import implicit_default_group
+        from sessions.api.fragmentation import implicit_default_group
 
         return super().changelist_view(
             request,
@@ -512,11 +512,11 @@ class FragmentationMapAdmin(admin.ModelAdmin):
 
     def implicit_view(self, request):
         """The map of the implicit group "default": the nodes in no resource group (issue 32.5;
-        `sessions.api_fragmentation.implicit_default_group`), 404 where there is none."""
+        `sessions.api.fragmentation.implicit_default_group`), 404 where there is none."""
         from django.http import Http404
 
         from accelerators.selectors import DEFAULT_GROUP, placement_options
-        from sessions.api_fragmentation import implicit_default_group
+        from sessions.api.fragmentation import implicit_default_group
 
         if not self.has_view_permission(request) or not implicit_default_group():
             raise Http404("no implicit default group: every node is in a resource group, or one is named default")
@@ -535,7 +535,7 @@ class FragmentationMapAdmin(admin.ModelAdmin):
         from django.shortcuts import redirect
         from django.template.response import TemplateResponse
 
-        from sessions.compaction import compaction_apply, fragmentation_report
+        from sessions.scheduling.compaction import compaction_apply, fragmentation_report
 
         if request.method == "POST":
             if not self.has_change_permission(request, group):

@@ -45,8 +45,8 @@ from console.api_errors import DATABASE_ERRORS
 from console.errors import ApplicationError
 from protocol.channel import AgentLink, DirectOffer, Refused
 from protocol.terminal_stream import DIRECT_OFFER, DIRECT_OK, LINE_LIMIT, encode
-from sessions import events
-from sessions.services import terminal_ticket_redeem, terminal_ticket_unspend
+from sessions.lifecycle import events
+from sessions.lifecycle.services import terminal_ticket_redeem, terminal_ticket_unspend
 
 log = logging.getLogger(__name__)
 
@@ -523,13 +523,13 @@ class SessionEventsConsumer(AsyncJsonWebsocketConsumer):
 
 
 class AppOpenConsumer(AsyncJsonWebsocketConsumer):
-    """`/ws/sessions/<id>/open/<app>/`: starts a session app (sessions.session_apps) for the page
+    """`/ws/sessions/<id>/open/<app>/`: starts a session app (sessions.serving.session_apps) for the page
     that opens it, and says how it goes: `{"type": "progress", "text"}` while it starts, then
     `{"type": "ready", "url", "reused"}` or `{"type": "error", "title", "detail"}`, then closes.
     Cookie-authenticated; another user's session or an app its image lacks closes with 4404."""
 
     async def connect(self) -> None:
-        from sessions.session_apps import session_app_open
+        from sessions.serving.session_apps import session_app_open
 
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -576,7 +576,7 @@ def _app_lookup(user, session_id, name: str):
     from django.http import Http404
 
     from sessions.selectors import session_get_for
-    from sessions.session_apps import session_app_get
+    from sessions.serving.session_apps import session_app_get
 
     try:
         session = session_get_for(user=user, session_id=session_id)

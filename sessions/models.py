@@ -207,7 +207,7 @@ class SessionImage(models.Model):
         default=list,
         blank=True,
         validators=[validate_image_apps],
-        help_text='web apps it offers besides the terminal (sessions.session_apps), e.g. [{"name": '
+        help_text='web apps it offers besides the terminal (sessions.serving.session_apps), e.g. [{"name": '
         '"jupyter", "title": "JupyterLab", "command": "jupyter lab --ip={host} '
         '--port={port} …", "port": 8888, "base_url": true, "path": "lab"}]',
     )
@@ -229,7 +229,7 @@ class SessionImage(models.Model):
         return self.reference
 
     def validate_constraints(self, exclude=None):
-        """As Django's, but "at most one default" is not a form error: `sessions.images.image_save`
+        """As Django's, but "at most one default" is not a form error: `sessions.policy.images.image_save`
         moves the mark from the old default (the database constraint still holds)."""
         super().validate_constraints(exclude={*(exclude or ()), "is_default"})
 
@@ -274,7 +274,7 @@ class ComputeSession(models.Model):
     preemptible = models.BooleanField(
         default=False,
         help_text="may be stopped to make room for a waiting session of higher priority or of an owner "
-        "under its fair share (sessions.preemption); a launch's default: batch yes, "
+        "under its fair share (sessions.scheduling.preemption); a launch's default: batch yes, "
         "interactive no",
     )
     min_runtime = models.PositiveIntegerField(default=0, help_text="seconds after its start during which it is never preempted")
@@ -388,7 +388,7 @@ class Project(models.Model):
         verbose_name="fair-share weight",
         help_text="the project's share of the cluster over time against the other projects' weights (and 1 for "
         "each user in no project): its members' sessions start ahead while it used less than its share "
-        "(sessions.fairshare)",
+        "(sessions.scheduling.fairshare)",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -408,10 +408,10 @@ class ResourcePreset(models.Model):
     `{"mig_profile": "1g.10gb"}`, …, plus options such as `policy`; `{}`: CPU only); `cpu` in
     cores and `mem` in bytes are its own columns, and so is the scope: a preset with a
     `resource_group` launches into that group and is offered only to users who may use the group
-    (`sessions.presets`); one without is offered to everyone and goes to any node. `image`: the
+    (`sessions.admission.presets`); one without is offered to everyone and goes to any node. `image`: the
     session image it launches in (empty: the default image; deleting the image empties it).
     `request()` is the whole `resources` a launch by this preset sends. Checked as a launch is
-    checked by `sessions.presets.preset_check`."""
+    checked by `sessions.admission.presets.preset_check`."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(
@@ -474,7 +474,7 @@ class Quota(models.Model):
     unlimited. `max_fgpu` in fGPU (shares requests and the fGPU equivalent of per-device
     grants), `max_devices` distinct devices held at once, `max_gpu_memory` bytes of device
     memory, `max_sessions` sessions running or waiting (PENDING and the active statuses).
-    Rules and counting: sessions.quotas."""
+    Rules and counting: sessions.policy.quotas."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="quotas")
@@ -538,7 +538,7 @@ class Quota(models.Model):
 
 
 class SessionLog(models.Model):
-    """The output log of one session, as its agent shipped it (sessions.services.session_log_append).
+    """The output log of one session, as its agent shipped it (sessions.lifecycle.services.session_log_append).
 
     Offsets count characters (Unicode code points) of the session's output from its start.
     `length` is the offset just past the last character received; `complete` is set when the
@@ -572,10 +572,10 @@ class SessionLogChunk(models.Model):
 class IdempotencyKey(models.Model):
     """The answer to a launch (`POST /api/v1/sessions/`) sent with an `Idempotency-Key`
     header, kept so that the same user repeating the key gets the same answer and no second
-    session (sessions.idempotency). (user, key) is unique: of two requests racing with one key,
+    session (sessions.admission.idempotency). (user, key) is unique: of two requests racing with one key,
     the second waits on the first's row and then replays its answer. `fingerprint` is the
     SHA-256 of the request body, to refuse a key reused for another request. Rows older than
-    sessions.idempotency.KEY_TTL are ignored and deleted."""
+    sessions.admission.idempotency.KEY_TTL are ignored and deleted."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     key = models.CharField(max_length=255, help_text="the header's value: 1 to 255 printable ASCII characters")
@@ -600,7 +600,7 @@ class IdempotencyKey(models.Model):
 
 class FragmentationMap(ResourceGroup):
     """A resource group seen through its fragmentation map and compaction plan (issue 17.4): the
-    admin's page per group (sessions.admin, sessions.compaction). A proxy: no table of its own."""
+    admin's page per group (sessions.admin, sessions.scheduling.compaction). A proxy: no table of its own."""
 
     class Meta:
         proxy = True

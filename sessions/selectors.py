@@ -24,7 +24,7 @@ def sessions_shown(*, gpu_instances: bool = True):
     image; `allocation_list` (their allocations with their devices, in device order); and
     `gpu_instance_list` (their GPU instances with their GPUs). Lists rather than the related
     managers: Django builds a queryset per session and relation to hold a prefetch in a manager.
-    (Joined, not prefetched: a page is mostly served from kept shapes, sessions.shapes, so the
+    (Joined, not prefetched: a page is mostly served from kept shapes, sessions.api.shapes, so the
     reads that matter are one session's, a notice's or an answer's, where each query counts.)
     Without `gpu_instances`, `session_gpu_instance` reads a MIG session's when asked."""
     sessions = ComputeSession.objects.select_related("owner", "node", "image").prefetch_related(

@@ -18,7 +18,7 @@ from django.core.exceptions import ValidationError
 import protocol
 from protocol.messages import Heartbeat, LogBatch, Malformed, SessionReport
 from console.celery import TRANSIENT_ERRORS, agent_send  # noqa: F401 (agent_send: re-exported)
-from sessions.passes import SCHEDULE_PENDING_TASK, SCHEDULE_QUEUED_KEY, _redis, schedule_pending_soon
+from sessions.lifecycle.passes import SCHEDULE_PENDING_TASK, SCHEDULE_QUEUED_KEY, _redis, schedule_pending_soon
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,8 @@ def agent_register(
     from accelerators.mig_services import node_mig_push
     from accelerators.plugins.base import DeviceInfo
     from accelerators.services import node_inventory_apply, node_links_apply
-    from sessions.images import image_service_ports_apply
-    from sessions.services import sessions_reconcile_node
+    from sessions.policy.images import image_service_ports_apply
+    from sessions.lifecycle.services import sessions_reconcile_node
 
     registered = node_inventory_apply(
         node_name=node,
@@ -108,7 +108,7 @@ def agent_heartbeat(**message: Any) -> None:
     signature among them; a malformed one is logged and dropped). `mig_digest`: the digest of
     the GPU instances the agent finds on its MIG GPUs (None: none known); a mismatch with the
     manager's asks for a full MIG reconcile (`node_mig_heartbeat_check`). `state`: the agent's
-    view of its sessions (`Agent.state`), reconciled with the database (sessions.reconcile).
+    view of its sessions (`Agent.state`), reconciled with the database (sessions.lifecycle.reconcile).
     `images`: the session images the node holds ({reference: image id}; None, from an agent
     before images: left as registered); when they changed, a scheduler pass places the sessions
     waiting for them. `image_service_ports` as for agent_register, applied on every heartbeat
@@ -116,8 +116,8 @@ def agent_heartbeat(**message: Any) -> None:
     query of the records its labels name). Not retried: the next heartbeat comes within seconds."""
     from accelerators.mig_services import node_mig_heartbeat_check
     from accelerators.services import node_heartbeat, node_images_apply
-    from sessions.images import image_service_ports_apply
-    from sessions.reconcile import sessions_reconcile_heartbeat
+    from sessions.policy.images import image_service_ports_apply
+    from sessions.lifecycle.reconcile import sessions_reconcile_heartbeat
 
     beat = _decoded(Heartbeat, message)
     if beat is None or not _authentic(protocol.AGENT_HEARTBEAT, beat.node, **message):
@@ -141,7 +141,7 @@ def session_report(**message: Any) -> None:
     sent; a malformed one is logged and dropped). `node`: the agent's node (agents from before
     node keys leave it out); the report applies only to a session on that node, and only when
     signed with its key where it has one."""
-    from sessions.services import session_report_apply
+    from sessions.lifecycle.services import session_report_apply
 
     report = _decoded(SessionReport, message)
     if report is None:
@@ -167,7 +167,7 @@ def session_log_append(**message: Any) -> None:
     """Store one batch of a session's output (protocol.messages.LogBatch, its keyword arguments as
     sent; a malformed one is logged and dropped), idempotent by `seq` (so acks_late is safe); from
     the session's own node only (see `session_report`)."""
-    from sessions.services import session_log_append as append
+    from sessions.lifecycle.services import session_log_append as append
 
     batch = _decoded(LogBatch, message)
     if batch is None:
@@ -244,7 +244,7 @@ def _session_with_node(session_id: str):
 @manager_task(SCHEDULE_PENDING_TASK)
 def schedule_pending() -> None:
     from console.celery import app
-    from sessions.scheduler import schedule_pending as run
+    from sessions.scheduling.scheduler import schedule_pending as run
 
     if settings.REDIS_URL and not app.conf.task_always_eager:
         _redis().delete(SCHEDULE_QUEUED_KEY)
@@ -255,9 +255,9 @@ def schedule_pending() -> None:
 def node_check_heartbeats() -> None:
     """Every few seconds (beat): nodes silent FGPU_HEARTBEAT_TIMEOUT seconds are marked LOST, and
     LOST ones silent FGPU_FENCE_TIMEOUT_SECONDS are declared dead, their sessions ended
-    (sessions.reconcile.sessions_fence_expire)."""
+    (sessions.lifecycle.reconcile.sessions_fence_expire)."""
     from accelerators.services import node_mark_lost
-    from sessions.reconcile import sessions_fence_expire
+    from sessions.lifecycle.reconcile import sessions_fence_expire
 
     node_mark_lost(timeout_s=settings.FGPU_HEARTBEAT_TIMEOUT)
     sessions_fence_expire(timeout_s=settings.FGPU_FENCE_TIMEOUT_SECONDS)

@@ -10,16 +10,16 @@ from django.shortcuts import redirect, render
 
 from accelerators.models import Node
 from console.errors import ApplicationError
-from sessions.api import NODE_PATTERN, OWNER_PATTERN
-from sessions.api_images import SessionImageSerializer
-from sessions.images import image_default
-from sessions.launch import launch_options
-from sessions.resources import my_resources
+from sessions.api.sessions import NODE_PATTERN, OWNER_PATTERN
+from sessions.api.images import SessionImageSerializer
+from sessions.policy.images import image_default
+from sessions.admission.launch import launch_options
+from sessions.admission.resources import my_resources
 from sessions.models import ACTIVE_STATUSES, FINAL_STATUSES, ComputeSession, SessionImage, SessionStatus
 from sessions.selectors import session_get_for, session_list_for
-from sessions.serializers import SessionSerializer, session_shape
-from sessions.services import session_default_name
-from sessions.session_apps import session_app_get
+from sessions.api.serializers import SessionSerializer, session_shape
+from sessions.admission.launch import session_default_name
+from sessions.serving.session_apps import session_app_get
 
 # The list's tabs and the statuses each shows (static/js/sessions.js asks the API for the same).
 TABS = {

@@ -341,7 +341,8 @@ def assert_error_shape(response, status: int) -> dict:
 def make_running(session):
     """A SCHEDULED session (a ComputeSession or its id) moved on as its agent reports it:
     PREPARING, then RUNNING. Returns the ComputeSession, read again, RUNNING."""
-    from sessions import services
+    from sessions.lifecycle import services
+    from sessions.admission import launch as admission
     from sessions.models import ComputeSession, SessionStatus
 
     session_id = str(getattr(session, "pk", session))
@@ -356,9 +357,10 @@ def make_running(session):
 def alices_session(demo_cluster, alice):
     """Alice's 0.5 fGPU session "alices", placed by a scheduler pass and RUNNING on demo-node as
     its agent would report it (no process behind it)."""
-    from sessions import services
-    from sessions.scheduler import schedule_pending
+    from sessions.lifecycle import services
+    from sessions.admission import launch as admission
+    from sessions.scheduling.scheduler import schedule_pending
 
-    session = services.session_create(owner=alice, name="alices", resources={"cuda.shares": "0.5"})
+    session = admission.session_create(owner=alice, name="alices", resources={"cuda.shares": "0.5"})
     schedule_pending()
     return make_running(session)

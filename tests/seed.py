@@ -80,8 +80,9 @@ def sessions_in_every_style(*, owner, count: int) -> list:
     from django.db import transaction
 
     from sessions.models import ComputeSession
-    from sessions.scheduler import schedule_pending
-    from sessions.services import session_create, session_report_apply
+    from sessions.scheduling.scheduler import schedule_pending
+    from sessions.lifecycle.services import session_report_apply
+    from sessions.admission.launch import session_create
 
     def launch(i: int):
         return session_create(owner=owner, name=f"s{i}", resources={**SESSION_STYLES[i % len(SESSION_STYLES)],

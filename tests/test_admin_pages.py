@@ -14,7 +14,7 @@ from django.test import Client
 from accelerators.models import FractionalSettings, MigMode, Node, SlotFormat
 from accounts.services import api_token_create
 from sessions.models import Quota
-from sessions.services import session_create
+from sessions.admission.launch import session_create
 from tests.conftest import ROOT, client_for
 from tests.test_mig_scheduling import mig_node
 

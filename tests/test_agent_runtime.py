@@ -17,7 +17,7 @@ import uuid
 import pytest
 from channels.layers import InMemoryChannelLayer
 
-from sessions import events
+from sessions.lifecycle import events
 from console.exec_store import exec_store_default
 from agent.core import Agent, agent_for
 from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, ProcessRuntime
@@ -89,7 +89,7 @@ class RecordingManager:
 
 
 def start_spec(*, command: str = "", shares: str = "0.5", memory_limit: int = 2 * GiB, procs: str = "20") -> dict:
-    """A start spec in the shape of `sessions.scheduler.session_start_spec`."""
+    """A start spec in the shape of `sessions.scheduling.scheduler.session_start_spec`."""
     return {
         "session_id": str(uuid.uuid4()),
         "name": "notebook",

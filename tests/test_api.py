@@ -10,7 +10,7 @@ from accounts.models import LoginToken
 from accounts.selectors import api_token_digest
 from rest_framework.test import APIClient
 
-from sessions import services
+from sessions.lifecycle import services
 from sessions.models import ComputeSession, SessionStatus
 from tests.conftest import assert_error_shape, client_for, make_running
 

@@ -9,8 +9,8 @@ import threading
 import pytest
 from django.conf import settings
 from django.test import override_settings
-
-from sessions import services
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from sessions.models import SessionLogChunk, SessionStatus
 from agent.core import Agent
 from console.exec_store import exec_store_default
@@ -114,7 +114,7 @@ def test_the_log_survives_the_session_and_says_complete_once_the_last_batch_is_i
 
 
 def test_a_session_cancelled_before_it_ran_has_an_empty_complete_log(demo_cluster, alice):
-    session = services.session_create(owner=alice, name="never", resources={"cuda.shares": "0.5"})
+    session = admission.session_create(owner=alice, name="never", resources={"cuda.shares": "0.5"})
     services.session_terminate(session=session)
 
     body = client_for(alice).get(f"/api/v1/sessions/{session.pk}/logs/").json()

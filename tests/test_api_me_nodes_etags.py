@@ -7,7 +7,8 @@ from decimal import Decimal
 import pytest
 
 from accelerators.models import Node, ResourceGroup
-from sessions import services
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from sessions.models import ComputeSession, Project, Quota, SessionStatus
 from tests.conftest import assert_error_shape, client_for
 
@@ -21,7 +22,7 @@ NODE = "/api/v1/nodes/demo-node/"
 def test_me_answers_a_users_name_role_projects_sessions_and_quota_headroom(demo_cluster, alice):
     Project.objects.create(name="vision").members.add(alice)
     Quota.objects.create(user=alice, max_fgpu=Decimal("1.5"), max_sessions=3)
-    services.session_create(owner=alice, name="s", resources={"cuda.shares": "0.5"})
+    admission.session_create(owner=alice, name="s", resources={"cuda.shares": "0.5"})
 
     body = client_for(alice).get("/api/v1/me/").json()
 
@@ -111,9 +112,9 @@ def test_raising_a_split_count_starts_a_session_that_waited_for_it(demo_cluster,
                                                                    django_capture_on_commit_callbacks):
     Node.objects.filter(name="demo-node").update(device_split_count=1)
     with django_capture_on_commit_callbacks(execute=True):
-        first = services.session_create(owner=alice, name="a", resources={"cuda.shares": "0.5"})
+        first = admission.session_create(owner=alice, name="a", resources={"cuda.shares": "0.5"})
     with django_capture_on_commit_callbacks(execute=True):
-        second = services.session_create(owner=alice, name="b", resources={"cuda.shares": "0.5"})
+        second = admission.session_create(owner=alice, name="b", resources={"cuda.shares": "0.5"})
     assert ComputeSession.objects.get(pk=second.pk).status == SessionStatus.PENDING
 
     with django_capture_on_commit_callbacks(execute=True):
@@ -144,7 +145,7 @@ def test_a_list_answers_a_weak_etag_and_304_without_a_body_while_it_is_unchanged
 def test_a_lists_etag_changes_with_its_content(demo_cluster, alice):
     api = client_for(alice)
     tag = api.get("/api/v1/sessions/")["ETag"]
-    services.session_create(owner=alice, name="new", resources={"cuda.shares": "0.5"})
+    admission.session_create(owner=alice, name="new", resources={"cuda.shares": "0.5"})
 
     response = api.get("/api/v1/sessions/", HTTP_IF_NONE_MATCH=tag)
 

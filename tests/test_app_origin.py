@@ -191,7 +191,7 @@ def test_an_app_gets_a_new_random_token_at_each_start_never_the_hmac_of_the_secr
 
 
 def test_a_ticket_is_single_use_and_bound_to_its_user_session_and_app(settings):
-    from sessions.app_origin import app_grant_find, app_grant_issue, app_ticket_issue, app_ticket_redeem
+    from sessions.serving.origin import app_grant_find, app_grant_issue, app_ticket_issue, app_ticket_redeem
 
     session = "0b0e2f3c-1d2e-4f5a-8b9c-0d1e2f3a4b5c"
     ticket = app_ticket_issue(user_id=7, auth="h", session_id=session, app="echo", path="/x", console="http://c")
@@ -209,7 +209,7 @@ def test_a_ticket_is_single_use_and_bound_to_its_user_session_and_app(settings):
 def test_a_ticket_expires_after_its_ttl(settings, monkeypatch):
     import django.core.cache.backends.locmem as locmem
 
-    from sessions.app_origin import app_ticket_issue, app_ticket_redeem
+    from sessions.serving.origin import app_ticket_issue, app_ticket_redeem
 
     settings.FGPU_APP_TICKET_TTL = 30
     ticket = app_ticket_issue(user_id=1, auth="h", session_id="s", app="a", path="/", console="")
@@ -229,7 +229,7 @@ def test_a_ticket_expires_after_its_ttl(settings, monkeypatch):
     ("whatever", "", False),
 ])
 def test_the_apps_origin_is_told_apart_by_the_host_header(settings, host, apps, expected):
-    from sessions.app_origin import is_apps_request
+    from sessions.serving.origin import is_apps_request
 
     settings.FGPU_APPS_ORIGIN = apps
     assert is_apps_request({"type": "http", "headers": [(b"host", host.encode())]}) is expected
@@ -296,8 +296,8 @@ def test_a_grant_is_checked_again_on_every_request_a_deactivated_user_a_changed_
         alices_session, alice, bob, staff):
     from django.http import Http404
 
-    from sessions.app_origin import app_grant_issue
-    from sessions.app_proxy import _granted_lookup
+    from sessions.serving.origin import app_grant_issue
+    from sessions.serving.proxy import _granted_lookup
 
     image = alices_session.image
     image.apps = [APPS[0]]

@@ -15,9 +15,11 @@ from accelerators.allocation import replay as pure
 from accelerators.allocation.errors import InsufficientResource
 from accelerators.allocation.reservation import EARLIER, Holding, Reservations, clock, reservation_find
 from accelerators.models import Node, ResourceGroup
-from sessions import eta, services
+from sessions.scheduling import eta
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from sessions.models import Allocation, ComputeSession, SessionStatus
-from sessions.scheduler import schedule_pending
+from sessions.scheduling.scheduler import schedule_pending
 from tests.conftest import client_for, make_running
 from tests.seed import make_cluster, mock_gpu
 
@@ -34,7 +36,7 @@ def two_nodes():
 
 
 def launch(owner, name: str, **resources) -> ComputeSession:
-    return services.session_create(owner=owner, name=name, resources={"cuda.device": 1, **resources})
+    return admission.session_create(owner=owner, name=name, resources={"cuda.device": 1, **resources})
 
 
 def state(session: ComputeSession) -> ComputeSession:

@@ -18,7 +18,8 @@ from rest_framework.decorators import api_view
 import console.urls
 from accelerators.allocation.units import MAX_SIZE, SizeError, parse_binary_size, parse_decimal
 from console.api_parsers import MAX_DEPTH, too_deep
-from sessions import services
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from sessions.models import ComputeSession
 from tests.conftest import assert_error_shape, client_for
 from tests.test_mig_scheduling import mig_node
@@ -178,7 +179,7 @@ def test_nul_characters_and_lone_surrogates_in_resources_are_a_400_naming_the_ke
 ])
 def test_a_limit_past_the_page_size_or_an_offset_past_64_bits_is_a_400_naming_it(demo_cluster, alice, staff,
                                                                                  path, query, named):
-    services.session_create(owner=staff, name="one", resources={"cuda.shares": "0.5"})  # every list has a row
+    admission.session_create(owner=staff, name="one", resources={"cuda.shares": "0.5"})  # every list has a row
 
     body = assert_error_shape(api_client(staff).get(f"{path}?{query}"), 400)
 

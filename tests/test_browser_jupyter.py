@@ -81,7 +81,7 @@ def test_a_notebook_opened_from_the_session_list_sees_its_gpu_slice(console_url,
 
 
 def assert_no_token(*pages: str) -> None:
-    """No app token (48 hex characters, sessions.session_apps) in `pages`: JupyterLab's page config
+    """No app token (48 hex characters, sessions.serving.session_apps) in `pages`: JupyterLab's page config
     carries it masked ("*" as many)."""
     for shown in pages:
         assert re.search(r"(?<![0-9a-f])[0-9a-f]{48}(?![0-9a-f])", shown) is None

@@ -9,8 +9,9 @@ from django.utils import timezone
 from accounts.services import login_token_issue
 from fgpu_cli import main as cli
 from sessions.models import ComputeSession, SessionStatus
-from sessions.scheduler import schedule_pending
-from sessions.services import session_create, session_report_apply
+from sessions.scheduling.scheduler import schedule_pending
+from sessions.lifecycle.services import session_report_apply
+from sessions.admission.launch import session_create
 from tests.test_eta import WHOLE
 
 

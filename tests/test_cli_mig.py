@@ -11,7 +11,7 @@ from django.utils import timezone
 from accelerators.models import GpuInstance
 from fgpu_cli import main as cli
 from fgpu_cli.mig import profiles_text
-from sessions.services import session_create
+from sessions.admission.launch import session_create
 from tests.conftest import client_for
 from tests.test_cli import api, one_line_error  # noqa: F401 (fixture)
 from tests.test_mig_scheduling import end, mig_node, schedule

@@ -57,7 +57,7 @@ def test_server_agent_and_cli_write_amounts_and_sizes_with_the_same_functions():
     from accelerators.allocation import units as server
     from agent import environment
     from fgpu_cli import formatting, units
-    from sessions import quotas
+    from sessions.policy import quotas
 
     assert (server.format_binary_size, server.format_number, server.fgpu_text, server.amount_text) == (
         units.format_binary_size, units.format_number, units.fgpu_text, units.amount_text)

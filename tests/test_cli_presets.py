@@ -11,7 +11,7 @@ from accounts.services import login_token_issue
 from fgpu_cli import main as cli
 from fgpu_cli.launch import UsageError, build_body
 from sessions.models import ComputeSession, ResourcePreset
-from sessions.presets import preset_save
+from sessions.admission.presets import preset_save
 
 GiB = 1 << 30
 

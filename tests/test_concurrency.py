@@ -16,9 +16,10 @@ from django.db import connection
 from django.db.models import Sum
 
 from accelerators.models import Device, Node
-from sessions import services
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from sessions.models import Allocation, ComputeSession, SessionStatus
-from sessions.scheduler import schedule_pending
+from sessions.scheduling.scheduler import schedule_pending
 from tests.conftest import GiB, make_cluster, mock_gpu
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,7 +36,7 @@ def launch_together(users, shares: str) -> list[BaseException]:
     def work(user):
         try:
             barrier.wait(timeout=30)
-            services.session_create(owner=user, name=f"{user.username}-s", resources={"cuda.shares": shares})
+            admission.session_create(owner=user, name=f"{user.username}-s", resources={"cuda.shares": shares})
             schedule_pending()
         except BaseException as exc:  # reported by the test, not lost in the thread
             errors.append(exc)
@@ -119,7 +120,7 @@ def test_a_pass_waits_for_a_node_whose_inventory_is_changing_and_places_by_the_n
     make_cluster(nodes={"demo-node": [mock_gpu(0)]})
     user = django_user_model.objects.create_user("alice")
     Node.objects.filter(name="demo-node").update(status="LOST")  # the launch's own pass places nothing
-    session = services.session_create(owner=user, name="big", resources={"cuda.shares": "1.5"})
+    session = admission.session_create(owner=user, name="big", resources={"cuda.shares": "1.5"})
     Node.objects.filter(name="demo-node").update(status="ALIVE")
     node = Node.objects.get(name="demo-node")
     locked, go, errors = threading.Event(), threading.Event(), []

@@ -15,7 +15,8 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from console.asgi import application
-from sessions import events, services
+from sessions.lifecycle import events
+from sessions.lifecycle import services
 from sessions.consumers import CLOSE_BAD_TICKET, CLOSE_NOT_RUNNING, CLOSE_TRY_AGAIN, CLOSE_UNAUTHENTICATED
 from sessions.models import SessionStatus
 

@@ -18,7 +18,7 @@ LIMIT_NAMES = ("CUDA_DEVICE_SM_LIMIT", "AMP_VGPU_ENABLE", "GPU_MEM_PER_DEVICE", 
 
 def device(uuid: str = UUID_0, *, shares: str = "0.5", memory_limit: int = 2 * GiB, procs: str = "20",
            memory_total: int = 8 * GiB, subproc_count: int = 80, index: int = 0) -> dict:
-    """One device of a start spec, as sessions.scheduler.session_start_spec writes it."""
+    """One device of a start spec, as sessions.scheduling.scheduler.session_start_spec writes it."""
     return {
         "device_id": uuid, "index": index, "model_name": "CUDA GPU", "memory_total": memory_total,
         "subproc_count": subproc_count, "memory_limit": memory_limit, "procs": procs, "shares": shares,

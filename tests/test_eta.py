@@ -1,6 +1,6 @@
 """When will a pending session start? (issue 17.3) and the scheduler's what-if (17.5): the pure
 replay (accelerators.allocation.replay), the console's replay over the real placement
-(sessions.eta), GET /api/v1/sessions/<id>/eta/ and POST /api/v1/scheduler/what-if/."""
+(sessions.scheduling.eta), GET /api/v1/sessions/<id>/eta/ and POST /api/v1/scheduler/what-if/."""
 from __future__ import annotations
 
 from django.db import connection
@@ -15,10 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accelerators.allocation import replay as pure
-from sessions import eta
+from sessions.scheduling import eta
 from sessions.models import ComputeSession, Project, SessionStatus
-from sessions.scheduler import schedule_pending
-from sessions.services import session_create, session_report_apply
+from sessions.scheduling.scheduler import schedule_pending
+from sessions.lifecycle.services import session_report_apply
+from sessions.admission.launch import session_create
 from tests.conftest import assert_error_shape, client_for
 from tests.seed import make_cluster, mock_gpu
 

@@ -9,9 +9,9 @@ from datetime import timedelta
 from django.utils import timezone
 
 from accelerators.allocation import runtime_history as history
-from sessions import eta
+from sessions.scheduling import eta
 from sessions.models import ComputeSession, SessionStatus
-from sessions.services import PREEMPTED, REQUESTED
+from sessions.lifecycle.services import PREEMPTED, REQUESTED
 from tests.seed import make_cluster, mock_gpu
 from tests.test_eta import close, running, waiting
 

@@ -1,5 +1,5 @@
 """When will a waiting MIG request start? (issue 17.3 with issue 4): the replay places MIG
-requests by the scheduler's own MIG choice (sessions.mig_scheduling.mig_choose_in, the planner
+requests by the scheduler's own MIG choice (sessions.scheduling.mig.mig_choose_in, the planner
 accelerators.allocation.mig.plan_instance) on an in-memory copy of the MIG nodes, where a
 session's end leaves its GPU instance idle (dynamic: reusable or destroyed for its slices;
 fixed layout: only reusable) or frees its static slice. First on MIG nodes built in memory (no
@@ -15,12 +15,13 @@ from accelerators.allocation import core, mig
 from accelerators.allocation import replay as pure
 from accelerators.allocation.requests import parse_resources
 from accelerators.models import Device, GpuInstance, MigMode, Node, NodeStatus
-from sessions import eta
-from sessions.mig_scheduling import MigNodeRoom, MigScope
+from sessions.scheduling import eta
+from sessions.scheduling.mig import MigNodeRoom, MigScope
 from sessions.models import ComputeSession, SessionStatus
-from sessions.placement import PlacementScope, RememberingReadView
-from sessions.scheduler import schedule_pending
-from sessions.services import session_create, session_report_apply
+from sessions.scheduling.placement import PlacementScope, RememberingReadView
+from sessions.scheduling.scheduler import schedule_pending
+from sessions.lifecycle.services import session_report_apply
+from sessions.admission.launch import session_create
 from tests.conftest import GiB, client_for, make_cluster, mock_gpu
 from tests.test_mig_scheduling import mig_node
 

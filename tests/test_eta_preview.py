@@ -7,9 +7,9 @@ from datetime import timedelta
 
 from accelerators.allocation import replay as pure
 from fgpu_cli.formatting import eta_start
-from sessions import eta
+from sessions.scheduling import eta
 from sessions.models import ComputeSession, SessionStatus
-from sessions.services import session_create
+from sessions.admission.launch import session_create
 from tests.conftest import client_for
 from tests.test_eta import WHOLE, close, one_gpu, running  # noqa: F401 (fixture)
 

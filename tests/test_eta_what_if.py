@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 from accelerators.allocation import replay as pure
-from sessions import eta, fairshare
+from sessions.scheduling import eta
+from sessions.scheduling import fairshare
 from sessions.models import ComputeSession, SessionStatus
 from tests.conftest import assert_error_shape, client_for
 from tests.seed import make_cluster, mock_gpu

@@ -12,8 +12,8 @@ import uuid
 import pytest
 from django.conf import settings
 from django.test import override_settings
-
-from sessions import services
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from console.exec_store import exec_store_default
 from protocol.exec_store import MemoryExecStore, RedisExecStore, record_id
 from tests.conftest import assert_error_shape, client_for, wait_until, wait_until_async
@@ -283,7 +283,7 @@ def test_another_user_gets_a_404_and_the_anonymous_a_401_and_neither_can_cancel(
 def test_an_exec_is_found_only_under_its_own_session(alices_session, alice, demo_cluster):
     api = client_for(alice)
     started = stream(api, alices_session, "true")
-    other = services.session_create(owner=alice, name="other", resources={"cuda.shares": "0.5"})
+    other = admission.session_create(owner=alice, name="other", resources={"cuda.shares": "0.5"})
 
     for method in ("get", "delete"):
         assert_error_shape(getattr(api, method)(exec_url(other, started["id"])), 404)

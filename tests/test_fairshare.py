@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accelerators.models import Device
-from sessions import fairshare
+from sessions.scheduling import fairshare
 from sessions.models import Allocation, ComputeSession, Project, SessionStatus
-from sessions.scheduler import pending_position, schedule_pending
-from sessions.services import session_create
+from sessions.scheduling.scheduler import pending_position, schedule_pending
+from sessions.admission.launch import session_create
 from tests.conftest import client_for
 from tests.seed import make_cluster, mock_gpu
 

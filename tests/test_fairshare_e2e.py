@@ -4,7 +4,7 @@ ahead of the flood once its share is the lower, and GET /api/v1/fairshare/ says 
 
 Every session asks for the whole GPU (2 fGPU), so exactly one runs at a time and the order
 they start in is the queue's order. The manager's scheduler pass, with the fair-share factor
-computed from the database's allocations (sessions.fairshare), decides it; nothing is mocked."""
+computed from the database's allocations (sessions.scheduling.fairshare), decides it; nothing is mocked."""
 from __future__ import annotations
 
 import pytest

@@ -24,7 +24,7 @@ import pytest
 from console.layers import RedisChannelLayer
 from console.settings import DATABASE_POOL
 from protocol import files as proto
-from sessions import events
+from sessions.lifecycle import events
 from tests.conftest import StackNode, wait_until
 from tests.stack import mock_inventory
 from tests.test_exec_concurrency import call, threads_of

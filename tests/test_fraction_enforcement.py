@@ -8,7 +8,7 @@ from django.test import Client
 from django.urls import reverse
 
 from accelerators.models import Node
-from sessions.scheduler import schedule_pending
+from sessions.scheduling.scheduler import schedule_pending
 from tests.conftest import ROOT, client_for
 
 pytestmark = pytest.mark.django_db

@@ -16,8 +16,9 @@ from django.utils import timezone
 
 from accelerators.models import Node, ResourceGroup
 from sessions.models import ComputeSession, SessionStatus
-from sessions.scheduler import schedule_pending
-from sessions.services import PREEMPTED, session_create, session_report_apply
+from sessions.scheduling.scheduler import schedule_pending
+from sessions.lifecycle.services import PREEMPTED, session_report_apply
+from sessions.admission.launch import session_create
 from tests.conftest import client_for
 from tests.seed import make_cluster, mock_gpu
 

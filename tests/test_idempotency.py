@@ -1,4 +1,4 @@
-"""`Idempotency-Key` on POST /api/v1/sessions/ (sessions.idempotency): a repeated key replays
+"""`Idempotency-Key` on POST /api/v1/sessions/ (sessions.admission.idempotency): a repeated key replays
 the first answer and makes no second session, also when the repeats race on real PostgreSQL;
 a key reused for another body, or a malformed key, is refused in the error shape."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from sessions.idempotency import KEY_TTL
+from sessions.admission.idempotency import KEY_TTL
 from sessions.models import ComputeSession, IdempotencyKey, Quota
 from tests.conftest import assert_error_shape, client_for, wait_until
 

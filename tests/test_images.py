@@ -17,12 +17,13 @@ import sessions.tasks  # noqa: F401  (registers the manager's tasks: CeleryManag
 from accelerators.models import Node, NodeStatus, ResourceGroup
 from accelerators.services import node_inventory_apply
 from console.celery import app
-from sessions import services
-from sessions.images import image_default
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
+from sessions.policy.images import image_default
 from sessions.models import ComputeSession, SessionImage, SessionStatus
 from agent.core import Agent, CeleryManager
 from agent.runtimes import HeldImages, ProcessRuntime
-from sessions.scheduler import schedule_pending
+from sessions.scheduling.scheduler import schedule_pending
 from tests.conftest import GiB, assert_error_shape, client_for, make_cluster, mock_gpu
 from tests.test_agent_runtime import DEVICE, RecordingManager
 from tests.test_docker_runtime import docker_client  # noqa: F401  (fixture: Docker Engine on this machine)
@@ -55,7 +56,7 @@ def docker_node(name: str, *references: str, device_index: int = 1) -> Node:
 
 
 def launch(owner, image=None, shares="0.5", **extra) -> ComputeSession:
-    return services.session_create(owner=owner, name="s", resources={"cuda.shares": shares, **extra}, image=image)
+    return admission.session_create(owner=owner, name="s", resources={"cuda.shares": shares, **extra}, image=image)
 
 
 def status_of(session: ComputeSession) -> tuple[str, str, str | None]:
@@ -315,7 +316,7 @@ def test_a_mig_session_goes_only_to_a_mig_node_that_holds_its_image(alice, host,
     from tests.test_mig_scheduling import mig_node
 
     mig_node()  # holds host only
-    session = services.session_create(owner=alice, name="m", resources={"mig_profile": "1g.10gb"}, image=TEST_IMAGE)
+    session = admission.session_create(owner=alice, name="m", resources={"mig_profile": "1g.10gb"}, image=TEST_IMAGE)
     docker_node("gpu-less-docker-node", TEST_IMAGE)  # holds the image, but has no MIG
     schedule_pending()
     assert status_of(session)[:2] == (SessionStatus.PENDING,
@@ -340,7 +341,7 @@ def test_the_preview_places_the_request_in_its_image(demo_cluster, alice, host, 
 
 def test_the_start_spec_carries_the_image_and_its_shell(demo_cluster, alice, host, test_image,
                                                         django_capture_on_commit_callbacks):
-    from sessions.scheduler import _send_starts
+    from sessions.scheduling.scheduler import _send_starts
 
     Node.objects.filter(name="demo-node").update(images={"host": "host", TEST_IMAGE: "sha256:1"})
     launch(alice, image=TEST_IMAGE)

@@ -21,10 +21,11 @@ from hypothesis import strategies as st
 
 from accelerators.models import Node, NodeStatus, ResourceGroup
 from console.errors import ApplicationError
-from sessions.launch import launch_preview
+from sessions.admission.launch import launch_preview
 from sessions.models import ComputeSession, Project, Quota, SessionStatus
-from sessions.scheduler import schedule_pending
-from sessions.services import session_create, session_report_apply, session_terminate
+from sessions.scheduling.scheduler import schedule_pending
+from sessions.lifecycle.services import session_report_apply, session_terminate
+from sessions.admission.launch import session_create
 from tests.conftest import GiB, make_cluster, mock_gpu
 
 REQUESTS_PER_STATE = 25

@@ -9,8 +9,9 @@ from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.mig_selectors import mig_gpu_pictures
 from accelerators.mig_services import node_mig_layout_apply
 from accelerators.models import GpuInstance, MigMode, Node
-from sessions.scheduler import schedule_pending
-from sessions.services import session_create, session_report_apply
+from sessions.scheduling.scheduler import schedule_pending
+from sessions.lifecycle.services import session_report_apply
+from sessions.admission.launch import session_create
 from tests.test_mig_scheduling import mig_node
 
 pytestmark = pytest.mark.django_db

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from accelerators.allocation import mig
 from accelerators.models import GpuInstance, MigMode, Node
-from sessions.services import session_create
+from sessions.admission.launch import session_create
 from tests.conftest import assert_error_shape, client_for, make_cluster, mock_gpu
 from tests.test_mig_scheduling import H100_UUID, end, h100, mig_node, schedule
 

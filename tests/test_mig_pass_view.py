@@ -12,8 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from accelerators.models import GpuInstance, MigMode, Node
 from accelerators.plugins.base import DeviceInfo
 from sessions.models import Allocation, ComputeSession, SessionStatus
-from sessions.scheduler import _send_starts, schedule_pending
-from sessions.services import session_create
+from sessions.scheduling.scheduler import _send_starts, schedule_pending
+from sessions.admission.launch import session_create
 from tests.conftest import GiB, make_cluster, mock_gpu
 
 pytestmark = pytest.mark.django_db

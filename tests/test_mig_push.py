@@ -24,7 +24,8 @@ from accelerators.models import GpuInstance, MigMode, Node, NodeStatus
 from sessions.models import ComputeSession, SessionStatus
 from agent import mig as runtime_mig
 from agent.core import Agent, CeleryManager
-from sessions.services import session_create, session_terminate
+from sessions.lifecycle.services import session_terminate
+from sessions.admission.launch import session_create
 from sessions.tasks import agent_register
 from tests.conftest import GiB, client_for, wait_until
 from tests.fakes.fake_pynvml import FakeNvml, FakeProcess

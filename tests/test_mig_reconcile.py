@@ -20,7 +20,7 @@ from accelerators.models import GpuInstance, MigMode, Node
 from sessions.models import ComputeSession, SessionStatus
 from agent import mig as runtime_mig
 from agent.core import Agent, CeleryManager
-from sessions.services import session_create
+from sessions.admission.launch import session_create
 from tests.conftest import GiB, client_for, make_cluster, mock_gpu, wait_until_async
 from tests.fakes.fake_pynvml import FakeNvml
 from tests.test_agent_runtime import Harness, RecordingManager

@@ -16,8 +16,9 @@ from accelerators.plugins.base import DeviceInfo
 from console.errors import ApplicationError
 from sessions.models import Allocation, ComputeSession, SessionStatus
 from agent.core import Agent
-from sessions.scheduler import _send_starts, schedule_pending
-from sessions.services import session_create, session_report_apply
+from sessions.scheduling.scheduler import _send_starts, schedule_pending
+from sessions.lifecycle.services import session_report_apply
+from sessions.admission.launch import session_create
 from tests.conftest import GiB, make_cluster, mock_gpu
 from tests.test_agent_runtime import Harness, RecordingManager
 

@@ -13,7 +13,8 @@ from django.core.management import call_command
 import protocol
 from accelerators.models import Node, NodeStatus
 from console.celery import app
-from sessions import services
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from sessions.models import Allocation, ComputeSession, SessionLogChunk, SessionStatus
 from agent.core import _AGENTS, CeleryManager
 from tests.conftest import make_cluster, mock_gpu
@@ -46,7 +47,7 @@ def cluster(alice):
 
 
 def running_on(node: str, owner) -> ComputeSession:
-    session = services.session_create(owner=owner, name="s", resources={"cuda.shares": "0.5"})
+    session = admission.session_create(owner=owner, name="s", resources={"cuda.shares": "0.5"})
     session.refresh_from_db()
     ComputeSession.objects.filter(pk=session.pk).update(node=Node.objects.get(name=node))  # pin it for the test
     Allocation.objects.filter(session=session).update(device=Node.objects.get(name=node).devices.get())

@@ -13,8 +13,8 @@ from django.test import Client
 from accelerators.models import Node
 from accelerators.services import node_capacity_changed, node_settings_update
 from sessions.models import ComputeSession, SessionStatus
-from sessions.scheduler import schedule_pending
-from sessions.services import session_create
+from sessions.scheduling.scheduler import schedule_pending
+from sessions.admission.launch import session_create
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db

@@ -219,8 +219,9 @@ def mig_admin_token(admin_token, django_user_model, django_capture_on_commit_cal
     """admin_token, and node mig-node (dynamic MIG, one H100-80GB) with alice's 4g.40gb in use, an
     idle 1g.10gb and an unknown 1g.10gb an agent reported."""
     from accelerators.mig_services import node_mig_report_apply
-    from sessions.scheduler import schedule_pending
-    from sessions.services import session_create, session_report_apply
+    from sessions.scheduling.scheduler import schedule_pending
+    from sessions.lifecycle.services import session_report_apply
+    from sessions.admission.launch import session_create
     from tests.test_mig_scheduling import H100_UUID, mig_node
 
     mig_node()
@@ -289,11 +290,12 @@ def test_the_streamed_exec_is_documented_with_its_202_and_examples(openapi):
 def test_a_streamed_exec_answers_as_documented(admin_token):
     """Start (202), read (200) and cancel (200) a streamed exec of a RUNNING session (no agent
     takes it: it is cancelled while `starting`), each answer checked against the schema."""
-    from sessions import services
-    from sessions.scheduler import schedule_pending
+    from sessions.lifecycle import services
+    from sessions.admission import launch as admission
+    from sessions.scheduling.scheduler import schedule_pending
 
     admin = api_token_find(key=admin_token).user
-    session = services.session_create(owner=admin, name="streamed", resources={"cuda.shares": "0.5"})
+    session = admission.session_create(owner=admin, name="streamed", resources={"cuda.shares": "0.5"})
     schedule_pending()
     for status in ("PREPARING", "RUNNING"):
         assert services.session_report_apply(session_id=str(session.pk), status=status)

@@ -21,7 +21,8 @@ from rest_framework.test import APIClient
 from accounts import services as account_services
 from accounts.models import ApiToken, LoginToken
 from console.asgi import application
-from sessions import events, services
+from sessions.lifecycle import events
+from sessions.lifecycle import services
 from sessions.consumers import CLOSE_BAD_TICKET, CLOSE_UNAUTHENTICATED
 from sessions.models import ComputeSession, SessionStatus
 from tests.conftest import assert_error_shape, client_for

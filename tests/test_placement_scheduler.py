@@ -14,9 +14,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from accelerators.models import Node, PlacementShape, ResourceGroup
-from sessions import events, services
+from sessions.lifecycle import events
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from sessions.models import Allocation, ComputeSession, SessionStatus
-from sessions.scheduler import _send_starts, schedule_pending
+from sessions.scheduling.scheduler import _send_starts, schedule_pending
 from tests.conftest import make_cluster, mock_gpu
 
 pytestmark = pytest.mark.django_db
@@ -29,7 +31,7 @@ def user(django_user_model):
 
 def pending(user, count: int, shares: str = "0.5", **extra) -> list[ComputeSession]:
     """`count` sessions written PENDING (their on-commit scheduling is not run)."""
-    return [services.session_create(owner=user, name=f"s{i}", resources={"cuda.shares": shares, **extra})
+    return [admission.session_create(owner=user, name=f"s{i}", resources={"cuda.shares": shares, **extra})
             for i in range(count)]
 
 
@@ -136,7 +138,7 @@ def test_a_pass_logs_one_line_with_its_counts_and_the_durations_of_its_phases(us
     make_cluster(nodes={"n1": [mock_gpu(0)]})  # one 8 GiB GPU: 2 fGPU at unit_mem 4 GiB
     pending(user, 3, shares="1")
 
-    with caplog.at_level("INFO", logger="sessions.scheduler"):
+    with caplog.at_level("INFO", logger="sessions.scheduling.scheduler"):
         schedule_pending()
 
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scheduler pass:")]

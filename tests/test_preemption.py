@@ -11,8 +11,9 @@ import pytest
 from django.utils import timezone
 
 from sessions.models import ComputeSession, SessionStatus
-from sessions.scheduler import schedule_pending
-from sessions.services import PREEMPTED, REQUESTED, session_create, session_report_apply, session_terminate
+from sessions.scheduling.scheduler import schedule_pending
+from sessions.lifecycle.services import PREEMPTED, REQUESTED, session_report_apply, session_terminate
+from sessions.admission.launch import session_create
 from tests.conftest import client_for
 from tests.test_cli import SID, api  # noqa: F401 (the CLI's fake server, a fixture)
 from tests.test_cli import session as cli_session
@@ -211,7 +212,7 @@ def test_the_pass_preempts_the_lowest_priority_session_whatever_its_age(one_gpu,
 
 
 def test_a_notice_is_sent_to_the_agent_on_every_pass_while_it_stands(one_gpu, alice, staff):
-    from sessions import preemption
+    from sessions.scheduling import preemption
 
     job = running(alice, "job", preempt_signal="SIGUSR1")
     session_create(owner=staff, name="urgent", resources={"cuda.shares": "1", "mem": "64M"}, priority=5)
@@ -279,7 +280,7 @@ def test_a_session_that_exits_on_its_signal_is_requeued_but_not_one_launched_wit
 def test_a_victim_is_requeued_only_once_the_session_it_made_room_for_no_longer_waits(one_gpu, alice, staff):
     """Its copy keeps its arrival: launched while the waiting session still waits (a compaction's
     move, of the same priority), it could take the room back and be moved again, round after round."""
-    from sessions import preemption
+    from sessions.scheduling import preemption
 
     job, other = running(alice, "job", fgpu="1"), running(alice, "other", fgpu="1")
     waiter = session_create(owner=staff, name="waiter", resources={"cuda.shares": "1", "mem": "64M"})
@@ -398,7 +399,7 @@ def test_the_preempt_command_is_typed_sealed_per_node_and_refuses_a_signal_no_pr
 
 def test_a_victim_that_ended_long_ago_is_not_requeued_and_costs_a_pass_one_query(one_gpu, alice, staff,
                                                                                   django_assert_max_num_queries):
-    from sessions import preemption
+    from sessions.scheduling import preemption
 
     job = running(alice, "job")
     urgent = session_create(owner=staff, name="urgent", resources={"cuda.shares": "1", "mem": "64M"}, priority=5)

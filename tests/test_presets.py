@@ -1,6 +1,6 @@
 """Resource presets (issue 18, item 7): checked as a launch is checked when saved (service, API
 and admin form), offered only to users who may use their resource group, and launched by name
-or id with exactly their request, or merged with the body's own fields as `sessions.presets`
+or id with exactly their request, or merged with the body's own fields as `sessions.admission.presets`
 documents. Real database, the demo cluster (one 8 GiB / 80-SM GPU = 2 fGPU, quantum 0.25)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from accelerators.models import ResourceGroup
 from console.errors import ApplicationError
 from sessions.admin import ResourcePresetForm
 from sessions.models import ComputeSession, Project, ResourcePreset, SessionImage
-from sessions.presets import preset_save
+from sessions.admission.presets import preset_save
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db

@@ -53,7 +53,7 @@ MIG = {
     "destroy": [{"profile": "1g.10gb", "start": 4}],
     "layout": [{"profile": "3g.40gb", "start": 0}, {"profile": "3g.40gb", "start": 4}],
 }
-SPEC = {  # as sessions.start_spec.session_start_spec wrote it before it was typed
+SPEC = {  # as sessions.lifecycle.start_spec.session_start_spec wrote it before it was typed
     "session_id": SESSION,
     "image": "fgpu-session:test",
     "shell": "/bin/bash",
@@ -254,8 +254,8 @@ def test_the_manager_logs_and_drops_malformed_agent_messages(alices_session, cap
 @pytest.mark.django_db
 def test_the_scheduler_s_start_spec_decodes_and_encodes_to_itself(alices_session):
     from sessions.models import Allocation
-    from sessions.reconcile import session_start_spec_again
-    from sessions.start_spec import session_start_spec
+    from sessions.lifecycle.reconcile import session_start_spec_again
+    from sessions.lifecycle.start_spec import session_start_spec
 
     allocations = list(Allocation.objects.filter(session=alices_session).select_related("device"))
     wire = session_start_spec(alices_session, allocations)

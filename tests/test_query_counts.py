@@ -17,7 +17,7 @@ import pytest
 from accelerators.allocation import mig
 from accelerators.models import FractionalSettings, MigMode, Node, ResourceGroup, SlotFormat
 from sessions.models import Project, Quota, SessionImage
-from sessions.services import session_report_apply
+from sessions.lifecycle.services import session_report_apply
 from tests.conftest import client_for
 from tests.seed import GiB, gpu_cluster, make_cluster, mock_gpu, sessions_in_every_style
 
@@ -46,8 +46,8 @@ def assert_page(api, path: str, *, rows: int, queries: int, assert_max_queries) 
 
 def launch(owner, count: int, resources: dict) -> list:
     """`count` sessions asking `resources`, placed by one scheduler pass."""
-    from sessions.scheduler import schedule_pending
-    from sessions.services import session_create
+    from sessions.scheduling.scheduler import schedule_pending
+    from sessions.admission.launch import session_create
 
     sessions = [session_create(owner=owner, name=f"s{i}", resources={**resources, "mem": "64M"}) for i in range(count)]
     schedule_pending()
@@ -218,7 +218,7 @@ def test_the_accelerator_settings_lists_cost_the_same_queries_for_1_or_100_rows(
 
 
 def test_the_image_list_costs_the_same_queries_for_1_or_100_images(rows, alice, django_assert_max_num_queries):
-    from sessions.images import image_save
+    from sessions.policy.images import image_save
 
     make_cluster(nodes={"gpu-node-0": [mock_gpu(0)]})
     for n in range(rows - 1):  # and the built-in "host"
@@ -307,7 +307,7 @@ def test_terminating_answers_the_shape_its_notice_rendered_without_reading_the_s
 def test_a_notices_shape_is_not_answered_for_another_state_of_the_session(alice):
     """A write whose notice was not rendered (or rendered an older or newer state) reads the
     session afresh: the shape is the notice's only for the same version."""
-    from sessions import events
+    from sessions.lifecycle import events
 
     gpu_cluster(nodes=1)
     session = launch(alice, 1, {"cuda.shares": "0.5"})[0]
@@ -326,7 +326,7 @@ def test_a_notices_shape_is_not_answered_for_another_state_of_the_session(alice)
 # session, the release of its allocations, COMMIT; then, after the commit, the notice's read (3, as
 # above), the MIG layout retry's look at the node, and the scheduler pass the release asks for (eager
 # in tests, a task of its own in production: BEGIN, the pending sessions, whether a preemption
-# notice stands or a preempted session waits to be requeued (sessions.preemption), COMMIT).
+# notice stands or a preempted session waits to be requeued (sessions.scheduling.preemption), COMMIT).
 REPORT_QUERIES = 1 + 4 + 3 + 1 + 4
 
 

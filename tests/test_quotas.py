@@ -18,9 +18,10 @@ from django.db import IntegrityError, connection, transaction
 
 from accelerators.allocation.requests import parse_resources
 from console.errors import ApplicationError
-from sessions import services
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from sessions.models import ComputeSession, Project, Quota, SessionStatus
-from sessions.quotas import quota_check, quota_headroom, quota_usage
+from sessions.policy.quotas import quota_check, quota_headroom, quota_usage
 from tests.conftest import GiB, make_cluster, mock_gpu
 
 UNIT_MEM = 4 * GiB  # make_cluster's default: 1.0 fGPU = 4 GiB and 40 SMs
@@ -48,7 +49,7 @@ def create(django_capture_on_commit_callbacks):
 
     def create(owner, resources: dict) -> ComputeSession:
         with django_capture_on_commit_callbacks(execute=True):
-            session = services.session_create(owner=owner, name="s", resources=resources)
+            session = admission.session_create(owner=owner, name="s", resources=resources)
         session.refresh_from_db()
         return session
 
@@ -56,7 +57,7 @@ def create(django_capture_on_commit_callbacks):
 
 
 def check(user, resources: dict) -> None:
-    """The launch's quota check (`sessions.quotas.quota_check`) of this request: its claim comes
+    """The launch's quota check (`sessions.policy.quotas.quota_check`) of this request: its claim comes
     from the one rule the launch, the preview and the dialog use."""
     quota_check(user=user, request=parse_resources(resources))
 
@@ -371,7 +372,7 @@ def test_simultaneous_launches_of_one_project_check_the_quota_one_after_the_othe
             barrier.wait(timeout=30)
             with transaction.atomic():  # as session_create does: check and write in one transaction
                 check(user, {"cuda.shares": "0.25"})
-                services.session_create(owner=user, name="s", resources={"cuda.shares": "0.25"})
+                admission.session_create(owner=user, name="s", resources={"cuda.shares": "0.25"})
         except ApplicationError as exc:
             refused.append(exc)
         except BaseException as exc:  # reported by the test, not lost in the thread
@@ -396,9 +397,9 @@ def test_session_create_refuses_a_launch_over_the_user_s_fgpu_quota_and_the_slid
     from decimal import Decimal
 
     from console.errors import ApplicationError
-    from sessions.launch import launch_options
+    from sessions.admission.launch import launch_options
     from sessions.models import ComputeSession, Quota
-    from sessions.services import session_create
+    from sessions.admission.launch import session_create
     from tests.conftest import make_cluster, mock_gpu
 
     make_cluster(nodes={"quota-node": [mock_gpu(0)]})
@@ -418,7 +419,7 @@ def test_the_dialog_s_maximum_comes_from_the_launch_s_claim_rule_gpu_memory_and_
     """The slider's maximum is what the launch would allow: 1.0 fGPU claims 4 GiB, so a 6 GiB
     GPU-memory quota caps it at 1.50 (and a launch of 1.75 is refused); no session left caps it at 0
     (before issue 19 the dialog read the fGPU headroom only and offered the whole node)."""
-    from sessions.launch import launch_options
+    from sessions.admission.launch import launch_options
 
     quota = Quota.objects.create(user=alice, max_gpu_memory=6 * GiB)
     [slot] = launch_options(user=alice)["slots"]

@@ -1,4 +1,4 @@
-"""Level-triggered reconciliation (sessions.reconcile): each heartbeat's state of the agent is
+"""Level-triggered reconciliation (sessions.lifecycle.reconcile): each heartbeat's state of the agent is
 compared with the database and both sides are repaired, so no lost message leaves a session
 stuck or a process running after its session ended.
 
@@ -12,7 +12,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from sessions import reconcile, services
+from sessions.lifecycle import reconcile
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from sessions.models import Allocation, ComputeSession, SessionStatus
 from agent import core as agent_runtime
 from agent import tasks as _agent_tasks  # noqa: F401 (registers fgpu.agent.*: the eager sends reach the stand-in)
@@ -61,7 +63,7 @@ def scheduled(agent, alice):
     """A session placed on demo-node (its start taken by the stand-in), scheduled a minute ago."""
 
     def make(shares: str = "0.5") -> ComputeSession:
-        session = services.session_create(owner=alice, name="s", resources={"cuda.shares": shares})
+        session = admission.session_create(owner=alice, name="s", resources={"cuda.shares": shares})
         session.refresh_from_db()
         assert session.status == SessionStatus.SCHEDULED, session.status_reason
         ComputeSession.objects.filter(pk=session.pk).update(scheduled_at=timezone.now() - timedelta(minutes=1))

@@ -224,7 +224,7 @@ def test_a_one_device_request_takes_a_poorly_linked_device_and_keeps_the_nvlink_
 
 def test_links_reported_by_an_agent_steer_real_placements(db, django_user_model, django_capture_on_commit_callbacks):
     from accelerators.models import DeviceLink
-    from sessions.services import session_create
+    from sessions.admission.launch import session_create
     from sessions.tasks import agent_register
 
     make_cluster(nodes={}, mode="discrete")

@@ -10,8 +10,10 @@ from django.test import override_settings
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
-from sessions import pass_metrics, services
-from sessions.scheduler import schedule_pending
+from sessions.scheduling import pass_metrics
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
+from sessions.scheduling.scheduler import schedule_pending
 from tests.conftest import make_cluster, mock_gpu
 
 pytestmark = pytest.mark.django_db
@@ -22,7 +24,7 @@ TOKEN = "metrics-token-0123456789"
 def no_figures():
     """No pass recorded yet: this test's Redis db holds no figures (nor the process's memory)."""
     if settings.REDIS_URL:
-        from sessions.passes import _redis
+        from sessions.lifecycle.passes import _redis
 
         _redis().delete(pass_metrics.KEY)
     pass_metrics._memory.clear()
@@ -47,7 +49,7 @@ def scrape() -> dict[str, float]:
 def two_placed_one_waiting(user) -> None:
     make_cluster(nodes={"n1": [mock_gpu(0)]})  # one 8 GiB GPU: 2 fGPU
     for i in range(3):
-        services.session_create(owner=user, name=f"s{i}", resources={"cuda.shares": "1"})
+        admission.session_create(owner=user, name=f"s{i}", resources={"cuda.shares": "1"})
     assert len(schedule_pending()) == 2
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-
-from sessions import services
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from sessions.models import ComputeSession, SessionStatus
-from sessions.scheduler import schedule_pending
+from sessions.scheduling.scheduler import schedule_pending
 
 pytestmark = pytest.mark.django_db
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 def queue(owner, count: int, shares: str = "1.0") -> None:
     """`count` sessions written PENDING as a launch writes them (its own pass not run: no commit here)."""
     for i in range(count):
-        services.session_create(owner=owner, name=f"q{i}", resources={"cuda.shares": shares})
+        admission.session_create(owner=owner, name=f"q{i}", resources={"cuda.shares": shares})
 
 
 def test_a_queue_of_250_gets_250_evaluated_reasons_in_one_pass(demo_cluster, alice):

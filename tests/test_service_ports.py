@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ValidationError
 
-from sessions.images import image_service_ports_apply
+from sessions.policy.images import image_service_ports_apply
 from sessions.models import SessionImage, validate_image_labels
 from sessions.service_ports import (SERVICE_PORTS_LABEL, ServicePortsError, apps_from_service_ports, jupyter_app,
                                     merged_apps, parse_service_ports)
@@ -73,7 +73,7 @@ def test_an_administrator_cannot_write_a_malformed_label_and_is_told_why():
 
 @pytest.mark.django_db
 def test_a_docker_nodes_labels_give_the_matching_records_their_apps_and_a_malformed_one_changes_nothing(caplog):
-    from sessions.session_apps import session_apps
+    from sessions.serving.session_apps import session_apps
     from sessions.models import ComputeSession
     from django.contrib.auth import get_user_model
 

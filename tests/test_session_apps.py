@@ -8,9 +8,9 @@ import json
 import pytest
 from django.core.exceptions import ValidationError
 
-from sessions.app_proxy import TokenMask, path_escapes, upstream_headers, upstream_path, PATH_RE
+from sessions.serving.proxy import TokenMask, path_escapes, upstream_headers, upstream_path, PATH_RE
 from sessions.models import SessionImage, validate_image_apps
-from sessions.session_apps import app_open_message, app_token_new, jupyter_app, session_app_links
+from sessions.serving.session_apps import app_open_message, app_token_new, jupyter_app, session_app_links
 from tests.conftest import client_for
 
 JUPYTER = jupyter_app(python="python3")
@@ -90,7 +90,7 @@ def test_app_tokens_are_random_not_derived_from_the_secret_key(settings):
 
 @pytest.mark.django_db
 def test_the_open_message_carries_a_new_token_and_the_one_to_keep(alices_session):
-    from sessions.session_apps import session_app_get
+    from sessions.serving.session_apps import session_app_get
 
     image = alices_session.image
     image.apps = [JUPYTER]
@@ -176,7 +176,7 @@ def test_text_postgresql_cannot_store_is_refused():
     ("GET", [(b"host", b"console:8000"), (b"origin", b"https://evil.example")], False),
 ])
 def test_requests_that_change_something_from_another_site_are_refused(method, headers, refused):
-    from sessions.app_proxy import cross_site
+    from sessions.serving.proxy import cross_site
 
     assert cross_site({**scope("/x", headers=headers), "method": method}) is refused
 

@@ -8,7 +8,8 @@ import pytest
 
 from accelerators.models import Node
 from agent.environment import session_environment
-from sessions import services
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from sessions.models import ComputeSession, SessionStatus
 from tests.conftest import client_for
 from tests.test_reconcile import NODE, RecordingAgent, agent, scheduled  # noqa: F401 (fixtures)
@@ -56,7 +57,7 @@ def test_a_node_running_mps_adds_the_mps_limits_as_its_agent_does(scheduled, ali
 def test_a_pending_session_has_none_and_an_ended_one_keeps_what_it_had(scheduled, agent, alice):
     session = scheduled("0.5")
     held = environment_of(session, alice)
-    waiting = services.session_create(owner=alice, name="big", resources={"cuda.shares": "2"})  # the whole GPU
+    waiting = admission.session_create(owner=alice, name="big", resources={"cuda.shares": "2"})  # the whole GPU
 
     assert ComputeSession.objects.get(pk=waiting.pk).status == SessionStatus.PENDING
     assert environment_of(waiting, alice) == {}
@@ -84,7 +85,7 @@ def test_a_dynamic_mig_session_shows_its_mig_device_as_its_agent_starts_it(mig_a
     from accelerators.plugins.cuda_mig import LiveInstance
     from agent.mig import device_entry
 
-    session = services.session_create(owner=alice, name="mig", resources={"gpu_memory": "15G", "isolation": "mig"})
+    session = admission.session_create(owner=alice, name="mig", resources={"gpu_memory": "15G", "isolation": "mig"})
     spec = mig_agent.starts[-1]
     instance = GpuInstance.objects.get(session=session)
     # The agent creates the instance and starts the session on its MIG device (agent.mig.prepare_spec).

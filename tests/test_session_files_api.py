@@ -12,9 +12,10 @@ from asgiref.sync import async_to_sync
 from django.test import override_settings
 
 from protocol.files import CHUNK_BYTES
-from sessions import files, services
+from sessions.serving import files
+from sessions.lifecycle import services
 from sessions.models import Project
-from sessions.scheduler import owner_projects, session_start_spec
+from sessions.scheduling.scheduler import owner_projects, session_start_spec
 from tests.conftest import assert_error_shape, client_for, wait_until
 from tests.test_agent_runtime import start_spec
 from tests.test_api_logs_exec import agent_in_thread

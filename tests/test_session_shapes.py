@@ -1,4 +1,4 @@
-"""The session list's kept shapes (sessions.shapes) are never stale: after a write to any row a
+"""The session list's kept shapes (sessions.api.shapes) are never stale: after a write to any row a
 session's API shape is made from, made the way no service makes it (a queryset update, bypassing
 every signal and the session's `version`), the list shows what a fresh render shows, and the
 page costs three queries whatever its length. On the real PostgreSQL with real commits
@@ -16,8 +16,8 @@ from django.utils import timezone
 from accelerators.models import Device, GpuInstance, Node, SlotFormat
 from sessions.models import Allocation, ComputeSession, SessionImage
 from sessions.selectors import session_get_for, sessions_shown
-from sessions.serializers import SessionSerializer, session_shapes
-from sessions.shapes import SHAPES
+from sessions.api.serializers import SessionSerializer, session_shapes
+from sessions.api.shapes import SHAPES
 from tests.conftest import client_for
 from tests.seed import gpu_cluster, sessions_in_every_style
 

@@ -15,9 +15,10 @@ from django.utils import timezone
 
 from accelerators.allocation.reservation import EARLIER
 from console.errors import ApplicationError
-from sessions import services
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from sessions.models import Allocation, ComputeSession, SessionStatus, TerminalTicket
-from sessions.scheduler import schedule_pending
+from sessions.scheduling.scheduler import schedule_pending
 from tests.conftest import GiB, make_cluster, mock_gpu
 
 pytestmark = pytest.mark.django_db
@@ -35,7 +36,7 @@ def create(user, django_capture_on_commit_callbacks):
     def create(shares: str | None = "0.5", *, owner=None, command: str = "", **extra) -> ComputeSession:
         resources = {"cuda.shares": shares, **extra} if shares is not None else dict(extra)
         with django_capture_on_commit_callbacks(execute=True):
-            session = services.session_create(owner=owner or user, name="s", resources=resources, command=command)
+            session = admission.session_create(owner=owner or user, name="s", resources=resources, command=command)
         session.refresh_from_db()
         return session
 
@@ -77,7 +78,7 @@ def live_allocations(session) -> list[Allocation]:
 # --- create and schedule ----------------------------------------------------------------------
 
 def test_a_new_session_is_pending_until_the_scheduler_runs(demo_cluster, user):
-    session = services.session_create(owner=user, name="s", resources={"cuda.shares": "0.5"})
+    session = admission.session_create(owner=user, name="s", resources={"cuda.shares": "0.5"})
 
     session.refresh_from_db()
     assert session.status == SessionStatus.PENDING
@@ -100,7 +101,7 @@ def test_half_an_fgpu_is_scheduled_on_demo_node_with_one_allocation_of_2_gib_and
 
 
 def test_calling_the_scheduler_directly_places_a_pending_session(demo_cluster, user):
-    session = services.session_create(owner=user, name="s", resources={"cuda.shares": "1.0"})
+    session = admission.session_create(owner=user, name="s", resources={"cuda.shares": "1.0"})
 
     scheduled = schedule_pending()
 
@@ -111,7 +112,7 @@ def test_calling_the_scheduler_directly_places_a_pending_session(demo_cluster, u
 
 def test_a_request_larger_than_any_node_is_refused_at_once_naming_the_slot_and_the_largest_amount(demo_cluster, user):
     with pytest.raises(ApplicationError) as refused:
-        services.session_create(owner=user, name="s", resources={"cuda.shares": "3"})
+        admission.session_create(owner=user, name="s", resources={"cuda.shares": "3"})
 
     assert refused.value.status == 400
     assert "cuda.shares" in refused.value.detail
@@ -122,7 +123,7 @@ def test_a_request_larger_than_any_node_is_refused_at_once_naming_the_slot_and_t
 
 def test_an_amount_off_the_quantum_grid_is_refused(demo_cluster, user):
     with pytest.raises(ApplicationError) as refused:
-        services.session_create(owner=user, name="s", resources={"cuda.shares": "0.3"})
+        admission.session_create(owner=user, name="s", resources={"cuda.shares": "0.3"})
 
     assert refused.value.status == 400
     assert "quantum" in refused.value.detail
@@ -134,7 +135,7 @@ def test_shares_are_refused_when_the_slot_is_in_discrete_mode(db, user):
     make_cluster(nodes={"demo-node": [mock_gpu(0)]}, mode="discrete")
 
     with pytest.raises(ApplicationError) as refused:
-        services.session_create(owner=user, name="s", resources={"cuda.shares": "0.5"})
+        admission.session_create(owner=user, name="s", resources={"cuda.shares": "0.5"})
 
     assert refused.value.status == 400
     assert "discrete mode" in refused.value.detail
@@ -193,7 +194,7 @@ def test_a_request_spanning_two_devices_gets_two_allocations_adding_up_to_the_re
 # --- terminate and reports --------------------------------------------------------------------
 
 def test_terminating_a_pending_session_cancels_it(demo_cluster, user):
-    session = services.session_create(owner=user, name="s", resources={"cuda.shares": "0.5"})
+    session = admission.session_create(owner=user, name="s", resources={"cuda.shares": "0.5"})
 
     services.session_terminate(session=session)
 
@@ -382,8 +383,8 @@ def test_a_pending_session_waits_instead_of_failing_while_its_only_node_is_lost(
     from django.contrib.auth import get_user_model
 
     from sessions.models import ComputeSession, SessionStatus
-    from sessions.scheduler import schedule_pending
-    from sessions.services import session_create
+    from sessions.scheduling.scheduler import schedule_pending
+    from sessions.admission.launch import session_create
 
     owner = get_user_model().objects.create_user("lost-node-owner")
     Node.objects.filter(name="demo-node").update(status=NodeStatus.LOST)
@@ -417,7 +418,7 @@ def test_a_smaller_later_request_backfills_past_a_big_head_until_the_head_has_be
 
 
 def test_a_higher_priority_session_is_scheduled_before_earlier_ones(demo_cluster, create, running, settings):
-    from sessions.scheduler import schedule_pending as run
+    from sessions.scheduling.scheduler import schedule_pending as run
 
     settings.FGPU_BACKFILL_LIMIT = 0
     blocker = running("2.0")
@@ -433,13 +434,13 @@ def test_a_higher_priority_session_is_scheduled_before_earlier_ones(demo_cluster
 def test_sessions_launched_without_a_name_get_names_unique_per_owner_in_launch_order(demo_cluster, user,
                                                                                     django_user_model):
     bob = django_user_model.objects.create_user("bob")
-    launch = lambda owner, name="": services.session_create(owner=owner, name=name,  # noqa: E731
+    launch = lambda owner, name="": admission.session_create(owner=owner, name=name,  # noqa: E731
                                                              resources={"cuda.shares": "0.25"}).name
 
     assert [launch(user), launch(user, "  "), launch(bob)] == ["session-1", "session-2", "session-1"]
     assert launch(user, "session-9") == "session-9"  # a name given is kept, whatever it looks like
     assert [launch(user), launch(bob)] == ["session-10", "session-2"]  # one past the largest
-    assert services.session_default_name(owner=user) == "session-11"
+    assert admission.session_default_name(owner=user) == "session-11"
 
 
 def test_a_session_terminated_at_someones_request_keeps_who_asked_once_the_agent_reports_it_ended(
@@ -458,7 +459,7 @@ def test_a_session_terminated_at_someones_request_keeps_who_asked_once_the_agent
 
 def test_every_shown_change_raises_the_version_and_a_change_ignored_does_not(
         demo_cluster, create, running, report, user, django_capture_on_commit_callbacks):
-    from sessions.serializers import SessionSerializer
+    from sessions.api.serializers import SessionSerializer
 
     seen = []
 

@@ -1,4 +1,4 @@
-"""Standalone mode runs scheduler passes on a thread of their own (sessions.passes
+"""Standalone mode runs scheduler passes on a thread of their own (sessions.lifecycle.passes
 _BackgroundPasses), not inside the request that asked for one (issue 14): asking returns at
 once, the pass places the session from its own database connection, and requests made while a
 pass runs coalesce into one more pass."""
@@ -10,8 +10,10 @@ import time
 import pytest
 from django.test import override_settings
 
-from sessions import passes as pass_requests
-from sessions import scheduler, services
+from sessions.lifecycle import passes as pass_requests
+from sessions.scheduling import scheduler
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from sessions.models import ComputeSession, SessionStatus
 from tests.conftest import make_cluster, mock_gpu
 from tests.stack import wait_until
@@ -45,7 +47,7 @@ def test_a_launch_in_standalone_mode_is_placed_by_the_pass_thread_not_the_reques
     ran, starts, _ = passes
     make_cluster(nodes={"node-a": [mock_gpu(0)]})
     user = django_user_model.objects.create_user("alice")
-    session = services.session_create(owner=user, name="s", resources={"cuda.shares": "0.5"})  # asks on commit
+    session = admission.session_create(owner=user, name="s", resources={"cuda.shares": "0.5"})  # asks on commit
     wait_until(lambda: ComputeSession.objects.get(pk=session.pk).status == SessionStatus.SCHEDULED, timeout=20,
                what="the session placed by the pass thread")
     assert ran == ["scheduler-passes"]  # not the caller's thread

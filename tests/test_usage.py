@@ -15,8 +15,8 @@ import pytest
 from django.db.models import Max, Sum
 from django.test import override_settings
 from django.utils import timezone
-
-from sessions import services
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from sessions.models import Allocation, ComputeSession, Project, SessionStatus
 from tests.conftest import GiB, client_for, mock_gpu
 from tests.test_reconcile import agent  # noqa: F401 (fixture: the node's agent, a recording stand-in)
@@ -37,7 +37,7 @@ def running(agent, alice):
     """make(owner=alice, command="") → a RUNNING session on demo-node, started `age` seconds ago."""
 
     def make(owner=None, *, command: str = "", shares: str = "0.5", age: float = 0) -> ComputeSession:
-        session = services.session_create(owner=owner or alice, name="s", resources={"cuda.shares": shares},
+        session = admission.session_create(owner=owner or alice, name="s", resources={"cuda.shares": shares},
                                            command=command)
         services.session_report_apply(session_id=str(session.pk), status="RUNNING")
         ComputeSession.objects.filter(pk=session.pk).update(started_at=timezone.now() - timedelta(seconds=age))

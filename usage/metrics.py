@@ -24,7 +24,7 @@ Names follow NVIDIA's DCGM exporter and HAMi where they mean the same:
 | `fgpu_scheduler_last_pass_waiting_sessions` | | sessions the last pass left waiting | Kueue's `pending_workloads` |
 | `fgpu_scheduler_last_pass_timestamp_seconds` | | Unix seconds the last pass ended | ours |
 
-The scheduler's pass figures are kept by `sessions.pass_metrics` (Redis; in memory standalone).
+The scheduler's pass figures are kept by `sessions.scheduling.pass_metrics` (Redis; in memory standalone).
 
 Per-device and per-session usage figures are the newest sample of the last SAMPLE_HORIZON_S
 seconds: a device or session whose agent sent nothing for longer is left out (a gap in
@@ -49,8 +49,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from accelerators.models import Device, Node
 from accelerators.selectors import device_fgpu_summary, devices_with_usage
 from sessions.models import Allocation, ComputeSession, SessionStatus
-from sessions.pass_metrics import BUCKETS as PASS_BUCKETS
-from sessions.pass_metrics import pass_figures
+from sessions.scheduling.pass_metrics import BUCKETS as PASS_BUCKETS
+from sessions.scheduling.pass_metrics import pass_figures
 from usage.selectors import latest_device_samples, latest_session_samples
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class ConsoleCollector:
 
 
 def _passes():
-    """The scheduler passes' figures (`sessions.pass_metrics`); none while Redis cannot be
+    """The scheduler passes' figures (`sessions.scheduling.pass_metrics`); none while Redis cannot be
     reached (a gap, not zeros)."""
     try:
         figures = pass_figures()

@@ -5,7 +5,7 @@ of which session holds how much memory of which GPU, for the node admin page and
 
 Asked for, not reported unasked: the web sends `node.processes` to the node's `node.<name>`
 channel-layer group (only its agent joins it) and waits for the answer on a reply channel, as
-a session's files are read (sessions.files). The agent reads NVML's running processes on a real
+a session's files are read (sessions.serving.files). The agent reads NVML's running processes on a real
 node, the sessions' declared use on a mock one (agent.usage.UsageSampler.processes). Why on
 request: the list is wanted only while someone looks at it, and it grows with the sessions and
 their processes (hundreds of rows on a busy node); carried by every heartbeat (every few seconds,

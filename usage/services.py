@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from accelerators.models import Device, Node
 from sessions.models import ComputeSession, Project, SessionStatus
-from sessions.reconcile import valid_uuids
+from sessions.lifecycle.reconcile import valid_uuids
 from usage.models import (
     DeviceRollup,
     DeviceSample,
@@ -484,7 +484,7 @@ def usage_idle_check(*, now: datetime | None = None) -> dict:
     with the reason ("idle for 2 h (GPU utilisation < 1 %)", "reached its maximum lifetime of
     8 h") by the first check at or after it (the beat runs it every 30 s); one that became busy
     again loses its idle warning. Returns `{"warned": [ids], "terminated": [ids], "cleared": [ids]}`."""
-    from sessions.services import RECLAIMED, session_terminate
+    from sessions.lifecycle.services import RECLAIMED, session_terminate
 
     now = now or timezone.now()
     policies = {p.resource_group_id: p for p in IdlePolicy.objects.all()}
@@ -570,6 +570,6 @@ def _idle_reason(session: ComputeSession, policy: IdlePolicy, now: datetime) -> 
 
 def _notify(session: ComputeSession, text: str) -> None:
     """The warning in the session's terminal and on its page (`sessions.lifecycle.services.session_notice`)."""
-    from sessions.services import session_notice
+    from sessions.lifecycle.services import session_notice
 
     session_notice(session, text)

@@ -10,7 +10,7 @@ preferred (`order`); `preemption_choice` is that question under the preemption r
 - only preemptible holders, and only once they ran their minimum runtime;
 - only for a waiting request of higher priority (Slurm's PreemptType=preempt/qos), or of the
   same priority whose owner is under its fair share while the holder's owner is over theirs,
-  each by SHARE_MARGIN (a tenth of the share: factors ≥ 0.536 and ≤ 0.467, `sessions.fairshare`):
+  each by SHARE_MARGIN (a tenth of the share: factors ≥ 0.536 and ≤ 0.467, `sessions.scheduling.fairshare`):
   KAI's reclaim takes back only from queues above their fair share, for queues below theirs;
   Kueue's fair-sharing preemption likewise never takes from a queue whose share is not above
   the preemptor's. The band keeps accounts that hover at their shares from preempting each
@@ -41,7 +41,7 @@ from itertools import combinations
 from accelerators.allocation import core
 from accelerators.allocation.errors import InsufficientResource, NeverSchedulable
 
-UNDER_SHARE = 0.5  # a fair-share factor above this: the account used less than its share (sessions.fairshare)
+UNDER_SHARE = 0.5  # a fair-share factor above this: the account used less than its share (sessions.scheduling.fairshare)
 # Fair-share preemption needs the waiting account at most (1 - SHARE_MARGIN) of its share used and the
 # holder's at least (1 + SHARE_MARGIN): factor ≥ 2^-(1 - m) and ≤ 2^-(1 + m). Without the band, accounts that
 # hover at their shares under contention preempted each other at every crossing (benchmarks/fairshare_queue.py).

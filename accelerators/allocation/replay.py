@@ -4,11 +4,11 @@ session would start if the running ones end when expected. Pure Python, no Djang
 One replay is a discrete-event walk: a pass over the queue now, then one after each moment a
 session ends (its `end`, epoch seconds), until every queued session started, could never start,
 or nothing that holds room has a known end. A pass follows the real pass's rules
-(`sessions.scheduler.schedule_pending`): the queue in its order, a request shape that found no
+(`sessions.scheduling.scheduler.schedule_pending`): the queue in its order, a request shape that found no
 room is not tried again in the same pass, and the backfill rule with reservations (`Backfill`,
 `reservation`, the one the real pass uses: a session at the limit reserves where it would run
 once the sessions there end, from the replay's ends). What "fits" means is the caller's `Room`
-— in the console, `sessions.placement.placement_decide` on an in-memory view of the cluster,
+— in the console, `sessions.scheduling.placement.placement_decide` on an in-memory view of the cluster,
 i.e. `core.place`, the pure placement the real pass runs; in `benchmarks/eta.py`, `core.place` on the openb cluster. A session the
 replay starts holds its room for its own `runtime` (seconds; None: no known end).
 

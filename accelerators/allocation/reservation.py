@@ -1,6 +1,6 @@
 """Backfill reservations (issue 32.1): which capacity a waiting session holds once it has been
 overtaken as often as the backfill limit allows, and whether a later session's placement would
-delay it. Pure Python, no Django: the scheduler's pass (`sessions.scheduler`) and the ETA's
+delay it. Pure Python, no Django: the scheduler's pass (`sessions.scheduling.scheduler`) and the ETA's
 replay (`accelerators.allocation.replay`) apply the same rule.
 
 Source: Slurm's backfill scheduler (sched/backfill): the first pending job that cannot start

@@ -1,5 +1,5 @@
 """How long a batch job runs, from the runs like it that ended on their own (issue 32.3). Pure
-Python, no Django: the console's ETA (`sessions.eta`) and `benchmarks/queue_bands.py` use the same
+Python, no Django: the console's ETA (`sessions.scheduling.eta`) and `benchmarks/queue_bands.py` use the same
 keys, the same filter and the same fall-back.
 
 What predicts a batch job's runtime is the job itself, not who launched it: its command, its
@@ -19,7 +19,7 @@ early side 82 % (85 %).
 Sources: keying by job identity rather than user is what Slurm's and Tsafrir et al.'s runtime
 predictors do ("Backfilling using system-generated predictions rather than user runtime
 estimates", IEEE TPDS 2007: the user's last two runs of the same job); Slurm's backfill uses the
-job's time limit, a known end, before any prediction — as `sessions.eta` uses a preemption time
+job's time limit, a known end, before any prediction — as `sessions.scheduling.eta` uses a preemption time
 or a lifetime limit before this history.
 """
 

@@ -194,7 +194,7 @@
     return "exited with code " + code;
   }
 
-  var REQUESTED = /^(?:terminat(?:ing|ed) )?at the request of (.+)$/; // sessions.services.REQUESTED
+  var REQUESTED = /^(?:terminat(?:ing|ed) )?at the request of (.+)$/; // sessions.lifecycle.services.REQUESTED
   var EXITED = /^the process exited with code (\d+)$/; // the agent's words for a process that ended by itself
 
   // Why a session ended or is ending, for people: "terminated by you", "exited with code 3",

@@ -33,7 +33,7 @@
   }
 
   // "now" only for a session that fits now; one that waits for ends due now starts "any moment"
-  // (sessions.eta.band_agreed; the CLI says the same)
+  // (sessions.scheduling.eta.band_agreed; the CLI says the same)
   var soon = "now";
   function relative(ms) { return ms <= Date.now() + 30000 ? soon : "in " + span(ms - Date.now()); }
 

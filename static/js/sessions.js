@@ -970,7 +970,7 @@
   var images = readJson("session-images") || [];
   var wantedImage = null; // the image the user picked last; kept while it is registered
 
-  // The server's default: the image marked default, else the built-in "host" (sessions.images.image_default).
+  // The server's default: the image marked default, else the built-in "host" (sessions.policy.images.image_default).
   function defaultImage() {
     return images.filter(function (i) { return i.is_default; })[0] ||
       images.filter(function (i) { return i.reference === HOST_IMAGE; })[0] || images[0] || null;
@@ -1013,7 +1013,7 @@
   imageSelect.addEventListener("change", function () { wantedImage = imageSelect.value; renderImageHint(); });
 
   // ---- Resource presets: offered first; picking one fills the fields below ----------------
-  // The body then names the preset and sends only what the user changed since (sessions.presets
+  // The body then names the preset and sends only what the user changed since (sessions.admission.presets
   // merges it: any GPU key replaces the preset's GPU request, null removes a key), so an
   // untouched preset launches exactly its request, also where the fields cannot show it.
 
@@ -1285,7 +1285,7 @@
   }
 
   // When a request that waits would start (the preview's `eta`: a band from the queue's replay,
-  // as a pending session's "When will I start?" panel gives it; sessions.api_eta.preview_eta).
+  // as a pending session's "When will I start?" panel gives it; sessions.api.eta.preview_eta).
   function previewEtaText(data) {
     var e = data.eta;
     if (!e || data.fits_now || e.outcome === "never" || e.outcome === "now") return "";
@@ -1330,7 +1330,7 @@
   form.addEventListener("input", function () { serverErrors = {}; changed(); });
   form.addEventListener("change", function () { serverErrors = {}; changed(); });
 
-  // The name the dialog offers: the server's next default for this user (sessions.services.
+  // The name the dialog offers: the server's next default for this user (sessions.lifecycle.services.
   // session_default_name), moved on past each "session-<n>" of theirs launched since.
   var defaultName = listState.default_name || "session-1";
   function nameTaken(s) {

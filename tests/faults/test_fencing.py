@@ -15,9 +15,10 @@ import pytest
 from django.utils import timezone
 
 from accelerators.models import Node, NodeStatus
-from sessions import services
+from sessions.lifecycle import services
+from sessions.admission import launch as admission
 from sessions.models import Allocation, ComputeSession, SessionStatus
-from sessions.scheduler import schedule_pending
+from sessions.scheduling.scheduler import schedule_pending
 from sessions.tasks import node_check_heartbeats
 from tests.conftest import assert_error_shape, client_for, make_running
 from tests.test_reconcile import NODE, agent, heartbeat, status_of, unreleased  # noqa: F401 (agent: a fixture)
@@ -31,7 +32,7 @@ def running(agent, alice):  # noqa: F811 (agent: the fixture imported above)
     (so a heartbeat without it is proof that it is gone)."""
 
     def make(shares: str) -> ComputeSession:
-        session = services.session_create(owner=alice, name="", resources={"cuda.shares": shares})
+        session = admission.session_create(owner=alice, name="", resources={"cuda.shares": shares})
         session.refresh_from_db()
         assert session.status == SessionStatus.SCHEDULED, session.status_reason
         ComputeSession.objects.filter(pk=session.pk).update(scheduled_at=timezone.now() - timedelta(minutes=1))
@@ -46,13 +47,13 @@ def lose(*, silent_s: float) -> None:
 
 
 def delete(session: ComputeSession) -> ComputeSession:
-    """The API's terminate (sessions.api): at alice's request."""
+    """The API's terminate (sessions.api.sessions): at alice's request."""
     return services.session_terminate(session=ComputeSession.objects.select_related("node").get(pk=session.pk),
                                       reason=services.REQUESTED + "alice")
 
 
 def waiting(alice, shares: str) -> ComputeSession:
-    session = services.session_create(owner=alice, name="", resources={"cuda.shares": shares})
+    session = admission.session_create(owner=alice, name="", resources={"cuda.shares": shares})
     schedule_pending()
     session.refresh_from_db()
     return session

@@ -5,7 +5,7 @@ names one session, of its name; every 503 left no session behind. Half the launc
 `Idempotency-Key` (the key's row is written in the session's transaction), half do not; none is
 retried, so a session without its 201 would show as a name with a session and no 201.
 
-Before this, the notice's re-read after the commit (sessions/events.py) raised through the
+Before this, the notice's re-read after the commit (sessions/lifecycle/events.py) raised through the
 launch: 500 answers for sessions that ran, and sessions created without their 201."""
 from __future__ import annotations
 

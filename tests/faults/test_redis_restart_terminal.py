@@ -74,7 +74,7 @@ def ticket_spent(ticket: str) -> bool:
     from django.db import connection
 
     from sessions.models import TerminalTicket
-    from sessions.services import _digest
+    from sessions.lifecycle.services import _digest
 
     connection.close()
     return TerminalTicket.objects.get(digest=_digest(ticket)).used_at is not None

@@ -243,7 +243,7 @@ def test_the_web_sends_no_app_request_to_a_listener_named_by_an_answer_its_node_
 
     from accelerators.models import Node
     from protocol.channel import CommandGuard
-    from sessions.session_apps import session_app_target
+    from sessions.serving.session_apps import session_app_target
 
     node = alices_session.node.name
     Node.objects.filter(name=node).update(agent_key="a" * 43)

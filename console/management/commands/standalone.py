@@ -36,10 +36,10 @@ from console.env import env_bool, env_int, env_list, env_str
 from console.exec_store import exec_store_default
 from agent.boot import build_agent
 from agent.config import AgentConfigError, load_agent_config
-from sessions.images import image_default, image_save
+from sessions.policy.images import image_default, image_save
 from sessions.models import SessionImage
-from sessions.app_origin import host_key, origin_key
-from sessions.session_apps import jupyter_app
+from sessions.serving.origin import host_key, origin_key
+from sessions.serving.session_apps import jupyter_app
 from agent.docker_runtime import docker_engine_probe, docker_engine_where, docker_image_present
 from agent.runtimes import DOCKER, PROCESS, RUNTIMES, stop_ignoring_session_signals
 
@@ -218,13 +218,13 @@ class Command(BaseCommand):
         """Serve the console on host:port and session apps on their own origin (issue 31.4): a
         second socket of the same uvicorn server, FGPU_APPS_PORT (default port + 1) on `host`;
         the origin is FGPU_APPS_ORIGIN, else http://localhost:<that port> (`_apps_listener`). The
-        ASGI app tells the two apart by the request's Host (sessions.app_origin)."""
+        ASGI app tells the two apart by the request's Host (sessions.serving.origin)."""
         import uvicorn
 
         apps_port, apps_origin = _apps_listener(host, port)
         settings.FGPU_APPS_ORIGIN = apps_origin  # before console.asgi reads it
         from console.asgi import application
-        from sessions import events
+        from sessions.lifecycle import events
         from sessions.tasks import node_check_heartbeats, schedule_pending
         from usage.tasks import usage_idle_check, usage_rollup  # also registers the agents' usage_report
 

@@ -1,0 +1,210 @@
+"""The fragmentation map and compaction plan of a resource group (issue 17.4): what the admin's
+page (admin → Fragmentation maps) and `GET /api/v1/fragmentation/` show, and the one admin
+action that applies the plan.
+
+The map and the plan are the pure `accelerators.allocation.compaction`; this module reads their
+inputs — the group's alive nodes for the slot, the sessions holding them
+(`sessions.scheduling.preemption.session_holders`), the group's request shapes of the last RECENT_DAYS
+days, the largest waiting request — and writes
+the apply: each moved session gets the same notice and grace as a preempted one
+(`sessions.scheduling.preemption.notice_give`: its reason, `preempt_at` = now + FGPU_PREEMPTION_GRACE_SECONDS,
+a line in its output and its signal), is stopped at its time by the scheduler's pass, and is
+then launched again as a new PENDING session with the same request, command, image and priority
+and its place by arrival (`sessions.scheduling.preemption.session_requeue`, unless it was launched with
+`requeue: false`; its work since its start is the plan's cost); the action is written to the
+admin log (LogEntry on the group); the scheduler then places the waiting session where the moves
+made room.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.db import transaction
+from django.utils import timezone
+
+from accelerators.allocation import compaction, core
+from accelerators.allocation.errors import AllocationError
+from accelerators.mig_selectors import mig_gpu_layouts
+from accelerators.models import AllocationMode, Node, NodeStatus, ResourceGroup
+from accelerators.selectors import DEFAULT_GROUP, fractional_settings_get, node_states, placement_options
+from console.errors import ApplicationError
+from sessions.scheduling import mig as mig_scheduling
+from sessions.models import ComputeSession, SessionStatus
+from sessions.scheduling.preemption import notice_give, notices_send, session_holders
+from sessions.selectors import session_request
+
+log = logging.getLogger(__name__)
+
+RECENT_DAYS = 7  # the request shapes of sessions launched this many days back count as "seen lately"
+MAX_SHAPES = 64  # the most distinct recent shapes the map judges (the most frequent)
+
+
+@dataclass(frozen=True)
+class FragmentationReport:
+    """One group's map and plan: `group` (None: every node, for requests naming no group),
+    `slot`, `fractional` (False: the slot is in discrete mode, no fGPU map), `map`
+    (compaction.FragmentationMap or None), `target` (the largest waiting session, or None),
+    `plan` (compaction.CompactionPlan or None: nothing waits, or no move set makes it fit),
+    `sessions` ({session id: ComputeSession} for the names the page shows), `mig` (the group's
+    MIG GPU layouts: idle instances, stranded slices), `now`."""
+
+    group: ResourceGroup | None
+    slot: str
+    fractional: bool
+    map: compaction.FragmentationMap | None
+    target: ComputeSession | None
+    plan: compaction.CompactionPlan | None
+    sessions: dict
+    mig: list
+    now: object
+
+    @property
+    def name(self) -> str:
+        return self.group.name if self.group is not None else ""
+
+
+def _in_group(request: core.ResourceRequest, group: ResourceGroup | None) -> bool:
+    """Whether a request is the group's: it names it, or names none and the group is "default"."""
+    name = group.name if group is not None else ""
+    return request.resource_group == name or (not request.resource_group and name == DEFAULT_GROUP)
+
+
+def _requests(sessions, group: ResourceGroup | None, slot: str) -> list[tuple[ComputeSession, core.ResourceRequest]]:
+    out = []
+    for session in sessions:
+        try:
+            request = session_request(session)
+        except (AllocationError, KeyError, TypeError, ValueError):
+            continue
+        if (
+            request.kind != "none"
+            and (request.slot or "cuda") == slot
+            and _in_group(request, group)
+            and not mig_scheduling.wants_mig(request)
+        ):
+            out.append((session, request))
+    return out
+
+
+def recent_shapes(*, group: ResourceGroup | None, slot: str = "cuda", now=None) -> list[core.ResourceRequest]:
+    """The group's request shapes seen lately: the distinct normalised requests (no pins, no
+    exclusions, no policy) of its sessions launched in the last RECENT_DAYS days, the most
+    frequent first, at most MAX_SHAPES. One query."""
+    now = now or timezone.now()
+    launched = ComputeSession.objects.filter(created_at__gte=now - timedelta(days=RECENT_DAYS)).only(
+        "request_spec", "slot_name", "slot_subtype", "amount", "cpu", "mem"
+    )
+    counts: dict = {}
+    for _, request in _requests(launched, group, slot):
+        shape = core.ResourceRequest(
+            request.kind,
+            amount=request.amount,
+            cpu=request.cpu,
+            mem=request.mem,
+            slot=request.slot,
+            memory=request.memory,
+            cores=request.cores,
+            numa=request.numa,
+            style=request.style,
+            resource_group=request.resource_group,
+        )
+        counts[shape] = counts.get(shape, 0) + 1
+    return [shape for shape, _ in sorted(counts.items(), key=lambda kv: -kv[1])][:MAX_SHAPES]
+
+
+def fragmentation_report(
+    *, group: ResourceGroup | None, slot: str = "cuda", now=None, for_update: bool = False
+) -> FragmentationReport:
+    """The map and plan of `group` (see the module) now; `for_update` locks its node and device
+    rows (inside the caller's transaction: the apply). Reads a handful of queries."""
+    now = now or timezone.now()
+    scope = Node.objects.filter(status=NodeStatus.ALIVE)
+    if group is not None:
+        scope = scope.filter(resource_group=group)
+    mig = mig_gpu_layouts(nodes=scope)
+    settings = fractional_settings_get(slot_name=slot)
+    if settings.allocation_mode != AllocationMode.FRACTIONAL:
+        return FragmentationReport(group, slot, False, None, None, None, {}, mig, now)
+    pure = settings.as_allocation_settings()
+    nodes = node_states(slot_name=slot, for_update=for_update, group=group)
+    options = placement_options(group=group)
+    found = compaction.fragmentation_map(nodes, pure, shapes=recent_shapes(group=group, slot=slot, now=now), options=options)
+    waiting = _requests(
+        ComputeSession.objects.filter(status=SessionStatus.PENDING).select_related("owner").order_by("-priority", "created_at"),
+        group,
+        slot,
+    )
+    target, plan, sessions = None, None, {}
+    if waiting:
+        target, request = max(waiting, key=lambda sr: compaction.request_fgpu(sr[1], pure, nodes))
+        holders, stopping, _ = session_holders(node_names=[n.node_id for n in nodes])
+        plan = compaction.compaction_plan(nodes, holders, request, pure, now=now.timestamp(), options=options)
+        if plan is not None and plan.moves:
+            sessions = {
+                str(s.pk): s
+                for s in ComputeSession.objects.filter(pk__in=[m.holder.session_id for m in plan.moves]).select_related(
+                    "owner", "node"
+                )
+            }
+    return FragmentationReport(group, slot, True, found, target, plan, sessions, mig, now)
+
+
+def compaction_apply(*, admin, group: ResourceGroup | None, expected: list[str] | None = None, slot: str = "cuda") -> dict:
+    """Apply `group`'s compaction plan as it stands now (recomputed under lock): each moved
+    session is put under notice for the waiting session (reason "to be moved at … by <admin> …",
+    `preempt_at` = now + FGPU_PREEMPTION_GRACE_SECONDS, a line in its output and its signal: the
+    notice a preempted session gets), stopped at that time by the scheduler's pass with a
+    "preempted: …" reason and then launched again (`sessions.scheduling.preemption.session_requeue`:
+    `requeued_as`); a LogEntry on the group records it. `expected`: the moved sessions' ids the
+    admin saw; another plan now is refused.
+    Returns `{"target", "node", "moved": [{"session", "restarted_as" (None until it is stopped and
+    requeued: see its `requeued_as`), "to_node", "preempt_at"}], "work_lost"}`.
+    Raises ApplicationError 409 "nothing-to-apply" (nothing waits, it fits already, or no plan)
+    and 409 "plan-changed"."""
+    with transaction.atomic():
+        report = fragmentation_report(group=group, slot=slot, for_update=True)
+        plan = report.plan
+        if report.target is None or plan is None or plan.fits_now:
+            why = (
+                "nothing waits in this group"
+                if report.target is None
+                else "the largest waiting session fits already: the scheduler's next pass places it"
+                if plan is not None
+                else "no set of preemptible sessions to move makes the largest waiting session fit"
+            )
+            raise ApplicationError(why, type="nothing-to-apply", title="Nothing to apply", status=409)
+        ids = [m.holder.session_id for m in plan.moves]
+        if expected is not None and sorted(expected) != sorted(ids):
+            raise ApplicationError(
+                "the plan changed since it was shown (sessions started or ended): look at it again",
+                type="plan-changed",
+                title="Plan changed",
+                status=409,
+            )
+        target = report.target
+        now = timezone.now()
+        at = now + timedelta(seconds=settings.FGPU_PREEMPTION_GRACE_SECONDS)
+        reason = (
+            f"to be moved at {at:%Y-%m-%d %H:%M:%S} UTC by {admin.get_username()} to compact resource group "
+            f"{report.name or '(any)'} for {target.name} of {target.owner.get_username()}: stopped then and "
+            "launched again; save your work"
+        )
+        notice_give(waiter=target, ids=ids, reason=reason, at=at)
+        notices_send(now)
+        moved = [
+            {"session": m.holder.session_id, "restarted_as": None, "to_node": m.to_node, "preempt_at": at} for m in plan.moves
+        ]
+        message = (
+            f"compaction: moving {len(moved)} session(s) from {plan.node_id} for {target.name} ({target.pk}) at "
+            f"{at.isoformat()}; {plan.work_lost / 3600:.2f} fGPU-hours of work lost: {json.dumps(ids)}"
+        )
+        if group is not None:
+            LogEntry.objects.log_actions(admin.pk, [group], CHANGE, change_message=message, single_object=True)
+        log.info("%s by %s", message, admin.get_username())
+    return {"target": str(target.pk), "node": plan.node_id, "moved": moved, "work_lost": plan.work_lost}

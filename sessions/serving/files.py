@@ -1,0 +1,332 @@
+"""A session's files from the web (issue 18, item 6): list, download, upload, delete and make
+folders in a RUNNING session's home and its owner's persistent folder (`data/`).
+
+Transport: `pty.files` messages to the session's `pty.<node>.<id>` group (which only its agent joins),
+each answered on a reply channel (agent.files; message shapes in protocol.files), as exec is. So
+it works wherever the terminal does: web processes and agents on different hosts share only the
+channel layer (Redis), no address of the node is needed. File bytes travel in chunks of at most
+CHUNK_BYTES (256 KiB), one request and one answer at a time: an upload is read from the request
+body chunk by chunk (Django's ASGI handler holds it in a temporary file) and a download is streamed to the
+client as the agent answers, so a web process holds one chunk per transfer in memory.
+
+Each service checks the path and the session and reads what it needs of the database (the
+owner's projects) in sync code, then returns the wait: a coroutine function that talks to the
+agent on the event loop and reads no database, so the API (console.api_async) holds no web
+thread and no database connection while the agent answers. An upload's body is read by the
+wait (from Django's temporary file: local, a chunk at a time).
+
+Paths are checked here (protocol.files.path_parts, for a clear 400 naming `path`) and again on
+the agent, which alone enforces confinement (O_NOFOLLOW from the root's descriptor). Uploads are
+capped at FGPU_FILES_USER_CAP bytes per persistent folder (per user) and per session home.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from console.errors import ApplicationError
+from protocol import files as proto
+from protocol.channel import AgentLink, Refused, reply_prefix
+from sessions.lifecycle import events
+from sessions.models import ComputeSession, SessionStatus
+
+log = logging.getLogger(__name__)
+
+REPLY_WAIT_S = 30  # how long the web waits for the agent's answer to one op
+BEGIN_WAIT_S = 120  # an upload's start measures the folder against the cap: it may take longer
+
+T = TypeVar("T")
+Wait = Callable[[], Awaitable[T]]  # what a service returns: awaited on the event loop, it reads no database
+
+TITLES = {
+    "bad-path": "Path refused",
+    "symlink": "Path refused",
+    "not-found": "No such file",
+    "not-a-directory": "Not a folder",
+    "is-a-directory": "Is a folder",
+    "not-a-file": "Not a regular file",
+    "exists": "Exists",
+    "read-only": "Read-only",
+    "over-cap": "Over the cap",
+    "no-data-folder": "No persistent folder",
+    "upload-gone": "Upload abandoned",
+    "failed": "File operation failed",
+}
+
+
+def path_check(path: str) -> list[str]:
+    """The parts of `path` (protocol.files.path_parts). Raises ApplicationError 400 "bad-path"
+    naming the field `path`."""
+    try:
+        return proto.path_parts(path)
+    except proto.PathRefused as exc:
+        raise ApplicationError(str(exc), type="bad-path", title="Path refused", field_errors={"path": [str(exc)]}) from None
+
+
+def _check_running(session: ComputeSession) -> None:
+    if session.status != SessionStatus.RUNNING:
+        raise ApplicationError(
+            f"the session is {session.status}; its files are reached only while it is RUNNING",
+            type="session-not-running",
+            title="Session not running",
+            status=409,
+        )
+
+
+def _refusal(node: str, answer: dict | None, wait_s: float) -> ApplicationError:
+    if answer is None:
+        return ApplicationError(
+            f"the agent on {node} did not answer within {wait_s:.0f} s; is the node up?",
+            type="files-timeout",
+            title="Agent did not answer",
+            status=504,
+        )
+    code = answer.get("error", "failed")
+    return ApplicationError(
+        answer.get("detail", "the file operation failed"),
+        type=code,
+        title=TITLES.get(code, "File operation failed"),
+        status=proto.ERRORS.get(code, 502),
+        field_errors={"path": [answer.get("detail", "")]} if code in ("bad-path", "symlink") else None,
+    )
+
+
+def _owner_projects(session: ComputeSession) -> dict[str, str]:
+    """name → id of the projects the session's owner is a member of now: the `projects/<name>`
+    folders the agent resolves (agent.files.project_folders)."""
+    return {name: str(pk) for pk, name in session.owner.projects.values_list("pk", "name")}
+
+
+@dataclass(frozen=True)
+class FilesCall:
+    """What the waits need of a RUNNING session, read in sync code before they start (they run
+    on the event loop and read no database): its id, its owner's id, the owner's projects
+    (`_owner_projects`), its node's name (for errors) and the cap (bytes) an upload is held to."""
+
+    session_id: str
+    owner_id: int
+    projects: dict[str, str]
+    node: str
+    cap: int
+    link: AgentLink | None = None  # the node's (protocol.channel): seals each op, verifies each answer
+
+
+def _call(session: ComputeSession) -> FilesCall:
+    """The session's FilesCall: one query (the owner's projects). Raises ApplicationError 409
+    session-not-running."""
+    _check_running(session)
+    return FilesCall(
+        session_id=str(session.pk),
+        owner_id=session.owner_id,
+        projects=_owner_projects(session),
+        node=session.node.name if session.node else "its node",
+        cap=settings.FGPU_FILES_USER_CAP,
+        link=events.agent_link(session.node) if session.node else None,
+    )
+
+
+class _Link:
+    """One reply channel to a session's agent, for a sequence of ops (an upload, a download)."""
+
+    def __init__(self, call: FilesCall) -> None:
+        self.call = call
+        self.layer = get_channel_layer()
+        self.reply: str | None = None
+
+    async def ask(self, op: str, *, wait_s: float | None = None, **fields) -> dict:
+        """Send op with `fields` and return the agent's answer; raises ApplicationError when it
+        refuses or does not answer within `wait_s` seconds (default REPLY_WAIT_S)."""
+        wait_s = REPLY_WAIT_S if wait_s is None else wait_s
+        link = self.call.link or AgentLink(node=self.call.node)
+        if self.reply is None:
+            self.reply = await self.layer.new_channel(reply_prefix("files"))
+        await self.layer.group_send(
+            link.pty_group(self.call.session_id),
+            link.command(
+                {
+                    "type": proto.FILES,
+                    "session_id": self.call.session_id,
+                    "owner_id": self.call.owner_id,
+                    "projects": self.call.projects,
+                    "op": op,
+                    "reply_channel": self.reply,
+                    **fields,
+                }
+            ),
+        )
+        answer = None
+        try:
+            async with asyncio.timeout(wait_s):
+                while answer is None:
+                    message = await self.layer.receive(self.reply)
+                    try:
+                        message = link.answer(message)
+                    except Refused as exc:
+                        log.warning("ignored a files answer claiming to come from node %s: %s", link.node, exc)
+                        continue
+                    if message.get("type") == proto.RESULT:
+                        answer = message
+        except TimeoutError:
+            pass
+        if answer is None or not answer.get("ok"):
+            raise _refusal(self.call.node, answer, wait_s)
+        return answer
+
+
+def session_files_list(*, session: ComputeSession, path: str = "") -> Wait[dict]:
+    """The wait for the folder `path` of a RUNNING session (relative to its home; `data/…` its
+    owner's persistent folder): a coroutine function (no argument, awaited on the event loop; it
+    reads no database) that returns `{"path", "entries": [{"name", "type": "dir" | "file" |
+    "link" | "other", "size" (bytes), "mtime" (epoch s), "persistent"?}], "truncated"}`.
+
+    Raises ApplicationError (this call: 400 bad-path, 409 session-not-running; the wait: 400
+    symlink / not-a-directory, 404 not-found, 504 files-timeout when the agent did not answer
+    within REPLY_WAIT_S seconds)."""
+    path_check(path)
+    call = _call(session)
+
+    async def wait() -> dict:
+        answer = await _Link(call).ask("list", path=path)
+        return {"path": answer["path"], "entries": answer["entries"], "truncated": answer["truncated"]}
+
+    return wait
+
+
+def session_file_delete(*, session: ComputeSession, path: str) -> Wait[None]:
+    """The wait deleting the file, link (the link itself) or folder (with what it holds) at
+    `path`. Raises as `session_files_list`; the wait 403 read-only under `.fgpu/`."""
+    if not path_check(path):
+        raise ApplicationError(
+            "give the path of a file or folder to delete",
+            type="bad-path",
+            title="Path refused",
+            field_errors={"path": ["the home itself cannot be deleted"]},
+        )
+    call = _call(session)
+
+    async def wait() -> None:
+        await _Link(call).ask("delete", path=path)
+
+    return wait
+
+
+def session_folder_make(*, session: ComputeSession, path: str) -> Wait[dict]:
+    """The wait making the folder `path` (and its missing parents), which returns its entry.
+    Raises as `session_files_list`."""
+    if not path_check(path):
+        raise ApplicationError(
+            "give the path of the folder to make",
+            type="bad-path",
+            title="Path refused",
+            field_errors={"path": ["the home exists"]},
+        )
+    call = _call(session)
+
+    async def wait() -> dict:
+        return (await _Link(call).ask("mkdir", path=path))["entry"]
+
+    return wait
+
+
+def session_file_upload(*, session: ComputeSession, path: str, body, size: int | None) -> Wait[dict]:
+    """The wait writing the bytes of `body` (a file-like object: `read(n)`, a local file or
+    memory: it is read on the event loop) to `path`, replacing a file there once all of it
+    arrived (a failed upload leaves the old file and no partial one), which returns the new
+    entry. `size`: the body's length in bytes when known (Content-Length).
+
+    Raises ApplicationError as `session_files_list`, and 413 over-cap when the file would bring
+    the folder past FGPU_FILES_USER_CAP bytes (this call, before a byte is sent, when `size`
+    says so; else the wait), 400 is-a-directory (the wait) when `path` is a folder."""
+    if not path_check(path):
+        raise ApplicationError(
+            "give the path of the file to write",
+            type="bad-path",
+            title="Path refused",
+            field_errors={"path": ["a file name is needed"]},
+        )
+    call = _call(session)
+    if size is not None and size > call.cap:
+        raise ApplicationError(
+            f"the file ({size} bytes) is larger than a folder may hold ({call.cap} bytes)",
+            type="over-cap",
+            title="Over the cap",
+            status=413,
+        )
+    return partial(_upload, _Link(call), path, body, size)
+
+
+async def _upload(link: _Link, path: str, body, size: int | None) -> dict:
+    begun = await link.ask("upload_begin", path=path, size=size, cap=link.call.cap, wait_s=BEGIN_WAIT_S)
+    upload_id = begun["upload_id"]
+    offset = 0
+    try:
+        while True:
+            data = body.read(proto.CHUNK_BYTES)
+            if not data:
+                break
+            await link.ask("upload_chunk", upload_id=upload_id, offset=offset, data=bytes(data))
+            offset += len(data)
+        if size is not None and offset != size:
+            raise ApplicationError(
+                f"the request body ended after {offset} of its {size} bytes", type="bad-request", title="Incomplete upload"
+            )
+        return (await link.ask("upload_commit", upload_id=upload_id))["entry"]
+    except BaseException:
+        try:
+            await link.ask("upload_abort", upload_id=upload_id)
+        except ApplicationError:
+            pass  # already gone (the agent dropped it on the refusal)
+        raise
+
+
+def session_file_download(*, session: ComputeSession, path: str) -> Wait[tuple[str, int, AsyncIterator[bytes]]]:
+    """The wait starting to read the regular file at `path`, which returns `(name, size in
+    bytes, chunks)` once the agent answered the first chunk, where `chunks` is an async iterator
+    of bytes (at most CHUNK_BYTES each) that ends after `size` bytes, asking the agent for each
+    in turn. Raises ApplicationError as `session_files_list` (before anything is sent), and 400
+    is-a-directory / not-a-file; a failure later ends the iterator early (the client sees a
+    short body)."""
+    parts = path_check(path)
+    if not parts:
+        raise ApplicationError(
+            "give the path of a file to download",
+            type="is-a-directory",
+            title="Is a folder",
+            field_errors={"path": ["the home is a folder"]},
+        )
+    call = _call(session)
+
+    async def wait() -> tuple[str, int, AsyncIterator[bytes]]:
+        first = await _Link(call).ask("read", path=path, offset=0, length=proto.CHUNK_BYTES)
+        # the rest on a reply channel of its own: under a sync caller (the test client) it is
+        # read on another loop than this wait's
+        return parts[-1], int(first["size"]), _chunks(_Link(call), path, first)
+
+    return wait
+
+
+async def _chunks(link: _Link, path: str, first: dict):
+    size, data = int(first["size"]), bytes(first["data"])
+    sent = 0
+    while True:
+        data = data[: size - sent]
+        if data:
+            yield data
+            sent += len(data)
+        if sent >= size or not data:
+            return
+        try:
+            data = bytes((await link.ask("read", path=path, offset=sent, length=proto.CHUNK_BYTES))["data"])
+        except ApplicationError as exc:
+            log.warning(
+                "download of %r from session %s stopped at %d of %d bytes: %s", path, link.call.session_id, sent, size, exc.detail
+            )
+            return
