@@ -27,7 +27,6 @@ The agent never opens the database.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import json
 import logging
 import os
@@ -46,14 +45,13 @@ from protocol import channel as protocol_channel
 from protocol import files as protocol_files
 from protocol.exec_store import exec_store_for
 from agent import exec_stream
-from protocol.terminal_stream import DIRECT_OK, encode
 from agent.direct import DirectServer, DirectStream
 from agent import files as session_files
 from agent import mig as mig_runtime
 from agent.environment import allocation_document, session_environment
-from agent.buffers import take_front
 from agent.log_shipper import LogLimits, SessionLog
 from agent.manager_link import ManagerLink, service_ports_keyword
+from agent.terminal_pipe import FlowLimits, OutputCap, TerminalPipe
 from agent.runtimes import HeldImages, ProcessRuntime, SessionHandle
 from agent.session_apps import SessionApps
 from agent.storage import StorageWatch
@@ -68,11 +66,19 @@ from agent.log_shipper import LOG_BATCH_CHARS as LOG_BATCH_CHARS
 from agent.log_shipper import LOG_CHUNK_CHARS as LOG_CHUNK_CHARS
 from agent.log_shipper import LOG_FLUSH_S as LOG_FLUSH_S
 from agent.log_shipper import LOG_IDLE_FLUSH_S as LOG_IDLE_FLUSH_S
+from agent.terminal_pipe import FRAME_CHARS as FRAME_CHARS
+from agent.terminal_pipe import INPUT_BUFFER_BYTES as INPUT_BUFFER_BYTES
+from agent.terminal_pipe import OUTBOX_HIGH as OUTBOX_HIGH
+from agent.terminal_pipe import OUTBOX_LOW as OUTBOX_LOW
+from agent.terminal_pipe import OUTPUT_BURST_BYTES as OUTPUT_BURST_BYTES
+from agent.terminal_pipe import OUTPUT_RATE_BYTES as OUTPUT_RATE_BYTES
+from agent.terminal_pipe import READER_STALL_S as READER_STALL_S
+from agent.terminal_pipe import READER_WINDOW_CHARS as READER_WINDOW_CHARS
+from agent.terminal_pipe import READER_WINDOW_FRAMES as READER_WINDOW_FRAMES
+from agent.terminal_pipe import SCROLLBACK_BYTES as SCROLLBACK_BYTES
 
 log = logging.getLogger(__name__)
 
-SCROLLBACK_BYTES = 64 * 1024
-READ_CHUNK = 64 * 1024
 KILL_GRACE_S = 3.0
 # Within the grace, SIGHUP again after this many seconds, then after twice as long each time: an
 # interactive bash that takes the first while it starts up (its handler installed, its readline
@@ -81,47 +87,6 @@ KILL_GRACE_S = 3.0
 RESIGNAL_S = 0.05
 KILL_WAIT_S = 2.0  # after SIGKILL, how long TERMINATED waits for the session's processes to be gone
 EXEC_OUTPUT_BYTES = 1024 * 1024  # stdout and stderr of an exec are each cut to this many bytes
-# Terminal flow control, end to end: output frames go to the terminal group only while every
-# terminal that reads the session (`readers`: the consumers that attached) has acknowledged all but
-# READER_WINDOW_CHARS characters and READER_WINDOW_FRAMES frames of what was sent (each frame
-# carries its end `offset` and its number `n`; a consumer acknowledges, `pty.ack`, what its
-# websocket has taken: sessions.consumers), and the PTY is read only while fewer than OUTBOX_HIGH
-# characters wait to be sent (again once they drained below OUTBOX_LOW). So a slow browser holds
-# back its own session's program and nothing else, and no buffer between them holds more than the
-# window: the channel layers' own limits (capacity 100 messages in memory, 1000 in channels_redis,
-# which drops the oldest past it) are never reached. A reader that acknowledges nothing for
-# READER_STALL_S while it holds the window (its web process died) stops counting until it
-# acknowledges again. One frame carries at most FRAME_CHARS characters (JSON-escaped, well under
-# the smallest websocket message limit on the way, daphne's 1 MiB).
-OUTBOX_HIGH = 256 * 1024
-OUTBOX_LOW = 64 * 1024
-FRAME_CHARS = 64 * 1024
-READER_WINDOW_CHARS = 1024 * 1024
-READER_WINDOW_FRAMES = 64
-READER_STALL_S = 10.0
-COALESCE_S = 0.001
-# A direct stream's write takes no time, nor does a group send of the in-memory layer (standalone)
-# to consumers with room, so nothing piles up behind them as behind a group send through Redis:
-# after a frame of STREAM_CHARS or more (output streams), output that comes within STREAM_GAP_S
-# waits COALESCE_S for more. A keystroke's echo after a quiet moment goes at once.
-STREAM_CHARS = 1024
-STREAM_GAP_S = 0.004
-# The output rate cap: a session's output is read from its PTY at OUTPUT_RATE_BYTES a second at
-# most (a token bucket of OUTPUT_BURST_BYTES) while nobody reads it at a terminal (its output goes
-# to the log alone, which ships at that rate: LOG_CHUNK_CHARS per LOG_FLUSH_S) or while the node
-# has other work: a session starting, or another session that output something in the last
-# BUSY_S seconds. Past it the PTY is left unread, so the program blocks writing, as it would
-# behind a slow terminal, and `yes` next to other sessions costs them a bounded share of CPU
-# (benchmarks/agent_scale.py, flood, 2 cores: 1.37-1.77x the quiet launch latency next to two
-# flooding sessions at this rate, 2.28x at 2 MiB/s, 2.52x uncapped). A session alone on its node
-# with a terminal open runs at its reader's pace (benchmarks/terminal.py: the cap held
-# `head -c 1e8 /dev/zero | base64` to 0.57 MB/s).
-OUTPUT_RATE_BYTES = 512 * 1024
-OUTPUT_BURST_BYTES = 1024 * 1024
-BUSY_S = 1.0
-# Terminal input waits in a per-session buffer of at most INPUT_BUFFER_BYTES until the PTY is
-# writable; input past it (a paste into a program that does not read) is refused and said so.
-INPUT_BUFFER_BYTES = 1024 * 1024
 # Thread pools, each bounded and separate, so that no kind of work waits behind another: blocking
 # session work (spawning, signalling, /proc scans, files, NVML), reports and log batches to the
 # manager, blocking execs (each holds a thread up to its timeout), and the heartbeat (one thread
@@ -151,35 +116,33 @@ def log_limits() -> LogLimits:
     )
 
 
+def flow_limits() -> FlowLimits:
+    """The terminal pipe's limits as this module names them (agent.terminal_pipe's, unless changed here)."""
+    return FlowLimits(
+        reader_window_chars=READER_WINDOW_CHARS,
+        reader_window_frames=READER_WINDOW_FRAMES,
+        reader_stall_s=READER_STALL_S,
+        outbox_high=OUTBOX_HIGH,
+        outbox_low=OUTBOX_LOW,
+        frame_chars=FRAME_CHARS,
+        input_buffer_bytes=INPUT_BUFFER_BYTES,
+        output_rate_bytes=OUTPUT_RATE_BYTES,
+        output_burst_bytes=OUTPUT_BURST_BYTES,
+    )
+
+
 @dataclass
 class RunningSession:
+    """One session the agent runs: the runtime's handle and the parts that serve it (its terminal
+    pipe, its log), with what the lifecycle, exec, files and apps keep of it."""
+
     session_id: str
     process: SessionHandle  # the runtime's handle: its terminal stream, exit, signals, exec
     work_dir: Path
-    scrollback: bytearray = field(default_factory=bytearray)
-    decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
-    outbox: list = field(default_factory=list)  # decoded output not yet sent to the terminal group
-    outbox_chars: int = 0
-    outbox_wake: asyncio.Event = field(default_factory=asyncio.Event)
-    reading: bool = False  # the PTY is registered with the loop for reading
-    throttled: bool = False  # the output rate was spent: the PTY is not read until the bucket refills
-    tokens: float = OUTPUT_BURST_BYTES  # bytes the session may still output now (token bucket)
-    tokens_at: float = 0.0  # loop time of the last refill
-    sent: int = 0  # characters sent to the terminal group: the `offset` of the last frame
-    frames: int = 0  # frames sent to the terminal group: the `n` of the last frame
-    readers: dict = field(default_factory=dict)  # consumer channel → [acked offset, acked n, loop time of the ack]
-    direct: dict = field(default_factory=dict)  # consumer channel → its DirectStream (agent.direct): its frames go there
-    layer_channels: set = field(default_factory=set)  # consumers that attached over the layer (until they detach)
-    adopted: bool = False  # run on from an earlier agent: consumers it never saw attach may read the terminal group
-    stall_check: asyncio.TimerHandle | None = None  # re-checks the readers once one may have stalled
-    inbox: bytearray = field(default_factory=bytearray)  # terminal input the PTY has not taken yet
-    writing: bool = False  # the PTY is registered with the loop for writing (inbox not empty)
-    eof: asyncio.Event = field(default_factory=asyncio.Event)
+    pipe: TerminalPipe = field(init=False)  # its PTY and terminals, with their flow control (agent.terminal_pipe)
+    log: SessionLog = field(default_factory=lambda: SessionLog(limits=log_limits()))  # its output to the manager
     exit_event: asyncio.Event = field(default_factory=asyncio.Event)  # the session's leader process exited
     pidfd: int = -1  # the leader's pidfd (readable once it exits); -1 where the kernel has none
-    pty_closed: bool = False
-    output_closed: bool = False  # no more output will come: the pump ends once the outbox is sent
-    pump_task: asyncio.Task | None = None
     exit_poll: asyncio.Task | None = None  # only where there is no pidfd
     exited: asyncio.Task | None = None  # _wait_exit: done once the session is reported ended
     stopping: str = ""  # why the agent is killing it; empty while nobody asked
@@ -187,10 +150,33 @@ class RunningSession:
     env: dict = field(default_factory=dict)  # the session's environment, for exec
     data_dir: Path | None = None  # its owner's persistent folder (~/data), whose storage agent.storage measures
     project_dirs: dict = field(default_factory=dict)  # its projects' folders (~/projects/<name>: Path), measured too
-    log: SessionLog = field(default_factory=lambda: SessionLog(limits=log_limits()))  # its output to the manager
     execs: set = field(default_factory=set)  # Popen of commands run by exec, killed with the session
     apps: dict = field(default_factory=dict)  # its web apps (agent.session_apps): name → AppProcess
     relays: list = field(default_factory=list)  # the agent's relays to its apps (agent.session_apps), closed with it
+
+    def __post_init__(self) -> None:
+        self.pipe = TerminalPipe(self.process)
+
+    # The terminal's state under the names it had on the session (its tests read them).
+    @property
+    def scrollback(self) -> bytearray:
+        return self.pipe.scrollback
+
+    @property
+    def reading(self) -> bool:
+        return self.pipe.reading
+
+    @property
+    def readers(self) -> dict[str, list]:
+        return self.pipe.readers
+
+    @property
+    def layer_channels(self) -> set[str]:
+        return self.pipe.layer_channels
+
+    @property
+    def inbox(self) -> bytearray:
+        return self.pipe.inbox
 
     # The log's pending output under the names it had on the session (its tests set them).
     @property
@@ -289,8 +275,8 @@ class Agent:
         self.sessions: dict[str, RunningSession] = {}
         self._starting: set[str] = set()  # between the start message and the process existing
         self._cancelled: set[str] = set()  # stop messages that overtook their session's start
-        self._busy: dict[str, float] = {}  # session id → loop time it last output something (BUSY_S)
-        self._busy_pruned = 0.0
+        self.output_cap = OutputCap()  # the node's output-rate policy (agent.terminal_pipe)
+        self.flow = flow_limits()  # the terminal pipes' windows and bounds
         self.channel: str | None = None
         # Opens the commands it receives (sealed by the web with the node's key: protocol.channel) and seals its answers.
         self.guard = protocol_channel.CommandGuard(node=node, key=getattr(manager, "key", "") or "")
@@ -333,7 +319,7 @@ class Agent:
             log.warning("agent %s: removed %d process(es) or container(s) left by sessions of an earlier run", self.node, orphans)
         for handle in adopted:  # sessions that outlived the agent in their containers: run them on
             running = RunningSession(session_id=handle.session_id, process=handle, work_dir=handle.work_dir, env=handle.env)
-            running.adopted = True
+            running.pipe.adopted = True
             self.sessions[handle.session_id] = running
             self._attach(running)
             log.info("agent %s: adopted session %s, still running", self.node, handle.session_id)
@@ -589,8 +575,17 @@ class Agent:
             self.loop.add_reader(running.pidfd, self._on_exit, running)
         else:
             running.exit_poll = asyncio.create_task(self._poll_exit(running))
-        self._resume_reading(running)
-        running.pump_task = asyncio.create_task(self._pump_output(running))
+        session_id = running.session_id
+        running.pipe.bind(
+            loop=self.loop,
+            node=self.node,
+            session_id=session_id,
+            send=partial(self.layer.group_send, protocol.terminal_group(self.node, session_id)),
+            capped=partial(self._output_capped, running),
+            on_log=running.log.add,
+            limits=self.flow,
+        )
+        running.pipe.start()
         running.log.bind(
             send=partial(self._call, self.manager.log, running.session_id), node=self.node, session_id=running.session_id
         )
@@ -620,12 +615,10 @@ class Agent:
         """Stop watching a session and close this agent's ends of it (its stream, relays, direct
         streams, exit watch), leaving its processes alone."""
         SessionApps.close_relays(running)
-        for stream in running.direct.values():
-            stream.close()
-        for task in (running.pump_task, running.log.task, running.exited, running.exit_poll):
+        running.pipe.let_go()
+        for task in (running.log.task, running.exited, running.exit_poll):
             if task is not None:
                 task.cancel()
-        self._close_pty(running)
         if running.pidfd >= 0:
             self.loop.remove_reader(running.pidfd)
             os.close(running.pidfd)
@@ -682,230 +675,20 @@ class Agent:
         reported as PREPARING with `text` as the reason, without waiting for it."""
         asyncio.run_coroutine_threadsafe(self.link.report(session_id, "PREPARING", text, retry=False), self.loop)
 
-    # --- the PTY: flow control both ways ------------------------------------------------
-
-    def _resume_reading(self, running: RunningSession) -> None:
-        if not running.reading and not running.throttled and not running.pty_closed and not running.eof.is_set():
-            self.loop.add_reader(running.process.fd, self._on_readable, running)
-            running.reading = True
-
-    def _readers_behind(self, running: RunningSession) -> bool:
-        """Whether a terminal reading the session is a window (READER_WINDOW_CHARS or _FRAMES)
-        behind what was sent. A reader that has acknowledged nothing for READER_STALL_S stops
-        counting (until it acknowledges again); a re-check is scheduled for the one that may."""
-        now, behind, stalled = self.loop.time(), False, []
-        for channel, (offset, n, acked_at) in running.readers.items():
-            if running.sent - offset <= READER_WINDOW_CHARS and running.frames - n <= READER_WINDOW_FRAMES:
-                continue
-            if now - acked_at >= READER_STALL_S:
-                stalled.append(channel)
-            else:
-                behind = True
-                if running.stall_check is None:
-                    running.stall_check = self.loop.call_at(acked_at + READER_STALL_S, self._recheck_readers, running)
-        for channel in stalled:
-            log.warning(
-                "agent %s: the terminal %s of session %s acknowledged nothing for %.0f s; not waiting for it",
-                self.node,
-                channel,
-                running.session_id,
-                READER_STALL_S,
-            )
-            del running.readers[channel]
-            stream = running.direct.pop(channel, None)
-            if stream is not None:  # its buffer would grow: it closes, and its page connects again
-                stream.close()
-        return behind
-
-    def _recheck_readers(self, running: RunningSession) -> None:
-        running.stall_check = None
-        running.outbox_wake.set()
-
-    def _reader_ack(self, running: RunningSession, channel: str, offset: int, n: int, *, direct: bool = False) -> None:
-        """A terminal consumer's websocket took the output up to `offset` (frame `n`). A reader
-        over the layer that stalled (or attached to an earlier agent) counts again; a direct
-        one that stalled lost its stream."""
-        reader = running.readers.get(channel)
-        if reader is None:
-            if direct:
-                return
-            running.layer_channels.add(channel)
-            running.readers[channel] = [offset, n, self.loop.time()]
-        elif offset >= reader[0]:
-            reader[:] = [offset, n, self.loop.time()]
-        running.outbox_wake.set()
-
-    def _pause_reading(self, running: RunningSession) -> None:
-        if running.reading:
-            self.loop.remove_reader(running.process.fd)
-            running.reading = False
-
-    def _on_readable(self, running: RunningSession) -> None:
-        try:
-            data = running.process.read(READ_CHUNK)
-        except BlockingIOError:
-            return
-        if not data:
-            self._pause_reading(running)
-            running.eof.set()
-            running.outbox_wake.set()
-            return
-        running.scrollback += data
-        if len(running.scrollback) > 2 * SCROLLBACK_BYTES:  # trimmed now and then, not on every read
-            del running.scrollback[:-SCROLLBACK_BYTES]
-        self._output(running, running.decoder.decode(data))
-        if running.outbox_chars >= OUTBOX_HIGH:  # the terminal group is behind: stop reading until it drains
-            self._pause_reading(running)
-        self._spend_output_tokens(running, len(data))
+    # --- the terminal pipe (agent.terminal_pipe) -----------------------------------------
 
     def _output_capped(self, running: RunningSession, now: float) -> bool:
-        """Whether the output rate cap holds the session now (see OUTPUT_RATE_BYTES): nobody reads
-        it at a terminal, a session is starting, or another one output something in the last BUSY_S."""
-        self._busy[running.session_id] = now
-        if now - self._busy_pruned > BUSY_S / 4:
-            self._busy_pruned = now
-            for session_id in [sid for sid, at in self._busy.items() if now - at > BUSY_S]:
-                del self._busy[session_id]
-        return not running.readers or bool(self._starting) or len(self._busy) > 1
+        """Whether the output rate cap holds the session now (agent.terminal_pipe.OutputCap)."""
+        return self.output_cap.capped(running.session_id, now, read=bool(running.pipe.readers), starting=bool(self._starting))
 
-    def _spend_output_tokens(self, running: RunningSession, size: int) -> None:
-        """The output rate cap (OUTPUT_RATE_BYTES), where it holds (`_output_capped`): refill the
-        session's bucket for the time since the last read, take `size` bytes from it, and when it
-        runs dry stop reading the PTY until it has refilled to zero."""
-        now = self.loop.time()
-        running.tokens = min(OUTPUT_BURST_BYTES, running.tokens + (now - running.tokens_at) * OUTPUT_RATE_BYTES)
-        running.tokens_at = now
-        if not self._output_capped(running, now):
-            return
-        running.tokens -= size
-        if running.tokens < 0:
-            running.throttled = True
-            self._pause_reading(running)
-            self.loop.call_later(-running.tokens / OUTPUT_RATE_BYTES, self._end_throttle, running)
-
-    def _end_throttle(self, running: RunningSession) -> None:
-        running.throttled = False
-        if running.outbox_chars <= OUTBOX_LOW:  # else the output pump resumes once the terminal drained
-            self._resume_reading(running)
+    @property
+    def _busy(self) -> dict[str, float]:
+        """Session id → loop time it last output something (OutputCap.busy)."""
+        return self.output_cap.busy
 
     def _output(self, running: RunningSession, text: str, *, log_it: bool = True) -> None:
-        if not text:
-            return
-        running.outbox.append(text)
-        running.outbox_chars += len(text)
-        running.outbox_wake.set()
-        if log_it:
-            running.log.add(text)
-
-    def _write_input(self, running: RunningSession, data: bytes) -> None:
-        """Queue terminal input for the PTY (written as it becomes writable). Input that would
-        grow the queue past INPUT_BUFFER_BYTES is refused, and the terminal says so."""
-        if running.pty_closed or not data:
-            return
-        if len(running.inbox) + len(data) > INPUT_BUFFER_BYTES:
-            self._output(
-                running,
-                f"\r\n[fgpu: {len(data)} bytes of input dropped: the program has not read the "
-                f"last {len(running.inbox) // 1024} KiB yet]\r\n",
-                log_it=False,
-            )
-            return
-        running.inbox += data
-        self._flush_input(running)
-
-    def _flush_input(self, running: RunningSession) -> None:
-        while running.inbox and not running.pty_closed:
-            try:
-                written = running.process.write(running.inbox)
-            except BlockingIOError:
-                break
-            except OSError:  # the PTY is gone
-                running.inbox.clear()
-                break
-            del running.inbox[:written]
-        if running.inbox and not running.writing:
-            self.loop.add_writer(running.process.fd, self._flush_input, running)
-            running.writing = True
-        elif not running.inbox and running.writing:
-            self.loop.remove_writer(running.process.fd)
-            running.writing = False
-
-    def _close_pty(self, running: RunningSession) -> None:
-        if running.pty_closed:
-            return
-        self._pause_reading(running)
-        if running.writing:
-            self.loop.remove_writer(running.process.fd)
-            running.writing = False
-        running.pty_closed = True
-        running.inbox.clear()
-        running.process.close_stream()
-
-    def _take_frame(self, running: RunningSession) -> str:
-        """Up to FRAME_CHARS characters from the front of the outbox."""
-        frame = take_front(running.outbox, FRAME_CHARS)
-        running.outbox_chars -= len(frame)
-        return frame
-
-    async def _pump_output(self, running: RunningSession) -> None:
-        """Send output frames in order (what piled up meanwhile coalesced, at most FRAME_CHARS a
-        frame) while no reader is a window behind (woken by its acknowledgement), reading the PTY
-        again once the outbox drained below OUTBOX_LOW; ends once the session's output is closed
-        and sent. While output streams (more came while the last frame was on its way), the next
-        frame waits COALESCE_S for more unless it is half full: fewer, larger frames cost less at
-        every hop; a keystroke's echo (nothing in flight before it) goes at once. Output also
-        streams while large frames follow one another (STREAM_CHARS, STREAM_GAP_S): what a
-        direct stream or the in-memory layer sends is never on its way for long."""
-        group = protocol.terminal_group(self.node, running.session_id)
-        streaming = False
-        large_at = -STREAM_GAP_S  # loop time of the last large frame sent
-        while True:
-            await running.outbox_wake.wait()
-            running.outbox_wake.clear()
-            if (
-                self.loop.time() - large_at < STREAM_GAP_S
-                and running.outbox_chars < FRAME_CHARS // 2
-                and not running.output_closed
-            ):
-                await asyncio.sleep(COALESCE_S)
-            while running.outbox and not (running.readers and self._readers_behind(running)):
-                if streaming and running.outbox_chars < FRAME_CHARS // 2 and not running.output_closed:
-                    await asyncio.sleep(COALESCE_S)
-                frame = self._take_frame(running)
-                running.sent += len(frame)
-                running.frames += 1
-                if len(frame) >= STREAM_CHARS:
-                    large_at = self.loop.time()
-                message = {"type": "terminal.output", "data": frame, "offset": running.sent, "n": running.frames}
-                if running.direct:  # written before any await: a reader that attaches meanwhile starts after it
-                    line = encode(message)
-                    for stream in running.direct.values():
-                        stream.write(line)
-                    if not (running.layer_channels or running.adopted):
-                        if running.outbox_chars <= OUTBOX_LOW:
-                            self._resume_reading(running)
-                        streaming = bool(running.outbox)
-                        continue
-                for attempt in range(3):
-                    try:
-                        await self.layer.group_send(group, message)
-                        break
-                    except Exception:
-                        if attempt == 2:
-                            log.warning(
-                                "agent %s: dropped %d characters of terminal output of %s (the channel layer is unreachable)",
-                                self.node,
-                                len(frame),
-                                running.session_id,
-                            )
-                        else:
-                            await asyncio.sleep(0.5)
-                if running.outbox_chars <= OUTBOX_LOW:
-                    self._resume_reading(running)
-                streaming = bool(running.outbox)
-            streaming = streaming and bool(running.outbox)
-            if running.output_closed and not running.outbox:
-                return
+        """The agent's own line in the session's output: its terminals and (`log_it`) its log."""
+        running.pipe.output(text, log_it=log_it)
 
     async def _wait_exit(self, running: RunningSession) -> None:
         """Once the session's leader exited: end every process of the session, drain and close
@@ -925,23 +708,20 @@ class Agent:
             # Let the PTY drain what the process wrote last (a background child may keep it
             # open: then give up after a second), then close it.
             try:
-                await asyncio.wait_for(running.eof.wait(), timeout=1.0)
+                await asyncio.wait_for(running.pipe.eof.wait(), timeout=1.0)
             except TimeoutError:
                 pass
-            self._close_pty(running)
-            self._output(running, running.decoder.decode(b"", final=True))
-            running.output_closed = True
-            running.outbox_wake.set()
+            running.pipe.end_output()
             try:
-                assert running.pump_task is not None  # _attach started it before this task
-                await asyncio.wait_for(asyncio.shield(running.pump_task), timeout=10)
+                assert running.pipe.pump_task is not None  # _attach started it before this task
+                await asyncio.wait_for(asyncio.shield(running.pipe.pump_task), timeout=10)
             except TimeoutError:
                 log.warning("agent %s: the last terminal output of %s was not sent in time", self.node, running.session_id)
             log_ready = True
         except Exception as exc:
             log.exception("agent %s: ending session %s failed", self.node, running.session_id)
             reason = f"the agent could not end the session cleanly: {exc}"
-            self._close_pty(running)
+            running.pipe.close()
             await self._on_process(running, running.process.kill_all)
             code = await self._in(self._work, running.process.wait)
         self.sessions.pop(running.session_id, None)
@@ -954,12 +734,7 @@ class Agent:
             await self._in(self._work, running.process.remove)  # its container, where it has one
         except Exception:
             log.exception("agent %s: could not remove what session %s left", self.node, running.session_id)
-        if running.direct:  # after the last frame on each direct stream, which then closes
-            line = encode({"type": "terminal.exit", "code": exit_code})
-            for stream in running.direct.values():
-                stream.write(line)
-                stream.close()
-            running.direct.clear()
+        running.pipe.exit_direct(exit_code)  # after the last frame on each direct stream, which then closes
         try:
             os.utime(running.work_dir)  # the retention of the working directory counts from here
         except OSError:
@@ -1184,18 +959,14 @@ class Agent:
     # --- direct terminal streams (agent.direct) -----------------------------------------
 
     def _direct_attach(self, running: RunningSession, channel: str, stream: DirectStream) -> None:
-        """A consumer presented its token on `stream`: it reads the session from the last frame
-        sent on (flow control as a layer reader's), after the scrollback up to that frame."""
-        stream.write(encode({"type": DIRECT_OK}))
-        stream.write(encode({"type": "terminal.output", "data": self._scrollback_until_sent(running)}))
-        running.readers[channel] = [running.sent, running.frames, self.loop.time()]
-        running.direct[channel] = stream
+        """A consumer presented its token on `stream`: it reads the session (TerminalPipe.attach_direct)."""
+        running.pipe.attach_direct(channel, stream)
         log.info("agent %s: terminal %s of session %s reads from %s", self.node, channel, running.session_id, stream.peer)
 
     def _direct_message(self, running: RunningSession, channel: str, message: dict) -> None:
         """`pty.input`, `pty.resize` or `pty.ack` from a direct stream (others are ignored)."""
         if not self._terminal_input(running, message) and message.get("type") == "pty.ack":
-            self._reader_ack(running, channel, int(message["offset"]), int(message["n"]), direct=True)
+            running.pipe.ack(channel, int(message["offset"]), int(message["n"]), direct=True)
 
     def _terminal_input(self, running: RunningSession, message: dict) -> bool:
         """A terminal's `pty.input` (`data`: text, written to the PTY) or `pty.resize` (`rows`,
@@ -1204,7 +975,7 @@ class Agent:
         kind = message.get("type")
         if kind == "pty.input" and isinstance(message.get("data"), str):
             self.usage.note_input(running.session_id)
-            self._write_input(running, message["data"].encode())
+            running.pipe.write_input(message["data"].encode())
         elif kind == "pty.resize":
             self._in_background(self._in(self._work, running.process.resize, int(message["rows"]), int(message["cols"])))
         else:
@@ -1213,25 +984,7 @@ class Agent:
 
     def _direct_detach(self, running: RunningSession, channel: str, stream: DirectStream) -> None:
         """The direct stream closed: its consumer no longer reads (as `pty.detach`)."""
-        if running.direct.get(channel) is stream:
-            del running.direct[channel]
-            running.readers.pop(channel, None)
-            running.outbox_wake.set()
-
-    @staticmethod
-    def _scrollback_until_sent(running: RunningSession) -> str:
-        """The last SCROLLBACK_BYTES of output up to the last frame sent: the scrollback without
-        what still waits in the decoder and the outbox (a direct reader gets that as frames), or
-        nothing where the outbox holds more than the scrollback."""
-        raw = bytes(running.scrollback[-SCROLLBACK_BYTES:])
-        held = running.decoder.getstate()[0]
-        if held:
-            raw = raw[: -len(held)]
-        text = raw.decode("utf-8", "replace")
-        waiting = "".join(running.outbox)
-        if not waiting:
-            return text
-        return text[: -len(waiting)] if text.endswith(waiting) else ""
+        running.pipe.detach_direct(channel, stream)
 
     def _handle(self, message: dict) -> None:
         """Act on a command from the channel layer once it is opened (sealed by the web with the
@@ -1252,26 +1005,22 @@ class Agent:
         if isinstance(command, (protocol_channel.PtyInput, protocol_channel.PtyResize)):
             self._terminal_input(running, command.to_dict())
         elif isinstance(command, protocol_channel.PtyAck):
-            self._reader_ack(running, command.channel, command.offset, command.n)
+            running.pipe.ack(command.channel, command.offset, command.n)
         elif isinstance(command, protocol_channel.PtyStop):  # the manager's stop, ahead of its task (protocol)
             self._in_background(self._stop(running.session_id, reason="terminated"))
         elif isinstance(command, protocol_channel.PtyPreempt):  # a preemption notice: a logged line, then its signal
             self._preempt_notice(running, command)
         elif isinstance(command, protocol_channel.PtyDetach):
-            running.readers.pop(command.channel, None)
-            running.layer_channels.discard(command.channel)
-            running.outbox_wake.set()
+            running.pipe.detach(command.channel)
         elif isinstance(command, protocol_channel.PtyAttach):  # a terminal opened: it reads the session from here on
             channel = command.reply_channel
-            if command.direct and self.direct is not None and self.direct.serving and not running.output_closed:
+            if command.direct and self.direct is not None and self.direct.serving and not running.pipe.output_closed:
                 offer = self.guard.answer(
                     protocol_channel.DirectOffer(**self.direct.offer(running.session_id, channel)).to_dict()
                 )
                 self._in_background(self.layer.send(channel, offer))  # it reads from its stream once it connects
                 return
-            running.readers[channel] = [running.sent, running.frames, self.loop.time()]
-            running.layer_channels.add(channel)
-            backlog = bytes(running.scrollback[-SCROLLBACK_BYTES:]).decode("utf-8", "replace")
+            backlog = running.pipe.attach_layer(channel)
             replies = [{"type": "terminal.output", "data": backlog}]
             if command.direct:  # it asked for a direct stream: none (it waits for this answer first)
                 replies.insert(0, self.guard.answer(protocol_channel.DirectOffer(host="").to_dict()))

@@ -126,7 +126,7 @@ class DirectServer:
             if isinstance(redeemed, tuple):
                 session_id, channel = redeemed
                 running = self.agent.sessions.get(session_id)
-                if running is None or running.output_closed:
+                if running is None or running.pipe.output_closed:
                     redeemed, running = f"session {session_id} does not run here", None
             if running is None:
                 log.warning("agent %s: refused a direct terminal stream from %s: %s", self.agent.node, peer, redeemed)
