@@ -8,6 +8,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from accelerators.allocation import core
+from accelerators.fleet import mig_capacity
 from accelerators.models import AllocationMode, Node, NodeStatus, ResourceGroup
 from accelerators.selectors import fractional_settings_get, node_states
 from sessions.policy.quotas import fgpu_text, quota_label, quota_usage, quota_usage_of
@@ -20,7 +21,7 @@ FIGURES = ("fgpu", "gpu_memory", "sessions")  # what the panel shows of a user's
 def my_resources(*, user, slot_name: str = "cuda") -> dict:
     """`{"usage": [{"key": "fgpu" | "gpu_memory" | "sessions", "used", "limit", "left", "quota"}],
     "groups": [{"name", "nodes", "nodes_alive", "allocation_mode", "free", "total", "memory_free",
-    "memory_total"}]}` for `user`.
+    "memory_total", "mig_gpus", "mig_free", "mig_total"}]}` for `user`.
 
     `usage`: per figure, what the user holds (their own sessions: fGPU as text "0.50", GPU memory
     in bytes, sessions running or waiting) and, where a quota limits it, the binding quota (the
@@ -31,7 +32,10 @@ def my_resources(*, user, slot_name: str = "cuda") -> dict:
     `groups`: "" (every node: a request naming no group may go to any) and then each resource
     group by name: its registered and alive nodes, and for slot `slot_name` on the alive nodes
     the fGPU free and in all (`allocation_mode` "fractional", text "3.25") or the idle and all
-    whole GPUs (discrete, integers), and device memory free and in all (bytes).
+    whole GPUs (discrete, integers), and device memory free and in all (bytes), these over the
+    GPUs that serve no MIG; the GPUs that serve MIG instead (a node in dynamic or fixed MIG mode,
+    MIG slices in the inventory) as `mig_gpus`, and their free and all MIG compute slices
+    (`mig_free`, `mig_total`: 7 a GPU; `accelerators.fleet.mig_capacity`).
 
     `storage`: the user's data folders (`~/data`, each project's `~/projects/<name>`) per node, as
     its agent last measured them against the limit it enforces (usage.selectors.folder_use_list)."""
@@ -67,7 +71,9 @@ def _groups(slot_name: str) -> list[dict]:
     fractional = settings.allocation_mode == AllocationMode.FRACTIONAL
     pure = settings.as_allocation_settings() if fractional else None
     rows = []
+    mig_nodes = mig_capacity(nodes=Node.objects.filter(status=NodeStatus.ALIVE))
     for group in [None, *ResourceGroup.objects.order_by("name")]:
+        mig = [n for n in mig_nodes if group is None or n.resource_group == group.name]
         nodes = Node.objects.all() if group is None else Node.objects.filter(resource_group=group)
         alive = node_states(slot_name=slot_name, group=group)
         devices = [d for n in alive for d in n.devices]
@@ -96,6 +102,9 @@ def _groups(slot_name: str) -> list[dict]:
                 "total": total,
                 "memory_free": sum(max(0, d.memory_total - d.memory_used) for d in devices),
                 "memory_total": sum(d.memory_total for d in devices),
+                "mig_gpus": sum(1 for n in mig for g in n.gpus if g.kind == "mig"),
+                "mig_free": sum(n.mig_free for n in mig),
+                "mig_total": sum(n.mig_total for n in mig),
             }
         )
     return rows

@@ -35,6 +35,9 @@ class GroupCapacitySerializer(serializers.Serializer):
     total = serializers.CharField()
     memory_free = serializers.IntegerField(help_text="bytes of device memory free on the alive nodes")
     memory_total = serializers.IntegerField(help_text="bytes of device memory on the alive nodes")
+    mig_gpus = serializers.IntegerField(help_text="GPUs on the alive nodes that serve MIG (not counted in free / total)")
+    mig_free = serializers.IntegerField(help_text="MIG compute slices free on them (7 a GPU)")
+    mig_total = serializers.IntegerField(help_text="MIG compute slices on them")
 
 
 class FolderUseSerializer(serializers.Serializer):

@@ -85,12 +85,21 @@
     return (i && v < 100 ? v.toFixed(1).replace(/\.0$/, "") : Math.round(v)) + " " + units[i];
   }
 
-  function groupRow(g) {
+  // "3.50 of 4.00 fGPU", and the GPUs that serve MIG instead by their compute slices:
+  // "3.50 of 4.00 fGPU · 5 of 7 MIG slices (1 GPU)"; only the MIG part where no GPU serves fGPU.
+  function gpuFree(g) {
     var unit = g.allocation_mode === "discrete" ? " GPUs" : " fGPU";
+    var parts = [];
+    if (Number(g.total) > 0 || !g.mig_gpus) parts.push(g.free + " of " + g.total + unit);
+    if (g.mig_gpus) parts.push(g.mig_free + " of " + g.mig_total + " MIG slices (" + g.mig_gpus + (g.mig_gpus === 1 ? " GPU)" : " GPUs)"));
+    return parts.join(" · ");
+  }
+
+  function groupRow(g) {
     return el("tr", {}, [
       el("th", { scope: "row", text: g.name || "Any node" }),
       el("td", { "data-label": "Nodes alive", text: g.nodes_alive + " of " + g.nodes + (g.nodes_alive < g.nodes ? " (" + (g.nodes - g.nodes_alive) + " lost)" : "") }),
-      el("td", { "class": "num", "data-label": "GPU free", text: g.free + " of " + g.total + unit }),
+      el("td", { "class": "num", "data-label": "GPU free", text: gpuFree(g) }),
       el("td", { "class": "num", "data-label": "GPU memory free", text: gib(g.memory_free) + " of " + gib(g.memory_total) }),
     ]);
   }
