@@ -32,8 +32,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,7 +46,8 @@ from agent import exec_stream
 from agent.direct import DirectServer, DirectStream
 from agent import files as session_files
 from agent import mig as mig_runtime
-from agent.environment import allocation_document, session_environment
+from agent import session_exec
+from protocol.environment import allocation_document, session_environment
 from agent.log_shipper import LogLimits, SessionLog
 from agent.manager_link import ManagerLink, service_ports_keyword
 from agent.terminal_pipe import FlowLimits, OutputCap, TerminalPipe
@@ -86,7 +85,6 @@ KILL_GRACE_S = 3.0
 # within 30 ms of the launch: benchmarks/launch.py); the next SIGHUP ends it.
 RESIGNAL_S = 0.05
 KILL_WAIT_S = 2.0  # after SIGKILL, how long TERMINATED waits for the session's processes to be gone
-EXEC_OUTPUT_BYTES = 1024 * 1024  # stdout and stderr of an exec are each cut to this many bytes
 # Thread pools, each bounded and separate, so that no kind of work waits behind another: blocking
 # session work (spawning, signalling, /proc scans, files, NVML), reports and log batches to the
 # manager, blocking execs (each holds a thread up to its timeout), and the heartbeat (one thread
@@ -809,8 +807,8 @@ class Agent:
         if running.stopping:
             return
         running.stopping = reason
-        for process in list(running.execs):
-            await self._in(self._work, running.process.signal_exec, process, signal.SIGKILL)
+        if running.execs:
+            await self._in(self._work, session_exec.kill_execs, running.process, running.execs)
         # Every process of the session, every group: SIGHUP ends an interactive shell (which
         # ignores SIGTERM), SIGTERM what ignores SIGHUP (nohup).
         await self._on_process(running, running.process.signal_all, signal.SIGHUP, signal.SIGTERM)
@@ -875,54 +873,13 @@ class Agent:
         except Exception as exc:
             result = {"error": f"could not run the command: {exc}"}
         try:
-            await self.layer.send(message["reply_channel"], self.guard.answer({"type": "exec.result", **result}))
+            await self.layer.send(message["reply_channel"], self.guard.answer(session_exec.exec_result(result)))
         except Exception:
             log.exception("agent %s: could not answer an exec in session %s", self.node, running.session_id)
 
     def _run_exec(self, running: RunningSession, argv, timeout: float) -> dict:
-        """Blocking; runs in a thread. The command gets its own process session (killed whole
-        on timeout, and when the session stops); output goes to temporary files so a chatty
-        command cannot fill the agent's memory."""
-        if isinstance(argv, str):
-            argv = [self.runtime.shell(), "-c", argv]
-        started = time.monotonic()
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            try:
-                process = running.process.exec_popen(argv, stdout=out, stderr=err)
-            except (FileNotFoundError, PermissionError) as exc:
-                return {
-                    "exit_code": 127 if isinstance(exc, FileNotFoundError) else 126,
-                    "stdout": "",
-                    "stderr": f"{argv[0]}: {exc.strerror}\n",
-                    "timed_out": False,
-                    "truncated": False,
-                    "duration_ms": 0,
-                }
-            running.execs.add(process)
-            timed_out = False
-            try:
-                code = process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                running.process.signal_exec(process, signal.SIGKILL)
-                code = process.wait()
-            finally:
-                running.process.signal_exec(process, signal.SIGKILL)  # what it left running in the background
-                running.execs.discard(process)
-            outputs, truncated = [], False
-            for f in (out, err):
-                f.seek(0)
-                data = f.read(EXEC_OUTPUT_BYTES + 1)
-                truncated |= len(data) > EXEC_OUTPUT_BYTES
-                outputs.append(data[:EXEC_OUTPUT_BYTES].decode("utf-8", "replace"))
-        return {
-            "exit_code": code if code >= 0 else 128 - code,
-            "stdout": outputs[0],
-            "stderr": outputs[1],
-            "timed_out": timed_out,
-            "truncated": truncated,
-            "duration_ms": int((time.monotonic() - started) * 1000),
-        }
+        """Blocking; runs in a thread (agent.session_exec.run_exec, the runtime's shell for a command line)."""
+        return session_exec.run_exec(running.process, running.execs, argv, timeout, shell=self.runtime.shell())
 
     # --- terminal relay ------------------------------------------------------------------
 
