@@ -12,18 +12,49 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 # suite took 15 s instead of 24 s, and each started process 0.25 s less CPU (the machine of issue 34.5).
 TEST_ENV = DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/var/pycache
 
-.PHONY: install run image test test-fast lint clean
+.PHONY: install install-test jupyterlab run image test test-fast lint clean
 
+# `make run` installs only what the console needs to run: pyproject.toml's dependencies (about 1 min from a fresh
+# clone with pip's cache warm, a few minutes downloading them), pip's progress shown. The test and lint tools are the
+# `test` extra, which `make test`, `make lint`, `make test-fast` and `make install-test` add (issue 35.4). A stamp per
+# step: nothing is installed again until pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
+	@echo "Installing what the console needs to run into $(VENV) (Django, Celery, NumPy, SciPy, ...; about 1 min on 2 cores with the packages at hand, a few minutes downloading them). pip's progress follows."
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test]'
+	$(VENV)/bin/pip install --progress-bar on -e .
 	touch $@
 
 install: $(VENV)/.installed
 
+$(VENV)/.installed-test: $(VENV)/.installed
+	@echo "Installing the test and lint tools (the test extra: pytest, Playwright, Schemathesis, ruff, mypy, import-linter, JupyterLab, ...; about 1-2 min with pip's cache warm) into $(VENV)."
+	$(VENV)/bin/pip install --progress-bar on -e '.[test]'
+	touch $@ $(VENV)/.installed-jupyter
+
+install-test: $(VENV)/.installed-test
+
+# JupyterLab, the demo's session app (README's walkthrough, step 4): the `jupyter` extra, without reinstalling the
+# console itself (its requirements read from pyproject.toml).
+$(VENV)/.installed-jupyter: $(VENV)/.installed
+	$(VENV)/bin/pip install --progress-bar off $$($(PY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['jupyter'])")
+	touch $@
+
+jupyterlab: $(VENV)/.installed-jupyter
+
+# The first page does not wait for JupyterLab: where it is missing, it installs in the background at low priority
+# (about 1 min; its log in .venv/jupyterlab-install.log; one at a time, flock) while the console starts. JUPYTERLAB=no
+# skips it.
+JUPYTERLAB ?= yes
+# DEMO=full adds the demo's second node, demo-mig-node (one mock H100 80GB, in dynamic MIG mode at its first start):
+# the launch dialog's MIG tab (README, The walkthrough).
+DEMO ?=
+DEMO_AGENTS = demo/agent.toml,demo/agent-mig-h100.toml
 run: install
-	PORT=$(PORT) $(PY) manage.py standalone
+	@if [ "$(JUPYTERLAB)" = yes ] && { [ ! -e $(VENV)/.installed-jupyter ] || [ $(VENV)/.installed -nt $(VENV)/.installed-jupyter ]; }; then \
+	  echo "JupyterLab (the walkthrough's step 4) installs in the background, about 1 min: its log is $(VENV)/jupyterlab-install.log"; \
+	  nohup nice -n 19 flock -n $(VENV)/.jupyterlab.lock $(MAKE) --no-print-directory jupyterlab >>$(VENV)/jupyterlab-install.log 2>&1 </dev/null & \
+	fi
+	PORT=$(PORT) $(if $(filter full,$(DEMO)),FGPU_AGENT_CONFIG=$(DEMO_AGENTS)) $(PY) manage.py standalone
 
 # The session image of the docker runtime, fgpu-session:latest (also tagged fgpu-session:test), built from
 # Debian's packages with mmdebstrap, no registry needed: as root, about 5 minutes, its progress shown.
@@ -34,19 +65,19 @@ image:
 # and its formatter (`ruff format .` fixes what --check finds), import-linter's contracts
 # ([tool.importlinter]: layers that only point down), mypy with django-stubs ([tool.mypy]).
 # On the tests: no time.sleep waits (ruff's TID251).
-lint: install
+lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
 	$(VENV)/bin/ruff check --select TID251 tests
 
-test: install lint
+test: install-test lint
 	$(TEST_ENV) $(PY) -m tests.services_check
 	$(TEST_ENV) $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # Everything but the tests that start processes and browsers.
-test-fast: install
+test-fast: install-test
 	$(TEST_ENV) $(VENV)/bin/pytest -m "not e2e and not browser" $(PYTEST_ARGS)
 
 clean:

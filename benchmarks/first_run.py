@@ -1,0 +1,200 @@
+"""A newcomer's first run (issue 35.4): from a fresh clone, how long `make run` takes to serve its
+first page (target 60 s with pip's cache warm), and a restart in the same tree (target 5 s).
+
+    python3 benchmarks/first_run.py [--source /work/main] [--dest /tmp/h2-clone] [--port 0] [--keep]
+
+Needs only the standard library (it runs before any virtualenv exists). Each step:
+
+1. `git clone SOURCE DEST` (the committed tree: what a newcomer gets), timed on its own;
+2. `make run PORT=<port>` in DEST, from its spawn until `GET http://127.0.0.1:<port>/` answers
+   (the sign-in page, after the redirect): the first run, venv created and installed;
+3. Ctrl-C (SIGINT to its process group: `make run`'s background JupyterLab install, an
+   asynchronous command of make's shell, ignores it and goes on);
+4. `make run` again in the same tree, timed alike: the restart, which must install nothing (its
+   output is checked for the install line);
+5. how long after the first spawn JupyterLab's background install finished (its stamp
+   `.venv/.installed-jupyter`), waited for at most --jupyter-timeout seconds.
+
+Prints each figure in seconds, the 1-minute load average at each start, and one JSON line. The
+console's environment is this one's without DATABASE_URL, REDIS_URL and FGPU_* (a newcomer's
+shell), with FGPU_ADMIN_PASSWORD set. Every process it started is stopped at the end, and DEST is
+removed unless --keep. Exits 1 when a target is missed or a page never answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FIRST_PAGE_TARGET_S = 60.0
+RESTART_TARGET_S = 5.0
+INSTALL_LINE = "Installing what the console needs to run"
+POLL_S = 0.1
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def free_port() -> int:
+    """A free TCP port whose successor (the session apps' port, PORT + 1) is free too."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port >= 65535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def newcomer_env(password: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FGPU_") and k not in ("DATABASE_URL", "REDIS_URL")}
+    env["FGPU_ADMIN_PASSWORD"] = password
+    return env
+
+
+class Run:
+    """One `make run` in `tree`, its output in `log`."""
+
+    def __init__(self, tree: Path, port: int, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self.load = load()
+        self.started = time.monotonic()
+        self.wall = time.time()
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                ["make", "run", f"PORT={port}"],
+                cwd=tree,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def wait_page(self, url: str, timeout_s: float) -> float:
+        """Seconds from the spawn until `url` answers 200. Raises RuntimeError when make exits
+        first or `timeout_s` passes (with the output's tail)."""
+        deadline = self.started + timeout_s
+        while time.monotonic() < deadline:
+            if answers(url):
+                return round(time.monotonic() - self.started, 2)
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"make run exited with {self.proc.returncode} before {url} answered:\n{self.tail()}")
+            time.sleep(POLL_S)
+        raise RuntimeError(f"{url} did not answer within {timeout_s} s:\n{self.tail()}")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.output().splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """Ctrl-C, as at a terminal; SIGKILL to the group after 30 s."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--source", default=str(ROOT), help="the repository to clone (default: this checkout)")
+    parser.add_argument("--dest", default=None, help="where to clone (default: a new temporary directory)")
+    parser.add_argument("--port", type=int, default=0, help="PORT for make run (default: a free one)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each first page")
+    parser.add_argument("--jupyter-timeout", type=float, default=300.0, help="seconds to wait for JupyterLab's install")
+    parser.add_argument("--keep", action="store_true", help="keep the clone (its .venv and var/)")
+    args = parser.parse_args()
+
+    dest = Path(args.dest) if args.dest else Path(tempfile.mkdtemp(prefix="fgpu-first-run-")) / "clone"
+    if dest.exists() and any(dest.iterdir()):
+        parser.error(f"--dest {dest} exists and is not empty")
+    port = args.port or free_port()
+    url = f"http://127.0.0.1:{port}/"
+    env = newcomer_env("first-run-pass")
+    result: dict = {"port": port, "source": args.source}
+    runs: list[Run] = []
+    jupyter_lines: list[str] = []
+    try:
+        began = time.monotonic()
+        subprocess.run(["git", "clone", "--quiet", args.source, str(dest)], check=True)
+        result["clone_s"] = round(time.monotonic() - began, 2)
+        logs = dest.parent if not args.dest else Path(tempfile.mkdtemp(prefix="fgpu-first-run-logs-"))
+
+        first = Run(dest, port, env, logs / "first.log")
+        runs.append(first)
+        result["first_page_s"] = first.wait_page(url, args.timeout)
+        result["first_load"] = first.load
+        first.stop()
+
+        restart = Run(dest, port, env, logs / "restart.log")
+        runs.append(restart)
+        result["restart_s"] = restart.wait_page(url, args.timeout)
+        result["restart_load"] = restart.load
+        result["restart_installed_again"] = INSTALL_LINE in restart.output()
+        restart.stop()
+
+        stamp = dest / ".venv" / ".installed-jupyter"
+        deadline = first.started + args.jupyter_timeout
+        while not stamp.exists() and time.monotonic() < deadline:
+            time.sleep(1)
+        result["jupyterlab_installed_s"] = round(stamp.stat().st_mtime - first.wall, 1) if stamp.exists() else None
+        jupyter_lines = [line for line in first.output().splitlines() if "JupyterLab" in line]
+    finally:
+        for run in runs:
+            run.stop()
+        if not args.keep:
+            shutil.rmtree(dest.parent if not args.dest else dest, ignore_errors=True)
+
+    first_s, restart_s = result["first_page_s"], result["restart_s"]
+    again = "yes" if result["restart_installed_again"] else "no"
+    print(f"clone:                    {result['clone_s']:.2f} s")
+    print(f"first page (fresh clone): {first_s:.2f} s  (target {FIRST_PAGE_TARGET_S:.0f} s; load {result['first_load']})")
+    print(
+        f"restart (same tree):      {restart_s:.2f} s  (target {RESTART_TARGET_S:.0f} s; load {result['restart_load']}; ", end=""
+    )
+    print(f"installed again: {again})")
+    print(f"JupyterLab installed:     {result['jupyterlab_installed_s']} s after the first spawn (in the background)")
+    for line in jupyter_lines:
+        print(f"  make run said: {line}")
+    print(json.dumps(result))
+    met = (
+        result["first_page_s"] <= FIRST_PAGE_TARGET_S
+        and result["restart_s"] <= RESTART_TARGET_S
+        and not result["restart_installed_again"]
+    )
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
