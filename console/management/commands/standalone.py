@@ -30,7 +30,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 import protocol
 from accelerators.config_import import ConfigError, import_accelerator_config
-from accelerators.models import FractionalSettings
+from accelerators.models import FractionalSettings, MigMode, Node, NodeStatus, ResourceGroup
+from accelerators.selectors import DEFAULT_GROUP
 from console.celery import app as celery_app
 from console.env import env_bool, env_int, env_list, env_str
 from console.exec_store import exec_store_default
@@ -47,6 +48,7 @@ log = logging.getLogger("fgpu.standalone")
 
 DEMO_AGENT = settings.BASE_DIR / "demo" / "agent.toml"
 DEMO_ACCELERATOR = settings.BASE_DIR / "demo" / "accelerator.json"
+DEMO_MIG_AGENT = settings.BASE_DIR / "demo" / "agent-mig-h100.toml"  # `make run DEMO=full`: starts in dynamic MIG mode
 AUTO = "auto"  # FGPU_RUNTIME: docker where Docker Engine answers and holds the session image, else process
 IMAGE_BUILD_TIME = "1-4 minutes"  # `make image` (tests/images/build.sh) on 2 cores: 60 s alone, 3.3 min beside other work
 
@@ -92,6 +94,7 @@ class Command(BaseCommand):
         if not FractionalSettings.objects.filter(slot_name="cuda").exists():  # first start: the demo offers Jupyter
             SessionImage.objects.filter(reference=protocol.HOST_IMAGE, apps=[]).update(apps=[jupyter_app(python=sys.executable)])
         self._import_settings(configs)
+        self._seed_new_nodes(configs)
         self._register_images(configs)
         self._ensure_admin()
         agents = []
@@ -174,6 +177,24 @@ class Command(BaseCommand):
                 import_accelerator_config(DEMO_ACCELERATOR)
         except ConfigError as exc:
             raise CommandError(str(exc)) from None
+
+    def _seed_new_nodes(self, configs) -> None:
+        """Each embedded node this console has never seen gets its row before its agent registers
+        (LOST, no devices, as `node_agent_key_rotate` makes one): in the resource group "default",
+        made here while the console has no resource group at all (so the demo's fragmentation map,
+        admin → Compute sessions → Fragmentation maps, lists it), and the demo's MIG node
+        (demo/agent-mig-h100.toml) in dynamic MIG mode, so the launch dialog's MIG tab works at once.
+        A node seen before keeps what an administrator set; so do nodes while other groups exist."""
+        known = set(Node.objects.filter(name__in=[c.node_name for c in configs]).values_list("name", flat=True))
+        new = [c for c in configs if c.node_name not in known]
+        if not new:
+            return
+        group = ResourceGroup.objects.filter(name=DEFAULT_GROUP).first()
+        if group is None and not ResourceGroup.objects.exists():
+            group = ResourceGroup.objects.create(name=DEFAULT_GROUP, description="the standalone console's nodes")
+        for config in new:
+            mig = MigMode.DYNAMIC if config.path.resolve() == DEMO_MIG_AGENT.resolve() else MigMode.OFF
+            Node.objects.create(name=config.node_name, status=NodeStatus.LOST, resource_group=group, mig_mode=mig)
 
     def _register_images(self, configs) -> None:
         """With the docker runtime, each agent's `default-image` is a registered session image, and
