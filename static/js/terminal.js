@@ -1,6 +1,11 @@
-// Terminal page: xterm.js over the session's terminal websocket (one-time ticket per connection),
+// Session page: xterm.js over the session's terminal websocket (one-time ticket per connection),
 // the session's live status from /ws/sessions/ (read again after every reconnection), how it
-// ended in words, and Terminate. Needs console.js (window.fgpu). No build step.
+// ended in words, and Terminate. The page is laid out by the session's phase (#session-page
+// data-phase: queued, starting, running, ended; css/session_page.css). The view follows the
+// output to its end unless the user scrolls up (issue 36.2). A batch session's pane is a log of
+// its output: keys typed there go nowhere, a line of input goes to the program from the form
+// under it. An ended session's pane shows its log (GET …/logs/). Needs console.js (window.fgpu).
+// No build step.
 (function () {
   "use strict";
 
@@ -18,6 +23,9 @@
   var backLink = $("terminal-back");
   var wsScheme = location.protocol === "https:" ? "wss://" : "ws://";
   var RETRY_MAX_S = 2; // the terminal reconnects within 2 s of the server being back (its 5 s promise: 3 s left for its reads)
+  var page = $("session-page");
+  var batch = !!session.command; // its pane is its command's output; input only through the form under it
+  var WIDE = window.matchMedia("(min-width: 1101px)"); // css/session_page.css: the panels beside the terminal
 
   var socket = null;      // terminal websocket
   var exited = false;     // the server sent {"type": "exit"}
@@ -41,6 +49,50 @@
 
   function hideBanner() { banner.hidden = true; }
 
+  // ---- The page's phase: what leads ---------------------------------------------------------
+
+  function phaseOf(s) {
+    if (FINAL.indexOf(s.status) !== -1) return "ended";
+    if (s.status === "PENDING") return "queued";
+    if (s.status === "SCHEDULED" || s.status === "PREPARING") return "starting";
+    return "running"; // and TERMINATING
+  }
+
+  var usageOpened = false;
+  function renderPhase() {
+    var phase = phaseOf(session), was = page.getAttribute("data-phase");
+    page.setAttribute("data-phase", phase);
+    // The charts are open where they sit beside a live terminal (once, so a user's fold stays).
+    if (!usageOpened && WIDE.matches && phase === "running") {
+      $("usage-panel").open = true;
+      usageOpened = true;
+    }
+    if (phase !== was && typeof refit === "function") refit();
+    renderEnded();
+  }
+
+  function when(iso) {
+    if (!iso) return "—";
+    var d = new Date(iso);
+    return d.toLocaleString([], { dateStyle: "medium", timeStyle: "medium", hour12: false });
+  }
+
+  // How it ended, leading an ended session's page: "Terminated by you", "Exited with code 3", …
+  function renderEnded() {
+    var box = $("session-ended");
+    var ended = FINAL.indexOf(session.status) !== -1;
+    box.hidden = !ended;
+    if (!ended) return;
+    var why = fgpu.endReason(session);
+    $("session-ended-how").textContent = why ? why.charAt(0).toUpperCase() + why.slice(1) : session.status;
+    $("session-ended-status").textContent = session.status;
+    $("session-ended-code").textContent = session.exit_code === null || session.exit_code === undefined ? "—" : session.exit_code;
+    $("session-ended-started").textContent = session.started_at ? when(session.started_at) : "never started";
+    $("session-ended-at").textContent = when(session.terminated_at);
+    box.setAttribute("data-outcome", session.status === "ERROR" || (session.exit_code || 0) !== 0 ? "error"
+      : session.exit_code === 0 ? "ok" : "ended");
+  }
+
   // ---- The session's state in the header: badge, reason, elapsed, Terminate ------------
 
   function renderHeader() {
@@ -60,6 +112,7 @@
     $("terminate-session").hidden = ACTIVE.indexOf(session.status) === -1;
     $("session-apps").hidden = session.status !== "RUNNING" || !(session.apps || []).length;  // apps end with it
     renderElapsed();
+    renderPhase();
   }
 
   function renderElapsed() {
@@ -94,6 +147,7 @@
     });
   });
 
+  var refit = null; // set once xterm is there
   renderHeader();
   setInterval(renderElapsed, 1000);
 
@@ -105,10 +159,11 @@
   // ---- xterm -------------------------------------------------------------
 
   var term = new window.Terminal({
-    cursorBlink: true,
+    cursorBlink: !batch,
     convertEol: false,
     scrollback: 5000,
-    fontSize: 14,
+    disableStdin: batch, // a batch session's pane is a log: keys typed there go nowhere (its input: the form)
+    fontSize: window.matchMedia("(max-width: 480px)").matches ? 12 : 14,
     lineHeight: 1.15,
     fontFamily: 'ui-monospace, "SFMono-Regular", "JetBrains Mono", "Cascadia Mono", Menlo, Consolas, "DejaVu Sans Mono", monospace',
     theme: {
@@ -128,23 +183,82 @@
     if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(frame));
   }
 
+  // ---- Following the output to its end ----------------------------------------------------
+  // xterm keeps its view where it is once the view is above the end, and a scroll event it did
+  // not cause (a stale one from its own viewport while a flood of output is parsed, or a layout
+  // change refitting it) can put it there: after `seq 1 200000` the view stayed at the top of
+  // the scrollback (line 195,002) with no prompt. So the page decides: the view follows the
+  // output unless the user scrolled up (wheel, touch, keys, the scrollbar; a click in the text is
+  // none of them) and has not come back to the end; after each write and each refit it is put at
+  // the end again.
+
+  var follow = true;
+  var userScrollUntil = 0; // ms: a scroll of the viewport before then is the user's
+  var endQueued = false;
+  var followButton = $("terminal-follow");
+  function userScrolling() { userScrollUntil = Date.now() + 600; }
+  function setFollow(on) {
+    follow = on;
+    followButton.hidden = on;
+    if (on) term.scrollToBottom();
+  }
+  function keepAtEnd() { if (follow) term.scrollToBottom(); }
+  var termBox = $("terminal");
+  termBox.addEventListener("wheel", userScrolling, { passive: true, capture: true });
+  termBox.addEventListener("touchmove", userScrolling, { passive: true, capture: true });
+  termBox.addEventListener("pointerdown", function (ev) { // on the scrollbar (the viewport), not a click in the text
+    if (ev.target && ev.target.classList && ev.target.classList.contains("xterm-viewport")) userScrolling();
+  }, { passive: true, capture: true });
+  termBox.addEventListener("keydown", function (ev) {
+    if (ev.key === "PageUp" || ev.key === "PageDown" || ev.key === "Home" || ev.key === "End") userScrolling();
+  }, true);
+  var viewport = termBox.querySelector(".xterm-viewport");
+  if (viewport) {
+    viewport.addEventListener("scroll", function () {
+      if (Date.now() > userScrollUntil) { // not the user's: back to the end (a stale event after the last write too)
+        if (follow && !endQueued) { endQueued = true; requestAnimationFrame(function () { endQueued = false; keepAtEnd(); }); }
+        return;
+      }
+      var b = term.buffer.active;
+      setFollow(b.viewportY >= b.baseY);
+    });
+  }
+  followButton.addEventListener("click", function () { setFollow(true); term.focus(); });
+  term.onData(function () { if (!follow) setFollow(true); }); // typing brings the view back to the prompt
+
   function sendSize() {
     $("terminal-size").textContent = term.cols + "×" + term.rows;
     send({ type: "resize", cols: term.cols, rows: term.rows });
   }
 
   var fitQueued = false;
-  function refit() {
+  refit = function () {
     if (fitQueued) return;
     fitQueued = true;
     requestAnimationFrame(function () {
       fitQueued = false;
+      // Narrow screens: the pane fills the screen below what is above it (css/session_page.css).
+      shell.style.setProperty("--shell-top", Math.max(0, shell.getBoundingClientRect().top + window.scrollY) + "px");
       try { fit.fit(); } catch (e) { /* hidden or zero-sized */ }
+      keepAtEnd();
     });
-  }
+  };
 
   term.onResize(sendSize);
-  term.onData(function (data) { send({ type: "input", data: data }); });
+  if (!batch) term.onData(function (data) { send({ type: "input", data: data }); });
+
+  // A batch session's input: a line (and Enter) to the program's standard input, or its end.
+  var inputForm = $("terminal-input");
+  if (inputForm) {
+    inputForm.addEventListener("submit", function (ev) {
+      ev.preventDefault();
+      var line = $("terminal-input-line");
+      send({ type: "input", data: line.value + "\r" });
+      line.value = "";
+      setFollow(true);
+    });
+    $("terminal-input-eof").addEventListener("click", function () { send({ type: "input", data: "\x04" }); });
+  }
   window.addEventListener("resize", refit);
   if (window.ResizeObserver) new ResizeObserver(refit).observe($("terminal"));
   fit.fit();
@@ -165,12 +279,13 @@
     return s.status_reason ? waiting + " (" + s.status_reason + ")" : waiting;
   }
 
-  // Nothing to connect to: say why (waiting, ending, ended).
+  // Nothing to connect to: say why (waiting, ending, ended); an ended session shows its log.
   function showNotRunning() {
     var text = describeNotRunning(session);
     var final = FINAL.indexOf(session.status) !== -1;
-    setStatus(final ? "ended" : "waiting", text);
-    if (final || session.status === "TERMINATING") showBanner(text, { back: true, kind: "ended" });
+    if (final) { showLog(); return; }
+    setStatus("waiting", text);
+    if (session.status === "TERMINATING") showBanner(text, { back: true, kind: "ended" });
     else showBanner("Waiting for the session to start…", { kind: "waiting" });
   }
 
@@ -215,17 +330,18 @@
     ws.onopen = function () {
       connecting = false;
       retries = 0;
-      setStatus("connected", "Connected");
-      term.write("\x1b[?25h"); // show the cursor again after an earlier exit
+      setStatus("connected", batch ? "Running" : "Connected");
+      if (!batch) term.write("\x1b[?25h"); // show the cursor again after an earlier exit
+      if (inputForm) inputForm.hidden = false;
       refit();
       sendSize();
-      term.focus();
+      if (!batch) term.focus();
     };
     ws.onmessage = function (ev) {
       var msg;
       try { msg = JSON.parse(ev.data); } catch (e) { return; }
       if (msg.type === "output" && typeof msg.data === "string") {
-        term.write(msg.data);
+        term.write(msg.data, keepAtEnd);
       } else if (msg.type === "exit") {
         exited = true;
         // The session's own notice (TERMINATED, with its reason) may come a moment later: until
@@ -240,6 +356,7 @@
     ws.onclose = function (ev) {
       connecting = false;
       if (socket === ws) socket = null;
+      if (inputForm) inputForm.hidden = true;
       if (exited) return;
       var text = "Connection closed";
       if (ev.code === 4401 || ev.code === 4403) text += " (ticket refused)";
@@ -262,10 +379,40 @@
   function showEnded(s) {
     var text = endedText(s);
     setStatus("ended", text);
-    showBanner(text, { back: true, kind: "ended" });
-    if (endWritten) return;
+    showBanner(text, { back: true, kind: "ended" }); // under the log, not over it (css/session_page.css)
+    if (endWritten || logPending) return; // the log's reader writes the end after the log
     endWritten = true;
-    term.write("\r\n\x1b[2m[" + text.toLowerCase() + "]\x1b[0m\r\n\x1b[?25l"); // and hide the cursor
+    term.write("\r\n\x1b[2m[" + text.toLowerCase() + "]\x1b[0m\r\n\x1b[?25l", keepAtEnd); // and hide the cursor
+  }
+
+  // An ended session opened afresh: its log (what its process wrote, the last 4 Mi characters
+  // kept by the server) in the pane, read page by page, then how it ended.
+  var logRead = false, logPending = false;
+  function showLog() {
+    if (logRead) return;
+    logRead = logPending = true;
+    $("terminal-pane-title").textContent = "Log";
+    setStatus("ended", "Reading the log…");
+    term.write("\x1b[?25l");
+    function read(since) {
+      return fgpu.api("GET", sessionUrl + "logs/?since=" + since).then(function (r) {
+        if (!r.ok || !r.data) throw new Error(fgpu.errorText(r));
+        var d = r.data;
+        if (since === 0 && d.truncated) term.write("\x1b[2m[the log's start is not kept: it shows its last part]\x1b[0m\r\n");
+        if (d.text) term.write(d.text, keepAtEnd);
+        if (d.next > since && d.text) return read(d.next);
+        return d;
+      });
+    }
+    read(0).then(function (d) {
+      logPending = false;
+      if (!d.length) term.write("\x1b[2m[no output]\x1b[0m\r\n");
+      showEnded(session);
+    }).catch(function (err) {
+      logPending = false;
+      showEnded(session);
+      setStatus("ended", "Could not read the log: " + err.message);
+    });
   }
 
   reconnectButton.addEventListener("click", function () {
