@@ -2,7 +2,7 @@
 
 Slot formats and fractional settings are edited here; nodes and devices are registered by
 their agents, so their pages are read-only (a node may be deleted once decommissioned).
-Memory is always shown in binary units (`units.format_binary_size`), fGPU as Decimal text.
+Memory is always shown in binary units (`protocol.units.format_binary_size`), fGPU as Decimal text.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from accelerators.admin_display import EMPTY, BinarySizeField, size_html, when_html
-from accelerators.allocation import core, topology, units
+from accelerators.allocation import core, topology
+from protocol import units
 from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.config_import import MAX_UPLOAD_BYTES, ConfigError, import_accelerator_config_upload
 from accelerators.fleet import NO_GROUP, SORTS, STATES, NodeFigures, fleet_nodes

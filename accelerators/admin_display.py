@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.timesince import timesince
 
-from accelerators.allocation.units import SizeError, format_binary_size, parse_binary_size
+from protocol.units import SizeError, format_binary_size, parse_binary_size
 
 EMPTY = "—"
 

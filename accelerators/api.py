@@ -19,7 +19,7 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 
-from accelerators.allocation.units import format_number
+from protocol.units import format_number
 from accelerators.models import AllocationMode, Device, FractionalSettings, Node, NodeStatus, ResourceGroup, SlotFormat
 from accelerators.selectors import device_fgpu_summary, devices_with_usage
 from accelerators.services import node_mark_dead, node_settings_update
@@ -81,7 +81,7 @@ class DeviceSerializer(serializers.ModelSerializer):
             cache.update(device_fgpu_summary(devices if device in devices else [device]))
         return cache[device.pk]
 
-    # fGPU with two decimals by the one amount formatter (fgpu_cli.units, through allocation.units): it
+    # fGPU with two decimals by the one amount formatter (protocol.units): it
     # truncates; the figures come truncated to 2 decimals already, so the text is as f"{:.2f}" wrote it.
     def get_capacity_fgpu(self, device) -> str | None:
         value = self._summary(device).capacity

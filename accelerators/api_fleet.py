@@ -15,7 +15,7 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 
-from accelerators.allocation.units import format_number
+from protocol.units import format_number
 from accelerators.fleet import NO_GROUP, PAGE_SIZE, PAGE_SIZE_MAX, SORTS, STATES, FleetFilter, fleet_overview
 from console.api_support import ErrorSerializer
 

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from accelerators.allocation.topology import LANE_KINDS, SELF, Link, parse_link_kind
-from accelerators.allocation.units import SizeError, format_binary_size, parse_binary_size
+from protocol.units import SizeError, format_binary_size, parse_binary_size
 from accelerators.plugins.base import DeviceInfo
 
 MOCK_PLUGIN_NAME = "ai.backend.accelerator.mock"

@@ -14,7 +14,8 @@ from django.core.validators import MinValueValidator
 from django.db import models
 
 import protocol
-from accelerators.allocation import cluster, topology, units
+from accelerators.allocation import cluster, topology
+from protocol import units
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -1,7 +1,7 @@
 """The node side: one agent per GPU node (`python manage.py agent --config agent.toml`).
 
 Flow: the manager's start message arrives on Celery queue `agent.<node>` (agent/tasks.py) →
-the Agent (agent/core.py) prepares the session (agent/environment.py: the environment contract;
+the Agent (agent/core.py) prepares the session (protocol/environment.py: the environment contract;
 agent/nvidia_smi.py: the virtual nvidia-smi; agent/mig.py: MIG instances on the node) and
 starts it through a runtime (agent/runtimes.py: the interface and the `process` runtime;
 agent/docker_runtime.py: one container per session) → the session's PTY is relayed through the

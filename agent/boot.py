@@ -38,7 +38,7 @@ def load_inventory(config: AgentConfig) -> dict:
         warnings.extend(inventory.warnings)
     attributes["fraction_enforcement"] = config.fraction_enforcement
     attributes["pulls_images"] = config.pulls_images
-    attributes["mps"] = config.mps  # sessions get the MPS limits too (agent.environment.limits_environment)
+    attributes["mps"] = config.mps  # sessions get the MPS limits too (protocol.environment.limits_environment)
     return {
         "devices": devices,
         "links": links,

@@ -70,7 +70,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accelerators.allocation.units import SizeError, parse_binary_size
+from protocol.units import SizeError, parse_binary_size
 from agent.network import OUTBOUND, network_mode
 from agent.limits import SessionLimits
 from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, RUNTIMES, cgroup_tag

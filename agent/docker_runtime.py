@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import protocol
-from accelerators.allocation.units import format_binary_size
+from protocol.units import format_binary_size
 from agent.network import OUTBOUND, NetworkError, SessionNetwork, instance_id, network_mode
 from agent.limits import SessionLimits, docker_parent_open, docker_parent_remove
 from agent.runtimes import DOCKER, SessionPaths, cgroup_tag, parent_cgroup_name

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import protocol
 from protocol.files import PROJECTS_DIR
-from accelerators.allocation.units import format_binary_size
+from protocol.units import format_binary_size
 from agent.network import installation_id
 from agent.holder import receive_fd
 from agent.limits import Hierarchies, SessionLimits, cgroup_mounts, remove_dir

@@ -30,7 +30,7 @@ import stat
 import time
 from pathlib import Path
 
-from accelerators.allocation.units import format_binary_size
+from protocol.units import format_binary_size
 from agent.limits import SessionLimits
 
 log = logging.getLogger(__name__)

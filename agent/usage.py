@@ -69,7 +69,7 @@ import os
 import time
 from pathlib import Path
 
-from accelerators.allocation.units import SizeError, parse_binary_size
+from protocol.units import SizeError, parse_binary_size
 from agent.runtimes import session_processes
 
 log = logging.getLogger(__name__)

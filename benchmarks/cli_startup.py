@@ -3,8 +3,8 @@
 
     python benchmarks/cli_startup.py [--repeat 20] [--json]
 
-Copies fgpu_cli/ (its own pyproject.toml: the standard library and websockets) to a temporary
-directory, makes a fresh virtual environment there with this interpreter, `pip install`s the
+Copies fgpu_cli/ (its own pyproject.toml: the standard library and websockets) and the protocol/
+it ships to a temporary directory, makes a fresh virtual environment there with this interpreter, `pip install`s the
 copy into it through pip's configured indexes, and lists every distribution the environment then
 holds (Django, numpy and scipy must be absent). Then it runs `fgpu --help` `--repeat` times
 (after one warm-up run) and reports the median, minimum and maximum wall time, beside the same
@@ -52,7 +52,10 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="fgpu-cli-bench-") as tmp:
         source = Path(tmp) / "fgpu_cli"
-        shutil.copytree(ROOT / "fgpu_cli", source, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+        for package in ("fgpu_cli", "protocol"):  # its pyproject.toml ships ../protocol beside it
+            shutil.copytree(
+                ROOT / package, Path(tmp) / package, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info")
+            )
         venv = Path(tmp) / "venv"
         run([sys.executable, "-m", "venv", str(venv)])
         began = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Human output: tables, sizes and fGPU amounts (written by fgpu_cli.units, as the server writes
+"""Human output: tables, sizes and fGPU amounts (written by protocol.units, as the server writes
 them), ages. Pure functions."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import re
 from datetime import datetime, timezone
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
 
-from fgpu_cli.units import amount_text, fgpu_text, format_binary_size, format_number
+from protocol.units import amount_text, fgpu_text, format_binary_size, format_number
 
 GiB = 1 << 30
 FINAL_STATUSES = ("TERMINATED", "ERROR", "CANCELLED")
@@ -47,7 +47,7 @@ def key_values(pairs: list[tuple[str, object]]) -> str:
 
 
 def size(num_bytes) -> str:
-    """Bytes → binary units (fgpu_cli.units.format_binary_size): 8589934592 → "8 GiB"; None → "-"."""
+    """Bytes → binary units (protocol.units.format_binary_size): 8589934592 → "8 GiB"; None → "-"."""
     return "-" if num_bytes is None else format_binary_size(int(num_bytes))
 
 
@@ -58,7 +58,7 @@ def gib(num_bytes) -> str:
 
 
 def amount(value, *, unit: str = "fGPU", round_length: int = 2, binary: bool = False) -> str:
-    """An amount as the slot format's number_format shows it (fgpu_cli.units.format_number, as the
+    """An amount as the slot format's number_format shows it (protocol.units.format_number, as the
     server writes it) with its unit: "1.5" → "1.50 fGPU"; None → "-"."""
     if value is None or value == "":
         return "-"
@@ -70,7 +70,7 @@ def amount(value, *, unit: str = "fGPU", round_length: int = 2, binary: bool = F
 
 
 def decimal_text(value) -> str:
-    """ "20.000" → "20", "0.500" → "0.5" (fgpu_cli.units.amount_text); None → "-"."""
+    """ "20.000" → "20", "0.500" → "0.5" (protocol.units.amount_text); None → "-"."""
     if value is None:
         return "-"
     try:
@@ -80,7 +80,7 @@ def decimal_text(value) -> str:
 
 
 def shares_text(value) -> str:
-    """fGPU shares as the server's default slot format shows them (fgpu_cli.units.fgpu_text):
+    """fGPU shares as the server's default slot format shows them (protocol.units.fgpu_text):
     "0.500" → "0.50", "0.125" → "0.125"; None → "-"."""
     if value is None:
         return "-"

@@ -21,7 +21,7 @@ from django.utils.html import format_html, format_html_join
 from accelerators.allocation.errors import AllocationError
 from accelerators.allocation.requests import parse_resources
 from accelerators.admin_display import EMPTY, BinarySizeField, size_html, when_html
-from accelerators.allocation.units import format_binary_size
+from protocol.units import format_binary_size
 from console.errors import ApplicationError
 from sessions.scheduling.fairshare import account_shares, half_life_seconds
 from sessions.policy.images import image_save, image_sessions_waiting_or_active

@@ -12,7 +12,7 @@ from django.http import Http404
 from accelerators.allocation import core
 from accelerators.allocation.mig import MigResourceRequest
 from accelerators.allocation.requests import describe_request, request_from_spec
-from accelerators.allocation.units import format_binary_size
+from protocol.units import format_binary_size
 from accelerators.models import GpuInstance, MigMode
 from accelerators.selectors import SlotFormats, slot_format_get
 from sessions.models import Allocation, ComputeSession

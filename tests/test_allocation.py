@@ -32,7 +32,7 @@ from accelerators.allocation.errors import (
     NotMultipleOfQuantum,
 )
 from accelerators.allocation.requests import parse_resources
-from accelerators.allocation.units import (
+from protocol.units import (
     SizeError,
     format_binary_size,
     format_number,

@@ -22,7 +22,7 @@ import pytest
 
 from accelerators.allocation.requests import parse_resources
 from fgpu_cli import config, main as cli
-from agent.environment import limits_environment
+from protocol.environment import limits_environment
 from fgpu_cli.formatting import age, amount, printable, size, table
 from fgpu_cli.launch import UsageError, build_body, build_resources
 from fgpu_cli.sessions import NotFound, pick

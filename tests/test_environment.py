@@ -1,11 +1,11 @@
-"""A session's environment contract and allocation document (agent/environment.py)."""
+"""A session's environment contract and allocation document (protocol/environment.py)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from agent.environment import allocation_document, session_environment, sm_percent
+from protocol.environment import allocation_document, session_environment, sm_percent
 
 GiB = 1 << 30
 UUID_0 = "GPU-00000000-0000-0000-0000-000000000000"
@@ -182,6 +182,6 @@ def test_the_allocation_document_of_a_session_without_devices_lists_none():
 
 @pytest.mark.parametrize(("shares", "shown"), [("0.5", "0.50"), ("2", "2.00"), ("0.125", "0.125"), ("1.500", "1.50")])
 def test_shares_are_shown_with_at_least_two_decimals_and_never_rounded(shares, shown):
-    from agent.environment import shares_text
+    from protocol.units import fgpu_text
 
-    assert shares_text(shares) == shown
+    assert fgpu_text(shares) == shown

@@ -102,10 +102,9 @@ def test_protocol_imports_neither_side():
 
 @pytest.mark.parametrize("package", ["sessions", "accelerators", "accounts"])
 def test_the_manager_sends_to_agents_by_task_name_only(package):
-    """The manager may read the node side's environment contract (agent.environment: what a
-    launch preview shows), never its Agent, runtimes or tasks."""
-    allowed = {"agent.environment"}
-    found = {module: sorted(n for n in names if under(n, ("agent",)) and n not in allowed)
+    """The manager imports nothing of the node side: what both read (the environment contract,
+    units) is protocol's, and it sends to agents by task name."""
+    found = {module: sorted(n for n in names if under(n, ("agent",)))
              for module, names in imports_of(package).items()}
 
     assert {m: n for m, n in found.items() if n} == {}

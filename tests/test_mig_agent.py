@@ -8,7 +8,7 @@ import pytest
 from accelerators.allocation import mig
 from accelerators.plugins import cuda, cuda_mig
 from agent import mig as runtime_mig
-from agent.environment import session_environment
+from protocol.environment import session_environment
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, FakeProcess
 
 GiB = 1 << 30

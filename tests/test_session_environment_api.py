@@ -1,5 +1,5 @@
 """The session API's `environment` (issue 19.3): the variables a session's allocation puts into
-its environment, by the agent's own rule (agent.environment.limits_environment), so `fgpu
+its environment, by the agent's own rule (protocol.environment.limits_environment), so `fgpu
 describe` prints it instead of computing a copy. The database is real; the agent is the
 recording stand-in of tests/test_reconcile.py."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from accelerators.models import Node
-from agent.environment import session_environment
+from protocol.environment import session_environment
 from sessions.lifecycle import services
 from sessions.admission import launch as admission
 from sessions.models import ComputeSession, SessionStatus

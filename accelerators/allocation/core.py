@@ -24,7 +24,7 @@ from accelerators.allocation.errors import (
     NotMultipleOfQuantum,
 )
 from accelerators.allocation.packing import PackingPlan, plan_ranks
-from accelerators.allocation.units import amount_text, format_binary_size
+from protocol.units import amount_text, format_binary_size
 
 CENT = Decimal("0.01")
 ZERO = Decimal(0)

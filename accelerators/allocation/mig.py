@@ -47,7 +47,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 
 from accelerators.allocation.core import ResourceRequest
 from accelerators.allocation.errors import InsufficientResource, InvalidResourceRequest, NeverSchedulable
-from accelerators.allocation.units import format_binary_size
+from protocol.units import format_binary_size
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -29,7 +29,7 @@ from accelerators.allocation import cluster
 from accelerators.allocation.core import ZERO, MemorySpec, ResourceRequest
 from accelerators.allocation.mig import PROFILE_NAME, MigResourceRequest
 from accelerators.allocation.errors import InvalidResourceRequest
-from accelerators.allocation.units import SizeError, amount_text, parse_binary_size, parse_decimal
+from protocol.units import SizeError, amount_text, parse_binary_size, parse_decimal
 
 DEFAULT_CPU = 1
 DEFAULT_MEM = 1 << 30  # 1 GiB
@@ -293,7 +293,7 @@ def _percent(value: object, key: str, *, allow_zero: bool = True) -> Decimal:
 
 
 def _size(value: object, key: str, *, bare_unit: int = 1) -> int:
-    """A size (at most units.MAX_SIZE, 1 EiB); a bare whole number counts in `bare_unit` bytes
+    """A size (at most protocol.units.MAX_SIZE, 1 EiB); a bare whole number counts in `bare_unit` bytes
     (MiB for HAMi's gpumem)."""
     bare = bare_unit != 1 and (
         isinstance(value, int) and not isinstance(value, bool) or isinstance(value, str) and value.strip().isdigit()

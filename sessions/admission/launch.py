@@ -12,7 +12,7 @@ from accelerators.allocation import core
 from accelerators.allocation.requests import request_to_spec
 from accelerators.models import AllocationMode, Device
 from accelerators.selectors import fractional_settings_get, node_states, resource_group_get, slot_format_get
-from accelerators.allocation.units import format_binary_size
+from protocol.units import format_binary_size
 from sessions.scheduling import mig as mig_scheduling
 from sessions.policy.images import image_for_launch
 from sessions.policy.quotas import claim_max_amount, quota_headroom
@@ -23,7 +23,8 @@ from sessions.models import ComputeSession
 from sessions.selectors import request_configuration
 from sessions.scheduling.backfill import PreviewView
 from sessions.scheduling.placement import CAPACITY, NEVER, PLACED, WAITING, placement_decide, request_validate
-from agent.environment import shares_text, sm_percent
+from protocol.environment import sm_percent
+from protocol.units import fgpu_text as shares_text
 
 
 MIG_SLOT_NAME = "cuda"  # the slot whose GPUs MIG splits (sessions.scheduling.mig places on it)

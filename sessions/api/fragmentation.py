@@ -17,7 +17,7 @@ from rest_framework.decorators import api_view
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
-from accelerators.allocation.units import amount_text
+from protocol.units import amount_text
 from accelerators.models import Node, NodeStatus, ResourceGroup
 from accelerators.selectors import DEFAULT_GROUP
 from console.api_support import ErrorSerializer

@@ -12,7 +12,7 @@ from rest_framework import serializers, viewsets
 
 from accelerators.allocation.errors import AllocationError
 from accelerators.allocation.requests import parse_resources
-from accelerators.allocation.units import SizeError, parse_binary_size
+from protocol.units import SizeError, parse_binary_size
 from accelerators.models import ResourceGroup
 from console.api_support import ETagMixin, IsAdminOrReadOnly, admin_write_docs
 from sessions.models import ResourcePreset, SessionImage

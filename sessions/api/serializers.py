@@ -10,7 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from accelerators.selectors import SlotFormats
-from agent.environment import limits_environment
+from protocol.environment import limits_environment
 from console.api_support import ModelSerializer
 from protocol.channel import PREEMPT_SIGNALS, preempt_signal_name
 from sessions.models import Allocation, ComputeSession
@@ -159,7 +159,7 @@ class SessionSerializer(ModelSerializer):
     @extend_schema_field(serializers.DictField(child=serializers.CharField()))
     def get_environment(self, session) -> dict[str, str]:
         """The variables its allocation puts into the session's environment, as its agent sets them
-        (agent.environment.limits_environment: CUDA_VISIBLE_DEVICES, CUDA_DEVICE_MEMORY_LIMIT_<i>,
+        (protocol.environment.limits_environment: CUDA_VISIBLE_DEVICES, CUDA_DEVICE_MEMORY_LIMIT_<i>,
         CUDA_DEVICE_SM_LIMIT, eGPU's, MPS's where the node runs MPS); an ended session's as it had
         them; {} until placed."""
         if session.node is None:

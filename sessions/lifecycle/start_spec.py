@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from accelerators.allocation.units import amount_text
+from protocol.units import amount_text
 from accelerators.models import Device, GpuInstance
 from protocol.messages import HardwareId, MigBlock, MigPlacement, ProjectRef, RowId, SessionId, StartDevice, StartSpec, UserId
 from sessions.models import Allocation, ComputeSession, Project

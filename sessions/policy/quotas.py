@@ -31,7 +31,7 @@ from django.db import transaction
 from django.db.models import Count, Q, Sum
 
 from accelerators.allocation.core import ResourceRequest
-from accelerators.allocation.units import fgpu_text, format_binary_size
+from protocol.units import fgpu_text, format_binary_size
 from accelerators.models import FractionalSettings
 from console.errors import ApplicationError
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, Quota, SessionStatus

@@ -49,7 +49,7 @@ from django.utils import timezone
 from accelerators.allocation import mig
 from accelerators.allocation.errors import AllocationError, InsufficientResource, InvalidResourceRequest, NeverSchedulable
 from accelerators.allocation.mig import MigResourceRequest
-from accelerators.allocation.units import format_binary_size
+from protocol.units import format_binary_size
 from accelerators.mig_selectors import device_mig_catalog, gpu_instance_holds
 from accelerators.models import Device, GpuInstance, MigMode, Node, NodeStatus
 from accelerators.selectors import node_runs_image, nodes_with_usage, resource_group_get

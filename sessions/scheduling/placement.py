@@ -27,7 +27,7 @@ from accelerators.allocation import cluster, core
 from accelerators.allocation.errors import AllocationError, InsufficientResource, InvalidResourceRequest, NeverSchedulable
 from accelerators.allocation.reservation import Reservations
 from accelerators.allocation.requests import parse_resources
-from accelerators.allocation.units import amount_text
+from protocol.units import amount_text
 from accelerators.models import AllocationMode
 from accelerators.selectors import (
     fractional_settings_get,

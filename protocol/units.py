@@ -1,4 +1,10 @@
-"""Units: binary sizes and the slot formats' number formatting. Pure Python, no Django.
+"""Units: binary sizes, decimal amounts and the slot formats' number formatting, once for the
+console, the agent and the command line alike (the server's slot formats and messages, the
+agent's allocation document and `fgpu`'s tables all call these). Pure Python, standard library
+only: `fgpu` ships this package with itself (fgpu_cli/pyproject.toml), so the CLI installs
+without the server.
+
+Every formatter truncates (ROUND_DOWN): an amount or a size is never shown larger than it is.
 
 `parse_binary_size` follows Backend.AI's `BinarySize.from_str`: suffixes are binary whatever
 their spelling (`4G`, `4g`, `4GB`, `4GiB` are all 4 × 2^30 bytes), a fraction needs a suffix
@@ -15,13 +21,53 @@ from __future__ import annotations
 import re
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
 
-# How amounts and sizes are written: one formatter of each for the server, the agent and `fgpu`.
-from fgpu_cli.units import (  # re-exported: the explicit `x as x` form (mypy --strict's no_implicit_reexport)
-    amount_text as amount_text,
-    fgpu_text as fgpu_text,
-    format_binary_size as format_binary_size,
-    format_number as format_number,
-)
+BINARY_NAMES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+DECIMAL_NAMES = ("", "k", "M", "G", "T", "P", "E")
+CENT = Decimal("0.01")
+
+
+def format_binary_size(size: int) -> str:
+    """Bytes → the shortest exact-enough binary text, two decimals at most: 2147483648 →
+    "2 GiB", 1536 MiB → "1.5 GiB", 512 → "512 B"."""
+    value = Decimal(int(size))
+    power = 0
+    while abs(value) >= 1024 and power < len(BINARY_NAMES) - 1:
+        value /= 1024
+        power += 1
+    text = f"{value.quantize(CENT, rounding=ROUND_DOWN):f}".rstrip("0").rstrip(".")
+    return f"{text} {BINARY_NAMES[power]}B"
+
+
+def format_number(amount: Decimal | str | int, *, binary: bool, round_length: int) -> str:
+    """A slot format's `number_format` (DESIGN.md): `binary` → 2^(10n) suffixes (Ki, Mi, Gi)
+    instead of 10^(3n) (k, M, G) once the amount reaches the base; `round_length` → fixed-point
+    digits (0: integer). Decimal("1.5"), round_length 2 → "1.50"."""
+    value = Decimal(amount)
+    base = Decimal(1024 if binary else 1000)
+    names = BINARY_NAMES if binary else DECIMAL_NAMES
+    power = 0
+    while abs(value) >= base and power < len(names) - 1:
+        value /= base
+        power += 1
+    step = Decimal(1).scaleb(-round_length) if round_length > 0 else Decimal(1)
+    return f"{value.quantize(step, rounding=ROUND_DOWN):f}{names[power]}"
+
+
+def amount_text(amount: Decimal | str | int) -> str:
+    """A Decimal without trailing zeros or exponent, for messages: Decimal("1.000") → "1",
+    Decimal("0.500") → "0.5", Decimal("100") → "100"."""
+    return format(Decimal(amount).normalize(), "f")
+
+
+def fgpu_text(amount: Decimal | str | int) -> str:
+    """fGPU as the default slot format shows it, two decimals, more only where the amount has
+    them: "0.5" → "0.50", "0.125" → "0.125", "2" → "2.00"."""
+    value = Decimal(amount)
+    cents = value.quantize(CENT, rounding=ROUND_DOWN)
+    return f"{cents:f}" if cents == value else amount_text(value)
+
+
+# --- parsing --------------------------------------------------------------------------------------
 
 MAX_SIZE = 1 << 60  # 1 EiB: far above any machine's memory, far below a BigIntegerField's 2^63 - 1
 MAX_DECIMAL = 10**9  # amounts are stored with 9 digits before the point (max_digits 12, decimal_places 3)

@@ -1,4 +1,7 @@
-"""The environment contract of a session (DESIGN.md) and its allocation document. Pure.
+"""The environment contract of a session (DESIGN.md) and its allocation document: what the
+agent puts into a session's environment and what the manager shows of it (the session API's
+`environment`, the launch preview's SM percentages), so both sides compute it with one function.
+Pure: the standard library and protocol.units only.
 
 Variable names come from the systems that read them: `CUDA_VISIBLE_DEVICES` /
 `NVIDIA_VISIBLE_DEVICES` (CUDA, NVIDIA container runtime), `CUDA_DEVICE_MEMORY_LIMIT_<i>` and
@@ -10,13 +13,14 @@ Variable names come from the systems that read them: `CUDA_VISIBLE_DEVICES` /
 from __future__ import annotations
 
 from decimal import ROUND_DOWN, Decimal
+from typing import Any
 
-from accelerators.allocation.units import fgpu_text as shares_text  # noqa: F401 (the one fGPU formatter)
+from protocol.units import fgpu_text
 
 MiB = 1 << 20
 
 
-def sm_percent(device: dict) -> int:
+def sm_percent(device: dict[str, Any]) -> int:
     """Granted SMs as a whole percentage of the device's SMs (truncated, at least 1 when any
     SM was granted). 0 means no compute limit (a per-device request with no core share),
     as HAMi-core's CUDA_DEVICE_SM_LIMIT reads it; 100 likewise means none."""
@@ -28,7 +32,7 @@ def sm_percent(device: dict) -> int:
     return max(1, min(100, int(share.to_integral_value(rounding=ROUND_DOWN))))
 
 
-def allocation_document(spec: dict, *, node: str, mock: bool, attributes: dict) -> dict:
+def allocation_document(spec: dict[str, Any], *, node: str, mock: bool, attributes: dict[str, Any]) -> dict[str, Any]:
     """The JSON the virtual nvidia-smi reads (`FGPU_ALLOCATION`): devices numbered as the
     session sees them (0..n-1), memory in bytes."""
     return {
@@ -47,7 +51,7 @@ def allocation_document(spec: dict, *, node: str, mock: bool, attributes: dict) 
                 "model_name": d["model_name"],
                 "memory_limit": d["memory_limit"],
                 "memory_total": d["memory_total"],
-                "shares": shares_text(d["shares"]),
+                "shares": fgpu_text(d["shares"]),
                 "procs": d["procs"],
                 "subproc_count": d["subproc_count"],
                 "sm_limit_percent": sm_percent(d),
@@ -61,7 +65,7 @@ def allocation_document(spec: dict, *, node: str, mock: bool, attributes: dict) 
 
 
 def session_environment(
-    spec: dict, *, allocation_path: str, bin_dir: str, work_dir: str, base_path: str, mps: bool = False
+    spec: dict[str, Any], *, allocation_path: str, bin_dir: str, work_dir: str, base_path: str, mps: bool = False
 ) -> dict[str, str]:
     """The variables of the contract for `spec` (the scheduler's start spec): the session's own
     (PATH, HOME, FGPU_*) and `limits_environment` of its devices."""
@@ -77,7 +81,7 @@ def session_environment(
     }
 
 
-def limits_environment(devices: list[dict], *, mps: bool = False) -> dict[str, str]:
+def limits_environment(devices: list[dict[str, Any]], *, mps: bool = False) -> dict[str, str]:
     """What a session's devices put into its environment: the devices granted and their limits
     (DESIGN.md, "Environment contract"). `devices`: the start spec's, in the order the session
     numbers them, each `{"device_id", "memory_limit": bytes, "procs": SMs, "subproc_count"}`;
