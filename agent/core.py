@@ -27,10 +27,8 @@ The agent never opens the database.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import shutil
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,9 +43,9 @@ from protocol.exec_store import exec_store_for
 from agent import exec_stream
 from agent.direct import DirectServer, DirectStream
 from agent import files as session_files
+from agent import lifecycle
 from agent import mig as mig_runtime
 from agent import session_exec
-from protocol.environment import allocation_document, session_environment
 from agent.log_shipper import LogLimits, SessionLog
 from agent.manager_link import ManagerLink, service_ports_keyword
 from agent.terminal_pipe import FlowLimits, OutputCap, TerminalPipe
@@ -75,16 +73,14 @@ from agent.terminal_pipe import READER_STALL_S as READER_STALL_S
 from agent.terminal_pipe import READER_WINDOW_CHARS as READER_WINDOW_CHARS
 from agent.terminal_pipe import READER_WINDOW_FRAMES as READER_WINDOW_FRAMES
 from agent.terminal_pipe import SCROLLBACK_BYTES as SCROLLBACK_BYTES
+from agent.lifecycle import KILL_GRACE_S as KILL_GRACE_S
+from agent.lifecycle import KILL_WAIT_S as KILL_WAIT_S
+from agent.lifecycle import RESIGNAL_S as RESIGNAL_S
+from agent.lifecycle import outlives_agent as outlives_agent
+from agent.lifecycle import sweep_scratch as sweep_scratch
 
 log = logging.getLogger(__name__)
 
-KILL_GRACE_S = 3.0
-# Within the grace, SIGHUP again after this many seconds, then after twice as long each time: an
-# interactive bash that takes the first while it starts up (its handler installed, its readline
-# loop not yet entered) notes it and then waits at its prompt (seen on about 1 stop in 100 made
-# within 30 ms of the launch: benchmarks/launch.py); the next SIGHUP ends it.
-RESIGNAL_S = 0.05
-KILL_WAIT_S = 2.0  # after SIGKILL, how long TERMINATED waits for the session's processes to be gone
 # Thread pools, each bounded and separate, so that no kind of work waits behind another: blocking
 # session work (spawning, signalling, /proc scans, files, NVML), reports and log batches to the
 # manager, blocking execs (each holds a thread up to its timeout), and the heartbeat (one thread
@@ -623,49 +619,26 @@ class Agent:
             running.pidfd = -1
 
     def _spawn(self, start: StartSpec) -> RunningSession:
-        """Work dir, allocation document, virtual nvidia-smi, then the session's process through
-        the runtime (its own process session, or its own container). Blocking; runs in a thread."""
-        # a MIG instance to create or reuse (issue 4): its device entry read back through the decoder
-        start = StartSpec.decode(mig_runtime.prepare_spec(self.mig, start.encode()))
-        spec = start.encode()  # what the environment and the runtime read, with the node's folders below
-        session_id = start.session_id
-        work_dir = self.scratch_root / session_id
-        bin_dir = work_dir / ".fgpu" / "bin"
-        bin_dir.mkdir(parents=True, exist_ok=True)
-        document = allocation_document(spec, node=self.node, mock=self.mock, attributes=self.inventory.get("attributes", {}))
-        (work_dir / ".fgpu" / "allocation.json").write_text(json.dumps(document, indent=2))
-        self.runtime.install_tools(bin_dir)
-        folder = session_files.data_folder(self.data_root, start.owner_id)  # the owner's persistent folder
-        projects = session_files.project_folders(self.data_root, spec["projects"])  # and their projects'
-        session_files.link_data(
-            work_dir=work_dir, folder=folder, link=isinstance(self.runtime, ProcessRuntime), projects=projects
-        )
-        spec = {
-            **spec,
-            "data_dir": str(folder) if folder is not None else "",  # the docker runtime mounts them
-            "project_dirs": {name: str(p) for name, p in projects.items()},
-        }  # at ~/data, ~/projects/<name>
-        inside = self.runtime.paths(work_dir)  # where the session sees these files
-        env = session_environment(
-            spec,
-            allocation_path=inside.allocation,
-            bin_dir=inside.bin_dir,
-            work_dir=inside.home,
-            base_path=self.runtime.base_path(),
+        """The session's spawn, stage by stage (agent.lifecycle.spawn: MIG, working directory,
+        allocation document, tools, folders, environment, command, process). Blocking; runs in a thread."""
+        node = lifecycle.Node(
+            name=self.node,
+            scratch_root=self.scratch_root,
+            data_root=self.data_root,
+            runtime=self.runtime,
+            mig=self.mig,
+            mock=self.mock,
             mps=self.mps,
+            attributes=self.inventory.get("attributes", {}),
         )
-        env["PS1"] = f"{start.owner}@{start.name}:\\w\\$ "
-        shell = start.shell or self.runtime.shell()  # the session image's shell, where it names one
-        argv = (
-            [shell, "-c", start.command]
-            if start.command
-            else ([shell, "--noprofile", "--norc", "-i"] if shell.endswith("bash") else [shell, "-i"])
-        )
-        handle = self.runtime.spawn(
-            spec=spec, argv=argv, env=env, work_dir=work_dir, progress=partial(self._progress_from_thread, session_id)
-        )
+        spawned = lifecycle.spawn(node, start, progress=partial(self._progress_from_thread, start.session_id))
         return RunningSession(
-            session_id=session_id, process=handle, work_dir=work_dir, env=env, data_dir=folder, project_dirs=projects
+            session_id=start.session_id,
+            process=spawned.handle,
+            work_dir=spawned.work_dir,
+            env=spawned.env,
+            data_dir=spawned.data_dir,
+            project_dirs=spawned.project_dirs,
         )
 
     def _progress_from_thread(self, session_id: str, text: str) -> None:
@@ -697,12 +670,13 @@ class Agent:
         try:
             # The session ends with its shell: background jobs (own process groups, nohup'd,
             # setsid'd) must not outlive the allocation that is about to be released.
-            code, left = await self._on_process(running, _reap_and_kill, running.process)
+            code, left = await self._on_process(running, lifecycle.reap_and_kill, running.process)
             if left:
                 # A signal takes effect when its process next runs: report TERMINATED once none
                 # is left (zombies hold nothing), so the slice is free when the manager releases
                 # it.
-                await self._wait_gone(running, deadline=self.loop.time() + KILL_WAIT_S)
+                alive = partial(self._in, self._work, running.process.alive)
+                await lifecycle.wait_gone(running.process, deadline=self.loop.time() + KILL_WAIT_S, alive=alive)
             # Let the PTY drain what the process wrote last (a background child may keep it
             # open: then give up after a second), then close it.
             try:
@@ -724,7 +698,7 @@ class Agent:
             code = await self._in(self._work, running.process.wait)
         self.sessions.pop(running.session_id, None)
         SessionApps.close_relays(running)
-        exit_code = code if code >= 0 else 128 - code  # killed by signal N → 128+N, as shells report it
+        exit_code = lifecycle.exit_code_of(code)  # killed by signal N → 128+N, as shells report it
         reason = (
             reason or running.stopping or running.process.end_reason(exit_code) or f"the process exited with code {exit_code}"
         )
@@ -748,40 +722,6 @@ class Agent:
                 await running.log.close()
             except Exception:
                 log.exception("agent %s: shipping the last output of %s failed", self.node, running.session_id)
-
-    async def _wait_gone(self, running: RunningSession, *, deadline: float) -> None:
-        """Until no process of the session is left, or the loop's clock passes `deadline`: woken
-        by its cgroup's events where it has a cgroup (the kernel says when its last process
-        exited; it notifies a cgroup.events file at most every 10 ms, so a session ending within
-        10 ms of its last change may wait up to that), else polled every 5 ms at first, then
-        less often."""
-        watch = getattr(running.process, "watch", lambda: None)()  # a docker session has none
-        if watch is None:
-            pause = 0.005
-            while self.loop.time() < deadline and await self._in(self._work, running.process.alive):
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 0.1)
-            return
-        changed = asyncio.Event()
-
-        def on_change() -> None:
-            watch.clear()
-            changed.set()
-
-        self.loop.add_reader(watch.fd, on_change)
-        try:
-            while watch.populated():  # read after arming: an exit in between still wakes us
-                remaining = deadline - self.loop.time()
-                if remaining <= 0:
-                    return
-                try:
-                    await asyncio.wait_for(changed.wait(), timeout=remaining)
-                except TimeoutError:
-                    return
-                changed.clear()
-        finally:
-            self.loop.remove_reader(watch.fd)
-            watch.close()
 
     async def _exit_frame(self, running: RunningSession, exit_code: int) -> None:
         """Tell the session's terminals it ended (`terminal.exit`) and leave its PTY group."""
@@ -809,21 +749,9 @@ class Agent:
         running.stopping = reason
         if running.execs:
             await self._in(self._work, session_exec.kill_execs, running.process, running.execs)
-        # Every process of the session, every group: SIGHUP ends an interactive shell (which
-        # ignores SIGTERM), SIGTERM what ignores SIGHUP (nohup).
-        await self._on_process(running, running.process.signal_all, signal.SIGHUP, signal.SIGTERM)
-        deadline, pause = self.loop.time() + KILL_GRACE_S, RESIGNAL_S
-        while not running.exit_event.is_set():
-            remaining = deadline - self.loop.time()
-            if remaining <= 0:  # the leader did not end in time (once it has, _wait_exit kills the rest)
-                await self._on_process(running, running.process.kill_all)
-                break
-            try:
-                await asyncio.wait_for(running.exit_event.wait(), timeout=min(pause, remaining))
-            except TimeoutError:
-                if self.loop.time() < deadline:
-                    await self._on_process(running, running.process.signal_all, signal.SIGHUP)
-                pause *= 2
+        await lifecycle.signal_until_exit(
+            running.process, running.exit_event, partial(self._on_process, running), grace_s=KILL_GRACE_S, resignal_s=RESIGNAL_S
+        )
         if running.exited is not None:
             await asyncio.shield(running.exited)  # returns once TERMINATED has been reported
 
@@ -990,37 +918,3 @@ class Agent:
             self.apps.handle(running, command)
         elif isinstance(command, dict) and command["type"] == protocol_files.FILES:  # the session's files (agent.files)
             self.files.handle(running, command)
-
-
-def _reap_and_kill(process) -> tuple[int, int]:
-    """Blocking, in one hop to a worker thread: the exited leader's status (`process.wait`) and
-    how many processes of its session were left and got SIGKILL (`process.kill_all`)."""
-    return process.wait(), process.kill_all()
-
-
-def outlives_agent(process) -> bool:
-    """Whether a session's process (a runtime's handle) runs on when its agent exits, for the next
-    start to adopt: a held process-runtime session (agent.holder) or a docker container."""
-    return bool(getattr(process, "outlives_agent", False))
-
-
-def sweep_scratch(scratch_root: Path, *, keep: set[str], older_than_s: float) -> int:
-    """Remove the working directories under `scratch_root` of sessions not in `keep` that were
-    last changed more than `older_than_s` seconds ago (the agent touches one when its session
-    ends); never the agent's own entries, whose names start with a dot (the process runtime's
-    `.holders`: its held sessions' sockets and records, which the next start adopts them by).
-    Returns how many were removed."""
-    horizon, removed = time.time() - older_than_s, 0
-    try:
-        entries = list(os.scandir(scratch_root))
-    except FileNotFoundError:
-        return 0
-    for entry in entries:
-        try:
-            stale = entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < horizon
-        except OSError:
-            continue
-        if stale and entry.name not in keep and not entry.name.startswith("."):
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed += 1
-    return removed
