@@ -15,7 +15,9 @@ Needs only the standard library (it runs before any virtualenv exists). Each ste
 5. how long after the first spawn JupyterLab's background install finished (its stamp
    `.venv/.installed-jupyter`), waited for at most --jupyter-timeout seconds.
 
-Prints each figure in seconds, the 1-minute load average at each start, and one JSON line. The
+Prints each figure in seconds, the 1-minute load average at each start, the CPU seconds each run
+had used when its page answered (`Run.cpu_s`: on a shared machine, read the wall times against
+them), and one JSON line. The
 console's environment is this one's without DATABASE_URL, REDIS_URL and FGPU_* (a newcomer's
 shell), with FGPU_ADMIN_PASSWORD set. Every process it started is stopped at the end, and DEST is
 removed unless --keep. Exits 1 when a target is missed or a page never answers.
@@ -109,6 +111,22 @@ class Run:
             time.sleep(POLL_S)
         raise RuntimeError(f"{url} did not answer within {timeout_s} s:\n{self.tail()}")
 
+    def cpu_s(self) -> float:
+        """CPU seconds used so far by this run's process group (make, the venv's creation, pip and
+        the console: each live process's own and its reaped children's, /proc/<pid>/stat), less the
+        background install of JupyterLab (nice 19, left out). What a busy machine stretches far
+        less than the wall time: about the wall time an idle one would take, but for pip's waits
+        on the network."""
+        total = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == self.proc.pid and int(fields[16]) < 19:  # its process group, not the niced install
+                total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+        return round(total / os.sysconf("SC_CLK_TCK"), 2)
+
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
@@ -155,12 +173,14 @@ def main() -> int:
         runs.append(first)
         result["first_page_s"] = first.wait_page(url, args.timeout)
         result["first_load"] = first.load
+        result["first_cpu_s"] = first.cpu_s()
         first.stop()
 
         restart = Run(dest, port, env, logs / "restart.log")
         runs.append(restart)
         result["restart_s"] = restart.wait_page(url, args.timeout)
         result["restart_load"] = restart.load
+        result["restart_cpu_s"] = restart.cpu_s()
         result["restart_installed_again"] = INSTALL_LINE in restart.output()
         restart.stop()
 
@@ -184,6 +204,7 @@ def main() -> int:
         f"restart (same tree):      {restart_s:.2f} s  (target {RESTART_TARGET_S:.0f} s; load {result['restart_load']}; ", end=""
     )
     print(f"installed again: {again})")
+    print(f"CPU seconds by then:      first {result['first_cpu_s']}, restart {result['restart_cpu_s']}")
     print(f"JupyterLab installed:     {result['jupyterlab_installed_s']} s after the first spawn (in the background)")
     for line in jupyter_lines:
         print(f"  make run said: {line}")
