@@ -14,6 +14,10 @@ screen cannot drift apart unnoticed):
 6. admin → Compute sessions → Fragmentation maps: the demo's resource group "default";
 7. Terminate from the terminal page: "Session ended: terminated by you".
 
+and its "MIG, and whole GPUs" paragraph: with the agents `make run DEMO=full` passes (the
+Makefile's DEMO_AGENTS), the launch dialog's MIG tab lists demo-mig-node's profiles at once (no
+visit to the admin), a MIG session starts on it, and both nodes are in the group "default".
+
 Screenshots (readme-walkthrough-*.png) go to $FGPU_SCREENSHOT_DIR, else <repo>/screenshots/."""
 
 from __future__ import annotations
@@ -50,10 +54,20 @@ def readme_url(section: str, port: int) -> str:
     return found.group(0).replace("$PORT", str(port))
 
 
-@pytest.fixture
-def readme_console(procs, tmp_path):
-    """`manage.py standalone` as `make run` starts it, on a free port other than 8000 (the
-    process runtime: the walkthrough's host view lists a process of this machine)."""
+def demo_agents(demo: str) -> str | None:
+    """The FGPU_AGENT_CONFIG `make run DEMO=<demo>` passes (the Makefile's DEMO_AGENTS), None for
+    the default demo."""
+    if not demo:
+        return None
+    makefile = (ROOT / "Makefile").read_text()
+    assert f"$(filter {demo},$(DEMO))" in makefile, f"the Makefile has no DEMO={demo}"
+    agents = re.search(r"^DEMO_AGENTS = (\S+)$", makefile, re.MULTILINE).group(1)
+    return ",".join(str(ROOT / path) for path in agents.split(","))
+
+
+def start_console(procs, tmp_path, demo: str = "") -> int:
+    """`manage.py standalone` as `make run [DEMO=demo]` starts it, on a free port other than 8000
+    (the process runtime: the walkthrough's host view lists a process of this machine)."""
     port = free_port()
     while port in (8000, 8001):
         port = free_port()
@@ -61,6 +75,8 @@ def readme_console(procs, tmp_path):
     env.update(FGPU_DATA_DIR=str(tmp_path / "data"), FGPU_ADMIN_PASSWORD=ADMIN_PASSWORD, PORT=str(port),
                PYTHONUNBUFFERED="1", FGPU_RUNTIME="process")
     env.pop("FGPU_AGENT_CONFIG", None)
+    if demo_agents(demo):
+        env["FGPU_AGENT_CONFIG"] = demo_agents(demo)
     server = procs.start("standalone", [sys.executable, "manage.py", "standalone"], env)
 
     def ready():
@@ -69,6 +85,11 @@ def readme_console(procs, tmp_path):
 
     wait_until(ready, timeout=90, interval=0.2, what="the standalone console to serve /login/")
     return port
+
+
+@pytest.fixture
+def readme_console(procs, tmp_path):
+    return start_console(procs, tmp_path)
 
 
 # The row's status badge, each text it takes, recorded in the page (a MutationObserver), so that a
@@ -192,3 +213,49 @@ def test_the_readme_walkthrough_on_a_port_other_than_8000(readme_console, page):
     page.screenshot(path=str(shots / "readme-walkthrough-ended.png"), animations="disabled")
     # No script failed (a missing resource, such as the admin's favicon, is not the walkthrough's).
     assert [e for e in page.js_errors if "Failed to load resource" not in e] == [], page.js_errors
+
+
+def test_the_full_demo_offers_mig_at_once_and_groups_both_nodes(procs, tmp_path, page):  # noqa: F811
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=TIMEOUT_MS)
+    assert "`make run DEMO=full` adds the demo's second node, `demo-mig-node`" in walkthrough()
+    port = start_console(procs, tmp_path, demo="full")
+    base = f"http://127.0.0.1:{port}"
+    page.goto(base + "/login/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", ADMIN_PASSWORD)
+    page.click("#login-submit")
+    expect(page).to_have_url(base + "/sessions/")
+
+    # The MIG tab: demo-mig-node's profiles with what is free, without a visit to the admin.
+    page.click("#start-session")
+    expect(page.locator("#options-status")).to_have_text("")
+    page.click("#tab-mig")
+    expect(page.locator("#panel-mig")).to_be_visible()
+    small = page.locator('.mig-profile:has(input[value="1g.10gb"])')
+    expect(small.locator(".mig-avail")).to_have_text("7 free now")
+    expect(page.locator('.mig-profile:has(input[value="7g.80gb"])')).to_be_visible()
+    small.click()
+    expect(page.locator("#preview-line")).to_have_text("starts now on demo-mig-node")
+    page.locator("#launch-dialog").screenshot(path=str(screenshot_dir() / "readme-walkthrough-mig-tab.png"),
+                                              animations="disabled")
+    with page.expect_response(lambda r: r.url.endswith("/api/v1/sessions/") and r.request.method == "POST") as info:
+        page.click("#launch-submit")
+    created = info.value.json()
+    assert info.value.status == 201, created
+    row = page.locator(f'#sessions-table tr[data-session-id="{created["id"]}"]')
+    expect(row.locator("td.status")).to_have_text("RUNNING")
+    expect(row.locator("td.configuration")).to_contain_text("MIG 1g.10gb")
+
+    # Both nodes are in the group "default": its fragmentation map names them.
+    answer = page.request.get(base + "/api/v1/nodes/")
+    nodes = answer.json()
+    nodes = nodes.get("results", nodes) if isinstance(nodes, dict) else nodes
+    assert {(n["name"], n["resource_group"]) for n in nodes} == {("demo-node", "default"), ("demo-mig-node", "default")}
+    page.goto(base + "/admin/compute_sessions/fragmentationmap/")
+    page.locator("#result_list").get_by_role("link", name=re.compile("free fGPU")).first.click()
+    expect(page.locator("#content")).to_contain_text("demo-node")
+    expect(page.locator("#content")).to_contain_text("demo-mig-node")
+    page.screenshot(path=str(screenshot_dir() / "readme-walkthrough-full-fragmentation.png"), animations="disabled",
+                    full_page=True)
