@@ -41,6 +41,7 @@ from django.db import connection
 
 import protocol
 from accelerators.allocation import core, topology
+from accelerators.live_usage import device_state, devices_with_usage, nodes_with_usage
 from accelerators.mig_selectors import mig_exclusion
 from accelerators.models import Device, DeviceLink, Node, NodeStatus, ResourceGroup
 
@@ -142,8 +143,8 @@ class ClusterView:
             fresh = [(i, node, txid) for i, node, txid in changes if i not in self.seen]
             if any(node is None for _, node, _ in fresh):  # a resource group changed: weights of many nodes
                 return self._read_all(now)
-            mine = {str(node) for _, node, txid in fresh if own is not None and txid == own}
-            theirs = {str(node) for _, node, txid in fresh if own is None or txid != own}
+            mine = {node for _, node, txid in fresh if node is not None and own is not None and txid == own}
+            theirs = {node for _, node, txid in fresh if node is not None and (own is None or txid != own)}
             for i, _, txid in fresh:
                 if own is None or txid != own:
                     self.seen[i] = txid
@@ -165,15 +166,16 @@ class ClusterView:
 
     def _read_all(self, now: float) -> Snapshot:
         xmin, own, changes = _changes_since(None)
-        mine = {str(node) for _, node, txid in changes if own is not None and txid == own}
+        mine = {node for _, node, txid in changes if own is not None and txid == own}
         if None in mine:  # a resource group changed in this very transaction: read for this caller only
             return Snapshot(entries=_read_nodes(None), version=-1, overlay=True)
         read = _read_nodes(None)
         self.entries = {pk: e for pk, e in read.items() if pk not in mine}
+        mine_nodes = {pk for pk in mine if pk is not None}
         self.version += 1
         self.reads += 1
         self.seen = {i: txid for i, _, txid in changes if (own is None or txid != own) and txid >= xmin}
-        self.horizon, self.read_at, self.suspect = xmin, now, set(mine)
+        self.horizon, self.read_at, self.suspect = xmin, now, mine_nodes
         if not mine:
             return Snapshot(entries=self.entries, version=self.version)
         return Snapshot(entries=read, version=-1, overlay=True)
@@ -227,8 +229,6 @@ def _changes_since(horizon: int | None) -> tuple[int, int | None, list[tuple[int
 
 def _read_nodes(pks: Iterable[str] | None) -> dict[str, NodeEntry]:
     """{node pk: NodeEntry} for `pks` (None: every node) from the database: three queries."""
-    from accelerators.selectors import device_state, devices_with_usage, nodes_with_usage
-
     nodes = Node.objects.all() if pks is None else Node.objects.filter(pk__in=list(pks))
     rows = list(nodes_with_usage(nodes).select_related("resource_group"))
     devices = Device.objects.filter(is_mig_device=False).exclude(mig_exclusion())

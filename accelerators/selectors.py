@@ -6,11 +6,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 
-from django.db.models import Count, Q, Sum
+from django.db import connection
+from django.db.models import Q
 
 import protocol
 from accelerators.allocation import cluster, core, topology
 from accelerators.allocation.errors import InvalidResourceRequest
+from accelerators.live_usage import device_state, devices_with_usage, nodes_with_usage
 from accelerators.mig_selectors import mig_exclusion
 from accelerators.models import (
     AllocationMode,
@@ -24,8 +26,6 @@ from accelerators.models import (
     ResourceGroup,
     SlotFormat,
 )
-
-_LIVE = Q(allocations__released_at__isnull=True)
 
 
 @dataclass(frozen=True)
@@ -73,38 +73,6 @@ class SlotFormats:
         if self._rows is None:
             self._rows = {(f.slot_name, f.subtype): f for f in SlotFormat.objects.all()}
         return self._rows.get((slot_name, subtype)) or _slot_format_default(slot_name=slot_name, subtype=subtype)
-
-
-def devices_with_usage(devices):
-    """Annotate a Device queryset with live usage: `memory_used` (bytes), `proc_used` (SMs),
-    `shares_used` (fGPU), `session_count`."""
-    return devices.annotate(
-        memory_used=Sum("allocations__memory", filter=_LIVE, default=0),
-        proc_used=Sum("allocations__procs", filter=_LIVE, default=Decimal(0)),
-        shares_used=Sum("allocations__shares", filter=_LIVE, default=Decimal(0)),
-        session_count=Count("allocations", filter=_LIVE),
-    )
-
-
-def device_state(device) -> core.DeviceState:
-    """A Device annotated by `devices_with_usage` (its node loaded) → the allocator's
-    DeviceState (id = pk text): totals scaled by the node's memory/core scaling, the node's
-    split count as `max_sessions`. A Device not annotated is read as nothing used."""
-    node = device.node
-    return core.DeviceState(
-        device_id=str(device.pk),
-        memory_total=int(Decimal(device.memory_size) * node.memory_scaling),
-        proc_total=int(Decimal(device.subproc_count) * node.core_scaling),
-        memory_used=int(getattr(device, "memory_used", 0) or 0),
-        proc_used=Decimal(getattr(device, "proc_used", 0) or 0),
-        sessions=int(getattr(device, "session_count", 0) or 0),
-        numa_node=device.numa_node,
-        max_sessions=node.device_split_count,
-        uuid=device.device_id,
-        index=device.index,
-        memory_physical=device.memory_size,
-        proc_physical=device.subproc_count,
-    )
 
 
 def device_fgpu_summary(devices: Iterable[Device]) -> dict:
@@ -208,18 +176,6 @@ def placement_workload(*, resource_group: str, prefix: str) -> cluster.Workload:
     return workload
 
 
-def nodes_with_usage(nodes):
-    """Annotate a Node queryset with what its active sessions (`protocol.SESSION_ACTIVE_STATES`)
-    hold: `cpu_used` (cores) and `mem_used` (bytes), 0 for none. The one computation of a
-    node's CPU and memory in use: the allocator's nodes (`node_states`) and the MIG choice's
-    rooms (`sessions.scheduling.mig`) both read it. Not with `select_for_update` (PostgreSQL
-    locks no aggregate): lock first, then read."""
-    active = Q(sessions__status__in=protocol.SESSION_ACTIVE_STATES)
-    return nodes.annotate(
-        cpu_used=Sum("sessions__cpu", filter=active, default=0), mem_used=Sum("sessions__mem", filter=active, default=0)
-    )
-
-
 def node_states(
     *,
     slot_name: str,
@@ -228,6 +184,7 @@ def node_states(
     group: ResourceGroup | None = None,
     image: str = "",
     usage: bool = True,
+    kept: bool = True,
 ) -> list[core.NodeState]:
     """Every (alive) node as the allocator sees it: CPU/memory left after live sessions and the
     slot's non-MIG devices with their live usage. `for_update` locks the device rows (in pk
@@ -235,7 +192,11 @@ def node_states(
     transaction; the usage read afterwards is therefore current. `image`: only the nodes
     holding that session image (`node_runs_image`; "": every node). Without `usage`, nothing is
     read as used (no sums over sessions and allocations): for what a node could ever hold
-    (`core.check_ever_fits` empties the nodes anyway; issue 14: a launch's admission)."""
+    (`core.check_ever_fits` empties the nodes anyway; issue 14: a launch's admission).
+
+    On PostgreSQL the nodes come from the kept cluster view (`accelerators.cluster_view`),
+    brought up to date from the change log after the locks are taken; on SQLite, or with
+    `kept=False` (a check of the view), they are read from the database."""
     nodes = Node.objects.all()
     if alive_only:
         nodes = nodes.filter(status=NodeStatus.ALIVE)
@@ -247,6 +208,10 @@ def node_states(
     if for_update:
         list(nodes.order_by("pk").select_for_update().values_list("pk", flat=True))
         list(device_rows.order_by("pk").select_for_update().values_list("pk", flat=True))
+    if kept and connection.vendor == "postgresql":  # the kept view, brought up to date after the locks (issue 35.1)
+        from accelerators.cluster_view import view_node_states
+
+        return view_node_states(slot_name=slot_name, alive_only=alive_only, group=group, image=image, usage=usage)
     if usage:
         nodes = nodes_with_usage(nodes)
     annotated = list(nodes.select_related("resource_group").order_by("name"))

@@ -168,6 +168,6 @@ def test_node_states_without_usage_read_the_inventory_as_free_for_the_launchs_ad
     assert (free.cpu_used, free.mem_used, free.devices[0].sessions, free.devices[0].memory_used) == (0, 0, 0, 0)
     assert free.devices[0].proc_used == 0 and (free.cpu_total, free.devices[0].memory_total) == (
         used.cpu_total, used.devices[0].memory_total)
-    with CaptureQueriesContext(connection) as captured:
-        node_states(slot_name="cuda", usage=False)
+    with CaptureQueriesContext(connection) as captured:  # the database read; the kept view sums changed nodes only
+        node_states(slot_name="cuda", usage=False, kept=False)
     assert not [q["sql"] for q in captured if "SUM(" in q["sql"].upper()]
