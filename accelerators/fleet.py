@@ -24,14 +24,13 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Avg, Q
+from django.db.models import Q
 
 import protocol
 from accelerators.allocation import core, mig
 from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.models import AllocationMode, Device, FractionalSettings, GpuInstance, MigMode, Node, NodeStatus
 from accelerators.selectors import devices_with_usage, nodes_with_usage
-from usage.models import DeviceSample
 
 # A node's state, as the overview names it: ready (heartbeats arrive, nothing pending), lost
 # (heartbeats stopped: nothing is placed there, its sessions are fenced; sessions.lifecycle),
@@ -45,6 +44,27 @@ PAGE_SIZE = 50
 PAGE_SIZE_MAX = 200
 SAMPLE_HORIZON_S = 120  # a device sample older than this is not "used now": its agent is silent (unknown, not 0)
 _MIG_PENDING = ("sent", "pending", "pending-agent-offline")
+
+
+class DeviceSamples:
+    """What the overview reads of the agents' device samples (usage.DeviceSample), through an
+    interface the usage app provides (issue 34.3: usage sits above accelerators, which never
+    imports it): usage's AppConfig.ready() sets `samples` to usage.selectors.FleetDeviceSamples.
+    This default, without the usage app, knows no sample."""
+
+    def newest(self, *, device_ids: list[Any], since: int) -> dict[Any, dict[str, Any]]:
+        """Device pk → its newest sample since `since` (epoch seconds): `{"memory_used": bytes,
+        "util": percent, "t": epoch seconds}`, for the devices of `device_ids` that have one."""
+        return {}
+
+    def means(self, *, since: int, node_ids: list[Any] | None) -> list[tuple[Any, Any]]:
+        """Per sampled GPU (MIG devices aside) of the nodes `node_ids` (None: every node), its
+        mean memory used (bytes) and mean utilisation (percent) over its samples since `since`,
+        as `(memory, util)` (either None where no sample had it)."""
+        return []
+
+
+samples = DeviceSamples()  # set by usage.apps.UsageConfig.ready()
 _PROFILE_SLICES = re.compile(r"^(\d+)g")
 
 
@@ -334,10 +354,7 @@ def fleet_overview(
     page = min(max(1, page), pages)
     shown = kept[(page - 1) * page_size : page * page_size]
     horizon = int(now if now is not None else time.time()) - SAMPLE_HORIZON_S
-    newest: dict[Any, dict] = {}
-    samples = DeviceSample.objects.filter(device_id__in=[g.pk for n in shown for g in n.gpus], t__gte=horizon)
-    for device_id, t, memory_used, util in samples.order_by("t").values_list("device_id", "t", "memory_used", "util"):
-        newest[device_id] = {"memory_used": memory_used, "util": util, "t": t}
+    newest = samples.newest(device_ids=[g.pk for n in shown for g in n.gpus], since=horizon)
     rooms = nodes_with_usage(Node.objects.filter(pk__in=[n.pk for n in shown])).values_list("pk", "cpu_used", "mem_used")
     held = {pk: (cpu_used, mem_used) for pk, cpu_used, mem_used in rooms}
     for node in shown:
@@ -375,19 +392,16 @@ def _fleet_used(nodes: list[NodeFigures], horizon: int) -> dict:
     utilisation (percent) over its samples since `horizon` (averaged in SQL), summed and
     averaged over the GPUs; the whole fleet's samples when every node is kept (no list of ids
     to send)."""
-    samples = DeviceSample.objects.filter(t__gte=horizon, device__is_mig_device=False)
-    if len(nodes) != Node.objects.count():
-        samples = samples.filter(device__node_id__in=[n.pk for n in nodes])
-    means = samples.values("device_id").annotate(m=Avg("memory_used"), u=Avg("util"))
+    every = len(nodes) == Node.objects.count()
     gpus = 0
     memory = 0
     util_sum = 0.0
     util_n = 0
-    for row in means:
+    for memory_mean, util_mean in samples.means(since=horizon, node_ids=None if every else [n.pk for n in nodes]):
         gpus += 1
-        memory += int(row["m"] or 0)
-        if row["u"] is not None:
-            util_sum += float(row["u"])
+        memory += int(memory_mean or 0)
+        if util_mean is not None:
+            util_sum += float(util_mean)
             util_n += 1
     return {"gpus_sampled": gpus, "memory_used": memory, "util": round(util_sum / util_n) if util_n else None}
 

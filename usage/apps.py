@@ -8,3 +8,12 @@ class UsageConfig(AppConfig):
     name = "usage"
     verbose_name = "Usage"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from accelerators import fleet
+        from sessions import usage_reads
+        from usage.selectors import FleetDeviceSamples, SessionsUsageReads
+
+        # What the apps below read of usage, through interfaces they define (issue 34.3: no import upwards).
+        usage_reads.reads = SessionsUsageReads()
+        fleet.samples = FleetDeviceSamples()

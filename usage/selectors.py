@@ -7,18 +7,22 @@ import collections
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import F, Max, Q, Sum
+from django.db.models import Avg, F, Max, Q, Sum
 from django.utils import timezone
 
+from accelerators.fleet import DeviceSamples
 from accelerators.models import Device
 from sessions.models import Allocation, ComputeSession, Project
+from sessions.usage_reads import IdleWatch, LifetimeBounds, UsageReads
 from usage.models import (
     FolderUse,
     DeviceRollup,
     DeviceSample,
+    IdlePolicy,
     RollupState,
     SessionActivity,
     SessionPeriodRollup,
@@ -532,3 +536,46 @@ def folder_use_list(*, user) -> list[dict]:
         }
         for r in rows
     ]
+
+
+class SessionsUsageReads(UsageReads):
+    """What sessions reads of usage (sessions.usage_reads: usage sits above it), from this app's
+    tables; set by UsageConfig.ready(). One query each."""
+
+    def lifetime_bounds(self) -> dict[int | None, LifetimeBounds]:
+        return {
+            p.resource_group_id: LifetimeBounds(idle_timeout=p.idle_timeout, max_lifetime=p.max_lifetime, grace=p.grace)
+            for p in IdlePolicy.objects.all()
+        }
+
+    def max_lifetimes(self) -> dict[str, int]:
+        rows = IdlePolicy.objects.filter(max_lifetime__isnull=False).values_list("resource_group__name", "max_lifetime")
+        return {name or "": seconds for name, seconds in rows if seconds}
+
+    def idle_watches(self, *, session_ids: Iterable[UUID]) -> dict[UUID, IdleWatch]:
+        return {
+            a.session_id: IdleWatch(last_input=a.last_input, deadline=a.deadline, reason=a.reason)
+            for a in SessionActivity.objects.filter(session__in=list(session_ids))
+        }
+
+    def folder_use(self, *, user: Any) -> list[dict[str, Any]]:
+        return folder_use_list(user=user)
+
+
+class FleetDeviceSamples(DeviceSamples):
+    """What the fleet overview reads of the device samples (accelerators.fleet.DeviceSamples:
+    usage sits above accelerators), from usage.DeviceSample; set by UsageConfig.ready(). One
+    query each."""
+
+    def newest(self, *, device_ids: list[Any], since: int) -> dict[Any, dict[str, Any]]:
+        newest: dict[Any, dict[str, Any]] = {}
+        rows = DeviceSample.objects.filter(device_id__in=device_ids, t__gte=since).order_by("t")
+        for device_id, t, memory_used, util in rows.values_list("device_id", "t", "memory_used", "util"):
+            newest[device_id] = {"memory_used": memory_used, "util": util, "t": t}
+        return newest
+
+    def means(self, *, since: int, node_ids: list[Any] | None) -> list[tuple[Any, Any]]:
+        rows = DeviceSample.objects.filter(t__gte=since, device__is_mig_device=False)
+        if node_ids is not None:
+            rows = rows.filter(device__node_id__in=node_ids)
+        return [(r["m"], r["u"]) for r in rows.values("device_id").annotate(m=Avg("memory_used"), u=Avg("util"))]

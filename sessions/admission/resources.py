@@ -13,7 +13,7 @@ from accelerators.models import AllocationMode, Node, NodeStatus, ResourceGroup
 from accelerators.selectors import fractional_settings_get, node_states
 from sessions.policy.quotas import fgpu_text, quota_label, quota_usage, quota_usage_of
 from sessions.models import Quota
-from usage.selectors import folder_use_list
+from sessions import usage_reads
 
 FIGURES = ("fgpu", "gpu_memory", "sessions")  # what the panel shows of a user's usage
 
@@ -38,7 +38,8 @@ def my_resources(*, user, slot_name: str = "cuda") -> dict:
     (`mig_free`, `mig_total`: 7 a GPU; `accelerators.fleet.mig_capacity`).
 
     `storage`: the user's data folders (`~/data`, each project's `~/projects/<name>`) per node, as
-    its agent last measured them against the limit it enforces (usage.selectors.folder_use_list)."""
+    its agent last measured them against the limit it enforces (usage.selectors.folder_use_list, read
+    through sessions.usage_reads)."""
     own = quota_usage_of(quota=Quota(user=user))
     usages = quota_usage(user=user)
     figures = []
@@ -59,7 +60,7 @@ def my_resources(*, user, slot_name: str = "cuda") -> dict:
                 "quota": None if binding is None else quota_label(binding[0].quota, user=user),
             }
         )
-    return {"usage": figures, "groups": _groups(slot_name), "storage": folder_use_list(user=user)}
+    return {"usage": figures, "groups": _groups(slot_name), "storage": usage_reads.reads.folder_use(user=user)}
 
 
 def _figure(key: str, value) -> str | int:

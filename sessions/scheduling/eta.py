@@ -55,6 +55,7 @@ from accelerators.models import ResourceGroup
 from sessions.scheduling import fairshare
 from sessions.scheduling import mig as mig_scheduling
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, Project, SessionStatus
+from sessions import usage_reads
 from sessions.scheduling.placement import (
     CAPACITY,
     PLACED,
@@ -118,16 +119,14 @@ def run_outcome(*, status_reason: str, exit_code: int | None, preempted: bool) -
 
 class _Facts:
     """What the estimates read, once per replay: the idle policies by resource group id, the
-    running sessions' idle warnings and last terminal input, the batch histories
+    running sessions' idle warnings and last terminal input (sessions.usage_reads: the usage app's), the batch histories
     (`runtime_history.History` of the completed runs of the commands the sessions run)."""
 
     def __init__(self, *, now: datetime, sessions: list[ComputeSession]):
-        from usage.models import IdlePolicy, SessionActivity
-
         self.now = now
-        self.policies = {p.resource_group_id: p for p in IdlePolicy.objects.all()}
+        self.policies = usage_reads.reads.lifetime_bounds()
         self.groups = dict(ResourceGroup.objects.values_list("name", "pk"))
-        self.activity = {a.session_id: a for a in SessionActivity.objects.filter(session__in=[s.pk for s in sessions])}
+        self.activity = usage_reads.reads.idle_watches(session_ids=[s.pk for s in sessions])
         self.history = history.History()
         self.projects: dict[int, str] = {}
         commands = {s.command.strip() for s in sessions if s.command.strip()}
@@ -167,6 +166,7 @@ class _Facts:
         return self.projects.get(owner_id, f"u{owner_id}")
 
     def policy(self, group_id):
+        """The lifetime bounds (sessions.usage_reads.LifetimeBounds) of resource group `group_id`, or None."""
         return self.policies.get(group_id)
 
     def job(self, session: ComputeSession) -> history.Job:

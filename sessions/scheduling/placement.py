@@ -28,12 +28,12 @@ from accelerators.allocation.errors import AllocationError, InsufficientResource
 from accelerators.allocation.reservation import Reservations
 from accelerators.allocation.requests import parse_resources
 from protocol.units import amount_text
+from accelerators.cluster_view import ever_fits_nodes
 from accelerators.models import AllocationMode
 from accelerators.selectors import (
     fractional_settings_get,
     node_states,
     placement_options,
-    placement_scope,
     placement_workload,
     resource_group_get,
 )
@@ -43,6 +43,7 @@ from sessions.policy.group_access import resource_group_check_usable
 from sessions.policy.images import NO_ROOM_WITH_IMAGE, image_wait_reason
 from sessions.scheduling.mig import MigChoice, MigGrantPreview
 from sessions.models import ComputeSession
+from sessions import usage_reads
 from sessions.policy.quotas import quota_refusal_error, quota_refusals
 
 PLACED = "placed"  # starts now: `placement` (a shared slice), or `mig` / `mig_preview` (MIG)
@@ -166,12 +167,10 @@ def queue_shape(session: ComputeSession) -> str:
 
 def runtime_limits() -> dict[str, int]:
     """Resource group name ("" for the nodes in no group) → the most seconds a session there may
-    run (usage.IdlePolicy.max_lifetime), for the groups with a limit: what backfill takes as a
-    session's time limit (Slurm's --time) to run it on capacity reserved from a later time."""
-    from usage.models import IdlePolicy
-
-    rows = IdlePolicy.objects.filter(max_lifetime__isnull=False).values_list("resource_group__name", "max_lifetime")
-    return {name or "": seconds for name, seconds in rows if seconds}
+    run (usage.IdlePolicy.max_lifetime, read through sessions.usage_reads), for the groups with a
+    limit: what backfill takes as a session's time limit (Slurm's --time) to run it on capacity
+    reserved from a later time."""
+    return usage_reads.reads.max_lifetimes()
 
 
 def _place(request: core.ResourceRequest, pure_settings, image: str, view: ReadView) -> Decision:
@@ -224,8 +223,10 @@ class ReadView:
 
     def check_ever_fits(self, request: core.ResourceRequest, pure_settings) -> None:
         """Raises NeverSchedulable when no registered node (alive or LOST, any image) of the
-        request's group could hold it with all of it free."""
-        core.check_ever_fits(placement_scope(request=request, alive_only=False, usage=False)[0], request, pure_settings)
+        request's group could hold it with all of it free: one node of each kind is tried, from
+        the kept cluster view (`accelerators.cluster_view.ever_fits_nodes`; issue 35.1)."""
+        group = resource_group_get(name=request.resource_group)
+        core.check_ever_fits(ever_fits_nodes(request, group=group), request, pure_settings)
 
     def image_missing(self, image: str) -> str:
         """Why a session in `image` waits although it may fit ("" when an alive node holds it)."""
