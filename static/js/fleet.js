@@ -81,6 +81,7 @@
           n.gpus_idle + " idle GPU" + (n.gpus_idle === 1 ? "" : "s") + (n.mig_free ? ", " + n.mig_free + " free MIG slices" : "");
         a.title = label;
         a.setAttribute("aria-label", label);
+        a.tabIndex = -1;  // a thousand cells are no tab stops: the table below and the filters serve the keyboard
         a.addEventListener("click", function (ev) {
           ev.preventDefault();
           form.elements.name.value = n.name;
