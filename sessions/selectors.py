@@ -20,14 +20,15 @@ from sessions.models import Allocation, ComputeSession
 
 def sessions_shown(*, gpu_instances: bool = True):
     """Every session, newest first, read with what SessionSerializer shows of it, so that any
-    number of them costs the same three queries: the sessions joined with their owner, node and
-    image; `allocation_list` (their allocations with their devices, in device order); and
-    `gpu_instance_list` (their GPU instances with their GPUs). Lists rather than the related
-    managers: Django builds a queryset per session and relation to hold a prefetch in a manager.
-    (Joined, not prefetched: a page is mostly served from kept shapes, sessions.api.shapes, so the
-    reads that matter are one session's, a notice's or an answer's, where each query counts.)
-    Without `gpu_instances`, `session_gpu_instance` reads a MIG session's when asked."""
-    sessions = ComputeSession.objects.select_related("owner", "node", "image").prefetch_related(
+    number of them costs the same three queries: the sessions joined with their owner, node,
+    image and reclamation warning (usage's SessionActivity); `allocation_list` (their
+    allocations with their devices, in device order); and `gpu_instance_list` (their GPU
+    instances with their GPUs). Lists rather than the related managers: Django builds a queryset
+    per session and relation to hold a prefetch in a manager. (Joined, not prefetched: a page is
+    mostly served from kept shapes, sessions.api.shapes, so the reads that matter are one
+    session's, a notice's or an answer's, where each query counts.) Without `gpu_instances`,
+    `session_gpu_instance` reads a MIG session's when asked."""
+    sessions = ComputeSession.objects.select_related("owner", "node", "image", "activity").prefetch_related(
         Prefetch("allocations", queryset=Allocation.objects.select_related("device"), to_attr="allocation_list")
     )
     if not gpu_instances:

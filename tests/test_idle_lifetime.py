@@ -99,3 +99,25 @@ def test_the_admin_refuses_a_grace_not_shorter_than_the_maximum_lifetime(admin):
     assert refused.status_code == 200 and "must be shorter than the maximum lifetime (60 s)" in refused.content.decode()
     assert accepted.status_code == 302
     assert list(IdlePolicy.objects.values_list("max_lifetime", "grace")) == [(60, 30)]
+
+
+def test_the_sessions_api_shows_the_warnings_deadline_and_reason_and_null_once_withdrawn(running, agent, alice):  # noqa: F811
+    from tests.conftest import client_for
+
+    IdlePolicy.objects.create(resource_group=None, max_lifetime=3600, grace=600)
+    session = running(age=3100)
+    api = client_for(alice)
+    before = api.get(f"/api/v1/sessions/{session.pk}/").json()
+
+    usage_idle_check(now=session.started_at + timedelta(seconds=3100))
+    warned = api.get(f"/api/v1/sessions/{session.pk}/").json()
+    listed = api.get("/api/v1/sessions/").json()["results"]
+    SessionActivity.objects.filter(session=session).update(deadline=None, reason="")
+    withdrawn = api.get(f"/api/v1/sessions/{session.pk}/").json()
+
+    assert (before["deadline"], before["deadline_reason"]) == (None, "")
+    end = session.started_at + timedelta(seconds=3600)
+    assert warned["deadline"].replace("Z", "+00:00") == end.isoformat()
+    assert warned["deadline_reason"] == "reached its maximum lifetime of 1 h"
+    assert [(s["id"], s["deadline"]) for s in listed] == [(str(session.pk), warned["deadline"])]
+    assert (withdrawn["deadline"], withdrawn["deadline_reason"]) == (None, "")

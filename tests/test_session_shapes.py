@@ -3,7 +3,7 @@ session's API shape is made from, made the way no service makes it (a queryset u
 every signal and the session's `version`), the list shows what a fresh render shows, and the
 page costs three queries whatever its length. On the real PostgreSQL with real commits
 (`transaction=True`): the fingerprint is a committed row version's `xmin`, and the triggers of
-migration compute_sessions 0013 are what is tested.
+migrations compute_sessions 0013 and usage 0004 are what is tested.
 """
 
 from __future__ import annotations
@@ -107,6 +107,14 @@ def session_row(sessions, alice):
     ComputeSession.objects.filter(pk=sessions[1].pk).update(status_reason="written by hand, no version bump")
 
 
+def reclaim_warned(sessions, alice):
+    from usage.models import SessionActivity
+
+    SessionActivity.objects.update_or_create(
+        session=sessions[2], defaults={"deadline": timezone.now(), "reason": "reached its maximum lifetime of 1 h"}
+    )
+
+
 WRITES = [
     release_allocations,
     node_attributes,
@@ -117,6 +125,7 @@ WRITES = [
     owner_renamed,
     slot_format,
     session_row,
+    reclaim_warned,
 ]
 
 

@@ -6,6 +6,7 @@ import threading
 import uuid
 
 from django.urls import reverse
+from django.core.exceptions import ObjectDoesNotExist
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -38,6 +39,14 @@ class SessionAppSerializer(serializers.Serializer):
         help_text="the console's page that starts it and then opens it: "
         "/sessions/<id>/open/<name>/ (it is served under /sessions/<id>/apps/<name>/)"
     )
+
+
+def _activity(session):
+    """The session's usage.SessionActivity (its reclamation warning), or None."""
+    try:
+        return session.activity
+    except ObjectDoesNotExist:
+        return None
 
 
 def _session_id(source: str, help_text: str) -> serializers.UUIDField:
@@ -82,6 +91,12 @@ class SessionSerializer(ModelSerializer):
     requeued_as = _session_id(
         "requeued_as_id", "once preempted or moved and ended: the session launched again for it; null: none (yet)"
     )
+    deadline = serializers.SerializerMethodField(
+        help_text="warned by idle reclamation or its maximum lifetime: when it is terminated; else null"
+    )
+    deadline_reason = serializers.SerializerMethodField(
+        help_text='why ("idle for 2 h (GPU utilisation < 1 %)", "reached its maximum lifetime of 8 h"); "" when not warned'
+    )
 
     class Meta:
         model = ComputeSession
@@ -119,6 +134,8 @@ class SessionSerializer(ModelSerializer):
             "requeue",
             "requeued_from",
             "requeued_as",
+            "deadline",
+            "deadline_reason",
         ]
         read_only_fields = fields
 
@@ -128,6 +145,19 @@ class SessionSerializer(ModelSerializer):
         slot_formats = self.context.setdefault("slot_formats", SlotFormats())  # type: ignore[attr-defined]  # stubs: a read-only Mapping; DRF's is the dict it was given
         self._parts = session_configuration_parts(session, slot_formats=slot_formats)  # for the four fields below
         return super().to_representation(session)
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_deadline(self, session) -> str | None:
+        """The reclamation warning's deadline (usage.services.usage_idle_check; its activity row is
+        read with the session by `sessions.selectors.sessions_shown`), ISO 8601, or None."""
+        activity = _activity(session)
+        if activity is None or activity.deadline is None:
+            return None
+        return serializers.DateTimeField().to_representation(activity.deadline)
+
+    def get_deadline_reason(self, session) -> str:
+        activity = _activity(session)
+        return activity.reason if activity is not None and activity.deadline is not None else ""
 
     def get_configuration(self, session) -> str:
         """The request formatted, then " — " and what a MIG or isolation-"any" session got and why
