@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -138,7 +136,7 @@ class RunningSession:
     exit_event: asyncio.Event = field(default_factory=asyncio.Event)  # the session's leader process exited
     pidfd: int = -1  # the leader's pidfd (readable once it exits); -1 where the kernel has none
     exit_poll: asyncio.Task | None = None  # only where there is no pidfd
-    exited: asyncio.Task | None = None  # _wait_exit: done once the session is reported ended
+    exited: asyncio.Task | None = None  # SessionLifecycle.wait_exit: done once the session is reported ended
     stopping: str = ""  # why the agent is killing it; empty while nobody asked
     preempt_notice: str = ""  # the preemption notice it was signalled for (protocol.channel.PtyPreempt): acted on once
     env: dict = field(default_factory=dict)  # the session's environment, for exec
@@ -289,6 +287,7 @@ class Agent:
         self.app_address = app_address  # where the process runtime's session apps listen (agent.session_apps)
         self.app_relay = app_relay  # docker: relay container apps through the agent on app_address (agent.session_apps)
         self.apps = SessionApps(self)
+        self.lifecycle = lifecycle.SessionLifecycle(self)  # start, stop and end of its sessions
         self.data_root = None if data_root is None else Path(data_root)  # users' persistent folders (agent.files)
         self.files = session_files.SessionFiles(self)
         # Direct terminal streams (agent.direct) on app_address, where agent.toml leaves them on.
@@ -340,7 +339,7 @@ class Agent:
         kept = [r for r in self.sessions.values() if keep_sessions and outlives_agent(r.process)]
         for running in kept:
             self.sessions.pop(running.session_id, None)
-            self._let_go(running)
+            self.lifecycle.let_go(running)
         await asyncio.gather(*(self._stop(session_id, reason="the agent shut down") for session_id in list(self.sessions)))
         close = getattr(self.runtime, "close", None)  # the process runtime's parent cgroup, once empty
         if close is not None:
@@ -517,58 +516,19 @@ class Agent:
     # --- sessions ----------------------------------------------------------------------
 
     async def _start(self, spec: StartSpec) -> None:
-        """Start a session (idempotent by its id: see the class docstring). Whatever fails once
-        the process exists kills it and reports ERROR: no half-started session is left."""
-        session_id = spec.session_id
-        if session_id in self._starting:
-            return  # a redelivered start message: on its way
-        running = self.sessions.get(session_id)
-        if running is not None:  # a re-sent start: the manager may have missed the report
-            if not running.stopping:
-                await self.link.report(session_id, "RUNNING", "")
-            return
-        if session_id in self.link.ended:  # it ran here and ended: never run it twice
-            await self.link.report_end(session_id)
-            return
-        self._starting.add(session_id)
-        # PREPARING is published while the session is prepared (the launch does not wait for the
-        # publish), and before whatever is reported next (awaited below).
-        preparing = asyncio.ensure_future(
-            self.link.report(session_id, "PREPARING", "preparing the working directory and environment", retry=False)
-        )
-        try:
-            running = await self._in(self._work, self._spawn, spec)
-            self.sessions[session_id] = running
-            self._attach(running)
-        except Exception as exc:
-            log.exception("agent %s: session %s failed to start", self.node, session_id)
-            if running is not None:
-                await self._abandon(running)
-            await preparing
-            await self.link.end(session_id, "ERROR", f"the agent could not start the session: {exc}", None)
-            return
-        finally:
-            self._starting.discard(session_id)
-        await preparing
-        try:
-            await self.layer.group_add(protocol.pty_group(self.node, session_id), self.channel)
-        except Exception:  # the layer is down: the heartbeat's group refresh joins it later
-            log.warning("agent %s: could not join the terminal group of %s yet", self.node, session_id)
-        if session_id in self._cancelled:  # terminated while it was being prepared
-            self._cancelled.discard(session_id)
-            await self._stop(session_id, reason="terminated while starting")
-            return
-        await self.link.report(session_id, "RUNNING", "")
+        """Start a session (agent.lifecycle.SessionLifecycle.start)."""
+        await self.lifecycle.start(spec)
+
+    async def _stop(self, session_id: str, *, reason: str) -> None:
+        """Stop a session, reporting its end (agent.lifecycle.SessionLifecycle.stop)."""
+        await self.lifecycle.stop(session_id, reason=reason)
+
+    async def _sync(self, keep: set[str]) -> None:
+        await self.lifecycle.sync(keep)
 
     def _attach(self, running: RunningSession) -> None:
-        """Watch a new session's exit (its leader's pidfd; a 0.1 s poll where the kernel has
-        none) and PTY, and start its output pump, log shipping and exit handling."""
-        exit_fd = running.process.exit_fd()
-        running.pidfd = -1 if exit_fd is None else exit_fd
-        if running.pidfd >= 0:
-            self.loop.add_reader(running.pidfd, self._on_exit, running)
-        else:
-            running.exit_poll = asyncio.create_task(self._poll_exit(running))
+        """Wire a new session's parts: its terminal pipe (reading the PTY, the output pump), its
+        log shipping to the manager, and the watch of its exit (agent.lifecycle)."""
         session_id = running.session_id
         running.pipe.bind(
             loop=self.loop,
@@ -584,39 +544,7 @@ class Agent:
             send=partial(self._call, self.manager.log, running.session_id), node=self.node, session_id=running.session_id
         )
         running.log.start()
-        running.exited = asyncio.create_task(self._wait_exit(running))
-
-    def _on_exit(self, running: RunningSession) -> None:
-        self.loop.remove_reader(running.pidfd)
-        os.close(running.pidfd)
-        running.pidfd = -1
-        running.exit_event.set()
-
-    async def _poll_exit(self, running: RunningSession) -> None:
-        while await self._in(self._work, running.process.poll) is None:
-            await asyncio.sleep(0.2)
-        running.exit_event.set()
-
-    async def _abandon(self, running: RunningSession) -> None:
-        """Undo a start that failed after its process existed: kill every process, close the PTY."""
-        self.sessions.pop(running.session_id, None)
-        self._let_go(running)
-        await self._in(self._work, running.process.kill_all)
-        await self._in(self._work, running.process.wait)
-        await self._in(self._work, running.process.remove)
-
-    def _let_go(self, running: RunningSession) -> None:
-        """Stop watching a session and close this agent's ends of it (its stream, relays, direct
-        streams, exit watch), leaving its processes alone."""
-        SessionApps.close_relays(running)
-        running.pipe.let_go()
-        for task in (running.log.task, running.exited, running.exit_poll):
-            if task is not None:
-                task.cancel()
-        if running.pidfd >= 0:
-            self.loop.remove_reader(running.pidfd)
-            os.close(running.pidfd)
-            running.pidfd = -1
+        self.lifecycle.watch(running)
 
     def _spawn(self, start: StartSpec) -> RunningSession:
         """The session's spawn, stage by stage (agent.lifecycle.spawn: MIG, working directory,
@@ -660,124 +588,6 @@ class Agent:
     def _output(self, running: RunningSession, text: str, *, log_it: bool = True) -> None:
         """The agent's own line in the session's output: its terminals and (`log_it`) its log."""
         running.pipe.output(text, log_it=log_it)
-
-    async def _wait_exit(self, running: RunningSession) -> None:
-        """Once the session's leader exited: end every process of the session, drain and close
-        the PTY, report TERMINATED, then ship the rest of the log (also when any step fails)."""
-        await running.exit_event.wait()
-        log_ready = False  # the PTY drained: the log's last batch holds everything
-        reason = ""
-        try:
-            # The session ends with its shell: background jobs (own process groups, nohup'd,
-            # setsid'd) must not outlive the allocation that is about to be released.
-            code, left = await self._on_process(running, lifecycle.reap_and_kill, running.process)
-            if left:
-                # A signal takes effect when its process next runs: report TERMINATED once none
-                # is left (zombies hold nothing), so the slice is free when the manager releases
-                # it.
-                alive = partial(self._in, self._work, running.process.alive)
-                await lifecycle.wait_gone(running.process, deadline=self.loop.time() + KILL_WAIT_S, alive=alive)
-            # Let the PTY drain what the process wrote last (a background child may keep it
-            # open: then give up after a second), then close it.
-            try:
-                await asyncio.wait_for(running.pipe.eof.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
-            running.pipe.end_output()
-            try:
-                assert running.pipe.pump_task is not None  # _attach started it before this task
-                await asyncio.wait_for(asyncio.shield(running.pipe.pump_task), timeout=10)
-            except TimeoutError:
-                log.warning("agent %s: the last terminal output of %s was not sent in time", self.node, running.session_id)
-            log_ready = True
-        except Exception as exc:
-            log.exception("agent %s: ending session %s failed", self.node, running.session_id)
-            reason = f"the agent could not end the session cleanly: {exc}"
-            running.pipe.close()
-            await self._on_process(running, running.process.kill_all)
-            code = await self._in(self._work, running.process.wait)
-        self.sessions.pop(running.session_id, None)
-        SessionApps.close_relays(running)
-        exit_code = lifecycle.exit_code_of(code)  # killed by signal N → 128+N, as shells report it
-        reason = (
-            reason or running.stopping or running.process.end_reason(exit_code) or f"the process exited with code {exit_code}"
-        )
-        try:
-            await self._in(self._work, running.process.remove)  # its container, where it has one
-        except Exception:
-            log.exception("agent %s: could not remove what session %s left", self.node, running.session_id)
-        running.pipe.exit_direct(exit_code)  # after the last frame on each direct stream, which then closes
-        try:
-            os.utime(running.work_dir)  # the retention of the working directory counts from here
-        except OSError:
-            pass
-        # The report first (it frees the slice), the terminals' exit frame beside it; the rest of
-        # the log after it, so that the manager takes the report first (the log reads as
-        # incomplete until its last batch; the two were never ordered: two queues).
-        await asyncio.gather(
-            self.link.end(running.session_id, "TERMINATED", reason, exit_code), self._exit_frame(running, exit_code)
-        )
-        if log_ready:
-            try:
-                await running.log.close()
-            except Exception:
-                log.exception("agent %s: shipping the last output of %s failed", self.node, running.session_id)
-
-    async def _exit_frame(self, running: RunningSession, exit_code: int) -> None:
-        """Tell the session's terminals it ended (`terminal.exit`) and leave its PTY group."""
-        try:
-            await self.layer.group_send(
-                protocol.terminal_group(self.node, running.session_id), {"type": "terminal.exit", "code": exit_code}
-            )
-            await self.layer.group_discard(protocol.pty_group(self.node, running.session_id), self.channel)
-        except Exception:
-            log.warning("agent %s: could not tell the terminal of %s that it ended", self.node, running.session_id)
-
-    async def _stop(self, session_id: str, *, reason: str) -> None:
-        running = self.sessions.get(session_id)
-        if running is None and session_id in self._starting:
-            self._cancelled.add(session_id)  # _start kills it as soon as the process exists
-            return
-        if running is None:
-            if session_id in self.link.ended:  # ended here already: say so again (the report may be lost)
-                await self.link.report_end(session_id)
-            else:  # never here (or the agent restarted): say so
-                await self.link.end(session_id, "TERMINATED", f"{reason} (no process was running)", None)
-            return
-        if running.stopping:
-            return
-        running.stopping = reason
-        if running.execs:
-            await self._in(self._work, session_exec.kill_execs, running.process, running.execs)
-        await lifecycle.signal_until_exit(
-            running.process, running.exit_event, partial(self._on_process, running), grace_s=KILL_GRACE_S, resignal_s=RESIGNAL_S
-        )
-        if running.exited is not None:
-            await asyncio.shield(running.exited)  # returns once TERMINATED has been reported
-
-    def _preempt_notice(self, running: RunningSession, command: protocol_channel.PtyPreempt) -> None:
-        """A preemption notice (protocol.channel.PtyPreempt), once per notice and never to a session
-        that is stopping: its text as a line of the session's output, terminal and log (before
-        anything the signal makes the program print), then the signal to the session's command's
-        process group (a container: to its init, which passes it on)."""
-        if running.stopping or running.preempt_notice == command.notice:
-            return  # the manager re-sends it every pass while the notice stands
-        running.preempt_notice = command.notice
-        self._output(running, f"\r\n[fgpu: {command.text}]\r\n")
-        running.log.wake.set()  # the log has it now, not at the next batch
-        log.info(
-            "agent %s: session %s preempted: %s sent (notice %s)", self.node, running.session_id, command.signal, command.notice
-        )
-        self._in_background(self._on_process(running, running.process.signal_group, signal.Signals[command.signal]))
-
-    async def _sync(self, keep: set[str]) -> None:
-        await asyncio.gather(
-            *(
-                self._stop(session_id, reason="the manager no longer knows this session")
-                for session_id in list(self.sessions)
-                if session_id not in keep
-            )
-        )
 
     def _in_background(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -894,7 +704,7 @@ class Agent:
         elif isinstance(command, protocol_channel.PtyStop):  # the manager's stop, ahead of its task (protocol)
             self._in_background(self._stop(running.session_id, reason="terminated"))
         elif isinstance(command, protocol_channel.PtyPreempt):  # a preemption notice: a logged line, then its signal
-            self._preempt_notice(running, command)
+            self.lifecycle.preempt_notice(running, command)
         elif isinstance(command, protocol_channel.PtyDetach):
             running.pipe.detach(command.channel)
         elif isinstance(command, protocol_channel.PtyAttach):  # a terminal opened: it reads the session from here on

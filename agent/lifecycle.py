@@ -29,20 +29,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import protocol
 from agent import files as session_files
 from agent import mig as mig_runtime
+from agent import session_exec
+from agent.session_apps import SessionApps
 from protocol.environment import allocation_document, session_environment
 from agent.runtimes import ProcessRuntime
 from protocol.messages import StartSpec
+
+log = logging.getLogger(__name__)
 
 KILL_GRACE_S = 3.0
 # Within the grace, SIGHUP again after this many seconds, then after twice as long each time: an
@@ -285,3 +292,233 @@ def sweep_scratch(scratch_root: Path, *, keep: set[str], older_than_s: float) ->
             shutil.rmtree(entry.path, ignore_errors=True)
             removed += 1
     return removed
+
+
+# --- start, stop and end, on the agent's loop -----------------------------------------------
+
+
+class SessionLifecycle:
+    """Start, stop and end of one agent's sessions, on its loop (idempotent by session id: the
+    Agent's docstring says how the manager's re-sent starts and stops are answered).
+
+    `agent`: the Agent that wires the parts this drives: its `sessions` ({id: RunningSession}),
+    `_starting` and `_cancelled` (ids), `_spawn` (a RunningSession from a StartSpec, blocking) and
+    `_attach` (its terminal pipe and log started, then `watch`), `link` (agent.manager_link:
+    reports and remembered ends), `layer` and `channel` (its terminal groups), `loop`, `_in` and
+    `_work` (blocking work off the loop), `_on_process` (a call on a session's process)."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+
+    async def start(self, spec: StartSpec) -> None:
+        """Start a session (idempotent by its id: see the class docstring). Whatever fails once
+        the process exists kills it and reports ERROR: no half-started session is left."""
+        session_id = spec.session_id
+        if session_id in self.agent._starting:
+            return  # a redelivered start message: on its way
+        running = self.agent.sessions.get(session_id)
+        if running is not None:  # a re-sent start: the manager may have missed the report
+            if not running.stopping:
+                await self.agent.link.report(session_id, "RUNNING", "")
+            return
+        if session_id in self.agent.link.ended:  # it ran here and ended: never run it twice
+            await self.agent.link.report_end(session_id)
+            return
+        self.agent._starting.add(session_id)
+        # PREPARING is published while the session is prepared (the launch does not wait for the
+        # publish), and before whatever is reported next (awaited below).
+        preparing = asyncio.ensure_future(
+            self.agent.link.report(session_id, "PREPARING", "preparing the working directory and environment", retry=False)
+        )
+        try:
+            running = await self.agent._in(self.agent._work, self.agent._spawn, spec)
+            self.agent.sessions[session_id] = running
+            self.agent._attach(running)
+        except Exception as exc:
+            log.exception("agent %s: session %s failed to start", self.agent.node, session_id)
+            if running is not None:
+                await self.abandon(running)
+            await preparing
+            await self.agent.link.end(session_id, "ERROR", f"the agent could not start the session: {exc}", None)
+            return
+        finally:
+            self.agent._starting.discard(session_id)
+        await preparing
+        try:
+            await self.agent.layer.group_add(protocol.pty_group(self.agent.node, session_id), self.agent.channel)
+        except Exception:  # the layer is down: the heartbeat's group refresh joins it later
+            log.warning("agent %s: could not join the terminal group of %s yet", self.agent.node, session_id)
+        if session_id in self.agent._cancelled:  # terminated while it was being prepared
+            self.agent._cancelled.discard(session_id)
+            await self.stop(session_id, reason="terminated while starting")
+            return
+        await self.agent.link.report(session_id, "RUNNING", "")
+
+    def watch(self, running: Any) -> None:
+        """Watch a new session's exit (its leader's pidfd; a 0.2 s poll where the kernel has none)
+        and handle its end once it comes (`wait_exit`, kept as `running.exited`)."""
+        exit_fd = running.process.exit_fd()
+        running.pidfd = -1 if exit_fd is None else exit_fd
+        if running.pidfd >= 0:
+            self.agent.loop.add_reader(running.pidfd, self._on_exit, running)
+        else:
+            running.exit_poll = asyncio.create_task(self._poll_exit(running))
+        running.exited = asyncio.create_task(self.wait_exit(running))
+
+    def _on_exit(self, running: Any) -> None:
+        self.agent.loop.remove_reader(running.pidfd)
+        os.close(running.pidfd)
+        running.pidfd = -1
+        running.exit_event.set()
+
+    async def _poll_exit(self, running: Any) -> None:
+        while await self.agent._in(self.agent._work, running.process.poll) is None:
+            await asyncio.sleep(0.2)
+        running.exit_event.set()
+
+    async def abandon(self, running: Any) -> None:
+        """Undo a start that failed after its process existed: kill every process, close the PTY."""
+        self.agent.sessions.pop(running.session_id, None)
+        self.let_go(running)
+        await self.agent._in(self.agent._work, running.process.kill_all)
+        await self.agent._in(self.agent._work, running.process.wait)
+        await self.agent._in(self.agent._work, running.process.remove)
+
+    def let_go(self, running: Any) -> None:
+        """Stop watching a session and close this agent's ends of it (its stream, relays, direct
+        streams, exit watch), leaving its processes alone."""
+        SessionApps.close_relays(running)
+        running.pipe.let_go()
+        for task in (running.log.task, running.exited, running.exit_poll):
+            if task is not None:
+                task.cancel()
+        if running.pidfd >= 0:
+            self.agent.loop.remove_reader(running.pidfd)
+            os.close(running.pidfd)
+            running.pidfd = -1
+
+    async def wait_exit(self, running: Any) -> None:
+        """Once the session's leader exited: end every process of the session, drain and close
+        the PTY, report TERMINATED, then ship the rest of the log (also when any step fails)."""
+        await running.exit_event.wait()
+        log_ready = False  # the PTY drained: the log's last batch holds everything
+        reason = ""
+        try:
+            # The session ends with its shell: background jobs (own process groups, nohup'd,
+            # setsid'd) must not outlive the allocation that is about to be released.
+            code, left = await self.agent._on_process(running, reap_and_kill, running.process)
+            if left:
+                # A signal takes effect when its process next runs: report TERMINATED once none
+                # is left (zombies hold nothing), so the slice is free when the manager releases
+                # it.
+                alive = partial(self.agent._in, self.agent._work, running.process.alive)
+                await wait_gone(running.process, deadline=self.agent.loop.time() + KILL_WAIT_S, alive=alive)
+            # Let the PTY drain what the process wrote last (a background child may keep it
+            # open: then give up after a second), then close it.
+            try:
+                await asyncio.wait_for(running.pipe.eof.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+            running.pipe.end_output()
+            try:
+                assert running.pipe.pump_task is not None  # _attach started it before this task
+                await asyncio.wait_for(asyncio.shield(running.pipe.pump_task), timeout=10)
+            except TimeoutError:
+                log.warning("agent %s: the last terminal output of %s was not sent in time", self.agent.node, running.session_id)
+            log_ready = True
+        except Exception as exc:
+            log.exception("agent %s: ending session %s failed", self.agent.node, running.session_id)
+            reason = f"the agent could not end the session cleanly: {exc}"
+            running.pipe.close()
+            await self.agent._on_process(running, running.process.kill_all)
+            code = await self.agent._in(self.agent._work, running.process.wait)
+        self.agent.sessions.pop(running.session_id, None)
+        SessionApps.close_relays(running)
+        exit_code = exit_code_of(code)  # killed by signal N → 128+N, as shells report it
+        reason = (
+            reason or running.stopping or running.process.end_reason(exit_code) or f"the process exited with code {exit_code}"
+        )
+        try:
+            await self.agent._in(self.agent._work, running.process.remove)  # its container, where it has one
+        except Exception:
+            log.exception("agent %s: could not remove what session %s left", self.agent.node, running.session_id)
+        running.pipe.exit_direct(exit_code)  # after the last frame on each direct stream, which then closes
+        try:
+            os.utime(running.work_dir)  # the retention of the working directory counts from here
+        except OSError:
+            pass
+        # The report first (it frees the slice), the terminals' exit frame beside it; the rest of
+        # the log after it, so that the manager takes the report first (the log reads as
+        # incomplete until its last batch; the two were never ordered: two queues).
+        await asyncio.gather(
+            self.agent.link.end(running.session_id, "TERMINATED", reason, exit_code), self.exit_frame(running, exit_code)
+        )
+        if log_ready:
+            try:
+                await running.log.close()
+            except Exception:
+                log.exception("agent %s: shipping the last output of %s failed", self.agent.node, running.session_id)
+
+    async def exit_frame(self, running: Any, exit_code: int) -> None:
+        """Tell the session's terminals it ended (`terminal.exit`) and leave its PTY group."""
+        try:
+            await self.agent.layer.group_send(
+                protocol.terminal_group(self.agent.node, running.session_id), {"type": "terminal.exit", "code": exit_code}
+            )
+            await self.agent.layer.group_discard(protocol.pty_group(self.agent.node, running.session_id), self.agent.channel)
+        except Exception:
+            log.warning("agent %s: could not tell the terminal of %s that it ended", self.agent.node, running.session_id)
+
+    async def stop(self, session_id: str, *, reason: str) -> None:
+        running = self.agent.sessions.get(session_id)
+        if running is None and session_id in self.agent._starting:
+            self.agent._cancelled.add(session_id)  # _start kills it as soon as the process exists
+            return
+        if running is None:
+            if session_id in self.agent.link.ended:  # ended here already: say so again (the report may be lost)
+                await self.agent.link.report_end(session_id)
+            else:  # never here (or the agent restarted): say so
+                await self.agent.link.end(session_id, "TERMINATED", f"{reason} (no process was running)", None)
+            return
+        if running.stopping:
+            return
+        running.stopping = reason
+        if running.execs:
+            await self.agent._in(self.agent._work, session_exec.kill_execs, running.process, running.execs)
+        await signal_until_exit(
+            running.process,
+            running.exit_event,
+            partial(self.agent._on_process, running),
+            grace_s=KILL_GRACE_S,
+            resignal_s=RESIGNAL_S,
+        )
+        if running.exited is not None:
+            await asyncio.shield(running.exited)  # returns once TERMINATED has been reported
+
+    def preempt_notice(self, running: Any, command: Any) -> None:
+        """A preemption notice (protocol.channel.PtyPreempt), once per notice and never to a session
+        that is stopping: its text as a line of the session's output, terminal and log (before
+        anything the signal makes the program print), then the signal to the session's command's
+        process group (a container: to its init, which passes it on)."""
+        if running.stopping or running.preempt_notice == command.notice:
+            return  # the manager re-sends it every pass while the notice stands
+        running.preempt_notice = command.notice
+        self.agent._output(running, f"\r\n[fgpu: {command.text}]\r\n")
+        running.log.wake.set()  # the log has it now, not at the next batch
+        log.info(
+            "agent %s: session %s preempted: %s sent (notice %s)",
+            self.agent.node,
+            running.session_id,
+            command.signal,
+            command.notice,
+        )
+        self.agent._in_background(self.agent._on_process(running, running.process.signal_group, signal.Signals[command.signal]))
+
+    async def sync(self, keep: set[str]) -> None:
+        await asyncio.gather(
+            *(
+                self.stop(session_id, reason="the manager no longer knows this session")
+                for session_id in list(self.agent.sessions)
+                if session_id not in keep
+            )
+        )
