@@ -336,8 +336,8 @@ def cmd_ps(args) -> int:
     rows = []
     for s in sessions:
         reason = s.get("status_reason") if s["status"] in ("PENDING", "ERROR") else ""
-        if s["status"] == "RUNNING" and s.get("preempt_at"):
-            reason = f"preempted {until(s['preempt_at'])} ({s.get('preempt_signal') or 'SIGTERM'} sent)"
+        if s["status"] == "RUNNING":
+            reason = _notice_text(s) or reason
         if reason and len(reason) > 60:
             reason = reason[:59] + "…"
         rows.append(
@@ -354,6 +354,19 @@ def cmd_ps(args) -> int:
         )
     print(table(["ID", "NAME", "OWNER", "STATUS", "NODE", "RESOURCES", "AGE", "REASON"], rows))
     return OK
+
+
+def _notice_text(session: dict) -> str:
+    """A running session's coming end it did not ask for, as `fgpu ps` says it: "preempted in 4m
+    (SIGTERM sent)", "terminated in 9m: reached its maximum lifetime of 1 h", "terminated in 9m
+    unless used: idle for 10 min (…)"; "" for none (or a server from before these fields)."""
+    if session.get("preempt_at"):
+        return f"preempted {until(session['preempt_at'])} ({session.get('preempt_signal') or 'SIGTERM'} sent)"
+    if not session.get("deadline"):
+        return ""
+    why = session.get("deadline_reason") or "reclaimed"
+    unless = "" if why.startswith("reached its maximum lifetime") else " unless used"
+    return f"terminated {until(session['deadline'])}{unless}: {why}"
 
 
 def _allocation_table(allocations: list[dict]) -> str:
@@ -395,6 +408,9 @@ def _preemption_pairs(session: dict) -> list[tuple[str, str]]:
                 f"sent at the notice; for session {short_id(session.get('preempted_for') or '')})",
             )
         )
+    if session.get("deadline") and session["status"] == "RUNNING":
+        at = session["deadline"]
+        pairs.append(("Reclaimed at", f"{at} ({until(at)}; {session.get('deadline_reason') or 'reclaimed'})"))
     if session.get("preempt_signal"):
         requeue = "" if session.get("requeue", True) else ", not requeued"
         pairs.append(("Preempt signal", f"{session['preempt_signal']}{requeue}"))

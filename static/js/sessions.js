@@ -128,9 +128,35 @@
     });
   }
 
-  // Elapsed time of every row, live ones each second.
+  // An end the user did not ask for, coming (issue 36.3): preemption (`preempt_at`), else idle
+  // reclamation or the maximum lifetime (`deadline`, `deadline_reason`): {kind, at, words} or null.
+  function noticeOf(s) {
+    if (s.status !== "RUNNING") return null;
+    if (s.preempt_at) return { kind: "preempt", at: s.preempt_at, words: "preempted", why: s.status_reason || "" };
+    if (!s.deadline) return null;
+    var lifetime = /^reached its maximum lifetime/.test(s.deadline_reason || "");
+    return { kind: lifetime ? "lifetime" : "idle", at: s.deadline, words: lifetime ? "lifetime ends" : "idle: ends",
+             why: s.deadline_reason || "" };
+  }
+
+  function two(n) { return (n < 10 ? "0" : "") + n; }
+  function countdown(iso, now) { // "4:05", "1:02:03", "now"
+    var left = Math.ceil((Date.parse(iso) - now) / 1000);
+    if (!(left > 0)) return "now";
+    var h = Math.floor(left / 3600), m = Math.floor((left % 3600) / 60);
+    return (h ? h + ":" + two(m) : String(m)) + ":" + two(left % 60);
+  }
+
+  function renderNotice(badge, now) {
+    var left = countdown(badge.getAttribute("data-ends"), now);
+    // drawn from data-text (CSS), so that td.status's text stays the status alone
+    badge.setAttribute("data-text", badge.getAttribute("data-words") + (left === "now" ? " now" : " in " + left));
+  }
+
+  // Elapsed time of every row, live ones each second (and their notices' countdowns).
   function renderElapsed(onlyLive) {
     var now = Date.now();
+    tbody.querySelectorAll(".notice-badge").forEach(function (badge) { renderNotice(badge, now); });
     tbody.querySelectorAll("tr[data-session-id]").forEach(function (row) {
       var s = sessions.get(row.getAttribute("data-session-id"));
       var cell = row.querySelector(".elapsed-text");
@@ -186,6 +212,13 @@
                                 "data-long": long ? "true" : null }, [
       el("span", { "class": "badge status-" + String(s.status).toLowerCase(), text: s.status }),
     ]);
+    var notice = noticeOf(s);
+    if (notice) {
+      var badge = el("span", { "class": "notice-badge", "data-kind": notice.kind, "data-ends": notice.at,
+                               "data-words": notice.words, title: notice.why + " (at " + timeFormat.format(new Date(notice.at)) + ")" });
+      renderNotice(badge, Date.now());
+      statusCell.appendChild(badge);
+    }
     if (long) {
       statusCell.appendChild(el("button", { type: "button", "class": "reason-toggle", "aria-expanded": "false",
                                             "aria-label": "Show all of the reason" }));
