@@ -2,13 +2,19 @@
 # picks the command. The agent on a real GPU node needs the NVIDIA container runtime.
 # The processes run as the unprivileged user `fgpu` (uid 10001); compose runs the agent as root
 # (it drives the host's Docker Engine through its socket).
-FROM python:3.11-slim
+# FGPU_BASE_IMAGE: the public python:3.11-slim by default; a machine with no registry (CI) builds
+# fgpu-compose-base:bookworm from Debian's packages instead (tests/images/build-compose.sh: the same Python,
+# the dependencies already installed and pip pointed at local wheels) and passes it (compose.yaml, README).
+ARG FGPU_BASE_IMAGE=python:3.11-slim
+FROM ${FGPU_BASE_IMAGE}
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
 # iptables: compose's agent guards its sessions' `outbound` network with a chain in the host's tables
 # (agent.network; it runs in the host's network namespace with NET_ADMIN). The other processes never call it.
-RUN apt-get update && apt-get install -y --no-install-recommends iptables && rm -rf /var/lib/apt/lists/*
+RUN command -v iptables >/dev/null \
+    || (apt-get update && apt-get install -y --no-install-recommends iptables && rm -rf /var/lib/apt/lists/*)
 COPY pyproject.toml README.md ./
+COPY common ./common
 COPY console ./console
 COPY accelerators ./accelerators
 COPY sessions ./sessions
