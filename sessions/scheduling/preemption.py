@@ -91,13 +91,19 @@ def waiting_reasons(pending: list[ComputeSession]) -> dict:
     by_waiter: dict = {}
     for v in victims:
         by_waiter.setdefault(v.preempted_for_id, []).append(v)
-    return {pk: waiter_reason(vs) for pk, vs in by_waiter.items()}
+    owners = {s.pk: s.owner for s in pending}
+    return {pk: waiter_reason(vs, owner=owners.get(pk)) for pk, vs in by_waiter.items()}
 
 
-def waiter_reason(victims: list[ComputeSession]) -> str:
-    """The reason of a session that `victims` (on one node) are preempted for."""
+def waiter_reason(victims: list[ComputeSession], *, owner=None) -> str:
+    """The reason of a session that `victims` (on one node) are preempted for, as its `owner`
+    reads it (the waiting session's status_reason): the names of the owner's own victims (all
+    for an administrator, or with no owner given), the others counted ("2 of other users";
+    issue 36.3: the ETA panel named them in one sentence and hid them in the next)."""
     when = max(v.preempt_at for v in victims if v.preempt_at is not None)  # all are under notice
-    names = ", ".join(v.name for v in victims)
+    named = [v.name for v in victims if owner is None or owner.is_staff or v.owner_id == owner.pk]
+    others = len(victims) - len(named)
+    names = ", ".join(named + ([f"{others} of other users" if others > 1 else "1 of another user"] if others else []))
     node = victims[0].node.name if victims[0].node is not None else "its node"
     return f"{CAPACITY}preempting {len(victims)} session(s) on {node} to make room ({names}; stopped at {when:%H:%M:%S} UTC)"
 
@@ -260,7 +266,7 @@ def _warn(waiter: ComputeSession, room: Room, now) -> str:
         at.isoformat(),
         lost,
     )
-    return waiter_reason(victims) if victims else waiter.status_reason
+    return waiter_reason(victims, owner=waiter.owner) if victims else waiter.status_reason
 
 
 def notice_give(*, waiter: ComputeSession, ids: list[str], reason: str, at) -> list[ComputeSession]:

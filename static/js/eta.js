@@ -72,6 +72,7 @@
       text = "It can never start as asked";
     } else {
       text = "No estimate";
+      explain = explain.replace(/^no estimate: /, ""); // said once, as the answer (issue 36.3)
     }
     $("eta-answer").textContent = text;
     $("eta-answer").setAttribute("data-outcome", a.outcome);
