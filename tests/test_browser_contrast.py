@@ -267,7 +267,15 @@ def test_console_and_admin_pages_have_no_contrast_nor_serious_accessibility_viol
     expect(page.locator("html")).to_have_attribute("data-theme", "dark")
     expect(page.locator("#theme-toggle")).to_have_attribute("aria-label", "Theme: dark. Change theme")
     assert luminance(parse_rgb(page.evaluate("getComputedStyle(document.body).backgroundColor"))) < 0.05
+    # No flash of the system's theme: the theme is in force when <body> first exists, before any of
+    # the page is drawn (theme.js runs in <head>, before the parser reaches the body).
+    page.add_init_script("""new MutationObserver((_, observer) => {
+        if (!document.body) return;
+        window.fgpuAtBody = [document.documentElement.dataset.theme, getComputedStyle(document.documentElement).colorScheme];
+        observer.disconnect();
+    }).observe(document, {childList: true, subtree: true});""")
     page.goto(base + "/account/")
+    assert page.evaluate("window.fgpuAtBody") == ["dark", "dark"]
     expect(page.locator("html")).to_have_attribute("data-theme", "dark")
     page.goto(base + "/admin/")
     expect(page.locator("html")).to_have_attribute("data-theme", "dark")
