@@ -46,15 +46,14 @@ jupyterlab: $(VENV)/.installed-jupyter
 # skips it.
 JUPYTERLAB ?= yes
 # DEMO=full adds the demo's second node, demo-mig-node (one mock H100 80GB, in dynamic MIG mode at its first start):
-# the launch dialog's MIG tab (README, The walkthrough).
+# the launch dialog's MIG tab (README, The walkthrough; `manage.py standalone --demo full`).
 DEMO ?=
-DEMO_AGENTS = demo/agent.toml,demo/agent-mig-h100.toml
 run: install
 	@if [ "$(JUPYTERLAB)" = yes ] && { [ ! -e $(VENV)/.installed-jupyter ] || [ $(VENV)/.installed -nt $(VENV)/.installed-jupyter ]; }; then \
 	  echo "JupyterLab (the walkthrough's step 4) installs in the background, about 1 min: its log is $(VENV)/jupyterlab-install.log"; \
 	  nohup nice -n 19 flock -n $(VENV)/.jupyterlab.lock $(MAKE) --no-print-directory jupyterlab >>$(VENV)/jupyterlab-install.log 2>&1 </dev/null & \
 	fi
-	PORT=$(PORT) $(if $(filter full,$(DEMO)),FGPU_AGENT_CONFIG=$(DEMO_AGENTS)) $(PY) manage.py standalone
+	PORT=$(PORT) $(PY) manage.py standalone$(if $(DEMO), --demo=$(DEMO))
 
 # The session image of the docker runtime, fgpu-session:latest (also tagged fgpu-session:test), built from
 # Debian's packages with mmdebstrap, no registry needed: as root, about 5 minutes, its progress shown.

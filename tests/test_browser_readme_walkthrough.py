@@ -14,8 +14,8 @@ screen cannot drift apart unnoticed):
 6. admin → Compute sessions → Fragmentation maps: the demo's resource group "default";
 7. Terminate from the terminal page: "Session ended: terminated by you".
 
-and its "MIG, and whole GPUs" paragraph: with the agents `make run DEMO=full` passes (the
-Makefile's DEMO_AGENTS), the launch dialog's MIG tab lists demo-mig-node's profiles at once (no
+and its "MIG, and whole GPUs" paragraph: started as `make run DEMO=full` starts it (`--demo=full`,
+read from the Makefile), the launch dialog's MIG tab lists demo-mig-node's profiles at once (no
 visit to the admin), a MIG session starts on it, and both nodes are in the group "default".
 
 Screenshots (readme-walkthrough-*.png) go to $FGPU_SCREENSHOT_DIR, else <repo>/screenshots/."""
@@ -54,15 +54,12 @@ def readme_url(section: str, port: int) -> str:
     return found.group(0).replace("$PORT", str(port))
 
 
-def demo_agents(demo: str) -> str | None:
-    """The FGPU_AGENT_CONFIG `make run DEMO=<demo>` passes (the Makefile's DEMO_AGENTS), None for
-    the default demo."""
+def demo_argv(demo: str) -> list[str]:
+    """What `make run DEMO=<demo>` adds to `manage.py standalone` (read from the Makefile)."""
     if not demo:
-        return None
-    makefile = (ROOT / "Makefile").read_text()
-    assert f"$(filter {demo},$(DEMO))" in makefile, f"the Makefile has no DEMO={demo}"
-    agents = re.search(r"^DEMO_AGENTS = (\S+)$", makefile, re.MULTILINE).group(1)
-    return ",".join(str(ROOT / path) for path in agents.split(","))
+        return []
+    assert "manage.py standalone$(if $(DEMO), --demo=$(DEMO))" in (ROOT / "Makefile").read_text()
+    return [f"--demo={demo}"]
 
 
 def start_console(procs, tmp_path, demo: str = "") -> int:
@@ -75,9 +72,7 @@ def start_console(procs, tmp_path, demo: str = "") -> int:
     env.update(FGPU_DATA_DIR=str(tmp_path / "data"), FGPU_ADMIN_PASSWORD=ADMIN_PASSWORD, PORT=str(port),
                PYTHONUNBUFFERED="1", FGPU_RUNTIME="process")
     env.pop("FGPU_AGENT_CONFIG", None)
-    if demo_agents(demo):
-        env["FGPU_AGENT_CONFIG"] = demo_agents(demo)
-    server = procs.start("standalone", [sys.executable, "manage.py", "standalone"], env)
+    server = procs.start("standalone", [sys.executable, "manage.py", "standalone", *demo_argv(demo)], env)
 
     def ready():
         assert server.popen.poll() is None, f"standalone exited:\n{server.output()}"

@@ -48,7 +48,7 @@ log = logging.getLogger("fgpu.standalone")
 
 DEMO_AGENT = settings.BASE_DIR / "demo" / "agent.toml"
 DEMO_ACCELERATOR = settings.BASE_DIR / "demo" / "accelerator.json"
-DEMO_MIG_AGENT = settings.BASE_DIR / "demo" / "agent-mig-h100.toml"  # `make run DEMO=full`: starts in dynamic MIG mode
+DEMO_MIG_AGENT = settings.BASE_DIR / "demo" / "agent-mig-h100.toml"  # `--demo full` (make run DEMO=full): dynamic MIG
 AUTO = "auto"  # FGPU_RUNTIME: docker where Docker Engine answers and holds the session image, else process
 IMAGE_BUILD_TIME = "1-4 minutes"  # `make image` (tests/images/build.sh) on 2 cores: 60 s alone, 3.3 min beside other work
 
@@ -65,12 +65,20 @@ class Command(BaseCommand):
             help="stop every session when the console exits (default: FGPU_STOP_SESSIONS_ON_EXIT, else they keep "
             "running and the next start adopts them)",
         )
+        parser.add_argument(
+            "--demo",
+            choices=["", "full"],
+            default="",
+            help="full (make run DEMO=full): the demo's MIG node too (demo/agent-mig-h100.toml, where FGPU_AGENT_CONFIG "
+            "names no agents), in dynamic MIG mode from its first start",
+        )
 
-    def handle(self, *args, host: str, port: int | None, stop_sessions: bool, **options):
+    def handle(self, *args, host: str, port: int | None, stop_sessions: bool, demo: str = "", **options):
         stop_ignoring_session_signals()
         port = port or env_int("PORT", 8000, minimum=1, maximum=65535)
         self.stop_sessions = stop_sessions or env_bool("FGPU_STOP_SESSIONS_ON_EXIT")
-        agent_files = env_list("FGPU_AGENT_CONFIG", [str(DEMO_AGENT)])
+        agent_files = env_list("FGPU_AGENT_CONFIG", [str(DEMO_AGENT)] + ([str(DEMO_MIG_AGENT)] if demo == "full" else []))
+        self.demo = demo
 
         def load(runtime: str | None = None) -> list:
             try:
@@ -182,9 +190,10 @@ class Command(BaseCommand):
         """Each embedded node this console has never seen gets its row before its agent registers
         (LOST, no devices, as `node_agent_key_rotate` makes one): in the resource group "default",
         made here while the console has no resource group at all (so the demo's fragmentation map,
-        admin → Compute sessions → Fragmentation maps, lists it), and the demo's MIG node
-        (demo/agent-mig-h100.toml) in dynamic MIG mode, so the launch dialog's MIG tab works at once.
-        A node seen before keeps what an administrator set; so do nodes while other groups exist."""
+        admin → Compute sessions → Fragmentation maps, lists it), and with `--demo full` the demo's
+        MIG node (demo/agent-mig-h100.toml) in dynamic MIG mode, so the launch dialog's MIG tab works
+        at once (without it, MIG stays off there as on any new node, and its GPU serves fGPU). A node
+        seen before keeps what an administrator set; so do nodes while other groups exist."""
         known = set(Node.objects.filter(name__in=[c.node_name for c in configs]).values_list("name", flat=True))
         new = [c for c in configs if c.node_name not in known]
         if not new:
@@ -193,7 +202,8 @@ class Command(BaseCommand):
         if group is None and not ResourceGroup.objects.exists():
             group = ResourceGroup.objects.create(name=DEFAULT_GROUP, description="the standalone console's nodes")
         for config in new:
-            mig = MigMode.DYNAMIC if config.path.resolve() == DEMO_MIG_AGENT.resolve() else MigMode.OFF
+            demo_mig = self.demo == "full" and config.path.resolve() == DEMO_MIG_AGENT.resolve()
+            mig = MigMode.DYNAMIC if demo_mig else MigMode.OFF
             Node.objects.create(name=config.node_name, status=NodeStatus.LOST, resource_group=group, mig_mode=mig)
 
     def _register_images(self, configs) -> None:
