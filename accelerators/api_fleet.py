@@ -25,7 +25,7 @@ def _fgpu(value: Decimal | None) -> str | None:
 
 
 class FleetQuerySerializer(serializers.Serializer):
-    state = serializers.ChoiceField(["", *STATES], required=False, default="", help_text="only nodes in this state")
+    state = serializers.ChoiceField(list(STATES), required=False, help_text="only nodes in this state (default: any)")
     resource_group = serializers.CharField(
         required=False, default="", max_length=64, help_text=f'only nodes of this resource group ("{NO_GROUP}": in none)'
     )
@@ -34,7 +34,14 @@ class FleetQuerySerializer(serializers.Serializer):
     )
     name = serializers.CharField(required=False, default="", max_length=128, help_text="only nodes whose name contains this")
     min_free_fgpu = serializers.DecimalField(
-        required=False, default=Decimal(0), max_digits=9, decimal_places=2, min_value=Decimal(0), help_text="fGPU free, at least"
+        required=False,
+        default=Decimal(0),
+        max_digits=None,  # any number of digits the schema's "number" allows: it is only compared
+        decimal_places=None,
+        min_value=Decimal(0),
+        max_value=Decimal(10_000_000),
+        coerce_to_string=False,  # the schema says a number with its minimum (as text it would say a pattern only)
+        help_text="fGPU free, at least",
     )
     min_idle_gpus = serializers.IntegerField(required=False, default=0, min_value=0, max_value=10_000)
     min_free_mig = serializers.IntegerField(
@@ -163,7 +170,7 @@ class FleetSerializer(serializers.Serializer):
 def fleet_response(query: dict) -> dict:
     """A validated FleetQuerySerializer's data → the overview as the API answers it."""
     filters = FleetFilter(
-        state=query["state"],
+        state=query.get("state", ""),
         resource_group=query["resource_group"].strip(),
         model=query["model"].strip(),
         name=query["name"].strip(),
@@ -200,6 +207,8 @@ def fleet_response(query: dict) -> dict:
 @permission_classes([IsAdminUser])
 def fleet_view(request):
     """The fleet overview (`accelerators.fleet.fleet_overview`)."""
-    query = FleetQuerySerializer(data=request.query_params)
+    # A plain dict, not the QueryDict: DRF reads a form's empty value as an omitted one, and the schema
+    # says "?state=" is no state (a 400 naming it, as every other bad parameter).
+    query = FleetQuerySerializer(data=request.query_params.dict())
     query.is_valid(raise_exception=True)
     return Response(fleet_response(query.validated_data))

@@ -186,7 +186,10 @@ def fleet_nodes(*, only=None) -> list[NodeFigures]:
     """Every node (or those of the Node queryset `only`) with its whole GPUs' figures
     (`GpuFigures`, by index), by name. Four queries whatever the fleet's size: fractional
     settings, nodes, devices with their live allocations summed (SQL), held MIG instances."""
-    settings = {s.slot_name: s for s in FractionalSettings.objects.all()}
+    fractional = {
+        s.slot_name: s.as_allocation_settings()
+        for s in FractionalSettings.objects.filter(allocation_mode=AllocationMode.FRACTIONAL)
+    }
     nodes: dict[Any, NodeFigures] = {}
     scaling: dict[Any, tuple[Decimal, Decimal, int]] = {}
     scope = Node.objects.all() if only is None else only
@@ -248,9 +251,8 @@ def fleet_nodes(*, only=None) -> list[NodeFigures]:
                 max_sessions=split,
             )
             gpu.load = _load(counters)
-            slot_settings = settings.get(slot)
-            if slot_settings is not None and slot_settings.allocation_mode == AllocationMode.FRACTIONAL:
-                pure = slot_settings.as_allocation_settings()
+            pure = fractional.get(slot)
+            if pure is not None:
                 gpu.kind = "fgpu"
                 gpu.capacity = core.device_capacity(
                     memory_size=counters.memory_total, subproc_count=counters.proc_total, settings=pure

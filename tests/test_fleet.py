@@ -117,7 +117,7 @@ def test_pages_hold_page_size_nodes_and_a_page_past_the_last_gives_the_last(alic
 
 
 @pytest.mark.parametrize("query, field", [
-    ("state=draining", "state"), ("page=0", "page"), ("page_size=201", "page_size"), ("min_free_fgpu=-1", "min_free_fgpu"),
+    ("state=draining", "state"), ("state=", "state"), ("page=0", "page"), ("page_size=201", "page_size"), ("min_free_fgpu=-1", "min_free_fgpu"),
     ("min_idle_gpus=x", "min_idle_gpus"), ("sort=random", "sort"),
 ])
 def test_a_bad_parameter_is_a_400_naming_it(staff, query, field):
