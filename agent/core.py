@@ -53,7 +53,8 @@ from agent.storage import StorageWatch
 from agent.usage import UsageSampler
 from protocol.messages import StartSpec
 
-# What callers (agent.boot, the tests, the benchmarks) import from here: the manager client and the pools' sizes.
+# What callers (the tests, the benchmarks) import from here: the manager client, the pools' sizes and the parts'
+# limits (read when an Agent or a RunningSession is made: flow_limits, log_limits, so a change here reaches it).
 from agent.manager_link import MANAGER_THREADS as MANAGER_THREADS
 from agent.manager_link import CeleryManager as CeleryManager
 from agent.log_shipper import LOG_BACKLOG_CHARS as LOG_BACKLOG_CHARS
@@ -71,9 +72,6 @@ from agent.terminal_pipe import READER_STALL_S as READER_STALL_S
 from agent.terminal_pipe import READER_WINDOW_CHARS as READER_WINDOW_CHARS
 from agent.terminal_pipe import READER_WINDOW_FRAMES as READER_WINDOW_FRAMES
 from agent.terminal_pipe import SCROLLBACK_BYTES as SCROLLBACK_BYTES
-from agent.lifecycle import KILL_GRACE_S as KILL_GRACE_S
-from agent.lifecycle import KILL_WAIT_S as KILL_WAIT_S
-from agent.lifecycle import RESIGNAL_S as RESIGNAL_S
 from agent.lifecycle import outlives_agent as outlives_agent
 from agent.lifecycle import sweep_scratch as sweep_scratch
 
