@@ -99,6 +99,8 @@ def test_the_session_page_leads_with_the_terminal_follows_output_to_its_end_and_
 
     wait_until(at_the_end, timeout=90, interval=0.25, what="the last line and the prompt on screen after 200,000 lines")
     expect(page.locator("#terminal-follow")).to_be_hidden()
+    last_row, pane = box(page, "#terminal .xterm-rows > div:last-child"), box(page, "#terminal")
+    assert last_row["y"] + last_row["height"] <= pane["y"] + pane["height"], (last_row, pane)  # the prompt whole
     page.screenshot(path=str(shots / "session-page-running-desktop.png"), animations="disabled")
 
     # Scrolled up by the user: the view stays there, and the button brings it back to the end.
