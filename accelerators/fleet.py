@@ -57,11 +57,12 @@ class DeviceSamples:
         "util": percent, "t": epoch seconds}`, for the devices of `device_ids` that have one."""
         return {}
 
-    def means(self, *, since: int, node_ids: list[Any] | None) -> list[tuple[Any, Any]]:
-        """Per sampled GPU (MIG devices aside) of the nodes `node_ids` (None: every node), its
-        mean memory used (bytes) and mean utilisation (percent) over its samples since `since`,
-        as `(memory, util)` (either None where no sample had it)."""
-        return []
+    def used(self, *, since: int, node_ids: list[Any] | None) -> tuple[int, int, Any]:
+        """Over the sampled GPUs (MIG devices aside) of the nodes `node_ids` (None: every node),
+        each GPU's mean memory used (bytes) and utilisation (percent) over its samples since
+        `since`: `(GPUs sampled, the sum of their memory means, the mean of their utilisation
+        means or None)`, aggregated where the samples are (one row back, not one a GPU)."""
+        return 0, 0, None
 
 
 samples = DeviceSamples()  # set by usage.apps.UsageConfig.ready()
@@ -391,21 +392,12 @@ def fleet_overview(
 
 def _fleet_used(nodes: list[NodeFigures], horizon: int) -> dict:
     """What the kept nodes' GPUs really use: each sampled GPU's mean memory used (bytes) and
-    utilisation (percent) over its samples since `horizon` (averaged in SQL), summed and
-    averaged over the GPUs; the whole fleet's samples when every node is kept (no list of ids
-    to send)."""
+    utilisation (percent) over its samples since `horizon`, summed and averaged over the GPUs
+    in SQL (`DeviceSamples.used`); the whole fleet's samples when every node is kept (no list of
+    ids to send)."""
     every = len(nodes) == Node.objects.count()
-    gpus = 0
-    memory = 0
-    util_sum = 0.0
-    util_n = 0
-    for memory_mean, util_mean in samples.means(since=horizon, node_ids=None if every else [n.pk for n in nodes]):
-        gpus += 1
-        memory += int(memory_mean or 0)
-        if util_mean is not None:
-            util_sum += float(util_mean)
-            util_n += 1
-    return {"gpus_sampled": gpus, "memory_used": memory, "util": round(util_sum / util_n) if util_n else None}
+    gpus, memory, util = samples.used(since=horizon, node_ids=None if every else [n.pk for n in nodes])
+    return {"gpus_sampled": gpus, "memory_used": int(memory), "util": None if util is None else round(util)}
 
 
 def mig_capacity(*, nodes) -> list[NodeFigures]:

@@ -11,7 +11,7 @@ from uuid import UUID
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import Avg, F, Max, Q, Sum
+from django.db.models import Avg, Count, F, Max, Q, Sum
 from django.utils import timezone
 
 from accelerators.fleet import DeviceSamples
@@ -574,8 +574,10 @@ class FleetDeviceSamples(DeviceSamples):
             newest[device_id] = {"memory_used": memory_used, "util": util, "t": t}
         return newest
 
-    def means(self, *, since: int, node_ids: list[Any] | None) -> list[tuple[Any, Any]]:
+    def used(self, *, since: int, node_ids: list[Any] | None) -> tuple[int, int, Any]:
         rows = DeviceSample.objects.filter(t__gte=since, device__is_mig_device=False)
         if node_ids is not None:
             rows = rows.filter(device__node_id__in=node_ids)
-        return [(r["m"], r["u"]) for r in rows.values("device_id").annotate(m=Avg("memory_used"), u=Avg("util"))]
+        per_gpu = rows.values("device_id").annotate(m=Avg("memory_used"), u=Avg("util"))
+        found = per_gpu.aggregate(gpus=Count("device_id"), memory=Sum("m"), util=Avg("u"))  # over a subquery of the means
+        return found["gpus"] or 0, int(found["memory"] or 0), found["util"]
