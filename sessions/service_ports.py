@@ -129,8 +129,10 @@ def apps_from_service_ports(label: str) -> tuple[list[dict], list[str]]:
 
 def merged_apps(explicit: list, labels: dict | None) -> list:
     """An image's apps: its record's own (`explicit`, SessionImage.apps) and, after them, those
-    its `ai.backend.service-ports` label in `labels` declares under names the record does not use
-    (the record's win). A label that cannot be parsed adds nothing (it was refused when written)."""
+    its `ai.backend.service-ports` label in `labels` declares under names and titles the record does
+    not use (the record's win: the host image's "jupyter", titled JupyterLab, and its label's
+    "jupyterlab" are one app, not two buttons). A label that cannot be parsed adds nothing (it was
+    refused when written)."""
     label = (labels or {}).get(SERVICE_PORTS_LABEL) if isinstance(labels, dict) else None
     if not label:
         return explicit
@@ -139,4 +141,5 @@ def merged_apps(explicit: list, labels: dict | None) -> list:
     except ServicePortsError:
         return explicit
     names = {app.get("name") for app in explicit if isinstance(app, dict)}
-    return [*explicit, *(app for app in from_label if app["name"] not in names)]
+    titles = {str(app.get("title") or app.get("name") or "").casefold() for app in explicit if isinstance(app, dict)}
+    return [*explicit, *(app for app in from_label if app["name"] not in names and app["title"].casefold() not in titles)]

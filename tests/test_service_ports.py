@@ -64,6 +64,15 @@ def test_the_records_own_apps_win_by_name_and_a_malformed_label_adds_nothing():
     assert merged_apps([], {"framework": "pytorch"}) == []
 
 
+def test_a_label_app_the_record_offers_under_another_name_is_offered_once():
+    # The demo's image: its record names JupyterLab "jupyter", its label "jupyterlab": one button, the record's.
+    mine = {"name": "jupyter", "title": "JupyterLab", "command": "exec jupyter lab --port {port}", "port": 8888}
+    labels = {SERVICE_PORTS_LABEL: "jupyterlab:http:8090"}
+
+    assert merged_apps([mine], labels) == [mine]
+    assert [a["name"] for a in merged_apps([{**mine, "title": "Notebook"}], labels)] == ["jupyter", "jupyterlab"]
+
+
 def test_an_administrator_cannot_write_a_malformed_label_and_is_told_why():
     validate_image_labels({SERVICE_PORTS_LABEL: "jupyterlab:http:8090"})
     with pytest.raises(ValidationError) as refused:
