@@ -72,7 +72,7 @@ def _scheduler():
     import sessions
 
     if (Path(sessions.__file__).parent / "scheduling").is_dir():
-        from sessions.lifecycle.services import session_create
+        from sessions.admission.launch import session_create
         from sessions.scheduling.scheduler import schedule_pending
     else:  # by the package's own folder: the editable install's finder would find the new paths in /work/main
         from sessions.scheduler import schedule_pending  # type: ignore[no-redef]
@@ -166,6 +166,8 @@ def served_figures(token: str, *, clients: int, seconds: float) -> dict:
         try:
             me = load(port, ME, token, clients=clients, seconds=seconds)
             nodes = load(port, NODES, token, clients=clients, seconds=seconds)
+        except statistics.StatisticsError:  # no answer within the run, or only errors: shown as nan
+            return {}
         finally:
             web.stop()
     return {
@@ -177,19 +179,31 @@ def served_figures(token: str, *, clients: int, seconds: float) -> dict:
 
 
 def one_size(args, size: int) -> dict:
+    from django.test.utils import teardown_test_environment
+
     from benchmarks.database import throwaway_database
 
-    figures: dict = {"nodes": size, "load_before": _load()}
+    nan = float("nan")
+    figures: dict = {"nodes": size, "load_before": _load(), "placed": "-", "over": "-", "nodes_errors": -1}
+    figures |= dict.fromkeys(["me_ms", "launch_ms", "ratio", "pass_s", "served_me_p50_ms", "nodes_p50_ms", "nodes_ratio"], nan)
+    figures |= dict.fromkeys(["eta_head_ms", "eta_tail_ms", "what_if_ms", "fragmentation_ms"], nan)
     with throwaway_database("bench_scale"):
         began = time.perf_counter()
         user, token = seed(nodes=size)
         figures["seed_s"] = time.perf_counter() - began
         api = _api(token)
-        figures |= launch_figures(api, launches=args.launches)
-        figures |= pass_figures(user, count=args.waiting)
-        figures |= view_figures(api, user, count=args.waiting, repeat=args.repeat)
-        figures |= served_figures(token, clients=args.clients, seconds=args.seconds)
+        phases = {
+            "launch": lambda: launch_figures(api, launches=args.launches),
+            "pass": lambda: pass_figures(user, count=args.waiting),
+            "views": lambda: view_figures(api, user, count=args.waiting, repeat=args.repeat),
+            "served": lambda: served_figures(token, clients=args.clients, seconds=args.seconds),
+        }
+        for name, phase in phases.items():
+            if name in args.phases:
+                figures |= phase()
+                print(f"{size} nodes, {name}: {figures} (load {_load()})", file=sys.stderr, flush=True)
         _purge()
+    teardown_test_environment()  # throwaway_database set it up; the next size sets it up again
     figures["load_after"] = _load()
     print(figures, file=sys.stderr, flush=True)
     return figures
@@ -197,7 +211,7 @@ def one_size(args, size: int) -> dict:
 
 def _purge() -> None:
     """The pass requests the launches left on the broker: nobody was meant to take them."""
-    from console.celery import app
+    from common.celery import app
 
     app.control.purge()
 
@@ -253,6 +267,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--phases", default="launch,pass,views,served", help="which to run, comma-separated")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "scale.txt")
     args = parser.parse_args()
     if not os.environ.get("REDIS_URL"):
