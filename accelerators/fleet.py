@@ -32,12 +32,12 @@ from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.models import AllocationMode, Device, FractionalSettings, GpuInstance, MigMode, Node, NodeStatus
 from accelerators.selectors import devices_with_usage, nodes_with_usage
 
-# A node's state, as the overview names it: ready (heartbeats arrive, nothing pending), lost
-# (heartbeats stopped: nothing is placed there, its sessions are fenced; sessions.lifecycle),
-# mig-pending (its agent has not applied the MIG layout the manager sent yet), mig-error (its
-# agent reported a MIG layout it could not apply). The console has no drain: a node in no
-# state but "ready" takes no new session only when lost.
-STATES = ("ready", "mig-pending", "mig-error", "lost")
+# A node's state, as the overview names it: ready (heartbeats arrive, nothing pending), draining
+# (an administrator drains it: no new session is placed there; read where the node has the drain
+# fields, Node.drain_since), mig-pending (its agent has not applied the MIG layout the manager
+# sent yet), mig-error (its agent reported a MIG layout it could not apply), lost (heartbeats
+# stopped: nothing is placed there, its sessions are fenced; sessions.lifecycle).
+STATES = ("ready", "draining", "mig-pending", "mig-error", "lost")
 NO_GROUP = "-"  # the `resource_group` filter's value for the nodes in no resource group
 SORTS = ("name", "free", "load", "-load")  # name; most free fGPU first; least loaded first; most loaded first
 PAGE_SIZE = 50
@@ -172,11 +172,13 @@ class FleetFilter:
         )
 
 
-def node_fleet_state(*, status: str, mig_sync: dict | None) -> str:
-    """A node's state for the overview (STATES) from its status and MIG layout sync
-    (`accelerators.mig_services.node_mig_push`'s states)."""
+def node_fleet_state(*, status: str, mig_sync: dict | None, draining: bool = False) -> str:
+    """A node's state for the overview (STATES) from its status, whether it is drained
+    (`draining`) and its MIG layout sync (`accelerators.mig_services.node_mig_push`'s states)."""
     if status == NodeStatus.LOST:
         return "lost"
+    if draining:
+        return "draining"
     applied = (mig_sync or {}).get("state", "")
     if applied == "error":
         return "mig-error"
@@ -194,12 +196,14 @@ def fleet_nodes(*, only=None) -> list[NodeFigures]:
     nodes: dict[Any, NodeFigures] = {}
     scaling: dict[Any, tuple[Decimal, Decimal, int]] = {}
     scope = Node.objects.all() if only is None else only
+    drain = "drain_since" if any(f.name == "drain_since" for f in Node._meta.get_fields()) else "last_heartbeat"
     rows = scope.order_by("name").values_list(
         "pk", "name", "status", "last_heartbeat", "resource_group__name", "mig_mode", "mig_sync", "memory_scaling",
-        "core_scaling", "device_split_count",
+        "core_scaling", "device_split_count", drain,
     )  # fmt: skip
-    for pk, name, status, heartbeat, group, mig_mode, mig_sync, mem_scale, core_scale, split in rows:
-        state = node_fleet_state(status=status, mig_sync=mig_sync)
+    for pk, name, status, heartbeat, group, mig_mode, mig_sync, mem_scale, core_scale, split, drained in rows:
+        draining = drain == "drain_since" and drained is not None
+        state = node_fleet_state(status=status, mig_sync=mig_sync, draining=draining)
         nodes[pk] = NodeFigures(pk, name, status, state, heartbeat, group or "", mig_mode)
         scaling[pk] = (mem_scale, core_scale, split)
     device_rows = Device.objects.all() if only is None else Device.objects.filter(node__in=scope)

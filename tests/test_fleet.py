@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from accelerators.fleet import fleet_overview, profile_compute_slices
+from accelerators.fleet import fleet_overview, node_fleet_state, profile_compute_slices
 from accelerators.models import Device, MigMode, Node, NodeStatus, ResourceGroup
 from tests.conftest import GiB, client_for, make_cluster, mock_gpu
 from usage.models import DeviceSample
@@ -48,7 +48,7 @@ def test_the_overview_counts_fgpu_whole_and_mig_gpus_and_each_nodes_state(fleet,
 
     body = client_for(staff).get("/api/v1/fleet/").json()
 
-    assert body["states"] == {"ready": 3, "mig-pending": 0, "mig-error": 0, "lost": 1}
+    assert body["states"] == {"ready": 3, "draining": 0, "mig-pending": 0, "mig-error": 0, "lost": 1}
     assert body["groups"] == ["training"] and body["models"] == ["CUDA GPU", "H100-80GB"]
     totals = body["totals"]
     assert (totals["nodes"], totals["gpus"], totals["mig_gpus"]) == (4, 6, 1)
@@ -117,7 +117,7 @@ def test_pages_hold_page_size_nodes_and_a_page_past_the_last_gives_the_last(alic
 
 
 @pytest.mark.parametrize("query, field", [
-    ("state=draining", "state"), ("state=", "state"), ("page=0", "page"), ("page_size=201", "page_size"), ("min_free_fgpu=-1", "min_free_fgpu"),
+    ("state=drained", "state"), ("state=", "state"), ("page=0", "page"), ("page_size=201", "page_size"), ("min_free_fgpu=-1", "min_free_fgpu"),
     ("min_idle_gpus=x", "min_idle_gpus"), ("sort=random", "sort"),
 ])
 def test_a_bad_parameter_is_a_400_naming_it(staff, query, field):
@@ -165,3 +165,10 @@ def test_the_admin_fleet_page_and_the_node_list_show_capacity(fleet, alice, admi
 def test_a_non_staff_user_gets_no_fleet_page(alice, client):
     client.force_login(alice)
     assert client.get("/admin/accelerators/node/fleet/").status_code == 302  # to the admin's login
+
+
+def test_a_nodes_state_is_lost_before_draining_before_its_mig_sync():
+    assert node_fleet_state(status=NodeStatus.LOST, mig_sync={"state": "error"}, draining=True) == "lost"
+    assert node_fleet_state(status=NodeStatus.ALIVE, mig_sync={"state": "error"}, draining=True) == "draining"
+    assert [node_fleet_state(status=NodeStatus.ALIVE, mig_sync={"state": s}) for s in ("error", "sent", "applied", "")] == [
+        "mig-error", "mig-pending", "ready", "ready"]

@@ -75,7 +75,8 @@
       sec.appendChild(el("h3", "", g + " — " + groups[g].length + " node" + (groups[g].length === 1 ? "" : "s") + ", " + mean + " % allocated"));
       var grid = el("div", "fleet-heat-grid");
       groups[g].forEach(function (n) {
-        var a = el("a", "fleet-cell " + bucket(n.load) + (n.state === "lost" ? " is-lost" : n.state !== "ready" ? " is-mig" : ""));
+        var mark = { ready: "", lost: " is-lost", draining: " is-draining" }[n.state];
+        var a = el("a", "fleet-cell " + bucket(n.load) + (mark === undefined ? " is-mig" : mark));
         a.href = "?name=" + encodeURIComponent(n.name);
         var label = n.name + ": " + n.state + ", " + n.load + " % allocated, " + n.fgpu_free + " fGPU free, " +
           n.gpus_idle + " idle GPU" + (n.gpus_idle === 1 ? "" : "s") + (n.mig_free ? ", " + n.mig_free + " free MIG slices" : "");
