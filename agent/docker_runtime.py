@@ -444,6 +444,9 @@ class DockerRuntime:
             config["mounts"].append(docker.types.Mount(f"{HOME}/data", spec["data_dir"], type="bind"))
         for name, folder in (spec.get("project_dirs") or {}).items():  # and each of their projects'
             config["mounts"].append(docker.types.Mount(f"{HOME}/projects/{name}", folder, type="bind"))
+        for name, shared in (spec.get("shared_dirs") or {}).items():  # the folders shared with them (issue 36.5)
+            read_only = shared.get("read_only", True) is not False  # a read-only share: a read-only volume
+            config["mounts"].append(docker.types.Mount(f"{HOME}/shared/{name}", shared["path"], type="bind", read_only=read_only))
         if mem:
             config.update(mem_limit=mem, memswap_limit=mem)  # swap off: the limit is the limit
         devices = [d["device_id"] for d in spec.get("devices", [])]
@@ -468,7 +471,8 @@ class DockerRuntime:
 
         config = self.container_config(spec=spec, argv=argv, env=env, work_dir=work_dir)
         _give_home(work_dir, self.uid, self.gid)
-        for folder in [spec.get("data_dir"), *(spec.get("project_dirs") or {}).values()]:
+        shared = [s["path"] for s in (spec.get("shared_dirs") or {}).values()]
+        for folder in [spec.get("data_dir"), *(spec.get("project_dirs") or {}).values(), *shared]:
             if folder:  # the persistent folders mounted in it: the container's user's inside too
                 _give_home(Path(folder), self.uid, self.gid)
         try:

@@ -85,6 +85,35 @@ def project_folders(data_root: Path | None, projects) -> dict[str, Path]:
     return found
 
 
+def shared_folders(data_root: Path | None, shared) -> dict[str, tuple[Path, bool]]:
+    """name → (folder, read-only) of each folder in `shared` (the start spec's, or the file
+    API's: `[{"name", "kind": "user" | "project", "id", "read_only"}]` or {name: {…}}): a user's
+    `<data_root>/users/<id>` or a project's `<data_root>/projects/<id>`. A name or id that is not
+    one path part, or an unknown kind, is left out; `read_only` is True unless it is False."""
+    if data_root is None or not shared:
+        return {}
+    items = [{**v, "name": k} for k, v in shared.items()] if isinstance(shared, dict) else list(shared)
+    found: dict[str, tuple[Path, bool]] = {}
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        name, kind, folder_id = str(item.get("name", "")), item.get("kind"), str(item.get("id", ""))
+        try:
+            if proto.path_parts(name) != [name] or proto.path_parts(folder_id) != [folder_id]:
+                continue
+        except proto.PathRefused:
+            continue
+        if kind == "user":
+            folder = data_folder(data_root, folder_id if folder_id.isdigit() else None)
+        elif kind == "project":
+            folder = Path(data_root) / "projects" / folder_id
+        else:
+            continue
+        if folder is not None:
+            found[name] = (folder, item.get("read_only") is not False)
+    return found
+
+
 def _show(folder: Path, target: Path, *, link: bool) -> None:
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not link:
@@ -96,9 +125,17 @@ def _show(folder: Path, target: Path, *, link: bool) -> None:
         pass
 
 
-def link_data(*, work_dir: Path, folder: Path | None, link: bool, projects: dict[str, Path] | None = None) -> None:
+def link_data(
+    *,
+    work_dir: Path,
+    folder: Path | None,
+    link: bool,
+    projects: dict[str, Path] | None = None,
+    shared: dict[str, tuple[Path, bool]] | None = None,
+) -> None:
     """Make the owner's persistent `folder` (mode 0700) and show it in the session's home
-    `work_dir` as `data`, and each of `projects` (name → folder) as `projects/<name>`: a
+    `work_dir` as `data`, each of `projects` (name → folder) as `projects/<name>` and each of
+    `shared` (name → (folder, read-only)) as `shared/<name>`: a
     symbolic link to it (`link`: the process runtime), or an empty directory the runtime
     bind-mounts it on (the docker runtime). An existing entry that is not such a link (a
     working directory kept from before) is left as it is."""
@@ -108,6 +145,10 @@ def link_data(*, work_dir: Path, folder: Path | None, link: bool, projects: dict
         (work_dir / proto.PROJECTS_DIR).mkdir(exist_ok=True)
         for name, project_folder in projects.items():
             _show(project_folder, work_dir / proto.PROJECTS_DIR / name, link=link)
+    if shared:
+        (work_dir / proto.SHARED_DIR).mkdir(exist_ok=True)
+        for name, (shared_folder, _) in shared.items():
+            _show(shared_folder, work_dir / proto.SHARED_DIR / name, link=link)
 
 
 def _give(parent_fd: int, name: str) -> None:
@@ -155,10 +196,17 @@ class FileOps:
     """File operations confined to a session's `home` and its owner's persistent folder `data`
     (None: none). Blocking; every method raises FileError."""
 
-    def __init__(self, home: Path, data: Path | None, projects: dict[str, Path] | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        data: Path | None,
+        projects: dict[str, Path] | None = None,
+        shared: dict[str, tuple[Path, bool]] | None = None,
+    ) -> None:
         self.home = Path(home)
         self.data = data
         self.projects = projects or {}  # name → the project's persistent folder
+        self.shared = shared or {}  # name → (a folder shared with the owner, read-only): shared/<name>
 
     # --- resolving ---------------------------------------------------------------------
 
@@ -172,6 +220,8 @@ class FileOps:
             which, base, parts = "data", self.data, parts[1:]
         elif len(parts) > 1 and parts[0] == proto.PROJECTS_DIR and parts[1] in self.projects:
             which, base, parts = f"project:{parts[1]}", self.projects[parts[1]], parts[2:]
+        elif len(parts) > 1 and parts[0] == proto.SHARED_DIR and parts[1] in self.shared:
+            which, base, parts = f"shared:{parts[1]}", self.shared[parts[1]][0], parts[2:]
         else:
             which, base = "home", self.home
         try:
@@ -226,6 +276,10 @@ class FileOps:
                 raise FileError(
                     "bad-path", "the path names a folder the file API does not change (the home or the persistent folder itself)"
                 )
+            if write and which.startswith("shared:") and self.shared[which[7:]][1]:
+                raise FileError("read-only", f"{proto.SHARED_DIR}/{which[7:]} is shared with you read-only")
+            if write and which == "home" and parts[0] == proto.SHARED_DIR:
+                raise FileError("not-found", f"{proto.SHARED_DIR}/ holds the folders shared with you; there is no such one")
             if write and which == "home" and parts[0] == proto.META_DIR:
                 raise FileError(
                     "read-only", f"{proto.META_DIR}/ holds the console's own files (the virtual nvidia-smi); it is read-only here"
@@ -244,6 +298,24 @@ class FileOps:
         "mtime" (epoch s)}], "truncated"}`. In the home, `data` (the persistent folder) is listed as a folder with
         `"persistent": true`; the file API's temporary upload files are left out."""
         which, root, parts = self._root(path)
+        if which == "home" and parts == [proto.SHARED_DIR]:
+            os.close(root)
+            return {
+                "path": proto.SHARED_DIR,
+                "truncated": False,
+                "entries": [
+                    {
+                        "name": name,
+                        "type": "dir",
+                        "size": 0,
+                        "mtime": int(folder.stat().st_mtime),
+                        "persistent": True,
+                        "read_only": read_only,
+                    }
+                    for name, (folder, read_only) in sorted(self.shared.items())
+                    if folder.is_dir()
+                ],  # fmt: skip
+            }
         if which == "home" and parts == [proto.PROJECTS_DIR] and self.projects:
             os.close(root)
             return {
@@ -277,11 +349,21 @@ class FileOps:
                         entry.update(type="dir", size=0, persistent=True)
                     elif which == "home" and not parts and item.name == proto.PROJECTS_DIR and self.projects:
                         entry.update(type="dir", size=0)
+                    elif which == "home" and not parts and item.name == proto.SHARED_DIR:
+                        entry.update(type="dir", size=0)
                     entries.append(entry)
         finally:
             os.close(fd)
         entries.sort(key=lambda e: (not e.get("persistent"), e["type"] != "dir", e["name"]))
-        prefix = [proto.DATA_DIR] if which == "data" else [proto.PROJECTS_DIR, which[8:]] if which.startswith("project:") else []
+        prefix = (
+            [proto.DATA_DIR]
+            if which == "data"
+            else [proto.PROJECTS_DIR, which[8:]]
+            if which.startswith("project:")
+            else [proto.SHARED_DIR, which[7:]]
+            if which.startswith("shared:")
+            else []
+        )
         return {"path": "/".join(prefix + parts), "entries": entries, "truncated": truncated}
 
     def stat(self, path: str) -> dict:
@@ -358,7 +440,15 @@ class FileOps:
     def usage(self, which: str) -> int:
         """Bytes of the regular files under a root ("home": without the persistent folders;
         "data"; "project:<name>"), links not followed."""
-        base = self.data if which == "data" else self.projects[which[8:]] if which.startswith("project:") else self.home
+        base = (
+            self.data
+            if which == "data"
+            else self.projects[which[8:]]
+            if which.startswith("project:")
+            else self.shared[which[7:]][0]
+            if which.startswith("shared:")
+            else self.home
+        )
         if base is None:  # "data" of a session whose owner has no persistent folder
             raise FileError("not-found", "there is no persistent folder")
         total = 0
@@ -394,6 +484,8 @@ class FileOps:
                     if which == "data"
                     else f"project {which[8:]}'s folder"
                     if which.startswith("project:")
+                    else f"the shared folder {which[7:]}"
+                    if which.startswith("shared:")
                     else "this session's home"
                 )
                 raise FileError(
@@ -457,13 +549,18 @@ class SessionFiles:
         self.uploads: dict[str, tuple[str, Upload]] = {}  # upload id → (session id, upload)
         self.lock = threading.Lock()
 
-    def ops(self, running, owner_id, projects=None) -> FileOps:
-        """The session's files: its home, the owner's folder, and the folders of `projects`
-        ({name: id}: the owner's projects now, as the web read them)."""
+    def ops(self, running, owner_id, projects=None, shared=None) -> FileOps:
+        """The session's files: its home, the owner's folder, the folders of `projects`
+        ({name: id}: the owner's projects now, as the web read them) and of `shared` ({name:
+        {kind, id, read_only}}: the folders shared with the owner now, as the web read them:
+        a revoked share is gone from the file API at once, whatever the session mounted)."""
         data_root = getattr(self.agent, "data_root", None)
         data = data_folder(data_root, owner_id)
         return FileOps(
-            running.work_dir, data if data is not None and data.is_dir() else None, project_folders(data_root, projects)
+            running.work_dir,
+            data if data is not None and data.is_dir() else None,
+            project_folders(data_root, projects),
+            shared_folders(data_root, shared),
         )
 
     def handle(self, running, message: dict) -> None:
@@ -486,7 +583,7 @@ class SessionFiles:
         self._expire()
         op = message.get("op")
         try:
-            files = self.ops(running, message.get("owner_id"), message.get("projects"))
+            files = self.ops(running, message.get("owner_id"), message.get("projects"), message.get("shared"))
             if op == "list":
                 return {"ok": True, **files.list(message.get("path", ""))}
             if op == "stat":

@@ -11,8 +11,9 @@ spec and what the stages before it made, as Backend.AI's agent provisions a kern
 3. `stage_allocation`: the allocation document (`.fgpu/allocation.json`, agent.environment) the
    virtual nvidia-smi reads.
 4. `stage_tools`: the runtime's tools (the virtual nvidia-smi) in `.fgpu/bin`.
-5. `stage_folders`: the owner's persistent folder and its projects' (agent.files), linked at
-   ~/data and ~/projects/<name> (the process runtime) or named for the docker runtime to mount.
+5. `stage_folders`: the owner's persistent folder, its projects' and those shared with the owner
+   (agent.files), linked at ~/data, ~/projects/<name> and ~/shared/<name> (the process runtime)
+   or named for the docker runtime to mount; a read-only share is mounted read-only by both.
 6. `stage_environment`: the environment contract (DESIGN.md; agent.environment) with the paths
    as the session sees them, and its prompt.
 7. `stage_command`: the argv: the command through the shell, or an interactive shell.
@@ -35,7 +36,7 @@ import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,7 @@ class WorkDir:
 class Folders:
     data_dir: Path | None  # the owner's persistent folder (~/data); None: the node keeps none
     project_dirs: dict[str, Path]  # its projects' folders (~/projects/<name>)
+    shared_dirs: dict[str, tuple[Path, bool]] = field(default_factory=dict)  # ~/shared/<name>: (folder, read-only)
 
 
 @dataclass(frozen=True)
@@ -130,17 +132,22 @@ def stage_tools(node: Node, work: WorkDir) -> None:
 def stage_folders(node: Node, start: StartSpec, work: WorkDir) -> Folders:
     folder = session_files.data_folder(node.data_root, start.owner_id)  # the owner's persistent folder
     projects = session_files.project_folders(node.data_root, [p.encode() for p in start.projects])  # and its projects'
-    session_files.link_data(work_dir=work.path, folder=folder, link=isinstance(node.runtime, ProcessRuntime), projects=projects)
-    return Folders(folder, projects)
+    shared = session_files.shared_folders(node.data_root, [f.encode() for f in start.shared])  # and those shared with it
+    link = isinstance(node.runtime, ProcessRuntime)
+    session_files.link_data(work_dir=work.path, folder=folder, link=link, projects=projects, shared=shared)
+    return Folders(folder, projects, shared)
 
 
 def runtime_spec(start: StartSpec, folders: Folders) -> dict:
     """The start spec as the environment and the runtimes read it: its dict, with the node's
-    folders (`data_dir`, `project_dirs`: the docker runtime mounts them at ~/data, ~/projects/<name>)."""
+    folders (`data_dir`, `project_dirs`: the docker runtime mounts them at ~/data, ~/projects/<name>;
+    `shared_dirs`: {name: {"path", "read_only"}}, which both runtimes mount at ~/shared/<name>, the
+    read-only ones read-only)."""
     return {
         **start.encode(),
         "data_dir": str(folders.data_dir) if folders.data_dir is not None else "",
         "project_dirs": {name: str(p) for name, p in folders.project_dirs.items()},
+        "shared_dirs": {name: {"path": str(p), "read_only": ro} for name, (p, ro) in folders.shared_dirs.items()},
     }
 
 

@@ -37,7 +37,7 @@ from functools import partial
 from pathlib import Path
 
 import protocol
-from protocol.files import PROJECTS_DIR
+from protocol.files import PROJECTS_DIR, SHARED_DIR
 from protocol.units import format_binary_size
 from agent.network import installation_id
 from agent.holder import receive_fd
@@ -600,16 +600,19 @@ class ProcessRuntime:
                 "ask an administrator to install bubblewrap there, or to run your session on another node"
             )
         data = [Path(p) for p in (spec.get("data_dir") or "", *(spec.get("project_dirs") or {}).values()) if p]
+        shared = spec.get("shared_dirs") or {}  # ~/shared/<name> (issue 36.5): read-write ones with `data`
+        data += [Path(s["path"]) for s in shared.values() if not s.get("read_only", True)]
+        read_only = [Path(s["path"]) for s in shared.values() if s.get("read_only", True)]
         devices: list[str] = []
         if sandbox is not None:
-            projects = work_dir / PROJECTS_DIR
-            sandbox.own(work_dir, *([projects] if projects.is_dir() else []), *data)
+            shown = [work_dir / d for d in (PROJECTS_DIR, SHARED_DIR) if (work_dir / d).is_dir()]
+            sandbox.own(work_dir, *shown, *data, *read_only)  # a read-only share's folder too: its mount says read-only
             devices = gpu_devices(spec_gpus(spec), dev=self.dev, drivers=self.nvidia_proc, nvml=self.nvml)
         cgroup = self.cgroups.create(spec["session_id"], spec=spec) if self.cgroups is not None else None  # with its limits
         if self.hold:
             return self._spawn_held(
                 session_id=spec["session_id"], argv=argv, env=env, work_dir=work_dir, cgroup=cgroup, sandbox=sandbox, data=data,
-                devices=devices,
+                devices=devices, read_only=read_only,
             )  # fmt: skip
         master_fd, slave_fd = pty.openpty()
         set_winsize(slave_fd, 24, 80)
@@ -618,7 +621,10 @@ class ProcessRuntime:
         block_read, block_write = os.pipe() if sandbox is not None and sandbox.outbound else (-1, -1)
         if sandbox is not None:
             _check_executable(argv[0], cwd=work_dir, env=env)  # the host system is the sandbox's (read-only)
-            argv = sandbox.command(argv, home=work_dir, data=data, status_fd=status_write, block_fd=block_read, devices=devices)
+            argv = sandbox.command(
+                argv, home=work_dir, data=data, status_fd=status_write, block_fd=block_read, devices=devices,
+                read_only_data=read_only or (),
+            )  # fmt: skip
         network, init_pid = None, 0
         try:
             try:
@@ -668,7 +674,7 @@ class ProcessRuntime:
 
     def _spawn_held(
         self, *, session_id: str, argv: list[str], env: dict, work_dir: Path, cgroup: SessionCgroup | None,
-        sandbox: Sandbox | None, data: list[Path], devices: list[str],
+        sandbox: Sandbox | None, data: list[Path], devices: list[str], read_only: list[Path] | None = None,
     ) -> HeldSession:  # fmt: skip
         """Blocking: `spawn` through a holder (agent.holder) of the session's own: the holder, in
         a cgroup of its own (`holder-<id>` beside the session's, where sessions have cgroups) and a
@@ -684,7 +690,10 @@ class ProcessRuntime:
         slirp_read, slirp_write = os.pipe() if block_write >= 0 else (-1, -1)  # slirp4netns ends with the holder
         if sandbox is not None:
             _check_executable(argv[0], cwd=work_dir, env=env)
-            argv = sandbox.command(argv, home=work_dir, data=data, status_fd=status_write, block_fd=block_read, devices=devices)
+            argv = sandbox.command(
+                argv, home=work_dir, data=data, status_fd=status_write, block_fd=block_read, devices=devices,
+                read_only_data=read_only or (),
+            )  # fmt: skip
         procs = "\n".join(map(os.fsdecode, cgroup.procs_paths)) if cgroup is not None else ""
         leader = ["/bin/sh", "-c", LEADER_SCRIPT, "fgpu-session", procs, os.ttyname(slave_fd), *argv]
         holder_cgroup = None

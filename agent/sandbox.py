@@ -2,20 +2,23 @@
 (`bwrap`, Debian's), as an unprivileged host user that is never the agent's, in its own user,
 mount, PID, IPC, UTS and network namespaces.
 
-What a session sees (`Sandbox.command`): the host system read-only (/usr, /etc and the /bin,
-/lib… links or directories), a fresh /dev (with, of the NVIDIA device nodes, only the control
-nodes and its granted GPUs': `gpu_devices`), /tmp and a /proc of its own PID namespace; its home
-(the session's working directory) read-write at the same path it has on the host, so the paths
-in its environment (FGPU_ALLOCATION, the virtual nvidia-smi's `<work_dir>/.fgpu/bin`) hold; its
-data folders (`~/data`, `~/projects/<name>`: symbolic links to folders under the data root, bound
-at their own paths) read-write; and read-only what the virtual nvidia-smi and the host image's apps
-(JupyterLab) run with: the agent's Python (`sys.base_prefix`, `sys.prefix`: the venv) and the
-`agent` package. Nothing else: no agent.toml, no FGPU_DATA_DIR (the console's database, other
-sessions' homes), no host /proc, no Docker socket, no /run, no /var, no /home. The network is
-only loopback (agent.toml `[container] network = "none"`, the default) or, with "outbound", the
-internet through slirp4netns and nothing of the node, link-local or (`block-private-networks`)
-private addresses (agent.network's second part; `Sandbox.attach_network`); "host" is the node's
-network (UNSAFE: Redis, PostgreSQL, the web and the agent in reach).
+What a session sees (`Sandbox.command`): the host system read-only (/usr, /etc and the /bin, /lib…
+links or directories), a fresh /dev (with, of the NVIDIA device nodes, only the control nodes and
+its granted GPUs': `gpu_devices`), /tmp and a /proc of its own PID namespace; its home (the
+session's working directory) read-write at the same path it has on the host, so the paths in its
+environment (FGPU_ALLOCATION, the virtual nvidia-smi's `<work_dir>/.fgpu/bin`) hold; its data
+folders (`~/data`, `~/projects/<name>`: symbolic links to folders under the data root, bound at
+their own paths) read-write, and the folders shared with its owner read-only or read-write as each
+share says (`~/shared/<name>`, issue 36.5: a read-only one is bound with --ro-bind, which the
+session, holding no capability outside its user namespace, cannot remount); and read-only what the
+virtual nvidia-smi and the host image's apps (JupyterLab) run with: the agent's Python
+(`sys.base_prefix`, `sys.prefix`: the venv) and the `agent` package. Nothing else: no agent.toml,
+no FGPU_DATA_DIR (the console's database, other sessions' homes), no host /proc, no Docker socket,
+no /run, no /var, no /home. The network is only loopback (agent.toml `[container] network =
+"none"`, the default) or, with "outbound", the internet through slirp4netns and nothing of the
+node, link-local or (`block-private-networks`) private addresses (agent.network's second part;
+`Sandbox.attach_network`); "host" is the node's network (UNSAFE: Redis, PostgreSQL, the web and
+the agent in reach).
 
 Who it runs as: an agent that is root drops to agent.toml's `[container] uid`/`gid` (setpriv:
 no supplementary groups, no capabilities, no_new_privs) before it execs bwrap, which then
@@ -135,7 +138,15 @@ class Sandbox:
         return bool(self.slirp4netns and self.nft) and not self.share_net
 
     def command(
-        self, argv: list[str], *, home: Path, data: list[Path], status_fd: int, block_fd: int = -1, devices: Sequence[str] = ()
+        self,
+        argv: list[str],
+        *,
+        home: Path,
+        data: list[Path],
+        status_fd: int,
+        block_fd: int = -1,
+        devices: Sequence[str] = (),
+        read_only_data: Sequence[Path] = (),
     ) -> list[str]:
         """The leader's command (after it joined its cgroup and took its terminal) that runs
         `argv` in the sandbox: `home` (the working directory) and `data` (folders) read-write at
@@ -143,14 +154,17 @@ class Sandbox:
         init pid as JSON on `status_fd` (`{"child-pid": N, …}`, a line) and, at the end, the
         exit code (`{"exit-code": N}`). With `block_fd` (a pipe's read end), the init waits, its
         sandbox set up, until a byte arrives there (or its write end closes) before it starts
-        `argv` (bwrap's --block-fd): where the outbound network is attached. `devices`: the device
+        `argv` (bwrap's --block-fd): where the outbound network is attached. `read_only_data`:
+        folders bound read-only at their own paths (read-only shares; one also in `data` is
+        bound read-only). `devices`: the device
         nodes the session gets (`gpu_devices`: the NVIDIA control nodes and its granted GPUs'),
         bound at their own paths; the fresh /dev has no other. Only the sources the
         session's user cannot reach itself (`searchable`) are staged: each costs the leader a
         mount(8), and with none to stage the leader runs no mount namespace of its own (the
         launch's cost, issue 14)."""
-        writable = [str(home), *(str(folder) for folder in data)]
-        sources = [*self.read_only, *writable]
+        read_only = {str(folder) for folder in read_only_data}
+        writable = [str(home), *(str(folder) for folder in data if str(folder) not in read_only)]
+        sources = [*self.read_only, *writable, *sorted(read_only)]
         hidden = [src for src in sources if self.drop and not searchable(src, self.uid, self.gid)]
         stage = {src: str(STAGE_POINT / str(i)) for i, src in enumerate(hidden)}
         staged = [stage.get(src, src) for src in sources]
@@ -168,7 +182,7 @@ class Sandbox:
         for device in devices:
             args += ["--dev-bind", device, device]
         for source, dest in zip(staged, sources, strict=True):
-            args += ["--ro-bind" if dest in self.read_only else "--bind", source, dest]
+            args += ["--ro-bind" if dest in self.read_only or dest in read_only else "--bind", source, dest]
         args += ["--chdir", str(home), "--json-status-fd", str(status_fd)]
         if block_fd >= 0:
             args += ["--block-fd", str(block_fd)]

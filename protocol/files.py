@@ -9,7 +9,9 @@ A path names a file under one of a session's two roots, always relative, `/`-sep
   per user under the agent's `[container] data-root` that outlives sessions (Backend.AI's
   vfolders); a path whose first part is `data` is resolved in it; and
 - each of the owner's **projects' folders**, `projects/<project name>`, one per project under
-  `<data-root>/projects/<project id>`, shared by its members.
+  `<data-root>/projects/<project id>`, shared by its members; and
+- each folder **shared** with the owner (issue 36.5: a user's persistent folder or a project's,
+  sessions.serving.shares), `shared/<name>`, read-only unless the share says read-write.
 
 `path_parts` refuses what could leave a root or confuse a terminal before anything is opened:
 absolute paths, `.` and `..` parts, NUL and control characters (C0, DEL, C1), unpaired
@@ -18,8 +20,9 @@ part relative to the root's descriptor with O_NOFOLLOW (agent.files), so a symbo
 way is refused too, wherever it points.
 
 Messages (channel layer, the session's `pty.<node>.<id>` group, answered on `reply_channel`):
-`pty.files` {op, owner_id, projects ({name: id}: the owner's), path, …} → `files.result` {ok: true, …}
-or {ok: false, error, detail}.
+`pty.files` {op, owner_id, projects ({name: id}: the owner's), shared ({name: {kind: "user" |
+"project", id, read_only}}: the folders shared with the owner now; absent from an older web), path, …} →
+`files.result` {ok: true, …} or {ok: false, error, detail}.
 `op`: `list` {path} → {entries: [{name, type, size, mtime}], truncated}; `stat` {path} →
 {entry}; `read` {path, offset, length ≤ CHUNK_BYTES} → {data (bytes), size, eof};
 `upload_begin` {path, size (or None), cap} → {upload_id}; `upload_chunk` {upload_id, offset,
@@ -36,6 +39,7 @@ PATH_MAX_CHARS = 4096
 NAME_MAX_BYTES = 255  # one part, in UTF-8 bytes (Linux's NAME_MAX)
 DATA_DIR = "data"  # where a session sees its owner's persistent folder, under its home
 PROJECTS_DIR = "projects"  # where it sees each of its owner's projects' folders: projects/<name>
+SHARED_DIR = "shared"  # where it sees the folders shared with its owner: shared/<name> (issue 36.5)
 META_DIR = ".fgpu"  # the agent's own files in a home (the virtual nvidia-smi): read-only to the file API
 LIST_MAX_ENTRIES = 5000  # a listing says `truncated` past this many entries
 

@@ -52,6 +52,7 @@ __all__ = [
     "RowId",
     "SessionId",
     "SessionReport",
+    "SharedFolderRef",
     "StartDevice",
     "StartSpec",
     "UserId",
@@ -273,11 +274,38 @@ class ProjectRef:
 
 
 @dataclass(frozen=True)
+class SharedFolderRef:
+    """A data folder shared with the session's owner (issue 36.5), seen at ~/shared/<name>:
+    `kind` "user" (that user's persistent folder, `id` their user id as text) or "project" (`id`
+    the project's id), `read_only` (the node mounts it read-only)."""
+
+    name: str
+    kind: str
+    id: str
+    read_only: bool = True
+
+    def encode(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "id": self.id, "read_only": self.read_only}
+
+    @classmethod
+    def decode(cls, value: Any) -> SharedFolderRef:
+        w, m = "shared folder", _mapping(value, "shared folder")
+        kind = _get(m, w, "kind", str)
+        if kind not in ("user", "project"):
+            raise Malformed(f"a shared folder of kind {kind!r}")
+        return cls(
+            name=_get(m, w, "name", str), kind=kind, id=_get(m, w, "id", str), read_only=_get(m, w, "read_only", bool, True)
+        )
+
+
+@dataclass(frozen=True)
 class StartSpec:
     """What an agent is sent to start a session (`fgpu.agent.session_start`'s `spec`): its
     `session_id`, `image` reference ("": the docker runtime's default image) and `shell` ("": the
     runtime's), its `name`, `owner` (user name), `owner_id` (None from a manager before persistent
-    folders) and `owner_is_staff` (agent.sandbox), the owner's `projects`, its `command` ("": an
+    folders) and `owner_is_staff` (agent.sandbox), the owner's `projects`, the folders `shared` with
+    the owner (issue 36.5: sent only when there are some; an agent from before ignores the key, so
+    its sessions lack those folders and never get more; an older manager's spec has none), its `command` ("": an
     interactive shell), `cpu` (cores), `mem` (bytes; 0: the agent's default), its slot format
     (`slot_name`, `slot_subtype`), its `devices` by index and, for a MIG session, its `mig` block."""
 
@@ -293,6 +321,7 @@ class StartSpec:
     owner_id: UserId | None = None
     owner_is_staff: bool = False
     projects: tuple[ProjectRef, ...] = ()
+    shared: tuple[SharedFolderRef, ...] = ()
     slot_name: str = ""
     slot_subtype: str = ""
     mig: MigBlock | None = None
@@ -315,6 +344,8 @@ class StartSpec:
             "slot_subtype": self.slot_subtype,
             "devices": [d.encode() for d in self.devices],
         }
+        if self.shared:
+            body["shared"] = [f.encode() for f in self.shared]
         if self.mig is not None:
             body["mig"] = self.mig.encode()
         return _versioned(self.version, body)
@@ -333,6 +364,7 @@ class StartSpec:
             owner_id=_user_id(_get(m, w, "owner_id", int, None)),
             owner_is_staff=_get(m, w, "owner_is_staff", bool, False),
             projects=tuple(ProjectRef.decode(p) for p in _get(m, w, "projects", list, [])),
+            shared=tuple(SharedFolderRef.decode(f) for f in _get(m, w, "shared", list, [])),
             command=_get(m, w, "command", str, ""),
             cpu=_count(m, w, "cpu", 1),
             mem=_count(m, w, "mem", 0),

@@ -606,3 +606,71 @@ class FragmentationMap(ResourceGroup):
         proxy = True
         verbose_name = "fragmentation map"
         verbose_name_plural = "fragmentation maps"
+
+
+class SharePermission(models.TextChoices):
+    READ_ONLY = "ro", "read-only"
+    READ_WRITE = "rw", "read-write"
+
+
+class FolderShare(models.Model):
+    """A data folder shared with a user or a project (issue 36.5; Backend.AI's vfolder invitations as
+    the model, but granted at once: no invitation to accept). The folder is a user's persistent
+    folder (`owner`: their ~/data) or a project's (`project`: ~/projects/<name>), one of the two;
+    the grantee a user (`user`) or every member of a project (`to_project`), one of the two.
+    `permission`: "ro" (the node mounts it read-only: bwrap --ro-bind, a read-only Docker volume;
+    the file API refuses writes) or "rw". Recipients see it at ~/shared/<share_name>. One share
+    per (folder, grantee): sharing again changes its permission."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="folder_shares_out",
+        help_text="whose ~/data is shared (or null: a project's folder)",
+    )  # fmt: skip
+    project = models.ForeignKey(
+        Project, null=True, blank=True, on_delete=models.CASCADE, related_name="folder_shares_out",
+        help_text="whose project folder is shared (or null: a user's ~/data)",
+    )  # fmt: skip
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="folder_shares_in",
+        help_text="the user it is shared with (or null: a project)",
+    )  # fmt: skip
+    to_project = models.ForeignKey(
+        Project, null=True, blank=True, on_delete=models.CASCADE, related_name="folder_shares_in",
+        help_text="the project whose members it is shared with (or null: a user)",
+    )  # fmt: skip
+    permission = models.CharField(max_length=2, choices=SharePermission.choices, default=SharePermission.READ_ONLY)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(owner__isnull=False, project__isnull=True)
+                | models.Q(owner__isnull=True, project__isnull=False),
+                name="folder_share_one_folder",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(user__isnull=False, to_project__isnull=True)
+                | models.Q(user__isnull=True, to_project__isnull=False),
+                name="folder_share_one_grantee",
+            ),
+            models.UniqueConstraint(
+                fields=["owner", "project", "user", "to_project"], name="folder_share_unique", nulls_distinct=False
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.share_name} → {self.user or self.to_project} ({self.permission})"
+
+    @property
+    def share_name(self) -> str:
+        """The folder's name under ~/shared: "<user name>-data" or "<project name>-project"."""
+        return share_name(owner=self.owner, project=self.project)
+
+
+def share_name(*, owner=None, project=None) -> str:
+    """ "<user name>-data" for a user's ~/data, "<project name>-project" for a project's folder:
+    distinct for any two folders (the suffix says which kind, user and project names are unique)."""
+    return f"{owner.get_username()}-data" if owner is not None else f"{project.name}-project"

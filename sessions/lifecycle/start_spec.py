@@ -8,8 +8,20 @@ from typing import Any
 
 from protocol.units import amount_text
 from accelerators.models import Device, GpuInstance
-from protocol.messages import HardwareId, MigBlock, MigPlacement, ProjectRef, RowId, SessionId, StartDevice, StartSpec, UserId
+from protocol.messages import (
+    HardwareId,
+    MigBlock,
+    MigPlacement,
+    ProjectRef,
+    RowId,
+    SessionId,
+    SharedFolderRef,
+    StartDevice,
+    StartSpec,
+    UserId,
+)
 from sessions.models import Allocation, ComputeSession, Project
+from sessions.policy.shares import shared_mounts
 
 
 def owner_projects(owner_ids) -> dict[int, list[dict]]:
@@ -41,7 +53,8 @@ def session_start_message(
     `image`: the session image's reference ("" for a session from before images: the docker
     runtime then takes agent.toml's `default-image`); `shell`: the image's interactive shell
     ("": the runtime's). `projects`: the owner's projects (`owner_projects`; None: read now),
-    whose persistent folders the session gets as ~/projects/<name>."""
+    whose persistent folders the session gets as ~/projects/<name>; the folders shared with the
+    owner now (sessions.policy.shares.shared_mounts: two queries) it gets at ~/shared/<name>."""
     image = session.image if session.image_id else None
     if projects is None:
         projects = owner_projects([session.owner_id]).get(session.owner_id, [])
@@ -54,6 +67,10 @@ def session_start_message(
         owner_id=UserId(session.owner_id),  # names the owner's persistent folder on the node (agent.files)
         owner_is_staff=session.owner.is_staff,  # an administrator's session may run unconfined (agent.sandbox)
         projects=tuple(ProjectRef(id=p["id"], name=p["name"]) for p in projects),
+        shared=tuple(
+            SharedFolderRef(name=m.name, kind=m.kind, id=m.id, read_only=m.read_only)
+            for m in shared_mounts(user_id=session.owner_id)
+        ),
         command=session.command,
         cpu=session.cpu,
         mem=session.mem,
