@@ -409,6 +409,20 @@ def test_a_successful_login_clears_its_own_failures(alice, clock):
     assert token_login("alice", ip="203.0.113.1").status_code == 200
 
 
+def test_a_successful_login_does_not_clear_its_addresss_failures(alice, bob, clock):
+    """A good login clears its (username, address) count only: were the address's count cleared too,
+    a guesser walking through usernames would reset its ceiling with an account of its own."""
+    for i in range(throttle.ADDRESS_LIMIT - 1):
+        fail_token_logins(f"guess-{i}", 1, ip="203.0.113.9")
+    assert token_login("alice", ip="203.0.113.9").status_code == 200
+
+    fail_token_logins("guess-last", 1, ip="203.0.113.9")
+
+    assert_error_shape(token_login("bob", ip="203.0.113.9"), 429)
+    assert_error_shape(token_login("alice", ip="203.0.113.9"), 429)
+    assert token_login("bob", ip="198.51.100.1").status_code == 200
+
+
 def test_an_administrator_unlocks_a_user_in_the_admin_and_an_address_with_login_unlock(alice, bob, django_user_model,
                                                                                      clock):
     from django.core.management import call_command

@@ -165,6 +165,29 @@ def test_priority_comes_before_fair_share_and_arrival_decides_between_equals(tea
 
 
 @pytestmark_db
+def test_a_user_in_two_projects_gets_the_best_factor_of_the_two(teams):
+    """Alice's usage counts in both her projects, vision (weight 1) and a large one, big (weight 4):
+    her sessions take big's factor, the better one, and start before bob's, who used as much in
+    nlp (weight 1) and asked first. The worse of the two (or vision's, the first she joined)
+    would tie her with bob, and arrival would put bob first."""
+    alice, bob, _ = teams
+    Project.objects.create(name="big", share_weight=4).members.add(alice)
+    used(alice, fgpu="1", hours=10, ended_days_ago=0)
+    used(bob, fgpu="1", hours=10, ended_days_ago=0)
+    bobs = session_create(owner=bob, name="bobs", resources={"cuda.shares": "2", "mem": "64M"})
+    alices = session_create(owner=alice, name="alices", resources={"cuda.shares": "2", "mem": "64M"})
+
+    now = timezone.now()
+    shares = {a.name: a.factor for a in fairshare.account_shares(now=now)}
+    factors = fairshare.owner_factors([alice.pk, bob.pk], now=now)
+
+    # three accounts used a third each: vision and nlp against a 1/6 weight share, big against 4/6
+    assert shares == pytest.approx({"vision": 2**-2, "nlp": 2**-2, "big": 2**-0.5}, rel=1e-3)
+    assert factors == {alice.pk: shares["big"], bob.pk: shares["nlp"]}
+    assert (pending_position(alices), pending_position(bobs)) == (1, 2)
+
+
+@pytestmark_db
 def test_with_fair_share_off_the_queue_is_first_in_first_out(teams, settings):
     settings.FGPU_FAIRSHARE_HALF_LIFE_DAYS = 0
     alice, bob, _ = teams
