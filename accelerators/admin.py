@@ -23,6 +23,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from accelerators.admin_display import EMPTY, BinarySizeField, size_html, when_html
+from accelerators.admin_drain import DRAIN_ACTIONS, NodeDrainAdminMixin
 from accelerators.allocation import core, topology
 from protocol import units
 from accelerators.allocation.errors import InvalidResourceRequest
@@ -589,10 +590,11 @@ def mig_sync_html(node: Node) -> str:
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(NodeDrainAdminMixin, admin.ModelAdmin):
     list_display = (
         "name",
         "status",
+        "drain_column",
         "resource_group",
         "heartbeat",
         "cpu_count",
@@ -626,12 +628,13 @@ class NodeAdmin(admin.ModelAdmin):
             {"fields": ("resource_group", "device_split_count", "memory_scaling", "core_scaling")},
         ),
         ("MIG (set by administrators)", {"fields": ("mig_mode", "mig_layout", "mig_picture", "mig_status")}),
+        ("Drain (take the node out of service)", {"fields": ("drain_control",)}),
         ("Usage (live: the last hour, day, week or month)", {"fields": ("usage_charts",)}),
         ("Processes on its GPUs (live: the host's view)", {"fields": ("gpu_processes",)}),
     )
-    readonly_fields = (*reported, "mig_picture", "mig_status", "usage_charts", "gpu_processes")
+    readonly_fields = (*reported, "mig_picture", "mig_status", "drain_control", "usage_charts", "gpu_processes")
     form = NodeForm
-    actions = ("mark_dead",)
+    actions = ("mark_dead", *DRAIN_ACTIONS)
 
     @admin.action(description="Mark dead: its processes are gone, end its sessions (LOST nodes only)", permissions=["change"])
     def mark_dead(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
@@ -657,6 +660,7 @@ class NodeAdmin(admin.ModelAdmin):
         return [
             path("fleet/", fleet, name="accelerators_node_fleet"),
             path("<path:object_id>/mig-check/", check, name="accelerators_node_mig_check"),
+            *self.drain_urls(),
             *super().get_urls(),
         ]
 
@@ -689,6 +693,7 @@ class NodeAdmin(admin.ModelAdmin):
         figures = {n.pk: n for n in fleet_nodes(only=Node.objects.filter(pk__in=[n.pk for n in shown]))}
         for node in shown:
             node._fleet = figures.get(node.pk)  # read by the capacity columns below
+        self.drain_annotate(shown)
         return changelist
 
     @staticmethod

@@ -21,6 +21,7 @@ from rest_framework.response import Response
 
 from protocol.units import format_number
 from accelerators.models import AllocationMode, Device, FractionalSettings, Node, NodeStatus, ResourceGroup, SlotFormat
+from accelerators.drain import node_drain_state
 from accelerators.selectors import device_fgpu_summary, devices_with_usage
 from accelerators.services import node_mark_dead, node_settings_update
 from console.api_support import (
@@ -124,6 +125,10 @@ class NodeSerializer(ModelSerializer):
         read_only=True,
         help_text="the session images its agent reports holding: {reference: image id}",
     )
+    drain = serializers.SerializerMethodField(
+        help_text='null in service; draining: {"state": "draining" or "drained", "label": "draining: 2 sessions left", '
+        '"sessions_left", "evict", "reason", "by", "since"} (accelerators.drain; POST …/drain/ and …/undrain/)'
+    )
 
     class Meta:
         model = Node
@@ -143,8 +148,13 @@ class NodeSerializer(ModelSerializer):
             "memory_scaling",
             "core_scaling",
             "oversubscribed",
+            "drain",
             "devices",
         ]
+
+    def get_drain(self, node) -> dict | None:
+        # A query for a draining node only: an in-service one's is null without one.
+        return node_drain_state(node).as_dict() if node.drain_since is not None else None
 
     def to_representation(self, node):
         # The devices whose fGPU figures DeviceSerializer computes at once: a page's

@@ -59,6 +59,7 @@ class NodeEntry:
     pk: str
     name: str
     status: str
+    draining: bool
     group_id: int | None
     images: frozenset[str]
     pulls_images: bool
@@ -108,7 +109,7 @@ class Snapshot:
         found = (
             e
             for e in self.entries.values()
-            if (not alive_only or e.status == NodeStatus.ALIVE)
+            if (not alive_only or (e.status == NodeStatus.ALIVE and not e.draining))
             and (group_id is None or e.group_id == group_id)
             and (not image or e.runs_image(image))
         )
@@ -250,6 +251,7 @@ def _read_nodes(pks: Iterable[str] | None) -> dict[str, NodeEntry]:
             pk=str(n.pk),
             name=n.name,
             status=n.status,
+            draining=n.drain_since is not None,
             group_id=n.resource_group_id,
             images=frozenset(n.images or ()),
             pulls_images=bool((n.attributes or {}).get("pulls_images")),

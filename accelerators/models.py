@@ -271,8 +271,31 @@ class Node(models.Model):
         "expected one seen once, and the last one a full reconcile was asked for",
     )
 
+    drain_since = models.DateTimeField(
+        "draining since",
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="set while an administrator drains the node (accelerators.drain.node_drain): no new session is "
+        "placed on it; empty: in service",
+    )
+    drain_evict = models.BooleanField(
+        "evict on drain",
+        default=False,
+        editable=False,
+        help_text="the drain evicts: its running sessions get the preemption notice and grace, then are stopped "
+        "and requeued; off: they run to their end",
+    )
+    drain_reason = models.CharField("drain reason", max_length=200, blank=True, editable=False)
+    drain_by = models.CharField("drained by", max_length=150, blank=True, editable=False)
+
     class Meta:
         ordering = ["name"]
+
+    @property
+    def is_draining(self) -> bool:
+        """Whether an administrator drains the node (drained included: none of its sessions left)."""
+        return self.drain_since is not None
 
     @property
     def is_oversubscribed(self) -> bool:

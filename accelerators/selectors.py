@@ -186,7 +186,7 @@ def node_states(
     usage: bool = True,
     kept: bool = True,
 ) -> list[core.NodeState]:
-    """Every (alive) node as the allocator sees it: CPU/memory left after live sessions and the
+    """Every (alive, undrained) node as the allocator sees it: CPU/memory left after live sessions and the
     slot's non-MIG devices with their live usage. `for_update` locks the device rows (in pk
     order, so concurrent schedulers queue instead of deadlocking) inside the caller's
     transaction; the usage read afterwards is therefore current. `image`: only the nodes
@@ -198,8 +198,8 @@ def node_states(
     brought up to date from the change log after the locks are taken; on SQLite, or with
     `kept=False` (a check of the view), they are read from the database."""
     nodes = Node.objects.all()
-    if alive_only:
-        nodes = nodes.filter(status=NodeStatus.ALIVE)
+    if alive_only:  # alive and in service: a draining node takes no new session (accelerators.drain)
+        nodes = nodes.filter(status=NodeStatus.ALIVE, drain_since__isnull=True)
     if group is not None:
         nodes = nodes.filter(resource_group=group)
     if image:

@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.routers import DefaultRouter
 
 from accelerators import api as accelerator_api
-from accelerators import api_fleet, api_mig
+from accelerators import api_drain, api_fleet, api_mig
 from accounts import api as account_api
 from accounts import views as account_views
 from sessions.api import sessions as session_api
@@ -86,6 +86,16 @@ urlpatterns = [
     path("metrics", usage_metrics.metrics_view, name="metrics"),
     re_path(
         rf"^api/v1/nodes/(?P<name>{api_mig.NodeMigViewSet.lookup_value_regex})/mig/$",
+    re_path(
+        rf"^api/v1/nodes/(?P<name>{accelerator_api.NodeViewSet.lookup_value_regex})/drain/$",
+        api_drain.node_drain_view,
+        name="api-node-drain",
+    ),
+    re_path(
+        rf"^api/v1/nodes/(?P<name>{accelerator_api.NodeViewSet.lookup_value_regex})/undrain/$",
+        api_drain.node_undrain_view,
+        name="api-node-undrain",
+    ),
         api_mig.NodeMigViewSet.as_view({"get": "retrieve", "put": "update", "patch": "partial_update"}),
         name="api-node-mig",
     ),

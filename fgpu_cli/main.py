@@ -791,9 +791,36 @@ def cmd_nodes(args) -> int:
                 _fgpu(total("allocated_fgpu"), formats, slot),
                 _fgpu(total("free_fgpu"), formats, slot),
                 age(n.get("last_heartbeat")),
+                (n.get("drain") or {}).get("label") or "-",
             ]
         )
-    print(table(["NODE", "STATUS", "GROUP", "CPU", "MEMORY", "DEVICES", "CAPACITY", "ALLOCATED", "FREE", "HEARTBEAT"], rows))
+    header = ["NODE", "STATUS", "GROUP", "CPU", "MEMORY", "DEVICES", "CAPACITY", "ALLOCATED", "FREE", "HEARTBEAT", "DRAIN"]
+    print(table(header, rows))
+    return OK
+
+
+def cmd_nodes_drain(args) -> int:
+    """`fgpu nodes drain NAME [--evict] [--reason TEXT]` and `fgpu nodes undrain NAME`
+    (administrators): `POST /api/v1/nodes/<NAME>/drain/` or `…/undrain/`; prints the node's
+    drain state ("n1: draining: 2 sessions left"), or with -o json the API's answer."""
+    client, _ = _client(args)
+    path = f"/api/v1/nodes/{urllib.parse.quote(args.node, safe='')}/{args.nodes_command}/"
+    body = {"evict": args.evict, "reason": args.reason} if args.nodes_command == "drain" else {}
+    try:
+        state = client.post(path, body)
+    except ApiError as exc:
+        if exc.status == 404:
+            raise Failed(f"no node {args.node!r}") from None
+        raise
+    if args.output == "json":
+        _emit_json(state)
+        return OK
+    extra = []
+    if state.get("evict") and state.get("sessions_left"):
+        extra.append("evicting: each gets the preemption notice and grace, then is requeued")
+    if state.get("reason"):
+        extra.append(f"reason: {state['reason']}")
+    print(f"{state['node']}: {state['label']}" + "".join(f"; {e}" for e in extra))
     return OK
 
 
@@ -1143,13 +1170,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", metavar="SOURCE")
     p.add_argument("target", metavar="TARGET")
 
-    p = add("nodes", cmd_nodes, "GPU nodes with their capacity, allocated and free fGPU")
+    p = add("nodes", cmd_nodes, "GPU nodes with their capacity, allocated and free fGPU, and their drain")
     p.add_argument(
         "--processes",
         action="store_true",
         help="administrators: what holds each alive node's GPUs now, as the node sees it (NVML's running "
         "processes; a mock node: each session's declared use): GPU, pid, session, owner, memory, command",
     )
+    nodes_sub = p.add_subparsers(dest="nodes_command", metavar="NODES_COMMAND", required=False)
+    q = nodes_sub.add_parser(
+        "drain",
+        parents=[common],
+        help="administrators: place no new session on NODE (kubectl drain, Slurm DRAIN); running ones go on, or "
+        "with --evict get the preemption notice and grace and are requeued",
+    )
+    q.set_defaults(handler=cmd_nodes_drain)
+    q.add_argument("node", metavar="NODE")
+    q.add_argument("--evict", action="store_true", help="evict running sessions: notice, grace, then requeued")
+    q.add_argument("--reason", default="", metavar="TEXT", help="why (shown with the node's state, at most 200 chars)")
+    q = nodes_sub.add_parser("undrain", parents=[common], help="administrators: put NODE back in service")
+    q.set_defaults(handler=cmd_nodes_drain)
+    q.add_argument("node", metavar="NODE")
     p = add("devices", cmd_devices, "every device with its allocated and free fGPU")
     p.add_argument("--node", help="only this node's devices")
     add("images", cmd_images, "session images to launch in (--image): the default, accelerators, nodes that hold each")

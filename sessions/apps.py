@@ -9,6 +9,7 @@ class ComputeSessionsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from accelerators.drain import node_drain_changed
         from accelerators.services import node_capacity_changed, node_declared_dead
 
         # The manager's tasks, registered with the Celery app in every process (the web's too):
@@ -22,11 +23,20 @@ class ComputeSessionsConfig(AppConfig):
 
         node_capacity_changed.connect(_node_capacity_changed, dispatch_uid="sessions-schedule-on-node-capacity")
         node_declared_dead.connect(_node_declared_dead, dispatch_uid="sessions-end-on-node-dead")
+        node_drain_changed.connect(_node_drain_changed, dispatch_uid="sessions-schedule-on-node-drain")
 
 
 def _node_capacity_changed(sender, node, **kwargs) -> None:
     """An administrator changed what `node` can hold (accelerators.services.node_capacity_changed,
     after commit): room may have appeared for waiting sessions, so ask for a scheduler pass."""
+    from sessions.lifecycle.passes import schedule_pending_soon
+
+    schedule_pending_soon()
+
+
+def _node_drain_changed(sender, node, **kwargs) -> None:
+    """An administrator drained or undrained `node` (accelerators.drain, after commit): a pass
+    gives a drain's eviction notices, or takes them back and places waiting sessions there again."""
     from sessions.lifecycle.passes import schedule_pending_soon
 
     schedule_pending_soon()

@@ -34,6 +34,13 @@ leaves nothing the next pass does not finish (DESIGN.md, "How the system heals")
   meaningful: its page and API say "requeued as <id>";
 - W's victims ended → the pass places W (their allocations were released with them).
 
+A node's drain with eviction (issue 37.4, `accelerators.drain`) takes the same path without a
+waiting session (`preempted_for` empty): every pass puts each RUNNING session on an evicting
+node that has no notice under notice (`_drain_notices`: "to be evicted at … : node n1 is
+drained by …"), the notices are sent as above, `_drain_stop_due` stops it at its time ("preempted:
+node n1 drained …"), and it is requeued as a victim is (on another node: the drained one takes
+no new session). Undrained before its time, its notice is taken back (`_withdraw`).
+
 Notices: the victim's `status_reason` (its page and `GET /api/v1/sessions/<id>/`, with
 `preempt_at`, which the page counts down, and `preempted_for`), the line and the signal, and W's
 reason ("waiting for capacity: preempting …"). An ended victim keeps "preempted: …" as its
@@ -63,6 +70,7 @@ from sessions.lifecycle import events
 from sessions.models import ACTIVE_STATUSES, FINAL_STATUSES, NEXT_VERSION, Allocation, ComputeSession, SessionStatus
 from sessions.scheduling.placement import CAPACITY
 from sessions.lifecycle.services import PREEMPTED, RECLAIMED, REQUESTED, session_notice, session_terminate
+from accelerators.models import Node
 
 log = logging.getLogger(__name__)
 
@@ -125,16 +133,20 @@ def preemption_pass(*, blocked: list[ComputeSession], scope_of, options_of, now=
     off (the notices a compaction gave are still kept). `scope_of(session)`: the session's scope
     nodes (`core.NodeState`, the pass's view); `options_of(session)`: its group's `core.place`
     options. Returns `{"withdrawn", "stopped", "requeued", "warned", "signalled": [session ids],
-    "for": {waiter id: reason}}` (the reasons to give the waiters now). Without a notice
-    standing or ended within REQUEUE_WINDOW and nothing blocked: one query."""
+    "for": {waiter id: reason}}` (the reasons to give the waiters now). A node drained with
+    eviction puts its running sessions under notice first (`_drain_notices`; their ids are
+    among "warned"). Without a notice standing or ended within REQUEUE_WINDOW, a running session
+    on a node drained with eviction, and nothing blocked: one query."""
     now = now or timezone.now()
     warned: list[str] = []
     reasons: dict = {}  # waiter pk → its reason
     out: dict = {"withdrawn": [], "stopped": [], "requeued": [], "warned": warned, "signalled": [], "for": reasons}
-    noticed = ComputeSession.objects.filter(preempt_at__isnull=False).filter(Q(status__in=UNDER_NOTICE) | _requeue_due(now))
-    standing = noticed.exists()
+    noticed = Q(preempt_at__isnull=False) & (Q(status__in=UNDER_NOTICE) | _requeue_due(now))
+    evicted = Q(status=SessionStatus.RUNNING, preempt_at__isnull=True, node__drain_since__isnull=False, node__drain_evict=True)
+    standing = ComputeSession.objects.filter(noticed | evicted).exists()
     if standing:
-        out.update(withdrawn=_withdraw(now), stopped=_stop_due(now), requeued=_requeue_ended(now))
+        warned.extend(_drain_notices(now))
+        out.update(withdrawn=_withdraw(now), stopped=_stop_due(now) + _drain_stop_due(now), requeued=_requeue_ended(now))
     waiters = [s for s in blocked if s.status_reason.startswith(CAPACITY)][:MAX_WAITERS_PER_PASS]
     if waiters:
         _choose(waiters, scope_of, options_of, now, warned, reasons)
@@ -346,7 +358,7 @@ def _requeue_ended(now) -> list[str]:
     idle reclamation) ended it: `session_requeue`; not while the session it made room for still
     waits (up to REQUEUE_AFTER_WAITER after its end). Returns the new sessions' ids."""
     ended = (
-        ComputeSession.objects.filter(preempt_at__isnull=False, preempted_for__isnull=False)
+        ComputeSession.objects.filter(preempt_at__isnull=False)  # a waiter's victim, or a drain's (none)
         .filter(_requeue_due(now))
         .exclude(preempted_for__status=SessionStatus.PENDING, terminated_at__gt=now - REQUEUE_AFTER_WAITER)
         .select_related("owner", "image", "preempted_for__owner")
@@ -417,15 +429,84 @@ def session_requeue(session: ComputeSession) -> ComputeSession | None:
 
 def _withdraw(now) -> list[str]:
     """Take back the notices of victims whose waiting session no longer waits (placed elsewhere,
-    cancelled, ended) or is gone, before their time; returns their ids."""
+    cancelled, ended), and of a drain's (no waiting session) whose node no longer evicts
+    (undrained), before their time; returns their ids."""
+    evicting = Q(node__drain_since__isnull=False, node__drain_evict=True)
     stale = list(
         ComputeSession.objects.filter(preempt_at__isnull=False, status=SessionStatus.RUNNING)
-        .exclude(preempted_for__status=SessionStatus.PENDING)
+        .filter(
+            (Q(preempted_for__isnull=False) & ~Q(preempted_for__status=SessionStatus.PENDING))
+            | (Q(preempted_for__isnull=True) & ~evicting)
+        )
         .select_related("node")
     )
     for victim in stale:
         if ComputeSession.objects.filter(pk=victim.pk, preempt_at=victim.preempt_at).update(
             preempt_at=None, status_reason="", version=NEXT_VERSION
         ):
-            session_notice(victim, "the preemption of this session is withdrawn: the session it made room for no longer waits")
+            why = (
+                "the session it made room for no longer waits"
+                if victim.preempted_for_id is not None
+                else "its node is back in service"
+            )
+            session_notice(victim, f"the preemption of this session is withdrawn: {why}")
     return [str(v.pk) for v in stale]
+
+
+def drain_reason(node: Node, at) -> str:
+    """The reason a running session on `node`, drained with eviction, shows under notice."""
+    why = f": {node.drain_reason}" if node.drain_reason else ""
+    by = f" by {node.drain_by}" if node.drain_by else ""
+    return f"to be evicted at {at:%Y-%m-%d %H:%M:%S} UTC: node {node.name} is drained{by}{why}; save your work"
+
+
+def _drain_notices(now) -> list[str]:
+    """Put under notice (`preempt_at` = now + FGPU_PREEMPTION_GRACE_SECONDS, no waiting session,
+    `drain_reason`) every RUNNING session without one on a node drained with eviction
+    (accelerators.drain); re-run by every pass that finds one (`preemption_pass`), so a session
+    that starts running on it later gets its notice too. Returns their ids."""
+    nodes = list(Node.objects.filter(drain_since__isnull=False, drain_evict=True))
+    if not nodes:
+        return []
+    at = now + timedelta(seconds=settings.FGPU_PREEMPTION_GRACE_SECONDS)
+    noticed = []
+    for node in nodes:
+        ids = list(
+            ComputeSession.objects.filter(node=node, status=SessionStatus.RUNNING, preempt_at__isnull=True).values_list(
+                "pk", flat=True
+            )
+        )
+        if not ids:
+            continue
+        ComputeSession.objects.filter(pk__in=ids, status=SessionStatus.RUNNING, preempt_at__isnull=True).update(
+            preempted_for=None, preempt_at=at, status_reason=drain_reason(node, at), version=NEXT_VERSION
+        )
+        for victim in ComputeSession.objects.filter(pk__in=ids, preempt_at=at).select_related("node", "owner"):
+            events.session_notify(victim)
+            noticed.append(str(victim.pk))
+        log.info("drain: %d session(s) on %s put under notice, evicted at %s", len(ids), node.name, at.isoformat())
+    return noticed
+
+
+def _drain_stop_due(now) -> list[str]:
+    """Stop every session a drain put under notice (no waiting session) whose time came while
+    its node still evicts; returns their ids. It is requeued once it ended (`_requeue_ended`)."""
+    due = list(
+        ComputeSession.objects.filter(
+            preempt_at__lte=now,
+            preempted_for__isnull=True,
+            node__drain_since__isnull=False,
+            node__drain_evict=True,
+            status__in=(SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING),
+        ).select_related("node")
+    )
+    for victim in due:
+        assert victim.node is not None  # the filter follows it
+        by = f" by {victim.node.drain_by}" if victim.node.drain_by else ""
+        why = f": {victim.node.drain_reason}" if victim.node.drain_reason else ""
+        session_terminate(
+            session=victim,
+            reason=f"{PREEMPTED}node {victim.node.name} drained{by}{why}; stopped after "
+            f"{settings.FGPU_PREEMPTION_GRACE_SECONDS} s of notice",
+        )
+    return [str(v.pk) for v in due]
