@@ -83,9 +83,6 @@ urlpatterns = [
         accelerator_api.node_mark_dead_view,
         name="api-node-mark-dead",
     ),
-    path("metrics", usage_metrics.metrics_view, name="metrics"),
-    re_path(
-        rf"^api/v1/nodes/(?P<name>{api_mig.NodeMigViewSet.lookup_value_regex})/mig/$",
     re_path(
         rf"^api/v1/nodes/(?P<name>{accelerator_api.NodeViewSet.lookup_value_regex})/drain/$",
         api_drain.node_drain_view,
@@ -96,6 +93,9 @@ urlpatterns = [
         api_drain.node_undrain_view,
         name="api-node-undrain",
     ),
+    path("metrics", usage_metrics.metrics_view, name="metrics"),
+    re_path(
+        rf"^api/v1/nodes/(?P<name>{api_mig.NodeMigViewSet.lookup_value_regex})/mig/$",
         api_mig.NodeMigViewSet.as_view({"get": "retrieve", "put": "update", "patch": "partial_update"}),
         name="api-node-mig",
     ),
