@@ -154,6 +154,50 @@ def test_an_agent_reaches_the_channel_layer_keys_of_its_own_node_only_and_cannot
     assert {"-scan", "-keys", "-randomkey", "-dbsize"} <= set(rules)
 
 
+def test_a_real_broker_gives_an_agent_its_own_unacked_keys_and_refuses_every_other_nodes(tmp_path):
+    """kombu keeps an agent's messages in flight under `unacked.agent.N`, `…_index` and `…_mutex`
+    (common.broker_acl.agent_transport_options): a redis-server loaded with the ACL file lets node
+    gpu-1's user use its own three as kombu does (a hash, a sorted set, a SET NX lock) and refuses
+    it, read and write, those of nodes whose names start alike (gpu-10, gpu-1.5), of gpu-2 and of
+    the manager (the shared `unacked`): a stolen node credential must not read or ack another
+    node's starts and stops."""
+    from tests.stack import Proc, free_port
+
+    nodes = ["gpu-1", "gpu-10", "gpu-1.5", "gpu-2"]
+    users = {user.name: user for user in broker_users(nodes)}
+    (tmp_path / "users.acl").write_text(acl_file(list(users.values())))
+    port = free_port()
+    server = Proc("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                            "no", "--dir", str(tmp_path), "--aclfile", str(tmp_path / "users.acl")],
+                  env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, log_dir=tmp_path)
+    try:
+        me = users[agent_user("gpu-1")]
+        agent = redis.Redis(host="127.0.0.1", port=port, username=me.name, password=me.password, socket_timeout=5)
+
+        def answers() -> bool:
+            try:
+                return bool(agent.ping())
+            except redis.ConnectionError:
+                return False
+
+        wait_until(answers, timeout=20, what="the ACL broker to answer")
+        own = "unacked.agent.gpu-1"
+        assert agent.hset(own, "tag-1", "message") == 1 and agent.hget(own, "tag-1") == b"message"
+        assert agent.zadd(f"{own}_index", {"tag-1": 1.0}) == 1 and agent.zrange(f"{own}_index", 0, -1) == [b"tag-1"]
+        assert agent.set(f"{own}_mutex", "me", nx=True, ex=30) and agent.delete(f"{own}_mutex") == 1
+        for other in ("unacked.agent.gpu-10", "unacked.agent.gpu-1.5", "unacked.agent.gpu-2", "unacked"):
+            for key, read, write in (
+                (other, lambda k: agent.hgetall(k), lambda k: agent.hset(k, "tag-1", "forged")),
+                (f"{other}_index", lambda k: agent.zrange(k, 0, -1), lambda k: agent.zadd(k, {"tag-1": 1.0})),
+                (f"{other}_mutex", lambda k: agent.get(k), lambda k: agent.set(k, "me", nx=True, ex=30)),
+            ):
+                for call in (read, write, lambda k: agent.delete(k)):
+                    with pytest.raises(redis.exceptions.NoPermissionError):
+                        call(key)
+    finally:
+        server.stop()
+
+
 def test_every_nodes_group_names_are_valid_channels_names_and_long_or_dotted_names_are_hashed_apart():
     from channels.layers import BaseChannelLayer
 
