@@ -156,6 +156,7 @@ def test_the_admin_fleet_page_and_the_node_list_show_capacity(fleet, alice, admi
     assert page.status_code == 200
     html = page.content.decode()
     assert 'data-api="/api/v1/fleet/"' in html and "js/fleet.js" in html and '<option value="training"' in html
+    assert '<option value="H100" selected>' in client.get("/admin/accelerators/node/fleet/?model=H100").content.decode()
     listing = client.get("/admin/accelerators/node/").content.decode()
     assert "Fleet overview" in listing and "Free fGPU" in listing and "Free MIG slices" in listing
     assert "5 / 7" in listing  # m's free MIG compute slices
