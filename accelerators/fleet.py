@@ -33,8 +33,8 @@ from accelerators.models import AllocationMode, Device, FractionalSettings, GpuI
 from accelerators.selectors import devices_with_usage, nodes_with_usage
 
 # A node's state, as the overview names it: ready (heartbeats arrive, nothing pending), draining
-# (an administrator drains it: no new session is placed there; read where the node has the drain
-# fields, Node.drain_since), mig-pending (its agent has not applied the MIG layout the manager
+# (an administrator drains it, Node.drain_since: no new session is placed there; drained
+# included; accelerators.drain), mig-pending (its agent has not applied the MIG layout the manager
 # sent yet), mig-error (its agent reported a MIG layout it could not apply), lost (heartbeats
 # stopped: nothing is placed there, its sessions are fenced; sessions.lifecycle).
 STATES = ("ready", "draining", "mig-pending", "mig-error", "lost")
@@ -196,14 +196,12 @@ def fleet_nodes(*, only=None) -> list[NodeFigures]:
     nodes: dict[Any, NodeFigures] = {}
     scaling: dict[Any, tuple[Decimal, Decimal, int]] = {}
     scope = Node.objects.all() if only is None else only
-    drain = "drain_since" if any(f.name == "drain_since" for f in Node._meta.get_fields()) else "last_heartbeat"
     rows = scope.order_by("name").values_list(
         "pk", "name", "status", "last_heartbeat", "resource_group__name", "mig_mode", "mig_sync", "memory_scaling",
-        "core_scaling", "device_split_count", drain,
+        "core_scaling", "device_split_count", "drain_since",
     )  # fmt: skip
     for pk, name, status, heartbeat, group, mig_mode, mig_sync, mem_scale, core_scale, split, drained in rows:
-        draining = drain == "drain_since" and drained is not None
-        state = node_fleet_state(status=status, mig_sync=mig_sync, draining=draining)
+        state = node_fleet_state(status=status, mig_sync=mig_sync, draining=drained is not None)
         nodes[pk] = NodeFigures(pk, name, status, state, heartbeat, group or "", mig_mode)
         scaling[pk] = (mem_scale, core_scale, split)
     device_rows = Device.objects.all() if only is None else Device.objects.filter(node__in=scope)

@@ -173,3 +173,12 @@ def test_a_nodes_state_is_lost_before_draining_before_its_mig_sync():
     assert node_fleet_state(status=NodeStatus.ALIVE, mig_sync={"state": "error"}, draining=True) == "draining"
     assert [node_fleet_state(status=NodeStatus.ALIVE, mig_sync={"state": s}) for s in ("error", "sent", "applied", "")] == [
         "mig-error", "mig-pending", "ready", "ready"]
+
+
+def test_a_drained_node_is_draining_and_the_state_filter_finds_it(fleet, alice, staff):
+    from accelerators.drain import node_drain
+
+    fleet(owner=alice, mig_sessions=0)
+    node_drain(node_name="b", reason="new cables", by="root")
+    body = client_for(staff).get("/api/v1/fleet/?state=draining").json()
+    assert [n["name"] for n in body["nodes"]] == ["b"] and body["states"]["draining"] == 1
