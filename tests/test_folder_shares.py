@@ -154,7 +154,7 @@ def test_the_start_spec_names_the_shared_folders_and_an_older_spec_has_none(alic
 # --- the API -----------------------------------------------------------------------------------
 
 
-def test_the_api_shares_lists_and_revokes(alice, bob):
+def test_the_api_shares_lists_and_revokes(alice, bob, staff):
     api = client_for(alice)
     made = api.post("/api/v1/shares/", {"folder": "data", "user": "bob", "permission": "ro"}, format="json")
     assert made.status_code == 201, made.content
@@ -171,6 +171,8 @@ def test_the_api_shares_lists_and_revokes(alice, bob):
     assert_error_shape(client_for(bob).post("/api/v1/shares/", {"folder": "data", "user": "bob"}, format="json"), 400)
     assert_error_shape(api.post("/api/v1/shares/", {"folder": "projects/x", "user": "bob"}, format="json"), 404)
     assert_error_shape(client_for(None).get("/api/v1/shares/"), 401)
+    seen = client_for(staff).get("/api/v1/shares/").json()  # an administrator manages every share
+    assert [(s["name"], s["received"], s["managed"]) for s in seen["shares"]] == [("alice-data", False, True)]
     assert client_for(bob).delete(f"/api/v1/shares/{body['id']}/").status_code == 204
     assert_error_shape(api.delete(f"/api/v1/shares/{body['id']}/"), 404)
 

@@ -115,21 +115,13 @@ def folder_share_set(*, actor, folder: str, user: str = "", project: str = "", p
     return share
 
 
-def _managed(user) -> Q:
-    """The shares `user` may change: of their own ~/data, or (administrators) any."""
-    return Q() if user.is_staff else Q(owner=user)
-
-
 def folder_shares_for(*, user) -> QuerySet[FolderShare]:
-    """The shares `user` manages (`_managed`) or receives (as a user or through a project they
+    """The shares `user` manages (of their own ~/data; administrators: all) or receives (as a user or through a project they
     are a member of), with their folders and grantees (one query)."""
-    received = Q(user=user) | Q(to_project__members=user)
-    return (
-        FolderShare.objects.filter(_managed(user) | received)
-        .select_related("owner", "project", "user", "to_project")
-        .distinct()
-        .order_by("created_at")
-    )
+    shares = FolderShare.objects.all()
+    if not user.is_staff:  # an administrator manages every share
+        shares = shares.filter(Q(owner=user) | Q(user=user) | Q(to_project__members=user))
+    return shares.select_related("owner", "project", "user", "to_project").distinct().order_by("created_at")
 
 
 def folder_share_revoke(*, actor, share_id) -> None:

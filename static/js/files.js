@@ -2,6 +2,9 @@
 // the session's home (data/ is the owner's persistent folder), upload with progress
 // (XMLHttpRequest: fetch reports no upload progress), download (a plain link: the browser
 // streams it), delete after a confirmation. Everything goes through /api/v1/sessions/<id>/files/.
+// Sharing (issue 36.5, /api/v1/shares/): share the owner's folders with a user or a project, list
+// the shares (revoke, leave); shared/<name> is read-only unless shared read-write, so the panel
+// offers no upload or delete there (the API answers 403 anyway).
 (function () {
   "use strict";
   var panel = document.getElementById("files-panel");
@@ -11,6 +14,12 @@
   var rows = $("files-rows"), crumbs = $("files-crumbs"), errorBox = $("files-error"), uploads = $("files-uploads");
   var dialog = $("file-delete-dialog");
   var here = "", loaded = false, pendingDelete = null;
+  var readOnly = {}; // shared/<name> → read-only (from the shared/ listing and the shares received)
+
+  function inReadOnly(path) {
+    var parts = path.split("/");
+    return parts[0] === "shared" && parts.length > 1 && readOnly[parts[1]] !== false;
+  }
 
   function join(dir, name) { return dir ? dir + "/" + name : name; }
   function q(path) { return "?path=" + encodeURIComponent(path); }
@@ -59,14 +68,24 @@
 
   function render(listing) {
     rows.textContent = "";
-    if (!listing.entries.length) { message("This folder is empty. Upload a file to it."); return; }
+    var locked = inReadOnly(here);
+    $("files-upload").disabled = locked || here === "shared";
+    panel.querySelector(".files-upload-label").classList.toggle("is-disabled", locked || here === "shared");
+    if (here === "shared") listing.entries.forEach(function (e) { readOnly[e.name] = e.read_only !== false; });
+    if (!listing.entries.length) {
+      message(here === "shared" ? "Nothing is shared with you yet." : locked ? "This folder is empty." : "This folder is empty. Upload a file to it.");
+      return;
+    }
     listing.entries.forEach(function (e) {
       var path = join(here, e.name), tr = el("tr", { "data-name": e.name });
       var name = el("td", { "class": "files-name" });
       if (e.type === "dir") {
         var open = el("button", { type: "button", "class": "files-open", "data-path": path }, e.name + "/");
         name.appendChild(open);
-        if (e.persistent) name.appendChild(el("span", { "class": "files-tag", title: "Kept across sessions and mounted into each new one" }, "persistent"));
+        if (here === "shared") {
+          name.appendChild(el("span", { "class": "files-tag" + (e.read_only !== false ? " is-read-only" : ""),
+                                        title: "Shared with you" }, e.read_only !== false ? "read-only" : "read-write"));
+        } else if (e.persistent) name.appendChild(el("span", { "class": "files-tag", title: "Kept across sessions and mounted into each new one" }, "persistent"));
       } else {
         name.appendChild(el("span", { "class": "files-file" }, e.name));
         if (e.type === "link") name.appendChild(el("span", { "class": "files-tag", title: "A symbolic link: not followed here" }, "link"));
@@ -79,7 +98,7 @@
         actions.appendChild(el("a", { "class": "button button-small", href: contentUrl + q(path), download: e.name,
                                       "aria-label": "Download " + e.name }, "Download"));
       }
-      if (!e.persistent && path !== ".fgpu") { // .fgpu/: the console's own files (read-only here)
+      if (!e.persistent && path !== ".fgpu" && path !== "shared" && !locked) { // .fgpu/: the console's own files (read-only here)
         actions.appendChild(el("button", { type: "button", "class": "button button-small button-danger-ghost files-delete",
                                            "data-path": path, "aria-label": "Delete " + e.name }, "Delete"));
       }
@@ -171,4 +190,78 @@
     }).observe(badge, { childList: true, characterData: true, subtree: true });
   }
   renderCrumbs();
+
+  // --- sharing ----------------------------------------------------------------------------
+  var sharesUrl = panel.dataset.sharesUrl, shareList = $("files-shares"), shareError = $("share-error");
+  var sharesLoaded = false;
+
+  function showShareError(text) { shareError.textContent = text; shareError.hidden = !text; }
+
+  function shareRow(s) {
+    var li = el("li", { "class": "files-share", "data-share": s.id });
+    var perm = s.permission === "ro" ? "read-only" : "read-write";
+    var text;
+    if (s.managed && !s.received) {
+      text = s.folder + "/ shared with " + (s.user ? s.user : "project " + s.to_project) + " as shared/" + s.name;
+    } else {
+      text = "shared/" + s.name + " from " + (s.owner ? s.owner : "project " + s.project) +
+        (s.to_project ? " (to project " + s.to_project + ")" : "");
+    }
+    li.appendChild(el("span", { "class": "files-share-text" }, text));
+    li.appendChild(el("span", { "class": "files-tag" + (s.permission === "ro" ? " is-read-only" : "") }, perm));
+    var label = s.managed ? "Revoke" : s.user ? "Leave" : "";
+    if (label) {
+      li.appendChild(el("button", { type: "button", "class": "button button-small button-danger-ghost files-share-revoke",
+                                    "data-share": s.id, "aria-label": label + " " + text }, label));
+    }
+    return li;
+  }
+
+  function loadShares() {
+    return fgpu.api("GET", sharesUrl).then(function (r) {
+      if (!r.ok) { showShareError(fgpu.errorText(r)); return; }
+      sharesLoaded = true;
+      showShareError("");
+      var select = $("share-folder"), chosen = select.value;
+      select.textContent = "";
+      r.data.folders.forEach(function (f) {
+        select.appendChild(el("option", { value: f }, f === "data" ? "data/ (yours)" : f + "/"));
+      });
+      if (chosen && r.data.folders.indexOf(chosen) >= 0) select.value = chosen;
+      shareList.textContent = "";
+      var writable = {};
+      r.data.shares.forEach(function (s) {
+        if (s.received) writable[s.name] = writable[s.name] || s.permission === "rw";
+        shareList.appendChild(shareRow(s));
+      });
+      Object.keys(writable).forEach(function (name) { readOnly[name] = !writable[name]; });
+      if (!r.data.shares.length) shareList.appendChild(el("li", { "class": "muted" }, "No folder is shared by or with you."));
+    }).catch(function () { showShareError("Could not reach the server. Try again."); });
+  }
+
+  panel.addEventListener("toggle", function () { if (panel.open && !sharesLoaded) loadShares(); });
+  $("share-kind").addEventListener("change", function (ev) {
+    $("share-who").placeholder = ev.target.value === "user" ? "user name" : "project name";
+  });
+  $("files-share-form").addEventListener("submit", function (ev) {
+    ev.preventDefault();
+    var who = $("share-who").value.trim();
+    if (!who) { showShareError("Name the " + $("share-kind").value + " to share the folder with."); $("share-who").focus(); return; }
+    var body = { folder: $("share-folder").value, permission: $("share-permission").value };
+    body[$("share-kind").value] = who;
+    fgpu.api("POST", sharesUrl, body).then(function (r) {
+      if (!r.ok) { showShareError(fgpu.errorText(r)); return; }
+      $("share-who").value = "";
+      loadShares();
+    });
+  });
+  shareList.addEventListener("click", function (ev) {
+    var target = ev.target.closest("button.files-share-revoke");
+    if (!target) return;
+    fgpu.api("DELETE", sharesUrl + target.dataset.share + "/").then(function (r) {
+      if (!r.ok) showShareError(fgpu.errorText(r));
+      loadShares();
+      if (here.split("/")[0] === "shared") load(here);
+    });
+  });
 })();
