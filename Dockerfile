@@ -15,6 +15,7 @@ RUN command -v iptables >/dev/null \
     || (apt-get update && apt-get install -y --no-install-recommends iptables && rm -rf /var/lib/apt/lists/*)
 COPY pyproject.toml README.md ./
 COPY common ./common
+COPY common ./common
 COPY console ./console
 COPY accelerators ./accelerators
 COPY sessions ./sessions

@@ -640,7 +640,7 @@ class NodeAdmin(NodeDrainAdminMixin, admin.ModelAdmin):
     def mark_dead(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
         """Fencing's administrator's word (accelerators.services.node_mark_dead): each selected LOST
         node's sessions end and their devices are released; an ALIVE node is refused, named."""
-        from console.errors import ApplicationError
+        from common.errors import ApplicationError
 
         for node in queryset.order_by("name"):
             try:

@@ -2,7 +2,7 @@
 
 Everyone signed in reads; administrators write slot formats, fractional settings, resource
 groups and nodes' sharing settings (split count, memory / SM scaling, resource group), each edit
-guarded by ETag / If-Match (`console.api_support`). Nodes and devices are registered by their
+guarded by ETag / If-Match (`common.api_support`). Nodes and devices are registered by their
 agents; the rest of a node is read-only here. Amounts: memory in bytes, compute in SMs,
 fGPU as decimal text ("1.50"), never floats.
 """
@@ -24,7 +24,7 @@ from accelerators.models import AllocationMode, Device, FractionalSettings, Node
 from accelerators.drain import node_drain_state
 from accelerators.selectors import device_fgpu_summary, devices_with_usage
 from accelerators.services import node_mark_dead, node_settings_update
-from console.api_support import (
+from common.api_support import (
     ETAG_NOTE,
     ErrorSerializer,
     IF_MATCH,

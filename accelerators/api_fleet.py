@@ -17,7 +17,7 @@ from rest_framework.response import Response
 
 from protocol.units import format_number
 from accelerators.fleet import NO_GROUP, PAGE_SIZE, PAGE_SIZE_MAX, SORTS, STATES, FleetFilter, fleet_overview
-from console.api_support import ErrorSerializer
+from common.api_support import ErrorSerializer
 
 
 def _fgpu(value: Decimal | None) -> str | None:

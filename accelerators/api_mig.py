@@ -22,8 +22,8 @@ from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.mig_selectors import mig_catalog_list, mig_gpu_layouts, node_mig_sync_view
 from accelerators.mig_services import node_mig_settings_apply, node_mig_settings_check
 from accelerators.models import MigMode, Node
-from console.api_support import ETAG_NOTE, IF_MATCH, ETagMixin, IsAdminOrReadOnly, ListETagMixin
-from console.errors import ApplicationError
+from common.api_support import ETAG_NOTE, IF_MATCH, ETagMixin, IsAdminOrReadOnly, ListETagMixin
+from common.errors import ApplicationError
 
 TAGS = ["MIG"]
 CATALOG_SOURCES = ["built-in", "nvml"]  # where a GPU's MIG catalog comes from (mig_selectors.mig_catalog_source)

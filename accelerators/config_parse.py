@@ -101,7 +101,7 @@ _IGNORED_FRACTIONAL_KEYS = ("device_mask", "reserved_memory")  # Backend.AI read
 class ConfigError(ValueError):
     """A configuration file that cannot be imported. It carries the API's error fields
     (`detail`, `type` "invalid-config", `title`, `status` 400, `field_errors`), as
-    console.errors.ApplicationError does, without importing the console: the agent parses
+    common.errors.ApplicationError does, without importing the console: the agent parses
     mock-accelerator TOML too (accelerators.plugins.mock).
 
     `path` is the file as given, `field` the dotted place inside it (`devices[3].memory_size`,

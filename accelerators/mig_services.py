@@ -218,7 +218,7 @@ def _sync_detail(sync: dict, mode: str) -> str:
 
 
 def _send_mig_reconcile(node_name: str, message: dict) -> None:
-    from console.celery import agent_send
+    from common.celery import agent_send
 
     agent_send(protocol.MIG_RECONCILE, node=node_name, **message)
 

@@ -233,7 +233,7 @@ def node_mark_dead(*, node_name: str, by: str) -> int:
     Returns how many sessions ended (`node_declared_dead`'s receivers). Raises Node.DoesNotExist
     for an unknown node, ApplicationError 409 "node-alive" for a node that is not LOST (its agent
     reports what runs: no one may overrule it)."""
-    from console.errors import ApplicationError
+    from common.errors import ApplicationError
 
     node = Node.objects.select_for_update().get(name=node_name)
     if node.status != NodeStatus.LOST:

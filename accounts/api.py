@@ -14,7 +14,7 @@ from rest_framework.authtoken.views import ObtainAuthToken
 
 from accounts import throttle
 from accounts.services import login_token_issue
-from console.api_support import ErrorSerializer
+from common.api_support import ErrorSerializer
 from sessions.api.quotas import QuotaFiguresSerializer
 
 

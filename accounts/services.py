@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from accounts.models import ApiToken, LoginToken, TokenKind
 from accounts.selectors import api_token_digest
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 LOGIN_TOKENS_KEPT = 10  # a user's newest login tokens that stay valid (one per machine that ran fgpu login)

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_POST
 
 from accounts import services, throttle
 from accounts.selectors import api_token_get_for, api_token_list_for, login_token_get_for
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 
 PROFILE_TEMPLATE = "account/profile.html"
 # The new token's key, between the POST that made it and the one GET of the profile that shows it

@@ -86,7 +86,7 @@ def build_agent(
     config: AgentConfig, *, celery_app, channel_layer, heartbeat_s: float, exec_store=None, terminal_direct: bool = True
 ) -> Agent:
     """The agent of `config`'s node, sending to the manager through `celery_app` (the console's,
-    console.celery.app). `exec_store`: where its streamed execs keep their output
+    common.celery.app). `exec_store`: where its streamed execs keep their output
     (protocol.exec_store; None: this process's memory store). `terminal_direct`: False keeps its
     terminals on the channel layer whatever agent.toml says (standalone mode: the consumers share
     the agent's process and loop, and its in-memory layer is the shorter path)."""

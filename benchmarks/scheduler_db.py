@@ -122,7 +122,7 @@ def _time_after_commit() -> dict[str, float]:
 
 def purge_agent_queues(node_names: list[str]) -> int:
     """Drop the start messages no agent will take (queues `agent.<node>`); returns how many."""
-    from console.celery import agent_queue, app
+    from common.celery import agent_queue, app
 
     dropped = 0
     with app.connection_for_write() as conn:

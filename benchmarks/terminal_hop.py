@@ -26,7 +26,7 @@ from pathlib import Path
 from websockets.asyncio.server import serve
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from console.layers import RedisChannelLayer  # noqa: E402 (the project's root on the path first)
+from common.layers import RedisChannelLayer  # noqa: E402 (the project's root on the path first)
 from protocol import pty_group  # noqa: E402
 from protocol.terminal_stream import DIRECT_OK, LINE_LIMIT, encode  # noqa: E402
 

@@ -20,7 +20,7 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
-from console.secret_key import require_secret_key  # noqa: E402
+from common.secret_key import require_secret_key  # noqa: E402
 
 require_secret_key("web")  # no SECRET_KEY of its own (FGPU_SECRET_KEY; standalone keeps one): exit 2, saying why
 
@@ -30,7 +30,7 @@ from channels.security.websocket import OriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from console.startup import freeze_imported_objects  # noqa: E402
+from common.startup import freeze_imported_objects  # noqa: E402
 from console.upload_guard import UploadGuard  # noqa: E402
 from sessions.serving.proxy import AppProxyRouter, AppWebsocketProxy, ConsoleAppRedirect, OriginRouter  # noqa: E402
 from sessions.routing import websocket_urlpatterns  # noqa: E402

@@ -13,14 +13,14 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from console.env import env_bool, env_int, env_list, env_str, env_url
-from console.secret_key import secret_key_from_env
+from common.env import env_bool, env_int, env_list, env_str, env_url
+from common.secret_key import secret_key_from_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DATA_DIR = Path(env_str("FGPU_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 # FGPU_SECRET_KEY, never a public default: without a usable one the key is random for this process and the
-# web, manager and beat refuse to start (console.secret_key); standalone keeps a key of its own.
+# web, manager and beat refuse to start (common.secret_key); standalone keeps a key of its own.
 SECRET_KEY, SECRET_KEY_PROBLEM = secret_key_from_env()
 DEBUG = env_bool("FGPU_DEBUG", False)
 ALLOWED_HOSTS = env_list("FGPU_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
@@ -51,8 +51,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "console.security_headers.ContentSecurityPolicyMiddleware",
-    "console.input_guard.RefusedCharactersMiddleware",  # a NUL in the path: 404; in the query: 400 naming it
+    "common.security_headers.ContentSecurityPolicyMiddleware",
+    "common.input_guard.RefusedCharactersMiddleware",  # a NUL in the path: 404; in the query: 400 naming it
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -95,7 +95,7 @@ TEMPLATES = [
 # A database that cannot be reached (stopped, restarting, its host gone) is answered within about
 # a second (issue 33): a request that gets no connection within the pool's "timeout" (1 s) fails
 # with PoolTimeout, which the API answers 503 with Retry-After and the pages with their "try
-# again" page (console.api_errors, console.api_support.server_error), instead of holding the
+# again" page (common.api_errors, common.api_support.server_error), instead of holding the
 # client 30 s for a 500. The pool makes its connections in the background, each attempt given up
 # after DATABASE_CONNECT_TIMEOUT seconds (libpq's connect_timeout; 2 is the least libpq and
 # psycopg honour) and retried with backoff (1 s, 2 s, …) for at most "reconnect_timeout" seconds,
@@ -162,7 +162,7 @@ if REDIS_URL:
     REDIS_URL = env_url("REDIS_URL", REDIS_URL, schemes=("redis", "rediss", "unix"))
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "console.layers.RedisChannelLayer",  # channels_redis with fewer round trips
+            "BACKEND": "common.layers.RedisChannelLayer",  # channels_redis with fewer round trips
             # socket_timeout None: channels_redis waits for messages with a 5 s BZPOPMIN, and
             # redis-py 8's default 5 s socket timeout would cut every idle wait.
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}], "capacity": 1000, "expiry": 60},
@@ -194,7 +194,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_connect_timeout": 5,
     "health_check_interval": 10,
     # No priority sub-queues (nothing is sent with a priority): each queue is one Redis key, which
-    # the broker's ACL users name (console/broker_acl.py).
+    # the broker's ACL users name (common/broker_acl.py).
     "priority_steps": [0],
 }
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -215,16 +215,16 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "EXCEPTION_HANDLER": "console.api_errors.exception_handler",
+    "EXCEPTION_HANDLER": "common.api_errors.exception_handler",
     "DEFAULT_PARSER_CLASSES": [
-        "console.api_parsers.DepthLimitedJSONParser",  # DRF's JSONParser, refusing bodies nested too deep
+        "common.api_parsers.DepthLimitedJSONParser",  # DRF's JSONParser, refusing bodies nested too deep
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    "DEFAULT_PAGINATION_CLASS": "console.api_pagination.StrictLimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "common.api_pagination.StrictLimitOffsetPagination",
     "PAGE_SIZE": 100,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "console.api_support.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "common.api_support.AutoSchema",
 }
 
 SPECTACULAR_SETTINGS = {
@@ -339,7 +339,7 @@ FGPU_APP_TICKET_TTL = env_int("FGPU_APP_TICKET_TTL", 30, minimum=5, maximum=300)
 FGPU_APP_COOKIE_AGE = env_int("FGPU_APP_COOKIE_AGE", 12 * 3600, minimum=60, maximum=30 * 86400)  # seconds
 FGPU_APP_TOKEN_TTL = 30 * 86400  # seconds an app's token is kept after its last open (sessions.serving.session_apps)
 
-# Security headers of the console's origin (console.security_headers): a strict
+# Security headers of the console's origin (common.security_headers): a strict
 # Content-Security-Policy (scripts only from the console's own files), no framing, no referrer
 # to other origins, no MIME sniffing. Over TLS (FGPU_TLS=true, or a proxy's header named by
 # FGPU_SECURE_PROXY_SSL_HEADER, e.g. "X-Forwarded-Proto"): HSTS and Secure cookies.

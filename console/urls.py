@@ -39,9 +39,9 @@ router.register("mig/profiles", api_mig.MigProfileViewSet, basename="api-mig-pro
 router.register("mig/layouts", api_mig.MigLayoutViewSet, basename="api-mig-layout")
 
 # The error JSON under /api/, Django's pages elsewhere.
-handler400 = "console.api_support.bad_request"
-handler404 = "console.api_support.not_found"
-handler500 = "console.api_support.server_error"
+handler400 = "common.api_support.bad_request"
+handler404 = "common.api_support.not_found"
+handler500 = "common.api_support.server_error"
 
 urlpatterns = [
     path("", views.home, name="home"),

@@ -6,19 +6,19 @@ Writes, with new random values:
 - `.env` (mode 0600), which compose reads: FGPU_SECRET_KEY (64 characters), FGPU_METRICS_TOKEN,
   FGPU_ADMIN_PASSWORD (the console's `admin`), FGPU_GRAFANA_PASSWORD (Grafana's `admin`),
   FGPU_POSTGRES_PASSWORD, and the broker passwords of the Redis ACL users, one per role
-  (console.broker_acl: FGPU_REDIS_WEB_PASSWORD, FGPU_REDIS_MANAGER_PASSWORD, and
+  (common.broker_acl: FGPU_REDIS_WEB_PASSWORD, FGPU_REDIS_MANAGER_PASSWORD, and
   FGPU_REDIS_AGENT_PASSWORD for the agent of node COMPOSE_NODE);
 - and, not a secret, FGPU_APPS_ORIGIN (APPS_ORIGIN: the web's second published port, compose.yaml),
   where session apps are served: change it to a host name of its own that reaches the web's port
   8001 (best: another registrable domain, with TLS), as README's "Session apps" says;
 - `deploy/redis/users.acl` (mode 0644: it holds only the SHA-256 of each password, which are
   256-bit random), the Redis ACL file compose's Redis loads: the default user off, one user per
-  role (console.broker_acl.acl_file).
+  role (common.broker_acl.acl_file).
 
 An existing `.env` is kept (exit 1, saying so) unless `--force`: new passwords would not match
 the database's volume, whose PostgreSQL password was set when it was made. Run it from the
 checkout with the project's Python (`.venv/bin/python deploy/make_env.py`, or `python` where the
-package is installed): it uses console.broker_acl.
+package is installed): it uses common.broker_acl.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ APPS_ORIGIN = "http://localhost:8001"  # compose.yaml's web publishes 8001 for i
 
 def env_text(*, broker_passwords: dict[str, str]) -> str:
     """The `.env` file's text: every secret compose.yaml asks for, new and random, and the apps origin."""
-    from console.broker_acl import MANAGER, WEB, agent_user
+    from common.broker_acl import MANAGER, WEB, agent_user
 
     values = {
         "FGPU_SECRET_KEY": secrets.token_urlsafe(48),
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="replace an existing env file (every password changes)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from console.broker_acl import acl_file, broker_users
+    from common.broker_acl import acl_file, broker_users
 
     env_file, acl_path = Path(args.env_file), Path(args.acl_file)
     if env_file.exists() and not args.force:

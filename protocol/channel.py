@@ -1,6 +1,6 @@
 """The channel layer between the web (and manager) and the agents, per node (issue 31, item 3: a
 node can act only on its own sessions): the names of the groups and channels, which carry the
-node so that a broker ACL can confine each agent to its own (console.broker_acl), and the
+node so that a broker ACL can confine each agent to its own (common.broker_acl), and the
 authentication of every message between the two sides.
 
 Names (Channels allows [A-Za-z0-9_.-] and fewer than 100 characters in a group name):
@@ -17,7 +17,7 @@ Names (Channels allows [A-Za-z0-9_.-] and fewer than 100 characters in a group n
 `<tag>` is `node_tag(node)`: the node's name where it is at most TAG_MAX letters, digits, `_` and
 `-` (no `.`, so that no tag is the start of another followed by a dot: the ACL pattern
 `pty.gpu.*` would otherwise match node `gpu.2`'s groups), else `_` and the first 40 hex digits of
-its name's SHA-256 (a node name never starts with `_`: console.broker_acl, so the two never meet).
+its name's SHA-256 (a node name never starts with `_`: common.broker_acl, so the two never meet).
 
 Authentication: a node with an agent key (`manage.py node_key NODE`, agent.toml `[manager]
 node-key`) has every message to its agent *sealed* by the web or manager (`AgentLink.command`):

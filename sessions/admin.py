@@ -22,7 +22,7 @@ from accelerators.allocation.errors import AllocationError
 from accelerators.allocation.requests import parse_resources
 from accelerators.admin_display import EMPTY, BinarySizeField, size_html, when_html
 from protocol.units import format_binary_size
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.scheduling.fairshare import account_shares, half_life_seconds
 from sessions.policy.images import image_save, image_sessions_waiting_or_active
 from sessions.models import Allocation, ComputeSession, FragmentationMap, Project, Quota, ResourcePreset, SessionImage

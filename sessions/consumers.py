@@ -41,8 +41,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from console.api_errors import DATABASE_ERRORS
-from console.errors import ApplicationError
+from common.api_errors import DATABASE_ERRORS
+from common.errors import ApplicationError
 from protocol.channel import AgentLink, DirectOffer, Refused
 from protocol.terminal_stream import DIRECT_OFFER, DIRECT_OK, LINE_LIMIT, encode
 from sessions.lifecycle import events

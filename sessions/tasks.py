@@ -3,7 +3,7 @@
 `fgpu.manager.*` run in the manager worker (queue `manager`) and use the database. The agents'
 tasks (`fgpu.agent.*`, queue `agent.<node>`) live on the node side, in agent/tasks.py: the
 manager knows them by name only (protocol) and sends them with `agent_send`. Routes:
-`console.celery.route_task`.
+`common.celery.route_task`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from django.core.exceptions import ValidationError
 
 import protocol
 from protocol.messages import Heartbeat, LogBatch, Malformed, SessionReport
-from console.celery import TRANSIENT_ERRORS, agent_send  # noqa: F401 (agent_send: re-exported)
+from common.celery import TRANSIENT_ERRORS, agent_send  # noqa: F401 (agent_send: re-exported)
 from sessions.lifecycle.passes import SCHEDULE_PENDING_TASK, SCHEDULE_QUEUED_KEY, _redis, schedule_pending_soon
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ def _session_with_node(session_id: str):
 
 @manager_task(SCHEDULE_PENDING_TASK)
 def schedule_pending() -> None:
-    from console.celery import app
+    from common.celery import app
     from sessions.scheduling.scheduler import schedule_pending as run
 
     if settings.REDIS_URL and not app.conf.task_always_eager:

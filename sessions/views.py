@@ -9,7 +9,7 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 
 from accelerators.models import Node
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.api.sessions import NODE_PATTERN, OWNER_PATTERN
 from sessions.api.images import SessionImageSerializer
 from sessions.policy.images import image_default

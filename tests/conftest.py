@@ -16,7 +16,7 @@ from tests.stack import ROOT, Proc, Stack, StackNode, free_port, wait_until, wai
 
 
 def _secret_key_for_this_run() -> None:
-    """The console's SECRET_KEY for this run (console.secret_key): FGPU_SECRET_KEY when it is given
+    """The console's SECRET_KEY for this run (common.secret_key): FGPU_SECRET_KEY when it is given
     and usable, else the random key settings made for this process, put into the environment that
     every process the tests start inherits (tests.stack), so a sign-in cookie made here is valid there."""
     from django.conf import settings
@@ -152,7 +152,7 @@ def remove_cgroup_tree(parent) -> None:
 @pytest.fixture(autouse=True)
 def eager_celery():
     """In-process tests run tasks where they are sent (the e2e tests use real workers)."""
-    from console.celery import app
+    from common.celery import app
 
     before = app.conf.task_always_eager
     app.conf.task_always_eager = True

@@ -14,7 +14,7 @@ it, each with its output in `<work_dir>/<name>.log` (`<name>.<n>.log` after the 
 
 | name | command |
 |---|---|
-| `redis` | `redis-server --port N --save "" --appendonly no` (only with `redis_url=None`: a private broker; with `broker_acl=True` its ACL users come from console/broker_acl.py and each process gets its role's URL) |
+| `redis` | `redis-server --port N --save "" --appendonly no` (only with `redis_url=None`: a private broker; with `broker_acl=True` its ACL users come from common/broker_acl.py and each process gets its role's URL) |
 | `web` | `uvicorn console.asgi:application` |
 | `manager` | `celery -A console worker -Q manager --pool threads --concurrency 4 --without-gossip --without-mingle` |
 | `beat` | `celery -A console beat` (one beat, a process of its own, as the README runs it) |
@@ -273,14 +273,14 @@ class Stack:
         self.want_node_keys = node_keys  # each agent gets a node key (`manage.py node_key`; FGPU_NODE_KEY)
         self.node_keys: dict[str, str] = {}  # with node_keys: node name → its agent key
         assert not broker_acl or redis_url is None, "broker_acl needs the private broker"
-        self.broker_users = {}  # with broker_acl: user name → console.broker_acl.BrokerUser
+        self.broker_users = {}  # with broker_acl: user name → common.broker_acl.BrokerUser
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.private_redis = redis_url is None
         self.redis_port = free_port() if self.private_redis else 0
         self.redis_url = redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
         if broker_acl:
-            from console.broker_acl import MANAGER, BrokerUser, broker_users
+            from common.broker_acl import MANAGER, BrokerUser, broker_users
 
             self.broker_users = {u.name: u for u in broker_users([n.name for n in self.nodes])}
             # The harness's own user, to read the ACL log: in the test only, never in a deployment.
@@ -313,7 +313,7 @@ class Stack:
         if self.private_redis:
             acl = []
             if self.broker_users:
-                from console.broker_acl import acl_file
+                from common.broker_acl import acl_file
 
                 (self.work_dir / "users.acl").write_text(acl_file(list(self.broker_users.values())))
                 acl = ["--aclfile", str(self.work_dir / "users.acl")]

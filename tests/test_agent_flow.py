@@ -84,9 +84,9 @@ def test_input_past_the_buffer_is_refused_and_the_terminal_says_so(tmp_path, mon
 
 
 def test_a_slow_terminal_reader_gets_every_byte_in_order_in_standalone_mode(tmp_path):
-    """Standalone's layer waits for a slow consumer (console.layers); the agent stops reading
+    """Standalone's layer waits for a slow consumer (common.layers); the agent stops reading
     the PTY meanwhile, so nothing is dropped however fast the program writes."""
-    from console.layers import FlowControlledInMemoryChannelLayer
+    from common.layers import FlowControlledInMemoryChannelLayer
 
     lines = 200_000
     expected = "".join(f"{i}\r\n" for i in range(1, lines + 1))  # the PTY turns \n into \r\n
@@ -114,10 +114,10 @@ def test_a_slow_terminal_reader_gets_every_byte_in_order_in_standalone_mode(tmp_
 
 
 def test_streaming_output_goes_in_frames_of_many_pty_reads_in_standalone_mode(tmp_path):
-    """Standalone's group send takes no time (console.layers), so the output pump coalesces by
+    """Standalone's group send takes no time (common.layers), so the output pump coalesces by
     STREAM_CHARS/STREAM_GAP_S as for direct streams: a PTY read is at most 4 KiB, and a frame per
     read would cost every hop (uvicorn, the browser) several times the work per byte."""
-    from console.layers import FlowControlledInMemoryChannelLayer
+    from common.layers import FlowControlledInMemoryChannelLayer
 
     size = 600_000  # base64 makes ~810 kB: within the output cap's burst (a reader that attached has none)
 

@@ -18,7 +18,7 @@ import pytest
 from channels.layers import InMemoryChannelLayer
 
 from sessions.lifecycle import events
-from console.exec_store import exec_store_default
+from common.exec_store import exec_store_default
 from agent.core import Agent, agent_for
 from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, ProcessRuntime
 from tests.conftest import GiB, mock_gpu

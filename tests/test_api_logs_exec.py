@@ -13,7 +13,7 @@ from sessions.lifecycle import services
 from sessions.admission import launch as admission
 from sessions.models import SessionLogChunk, SessionStatus
 from agent.core import Agent
-from console.exec_store import exec_store_default
+from common.exec_store import exec_store_default
 from tests.conftest import GiB, assert_error_shape, client_for, mock_gpu, wait_until
 from tests.test_agent_runtime import start_spec
 

@@ -17,7 +17,7 @@ from rest_framework.decorators import api_view
 
 import console.urls
 from protocol.units import MAX_SIZE, SizeError, parse_binary_size, parse_decimal
-from console.api_parsers import MAX_DEPTH, too_deep
+from common.api_parsers import MAX_DEPTH, too_deep
 from sessions.lifecycle import services
 from sessions.admission import launch as admission
 from sessions.models import ComputeSession

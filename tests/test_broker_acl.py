@@ -1,4 +1,4 @@
-"""The broker's ACL users (console/broker_acl.py, issue 13): no one reaches the broker without a
+"""The broker's ACL users (common/broker_acl.py, issue 13): no one reaches the broker without a
 password, and an agent's user reaches its own queue and the keys its node needs, nothing else.
 
 The end-to-end test runs the distributed stack (uvicorn, manager, beat, two agents) against a
@@ -16,7 +16,7 @@ import sys
 import pytest
 import redis
 
-from console.broker_acl import MANAGER, WEB, acl_file, agent_rules, agent_user, broker_users
+from common.broker_acl import MANAGER, WEB, acl_file, agent_rules, agent_user, broker_users
 from tests.conftest import ROOT, wait_until
 from tests.stack import Stack, StackNode, mock_inventory
 from tests.test_e2e_distributed import api, get_ok, terminal_run

@@ -1,4 +1,4 @@
-"""console/broker.py: the calls Celery's consumer makes when its broker goes away
+"""common/broker.py: the calls Celery's consumer makes when its broker goes away
 (`connection.collect()`, then `connection.close()`: celery.worker.consumer.consumer,
 on_connection_error_after_connected) on a channel holding an unacknowledged message neither
 crash the worker nor lose the message, which goes back on its queue after the visibility
@@ -12,7 +12,7 @@ import pytest
 from kombu import Connection, Exchange, Queue
 from kombu.common import ignore_errors
 
-import console.celery  # noqa: F401  (applies the repair, as every worker process does)
+import common.celery  # noqa: F401  (applies the repair, as every worker process does)
 from tests.stack import free_port, wait_until
 
 

@@ -12,7 +12,7 @@ import agent.tasks  # noqa: F401  (registers the agent's tasks with the app)
 import protocol
 import sessions.tasks  # noqa: F401  (registers the manager's tasks with the app)
 import usage.tasks  # noqa: F401  (the manager's usage tasks, issue 15)
-from console.celery import HEARTBEAT_QUEUE, LOG_QUEUE, MANAGER_QUEUE, NOISY_TASKS, app, route_task
+from common.celery import HEARTBEAT_QUEUE, LOG_QUEUE, MANAGER_QUEUE, NOISY_TASKS, app, route_task
 
 PROJECT_PACKAGES = ("sessions", "accelerators", "console", "agent", "usage")
 
@@ -59,7 +59,7 @@ def test_every_fgpu_task_is_either_a_manager_or_an_agent_task():
 @pytest.mark.parametrize("name", sorted(project_tasks()))
 def test_route_task_gives_every_fgpu_task_a_queue(name):
     route = route_task(name, (), {"node": "gpu-node-1"}, {})
-    assert route is not None, f"{name} is not routed by console.celery.route_task"
+    assert route is not None, f"{name} is not routed by common.celery.route_task"
     expected = (LOG_QUEUE if name in NOISY_TASKS else HEARTBEAT_QUEUE if name == protocol.AGENT_HEARTBEAT
                 else protocol.USAGE_QUEUE if name == protocol.USAGE_REPORT
                 else MANAGER_QUEUE if name.startswith("fgpu.manager.") else "agent.gpu-node-1")

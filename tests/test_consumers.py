@@ -70,7 +70,7 @@ async def agent_side(session_id) -> tuple:
 def test_the_consumer_tests_use_the_configured_channel_layer(settings):
     backend = settings.CHANNEL_LAYERS["default"]["BACKEND"]
     if settings.REDIS_URL:
-        assert backend == "console.layers.RedisChannelLayer"
+        assert backend == "common.layers.RedisChannelLayer"
 
 
 # --- tickets and origins -------------------------------------------------------------------------

@@ -119,7 +119,7 @@ def test_a_half_fgpu_session_runs_nvidia_smi_with_2gib_and_gives_the_capacity_ba
 
 
 def test_web_manager_and_agent_freeze_what_they_imported_out_of_garbage_collection(distributed_stack):
-    """console.startup: once ready, each long-running process moves the objects of its imports
+    """common.startup: once ready, each long-running process moves the objects of its imports
     out of the collector's reach (full collections measured 70-146 ms before, a stall of every
     terminal a process relays) and says how many it froze."""
     import re

@@ -1,5 +1,5 @@
 """Every environment variable the console's processes read is in `.env.example` (STYLE.md's
-house rule), found in the code itself: the `console.env` readers' calls, `os.environ` and
+house rule), found in the code itself: the `common.env` readers' calls, `os.environ` and
 `os.getenv` with a literal name, in the web, manager and agent packages."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 
 from tests.conftest import ROOT
 
-PACKAGES = ("accelerators", "accounts", "agent", "console", "protocol", "sessions", "usage")
+PACKAGES = ("accelerators", "accounts", "agent", "common", "console", "protocol", "sessions", "usage")
 # Not the console's processes: the virtual nvidia-smi runs inside a session and reads the session's
 # environment contract (README, "The session's environment"); the CLI (fgpu_cli) has its own.
 INSIDE_A_SESSION = {"agent/nvidia_smi.py"}

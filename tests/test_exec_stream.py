@@ -14,7 +14,7 @@ from django.conf import settings
 from django.test import override_settings
 from sessions.lifecycle import services
 from sessions.admission import launch as admission
-from console.exec_store import exec_store_default
+from common.exec_store import exec_store_default
 from protocol.exec_store import MemoryExecStore, RedisExecStore, record_id
 from tests.conftest import assert_error_shape, client_for, wait_until, wait_until_async
 from tests.test_agent_runtime import run_agent, start_spec

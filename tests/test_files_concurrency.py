@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from console.layers import RedisChannelLayer
+from common.layers import RedisChannelLayer
 from console.settings import DATABASE_POOL
 from protocol import files as proto
 from sessions.lifecycle import events

@@ -16,7 +16,7 @@ import protocol
 import sessions.tasks  # noqa: F401  (registers the manager's tasks: CeleryManager's messages then run eagerly)
 from accelerators.models import Node, NodeStatus, ResourceGroup
 from accelerators.services import node_inventory_apply
-from console.celery import app
+from common.celery import app
 from sessions.lifecycle import services
 from sessions.admission import launch as admission
 from sessions.policy.images import image_default

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from accelerators.models import Node, NodeStatus, ResourceGroup
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.admission.launch import launch_preview
 from sessions.models import ComputeSession, Project, Quota, SessionStatus
 from sessions.scheduling.scheduler import schedule_pending

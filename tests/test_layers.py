@@ -1,4 +1,4 @@
-"""console.layers.RedisChannelLayer against a real Redis: channels_redis's semantics with fewer
+"""common.layers.RedisChannelLayer against a real Redis: channels_redis's semantics with fewer
 round trips, and messages that channels_redis's own layer reads (web and agents of two versions
 share one Redis)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from channels.exceptions import ChannelFull
 from channels_redis.core import RedisChannelLayer as ChannelsRedisLayer
 from django.conf import settings
 
-from console.layers import RedisChannelLayer
+from common.layers import RedisChannelLayer
 
 pytestmark = pytest.mark.skipif(not settings.REDIS_URL, reason="needs REDIS_URL")
 
@@ -94,11 +94,11 @@ def test_a_send_to_a_full_channel_raises_channel_full_and_a_group_send_skips_it(
 
 
 def test_messages_for_made_up_channels_of_a_process_stop_growing_its_memory_at_max_inboxes(monkeypatch):
-    """A writer that may write a web process's key (an agent: console.broker_acl) and names channels
+    """A writer that may write a web process's key (an agent: common.broker_acl) and names channels
     nobody receives on fills at most MAX_INBOXES inboxes; the process's own channels still get theirs."""
-    import console.layers
+    import common.layers
 
-    monkeypatch.setattr(console.layers, "MAX_INBOXES", 3)
+    monkeypatch.setattr(common.layers, "MAX_INBOXES", 3)
 
     async def scenario():
         (ours,) = layers(RedisChannelLayer)

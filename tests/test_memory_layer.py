@@ -1,4 +1,4 @@
-"""console.layers.FlowControlledInMemoryChannelLayer (standalone mode's layer): a group send puts
+"""common.layers.FlowControlledInMemoryChannelLayer (standalone mode's layer): a group send puts
 the message in every member with room before it returns, without a turn of the event loop; it
 waits for room only where terminal output meets a full channel."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from console.layers import FlowControlledInMemoryChannelLayer
+from common.layers import FlowControlledInMemoryChannelLayer
 
 OUTPUT = {"type": "terminal.output", "data": "a", "offset": 1, "n": 1}
 

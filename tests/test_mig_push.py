@@ -266,7 +266,7 @@ class TidyManager(CeleryManager):
     at the end of the run). Counts the heartbeats the manager has processed."""
 
     def __init__(self, node: str) -> None:
-        from console.celery import app
+        from common.celery import app
 
         super().__init__(app, node=node)
         self.heartbeats = 0

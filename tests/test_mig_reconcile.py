@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from accelerators.mig_selectors import mig_gpu_pictures
 from accelerators.mig_services import node_mig_expected, node_mig_layout_apply, node_mig_report_apply
-from console.celery import app as celery_app
+from common.celery import app as celery_app
 from accelerators.models import GpuInstance, MigMode, Node
 from sessions.models import ComputeSession, SessionStatus
 from agent import mig as runtime_mig

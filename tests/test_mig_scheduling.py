@@ -13,7 +13,7 @@ from channels.layers import InMemoryChannelLayer
 from accelerators.config_import import parse_mock_accelerator_toml
 from accelerators.models import GpuInstance, MigMode, Node
 from accelerators.plugins.base import DeviceInfo
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.models import Allocation, ComputeSession, SessionStatus
 from agent.core import Agent
 from sessions.scheduling.scheduler import _send_starts, schedule_pending

@@ -12,7 +12,7 @@ from django.core.management import call_command
 
 import protocol
 from accelerators.models import Node, NodeStatus
-from console.celery import app
+from common.celery import app
 from sessions.lifecycle import services
 from sessions.admission import launch as admission
 from sessions.models import Allocation, ComputeSession, SessionLogChunk, SessionStatus

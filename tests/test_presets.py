@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from accelerators.models import ResourceGroup
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.admin import ResourcePresetForm
 from sessions.models import ComputeSession, Project, ResourcePreset, SessionImage
 from sessions.admission.presets import preset_save

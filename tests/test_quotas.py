@@ -17,7 +17,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 
 from accelerators.allocation.requests import parse_resources
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.lifecycle import services
 from sessions.admission import launch as admission
 from sessions.models import ComputeSession, Project, Quota, SessionStatus
@@ -396,7 +396,7 @@ def test_simultaneous_launches_of_one_project_check_the_quota_one_after_the_othe
 def test_session_create_refuses_a_launch_over_the_user_s_fgpu_quota_and_the_slider_respects_it(db, django_user_model):
     from decimal import Decimal
 
-    from console.errors import ApplicationError
+    from common.errors import ApplicationError
     from sessions.admission.launch import launch_options
     from sessions.models import ComputeSession, Quota
     from sessions.admission.launch import session_create

@@ -1,4 +1,4 @@
-"""The console's SECRET_KEY (console.secret_key, issue 31.7), as real processes: the web, the
+"""The console's SECRET_KEY (common.secret_key, issue 31.7), as real processes: the web, the
 manager worker and beat refuse to start without a key of their own (unset, short, a placeholder),
 saying why; the agent starts without one; standalone makes a key once, keeps it in its data dir
 (mode 0600) and uses the same one next time."""
@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from console.secret_key import MIN_LENGTH, secret_key_problem
+from common.secret_key import MIN_LENGTH, secret_key_problem
 from tests.stack import (BIN, PYTHON, ROOT, Proc, StackNode, free_port, mock_inventory, remove_agent_cgroups, wait_until,
                          web_command)
 

@@ -145,7 +145,7 @@ def test_a_refused_path_is_a_400_naming_path_and_nothing_is_written(alices_sessi
                      client_for(alice).get(url(alices_session, "content/") + f"?path={path}"),
                      client_for(alice).delete(url(alices_session) + f"?path={path}")):
         body = assert_error_shape(response, 400)
-        # A NUL is refused in front of every view (console/input_guard.py, issue 33.2), as any parameter's.
+        # A NUL is refused in front of every view (common/input_guard.py, issue 33.2), as any parameter's.
         kind = "invalid-parameter" if why == "NUL" else "bad-path"
         assert body["type"] == kind and why in body["detail"] and list(body["field_errors"]) == ["path"], body
     assert sorted(p for p in node.scratch.parent.rglob("*")) == before

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from accelerators.allocation.reservation import EARLIER
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.lifecycle import services
 from sessions.admission import launch as admission
 from sessions.models import Allocation, ComputeSession, SessionStatus, TerminalTicket

@@ -18,8 +18,8 @@ import pytest
 import websockets
 
 import protocol
-from console.celery import app
-from console.layers import RedisChannelLayer
+from common.celery import app
+from common.layers import RedisChannelLayer
 from protocol import pty_group, terminal_group
 from protocol.terminal_stream import encode
 from tests.conftest import ROOT, StackNode, wait_until

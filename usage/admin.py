@@ -9,7 +9,7 @@ from django.contrib import admin
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from usage.api import _moment
 from usage.models import IdlePolicy, UsageReport
 from usage.selectors import GROUPS, NO_PROJECT, usage_report

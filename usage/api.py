@@ -24,9 +24,9 @@ from rest_framework.decorators import api_view, permission_classes, renderer_cla
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 
-from console.api_async import AwaitedResponse, awaiting_view
-from console.api_support import ErrorSerializer
-from console.errors import ApplicationError
+from common.api_async import AwaitedResponse, awaiting_view
+from common.api_support import ErrorSerializer
+from common.errors import ApplicationError
 from sessions.selectors import session_get_for
 from accelerators.models import Node
 from usage.processes import node_processes_check, node_processes_wait

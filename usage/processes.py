@@ -27,7 +27,7 @@ from django.conf import settings
 import protocol
 from protocol.channel import AgentLink, Refused, reply_prefix
 from accelerators.models import Node, NodeStatus
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.models import Allocation, ComputeSession
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ async def node_processes_wait(node: Node, *, wait_s: float = REPLY_WAIT_S) -> di
     Raises ApplicationError 409 "node-not-alive" (its agent is not heartbeating: nobody to ask),
     504 "node-timeout" (the agent did not answer within `wait_s` seconds), 502 "node-processes-failed"
     (the agent could not read them; its words in `detail`). Awaited on the event loop (the API
-    view: console.api_async), so no web thread nor database connection waits for the agent; the
+    view: common.api_async), so no web thread nor database connection waits for the agent; the
     sessions the answer names are read after it came."""
     answer = await _ask(AgentLink(node=node.name, key=node.agent_key or "", required=settings.FGPU_REQUIRE_NODE_KEYS), wait_s)
     if answer is None:

@@ -31,7 +31,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.models import ComputeSession, IdempotencyKey
 
 HEADER = "Idempotency-Key"

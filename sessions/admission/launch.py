@@ -16,7 +16,7 @@ from protocol.units import format_binary_size
 from sessions.scheduling import mig as mig_scheduling
 from sessions.policy.images import image_for_launch
 from sessions.policy.quotas import claim_max_amount, quota_headroom
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.lifecycle import events
 from sessions.lifecycle.passes import schedule_pending_soon
 from sessions.models import ComputeSession

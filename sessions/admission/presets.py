@@ -29,7 +29,7 @@ from django.db.models import Q, QuerySet
 
 from accelerators.allocation.errors import NeverSchedulable
 from accelerators.allocation.requests import COMMON
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.scheduling import mig as mig_scheduling
 from sessions.policy.group_access import resource_groups_usable_by
 from sessions.policy.images import image_for_launch

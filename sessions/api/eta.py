@@ -15,8 +15,8 @@ from rest_framework.response import Response
 from accelerators.allocation import cluster
 from accelerators.allocation import replay as pure
 from accelerators.models import Node, ResourceGroup
-from console.api_support import ErrorSerializer
-from console.errors import ApplicationError
+from common.api_support import ErrorSerializer
+from common.errors import ApplicationError
 from sessions.scheduling import eta
 from sessions.scheduling import fairshare
 from sessions.models import Project, SessionStatus

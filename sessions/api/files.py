@@ -1,7 +1,7 @@
 """REST API for a session's files (`/api/v1/sessions/<id>/files/…`, issue 18). Thin: validate →
 fetch the session with the permission check (owner or administrator; anyone else 404) → one
 service of sessions.serving.files, whose wait for the agent is answered on the event loop, holding no
-web thread and no database connection (console.api_async)."""
+web thread and no database connection (common.api_async)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiRespo
 from rest_framework import serializers, status
 from rest_framework.decorators import api_view
 
-from console.api_async import AwaitedResponse, awaiting_view
-from console.api_support import ErrorSerializer
-from console.errors import ApplicationError
+from common.api_async import AwaitedResponse, awaiting_view
+from common.api_support import ErrorSerializer
+from common.errors import ApplicationError
 from protocol.files import DATA_DIR
 from sessions.serving import files
 from sessions.selectors import session_to_change_for

@@ -20,8 +20,8 @@ from rest_framework.response import Response
 from protocol.units import amount_text
 from accelerators.models import Node, NodeStatus, ResourceGroup
 from accelerators.selectors import DEFAULT_GROUP
-from console.api_support import ErrorSerializer
-from console.errors import ApplicationError
+from common.api_support import ErrorSerializer
+from common.errors import ApplicationError
 from sessions.scheduling.compaction import compaction_apply, fragmentation_report
 from sessions.selectors import request_configuration
 

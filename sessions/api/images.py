@@ -1,6 +1,6 @@
 """REST API for session images (`/api/v1/images/`): everyone signed in reads them (the launch
 dialog and `fgpu images` list them), administrators register, change and delete them
-(ETag / If-Match, `console.api_support`; writes through `sessions.policy.images`)."""
+(ETag / If-Match, `common.api_support`; writes through `sessions.policy.images`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rest_framework.response import Response
 
 import protocol
 from accelerators.models import Node, NodeStatus
-from console.api_support import (
+from common.api_support import (
     IF_MATCH_OPTIONAL,
     ErrorSerializer,
     ETagMixin,

@@ -1,7 +1,7 @@
 """REST API for resource presets (`/api/v1/presets/`): users list the presets they may launch
 (those without a resource group and those of the groups they may use, `sessions.admission.presets`);
 administrators see every preset and create, change and delete them (ETag / If-Match,
-`console.api_support`; every save checked as a launch is, `sessions.admission.presets.preset_check`).
+`common.api_support`; every save checked as a launch is, `sessions.admission.presets.preset_check`).
 Launch one with `{"preset": "<name or id>"}` in `POST /api/v1/sessions/`."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from accelerators.allocation.errors import AllocationError
 from accelerators.allocation.requests import parse_resources
 from protocol.units import SizeError, parse_binary_size
 from accelerators.models import ResourceGroup
-from console.api_support import ETagMixin, IsAdminOrReadOnly, admin_write_docs
+from common.api_support import ETagMixin, IsAdminOrReadOnly, admin_write_docs
 from sessions.models import ResourcePreset, SessionImage
 from sessions.admission.presets import preset_list_for, preset_save
 from sessions.selectors import request_configuration

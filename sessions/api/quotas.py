@@ -1,6 +1,6 @@
 """REST API for projects, quotas and the caller's quota usage (`/api/v1/`).
 
-Administrators create and change projects and quotas (ETag / If-Match, `console.api_support`);
+Administrators create and change projects and quotas (ETag / If-Match, `common.api_support`);
 a user reads the projects they belong to and the quotas that apply to them (their own and
 their projects'), and `GET /api/v1/quota/` tells them what those quotas allow and what is in
 use (counting rules: `sessions.policy.quotas`). Amounts: fGPU as decimal text, memory in bytes.
@@ -21,7 +21,7 @@ from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.response import Response
 
 from accelerators.models import ResourceGroup
-from console.api_support import ErrorSerializer, ETagMixin, IsAdminOrReadOnly, TextFilter, admin_write_docs
+from common.api_support import ErrorSerializer, ETagMixin, IsAdminOrReadOnly, TextFilter, admin_write_docs
 from sessions.scheduling.fairshare import account_shares
 from sessions.models import Project, Quota
 from sessions.policy.quotas import quota_report

@@ -12,7 +12,7 @@ from rest_framework import serializers
 
 from accelerators.selectors import SlotFormats
 from protocol.environment import limits_environment
-from console.api_support import ModelSerializer
+from common.api_support import ModelSerializer
 from protocol.channel import PREEMPT_SIGNALS, preempt_signal_name
 from sessions.models import Allocation, ComputeSession
 from sessions.selectors import configuration_text, session_allocations, session_configuration_parts, session_gpu_instance

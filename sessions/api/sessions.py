@@ -17,9 +17,9 @@ from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 
 from accelerators.allocation.errors import InvalidResourceRequest
-from console.api_async import AwaitedResponse, awaiting_view
-from console.api_support import ErrorSerializer, ListETagMixin, etag_answer
-from console.errors import ApplicationError
+from common.api_async import AwaitedResponse, awaiting_view
+from common.api_support import ErrorSerializer, ListETagMixin, etag_answer
+from common.errors import ApplicationError
 from sessions.lifecycle import events
 from sessions.admission import idempotency
 from sessions.lifecycle import services
@@ -353,7 +353,7 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
     def as_view(cls, actions=None, **initkwargs):
         """DRF's view, except those of the actions that wait for an agent (the blocking exec, an
         app's opening), which wait on the event loop, holding no web thread and no database
-        connection (console.api_async)."""
+        connection (common.api_async)."""
         view = super().as_view(actions, **initkwargs)
         return awaiting_view(view) if actions and AWAITING_ACTIONS & set(actions.values()) else view
 

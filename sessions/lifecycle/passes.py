@@ -14,7 +14,7 @@ import threading
 from django import db
 from django.conf import settings
 
-from console.celery import TRANSIENT_ERRORS, app
+from common.celery import TRANSIENT_ERRORS, app
 
 log = logging.getLogger(__name__)
 

@@ -196,7 +196,7 @@ def session_start_spec_again(session: ComputeSession) -> dict:
 
 
 def _resend_start(node_name: str, session: ComputeSession) -> None:
-    from console.celery import agent_send
+    from common.celery import agent_send
 
     spec = session_start_spec_again(session)
     log.info(
@@ -206,7 +206,7 @@ def _resend_start(node_name: str, session: ComputeSession) -> None:
 
 
 def _resend_stop(node_name: str, session_id: str) -> None:
-    from console.celery import agent_send
+    from common.celery import agent_send
 
     log.info("the agent on %s still runs session %s, which is ending or ended here: sending its stop", node_name, session_id)
     transaction.on_commit(lambda: agent_send(protocol.SESSION_STOP, node=node_name, session_id=session_id))

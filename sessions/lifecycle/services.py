@@ -30,9 +30,9 @@ from django.utils import timezone
 import protocol
 from accelerators.mig_services import node_mig_pending_retry
 from accelerators.models import NodeStatus
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.lifecycle import events
-from console.exec_store import exec_store_default
+from common.exec_store import exec_store_default
 from protocol.channel import AgentLink, Refused, reply_prefix
 from protocol.exec_store import LIVE_STATES, STREAM_NAMES, record_id
 from sessions.lifecycle.passes import schedule_pending_soon
@@ -161,7 +161,7 @@ def session_notice(session: ComputeSession, text: str) -> None:
     node, session_id = session.node.name, str(session.pk)
 
     def send() -> None:
-        from console.celery import TRANSIENT_ERRORS, agent_send
+        from common.celery import TRANSIENT_ERRORS, agent_send
 
         try:
             agent_send(protocol.SESSION_NOTICE, node=node, session_id=session_id, text=text)
@@ -177,7 +177,7 @@ def _send_stop(link: AgentLink, session_id: str) -> None:
     and the SESSION_STOP task, which waits in its queue while it does not (protocol). A broker that
     cannot be reached is logged, not raised (the session is TERMINATING in the database): the
     reconciliation of the agent's next heartbeat sends the stop again (sessions.lifecycle.reconcile)."""
-    from console.celery import TRANSIENT_ERRORS, agent_send
+    from common.celery import TRANSIENT_ERRORS, agent_send
 
     node_name = link.node
     events.pty_send(link, session_id, {"type": "pty.stop"})
@@ -398,7 +398,7 @@ EXEC_REPLY_GRACE_S = 10  # how much longer than the command's timeout the web wa
 def session_exec(*, session: ComputeSession, command, timeout: int) -> dict:
     """Run `command` in a RUNNING session on its node and wait for its result: `session_exec_call`,
     then `session_exec_wait` (see both), for a caller that may block its thread (a test, a
-    script). The API does not: it waits on the event loop (`console.api_async`)."""
+    script). The API does not: it waits on the event loop (`common.api_async`)."""
     return async_to_sync(session_exec_wait)(session_exec_call(session=session, command=command, timeout=timeout))
 
 

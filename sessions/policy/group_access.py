@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.db.models import Q, QuerySet
 
 from accelerators.models import ResourceGroup
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 
 
 def resource_groups_usable_by(*, user) -> QuerySet[ResourceGroup]:

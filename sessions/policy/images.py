@@ -15,7 +15,7 @@ from django.db import transaction
 import protocol
 from accelerators.models import Node, NodeStatus
 from accelerators.selectors import node_runs_image
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.models import ACTIVE_STATUSES, SessionImage, SessionStatus
 from sessions.service_ports import SERVICE_PORTS_LABEL, ServicePortsError, apps_from_service_ports
 

@@ -33,7 +33,7 @@ from django.db.models import Count, Q, Sum
 from accelerators.allocation.core import ResourceRequest
 from protocol.units import fgpu_text, format_binary_size
 from accelerators.models import FractionalSettings
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, Quota, SessionStatus
 from sessions.selectors import session_request
 

@@ -33,7 +33,7 @@ from accelerators.allocation.errors import AllocationError
 from accelerators.mig_selectors import mig_gpu_layouts
 from accelerators.models import AllocationMode, Node, NodeStatus, ResourceGroup
 from accelerators.selectors import DEFAULT_GROUP, fractional_settings_get, node_states, placement_options
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.scheduling import mig as mig_scheduling
 from sessions.models import ComputeSession, SessionStatus
 from sessions.scheduling.preemption import notice_give, notices_send, session_holders

@@ -37,7 +37,7 @@ from accelerators.selectors import (
     placement_workload,
     resource_group_get,
 )
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.scheduling import mig as mig_scheduling
 from sessions.policy.group_access import resource_group_check_usable
 from sessions.policy.images import NO_ROOM_WITH_IMAGE, image_wait_reason

@@ -469,7 +469,7 @@ class _PassView(RememberingReadView):
 def _send_starts(starts: list[tuple[str, dict]]) -> None:
     """Send the agents' start messages (`fgpu.agent.session_start`, one per session, to queue
     `agent.<node>`) through one broker connection."""
-    from console.celery import agent_send, app
+    from common.celery import agent_send, app
 
     with app.producer_or_acquire() as producer:
         for node_name, spec in starts:

@@ -11,7 +11,7 @@ client as the agent answers, so a web process holds one chunk per transfer in me
 
 Each service checks the path and the session and reads what it needs of the database (the
 owner's projects) in sync code, then returns the wait: a coroutine function that talks to the
-agent on the event loop and reads no database, so the API (console.api_async) holds no web
+agent on the event loop and reads no database, so the API (common.api_async) holds no web
 thread and no database connection while the agent answers. An upload's body is read by the
 wait (from Django's temporary file: local, a chunk at a time).
 
@@ -32,7 +32,7 @@ from typing import TypeVar
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from protocol import files as proto
 from protocol.channel import AgentLink, Refused, reply_prefix
 from sessions.lifecycle import events

@@ -52,7 +52,7 @@ from django.utils.crypto import constant_time_compare
 from django.shortcuts import resolve_url
 from django.template.loader import render_to_string
 
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from sessions.models import SessionStatus
 from sessions.selectors import session_get_for
 from sessions.serving.origin import (

@@ -35,7 +35,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.cache import cache
 
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 from protocol.channel import AgentLink, Refused, reply_prefix
 from sessions.lifecycle.agent_links import agent_link_of_session
 from sessions.models import TERMINAL_APP, ComputeSession, SessionStatus

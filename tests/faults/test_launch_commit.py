@@ -152,7 +152,7 @@ def backends_of(database_url: str) -> int:
 def test_after_every_backend_is_terminated_once_the_next_launches_go_through(web, alice):
     """The web's pool holds dead connections after a mass termination (or a database restart);
     the first request that meets them answers 503 and has the pool's other idle connections
-    checked and replaced (console.api_errors.database_pool_check), so the launches after it go
+    checked and replaced (common.api_errors.database_pool_check), so the launches after it go
     through instead of each meeting dead connections of their own (2 to 3 of 12 answered 503 per
     round without the check, 1 with it)."""
     from accounts.services import login_token_issue

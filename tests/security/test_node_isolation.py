@@ -21,8 +21,8 @@ import time
 import pytest
 import redis
 
-from console.broker_acl import agent_user
-from console.layers import RedisChannelLayer
+from common.broker_acl import agent_user
+from common.layers import RedisChannelLayer
 from protocol.channel import TO_AGENT, AgentLink, node_group, node_tag, pty_group, seal, terminal_group
 from tests.stack import Stack, StackNode, mock_inventory, wait_until
 from tests.test_e2e_distributed import api, get_ok

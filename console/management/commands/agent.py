@@ -17,11 +17,11 @@ import threading
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from console.broker_acl import agent_transport_options
-from console.celery import agent_queue, app
-from console.env import env_bool
-from console.layers import RedisChannelLayer
-from console.startup import freeze_imported_objects
+from common.broker_acl import agent_transport_options
+from common.celery import agent_queue, app
+from common.env import env_bool
+from common.layers import RedisChannelLayer
+from common.startup import freeze_imported_objects
 from protocol.exec_store import exec_store_for
 from agent.boot import build_agent
 from agent.config import AgentConfigError, load_agent_config
@@ -53,7 +53,7 @@ class Command(BaseCommand):
             raise CommandError(f"{cfg.path.name}: manager.broker-url: the agent needs a Redis URL (or set REDIS_URL)")
         app.conf.broker_url = cfg.broker_url  # type: ignore[misc]  # celery-types: read-only; Celery's conf takes it
         app.conf.task_always_eager = False
-        # What the broker's ACL user of this node reaches (console/broker_acl.py): its unacknowledged
+        # What the broker's ACL user of this node reaches (common/broker_acl.py): its unacknowledged
         # messages under keys of its own, no remote control (no pidbox fanout) and no Celery worker
         # heartbeat events (`without_heartbeat` below; the agent's own heartbeat is a manager task).
         app.conf.broker_transport_options = {**app.conf.broker_transport_options, **agent_transport_options(cfg.node_name)}

@@ -1,5 +1,5 @@
 """`python manage.py broker_acl NODE [NODE …] --acl-file users.acl`: the broker's Redis ACL users,
-one per role (console/broker_acl.py), and the URL each process is given."""
+one per role (common/broker_acl.py), and the URL each process is given."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from console.broker_acl import MANAGER, WEB, acl_file as acl_text, agent_user, broker_users
+from common.broker_acl import MANAGER, WEB, acl_file as acl_text, agent_user, broker_users
 
 
 class Command(BaseCommand):

@@ -32,9 +32,9 @@ import protocol
 from accelerators.config_import import ConfigError, import_accelerator_config
 from accelerators.models import FractionalSettings, MigMode, Node, NodeStatus, ResourceGroup
 from accelerators.selectors import DEFAULT_GROUP
-from console.celery import app as celery_app
-from console.env import env_bool, env_int, env_list, env_str
-from console.exec_store import exec_store_default
+from common.celery import app as celery_app
+from common.env import env_bool, env_int, env_list, env_str
+from common.exec_store import exec_store_default
 from agent.boot import build_agent
 from agent.config import AgentConfigError, load_agent_config
 from sessions.policy.images import image_default, image_save

@@ -6,7 +6,7 @@ or TimeoutError, from Celery or the channel layer) or a database that cannot be 
 or its connection cut: Django's OperationalError or InterfaceError, psycopg_pool's PoolTimeout
 among them, after console.settings.DATABASE_POOL's timeout) is a 503 "service-unavailable" with
 `Retry-After`. What no view handles ends in Django's handler500, which answers the same shape
-under /api/ (`console.api_support.server_error`).
+under /api/ (`common.api_support.server_error`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from console.errors import ApplicationError
+from common.errors import ApplicationError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ user is switched off), and an agent's user reaches only what its node needs:
 | | the web's channels, write only: `%W~asgispecific.*` (terminal consumers), `%W~asgireply.*` (reply channels) | its answers and terminal frames; it reads none of them |
 | | `fgpu:exec:T:*` (its sessions' streamed exec output: protocol.exec_store.record_id) | |
 
-Commands: what kombu, the channel layer (console.layers) and the exec store run, and no command
+Commands: what kombu, the channel layer (common.layers) and the exec store run, and no command
 that lists keys (SCAN, KEYS, RANDOMKEY, DBSIZE), so an agent cannot learn the names of other
 nodes' keys (its key patterns do not give it their contents either). The web's channel names are
 random (128 bits); an agent learns only those that attach to its own sessions.

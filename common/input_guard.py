@@ -24,7 +24,7 @@ from __future__ import annotations
 from django.http import Http404, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 
-from console.api_errors import error_body
+from common.api_errors import error_body
 
 REFUSED = "\x00"  # every character that PostgreSQL's text types refuse
 WHY = "must not contain a NUL character (U+0000)"

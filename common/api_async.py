@@ -11,7 +11,7 @@ would take every connection of the pool (settings.DATABASE_POOL) from the rest o
 that reads the database); when it answers an `AwaitedResponse`, the wrapper gives the database
 connection back to the pool, lets the request's thread end, and awaits the response's
 coroutine on the event loop. Its result becomes the body; an exception it raises is rendered
-by the API's exception handler (console.api_errors: the one error shape, 503 for a broker
+by the API's exception handler (common.api_errors: the one error shape, 503 for a broker
 error), as if the view had raised it. The headers, status and content negotiation are the DRF
 view's. A result that is itself a Django response (a StreamingHttpResponse over an async
 iterator, for a download streamed as the agent reads it) is answered as it is, with the DRF
@@ -30,7 +30,7 @@ from django.db import connections
 from django.http import HttpResponseBase
 from rest_framework.response import Response
 
-from console.api_errors import exception_handler
+from common.api_errors import exception_handler
 
 
 class AwaitedResponse(Response):

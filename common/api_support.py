@@ -35,8 +35,8 @@ from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schem
 from rest_framework import permissions, serializers, status
 from rest_framework.response import Response
 
-from console.api_errors import RETRY_AFTER_S, UNAVAILABLE_ERRORS, error_body, service_unavailable, unavailable_service
-from console.errors import ApplicationError
+from common.api_errors import RETRY_AFTER_S, UNAVAILABLE_ERRORS, error_body, service_unavailable, unavailable_service
+from common.errors import ApplicationError
 
 
 @extend_schema_field({"type": "string", "pattern": "^[^\\x00]*$"})
@@ -47,7 +47,7 @@ class TextFilter(filters.CharFilter):
 
 
 class ErrorSerializer(serializers.Serializer):
-    """The one error shape of the API (`console.api_errors`)."""
+    """The one error shape of the API (`common.api_errors`)."""
 
     type = serializers.CharField(help_text='a short slug: "invalid-resources", "not-found", "precondition-failed", …')
     title = serializers.CharField(help_text='a short summary of the kind of error: "Invalid request", …')
@@ -109,7 +109,7 @@ IF_MATCH_OPTIONAL = OpenApiParameter(
 class AutoSchema(SpectacularAutoSchema):
     """drf-spectacular's schema, plus the error responses each operation may answer, all with
     the `Error` component: 401 and 403 wherever a caller must sign in, 400 where a body or a query
-    parameter is read (a NUL in any is refused: console.input_guard), 404
+    parameter is read (a NUL in any is refused: common.input_guard), 404
     where the path names an object, 409 on writes, 412 / 428 where `If-Match` is checked."""
 
     def _error_codes(self) -> list[int]:
@@ -117,7 +117,7 @@ class AutoSchema(SpectacularAutoSchema):
             return []
         codes = [401, 403]
         writes = self.method in ("POST", "PUT", "PATCH")
-        # A query parameter holding a NUL is a 400 wherever one is read (console.input_guard).
+        # A query parameter holding a NUL is a 400 wherever one is read (common.input_guard).
         reads_query = any(parameter.get("in") == "query" for parameter in self._get_parameters())
         if writes or reads_query or (self.method == "GET" and self._is_list_view()):
             codes.append(400)
@@ -167,7 +167,7 @@ def bad_request(request, exception=None):
 
 def server_error(request):
     """handler500: when the exception is a broker or database one that says the service cannot
-    be reached (`console.api_errors.UNAVAILABLE_ERRORS`), 503 with `Retry-After`: under /api/ the
+    be reached (`common.api_errors.UNAVAILABLE_ERRORS`), 503 with `Retry-After`: under /api/ the
     error JSON "service-unavailable", elsewhere the pages' own "try again" page (503.html,
     rendered without the request, so without a query). Else, under /api/, 500 "server-error"
     (the exception is logged by Django, not shown); Django's page elsewhere. Django calls it

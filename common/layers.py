@@ -93,7 +93,7 @@ class FlowControlledInMemoryChannelLayer(InMemoryChannelLayer):
 # answers how many keys were full (channels_redis's group_send script, with its expiry step folded
 # in). The keys are arguments, not KEYS, and only commands that need no read permission touch them
 # (ZREMRANGEBYSCORE, ZCARD, ZADD, EXPIRE): an agent's broker user may write to the web's channels
-# but not read them (console.broker_acl), and Redis asks read and write permission for every key a
+# but not read them (common.broker_acl), and Redis asks read and write permission for every key a
 # script declares in KEYS.
 _PUSH = """
 local n, now, expiry = tonumber(ARGV[1]), tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
@@ -142,7 +142,7 @@ _ASGI_CHANNEL = msgpack.packb("__asgi_channel__")
 RECEIVE_BATCH = 100  # the most messages one ZPOPMIN takes
 # The most channels of one process with messages waiting and nobody receiving yet (a reply that
 # came before its `receive`): past it, a message for a channel without an inbox is dropped. Agents
-# may write to the web's channels (console.broker_acl); this keeps one that writes to made-up
+# may write to the web's channels (common.broker_acl); this keeps one that writes to made-up
 # channel names from growing a web process's memory without bound.
 MAX_INBOXES = 10_000
 
