@@ -1,6 +1,7 @@
 """The layout keeps its rooms apart (DESIGN.md, "Layout"): the node side (agent/) talks to the
-manager only through `protocol`, and `protocol` imports nothing of either side; no module is part
-of an import cycle. Read from the source (every import statement, at any depth, of every
+manager only through `protocol`, and `protocol` imports nothing of either side; every package
+imports only the layers below its own (LAYERS, the order written once; issue 34.3); no module is
+part of an import cycle. Read from the source (every import statement, at any depth, of every
 module), so a lazy import inside a function counts too. `make lint` checks the same layers with
 import-linter (pyproject.toml's contracts); these tests are the rules' own, in the suite."""
 from __future__ import annotations
@@ -51,7 +52,7 @@ def test_the_agent_imports_nothing_of_the_manager():
 # and the pure configuration parse the mock plugin reads (and itself). Anything else of ours, and
 # Django, is the manager's or the console's.
 AGENT_MAY_IMPORT = ("agent", "protocol", "accelerators.allocation", "accelerators.plugins", "accelerators.config_parse")
-OURS = ("accelerators", "accounts", "agent", "console", "fgpu_cli", "protocol", "sessions", "usage", "django",
+OURS = ("accelerators", "accounts", "agent", "common", "console", "fgpu_cli", "protocol", "sessions", "usage", "django",
         "rest_framework")
 
 
@@ -78,6 +79,64 @@ def test_accelerators_import_nothing_of_sessions():
 
     assert {m: n for m, n in found.items() if n} == {}
     assert "accelerators/mig_services.py" in found
+
+
+# The layers of the code, from the bottom up (README, "The code"; pyproject.toml's layers contract says the
+# same): a package imports only packages of the layers below its own; the packages of one layer import
+# none of each other. accelerators.allocation is a layer of its own below the rest of accelerators.
+LAYERS = (
+    ("protocol",),  # what the manager, the agents and the CLI share: names, typed messages, units, environment
+    ("accelerators.allocation",),  # the pure allocator
+    ("common",),  # the console's shared library: errors, API support, channel layers, the Celery app
+    ("accelerators",),  # slot formats, nodes, devices, MIG; the compute plugins
+    ("sessions", "agent", "fgpu_cli"),  # compute sessions on the manager side; the node side; the command line
+    ("accounts",),  # users, tokens, the profile (which shows quotas and sessions)
+    ("usage",),  # samples, accounting, metrics, idle reclamation (reads sessions' models)
+    ("console",),  # the wiring: settings, urls, asgi, the Celery app's tasks, manage.py commands
+)
+
+
+def layer_of(module: str) -> tuple[int, str] | None:
+    """(layer index, package) of a module name, or None when it is none of ours."""
+    best = None
+    for index, packages in enumerate(LAYERS):
+        for package in packages:
+            if under(module, (package,)) and (best is None or len(package) > len(best[1])):
+                best = (index, package)
+    return best
+
+
+def upward_imports() -> dict[str, list[str]]:
+    """{module path: the imports it makes of a package of its own layer (another package) or of a
+    layer above}, every import statement at any depth counted."""
+    found = {}
+    for packages in LAYERS:
+        for package in packages:
+            for path, names in imports_of(package.replace(".", "/")).items():
+                own = layer_of(path[:-3].replace("/", "."))
+                if own is None or own[1] != package:  # a deeper layer's module (accelerators/allocation under accelerators)
+                    continue
+                bad = sorted(n for n in names if (other := layer_of(n)) and other[1] != package and other[0] >= own[0])
+                if bad:
+                    found[path] = bad
+    return found
+
+
+def test_no_package_imports_a_package_of_its_layer_or_above():
+    assert upward_imports() == {}
+
+
+def test_the_layers_name_every_package_of_the_code():
+    ours = {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"tests", "benchmarks", "demo", "deploy", "var"}
+
+    assert ours == {package.split(".")[0] for packages in LAYERS for package in packages}
+
+
+def test_the_layer_check_sees_an_import_upwards_and_sideways():
+    assert layer_of("sessions.models") == (4, "sessions") and layer_of("accelerators.allocation.core")[1] == "accelerators.allocation"
+    assert layer_of("usage.models")[0] > layer_of("sessions.models")[0]  # sessions importing it would be upwards
+    assert layer_of("agent.core")[0] == layer_of("sessions.models")[0]  # sessions importing the agent: sideways
+    assert layer_of("django.db") is None
 
 
 def test_no_module_is_part_of_an_import_cycle():
