@@ -192,3 +192,16 @@ def test_no_script_directory_module_shadows_the_standard_library():
         if path.stem in sys.stdlib_module_names
     ]
     assert shadowing == []
+
+
+def test_the_readme_draws_the_layers_in_this_order():
+    """README's "The code" draws LAYERS top first, side-by-side packages on one line."""
+    text = (ROOT / "README.md").read_text()
+    drawing = text[text.index("## The code\n"):].split("```")[1]
+    drawn = []
+    for line in drawing.splitlines():
+        names = [part.split()[0] for part in line.split("│") if part.strip().split()[:1] and part.split()[0].endswith("/")]
+        if names:
+            drawn.append(tuple(name.rstrip("/").replace("/", ".") for name in names))
+
+    assert drawn == list(reversed(LAYERS))
