@@ -8,13 +8,13 @@ spec and what the stages before it made, as Backend.AI's agent provisions a kern
    its device entry replaces the GPU's.
 2. `stage_work_dir`: the session's working directory `<scratch_root>/<session id>` and its
    `.fgpu/bin`.
-3. `stage_allocation`: the allocation document (`.fgpu/allocation.json`, agent.environment) the
+3. `stage_allocation`: the allocation document (`.fgpu/allocation.json`, protocol.environment) the
    virtual nvidia-smi reads.
 4. `stage_tools`: the runtime's tools (the virtual nvidia-smi) in `.fgpu/bin`.
 5. `stage_folders`: the owner's persistent folder, its projects' and those shared with the owner
    (agent.files), linked at ~/data, ~/projects/<name> and ~/shared/<name> (the process runtime)
    or named for the docker runtime to mount; a read-only share is mounted read-only by both.
-6. `stage_environment`: the environment contract (DESIGN.md; agent.environment) with the paths
+6. `stage_environment`: the environment contract (DESIGN.md; protocol.environment) with the paths
    as the session sees them, and its prompt.
 7. `stage_command`: the argv: the command through the shell, or an interactive shell.
 8. `stage_process`: the process (or container) through the runtime.
@@ -152,7 +152,7 @@ def runtime_spec(start: StartSpec, folders: Folders) -> dict:
 
 
 def stage_environment(node: Node, start: StartSpec, spec: dict, work: WorkDir) -> dict[str, str]:
-    """The session's environment (agent.environment.session_environment) with the paths where the
+    """The session's environment (protocol.environment.session_environment) with the paths where the
     session sees its files (`runtime.paths`), and its prompt."""
     inside = node.runtime.paths(work.path)
     env = session_environment(
