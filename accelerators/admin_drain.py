@@ -54,10 +54,12 @@ class NodeDrainAdminMixin:
         if obj.drain_since is None:
             return format_html(
                 "<p>In service: new sessions may be placed here.</p>"
-                "<p><label for='id_drain_reason'>Reason</label> "
-                "<input type='text' id='id_drain_reason' name='drain_reason' maxlength='{}' size='40'> "
-                "<label><input type='checkbox' name='drain_evict' value='1'> evict running sessions (preemption "
-                "notice and grace, then requeued)</label></p>"
+                # No <label>: the admin's fieldsets set every label in a 160-px column (aligned forms).
+                "<p><input type='text' id='id_drain_reason' name='drain_reason' maxlength='{}' size='50' "
+                "aria-label='Reason for the drain' placeholder='reason (shown with the state)'></p>"
+                "<p><input type='checkbox' id='id_drain_evict' name='drain_evict' value='1' "
+                "aria-labelledby='drain-evict-text'> <span id='drain-evict-text'>evict running sessions: each gets the "
+                "preemption notice and grace, then is requeued on another node</span></p>"
                 "<p><button type='submit' class='button' formaction='{}' formnovalidate>Drain</button> "
                 "no new session is placed on this node; running ones go on unless evicted.</p>",
                 MAX_REASON_CHARS,
@@ -65,16 +67,21 @@ class NodeDrainAdminMixin:
             )
         undrain = reverse("admin:accelerators_node_drain", kwargs={"object_id": obj.pk, "verb": "undrain"})
         by = f" by {state.by}" if state.by else ""
-        evict = ", evicting its running sessions" if state.evict else ", its running sessions going on to their end"
+        why = f": {state.reason}" if state.reason else " (no reason given)"
+        evict = (
+            "Its running sessions get the preemption notice and grace, then are requeued elsewhere."
+            if state.evict
+            else "Its running sessions go on to their end."
+        )
         return format_html(
-            "<p><strong class='node-drain'>{}</strong>: drained{} since {}{}{}.</p>"
+            "<p><strong class='node-drain'>{}</strong>. Drained{} since {}{}. {}</p>"
             "<p><button type='submit' class='button' formaction='{}' formnovalidate>Undrain</button> "
             "back in service: new sessions may be placed here again.</p>",
             state.label,
             by,
             when_html(state.since),
+            why,
             evict,
-            f" ({state.reason})" if state.reason else "",
             undrain,
         )
 
