@@ -946,6 +946,55 @@ def cmd_images(args) -> int:
     return OK
 
 
+def cmd_shares(args) -> int:
+    """`fgpu shares` lists the shared data folders (`GET /api/v1/shares/`: yours and those shared
+    with you, issue 36.5); `fgpu shares add FOLDER (--user U | --project P) [--rw]` shares
+    `data` (your ~/data) or `projects/<name>` (administrators), read-only unless --rw; `fgpu
+    shares rm ID` revokes one (or leaves one shared with you)."""
+    client, _ = _client(args)
+    action = getattr(args, "shares_command", None)
+    if action == "add":
+        if bool(args.user) == bool(args.project):
+            raise UsageError("name one of --user and --project")
+        body = {"folder": args.folder, "permission": "rw" if args.rw else "ro"}
+        body["user" if args.user else "project"] = args.user or args.project
+        share = client.post("/api/v1/shares/", body)
+        if args.output == "json":
+            _emit_json(share)
+            return OK
+        permission = "read-write" if share["permission"] == "rw" else "read-only"
+        grantee = share["user"] or f"project {share['to_project']}"
+        print(f"{share['folder']}/ shared {permission} with {grantee}: they see it at ~/shared/{share['name']} ({share['id']})")
+        return OK
+    if action == "rm":
+        try:
+            client.delete(f"/api/v1/shares/{urllib.parse.quote(args.id, safe='')}/")
+        except ApiError as exc:
+            if exc.status == 404:
+                raise Failed(f"no share {args.id!r}") from None
+            raise
+        print(f"share {args.id} removed")
+        return OK
+    listed = client.get("/api/v1/shares/")
+    if args.output == "json":
+        _emit_json(listed)
+        return OK
+    rows = [
+        [
+            s["id"],
+            f"{s['folder']}/" + (f" of {s['owner']}" if s["received"] and s["owner"] else ""),
+            s["user"] or f"project {s['to_project']}",
+            "read-only" if s["permission"] == "ro" else "read-write",
+            f"~/shared/{s['name']}",
+        ]
+        for s in listed["shares"]
+    ]
+    print(
+        table(["ID", "FOLDER", "SHARED WITH", "PERMISSION", "SEEN AT"], rows) if rows else "No folder is shared by or with you."
+    )
+    return OK
+
+
 def cmd_presets(args) -> int:
     """The resource presets you may launch (`GET /api/v1/presets/`): what `fgpu launch --preset`
     takes, each with its request in words, resource group and image."""
@@ -1195,6 +1244,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node", help="only this node's devices")
     add("images", cmd_images, "session images to launch in (--image): the default, accelerators, nodes that hold each")
     add("presets", cmd_presets, "resource presets to launch (--preset): request, resource group, image")
+    p = add("shares", cmd_shares, "shared data folders: yours and those shared with you (at ~/shared/<name>)")
+    shares_sub = p.add_subparsers(dest="shares_command", metavar="SHARES_COMMAND", required=False)
+    q = shares_sub.add_parser(
+        "add", parents=[common], help="share FOLDER (data: your ~/data; projects/<name>: administrators) read-only, or --rw"
+    )
+    q.set_defaults(handler=cmd_shares)
+    q.add_argument("folder", metavar="FOLDER")
+    q.add_argument("--user", metavar="U", help="with this user")
+    q.add_argument("--project", metavar="P", help="with this project's members")
+    q.add_argument("--rw", action="store_true", help="read-write (default: read-only, mounted read-only on the node)")
+    q = shares_sub.add_parser("rm", parents=[common], help="revoke share ID (or leave one shared with you)")
+    q.set_defaults(handler=cmd_shares)
+    q.add_argument("id", metavar="ID")
     p = add("quota", cmd_quota, "your quotas: limits, what is in use, what is left")
     p.add_argument("--user", help="administrators: another user's quotas")
 

@@ -19,7 +19,7 @@ from sessions.policy import shares
 from sessions.scheduling.scheduler import owner_projects, schedule_pending
 from tests.conftest import assert_error_shape, client_for, make_running, wait_until
 from tests.test_agent_runtime import start_spec
-from tests import test_session_files_api
+from tests import test_cli_drain, test_session_files_api
 
 pytestmark = pytest.mark.django_db
 node = test_session_files_api.node  # the fixture: a real Agent with data folders under tmp/user-data
@@ -247,3 +247,23 @@ def test_a_read_write_share_is_written_from_inside_the_session(alice, bob, demo_
     assert (tmp_path / "user-data" / "users" / str(alice.pk) / "bob.txt").read_text() == "from-bob\n"
     made = client_for(bob).post(files_url(session), {"path": "shared/alice-data/d"}, format="json")
     assert made.status_code == 201, made.content
+
+
+# --- fgpu shares ---------------------------------------------------------------------------------
+
+fgpu = test_cli_drain.fgpu  # the fixture: the CLI in-process against pytest-django's live server
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fgpu_shares_adds_lists_and_removes_a_share(fgpu, alice, bob, capsys):
+    assert fgpu(alice, "shares", "add", "data", "--user", "bob") == 0
+    said = capsys.readouterr().out
+    assert "data/ shared read-only with bob: they see it at ~/shared/alice-data" in said
+    assert fgpu(bob, "shares") == 0
+    listed = capsys.readouterr().out
+    assert "data/ of alice" in listed and "read-only" in listed and "~/shared/alice-data" in listed
+    share_id = str(FolderShare.objects.get().pk)
+    assert fgpu(bob, "shares", "rm", share_id) == 0  # bob leaves it
+    assert fgpu(alice, "shares", "rm", share_id) == 1
+    assert "no share" in capsys.readouterr().err
+    assert fgpu(alice, "shares", "add", "data") == 2  # neither --user nor --project
