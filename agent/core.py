@@ -140,6 +140,7 @@ class RunningSession:
     env: dict = field(default_factory=dict)  # the session's environment, for exec
     data_dir: Path | None = None  # its owner's persistent folder (~/data), whose storage agent.storage measures
     project_dirs: dict = field(default_factory=dict)  # its projects' folders (~/projects/<name>: Path), measured too
+    shared_dirs: dict = field(default_factory=dict)  # folders shared with its owner (~/shared/<name>: (Path, read-only))
     execs: set = field(default_factory=set)  # Popen of commands run by exec, killed with the session
     apps: dict = field(default_factory=dict)  # its web apps (agent.session_apps): name → AppProcess
     relays: list = field(default_factory=list)  # the agent's relays to its apps (agent.session_apps), closed with it
@@ -565,6 +566,7 @@ class Agent:
             env=spawned.env,
             data_dir=spawned.data_dir,
             project_dirs=spawned.project_dirs,
+            shared_dirs=spawned.shared_dirs,
         )
 
     def _progress_from_thread(self, session_id: str, text: str) -> None:

@@ -100,6 +100,7 @@ class Spawned:
     env: dict[str, str]
     data_dir: Path | None
     project_dirs: dict[str, Path]
+    shared_dirs: dict[str, tuple[Path, bool]] = field(default_factory=dict)
 
 
 def stage_mig(node: Node, start: StartSpec) -> StartSpec:
@@ -195,7 +196,7 @@ def spawn(node: Node, start: StartSpec, *, progress: Callable[[str], None]) -> S
     env = stage_environment(node, start, spec, work)
     argv = stage_command(node, start)
     handle = stage_process(node, spec, argv, env, work, progress)
-    return Spawned(handle, work.path, env, folders.data_dir, folders.project_dirs)
+    return Spawned(handle, work.path, env, folders.data_dir, folders.project_dirs, folders.shared_dirs)
 
 
 # --- stop and end ------------------------------------------------------------------------

@@ -4,7 +4,8 @@ container's writable layer, together at most `[limits] session-storage` bytes (d
 each user's persistent `~/data` folder at most `[limits] user-data-storage` bytes (default
 10 GiB), whichever of the user's sessions on the node wrote it; each project's data folder
 (`~/projects/<name>`) at most `[limits] project-data-storage` bytes (default 10 GiB), whichever of
-its members' sessions wrote it: every session that mounts a folder past its limit is stopped.
+its members' sessions wrote it: every session that mounts a folder past its limit is stopped (a
+folder shared read-write, `~/shared/<name>`, counts for the sessions of those it is shared with too).
 
 The file systems under the scratch and data roots of this project's nodes have no project quotas
 (ext4 without the `project` feature, overlay2 on ext4), so the agent measures instead: every
@@ -175,6 +176,14 @@ class StorageWatch:
             folders = [(Path(data_dir), self.limits.user_data_storage, "~/data")] if data_dir is not None else []
             for name, folder in sorted((getattr(running, "project_dirs", None) or {}).items()):
                 folders.append((Path(folder), self.limits.project_data_storage, f"~/projects/{name}"))
+            for name, (folder, read_only) in sorted((getattr(running, "shared_dirs", None) or {}).items()):
+                if not read_only:  # a read-write share fills its folder's limit too (a user's or a project's)
+                    limit = (
+                        self.limits.project_data_storage
+                        if Path(folder).parent.name == "projects"
+                        else self.limits.user_data_storage
+                    )
+                    folders.append((Path(folder), limit, f"~/shared/{name}"))
             measured = self.folders[session_id] = []
             for folder, limit, what in folders:
                 if folder not in data_use:

@@ -267,3 +267,47 @@ def test_fgpu_shares_adds_lists_and_removes_a_share(fgpu, alice, bob, capsys):
     assert fgpu(alice, "shares", "rm", share_id) == 1
     assert "no share" in capsys.readouterr().err
     assert fgpu(alice, "shares", "add", "data") == 2  # neither --user nor --project
+
+
+def test_a_read_write_share_counts_against_its_folders_limit_in_the_recipients_sessions_and_a_read_only_one_does_not(
+    tmp_path,
+):
+    import dataclasses as dc
+    from types import SimpleNamespace
+
+    from agent.limits import SessionLimits
+    from agent.storage import StorageWatch
+
+    owners = tmp_path / "user-data" / "users" / "7"
+    owners.mkdir(parents=True)
+    (owners / "big").write_bytes(b"x" * 300_000)
+    limits = dc.replace(SessionLimits(), user_data_storage=100_000)
+
+    def session(read_only: bool):
+        home = tmp_path / ("ro" if read_only else "rw")
+        home.mkdir()
+        return SimpleNamespace(work_dir=home, process=None, data_dir=None, project_dirs={},
+                               shared_dirs={"ann-data": (owners, read_only)})  # fmt: skip
+
+    watch = StorageWatch(SimpleNamespace(sessions={"ro": session(True), "rw": session(False)}), limits=limits)
+    over = watch.measure_all()
+    assert [sid for sid, _ in over] == ["rw"]  # blocks allocated vary by file system: the words, not the figure
+    assert over[0][1].endswith("of its 97.7 KiB storage limit (~/shared/ann-data)"), over
+
+
+def test_the_docker_runtime_mounts_a_read_only_share_as_a_read_only_volume(tmp_path):
+    """The container's configuration as Docker gets it (a stand-in client: no container is made)."""
+    from agent.docker_runtime import HOME, DockerRuntime
+
+    from types import SimpleNamespace
+
+    runtime = DockerRuntime(node="n1", default_image="img", network="none", client=SimpleNamespace(ping=lambda: True))
+    shared = {
+        "ann-data": {"path": "/d/users/7", "read_only": True},
+        "team-project": {"path": "/d/projects/p", "read_only": False},
+    }
+    spec = {**start_spec(), "shared_dirs": shared}
+    mounts = {m["Target"]: m for m in runtime.container_config(spec=spec, argv=["sh"], env={}, work_dir=tmp_path)["mounts"]}
+
+    assert mounts[f"{HOME}/shared/ann-data"]["Source"] == "/d/users/7" and mounts[f"{HOME}/shared/ann-data"]["ReadOnly"]
+    assert not mounts[f"{HOME}/shared/team-project"].get("ReadOnly")
