@@ -7,14 +7,18 @@
 # the dependencies already installed and pip pointed at local wheels) and passes it (compose.yaml, README).
 ARG FGPU_BASE_IMAGE=python:3.11-slim
 FROM ${FGPU_BASE_IMAGE}
-ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# PYTHONPATH: every process imports the code under /app (COPY . . below), never the copy `pip install .`
+# left in site-packages, which holds only the packages copied before it (celery -A console found no `usage`).
+# DJANGO_SETTINGS_MODULE: set before any process starts, so Celery's Django fixup sees it when the app is
+# made (common.celery makes it before console/celery.py sets the default: the manager's tasks then failed
+# with AppRegistryNotReady).
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PYTHONPATH=/app DJANGO_SETTINGS_MODULE=console.settings
 WORKDIR /app
 # iptables: compose's agent guards its sessions' `outbound` network with a chain in the host's tables
 # (agent.network; it runs in the host's network namespace with NET_ADMIN). The other processes never call it.
 RUN command -v iptables >/dev/null \
     || (apt-get update && apt-get install -y --no-install-recommends iptables && rm -rf /var/lib/apt/lists/*)
 COPY pyproject.toml README.md ./
-COPY common ./common
 COPY common ./common
 COPY console ./console
 COPY accelerators ./accelerators
