@@ -11,6 +11,7 @@ from accounts import views as account_views
 from sessions.api import sessions as session_api
 from sessions.api import eta as api_eta
 from sessions.api import files as api_files
+from sessions.api import shares as api_shares
 from sessions.api import fragmentation as api_fragmentation
 from sessions.api import images as api_images
 from sessions.api import presets as api_presets
@@ -65,6 +66,8 @@ urlpatterns = [
     path("api/v1/sessions/<uuid:session_id>/usage/", usage_api.session_usage_view, name="api-session-usage"),
     path("api/v1/sessions/<uuid:session_id>/eta/", api_eta.session_eta_view, name="api-session-eta"),
     path("api/v1/scheduler/what-if/", api_eta.what_if_view, name="api-scheduler-what-if"),
+    path("api/v1/shares/", api_shares.shares_view, name="api-shares"),
+    path("api/v1/shares/<uuid:share_id>/", api_shares.share_view, name="api-share"),
     path("api/v1/sessions/<uuid:session_id>/files/", api_files.files_view, name="api-session-files"),
     path("api/v1/sessions/<uuid:session_id>/files/content/", api_files.file_content_view, name="api-session-file-content"),
     path("api/v1/usage/latest/", usage_api.latest_usage_view, name="api-usage-latest"),

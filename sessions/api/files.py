@@ -30,6 +30,9 @@ class FileEntrySerializer(serializers.Serializer):
     persistent = serializers.BooleanField(
         required=False, help_text=f"`{DATA_DIR}` in the home: your persistent folder, kept across sessions"
     )
+    read_only = serializers.BooleanField(  # type: ignore[assignment]  # a declared field: DRF's metaclass takes it off the class
+        required=False, help_text="in `shared/`: the folder is shared with the session's owner read-only (writes answer 403)"
+    )
 
 
 class FileListSerializer(serializers.Serializer):
@@ -47,7 +50,8 @@ PATH = OpenApiParameter(
     "path",
     OpenApiTypes.STR,
     description=(
-        f"relative to the session's home (`{DATA_DIR}/…`: your persistent folder, `projects/<name>/…`: a project's); no "
+        f"relative to the session's home (`{DATA_DIR}/…`: your persistent folder, `projects/<name>/…`: a project's, "
+        "`shared/<name>/…`: a folder shared with you, read-only unless shared read-write); no "
         "`..`, no leading `/`, no control characters; symbolic links are not followed"
     ),
 )
@@ -61,6 +65,8 @@ ERRORS = {
     409: OpenApiResponse(ErrorSerializer, description="the session is not RUNNING (`session-not-running`)"),
     504: OpenApiResponse(ErrorSerializer, description="the session's agent did not answer (`files-timeout`)"),
 }
+
+WRITE_REFUSED = OpenApiResponse(ErrorSerializer, description="a folder shared with you read-only (`read-only`)")
 
 
 def _session(request, session_id):
@@ -94,7 +100,7 @@ def _session(request, session_id):
         summary="Make a folder in a session",
         parameters=[SESSION_ID],
         request=FolderCreateSerializer,
-        responses={201: FileEntrySerializer, **ERRORS},
+        responses={201: FileEntrySerializer, **ERRORS, 403: WRITE_REFUSED},
         examples=[OpenApiExample("A folder", request_only=True, value={"path": "data/runs/1"})],
     ),
     delete=extend_schema(
@@ -103,7 +109,9 @@ def _session(request, session_id):
         responses={
             204: None,
             **ERRORS,
-            403: OpenApiResponse(ErrorSerializer, description="under `.fgpu/`, the console's own files (`read-only`)"),
+            403: OpenApiResponse(
+                ErrorSerializer, description="under `.fgpu/` (the console's own files) or a read-only shared folder (`read-only`)"
+            ),
         },
         description="Deletes a file, a symbolic link (the link itself, not what it points at) or a folder with everything in it.",
     ),
@@ -148,6 +156,7 @@ def _shown(wait, serializer):
         responses={
             201: FileEntrySerializer,
             **ERRORS,
+            403: WRITE_REFUSED,
             413: OpenApiResponse(
                 ErrorSerializer,
                 description="the file would bring the folder past your cap (`over-cap`, "

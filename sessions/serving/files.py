@@ -37,6 +37,7 @@ from protocol import files as proto
 from protocol.channel import AgentLink, Refused, reply_prefix
 from sessions.lifecycle import events
 from sessions.models import ComputeSession, SessionStatus
+from sessions.policy.shares import shared_mounts, shared_path_check
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,9 @@ def _owner_projects(session: ComputeSession) -> dict[str, str]:
 class FilesCall:
     """What the waits need of a RUNNING session, read in sync code before they start (they run
     on the event loop and read no database): its id, its owner's id, the owner's projects
-    (`_owner_projects`), its node's name (for errors) and the cap (bytes) an upload is held to."""
+    (`_owner_projects`), its node's name (for errors), the cap (bytes) an upload is held to and
+    the folders shared with the owner now ({name: {kind, id, read_only}}: `shared/<name>`,
+    sessions.policy.shares)."""
 
     session_id: str
     owner_id: int
@@ -117,12 +120,17 @@ class FilesCall:
     node: str
     cap: int
     link: AgentLink | None = None  # the node's (protocol.channel): seals each op, verifies each answer
+    shared: dict[str, dict] | None = None
 
 
-def _call(session: ComputeSession) -> FilesCall:
-    """The session's FilesCall: one query (the owner's projects). Raises ApplicationError 409
-    session-not-running."""
+def _call(session: ComputeSession, *, parts: list[str], write: bool = False) -> FilesCall:
+    """The session's FilesCall for the path of `parts`: three queries (the owner's projects, the
+    folders shared with them). Raises ApplicationError 409 session-not-running; under shared/,
+    404 not-found (no such share: a revoked one is gone at once) and, for a `write`, 403
+    read-only (a read-only share; sessions.policy.shares.shared_path_check)."""
     _check_running(session)
+    shared = {m.name: m.encode() for m in shared_mounts(user_id=session.owner_id)}
+    shared_path_check(mounts=shared, path_parts=parts, write=write)
     return FilesCall(
         session_id=str(session.pk),
         owner_id=session.owner_id,
@@ -130,6 +138,7 @@ def _call(session: ComputeSession) -> FilesCall:
         node=session.node.name if session.node else "its node",
         cap=settings.FGPU_FILES_USER_CAP,
         link=events.agent_link(session.node) if session.node else None,
+        shared=shared,
     )
 
 
@@ -156,6 +165,7 @@ class _Link:
                     "session_id": self.call.session_id,
                     "owner_id": self.call.owner_id,
                     "projects": self.call.projects,
+                    "shared": self.call.shared or {},
                     "op": op,
                     "reply_channel": self.reply,
                     **fields,
@@ -190,8 +200,7 @@ def session_files_list(*, session: ComputeSession, path: str = "") -> Wait[dict]
     Raises ApplicationError (this call: 400 bad-path, 409 session-not-running; the wait: 400
     symlink / not-a-directory, 404 not-found, 504 files-timeout when the agent did not answer
     within REPLY_WAIT_S seconds)."""
-    path_check(path)
-    call = _call(session)
+    call = _call(session, parts=path_check(path))
 
     async def wait() -> dict:
         answer = await _Link(call).ask("list", path=path)
@@ -202,7 +211,8 @@ def session_files_list(*, session: ComputeSession, path: str = "") -> Wait[dict]
 
 def session_file_delete(*, session: ComputeSession, path: str) -> Wait[None]:
     """The wait deleting the file, link (the link itself) or folder (with what it holds) at
-    `path`. Raises as `session_files_list`; the wait 403 read-only under `.fgpu/`."""
+    `path`. Raises as `session_files_list`, and 403 read-only (the wait: under `.fgpu/`; this call: in a
+    read-only shared folder), 404 not-found (this call: a shared folder that is none)."""
     if not path_check(path):
         raise ApplicationError(
             "give the path of a file or folder to delete",
@@ -210,7 +220,7 @@ def session_file_delete(*, session: ComputeSession, path: str) -> Wait[None]:
             title="Path refused",
             field_errors={"path": ["the home itself cannot be deleted"]},
         )
-    call = _call(session)
+    call = _call(session, parts=path_check(path), write=True)
 
     async def wait() -> None:
         await _Link(call).ask("delete", path=path)
@@ -228,7 +238,7 @@ def session_folder_make(*, session: ComputeSession, path: str) -> Wait[dict]:
             title="Path refused",
             field_errors={"path": ["the home exists"]},
         )
-    call = _call(session)
+    call = _call(session, parts=path_check(path), write=True)
 
     async def wait() -> dict:
         return (await _Link(call).ask("mkdir", path=path))["entry"]
@@ -252,7 +262,7 @@ def session_file_upload(*, session: ComputeSession, path: str, body, size: int |
             title="Path refused",
             field_errors={"path": ["a file name is needed"]},
         )
-    call = _call(session)
+    call = _call(session, parts=path_check(path), write=True)
     if size is not None and size > call.cap:
         raise ApplicationError(
             f"the file ({size} bytes) is larger than a folder may hold ({call.cap} bytes)",
@@ -302,7 +312,7 @@ def session_file_download(*, session: ComputeSession, path: str) -> Wait[tuple[s
             title="Is a folder",
             field_errors={"path": ["the home is a folder"]},
         )
-    call = _call(session)
+    call = _call(session, parts=parts)
 
     async def wait() -> tuple[str, int, AsyncIterator[bytes]]:
         first = await _Link(call).ask("read", path=path, offset=0, length=proto.CHUNK_BYTES)
