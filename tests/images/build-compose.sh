@@ -127,7 +127,11 @@ compose_postgres() {
   up_to_date "$hash" "$@" && return 0
   echo "building $* from Debian bookworm's postgresql-15 (build hash $hash)"
   started=$(date +%s)
+  # Without JIT: bookworm's postgresql-15 depends on LLVM (~110 MB) for it alone; without llvmjit.so the
+  # server compiles nothing at run time and says nothing (jit_provider cannot load: JIT is off).
   mmdebstrap --variant=minbase --include=postgresql-15 --aptopt='APT::Install-Recommends "false"' "${slim[@]}" \
+    --dpkgopt='path-exclude=/usr/lib/x86_64-linux-gnu/libLLVM-*' --dpkgopt='path-exclude=/usr/lib/postgresql/15/lib/llvmjit*' \
+    --dpkgopt='path-exclude=/usr/lib/postgresql/15/lib/bitcode/*' \
     --customize-hook="copy-in $entrypoint /usr/local/bin" \
     --customize-hook='chroot "$1" sh -c "chmod 0755 /usr/local/bin/postgres-entrypoint.sh && mkdir -p /var/lib/postgresql/data /run/postgresql && chown postgres:postgres /var/lib/postgresql/data /run/postgresql && chmod 0700 /var/lib/postgresql/data"' \
     --customize-hook='rm -rf "$1"/var/cache/apt/archives/*.deb "$1"/var/lib/apt/lists/* "$1"/var/lib/postgresql/15 "$1"/etc/postgresql/15' \
