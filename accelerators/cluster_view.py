@@ -140,7 +140,8 @@ class ClusterView:
             now = time.monotonic()
             if self.horizon is None or now - self.read_at > STALE_SECONDS:
                 return self._read_all(now)
-            xmin, own, changes = _changes_since(self.horizon)
+            kept_own: _Own = getattr(_OWN, "own", None) or _Own()
+            xmin, own, changes = _changes_since(self.horizon, own_after=kept_own.last_id)
             fresh = [(i, node, txid) for i, node, txid in changes if i not in self.seen]
             if any(node is None for _, node, _ in fresh):  # a resource group changed: weights of many nodes
                 return self._read_all(now)
@@ -151,18 +152,30 @@ class ClusterView:
                     self.seen[i] = txid
             self.seen = {i: t for i, t in self.seen.items() if t >= xmin}
             self.horizon, self.read_at = xmin, now
-            shared = (theirs | self.suspect) - mine
+            if own is None or kept_own.txid != own:
+                kept_own = _Own(txid=own, last_id=kept_own.last_id)
+            kept_own.last_id = max([kept_own.last_id, *(i for i, _, txid in fresh if txid == own)])
+            # Never into the kept view: the nodes this transaction wrote, now or earlier in it.
+            shared = (theirs | self.suspect) - mine - kept_own.entries.keys()
             if shared:
                 self._apply(_read_nodes(shared), shared)
                 self.suspect -= shared
             self.suspect |= mine
             self._clean(now)
-            if not mine:
+            again = mine | (theirs & kept_own.entries.keys())  # its own nodes: new writes of its own, or others'
+            if again:
+                read = _read_nodes(again)
+                kept_own.entries.update(read)
+                for pk in again - read.keys():
+                    kept_own.entries[pk] = None  # deleted in this transaction
+            _OWN.own = kept_own
+            if not kept_own.entries:
                 return Snapshot(entries=self.entries, version=self.version)
             overlay = dict(self.entries)
-            for pk in mine:
+            for pk, entry in kept_own.entries.items():
                 overlay.pop(pk, None)
-            overlay.update(_read_nodes(mine))
+                if entry is not None:
+                    overlay[pk] = entry
             return Snapshot(entries=overlay, version=-1, overlay=True)
 
     def _read_all(self, now: float) -> Snapshot:
@@ -177,6 +190,8 @@ class ClusterView:
         self.reads += 1
         self.seen = {i: txid for i, _, txid in changes if (own is None or txid != own) and txid >= xmin}
         self.horizon, self.read_at, self.suspect = xmin, now, mine_nodes
+        own_ids = [i for i, _, txid in changes if txid == own]
+        _OWN.own = _Own(txid=own, last_id=max(own_ids, default=0), entries={pk: read.get(pk) for pk in mine_nodes})
         if not mine:
             return Snapshot(entries=self.entries, version=self.version)
         return Snapshot(entries=read, version=-1, overlay=True)
@@ -210,18 +225,35 @@ class ClusterView:
             self.horizon = None
 
 
-def _changes_since(horizon: int | None) -> tuple[int, int | None, list[tuple[int, str | None, int]]]:
+@dataclass
+class _Own:
+    """What one thread's current transaction wrote itself, as it sees it: its transaction id,
+    the last of its own log rows read (its rows come in id order: later rows of its own, and
+    any row of a later transaction of this thread, have larger ids) and its nodes so read
+    (None: deleted). Never part of the kept view."""
+
+    txid: int | None = None
+    last_id: int = 0
+    entries: dict[str, NodeEntry | None] = field(default_factory=dict)
+
+
+_OWN = threading.local()
+
+
+def _changes_since(horizon: int | None, own_after: int = 0) -> tuple[int, int | None, list[tuple[int, str | None, int]]]:
     """(xmin, own txid or None, [(row id, node pk or None, txid)]) of the log rows with txid ≥
-    `horizon` (None: ≥ the snapshot's xmin, those a full read needs to know), in one statement:
-    one snapshot."""
+    `horizon` (None: ≥ the snapshot's xmin, those a full read needs to know), but not the rows
+    of the caller's own transaction up to id `own_after` (read already), in one statement: one
+    snapshot."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT s.xmin, s.own, l.id, l.node_id, l.txid::text::bigint FROM (SELECT "
             "pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin, "
             "pg_current_xact_id_if_assigned()::text::bigint AS own) s "
             "LEFT JOIN accelerators_clusterchange l "
-            "ON l.txid >= COALESCE(%s::text::xid8, pg_snapshot_xmin(pg_current_snapshot()))",
-            [None if horizon is None else str(horizon)],
+            "ON l.txid >= COALESCE(%s::text::xid8, pg_snapshot_xmin(pg_current_snapshot())) "
+            "AND NOT (l.txid IS NOT DISTINCT FROM pg_current_xact_id_if_assigned() AND l.id <= %s)",
+            [None if horizon is None else str(horizon), own_after],
         )
         rows = cursor.fetchall()
     xmin, own = rows[0][0], rows[0][1]
