@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import secrets
 import signal
+import socket
 import sys
 from urllib.parse import urlsplit
 
@@ -278,7 +279,8 @@ class Command(BaseCommand):
                 sockets = []
                 try:  # each socket bound as uvicorn binds its own (Config.bind_socket); one server serves both
                     for listen in {port, apps_port}:
-                        sockets.append(uvicorn.Config(application, host=host, port=listen, log_config=None).bind_socket())
+                        bound = uvicorn.Config(application, host=host, port=listen, log_config=None).bind_socket()
+                        sockets.append(_no_delay(bound))
                     await server.serve(sockets=sockets)
                 except SystemExit:  # a bind or uvicorn's startup failed, and it logged why (the port is taken, say)
                     where = ", ".join(f"{host}:{p}" for p in sorted({port, apps_port}))
@@ -366,3 +368,16 @@ def _apps_listener(host: str, port: int) -> tuple[int, str]:
 
 def _stopped(signum, frame) -> None:
     """SIGTERM or SIGINT once uvicorn has stopped (Command._serve)."""
+
+
+def _no_delay(sock: socket.socket) -> socket.socket:
+    """A TCP socket uvicorn bound (Config.bind_socket: made with protocol 0) as one whose
+    connections asyncio sets TCP_NODELAY on (it does so only where the socket says IPPROTO_TCP):
+    with Nagle's algorithm on, an answer's body written after its headers waited for the client's
+    delayed ACK, about 40 ms on each request and websocket message of the console and the app proxy.
+    The listening socket gets TCP_NODELAY too, which Linux passes on to the connections it accepts."""
+    if sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return sock
+    sock = socket.socket(fileno=sock.detach())  # family, type and protocol read back from the kernel
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
