@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 from websockets.sync.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,10 +43,14 @@ sys.path.insert(0, str(ROOT))
 from tests.stack import PYTHON, Proc, free_port, wait_until  # noqa: E402
 
 PASSWORD = "bench-app-proxy-password"
-ECHO = (
-    f"echo {{port}} {{token}} > $HOME/.echo-app; PYTHONPATH={ROOT / 'tests' / 'apps'} exec {PYTHON} -m daphne "
+ECHO = (  # the app from the session's home (a sandboxed session sees no folder of this checkout), where it listens
+    f'echo {{host}} {{port}} {{token}} > $HOME/.echo-app; PYTHONPATH="$HOME/apps" exec {PYTHON} -m daphne '
     "-b {host} -p {port} echo_app:application"
 )
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -56,7 +61,13 @@ def percentile(values: list[float], p: float) -> float:
 def start_console(work: Path) -> tuple[Proc, str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
-    env.update(FGPU_DATA_DIR=str(work / "data"), FGPU_ADMIN_PASSWORD=PASSWORD, PORT=str(port), PYTHONUNBUFFERED="1")
+    env.update(
+        FGPU_DATA_DIR=str(work / "data"),
+        FGPU_ADMIN_PASSWORD=PASSWORD,
+        PORT=str(port),
+        PYTHONUNBUFFERED="1",
+        FGPU_RUNTIME="process",  # the app runs from this checkout: not in a container (standalone picks docker where it runs)
+    )
     console = Proc("standalone", [PYTHON, "manage.py", "standalone"], env=env, log_dir=work)
     base = f"http://127.0.0.1:{port}"
 
@@ -70,8 +81,16 @@ def start_console(work: Path) -> tuple[Proc, str]:
     return console, base
 
 
-def prepare(base: str) -> tuple[httpx.Client, str, dict]:
-    """An admin signed in (cookie), the session's id, and the app's direct address and token."""
+def listeners(pid: int) -> set[tuple[str, int]]:
+    """The TCP addresses process `pid` listens on."""
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def prepare(base: str, console_pid: int) -> tuple[httpx.Client, str, dict]:
+    """An admin signed in (cookie), the session's id, and the app's direct address and token: where
+    the proxy reaches it, the agent's relay into the session's sandbox (a network namespace of its
+    own: the app listens on its loopback), found as the listener the console's process opened with
+    the app."""
     api = httpx.Client(base_url=base, timeout=60)
     token = api.post("/api/v1/auth/token/", json={"username": "admin", "password": PASSWORD}).json()["token"]
     api.headers["Authorization"] = f"Token {token}"
@@ -86,10 +105,17 @@ def prepare(base: str) -> tuple[httpx.Client, str, dict]:
     wait_until(
         lambda: api.get(f"/api/v1/sessions/{session['id']}/").json()["status"] == "RUNNING", timeout=60, what="the session to run"
     )
+    api.put(
+        f"/api/v1/sessions/{session['id']}/files/content/",
+        params={"path": "apps/echo_app.py"},
+        content=(ROOT / "tests" / "apps" / "echo_app.py").read_bytes(),
+        headers={"Content-Type": "application/octet-stream"},
+    ).raise_for_status()
     browser = httpx.Client(base_url=base, timeout=120)
     csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', browser.get("/login/").text).group(1)
     browser.post("/login/", data={"username": "admin", "password": PASSWORD, "csrfmiddlewaretoken": csrf})
     cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
+    before = listeners(console_pid)
     with connect(
         base.replace("http", "ws") + f"/ws/sessions/{session['id']}/open/echo/",
         additional_headers={"Cookie": cookie},
@@ -98,8 +124,10 @@ def prepare(base: str) -> tuple[httpx.Client, str, dict]:
         answers = [json.loads(m) for m in ws]
     assert answers[-1]["type"] == "ready", answers
     out = api.post(f"/api/v1/sessions/{session['id']}/exec/", json={"command": "cat $HOME/.echo-app"}).json()
-    port, app_token = out["stdout"].split()
-    return browser, session["id"], {"port": int(port), "token": app_token, "cookie": cookie}
+    bound, port, app_token = out["stdout"].split()
+    relays = listeners(console_pid) - before
+    host, port = next(iter(relays)) if len(relays) == 1 else (bound, int(port))  # no relay: the app on the node's network
+    return browser, session["id"], {"host": host, "port": port, "token": app_token, "cookie": cookie}
 
 
 def apps_origin_client(base: str, browser: httpx.Client, prefix: str) -> tuple[str, httpx.Client]:
@@ -156,31 +184,34 @@ def main() -> None:
     parser.add_argument("--download-mb", type=float, default=200)
     parser.add_argument("--upload-mb", type=float, default=100)
     parser.add_argument("--messages", type=int, default=500)
+    parser.add_argument("--repeat", type=int, default=3, help="rounds, proxy and direct interleaved; medians are shown")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "app_proxy.txt"))
     args = parser.parse_args()
     load = os.getloadavg()  # the machine may be shared: the figures include the competition for its CPUs
     with tempfile.TemporaryDirectory(prefix="fgpu-app-proxy-") as tmp:
         console, base = start_console(Path(tmp))
         try:
-            browser, session_id, app = prepare(base)
+            browser, session_id, app = prepare(base, console.popen.pid)
             prefix = f"/sessions/{session_id}/apps/echo/"
             apps, on_apps = apps_origin_client(base, browser, prefix)
             cookie = {"Cookie": f"fgpu_app={on_apps.cookies['fgpu_app']}"}
-            proxied = measure(on_apps, prefix, apps.replace("http", "ws") + prefix + "ws", cookie, args)
-            api_times = []  # for scale: a small page of the console's own API on the same connection
-            for _ in range(args.requests):
-                started = time.perf_counter()
-                browser.get("/api/v1/me/").raise_for_status()
-                api_times.append((time.perf_counter() - started) * 1000)
-            direct_base = f"http://127.0.0.1:{app['port']}"
+            direct_base = f"http://{_host(app['host'])}:{app['port']}"
             direct = httpx.Client(base_url=direct_base, timeout=120, headers={"Authorization": f"token {app['token']}"})
-            straight = measure(
-                direct,
-                prefix,
-                direct_base.replace("http", "ws") + prefix + "ws",
-                {"Authorization": f"token {app['token']}"},
-                args,
-            )
+            runs: dict[str, list[dict]] = {"proxy": [], "direct": []}
+            api_times = []  # for scale: a small page of the console's own API on the same connection
+            for round_ in range(args.repeat):  # interleaved, so that the machine's drift hits both alike
+                for kind in ("proxy", "direct") if round_ % 2 == 0 else ("direct", "proxy"):
+                    if kind == "proxy":
+                        figures = measure(on_apps, prefix, apps.replace("http", "ws") + prefix + "ws", cookie, args)
+                    else:
+                        ws_url = direct_base.replace("http", "ws") + prefix + "ws"
+                        figures = measure(direct, prefix, ws_url, {"Authorization": f"token {app['token']}"}, args)
+                    runs[kind].append({**figures, "load": os.getloadavg()[0]})
+                    print(f"round {round_ + 1} {kind}: {json.dumps(runs[kind][-1])}", file=sys.stderr)
+                for _ in range(args.requests):
+                    started = time.perf_counter()
+                    browser.get("/api/v1/me/").raise_for_status()
+                    api_times.append((time.perf_counter() - started) * 1000)
         finally:
             console.stop()
     rows = [
@@ -191,10 +222,15 @@ def main() -> None:
         ("websocket round trip p50 (ms)", "ws_p50_ms"),
         ("websocket round trip p99 (ms)", "ws_p99_ms"),
     ]
+    proxy_loads = ", ".join(f"{run['load']:.1f}" for run in runs["proxy"])
+    proxied = {key: statistics.median(run[key] for run in runs["proxy"]) for key in runs["proxy"][0]}
+    straight = {key: statistics.median(run[key] for run in runs["direct"]) for key in runs["direct"][0]}
     lines = [
         f"app proxy vs direct ({args.requests} GETs, {args.download_mb:g} MB down, {args.upload_mb:g} MB up, "
-        f"{args.messages} websocket messages; standalone console, process runtime, {os.cpu_count()} CPUs, "
-        f"load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after)",
+        f"{args.messages} websocket messages; medians of {args.repeat} rounds, interleaved; standalone console, "
+        f"process runtime, direct: the agent's relay into the session's sandbox, which the proxy reaches; "
+        f"{os.cpu_count()} CPUs, load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after, "
+        f"{proxy_loads} after each proxy round)",
         f"{'':32}{'direct':>10}{'proxy':>10}{'proxy/direct':>14}",
     ]
     for label, key in rows:

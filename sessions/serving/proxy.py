@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from importlib import import_module
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
@@ -47,6 +48,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib import auth
 from django.contrib.auth import get_user_model
+from django.core.cache import cache
 from django.http import Http404
 from django.utils.crypto import constant_time_compare
 from django.shortcuts import resolve_url
@@ -71,8 +73,8 @@ from sessions.serving.origin import (
 )
 from sessions.serving.session_apps import (
     OPEN_PAGE,
+    TOKEN_KEY,
     app_prefix,
-    app_token_get,
     session_app_get,
     session_app_target,
     session_app_target_forget,
@@ -242,25 +244,55 @@ def _session_key(scope) -> str:
 def _granted_lookup(values: list[str], session_id: str, name: str) -> dict | None:
     """Blocking (cache, database): the grant among the app-origin cookie's `values` for this
     session's app, its user (active, the password unchanged since), then `_lookup` as that user,
-    with the grant's `console` origin; None without a grant, or with an inactive user or another
-    password. Raises Http404 as `_lookup`."""
+    with the grant's `console` origin and the app's `token` (session_apps.app_token_get's, read in
+    the same trip to a worker thread; None: not opened); None without a grant, or with an inactive
+    user or another password. Raises Http404 as `_lookup`."""
     grant = app_grant_find(values, session_id=session_id, app=name)
     if grant is None:
         return None
     user = get_user_model().objects.filter(pk=grant["user"], is_active=True).first()
     if user is None or not constant_time_compare(grant.get("auth", ""), user.get_session_auth_hash()):
         return None  # gone, deactivated, or its password changed since
-    return {**_lookup(user, session_id, name), "console": grant["console"]}
+    token = cache.get(TOKEN_KEY.format(session=session_id, app=name))  # here, not in a thread hop of its own
+    return {**_lookup(user, session_id, name), "console": grant["console"], "token": token}
+
+
+CHECK_TTL_S = 1.0  # how long this process takes a passed check on the apps origin as it was (`_check`)
+MAX_CHECKS = 10_000
+_checked: dict[tuple, tuple[float, dict]] = {}  # (cookie values, session, app) → (until, what `_granted_lookup` found)
+
+
+def _check_key(scope, match) -> tuple:
+    return (tuple(cookie_values(scope, settings.FGPU_APPS_COOKIE)), match["session"], match["app"])
+
+
+def _check_forget(scope, match) -> None:
+    """Forget a passed check (its app did not answer): the next request is checked afresh."""
+    _checked.pop(_check_key(scope, match), None)
 
 
 async def _check(scope, match) -> tuple[int, dict]:
     """(0, what `_lookup` found), or (an HTTP status, page context) when the request is refused:
     on the apps origin, signed in by the app-origin cookie (`_granted_lookup`); on the console's
-    (`ConsoleAppRedirect`), by the console's sign-in cookie."""
+    (`ConsoleAppRedirect`), by the console's sign-in cookie.
+
+    A check passed on the apps origin is taken as it was for CHECK_TTL_S (1 s) by this process for
+    the same cookie, session and app, without a trip to the database (its two queries on a worker
+    thread cost a small GET several times what the app does): a session ended, a user deactivated
+    or a password changed is refused within that second, and at once where the app no longer
+    answers (`_check_forget`). Refusals are never kept; the console's origin is checked every time."""
     try:
         if is_apps_request(scope):
-            values = cookie_values(scope, settings.FGPU_APPS_COOKIE)
-            found = await database_sync_to_async(_granted_lookup)(values, match["session"], match["app"])
+            key = _check_key(scope, match)
+            kept = _checked.get(key)
+            if kept is not None and kept[0] > time.monotonic():
+                return 0, kept[1]
+            found = await database_sync_to_async(_granted_lookup)(list(key[0]), match["session"], match["app"])
+            if found is not None and found["status"] == SessionStatus.RUNNING:
+                _checked.pop(key, None)
+                while len(_checked) >= MAX_CHECKS:  # the oldest first
+                    _checked.pop(next(iter(_checked)))
+                _checked[key] = (time.monotonic() + CHECK_TTL_S, found)
         else:
             found = await database_sync_to_async(_signed_in_lookup)(_session_key(scope), match["session"], match["app"])
         if found is None:
@@ -348,14 +380,14 @@ class AppHttpProxy:
         if status:
             await _page(send, status, found or {"title": "Not found", "why": "There is no such app.", "console": None})
             return
-        await self._forward(scope, receive, send, match, found["app"], console=found["console"])
+        await self._forward(scope, receive, send, match, found["app"], console=found["console"], token=found["token"])
 
-    async def _forward(self, scope, receive, send, match, app: dict, *, console: str) -> None:
+    async def _forward(self, scope, receive, send, match, app: dict, *, console: str, token: str | None) -> None:
         import httpx
 
         session_id = match["session"]
-        token = await app_token_get(session_id=session_id, app=app["name"])
         if token is None:
+            _check_forget(scope, match)
             await _drain(receive)
             await _page(send, 502, await _not_running(session_id, app, "it has not been opened", console=console))
             return
@@ -371,7 +403,8 @@ class AppHttpProxy:
         for attempt in range(2):
             target = await session_app_target(session_id=session_id, name=app["name"], port=app["port"])
             if isinstance(target, dict):
-                await _page(send, 502, await _not_running(session_id, app, target["error"], console=console))
+                if not await _refused_afresh(scope, match, send):
+                    await _page(send, 502, await _not_running(session_id, app, target["error"], console=console))
                 return
             url = f"http://{_host(target[0])}:{target[1]}{upstream_path(scope, match, app, token=token)}"
             request = _client().build_request(scope["method"], url, headers=headers, content=body)
@@ -381,6 +414,8 @@ class AppHttpProxy:
             except httpx.ConnectError:  # it ended, or moved: ask its agent again (once)
                 session_app_target_forget(session_id=session_id, name=app["name"])
                 if attempt or body is not None:
+                    if await _refused_afresh(scope, match, send):
+                        return
                     target = await session_app_target(session_id=session_id, name=app["name"], port=app["port"])
                     error = target["error"] if isinstance(target, dict) else "it does not accept connections"
                     await _page(send, 502, await _not_running(session_id, app, error, console=console))
@@ -390,6 +425,7 @@ class AppHttpProxy:
             except httpx.HTTPError as exc:  # it closed the connection, or answered nonsense
                 log.info("app %s of session %s: %s", app["name"], session_id, exc)
                 session_app_target_forget(session_id=session_id, name=app["name"])
+                _check_forget(scope, match)
                 await _page(
                     send, 502, await _not_running(session_id, app, "it closed the connection without an answer", console=console)
                 )
@@ -400,6 +436,16 @@ class AppHttpProxy:
             )
         finally:
             await response.aclose()
+
+
+async def _refused_afresh(scope, match, send) -> bool:
+    """Where the app did not answer: check the request again, not as kept (`_check_forget`), and
+    answer the refusal's page if it is refused now (the session ended: 410); False if it passed."""
+    _check_forget(scope, match)
+    status, found = await _check(scope, match)
+    if status:
+        await _page(send, status, found or {"title": "Not found", "why": "There is no such app.", "console": None})
+    return bool(status)
 
 
 async def _request_body(receive):
@@ -634,9 +680,10 @@ class AppWebsocketProxy:
             await send({"type": "websocket.close", "code": codes.get(status, CLOSE_NOT_FOUND)})
             return
         app, session_id = found["app"], match["session"]
-        token = await app_token_get(session_id=session_id, app=app["name"])
+        token = found["token"]
         upstream = await self._connect(scope, match, app, token=token) if token is not None else None
         if upstream is None or token is None:
+            _check_forget(scope, match)
             await send({"type": "websocket.close", "code": CLOSE_APP_CLOSED})
             return
         await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
