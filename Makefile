@@ -71,9 +71,16 @@ lint: install-test
 	$(VENV)/bin/mypy
 	$(VENV)/bin/ruff check --select TID251 tests
 
+# XDIST=N runs the suite in N pytest-xdist workers, a test module in one worker (--dist loadfile: its module
+# fixtures start once), each worker with a test database, Redis databases and a cgroup tag of its own
+# (tests/xdist_worker.py, which -p loads before Django's settings; PYTHONPATH lets it be found). Off by default:
+# see README's Tests for what it gained and where it stands.
+XDIST ?=
+XDIST_ARGS = $(if $(XDIST),-p tests.xdist_worker -n $(XDIST) --dist loadfile)
+
 test: install-test lint
 	$(TEST_ENV) $(PY) -m tests.services_check
-	$(TEST_ENV) $(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(TEST_ENV) $(if $(XDIST),PYTHONPATH=$(CURDIR)) $(VENV)/bin/pytest $(XDIST_ARGS) $(PYTEST_ARGS)
 
 # Everything but the tests that start processes and browsers.
 test-fast: install-test

@@ -14,6 +14,10 @@ import pytest
 from tests.seed import GiB, make_cluster, mock_gpu  # noqa: F401 (re-exported)
 from tests.stack import ROOT, Proc, Stack, StackNode, free_port, wait_until, wait_until_async  # noqa: F401 (re-exported)
 
+if os.environ.get("PYTEST_XDIST_WORKER") and "tests.xdist_worker" not in sys.modules:
+    # Without it every worker would flush and share the same Redis databases and cgroup tag.
+    raise pytest.UsageError("pytest -n needs -p tests.xdist_worker (and PYTHONPATH=.): make test XDIST=N adds both")
+
 
 def _secret_key_for_this_run() -> None:
     """The console's SECRET_KEY for this run (common.secret_key): FGPU_SECRET_KEY when it is given
