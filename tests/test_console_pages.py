@@ -71,8 +71,9 @@ def test_an_empty_sessions_list_has_its_own_launch_button(alice, demo_cluster):
                      r'data-click="start-session"', empty)
 
 
-def test_the_files_panel_says_what_projects_holds(alices_session, alice):
+def test_the_files_panel_says_what_projects_and_shared_hold(alices_session, alice):
     html = page_as(alice, f"/sessions/{alices_session.id}/terminal/")
 
-    assert "(<code>projects/</code>: your projects' data folders)" in html
+    assert "<code>projects/</code>: your projects' data folders;" in html
+    assert "<code>shared/</code>: folders shared with you" in html
     assert "your projects')" not in html
