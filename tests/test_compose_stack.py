@@ -97,6 +97,12 @@ class Compose:
         return dict(line.split("=", 1) for line in self.env_file.read_text().splitlines() if line and line[0] != "#")
 
 
+def image_id(name: str) -> str:
+    """The id of the image tagged `name`, or "" when there is none."""
+    out = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", name], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
 def node_leftovers() -> tuple[list, list]:
     """(containers, networks) the compose agent's docker runtime made on this host (node compose-node)."""
     import docker
@@ -138,7 +144,10 @@ def stack(tmp_path):
     compose = Compose(tmp_path)
     try:
         started = time.monotonic()
+        replaced = image_id("fgpu-console")
         compose("build", "web")  # one image for every process (compose.yaml's x-app): built once
+        if replaced and replaced != image_id("fgpu-console"):  # the build it replaced, untagged now: not kept
+            subprocess.run(["docker", "rmi", replaced], capture_output=True, timeout=120)
         timings["console image"] = time.monotonic() - started
         started = time.monotonic()
         compose("up", "--detach", "--no-build", *SERVICES)
