@@ -205,6 +205,13 @@ class Node(models.Model):
         help_text="the session images the agent reports holding: {reference: image id} (docker runtime: its local "
         'images\' tags and repository digests, as Docker lists them; process runtime: the built-in "host")',
     )
+    shared_storage = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text="its agent's data-root is a shared mount (NFS, CephFS, …) every node saying so mounts alike "
+        "(agent.toml [storage] shared, reported at registration); false: the node's own disk, so the data "
+        "folders its sessions see are local to it",
+    )
     resource_group = models.ForeignKey(
         ResourceGroup,
         null=True,

@@ -71,6 +71,7 @@ def node_inventory_apply(
     cpu_count: int | None = None,
     memory_size: int | None = None,
     images: dict | None = None,
+    shared_storage: bool | None = None,
 ) -> Node:
     """Create or update node `node_name` and make its device rows match `devices` exactly.
 
@@ -80,7 +81,8 @@ def node_inventory_apply(
     slot seen gets a FractionalSettings row with Backend.AI's defaults if it has none.
     `memory_size` in bytes. `images`: the session images the agent holds ({reference: image
     id}, `node_images_clean`); None (an agent from before images): the process runtime's
-    "host". Marks the node ALIVE with a fresh heartbeat.
+    "host". `shared_storage`: its data-root is a shared mount (protocol.messages.NodeStorage;
+    None: left as it is). Marks the node ALIVE with a fresh heartbeat.
     """
     node, _ = Node.objects.select_for_update().get_or_create(name=node_name)
     node.status = NodeStatus.ALIVE
@@ -92,6 +94,8 @@ def node_inventory_apply(
         node.cpu_count = cpu_count
     if memory_size is not None:
         node.memory_size = memory_size
+    if shared_storage is not None:
+        node.shared_storage = shared_storage
     node.save()
 
     existing = {(d.slot_name, d.device_id): d for d in node.devices.all()}

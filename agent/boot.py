@@ -8,13 +8,14 @@ from agent.core import Agent
 from agent.manager_link import CeleryManager
 from agent.network import installation_id
 from agent.runtimes import DOCKER, ProcessRuntime
+from protocol.messages import NodeStorage
 
 
 def load_inventory(config: AgentConfig) -> dict:
     """Run the configured plugins and merge what they report into the inventory the agent
     registers: `{"devices": [DeviceInfo dicts], "links": [{"a", "b", "kind", "count"}], "plugins",
-    "attributes", "cpu_count",
-    "memory_size"}` (bytes). Plugin errors propagate with their own message."""
+    "attributes", "cpu_count", "memory_size" (bytes), "storage" (protocol.messages.NodeStorage,
+    encoded: agent.toml's [storage])}`. Plugin errors propagate with their own message."""
     devices: list[dict] = []
     links: list[dict] = []
     attributes: dict[str, object] = {}
@@ -47,6 +48,7 @@ def load_inventory(config: AgentConfig) -> dict:
         "cpu_count": config.cpu_count,
         "memory_size": config.memory_size,
         "warnings": warnings,
+        "storage": NodeStorage(shared=config.storage_shared).encode(),  # [storage]: where data-root is
     }
 
 

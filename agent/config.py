@@ -43,6 +43,14 @@ over::
     terminal-address = "203.0.113.5"                    # where the web connects to it; default: app-address
                                                         #   (a node behind NAT: its forwarded address)
 
+    [storage]                                           # where data-root is (agent.toml's data folders)
+    shared = false                                      # true: data-root is a shared mount (NFS, CephFS, …), the same
+                                                        #   path and contents on every node that says so; false
+                                                        #   (default): this node's own disk. On a cluster the
+                                                        #   scheduler keeps sessions on shared nodes where it can,
+                                                        #   and tells a session on a local one that its folders
+                                                        #   are local to that node (accelerators.allocation.core.storage_scope)
+
     [usage]
     interval = 5                                        # seconds between usage samples (1-300)
     flush = 15                                          # seconds between batches to the manager (1-3600)
@@ -118,6 +126,7 @@ class AgentConfig:
     gid: int = 1000  # process runtime: sessions' group on the host
     sandbox: str = SANDBOX_AUTO  # process runtime: "auto", "bubblewrap" or "none" (agent.sandbox)
     limits: SessionLimits = field(default_factory=SessionLimits)  # [limits] (agent.limits)
+    storage_shared: bool = False  # [storage] shared: data-root is a shared mount (protocol.messages.NodeStorage)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -297,6 +306,13 @@ def load_agent_config(path: str | Path, *, default_broker: str = "", runtime: st
         project_data_storage=size("project-data-storage", SessionLimits.project_data_storage, 1 << 20),
         storage_interval_s=count("storage-interval", SessionLimits.storage_interval_s, 5, 3600),
     )
+    storage = table(data, "storage", "storage")
+    storage_shared = storage.get("shared", False)
+    if not isinstance(storage_shared, bool):
+        fail("storage.shared", "expected true (data-root is a shared mount such as NFS) or false (this node's disk)")
+    unknown = sorted(set(storage) - {"shared"})
+    if unknown:
+        fail(f"storage.{unknown[0]}", "unknown key (known: shared)")
     usage = table(data, "usage", "usage")
     usage_interval = usage.get("interval", 5)
     if isinstance(usage_interval, bool) or not isinstance(usage_interval, int) or not 1 <= usage_interval <= 300:
@@ -343,4 +359,5 @@ def load_agent_config(path: str | Path, *, default_broker: str = "", runtime: st
         gid=gid,
         sandbox=sandbox,
         limits=limits,
+        storage_shared=storage_shared,
     )

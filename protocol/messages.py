@@ -48,6 +48,7 @@ __all__ = [
     "MigBlock",
     "MigPlacement",
     "NodeName",
+    "NodeStorage",
     "ProjectRef",
     "RowId",
     "SessionId",
@@ -271,6 +272,29 @@ class ProjectRef:
     def decode(cls, value: Any) -> ProjectRef:
         m = _mapping(value, "project")
         return cls(id=_get(m, "project", "id", str), name=_get(m, "project", "name", str))
+
+
+@dataclass(frozen=True)
+class NodeStorage:
+    """Where a node keeps the data folders (`<data-root>/users/<user id>`, `<data-root>/projects/<id>`):
+    `shared` True when `data-root` is a shared mount (NFS, CephFS, …) that every node saying so
+    mounts at the same path with the same contents, False when it is the node's own disk
+    (agent.toml `[storage] shared`). Sent in the registration's inventory (`inventory["storage"]`);
+    an agent from before it sends none: local. As Backend.AI's vfolder host, one shared host per
+    cluster."""
+
+    shared: bool = False
+
+    def encode(self) -> dict[str, Any]:
+        return {"shared": self.shared}
+
+    @classmethod
+    def decode(cls, value: Any) -> NodeStorage:
+        """The storage of the inventory's `storage` (None: an older agent's, local). Raises Malformed."""
+        if value is None:
+            return cls()
+        m = _mapping(value, "node storage")
+        return cls(shared=_get(m, "node storage", "shared", bool, False))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 import protocol
-from protocol.messages import Heartbeat, LogBatch, Malformed, SessionReport
+from protocol.messages import Heartbeat, LogBatch, Malformed, NodeStorage, SessionReport
 from common.celery import TRANSIENT_ERRORS, agent_send  # noqa: F401 (agent_send: re-exported)
 from sessions.lifecycle.passes import SCHEDULE_PENDING_TASK, SCHEDULE_QUEUED_KEY, _redis, schedule_pending_soon
 
@@ -38,6 +38,17 @@ def manager_task(name: str):
 
 
 # --- manager side -------------------------------------------------------------------------
+
+
+def _storage(node: str, value) -> NodeStorage:
+    """The node's storage as its registration states it (protocol.messages.NodeStorage; none, from
+    an agent before it: local). A malformed one is logged and read as local: safe, since a local
+    node's sessions are told their folders are local to it."""
+    try:
+        return NodeStorage.decode(value)
+    except Malformed as exc:
+        log.warning("node %s reported malformed storage, read as local: %s", node, exc)
+        return NodeStorage()
 
 
 @manager_task(protocol.AGENT_REGISTER)
@@ -78,6 +89,7 @@ def agent_register(
         cpu_count=inventory.get("cpu_count"),
         memory_size=inventory.get("memory_size"),
         images=images,
+        shared_storage=_storage(node, inventory.get("storage")).shared,
     )
     try:
         node_links_apply(node=registered, links=inventory.get("links", []))

@@ -107,6 +107,7 @@ class NodeState:
     devices: tuple[DeviceState, ...] = ()
     links: tuple[topology.Link, ...] = ()  # between its devices, by device_id (topology.py)
     weights: tuple[Decimal, Decimal, Decimal] = (Decimal(1), Decimal(1), Decimal(1))  # memory, SMs, sessions
+    shared_storage: bool = False  # its data-root is the cluster's shared mount (NFS…): see storage_scope
 
 
 @dataclass(frozen=True)
@@ -728,6 +729,26 @@ def release_placement(node: NodeState, *, cpu: int, mem: int, grants: Iterable[D
             )
         devices.append(d)
     return replace(node, cpu_used=max(0, node.cpu_used - cpu), mem_used=max(0, node.mem_used - mem), devices=tuple(devices))
+
+
+def storage_scope(nodes: Sequence[NodeState]) -> list[NodeState]:
+    """The nodes of a scope (a resource group's alive, undrained nodes holding the image) that a
+    session may go to for its data folders: every session gets its owner's ~/data and project
+    folders (`<data-root>/users/<id>`, `<data-root>/projects/<id>`) wherever it runs.
+
+    The rule: when the scope holds more than one node and some of them have shared storage
+    (`NodeState.shared_storage`: agent.toml `[storage] shared = true`, NFS or alike), only those
+    are kept, so the folders are the same whichever of them the session lands on, as a Slurm user
+    expects of a home on NFS and as Backend.AI's scheduler keeps a session to the agents that
+    mount its vfolder host. Otherwise (one node, or none with shared storage) every node is kept,
+    and a session placed on a node without it is told that its folders are local to that node
+    (the launch preview, the session's page). A node with local storage beside shared ones takes
+    no session of that scope: put it in a resource group of its own to use it. Order is kept.
+    Pure: never mutates `nodes`."""
+    shared = [n for n in nodes if n.shared_storage]
+    if len(nodes) > 1 and shared:
+        return shared
+    return list(nodes)
 
 
 def check_ever_fits(

@@ -14,6 +14,7 @@ from accelerators.models import AllocationMode, Device
 from accelerators.selectors import fractional_settings_get, node_states, resource_group_get, slot_format_get
 from protocol.units import format_binary_size
 from sessions.scheduling import mig as mig_scheduling
+from sessions.policy.data_folders import folders_note_named
 from sessions.policy.images import image_for_launch
 from sessions.policy.quotas import claim_max_amount, quota_headroom
 from common.errors import ApplicationError
@@ -172,7 +173,9 @@ def launch_preview(*, resources: dict, image: str | None = None, owner=None) -> 
     the instance's memory and SMs). Requests with isolation "any" are previewed as the scheduler
     places them: a MIG instance where one can be had now, else a shared slice. `image`: the
     session image (a registered reference; None: the default), placed as the scheduler places
-    it: only on nodes holding it. Raises ApplicationError for a malformed request or image (the
+    it: only on nodes holding it. `storage_note`: "" or, placed on a node without shared
+    storage in a cluster of more than one node, the sentence saying its data folders are local
+    to that node (sessions.policy.data_folders). Raises ApplicationError for a malformed request or image (the
     same checks as session_create)."""
     request, _ = request_validate(resources=resources)
     session_image = image_for_launch(reference=image, slot=request.slot)
@@ -229,6 +232,7 @@ def launch_preview(*, resources: dict, image: str | None = None, owner=None) -> 
                     "shares": shares_text(str(grant.shares)),
                 }
             )
+    result["storage_note"] = folders_note_named(result["node"])
     return result
 
 

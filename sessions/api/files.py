@@ -63,6 +63,9 @@ ERRORS = {
     ),
     404: OpenApiResponse(ErrorSerializer, description="no such session (or not yours), or no such file"),
     409: OpenApiResponse(ErrorSerializer, description="the session is not RUNNING (`session-not-running`)"),
+    503: OpenApiResponse(
+        ErrorSerializer, description="the session's node is down (`node-down`; says whether its data folders are local to it)"
+    ),
     504: OpenApiResponse(ErrorSerializer, description="the session's agent did not answer (`files-timeout`)"),
 }
 

@@ -10,11 +10,13 @@ from django.core.exceptions import ObjectDoesNotExist
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from accelerators.models import Node
 from accelerators.selectors import SlotFormats
 from protocol.environment import limits_environment
 from common.api_support import ModelSerializer
 from protocol.channel import PREEMPT_SIGNALS, preempt_signal_name
 from sessions.models import Allocation, ComputeSession
+from sessions.policy.data_folders import folders_note_for
 from sessions.selectors import configuration_text, session_allocations, session_configuration_parts, session_gpu_instance
 from sessions.serving.session_apps import session_app_links
 
@@ -77,6 +79,7 @@ class SessionSerializer(ModelSerializer):
     terminal_url = serializers.SerializerMethodField()
     apps = serializers.SerializerMethodField()
     fraction_enforcement = serializers.SerializerMethodField()
+    data_folders_note = serializers.SerializerMethodField()
     environment = serializers.SerializerMethodField()
     preempt_at = serializers.DateTimeField(
         read_only=True, allow_null=True, help_text="under notice of preemption: when it will be stopped; else null"
@@ -124,6 +127,7 @@ class SessionSerializer(ModelSerializer):
             "terminal_url",
             "apps",
             "fraction_enforcement",
+            "data_folders_note",
             "version",
             "environment",
             "preemptible",
@@ -185,6 +189,17 @@ class SessionSerializer(ModelSerializer):
             return ""
         shared = any(a.memory < a.device.memory_size for a in session.allocation_list if a.released_at is None)
         return (session.node.attributes or {}).get("fraction_enforcement", "none") if shared else ""
+
+    def get_data_folders_note(self, session) -> str:
+        """Placed on a node without shared storage (agent.toml [storage]) in a cluster of several:
+        the sentence saying its ~/data and project folders are local to that node
+        (sessions.policy.data_folders.folders_note); "" otherwise. The node count is read once
+        per call of the serializer, and only for such a session."""
+        if session.node is None or session.node.shared_storage:
+            return ""
+        if "nodes_registered" not in self.context:
+            self.context["nodes_registered"] = Node.objects.count()  # type: ignore[index]  # stubs: a read-only Mapping; DRF's is the dict it was given
+        return folders_note_for(node=session.node, nodes_registered=self.context["nodes_registered"])
 
     @extend_schema_field(serializers.DictField(child=serializers.CharField()))
     def get_environment(self, session) -> dict[str, str]:
@@ -434,6 +449,11 @@ class PreviewSerializer(serializers.Serializer):
     devices = PreviewDeviceSerializer(many=True)
     mig = PreviewMigSerializer(
         allow_null=True, help_text="null unless a MIG instance would hold it now; then `devices` is its GPU (or static slice)"
+    )
+    storage_note = serializers.CharField(
+        allow_blank=True,
+        help_text="placed on a node without shared storage in a cluster of several: the sentence saying its ~/data and "
+        'project folders are local to that node (agent.toml [storage]); "" otherwise',
     )
 
 

@@ -33,6 +33,7 @@ from accelerators.models import AllocationMode
 from accelerators.selectors import (
     fractional_settings_get,
     node_states,
+    node_storage_mark,
     placement_options,
     placement_workload,
     resource_group_get,
@@ -286,8 +287,9 @@ def shape_prefix(slot: str, pure_settings: core.FractionalSettings | None) -> st
 
 @dataclass
 class PlacementScope:
-    """One scope's nodes (a resource group's alive nodes for one slot, those holding an image)
-    as the allocator sees them, with its placement options, a cluster index per unit system
+    """One scope's nodes (a resource group's alive nodes for one slot, those holding an image,
+    and of those the ones with shared storage where there are some: `core.storage_scope`) as the
+    allocator sees them, with its placement options, a cluster index per unit system
     (the slot's settings, or none) and the group's placed workload. The scheduler reads and
     locks each once per pass and keeps it current with each plan (`update`)."""
 
@@ -316,6 +318,7 @@ class PlacementScope:
         nodes = node_states(slot_name=slot, for_update=for_update, group=group, image=image)
         if latest:
             nodes = [latest.get(n.node_id, n) for n in nodes]
+        nodes = core.storage_scope(node_storage_mark(nodes))  # the data folders: shared storage where the scope has it
         return cls(
             group_name=request.resource_group,
             slot=slot,

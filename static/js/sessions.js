@@ -1296,6 +1296,8 @@
     var mig = data.mig || null;
     $("preview-mig").textContent = mig ? "Gets MIG " + mig.profile + ": " + mig.plan : "";
     $("preview-mig").hidden = !mig;
+    $("preview-storage").textContent = data.storage_note || "";  // its data folders are local to that node
+    $("preview-storage").hidden = !data.storage_note;
     var devices = Array.isArray(data.devices) ? data.devices : [];
     var body = $("preview-devices").tBodies[0];
     body.textContent = "";

@@ -88,8 +88,11 @@ class Command(BaseCommand):
                 raise CommandError(f"FGPU_AGENT_CONFIG: {exc}") from None
             return [
                 dataclasses.replace(
-                    c, scratch_root=settings.FGPU_SESSIONS_DIR / c.node_name, data_root=settings.DATA_DIR / "user-data"
-                )  # one, as NFS would be
+                    c,
+                    scratch_root=settings.FGPU_SESSIONS_DIR / c.node_name,
+                    data_root=settings.DATA_DIR / "user-data",
+                    storage_shared=True,
+                )  # one data-root for every embedded node, as NFS would be: shared storage ([storage] shared)
                 for c in configs
             ]
 
