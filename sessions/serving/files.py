@@ -35,6 +35,7 @@ from django.conf import settings
 from common.errors import ApplicationError
 from protocol import files as proto
 from protocol.channel import AgentLink, Refused, reply_prefix
+from accelerators.models import NodeStatus
 from sessions.lifecycle import events
 from sessions.models import ComputeSession, SessionStatus
 from sessions.policy.shares import shared_mounts, shared_path_check
@@ -82,6 +83,28 @@ def _check_running(session: ComputeSession) -> None:
         )
 
 
+def _check_node_up(session: ComputeSession) -> None:
+    """Raises ApplicationError 503 "node-down" when the session's node is LOST (no heartbeat within
+    the timeout): its files are reached only through its agent, and the answer says where its data
+    folders are (on the shared storage, or local to that node: Node.shared_storage, issue 37.3)
+    instead of letting the caller wait REPLY_WAIT_S for an agent that is not there."""
+    node = session.node
+    if node is None or node.status != NodeStatus.LOST:
+        return
+    since = f" since {node.last_heartbeat:%Y-%m-%d %H:%M:%S} UTC" if node.last_heartbeat else ""
+    where = (
+        "its data folders are on the shared storage and come back with any session on another node"
+        if node.shared_storage
+        else "its ~/data and project folders are local to that node (no shared storage) and come back with it"
+    )
+    raise ApplicationError(
+        f"node {node.name} is down (no heartbeat{since}): the session's files are reached only through its agent; {where}",
+        type="node-down",
+        title="Node down",
+        status=503,
+    )
+
+
 def _refusal(node: str, answer: dict | None, wait_s: float) -> ApplicationError:
     if answer is None:
         return ApplicationError(
@@ -125,10 +148,12 @@ class FilesCall:
 
 def _call(session: ComputeSession, *, parts: list[str], write: bool = False) -> FilesCall:
     """The session's FilesCall for the path of `parts`: three queries (the owner's projects, the
-    folders shared with them). Raises ApplicationError 409 session-not-running; under shared/,
+    folders shared with them). Raises ApplicationError 409 session-not-running, 503 node-down
+    (`_check_node_up`); under shared/,
     404 not-found (no such share: a revoked one is gone at once) and, for a `write`, 403
     read-only (a read-only share; sessions.policy.shares.shared_path_check)."""
     _check_running(session)
+    _check_node_up(session)
     shared = {m.name: m.encode() for m in shared_mounts(user_id=session.owner_id)}
     shared_path_check(mounts=shared, path_parts=parts, write=write)
     return FilesCall(
