@@ -8,21 +8,28 @@ from __future__ import annotations
 
 import os
 
-from celery.signals import beat_init, celeryd_after_setup, worker_init, worker_ready
-
-from common.celery import app
-from protocol import MANAGER_QUEUE, MANAGER_QUEUES
-
+# Before common.celery makes the app: Celery's Django fixup is chosen when the app is made, from this
+# variable; set after, `celery -A console worker` without it failed every task (AppRegistryNotReady).
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+
+from celery.signals import beat_init, celeryd_after_setup, worker_init, worker_ready  # noqa: E402
+
+from common.celery import app  # noqa: E402
+from protocol import MANAGER_QUEUE, MANAGER_QUEUES  # noqa: E402
 
 app.autodiscover_tasks(["sessions", "usage", "agent"])
 
 
 @worker_init.connect
-def worker_needs_secret_key(**kwargs):
-    """A worker (the manager) refuses to start without a SECRET_KEY of its own (common.secret_key)."""
+def worker_needs_secret_key(sender=None, **kwargs):
+    """A manager worker refuses to start without a SECRET_KEY of its own (common.secret_key). An
+    agent's embedded worker (`manage.py agent`: its queue agent.<node> only, no manager queue)
+    signs nothing and starts without one, as README says (compose's agent holds no key)."""
     from common.secret_key import require_secret_key
 
+    consumed = set(sender.app.amqp.queues.consume_from or ()) if sender is not None else set()
+    if consumed and consumed.isdisjoint(MANAGER_QUEUES):
+        return
     require_secret_key("manager")
 
 

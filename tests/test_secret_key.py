@@ -82,8 +82,10 @@ def test_the_agent_starts_without_a_key(tmp_path):
     proc = Proc("agent", [PYTHON, "manage.py", "agent", "--config", str(node_dir / "agent.toml")], env=env,
                 log_dir=tmp_path)
     try:
-        wait_until(lambda: "agent nokey started" in proc.output() or not proc.alive(), timeout=60,
-                   what="the agent to start")
+        # Its embedded Celery worker ready ("agent@nokey ready."): the worker's start, after the agent's,
+        # is where a manager's key check once stopped it (compose's agent, issue 37.5).
+        wait_until(lambda: "agent@nokey ready" in proc.output() or not proc.alive(), timeout=60,
+                   what="the agent's worker to be ready")
         assert proc.alive(), proc.output()
         assert "refusing to start" not in proc.output()
     finally:
