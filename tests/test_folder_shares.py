@@ -228,6 +228,13 @@ def test_a_read_only_share_is_read_but_not_written_through_the_api_nor_from_insi
         session=session, command="echo x > ~/shared/alice-data/mine.txt; rm -f ~/shared/alice-data/notes.txt", timeout=30
     )
     assert "Read-only file system" in written["stdout"] + written.get("stderr", ""), written
+    remounted = services.session_exec(  # the mount's read-only flag is locked: neither here nor in a new user namespace
+        session=session,
+        command='d=$(readlink -f ~/shared/alice-data); mount -o remount,bind,rw "$d"; '
+        "unshare -rm sh -c \"mount -o remount,bind,rw '$d' && touch '$d/mine.txt'\"; echo done",
+        timeout=30,
+    )
+    assert remounted["stdout"].rstrip().endswith("done") and "permission denied" in remounted["stderr"], remounted
     assert sorted(p.name for p in owners.iterdir()) == ["notes.txt"]
 
     # revoked: gone from the file API at once, whatever the running session mounted
