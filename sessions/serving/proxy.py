@@ -112,11 +112,19 @@ if TYPE_CHECKING:  # httpx is imported when an app is first proxied, not at the 
     import httpx
 
 _clients: dict[int, httpx.AsyncClient] = {}  # one per event loop (the web server runs one)
+# What httpcore asks the app's socket for at a time (bytes): asyncio's own recv size (its selector
+# transport's max_size), so a piece asyncio read is handed on whole. httpcore's 64 KiB made anyio
+# split each 256 KiB piece into four, copying the rest each time, and every piece costs both
+# HTTP/1.1 parsers (httpcore's and uvicorn's h11, pure Python) a pass: the download's bottleneck.
+READ_BYTES = 256 * 1024
 
 
 def _client() -> httpx.AsyncClient:
+    import httpcore
     import httpx
 
+    if httpcore.AsyncHTTP11Connection.READ_NUM_BYTES < READ_BYTES:  # class-wide: httpx offers no setting for it
+        httpcore.AsyncHTTP11Connection.READ_NUM_BYTES = READ_BYTES
     loop = id(asyncio.get_running_loop())
     client = _clients.get(loop)
     if client is None:  # no environment proxies: apps are reached directly; no read timeout: streams may idle
