@@ -5,9 +5,10 @@ Transport: `pty.files` messages to the session's `pty.<node>.<id>` group (which 
 each answered on a reply channel (agent.files; message shapes in protocol.files), as exec is. So
 it works wherever the terminal does: web processes and agents on different hosts share only the
 channel layer (Redis), no address of the node is needed. File bytes travel in chunks of at most
-CHUNK_BYTES (256 KiB), one request and one answer at a time: an upload is read from the request
-body chunk by chunk (Django's ASGI handler holds it in a temporary file) and a download is streamed to the
-client as the agent answers, so a web process holds one chunk per transfer in memory.
+CHUNK_BYTES (256 KiB): an upload is read from the request body chunk by chunk, one request and
+one answer at a time (Django's ASGI handler holds it in a temporary file), and a download is streamed
+to the client as the agent answers, READ_AHEAD (4) reads asked for at once, so a web process holds
+one chunk per upload and at most four per download in memory.
 
 Each service checks the path and the session and reads what it needs of the database (the
 owner's projects) in sync code, then returns the wait: a coroutine function that talks to the
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -41,6 +43,7 @@ from sessions.models import ComputeSession, SessionStatus
 from sessions.policy.shares import shared_mounts, shared_path_check
 
 log = logging.getLogger(__name__)
+READ_AHEAD = 4  # a download's reads asked for at once: at most READ_AHEAD × CHUNK_BYTES (1 MiB) held per transfer
 
 REPLY_WAIT_S = 30  # how long the web waits for the agent's answer to one op
 BEGIN_WAIT_S = 120  # an upload's start measures the folder against the cap: it may take longer
@@ -343,25 +346,45 @@ def session_file_download(*, session: ComputeSession, path: str) -> Wait[tuple[s
         first = await _Link(call).ask("read", path=path, offset=0, length=proto.CHUNK_BYTES)
         # the rest on a reply channel of its own: under a sync caller (the test client) it is
         # read on another loop than this wait's
-        return parts[-1], int(first["size"]), _chunks(_Link(call), path, first)
+        return parts[-1], int(first["size"]), _chunks(call, path, first)
 
     return wait
 
 
-async def _chunks(link: _Link, path: str, first: dict):
-    size, data = int(first["size"]), bytes(first["data"])
-    sent = 0
-    while True:
-        data = data[: size - sent]
-        if data:
-            yield data
-            sent += len(data)
-        if sent >= size or not data:
-            return
-        try:
-            data = bytes((await link.ask("read", path=path, offset=sent, length=proto.CHUNK_BYTES))["data"])
-        except ApplicationError as exc:
-            log.warning(
-                "download of %r from session %s stopped at %d of %d bytes: %s", path, link.call.session_id, sent, size, exc.detail
-            )
-            return
+async def _chunks(call: FilesCall, path: str, first: dict):
+    """The download's chunks after `first`, READ_AHEAD reads asked for at once (each on a reply
+    channel of its own, so each answer is its own) while the client takes the chunk before: one
+    read at a time left the agent idle for every round trip through the channel layer. A read
+    that answers fewer bytes than asked (the file shrank) ends the download there."""
+    size = int(first["size"])
+    data = bytes(first["data"])[:size]
+    links = [_Link(call) for _ in range(READ_AHEAD)]
+    asked: deque[tuple[int, asyncio.Task]] = deque()  # (bytes expected, the read), in file order
+    following, sent, turn = len(data), 0, 0  # the next offset to ask for, bytes given, reads asked
+    try:
+        while True:
+            while data and len(asked) < READ_AHEAD and following < size:
+                length = min(proto.CHUNK_BYTES, size - following)
+                read = links[turn % READ_AHEAD].ask("read", path=path, offset=following, length=proto.CHUNK_BYTES)
+                asked.append((length, asyncio.ensure_future(read)))
+                following, turn = following + length, turn + 1
+            if data:
+                yield data
+                sent += len(data)
+            if sent >= size or not asked:
+                return
+            expected, read = asked.popleft()
+            try:
+                data = bytes((await read)["data"])[:expected]
+            except ApplicationError as exc:
+                log.warning(
+                    "download of %r from session %s stopped at %d of %d bytes: %s", path, call.session_id, sent, size, exc.detail
+                )
+                return
+            if len(data) < expected:  # the rest of the reads asked for are dropped (finally)
+                if data:
+                    yield data
+                return
+    finally:
+        for _, read in asked:
+            read.cancel()
