@@ -9,8 +9,9 @@ session's owner and administrators only.
   app-origin cookie and sends the browser on to the app (without the ticket in its address).
   The apps origin serves nothing else (404), and the console refuses requests its pages send
   (`Origin` the apps origin: 403, websockets closed 4403): `OriginRouter`.
-- Who: the app-origin cookie's grant, re-checked on every request (its user active and still the
-  session's owner or an administrator). Without one: 401 (websockets are closed, 4401); another
+- Who: the app-origin cookie's grant, re-checked on every request, or taken as this process found
+  it less than CHECK_TTL_S (1 s) before (`_check`): its user active and still the session's owner
+  or an administrator, the session RUNNING. Without one: 401 (websockets are closed, 4401); another
   user's session or an app its image does not declare: 404, as everywhere (ids do not leak).
 - What goes upstream: the request as the browser sent it, to where the session's agent says
   the app listens, with `Authorization: token <the app's token>` (random per start, set by the
