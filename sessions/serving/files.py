@@ -365,17 +365,17 @@ async def _chunks(call: FilesCall, path: str, first: dict):
         while True:
             while data and len(asked) < READ_AHEAD and following < size:
                 length = min(proto.CHUNK_BYTES, size - following)
-                read = links[turn % READ_AHEAD].ask("read", path=path, offset=following, length=proto.CHUNK_BYTES)
-                asked.append((length, asyncio.ensure_future(read)))
+                asking = links[turn % READ_AHEAD].ask("read", path=path, offset=following, length=proto.CHUNK_BYTES)
+                asked.append((length, asyncio.ensure_future(asking)))
                 following, turn = following + length, turn + 1
             if data:
                 yield data
                 sent += len(data)
             if sent >= size or not asked:
                 return
-            expected, read = asked.popleft()
+            expected, reading = asked.popleft()
             try:
-                data = bytes((await read)["data"])[:expected]
+                data = bytes((await reading)["data"])[:expected]
             except ApplicationError as exc:
                 log.warning(
                     "download of %r from session %s stopped at %d of %d bytes: %s", path, call.session_id, sent, size, exc.detail
@@ -386,5 +386,5 @@ async def _chunks(call: FilesCall, path: str, first: dict):
                     yield data
                 return
     finally:
-        for _, read in asked:
-            read.cancel()
+        for _, reading in asked:
+            reading.cancel()
