@@ -106,7 +106,8 @@
     $("session-reason").hidden = !reason;
     $("session-configuration").textContent = session.configuration || "—";
     $("session-node").textContent = session.node || "—";
-    $("session-folders").textContent = session.data_folders_note || "";  // local to its node (agent.toml [storage])
+    $("session-folders").textContent = "local to node " + session.node + ": other nodes see other folders";  // agent.toml [storage]
+    $("session-folders").title = session.data_folders_note || "";  // the whole sentence
     $("session-folders-item").hidden = !session.data_folders_note;
     $("session-devices").textContent = (session.allocations || []).map(function (a) {
       return "GPU " + a.device_index + " · " + a.model_name;
