@@ -54,9 +54,14 @@ def on(node: str, owner, name: str, **fields) -> ComputeSession:
 
 
 def test_no_new_session_is_placed_on_a_draining_node_by_the_pass_the_preview_or_either_read(two_nodes, alice):
+    from accelerators.cluster_view import cluster_view
+
+    assert [n.node_id for n in node_states(slot_name="cuda")] == ["n1", "n2"]  # the kept view, read in full
+    reads = cluster_view().reads
     node_drain(node_name="n1", reason="driver upgrade")
 
-    assert [n.node_id for n in node_states(slot_name="cuda")] == ["n2"]  # the kept view (PostgreSQL)
+    assert [n.node_id for n in node_states(slot_name="cuda")] == ["n2"]  # the kept view (PostgreSQL), from the change log
+    assert cluster_view().reads == reads  # the trigger logged the drain: no full read again
     assert [n.node_id for n in node_states(slot_name="cuda", kept=False)] == ["n2"]  # the database's read
     first = session_create(owner=alice, name="first", resources=WHOLE)
     schedule_pending()
