@@ -96,6 +96,7 @@ def standalone(sessions: int, work: Path) -> dict:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
     env.update(FGPU_DATA_DIR=str(work / "data"), FGPU_ADMIN_PASSWORD=PASSWORD, PORT=str(port), PYTHONUNBUFFERED="1")
+    env.setdefault("FGPU_RUNTIME", "process")  # standalone picks docker where Docker Engine runs: the process runtime, as before
     log = open(work / "standalone.log", "w")
     server = subprocess.Popen(
         [sys.executable, "manage.py", "standalone"],
