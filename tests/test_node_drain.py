@@ -263,3 +263,19 @@ def test_a_user_without_the_admin_cannot_post_the_node_pages_drain(two_nodes, st
     n1 = Node.objects.get(name="n1")
     assert browser.post(f"/admin/accelerators/node/{n1.pk}/drain/drain/").status_code == 403
     assert Node.objects.get(name="n1").drain_since is None
+
+
+def test_a_session_that_starts_running_on_an_evicting_node_gets_its_notice_at_the_next_pass(two_nodes, alice):
+    node_drain(node_name="n2")
+    starting = session_create(owner=alice, name="starting", resources=WHOLE, command="sleep 1000")
+    schedule_pending()
+    node_undrain(node_name="n2")
+    assert fresh(starting).status == SessionStatus.SCHEDULED and fresh(starting).node.name == "n1"
+
+    node_drain(node_name="n1", evict=True)
+    schedule_pending()
+    assert fresh(starting).preempt_at is None  # not running yet: nothing to warn
+
+    make_running(starting)
+    schedule_pending()
+    assert fresh(starting).preempt_at is not None and fresh(starting).status_reason.startswith("to be evicted at ")
