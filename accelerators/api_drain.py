@@ -12,9 +12,9 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 
-from accelerators.api import ErrorSerializer  # the API's one error shape, as the nodes' other views name it
 from accelerators.drain import MAX_REASON_CHARS, DrainState, node_drain, node_undrain
 from accelerators.models import Node
+from common.api_support import ErrorSerializer
 
 
 class DrainRequestSerializer(serializers.Serializer):
