@@ -143,6 +143,7 @@ class NodeSerializer(ModelSerializer):
             "plugins",
             "attributes",
             "images",
+            "shared_storage",
             "resource_group",
             "device_split_count",
             "memory_scaling",

@@ -186,3 +186,9 @@ def test_files_of_a_session_on_a_down_node_answer_503_at_once_saying_where_its_f
 
     assert body["type"] == "node-down", body
     assert f"node {session.node.name} is down" in body["detail"] and said in body["detail"], body
+
+
+def test_the_nodes_api_says_which_nodes_have_shared_storage(mixed, alice):
+    nodes = client_for(alice).get("/api/v1/nodes/").json()
+    rows = nodes["results"] if isinstance(nodes, dict) else nodes
+    assert {n["name"]: n["shared_storage"] for n in rows} == {"n1": True, "n2": False}
