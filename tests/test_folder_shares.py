@@ -83,6 +83,21 @@ def test_only_administrators_share_a_projects_folder_and_members_do_not_get_it_t
     assert shares.shared_mounts(user_id=carol.pk) == []
 
 
+def test_a_scheduler_flush_reads_everyones_shares_at_once_as_each_alone(alice, bob, team, staff, django_assert_num_queries):
+    project, carol = team
+    shares.folder_share_set(actor=alice, folder="data", project="team", permission="ro")
+    shares.folder_share_set(actor=alice, folder="data", user="bob", permission="rw")
+    shares.folder_share_set(actor=staff, folder="projects/team", user="alice")
+    users = [alice.pk, bob.pk, carol.pk, staff.pk]
+    alone = {user_id: shares.shared_mounts(user_id=user_id) for user_id in users}
+
+    with django_assert_num_queries(2):
+        assert shares.shared_mounts_by_user(users) == alone
+    with django_assert_num_queries(2):  # the flush's own read of everyone's projects, then the shares
+        assert shares.shared_mounts_by_user(users, projects=owner_projects(users)) == alone
+    assert [m.name for m in alone[carol.pk]] == ["alice-data"] and alone[staff.pk] == []
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

@@ -21,7 +21,7 @@ from protocol.messages import (
     UserId,
 )
 from sessions.models import Allocation, ComputeSession, Project
-from sessions.policy.shares import shared_mounts
+from sessions.policy.shares import SharedMount, shared_mounts
 
 
 def owner_projects(owner_ids) -> dict[int, list[dict]]:
@@ -39,25 +39,37 @@ def owner_projects(owner_ids) -> dict[int, list[dict]]:
 
 
 def session_start_spec(
-    session: ComputeSession, allocations: list[Allocation], *, projects: list[dict] | None = None
+    session: ComputeSession,
+    allocations: list[Allocation],
+    *,
+    projects: list[dict] | None = None,
+    shared: list[SharedMount] | None = None,
 ) -> dict[str, Any]:
     """What the agent needs to start the session: `session_start_message`'s, encoded (JSON-safe)."""
-    return session_start_message(session, allocations, projects=projects).encode()
+    return session_start_message(session, allocations, projects=projects, shared=shared).encode()
 
 
 def session_start_message(
-    session: ComputeSession, allocations: list[Allocation], *, projects: list[dict] | None = None, mig: MigBlock | None = None
+    session: ComputeSession,
+    allocations: list[Allocation],
+    *,
+    projects: list[dict] | None = None,
+    mig: MigBlock | None = None,
+    shared: list[SharedMount] | None = None,
 ) -> StartSpec:
     """The start spec of `session` on its `allocations` (protocol.messages.StartSpec: sizes in
     bytes, procs in SMs), with MIG block `mig` (`mig_block`) where it gets a GPU instance.
     `image`: the session image's reference ("" for a session from before images: the docker
     runtime then takes agent.toml's `default-image`); `shell`: the image's interactive shell
     ("": the runtime's). `projects`: the owner's projects (`owner_projects`; None: read now),
-    whose persistent folders the session gets as ~/projects/<name>; the folders shared with the
-    owner now (sessions.policy.shares.shared_mounts: two queries) it gets at ~/shared/<name>."""
+    whose persistent folders the session gets as ~/projects/<name>; `shared`: the folders shared
+    with the owner (sessions.policy.shares.shared_mounts_by_user; None: read now, two queries),
+    which it gets at ~/shared/<name>."""
     image = session.image if session.image_id else None
     if projects is None:
         projects = owner_projects([session.owner_id]).get(session.owner_id, [])
+    if shared is None:
+        shared = shared_mounts(user_id=session.owner_id)
     return StartSpec(
         session_id=SessionId(str(session.pk)),
         image=image.reference if image else "",
@@ -67,10 +79,7 @@ def session_start_message(
         owner_id=UserId(session.owner_id),  # names the owner's persistent folder on the node (agent.files)
         owner_is_staff=session.owner.is_staff,  # an administrator's session may run unconfined (agent.sandbox)
         projects=tuple(ProjectRef(id=p["id"], name=p["name"]) for p in projects),
-        shared=tuple(
-            SharedFolderRef(name=m.name, kind=m.kind, id=m.id, read_only=m.read_only)
-            for m in shared_mounts(user_id=session.owner_id)
-        ),
+        shared=tuple(SharedFolderRef(name=m.name, kind=m.kind, id=m.id, read_only=m.read_only) for m in shared),
         command=session.command,
         cpu=session.cpu,
         mem=session.mem,

@@ -20,6 +20,7 @@ ends: the node cannot take a bind mount out of a sandbox without stopping what r
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
@@ -146,22 +147,45 @@ def folder_share_revoke(*, actor, share_id) -> None:
 
 def shared_mounts(*, user_id: int) -> list[SharedMount]:
     """The folders shared with user `user_id` (module docstring), by name (two queries)."""
-    member_of = set(Project.members.through.objects.filter(user_id=user_id).values_list("project_id", flat=True))
-    shares = (
-        FolderShare.objects.filter(Q(user_id=user_id) | Q(to_project_id__in=member_of))
-        .exclude(owner_id=user_id)
-        .exclude(project_id__in=member_of)
-        .select_related("owner", "project")
+    return shared_mounts_by_user([user_id])[user_id]
+
+
+def shared_mounts_by_user(user_ids, *, projects: dict[int, list[dict]] | None = None) -> dict[int, list[SharedMount]]:
+    """user id → `shared_mounts` of each of `user_ids` (two queries, however many: a scheduler
+    pass starts many sessions at once; one where `projects` gives each one's projects already:
+    sessions.lifecycle.start_spec.owner_projects' {user id: [{"id", "name"}]})."""
+    wanted = set(user_ids)
+    if not wanted:
+        return {}
+    member_of: dict[int, set] = {user_id: set() for user_id in wanted}
+    if projects is not None:
+        for user_id in wanted:
+            member_of[user_id] = {uuid.UUID(str(p["id"])) for p in projects.get(user_id, [])}
+    else:
+        links = Project.members.through.objects.filter(user_id__in=wanted).values_list("user_id", "project_id")
+        for user_id, project_id in links:
+            member_of[user_id].add(project_id)
+    any_project = set().union(*member_of.values())
+    shares = list(
+        FolderShare.objects.filter(Q(user_id__in=wanted) | Q(to_project_id__in=any_project)).select_related("owner", "project")
     )
-    mounts: dict[str, SharedMount] = {}
-    for share in shares:
-        name = share_name(owner=share.owner, project=share.project)
-        kind, folder_id = ("user", str(share.owner_id)) if share.owner_id else ("project", str(share.project_id))
-        read_only = share.permission == SharePermission.READ_ONLY
-        if name in mounts:
-            read_only = read_only and mounts[name].read_only  # any "rw" share makes it writable
-        mounts[name] = SharedMount(name=name, kind=kind, id=folder_id, read_only=read_only)
-    return [mounts[name] for name in sorted(mounts)]
+    found: dict[int, list[SharedMount]] = {}
+    for user_id in wanted:
+        mine = member_of[user_id]
+        mounts: dict[str, SharedMount] = {}
+        for share in shares:
+            if not (share.user_id == user_id or share.to_project_id in mine):
+                continue
+            if share.owner_id == user_id or share.project_id in mine:
+                continue  # their own ~/data, or their project's: theirs read-write already
+            name = share_name(owner=share.owner, project=share.project)
+            kind, folder_id = ("user", str(share.owner_id)) if share.owner_id else ("project", str(share.project_id))
+            read_only = share.permission == SharePermission.READ_ONLY
+            if name in mounts:
+                read_only = read_only and mounts[name].read_only  # any "rw" share makes it writable
+            mounts[name] = SharedMount(name=name, kind=kind, id=folder_id, read_only=read_only)
+        found[user_id] = [mounts[name] for name in sorted(mounts)]
+    return found
 
 
 def shared_path_check(*, mounts: dict[str, dict], path_parts: list[str], write: bool) -> None:

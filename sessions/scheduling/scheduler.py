@@ -58,6 +58,7 @@ from sessions.scheduling.placement import (
     shape_prefix,
 )
 from sessions.lifecycle.start_spec import owner_projects, session_start_spec
+from sessions.policy.shares import shared_mounts_by_user
 
 log = logging.getLogger(__name__)
 
@@ -301,9 +302,12 @@ class _PassWrites:
         self.seconds += time.monotonic() - began
 
     def _flush(self) -> None:
-        specs = self._write_mig() if self.placed_mig else {}
+        owners = {session.owner_id for session, _ in [*self.placed_mig, *self.placed]}
+        projects = owner_projects(owners) if owners else {}  # one query a flush
+        shared = shared_mounts_by_user(owners, projects=projects)  # the folders shared with them: one more
+        specs = self._write_mig(projects, shared) if self.placed_mig else {}
         if self.placed:
-            specs.update(self._write_placements())
+            specs.update(self._write_placements(projects, shared))
         self.starts.extend(specs[session.pk] for session in self.queued)
         self.queued.clear()
         by_fields: dict = {}
@@ -316,20 +320,22 @@ class _PassWrites:
             ComputeSession.objects.bulk_update(sessions, fields, batch_size=500)
         self.dirty.clear()
 
-    def _write_mig(self) -> dict:
+    def _write_mig(self, projects: dict, shared: dict) -> dict:
         """The MIG choices' rows, in placement order, and each session's reason. Returns
         {session pk: (node name, its start spec with the `mig` block)}."""
         specs = {}
         for session, choice in self.placed_mig:
             allocation, block, session.status_reason = mig_scheduling.mig_rows_write(session=session, choice=choice)
-            spec = session_start_spec(session, [allocation])
+            spec = session_start_spec(
+                session, [allocation], projects=projects.get(session.owner_id, []), shared=shared[session.owner_id]
+            )
             if block is not None:
                 spec["mig"] = block
             specs[session.pk] = (choice.node.name, spec)
         self.placed_mig.clear()
         return specs
 
-    def _write_placements(self) -> dict:
+    def _write_placements(self, projects: dict, shared: dict) -> dict:
         """The allocator's plans as Allocation rows and each session's node. Returns {session
         pk: (node name, its agent's start spec)}."""
         device_ids = {g.device_id for _, placement in self.placed for g in placement.grants}
@@ -338,7 +344,6 @@ class _PassWrites:
         nodes = {n.name: n for n in Node.objects.filter(name__in=bare)} if bare else {}
         rows: list[Allocation] = []
         specs = {}
-        projects = owner_projects({session.owner_id for session, _ in self.placed})  # one query a pass
         for session, placement in self.placed:
             mine = [
                 Allocation(session=session, device=devices[g.device_id], shares=g.shares, memory=g.memory, procs=g.procs)
@@ -348,7 +353,7 @@ class _PassWrites:
             rows += mine
             specs[session.pk] = (
                 placement.node_id,
-                session_start_spec(session, mine, projects=projects.get(session.owner_id, [])),
+                session_start_spec(session, mine, projects=projects.get(session.owner_id, []), shared=shared[session.owner_id]),
             )
         Allocation.objects.bulk_create(rows, batch_size=1000)
         self.placed.clear()
