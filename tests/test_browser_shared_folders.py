@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import wait_until
 from tests.test_browser import ADMIN_PASSWORD, TIMEOUT_MS, screenshot_dir, terminal_lines
 from tests import test_browser, test_browser_workloads
+from tests.test_browser_contrast import axe_violations
 from tests.test_browser_workloads import BOB_PASSWORD, log_in, new_page, wait_status
 
 pytestmark = pytest.mark.browser
@@ -60,6 +61,7 @@ def test_a_folder_shared_read_only_is_seen_by_both_users_and_written_by_neither_
     expect(share.locator("button")).to_have_text("Revoke")
     owner.locator("#files-sharing").scroll_into_view_if_needed()
     owner.screenshot(path=str(shots / "session-shared-owner.png"), animations="disabled")
+    assert axe_violations(owner, strict=True) == []  # the panel open, its Sharing part and a share listed
 
     # The recipient: a new session mounts it at ~/shared/admin-data, read-only.
     bobs = bob.call("POST", "/api/v1/sessions/", {"name": "reader", "resources": {"cuda.shares": "0.5", "mem": "64M"}})[1]
@@ -78,6 +80,10 @@ def test_a_folder_shared_read_only_is_seen_by_both_users_and_written_by_neither_
     expect(row.locator("button.files-delete")).to_have_count(0)
     expect(reader.locator("#files-upload")).to_be_disabled()
     reader.screenshot(path=str(shots / "session-shared-recipient.png"), animations="disabled")
+    reader.emulate_media(color_scheme="dark")
+    assert axe_violations(reader, strict=True) == []  # read-only tags and the disabled upload, dark
+    reader.screenshot(path=str(shots / "session-shared-recipient-dark.png"), animations="disabled")
+    reader.emulate_media(color_scheme="light")
 
     reader.locator("#terminal").click()
     reader.keyboard.type("cat ~/shared/admin-data/results.csv; touch ~/shared/admin-data/mine")
