@@ -192,3 +192,21 @@ def test_the_nodes_api_says_which_nodes_have_shared_storage(mixed, alice):
     nodes = client_for(alice).get("/api/v1/nodes/").json()
     rows = nodes["results"] if isinstance(nodes, dict) else nodes
     assert {n["name"]: n["shared_storage"] for n in rows} == {"n1": True, "n2": False}
+
+
+@pytest.mark.parametrize("shared", ["mig-a", "mig-b"])
+def test_mig_sessions_follow_the_same_rule(db, alice, shared):
+    from accelerators.models import MigMode
+    from tests.seed import GiB
+
+    h100 = {"memory": 80 * GiB, "sms": 132, "model": "H100-80GB"}
+    make_cluster(nodes={"mig-a": [mock_gpu(0, node=0, **h100)], "mig-b": [mock_gpu(0, node=1, **h100)]})
+    Node.objects.update(mig_mode=MigMode.DYNAMIC)
+    Node.objects.filter(name=shared).update(shared_storage=True)
+    mig = {"mig_profile": "1g.10gb", "mem": "64M"}
+
+    preview = launch_preview(resources=mig, owner=alice)
+    assert (preview["node"], preview["mig"] is not None, preview["storage_note"]) == (shared, True, ""), preview
+    session = session_create(owner=alice, name="mig", resources=mig)
+    schedule_pending()
+    assert fresh(session).node.name == shared

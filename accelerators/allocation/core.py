@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_DOWN, Decimal
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from accelerators.allocation.packing import PackingPlan, plan_ranks
 from protocol.units import amount_text, format_binary_size
 
 CENT = Decimal("0.01")
+T = TypeVar("T")
 ZERO = Decimal(0)
 
 Strategy = Literal["evenly", "fill"]
@@ -731,7 +732,11 @@ def release_placement(node: NodeState, *, cpu: int, mem: int, grants: Iterable[D
     return replace(node, cpu_used=max(0, node.cpu_used - cpu), mem_used=max(0, node.mem_used - mem), devices=tuple(devices))
 
 
-def storage_scope(nodes: Sequence[NodeState]) -> list[NodeState]:
+def _has_shared_storage(node: Any) -> bool:
+    return bool(node.shared_storage)
+
+
+def storage_scope(nodes: Sequence[T], shared: Callable[[T], bool] = _has_shared_storage) -> list[T]:
     """The nodes of a scope (a resource group's alive, undrained nodes holding the image) that a
     session may go to for its data folders: every session gets its owner's ~/data and project
     folders (`<data-root>/users/<id>`, `<data-root>/projects/<id>`) wherever it runs.
@@ -744,10 +749,11 @@ def storage_scope(nodes: Sequence[NodeState]) -> list[NodeState]:
     and a session placed on a node without it is told that its folders are local to that node
     (the launch preview, the session's page). A node with local storage beside shared ones takes
     no session of that scope: put it in a resource group of its own to use it. Order is kept.
-    Pure: never mutates `nodes`."""
-    shared = [n for n in nodes if n.shared_storage]
-    if len(nodes) > 1 and shared:
-        return shared
+    `shared`: whether an item has shared storage (default: a NodeState's `shared_storage`; the MIG
+    scope passes its rooms'). Pure: never mutates `nodes`."""
+    kept = [n for n in nodes if shared(n)]
+    if len(nodes) > 1 and kept:
+        return kept
     return list(nodes)
 
 

@@ -46,7 +46,7 @@ from typing import NamedTuple
 
 from django.utils import timezone
 
-from accelerators.allocation import mig
+from accelerators.allocation import core, mig
 from accelerators.allocation.errors import AllocationError, InsufficientResource, InvalidResourceRequest, NeverSchedulable
 from accelerators.allocation.mig import MigResourceRequest
 from protocol.units import format_binary_size
@@ -248,6 +248,7 @@ def mig_scope_read(*, resource_group: str, image: str = "", lock: bool = False) 
                 },
             )
         )
+    rooms = core.storage_scope(rooms, shared=lambda r: r.node.shared_storage)  # the data folders' rule, as for shared slices
     return MigScope(rooms=rooms, every=every, image=image)
 
 
