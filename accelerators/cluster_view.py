@@ -60,6 +60,7 @@ class NodeEntry:
     name: str
     status: str
     draining: bool
+    shared_storage: bool  # its data-root is the cluster's shared mount (core.storage_scope)
     group_id: int | None
     images: frozenset[str]
     pulls_images: bool
@@ -86,6 +87,7 @@ class NodeEntry:
             devices=devices,
             links=self.links.get(slot_name, ()),
             weights=self.weights,
+            shared_storage=self.shared_storage,
         )
 
     def runs_image(self, reference: str) -> bool:
@@ -141,7 +143,12 @@ class ClusterView:
             if self.horizon is None or now - self.read_at > STALE_SECONDS:
                 return self._read_all(now)
             kept_own: _Own = getattr(_OWN, "own", None) or _Own()
-            xmin, own, changes = _changes_since(self.horizon, own_after=kept_own.last_id)
+            xmin, own, changes, own_seen = _changes_since(self.horizon, own_after=kept_own.last_id)
+            if own is not None and kept_own.txid == own and own_seen != (kept_own.rows, kept_own.id_sum):
+                # A savepoint of this transaction rolled back some of its own rows (a nested atomic
+                # block that failed): what it kept of its own nodes may show writes that are gone.
+                kept_own = _Own()
+                xmin, own, changes, own_seen = _changes_since(self.horizon, own_after=0)
             fresh = [(i, node, txid) for i, node, txid in changes if i not in self.seen]
             if any(node is None for _, node, _ in fresh):  # a resource group changed: weights of many nodes
                 return self._read_all(now)
@@ -154,7 +161,10 @@ class ClusterView:
             self.horizon, self.read_at = xmin, now
             if own is None or kept_own.txid != own:
                 kept_own = _Own(txid=own, last_id=kept_own.last_id)
-            kept_own.last_id = max([kept_own.last_id, *(i for i, _, txid in fresh if txid == own)])
+            own_ids = [i for i, _, txid in fresh if own is not None and txid == own]
+            kept_own.last_id = max([kept_own.last_id, *own_ids])
+            kept_own.rows += len(own_ids)
+            kept_own.id_sum += sum(own_ids)
             # Never into the kept view: the nodes this transaction wrote, now or earlier in it.
             shared = (theirs | self.suspect) - mine - kept_own.entries.keys()
             if shared:
@@ -179,7 +189,7 @@ class ClusterView:
             return Snapshot(entries=overlay, version=-1, overlay=True)
 
     def _read_all(self, now: float) -> Snapshot:
-        xmin, own, changes = _changes_since(None)
+        xmin, own, changes, _ = _changes_since(None)
         mine = {node for _, node, txid in changes if own is not None and txid == own}
         if None in mine:  # a resource group changed in this very transaction: read for this caller only
             return Snapshot(entries=_read_nodes(None), version=-1, overlay=True)
@@ -191,7 +201,13 @@ class ClusterView:
         self.seen = {i: txid for i, _, txid in changes if (own is None or txid != own) and txid >= xmin}
         self.horizon, self.read_at, self.suspect = xmin, now, mine_nodes
         own_ids = [i for i, _, txid in changes if txid == own]
-        _OWN.own = _Own(txid=own, last_id=max(own_ids, default=0), entries={pk: read.get(pk) for pk in mine_nodes})
+        _OWN.own = _Own(
+            txid=own,
+            last_id=max(own_ids, default=0),
+            rows=len(own_ids),
+            id_sum=sum(own_ids),
+            entries={pk: read.get(pk) for pk in mine_nodes},
+        )
         if not mine:
             return Snapshot(entries=self.entries, version=self.version)
         return Snapshot(entries=read, version=-1, overlay=True)
@@ -229,35 +245,44 @@ class ClusterView:
 class _Own:
     """What one thread's current transaction wrote itself, as it sees it: its transaction id,
     the last of its own log rows read (its rows come in id order: later rows of its own, and
-    any row of a later transaction of this thread, have larger ids) and its nodes so read
-    (None: deleted). Never part of the kept view."""
+    any row of a later transaction of this thread, have larger ids), how many of its rows up to
+    it were read and their ids' sum (a savepoint's rollback that took some away is seen as a
+    change of either: log ids are never reused), and its nodes so read (None: deleted). Never
+    part of the kept view."""
 
     txid: int | None = None
     last_id: int = 0
+    rows: int = 0
+    id_sum: int = 0
     entries: dict[str, NodeEntry | None] = field(default_factory=dict)
 
 
 _OWN = threading.local()
 
 
-def _changes_since(horizon: int | None, own_after: int = 0) -> tuple[int, int | None, list[tuple[int, str | None, int]]]:
-    """(xmin, own txid or None, [(row id, node pk or None, txid)]) of the log rows with txid ≥
-    `horizon` (None: ≥ the snapshot's xmin, those a full read needs to know), but not the rows
-    of the caller's own transaction up to id `own_after` (read already), in one statement: one
-    snapshot."""
+def _changes_since(
+    horizon: int | None, own_after: int = 0
+) -> tuple[int, int | None, list[tuple[int, str | None, int]], tuple[int, int]]:
+    """(xmin, own txid or None, [(row id, node pk or None, txid)], (count, id sum)) of the log
+    rows with txid ≥ `horizon` (None: ≥ the snapshot's xmin, those a full read needs to know),
+    but not the rows of the caller's own transaction up to id `own_after` (read already), whose
+    count and ids' sum come last; in one statement: one snapshot."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT s.xmin, s.own, l.id, l.node_id, l.txid::text::bigint FROM (SELECT "
+            "SELECT s.xmin, s.own, s.own_rows, s.own_sum, l.id, l.node_id, l.txid::text::bigint FROM (SELECT "
             "pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin, "
-            "pg_current_xact_id_if_assigned()::text::bigint AS own) s "
+            "pg_current_xact_id_if_assigned()::text::bigint AS own, o.own_rows, o.own_sum FROM (SELECT "
+            "count(*) AS own_rows, COALESCE(sum(id), 0)::bigint AS own_sum FROM accelerators_clusterchange "
+            "WHERE txid = pg_current_xact_id_if_assigned() AND id <= %s) o) s "
             "LEFT JOIN accelerators_clusterchange l "
             "ON l.txid >= COALESCE(%s::text::xid8, pg_snapshot_xmin(pg_current_snapshot())) "
             "AND NOT (l.txid IS NOT DISTINCT FROM pg_current_xact_id_if_assigned() AND l.id <= %s)",
-            [None if horizon is None else str(horizon), own_after],
+            [own_after, None if horizon is None else str(horizon), own_after],
         )
         rows = cursor.fetchall()
-    xmin, own = rows[0][0], rows[0][1]
-    return xmin, own, [(i, None if node is None else str(node), txid) for _, _, i, node, txid in rows if i is not None]
+    xmin, own, own_rows, own_sum = rows[0][0], rows[0][1], rows[0][2], rows[0][3]
+    changes = [(i, None if node is None else str(node), txid) for _, _, _, _, i, node, txid in rows if i is not None]
+    return xmin, own, changes, (int(own_rows), int(own_sum))
 
 
 def _read_nodes(pks: Iterable[str] | None) -> dict[str, NodeEntry]:
@@ -284,6 +309,7 @@ def _read_nodes(pks: Iterable[str] | None) -> dict[str, NodeEntry]:
             name=n.name,
             status=n.status,
             draining=n.drain_since is not None,
+            shared_storage=n.shared_storage,
             group_id=n.resource_group_id,
             images=frozenset(n.images or ()),
             pulls_images=bool((n.attributes or {}).get("pulls_images")),

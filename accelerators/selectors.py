@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from decimal import Decimal
 
 from django.db import connection
@@ -176,15 +176,6 @@ def placement_workload(*, resource_group: str, prefix: str) -> cluster.Workload:
     return workload
 
 
-def node_storage_mark(nodes: list[core.NodeState]) -> list[core.NodeState]:
-    """`nodes` with `shared_storage` as their rows say (Node.shared_storage, from agent.toml's
-    `[storage] shared`), for `core.storage_scope`: one query of the shared ones' names."""
-    if not nodes:
-        return nodes
-    shared = set(Node.objects.filter(name__in=[n.node_id for n in nodes], shared_storage=True).values_list("name", flat=True))
-    return [n if n.shared_storage == (n.node_id in shared) else replace(n, shared_storage=n.node_id in shared) for n in nodes]
-
-
 def node_states(
     *,
     slot_name: str,
@@ -248,6 +239,7 @@ def node_states(
             devices=tuple(by_node.get(n.pk, ())),
             links=tuple(links.get(n.pk, ())),
             weights=weights[n.pk],
+            shared_storage=n.shared_storage,
         )
         for n in annotated
     ]

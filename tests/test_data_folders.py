@@ -210,3 +210,16 @@ def test_mig_sessions_follow_the_same_rule(db, alice, shared):
     session = session_create(owner=alice, name="mig", resources=mig)
     schedule_pending()
     assert fresh(session).node.name == shared
+
+
+def test_the_kept_cluster_view_sees_a_nodes_storage_change_from_the_change_log(local_only):
+    from accelerators.cluster_view import cluster_view
+    from accelerators.selectors import node_states
+
+    assert [n.shared_storage for n in node_states(slot_name="cuda")] == [False, False]  # the kept view (PostgreSQL)
+    reads = cluster_view().reads
+    Node.objects.filter(name="n2").update(shared_storage=True)  # as n2's agent registers again with [storage] shared
+
+    assert [(n.node_id, n.shared_storage) for n in node_states(slot_name="cuda")] == [("n1", False), ("n2", True)]
+    assert cluster_view().reads == reads  # the trigger logged it: no full read again
+    assert [n.shared_storage for n in node_states(slot_name="cuda", kept=False)] == [False, True]  # the database's read

@@ -33,7 +33,6 @@ from accelerators.models import AllocationMode
 from accelerators.selectors import (
     fractional_settings_get,
     node_states,
-    node_storage_mark,
     placement_options,
     placement_workload,
     resource_group_get,
@@ -318,7 +317,7 @@ class PlacementScope:
         nodes = node_states(slot_name=slot, for_update=for_update, group=group, image=image)
         if latest:
             nodes = [latest.get(n.node_id, n) for n in nodes]
-        nodes = core.storage_scope(node_storage_mark(nodes))  # the data folders: shared storage where the scope has it
+        nodes = core.storage_scope(nodes)  # the data folders: shared storage where the scope has it
         return cls(
             group_name=request.resource_group,
             slot=slot,
