@@ -62,7 +62,9 @@ def pass_queries(alice, *, mig: int, shared: int) -> int:
 # scope read again after it): 1 MIG + 1 shared → 35 queries, 8 MIG + 8 shared → 203 (+24 a pair).
 # After: 35 and 63 (+4 a pair: the MIG session's GpuInstance and Allocation rows written, its GPU's
 # layout read for its agent's start, its shared neighbour's share of the bulk statements).
-QUERIES_ONE_PAIR = 35
+# Since issues 36.5 and 37.3 a pass also reads the folders shared with the owners it starts sessions for
+# (sessions.policy.shares, once a flush) and the kept cluster view's change log (issue 35.1): 39 and 67.
+QUERIES_ONE_PAIR = 39
 QUERIES_PER_MORE_PAIR = 4
 
 
