@@ -45,6 +45,8 @@ USER_WRITABLE_API = {
     ("post", "/api/v1/sessions/{id}/exec/"),
     ("delete", "/api/v1/sessions/{id}/exec/{id}/"),  # cancel a streamed exec
     ("post", "/api/v1/sessions/{id}/apps/{app}/"),  # open a session app
+    ("post", "/api/v1/shares/"),  # share one's own ~/data (a project's folder: administrators; tests/test_folder_shares.py)
+    ("delete", "/api/v1/shares/{id}/"),  # revoke one's share, or leave one shared with you (tests/test_folder_shares.py)
 }
 WRITE_METHODS = ("post", "put", "patch", "delete")
 
