@@ -289,13 +289,18 @@ async def _check(scope, match) -> tuple[int, dict]:
     the same cookie, session and app, without a trip to the database (its two queries on a worker
     thread cost a small GET several times what the app does): a session ended, a user deactivated
     or a password changed is refused within that second, and at once where the app no longer
-    answers (`_check_forget`). Refusals are never kept; the console's origin is checked every time."""
+    answers (`_check_forget`). The app's token is never kept: it is read from the cache each time
+    (an app opened again has a new one). Refusals are never kept; the console's origin is checked
+    every time."""
     try:
         if is_apps_request(scope):
             key = _check_key(scope, match)
             kept = _checked.get(key)
             if kept is not None and kept[0] > time.monotonic():
-                return 0, kept[1]
+                # The app's token is read anew: opened again since, the app has a new one, and the
+                # kept one would have it refuse the request (a stale token: 403 from the app).
+                token = await cache.aget(TOKEN_KEY.format(session=match["session"], app=match["app"]))
+                return 0, {**kept[1], "token": token}
             found = await database_sync_to_async(_granted_lookup)(list(key[0]), match["session"], match["app"])
             if found is not None and found["status"] == SessionStatus.RUNNING:
                 _checked.pop(key, None)
