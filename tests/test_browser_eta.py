@@ -44,7 +44,7 @@ for minutes in (50, 60, 70):
 def console(procs, tmp_path):
     """The standalone console with the demo node only (one 8 GiB GPU: 2 fGPU)."""
     console = Standalone(procs, tmp_path)
-    common.env["FGPU_AGENT_CONFIG"] = str(ROOT / "demo" / "agent.toml")
+    console.env["FGPU_AGENT_CONFIG"] = str(ROOT / "demo" / "agent.toml")
     console.start()
     return console
 
@@ -144,7 +144,7 @@ with transaction.atomic():
 def mig_console(procs, tmp_path):
     """The standalone console with the demo node and the demo MIG node (one mock H100 80GB)."""
     console = Standalone(procs, tmp_path)
-    common.env["FGPU_AGENT_CONFIG"] = f"{ROOT / 'demo' / 'agent.toml'},{ROOT / 'demo' / 'agent-mig-h100.toml'}"
+    console.env["FGPU_AGENT_CONFIG"] = f"{ROOT / 'demo' / 'agent.toml'},{ROOT / 'demo' / 'agent-mig-h100.toml'}"
     console.start()
     return console
 

@@ -29,9 +29,9 @@ get_user_model().objects.create_user("bob", password="{password}")
 def console(procs, tmp_path):
     """The standalone console with the demo node only (one 8 GiB GPU: 2 fGPU), preemption on."""
     console = Standalone(procs, tmp_path)
-    common.env["FGPU_AGENT_CONFIG"] = str(ROOT / "demo" / "agent.toml")
-    common.env["FGPU_PREEMPTION"] = "1"
-    common.env["FGPU_PREEMPTION_GRACE_SECONDS"] = "300"
+    console.env["FGPU_AGENT_CONFIG"] = str(ROOT / "demo" / "agent.toml")
+    console.env["FGPU_PREEMPTION"] = "1"
+    console.env["FGPU_PREEMPTION_GRACE_SECONDS"] = "300"
     console.start()
     return console
 
