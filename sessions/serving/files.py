@@ -241,14 +241,15 @@ def session_file_delete(*, session: ComputeSession, path: str) -> Wait[None]:
     """The wait deleting the file, link (the link itself) or folder (with what it holds) at
     `path`. Raises as `session_files_list`, and 403 read-only (the wait: under `.fgpu/`; this call: in a
     read-only shared folder), 404 not-found (this call: a shared folder that is none)."""
-    if not path_check(path):
+    parts = path_check(path)
+    if not parts:
         raise ApplicationError(
             "give the path of a file or folder to delete",
             type="bad-path",
             title="Path refused",
             field_errors={"path": ["the home itself cannot be deleted"]},
         )
-    call = _call(session, parts=path_check(path), write=True)
+    call = _call(session, parts=parts, write=True)
 
     async def wait() -> None:
         await _Link(call).ask("delete", path=path)
@@ -259,14 +260,15 @@ def session_file_delete(*, session: ComputeSession, path: str) -> Wait[None]:
 def session_folder_make(*, session: ComputeSession, path: str) -> Wait[dict]:
     """The wait making the folder `path` (and its missing parents), which returns its entry.
     Raises as `session_files_list`."""
-    if not path_check(path):
+    parts = path_check(path)
+    if not parts:
         raise ApplicationError(
             "give the path of the folder to make",
             type="bad-path",
             title="Path refused",
             field_errors={"path": ["the home exists"]},
         )
-    call = _call(session, parts=path_check(path), write=True)
+    call = _call(session, parts=parts, write=True)
 
     async def wait() -> dict:
         return (await _Link(call).ask("mkdir", path=path))["entry"]
@@ -283,14 +285,15 @@ def session_file_upload(*, session: ComputeSession, path: str, body, size: int |
     Raises ApplicationError as `session_files_list`, and 413 over-cap when the file would bring
     the folder past FGPU_FILES_USER_CAP bytes (this call, before a byte is sent, when `size`
     says so; else the wait), 400 is-a-directory (the wait) when `path` is a folder."""
-    if not path_check(path):
+    parts = path_check(path)
+    if not parts:
         raise ApplicationError(
             "give the path of the file to write",
             type="bad-path",
             title="Path refused",
             field_errors={"path": ["a file name is needed"]},
         )
-    call = _call(session, parts=path_check(path), write=True)
+    call = _call(session, parts=parts, write=True)
     if size is not None and size > call.cap:
         raise ApplicationError(
             f"the file ({size} bytes) is larger than a folder may hold ({call.cap} bytes)",
