@@ -35,8 +35,10 @@ over::
     cgroup-root = "auto"                                # process: where each session gets a cgroup v2 of its own
                                                         #   ("auto": /sys/fs/cgroup or a cgroup2 mount such as
                                                         #   /sys/fs/cgroup/unified; a cgroup2 directory; "none": scan /proc)
-    app-relay = false                                   # docker: relay apps through the agent on app-address
-                                                        #   (web hosts that cannot reach the containers' network)
+    app-relay = "auto"                                  # docker: relay apps through the agent on app-address
+                                                        #   (web hosts that cannot reach the containers' network),
+                                                        #   each connection proven by the web (protocol.app_relay);
+                                                        #   "auto" (default): where app-address is not loopback
     data-root = "./var/user-data"                       # users' persistent folders (~/data); shared storage (NFS) on a cluster
     terminal-direct = true                              # terminals stream directly to the web on app-address (agent.direct)
     terminal-port = 0                                   # its TCP port; 0: a free one
@@ -72,6 +74,7 @@ Relative paths are relative to the directory of agent.toml.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import tomllib
@@ -251,14 +254,16 @@ def load_agent_config(path: str | Path, *, default_broker: str = "", runtime: st
     pull_images = container.get("pull-images", True)
     if not isinstance(pull_images, bool):
         fail("container.pull-images", "expected true or false")
-    app_relay = container.get("app-relay", False)
-    if not isinstance(app_relay, bool):
-        fail("container.app-relay", "expected true or false")
+    app_relay = container.get("app-relay", "auto")
+    if not isinstance(app_relay, bool) and app_relay != "auto":
+        fail("container.app-relay", 'expected "auto", true or false')
     app_address = text(container, "app-address", "container.app-address", "127.0.0.1")
     try:
         socket.getaddrinfo(app_address, None, proto=socket.IPPROTO_TCP, flags=socket.AI_NUMERICHOST)
     except socket.gaierror:
         fail("container.app-address", f"{app_address!r} is not an IP address (where session apps listen)")
+    if app_relay == "auto":  # the web on another host cannot reach this node's container network: relay
+        app_relay = not ipaddress.ip_address(app_address).is_loopback
     terminal_direct = container.get("terminal-direct", True)
     if not isinstance(terminal_direct, bool):
         fail("container.terminal-direct", "expected true or false")

@@ -26,11 +26,16 @@ session. An app that already answers on its declared port in a container the age
 restart (it outlived the agent, as the container did) is taken as running (`Adopted`), not started
 twice; `pty.app_status` carries the declared `port` for that.
 
-The relay (agent.toml `[container] app-relay = true`, docker runtime): where the web hosts cannot
-reach the containers' bridge network (web and agent on different hosts, the bridge not routed),
-the agent relays each app itself: a TCP listener of its own on a free port of `app-address` (the
-node's address the web hosts reach), each connection piped both ways to the app at the container's
-address (`relay_pipe`), closed with the session. The answers then name the relay's address and port.
+The relay (docker runtime: agent.toml `[container] app-relay`, "auto" by default: on where
+`app-address` is not a loopback address, i.e. the web hosts are other hosts, which cannot reach the
+containers' bridge network; a sandboxed process-runtime session's app always): the agent relays
+each app itself: a TCP listener of its own on a free port of `app-address` (the node's address the
+web hosts reach), each connection piped both ways to the app at the container's address
+(`relay_pipe`), closed with the session. The answers then name the relay's address and port, with
+`relayed` (and, on a node without an agent key, the agent's random `relay_key`). Every connection
+to a relay must first prove it comes from the web (protocol.app_relay: a line with an HMAC under
+the node's relay key, naming the session and app): one that does not is closed before a byte
+reaches the app, and logged.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ import time
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import Any
+
+from protocol.app_relay import HELLO_MAX_BYTES, HELLO_TIMEOUT_S, RelayGuard, RelayRefused
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +125,8 @@ class SessionApps:
 
     def __init__(self, agent) -> None:
         self.agent = agent
+        guard = getattr(agent, "guard", None)
+        self.relay_guard = RelayGuard.for_node(node=str(agent.node), node_key=getattr(guard, "key", "") or "")
 
     def handle(self, running, message: dict) -> None:
         """A `pty.app_open` or `pty.app_status` message for `running` (on the agent's loop)."""
@@ -147,8 +156,7 @@ class SessionApps:
             elif not app.ready.result()["ok"]:
                 answer = {"running": False, "error": app.ready.result()["error"]}
             else:
-                host, port = await self._relayed(running, app)
-                answer = {"running": True, "host": host, "port": port}
+                answer = {"running": True, **await self._relayed(running, app)}
         await self._reply(message, {"type": "app.status", **answer})
 
     async def _open(self, running, message: dict) -> None:
@@ -172,23 +180,30 @@ class SessionApps:
             await asyncio.wait([app.ready], timeout=PROGRESS_EVERY_S)
         result = app.ready.result()
         if result["ok"]:
-            host, port = await self._relayed(running, app)
-            await self._reply(message, {"type": "app.ready", "host": host, "port": port, "reused": reused})
+            await self._reply(message, {"type": "app.ready", **await self._relayed(running, app), "reused": reused})
         else:
             await self._reply(message, {"type": "app.failed", "error": result["error"], "output": result["output"]})
 
-    async def _relayed(self, running, app: AppProcess) -> tuple[str, int]:
-        """Where the web reaches a running `app`: through the agent's relay (started now if it is
-        not listening yet) for a container's app where agent.toml sets `app-relay` and for a
+    async def _relayed(self, running, app: AppProcess) -> dict:
+        """Where the web reaches a running `app`, `{host, port}`: through the agent's relay
+        (started now if it is not listening yet; with `relayed` and maybe `relay_key`:
+        protocol.app_relay) for a container's app where agent.toml's `app-relay` is on and for a
         sandboxed session's app (it listens on the loopback of the session's own network
         namespace, reached through `socket_in`), else at the app's own address."""
         relayed = getattr(self.agent, "app_relay", False) and getattr(running.process, "app_address", None) is not None
         if not relayed and app.socket_in is None:
-            return app.host, app.port
+            return {"host": app.host, "port": app.port}
         if app.relay is None:
             target, socket_in = (app.host, app.port), app.socket_in
+            guard, session_id, name = self.relay_guard, str(running.session_id), app.name
+
+            def proof(line: bytes) -> None:
+                guard.check(line, session_id=session_id, app=name)
+
             app.relay = await asyncio.start_server(
-                lambda r, w: relay_pipe(r, w, target, socket_in=socket_in), host=self.agent.app_address, port=0
+                lambda r, w: relay_pipe(r, w, target, socket_in=socket_in, proof=proof, node=str(self.agent.node)),
+                host=self.agent.app_address,
+                port=0,
             )
             running.relays.append(app.relay)
             log.info(
@@ -199,7 +214,8 @@ class SessionApps:
                 *app.reached_at(),
                 *target,
             )
-        return app.reached_at()
+        host, port = app.reached_at()
+        return {"host": host, "port": port, **self.relay_guard.answer_fields()}
 
     @staticmethod
     def close_relays(running) -> None:
@@ -381,12 +397,32 @@ RELAY_CHUNK = 64 * 1024  # bytes read at a time on either side of a relayed conn
 
 
 async def relay_pipe(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, target: tuple[str, int], *, socket_in=None
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    target: tuple[str, int],
+    *,
+    socket_in=None,
+    proof: Callable[[bytes], None] | None = None,
+    node: str = "",
 ) -> None:
-    """One relayed connection: connect to `target` (the app in its container, or on a sandbox's
-    loopback through `socket_in`, `_connect`) and copy bytes both ways until either side ends
-    (each direction's end passed on as a half-close), then close both. Backpressure: a side that
-    does not read stops the other from being read (drain)."""
+    """One relayed connection: `proof(first line)` (protocol.app_relay's RelayGuard.check: raises
+    RelayRefused) accepts the connection's first line within HELLO_TIMEOUT_S, else it is closed
+    (logged) before anything reaches the app; then connect to `target` (the app in its container,
+    or on a sandbox's loopback through `socket_in`, `_connect`) and copy bytes both ways until
+    either side ends (each direction's end passed on as a half-close), then close both.
+    Backpressure: a side that does not read stops the other from being read (drain)."""
+    if proof is not None:
+        peer = writer.get_extra_info("peername")
+        try:
+            line = await asyncio.wait_for(reader.readuntil(b"\n"), timeout=HELLO_TIMEOUT_S)
+            if len(line) > HELLO_MAX_BYTES:
+                raise RelayRefused("its first line is too long")
+            proof(line)
+        except (RelayRefused, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError) as exc:
+            why = exc if isinstance(exc, RelayRefused) else "no relay proof"
+            log.warning("agent %s: refused a connection to an app relay from %s: %s", node, peer, why)
+            writer.close()
+            return
     try:
         up_reader, up_writer = await _connect(*target, socket_in, timeout=CONNECT_TIMEOUT_S * 5)
     except (OSError, TimeoutError):

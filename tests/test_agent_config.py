@@ -217,3 +217,16 @@ def test_direct_terminal_streams_are_on_by_default_on_a_free_port_of_the_app_add
                                                           'terminal-port = 7010\nterminal-address = "203.0.113.5"\n'))
     assert (configured.terminal_direct, configured.terminal_port, configured.terminal_address) == (
         False, 7010, "203.0.113.5")
+
+
+@pytest.mark.parametrize(("container", "relayed"), [
+    ("", False),  # app-address 127.0.0.1: the web is on this host and reaches the containers' network
+    ('app-address = "::1"\n', False),
+    ('app-address = "10.20.0.5"\n', True),  # web hosts elsewhere: the relay, proven per node (protocol.app_relay)
+    ('app-address = "10.20.0.5"\napp-relay = "auto"\n', True),
+    ('app-address = "10.20.0.5"\napp-relay = false\n', False),
+    ('app-relay = true\n', True),
+])
+def test_the_app_relay_is_on_by_default_where_the_app_address_is_not_loopback(tmp_path, container, relayed):
+    config = load_agent_config(write_agent(tmp_path, f'[agent]\nid = "n"\n[container]\nruntime = "docker"\n{container}'))
+    assert config.app_relay is relayed

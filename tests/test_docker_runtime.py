@@ -17,7 +17,7 @@ from agent.core import Agent
 from agent.direct import DirectServer
 from agent.docker_runtime import LABEL_NODE, DockerRuntime
 from tests.conftest import GiB
-from tests.test_agent_runtime import DEVICE, Harness, RecordingManager, start_spec
+from tests.test_agent_runtime import DEVICE, Harness, RecordingManager, start_spec, typed_spec
 from tests.test_terminal_flow import direct_reader
 
 pytestmark = pytest.mark.docker
@@ -250,7 +250,7 @@ def test_an_agent_of_another_installation_with_the_same_node_name_leaves_the_con
 
 def test_a_cuda_node_asks_docker_for_exactly_the_granted_devices(tmp_path, docker_client, test_image):
     runtime = DockerRuntime(node="gpu-node", default_image=test_image, network="none", client=docker_client, gpus=True)
-    spec = start_spec()
+    spec = typed_spec()
     (tmp_path / ".fgpu").mkdir()
     config = runtime.container_config(spec=spec, argv=["/bin/bash"], env={"A": "1"}, work_dir=tmp_path)
     container = docker_client.containers.create(**config)  # created, not started: this machine has no GPU
@@ -272,7 +272,7 @@ def test_hami_core_and_mps_are_mounted_and_named_in_the_environment_as_agent_tom
     (tmp_path / "work" / ".fgpu").mkdir(parents=True)
     runtime = DockerRuntime(node="gpu-node", default_image=test_image, network="none", client=docker_client, gpus=True,
                             hami_core=libvgpu, mps_pipe_directory=pipes)
-    config = runtime.container_config(spec=start_spec(), argv=["/bin/bash"], env={"CUDA_DEVICE_SM_LIMIT": "25"},
+    config = runtime.container_config(spec=typed_spec(), argv=["/bin/bash"], env={"CUDA_DEVICE_SM_LIMIT": "25"},
                                       work_dir=tmp_path / "work")
     container = docker_client.containers.create(**config)  # created, not started: this machine has no GPU
     try:
@@ -287,7 +287,7 @@ def test_hami_core_and_mps_are_mounted_and_named_in_the_environment_as_agent_tom
     finally:
         container.remove(force=True)
     plain = DockerRuntime(node="gpu-node", default_image=test_image, network="none", client=docker_client, gpus=True)
-    config = plain.container_config(spec=start_spec(), argv=["/bin/bash"], env={}, work_dir=tmp_path / "work")
+    config = plain.container_config(spec=typed_spec(), argv=["/bin/bash"], env={}, work_dir=tmp_path / "work")
     assert "LD_PRELOAD" not in config["environment"] and "ipc_mode" not in config
     assert [m["Target"] for m in config["mounts"]] == ["/home/work", "/opt/fgpu"]
 
@@ -447,12 +447,30 @@ def run_removing(main, client, node: str, runtimes: list):
             runtime.session_network.remove()
 
 
+async def through_relay(host: str, port: int, first: bytes) -> bytes:
+    """Everything a connection to host:port that writes `first`, then a GET of /hello.txt, is
+    answered before the far end closes it (b"": closed without a byte)."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=10)
+    try:
+        writer.write(first + b"GET /hello.txt HTTP/1.0\r\nHost: app\r\n\r\n")
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), timeout=30)
+    except ConnectionResetError:
+        return b""
+    finally:
+        writer.close()
+
+
 def test_with_app_relay_the_agent_relays_a_containers_app_on_its_app_address_until_the_session_ends(
         tmp_path, docker_client, test_image):
     """agent.toml `[container] app-relay = true`: the web is told the agent's own address (a free
     port of app-address), not the container's, and reaches the app through the agent; the relay
-    closes with the session. (Web hosts that cannot route to the node's bridge network reach the app so.)"""
-    import urllib.request
+    closes with the session. (Web hosts that cannot route to the node's bridge network reach the app so.)
+    Only a connection that first proves it comes from the web (protocol.app_relay: an HMAC under the
+    node's relay key, here the agent's random one, as it has no node key) reaches the app: one
+    without the proof, with a proof under another key, for another app, or replayed is closed
+    without a byte from the app."""
+    from protocol.app_relay import RELAY_KEY, relay_hello
 
     node = f"docker-node-{uuid.uuid4().hex[:8]}"
 
@@ -464,8 +482,19 @@ def test_with_app_relay_the_agent_relays_a_containers_app_on_its_app_address_unt
             session_id = await h.start_session(start_spec())
             answer = await app_answer(h, session_id, RELAYED_APP)
             assert answer["type"] == "app.ready", answer
-            body = await asyncio.to_thread(lambda: urllib.request.urlopen(
-                f"http://{answer['host']}:{answer['port']}/hello.txt", timeout=10).read())
+            key, where = answer[RELAY_KEY], (answer["host"], answer["port"])
+            proven = relay_hello(key, node=node, session_id=session_id, app="files")
+            tries = {
+                "none": await through_relay(*where, b""),
+                "forged": await through_relay(*where, relay_hello("0" * 64, node=node, session_id=session_id,
+                                                                  app="files")),
+                "other app": await through_relay(*where, relay_hello(key, node=node, session_id=session_id,
+                                                                     app="other")),
+                "proven": await through_relay(*where, proven),
+                "replayed": await through_relay(*where, proven),
+            }
+            body = tries.pop("proven")
+            assert tries == {"none": b"", "forged": b"", "other app": b"", "replayed": b""}, tries
             container_host = await asyncio.to_thread(lambda: agent.sessions[session_id].process.app_address()[1])
             await asyncio.to_thread(agent.submit_stop, session_id)
             await manager.wait_for_report(session_id, "TERMINATED")
@@ -482,5 +511,5 @@ def test_with_app_relay_the_agent_relays_a_containers_app_on_its_app_address_unt
     answer, body, container_host, after = run_removing(main, docker_client, node, runtimes)
 
     assert answer["host"] == "127.0.0.1" and answer["port"] != 8000 and container_host != "127.0.0.1"
-    assert body == b"relayed\n"
+    assert body.startswith(b"HTTP/1.0 200") and body.endswith(b"\r\n\r\nrelayed\n"), body
     assert after == "refused"

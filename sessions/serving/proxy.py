@@ -72,6 +72,7 @@ from sessions.serving.origin import (
     is_apps_request,
     origin_key,
 )
+from sessions.serving.relay_connect import RelayBackend, relay_socket
 from sessions.serving.session_apps import (
     OPEN_PAGE,
     TOKEN_KEY,
@@ -129,11 +130,16 @@ def _client() -> httpx.AsyncClient:
     loop = id(asyncio.get_running_loop())
     client = _clients.get(loop)
     if client is None:  # no environment proxies: apps are reached directly; no read timeout: streams may idle
+        transport = httpx.AsyncHTTPTransport(
+            trust_env=False, limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+        )
+        # An agent's relay takes a connection that first proves it comes from the web (protocol.app_relay):
+        # httpx offers no setting for httpcore's network backend, so its pool's is wrapped.
+        transport._pool._network_backend = RelayBackend(transport._pool._network_backend)
         client = _clients[loop] = httpx.AsyncClient(
-            trust_env=False,
+            transport=transport,
             follow_redirects=False,
             timeout=httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=None, write=None, pool=CONNECT_TIMEOUT_S),
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
         )
     return client
 
@@ -719,6 +725,7 @@ class AppWebsocketProxy:
                 return None
             host = f"{_host(target[0])}:{target[1]}"
             try:
+                relayed = await relay_socket(target[0], target[1], timeout=CONNECT_TIMEOUT_S)  # with its proof
                 return await websockets.connect(
                     f"ws://{host}{upstream_path(scope, match, app, token=token)}",
                     additional_headers=headers,
@@ -729,6 +736,7 @@ class AppWebsocketProxy:
                     open_timeout=CONNECT_TIMEOUT_S,
                     user_agent_header=None,
                     proxy=None,
+                    **({"sock": relayed} if relayed is not None else {}),
                 )
             except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
                 log.info("app websocket %s: could not connect to %s: %s", app["name"], host, exc)

@@ -11,7 +11,9 @@ session's `pty.<node>.<id>` group (only its agent joins it) with a fresh reply c
 until a connection to it fails. How a web process reaches an app on a node: the agent answers an address the web
 hosts can reach: the node's `[container] app-address` (process runtime: the app listens there)
 or the session container's address (docker runtime: on the node's container network), or, where the
-node's agent.toml sets `app-relay`, the agent's relay on `app-address` (agent.session_apps).
+node's agent relays (agent.toml `app-relay`, on by default where `app-address` is not loopback),
+the agent's relay on `app-address` (agent.session_apps), which the web's connections prove
+themselves to under the node's relay key (protocol.app_relay; sessions.serving.relay_connect).
 
 The app's token (Jupyter's `--IdentityProvider.token`) is random, 48 hex characters
 (secrets.token_hex), chosen by the web for each start of the app and never derived from a key: the
@@ -36,9 +38,11 @@ from django.conf import settings
 from django.core.cache import cache
 
 from common.errors import ApplicationError
+from protocol.app_relay import RELAY_KEY, RELAYED, relay_key
 from protocol.channel import AgentLink, Refused, reply_prefix
 from sessions.lifecycle.agent_links import agent_link_of_session
 from sessions.models import TERMINAL_APP, ComputeSession, SessionStatus
+from sessions.serving.relay_connect import RelayProof, relay_remember
 from sessions.service_ports import jupyter_app, merged_apps  # noqa: F401  (jupyter_app: imported from here too)
 
 log = logging.getLogger(__name__)
@@ -168,7 +172,7 @@ async def session_app_open(*, session: ComputeSession, app: dict, node: str, on_
                     reused = bool(keep) and bool(answer.get("reused"))
                     held = keep if reused and keep else token  # a reused app runs with the held one
                     await _app_token_keep(session_id=session.pk, app=app["name"], token=held)
-                    _remember((str(session.pk), app["name"]), answer["host"], int(answer["port"]))
+                    _remember((str(session.pk), app["name"]), answer, link)
                     url = app_prefix(session_id=session.pk, app=app["name"]) + app["path"]
                     return {"url": url, "reused": reused}
                 elif kind == "app.failed":
@@ -219,7 +223,7 @@ async def session_app_target(*, session_id: str, name: str, port: int | None = N
         return {"error": f"the session's agent did not answer within {STATUS_WAIT_S} s"}
     if not answer.get("running"):
         return {"error": str(answer.get("error") or "it is not running")}
-    return _remember(key, answer["host"], int(answer["port"]))
+    return _remember(key, answer, link)
 
 
 async def _verified(link: AgentLink, answer: dict) -> dict:
@@ -232,7 +236,16 @@ async def _verified(link: AgentLink, answer: dict) -> dict:
         return {}
 
 
-def _remember(key: tuple[str, str], host: str, port: int) -> tuple[str, int]:
+def _remember(key: tuple[str, str], answer: dict, link: AgentLink) -> tuple[str, int]:
+    """Keep where the agent's `answer` says app `key` (session id, name) listens; where that is the
+    agent's relay, its proof too (protocol.app_relay: the node's relay key, from its agent key or
+    else the random key the answer carries)."""
+    host, port = str(answer["host"]), int(answer["port"])
+    proof = None
+    if answer.get(RELAYED):
+        secret = relay_key(link.key) if link.key else str(answer.get(RELAY_KEY) or "")
+        proof = RelayProof(key=secret, node=link.node, session_id=key[0], app=key[1])
+    relay_remember(host, port, proof)
     APP_TARGETS.pop(key, None)
     while len(APP_TARGETS) >= MAX_TARGETS:  # the oldest first
         APP_TARGETS.pop(next(iter(APP_TARGETS)))
