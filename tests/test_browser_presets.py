@@ -135,3 +135,58 @@ def test_the_admin_defines_a_preset_in_gib_and_sees_an_impossible_one_refused(co
     assert missing == []
     # The admin's pages link no icon: Chromium's own /favicon.ico request is a 404 (not a page's).
     assert [e for e in page.js_errors if "404 (Not Found)" not in e] == []
+
+
+def test_a_preset_tried_from_another_tab_leaves_the_users_own_request_as_they_set_it(console_url, page):
+    """Issue 36.6: the user sets Memory + cores, visits Fraction, tries a preset and leaves it
+    (Custom, or another style's tab): the dialog shows and sends what the user set, never a mix
+    of theirs and the preset's. Fails on the old dialog, which kept the preset picked (sending
+    it with the user's GPU fields as changes) and left its values in the user's tabs."""
+    from playwright.sync_api import expect
+
+    token = api_post(console_url, "/api/v1/auth/token/", {"username": "admin", "password": ADMIN_PASSWORD})["token"]
+    small = api_post(console_url, "/api/v1/presets/", {
+        "name": "Small notebook", "resources": {"cuda.shares": "0.25"}, "cpu": 2, "mem": "8G"}, token)
+    memory = api_post(console_url, "/api/v1/presets/", {
+        "name": "Memory slice", "resources": {"gpu": 1, "gpu_memory_percentage": 50}, "mem": "2G"}, token)
+    dialog = log_in_and_open_the_dialog(page, console_url)
+
+    page.click("#tab-memory")
+    page.fill("#gpu-memory", "3G")
+    page.fill("#gpu-cores", "40")
+    page.click("#tab-fraction")
+    page.fill("#gpu-fraction", "0.3")
+
+    # A Memory + cores preset picked from Fraction fills Memory + cores; Custom gives back the user's own.
+    page.locator(f"#preset-{memory['id']}").check()
+    expect(page.locator("#tab-memory")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("#gpu-memory-by-percent")).to_be_checked()
+    expect(page.locator("#gpu-cores")).to_have_value("")
+    page.locator("#preset-custom").check()
+    expect(page.locator("#tab-fraction")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("#gpu-fraction")).to_have_value("0.3")
+    expect(page.locator("#mem-size")).to_have_value("1G")
+    page.click("#tab-memory")
+    expect(page.locator("#gpu-memory-by-size")).to_be_checked()
+    expect(page.locator("#gpu-memory")).to_have_value("3G")
+    expect(page.locator("#gpu-cores")).to_have_value("40")
+
+    # An fGPU preset picked from Fraction, then back to Memory + cores: the preset is left for
+    # Custom (its CPU and memory stay in the fields, and go as they stand), nothing else of it.
+    page.click("#tab-fraction")
+    page.locator(f"#preset-{small['id']}").check()
+    expect(page.locator("#tab-fgpu")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("#cpu-count")).to_have_value("2")
+    page.click("#tab-memory")
+    expect(page.locator("#preset-custom")).to_be_checked()
+    expect(page.locator("#preset-hint")).to_have_text("Custom: the request below as it stands, started from Small notebook.")
+    expect(page.locator("#gpu-memory")).to_have_value("3G")
+    expect(page.locator("#gpu-cores")).to_have_value("40")
+    expect(page.locator("#preview-config")).to_contain_text("3 GiB")
+    expect(page.locator("#launch-preview")).not_to_have_attribute("aria-busy", "true")
+    dialog.screenshot(path=str(screenshot_dir() / "launch-preset-left.png"), animations="disabled")
+    sent = launched(page)
+    assert sent["body"] == {"name": "session-1", "image": "host",
+                            "resources": {"gpu": 1, "gpu_memory": "3G", "gpu_cores": 40, "cpu": 2, "mem": "8G"}}
+    assert sent["session"]["resources"] == {"gpu": 1, "gpu_memory": "3G", "gpu_cores": 40, "cpu": 2, "mem": "8G"}
+    assert page.js_errors == []

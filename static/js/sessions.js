@@ -895,8 +895,15 @@
     changed();
   }
 
+  // The user's pick of a style: the tab, and no preset of another style (leavePresetFor).
+  function pickStyle(style, focus) {
+    wantedStyle = style;
+    leavePresetFor(style);
+    selectTab(style, focus);
+  }
+
   tabs.forEach(function (t) {
-    t.addEventListener("click", function () { wantedStyle = t.dataset.style; selectTab(wantedStyle, false); });
+    t.addEventListener("click", function () { pickStyle(t.dataset.style, false); });
   });
   document.querySelector('#style-tabs [role="tablist"]').addEventListener("keydown", function (ev) {
     var shown = tabs.filter(function (t) { return !t.hidden; });
@@ -905,8 +912,7 @@
                  Home: shown[0], End: shown[shown.length - 1] }[ev.key];
     if (i === -1 || !next) return;
     ev.preventDefault();
-    wantedStyle = next.dataset.style;
-    selectTab(wantedStyle, true);
+    pickStyle(next.dataset.style, true);
   });
 
   // Memory per GPU is a size or a share: typing into either box picks it.
@@ -1062,7 +1068,7 @@
 
   function applyPresets(list) {
     presets = list || [];
-    if (!chosenPreset()) { presetId = ""; presetBaseline = null; }
+    if (!chosenPreset()) { presetId = ""; presetBaseline = null; presetStyle = null; ownFields = null; }
     var box = $("preset-options");
     box.textContent = "";
     $("preset-field").hidden = presets.length === 0;
@@ -1148,11 +1154,71 @@
       ". What you change replaces that part of the preset.";
   }
 
+  // The dialog shows what it sends (issue 36.6): a preset stays picked only while its request
+  // style is the tab shown, and Custom is the user's own request. Picking a preset over Custom
+  // keeps the user's fields (ownFields) and Custom gives them back, so a preset tried and left
+  // never leaves its values in the user's tabs; moving to another style's tab leaves the preset
+  // for Custom, which then sends the fields as they stand (the preset's CPU and memory included).
+  var FIELD_VALUES = ["gpu-count-hami", "gpu-cores", "gpu-memory", "gpu-memory-percent", "gpu-fraction", "gpu-count",
+                      "fgpu-strategy", "policy-select", "pin-devices", "cpu-count", "mem-size"];
+  var FIELD_CHECKS = ["gpu-memory-by-size", "gpu-memory-by-percent", "isolation-shared", "isolation-mig", "isolation-any",
+                      "numa-only"];
+  var ownFields = null; // the fields as the user set them, while a preset has filled them
+  var presetStyle = null; // the tab the picked preset's request shows in
+
+  function fieldsNow() {
+    var state = { values: {}, checks: {}, style: activeStyle() || wantedStyle, profile: wantedProfile, slot: slotSelect.value,
+                  touched: slotSelect.dataset.touched, amount: slider.dataset.wanted, image: wantedImage };
+    FIELD_VALUES.forEach(function (id) { state.values[id] = $(id).value; });
+    FIELD_CHECKS.forEach(function (id) { state.checks[id] = $(id).checked; });
+    return state;
+  }
+
+  function fieldsRestore(state) {
+    FIELD_VALUES.forEach(function (id) { $(id).value = state.values[id]; });
+    FIELD_CHECKS.forEach(function (id) { $(id).checked = state.checks[id]; });
+    slotSelect.value = state.slot;
+    if (state.touched) slotSelect.dataset.touched = state.touched; else delete slotSelect.dataset.touched;
+    if (state.amount) slider.dataset.wanted = state.amount; else delete slider.dataset.wanted;
+    wantedStyle = state.style;
+    wantedProfile = state.profile;
+    wantedImage = state.image;
+    var image = images.some(function (i) { return i.reference === wantedImage; }) ? wantedImage : (defaultImage() || {}).reference;
+    if (image) { imageSelect.value = image; renderImageHint(); }
+    renderMemoryMode();
+    renderSlot();
+    renderIsolation();
+  }
+
+  function presetNone(hint) {
+    presetId = "";
+    presetBaseline = null;
+    presetStyle = null;
+    ownFields = null;
+    $("preset-custom").checked = true;
+    $("preset-hint").textContent = hint;
+  }
+
+  // A tab of another style than the picked preset's: the request is the user's own from here.
+  function leavePresetFor(style) {
+    var p = chosenPreset();
+    if (!p || style === presetStyle) return;
+    presetNone("Custom: the request below as it stands, started from " + p.name + ".");
+  }
+
   $("preset-options").addEventListener("change", function (ev) {
+    var before = chosenPreset();
     presetId = ev.target.value;
     var p = chosenPreset();
-    if (p) fillFromPreset(p);
-    else { presetBaseline = null; $("preset-hint").textContent = "Set the request yourself below."; }
+    if (p) {
+      if (!before) ownFields = fieldsNow();
+      fillFromPreset(p);
+      presetStyle = activeStyle();
+    } else {
+      var own = ownFields;
+      presetNone("Set the request yourself below.");
+      if (own) fieldsRestore(own);
+    }
     changed();
   });
 
