@@ -208,6 +208,8 @@ class StackNode:
     scratch_retention: int | None = None
     cgroup_root: str | None = None  # agent.toml's [container] cgroup-root (None: its default, "auto")
     container: str = ""  # more lines of agent.toml's [container] table (e.g. 'terminal-direct = false')
+    command_prefix: tuple[str, ...] = ()  # what the agent's command runs under (tests/multihost: nsenter into its host's netns)
+    env: dict | None = None  # more environment variables of its agent
 
     def agent_toml(self) -> str:
         retention = "" if self.scratch_retention is None else f"scratch-retention = {self.scratch_retention}\n"
@@ -268,7 +270,8 @@ class Stack:
 
     def __init__(self, *, nodes: Iterable[StackNode], work_dir: Path, redis_url: str | None = None,
                  database_url: str | None = None, env: dict | None = None, heartbeat_interval: int = 2,
-                 flush_redis: bool = True, broker_acl: bool = False, node_keys: bool = False):
+                 flush_redis: bool = True, broker_acl: bool = False, node_keys: bool = False,
+                 redis_address: str = "127.0.0.1"):
         self.nodes = list(nodes)
         self.want_node_keys = node_keys  # each agent gets a node key (`manage.py node_key`; FGPU_NODE_KEY)
         self.node_keys: dict[str, str] = {}  # with node_keys: node name → its agent key
@@ -278,7 +281,11 @@ class Stack:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.private_redis = redis_url is None
         self.redis_port = free_port() if self.private_redis else 0
-        self.redis_url = redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
+        self.redis_address = redis_address  # where the private broker listens (tests/multihost: the bridge's address)
+        # Off the loopback, Redis takes clients with a password only (its protected mode): one of this run's own.
+        self.redis_password = "" if redis_address == "127.0.0.1" or broker_acl else secrets.token_hex(16)
+        auth = f":{self.redis_password}@" if self.redis_password else ""
+        self.redis_url = redis_url or f"redis://{auth}{redis_address}:{self.redis_port}/0"
         if broker_acl:
             from common.broker_acl import MANAGER, BrokerUser, broker_users
 
@@ -317,7 +324,9 @@ class Stack:
 
                 (self.work_dir / "users.acl").write_text(acl_file(list(self.broker_users.values())))
                 acl = ["--aclfile", str(self.work_dir / "users.acl")]
-            self._run("redis", ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save", "",
+            elif self.redis_password:
+                acl = ["--requirepass", self.redis_password]
+            self._run("redis", ["redis-server", "--port", str(self.redis_port), "--bind", self.redis_address, "--save", "",
                                 "--appendonly", "no", "--dir", str(self.work_dir), *acl], dict(os.environ))
             self._wait_for(self.redis_answers, timeout=20, what="the private Redis to answer")
         elif self.flush_redis:
@@ -348,7 +357,8 @@ class Stack:
             (node_dir / "mock-accelerator.toml").write_text(node.mock_toml)
             (node_dir / "agent.toml").write_text(node.agent_toml())
             node_env = {**agent_env, "FGPU_NODE_KEY": self.node_keys[node.name]} if self.node_keys else agent_env
-            self._run(self.agent_name(node.name), [PYTHON, "manage.py", "agent", "--config",
+            node_env = {**node_env, **(node.env or {})}
+            self._run(self.agent_name(node.name), [*node.command_prefix, PYTHON, "manage.py", "agent", "--config",
                                                    str(node_dir / "agent.toml")],
                       self._role_env(node_env, f"fgpu-agent-{node.name}"))
         self._wait_for(self.web_answers, timeout=timeout, what="the web process to answer")
@@ -508,7 +518,7 @@ class Stack:
         """`env` with REDIS_URL carrying `user`'s credentials, where the broker has ACL users."""
         if not self.broker_users:
             return env
-        base = f"redis://127.0.0.1:{self.redis_port}/0"
+        base = f"redis://{self.redis_address}:{self.redis_port}/0"
         return {**env, "REDIS_URL": self.broker_users[user].url(base)}
 
     def _run(self, name: str, argv: list[str], env: dict) -> Proc:
