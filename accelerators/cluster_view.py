@@ -125,6 +125,7 @@ class ClusterView:
     entries: dict[str, NodeEntry] = field(default_factory=dict)
     version: int = 0
     horizon: int | None = None  # xmin of the last log read; None: read everything next
+    last: tuple[str, int | None] | None = None  # the last log read's snapshot (text) and its reader's own txid
     seen: dict[int, int] = field(default_factory=dict)  # log row id → txid, rows at or above the horizon
     suspect: set[str] = field(default_factory=set)  # node pks to read again (a writer's own rows)
     read_at: float = 0.0
@@ -143,12 +144,12 @@ class ClusterView:
             if self.horizon is None or now - self.read_at > STALE_SECONDS:
                 return self._read_all(now)
             kept_own: _Own = getattr(_OWN, "own", None) or _Own()
-            xmin, own, changes, own_seen = _changes_since(self.horizon, own_after=kept_own.last_id)
+            xmin, own, changes, own_seen, taken = _changes_since(self.horizon, own_after=kept_own.last_id, last=self.last)
             if own is not None and kept_own.txid == own and own_seen != (kept_own.rows, kept_own.id_sum):
                 # A savepoint of this transaction rolled back some of its own rows (a nested atomic
                 # block that failed): what it kept of its own nodes may show writes that are gone.
                 kept_own = _Own()
-                xmin, own, changes, own_seen = _changes_since(self.horizon, own_after=0)
+                xmin, own, changes, own_seen, taken = _changes_since(self.horizon, own_after=0, last=self.last)
             fresh = [(i, node, txid) for i, node, txid in changes if i not in self.seen]
             if any(node is None for _, node, _ in fresh):  # a resource group changed: weights of many nodes
                 return self._read_all(now)
@@ -158,7 +159,7 @@ class ClusterView:
                 if own is None or txid != own:
                     self.seen[i] = txid
             self.seen = {i: t for i, t in self.seen.items() if t >= xmin}
-            self.horizon, self.read_at = xmin, now
+            self.horizon, self.read_at, self.last = xmin, now, (taken, own)
             if own is None or kept_own.txid != own:
                 kept_own = _Own(txid=own, last_id=kept_own.last_id)
             own_ids = [i for i, _, txid in fresh if own is not None and txid == own]
@@ -189,7 +190,7 @@ class ClusterView:
             return Snapshot(entries=overlay, version=-1, overlay=True)
 
     def _read_all(self, now: float) -> Snapshot:
-        xmin, own, changes, _ = _changes_since(None)
+        xmin, own, changes, _, taken = _changes_since(None)
         mine = {node for _, node, txid in changes if own is not None and txid == own}
         if None in mine:  # a resource group changed in this very transaction: read for this caller only
             return Snapshot(entries=_read_nodes(None), version=-1, overlay=True)
@@ -199,7 +200,7 @@ class ClusterView:
         self.version += 1
         self.reads += 1
         self.seen = {i: txid for i, _, txid in changes if (own is None or txid != own) and txid >= xmin}
-        self.horizon, self.read_at, self.suspect = xmin, now, mine_nodes
+        self.horizon, self.read_at, self.suspect, self.last = xmin, now, mine_nodes, (taken, own)
         own_ids = [i for i, _, txid in changes if txid == own]
         _OWN.own = _Own(
             txid=own,
@@ -261,28 +262,46 @@ _OWN = threading.local()
 
 
 def _changes_since(
-    horizon: int | None, own_after: int = 0
-) -> tuple[int, int | None, list[tuple[int, str | None, int]], tuple[int, int]]:
-    """(xmin, own txid or None, [(row id, node pk or None, txid)], (count, id sum)) of the log
-    rows with txid ≥ `horizon` (None: ≥ the snapshot's xmin, those a full read needs to know),
-    but not the rows of the caller's own transaction up to id `own_after` (read already), whose
-    count and ids' sum come last; in one statement: one snapshot."""
+    horizon: int | None, own_after: int = 0, last: tuple[str, int | None] | None = None
+) -> tuple[int, int | None, list[tuple[int, str | None, int]], tuple[int, int], str]:
+    """(xmin, own txid or None, [(row id, node pk or None, txid)], (count, id sum), snapshot) of
+    the log rows with txid ≥ `horizon` (None: ≥ the snapshot's xmin, those a full read needs to
+    know), but not the rows of the caller's own transaction up to id `own_after` (read already),
+    whose count and ids' sum come fourth; in one statement: one snapshot, given last as text.
+
+    `last`: the previous read's snapshot and its reader's own txid. Rows whose transaction had
+    committed in it were read then (or by a read before it), so only the others come: those of
+    transactions it saw running or that began after it, and the previous reader's own (its own
+    transaction looks committed in its own snapshot), besides the caller's own. Without it every
+    row from `horizon` on would come again at each read, and `horizon` (the oldest transaction
+    still open, in any database of the server) may lag far behind: a thousand nodes' rows read
+    again at every launch (issue 35.2)."""
+    snapshot, last_own = last if last is not None and horizon is not None else (None, None)
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT s.xmin, s.own, s.own_rows, s.own_sum, l.id, l.node_id, l.txid::text::bigint FROM (SELECT "
-            "pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin, "
+            "SELECT s.xmin, s.own, s.own_rows, s.own_sum, s.snap, l.id, l.node_id, l.txid::text::bigint FROM (SELECT "
+            "pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin, pg_current_snapshot()::text AS snap, "
             "pg_current_xact_id_if_assigned()::text::bigint AS own, o.own_rows, o.own_sum FROM (SELECT "
             "count(*) AS own_rows, COALESCE(sum(id), 0)::bigint AS own_sum FROM accelerators_clusterchange "
             "WHERE txid = pg_current_xact_id_if_assigned() AND id <= %s) o) s "
             "LEFT JOIN accelerators_clusterchange l "
             "ON l.txid >= COALESCE(%s::text::xid8, pg_snapshot_xmin(pg_current_snapshot())) "
+            "AND (%s::text IS NULL OR NOT pg_visible_in_snapshot(l.txid, %s::text::pg_snapshot) "
+            "OR l.txid = %s::text::xid8 OR l.txid = pg_current_xact_id_if_assigned()) "
             "AND NOT (l.txid IS NOT DISTINCT FROM pg_current_xact_id_if_assigned() AND l.id <= %s)",
-            [own_after, None if horizon is None else str(horizon), own_after],
+            [
+                own_after,
+                None if horizon is None else str(horizon),
+                snapshot,
+                snapshot,
+                None if last_own is None else str(last_own),
+                own_after,
+            ],
         )
         rows = cursor.fetchall()
-    xmin, own, own_rows, own_sum = rows[0][0], rows[0][1], rows[0][2], rows[0][3]
-    changes = [(i, None if node is None else str(node), txid) for _, _, _, _, i, node, txid in rows if i is not None]
-    return xmin, own, changes, (int(own_rows), int(own_sum))
+    xmin, own, own_rows, own_sum, taken = rows[0][0], rows[0][1], rows[0][2], rows[0][3], rows[0][4]
+    changes = [(i, None if node is None else str(node), txid) for _, _, _, _, _, i, node, txid in rows if i is not None]
+    return xmin, own, changes, (int(own_rows), int(own_sum)), taken
 
 
 def _read_nodes(pks: Iterable[str] | None) -> dict[str, NodeEntry]:
@@ -374,14 +393,14 @@ def ever_fits_nodes(request: core.ResourceRequest, *, group: ResourceGroup | Non
     — 1,000 alike nodes are one to check —, or all of them where the request pins devices."""
     slot = request.slot or "cuda"
     snapshot = cluster_view().snapshot()
-    nodes = view_node_states(slot_name=slot, alive_only=False, group=group, usage=False, snapshot=snapshot)
-    if request.pins:
-        return nodes
     key = (snapshot.version, slot, group.pk if group else None)
-    if snapshot.version >= 0:
+    if snapshot.version >= 0 and not request.pins:  # before the states: building 1,000 of them is the cost kept
         with _KINDS_LOCK:
             if key in _KINDS:
                 return _KINDS[key]
+    nodes = view_node_states(slot_name=slot, alive_only=False, group=group, usage=False, snapshot=snapshot)
+    if request.pins:
+        return nodes
     kinds: dict[tuple, core.NodeState] = {}
     for node in nodes:
         kinds.setdefault(shape_key(node), node)
