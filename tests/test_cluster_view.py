@@ -124,3 +124,45 @@ def test_the_launch_checks_one_node_of_each_kind(view):
     assert sorted(n.node_id for n in nodes) == ["gpu-node-0", "small-0"]
     pinned = parse_resources({"cuda.shares": "1", "devices": ["GPU-00000001-0000-0000-0000-000000000000"]})
     assert len(cluster_view.ever_fits_nodes(pinned, group=None)) == 10
+
+
+def test_rows_a_read_saw_are_not_read_again_while_an_old_transaction_holds_the_horizon(view):
+    """The horizon is the oldest transaction still open anywhere on the server: while one stays
+    open, each use reads only the log rows the last one could not see, not every row since it
+    (issue 35.2: a thousand nodes' rows read again at every launch)."""
+    import threading
+
+    gpu_cluster(nodes=2, gpus=1)
+    kept()
+    holding, release = threading.Event(), threading.Event()
+
+    def hold():
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT pg_current_xact_id()")  # an xid: it holds every snapshot's xmin back
+                holding.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(30)
+        Node.objects.filter(name="gpu-node-0").update(cpu_count=3)
+        reloaded = view.reloaded
+        assert {n.node_id: n.cpu_total for n in kept()} == {"gpu-node-0": 3, "gpu-node-1": 256}
+        assert view.reloaded == reloaded + 1
+        _, _, again, _, _ = cluster_view._changes_since(view.horizon, last=view.last)
+        _, _, everything, _, _ = cluster_view._changes_since(view.horizon)
+        assert again == [] and len(everything) >= 1  # the row is still above the horizon, and not read again
+        Node.objects.filter(name="gpu-node-1").update(cpu_count=5)
+        assert (
+            {n.node_id: n.cpu_total for n in kept()}
+            == {"gpu-node-0": 3, "gpu-node-1": 5}
+            == {n.node_id: n.cpu_total for n in read()}
+        )
+        assert view.reloaded == reloaded + 2
+    finally:
+        release.set()
+        holder.join()
