@@ -40,7 +40,7 @@ import re
 import time
 from importlib import import_module
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import websockets
@@ -135,7 +135,8 @@ def _client() -> httpx.AsyncClient:
         )
         # An agent's relay takes a connection that first proves it comes from the web (protocol.app_relay):
         # httpx offers no setting for httpcore's network backend, so its pool's is wrapped.
-        transport._pool._network_backend = RelayBackend(transport._pool._network_backend)
+        backend: Any = RelayBackend(transport._pool._network_backend)  # httpcore.AsyncNetworkBackend's methods
+        transport._pool._network_backend = backend
         client = _clients[loop] = httpx.AsyncClient(
             transport=transport,
             follow_redirects=False,
@@ -736,7 +737,7 @@ class AppWebsocketProxy:
                     open_timeout=CONNECT_TIMEOUT_S,
                     user_agent_header=None,
                     proxy=None,
-                    **({"sock": relayed} if relayed is not None else {}),
+                    sock=relayed,  # None: websockets connects to the URI's host and port itself
                 )
             except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
                 log.info("app websocket %s: could not connect to %s: %s", app["name"], host, exc)
