@@ -11,7 +11,7 @@ them and every iptables rule `up()` added, also after a failure halfway (each st
 The bridge's address (.1) is the control plane's: the test's redis-server listens there, the web
 and the manager reach it there, and the web reaches each agent at its host's address (.11, .12,
 …): the agent's `app-address`, where its direct terminal streams and its app relays listen. A host
-reaches nothing of another's (each namespace has its own loopback, and `eth0` only the bridge).
+reaches another only at its address over the bridge (each namespace has its own loopback).
 
 Session containers. An agent in a namespace still drives the machine's one Docker Engine (its unix
 socket is a file, not an address), so its session containers live on the Docker network it makes
@@ -94,6 +94,9 @@ class HostsBed:
             run(["ip", "link", "add", self.bridge, "type", "bridge"])
             run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
             run(["ip", "link", "set", self.bridge, "up"])
+            # The hosts reach each other, as on a switch: where br_netfilter has bridged frames pass
+            # iptables' FORWARD, whose policy Docker sets to DROP, they are let through.
+            self._rule(["DOCKER-USER", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"])
             for host in self.hosts.values():
                 run(["ip", "netns", "add", host.netns])
                 run(["ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns])

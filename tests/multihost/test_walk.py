@@ -4,25 +4,30 @@ the test's own on the bed's bridge address), and two agent hosts, "a" and "b", e
 namespace of its own with an address of its own (tests/multihost/bed.py: how, and how each agent
 reaches its session containers). Sessions run with the docker runtime (fgpu-session:test,
 tests/images/build.sh); each agent relays its apps on its own address (agent.toml `app-relay`'s
-default where `app-address` is not loopback), proven per node (protocol.app_relay).
+default where `app-address` is not loopback), proven per node (protocol.app_relay: each node has an
+agent key, `manage.py node_key`, from which the web and the agent derive the relay key).
 
-On each host: a session is launched there; the terminal websocket (the direct stream from the
-agent's address) runs nvidia-smi and shows the slice; exec answers with the session's id; the files
-API writes a file into the session and reads it back; a declared app (a tornado HTTP and websocket
-server the files API put there) opens through the web's proxy, which reaches it at the agent's
-relay on the host's address (HTTP and a websocket echo), while the web's namespace cannot open a
-connection to the container itself; the session's log holds the terminal's output. Then host b's
+On each host: a session is launched there; the terminal websocket runs nvidia-smi and shows the
+slice (host a: its agent's direct stream, which the web opens to a's address from the bridge's;
+host b: `terminal-direct = false`, the channel layer through Redis on the bridge); exec answers with
+the session's id; the files API writes a file into the session and reads it back; a declared app (a
+tornado HTTP and websocket server the files API put there) opens through the web's proxy, which
+reaches it at the agent's relay on the host's address (HTTP and a websocket echo), while the web's
+namespace cannot open a connection to the container itself, and the other host, connecting to the
+relay without the web's proof, gets nothing from the app (the agent logs the refusal); the
+session's log holds the terminal's output. Then host b's
 link goes down (its agent and container go on): b's node goes LOST; a session asked for meanwhile is
 not placed on b's devices (its session holds them) nor granted a's; b's session is stopped meanwhile.
 b's link comes back: b is ALIVE, its session ends (its container is removed), the waiting session
-takes b's device, and the database's sessions and grants agree with the agents' containers: every
-device's grants within its capacity, no session with two sets of grants. Last, every session stops
-and every container goes.
+takes b's device (its app opens through b's relay again), and the database's sessions and grants
+agree with the agents' containers: every device's grants within its capacity, no session with two
+sets of grants. Last, every session stops, every container goes and every grant is released.
 """
 from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 from dataclasses import dataclass
 
 import docker
@@ -73,6 +78,18 @@ class BedNode(StackNode):
                 .replace("[container]\n", f'[container]\napp-address = "{self.address}"\n'))
 
 
+def refused_from(bed: HostsBed, host: str, address: str, port: int) -> bytes:
+    """What a client in host `host`'s namespace gets from address:port for a GET without the
+    web's proof (b"": the connection closed without a byte)."""
+    probe = ("import socket,sys\ns = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)\n"
+             "s.settimeout(20)\ns.sendall(b'GET / HTTP/1.0\\r\\nHost: app\\r\\n\\r\\n')\nout = b''\n"
+             "while (chunk := s.recv(65536)):\n    out += chunk\nsys.stdout.buffer.write(out)\n")
+    done = subprocess.run([*bed.hosts[host].command_prefix(), "python3", "-c", probe, address, str(port)],
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 @pytest.fixture
 def bed(tmp_path):
     hosts = HostsBed(list(HOSTS), tmp_path / "bed").up()
@@ -94,8 +111,9 @@ def cluster(bed, tmp_path, django_user_model, request):
         node = f"mh-{name}"
         bed.route_to_containers(name, network_names(node, installation_id(tmp_path / "nodes" / node / "scratches")).bridge)
         nodes.append(BedNode(node, mock_inventory(gpus=1), runtime="docker", command_prefix=host.command_prefix(),
-                             env=bed.agent_env(), address=host.address))
-    stack = Stack(nodes=nodes, work_dir=tmp_path, redis_address=bed.gateway,
+                             env=bed.agent_env(), address=host.address,
+                             container="terminal-direct = false\n" if name == "b" else ""))
+    stack = Stack(nodes=nodes, work_dir=tmp_path, redis_address=bed.gateway, node_keys=True,
                   env={"FGPU_HEARTBEAT_TIMEOUT": "6"})
     try:
         stack.start(timeout=90)
@@ -177,7 +195,8 @@ def test_the_walkthrough_runs_on_each_host_and_a_cut_host_converges_without_doub
         output = asyncio.run(terminal_run(base.replace("http://", "ws://") + ticket["url"],
                                           "nvidia-smi; echo end-$((6*7))\r", "end-42", timeout=60))
         assert "6144MiB" in output, output  # 1.5 fGPU of an 8 GiB, 2-fGPU device
-        assert f"direct terminal streams on {host.address}:" in stack.agents[node].output()
+        direct = f"of session {sid} reads from {bed.gateway}:" in stack.agents[node].output()  # the web, from the bridge
+        assert direct is (host.name == "a"), stack.agents[node].output()[-3000:]  # a: the direct stream; b: the layer
         # exec
         status, done = api(base, "POST", f"/api/v1/sessions/{sid}/exec/", token, {"command": "echo $FGPU_SESSION_ID"})
         assert status == 200 and done["stdout"].strip() == sid, done
@@ -206,6 +225,11 @@ def test_the_walkthrough_runs_on_each_host_and_a_cut_host_converges_without_doub
         container_address = relayed[0].rsplit(" to ", 1)[1].rsplit(":", 1)[0]
         with pytest.raises(OSError):  # the web's namespace cannot open a connection to the container itself
             socket.create_connection((container_address, APP["port"]), timeout=3).close()
+        relay_port = int(relayed[0].split(f" from {host.address}:", 1)[1].split()[0])
+        other = next(h for h in HOSTS if h != host.name)  # another host on the network, without the web's proof
+        assert refused_from(bed, other, host.address, relay_port) == b""
+        wait_until(lambda node=node: "refused a connection to an app relay" in stack.agents[node].output(), timeout=10,
+                   what="the agent to log the refused connection")
         # logs
         wait_until(lambda sid=sid: "end-42" in get_ok(base, f"/api/v1/sessions/{sid}/logs/", token)["text"], timeout=30,
                    what="the terminal's output in the session's log")
@@ -230,6 +254,16 @@ def test_the_walkthrough_runs_on_each_host_and_a_cut_host_converges_without_doub
     moved = wait_until(lambda: (s := session(base, token, waiting["id"]))["status"] == "RUNNING" and s, timeout=120,
                        what="the waiting session to take b's device")
     assert moved["node"] == "mh-b", moved
+    put = httpx.put(f"{base}/api/v1/sessions/{moved['id']}/files/content/?path=hello_app.py", content=APP_SOURCE.encode(),
+                    headers={"Authorization": f"Token {token}", "Content-Type": "application/octet-stream"}, timeout=60)
+    assert put.status_code in (200, 201), put.text
+    assert open_app(base, alice, moved["id"], "hello")[-1]["type"] == "ready"
+    browser = on_apps_origin(stack.apps_base, alice, f"/sessions/{moved['id']}/apps/hello/")
+    page = browser.get(f"/sessions/{moved['id']}/apps/hello/")
+    assert page.status_code == 200 and page.text == f"hello from {moved['id']}", page.text[:300]
+    a_id = placed["mh-a"]["id"]  # a's app went on through the cut
+    page = on_apps_origin(stack.apps_base, alice, f"/sessions/{a_id}/apps/hello/").get(f"/sessions/{a_id}/apps/hello/")
+    assert page.status_code == 200 and page.text == f"hello from {a_id}", page.text[:300]
 
     nodes = ["mh-a", "mh-b"]
     expected = {"mh-a": {placed["mh-a"]["id"]}, "mh-b": {moved["id"]}}
