@@ -319,3 +319,104 @@ def test_a_grant_is_checked_again_on_every_request_a_deactivated_user_a_changed_
     alice.is_active = False
     alice.save(update_fields=["is_active"])
     assert _granted_lookup([mine], session, "echo") is None
+
+
+def _apps_request(settings, alices_session, alice) -> tuple[dict, str]:
+    """A GET of alice's echo app on the apps origin with her grant's cookie: (ASGI scope, session id)."""
+    from sessions.serving.origin import app_grant_issue
+
+    settings.FGPU_APPS_ORIGIN = "http://apps.test:8001"
+    image = alices_session.image
+    image.apps = [APPS[0]]
+    image.save(update_fields=["apps"])
+    session = str(alices_session.pk)
+    grant = app_grant_issue({"user": alice.pk, "auth": alice.get_session_auth_hash(), "session": session, "app": "echo",
+                             "console": "http://c"})
+    scope = {"type": "http", "method": "GET", "path": f"/sessions/{session}/apps/echo/echo", "query_string": b"",
+             "headers": [(b"host", b"apps.test:8001"), (b"cookie", f"{settings.FGPU_APPS_COOKIE}={grant}".encode())]}
+    return scope, session
+
+
+@pytest.mark.django_db(transaction=True)  # the check reads on Channels' database thread, which closes connections
+def test_a_kept_check_carries_the_apps_token_until_this_process_opens_the_app_again(
+        settings, alices_session, alice, monkeypatch):
+    from asgiref.sync import async_to_sync
+    from django.core.cache import cache
+
+    from sessions.serving import proxy
+    from sessions.serving.session_apps import TOKEN_KEY, _app_token_keep
+
+    monkeypatch.setattr(proxy, "CHECK_TTL_S", 600.0)  # this test's own pace does not matter
+    scope, session = _apps_request(settings, alices_session, alice)
+    match = proxy.PATH_RE.match(scope["path"])
+    cache.set(TOKEN_KEY.format(session=session, app="echo"), "first-token")
+    check = async_to_sync(proxy._check)
+    status, found = check(scope, match)
+    assert status == 0 and found["token"] == "first-token" and not found.get("kept")
+    status, found = check(scope, match)
+    assert status == 0 and found["token"] == "first-token" and found["kept"]  # no database, no cache read
+    async_to_sync(_app_token_keep)(session_id=session, app="echo", token="second-token")  # opened again here
+    status, found = check(scope, match)
+    assert status == 0 and found["token"] == "second-token" and not found.get("kept")
+    assert check(scope, match)[1]["kept"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_app_refusing_a_kept_token_opened_again_by_another_process_gets_the_request_again_with_the_new_one(
+        settings, alices_session, alice, monkeypatch):
+    import asyncio
+
+    import httpx
+    from asgiref.sync import async_to_sync
+    from django.core.cache import cache
+
+    from sessions.serving import proxy, session_apps
+
+    monkeypatch.setattr(proxy, "CHECK_TTL_S", 600.0)
+    scope, session = _apps_request(settings, alices_session, alice)
+    key = session_apps.TOKEN_KEY.format(session=session, app="echo")
+    running = {"token": "first-token"}
+    seen = []
+
+    class Body(httpx.AsyncByteStream):  # streamed, as the proxy reads an app's answer
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+
+        async def __aiter__(self):
+            yield self.data
+
+    def app(request: httpx.Request) -> httpx.Response:  # the app in the session: its token or 403, as Jupyter
+        seen.append(request.headers.get("authorization"))
+        if request.headers.get("authorization") != f"token {running['token']}":
+            return httpx.Response(403, stream=Body(b"no token\n"))
+        return httpx.Response(200, stream=Body(b"hello\n"))
+
+    async def get() -> tuple[int, bytes]:
+        proxy._clients[id(asyncio.get_running_loop())] = httpx.AsyncClient(transport=httpx.MockTransport(app))
+        session_apps.APP_TARGETS[(session, "echo")] = ("127.0.0.1", 9, time.monotonic() + 600)
+        asked, sent, never = [], [], asyncio.get_running_loop().create_future()
+
+        async def receive():
+            if not asked:
+                asked.append(1)
+                return {"type": "http.request", "body": b"", "more_body": False}
+            return await never
+
+        async def send(message):
+            sent.append(message)
+
+        try:
+            await proxy.AppHttpProxy()(dict(scope), receive, send)
+        finally:
+            await proxy._clients.pop(id(asyncio.get_running_loop())).aclose()
+        return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+    cache.set(key, "first-token")
+    assert async_to_sync(get)() == (200, b"hello\n")
+    # Another web process opens the app again: a new token in the cache, this process's kept check unaware.
+    running["token"] = "second-token"
+    cache.set(key, "second-token")
+    seen.clear()
+    assert async_to_sync(get)() == (200, b"hello\n")
+    assert seen == ["token first-token", "token second-token"]  # refused with the kept one, then sent again
+    assert async_to_sync(get)() == (200, b"hello\n") and seen[-1] == "token second-token"

@@ -10,8 +10,9 @@ session's owner and administrators only.
   The apps origin serves nothing else (404), and the console refuses requests its pages send
   (`Origin` the apps origin: 403, websockets closed 4403): `OriginRouter`.
 - Who: the app-origin cookie's grant, re-checked on every request, or taken as this process found
-  it less than CHECK_TTL_S (1 s) before (`_check`): its user active and still the session's owner
-  or an administrator, the session RUNNING. Without one: 401 (websockets are closed, 4401); another
+  it less than CHECK_TTL_S (1 s) before, with the app's token, unless the app was opened again
+  since (`_check`): its user active and still the session's owner or an administrator, the session
+  RUNNING. Without one: 401 (websockets are closed, 4401); another
   user's session or an app its image does not declare: 404, as everywhere (ids do not leak).
 - What goes upstream: the request as the browser sent it, to where the session's agent says
   the app listens, with `Authorization: token <the app's token>` (random per start, set by the
@@ -76,6 +77,7 @@ from sessions.serving.relay_connect import RelayBackend, relay_socket
 from sessions.serving.session_apps import (
     OPEN_PAGE,
     TOKEN_KEY,
+    app_opened,
     app_prefix,
     session_app_get,
     session_app_target,
@@ -275,7 +277,8 @@ def _granted_lookup(values: list[str], session_id: str, name: str) -> dict | Non
 
 CHECK_TTL_S = 1.0  # how long this process takes a passed check on the apps origin as it was (`_check`)
 MAX_CHECKS = 10_000
-_checked: dict[tuple, tuple[float, dict]] = {}  # (cookie values, session, app) → (until, what `_granted_lookup` found)
+# (cookie values, session, app) → (until, what `_granted_lookup` found, session_apps.app_opened before it)
+_checked: dict[tuple, tuple[float, dict, int]] = {}
 
 
 def _check_key(scope, match) -> tuple:
@@ -293,27 +296,27 @@ async def _check(scope, match) -> tuple[int, dict]:
     (`ConsoleAppRedirect`), by the console's sign-in cookie.
 
     A check passed on the apps origin is taken as it was for CHECK_TTL_S (1 s) by this process for
-    the same cookie, session and app, without a trip to the database (its two queries on a worker
-    thread cost a small GET several times what the app does): a session ended, a user deactivated
-    or a password changed is refused within that second, and at once where the app no longer
-    answers (`_check_forget`). The app's token is never kept: it is read from the cache each time
-    (an app opened again has a new one). Refusals are never kept; the console's origin is checked
-    every time."""
+    the same cookie, session and app, with the app's token it read, without a trip to a worker
+    thread (the database's two queries and the cache's read there cost a small GET several times
+    what the app does): a session ended, a user deactivated or a password changed is refused
+    within that second, and at once where the app no longer answers (`_check_forget`). An app
+    opened again has a new token: opened by this process (session_apps.app_opened), the kept check
+    is dropped at once; by another, the app refuses the kept token and the request is checked
+    afresh and sent again (`AppHttpProxy._forward`, `kept`). Refusals are never kept; the console's
+    origin is checked every time. A kept check's answer says `"kept": True`."""
     try:
         if is_apps_request(scope):
             key = _check_key(scope, match)
             kept = _checked.get(key)
-            if kept is not None and kept[0] > time.monotonic():
-                # The app's token is read anew: opened again since, the app has a new one, and the
-                # kept one would have it refuse the request (a stale token: 403 from the app).
-                token = await cache.aget(TOKEN_KEY.format(session=match["session"], app=match["app"]))
-                return 0, {**kept[1], "token": token}
+            opened = app_opened(session_id=match["session"], app=match["app"])
+            if kept is not None and kept[0] > time.monotonic() and kept[2] == opened:
+                return 0, {**kept[1], "kept": True}
             found = await database_sync_to_async(_granted_lookup)(list(key[0]), match["session"], match["app"])
             if found is not None and found["status"] == SessionStatus.RUNNING:
                 _checked.pop(key, None)
                 while len(_checked) >= MAX_CHECKS:  # the oldest first
                     _checked.pop(next(iter(_checked)))
-                _checked[key] = (time.monotonic() + CHECK_TTL_S, found)
+                _checked[key] = (time.monotonic() + CHECK_TTL_S, found, opened)
         else:
             found = await database_sync_to_async(_signed_in_lookup)(_session_key(scope), match["session"], match["app"])
         if found is None:
@@ -401,22 +404,30 @@ class AppHttpProxy:
         if status:
             await _page(send, status, found or {"title": "Not found", "why": "There is no such app.", "console": None})
             return
-        await self._forward(scope, receive, send, match, found["app"], console=found["console"], token=found["token"])
+        kept = bool(found.get("kept"))
+        await self._forward(scope, receive, send, match, found["app"], console=found["console"], token=found["token"], kept=kept)
 
-    async def _forward(self, scope, receive, send, match, app: dict, *, console: str, token: str | None) -> None:
+    async def _forward(
+        self, scope, receive, send, match, app: dict, *, console: str, token: str | None, kept: bool = False, drained=False
+    ) -> None:
+        """`kept`: the check (and the token) is one this process kept (`_check`); a request without
+        a body that the app refuses with it (401, 403: opened again by another web process, with a
+        new token) is checked afresh and sent again with the token found then. `drained`: the
+        request's body was read already (there was none)."""
         import httpx
 
         session_id = match["session"]
         if token is None:
             _check_forget(scope, match)
-            await _drain(receive)
+            if not drained:
+                await _drain(receive)
             await _page(send, 502, await _not_running(session_id, app, "it has not been opened", console=console))
             return
         headers = upstream_headers(scope, token=token)
         sent_headers = {name for name, _ in scope.get("headers", [])}
         has_body = b"content-length" in sent_headers or b"transfer-encoding" in sent_headers
         body = _request_body(receive) if has_body else None
-        if not has_body:
+        if not has_body and not drained:
             await _drain(receive)
         content_length = next((v for n, v in scope.get("headers", []) if n == b"content-length"), None)
         if content_length is not None:
@@ -449,6 +460,18 @@ class AppHttpProxy:
                 _check_forget(scope, match)
                 await _page(
                     send, 502, await _not_running(session_id, app, "it closed the connection without an answer", console=console)
+                )
+                return
+        if kept and body is None and response.status_code in (401, 403):
+            _check_forget(scope, match)
+            status, found = await _check(scope, match)
+            if status or found["token"] != token:
+                await response.aclose()
+                if status:
+                    await _page(send, status, found or {"title": "Not found", "why": "There is no such app.", "console": None})
+                    return
+                await self._forward(
+                    scope, receive, send, match, found["app"], console=found["console"], token=found["token"], drained=True
                 )
                 return
         try:

@@ -28,6 +28,7 @@ no page or API answer carries it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import secrets
 import time
@@ -73,8 +74,27 @@ async def app_token_get(*, session_id, app: str) -> str | None:
     return await cache.aget(TOKEN_KEY.format(session=session_id, app=app))
 
 
+# (session id, app) → when this process last kept a token for it (a number from _OPENINGS, growing):
+# the app proxy takes a check it keeps (with the token it read) only while this is what it was then.
+_OPENED: dict[tuple[str, str], int] = {}
+_OPENINGS = itertools.count(1)
+
+
+def app_opened(*, session_id, app: str) -> int:
+    """When this process last kept a new token for app `app` of session `session_id` (a number
+    that grows with each keep; 0: not since it started, or forgotten among MAX_TARGETS others).
+    The app proxy keeps a passed check with the token it read only while this stays the same
+    (sessions.serving.proxy._check)."""
+    return _OPENED.get((str(session_id), app), 0)
+
+
 async def _app_token_keep(*, session_id, app: str, token: str) -> None:
     await cache.aset(TOKEN_KEY.format(session=session_id, app=app), token, settings.FGPU_APP_TOKEN_TTL)
+    key = (str(session_id), app)
+    _OPENED.pop(key, None)
+    while len(_OPENED) >= MAX_TARGETS:  # the oldest first: a forgotten one reads 0, and a kept check is taken anew
+        _OPENED.pop(next(iter(_OPENED)))
+    _OPENED[key] = next(_OPENINGS)
 
 
 def app_prefix(*, session_id, app: str) -> str:
