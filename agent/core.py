@@ -564,9 +564,9 @@ class Agent:
             process=spawned.handle,
             work_dir=spawned.work_dir,
             env=spawned.env,
-            data_dir=spawned.data_dir,
-            project_dirs=spawned.project_dirs,
-            shared_dirs=spawned.shared_dirs,
+            data_dir=spawned.folders.data_dir,
+            project_dirs=spawned.folders.project_dirs,
+            shared_dirs=spawned.folders.shared_dirs,
         )
 
     def _progress_from_thread(self, session_id: str, text: str) -> None:

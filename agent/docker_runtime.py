@@ -1,6 +1,6 @@
 """The `docker` runtime: one Docker container per session, through the Docker SDK for Python.
 
-Each session runs in its own container from its image (`spec["image"]`, else agent.toml's
+Each session runs in its own container from its image (its start spec's `image`, else agent.toml's
 `[container] default-image`), as Backend.AI runs a kernel: named `fgpu-<session id>` and
 labelled `fgpu.session` / `fgpu.node` / `fgpu.work-dir`, its terminal the container's TTY
 (attached before it starts, so no output is missed), `docker-init` as PID 1 so signals reach the
@@ -33,11 +33,14 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import protocol
+from protocol.messages import StartSpec
 from protocol.units import format_binary_size
+from agent.mounts import NO_FOLDERS, Folders
 from agent.network import OUTBOUND, NetworkError, SessionNetwork, instance_id, network_mode
 from agent.limits import SessionLimits, docker_parent_open, docker_parent_remove
 from agent.runtimes import DOCKER, SessionPaths, cgroup_tag, parent_cgroup_name
@@ -405,14 +408,19 @@ class DockerRuntime:
 
         nvidia_smi.install_portable(bin_dir)
 
-    def container_config(self, *, spec: dict, argv: list[str], env: dict, work_dir: Path) -> dict:
-        """What the agent asks Docker for, as `containers.create` keyword arguments (pure)."""
+    def container_config(
+        self, *, spec: StartSpec, argv: list[str], env: dict[str, str], work_dir: Path, folders: Folders = NO_FOLDERS
+    ) -> dict[str, Any]:
+        """What the agent asks Docker for, as `containers.create` keyword arguments (pure): the
+        container of start spec `spec` (its image, `mem` bytes, `cpu` cores, devices by hardware
+        id) running `argv` with `env`, its home `work_dir` and its data `folders` (agent.mounts)
+        bind-mounted."""
         import docker
 
-        session_id = spec["session_id"]
-        mem = int(spec.get("mem") or 0) or self.limits.default_memory  # none asked: [limits] default-memory
+        session_id = spec.session_id
+        mem = spec.mem or self.limits.default_memory  # none asked: [limits] default-memory
         config: dict[str, Any] = dict(
-            image=spec.get("image") or self.default_image,
+            image=spec.image or self.default_image,
             command=argv,
             name=f"fgpu-{session_id}",
             hostname=f"s-{session_id[:8]}",
@@ -432,7 +440,7 @@ class DockerRuntime:
                 docker.types.Mount(HOME, str(work_dir), type="bind"),
                 docker.types.Mount(TOOLS, str(work_dir / ".fgpu"), type="bind", read_only=True),
             ],
-            nano_cpus=int(spec.get("cpu") or 1) * 1_000_000_000,
+            nano_cpus=(spec.cpu or 1) * 1_000_000_000,
             pids_limit=self.limits.session_pids,  # PIDS_LIMIT unless [limits] session-pids says otherwise
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
@@ -440,16 +448,16 @@ class DockerRuntime:
         )
         if self.cgroup_parent:  # all the agent's containers together: [limits] node-pids
             config["cgroup_parent"] = self.cgroup_parent
-        if spec.get("data_dir"):  # the owner's persistent folder (agent.files) at ~/data
-            config["mounts"].append(docker.types.Mount(f"{HOME}/data", spec["data_dir"], type="bind"))
-        for name, folder in (spec.get("project_dirs") or {}).items():  # and each of their projects'
-            config["mounts"].append(docker.types.Mount(f"{HOME}/projects/{name}", folder, type="bind"))
-        for name, shared in (spec.get("shared_dirs") or {}).items():  # the folders shared with them (issue 36.5)
-            read_only = shared.get("read_only", True) is not False  # a read-only share: a read-only volume
-            config["mounts"].append(docker.types.Mount(f"{HOME}/shared/{name}", shared["path"], type="bind", read_only=read_only))
+        if folders.data_dir is not None:  # the owner's persistent folder (agent.files) at ~/data
+            config["mounts"].append(docker.types.Mount(f"{HOME}/data", str(folders.data_dir), type="bind"))
+        for name, folder in folders.project_dirs.items():  # and each of their projects'
+            config["mounts"].append(docker.types.Mount(f"{HOME}/projects/{name}", str(folder), type="bind"))
+        for name, (folder, read_only) in folders.shared_dirs.items():  # the folders shared with them (issue 36.5)
+            # a read-only share: a read-only volume
+            config["mounts"].append(docker.types.Mount(f"{HOME}/shared/{name}", str(folder), type="bind", read_only=read_only))
         if mem:
             config.update(mem_limit=mem, memswap_limit=mem)  # swap off: the limit is the limit
-        devices = [d["device_id"] for d in spec.get("devices", [])]
+        devices: list[str] = [d.hardware_id for d in spec.devices]
         if self.gpus and devices:  # the granted GPUs or MIG devices, by UUID (NVIDIA container toolkit)
             config["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", device_ids=devices, capabilities=[["gpu"]])]
         if self.hami_core is not None:
@@ -462,19 +470,26 @@ class DockerRuntime:
             config["ipc_mode"] = "host"
         return config
 
-    def spawn(self, *, spec: dict, argv: list[str], env: dict, work_dir: Path, progress=None) -> DockerSession:
-        """Blocking: create the session's container (pulling its image first where the node lacks
-        it and `pull` is on; `progress(text)` hears how the pull goes), attach to its TTY, start
-        it. Raises DockerRuntimeError with Docker's (or the registry's) words when the image
-        cannot be had or Docker refuses."""
+    def spawn(
+        self,
+        *,
+        spec: StartSpec,
+        argv: list[str],
+        env: dict[str, str],
+        work_dir: Path,
+        folders: Folders = NO_FOLDERS,
+        progress: Callable[[str], None] | None = None,
+    ) -> DockerSession:
+        """Blocking: create the container of the session of start spec `spec` (`container_config`;
+        pulling its image first where the node lacks it and `pull` is on; `progress(text)` hears
+        how the pull goes), attach to its TTY, start it. Raises DockerRuntimeError with Docker's
+        (or the registry's) words when the image cannot be had or Docker refuses."""
         import docker
 
-        config = self.container_config(spec=spec, argv=argv, env=env, work_dir=work_dir)
+        config = self.container_config(spec=spec, argv=argv, env=env, work_dir=work_dir, folders=folders)
         _give_home(work_dir, self.uid, self.gid)
-        shared = [s["path"] for s in (spec.get("shared_dirs") or {}).values()]
-        for folder in [spec.get("data_dir"), *(spec.get("project_dirs") or {}).values(), *shared]:
-            if folder:  # the persistent folders mounted in it: the container's user's inside too
-                _give_home(Path(folder), self.uid, self.gid)
+        for folder in folders.all():  # the persistent folders mounted in it: the container's user's inside too
+            _give_home(folder, self.uid, self.gid)
         try:
             try:
                 container = self.client.containers.create(**config)
@@ -505,7 +520,7 @@ class DockerRuntime:
             self,
             container,
             stream,
-            session_id=spec["session_id"],
+            session_id=spec.session_id,
             env=env,
             work_dir=work_dir,
             mem=int(config.get("mem_limit") or 0),

@@ -36,7 +36,7 @@ import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ import protocol
 from agent import files as session_files
 from agent import mig as mig_runtime
 from agent import session_exec
+from agent.mounts import NO_FOLDERS, Folders
 from agent.session_apps import SessionApps
 from protocol.environment import allocation_document, session_environment
 from agent.runtimes import ProcessRuntime
@@ -85,30 +86,20 @@ class WorkDir:
 
 
 @dataclass(frozen=True)
-class Folders:
-    data_dir: Path | None  # the owner's persistent folder (~/data); None: the node keeps none
-    project_dirs: dict[str, Path]  # its projects' folders (~/projects/<name>)
-    shared_dirs: dict[str, tuple[Path, bool]] = field(default_factory=dict)  # ~/shared/<name>: (folder, read-only)
-
-
-@dataclass(frozen=True)
 class Spawned:
-    """What a spawn made: the runtime's `handle` and what the agent keeps of the session."""
+    """What a spawn made: the runtime's `handle` and what the agent keeps of the session: its
+    working directory, environment and data folders."""
 
     handle: Any
     work_dir: Path
     env: dict[str, str]
-    data_dir: Path | None
-    project_dirs: dict[str, Path]
-    shared_dirs: dict[str, tuple[Path, bool]] = field(default_factory=dict)
+    folders: Folders = NO_FOLDERS
 
 
 def stage_mig(node: Node, start: StartSpec) -> StartSpec:
-    """The start spec with its MIG block carried out (agent.mig.prepare_spec, read back through
-    the decoder); unchanged without one. Raises MigError."""
-    if start.mig is None:
-        return start
-    return StartSpec.decode(mig_runtime.prepare_spec(node.mig, start.encode()))
+    """The start spec with its MIG block carried out (agent.mig.prepare_spec: the GPU's device
+    replaced by the MIG device); the same spec without one. Raises MigError."""
+    return mig_runtime.prepare_spec(node.mig, start)
 
 
 def stage_work_dir(node: Node, start: StartSpec) -> WorkDir:
@@ -120,7 +111,7 @@ def stage_work_dir(node: Node, start: StartSpec) -> WorkDir:
 
 def stage_allocation(node: Node, start: StartSpec, work: WorkDir) -> Path:
     """Write the allocation document; returns its path (on the node)."""
-    document = allocation_document(start.encode(), node=node.name, mock=node.mock, attributes=node.attributes)
+    document = allocation_document(start, node=node.name, mock=node.mock, attributes=node.attributes)
     path = work.path / ".fgpu" / "allocation.json"
     path.write_text(json.dumps(document, indent=2))
     return path
@@ -131,33 +122,23 @@ def stage_tools(node: Node, work: WorkDir) -> None:
 
 
 def stage_folders(node: Node, start: StartSpec, work: WorkDir) -> Folders:
+    """The owner's persistent folder, its projects' and those shared with it, made under the
+    node's data root and shown in the working directory (agent.files.link_data: linked for the
+    process runtime, empty mount points for the docker runtime's mounts)."""
     folder = session_files.data_folder(node.data_root, start.owner_id)  # the owner's persistent folder
-    projects = session_files.project_folders(node.data_root, [p.encode() for p in start.projects])  # and its projects'
+    projects = session_files.project_folders(node.data_root, {p.name: p.id for p in start.projects})  # and its projects'
     shared = session_files.shared_folders(node.data_root, [f.encode() for f in start.shared])  # and those shared with it
     link = isinstance(node.runtime, ProcessRuntime)
     session_files.link_data(work_dir=work.path, folder=folder, link=link, projects=projects, shared=shared)
     return Folders(folder, projects, shared)
 
 
-def runtime_spec(start: StartSpec, folders: Folders) -> dict:
-    """The start spec as the environment and the runtimes read it: its dict, with the node's
-    folders (`data_dir`, `project_dirs`: the docker runtime mounts them at ~/data, ~/projects/<name>;
-    `shared_dirs`: {name: {"path", "read_only"}}, which both runtimes mount at ~/shared/<name>, the
-    read-only ones read-only)."""
-    return {
-        **start.encode(),
-        "data_dir": str(folders.data_dir) if folders.data_dir is not None else "",
-        "project_dirs": {name: str(p) for name, p in folders.project_dirs.items()},
-        "shared_dirs": {name: {"path": str(p), "read_only": ro} for name, (p, ro) in folders.shared_dirs.items()},
-    }
-
-
-def stage_environment(node: Node, start: StartSpec, spec: dict, work: WorkDir) -> dict[str, str]:
+def stage_environment(node: Node, start: StartSpec, work: WorkDir) -> dict[str, str]:
     """The session's environment (protocol.environment.session_environment) with the paths where the
     session sees its files (`runtime.paths`), and its prompt."""
     inside = node.runtime.paths(work.path)
     env = session_environment(
-        spec,
+        start,
         allocation_path=inside.allocation,
         bin_dir=inside.bin_dir,
         work_dir=inside.home,
@@ -178,11 +159,18 @@ def stage_command(node: Node, start: StartSpec) -> list[str]:
 
 
 def stage_process(
-    node: Node, spec: dict, argv: list[str], env: dict[str, str], work: WorkDir, progress: Callable[[str], None]
+    node: Node,
+    start: StartSpec,
+    folders: Folders,
+    argv: list[str],
+    env: dict[str, str],
+    work: WorkDir,
+    progress: Callable[[str], None],
 ) -> Any:
-    """The session's process (its own process session, or its own container): the runtime's handle.
-    `progress(text)`: the runtime's word on a slow start (an image pull)."""
-    return node.runtime.spawn(spec=spec, argv=argv, env=env, work_dir=work.path, progress=progress)
+    """The session's process (its own process session, or its own container) through the runtime,
+    with its data `folders`: the runtime's handle. `progress(text)`: the runtime's word on a slow
+    start (an image pull)."""
+    return node.runtime.spawn(spec=start, folders=folders, argv=argv, env=env, work_dir=work.path, progress=progress)
 
 
 def spawn(node: Node, start: StartSpec, *, progress: Callable[[str], None]) -> Spawned:
@@ -192,11 +180,10 @@ def spawn(node: Node, start: StartSpec, *, progress: Callable[[str], None]) -> S
     stage_allocation(node, start, work)
     stage_tools(node, work)
     folders = stage_folders(node, start, work)
-    spec = runtime_spec(start, folders)
-    env = stage_environment(node, start, spec, work)
+    env = stage_environment(node, start, work)
     argv = stage_command(node, start)
-    handle = stage_process(node, spec, argv, env, work, progress)
-    return Spawned(handle, work.path, env, folders.data_dir, folders.project_dirs, folders.shared_dirs)
+    handle = stage_process(node, start, folders, argv, env, work, progress)
+    return Spawned(handle, work.path, env, folders)
 
 
 # --- stop and end ------------------------------------------------------------------------

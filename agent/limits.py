@@ -1,7 +1,7 @@
 """What a session may use on its node, and where the kernel holds it to that: memory, CPU and
 processes through cgroups (issue 31, items 2 and 6), for the process runtime.
 
-A session's limits (`SessionLimits.for_spec`): its start spec's `mem` (bytes; where none is
+A session's limits (`SessionLimits.for_session`): its start spec's `mem` (bytes; where none is
 asked, agent.toml's `[limits] default-memory`, default 4 GiB, at most the node's memory), its
 `cpu` (cores, 1 where none is asked, as a CFS quota: `cpu` × 100 ms of CPU time every 100 ms) and `[limits]
 session-pids` processes (default 4096, the docker runtime's PIDS_LIMIT). All sessions of one
@@ -66,14 +66,17 @@ class SessionLimits:
     project_data_storage: int = PROJECT_DATA_STORAGE
     storage_interval_s: int = STORAGE_INTERVAL_S
 
-    def memory_for(self, spec: dict) -> int:
-        """Bytes session `spec` may hold: its `mem`, else `default_memory`."""
-        return int(spec.get("mem") or 0) or self.default_memory
+    def memory_for(self, mem: int) -> int:
+        """Bytes a session that asked `mem` bytes (a start spec's `mem`; 0: none) may hold: `mem`,
+        else `default_memory`."""
+        return mem or self.default_memory
 
-    def for_spec(self, spec: dict) -> dict[str, int]:
-        """What one session's cgroup gets: {"memory": bytes, "cpu": quota µs per CPU_PERIOD_US (its
-        `cpu` cores; 1 core where none is asked, as the docker runtime), "pids": processes}."""
-        return {"memory": self.memory_for(spec), "cpu": cpu_quota_us(spec.get("cpu") or 1), "pids": self.session_pids}
+    def for_session(self, *, mem: int = 0, cpu: int | str | Decimal = 1) -> dict[str, int]:
+        """What the cgroup of a session that asks `mem` bytes and `cpu` cores (its start spec's
+        `mem` and `cpu`; 0: none asked) gets: {"memory": bytes (`memory_for(mem)`), "cpu": quota µs
+        per CPU_PERIOD_US (`cpu` cores; 1 core where none is asked, as the docker runtime),
+        "pids": processes}."""
+        return {"memory": self.memory_for(mem), "cpu": cpu_quota_us(cpu or 1), "pids": self.session_pids}
 
 
 def cpu_quota_us(cores) -> int:
@@ -189,7 +192,7 @@ class Hierarchies:
         return [parent / name for parent in self.v1_parents()]
 
     def apply(self, name: str, limits: dict[str, int]) -> None:
-        """Blocking: write `limits` (SessionLimits.for_spec) into session `name`'s cgroups (its v2
+        """Blocking: write `limits` (SessionLimits.for_session) into session `name`'s cgroups (its v2
         one under `v2`, made by the caller, and those of `session_dirs`). Raises OSError."""
         memory, cpu, pids = self.directory("memory"), self.directory("cpu"), self.directory("pids")
         if memory is not None:

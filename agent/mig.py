@@ -30,12 +30,14 @@ import time
 import uuid as uuidlib
 from collections.abc import Iterable
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from accelerators.allocation import mig as catalog_mod
 from accelerators.allocation.errors import AllocationError
 from accelerators.plugins import cuda_mig
 from accelerators.plugins.cuda_mig import LiveInstance, MigNvmlError
+from protocol.messages import HardwareId, MigBlock, StartDevice, StartSpec
 
 log = logging.getLogger(__name__)
 
@@ -296,9 +298,9 @@ class MigManager:
         except (MigNvmlError, AllocationError) as exc:
             raise MigError(f"cannot read the MIG profiles of GPU {block['gpu']}: {exc}") from exc
 
-    def prepare(self, block: dict) -> LiveInstance:
-        """Destroy the idle instances the block lists, then create (or reuse) its instance.
-        Returns it with its MIG device UUID. Raises MigError with the reason in words; an
+    def prepare(self, block: MigBlock) -> LiveInstance:
+        """Destroy the idle instances the start spec's MIG block lists, then create (or reuse) its
+        instance. Returns it with its MIG device UUID. Raises MigError with the reason in words; an
         instance created here that cannot be completed is destroyed again (nothing leaks).
         The first prepare on a GPU the agent did not reconcile at start reconciles it here.
         `on_report` gets what reconciling found, then {"prepared": [{"gpu", "profile", "start",
@@ -313,9 +315,7 @@ class MigManager:
                     "unknown": [],
                     "recreated": [],
                     "errors": [],
-                    "prepared": [
-                        {"gpu": block["gpu"], "profile": instance.profile, "start": instance.start, "uuid": instance.uuid}
-                    ],
+                    "prepared": [{"gpu": block.gpu, "profile": instance.profile, "start": instance.start, "uuid": instance.uuid}],
                 }
             )
             return instance
@@ -323,19 +323,19 @@ class MigManager:
             for report in reports:
                 self._report(report)
 
-    def _prepare(self, block: dict, reports: list[dict]) -> LiveInstance:
-        gpu, start = block["gpu"], int(block["start"])
-        catalog = self.catalog(block)
+    def _prepare(self, block: MigBlock, reports: list[dict]) -> LiveInstance:
+        gpu, start = block.gpu, block.start
+        catalog = self.catalog(gpu_entry(block))
         try:
-            profile = catalog.profile(block["profile"])
+            profile = catalog.profile(block.profile)
         except AllocationError as exc:
             raise MigError(str(exc)) from exc
-        if gpu not in self._reconciled and "layout" in block:
+        if gpu not in self._reconciled:
             reports.append(self._reconcile_first_use(block, profile, start))
         live = {i.start: i for i in self._instances(gpu)}
-        for gone in block.get("destroy", ()):
-            instance = live.get(int(gone["start"]))
-            if instance is not None and instance.profile == gone["profile"]:
+        for gone in block.destroy:
+            instance = live.get(gone.start)
+            if instance is not None and instance.profile == gone.profile:
                 self._destroy(gpu, instance)
                 live.pop(instance.start)
         existing = live.get(start)
@@ -346,20 +346,22 @@ class MigManager:
                 f"memory slice {start} of GPU {gpu} holds a {existing.profile} instance, "
                 f"not the {profile.name} the manager expects; the node's layout needs reconciling"
             )
-        return self._create(gpu, profile, start, subproc_count=int(block.get("subproc_count", 0)))
+        return self._create(gpu, profile, start, subproc_count=block.subproc_count)
 
-    def _reconcile_first_use(self, block: dict, profile, start: int) -> dict:
+    def _reconcile_first_use(self, block: MigBlock, profile: catalog_mod.MigProfile, start: int) -> dict:
         """The first time this agent touches a GPU it did not reconcile at start: report
         instances the manager does not know and re-create the other instances of the manager's
-        expected layout (`block["layout"]`), leaving out the one being prepared and those about
+        expected layout (`block.layout`), leaving out the one being prepared and those about
         to be destroyed. Returns the report (also kept in `reports`)."""
-        gone = {(d["profile"], int(d["start"])) for d in block.get("destroy", ())}
-        expected = [e for e in block["layout"] if (e["profile"], int(e["start"])) not in gone and int(e["start"]) != start]
-        self._reconciled.add(block["gpu"])
+        gone = {(d.profile, d.start) for d in block.destroy}
+        expected = [e.encode() for e in block.layout if (e.profile, e.start) not in gone and e.start != start]
+        self._reconciled.add(block.gpu)
         # Those about to be destroyed are the manager's too: not reported unknown, not re-created.
         known = [*expected, *({"profile": p, "start": s} for p, s in gone), {"profile": profile.name, "start": start}]
         report = self.reconcile(
-            [block], {block["gpu"]: known}, create=lambda item: int(item[1]) != start and (item[0], int(item[1])) not in gone
+            [gpu_entry(block)],
+            {block.gpu: known},
+            create=lambda item: int(item[1]) != start and (item[0], int(item[1])) not in gone,
         )
         self.reports.append(report)
         return report
@@ -445,33 +447,50 @@ class MigManager:
         self.timings.append(("destroy", gpu, instance.profile, time.perf_counter() - began))
 
 
-def device_entry(device: dict, instance: LiveInstance) -> dict:
-    """A start spec's device entry turned into the MIG device the session gets: its UUID, its
-    memory as both total and limit (bytes), its SMs, all of them granted."""
+def gpu_entry(block: MigBlock) -> dict[str, Any]:
+    """The GPU of a start spec's MIG block as the reconcile steps name MIG GPUs (the
+    `mig_reconcile` task's `gpus` entries): {"gpu", "model_name", "memory_size", "subproc_count"}."""
     return {
-        **device,
-        "device_id": instance.uuid,
-        "memory_total": instance.memory,
-        "memory_limit": instance.memory,
-        "subproc_count": instance.sm_count,
-        "procs": str(instance.sm_count),
-        "shares": "1",
-        "is_mig_device": True,
-        "mig_profile": instance.profile,
+        "gpu": block.gpu,
+        "model_name": block.model_name,
+        "memory_size": block.memory_size,
+        "subproc_count": block.subproc_count,
     }
 
 
-def prepare_spec(manager: MigManager, spec: dict) -> dict:
-    """The start spec with its `mig` block carried out: the block's GPU's device entry (or a
-    new one) replaced by the MIG device. Specs without a `mig` block come back unchanged.
-    Raises MigError."""
-    block = spec.get("mig")
-    if not block:
+def device_entry(device: StartDevice, instance: LiveInstance) -> StartDevice:
+    """A start spec's device turned into the MIG device the session gets: its UUID as hardware id,
+    its memory as both total and limit (bytes), its SMs, all of them granted."""
+    return replace(
+        device,
+        hardware_id=HardwareId(instance.uuid),
+        memory_total=instance.memory,
+        memory_limit=instance.memory,
+        subproc_count=instance.sm_count,
+        procs=str(instance.sm_count),
+        shares="1",
+        is_mig_device=True,
+        mig_profile=instance.profile,
+    )
+
+
+def prepare_spec(manager: MigManager, spec: StartSpec) -> StartSpec:
+    """The start spec with its `mig` block carried out: the block's GPU's device (or a new one)
+    replaced by the MIG device, first. Specs without a `mig` block come back unchanged (the same
+    object). Raises MigError."""
+    block = spec.mig
+    if block is None:
         return spec
     instance = manager.prepare(block)
-    devices = [d for d in spec.get("devices", []) if d.get("device_id") != block["gpu"]]
-    base = next((d for d in spec.get("devices", []) if d.get("device_id") == block["gpu"]), None) or {
-        "index": block.get("index", 0),
-        "model_name": block.get("model_name", ""),
-    }
-    return {**spec, "devices": [device_entry(base, instance), *devices]}
+    devices = [d for d in spec.devices if d.hardware_id != block.gpu]
+    base = next((d for d in spec.devices if d.hardware_id == block.gpu), None) or StartDevice(
+        hardware_id=block.gpu,
+        index=block.index,
+        model_name=block.model_name,
+        memory_total=0,
+        subproc_count=0,
+        memory_limit=0,
+        procs="0",
+        shares="0",
+    )
+    return replace(spec, devices=(device_entry(base, instance), *devices))

@@ -32,13 +32,17 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import partial
 from pathlib import Path
 
 import protocol
 from protocol.files import PROJECTS_DIR, SHARED_DIR
 from protocol.units import format_binary_size
+from protocol.messages import StartSpec
+from agent.mounts import NO_FOLDERS, Folders
 from agent.network import installation_id
 from agent.holder import receive_fd
 from agent.limits import Hierarchies, SessionLimits, cgroup_mounts, remove_dir
@@ -585,33 +589,42 @@ class ProcessRuntime:
             )
         return self.sandbox
 
-    def spawn(self, *, spec: dict, argv: list[str], env: dict, work_dir: Path, progress=None) -> SessionHandle:
-        """Blocking: `argv` on a new PTY in its own process session, in `work_dir` with `env`
-        (`progress`: unused, there is nothing to pull), in its sandbox (`confine`): its home and
-        the data folders of `spec` (`data_dir`, `project_dirs`) given to the session's user first,
-        and of the node's NVIDIA device nodes only the control nodes and those of its granted
-        devices (agent.sandbox.gpu_devices, looked up once here). Raises SandboxError (no sandbox
-        here and the owner is no administrator, under "auto"; bubblewrap could not set it up: what
-        it said on the terminal) and OSError."""
+    def spawn(
+        self,
+        *,
+        spec: StartSpec,
+        argv: list[str],
+        env: dict[str, str],
+        work_dir: Path,
+        folders: Folders = NO_FOLDERS,
+        progress: Callable[[str], None] | None = None,
+    ) -> SessionHandle:
+        """Blocking: `argv` of the session of start spec `spec` on a new PTY in its own process
+        session, in `work_dir` with `env` (`progress`: unused, there is nothing to pull), in its
+        sandbox (`confine`): its home and its data `folders` (agent.mounts: the read-write ones,
+        then the read-only shares, mounted read-only) given to the session's user first, and of
+        the node's NVIDIA device nodes only the control nodes and those of its granted devices
+        (agent.sandbox.gpu_devices, looked up once here); in its cgroup with the limits of its
+        `mem` and `cpu` where sessions have cgroups. Raises SandboxError (no sandbox here and the
+        owner is no administrator, under "auto"; bubblewrap could not set it up: what it said on
+        the terminal) and OSError."""
         sandbox = self.confine()
-        if sandbox is None and self.sandbox_setting != SANDBOX_NONE and not spec.get("owner_is_staff"):
+        if sandbox is None and self.sandbox_setting != SANDBOX_NONE and not spec.owner_is_staff:
             raise SandboxError(
                 f"this node cannot confine sessions ({self.unconfined_why}), so it runs only administrators' sessions; "
                 "ask an administrator to install bubblewrap there, or to run your session on another node"
             )
-        data = [Path(p) for p in (spec.get("data_dir") or "", *(spec.get("project_dirs") or {}).values()) if p]
-        shared = spec.get("shared_dirs") or {}  # ~/shared/<name> (issue 36.5): read-write ones with `data`
-        data += [Path(s["path"]) for s in shared.values() if not s.get("read_only", True)]
-        read_only = [Path(s["path"]) for s in shared.values() if s.get("read_only", True)]
+        data = folders.writable()  # ~/data, ~/projects/<name> and the read-write ~/shared/<name> (issue 36.5)
+        read_only = folders.read_only()
         devices: list[str] = []
         if sandbox is not None:
             shown = [work_dir / d for d in (PROJECTS_DIR, SHARED_DIR) if (work_dir / d).is_dir()]
             sandbox.own(work_dir, *shown, *data, *read_only)  # a read-only share's folder too: its mount says read-only
             devices = gpu_devices(spec_gpus(spec), dev=self.dev, drivers=self.nvidia_proc, nvml=self.nvml)
-        cgroup = self.cgroups.create(spec["session_id"], spec=spec) if self.cgroups is not None else None  # with its limits
+        cgroup = self.cgroups.create(spec.session_id, mem=spec.mem, cpu=spec.cpu) if self.cgroups is not None else None
         if self.hold:
             return self._spawn_held(
-                session_id=spec["session_id"], argv=argv, env=env, work_dir=work_dir, cgroup=cgroup, sandbox=sandbox, data=data,
+                session_id=spec.session_id, argv=argv, env=env, work_dir=work_dir, cgroup=cgroup, sandbox=sandbox, data=data,
                 devices=devices, read_only=read_only,
             )  # fmt: skip
         master_fd, slave_fd = pty.openpty()
@@ -668,7 +681,7 @@ class ProcessRuntime:
             raise
         os.set_blocking(master_fd, False)
         return SessionHandle(
-            spec["session_id"], process, master_fd, env=env, work_dir=work_dir, cgroup=cgroup, sandbox=sandbox,
+            spec.session_id, process, master_fd, env=env, work_dir=work_dir, cgroup=cgroup, sandbox=sandbox,
             init_pid=init_pid, status_fd=status_read, network=network,
         )  # fmt: skip
 
@@ -1526,10 +1539,10 @@ class SessionCgroups:
         self.hierarchies = hierarchies
         self.limits = limits
 
-    def create(self, session_id: str, *, spec: dict | None = None) -> SessionCgroup:
+    def create(self, session_id: str, *, mem: int = 0, cpu: int | str | Decimal = 1) -> SessionCgroup:
         """Blocking: session `session_id`'s cgroup, new (what an earlier start of it left is killed
-        first), with its directories in the v1 hierarchies and the limits of start spec `spec`
-        (its `mem` and `cpu`; agent.limits.SessionLimits.for_spec) written. Raises OSError (the
+        first), with its directories in the v1 hierarchies and the limits of a session that asks
+        `mem` bytes and `cpu` cores (its start spec's; agent.limits.SessionLimits.for_session) written. Raises OSError (the
         cgroup removed again: a session is never started without the limits it should have)."""
         name = f"session-{session_id}"
         hierarchies = self.hierarchies
@@ -1546,7 +1559,7 @@ class SessionCgroups:
                 directory.parent.mkdir(exist_ok=True)
                 directory.mkdir(exist_ok=True)
             if hierarchies is not None and self.limits is not None:
-                hierarchies.apply(name, self.limits.for_spec(spec or {}))
+                hierarchies.apply(name, self.limits.for_session(mem=mem, cpu=cpu))
         except OSError:
             cgroup.remove()
             raise

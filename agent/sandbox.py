@@ -63,6 +63,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from protocol.messages import HardwareId, StartSpec
 from agent.network import SLIRP_MTU, SLIRP_TAP, host_addresses, host_nameservers, session_ruleset
 
 log = logging.getLogger(__name__)
@@ -343,27 +344,25 @@ def searchable(path: str, uid: int, gid: int) -> bool:
 @dataclass(frozen=True)
 class GpuGrant:
     """A GPU or MIG device granted to a session, as its start spec names it: `uuid` (the wire's
-    `device_id`: "GPU-…" or "MIG-…"), `mig` (the spec's `is_mig_device`) and, for a MIG device,
-    `parent`: its GPU's UUID where the spec says it (its `mig` block's `gpu`), else ""."""
+    `device_id`, its hardware id: "GPU-…" or "MIG-…"), `mig` (the spec's `is_mig_device`) and, for
+    a MIG device, `parent`: its GPU's hardware id where the spec says it (its `mig` block's `gpu`),
+    else ""."""
 
-    uuid: str
+    uuid: HardwareId
     mig: bool = False
-    parent: str = ""
+    parent: HardwareId = HardwareId("")
 
 
-def spec_gpus(spec: dict) -> tuple[GpuGrant, ...]:
-    """The devices of start spec `spec` (protocol.messages.StartSpec, as a dict, after
-    agent.mig.prepare_spec): one GpuGrant per entry of `devices` with a `device_id`. A MIG
-    device's parent is the `mig` block's `gpu` where the spec has one MIG device (the block's
-    instance); otherwise it is left for NVML to say (nvmlDeviceGetDeviceHandleFromMigDeviceHandle)."""
-    devices = [d for d in spec.get("devices") or [] if isinstance(d, dict) and d.get("device_id")]
-    block = spec.get("mig")
-    block = block if isinstance(block, dict) else {}
-    migs = sum(1 for d in devices if d.get("is_mig_device"))
-    parent = str(block.get("gpu") or "") if migs == 1 else ""
+def spec_gpus(spec: StartSpec) -> tuple[GpuGrant, ...]:
+    """The devices of start spec `spec` (after agent.mig.prepare_spec): one GpuGrant per device
+    with a hardware id. A MIG device's parent is the `mig` block's `gpu` where the spec has one
+    MIG device (the block's instance); otherwise it is left for NVML to say
+    (nvmlDeviceGetDeviceHandleFromMigDeviceHandle)."""
+    devices = [d for d in spec.devices if d.hardware_id]
+    migs = sum(1 for d in devices if d.is_mig_device)
+    parent = spec.mig.gpu if spec.mig is not None and migs == 1 else HardwareId("")
     return tuple(
-        GpuGrant(str(d["device_id"]), mig=True, parent=parent) if d.get("is_mig_device") else GpuGrant(str(d["device_id"]))
-        for d in devices
+        GpuGrant(d.hardware_id, mig=True, parent=parent) if d.is_mig_device else GpuGrant(d.hardware_id) for d in devices
     )
 
 

@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, ProcessRuntime  # noqa: E402
+from protocol.messages import SessionId, StartSpec  # noqa: E402
 
 PROGRAM = "sleep 1000 & nohup sleep 1000 >/dev/null 2>&1 & setsid sleep 1000 & echo ready; wait"
 MODES = {"cgroup": CGROUP_AUTO, "scan": CGROUP_NONE}
@@ -61,7 +62,8 @@ def spawn(runtime: ProcessRuntime, scratch: Path):
         "FGPU_SESSION_ID": session_id,
         "FGPU_ALLOCATION": f"{work}/.fgpu/allocation.json",
     }
-    handle = runtime.spawn(spec={"session_id": session_id}, argv=["/bin/sh", "-c", PROGRAM], env=env, work_dir=work)
+    spec = StartSpec(session_id=SessionId(session_id), name="bench", owner="bench", command=PROGRAM, cpu=1, mem=0, devices=())
+    handle = runtime.spawn(spec=spec, argv=["/bin/sh", "-c", PROGRAM], env=env, work_dir=work)
     deadline = time.monotonic() + 10
     while len(handle.pids()) < 4:  # the setsid one is found by its environment (scan) or cgroup
         if time.monotonic() > deadline:

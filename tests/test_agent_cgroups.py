@@ -154,13 +154,15 @@ KILLED_AGENT = """
 import json, os, signal, subprocess, sys
 from pathlib import Path
 from agent.runtimes import ProcessRuntime
+from protocol.messages import StartSpec
 node, scratch, command, sandbox = sys.argv[1:5]
 runtime = ProcessRuntime(node=node, sandbox=sandbox, hold=False)
 runtime.clean_up_at_start(Path(scratch))
 assert runtime.cgroups is not None, "no cgroups"
 work = Path(scratch) / "s-orphan"
 work.mkdir(parents=True)
-handle = runtime.spawn(spec={"session_id": "s-orphan"}, argv=["/bin/sh", "-c", command], env=dict(os.environ), work_dir=work)
+spec = StartSpec(session_id="s-orphan", name="orphan", owner="alice", command=command, cpu=1, mem=0, devices=())
+handle = runtime.spawn(spec=spec, argv=["/bin/sh", "-c", command], env=dict(os.environ), work_dir=work)
 while not (work / "daemon.pid").exists():
     pass
 print(json.dumps({"leader": handle.pid, "cgroup": str(handle.cgroup.path), "pids": handle.cgroup.pids()}), flush=True)

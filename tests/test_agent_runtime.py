@@ -21,6 +21,7 @@ from sessions.lifecycle import events
 from common.exec_store import exec_store_default
 from agent.core import Agent, agent_for
 from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, ProcessRuntime
+from protocol.messages import StartSpec
 from tests.conftest import GiB, mock_gpu
 
 TIMEOUT = 20.0
@@ -112,6 +113,12 @@ def start_spec(*, command: str = "", shares: str = "0.5", memory_limit: int = 2 
             "mig_profile": "",
         }],
     }
+
+
+def typed_spec(**changes) -> StartSpec:
+    """`start_spec()` with `changes` (wire keys), as the agent decodes it (protocol.messages.StartSpec):
+    what the runtimes and the lifecycle's stages take."""
+    return StartSpec.decode({**start_spec(), **changes})
 
 
 class Harness:

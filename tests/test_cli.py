@@ -22,7 +22,8 @@ import pytest
 
 from accelerators.allocation.requests import parse_resources
 from fgpu_cli import config, main as cli
-from protocol.environment import limits_environment
+from protocol.environment import DeviceLimit, limits_environment
+from protocol.messages import HardwareId
 from fgpu_cli.formatting import age, amount, printable, size, table
 from fgpu_cli.launch import UsageError, build_body, build_resources
 from fgpu_cli.sessions import NotFound, pick
@@ -426,8 +427,7 @@ def test_ps_pages_filters_and_prints_json_or_a_table(api, capsys):
 
 
 def test_describe_shows_allocation_environment_and_pending_reason(api, capsys):
-    environment = limits_environment([{"device_id": "GPU-aaaa", "memory_limit": 2 * GiB, "procs": "20.000",
-                                       "subproc_count": 80}])  # as the server computes it
+    environment = limits_environment([DeviceLimit(HardwareId("GPU-aaaa"), 2 * GiB, "20.000", 80)])  # as the server computes it
     api.routes[("GET", f"/api/v1/sessions/{SID}/")] = (200, session(allocations=[allocation()], environment=environment))
     assert cli.main(["describe", SID]) == 0
     out = capsys.readouterr().out

@@ -15,6 +15,7 @@ import pytest
 
 from agent.config import AgentConfigError, load_agent_config
 from agent.network import guard_rules, network_names
+from protocol.messages import SessionId, StartSpec
 
 pytestmark = pytest.mark.docker
 TEST_IMAGE = "fgpu-session:test"
@@ -30,7 +31,8 @@ class Sessions:
     def start(self, name: str, command: str):
         work = self.tmp_path / name
         (work / ".fgpu" / "bin").mkdir(parents=True)
-        spec = {"session_id": f"{name}-{uuid.uuid4().hex[:8]}", "cpu": 1, "mem": 256 << 20, "image": TEST_IMAGE}
+        spec = StartSpec(session_id=SessionId(f"{name}-{uuid.uuid4().hex[:8]}"), name=name, owner="alice", command=command,
+                         cpu=1, mem=256 << 20, devices=(), image=TEST_IMAGE)
         config = self.runtime.container_config(spec=spec, argv=["/bin/sh", "-c", command], env={}, work_dir=work)
         work.chmod(0o777)
         container = self.runtime.client.containers.run(**config, detach=True)

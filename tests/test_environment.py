@@ -6,6 +6,7 @@ import json
 import pytest
 
 from protocol.environment import allocation_document, session_environment, sm_percent
+from protocol.messages import StartSpec
 
 GiB = 1 << 30
 UUID_0 = "GPU-00000000-0000-0000-0000-000000000000"
@@ -26,14 +27,15 @@ def device(uuid: str = UUID_0, *, shares: str = "0.5", memory_limit: int = 2 * G
     }
 
 
-def spec(*devices: dict) -> dict:
-    return {
+def spec(*devices: dict) -> StartSpec:
+    """A start spec of `devices` (wire dicts), as the agent decodes it."""
+    return StartSpec.decode({
         "session_id": SESSION_ID, "name": "notebook", "owner": "alice", "command": "", "cpu": 1, "mem": GiB,
         "slot_name": "cuda", "slot_subtype": "shares", "devices": list(devices),
-    }
+    })
 
 
-def environment(the_spec: dict, *, mps: bool = False) -> dict[str, str]:
+def environment(the_spec: StartSpec, *, mps: bool = False) -> dict[str, str]:
     return session_environment(the_spec, allocation_path="/scratch/s1/.fgpu/allocation.json",
                                bin_dir="/opt/fgpu/bin", work_dir="/scratch/s1", base_path="/usr/bin:/bin", mps=mps)
 
@@ -139,7 +141,7 @@ def test_a_memory_limit_off_the_mib_grid_is_rounded_down_never_above_the_grant()
      ("0", 0, 100)],
 )
 def test_sm_percent_is_the_granted_share_of_sms_truncated_between_1_and_100(procs, subproc_count, percent):
-    assert sm_percent({"procs": procs, "subproc_count": subproc_count}) == percent
+    assert sm_percent(procs, subproc_count) == percent
 
 
 # --- the allocation document ----------------------------------------------------------------

@@ -7,6 +7,7 @@ bubblewrap, where a read-only share is a read-only bind mount."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -324,12 +325,12 @@ def test_the_docker_runtime_mounts_a_read_only_share_as_a_read_only_volume(tmp_p
     from types import SimpleNamespace
 
     runtime = DockerRuntime(node="n1", default_image="img", network="none", client=SimpleNamespace(ping=lambda: True))
-    shared = {
-        "ann-data": {"path": "/d/users/7", "read_only": True},
-        "team-project": {"path": "/d/projects/p", "read_only": False},
-    }
-    spec = {**start_spec(), "shared_dirs": shared}
-    mounts = {m["Target"]: m for m in runtime.container_config(spec=spec, argv=["sh"], env={}, work_dir=tmp_path)["mounts"]}
+    from agent.mounts import Folders
+    from tests.test_agent_runtime import typed_spec
+
+    folders = Folders(shared_dirs={"ann-data": (Path("/d/users/7"), True), "team-project": (Path("/d/projects/p"), False)})
+    config = runtime.container_config(spec=typed_spec(), folders=folders, argv=["sh"], env={}, work_dir=tmp_path)
+    mounts = {m["Target"]: m for m in config["mounts"]}
 
     assert mounts[f"{HOME}/shared/ann-data"]["Source"] == "/d/users/7" and mounts[f"{HOME}/shared/ann-data"]["ReadOnly"]
     assert not mounts[f"{HOME}/shared/team-project"].get("ReadOnly")

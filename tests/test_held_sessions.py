@@ -20,7 +20,8 @@ import pytest
 from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, HOLDERS_DIR, ProcessRuntime
 from agent.sandbox import SandboxError
 from tests.stack import wait_until, wait_until_async
-from tests.test_agent_runtime import Harness, run_agent, start_spec
+from agent.mounts import Folders
+from tests.test_agent_runtime import Harness, run_agent, start_spec, typed_spec
 
 # The first agent: a real Agent (agent.core) in a process of its own, with a manager that records
 # its reports and Channels' in-memory layer. It starts one session whose command says "before",
@@ -53,7 +54,7 @@ async def main(node, scratch, spec, cgroup_root, network):
     await agent.start()
     await asyncio.to_thread(agent.submit_start, spec)
     async with asyncio.timeout(20):
-        while "RUNNING" not in manager.reports or b"before-42" not in agent.sessions[spec["session_id"]].scrollback:
+        while "RUNNING" not in manager.reports or b"before-42" not in agent.sessions[spec["session_id"]].pipe.scrollback:
             await asyncio.sleep(0.02)
     process = agent.sessions[spec["session_id"]].process
     print(json.dumps({"pid": process.pid, "command_pid": process.command_pid}), flush=True)
@@ -101,9 +102,9 @@ def test_a_held_session_keeps_its_pid_and_terminal_when_its_agent_is_killed_and_
             assert running.process.pid == pid and running.process.command_pid == command_pid
             registered = await h.manager.wait_for(lambda: h.manager.registered, what="the registration")
             assert session_id in registered[0][2], "the registration does not name the adopted session"
-            await wait_until_async(lambda: b"during-42" in running.scrollback, timeout=20, interval=0.02,
+            await wait_until_async(lambda: b"during-42" in running.pipe.scrollback, timeout=20, interval=0.02,
                                    what="the output written while no agent ran")
-            assert b"before-42" in running.scrollback, "the scrollback before the restart was lost"
+            assert b"before-42" in running.pipe.scrollback, "the scrollback before the restart was lost"
             await h.type(session_id, "")  # the terminal takes input again (nothing to see: it sleeps)
 
         run_agent(tmp_path, scenario, node=node, cgroup_root=cgroup_root, runtime_options={"hold": True})
@@ -165,9 +166,9 @@ def test_an_adopted_outbound_session_keeps_its_network_and_its_rules(tmp_path):
             assert running is not None, "the new agent did not adopt the session"
             (scratch / session_id / "go").touch()
             await wait_until_async(
-                lambda: b"refused-42" in running.scrollback, timeout=30, interval=0.05, what="the session's tries"
+                lambda: b"refused-42" in running.pipe.scrollback, timeout=30, interval=0.05, what="the session's tries"
             )
-            assert b"registry-42" in running.scrollback, f"the adopted session lost its network: {running.scrollback!r}"
+            assert b"registry-42" in running.pipe.scrollback, f"the adopted session lost its network: {running.pipe.scrollback!r}"
 
         run_agent(tmp_path, scenario, node=node, runtime_options={"hold": True, "network": "outbound"})
     finally:
@@ -182,9 +183,10 @@ def test_a_held_session_whose_sandbox_cannot_be_set_up_fails_with_the_reason_and
     runtime.clean_up_at_start(tmp_path / "scratch")
     work_dir = tmp_path / "scratch" / str(uuid.uuid4())
     work_dir.mkdir(parents=True)
-    spec = {"session_id": work_dir.name, "owner_is_staff": False, "data_dir": str(tmp_path / "no-such-folder")}
+    spec = typed_spec(session_id=work_dir.name, owner_is_staff=False, devices=[])
     with pytest.raises(SandboxError, match="no-such-folder"):
-        runtime.spawn(spec=spec, argv=["/bin/sleep", "30"], env={"PATH": "/usr/bin:/bin"}, work_dir=work_dir)
+        runtime.spawn(spec=spec, folders=Folders(data_dir=tmp_path / "no-such-folder"), argv=["/bin/sleep", "30"],
+                      env={"PATH": "/usr/bin:/bin"}, work_dir=work_dir)
     assert not list((tmp_path / "scratch" / HOLDERS_DIR).iterdir()), "the failed start left its holder's files"
     holders = [p for p in os.listdir("/proc") if p.isdigit() and work_dir.name.encode() in _cmdline(p)]
     assert not holders, "the failed start left its holder running"

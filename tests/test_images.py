@@ -492,14 +492,18 @@ def test_the_docker_runtime_reports_every_tag_of_its_local_images(docker_client)
 @pytest.mark.docker
 def test_the_docker_runtime_runs_the_specs_image_and_its_default_image_without_one(docker_client, tmp_path):
     from agent.docker_runtime import DockerRuntime
+    from protocol.messages import StartSpec
     from tests.test_agent_runtime import start_spec
 
     runtime = DockerRuntime(node="n", default_image=TEST_IMAGE, network="none", client=docker_client)
     spec = start_spec()
-    named = runtime.container_config(spec={**spec, "image": PYTORCH}, argv=["/bin/sh"], env={}, work_dir=tmp_path)
-    bare = runtime.container_config(spec={**spec, "image": ""}, argv=["/bin/sh"], env={}, work_dir=tmp_path)
-    old = runtime.container_config(spec={k: v for k, v in spec.items() if k != "image"}, argv=["/bin/sh"], env={},
-                                   work_dir=tmp_path)
+
+    def config(wire: dict) -> dict:  # the spec as the agent decodes it from the wire
+        return runtime.container_config(spec=StartSpec.decode(wire), argv=["/bin/sh"], env={}, work_dir=tmp_path)
+
+    named = config({**spec, "image": PYTORCH})
+    bare = config({**spec, "image": ""})
+    old = config({k: v for k, v in spec.items() if k != "image"})
     assert (named["image"], bare["image"], old["image"]) == (PYTORCH, TEST_IMAGE, TEST_IMAGE)
 
 

@@ -29,7 +29,7 @@ from sessions.admission.launch import session_create
 from sessions.tasks import agent_register
 from tests.conftest import GiB, client_for, wait_until
 from tests.fakes.fake_pynvml import FakeNvml, FakeProcess
-from tests.test_mig_agent import H100, block, h100, manager_for
+from tests.test_mig_agent import H100, h100, manager_for, mig_block
 from tests.test_mig_reconcile import GPU, gpus_block, on_gpu
 from tests.test_mig_scheduling import end, mig_node, schedule
 
@@ -58,7 +58,7 @@ def fixed_node(name: str = "mig-node", *entries: tuple[str, int]) -> Node:
 def test_applying_a_pushed_layout_destroys_the_listed_idle_instances_and_creates_the_missing_ones():
     fake = FakeNvml([h100()])
     made = manager_for(fake)
-    made.prepare(block("7g.80gb", 0))
+    made.prepare(mig_block("7g.80gb", 0))
     sent = []
     manager = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake), on_report=sent.append)
 
@@ -76,8 +76,8 @@ def test_applying_a_pushed_layout_destroys_the_listed_idle_instances_and_creates
 def test_a_listed_instance_with_a_process_attached_stays_and_is_reported_and_one_expected_again_is_kept():
     fake = FakeNvml([h100()])
     manager = manager_for(fake)
-    used = manager.prepare(block("4g.40gb", 0))
-    manager.prepare(block("3g.40gb", 4))
+    used = manager.prepare(mig_block("4g.40gb", 0))
+    manager.prepare(mig_block("3g.40gb", 4))
     busy = next(m for m in fake.gpus[0].mig_devices if m and m.uuid == used.uuid)
     busy.processes.append(FakeProcess(pid=4242, used_memory=GiB))
 
@@ -99,7 +99,7 @@ def test_the_layout_digest_is_the_managers_function_over_what_is_on_the_gpu_and_
     manager.apply_layout(gpus_block(), {H100: [{"profile": "3g.40gb", "start": 4}]})
 
     assert manager.layout_digest() == mig.layout_digest([H100], [(H100, "3g.40gb", 4)])
-    manager_for(fake).prepare(block("1g.10gb", 0))  # made by hand beside the agent
+    manager_for(fake).prepare(mig_block("1g.10gb", 0))  # made by hand beside the agent
     assert manager.layout_digest() == mig.layout_digest([H100], [(H100, "3g.40gb", 4), (H100, "1g.10gb", 0)])
     fake.fail("nvmlDeviceGetHandleByUUID", 999)
     assert manager.layout_digest() not in (None, mig.layout_digest([H100], [(H100, "3g.40gb", 4),
@@ -377,7 +377,7 @@ def test_heartbeats_whose_digest_matches_send_nothing_and_a_stranger_is_found_by
         node = Node.objects.get(name="gpu-node")
         assert (node.mig_sync["seq"], node.mig_sync["kind"], node.mig_drift) == (1, "start", {})
 
-        stranger = manager_for(fake).prepare(block("1g.10gb", 0))  # made by hand while the agent runs
+        stranger = manager_for(fake).prepare(mig_block("1g.10gb", 0))  # made by hand while the agent runs
 
         row = wait_until(lambda: GpuInstance.objects.filter(unknown_since__isnull=False).first(),
                          what="the heartbeats to notice the stranger and the reconcile to record it")

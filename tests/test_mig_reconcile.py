@@ -24,7 +24,7 @@ from sessions.admission.launch import session_create
 from tests.conftest import GiB, client_for, make_cluster, mock_gpu, wait_until_async
 from tests.fakes.fake_pynvml import FakeNvml
 from tests.test_agent_runtime import Harness, RecordingManager
-from tests.test_mig_agent import H100, block, h100, manager_for
+from tests.test_mig_agent import H100, h100, manager_for, mig_block
 from tests.test_mig_scheduling import h100 as h100_info
 from tests.test_mig_scheduling import end, mig_node, schedule
 
@@ -43,7 +43,7 @@ def on_gpu(fake: FakeNvml) -> list[tuple[str, int]]:
 
 def test_at_start_missing_instances_are_recreated_and_strangers_reported_once():
     fake = FakeNvml([h100()])
-    stranger = manager_for(fake).prepare(block("1g.10gb", 3))  # made by hand, before the agent started
+    stranger = manager_for(fake).prepare(mig_block("1g.10gb", 3))  # made by hand, before the agent started
     sent = []
     manager = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake), on_report=sent.append)
 
@@ -54,7 +54,7 @@ def test_at_start_missing_instances_are_recreated_and_strangers_reported_once():
     assert report["gpus"] == [H100] and sent == [report]
     assert report["unknown"] == [{"gpu": H100, "profile": "1g.10gb", "start": 3, "uuid": stranger.uuid}]
     assert [(r["profile"], r["start"]) for r in report["recreated"]] == [("1g.20gb", 0), ("3g.40gb", 4)]
-    made = manager.prepare(block("1g.20gb", 0, reuse=True, layout=[{"profile": "1g.20gb", "start": 0}]))
+    made = manager.prepare(mig_block("1g.20gb", 0, reuse=True, layout=[{"profile": "1g.20gb", "start": 0}]))
     assert len(sent) == 2 and (sent[1]["gpus"], sent[1]["unknown"]) == ([], [])  # not reconciled again
     assert sent[1]["prepared"] == [{"gpu": H100, "profile": "1g.20gb", "start": 0, "uuid": made.uuid}]
 
@@ -63,7 +63,7 @@ def test_a_gpu_a_start_spec_reached_first_is_not_reconciled_again_at_start():
     fake = FakeNvml([h100()])
     sent = []
     manager = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake), on_report=sent.append)
-    manager.prepare(block("2g.20gb", 0, layout=[{"profile": "2g.20gb", "start": 0}]))
+    manager.prepare(mig_block("2g.20gb", 0, layout=[{"profile": "2g.20gb", "start": 0}]))
 
     report = manager.reconcile_at_start(gpus_block(), {H100: [{"profile": "7g.80gb", "start": 0}]})  # stale
 
@@ -73,11 +73,11 @@ def test_a_gpu_a_start_spec_reached_first_is_not_reconciled_again_at_start():
 
 def test_the_instances_a_first_prepare_destroys_are_not_reported_unknown():
     fake = FakeNvml([h100()])
-    manager_for(fake).prepare(block("7g.80gb", 0))  # idle before the restart; the new plan destroys it
+    manager_for(fake).prepare(mig_block("7g.80gb", 0))  # idle before the restart; the new plan destroys it
     sent = []
     manager = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake), on_report=sent.append)
 
-    manager.prepare(block("1g.10gb", 6, layout=[{"profile": "1g.10gb", "start": 6}],
+    manager.prepare(mig_block("1g.10gb", 6, layout=[{"profile": "1g.10gb", "start": 6}],
                           destroy=[{"profile": "7g.80gb", "start": 0}]))
 
     report, prepared = sent
@@ -96,7 +96,7 @@ def test_a_gpu_nvml_cannot_list_is_an_error_and_not_marked_reconciled():
 
 def test_the_agent_reconciles_when_the_manager_sends_the_layout_and_reports_back(tmp_path):
     fake = FakeNvml([h100()])
-    stranger = manager_for(fake).prepare(block("1g.10gb", 6))
+    stranger = manager_for(fake).prepare(mig_block("1g.10gb", 6))
 
     async def main():
         recorder = RecordingManager(asyncio.get_running_loop())
@@ -286,7 +286,7 @@ def test_after_registering_the_agent_gets_the_layout_recreates_it_and_the_manage
     gpu = node.devices.get()
     GpuInstance.objects.create(node=node, parent=gpu, profile="3g.40gb", placement_start=4, placement_size=4)
     fake = FakeNvml([h100()])
-    stranger = manager_for(fake).prepare(block("1g.10gb", 0))
+    stranger = manager_for(fake).prepare(mig_block("1g.10gb", 0))
 
     async def main():
         agent = Agent(node="gpu-node", inventory={"devices": [GPU.as_dict()], "plugins": [], "attributes": {},

@@ -4,10 +4,13 @@ describe` prints it instead of computing a copy. The database is real; the agent
 recording stand-in of tests/test_reconcile.py."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from accelerators.models import Node
 from protocol.environment import session_environment
+from protocol.messages import StartSpec
 from sessions.lifecycle import services
 from sessions.admission import launch as admission
 from sessions.models import ComputeSession, SessionStatus
@@ -18,10 +21,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 OWN = ("PATH", "HOME", "TERM", "LANG", "FGPU_SESSION_ID", "FGPU_SESSION_NAME", "FGPU_ALLOCATION")
 
 
-def started_with(spec: dict, *, mps: bool = False) -> dict[str, str]:
-    """What the agent puts into the environment of a session started from `spec`, less the
-    session's own variables (paths on the node, its id)."""
-    env = session_environment(spec, allocation_path="/a", bin_dir="/b", work_dir="/w", base_path="/usr/bin", mps=mps)
+def started_with(spec: dict | StartSpec, *, mps: bool = False) -> dict[str, str]:
+    """What the agent puts into the environment of a session started from `spec` (as sent, or
+    decoded), less the session's own variables (paths on the node, its id)."""
+    start = spec if isinstance(spec, StartSpec) else StartSpec.decode(spec)
+    env = session_environment(start, allocation_path="/a", bin_dir="/b", work_dir="/w", base_path="/usr/bin", mps=mps)
     return {name: value for name, value in env.items() if name not in OWN}
 
 
@@ -93,7 +97,8 @@ def test_a_dynamic_mig_session_shows_its_mig_device_as_its_agent_starts_it(mig_a
                         size=instance.placement_size, gpu_instance_id=1, uuid="MIG-5e2d0f3a-0000-0000-0000-000000000001",
                         memory=instance.memory_size, sm_count=instance.subproc_count)
     GpuInstance.objects.filter(pk=instance.pk).update(uuid=live.uuid)
-    started = {**spec, "devices": [device_entry(spec["devices"][0], live)]}
+    start = StartSpec.decode(spec)
+    started = dataclasses.replace(start, devices=(device_entry(start.devices[0], live),))
 
     environment = environment_of(session, alice)
 

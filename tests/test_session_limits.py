@@ -51,7 +51,7 @@ def pids_file(cgroups, name: str, file: str) -> Path:
 
 
 def test_a_session_that_allocates_past_its_memory_is_killed_and_says_so(limited):
-    cgroup = limited.create("greedy", spec={"mem": 64 * MiB})
+    cgroup = limited.create("greedy", mem=64 * MiB)
     process = leader(cgroup, [sys.executable, "-c", "b = b'x' * (256 << 20); print('survived', flush=True)"])
     out, _ = process.communicate(timeout=60)
     assert b"survived" not in out
@@ -63,7 +63,7 @@ def test_a_session_that_allocates_past_its_memory_is_killed_and_says_so(limited)
 
 
 def test_a_session_that_asks_no_memory_gets_the_default(limited):
-    cgroup = limited.create("plain", spec={})
+    cgroup = limited.create("plain")
     try:
         assert cgroup.memory_limit() == 64 * MiB
     finally:
@@ -80,7 +80,7 @@ FORK_BOMB = [
 
 
 def test_a_fork_bomb_is_capped_at_its_session_s_pids_and_the_node_s_and_the_host_stays_responsive(limited):
-    first, second = limited.create("bomb1", spec={"cpu": 1}), limited.create("bomb2", spec={"cpu": 1})
+    first, second = limited.create("bomb1", cpu=1), limited.create("bomb2", cpu=1)
     processes = [leader(first, FORK_BOMB), leader(second, FORK_BOMB)]
     try:
         wait_until(lambda: int(pids_file(limited, "", "pids.current").read_text()) == 100, timeout=30,
@@ -107,7 +107,7 @@ def test_a_fork_bomb_is_capped_at_its_session_s_pids_and_the_node_s_and_the_host
 def test_a_session_s_cpu_is_held_to_its_cores(limited):
     """0.1 core: a busy loop of 2 s of wall time gets about 0.2 s of CPU (without the quota, up to
     2 s)."""
-    cgroup = limited.create("busy", spec={"cpu": "0.1"})
+    cgroup = limited.create("busy", cpu="0.1")
     busy = textwrap.dedent("""\
         import time
         end = time.monotonic() + 2.0
@@ -125,7 +125,7 @@ def test_a_session_s_cpu_is_held_to_its_cores(limited):
 
 
 def test_the_leader_joins_every_hierarchy_that_limits_it_and_removal_leaves_none(limited):
-    cgroup = limited.create("joined", spec={"mem": 128 * MiB, "cpu": 2})
+    cgroup = limited.create("joined", mem=128 * MiB, cpu=2)
     process = leader(cgroup, ["sleep", "300"])
     try:
         wait_until(lambda: all(process.pid in runtimes.SessionCgroup(d).pids() for d in cgroup.v1), timeout=10,
@@ -160,8 +160,10 @@ def test_cgroup_v1_mounts_and_cpu_quotas():
             "pids": Path("/sys/fs/cgroup/pids")}
     assert cpu_quota_us(2) == 200_000 and cpu_quota_us("0.5") == 50_000 and cpu_quota_us("0.001") == 1000
     assert cpu_quota_us(None) == 0 and cpu_quota_us("x") == 0 and cpu_quota_us(0) == 0 and cpu_quota_us("NaN") == 0
-    assert SessionLimits().memory_for({}) == 4 << 30 and SessionLimits().memory_for({"mem": 5}) == 5
-    assert SessionLimits().for_spec({}) == {"memory": 4 << 30, "cpu": CPU_PERIOD_US, "pids": 4096}  # 1 core by default
+    assert SessionLimits().memory_for(0) == 4 << 30 and SessionLimits().memory_for(5) == 5
+    assert SessionLimits().for_session() == {"memory": 4 << 30, "cpu": CPU_PERIOD_US, "pids": 4096}  # 1 core by default
+    assert SessionLimits().for_session(mem=5 * MiB, cpu=2) == {"memory": 5 * MiB, "cpu": 2 * CPU_PERIOD_US, "pids": 4096}
+    assert SessionLimits().for_session(mem=0, cpu=0) == SessionLimits().for_session()  # a spec's 0: none asked
 
 
 # --- storage (agent.storage) ------------------------------------------------------------------------
@@ -303,7 +305,7 @@ def test_on_cgroup_v2_with_controllers_the_limits_go_in_its_files(tmp_path):
     hierarchies = Hierarchies.open(parent, node_pids=100, mountinfo=str(v1_only))
     assert hierarchies.controllers == {"memory", "cpu", "pids"} and hierarchies.v1 == {} and hierarchies.missing == {}
     assert (parent / "pids.max").read_text() == "100"
-    hierarchies.apply("session-s1", SessionLimits(default_memory=64 * MiB, session_pids=64).for_spec({"cpu": "1.5"}))
+    hierarchies.apply("session-s1", SessionLimits(default_memory=64 * MiB, session_pids=64).for_session(cpu="1.5"))
     assert (session / "memory.max").read_text() == str(64 * MiB) and (session / "memory.swap.max").read_text() == "0"
     assert (session / "cpu.max").read_text() == f"150000 {CPU_PERIOD_US}" and (session / "pids.max").read_text() == "64"
     (session / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
@@ -350,7 +352,7 @@ def test_a_controller_found_nowhere_is_named_with_the_reason_and_the_rest_still_
         missing = cgroups.hierarchies.missing
         assert set(missing) == {"cpu", "pids"}, missing
         assert missing["pids"] == "neither cgroup v2 nor a cgroup v1 hierarchy offers it"
-        cgroup = cgroups.create("s", spec={})
+        cgroup = cgroups.create("s")
         assert cgroup.memory_limit() == 64 * MiB and [d.parent.parent for d in cgroup.v1] == [memory]
         assert cgroup.remove()
     finally:

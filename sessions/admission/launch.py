@@ -210,7 +210,7 @@ def launch_preview(*, resources: dict, image: str | None = None, owner=None) -> 
                     "model_name": device.model_name,
                     "memory": shown.memory,
                     "procs": str(shown.procs),
-                    "sm_percent": sm_percent({"procs": shown.procs, "subproc_count": device.subproc_count}),
+                    "sm_percent": sm_percent(shown.procs, device.subproc_count),
                     "shares": "0",
                 }
             ],
@@ -228,7 +228,7 @@ def launch_preview(*, resources: dict, image: str | None = None, owner=None) -> 
                     "model_name": device.model_name,
                     "memory": grant.memory,
                     "procs": format(grant.procs.normalize(), "f"),
-                    "sm_percent": sm_percent({"procs": grant.procs, "subproc_count": device.subproc_count}),
+                    "sm_percent": sm_percent(grant.procs, device.subproc_count),
                     "shares": shares_text(str(grant.shares)),
                 }
             )

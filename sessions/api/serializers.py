@@ -12,7 +12,8 @@ from rest_framework import serializers
 
 from accelerators.models import Node
 from accelerators.selectors import SlotFormats
-from protocol.environment import limits_environment
+from protocol.environment import DeviceLimit, limits_environment
+from protocol.messages import HardwareId
 from common.api_support import ModelSerializer
 from protocol.channel import PREEMPT_SIGNALS, preempt_signal_name
 from sessions.models import Allocation, ComputeSession
@@ -211,19 +212,19 @@ class SessionSerializer(ModelSerializer):
             return {}
         held = [a for a in session.allocation_list if a.released_at is None] or session.allocation_list
         devices = [
-            {"device_id": a.device.device_id, "memory_limit": a.memory, "procs": a.procs, "subproc_count": a.device.subproc_count}
+            DeviceLimit(HardwareId(a.device.device_id), a.memory, a.procs, a.device.subproc_count)
             for a in sorted(held, key=lambda a: a.device.index)
         ]
         instance = session_gpu_instance(session) if self._parts["mig_profile"] else None
         if instance is not None:  # a GPU instance made for it: the MIG device first, as agent.mig.prepare_spec does
             devices = [
-                {
-                    "device_id": instance.uuid or instance.parent.device_id,
-                    "memory_limit": instance.memory_size,
-                    "procs": instance.subproc_count,
-                    "subproc_count": instance.subproc_count,
-                },
-                *(d for d in devices if d["device_id"] != instance.parent.device_id),
+                DeviceLimit(
+                    HardwareId(instance.uuid or instance.parent.device_id),
+                    instance.memory_size,
+                    instance.subproc_count,
+                    instance.subproc_count,
+                ),
+                *(d for d in devices if d.hardware_id != instance.parent.device_id),
             ]
         return limits_environment(devices, mps=bool((session.node.attributes or {}).get("mps")))
 

@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None, *, nvml=None, euid: int | None = None) -
     from accelerators.plugins import cuda_mig
     from accelerators.plugins.cuda import _text
     from agent.mig import MigError, MigManager, NvmlMigBackend
+    from protocol.messages import MigBlock
 
     if (os.geteuid() if euid is None else euid) != 0:
         print("needs root (NVML refuses MIG changes otherwise: NO_PERMISSION)", file=sys.stderr)
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None, *, nvml=None, euid: int | None = None) -
                 break
             step = {**block, "profile": profile.name, "start": plan.start}
             try:
-                made = manager.prepare(step)
+                made = manager.prepare(MigBlock.decode(step))  # as a start spec's MIG block
                 created = manager.timings[-1][3]
                 manager.destroy(step)
                 destroyed = manager.timings[-1][3]

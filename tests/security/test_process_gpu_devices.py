@@ -10,6 +10,7 @@ from inside, what it got."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -21,6 +22,7 @@ import pytest
 
 from agent.runtimes import ProcessRuntime
 from agent.sandbox import GPU_CONTROL_NODES, GpuGrant, Sandbox, gpu_devices, spec_gpus
+from protocol.messages import MigBlock, StartSpec
 from tests.fakes.fake_pynvml import GiB, FakeGpu, FakeMigDevice, FakeNvml
 from tests.test_agent_runtime import start_spec
 
@@ -55,11 +57,11 @@ def fake_nvml() -> FakeNvml:
     return FakeNvml(gpus)
 
 
-def grant_spec(*device_ids: str, mig: bool = False) -> dict:
+def grant_spec(*device_ids: str, mig: bool = False) -> StartSpec:
     spec = start_spec()
     template = spec["devices"][0]
     spec["devices"] = [{**template, "device_id": d, "index": i, "is_mig_device": mig} for i, d in enumerate(device_ids)]
-    return spec
+    return StartSpec.decode(spec)
 
 
 def control(root: Path) -> list[str]:
@@ -106,7 +108,7 @@ def test_a_gpu_nvml_does_not_know_is_looked_up_in_the_drivers_files(node):
 
 
 def test_a_mig_device_gets_its_parent_gpus_node_and_the_mig_caps(node):
-    spec = {**grant_spec(MIG_UUID, mig=True), "mig": {"gpu": UUIDS[3]}}
+    spec = dataclasses.replace(grant_spec(MIG_UUID, mig=True), mig=MigBlock.decode({"gpu": UUIDS[3], "profile": "1g.10gb", "start": 0}))
     assert spec_gpus(spec) == (GpuGrant(MIG_UUID, mig=True, parent=UUIDS[3]),)
     nvml = fake_nvml()
     devices = gpu_devices(spec_gpus(grant_spec(MIG_UUID, mig=True)), dev=str(node / "dev"), drivers=str(node / "proc"),
@@ -144,7 +146,7 @@ def test_a_sandboxed_session_sees_only_its_granted_gpus_node(node, tmp_path):
     try:
         work_dir = tmp_path / "scratch" / "gpus"
         work_dir.mkdir(parents=True)
-        spec = {**grant_spec(UUIDS[1]), "owner_is_staff": False}
+        spec = dataclasses.replace(grant_spec(UUIDS[1]), owner_is_staff=False)
         argv = ["/bin/sh", "-c", f"ls -A {node / 'dev'} > seen.txt 2>&1"]
         handle = runtime.spawn(spec=spec, argv=argv, env={"PATH": "/usr/bin:/bin"}, work_dir=work_dir)
         try:

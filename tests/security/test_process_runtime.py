@@ -16,7 +16,7 @@ import pytest
 
 from agent.runtimes import ProcessRuntime
 from agent.sandbox import SandboxError
-from tests.test_agent_runtime import Harness, run_agent, start_spec
+from tests.test_agent_runtime import Harness, run_agent, start_spec, typed_spec
 
 SECRET = "fgpu-h1-secret-7c1e"
 
@@ -187,7 +187,7 @@ def test_an_exec_the_moment_a_session_started_finds_its_sandbox_set_up_not_the_n
         for attempt in range(5):
             work_dir = bait / "scratch" / f"race-{attempt}"
             work_dir.mkdir(parents=True)
-            spec = {**non_admin_spec(), "session_id": f"race-{attempt}"}
+            spec = typed_spec(owner_is_staff=False, session_id=f"race-{attempt}")
             handle = runtime.spawn(spec=spec, argv=["sleep", "30"], env={"PATH": "/usr/bin:/bin"}, work_dir=work_dir)
             try:
                 assert handle.sandbox is not None, runtime.unconfined_why
@@ -213,9 +213,9 @@ def test_without_a_sandbox_a_non_administrators_session_is_refused_and_an_admini
     work_dir = tmp_path / "home"
     work_dir.mkdir()
     with pytest.raises(SandboxError, match="only administrators' sessions"):
-        runtime.spawn(spec=non_admin_spec(), argv=["/bin/true"], env={"PATH": "/usr/bin:/bin"}, work_dir=work_dir)
+        runtime.spawn(spec=typed_spec(owner_is_staff=False), argv=["/bin/true"], env={"PATH": "/usr/bin:/bin"}, work_dir=work_dir)
     handle = runtime.spawn(
-        spec={**start_spec(), "owner_is_staff": True}, argv=["/bin/true"], env={"PATH": "/usr/bin:/bin"}, work_dir=work_dir
+        spec=typed_spec(owner_is_staff=True), argv=["/bin/true"], env={"PATH": "/usr/bin:/bin"}, work_dir=work_dir
     )
     assert handle.wait() == 0
     handle.remove()
