@@ -16,6 +16,7 @@ import uuid
 
 import pytest
 
+from protocol.app_relay import RELAY_KEY, relay_hello
 from tests.test_agent_runtime import start_spec
 from tests.test_docker_runtime import RELAYED_APP, app_answer, relay_agent, run_removing
 from tests.test_docker_runtime import docker_client, test_image  # noqa: F401 (fixtures)
@@ -25,6 +26,10 @@ SUBNETS = [f"10.213.{n}.0/24" for n in range(100, 160)]  # the stand-in's subnet
 LABEL = "fgpu.test"
 CONNECT = ("import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)\n"
            "    print('connected')\nexcept OSError as exc:\n    print('refused', exc)\n")
+# A GET through an agent's relay as the web makes it: the relay's proof first (protocol.app_relay), argv[3].
+FETCH = ("import socket, sys\ns = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)\n"
+         "s.sendall(sys.argv[3].encode() + b'GET /hello.txt HTTP/1.0\\r\\n\\r\\n')\nout = b''\n"
+         "while (chunk := s.recv(65536)):\n    out += chunk\nprint(out.split(b'\\r\\n\\r\\n', 1)[-1].decode().strip())\n")
 
 
 @pytest.fixture
@@ -75,9 +80,8 @@ def test_the_web_on_the_stacks_network_reaches_a_sessions_app_through_the_relay_
             session_id = await h.start_session(start_spec())
             answer = await app_answer(h, session_id, RELAYED_APP)
             assert answer["type"] == "app.ready", answer
-            url = f"http://{answer['host']}:{answer['port']}/hello.txt"
-            fetched = await asyncio.to_thread(run_in, web, "python3", "-c",
-                                              f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())")
+            proof = relay_hello(answer[RELAY_KEY], node=node, session_id=session_id, app=RELAYED_APP["name"]).decode()
+            fetched = await asyncio.to_thread(run_in, web, "python3", "-c", FETCH, answer["host"], str(answer["port"]), proof)
             session = h.agent.sessions[session_id].process.container
             to_relay = await asyncio.to_thread(run_in, session, "python3", "-c", CONNECT, answer["host"], str(answer["port"]))
             to_web = await asyncio.to_thread(run_in, session, "python3", "-c", CONNECT, web_address, "8000")
