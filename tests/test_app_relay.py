@@ -28,19 +28,22 @@ def test_a_fresh_proof_under_the_nodes_key_is_taken_once():
         checked.check(line, session_id=SESSION, app=APP)
 
 
-@pytest.mark.parametrize(("line", "why"), [
-    (b"", "no relay proof"),
-    (b"GET / HTTP/1.1\r\n", "no relay proof"),
-    (relay_hello("k" * 43, node=NODE, session_id=SESSION, app=APP), "does not verify"),  # the node key itself
-    (relay_hello(relay_key("other"), node=NODE, session_id=SESSION, app=APP), "does not verify"),
-    (relay_hello(relay_key("k" * 43), node="gpu-2", session_id=SESSION, app=APP), "does not verify"),
-    (relay_hello(relay_key("k" * 43), node=NODE, session_id=SESSION, app="tensorboard"), "does not verify"),
-    (relay_hello(relay_key("k" * 43), node=NODE, session_id=SESSION, app=APP, now=time.time() - 120), "stale"),
-    (relay_hello(relay_key("k" * 43), node=NODE, session_id=SESSION, app=APP, now=time.time() + 120), "stale"),
+KEY = relay_key("k" * 43)
+
+
+@pytest.mark.parametrize(("line", "why"), [  # each made when the test runs (`now`: the clock then)
+    (lambda now: b"", "no relay proof"),
+    (lambda now: b"GET / HTTP/1.1\r\n", "no relay proof"),
+    (lambda now: relay_hello("k" * 43, node=NODE, session_id=SESSION, app=APP), "does not verify"),  # the node key itself
+    (lambda now: relay_hello(relay_key("other"), node=NODE, session_id=SESSION, app=APP), "does not verify"),
+    (lambda now: relay_hello(KEY, node="gpu-2", session_id=SESSION, app=APP), "does not verify"),
+    (lambda now: relay_hello(KEY, node=NODE, session_id=SESSION, app="tensorboard"), "does not verify"),
+    (lambda now: relay_hello(KEY, node=NODE, session_id=SESSION, app=APP, now=now - 120), "stale"),
+    (lambda now: relay_hello(KEY, node=NODE, session_id=SESSION, app=APP, now=now + 120), "stale"),
 ], ids=["empty", "http", "node-key", "other-key", "other-node", "other-app", "old", "future"])
 def test_a_connection_without_a_valid_fresh_proof_for_this_app_is_refused(line, why):
     with pytest.raises(RelayRefused, match=why):
-        guard().check(line, session_id=SESSION, app=APP)
+        guard().check(line(time.time()), session_id=SESSION, app=APP)
 
 
 def test_a_node_without_a_key_has_a_random_relay_key_that_its_answers_carry_and_one_with_a_key_never_tells_it():
