@@ -350,6 +350,7 @@ class Agent:
             task.cancel()
         if self.direct is not None:
             self.direct.close()
+        self.files.close()  # its own listener for file transfers, where it started one
         _AGENTS.pop(self.node, None)
         for pool in (self._work, self._exec_pool, self.files.pool):
             pool.shutdown(wait=False, cancel_futures=True)

@@ -10,6 +10,10 @@ reader that acknowledges nothing for READER_STALL_S loses its connection (its co
 websocket with 4502 and the page connects again) instead of growing a buffer.
 
 No thread per connection: one asyncio server on the agent's loop, one task per connection.
+
+The same listener serves a session's file bytes (agent.files, protocol.files: a download sent with
+sendfile, an upload read into its temporary file) on tokens of their own (`offer_stream`): one
+connection per transfer instead of a round trip through the channel layer per chunk.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import asyncio
 import json
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
 
 from protocol.terminal_stream import DIRECT_REFUSED, LINE_LIMIT, encode
 
@@ -27,6 +32,9 @@ log = logging.getLogger(__name__)
 TOKEN_TTL_S = 5.0  # how long an offered token may be presented
 HELLO_TIMEOUT_S = 5.0  # a connection that presents no token in this time is closed
 MAX_TOKENS = 10_000  # offered tokens kept at most (the oldest are dropped first)
+
+
+StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 class DirectStream:
@@ -54,13 +62,15 @@ class DirectServer:
     makes a token; a connection that presents it becomes that channel's direct reader of that
     session (`Agent._direct_attach`)."""
 
-    def __init__(self, agent, *, host: str, port: int = 0, advertise: str = "") -> None:
+    def __init__(self, agent, *, host: str, port: int = 0, advertise: str = "", what: str = "direct terminal streams") -> None:
         self.agent = agent
+        self.what = what  # what it listens for, as its log lines say
         self.host = host
         self.port = port
         self.advertise = advertise or host
         self.server: asyncio.Server | None = None
         self._tokens: dict[str, tuple[str, str, float]] = {}  # token → (session id, channel, expiry: loop time)
+        self._streams: dict[str, tuple[StreamHandler, float]] = {}  # token → (its handler, expiry: loop time)
 
     @property
     def serving(self) -> bool:
@@ -73,15 +83,16 @@ class DirectServer:
             self.server = await asyncio.start_server(self._serve, self.host, self.port, limit=LINE_LIMIT)
         except OSError as exc:
             log.warning(
-                "agent %s: cannot listen for direct terminal streams on %s:%s (%s); terminals use the channel layer",
+                "agent %s: cannot listen for %s on %s:%s (%s); they use the channel layer",
                 self.agent.node,
+                self.what,
                 self.host,
                 self.port,
                 exc,
             )
             return
         self.port = self.server.sockets[0].getsockname()[1]
-        log.info("agent %s: direct terminal streams on %s:%d", self.agent.node, self.host, self.port)
+        log.info("agent %s: %s on %s:%d", self.agent.node, self.what, self.host, self.port)
 
     def close(self) -> None:
         if self.server is not None:
@@ -98,6 +109,19 @@ class DirectServer:
             del self._tokens[next(iter(self._tokens))]
         token = secrets.token_urlsafe(24)
         self._tokens[token] = (session_id, channel, now + TOKEN_TTL_S)
+        return {"host": self.advertise, "port": self.port, "token": token}
+
+    def offer_stream(self, handler: StreamHandler) -> dict:
+        """`{"host", "port", "token"}` for one connection that `handler(reader, writer)` serves
+        (a file's bytes: agent.files) once its token is presented; valid once, for TOKEN_TTL_S
+        seconds. The handler runs on the agent's loop; the connection is closed when it returns."""
+        now = asyncio.get_running_loop().time()
+        for token in [t for t, (_, expiry) in self._streams.items() if expiry < now]:
+            del self._streams[token]
+        while len(self._streams) >= MAX_TOKENS:
+            del self._streams[next(iter(self._streams))]
+        token = secrets.token_urlsafe(24)
+        self._streams[token] = (handler, now + TOKEN_TTL_S)
         return {"host": self.advertise, "port": self.port, "token": token}
 
     def _redeem(self, token: object) -> tuple[str, str] | str:
@@ -120,7 +144,12 @@ class DirectServer:
         try:
             try:
                 hello = json.loads(await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT_S))
-                redeemed = self._redeem(hello.get("token") if isinstance(hello, dict) else None)
+                token = hello.get("token") if isinstance(hello, dict) else None
+                handled = self._streams.pop(token, None) if isinstance(token, str) else None
+                if handled is not None and handled[1] >= asyncio.get_running_loop().time():
+                    await handled[0](reader, writer)  # a file's bytes (agent.files)
+                    return
+                redeemed = self._redeem(token)
             except (TimeoutError, ValueError, asyncio.LimitOverrunError, ConnectionError) as exc:
                 redeemed = f"no greeting ({type(exc).__name__})"
             if isinstance(redeemed, tuple):

@@ -21,10 +21,19 @@ API never follows that link: a path starting `data/` is resolved from the folder
 the agent finds from the owner's id the web sends, not from anything in the session's home.
 
 Messages: see protocol.files. Blocking work runs on a small pool of its own (FILE_THREADS).
+
+Bytes in bulk (a `read` or `upload_begin` asking `direct`): the answer carries a one-time offer
+(`direct`: {host, port, token}, agent.direct's listener: the agent's direct-stream one where it
+listens, else one of its own on `app-address`, where session apps listen and the web reaches
+them) and the bytes go over that one connection: a download with sendfile (the kernel copies
+the page cache to the socket), an upload read into its temporary file as it comes, with the same
+confinement, cap and size checks. No round trip per chunk. Without a listener the answer is the
+chunked one, and the web reads over the channel layer as before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
@@ -35,9 +44,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
+from agent.direct import DirectServer
 from protocol import files as proto
+from protocol.terminal_stream import DIRECT_OK, DIRECT_REFUSED, encode
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +57,7 @@ FILE_THREADS = 4
 UPLOAD_IDLE_S = 600  # an upload untouched this long is abandoned (its temporary file removed)
 UPLOAD_PREFIX = ".fgpu-upload-"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+STREAM_READ_BYTES = 1024 * 1024  # what a direct upload asks its socket for at a time
 
 
 class FileError(Exception):
@@ -387,6 +400,16 @@ class FileOps:
         "size" (the file's size now), "eof"}`. A link, folder, FIFO or device is refused."""
         length = max(0, min(int(length), proto.CHUNK_BYTES))
         offset = max(0, int(offset))
+        fd, st = self.open_file(path)
+        try:
+            data = os.pread(fd, length, offset)
+            return {"data": data, "size": st.st_size, "eof": offset + len(data) >= st.st_size}
+        finally:
+            os.close(fd)
+
+    def open_file(self, path: str) -> tuple[int, os.stat_result]:
+        """(an open descriptor, its stat) of the regular file at `path`, for reading; the caller
+        closes it. A link, folder, FIFO or device is refused (FileError)."""
         _, parent, name = self._parent(path, write=False)
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
@@ -400,10 +423,10 @@ class FileOps:
                 raise FileError("is-a-directory", f"'{name}' is a folder")
             if not stat.S_ISREG(st.st_mode):
                 raise FileError("not-a-file", f"'{name}' is not a regular file")
-            data = os.pread(fd, length, offset)
-            return {"data": data, "size": st.st_size, "eof": offset + len(data) >= st.st_size}
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        return fd, st
 
     def delete(self, path: str) -> dict:
         """Remove a file, a link (the link itself) or a folder with all it holds (without
@@ -548,6 +571,27 @@ class SessionFiles:
         self.pool = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix=f"agent-{agent.node}-files")
         self.uploads: dict[str, tuple[str, Upload]] = {}  # upload id → (session id, upload)
         self.lock = threading.Lock()
+        self.own: DirectServer | None = None  # the listener for bytes where the agent has no direct one
+        self._listening: asyncio.Future | None = None
+
+    async def listener(self) -> DirectServer | None:
+        """Where a transfer's bytes go directly (agent.direct): the agent's direct-stream listener
+        where it serves, else one of this handler's own on the agent's `app_address` (any free
+        port), started at the first transfer; None where neither listens (the bytes then go
+        through the channel layer)."""
+        direct = getattr(self.agent, "direct", None)
+        if direct is not None and direct.serving:
+            return direct
+        if self._listening is None:
+            self.own = DirectServer(self.agent, host=getattr(self.agent, "app_address", "127.0.0.1"), what="file transfers")
+            self._listening = asyncio.ensure_future(self.own.start())
+        await asyncio.shield(self._listening)
+        return self.own if self.own is not None and self.own.serving else None
+
+    def close(self) -> None:
+        """Stop listening for transfers (the agent stops)."""
+        if self.own is not None:
+            self.own.close()
 
     def ops(self, running, owner_id, projects=None, shared=None) -> FileOps:
         """The session's files: its home, the owner's folder, the folders of `projects`
@@ -569,7 +613,12 @@ class SessionFiles:
 
     async def _answer(self, running, message: dict) -> None:
         try:
-            result = await self.agent._in(self.pool, self.run, running, message)
+            wants = message.get("direct") is True and message.get("op") in ("read", "upload_begin")
+            server = await self.listener() if wants else None
+            result = await self.agent._in(self.pool, self.run, running, message, direct=server is not None)
+            stream = result.pop("stream", None)
+            if stream is not None and server is not None:
+                result["direct"] = server.offer_stream(partial(*stream))
         except Exception as exc:  # a bug: say so rather than leave the web waiting
             log.exception("agent %s: file op %r failed", self.agent.node, message.get("op"))
             result = {"ok": False, "error": "failed", "detail": f"the agent could not do it: {exc}"}
@@ -578,8 +627,10 @@ class SessionFiles:
         except Exception:
             log.exception("agent %s: could not answer a file op in session %s", self.agent.node, running.session_id)
 
-    def run(self, running, message: dict) -> dict:
-        """Blocking: one op (protocol.files) → its answer."""
+    def run(self, running, message: dict, *, direct: bool = False) -> dict:
+        """Blocking: one op (protocol.files) → its answer. `direct`: a `read` from offset 0 or an
+        `upload_begin` answers with `stream`, (the coroutine function, its first arguments) that
+        serves the transfer's connection (`_send`, `_receive`), for `_answer` to offer."""
         self._expire()
         op = message.get("op")
         try:
@@ -588,6 +639,11 @@ class SessionFiles:
                 return {"ok": True, **files.list(message.get("path", ""))}
             if op == "stat":
                 return {"ok": True, **files.stat(message.get("path", ""))}
+            if op == "read" and direct and not message.get("offset"):
+                fd, st = files.open_file(message["path"])
+                os.close(fd)
+                size, stream = st.st_size, (self._send, files, message["path"], st.st_size)
+                return {"ok": True, "data": b"", "size": size, "eof": not size, "stream": stream}
             if op == "read":
                 return {
                     "ok": True,
@@ -602,6 +658,8 @@ class SessionFiles:
                 upload_id = secrets.token_hex(16)
                 with self.lock:
                     self.uploads[upload_id] = (running.session_id, upload)
+                if direct:
+                    return {"ok": True, "upload_id": upload_id, "stream": (self._receive, running.session_id, upload_id)}
                 return {"ok": True, "upload_id": upload_id}
             if op in ("upload_chunk", "upload_commit", "upload_abort"):
                 return self._upload_step(running, op, message)
@@ -636,6 +694,48 @@ class SessionFiles:
                 self.uploads.pop(upload_id, None)
             FileOps.upload_close(upload, remove=True)
             raise
+
+    async def _send(self, files: FileOps, path: str, size: int, reader, writer) -> None:
+        """A download's connection (agent.direct): the file opened again (confined as any op), a
+        DIRECT_OK line, then its first `size` bytes by sendfile (fewer where it shrank since);
+        a DIRECT_REFUSED line {detail} where it is gone or no longer a regular file."""
+        try:
+            fd, st = await self.agent._in(self.pool, files.open_file, path)
+        except (FileError, OSError) as exc:
+            writer.write(encode({"type": DIRECT_REFUSED, "detail": getattr(exc, "detail", str(exc))}))
+            return
+        with os.fdopen(fd, "rb") as source:
+            writer.write(encode({"type": DIRECT_OK}))
+            count = min(size, st.st_size)
+            if count:
+                await asyncio.get_running_loop().sendfile(writer.transport, source, 0, count)
+            await writer.drain()
+
+    async def _receive(self, session_id: str, upload_id: str, reader, writer) -> None:
+        """An upload's connection (agent.direct): the bytes the web sends until it ends its side,
+        written to the upload's temporary file as they come (FileOps.upload_chunk: the declared
+        size and the cap's room hold), then one line: DIRECT_OK {written} (the web then commits
+        over the layer), or DIRECT_REFUSED {error, detail}, the upload dropped."""
+        with self.lock:
+            found = self.uploads.get(upload_id)
+        if found is None or found[0] != session_id:
+            writer.write(encode({"type": DIRECT_REFUSED, "error": "upload-gone", "detail": "no such upload"}))
+            return
+        upload = found[1]
+        try:
+            while data := await reader.read(STREAM_READ_BYTES):
+                try:
+                    FileOps.upload_chunk(upload, upload.written, data)
+                except OSError as exc:
+                    raise FileError("failed", exc.strerror or str(exc)) from None
+        except FileError as exc:
+            with self.lock:
+                self.uploads.pop(upload_id, None)
+            FileOps.upload_close(upload, remove=True)
+            writer.write(encode({"type": DIRECT_REFUSED, "error": exc.code, "detail": exc.detail}))
+            return
+        writer.write(encode({"type": DIRECT_OK, "written": upload.written}))
+        await writer.drain()
 
     def _expire(self) -> None:
         """Abandon uploads untouched for UPLOAD_IDLE_S or whose session ended."""

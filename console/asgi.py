@@ -1,7 +1,8 @@
 """ASGI entry point: `uvicorn console.asgi:application` (daphne serves it too).
 
 HTTP goes to Django (static files served by Django's ASGI static handler) behind the upload
-guard (console.upload_guard: a body is refused before it is read, 401/413), except
+guard (console.upload_guard: a body is refused before it is read, 401/413), an upload's body read
+by its view as it arrives (common.request_body), except
 `/sessions/<id>/apps/<name>/…`, which the app proxy hands on to the apps origin with a one-time
 ticket (sessions.serving.proxy.ConsoleAppRedirect); websockets go through the origin check, then
 session-cookie auth, then the URL router (Channels' docs); a message sent to a websocket whose
@@ -31,7 +32,8 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from common.startup import freeze_imported_objects  # noqa: E402
-from console.upload_guard import UploadGuard  # noqa: E402
+from common.request_body import StreamedBody  # noqa: E402
+from console.upload_guard import UploadGuard, is_upload  # noqa: E402
 from sessions.serving.proxy import AppProxyRouter, AppWebsocketProxy, ConsoleAppRedirect, OriginRouter  # noqa: E402
 from sessions.routing import websocket_urlpatterns  # noqa: E402
 
@@ -75,7 +77,9 @@ class _DroppingSend:
 application = OriginRouter(
     ProtocolTypeRouter(
         {
-            "http": AppProxyRouter(ConsoleAppRedirect(), UploadGuard(ASGIStaticFilesHandler(django_asgi_app))),
+            "http": AppProxyRouter(
+                ConsoleAppRedirect(), UploadGuard(StreamedBody(ASGIStaticFilesHandler(django_asgi_app), streamed=is_upload))
+            ),
             "websocket": GoneClientSendsDropped(
                 BrowserOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), settings.ALLOWED_HOSTS)
             ),

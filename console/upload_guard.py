@@ -38,6 +38,12 @@ UPLOAD_PATHS = [("PUT", re.compile(r"^/api/v1/sessions/[0-9a-fA-F-]{32,36}/files
 OTHER_MAX_BYTES = 64 * 1024**2  # an authenticated caller's body anywhere else: 64 MiB
 
 
+def is_upload(scope) -> bool:
+    """Whether the request (an HTTP scope) is to an upload path (UPLOAD_PATHS), whose body its view
+    reads as it arrives (common.request_body.StreamedBody, console.asgi)."""
+    return any(scope["method"] == method and pattern.match(scope["path"]) for method, pattern in UPLOAD_PATHS)
+
+
 def upload_max_bytes() -> int:
     """The most bytes an upload body may have: FGPU_FILES_USER_CAP (10 GiB by default), the cap
     of a persistent folder and of a session's home, which no single file may pass."""
@@ -68,7 +74,7 @@ class UploadGuard:
             declared = None  # servers refuse such a request themselves; a count still applies
         if not chunked and not declared:
             return await self.app(scope, receive, send)  # no body to guard
-        upload = any(scope["method"] == method and pattern.match(scope["path"]) for method, pattern in UPLOAD_PATHS)
+        upload = is_upload(scope)
         small = small_body_bytes()
         if upload or declared is None or declared > small:
             async with ThreadSensitiveContext():

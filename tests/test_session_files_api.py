@@ -219,3 +219,47 @@ def test_an_empty_file_uploads_and_downloads_as_empty(alices_session, alice, nod
     assert put(client_for(alice), alices_session, "empty.txt", b"").json()["size"] == 0
 
     assert download(client_for(alice), alices_session, "empty.txt")[1] == b""
+
+
+def _file_ops(node, monkeypatch) -> list[str]:
+    """The ops the agent answers (its handler's `run`, called as it is), in order."""
+    seen = []
+    answer = node.agent.files.run
+
+    def counted(running, message, **kwargs):
+        seen.append(message.get("op"))
+        return answer(running, message, **kwargs)
+
+    monkeypatch.setattr(node.agent.files, "run", counted)
+    return seen
+
+
+def test_a_files_bytes_go_over_one_direct_connection_to_the_agent_not_a_layer_message_per_chunk(
+        alices_session, alice, node, monkeypatch):
+    node.run(alices_session)
+    ops = _file_ops(node, monkeypatch)
+    payload = os.urandom(8 * CHUNK_BYTES + 7)  # nine chunks through the layer
+
+    assert put(client_for(alice), alices_session, "big.bin", payload).status_code == 201
+    assert (node.home(alices_session) / "big.bin").read_bytes() == payload
+    assert download(client_for(alice), alices_session, "big.bin")[1] == payload
+
+    assert ops == ["upload_begin", "upload_commit", "read"]  # the bytes went over the agent's listener
+    assert node.agent.files.own is not None and node.agent.files.own.serving
+
+
+def test_where_the_agents_listener_cannot_be_reached_the_bytes_go_through_the_layer(alices_session, alice, node,
+                                                                                     monkeypatch):
+    from tests.stack import free_port
+
+    node.run(alices_session)
+    payload = os.urandom(2 * CHUNK_BYTES + 5)
+    assert put(client_for(alice), alices_session, "first.bin", payload).status_code == 201  # starts the listener
+    node.agent.files.own.port = free_port()  # its offers now name a port where nothing listens
+    ops = _file_ops(node, monkeypatch)
+
+    assert put(client_for(alice), alices_session, "second.bin", payload).status_code == 201
+    assert (node.home(alices_session) / "second.bin").read_bytes() == payload
+    assert download(client_for(alice), alices_session, "second.bin")[1] == payload
+
+    assert ops == ["upload_begin"] + ["upload_chunk"] * 3 + ["upload_commit"] + ["read"] * 4  # the read asked again

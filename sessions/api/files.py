@@ -12,6 +12,7 @@ from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiRespo
 from rest_framework import serializers, status
 from rest_framework.decorators import api_view
 
+from common.request_body import BODY_KEY
 from common.api_async import AwaitedResponse, awaiting_view
 from common.api_support import ErrorSerializer
 from common.errors import ApplicationError
@@ -182,12 +183,13 @@ def file_content_view(request, session_id):
     path = request.query_params.get("path", "")
     if request.method == "PUT":
         raw = request._request  # the body as it came, read in chunks (never request.body: no size limit applies)
+        streamed = getattr(raw, "scope", {}).get(BODY_KEY)  # under ASGI: read as it arrives (common.request_body)
         length = raw.META.get("CONTENT_LENGTH") or None
         try:
             size = None if length is None else int(length)
         except ValueError:
             raise ApplicationError("Content-Length is not a number", field_errors={"Content-Length": ["a number"]}) from None
-        written = files.session_file_upload(session=session, path=path, body=raw, size=size)
+        written = files.session_file_upload(session=session, path=path, body=raw if streamed is None else streamed, size=size)
         return AwaitedResponse(_shown(written, FileEntrySerializer), status=status.HTTP_201_CREATED)
     return AwaitedResponse(_streamed(files.session_file_download(session=session, path=path)))
 

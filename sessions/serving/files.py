@@ -10,6 +10,14 @@ one answer at a time (Django's ASGI handler holds it in a temporary file), and a
 to the client as the agent answers, READ_AHEAD (4) reads asked for at once, so a web process holds
 one chunk per upload and at most four per download in memory.
 
+Where the agent offers it (agent.files: its direct listener, agent.direct), the bytes skip the
+layer: the download's first read and the upload's start ask `direct`, and the agent's answer holds
+a one-time token for one TCP connection to it (as the terminal's direct stream, reached where
+session apps are), which carries the whole file: sent by the agent with sendfile and relayed to
+the client as it comes, or the request body sent on as Django's handler holds it, the agent
+checking the same size and cap. The commit, the errors and the checks stay on the layer. Where
+the connection fails (DIRECT_CONNECT_S), the transfer goes through the layer as before.
+
 Each service checks the path and the session and reads what it needs of the database (the
 owner's projects) in sync code, then returns the wait: a coroutine function that talks to the
 agent on the event loop and reads no database, so the API (common.api_async) holds no web
@@ -24,6 +32,8 @@ capped at FGPU_FILES_USER_CAP bytes per persistent folder (per user) and per ses
 from __future__ import annotations
 
 import asyncio
+import inspect
+import json
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,13 +46,16 @@ from django.conf import settings
 
 from common.errors import ApplicationError
 from protocol import files as proto
-from protocol.channel import AgentLink, Refused, reply_prefix
+from protocol.channel import AgentLink, DirectOffer, Malformed, Refused, reply_prefix
+from protocol.terminal_stream import DIRECT_OK, LINE_LIMIT, encode
 from accelerators.models import NodeStatus
 from sessions.lifecycle import events
 from sessions.models import ComputeSession, SessionStatus
 from sessions.policy.shares import shared_mounts, shared_path_check
 
 log = logging.getLogger(__name__)
+DIRECT_CONNECT_S = 2.0  # connecting to the agent's listener for a transfer and its first answer, at most
+DIRECT_PIECE = 1024 * 1024  # what a direct transfer reads (socket, request body) at a time, bytes
 READ_AHEAD = 4  # a download's reads asked for at once: at most READ_AHEAD × CHUNK_BYTES (1 MiB) held per transfer
 
 REPLY_WAIT_S = 30  # how long the web waits for the agent's answer to one op
@@ -278,7 +291,8 @@ def session_folder_make(*, session: ComputeSession, path: str) -> Wait[dict]:
 
 def session_file_upload(*, session: ComputeSession, path: str, body, size: int | None) -> Wait[dict]:
     """The wait writing the bytes of `body` (a file-like object: `read(n)`, a local file or
-    memory: it is read on the event loop) to `path`, replacing a file there once all of it
+    memory: it is read on the event loop; or a common.request_body.RequestBody: the request's
+    body as it arrives, `await read(n)`) to `path`, replacing a file there once all of it
     arrived (a failed upload leaves the old file and no partial one), which returns the new
     entry. `size`: the body's length in bytes when known (Content-Length).
 
@@ -304,13 +318,89 @@ def session_file_upload(*, session: ComputeSession, path: str, body, size: int |
     return partial(_upload, _Link(call), path, body, size)
 
 
+async def _connect(offer: dict) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    """A connection to the agent's listener with the offer's token presented (agent.direct); None
+    (logged) where the offer is malformed or the connection fails within DIRECT_CONNECT_S."""
+    try:
+        found = DirectOffer.from_dict(offer)
+        if not found.host:
+            return None
+        async with asyncio.timeout(DIRECT_CONNECT_S):
+            reader, writer = await asyncio.open_connection(found.host, found.port, limit=LINE_LIMIT)
+        writer.write(encode({"token": found.token}))
+        return reader, writer
+    except (Malformed, OSError, TimeoutError) as exc:
+        log.info("no direct file transfer to %s (%r): through the channel layer", offer.get("host"), exc)
+        return None
+
+
+async def _answer_line(reader: asyncio.StreamReader) -> dict:
+    """The agent's line on a transfer's connection ({} where there is none or it is not JSON)."""
+    try:
+        async with asyncio.timeout(REPLY_WAIT_S):
+            line = await reader.readline()
+        found = json.loads(line) if line else {}
+    except (ValueError, OSError, TimeoutError, asyncio.LimitOverrunError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+async def _upload_direct(link: _Link, offer: dict, body, size: int | None) -> int | None:
+    """Send the whole of `body` over the agent's connection for the upload (`offer`); the bytes
+    the agent wrote, or None where no connection came about before a byte was sent (the caller
+    sends through the layer). Raises ApplicationError when the agent refused (its error: over-cap,
+    …) or the connection broke."""
+    connection = await _connect(offer)
+    if connection is None:
+        return None
+    reader, writer = connection
+    sent = 0
+    try:
+        try:
+            while data := await _body_read(body, DIRECT_PIECE):
+                writer.write(data)
+                sent += len(data)
+                await writer.drain()
+            if size is not None and sent != size:
+                raise ApplicationError(
+                    f"the request body ended after {sent} of its {size} bytes", type="bad-request", title="Incomplete upload"
+                )
+            writer.write_eof()
+        except ConnectionError:
+            pass  # the agent refused and closed: its line says why
+        answer = await _answer_line(reader)
+    finally:
+        writer.close()
+    if answer.get("type") == DIRECT_OK and answer.get("written") == sent:
+        return sent
+    refused = {"ok": False, "error": answer.get("error", "failed"), "detail": answer.get("detail", "the upload broke off")}
+    raise _refusal(link.call.node, refused, 0)
+
+
+async def _body_read(body, n: int) -> bytes:
+    """At most `n` bytes of `body` (b"" at its end): a common.request_body.RequestBody, awaited
+    (the request's body as it arrives), or a file-like object, read on the loop (a local file or
+    memory). Raises ApplicationError 400 when the client went away before the body's end."""
+    try:
+        data = body.read(n)
+        if inspect.isawaitable(data):
+            data = await data
+    except ConnectionAbortedError:
+        raise ApplicationError("the request body broke off", type="bad-request", title="Incomplete upload") from None
+    return bytes(data)
+
+
 async def _upload(link: _Link, path: str, body, size: int | None) -> dict:
-    begun = await link.ask("upload_begin", path=path, size=size, cap=link.call.cap, wait_s=BEGIN_WAIT_S)
+    begun = await link.ask("upload_begin", path=path, size=size, cap=link.call.cap, wait_s=BEGIN_WAIT_S, direct=True)
     upload_id = begun["upload_id"]
     offset = 0
     try:
+        if begun.get("direct"):
+            written = await _upload_direct(link, begun["direct"], body, size)
+            if written is not None:
+                return (await link.ask("upload_commit", upload_id=upload_id))["entry"]
         while True:
-            data = body.read(proto.CHUNK_BYTES)
+            data = await _body_read(body, proto.CHUNK_BYTES)
             if not data:
                 break
             await link.ask("upload_chunk", upload_id=upload_id, offset=offset, data=bytes(data))
@@ -346,12 +436,44 @@ def session_file_download(*, session: ComputeSession, path: str) -> Wait[tuple[s
     call = _call(session, parts=parts)
 
     async def wait() -> tuple[str, int, AsyncIterator[bytes]]:
-        first = await _Link(call).ask("read", path=path, offset=0, length=proto.CHUNK_BYTES)
-        # the rest on a reply channel of its own: under a sync caller (the test client) it is
-        # read on another loop than this wait's
+        first = await _Link(call).ask("read", path=path, offset=0, length=proto.CHUNK_BYTES, direct=True)
+        # the rest on a reply channel (or a connection) of its own: under a sync caller (the
+        # test client) it is read on another loop than this wait's
+        if isinstance(first.get("direct"), dict):
+            return parts[-1], int(first["size"]), _direct_chunks(call, path, first)
         return parts[-1], int(first["size"]), _chunks(call, path, first)
 
     return wait
+
+
+async def _direct_chunks(call: FilesCall, path: str, first: dict):
+    """The download's bytes over the agent's connection (`first["direct"]`: agent.files sends
+    them with sendfile), as they come, up to the size announced; through the layer (`_chunks`,
+    up to that size) where the connection does not come about. Ends early (the client sees a
+    short body) where the agent refuses or the connection breaks."""
+    size = int(first["size"])
+    connection = await _connect(first["direct"])
+    if connection is None:
+        again = await _Link(call).ask("read", path=path, offset=0, length=proto.CHUNK_BYTES)
+        async for data in _chunks(call, path, {**again, "size": min(size, int(again["size"]))}):
+            yield data
+        return
+    reader, writer = connection
+    try:
+        answer = await _answer_line(reader)
+        if answer.get("type") != DIRECT_OK:
+            log.warning("download of %r from session %s refused: %s", path, call.session_id, answer.get("detail", answer))
+            return
+        left = size
+        while left > 0:
+            data = await reader.read(min(DIRECT_PIECE, left))
+            if not data:
+                log.warning("download of %r from session %s stopped at %d of %d bytes", path, call.session_id, size - left, size)
+                return
+            left -= len(data)
+            yield data
+    finally:
+        writer.close()
 
 
 async def _chunks(call: FilesCall, path: str, first: dict):
