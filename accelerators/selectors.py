@@ -243,3 +243,54 @@ def node_states(
         )
         for n in annotated
     ]
+
+
+def pinned_device_problem(*, pins: tuple[str, ...], slot: str, group: ResourceGroup | None) -> tuple[str, str, str]:
+    """What is wrong with `pins` (a request's `devices`: UUIDs or indexes) that no node in
+    reach has (`core.check_ever_fits` raised UnknownDevice for them): `(sentence, type, title)`
+    for the launch's error, from the first pin: a device of another resource group's node
+    ("device-not-in-group"), a MIG instance or a GPU that MIG holds, a GPU of another slot
+    ("device-not-usable"), or none registered at all ("unknown-device"). `slot`: the request's
+    slot ("" for none); `group`: its resource group (None: every node)."""
+    pin = pins[0]
+    rows = Device.objects.select_related("node", "node__resource_group")
+    found = list(rows.filter(index=int(pin)) if pin.isdigit() else rows.filter(device_id=pin))
+    slot = slot or "cuda"
+    label = f"GPU {pin}" if pin.isdigit() else pin
+    others = f" (and {', '.join(pins[1:])})" if len(pins) > 1 else ""
+    if not found:
+        what = f"no node has a GPU with index {pin}" if pin.isdigit() else f"no registered node has a device {pin}"
+        return (
+            f"devices: {what}{others}. Pin a device by the UUID or index the node list shows "
+            "(GET /api/v1/nodes/), or leave Only these GPUs empty.",
+            "unknown-device",
+            "No such device",
+        )
+    in_group = [d for d in found if group is None or d.node.resource_group_id == group.pk]
+    if not in_group:
+        d = found[0]
+        where = f"resource group {d.node.resource_group.name}" if d.node.resource_group else "no resource group"
+        wanted = group.name if group else ""
+        return (
+            f"devices: {label}{others} is on node {d.node.name}, in {where}, not in resource group {wanted}: "
+            "pin a device of that group, or launch in the device's group.",
+            "device-not-in-group",
+            "Device not in your resource group",
+        )
+    mig = [d for d in in_group if d.is_mig_device or Device.objects.filter(pk=d.pk).filter(mig_exclusion()).exists()]
+    if mig:
+        return (
+            f"devices: {label}{others} on node {mig[0].node.name} is a MIG instance or a GPU in MIG mode: ask for a "
+            "MIG profile instead (the MIG tab, or resources.mig_profile), without pins.",
+            "device-not-usable",
+            "Device serves MIG only",
+        )
+    other = [d for d in in_group if d.slot_name != slot]
+    if other:
+        return (
+            f"devices: {label}{others} on node {other[0].node.name} is a {other[0].slot_name} device, and this request "
+            f"asks for {slot}: pin a {slot} device.",
+            "device-not-usable",
+            "Device of another kind",
+        )
+    return (f"devices: {label}{others} is not a device any node in reach has.", "unknown-device", "No such device")

@@ -321,6 +321,17 @@ class ComputeSession(models.Model):
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "compute session"
+        constraints = [
+            # A user's sessions not ended have distinct names; an ended one's name may be used
+            # again (Backend.AI's ix_sessions_unique_name_nonterminal, per user). In the
+            # database, so two launches at once cannot both take a name (issue 36.6).
+            models.UniqueConstraint(
+                fields=["owner", "name"],
+                condition=~models.Q(status__in=["TERMINATED", "ERROR", "CANCELLED"]),
+                name="session_name_unique_live",
+                violation_error_message="you have a session of this name that has not ended",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.status})"

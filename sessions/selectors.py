@@ -78,6 +78,28 @@ def _visible_one(sessions, *, user, session_id) -> ComputeSession:
         raise Http404("no such session") from None
 
 
+def session_name_holder(*, owner, name: str) -> ComputeSession | None:
+    """`owner`'s session named `name` that has not ended (status not TERMINATED, ERROR or
+    CANCELLED), None when the name is free: a user's sessions not ended have distinct names
+    (constraint "session_name_unique_live"; issue 36.6)."""
+    from sessions.models import FINAL_STATUSES
+
+    live = ComputeSession.objects.filter(owner=owner, name=name).exclude(status__in=FINAL_STATUSES)
+    return live.only("id", "name", "status").first()
+
+
+def session_name_unused(*, owner, name: str, max_length: int = 64) -> str:
+    """`name` where no session of `owner` not ended holds it, else the first of "<name>-2",
+    "<name>-3", … (cut to `max_length` characters) that none holds: the name a session made for
+    the user (a preempted one launched again) takes."""
+    candidate, n = name, 1
+    while session_name_holder(owner=owner, name=candidate) is not None:
+        n += 1
+        suffix = f"-{n}"
+        candidate = name[: max_length - len(suffix)] + suffix
+    return candidate
+
+
 def session_allocations(session: ComputeSession) -> list[Allocation]:
     """The session's allocations (released ones too) with their devices, in device order: the
     list `sessions_shown` read with it, else one query."""

@@ -45,7 +45,9 @@ def test_a_repeated_key_replays_the_first_answer_and_makes_no_second_session(dem
 def test_launches_without_a_key_or_with_different_keys_each_make_a_session(demo_cluster, alice):
     api = client_for(alice)
 
-    answers = [launch(api, key=None), launch(api, key=None), launch(api, key="a"), launch(api, key="b")]
+    bodies = [{**BODY, "name": f"notebook-{i}"} for i in range(4)]  # a user's live sessions have distinct names
+    answers = [launch(api, bodies[0], key=None), launch(api, bodies[1], key=None), launch(api, bodies[2], key="a"),
+               launch(api, bodies[3], key="b")]
 
     assert [a.status_code for a in answers] == [201] * 4
     assert len({a.json()["id"] for a in answers}) == 4 == ComputeSession.objects.count()
@@ -112,6 +114,7 @@ def test_a_key_older_than_a_day_is_forgotten_and_expired_keys_are_swept(demo_clu
     first = launch(api)
     launch(client_for(bob), key="bobs-old-key")
     IdempotencyKey.objects.update(created_at=timezone.now() - KEY_TTL - timedelta(minutes=1))
+    ComputeSession.objects.filter(pk=first.json()["id"]).update(status="CANCELLED")  # its name is free again
 
     again = launch(api)
 

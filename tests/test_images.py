@@ -56,7 +56,7 @@ def docker_node(name: str, *references: str, device_index: int = 1) -> Node:
 
 
 def launch(owner, image=None, shares="0.5", **extra) -> ComputeSession:
-    return admission.session_create(owner=owner, name="s", resources={"cuda.shares": shares, **extra}, image=image)
+    return admission.session_create(owner=owner, name="", resources={"cuda.shares": shares, **extra}, image=image)
 
 
 def status_of(session: ComputeSession) -> tuple[str, str, str | None]:

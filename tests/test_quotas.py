@@ -49,7 +49,7 @@ def create(django_capture_on_commit_callbacks):
 
     def create(owner, resources: dict) -> ComputeSession:
         with django_capture_on_commit_callbacks(execute=True):
-            session = admission.session_create(owner=owner, name="s", resources=resources)
+            session = admission.session_create(owner=owner, name="", resources=resources)  # session-<n>: a free name
         session.refresh_from_db()
         return session
 
@@ -351,7 +351,7 @@ def test_the_session_admin_lists_sessions_read_only(cluster, alice, create, admi
     assert admin_client.post(f"/admin/compute_sessions/computesession/{session.pk}/delete/",
                              {"post": "yes"}).status_code == 403
     session.refresh_from_db()
-    assert session.name == "s"
+    assert session.name == "session-1"
 
 
 # --- concurrency ------------------------------------------------------------------------------

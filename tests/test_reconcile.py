@@ -63,7 +63,7 @@ def scheduled(agent, alice):
     """A session placed on demo-node (its start taken by the stand-in), scheduled a minute ago."""
 
     def make(shares: str = "0.5") -> ComputeSession:
-        session = admission.session_create(owner=alice, name="s", resources={"cuda.shares": shares})
+        session = admission.session_create(owner=alice, name="", resources={"cuda.shares": shares})
         session.refresh_from_db()
         assert session.status == SessionStatus.SCHEDULED, session.status_reason
         ComputeSession.objects.filter(pk=session.pk).update(scheduled_at=timezone.now() - timedelta(minutes=1))

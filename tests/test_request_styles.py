@@ -183,7 +183,30 @@ def test_preview_shows_what_each_device_would_give_and_creates_nothing(client):
 def test_preview_of_an_impossible_request_says_never_and_why(client):
     body = client.post("/api/v1/sessions/preview/", {"resources": {"gpu": 3, "gpu_memory": "1G"}}, format="json").json()
     assert body["never"] is True and body["fits_now"] is False
-    assert "2 can give it" in body["reason"]
+    # What was asked, the most any node can give, what to do (issue 36.6): in parts and as one reason.
+    assert body["never_detail"] == {
+        "asked": "cuda: 3 GPUs asked, each with 1 GiB.",
+        "most": "The most one node can give is 2 such GPUs (style-node).",
+        "advice": "Ask for at most 2 GPUs per session (a session runs on one node).",
+    }
+    assert body["reason"] == " ".join(body["never_detail"].values())
+    assert body["refusal"] == "never-schedulable"
+
+
+def test_a_pinned_device_no_node_has_is_named_as_such_not_too_large(client):
+    """Issue 36.6: an unknown pin is "No such device" (type unknown-device), in the launch's error
+    and the preview, not "Request too large"."""
+    for pin, words in (("GPU-nope", "no registered node has a device GPU-nope"), (7, "no node has a GPU with index 7")):
+        body = {"resources": {"gpu_fraction": "0.25", "devices": [pin]}}
+        refused = client.post("/api/v1/sessions/", body, format="json")
+        assert refused.status_code == 400
+        error = refused.json()
+        assert (error["type"], error["title"]) == ("unknown-device", "No such device")
+        assert words in error["detail"] and "Request too large" not in refused.content.decode()
+        assert error["field_errors"] == {"resources.devices": [error["detail"]]}
+        preview = client.post("/api/v1/sessions/preview/", body, format="json").json()
+        assert (preview["never"], preview["refusal"], preview["never_detail"]) == (True, "unknown-device", None)
+        assert preview["reason"] == error["detail"]
 
 
 def test_the_api_refuses_cores_above_100_with_the_field_named(client):

@@ -36,7 +36,7 @@ def create(user, django_capture_on_commit_callbacks):
     def create(shares: str | None = "0.5", *, owner=None, command: str = "", **extra) -> ComputeSession:
         resources = {"cuda.shares": shares, **extra} if shares is not None else dict(extra)
         with django_capture_on_commit_callbacks(execute=True):
-            session = admission.session_create(owner=owner or user, name="s", resources=resources, command=command)
+            session = admission.session_create(owner=owner or user, name="", resources=resources, command=command)
         session.refresh_from_db()
         return session
 

@@ -37,7 +37,7 @@ def running(agent, alice):
     """make(owner=alice, command="") → a RUNNING session on demo-node, started `age` seconds ago."""
 
     def make(owner=None, *, command: str = "", shares: str = "0.5", age: float = 0) -> ComputeSession:
-        session = admission.session_create(owner=owner or alice, name="s", resources={"cuda.shares": shares},
+        session = admission.session_create(owner=owner or alice, name="", resources={"cuda.shares": shares},
                                            command=command)
         services.session_report_apply(session_id=str(session.pk), status="RUNNING")
         ComputeSession.objects.filter(pk=session.pk).update(started_at=timezone.now() - timedelta(seconds=age))

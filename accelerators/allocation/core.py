@@ -22,6 +22,7 @@ from accelerators.allocation.errors import (
     InvalidResourceRequest,
     NeverSchedulable,
     NotMultipleOfQuantum,
+    UnknownDevice,
 )
 from accelerators.allocation.packing import PackingPlan, plan_ranks
 from protocol.units import amount_text, format_binary_size
@@ -580,7 +581,23 @@ def place(
     if workload is None and policy in cluster.FRAGMENTATION_AWARE:
         workload = cluster.Workload({shape: 1})
     plan_for = workload.packing_plan if policy == "fgd-plus" and workload is not None else None
-    for row in index.ranking(shape, policy, workload):
+    # The best node first (`ClusterIndex.choose`: scores only what can be best), the whole
+    # ranking only when its devices cannot give it after all: a pass placing 1,000 sessions on
+    # 1,000 nodes ranks no node it does not try.
+    chosen = index.choose(shape, policy, workload)
+    tried = -1
+    if chosen is not None:
+        tried = chosen[0]
+        try:
+            grants = _allocate_on_node(
+                nodes[tried], request, settings, strategy, _device_policy(policy), no_fragmentation, plan_for
+            )
+            return Placement(nodes[tried].node_id, grants)
+        except InsufficientResource:
+            pass
+    for row in index.ranking(shape, policy, workload) if chosen is not None else ():
+        if row == tried:
+            continue
         try:
             grants = _allocate_on_node(
                 nodes[row], request, settings, strategy, _device_policy(policy), no_fragmentation, plan_for
@@ -773,6 +790,13 @@ def check_ever_fits(
             return
         except InsufficientResource:
             continue
+    missing = tuple(p for p in request.pins if not any(d.matches(p) for n in empty for d in n.devices))
+    if missing:
+        raise UnknownDevice(f"devices: {', '.join(missing)} is not a device of any registered node", pins=missing)
+    if request.kind == "per_device":
+        parts = _per_device_never(empty, request)
+        if parts:
+            raise NeverSchedulable(" ".join(parts.values()), parts=parts)
     raise NeverSchedulable(_never_reason(empty, request, settings))
 
 
@@ -787,20 +811,8 @@ def emptied(nodes: Iterable[NodeState]) -> list[NodeState]:
 
 
 def _never_reason(nodes: Sequence[NodeState], request: ResourceRequest, settings: FractionalSettings | None) -> str:
-    """Name what no node has enough of: a pinned device no node has, the accelerator slot when
-    no node's devices could hold the request, else CPU cores or memory."""
-    missing = [p for p in request.pins if not any(d.matches(p) for n in nodes for d in n.devices)]
-    if missing:
-        return f"devices: {', '.join(missing)} is not a device of any registered node"
-    if request.kind == "per_device":
-        reasons = []
-        for n in nodes:
-            try:
-                allocate_per_device(_eligible(n.devices, request), request, settings)
-            except InsufficientResource as exc:
-                reasons.append(f"{n.node_id}: {exc}")
-        if len(reasons) == len(nodes):
-            return f"{request.slot}: no node could ever give it: " + "; ".join(reasons[:3])
+    """Name what no node has enough of: the accelerator slot when no node's devices could hold
+    the request, else CPU cores or memory (a per-device request's devices: `_per_device_never`)."""
     if request.kind == "shares" and settings is not None and max_shares(nodes, settings) < request.amount:
         return (
             f"{request.slot}.shares: {amount_text(request.amount)} fGPU requested, but the largest any node can hold "
@@ -821,6 +833,48 @@ def _never_reason(nodes: Sequence[NodeState], request: ResourceRequest, settings
         f"no single node has {request.cpu} CPU cores, {format_binary_size(request.mem)} memory and the "
         f"accelerator amount together"
     )
+
+
+def _per_device_never(nodes: Sequence[NodeState], request: ResourceRequest) -> dict[str, str]:
+    """Why no node (all free) could give a per-device request, as NeverSchedulable's parts:
+    what was asked, the most any node can give, what to do (`{}` when some node could give it,
+    so the reason lies elsewhere: CPU or memory). E.g. "cuda: 64 GPUs asked, each with 4 GiB
+    and 25% of its cores." "The most one node can give is 8 such GPUs (n3)." "Ask for at most
+    8 GPUs per session (a session runs on one node)."."""
+    count = int(request.amount)
+    each = request.memory.describe() if request.memory else "all its memory"
+    if request.cores:
+        each += f" and {amount_text(request.cores)}% of its cores"
+    asked = f"{request.slot}: {count} GPU{'s' if count != 1 else ''} asked, each with {each}."
+    best, best_node, shortfall = 0, "", ""
+    for n in nodes:
+        fitting = 0
+        try:
+            devices = _eligible(n.devices, request)
+        except InsufficientResource:  # pins of another node's devices
+            continue
+        for d in devices:
+            why = per_device_shortfall(d, request)
+            if not why:
+                fitting += 1
+            elif not shortfall:
+                shortfall = f"{d.label} of {n.node_id}: {why}"
+        if fitting > best:
+            best, best_node = fitting, n.node_id
+    if best >= count:
+        return {}
+    if best == 0:
+        return {
+            "asked": asked,
+            "most": f"No GPU of any node can give one ({shortfall or 'no GPU'}).",
+            "advice": "Ask for less memory or fewer cores per GPU.",
+        }
+    plural = "s" if best != 1 else ""
+    return {
+        "asked": asked,
+        "most": f"The most one node can give is {best} such GPU{plural} ({best_node}).",
+        "advice": f"Ask for at most {best} GPU{plural} per session (a session runs on one node).",
+    }
 
 
 def max_shares(nodes: Iterable[NodeState], settings: FractionalSettings) -> Decimal:

@@ -20,4 +20,19 @@ class InsufficientResource(AllocationError):
 
 
 class NeverSchedulable(AllocationError):
-    """Larger than any node could ever hold, even with every device free."""
+    """Larger than any node could ever hold, even with every device free. `parts`, where the
+    reason has them: `{"asked", "most", "advice"}`, what was asked, the most any node can give
+    and what to do, each a sentence (the message holds them too)."""
+
+    def __init__(self, message: str, *, parts: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.parts = parts or {}
+
+
+class UnknownDevice(NeverSchedulable):
+    """A pinned device (`devices`: a UUID or a node's index) that no node in reach has: not too
+    large, but nothing to place on. `pins`: those pins, as the request gave them."""
+
+    def __init__(self, message: str, *, pins: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.pins = pins

@@ -14,6 +14,7 @@ from accelerators.models import AllocationMode, Device
 from accelerators.selectors import fractional_settings_get, node_states, resource_group_get, slot_format_get
 from protocol.units import format_binary_size
 from sessions.scheduling import mig as mig_scheduling
+from sessions.admission.names import name_taken_refused
 from sessions.policy.data_folders import folders_note_named
 from sessions.policy.images import image_for_launch
 from sessions.policy.quotas import claim_max_amount, quota_headroom
@@ -158,7 +159,7 @@ def launch_preview(*, resources: dict, image: str | None = None, owner=None) -> 
     decision (`sessions.scheduling.placement.placement_decide`: the launch's checks, quotas of `owner`
     included when given, then the scheduler's placement), read without locks.
 
-    `{"outcome", "refusal", "fits_now", "never", "reason", "status_reason", "problems", "node",
+    `{"outcome", "refusal", "fits_now", "never", "reason", "never_detail", "status_reason", "problems", "node",
     "configuration", "devices": [{"device", "device_index", "model_name", "memory" (bytes),
     "procs" (SMs), "sm_percent", "shares"}], "mig"}`. `outcome`: "starts" (`fits_now`: placed
     now on `node`), "waits" (admitted; waits in the queue with `status_reason`, the reason its
@@ -167,7 +168,8 @@ def launch_preview(*, resources: dict, image: str | None = None, owner=None) -> 
     type "quota-exceeded", `problems` one sentence per limit passed — or the resource group is
     reserved for projects the caller is not in, 403 type "resource-group-reserved"; `refusal` is
     that type, "" unless refused). `reason`: why it waits
-    or is refused, in words (without the "waiting for capacity: " prefix). `mig` is null, or
+    or is refused, in words (without the "waiting for capacity: " prefix); `never_detail` null,
+    or that refusal in parts, `{"asked", "most", "advice"}` (NeverSchedulable.parts). `mig` is null, or
     for a request MIG would hold now `{"profile": "1g.20gb", "plan": "creates a 1g.20gb
     instance at memory slice 0"}` (then `devices` is the parent GPU, or the static slice, with
     the instance's memory and SMs). Requests with isolation "any" are previewed as the scheduler
@@ -190,6 +192,7 @@ def launch_preview(*, resources: dict, image: str | None = None, owner=None) -> 
         "fits_now": decision.outcome == PLACED,
         "never": decision.outcome == NEVER,
         "reason": decision.reason.removeprefix(CAPACITY),
+        "never_detail": decision.parts or None,
         "status_reason": decision.reason if decision.outcome == WAITING else "",
         "problems": list(decision.problems),
         "node": None,
@@ -268,7 +271,9 @@ def session_create(
     a malformed request, one off the quantum grid, one in the wrong mode, one larger than any
     registered node could ever hold (naming the slot and the largest amount a node holds), and
     an image no administrator registered or one that does not support the request's slot
-    (`sessions.policy.images.image_for_launch`, field `image`); ApplicationError (403) for a resource
+    (`sessions.policy.images.image_for_launch`, field `image`), and a `name` one of the owner's
+    sessions not ended has (type "name-taken", `sessions.admission.names`: the database's
+    constraint decides between launches at once); ApplicationError (403) for a resource
     group reserved for projects the owner is not a member of (`sessions.policy.group_access`).
     """
     name = (name or "").strip()
@@ -286,7 +291,7 @@ def session_create(
         )
     request, _ = request_validate(resources=resources)
     session_image = image_for_launch(reference=image, slot=request.slot)
-    with transaction.atomic():
+    with name_taken_refused(owner=owner, name=name), transaction.atomic():
         # The one placement decision's admission (sessions.scheduling.placement): the resource group is open
         # to the owner (sessions.policy.group_access), the request fits some
         # registered node, LOST ones included (a request that fits a node whose agent is

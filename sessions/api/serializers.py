@@ -425,6 +425,12 @@ class PreviewMigSerializer(serializers.Serializer):
     )
 
 
+class PreviewNeverSerializer(serializers.Serializer):
+    asked = serializers.CharField(help_text='what was asked: "cuda: 64 GPUs asked, each with 4 GiB and 25% of its cores."')
+    most = serializers.CharField(help_text='the most any node can give: "The most one node can give is 8 such GPUs (n3)."')
+    advice = serializers.CharField(help_text='what to do: "Ask for at most 8 GPUs per session (a session runs on one node)."')
+
+
 class PreviewSerializer(serializers.Serializer):
     outcome = serializers.ChoiceField(
         ["starts", "waits", "refused"],
@@ -434,11 +440,16 @@ class PreviewSerializer(serializers.Serializer):
         allow_blank=True,
         help_text="the launch's error type when refused: "
         '"never-schedulable", "quota-exceeded", '
-        '"resource-group-reserved"; "" otherwise',
+        '"resource-group-reserved", or for pinned `devices` no node in reach has "unknown-device", '
+        '"device-not-in-group", "device-not-usable"; "" otherwise',
     )
     fits_now = serializers.BooleanField(help_text="a node can take it right now")
     never = serializers.BooleanField(help_text="no registered node could ever take it")
     reason = serializers.CharField(allow_blank=True, help_text="why it waits or is refused; blank when it fits")
+    never_detail = PreviewNeverSerializer(
+        allow_null=True,
+        help_text="`never`'s reason in parts where it has them (a per-device request no node could give): null otherwise",
+    )
     status_reason = serializers.CharField(
         allow_blank=True, help_text='the reason its session would show while it waits ("waiting for capacity: …")'
     )

@@ -29,6 +29,7 @@ from protocol.exec_store import STATES, STREAMS
 from sessions.api.eta import PreviewWithEtaSerializer, preview_eta
 from sessions.admission.launch import launch_options, launch_preview
 from sessions.models import ComputeSession, SessionStatus
+from sessions.admission.names import session_name_check
 from sessions.admission.presets import launch_with_preset
 from sessions.serving.session_apps import session_app_get, session_app_open
 from sessions.selectors import (
@@ -404,7 +405,10 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
         "`mem` and options one by one; any GPU key replaces its whole GPU request; null removes "
         "a key), `image` replaces its image, and another `resources.resource_group` than the "
         'preset\'s is refused (400, type "preset-conflict"). A preset alone launches exactly '
-        'its request. 400 (type "unknown-preset") for a preset you may not use.',
+        'its request. 400 (type "unknown-preset") for a preset you may not use.\n\n'
+        "Your sessions that have not ended have distinct names (an ended one's name may be used "
+        'again): a `name` one of them has is refused, 400 type "name-taken" (field `name`), also '
+        "between two launches at once. Without a `name` the session gets a free one (session-<n>).",
     )
     def create(self, request):
         """`{"name", "resources": {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}, "command"}` → 201 PENDING;
@@ -459,7 +463,8 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
         "quotas included) and the scheduler's placement, one decision "
         "(sessions.scheduling.placement); per device what it would get, or why it waits or is "
         "refused; and when it would start (`eta`, a band from the queue's replay with this request "
-        "joining it, as a pending session's ETA). Same body as launching; nothing is created.",
+        "joining it, as a pending session's ETA). Same body as launching; nothing is created. "
+        'A `name` one of your sessions not ended has is refused as the launch refuses it (400, type "name-taken").',
     )
     @action(detail=False, methods=["post"])
     def preview(self, request):
@@ -467,6 +472,7 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
         data = SessionCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         fields = launch_with_preset(user=request.user, data=data.validated_data)
+        session_name_check(owner=request.user, name=fields.get("name", ""))  # 400 as the launch's
         answer = launch_preview(resources=fields["resources"], image=fields["image"], owner=request.user)
         answer["eta"] = preview_eta(user=request.user, fields=fields, preview=answer)
         return Response(answer)

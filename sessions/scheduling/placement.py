@@ -24,7 +24,13 @@ import json
 from dataclasses import dataclass, field
 
 from accelerators.allocation import cluster, core
-from accelerators.allocation.errors import AllocationError, InsufficientResource, InvalidResourceRequest, NeverSchedulable
+from accelerators.allocation.errors import (
+    AllocationError,
+    InsufficientResource,
+    InvalidResourceRequest,
+    NeverSchedulable,
+    UnknownDevice,
+)
 from accelerators.allocation.reservation import Reservations
 from accelerators.allocation.requests import parse_resources
 from protocol.units import amount_text
@@ -33,6 +39,7 @@ from accelerators.models import AllocationMode
 from accelerators.selectors import (
     fractional_settings_get,
     node_states,
+    pinned_device_problem,
     placement_options,
     placement_workload,
     resource_group_get,
@@ -74,12 +81,15 @@ class Decision:
     mig: MigChoice | None = None
     mig_preview: MigGrantPreview | None = None
     error: ApplicationError | None = None
+    parts: dict[str, str] = field(default_factory=dict)  # NEVER's reason in parts (NeverSchedulable.parts)
 
     def refusal(self) -> ApplicationError | None:
         """The launch's error for a refused decision (None otherwise): NEVER → 400 type
         "never-schedulable", title "Request too large"; QUOTA → 400 type "quota-exceeded";
         RESERVED → 403 type "resource-group-reserved" (`sessions.policy.group_access`)."""
         if self.outcome == RESERVED:
+            return self.error
+        if self.outcome == NEVER and self.error is not None:  # a pinned device no node in reach has
             return self.error
         if self.outcome == NEVER:
             return ApplicationError(
@@ -149,7 +159,7 @@ def placement_decide(*, request: core.ResourceRequest, image: str = "", owner=No
         try:
             mig_scheduling.check_ever_fits(request, lambda: view.check_ever_fits(request, pure_settings))
         except NeverSchedulable as exc:
-            return Decision(NEVER, str(exc))
+            return _never(exc, request)
         problems = quota_refusals(user=owner, request=request, lock=view.locks)
         if problems:
             return Decision(QUOTA, "; ".join(problems), problems=tuple(problems))
@@ -198,16 +208,30 @@ def _place(request: core.ResourceRequest, pure_settings, image: str, view: ReadV
         # node that could hold it may get the image.
         try:
             view.check_ever_fits(request, pure_settings)
-        except NeverSchedulable:
+        except NeverSchedulable as ever:
             if mig_reason:
                 return Decision(WAITING, f"{CAPACITY}no shared slice could ever hold it ({exc}); MIG: {mig_reason}")
-            return Decision(NEVER, str(exc))
+            return _never(ever, request)
         return Decision(WAITING, CAPACITY + (NO_ROOM_WITH_IMAGE.format(image=image) if image else LOST_REASON))
     except InsufficientResource as exc:
         return Decision(WAITING, CAPACITY + str(exc))
     except AllocationError as exc:
         return Decision(NEVER, str(exc))
     return Decision(PLACED, placement=placement)
+
+
+def _never(exc: NeverSchedulable, request: core.ResourceRequest) -> Decision:
+    """NEVER for `exc` (with its parts: what was asked, the most any node can give, what to
+    do, where it has them); for pinned devices no node in reach has (UnknownDevice) what is wrong
+    with them, not "too large": none registered, on another resource group's node, a MIG
+    instance, a device of another slot (`accelerators.selectors.pinned_device_problem`), as the
+    launch's error (400, type "unknown-device", "device-not-in-group" or "device-not-usable")."""
+    if not isinstance(exc, UnknownDevice) or not exc.pins:
+        return Decision(NEVER, str(exc), parts=exc.parts)
+    group = resource_group_get(name=request.resource_group)
+    reason, kind, title = pinned_device_problem(pins=exc.pins, slot=request.slot, group=group)
+    error = ApplicationError(reason, type=kind, title=title, field_errors={"resources.devices": [reason]})
+    return Decision(NEVER, reason, error=error)
 
 
 class ReadView:

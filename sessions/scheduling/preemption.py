@@ -69,6 +69,7 @@ from protocol.channel import MAX_NOTICE_CHARS, PtyPreempt
 from sessions.lifecycle import events
 from sessions.models import ACTIVE_STATUSES, FINAL_STATUSES, NEXT_VERSION, Allocation, ComputeSession, SessionStatus
 from sessions.scheduling.placement import CAPACITY
+from sessions.selectors import session_name_unused
 from sessions.lifecycle.services import PREEMPTED, RECLAIMED, REQUESTED, session_notice, session_terminate
 from accelerators.models import Node
 
@@ -383,14 +384,16 @@ def _requeue_due(now) -> Q:
 
 
 def session_requeue(session: ComputeSession) -> ComputeSession | None:
-    """A new PENDING session asking what ended `session` asked (owner, name, request, command,
+    """A new PENDING session asking what ended `session` asked (owner, name — "<name>-2" where a
+    session of the owner launched since holds it —, request, command,
     image, priority, preemption settings), `requeued_from` it, with its `created_at` (its place by
     arrival: the queue orders by priority, fair share, then `created_at`); `session` gets
     `requeued_as` and "requeued as session <id>" in its reason. Compare-and-set: None (nothing
     created) where it was requeued already. Its quota claim moves with it (the old one ended)."""
     again = ComputeSession.objects.create(
         owner=session.owner,
-        name=session.name,
+        # its name, unless the owner launched a session of that name since it ended (issue 36.6)
+        name=session_name_unused(owner=session.owner, name=session.name),
         resources=session.resources,
         request_spec=session.request_spec,
         slot_name=session.slot_name,

@@ -978,7 +978,7 @@
   // Error boxes sit under their field; the share box reports under the memory field.
   var ERROR_BOX = { "gpu-memory-percent": "gpu-memory-error", "mig-profiles": "mig-profile-error",
                     "isolation-field": "isolation-error", "image-select": "image-error" };
-  var ERROR_FIELDS = ["gpu-count-hami", "gpu-cores", "gpu-memory", "gpu-memory-percent", "gpu-fraction", "pin-devices",
+  var ERROR_FIELDS = ["session-name", "gpu-count-hami", "gpu-cores", "gpu-memory", "gpu-memory-percent", "gpu-fraction", "pin-devices",
                       "mig-profiles", "isolation-field", "image-select"];
 
   function validate() {
@@ -1341,10 +1341,21 @@
     preview.hidden = false;
   }
 
+  var DEVICE_REFUSALS = ["unknown-device", "device-not-in-group", "device-not-usable"]; // sessions.scheduling.placement._never
+
   function renderPreview(data) {
     serverErrors = {};
+    // A pinned device no node in reach has: said under "Only these GPUs" too, opened to show it.
+    if (data.never && DEVICE_REFUSALS.indexOf(data.refusal) !== -1) {
+      serverErrors["pin-devices"] = data.reason;
+      $("launch-advanced").open = true;
+    }
     validate();
+    var never = data.never_detail || null; // a request too large in parts: asked, the most any node gives, what to do
     if (data.fits_now) showPreview("now", "starts now" + (data.node ? " on " + data.node : ""));
+    else if (data.never && DEVICE_REFUSALS.indexOf(data.refusal) !== -1) // its first sentence; the whole under the field
+      showPreview("never", "cannot launch: " + String(data.reason).replace(/^devices: /, "").split(/(?<=\.) /)[0]);
+    else if (data.never && never) showPreview("never", "too large for any node");
     else if (data.never) showPreview("never", "too large: " + (data.reason || "no node could ever hold it"));
     else if (data.outcome === "refused") showPreview("never", "would be refused: " + (data.reason || "over your quota"));
     else showPreview("wait", "will wait: " + (data.reason || "no capacity is free now"));
@@ -1354,6 +1365,12 @@
     if (refused) submit.disabled = true;
     if (refused) submit.setAttribute("aria-describedby", "preview-line");
     else submit.removeAttribute("aria-describedby");
+    var list = $("preview-never");
+    list.textContent = "";
+    if (data.never && never) ["asked", "most", "advice"].forEach(function (k) {
+      if (never[k]) list.appendChild(el("li", { "class": "preview-never-" + k, text: never[k] }));
+    });
+    list.hidden = !(data.never && never);
     var eta = previewEtaText(data);
     $("preview-eta").textContent = eta;
     $("preview-eta").hidden = !eta;
@@ -1379,7 +1396,7 @@
         el("td", { "class": "num", text: d.memory !== undefined && d.memory !== null ? formatBytes(d.memory) : "—" }),
         el("td", { "class": "num", text: compute.join(" · ") || "—" }),
         el("td", { "class": "num preview-share",
-                   text: mig ? "MIG " + mig.profile : d.shares ? formatAmount(d.shares, 2) + " " + fgpuUnit() : "—" }),
+                   text: mig ? "MIG " + mig.profile : wholeDevices() ? "whole" : d.shares ? formatAmount(d.shares, 2) + " " + fgpuUnit() : "—" }),
       ]));
     });
     $("preview-devices").hidden = devices.length === 0;
@@ -1399,6 +1416,12 @@
     var when = !b ? "from " + a + " (latest unknown)" : a === b ? "at " + a : a + " – " + b;
     var due = new Date(e.earliest).getTime() <= Date.now() + 30000 ? " (any moment)" : "";
     return "Expected to start " + when + due + place;
+  }
+
+  // Whole devices asked (a slot in discrete mode, its Whole GPUs tab): each is the session's alone.
+  function wholeDevices() {
+    var slot = currentSlot();
+    return activeStyle() === "devices" && !!slot && slot.allocation_mode === "discrete";
   }
 
   function fgpuUnit() {
@@ -1421,7 +1444,10 @@
       if (id && ERROR_FIELDS.indexOf(id) !== -1 && !$(id).closest("fieldset:disabled")) serverErrors[id] = message;
     });
     validate();
-    showPreview("invalid", "not valid: " + (data.detail || data.title || "the server refused this request"));
+    // A taken name is said in full under the name field: here its title ("Name in use").
+    var said = data.type === "name-taken" && data.title ? data.title.toLowerCase() : data.detail || data.title;
+    showPreview("invalid", "not valid: " + (said || "the server refused this request"));
+    $("preview-never").hidden = true;
     $("preview-config").hidden = true;
     $("preview-eta").hidden = true;
     $("preview-mig").hidden = true;
@@ -1443,7 +1469,8 @@
   function showErrors(result) {
     errorBox.textContent = "";
     var data = result.data || {};
-    var title = errorText(result);
+    // A taken name is said in full under the name field: the alert gives its title ("Name in use").
+    var title = data.type === "name-taken" && data.title ? data.title : errorText(result);
     errorBox.appendChild(el("p", { "class": "alert-title", text: title }));
     var fe = data.field_errors || {};
     var items = [];
@@ -1451,12 +1478,13 @@
       var msgs = Array.isArray(fe[field]) ? fe[field] : [fe[field]];
       msgs.forEach(function (m) {
         var text = typeof m === "string" ? m : JSON.stringify(m);
-        if (text === title) return; // already the alert's title
+        if (title.indexOf(text) !== -1 || (field === "name" && data.type === "name-taken")) return; // said already
         items.push(el("li", {}, [el("span", { "class": "field-key", text: field }), ": " + text]));
       });
     });
     if (items.length) errorBox.appendChild(el("ul", {}, items));
     errorBox.hidden = false;
+    if (fe.name) serverErrors["session-name"] = [].concat(fe.name).join(" "); // under the field too, until it changes
     $("session-name").setAttribute("aria-invalid", fe.name ? "true" : "false");
     errorBox.scrollIntoView({ block: "nearest" });
   }
