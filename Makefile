@@ -46,7 +46,8 @@ jupyterlab: $(VENV)/.installed-jupyter
 # skips it.
 JUPYTERLAB ?= yes
 # DEMO=full adds the demo's second node, demo-mig-node (one mock H100 80GB, in dynamic MIG mode at its first start):
-# the launch dialog's MIG tab (README, The walkthrough; `manage.py standalone --demo full`).
+# the launch dialog's MIG tab; and a third, demo-rocm-node (two mock AMD MI250 of the rocm slot, discrete mode): its
+# Whole GPUs tab (README, The walkthrough; `manage.py standalone --demo full`).
 DEMO ?=
 run: install
 	@if [ "$(JUPYTERLAB)" = yes ] && { [ ! -e $(VENV)/.installed-jupyter ] || [ $(VENV)/.installed -nt $(VENV)/.installed-jupyter ]; }; then \

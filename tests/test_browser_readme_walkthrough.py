@@ -243,11 +243,33 @@ def test_the_full_demo_offers_mig_at_once_and_groups_both_nodes(procs, tmp_path,
     expect(row.locator("td.status")).to_have_text("RUNNING")
     expect(row.locator("td.configuration")).to_contain_text("MIG 1g.10gb")
 
-    # Both nodes are in the group "default": its fragmentation map names them.
+    # Whole GPUs (issue 36.1): demo-rocm-node's rocm slot hands out whole devices, from its tab.
+    assert "pick **GPU (rocm.device)** under **Accelerator** and the **Whole GPUs** tab" in walkthrough()
+    page.click("#start-session")
+    expect(page.locator("#options-status")).to_have_text("")
+    page.select_option("#slot-select", "rocm.device")
+    expect(page.locator("#tab-devices")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("#tab-devices")).not_to_have_class(re.compile(r"\btab-unavailable\b"))
+    expect(page.locator("#gpu-capacity")).to_contain_text("2 on the largest node")
+    page.fill("#gpu-count", "2")
+    expect(page.locator("#preview-line")).to_have_text("starts now on demo-rocm-node")
+    expect(page.locator("#preview-devices tbody tr")).to_have_count(2)
+    page.locator("#launch-dialog").screenshot(path=str(screenshot_dir() / "readme-walkthrough-whole-gpus.png"),
+                                              animations="disabled")
+    with page.expect_response(lambda r: r.url.endswith("/api/v1/sessions/") and r.request.method == "POST") as info:
+        page.click("#launch-submit")
+    whole = info.value.json()
+    assert info.value.status == 201 and whole["resources"]["rocm.device"] == 2, whole
+    row = page.locator(f'#sessions-table tr[data-session-id="{whole["id"]}"]')
+    expect(row.locator("td.status")).to_have_text("RUNNING")
+    expect(row.locator("td.node")).to_contain_text("demo-rocm-node")
+
+    # The nodes are in the group "default": its fragmentation map names them.
     answer = page.request.get(base + "/api/v1/nodes/")
     nodes = answer.json()
     nodes = nodes.get("results", nodes) if isinstance(nodes, dict) else nodes
-    assert {(n["name"], n["resource_group"]) for n in nodes} == {("demo-node", "default"), ("demo-mig-node", "default")}
+    assert {(n["name"], n["resource_group"]) for n in nodes} == {
+        ("demo-node", "default"), ("demo-mig-node", "default"), ("demo-rocm-node", "default")}
     page.goto(base + "/admin/compute_sessions/fragmentationmap/")
     page.locator("#result_list").get_by_role("link", name=re.compile("free fGPU")).first.click()
     expect(page.locator("#content")).to_contain_text("demo-node")

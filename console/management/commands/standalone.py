@@ -50,6 +50,7 @@ log = logging.getLogger("fgpu.standalone")
 DEMO_AGENT = settings.BASE_DIR / "demo" / "agent.toml"
 DEMO_ACCELERATOR = settings.BASE_DIR / "demo" / "accelerator.json"
 DEMO_MIG_AGENT = settings.BASE_DIR / "demo" / "agent-mig-h100.toml"  # `--demo full` (make run DEMO=full): dynamic MIG
+DEMO_WHOLE_AGENT = settings.BASE_DIR / "demo" / "agent-rocm.toml"  # `--demo full` too: whole GPUs (rocm, discrete mode)
 AUTO = "auto"  # FGPU_RUNTIME: docker where Docker Engine answers and holds the session image, else process
 IMAGE_BUILD_TIME = "1-4 minutes"  # `make image` (tests/images/build.sh) on 2 cores: 60 s alone, 3.3 min beside other work
 
@@ -71,14 +72,16 @@ class Command(BaseCommand):
             choices=["", "full"],
             default="",
             help="full (make run DEMO=full): the demo's MIG node too (demo/agent-mig-h100.toml, where FGPU_AGENT_CONFIG "
-            "names no agents), in dynamic MIG mode from its first start",
+            "names no agents), in dynamic MIG mode from its first start, and its whole-GPU node (demo/agent-rocm.toml: "
+            "two GPUs of the rocm slot, in discrete mode)",
         )
 
     def handle(self, *args, host: str, port: int | None, stop_sessions: bool, demo: str = "", **options):
         stop_ignoring_session_signals()
         port = port or env_int("PORT", 8000, minimum=1, maximum=65535)
         self.stop_sessions = stop_sessions or env_bool("FGPU_STOP_SESSIONS_ON_EXIT")
-        agent_files = env_list("FGPU_AGENT_CONFIG", [str(DEMO_AGENT)] + ([str(DEMO_MIG_AGENT)] if demo == "full" else []))
+        demo_agents = [DEMO_AGENT] + ([DEMO_MIG_AGENT, DEMO_WHOLE_AGENT] if demo == "full" else [])
+        agent_files = env_list("FGPU_AGENT_CONFIG", [str(path) for path in demo_agents])
         self.demo = demo
 
         def load(runtime: str | None = None) -> list:
