@@ -44,6 +44,7 @@ from agent import files as session_files
 from agent import lifecycle
 from agent import mig as mig_runtime
 from agent import session_exec
+from agent.lifecycle import outlives_agent, sweep_scratch
 from agent.log_shipper import LogLimits, SessionLog
 from agent.manager_link import ManagerLink, service_ports_keyword
 from agent.terminal_pipe import FlowLimits, OutputCap, TerminalPipe
@@ -52,28 +53,6 @@ from agent.session_apps import SessionApps
 from agent.storage import StorageWatch
 from agent.usage import UsageSampler
 from protocol.messages import StartSpec
-
-# What callers (the tests, the benchmarks) import from here: the manager client, the pools' sizes and the parts'
-# limits (read when an Agent or a RunningSession is made: flow_limits, log_limits, so a change here reaches it).
-from agent.manager_link import MANAGER_THREADS as MANAGER_THREADS
-from agent.manager_link import CeleryManager as CeleryManager
-from agent.log_shipper import LOG_BACKLOG_CHARS as LOG_BACKLOG_CHARS
-from agent.log_shipper import LOG_BATCH_CHARS as LOG_BATCH_CHARS
-from agent.log_shipper import LOG_CHUNK_CHARS as LOG_CHUNK_CHARS
-from agent.log_shipper import LOG_FLUSH_S as LOG_FLUSH_S
-from agent.log_shipper import LOG_IDLE_FLUSH_S as LOG_IDLE_FLUSH_S
-from agent.terminal_pipe import FRAME_CHARS as FRAME_CHARS
-from agent.terminal_pipe import INPUT_BUFFER_BYTES as INPUT_BUFFER_BYTES
-from agent.terminal_pipe import OUTBOX_HIGH as OUTBOX_HIGH
-from agent.terminal_pipe import OUTBOX_LOW as OUTBOX_LOW
-from agent.terminal_pipe import OUTPUT_BURST_BYTES as OUTPUT_BURST_BYTES
-from agent.terminal_pipe import OUTPUT_RATE_BYTES as OUTPUT_RATE_BYTES
-from agent.terminal_pipe import READER_STALL_S as READER_STALL_S
-from agent.terminal_pipe import READER_WINDOW_CHARS as READER_WINDOW_CHARS
-from agent.terminal_pipe import READER_WINDOW_FRAMES as READER_WINDOW_FRAMES
-from agent.terminal_pipe import SCROLLBACK_BYTES as SCROLLBACK_BYTES
-from agent.lifecycle import outlives_agent as outlives_agent
-from agent.lifecycle import sweep_scratch as sweep_scratch
 
 log = logging.getLogger(__name__)
 
@@ -95,32 +74,6 @@ def agent_for(node: str) -> "Agent":
         raise LookupError(f"no agent for node {node!r} runs in this process") from None
 
 
-def log_limits() -> LogLimits:
-    """The log shipper's limits as this module names them (agent.log_shipper's, unless changed here)."""
-    return LogLimits(
-        flush_s=LOG_FLUSH_S,
-        idle_flush_s=LOG_IDLE_FLUSH_S,
-        batch_chars=LOG_BATCH_CHARS,
-        chunk_chars=LOG_CHUNK_CHARS,
-        backlog_chars=LOG_BACKLOG_CHARS,
-    )
-
-
-def flow_limits() -> FlowLimits:
-    """The terminal pipe's limits as this module names them (agent.terminal_pipe's, unless changed here)."""
-    return FlowLimits(
-        reader_window_chars=READER_WINDOW_CHARS,
-        reader_window_frames=READER_WINDOW_FRAMES,
-        reader_stall_s=READER_STALL_S,
-        outbox_high=OUTBOX_HIGH,
-        outbox_low=OUTBOX_LOW,
-        frame_chars=FRAME_CHARS,
-        input_buffer_bytes=INPUT_BUFFER_BYTES,
-        output_rate_bytes=OUTPUT_RATE_BYTES,
-        output_burst_bytes=OUTPUT_BURST_BYTES,
-    )
-
-
 @dataclass
 class RunningSession:
     """One session the agent runs: the runtime's handle and the parts that serve it (its terminal
@@ -130,7 +83,7 @@ class RunningSession:
     process: SessionHandle  # the runtime's handle: its terminal stream, exit, signals, exec
     work_dir: Path
     pipe: TerminalPipe = field(init=False)  # its PTY and terminals, with their flow control (agent.terminal_pipe)
-    log: SessionLog = field(default_factory=lambda: SessionLog(limits=log_limits()))  # its output to the manager
+    log: SessionLog = field(default_factory=SessionLog)  # its output to the manager (the agent's LogLimits: Agent.log_limits)
     exit_event: asyncio.Event = field(default_factory=asyncio.Event)  # the session's leader process exited
     pidfd: int = -1  # the leader's pidfd (readable once it exits); -1 where the kernel has none
     exit_poll: asyncio.Task | None = None  # only where there is no pidfd
@@ -148,52 +101,6 @@ class RunningSession:
     def __post_init__(self) -> None:
         self.pipe = TerminalPipe(self.process)
 
-    # The terminal's state under the names it had on the session (its tests read them).
-    @property
-    def scrollback(self) -> bytearray:
-        return self.pipe.scrollback
-
-    @property
-    def reading(self) -> bool:
-        return self.pipe.reading
-
-    @property
-    def readers(self) -> dict[str, list]:
-        return self.pipe.readers
-
-    @property
-    def layer_channels(self) -> set[str]:
-        return self.pipe.layer_channels
-
-    @property
-    def inbox(self) -> bytearray:
-        return self.pipe.inbox
-
-    # The log's pending output under the names it had on the session (its tests set them).
-    @property
-    def log_pending(self) -> list[str]:
-        return self.log.pending
-
-    @log_pending.setter
-    def log_pending(self, parts: list[str]) -> None:
-        self.log.pending = parts
-
-    @property
-    def log_pending_chars(self) -> int:
-        return self.log.pending_chars
-
-    @log_pending_chars.setter
-    def log_pending_chars(self, chars: int) -> None:
-        self.log.pending_chars = chars
-
-    @property
-    def log_offset(self) -> int:
-        return self.log.offset
-
-    @log_offset.setter
-    def log_offset(self, offset: int) -> None:
-        self.log.offset = offset
-
 
 class Agent:
     """Runs one node's sessions.
@@ -201,13 +108,15 @@ class Agent:
     `inventory`: {"devices": [DeviceInfo dicts], "plugins", "attributes", "cpu_count",
     "memory_size"}; `manager`: an object with `register`, `heartbeat`, `report`, `log` and
     `mig_report` methods that send the manager tasks (blocking calls; the agent calls them from
-    a worker thread; see CeleryManager); `exec_store`: where streamed execs keep their output
+    a worker thread; see agent.manager_link.CeleryManager); `exec_store`: where streamed execs keep their output
     (protocol.exec_store; None: this process's memory store, `exec_store_for("")`); `scratch_retention_s`:
-    seconds a session's working directory is kept after it ended.
+    seconds a session's working directory is kept after it ended; `flow` (agent.terminal_pipe.FlowLimits) and
+    `log_limits` (agent.log_shipper.LogLimits): its sessions' terminal windows and log pace (None: those modules'
+    defaults).
 
     Threads: none per session. A session's exit is an event on the loop (its leader's pidfd),
     its PTY is read and written only when the loop says it is ready, and blocking work runs on
-    bounded pools of its own (WORK_THREADS, MANAGER_THREADS, EXEC_THREADS, one heartbeat
+    bounded pools of its own (WORK_THREADS, agent.manager_link's MANAGER_THREADS, EXEC_THREADS, one heartbeat
     thread), so one agent holds hundreds of sessions and its heartbeat never waits behind them.
 
     Healing (DESIGN.md, "How the system heals"): every heartbeat carries the agent's view of its
@@ -250,6 +159,8 @@ class Agent:
         terminal_direct: bool = False,
         terminal_port: int = 0,
         terminal_address: str = "",
+        flow: FlowLimits | None = None,
+        log_limits: LogLimits | None = None,
     ) -> None:
         self.node = node
         self.inventory = inventory
@@ -267,7 +178,8 @@ class Agent:
         self._starting: set[str] = set()  # between the start message and the process existing
         self._cancelled: set[str] = set()  # stop messages that overtook their session's start
         self.output_cap = OutputCap()  # the node's output-rate policy (agent.terminal_pipe)
-        self.flow = flow_limits()  # the terminal pipes' windows and bounds
+        self.flow = flow or FlowLimits()  # the terminal pipes' windows and bounds (agent.terminal_pipe)
+        self.log_limits = log_limits or LogLimits()  # the log shippers' pace and bounds (agent.log_shipper)
         self.channel: str | None = None
         # Opens the commands it receives (sealed by the web with the node's key: protocol.channel) and seals its answers.
         self.guard = protocol_channel.CommandGuard(node=node, key=getattr(manager, "key", "") or "")
@@ -310,7 +222,13 @@ class Agent:
         if orphans:
             log.warning("agent %s: removed %d process(es) or container(s) left by sessions of an earlier run", self.node, orphans)
         for handle in adopted:  # sessions that outlived the agent in their containers: run them on
-            running = RunningSession(session_id=handle.session_id, process=handle, work_dir=handle.work_dir, env=handle.env)
+            running = RunningSession(
+                session_id=handle.session_id,
+                process=handle,
+                work_dir=handle.work_dir,
+                env=handle.env,
+                log=SessionLog(limits=self.log_limits),
+            )
             running.pipe.adopted = True
             self.sessions[handle.session_id] = running
             self._attach(running)
@@ -565,6 +483,7 @@ class Agent:
             process=spawned.handle,
             work_dir=spawned.work_dir,
             env=spawned.env,
+            log=SessionLog(limits=self.log_limits),
             data_dir=spawned.folders.data_dir,
             project_dirs=spawned.folders.project_dirs,
             shared_dirs=spawned.folders.shared_dirs,
@@ -581,11 +500,6 @@ class Agent:
         """Whether the output rate cap holds the session now (agent.terminal_pipe.OutputCap)."""
         return self.output_cap.capped(running.session_id, now, read=bool(running.pipe.readers), starting=bool(self._starting))
 
-    @property
-    def _busy(self) -> dict[str, float]:
-        """Session id → loop time it last output something (OutputCap.busy)."""
-        return self.output_cap.busy
-
     def _output(self, running: RunningSession, text: str, *, log_it: bool = True) -> None:
         """The agent's own line in the session's output: its terminals and (`log_it`) its log."""
         running.pipe.output(text, log_it=log_it)
@@ -594,10 +508,6 @@ class Agent:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    def _next_batch(self, running: RunningSession, *, final: bool) -> tuple | None:
-        """The session's next log batch (agent.log_shipper.SessionLog.next_batch)."""
-        return running.log.next_batch(final=final)
 
     # --- exec ----------------------------------------------------------------------------
 

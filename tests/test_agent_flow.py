@@ -12,7 +12,10 @@ import subprocess
 import threading
 import time
 
-from agent import core as agent_runtime
+from agent.core import WORK_THREADS
+from agent.lifecycle import sweep_scratch
+from agent.manager_link import MANAGER_THREADS
+from agent.terminal_pipe import FRAME_CHARS, FlowLimits
 from agent import runtimes
 from tests.conftest import wait_until_async
 from tests.test_agent_runtime import Harness, host_pid, process_tracking, run_agent, start_spec  # noqa: F401 (both ways of tracking)
@@ -29,7 +32,7 @@ def test_one_agent_runs_many_sessions_at_once_without_a_thread_each_and_keeps_it
         assert len(h.agent.sessions) == SESSIONS
         # Bounded pools, not one thread per session: the agent's threads do not follow the sessions.
         mine = [t.name for t in threading.enumerate() if t.name.startswith(f"agent-{h.agent.node}-")]
-        assert len(mine) <= agent_runtime.WORK_THREADS + agent_runtime.MANAGER_THREADS + 1 < SESSIONS, mine
+        assert len(mine) <= WORK_THREADS + MANAGER_THREADS + 1 < SESSIONS, mine
         beats = len(h.manager.heartbeats)
         await h.manager.wait_for(lambda: len(h.manager.heartbeats) >= beats + 3, what="heartbeats while they run")
         state = h.manager.states[-1]
@@ -63,8 +66,7 @@ def test_a_paste_into_a_program_that_does_not_read_neither_spins_the_agent_nor_s
     run_agent(tmp_path, scenario, heartbeat_s=0.05)
 
 
-def test_input_past_the_buffer_is_refused_and_the_terminal_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(agent_runtime, "INPUT_BUFFER_BYTES", 8 * 1024)
+def test_input_past_the_buffer_is_refused_and_the_terminal_says_so(tmp_path):
 
     async def scenario(h: Harness):
         # Raw mode: a canonical-mode tty discards what passes its 4 KiB line buffer by itself, so
@@ -78,9 +80,9 @@ def test_input_past_the_buffer_is_refused_and_the_terminal_says_so(tmp_path, mon
             await h.type(session_id, "y" * 4096)
         output = await h.read_until(channel, "input dropped")
         assert "bytes of input dropped: the program has not read the last" in output
-        assert len(h.agent.sessions[session_id].inbox) <= 8 * 1024
+        assert len(h.agent.sessions[session_id].pipe.inbox) <= 8 * 1024
 
-    run_agent(tmp_path, scenario)
+    run_agent(tmp_path, scenario, flow=FlowLimits(input_buffer_bytes=8 * 1024))
 
 
 def test_a_slow_terminal_reader_gets_every_byte_in_order_in_standalone_mode(tmp_path):
@@ -108,7 +110,7 @@ def test_a_slow_terminal_reader_gets_every_byte_in_order_in_standalone_mode(tmp_
         text = "".join(received)
         assert hashlib.sha256(text.encode()).hexdigest() == hashlib.sha256(expected.encode()).hexdigest(), (
             f"{len(text)} characters arrived of {len(expected)}")
-        assert max(len(part) for part in received) <= agent_runtime.FRAME_CHARS
+        assert max(len(part) for part in received) <= FRAME_CHARS
 
     run_agent(tmp_path, scenario, layer_class=FlowControlledInMemoryChannelLayer)
 
@@ -181,7 +183,7 @@ def test_the_scratch_sweep_removes_only_old_directories_of_sessions_not_running(
     hour_ago = time.time() - 3600
     for name in ("old-ended", "old-running"):
         os.utime(root / name, (hour_ago, hour_ago))
-    assert agent_runtime.sweep_scratch(root, keep={"old-running"}, older_than_s=600) == 1
+    assert sweep_scratch(root, keep={"old-running"}, older_than_s=600) == 1
     assert sorted(p.name for p in root.iterdir()) == ["new-ended", "old-running"]
 
 

@@ -126,17 +126,13 @@ def test_a_batch_the_manager_did_not_take_is_sent_again_with_the_same_number(tmp
     assert refusals["left"] == 0
 
 
-def test_unshipped_output_beyond_the_backlog_cap_is_dropped_oldest_first_and_offsets_move_on(monkeypatch):
-    from pathlib import Path
+def test_unshipped_output_beyond_the_backlog_cap_is_dropped_oldest_first_and_offsets_move_on():
+    from agent.log_shipper import LogLimits, SessionLog
 
-    from agent import core as runtime
+    log = SessionLog(limits=LogLimits(backlog_chars=10, chunk_chars=4))
+    log.pending, log.pending_chars, log.offset = ["abcdef", "ghijklmnop"], 16, 100
 
-    monkeypatch.setattr(runtime, "LOG_BACKLOG_CHARS", 10)
-    monkeypatch.setattr(runtime, "LOG_CHUNK_CHARS", 4)
-    running = runtime.RunningSession(session_id="s", process=None, work_dir=Path("."))
-    running.log_pending, running.log_pending_chars, running.log_offset = ["abcdef", "ghijklmnop"], 16, 100
-
-    batches = [runtime.Agent._next_batch(None, running, final=True) for _ in range(3)]
+    batches = [log.next_batch(final=True) for _ in range(3)]
 
     assert batches == [(0, 106, "ghij", False), (1, 110, "klmn", False), (2, 114, "op", True)]
 

@@ -429,7 +429,7 @@ def test_a_session_flooding_its_output_is_held_to_the_output_rate(tmp_path):
     take at least 2 s when no terminal reads it (the channel below joined the group without
     attaching): the PTY is left unread meanwhile and the program waits (a lower bound, so a slow
     machine cannot make it fail); the output still arrives, to its end."""
-    from agent.core import OUTPUT_BURST_BYTES, OUTPUT_RATE_BYTES
+    from agent.terminal_pipe import OUTPUT_BURST_BYTES, OUTPUT_RATE_BYTES
 
     size = 2 * 1024 * 1024
     async def scenario(h: Harness):

@@ -21,7 +21,8 @@ from sessions.lifecycle import services
 from sessions.admission import launch as admission
 from sessions.policy.images import image_default
 from sessions.models import ComputeSession, SessionImage, SessionStatus
-from agent.core import Agent, CeleryManager
+from agent.core import Agent
+from agent.manager_link import CeleryManager
 from agent.runtimes import HeldImages, ProcessRuntime
 from sessions.scheduling.scheduler import schedule_pending
 from tests.conftest import GiB, assert_error_shape, client_for, make_cluster, mock_gpu

@@ -23,7 +23,8 @@ from accelerators.mig_services import (_send_mig_reconcile, node_mig_heartbeat_c
 from accelerators.models import GpuInstance, MigMode, Node, NodeStatus
 from sessions.models import ComputeSession, SessionStatus
 from agent import mig as runtime_mig
-from agent.core import Agent, CeleryManager
+from agent.core import Agent
+from agent.manager_link import CeleryManager
 from sessions.lifecycle.services import session_terminate
 from sessions.admission.launch import session_create
 from sessions.tasks import agent_register

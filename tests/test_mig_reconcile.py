@@ -19,7 +19,8 @@ from common.celery import app as celery_app
 from accelerators.models import GpuInstance, MigMode, Node
 from sessions.models import ComputeSession, SessionStatus
 from agent import mig as runtime_mig
-from agent.core import Agent, CeleryManager
+from agent.core import Agent
+from agent.manager_link import CeleryManager
 from sessions.admission.launch import session_create
 from tests.conftest import GiB, client_for, make_cluster, mock_gpu, wait_until_async
 from tests.fakes.fake_pynvml import FakeNvml

@@ -16,7 +16,8 @@ from common.celery import app
 from sessions.lifecycle import services
 from sessions.admission import launch as admission
 from sessions.models import Allocation, ComputeSession, SessionLogChunk, SessionStatus
-from agent.core import _AGENTS, CeleryManager
+from agent.core import _AGENTS
+from agent.manager_link import CeleryManager
 from tests.conftest import make_cluster, mock_gpu
 
 pytestmark = pytest.mark.django_db(transaction=True)

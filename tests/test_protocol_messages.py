@@ -12,7 +12,7 @@ import pytest
 
 import protocol
 from agent import tasks as agent_tasks
-from agent.core import CeleryManager
+from agent.manager_link import CeleryManager
 from protocol.messages import (
     Heartbeat,
     LogBatch,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from agent import core as agent_runtime
+from agent.terminal_pipe import FRAME_CHARS, READER_WINDOW_CHARS, READER_WINDOW_FRAMES, FlowLimits
 from agent import direct as agent_direct
 from protocol.terminal_stream import DIRECT_OFFER, LINE_LIMIT, encode
 from tests.conftest import wait_until_async
@@ -70,7 +70,7 @@ def test_a_reader_is_sent_at_most_a_window_past_its_acknowledgement_and_then_eve
         await h.to_pty(spec["session_id"], GO)
         held = await frames_until_quiet(h, channel)
         running = h.agent.sessions[spec["session_id"]]
-        assert not running.reading  # the PTY is left unread: seq waits
+        assert not running.pipe.reading  # the PTY is left unread: seq waits
         last = held[-1]
         await h.to_pty(spec["session_id"], {"type": "pty.ack", "channel": channel, "offset": last["offset"],
                                              "n": last["n"]})
@@ -78,13 +78,12 @@ def test_a_reader_is_sent_at_most_a_window_past_its_acknowledgement_and_then_eve
 
     held, text = run_agent(tmp_path, scenario)
     sent = held[-1]["offset"] - held[0]["offset"] + len(held[0]["data"])
-    assert len(held) <= agent_runtime.READER_WINDOW_FRAMES + 1
-    assert sent <= agent_runtime.READER_WINDOW_CHARS + agent_runtime.FRAME_CHARS
+    assert len(held) <= READER_WINDOW_FRAMES + 1
+    assert sent <= READER_WINDOW_CHARS + FRAME_CHARS
     assert text == EXPECTED
 
 
-def test_a_reader_that_closes_or_stops_acknowledging_holds_the_session_back_no_longer(tmp_path, monkeypatch):
-    monkeypatch.setattr(agent_runtime, "READER_STALL_S", 1.0)
+def test_a_reader_that_closes_or_stops_acknowledging_holds_the_session_back_no_longer(tmp_path):
 
     async def scenario(h: Harness):
         spec = start_seq(h)
@@ -98,7 +97,7 @@ def test_a_reader_that_closes_or_stops_acknowledging_holds_the_session_back_no_l
         await h.to_pty(spec["session_id"], {"type": "pty.detach", "channel": closing})
         return await read_to_the_end(h, reader, [], ack=True)
 
-    text = run_agent(tmp_path, scenario)
+    text = run_agent(tmp_path, scenario, flow=FlowLimits(reader_stall_s=1.0))
     assert text == EXPECTED
 
 
@@ -108,15 +107,15 @@ def test_the_output_rate_cap_holds_only_output_nobody_reads_or_next_to_other_wor
         await h.start_session(quiet)
         await h.start_session(other)
         running, loop = h.agent.sessions[quiet["session_id"]], asyncio.get_running_loop()
-        h.agent._busy.clear()
+        h.agent.output_cap.busy.clear()
         verdicts = {"nobody reads": h.agent._output_capped(running, loop.time())}
         await attach(h, quiet["session_id"])
-        await wait_until_async(lambda: running.readers, timeout=10, interval=0.01, what="the terminal's reader")
-        h.agent._busy.clear()
+        await wait_until_async(lambda: running.pipe.readers, timeout=10, interval=0.01, what="the terminal's reader")
+        h.agent.output_cap.busy.clear()
         verdicts["read, alone"] = h.agent._output_capped(running, loop.time())
-        h.agent._busy[other["session_id"]] = loop.time()
+        h.agent.output_cap.busy[other["session_id"]] = loop.time()
         verdicts["read, another session outputs"] = h.agent._output_capped(running, loop.time())
-        h.agent._busy.clear()
+        h.agent.output_cap.busy.clear()
         h.agent._starting.add("a-session-starting")
         verdicts["read, a session starts"] = h.agent._output_capped(running, loop.time())
         h.agent._starting.discard("a-session-starting")
@@ -161,7 +160,7 @@ def test_a_direct_reader_is_written_at_most_a_window_past_its_acknowledgement_an
         writer.write(encode(GO))
         held = await direct_frames_until_quiet(reader)
         running = h.agent.sessions[spec["session_id"]]
-        assert not running.reading and not running.layer_channels  # seq waits; the group is not sent to
+        assert not running.pipe.reading and not running.pipe.layer_channels  # seq waits; the group is not sent to
         frames, text = list(held), "".join(f["data"] for f in held)
         async with asyncio.timeout(60):
             while "\r\n" + str(LINES) + "\r\n" not in text:
@@ -177,8 +176,8 @@ def test_a_direct_reader_is_written_at_most_a_window_past_its_acknowledgement_an
 
     held, text = run_agent(tmp_path, scenario, terminal_direct=True)
     sent = held[-1]["offset"] - held[0]["offset"] + len(held[0]["data"])
-    assert len(held) <= agent_runtime.READER_WINDOW_FRAMES + 1
-    assert sent <= agent_runtime.READER_WINDOW_CHARS + agent_runtime.FRAME_CHARS
+    assert len(held) <= READER_WINDOW_FRAMES + 1
+    assert sent <= READER_WINDOW_CHARS + FRAME_CHARS
     assert text == EXPECTED
 
 

@@ -336,7 +336,7 @@ def test_a_gracefully_stopped_agent_leaves_its_session_running_and_its_next_star
 
 def test_the_scratch_sweep_spares_the_holders_directory(tmp_path):
     """The sockets and records held sessions are adopted by outlive every scratch-retention (0 s too)."""
-    from agent.core import sweep_scratch
+    from agent.lifecycle import sweep_scratch
 
     root = tmp_path / "scratch"
     (root / HOLDERS_DIR).mkdir(parents=True)
