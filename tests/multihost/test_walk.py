@@ -245,6 +245,9 @@ def test_the_walkthrough_runs_on_each_host_and_a_cut_host_converges_without_doub
         assert status in (200, 202, 204)
         assert session(base, token, waiting["id"])["status"] == "PENDING"  # a's device is full, b's still held
         assert containers_by_node().get("mh-b") == {on_b["id"]}  # its container went on, unreachable
+        during = grants_agree(["mh-a", "mh-b"])  # b's grant stays its session's while b may still run it
+        assert during["holders"] == {"mh-a": {placed["mh-a"]["id"]}, "mh-b": {on_b["id"]}}, during
+        assert during["doubled"] == [], during
     finally:
         bed.restore("b")
     wait_until(lambda: get_ok(base, "/api/v1/nodes/mh-b/", token)["status"] == "ALIVE", timeout=60,
