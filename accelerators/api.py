@@ -9,18 +9,23 @@ fGPU as decimal text ("1.50"), never floats.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from django.db import connection
 from django.db.models import Prefetch
 from django.http import Http404
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, viewsets
+from rest_framework.fields import SkipField
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 
 from protocol.units import format_number
 from accelerators.models import AllocationMode, Device, FractionalSettings, Node, NodeStatus, ResourceGroup, SlotFormat
+from accelerators.cluster_view import NodeEntry, cluster_view
 from accelerators.drain import node_drain_state
 from accelerators.selectors import device_fgpu_summary, devices_with_usage
 from accelerators.services import node_mark_dead, node_settings_update
@@ -158,18 +163,126 @@ class NodeSerializer(ModelSerializer):
         return node_drain_state(node).as_dict() if node.drain_since is not None else None
 
     def to_representation(self, node):
-        # The devices whose fGPU figures DeviceSerializer computes at once: a page's
-        # (PageDevicesMixin), or one node's own.
-        self.context.setdefault("devices", list(node.devices.all()))  # type: ignore[attr-defined]  # stubs: a read-only Mapping; DRF's is the dict it was given
-        return super().to_representation(node)
+        page: NodePage | None = self.context.get("node_page")
+        if page is None or node.pk not in page.devices:
+            # The devices whose fGPU figures DeviceSerializer computes at once: a page's
+            # (PageDevicesMixin), or one node's own.
+            self.context.setdefault("devices", list(node.devices.all()))  # type: ignore[attr-defined]  # stubs: a read-only Mapping; DRF's is the dict it was given
+            return super().to_representation(node)
+        return page.shown(node, lambda: self._shown_with(node, page.devices[node.pk]))
+
+    def _shown_with(self, node, devices: list) -> dict:
+        """The node as DRF's Serializer.to_representation shows it, `devices` already shown."""
+        data: dict = {}
+        for field in self._readable_fields:
+            if field.field_name == "devices":
+                data["devices"] = devices
+                continue
+            try:
+                attribute = field.get_attribute(node)
+            except SkipField:
+                continue
+            data[field.field_name] = None if attribute is None else field.to_representation(attribute)
+        return data
+
+
+def _devices_shown():
+    """Devices as NodeSerializer shows them: each read with its live usage (`devices_with_usage`)
+    and its MIG parent, in slot and index order."""
+    return devices_with_usage(Device.objects.select_related("parent")).order_by("slot_name", "index", "device_id")
 
 
 def nodes_with_devices():
-    """Nodes with their resource group and their devices, each device read with its live usage
-    (`devices_with_usage`) and its MIG parent, in slot and index order: what NodeSerializer
+    """Nodes with their resource group and their devices (`_devices_shown`): what NodeSerializer
     shows, in two queries for any number of nodes."""
-    devices = devices_with_usage(Device.objects.select_related("parent")).order_by("slot_name", "index", "device_id")
-    return Node.objects.select_related("resource_group").prefetch_related(Prefetch("devices", queryset=devices))
+    return Node.objects.select_related("resource_group").prefetch_related(Prefetch("devices", queryset=_devices_shown()))
+
+
+@dataclass(frozen=True)
+class _Shown:
+    """One node of the list as shown (NodePage), and what it was shown from."""
+
+    entry: NodeEntry  # the kept cluster view's entry for the node then
+    settings: tuple  # the fractional settings' rows then
+    devices: list  # DeviceSerializer's dicts
+    row: tuple = ()  # the node's row and its resource group's name ((): not shown whole yet)
+    data: dict | None = None  # NodeSerializer's dict
+
+
+_SHOWN: dict = {}  # node pk → _Shown; per process, as the kept view is
+
+
+def _row(node: Node) -> tuple:
+    """What NodeSerializer reads of `node` itself: its row's values and its group's name."""
+    group = node.resource_group.name if node.resource_group_id is not None else None
+    return (*(getattr(node, f.attname) for f in Node._meta.concrete_fields), group)
+
+
+@dataclass
+class NodePage:
+    """A page of the node list as `node_list_page` read it (issue 35.2: a page costs what
+    changed, not the cluster). `devices`: each node's devices as DeviceSerializer shows them;
+    `entries`: the kept cluster view's entries then ({}: nothing is kept)."""
+
+    settings: tuple
+    entries: dict
+    devices: dict
+
+    def shown(self, node: Node, render) -> dict:
+        """NodeSerializer's dict for `node`: the one kept from an earlier request while the node's
+        entry in the kept view, the fractional settings and the node's row are the same, else
+        `render()` (and kept)."""
+        entry, kept = self.entries.get(str(node.pk)), _SHOWN.get(node.pk)
+        row = _row(node)
+        if entry is not None and kept is not None and kept.entry is entry and kept.settings == self.settings:
+            if kept.data is not None and kept.row == row:
+                return kept.data
+        data = render()
+        if entry is not None:
+            _SHOWN[node.pk] = _Shown(entry=entry, settings=self.settings, devices=self.devices[node.pk], row=row, data=data)
+        return data
+
+
+def node_list_page(nodes: list[Node]) -> NodePage:
+    """A page of the node list, read: its nodes' devices and their fGPU figures are shown once
+    per change and kept (per process). They are reused while the kept cluster view
+    (`accelerators.cluster_view`) still holds the same entry for the node — a new one comes
+    with any logged write to the node's placement fields, devices, device links, allocations or
+    sessions, which covers every input of DeviceSerializer and of the node's `drain` — and the
+    fractional settings (not logged: read here, one query) are the same; a node's whole dict
+    also while its row is the same (heartbeats are not logged: NodePage.shown compares the row).
+    The others' devices are read in one query with their usage and shown with one
+    `device_fgpu_summary`. The view is brought up to date first, so a change committed before
+    the request is never shown stale. On SQLite, or inside a transaction (where the view may
+    hold the transaction's own writes: a test's), nothing is kept: all are read, as before."""
+    entries: dict = {}
+    settings: tuple = ()
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:  # a GET, in autocommit
+        settings = tuple(FractionalSettings.objects.order_by("slot_name").values_list())
+        snapshot = cluster_view().snapshot()
+        entries = snapshot.entries if snapshot.version >= 0 else {}
+    devices: dict = {}
+    missing: list[Node] = []
+    for node in nodes:
+        entry, kept = entries.get(str(node.pk)), _SHOWN.get(node.pk)
+        if entry is not None and kept is not None and kept.entry is entry and kept.settings == settings:
+            devices[node.pk] = kept.devices
+        else:
+            missing.append(node)
+    if len(_SHOWN) > 2 * max(len(entries), len(nodes)):  # nodes gone since: forget them all
+        _SHOWN.clear()
+    if missing:
+        read = list(_devices_shown().select_related("node").filter(node__in=[n.pk for n in missing]))
+        by_node: dict = {}
+        for device in read:
+            by_node.setdefault(device.node_id, []).append(device)
+        context = {"devices": read}
+        for node in missing:
+            devices[node.pk] = list(DeviceSerializer(by_node.get(node.pk, []), many=True, context=context).data)
+            entry = entries.get(str(node.pk))
+            if entry is not None:
+                _SHOWN[node.pk] = _Shown(entry=entry, settings=settings, devices=devices[node.pk])
+    return NodePage(settings=settings, entries=entries, devices=devices)
 
 
 class PageDevicesMixin(ViewMixinBase):
@@ -287,9 +400,10 @@ class MarkDeadSerializer(serializers.Serializer):
         description=NODE_SETTINGS_DOC,
     ),
 )
-class NodeViewSet(PageDevicesMixin, ETagMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
+class NodeViewSet(ETagMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
     """GPU nodes with their devices and each device's capacity, allocated and free fGPU;
-    administrators change a node's sharing settings (NodeSettingsSerializer)."""
+    administrators change a node's sharing settings (NodeSettingsSerializer). The list reads a
+    page of nodes and shows them through `node_list_page` (kept per change)."""
 
     queryset = nodes_with_devices()
     serializer_class = NodeSerializer
@@ -303,8 +417,17 @@ class NodeViewSet(PageDevicesMixin, ETagMixin, mixins.UpdateModelMixin, viewsets
     def get_serializer_class(self):
         return NodeSettingsSerializer if self.request and self.request.method in ("PUT", "PATCH") else NodeSerializer
 
-    def page_devices(self, rows: list) -> list[Device]:
-        return [device for node in rows for device in node.devices.all()]
+    def get_queryset(self):
+        if self.action == "list":  # the page's devices: node_list_page, not a prefetch
+            return Node.objects.select_related("resource_group")
+        return super().get_queryset()
+
+    def get_serializer(self, *args, **kwargs):
+        if kwargs.get("many") and args and args[0] is not None:  # a page of the list
+            rows = list(args[0])
+            kwargs["context"] = {**self.get_serializer_context(), "node_page": node_list_page(rows)}
+            args = (rows, *args[1:])
+        return super().get_serializer(*args, **kwargs)
 
 
 @extend_schema(
