@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from functools import partial
 from pathlib import Path
+from typing import Any, Protocol
 
 import protocol
 from protocol.files import PROJECTS_DIR, SHARED_DIR
@@ -70,6 +71,35 @@ class SessionPaths:
     home: str
     bin_dir: str
     allocation: str
+
+
+class Runtime(Protocol):
+    """What agent.lifecycle's spawn asks of a runtime (ProcessRuntime here, agent.docker_runtime's
+    DockerRuntime): where the session sees its files (`paths` of its working directory on the
+    node), the shell of an image that names none, the PATH after the tools' directory, the tools
+    (the virtual nvidia-smi) in `bin_dir`, and the session's process or container (`spawn`, blocking:
+    the runtime's handle, a SessionHandle or a DockerSession)."""
+
+    name: str
+
+    def paths(self, work_dir: Path) -> SessionPaths: ...
+
+    def shell(self) -> str: ...
+
+    def base_path(self) -> str: ...
+
+    def install_tools(self, bin_dir: Path) -> None: ...
+
+    def spawn(
+        self,
+        *,
+        spec: StartSpec,
+        argv: list[str],
+        env: dict[str, str],
+        work_dir: Path,
+        folders: Folders = ...,
+        progress: Callable[[str], None] | None = ...,
+    ) -> Any: ...
 
 
 class SessionHandle:
