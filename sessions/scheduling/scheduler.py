@@ -29,7 +29,7 @@ from dataclasses import replace
 from functools import partial
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -317,7 +317,7 @@ class _PassWrites:
                 fields.add("version")
             by_fields.setdefault(tuple(sorted(fields)), []).append(session)
         for fields, sessions in by_fields.items():
-            ComputeSession.objects.bulk_update(sessions, fields, batch_size=500)
+            _sessions_update(sessions, fields)
         self.dirty.clear()
 
     def _write_mig(self, projects: dict, shared: dict) -> dict:
@@ -358,6 +358,41 @@ class _PassWrites:
         Allocation.objects.bulk_create(rows, batch_size=1000)
         self.placed.clear()
         return specs
+
+
+_PLAIN_TYPES = frozenset(
+    {"CharField", "TextField", "DateTimeField", "IntegerField", "PositiveIntegerField", "BooleanField", "ForeignKey", "UUIDField"}
+)
+
+
+def _sessions_update(sessions: list[ComputeSession], fields: tuple[str, ...]) -> None:
+    """Write `fields` of `sessions` as each holds them; "version" is raised by one in the
+    database (`NEXT_VERSION`). On PostgreSQL one statement per 1,000 sessions (UPDATE … FROM
+    unnest of one array per column): Django's bulk_update builds a CASE of one expression per
+    session and field, which at 1,000 placed sessions cost most of a pass (27 s of 100 in a
+    profile of issue 35's benchmark). Elsewhere, or for a field of another type, bulk_update."""
+    columns = [ComputeSession._meta.get_field(name) for name in fields if name != "version"]
+    if connection.vendor != "postgresql" or any(f.get_internal_type() not in _PLAIN_TYPES for f in columns):
+        ComputeSession.objects.bulk_update(sessions, list(fields), batch_size=500)
+        return
+    table = connection.ops.quote_name(ComputeSession._meta.db_table)
+    pk = ComputeSession._meta.pk
+    assert pk is not None
+    names = [connection.ops.quote_name(f.column) for f in columns]
+    sets = [f"{name} = v.{name}" for name in names]
+    if "version" in fields:
+        sets.append('"version" = t."version" + 1')
+    arrays = ", ".join(f"%s::{f.db_type(connection)}[]" for f in [pk, *columns])
+    sql = (
+        f"UPDATE {table} AS t SET {', '.join(sets)} FROM unnest({arrays}) AS v(pk, {', '.join(names)}) "
+        f"WHERE t.{connection.ops.quote_name(pk.column)} = v.pk"
+    )
+    with connection.cursor() as cursor:
+        for start in range(0, len(sessions), 1000):
+            batch = sessions[start : start + 1000]
+            params = [[pk.get_db_prep_value(s.pk, connection) for s in batch]]
+            params += [[f.get_db_prep_value(getattr(s, f.attname), connection) for s in batch] for f in columns]
+            cursor.execute(sql, params)
 
 
 class _PassView(RememberingReadView):
@@ -473,15 +508,21 @@ class _PassView(RememberingReadView):
 
 def _send_starts(starts: list[tuple[str, dict]]) -> None:
     """Send the agents' start messages (`fgpu.agent.session_start`, one per session, to queue
-    `agent.<node>`) through one broker connection."""
+    `agent.<node>`) through one broker connection, in batches of up to 500 (kombu's publish
+    batch: one Redis pipeline a batch instead of a round trip a message, 1,000 starts being a
+    third of a 1,000-session pass before; a broker without batches sends each at once)."""
     from common.celery import agent_send, app
 
     with app.producer_or_acquire() as producer:
-        for node_name, spec in starts:
-            try:
-                agent_send(protocol.SESSION_START, producer=producer, node=node_name, spec=spec)
-            except Exception:  # the heartbeat's reconcile (sessions.lifecycle.reconcile) sends the start again
-                log.exception("could not send the start of session %s to %s", spec["session_id"], node_name)
+        try:
+            with producer.batch(max_size=500):
+                for node_name, spec in starts:
+                    try:
+                        agent_send(protocol.SESSION_START, producer=producer, node=node_name, spec=spec)
+                    except Exception:  # the heartbeat's reconcile (sessions.lifecycle.reconcile) sends the start again
+                        log.exception("could not send the start of session %s to %s", spec["session_id"], node_name)
+        except Exception:  # a batch's write failed: the reconcile sends those starts again, as above
+            log.exception("could not send the starts of %d session(s) in one batch", len(starts))
 
 
 def pending_position(session: ComputeSession) -> int:
