@@ -71,10 +71,30 @@ class NodeEntry:
     weights: tuple[Decimal, Decimal, Decimal]
     devices: dict[str, tuple[core.DeviceState, ...]]
     links: dict[str, tuple[topology.Link, ...]]
+    # (slot, "empty" | "kind") → its emptied NodeState and its `shape_key`, built at first use:
+    # the entry never changes, so neither do they (a changed node is a new entry)
+    _derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     def state(self, slot_name: str, *, usage: bool = True) -> core.NodeState:
         """The allocator's NodeState for `slot_name` (node_id = the node's name); without
-        `usage`, nothing read as used."""
+        `usage`, nothing read as used (built once per entry and slot, then shared)."""
+        if not usage:
+            key = (slot_name, "empty")
+            found = self._derived.get(key)
+            if found is None:
+                found = self._derived[key] = self._state(slot_name, usage=False)
+            return found
+        return self._state(slot_name, usage=True)
+
+    def kind(self, slot_name: str) -> tuple:
+        """`shape_key` of this node emptied, for `slot_name` (built once per entry and slot)."""
+        key = (slot_name, "kind")
+        found = self._derived.get(key)
+        if found is None:
+            found = self._derived[key] = shape_key(self.state(slot_name, usage=False))
+        return found
+
+    def _state(self, slot_name: str, *, usage: bool) -> core.NodeState:
         devices = self.devices.get(slot_name, ())
         if not usage:
             devices = tuple(replace(d, memory_used=0, proc_used=Decimal(0), sessions=0) for d in devices)
@@ -390,20 +410,24 @@ _KINDS_LOCK = threading.Lock()
 def ever_fits_nodes(request: core.ResourceRequest, *, group: ResourceGroup | None) -> list[core.NodeState]:
     """The registered nodes (alive or LOST, any image) of `group` (None: every node) that
     `core.check_ever_fits` needs to see for `request`, emptied: one of each kind (`shape_key`)
-    — 1,000 alike nodes are one to check —, or all of them where the request pins devices."""
+    — 1,000 alike nodes are one to check —, or all of them where the request pins devices.
+    The kinds of a kept version are remembered (a launch on an unchanged view reads no node),
+    and each entry's emptied state and kind are built once (`NodeEntry.kind`)."""
     slot = request.slot or "cuda"
     snapshot = cluster_view().snapshot()
-    key = (snapshot.version, slot, group.pk if group else None)
-    if snapshot.version >= 0 and not request.pins:  # before the states: building 1,000 of them is the cost kept
+    group_id = group.pk if group else None
+    if request.pins:
+        return view_node_states(slot_name=slot, alive_only=False, group=group, usage=False, snapshot=snapshot)
+    key = (snapshot.version, slot, group_id)
+    if snapshot.version >= 0:
         with _KINDS_LOCK:
             if key in _KINDS:
                 return _KINDS[key]
-    nodes = view_node_states(slot_name=slot, alive_only=False, group=group, usage=False, snapshot=snapshot)
-    if request.pins:
-        return nodes
     kinds: dict[tuple, core.NodeState] = {}
-    for node in nodes:
-        kinds.setdefault(shape_key(node), node)
+    for entry in snapshot.nodes(alive_only=False, group_id=group_id):
+        kind = entry.kind(slot)
+        if kind not in kinds:
+            kinds[kind] = entry.state(slot, usage=False)
     found = list(kinds.values())
     if snapshot.version >= 0:
         with _KINDS_LOCK:
