@@ -55,7 +55,7 @@ re-sent every scheduler pass while the notice stands, acted on once per notice),
 answered `node.processes.result` {ok, at, source, processes}: agent.usage.UsageSampler.processes),
 `term.<node>.<session id>` (terminal consumers join it; the agent sends `terminal.output` {data,
 offset, n} and `terminal.exit` {code}; the output unless every terminal that attached reads a
-direct stream). Flow control (agent.core, READER_WINDOW_CHARS): `offset` counts the characters
+direct stream). Flow control (agent.terminal_pipe, READER_WINDOW_CHARS): `offset` counts the characters
 sent up to the end of the frame and `n` the frames; a consumer that attached acknowledges what its
 websocket took with `pty.ack`, and `pty.detach` when it closes. The scrollback that answers
 `pty.attach` carries neither.
