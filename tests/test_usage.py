@@ -503,12 +503,12 @@ def test_metrics_show_devices_sessions_nodes_and_the_scheduler_under_dcgm_and_ha
     device = f"Hostname={NODE},UUID={uuid},gpu=0,modelName=CUDA GPU"
     assert (m[f"DCGM_FI_DEV_FB_USED{{{device}}}"], m[f"DCGM_FI_DEV_FB_FREE{{{device}}}"]) == (3072, 5120)
     assert m[f"DCGM_FI_DEV_GPU_UTIL{{{device}}}"] == 80
-    labels = f"node={NODE},session={session.pk},session_name=s,user=alice"
+    labels = f"node={NODE},session={session.pk},session_name={session.name},user=alice"
     assert m[f"vGPU_device_memory_usage_in_bytes{{{labels}}}"] == 3 * GiB  # the newest sample
     assert m[f"vGPU_device_memory_limit_in_bytes{{{labels}}}"] == 2 * GiB
     assert m[f"Device_utilization_desc_of_container{{{labels}}}"] == 80
     assert m[f"fgpu_session_granted_fgpu{{{labels}}}"] == 0.5
-    assert m[f"vGPU_device_memory_usage_in_bytes{{node={NODE},session={idle.pk},session_name=s,user=alice}}"] == 0
+    assert m[f"vGPU_device_memory_usage_in_bytes{{node={NODE},session={idle.pk},session_name={idle.name},user=alice}}"] == 0
     assert (m[f"fgpu_node_free_fgpu{{node={NODE}}}"], m[f"fgpu_node_capacity_fgpu{{node={NODE}}}"]) == (1.0, 2.0)
     assert m["fgpu_scheduler_pending_sessions{}"] == 0
     assert m["fgpu_scheduler_placement_latency_seconds_count{}"] == 2
