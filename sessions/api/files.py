@@ -150,8 +150,9 @@ def _shown(wait, serializer):
         summary="Download a file of a session",
         parameters=[SESSION_ID, PATH],
         responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, **ERRORS},
-        description="The file's bytes, streamed as the session's agent reads them (256 KiB at a time), "
-        "with `Content-Length` and `Content-Disposition: attachment`.",
+        description="The file's bytes, streamed as the session's agent sends them (over a connection of "
+        "their own to the agent, else 256 KiB at a time through the channel layer), with `Content-Length` and "
+        "`Content-Disposition: attachment`.",
     ),
     put=extend_schema(
         summary="Upload a file to a session",
@@ -170,9 +171,9 @@ def _shown(wait, serializer):
         },
         description="The request body (any content type) is the file's bytes; missing folders on the "
         "way are made. The file replaces one at `path` once all of it arrived: a failed "
-        "upload leaves no partial file. Sent on to the agent 256 KiB at a time, so a "
+        "upload leaves no partial file. Sent on to the agent as the web server receives it, so a "
         "client's upload progress (e.g. XMLHttpRequest's `upload.onprogress`) is the "
-        "progress of the transfer to the web server, which follows at once.",
+        "progress of the transfer to the session.",
     ),
 )
 @awaiting_view
