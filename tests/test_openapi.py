@@ -14,7 +14,6 @@ from django.contrib.staticfiles import finders
 from django.core import signals
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
-from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.validation import validate_schema
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import missing_required_header, positive_data_acceptance, use_after_free
@@ -125,13 +124,9 @@ def test_edits_of_admin_settings_document_if_match_428_and_412(openapi):
             assert {"412", "428"} <= set(operation["responses"])
 
 
-def test_the_generator_emits_no_warnings(capsys):
-    from drf_spectacular.drainage import GENERATOR_STATS
-
-    GENERATOR_STATS.reset()
-    SchemaGenerator().get_schema(request=None, public=True)
-
-    assert not GENERATOR_STATS, capsys.readouterr().err
+def test_the_generator_emits_no_warnings():
+    """Of the schema's one build (SCHEMA, served while collecting), not of a build of its own."""
+    assert SCHEMA_WARNINGS == []
 
 
 def test_the_docs_page_loads_swagger_ui_from_this_server_not_a_cdn(db):
@@ -155,7 +150,19 @@ MIG_PROFILES = "/api/v1/mig/profiles/"
 # takes 1-5 s to build it); each Schemathesis schema below is loaded from its own copy of that answer,
 # as `from_wsgi` loads its own fetch (a state machine adds its inferred links to its raw schema).
 SCHEMA_PATH = "/api/schema/?format=json"
-SCHEMA = copy.deepcopy(schemathesis.openapi.from_wsgi(SCHEMA_PATH, get_wsgi_application()).raw_schema)
+
+
+def _fetch_schema() -> tuple[dict, list[str]]:
+    """The schema as the WSGI app serves it, and what drf-spectacular warned of and errored on while
+    building it (its GENERATOR_STATS, emptied first): the one build of the run that the tests check."""
+    from drf_spectacular.drainage import GENERATOR_STATS
+
+    GENERATOR_STATS.reset()
+    raw = copy.deepcopy(schemathesis.openapi.from_wsgi(SCHEMA_PATH, get_wsgi_application()).raw_schema)
+    return raw, [*GENERATOR_STATS._warn_cache, *GENERATOR_STATS._error_cache]
+
+
+SCHEMA, SCHEMA_WARNINGS = _fetch_schema()
 
 
 def served_schema():

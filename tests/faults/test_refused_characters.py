@@ -6,12 +6,11 @@ generates (path parameters, query, body): never a 5xx, every refusal in the erro
 from __future__ import annotations
 
 import pytest
-import schemathesis
-from django.core.wsgi import get_wsgi_application
 from hypothesis import HealthCheck, settings
 
 from sessions.models import ComputeSession
 from tests.conftest import assert_error_shape, client_for
+from tests.test_openapi import SCHEMA, served_schema
 from tests.test_openapi import wsgi_in_test_transaction  # noqa: F401 (a fixture: the WSGI handler keeps the test's connection)
 
 pytestmark = pytest.mark.django_db
@@ -97,8 +96,6 @@ def test_the_pages_answer_a_nul_in_the_path_with_djangos_404_and_ignore_a_parame
 
 
 def test_every_operation_that_reads_a_query_parameter_documents_its_400():
-    from tests.test_openapi import SCHEMA
-
     for path, item in SCHEMA["paths"].items():
         for method, operation in item.items():
             if any(p["in"] == "query" for p in operation.get("parameters", [])):
@@ -122,7 +119,9 @@ def spiked(value):
     return value
 
 
-every_operation = schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application())
+# The schema tests/test_openapi.py fetched from the WSGI app while collecting (drf-spectacular builds it
+# once a run; a fetch of its own here built it again), loaded as `from_wsgi` would load it.
+every_operation = served_schema()
 
 
 @pytest.fixture
