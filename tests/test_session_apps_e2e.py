@@ -297,3 +297,67 @@ def test_in_the_docker_runtime_an_app_runs_in_the_sessions_container_and_is_reac
     again = open_app(stack.base, alice, created["id"], "files")
     assert again[-1] == {"type": "ready", "url": f"/sessions/{created['id']}/apps/files/", "reused": True}, again
     assert app.get(f"/sessions/{created['id']}/apps/files/hello.txt").text == "in-container\n"
+
+
+
+# An app in the container that answers GET with its files and POST with the body it got.
+ECHO_POST = """cd $HOME && echo in-container > hello.txt && cat > post_echo.py <<'PY'
+import sys
+from http.server import HTTPServer, SimpleHTTPRequestHandler
+class Echo(SimpleHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+HTTPServer((sys.argv[1], int(sys.argv[2])), Echo).serve_forever()
+PY
+exec python3 post_echo.py {host} {port}"""
+
+
+@pytest.mark.docker
+def test_after_a_keyless_agent_restarts_the_first_requests_to_its_relayed_app_are_answered(
+        distributed_stack, django_user_model):
+    """A node without an agent key relays its apps under a random key it makes at each start
+    (protocol.app_relay), on a new port: after its agent restarts (the container and its app run
+    on), the web's first request (a POST with a body, and after another restart a GET) is answered by
+    the app through the new relay under the new key (the proxy asks the agent again where the old
+    relay is gone, or refuses a connection before answering, and sends the request again, as
+    nothing of it reached the app), not a 502 first."""
+    from sessions.models import SessionImage
+
+    SessionImage.objects.update_or_create(reference="fgpu-session:test", defaults={"apps": [
+        {"name": "files", "title": "Files", "command": ECHO_POST, "port": 8000, "base_url": False}]})
+    node = BridgedDockerNode("docker-relay", (ROOT / "demo" / "mock-accelerator.toml").read_text(), runtime="docker",
+                             container="app-relay = true")  # on a loopback app-address too
+    stack = distributed_stack(nodes=[node], redis_db=REDIS_DB)  # no node keys: a random relay key
+    django_user_model.objects.create_user("alice", password="alice-pass-123")
+    status, body = api(stack.base, "POST", "/api/v1/auth/token/", body={"username": "alice", "password": "alice-pass-123"})
+    token = body["token"]
+    status, created = api(stack.base, "POST", "/api/v1/sessions/", token,
+                          {"name": "c", "image": "fgpu-session:test",
+                           "resources": {"cuda.shares": "0.5", "mem": "256M"}})
+    assert status == 201, created
+    wait_until(lambda: get_ok(stack.base, f"/api/v1/sessions/{created['id']}/", token)["status"] == "RUNNING",
+               timeout=120, what="the container session to run")
+    alice = login(stack.base, "alice", "alice-pass-123")
+    opened = open_app(stack.base, alice, created["id"], "files")
+    assert opened[-1]["type"] == "ready", opened
+    app = on_apps_origin(stack.apps_base, alice, f"/sessions/{created['id']}/apps/files/")
+    prefix = f"/sessions/{created['id']}/apps/files/"
+    assert app.get(prefix + "hello.txt").text == "in-container\n"
+    assert app.post(prefix + "echo", content=b"before").content == b"before"
+    assert stack.procs["agent-docker-relay"].output().count("relaying app files") == 1
+
+    for request in ("post", "get"):
+        stack.restart("agent-docker-relay")
+        wait_until(lambda: "adopted session" in stack.procs["agent-docker-relay"].output(), timeout=60,
+                   what="the restarted agent to adopt the session")
+        if request == "post":
+            first = app.post(prefix + "echo", content=b"x" * 100_000)
+            assert (first.status_code, len(first.content)) == (200, 100_000), first.text[:500]
+        else:
+            first = app.get(prefix + "hello.txt")
+            assert (first.status_code, first.text) == (200, "in-container\n"), first.text[:500]
+        assert "relaying app files" in stack.procs["agent-docker-relay"].output()  # through the new agent's relay

@@ -73,7 +73,7 @@ from sessions.serving.origin import (
     is_apps_request,
     origin_key,
 )
-from sessions.serving.relay_connect import RelayBackend, relay_socket
+from sessions.serving.relay_connect import RELAYS, RelayBackend, RelayProof, relay_socket
 from sessions.serving.session_apps import (
     OPEN_PAGE,
     TOKEN_KEY,
@@ -439,13 +439,15 @@ class AppHttpProxy:
                     await _page(send, 502, await _not_running(session_id, app, target["error"], console=console))
                 return
             url = f"http://{_host(target[0])}:{target[1]}{upstream_path(scope, match, app, token=token)}"
+            proof = RELAYS.get(target)  # the relay's proof this connection starts with (None: no relay)
             request = _client().build_request(scope["method"], url, headers=headers, content=body)
             try:
                 response = await _client().send(request, stream=True)
                 break
-            except httpx.ConnectError:  # it ended, or moved: ask its agent again (once)
+            except httpx.ConnectError:  # it ended, or moved (an agent restarted: a new relay): ask its agent again (once)
+                # Nothing of the request was sent (its body not read yet): it is sent again as it is.
                 session_app_target_forget(session_id=session_id, name=app["name"])
-                if attempt or body is not None:
+                if attempt:
                     if await _refused_afresh(scope, match, send):
                         return
                     target = await session_app_target(session_id=session_id, name=app["name"], port=app["port"])
@@ -458,6 +460,8 @@ class AppHttpProxy:
                 log.info("app %s of session %s: %s", app["name"], session_id, exc)
                 session_app_target_forget(session_id=session_id, name=app["name"])
                 _check_forget(scope, match)
+                if not attempt and body is None and await _relay_changed(session_id, app, target, proof):
+                    continue  # a relay that refused the proof under the key it had before its agent restarted
                 await _page(
                     send, 502, await _not_running(session_id, app, "it closed the connection without an answer", console=console)
                 )
@@ -480,6 +484,22 @@ class AppHttpProxy:
             )
         finally:
             await response.aclose()
+
+
+async def _relay_changed(session_id: str, app: dict, target: tuple[str, int], proof: RelayProof | None) -> bool:
+    """Where a connection to the agent's relay at `target`, proven with `proof`, was closed before
+    any answer (the relay refuses a proof under another key before a byte reaches the app:
+    protocol.app_relay): whether the agent, asked again, names another relay address or key (a
+    keyless node's agent restarted with a new random key, its new relay perhaps on the old port),
+    so the request may be sent again. False where it was no relay, or the agent names the same one
+    (it was the app that closed the connection)."""
+    if proof is None:
+        return False
+    session_app_target_forget(session_id=session_id, name=app["name"])
+    again = await session_app_target(session_id=session_id, name=app["name"], port=app["port"])
+    if isinstance(again, dict):
+        return False
+    return again != target or RELAYS.get(again) != proof
 
 
 async def _refused_afresh(scope, match, send) -> bool:
@@ -743,11 +763,12 @@ class AppWebsocketProxy:
             if p.strip()
         ]
         headers = [(n, v) for n, v in upstream_headers(scope, token=token) if n not in ("host", "origin")]
-        for _ in range(2):
+        for attempt in range(2):
             target = await session_app_target(session_id=match["session"], name=app["name"], port=app["port"])
             if isinstance(target, dict):
                 return None
             host = f"{_host(target[0])}:{target[1]}"
+            proof = RELAYS.get(target)
             try:
                 relayed = await relay_socket(target[0], target[1], timeout=CONNECT_TIMEOUT_S)  # with its proof
                 return await websockets.connect(
@@ -764,6 +785,10 @@ class AppWebsocketProxy:
                 )
             except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
                 log.info("app websocket %s: could not connect to %s: %s", app["name"], host, exc)
+                if isinstance(exc, websockets.InvalidMessage):  # closed before the app's answer (not a refusal of it)
+                    if not attempt and await _relay_changed(match["session"], app, target, proof):
+                        continue  # a relay that refused the proof under the key it had before its agent restarted
+                    return None
                 if not isinstance(exc, OSError):
                     return None
                 session_app_target_forget(session_id=match["session"], name=app["name"])
