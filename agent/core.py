@@ -52,7 +52,7 @@ from agent.runtimes import HeldImages, ProcessRuntime, SessionHandle
 from agent.session_apps import SessionApps
 from agent.storage import StorageWatch
 from agent.usage import UsageSampler
-from protocol.messages import StartSpec
+from protocol.messages import NodeName, StartSpec
 
 log = logging.getLogger(__name__)
 
@@ -468,7 +468,7 @@ class Agent:
         """The session's spawn, stage by stage (agent.lifecycle.spawn: MIG, working directory,
         allocation document, tools, folders, environment, command, process). Blocking; runs in a thread."""
         node = lifecycle.Node(
-            name=self.node,
+            name=NodeName(self.node),
             scratch_root=self.scratch_root,
             data_root=self.data_root,
             runtime=self.runtime,

@@ -49,7 +49,7 @@ from agent.mounts import NO_FOLDERS, Folders
 from agent.session_apps import SessionApps
 from protocol.environment import allocation_document, session_environment
 from agent.runtimes import ProcessRuntime, Runtime
-from protocol.messages import StartSpec
+from protocol.messages import NodeName, StartSpec
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +64,12 @@ KILL_WAIT_S = 2.0  # after SIGKILL, how long TERMINATED waits for the session's 
 
 @dataclass(frozen=True)
 class Node:
-    """What a spawn needs of its node: `scratch_root` (working directories), `data_root` (users'
+    """What a spawn needs of its node: its `name`, `scratch_root` (working directories), `data_root` (users'
     persistent folders; None: none), the `runtime` (agent.runtimes.Runtime: the process or docker
     runtime), the node's `mig` manager, `mock` (a mock node: the allocation document says so),
     `mps` (the node runs NVIDIA MPS) and its inventory's `attributes`."""
 
-    name: str
+    name: NodeName
     scratch_root: Path
     data_root: Path | None
     runtime: Runtime

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from decimal import ROUND_DOWN, Decimal
 from typing import Any, Protocol
 
-from protocol.messages import HardwareId, StartSpec
+from protocol.messages import HardwareId, NodeName, StartSpec
 from protocol.units import fgpu_text
 
 MiB = 1 << 20
@@ -66,7 +66,7 @@ class DeviceLimit:
     subproc_count: int
 
 
-def allocation_document(spec: StartSpec, *, node: str, mock: bool, attributes: dict[str, Any]) -> dict[str, Any]:
+def allocation_document(spec: StartSpec, *, node: NodeName, mock: bool, attributes: dict[str, Any]) -> dict[str, Any]:
     """The JSON the virtual nvidia-smi reads (`FGPU_ALLOCATION`) for start spec `spec`: devices
     numbered as the session sees them (0..n-1), memory in bytes, `uuid` their hardware ids."""
     return {
