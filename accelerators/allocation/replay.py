@@ -53,6 +53,11 @@ class Backfill:
         self.blocked: list[Any] = []
         self.reservations = Reservations()
         self._looked: set[int] = set()  # id() of the blocked sessions whose reservation was looked for
+        # Whether `due` may find someone it did not return before: a session blocked at the limit
+        # already, or counts grown (`placed`). Else it answers at once: a pass calls it after every
+        # session, and a scan of every blocked one each time made a pass over 1,000 waiting
+        # sessions quadratic (2.2 s of a profiled what-if with 680 waiting).
+        self._fresh = False
 
     def due(self) -> list[Any]:
         """The blocked sessions overtaken as often as the limit allows whose reservation was not
@@ -60,19 +65,25 @@ class Backfill:
         RESERVATIONS_MAX of the pass only (the others wait as before, passable, until those
         ahead of them start: Slurm bounds its backfill's work alike, bf_max_job_test)."""
         room = RESERVATIONS_MAX - len(self._looked)
-        out = [b for b in self.blocked if b.overtaken >= self.limit and id(b) not in self._looked][: max(0, room)]
+        if not self._fresh or room <= 0:
+            return []
+        self._fresh = False  # all those due now are returned, or room runs out
+        out = [b for b in self.blocked if b.overtaken >= self.limit and id(b) not in self._looked][:room]
         self._looked.update(id(b) for b in out)
         return out
 
     def block(self, session: Any) -> None:
         """`session` waits in this pass."""
         self.blocked.append(session)
+        if session.overtaken >= self.limit:
+            self._fresh = True
 
     def placed(self) -> list[Any]:
         """A session behind the blocked ones started: each blocked one is overtaken once more.
         Returns them (the real pass writes their counts)."""
         for earlier in self.blocked:
             earlier.overtaken += 1
+        self._fresh = self._fresh or bool(self.blocked)
         return self.blocked
 
 

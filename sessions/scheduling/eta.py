@@ -472,19 +472,31 @@ class _Queue:
         backfill_limit: int | None = None,
         drain: frozenset[str] = frozenset(),
         extra: ComputeSession | None = None,
+        base: _Queue | None = None,
     ):
+        """`base`: a queue read at the same `now` (without `extra`) whose database reads this one
+        takes instead of reading again (the what-if's changed queue beside today's): the
+        sessions, the facts, the allocations, the scopes and the requests; only the order, the
+        drain's moves and the policies are its own."""
         self.now = now or timezone.now()
         self.policies = policies or {}
         self.drain = drain
         self.backfill_limit = settings.FGPU_BACKFILL_LIMIT if backfill_limit is None else backfill_limit
-        pending = list(
-            ComputeSession.objects.filter(status=SessionStatus.PENDING)
-            .select_related("owner", "image")
-            .order_by("-priority", "created_at", "pk")
-        )
+        if base is not None:
+            self._pending_read, self._active_read = base._pending_read, base._active_read
+        else:
+            self._pending_read = list(
+                ComputeSession.objects.filter(status=SessionStatus.PENDING)
+                .select_related("owner", "image")
+                .order_by("-priority", "created_at", "pk")
+            )
+            self._active_read = list(
+                ComputeSession.objects.filter(status__in=ACTIVE_STATUSES).select_related("node", "owner", "image")
+            )
+        pending = list(self._pending_read)
         if extra is not None:  # a request not launched (the preview): it joins the queue now, in its place
             pending.append(extra)
-        active = list(ComputeSession.objects.filter(status__in=ACTIVE_STATUSES).select_related("node", "owner", "image"))
+        active = list(self._active_read)
         # a drain stops the sessions on the drained nodes and requeues them by arrival (as a compaction's moves)
         self.moved = [s for s in active if s.node is not None and s.node.name in drain and s.status != SessionStatus.TERMINATING]
         active = [s for s in active if s not in self.moved]
@@ -493,13 +505,22 @@ class _Queue:
         pending.sort(key=lambda s: fairshare.queue_key(s, factors))
         self.pending = pending
         self.active = {str(s.pk): s for s in active}
-        facts = _Facts(now=self.now, sessions=pending + active)
+        # the same sessions whatever the drain moves: pending + active is the read's either way
+        facts = base._facts if base is not None else _Facts(now=self.now, sessions=pending + active)
+        self._facts = facts
         self.requests: dict[str, core.ResourceRequest] = {}
         self.images: dict[str, str] = {}
         self.runtimes: dict[str, Runtime] = {}
         self.never: dict[str, str] = {}
         for session in pending:
             key = str(session.pk)
+            if base is not None and key in base.requests:
+                self.requests[key], self.images[key] = base.requests[key], base.images[key]
+                self.runtimes[key] = base.runtimes[key]
+                continue
+            if base is not None and key in base.never:
+                self.never[key] = base.never[key]
+                continue
             try:
                 self.requests[key] = session_request(session)
             except AllocationError as exc:  # a stored request no longer valid
@@ -509,17 +530,22 @@ class _Queue:
             self.runtimes[key] = expected_runtime(session, self.requests[key], facts)
         self.ends = {key: expected_end(s, facts) for key, s in self.active.items()}
         self.holdings: dict[str, _Holding] = {}
-        rows = Allocation.objects.filter(session__in=active, released_at__isnull=True).values_list(
-            "session_id", "device_id", "shares", "memory", "procs"
-        )
         grants: dict[str, list] = {}
-        for session_id, device_id, shares, memory, procs in rows:
-            grants.setdefault(str(session_id), []).append(core.DeviceGrant(str(device_id), shares, memory, procs))
+        if base is not None:  # its active sessions are base's or fewer (a drain moves some)
+            grants = base._grants
+        else:
+            rows = Allocation.objects.filter(session__in=active, released_at__isnull=True).values_list(
+                "session_id", "device_id", "shares", "memory", "procs"
+            )
+            for session_id, device_id, shares, memory, procs in rows:
+                grants.setdefault(str(session_id), []).append(core.DeviceGrant(str(device_id), shares, memory, procs))
+        self._grants = grants
         for key, s in self.active.items():
             if s.node is not None:
                 self.holdings[key] = _Holding(s.slot_name, s.node.name, s.cpu, s.mem, tuple(grants.get(key, ())))
-        self.scopes: dict[tuple, PlacementScope] = {}
-        self.mig_scopes: dict[tuple, mig_scheduling.MigScope] = {}
+        # read without locks and never changed here (a replay copies them): base's are as good
+        self.scopes: dict[tuple, PlacementScope] = dict(base.scopes) if base is not None else {}
+        self.mig_scopes: dict[tuple, mig_scheduling.MigScope] = dict(base.mig_scopes) if base is not None else {}
         for key, request in self.requests.items():
             scope_key = (request.resource_group, request.slot or "cuda", self.images[key])
             try:
@@ -534,7 +560,7 @@ class _Queue:
         # slot settings and image reasons read once for every replay
         self.read = _Read(self.scopes, self.holdings, self.mig_scopes, self.policies, RememberingReadView(), drain)
         self.rooms: list[_Room] = []
-        self.limits = runtime_limits()  # backfill's time limits (seconds), as the pass's
+        self.limits = base.limits if base is not None else runtime_limits()  # backfill's time limits (seconds), as the pass's
 
     def room(self) -> _Room:
         """A fresh `_Room` over the cluster as read (each replay changes its own copy)."""
@@ -874,7 +900,7 @@ def scheduler_what_if(
     start again. Nothing is written. The caller checks the names (`what_if_validate`)."""
     now = now or timezone.now()
     today = _Queue(now=now)
-    changed = _Queue(now=now, weights=weights, policies=policies, backfill_limit=backfill_limit, drain=drain)
+    changed = _Queue(now=now, weights=weights, policies=policies, backfill_limit=backfill_limit, drain=drain, base=today)
     bands_today, bands_changed = today.bands(), changed.bands()
     where = {str(s.pk): i + 1 for i, s in enumerate(changed.pending)}
     rows = []
