@@ -4,7 +4,7 @@ wire format): a TCP listener on the node's `[container] app-address` (agent.toml
 the stream carries is the agent's (agent.core: `_direct_attach`, `_direct_message`,
 `_direct_detach`, and the output pump, which writes each frame to the session's direct readers).
 
-Flow control is the layer's (agent.core, READER_WINDOW_CHARS): the agent writes a direct reader
+Flow control is the layer's (agent.terminal_pipe, READER_WINDOW_CHARS): the agent writes a direct reader
 at most a window past its acknowledgement, so the connection's buffers hold at most that; a direct
 reader that acknowledges nothing for READER_STALL_S loses its connection (its consumer closes the
 websocket with 4502 and the page connects again) instead of growing a buffer.

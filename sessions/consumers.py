@@ -3,7 +3,7 @@
 Terminal frames (DESIGN.md): client → `{"type": "input", "data"}`, `{"type": "resize", "cols",
 "rows"}`; server → `{"type": "output", "data"}`, `{"type": "exit", "code"}`.
 
-Flow control (agent.core, READER_WINDOW_CHARS): the terminal consumer acknowledges the output its
+Flow control (agent.terminal_pipe, READER_WINDOW_CHARS): the terminal consumer acknowledges the output its
 websocket has taken (`pty.ack` with the last frame's `offset` and `n`), every ACK_CHARS characters
 or ACK_FRAMES frames, and only once the server holds less than WEBSOCKET_BACKLOG_BYTES for the socket
 that the client has not read yet; the agent sends a terminal at most a window past what it
