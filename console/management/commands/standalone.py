@@ -110,6 +110,7 @@ class Command(BaseCommand):
             SessionImage.objects.filter(reference=protocol.HOST_IMAGE, apps=[]).update(apps=[jupyter_app(python=sys.executable)])
         self._import_settings(configs)
         self._seed_new_nodes(configs)
+        self._register_node_keys(configs)
         self._register_images(configs)
         self._ensure_admin()
         agents = []
@@ -212,6 +213,27 @@ class Command(BaseCommand):
             demo_mig = self.demo == "full" and config.path.resolve() == DEMO_MIG_AGENT.resolve()
             mig = MigMode.DYNAMIC if demo_mig else MigMode.OFF
             Node.objects.create(name=config.node_name, status=NodeStatus.LOST, resource_group=group, mig_mode=mig)
+
+    def _register_node_keys(self, configs) -> None:
+        """Each embedded node's agent key is its agent.toml's `[manager] node-key` (or FGPU_NODE_KEY):
+        the console and its agents share this machine, so what the agent signs and verifies with is
+        the key of its Node row, with which the web seals its commands and checks the agent's answers
+        (protocol.channel) and derives its app relay's key (protocol.app_relay). A key set there is
+        registered (said once); one taken out of agent.toml is taken off the row (its commands then go
+        unsealed, as the keyless agent takes them). Raises CommandError for a key longer than the row
+        holds (64 characters). Without this, a keyed agent refused every command
+        of the web (unsealed: the row had no key) and the web every answer of it."""
+        longest = Node._meta.get_field("agent_key").max_length or 0
+        for config in configs:
+            if len(config.node_key) > longest:
+                raise CommandError(
+                    f"{config.path}: [manager] node-key is {len(config.node_key)} characters, the most a node's key may "
+                    f"be is {longest}: `manage.py node_key {config.node_name}` makes one"
+                )
+            updated = Node.objects.filter(name=config.node_name).exclude(agent_key=config.node_key)
+            if updated.update(agent_key=config.node_key):
+                said = "registered its agent.toml node-key" if config.node_key else "has no node-key in agent.toml any more"
+                self.stdout.write(f"Node {config.node_name}: {said}.")
 
     def _register_images(self, configs) -> None:
         """With the docker runtime, each agent's `default-image` is a registered session image, and
