@@ -157,7 +157,11 @@ def serve(work: Path):
     env = {**os.environ, "DATABASE_URL": database_url_default(), "FGPU_DATA_DIR": str(work / "data"), "FGPU_LOG_LEVEL": "WARNING"}
     env.pop("REDIS_URL", None)
     web = Proc("web", web_command(port), env=env, log_dir=work)
-    wait_until(lambda: web_answers(f"http://127.0.0.1:{port}"), timeout=60, what="the web process to answer")
+    try:  # its first answer took over a minute on the shared 2-core machine at load 20 (1,000 nodes)
+        wait_until(lambda: web_answers(f"http://127.0.0.1:{port}"), timeout=300, what="the web process to answer")
+    except BaseException:
+        web.stop()  # never left running on the database the caller is about to drop
+        raise
     return web, port
 
 
