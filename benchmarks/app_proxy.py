@@ -9,7 +9,11 @@ A standalone console (`manage.py standalone`: uvicorn, the embedded agent on the
 on a free port, with the image "host" declaring the app `echo` (tests/apps/echo_app.py served by
 daphne inside a session; it writes the port and token the agent gave it to its home directory,
 read back through the exec API, so the direct client can reach it with the token the proxy would
-inject). One 0.5 fGPU session; the app is opened once; then, through the proxy and directly:
+inject). The demo node's agent.toml is given a node key (`[manager] node-key`, which standalone
+registers on the node's row), so the direct client derives the agent's relay key as the web does
+(protocol.app_relay.relay_key) and starts each of its connections with the relay's proof, as the
+web's proxy does (sessions.serving.relay_connect): a relay takes no connection without it.
+One 0.5 fGPU session; the app is opened once; then, through the proxy and directly:
 
 - latency: --requests sequential `GET echo` on one kept-alive connection (httpx): p50 / p99 ms;
 - download: `GET bytes?n=…` of --download-mb MB (10^6 bytes), read as it streams: MB/s;
@@ -28,18 +32,22 @@ import argparse
 import json
 import os
 import re
+import secrets
+import socket
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import httpcore
 import httpx
 import psutil
 from websockets.sync.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from protocol.app_relay import relay_hello, relay_key  # noqa: E402
 from tests.stack import PYTHON, Proc, free_port, wait_until  # noqa: E402
 
 PASSWORD = "bench-app-proxy-password"
@@ -58,10 +66,53 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-def start_console(work: Path) -> tuple[Proc, str]:
+NODE = "demo-node"  # demo/agent.toml's [agent] id
+
+
+def keyed_agent_toml(work: Path, node_key: str) -> Path:
+    """demo/agent.toml with `[manager] node-key`, in `work` (its mock inventory the demo's)."""
+    demo = (ROOT / "demo" / "agent.toml").read_text()
+    text = demo.replace('config = "mock-accelerator.toml"', f'config = "{ROOT / "demo" / "mock-accelerator.toml"}"')
+    path = work / "agent.toml"
+    path.write_text(text + f'\n[manager]\nnode-key = "{node_key}"\n')
+    return path
+
+
+class ProvenBackend(httpcore.SyncBackend):
+    """httpcore's network backend that writes the relay's proof (`hello()`, a new one each time)
+    first on each new connection, as the web's RelayBackend does."""
+
+    def __init__(self, hello) -> None:
+        self.hello = hello
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        stream = super().connect_tcp(host, port, timeout=timeout, local_address=local_address, socket_options=socket_options)
+        stream.write(self.hello(), timeout=timeout)
+        return stream
+
+
+def proven_client(base_url: str, hello, **kwargs) -> httpx.Client:
+    """An httpx client whose every new connection starts with `hello()` (None: a plain client)."""
+    client = httpx.Client(base_url=base_url, **kwargs)
+    if hello is not None:  # httpx offers no setting for the pool's network backend (as in the web's proxy)
+        client._transport._pool._network_backend = ProvenBackend(hello)  # type: ignore[attr-defined]
+    return client
+
+
+def proven_socket(host: str, port: int, hello) -> socket.socket | None:
+    """A socket connected to host:port with `hello()` written (None without `hello`)."""
+    if hello is None:
+        return None
+    sock = socket.create_connection((host, port), timeout=30)
+    sock.sendall(hello())
+    return sock
+
+
+def start_console(work: Path, node_key: str) -> tuple[Proc, str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
     env.update(
+        FGPU_AGENT_CONFIG=str(keyed_agent_toml(work, node_key)),
         FGPU_DATA_DIR=str(work / "data"),
         FGPU_ADMIN_PASSWORD=PASSWORD,
         PORT=str(port),
@@ -127,7 +178,8 @@ def prepare(base: str, console_pid: int) -> tuple[httpx.Client, str, dict]:
     bound, port, app_token = out["stdout"].split()
     relays = listeners(console_pid) - before
     host, port = next(iter(relays)) if len(relays) == 1 else (bound, int(port))  # no relay: the app on the node's network
-    return browser, session["id"], {"host": host, "port": port, "token": app_token, "cookie": cookie}
+    found = {"host": host, "port": port, "token": app_token, "cookie": cookie, "relayed": len(relays) == 1}
+    return browser, session["id"], found
 
 
 def apps_origin_client(base: str, browser: httpx.Client, prefix: str) -> tuple[str, httpx.Client]:
@@ -142,7 +194,7 @@ def apps_origin_client(base: str, browser: httpx.Client, prefix: str) -> tuple[s
     return apps, client
 
 
-def measure(client: httpx.Client, prefix: str, ws_url: str, ws_headers: dict, args) -> dict:
+def measure(client: httpx.Client, prefix: str, ws_url: str, ws_headers: dict, args, ws_socket=lambda: None) -> dict:
     client.get(prefix + "echo").raise_for_status()  # warm: the connection, and the proxy's target
     times = []
     for _ in range(args.requests):
@@ -162,7 +214,7 @@ def measure(client: httpx.Client, prefix: str, ws_url: str, ws_headers: dict, ar
     upload_s = time.perf_counter() - started
     assert stored.json()["bytes"] == len(body), stored.text
     rtts, message = [], "m" * 100
-    with connect(ws_url, additional_headers=ws_headers, open_timeout=30, compression=None) as ws:
+    with connect(ws_url, additional_headers=ws_headers, open_timeout=30, compression=None, sock=ws_socket()) as ws:
         for _ in range(args.messages):
             started = time.perf_counter()
             ws.send(message)
@@ -188,15 +240,22 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "app_proxy.txt"))
     args = parser.parse_args()
     load = os.getloadavg()  # the machine may be shared: the figures include the competition for its CPUs
+    node_key = secrets.token_urlsafe(32)  # as `manage.py node_key` makes one
     with tempfile.TemporaryDirectory(prefix="fgpu-app-proxy-") as tmp:
-        console, base = start_console(Path(tmp))
+        console, base = start_console(Path(tmp), node_key)
         try:
             browser, session_id, app = prepare(base, console.popen.pid)
             prefix = f"/sessions/{session_id}/apps/echo/"
             apps, on_apps = apps_origin_client(base, browser, prefix)
             cookie = {"Cookie": f"fgpu_app={on_apps.cookies['fgpu_app']}"}
             direct_base = f"http://{_host(app['host'])}:{app['port']}"
-            direct = httpx.Client(base_url=direct_base, timeout=120, headers={"Authorization": f"token {app['token']}"})
+            secret = relay_key(node_key)  # the relay key the web derives from the node's key
+
+            def hello() -> bytes:
+                return relay_hello(secret, node=NODE, session_id=session_id, app="echo")
+
+            proof = hello if app["relayed"] else None
+            direct = proven_client(direct_base, proof, timeout=120, headers={"Authorization": f"token {app['token']}"})
             runs: dict[str, list[dict]] = {"proxy": [], "direct": []}
             api_times = []  # for scale: a small page of the console's own API on the same connection
             for round_ in range(args.repeat):  # interleaved, so that the machine's drift hits both alike
@@ -205,7 +264,14 @@ def main() -> None:
                         figures = measure(on_apps, prefix, apps.replace("http", "ws") + prefix + "ws", cookie, args)
                     else:
                         ws_url = direct_base.replace("http", "ws") + prefix + "ws"
-                        figures = measure(direct, prefix, ws_url, {"Authorization": f"token {app['token']}"}, args)
+                        figures = measure(
+                            direct,
+                            prefix,
+                            ws_url,
+                            {"Authorization": f"token {app['token']}"},
+                            args,
+                            ws_socket=lambda: proven_socket(app["host"], app["port"], proof),
+                        )
                     runs[kind].append({**figures, "load": os.getloadavg()[0]})
                     print(f"round {round_ + 1} {kind}: {json.dumps(runs[kind][-1])}", file=sys.stderr)
                 for _ in range(args.requests):
@@ -228,7 +294,8 @@ def main() -> None:
     lines = [
         f"app proxy vs direct ({args.requests} GETs, {args.download_mb:g} MB down, {args.upload_mb:g} MB up, "
         f"{args.messages} websocket messages; medians of {args.repeat} rounds, interleaved; standalone console, "
-        f"process runtime, direct: the agent's relay into the session's sandbox, which the proxy reaches; "
+        f"process runtime, direct: the agent's relay into the session's sandbox, which the proxy reaches, "
+        f"each connection proven as the web's are; "
         f"{os.cpu_count()} CPUs, load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after, "
         f"{proxy_loads} after each proxy round)",
         f"{'':32}{'direct':>10}{'proxy':>10}{'proxy/direct':>14}",
