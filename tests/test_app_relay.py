@@ -1,7 +1,9 @@
 """The app relay's proof (protocol/app_relay.py, issue 37.2) and the web's side that writes it
 (sessions/serving/relay_connect.py), without a network: what the agent accepts and refuses, and
-that the web's connections to a relay, and only those, start with the proof. The relay itself, on
-a real container, is tests/test_docker_runtime.py's; across hosts, tests/multihost."""
+that the web's connections to a relay, and only those, start with the proof; and, on loopback, a
+real relay that refuses the web's old key gets the request again under the agent's new one. The
+relay itself, on a real container, is tests/test_docker_runtime.py's; across hosts, tests/multihost;
+a real agent restarted, tests/test_session_apps_e2e.py's."""
 from __future__ import annotations
 
 import asyncio
@@ -86,3 +88,86 @@ def test_the_webs_connections_to_a_relay_and_only_those_start_with_its_proof():
     finally:
         RELAYS.pop(("10.0.0.5", 40000), None)
         RELAYS.pop(("172.17.0.2", 8888), None)
+
+
+@pytest.mark.django_db(transaction=True)  # the proxy's check reads on Channels' database thread
+def test_a_relay_that_refuses_the_webs_old_key_on_the_same_address_gets_the_request_again_under_the_agents_new_one(
+        settings, alices_session, alice, monkeypatch):
+    """A keyless node's agent restarted: its new relay (a real one: agent.session_apps.relay_pipe
+    under a new random key) listens where the web still remembers the old relay, with the old key.
+    The relay closes the web's connection at its proof, before a byte reaches the app; the proxy asks
+    the agent again (its answer on the channel layer: the new key), and sends the body-less request
+    again: the browser gets the app's answer, not a 502."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+    from django.core.cache import cache
+
+    from agent.session_apps import relay_pipe
+    from protocol.channel import AgentLink
+    from sessions.serving import proxy, session_apps
+    from tests.test_app_origin import _apps_request
+
+    scope, session = _apps_request(settings, alices_session, alice)
+    cache.set(session_apps.TOKEN_KEY.format(session=session, app="echo"), "app-token")
+    node = alices_session.node.name
+    new = RelayGuard.for_node(node=node, node_key="")  # the restarted agent's random key
+    old = RelayGuard.for_node(node=node, node_key="")
+    asked, refused = [], []
+
+    async def app(reader, writer):  # the app in the session: one answer per connection
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\nconnection: close\r\n\r\nhello\n")
+        await writer.drain()
+        writer.close()
+
+    async def agent(relay_port: int) -> None:  # the restarted agent's answer to the web's pty.app_status
+        layer = get_channel_layer()
+        channel = await layer.new_channel("h8-agent.")
+        await layer.group_add(AgentLink(node=node, key="").pty_group(session), channel)
+        while True:
+            message = await layer.receive(channel)
+            asked.append(message["type"])
+            await layer.send(message["reply_channel"], {"type": "app.status", "running": True, "host": "127.0.0.1",
+                                                        "port": relay_port, **new.answer_fields()})
+
+    async def get() -> tuple[int, bytes]:
+        app_server = await asyncio.start_server(app, "127.0.0.1", 0)
+        target = app_server.sockets[0].getsockname()[:2]
+
+        def proof(line: bytes) -> None:
+            try:
+                new.check(line, session_id=session, app="echo")
+            except RelayRefused:
+                refused.append(line)
+                raise
+
+        relay = await asyncio.start_server(lambda r, w: relay_pipe(r, w, target, proof=proof, node=node), "127.0.0.1", 0)
+        port = relay.sockets[0].getsockname()[1]
+        answering = asyncio.create_task(agent(port))
+        # What the web kept from before the restart: this address, and the old key.
+        session_apps.APP_TARGETS[(session, "echo")] = ("127.0.0.1", port, time.monotonic() + 600)
+        relay_remember("127.0.0.1", port, RelayProof(key=old.key, node=node, session_id=session, app="echo"))
+        sent, never, request = [], asyncio.get_running_loop().create_future(), []
+
+        async def receive():
+            if not request:
+                request.append(1)
+                return {"type": "http.request", "body": b"", "more_body": False}
+            return await never
+
+        async def send(message):
+            sent.append(message)
+
+        try:
+            await proxy.AppHttpProxy()(dict(scope), receive, send)
+        finally:
+            answering.cancel()
+            relay.close()
+            app_server.close()
+            RELAYS.pop(("127.0.0.1", port), None)
+            session_apps.APP_TARGETS.pop((session, "echo"), None)
+            await proxy._clients.pop(id(asyncio.get_running_loop())).aclose()
+        return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+    assert async_to_sync(get)() == (200, b"hello\n")
+    assert len(refused) == 1 and asked == ["pty.app_status"]  # the old key once, then the agent asked once
