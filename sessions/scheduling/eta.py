@@ -463,6 +463,12 @@ class _Queue:
     replays: the PENDING sessions in the pass's order, their requests and expected runtimes,
     the active sessions' holdings and expected ends, and every scope the queue needs."""
 
+    _pending_read: list[ComputeSession]
+    _active_read: list[ComputeSession]
+    _facts: _Facts
+    _grants: dict[str, list]
+    limits: dict[str, int]
+
     def __init__(
         self,
         *,

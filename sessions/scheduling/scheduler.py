@@ -30,7 +30,7 @@ from functools import partial
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import F, Field
 from django.utils import timezone
 
 import protocol
@@ -371,21 +371,20 @@ def _sessions_update(sessions: list[ComputeSession], fields: tuple[str, ...]) ->
     unnest of one array per column): Django's bulk_update builds a CASE of one expression per
     session and field, which at 1,000 placed sessions cost most of a pass (27 s of 100 in a
     profile of issue 35's benchmark). Elsewhere, or for a field of another type, bulk_update."""
-    columns = [ComputeSession._meta.get_field(name) for name in fields if name != "version"]
+    columns = [_field(name) for name in fields if name != "version"]
     if connection.vendor != "postgresql" or any(f.get_internal_type() not in _PLAIN_TYPES for f in columns):
         ComputeSession.objects.bulk_update(sessions, list(fields), batch_size=500)
         return
     table = connection.ops.quote_name(ComputeSession._meta.db_table)
-    pk = ComputeSession._meta.pk
-    assert pk is not None
-    names = [connection.ops.quote_name(f.column) for f in columns]
+    pk = _field(ComputeSession._meta.pk.name if ComputeSession._meta.pk else "id")
+    names = [connection.ops.quote_name(str(f.column)) for f in columns]
     sets = [f"{name} = v.{name}" for name in names]
     if "version" in fields:
         sets.append('"version" = t."version" + 1')
     arrays = ", ".join(f"%s::{f.db_type(connection)}[]" for f in [pk, *columns])
     sql = (
         f"UPDATE {table} AS t SET {', '.join(sets)} FROM unnest({arrays}) AS v(pk, {', '.join(names)}) "
-        f"WHERE t.{connection.ops.quote_name(pk.column)} = v.pk"
+        f"WHERE t.{connection.ops.quote_name(str(pk.column))} = v.pk"
     )
     with connection.cursor() as cursor:
         for start in range(0, len(sessions), 1000):
@@ -393,6 +392,13 @@ def _sessions_update(sessions: list[ComputeSession], fields: tuple[str, ...]) ->
             params = [[pk.get_db_prep_value(s.pk, connection) for s in batch]]
             params += [[f.get_db_prep_value(getattr(s, f.attname), connection) for s in batch] for f in columns]
             cursor.execute(sql, params)
+
+
+def _field(name: str) -> Field:
+    """ComputeSession's concrete field `name`."""
+    found = ComputeSession._meta.get_field(name)
+    assert isinstance(found, Field)
+    return found
 
 
 class _PassView(RememberingReadView):
