@@ -31,7 +31,8 @@ def user(django_user_model):
 
 def pending(user, count: int, shares: str = "0.5", **extra) -> list[ComputeSession]:
     """`count` sessions written PENDING (their on-commit scheduling is not run)."""
-    return [admission.session_create(owner=user, name=f"s{i}", resources={"cuda.shares": shares, **extra})
+    first = ComputeSession.objects.filter(owner=user).count()  # names apart from the user's earlier ones
+    return [admission.session_create(owner=user, name=f"s{first + i}", resources={"cuda.shares": shares, **extra})
             for i in range(count)]
 
 

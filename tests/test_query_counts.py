@@ -49,7 +49,7 @@ def launch(owner, count: int, resources: dict) -> list:
     from sessions.scheduling.scheduler import schedule_pending
     from sessions.admission.launch import session_create
 
-    sessions = [session_create(owner=owner, name=f"s{i}", resources={**resources, "mem": "64M"}) for i in range(count)]
+    sessions = [session_create(owner=owner, name="", resources={**resources, "mem": "64M"}) for i in range(count)]
     schedule_pending()
     return sessions
 
