@@ -171,3 +171,79 @@ def test_a_relay_that_refuses_the_webs_old_key_on_the_same_address_gets_the_requ
 
     assert async_to_sync(get)() == (200, b"hello\n")
     assert len(refused) == 1 and asked == ["pty.app_status"]  # the old key once, then the agent asked once
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_websocket_to_a_relay_that_refuses_the_webs_old_key_is_opened_under_the_agents_new_one(
+        settings, alices_session, alice):
+    """As above, for a websocket before the browser's is accepted: the relay closes the web's
+    connection at its proof, the agent is asked again, and the websocket opens through the relay."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+    from django.core.cache import cache
+    from websockets.asyncio.server import serve
+
+    from agent.session_apps import relay_pipe
+    from protocol.channel import AgentLink
+    from sessions.serving import proxy, session_apps
+    from tests.test_app_origin import _apps_request
+
+    scope, session = _apps_request(settings, alices_session, alice)
+    scope = {**scope, "type": "websocket", "scheme": "ws", "path": f"/sessions/{session}/apps/echo/ws", "subprotocols": []}
+    cache.set(session_apps.TOKEN_KEY.format(session=session, app="echo"), "app-token")
+    node = alices_session.node.name
+    new, old = RelayGuard.for_node(node=node, node_key=""), RelayGuard.for_node(node=node, node_key="")
+    asked, refused = [], []
+
+    async def echo(connection):  # the app in the session: its websocket echoes
+        async for text in connection:
+            await connection.send(text)
+
+    async def agent(relay_port: int) -> None:
+        layer = get_channel_layer()
+        channel = await layer.new_channel("h8-agent.")
+        await layer.group_add(AgentLink(node=node, key="").pty_group(session), channel)
+        while True:
+            message = await layer.receive(channel)
+            asked.append(message["type"])
+            await layer.send(message["reply_channel"], {"type": "app.status", "running": True, "host": "127.0.0.1",
+                                                        "port": relay_port, **new.answer_fields()})
+
+    async def talk() -> list[dict]:
+        async with serve(echo, "127.0.0.1", 0) as app_server:
+            target = next(iter(app_server.sockets)).getsockname()[:2]
+
+            def proof(line: bytes) -> None:
+                try:
+                    new.check(line, session_id=session, app="echo")
+                except RelayRefused:
+                    refused.append(line)
+                    raise
+
+            relay = await asyncio.start_server(lambda r, w: relay_pipe(r, w, target, proof=proof, node=node), "127.0.0.1", 0)
+            port = relay.sockets[0].getsockname()[1]
+            answering = asyncio.create_task(agent(port))
+            session_apps.APP_TARGETS[(session, "echo")] = ("127.0.0.1", port, time.monotonic() + 600)
+            relay_remember("127.0.0.1", port, RelayProof(key=old.key, node=node, session_id=session, app="echo"))
+            inbox: asyncio.Queue = asyncio.Queue()
+            for message in ({"type": "websocket.connect"}, {"type": "websocket.receive", "text": "ping"}):
+                inbox.put_nowait(message)
+            sent: list[dict] = []
+
+            async def send(message):
+                sent.append(message)
+                if message["type"] == "websocket.send":
+                    inbox.put_nowait({"type": "websocket.disconnect", "code": 1000})
+
+            try:
+                await asyncio.wait_for(proxy.AppWebsocketProxy()(dict(scope), inbox.get, send), timeout=30)
+            finally:
+                answering.cancel()
+                relay.close()
+                RELAYS.pop(("127.0.0.1", port), None)
+                session_apps.APP_TARGETS.pop((session, "echo"), None)
+            return sent
+
+    sent = async_to_sync(talk)()
+    assert [m["type"] for m in sent[:2]] == ["websocket.accept", "websocket.send"] and sent[1]["text"] == "ping", sent
+    assert len(refused) == 1 and asked == ["pty.app_status"]
