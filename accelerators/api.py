@@ -214,7 +214,7 @@ _SHOWN: dict = {}  # node pk → _Shown; per process, as the kept view is
 
 def _row(node: Node) -> tuple:
     """What NodeSerializer reads of `node` itself: its row's values and its group's name."""
-    group = node.resource_group.name if node.resource_group_id is not None else None
+    group = node.resource_group.name if node.resource_group is not None else None  # select_related: no query
     return (*(getattr(node, f.attname) for f in Node._meta.concrete_fields), group)
 
 
