@@ -44,14 +44,16 @@ def test_a_second_live_session_of_one_name_is_a_400_naming_the_field_and_the_fir
 
 
 @pytest.mark.django_db
-def test_the_preview_refuses_a_taken_name_as_the_launch_does_and_a_blank_name_passes(demo_cluster, alice):
+def test_the_preview_says_a_taken_name_is_refused_and_a_blank_name_passes(demo_cluster, alice):
     api = client_for(alice)
     assert launch(api, "train").status_code == 201
-    refused = api.post("/api/v1/sessions/preview/", {"name": "train", "resources": HALF}, format="json")
-    assert assert_error_shape(refused, 400)["type"] == "name-taken"
+    refused = api.post("/api/v1/sessions/preview/", {"name": "train", "resources": HALF}, format="json").json()
+    assert (refused["outcome"], refused["refusal"]) == ("refused", "name-taken")
+    assert refused["name_error"].startswith("you already have a session named 'train' that has not ended (")
     for name in ("", "other"):
         answer = api.post("/api/v1/sessions/preview/", {"name": name, "resources": HALF}, format="json")
         assert answer.status_code == 200, answer.content
+        assert answer.json()["name_error"] == "" and answer.json()["refusal"] == ""
 
 
 @pytest.mark.django_db

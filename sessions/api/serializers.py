@@ -441,7 +441,12 @@ class PreviewSerializer(serializers.Serializer):
         help_text="the launch's error type when refused: "
         '"never-schedulable", "quota-exceeded", '
         '"resource-group-reserved", or for pinned `devices` no node in reach has "unknown-device", '
-        '"device-not-in-group", "device-not-usable"; "" otherwise',
+        '"device-not-in-group", "device-not-usable", or "name-taken" (`name_error`); "" otherwise',
+    )
+    name_error = serializers.CharField(
+        allow_blank=True,
+        required=False,
+        help_text='the launch\'s refusal of its `name` (one of your sessions not ended has it); "" when the name is free',
     )
     fits_now = serializers.BooleanField(help_text="a node can take it right now")
     never = serializers.BooleanField(help_text="no registered node could ever take it")

@@ -464,7 +464,8 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
         "(sessions.scheduling.placement); per device what it would get, or why it waits or is "
         "refused; and when it would start (`eta`, a band from the queue's replay with this request "
         "joining it, as a pending session's ETA). Same body as launching; nothing is created. "
-        'A `name` one of your sessions not ended has is refused as the launch refuses it (400, type "name-taken").',
+        'A `name` one of your sessions not ended has is answered as the launch would refuse it: `outcome` "refused", '
+        '`refusal` "name-taken", `name_error` what the launch\'s 400 says of the field `name`.',
     )
     @action(detail=False, methods=["post"])
     def preview(self, request):
@@ -472,9 +473,13 @@ class SessionViewSet(ListETagMixin, mixins.ListModelMixin, viewsets.GenericViewS
         data = SessionCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         fields = launch_with_preset(user=request.user, data=data.validated_data)
-        session_name_check(owner=request.user, name=fields.get("name", ""))  # 400 as the launch's
         answer = launch_preview(resources=fields["resources"], image=fields["image"], owner=request.user)
         answer["eta"] = preview_eta(user=request.user, fields=fields, preview=answer)
+        try:  # a name taken is a refusal of the launch, said as the others are: in the answer
+            session_name_check(owner=request.user, name=fields.get("name", ""))
+            answer["name_error"] = ""
+        except ApplicationError as exc:
+            answer.update(outcome="refused", refusal=exc.type, name_error=exc.field_errors["name"][0])
         return Response(answer)
 
     @extend_schema(

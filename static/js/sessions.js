@@ -1345,6 +1345,7 @@
 
   function renderPreview(data) {
     serverErrors = {};
+    if (data.name_error) serverErrors["session-name"] = data.name_error; // a name taken: said under Name
     // A pinned device no node in reach has: said under "Only these GPUs" too, opened to show it.
     if (data.never && DEVICE_REFUSALS.indexOf(data.refusal) !== -1) {
       serverErrors["pin-devices"] = data.reason;
@@ -1352,7 +1353,8 @@
     }
     validate();
     var never = data.never_detail || null; // a request too large in parts: asked, the most any node gives, what to do
-    if (data.fits_now) showPreview("now", "starts now" + (data.node ? " on " + data.node : ""));
+    if (data.refusal === "name-taken") showPreview("invalid", "not valid: name in use");
+    else if (data.fits_now) showPreview("now", "starts now" + (data.node ? " on " + data.node : ""));
     else if (data.never && DEVICE_REFUSALS.indexOf(data.refusal) !== -1) // its first sentence; the whole under the field
       showPreview("never", "cannot launch: " + String(data.reason).replace(/^devices: /, "").split(/(?<=\.) /)[0]);
     else if (data.never && never) showPreview("never", "too large for any node");
