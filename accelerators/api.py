@@ -9,8 +9,12 @@ fGPU as decimal text ("1.50"), never floats.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import dataclasses
 from dataclasses import dataclass
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 from django.db.models import Prefetch
 from django.http import Http404
@@ -40,6 +44,7 @@ from common.api_support import (
     TextFilter,
     ViewMixinBase,
     admin_write_docs,
+    page_etag,
 )
 
 
@@ -207,6 +212,7 @@ class _Shown:
     devices: list  # DeviceSerializer's dicts
     row: tuple = ()  # the node's row and its resource group's name ((): not shown whole yet)
     data: dict | None = None  # NodeSerializer's dict
+    digest: str = ""  # node_digest(data)
 
 
 _SHOWN: dict = {}  # node pk → _Shown; per process, as the kept view is
@@ -218,29 +224,52 @@ def _row(node: Node) -> tuple:
     return (*(getattr(node, f.attname) for f in Node._meta.concrete_fields), group)
 
 
+def node_digest(data: dict) -> str:
+    """32 hex digits of SHA-256 over one node's dict as JSON (sorted keys, as `page_etag`)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, cls=DjangoJSONEncoder).encode()).hexdigest()[:32]
+
+
 @dataclass
 class NodePage:
     """A page of the node list as `node_list_page` read it (issue 35.2: a page costs what
     changed, not the cluster). `devices`: each node's devices as DeviceSerializer shows them;
-    `entries`: the kept cluster view's entries then ({}: nothing is kept)."""
+    `entries`: the kept cluster view's entries then ({}: nothing is kept); `digests`: node name →
+    `node_digest` of each node shown so far (kept with the node's dict)."""
 
     settings: tuple
     entries: dict
     devices: dict
+    digests: dict = dataclasses.field(default_factory=dict)
 
     def shown(self, node: Node, render) -> dict:
         """NodeSerializer's dict for `node`: the one kept from an earlier request while the node's
         entry in the kept view, the fractional settings and the node's row are the same, else
-        `render()` (and kept)."""
+        `render()` (and kept, with its digest)."""
         entry, kept = self.entries.get(str(node.pk)), _SHOWN.get(node.pk)
         row = _row(node)
         if entry is not None and kept is not None and kept.entry is entry and kept.settings == self.settings:
             if kept.data is not None and kept.row == row:
+                self.digests[node.name] = kept.digest
                 return kept.data
         data = render()
+        digest = self.digests[node.name] = node_digest(data)
         if entry is not None:
-            _SHOWN[node.pk] = _Shown(entry=entry, settings=self.settings, devices=self.devices[node.pk], row=row, data=data)
+            _SHOWN[node.pk] = _Shown(
+                entry=entry, settings=self.settings, devices=self.devices[node.pk], row=row, data=data, digest=digest
+            )
         return data
+
+    def etag(self, data: dict) -> str | None:
+        """The list's weak ETag for `data` (the paginated body: count, next, previous, results)
+        from its nodes' digests, as `page_etag` changes with any change to the body but without
+        encoding it whole; None when a node of `results` was not shown through this page."""
+        try:
+            digests = [self.digests[node["name"]] for node in data["results"]]
+        except (KeyError, TypeError):
+            return None
+        outline = {key: value for key, value in data.items() if key != "results"}
+        body = json.dumps([outline, digests], sort_keys=True, cls=DjangoJSONEncoder).encode()
+        return f'W/"{hashlib.sha256(body).hexdigest()[:32]}"'
 
 
 def node_list_page(nodes: list[Node]) -> NodePage:
@@ -425,9 +454,16 @@ class NodeViewSet(ETagMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelView
     def get_serializer(self, *args, **kwargs):
         if kwargs.get("many") and args and args[0] is not None:  # a page of the list
             rows = list(args[0])
-            kwargs["context"] = {**self.get_serializer_context(), "node_page": node_list_page(rows)}
+            self.node_page = node_list_page(rows)
+            kwargs["context"] = {**self.get_serializer_context(), "node_page": self.node_page}
             args = (rows, *args[1:])
         return super().get_serializer(*args, **kwargs)
+
+    def list_etag(self, data) -> str:
+        """From the page's nodes' digests (NodePage.etag): no second encoding of the body."""
+        page: NodePage | None = getattr(self, "node_page", None)
+        tag = page.etag(data) if page is not None else None
+        return page_etag(data) if tag is None else tag
 
 
 @extend_schema(

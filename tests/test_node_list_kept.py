@@ -99,3 +99,26 @@ def test_a_page_read_again_unchanged_reads_no_device_and_each_change_shows_at_on
     assert drained == unkept(api) and drained["results"][2]["drain"]["reason"] == "driver upgrade"
     Node.objects.filter(name="gpu-node-2").update(drain_reason="new driver")  # not in the change log either
     assert listed(api)[0]["results"][2]["drain"]["reason"] == "new driver" == unkept(api)["results"][2]["drain"]["reason"]
+
+
+def test_the_pages_etag_comes_from_its_nodes_digests_and_changes_with_any_node_on_the_page(api):
+    gpu_cluster(nodes=4, gpus=2)
+    first = api.get(NODES)
+    tag, names = first["ETag"], [n["name"] for n in first.json()["results"]]
+    with transaction.atomic():
+        assert api.get(NODES)["ETag"] == tag  # the same page shown with nothing kept: the same tag
+    again = api.get(NODES, HTTP_IF_NONE_MATCH=tag)
+    assert (again.status_code, again.content, again["ETag"]) == (304, b"", tag)
+
+    (off_page,) = Node.objects.exclude(name__in=names).values_list("name", flat=True)
+    Node.objects.filter(name=off_page).update(last_heartbeat=timezone.now())
+    assert api.get(NODES, HTTP_IF_NONE_MATCH=tag).status_code == 304  # not on the page: the same body
+
+    Node.objects.filter(name=names[1]).update(last_heartbeat=timezone.now())  # not in the change log
+    beat = api.get(NODES, HTTP_IF_NONE_MATCH=tag)
+    assert beat.status_code == 200 and beat["ETag"] != tag
+    with transaction.atomic():
+        assert api.get(NODES)["ETag"] == beat["ETag"]
+
+    second_page = api.get(NODES + "&offset=3")  # another page (next, previous, results): another tag
+    assert second_page.status_code == 200 and second_page["ETag"] not in (tag, beat["ETag"])
