@@ -25,6 +25,8 @@ from rest_framework import mixins, serializers, viewsets
 from rest_framework.fields import SkipField
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAdminUser
+from rest_framework.renderers import JSONRenderer
+from rest_framework.settings import api_settings
 from rest_framework.response import Response
 
 from protocol.units import format_number
@@ -211,8 +213,22 @@ class _Shown:
     settings: tuple  # the fractional settings' rows then
     devices: list  # DeviceSerializer's dicts
     row: tuple = ()  # the node's row and its resource group's name ((): not shown whole yet)
-    data: dict | None = None  # NodeSerializer's dict
-    digest: str = ""  # node_digest(data)
+    text: _NodeText | None = None  # NodeSerializer's dict, its JSON and digest
+
+
+@dataclass(frozen=True)
+class _NodeText:
+    """One node's dict as NodeSerializer shows it, its JSON as the list's renderer writes it
+    (NodeListRenderer), and 32 hex digits of SHA-256 over that JSON."""
+
+    data: dict
+    json: bytes
+    digest: str
+
+
+def _node_text(data: dict) -> _NodeText:
+    text = JSONRenderer().render(data)
+    return _NodeText(data=data, json=text, digest=hashlib.sha256(text).hexdigest()[:32])
 
 
 _SHOWN: dict = {}  # node pk → _Shown; per process, as the kept view is
@@ -224,52 +240,67 @@ def _row(node: Node) -> tuple:
     return (*(getattr(node, f.attname) for f in Node._meta.concrete_fields), group)
 
 
-def node_digest(data: dict) -> str:
-    """32 hex digits of SHA-256 over one node's dict as JSON (sorted keys, as `page_etag`)."""
-    return hashlib.sha256(json.dumps(data, sort_keys=True, cls=DjangoJSONEncoder).encode()).hexdigest()[:32]
-
-
 @dataclass
 class NodePage:
     """A page of the node list as `node_list_page` read it (issue 35.2: a page costs what
     changed, not the cluster). `devices`: each node's devices as DeviceSerializer shows them;
-    `entries`: the kept cluster view's entries then ({}: nothing is kept); `digests`: node name →
-    `node_digest` of each node shown so far (kept with the node's dict)."""
+    `entries`: the kept cluster view's entries then ({}: nothing is kept); `texts`: node name →
+    its dict, JSON and digest, for each node shown so far (kept with the node)."""
 
     settings: tuple
     entries: dict
     devices: dict
-    digests: dict = dataclasses.field(default_factory=dict)
+    texts: dict = dataclasses.field(default_factory=dict)
 
     def shown(self, node: Node, render) -> dict:
         """NodeSerializer's dict for `node`: the one kept from an earlier request while the node's
         entry in the kept view, the fractional settings and the node's row are the same, else
-        `render()` (and kept, with its digest)."""
+        `render()` (and kept, with its JSON and digest)."""
         entry, kept = self.entries.get(str(node.pk)), _SHOWN.get(node.pk)
         row = _row(node)
         if entry is not None and kept is not None and kept.entry is entry and kept.settings == self.settings:
-            if kept.data is not None and kept.row == row:
-                self.digests[node.name] = kept.digest
-                return kept.data
-        data = render()
-        digest = self.digests[node.name] = node_digest(data)
+            if kept.text is not None and kept.row == row:
+                self.texts[node.name] = kept.text
+                return kept.text.data
+        text = self.texts[node.name] = _node_text(render())
         if entry is not None:
-            _SHOWN[node.pk] = _Shown(
-                entry=entry, settings=self.settings, devices=self.devices[node.pk], row=row, data=data, digest=digest
-            )
-        return data
+            _SHOWN[node.pk] = _Shown(entry=entry, settings=self.settings, devices=self.devices[node.pk], row=row, text=text)
+        return text.data
+
+    def results_texts(self, results) -> list[_NodeText] | None:
+        """The texts of `results` (a page's shown dicts, in order), or None when one of them is
+        not the dict this page showed for its node."""
+        try:
+            texts = [self.texts[node["name"]] for node in results]
+        except (KeyError, TypeError):
+            return None
+        return texts if all(text.data is node for text, node in zip(texts, results, strict=True)) else None
 
     def etag(self, data: dict) -> str | None:
         """The list's weak ETag for `data` (the paginated body: count, next, previous, results)
         from its nodes' digests, as `page_etag` changes with any change to the body but without
         encoding it whole; None when a node of `results` was not shown through this page."""
-        try:
-            digests = [self.digests[node["name"]] for node in data["results"]]
-        except (KeyError, TypeError):
+        texts = self.results_texts(data.get("results")) if isinstance(data, dict) else None
+        if texts is None:
             return None
         outline = {key: value for key, value in data.items() if key != "results"}
-        body = json.dumps([outline, digests], sort_keys=True, cls=DjangoJSONEncoder).encode()
+        body = json.dumps([outline, [text.digest for text in texts]], sort_keys=True, cls=DjangoJSONEncoder).encode()
         return f'W/"{hashlib.sha256(body).hexdigest()[:32]}"'
+
+
+class NodeListRenderer(JSONRenderer):
+    """DRF's JSONRenderer, except that a page of the node list is written from its nodes' JSON
+    as NodePage keeps it (the same bytes: JSON without indent is the concatenation of its
+    items'), not encoded again; anything else as JSONRenderer writes it."""
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        page: NodePage | None = getattr((renderer_context or {}).get("view"), "node_page", None)
+        paged = isinstance(data, dict) and list(data)[-1:] == ["results"]
+        texts = page.results_texts(data["results"]) if page is not None and paged else None
+        if texts is None or self.get_indent(accepted_media_type, renderer_context or {}) is not None:
+            return super().render(data, accepted_media_type, renderer_context)
+        head = super().render({**data, "results": []}, accepted_media_type, renderer_context)
+        return head[: -len(b"[]}")] + b"[" + b",".join(text.json for text in texts) + b"]}"
 
 
 def node_list_page(nodes: list[Node]) -> NodePage:
@@ -442,6 +473,7 @@ class NodeViewSet(ETagMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelView
     lookup_value_regex = r"[A-Za-z0-9_.\-]+"
     http_method_names = ["get", "put", "patch", "head", "options"]
     etag_fields = ["device_split_count", "memory_scaling", "core_scaling", "resource_group_id"]
+    renderer_classes = [NodeListRenderer, *(r for r in api_settings.DEFAULT_RENDERER_CLASSES if r is not JSONRenderer)]
 
     def get_serializer_class(self):
         return NodeSettingsSerializer if self.request and self.request.method in ("PUT", "PATCH") else NodeSerializer
@@ -460,7 +492,7 @@ class NodeViewSet(ETagMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelView
         return super().get_serializer(*args, **kwargs)
 
     def list_etag(self, data) -> str:
-        """From the page's nodes' digests (NodePage.etag): no second encoding of the body."""
+        """From the page's nodes' digests (NodePage.etag): no encoding of the body for it."""
         page: NodePage | None = getattr(self, "node_page", None)
         tag = page.etag(data) if page is not None else None
         return page_etag(data) if tag is None else tag

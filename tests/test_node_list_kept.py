@@ -10,6 +10,7 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from rest_framework.renderers import JSONRenderer
 
 from accelerators.models import FractionalSettings, Node
 from tests.conftest import client_for
@@ -109,6 +110,8 @@ def test_the_pages_etag_comes_from_its_nodes_digests_and_changes_with_any_node_o
         assert api.get(NODES)["ETag"] == tag  # the same page shown with nothing kept: the same tag
     again = api.get(NODES, HTTP_IF_NONE_MATCH=tag)
     assert (again.status_code, again.content, again["ETag"]) == (304, b"", tag)
+    kept = api.get(NODES)  # written from the kept nodes' JSON (NodeListRenderer): DRF's bytes
+    assert kept.content == first.content == JSONRenderer().render(first.json()) and kept["ETag"] == tag
 
     (off_page,) = Node.objects.exclude(name__in=names).values_list("name", flat=True)
     Node.objects.filter(name=off_page).update(last_heartbeat=timezone.now())
