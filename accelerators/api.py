@@ -25,8 +25,7 @@ from rest_framework import mixins, serializers, viewsets
 from rest_framework.fields import SkipField
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAdminUser
-from rest_framework.renderers import JSONRenderer
-from rest_framework.settings import api_settings
+from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.response import Response
 
 from protocol.units import format_number
@@ -473,7 +472,7 @@ class NodeViewSet(ETagMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelView
     lookup_value_regex = r"[A-Za-z0-9_.\-]+"
     http_method_names = ["get", "put", "patch", "head", "options"]
     etag_fields = ["device_split_count", "memory_scaling", "core_scaling", "resource_group_id"]
-    renderer_classes = [NodeListRenderer, *(r for r in api_settings.DEFAULT_RENDERER_CLASSES if r is not JSONRenderer)]
+    renderer_classes = [NodeListRenderer, BrowsableAPIRenderer]  # DRF's defaults, JSONRenderer's place taken
 
     def get_serializer_class(self):
         return NodeSettingsSerializer if self.request and self.request.method in ("PUT", "PATCH") else NodeSerializer
