@@ -13,7 +13,10 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
+import queue
 import secrets
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -73,8 +76,11 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
 
     `session` as read with its node (its status decides which move is tried first; each is a
     compare-and-set, so a stale read only costs a statement). The move to TERMINATING is one
-    UPDATE, so outside a transaction the stop goes out as soon as it is committed, before the
-    session is read back (issue 14: terminate's latency); inside one, after that commits."""
+    UPDATE, so outside a transaction the stop goes out as soon as it is committed (issue 14:
+    terminate's latency); inside one, after that commits. That UPDATE also matches the version
+    read, so the session is not read back after it unless it changed meanwhile (issue 35.3); the
+    stop's task is handed to a thread of its own (`_send_stop`), so the caller does not wait for
+    the broker."""
     if session.status == SessionStatus.PENDING:
         if _cancel_pending(session):
             return session
@@ -88,18 +94,28 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
             session.refresh_from_db()
             return session
         reason += fence
-    moved = ComputeSession.objects.filter(
-        pk=session.pk, status__in=(SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING)
-    ).update(status=SessionStatus.TERMINATING, status_reason=reason, version=NEXT_VERSION)
+    placed = ComputeSession.objects.filter(pk=session.pk, status__in=_PLACED)
+    # The state as read, unchanged since (same version): the UPDATE says all the session now holds,
+    # so it is not read back (issue 35.3: one query less before the DELETE's answer).
+    moved = session.status in _PLACED and placed.filter(version=session.version).update(
+        status=SessionStatus.TERMINATING, status_reason=reason, version=session.version + 1
+    )
     if moved:
-        _stop_on_commit(session)  # first: the stop does not wait for the read back or the notice
-    session.refresh_from_db(fields=SHOWN_STATE)  # keeps the node read with it (unchanged here)
+        _stop_on_commit(session)  # first: the stop does not wait for the notice
+        session.status, session.status_reason, session.version = SessionStatus.TERMINATING, reason, session.version + 1
+    else:  # changed since it was read (a report meanwhile): moved by its status alone, then read back
+        moved = placed.update(status=SessionStatus.TERMINATING, status_reason=reason, version=NEXT_VERSION)
+        if moved:
+            _stop_on_commit(session)
+        session.refresh_from_db(fields=SHOWN_STATE)  # keeps the node read with it (unchanged here)
     if moved:
         events.session_notify(session)
     elif session.status == SessionStatus.TERMINATING:  # asked again: the stop may have been lost
         _stop_on_commit(session)
     return session
 
+
+_PLACED = (SessionStatus.SCHEDULED, SessionStatus.PREPARING, SessionStatus.RUNNING)  # what session_terminate moves to TERMINATING
 
 FENCED = "; releasing its devices when node "  # the rest of a fenced session's reason: `fence_reason`
 FENCE_EXPIRED = "; its node was silent past FGPU_FENCE_TIMEOUT_SECONDS: its processes are assumed gone"
@@ -134,6 +150,48 @@ def _stop_on_commit(session: ComputeSession) -> None:
     assert session.node is not None  # SCHEDULED, PREPARING, RUNNING and TERMINATING sessions have one
     link, session_id = events.agent_link(session.node), str(session.pk)  # the node as read with the session: its key too
     transaction.on_commit(lambda: _send_stop(link, session_id))
+
+
+class _StopSender:
+    """Sends the stops' SESSION_STOP tasks from one thread of this process, in the order they were
+    made, so a DELETE's answer does not wait for the broker's round trip (issue 35.3). Best-effort
+    as the send itself was: a process that dies loses the stops not yet sent, and a stop sent late
+    is sent again by the reconciliation of the agent's next heartbeat (sessions.lifecycle.reconcile);
+    the `pty.stop` beside it is not delayed. A process forked after the thread started (a Celery
+    worker) starts its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+
+    def send(self, node: str, session_id: str) -> None:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid, self._queue = os.getpid(), queue.SimpleQueue()
+                threading.Thread(target=self._run, args=(self._queue,), name="session-stops", daemon=True).start()
+            self._queue.put((node, session_id))
+
+    @staticmethod
+    def _run(stops: queue.SimpleQueue) -> None:
+        from common.celery import TRANSIENT_ERRORS, agent_send
+
+        while True:
+            node, session_id = stops.get()
+            try:
+                agent_send(protocol.SESSION_STOP, node=node, session_id=session_id)
+            except TRANSIENT_ERRORS:
+                log.warning(
+                    "could not send the stop of session %s to %s (the broker is unreachable); the next heartbeat's "
+                    "reconciliation sends it again",
+                    session_id,
+                    node,
+                )
+            except Exception:  # a thread that ended would lose every stop after this one
+                log.exception("could not send the stop of session %s to %s", session_id, node)
+
+
+_STOPS = _StopSender()
 
 
 def _cancel_pending(session: ComputeSession) -> bool:
@@ -174,22 +232,12 @@ def session_notice(session: ComputeSession, text: str) -> None:
 def _send_stop(link: AgentLink, session_id: str) -> None:
     """Tell the node's agent (`link`: how the web reaches it, protocol.channel) to stop the session:
     `pty.stop` over the channel layer, which it takes in a millisecond while it runs (best-effort),
-    and the SESSION_STOP task, which waits in its queue while it does not (protocol). A broker that
-    cannot be reached is logged, not raised (the session is TERMINATING in the database): the
-    reconciliation of the agent's next heartbeat sends the stop again (sessions.lifecycle.reconcile)."""
-    from common.celery import TRANSIENT_ERRORS, agent_send
-
-    node_name = link.node
+    and the SESSION_STOP task, which waits in its queue while it does not (protocol), sent from
+    `_StopSender`'s thread: the caller does not wait for either. A broker that cannot be reached is
+    logged, not raised (the session is TERMINATING in the database): the reconciliation of the
+    agent's next heartbeat sends the stop again (sessions.lifecycle.reconcile)."""
     events.pty_send(link, session_id, {"type": "pty.stop"})
-    try:
-        agent_send(protocol.SESSION_STOP, node=node_name, session_id=session_id)
-    except TRANSIENT_ERRORS:
-        log.warning(
-            "could not send the stop of session %s to %s (the broker is unreachable); the next heartbeat's "
-            "reconciliation sends it again",
-            session_id,
-            node_name,
-        )
+    _STOPS.send(link.node, session_id)
 
 
 def _finish(session: ComputeSession, *, status: str, reason: str, exit_code: int | None) -> bool:
