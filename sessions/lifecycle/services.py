@@ -154,11 +154,12 @@ def _stop_on_commit(session: ComputeSession) -> None:
 
 class _StopSender:
     """Sends the stops' SESSION_STOP tasks from one thread of this process, in the order they were
-    made, so a DELETE's answer does not wait for the broker's round trip (issue 35.3). Best-effort
-    as the send itself was: a process that dies loses the stops not yet sent, and a stop sent late
-    is sent again by the reconciliation of the agent's next heartbeat (sessions.lifecycle.reconcile);
-    the `pty.stop` beside it is not delayed. A process forked after the thread started (a Celery
-    worker) starts its own."""
+    made, so a DELETE's answer does not wait for the broker's round trip (issue 35.3); where Celery is
+    eager (standalone, in-process tests) there is no broker to wait for and the task runs at once, in
+    the caller. Best-effort as the send itself was: a process that dies loses the stops not yet
+    sent, and a stop sent late is sent again by the reconciliation of the agent's next heartbeat
+    (sessions.lifecycle.reconcile); the `pty.stop` beside it is not delayed. A process forked after
+    the thread started (a Celery worker) starts its own."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -166,29 +167,38 @@ class _StopSender:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
 
     def send(self, node: str, session_id: str) -> None:
+        from common.celery import app
+
+        if app.conf.task_always_eager:  # standalone, in-process tests: no broker to wait for, the task runs here
+            self.deliver(node, session_id)
+            return
         with self._lock:
             if self._pid != os.getpid():
                 self._pid, self._queue = os.getpid(), queue.SimpleQueue()
                 threading.Thread(target=self._run, args=(self._queue,), name="session-stops", daemon=True).start()
             self._queue.put((node, session_id))
 
+    @classmethod
+    def _run(cls, stops: queue.SimpleQueue) -> None:
+        while True:
+            cls.deliver(*stops.get())
+
     @staticmethod
-    def _run(stops: queue.SimpleQueue) -> None:
+    def deliver(node: str, session_id: str) -> None:
+        """Send one stop's SESSION_STOP task now; a failure is logged, never raised."""
         from common.celery import TRANSIENT_ERRORS, agent_send
 
-        while True:
-            node, session_id = stops.get()
-            try:
-                agent_send(protocol.SESSION_STOP, node=node, session_id=session_id)
-            except TRANSIENT_ERRORS:
-                log.warning(
-                    "could not send the stop of session %s to %s (the broker is unreachable); the next heartbeat's "
-                    "reconciliation sends it again",
-                    session_id,
-                    node,
-                )
-            except Exception:  # a thread that ended would lose every stop after this one
-                log.exception("could not send the stop of session %s to %s", session_id, node)
+        try:
+            agent_send(protocol.SESSION_STOP, node=node, session_id=session_id)
+        except TRANSIENT_ERRORS:
+            log.warning(
+                "could not send the stop of session %s to %s (the broker is unreachable); the next heartbeat's "
+                "reconciliation sends it again",
+                session_id,
+                node,
+            )
+        except Exception:  # a thread that ended would lose every stop after this one
+            log.exception("could not send the stop of session %s to %s", session_id, node)
 
 
 _STOPS = _StopSender()
