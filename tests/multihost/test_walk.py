@@ -14,7 +14,8 @@ the session's id; the files API writes a file into the session and reads it back
 tornado HTTP and websocket server the files API put there) opens through the web's proxy, which
 reaches it at the agent's relay on the host's address (HTTP and a websocket echo), while the web's
 namespace cannot open a connection to the container itself, and the other host, connecting to the
-relay without the web's proof, gets nothing from the app (the agent logs the refusal); the
+relay without the web's proof, gets nothing from the app (the agent logs the refusal); JupyterLab,
+the image's own app, opens through that host's relay too (its server's API answers); the
 session's log holds the terminal's output. Then host b's
 link goes down (its agent and container go on): b's node goes LOST; a session asked for meanwhile is
 not placed on b's devices (its session holds them) nor granted a's; b's session is stopped meanwhile.
@@ -230,6 +231,17 @@ def test_the_walkthrough_runs_on_each_host_and_a_cut_host_converges_without_doub
         assert refused_from(bed, other, host.address, relay_port) == b""
         wait_until(lambda node=node: "refused a connection to an app relay" in stack.agents[node].output(), timeout=10,
                    what="the agent to log the refused connection")
+        # JupyterLab, the image's own app (its service-ports label, as the agent reported the image),
+        # through the same relay: its server's API answers through the proxy with the app's token
+        wait_until(lambda sid=sid: "jupyterlab" in [a["name"] for a in get_ok(base, f"/api/v1/sessions/{sid}/", token)["apps"]],
+                   timeout=60, what="the image's label to offer JupyterLab")
+        opened = open_app(base, alice, sid, "jupyterlab")
+        assert opened[-1]["type"] == "ready", opened
+        lab = on_apps_origin(stack.apps_base, alice, f"/sessions/{sid}/apps/jupyterlab/")
+        answer = lab.get(f"/sessions/{sid}/apps/jupyterlab/api/status")
+        assert answer.status_code == 200 and "kernels" in answer.json(), answer.text[:300]
+        assert any(f"relaying app jupyterlab of session {sid} from {host.address}:" in line
+                   for line in stack.agents[node].output().splitlines()), stack.agents[node].output()[-3000:]
         # logs
         wait_until(lambda sid=sid: "end-42" in get_ok(base, f"/api/v1/sessions/{sid}/logs/", token)["text"], timeout=30,
                    what="the terminal's output in the session's log")
