@@ -130,8 +130,11 @@ def cluster(bed, tmp_path, django_user_model, request):
             sys.stderr.write(stack.logs(tail=6000))
         client = docker.from_env()
         for node in nodes:
-            for container in client.containers.list(all=True, filters={"label": f"fgpu.node={node.name}"}):
-                container.remove(force=True)
+            for container in client.containers.list(all=True, filters={"label": f"fgpu.node={node.name}"}, sparse=True):
+                try:
+                    container.remove(force=True)
+                except docker.errors.NotFound:  # its agent removed it meanwhile
+                    pass
 
 
 def session(base: str, token: str, session_id: str) -> dict:
@@ -148,8 +151,10 @@ def launch(base: str, token: str, name: str) -> dict:
 def containers_by_node() -> dict[str, set[str]]:
     """Node → the session ids of the running containers Docker holds for it (the agents' truth)."""
     found: dict[str, set[str]] = {}
-    for container in docker.from_env().containers.list(filters={"label": "fgpu.node"}):
-        labels = container.labels
+    # sparse: the list's own answer (with its labels), no inspect of each container after it, which
+    # fails (404) for a container removed between the two, as a stopped session's is
+    for container in docker.from_env().containers.list(filters={"label": "fgpu.node"}, sparse=True):
+        labels = container.attrs.get("Labels") or {}
         if labels.get("fgpu.node", "").startswith("mh-"):
             found.setdefault(labels["fgpu.node"], set()).add(labels.get("fgpu.session", ""))
     return found
