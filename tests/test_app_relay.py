@@ -90,6 +90,46 @@ def test_the_webs_connections_to_a_relay_and_only_those_start_with_its_proof():
         RELAYS.pop(("172.17.0.2", 8888), None)
 
 
+async def _restarted_agents_relay(*, node: str, session: str, target, refused: list, asked: list):
+    """A keyless node's agent restarted: its relay (agent.session_apps.relay_pipe, on a new port) to
+    the app at `target` under a new random key, turning away (into `refused`) the proof lines it does
+    not take; the agent answering the web's `pty.app_status` (its type into `asked`) with that relay
+    and key; and the web still remembering the old key for the relay's address. Returns (the relay's
+    server, its port, the answering task)."""
+    from channels.layers import get_channel_layer
+
+    from agent.session_apps import relay_pipe
+    from protocol.channel import AgentLink
+    from sessions.serving import session_apps
+
+    new, old = RelayGuard.for_node(node=node, node_key=""), RelayGuard.for_node(node=node, node_key="")
+
+    def proof(line: bytes) -> None:
+        try:
+            new.check(line, session_id=session, app="echo")
+        except RelayRefused:
+            refused.append(line)
+            raise
+
+    relay = await asyncio.start_server(lambda r, w: relay_pipe(r, w, target, proof=proof, node=node), "127.0.0.1", 0)
+    port = relay.sockets[0].getsockname()[1]
+
+    async def agent() -> None:
+        layer = get_channel_layer()
+        channel = await layer.new_channel("h8-agent.")
+        await layer.group_add(AgentLink(node=node, key="").pty_group(session), channel)
+        while True:
+            message = await layer.receive(channel)
+            asked.append(message["type"])
+            await layer.send(message["reply_channel"], {"type": "app.status", "running": True, "host": "127.0.0.1",
+                                                        "port": port, **new.answer_fields()})
+
+    answering = asyncio.create_task(agent())
+    session_apps.APP_TARGETS[(session, "echo")] = ("127.0.0.1", port, time.monotonic() + 600)
+    relay_remember("127.0.0.1", port, RelayProof(key=old.key, node=node, session_id=session, app="echo"))
+    return relay, port, answering
+
+
 @pytest.mark.django_db(transaction=True)  # the proxy's check reads on Channels' database thread
 def test_a_relay_that_refuses_the_webs_old_key_on_the_same_address_gets_the_request_again_under_the_agents_new_one(
         settings, alices_session, alice, monkeypatch):
@@ -99,19 +139,14 @@ def test_a_relay_that_refuses_the_webs_old_key_on_the_same_address_gets_the_requ
     the agent again (its answer on the channel layer: the new key), and sends the body-less request
     again: the browser gets the app's answer, not a 502."""
     from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
     from django.core.cache import cache
 
-    from agent.session_apps import relay_pipe
-    from protocol.channel import AgentLink
     from sessions.serving import proxy, session_apps
     from tests.test_app_origin import _apps_request
 
     scope, session = _apps_request(settings, alices_session, alice)
     cache.set(session_apps.TOKEN_KEY.format(session=session, app="echo"), "app-token")
     node = alices_session.node.name
-    new = RelayGuard.for_node(node=node, node_key="")  # the restarted agent's random key
-    old = RelayGuard.for_node(node=node, node_key="")
     asked, refused = [], []
 
     async def app(reader, writer):  # the app in the session: one answer per connection
@@ -120,33 +155,11 @@ def test_a_relay_that_refuses_the_webs_old_key_on_the_same_address_gets_the_requ
         await writer.drain()
         writer.close()
 
-    async def agent(relay_port: int) -> None:  # the restarted agent's answer to the web's pty.app_status
-        layer = get_channel_layer()
-        channel = await layer.new_channel("h8-agent.")
-        await layer.group_add(AgentLink(node=node, key="").pty_group(session), channel)
-        while True:
-            message = await layer.receive(channel)
-            asked.append(message["type"])
-            await layer.send(message["reply_channel"], {"type": "app.status", "running": True, "host": "127.0.0.1",
-                                                        "port": relay_port, **new.answer_fields()})
-
     async def get() -> tuple[int, bytes]:
         app_server = await asyncio.start_server(app, "127.0.0.1", 0)
         target = app_server.sockets[0].getsockname()[:2]
-
-        def proof(line: bytes) -> None:
-            try:
-                new.check(line, session_id=session, app="echo")
-            except RelayRefused:
-                refused.append(line)
-                raise
-
-        relay = await asyncio.start_server(lambda r, w: relay_pipe(r, w, target, proof=proof, node=node), "127.0.0.1", 0)
-        port = relay.sockets[0].getsockname()[1]
-        answering = asyncio.create_task(agent(port))
-        # What the web kept from before the restart: this address, and the old key.
-        session_apps.APP_TARGETS[(session, "echo")] = ("127.0.0.1", port, time.monotonic() + 600)
-        relay_remember("127.0.0.1", port, RelayProof(key=old.key, node=node, session_id=session, app="echo"))
+        relay, port, answering = await _restarted_agents_relay(node=node, session=session, target=target,
+                                                               refused=refused, asked=asked)
         sent, never, request = [], asyncio.get_running_loop().create_future(), []
 
         async def receive():
@@ -179,12 +192,9 @@ def test_a_websocket_to_a_relay_that_refuses_the_webs_old_key_is_opened_under_th
     """As above, for a websocket before the browser's is accepted: the relay closes the web's
     connection at its proof, the agent is asked again, and the websocket opens through the relay."""
     from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
     from django.core.cache import cache
     from websockets.asyncio.server import serve
 
-    from agent.session_apps import relay_pipe
-    from protocol.channel import AgentLink
     from sessions.serving import proxy, session_apps
     from tests.test_app_origin import _apps_request
 
@@ -192,39 +202,17 @@ def test_a_websocket_to_a_relay_that_refuses_the_webs_old_key_is_opened_under_th
     scope = {**scope, "type": "websocket", "scheme": "ws", "path": f"/sessions/{session}/apps/echo/ws", "subprotocols": []}
     cache.set(session_apps.TOKEN_KEY.format(session=session, app="echo"), "app-token")
     node = alices_session.node.name
-    new, old = RelayGuard.for_node(node=node, node_key=""), RelayGuard.for_node(node=node, node_key="")
     asked, refused = [], []
 
     async def echo(connection):  # the app in the session: its websocket echoes
         async for text in connection:
             await connection.send(text)
 
-    async def agent(relay_port: int) -> None:
-        layer = get_channel_layer()
-        channel = await layer.new_channel("h8-agent.")
-        await layer.group_add(AgentLink(node=node, key="").pty_group(session), channel)
-        while True:
-            message = await layer.receive(channel)
-            asked.append(message["type"])
-            await layer.send(message["reply_channel"], {"type": "app.status", "running": True, "host": "127.0.0.1",
-                                                        "port": relay_port, **new.answer_fields()})
-
     async def talk() -> list[dict]:
         async with serve(echo, "127.0.0.1", 0) as app_server:
             target = next(iter(app_server.sockets)).getsockname()[:2]
-
-            def proof(line: bytes) -> None:
-                try:
-                    new.check(line, session_id=session, app="echo")
-                except RelayRefused:
-                    refused.append(line)
-                    raise
-
-            relay = await asyncio.start_server(lambda r, w: relay_pipe(r, w, target, proof=proof, node=node), "127.0.0.1", 0)
-            port = relay.sockets[0].getsockname()[1]
-            answering = asyncio.create_task(agent(port))
-            session_apps.APP_TARGETS[(session, "echo")] = ("127.0.0.1", port, time.monotonic() + 600)
-            relay_remember("127.0.0.1", port, RelayProof(key=old.key, node=node, session_id=session, app="echo"))
+            relay, port, answering = await _restarted_agents_relay(node=node, session=session, target=target,
+                                                                   refused=refused, asked=asked)
             inbox: asyncio.Queue = asyncio.Queue()
             for message in ({"type": "websocket.connect"}, {"type": "websocket.receive", "text": "ping"}):
                 inbox.put_nowait(message)
