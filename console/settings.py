@@ -375,5 +375,6 @@ LOGGING = {
         "django.channels.server": {"level": "WARNING"},
         "celery.app.trace": {"level": "WARNING"},
         "celery.worker.strategy": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},  # a line per request the app proxy sends, its URL with the app's token in a query
     },
 }
