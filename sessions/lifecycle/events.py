@@ -10,7 +10,8 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import TypeVar
 
 from channels.layers import get_channel_layer
 from django.db import transaction
@@ -21,6 +22,7 @@ from protocol.channel import AgentLink
 from sessions.lifecycle.agent_links import agent_link, agent_link_named, agent_link_of_session  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STAFF_GROUP = "staff"
 
@@ -41,7 +43,8 @@ def session_notify(session) -> None:
 def sessions_notify(sessions) -> None:
     """After commit, push each session's current API shape to its owner, its page and staff:
     `{"type": "session.update", "session": {…}}` to `session-<id>`, `user-<owner id>`, `staff`,
-    in that order, once per entry of `sessions` (a list of ComputeSession, in order).
+    in that order, once per entry of `sessions` (a list of ComputeSession, in order), of those
+    a page listens for (`_send_updates`).
 
     One after-commit callback for the whole list: one query (with its prefetches) reads them all,
     and every group send goes out from one event loop, so a scheduler pass placing 1,000
@@ -99,15 +102,66 @@ def _render(session_ids: list) -> dict[str, dict]:
 
 
 def _send_updates(entries: list[tuple]) -> None:
-    """After commit: read the sessions of `entries` ((id, owner id) pairs) and push their notices.
-    Never raises: a read that fails (the database's connection cut) loses these notices, logged;
-    the pages re-read the list when their websocket reconnects, and the next change notifies."""
+    """After commit: read the sessions of `entries` ((id, owner id) pairs) that a page listens
+    for (`_listened`) and push their notices; the others are neither read nor rendered (a
+    scheduler pass placing 1,000 sessions nobody watches spent most of its commit rendering
+    their API shapes: issue 35.2). Fewer than _ASK_FROM are rendered without asking: rendering
+    them costs about what asking does, and a write that answers with its session reuses the
+    shape (`shape_shown`: a DELETE's answer). Never raises: a read that fails (the database's connection
+    cut) loses these notices, logged; the pages re-read the list when their websocket
+    reconnects, and the next change notifies."""
+    heard = _listened(entries) if len(entries) >= _ASK_FROM else None
+    if heard is not None:
+        entries = [entry for entry in entries if entry[0] in heard]
+    if not entries:
+        return
     try:
         shapes = _render([session_id for session_id, _ in entries])
     except Exception:
         log.warning("could not read %d session(s) for their notices after commit; not sent", len(entries), exc_info=True)
         return
     _push(entries, shapes)
+
+
+_ASK_FROM = 8  # notices of a commit from which `_listened` is asked first
+_MEMBERS_AT_ONCE = 64  # group_members calls in flight at once (one Redis round trip each)
+_MEMBERS_WAIT_S = 5.0
+
+
+def _listened(entries: list[tuple]) -> set | None:
+    """The ids of `entries` ((id, owner id) pairs) whose notice some page would receive now: the
+    staff group, the owner's group or the session's group has a member (the channel layer's
+    `group_members`: common.layers). None: every one (staff listen, or the layer cannot say, or
+    did not answer within _MEMBERS_WAIT_S). A notice left out is one sent to empty groups, which
+    the layer drops: a page that joins its group after this look is as one that joined after the
+    send (it reads the list when its websocket opens)."""
+    try:
+        return _SENDER.call(lambda: _members_of(entries), timeout=_MEMBERS_WAIT_S)
+    except Exception:  # not knowing who listens: notify them all, as before
+        log.warning("could not ask the channel layer which pages listen; notifying all", exc_info=True)
+        return None
+
+
+async def _members_of(entries: list[tuple]) -> set | None:
+    """`_listened` on the sender's loop: the staff group first, then the owners' groups, then the
+    sessions' groups of the owners nobody listens for, at most _MEMBERS_AT_ONCE asked at once."""
+    layer = get_channel_layer()
+    members = getattr(layer, "group_members", None)
+    if members is None or await members(STAFF_GROUP):
+        return None
+
+    async def with_members(groups: list[str]) -> set[str]:
+        counts: list[int] = []
+        for start in range(0, len(groups), _MEMBERS_AT_ONCE):
+            counts += await asyncio.gather(*(members(g) for g in groups[start : start + _MEMBERS_AT_ONCE]))
+        return {group for group, count in zip(groups, counts) if count}
+
+    owners = await with_members(list(dict.fromkeys(user_group(owner_id) for _, owner_id in entries)))
+    rest = [session_group(session_id) for session_id, owner_id in entries if user_group(owner_id) not in owners]
+    pages = await with_members(rest)
+    return {
+        session_id for session_id, owner_id in entries if user_group(owner_id) in owners or session_group(session_id) in pages
+    }
 
 
 def _push(entries: list[tuple], shapes: dict[str, dict]) -> None:
@@ -160,13 +214,30 @@ class _Sender:
             self._start_on(loop)
 
     def send(self, sends: list[tuple[str, dict]]) -> None:
+        loop, queue = self._running()
+        loop.call_soon_threadsafe(queue.put_nowait, sends)
+
+    def call(self, coroutine: Callable[[], Coroutine[object, object, T]], *, timeout: float) -> T:
+        """Run `coroutine()` on the sender's loop and wait for its result, at most `timeout`
+        seconds (then TimeoutError); RuntimeError from the loop's own thread (it would wait
+        for itself)."""
+        loop, _ = self._running()
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise RuntimeError("the notices' loop cannot wait for itself")
+        return asyncio.run_coroutine_threadsafe(coroutine(), loop).result(timeout)
+
+    def _running(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue]:
         with self._lock:
             loop, queue = self._loop, self._queue  # set together by _start_on
             if loop is None or queue is None or loop.is_closed():
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=loop.run_forever, name="session-notices", daemon=True).start()
                 queue = self._start_on(loop)
-        loop.call_soon_threadsafe(queue.put_nowait, sends)
+        return loop, queue
 
     def _start_on(self, loop: asyncio.AbstractEventLoop) -> asyncio.Queue:
         queue: asyncio.Queue = asyncio.Queue()
