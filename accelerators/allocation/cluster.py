@@ -607,6 +607,10 @@ class ClusterIndex:
         self._model_share: np.ndarray | None = None  # each GPU model's share of the cluster's GPU
         self._scratch = np.zeros(64, dtype=np.int64)  # by state id, for `_classes`
         self.state = np.array([self._state_id(r) for r in range(len(self.names))], dtype=np.int64)
+        # Twins: nodes alike in every figure a scorer reads (`_twin_id`) score alike, so `choose`
+        # scores the first of each (the lowest row, which wins their tie) and no other.
+        self._twin_ids: dict[tuple[Any, ...], int] = {}
+        self.twin = np.array([self._twin_id(r) for r in range(len(self.names))], dtype=np.int64)
         # Per-node figures the filters read, kept with each update: free GPU in all, the most on
         # one device, idle devices, and which device slots hold a free amount not seen earlier
         # on the node (one candidate per distinct amount).
@@ -641,6 +645,24 @@ class ClusterIndex:
         key = (int(self.model[row]), int(self.cpu_free[row]), int(self.mem_free[row]), pairs)
         return self._state_ids.setdefault(key, len(self._state_ids))
 
+    def _twin_id(self, row: int) -> int:
+        """The id of `row`'s figures as the scorers read them: its CPU, memory, GPU memory and
+        model, and its devices' capacities and free amounts in slot order (gpu_total, unit and
+        the derived gsum, gmax, idle, distinct and state follow from these)."""
+        key = (
+            int(self.model[row]),
+            int(self.cpu_total[row]),
+            int(self.mem_total[row]),
+            int(self.cpu_free[row]),
+            int(self.mem_free[row]),
+            int(self.memory_total[row]),
+            int(self.memory_free[row]),
+            int(self.device_memory[row]),
+            tuple(self.cap[row].tolist()),
+            tuple(self.free[row].tolist()),
+        )
+        return self._twin_ids.setdefault(key, len(self._twin_ids))
+
     def __len__(self) -> int:
         return len(self.names)
 
@@ -648,9 +670,10 @@ class ClusterIndex:
         other = object.__new__(ClusterIndex)
         other.__dict__.update(self.__dict__)
         other._state_ids = dict(self._state_ids)
+        other._twin_ids = dict(self._twin_ids)
         other._by_state = None
         other._scratch = self._scratch.copy()
-        for name in ("cpu_free", "mem_free", "free", "memory_free", "state", "gsum", "gmax", "idle", "distinct"):
+        for name in ("cpu_free", "mem_free", "free", "memory_free", "state", "twin", "gsum", "gmax", "idle", "distinct"):
             setattr(other, name, getattr(self, name).copy())
         return other
 
@@ -665,6 +688,7 @@ class ClusterIndex:
             self.free[row, slot] -= amount
         self.memory_free[row] -= memory or sum(takes.values())
         self.state[row] = self._state_id(row)
+        self.twin[row] = self._twin_id(row)
         self._derive_row(row)
         if self.cpu_free[row] < 0 or self.mem_free[row] < 0 or (self.free[row] < 0).any():
             raise ValueError(f"over-commit on node {self.names[row]}")
@@ -675,6 +699,7 @@ class ClusterIndex:
         self.free[row, :] = 0
         self.free[row, : len(free)] = free
         self.state[row] = self._state_id(row)
+        self.twin[row] = self._twin_id(row)
         self._derive_row(row)
 
     # ---- queries -------------------------------------------------------------------------
@@ -757,10 +782,13 @@ class ClusterIndex:
         """Score every (feasible node, device) candidate for `shape` under `policy`, lower is
         better: the policy's scorer (POLICY_SCORERS) on the feasible candidates. Returns (rows,
         slots, keys) where keys is a tuple of (K,) arrays for np.lexsort, most significant
-        last. `best_only`: candidates that cannot be the best may be left out (`choose`;
-        fgd-plus scores a SHARE request's best plan class only). Raises ValueError for an
+        last. `best_only`: candidates that cannot be the best may be left out (`choose`: of
+        twin nodes, `_twin_id`, only the lowest row, which wins their tie; fgd-plus scores a
+        SHARE request's best plan class only). Raises ValueError for an
         unknown policy, and for a fragmentation-aware one without `workload`."""
         rows = np.nonzero(self.feasible(shape))[0]
+        if best_only and len(rows) > 1:  # the first of each twin class: the others cannot be best
+            rows = rows[np.sort(np.unique(self.twin[rows], return_index=True)[1])]
         cand, slots = self.candidates(shape, rows)
         scorer = POLICY_SCORERS.get(policy)
         if scorer is None:
