@@ -1,7 +1,7 @@
 """`python manage.py standalone` (what `make run` starts): the whole console on one machine.
 
-Migrates the SQLite database under FGPU_DATA_DIR, imports the accelerator settings, makes
-sure user `admin` exists, then serves http://127.0.0.1:$PORT with uvicorn and runs one
+Migrates the SQLite database under FGPU_DATA_DIR (where a migration is not yet applied),
+imports the accelerator settings, makes sure user `admin` exists, then serves http://127.0.0.1:$PORT with uvicorn and runs one
 embedded agent (one mock node) per agent.toml in FGPU_AGENT_CONFIG on uvicorn's event loop.
 Environment: PORT (8000), FGPU_ADMIN_PASSWORD, FGPU_AGENT_CONFIG (demo/agent.toml),
 FGPU_ACCELERATOR_CONFIG (an etcd-style JSON; the demo's is imported only on first start),
@@ -15,19 +15,26 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import logging
+import pkgutil
 import secrets
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
+from django.apps import apps
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.recorder import MigrationRecorder
 
 import protocol
 from accelerators.config_import import ConfigError, import_accelerator_config
@@ -105,14 +112,15 @@ class Command(BaseCommand):
             raise CommandError(f"FGPU_AGENT_CONFIG: two agent.toml files use the same [agent] id: {names}")
         configs = load(self._choose_runtime(env_str("FGPU_RUNTIME", AUTO), configs))  # that runtime's defaults (network)
 
-        call_command("migrate", interactive=False, verbosity=0)
+        if not migrations_all_applied():
+            call_command("migrate", interactive=False, verbosity=0)
         if not FractionalSettings.objects.filter(slot_name="cuda").exists():  # first start: the demo offers Jupyter
             SessionImage.objects.filter(reference=protocol.HOST_IMAGE, apps=[]).update(apps=[jupyter_app(python=sys.executable)])
         self._import_settings(configs)
         self._seed_new_nodes(configs)
         self._register_node_keys(configs)
         self._register_images(configs)
-        self._ensure_admin()
+        admin_password_check = self._ensure_admin()
         agents = []
         for config in configs:
             try:
@@ -128,7 +136,7 @@ class Command(BaseCommand):
                 )
             except Exception as exc:
                 raise CommandError(f"{config.path}: could not load the compute plugins: {exc}") from None
-        self._serve(host, port, agents)
+        self._serve(host, port, agents, after_start=admin_password_check)
 
     def _choose_runtime(self, requested: str, configs) -> str:
         """The runtime of every embedded agent, from FGPU_RUNTIME: "process", "docker", or "auto"
@@ -255,7 +263,12 @@ class Command(BaseCommand):
                 image.is_default = True
                 image_save(image=image)
 
-    def _ensure_admin(self) -> None:
+    def _ensure_admin(self) -> Callable[[], None] | None:
+        """Makes user admin where there is none (FGPU_ADMIN_PASSWORD's password, else a random one
+        said once). Where admin exists and FGPU_ADMIN_PASSWORD is set, returns the check that sets
+        that password if it changed, for `_serve` to run once the console serves: the check hashes
+        the password (PBKDF2, Django's 1,000,000 iterations: 0.3-0.4 CPU-s, a sixth of a restart,
+        measured 2026-11-28), which the first page need not wait for. Else None."""
         User = get_user_model()
         password = env_str("FGPU_ADMIN_PASSWORD")
         user = User.objects.filter(username="admin").first()
@@ -267,18 +280,26 @@ class Command(BaseCommand):
                 self.stdout.write(self.style.WARNING(f"Created user admin with password: {password}  (shown once)"))
             else:
                 self.stdout.write("Created user admin with the password from FGPU_ADMIN_PASSWORD")
-        elif password and not user.check_password(password):
+            return None
+        if not password:
+            return None
+
+        def check() -> None:
             # Only when it changed: set_password rotates the hash, which signs every browser out
             # (Django ties a login session to the password hash) at every restart otherwise.
-            user.set_password(password)
-            user.save(update_fields=["password"])
-            self.stdout.write("Changed the password of user admin to the one from FGPU_ADMIN_PASSWORD")
+            if not user.check_password(password):
+                user.set_password(password)
+                user.save(update_fields=["password"])
+                self.stdout.write("Changed the password of user admin to the one from FGPU_ADMIN_PASSWORD")
 
-    def _serve(self, host: str, port: int, agents) -> None:
+        return check
+
+    def _serve(self, host: str, port: int, agents, after_start: Callable[[], None] | None = None) -> None:
         """Serve the console on host:port and session apps on their own origin (issue 31.4): a
         second socket of the same uvicorn server, FGPU_APPS_PORT (default port + 1) on `host`;
         the origin is FGPU_APPS_ORIGIN, else http://localhost:<that port> (`_apps_listener`). The
-        ASGI app tells the two apart by the request's Host (sessions.serving.origin)."""
+        ASGI app tells the two apart by the request's Host (sessions.serving.origin). `after_start`
+        runs in a worker thread once the console serves and its agents have started."""
         import uvicorn
 
         apps_port, apps_origin = _apps_listener(host, port)
@@ -341,6 +362,8 @@ class Command(BaseCommand):
                 )
             )
             try:
+                if after_start is not None:
+                    await sync_to_async(after_start, thread_sensitive=False)()
                 await serving
             finally:
                 background.cancel()
@@ -371,6 +394,32 @@ class Command(BaseCommand):
                 f"{kept} session{'s' if kept != 1 else ''} keep{'s' if kept == 1 else ''} running; the next start adopts "
                 f"{'them' if kept != 1 else 'it'} (--stop-sessions or FGPU_STOP_SESSIONS_ON_EXIT=true stops them on exit)."
             )
+
+
+def migrations_all_applied() -> bool:
+    """Whether the database records every migration on disk as applied, so that `migrate` would
+    find nothing to do: the names of each app's migration modules (listed as Django's
+    MigrationLoader lists them, without importing them) against django_migrations, one query. A
+    restart skips `migrate` so (its loader imports every migration: 0.14 of a restart's 2.2 CPU-s,
+    measured 2026-11-28); anything else, a new or squashed migration or no table yet, migrates."""
+    recorder = MigrationRecorder(connection)
+    if not recorder.has_table():
+        return False
+    on_disk: set[tuple[str, str]] = set()
+    for app in apps.get_app_configs():
+        module_name, _ = MigrationLoader.migrations_module(app.label)
+        if module_name is None:
+            continue
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            continue
+        if not hasattr(module, "__path__"):
+            continue
+        on_disk |= {
+            (app.label, name) for _, name, is_pkg in pkgutil.iter_modules(module.__path__) if not is_pkg and name[0] not in "_~"
+        }
+    return on_disk <= set(recorder.applied_migrations())
 
 
 def _apps_listener(host: str, port: int) -> tuple[int, str]:
