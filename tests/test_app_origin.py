@@ -366,7 +366,6 @@ def test_an_app_refusing_a_kept_token_opened_again_by_another_process_gets_the_r
         settings, alices_session, alice, monkeypatch):
     import asyncio
 
-    import httpx
     from asgiref.sync import async_to_sync
     from django.core.cache import cache
 
@@ -378,22 +377,20 @@ def test_an_app_refusing_a_kept_token_opened_again_by_another_process_gets_the_r
     running = {"token": "first-token"}
     seen = []
 
-    class Body(httpx.AsyncByteStream):  # streamed, as the proxy reads an app's answer
-        def __init__(self, data: bytes) -> None:
-            self.data = data
-
-        async def __aiter__(self):
-            yield self.data
-
-    def app(request: httpx.Request) -> httpx.Response:  # the app in the session: its token or 403, as Jupyter
-        seen.append(request.headers.get("authorization"))
-        if request.headers.get("authorization") != f"token {running['token']}":
-            return httpx.Response(403, stream=Body(b"no token\n"))
-        return httpx.Response(200, stream=Body(b"hello\n"))
+    async def app(reader, writer):  # the app in the session: its token or 403, as Jupyter; one answer per connection
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        sent_token = next((line.split(":", 1)[1].strip() for line in head if line.lower().startswith("authorization:")), None)
+        seen.append(sent_token)
+        body = b"hello\n" if sent_token == f"token {running['token']}" else b"no token\n"
+        status = b"200 OK" if body == b"hello\n" else b"403 Forbidden"
+        writer.write(b"HTTP/1.1 %s\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (status, len(body), body))
+        await writer.drain()
+        writer.close()
 
     async def get() -> tuple[int, bytes]:
-        proxy._clients[id(asyncio.get_running_loop())] = httpx.AsyncClient(transport=httpx.MockTransport(app))
-        session_apps.APP_TARGETS[(session, "echo")] = ("127.0.0.1", 9, time.monotonic() + 600)
+        server = await asyncio.start_server(app, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        session_apps.APP_TARGETS[(session, "echo")] = ("127.0.0.1", port, time.monotonic() + 600)
         asked, sent, never = [], [], asyncio.get_running_loop().create_future()
 
         async def receive():
@@ -408,7 +405,8 @@ def test_an_app_refusing_a_kept_token_opened_again_by_another_process_gets_the_r
         try:
             await proxy.AppHttpProxy()(dict(scope), receive, send)
         finally:
-            await proxy._clients.pop(id(asyncio.get_running_loop())).aclose()
+            server.close()
+            await proxy._pools.pop(id(asyncio.get_running_loop())).aclose()
         return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
 
     cache.set(key, "first-token")
@@ -420,3 +418,61 @@ def test_an_app_refusing_a_kept_token_opened_again_by_another_process_gets_the_r
     assert async_to_sync(get)() == (200, b"hello\n")
     assert seen == ["token first-token", "token second-token"]  # refused with the kept one, then sent again
     assert async_to_sync(get)() == (200, b"hello\n") and seen[-1] == "token second-token"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_proxy_keeps_no_cookie_an_app_set_for_another_request(settings, alices_session, alice):
+    """The proxy's client holds no cookie jar: a cookie an app sets goes to the browser that got the
+    answer, never with the proxy's next request to that app (httpx's client kept it and sent it with
+    any later request that carried no cookie of its own, another browser's too)."""
+    import asyncio
+
+    from asgiref.sync import async_to_sync
+    from django.core.cache import cache
+
+    from sessions.serving import proxy, session_apps
+
+    scope, session = _apps_request(settings, alices_session, alice)
+    cache.set(session_apps.TOKEN_KEY.format(session=session, app="echo"), "app-token")
+    cookies = []
+
+    async def app(reader, writer):  # the app in the session: sets a cookie on every answer, connections kept
+        while True:
+            try:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            except asyncio.IncompleteReadError:
+                writer.close()
+                return
+            cookies.append(next((line.split(":", 1)[1].strip() for line in head if line.lower().startswith("cookie:")), None))
+            writer.write(b"HTTP/1.1 200 OK\r\nset-cookie: app-login=alices-secret; Path=/\r\ncontent-length: 3\r\n\r\nok\n")
+            await writer.drain()
+
+    async def requests() -> list[int]:
+        server = await asyncio.start_server(app, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        session_apps.APP_TARGETS[(session, "echo")] = ("127.0.0.1", port, time.monotonic() + 600)
+        statuses = []
+        try:
+            for _ in range(2):
+                sent, asked, never = [], [], asyncio.get_running_loop().create_future()
+
+                async def receive():
+                    if not asked:
+                        asked.append(1)
+                        return {"type": "http.request", "body": b"", "more_body": False}
+                    return await never
+
+                async def send(message):
+                    sent.append(message)
+
+                await proxy.AppHttpProxy()(dict(scope), receive, send)
+                statuses.append(sent[0]["status"])
+                assert (b"set-cookie", b"app-login=alices-secret; Path=/") in sent[0]["headers"]  # the browser gets it
+        finally:
+            server.close()
+            await proxy._pools.pop(id(asyncio.get_running_loop())).aclose()
+            session_apps.APP_TARGETS.pop((session, "echo"), None)
+        return statuses
+
+    assert async_to_sync(requests)() == [200, 200]
+    assert cookies == [None, None]  # the second request carries no cookie the proxy kept

@@ -131,13 +131,15 @@ async def _restarted_agents_relay(*, node: str, session: str, target, refused: l
 
 
 @pytest.mark.django_db(transaction=True)  # the proxy's check reads on Channels' database thread
+@pytest.mark.parametrize("size", [0, 100_000], ids=["get", "post"])
 def test_a_relay_that_refuses_the_webs_old_key_on_the_same_address_gets_the_request_again_under_the_agents_new_one(
-        settings, alices_session, alice, monkeypatch):
+        settings, alices_session, alice, monkeypatch, size):
     """A keyless node's agent restarted: its new relay (a real one: agent.session_apps.relay_pipe
     under a new random key) listens where the web still remembers the old relay, with the old key.
     The relay closes the web's connection at its proof, before a byte reaches the app; the proxy asks
-    the agent again (its answer on the channel layer: the new key), and sends the body-less request
-    again: the browser gets the app's answer, not a 502."""
+    the agent again (its answer on the channel layer: the new key), and sends the request again, its body
+    too (the part it kept, up to proxy.REPLAY_BYTES, then the rest as the browser sends it): the
+    browser gets the app's answer, not a 502, and the app the body once."""
     from asgiref.sync import async_to_sync
     from django.core.cache import cache
 
@@ -145,12 +147,17 @@ def test_a_relay_that_refuses_the_webs_old_key_on_the_same_address_gets_the_requ
     from tests.test_app_origin import _apps_request
 
     scope, session = _apps_request(settings, alices_session, alice)
+    body = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    if size:
+        scope = {**scope, "method": "POST", "headers": [*scope["headers"], (b"content-length", str(size).encode())]}
     cache.set(session_apps.TOKEN_KEY.format(session=session, app="echo"), "app-token")
     node = alices_session.node.name
-    asked, refused = [], []
+    asked, refused, received = [], [], []
 
-    async def app(reader, writer):  # the app in the session: one answer per connection
-        await reader.readuntil(b"\r\n\r\n")
+    async def app(reader, writer):  # the app in the session: one answer per connection, after the body
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
+        received.append(await reader.readexactly(length))
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\nconnection: close\r\n\r\nhello\n")
         await writer.drain()
         writer.close()
@@ -160,12 +167,12 @@ def test_a_relay_that_refuses_the_webs_old_key_on_the_same_address_gets_the_requ
         target = app_server.sockets[0].getsockname()[:2]
         relay, port, answering = await _restarted_agents_relay(node=node, session=session, target=target,
                                                                refused=refused, asked=asked)
-        sent, never, request = [], asyncio.get_running_loop().create_future(), []
+        sent, never = [], asyncio.get_running_loop().create_future()
+        pieces = [body[at:at + 65536] for at in range(0, len(body), 65536)] or [b""]
 
-        async def receive():
-            if not request:
-                request.append(1)
-                return {"type": "http.request", "body": b"", "more_body": False}
+        async def receive():  # the browser's body as the server hands it over, in pieces
+            if pieces:
+                return {"type": "http.request", "body": pieces.pop(0), "more_body": bool(pieces)}
             return await never
 
         async def send(message):
@@ -179,11 +186,12 @@ def test_a_relay_that_refuses_the_webs_old_key_on_the_same_address_gets_the_requ
             app_server.close()
             RELAYS.pop(("127.0.0.1", port), None)
             session_apps.APP_TARGETS.pop((session, "echo"), None)
-            await proxy._clients.pop(id(asyncio.get_running_loop())).aclose()
+            await proxy._pools.pop(id(asyncio.get_running_loop())).aclose()
         return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
 
     assert async_to_sync(get)() == (200, b"hello\n")
     assert len(refused) == 1 and asked == ["pty.app_status"]  # the old key once, then the agent asked once
+    assert received == [body]  # the app got the body once, whole
 
 
 @pytest.mark.django_db(transaction=True)

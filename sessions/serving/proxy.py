@@ -1,5 +1,5 @@
 """The console's app proxy (issue 16): `/sessions/<id>/apps/<name>/…` on the apps origin
-(issue 31.4, sessions.serving.origin) forwards HTTP (streamed both ways, with httpx) and websockets
+(issue 31.4, sessions.serving.origin) forwards HTTP (streamed both ways, with httpcore) and websockets
 (with `websockets`) to a web app running in the session (sessions.serving.session_apps), for the
 session's owner and administrators only.
 
@@ -112,39 +112,50 @@ PAGE_POLICY = b"default-src 'none'; style-src 'unsafe-inline'; frame-ancestors '
 CONNECT_TIMEOUT_S = 10.0
 WEBSOCKET_MAX_BYTES = 16 * 1024 * 1024  # the largest websocket message relayed either way (a big notebook)
 
-if TYPE_CHECKING:  # httpx is imported when an app is first proxied, not at the web's start (issue 33.6)
-    import httpx
+if TYPE_CHECKING:  # httpcore is imported when an app is first proxied, not at the web's start (issue 33.6)
+    import httpcore
 
-_clients: dict[int, httpx.AsyncClient] = {}  # one per event loop (the web server runs one)
+# The apps' HTTP client: httpcore's connection pool, one per event loop (the web server runs one),
+# without httpx's client over it: the proxy wants none of its cookie jar (which kept what one
+# browser's app set and sent it with another's requests), redirects, default headers or URL
+# models, which were a third of the proxy's CPU a small GET. Connections are kept (100 idle at
+# most) per address, i.e. per app or per relay of a session's app, each opened with the relay's proof.
+_pools: dict[int, httpcore.AsyncConnectionPool] = {}
 # What httpcore asks the app's socket for at a time (bytes): asyncio's own recv size (its selector
 # transport's max_size), so a piece asyncio read is handed on whole. httpcore's 64 KiB made anyio
 # split each 256 KiB piece into four, copying the rest each time, and every piece costs both
 # HTTP/1.1 parsers (httpcore's and uvicorn's h11, pure Python) a pass: the download's bottleneck.
 READ_BYTES = 256 * 1024
+# Timeouts of a request to an app (s): to connect, and to wait for a free connection; none to
+# read or write, as streams may idle.
+TIMEOUTS = {"connect": CONNECT_TIMEOUT_S, "pool": CONNECT_TIMEOUT_S, "read": None, "write": None}
+# What the proxy keeps of a request's body to send it again (bytes): a body up to this size is sent
+# again whole where a relay refused the connection's proof before a byte reached the app (`_Body`).
+REPLAY_BYTES = 1024 * 1024
 
 
-def _client() -> httpx.AsyncClient:
+def _pool() -> httpcore.AsyncConnectionPool:
     import httpcore
-    import httpx
 
-    if httpcore.AsyncHTTP11Connection.READ_NUM_BYTES < READ_BYTES:  # class-wide: httpx offers no setting for it
+    if httpcore.AsyncHTTP11Connection.READ_NUM_BYTES < READ_BYTES:  # class-wide: httpcore offers no setting for it
         httpcore.AsyncHTTP11Connection.READ_NUM_BYTES = READ_BYTES
     loop = id(asyncio.get_running_loop())
-    client = _clients.get(loop)
-    if client is None:  # no environment proxies: apps are reached directly; no read timeout: streams may idle
-        transport = httpx.AsyncHTTPTransport(
-            trust_env=False, limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+    pool = _pools.get(loop)
+    if pool is None:  # no proxies: apps are reached directly
+        # An agent's relay takes a connection that first proves it comes from the web (protocol.app_relay).
+        backend: Any = RelayBackend(httpcore.AnyIOBackend())  # httpcore.AsyncNetworkBackend's methods
+        pool = _pools[loop] = httpcore.AsyncConnectionPool(
+            max_connections=1000, max_keepalive_connections=100, network_backend=backend
         )
-        # An agent's relay takes a connection that first proves it comes from the web (protocol.app_relay):
-        # httpx offers no setting for httpcore's network backend, so its pool's is wrapped.
-        backend: Any = RelayBackend(transport._pool._network_backend)  # httpcore.AsyncNetworkBackend's methods
-        transport._pool._network_backend = backend
-        client = _clients[loop] = httpx.AsyncClient(
-            transport=transport,
-            follow_redirects=False,
-            timeout=httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=None, write=None, pool=CONNECT_TIMEOUT_S),
-        )
-    return client
+    return pool
+
+
+def _upstream_errors() -> tuple[type[Exception], ...]:
+    """httpcore's errors of a request to an app: it could not be reached, closed the connection,
+    answered nonsense or timed out."""
+    import httpcore
+
+    return (httpcore.NetworkError, httpcore.ProtocolError, httpcore.TimeoutException, httpcore.UnsupportedProtocol)
 
 
 def path_escapes(scope) -> bool:
@@ -414,7 +425,7 @@ class AppHttpProxy:
         a body that the app refuses with it (401, 403: opened again by another web process, with a
         new token) is checked afresh and sent again with the token found then. `drained`: the
         request's body was read already (there was none)."""
-        import httpx
+        import httpcore
 
         session_id = match["session"]
         if token is None:
@@ -423,28 +434,33 @@ class AppHttpProxy:
                 await _drain(receive)
             await _page(send, 502, await _not_running(session_id, app, "it has not been opened", console=console))
             return
-        headers = upstream_headers(scope, token=token)
+        headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in upstream_headers(scope, token=token)]
         sent_headers = {name for name, _ in scope.get("headers", [])}
         has_body = b"content-length" in sent_headers or b"transfer-encoding" in sent_headers
-        body = _request_body(receive) if has_body else None
+        body = _Body(receive) if has_body else None
         if not has_body and not drained:
             await _drain(receive)
         content_length = next((v for n, v in scope.get("headers", []) if n == b"content-length"), None)
         if content_length is not None:
-            headers.append(("content-length", content_length.decode("latin-1")))
+            headers.append((b"content-length", content_length))
+        elif has_body:  # the browser's chunks, sent on as chunks
+            headers.append((b"transfer-encoding", b"chunked"))
         for attempt in range(2):
             target = await session_app_target(session_id=session_id, name=app["name"], port=app["port"])
             if isinstance(target, dict):
                 if not await _refused_afresh(scope, match, send):
                     await _page(send, 502, await _not_running(session_id, app, target["error"], console=console))
                 return
-            url = f"http://{_host(target[0])}:{target[1]}{upstream_path(scope, match, app, token=token)}"
+            address = f"{_host(target[0])}:{target[1]}".encode()
+            path = upstream_path(scope, match, app, token=token).encode("latin-1")
+            url = httpcore.URL(scheme=b"http", host=target[0].encode(), port=target[1], target=path)
+            sent = headers if b"host" in sent_headers else [*headers, (b"host", address)]
             proof = RELAYS.get(target)  # the relay's proof this connection starts with (None: no relay)
-            request = _client().build_request(scope["method"], url, headers=headers, content=body)
+            request = httpcore.Request(scope["method"], url, headers=sent, content=body, extensions={"timeout": TIMEOUTS})
             try:
-                response = await _client().send(request, stream=True)
+                response = await _pool().handle_async_request(request)
                 break
-            except httpx.ConnectError:  # it ended, or moved (an agent restarted: a new relay): ask its agent again (once)
+            except httpcore.ConnectError:  # it ended, or moved (an agent restarted: a new relay): ask its agent again (once)
                 # Nothing of the request was sent (its body not read yet): it is sent again as it is.
                 session_app_target_forget(session_id=session_id, name=app["name"])
                 if attempt:
@@ -456,17 +472,18 @@ class AppHttpProxy:
                     return
             except ConnectionAbortedError:  # the browser went away during its upload
                 return
-            except httpx.HTTPError as exc:  # it closed the connection, or answered nonsense
+            except _upstream_errors() as exc:  # it closed the connection, or answered nonsense
                 log.info("app %s of session %s: %s", app["name"], session_id, exc)
                 session_app_target_forget(session_id=session_id, name=app["name"])
                 _check_forget(scope, match)
-                if not attempt and body is None and await _relay_changed(session_id, app, target, proof):
-                    continue  # a relay that refused the proof under the key it had before its agent restarted
+                replayable = body is None or body.replayable
+                if not attempt and replayable and await _relay_changed(session_id, app, target, proof):
+                    continue  # a relay that refused the proof under the key it had before its agent restarted: sent again
                 await _page(
                     send, 502, await _not_running(session_id, app, "it closed the connection without an answer", console=console)
                 )
                 return
-        if kept and body is None and response.status_code in (401, 403):
+        if kept and body is None and response.status in (401, 403):
             _check_forget(scope, match)
             status, found = await _check(scope, match)
             if status or found["token"] != token:
@@ -512,8 +529,35 @@ async def _refused_afresh(scope, match, send) -> bool:
     return bool(status)
 
 
+class _Body:
+    """A request's body as the server hands it over, chunk by chunk (httpcore streams it on), its
+    first REPLAY_BYTES kept: while it is no longer than that, every iteration yields it whole (the
+    kept chunks, then the rest as it comes), so a request nothing of which reached the app can be
+    sent again (`replayable`). Raises ConnectionAbortedError where the browser goes away."""
+
+    def __init__(self, receive) -> None:
+        self._source = _request_body(receive)
+        self._kept: list[bytes] = []
+        self._size = 0
+        self.replayable = True
+
+    async def __aiter__(self):
+        if not self.replayable:
+            raise RuntimeError("the request's body was sent already and not kept")
+        for chunk in self._kept:
+            yield chunk
+        async for chunk in self._source:
+            self._size += len(chunk)
+            if self._size <= REPLAY_BYTES:
+                self._kept.append(chunk)
+            else:  # too large to keep: sent once
+                self.replayable = False
+                self._kept.clear()
+            yield chunk
+
+
 async def _request_body(receive):
-    """The request's body as the server hands it over, chunk by chunk (httpx streams it on)."""
+    """The request's body as the server hands it over, chunk by chunk."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -535,14 +579,12 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-async def _relay_response(response: httpx.Response, receive, send, *, prefix: str, app: dict, mask: TokenMask) -> None:
+async def _relay_response(response: httpcore.Response, receive, send, *, prefix: str, app: dict, mask: TokenMask) -> None:
     """Send the app's answer to the browser as it comes (its body undecoded, chunk by chunk, the
     token masked); stop reading the app when the browser goes away."""
-    import httpx
-
     ours = _ours()
     headers = []
-    for name, value in response.headers.raw:
+    for name, value in response.headers:
         lower = name.lower()
         if lower in (b"connection", b"keep-alive", b"transfer-encoding", b"trailer", b"upgrade"):
             continue
@@ -551,17 +593,17 @@ async def _relay_response(response: httpx.Response, receive, send, *, prefix: st
         if lower == b"location":
             value = _location(value.decode("latin-1"), prefix=prefix, app=app).encode("latin-1")
         headers.append((lower, value.replace(mask.secret, mask.mask)))
-    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
     gone = asyncio.create_task(_wait_disconnect(receive))
     try:
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in response.aiter_stream():
                 if gone.done():
                     return
                 chunk = mask.feed(chunk)
                 if chunk:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as exc:  # the app went away mid-answer: end what the browser got
+        except _upstream_errors() as exc:  # the app went away mid-answer: end what the browser got
             log.info("an app's answer broke off: %s", exc)
         await send({"type": "http.response.body", "body": mask.flush()})
     finally:
