@@ -14,36 +14,61 @@ TEST_ENV = DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) PYTHOND
 
 .PHONY: install install-test jupyterlab run image test test-fast lint clean
 
-# `make run` installs only what the console needs to run: pyproject.toml's dependencies (about 1 min from a fresh
-# clone with pip's cache warm, a few minutes downloading them), pip's progress shown. The test and lint tools are the
-# `test` extra, which `make test`, `make lint`, `make test-fast` and `make install-test` add (issue 35.4). A stamp per
-# step: nothing is installed again until pyproject.toml changes.
+# `make run` installs only what the console needs to run: pyproject.toml's dependencies, their progress shown. The test
+# and lint tools are the `test` extra, which `make test`, `make lint`, `make test-fast` and `make install-test` add
+# (issue 35.4). A stamp per step: nothing is installed again until pyproject.toml changes.
+#
+# The installer (issue 35.4): uv (`pip install uv`, https://docs.astral.sh/uv/) where it is on PATH and pip names no
+# index, links or constraints of its own (`pip config list`, PIP_*: uv reads none of pip's configuration), else pip. On
+# PyPI alone uv resolves the same 56 packages at the same versions as pip (compared 2026-11-28, uv 0.13.9), in about
+# 3.5 CPU-s where pip spends 29 (benchmarks/results/first_run.txt); where uv fails, pip installs. UV=no: pip always.
+# Neither compiles bytecode at install (pip --no-compile: 13 of its 29 CPU-s): the console compiles what it imports at its
+# first start, and `make run` compiles the rest in the background at low priority (.venv/.compiled).
+UV ?= uv
+PIP_OWN_CONFIG = index-url|extra-index-url|find-links|no-index|constraint
+# The installer .venv was made with ("pip" or uv's path), for the extras installed later.
+VENV_INSTALL = installer="$$(cat $(VENV)/.installer 2>/dev/null)"; \
+  if [ -n "$$installer" ] && [ "$$installer" != pip ]; then set -- env VIRTUAL_ENV=$(VENV) "$$installer" pip install; \
+  else set -- $(VENV)/bin/pip install --no-compile --progress-bar on; fi; "$$@"
 $(VENV)/.installed: pyproject.toml
-	@echo "Installing what the console needs to run into $(VENV) (Django, Celery, NumPy, SciPy, ...; about 1 min on 2 cores with the packages at hand, a few minutes downloading them). pip's progress follows."
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --progress-bar on -e .
+	@echo "Installing what the console needs to run into $(VENV) (Django, Celery, NumPy, SciPy, ...: about 10 s with uv, 1 min with pip on 2 cores with the packages at hand). Its progress follows."
+	@uv="$$(command -v $(UV) 2>/dev/null)"; \
+	if [ -n "$$uv" ] && config="$$($(PYTHON) -m pip config list 2>/dev/null)" \
+	    && ! printf '%s\n' "$$config" | grep -qE '^[^=]*\.($(PIP_OWN_CONFIG))='; then \
+	  echo "with uv ($$uv; UV=no installs with pip)"; \
+	  "$$uv" venv --seed --allow-existing --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')" $(VENV) \
+	    && VIRTUAL_ENV=$(VENV) "$$uv" pip install -e . && echo "$$uv" >$(VENV)/.installer && exit 0; \
+	  echo "uv could not install it: installing with pip"; \
+	fi; \
+	set -x; $(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install --no-compile --progress-bar on -e . && echo pip >$(VENV)/.installer
 	touch $@
 
 install: $(VENV)/.installed
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	@echo "Installing the test and lint tools (the test extra: pytest, Playwright, Schemathesis, ruff, mypy, import-linter, JupyterLab, ...; about 1-2 min with pip's cache warm) into $(VENV)."
-	$(VENV)/bin/pip install --progress-bar on -e '.[test]'
-	touch $@ $(VENV)/.installed-jupyter
+	@$(VENV_INSTALL) -e '.[test]'
+	$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null
+	touch $@ $(VENV)/.installed-jupyter $(VENV)/.compiled
 
 install-test: $(VENV)/.installed-test
 
 # JupyterLab, the demo's session app (README's walkthrough, step 4): the `jupyter` extra, without reinstalling the
-# console itself (its requirements read from pyproject.toml).
+# console itself (its requirements read from pyproject.toml), then its bytecode (a session's JupyterLab would otherwise
+# compile its modules at each start where the environment sets PYTHONDONTWRITEBYTECODE).
 $(VENV)/.installed-jupyter: $(VENV)/.installed
-	$(VENV)/bin/pip install --progress-bar off $$($(PY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['jupyter'])")
-	touch $@
+	@$(VENV_INSTALL) $$($(PY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['jupyter'])")
+	$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null
+	touch $@ $(VENV)/.compiled
 
 jupyterlab: $(VENV)/.installed-jupyter
 
 # The first page does not wait for JupyterLab: where it is missing, it installs in the background at low priority
 # (about 1 min; its log in .venv/jupyterlab-install.log; one at a time, flock) while the console starts. JUPYTERLAB=no
-# skips it.
+# skips it. Nor for the bytecode the install left out: compiled in the background alike (nice 19, once an install).
+# The console writes its own bytecode even where the environment sets PYTHONDONTWRITEBYTECODE: every start compiled
+# the project's modules again otherwise (about 1 CPU-s of a restart's 2.2) and, after an install without bytecode,
+# every module it imports.
 JUPYTERLAB ?= yes
 # DEMO=full adds the demo's second node, demo-mig-node (one mock H100 80GB, in dynamic MIG mode at its first start):
 # the launch dialog's MIG tab; and a third, demo-rocm-node (two mock AMD MI250 of the rocm slot, discrete mode): its
@@ -53,8 +78,11 @@ run: install
 	@if [ "$(JUPYTERLAB)" = yes ] && { [ ! -e $(VENV)/.installed-jupyter ] || [ $(VENV)/.installed -nt $(VENV)/.installed-jupyter ]; }; then \
 	  echo "JupyterLab (the walkthrough's step 4) installs in the background, about 1 min: its log is $(VENV)/jupyterlab-install.log"; \
 	  nohup nice -n 19 flock -n $(VENV)/.jupyterlab.lock $(MAKE) --no-print-directory jupyterlab >>$(VENV)/jupyterlab-install.log 2>&1 </dev/null & \
+	elif [ ! -e $(VENV)/.compiled ] || [ $(VENV)/.installed -nt $(VENV)/.compiled ]; then \
+	  nohup nice -n 19 flock -n $(VENV)/.jupyterlab.lock sh -c '$(PY) -m compileall -q -j 0 $(VENV)/lib && touch $(VENV)/.compiled' \
+	    >/dev/null 2>&1 </dev/null & \
 	fi
-	PORT=$(PORT) $(PY) manage.py standalone$(if $(DEMO), --demo=$(DEMO))
+	PYTHONDONTWRITEBYTECODE= PORT=$(PORT) $(PY) manage.py standalone$(if $(DEMO), --demo=$(DEMO))
 
 # The session image of the docker runtime, fgpu-session:latest (also tagged fgpu-session:test), built from
 # Debian's packages with mmdebstrap, no registry needed: as root, about 5 minutes, its progress shown.

@@ -2,18 +2,31 @@
 first page (target 60 s with pip's cache warm), and a restart in the same tree (target 5 s).
 
     python3 benchmarks/first_run.py [--source /work/main] [--dest /tmp/h2-clone] [--port 0] [--keep]
+        [--warm] [--plain-pip] [--uv DIR] [--restarts 3]
 
 Needs only the standard library (it runs before any virtualenv exists). Each step:
 
+0. with --warm, the caches warmed as a user's are after an earlier install: `make install` in a
+   clone of its own, untimed, with the pip and uv caches the timed run uses (PIP_CACHE_DIR and
+   UV_CACHE_DIR, the benchmark's own directories, so that no other cache on the machine counts);
+   their sizes are printed. pip's stays empty on a machine whose package index answers without
+   Cache-Control, ETag or Last-Modified (pip's HTTP cache, CacheControl, stores nothing then,
+   and pip 23 keeps in its wheel cache only wheels it built): there a warm pip cache is
+   what this machine has, each wheel fetched again from the index's mirror;
 1. `git clone SOURCE DEST` (the committed tree: what a newcomer gets), timed on its own;
 2. `make run PORT=<port>` in DEST, from its spawn until `GET http://127.0.0.1:<port>/` answers
-   (the sign-in page, after the redirect): the first run, venv created and installed;
+   (the sign-in page, after the redirect): the first run, venv created and installed (by uv or
+   pip: `make run` chooses, see the Makefile; the one it chose is printed);
 3. Ctrl-C (SIGINT to its process group: `make run`'s background JupyterLab install, an
    asynchronous command of make's shell, ignores it and goes on);
-4. `make run` again in the same tree, timed alike: the restart, which must install nothing (its
-   output is checked for the install line);
+4. `make run` again in the same tree, --restarts times, each timed alike: the restart, which
+   must install nothing (its output is checked for the install line); their median is the figure;
 5. how long after the first spawn JupyterLab's background install finished (its stamp
    `.venv/.installed-jupyter`), waited for at most --jupyter-timeout seconds.
+
+--plain-pip runs without this machine's pip configuration (PIP_CONFIG_FILE=/dev/null and no PIP_*
+variables): pip as installed, with PyPI alone, where `make run` may choose uv. --uv DIR puts DIR
+(holding a `uv` executable) first on PATH.
 
 Prints each figure in seconds, the 1-minute load average at each start, the CPU seconds each run
 had used when its page answered (`Run.cpu_s`: on a shared machine, read the wall times against
@@ -31,6 +44,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,10 +88,31 @@ def answers(url: str) -> bool:
         return False
 
 
-def newcomer_env(password: str) -> dict[str, str]:
+def newcomer_env(password: str, *, plain_pip: bool = False, uv_dir: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FGPU_") and k not in ("DATABASE_URL", "REDIS_URL")}
     env["FGPU_ADMIN_PASSWORD"] = password
+    if plain_pip:
+        env = {k: v for k, v in env.items() if not k.startswith("PIP_") or k in ("PIP_CERT", "PIP_DEFAULT_TIMEOUT")}
+        env["PIP_CONFIG_FILE"] = os.devnull
+    if uv_dir:
+        env["PATH"] = f"{uv_dir}{os.pathsep}{env.get('PATH', '')}"
     return env
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def warm_caches(source: str, where: Path, env: dict[str, str]) -> dict[str, int]:
+    """`make install` in a clone of its own under `where` (removed after), with `env`'s caches:
+    what a user's caches hold after an earlier install. Returns each cache's size in bytes."""
+    clone = where / "warm-clone"
+    subprocess.run(["git", "clone", "--quiet", source, str(clone)], check=True)
+    try:
+        subprocess.run(["make", "install"], cwd=clone, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    finally:
+        shutil.rmtree(clone, ignore_errors=True)
+    return {name: dir_bytes(Path(env[name])) for name in ("PIP_CACHE_DIR", "UV_CACHE_DIR")}
 
 
 class Run:
@@ -152,6 +187,10 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each first page")
     parser.add_argument("--jupyter-timeout", type=float, default=300.0, help="seconds to wait for JupyterLab's install")
     parser.add_argument("--keep", action="store_true", help="keep the clone (its .venv and var/)")
+    parser.add_argument("--warm", action="store_true", help="warm the pip and uv caches first (an untimed install)")
+    parser.add_argument("--plain-pip", action="store_true", help="pip without this machine's configuration: PyPI alone")
+    parser.add_argument("--uv", default=None, help="a directory holding uv, put first on PATH")
+    parser.add_argument("--restarts", type=int, default=3, help="restarts timed (their median is the figure)")
     args = parser.parse_args()
 
     dest = Path(args.dest) if args.dest else Path(tempfile.mkdtemp(prefix="fgpu-first-run-")) / "clone"
@@ -159,11 +198,15 @@ def main() -> int:
         parser.error(f"--dest {dest} exists and is not empty")
     port = args.port or free_port()
     url = f"http://127.0.0.1:{port}/"
-    env = newcomer_env("first-run-pass")
-    result: dict = {"port": port, "source": args.source}
+    env = newcomer_env("first-run-pass", plain_pip=args.plain_pip, uv_dir=args.uv)
+    caches = Path(tempfile.mkdtemp(prefix="fgpu-first-run-caches-"))
+    env["PIP_CACHE_DIR"], env["UV_CACHE_DIR"] = str(caches / "pip"), str(caches / "uv")
+    result: dict = {"port": port, "source": args.source, "plain_pip": args.plain_pip, "uv": args.uv, "warm": args.warm}
     runs: list[Run] = []
     jupyter_lines: list[str] = []
     try:
+        if args.warm:
+            result["cache_bytes"] = warm_caches(args.source, caches, env)
         began = time.monotonic()
         subprocess.run(["git", "clone", "--quiet", args.source, str(dest)], check=True)
         result["clone_s"] = round(time.monotonic() - began, 2)
@@ -175,14 +218,21 @@ def main() -> int:
         result["first_load"] = first.load
         result["first_cpu_s"] = first.cpu_s()
         first.stop()
+        installer = dest / ".venv" / ".installer"
+        result["installer"] = installer.read_text().strip() if installer.exists() else None
 
-        restart = Run(dest, port, env, logs / "restart.log")
-        runs.append(restart)
-        result["restart_s"] = restart.wait_page(url, args.timeout)
-        result["restart_load"] = restart.load
-        result["restart_cpu_s"] = restart.cpu_s()
-        result["restart_installed_again"] = INSTALL_LINE in restart.output()
-        restart.stop()
+        restarts = []
+        for n in range(max(1, args.restarts)):
+            restart = Run(dest, port, env, logs / f"restart{n}.log")
+            runs.append(restart)
+            page_s = restart.wait_page(url, args.timeout)
+            restarts.append({"s": page_s, "cpu_s": restart.cpu_s(), "load": restart.load})
+            result["restart_installed_again"] = result.get("restart_installed_again") or INSTALL_LINE in restart.output()
+            restart.stop()
+        result["restarts"] = restarts
+        result["restart_s"] = statistics.median(r["s"] for r in restarts)
+        result["restart_cpu_s"] = statistics.median(r["cpu_s"] for r in restarts)
+        result["restart_load"] = restarts[len(restarts) // 2]["load"]
 
         stamp = dest / ".venv" / ".installed-jupyter"
         deadline = first.started + args.jupyter_timeout
@@ -195,15 +245,21 @@ def main() -> int:
             run.stop()
         if not args.keep:
             shutil.rmtree(dest.parent if not args.dest else dest, ignore_errors=True)
+        shutil.rmtree(caches, ignore_errors=True)
 
     first_s, restart_s = result["first_page_s"], result["restart_s"]
     again = "yes" if result["restart_installed_again"] else "no"
+    if "cache_bytes" in result:
+        sizes = ", ".join(f"{name} {size / 1e6:.1f} MB" for name, size in result["cache_bytes"].items())
+        print(f"caches warmed:            {sizes}")
+    print(f"installer:                {result['installer']}  (plain pip: {'yes' if args.plain_pip else 'no'})")
     print(f"clone:                    {result['clone_s']:.2f} s")
     print(f"first page (fresh clone): {first_s:.2f} s  (target {FIRST_PAGE_TARGET_S:.0f} s; load {result['first_load']})")
     print(
         f"restart (same tree):      {restart_s:.2f} s  (target {RESTART_TARGET_S:.0f} s; load {result['restart_load']}; ", end=""
     )
-    print(f"installed again: {again})")
+    each = ", ".join(f"{r['s']} s ({r['cpu_s']} CPU-s, load {r['load']})" for r in result["restarts"])
+    print(f"installed again: {again}; each: {each})")
     print(f"CPU seconds by then:      first {result['first_cpu_s']}, restart {result['restart_cpu_s']}")
     print(f"JupyterLab installed:     {result['jupyterlab_installed_s']} s after the first spawn (in the background)")
     for line in jupyter_lines:
