@@ -28,7 +28,11 @@ listens, else one of its own on `app-address`, where session apps listen and the
 them) and the bytes go over that one connection: a download with sendfile (the kernel copies
 the page cache to the socket), an upload read into its temporary file as it comes, with the same
 confinement, cap and size checks. No round trip per chunk. Without a listener the answer is the
-chunked one, and the web reads over the channel layer as before.
+chunked one, and the web reads over the channel layer as before. The same transfer is offered
+under the same token in this process too (protocol.files.offer_local), for a web on this agent's
+event loop (standalone), which then takes the bytes as Python objects with no socket between:
+the file read with pread, an upload's pieces written as the web hands them over. Either way a
+transfer is served once (`_Offered`).
 """
 
 from __future__ import annotations
@@ -44,8 +48,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from agent.direct import DirectServer
 from protocol import files as proto
@@ -562,6 +568,29 @@ class FileOps:
             upload.dir_fd = -1
 
 
+class _Offered:
+    """One transfer offered both over the listener (`tcp`, agent.direct.offer_stream) and in this
+    process (`local`, protocol.files.offer_local) under one token, served by whichever is taken
+    first; the other is then refused."""
+
+    def __init__(self, serve: Callable[..., Awaitable[None]], local: Callable[..., Any]) -> None:
+        self.serve, self.local = serve, local
+        self.taken = False
+
+    async def tcp(self, reader, writer) -> None:
+        if self.taken:
+            writer.write(encode({"type": DIRECT_REFUSED, "error": "upload-gone", "detail": "the transfer was already taken"}))
+            return
+        self.taken = True
+        await self.serve(reader, writer)
+
+    def in_process(self, *args):
+        if self.taken:
+            raise proto.TransferRefused("upload-gone", "the transfer was already taken")
+        self.taken = True
+        return self.local(*args)
+
+
 class SessionFiles:
     """The agent's handler of `pty.files` messages. `agent`: the Agent (its loop, channel layer,
     `data_root`)."""
@@ -618,7 +647,9 @@ class SessionFiles:
             result = await self.agent._in(self.pool, self.run, running, message, direct=server is not None)
             stream = result.pop("stream", None)
             if stream is not None and server is not None:
-                result["direct"] = server.offer_stream(partial(*stream))
+                offered = _Offered(partial(*stream[0]), partial(*stream[1]))
+                result["direct"] = server.offer_stream(offered.tcp)
+                proto.offer_local(result["direct"]["token"], offered.in_process)
         except Exception as exc:  # a bug: say so rather than leave the web waiting
             log.exception("agent %s: file op %r failed", self.agent.node, message.get("op"))
             result = {"ok": False, "error": "failed", "detail": f"the agent could not do it: {exc}"}
@@ -629,8 +660,9 @@ class SessionFiles:
 
     def run(self, running, message: dict, *, direct: bool = False) -> dict:
         """Blocking: one op (protocol.files) → its answer. `direct`: a `read` from offset 0 or an
-        `upload_begin` answers with `stream`, (the coroutine function, its first arguments) that
-        serves the transfer's connection (`_send`, `_receive`), for `_answer` to offer."""
+        `upload_begin` answers with `stream`: two (function, its first arguments), one serving the
+        transfer's connection (`_send`, `_receive`), one the transfer taken in this process
+        (`_read_local`, `_write_upload`), for `_answer` to offer."""
         self._expire()
         op = message.get("op")
         try:
@@ -642,7 +674,8 @@ class SessionFiles:
             if op == "read" and direct and not message.get("offset"):
                 fd, st = files.open_file(message["path"])
                 os.close(fd)
-                size, stream = st.st_size, (self._send, files, message["path"], st.st_size)
+                size, path = st.st_size, message["path"]
+                stream = ((self._send, files, path, size), (self._read_local, files, path, size))
                 return {"ok": True, "data": b"", "size": size, "eof": not size, "stream": stream}
             if op == "read":
                 return {
@@ -659,7 +692,8 @@ class SessionFiles:
                 with self.lock:
                     self.uploads[upload_id] = (running.session_id, upload)
                 if direct:
-                    return {"ok": True, "upload_id": upload_id, "stream": (self._receive, running.session_id, upload_id)}
+                    key = (running.session_id, upload_id)
+                    return {"ok": True, "upload_id": upload_id, "stream": ((self._receive, *key), (self._write_upload, *key))}
                 return {"ok": True, "upload_id": upload_id}
             if op in ("upload_chunk", "upload_commit", "upload_abort"):
                 return self._upload_step(running, op, message)
@@ -711,19 +745,50 @@ class SessionFiles:
                 await asyncio.get_running_loop().sendfile(writer.transport, source, 0, count)
             await writer.drain()
 
+    async def _read_local(self, files: FileOps, path: str, size: int) -> AsyncIterator[bytes]:
+        """A download taken in this process (the web on this loop): the file opened again
+        (confined as any op), then its first `size` bytes (fewer where it shrank since) in pieces
+        of at most STREAM_READ_BYTES, read with pread from the page cache. Raises
+        protocol.files.TransferRefused where it is gone or no longer a regular file."""
+        try:
+            fd, st = files.open_file(path)
+        except (FileError, OSError) as exc:
+            raise proto.TransferRefused(getattr(exc, "code", "failed"), getattr(exc, "detail", str(exc))) from None
+        try:
+            offset, end = 0, min(size, st.st_size)
+            while offset < end:
+                data = os.pread(fd, min(STREAM_READ_BYTES, end - offset), offset)
+                if not data:
+                    return
+                offset += len(data)
+                yield data
+        finally:
+            os.close(fd)
+
     async def _receive(self, session_id: str, upload_id: str, reader, writer) -> None:
-        """An upload's connection (agent.direct): the bytes the web sends until it ends its side,
-        written to the upload's temporary file as they come (FileOps.upload_chunk: the declared
-        size and the cap's room hold), then one line: DIRECT_OK {written} (the web then commits
-        over the layer), or DIRECT_REFUSED {error, detail}, the upload dropped."""
+        """An upload's connection (agent.direct): the bytes the web sends until it ends its side
+        (`_write_upload`), then its answer as one line."""
+
+        async def pieces() -> AsyncIterator[bytes]:
+            while data := await reader.read(STREAM_READ_BYTES):
+                yield data
+
+        writer.write(encode(await self._write_upload(session_id, upload_id, pieces())))
+        await writer.drain()
+
+    async def _write_upload(self, session_id: str, upload_id: str, pieces: AsyncIterator[bytes]) -> dict:
+        """Write `pieces` (bytes, as they come) to the upload's temporary file
+        (FileOps.upload_chunk: the declared size and the cap's room hold); the answer: DIRECT_OK
+        {written} (the web then commits over the layer), or DIRECT_REFUSED {error, detail}, the
+        upload dropped. What `pieces` raises (the web's client went away) goes to the caller, the
+        upload kept for the web's abort."""
         with self.lock:
             found = self.uploads.get(upload_id)
         if found is None or found[0] != session_id:
-            writer.write(encode({"type": DIRECT_REFUSED, "error": "upload-gone", "detail": "no such upload"}))
-            return
+            return {"type": DIRECT_REFUSED, "error": "upload-gone", "detail": "no such upload"}
         upload = found[1]
         try:
-            while data := await reader.read(STREAM_READ_BYTES):
+            async for data in pieces:
                 try:
                     FileOps.upload_chunk(upload, upload.written, data)
                 except OSError as exc:
@@ -732,10 +797,8 @@ class SessionFiles:
             with self.lock:
                 self.uploads.pop(upload_id, None)
             FileOps.upload_close(upload, remove=True)
-            writer.write(encode({"type": DIRECT_REFUSED, "error": exc.code, "detail": exc.detail}))
-            return
-        writer.write(encode({"type": DIRECT_OK, "written": upload.written}))
-        await writer.drain()
+            return {"type": DIRECT_REFUSED, "error": exc.code, "detail": exc.detail}
+        return {"type": DIRECT_OK, "written": upload.written}
 
     def _expire(self) -> None:
         """Abandon uploads untouched for UPLOAD_IDLE_S or whose session ended."""

@@ -28,11 +28,19 @@ Messages (channel layer, the session's `pty.<node>.<id>` group, answered on `rep
 `upload_begin` {path, size (or None), cap} → {upload_id}; `upload_chunk` {upload_id, offset,
 data (≤ CHUNK_BYTES)} → {written}; `upload_commit` {upload_id} → {entry}; `upload_abort`
 {upload_id}; `delete` {path} → {}; `mkdir` {path} → {entry}. `error` is one of ERRORS.
+
+A transfer's bytes in bulk go over one connection to the agent's listener (agent.direct, a
+one-time token), or, where the web that asked runs on the agent's own event loop (standalone:
+uvicorn's loop serves both), in this process: the agent offers the transfer under the same token
+here (`offer_local`), the web takes it (`take_local`) and the bytes pass as Python objects, with
+no socket between the two and the same checks (the agent's transfer runs them).
 """
 
 from __future__ import annotations
 
+import asyncio
 import unicodedata
+from typing import Any
 
 CHUNK_BYTES = 256 * 1024  # the most file bytes one message carries (well under the layers' limits)
 PATH_MAX_CHARS = 4096
@@ -61,6 +69,43 @@ ERRORS = {
     "upload-gone": 409,
     "failed": 502,
 }
+
+
+LOCAL_TTL_S = 5.0  # how long a transfer offered in this process may be taken (agent.direct's TOKEN_TTL_S)
+_local: dict[str, tuple[asyncio.AbstractEventLoop, Any, float]] = {}  # token → (the offering loop, transfer, expiry)
+
+
+class TransferRefused(Exception):
+    """The agent refused a transfer taken in this process: `error` one of ERRORS, `detail` a sentence."""
+
+    def __init__(self, error: str, detail: str) -> None:
+        super().__init__(detail)
+        self.error = error
+        self.detail = detail
+
+
+def offer_local(token: str, transfer: Any) -> None:
+    """Offer `transfer` (the agent's: what the web calls to move the bytes) under `token` to a web
+    on the running event loop, for LOCAL_TTL_S seconds, once."""
+    loop = asyncio.get_running_loop()
+    now = loop.time()
+    for old in [key for key, (_, _, expiry) in _local.items() if expiry < now]:
+        _local.pop(old, None)
+    _local[token] = (loop, transfer, now + LOCAL_TTL_S)
+
+
+def take_local(token: object) -> Any:
+    """The transfer offered under `token` (a string) on the running event loop, taken now (it can
+    be taken once), or None: no such offer, expired, or offered on another loop (an agent in
+    another thread: the caller connects to its listener)."""
+    if not isinstance(token, str):
+        return None
+    entry = _local.get(token)
+    loop = asyncio.get_running_loop()
+    if entry is None or entry[0] is not loop:
+        return None
+    del _local[token]
+    return entry[1] if entry[2] >= loop.time() else None
 
 
 class PathRefused(ValueError):

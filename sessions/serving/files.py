@@ -16,7 +16,9 @@ a one-time token for one TCP connection to it (as the terminal's direct stream, 
 session apps are), which carries the whole file: sent by the agent with sendfile and relayed to
 the client as it comes, or the request body sent on as Django's handler holds it, the agent
 checking the same size and cap. The commit, the errors and the checks stay on the layer. Where
-the connection fails (DIRECT_CONNECT_S), the transfer goes through the layer as before.
+the connection fails (DIRECT_CONNECT_S), the transfer goes through the layer as before. Where
+the agent runs on this web's own event loop (standalone), the same offer is taken in the process
+(protocol.files.take_local) and the bytes pass as Python objects, no socket between the two.
 
 Each service checks the path and the session and reads what it needs of the database (the
 owner's projects) in sync code, then returns the wait: a coroutine function that talks to the
@@ -36,6 +38,7 @@ import inspect
 import json
 import logging
 from collections import deque
+from contextlib import aclosing
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -80,13 +83,23 @@ TITLES = {
 }
 
 
-def path_check(path: str) -> list[str]:
+def _path_refused(detail: str, why: str | None = None) -> ApplicationError:
+    """The 400 "bad-path" (Path refused) saying `detail`, naming the field `path` with `why`
+    (default `detail`)."""
+    return ApplicationError(detail, type="bad-path", title="Path refused", field_errors={"path": [why or detail]})
+
+
+def path_check(path: str, *, empty: tuple[str, str] | None = None) -> list[str]:
     """The parts of `path` (protocol.files.path_parts). Raises ApplicationError 400 "bad-path"
-    naming the field `path`."""
+    naming the field `path`; where `empty` is given, also for the home itself (no parts),
+    saying `empty` (detail, why)."""
     try:
-        return proto.path_parts(path)
+        parts = proto.path_parts(path)
     except proto.PathRefused as exc:
-        raise ApplicationError(str(exc), type="bad-path", title="Path refused", field_errors={"path": [str(exc)]}) from None
+        raise _path_refused(str(exc)) from None
+    if empty is not None and not parts:
+        raise _path_refused(*empty)
+    return parts
 
 
 def _check_running(session: ComputeSession) -> None:
@@ -254,14 +267,7 @@ def session_file_delete(*, session: ComputeSession, path: str) -> Wait[None]:
     """The wait deleting the file, link (the link itself) or folder (with what it holds) at
     `path`. Raises as `session_files_list`, and 403 read-only (the wait: under `.fgpu/`; this call: in a
     read-only shared folder), 404 not-found (this call: a shared folder that is none)."""
-    parts = path_check(path)
-    if not parts:
-        raise ApplicationError(
-            "give the path of a file or folder to delete",
-            type="bad-path",
-            title="Path refused",
-            field_errors={"path": ["the home itself cannot be deleted"]},
-        )
+    parts = path_check(path, empty=("give the path of a file or folder to delete", "the home itself cannot be deleted"))
     call = _call(session, parts=parts, write=True)
 
     async def wait() -> None:
@@ -273,14 +279,7 @@ def session_file_delete(*, session: ComputeSession, path: str) -> Wait[None]:
 def session_folder_make(*, session: ComputeSession, path: str) -> Wait[dict]:
     """The wait making the folder `path` (and its missing parents), which returns its entry.
     Raises as `session_files_list`."""
-    parts = path_check(path)
-    if not parts:
-        raise ApplicationError(
-            "give the path of the folder to make",
-            type="bad-path",
-            title="Path refused",
-            field_errors={"path": ["the home exists"]},
-        )
+    parts = path_check(path, empty=("give the path of the folder to make", "the home exists"))
     call = _call(session, parts=parts, write=True)
 
     async def wait() -> dict:
@@ -299,14 +298,7 @@ def session_file_upload(*, session: ComputeSession, path: str, body, size: int |
     Raises ApplicationError as `session_files_list`, and 413 over-cap when the file would bring
     the folder past FGPU_FILES_USER_CAP bytes (this call, before a byte is sent, when `size`
     says so; else the wait), 400 is-a-directory (the wait) when `path` is a folder."""
-    parts = path_check(path)
-    if not parts:
-        raise ApplicationError(
-            "give the path of the file to write",
-            type="bad-path",
-            title="Path refused",
-            field_errors={"path": ["a file name is needed"]},
-        )
+    parts = path_check(path, empty=("give the path of the file to write", "a file name is needed"))
     call = _call(session, parts=parts, write=True)
     if size is not None and size > call.cap:
         raise ApplicationError(
@@ -345,32 +337,50 @@ async def _answer_line(reader: asyncio.StreamReader) -> dict:
     return found if isinstance(found, dict) else {}
 
 
+def _incomplete(sent: int, size: int) -> ApplicationError:
+    return ApplicationError(
+        f"the request body ended after {sent} of its {size} bytes", type="bad-request", title="Incomplete upload"
+    )
+
+
 async def _upload_direct(link: _Link, offer: dict, body, size: int | None) -> int | None:
-    """Send the whole of `body` over the agent's connection for the upload (`offer`); the bytes
-    the agent wrote, or None where no connection came about before a byte was sent (the caller
-    sends through the layer). Raises ApplicationError when the agent refused (its error: over-cap,
-    …) or the connection broke."""
-    connection = await _connect(offer)
-    if connection is None:
-        return None
-    reader, writer = connection
+    """Send the whole of `body` for the upload (`offer`): to the agent in this process where it
+    offered it here (protocol.files.take_local: standalone), else over the agent's connection;
+    the bytes the agent wrote, or None where no connection came about before a byte was sent
+    (the caller sends through the layer). Raises ApplicationError when the agent refused (its
+    error: over-cap, …), the body ended short of `size` or the connection broke."""
     sent = 0
-    try:
+
+    async def pieces() -> AsyncIterator[bytes]:
+        nonlocal sent
+        while data := await _body_read(body, DIRECT_PIECE):
+            sent += len(data)
+            yield data
+        if size is not None and sent != size:
+            raise _incomplete(sent, size)
+
+    local = proto.take_local(offer.get("token"))
+    if local is not None:
         try:
-            while data := await _body_read(body, DIRECT_PIECE):
-                writer.write(data)
-                sent += len(data)
-                await writer.drain()
-            if size is not None and sent != size:
-                raise ApplicationError(
-                    f"the request body ended after {sent} of its {size} bytes", type="bad-request", title="Incomplete upload"
-                )
-            writer.write_eof()
-        except ConnectionError:
-            pass  # the agent refused and closed: its line says why
-        answer = await _answer_line(reader)
-    finally:
-        writer.close()
+            answer = await local(pieces())
+        except proto.TransferRefused as exc:
+            answer = {"error": exc.error, "detail": exc.detail}
+    else:
+        connection = await _connect(offer)
+        if connection is None:
+            return None
+        reader, writer = connection
+        try:
+            try:
+                async for data in pieces():
+                    writer.write(data)
+                    await writer.drain()
+                writer.write_eof()
+            except ConnectionError:
+                pass  # the agent refused and closed: its line says why
+            answer = await _answer_line(reader)
+        finally:
+            writer.close()
     if answer.get("type") == DIRECT_OK and answer.get("written") == sent:
         return sent
     refused = {"ok": False, "error": answer.get("error", "failed"), "detail": answer.get("detail", "the upload broke off")}
@@ -406,9 +416,7 @@ async def _upload(link: _Link, path: str, body, size: int | None) -> dict:
             await link.ask("upload_chunk", upload_id=upload_id, offset=offset, data=bytes(data))
             offset += len(data)
         if size is not None and offset != size:
-            raise ApplicationError(
-                f"the request body ended after {offset} of its {size} bytes", type="bad-request", title="Incomplete upload"
-            )
+            raise _incomplete(offset, size)
         return (await link.ask("upload_commit", upload_id=upload_id))["entry"]
     except BaseException:
         try:
@@ -447,11 +455,27 @@ def session_file_download(*, session: ComputeSession, path: str) -> Wait[tuple[s
 
 
 async def _direct_chunks(call: FilesCall, path: str, first: dict):
-    """The download's bytes over the agent's connection (`first["direct"]`: agent.files sends
-    them with sendfile), as they come, up to the size announced; through the layer (`_chunks`,
-    up to that size) where the connection does not come about. Ends early (the client sees a
-    short body) where the agent refuses or the connection breaks."""
+    """The download's bytes from the agent in this process where it offered them here
+    (protocol.files.take_local: standalone; read from the file as the client takes them), else
+    over the agent's connection (`first["direct"]`: agent.files sends them with sendfile), as
+    they come, up to the size announced; through the layer (`_chunks`, up to that size) where the
+    connection does not come about. Ends early (the client sees a short body) where the agent
+    refuses or the connection breaks."""
     size = int(first["size"])
+    local = proto.take_local(first["direct"].get("token"))
+    if local is not None:
+        left = size
+        try:
+            async with aclosing(local()) as pieces:  # its file closed at once where the client goes away
+                async for data in pieces:
+                    left -= len(data)
+                    yield data
+        except proto.TransferRefused as exc:
+            log.warning("download of %r from session %s refused: %s", path, call.session_id, exc.detail)
+            return
+        if left > 0:
+            log.warning("download of %r from session %s stopped at %d of %d bytes", path, call.session_id, size - left, size)
+        return
     connection = await _connect(first["direct"])
     if connection is None:
         again = await _Link(call).ask("read", path=path, offset=0, length=proto.CHUNK_BYTES)
