@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from django.db import transaction
@@ -22,6 +22,8 @@ from accelerators.allocation.errors import InvalidResourceRequest
 from accelerators.mig_selectors import device_mig_catalog, gpu_instance_holds, node_mig_gpus, node_mig_layout_digest
 from accelerators.models import Device, GpuInstance, MigMode, Node, NodeStatus
 from accelerators.services import node_settings_saved
+from protocol.messages import HardwareId, MigPlacement, NodeName
+from protocol.mig_messages import MigGpu, MigInstance, MigReconcile, MigReport
 
 log = logging.getLogger(__name__)
 
@@ -154,41 +156,41 @@ def node_mig_layout_apply(*, node: Node) -> MigLayoutChange:
     return MigLayoutChange(removed=tuple(removed), added=tuple(added), pending=tuple(pending))
 
 
-def node_mig_expected(*, node: Node) -> dict | None:
-    """What the agent of `node` reconciles its MIG GPUs against, for the task
-    `fgpu.agent.mig_reconcile`: {"gpus": [{"gpu": GPU UUID, "index", "model_name", "memory_size"
-    (bytes), "subproc_count" (SMs)}], "expected": {GPU UUID: [{"profile", "start"}]}, "destroy":
-    {GPU UUID: [{"profile", "start"}]}} — every GPU instance the manager planned (in use or idle;
-    unknown ones are left out, so the agent reports them again if they are still there), and the
-    idle instances a layout change removed that the agent has not yet reported destroyed
-    (`node.mig_sync["destroy"]`, less any the layout expects again). None unless the node is in
-    dynamic or fixed MIG mode and has a MIG-capable GPU."""
+def node_mig_expected(*, node: Node) -> MigReconcile | None:
+    """What the agent of `node` reconciles its MIG GPUs against, the message of the task
+    `fgpu.agent.mig_reconcile` (protocol.mig_messages.MigReconcile, of kind "start" and no `seq`:
+    node_mig_push sets them): its MIG GPUs (`gpus`), every GPU instance the manager planned on each
+    (`expected`: in use or idle; unknown ones are left out, so the agent reports them again if
+    they are still there), and the idle instances a layout change removed that the agent has not
+    yet reported destroyed (`destroy`: `node.mig_sync["destroy"]`, less any the layout expects
+    again). None unless the node is in dynamic or fixed MIG mode and has a MIG-capable GPU."""
     if node.mig_mode not in (MigMode.DYNAMIC, MigMode.FIXED):
         return None
-    gpus, expected = [], {}
+    gpus: list[MigGpu] = []
+    expected: dict[HardwareId, tuple[MigPlacement, ...]] = {}
     rows = GpuInstance.objects.filter(node=node, unknown_since__isnull=True).order_by("placement_start")
     for device in node_mig_gpus(node=node):
+        gpu = HardwareId(device.device_id)
         gpus.append(
-            {
-                "gpu": device.device_id,
-                "index": device.index,
-                "model_name": device.model_name,
-                "memory_size": device.memory_size,
-                "subproc_count": device.subproc_count,
-            }
+            MigGpu(
+                gpu=gpu,
+                index=device.index,
+                model_name=device.model_name,
+                memory_size=device.memory_size,
+                subproc_count=device.subproc_count,
+            )
         )
-        expected[device.device_id] = [
-            {"profile": r.profile, "start": r.placement_start} for r in rows if r.parent_id == device.pk
-        ]
+        expected[gpu] = tuple(MigPlacement(r.profile, r.placement_start) for r in rows if r.parent_id == device.pk)
     if not gpus:
         return None
-    destroy = {}
-    for gpu, items in (node.mig_sync or {}).get("destroy", {}).items():
-        wanted = {(e["profile"], e["start"]) for e in expected.get(gpu, ())}
-        left = [item for item in items if (item["profile"], item["start"]) not in wanted]
+    destroy: dict[HardwareId, tuple[MigPlacement, ...]] = {}
+    for gpu_text, items in (node.mig_sync or {}).get("destroy", {}).items():
+        gpu = HardwareId(gpu_text)
+        wanted = set(expected.get(gpu, ()))
+        left = tuple(p for p in (MigPlacement(i["profile"], i["start"]) for i in items) if p not in wanted)
         if gpu in expected and left:
             destroy[gpu] = left
-    return {"gpus": gpus, "expected": expected, "destroy": destroy}
+    return MigReconcile(node=NodeName(node.name), gpus=tuple(gpus), expected=expected, destroy=destroy)
 
 
 # --- telling a running agent: pushes, their reports, and drift seen in heartbeats ---------------------
@@ -217,10 +219,11 @@ def _sync_detail(sync: dict, mode: str) -> str:
     }.get(state, "")
 
 
-def _send_mig_reconcile(node_name: str, message: dict) -> None:
+def _send_mig_reconcile(node_name: str, message: MigReconcile) -> None:
+    """Send `message` to `node_name`'s agent (its queue is the node's: the message names it too)."""
     from common.celery import agent_send
 
-    agent_send(protocol.MIG_RECONCILE, node=node_name, **message)
+    agent_send(protocol.MIG_RECONCILE, **{**message.encode(), "node": node_name})
 
 
 @transaction.atomic
@@ -251,12 +254,12 @@ def node_mig_push(*, node: Node, kind: str, change: MigLayoutChange | None = Non
     if message is None:
         sync.update(state="not-managed", pending=[], destroy={}, errors=[])
     else:
-        sync.update(destroy=message["destroy"], errors=[], kind=kind)
+        sync.update(destroy={gpu: [p.encode() for p in items] for gpu, items in message.destroy.items()}, errors=[], kind=kind)
         if locked.status != NodeStatus.ALIVE:
             sync["state"] = "pending-agent-offline"
         else:
             sync.update(state="sent", seq=int(sync.get("seq", 0)) + 1, sent_at=now)
-            transaction.on_commit(partial(_send_mig_reconcile, locked.name, {**message, "kind": kind, "seq": sync["seq"]}))
+            transaction.on_commit(partial(_send_mig_reconcile, locked.name, replace(message, kind=kind, seq=sync["seq"])))
     sync["detail"] = _sync_detail(sync, locked.mig_mode)
     locked.save(update_fields=["mig_sync"])
     node.mig_sync = sync
@@ -331,22 +334,19 @@ def node_mig_heartbeat_check(*, node_name: str, digest: str | None) -> bool:
     return True
 
 
-def _sync_record_report(node: Node, report: dict) -> None:
-    """Fold a full reconcile report (one answering `node_mig_push`: it has "kind" and "seq")
+def _sync_record_report(node: Node, report: MigReport) -> None:
+    """Fold a full reconcile report (one answering `node_mig_push`: it has a `kind` and `seq`)
     into `node.mig_sync`: instances it destroyed leave "destroy"; when it answers the latest
     push, its errors and the state ("applied", "pending" or "error") replace the old ones."""
     sync = dict(node.mig_sync or {})
-    gone = {(d.get("gpu"), d.get("profile"), int(d.get("start", -1))) for d in report.get("destroyed", [])}
+    gone = {(d.gpu, d.profile, d.start) for d in report.destroyed}
     destroy = {
         gpu: [d for d in items if (gpu, d["profile"], d["start"]) not in gone] for gpu, items in sync.get("destroy", {}).items()
     }
     sync["destroy"] = {gpu: items for gpu, items in destroy.items() if items}
-    if report.get("seq") == sync.get("seq"):
+    if report.seq == sync.get("seq"):
         sync["reported_at"] = timezone.now().isoformat()
-        sync["errors"] = [
-            {"gpu": e.get("gpu"), "profile": e.get("profile") or "", "start": e.get("start"), "reason": e.get("reason", "")}
-            for e in report.get("errors", [])
-        ]
+        sync["errors"] = [e.encode() for e in report.errors]
         sync["state"] = "error" if sync["errors"] else "pending" if sync.get("pending") else "applied"
         sync["detail"] = _sync_detail(sync, node.mig_mode)
     node.mig_sync = sync
@@ -354,13 +354,12 @@ def _sync_record_report(node: Node, report: dict) -> None:
 
 
 @transaction.atomic
-def node_mig_report_apply(*, node_name: str, report: dict) -> list[GpuInstance]:
+def node_mig_report_apply(*, node_name: str, report: MigReport) -> list[GpuInstance]:
     """Record what the agent of `node_name` found when it reconciled its MIG GPUs
-    (`agent.mig.MigManager.reconcile`: {"gpus": [GPU UUIDs it could list],
-    "unknown": [{"gpu", "profile", "start", "uuid"}], "recreated": [...], "errors": [...]}; an
-    answer to `node_mig_push` adds "kind", "seq" and "destroyed": [{"gpu", "profile", "start"}],
-    and is folded into `Node.mig_sync`; or, after a start spec's instance was made or reused,
-    {"prepared": [...]}).
+    (protocol.mig_messages.MigReport, built by `agent.mig.MigManager`: `gpus` the GPUs it could
+    list, `unknown` the instances it found there that the manager does not know, `recreated`,
+    `errors`; an answer to `node_mig_push` has a `kind`, `seq` and `destroyed`, and is folded into
+    `Node.mig_sync`; after a start spec's instance was made or reused, `prepared`).
 
     For each listed GPU the unknown instances become GpuInstance rows with `unknown_since` set
     (the planner then counts their slices as taken and never reuses or destroys them), rows of
@@ -369,39 +368,41 @@ def node_mig_report_apply(*, node_name: str, report: dict) -> list[GpuInstance]:
     instances get their MIG device UUID. A planned row in use where an unknown instance sits is kept and
     the clash logged. Returns the unknown rows of the listed GPUs. Unknown nodes, GPUs and
     profiles are logged and skipped."""
-    gpu_ids = {*report.get("gpus", []), *(item.get("gpu") for item in report.get("prepared", []))}
+    gpu_ids = {*report.gpus, *(item.gpu for item in report.prepared)}
     node = Node.objects.select_for_update().filter(name=node_name).first()
     if node is None:
         log.warning("MIG reconcile report from unregistered node %s", node_name)
         return []
     now = timezone.now()
     gpus = {d.device_id: d for d in Device.objects.filter(node=node, is_mig_device=False, device_id__in=gpu_ids)}
-    listed = [d for gpu, d in gpus.items() if gpu in report.get("gpus", [])]  # those whose unknown ones are news
+    listed = [d for gpu, d in gpus.items() if gpu in report.gpus]  # those whose unknown ones are news
     rows = list(GpuInstance.objects.select_for_update(of=("self",)).filter(parent__in=listed).select_related("session"))
-    for item in [*report.get("recreated", []), *report.get("prepared", [])]:
-        device = gpus.get(item.get("gpu"))
-        if device is not None and item.get("uuid"):
+    for made in [*report.recreated, *report.prepared]:
+        device = gpus.get(made.gpu)
+        if device is not None and made.uuid:
             GpuInstance.objects.filter(
-                parent=device, profile=item["profile"], placement_start=int(item["start"]), unknown_since__isnull=True
-            ).update(uuid=item["uuid"])
-    for item in report.get("errors", []):
+                parent=device, profile=made.profile, placement_start=made.start, unknown_since__isnull=True
+            ).update(uuid=made.uuid)
+    for failure in report.errors:
         log.warning(
             "node %s could not re-create MIG instance %s@%s on GPU %s: %s",
             node_name,
-            item.get("profile"),
-            item.get("start"),
-            item.get("gpu"),
-            item.get("reason"),
+            failure.profile,
+            failure.start,
+            failure.gpu,
+            failure.reason,
         )
     listed_ids = {d.device_id for d in listed}
-    found = {(item["gpu"], int(item["start"])): item for item in report.get("unknown", []) if item.get("gpu") in listed_ids}
+    found: dict[tuple[str, int], MigInstance] = {
+        (item.gpu, item.start): item for item in report.unknown if item.gpu in listed_ids
+    }
     unknown, uuid_of = [], {d.pk: d.device_id for d in gpus.values()}
     for row in rows:
         key = (uuid_of[row.parent_id], row.placement_start)
         item = found.get(key)
         if row.unknown_since is not None:
-            if item is not None and item["profile"] == row.profile:
-                row.uuid = item.get("uuid", row.uuid)
+            if item is not None and item.profile == row.profile:
+                row.uuid = item.uuid or row.uuid
                 row.save(update_fields=["uuid"])
                 unknown.append(row)
                 found.pop(key)
@@ -416,14 +417,14 @@ def node_mig_report_apply(*, node_name: str, report: dict) -> list[GpuInstance]:
             log.warning(
                 "node %s: MIG instance %s@%s (%s) on GPU %s is not the manager's, but a session's instance is planned there",
                 node_name,
-                item["profile"],
+                item.profile,
                 start,
-                item.get("uuid"),
+                item.uuid,
                 gpu,
             )
             continue
         try:
-            profile = device_mig_catalog(device).profile(item["profile"])
+            profile = device_mig_catalog(device).profile(item.profile)
         except InvalidResourceRequest as exc:
             log.warning("node %s: unknown MIG instance on GPU %s skipped: %s", node_name, gpu, exc)
             continue
@@ -436,7 +437,7 @@ def node_mig_report_apply(*, node_name: str, report: dict) -> list[GpuInstance]:
                 placement_size=profile.size,
                 memory_size=profile.memory,
                 subproc_count=profile.sm_count_for(device.subproc_count),
-                uuid=item.get("uuid", ""),
+                uuid=item.uuid,
                 unknown_since=now,
             )
         )
@@ -446,9 +447,9 @@ def node_mig_report_apply(*, node_name: str, report: dict) -> list[GpuInstance]:
             node_name,
             profile.name,
             start,
-            item.get("uuid"),
+            item.uuid,
             gpu,
         )
-    if "kind" in report:  # the answer to a push (node_mig_push): how far the agent got
+    if report.kind is not None:  # the answer to a push (node_mig_push): how far the agent got
         _sync_record_report(node, report)
     return unknown

@@ -53,6 +53,7 @@ from agent.session_apps import SessionApps
 from agent.storage import StorageWatch
 from agent.usage import UsageSampler
 from protocol.messages import NodeName, StartSpec
+from protocol.mig_messages import MigReconcile, MigReport
 
 log = logging.getLogger(__name__)
 
@@ -394,10 +395,10 @@ class Agent:
             raise RuntimeError(f"agent {self.node} is not started")
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def submit_start(self, spec: StartSpec | dict) -> None:
-        """Start a session (protocol.messages.StartSpec, or its dict as sent: decoded here, raises
-        Malformed)."""
-        self._submit(self._start(spec if isinstance(spec, StartSpec) else StartSpec.decode(spec)))
+    def submit_start(self, spec: StartSpec) -> None:
+        """Start a session (protocol.messages.StartSpec: decoded once, where it arrives, by the
+        Celery task agent.tasks.session_start)."""
+        self._submit(self._start(spec))
 
     def submit_stop(self, session_id: str) -> None:
         self._submit(self._stop(session_id, reason="terminated"))
@@ -405,29 +406,22 @@ class Agent:
     def submit_sync(self, keep: list[str]) -> None:
         self._submit(self._sync(set(keep)))
 
-    def submit_mig_reconcile(
-        self,
-        gpus: list[dict],
-        expected: dict[str, list[dict]],
-        *,
-        destroy: dict[str, list[dict]] | None = None,
-        kind: str = "start",
-        seq: int | None = None,
-    ) -> None:
-        """Reconcile the MIG GPUs `gpus` with the manager's `expected` layout, destroying the
-        idle instances in `destroy` first: kind "start" skips GPUs a start spec reached first
-        (`MigManager.reconcile_at_start`), "layout" and "drift" do every GPU
-        (`MigManager.apply_layout`). The report, with `kind` and `seq`, goes to the manager."""
-        self._submit(self._mig_reconcile(gpus, expected, destroy=destroy, kind=kind, seq=seq))
+    def submit_mig_reconcile(self, message: MigReconcile) -> None:
+        """Reconcile the MIG GPUs of `message` (protocol.mig_messages.MigReconcile) with the
+        manager's expected layout, destroying the idle instances in its `destroy` first: kind
+        "start" skips GPUs a start spec reached first (`MigManager.reconcile_at_start`), "layout"
+        and "drift" do every GPU (`MigManager.apply_layout`). The report, with the message's
+        `kind` and `seq`, goes to the manager."""
+        self._submit(self._mig_reconcile(message))
 
-    async def _mig_reconcile(self, gpus: list[dict], expected: dict[str, list[dict]], **how) -> None:
-        step = self.mig.reconcile_at_start if how.get("kind") == "start" else self.mig.apply_layout
+    async def _mig_reconcile(self, message: MigReconcile) -> None:
+        step = self.mig.reconcile_at_start if message.kind == "start" else self.mig.apply_layout
         try:
-            await self._in(self._work, step, gpus, expected, **how)
+            await self._in(self._work, step, message)
         except Exception:
             log.exception("agent %s: MIG reconcile failed", self.node)
 
-    def _send_mig_report(self, report: dict) -> None:
+    def _send_mig_report(self, report: MigReport) -> None:
         """MigManager's on_report: blocking, called from a worker thread (never the loop)."""
         self.manager.mig_report(self.node, report)
 

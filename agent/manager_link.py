@@ -27,6 +27,7 @@ from typing import Any
 
 import protocol
 from protocol.messages import Heartbeat, LogBatch, NodeName, SessionId, SessionReport
+from protocol.mig_messages import MigReport
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,9 @@ class CeleryManager:
         batch = LogBatch(SessionId(session_id), seq, offset, text, final, NodeName(self.node) if self.node else None)
         self._send(protocol.SESSION_LOG_APPEND, kwargs=batch.encode())
 
-    def mig_report(self, node: str, report: dict) -> None:
-        self._send(protocol.MIG_REPORT, kwargs={"node": node, "report": report})
+    def mig_report(self, node: str, report: MigReport) -> None:
+        """What the agent's MIG manager found and did (protocol.mig_messages.MigReport)."""
+        self._send(protocol.MIG_REPORT, kwargs={"node": node, "report": report.encode()})
 
     def usage(self, node: str, batch: dict) -> None:
         """A batch of usage samples (agent.usage), on queue manager.usage."""

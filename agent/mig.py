@@ -1,7 +1,7 @@
 """The agent's MIG manager: makes the GPU instance a session's start spec names, and reconciles.
 
 The manager (scheduler + `accelerators.allocation.mig.plan_instance`) decides the layout; the
-agent carries it out. A start spec with a `mig` block —
+agent carries it out. A start spec with a `mig` block (protocol.messages.MigBlock) —
 
     {"gpu": "GPU-…", "model_name": "H100-80GB", "memory_size": 85899345920, "subproc_count": 132,
      "profile": "1g.20gb", "start": 6, "reuse": false,
@@ -14,8 +14,9 @@ UUID into CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES and the instance's memor
 virtual nvidia-smi. When the session ends nothing is destroyed (lazy teardown).
 
 While the agent runs, the manager pushes a changed layout (an administrator's change, or a
-heartbeat whose `layout_digest` differed from the expected one): `apply_layout` destroys the
-idle instances the manager no longer plans, creates the missing ones and reports strangers.
+heartbeat whose `layout_digest` differed from the expected one) as a typed message
+(protocol.mig_messages.MigReconcile): `apply_layout` destroys the idle instances the manager no
+longer plans, creates the missing ones and reports strangers (protocol.mig_messages.MigReport).
 
 Backends: `NvmlMigBackend` (real GPUs, through `accelerators.plugins.cuda_mig`) and
 `MockMigBackend` (mock nodes: an in-memory layout checked against the built-in catalog, so
@@ -28,16 +29,19 @@ import logging
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
+
+import pynvml
 
 from accelerators.allocation import mig as catalog_mod
 from accelerators.allocation.errors import AllocationError
 from accelerators.plugins import cuda_mig
 from accelerators.plugins.cuda_mig import LiveInstance, MigNvmlError
-from protocol.messages import HardwareId, MigBlock, StartDevice, StartSpec
+from protocol.messages import HardwareId, MigBlock, MigPlacement, StartDevice, StartSpec
+from protocol.mig_messages import Layout, MigFailure, MigGpu, MigInstance, MigReconcile, MigReport, MigSlot
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +62,7 @@ class MockMigBackend:
         self._lock = threading.Lock()
         self.catalogs: dict[str, catalog_mod.MigCatalog] = {}
 
-    def catalog(self, gpu: str, *, model_name: str, memory_size: int = 0, subproc_count: int = 0):
+    def catalog(self, gpu: str, *, model_name: str, memory_size: int = 0, subproc_count: int = 0) -> catalog_mod.MigCatalog:
         if gpu not in self.catalogs:
             self.catalogs[gpu] = catalog_mod.catalog_get(model_name, memory_size=memory_size)
         return self.catalogs[gpu]
@@ -96,7 +100,7 @@ class MockMigBackend:
     def destroy(self, gpu: str, instance: LiveInstance) -> None:
         with self._lock:
             if instance.uuid in self.attached:
-                raise MigError(cuda_mig.reason_in_words(cuda_mig.pynvml.NVML_ERROR_IN_USE))
+                raise MigError(cuda_mig.reason_in_words(pynvml.NVML_ERROR_IN_USE))
             self.layouts.get(gpu, {}).pop(instance.start, None)
 
 
@@ -105,18 +109,18 @@ class NvmlMigBackend:
     and closes NVML (reference-counted by NVML itself). Needs root for create and destroy."""
 
     def __init__(self, nvml: Any = None) -> None:
-        self.nvml = nvml if nvml is not None else cuda_mig.pynvml
+        self.nvml = nvml if nvml is not None else pynvml
         self.catalogs: dict[str, catalog_mod.MigCatalog] = {}
 
     @contextmanager
-    def _gpu(self, gpu: str):
+    def _gpu(self, gpu: str) -> Iterator[Any]:
         self.nvml.nvmlInit()
         try:
             yield cuda_mig.call(self.nvml, "nvmlDeviceGetHandleByUUID", gpu)
         finally:
             self.nvml.nvmlShutdown()
 
-    def catalog(self, gpu: str, *, model_name: str, memory_size: int = 0, subproc_count: int = 0):
+    def catalog(self, gpu: str, *, model_name: str, memory_size: int = 0, subproc_count: int = 0) -> catalog_mod.MigCatalog:
         if gpu not in self.catalogs:
             with self._gpu(gpu) as handle:
                 self.catalogs[gpu] = cuda_mig.catalog_from_nvml(
@@ -137,94 +141,90 @@ class NvmlMigBackend:
             cuda_mig.destroy_instance(self.nvml, handle, gpu_instance_id=instance.gpu_instance_id)
 
 
+class MigBackend(Protocol):
+    """What MigManager asks of MIG on the node (MockMigBackend, NvmlMigBackend). GPUs by UUID."""
+
+    def catalog(self, gpu: str, *, model_name: str, memory_size: int = 0, subproc_count: int = 0) -> catalog_mod.MigCatalog: ...
+
+    def instances(self, gpu: str) -> list[LiveInstance]: ...
+
+    def create(self, gpu: str, profile: catalog_mod.MigProfile, start: int, *, subproc_count: int = 0) -> LiveInstance: ...
+
+    def destroy(self, gpu: str, instance: LiveInstance) -> None: ...
+
+
+Created = Callable[[tuple[str, int]], bool]  # which missing (profile, start) a reconcile creates
+
+
 class MigManager:
     """Carries out the manager's MIG decisions on one node through `backend`. `timings` keeps
-    (step, GPU, profile, seconds) of every create / destroy, for `tests/gpu/mig_real.py`."""
+    (step, GPU, profile, seconds) of every create / destroy, for `tests/gpu/mig_real.py`;
+    `on_report` gets each report (protocol.mig_messages.MigReport), outside the lock (the agent
+    sends it to the manager)."""
 
-    def __init__(self, backend: Any, *, on_report=None) -> None:
+    def __init__(self, backend: MigBackend, *, on_report: Callable[[MigReport], None] | None = None) -> None:
         self.backend = backend
         self.timings: list[tuple[str, str, str, float]] = []
-        self.reports: list[dict] = []  # what reconciling each GPU found (see `reconcile`)
-        # called with each reconcile report, outside the lock (the agent sends it to the manager)
+        self.reports: list[MigReport] = []  # what reconciling each GPU found (see `reconcile`)
         self.on_report = on_report
         self._reconciled: set[str] = set()
-        self.known: dict[str, dict] = {}  # GPU UUID → block: the MIG GPUs the manager named, for layout_digest
+        self.known: dict[HardwareId, MigGpu] = {}  # the MIG GPUs the manager named, for layout_digest
         self._lock = threading.Lock()
 
-    def reconcile_at_start(
-        self,
-        gpus: Iterable[dict],
-        expected: dict[str, list[dict]],
-        *,
-        destroy: dict[str, list[dict]] | None = None,
-        kind: str = "start",
-        seq: int | None = None,
-    ) -> dict:
-        """At agent start: `apply_layout` on the GPUs (blocks with "gpu", "model_name",
-        "memory_size", "subproc_count") except GPUs a start spec already reconciled (a session
-        prepared there first: its spec carried a newer layout). Returns the report (also in
-        `reports`, and passed to `on_report`), whose "gpus" lists the GPUs whose instances could
-        be listed."""
-        gpus = list(gpus)
+    def reconcile_at_start(self, message: MigReconcile) -> MigReport:
+        """At agent start (a MigReconcile of kind "start"): `apply_layout` on its GPUs except those a
+        start spec already reconciled (a session prepared there first: its spec carried a newer
+        layout). Returns the report (also in `reports`, and passed to `on_report`), whose `gpus`
+        lists the GPUs whose instances could be listed."""
         with self._lock:
-            self._know(gpus)
-            report = self._apply(
-                [block for block in gpus if block["gpu"] not in self._reconciled], expected, destroy or {}, kind=kind, seq=seq
-            )
+            self._know(message.gpus)
+            report = self._apply([gpu for gpu in message.gpus if gpu.gpu not in self._reconciled], message)
         self._report(report)
         return report
 
-    def apply_layout(
-        self,
-        gpus: Iterable[dict],
-        expected: dict[str, list[dict]],
-        *,
-        destroy: dict[str, list[dict]] | None = None,
-        kind: str = "layout",
-        seq: int | None = None,
-    ) -> dict:
+    def apply_layout(self, message: MigReconcile) -> MigReport:
         """While the agent runs (an administrator changed the layout, or a heartbeat's digest
-        differed): on every GPU in `gpus`, destroy the instances in `destroy` (GPU UUID →
-        [{"profile", "start"}]: idle ones the manager no longer plans; one the layout expects is
-        kept, one with a process attached fails IN_USE and stays, reported in "errors"), then
-        `reconcile` against `expected` (missing ones created, strangers reported). Returns the
-        report — `reconcile`'s plus "destroyed" (the `destroy` items no longer on the GPU),
-        "kind" and "seq" as given — also in `reports` and passed to `on_report`."""
-        gpus = list(gpus)
+        differed): on every GPU of `message`, destroy the instances in its `destroy` (idle ones
+        the manager no longer plans; one the layout expects is kept, one with a process attached
+        fails IN_USE and stays, reported in `errors`), then `reconcile` against its `expected`
+        (missing ones created, strangers reported). Returns the report — `reconcile`'s with
+        `destroyed` (the `destroy` items no longer on the GPU), and the message's `kind` and
+        `seq` — also in `reports` and passed to `on_report`."""
         with self._lock:
-            self._know(gpus)
-            report = self._apply(gpus, expected, destroy or {}, kind=kind, seq=seq)
+            self._know(message.gpus)
+            report = self._apply(list(message.gpus), message)
         self._report(report)
         return report
 
-    def _know(self, gpus: list[dict]) -> None:
-        for block in gpus:
-            self.known[block["gpu"]] = block
+    def _know(self, gpus: Iterable[MigGpu]) -> None:
+        for gpu in gpus:
+            self.known[gpu.gpu] = gpu
 
-    def _apply(
-        self, gpus: list[dict], expected: dict[str, list[dict]], destroy: dict[str, list[dict]], *, kind: str, seq: int | None
-    ) -> dict:
-        destroyed: list[dict] = []
-        errors: list[dict] = []
-        for block in gpus:
-            destroyed.extend(self._destroy_listed(block, expected.get(block["gpu"], ()), destroy.get(block["gpu"], ()), errors))
-        report = self.reconcile(gpus, expected)
-        report.update(errors=[*errors, *report["errors"]], destroyed=destroyed, kind=kind, seq=seq)
-        self._reconciled.update(report["gpus"])
+    def _apply(self, gpus: list[MigGpu], message: MigReconcile) -> MigReport:
+        destroyed: list[MigSlot] = []
+        errors: list[MigFailure] = []
+        for gpu in gpus:
+            destroyed.extend(
+                self._destroy_listed(gpu, message.expected.get(gpu.gpu, ()), message.destroy.get(gpu.gpu, ()), errors)
+            )
+        found = self.reconcile(gpus, message.expected)
+        report = replace(found, errors=(*errors, *found.errors), destroyed=tuple(destroyed), kind=message.kind, seq=message.seq)
+        self._reconciled.update(report.gpus)
         self.reports.append(report)
         return report
 
-    def _destroy_listed(self, block: dict, expected: Iterable[dict], doomed: Iterable[dict], errors: list) -> list[dict]:
-        """Destroy the instances of `doomed` on the block's GPU that `expected` does not list;
-        failures go to `errors`. Returns the `doomed` items no longer on the GPU."""
-        gpu = block["gpu"]
-        keep = {(item["profile"], int(item["start"])) for item in expected}
-        doomed_at = [(item["profile"], int(item["start"])) for item in doomed]
+    def _destroy_listed(
+        self, gpu: MigGpu, expected: Iterable[MigPlacement], doomed: Iterable[MigPlacement], errors: list[MigFailure]
+    ) -> list[MigSlot]:
+        """Destroy the instances of `doomed` on GPU `gpu` that `expected` does not list; failures
+        go to `errors`. Returns the `doomed` items no longer on the GPU."""
+        keep = {(item.profile, item.start) for item in expected}
+        doomed_at = [(item.profile, item.start) for item in doomed]
         if not doomed_at:
             return []
         try:
-            self.catalog(block)
-            live = {(i.profile, i.start): i for i in self._instances(gpu)}
+            self.catalog(gpu)
+            live = {(i.profile, i.start): i for i in self._instances(gpu.gpu)}
         except MigError:
             return []  # `reconcile` reports why the GPU cannot be listed
         gone = []
@@ -233,11 +233,11 @@ class MigManager:
                 continue
             if (profile, start) in live:
                 try:
-                    self._destroy(gpu, live[(profile, start)])
+                    self._destroy(gpu.gpu, live[(profile, start)])
                 except MigError as exc:
-                    errors.append({"gpu": gpu, "profile": profile, "start": start, "reason": str(exc)})
+                    errors.append(MigFailure(gpu=gpu.gpu, profile=profile, start=start, reason=str(exc)))
                     continue
-            gone.append({"gpu": gpu, "profile": profile, "start": start})
+            gone.append(MigSlot(gpu=gpu.gpu, profile=profile, start=start))
         return gone
 
     def layout_digest(self) -> str | None:
@@ -249,37 +249,37 @@ class MigManager:
             return None
         try:
             found: list[tuple[str, str, int]] = []
-            for gpu, block in sorted(self.known.items()):
+            for uuid, gpu in sorted(self.known.items()):
                 try:
-                    self.catalog(block)
-                    found.extend((gpu, i.profile, i.start) for i in self._instances(gpu))
+                    self.catalog(gpu)
+                    found.extend((uuid, i.profile, i.start) for i in self._instances(uuid))
                 except MigError:
-                    found.append((gpu, "?", -1))
+                    found.append((uuid, "?", -1))
         finally:
             self._lock.release()
         return catalog_mod.layout_digest(self.known, found)
 
-    def _report(self, report: dict) -> None:
-        if report["gpus"]:
+    def _report(self, report: MigReport) -> None:
+        if report.gpus:
             log.info(
                 "reconciled MIG GPU(s) %s: %d instance(s) re-created, %d destroyed, %d unknown, %d error(s)",
-                ", ".join(report["gpus"]),
-                len(report["recreated"]),
-                len(report.get("destroyed", ())),
-                len(report["unknown"]),
-                len(report["errors"]),
+                ", ".join(report.gpus),
+                len(report.recreated),
+                len(report.destroyed),
+                len(report.unknown),
+                len(report.errors),
             )
-        for item in report["unknown"]:
+        for item in report.unknown:
             log.warning(
                 "MIG instance %s@%s (%s) on GPU %s is not the manager's; left in place",
-                item["profile"],
-                item["start"],
-                item["uuid"],
-                item["gpu"],
+                item.profile,
+                item.start,
+                item.uuid,
+                item.gpu,
             )
-        for item in report["errors"]:
+        for failure in report.errors:
             log.warning(
-                "could not apply MIG instance %s@%s on GPU %s: %s", item["profile"], item["start"], item["gpu"], item["reason"]
+                "could not apply MIG instance %s@%s on GPU %s: %s", failure.profile, failure.start, failure.gpu, failure.reason
             )
         if self.on_report is not None:
             try:
@@ -287,43 +287,37 @@ class MigManager:
             except Exception:
                 log.exception("could not send a MIG reconcile report to the manager")
 
-    def catalog(self, block: dict) -> catalog_mod.MigCatalog:
+    def catalog(self, gpu: MigGpu) -> catalog_mod.MigCatalog:
+        """The MIG profiles of `gpu` (read once, then kept). Raises MigError."""
         try:
             return self.backend.catalog(
-                block["gpu"],
-                model_name=block.get("model_name", ""),
-                memory_size=int(block.get("memory_size", 0)),
-                subproc_count=int(block.get("subproc_count", 0)),
+                gpu.gpu, model_name=gpu.model_name, memory_size=gpu.memory_size, subproc_count=gpu.subproc_count
             )
         except (MigNvmlError, AllocationError) as exc:
-            raise MigError(f"cannot read the MIG profiles of GPU {block['gpu']}: {exc}") from exc
+            raise MigError(f"cannot read the MIG profiles of GPU {gpu.gpu}: {exc}") from exc
 
     def prepare(self, block: MigBlock) -> LiveInstance:
         """Destroy the idle instances the start spec's MIG block lists, then create (or reuse) its
         instance. Returns it with its MIG device UUID. Raises MigError with the reason in words; an
         instance created here that cannot be completed is destroyed again (nothing leaks).
         The first prepare on a GPU the agent did not reconcile at start reconciles it here.
-        `on_report` gets what reconciling found, then {"prepared": [{"gpu", "profile", "start",
-        "uuid"}], "gpus": [], …} so that the manager learns the MIG device UUID."""
-        reports: list[dict] = []
+        `on_report` gets what reconciling found, then a report with `prepared` (that instance)
+        so that the manager learns the MIG device UUID."""
+        reports: list[MigReport] = []
         try:
             with self._lock:
                 instance = self._prepare(block, reports)
             reports.append(
-                {
-                    "gpus": [],
-                    "unknown": [],
-                    "recreated": [],
-                    "errors": [],
-                    "prepared": [{"gpu": block.gpu, "profile": instance.profile, "start": instance.start, "uuid": instance.uuid}],
-                }
+                MigReport(
+                    prepared=(MigInstance(gpu=block.gpu, profile=instance.profile, start=instance.start, uuid=instance.uuid),)
+                )
             )
             return instance
         finally:
             for report in reports:
                 self._report(report)
 
-    def _prepare(self, block: MigBlock, reports: list[dict]) -> LiveInstance:
+    def _prepare(self, block: MigBlock, reports: list[MigReport]) -> LiveInstance:
         gpu, start = block.gpu, block.start
         catalog = self.catalog(gpu_entry(block))
         try:
@@ -348,72 +342,71 @@ class MigManager:
             )
         return self._create(gpu, profile, start, subproc_count=block.subproc_count)
 
-    def _reconcile_first_use(self, block: MigBlock, profile: catalog_mod.MigProfile, start: int) -> dict:
+    def _reconcile_first_use(self, block: MigBlock, profile: catalog_mod.MigProfile, start: int) -> MigReport:
         """The first time this agent touches a GPU it did not reconcile at start: report
         instances the manager does not know and re-create the other instances of the manager's
         expected layout (`block.layout`), leaving out the one being prepared and those about
         to be destroyed. Returns the report (also kept in `reports`)."""
         gone = {(d.profile, d.start) for d in block.destroy}
-        expected = [e.encode() for e in block.layout if (e.profile, e.start) not in gone and e.start != start]
+        expected = [e for e in block.layout if (e.profile, e.start) not in gone and e.start != start]
         self._reconciled.add(block.gpu)
         # Those about to be destroyed are the manager's too: not reported unknown, not re-created.
-        known = [*expected, *({"profile": p, "start": s} for p, s in gone), {"profile": profile.name, "start": start}]
+        known = (*expected, *(MigPlacement(p, s) for p, s in gone), MigPlacement(profile.name, start))
         report = self.reconcile(
             [gpu_entry(block)],
             {block.gpu: known},
-            create=lambda item: int(item[1]) != start and (item[0], int(item[1])) not in gone,
+            create=lambda item: item[1] != start and item not in gone,
         )
         self.reports.append(report)
         return report
 
-    def destroy(self, block: dict) -> bool:
-        """Destroy the instance of `block["profile"]` at `block["start"]` on `block["gpu"]`
-        (compute instance, then GPU instance). False when there is none. Raises MigError
-        (IN_USE while a process is attached: the instance stays)."""
+    def destroy(self, gpu: MigGpu, placement: MigPlacement) -> bool:
+        """Destroy the instance of `placement` on `gpu` (compute instance, then GPU instance).
+        False when there is none. Raises MigError (IN_USE while a process is attached: the
+        instance stays)."""
         with self._lock:
-            self.catalog(block)
-            for instance in self._instances(block["gpu"]):
-                if instance.start == int(block["start"]) and instance.profile == block["profile"]:
-                    self._destroy(block["gpu"], instance)
+            self.catalog(gpu)
+            for instance in self._instances(gpu.gpu):
+                if instance.start == placement.start and instance.profile == placement.profile:
+                    self._destroy(gpu.gpu, instance)
                     return True
             return False
 
-    def reconcile(self, gpus: Iterable[dict], expected: dict[str, list[dict]], *, create=None) -> dict:
-        """Compare each MIG GPU (`gpus`: blocks with "gpu", "model_name", "memory_size",
-        "subproc_count") with the manager's expected layout (GPU → [{"profile", "start"}]):
-        instances the manager does not know are reported (left in place: they may hold
-        someone's work), expected ones that are missing (instances do not survive a reboot)
-        are created again. Returns {"gpus": [...], "unknown": [...], "recreated": [...],
-        "errors": [...]}: "gpus" the GPU UUIDs whose instances could be listed, each other item
-        {"gpu", "profile", "start", "uuid"} (errors: {"gpu", "profile", "start", "reason"}).
-        `create((profile, start))` may say which missing ones to create (all by default). Not
-        locked: callers hold the lock (`prepare`, `reconcile_at_start`) or own the manager."""
-        report: dict[str, list] = {"gpus": [], "unknown": [], "recreated": [], "errors": []}
-        for block in gpus:
-            gpu = block["gpu"]
+    def reconcile(self, gpus: Iterable[MigGpu], expected: Layout, *, create: Created | None = None) -> MigReport:
+        """Compare each MIG GPU of `gpus` with the manager's `expected` layout (GPU →
+        placements): instances the manager does not know are reported `unknown` (left in place:
+        they may hold someone's work), expected ones that are missing (instances do not survive
+        a reboot) are created again (`recreated`). The report's `gpus` are the GPUs whose
+        instances could be listed; `errors` what failed. `create((profile, start))` may say which
+        missing ones to create (all by default). Not locked: callers hold the lock (`prepare`,
+        `reconcile_at_start`) or own the manager."""
+        listed: list[HardwareId] = []
+        unknown: list[MigInstance] = []
+        recreated: list[MigInstance] = []
+        errors: list[MigFailure] = []
+        for gpu in gpus:
+            uuid = gpu.gpu
             try:
-                catalog = self.catalog(block)
-                live = {(i.profile, i.start): i for i in self._instances(gpu)}
+                catalog = self.catalog(gpu)
+                live = {(i.profile, i.start): i for i in self._instances(uuid)}
             except MigError as exc:
-                report["errors"].append({"gpu": gpu, "profile": "", "start": None, "reason": str(exc)})
+                errors.append(MigFailure(gpu=uuid, reason=str(exc)))
                 continue
-            report["gpus"].append(gpu)
-            wanted = {(item["profile"], int(item["start"])) for item in expected.get(gpu, ())}
+            listed.append(uuid)
+            wanted = {(item.profile, item.start) for item in expected.get(uuid, ())}
             for (profile, start), instance in sorted(live.items(), key=lambda kv: kv[0][1]):
                 if (profile, start) not in wanted:
-                    report["unknown"].append({"gpu": gpu, "profile": profile, "start": start, "uuid": instance.uuid})
+                    unknown.append(MigInstance(gpu=uuid, profile=profile, start=start, uuid=instance.uuid))
             for profile_name, start in sorted(wanted - set(live), key=lambda ps: ps[1]):
                 if create is not None and not create((profile_name, start)):
                     continue
                 try:
-                    created = self._create(
-                        gpu, catalog.profile(profile_name), start, subproc_count=int(block.get("subproc_count", 0))
-                    )
+                    created = self._create(uuid, catalog.profile(profile_name), start, subproc_count=gpu.subproc_count)
                 except (MigError, AllocationError) as exc:
-                    report["errors"].append({"gpu": gpu, "profile": profile_name, "start": start, "reason": str(exc)})
+                    errors.append(MigFailure(gpu=uuid, profile=profile_name, start=start, reason=str(exc)))
                     continue
-                report["recreated"].append({"gpu": gpu, "profile": profile_name, "start": start, "uuid": created.uuid})
-        return report
+                recreated.append(MigInstance(gpu=uuid, profile=profile_name, start=start, uuid=created.uuid))
+        return MigReport(gpus=tuple(listed), unknown=tuple(unknown), recreated=tuple(recreated), errors=tuple(errors))
 
     def _instances(self, gpu: str) -> list[LiveInstance]:
         try:
@@ -447,15 +440,16 @@ class MigManager:
         self.timings.append(("destroy", gpu, instance.profile, time.perf_counter() - began))
 
 
-def gpu_entry(block: MigBlock) -> dict[str, Any]:
-    """The GPU of a start spec's MIG block as the reconcile steps name MIG GPUs (the
-    `mig_reconcile` task's `gpus` entries): {"gpu", "model_name", "memory_size", "subproc_count"}."""
-    return {
-        "gpu": block.gpu,
-        "model_name": block.model_name,
-        "memory_size": block.memory_size,
-        "subproc_count": block.subproc_count,
-    }
+def gpu_entry(block: MigBlock) -> MigGpu:
+    """The GPU of a start spec's MIG block as the reconcile steps name MIG GPUs (a MigReconcile's
+    `gpus` entries)."""
+    return MigGpu(
+        gpu=block.gpu,
+        index=block.index,
+        model_name=block.model_name,
+        memory_size=block.memory_size,
+        subproc_count=block.subproc_count,
+    )
 
 
 def device_entry(device: StartDevice, instance: LiveInstance) -> StartDevice:

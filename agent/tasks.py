@@ -7,11 +7,13 @@ never touch the database."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from celery import shared_task
 
 import protocol
 from protocol.messages import Malformed, StartSpec
+from protocol.mig_messages import MigReconcile
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +49,18 @@ def sessions_sync(*, node: str, keep: list[str]) -> None:
 
 
 @shared_task(name=protocol.MIG_RECONCILE)
-def mig_reconcile(
-    *, node: str, gpus: list[dict], expected: dict, destroy: dict | None = None, kind: str = "start", seq: int | None = None
-) -> None:
-    """Apply the manager's expected MIG layout on `node`'s GPUs: destroy the idle instances in
-    `destroy`, re-create missing expected ones, report strangers; `kind` "start" (after
-    registering), "layout" (an administrator's change) or "drift" (a heartbeat digest differed),
-    `seq` echoed in the report (`accelerators.mig_services.node_mig_push` gives the arguments)."""
-    _agent(node).submit_mig_reconcile(gpus, expected, destroy=destroy, kind=kind, seq=seq)
+def mig_reconcile(*, node: str, **message: Any) -> None:
+    """Apply the manager's expected MIG layout on the node's GPUs (protocol.mig_messages.MigReconcile,
+    its keyword arguments as sent; `accelerators.mig_services.node_mig_push` sends it): destroy the
+    idle instances in `destroy`, re-create missing expected ones, report strangers. A malformed
+    one is logged and dropped (the manager asks again on the next registration, layout change or
+    heartbeat whose digest differs)."""
+    try:
+        reconcile = MigReconcile.decode({"node": node, **message})
+    except Malformed as exc:
+        log.warning("agent %s: dropped a malformed MIG reconcile: %s", str(node)[:64], exc)
+        return
+    _agent(reconcile.node).submit_mig_reconcile(reconcile)
 
 
 @shared_task(name=protocol.SESSION_NOTICE)

@@ -17,6 +17,7 @@ from django.core.exceptions import ValidationError
 
 import protocol
 from protocol.messages import Heartbeat, LogBatch, Malformed, NodeStorage, SessionReport
+from protocol.mig_messages import MigReport
 from common.celery import TRANSIENT_ERRORS, agent_send  # noqa: F401 (agent_send: re-exported)
 from sessions.lifecycle.passes import SCHEDULE_PENDING_TASK, SCHEDULE_QUEUED_KEY, _redis, schedule_pending_soon
 
@@ -105,13 +106,18 @@ def agent_register(
 
 @manager_task(protocol.MIG_REPORT)
 def mig_report(*, node: str, report: dict, signature: str | None = None) -> None:
-    """What an agent's MIG reconcile found (idempotent: the report replaces the last one per GPU)."""
+    """What an agent's MIG reconcile found (protocol.mig_messages.MigReport, as sent; idempotent:
+    the report replaces the last one per GPU). A malformed one is logged and dropped."""
     from accelerators.mig_services import node_mig_report_apply
 
     if not _authentic(protocol.MIG_REPORT, node, node=node, report=report, signature=signature):
         return
-
-    node_mig_report_apply(node_name=node, report=report)
+    try:
+        found = MigReport.decode(report)
+    except Malformed as exc:
+        log.warning("node %s: dropped a malformed MIG report: %s", node, exc)
+        return
+    node_mig_report_apply(node_name=node, report=found)
 
 
 @shared_task(name=protocol.AGENT_HEARTBEAT, acks_late=True)

@@ -18,6 +18,7 @@ from agent.manager_link import MANAGER_THREADS
 from agent.terminal_pipe import FRAME_CHARS, FlowLimits
 from agent import runtimes
 from tests.conftest import wait_until_async
+from protocol.messages import StartSpec
 from tests.test_agent_runtime import Harness, host_pid, process_tracking, run_agent, start_spec  # noqa: F401 (both ways of tracking)
 
 SESSIONS = 30  # the old agent stopped at its 7th session on a 2-core machine
@@ -26,7 +27,7 @@ SESSIONS = 30  # the old agent stopped at its 7th session on a 2-core machine
 def test_one_agent_runs_many_sessions_at_once_without_a_thread_each_and_keeps_its_heartbeat(tmp_path):
     async def scenario(h: Harness):
         specs = [start_spec() for _ in range(SESSIONS)]
-        await asyncio.gather(*(asyncio.to_thread(h.agent.submit_start, spec) for spec in specs))
+        await asyncio.gather(*(asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec)) for spec in specs))
         for spec in specs:
             await h.manager.wait_for_report(spec["session_id"], "RUNNING")
         assert len(h.agent.sessions) == SESSIONS

@@ -65,7 +65,7 @@ class RecordingManager:
         self._record(self.logs, (session_id, seq, offset, text, final))
 
     def mig_report(self, node, report):
-        self._record(self.mig_reports, (node, report))
+        self._record(self.mig_reports, (node, report.encode()))  # as CeleryManager sends it
 
     def reports_for(self, session_id: str) -> list[tuple[str, str, int | None]]:
         return [(status, reason, code) for sid, status, reason, code in self.reports if sid == session_id]
@@ -127,7 +127,7 @@ class Harness:
 
     async def start_session(self, spec: dict) -> str:
         """Submit the start the way the Celery task does (from another thread); wait for RUNNING."""
-        await asyncio.to_thread(self.agent.submit_start, spec)
+        await asyncio.to_thread(self.agent.submit_start, StartSpec.decode(spec))
         await self.manager.wait_for_report(spec["session_id"], "RUNNING")
         return spec["session_id"]
 
@@ -298,7 +298,7 @@ def test_an_interactive_session_reports_preparing_then_running_and_runs_nvidia_s
     async def scenario(h: Harness):
         spec = start_spec()
         session_id = spec["session_id"]
-        await asyncio.to_thread(h.agent.submit_start, spec)
+        await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
         await h.manager.wait_for_report(session_id, "RUNNING")
         assert [status for status, _, _ in h.manager.reports_for(session_id)] == ["PREPARING", "RUNNING"]
 
@@ -402,7 +402,7 @@ def test_the_managers_stop_over_the_channel_layer_and_its_task_after_it_stop_the
 def test_a_batch_command_reports_terminated_with_its_exit_code(tmp_path):
     async def scenario(h: Harness):
         spec = start_spec(command="exit 3")
-        await asyncio.to_thread(h.agent.submit_start, spec)
+        await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
         _, reason, code = await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
         assert code == 3
         assert reason == "the process exited with code 3"
@@ -415,7 +415,7 @@ def test_a_batch_commands_output_reaches_the_terminal_group(tmp_path):
     async def scenario(h: Harness):
         spec = start_spec(command="nvidia-smi --query-gpu=memory.total --format=csv,noheader")
         channel = await h.watch_terminal(spec["session_id"])  # joined before the start
-        await asyncio.to_thread(h.agent.submit_start, spec)
+        await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
         output = await h.read_until(channel, "MiB")
         assert "2048 MiB" in output
         _, _, code = await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
@@ -435,7 +435,7 @@ def test_a_session_flooding_its_output_is_held_to_the_output_rate(tmp_path):
     async def scenario(h: Harness):
         spec = start_spec(command=f"head -c {size} /dev/zero | tr '\\0' a; echo; echo done-$((40+2))")
         channel = await h.watch_terminal(spec["session_id"])
-        await asyncio.to_thread(h.agent.submit_start, spec)
+        await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
         await h.manager.wait_for_report(spec["session_id"], "RUNNING")
         started = asyncio.get_running_loop().time()
         output = await h.read_until(channel, "done-42")
@@ -465,7 +465,7 @@ def test_a_redelivered_start_message_does_not_start_a_second_process(tmp_path):
         session_id = await h.start_session(spec)
         pid = h.agent.sessions[session_id].process.pid
 
-        await asyncio.to_thread(h.agent.submit_start, spec)
+        await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
         await h.manager.wait_for(lambda: h.agent.sessions.get(session_id), what="the session")  # still there
 
         channel = await h.watch_terminal(session_id)
@@ -524,7 +524,7 @@ def test_a_process_that_ignores_sighup_and_sigterm_is_killed_after_the_grace_per
     async def scenario(h: Harness):
         spec = start_spec(command=STUBBORN)
         channel = await h.watch_terminal(spec["session_id"])
-        await asyncio.to_thread(h.agent.submit_start, spec)
+        await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
         await h.read_until(channel, "trapped-21")
         pgid = h.agent.sessions[spec["session_id"]].process.pid
 
@@ -550,7 +550,7 @@ def test_a_leader_that_takes_the_first_sighup_without_ending_ends_on_the_next_on
     async def scenario(h: Harness):
         spec = start_spec(command=MISSES_THE_FIRST_SIGHUP)
         channel = await h.watch_terminal(spec["session_id"])
-        await asyncio.to_thread(h.agent.submit_start, spec)
+        await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
         await h.read_until(channel, "armed-22")
 
         await asyncio.to_thread(h.agent.submit_stop, spec["session_id"])
@@ -571,7 +571,7 @@ def test_when_shutdown_returns_every_session_is_gone_and_reported_terminated(tmp
         spec = start_spec(command=STUBBORN)
         session_id = spec["session_id"]
         channel = await h.watch_terminal(session_id)
-        await asyncio.to_thread(h.agent.submit_start, spec)
+        await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
         await h.read_until(channel, "trapped-21")
         pgid = h.agent.sessions[session_id].process.pid
 

@@ -13,6 +13,7 @@ from sessions.lifecycle import services
 from sessions.admission import launch as admission
 from sessions.models import SessionLogChunk, SessionStatus
 from agent.core import Agent
+from protocol.messages import StartSpec
 from common.exec_store import exec_store_default
 from tests.conftest import GiB, assert_error_shape, client_for, mock_gpu, wait_until
 from tests.test_agent_runtime import start_spec
@@ -189,7 +190,7 @@ def demo_agent(tmp_path):
     def run(session):
         spec = start_spec(command="sleep 60")
         spec["session_id"] = str(session.pk)
-        agent.submit_start(spec)
+        agent.submit_start(StartSpec.decode(spec))
         wait_until(lambda: (str(session.pk), "RUNNING") in manager.reports, timeout=10, what="the agent's RUNNING")
 
     yield run

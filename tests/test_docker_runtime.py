@@ -19,6 +19,7 @@ from agent.docker_runtime import LABEL_NODE, DockerRuntime
 from tests.conftest import GiB
 from tests.test_agent_runtime import DEVICE, Harness, RecordingManager, start_spec, typed_spec
 from tests.test_terminal_flow import direct_reader
+from protocol.messages import StartSpec
 
 pytestmark = pytest.mark.docker
 MiB = 1 << 20
@@ -135,7 +136,7 @@ def test_stopping_a_session_removes_its_container(tmp_path, docker_client, test_
 def test_a_batch_command_reports_its_exit_code(tmp_path, docker_client, test_image):
     async def scenario(h: Harness):
         spec = start_spec(command="exit 7")
-        await asyncio.to_thread(h.agent.submit_start, spec)
+        await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
         return await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
 
     status, reason, code = run_docker(tmp_path, docker_client, test_image, scenario)
@@ -145,7 +146,7 @@ def test_a_batch_command_reports_its_exit_code(tmp_path, docker_client, test_ima
 def test_a_session_past_its_memory_limit_ends_saying_out_of_memory(tmp_path, docker_client, test_image):
     async def scenario(h: Harness):
         spec = {**start_spec(command="python3 -c 'b = []\nwhile True: b.append(bytearray(16 << 20))'"), "mem": 256 * MiB}
-        await asyncio.to_thread(h.agent.submit_start, spec)
+        await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
         return await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
 
     status, reason, code = run_docker(tmp_path, docker_client, test_image, scenario)
@@ -295,7 +296,7 @@ def test_hami_core_and_mps_are_mounted_and_named_in_the_environment_as_agent_tom
 def test_a_missing_image_ends_the_start_in_error_with_the_reason(tmp_path, docker_client, test_image):
     async def scenario(h: Harness):
         spec = {**start_spec(), "image": "fgpu-no-such-image:never"}
-        await asyncio.to_thread(h.agent.submit_start, spec)
+        await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
         return await h.manager.wait_for_report(spec["session_id"], "ERROR")
 
     status, reason, code = run_docker(tmp_path, docker_client, test_image, scenario, pull=False)
@@ -306,7 +307,7 @@ def test_an_image_whose_registry_cannot_be_reached_ends_the_start_in_error_in_th
         tmp_path, docker_client, test_image):
     async def scenario(h: Harness):
         spec = {**start_spec(), "image": "127.0.0.1:9/fgpu-no-such-image:never"}  # nothing listens on port 9
-        await asyncio.to_thread(h.agent.submit_start, spec)
+        await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
         return await h.manager.wait_for_report(spec["session_id"], "ERROR")
 
     status, reason, code = run_docker(tmp_path, docker_client, test_image, scenario)
@@ -383,7 +384,7 @@ def test_a_session_in_an_image_the_node_lacks_pulls_it_with_progress_then_runs(t
 
     async def scenario(h: Harness):
         spec = {**start_spec(), "image": reference}
-        await asyncio.to_thread(h.agent.submit_start, spec)
+        await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
         await h.manager.wait_for_report(spec["session_id"], "RUNNING")
         channel = await h.watch_terminal(spec["session_id"])
         await h.type(spec["session_id"], "ls -l /blob | cut -d' ' -f5\r")

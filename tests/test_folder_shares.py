@@ -206,7 +206,7 @@ def run(node, session) -> None:
         "projects": owner_projects([session.owner_id]).get(session.owner_id, []),
         "shared": [m.encode() for m in shares.shared_mounts(user_id=session.owner_id)],
     }
-    node.agent.submit_start(spec)
+    node.agent.submit_start(StartSpec.decode(spec))
     wait_until(lambda: (str(session.pk), "RUNNING") in node.agent.manager.reports, timeout=60, what="the agent's RUNNING")
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from channels.layers import InMemoryChannelLayer
 from agent.core import Agent
 from agent.runtimes import ProcessRuntime
+from protocol.messages import StartSpec
 
 class Manager:
     def __init__(self):
@@ -52,7 +53,7 @@ async def main(node, scratch, spec, cgroup_root, network):
                   scratch_root=scratch, mock=True, heartbeat_s=60,
                   runtime=ProcessRuntime(node=node, cgroup_root=cgroup_root, network=network))
     await agent.start()
-    await asyncio.to_thread(agent.submit_start, spec)
+    await asyncio.to_thread(agent.submit_start, StartSpec.decode(spec))
     async with asyncio.timeout(20):
         while "RUNNING" not in manager.reports or b"before-42" not in agent.sessions[spec["session_id"]].pipe.scrollback:
             await asyncio.sleep(0.02)

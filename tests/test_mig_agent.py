@@ -11,7 +11,8 @@ from accelerators.allocation import mig
 from accelerators.plugins import cuda, cuda_mig
 from agent import mig as runtime_mig
 from protocol.environment import session_environment
-from protocol.messages import MigBlock, StartSpec
+from protocol.messages import HardwareId, MigBlock, MigPlacement, StartSpec
+from protocol.mig_messages import MigGpu, MigReconcile
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, FakeProcess
 
 GiB = 1 << 30
@@ -34,6 +35,16 @@ def block(profile: str, start: int, **extra) -> dict:
 def mig_block(profile: str, start: int, **extra) -> MigBlock:
     """`block` as a start spec's MIG block, decoded as the agent decodes it."""
     return MigBlock.decode(block(profile, start, **extra))
+
+
+def layout(expected: dict[str, list[dict]]) -> dict[HardwareId, tuple[MigPlacement, ...]]:
+    """{GPU: [{"profile", "start"}]} as a MigReconcile carries it (protocol.mig_messages.Layout)."""
+    return {HardwareId(gpu): tuple(MigPlacement.decode(item) for item in items) for gpu, items in expected.items()}
+
+
+def reconcile_message(gpus: list[dict], expected: dict[str, list[dict]], **how) -> MigReconcile:
+    """The `fgpu.agent.mig_reconcile` message of `gpus` (blocks) and `expected`, as the agent decodes it."""
+    return MigReconcile.decode({"node": "mig-node", "gpus": gpus, "expected": expected, **how})
 
 
 def manager_for(fake: FakeNvml) -> runtime_mig.MigManager:
@@ -138,7 +149,9 @@ def test_reconcile_reports_unknown_instances_and_recreates_the_expected_ones():
     fake = FakeNvml([h100()])
     manager = manager_for(fake)
     stray = manager.prepare(mig_block("1g.10gb", 3))
-    report = manager.reconcile([block("", 0)], {H100: [{"profile": "3g.40gb", "start": 4}, {"profile": "1g.20gb", "start": 0}]})
+    report = manager.reconcile(
+        [MigGpu.decode(block("", 0))], layout({H100: [{"profile": "3g.40gb", "start": 4}, {"profile": "1g.20gb", "start": 0}]})
+    ).encode()
     assert report["unknown"] == [{"gpu": H100, "profile": "1g.10gb", "start": 3, "uuid": stray.uuid}]
     assert [(r["profile"], r["start"]) for r in report["recreated"]] == [("1g.20gb", 0), ("3g.40gb", 4)]
     assert report["errors"] == []
@@ -150,7 +163,7 @@ def test_reconcile_reports_an_expected_instance_that_cannot_be_recreated():
     fake = FakeNvml([h100()])
     manager = manager_for(fake)
     manager.prepare(mig_block("4g.40gb", 0))
-    report = manager.reconcile([block("", 0)], {H100: [{"profile": "3g.40gb", "start": 0}]})
+    report = manager.reconcile([MigGpu.decode(block("", 0))], layout({H100: [{"profile": "3g.40gb", "start": 0}]})).encode()
     assert report["errors"][0]["profile"] == "3g.40gb" and "insufficient resources" in report["errors"][0]["reason"]
 
 
@@ -199,7 +212,7 @@ def test_the_first_prepare_after_a_restart_reapplies_the_managers_layout_and_rep
     made = manager.prepare(mig_block("1g.20gb", 0, layout=layout, destroy=[{"profile": "1g.10gb", "start": 2}]))
     assert sorted((gi.profile.name, gi.start) for gi in fake.gpus[0].gpu_instances) == \
            [("1g.10gb", 3), ("1g.20gb", 0), ("3g.40gb", 4)]
-    [report] = manager.reports
+    [report] = [r.encode() for r in manager.reports]
     assert report["unknown"] == [{"gpu": H100, "profile": "1g.10gb", "start": 3, "uuid": stranger.uuid}]
     assert [(r["profile"], r["start"]) for r in report["recreated"]] == [("3g.40gb", 4)]
     assert made.start == 0 and [step for step, *_ in manager.timings] == ["create", "create"]
@@ -217,7 +230,7 @@ def test_an_nvml_refusal_ends_the_launch_in_error_with_the_reason_and_leaves_no_
     async def scenario(h):
         h.agent.mig = manager_for(fake)
         spec = {**start_spec(command="true"), "mig": block("1g.20gb", 6)}
-        await asyncio.to_thread(h.agent.submit_start, spec)
+        await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
         status, reason, _ = await h.manager.wait_for_report(spec["session_id"], "ERROR")
         return reason
 

@@ -30,7 +30,8 @@ from sessions.admission.launch import session_create
 from sessions.tasks import agent_register
 from tests.conftest import GiB, client_for, wait_until
 from tests.fakes.fake_pynvml import FakeNvml, FakeProcess
-from tests.test_mig_agent import H100, h100, manager_for, mig_block
+from protocol.mig_messages import MigReport
+from tests.test_mig_agent import H100, h100, manager_for, mig_block, reconcile_message
 from tests.test_mig_reconcile import GPU, gpus_block, on_gpu
 from tests.test_mig_scheduling import end, mig_node, schedule
 
@@ -42,8 +43,8 @@ def layout(*entries: tuple[str, int]) -> dict:
 
 
 def pushes(callbacks) -> list[tuple[str, dict]]:
-    """The (node, message) of each `fgpu.agent.mig_reconcile` a block of on-commit callbacks would send."""
-    return [tuple(cb.args) for cb in callbacks if getattr(cb, "func", None) is _send_mig_reconcile]
+    """The (node, message as sent) of each `fgpu.agent.mig_reconcile` a block of on-commit callbacks would send."""
+    return [(cb.args[0], cb.args[1].encode()) for cb in callbacks if getattr(cb, "func", None) is _send_mig_reconcile]
 
 
 def fixed_node(name: str = "mig-node", *entries: tuple[str, int]) -> Node:
@@ -61,11 +62,12 @@ def test_applying_a_pushed_layout_destroys_the_listed_idle_instances_and_creates
     made = manager_for(fake)
     made.prepare(mig_block("7g.80gb", 0))
     sent = []
-    manager = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake), on_report=sent.append)
+    manager = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake), on_report=lambda r: sent.append(r.encode()))
 
-    report = manager.apply_layout(gpus_block(), {H100: [{"profile": "3g.40gb", "start": 4},
-                                                        {"profile": "4g.40gb", "start": 0}]},
-                                  destroy={H100: [{"profile": "7g.80gb", "start": 0}]}, kind="layout", seq=3)
+    report = manager.apply_layout(reconcile_message(gpus_block(), {H100: [{"profile": "3g.40gb", "start": 4},
+                                                                          {"profile": "4g.40gb", "start": 0}]},
+                                                    destroy={H100: [{"profile": "7g.80gb", "start": 0}]}, kind="layout",
+                                                    seq=3)).encode()
 
     assert on_gpu(fake) == [("3g.40gb", 4), ("4g.40gb", 0)]
     assert sent == [report] and (report["kind"], report["seq"], report["errors"], report["unknown"]) == \
@@ -82,9 +84,10 @@ def test_a_listed_instance_with_a_process_attached_stays_and_is_reported_and_one
     busy = next(m for m in fake.gpus[0].mig_devices if m and m.uuid == used.uuid)
     busy.processes.append(FakeProcess(pid=4242, used_memory=GiB))
 
-    report = manager.apply_layout(gpus_block(), {H100: [{"profile": "3g.40gb", "start": 4}]},
-                                  destroy={H100: [{"profile": "4g.40gb", "start": 0},
-                                                  {"profile": "3g.40gb", "start": 4}]})
+    report = manager.apply_layout(reconcile_message(gpus_block(), {H100: [{"profile": "3g.40gb", "start": 4}]},
+                                                    destroy={H100: [{"profile": "4g.40gb", "start": 0},
+                                                                    {"profile": "3g.40gb", "start": 4}]},
+                                                    kind="layout")).encode()
 
     assert on_gpu(fake) == [("3g.40gb", 4), ("4g.40gb", 0)]
     assert report["destroyed"] == []
@@ -97,7 +100,7 @@ def test_the_layout_digest_is_the_managers_function_over_what_is_on_the_gpu_and_
     manager = manager_for(fake)
     assert manager.layout_digest() is None  # no MIG GPU named yet
 
-    manager.apply_layout(gpus_block(), {H100: [{"profile": "3g.40gb", "start": 4}]})
+    manager.apply_layout(reconcile_message(gpus_block(), {H100: [{"profile": "3g.40gb", "start": 4}]}, kind="layout"))
 
     assert manager.layout_digest() == mig.layout_digest([H100], [(H100, "3g.40gb", 4)])
     manager_for(fake).prepare(mig_block("1g.10gb", 0))  # made by hand beside the agent
@@ -187,15 +190,15 @@ def test_the_agents_report_on_the_latest_push_sets_the_state_and_an_older_ones_d
         node_mig_settings_apply(node=node)
     assert (node.mig_sync["state"], node.mig_sync["seq"]) == ("sent", 2)
 
-    node_mig_report_apply(node_name="mig-node", report={"gpus": [H100], "unknown": [], "recreated": [],
-                                                        "errors": [], "destroyed": [], "kind": "layout", "seq": 1})
+    node_mig_report_apply(node_name="mig-node", report=MigReport.decode({"gpus": [H100], "unknown": [], "recreated": [],
+                                                        "errors": [], "destroyed": [], "kind": "layout", "seq": 1}))
     assert node_mig_sync_view(node=Node.objects.get(pk=node.pk))["applied"] == "sent"
 
-    node_mig_report_apply(node_name="mig-node", report={
+    node_mig_report_apply(node_name="mig-node", report=MigReport.decode({
         "gpus": [H100], "unknown": [], "recreated": [], "kind": "layout", "seq": 2,
         "destroyed": [{"gpu": H100, "profile": "7g.80gb", "start": 0}],
         "errors": [{"gpu": H100, "profile": "4g.40gb", "start": 0, "reason": "the GPU must be reset before its MIG "
-                                                                            "mode change takes effect"}]})
+                                                                            "mode change takes effect"}]}))
     view = node_mig_sync_view(node=Node.objects.get(pk=node.pk))
     assert (view["applied"], view["destroying"]) == ("error", [])
     assert "must be reset" in view["detail"] and view["errors"][0]["profile"] == "4g.40gb"
@@ -226,9 +229,9 @@ def test_a_heartbeat_digest_that_matches_sends_nothing_and_one_that_differs_twic
 
     [(_, message)] = pushes(callbacks)
     assert (message["kind"], message["expected"]) == ("drift", {H100: [{"profile": "3g.40gb", "start": 4}]})
-    node_mig_report_apply(node_name="mig-node", report={
+    node_mig_report_apply(node_name="mig-node", report=MigReport.decode({
         "gpus": [H100], "recreated": [], "errors": [], "destroyed": [], "kind": "drift", "seq": message["seq"],
-        "unknown": [{"gpu": H100, "profile": "1g.10gb", "start": 0, "uuid": "MIG-by-hand"}]})
+        "unknown": [{"gpu": H100, "profile": "1g.10gb", "start": 0, "uuid": "MIG-by-hand"}]}))
     assert GpuInstance.objects.get(placement_start=0).is_unknown
     assert node_mig_layout_digest(node=node) == stranger  # the record now matches the GPU
     with django_capture_on_commit_callbacks(execute=False) as callbacks:

@@ -25,7 +25,8 @@ from sessions.admission.launch import session_create
 from tests.conftest import GiB, client_for, make_cluster, mock_gpu, wait_until_async
 from tests.fakes.fake_pynvml import FakeNvml
 from tests.test_agent_runtime import Harness, RecordingManager
-from tests.test_mig_agent import H100, h100, manager_for, mig_block
+from protocol.mig_messages import MigReport
+from tests.test_mig_agent import H100, h100, manager_for, mig_block, reconcile_message
 from tests.test_mig_scheduling import h100 as h100_info
 from tests.test_mig_scheduling import end, mig_node, schedule
 
@@ -46,10 +47,10 @@ def test_at_start_missing_instances_are_recreated_and_strangers_reported_once():
     fake = FakeNvml([h100()])
     stranger = manager_for(fake).prepare(mig_block("1g.10gb", 3))  # made by hand, before the agent started
     sent = []
-    manager = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake), on_report=sent.append)
+    manager = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake), on_report=lambda r: sent.append(r.encode()))
 
-    report = manager.reconcile_at_start(gpus_block(), {H100: [{"profile": "3g.40gb", "start": 4},
-                                                              {"profile": "1g.20gb", "start": 0}]})
+    report = manager.reconcile_at_start(reconcile_message(gpus_block(), {H100: [{"profile": "3g.40gb", "start": 4},
+                                                                                {"profile": "1g.20gb", "start": 0}]})).encode()
 
     assert on_gpu(fake) == [("1g.10gb", 3), ("1g.20gb", 0), ("3g.40gb", 4)]
     assert report["gpus"] == [H100] and sent == [report]
@@ -63,10 +64,11 @@ def test_at_start_missing_instances_are_recreated_and_strangers_reported_once():
 def test_a_gpu_a_start_spec_reached_first_is_not_reconciled_again_at_start():
     fake = FakeNvml([h100()])
     sent = []
-    manager = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake), on_report=sent.append)
+    manager = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake), on_report=lambda r: sent.append(r.encode()))
     manager.prepare(mig_block("2g.20gb", 0, layout=[{"profile": "2g.20gb", "start": 0}]))
 
-    report = manager.reconcile_at_start(gpus_block(), {H100: [{"profile": "7g.80gb", "start": 0}]})  # stale
+    stale = {H100: [{"profile": "7g.80gb", "start": 0}]}
+    report = manager.reconcile_at_start(reconcile_message(gpus_block(), stale)).encode()
 
     assert report["gpus"] == [] and on_gpu(fake) == [("2g.20gb", 0)]
     assert [(r["gpus"], len(r.get("prepared", []))) for r in sent] == [([H100], 0), ([], 1), ([], 0)]
@@ -76,7 +78,7 @@ def test_the_instances_a_first_prepare_destroys_are_not_reported_unknown():
     fake = FakeNvml([h100()])
     manager_for(fake).prepare(mig_block("7g.80gb", 0))  # idle before the restart; the new plan destroys it
     sent = []
-    manager = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake), on_report=sent.append)
+    manager = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake), on_report=lambda r: sent.append(r.encode()))
 
     manager.prepare(mig_block("1g.10gb", 6, layout=[{"profile": "1g.10gb", "start": 6}],
                           destroy=[{"profile": "7g.80gb", "start": 0}]))
@@ -90,7 +92,7 @@ def test_a_gpu_nvml_cannot_list_is_an_error_and_not_marked_reconciled():
     fake.fail("nvmlDeviceGetHandleByUUID", 999)
     manager = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake))
 
-    report = manager.reconcile_at_start(gpus_block(), {H100: []})
+    report = manager.reconcile_at_start(reconcile_message(gpus_block(), {H100: []})).encode()
 
     assert report["gpus"] == [] and report["errors"][0]["gpu"] == H100
 
@@ -107,8 +109,8 @@ def test_the_agent_reconciles_when_the_manager_sends_the_layout_and_reports_back
         agent.mig = runtime_mig.MigManager(runtime_mig.NvmlMigBackend(fake), on_report=agent._send_mig_report)
         await agent.start()
         try:
-            await asyncio.to_thread(agent.submit_mig_reconcile, gpus_block(), {H100: [{"profile": "4g.40gb",
-                                                                                        "start": 0}]})
+            await asyncio.to_thread(agent.submit_mig_reconcile, reconcile_message(gpus_block(), {H100: [{"profile": "4g.40gb",
+                                                                                                           "start": 0}]}))
             return await recorder.wait_for(lambda: recorder.mig_reports, what="a MIG report")
         finally:
             await agent.shutdown()
@@ -128,8 +130,8 @@ def test_the_expected_layout_is_every_planned_instance_of_each_mig_gpu_of_a_dyna
     GpuInstance.objects.create(node=node, parent=gpu, profile="1g.10gb", placement_start=0, placement_size=1,
                                unknown_since=timezone.now())
 
-    assert node_mig_expected(node=node) == {"gpus": gpus_block(), "expected": {H100: [{"profile": "3g.40gb",
-                                                                                       "start": 4}]}, "destroy": {}}
+    assert node_mig_expected(node=node).encode() == {"node": "mig-node", "gpus": gpus_block(), "expected": {
+        H100: [{"profile": "3g.40gb", "start": 4}]}, "destroy": {}, "kind": "start", "seq": None}
     for mode in (MigMode.OFF, MigMode.STATIC):
         node.mig_mode = mode
         assert node_mig_expected(node=node) is None
@@ -139,10 +141,10 @@ def test_the_expected_layout_is_every_planned_instance_of_each_mig_gpu_of_a_dyna
     assert node_mig_expected(node=plain) is None
 
 
-def report_of(*unknown, recreated=(), gpus=(H100,)) -> dict:
-    return {"gpus": list(gpus), "errors": [],
+def report_of(*unknown, recreated=(), gpus=(H100,)) -> MigReport:
+    return MigReport.decode({"gpus": list(gpus), "errors": [],
             "unknown": [{"gpu": H100, "profile": p, "start": s, "uuid": f"MIG-{p}-{s}"} for p, s in unknown],
-            "recreated": [{"gpu": H100, "profile": p, "start": s, "uuid": f"MIG-{p}-{s}"} for p, s in recreated]}
+            "recreated": [{"gpu": H100, "profile": p, "start": s, "uuid": f"MIG-{p}-{s}"} for p, s in recreated]})
 
 
 @pytest.mark.django_db
@@ -243,8 +245,8 @@ def test_a_prepared_instance_gets_its_mig_device_uuid_and_leaves_unknown_ones_al
     [(_, spec)] = schedule(django_capture_on_commit_callbacks)
     start = spec["mig"]["start"]
 
-    node_mig_report_apply(node_name="mig-node", report={"prepared": [
-        {"gpu": H100, "profile": "3g.40gb", "start": start, "uuid": "MIG-made"}]})
+    node_mig_report_apply(node_name="mig-node", report=MigReport.decode({"prepared": [
+        {"gpu": H100, "profile": "3g.40gb", "start": start, "uuid": "MIG-made"}]}))
 
     assert GpuInstance.objects.get(placement_start=start).uuid == "MIG-made"
     assert GpuInstance.objects.get(placement_start=6).is_unknown  # not a listing of the GPU: nothing forgotten

@@ -21,6 +21,7 @@ from sessions.lifecycle.services import session_report_apply
 from sessions.admission.launch import session_create
 from tests.conftest import GiB, make_cluster, mock_gpu
 from tests.test_agent_runtime import Harness, RecordingManager
+from protocol.messages import StartSpec
 
 pytestmark = pytest.mark.django_db
 H100_UUID = "GPU-a1000000-0000-0000-0000-000000000001"
@@ -203,7 +204,7 @@ def test_end_to_end_a_15g_mig_session_gets_1g_20gb_sees_it_in_nvidia_smi_and_the
 
     async def run(h: Harness, spec: dict) -> str:
         channel = await h.watch_terminal(spec["session_id"])
-        await asyncio.to_thread(h.agent.submit_start, spec)
+        await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
         output = await h.read_until(channel, "END")
         await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
         return output

@@ -226,6 +226,7 @@ def mig_admin_token(admin_token, django_user_model, django_capture_on_commit_cal
     """admin_token, and node mig-node (dynamic MIG, one H100-80GB) with alice's 4g.40gb in use, an
     idle 1g.10gb and an unknown 1g.10gb an agent reported."""
     from accelerators.mig_services import node_mig_report_apply
+    from protocol.mig_messages import MigReport
     from sessions.scheduling.scheduler import schedule_pending
     from sessions.lifecycle.services import session_report_apply
     from sessions.admission.launch import session_create
@@ -240,8 +241,8 @@ def mig_admin_token(admin_token, django_user_model, django_capture_on_commit_cal
     session_create(owner=alice, name="notebook", resources={"mig_profile": "4g.40gb"})
     with django_capture_on_commit_callbacks(execute=False):
         schedule_pending()
-    node_mig_report_apply(node_name="mig-node", report={"gpus": [H100_UUID], "recreated": [], "errors": [], "unknown": [
-        {"gpu": H100_UUID, "profile": "1g.10gb", "start": 6, "uuid": "MIG-stranger"}]})
+    node_mig_report_apply(node_name="mig-node", report=MigReport.decode({"gpus": [H100_UUID], "recreated": [], "errors": [],
+        "unknown": [{"gpu": H100_UUID, "profile": "1g.10gb", "start": 6, "uuid": "MIG-stranger"}]}))
     return admin_token
 
 

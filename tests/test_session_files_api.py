@@ -12,6 +12,7 @@ from asgiref.sync import async_to_sync
 from django.test import override_settings
 
 from protocol.files import CHUNK_BYTES
+from protocol.messages import StartSpec
 from sessions.serving import files
 from sessions.lifecycle import services
 from sessions.models import Project
@@ -46,7 +47,7 @@ def node(tmp_path):
     def run(session):
         spec = {**start_spec(command="sleep 120"), "session_id": str(session.pk), "owner_id": session.owner_id,
                 "projects": owner_projects([session.owner_id]).get(session.owner_id, [])}
-        agent.submit_start(spec)
+        agent.submit_start(StartSpec.decode(spec))
         wait_until(lambda: (str(session.pk), "RUNNING") in manager.reports, timeout=60, what="the agent's RUNNING")
 
     found.run = run

@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None, *, nvml=None, euid: int | None = None) -
     from accelerators.plugins import cuda_mig
     from accelerators.plugins.cuda import _text
     from agent.mig import MigError, MigManager, NvmlMigBackend
-    from protocol.messages import MigBlock
+    from protocol.messages import MigBlock, MigPlacement
+    from protocol.mig_messages import MigGpu
 
     if (os.geteuid() if euid is None else euid) != 0:
         print("needs root (NVML refuses MIG changes otherwise: NO_PERMISSION)", file=sys.stderr)
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None, *, nvml=None, euid: int | None = None) -
 
     manager = MigManager(NvmlMigBackend(pynvml))
     block = {"gpu": gpu, "model_name": name, "memory_size": memory, "subproc_count": 0}
-    catalog = manager.catalog(block)
+    catalog = manager.catalog(MigGpu.decode(block))
     print(f"GPU {args.gpu}: {name} {gpu}, driver {driver}, {mig.format_binary_size(memory)}")
     print("profiles (NVML):", ", ".join(f"{p.name} [{p.size} slices @ {list(p.starts)}]" for p in catalog.profiles))
     wanted = [p for p in catalog.profiles if not p.media_extensions]
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None, *, nvml=None, euid: int | None = None) -
             try:
                 made = manager.prepare(MigBlock.decode(step))  # as a start spec's MIG block
                 created = manager.timings[-1][3]
-                manager.destroy(step)
+                manager.destroy(MigGpu.decode(step), MigPlacement.decode(step))
                 destroyed = manager.timings[-1][3]
             except MigError as exc:
                 print(f"{profile.name}@{plan.start}: FAILED: {exc}")

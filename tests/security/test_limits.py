@@ -24,6 +24,7 @@ from agent.limits import SessionLimits
 from agent.runtimes import CGROUP_AUTO
 from tests.test_agent_runtime import Harness, run_agent, start_spec
 from tests.test_session_limits import FORK_BOMB
+from protocol.messages import StartSpec
 
 MiB = 1 << 20
 GREEDY = "python3 -c \"b = b'x' * (256 << 20); print('SURVIVED')\""
@@ -40,7 +41,7 @@ def small_limits(monkeypatch):
 async def ended(h: Harness, spec: dict) -> tuple[str, str]:
     """Start `spec`, return (its terminal output, the reason of its TERMINATED report)."""
     channel = await h.watch_terminal(spec["session_id"])
-    await asyncio.to_thread(h.agent.submit_start, spec)
+    await asyncio.to_thread(h.agent.submit_start, StartSpec.decode(spec))
     _, reason, _ = await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
     output = ""
     while True:
