@@ -48,7 +48,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed-test: $(VENV)/.installed
 	@echo "Installing the test and lint tools (the test extra: pytest, Playwright, Schemathesis, ruff, mypy, import-linter, JupyterLab, ...; about 1-2 min with pip's cache warm) into $(VENV)."
 	@$(VENV_INSTALL) -e '.[test]'
-	$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null
+	-$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null
 	touch $@ $(VENV)/.installed-jupyter $(VENV)/.compiled
 
 install-test: $(VENV)/.installed-test
@@ -58,7 +58,7 @@ install-test: $(VENV)/.installed-test
 # compile its modules at each start where the environment sets PYTHONDONTWRITEBYTECODE).
 $(VENV)/.installed-jupyter: $(VENV)/.installed
 	@$(VENV_INSTALL) $$($(PY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['jupyter'])")
-	$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null
+	-$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null
 	touch $@ $(VENV)/.compiled
 
 jupyterlab: $(VENV)/.installed-jupyter
@@ -79,7 +79,7 @@ run: install
 	  echo "JupyterLab (the walkthrough's step 4) installs in the background, about 1 min: its log is $(VENV)/jupyterlab-install.log"; \
 	  nohup nice -n 19 flock -n $(VENV)/.jupyterlab.lock $(MAKE) --no-print-directory jupyterlab >>$(VENV)/jupyterlab-install.log 2>&1 </dev/null & \
 	elif [ ! -e $(VENV)/.compiled ] || [ $(VENV)/.installed -nt $(VENV)/.compiled ]; then \
-	  nohup nice -n 19 flock -n $(VENV)/.jupyterlab.lock sh -c '$(PY) -m compileall -q -j 0 $(VENV)/lib && touch $(VENV)/.compiled' \
+	  nohup nice -n 19 flock -n $(VENV)/.jupyterlab.lock sh -c '$(PY) -m compileall -q -j 0 $(VENV)/lib; touch $(VENV)/.compiled' \
 	    >/dev/null 2>&1 </dev/null & \
 	fi
 	PYTHONDONTWRITEBYTECODE= PORT=$(PORT) $(PY) manage.py standalone$(if $(DEMO), --demo=$(DEMO))
