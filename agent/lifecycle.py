@@ -300,7 +300,8 @@ class SessionLifecycle:
     `_starting` and `_cancelled` (ids), `_spawn` (a RunningSession from a StartSpec, blocking) and
     `_attach` (its terminal pipe and log started, then `watch`), `link` (agent.manager_link:
     reports and remembered ends), `layer` and `channel` (its terminal groups), `loop`, `_in` and
-    `_work` (blocking work off the loop), `_on_process` (a call on a session's process)."""
+    `_work` (blocking work off the loop), `_in_background` (a task not waited for), `runtime`
+    (its `warm`, where it has one), `_on_process` (a call on a session's process)."""
 
     def __init__(self, agent: Any) -> None:
         self.agent = agent
@@ -335,6 +336,7 @@ class SessionLifecycle:
                 await self.abandon(running)
             await preparing
             await self.agent.link.end(session_id, "ERROR", f"the agent could not start the session: {exc}", None)
+            self.warm()
             return
         finally:
             self.agent._starting.discard(session_id)
@@ -345,9 +347,19 @@ class SessionLifecycle:
             log.warning("agent %s: could not join the terminal group of %s yet", self.agent.node, session_id)
         if session_id in self.agent._cancelled:  # terminated while it was being prepared
             self.agent._cancelled.discard(session_id)
+            self.warm()
             await self.stop(session_id, reason="terminated while starting")
             return
         await self.agent.link.report(session_id, "RUNNING", "")
+        self.warm()
+
+    def warm(self) -> None:
+        """In the background, once a start has reported: the runtime's next spawn made ready
+        where it has a way to (agent.runtimes.ProcessRuntime.warm: a spare holder), after the
+        report, so that it does not compete with the start it follows."""
+        warm = getattr(self.agent.runtime, "warm", None)  # the docker runtime has none
+        if warm is not None:
+            self.agent._in_background(self.agent._in(self.agent._work, warm))
 
     def watch(self, running: Any) -> None:
         """Watch a new session's exit (its leader's pidfd; a 0.2 s poll where the kernel has none)
