@@ -326,6 +326,11 @@ class SessionLifecycle:
         preparing = asyncio.ensure_future(
             self.agent.link.report(session_id, "PREPARING", "preparing the working directory and environment", retry=False)
         )
+        # Its terminal group is joined while it is prepared too, so RUNNING waits for neither (issue
+        # 35.3: a Redis round trip); a message for it meanwhile is dropped, as before the join (no
+        # such session here yet).
+        group = protocol.pty_group(self.agent.node, session_id)
+        joined = asyncio.ensure_future(self._join(group, session_id))
         try:
             running = await self.agent._in(self.agent._work, self.agent._spawn, spec)
             self.agent.sessions[session_id] = running
@@ -335,16 +340,15 @@ class SessionLifecycle:
             if running is not None:
                 await self.abandon(running)
             await preparing
+            if await joined:
+                await self._leave(group, session_id)
             await self.agent.link.end(session_id, "ERROR", f"the agent could not start the session: {exc}", None)
             self.warm()
             return
         finally:
             self.agent._starting.discard(session_id)
         await preparing
-        try:
-            await self.agent.layer.group_add(protocol.pty_group(self.agent.node, session_id), self.agent.channel)
-        except Exception:  # the layer is down: the heartbeat's group refresh joins it later
-            log.warning("agent %s: could not join the terminal group of %s yet", self.agent.node, session_id)
+        await joined
         if session_id in self.agent._cancelled:  # terminated while it was being prepared
             self.agent._cancelled.discard(session_id)
             self.warm()
@@ -352,6 +356,22 @@ class SessionLifecycle:
             return
         await self.agent.link.report(session_id, "RUNNING", "")
         self.warm()
+
+    async def _join(self, group: str, session_id: str) -> bool:
+        """Join a starting session's terminal group; False where the layer is down (logged: the
+        heartbeat's group refresh joins it later, once the session runs)."""
+        try:
+            await self.agent.layer.group_add(group, self.agent.channel)
+            return True
+        except Exception:
+            log.warning("agent %s: could not join the terminal group of %s yet", self.agent.node, session_id)
+            return False
+
+    async def _leave(self, group: str, session_id: str) -> None:
+        try:
+            await self.agent.layer.group_discard(group, self.agent.channel)
+        except Exception:
+            log.warning("agent %s: could not leave the terminal group of %s", self.agent.node, session_id)
 
     def warm(self) -> None:
         """In the background, once a start has reported: the runtime's next spawn made ready

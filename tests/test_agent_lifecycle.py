@@ -15,6 +15,7 @@ import uuid
 
 from channels.layers import InMemoryChannelLayer
 
+import protocol
 from agent import lifecycle
 from agent.core import Agent
 from agent.runtimes import CGROUP_NONE, ProcessRuntime
@@ -301,11 +302,33 @@ def test_a_start_that_fails_in_a_stage_reports_error_with_the_reason_and_leaves_
         assert (first, status, code) == ("PREPARING", "ERROR", None)
         assert reason.startswith("the agent could not start the session: ") and "9g.999gb" in reason
         assert h.agent.state()["sessions"] == {} and not (h.agent.scratch_root / start.session_id).exists()
+        group = protocol.pty_group(h.agent.node, start.session_id)
+        assert h.agent.channel not in h.layer.groups.get(group, {}), "the failed start left its terminal group joined"
 
         await h.agent.lifecycle.start(start)  # re-sent: the end is said again, nothing is tried again
         assert statuses(h, start.session_id) == ["PREPARING", "ERROR", "ERROR"]
 
     run_lifecycle(tmp_path, scenario)
+
+
+def test_a_starting_session_joins_its_terminal_group_while_it_is_prepared(tmp_path):
+    """RUNNING waits for no join of the terminal group after the spawn (issue 35.3: a Redis round
+    trip on the distributed stack): the agent is in the group while the spawn still runs."""
+    runtime = GatedRuntime(node=f"gated-{uuid.uuid4().hex[:8]}", cgroup_root=CGROUP_NONE)
+
+    async def scenario(h: Harness):
+        start = typed_spec(command="sleep 60")
+        starting = asyncio.create_task(h.agent.lifecycle.start(start))
+        assert await asyncio.to_thread(runtime.entered.wait, TIMEOUT), "the spawn never began"
+        group = protocol.pty_group(h.agent.node, start.session_id)
+        await wait_until_async(lambda: h.agent.channel in h.layer.groups.get(group, {}), what="the join while it spawns")
+        runtime.gate.set()
+        await asyncio.wait_for(starting, TIMEOUT)
+        assert statuses(h, start.session_id) == ["PREPARING", "RUNNING"]
+        await h.agent.lifecycle.stop(start.session_id, reason="terminated")
+        assert h.agent.channel not in h.layer.groups.get(group, {}), "the ended session left its terminal group joined"
+
+    run_lifecycle(tmp_path, scenario, runtime=runtime)
 
 
 def test_a_stop_of_a_session_never_here_says_so_and_says_so_again_when_sent_again(tmp_path):
