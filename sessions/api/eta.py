@@ -424,12 +424,10 @@ def what_if_view(request):
     body = WhatIfRequestSerializer(data=request.data)
     body.is_valid(raise_exception=True)
     changes = body.validated_data
-    now = timezone.now()
     answer = eta.scheduler_what_if(
         weights=changes.get("share_weights"),
         policies=changes.get("policies"),
         backfill_limit=changes.get("backfill_limit"),
         drain=frozenset(changes.get("drain") or ()),
-        now=now,
     )
-    return Response(what_if_shape(answer, changes=changes, now=now))
+    return Response(what_if_shape(answer, changes=changes, now=answer.computed_at or timezone.now()))

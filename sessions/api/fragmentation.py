@@ -22,7 +22,7 @@ from accelerators.models import Node, NodeStatus, ResourceGroup
 from accelerators.selectors import DEFAULT_GROUP
 from common.api_support import ErrorSerializer
 from common.errors import ApplicationError
-from sessions.scheduling.compaction import compaction_apply, fragmentation_report
+from sessions.scheduling.compaction import compaction_apply, fragmentation_report_kept
 from sessions.selectors import request_configuration
 
 
@@ -186,7 +186,7 @@ def _groups(request) -> list[ResourceGroup | None]:
 )
 @api_view(["GET"])
 def fragmentation_view(request):
-    return Response([_shape(fragmentation_report(group=g)) for g in _groups(request)])
+    return Response([_shape(fragmentation_report_kept(group=g)) for g in _groups(request)])
 
 
 class CompactionApplySerializer(serializers.Serializer):

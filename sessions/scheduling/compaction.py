@@ -20,21 +20,27 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
+from django.db.models import Count, Max
 from django.utils import timezone
 
 from accelerators.allocation import compaction, core
-from accelerators.allocation.errors import AllocationError
+from accelerators.allocation import mig as pure_mig
+from accelerators.allocation.errors import AllocationError, InvalidResourceRequest
+from accelerators.allocation.preemption import place_on
 from accelerators.mig_selectors import mig_gpu_layouts
-from accelerators.models import AllocationMode, Node, NodeStatus, ResourceGroup
+from accelerators.models import AllocationMode, Device, GpuInstance, Node, NodeStatus, ResourceGroup
 from accelerators.selectors import DEFAULT_GROUP, fractional_settings_get, node_states, placement_options
 from common.errors import ApplicationError
 from sessions.scheduling import mig as mig_scheduling
+from sessions.scheduling.eta import cluster_stamp, queue_stamp
 from sessions.models import ComputeSession, SessionStatus
 from sessions.scheduling.preemption import notice_give, notices_send, session_holders
 from sessions.selectors import session_request
@@ -140,6 +146,84 @@ def recent_shapes(*, group: ResourceGroup | None, slot: str = "cuda", now=None) 
     return [shape for shape, _ in sorted(counts.items(), key=lambda kv: -kv[1])][:MAX_SHAPES]
 
 
+MAP_KEPT_MAX = 4096  # node kinds whose map this process keeps (then it starts again)
+_map_kept: dict[tuple, tuple[tuple[compaction.DeviceFree, ...], tuple[int, ...]]] = {}
+_map_kept_lock = threading.Lock()
+
+
+def _anonymous(node: core.NodeState) -> core.NodeState:
+    """`node` without its names: its id "n", its devices' ids and UUIDs "d<position>" (their
+    links likewise); what the allocator decides on one node does not depend on them."""
+    position = {d.device_id: f"d{i}" for i, d in enumerate(node.devices)}
+    devices = tuple(replace(d, device_id=position[d.device_id], uuid=position[d.device_id]) for d in node.devices)
+    links = tuple(replace(k, a=position.get(k.a, k.a), b=position.get(k.b, k.b)) for k in node.links)
+    return replace(node, node_id="n", devices=devices, links=links)
+
+
+def fragmentation_map_kept(
+    nodes: list[core.NodeState], pure_settings: core.FractionalSettings, *, shapes: list[core.ResourceRequest], options: dict
+) -> compaction.FragmentationMap:
+    """`compaction.fragmentation_map` of `nodes`, each node's part (its devices' free and stranded
+    fGPU, the shapes it can take now) judged once per kind of node and kept (issue 35.2: the map
+    judged every shape on every node of 1,000 at each ask, 14-23 s): a node's part depends only
+    on its state without its names (`_anonymous`), the shapes, the slot's settings and the
+    group's options, so a node that did not change since, or that is like one judged before (1,000
+    alike nodes holding alike sessions are a handful of kinds), costs a dictionary read. The
+    same map as the pure function's, names put back; the largest fGPU one request could get
+    (`core.max_shares`) is computed as there."""
+    shapes = list(shapes)
+    context = (tuple(shapes), pure_settings, tuple(sorted(options.items())))
+    devices: list[compaction.DeviceFree] = []
+    placeable: list[core.ResourceRequest] = []
+    for node in nodes:
+        plain = _anonymous(node)
+        key = (plain, context)
+        part = _map_kept.get(key)
+        if part is None:
+            one = compaction.fragmentation_map([plain], pure_settings, shapes=shapes, options=options)
+            fits = tuple(i for i, s in enumerate(shapes) if place_on(plain, s, pure_settings, options) is not None)
+            part = (one.devices, fits)
+            with _map_kept_lock:
+                if len(_map_kept) >= MAP_KEPT_MAX:
+                    _map_kept.clear()
+                _map_kept[key] = part
+        for d, row in zip(node.devices, part[0]):
+            devices.append(replace(row, node_id=node.node_id, device_id=d.device_id, label=d.label))
+        placeable.extend(shapes[i] for i in part[1] if shapes[i] not in placeable)
+    largest = max(placeable, key=lambda s: compaction.request_fgpu(s, pure_settings, nodes), default=None)
+    return compaction.FragmentationMap(
+        devices=tuple(devices),
+        free=sum((d.free for d in devices), core.ZERO),
+        stranded=sum((d.free for d in devices if d.stranded), core.ZERO),
+        largest_fgpu=core.max_shares(nodes, pure_settings),
+        largest_shape=largest,
+        shapes=tuple(shapes),
+    )
+
+
+def _with_mig_gpus(nodes):
+    """The nodes of `nodes` (a Node queryset) holding a MIG-capable GPU as
+    `accelerators.mig_selectors.device_mig_catalog` judges one (a catalog its agent read, or a
+    model the built-in catalogs know): those `mig_gpu_layouts` lists GPUs of. One query of
+    plain rows, each distinct model judged once; the layouts then read those nodes only, not
+    1,000 nodes' 8,000 GPUs as model instances (issue 35.2)."""
+    rows = Device.objects.filter(node__in=nodes, is_mig_device=False).values_list(
+        "node_id", "model_name", "memory_size", "mig_catalog"
+    )
+    capable: dict[tuple[str, int], bool] = {}
+    holding = set()
+    for node_id, model, memory, catalog in rows:
+        if not catalog and (model, memory) not in capable:
+            try:
+                pure_mig.catalog_get(model, memory_size=memory)
+                capable[(model, memory)] = True
+            except InvalidResourceRequest:
+                capable[(model, memory)] = False
+        if catalog or capable[(model, memory)]:
+            holding.add(node_id)
+    return Node.objects.filter(pk__in=holding)
+
+
 def fragmentation_report(
     *, group: ResourceGroup | None, slot: str = "cuda", now=None, for_update: bool = False
 ) -> FragmentationReport:
@@ -149,14 +233,14 @@ def fragmentation_report(
     scope = Node.objects.filter(status=NodeStatus.ALIVE)
     if group is not None:
         scope = scope.filter(resource_group=group)
-    mig = mig_gpu_layouts(nodes=scope)
+    mig = mig_gpu_layouts(nodes=_with_mig_gpus(scope))
     settings = fractional_settings_get(slot_name=slot)
     if settings.allocation_mode != AllocationMode.FRACTIONAL:
         return FragmentationReport(group, slot, False, None, None, None, {}, mig, now)
     pure = settings.as_allocation_settings()
     nodes = node_states(slot_name=slot, for_update=for_update, group=group)
     options = placement_options(group=group)
-    found = compaction.fragmentation_map(nodes, pure, shapes=recent_shapes(group=group, slot=slot, now=now), options=options)
+    found = fragmentation_map_kept(nodes, pure, shapes=recent_shapes(group=group, slot=slot, now=now), options=options)
     # the largest waiting request (the first in queue order of the largest), judged once per
     # distinct request; only that session is read whole
     queue = ComputeSession.objects.filter(status=SessionStatus.PENDING).order_by("-priority", "created_at")
@@ -179,6 +263,32 @@ def fragmentation_report(
                 )
             }
     return FragmentationReport(group, slot, True, found, target, plan, sessions, mig, now)
+
+
+REPORT_TTL_S = 30.0  # the longest a kept report serves (the clock moves on: work lost, recent shapes)
+_reports: dict[tuple, tuple[tuple, float, FragmentationReport]] = {}
+
+
+def fragmentation_report_kept(*, group: ResourceGroup | None, slot: str = "cuda") -> FragmentationReport:
+    """`fragmentation_report(group=group, slot=slot)` kept per group and slot while nothing it
+    reads changed: no pending or active session (`eta.queue_stamp`), no node, device or
+    allocation (`eta.cluster_stamp`: the kept cluster view's version), no GPU instance (their
+    count, holders and newest use), for up to REPORT_TTL_S seconds (issue 35.2: the map, the MIG
+    layouts and the holders of 1,000 nodes read again at each ask); asked again, a dictionary
+    read. On SQLite (no cluster stamp) read each time. The apply never uses it (it reads under
+    lock)."""
+    nodes = cluster_stamp()
+    if nodes is None:
+        return fragmentation_report(group=group, slot=slot)
+    instances = GpuInstance.objects.aggregate(n=Count("pk"), held=Count("session"), used=Max("last_used_at"))
+    stamp = (queue_stamp(), nodes, tuple(instances.values()), group.pk if group else None, group.name if group else None)
+    key = (group.pk if group else None, slot)
+    found = _reports.get(key)
+    if found is not None and found[0] == stamp and time.monotonic() - found[1] < REPORT_TTL_S:
+        return found[2]
+    report = fragmentation_report(group=group, slot=slot)
+    _reports[key] = (stamp, time.monotonic(), report)
+    return report
 
 
 def compaction_apply(*, admin, group: ResourceGroup | None, expected: list[str] | None = None, slot: str = "cuda") -> dict:

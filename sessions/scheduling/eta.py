@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone as dt_timezone
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count, Max, Sum
 from django.utils import timezone
 
@@ -51,6 +52,7 @@ from accelerators.allocation import runtime_history as history
 from accelerators.allocation.errors import AllocationError, InsufficientResource
 from accelerators.allocation.requests import request_to_spec
 from accelerators.allocation.reservation import Reservation, Reservations, reservation_find
+from accelerators.cluster_view import cluster_view
 from accelerators.models import ResourceGroup
 from sessions.scheduling import fairshare
 from sessions.scheduling import mig as mig_scheduling
@@ -599,9 +601,24 @@ class _Queue:
             self.queued(late=late), ends=ends, room=room, now=self.now.timestamp(), backfill_limit=self.backfill_limit
         )
 
+    def one_way(self) -> bool:
+        """Whether the optimistic and the pessimistic replay have the same inputs: every session
+        holding room ends at one expected moment (or at none), and every queued one runs for one
+        expected time (a maximum lifetime, a TERMINATING session, no declared end: a band of
+        one point)."""
+        held = all(self.ends[k].earliest == self.ends[k].latest for k in self.holdings if k in self.ends)
+        return held and all(r.earliest == r.latest for r in self.runtimes.values())
+
     def bands(self) -> dict[str, pure.Band]:
-        """Every PENDING session's ETA band (key: its id)."""
-        early, late = self.replay(late=False), self.replay(late=True)
+        """Every PENDING session's ETA band (key: its id). The pessimistic replay is the
+        optimistic one where their inputs are the same (`one_way`): a replay is deterministic, so
+        it is made once (issue 35.2: each is 1,000 placements on 1,000 nodes)."""
+        early = self.replay(late=False)
+        if self.one_way():
+            late = early
+            self.rooms.append(self.rooms[-1])  # the moves' nodes: the same both ways
+        else:
+            late = self.replay(late=True)
         out = {key: pure.Band(None, None, pure.NEVER, why) for key, why in self.never.items()}
         for key in early.starts:
             band = pure.eta_band(early.starts[key], late.starts[key])
@@ -692,9 +709,26 @@ def band_agreed(band: pure.Band, *, fits_now: bool, after: list[FitsAfter], now:
     return band
 
 
-QUEUE_TTL_S = 10.0  # the longest one read of the queue and its two replays serve ETAs (node changes, time)
-_shared_lock = threading.Lock()
-_shared: dict = {"stamp": None, "at": 0.0, "read": None}
+QUEUE_TTL_S = 30.0  # the longest one kept read of the queue and its replays serves (the clock moves on)
+
+
+@dataclass
+class _Kept:
+    """One read of the queue and its two replays (`_Queue`, its `bands`), kept for every ETA and
+    what-if this process answers while they hold (`_queue_now`), with what was asked of them
+    since: each session's `fits_after` and `mig_now` (key → answer) and each what-if's answer
+    (its changes → `WhatIf`)."""
+
+    stamp: tuple
+    at: float
+    queue: _Queue
+    bands: dict[str, pure.Band]
+    fits: dict[str, tuple[bool, list[FitsAfter], list]] = field(default_factory=dict)
+    what_ifs: dict[tuple, WhatIf] = field(default_factory=dict)
+
+
+_kept_lock = threading.Lock()
+_kept: list[_Kept] = []  # the one kept read, or none
 
 
 def _read(now: datetime | None = None) -> tuple[_Queue, dict[str, pure.Band]]:
@@ -702,7 +736,7 @@ def _read(now: datetime | None = None) -> tuple[_Queue, dict[str, pure.Band]]:
     return queue, queue.bands()
 
 
-def _queue_stamp() -> tuple:
+def queue_stamp() -> tuple:
     """What changes when any pending or active session is written (one aggregate query): how
     many there are, the sum of their versions (every transition bumps one) and the newest."""
     stamp = ComputeSession.objects.filter(status__in=(SessionStatus.PENDING, *ACTIVE_STATUSES)).aggregate(
@@ -711,33 +745,68 @@ def _queue_stamp() -> tuple:
     return stamp["n"], stamp["versions"], stamp["newest"]
 
 
-def _queue_now() -> tuple[_Queue, dict[str, pure.Band]]:
-    """The queue's read and its bands, shared by every ETA this process answers while no
-    pending or active session changed (`_queue_stamp`) for up to QUEUE_TTL_S seconds: an open
-    session page asks every 15 s, and the read and the two replays are the whole queue's
-    (0.5–1 s with hundreds of sessions), the same for every pending session."""
-    stamp = _queue_stamp()
-    with _shared_lock:
-        if _shared["stamp"] == stamp and time.monotonic() - _shared["at"] < QUEUE_TTL_S:
-            return _shared["read"]
-    read = _read()
-    with _shared_lock:
-        _shared.update(stamp=stamp, at=time.monotonic(), read=read)
-    return read
+def cluster_stamp() -> object:
+    """What changes when the nodes the replays read change (a node drained, lost or added, an
+    allocation made or released): the kept cluster view's version (`accelerators.cluster_view`,
+    brought up to date from its change log); where this transaction wrote nodes itself (the
+    view's overlay), the change log as this transaction sees it (its rows' count and ids' sum:
+    the triggers write a row per node each write touches, in the writer's transaction). None on
+    SQLite, which keeps no view or log: the queue's stamp and QUEUE_TTL_S alone hold there."""
+    if connection.vendor != "postgresql":
+        return None
+    version = cluster_view().snapshot().version
+    if version >= 0:
+        return ("view", version)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*), COALESCE(sum(id), 0) FROM accelerators_clusterchange")
+        return ("log", *cursor.fetchone())
+
+
+def _queue_now() -> _Kept:
+    """The queue's kept read and its bands (`_Kept`), shared by every ETA and what-if this
+    process answers while no pending or active session changed (`queue_stamp`) and the nodes
+    did not (`cluster_stamp`), for up to QUEUE_TTL_S seconds: an open session page asks every
+    15 s, and the read and the two replays are the whole queue's (seconds with 1,000 sessions
+    on 1,000 nodes, issue 35.2), the same for every pending session; asked again, a dictionary
+    read. A change read in either stamp is seen by the next answer: a new read."""
+    stamp = (queue_stamp(), cluster_stamp())
+    with _kept_lock:
+        if _kept and _kept[0].stamp == stamp and time.monotonic() - _kept[0].at < QUEUE_TTL_S:
+            return _kept[0]
+    queue, bands = _read()
+    kept = _Kept(stamp=stamp, at=time.monotonic(), queue=queue, bands=bands)
+    with _kept_lock:
+        _kept[:] = [kept]
+    return kept
+
+
+def _kept_fits(kept: _Kept, key: str) -> tuple[bool, list[FitsAfter], list]:
+    """`_fits_after` and `_mig_now` of queued `key` on the kept read, each worked out once."""
+    found = kept.fits.get(key)
+    if found is None:
+        fits_now, after = _fits_after(kept.queue, key)
+        found = kept.fits[key] = (fits_now, after, [] if fits_now else _mig_now(kept.queue, key))
+    return found
 
 
 def session_eta(*, session: ComputeSession, now: datetime | None = None) -> Eta:
     """The ETA of a PENDING `session` (module docstring): its band from the two replays of the
     whole queue, its place in the queue, the last pass's reason, and which running sessions'
     ends would make it fit now (`fits_after`). Reads without locks; writes nothing."""
-    queue, bands = _queue_now() if now is None else _read(now)
     key = str(session.pk)
+    if now is None:
+        kept = _queue_now()
+        queue, bands = kept.queue, kept.bands
+        fits_now, after, mig_now = _kept_fits(kept, key)
+    else:
+        queue, bands = _read(now)
+        fits_now, after = _fits_after(queue, key)
+        mig_now = [] if fits_now else _mig_now(queue, key)
     band = bands.get(key) or pure.Band(None, None, pure.WAITING, "it is no longer waiting")
     position = next((i + 1 for i, s in enumerate(queue.pending) if str(s.pk) == key), 0)
-    fits_now, after = _fits_after(queue, key)
     band = band_agreed(band, fits_now=fits_now, after=after, now=queue.now.timestamp())
     return Eta(
-        mig_now=() if fits_now else tuple(_mig_now(queue, key)),
+        mig_now=tuple(mig_now),
         outcome=band_outcome(band, queue.now.timestamp(), fits_now=fits_now),
         earliest=as_datetime(band.earliest),
         latest=as_datetime(band.latest),
@@ -881,11 +950,13 @@ class WhatIfMove:
 
 @dataclass(frozen=True)
 class WhatIf:
-    """`scheduler_what_if`'s answer: `rows` (every PENDING session, in today's queue order) and
-    `moves` (the running sessions a drain stops and requeues, in arrival order)."""
+    """`scheduler_what_if`'s answer: `rows` (every PENDING session, in today's queue order),
+    `moves` (the running sessions a drain stops and requeues, in arrival order) and
+    `computed_at` (the moment both queues were replayed from; None: not said)."""
 
     rows: list[WhatIfRow]
     moves: list[WhatIfMove]
+    computed_at: datetime | None = None
 
 
 def scheduler_what_if(
@@ -903,11 +974,41 @@ def scheduler_what_if(
     running sessions are stopped and requeued by arrival with their request, as `kubectl drain`
     evicts pods and a compaction moves sessions) — and return each PENDING session's place and
     band under both, in today's queue order, and where and when each drained session would
-    start again. Nothing is written. The caller checks the names (`what_if_validate`)."""
-    now = now or timezone.now()
-    today = _Queue(now=now)
-    changed = _Queue(now=now, weights=weights, policies=policies, backfill_limit=backfill_limit, drain=drain, base=today)
-    bands_today, bands_changed = today.bands(), changed.bands()
+    start again. Nothing is written. The caller checks the names (`what_if_validate`).
+
+    Without `now`, today's queue and bands are the kept read the ETAs share (`_queue_now`: read
+    again only after a change) and the answer is kept with it, so the same what-if asked again
+    before a change costs a dictionary read; `computed_at` says from when."""
+    if now is not None:
+        today = _Queue(now=now)
+        return _what_if(today, today.bands(), weights=weights, policies=policies, backfill_limit=backfill_limit, drain=drain)
+    kept = _queue_now()
+    key = (
+        tuple(sorted((weights or {}).items())),
+        tuple(sorted((policies or {}).items())),
+        backfill_limit,
+        tuple(sorted(drain)),
+    )
+    found = kept.what_ifs.get(key)
+    if found is None:
+        found = _what_if(kept.queue, kept.bands, weights=weights, policies=policies, backfill_limit=backfill_limit, drain=drain)
+        with _kept_lock:
+            kept.what_ifs[key] = found
+    return found
+
+
+def _what_if(
+    today: _Queue,
+    bands_today: dict[str, pure.Band],
+    *,
+    weights: dict[str, int] | None,
+    policies: dict[str, str] | None,
+    backfill_limit: int | None,
+    drain: frozenset[str],
+) -> WhatIf:
+    """`scheduler_what_if` against `today` (read at its `now`) and its `bands_today`."""
+    changed = _Queue(now=today.now, weights=weights, policies=policies, backfill_limit=backfill_limit, drain=drain, base=today)
+    bands_changed = changed.bands()
     where = {str(s.pk): i + 1 for i, s in enumerate(changed.pending)}
     rows = []
     for i, session in enumerate(today.pending):
@@ -926,4 +1027,4 @@ def scheduler_what_if(
         )
         for session in sorted(changed.moved, key=lambda s: (s.created_at, str(s.pk)))
     ]
-    return WhatIf(rows, moves)
+    return WhatIf(rows, moves, today.now)
