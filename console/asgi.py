@@ -106,4 +106,5 @@ else:
     )
 
 import_module(settings.ROOT_URLCONF)  # the views and what they import, loaded now rather than at the first request
-freeze_imported_objects("web")
+if not getattr(settings, "STANDALONE", False):  # standalone freezes once it serves and its agents have started
+    freeze_imported_objects("web")

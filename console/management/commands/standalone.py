@@ -43,6 +43,7 @@ from accelerators.selectors import DEFAULT_GROUP
 from common.celery import app as celery_app
 from common.env import env_bool, env_int, env_list, env_str
 from common.exec_store import exec_store_default
+from common.startup import freeze_imported_objects
 from agent.boot import build_agent
 from agent.config import AgentConfigError, load_agent_config
 from sessions.policy.images import image_default, image_save
@@ -346,6 +347,7 @@ class Command(BaseCommand):
             events.use_loop(asyncio.get_running_loop())  # the in-memory channel layer lives on this loop
             for agent in agents:
                 await agent.start()
+            freeze_imported_objects("standalone")  # after the first page can be served, not before (console.asgi)
             background = asyncio.create_task(periodic())
             self.stdout.write(
                 self.style.SUCCESS(
