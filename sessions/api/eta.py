@@ -5,6 +5,8 @@ written. Times are ISO 8601 (UTC)."""
 
 from __future__ import annotations
 
+import json
+
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -355,6 +357,23 @@ def band_shape(band: pure.Band, now: float) -> dict:
     }
 
 
+_shaped: dict[tuple, tuple[object, dict]] = {}  # (id(answer), changes) → (the answer, its body)
+
+
+def what_if_shape_kept(answer: eta.WhatIf, *, changes: dict, now) -> dict:
+    """`what_if_shape`, made once per kept answer (`eta.scheduler_what_if` keeps them until a
+    change) and changes: asked again, the body of 1,000 rows is not shaped again."""
+    key = (id(answer), json.dumps(changes, sort_keys=True, default=str), now)
+    found = _shaped.get(key)
+    if found is not None and found[0] is answer:
+        return found[1]
+    body = what_if_shape(answer, changes=changes, now=now)
+    if len(_shaped) >= 64:
+        _shaped.clear()
+    _shaped[key] = (answer, body)
+    return body
+
+
 def what_if_shape(answer: eta.WhatIf, *, changes: dict, now) -> dict:
     """`WhatIfSerializer`'s data."""
     epoch = now.timestamp()
@@ -430,4 +449,4 @@ def what_if_view(request):
         backfill_limit=changes.get("backfill_limit"),
         drain=frozenset(changes.get("drain") or ()),
     )
-    return Response(what_if_shape(answer, changes=changes, now=answer.computed_at or timezone.now()))
+    return Response(what_if_shape_kept(answer, changes=changes, now=answer.computed_at or timezone.now()))
