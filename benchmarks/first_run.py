@@ -24,6 +24,10 @@ Needs only the standard library (it runs before any virtualenv exists). Each ste
 5. how long after the first spawn JupyterLab's background install finished (its stamp
    `.venv/.installed-jupyter`), waited for at most --jupyter-timeout seconds.
 
+--restart-ab A B (trees already installed, e.g. two --keep clones of two commits) times restarts
+alone, interleaved: `make run` in A, then in B, --restarts rounds, the medians of each (wall and
+CPU seconds) with the load at each start.
+
 --plain-pip runs without this machine's pip configuration (PIP_CONFIG_FILE=/dev/null and no PIP_*
 variables): pip as installed, with PyPI alone, where `make run` may choose uv. --uv DIR puts DIR
 (holding a `uv` executable) first on PATH.
@@ -179,6 +183,31 @@ class Run:
                 self.proc.wait()
 
 
+def restart_ab(trees: list[str], rounds: int, env: dict[str, str], timeout_s: float) -> int:
+    """Restarts of installed trees, interleaved (see the module's docstring); prints the figures
+    and one JSON line. Exits 1 when a start installs anything or a page never answers."""
+    figures: dict[str, list[dict]] = {tree: [] for tree in trees}
+    logs = Path(tempfile.mkdtemp(prefix="fgpu-restart-ab-"))
+    installed_again = False
+    for n in range(rounds):
+        for i, tree in enumerate(trees):
+            port = free_port()
+            run = Run(Path(tree), port, env, logs / f"{i}-{n}.log")
+            try:
+                page_s = run.wait_page(f"http://127.0.0.1:{port}/", timeout_s)
+                figures[tree].append({"s": page_s, "cpu_s": run.cpu_s(), "load": run.load})
+                installed_again = installed_again or INSTALL_LINE in run.output()
+            finally:
+                run.stop()
+    shutil.rmtree(logs, ignore_errors=True)
+    for tree, runs in figures.items():
+        each = ", ".join(f"{r['s']} s ({r['cpu_s']} CPU-s, load {r['load']})" for r in runs)
+        wall, cpu = statistics.median(r["s"] for r in runs), statistics.median(r["cpu_s"] for r in runs)
+        print(f"restart {tree}: median {wall:.2f} s, {cpu:.2f} CPU-s  (each: {each})")
+    print(json.dumps({"restart_ab": figures, "installed_again": installed_again}))
+    return 1 if installed_again else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", default=str(ROOT), help="the repository to clone (default: this checkout)")
@@ -191,7 +220,10 @@ def main() -> int:
     parser.add_argument("--plain-pip", action="store_true", help="pip without this machine's configuration: PyPI alone")
     parser.add_argument("--uv", default=None, help="a directory holding uv, put first on PATH")
     parser.add_argument("--restarts", type=int, default=3, help="restarts timed (their median is the figure)")
+    parser.add_argument("--restart-ab", nargs=2, metavar=("A", "B"), help="time restarts of two installed trees, interleaved")
     args = parser.parse_args()
+    if args.restart_ab:
+        return restart_ab(args.restart_ab, args.restarts, newcomer_env("first-run-pass"), args.timeout)
 
     dest = Path(args.dest) if args.dest else Path(tempfile.mkdtemp(prefix="fgpu-first-run-")) / "clone"
     if dest.exists() and any(dest.iterdir()):
