@@ -70,7 +70,7 @@ def node_inventory_apply(
     attributes: dict,
     cpu_count: int | None = None,
     memory_size: int | None = None,
-    images: dict | None = None,
+    images: object = None,
     shared_storage: bool | None = None,
 ) -> Node:
     """Create or update node `node_name` and make its device rows match `devices` exactly.
