@@ -7,12 +7,12 @@ never touch the database."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import shared_task
 
 import protocol
-from protocol.messages import Malformed, StartSpec
+from protocol.messages import Malformed, SessionNotice, SessionsSync, SessionStop, StartSpec
 from protocol.mig_messages import MigReconcile
 
 log = logging.getLogger(__name__)
@@ -38,14 +38,21 @@ def session_start(*, node: str, spec: dict) -> None:
 
 
 @shared_task(name=protocol.SESSION_STOP)
-def session_stop(*, node: str, session_id: str) -> None:
-    _agent(node).submit_stop(session_id)
+def session_stop(*, node: str, **message: Any) -> None:
+    """Stop a session on `node` (protocol.messages.SessionStop, its keyword arguments as sent; a
+    malformed one is logged and dropped: the heartbeat's reconcile sends the stop again)."""
+    stop = _decoded(SessionStop, node, message)
+    if stop is not None:
+        _agent(stop.node).submit_stop(stop.session_id)
 
 
 @shared_task(name=protocol.SESSIONS_SYNC)
-def sessions_sync(*, node: str, keep: list[str]) -> None:
-    """Kill every session the agent runs that the manager does not list in `keep`."""
-    _agent(node).submit_sync(keep)
+def sessions_sync(*, node: str, **message: Any) -> None:
+    """Kill every session the agent runs that the manager does not list in `keep`
+    (protocol.messages.SessionsSync; a malformed one is logged and dropped, nothing killed)."""
+    sync = _decoded(SessionsSync, node, message)
+    if sync is not None:
+        _agent(sync.node).submit_sync(list(sync.keep))
 
 
 @shared_task(name=protocol.MIG_RECONCILE)
@@ -55,16 +62,30 @@ def mig_reconcile(*, node: str, **message: Any) -> None:
     idle instances in `destroy`, re-create missing expected ones, report strangers. A malformed
     one is logged and dropped (the manager asks again on the next registration, layout change or
     heartbeat whose digest differs)."""
-    try:
-        reconcile = MigReconcile.decode({"node": node, **message})
-    except Malformed as exc:
-        log.warning("agent %s: dropped a malformed MIG reconcile: %s", str(node)[:64], exc)
+    reconcile = _decoded(MigReconcile, node, message)
+    if reconcile is None:
         return
     _agent(reconcile.node).submit_mig_reconcile(reconcile)
 
 
 @shared_task(name=protocol.SESSION_NOTICE)
-def session_notice(*, node: str, session_id: str, text: str) -> None:
-    """Show `text` in the session's terminal on `node` (the manager's idle warnings, issue 15);
-    nothing if the session does not run there."""
-    _agent(node).usage.notice(session_id, text)
+def session_notice(*, node: str, **message: Any) -> None:
+    """Show a text in the session's terminal on `node` (protocol.messages.SessionNotice: the
+    manager's idle warnings, issue 15); nothing if the session does not run there, or if the
+    message is malformed (logged)."""
+    notice = _decoded(SessionNotice, node, message)
+    if notice is not None:
+        _agent(notice.node).usage.notice(notice.session_id, notice.text)
+
+
+M = TypeVar("M", SessionStop, SessionsSync, SessionNotice, MigReconcile)
+
+
+def _decoded(kind: type[M], node: str, message: dict[str, Any]) -> M | None:
+    """The task's keyword arguments (`node` and the others) decoded as `kind`, or None once
+    logged when they are malformed: a bad message is dropped, and the agent runs on."""
+    try:
+        return kind.decode({"node": node, **message})
+    except Malformed as exc:
+        log.warning("agent %s: dropped a malformed %s: %s", str(node)[:64], kind.__name__, exc)
+        return None

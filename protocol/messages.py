@@ -1,9 +1,13 @@
 """The typed messages between the manager and its agents (issue 34, item 1): the start spec (with
-its MIG block), the heartbeat, the session report and the log batch, each a frozen dataclass with
-a `version`, one encoder (`encode`: the message as it travels, JSON-safe) and one decoder
-(`decode`: raises Malformed, saying which field, for anything else). Both sides use them: the
-manager builds the start spec (sessions.lifecycle.start_spec) and decodes what agents send (sessions.tasks);
-the agent decodes the start spec (agent.tasks) and builds the others (agent.core.ManagerClient).
+its MIG block), a session's stop, the sessions to keep and a notice (manager → agent); the
+registration with its inventory, the heartbeat, the session report and the log batch (agent →
+manager); each a frozen dataclass with a `version`, one encoder (`encode`: the message as it
+travels, JSON-safe) and one decoder (`decode`: raises Malformed, saying which field, for anything
+else). Both sides use them: the manager builds its messages (sessions.lifecycle.start_spec,
+sessions.lifecycle.services and reconcile, sessions.tasks) and decodes what agents send
+(sessions.tasks); the agent decodes the manager's in its Celery tasks (agent.tasks: a malformed
+one is logged and dropped) and builds the others (agent.manager_link.CeleryManager). The MIG
+messages are in protocol.mig_messages.
 
 The wire is the one of the untyped dicts these replaced, so that an agent and a manager of adjacent
 versions interoperate: `encode` writes the same keys (a `version` only when it is not 1, which
@@ -43,6 +47,7 @@ __all__ = [
     "VERSION",
     "HardwareId",
     "Heartbeat",
+    "Inventory",
     "LogBatch",
     "Malformed",
     "MigBlock",
@@ -50,9 +55,13 @@ __all__ = [
     "NodeName",
     "NodeStorage",
     "ProjectRef",
+    "Registration",
     "RowId",
     "SessionId",
+    "SessionNotice",
     "SessionReport",
+    "SessionStop",
+    "SessionsSync",
     "SharedFolderRef",
     "StartDevice",
     "StartSpec",
@@ -400,7 +409,188 @@ class StartSpec:
         )
 
 
+# --- manager → agent: a session's stop, the sessions to keep, a notice ------------------------------
+
+
+@dataclass(frozen=True)
+class SessionStop:
+    """`fgpu.agent.session_stop`'s keyword arguments: stop session `session_id` on `node` (its
+    agent reports the end; idempotent by session id)."""
+
+    node: NodeName
+    session_id: SessionId
+    version: int = field(default=VERSION, compare=False)
+
+    def encode(self) -> dict[str, Any]:
+        """The task's keyword arguments."""
+        return _versioned(self.version, {"node": self.node, "session_id": self.session_id})
+
+    @classmethod
+    def decode(cls, kwargs: Any) -> SessionStop:
+        """Raises Malformed."""
+        w, m = "session stop", _mapping(kwargs, "session stop")
+        return cls(
+            node=NodeName(_get(m, w, "node", str)),
+            session_id=SessionId(_get(m, w, "session_id", str)),
+            version=_version(m, w),
+        )
+
+
+@dataclass(frozen=True)
+class SessionsSync:
+    """`fgpu.agent.sessions_sync`'s keyword arguments: the sessions `node`'s agent may keep
+    running (`keep`, session ids); it ends every other one (after it registered)."""
+
+    node: NodeName
+    keep: tuple[SessionId, ...]
+    version: int = field(default=VERSION, compare=False)
+
+    def encode(self) -> dict[str, Any]:
+        """The task's keyword arguments."""
+        return _versioned(self.version, {"node": self.node, "keep": list(self.keep)})
+
+    @classmethod
+    def decode(cls, kwargs: Any) -> SessionsSync:
+        """Raises Malformed."""
+        w, m = "sessions sync", _mapping(kwargs, "sessions sync")
+        return cls(
+            node=NodeName(_get(m, w, "node", str)),
+            keep=tuple(SessionId(s) for s in _strings(m, w, "keep")),
+            version=_version(m, w),
+        )
+
+
+@dataclass(frozen=True)
+class SessionNotice:
+    """`fgpu.agent.session_notice`'s keyword arguments: show `text` in the terminal of session
+    `session_id` on `node` (the manager's idle and preemption warnings)."""
+
+    node: NodeName
+    session_id: SessionId
+    text: str
+    version: int = field(default=VERSION, compare=False)
+
+    def encode(self) -> dict[str, Any]:
+        """The task's keyword arguments."""
+        return _versioned(self.version, {"node": self.node, "session_id": self.session_id, "text": self.text})
+
+    @classmethod
+    def decode(cls, kwargs: Any) -> SessionNotice:
+        """Raises Malformed."""
+        w, m = "session notice", _mapping(kwargs, "session notice")
+        return cls(
+            node=NodeName(_get(m, w, "node", str)),
+            session_id=SessionId(_get(m, w, "session_id", str)),
+            text=_get(m, w, "text", str),
+            version=_version(m, w),
+        )
+
+
 # --- agent → manager ---------------------------------------------------------------------------------
+
+
+def _objects(m: dict[str, Any], what: str, name: str, default: Any = ...) -> Any:
+    value = _get(m, what, name, list, default)
+    if value is not None and not all(isinstance(v, dict) for v in value):
+        raise Malformed(f"{name!r} of a {what} is not a list of objects")
+    return value
+
+
+def _sent(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` without the fields that were not sent (None)."""
+    return {key: value for key, value in body.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What a node has, as its agent registers it (agent.boot.load_inventory): `devices` (the
+    compute plugins' accelerators.plugins.base.DeviceInfo, each as its dict: the manager builds
+    the DeviceInfo, whose fields are the plugins' contract), `links` between them ({"a", "b",
+    "kind", "count"}: checked by the manager's accelerators.services.node_links_apply), the
+    `plugins` loaded, the node's `attributes`, `cpu_count` (cores), `memory_size` (bytes), the
+    plugins' `warnings` and its `storage` (NodeStorage as sent: taken as sent, since the manager
+    reads a malformed one as local rather than refuse the node). A field None was not sent (an
+    agent before it, or a test's inventory): the encoder leaves it out."""
+
+    devices: tuple[dict[str, Any], ...]
+    links: tuple[dict[str, Any], ...] | None = None
+    plugins: tuple[str, ...] | None = None
+    attributes: dict[str, Any] | None = None
+    cpu_count: int | None = None
+    memory_size: int | None = None
+    warnings: tuple[str, ...] | None = None
+    storage: object = None
+
+    def encode(self) -> dict[str, Any]:
+        return _sent(
+            {
+                "devices": list(self.devices),
+                "links": None if self.links is None else list(self.links),
+                "plugins": None if self.plugins is None else list(self.plugins),
+                "attributes": self.attributes,
+                "cpu_count": self.cpu_count,
+                "memory_size": self.memory_size,
+                "warnings": None if self.warnings is None else list(self.warnings),
+                "storage": self.storage,
+            }
+        )
+
+    @classmethod
+    def decode(cls, value: Any) -> Inventory:
+        """Raises Malformed."""
+        w, m = "node inventory", _mapping(value, "node inventory")
+        links, plugins, warnings = (
+            _objects(m, w, "links", None),
+            _strings(m, w, "plugins", None),
+            _strings(m, w, "warnings", None),
+        )
+        return cls(
+            devices=tuple(_objects(m, w, "devices")),
+            links=None if links is None else tuple(links),
+            plugins=None if plugins is None else tuple(plugins),
+            attributes=_get(m, w, "attributes", dict, None),
+            cpu_count=_count(m, w, "cpu_count", None),
+            memory_size=_count(m, w, "memory_size", None),
+            warnings=None if warnings is None else tuple(warnings),
+            storage=m.get("storage"),
+        )
+
+
+@dataclass(frozen=True)
+class Registration:
+    """`fgpu.manager.agent_register`'s keyword arguments: the agent of `node` started with its
+    `inventory`, running the sessions `running` (ids), holding the session `images` and their
+    `image_service_ports` labels (both as for Heartbeat: taken as sent, the manager keeps their
+    well-formed entries; None: not sent, an agent before images, or no labels)."""
+
+    node: NodeName
+    inventory: Inventory
+    running: tuple[SessionId, ...] = ()
+    images: object = None
+    image_service_ports: object = None
+    version: int = field(default=VERSION, compare=False)
+
+    def encode(self) -> dict[str, Any]:
+        """The task's keyword arguments (before the signature)."""
+        kwargs: dict[str, Any] = {"node": self.node, "inventory": self.inventory.encode(), "running": list(self.running)}
+        if self.images is not None:
+            kwargs["images"] = self.images
+        if self.image_service_ports:
+            kwargs["image_service_ports"] = self.image_service_ports
+        return _versioned(self.version, kwargs)
+
+    @classmethod
+    def decode(cls, kwargs: Any) -> Registration:
+        """The registration of the task's keyword arguments (its signature ignored). Raises Malformed."""
+        w, m = "registration", _mapping(kwargs, "registration")
+        return cls(
+            node=NodeName(_get(m, w, "node", str)),
+            inventory=Inventory.decode(_get(m, w, "inventory", dict)),
+            running=tuple(SessionId(s) for s in _strings(m, w, "running", [])),
+            images=m.get("images"),
+            image_service_ports=m.get("image_service_ports"),
+            version=_version(m, w),
+        )
 
 
 @dataclass(frozen=True)

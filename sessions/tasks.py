@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 import protocol
-from protocol.messages import Heartbeat, LogBatch, Malformed, NodeStorage, SessionReport
+from protocol.messages import Heartbeat, LogBatch, Malformed, NodeStorage, Registration, SessionId, SessionReport, SessionsSync
 from protocol.mig_messages import MigReport
 from common.celery import TRANSIENT_ERRORS, agent_send  # noqa: F401 (agent_send: re-exported)
 from sessions.lifecycle.passes import SCHEDULE_PENDING_TASK, SCHEDULE_QUEUED_KEY, _redis, schedule_pending_soon
@@ -53,28 +53,16 @@ def _storage(node: str, value) -> NodeStorage:
 
 
 @manager_task(protocol.AGENT_REGISTER)
-def agent_register(
-    *,
-    node: str,
-    inventory: dict,
-    running: list[str],
-    images: dict | None = None,
-    image_service_ports: dict | None = None,
-    signature: str | None = None,
-) -> None:
-    """An agent started: apply its inventory and the session images it holds (`images`, see
-    protocol; None from an agent before images: the process runtime's "host"), reconcile its
-    sessions, tell it which to keep. `image_service_ports`: the held images' ai.backend.service-ports
-    labels, which the image records matching them take their apps from (image_service_ports_apply)."""
-    if not _authentic(
-        protocol.AGENT_REGISTER,
-        node,
-        node=node,
-        inventory=inventory,
-        running=running,
-        signature=signature,
-        **_sent(images=images, image_service_ports=image_service_ports),
-    ):
+def agent_register(**message: Any) -> None:
+    """An agent started (protocol.messages.Registration, its keyword arguments as sent, the
+    signature among them; a malformed one is logged and dropped: the agent registers again on its
+    next heartbeat): apply its inventory and the session images it holds (`images`, see protocol;
+    None from an agent before images: the process runtime's "host"), reconcile its sessions, tell
+    it which to keep. `image_service_ports`: the held images' ai.backend.service-ports labels,
+    which the image records matching them take their apps from (image_service_ports_apply). A
+    device entry the DeviceInfo of this version cannot take drops the registration the same way."""
+    registration = _decoded(Registration, message)
+    if registration is None or not _authentic(protocol.AGENT_REGISTER, registration.node, **message):
         return
     from accelerators.mig_services import node_mig_push
     from accelerators.plugins.base import DeviceInfo
@@ -82,24 +70,30 @@ def agent_register(
     from sessions.policy.images import image_service_ports_apply
     from sessions.lifecycle.services import sessions_reconcile_node
 
+    node, inventory = registration.node, registration.inventory
+    try:
+        devices = [DeviceInfo(**d) for d in inventory.devices]
+    except TypeError as exc:
+        log.warning("dropped the registration of node %s: a device the manager cannot read: %s", node, exc)
+        return
     registered = node_inventory_apply(
         node_name=node,
-        devices=[DeviceInfo(**d) for d in inventory["devices"]],
-        plugins=inventory.get("plugins", []),
-        attributes=inventory.get("attributes", {}),
-        cpu_count=inventory.get("cpu_count"),
-        memory_size=inventory.get("memory_size"),
-        images=images,
-        shared_storage=_storage(node, inventory.get("storage")).shared,
+        devices=devices,
+        plugins=list(inventory.plugins or ()),
+        attributes=inventory.attributes or {},
+        cpu_count=inventory.cpu_count,
+        memory_size=inventory.memory_size,
+        images=registration.images,
+        shared_storage=_storage(node, inventory.storage).shared,
     )
     try:
-        node_links_apply(node=registered, links=inventory.get("links", []))
+        node_links_apply(node=registered, links=list(inventory.links or ()))
     except ValueError as exc:  # a bad topology report must not keep the node's GPUs out of use
         log.warning("node %s reported unusable device links, ignored: %s", node, exc)
-    if image_service_ports:
-        image_service_ports_apply(node_name=node, images=registered.images, service_ports=image_service_ports)
-    keep = sessions_reconcile_node(node_name=node, running=running)
-    agent_send(protocol.SESSIONS_SYNC, node=node, keep=keep)
+    if registration.image_service_ports:
+        image_service_ports_apply(node_name=node, images=registered.images, service_ports=registration.image_service_ports)
+    keep = sessions_reconcile_node(node_name=node, running=list(registration.running))
+    agent_send(protocol.SESSIONS_SYNC, **SessionsSync(node, tuple(SessionId(k) for k in keep)).encode())
     node_mig_push(node=registered, kind="start")  # MIG GPUs: the agent re-applies the layout, reports strangers
     schedule_pending_soon()
 
@@ -206,7 +200,7 @@ def session_log_append(**message: Any) -> None:
     append(session_id=batch.session_id, seq=batch.seq, offset=batch.offset, text=batch.text, final=batch.final, known=True)
 
 
-M = TypeVar("M", Heartbeat, SessionReport, LogBatch)
+M = TypeVar("M", Heartbeat, SessionReport, LogBatch, Registration)
 
 
 def _decoded(kind: type[M], message: dict[str, Any]) -> M | None:
@@ -240,12 +234,6 @@ def _authentic(task: str, sender: str | None, *, known=None, **kwargs) -> bool:
     if kwargs.get("node") is None:
         kwargs.pop("node", None)  # an agent from before node keys sends no node: sign what it sent
     return node_message_verify(node_name=sender, task=task, kwargs=kwargs, node=known)
-
-
-def _sent(**kwargs) -> dict:
-    """The optional kwargs an agent sent (not None): an agent leaves out what it has not got, or
-    what its version does not know, and signs only what it sent."""
-    return {key: value for key, value in kwargs.items() if value is not None}
 
 
 def _session_with_node(session_id: str):

@@ -19,7 +19,11 @@ from protocol.messages import (
     Malformed,
     MigBlock,
     MigPlacement,
+    Registration,
+    SessionNotice,
     SessionReport,
+    SessionsSync,
+    SessionStop,
     StartDevice,
     StartSpec,
 )
@@ -263,3 +267,104 @@ def test_the_scheduler_s_start_spec_decodes_and_encodes_to_itself(alices_session
     assert spec.encode() == wire and "version" not in wire
     assert spec.devices[0].hardware_id == allocations[0].device.device_id != str(allocations[0].device.pk)
     assert session_start_spec_again(alices_session) == wire  # the reconcile's re-sent start: the same builder
+
+
+# --- manager → agent: a stop, the sessions to keep, a notice ------------------------------------------
+
+STOP = {"node": "gpu-1", "session_id": SESSION}
+SYNC = {"node": "gpu-1", "keep": [SESSION]}
+NOTICE = {"node": "gpu-1", "session_id": SESSION, "text": "idle for 50 minutes: ends in 10"}
+
+
+@pytest.mark.parametrize("kind, wire", [(SessionStop, STOP), (SessionsSync, SYNC), (SessionNotice, NOTICE)])
+def test_the_manager_s_session_messages_round_trip_to_the_same_keyword_arguments(kind, wire):
+    message = kind.decode(wire)
+    assert message.encode() == wire and message.version == 1
+    assert kind.decode({**wire, "version": 2, "later": True}).encode() == {**wire, "version": 2}
+
+
+@pytest.mark.parametrize(
+    "kind, wire, says",
+    [
+        (SessionStop, {"node": "gpu-1"}, "a session stop without 'session_id'"),
+        (SessionStop, {**STOP, "session_id": 7}, "'session_id' of a session stop is not str"),
+        (SessionsSync, {**SYNC, "keep": SESSION}, "'keep' of a sessions sync is not list"),
+        (SessionsSync, {**SYNC, "keep": [None]}, "'keep' of a sessions sync is not a list of strings"),
+        (SessionNotice, {**NOTICE, "text": ["idle"]}, "'text' of a session notice is not str"),
+        (SessionNotice, {**NOTICE, "version": -1}, "a session notice of version -1"),
+    ],
+)
+def test_a_malformed_session_message_to_the_agent_is_refused_saying_which_field(kind, wire, says):
+    with pytest.raises(Malformed, match=says):
+        kind.decode(wire)
+
+
+def test_the_agent_drops_malformed_session_messages_with_a_log_line_and_acts_on_none(caplog):
+    # each task decodes before it looks the node's agent up: none exists here, so one that got
+    # through would raise LookupError
+    with caplog.at_level(logging.WARNING, logger="agent.tasks"):
+        agent_tasks.session_stop(node="no-agent-here", session_id=None)
+        agent_tasks.sessions_sync(node="no-agent-here", keep="all")
+        agent_tasks.session_notice(node="no-agent-here", session_id=SESSION)
+    assert "dropped a malformed SessionStop: a session stop without 'session_id'" in caplog.text
+    assert "dropped a malformed SessionsSync: 'keep' of a sessions sync is not list" in caplog.text
+    assert "dropped a malformed SessionNotice: a session notice without 'text'" in caplog.text
+    with pytest.raises(LookupError):
+        agent_tasks.session_stop(**STOP)  # a good one reaches the lookup
+
+
+# --- the registration ----------------------------------------------------------------------------------
+
+INVENTORY = {  # as agent.boot.load_inventory builds it
+    "devices": [{"device_id": "GPU-8d1f0c2e", "index": 0, "slot_name": "cuda"}],
+    "links": [{"a": "GPU-8d1f0c2e", "b": "GPU-9", "kind": "nvlink", "count": 12}],
+    "plugins": ["ai.backend.accelerator.cuda_open"],
+    "attributes": {"mps": False},
+    "cpu_count": 8,
+    "memory_size": 32 << 30,
+    "warnings": [],
+    "storage": {"shared": False},
+}
+REGISTRATION = {"node": "gpu-1", "inventory": INVENTORY, "running": [SESSION], "images": {"host": "host"}}
+
+
+def test_a_registration_round_trips_to_the_same_keyword_arguments_and_an_older_agent_s_too():
+    registration = Registration.decode(REGISTRATION)
+    assert registration.inventory.cpu_count == 8 and registration.running == (SESSION,)
+    assert registration.encode() == REGISTRATION
+    old = {"node": "gpu-1", "inventory": {"devices": [], "plugins": [], "attributes": {}}, "running": []}  # before images
+    assert Registration.decode(old).encode() == old
+    manager = Recording("gpu-1")
+    manager.register("gpu-1", INVENTORY, [SESSION], {"host": "host"}, image_service_ports={})
+    assert manager.sent == [(protocol.AGENT_REGISTER, REGISTRATION)]  # what the agent sends, as before
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"inventory": None}, "a registration without 'inventory'"),
+        ({"inventory": {**INVENTORY, "devices": ["GPU-0"]}}, "'devices' of a node inventory is not a list of objects"),
+        ({"inventory": {**INVENTORY, "cpu_count": "8"}}, "'cpu_count' of a node inventory is not a whole number"),
+        ({"inventory": {**INVENTORY, "plugins": "cuda"}}, "'plugins' of a node inventory is not list"),
+        ({"running": [1]}, "'running' of a registration is not a list of strings"),
+    ],
+)
+def test_a_malformed_registration_is_refused_saying_which_field(change, says):
+    with pytest.raises(Malformed, match=says):
+        Registration.decode({**REGISTRATION, **change})
+
+
+@pytest.mark.django_db
+def test_the_manager_logs_and_drops_a_malformed_registration_and_applies_a_good_one(caplog):
+    from accelerators.models import Node
+    from tests.test_agent_runtime import DEVICE
+
+    inventory = {"devices": [DEVICE.as_dict()], "plugins": [], "attributes": {}}
+    with caplog.at_level(logging.WARNING, logger="sessions.tasks"):
+        manager_tasks.agent_register(node="reg-1", inventory={**inventory, "memory_size": -1}, running=[])
+        manager_tasks.agent_register(node="reg-1", inventory={"devices": [{"device_id": "GPU-0", "colour": "red"}]}, running=[])
+    assert "dropped an agent's malformed message: 'memory_size' of a node inventory is negative" in caplog.text
+    assert "dropped the registration of node reg-1: a device the manager cannot read" in caplog.text
+    assert not Node.objects.filter(name="reg-1").exists()
+    manager_tasks.agent_register(node="reg-1", inventory=inventory, running=[])
+    assert Node.objects.get(name="reg-1").devices.count() == 1

@@ -148,7 +148,7 @@ def test_a_malformed_reconcile_is_logged_and_dropped_and_the_agent_acts_on_the_n
         return await h.manager.wait_for(lambda: h.manager.mig_reports, what="the good reconcile's report")
 
     [(_, report)] = run_agent(tmp_path, scenario)
-    assert "dropped a malformed MIG reconcile: 'gpus' of a MIG reconcile is not list" in caplog.text
+    assert "dropped a malformed MigReconcile: 'gpus' of a MIG reconcile is not list" in caplog.text
     assert report["kind"] == "layout" and [(r["profile"], r["start"]) for r in report["recreated"]] == [("1g.10gb", 0)]
 
 

@@ -43,6 +43,7 @@ from django.db import transaction
 from django.utils import timezone
 
 import protocol
+from protocol.messages import NodeName, SessionId, SessionStop
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus
 
 log = logging.getLogger(__name__)
@@ -209,4 +210,5 @@ def _resend_stop(node_name: str, session_id: str) -> None:
     from common.celery import agent_send
 
     log.info("the agent on %s still runs session %s, which is ending or ended here: sending its stop", node_name, session_id)
-    transaction.on_commit(lambda: agent_send(protocol.SESSION_STOP, node=node_name, session_id=session_id))
+    stop = SessionStop(NodeName(node_name), SessionId(session_id))
+    transaction.on_commit(lambda: agent_send(protocol.SESSION_STOP, **stop.encode()))
