@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any
 
 import protocol
-from protocol.messages import Heartbeat, LogBatch, NodeName, SessionId, SessionReport
+from protocol.messages import Heartbeat, Inventory, LogBatch, NodeName, Registration, SessionId, SessionReport
 from protocol.mig_messages import MigReport
 
 log = logging.getLogger(__name__)
@@ -67,12 +67,14 @@ class CeleryManager:
     ) -> None:
         """`images`: the session images the node holds ({reference: image id}; sent only when known);
         `image_service_ports`: {image id: its ai.backend.service-ports label} (sent only when not empty)."""
-        kwargs = {"node": node, "inventory": inventory, "running": running}
-        if images is not None:
-            kwargs["images"] = images
-        if image_service_ports:
-            kwargs["image_service_ports"] = image_service_ports
-        self._send(protocol.AGENT_REGISTER, kwargs=kwargs)
+        registration = Registration(
+            node=NodeName(node),
+            inventory=Inventory.decode(inventory),
+            running=tuple(SessionId(s) for s in running),
+            images=images,
+            image_service_ports=image_service_ports,
+        )
+        self._send(protocol.AGENT_REGISTER, kwargs=registration.encode())
 
     def heartbeat(
         self,
