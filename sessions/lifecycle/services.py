@@ -38,6 +38,7 @@ from sessions.lifecycle import events
 from common.exec_store import exec_store_default
 from protocol.channel import AgentLink, Refused, reply_prefix
 from protocol.exec_store import LIVE_STATES, STREAM_NAMES, record_id
+from protocol.messages import NodeName, SessionId, SessionNotice, SessionStop
 from sessions.lifecycle.passes import schedule_pending_soon
 from sessions.models import ACTIVE_STATUSES, NEXT_VERSION, Allocation, ComputeSession, SessionStatus, TerminalTicket
 
@@ -189,7 +190,7 @@ class _StopSender:
         from common.celery import TRANSIENT_ERRORS, agent_send
 
         try:
-            agent_send(protocol.SESSION_STOP, node=node, session_id=session_id)
+            agent_send(protocol.SESSION_STOP, **SessionStop(NodeName(node), SessionId(session_id)).encode())
         except TRANSIENT_ERRORS:
             log.warning(
                 "could not send the stop of session %s to %s (the broker is unreachable); the next heartbeat's "
@@ -232,7 +233,7 @@ def session_notice(session: ComputeSession, text: str) -> None:
         from common.celery import TRANSIENT_ERRORS, agent_send
 
         try:
-            agent_send(protocol.SESSION_NOTICE, node=node, session_id=session_id, text=text)
+            agent_send(protocol.SESSION_NOTICE, **SessionNotice(NodeName(node), SessionId(session_id), text).encode())
         except TRANSIENT_ERRORS:  # the page has it; the terminal misses one line
             log.warning("could not send the notice of session %s to %s", session_id, node)
 
