@@ -319,7 +319,7 @@ class MigManager:
 
     def _prepare(self, block: MigBlock, reports: list[MigReport]) -> LiveInstance:
         gpu, start = block.gpu, block.start
-        catalog = self.catalog(gpu_entry(block))
+        catalog = self.catalog(block.mig_gpu)
         try:
             profile = catalog.profile(block.profile)
         except AllocationError as exc:
@@ -353,7 +353,7 @@ class MigManager:
         # Those about to be destroyed are the manager's too: not reported unknown, not re-created.
         known = (*expected, *(MigPlacement(p, s) for p, s in gone), MigPlacement(profile.name, start))
         report = self.reconcile(
-            [gpu_entry(block)],
+            [block.mig_gpu],
             {block.gpu: known},
             create=lambda item: item[1] != start and item not in gone,
         )
@@ -438,18 +438,6 @@ class MigManager:
                 f"{instance.start} of GPU {gpu}: {exc.reason}"
             ) from exc
         self.timings.append(("destroy", gpu, instance.profile, time.perf_counter() - began))
-
-
-def gpu_entry(block: MigBlock) -> MigGpu:
-    """The GPU of a start spec's MIG block as the reconcile steps name MIG GPUs (a MigReconcile's
-    `gpus` entries)."""
-    return MigGpu(
-        gpu=block.gpu,
-        index=block.index,
-        model_name=block.model_name,
-        memory_size=block.memory_size,
-        subproc_count=block.subproc_count,
-    )
 
 
 def device_entry(device: StartDevice, instance: LiveInstance) -> StartDevice:

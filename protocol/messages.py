@@ -51,6 +51,7 @@ __all__ = [
     "LogBatch",
     "Malformed",
     "MigBlock",
+    "MigGpu",
     "MigPlacement",
     "NodeName",
     "NodeStorage",
@@ -164,6 +165,44 @@ class MigPlacement:
 
 
 @dataclass(frozen=True)
+class MigGpu:
+    """A MIG-capable GPU of the node: `gpu` its hardware id, `index` on the node, `model_name`,
+    `memory_size` (bytes) and `subproc_count` (SMs): what the agent reads its MIG profiles with
+    (agent.mig.MigManager.catalog). A MIG reconcile's `gpus` entries (protocol.mig_messages), and
+    the first fields of a start spec's MIG block."""
+
+    gpu: HardwareId
+    index: int = 0
+    model_name: str = ""
+    memory_size: int = 0
+    subproc_count: int = 0
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu,
+            "index": self.index,
+            "model_name": self.model_name,
+            "memory_size": self.memory_size,
+            "subproc_count": self.subproc_count,
+        }
+
+    @classmethod
+    def decode(cls, value: Any) -> MigGpu:
+        return cls.read(_mapping(value, "MIG GPU"), "MIG GPU")
+
+    @classmethod
+    def read(cls, m: dict[str, Any], what: str) -> MigGpu:
+        """The GPU's fields of mapping `m`, a `what` ("MIG GPU", "MIG block"). Raises Malformed."""
+        return cls(
+            gpu=HardwareId(_get(m, what, "gpu", str)),
+            index=_count(m, what, "index", 0),
+            model_name=_get(m, what, "model_name", str, ""),
+            memory_size=_count(m, what, "memory_size", 0),
+            subproc_count=_count(m, what, "subproc_count", 0),
+        )
+
+
+@dataclass(frozen=True)
 class MigBlock:
     """The start spec's `mig` block (agent.mig.prepare_spec carries it out): the GPU instance the
     session gets on GPU `gpu` (its hardware id; `index`, `model_name`, `memory_size` in bytes and
@@ -184,13 +223,20 @@ class MigBlock:
     destroy: tuple[MigPlacement, ...] = ()
     layout: tuple[MigPlacement, ...] = ()
 
+    @property
+    def mig_gpu(self) -> MigGpu:
+        """The block's GPU as the reconcile steps name MIG GPUs."""
+        return MigGpu(
+            gpu=self.gpu,
+            index=self.index,
+            model_name=self.model_name,
+            memory_size=self.memory_size,
+            subproc_count=self.subproc_count,
+        )
+
     def encode(self) -> dict[str, Any]:
         return {
-            "gpu": self.gpu,
-            "index": self.index,
-            "model_name": self.model_name,
-            "memory_size": self.memory_size,
-            "subproc_count": self.subproc_count,
+            **self.mig_gpu.encode(),
             "profile": self.profile,
             "start": self.start,
             "reuse": self.reuse,
@@ -202,12 +248,13 @@ class MigBlock:
     @classmethod
     def decode(cls, value: Any) -> MigBlock:
         w, m = "MIG block", _mapping(value, "MIG block")
+        gpu = MigGpu.read(m, w)
         return cls(
-            gpu=HardwareId(_get(m, w, "gpu", str)),
-            index=_count(m, w, "index", 0),
-            model_name=_get(m, w, "model_name", str, ""),
-            memory_size=_count(m, w, "memory_size", 0),
-            subproc_count=_count(m, w, "subproc_count", 0),
+            gpu=gpu.gpu,
+            index=gpu.index,
+            model_name=gpu.model_name,
+            memory_size=gpu.memory_size,
+            subproc_count=gpu.subproc_count,
             profile=_get(m, w, "profile", str),
             start=_count(m, w, "start"),
             reuse=_get(m, w, "reuse", bool, False),

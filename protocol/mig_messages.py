@@ -27,6 +27,7 @@ from protocol.messages import (
     VERSION,
     HardwareId,
     Malformed,
+    MigGpu,
     MigPlacement,
     NodeName,
     _count,
@@ -69,39 +70,6 @@ def _layout_encoded(layout: Layout) -> dict[str, list[dict[str, Any]]]:
 
 
 # --- manager → agent ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MigGpu:
-    """A MIG-capable GPU of the node: `gpu` its hardware id, `index` on the node, `model_name`,
-    `memory_size` (bytes) and `subproc_count` (SMs): what the agent reads its MIG profiles with
-    (agent.mig.MigManager.catalog)."""
-
-    gpu: HardwareId
-    index: int = 0
-    model_name: str = ""
-    memory_size: int = 0
-    subproc_count: int = 0
-
-    def encode(self) -> dict[str, Any]:
-        return {
-            "gpu": self.gpu,
-            "index": self.index,
-            "model_name": self.model_name,
-            "memory_size": self.memory_size,
-            "subproc_count": self.subproc_count,
-        }
-
-    @classmethod
-    def decode(cls, value: Any) -> MigGpu:
-        w, m = "MIG GPU", _mapping(value, "MIG GPU")
-        return cls(
-            gpu=HardwareId(_get(m, w, "gpu", str)),
-            index=_count(m, w, "index", 0),
-            model_name=_get(m, w, "model_name", str, ""),
-            memory_size=_count(m, w, "memory_size", 0),
-            subproc_count=_count(m, w, "subproc_count", 0),
-        )
 
 
 @dataclass(frozen=True)
