@@ -1,15 +1,18 @@
 """What a session's runtime costs: start → RUNNING and stop → TERMINATED on one agent, for the
 `process` runtime and the `docker` runtime, in one run.
 
-    python benchmarks/launch_latency.py [--sessions 50] [--image fgpu-session:test] [--json]
+    python benchmarks/launch_latency.py [--sessions 50] [--runtimes process docker] [--pause 0] [--image fgpu-session:test]
+                                        [--json]
 
 A real Agent (agent.core) on its own event loop, with a manager that records its
 reports (the manager's side, the same for both runtimes, is measured by scheduler_db.py and the
 API benchmarks); the start spec is a 0.5 fGPU interactive session on a mock GPU. Per runtime:
 `--sessions` sessions started one after another (each timed from the start message to its
-RUNNING report), then stopped one after another (from the stop to the TERMINATED report).
-Prints p50 / p95 / max in milliseconds and docker's overhead over process (ratios of p50s).
-Needs Docker Engine and the image (tests/images/build.sh) for the docker half.
+RUNNING report; `--pause` seconds between a RUNNING and the next start, as launches come apart:
+what the agent readies after a launch, the process runtime's spare holder, is then ready), then
+stopped one after another (from the stop to the TERMINATED report).
+Prints p50 / p95 / max in milliseconds and docker's overhead over process (ratios of p50s, where
+both ran). Needs Docker Engine and the image (tests/images/build.sh) for the docker half.
 """
 
 from __future__ import annotations
@@ -95,10 +98,11 @@ def spec() -> dict:
     }
 
 
-async def measure(runtime, sessions: int) -> dict:
+async def measure(runtime, sessions: int, pause: float = 0.0) -> dict:
     from channels.layers import InMemoryChannelLayer
 
     from agent.core import Agent
+    from protocol.messages import StartSpec
 
     reports = Reports(asyncio.get_running_loop())
     with tempfile.TemporaryDirectory() as scratch:
@@ -118,9 +122,10 @@ async def measure(runtime, sessions: int) -> dict:
             for _ in range(sessions):
                 s = spec()
                 began = time.perf_counter()
-                await asyncio.to_thread(agent.submit_start, s)
+                await asyncio.to_thread(agent.submit_start, StartSpec.decode(s))  # as agent.tasks decodes it
                 starts.append((await reports.wait(s["session_id"], "RUNNING")) - began)
                 ids.append(s["session_id"])
+                await asyncio.sleep(pause)
             for session_id in ids:
                 began = time.perf_counter()
                 await asyncio.to_thread(agent.submit_stop, session_id)
@@ -143,6 +148,8 @@ def summary(values: list[float]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument("--runtimes", nargs="+", choices=("process", "docker"), default=["process", "docker"])
+    parser.add_argument("--pause", type=float, default=0.0, help="seconds between a RUNNING and the next start")
     parser.add_argument("--image", default="fgpu-session:test")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -153,12 +160,16 @@ def main() -> int:
     from agent.docker_runtime import DockerRuntime
     from agent.runtimes import ProcessRuntime
 
-    results = {"process": asyncio.run(measure(ProcessRuntime(), args.sessions))}
-    docker = DockerRuntime(node="bench", default_image=args.image, network="none")
-    results["docker"] = asyncio.run(measure(docker, args.sessions))
-    results["docker_over_process"] = {
-        kind: round(results["docker"][kind]["p50"] / results["process"][kind]["p50"], 1) for kind in ("start_ms", "stop_ms")
-    }
+    results = {}
+    if "process" in args.runtimes:
+        results["process"] = asyncio.run(measure(ProcessRuntime(), args.sessions, args.pause))
+    if "docker" in args.runtimes:
+        docker = DockerRuntime(node="bench", default_image=args.image, network="none")
+        results["docker"] = asyncio.run(measure(docker, args.sessions, args.pause))
+    if len(results) == 2:
+        results["docker_over_process"] = {
+            kind: round(results["docker"][kind]["p50"] / results["process"][kind]["p50"], 1) for kind in ("start_ms", "stop_ms")
+        }
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
@@ -166,14 +177,15 @@ def main() -> int:
         f"{'runtime':<8} {'start p50':>10} {'p95':>8} {'max':>8}   {'stop p50':>9} {'p95':>8} {'max':>8}   (ms, "
         f"{args.sessions} sessions)"
     )
-    for name in ("process", "docker"):
+    for name in args.runtimes:
         r = results[name]
         print(
             f"{name:<8} {r['start_ms']['p50']:>10} {r['start_ms']['p95']:>8} {r['start_ms']['max']:>8}   "
             f"{r['stop_ms']['p50']:>9} {r['stop_ms']['p95']:>8} {r['stop_ms']['max']:>8}"
         )
-    ratio = results["docker_over_process"]
-    print(f"docker / process (p50): start {ratio['start_ms']}×, stop {ratio['stop_ms']}×")
+    if "docker_over_process" in results:
+        ratio = results["docker_over_process"]
+        print(f"docker / process (p50): start {ratio['start_ms']}×, stop {ratio['stop_ms']}×")
     return 0
 
 
