@@ -34,19 +34,19 @@ def two_gpus(db):
 
 
 def replays_made(call) -> tuple[object, int]:
-    """`call()`'s answer and how many times it replayed the queue."""
+    """`call()`'s answer and how many replays of the queue it began."""
     made = []
-    original = eta._Queue.replay
+    original = eta._Queue._new_replay
 
     def counted(self, *, late):
         made.append(late)
         return original(self, late=late)
 
-    eta._Queue.replay = counted
+    eta._Queue._new_replay = counted
     try:
         return call(), len(made)
     finally:
-        eta._Queue.replay = original
+        eta._Queue._new_replay = original
 
 
 def test_an_eta_asked_again_is_the_kept_answer_and_a_session_ending_is_seen_by_the_next(one_gpu, alice, bob):  # noqa: F811
@@ -182,3 +182,31 @@ def test_the_report_lists_the_mig_gpus_every_alive_node_holds(db):
     every = mig_gpu_layouts(nodes=Node.objects.filter(status=NodeStatus.ALIVE))
     assert [(g.node.name, g.device.index) for g in report.mig] == [(g.node.name, g.device.index) for g in every]
     assert {g.node.name for g in report.mig} == {"mig-node"}  # gpu-node-1's catalog is no valid one: not listed
+
+
+def test_a_replay_made_only_as_far_as_asked_gives_each_session_the_whole_replays_start():
+    from accelerators.allocation import replay as pure
+    from tests.test_eta import NOW, Gpus
+
+    sizes = {f"q{i}": 1 + (i * 7) % 4 for i in range(40)} | {"huge": 9}
+    held = {"r1": 3, "r2": 2, "r3": 1}
+    ends = {"r1": NOW + 600.0, "r2": NOW + 60.0, "r3": None}
+
+    def queue():
+        return [pure.Queued(k, str(v), runtime=100.0 * (1 + i % 5)) for i, (k, v) in enumerate(sizes.items())]
+
+    whole = pure.replay(queue(), ends=ends, room=Gpus(8, sizes | held, held), now=NOW, backfill_limit=2).starts
+    asked = []
+
+    class Counting(Gpus):
+        def place(self, key):
+            asked.append(key)
+            return super().place(key)
+
+    lazy = pure.Replaying(queue(), ends=ends, room=Counting(8, sizes | held, held), now=NOW, backfill_limit=2)
+    assert lazy.start("q0") == whole["q0"] and asked == ["q0"]  # the head: its own placement only
+    for key in reversed(list(sizes)):
+        assert lazy.start(key) == whole[key], key
+    assert lazy.start("nobody") is None
+    assert lazy.finish().starts == whole
+    assert {s.outcome for s in whole.values()} >= {pure.PLACED, pure.NEVER}

@@ -20,7 +20,8 @@ scheduler's ("expected start time" of pending jobs from the running jobs' time l
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -167,18 +168,67 @@ def replay(
     `ends`: key of each session holding room now → when it ends (epoch seconds; None: no known
     end: it holds its room for the whole replay). A queued session with `arrives` joins the
     queue then, in its place in `queue`'s order. Returns every queued key's `Start`."""
-    items = [replace(q) for q in queue]  # the caller's stay as they are
+    return Replaying(queue, ends=ends, room=room, now=now, backfill_limit=backfill_limit, max_events=max_events).finish()
+
+
+class Replaying:
+    """`replay` made only as far as it is asked (issue 35.2: an ETA of the queue's head needs the
+    replay up to the head, not 1,000 placements behind it): `start(key)` replays until queued
+    `key` has its `Start` (a start is never revised: a session placed stays placed, one never
+    placeable is so at once, and the rest wait until the end), `finish()` to the end. The
+    same steps in the same order as a whole replay, so the same answers. Thread-safe: one
+    step at a time."""
+
+    def __init__(
+        self,
+        queue: Iterable[Queued],
+        *,
+        ends: dict[str, float | None],
+        room: Room,
+        now: float,
+        backfill_limit: int,
+        max_events: int = MAX_EVENTS,
+    ):
+        self.out = Replay()
+        self._steps = _steps([replace(q) for q in queue], dict(ends), room, now, backfill_limit, max_events, self.out)
+        self._done = False
+        self._lock = threading.Lock()
+
+    def start(self, key: str) -> Start | None:
+        """Queued `key`'s Start (None: not in the queue), replaying as far as it takes."""
+        with self._lock:
+            while key not in self.out.starts and not self._done:
+                self._done = next(self._steps, True) is True
+            return self.out.starts.get(key)
+
+    def finish(self) -> Replay:
+        """The whole replay's outcome."""
+        with self._lock:
+            while not self._done:
+                self._done = next(self._steps, True) is True
+            return self.out
+
+
+def _steps(
+    items: list[Queued],
+    holding: dict[str, float | None],
+    room: Room,
+    now: float,
+    backfill_limit: int,
+    max_events: int,
+    out: Replay,
+) -> Iterator[None]:
+    """`replay`'s walk into `out`, one queued session a step (the caller's items and ends are
+    copies)."""
     place = {item.key: i for i, item in enumerate(items)}
     future = sorted((q for q in items if q.arrives is not None and q.arrives > now), key=lambda q: (q.arrives, place[q.key]))
     waiting = [q for q in items if q.arrives is None or q.arrives <= now]
-    holding = dict(ends)
-    out = Replay()
     reasons: dict[str, str] = {}
     t = now
     while (waiting or future) and out.passes < max_events:
         if waiting:
             out.passes += 1
-            waiting = _pass(waiting, t, room, backfill_limit, holding, out, reasons)
+            waiting = yield from _pass(waiting, t, room, backfill_limit, holding, out, reasons)
         upcoming = [end for end in holding.values() if end is not None] + [q.arrives for q in future[:1] if q.arrives is not None]
         if not upcoming or (not waiting and not future):
             break
@@ -195,7 +245,6 @@ def replay(
             waiting.sort(key=lambda q: place[q.key])
     for item in waiting + future:
         out.starts[item.key] = Start(None, WAITING, reasons.get(item.key, ""))
-    return out
 
 
 def _pass(
@@ -206,9 +255,10 @@ def _pass(
     holding: dict[str, Any],
     out: Replay,
     reasons: dict[str, str],
-) -> list[Queued]:
+) -> Generator[None, None, list[Queued]]:
     """One pass at `t` over `waiting` (queue order): the real pass's rules (module docstring).
-    Returns those still waiting; records starts in `out` and the placed ones' ends in `holding`."""
+    Returns those still waiting; records starts in `out` and the placed ones' ends in `holding`;
+    a step after each session."""
     backfill = Backfill(backfill_limit)
     no_room: dict[str, str] = {}
     left = []
@@ -225,6 +275,7 @@ def _pass(
                     reasons[due.key] = f"{reasons.get(due.key, '')}; {found.held_reason()}".lstrip("; ")
 
     for item in waiting:
+        yield None
         everywhere = backfill.reservations.everywhere()
         if everywhere is not None:
             reasons[item.key] = everywhere.blocked_reason()

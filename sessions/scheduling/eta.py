@@ -567,7 +567,10 @@ class _Queue:
                 continue  # an unknown group: the decision says so
         # slot settings and image reasons read once for every replay
         self.read = _Read(self.scopes, self.holdings, self.mig_scopes, self.policies, RememberingReadView(), drain)
-        self.rooms: list[_Room] = []
+        self.rooms: list[_Room] = []  # the replays' rooms: optimistic, pessimistic (the same where `one_way`)
+        self._rooms: list[_Room] = []
+        self._replays: list[pure.Replaying] = []
+        self._replays_lock = threading.Lock()
         self.limits = base.limits if base is not None else runtime_limits()  # backfill's time limits (seconds), as the pass's
 
     def room(self) -> _Room:
@@ -593,41 +596,67 @@ class _Queue:
             )
         return out
 
-    def replay(self, *, late: bool) -> pure.Replay:
+    def replaying(self, *, late: bool) -> pure.Replaying:
+        """The optimistic (or the pessimistic: `late`) replay of the queue, made as far as it is
+        asked (`replay.Replaying`); each is made once per read (the pessimistic one is the
+        optimistic one where their inputs are the same: `one_way`)."""
+        with self._replays_lock:
+            if not self._replays:
+                self._replays.append(self._new_replay(late=False))
+                self._replays.append(self._replays[0] if self.one_way() else self._new_replay(late=True))
+                self.rooms.extend([self._rooms[0], self._rooms[-1]])  # the moves' nodes (`where`): early, late
+            return self._replays[1 if late else 0]
+
+    def _new_replay(self, *, late: bool) -> pure.Replaying:
         ends = {key: (end.latest if late else end.earliest) for key, end in self.ends.items() if key in self.holdings}
         room = self.room()
-        self.rooms.append(room)  # the moves' nodes (`where`)
-        return pure.replay(
+        self._rooms.append(room)
+        return pure.Replaying(
             self.queued(late=late), ends=ends, room=room, now=self.now.timestamp(), backfill_limit=self.backfill_limit
         )
+
+    def replay(self, *, late: bool) -> pure.Replay:
+        """The whole optimistic (or pessimistic) replay."""
+        return self.replaying(late=late).finish()
 
     def one_way(self) -> bool:
         """Whether the optimistic and the pessimistic replay have the same inputs: every session
         holding room ends at one expected moment (or at none), and every queued one runs for one
         expected time (a maximum lifetime, a TERMINATING session, no declared end: a band of
-        one point)."""
+        one point). A replay is deterministic: it is then made once (issue 35.2: each is 1,000
+        placements on 1,000 nodes)."""
         held = all(self.ends[k].earliest == self.ends[k].latest for k in self.holdings if k in self.ends)
         return held and all(r.earliest == r.latest for r in self.runtimes.values())
 
+    def band(self, key: str) -> pure.Band | None:
+        """Queued session `key`'s ETA band from the two replays, each made only as far as `key`'s
+        start (issue 35.2: the queue's head costs its own placement, not the queue's); None for a
+        session not in the queue."""
+        if key in self.never:
+            return pure.Band(None, None, pure.NEVER, self.never[key])
+        early = self.replaying(late=False).start(key)
+        late = self.replaying(late=True).start(key)
+        if early is None or late is None:
+            return None
+        return _band(early, late)
+
     def bands(self) -> dict[str, pure.Band]:
-        """Every PENDING session's ETA band (key: its id). The pessimistic replay is the
-        optimistic one where their inputs are the same (`one_way`): a replay is deterministic, so
-        it is made once (issue 35.2: each is 1,000 placements on 1,000 nodes)."""
-        early = self.replay(late=False)
-        if self.one_way():
-            late = early
-            self.rooms.append(self.rooms[-1])  # the moves' nodes: the same both ways
-        else:
-            late = self.replay(late=True)
+        """Every PENDING session's ETA band (key: its id): the whole replays."""
+        early, late = self.replay(late=False), self.replay(late=True)
         out = {key: pure.Band(None, None, pure.NEVER, why) for key, why in self.never.items()}
         for key in early.starts:
-            band = pure.eta_band(early.starts[key], late.starts[key])
-            if band.outcome == pure.PLACED and band.latest is None:
-                band = replace(band, reason=UNKNOWN_LATEST)
-            elif band.outcome == pure.WAITING and band.reason.startswith(CAPACITY):
-                band = replace(band, reason=f"{NO_KNOWN_END} ({band.reason})")
-            out[key] = band
+            out[key] = _band(early.starts[key], late.starts[key])
         return out
+
+
+def _band(early: pure.Start, late: pure.Start) -> pure.Band:
+    """`replay.eta_band` with the reasons the ETA gives where a start or both are unknown."""
+    band = pure.eta_band(early, late)
+    if band.outcome == pure.PLACED and band.latest is None:
+        return replace(band, reason=UNKNOWN_LATEST)
+    if band.outcome == pure.WAITING and band.reason.startswith(CAPACITY):
+        return replace(band, reason=f"{NO_KNOWN_END} ({band.reason})")
+    return band
 
 
 NO_KNOWN_END = (
@@ -714,26 +743,20 @@ QUEUE_TTL_S = 30.0  # the longest one kept read of the queue and its replays ser
 
 @dataclass
 class _Kept:
-    """One read of the queue and its two replays (`_Queue`, its `bands`), kept for every ETA and
-    what-if this process answers while they hold (`_queue_now`), with what was asked of them
-    since: each session's `fits_after` and `mig_now` (key → answer) and each what-if's answer
-    (its changes → `WhatIf`)."""
+    """One read of the queue (`_Queue`, with its two replays made as far as asked), kept for
+    every ETA and what-if this process answers while they hold (`_queue_now`), with what was
+    asked of them since: each session's `fits_after` and `mig_now` (key → answer) and each
+    what-if's answer (its changes → `WhatIf`)."""
 
     stamp: tuple
     at: float
     queue: _Queue
-    bands: dict[str, pure.Band]
     fits: dict[str, tuple[bool, list[FitsAfter], list]] = field(default_factory=dict)
     what_ifs: dict[tuple, WhatIf] = field(default_factory=dict)
 
 
 _kept_lock = threading.Lock()
 _kept: list[_Kept] = []  # the one kept read, or none
-
-
-def _read(now: datetime | None = None) -> tuple[_Queue, dict[str, pure.Band]]:
-    queue = _Queue(now=now)
-    return queue, queue.bands()
 
 
 def queue_stamp() -> tuple:
@@ -773,8 +796,7 @@ def _queue_now() -> _Kept:
     with _kept_lock:
         if _kept and _kept[0].stamp == stamp and time.monotonic() - _kept[0].at < QUEUE_TTL_S:
             return _kept[0]
-    queue, bands = _read()
-    kept = _Kept(stamp=stamp, at=time.monotonic(), queue=queue, bands=bands)
+    kept = _Kept(stamp=stamp, at=time.monotonic(), queue=_Queue())
     with _kept_lock:
         _kept[:] = [kept]
     return kept
@@ -796,13 +818,13 @@ def session_eta(*, session: ComputeSession, now: datetime | None = None) -> Eta:
     key = str(session.pk)
     if now is None:
         kept = _queue_now()
-        queue, bands = kept.queue, kept.bands
+        queue = kept.queue
         fits_now, after, mig_now = _kept_fits(kept, key)
     else:
-        queue, bands = _read(now)
+        queue = _Queue(now=now)
         fits_now, after = _fits_after(queue, key)
         mig_now = [] if fits_now else _mig_now(queue, key)
-    band = bands.get(key) or pure.Band(None, None, pure.WAITING, "it is no longer waiting")
+    band = queue.band(key) or pure.Band(None, None, pure.WAITING, "it is no longer waiting")
     position = next((i + 1 for i, s in enumerate(queue.pending) if str(s.pk) == key), 0)
     band = band_agreed(band, fits_now=fits_now, after=after, now=queue.now.timestamp())
     return Eta(
@@ -847,7 +869,7 @@ def request_eta(
     )
     queue = _Queue(now=now, extra=session)
     key = str(session.pk)
-    band = queue.bands().get(key) or pure.Band(None, None, pure.WAITING, "")
+    band = queue.band(key) or pure.Band(None, None, pure.WAITING, "")
     position = next((i + 1 for i, s in enumerate(queue.pending) if str(s.pk) == key), 0)
     fits, after = _fits_after(queue, key)
     fits = fits if fits_now is None else fits_now
@@ -991,7 +1013,9 @@ def scheduler_what_if(
     )
     found = kept.what_ifs.get(key)
     if found is None:
-        found = _what_if(kept.queue, kept.bands, weights=weights, policies=policies, backfill_limit=backfill_limit, drain=drain)
+        found = _what_if(
+            kept.queue, kept.queue.bands(), weights=weights, policies=policies, backfill_limit=backfill_limit, drain=drain
+        )
         with _kept_lock:
             kept.what_ifs[key] = found
     return found
