@@ -38,7 +38,9 @@ name in that directory), RING_BYTES, KEEP_FDS (the numbers the leader's command 
 as the agent has them: the leader gets each at that number), how many argv entries follow, the
 leader's argv, then its environment's `NAME=value` entries. From there it is the holder the
 command line above makes, in that working directory. An agent that goes away first (its end
-closed, nothing sent) ends it.
+closed, nothing sent) ends it. Where bwrap's sources must be staged for the session's user, the
+spare is started in a mount namespace of its own with the agent's Python staged there
+(agent.sandbox.Sandbox.spare_command), which the leaders it starts share.
 """
 
 from __future__ import annotations
