@@ -365,7 +365,10 @@ class Command(BaseCommand):
             )
             try:
                 if after_start is not None:
-                    await sync_to_async(after_start, thread_sensitive=False)()
+                    try:
+                        await sync_to_async(after_start, thread_sensitive=False)()
+                    except Exception:  # the console serves on: it failed after the first page, not the start
+                        log.exception("after the start: %s failed", getattr(after_start, "__qualname__", after_start))
                 await serving
             finally:
                 background.cancel()
