@@ -7,7 +7,7 @@ never touch the database."""
 from __future__ import annotations
 
 import logging
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery import shared_task
 
@@ -15,17 +15,20 @@ import protocol
 from protocol.messages import Malformed, SessionNotice, SessionsSync, SessionStop, StartSpec
 from protocol.mig_messages import MigReconcile
 
+if TYPE_CHECKING:
+    from agent.core import Agent
+
 log = logging.getLogger(__name__)
 
 
-def _agent(node: str):
+def _agent(node: str) -> Agent:
     from agent.core import agent_for
 
     return agent_for(node)
 
 
 @shared_task(name=protocol.SESSION_START)
-def session_start(*, node: str, spec: dict) -> None:
+def session_start(*, node: str, spec: dict[str, Any]) -> None:
     """Start a session's process on `node` (returns at once; the agent reports progress). `spec`:
     protocol.messages.StartSpec as sent; a malformed one is logged and dropped (the manager's
     heartbeat reconcile sends the start again while the session waits for it)."""
