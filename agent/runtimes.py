@@ -378,6 +378,9 @@ HOLDER_RING_BYTES = 64 * 1024  # the scrollback a holder keeps and replays (agen
 HOLDER_START_TIMEOUT_S = 10.0  # how long a spawn waits for its holder to say its leader runs
 HOLDER_INPUT_BUFFER = 16 * 1024  # the agent's send buffer towards a holder: input held back beside the PTY's own
 HOLDER_EXIT_WAIT_S = 2.0  # how long `wait` waits for a holder to write the status of its leader, once it exited
+# `wait`'s first pause before it looks for that status again (then twice as long each time, up to 5 ms): every
+# terminate waits for it, and a fixed 5 ms was 5.4 ms of a terminate's p50 (issue 35.3).
+HOLDER_EXIT_POLL_S = 0.0005
 
 
 class HeldSession(SessionHandle):
@@ -448,9 +451,10 @@ class HeldSession(SessionHandle):
         """Blocking: the leader's exit status (as `poll`), waiting for it to exit and then up to
         HOLDER_EXIT_WAIT_S for its holder to write it."""
         _wait_exit(self.pid, 365 * 86400.0)
-        deadline = time.monotonic() + HOLDER_EXIT_WAIT_S
+        deadline, pause = time.monotonic() + HOLDER_EXIT_WAIT_S, HOLDER_EXIT_POLL_S
         while (code := self.poll()) is None and time.monotonic() < deadline:
-            time.sleep(0.005)
+            time.sleep(pause)  # the holder writes it as soon as it runs: looked for again soon, then less often
+            pause = min(pause * 2, 0.005)
         return -signal.SIGKILL if code is None else code
 
     def remove(self) -> None:
