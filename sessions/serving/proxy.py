@@ -179,10 +179,18 @@ class TokenMask:
         self.carry = b""
 
     def feed(self, chunk: bytes) -> bytes:
-        data = (self.carry + chunk).replace(self.secret, self.mask)
-        hold = next((n for n in range(min(len(data), len(self.secret) - 1), 0, -1) if self.secret.startswith(data[-n:])), 0)
+        data = self.carry + chunk if self.carry else chunk  # a piece of a download is copied only where it must change
+        if self.secret in data:
+            data = data.replace(self.secret, self.mask)
+        hold, first = 0, self.secret[:1]
+        at = data.find(first, max(0, len(data) - len(self.secret) + 1))
+        while at != -1:  # the longest tail that could start the token
+            if self.secret.startswith(data[at:]):
+                hold = len(data) - at
+                break
+            at = data.find(first, at + 1)
         self.carry = data[len(data) - hold :] if hold else b""
-        return data[: len(data) - hold]
+        return data[: len(data) - hold] if hold else data
 
     def flush(self) -> bytes:
         rest, self.carry = self.carry, b""
