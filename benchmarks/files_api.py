@@ -12,10 +12,12 @@ uvicorn, Celery manager and one agent in processes of their own, with a private 
 PostgreSQL (benchmarks/terminal.py's DistributedTarget; the shared DATABASE_URL where no private
 PostgreSQL can run), the bytes between the web and the agent over the agent's listener. One 0.5
 fGPU session. Each round runs upload, `cp` in, download, `cp` out, in turn (every
-other round `cp` first), so that the machine's drift hits them alike; each transfer's
-bytes are checked after it is timed (the file landed in the home, and the download, against the
-file's SHA-256). Prints MB/s (medians of the rounds) and the ratios, with the load average; the
-figures include the console's competition for the machine's CPUs, and the client's own.
+other round `cp` first), so that the machine's drift hits them alike; each download's bytes
+are checked against the file's SHA-256 after it is timed (so the upload's too). Prints MB/s
+(medians of the rounds) and the ratios, with the load average, and the CPU seconds the console
+(its web and agent processes) spent per 100 MB (medians: this moves less with the machine's load
+than the rates); the figures include the console's competition for the machine's CPUs, and the
+client's own.
 
 The client (`--client raw`, default) is one that is not the bottleneck, as curl would be: HTTP/1.1
 on a plain socket in this process, the upload's file sent with sendfile after the request's head,
@@ -41,6 +43,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -150,6 +153,11 @@ def sha256(path: Path) -> str:
     return hashed.hexdigest()
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU seconds the processes `pids` have spent so far."""
+    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
+
+
 def cp(source: Path, target: Path) -> float:
     started = time.perf_counter()
     subprocess.run(["cp", str(source), str(target)], check=True)
@@ -178,8 +186,10 @@ def main() -> None:
             base, token, session = console.stack.base, console.api.token, {"id": console.api.session_id}
             api = httpx.Client(base_url=base, timeout=600, headers={"Authorization": f"Token {token}"})
             console.stop = console.close  # type: ignore[attr-defined]
+            serving = [proc.pid for name, proc in console.stack.procs.items() if name == "web" or name.startswith("agent-")]
         else:
             console, base = start_console(work, secrets.token_urlsafe(32))
+            serving = [console.pid]  # the web and its embedded agent
         try:
             if args.mode == "standalone":
                 api = httpx.Client(base_url=base, timeout=600)
@@ -199,12 +209,14 @@ def main() -> None:
             digest = sha256(source)
             into, back = work / "data" / "cp-in.bin", work / "cp-out.bin"  # on the disk of the sessions' homes
             times: dict[str, list[float]] = {"upload": [], "cp in": [], "download": [], "cp out": []}
+            cpu: dict[str, list[float]] = {"upload": [], "download": []}  # the console's (web and agent) CPU seconds
             loads = []
             for round_ in range(args.repeat):
                 order = (
                     ["upload", "cp in", "download", "cp out"] if round_ % 2 == 0 else ["cp in", "upload", "cp out", "download"]
                 )
                 for kind in order:
+                    spent = cpu_seconds(serving)
                     if kind == "upload" and args.client == "raw":
                         times[kind].append(upload_raw(base, token, session["id"], source))
                     elif kind == "upload":
@@ -219,6 +231,8 @@ def main() -> None:
                         times[kind].append(cp(source, into))
                     else:
                         times[kind].append(cp(into, back))
+                    if kind in cpu:
+                        cpu[kind].append(cpu_seconds(serving) - spent)
                 loads.append(os.getloadavg()[0])
                 print(f"round {round_ + 1}: " + ", ".join(f"{k} {size / 1e6 / v[-1]:.1f} MB/s" for k, v in times.items()))
             for path in (into, back, landed):
@@ -239,8 +253,10 @@ def main() -> None:
         f"files API vs cp ({args.mb:g} MB, medians of {args.repeat} rounds, interleaved; {args.mode} console, process "
         f"runtime, client {args.client}, {os.cpu_count()} CPUs, load average {load[0]:.1f} before, "
         f"{', '.join(f'{x:.1f}' for x in loads)} after each round)",
-        f"upload   {rate['upload']:8.1f} MB/s   cp in  {rate['cp in']:8.1f} MB/s   ratio {up:.2f}",
-        f"download {rate['download']:8.1f} MB/s   cp out {rate['cp out']:8.1f} MB/s   ratio {down:.2f}",
+        f"upload   {rate['upload']:8.1f} MB/s   cp in  {rate['cp in']:8.1f} MB/s   ratio {up:.2f}   "
+        f"console CPU {statistics.median(cpu['upload']) / args.mb * 100:.2f} s per 100 MB",
+        f"download {rate['download']:8.1f} MB/s   cp out {rate['cp out']:8.1f} MB/s   ratio {down:.2f}   "
+        f"console CPU {statistics.median(cpu['download']) / args.mb * 100:.2f} s per 100 MB",
     ]
     text = "\n".join(lines) + "\n"
     print(text, end="")
