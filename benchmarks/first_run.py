@@ -166,6 +166,22 @@ class Run:
                 total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
         return round(total / os.sysconf("SC_CLK_TCK"), 2)
 
+    def end_background(self) -> None:
+        """SIGTERM to what is left of this run's process group: `make run`'s background JupyterLab
+        install or bytecode compile, which Ctrl-C leaves running (and which wrote into the clone's
+        .venv while it was being removed, leaving it behind)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(POLL_S)
+
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
@@ -275,6 +291,7 @@ def main() -> int:
     finally:
         for run in runs:
             run.stop()
+            run.end_background()
         if not args.keep:
             shutil.rmtree(dest.parent if not args.dest else dest, ignore_errors=True)
         shutil.rmtree(caches, ignore_errors=True)
