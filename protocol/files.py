@@ -89,8 +89,9 @@ def offer_local(token: str, transfer: Any) -> None:
     on the running event loop, for LOCAL_TTL_S seconds, once."""
     loop = asyncio.get_running_loop()
     now = loop.time()
-    for old in [key for key, (_, _, expiry) in _local.items() if expiry < now]:
-        _local.pop(old, None)
+    for old, (_, _, expiry) in list(_local.items()):  # a copy: agents on other threads' loops offer too
+        if expiry < now:
+            _local.pop(old, None)
     _local[token] = (loop, transfer, now + LOCAL_TTL_S)
 
 
@@ -104,7 +105,7 @@ def take_local(token: object) -> Any:
     loop = asyncio.get_running_loop()
     if entry is None or entry[0] is not loop:
         return None
-    del _local[token]
+    _local.pop(token, None)
     return entry[1] if entry[2] >= loop.time() else None
 
 
