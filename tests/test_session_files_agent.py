@@ -218,3 +218,30 @@ def test_agent_toml_names_the_persistent_folders_root_relative_to_itself(tmp_pat
     assert load_agent_config(tmp_path / "agent.toml").data_root == tmp_path / "shared" / "fgpu-data"
     (tmp_path / "agent.toml").write_text('[agent]\nid = "n1"\n')
     assert load_agent_config(tmp_path / "agent.toml").data_root == tmp_path / "user-data"
+
+
+def test_a_transfer_offered_in_process_is_taken_once_on_its_own_loop_only_and_not_after_its_time(monkeypatch):
+    import asyncio
+
+    from protocol import files as proto
+
+    async def offer(token):
+        proto.offer_local(token, f"transfer {token}")
+
+    async def take(token):
+        return proto.take_local(token)
+
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        first.run_until_complete(offer("a"))
+        assert second.run_until_complete(take("a")) is None  # another loop (an agent in another thread): not here
+        assert first.run_until_complete(take("a")) == "transfer a"
+        assert first.run_until_complete(take("a")) is None  # once
+        assert first.run_until_complete(take(None)) is None
+        first.run_until_complete(offer("b"))
+        later = first.time() + proto.LOCAL_TTL_S + 1
+        monkeypatch.setattr(first, "time", lambda: later)
+        assert first.run_until_complete(take("b")) is None  # expired
+    finally:
+        first.close()
+        second.close()
