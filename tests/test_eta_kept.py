@@ -210,3 +210,17 @@ def test_a_replay_made_only_as_far_as_asked_gives_each_session_the_whole_replays
     assert lazy.start("nobody") is None
     assert lazy.finish().starts == whole
     assert {s.outcome for s in whole.values()} >= {pure.PLACED, pure.NEVER}
+
+
+def test_a_kept_map_is_made_again_when_the_slots_settings_change(db):
+    from accelerators.models import FractionalSettings
+    from tests.seed import gpu_cluster
+
+    gpu_cluster(nodes=2, gpus=2)
+    first = kept_map.fragmentation_report_kept(group=None)
+    assert kept_map.fragmentation_report_kept(group=None) is first  # nothing changed: the kept report
+
+    FractionalSettings.objects.filter(slot_name="cuda").update(unit_mem=2 * GiB, unit_proc=20)  # 4 fGPU a GPU
+
+    after = kept_map.fragmentation_report_kept(group=None)
+    assert after is not first and after.map.free == 2 * first.map.free

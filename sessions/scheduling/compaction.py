@@ -36,7 +36,7 @@ from accelerators.allocation import mig as pure_mig
 from accelerators.allocation.errors import AllocationError, InvalidResourceRequest
 from accelerators.allocation.preemption import place_on
 from accelerators.mig_selectors import mig_gpu_layouts
-from accelerators.models import AllocationMode, Device, GpuInstance, Node, NodeStatus, ResourceGroup
+from accelerators.models import AllocationMode, Device, FractionalSettings, GpuInstance, Node, NodeStatus, ResourceGroup
 from accelerators.selectors import DEFAULT_GROUP, fractional_settings_get, node_states, placement_options
 from common.errors import ApplicationError
 from sessions.scheduling import mig as mig_scheduling
@@ -273,15 +273,19 @@ def fragmentation_report_kept(*, group: ResourceGroup | None, slot: str = "cuda"
     """`fragmentation_report(group=group, slot=slot)` kept per group and slot while nothing it
     reads changed: no pending or active session (`eta.queue_stamp`), no node, device or
     allocation (`eta.cluster_stamp`: the kept cluster view's version), no GPU instance (their
-    count, holders and newest use), for up to REPORT_TTL_S seconds (issue 35.2: the map, the MIG
-    layouts and the holders of 1,000 nodes read again at each ask); asked again, a dictionary
-    read. On SQLite (no cluster stamp) read each time. The apply never uses it (it reads under
-    lock)."""
+    count, holders and newest use), not the slot's fractional settings, for up to REPORT_TTL_S
+    seconds (issue 35.2: the map, the MIG layouts and the holders of 1,000 nodes read again at
+    each ask); asked again, a dictionary read. On SQLite (no cluster stamp) read each time. The
+    apply never uses it (it reads under lock)."""
     nodes = cluster_stamp()
     if nodes is None:
         return fragmentation_report(group=group, slot=slot)
     instances = GpuInstance.objects.aggregate(n=Count("pk"), held=Count("session"), used=Max("last_used_at"))
-    stamp = (queue_stamp(), nodes, tuple(instances.values()), group.pk if group else None, group.name if group else None)
+    slot_settings = tuple(
+        FractionalSettings.objects.filter(slot_name=slot).values_list("allocation_mode", "unit_mem", "unit_proc", "quantum_size")
+    )
+    named = (group.pk, group.name) if group else None
+    stamp = (queue_stamp(), nodes, tuple(instances.values()), slot_settings, named)
     key = (group.pk if group else None, slot)
     found = _reports.get(key)
     if found is not None and found[0] == stamp and time.monotonic() - found[1] < REPORT_TTL_S:
