@@ -21,7 +21,7 @@ One 0.5 fGPU session; the app is opened once; then, through the proxy and direct
 - websocket: --messages sequential round trips of a 100-byte text message: p50 / p99 ms;
 - for scale, --requests `GET /api/v1/me/` of the console itself (Django with the same sign-in).
 
-Prints a table and the proxy's added p50 latency; results go to stdout and --out (default
+Prints a table and the proxy's added p50 latency; results go to stdout and are appended to --out (default
 benchmarks/results/app_proxy.txt). The client runs in this process; the console and the app on
 this machine (2 cores in CI): the figures include their competition for the CPU.
 """
@@ -312,7 +312,8 @@ def main() -> None:
     )
     text = "\n".join(lines) + "\n"
     print(text, end="")
-    Path(args.out).write_text(text)
+    with Path(args.out).open("a") as out:  # appended: the file keeps every earlier run's figures and notes
+        out.write(f"\n# {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {' '.join(sys.argv)}\n" + text)
 
 
 if __name__ == "__main__":
