@@ -118,6 +118,7 @@ def start_console(work: Path, node_key: str) -> tuple[Proc, str]:
         PORT=str(port),
         PYTHONUNBUFFERED="1",
         FGPU_RUNTIME="process",  # the app runs from this checkout: not in a container (standalone picks docker where it runs)
+        FGPU_STOP_SESSIONS_ON_EXIT="true",  # the session and its app end with the console (standalone keeps them else)
     )
     console = Proc("standalone", [PYTHON, "manage.py", "standalone"], env=env, log_dir=work)
     base = f"http://127.0.0.1:{port}"
