@@ -368,7 +368,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {"console": {"class": "common.logs.ProcessStderrHandler", "formatter": "plain"}},  # fd 2, looked up per record
     "root": {"handlers": ["console"], "level": env_str("FGPU_LOG_LEVEL", "INFO")},
     "loggers": {
         "daphne": {"level": "WARNING"},
