@@ -1304,6 +1304,7 @@
     if (previewRefused) submit.disabled = true;
     clearTimeout(previewTimer);
     if (!previewUrl || !dialog.open) return;
+    preview.setAttribute("data-pending", ""); // until this request's answer is shown (tests wait on it; no style)
     previewTimer = setTimeout(runPreview, 250);
   }
 
@@ -1312,9 +1313,11 @@
     previewSeq++; // answers still on their way are stale now
     preview.hidden = true;
     preview.removeAttribute("aria-busy");
+    preview.removeAttribute("data-pending");
   }
 
   function runPreview() {
+    previewTimer = null;
     var inputsOk = $("cpu-count").checkValidity() && $("mem-size").checkValidity();
     if (!validate() || !inputsOk || !previewUrl) { hidePreview(); return; }
     var seq = ++previewSeq;
@@ -1328,6 +1331,7 @@
         if (r.status === 404 || r.status === 405) previewUrl = ""; // no preview on this server
         hidePreview();
       }
+      if (!previewTimer) preview.removeAttribute("data-pending");
     }).catch(function () { if (seq === previewSeq) hidePreview(); });
   }
 
