@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from urllib.parse import urlsplit
 
 import httpx
@@ -44,7 +43,8 @@ def test_a_files_bytes_pass_inside_the_standalone_process_both_ways_and_the_cap_
         upload.sendall((f"PUT {content}?path=big.bin HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Token {token}\r\n"
                         f"Content-Type: application/octet-stream\r\nContent-Length: {len(payload)}\r\n\r\n").encode())
         upload.sendall(payload[: len(payload) // 2])
-        time.sleep(0.5)
+        wait_until(lambda: any(part.stat().st_size for part in tmp_path.rglob(".fgpu-upload-*")),  # the agent writes it
+                   timeout=30, what="the upload's temporary file (the listing hides it) to hold its first bytes")
         assert self_connections(server.pid) == []
         upload.sendall(payload[len(payload) // 2:])
         upload.settimeout(60)
@@ -55,8 +55,7 @@ def test_a_files_bytes_pass_inside_the_standalone_process_both_ways_and_the_cap_
         with client.stream("GET", content, params={"path": "big.bin"}) as download:
             assert download.status_code == 200 and download.headers["Content-Length"] == str(len(payload))
             pieces = download.iter_raw(MiB)
-            first = next(pieces)
-            time.sleep(0.5)  # the web now waits for this client to take more
+            first = next(pieces)  # under way: the web now waits for this client to take more
             assert self_connections(server.pid) == []
             assert first + b"".join(pieces) == payload
 
