@@ -130,7 +130,7 @@ MIG_SETUP = """
 from django.db import transaction
 from accelerators.mig_services import node_mig_settings_apply
 from accelerators.models import Node
-from tests.conftest import wait_until
+from tests.stack import wait_until  # not tests.conftest: in a pytest-xdist worker importing it outside pytest refuses
 wait_until(lambda: Node.objects.filter(name="demo-mig-node").exists(), timeout=60, interval=0.2, what="the MIG node")
 with transaction.atomic():
     node = Node.objects.get(name="demo-mig-node")

@@ -5,6 +5,8 @@ configured channel layer (Redis where REDIS_URL is set); the others are neither 
 from __future__ import annotations
 
 import asyncio
+import copy
+import uuid
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -14,6 +16,21 @@ from sessions.admission import launch as admission
 from sessions.lifecycle import events
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def own_channel_layer():
+    """A channel layer under a prefix of this test's own: the layer's groups live in Redis for a day,
+    so a page an earlier test left in the staff group (another module's websocket, in the same
+    pytest-xdist worker's database) would make every notice listened for, as staff's are."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    layers = copy.deepcopy(settings.CHANNEL_LAYERS)
+    if "hosts" in layers["default"].get("CONFIG", {}):
+        layers["default"]["CONFIG"]["prefix"] = f"notices-{uuid.uuid4().hex}"
+    with override_settings(CHANNEL_LAYERS=layers):
+        yield
 
 
 def sessions_of(owner, count: int, prefix: str) -> list:
