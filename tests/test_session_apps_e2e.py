@@ -114,8 +114,10 @@ def apps_stack(distributed_stack, django_user_model):
     status, body = api(stack.base, "POST", "/api/v1/auth/token/", body={"username": "alice", "password": "alice-pass-123"})
     assert status == 200, body
     token = body["token"]
+    # The image named, not the default one: a default image another module's console left in this
+    # database (a pytest-xdist worker's, shared by its modules) declares other apps or none.
     status, created = api(stack.base, "POST", "/api/v1/sessions/", token,
-                          {"name": "nb", "resources": {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}})
+                          {"name": "nb", "image": "host", "resources": {"cuda.shares": "0.5", "cpu": 1, "mem": "1G"}})
     assert status == 201, created
     wait_until(lambda: get_ok(stack.base, f"/api/v1/sessions/{created['id']}/", token)["status"] == "RUNNING",
                timeout=60, what="the session to be RUNNING")
