@@ -27,20 +27,6 @@ that signal), what is left on the PTY is sent, and the connection is closed; the
 exits, or waits up to ORPHAN_WAIT_S for an agent to collect the rest. It imports only modules
 of the standard library written in C (`_socket`, `select`, `array`, …; not `subprocess`,
 `socket` or `selectors`, whose imports took 40 ms of its start on the busy 2-core VM).
-
-Run as `python -I -S holder.py --spare` instead, it is a spare holder the agent starts before any
-session needs it (ProcessRuntime.warm, issue 35.3: a fresh interpreter's start was half of a
-launch's spawn), as a zygote is kept warm, and which waits on its stdin, a Unix socket, for its
-session (`take`): one byte carrying the descriptors (SCM_RIGHTS: the holders' directory, the
-PTY's master and slave, the KEEP_FDS, then any it only holds) and then, up to the end of the
-stream, NUL-separated fields: SPARE_MAGIC, its working directory, the session id (its socket's
-name in that directory), RING_BYTES, KEEP_FDS (the numbers the leader's command names them by,
-as the agent has them: the leader gets each at that number), how many argv entries follow, the
-leader's argv, then its environment's `NAME=value` entries. From there it is the holder the
-command line above makes, in that working directory. An agent that goes away first (its end
-closed, nothing sent) ends it. Where bwrap's sources must be staged for the session's user, the
-spare is started in a mount namespace of its own with the agent's Python staged there
-(agent.sandbox.Sandbox.spare_command), which the leaders it starts share.
 """
 
 from __future__ import annotations
@@ -48,7 +34,6 @@ from __future__ import annotations
 import _socket
 import array
 import errno
-import fcntl
 import os
 import select
 import signal
@@ -58,9 +43,6 @@ import time
 PENDING_MAX = 16 * 1024  # bytes of output waiting for the attached agent before the PTY is no longer read
 SEND_BUFFER = 32 * 1024  # the connection's socket buffer (SO_SNDBUF): with PENDING_MAX, all a holder holds back
 INPUT_MAX = 4 * 1024  # bytes of input waiting for the PTY before the agent's socket is no longer read
-SPARE = "--spare"  # the command line's one argument for a spare holder
-SPARE_MAGIC = b"fgpu-holder-1"  # a spare's session message begins with it
-SPARE_FDS_MAX = 16  # the most descriptors a spare's session message may carry
 ORPHAN_WAIT_S = 600.0  # how long an ended session's holder waits for an agent to collect its last output
 CHUNK = 65536
 IN, OUT = select.POLLIN, select.POLLOUT
@@ -69,7 +51,7 @@ DONE = select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 def send_fd(sock, fd: int) -> None:
     """One byte on `sock` (a socket) with descriptor `fd` attached (SCM_RIGHTS)."""
-    send_fds(sock, [fd])
+    sock.sendmsg([b"\0"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", [fd]))])
 
 
 def receive_fd(sock) -> int:
@@ -209,101 +191,27 @@ def _ignore(signum, frame) -> None:
     one, is not passed on to the leader it starts)."""
 
 
-def _read_all(fd: int) -> bytes:
+def _read_env(fd: int) -> dict[str, str]:
     data = bytearray()
     while chunk := os.read(fd, CHUNK):
         data += chunk
-    return bytes(data)
-
-
-def _environ(entries) -> dict[str, str]:
     env = {}
-    for entry in entries:
+    for entry in bytes(data).split(b"\0"):
         name, sep, value = entry.partition(b"=")
         if sep:
             env[os.fsdecode(name)] = os.fsdecode(value)
     return env
 
 
-def take(sock) -> tuple[str, int, int, int, dict[int, int], list[str], dict[str, str]]:
-    """Blocking, in a spare holder: its session, as `send_session` sends it on `sock` (module
-    docstring). Returns (socket path, ring bytes, master, slave, keep, argv, env), `keep` mapping
-    each descriptor the leader inherits to the number it gets there (received descriptors are
-    moved above every such number first, so that none is in another's way), the working directory
-    entered. Raises OSError (nothing or not all came: the agent went away) and ValueError (a
-    message that is not one)."""
-    fds = array.array("i")
-    data, ancdata, _, _ = sock.recvmsg(1, _socket.CMSG_SPACE(SPARE_FDS_MAX * fds.itemsize))
-    for level, kind, payload in ancdata:
-        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
-    if not data:
-        raise OSError(errno.EPIPE, "the agent went away before it sent a session")
-    fields = _read_all(sock.fileno()).split(b"\0")
-    if len(fields) < 7 or fields[0] != SPARE_MAGIC:
-        raise ValueError("not a session for a spare holder")
-    cwd, name, ring_bytes, argc = os.fsdecode(fields[1]), os.fsdecode(fields[2]), int(fields[3]), int(fields[5])
-    targets = [int(fd) for fd in fields[4].split(b",") if fd]
-    if len(fds) < 3 + len(targets) or len(fields) < 6 + argc or argc < 1 or min(targets, default=3) < 3:
-        raise ValueError("a spare holder's session lacks descriptors or its command")
-    base = max([*targets, *fds]) + 1
-    moved = []
-    for fd in fds:
-        moved.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base))
-        os.close(fd)
-    argv = [os.fsdecode(arg) for arg in fields[6 : 6 + argc]]
-    keep, env = dict(zip(moved[3 : 3 + len(targets)], targets, strict=True)), _environ(fields[6 + argc :])
-    os.chdir(cwd)
-    return f"/proc/self/fd/{moved[0]}/{name}", ring_bytes, moved[1], moved[2], keep, argv, env
-
-
-def send_session(sock, fds, *, cwd: str, name: str, ring_bytes: int, keep: list[int], argv, env) -> None:
-    """Blocking, in the agent: hand a spare holder (its stdin's other end, `sock`) its session,
-    as `take` reads it: `fds` (the holders' directory, master, slave, the KEEP_FDS `keep`, then
-    any it only holds), its working directory `cwd`, socket `name`, `ring_bytes`, the leader's
-    `argv` and `env` ({name: value}). Raises OSError (the spare is gone)."""
-    kept = ",".join(map(str, keep)).encode()
-    fields = [SPARE_MAGIC, os.fsencode(cwd), os.fsencode(name), b"%d" % ring_bytes, kept, b"%d" % len(argv)]
-    fields += [os.fsencode(arg) for arg in argv]
-    fields += [os.fsencode(f"{key}={value}") for key, value in env.items()]
-    send_fds(sock, list(fds))
-    sock.sendall(b"\0".join(fields))
-    sock.shutdown(_socket.SHUT_WR)
-
-
-def send_fds(sock, fds: list[int]) -> None:
-    """One byte on `sock` with the descriptors `fds` attached (SCM_RIGHTS)."""
-    sock.sendmsg([b"\0"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))])
-
-
 def main(argv: list[str]) -> int:
+    if len(argv) < 7 or argv[5] != "--":
+        os.write(2, b"usage: python holder.py SOCKET RING_BYTES MASTER_FD SLAVE_FD KEEP_FDS -- ARGV...\n")
+        return 2
+    socket_path, ring_bytes, master, slave = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _ignore)
-    if argv == [SPARE]:
-        agent = _socket.socket(fileno=0)
-        try:
-            socket_path, ring_bytes, master, slave, keep, leader_argv, env = take(agent)
-        except (OSError, ValueError) as exc:
-            os.write(2, f"spare holder: {exc}\n".encode())
-            return 2
-        agent.close()
-        os.open(os.devnull, os.O_RDONLY)  # 0 again, as a started holder's stdin is when it has read its environment
-    elif len(argv) < 7 or argv[5] != "--":
-        os.write(2, b"usage: python holder.py SOCKET RING_BYTES MASTER_FD SLAVE_FD KEEP_FDS -- ARGV... | --spare\n")
-        return 2
-    else:
-        socket_path, ring_bytes, master, slave = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
-        keep = {int(fd): int(fd) for fd in argv[4].split(",") if fd}
-        leader_argv, env = argv[6:], _environ(_read_all(0).split(b"\0"))
-    return hold(socket_path, ring_bytes, master, slave, keep, leader_argv, env)
-
-
-def hold(
-    socket_path: str, ring_bytes: int, master: int, slave: int, keep: dict[int, int], argv: list[str], env: dict[str, str]
-) -> int:
-    """Start the leader `argv` with `env` on the PTY's `slave` and the descriptors `keep` (each at
-    the number it maps to), say its pid on stdout, and serve the agent on `socket_path` until the
-    end (module docstring)."""
+    keep = [int(fd) for fd in argv[4].split(",") if fd]
+    env = _read_env(0)
     os.set_blocking(master, False)
     os.set_inheritable(master, False)
     for name in os.listdir("/proc/self/fd"):  # what the leader inherits: `keep` only (and the slave, as 0, 1, 2)
@@ -314,12 +222,11 @@ def hold(
             except OSError:  # the listing's own descriptor, closed meanwhile
                 pass
     leader = os.posix_spawn(
-        argv[0],
-        argv,
+        argv[6],
+        argv[6:],
         env,
         file_actions=[(os.POSIX_SPAWN_DUP2, slave, 0), (os.POSIX_SPAWN_DUP2, slave, 1), (os.POSIX_SPAWN_DUP2, slave, 2),
-                      (os.POSIX_SPAWN_CLOSE, slave),
-                      *((os.POSIX_SPAWN_DUP2, fd, at) for fd, at in keep.items() if fd != at)],
+                      (os.POSIX_SPAWN_CLOSE, slave)],
         setsid=True,
         setsigdef=(signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGPIPE),
     )  # fmt: skip

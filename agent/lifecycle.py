@@ -300,8 +300,7 @@ class SessionLifecycle:
     `_starting` and `_cancelled` (ids), `_spawn` (a RunningSession from a StartSpec, blocking) and
     `_attach` (its terminal pipe and log started, then `watch`), `link` (agent.manager_link:
     reports and remembered ends), `layer` and `channel` (its terminal groups), `loop`, `_in` and
-    `_work` (blocking work off the loop), `_in_background` (a task not waited for), `runtime`
-    (its `warm`, where it has one), `_on_process` (a call on a session's process)."""
+    `_work` (blocking work off the loop), `_on_process` (a call on a session's process)."""
 
     def __init__(self, agent: Any) -> None:
         self.agent = agent
@@ -343,7 +342,6 @@ class SessionLifecycle:
             if await joined:
                 await self._leave(group, session_id)
             await self.agent.link.end(session_id, "ERROR", f"the agent could not start the session: {exc}", None)
-            self.warm()
             return
         finally:
             self.agent._starting.discard(session_id)
@@ -351,11 +349,9 @@ class SessionLifecycle:
         await joined
         if session_id in self.agent._cancelled:  # terminated while it was being prepared
             self.agent._cancelled.discard(session_id)
-            self.warm()
             await self.stop(session_id, reason="terminated while starting")
             return
         await self.agent.link.report(session_id, "RUNNING", "")
-        self.warm()
 
     async def _join(self, group: str, session_id: str) -> bool:
         """Join a starting session's terminal group; False where the layer is down (logged: the
@@ -372,14 +368,6 @@ class SessionLifecycle:
             await self.agent.layer.group_discard(group, self.agent.channel)
         except Exception:
             log.warning("agent %s: could not leave the terminal group of %s", self.agent.node, session_id)
-
-    def warm(self) -> None:
-        """In the background, once a start has reported: the runtime's next spawn made ready
-        where it has a way to (agent.runtimes.ProcessRuntime.warm: a spare holder), after the
-        report, so that it does not compete with the start it follows."""
-        warm = getattr(self.agent.runtime, "warm", None)  # the docker runtime has none
-        if warm is not None:
-            self.agent._in_background(self.agent._in(self.agent._work, warm))
 
     def watch(self, running: Any) -> None:
         """Watch a new session's exit (its leader's pidfd; a 0.2 s poll where the kernel has none)

@@ -31,7 +31,6 @@ import struct
 import subprocess
 import sys
 import termios
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from protocol.units import format_binary_size
 from protocol.messages import StartSpec
 from agent.mounts import NO_FOLDERS, Folders
 from agent.network import installation_id
-from agent.holder import SPARE, receive_fd, send_session
+from agent.holder import receive_fd
 from agent.limits import Hierarchies, SessionLimits, cgroup_mounts, remove_dir
 from agent.sandbox import SANDBOX_AUTO, SANDBOX_BUBBLEWRAP, SANDBOX_NONE, Sandbox, SandboxError, SlirpNetwork, read_init_pid
 from agent.sandbox import NVIDIA_PROC, become_subreaper, gpu_devices, netns_socket, reap_orphans, spec_gpus, wait_set_up
@@ -476,30 +475,6 @@ class HeldSession(SessionHandle):
                 pass
 
 
-def holder_env() -> dict[str, str]:
-    """A holder's own environment: the agent's PATH, nothing of the session's (agent.holder)."""
-    return {"PATH": os.environ.get("PATH", os.defpath)}
-
-
-@dataclass(frozen=True)
-class Spare:
-    """A spare holder (ProcessRuntime.warm): its `process`, the agent's end of its stdin
-    (`channel`), and the sources its mount namespace holds staged (`staged`: Sandbox.command's)."""
-
-    process: subprocess.Popen
-    channel: socket.socket
-    staged: tuple[str, ...]
-
-    def discard(self) -> None:
-        """Blocking: end it (killed and reaped), its pipes closed: it took no session."""
-        self.channel.close()
-        self.process.kill()
-        self.process.wait()
-        for stream in (self.process.stdout, self.process.stderr):
-            if stream is not None:
-                stream.close()
-
-
 def _running(pid: int) -> bool:
     """Whether process `pid` lives (not a zombie)."""
     fields = _stat_fields("/proc", str(pid)) if pid > 0 else None
@@ -572,8 +547,6 @@ class ProcessRuntime:
         hold: bool = True,
     ) -> None:
         self.hold = hold  # each session's PTY held by a holder of its own, which outlives the agent (HeldSession)
-        self._spare: Spare | None = None  # a holder waiting for its session (`warm`)
-        self._spare_lock = threading.Lock()
         self.sandbox_setting = sandbox
         self.uid, self.gid, self.network, self.block_private = uid, gid, network, block_private
         self.sandbox: Sandbox | None = None  # set by `confine` where bubblewrap works
@@ -764,51 +737,39 @@ class ProcessRuntime:
         slirp_read, slirp_write = os.pipe() if block_write >= 0 else (-1, -1)  # slirp4netns ends with the holder
         if sandbox is not None:
             _check_executable(argv[0], cwd=work_dir, env=env)
-        procs = "\n".join(map(os.fsdecode, cgroup.procs_paths)) if cgroup is not None else ""
-        tty = os.ttyname(slave_fd)
-
-        def leader(staged: tuple[str, ...]) -> list[str]:  # its command, in a mount namespace that holds `staged` staged
-            command = argv if sandbox is None else sandbox.command(
+            argv = sandbox.command(
                 argv, home=work_dir, data=data, status_fd=status_write, block_fd=block_read, devices=devices,
-                read_only_data=read_only or (), staged=staged,
+                read_only_data=read_only or (),
             )  # fmt: skip
-            return ["/bin/sh", "-c", LEADER_SCRIPT, "fgpu-session", procs, tty, *command]
-
-        spare = self._take_spare()
+        procs = "\n".join(map(os.fsdecode, cgroup.procs_paths)) if cgroup is not None else ""
+        leader = ["/bin/sh", "-c", LEADER_SCRIPT, "fgpu-session", procs, os.ttyname(slave_fd), *argv]
         holder_cgroup = None
         if self.cgroups is not None:
             holder_cgroup = SessionCgroup(self.cgroups.parent / f"holder-{session_id}")
             holder_cgroup.path.mkdir(exist_ok=True)
         directory = os.open(holders, os.O_PATH | os.O_DIRECTORY)
         inherited = [fd for fd in (status_write, block_read) if fd >= 0]
-        held = [slirp_write] if slirp_write >= 0 else []  # the holder holds it and passes it on to no one
+        holder_argv = [
+            sys.executable, "-I", "-S", str(HOLDER_SCRIPT), f"/proc/self/fd/{directory}/{session_id}", str(HOLDER_RING_BYTES),
+            str(master_fd), str(slave_fd), ",".join(map(str, inherited)), "--", *leader,
+        ]  # fmt: skip
         holder = None
         network, init_pid, connection, master = None, 0, None, -1
         try:
             try:
-                if spare is not None:
-                    holder = self._give_spare(
-                        spare, holder_cgroup, fds=[directory, master_fd, slave_fd, *inherited, *held], cwd=str(work_dir),
-                        name=session_id, keep=inherited, argv=leader(spare.staged), env=env,
-                    )  # fmt: skip
-                if holder is None:  # no spare waits (or it could not take the session): a holder started for it
-                    holder_argv = [
-                        sys.executable, "-I", "-S", str(HOLDER_SCRIPT), f"/proc/self/fd/{directory}/{session_id}",
-                        str(HOLDER_RING_BYTES), str(master_fd), str(slave_fd), ",".join(map(str, inherited)), "--", *leader(()),
-                    ]  # fmt: skip
-                    holder = popen_leader(
-                        holder_argv, cgroup=holder_cgroup, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE, cwd=work_dir, env=holder_env(),
-                        pass_fds=(master_fd, slave_fd, directory, *inherited, *held),
-                    )  # fmt: skip
-                    assert holder.stdin is not None
-                    holder.stdin.write(b"".join(os.fsencode(f"{name}={value}") + b"\0" for name, value in env.items()))
-                    holder.stdin.close()
+                holder = popen_leader(
+                    holder_argv, cgroup=holder_cgroup, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, cwd=work_dir,
+                    env={"PATH": os.environ.get("PATH", os.defpath)},
+                    pass_fds=(master_fd, slave_fd, directory, *inherited, *([slirp_write] if slirp_write >= 0 else [])),
+                )  # fmt: skip
             finally:
                 for fd in (slave_fd, directory, status_write, block_read, slirp_write, master_fd):
                     if fd >= 0:
                         os.close(fd)
-            assert holder.stdout is not None
+            assert holder.stdin is not None and holder.stdout is not None
+            holder.stdin.write(b"".join(os.fsencode(f"{name}={value}") + b"\0" for name, value in env.items()))
+            holder.stdin.close()
             ready, _, _ = select.select([holder.stdout], [], [], HOLDER_START_TIMEOUT_S)
             line = holder.stdout.readline() if ready else b""
             if not line.strip().isdigit():
@@ -862,64 +823,6 @@ class ProcessRuntime:
         (holders / f"{session_id}.json").write_text(json.dumps(record))
         return handle
 
-    def warm(self) -> None:
-        """Blocking: where sessions are held, start a spare holder (agent.holder `--spare`) unless
-        one waits already; the next spawn hands it its session (`_give_spare`) instead of starting
-        an interpreter for its holder (issue 35.3: that start was half of a spawn's wall time on the
-        busy 2-core VM). In a sandbox that stages the agent's Python (agent.sandbox), the spare
-        waits with it staged in a mount namespace of its own (Sandbox.spare_command), so that its
-        leader stages nothing. The agent calls it when it starts and after each launch; one that
-        cannot be started is logged, and the next spawn starts its holder itself. A spare waits in
-        the agent's process session, cgroup and working directory until it takes a session (`/`),
-        and ends when the agent's end of its stdin closes (`close`, `release_now`, the agent's exit)."""
-        if not self.hold:
-            return
-        with self._spare_lock:
-            if self._spare is not None and self._spare.process.poll() is None:
-                return
-            gone, self._spare = self._spare, None
-            argv: list[str] = [sys.executable, "-I", "-S", str(HOLDER_SCRIPT), SPARE]
-            staged: tuple[str, ...] = ()
-            if self.sandbox is not None:
-                argv, staged = self.sandbox.spare_command(argv)
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                process = popen_leader(
-                    argv, cgroup=None, stdin=theirs.fileno(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
-                    env=holder_env(),
-                )  # fmt: skip
-                self._spare = Spare(process, ours, staged)
-            except OSError as exc:
-                ours.close()
-                log.warning("could not start a spare session holder (each launch starts its own): %s", exc)
-            finally:
-                theirs.close()
-        if gone is not None:
-            gone.discard()
-
-    def _take_spare(self) -> Spare | None:
-        with self._spare_lock:
-            spare, self._spare = self._spare, None
-        return spare
-
-    def _give_spare(
-        self, spare: Spare, cgroup: SessionCgroup | None, *, fds: list[int], name: str, **session: Any
-    ) -> subprocess.Popen | None:
-        """Blocking: `spare` (`_take_spare`) moved into `cgroup` and handed its session
-        (agent.holder.send_session: `fds`, its socket's `name` and the rest of `session`), or None
-        where it could not take it (gone meanwhile: logged, and the caller starts a holder itself).
-        The descriptors stay the caller's to close."""
-        try:
-            if cgroup is not None:
-                cgroup.move(spare.process.pid)
-            send_session(spare.channel, fds, name=name, ring_bytes=HOLDER_RING_BYTES, **session)
-        except OSError as exc:
-            log.warning("the spare holder could not take session %s (%s): it gets a holder of its own", name, exc)
-            spare.discard()
-            return None
-        spare.channel.close()
-        return spare.process
-
     def clean_up_at_start(self, scratch_root: Path) -> tuple[list[SessionHandle], int]:
         """Blocking, when the agent starts: decide how sessions' processes are tracked (their
         own cgroups, or the /proc scan; logged with the reason), then return the sessions to
@@ -929,7 +832,7 @@ class ProcessRuntime:
         FGPU_ALLOCATION under `scratch_root` in their environment (one scan in either mode: a run
         that used the scan, or an agent from before cgroups, left its sessions in no cgroup of
         ours). First, whether sessions can be sandboxed (`confine`; raises SandboxError where
-        agent.toml requires bubblewrap and it cannot run); last, the first spare holder (`warm`)."""
+        agent.toml requires bubblewrap and it cannot run)."""
         self.confine()
         name = parent_cgroup_name(self.node, scratch_root, tag=self.tag)
         self.cgroups, why = open_session_cgroups(self.cgroup_root, name=name, limits=self.limits)
@@ -938,16 +841,13 @@ class ProcessRuntime:
         if self.cgroups is None:
             log.warning("sessions' processes are found by scanning /proc (no cgroup of their own): %s", why)
             log.warning("sessions' memory, CPU and processes are not limited (no cgroup of their own)")
-            killed = kill_orphans(scratch_root, keep=keep)
-        else:
-            log.info("each session's processes are tracked by its own cgroup under %s", self.cgroups.parent)
-            hierarchies = self.cgroups.hierarchies
-            for controller, reason in sorted(hierarchies.missing.items()) if hierarchies is not None else []:
-                log.warning("sessions' %s is not limited: %s", controller, reason)
-            kept = {f"{kind}-{session_id}" for session_id in keep for kind in ("session", "holder")}
-            killed = self.cgroups.clean_up(keep=kept) + kill_orphans(scratch_root, keep=keep)
-        self.warm()
-        return list(adopted), killed
+            return list(adopted), kill_orphans(scratch_root, keep=keep)
+        log.info("each session's processes are tracked by its own cgroup under %s", self.cgroups.parent)
+        hierarchies = self.cgroups.hierarchies
+        for controller, reason in sorted(hierarchies.missing.items()) if hierarchies is not None else []:
+            log.warning("sessions' %s is not limited: %s", controller, reason)
+        kept = {f"{kind}-{session_id}" for session_id in keep for kind in ("session", "holder")}
+        return list(adopted), self.cgroups.clean_up(keep=kept) + kill_orphans(scratch_root, keep=keep)
 
     def adopt(self, scratch_root: Path) -> list[HeldSession]:
         """Blocking, at the agent's start (after its cgroups are decided): the held sessions an
@@ -995,25 +895,17 @@ class ProcessRuntime:
         return found
 
     def close(self) -> None:
-        """Blocking, when the agent shuts down (its sessions ended): end the spare holder
-        (`warm`), remove the parent cgroup where it is empty."""
-        self._end_spare()
+        """Blocking, when the agent shuts down (its sessions ended): remove the parent cgroup
+        where it is empty."""
         if self.cgroups is not None:
             self.cgroups.close()
 
     def release_now(self) -> None:
         """Blocking, when the host process exits without ending its sessions (standalone mode's
-        console): end the spare holder, kill what the sessions' cgroups hold, then remove them
-        and the parent."""
-        self._end_spare()
+        console): kill what the sessions' cgroups hold, then remove them and the parent."""
         if self.cgroups is not None:
             self.cgroups.clean_up()
             self.cgroups.close()
-
-    def _end_spare(self) -> None:
-        spare = self._take_spare()
-        if spare is not None:
-            spare.discard()
 
     def holds_image(self, reference: str) -> bool:
         return reference == protocol.HOST_IMAGE
@@ -1537,12 +1429,6 @@ class SessionCgroup:
                 os.write(fd, b"0")
             finally:
                 os.close(fd)
-
-    def move(self, pid: int) -> None:
-        """Blocking: move process `pid` (not yet started on anything: a spare holder) into the
-        cgroup and its v1 ones, as `join` moves the caller. Raises OSError as `join`."""
-        for procs in self._all_procs:
-            _write(Path(os.fsdecode(procs)), str(pid).encode())
 
     def oom_kills(self) -> int:
         """Blocking: how many of its processes the kernel's OOM killer ended at its memory limit

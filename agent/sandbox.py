@@ -148,7 +148,6 @@ class Sandbox:
         block_fd: int = -1,
         devices: Sequence[str] = (),
         read_only_data: Sequence[Path] = (),
-        staged: Sequence[str] = (),
     ) -> list[str]:
         """The leader's command (after it joined its cgroup and took its terminal) that runs
         `argv` in the sandbox: `home` (the working directory) and `data` (folders) read-write at
@@ -163,15 +162,13 @@ class Sandbox:
         bound at their own paths; the fresh /dev has no other. Only the sources the
         session's user cannot reach itself (`searchable`) are staged: each costs the leader a
         mount(8), and with none to stage the leader runs no mount namespace of its own (the
-        launch's cost, issue 14). `staged`: the sources the leader's mount namespace holds staged
-        already, in order (a spare holder's, `spare_command`): where they are all it would stage,
-        it stages nothing (issue 35.3: staging was 44 of 72 ms of the sandbox's start at load 9)."""
+        launch's cost, issue 14)."""
         read_only = {str(folder) for folder in read_only_data}
         writable = [str(home), *(str(folder) for folder in data if str(folder) not in read_only)]
         sources = [*self.read_only, *writable, *sorted(read_only)]
-        hidden = self.hidden(sources)
+        hidden = [src for src in sources if self.drop and not searchable(src, self.uid, self.gid)]
         stage = {src: str(STAGE_POINT / str(i)) for i, src in enumerate(hidden)}
-        bound = [stage.get(src, src) for src in sources]  # what bwrap binds at each source's path
+        staged = [stage.get(src, src) for src in sources]
         args = [self.bwrap, "--unshare-all", "--die-with-parent"]
         if self.share_net:
             args.append("--share-net")
@@ -185,7 +182,7 @@ class Sandbox:
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         for device in devices:
             args += ["--dev-bind", device, device]
-        for source, dest in zip(bound, sources, strict=True):
+        for source, dest in zip(staged, sources, strict=True):
             args += ["--ro-bind" if dest in self.read_only or dest in read_only else "--bind", source, dest]
         args += ["--chdir", str(home), "--json-status-fd", str(status_fd)]
         if block_fd >= 0:
@@ -195,28 +192,10 @@ class Sandbox:
             return args
         drop = [self.setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs"]
         drop += ["--inh-caps=-all", "--bounding-set=-all", "--"]
-        if not hidden or hidden == list(staged):
+        if not hidden:
             return [*drop, *args]
-        return self._staging(hidden, [*drop, *args], propagation="private")
-
-    def hidden(self, sources: Sequence[str]) -> list[str]:
-        """Those of `sources` the session's user cannot reach itself, where the agent drops to it:
-        what a leader stages (STAGE_SCRIPT), in order."""
-        return [src for src in sources if self.drop and not searchable(src, self.uid, self.gid)]
-
-    def spare_command(self, argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
-        """The command of a spare holder (agent.holder `--spare`, started before its session:
-        agent.runtimes.ProcessRuntime.warm) that runs `argv` with the hidden ones of `read_only`
-        (the agent's Python, the same for every session) staged as a leader stages them, in a mount
-        namespace of its own whose propagation is `slave` (the node's mounts made while it waits
-        still reach it, nothing of its own leaves it), and what it staged: the `staged` of the
-        leaders it starts (`command`). `argv` as it is and () where nothing is hidden."""
-        hidden = self.hidden(self.read_only)
-        return (self._staging(hidden, argv, propagation="slave"), tuple(hidden)) if hidden else (argv, ())
-
-    def _staging(self, hidden: list[str], then: list[str], *, propagation: str) -> list[str]:
-        staging = [self.unshare, "--mount", "--propagation", propagation, "--", "/bin/sh", "-c", STAGE_SCRIPT, "fgpu-stage"]
-        return [*staging, str(STAGE_POINT), str(len(hidden)), *hidden, *then]
+        staging = [self.unshare, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", STAGE_SCRIPT, "fgpu-stage"]
+        return [*staging, str(STAGE_POINT), str(len(hidden)), *hidden, *drop, *args]
 
     def enter(self, init_pid: int, argv: list[str], *, cwd: Path) -> list[str]:
         """The command that runs `argv` inside the sandbox whose init is `init_pid` (host pid):

@@ -55,7 +55,6 @@ def main() -> int:
                 handle.kill_all()
                 handle.close_stream()
                 handle.remove()
-                runtime.warm()
         finally:
             runtime.close()
     load = os.getloadavg()[0]

@@ -8,8 +8,7 @@ A real Agent (agent.core) on its own event loop, with a manager that records its
 reports (the manager's side, the same for both runtimes, is measured by scheduler_db.py and the
 API benchmarks); the start spec is a 0.5 fGPU interactive session on a mock GPU. Per runtime:
 `--sessions` sessions started one after another (each timed from the start message to its
-RUNNING report; `--pause` seconds between a RUNNING and the next start, as launches come apart:
-what the agent readies after a launch, the process runtime's spare holder, is then ready), then
+RUNNING report; `--pause` seconds between a RUNNING and the next start, as launches come apart), then
 stopped one after another (from the stop to the TERMINATED report).
 Prints p50 / p95 / max in milliseconds and docker's overhead over process (ratios of p50s, where
 both ran). Needs Docker Engine and the image (tests/images/build.sh) for the docker half.
