@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any
 
 import protocol
-from protocol.messages import Heartbeat, Inventory, LogBatch, NodeName, Registration, SessionId, SessionReport
+from protocol.messages import Heartbeat, Inventory, LogBatch, NodeName, Registration, SessionId, SessionReport, UsageBatch
 from protocol.mig_messages import MigReport
 
 log = logging.getLogger(__name__)
@@ -111,9 +111,9 @@ class CeleryManager:
         """What the agent's MIG manager found and did (protocol.mig_messages.MigReport)."""
         self._send(protocol.MIG_REPORT, kwargs={"node": node, "report": report.encode()})
 
-    def usage(self, node: str, batch: dict) -> None:
+    def usage(self, batch: UsageBatch) -> None:
         """A batch of usage samples (agent.usage), on queue manager.usage."""
-        self._send(protocol.USAGE_REPORT, kwargs={"node": node, "batch": batch})
+        self._send(protocol.USAGE_REPORT, kwargs=batch.encode())
 
 
 End = tuple[float, str, str, int | None]  # (monotonic time it was reported, status, reason, exit code)

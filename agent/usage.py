@@ -1,7 +1,8 @@
 """Usage samples on the node: what each device and each session uses, sent to the manager in
-batches (issue 15). The agent never opens the database; the batches travel as the Celery task
-`fgpu.manager.usage_report` on queue `manager.usage` (protocol), never ahead of control messages,
-and the sampling runs on the agent's work pool, never on its loop, so it never blocks a terminal.
+batches (issue 15; typed as protocol.messages.UsageBatch). The agent never opens the database; the
+batches travel as the Celery task `fgpu.manager.usage_report` on queue `manager.usage` (protocol),
+never ahead of control messages, and the sampling runs on the agent's work pool, never on its loop,
+so it never blocks a terminal.
 
 Every `interval_s` seconds (agent.toml `[usage] interval`, default 5) one sample is taken:
 
@@ -69,6 +70,7 @@ import os
 import time
 from pathlib import Path
 
+from protocol.messages import DeviceUsage, FolderUsage, NodeName, SessionUsage, UsageBatch
 from protocol.units import SizeError, parse_binary_size
 from agent.runtimes import session_processes
 
@@ -199,7 +201,7 @@ class UsageSampler:
     """Samples one agent's devices and sessions and ships them (see the module docstring).
 
     `agent`: the Agent (its `sessions`, `inventory`, `mock`, work and manager pools, `manager`
-    with a `usage(node, batch)` method — a manager without one receives nothing); `nvml`: the
+    with a `usage(batch)` method (a protocol.messages.UsageBatch) — a manager without one receives nothing); `nvml`: the
     pynvml module or a fake (None: imported on first use on a real node); `clock`: epoch seconds."""
 
     def __init__(self, agent, *, interval_s: float = 5.0, flush_s: float = 15.0, nvml=None, clock=time.time) -> None:
@@ -257,13 +259,18 @@ class UsageSampler:
             self.pending.clear()
             return True
         samples = list(self.pending)
-        batch = {
-            "interval": self.interval_s,
-            "devices": [d for s in samples for d in s["devices"]],
-            "sessions": [x for s in samples for x in s["sessions"]],
-        }
+        batch = UsageBatch(
+            node=NodeName(self.agent.node),
+            interval=self.interval_s,
+            devices=tuple(DeviceUsage(**d) for s in samples for d in s["devices"]),
+            sessions=tuple(
+                SessionUsage(**{**x, "folders": tuple(FolderUsage(**f) for f in x["folders"])})
+                for s in samples
+                for x in s["sessions"]
+            ),
+        )
         try:
-            await self.agent._call(send, self.agent.node, batch)
+            await self.agent._call(send, batch)
         except Exception:
             log.warning("agent %s: could not send %d usage samples; will retry", self.agent.node, len(samples))
             return False

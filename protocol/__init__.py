@@ -21,7 +21,7 @@ the log batch):
 | `fgpu.manager.session_report` | manager | session_id, status, reason, exit_code |
 | `fgpu.manager.session_log_append` | manager.logs | session_id, seq, offset, text, final |
 | `fgpu.manager.mig_report` | manager | node, report |
-| `fgpu.manager.usage_report` | manager.usage | node, batch (agent.usage: `{"interval", "devices", "sessions"}`) |
+| `fgpu.manager.usage_report` | manager.usage | node, batch (protocol.messages.UsageBatch: {interval, devices, sessions}) |
 | `fgpu.agent.session_start` | agent.<node> | node, spec (the scheduler's start spec: protocol.messages.StartSpec) |
 | `fgpu.agent.session_stop` | agent.<node> | node, session_id |
 | `fgpu.agent.sessions_sync` | agent.<node> | node, keep (session ids) |

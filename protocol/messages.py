@@ -1,7 +1,7 @@
 """The typed messages between the manager and its agents (issue 34, item 1): the start spec (with
 its MIG block), a session's stop, the sessions to keep and a notice (manager → agent); the
-registration with its inventory, the heartbeat, the session report and the log batch (agent →
-manager); each a frozen dataclass with a `version`, one encoder (`encode`: the message as it
+registration with its inventory, the heartbeat, the session report, the log batch and the usage
+batch (agent → manager); each a frozen dataclass with a `version`, one encoder (`encode`: the message as it
 travels, JSON-safe) and one decoder (`decode`: raises Malformed, saying which field, for anything
 else). Both sides use them: the manager builds its messages (sessions.lifecycle.start_spec,
 sessions.lifecycle.services and reconcile, sessions.tasks) and decodes what agents send
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from decimal import Decimal, InvalidOperation
-from typing import Any, NewType
+from typing import Any, Callable, NewType, TypeVar
 
 from protocol.channel import Malformed
 
@@ -39,12 +39,15 @@ RowId = NewType("RowId", str)
 SessionId = NewType("SessionId", str)
 UserId = NewType("UserId", int)
 NodeName = NewType("NodeName", str)
+T = TypeVar("T")
 
 VERSION = 1  # the version this side writes
 VERSION_KEY = "version"
 
 __all__ = [
     "VERSION",
+    "DeviceUsage",
+    "FolderUsage",
     "HardwareId",
     "Heartbeat",
     "Inventory",
@@ -62,10 +65,12 @@ __all__ = [
     "SessionNotice",
     "SessionReport",
     "SessionStop",
+    "SessionUsage",
     "SessionsSync",
     "SharedFolderRef",
     "StartDevice",
     "StartSpec",
+    "UsageBatch",
     "UserId",
 ]
 
@@ -752,3 +757,178 @@ class LogBatch:
             node=_node(m, w),
             version=_version(m, w),
         )
+
+
+# --- the usage batch ---------------------------------------------------------------------------------
+
+USAGE_MAX_SAMPLES = 20_000  # samples one batch may carry (a node with 200 sessions, an hour of 5 s samples … is split)
+USAGE_MAX_SPAN = 3600  # seconds one session sample may stand for
+USAGE_MAX_FOLDERS = 64  # data folders one session's sample may name (its ~/data and its projects')
+DATA_FOLDER, PROJECT_FOLDER = "~/data", "~/projects/"  # how a session sees its data folders (agent.storage)
+_BYTES, _EPOCH = 2**62, 2**40
+
+
+def _bounded(m: dict[str, Any], what: str, name: str, hi: int, default: Any = ..., *, lo: int = 0) -> Any:
+    """Field `name` as a whole number in [lo, hi]; null (or missing, with a default) gives the default."""
+    value = _get(m, what, name, int, default)
+    if value is not None and not lo <= value <= hi:
+        raise Malformed(f"{name!r} of a {what} is not from {lo} to {hi}")
+    return value
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """One device's sample of a usage batch (agent.usage): device `device` at `t` (epoch seconds)
+    had `memory_used` of `memory_total` bytes in use and `util` percent (0-100, None unknown)."""
+
+    device: HardwareId
+    t: int
+    memory_used: int
+    memory_total: int
+    util: int | None = None
+
+    def encode(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def decode(cls, value: Any) -> DeviceUsage:
+        """Raises Malformed (a null time or figure too: a device sample always has them)."""
+        w, m = "device sample", _mapping(value, "device sample")
+        return cls(
+            device=HardwareId(_get(m, w, "device", str)),
+            t=_bounded(m, w, "t", _EPOCH),
+            memory_used=_bounded(m, w, "memory_used", _BYTES),
+            memory_total=_bounded(m, w, "memory_total", _BYTES),
+            util=_bounded(m, w, "util", 100, None),
+        )
+
+
+@dataclass(frozen=True)
+class FolderUsage:
+    """A data folder a session mounts, at its last measure (agent.storage): `folder` "~/data" or
+    "~/projects/<name>" (at most 80 characters), `used` and `limit` bytes."""
+
+    folder: str
+    used: int
+    limit: int
+
+    def encode(self) -> dict[str, Any]:
+        return {"folder": self.folder, "used": self.used, "limit": self.limit}
+
+    @classmethod
+    def decode(cls, value: Any) -> FolderUsage:
+        """Raises Malformed."""
+        w, m = "folder sample", _mapping(value, "folder sample")
+        name = _get(m, w, "folder", str)
+        if not (name == DATA_FOLDER or (name.startswith(PROJECT_FOLDER) and len(name) <= 80)):
+            raise Malformed(f"folder {name[:80]!r} of a {w} is neither ~/data nor ~/projects/<name>")
+        return cls(folder=name, used=_bounded(m, w, "used", _BYTES), limit=_bounded(m, w, "limit", _BYTES))
+
+
+@dataclass(frozen=True)
+class SessionUsage:
+    """One session's sample of a usage batch (agent.usage's module docstring gives each field):
+    at `t` (epoch seconds) standing for `span` seconds (1-3600), GPU memory (bytes) and
+    utilisation (percent), CPU (milli-cores), resident memory (bytes), the last terminal input
+    (epoch seconds), storage and its limit (bytes), each None where unknown, and its data `folders`.
+    An earlier agent's sample without span, storage or folders reads as span 1, None and none."""
+
+    session_id: SessionId
+    t: int
+    span: int = 1
+    gpu_memory: int | None = None
+    gpu_util: int | None = None
+    cpu: int | None = None
+    mem: int | None = None
+    last_input: int | None = None
+    storage: int | None = None
+    storage_limit: int | None = None
+    folders: tuple[FolderUsage, ...] = ()
+
+    def encode(self) -> dict[str, Any]:
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        body["folders"] = [f.encode() for f in self.folders]
+        return body
+
+    @classmethod
+    def decode(cls, value: Any) -> SessionUsage:
+        """Raises Malformed (a null time or span too: they are what the sample is stored under)."""
+        w, m = "session sample", _mapping(value, "session sample")
+        folders = _get(m, w, "folders", list, [])
+        if len(folders) > USAGE_MAX_FOLDERS:
+            raise Malformed(f"a {w} naming more than {USAGE_MAX_FOLDERS} folders")
+        if "span" in m and m["span"] is None:
+            raise Malformed(f"'span' of a {w} is null")
+        return cls(
+            session_id=SessionId(_get(m, w, "session_id", str)),
+            t=_bounded(m, w, "t", _EPOCH),
+            span=_bounded(m, w, "span", USAGE_MAX_SPAN, 1, lo=1),
+            gpu_memory=_bounded(m, w, "gpu_memory", _BYTES, None),
+            gpu_util=_bounded(m, w, "gpu_util", 100, None),
+            cpu=_bounded(m, w, "cpu", 2**31 - 1, None),
+            mem=_bounded(m, w, "mem", _BYTES, None),
+            last_input=_bounded(m, w, "last_input", _EPOCH, None),
+            storage=_bounded(m, w, "storage", _BYTES, None),
+            storage_limit=_bounded(m, w, "storage_limit", _BYTES, None),
+            folders=tuple(FolderUsage.decode(f) for f in folders),
+        )
+
+
+@dataclass(frozen=True)
+class UsageBatch:
+    """`fgpu.manager.usage_report`'s keyword arguments: `node`'s usage samples taken every
+    `interval` seconds (agent.usage), on the wire `{"node", "batch": {"interval", "devices",
+    "sessions"}}` (and the node's `signature`, which the manager checks on the keyword arguments as
+    sent). Decoding refuses a batch that is not an object of two lists or carries more than
+    USAGE_MAX_SAMPLES samples (Malformed); a sample that is malformed on its own is left out and
+    counted in `malformed` (not sent), so the rest of the batch is stored (usage.services.usage_ingest
+    counts it refused)."""
+
+    node: NodeName
+    interval: float | None = None
+    devices: tuple[DeviceUsage, ...] = ()
+    sessions: tuple[SessionUsage, ...] = ()
+    version: int = field(default=VERSION, compare=False)
+    malformed: int = field(default=0, compare=False)
+
+    def encode(self) -> dict[str, Any]:
+        """The task's keyword arguments."""
+        batch = {
+            "interval": self.interval,
+            "devices": [d.encode() for d in self.devices],
+            "sessions": [s.encode() for s in self.sessions],
+        }
+        return _versioned(self.version, {"node": self.node, "batch": batch})
+
+    @classmethod
+    def decode(cls, kwargs: Any) -> UsageBatch:
+        """The batch of the task's keyword arguments (its signature ignored). Raises Malformed."""
+        w, m = "usage report", _mapping(kwargs, "usage report")
+        batch = _mapping(m.get("batch"), "usage batch")
+        devices, sessions = _get(batch, "usage batch", "devices", list), _get(batch, "usage batch", "sessions", list)
+        if len(devices) + len(sessions) > USAGE_MAX_SAMPLES:
+            raise Malformed(f"a usage batch of more than {USAGE_MAX_SAMPLES} samples")
+        interval = batch.get("interval")
+        if interval is not None and (isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0):
+            raise Malformed("'interval' of a usage batch is not a positive number")
+        good_devices, malformed = _each(DeviceUsage.decode, devices)
+        good_sessions, bad = _each(SessionUsage.decode, sessions)
+        return cls(
+            node=NodeName(_get(m, w, "node", str)),
+            interval=interval,
+            devices=good_devices,
+            sessions=good_sessions,
+            version=_version(m, w),
+            malformed=malformed + bad,
+        )
+
+
+def _each(decode: Callable[[Any], T], values: list[Any]) -> tuple[tuple[T, ...], int]:
+    """`values` decoded one by one: those that decode, and how many did not."""
+    out: list[T] = []
+    for value in values:
+        try:
+            out.append(decode(value))
+        except Malformed:
+            continue
+    return tuple(out), len(values) - len(out)

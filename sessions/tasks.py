@@ -16,7 +16,17 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 import protocol
-from protocol.messages import Heartbeat, LogBatch, Malformed, NodeStorage, Registration, SessionId, SessionReport, SessionsSync
+from protocol.messages import (
+    Heartbeat,
+    LogBatch,
+    Malformed,
+    NodeStorage,
+    Registration,
+    SessionId,
+    SessionReport,
+    SessionsSync,
+    UsageBatch,
+)
 from protocol.mig_messages import MigReport
 from common.celery import TRANSIENT_ERRORS, agent_send  # noqa: F401 (agent_send: re-exported)
 from sessions.lifecycle.passes import SCHEDULE_PENDING_TASK, SCHEDULE_QUEUED_KEY, _redis, schedule_pending_soon
@@ -200,7 +210,7 @@ def session_log_append(**message: Any) -> None:
     append(session_id=batch.session_id, seq=batch.seq, offset=batch.offset, text=batch.text, final=batch.final, known=True)
 
 
-M = TypeVar("M", Heartbeat, SessionReport, LogBatch, Registration)
+M = TypeVar("M", Heartbeat, SessionReport, LogBatch, Registration, UsageBatch)
 
 
 def _decoded(kind: type[M], message: dict[str, Any]) -> M | None:

@@ -26,6 +26,7 @@ from protocol.messages import (
     SessionStop,
     StartDevice,
     StartSpec,
+    UsageBatch,
 )
 from sessions import tasks as manager_tasks
 from sessions.models import SessionLogChunk, SessionStatus
@@ -368,3 +369,95 @@ def test_the_manager_logs_and_drops_a_malformed_registration_and_applies_a_good_
     assert not Node.objects.filter(name="reg-1").exists()
     manager_tasks.agent_register(node="reg-1", inventory=inventory, running=[])
     assert Node.objects.get(name="reg-1").devices.count() == 1
+
+
+# --- the usage batch ----------------------------------------------------------------------------------
+
+SESSION_SAMPLE = {  # as agent.usage.UsageSampler.sample writes one
+    "session_id": SESSION,
+    "t": 1_790_000_000,
+    "span": 5,
+    "gpu_memory": 1 << 30,
+    "gpu_util": 40,
+    "cpu": 250,
+    "mem": 100 << 20,
+    "last_input": None,
+    "storage": 4096,
+    "storage_limit": 10 << 30,
+    "folders": [{"folder": "~/data", "used": 0, "limit": 1 << 30}, {"folder": "~/projects/alpha", "used": 5, "limit": 9}],
+}
+DEVICE_SAMPLE = {"device": "GPU-8d1f0c2e", "t": 1_790_000_000, "memory_used": 1 << 30, "memory_total": 80 << 30, "util": None}
+USAGE = {"node": "gpu-1", "batch": {"interval": 5.0, "devices": [DEVICE_SAMPLE], "sessions": [SESSION_SAMPLE]}}
+
+
+def test_a_usage_batch_round_trips_to_the_same_keyword_arguments_and_the_agent_sends_them():
+    batch = UsageBatch.decode(USAGE)
+    assert batch.node == "gpu-1" and batch.malformed == 0
+    assert batch.sessions[0].folders[1].folder == "~/projects/alpha" and batch.devices[0].util is None
+    assert batch.encode() == USAGE
+    manager = Recording("gpu-1")
+    manager.usage(batch)
+    assert manager.sent == [(protocol.USAGE_REPORT, USAGE)]  # the wire of the untyped dict, no version at 1
+
+
+def test_a_usage_batch_of_an_earlier_agent_and_the_known_fields_of_a_later_one_are_read():
+    old = {"session_id": SESSION, "t": 1_790_000_000, "gpu_memory": None, "gpu_util": None, "cpu": None, "mem": 1}
+    earlier = UsageBatch.decode({"node": "gpu-1", "batch": {"devices": [], "sessions": [old]}})  # no span, storage, folders
+    assert earlier.sessions[0].span == 1 and earlier.sessions[0].storage is None and earlier.sessions[0].folders == ()
+    assert earlier.interval is None and earlier.malformed == 0
+    later_sample = {**SESSION_SAMPLE, "power": 120}
+    later = UsageBatch.decode({**USAGE, "version": 2, "region": "eu", "batch": {**USAGE["batch"], "sessions": [later_sample]}})
+    assert later.version == 2 and later.sessions == UsageBatch.decode(USAGE).sessions
+    assert later.encode() == {**USAGE, "version": 2}
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"batch": []}, "a usage batch that is not an object"),
+        ({"batch": {"sessions": "x", "devices": []}}, "'sessions' of a usage batch is not list"),
+        ({"batch": {"sessions": []}}, "a usage batch without 'devices'"),
+        ({"batch": {"devices": [{}] * 10_001, "sessions": [{}] * 10_000}}, "a usage batch of more than 20000 samples"),
+        ({"batch": {**USAGE["batch"], "interval": "5"}}, "'interval' of a usage batch is not a positive number"),
+        ({"node": None}, "a usage report without 'node'"),
+        ({"version": 0}, "a usage report of version 0"),
+    ],
+)
+def test_a_malformed_usage_batch_is_refused_saying_which_field(change, says):
+    with pytest.raises(Malformed, match=says):
+        UsageBatch.decode({**USAGE, **change})
+
+
+@pytest.mark.parametrize(
+    "session_change, device_change",
+    [
+        ({"gpu_util": 101}, {"util": 101}),
+        ({"t": None}, {"t": None}),
+        ({"span": None}, {"memory_used": -1}),
+        ({"span": 0}, {"memory_total": "80G"}),
+        ({"cpu": True}, {"device": None}),
+        ({"session_id": 7}, {"t": 2**40 + 1}),
+        ({"folders": [{"folder": "/etc", "used": 0, "limit": 0}]}, {"util": 1.5}),
+        ({"folders": [{"folder": "~/data", "used": 0, "limit": 0}] * 65}, {"memory_used": None}),
+        ({"folders": "~/data"}, {}),
+    ],
+)
+def test_a_malformed_sample_is_left_out_and_counted_and_the_rest_of_its_batch_kept(session_change, device_change):
+    sessions = [SESSION_SAMPLE, {**SESSION_SAMPLE, **session_change}]
+    devices = [DEVICE_SAMPLE, {**DEVICE_SAMPLE, **device_change}] if device_change else [DEVICE_SAMPLE]
+    batch = UsageBatch.decode({"node": "gpu-1", "batch": {"interval": 5, "devices": devices, "sessions": sessions}})
+    assert batch.malformed == (2 if device_change else 1)
+    assert batch.sessions == UsageBatch.decode(USAGE).sessions and batch.devices == UsageBatch.decode(USAGE).devices
+
+
+@pytest.mark.django_db
+def test_the_manager_logs_and_drops_a_malformed_usage_batch_and_stores_a_good_one(caplog):
+    from usage.tasks import usage_report
+
+    with caplog.at_level(logging.WARNING, logger="sessions.tasks"):
+        dropped = usage_report(node="gpu-1", batch={"sessions": "x", "devices": []})
+    assert dropped == {"stored": 0, "duplicates": 0, "refused": {"malformed batch": 1}}
+    assert "dropped an agent's malformed message: 'sessions' of a usage batch is not list" in caplog.text
+    bad_sample = {**SESSION_SAMPLE, "gpu_util": 101}
+    read = usage_report(node="gpu-1", batch={**USAGE["batch"], "sessions": [SESSION_SAMPLE, bad_sample]})
+    assert read["refused"] == {"malformed": 1, "unknown session": 1, "unknown device": 1}  # read, sample by sample

@@ -26,6 +26,8 @@ from usage.models import (
     SessionSample,
 )
 from usage.services import usage_idle_check, usage_ingest, usage_rollup
+from usage.tasks import usage_report
+from protocol.messages import UsageBatch
 
 pytestmark = pytest.mark.django_db(transaction=True)
 NODE = "demo-node"
@@ -54,7 +56,8 @@ def sample(session, t: int, *, gpu_memory=1 * GiB, gpu_util=50, span=5, cpu=250,
 
 
 def batch(*sessions, devices=()):
-    return {"interval": 5, "sessions": list(sessions), "devices": list(devices)}
+    """The samples as the usage task decodes them (protocol.messages.UsageBatch): the ingest's input."""
+    return UsageBatch.decode({"node": NODE, "batch": {"interval": 5, "sessions": list(sessions), "devices": list(devices)}})
 
 
 # --- ingestion ------------------------------------------------------------------------------------
@@ -102,8 +105,8 @@ def test_samples_older_than_the_closed_buckets_malformed_ones_and_a_malformed_ba
 
     assert result.refused == {"too late": 1, "malformed": 3, "from the future": 1}
     assert result.stored == 1
-    assert usage_ingest(node_name=NODE, batch={"sessions": "x"}).refused == {"malformed batch": 1}
-    assert usage_ingest(node_name=NODE, batch=[]).refused == {"malformed batch": 1}
+    assert usage_report(node=NODE, batch={"sessions": "x"})["refused"] == {"malformed batch": 1}
+    assert usage_report(node=NODE, batch=[])["refused"] == {"malformed batch": 1}
 
 
 def test_a_sample_with_a_null_time_or_span_is_malformed_and_the_rest_of_the_batch_is_stored(running):
@@ -594,7 +597,7 @@ def test_the_usage_report_task_refuses_a_batch_whose_signature_does_not_verify(r
 
     session = running()
     Node.objects.filter(name=NODE).update(agent_key="k" * 32)
-    body = batch(sample(session, int(time.time())))
+    body = batch(sample(session, int(time.time()))).encode()["batch"]
 
     forged = usage_report(node=NODE, batch=body, signature="0" * 64)
     signed = usage_report(node=NODE, batch=body, signature=protocol.sign("k" * 32, protocol.USAGE_REPORT,

@@ -27,10 +27,11 @@ class UsageManager:
         self.batches: list[tuple[str, dict]] = []
         self.fail = False
 
-    def usage(self, node, batch):
+    def usage(self, batch):
         if self.fail:
             raise ConnectionError("broker unreachable")
-        self.batches.append((node, batch))
+        sent = batch.encode()  # the task's keyword arguments, as CeleryManager sends them
+        self.batches.append((sent["node"], sent["batch"]))
 
 
 def test_the_declaration_file_gives_memory_and_utilisation_per_device_and_unknown_when_malformed(tmp_path):

@@ -16,6 +16,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from accelerators.models import Device, Node
+from protocol.messages import DATA_FOLDER, PROJECT_FOLDER, UsageBatch
 from sessions.models import ComputeSession, Project, SessionStatus
 from sessions.lifecycle.reconcile import valid_uuids
 from usage.models import (
@@ -32,34 +33,13 @@ from usage.models import (
 
 log = logging.getLogger(__name__)
 
-DATA_FOLDER, PROJECT_FOLDER = "~/data", "~/projects/"  # how a session sees its data folders (agent.storage)
-
 BUCKET = 300  # seconds in one rollup bucket
-MAX_BATCH = 20_000  # samples one batch may carry (a node with 200 sessions, an hour of 5 s samples … is split)
-MAX_SPAN = 3600
 PERIOD_BACKFILL = 31 * 86400  # seconds of hours or days one rollup run writes at most per level (a first run
 #                               after an upgrade, over 90 days of 5-minute rollups, is spread over three runs)
 
 
 def _now() -> float:
     return time.time()
-
-
-def _int(value, lo: int, hi: int) -> int | None:
-    """`value` as an int in [lo, hi], None when null; ValueError otherwise (bools refused)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{value!r} is not a whole number from {lo} to {hi}")
-    return value
-
-
-def _whole(value, lo: int, hi: int) -> int:
-    """`value` as an int in [lo, hi]; ValueError otherwise (null and bools included)."""
-    number = _int(value, lo, hi)
-    if number is None:
-        raise ValueError("null where a whole number is required")
-    return number
 
 
 @dataclass
@@ -79,29 +59,25 @@ def _watermark() -> int:
     return RollupState.objects.values_list("watermark", flat=True).first() or 0
 
 
-def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
-    """Store one batch of an agent's samples (agent.usage: `{"interval", "devices": [...],
-    "sessions": [...]}`), idempotently: (session, t) and (device, t) are stored once, whatever
-    the order or number of deliveries. Refused, counted and logged, never raised:
+def usage_ingest(*, node_name: str, batch: UsageBatch) -> IngestResult:
+    """Store one decoded batch of an agent's samples (protocol.messages.UsageBatch: the task
+    decodes it, usage.tasks.usage_report), idempotently: (session, t) and (device, t) are stored
+    once, whatever the order or number of deliveries. Refused, counted and logged, never raised:
 
     - "unknown session" / "unknown device": no such id, or not on `node_name`;
     - "session ended": a sample taken after its session ended (its terminated_at), or of a session
       that never ran (PENDING, CANCELLED);
     - "too late": older than the rollup watermark (its 5-minute bucket is closed, FGPU_USAGE_LATENESS);
     - "from the future": more than 5 minutes ahead of the manager's clock;
-    - "malformed": a field of the wrong type or out of range (bytes ≥ 0, percent 0–100).
+    - "malformed": the samples the decoder left out (`batch.malformed`: a field of the wrong type or
+      out of range, bytes ≥ 0, percent 0–100).
 
-    A malformed batch as a whole (not a dict of lists, more than MAX_BATCH samples) is refused as
-    one "malformed batch". Also moves each session's SessionActivity (last input, last sample) on,
-    and keeps the newest figures of the data folders the samples name (FolderUse, `_folder_note`).
+    Also moves each session's SessionActivity (last input, last sample) on, and keeps the newest
+    figures of the data folders the samples name (FolderUse, `_folder_note`).
     """
     result = IngestResult()
-    sessions_in = batch.get("sessions") if isinstance(batch, dict) else None
-    devices_in = batch.get("devices") if isinstance(batch, dict) else None
-    if not isinstance(sessions_in, list) or not isinstance(devices_in, list) or len(sessions_in) + len(devices_in) > MAX_BATCH:
-        result.refuse("malformed batch")
-        log.warning("usage batch from node %s refused: malformed", node_name)
-        return result
+    for _ in range(batch.malformed):
+        result.refuse("malformed")
     horizon, future = _watermark(), int(_now()) + 300
 
     def timely(t) -> bool:
@@ -113,7 +89,7 @@ def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
             return False
         return True
 
-    ids = {str(row.get("session_id")) for row in sessions_in if isinstance(row, dict)}
+    ids = {row.session_id for row in batch.sessions}
     known = {
         str(s["id"]): s
         for s in ComputeSession.objects.filter(pk__in=valid_uuids(list(ids)), node__name=node_name).values(
@@ -123,26 +99,8 @@ def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
     rows: list[SessionSample] = []
     folders: dict[tuple[int, str], tuple[int, int, int]] = {}  # (owner id, "~/data" …) → newest (t, used, limit)
     activity: dict[str, list] = {}  # session id → [last input or None, last sample] (Unix s)
-    for row in sessions_in:
-        try:
-            sid = str(row["session_id"])
-            t = _whole(row["t"], 0, 2**40)
-            sample = SessionSample(
-                session_id=sid,
-                t=t,
-                span=_whole(row.get("span", 1), 1, MAX_SPAN),
-                gpu_memory=_int(row.get("gpu_memory"), 0, 2**62),
-                gpu_util=_int(row.get("gpu_util"), 0, 100),
-                cpu=_int(row.get("cpu"), 0, 2**31 - 1),
-                mem=_int(row.get("mem"), 0, 2**62),
-                storage=_int(row.get("storage"), 0, 2**62),
-                storage_limit=_int(row.get("storage_limit"), 0, 2**62),
-            )
-            last_input = _int(row.get("last_input"), 0, 2**40)
-            measured = _folders(row.get("folders"))
-        except (KeyError, TypeError, ValueError):
-            result.refuse("malformed")
-            continue
+    for row in batch.sessions:
+        sid, t = row.session_id, row.t
         session = known.get(sid)
         if session is None:
             result.refuse("unknown session")
@@ -153,36 +111,47 @@ def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
             continue
         if not timely(t):
             continue
-        rows.append(sample)
-        for name, used, limit in measured:
-            key = (session["owner_id"], name)
+        rows.append(
+            SessionSample(
+                session_id=sid,
+                t=t,
+                span=row.span,
+                gpu_memory=row.gpu_memory,
+                gpu_util=row.gpu_util,
+                cpu=row.cpu,
+                mem=row.mem,
+                storage=row.storage,
+                storage_limit=row.storage_limit,
+            )
+        )
+        for measured in row.folders:
+            key = (session["owner_id"], measured.folder)
             if key not in folders or folders[key][0] < t:
-                folders[key] = (t, used, limit)
+                folders[key] = (t, measured.used, measured.limit)
         seen = activity.setdefault(sid, [None, None])
-        seen[0] = max(filter(None, (seen[0], last_input)), default=None)
+        seen[0] = max(filter(None, (seen[0], row.last_input)), default=None)
         seen[1] = max(seen[1] or 0, t)
     devices = dict(Device.objects.filter(node__name=node_name).values_list("device_id", "id"))
     device_rows: list[DeviceSample] = []
-    for row in devices_in:
-        try:
-            device_id = devices.get(str(row["device"]))
-            t = _whole(row["t"], 0, 2**40)
-            memory_used, memory_total = _whole(row["memory_used"], 0, 2**62), _whole(row["memory_total"], 0, 2**62)
-            util = _int(row.get("util"), 0, 100)
-        except (KeyError, TypeError, ValueError):
-            result.refuse("malformed")
-            continue
+    for device in batch.devices:
+        device_id = devices.get(device.device)
         if device_id is None:
             result.refuse("unknown device")
             continue
-        if timely(t):
+        if timely(device.t):
             device_rows.append(
-                DeviceSample(device_id=device_id, t=t, memory_used=memory_used, memory_total=memory_total, util=util)
+                DeviceSample(
+                    device_id=device_id,
+                    t=device.t,
+                    memory_used=device.memory_used,
+                    memory_total=device.memory_total,
+                    util=device.util,
+                )
             )
     with transaction.atomic():
         stored = _insert(SessionSample, rows) + _insert(DeviceSample, device_rows)
-        for sid, (last_input, last_sample) in activity.items():
-            _activity_note(sid, last_input=last_input, last_sample=last_sample)
+        for session_id, (last_input, last_sample) in activity.items():
+            _activity_note(session_id, last_input=last_input, last_sample=last_sample)
         if folders:
             _folder_note(node_name=node_name, folders=folders)
     result.stored = stored
@@ -190,25 +159,6 @@ def usage_ingest(*, node_name: str, batch: dict) -> IngestResult:
     if result.refused:
         log.warning("usage batch from node %s: refused %s", node_name, result.refused)
     return result
-
-
-MAX_FOLDERS = 64  # data folders one session's sample may name (its ~/data and its projects')
-
-
-def _folders(value) -> list[tuple[str, int, int]]:
-    """A sample's `folders` (agent.usage: `[{"folder": "~/data" | "~/projects/<name>", "used": bytes,
-    "limit": bytes}]`, missing or null: none) as [(folder, used, limit)]; ValueError if malformed."""
-    if value is None:
-        return []
-    if not isinstance(value, list) or len(value) > MAX_FOLDERS:
-        raise ValueError("folders: a list of at most 64")
-    out = []
-    for item in value:
-        name = item["folder"]
-        if not isinstance(name, str) or not (name == DATA_FOLDER or (name.startswith(PROJECT_FOLDER) and len(name) <= 80)):
-            raise ValueError(f"folders: {name!r} is neither ~/data nor ~/projects/<name>")
-        out.append((name, _whole(item["used"], 0, 2**62), _whole(item["limit"], 0, 2**62)))
-    return out
 
 
 def _folder_note(*, node_name: str, folders: dict[tuple[int, str], tuple[int, int, int]]) -> None:

@@ -3,21 +3,27 @@ rollup and idle check (beat, queue `manager`). Each calls one service in usage.s
 
 from __future__ import annotations
 
+from typing import Any
+
 import protocol
-from sessions.tasks import manager_task
+from protocol.messages import UsageBatch
+from sessions.tasks import _authentic, _decoded, manager_task
 
 
 @manager_task(protocol.USAGE_REPORT)
-def usage_report(*, node: str, batch: dict, signature: str | None = None) -> dict:
-    """Store one batch of `node`'s usage samples (idempotent, so acks_late is safe); signed with
-    the node's key where it has one. Returns the IngestResult's counts (for logs and tests)."""
-    from accelerators.services import node_message_verify
+def usage_report(**message: Any) -> dict:
+    """Store one batch of a node's usage samples (protocol.messages.UsageBatch, its keyword
+    arguments as sent: node, batch, signature; idempotent, so acks_late is safe); signed with the
+    node's key where it has one. A malformed batch is logged and dropped (refused as one
+    "malformed batch"). Returns the IngestResult's counts (for logs and tests)."""
     from usage.services import usage_ingest
 
-    kwargs = {"node": node, "batch": batch, protocol.SIGNATURE: signature}
-    if not node_message_verify(node_name=node, task=protocol.USAGE_REPORT, kwargs=kwargs):
+    batch = _decoded(UsageBatch, message)
+    if batch is None:
+        return {"stored": 0, "duplicates": 0, "refused": {"malformed batch": 1}}
+    if not _authentic(protocol.USAGE_REPORT, batch.node, **message):
         return {"stored": 0, "duplicates": 0, "refused": {"not authentic": 1}}
-    result = usage_ingest(node_name=node, batch=batch)
+    result = usage_ingest(node_name=batch.node, batch=batch)
     return {"stored": result.stored, "duplicates": result.duplicates, "refused": result.refused}
 
 
