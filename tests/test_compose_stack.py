@@ -109,7 +109,9 @@ def node_leftovers() -> tuple[list, list]:
 
     client = docker.from_env()
     containers = client.containers.list(all=True, filters={"label": f"fgpu.node={NODE}"})
-    networks = [n for n in client.networks.list() if n.name.startswith(f"fgpu-{NODE}-")]
+    # By the agent's label, not the name's prefix: test_compose_network's nodes are compose-node-<hex>, whose
+    # networks (fgpu-compose-node-<hex>-…) began with this node's prefix when it ran beside it (pytest-xdist).
+    networks = client.networks.list(filters={"label": f"fgpu.node={NODE}"})
     return containers, networks
 
 
