@@ -211,7 +211,8 @@ def test_an_admin_sees_owners_tabs_filters_pages_live_elapsed_times_and_whole_re
     assert reason.startswith("waiting for capacity") and len(reason) > 90, reason
     clamp = lambda: cell.evaluate("td => getComputedStyle(td, '::after').webkitLineClamp")  # noqa: E731
     height = lambda: cell.evaluate("td => td.getBoundingClientRect().height")  # noqa: E731
-    assert clamp() == "2"
+    # The cell is looked up anew at each look; a pass redrawing its row in between reads '' once.
+    wait_until(lambda: clamp() == "2", timeout=10, interval=0.1, what="the long reason clamped to two lines")
     short = height()
     toggle = cell.locator("button.reason-toggle")
     expect(toggle).to_have_attribute("aria-expanded", "false")
