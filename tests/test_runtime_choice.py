@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from tests.conftest import ROOT, free_port, wait_until
+from tests.docker_nodes import remove_leftovers
 from tests.test_browser import answers
 from tests.test_e2e_distributed import api, get_ok
 
@@ -56,21 +57,10 @@ def serve(procs, env):
 @pytest.fixture
 def node():
     """A node name of this test's own; its containers and networks are removed at the end whatever happened."""
-    docker = pytest.importorskip("docker")
+    pytest.importorskip("docker")
     name = f"choice-{uuid.uuid4().hex[:8]}"
     yield name
-    client = docker.from_env()
-    for container in client.containers.list(all=True, filters={"label": f"fgpu.node={name}"}):
-        container.remove(force=True)
-    for network in client.networks.list(filters={"label": f"fgpu.node={name}"}):
-        instance = network.attrs["Labels"].get("fgpu.instance", "")
-        network.remove()
-        if instance:
-            from agent.network import guard_remove, iptables_command, network_names
-
-            iptables = iptables_command()[0]
-            if iptables:
-                guard_remove(network_names(name, instance), iptables=iptables)
+    remove_leftovers(name)
 
 
 def test_auto_picks_docker_where_docker_engine_answers_and_holds_the_image_and_says_so(procs, tmp_path, node):

@@ -30,6 +30,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from tests.conftest import ROOT, StackNode, wait_until
+from tests.docker_nodes import docker_node  # noqa: F401 (fixture)
 from tests.test_e2e_distributed import api, get_ok
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -266,15 +267,16 @@ class BridgedDockerNode(StackNode):
 
 @pytest.mark.docker
 def test_in_the_docker_runtime_an_app_runs_in_the_sessions_container_and_is_reached_at_its_address(
-        distributed_stack, django_user_model):
+        docker_node, distributed_stack, django_user_model):  # noqa: F811 (the fixture)
     from sessions.models import SessionImage
 
     SessionImage.objects.get_or_create(reference="fgpu-session:test", defaults={"apps": [
         {"name": "files", "title": "Files", "command": "cd $HOME && echo in-container > hello.txt && "
                                                         "exec python3 -m http.server {port} --bind {host}",
          "port": 8000, "base_url": False}]})
-    stack = distributed_stack(nodes=[BridgedDockerNode("docker-apps", (ROOT / "demo" / "mock-accelerator.toml")
-                                                       .read_text(), runtime="docker")], redis_db=REDIS_DB)
+    node = docker_node("docker-apps")  # its containers, network and chain removed at the end
+    stack = distributed_stack(nodes=[BridgedDockerNode(node, (ROOT / "demo" / "mock-accelerator.toml").read_text(),
+                                                       runtime="docker")], redis_db=REDIS_DB)
     django_user_model.objects.create_user("alice", password="alice-pass-123")
     status, body = api(stack.base, "POST", "/api/v1/auth/token/", body={"username": "alice", "password": "alice-pass-123"})
     token = body["token"]
@@ -293,8 +295,8 @@ def test_in_the_docker_runtime_an_app_runs_in_the_sessions_container_and_is_reac
 
     # The agent restarts; the container and the app in it run on: opening it again adopts it, not a
     # second copy (which could not listen on the same port).
-    stack.restart("agent-docker-apps")
-    wait_until(lambda: "adopted session" in stack.procs["agent-docker-apps"].output(), timeout=60,
+    stack.restart(f"agent-{node}")
+    wait_until(lambda: "adopted session" in stack.procs[f"agent-{node}"].output(), timeout=60,
                what="the restarted agent to adopt the session")
     again = open_app(stack.base, alice, created["id"], "files")
     assert again[-1] == {"type": "ready", "url": f"/sessions/{created['id']}/apps/files/", "reused": True}, again
@@ -320,7 +322,7 @@ exec python3 post_echo.py {host} {port}"""
 
 @pytest.mark.docker
 def test_after_a_keyless_agent_restarts_the_first_requests_to_its_relayed_app_are_answered(
-        distributed_stack, django_user_model):
+        docker_node, distributed_stack, django_user_model):  # noqa: F811 (the fixture)
     """A node without an agent key relays its apps under a random key it makes at each start
     (protocol.app_relay), on a new port: after its agent restarts (the container and its app run
     on), the web's first request (a POST with a body, and after another restart a GET) is answered by
@@ -331,7 +333,8 @@ def test_after_a_keyless_agent_restarts_the_first_requests_to_its_relayed_app_ar
 
     SessionImage.objects.update_or_create(reference="fgpu-session:test", defaults={"apps": [
         {"name": "files", "title": "Files", "command": ECHO_POST, "port": 8000, "base_url": False}]})
-    node = BridgedDockerNode("docker-relay", (ROOT / "demo" / "mock-accelerator.toml").read_text(), runtime="docker",
+    node = BridgedDockerNode(docker_node("docker-relay"), (ROOT / "demo" / "mock-accelerator.toml").read_text(),
+                             runtime="docker",
                              container="app-relay = true")  # on a loopback app-address too
     stack = distributed_stack(nodes=[node], redis_db=REDIS_DB)  # no node keys: a random relay key
     django_user_model.objects.create_user("alice", password="alice-pass-123")
@@ -350,11 +353,11 @@ def test_after_a_keyless_agent_restarts_the_first_requests_to_its_relayed_app_ar
     prefix = f"/sessions/{created['id']}/apps/files/"
     assert app.get(prefix + "hello.txt").text == "in-container\n"
     assert app.post(prefix + "echo", content=b"before").content == b"before"
-    assert stack.procs["agent-docker-relay"].output().count("relaying app files") == 1
+    assert stack.procs[f"agent-{node.name}"].output().count("relaying app files") == 1
 
     for request in ("post", "get"):
-        stack.restart("agent-docker-relay")
-        wait_until(lambda: "adopted session" in stack.procs["agent-docker-relay"].output(), timeout=60,
+        stack.restart(f"agent-{node.name}")
+        wait_until(lambda: "adopted session" in stack.procs[f"agent-{node.name}"].output(), timeout=60,
                    what="the restarted agent to adopt the session")
         if request == "post":
             first = app.post(prefix + "echo", content=b"x" * 100_000)
@@ -362,4 +365,4 @@ def test_after_a_keyless_agent_restarts_the_first_requests_to_its_relayed_app_ar
         else:
             first = app.get(prefix + "hello.txt")
             assert (first.status_code, first.text) == (200, "in-container\n"), first.text[:500]
-        assert "relaying app files" in stack.procs["agent-docker-relay"].output()  # through the new agent's relay
+        assert "relaying app files" in stack.procs[f"agent-{node.name}"].output()  # through the new agent's relay
