@@ -52,7 +52,7 @@ from agent.runtimes import HeldImages, ProcessRuntime, SessionHandle
 from agent.session_apps import SessionApps
 from agent.storage import StorageWatch
 from agent.usage import UsageSampler
-from protocol.messages import NodeName, StartSpec
+from protocol.messages import AgentState, NodeName, SessionId, SessionState, StartSpec
 from protocol.mig_messages import MigReconcile, MigReport
 
 log = logging.getLogger(__name__)
@@ -331,20 +331,24 @@ class Agent:
             state = self.state()
             if self.images.claim():  # listed on the work pool, at most every HeldImages.REFRESH_S
                 self._in_background(self._in(self._work, self.images.refresh))
-            await self.link.heartbeat(partial(self._send_heartbeat, list(state["sessions"]), state))
+            await self.link.heartbeat(partial(self._send_heartbeat, [s.session_id for s in state.sessions], state))
             self.link.forget_old_ends()
             await self._refresh_groups()
 
-    def state(self) -> dict:
-        """What this agent runs, for the manager's reconciliation: `{"sessions": {id: "PREPARING"
-        | "RUNNING" | "TERMINATING"}, "ended": {id: {"status", "reason", "exit_code"}}` (ends
-        reported in the last ENDED_KEEP_S seconds), `"at"`: when, epoch seconds}."""
+    def state(self) -> AgentState:
+        """What this agent runs, for the manager's reconciliation (protocol.messages.AgentState): its
+        sessions, each PREPARING, RUNNING or TERMINATING, the ends it reported in the last
+        ENDED_KEEP_S seconds, and when (`at`, epoch seconds)."""
         sessions = {session_id: "PREPARING" for session_id in self._starting}
         for session_id, running in self.sessions.items():
             sessions[session_id] = "TERMINATING" if running.stopping else "RUNNING"
-        return {"sessions": sessions, "ended": self.link.ended_state(besides=sessions), "at": time.time()}
+        return AgentState(
+            at=time.time(),
+            sessions=tuple(SessionState(SessionId(k), v) for k, v in sessions.items()),
+            ended=self.link.ended_state(besides=sessions),
+        )
 
-    def _send_heartbeat(self, running: list[str], state: dict) -> None:
+    def _send_heartbeat(self, running: list[str], state: AgentState) -> None:
         """Blocking (the heartbeat thread): the heartbeat with the agent's `state`, and the
         digest of the GPU instances on the node's MIG GPUs (`MigManager.layout_digest`; None when
         it cannot be had) so the manager notices drift without a full report."""

@@ -20,13 +20,24 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
 import protocol
-from protocol.messages import Heartbeat, Inventory, LogBatch, NodeName, Registration, SessionId, SessionReport, UsageBatch
+from protocol.messages import (
+    AgentState,
+    Heartbeat,
+    Inventory,
+    LogBatch,
+    NodeName,
+    Registration,
+    SessionEnd,
+    SessionId,
+    SessionReport,
+    UsageBatch,
+)
 from protocol.mig_messages import MigReport
 
 log = logging.getLogger(__name__)
@@ -81,12 +92,12 @@ class CeleryManager:
         node: str,
         running: list[str],
         mig_digest: str | None = None,
-        state: dict | None = None,
+        state: AgentState | None = None,
         images: dict | None = None,
         *,
         image_service_ports: dict | None = None,
     ) -> None:
-        """`state`: the agent's view of its sessions (`Agent.state`); `images` and
+        """`state`: the agent's view of its sessions (`Agent.state`; None: not sent); `images` and
         `image_service_ports` as for `register`. A heartbeat the manager has not taken within
         HEARTBEAT_EXPIRES_S is dropped unread: a newer one is on its way."""
         beat = Heartbeat(
@@ -222,14 +233,14 @@ class ManagerLink:
         _, status, reason, exit_code = self.ended[session_id]
         await self.report(session_id, status, reason, exit_code=exit_code)
 
-    def ended_state(self, *, besides: dict[str, str]) -> dict[str, dict]:
-        """The remembered ends, for the heartbeat's state: {id: {"status", "reason", "exit_code"}},
-        without the sessions in `besides` (those that run again under the same id)."""
-        return {
-            session_id: {"status": status, "reason": reason, "exit_code": code}
+    def ended_state(self, *, besides: Collection[str]) -> tuple[SessionEnd, ...]:
+        """The remembered ends, for the heartbeat's state (protocol.messages.AgentState.ended), oldest
+        first, without the sessions in `besides` (those that run again under the same id)."""
+        return tuple(
+            SessionEnd(SessionId(session_id), status, reason, code)
             for session_id, (_, status, reason, code) in self.ended.items()
             if session_id not in besides
-        }
+        )
 
     def forget_old_ends(self) -> None:
         """Forget ends reported more than ENDED_KEEP_S ago, and the oldest past ENDED_KEEP_MAX."""

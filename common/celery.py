@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import kombu.exceptions
 import redis.exceptions
-from celery import Celery
+from celery import Celery, shared_task
 from django import db
 
 from common.broker import patch_redis_transport
@@ -54,6 +54,21 @@ TRANSIENT_ERRORS = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
 )
+
+
+def manager_task(name: str):
+    """A manager task named `name` (fgpu.manager.*: queue `manager`, or the one route_task gives
+    it), the apps' (sessions.tasks, usage.tasks): acknowledged after it ran (every manager task is
+    idempotent), retried on TRANSIENT_ERRORS."""
+    return shared_task(
+        name=name,
+        acks_late=True,
+        autoretry_for=TRANSIENT_ERRORS,
+        retry_backoff=1,
+        retry_backoff_max=30,
+        retry_jitter=True,
+        max_retries=20,
+    )
 
 
 def agent_send(task: str, *, producer=None, **kwargs) -> None:

@@ -16,8 +16,8 @@ the log batch):
 | task | queue | kwargs |
 |---|---|---|
 | `fgpu.manager.agent_register` | manager | node, inventory, running (session ids), images, image_service_ports |
-| `fgpu.manager.agent_heartbeat` | manager.heartbeats | node, running, mig_digest, state (`Agent.state()`), images, |
-| | | image_service_ports |
+| `fgpu.manager.agent_heartbeat` | manager.heartbeats | node, running, mig_digest, state (protocol.messages.AgentState: |
+| | | {sessions, ended, at}), images, image_service_ports |
 | `fgpu.manager.session_report` | manager | session_id, status, reason, exit_code |
 | `fgpu.manager.session_log_append` | manager.logs | session_id, seq, offset, text, final |
 | `fgpu.manager.mig_report` | manager | node, report |

@@ -1,9 +1,11 @@
 """The typed messages between the manager and its agents (issue 34, item 1): the start spec (with
 its MIG block), a session's stop, the sessions to keep and a notice (manager → agent); the
-registration with its inventory, the heartbeat, the session report, the log batch and the usage
-batch (agent → manager); each a frozen dataclass with a `version`, one encoder (`encode`: the message as it
-travels, JSON-safe) and one decoder (`decode`: raises Malformed, saying which field, for anything
-else). Both sides use them: the manager builds its messages (sessions.lifecycle.start_spec,
+registration with its inventory, the heartbeat with its state (the agent's view of its
+sessions), the session report, the log batch and the usage batch (agent → manager); each a frozen
+dataclass with a `version`, one encoder (`encode`: the message as it travels, JSON-safe) and one
+decoder (`decode`: raises Malformed, saying which field, for anything else; the parts of a
+heartbeat's state and of a usage batch are read one by one, a malformed one left out and counted).
+Both sides use them: the manager builds its messages (sessions.lifecycle.start_spec,
 sessions.lifecycle.services and reconcile, sessions.tasks) and decodes what agents send
 (sessions.tasks); the agent decodes the manager's in its Celery tasks (agent.tasks: a malformed
 one is logged and dropped) and builds the others (agent.manager_link.CeleryManager). The MIG
@@ -14,7 +16,7 @@ versions interoperate: `encode` writes the same keys (a `version` only when it i
 every message is today: a manager's Celery task of an earlier version takes no such keyword), and
 `decode` takes what an earlier version sent (a start spec without `image`, `shell`, `projects`,
 `owner_id` or `owner_is_staff`; a report or log batch without `node`; a heartbeat without
-`images`). Versions only add fields: a decoder reads the fields it knows of a later version's
+`images`, `state` or its `ended`). Versions only add fields: a decoder reads the fields it knows of a later version's
 message and leaves the others; a change that is not an addition takes a new task name.
 
 Ids that cross the wire have their own types (NewType), so that they are not mixed up:
@@ -45,7 +47,9 @@ VERSION = 1  # the version this side writes
 VERSION_KEY = "version"
 
 __all__ = [
+    "AGENT_SESSION_STATES",
     "VERSION",
+    "AgentState",
     "DeviceUsage",
     "FolderUsage",
     "HardwareId",
@@ -63,7 +67,9 @@ __all__ = [
     "RowId",
     "SessionId",
     "SessionNotice",
+    "SessionEnd",
     "SessionReport",
+    "SessionState",
     "SessionStop",
     "SessionUsage",
     "SessionsSync",
@@ -645,11 +651,156 @@ class Registration:
         )
 
 
+# --- the heartbeat's state: the agent's view of its sessions -----------------------------------------
+
+AGENT_SESSION_STATES = ("PREPARING", "RUNNING", "TERMINATING")  # what an agent's heartbeat says of a session it runs
+LAST_EPOCH_S = 253_402_300_799  # 9999-12-31T23:59:59Z, the last second a datetime holds: the latest `at` a state may carry
+
+
+def _session_key(key: Any, what: str) -> SessionId:
+    """The session id a state's entry is keyed by (JSON keys are text; a Python caller's may not be)."""
+    if not isinstance(key, str):
+        raise Malformed(f"a {what} keyed by {type(key).__name__}, not a session id")
+    return SessionId(key)
+
+
+@dataclass(frozen=True)
+class SessionState:
+    """A session the agent runs, as its heartbeat's state lists it: `session_id` and its `status`
+    there, one of AGENT_SESSION_STATES (PREPARING: its start is under way; RUNNING; TERMINATING: its
+    stop is under way). On the wire an entry `session_id: status` of the state's `sessions` object."""
+
+    session_id: SessionId
+    status: str
+
+    def encode(self) -> str:
+        """The entry's value (its key is `session_id`)."""
+        return self.status
+
+    @classmethod
+    def decode(cls, key: Any, value: Any) -> SessionState:
+        """The entry `key: value` of a state's `sessions`. Raises Malformed, a status this side does
+        not know too (a later agent's: the manager then leaves that session as it is)."""
+        session_id = _session_key(key, "heartbeat's session state")
+        if not isinstance(value, str) or value not in AGENT_SESSION_STATES:
+            shown = value[:40] if isinstance(value, str) else type(value).__name__
+            raise Malformed(
+                f"'status' of session {session_id[:80]!r} in a heartbeat's state is {shown!r}, "
+                f"not one of {', '.join(AGENT_SESSION_STATES)}"
+            )
+        return cls(session_id=session_id, status=value)
+
+
+@dataclass(frozen=True)
+class SessionEnd:
+    """A session's end the agent reported in its last ENDED_KEEP_S seconds (agent.manager_link),
+    listed by each heartbeat's state for a manager that missed the report: its `status` (TERMINATED
+    or ERROR; an upper-case state this side does not know reads as ERROR on the manager), `reason`
+    and `exit_code` (None: unknown or none, e.g. a start that failed). On the wire an entry
+    `session_id: {"status", "reason", "exit_code"}` of the state's `ended` object."""
+
+    session_id: SessionId
+    status: str
+    reason: str = ""
+    exit_code: int | None = None
+
+    def encode(self) -> dict[str, Any]:
+        """The entry's value (its key is `session_id`)."""
+        return {"status": self.status, "reason": self.reason, "exit_code": self.exit_code}
+
+    @classmethod
+    def decode(cls, key: Any, value: Any) -> SessionEnd:
+        """The entry `key: value` of a state's `ended` (keys a later agent adds are left). Raises Malformed."""
+        session_id = _session_key(key, "heartbeat's session end")
+        w = f"heartbeat's end of session {session_id[:80]!r}"
+        m = _mapping(value, w)
+        status = _get(m, w, "status", str)
+        if not status.isupper() or len(status) > 32:
+            raise Malformed(f"'status' of a {w} is {status[:40]!r}, not a session state")
+        return cls(
+            session_id=session_id,
+            status=status,
+            reason=_get(m, w, "reason", str, ""),
+            exit_code=_get(m, w, "exit_code", int, None),
+        )
+
+
+@dataclass(frozen=True)
+class AgentState:
+    """A heartbeat's `state`: the agent's view of its sessions (agent.core.Agent.state) at `at` (its
+    clock, epoch seconds), which the manager reconciles with its database (sessions.lifecycle.reconcile):
+    the `sessions` it runs and the `ended` ones it reported lately. On the wire `{"sessions": {id:
+    status}, "ended": {id: {"status", "reason", "exit_code"}}, "at": seconds}`; an earlier agent's
+    may lack `sessions` or `ended` (read as none), a later one's may carry keys this side does not
+    know (left, in the state and in its entries).
+
+    Decoding goes entry by entry: an entry malformed on its own is left out, its error (naming the
+    session and the field) kept in `malformed` and its session id in `unreadable` (neither is sent),
+    so the rest is reconciled and that session is left as it is for this heartbeat. A state that is
+    not an object, whose `sessions` or `ended` is not one, or without a usable `at` (a number from 0
+    to LAST_EPOCH_S) is refused whole (Malformed): nothing of it could be compared safely."""
+
+    at: float
+    sessions: tuple[SessionState, ...] = ()
+    ended: tuple[SessionEnd, ...] = ()
+    malformed: tuple[str, ...] = field(default=(), compare=False)
+    unreadable: frozenset[SessionId] = field(default=frozenset(), compare=False)
+
+    @property
+    def statuses(self) -> dict[SessionId, str]:
+        """{session id: its status} of the sessions the agent runs."""
+        return {s.session_id: s.status for s in self.sessions}
+
+    @property
+    def ends(self) -> dict[SessionId, SessionEnd]:
+        """{session id: its end} of the ended sessions."""
+        return {e.session_id: e for e in self.ended}
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "sessions": {s.session_id: s.encode() for s in self.sessions},
+            "ended": {e.session_id: e.encode() for e in self.ended},
+            "at": self.at,
+        }
+
+    @classmethod
+    def decode(cls, value: Any) -> AgentState:
+        """Raises Malformed for the state as a whole only (see the class)."""
+        w, m = "heartbeat's state", _mapping(value, "heartbeat's state")
+        at = m.get("at")
+        if at is None:
+            raise Malformed(f"a {w} without 'at'")
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not 0 <= at <= LAST_EPOCH_S:
+            raise Malformed(f"'at' of a {w} is not a time in epoch seconds (0 to {LAST_EPOCH_S})")
+        errors: list[str] = []
+        unreadable: set[SessionId] = set()
+        sessions = _entries(SessionState.decode, _get(m, w, "sessions", dict, {}), errors, unreadable)
+        ended = _entries(SessionEnd.decode, _get(m, w, "ended", dict, {}), errors, unreadable)
+        return cls(at=at, sessions=sessions, ended=ended, malformed=tuple(errors), unreadable=frozenset(unreadable))
+
+
+def _entries(
+    decode: Callable[[Any, Any], T], entries: dict[Any, Any], errors: list[str], unreadable: set[SessionId]
+) -> tuple[T, ...]:
+    """The entries of `entries` decoded one by one; a malformed one's error is added to `errors`
+    and its key, when it is text, to `unreadable`."""
+    out: list[T] = []
+    for key, value in entries.items():
+        try:
+            out.append(decode(key, value))
+        except Malformed as exc:
+            errors.append(str(exc))
+            if isinstance(key, str):
+                unreadable.add(SessionId(key))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Heartbeat:
     """`fgpu.manager.agent_heartbeat`'s keyword arguments: the agent's `node`, the session ids it
     `running`s, the digest of its MIG GPUs' instances (`mig_digest`; None: none known), its view of
-    its sessions (`state`: agent.core.Agent.state; None: not sent), the session images it holds
+    its sessions (`state`, an AgentState: agent.core.Agent.state; None: not sent, or refused whole,
+    why in `state_error`, which is not sent: the rest of the heartbeat applies), the session images it holds
     (`images`, {reference: image id}; None from an agent before images: not sent) and their
     ai.backend.service-ports labels (`image_service_ports`, {image id: label}; sent when not empty).
     `images` and `image_service_ports` are taken as sent, of any type: the manager keeps their
@@ -659,10 +810,11 @@ class Heartbeat:
     node: NodeName
     running: tuple[SessionId, ...]
     mig_digest: str | None = None
-    state: dict[str, Any] | None = None
+    state: AgentState | None = None
     images: object = None
     image_service_ports: object = None
     version: int = field(default=VERSION, compare=False)
+    state_error: str = field(default="", compare=False)
 
     def encode(self) -> dict[str, Any]:
         """The task's keyword arguments (before the signature)."""
@@ -670,7 +822,7 @@ class Heartbeat:
             "node": self.node,
             "running": list(self.running),
             "mig_digest": self.mig_digest,
-            "state": self.state,
+            "state": None if self.state is None else self.state.encode(),
         }
         if self.images is not None:
             kwargs["images"] = self.images
@@ -680,16 +832,24 @@ class Heartbeat:
 
     @classmethod
     def decode(cls, kwargs: dict[str, Any]) -> Heartbeat:
-        """The heartbeat of the task's keyword arguments (its signature ignored). Raises Malformed."""
+        """The heartbeat of the task's keyword arguments (its signature ignored). Raises Malformed,
+        but for its `state`: a state refused whole reads as None, why in `state_error`."""
         w, m = "heartbeat", _mapping(kwargs, "heartbeat")
+        state, state_error = None, ""
+        if m.get("state") is not None:
+            try:
+                state = AgentState.decode(m["state"])
+            except Malformed as exc:
+                state_error = str(exc)
         return cls(
             node=NodeName(_get(m, w, "node", str)),
             running=tuple(SessionId(s) for s in _strings(m, w, "running")),
             mig_digest=_get(m, w, "mig_digest", str, None),
-            state=_get(m, w, "state", dict, None),
+            state=state,
             images=m.get("images"),
             image_service_ports=m.get("image_service_ports"),
             version=_version(m, w),
+            state_error=state_error,
         )
 
 

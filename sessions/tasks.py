@@ -9,7 +9,7 @@ manager knows them by name only (protocol) and sends them with `agent_send`. Rou
 from __future__ import annotations
 
 import logging
-from typing import Any, TypeVar
+from typing import Any
 
 from celery import shared_task
 from django.conf import settings
@@ -25,27 +25,13 @@ from protocol.messages import (
     SessionId,
     SessionReport,
     SessionsSync,
-    UsageBatch,
 )
 from protocol.mig_messages import MigReport
-from common.celery import TRANSIENT_ERRORS, agent_send  # noqa: F401 (agent_send: re-exported)
+from accelerators.node_messages import node_message_authentic, node_message_decoded
+from common.celery import agent_send, manager_task  # noqa: F401 (agent_send: re-exported)
 from sessions.lifecycle.passes import SCHEDULE_PENDING_TASK, SCHEDULE_QUEUED_KEY, _redis, schedule_pending_soon
 
 log = logging.getLogger(__name__)
-
-
-def manager_task(name: str):
-    """A manager task (queue `manager`): acknowledged after it ran (every manager task is
-    idempotent), retried on TRANSIENT_ERRORS."""
-    return shared_task(
-        name=name,
-        acks_late=True,
-        autoretry_for=TRANSIENT_ERRORS,
-        retry_backoff=1,
-        retry_backoff_max=30,
-        retry_jitter=True,
-        max_retries=20,
-    )
 
 
 # --- manager side -------------------------------------------------------------------------
@@ -71,8 +57,8 @@ def agent_register(**message: Any) -> None:
     it which to keep. `image_service_ports`: the held images' ai.backend.service-ports labels,
     which the image records matching them take their apps from (image_service_ports_apply). A
     device entry the DeviceInfo of this version cannot take drops the registration the same way."""
-    registration = _decoded(Registration, message)
-    if registration is None or not _authentic(protocol.AGENT_REGISTER, registration.node, **message):
+    registration = node_message_decoded(Registration, message)
+    if registration is None or not node_message_authentic(protocol.AGENT_REGISTER, registration.node, **message):
         return
     from accelerators.mig_services import node_mig_push
     from accelerators.plugins.base import DeviceInfo
@@ -114,7 +100,7 @@ def mig_report(*, node: str, report: dict, signature: str | None = None) -> None
     the report replaces the last one per GPU). A malformed one is logged and dropped."""
     from accelerators.mig_services import node_mig_report_apply
 
-    if not _authentic(protocol.MIG_REPORT, node, node=node, report=report, signature=signature):
+    if not node_message_authentic(protocol.MIG_REPORT, node, node=node, report=report, signature=signature):
         return
     try:
         found = MigReport.decode(report)
@@ -130,7 +116,9 @@ def agent_heartbeat(**message: Any) -> None:
     signature among them; a malformed one is logged and dropped). `mig_digest`: the digest of
     the GPU instances the agent finds on its MIG GPUs (None: none known); a mismatch with the
     manager's asks for a full MIG reconcile (`node_mig_heartbeat_check`). `state`: the agent's
-    view of its sessions (`Agent.state`), reconciled with the database (sessions.lifecycle.reconcile).
+    view of its sessions (protocol.messages.AgentState: `Agent.state`), reconciled with the database
+    (sessions.lifecycle.reconcile); a state refused whole is logged and not reconciled (the rest of
+    the heartbeat applies), an entry malformed on its own is logged and its session left as it is.
     `images`: the session images the node holds ({reference: image id}; None, from an agent
     before images: left as registered); when they changed, a scheduler pass places the sessions
     waiting for them. `image_service_ports` as for agent_register, applied on every heartbeat
@@ -141,8 +129,8 @@ def agent_heartbeat(**message: Any) -> None:
     from sessions.policy.images import image_service_ports_apply
     from sessions.lifecycle.reconcile import sessions_reconcile_heartbeat
 
-    beat = _decoded(Heartbeat, message)
-    if beat is None or not _authentic(protocol.AGENT_HEARTBEAT, beat.node, **message):
+    beat = node_message_decoded(Heartbeat, message)
+    if beat is None or not node_message_authentic(protocol.AGENT_HEARTBEAT, beat.node, **message):
         return
     node = beat.node
     if not node_heartbeat(node_name=node):
@@ -153,7 +141,9 @@ def agent_heartbeat(**message: Any) -> None:
     if beat.images is not None and beat.image_service_ports:
         image_service_ports_apply(node_name=node, images=beat.images, service_ports=beat.image_service_ports)
     node_mig_heartbeat_check(node_name=node, digest=beat.mig_digest)
-    if beat.state is not None:
+    if beat.state_error:
+        log.warning("heartbeat of %s: its state could not be read, its sessions are not reconciled: %s", node, beat.state_error)
+    elif beat.state is not None:
         sessions_reconcile_heartbeat(node_name=node, state=beat.state)
 
 
@@ -165,14 +155,11 @@ def session_report(**message: Any) -> None:
     signed with its key where it has one."""
     from sessions.lifecycle.services import session_report_apply
 
-    report = _decoded(SessionReport, message)
+    report = node_message_decoded(SessionReport, message)
     if report is None:
         return
-    session = _session_with_node(report.session_id)
-    placed = session.node if session is not None else None
-    if not _authentic(
-        protocol.SESSION_REPORT, report.node or (placed.name if placed is not None else None), known=placed, **message
-    ):
+    session, authentic = _session_message(protocol.SESSION_REPORT, report.session_id, report.node, message)
+    if not authentic:
         return
     session_report_apply(
         session_id=report.session_id,
@@ -191,36 +178,21 @@ def session_log_append(**message: Any) -> None:
     the session's own node only (see `session_report`)."""
     from sessions.lifecycle.services import session_log_append as append
 
-    batch = _decoded(LogBatch, message)
+    batch = node_message_decoded(LogBatch, message)
     if batch is None:
         return
-    session = _session_with_node(batch.session_id)
-    placed = session.node if session is not None else None
     node = batch.node
-    if not _authentic(
-        protocol.SESSION_LOG_APPEND, node or (placed.name if placed is not None else None), known=placed, **message
-    ):
+    session, authentic = _session_message(protocol.SESSION_LOG_APPEND, batch.session_id, node, message)
+    if not authentic:
         return
     if session is None:
         log.warning("agent shipped output for unknown session %s", batch.session_id)
         return
+    placed = session.node
     if node is not None and (placed is None or placed.name != node):
         log.warning("refused output of session %s from node %s: the session does not run there", batch.session_id, node)
         return
     append(session_id=batch.session_id, seq=batch.seq, offset=batch.offset, text=batch.text, final=batch.final, known=True)
-
-
-M = TypeVar("M", Heartbeat, SessionReport, LogBatch, Registration, UsageBatch)
-
-
-def _decoded(kind: type[M], message: dict[str, Any]) -> M | None:
-    """`message` (a task's keyword arguments) decoded as `kind`, or None once logged when it is
-    malformed: an agent's bad message is dropped, never retried and never a crash."""
-    try:
-        return kind.decode({k: v for k, v in message.items() if k != protocol.SIGNATURE})
-    except Malformed as exc:
-        log.warning("dropped an agent's malformed message: %s", exc)
-        return None
 
 
 def _session_message(task: str, session_id: str, node: str | None, message: dict[str, Any]):
@@ -229,21 +201,7 @@ def _session_message(task: str, session_id: str, node: str | None, message: dict
     session is placed on), with its key where it has one."""
     session = _session_with_node(session_id)
     placed = session.node if session is not None else None
-    return session, _authentic(task, node or (placed.name if placed is not None else None), known=placed, **message)
-
-
-def _authentic(task: str, sender: str | None, *, known=None, **kwargs) -> bool:
-    """Whether an agent's message may be applied (accelerators.services.node_message_verify):
-    `sender` the node it comes from, `kwargs` the task's keyword arguments as sent, its
-    signature included; `known`: a Node row the task read already (used when it is the
-    sender's: no second query)."""
-    from accelerators.services import node_message_verify
-
-    if sender is None:  # a report for a session that is on no node (or gone): nothing to authenticate against
-        return True
-    if kwargs.get("node") is None:
-        kwargs.pop("node", None)  # an agent from before node keys sends no node: sign what it sent
-    return node_message_verify(node_name=sender, task=task, kwargs=kwargs, node=known)
+    return session, node_message_authentic(task, node or (placed.name if placed is not None else None), known=placed, **message)
 
 
 def _session_with_node(session_id: str):

@@ -37,13 +37,13 @@ def test_one_agent_runs_many_sessions_at_once_without_a_thread_each_and_keeps_it
         beats = len(h.manager.heartbeats)
         await h.manager.wait_for(lambda: len(h.manager.heartbeats) >= beats + 3, what="heartbeats while they run")
         state = h.manager.states[-1]
-        assert state["sessions"] == {spec["session_id"]: "RUNNING" for spec in specs}
+        assert state is not None and state.statuses == {spec["session_id"]: "RUNNING" for spec in specs}
         await asyncio.gather(*(h.agent._stop(spec["session_id"], reason="terminated") for spec in specs))
         for spec in specs:
             await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
         assert h.agent.sessions == {}
-        ended = h.agent.state()["ended"]
-        assert {sid: e["status"] for sid, e in ended.items()} == {spec["session_id"]: "TERMINATED" for spec in specs}
+        ended = h.agent.state().ended
+        assert {e.session_id: e.status for e in ended} == {spec["session_id"]: "TERMINATED" for spec in specs}
 
     run_agent(tmp_path, scenario, heartbeat_s=0.2)
 

@@ -282,13 +282,13 @@ def test_a_stop_that_overtakes_the_start_ends_the_session_once_its_process_exist
         start = typed_spec(command="sleep 60")
         starting = asyncio.create_task(h.agent.lifecycle.start(start))
         assert await asyncio.to_thread(runtime.entered.wait, TIMEOUT), "the spawn never began"
-        assert h.agent.state()["sessions"] == {start.session_id: "PREPARING"}
+        assert h.agent.state().statuses == {start.session_id: "PREPARING"}
         await h.agent.lifecycle.stop(start.session_id, reason="terminated")  # noted: the start ends it
         runtime.gate.set()
         await asyncio.wait_for(starting, TIMEOUT)
         assert statuses(h, start.session_id) == ["PREPARING", "TERMINATED"]
         assert h.manager.reports_for(start.session_id)[-1][1] == "terminated while starting"
-        assert h.agent.state()["sessions"] == {} and start.session_id not in h.agent._cancelled
+        assert h.agent.state().statuses == {} and start.session_id not in h.agent._cancelled
 
     run_lifecycle(tmp_path, scenario, runtime=runtime)
 
@@ -301,7 +301,7 @@ def test_a_start_that_fails_in_a_stage_reports_error_with_the_reason_and_leaves_
         [(first, _, _), (status, reason, code)] = h.manager.reports_for(start.session_id)
         assert (first, status, code) == ("PREPARING", "ERROR", None)
         assert reason.startswith("the agent could not start the session: ") and "9g.999gb" in reason
-        assert h.agent.state()["sessions"] == {} and not (h.agent.scratch_root / start.session_id).exists()
+        assert h.agent.state().statuses == {} and not (h.agent.scratch_root / start.session_id).exists()
         group = protocol.pty_group(h.agent.node, start.session_id)
         assert h.agent.channel not in h.layer.groups.get(group, {}), "the failed start left its terminal group joined"
 

@@ -12,6 +12,7 @@ import time
 
 from agent import manager_link
 from agent.manager_link import ManagerLink
+from protocol.messages import SessionEnd, SessionId
 from tests.stack import wait_until_async
 
 
@@ -98,7 +99,7 @@ def test_an_end_is_remembered_for_the_heartbeat_and_reported_again_on_request():
         return state
 
     state = run(scenario, manager)
-    assert state == {"gone": {"status": "TERMINATED", "reason": "the process exited with code 0", "exit_code": 0}}
+    assert state == (SessionEnd(SessionId("gone"), "TERMINATED", "the process exited with code 0", 0),)
     assert manager.reports == [
         ("gone", "TERMINATED", "the process exited with code 0", 0),
         ("back", "ERROR", "no room", None),

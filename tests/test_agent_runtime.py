@@ -21,7 +21,7 @@ from sessions.lifecycle import events
 from common.exec_store import exec_store_default
 from agent.core import Agent, agent_for
 from agent.runtimes import CGROUP_AUTO, CGROUP_NONE, ProcessRuntime
-from protocol.messages import StartSpec
+from protocol.messages import AgentState, StartSpec
 from tests.conftest import GiB, mock_gpu
 
 TIMEOUT = 20.0
@@ -36,7 +36,7 @@ class RecordingManager:
         self.loop = loop
         self.registered: list[tuple[str, dict, list[str]]] = []
         self.heartbeats: list[tuple[str, list[str]]] = []
-        self.states: list[dict | None] = []
+        self.states: list[AgentState | None] = []  # what each heartbeat said the agent runs
         self.images: list[dict | None] = []  # what each registration and heartbeat said the node holds
         self.service_ports: list[dict | None] = []  # what each registration said of their service-ports labels
         self.reports: list[tuple[str, str, str, int | None]] = []

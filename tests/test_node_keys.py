@@ -18,6 +18,7 @@ from sessions.admission import launch as admission
 from sessions.models import Allocation, ComputeSession, SessionLogChunk, SessionStatus
 from agent.core import _AGENTS
 from agent.manager_link import CeleryManager
+from protocol.messages import AgentState
 from tests.conftest import make_cluster, mock_gpu
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -94,7 +95,7 @@ def test_a_forged_report_for_a_keyed_nodes_session_is_refused_and_logged(cluster
 def test_a_heartbeat_with_a_bad_signature_does_not_keep_a_node_alive(cluster):
     key_for("node-a")
     Node.objects.filter(name="node-a").update(status=NodeStatus.LOST)
-    CeleryManager(app, node="node-a", key="guessed").heartbeat("node-a", [], None, {"sessions": {}, "ended": {}, "at": 0})
+    CeleryManager(app, node="node-a", key="guessed").heartbeat("node-a", [], None, AgentState(at=0))
     assert Node.objects.get(name="node-a").status == NodeStatus.LOST
 
 

@@ -5,7 +5,9 @@ clear error, which the receiving side logs and drops."""
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import uuid
 
 import pytest
@@ -14,14 +16,17 @@ import protocol
 from agent import tasks as agent_tasks
 from agent.manager_link import CeleryManager
 from protocol.messages import (
+    AgentState,
     Heartbeat,
     LogBatch,
     Malformed,
     MigBlock,
     MigPlacement,
     Registration,
+    SessionEnd,
     SessionNotice,
     SessionReport,
+    SessionState,
     SessionsSync,
     SessionStop,
     StartDevice,
@@ -197,6 +202,133 @@ def test_a_heartbeat_sends_no_images_when_it_has_none_and_no_service_ports_when_
     assert "images" not in wire and "image_service_ports" not in wire
 
 
+# --- the heartbeat's state -----------------------------------------------------------------------------
+
+RUNNING, STARTING, STOPPING, DONE, FAILED = (str(uuid.uuid4()) for _ in range(5))
+STATE = {  # as agent.core.Agent.state wrote it before it was typed
+    "sessions": {RUNNING: "RUNNING", STARTING: "PREPARING", STOPPING: "TERMINATING"},
+    "ended": {
+        DONE: {"status": "TERMINATED", "reason": "the process exited with code 3", "exit_code": 3},
+        FAILED: {"status": "ERROR", "reason": "the image could not be pulled", "exit_code": None},
+    },
+    "at": 1_790_000_000.25,
+}
+
+
+def test_a_heartbeat_s_state_decodes_to_typed_entries_and_encodes_to_the_same_json():
+    wire = {**BEAT, "running": [RUNNING, STARTING, STOPPING], "state": STATE}
+    beat = Heartbeat.decode(wire)
+    assert beat.state is not None and beat.state_error == ""
+    assert beat.state.sessions == (
+        SessionState(RUNNING, "RUNNING"), SessionState(STARTING, "PREPARING"), SessionState(STOPPING, "TERMINATING")
+    )
+    assert beat.state.ended == (
+        SessionEnd(DONE, "TERMINATED", "the process exited with code 3", 3), SessionEnd(FAILED, "ERROR", "the image could not be pulled")
+    )
+    assert beat.state.at == STATE["at"] and beat.state.statuses[STOPPING] == "TERMINATING" and beat.state.ends[DONE].exit_code == 3
+    assert (beat.state.malformed, beat.state.unreadable) == ((), frozenset())
+    assert json.dumps(beat.encode()) == json.dumps(wire)  # byte for byte, the keys in their order
+    assert Heartbeat.decode(beat.encode()) == beat
+
+
+def test_the_agent_sends_its_typed_state_as_the_json_of_the_untyped_dict():
+    manager = Recording("gpu-1")
+    state = AgentState(
+        at=STATE["at"],
+        sessions=(SessionState(RUNNING, "RUNNING"), SessionState(STARTING, "PREPARING"), SessionState(STOPPING, "TERMINATING")),
+        ended=(SessionEnd(DONE, "TERMINATED", "the process exited with code 3", 3), SessionEnd(FAILED, "ERROR", "the image could not be pulled")),
+    )
+    manager.heartbeat("gpu-1", [RUNNING, STARTING, STOPPING], None, state, None)
+    (task, sent), = manager.sent
+    assert task == protocol.AGENT_HEARTBEAT
+    assert json.dumps(sent["state"]) == json.dumps(STATE)
+
+
+@pytest.mark.parametrize(
+    "old",
+    [
+        {"sessions": {RUNNING: "RUNNING"}, "at": 1_790_000_000.25},  # before ends were kept
+        {"sessions": None, "ended": None, "at": 0},
+        {"at": 1_790_000_000},
+    ],
+)
+def test_an_earlier_agent_s_state_is_read_with_what_it_lacks_as_none(old):
+    state = Heartbeat.decode({**BEAT, "state": old}).state
+    assert state is not None and state.at == old["at"] and state.ended == () and not state.malformed
+    assert state.statuses == (old.get("sessions") or {})
+    assert state.encode() == {"sessions": old.get("sessions") or {}, "ended": {}, "at": old["at"]}
+
+
+def test_a_later_version_s_heartbeat_is_read_for_the_fields_of_its_state_this_side_knows():
+    later = {
+        **BEAT,
+        "version": 2,
+        "cpu_load": 0.5,
+        "state": {
+            "sessions": {RUNNING: "RUNNING"},
+            "ended": {DONE: {**STATE["ended"][DONE], "signal": 9}},
+            "at": 1_790_000_000.25,
+            "pids": {RUNNING: [4242]},
+        },
+    }
+    beat = Heartbeat.decode(later)
+    assert beat.version == 2 and beat.state is not None and not beat.state.malformed
+    assert beat.state.statuses == {RUNNING: "RUNNING"} and beat.state.ends == {DONE: SessionEnd(DONE, "TERMINATED", "the process exited with code 3", 3)}
+    assert beat.encode()["state"] == {"sessions": {RUNNING: "RUNNING"}, "ended": {DONE: STATE["ended"][DONE]}, "at": 1_790_000_000.25}
+    assert beat.encode()["version"] == 2
+
+
+@pytest.mark.parametrize(
+    "entries, says",
+    [
+        ({"sessions": {RUNNING: "PAUSED"}}, f"'status' of session '{RUNNING}' in a heartbeat's state is 'PAUSED', not one of PREPARING, RUNNING, TERMINATING"),
+        ({"sessions": {RUNNING: None}}, "is 'NoneType', not one of"),
+        ({"ended": {RUNNING: "TERMINATED"}}, f"a heartbeat's end of session '{RUNNING}' that is not an object"),
+        ({"ended": {RUNNING: {"reason": "gone"}}}, f"a heartbeat's end of session '{RUNNING}' without 'status'"),
+        ({"ended": {RUNNING: {"status": "done"}}}, f"'status' of a heartbeat's end of session '{RUNNING}' is 'done', not a session state"),
+        ({"ended": {RUNNING: {"status": "ERROR", "exit_code": "1"}}}, "'exit_code' of a heartbeat's end of session .* is not a whole number"),
+        ({"ended": {RUNNING: {"status": "ERROR", "exit_code": True}}}, "'exit_code' of a heartbeat's end of session .* is not a whole number"),
+        ({"ended": {RUNNING: {"status": "ERROR", "reason": ["x"]}}}, "'reason' of a heartbeat's end of session .* is not str"),
+    ],
+)
+def test_a_malformed_entry_of_a_state_is_left_out_naming_its_session_and_field_and_the_rest_is_read(entries, says):
+    wire = {"sessions": {STARTING: "PREPARING", **entries.get("sessions", {})}, "ended": {DONE: STATE["ended"][DONE], **entries.get("ended", {})}, "at": 5}
+    state = AgentState.decode(wire)
+    assert len(state.malformed) == 1 and re.search(says, state.malformed[0]), state.malformed
+    assert state.unreadable == {RUNNING}
+    assert state.statuses == {STARTING: "PREPARING"} and set(state.ends) == {DONE}  # the rest is read
+    assert RUNNING not in json.dumps(state.encode())  # what could not be read is not sent on
+
+
+def test_an_entry_not_keyed_by_text_is_counted_malformed_and_names_no_session():
+    state = AgentState.decode({"sessions": {7: "RUNNING", STARTING: "PREPARING"}, "at": 5})
+    assert state.malformed == ("a heartbeat's session state keyed by int, not a session id",)
+    assert state.unreadable == frozenset() and state.statuses == {STARTING: "PREPARING"}
+
+
+@pytest.mark.parametrize(
+    "state, says",
+    [
+        ([], "a heartbeat's state that is not an object"),
+        ({"sessions": {}}, "a heartbeat's state without 'at'"),
+        ({"at": None}, "a heartbeat's state without 'at'"),
+        ({"at": "1.5"}, "'at' of a heartbeat's state is not a time in epoch seconds"),
+        ({"at": True}, "'at' of a heartbeat's state is not a time in epoch seconds"),
+        ({"at": -1}, "'at' of a heartbeat's state is not a time in epoch seconds"),
+        ({"at": float("nan")}, "'at' of a heartbeat's state is not a time in epoch seconds"),
+        ({"at": 1e300}, "'at' of a heartbeat's state is not a time in epoch seconds"),
+        ({"at": 5, "sessions": [RUNNING]}, "'sessions' of a heartbeat's state is not dict"),
+        ({"at": 5, "ended": [DONE]}, "'ended' of a heartbeat's state is not dict"),
+    ],
+)
+def test_a_state_that_cannot_be_read_at_all_is_refused_but_the_rest_of_its_heartbeat_is_read(state, says):
+    with pytest.raises(Malformed, match=says):
+        AgentState.decode(state)
+    beat = Heartbeat.decode({**BEAT, "state": state})
+    assert beat.state is None and says in beat.state_error
+    assert (beat.node, beat.running, beat.images) == ("gpu-1", (SESSION,), {"host": "host"})
+
+
 @pytest.mark.parametrize(
     "kind, wire, says",
     [
@@ -227,7 +359,7 @@ class Recording(CeleryManager):
 def test_the_agent_sends_the_keyword_arguments_an_earlier_manager_takes():
     manager = Recording("gpu-1")
     manager.heartbeat(
-        "gpu-1", [SESSION], "ab12", BEAT["state"], {"host": "host"}, image_service_ports=BEAT["image_service_ports"]
+        "gpu-1", [SESSION], "ab12", AgentState(at=1.5), {"host": "host"}, image_service_ports=BEAT["image_service_ports"]
     )
     manager.report(SESSION, "RUNNING", "", None)
     manager.log(SESSION, 3, 120, "hello\n", False)
@@ -244,7 +376,7 @@ def test_the_agent_sends_the_keyword_arguments_an_earlier_manager_takes():
 @pytest.mark.django_db
 def test_the_manager_logs_and_drops_malformed_agent_messages(alices_session, caplog):
     sid = str(alices_session.pk)
-    with caplog.at_level(logging.WARNING, logger="sessions.tasks"):
+    with caplog.at_level(logging.WARNING):  # accelerators.node_messages says why
         manager_tasks.agent_heartbeat(node=alices_session.node.name, running="all")
         manager_tasks.session_report(session_id=sid, status=["TERMINATED"], reason="", exit_code=0)
         manager_tasks.session_log_append(session_id=sid, seq="0", offset=0, text="x")
@@ -361,7 +493,7 @@ def test_the_manager_logs_and_drops_a_malformed_registration_and_applies_a_good_
     from tests.test_agent_runtime import DEVICE
 
     inventory = {"devices": [DEVICE.as_dict()], "plugins": [], "attributes": {}}
-    with caplog.at_level(logging.WARNING, logger="sessions.tasks"):
+    with caplog.at_level(logging.WARNING):  # accelerators.node_messages and sessions.tasks say why
         manager_tasks.agent_register(node="reg-1", inventory={**inventory, "memory_size": -1}, running=[])
         manager_tasks.agent_register(node="reg-1", inventory={"devices": [{"device_id": "GPU-0", "colour": "red"}]}, running=[])
     assert "dropped an agent's malformed message: 'memory_size' of a node inventory is negative" in caplog.text
@@ -454,7 +586,7 @@ def test_a_malformed_sample_is_left_out_and_counted_and_the_rest_of_its_batch_ke
 def test_the_manager_logs_and_drops_a_malformed_usage_batch_and_stores_a_good_one(caplog):
     from usage.tasks import usage_report
 
-    with caplog.at_level(logging.WARNING, logger="sessions.tasks"):
+    with caplog.at_level(logging.WARNING, logger="accelerators.node_messages"):
         dropped = usage_report(node="gpu-1", batch={"sessions": "x", "devices": []})
     assert dropped == {"stored": 0, "duplicates": 0, "refused": {"malformed batch": 1}}
     assert "dropped an agent's malformed message: 'sessions' of a usage batch is not list" in caplog.text

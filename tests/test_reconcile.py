@@ -6,12 +6,15 @@ The database is real; the agent is outside the manager's process, so a recording
 takes the start and stop messages the eager Celery tasks hand to "the agent of the node"."""
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
+from accelerators.models import Node
+from protocol.messages import AgentState
 from sessions.lifecycle import reconcile
 from sessions.lifecycle import services
 from sessions.admission import launch as admission
@@ -161,8 +164,39 @@ def test_a_process_of_a_session_that_ended_here_is_told_to_stop(scheduled, agent
     assert sorted(agent.stops) == sorted([str(session.pk), ghost])
 
 
-def test_a_heartbeat_without_a_time_is_not_reconciled(scheduled, agent):
+def test_a_heartbeat_without_a_time_is_not_reconciled_but_still_keeps_its_node_alive(scheduled, agent, caplog):
     session = scheduled()
     services.session_report_apply(session_id=str(session.pk), status="RUNNING")
-    assert reconcile.sessions_reconcile_heartbeat(node_name=NODE, state={"sessions": {}}) == {}
-    assert status_of(session) == SessionStatus.RUNNING
+    Node.objects.filter(name=NODE).update(last_heartbeat=timezone.now() - timedelta(minutes=5))
+    with caplog.at_level(logging.WARNING, logger="sessions.tasks"):
+        agent_heartbeat.delay(node=NODE, running=[], state={"sessions": {}})
+    assert "heartbeat of demo-node: its state could not be read, its sessions are not reconciled: " \
+           "a heartbeat's state without 'at'" in caplog.text
+    assert status_of(session) == SessionStatus.RUNNING  # its silence is not read as "the agent runs nothing"
+    assert Node.objects.get(name=NODE).last_heartbeat > timezone.now() - timedelta(minutes=1)  # the rest applied
+
+
+def test_one_malformed_entry_leaves_its_session_as_it_is_and_the_rest_of_the_state_is_reconciled(scheduled, agent, caplog):
+    unreadable, moving, ending = scheduled(), scheduled("0.25"), scheduled("0.25")
+    for session in (unreadable, ending):
+        services.session_report_apply(session_id=str(session.pk), status="RUNNING")
+    with caplog.at_level(logging.WARNING, logger="sessions.lifecycle.reconcile"):
+        heartbeat({unreadable.pk: "PAUSED", moving.pk: "RUNNING"},  # a status a later agent may know
+                  ended={ending.pk: {"status": "TERMINATED", "reason": "the process exited with code 0", "exit_code": 0}})
+    assert "heartbeat of demo-node: 1 entries of its state could not be read, their sessions left as they are: " \
+           f"'status' of session '{unreadable.pk}' in a heartbeat's state is 'PAUSED'" in caplog.text
+    assert status_of(unreadable) == SessionStatus.RUNNING and unreleased(unreadable) > 0  # not ended as "no longer runs"
+    assert status_of(moving) == SessionStatus.RUNNING
+    assert (status_of(ending), ending.exit_code, unreleased(ending)) == (SessionStatus.TERMINATED, 0, 0)
+    assert agent.stops == [] and agent.starts == []
+
+
+def test_a_malformed_end_leaves_its_session_as_it_is_and_counts_it(scheduled, agent):
+    session, other = scheduled(), scheduled("0.25")
+    services.session_report_apply(session_id=str(session.pk), status="RUNNING")
+    state = AgentState.decode({"sessions": {}, "ended": {str(session.pk): {"status": "TERMINATED", "exit_code": "0"},
+                                                         str(other.pk): "gone"}, "at": time.time()})
+    counts = reconcile.sessions_reconcile_heartbeat(node_name=NODE, state=state)
+    assert counts == {"moved": 0, "ended": 0, "starts": 0, "stops": 0, "malformed": 2}
+    assert (status_of(session), status_of(other)) == (SessionStatus.RUNNING, SessionStatus.SCHEDULED)
+    assert agent.starts == []  # the scheduled one's start is not sent again either: its agent said something of it

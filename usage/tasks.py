@@ -7,7 +7,8 @@ from typing import Any
 
 import protocol
 from protocol.messages import UsageBatch
-from sessions.tasks import _authentic, _decoded, manager_task
+from accelerators.node_messages import node_message_authentic, node_message_decoded
+from common.celery import manager_task
 
 
 @manager_task(protocol.USAGE_REPORT)
@@ -18,10 +19,10 @@ def usage_report(**message: Any) -> dict:
     "malformed batch"). Returns the IngestResult's counts (for logs and tests)."""
     from usage.services import usage_ingest
 
-    batch = _decoded(UsageBatch, message)
+    batch = node_message_decoded(UsageBatch, message)
     if batch is None:
         return {"stored": 0, "duplicates": 0, "refused": {"malformed batch": 1}}
-    if not _authentic(protocol.USAGE_REPORT, batch.node, **message):
+    if not node_message_authentic(protocol.USAGE_REPORT, batch.node, **message):
         return {"stored": 0, "duplicates": 0, "refused": {"not authentic": 1}}
     result = usage_ingest(node_name=batch.node, batch=batch)
     return {"stored": result.stored, "duplicates": result.duplicates, "refused": result.refused}

@@ -18,10 +18,12 @@ seconds, reaches the manager):
 | ended, or unknown | RUNNING / PREPARING / TERMINATING | tell the agent to stop it |
 
 "nothing" counts only for sessions scheduled SKEW_S before the agent took its snapshot (its
-clock, `state["at"]`), so a heartbeat that was on its way while a start was sent cannot end a
+clock, `state.at`), so a heartbeat that was on its way while a start was sent cannot end a
 session that is just starting; heartbeats older than HEARTBEAT_EXPIRES_S are dropped unread.
 So a session stuck by a lost message moves on within START_RESEND_S + two heartbeat intervals
-of its agent being reachable again; an agent that stays away is marked LOST after
+of its agent being reachable again; a session whose entry in the state could not be read
+(protocol.messages.AgentState.unreadable: a status a later agent knows, a field of the wrong type)
+is left as it is for that heartbeat, neither moved, ended, started nor stopped; an agent that stays away is marked LOST after
 FGPU_HEARTBEAT_TIMEOUT and its sessions end when it registers again.
 
 Fencing (issue 33): a session terminated while its node is LOST stays TERMINATING and keeps its
@@ -36,55 +38,59 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
 import protocol
-from protocol.messages import NodeName, SessionId, SessionStop
+from protocol.messages import AgentState, NodeName, SessionId, SessionStop
 from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, SessionStatus
 
 log = logging.getLogger(__name__)
 
 START_RESEND_S = 10  # a SCHEDULED or PREPARING session its agent does not know gets its start again after this
 SKEW_S = 5  # how far the agent's clock may be behind the manager's
-AGENT_STATES = ("PREPARING", "RUNNING", "TERMINATING")
 ENDED_STATES = (SessionStatus.TERMINATED, SessionStatus.ERROR)
 
 
-def sessions_reconcile_heartbeat(*, node_name: str, state: dict) -> dict[str, int]:
-    """Compare `node_name`'s sessions in the database with its agent's `state` (`{"sessions":
-    {id: "PREPARING" | "RUNNING" | "TERMINATING"}, "ended": {id: {"status", "reason",
-    "exit_code"}}, "at": epoch seconds}`) and repair the differences (see the module's table).
-    Returns how many of each repair it made: {"moved", "ended", "starts", "stops"}. Malformed
-    entries are logged and skipped."""
+def sessions_reconcile_heartbeat(*, node_name: str, state: AgentState) -> dict[str, int]:
+    """Compare `node_name`'s sessions in the database with its agent's `state` (the heartbeat's,
+    protocol.messages.AgentState: the sessions it runs, those it reported ended, when) and repair
+    the differences (see the module's table). Returns how many of each repair it made: {"moved",
+    "ended", "starts", "stops"}, and "malformed" when some of the state's entries could not be read
+    (logged; their sessions are left as they are)."""
     from sessions.lifecycle.services import session_report_apply
 
-    reported = {str(k): v for k, v in (state.get("sessions") or {}).items() if v in AGENT_STATES}
-    ended = {str(k): v for k, v in (state.get("ended") or {}).items() if isinstance(v, dict)}
-    try:
-        taken_at = datetime.fromtimestamp(float(state["at"]), tz=dt_timezone.utc)
-    except (KeyError, TypeError, ValueError, OverflowError):
-        log.warning("heartbeat of %s has no usable time; its state is not reconciled", node_name)
-        return {}
+    reported, ended, unreadable = state.statuses, state.ends, state.unreadable
+    if state.malformed:
+        log.warning(
+            "heartbeat of %s: %d entries of its state could not be read, their sessions left as they are: %s",
+            node_name,
+            len(state.malformed),
+            "; ".join(state.malformed[:3]),
+        )
+    taken_at = datetime.fromtimestamp(state.at, tz=dt_timezone.utc)
     now = timezone.now()
     settled_before = min(taken_at, now) - timedelta(seconds=SKEW_S)
     counts = {"moved": 0, "ended": 0, "starts": 0, "stops": 0}
     starts, stops = [], []
     active = list(ComputeSession.objects.filter(node__name=node_name, status__in=ACTIVE_STATUSES).select_related("node", "owner"))
     for session in active:
-        sid, status = str(session.pk), session.status
+        sid, status = SessionId(str(session.pk)), session.status
+        if sid in unreadable:
+            continue
         theirs, end = reported.get(sid), ended.get(sid)
         settled = session.scheduled_at is not None and session.scheduled_at < settled_before
         if end is not None and theirs is None:
-            end_status = end["status"] if end.get("status") in ENDED_STATES else SessionStatus.ERROR
             if session_report_apply(
                 session_id=sid,
-                status=end_status,
-                reason=str(end.get("reason", "")),
-                exit_code=end.get("exit_code") if isinstance(end.get("exit_code"), int) else None,
+                status=end.status if end.status in ENDED_STATES else SessionStatus.ERROR,
+                reason=end.reason,
+                exit_code=end.exit_code,
             ):
                 counts["ended"] += 1
         elif theirs in ("RUNNING", "PREPARING"):
@@ -124,6 +130,8 @@ def sessions_reconcile_heartbeat(*, node_name: str, state: dict) -> dict[str, in
     counts["starts"], counts["stops"] = len(starts), len(stops)
     if any(counts.values()):
         log.info("reconciled node %s with its agent: %s", node_name, counts)
+    if state.malformed:
+        counts["malformed"] = len(state.malformed)
     return counts
 
 
@@ -170,7 +178,7 @@ def sessions_fence_expire(*, timeout_s: int) -> dict[str, int]:
     return counts
 
 
-def valid_uuids(values: list[str]) -> list[str]:
+def valid_uuids(values: Iterable[str]) -> list[str]:
     """The session ids an agent sent that are UUIDs, as text; the malformed ones are logged and
     left out (reconciliation here, usage batches in usage.services)."""
     out = []
@@ -182,7 +190,7 @@ def valid_uuids(values: list[str]) -> list[str]:
     return out
 
 
-def session_start_spec_again(session: ComputeSession) -> dict:
+def session_start_spec_again(session: ComputeSession) -> dict[str, Any]:
     """The start spec of a scheduled session rebuilt from the database, for a start the agent
     never got: the allocations' devices and, for a MIG session, its GPU instance to create or
     reuse (no idle instances to destroy: a lost first start may have left them, and the agent
