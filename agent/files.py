@@ -778,7 +778,8 @@ class SessionFiles:
 
     async def _write_upload(self, session_id: str, upload_id: str, pieces: AsyncIterator[bytes]) -> dict:
         """Write `pieces` (bytes, as they come) to the upload's temporary file
-        (FileOps.upload_chunk: the declared size and the cap's room hold); the answer: DIRECT_OK
+        (FileOps.upload_chunk: the declared size and the cap's room hold), each on the files pool
+        while the next is received (one write in flight: at most two pieces held); the answer: DIRECT_OK
         {written} (the web then commits over the layer), or DIRECT_REFUSED {error, detail}, the
         upload dropped. What `pieces` raises (the web's client went away) goes to the caller, the
         upload kept for the web's abort."""
@@ -787,12 +788,22 @@ class SessionFiles:
         if found is None or found[0] != session_id:
             return {"type": DIRECT_REFUSED, "error": "upload-gone", "detail": "no such upload"}
         upload = found[1]
+        loop = asyncio.get_running_loop()
+        writing: asyncio.Future | None = None  # the piece being written on the pool, while the next is received
         try:
-            async for data in pieces:
-                try:
-                    FileOps.upload_chunk(upload, upload.written, data)
-                except OSError as exc:
-                    raise FileError("failed", exc.strerror or str(exc)) from None
+            try:
+                async for data in pieces:
+                    if writing is not None:
+                        await writing
+                    writing = loop.run_in_executor(self.pool, FileOps.upload_chunk, upload, upload.written, data)
+                if writing is not None:
+                    await writing
+                    writing = None
+            except OSError as exc:
+                raise FileError("failed", exc.strerror or str(exc)) from None
+            finally:
+                if writing is not None:  # the web's client went away (what `pieces` raised goes on): the write ends first
+                    await asyncio.gather(writing, return_exceptions=True)
         except FileError as exc:
             with self.lock:
                 self.uploads.pop(upload_id, None)
