@@ -4,7 +4,9 @@ batches travel as the Celery task `fgpu.manager.usage_report` on queue `manager.
 never ahead of control messages, and the sampling runs on the agent's work pool, never on its loop,
 so it never blocks a terminal.
 
-Every `interval_s` seconds (agent.toml `[usage] interval`, default 5) one sample is taken:
+Every `interval_s` seconds (agent.toml `[usage] interval`, default 5) one sample is taken
+(`UsageSample`), typed as it travels (protocol.messages.DeviceUsage, SessionUsage, FolderUsage),
+whose encoding is given here:
 
 - per device (`devices`): `{"device": UUID, "t": epoch seconds, "memory_used": bytes,
   "memory_total": bytes, "util": percent 0-100 or None}`;
@@ -68,9 +70,10 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.messages import DeviceUsage, FolderUsage, NodeName, SessionUsage, UsageBatch
+from protocol.messages import DeviceUsage, FolderUsage, HardwareId, NodeName, SessionId, SessionUsage, UsageBatch
 from protocol.units import SizeError, parse_binary_size
 from agent.runtimes import session_processes
 
@@ -81,6 +84,15 @@ BATCH_SAMPLES = 12  # send at once when this many samples wait
 BACKLOG_SAMPLES = 720  # samples kept while the manager is unreachable (an hour at 5 s); older are dropped
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass(frozen=True)
+class UsageSample:
+    """One sample of the node (`UsageSampler.sample`): its devices' and its running sessions' figures
+    at one time, as a usage batch carries them (see the module docstring)."""
+
+    devices: tuple[DeviceUsage, ...] = ()
+    sessions: tuple[SessionUsage, ...] = ()
 
 
 def read_declaration(home: Path, device_count: int) -> list[tuple[int, int]] | None:
@@ -210,7 +222,7 @@ class UsageSampler:
         self.flush_s = flush_s
         self.nvml = nvml
         self.clock = clock
-        self.pending: collections.deque = collections.deque(maxlen=BACKLOG_SAMPLES)
+        self.pending: collections.deque[UsageSample] = collections.deque(maxlen=BACKLOG_SAMPLES)
         self._last_input: dict[str, float] = {}
         self._cpu: dict[str, tuple[float, float]] = {}  # session → (when, CPU seconds) of its previous sample
         self._last_t: dict[str, int] = {}  # session → t of its previous sample
@@ -244,7 +256,7 @@ class UsageSampler:
             await asyncio.sleep(self.interval_s)
             try:
                 sample = await self.agent._in(self.agent._work, self.sample)
-                if sample["devices"] or sample["sessions"]:
+                if sample.devices or sample.sessions:
                     self.pending.append(sample)
             except Exception:
                 log.exception("agent %s: usage sampling failed", self.agent.node)
@@ -262,12 +274,8 @@ class UsageSampler:
         batch = UsageBatch(
             node=NodeName(self.agent.node),
             interval=self.interval_s,
-            devices=tuple(DeviceUsage(**d) for s in samples for d in s["devices"]),
-            sessions=tuple(
-                SessionUsage(**{**x, "folders": tuple(FolderUsage(**f) for f in x["folders"])})
-                for s in samples
-                for x in s["sessions"]
-            ),
+            devices=tuple(d for s in samples for d in s.devices),
+            sessions=tuple(x for s in samples for x in s.sessions),
         )
         try:
             await self.agent._call(send, batch)
@@ -280,8 +288,8 @@ class UsageSampler:
 
     # --- one sample (blocking: the work pool) ------------------------------------------------
 
-    def sample(self) -> dict:
-        """One sample of every device and running session: `{"devices": [...], "sessions": [...]}`."""
+    def sample(self) -> UsageSample:
+        """One sample of every device and running session."""
         now = self.clock()
         t = int(now)
         sessions = dict(self.agent.sessions)
@@ -308,21 +316,21 @@ class UsageSampler:
             memory, util = gpu.get(sid, (None, None))
             last_input = self._last_input.get(sid)
             rows.append(
-                {
-                    "session_id": sid,
-                    "t": t,
-                    "span": max(1, span),
-                    "gpu_memory": memory,
-                    "gpu_util": util,
-                    "cpu": cpu,
-                    "mem": mem,
-                    "last_input": None if last_input is None else int(last_input),
-                    "storage": storage.get(sid),  # bytes in its home and container layer (agent.storage; None: not yet)
-                    "storage_limit": storage_limit if sid in storage else None,
-                    "folders": [{"folder": what, "used": used, "limit": limit} for what, used, limit in folders.get(sid, ())],
-                }
+                SessionUsage(
+                    session_id=SessionId(sid),
+                    t=t,
+                    span=max(1, span),
+                    gpu_memory=memory,
+                    gpu_util=util,
+                    cpu=cpu,
+                    mem=mem,
+                    last_input=None if last_input is None else int(last_input),
+                    storage=storage.get(sid),  # bytes in its home and container layer (agent.storage; None: not yet)
+                    storage_limit=storage_limit if sid in storage else None,
+                    folders=tuple(FolderUsage(what, used, limit) for what, used, limit in folders.get(sid, ())),
+                )
             )
-        return {"devices": devices, "sessions": rows}
+        return UsageSample(devices=tuple(devices), sessions=tuple(rows))
 
     def _host_usage(self, session_id: str, running, now: float) -> tuple[int | None, int | None, set[int]]:
         """(CPU milli-cores since the previous sample or None at the first, resident bytes, pids)."""
@@ -352,7 +360,7 @@ class UsageSampler:
     def _inventory(self) -> list[dict]:
         return self.agent.inventory.get("devices", [])
 
-    def _mock_gpu(self, sessions: dict, t: int) -> tuple[dict, list[dict]]:
+    def _mock_gpu(self, sessions: dict, t: int) -> tuple[dict, list[DeviceUsage]]:
         """Mock devices: the sessions' declarations, summed per device."""
         per_device: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
         gpu: dict[str, tuple[int | None, int | None]] = {}
@@ -370,13 +378,13 @@ class UsageSampler:
         for device in self._inventory():
             used, util = per_device.get(device["device_id"], (0, 0))
             devices.append(
-                {
-                    "device": device["device_id"],
-                    "t": t,
-                    "memory_used": min(used, device["memory_size"]),
-                    "memory_total": device["memory_size"],
-                    "util": min(util, 100),
-                }
+                DeviceUsage(
+                    device=HardwareId(device["device_id"]),
+                    t=t,
+                    memory_used=min(used, device["memory_size"]),
+                    memory_total=device["memory_size"],
+                    util=min(util, 100),
+                )
             )
         return gpu, devices
 
@@ -483,7 +491,7 @@ class UsageSampler:
                     )
         return rows
 
-    def _nvml_gpu(self, sessions: dict, pids: dict[str, set[int]], t: int) -> tuple[dict, list[dict]]:
+    def _nvml_gpu(self, sessions: dict, pids: dict[str, set[int]], t: int) -> tuple[dict, list[DeviceUsage]]:
         """Real devices through NVML: device figures, and each session's processes' memory."""
         nvml = self._nvml_module()
         owner = {pid: sid for sid, group in pids.items() for pid in group}
@@ -515,13 +523,13 @@ class UsageSampler:
                 alone = len(users) == 1 and rate is not None and util.get(sid, 0) is not None
                 util[sid] = max(rate, util.get(sid) or 0) if alone and rate is not None else None
             devices.append(
-                {
-                    "device": device["device_id"],
-                    "t": t,
-                    "memory_used": int(info.used),
-                    "memory_total": int(info.total),
-                    "util": rate,
-                }
+                DeviceUsage(
+                    device=HardwareId(device["device_id"]),
+                    t=t,
+                    memory_used=int(info.used),
+                    memory_total=int(info.total),
+                    util=rate,
+                )
             )
         gpu = {sid: (memory.get(sid, 0), util.get(sid, 0)) for sid in sessions}  # no process on a GPU: 0 MiB, 0 %
         return gpu, devices

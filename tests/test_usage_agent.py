@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.usage import BACKLOG_SAMPLES, UsageSampler, read_declaration
+from agent.usage import BACKLOG_SAMPLES, UsageSample, UsageSampler, read_declaration
+from protocol.messages import SessionId, SessionUsage
 from tests.conftest import GiB, wait_until_async
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, FakeProcess
 from tests.test_agent_runtime import TIMEOUT, run_agent, start_spec
@@ -59,22 +60,22 @@ def test_a_session_that_allocates_in_a_loop_grows_on_the_mock_device_while_anoth
         async def four_sizes_seen():
             sampler._last_t.clear()  # sample again within the same second
             taken = await asyncio.to_thread(sampler.sample)
-            seen.extend(taken["sessions"])
-            devices[:] = taken["devices"]
-            return len({s["gpu_memory"] for s in seen if s["session_id"] == growing}) >= 4
+            seen.extend(taken.sessions)
+            devices[:] = taken.devices
+            return len({s.gpu_memory for s in seen if s.session_id == growing}) >= 4
 
         await wait_until_async(four_sizes_seen, timeout=TIMEOUT, interval=0.35, what="four sizes of the growing session")
         return growing, flat, seen, devices
 
     growing, flat, seen, devices = run_agent(tmp_path, scenario)
 
-    mine = [s["gpu_memory"] for s in seen if s["session_id"] == growing]
+    mine = [s.gpu_memory for s in seen if s.session_id == growing]
     assert mine == sorted(mine) and mine[-1] > mine[0] >= 0 and max(mine) <= 2048 * MiB
-    assert {s["gpu_memory"] for s in seen if s["session_id"] == flat} == {0}
-    assert {s["gpu_util"] for s in seen if s["session_id"] == growing} <= {0, 60}
-    assert all(s["mem"] > 0 for s in seen)  # its shell and sleep are resident
-    assert devices[0]["memory_used"] == mine[-1] and devices[0]["memory_total"] == 8 * GiB
-    assert devices[0]["util"] == 60
+    assert {s.gpu_memory for s in seen if s.session_id == flat} == {0}
+    assert {s.gpu_util for s in seen if s.session_id == growing} <= {0, 60}
+    assert all(s.mem > 0 for s in seen)  # its shell and sleep are resident
+    assert devices[0].memory_used == mine[-1] and devices[0].memory_total == 8 * GiB
+    assert devices[0].util == 60
 
 
 def test_terminal_input_is_noticed_and_batches_reach_the_manager_or_wait_for_it(tmp_path):
@@ -117,30 +118,30 @@ def test_a_sample_carries_the_sessions_storage_its_limit_and_its_data_folders_at
         spec = {**start_spec(command=writes), "owner_id": 7, "projects": [{"id": "p-77", "name": "vision"}]}
         channel = await h.watch_terminal(spec["session_id"])
         await h.start_session(spec)
-        before = (await asyncio.to_thread(h.agent.usage.sample))["sessions"]  # not measured yet
+        before = (await asyncio.to_thread(h.agent.usage.sample)).sessions  # not measured yet
         await h.read_until(channel, "WRITTEN")
         assert await h.agent.storage.check_now() == []
         h.agent.usage._last_t.clear()  # sample again within the same second
-        after = (await asyncio.to_thread(h.agent.usage.sample))["sessions"]
+        after = (await asyncio.to_thread(h.agent.usage.sample)).sessions
         return before, after
 
     before, after = run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO, data_root=tmp_path / "data")
 
-    assert (before[0]["storage"], before[0]["storage_limit"], before[0]["folders"]) == (None, None, [])
+    assert (before[0].storage, before[0].storage_limit, before[0].folders) == (None, None, ())
     row, = after
-    assert 2 * MiB <= row["storage"] < 3 * MiB and row["storage_limit"] == 64 * MiB  # its home, not ~/data
-    data, vision = row["folders"]
-    assert data["folder"] == "~/data" and 3 * MiB <= data["used"] < 4 * MiB and data["limit"] == 32 * MiB
-    assert vision["folder"] == "~/projects/vision" and MiB <= vision["used"] < 2 * MiB and vision["limit"] == 48 * MiB
+    assert 2 * MiB <= row.storage < 3 * MiB and row.storage_limit == 64 * MiB  # its home, not ~/data
+    data, vision = row.folders
+    assert data.folder == "~/data" and 3 * MiB <= data.used < 4 * MiB and data.limit == 32 * MiB
+    assert vision.folder == "~/projects/vision" and MiB <= vision.used < 2 * MiB and vision.limit == 48 * MiB
 
 
 def test_the_backlog_keeps_the_newest_samples_while_the_manager_is_unreachable():
     agent = SimpleNamespace(sessions={}, inventory={"devices": []}, mock=True, manager=UsageManager(), node="n")
     sampler = UsageSampler(agent)
     for i in range(BACKLOG_SAMPLES + 5):
-        sampler.pending.append({"devices": [], "sessions": [{"t": i}]})
+        sampler.pending.append(UsageSample(sessions=(SessionUsage(SessionId("s1"), t=i),)))
 
-    assert len(sampler.pending) == BACKLOG_SAMPLES and sampler.pending[0]["sessions"][0]["t"] == 5
+    assert len(sampler.pending) == BACKLOG_SAMPLES and sampler.pending[0].sessions[0].t == 5
 
 
 def test_on_real_gpus_nvml_gives_each_session_the_memory_of_its_own_processes(tmp_path):
@@ -158,8 +159,8 @@ def test_on_real_gpus_nvml_gives_each_session_the_memory_of_its_own_processes(tm
     gpu, devices = sampler._nvml_gpu({"s1": running}, {"s1": {mine}}, 1000)
 
     assert gpu == {"s1": (3 * GiB, 70)}  # alone among the sessions on the GPU: its utilisation is the GPU's
-    assert [(d["device"], d["util"]) for d in devices] == [(uuid_a, 70), (uuid_b, 10)]
-    assert devices[0]["memory_used"] >= 4 * GiB  # the device counts every process, the session only its own
+    assert [(d.device, d.util) for d in devices] == [(uuid_a, 70), (uuid_b, 10)]
+    assert devices[0].memory_used >= 4 * GiB  # the device counts every process, the session only its own
 
 
 @pytest.mark.parametrize("text, problem", [("interval = 0", "usage.interval"), ("flush = true", "usage.flush")])
