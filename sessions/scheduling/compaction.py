@@ -19,6 +19,7 @@ made room.
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 import logging
 import threading
 import time
@@ -28,7 +29,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
-from django.db.models import Count, Max
+from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from accelerators.allocation import compaction, core
@@ -41,6 +42,7 @@ from accelerators.selectors import DEFAULT_GROUP, fractional_settings_get, node_
 from common.errors import ApplicationError
 from sessions.scheduling import mig as mig_scheduling
 from sessions.scheduling.eta import cluster_stamp, queue_stamp
+from sessions.scheduling.kept_sessions import active_on
 from sessions.models import ComputeSession, SessionStatus
 from sessions.scheduling.preemption import notice_give, notices_send, session_holders
 from sessions.selectors import session_request
@@ -160,6 +162,40 @@ def _anonymous(node: core.NodeState) -> core.NodeState:
     return replace(node, node_id="n", devices=devices, links=links)
 
 
+_named_kept: dict[tuple, tuple[tuple[compaction.DeviceFree, ...], tuple[int, ...], Decimal]] = {}
+
+
+def _node_part(
+    node: core.NodeState, context: tuple, pure_settings: core.FractionalSettings, options: dict
+) -> tuple[tuple[compaction.DeviceFree, ...], tuple[int, ...], Decimal]:
+    """One node's part of the map, with its names (`fragmentation_map_kept`): its devices' rows,
+    the shapes (their positions) it can take now, and the most fGPU one request could get on it
+    (`core.max_shares` of it alone); judged on the node without its names (kept per kind), the
+    whole kept per node state: a node that did not change since the last ask costs a dictionary
+    read, not its devices' rows made again (issue 35.2: 8,000 of them at each first ask)."""
+    shapes = list(context[0])
+    plain = _anonymous(node)
+    key = (plain, context)
+    part = _map_kept.get(key)
+    if part is None:
+        one = compaction.fragmentation_map([plain], pure_settings, shapes=shapes, options=options)
+        fits = tuple(i for i, s in enumerate(shapes) if place_on(plain, s, pure_settings, options) is not None)
+        part = (one.devices, fits)
+        with _map_kept_lock:
+            if len(_map_kept) >= MAP_KEPT_MAX:
+                _map_kept.clear()
+            _map_kept[key] = part
+    rows = tuple(
+        replace(row, node_id=node.node_id, device_id=d.device_id, label=d.label) for d, row in zip(node.devices, part[0])
+    )
+    named = (rows, part[1], core.max_shares([node], pure_settings))
+    with _map_kept_lock:
+        if len(_named_kept) >= 4 * MAP_KEPT_MAX:
+            _named_kept.clear()
+        _named_kept[(node, context)] = named
+    return named
+
+
 def fragmentation_map_kept(
     nodes: list[core.NodeState], pure_settings: core.FractionalSettings, *, shapes: list[core.ResourceRequest], options: dict
 ) -> compaction.FragmentationMap:
@@ -175,27 +211,20 @@ def fragmentation_map_kept(
     context = (tuple(shapes), pure_settings, tuple(sorted(options.items())))
     devices: list[compaction.DeviceFree] = []
     placeable: list[core.ResourceRequest] = []
+    most = [core.max_shares([], pure_settings)]
     for node in nodes:
-        plain = _anonymous(node)
-        key = (plain, context)
-        part = _map_kept.get(key)
-        if part is None:
-            one = compaction.fragmentation_map([plain], pure_settings, shapes=shapes, options=options)
-            fits = tuple(i for i, s in enumerate(shapes) if place_on(plain, s, pure_settings, options) is not None)
-            part = (one.devices, fits)
-            with _map_kept_lock:
-                if len(_map_kept) >= MAP_KEPT_MAX:
-                    _map_kept.clear()
-                _map_kept[key] = part
-        for d, row in zip(node.devices, part[0]):
-            devices.append(replace(row, node_id=node.node_id, device_id=d.device_id, label=d.label))
-        placeable.extend(shapes[i] for i in part[1] if shapes[i] not in placeable)
+        named = _named_kept.get((node, context))
+        if named is None:
+            named = _node_part(node, context, pure_settings, options)
+        devices.extend(named[0])
+        placeable.extend(shapes[i] for i in named[1] if shapes[i] not in placeable)
+        most.append(named[2])
     largest = max(placeable, key=lambda s: compaction.request_fgpu(s, pure_settings, nodes), default=None)
     return compaction.FragmentationMap(
         devices=tuple(devices),
         free=sum((d.free for d in devices), core.ZERO),
         stranded=sum((d.free for d in devices if d.stranded), core.ZERO),
-        largest_fgpu=core.max_shares(nodes, pure_settings),
+        largest_fgpu=max(most),  # core.max_shares(nodes): each node's truncated, the largest of them
         largest_shape=largest,
         shapes=tuple(shapes),
     )
@@ -204,35 +233,35 @@ def fragmentation_map_kept(
 def _with_mig_gpus(nodes):
     """The nodes of `nodes` (a Node queryset) holding a MIG-capable GPU as
     `accelerators.mig_selectors.device_mig_catalog` judges one (a catalog its agent read, or a
-    model the built-in catalogs know): those `mig_gpu_layouts` lists GPUs of. One query of
-    plain rows, each distinct model judged once; the layouts then read those nodes only, not
-    1,000 nodes' 8,000 GPUs as model instances (issue 35.2)."""
-    rows = Device.objects.filter(node__in=nodes, is_mig_device=False).values_list(
-        "node_id", "model_name", "memory_size", "mig_catalog"
-    )
-    capable: dict[tuple[str, int], bool] = {}
-    holding = set()
-    for node_id, model, memory, catalog in rows:
-        if not catalog and (model, memory) not in capable:
+    model the built-in catalogs know): those `mig_gpu_layouts` lists GPUs of. Two queries: the
+    distinct kinds of GPU (model, memory, catalog) among them, each judged once, then the nodes
+    holding a capable kind; the layouts then read those nodes only, not 1,000 nodes' 8,000 GPUs
+    as model instances, nor their 8,000 rows at each first ask (issue 35.2)."""
+    rows = Device.objects.filter(node__in=nodes, is_mig_device=False)
+    capable = Q(pk__in=[])
+    for model, memory, catalog in rows.values_list("model_name", "memory_size", "mig_catalog").distinct():
+        if not catalog:
             try:
                 pure_mig.catalog_get(model, memory_size=memory)
-                capable[(model, memory)] = True
             except InvalidResourceRequest:
-                capable[(model, memory)] = False
-        if catalog or capable[(model, memory)]:
-            holding.add(node_id)
-    return Node.objects.filter(pk__in=holding)
+                continue
+        capable |= Q(model_name=model, memory_size=memory, mig_catalog=catalog)
+    return Node.objects.filter(pk__in=rows.filter(capable).values("node_id"))
 
 
 def fragmentation_report(
-    *, group: ResourceGroup | None, slot: str = "cuda", now=None, for_update: bool = False
+    *, group: ResourceGroup | None, slot: str = "cuda", now=None, for_update: bool = False, stamp: object = None
 ) -> FragmentationReport:
     """The map and plan of `group` (see the module) now; `for_update` locks its node and device
-    rows (inside the caller's transaction: the apply). Reads a handful of queries."""
+    rows (inside the caller's transaction: the apply). Reads a handful of queries. `stamp`: the
+    cluster's (`eta.cluster_stamp`) as the caller read it, not for an update: the holders are
+    then the kept sessions (`kept_sessions.active_on`: only those written since the last read
+    are read again)."""
     now = now or timezone.now()
     scope = Node.objects.filter(status=NodeStatus.ALIVE)
     if group is not None:
         scope = scope.filter(resource_group=group)
+    kept = stamp is not None and not for_update
     mig = mig_gpu_layouts(nodes=_with_mig_gpus(scope))
     settings = fractional_settings_get(slot_name=slot)
     if settings.allocation_mode != AllocationMode.FRACTIONAL:
@@ -253,7 +282,8 @@ def fragmentation_report(
         # None if it ended since the read above: nothing to plan for this time
         target = ComputeSession.objects.select_related("owner").filter(pk=first[id(largest)]).first()
     if target is not None:
-        holders, stopping, _ = session_holders(node_names=[n.node_id for n in nodes])
+        names = [n.node_id for n in nodes]
+        holders, stopping, _ = session_holders(node_names=names, sessions=active_on(names) if kept else None)
         plan = compaction.compaction_plan(nodes, holders, request, pure, now=now.timestamp(), options=options)
         if plan is not None and plan.moves:
             sessions = {
@@ -290,7 +320,7 @@ def fragmentation_report_kept(*, group: ResourceGroup | None, slot: str = "cuda"
     found = _reports.get(key)
     if found is not None and found[0] == stamp and time.monotonic() - found[1] < REPORT_TTL_S:
         return found[2]
-    report = fragmentation_report(group=group, slot=slot)
+    report = fragmentation_report(group=group, slot=slot, stamp=nodes)
     _reports[key] = (stamp, time.monotonic(), report)
     return report
 

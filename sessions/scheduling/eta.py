@@ -46,7 +46,7 @@ from django.db import connection
 from django.db.models import Count, Max, Sum
 from django.utils import timezone
 
-from accelerators.allocation import core
+from accelerators.allocation import cluster, core
 from accelerators.allocation import replay as pure
 from accelerators.allocation import runtime_history as history
 from accelerators.allocation.errors import AllocationError, InsufficientResource
@@ -56,7 +56,8 @@ from accelerators.cluster_view import cluster_view
 from accelerators.models import ResourceGroup
 from sessions.scheduling import fairshare
 from sessions.scheduling import mig as mig_scheduling
-from sessions.models import ACTIVE_STATUSES, Allocation, ComputeSession, Project, SessionStatus
+from sessions.scheduling.kept_sessions import queue_read
+from sessions.models import ACTIVE_STATUSES, ComputeSession, Project, SessionStatus
 from sessions import usage_reads
 from sessions.scheduling.placement import (
     CAPACITY,
@@ -464,6 +465,39 @@ class _Room:
         )
 
 
+_scopes_kept: dict[tuple, PlacementScope] = {}  # the last read's scopes with their indexes (`_index_followed`)
+
+
+def _totals(node: core.NodeState) -> tuple:
+    """What a node's row in a cluster index holds besides its free figures (`core.cluster_index`):
+    its CPU and memory, and its devices' sizes in order."""
+    return node.cpu_total, node.mem_total, tuple((d.memory_total, d.proc_total) for d in node.devices)
+
+
+def _index_followed(previous: PlacementScope | None, scope: PlacementScope, pure_settings) -> cluster.ClusterIndex | None:
+    """`scope`'s cluster index for `pure_settings` from the one `previous` (the last read's scope
+    of the same key) built: a copy with the rows of the nodes that changed since set anew
+    (`ClusterIndex.set_row`, as a replay keeps its copy current) — a few nodes after a session
+    starts or ends, where building one walks every device of 1,000 nodes (issue 35.2). None
+    where it cannot follow: no previous index, other options, other nodes or node order, or a
+    node whose CPU, memory or devices changed (not only what is free of them): built anew."""
+    if previous is None or pure_settings not in previous.indexes or previous.options != scope.options:
+        return None
+    if len(previous.nodes) != len(scope.nodes) or len(previous.indexes[pure_settings]._state_ids) > 8 * len(scope.nodes) + 64:
+        return None  # (states met since it was built are kept in it: a long-followed index starts afresh)
+    changed = []
+    for row, (old, new) in enumerate(zip(previous.nodes, scope.nodes)):
+        if old is new or old == new:
+            continue
+        if old.node_id != new.node_id or _totals(old) != _totals(new):
+            return None
+        changed.append(row)
+    index = previous.indexes[pure_settings].copy()
+    for row in changed:
+        index.set_row(row, **core.node_row(scope.nodes[row], pure_settings))
+    return index
+
+
 class _Queue:
     """The queue and the cluster as they stand, read once (no locks) for any number of
     replays: the PENDING sessions in the pass's order, their requests and expected runtimes,
@@ -496,15 +530,8 @@ class _Queue:
         self.backfill_limit = settings.FGPU_BACKFILL_LIMIT if backfill_limit is None else backfill_limit
         if base is not None:
             self._pending_read, self._active_read = base._pending_read, base._active_read
-        else:
-            self._pending_read = list(
-                ComputeSession.objects.filter(status=SessionStatus.PENDING)
-                .select_related("owner", "image")
-                .order_by("-priority", "created_at", "pk")
-            )
-            self._active_read = list(
-                ComputeSession.objects.filter(status__in=ACTIVE_STATUSES).select_related("node", "owner", "image")
-            )
+        else:  # only the sessions written since the last read are read whole (`kept_sessions`)
+            self._pending_read, self._active_read = queue_read()
         pending = list(self._pending_read)
         if extra is not None:  # a request not launched (the preview): it joins the queue now, in its place
             pending.append(extra)
@@ -545,12 +572,11 @@ class _Queue:
         grants: dict[str, list] = {}
         if base is not None:  # its active sessions are base's or fewer (a drain moves some)
             grants = base._grants
-        else:
-            rows = Allocation.objects.filter(session__in=active, released_at__isnull=True).values_list(
-                "session_id", "device_id", "shares", "memory", "procs"
-            )
-            for session_id, device_id, shares, memory, procs in rows:
-                grants.setdefault(str(session_id), []).append(core.DeviceGrant(str(device_id), shares, memory, procs))
+        else:  # the live allocations `queue_read` prefetched
+            for s in active:
+                live = getattr(s, "live", [])
+                if live:
+                    grants[str(s.pk)] = [core.DeviceGrant(str(a.device_id), a.shares, a.memory, a.procs) for a in live]
         self._grants = grants
         for key, s in self.active.items():
             if s.node is not None:
@@ -578,7 +604,13 @@ class _Queue:
             except AllocationError:
                 continue
             if scope is not None and pure_settings not in scope.indexes:
-                scope.index(pure_settings)
+                scope_key = (request.resource_group, request.slot or "cuda", self.images[key])
+                followed = _index_followed(_scopes_kept.get(scope_key), scope, pure_settings) if base is None else None
+                scope.indexes[pure_settings] = followed if followed is not None else scope.index(pure_settings)
+        if base is None:
+            with _kept_lock:
+                _scopes_kept.clear()
+                _scopes_kept.update(self.scopes)
         self.rooms: list[_Room] = []  # the replays' rooms: optimistic, pessimistic (the same where `one_way`)
         self._rooms: list[_Room] = []
         self._replays: list[pure.Replaying] = []

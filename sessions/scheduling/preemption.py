@@ -51,6 +51,7 @@ itself), nor are MIG sessions preempted.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import timedelta
 from functools import partial
@@ -202,24 +203,34 @@ def _choose(waiters: list[ComputeSession], scope_of, options_of, now, warned: li
         del read[names]  # its victims are under notice now: read again for the next waiter
 
 
-def session_holders(*, node_names: list[str]) -> tuple[list[Holder], list[Holder], dict[str, int]]:
+def session_holders(
+    *, node_names: list[str], sessions: Iterable[ComputeSession] | None = None
+) -> tuple[list[Holder], list[Holder], dict[str, int]]:
     """The sessions holding resources on `node_names` as the pure rule sees them: (holders that
-    still run, holders already stopping: TERMINATING, {session id: owner's user id}). A session
-    is `preemptible` here only while RUNNING, not under notice already, and holding no MIG
-    instance; `factor` 1.0 (the caller sets it); `started_at` its start (epoch seconds);
-    `request` its own (None where the slot no longer allows it). Three queries."""
-    sessions = (
-        ComputeSession.objects.filter(node__name__in=node_names, status__in=ACTIVE_STATUSES)
-        .select_related("node")
-        .prefetch_related(
-            Prefetch("allocations", queryset=Allocation.objects.filter(released_at__isnull=True), to_attr="live"), "gpu_instances"
+    still run, holders already stopping: TERMINATING, {session id: owner's user id}), each list
+    by arrival, then id. A session is `preemptible` here only while RUNNING, not under notice
+    already, and holding no MIG instance; `factor` 1.0 (the caller sets it); `started_at` its
+    start (epoch seconds); `request` its own (None where the slot no longer allows it). Three
+    queries; none where `sessions` gives those active sessions already read, in that order, with
+    their node, live allocations (`live`) and GPU instances (`kept_sessions.active_on`'s)."""
+    if sessions is None:
+        sessions = (
+            ComputeSession.objects.filter(node__name__in=node_names, status__in=ACTIVE_STATUSES)
+            .select_related("node")
+            .prefetch_related(
+                Prefetch(
+                    "allocations", queryset=Allocation.objects.filter(released_at__isnull=True).order_by("pk"), to_attr="live"
+                ),
+                "gpu_instances",
+            )
+            .order_by("created_at", "pk")
         )
-    )
     running: list[Holder] = []
     stopping: list[Holder] = []
     owners: dict[str, int] = {}
     for s in sessions:
-        grants = tuple(core.DeviceGrant(str(a.device_id), a.shares, a.memory, a.procs) for a in s.live)
+        live: list = getattr(s, "live", [])  # the prefetch's (to_attr)
+        grants = tuple(core.DeviceGrant(str(a.device_id), a.shares, a.memory, a.procs) for a in live)
         started = s.started_at or s.scheduled_at or s.created_at
         preemptible = s.preemptible and s.status == SessionStatus.RUNNING and s.preempt_at is None and not s.gpu_instances.all()
         assert s.node is not None  # an active session on one of `node_names`
