@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent.buffers import take_front
-from protocol.terminal_stream import DIRECT_OK, encode
+from protocol.terminal_stream import DIRECT_OK, encode, encode_output
 
 if TYPE_CHECKING:
     from agent.direct import DirectStream
@@ -53,6 +53,12 @@ log = logging.getLogger(__name__)
 
 SCROLLBACK_BYTES = 64 * 1024
 READ_CHUNK = 64 * 1024
+# A read of a PTY gives at most what its line discipline holds, about 4 KiB, and the kernel refills
+# that from the tty's buffer (up to 64 KiB) meanwhile: a read of FULL_READ bytes or more says more
+# is likely waiting, and it is read at once (up to READ_CHUNK in all) and handled as one piece,
+# instead of one loop turn (a decode, the scrollback, the log, the rate cap, the pump's wake-up)
+# for each 4 KiB. A keystroke's echo (a few bytes) is read once, as before.
+FULL_READ = 2048
 OUTBOX_HIGH = 256 * 1024
 OUTBOX_LOW = 64 * 1024
 FRAME_CHARS = 64 * 1024
@@ -204,6 +210,8 @@ class TerminalPipe:
             self.eof.set()
             self.outbox_wake.set()
             return
+        if len(data) >= FULL_READ:
+            data = self._read_more(data)
         self.scrollback += data
         if len(self.scrollback) > 2 * SCROLLBACK_BYTES:  # trimmed now and then, not on every read
             del self.scrollback[:-SCROLLBACK_BYTES]
@@ -211,6 +219,23 @@ class TerminalPipe:
         if self.outbox_chars >= self.limits.outbox_high:  # the terminal group is behind: stop reading until it drains
             self.pause_reading()
         self.spend_output_tokens(len(data))
+
+    def _read_more(self, first: bytes) -> bytes:
+        """`first` and what the PTY holds besides, read while each read comes FULL_READ bytes or
+        more, READ_CHUNK bytes in all at most. The end of the output (b"") or nothing more
+        (BlockingIOError) stops it; the loop's next readable event then sees the end as before."""
+        parts, total, last = [first], len(first), len(first)
+        while last >= FULL_READ and total < READ_CHUNK:
+            try:
+                more = self.process.read(READ_CHUNK - total)
+            except BlockingIOError:
+                break
+            if not more:
+                break
+            parts.append(more)
+            total += len(more)
+            last = len(more)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def spend_output_tokens(self, size: int) -> None:
         """The output rate cap, where it holds (`capped`): refill the bucket for the time since the
@@ -309,7 +334,7 @@ class TerminalPipe:
                     large_at = self.loop.time()
                 message = {"type": "terminal.output", "data": frame, "offset": self.sent, "n": self.frames}
                 if self.direct:  # written before any await: a reader that attaches meanwhile starts after it
-                    line = encode(message)
+                    line = encode_output(frame, self.sent, self.frames)
                     for stream in self.direct.values():
                         stream.write(line)
                     if not (self.layer_channels or self.adopted):

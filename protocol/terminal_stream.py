@@ -37,3 +37,49 @@ DIRECT_REFUSED = "direct.refused"
 def encode(message: dict[str, Any]) -> bytes:
     """One line of the stream: `message` (a dict of plain types) as JSON, `\\n`-terminated, UTF-8."""
     return (json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+# The control bytes json_string's quick path does not escape itself (it does \t \n \r \b and ESC).
+_RARE_CONTROLS = bytes(c for c in range(32) if c not in (0x08, 0x09, 0x0A, 0x0D, 0x1B))
+
+
+def json_string(text: str) -> str:
+    """`text` as a JSON string literal, quotes included: what `json.dumps(text, ensure_ascii=False)`
+    gives, about twice as fast for a terminal's usual output (140 µs against 270-320 for 25 kB of
+    base64 lines; issue 35.3), by a bytes.replace for each character JSON escapes; text with
+    another control character (or that UTF-8 cannot encode) goes to json.dumps."""
+    try:
+        raw = text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(text, ensure_ascii=False)
+    if len(raw.translate(None, _RARE_CONTROLS)) != len(raw):
+        return json.dumps(text, ensure_ascii=False)
+    raw = raw.replace(b"\\", b"\\\\").replace(b'"', b'\\"').replace(b"\n", b"\\n").replace(b"\r", b"\\r")
+    raw = raw.replace(b"\t", b"\\t").replace(b"\x1b", b"\\u001b").replace(b"\x08", b"\\b")
+    return '"' + raw.decode() + '"'
+
+
+_OUTPUT_HEAD = b'{"type":"terminal.output","data":'
+_OUTPUT_TAIL = b',"offset":'
+
+
+def encode_output(data: str, offset: int, n: int) -> bytes:
+    """The line of one output frame, `{"type": "terminal.output", "data", "offset", "n"}`: the
+    same bytes as `encode` of that dict, its keys in that order, which `output_literal` relies on."""
+    return b'%s%s%s%d,"n":%d}\n' % (_OUTPUT_HEAD, json_string(data).encode(), _OUTPUT_TAIL, offset, n)
+
+
+def output_literal(line: bytes, message: dict[str, Any]) -> str | None:
+    """The data of an output frame as the JSON string literal it is in its line (quotes included),
+    for a web that relays it into the browser's frame as it is: a frame's text is then
+    JSON-encoded once on its way, by the agent (json.dumps of a terminal's output costs 150-260 µs
+    for 25 kB of base64 lines, 6-10 ms of CPU a MB; issue 35.3). `message`: json.loads of `line`,
+    which checked that the line is JSON; None where the line is not encode_output's (the
+    scrollback's, which has no offset; another layout), and the message's data is encoded anew.
+    A JSON string escapes every `"` inside it, so the last `,"offset":` of the line follows it."""
+    if len(message) != 4 or "offset" not in message or not line.startswith(_OUTPUT_HEAD):
+        return None
+    split = line.rfind(_OUTPUT_TAIL)
+    if split <= len(_OUTPUT_HEAD):
+        return None
+    return line[len(_OUTPUT_HEAD) : split].decode()

@@ -44,7 +44,7 @@ from django.conf import settings
 from common.api_errors import DATABASE_ERRORS
 from common.errors import ApplicationError
 from protocol.channel import AgentLink, DirectOffer, Refused
-from protocol.terminal_stream import DIRECT_OFFER, DIRECT_OK, LINE_LIMIT, encode
+from protocol.terminal_stream import DIRECT_OFFER, DIRECT_OK, LINE_LIMIT, encode, json_string, output_literal
 from sessions.lifecycle import events
 from sessions.lifecycle.services import terminal_ticket_redeem, terminal_ticket_unspend
 
@@ -301,7 +301,8 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
             while line := await reader.readline():
                 event = json.loads(line)
                 if event.get("type") == "terminal.output":
-                    await self._deliver(event)
+                    literal = output_literal(line, event)
+                    await self._deliver(event, literal)
                 elif event.get("type") == "terminal.exit":
                     await self.terminal_exit(event)
                     return
@@ -457,8 +458,13 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
             await self._use_layer()
         await self._deliver(event)
 
-    async def _deliver(self, event) -> None:
-        await self.send(text_data='{"type": "output", "data": ' + json.dumps(event["data"]) + "}")
+    async def _deliver(self, event, literal: str | None = None) -> None:
+        """Output `event` (`{"data", "offset", "n"}`; no offset: the scrollback) to the client,
+        its data as `literal` where the direct stream's line holds it JSON-encoded already
+        (protocol.terminal_stream.output_literal), and acknowledged when due."""
+        if literal is None:
+            literal = json_string(event["data"])
+        await self.send(text_data='{"type": "output", "data": ' + literal + "}")
         write_now(self.transport)
         offset = event.get("offset")
         if offset is None:  # the scrollback (or an agent from before flow control)

@@ -185,3 +185,36 @@ def test_the_output_cap_holds_a_session_nobody_reads_or_while_another_outputs_or
     assert cap.capped("a", 0.1, read=True, starting=True)  # a session starts
     assert cap.capped("b", 0.2, read=True, starting=False)  # "a" output 0.2 s ago
     assert not cap.capped("b", 5.0, read=True, starting=False)  # "a" quiet for longer than BUSY_S: forgotten
+
+
+def test_full_reads_of_the_pty_are_read_on_at_once_up_to_the_read_chunk_and_a_short_one_alone():
+    class ScriptedHandle(PtyHandle):
+        """Reads give `script`'s chunks first (as a PTY gives its line discipline's 4 KiB at most),
+        then the real PTY's bytes; the test's one byte on the PTY makes the loop call the pipe."""
+
+        def __init__(self, script: list[bytes]) -> None:
+            super().__init__()
+            self.script = [bytearray(chunk) for chunk in script]
+
+        def read(self, size: int) -> bytes:
+            if not self.script:
+                return os.read(self.fd, size)
+            chunk = self.script[0]
+            data = bytes(chunk[:size])
+            del chunk[:size]
+            if not chunk:
+                self.script.pop(0)
+            return data
+
+    logged: list[str] = []
+
+    async def scenario(pipe, handle, frames):
+        pipe.on_log = logged.append
+        os.write(handle.slave, b"!")
+        await wait_until_async(lambda: pipe.sent >= 80_011, timeout=TIMEOUT, interval=0.01, what="the output sent")
+        return text_of(frames)
+
+    text = run(scenario, handle=ScriptedHandle([b"e" * 10] + [b"x" * 4000] * 20))
+    assert text == "e" * 10 + "x" * 80_000 + "!"
+    # the echo-sized read alone; then full reads taken on to READ_CHUNK (64 KiB); then the rest and the PTY's byte
+    assert [len(piece) for piece in logged] == [10, 65_536, 80_000 - 65_536 + 1]
