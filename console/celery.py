@@ -27,10 +27,26 @@ def worker_needs_secret_key(sender=None, **kwargs):
     signs nothing and starts without one, as README says (compose's agent holds no key)."""
     from common.secret_key import require_secret_key
 
+    if _consumes_manager_queues(sender):
+        require_secret_key("manager")
+
+
+@worker_init.connect
+def manager_loads_solver(sender=None, **kwargs):
+    """A manager worker imports the allocator's LP solver as it starts, before its pool forks
+    and its imports are frozen (`accelerators.allocation.packing.solver_load`): the first
+    scheduler pass no longer pays the import (0.5-1.3 s of a 1,000-session pass, issue 35.2)."""
+    if _consumes_manager_queues(sender):
+        from accelerators.allocation.packing import solver_load
+
+        solver_load()
+
+
+def _consumes_manager_queues(sender) -> bool:
+    """Whether the worker `sender` (None: not known) consumes a manager queue: every worker but
+    an agent's embedded one (its queue agent.<node> only)."""
     consumed = set(sender.app.amqp.queues.consume_from or ()) if sender is not None else set()
-    if consumed and consumed.isdisjoint(MANAGER_QUEUES):
-        return
-    require_secret_key("manager")
+    return not consumed or not consumed.isdisjoint(MANAGER_QUEUES)
 
 
 @beat_init.connect

@@ -93,6 +93,15 @@ def plan_ranks(
     return rank
 
 
+def solver_load() -> None:
+    """Import the LP solver `solve_packing_plan` uses (scipy.optimize: about 385 modules, 0.5-1.3 s
+    of CPU the first time in a process), so that a long-lived process pays it when it starts and
+    not in the first scheduler pass that meets a device in use (issue 35.2: 45 % of a
+    1,000-session pass's samples on 1,000 nodes). The manager worker calls it as it starts
+    (console/celery.py); other processes import the solver when they first solve."""
+    import scipy.optimize  # noqa: F401
+
+
 def solve_packing_plan(capacity: int, demand: Mapping[int, float], start: PackingPlan | None = None) -> PackingPlan | None:
     """The packing plan for `demand` ({amount: count or weight}, amounts in device units) on
     devices of `capacity` units. Amounts ≤ 0 or > `capacity` and zero weights are left out;
