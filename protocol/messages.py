@@ -712,6 +712,21 @@ class SessionEnd:
     def decode(cls, key: Any, value: Any) -> SessionEnd:
         """The entry `key: value` of a state's `ended` (keys a later agent adds are left). Raises Malformed."""
         session_id = _session_key(key, "heartbeat's session end")
+        if type(value) is dict:  # what agents send, read without `read`'s messages: half the time (results/heartbeat_state.txt)
+            status, reason, exit_code = value.get("status"), value.get("reason", ""), value.get("exit_code")
+            if (
+                type(status) is str
+                and status.isupper()
+                and len(status) <= 32
+                and type(reason) is str
+                and (exit_code is None or type(exit_code) is int)
+            ):
+                return cls(session_id, status, reason, exit_code)
+        return cls.read(session_id, value)
+
+    @classmethod
+    def read(cls, session_id: SessionId, value: Any) -> SessionEnd:
+        """`decode`'s reading of any entry, whose errors name the field. Raises Malformed."""
         w = f"heartbeat's end of session {session_id[:80]!r}"
         m = _mapping(value, w)
         status = _get(m, w, "status", str)

@@ -300,6 +300,14 @@ def test_a_malformed_entry_of_a_state_is_left_out_naming_its_session_and_field_a
     assert RUNNING not in json.dumps(state.encode())  # what could not be read is not sent on
 
 
+def test_an_end_read_by_the_quick_path_or_the_field_by_field_one_is_the_same():
+    ends = {DONE: {"status": "TERMINATED", "reason": None, "exit_code": None}, FAILED: {"status": "ERROR"}}
+    state = AgentState.decode({"ended": ends, "at": 5})  # a null or missing reason reads as "", as the field readers say
+    assert state.ended == (SessionEnd(DONE, "TERMINATED"), SessionEnd(FAILED, "ERROR")) and not state.malformed
+    for end in STATE["ended"].items():
+        assert SessionEnd.decode(*end) == SessionEnd.read(*end)
+
+
 def test_an_entry_not_keyed_by_text_is_counted_malformed_and_names_no_session():
     state = AgentState.decode({"sessions": {7: "RUNNING", STARTING: "PREPARING"}, "at": 5})
     assert state.malformed == ("a heartbeat's session state keyed by int, not a session id",)
