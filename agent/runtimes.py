@@ -468,7 +468,8 @@ class HeldSession(SessionHandle):
         if self.holder is not None:
             self.holder.wait()
         super().remove()
-        for path in (self.exit_path, self.exit_path.with_suffix(".json"), self.exit_path.with_suffix("")):
+        paths = (".exit", ".json", "", ".apps")  # ".apps": its apps' ports (agent.session_apps.app_record)
+        for path in (self.exit_path.with_suffix(suffix) for suffix in paths):
             try:
                 path.unlink()
             except OSError:
@@ -865,7 +866,7 @@ class ProcessRuntime:
                 connection, master = holder_connect(holders, session_id, timeout=2.0)
             except (OSError, ValueError) as exc:
                 log.info("session %s's holder is gone (%s): its session is not adopted", session_id, exc)
-                for path in (record, holders / f"{session_id}.exit", holders / session_id):
+                for path in (record, holders / f"{session_id}.exit", holders / session_id, holders / f"{session_id}.apps"):
                     path.unlink(missing_ok=True)
                 continue
             cgroups, sandboxed = self.cgroups, bool(data.get("init_pid")) and self.sandbox is not None

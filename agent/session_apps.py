@@ -24,7 +24,12 @@ reach); in a container it listens on its declared port on every address of the c
 the node reaches at the container's address. It is one of the session's execs: it ends with the
 session. An app that already answers on its declared port in a container the agent adopted after a
 restart (it outlived the agent, as the container did) is taken as running (`Adopted`), not started
-twice; `pty.app_status` carries the declared `port` for that.
+twice; `pty.app_status` carries the declared `port` for that. So is the app of a held process-runtime
+session (agent.holder) in a sandbox with a network of its own: where it answered is recorded beside the
+session's holder record (`<scratch root>/.holders/<id>.apps`, {name: port}; the agent's, out of the
+session's reach), and the port is asked again in the session's network namespace, where only its own
+processes listen. On the node's shared network a port could by then be another session's: such an app
+is started anew instead.
 
 The relay (docker runtime: agent.toml `[container] app-relay`, "auto" by default: on where
 `app-address` is not a loopback address, i.e. the web hosts are other hosts, which cannot reach the
@@ -41,13 +46,16 @@ reaches the app, and logged.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import signal
 import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from protocol.app_relay import HELLO_MAX_BYTES, HELLO_TIMEOUT_S, RelayGuard, RelayRefused
@@ -86,8 +94,9 @@ class AppProcess:
 
 
 class Adopted:
-    """The process of an app found answering in a container (started by an earlier run of the
-    agent): nothing to poll or signal; the container's end ends it. `answers` is checked again
+    """The process of an app found answering in a container or a held session's own network
+    namespace (started by an earlier run of the agent): nothing to poll or signal; the session's
+    end ends it. `answers` is checked again
     each time it is opened."""
 
     def poll(self) -> None:
@@ -106,6 +115,37 @@ def free_port(address: str) -> int:
     with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
         probe.bind((address, 0))
         return probe.getsockname()[1]
+
+
+def app_record(running) -> Path | None:
+    """Where the apps of `running` that a later run of the agent can adopt are recorded: beside the
+    held session's holder files (`<id>.apps` of agent.runtimes' `.holders`), for a session in a
+    network namespace of its own; None otherwise (a session that ends with its agent, or on the
+    node's network)."""
+    exit_path = getattr(running.process, "exit_path", None)
+    if exit_path is None or getattr(running.process, "app_socket", None) is None:
+        return None
+    return Path(exit_path).with_suffix(".apps")
+
+
+def recorded_ports(path: Path) -> dict[str, int]:
+    """Blocking: {app name: port} of an apps record; {} where it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(name): port for name, port in data.items() if isinstance(port, int) and 0 < port < 65536}
+
+
+def record_port(path: Path, name: str, port: int) -> None:
+    """Blocking: add app `name` at `port` to the apps record at `path` (written whole, then renamed)."""
+    ports = recorded_ports(path)
+    ports[name] = port
+    partial = path.with_suffix(".apps-new")
+    partial.write_text(json.dumps(ports))
+    os.replace(partial, path)
 
 
 def output_tail(output) -> str:
@@ -143,8 +183,8 @@ class SessionApps:
 
     async def _status(self, running, message: dict) -> None:
         app = running.apps.get(str(message.get("name")))
-        if app is None and message.get("port"):
-            app = await self._adopt(running, str(message.get("name")), int(message["port"]))
+        if app is None:
+            app = await self._adopt(running, str(message.get("name")), int(message.get("port") or 0))
         if app is None:
             answer = {"running": False, "error": "it has not been started in this session"}
         else:
@@ -257,7 +297,7 @@ class SessionApps:
             current.relay.close()  # the app went away: its relay too (a new start gets a new one)
             current.relay = None
         if current is not None and isinstance(current.process, Adopted):
-            if await _answers(current.host, current.port):
+            if await _answers(current.host, current.port, current.socket_in):
                 if current.token is None:
                     raise RuntimeError(
                         "it runs since before the agent restarted, with a token the console no longer holds; "
@@ -299,21 +339,27 @@ class SessionApps:
         running.execs.discard(app.process)  # a start still waited for ends as exited (_watch)
 
     async def _adopt(self, running, name: str, port: int) -> AppProcess | None:
-        """In a container, the app `name` answering on its declared `port` already (it outlived
-        an earlier run of the agent): taken as running; else None (and always None outside a
-        container, where ports are the node's and the agent picks them)."""
+        """The app `name` that outlived an earlier run of the agent, taken as running where it
+        answers: in a container, on its declared `port`; in a held session's own network namespace,
+        on the port its apps record names (app_record). Else None (always on the node's shared
+        network, where the agent picks ports and one could now be another session's)."""
+        socket_in = None
         address = getattr(running.process, "app_address", None)
-        if address is None:
-            return None
-        try:
-            _, host = await self.agent._in(self.agent._work, address)
-        except Exception:
-            return None
-        if not await _answers(host, port):
+        if address is not None:
+            try:
+                _, host = await self.agent._in(self.agent._work, address)
+            except Exception:
+                return None
+        elif (record := app_record(running)) is not None:
+            port = (await self.agent._in(self.agent._work, recorded_ports, record)).get(name, 0)
+            host, socket_in = "127.0.0.1", running.process.app_socket
+        if (address is None and socket_in is None) or not port or not await _answers(host, port, socket_in):
             return None
         ready = self.agent.loop.create_future()
         ready.set_result({"ok": True})
-        app = running.apps[name] = AppProcess(name=name, process=Adopted(), host=host, port=port, output=None, ready=ready)
+        app = running.apps[name] = AppProcess(
+            name=name, process=Adopted(), host=host, port=port, output=None, ready=ready, socket_in=socket_in
+        )
         log.info(
             "agent %s: app %s of session %s answers on %s:%d already; adopted",
             self.agent.node,
@@ -378,6 +424,11 @@ class SessionApps:
                 return
             if await _answers(app.host, app.port, app.socket_in):
                 app.ready.set_result({"ok": True})
+                if (record := app_record(running)) is not None:  # for the agent's next run to adopt
+                    try:
+                        await self.agent._in(self.agent._work, record_port, record, app.name, app.port)
+                    except OSError as exc:
+                        log.warning("agent %s: app %s's port could not be recorded: %s", self.agent.node, app.name, exc)
                 return
             if time.monotonic() >= deadline:
                 await self.agent._in(self.agent._work, running.process.signal_exec, app.process, signal.SIGKILL)

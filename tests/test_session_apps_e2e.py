@@ -104,7 +104,7 @@ def raw_get(base: str, path: str, cookies: dict) -> int:
 @pytest.fixture
 def apps_stack(distributed_stack, django_user_model):
     """The stack with the demo node, the "host" image declaring APPS, alice (with a RUNNING
-    interactive 0.5 fGPU session) and bob. Returns (base, apps base, alice's token, session id)."""
+    interactive 0.5 fGPU session) and bob. Returns (base, apps base, alice's token, session id, the stack)."""
     from sessions.models import SessionImage
 
     SessionImage.objects.filter(reference="host").update(apps=APPS)
@@ -126,11 +126,11 @@ def apps_stack(distributed_stack, django_user_model):
                          content=(ROOT / "tests" / "apps" / "echo_app.py").read_bytes(), timeout=60,
                          headers={"Authorization": f"Token {token}", "Content-Type": "application/octet-stream"})
     assert uploaded.status_code in (200, 201), uploaded.text
-    return stack.base, stack.apps_base, token, created["id"]
+    return stack.base, stack.apps_base, token, created["id"], stack
 
 
 def test_an_app_opens_through_the_proxy_for_its_owner_only_and_says_when_it_closed(apps_stack):
-    base, apps, token, session_id = apps_stack
+    base, apps, token, session_id, _ = apps_stack
     prefix = f"/sessions/{session_id}/apps/echo/"
     listed = get_ok(base, f"/api/v1/sessions/{session_id}/", token)["apps"]
     assert [a["name"] for a in listed] == ["echo", "plain", "broken", "mute"]
@@ -231,7 +231,7 @@ def test_an_app_opens_through_the_proxy_for_its_owner_only_and_says_when_it_clos
 
 
 def test_an_app_that_exits_or_never_answers_is_reported_with_its_output(apps_stack):
-    base, _, token, session_id = apps_stack
+    base, _, token, session_id, _ = apps_stack
     alice = login(base, "alice", "alice-pass-123")
 
     # The same through the REST API (for scripts): the URL once it answers, the refusals in the error shape.
@@ -254,6 +254,30 @@ def test_an_app_that_exits_or_never_answers_is_reported_with_its_output(apps_sta
     assert "mute did not answer on port" in mute[-1]["detail"] and "within 2 s and was stopped" in mute[-1]["detail"]
     assert mute[-1]["detail"].endswith("waiting-forever")
     assert any(m["type"] == "progress" and "waiting for it to answer" in m["text"] for m in mute)
+
+
+def test_an_app_of_a_held_session_outlives_its_agents_restart_and_is_adopted_not_started_twice(apps_stack):
+    """The process runtime's held session (agent.holder) runs on when its agent is killed, and so does
+    its app (in the session's sandbox, with its own network): the restarted agent takes the app where
+    it answers (the port recorded beside the holder's files), relays it anew, and the app keeps the
+    token the web holds; a second copy would be another process."""
+    base, apps, token, session_id, stack = apps_stack
+    prefix = f"/sessions/{session_id}/apps/echo/"
+    alice = login(base, "alice", "alice-pass-123")
+    assert open_app(base, alice, session_id, "echo")[-1]["reused"] is False
+    app = on_apps_origin(apps, alice, prefix + "echo")
+    before = app.get(prefix + "echo").json()
+    assert before["authorized"] is True
+
+    stack.restart("agent-apps-node")  # SIGKILL, then started again
+    wait_until(lambda: "adopted session" in stack.procs["agent-apps-node"].output(), timeout=60,
+               what="the restarted agent to adopt the session")
+    again = open_app(base, alice, session_id, "echo")
+    assert again[-1] == {"type": "ready", "url": prefix + "echo?opened=1", "reused": True}, again
+    after = app.get(prefix + "echo").json()
+    assert (after["pid"], after["authorized"]) == (before["pid"], True), (before, after)
+    assert "app echo of session" in stack.procs["agent-apps-node"].output()
+    assert "started app echo" not in stack.procs["agent-apps-node"].output()  # the new agent started none
 
 
 @dataclass

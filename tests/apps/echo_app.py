@@ -10,7 +10,7 @@ or none when the app is not given it):
 |---|---|
 | `echo` | JSON: method, path, query, whether a console cookie or the app's token reached it (never the token) |
 | `upload` (POST) | JSON: bytes received and their SHA-256 |
-| `bytes?n=N` | N bytes (in 64 KiB chunks, streamed) |
+| `bytes?n=N` | N bytes (a random 64 KiB chunk again and again, streamed) |
 | `gate` | "first\\n" at once, then "second\\n" once a websocket message "release" arrived: a streamed answer |
 | `exit` | answers, then the app exits with code 3 |
 | `ws` (websocket) | echoes each message back ("echo:" before text); "release" opens the gate; accepts the first subprotocol |
@@ -28,7 +28,7 @@ TOKEN = os.environ.get("FGPU_APP_TOKEN", "")
 PREFIX = os.environ.get("FGPU_APP_BASE_URL", "/").rstrip("/") if os.environ.get("ECHO_APP_PREFIXED", "1") == "1" \
     else ""
 GATE = asyncio.Event()
-CHUNK = b"x" * 65536
+CHUNK = os.urandom(65536)  # `bytes`' pieces: not one byte repeated, whose speed through the proxy's token mask depended on the token
 
 
 def _headers(scope) -> dict[str, str]:
@@ -80,7 +80,8 @@ async def application(scope, receive, send) -> None:
         body = {"method": scope["method"], "path": scope["path"], "query": scope.get("query_string", b"").decode(),
                 "authorized": authorized, "cookie": cookie, "console_cookie": any(f"{n}=" in cookie for n in ("sessionid", "csrftoken", "fgpu_app")),
                 "host": headers.get("host", ""), "forwarded_host": headers.get("x-forwarded-host", ""),
-                "token_sha256": hashlib.sha256(TOKEN.encode()).hexdigest()}  # which token it runs with, not the token
+                "token_sha256": hashlib.sha256(TOKEN.encode()).hexdigest(),  # which token it runs with, not the token
+                "pid": os.getpid()}  # which copy answers
         await _answer(send, 200, json.dumps(body).encode(), "application/json")
     elif path == "/upload":
         await _answer(send, 200, json.dumps({"bytes": size, "sha256": digest.hexdigest()}).encode(), "application/json")
