@@ -4,6 +4,7 @@ http://localhost:<PORT + 1>, signed in there by the console's one-time ticket) a
 app reached directly, in one run.
 
     .venv/bin/python benchmarks/app_proxy.py [--requests 500] [--download-mb 200] [--upload-mb 100] [--messages 500]
+        [--repeat 5] [--downloads 3] [--client raw|httpx]
 
 A standalone console (`manage.py standalone`: uvicorn, the embedded agent on the process runtime)
 on a free port, with the image "host" declaring the app `echo` (tests/apps/echo_app.py served by
@@ -16,7 +17,11 @@ web's proxy does (sessions.serving.relay_connect): a relay takes no connection w
 One 0.5 fGPU session; the app is opened once; then, through the proxy and directly:
 
 - latency: --requests sequential `GET echo` on one kept-alive connection (httpx): p50 / p99 ms;
-- download: `GET bytes?n=…` of --download-mb MB (10^6 bytes), read as it streams: MB/s;
+- download: `GET bytes?n=…` of --download-mb MB (10^6 bytes), read as it streams, --downloads times a
+  round (their median): MB/s. `--client raw` (default): HTTP/1.1 on a plain socket, a new connection
+  each, received into one buffer (as curl would), so the client is not the bottleneck; `--client
+  httpx`: httpx's iter_raw on the kept connection (the figures before 2026-11-28 15:00; its parsing
+  in this process held the direct download, which the proxy's figures were divided by);
 - upload: `POST upload` of --upload-mb MB: MB/s (the app hashes it);
 - websocket: --messages sequential round trips of a 100-byte text message: p50 / p99 ms;
 - for scale, --requests `GET /api/v1/me/` of the console itself (Django with the same sign-in).
@@ -195,7 +200,40 @@ def apps_origin_client(base: str, browser: httpx.Client, prefix: str) -> tuple[s
     return apps, client
 
 
-def measure(client: httpx.Client, prefix: str, ws_url: str, ws_headers: dict, args, ws_socket=lambda: None) -> dict:
+def download_raw(address: tuple[str, int], target: str, headers: dict[str, str], hello=None) -> tuple[int, float]:
+    """GET `target` on a new connection to `address` (`hello()` written first where given: the
+    relay's proof), its body received into one buffer and dropped: (bytes of the body, seconds
+    from the connection's start to its last byte). HTTP/1.1 on a plain socket, as curl would
+    read it: the client is not what limits the rate (httpx's iter_raw spent more CPU a MB than
+    the relay it measured)."""
+    buffer = bytearray(4 << 20)
+    view = memoryview(buffer)
+    started = time.perf_counter()
+    with socket.create_connection(address, timeout=120) as sock:
+        if hello is not None:
+            sock.sendall(hello())
+        lines = [f"GET {target} HTTP/1.1", *(f"{name}: {value}" for name, value in headers.items()), "Connection: close"]
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        got = 0
+        while (end := bytes(buffer[: min(got, 65536)]).find(b"\r\n\r\n")) < 0:
+            n = sock.recv_into(view[got:])
+            if not n:
+                raise ConnectionError("the answer ended before its head")
+            got += n
+        head = bytes(buffer[:end]).decode("latin-1").split("\r\n")
+        assert head[0].split()[1] == "200", head[0]
+        fields = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in head[1:])}
+        left = int(fields["content-length"]) - (got - end - 4)
+        body = int(fields["content-length"])
+        while left > 0:
+            n = sock.recv_into(view)
+            if not n:
+                raise ConnectionError(f"the body ended {left} bytes short")
+            left -= n
+    return body, time.perf_counter() - started
+
+
+def measure(client: httpx.Client, prefix: str, ws_url: str, ws_headers: dict, args, ws_socket=lambda: None, raw=None) -> dict:
     client.get(prefix + "echo").raise_for_status()  # warm: the connection, and the proxy's target
     times = []
     for _ in range(args.requests):
@@ -203,12 +241,19 @@ def measure(client: httpx.Client, prefix: str, ws_url: str, ws_headers: dict, ar
         client.get(prefix + "echo").raise_for_status()
         times.append((time.perf_counter() - started) * 1000)
     n = int(args.download_mb * 10**6)
-    started, got = time.perf_counter(), 0
-    with client.stream("GET", prefix + "bytes", params={"n": n}) as answer:
-        for chunk in answer.iter_raw():
-            got += len(chunk)
-    download_s = time.perf_counter() - started
-    assert got == n, (got, n)
+    downloads = []
+    for _ in range(args.downloads):
+        if raw is not None:  # (address, headers, hello): the raw client
+            got, seconds = download_raw(raw[0], f"{prefix}bytes?n={n}", raw[1], raw[2])
+        else:
+            started, got = time.perf_counter(), 0
+            with client.stream("GET", prefix + "bytes", params={"n": n}) as answer:
+                for chunk in answer.iter_raw():
+                    got += len(chunk)
+            seconds = time.perf_counter() - started
+        assert got == n, (got, n)
+        downloads.append(seconds)
+    download_s = statistics.median(downloads)
     body = os.urandom(1 << 20) * int(args.upload_mb * 10**6 // (1 << 20))
     started = time.perf_counter()
     stored = client.post(prefix + "upload", content=body)
@@ -237,7 +282,14 @@ def main() -> None:
     parser.add_argument("--download-mb", type=float, default=200)
     parser.add_argument("--upload-mb", type=float, default=100)
     parser.add_argument("--messages", type=int, default=500)
-    parser.add_argument("--repeat", type=int, default=3, help="rounds, proxy and direct interleaved; medians are shown")
+    parser.add_argument("--repeat", type=int, default=5, help="rounds, proxy and direct interleaved; medians are shown")
+    parser.add_argument("--downloads", type=int, default=3, help="downloads a round (its figure: their median)")
+    parser.add_argument(
+        "--client",
+        choices=["raw", "httpx"],
+        default="raw",
+        help="the downloads' client: HTTP/1.1 on a plain socket into one buffer (raw), or httpx's iter_raw",
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "app_proxy.txt"))
     args = parser.parse_args()
     load = os.getloadavg()  # the machine may be shared: the figures include the competition for its CPUs
@@ -262,8 +314,12 @@ def main() -> None:
             for round_ in range(args.repeat):  # interleaved, so that the machine's drift hits both alike
                 for kind in ("proxy", "direct") if round_ % 2 == 0 else ("direct", "proxy"):
                     if kind == "proxy":
-                        figures = measure(on_apps, prefix, apps.replace("http", "ws") + prefix + "ws", cookie, args)
+                        apps_host = {"Host": apps.split("//", 1)[1], **cookie}
+                        raw = (("127.0.0.1", int(apps.rsplit(":", 1)[1])), apps_host, None) if args.client == "raw" else None
+                        figures = measure(on_apps, prefix, apps.replace("http", "ws") + prefix + "ws", cookie, args, raw=raw)
                     else:
+                        direct_host = {"Host": direct_base.split("//", 1)[1], "Authorization": f"token {app['token']}"}
+                        raw = ((app["host"], app["port"]), direct_host, proof) if args.client == "raw" else None
                         ws_url = direct_base.replace("http", "ws") + prefix + "ws"
                         figures = measure(
                             direct,
@@ -272,6 +328,7 @@ def main() -> None:
                             {"Authorization": f"token {app['token']}"},
                             args,
                             ws_socket=lambda: proven_socket(app["host"], app["port"], proof),
+                            raw=raw,
                         )
                     runs[kind].append({**figures, "load": os.getloadavg()[0]})
                     print(f"round {round_ + 1} {kind}: {json.dumps(runs[kind][-1])}", file=sys.stderr)
@@ -294,7 +351,8 @@ def main() -> None:
     straight = {key: statistics.median(run[key] for run in runs["direct"]) for key in runs["direct"][0]}
     lines = [
         f"app proxy vs direct ({args.requests} GETs, {args.download_mb:g} MB down, {args.upload_mb:g} MB up, "
-        f"{args.messages} websocket messages; medians of {args.repeat} rounds, interleaved; standalone console, "
+        f"{args.messages} websocket messages; medians of {args.repeat} rounds, interleaved, a round's download the median of "
+        f"{args.downloads} by the {args.client} client; standalone console, "
         f"process runtime, direct: the agent's relay into the session's sandbox, which the proxy reaches, "
         f"each connection proven as the web's are; "
         f"{os.cpu_count()} CPUs, load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after, "
@@ -307,6 +365,8 @@ def main() -> None:
         f"added latency per request (p50): {proxied['p50_ms'] - straight['p50_ms']:.2f} ms; per websocket "
         f"round trip (p50): {proxied['ws_p50_ms'] - straight['ws_p50_ms']:.2f} ms"
     )
+    each = [p["download_mb_s"] / d["download_mb_s"] for p, d in zip(runs["proxy"], runs["direct"], strict=True)]
+    lines.append(f"download proxy/direct by round: {', '.join(f'{x:.2f}' for x in each)}")
     lines.append(
         f"for scale, the console's own GET /api/v1/me/ (Django, sign-in by cookie): p50 "
         f"{statistics.median(api_times):.2f} ms, p99 {percentile(api_times, 99):.2f} ms"
