@@ -20,10 +20,10 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import protocol
 from protocol.messages import (
@@ -41,6 +41,7 @@ from protocol.messages import (
 from protocol.mig_messages import MigReport
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MANAGER_THREADS = 4
 REPORT_RETRY_S = (0.5, 1, 2, 4, 5)  # pauses between tries of a report the broker did not take; then every 5 s
@@ -56,12 +57,12 @@ class CeleryManager:
     `node`: this agent's node, named in its session reports and log batches; `key`: the node's
     agent key (agent.toml `[manager] node-key`), which signs every message (protocol.sign)."""
 
-    def __init__(self, app, *, node: str = "", key: str = "") -> None:
+    def __init__(self, app: Any, *, node: str = "", key: str = "") -> None:
         self.app = app
         self.node = node
         self.key = key
 
-    def _send(self, task: str, **options) -> None:
+    def _send(self, task: str, **options: Any) -> None:
         kwargs = options.pop("kwargs")
         if self.key:
             kwargs[protocol.SIGNATURE] = protocol.sign(self.key, task, kwargs)
@@ -70,11 +71,11 @@ class CeleryManager:
     def register(
         self,
         node: str,
-        inventory: dict,
+        inventory: dict[str, Any],
         running: list[str],
-        images: dict | None = None,
+        images: dict[str, str] | None = None,
         *,
-        image_service_ports: dict | None = None,
+        image_service_ports: dict[str, str] | None = None,
     ) -> None:
         """`images`: the session images the node holds ({reference: image id}; sent only when known);
         `image_service_ports`: {image id: its ai.backend.service-ports label} (sent only when not empty)."""
@@ -93,9 +94,9 @@ class CeleryManager:
         running: list[str],
         mig_digest: str | None = None,
         state: AgentState | None = None,
-        images: dict | None = None,
+        images: dict[str, str] | None = None,
         *,
-        image_service_ports: dict | None = None,
+        image_service_ports: dict[str, str] | None = None,
     ) -> None:
         """`state`: the agent's view of its sessions (`Agent.state`; None: not sent); `images` and
         `image_service_ports` as for `register`. A heartbeat the manager has not taken within
@@ -142,7 +143,12 @@ class ManagerLink:
     loop: asyncio.AbstractEventLoop
 
     def __init__(
-        self, *, node: str, manager, background: Callable[[Coroutine[Any, Any, None]], None], retry_s=REPORT_RETRY_S
+        self,
+        *,
+        node: str,
+        manager: Any,
+        background: Callable[[Coroutine[Any, Any, None]], None],
+        retry_s: Iterable[float] = REPORT_RETRY_S,
     ) -> None:
         self.node = node
         self.manager = manager
@@ -161,12 +167,14 @@ class ManagerLink:
         for pool in (self.pool, self.heartbeat_pool):
             pool.shutdown(wait=False, cancel_futures=True)
 
-    async def call(self, fn, *args, **kwargs):
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)`, a call to the manager, on the manager pool: never on the loop,
         never behind session work."""
         return await self.loop.run_in_executor(self.pool, partial(fn, *args, **kwargs))
 
-    async def register(self, inventory: dict, running: list[str], images: dict | None, service_ports: dict) -> None:
+    async def register(
+        self, inventory: dict[str, Any], running: list[str], images: dict[str, str] | None, service_ports: dict[str, Any]
+    ) -> None:
         """Register the node (its `inventory`, the session ids it `running`, its held `images`,
         `service_ports`: the keyword `service_ports_keyword` builds); `registered` says whether the
         broker took it (else the next heartbeat tries again)."""
@@ -251,7 +259,7 @@ class ManagerLink:
             del self.ended[next(iter(self.ended))]
 
 
-def service_ports_keyword(labels: dict) -> dict:
+def service_ports_keyword(labels: dict[str, str]) -> dict[str, dict[str, str]]:
     """The held images' ai.backend.service-ports labels as a keyword for register and heartbeat,
     none when there are none (a manager double that predates them keeps working)."""
     return {"image_service_ports": dict(labels)} if labels else {}
