@@ -66,17 +66,30 @@ def _answers(now) -> dict:
     }
 
 
+FIGURES = ("cpu_total", "mem_total", "cpu_free", "mem_free", "free", "cap", "memory_total", "memory_free", "device_memory")
+DERIVED = ("gsum", "gmax", "idle", "distinct", "gpu_total", "unit", "model")
+
+
+def _same_index(index, built) -> None:
+    assert index.names == built.names
+    for name in FIGURES + DERIVED:
+        assert np.array_equal(getattr(index, name), getattr(built, name)), name
+    # alike nodes are twins in both (the scorers' classes), whatever their ids
+    assert len(set(zip(index.twin.tolist(), built.twin.tolist()))) == len(set(built.twin.tolist()))
+    assert len(set(zip(index.state.tolist(), built.state.tolist()))) == len(set(built.state.tolist()))
+
+
 def _indexes_are_built_ones() -> int:
     """Each kept scope's cluster index (followed or built) holds the figures one built now from
-    its nodes does; returns how many were compared."""
+    its nodes does, and so does the one a drain of its first node takes from it
+    (`eta._index_of_rows`); returns how many were compared."""
     compared = 0
     for scope in eta._scopes_kept.values():
         for pure_settings, index in scope.indexes.items():
-            built = core.cluster_index(scope.nodes, pure_settings)
-            for name in ("cpu_free", "mem_free", "free", "memory_free", "gsum", "gmax", "idle", "distinct", "cap"):
-                assert np.array_equal(getattr(index, name), getattr(built, name)), name
-            # alike nodes are twins in both (the scorers' classes), whatever their ids
-            assert len(set(zip(index.twin.tolist(), built.twin.tolist()))) == len(set(built.twin.tolist()))
+            _same_index(index, core.cluster_index(scope.nodes, pure_settings))
+            keep = list(range(1, len(scope.nodes)))
+            left = [scope.nodes[i] for i in keep]
+            _same_index(eta._index_of_rows(index, keep, left), core.cluster_index(left, pure_settings))
             compared += 1
     return compared
 

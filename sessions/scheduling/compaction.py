@@ -29,7 +29,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
-from django.db.models import Count, Max, Q
+from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
 from accelerators.allocation import compaction, core
@@ -42,7 +42,7 @@ from accelerators.selectors import DEFAULT_GROUP, fractional_settings_get, node_
 from common.errors import ApplicationError
 from sessions.scheduling import mig as mig_scheduling
 from sessions.scheduling.eta import cluster_stamp, queue_stamp
-from sessions.scheduling.kept_sessions import active_on
+from sessions.scheduling.kept_sessions import active_on, queue_read
 from sessions.models import ComputeSession, SessionStatus
 from sessions.scheduling.preemption import notice_give, notices_send, session_holders
 from sessions.selectors import session_request
@@ -123,13 +123,18 @@ _REQUEST_COLUMNS = ("request_spec", "slot_name", "slot_subtype", "amount", "cpu"
 def recent_shapes(*, group: ResourceGroup | None, slot: str = "cuda", now=None) -> list[core.ResourceRequest]:
     """The group's request shapes seen lately: the distinct normalised requests (no pins, no
     exclusions, no policy) of its sessions launched in the last RECENT_DAYS days, the most
-    frequent first, at most MAX_SHAPES. One query."""
+    frequent first (of equals, the first launched first), at most MAX_SHAPES. One query: the
+    distinct requests with their counts, grouped by the database (issue 35.2: thousands of rows
+    read and compared at each first ask)."""
     now = now or timezone.now()
-    launched = ComputeSession.objects.filter(created_at__gte=now - timedelta(days=RECENT_DAYS)).values_list(
-        *_REQUEST_COLUMNS, "pk"
+    launched = (
+        ComputeSession.objects.filter(created_at__gte=now - timedelta(days=RECENT_DAYS))
+        .values(*_REQUEST_COLUMNS)
+        .annotate(times=Count("pk"), first=Min("created_at"))
+        .order_by("first")
     )
-    distinct = _distinct(launched)
-    times = {id(session): len(pks) for session, pks in distinct}
+    distinct = [(ComputeSession(**{c: row[c] for c in _REQUEST_COLUMNS}), row["times"]) for row in launched]
+    times = {id(session): n for session, n in distinct}
     counts: dict = {}
     for session, request in _requests([session for session, _ in distinct], group, slot):
         shape = core.ResourceRequest(
@@ -272,8 +277,13 @@ def fragmentation_report(
     found = fragmentation_map_kept(nodes, pure, shapes=recent_shapes(group=group, slot=slot, now=now), options=options)
     # the largest waiting request (the first in queue order of the largest), judged once per
     # distinct request; only that session is read whole
-    queue = ComputeSession.objects.filter(status=SessionStatus.PENDING).order_by("-priority", "created_at")
-    distinct = _distinct(queue.values_list(*_REQUEST_COLUMNS, "pk"))
+    pending, active = queue_read() if kept else ([], [])  # only those written since the last read are read again
+    if kept:  # in the same order
+        rows = [(*(getattr(s, c) for c in _REQUEST_COLUMNS), s.pk) for s in pending]
+    else:
+        queue = ComputeSession.objects.filter(status=SessionStatus.PENDING).order_by("-priority", "created_at", "pk")
+        rows = list(queue.values_list(*_REQUEST_COLUMNS, "pk"))
+    distinct = _distinct(rows)
     first = {id(session): pks[0] for session, pks in distinct}
     waiting = _requests([session for session, _ in distinct], group, slot)
     target, plan, sessions = None, None, {}
@@ -283,7 +293,7 @@ def fragmentation_report(
         target = ComputeSession.objects.select_related("owner").filter(pk=first[id(largest)]).first()
     if target is not None:
         names = [n.node_id for n in nodes]
-        holders, stopping, _ = session_holders(node_names=names, sessions=active_on(names) if kept else None)
+        holders, stopping, _ = session_holders(node_names=names, sessions=active_on(names, active) if kept else None)
         plan = compaction.compaction_plan(nodes, holders, request, pure, now=now.timestamp(), options=options)
         if plan is not None and plan.moves:
             sessions = {

@@ -108,7 +108,8 @@ def queue_read() -> tuple[list[ComputeSession], list[ComputeSession]]:
     return pending, active
 
 
-def active_on(node_names: Iterable[str]) -> list[ComputeSession]:
-    """The kept active sessions on the nodes named `node_names`, by arrival then id."""
+def active_on(node_names: Iterable[str], active: list[ComputeSession] | None = None) -> list[ComputeSession]:
+    """The kept active sessions on the nodes named `node_names`, by arrival then id; `active`:
+    `queue_read()`'s active sessions, read already."""
     names = set(node_names)
-    return [s for s in queue_read()[1] if s.node is not None and s.node.name in names]
+    return [s for s in (queue_read()[1] if active is None else active) if s.node is not None and s.node.name in names]
