@@ -60,11 +60,11 @@ def received(channel: str) -> list[str]:
     return async_to_sync(drain)()
 
 
-def notify(sessions, capture) -> set[str]:
-    """`events.sessions_notify(sessions)` committed; the ids it rendered."""
+def notify(sessions, capture, *, answered: bool = False) -> set[str]:
+    """`events.sessions_notify(sessions, answered=answered)` committed; the ids it rendered."""
     events._rendered.shapes = {}
     with capture(execute=True):
-        events.sessions_notify(sessions)
+        events.sessions_notify(sessions, answered=answered)
     return set(events._rendered.shapes)
 
 
@@ -92,7 +92,40 @@ def test_with_staff_listening_every_session_is_rendered(demo_cluster, alice, bob
     assert received(page) == [str(s.pk) for s in sessions]
 
 
-def test_a_few_notices_are_rendered_without_asking_who_listens(demo_cluster, alice, django_capture_on_commit_callbacks):
+def test_a_few_notices_of_a_write_that_answers_with_them_are_rendered_without_asking_who_listens(
+    demo_cluster, alice, django_capture_on_commit_callbacks
+):
     sessions = sessions_of(alice, events._ASK_FROM - 1, "s")
 
-    assert notify(sessions, django_capture_on_commit_callbacks) == {str(s.pk) for s in sessions}
+    assert notify(sessions, django_capture_on_commit_callbacks, answered=True) == {str(s.pk) for s in sessions}
+
+
+def test_one_notice_no_answer_reuses_is_rendered_only_when_a_page_listens(
+    demo_cluster, alice, django_capture_on_commit_callbacks
+):
+    (session,) = sessions_of(alice, 1, "s")
+
+    assert notify([session], django_capture_on_commit_callbacks) == set()
+    page = listening(events.user_group(alice.pk))
+    assert notify([session], django_capture_on_commit_callbacks) == {str(session.pk)}
+    assert received(page) == [str(session.pk)]
+
+
+def test_an_agents_reports_of_a_session_nobody_watches_move_it_without_reading_it_for_a_notice(
+    demo_cluster, alice, django_capture_on_commit_callbacks, django_assert_num_queries
+):
+    """An agent's PREPARING and RUNNING reports of a session launched through the API or the CLI (no
+    page open): each reads the session with its node and makes its compare-and-set UPDATE; no
+    notice reads or renders it (issue 35.3)."""
+    from sessions.lifecycle.services import session_report_apply
+    from sessions.scheduling.scheduler import schedule_pending
+
+    (session,) = sessions_of(alice, 1, "s")
+    assert schedule_pending() == [str(session.pk)]
+    for status in ("PREPARING", "RUNNING"):
+        events._rendered.shapes = {}
+        with django_assert_num_queries(2), django_capture_on_commit_callbacks(execute=True):
+            assert session_report_apply(session_id=str(session.pk), status=status)
+        assert events._rendered.shapes == {}
+        session.refresh_from_db()
+        assert session.status == status

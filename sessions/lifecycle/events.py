@@ -35,16 +35,17 @@ def user_group(user_id) -> str:
     return f"user-{user_id}"
 
 
-def session_notify(session) -> None:
-    """After commit, push the session's current API shape to its owner, its page and staff."""
-    sessions_notify([session])
+def session_notify(session, *, answered: bool = False) -> None:
+    """After commit, push the session's current API shape to its owner, its page and staff (`sessions_notify`)."""
+    sessions_notify([session], answered=answered)
 
 
-def sessions_notify(sessions) -> None:
+def sessions_notify(sessions, *, answered: bool = False) -> None:
     """After commit, push each session's current API shape to its owner, its page and staff:
     `{"type": "session.update", "session": {…}}` to `session-<id>`, `user-<owner id>`, `staff`,
     in that order, once per entry of `sessions` (a list of ComputeSession, in order), of those
-    a page listens for (`_send_updates`).
+    a page listens for (`_send_updates`). `answered`: the caller answers with the session's
+    shape (a DELETE: `shape_shown`), so a few are rendered without asking who listens.
 
     One after-commit callback for the whole list: one query (with its prefetches) reads them all,
     and every group send goes out from one event loop, so a scheduler pass placing 1,000
@@ -54,7 +55,7 @@ def sessions_notify(sessions) -> None:
     notified into an error answer (issue 33)."""
     entries = [(s.pk, s.owner_id) for s in sessions]
     if entries:
-        transaction.on_commit(lambda: _send_updates(entries), robust=True)
+        transaction.on_commit(lambda: _send_updates(entries, answered=answered), robust=True)
 
 
 def session_notify_rendered(session) -> dict:
@@ -101,16 +102,19 @@ def _render(session_ids: list) -> dict[str, dict]:
     return shapes
 
 
-def _send_updates(entries: list[tuple]) -> None:
+def _send_updates(entries: list[tuple], *, answered: bool = False) -> None:
     """After commit: read the sessions of `entries` ((id, owner id) pairs) that a page listens
     for (`_listened`) and push their notices; the others are neither read nor rendered (a
     scheduler pass placing 1,000 sessions nobody watches spent most of its commit rendering
-    their API shapes: issue 35.2). Fewer than _ASK_FROM are rendered without asking: rendering
-    them costs about what asking does, and a write that answers with its session reuses the
-    shape (`shape_shown`: a DELETE's answer). Never raises: a read that fails (the database's connection
-    cut) loses these notices, logged; the pages re-read the list when their websocket
-    reconnects, and the next change notifies."""
-    heard = _listened(entries) if len(entries) >= _ASK_FROM else None
+    their API shapes: issue 35.2; an agent's PREPARING, RUNNING and TERMINATED reports of a
+    session launched through the API or the CLI rendered it three times, each read and render
+    beside the launch's own steps in the manager's process: issue 35.3). Fewer than _ASK_FROM
+    of a write that is `answered` with its session are rendered without asking: that write
+    reuses the shape (`shape_shown`: a DELETE's answer), which it would otherwise read and
+    render itself. Never raises: a read that fails (the database's connection cut) loses these
+    notices, logged; the pages re-read the list when their websocket reconnects, and the next
+    change notifies."""
+    heard = _listened(entries) if len(entries) >= _ASK_FROM or not answered else None
     if heard is not None:
         entries = [entry for entry in entries if entry[0] in heard]
     if not entries:
@@ -123,7 +127,7 @@ def _send_updates(entries: list[tuple]) -> None:
     _push(entries, shapes)
 
 
-_ASK_FROM = 8  # notices of a commit from which `_listened` is asked first
+_ASK_FROM = 8  # notices of an answered write's commit from which `_listened` is asked first (others: always)
 _MEMBERS_AT_ONCE = 64  # group_members calls in flight at once (one Redis round trip each)
 _MEMBERS_WAIT_S = 5.0
 

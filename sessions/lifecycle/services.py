@@ -110,7 +110,7 @@ def session_terminate(*, session: ComputeSession, reason: str = "") -> ComputeSe
             _stop_on_commit(session)
         session.refresh_from_db(fields=SHOWN_STATE)  # keeps the node read with it (unchanged here)
     if moved:
-        events.session_notify(session)
+        events.session_notify(session, answered=True)  # the DELETE answers with its shape
     elif session.status == SessionStatus.TERMINATING:  # asked again: the stop may have been lost
         _stop_on_commit(session)
     return session
@@ -215,7 +215,7 @@ def _cancel_pending(session: ComputeSession) -> bool:
     ):
         return False
     session.refresh_from_db()
-    events.session_notify(session)
+    events.session_notify(session, answered=True)  # the DELETE answers with its shape
     return True
 
 
