@@ -55,6 +55,10 @@ def _answers(now) -> dict:
     queue = eta._Queue(now=now)
     bands = queue.bands()
     what_if = eta._what_if(queue, bands, weights=None, policies=None, backfill_limit=None, drain=frozenset({"gpu-node-0"}))
+    for room in queue._rooms:  # each replay kept its indexes as a build of its nodes at its end would be
+        for scope in room.view.scopes.values():
+            for pure_settings, index in scope.indexes.items():
+                _same_index(index, core.cluster_index(scope.nodes, pure_settings))
     return {
         "pending": [s.pk for s in queue.pending],
         "holdings": {k: (h.node_id, h.cpu, h.mem, h.grants) for k, h in queue.holdings.items()},
