@@ -3,9 +3,11 @@ old 30 s pool timeout and never a 500: the API a 503 in its error shape with `Re
 pages their own "try again" page (503, `Retry-After`, a refresh); a launch made meanwhile leaves
 nothing behind; and once the database is back the web answers again within seconds, by itself.
 
-The database is a PostgreSQL server of the test's own (initdb into a temporary directory, run
+The database is a PostgreSQL server of the module's own (initdb into a temporary directory, run
 by pg_ctl as user postgres on a free port, stopped with `pg_ctl stop -m immediate` as a crash
-would), never the machine's, which other runs use. A uvicorn web process serves from it.
+would), never the machine's, which other runs use; it is made and migrated once for the module's
+tests and started again for a test where the one before left it stopped. A uvicorn web process of
+each test's own serves from it.
 """
 from __future__ import annotations
 
@@ -37,8 +39,8 @@ def _pg_bin(name: str) -> str:
 
 
 class PrivatePostgres:
-    """A PostgreSQL server of this test's own: `start()`, `stop()` (immediate: as if it crashed),
-    `url(database)`."""
+    """A PostgreSQL server of this module's own: `start()`, `stop()` (immediate: as if it crashed),
+    `running()`, `url(database)`."""
 
     def __init__(self):
         self.dir = Path(tempfile.mkdtemp(prefix="fgpu-h6-pg-"))
@@ -58,6 +60,9 @@ class PrivatePostgres:
 
     def stop(self) -> None:
         _as_postgres([_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"])
+
+    def running(self) -> bool:
+        return _as_postgres([_pg_bin("pg_ctl"), "-D", str(self.data), "status"]).returncode == 0
 
     def log(self) -> str:
         path = self.dir / "server.log"
@@ -80,16 +85,18 @@ print("COOKIE", client.cookies["sessionid"].value)
 """
 
 
-@pytest.fixture
-def outage(tmp_path, request):
-    """(PrivatePostgres, web base URL, alice's token, alice's session cookie, the web's Proc)."""
+@pytest.fixture(scope="module")
+def database(tmp_path_factory):
+    """The module's PostgreSQL server, its database `fgpu` migrated and alice in it, made once for the
+    module's tests (its initdb and migrations took 35-50 s a test on the loaded 2-core machine; issue
+    34.5): (PrivatePostgres, the web's environment, alice's token, alice's session cookie). A test may
+    leave it stopped: `outage` starts it again for the next."""
     pg = PrivatePostgres()
-    web = None
     try:
         pg.start()
         create = _as_postgres(["psql", "-h", "127.0.0.1", "-p", str(pg.port), "-c", "CREATE DATABASE fgpu"])
         assert create.returncode == 0, create.stderr
-        env = {**os.environ, "DATABASE_URL": pg.url("fgpu"), "FGPU_DATA_DIR": str(tmp_path / "data"),
+        env = {**os.environ, "DATABASE_URL": pg.url("fgpu"), "FGPU_DATA_DIR": str(tmp_path_factory.mktemp("outage")),
                "PYTHONUNBUFFERED": "1"}
         migrate = subprocess.run([PYTHON, "manage.py", "migrate", "--no-input"], cwd=ROOT, env=env, capture_output=True,
                                  text=True)
@@ -98,18 +105,31 @@ def outage(tmp_path, request):
                                text=True)
         assert setup.returncode == 0, setup.stderr
         values = dict(line.split(" ", 1) for line in setup.stdout.splitlines() if line.startswith(("TOKEN", "COOKIE")))
+        yield pg, env, values["TOKEN"], values["COOKIE"]
+    finally:
+        pg.remove()
+
+
+@pytest.fixture
+def outage(database, tmp_path, request):
+    """(PrivatePostgres, web base URL, alice's token, alice's session cookie, the web's Proc): a web
+    process of the test's own, started on the module's database, running."""
+    pg, env, token, cookie = database
+    if not pg.running():
+        pg.start()
+    web = None
+    try:
         port = free_port()
         web = Proc("web", web_command(port), env=env, log_dir=tmp_path)
         base = f"http://127.0.0.1:{port}"
         wait_until(lambda: web_answers(base), timeout=60, what="the web process to answer")
-        yield pg, base, values["TOKEN"], values["COOKIE"], web
+        yield pg, base, token, cookie, web
     finally:
         if web is not None:
             web.stop()
             report = getattr(request.node, "rep_call", None)
             if report is None or report.failed:
                 print(f"----- web -----\n{web.output()[-6000:]}\n----- postgres -----\n{pg.log()}")
-        pg.remove()
 
 
 def call(base: str, path: str, *, method: str = "GET", token: str = "", cookie: str = "", body: bytes | None = None):
