@@ -2,9 +2,11 @@
 until its agent confirms the session's processes are gone, so no device is granted twice while
 they may still run.
 
-The stack of tests/faults/conftest.py (web, manager, beat, one agent, a private Redis; a node is
-LOST after 10 s of silence); the node's one GPU is 2 fGPU. The agent is frozen with SIGSTOP (its
-sessions, in sessions of their own, keep running), which makes its node LOST; the session holding
+The stack of tests/faults/conftest.py (web, manager, beat, one agent, a private Redis), its agent's
+heartbeat every 1 s and its node LOST after 5 s of silence (HEARTBEATS: the fault stack's 2 s and
+10 s halved, five intervals either way, so the frozen agent's node is LOST sooner; issue 34.5); the
+node's one GPU is 2 fGPU. The agent is frozen with SIGSTOP (its sessions, in sessions of their own,
+keep running), which makes its node LOST; the session holding
 the whole GPU is deleted; a second session asks for part of that GPU. Then the agent comes back,
 thawed (SIGCONT), or killed and started again (its registration lists what it runs). Every 0.1 s until the second session holds the GPU, the test
 checks that it holds nothing while a process of the first is alive.
@@ -22,6 +24,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 NODE = "fault-node-0"
 BODY = {"cpu": 1, "mem": "64M"}
+HEARTBEATS = {"FGPU_HEARTBEAT_INTERVAL": "1", "FGPU_HEARTBEAT_TIMEOUT": "5"}
+# The fence timeout: the heartbeat timeout and 10 s, as the 20 s it was were the fault stack's 10 s and 10 s: the
+# node is LOST (the manager's beat looks every 5 s) and the session deleted within those 10 s, before the fence ends it.
+FENCE_TIMEOUT_S = 15
 
 
 def read(session_id: str):
@@ -91,7 +97,7 @@ def granted_only_once_gone(whole: str, newcomer: str) -> None:
 
 def test_a_session_deleted_while_its_agent_is_frozen_holds_its_gpu_until_the_thawed_agent_stops_it(fault_stack,
                                                                                                      alice_token):
-    stack = fault_stack(nodes=1, gpus=1)
+    stack = fault_stack(nodes=1, gpus=1, env=HEARTBEATS)
     _, whole, newcomer = lost_with_a_deleted_session(stack, alice_token)
 
     stack.agents[NODE].signal(signal.SIGCONT)
@@ -101,7 +107,7 @@ def test_a_session_deleted_while_its_agent_is_frozen_holds_its_gpu_until_the_tha
 
 def test_a_session_deleted_while_its_node_is_lost_holds_its_gpu_until_the_restarted_agent_reports_it_gone(fault_stack,
                                                                                                             alice_token):
-    stack = fault_stack(nodes=1, gpus=1)
+    stack = fault_stack(nodes=1, gpus=1, env=HEARTBEATS)
     _, whole, newcomer = lost_with_a_deleted_session(stack, alice_token)
     stack.kill(stack.agent_name(NODE))  # its session runs on, held by its holder; the console cannot know either way
 
@@ -115,7 +121,7 @@ def test_a_lost_node_marked_dead_ends_its_sessions_and_its_agent_stops_them_when
                                                                                                  django_user_model):
     from accounts.services import login_token_issue
 
-    stack = fault_stack(nodes=1, gpus=1)
+    stack = fault_stack(nodes=1, gpus=1, env=HEARTBEATS)
     client = ApiClient(stack.base, alice_token)
     status, session = client.launch("on-a-dead-node", {"resources": {"cuda.shares": "1.0", **BODY}})
     assert status == 201, session
@@ -141,11 +147,11 @@ def test_a_lost_node_marked_dead_ends_its_sessions_and_its_agent_stops_them_when
 
 
 def test_a_lost_node_silent_past_the_fence_timeout_is_declared_dead_by_the_manager(fault_stack, alice_token):
-    stack = fault_stack(nodes=1, gpus=1, env={"FGPU_FENCE_TIMEOUT_SECONDS": "20"})
+    stack = fault_stack(nodes=1, gpus=1, env={**HEARTBEATS, "FGPU_FENCE_TIMEOUT_SECONDS": str(FENCE_TIMEOUT_S)})
     _, whole, newcomer = lost_with_a_deleted_session(stack, alice_token)
     assert "or in " in read(whole).status_reason
 
-    # The manager's beat (node_check_heartbeats, every 5 s) declares the node dead 20 s after its last heartbeat.
+    # The manager's beat (node_check_heartbeats, every 5 s) declares the node dead 15 s after its last heartbeat.
     wait_until(lambda: read(whole).status == "TERMINATED", timeout=60, what="the fence timeout to end the session")
     assert (read(whole).status_reason, held(whole)) == ("at the request of alice", 0)
     assert (read(newcomer).status, node_status()) == ("PENDING", "LOST")  # nothing is placed on a LOST node
