@@ -57,7 +57,7 @@ os.environ.setdefault("FGPU_STOP_SESSIONS_ON_EXIT", "true")
 SERIAL = (
     "tests/faults/test_database_outage.py",  # the web's answers within 2 s while a private PostgreSQL is down
     "tests/faults/test_faults.py",  # backends terminated; convergence within 90 s of each fault
-    "tests/faults/test_fencing_agents.py",  # an agent frozen until LOST (10 s), a fence timeout of 20 s
+    "tests/faults/test_fencing_agents.py",  # an agent frozen until LOST (5 s), a fence timeout of 15 s
     "tests/faults/test_launch_commit.py",  # the test database's backends terminated 5 times a second
     "tests/faults/test_load.py",  # 200 launches placed within 60 s, drained within 30 s
     "tests/faults/test_redis_restart_terminal.py",  # the first terminal after a Redis restart within 30 s
