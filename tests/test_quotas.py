@@ -9,7 +9,6 @@ not `session_create` checks quotas itself.
 from __future__ import annotations
 
 import html
-import threading
 from decimal import Decimal as D
 
 import pytest
@@ -23,6 +22,7 @@ from sessions.admission import launch as admission
 from sessions.models import ComputeSession, Project, Quota, SessionStatus
 from sessions.policy.quotas import quota_check, quota_headroom, quota_usage
 from tests.conftest import GiB, make_cluster, mock_gpu
+from tests.races import race
 
 UNIT_MEM = 4 * GiB  # make_cluster's default: 1.0 fGPU = 4 GiB and 40 SMs
 
@@ -363,28 +363,14 @@ def test_simultaneous_launches_of_one_project_check_the_quota_one_after_the_othe
     members = [django_user_model.objects.create_user(f"member{i}") for i in range(8)]
     vision = project("vision", *members)
     Quota.objects.create(project=vision, max_sessions=1)
-    barrier = threading.Barrier(len(members))
-    refused: list[ApplicationError] = []
-    errors: list[BaseException] = []
 
     def launch(user):
-        try:
-            barrier.wait(timeout=30)
-            with transaction.atomic():  # as session_create does: check and write in one transaction
-                check(user, {"cuda.shares": "0.25"})
-                admission.session_create(owner=user, name="s", resources={"cuda.shares": "0.25"})
-        except ApplicationError as exc:
-            refused.append(exc)
-        except BaseException as exc:  # reported by the test, not lost in the thread
-            errors.append(exc)
-        finally:
-            connection.close()
+        with transaction.atomic():  # as session_create does: check and write in one transaction
+            check(user, {"cuda.shares": "0.25"})
+            admission.session_create(owner=user, name="s", resources={"cuda.shares": "0.25"})
 
-    threads = [threading.Thread(target=launch, args=(user,)) for user in members]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    seen = race(launch, members, name="launch", join_s=60)
+    threads, refused, errors = seen.threads, seen.refused, seen.errors
 
     assert not any(thread.is_alive() for thread in threads), "a launching thread is stuck (deadlock?)"
     assert errors == []

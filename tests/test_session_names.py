@@ -5,19 +5,17 @@ with one name on real PostgreSQL give one session, and an ended session's name m
 again. The launch dialog's side: tests/test_browser_launch_styles.py."""
 from __future__ import annotations
 
-import threading
-
 import pytest
 from django.db import connection
 
 from accounts.services import login_token_issue
-from common.errors import ApplicationError
 from fgpu_cli import main as cli
 from sessions.admission import launch as admission
 from sessions.lifecycle import services
 from sessions.models import ComputeSession, SessionStatus
 from sessions.selectors import session_name_unused
 from tests.conftest import assert_error_shape, client_for
+from tests.races import race
 
 HALF = {"cuda.shares": "0.5"}
 
@@ -102,27 +100,13 @@ def test_fgpu_launch_says_the_name_is_taken(live_server, demo_cluster, alice, mo
 def test_two_launches_at_once_with_one_name_make_one_session(demo_cluster, alice):
     """On real PostgreSQL: the second INSERT waits for the first's commit, then meets the
     constraint; its launch answers name-taken (not a 500), and one session is written."""
-    barrier = threading.Barrier(2)
     made: list[str] = []
-    refused: list[ApplicationError] = []
-    errors: list[BaseException] = []
 
-    def work():
-        try:
-            barrier.wait(timeout=30)
-            made.append(str(admission.session_create(owner=alice, name="race", resources=HALF).pk))
-        except ApplicationError as exc:
-            refused.append(exc)
-        except BaseException as exc:  # reported by the test, not lost in the thread
-            errors.append(exc)
-        finally:
-            connection.close()
+    def work(_: int) -> None:
+        made.append(str(admission.session_create(owner=alice, name="race", resources=HALF).pk))
 
-    threads = [threading.Thread(target=work, name=f"launch-{i}") for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    seen = race(work, range(2), name="launch", join_s=120)
+    threads, refused, errors = seen.threads, seen.refused, seen.errors
     assert not any(thread.is_alive() for thread in threads), "a launching thread is stuck"
     assert errors == []
     assert len(made) == 1 and [e.type for e in refused] == ["name-taken"], (made, refused)
