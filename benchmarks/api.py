@@ -228,20 +228,18 @@ def main() -> int:
     from django.db import connection
 
     from benchmarks.database import throwaway_database
+    from benchmarks.output import figures_write
 
     if connection.vendor != "postgresql":
         sys.exit("benchmarks/api.py needs PostgreSQL: set DATABASE_URL=postgres://…")
     began = time.perf_counter()
     with throwaway_database("bench_api"):
         lines = run(args)
-    lines.append(
-        f"\n(took {time.perf_counter() - began:.0f} s: python benchmarks/api.py --clients {args.clients} "
-        f"--seconds {args.seconds:g} --nodes {args.nodes} --sessions {args.sessions})"
+    command = (
+        f"python benchmarks/api.py --clients {args.clients} --seconds {args.seconds:g} --nodes {args.nodes} "
+        f"--sessions {args.sessions}"
     )
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    figures_write(lines, began=began, command=command, out=args.out)
     return 0
 
 

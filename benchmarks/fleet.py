@@ -245,6 +245,7 @@ def main() -> int:
     from django.db import connection
 
     from benchmarks.database import throwaway_database
+    from benchmarks.output import figures_write
 
     if connection.vendor != "postgresql":
         sys.exit("benchmarks/fleet.py needs PostgreSQL: set DATABASE_URL=postgres://…")
@@ -256,14 +257,8 @@ def main() -> int:
     else:
         with throwaway_database("bench_fleet"):
             lines = run(args)
-    lines.append(
-        f"\n(took {time.perf_counter() - began:.0f} s: python benchmarks/fleet.py --nodes {args.nodes} "
-        f"--sessions {args.sessions} --repeat {args.repeat})"
-    )
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    command = f"python benchmarks/fleet.py --nodes {args.nodes} --sessions {args.sessions} --repeat {args.repeat}"
+    figures_write(lines, began=began, command=command, out=args.out)
     return 0
 
 
