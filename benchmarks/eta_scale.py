@@ -10,9 +10,11 @@ and writes what benchmarks/scale.py's phases do: the cluster (tests/seed.py `gpu
 `--nodes` × 8 mock GPUs of 2 fGPU), one staff user, `--running` sessions of 0.5 fGPU placed by one
 scheduler pass (SCHEDULED: they hold their room), and `--waiting` more left PENDING (no pass).
 
-`measure` runs, in this process through Django's test client (the web's own cost, no network),
-`--rounds` rounds of: /me/; a change (one running session ends: its allocations released through
-`session_report_apply`, as an agent's report does — the queue and the cluster both change); then
+`measure` warms what a web process keeps (the cluster view, the kept sessions where the tree has
+them, one ETA, what-if and map asked before the rounds), then runs, in this process through
+Django's test client (the web's own cost, no network), `--rounds` rounds of: /me/; a change (one
+running session ends: its allocations released through `session_report_apply`, as an agent's
+report does — the queue and the cluster both change); then
 the first ETA of the queue's head after it ("eta first"), the head again ("eta again"), the tail,
 the what-if (draining gpu-node-0) twice and the fragmentation map twice. Medians in ms of the wall
 time and of this process's CPU time (steadier than the wall time on a loaded machine; the
@@ -108,6 +110,15 @@ def measure(args) -> None:
     from accelerators.cluster_view import cluster_view
 
     cluster_view().snapshot()  # a web process's view is warm: its first full read (seconds) is not measured
+    try:  # and so are its kept sessions (sessions.scheduling.kept_sessions: read whole once, then what changed)
+        from sessions.scheduling.kept_sessions import kept_sessions
+
+        kept_sessions().read()
+    except ImportError:  # a tree from before them (an A/B's base)
+        pass
+    # one ask of each before the rounds, as a web process that has answered them before: its first
+    # scope read, cluster index and workload are not the first ask after a change
+    _check(api.get(head)), _check(api.post(WHAT_IF, {"drain": ["gpu-node-0"]}, format="json")), _check(api.get(FRAGMENTATION))
     load_before = _load()
     _check(api.get(ME))
     for _ in range(args.rounds):
