@@ -18,7 +18,8 @@ One 0.5 fGPU session; the app is opened once; then, through the proxy and direct
 
 - latency: --requests sequential `GET echo` on one kept-alive connection (httpx): p50 / p99 ms;
 - download: `GET bytes?n=…` of --download-mb MB (10^6 bytes), read as it streams, --downloads times a
-  round (their median): MB/s. `--client raw` (default): HTTP/1.1 on a plain socket, a new connection
+  round (their median): MB/s, and the console process's CPU seconds per 100 MB (which moves less with
+  the machine's load than the rate). `--client raw` (default): HTTP/1.1 on a plain socket, a new connection
   each, received into one buffer (as curl would), so the client is not the bottleneck; `--client
   httpx`: httpx's iter_raw on the kept connection (the figures before 2026-11-28 15:00; its parsing
   in this process held the direct download, which the proxy's figures were divided by);
@@ -233,7 +234,14 @@ def download_raw(address: tuple[str, int], target: str, headers: dict[str, str],
     return body, time.perf_counter() - started
 
 
-def measure(client: httpx.Client, prefix: str, ws_url: str, ws_headers: dict, args, ws_socket=lambda: None, raw=None) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds process `pid` has spent so far."""
+    return sum(psutil.Process(pid).cpu_times()[:2])
+
+
+def measure(
+    client: httpx.Client, prefix: str, ws_url: str, ws_headers: dict, args, ws_socket=lambda: None, raw=None, console=0
+) -> dict:
     client.get(prefix + "echo").raise_for_status()  # warm: the connection, and the proxy's target
     times = []
     for _ in range(args.requests):
@@ -242,6 +250,7 @@ def measure(client: httpx.Client, prefix: str, ws_url: str, ws_headers: dict, ar
         times.append((time.perf_counter() - started) * 1000)
     n = int(args.download_mb * 10**6)
     downloads = []
+    spent = cpu_seconds(console)
     for _ in range(args.downloads):
         if raw is not None:  # (address, headers, hello): the raw client
             got, seconds = download_raw(raw[0], f"{prefix}bytes?n={n}", raw[1], raw[2])
@@ -254,6 +263,7 @@ def measure(client: httpx.Client, prefix: str, ws_url: str, ws_headers: dict, ar
         assert got == n, (got, n)
         downloads.append(seconds)
     download_s = statistics.median(downloads)
+    download_cpu = (cpu_seconds(console) - spent) / (args.downloads * n / 1e8)  # the console's CPU s per 100 MB
     body = os.urandom(1 << 20) * int(args.upload_mb * 10**6 // (1 << 20))
     started = time.perf_counter()
     stored = client.post(prefix + "upload", content=body)
@@ -270,6 +280,7 @@ def measure(client: httpx.Client, prefix: str, ws_url: str, ws_headers: dict, ar
         "p50_ms": statistics.median(times),
         "p99_ms": percentile(times, 99),
         "download_mb_s": n / 1e6 / download_s,
+        "download_cpu_s": download_cpu,
         "upload_mb_s": len(body) / 1e6 / upload_s,
         "ws_p50_ms": statistics.median(rtts),
         "ws_p99_ms": percentile(rtts, 99),
@@ -297,7 +308,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fgpu-app-proxy-") as tmp:
         console, base = start_console(Path(tmp), node_key)
         try:
-            browser, session_id, app = prepare(base, console.popen.pid)
+            pid = console.popen.pid  # the web, its embedded agent and the agent's relays (not the app)
+            browser, session_id, app = prepare(base, pid)
             prefix = f"/sessions/{session_id}/apps/echo/"
             apps, on_apps = apps_origin_client(base, browser, prefix)
             cookie = {"Cookie": f"fgpu_app={on_apps.cookies['fgpu_app']}"}
@@ -307,7 +319,8 @@ def main() -> None:
             def hello() -> bytes:
                 return relay_hello(secret, node=NODE, session_id=session_id, app="echo")
 
-            proof = hello if app["relayed"] else None
+            relayed = app["relayed"]
+            proof = hello if relayed else None
             direct = proven_client(direct_base, proof, timeout=120, headers={"Authorization": f"token {app['token']}"})
             runs: dict[str, list[dict]] = {"proxy": [], "direct": []}
             api_times = []  # for scale: a small page of the console's own API on the same connection
@@ -315,8 +328,12 @@ def main() -> None:
                 for kind in ("proxy", "direct") if round_ % 2 == 0 else ("direct", "proxy"):
                     if kind == "proxy":
                         apps_host = {"Host": apps.split("//", 1)[1], **cookie}
-                        raw = (("127.0.0.1", int(apps.rsplit(":", 1)[1])), apps_host, None) if args.client == "raw" else None
-                        figures = measure(on_apps, prefix, apps.replace("http", "ws") + prefix + "ws", cookie, args, raw=raw)
+                        raw: tuple | None = (
+                            (("127.0.0.1", int(apps.rsplit(":", 1)[1])), apps_host, None) if args.client == "raw" else None
+                        )
+                        figures = measure(
+                            on_apps, prefix, apps.replace("http", "ws") + prefix + "ws", cookie, args, raw=raw, console=pid
+                        )
                     else:
                         direct_host = {"Host": direct_base.split("//", 1)[1], "Authorization": f"token {app['token']}"}
                         raw = ((app["host"], app["port"]), direct_host, proof) if args.client == "raw" else None
@@ -329,6 +346,7 @@ def main() -> None:
                             args,
                             ws_socket=lambda: proven_socket(app["host"], app["port"], proof),
                             raw=raw,
+                            console=pid,
                         )
                     runs[kind].append({**figures, "load": os.getloadavg()[0]})
                     print(f"round {round_ + 1} {kind}: {json.dumps(runs[kind][-1])}", file=sys.stderr)
@@ -342,6 +360,7 @@ def main() -> None:
         ("HTTP GET p50 (ms)", "p50_ms"),
         ("HTTP GET p99 (ms)", "p99_ms"),
         ("download (MB/s)", "download_mb_s"),
+        ("download: console CPU s/100 MB", "download_cpu_s"),
         ("upload (MB/s)", "upload_mb_s"),
         ("websocket round trip p50 (ms)", "ws_p50_ms"),
         ("websocket round trip p99 (ms)", "ws_p99_ms"),
@@ -353,14 +372,20 @@ def main() -> None:
         f"app proxy vs direct ({args.requests} GETs, {args.download_mb:g} MB down, {args.upload_mb:g} MB up, "
         f"{args.messages} websocket messages; medians of {args.repeat} rounds, interleaved, a round's download the median of "
         f"{args.downloads} by the {args.client} client; standalone console, "
-        f"process runtime, direct: the agent's relay into the session's sandbox, which the proxy reaches, "
-        f"each connection proven as the web's are; "
-        f"{os.cpu_count()} CPUs, load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after, "
+        + (
+            "process runtime, direct: the agent's relay into the session's sandbox, which the proxy reaches, "
+            "each connection proven as the web's are; "
+            if relayed
+            else "process runtime, no sandbox here (no relay: the app on the node's network), direct: the app's own "
+            "address, which the proxy reaches; "
+        )
+        + f"{os.cpu_count()} CPUs, load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after, "
         f"{proxy_loads} after each proxy round)",
         f"{'':32}{'direct':>10}{'proxy':>10}{'proxy/direct':>14}",
     ]
     for label, key in rows:
-        lines.append(f"{label:32}{straight[key]:>10.2f}{proxied[key]:>10.2f}{proxied[key] / straight[key]:>14.2f}")
+        ratio = f"{proxied[key] / straight[key]:.2f}" if straight[key] else "-"  # direct CPU: the app's alone, none here
+        lines.append(f"{label:32}{straight[key]:>10.2f}{proxied[key]:>10.2f}{ratio:>14}")
     lines.append(
         f"added latency per request (p50): {proxied['p50_ms'] - straight['p50_ms']:.2f} ms; per websocket "
         f"round trip (p50): {proxied['ws_p50_ms'] - straight['ws_p50_ms']:.2f} ms"
