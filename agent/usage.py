@@ -70,8 +70,11 @@ import json
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 from protocol.messages import DeviceUsage, FolderUsage, HardwareId, NodeName, SessionId, SessionUsage, UsageBatch
 from protocol.units import SizeError, parse_binary_size
@@ -84,6 +87,57 @@ BATCH_SAMPLES = 12  # send at once when this many samples wait
 BACKLOG_SAMPLES = 720  # samples kept while the manager is unreachable (an hour at 5 s); older are dropped
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+T = TypeVar("T")
+
+
+class Nvml(Protocol):
+    """What is used here of NVML (the pynvml module, or a test's fake): its structs (memory info,
+    utilisation rates, running processes) are read by attribute and left untyped."""
+
+    def nvmlInit(self) -> None: ...
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> object: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> Any: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: object) -> Any: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[Any]: ...
+    def nvmlSystemGetProcessName(self, pid: int) -> bytes | str: ...
+
+
+class RunningSession(Protocol):
+    """What is read here of one session the agent runs (agent.core.RunningSession): its runtime
+    handle (`process`, whose `pid`, `container`, `pids` and `command_pid` are read where it has
+    them: handles differ by runtime), its environment and its home."""
+
+    @property
+    def process(self) -> object: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def work_dir(self) -> Path: ...
+
+
+class SampledAgent(Protocol):
+    """What the sampler reads of its agent (agent.core.Agent): the node's name, whether it is a
+    mock node, its inventory ({"devices": [DeviceInfo dicts], …}), its running sessions by id,
+    the manager (whose `usage(batch)`, where it has one, receives the batches), its work pool and
+    the calls that run on it and on the manager pool, and the terminal line it writes. Its `loop`
+    (once started) and `storage` (agent.storage.StorageWatch) are read where present."""
+
+    @property
+    def node(self) -> str: ...
+    @property
+    def mock(self) -> bool: ...
+    @property
+    def inventory(self) -> Mapping[str, Any]: ...
+    @property
+    def sessions(self) -> Mapping[str, RunningSession]: ...
+    @property
+    def manager(self) -> object: ...
+    @property
+    def _work(self) -> ThreadPoolExecutor: ...
+    def _in(self, pool: ThreadPoolExecutor, fn: Callable[[], T]) -> Awaitable[T]: ...
+    def _call(self, fn: Callable[[UsageBatch], object], batch: UsageBatch) -> Awaitable[object]: ...
+    def _output(self, running: Any, text: str, *, log_it: bool = True) -> None: ...  # Any: the agent's own RunningSession
 
 
 @dataclass(frozen=True)
@@ -148,7 +202,7 @@ def cgroup_usage(directory: Path) -> tuple[float, int, set[int]] | None:
     return cpu / 1e6, memory, pids
 
 
-def session_pids(session_id: str, handle) -> set[int]:
+def session_pids(session_id: str, handle: object) -> set[int]:
     """The host pids of a session's processes: its container's cgroup (`cgroup.procs`) where it
     has one of its own, else its handle's (`SessionHandle.pids`: the session's own cgroup, or its
     process tree by `runtimes.session_processes`); empty for a session without a process yet."""
@@ -165,17 +219,18 @@ def session_pids(session_id: str, handle) -> set[int]:
     return set(_tree_pids(session_id, handle))
 
 
-def _tree_pids(session_id: str, handle) -> list[int]:
+def _tree_pids(session_id: str, handle: object) -> list[int]:
     """The live pids of a session without a container: its handle's (`SessionHandle.pids`: its
     cgroup's, or the /proc scan), or a scan from its leader `pid` for a handle without `pids`."""
     pids = getattr(handle, "pids", None)
     if pids is not None:
-        return pids()
+        found: list[int] = pids()
+        return found
     pid = getattr(handle, "pid", None)
     return session_processes(session_id, pid, live_only=True) if pid else []
 
 
-def command_line(pid: int, *, proc: str = "/proc", nvml=None, limit: int = 256) -> str:
+def command_line(pid: int, *, proc: str = "/proc", nvml: Nvml | None = None, limit: int = 256) -> str:
     """The command line of host process `pid` (its arguments joined by spaces, at most `limit`
     characters); where /proc cannot tell (gone, another pid namespace), NVML's process name
     (`nvmlSystemGetProcessName`) when `nvml` is given, else ""."""
@@ -216,7 +271,15 @@ class UsageSampler:
     with a `usage(batch)` method (a protocol.messages.UsageBatch) — a manager without one receives nothing); `nvml`: the
     pynvml module or a fake (None: imported on first use on a real node); `clock`: epoch seconds."""
 
-    def __init__(self, agent, *, interval_s: float = 5.0, flush_s: float = 15.0, nvml=None, clock=time.time) -> None:
+    def __init__(
+        self,
+        agent: SampledAgent,
+        *,
+        interval_s: float = 5.0,
+        flush_s: float = 15.0,
+        nvml: Nvml | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.agent = agent
         self.interval_s = interval_s
         self.flush_s = flush_s
@@ -241,11 +304,11 @@ class UsageSampler:
         """Thread-safe: show `text` in the session's terminal (a line of its own, not logged):
         the manager's idle warnings (task fgpu.agent.session_notice)."""
         agent = self.agent
-        running = agent.sessions.get(session_id)
-        if running is None or getattr(agent, "loop", None) is None:
+        running, loop = agent.sessions.get(session_id), getattr(agent, "loop", None)
+        if running is None or loop is None:
             return
         # call_soon_threadsafe takes no keyword arguments: the line through a partial.
-        agent.loop.call_soon_threadsafe(functools.partial(agent._output, running, f"\r\n[fgpu: {text}]\r\n", log_it=False))
+        loop.call_soon_threadsafe(functools.partial(agent._output, running, f"\r\n[fgpu: {text}]\r\n", log_it=False))
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -332,7 +395,7 @@ class UsageSampler:
             )
         return UsageSample(devices=tuple(devices), sessions=tuple(rows))
 
-    def _host_usage(self, session_id: str, running, now: float) -> tuple[int | None, int | None, set[int]]:
+    def _host_usage(self, session_id: str, running: RunningSession, now: float) -> tuple[int | None, int | None, set[int]]:
         """(CPU milli-cores since the previous sample or None at the first, resident bytes, pids)."""
         handle = running.process
         pid = getattr(handle, "pid", None)
@@ -353,14 +416,17 @@ class UsageSampler:
         return millicores, mem, pids
 
     @staticmethod
-    def _granted(running) -> list[str]:
+    def _granted(running: RunningSession) -> list[str]:
         visible = running.env.get("CUDA_VISIBLE_DEVICES", "")
         return [uuid for uuid in visible.split(",") if uuid]
 
-    def _inventory(self) -> list[dict]:
-        return self.agent.inventory.get("devices", [])
+    def _inventory(self) -> list[dict[str, Any]]:
+        devices: list[dict[str, Any]] = self.agent.inventory.get("devices", [])
+        return devices
 
-    def _mock_gpu(self, sessions: dict, t: int) -> tuple[dict, list[DeviceUsage]]:
+    def _mock_gpu(
+        self, sessions: Mapping[str, RunningSession], t: int
+    ) -> tuple[dict[str, tuple[int | None, int | None]], list[DeviceUsage]]:
         """Mock devices: the sessions' declarations, summed per device."""
         per_device: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
         gpu: dict[str, tuple[int | None, int | None]] = {}
@@ -388,19 +454,19 @@ class UsageSampler:
             )
         return gpu, devices
 
-    def _nvml_module(self):
+    def _nvml_module(self) -> Nvml:
         """The pynvml module (or the fake given), initialised once."""
         nvml = self.nvml
         if nvml is None:
             import pynvml
 
-            nvml = self.nvml = pynvml
+            nvml = self.nvml = pynvml  # untyped (pyproject's mypy overrides): read as Nvml
         if not self._nvml_ready:
             nvml.nvmlInit()
             self._nvml_ready = True
         return nvml
 
-    def processes(self) -> dict:
+    def processes(self) -> dict[str, Any]:
         """Blocking (the work pool): the host's view of the node's GPUs (see the module docstring):
         `{"source": "nvml" | "declared", "at": epoch seconds, "truncated": bool, "processes": [{"device":
         UUID, "index": the device's position in the inventory, "pid": host pid, "command": text,
@@ -419,7 +485,7 @@ class UsageSampler:
             "processes": rows[:MAX_NODE_PROCESSES],
         }
 
-    def _mock_processes(self, sessions: dict) -> list[dict]:
+    def _mock_processes(self, sessions: Mapping[str, RunningSession]) -> list[dict[str, Any]]:
         index = {d["device_id"]: i for i, d in enumerate(self._inventory())}
         rows = []
         for sid, running in sessions.items():
@@ -451,7 +517,7 @@ class UsageSampler:
                 )
         return rows
 
-    def _nvml_processes(self, sessions: dict) -> list[dict]:
+    def _nvml_processes(self, sessions: Mapping[str, RunningSession]) -> list[dict[str, Any]]:
         nvml = self._nvml_module()
         owner = {pid: sid for sid, running in sessions.items() for pid in session_pids(sid, running.process)}
         rows, commands = [], {}
@@ -491,7 +557,9 @@ class UsageSampler:
                     )
         return rows
 
-    def _nvml_gpu(self, sessions: dict, pids: dict[str, set[int]], t: int) -> tuple[dict, list[DeviceUsage]]:
+    def _nvml_gpu(
+        self, sessions: Mapping[str, RunningSession], pids: dict[str, set[int]], t: int
+    ) -> tuple[dict[str, tuple[int | None, int | None]], list[DeviceUsage]]:
         """Real devices through NVML: device figures, and each session's processes' memory."""
         nvml = self._nvml_module()
         owner = {pid: sid for sid, group in pids.items() for pid in group}
@@ -531,5 +599,6 @@ class UsageSampler:
                     util=rate,
                 )
             )
-        gpu = {sid: (memory.get(sid, 0), util.get(sid, 0)) for sid in sessions}  # no process on a GPU: 0 MiB, 0 %
+        # A session with no process on a GPU: 0 MiB, 0 %.
+        gpu: dict[str, tuple[int | None, int | None]] = {sid: (memory.get(sid, 0), util.get(sid, 0)) for sid in sessions}
         return gpu, devices
