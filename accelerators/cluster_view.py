@@ -120,11 +120,15 @@ class NodeEntry:
 @dataclass
 class Snapshot:
     """What one caller reads: the kept entries (shared, never changed in place) with the caller's
-    own overlay, and the view's version then (it grows with every change applied)."""
+    own overlay, the view's version then (it grows with every change applied), and the version
+    at which a node last left the kept entries (deleted, or kept out as a writer's own; 0: none
+    yet), so that what is kept per node elsewhere (accelerators.api's node list) is pruned only
+    when a node has gone."""
 
     entries: dict[str, NodeEntry]
     version: int
     overlay: bool = False
+    removed: int = 0
 
     def nodes(self, *, alive_only: bool = True, group_id: int | None = None, image: str = "") -> list[NodeEntry]:
         """The entries `node_states` would read, by name."""
@@ -152,6 +156,7 @@ class ClusterView:
     cleaned_at: float = 0.0
     reads: int = 0  # full reads, for tests and benchmarks
     reloaded: int = 0  # nodes read again from the log, for tests and benchmarks
+    removed: int = 0  # the version at which a node last left `entries` (0: none yet)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def snapshot(self) -> Snapshot:
@@ -201,7 +206,7 @@ class ClusterView:
                     kept_own.entries[pk] = None  # deleted in this transaction
             _OWN.own = kept_own
             if not kept_own.entries:
-                return Snapshot(entries=self.entries, version=self.version)
+                return Snapshot(entries=self.entries, version=self.version, removed=self.removed)
             overlay = dict(self.entries)
             for pk, entry in kept_own.entries.items():
                 overlay.pop(pk, None)
@@ -215,9 +220,13 @@ class ClusterView:
         if None in mine:  # a resource group changed in this very transaction: read for this caller only
             return Snapshot(entries=_read_nodes(None), version=-1, overlay=True)
         read = _read_nodes(None)
-        self.entries = {pk: e for pk, e in read.items() if pk not in mine}
+        entries = {pk: e for pk, e in read.items() if pk not in mine}
+        gone = not self.entries.keys() <= entries.keys()
+        self.entries = entries
         mine_nodes = {pk for pk in mine if pk is not None}
         self.version += 1
+        if gone:
+            self.removed = self.version
         self.reads += 1
         self.seen = {i: txid for i, _, txid in changes if (own is None or txid != own) and txid >= xmin}
         self.horizon, self.read_at, self.suspect, self.last = xmin, now, mine_nodes, (taken, own)
@@ -230,7 +239,7 @@ class ClusterView:
             entries={pk: read.get(pk) for pk in mine_nodes},
         )
         if not mine:
-            return Snapshot(entries=self.entries, version=self.version)
+            return Snapshot(entries=self.entries, version=self.version, removed=self.removed)
         return Snapshot(entries=read, version=-1, overlay=True)
 
     def _apply(self, read: dict[str, NodeEntry], asked: set[str]) -> None:
@@ -238,8 +247,11 @@ class ClusterView:
         for pk in asked:
             entries.pop(pk, None)
         entries.update(read)
+        gone = any(pk in self.entries for pk in asked - read.keys())
         self.entries = entries
         self.version += 1
+        if gone:
+            self.removed = self.version
         self.reloaded += len(asked)
 
     def _clean(self, now: float) -> None:

@@ -125,3 +125,29 @@ def test_the_pages_etag_comes_from_its_nodes_digests_and_changes_with_any_node_o
 
     second_page = api.get(NODES + "&offset=3")  # another page (next, previous, results): another tag
     assert second_page.status_code == 200 and second_page["ETag"] not in (tag, beat["ETag"])
+
+
+def test_a_deleted_nodes_kept_dict_is_dropped_so_what_is_kept_stays_one_per_node(api):
+    """What the list keeps per node (accelerators.api._SHOWN) follows the cluster: a node deleted,
+    or added and deleted again, leaves nothing behind at the next page read, so the process keeps
+    at most one entry per node however many come and go."""
+    from accelerators import api as node_api
+
+    gpu_cluster(nodes=4, gpus=1)
+
+    def kept_after_listing() -> set[str]:
+        assert api.get("/api/v1/nodes/?limit=1000").status_code == 200
+        return {str(pk) for pk in node_api._SHOWN}
+
+    def live() -> set[str]:
+        return {str(pk) for pk in Node.objects.values_list("pk", flat=True)}
+
+    assert kept_after_listing() == live() and len(live()) == 4  # an earlier test's nodes are gone too
+    for n in range(6):  # nodes come and go: one added, one deleted, each round
+        gpu_cluster(nodes=1, gpus=1, prefix=f"passing-{n}")
+        (oldest,) = Node.objects.order_by("registered_at", "name").values_list("pk", flat=True)[:1]
+        assert kept_after_listing() == live()
+        Node.objects.filter(pk=oldest).delete()
+        kept = kept_after_listing()
+        assert str(oldest) not in kept and kept == live()
+        assert len(node_api._SHOWN) == 4
