@@ -222,8 +222,8 @@ def test_a_user_s_data_folder_past_its_limit_stops_the_session_and_below_it_the_
         await h.read_until(channel, "WRITTEN")
         assert await h.agent.storage.check_now() == []
         assert (tmp_path / "data" / "users" / "7" / "small").stat().st_size == 2 * MiB
-        rows = h.agent.usage.sample()["sessions"]
-        assert rows[0]["storage"] is not None and rows[0]["storage"] < MiB  # its home; ~/data is the user's
+        rows = h.agent.usage.sample().sessions
+        assert rows[0].storage is not None and rows[0].storage < MiB  # its home; ~/data is the user's
         (tmp_path / "data" / "users" / "7" / "more").write_bytes(b"m" * (3 * MiB))  # as another session of hers would
         over = await h.agent.storage.check_now()
         assert over == [(spec["session_id"], "used 5 MiB of its 4 MiB storage limit (~/data)")], over
