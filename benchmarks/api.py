@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
+import secrets
 import statistics
 import sys
 import tempfile
@@ -222,6 +223,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.pop("REDIS_URL", None)  # in-memory channel layer, cache and (eager) Celery: no Redis needed
     os.environ.setdefault("FGPU_LOG_LEVEL", "WARNING")  # not a line per scheduler pass while seeding
+    os.environ.setdefault("FGPU_SECRET_KEY", secrets.token_urlsafe(48))  # the web process refuses to start without one
     import django
 
     django.setup()
