@@ -173,6 +173,8 @@ class RawTerminal:
     def __init__(self, sock, kind: str, rest: bytes):
         self.sock, self.kind = sock, kind
         self.buf = bytearray(rest)
+        self.pos = 0  # where the next frame starts in buf
+        self.ended = ""  # why `frames` stopped early, if it did
 
     @classmethod
     def open(cls, url: str, kind: str) -> RawTerminal:
@@ -224,13 +226,15 @@ class RawTerminal:
 
     def frames(self):
         """Each server message's payload (bytes) as it comes; returns when the connection closes."""
-        buf, pos, message = self.buf, 0, []
+        buf, pos, message = self.buf, self.pos, []
         while True:
             while True:  # every whole frame in buf from pos
                 if len(buf) - pos < 2:
                     break
                 opcode, n = buf[pos] & 0x0F, buf[pos + 1] & 0x7F
                 start = pos + 2
+                if len(buf) < start + (2 if n == 126 else 8 if n == 127 else 0):
+                    break  # the length's own bytes have not all come yet
                 if n == 126:
                     n, start = int.from_bytes(buf[start : start + 2], "big"), start + 2
                 elif n == 127:
@@ -241,18 +245,22 @@ class RawTerminal:
                 payload = bytes(buf[start : start + n])
                 pos = start + n
                 if opcode == 0x8:
+                    code, reason = int.from_bytes(payload[:2], "big"), payload[2:].decode(errors="replace")
+                    self.ended = f"closed by the server: {code} {reason}"
                     return
                 if opcode == 0x9:
                     self._send(0xA, payload)
                 elif opcode in (0x0, 0x1, 0x2):
                     message.append(payload)
                     if fin:
+                        self.pos = pos  # a caller that stops here (sync) leaves the rest for the next call
                         yield message[0] if len(message) == 1 else b"".join(message)
                         message = []
             del buf[:pos]
-            pos = 0
+            pos = self.pos = 0
             chunk = self.sock.recv(self.RECV)
             if not chunk:
+                self.ended = "the connection ended"
                 return
             buf += chunk
 
@@ -300,7 +308,10 @@ def measure_bulk_raw(url: str, kind: str, size: int) -> dict:
     finally:
         term.close()
     whole = "".join(term.output(p) for p in payloads)
-    return {"seconds": elapsed, **bulk_received(whole, size), "frames": len(payloads), "client_s": client_s}
+    received = bulk_received(whole, size)
+    if received["lost"]:
+        print(f"  lost output: {received}, {len(payloads)} frames; {term.ended or 'the end marker came'}; last {whole[-300:]!r}")
+    return {"seconds": elapsed, **received, "frames": len(payloads), "client_s": client_s}
 
 
 async def measure_echo(term: Terminal, samples: int) -> list[float]:
