@@ -165,6 +165,9 @@ def cp(source: Path, target: Path) -> float:
 
 
 def main() -> None:
+    # The consoles and agents it starts stop their sessions when they stop: a held process-runtime session
+    # outlives its console by default, for the next start to adopt, and each run left its holders running.
+    os.environ.setdefault("FGPU_STOP_SESSIONS_ON_EXIT", "true")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=float, default=100)
     parser.add_argument("--repeat", type=int, default=3)

@@ -158,6 +158,9 @@ def summary(name: str, figures: dict) -> str:
 
 
 def main() -> None:
+    # The consoles and agents it starts stop their sessions when they stop: a held process-runtime session
+    # outlives its console by default, for the next start to adopt, and each run left its holders running.
+    os.environ.setdefault("FGPU_STOP_SESSIONS_ON_EXIT", "true")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, default=30)
     parser.add_argument("--modes", nargs="*", default=["standalone", "distributed"])

@@ -913,6 +913,9 @@ async def run_targets(targets: list[Target], args) -> dict[str, dict]:
 
 
 def main() -> int:
+    # The consoles and agents it starts stop their sessions when they stop: a held process-runtime session
+    # outlives its console by default, for the next start to adopt, and each run left its holders running.
+    os.environ.setdefault("FGPU_STOP_SESSIONS_ON_EXIT", "true")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--echo-samples", type=int, default=400)
