@@ -49,6 +49,10 @@ def test_lines_of_another_layout_give_no_literal_and_are_decoded_whole():
         encode({"type": "terminal.output", "offset": 3, "n": 1, "data": "keys in another order"}),
         encode({"type": "terminal.output", "data": "x", "extra": "y", "offset": 3, "n": 1}),
         encode({"type": "terminal.exit", "code": 0}),
+        # keys written twice, json.loads keeping the last: the slice before the offset is not one string
+        b'{"type":"terminal.output","data":"x","type":"terminal.output","offset":1,"n":2}\n',
+        b'{"type":"terminal.output","data":"x","data":"y","offset":1,"n":2}\n',
+        b'{"type":"terminal.output","data":"x","n":9,"offset":1,"n":2}\n',
     ]
     for line in others:
         assert output_literal(line, json.loads(line)) is None, line
