@@ -325,15 +325,13 @@ def main() -> int:
         sys.exit("benchmarks/scale.py needs PostgreSQL: set DATABASE_URL=postgres://…")
     began = time.perf_counter()
     results = [one_size(args, int(size)) for size in args.sizes.split(",")]
-    lines = report(results, args)
-    lines.append(
-        f"\n(took {time.perf_counter() - began:.0f} s: python benchmarks/scale.py --sizes {args.sizes} --waiting {args.waiting} "
-        f"--launches {args.launches} --repeat {args.repeat} --clients {args.clients} --seconds {args.seconds:g})"
+    from benchmarks.output import figures_write
+
+    command = (
+        f"python benchmarks/scale.py --sizes {args.sizes} --phases {args.phases} --waiting {args.waiting} "
+        f"--launches {args.launches} --repeat {args.repeat} --clients {args.clients} --seconds {args.seconds:g}"
     )
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    figures_write(report(results, args), began=began, command=command, out=args.out)
     return 0
 
 
