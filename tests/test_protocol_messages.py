@@ -36,7 +36,7 @@ from protocol.messages import (
 from sessions import tasks as manager_tasks
 from sessions.models import SessionLogChunk, SessionStatus
 
-SESSION = str(uuid.uuid4())
+SESSION = str(uuid.UUID(int=0x5E55_1000))  # fixed: a parametrized test's id may hold it (pytest-xdist)
 
 DEVICE = {
     "device_id": "GPU-8d1f0c2e",
@@ -204,7 +204,8 @@ def test_a_heartbeat_sends_no_images_when_it_has_none_and_no_service_ports_when_
 
 # --- the heartbeat's state -----------------------------------------------------------------------------
 
-RUNNING, STARTING, STOPPING, DONE, FAILED = (str(uuid.uuid4()) for _ in range(5))
+# fixed, not random: they are in parametrized tests' ids, which every pytest-xdist worker must collect alike
+RUNNING, STARTING, STOPPING, DONE, FAILED = (str(uuid.UUID(int=0x5E55_0000 + n)) for n in range(5))
 STATE = {  # as agent.core.Agent.state wrote it before it was typed
     "sessions": {RUNNING: "RUNNING", STARTING: "PREPARING", STOPPING: "TERMINATING"},
     "ended": {
