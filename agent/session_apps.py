@@ -343,17 +343,20 @@ class SessionApps:
         answers: in a container, on its declared `port`; in a held session's own network namespace,
         on the port its apps record names (app_record). Else None (always on the node's shared
         network, where the agent picks ports and one could now be another session's)."""
-        socket_in = None
         address = getattr(running.process, "app_address", None)
-        if address is not None:
+        record = app_record(running)
+        if address is not None and port:
             try:
                 _, host = await self.agent._in(self.agent._work, address)
             except Exception:
                 return None
-        elif (record := app_record(running)) is not None:
+            socket_in = None
+        elif address is None and record is not None:
             port = (await self.agent._in(self.agent._work, recorded_ports, record)).get(name, 0)
             host, socket_in = "127.0.0.1", running.process.app_socket
-        if (address is None and socket_in is None) or not port or not await _answers(host, port, socket_in):
+        else:
+            return None
+        if not port or not await _answers(host, port, socket_in):
             return None
         ready = self.agent.loop.create_future()
         ready.set_result({"ok": True})
