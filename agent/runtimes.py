@@ -379,6 +379,9 @@ class SessionHandle:
 
 HOLDER_SCRIPT = Path(__file__).resolve().parent / "holder.py"  # run as a file (`python -I`): it imports only the stdlib
 HOLDERS_DIR = ".holders"  # under the agent's scratch root: each held session's socket, exit status and record
+# A held session's files there, `<id><suffix>`: its exit status, its record, its socket, its apps' ports
+# (agent.session_apps.app_record); removed with the session, or where its holder is gone.
+HOLDER_FILES = (".exit", ".json", "", ".apps")
 HOLDER_RING_BYTES = 64 * 1024  # the scrollback a holder keeps and replays (agent.core's SCROLLBACK_BYTES)
 HOLDER_START_TIMEOUT_S = 10.0  # how long a spawn waits for its holder to say its leader runs
 HOLDER_INPUT_BUFFER = 16 * 1024  # the agent's send buffer towards a holder: input held back beside the PTY's own
@@ -474,8 +477,7 @@ class HeldSession(SessionHandle):
         if self.holder is not None:
             self.holder.wait()
         super().remove()
-        paths = (".exit", ".json", "", ".apps")  # ".apps": its apps' ports (agent.session_apps.app_record)
-        for path in (self.exit_path.with_suffix(suffix) for suffix in paths):
+        for path in (self.exit_path.with_suffix(suffix) for suffix in HOLDER_FILES):
             try:
                 path.unlink()
             except OSError:
@@ -872,8 +874,8 @@ class ProcessRuntime:
                 connection, master = holder_connect(holders, session_id, timeout=2.0)
             except (OSError, ValueError) as exc:
                 log.info("session %s's holder is gone (%s): its session is not adopted", session_id, exc)
-                for path in (record, holders / f"{session_id}.exit", holders / session_id, holders / f"{session_id}.apps"):
-                    path.unlink(missing_ok=True)
+                for suffix in HOLDER_FILES:
+                    (holders / f"{session_id}{suffix}").unlink(missing_ok=True)
                 continue
             cgroups, sandboxed = self.cgroups, bool(data.get("init_pid")) and self.sandbox is not None
             hierarchies = cgroups.hierarchies if cgroups is not None else None
