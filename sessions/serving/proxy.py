@@ -74,6 +74,7 @@ from sessions.serving.origin import (
     origin_key,
 )
 from sessions.serving.relay_connect import RELAYS, RelayBackend, RelayProof, relay_socket
+from sessions.serving.upstream import AsyncioBackend
 from sessions.serving.session_apps import (
     OPEN_PAGE,
     TOKEN_KEY,
@@ -121,10 +122,10 @@ if TYPE_CHECKING:  # httpcore is imported when an app is first proxied, not at t
 # models, which were a third of the proxy's CPU a small GET. Connections are kept (100 idle at
 # most) per address, i.e. per app or per relay of a session's app, each opened with the relay's proof.
 _pools: dict[int, httpcore.AsyncConnectionPool] = {}
-# What httpcore asks the app's socket for at a time (bytes): asyncio's own recv size (its selector
-# transport's max_size), so a piece asyncio read is handed on whole. httpcore's 64 KiB made anyio
-# split each 256 KiB piece into four, copying the rest each time, and every piece costs both
-# HTTP/1.1 parsers (httpcore's and uvicorn's h11, pure Python) a pass: the download's bottleneck.
+# What httpcore asks the app's socket for at a time (bytes): at least asyncio's own recv size (its
+# selector transport's max_size), so a piece asyncio read is handed on whole (and pieces waiting
+# together are joined up to it: sessions.serving.upstream). httpcore's 64 KiB split each 256 KiB piece
+# into four, and every piece costs both HTTP/1.1 parsers (httpcore's and uvicorn's) a pass.
 READ_BYTES = 256 * 1024
 # Timeouts of a request to an app (s): to connect, and to wait for a free connection; none to
 # read or write, as streams may idle.
@@ -142,8 +143,9 @@ def _pool() -> httpcore.AsyncConnectionPool:
     loop = id(asyncio.get_running_loop())
     pool = _pools.get(loop)
     if pool is None:  # no proxies: apps are reached directly
-        # An agent's relay takes a connection that first proves it comes from the web (protocol.app_relay).
-        backend: Any = RelayBackend(httpcore.AnyIOBackend())  # httpcore.AsyncNetworkBackend's methods
+        # An agent's relay takes a connection that first proves it comes from the web (protocol.app_relay);
+        # the connections are asyncio's own (sessions.serving.upstream), not anyio's.
+        backend: Any = RelayBackend(AsyncioBackend())  # httpcore.AsyncNetworkBackend's methods
         pool = _pools[loop] = httpcore.AsyncConnectionPool(
             max_connections=1000, max_keepalive_connections=100, network_backend=backend
         )

@@ -59,8 +59,6 @@ class RelayBackend:
         stream = await self.inner.connect_tcp(
             host, port, timeout=timeout, local_address=local_address, socket_options=socket_options
         )
-        if hasattr(stream, "_stream"):  # httpcore's AnyIOStream: its reads without a timeout made quick
-            stream = QuickReads(stream)
         proof = RELAYS.get((host, port))
         if proof is not None:
             try:
@@ -75,37 +73,6 @@ class RelayBackend:
 
     async def sleep(self, seconds: float) -> None:
         await self.inner.sleep(seconds)
-
-
-class QuickReads:
-    """httpcore's AnyIOStream (`inner`, an AsyncNetworkStream) whose reads without a timeout (the
-    proxy's: sessions.serving.proxy.TIMEOUTS) go straight to anyio's receive: httpcore's read
-    enters a context manager mapping errors and an anyio cancel scope (`fail_after(None)`, which
-    asks sniffio for the loop) on every piece, 10-15 % of the console's samples in a proxied
-    download (py-spy). The same answers: the bytes read (b"" at the end), httpcore.ReadError where
-    the connection broke; with a timeout, httpcore's own read."""
-
-    def __init__(self, inner: Any) -> None:
-        import anyio
-        import httpcore
-
-        self.inner = inner
-        self._receive = inner._stream.receive
-        self._ended, self._broken = anyio.EndOfStream, (anyio.BrokenResourceError, anyio.ClosedResourceError)
-        self._read_error = httpcore.ReadError
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        if timeout is not None:
-            return await self.inner.read(max_bytes, timeout)
-        try:
-            return await self._receive(max_bytes=max_bytes)
-        except self._ended:
-            return b""
-        except self._broken as exc:
-            raise self._read_error(exc) from exc
-
-    def __getattr__(self, name: str) -> Any:  # write, aclose, start_tls, get_extra_info: httpcore's
-        return getattr(self.inner, name)
 
 
 async def relay_socket(host: str, port: int, *, timeout: float) -> socket.socket | None:
