@@ -7,7 +7,8 @@ views cost as the cluster grows, each beside `GET /api/v1/me/` measured in the s
 For each size, in a throw-away database of its own (`bench_scale_<name>`, dropped afterwards):
 
 1. the cluster as its agents register it (tests/seed.py `gpu_cluster`: `size` nodes × 8 mock
-   GPUs of 8 GiB / 80 SMs, 2 fGPU each, 256 cores and 1 TiB a node) and one staff user;
+   GPUs of 8 GiB / 80 SMs, 2 fGPU each, 256 cores and 1 TiB a node; beyond the first ten, copies
+   of the first node written in bulk, `_seed_copies`) and one staff user;
 2. `POST /api/v1/sessions/` (0.5 fGPU, Django's test client in this process: the web's own
    cost, no network) interleaved with `GET /api/v1/me/`, `--launches` each: p50 in ms and the
    launch's ratio to /me/. The launch's after-commit pass request goes to REDIS_URL's broker,
@@ -104,9 +105,41 @@ def seed(*, nodes: int):
     from tests.seed import gpu_cluster
 
     with transaction.atomic():
-        gpu_cluster(nodes=nodes, gpus=8)
+        gpu_cluster(nodes=min(nodes, SEED_REGISTERED), gpus=8)
+        if nodes > SEED_REGISTERED:
+            _seed_copies(first=SEED_REGISTERED, nodes=nodes)
     user = get_user_model().objects.create_user("bench-scale", is_staff=True)
     return user, login_token_issue(user=user)
+
+
+SEED_REGISTERED = 10  # nodes registered through the agents' service; the rest are copies of them (`_seed_copies`)
+
+
+def _seed_copies(*, first: int, nodes: int) -> None:
+    """Nodes `gpu-node-<first>` … `gpu-node-<nodes - 1>`, each a copy of gpu-node-0 as its agent
+    registered it (`node_inventory_apply`: every field of the node and of its devices alike, the
+    GPUs' UUIDs numbered as `tests.seed.mock_gpu` numbers them), written by bulk inserts of 2,000
+    nodes and their devices: registering 10,000 nodes one by one took 544 s (issue 35.2), this a
+    few seconds. The change log's triggers fire for these rows as for any insert."""
+    from accelerators.models import Device, Node
+
+    model = Node.objects.get(name="gpu-node-0")
+    gpus = list(model.devices.order_by("index"))
+    skip = {"id", "name"}
+    node_fields = {f.attname: getattr(model, f.attname) for f in Node._meta.concrete_fields if f.attname not in skip}
+    device_fields = [
+        {f.attname: getattr(d, f.attname) for f in Device._meta.concrete_fields if f.attname not in {"id", "node_id"}}
+        for d in gpus
+    ]
+    for start in range(first, nodes, 2000):
+        batch = [Node(name=f"gpu-node-{n}", **node_fields) for n in range(start, min(start + 2000, nodes))]
+        Node.objects.bulk_create(batch)
+        devices = []
+        for n, node in zip(range(start, nodes), batch):
+            for fields in device_fields:
+                uuid = f"GPU-{n:08d}-0000-0000-0000-{fields['index']:012d}"
+                devices.append(Device(**{**fields, "node_id": node.pk, "device_id": uuid, "mother_uuid": uuid[4:]}))
+        Device.objects.bulk_create(devices)
 
 
 def launch_figures(api, *, launches: int) -> dict:
