@@ -44,9 +44,10 @@ from django.conf import settings
 from common.api_errors import DATABASE_ERRORS
 from common.errors import ApplicationError
 from protocol.channel import AgentLink, DirectOffer, Refused
-from protocol.terminal_stream import DIRECT_OFFER, DIRECT_OK, LINE_LIMIT, encode, json_string, output_literal
+from protocol.terminal_stream import DIRECT_OFFER, encode, json_string, output_literal
 from sessions.lifecycle import events
 from sessions.lifecycle.services import terminal_ticket_redeem, terminal_ticket_unspend
+from sessions.serving.agent_stream import agent_stream_open
 
 log = logging.getLogger(__name__)
 
@@ -253,29 +254,8 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
 
     async def _connect_direct(self, offer: dict) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         """The agent's direct stream with the token presented and accepted; None (logged) when it
-        cannot be had within DIRECT_CONNECT_S."""
-        writer = None
-        try:
-            async with asyncio.timeout(DIRECT_CONNECT_S):
-                reader, writer = await asyncio.open_connection(str(offer["host"]), int(offer["port"]), limit=LINE_LIMIT)
-                writer.write(encode({"token": str(offer["token"])}))
-                answer = json.loads(await reader.readline() or b"null")
-        except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
-            log.info(
-                "terminal for %s: no direct stream from %s:%s (%s); relaying through the channel layer",
-                self.session_id,
-                offer.get("host"),
-                offer.get("port"),
-                exc or type(exc).__name__,
-            )
-            answer = None
-        if isinstance(answer, dict) and answer.get("type") == DIRECT_OK and writer is not None:
-            return reader, writer
-        if answer is not None:
-            log.warning("terminal for %s: the agent refused the direct stream: %s", self.session_id, answer)
-        if writer is not None:
-            writer.close()
-        return None
+        cannot be had within DIRECT_CONNECT_S (sessions.serving.agent_stream)."""
+        return await agent_stream_open(offer, timeout_s=DIRECT_CONNECT_S, what=f"terminal for {self.session_id}", accepted=True)
 
     async def _use_direct(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         async with self.agent_lock:

@@ -49,12 +49,13 @@ from django.conf import settings
 
 from common.errors import ApplicationError
 from protocol import files as proto
-from protocol.channel import AgentLink, DirectOffer, Malformed, Refused, reply_prefix
-from protocol.terminal_stream import DIRECT_OK, LINE_LIMIT, encode
+from protocol.channel import AgentLink, Refused, reply_prefix
+from protocol.terminal_stream import DIRECT_OK
 from accelerators.models import NodeStatus
 from sessions.lifecycle import events
 from sessions.models import ComputeSession, SessionStatus
 from sessions.policy.shares import shared_mounts, shared_path_check
+from sessions.serving.agent_stream import agent_stream_open
 
 log = logging.getLogger(__name__)
 DIRECT_CONNECT_S = 2.0  # connecting to the agent's listener for a transfer and its first answer, at most
@@ -310,22 +311,6 @@ def session_file_upload(*, session: ComputeSession, path: str, body, size: int |
     return partial(_upload, _Link(call), path, body, size)
 
 
-async def _connect(offer: dict) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-    """A connection to the agent's listener with the offer's token presented (agent.direct); None
-    (logged) where the offer is malformed or the connection fails within DIRECT_CONNECT_S."""
-    try:
-        found = DirectOffer.from_dict(offer)
-        if not found.host:
-            return None
-        async with asyncio.timeout(DIRECT_CONNECT_S):
-            reader, writer = await asyncio.open_connection(found.host, found.port, limit=LINE_LIMIT)
-        writer.write(encode({"token": found.token}))
-        return reader, writer
-    except (Malformed, OSError, TimeoutError) as exc:
-        log.info("no direct file transfer to %s (%r): through the channel layer", offer.get("host"), exc)
-        return None
-
-
 async def _answer_line(reader: asyncio.StreamReader) -> dict:
     """The agent's line on a transfer's connection ({} where there is none or it is not JSON)."""
     try:
@@ -366,7 +351,7 @@ async def _upload_direct(link: _Link, offer: dict, body, size: int | None) -> in
         except proto.TransferRefused as exc:
             answer = {"error": exc.error, "detail": exc.detail}
     else:
-        connection = await _connect(offer)
+        connection = await agent_stream_open(offer, timeout_s=DIRECT_CONNECT_S, what="file transfer")
         if connection is None:
             return None
         reader, writer = connection
@@ -476,7 +461,7 @@ async def _direct_chunks(call: FilesCall, path: str, first: dict):
         if left > 0:
             log.warning("download of %r from session %s stopped at %d of %d bytes", path, call.session_id, size - left, size)
         return
-    connection = await _connect(first["direct"])
+    connection = await agent_stream_open(first["direct"], timeout_s=DIRECT_CONNECT_S, what="file transfer")
     if connection is None:
         again = await _Link(call).ask("read", path=path, offset=0, length=proto.CHUNK_BYTES)
         async for data in _chunks(call, path, {**again, "size": min(size, int(again["size"]))}):
