@@ -259,6 +259,7 @@ class Agent:
             self.sessions.pop(running.session_id, None)
             self.lifecycle.let_go(running)
         await asyncio.gather(*(self._stop(session_id, reason="the agent shut down") for session_id in list(self.sessions)))
+        await self.lifecycle.removed()  # what ended sessions left, removed beside their reports
         close = getattr(self.runtime, "close", None)  # the process runtime's parent cgroup, once empty
         if close is not None:
             try:

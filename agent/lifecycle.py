@@ -220,20 +220,23 @@ def reap_and_kill(process: Any) -> tuple[int, int]:
     return process.wait(), process.kill_all()
 
 
-async def wait_gone(process: Any, *, deadline: float, alive: Callable[[], Awaitable[bool]]) -> None:
+async def wait_gone(process: Any, *, deadline: float, alive: Callable[[], Awaitable[bool]]) -> bool:
     """Until no process of the session is left, or the loop's clock passes `deadline`: woken by
     its cgroup's events where it has a cgroup (`process.watch()`: the kernel says when its last
     process exited; it notifies a cgroup.events file at most every 10 ms, so a session ending
     within 10 ms of its last change may wait up to that), else `alive()` (the runtime's scan, off
-    the loop) polled every 5 ms at first, then less often."""
+    the loop) polled every 5 ms at first, then less often. Returns whether none is left (False:
+    the deadline came first)."""
     loop = asyncio.get_running_loop()
     watch = getattr(process, "watch", lambda: None)()  # a docker session has none
     if watch is None:
         pause = 0.005
-        while loop.time() < deadline and await alive():
+        while loop.time() < deadline:
+            if not await alive():
+                return True
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.1)
-        return
+        return False
     changed = asyncio.Event()
 
     def on_change() -> None:
@@ -245,12 +248,13 @@ async def wait_gone(process: Any, *, deadline: float, alive: Callable[[], Awaita
         while watch.populated():  # read after arming: an exit in between still wakes us
             remaining = deadline - loop.time()
             if remaining <= 0:
-                return
+                return False
             try:
                 await asyncio.wait_for(changed.wait(), timeout=remaining)
             except TimeoutError:
-                return
+                return not watch.populated()
             changed.clear()
+        return True
     finally:
         loop.remove_reader(watch.fd)
         watch.close()
@@ -304,6 +308,7 @@ class SessionLifecycle:
 
     def __init__(self, agent: Any) -> None:
         self.agent = agent
+        self.removals: set[asyncio.Future] = set()  # ended sessions' removals under way (`wait_exit`, `removed`)
 
     async def start(self, spec: StartSpec) -> None:
         """Start a session (idempotent by its id: see the class docstring). Whatever fails once
@@ -414,20 +419,27 @@ class SessionLifecycle:
 
     async def wait_exit(self, running: Any) -> None:
         """Once the session's leader exited: end every process of the session, drain and close
-        the PTY, report TERMINATED, then ship the rest of the log (also when any step fails)."""
+        the PTY, report TERMINATED, then ship the rest of the log (also when any step fails).
+        What the session leaves once none of its processes is (its cgroup, a held session's
+        holder, its outbound network's helper, its container) is removed beside the report,
+        which does not wait for that (issue 35.3: 11-33 ms of a terminate at load 12-16); where
+        some process may be left (it outlived KILL_WAIT_S, or ending it failed), the removal,
+        which kills what is left, comes first, as before."""
         await running.exit_event.wait()
         log_ready = False  # the PTY drained: the log's last batch holds everything
+        gone = False  # every process of the session is gone (zombies hold nothing)
         reason = ""
         try:
             # The session ends with its shell: background jobs (own process groups, nohup'd,
             # setsid'd) must not outlive the allocation that is about to be released.
             code, left = await self.agent._on_process(running, reap_and_kill, running.process)
+            gone = not left
             if left:
                 # A signal takes effect when its process next runs: report TERMINATED once none
                 # is left (zombies hold nothing), so the slice is free when the manager releases
                 # it.
                 alive = partial(self.agent._in, self.agent._work, running.process.alive)
-                await wait_gone(running.process, deadline=self.agent.loop.time() + KILL_WAIT_S, alive=alive)
+                gone = await wait_gone(running.process, deadline=self.agent.loop.time() + KILL_WAIT_S, alive=alive)
             # Let the PTY drain what the process wrote last (a background child may keep it
             # open: then give up after a second), then close it.
             try:
@@ -443,6 +455,7 @@ class SessionLifecycle:
             log_ready = True
         except Exception as exc:
             log.exception("agent %s: ending session %s failed", self.agent.node, running.session_id)
+            gone = False
             reason = f"the agent could not end the session cleanly: {exc}"
             running.pipe.close()
             await self.agent._on_process(running, running.process.kill_all)
@@ -453,10 +466,13 @@ class SessionLifecycle:
         reason = (
             reason or running.stopping or running.process.end_reason(exit_code) or f"the process exited with code {exit_code}"
         )
-        try:
-            await self.agent._in(self.agent._work, running.process.remove)  # its container, where it has one
-        except Exception:
-            log.exception("agent %s: could not remove what session %s left", self.agent.node, running.session_id)
+        # Its reason is read first (its cgroup's OOM kills), the removal then started: beside the
+        # report where none of its processes is left, else awaited before it.
+        removal = asyncio.ensure_future(self._remove(running))
+        self.removals.add(removal)
+        removal.add_done_callback(self.removals.discard)
+        if not gone:
+            await removal
         running.pipe.exit_direct(exit_code)  # after the last frame on each direct stream, which then closes
         try:
             os.utime(running.work_dir)  # the retention of the working directory counts from here
@@ -468,11 +484,26 @@ class SessionLifecycle:
         await asyncio.gather(
             self.agent.link.end(running.session_id, "TERMINATED", reason, exit_code), self.exit_frame(running, exit_code)
         )
+        await removal  # `stop` and the agent's shutdown return once it is done
         if log_ready:
             try:
                 await running.log.close()
             except Exception:
                 log.exception("agent %s: shipping the last output of %s failed", self.agent.node, running.session_id)
+
+    async def removed(self) -> None:
+        """Until what ended sessions left is removed: the agent's shutdown waits for it before its
+        runtime closes (the process runtime's parent cgroup, once empty)."""
+        while self.removals:
+            await asyncio.wait(list(self.removals))
+
+    async def _remove(self, running: Any) -> None:
+        """What an ended session left (`process.remove`, on the work pool): its cgroup, a held
+        session's holder, its network's helper, its container; a failure is logged."""
+        try:
+            await self.agent._in(self.agent._work, running.process.remove)
+        except Exception:
+            log.exception("agent %s: could not remove what session %s left", self.agent.node, running.session_id)
 
     async def exit_frame(self, running: Any, exit_code: int) -> None:
         """Tell the session's terminals it ended (`terminal.exit`) and leave its PTY group."""

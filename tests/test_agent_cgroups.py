@@ -109,7 +109,8 @@ def test_a_daemon_that_double_forks_calls_setsid_and_clears_its_environment_ends
 
         assert h.manager.alive_at_end == [], "the slice was reported free while the daemon still ran"
         assert not pid_alive(daemon)
-        assert not cgroup.path.exists(), "the session's cgroup outlived it"
+        # Removed beside the report (agent.lifecycle: none of its processes is left by then).
+        await wait_until_async(lambda: not cgroup.path.exists(), timeout=10, interval=0.02, what="the session's cgroup removed")
         seen["parent"] = h.agent.runtime.cgroups.parent
 
     try:
@@ -139,7 +140,8 @@ def test_a_session_whose_program_exits_leaving_a_daemon_ends_only_once_the_daemo
         _, reason, code = await h.manager.wait_for_report(spec["session_id"], "TERMINATED")
         assert code == 3, reason
         assert h.manager.alive_at_end == []
-        assert not (h.agent.runtime.cgroups.parent / f"session-{spec['session_id']}").exists()
+        cgroup = h.agent.runtime.cgroups.parent / f"session-{spec['session_id']}"
+        await wait_until_async(lambda: not cgroup.exists(), timeout=10, interval=0.02, what="the session's cgroup removed")
 
     run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO, manager_class=AliveAtReport)
 
@@ -273,7 +275,8 @@ def test_a_sandboxed_session_leaves_no_zombie_once_it_ended(tmp_path, end):
         await h.manager.wait_for_report(session_id, "TERMINATED")
         if exec_process is not None:
             exec_process.wait(timeout=20)  # nsenter, the test's own child
-        assert start_ticks(init[0]) != init[1], f"the sandbox's init {init[0]} is left: {open(f'/proc/{init[0]}/status').read()}"
+        # Reaped as what the session left is removed, beside the report (agent.lifecycle.SessionLifecycle.wait_exit).
+        await wait_until_async(lambda: start_ticks(init[0]) != init[1], timeout=10, interval=0.02, what="its init reaped")
 
     run_agent(tmp_path, scenario, cgroup_root=CGROUP_AUTO)
 
