@@ -24,10 +24,15 @@ CAP = 1024 * 1024  # FGPU_FILES_USER_CAP for the web under test: 1 MiB
 UPLOAD = "/api/v1/sessions/{}/files/content/?path=data/big.bin"
 
 
-@pytest.fixture
-def web(tmp_path):
+@pytest.fixture(scope="module")
+def web(django_db_setup, django_db_blocker, tmp_path_factory):
+    """One uvicorn for the module's tests (each test's rows are its own: a transactional test's are
+    flushed after it); a uvicorn start cost each test 9-42 s of setup at a load of 12."""
+    tmp_path = tmp_path_factory.mktemp("upload-guard-web")
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": database_url_default(), "FGPU_FILES_USER_CAP": str(CAP),
+    with django_db_blocker.unblock():
+        database = database_url_default()
+    env = {**os.environ, "DATABASE_URL": database, "FGPU_FILES_USER_CAP": str(CAP),
            "FGPU_DATA_DIR": str(tmp_path / "data"), "FGPU_SECRET_KEY": settings.SECRET_KEY}  # the sign-in cookies made here
     env.pop("REDIS_URL", None)
     proc = Proc("web", web_command(port), env=env, log_dir=tmp_path)
