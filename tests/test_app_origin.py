@@ -7,8 +7,10 @@ becomes the app-origin cookie (HttpOnly, SameSite=Lax, its path the app's); the 
 serves nothing of the console (404), the console refuses what the apps origin's pages send
 (403); the ticket is single use, expires and opens only its session's app; app tokens are new
 at each start and not the old HMAC of SECRET_KEY. Every wait has a deadline."""
+
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -27,11 +29,11 @@ from tests.stack import free_port
 from tests.test_browser import page  # noqa: F401  (fixture)
 
 ADMIN_PASSWORD = "admin-pass-app-origin"
-ECHO = (f"PYTHONPATH={ROOT / 'tests' / 'apps'} exec {sys.executable} -m daphne -b {{host}} -p {{port}} "
-        "echo_app:application")
-APPS = [{"name": "echo", "title": "Echo", "command": ECHO, "port": 8080, "base_url": True, "timeout": 60},
-        {"name": "plain", "title": "Plain", "command": "ECHO_APP_PREFIXED=0 " + ECHO, "port": 8081,
-         "base_url": False, "timeout": 60}]
+ECHO = f"PYTHONPATH={ROOT / 'tests' / 'apps'} exec {sys.executable} -m daphne -b {{host}} -p {{port}} echo_app:application"
+APPS = [
+    {"name": "echo", "title": "Echo", "command": ECHO, "port": 8080, "base_url": True, "timeout": 60},
+    {"name": "plain", "title": "Plain", "command": "ECHO_APP_PREFIXED=0 " + ECHO, "port": 8081, "base_url": False, "timeout": 60},
+]
 
 
 def _free_pair() -> int:
@@ -53,12 +55,22 @@ def start_standalone(procs, tmp_path, **env_extra) -> tuple[str, str, object]:
     which a sandboxed session does not see; what is tested here is the origin, not the sandbox."""
     port = _free_pair()
     agent = tmp_path / "agent.toml"
-    agent.write_text((ROOT / "demo" / "agent.toml").read_text().replace(
-        'config = "mock-accelerator.toml"', f'config = "{ROOT / "demo" / "mock-accelerator.toml"}"')
-        + '\n[container]\nsandbox = "none"\n')
+    agent.write_text(
+        (ROOT / "demo" / "agent.toml")
+        .read_text()
+        .replace('config = "mock-accelerator.toml"', f'config = "{ROOT / "demo" / "mock-accelerator.toml"}"')
+        + '\n[container]\nsandbox = "none"\n'
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
-    env.update(FGPU_DATA_DIR=str(tmp_path / "data"), FGPU_ADMIN_PASSWORD=ADMIN_PASSWORD, PORT=str(port),
-               PYTHONUNBUFFERED="1", FGPU_RUNTIME="process", FGPU_AGENT_CONFIG=str(agent), **env_extra)
+    env.update(
+        FGPU_DATA_DIR=str(tmp_path / "data"),
+        FGPU_ADMIN_PASSWORD=ADMIN_PASSWORD,
+        PORT=str(port),
+        PYTHONUNBUFFERED="1",
+        FGPU_RUNTIME="process",
+        FGPU_AGENT_CONFIG=str(agent),
+        **env_extra,
+    )
     server = procs.start("standalone", [sys.executable, "manage.py", "standalone"], env)
     base = f"http://127.0.0.1:{port}"
 
@@ -71,8 +83,13 @@ def start_standalone(procs, tmp_path, **env_extra) -> tuple[str, str, object]:
 
 
 def api(base: str, method: str, path: str, token: str | None = None, body=None, headers: dict | None = None):
-    answer = httpx.request(method, base + path, json=body, timeout=60,
-                           headers={**({"Authorization": f"Token {token}"} if token else {}), **(headers or {})})
+    answer = httpx.request(
+        method,
+        base + path,
+        json=body,
+        timeout=60,
+        headers={**({"Authorization": f"Token {token}"} if token else {}), **(headers or {})},
+    )
     return answer
 
 
@@ -80,8 +97,9 @@ def login(base: str, username: str, password: str) -> httpx.Client:
     client = httpx.Client(base_url=base, timeout=60, follow_redirects=False)
     form = client.get("/login/")
     csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text).group(1)
-    assert client.post("/login/", data={"username": username, "password": password,
-                                        "csrfmiddlewaretoken": csrf}).status_code == 302
+    assert (
+        client.post("/login/", data={"username": username, "password": password, "csrfmiddlewaretoken": csrf}).status_code == 302
+    )
     return client
 
 
@@ -95,8 +113,11 @@ def apps_console(procs, tmp_path):
     tag = api(base, "GET", f"/api/v1/images/{host['id']}/", token).headers["ETag"]
     assert api(base, "PATCH", f"/api/v1/images/{host['id']}/", token, {"apps": APPS}, {"If-Match": tag}).status_code == 200
     created = api(base, "POST", "/api/v1/sessions/", token, {"name": "apps", "resources": {"cuda.shares": "0.5"}}).json()
-    wait_until(lambda: api(base, "GET", f"/api/v1/sessions/{created['id']}/", token).json()["status"] == "RUNNING",
-               timeout=60, what="the session to run")
+    wait_until(
+        lambda: api(base, "GET", f"/api/v1/sessions/{created['id']}/", token).json()["status"] == "RUNNING",
+        timeout=60,
+        what="the session to run",
+    )
     return base, apps, token, created["id"]
 
 
@@ -218,16 +239,19 @@ def test_a_ticket_expires_after_its_ttl(settings, monkeypatch):
     assert app_ticket_redeem(ticket) is None
 
 
-@pytest.mark.parametrize("host, apps, expected", [
-    ("127.0.0.1:8001", "http://127.0.0.1:8001", True),
-    ("127.0.0.1:8000", "http://127.0.0.1:8001", False),
-    ("APPS.example.org", "https://apps.example.org", True),
-    ("apps.example.org:443", "https://apps.example.org", True),
-    ("apps.example.org:8443", "https://apps.example.org", False),
-    ("gpu.example.org", "https://apps.example.org", False),
-    ("[::1]:8001", "http://[::1]:8001", True),
-    ("whatever", "", False),
-])
+@pytest.mark.parametrize(
+    "host, apps, expected",
+    [
+        ("127.0.0.1:8001", "http://127.0.0.1:8001", True),
+        ("127.0.0.1:8000", "http://127.0.0.1:8001", False),
+        ("APPS.example.org", "https://apps.example.org", True),
+        ("apps.example.org:443", "https://apps.example.org", True),
+        ("apps.example.org:8443", "https://apps.example.org", False),
+        ("gpu.example.org", "https://apps.example.org", False),
+        ("[::1]:8001", "http://[::1]:8001", True),
+        ("whatever", "", False),
+    ],
+)
 def test_the_apps_origin_is_told_apart_by_the_host_header(settings, host, apps, expected):
     from sessions.serving.origin import is_apps_request
 
@@ -235,8 +259,17 @@ def test_the_apps_origin_is_told_apart_by_the_host_header(settings, host, apps, 
     assert is_apps_request({"type": "http", "headers": [(b"host", host.encode())]}) is expected
 
 
-@pytest.mark.parametrize("value", ["apps.example.org", "ftp://apps.example.org", "http://apps.example.org/x",
-                                   "http://user@apps.example.org", "http://apps.example.org:99999", "http://"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "apps.example.org",
+        "ftp://apps.example.org",
+        "http://apps.example.org/x",
+        "http://user@apps.example.org",
+        "http://apps.example.org:99999",
+        "http://",
+    ],
+)
 def test_a_malformed_apps_origin_is_refused_at_start(value):
     from django.core.exceptions import ImproperlyConfigured
 
@@ -261,9 +294,11 @@ def test_over_tls_the_console_sends_hsts_and_secure_cookies():
     """console.settings under FGPU_TLS=true, in a fresh interpreter (settings are read once)."""
     import subprocess
 
-    script = ("import django, os; os.environ['DJANGO_SETTINGS_MODULE']='console.settings'; django.setup();"
-              "from django.conf import settings as s; import json;"
-              "print(json.dumps([s.SECURE_HSTS_SECONDS, s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE]))")
+    script = (
+        "import django, os; os.environ['DJANGO_SETTINGS_MODULE']='console.settings'; django.setup();"
+        "from django.conf import settings as s; import json;"
+        "print(json.dumps([s.SECURE_HSTS_SECONDS, s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE]))"
+    )
     env = {**os.environ, "FGPU_TLS": "true"}
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -293,7 +328,8 @@ def test_the_consoles_pages_run_their_scripts_under_its_content_security_policy(
 
 @pytest.mark.django_db
 def test_a_grant_is_checked_again_on_every_request_a_deactivated_user_a_changed_password_or_another_users_session_opens_nothing(
-        alices_session, alice, bob, staff):
+    alices_session, alice, bob, staff
+):
     from django.http import Http404
 
     from sessions.serving.origin import app_grant_issue
@@ -305,8 +341,9 @@ def test_a_grant_is_checked_again_on_every_request_a_deactivated_user_a_changed_
     session = str(alices_session.pk)
 
     def grant(user) -> str:
-        return app_grant_issue({"user": user.pk, "auth": user.get_session_auth_hash(), "session": session, "app": "echo",
-                                "console": "http://c"})
+        return app_grant_issue(
+            {"user": user.pk, "auth": user.get_session_auth_hash(), "session": session, "app": "echo", "console": "http://c"}
+        )
 
     mine, bobs, admins = grant(alice), grant(bob), grant(staff)
     assert _granted_lookup([mine], session, "echo")["console"] == "http://c"
@@ -330,16 +367,63 @@ def _apps_request(settings, alices_session, alice) -> tuple[dict, str]:
     image.apps = [APPS[0]]
     image.save(update_fields=["apps"])
     session = str(alices_session.pk)
-    grant = app_grant_issue({"user": alice.pk, "auth": alice.get_session_auth_hash(), "session": session, "app": "echo",
-                             "console": "http://c"})
-    scope = {"type": "http", "method": "GET", "path": f"/sessions/{session}/apps/echo/echo", "query_string": b"",
-             "headers": [(b"host", b"apps.test:8001"), (b"cookie", f"{settings.FGPU_APPS_COOKIE}={grant}".encode())]}
+    grant = app_grant_issue(
+        {"user": alice.pk, "auth": alice.get_session_auth_hash(), "session": session, "app": "echo", "console": "http://c"}
+    )
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": f"/sessions/{session}/apps/echo/echo",
+        "query_string": b"",
+        "headers": [(b"host", b"apps.test:8001"), (b"cookie", f"{settings.FGPU_APPS_COOKIE}={grant}".encode())],
+    }
     return scope, session
 
 
+async def _proxy_answer(scope: dict, pieces=(b"",)) -> dict:
+    """One request through the app proxy (AppHttpProxy) as the web server hands it over: `scope`, its
+    body in `pieces`, then nothing more (the browser waits for the answer). The answer: `{"status",
+    "headers", "body"}`."""
+    from sessions.serving import proxy
+
+    waiting, sent, never = list(pieces), [], asyncio.get_running_loop().create_future()
+
+    async def receive():
+        if waiting:
+            return {"type": "http.request", "body": waiting.pop(0), "more_body": len(waiting) > 0}
+        return await never
+
+    async def send(message):
+        sent.append(message)
+
+    await proxy.AppHttpProxy()(dict(scope), receive, send)
+    return {"status": sent[0]["status"], "headers": sent[0]["headers"], "body": b"".join(m.get("body", b"") for m in sent[1:])}
+
+
+def _through_proxy(app, scope: dict, session: str, *, times: int = 1) -> list[dict]:
+    """`times` requests of `scope` through the proxy (`_proxy_answer`, one after another) to `app`, an
+    asyncio.start_server handler on loopback standing for the echo app of `session` (its address the
+    one the agent would name); the app and the proxy's connections closed after."""
+    from asgiref.sync import async_to_sync
+
+    from sessions.serving import proxy, session_apps
+
+    async def run() -> list[dict]:
+        server = await asyncio.start_server(app, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        session_apps.APP_TARGETS[(session, "echo")] = ("127.0.0.1", port, time.monotonic() + 600)
+        try:
+            return [await _proxy_answer(scope) for _ in range(times)]
+        finally:
+            server.close()
+            session_apps.APP_TARGETS.pop((session, "echo"), None)
+            await proxy._pools.pop(id(asyncio.get_running_loop())).aclose()
+
+    return async_to_sync(run)()
+
+
 @pytest.mark.django_db(transaction=True)  # the check reads on Channels' database thread, which closes connections
-def test_a_kept_check_carries_the_apps_token_until_this_process_opens_the_app_again(
-        settings, alices_session, alice, monkeypatch):
+def test_a_kept_check_carries_the_apps_token_until_this_process_opens_the_app_again(settings, alices_session, alice, monkeypatch):
     from asgiref.sync import async_to_sync
     from django.core.cache import cache
 
@@ -363,10 +447,8 @@ def test_a_kept_check_carries_the_apps_token_until_this_process_opens_the_app_ag
 
 @pytest.mark.django_db(transaction=True)
 def test_an_app_refusing_a_kept_token_opened_again_by_another_process_gets_the_request_again_with_the_new_one(
-        settings, alices_session, alice, monkeypatch):
-    import asyncio
-
-    from asgiref.sync import async_to_sync
+    settings, alices_session, alice, monkeypatch
+):
     from django.core.cache import cache
 
     from sessions.serving import proxy, session_apps
@@ -387,37 +469,19 @@ def test_an_app_refusing_a_kept_token_opened_again_by_another_process_gets_the_r
         await writer.drain()
         writer.close()
 
-    async def get() -> tuple[int, bytes]:
-        server = await asyncio.start_server(app, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        session_apps.APP_TARGETS[(session, "echo")] = ("127.0.0.1", port, time.monotonic() + 600)
-        asked, sent, never = [], [], asyncio.get_running_loop().create_future()
-
-        async def receive():
-            if not asked:
-                asked.append(1)
-                return {"type": "http.request", "body": b"", "more_body": False}
-            return await never
-
-        async def send(message):
-            sent.append(message)
-
-        try:
-            await proxy.AppHttpProxy()(dict(scope), receive, send)
-        finally:
-            server.close()
-            await proxy._pools.pop(id(asyncio.get_running_loop())).aclose()
-        return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+    def get() -> tuple[int, bytes]:
+        answer = _through_proxy(app, scope, session)[0]
+        return answer["status"], answer["body"]
 
     cache.set(key, "first-token")
-    assert async_to_sync(get)() == (200, b"hello\n")
+    assert get() == (200, b"hello\n")
     # Another web process opens the app again: a new token in the cache, this process's kept check unaware.
     running["token"] = "second-token"
     cache.set(key, "second-token")
     seen.clear()
-    assert async_to_sync(get)() == (200, b"hello\n")
+    assert get() == (200, b"hello\n")
     assert seen == ["token first-token", "token second-token"]  # refused with the kept one, then sent again
-    assert async_to_sync(get)() == (200, b"hello\n") and seen[-1] == "token second-token"
+    assert get() == (200, b"hello\n") and seen[-1] == "token second-token"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -425,12 +489,9 @@ def test_the_proxy_keeps_no_cookie_an_app_set_for_another_request(settings, alic
     """The proxy's client holds no cookie jar: a cookie an app sets goes to the browser that got the
     answer, never with the proxy's next request to that app (httpx's client kept it and sent it with
     any later request that carried no cookie of its own, another browser's too)."""
-    import asyncio
-
-    from asgiref.sync import async_to_sync
     from django.core.cache import cache
 
-    from sessions.serving import proxy, session_apps
+    from sessions.serving import session_apps
 
     scope, session = _apps_request(settings, alices_session, alice)
     cache.set(session_apps.TOKEN_KEY.format(session=session, app="echo"), "app-token")
@@ -447,32 +508,8 @@ def test_the_proxy_keeps_no_cookie_an_app_set_for_another_request(settings, alic
             writer.write(b"HTTP/1.1 200 OK\r\nset-cookie: app-login=alices-secret; Path=/\r\ncontent-length: 3\r\n\r\nok\n")
             await writer.drain()
 
-    async def requests() -> list[int]:
-        server = await asyncio.start_server(app, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        session_apps.APP_TARGETS[(session, "echo")] = ("127.0.0.1", port, time.monotonic() + 600)
-        statuses = []
-        try:
-            for _ in range(2):
-                sent, asked, never = [], [], asyncio.get_running_loop().create_future()
-
-                async def receive():
-                    if not asked:
-                        asked.append(1)
-                        return {"type": "http.request", "body": b"", "more_body": False}
-                    return await never
-
-                async def send(message):
-                    sent.append(message)
-
-                await proxy.AppHttpProxy()(dict(scope), receive, send)
-                statuses.append(sent[0]["status"])
-                assert (b"set-cookie", b"app-login=alices-secret; Path=/") in sent[0]["headers"]  # the browser gets it
-        finally:
-            server.close()
-            await proxy._pools.pop(id(asyncio.get_running_loop())).aclose()
-            session_apps.APP_TARGETS.pop((session, "echo"), None)
-        return statuses
-
-    assert async_to_sync(requests)() == [200, 200]
+    answers = _through_proxy(app, scope, session, times=2)
+    assert [answer["status"] for answer in answers] == [200, 200]
+    for answer in answers:  # the browser gets the cookie
+        assert (b"set-cookie", b"app-login=alices-secret; Path=/") in answer["headers"]
     assert cookies == [None, None]  # the second request carries no cookie the proxy kept

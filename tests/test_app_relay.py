@@ -4,6 +4,7 @@ that the web's connections to a relay, and only those, start with the proof; and
 real relay that refuses the web's old key gets the request again under the agent's new one. The
 relay itself, on a real container, is tests/test_docker_runtime.py's; across hosts, tests/multihost;
 a real agent restarted, tests/test_session_apps_e2e.py's."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,16 +34,20 @@ def test_a_fresh_proof_under_the_nodes_key_is_taken_once():
 KEY = relay_key("k" * 43)
 
 
-@pytest.mark.parametrize(("line", "why"), [  # each made when the test runs (`now`: the clock then)
-    (lambda now: b"", "no relay proof"),
-    (lambda now: b"GET / HTTP/1.1\r\n", "no relay proof"),
-    (lambda now: relay_hello("k" * 43, node=NODE, session_id=SESSION, app=APP), "does not verify"),  # the node key itself
-    (lambda now: relay_hello(relay_key("other"), node=NODE, session_id=SESSION, app=APP), "does not verify"),
-    (lambda now: relay_hello(KEY, node="gpu-2", session_id=SESSION, app=APP), "does not verify"),
-    (lambda now: relay_hello(KEY, node=NODE, session_id=SESSION, app="tensorboard"), "does not verify"),
-    (lambda now: relay_hello(KEY, node=NODE, session_id=SESSION, app=APP, now=now - 120), "stale"),
-    (lambda now: relay_hello(KEY, node=NODE, session_id=SESSION, app=APP, now=now + 120), "stale"),
-], ids=["empty", "http", "node-key", "other-key", "other-node", "other-app", "old", "future"])
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [  # each made when the test runs (`now`: the clock then)
+        (lambda now: b"", "no relay proof"),
+        (lambda now: b"GET / HTTP/1.1\r\n", "no relay proof"),
+        (lambda now: relay_hello("k" * 43, node=NODE, session_id=SESSION, app=APP), "does not verify"),  # the node key itself
+        (lambda now: relay_hello(relay_key("other"), node=NODE, session_id=SESSION, app=APP), "does not verify"),
+        (lambda now: relay_hello(KEY, node="gpu-2", session_id=SESSION, app=APP), "does not verify"),
+        (lambda now: relay_hello(KEY, node=NODE, session_id=SESSION, app="tensorboard"), "does not verify"),
+        (lambda now: relay_hello(KEY, node=NODE, session_id=SESSION, app=APP, now=now - 120), "stale"),
+        (lambda now: relay_hello(KEY, node=NODE, session_id=SESSION, app=APP, now=now + 120), "stale"),
+    ],
+    ids=["empty", "http", "node-key", "other-key", "other-node", "other-app", "old", "future"],
+)
 def test_a_connection_without_a_valid_fresh_proof_for_this_app_is_refused(line, why):
     with pytest.raises(RelayRefused, match=why):
         guard().check(line(time.time()), session_id=SESSION, app=APP)
@@ -121,8 +126,10 @@ async def _restarted_agents_relay(*, node: str, session: str, target, refused: l
         while True:
             message = await layer.receive(channel)
             asked.append(message["type"])
-            await layer.send(message["reply_channel"], {"type": "app.status", "running": True, "host": "127.0.0.1",
-                                                        "port": port, **new.answer_fields()})
+            await layer.send(
+                message["reply_channel"],
+                {"type": "app.status", "running": True, "host": "127.0.0.1", "port": port, **new.answer_fields()},
+            )
 
     answering = asyncio.create_task(agent())
     session_apps.APP_TARGETS[(session, "echo")] = ("127.0.0.1", port, time.monotonic() + 600)
@@ -133,7 +140,8 @@ async def _restarted_agents_relay(*, node: str, session: str, target, refused: l
 @pytest.mark.django_db(transaction=True)  # the proxy's check reads on Channels' database thread
 @pytest.mark.parametrize("size", [0, 100_000], ids=["get", "post"])
 def test_a_relay_that_refuses_the_webs_old_key_on_the_same_address_gets_the_request_again_under_the_agents_new_one(
-        settings, alices_session, alice, monkeypatch, size):
+    settings, alices_session, alice, monkeypatch, size
+):
     """A keyless node's agent restarted: its new relay (a real one: agent.session_apps.relay_pipe
     under a new random key) listens where the web still remembers the old relay, with the old key.
     The relay closes the web's connection at its proof, before a byte reaches the app; the proxy asks
@@ -144,7 +152,7 @@ def test_a_relay_that_refuses_the_webs_old_key_on_the_same_address_gets_the_requ
     from django.core.cache import cache
 
     from sessions.serving import proxy, session_apps
-    from tests.test_app_origin import _apps_request
+    from tests.test_app_origin import _apps_request, _proxy_answer
 
     scope, session = _apps_request(settings, alices_session, alice)
     body = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
@@ -156,7 +164,9 @@ def test_a_relay_that_refuses_the_webs_old_key_on_the_same_address_gets_the_requ
 
     async def app(reader, writer):  # the app in the session: one answer per connection, after the body
         head = await reader.readuntil(b"\r\n\r\n")
-        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
+        length = next(
+            (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0
+        )
         received.append(await reader.readexactly(length))
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\nconnection: close\r\n\r\nhello\n")
         await writer.drain()
@@ -165,21 +175,12 @@ def test_a_relay_that_refuses_the_webs_old_key_on_the_same_address_gets_the_requ
     async def get() -> tuple[int, bytes]:
         app_server = await asyncio.start_server(app, "127.0.0.1", 0)
         target = app_server.sockets[0].getsockname()[:2]
-        relay, port, answering = await _restarted_agents_relay(node=node, session=session, target=target,
-                                                               refused=refused, asked=asked)
-        sent, never = [], asyncio.get_running_loop().create_future()
-        pieces = [body[at:at + 65536] for at in range(0, len(body), 65536)] or [b""]
-
-        async def receive():  # the browser's body as the server hands it over, in pieces
-            if pieces:
-                return {"type": "http.request", "body": pieces.pop(0), "more_body": bool(pieces)}
-            return await never
-
-        async def send(message):
-            sent.append(message)
-
+        relay, port, answering = await _restarted_agents_relay(
+            node=node, session=session, target=target, refused=refused, asked=asked
+        )
+        pieces = [body[at : at + 65536] for at in range(0, len(body), 65536)] or [b""]  # as the server hands it over
         try:
-            await proxy.AppHttpProxy()(dict(scope), receive, send)
+            answer = await _proxy_answer(scope, pieces)
         finally:
             answering.cancel()
             relay.close()
@@ -187,7 +188,7 @@ def test_a_relay_that_refuses_the_webs_old_key_on_the_same_address_gets_the_requ
             RELAYS.pop(("127.0.0.1", port), None)
             session_apps.APP_TARGETS.pop((session, "echo"), None)
             await proxy._pools.pop(id(asyncio.get_running_loop())).aclose()
-        return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+        return answer["status"], answer["body"]
 
     assert async_to_sync(get)() == (200, b"hello\n")
     assert len(refused) == 1 and asked == ["pty.app_status"]  # the old key once, then the agent asked once
@@ -195,8 +196,7 @@ def test_a_relay_that_refuses_the_webs_old_key_on_the_same_address_gets_the_requ
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_websocket_to_a_relay_that_refuses_the_webs_old_key_is_opened_under_the_agents_new_one(
-        settings, alices_session, alice):
+def test_a_websocket_to_a_relay_that_refuses_the_webs_old_key_is_opened_under_the_agents_new_one(settings, alices_session, alice):
     """As above, for a websocket before the browser's is accepted: the relay closes the web's
     connection at its proof, the agent is asked again, and the websocket opens through the relay."""
     from asgiref.sync import async_to_sync
@@ -219,8 +219,9 @@ def test_a_websocket_to_a_relay_that_refuses_the_webs_old_key_is_opened_under_th
     async def talk() -> list[dict]:
         async with serve(echo, "127.0.0.1", 0) as app_server:
             target = next(iter(app_server.sockets)).getsockname()[:2]
-            relay, port, answering = await _restarted_agents_relay(node=node, session=session, target=target,
-                                                                   refused=refused, asked=asked)
+            relay, port, answering = await _restarted_agents_relay(
+                node=node, session=session, target=target, refused=refused, asked=asked
+            )
             inbox: asyncio.Queue = asyncio.Queue()
             for message in ({"type": "websocket.connect"}, {"type": "websocket.receive", "text": "ping"}):
                 inbox.put_nowait(message)
