@@ -26,29 +26,36 @@ Bytes in bulk (a `read` or `upload_begin` asking `direct`): the answer carries a
 (`direct`: {host, port, token}, agent.direct's listener: the agent's direct-stream one where it
 listens, else one of its own on `app-address`, where session apps listen and the web reaches
 them) and the bytes go over that one connection: a download with sendfile (the kernel copies
-the page cache to the socket), an upload read into its temporary file as it comes, with the same
-confinement, cap and size checks. No round trip per chunk. Without a listener the answer is the
+the page cache to the socket), an upload moved from the socket to its temporary file with splice
+in a thread of the transfer's own (FileOps.upload_from_socket: the bytes never enter Python and
+the loop does nothing per piece), with the same confinement, cap and size checks. No round trip
+per chunk. An upload's writeback starts every WRITE_BACK_BYTES as it is written (sync_file_range),
+so the commit's fsync, which its 201 waits for, writes the tail only. Without a listener the answer is the
 chunked one, and the web reads over the channel layer as before. The same transfer is offered
 under the same token in this process too (protocol.files.offer_local), for a web on this agent's
 event loop (standalone), which then takes the bytes as Python objects with no socket between:
-the file read with pread, an upload's pieces written as the web hands them over. Either way a
+the file read with pread, an upload's pieces written on the files pool while the next arrive, those
+that arrived meanwhile in one writev. Either way a
 transfer is served once (`_Offered`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
+import fcntl
 import logging
 import os
 import secrets
+import select
 import shutil
 import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -63,7 +70,38 @@ FILE_THREADS = 4
 UPLOAD_IDLE_S = 600  # an upload untouched this long is abandoned (its temporary file removed)
 UPLOAD_PREFIX = ".fgpu-upload-"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-STREAM_READ_BYTES = 1024 * 1024  # what a direct upload asks its socket for at a time
+STREAM_READ_BYTES = 1024 * 1024  # what a direct upload asks its socket for at a time (and its pipe holds: splice)
+UPLOAD_HOLD_BYTES = 4 * 1024 * 1024  # an upload taken in this process: bytes received while a write is in flight, at most
+WRITE_BACK_BYTES = 8 * 1024 * 1024  # an upload's written bytes handed to the disk's writeback this many at a time
+POLL_S = 1.0  # how often a direct upload's thread, waiting for bytes, looks whether it should stop
+
+
+def _in_thread(fn: Callable[..., Any], *args) -> asyncio.Future:
+    """`fn(*args)` run in a new thread (a transfer's: long, so not on a pool a short op waits for),
+    as a future of the running loop (cancelling it does not stop the thread)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result, exc) -> None:
+        if future.done():
+            return
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, exc = fn(*args), None
+        except BaseException as raised:  # noqa: BLE001 - handed to the loop's future
+            result, exc = None, raised
+        try:
+            loop.call_soon_threadsafe(settle, result, exc)
+        except RuntimeError:
+            pass  # the loop closed meanwhile (the agent stopped)
+
+    threading.Thread(target=run, name="agent-files-transfer", daemon=True).start()
+    return future
 
 
 class FileError(Exception):
@@ -209,6 +247,55 @@ class Upload:
     size: int | None
     written: int = 0
     touched: float = field(default_factory=time.monotonic)
+    busy: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # held while fd is in use
+    flushed: int = 0  # bytes from the start handed to writeback (_write_back)
+
+
+def _sync_file_range() -> Callable[..., int] | None:
+    try:
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (AttributeError, OSError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return call
+
+
+SYNC_FILE_RANGE = _sync_file_range()  # Linux's sync_file_range(2), where the C library has it
+SYNC_FILE_RANGE_WRITE = 2
+
+
+def _write_back(upload: Upload) -> None:
+    """Start the disk's writeback of what the upload wrote since the last call, once WRITE_BACK_BYTES
+    wait (sync_file_range SYNC_FILE_RANGE_WRITE: it does not wait for the disk): the fsync of the
+    commit, which the 201 waits for, then writes only the tail, as the transfer's bytes went to the
+    disk beside it. Caller holds `upload.busy`."""
+    if SYNC_FILE_RANGE is not None and upload.written - upload.flushed >= WRITE_BACK_BYTES:
+        SYNC_FILE_RANGE(upload.fd, upload.flushed, upload.written - upload.flushed, SYNC_FILE_RANGE_WRITE)
+        upload.flushed = upload.written
+
+
+def _write_all(fd: int, pieces: Sequence[bytes]) -> None:
+    """Write `pieces` (bytes-like, in order) to `fd`: one writev, again for what a short write left."""
+    views = [memoryview(piece) for piece in pieces if len(piece)]
+    while views:
+        done = os.writev(fd, views[:1024])  # IOV_MAX
+        while views and done >= len(views[0]):
+            done -= len(views.pop(0))
+        if done:
+            views[0] = views[0][done:]
+
+
+def _from_pipe(pipe: int, fd: int, count: int) -> None:
+    """Move `count` bytes waiting in `pipe` to the file `fd`: splice (no copy through user space),
+    or read and write where the file system does not splice (EINVAL)."""
+    while count > 0:
+        try:
+            moved = os.splice(pipe, fd, count, flags=os.SPLICE_F_MOVE)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            moved = os.write(fd, os.read(pipe, count))
+        count -= moved
 
 
 class FileOps:
@@ -533,20 +620,100 @@ class FileOps:
     def upload_chunk(upload: Upload, offset: int, data: bytes) -> dict:
         if offset != upload.written:
             raise FileError("bad-path", f"chunk at {offset}, expected {upload.written}")
-        if upload.written + len(data) > upload.room or (upload.size is not None and upload.written + len(data) > upload.size):
-            raise FileError("over-cap", "the upload is larger than its declared size or than the cap leaves room for")
-        os.write(upload.fd, data)
-        upload.written += len(data)
-        upload.touched = time.monotonic()
+        return FileOps.upload_pieces(upload, [data])
+
+    @staticmethod
+    def _allowed(upload: Upload) -> int:
+        """The bytes the upload may hold in all: what the cap leaves, and no more than its declared size."""
+        return upload.room if upload.size is None else min(upload.room, upload.size)
+
+    @staticmethod
+    def _over_cap() -> FileError:
+        return FileError("over-cap", "the upload is larger than its declared size or than the cap leaves room for")
+
+    @staticmethod
+    def upload_pieces(upload: Upload, pieces: Sequence[bytes]) -> dict:
+        """Append `pieces` (bytes-like, in order) to the upload's temporary file with one writev:
+        `{"written"}` (bytes in all). Raises FileError over-cap (nothing written) where they pass the
+        declared size or the cap's room, upload-gone where the upload was closed; OSError."""
+        count = sum(len(piece) for piece in pieces)
+        if upload.written + count > FileOps._allowed(upload):
+            raise FileOps._over_cap()
+        with upload.busy:
+            if upload.fd < 0:
+                raise FileError("upload-gone", "the upload ended")
+            _write_all(upload.fd, pieces)
+            upload.written += count
+            upload.touched = time.monotonic()
+            _write_back(upload)
         return {"written": upload.written}
+
+    @staticmethod
+    def upload_from_socket(upload: Upload, sock: int, held: bytes, stop: threading.Event) -> int:
+        """Blocking (a thread of its own): write `held` (what was received already), then what the
+        socket `sock` (non-blocking; closed here) gives until its end, to the upload's temporary
+        file, socket to pipe to file with splice (the bytes never enter user space); the bytes
+        written in all. Checks as upload_pieces: past the declared size or the cap's room, FileError
+        over-cap (the bytes that crossed it not written); a file error, FileError failed. Raises
+        ConnectionError where the socket fails, gives nothing for UPLOAD_IDLE_S or `stop` is set."""
+        pipe_r = pipe_w = -1
+        try:
+            if held:
+                FileOps.upload_pieces(upload, [held])
+            pipe_r, pipe_w = os.pipe2(os.O_CLOEXEC)
+            try:
+                fcntl.fcntl(pipe_w, fcntl.F_SETPIPE_SZ, STREAM_READ_BYTES)
+            except OSError:
+                pass  # the system's pipe-max-size is lower: the default pipe (64 KiB) does, in more moves
+            waiting = select.poll()
+            waiting.register(sock, select.POLLIN)
+            allowed, idle = FileOps._allowed(upload), 0.0
+            with upload.busy:
+                while True:
+                    if stop.is_set():
+                        raise ConnectionError("the agent stopped the transfer")
+                    try:
+                        # one byte more than allowed, to tell a body that passes it from one that ends there
+                        count = os.splice(
+                            sock, pipe_w, min(STREAM_READ_BYTES, allowed - upload.written + 1), flags=os.SPLICE_F_NONBLOCK
+                        )
+                    except BlockingIOError:
+                        if waiting.poll(POLL_S * 1000):
+                            continue
+                        idle += POLL_S
+                        if idle >= UPLOAD_IDLE_S:
+                            raise ConnectionError(f"no bytes for {UPLOAD_IDLE_S} s") from None
+                        continue
+                    except OSError as exc:
+                        raise ConnectionError(exc.strerror or str(exc)) from None
+                    if not count:
+                        return upload.written
+                    if upload.written + count > allowed:
+                        raise FileOps._over_cap()
+                    if upload.fd < 0:
+                        raise FileError("upload-gone", "the upload ended")
+                    try:
+                        _from_pipe(pipe_r, upload.fd, count)
+                    except OSError as exc:
+                        raise FileError("failed", exc.strerror or str(exc)) from None
+                    upload.written += count
+                    upload.touched, idle = time.monotonic(), 0.0
+                    _write_back(upload)
+        finally:
+            for fd in (pipe_r, pipe_w, sock):
+                if fd >= 0:
+                    os.close(fd)
 
     @staticmethod
     def upload_commit(upload: Upload) -> dict:
         if upload.size is not None and upload.written != upload.size:
             raise FileError("bad-path", f"the upload ended after {upload.written} of its {upload.size} bytes")
-        os.fsync(upload.fd)
-        os.close(upload.fd)
-        upload.fd = -1
+        with upload.busy:
+            if upload.fd < 0:
+                raise FileError("upload-gone", "the upload ended")
+            os.fsync(upload.fd)
+            os.close(upload.fd)
+            upload.fd = -1
         try:
             os.rename(upload.temp, upload.name, src_dir_fd=upload.dir_fd, dst_dir_fd=upload.dir_fd)
             return {"entry": _entry(upload.name, os.stat(upload.name, dir_fd=upload.dir_fd, follow_symlinks=False))}
@@ -555,9 +722,10 @@ class FileOps:
 
     @staticmethod
     def upload_close(upload: Upload, *, remove: bool) -> None:
-        if upload.fd >= 0:
-            os.close(upload.fd)
-            upload.fd = -1
+        with upload.busy:  # a direct upload's thread writing to it ends first
+            if upload.fd >= 0:
+                os.close(upload.fd)
+                upload.fd = -1
         if remove:
             try:
                 os.unlink(upload.temp, dir_fd=upload.dir_fd)
@@ -766,49 +934,95 @@ class SessionFiles:
             os.close(fd)
 
     async def _receive(self, session_id: str, upload_id: str, reader, writer) -> None:
-        """An upload's connection (agent.direct): the bytes the web sends until it ends its side
-        (`_write_upload`), then its answer as one line."""
+        """An upload's connection (agent.direct): the bytes the web sends until it ends its side,
+        then its answer as one line. The bytes go from the socket to the temporary file in a thread
+        of the transfer's own (FileOps.upload_from_socket: splice, nothing per piece on the loop),
+        the loop's transport paused meanwhile; through the StreamReader (`_write_upload`) where
+        splice is not there."""
+        sock = writer.get_extra_info("socket")
+        buffered = getattr(reader, "_buffer", None)  # what asyncio read past the token's line
+        if not hasattr(os, "splice") or sock is None or not isinstance(buffered, bytearray):
 
-        async def pieces() -> AsyncIterator[bytes]:
-            while data := await reader.read(STREAM_READ_BYTES):
-                yield data
+            async def pieces() -> AsyncIterator[bytes]:
+                while data := await reader.read(STREAM_READ_BYTES):
+                    yield data
 
-        writer.write(encode(await self._write_upload(session_id, upload_id, pieces())))
+            answer = await self._write_upload(session_id, upload_id, pieces())
+        else:
+            writer.transport.pause_reading()
+            held = bytes(buffered)
+            buffered.clear()
+            answer = await self._splice_upload(session_id, upload_id, os.dup(sock.fileno()), held)
+        writer.write(encode(answer))
         await writer.drain()
+
+    def _found(self, session_id: str, upload_id: str) -> Upload | None:
+        with self.lock:
+            found = self.uploads.get(upload_id)
+        return found[1] if found is not None and found[0] == session_id else None
+
+    def _refused(self, upload_id: str, upload: Upload, exc: FileError) -> dict:
+        """The upload dropped on `exc`, and the answer saying so."""
+        with self.lock:
+            self.uploads.pop(upload_id, None)
+        FileOps.upload_close(upload, remove=True)
+        return {"type": DIRECT_REFUSED, "error": exc.code, "detail": exc.detail}
+
+    async def _splice_upload(self, session_id: str, upload_id: str, sock: int, held: bytes) -> dict:
+        """FileOps.upload_from_socket on `sock` (a descriptor it closes) in a thread of its own; the
+        answer as `_write_upload`'s. Where the socket fails, or this is cancelled (the thread told
+        to stop), the error goes to the caller and the upload is kept for the web's abort."""
+        upload = self._found(session_id, upload_id)
+        if upload is None:
+            os.close(sock)
+            return {"type": DIRECT_REFUSED, "error": "upload-gone", "detail": "no such upload"}
+        stop = threading.Event()
+        try:
+            await _in_thread(FileOps.upload_from_socket, upload, sock, held, stop)
+        except FileError as exc:
+            return self._refused(upload_id, upload, exc)
+        except BaseException:
+            stop.set()
+            raise
+        return {"type": DIRECT_OK, "written": upload.written}
 
     async def _write_upload(self, session_id: str, upload_id: str, pieces: AsyncIterator[bytes]) -> dict:
         """Write `pieces` (bytes, as they come) to the upload's temporary file
-        (FileOps.upload_chunk: the declared size and the cap's room hold), each on the files pool
-        while the next is received (one write in flight: at most two pieces held); the answer: DIRECT_OK
-        {written} (the web then commits over the layer), or DIRECT_REFUSED {error, detail}, the
-        upload dropped. What `pieces` raises (the web's client went away) goes to the caller, the
-        upload kept for the web's abort."""
-        with self.lock:
-            found = self.uploads.get(upload_id)
-        if found is None or found[0] != session_id:
+        (FileOps.upload_pieces: the declared size and the cap's room hold) on the files pool while
+        the next are received: what arrives while a write is in flight (UPLOAD_HOLD_BYTES at most)
+        goes in the next one, one writev; the answer: DIRECT_OK {written} (the web then commits over
+        the layer), or DIRECT_REFUSED {error, detail}, the upload dropped. What `pieces` raises
+        (the web's client went away) goes to the caller, the upload kept for the web's abort."""
+        upload = self._found(session_id, upload_id)
+        if upload is None:
             return {"type": DIRECT_REFUSED, "error": "upload-gone", "detail": "no such upload"}
-        upload = found[1]
         loop = asyncio.get_running_loop()
-        writing: asyncio.Future | None = None  # the piece being written on the pool, while the next is received
+        writing: asyncio.Future | None = None  # the pieces being written on the pool, while the next are received
+        held: list[bytes] = []
+        holding = 0
         try:
             try:
                 async for data in pieces:
+                    held.append(data)
+                    holding += len(data)
+                    if writing is not None and not writing.done() and holding < UPLOAD_HOLD_BYTES:
+                        continue
                     if writing is not None:
                         await writing
-                    writing = loop.run_in_executor(self.pool, FileOps.upload_chunk, upload, upload.written, data)
+                    writing = loop.run_in_executor(self.pool, FileOps.upload_pieces, upload, held)
+                    held, holding = [], 0
                 if writing is not None:
                     await writing
                     writing = None
+                if held:
+                    await loop.run_in_executor(self.pool, FileOps.upload_pieces, upload, held)
             except OSError as exc:
                 raise FileError("failed", exc.strerror or str(exc)) from None
             finally:
                 if writing is not None:  # the web's client went away (what `pieces` raised goes on): the write ends first
                     await asyncio.gather(writing, return_exceptions=True)
         except FileError as exc:
-            with self.lock:
-                self.uploads.pop(upload_id, None)
-            FileOps.upload_close(upload, remove=True)
-            return {"type": DIRECT_REFUSED, "error": exc.code, "detail": exc.detail}
+            return self._refused(upload_id, upload, exc)
         return {"type": DIRECT_OK, "written": upload.written}
 
     def _expire(self) -> None:
