@@ -35,6 +35,7 @@ this machine (2 cores in CI): the figures include their competition for the CPU.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -287,6 +288,12 @@ def measure(
     }
 
 
+def web_parser() -> str:
+    """The HTTP/1.1 parser the console's uvicorn runs (its `--http auto`: httptools where it can be
+    imported, else h11); the console inherits this process's interpreter and PYTHONPATH."""
+    return "httptools" if importlib.util.find_spec("httptools") else "h11"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=500)
@@ -379,6 +386,7 @@ def main() -> None:
             else "process runtime, no sandbox here (no relay: the app on the node's network), direct: the app's own "
             "address, which the proxy reaches; "
         )
+        + f"uvicorn's HTTP/1.1 parser {web_parser()}; "
         + f"{os.cpu_count()} CPUs, load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after, "
         f"{proxy_loads} after each proxy round)",
         f"{'':32}{'direct':>10}{'proxy':>10}{'proxy/direct':>14}",
