@@ -14,9 +14,10 @@ Where the agent offers it (agent.files: its direct listener, agent.direct), the 
 layer: the download's first read and the upload's start ask `direct`, and the agent's answer holds
 a one-time token for one TCP connection to it (as the terminal's direct stream, reached where
 session apps are), which carries the whole file: sent by the agent with sendfile and relayed to
-the client as it comes, or the request body sent on as Django's handler holds it, the agent
-checking the same size and cap. The commit, the errors and the checks stay on the layer. Where
-the connection fails (DIRECT_CONNECT_S), the transfer goes through the layer as before. Where
+the client as it comes, or the request body sent on as the web server receives it, the agent
+checking the same size and cap (sessions.serving.agent_stream connects). The commit, the errors
+and the checks stay on the layer. Where the connection fails (DIRECT_CONNECT_S), the transfer
+goes through the layer as before. Where
 the agent runs on this web's own event loop (standalone), the same offer is taken in the process
 (protocol.files.take_local) and the bytes pass as Python objects, no socket between the two.
 
