@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 SEND_WAIT_S = 10.0
 WAITING_TYPES = frozenset({"terminal.output"})  # other notices are best-effort, as in Channels
 POLL_S = 0.002  # how often a waiting send looks for room
+# How often the in-memory layer looks for expired messages and group memberships (Channels looks at
+# every send and receive, each channel and group of the process each time: a tenth of a keystroke's
+# echo in standalone mode, benchmarks/terminal.py). Its expiries are a minute and a day, so a second
+# later changes nothing; `group_members` still looks every time.
+CLEAN_EVERY_S = 1.0
 
 
 class FlowControlledInMemoryChannelLayer(InMemoryChannelLayer):
@@ -60,9 +65,17 @@ class FlowControlledInMemoryChannelLayer(InMemoryChannelLayer):
                     raise
                 await asyncio.sleep(POLL_S)
 
+    _cleaned = float("-inf")  # monotonic time of the last look for expired messages and memberships
+
+    def _clean_expired(self):
+        now = time.monotonic()
+        if now - self._cleaned >= CLEAN_EVERY_S:
+            self._cleaned = now
+            super()._clean_expired()
+
     async def group_members(self, group) -> int:
         """How many channels `group` holds now (those not expired)."""
-        self._clean_expired()
+        super()._clean_expired()
         return len(self.groups.get(group, ()))
 
     async def group_send(self, group, message):
@@ -81,6 +94,8 @@ class FlowControlledInMemoryChannelLayer(InMemoryChannelLayer):
             except ChannelFull:
                 if message.get("type") in WAITING_TYPES:
                     waiting.append(asyncio.create_task(self.send(channel, message)))
+        if not waiting:  # as_completed([]) alone costs more than the sends (a keystroke's echo does two)
+            return
         for sent in asyncio.as_completed(waiting):
             try:
                 await sent

@@ -4,6 +4,7 @@ waits for room only where terminal output meets a full channel."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -67,3 +68,18 @@ def test_a_notice_to_a_full_member_is_dropped_and_the_others_have_it():
     assert got_free["n"] == 2
     assert got_full["n"] == 1
     assert extra is None
+
+
+def test_sends_look_for_expired_memberships_once_a_second_and_the_members_count_at_once():
+    async def scenario():
+        layer = FlowControlledInMemoryChannelLayer(group_expiry=60)
+        first, second = await two_members(layer)
+        await layer.group_send("terminal.s1", OUTPUT)  # looked for expiries: none
+        layer.groups["terminal.s1"][first] = time.time() - 120  # as if it joined two minutes ago
+        await layer.group_send("terminal.s1", OUTPUT)  # within the second: not looked for again
+        kept = [await asyncio.wait_for(layer.receive(first), 1) for _ in range(2)]
+        return kept, await layer.group_members("terminal.s1"), sorted(layer.groups["terminal.s1"])
+
+    kept, members, left = asyncio.run(scenario())
+    assert kept == [OUTPUT, OUTPUT]
+    assert members == 1 and len(left) == 1
