@@ -153,6 +153,8 @@ class TerminalPipe:
         self.pty_closed = False
         self.output_closed = False  # no more output will come: the pump ends once the outbox is sent
         self.pump_task: asyncio.Task | None = None
+        self.pump_idle = False  # the pump waits for output (outbox_wake): nothing is on its way
+        self.large_at = -STREAM_GAP_S  # loop time of the last frame of STREAM_CHARS or more
         self.limits = FlowLimits()
         self.node = ""
         self.session_id = ""
@@ -216,6 +218,8 @@ class TerminalPipe:
         if len(self.scrollback) > 2 * SCROLLBACK_BYTES:  # trimmed now and then, not on every read
             del self.scrollback[:-SCROLLBACK_BYTES]
         self.output(self.decoder.decode(data))
+        if len(data) < FULL_READ:
+            self.send_at_once()
         if self.outbox_chars >= self.limits.outbox_high:  # the terminal group is behind: stop reading until it drains
             self.pause_reading()
         self.spend_output_tokens(len(data))
@@ -307,6 +311,25 @@ class TerminalPipe:
         self.stall_check = None
         self.outbox_wake.set()
 
+    def send_at_once(self) -> None:
+        """Where only direct streams read the session and the pump waits for output, a little of it
+        (a keystroke's echo) is written to them now, as the pump would on its next turn (no
+        reader a window behind, nothing streaming: see `pump`), without that turn: the pump's task
+        wake-up was a tenth of the agent's work a keystroke (benchmarks/terminal.py, py-spy)."""
+        if not (self.pump_idle and self.direct) or self.layer_channels or self.adopted or self.output_closed:
+            return
+        if self.outbox_chars >= STREAM_CHARS or self.loop.time() - self.large_at < STREAM_GAP_S:
+            return
+        if self.readers_behind():
+            return
+        frame = self.take_frame()
+        self.sent += len(frame)
+        self.frames += 1
+        line = encode_output(frame, self.sent, self.frames)
+        for stream in self.direct.values():
+            stream.write(line)
+        self.outbox_wake.clear()
+
     async def pump(self) -> None:
         """Send output frames in order (what piled up meanwhile coalesced, at most FRAME_CHARS a
         frame) while no reader is a window behind (woken by its acknowledgement), reading the PTY
@@ -318,11 +341,12 @@ class TerminalPipe:
         in-memory layer sends is never on its way for long."""
         half = self.limits.frame_chars // 2
         streaming = False
-        large_at = -STREAM_GAP_S  # loop time of the last large frame sent
         while True:
+            self.pump_idle = True
             await self.outbox_wake.wait()
+            self.pump_idle = False
             self.outbox_wake.clear()
-            if self.loop.time() - large_at < STREAM_GAP_S and self.outbox_chars < half and not self.output_closed:
+            if self.loop.time() - self.large_at < STREAM_GAP_S and self.outbox_chars < half and not self.output_closed:
                 await asyncio.sleep(COALESCE_S)
             while self.outbox and not (self.readers and self.readers_behind()):
                 if streaming and self.outbox_chars < half and not self.output_closed:
@@ -331,7 +355,7 @@ class TerminalPipe:
                 self.sent += len(frame)
                 self.frames += 1
                 if len(frame) >= STREAM_CHARS:
-                    large_at = self.loop.time()
+                    self.large_at = self.loop.time()
                 message = {"type": "terminal.output", "data": frame, "offset": self.sent, "n": self.frames}
                 if self.direct:  # written before any await: a reader that attaches meanwhile starts after it
                     line = encode_output(frame, self.sent, self.frames)

@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import os
+import select
 
 from agent.terminal_pipe import FlowLimits, OutputCap, TerminalPipe
 from protocol.terminal_stream import DIRECT_OK
@@ -218,3 +219,33 @@ def test_full_reads_of_the_pty_are_read_on_at_once_up_to_the_read_chunk_and_a_sh
     assert text == "e" * 10 + "x" * 80_000 + "!"
     # the echo-sized read alone; then full reads taken on to READ_CHUNK (64 KiB); then the rest and the PTY's byte
     assert [len(piece) for piece in logged] == [10, 65_536, 80_000 - 65_536 + 1]
+
+
+def test_a_keystrokes_echo_goes_to_direct_readers_from_the_read_itself_and_later_frames_number_on():
+    class Stream:
+        def __init__(self) -> None:
+            self.lines: list[dict] = []
+
+        def write(self, line: bytes) -> None:
+            self.lines.append(json.loads(line))
+
+        def close(self) -> None:
+            pass
+
+    async def scenario(pipe, handle, frames):
+        stream = Stream()
+        pipe.attach_direct("direct", stream)
+        await wait_until_async(lambda: pipe.pump_idle, timeout=TIMEOUT, interval=0.01, what="the pump to wait")
+        os.write(handle.slave, b"a")
+        assert select.select([handle.fd], [], [], TIMEOUT)[0], "the PTY did not become readable"
+        pipe.on_readable()  # the loop does not turn between the read and the frame: the pump cannot have sent it
+        at_once = list(stream.lines[2:])
+        os.write(handle.slave, b"bc")
+        await wait_until_async(lambda: pipe.sent >= 3, timeout=TIMEOUT, interval=0.01, what="the next output")
+        await wait_until_async(lambda: len(stream.lines) >= 4, timeout=TIMEOUT, interval=0.01, what="its frame")
+        return at_once, stream.lines[2:], frames
+
+    at_once, lines, frames = run(scenario)
+    assert at_once == [{"type": "terminal.output", "data": "a", "offset": 1, "n": 1}]
+    assert lines[1] == {"type": "terminal.output", "data": "bc", "offset": 3, "n": 2}
+    assert frames == []  # no reader over the layer: nothing sent there
