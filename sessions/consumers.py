@@ -33,6 +33,7 @@ import functools
 import json
 import logging
 import sys
+from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -97,6 +98,19 @@ def server_transport(send):
     return None
 
 
+def server_send(send):
+    """The server's own `send` under a consumer's (server_transport's walk): Channels' session
+    middleware and console.asgi.GoneClientSendsDropped pass a `websocket.send` through unchanged,
+    at a few µs each on every frame of output; `send` itself under another stack."""
+    for _ in range(4):
+        owner = getattr(send, "__self__", None)
+        inner = getattr(owner, "real_send", None)
+        if inner is None:
+            return send
+        send = inner
+    return send
+
+
 def websocket_backlog(transport) -> int:
     """Bytes the server holds for this websocket that the client has not taken yet (`transport`:
     server_transport's). uvicorn's asyncio transport says so itself, and its `send` waits while
@@ -150,6 +164,7 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
     layer_task: asyncio.Task | None = None  # relays over the layer after an unanswered attach
     layer_exit: int | None = None  # the session's exit code, when the layer said it before the direct stream
     attach_task: asyncio.Task | None = None  # waits for the agent in its group, then sends the attach
+    output_send: Callable[[dict], Awaitable[None]]  # the server's own send (server_send), for output frames
 
     async def connect(self) -> None:
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
@@ -340,6 +355,7 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
         self.channel_name = await self.channel_layer.new_channel()
         self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
         self.transport = server_transport(send)
+        self.output_send = server_send(send)
         self.base_send = send
         lock = asyncio.Lock()
 
@@ -381,7 +397,11 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
                 return
             await self.terminal_direct(offer)
         elif message["type"] == "websocket.receive":
-            await self.websocket_receive(message)
+            text = message.get("text")
+            if text:  # as AsyncJsonWebsocketConsumer.receive, without its two awaited layers
+                await self.receive_json(json.loads(text))
+            else:
+                await self.websocket_receive(message)
         else:
             await super().dispatch(message)
 
@@ -444,7 +464,10 @@ class TerminalConsumer(AsyncJsonWebsocketConsumer):
         (protocol.terminal_stream.output_literal), and acknowledged when due."""
         if literal is None:
             literal = json_string(event["data"])
-        await self.send(text_data='{"type": "output", "data": ' + literal + "}")
+        try:  # the server's own send (server_send), dropping a send to a gone client as GoneClientSendsDropped does
+            await self.output_send({"type": "websocket.send", "text": '{"type": "output", "data": ' + literal + "}"})
+        except OSError:
+            pass
         write_now(self.transport)
         offset = event.get("offset")
         if offset is None:  # the scrollback (or an agent from before flow control)

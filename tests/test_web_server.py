@@ -88,6 +88,19 @@ def test_sends_to_a_client_that_went_away_are_dropped(server):
     assert "Traceback" not in proc.output(), proc.output()
 
 
+def test_the_terminals_output_send_is_the_servers_own_under_the_middleware(server):
+    name, port, proc = server
+
+    async def run() -> str:
+        async with websockets.connect(f"ws://127.0.0.1:{port}/server-send") as ws:
+            return await asyncio.wait_for(ws.recv(), 15)
+
+    assert asyncio.run(run()) == "hello"
+    wait_until(lambda: "server send " in proc.output(), timeout=15, what=f"{name}'s app to say its send")
+    said = proc.output().split("server send ")[1].split()[0]
+    assert said == {"uvicorn": "WebSocketsSansIOProtocol.send", "daphne": "Server.handle_reply"}[name], said
+
+
 def test_standalone_on_a_taken_port_says_so_and_exits(tmp_path):
     """`manage.py standalone` embeds uvicorn: a port in use is one error line and exit status 1,
     not a traceback (uvicorn's startup exits the process by SystemExit)."""

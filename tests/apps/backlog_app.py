@@ -9,6 +9,8 @@ for the client to close: a server-side close would time out its closing handshak
 client still drains the backlog, and daphne (autobahn) then aborts the connection with a reset.
 Path `/gone`: waits for the client's disconnect, then sends it 100 frames and prints
 `sent 100 frames after the client went away` once every send returned.
+Path `/server-send`: prints `server send <its qualified name>` of sessions.consumers.server_send
+(what the terminal consumer sends its output with), then sends `hello` with it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ django.setup()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 
 from console.asgi import GoneClientSendsDropped  # noqa: E402
-from sessions.consumers import server_transport, websocket_backlog  # noqa: E402
+from sessions.consumers import server_send, server_transport, websocket_backlog  # noqa: E402
 
 FRAME = "x" * 65536
 SEND_WAIT_S = 0.2  # a send that waits this long: the server holds what the client has not read
@@ -41,6 +43,13 @@ async def inner(scope, receive, send) -> None:
         for _ in range(100):
             await send({"type": "websocket.send", "text": FRAME})
         print("sent 100 frames after the client went away", flush=True)
+        return
+    if scope["path"] == "/server-send":
+        direct = server_send(send)
+        print(f"server send {getattr(direct, 'func', direct).__qualname__}", flush=True)
+        await direct({"type": "websocket.send", "text": "hello"})
+        while (await receive())["type"] != "websocket.disconnect":
+            pass
         return
     transport = server_transport(send)
     backlog = 0
