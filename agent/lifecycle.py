@@ -308,7 +308,7 @@ class SessionLifecycle:
 
     def __init__(self, agent: Any) -> None:
         self.agent = agent
-        self.removals: set[asyncio.Future] = set()  # ended sessions' removals under way (`wait_exit`, `removed`)
+        self.removals: set[asyncio.Future[None]] = set()  # ended sessions' removals under way (`wait_exit`, `removed`)
 
     async def start(self, spec: StartSpec) -> None:
         """Start a session (idempotent by its id: see the class docstring). Whatever fails once
