@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.seed import GiB, make_cluster, mock_gpu  # noqa: F401 (re-exported)
+from tests.seed import GiB, make_cluster, mock_gpu, one_round_password_hashing  # noqa: F401 (re-exported)
 from tests.stack import ROOT, Proc, Stack, StackNode, free_port, wait_until, wait_until_async  # noqa: F401 (re-exported)
 
 if os.environ.get("PYTEST_XDIST_WORKER") and "tests.xdist_worker" not in sys.modules:
@@ -31,6 +31,7 @@ def _secret_key_for_this_run() -> None:
 
 
 _secret_key_for_this_run()
+one_round_password_hashing()
 
 # The standalone consoles the tests start (tests/test_browser*.py, test_cli_standalone.py, …) copy this
 # environment and run sessions as processes unless a test sets FGPU_RUNTIME itself: standalone's
@@ -378,7 +379,6 @@ def make_running(session):
     """A SCHEDULED session (a ComputeSession or its id) moved on as its agent reports it:
     PREPARING, then RUNNING. Returns the ComputeSession, read again, RUNNING."""
     from sessions.lifecycle import services
-    from sessions.admission import launch as admission
     from sessions.models import ComputeSession, SessionStatus
 
     session_id = str(getattr(session, "pk", session))
@@ -393,7 +393,6 @@ def make_running(session):
 def alices_session(demo_cluster, alice):
     """Alice's 0.5 fGPU session "alices", placed by a scheduler pass and RUNNING on demo-node as
     its agent would report it (no process behind it)."""
-    from sessions.lifecycle import services
     from sessions.admission import launch as admission
     from sessions.scheduling.scheduler import schedule_pending
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
 from accelerators.plugins.base import DeviceInfo
 
 GiB = 1 << 30
@@ -96,3 +98,26 @@ def sessions_in_every_style(*, owner, count: int) -> list:
             session_report_apply(session_id=str(session.pk), status="TERMINATED", reason="done", exit_code=0)
         sessions += [launch(i) for i in range(placed, count)]
     return list(ComputeSession.objects.filter(pk__in=[s.pk for s in sessions]).order_by("created_at"))
+
+
+class OneRoundPBKDF2PasswordHasher(PBKDF2PasswordHasher):
+    """Django's PBKDF2-SHA256 at one iteration, for the tests' own process (one_round_password_hashing)."""
+
+    iterations = 1
+
+
+def one_round_password_hashing() -> None:
+    """Make this process hash passwords with OneRoundPBKDF2PasswordHasher (tests only). Django's
+    default, PBKDF2-SHA256 at 1,000,000 iterations, cost 0.55 s of CPU a hash on the 2-core machine
+    (10 s of a test's wall time at a load of 30): every user a test makes with a password, every
+    sign-in it checks in-process. The algorithm's name and format are Django's own, so the processes
+    a test starts (uvicorn, standalone) verify these hashes with their own settings. Hashing is not
+    under test (tests/test_accounts.py's throttle tests use MD5 for the same reason)."""
+    from django.conf import settings
+    from django.contrib.auth import hashers
+
+    pbkdf2 = "django.contrib.auth.hashers.PBKDF2PasswordHasher"
+    settings.PASSWORD_HASHERS = ["tests.seed.OneRoundPBKDF2PasswordHasher",
+                                 *(h for h in settings.PASSWORD_HASHERS if h != pbkdf2)]
+    hashers.get_hashers.cache_clear()
+    hashers.get_hashers_by_algorithm.cache_clear()
