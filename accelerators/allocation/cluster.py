@@ -206,6 +206,10 @@ class Workload:
         self._cache: tuple[tuple[Any, ...], WorkloadArrays] | None = None  # (key, arrays) of the last `arrays` call
         self._shares: dict[int, int] = {}  # SHARE requests seen, by amount
         self._plans: dict[int, tuple[int, PackingPlan | None]] = {}  # by device capacity: (seen then, plan)
+        # by device capacity: (`_shares_seen` then, the plan `packing_plan` gave): asked again before
+        # another SHARE or SPAN request is seen, it gives the same (a few calls a placement)
+        self._plan_given: dict[int, tuple[int, PackingPlan | None]] = {}
+        self._shares_seen = 0  # observations that changed `_shares`
         # Every observation as (shape position, n), so a kept F·p can catch up (`_FragCache`).
         self.log_position = np.zeros(64, dtype=np.int64)
         self.log_n = np.zeros(64, dtype=np.float64)
@@ -230,23 +234,42 @@ class Workload:
         self.observations += 1
         if shape.kind in (SHARE, SPAN) and shape.amount > 0:  # SPAN: the scheduler's fGPU requests
             self._shares[shape.amount] = self._shares.get(shape.amount, 0) + n
+            self._shares_seen += 1
 
     def packing_plan(self, capacity: int) -> PackingPlan | None:
         """The packing plan (`packing.solve_packing_plan`) of the SHARE and SPAN amounts seen so
         far on devices of `capacity` units (amounts above it are left out), or None (none seen,
         or the LP failed). Solved again only when those requests have grown by REPLAN_GROWTH
         since the last solve, or an amount appears that the plan lacks: a few solves over a run,
-        each tens of ms."""
+        each tens of ms. Its answer depends on the SHARE and SPAN requests seen and the plans
+        solved before only: asked again before another is seen, the last answer is given."""
+        given = self._plan_given.get(capacity)
+        if given is not None and given[0] == self._shares_seen:
+            return given[1]
+        plan = self._packing_plan(capacity)
+        if plan is None or not self._packing_plan_kept(capacity):
+            self._plan_given.pop(capacity, None)  # (solved again at each ask: not kept)
+        else:
+            self._plan_given[capacity] = (self._shares_seen, plan)
+        return plan
+
+    def _packing_plan(self, capacity: int) -> PackingPlan | None:
         seen = sum(self._shares.values())
         if not seen:
             return None
         solved, plan = self._plans.get(capacity, (0, None))
-        known = set(plan.amounts) if plan is not None else set()
-        if solved and seen < REPLAN_GROWTH * solved and all(a in known or a > capacity for a in self._shares):
+        if self._packing_plan_kept(capacity):
             return plan
         plan = solve_packing_plan(capacity, self._shares, start=plan)
         self._plans[capacity] = (seen, plan)
         return plan
+
+    def _packing_plan_kept(self, capacity: int) -> bool:
+        """Whether `_packing_plan(capacity)` gives the plan solved last without solving again."""
+        seen = sum(self._shares.values())
+        solved, plan = self._plans.get(capacity, (0, None))
+        known = set(plan.amounts) if plan is not None else set()
+        return bool(solved and seen < REPLAN_GROWTH * solved and all(a in known or a > capacity for a in self._shares))
 
     def counts(self) -> dict[Shape, int]:
         return {s: int(c) for s, c in zip(self.shapes, self._counts[: len(self.shapes)])}

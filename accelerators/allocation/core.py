@@ -252,7 +252,8 @@ def allocate_shares(
     check_quantum(amount, settings)
     quantum = settings.quantum
     want = int(amount / quantum)
-    free = {d.device_id: int(truncate(device_free_shares(d, settings), quantum) / quantum) for d in devices}
+    units = _units_table(settings)
+    free = {d.device_id: _units(d, settings, units)[0] for d in devices}
     usable = [d for d in devices if free[d.device_id] > 0]
     total = sum(free[d.device_id] for d in usable)
     if total < want:
@@ -275,7 +276,7 @@ def allocate_shares(
     elif strategy == "evenly":
         fitting = [d for d in by_free if free[d.device_id] >= want]
         if fitting:
-            rank = _plan_ranks(fitting, free, want, settings, plan_for) if plan_for else {}
+            rank = _plan_ranks(fitting, free, want, settings, plan_for, units) if plan_for else {}
             best = min(fitting, key=lambda d: (rank.get(d.device_id, 0), free[d.device_id]))
             taken = {best.device_id: want}
         else:
@@ -479,11 +480,16 @@ def _unfragmented(
 
 
 def _plan_ranks(
-    devices: Sequence[DeviceState], free: dict[str, int], want: int, settings: FractionalSettings, plan_for: PlanLookup
+    devices: Sequence[DeviceState],
+    free: dict[str, int],
+    want: int,
+    settings: FractionalSettings,
+    plan_for: PlanLookup,
+    units: _UnitsTable,
 ) -> dict[str, int]:
     """Per device id, `packing.plan_ranks` for `want` quanta (as cluster.ClusterIndex ranks
-    the node's candidates)."""
-    capacity = np.array([_device_units(d, settings)[1] for d in devices], dtype=np.int64)
+    the node's candidates); `units`: `_units_table(settings)`."""
+    capacity = np.array([_units(d, settings, units)[2] for d in devices], dtype=np.int64)
     used = capacity - np.array([free[d.device_id] for d in devices], dtype=np.int64)
     ranks = plan_ranks(capacity, used, want, plan_for)
     return {d.device_id: int(r) for d, r in zip(devices, ranks)}
@@ -649,9 +655,51 @@ def request_shape(request: ResourceRequest, settings: FractionalSettings | None)
     return cluster.Shape(cluster.NONE, cpu=cpu, mem=mem)
 
 
-def _device_units(device: DeviceState, settings: FractionalSettings | None) -> tuple[int, int]:
+# A device's figures in quanta depend on six of its fields only, and a cluster's devices take few
+# distinct values of them: each is converted (Decimal arithmetic, ~20 µs) once per settings, not
+# for each device of each node at each placement and index build (issue 35.2: a replay of 1,000
+# placements converted ~35,000 devices, a quarter of its time).
+UNITS_KEPT = 1 << 14  # device figures kept per settings (then forgotten all at once)
+_UnitsKey = tuple[int, int, int, Decimal, int, int]
+_UnitsTable = dict[_UnitsKey, tuple[int, int, int]]
+_units_kept: dict[FractionalSettings | None, _UnitsTable] = {}
+
+
+def _units_table(settings: FractionalSettings | None) -> _UnitsTable:
+    """The kept conversions for `settings` (`_units`)."""
+    table = _units_kept.get(settings)
+    if table is None or len(table) > UNITS_KEPT:
+        if len(_units_kept) > 64:
+            _units_kept.clear()
+        table = _units_kept[settings] = {}
+    return table
+
+
+def _units(device: DeviceState, settings: FractionalSettings | None, table: _UnitsTable) -> tuple[int, int, int]:
+    """(free quanta as `allocate_shares` counts them (0 without settings), free and total in the
+    index's units as `device_units` gives them) of `device`, from `table` (`_units_table(settings)`)
+    where a device with the same memory, SMs, use and split count was converted before: every
+    figure is a function of those six fields (`device_free_shares`, `device_capacity`,
+    `DeviceState.is_idle` and `is_full`) and of `settings`."""
+    key = (device.memory_total, device.proc_total, device.memory_used, device.proc_used, device.sessions, device.max_sessions)
+    found = table.get(key)
+    if found is None:
+        quanta = 0
+        if settings is not None:
+            quanta = int(truncate(device_free_shares(device, settings), settings.quantum) / settings.quantum)
+        found = table[key] = (quanta, *_device_units_of(device, settings))
+    return found
+
+
+def device_units(device: DeviceState, settings: FractionalSettings | None) -> tuple[int, int]:
     """(free, total) of one device in the index's units: fGPU quanta, or thousandths of its
     memory in discrete mode. A full device (split count reached, all SMs held) has none free."""
+    _, free, total = _units(device, settings, _units_table(settings))
+    return free, total
+
+
+def _device_units_of(device: DeviceState, settings: FractionalSettings | None) -> tuple[int, int]:
+    """`device_units`, converted."""
     if settings is not None:
         quantum = settings.quantum
         cap = int(
@@ -671,7 +719,8 @@ def _device_units(device: DeviceState, settings: FractionalSettings | None) -> t
 
 def node_row(node: NodeState, settings: FractionalSettings | None) -> dict[str, Any]:
     """One node's figures for the cluster index (see `cluster_index`)."""
-    units = [_device_units(d, settings) for d in node.devices]
+    table = _units_table(settings)
+    units = [_units(d, settings, table)[1:] for d in node.devices]
     return {
         "cpu_free": node.cpu_total - node.cpu_used,
         "mem_free": node.mem_total - node.mem_used,
@@ -690,9 +739,10 @@ def cluster_index(nodes: Sequence[NodeState], settings: FractionalSettings | Non
     cap = [[0] * width for _ in nodes]
     free = [[0] * width for _ in nodes]
     memory_total, memory_free, device_memory = [], [], []
+    table = _units_table(settings)
     for i, node in enumerate(nodes):
         for j, d in enumerate(node.devices):
-            free[i][j], cap[i][j] = _device_units(d, settings)
+            _, free[i][j], cap[i][j] = _units(d, settings, table)
         memory_total.append(sum(d.memory_total for d in node.devices))
         memory_free.append(sum(d.memory_total - d.memory_used for d in node.devices))
         device_memory.append(max((d.memory_total for d in node.devices), default=0))

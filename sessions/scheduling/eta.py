@@ -420,13 +420,13 @@ class _ReplayView(ReadView):
 def _row_after(index: cluster.ClusterIndex, row: int, before: core.NodeState, node: core.NodeState, pure_settings) -> dict:
     """`core.node_row(node, pure_settings)` for `index`'s `row`, which holds `before`'s figures:
     the free units of the devices `node` shares with `before` (the same objects, in the same
-    places) are the row's; the others' are converted (`core.node_row` of that device alone)."""
+    places) are the row's; the others' are converted (`core.device_units`, as `core.node_row` does)."""
     if len(before.devices) != len(node.devices):
         return core.node_row(node, pure_settings)
     free = index.free[row, : len(node.devices)].tolist()
     for j, (old, new) in enumerate(zip(before.devices, node.devices)):
         if old is not new:
-            free[j] = core.node_row(replace(node, devices=(new,)), pure_settings)["free"][0]
+            free[j] = core.device_units(new, pure_settings)[0]
     return {
         "cpu_free": node.cpu_total - node.cpu_used,
         "mem_free": node.mem_total - node.mem_used,
