@@ -197,17 +197,9 @@ def node_states(
     On PostgreSQL the nodes come from the kept cluster view (`accelerators.cluster_view`),
     brought up to date from the change log after the locks are taken; on SQLite, or with
     `kept=False` (a check of the view), they are read from the database."""
-    nodes = Node.objects.all()
-    if alive_only:  # alive and in service: a draining node takes no new session (accelerators.drain)
-        nodes = nodes.filter(status=NodeStatus.ALIVE, drain_since__isnull=True)
-    if group is not None:
-        nodes = nodes.filter(resource_group=group)
-    if image:
-        nodes = nodes.filter(node_runs_image(image))
-    device_rows = Device.objects.filter(node__in=nodes, slot_name=slot_name, is_mig_device=False).exclude(mig_exclusion())
+    nodes, device_rows = _scope_rows(slot_name=slot_name, alive_only=alive_only, group=group, image=image)
     if for_update:
-        list(nodes.order_by("pk").select_for_update().values_list("pk", flat=True))
-        list(device_rows.order_by("pk").select_for_update().values_list("pk", flat=True))
+        _rows_lock(nodes, device_rows)
     if kept and connection.vendor == "postgresql":  # the kept view, brought up to date after the locks (issue 35.1)
         from accelerators.cluster_view import view_node_states
 
@@ -243,6 +235,44 @@ def node_states(
         )
         for n in annotated
     ]
+
+
+def _scope_rows(*, slot_name: str, alive_only: bool, group: ResourceGroup | None, image: str):
+    """(node rows, device rows) of `node_states`' scope, as querysets."""
+    nodes = Node.objects.all()
+    if alive_only:  # alive and in service: a draining node takes no new session (accelerators.drain)
+        nodes = nodes.filter(status=NodeStatus.ALIVE, drain_since__isnull=True)
+    if group is not None:
+        nodes = nodes.filter(resource_group=group)
+    if image:
+        nodes = nodes.filter(node_runs_image(image))
+    device_rows = Device.objects.filter(node__in=nodes, slot_name=slot_name, is_mig_device=False).exclude(mig_exclusion())
+    return nodes, device_rows
+
+
+def _rows_lock(nodes, device_rows) -> None:
+    """Lock `nodes`, then `device_rows` (querysets), each in pk order: the one order every
+    writer of placements takes them in, so that concurrent writers queue instead of
+    deadlocking."""
+    list(nodes.order_by("pk").select_for_update().values_list("pk", flat=True))
+    list(device_rows.order_by("pk").select_for_update().values_list("pk", flat=True))
+
+
+def scope_rows_lock(*, slot_name: str, group: ResourceGroup | None = None, image: str = "") -> None:
+    """Lock, inside the caller's transaction, the rows `node_states(for_update=True)` locks for
+    the alive, undrained nodes of `group` (None: every node) holding `image` ("": any): the
+    node rows, then their devices of `slot_name` (non-MIG), in pk order."""
+    _rows_lock(*_scope_rows(slot_name=slot_name, alive_only=True, group=group, image=image))
+
+
+def placed_rows_lock(*, node_names: Iterable[str], device_ids: Iterable[str]) -> dict:
+    """Lock, inside the caller's transaction, the nodes named `node_names`, then the devices
+    `device_ids` (pks), each in pk order as every writer of placements does (`_rows_lock`): what
+    a scheduler pass that read its scope without locks (`sessions.scheduling.scheduler`) takes
+    before it writes its plans there. Returns {device pk text: Device, with its node}."""
+    list(Node.objects.filter(name__in=sorted(set(node_names))).order_by("pk").select_for_update().values_list("pk", flat=True))
+    devices = Device.objects.select_related("node").filter(pk__in=sorted(set(device_ids))).order_by("pk")
+    return {str(d.pk): d for d in devices.select_for_update(of=("self",))}
 
 
 def pinned_device_problem(*, pins: tuple[str, ...], slot: str, group: ResourceGroup | None) -> tuple[str, str, str]:

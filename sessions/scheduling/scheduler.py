@@ -1,23 +1,29 @@
 """The scheduler: places PENDING sessions, first in first out, and never over-commits.
 
-One pass, in one transaction: lock the pending sessions (oldest first); then, once per scope
-(a resource group's nodes, for one slot) the first session of the pass needs, lock the node and
-device rows (pk order, so concurrent passes queue instead of deadlocking) and read live usage.
-Each session is placed by the pure allocator (`accelerators.allocation.core.place`) under its
-group's policy, on that in-memory view and its vectorised index; the plan is written as
-Allocation rows, the session moves PENDING → SCHEDULED, and the view is updated with the plan
-(`core.apply_placement`) in every scope holding that node, so later sessions of the same pass
-see it. MIG requests alike (issue 34.4): their scope (`mig_scheduling.MigScope`, one room per
-MIG node) is read and locked once per pass too, the choice made on it in memory
-(`mig_scheduling.mig_choose_in`), and every placement, MIG or shared, kept in the rooms and the
-scopes of its node. The pass's rows are written in a few bulk statements (`_PassWrites`; a MIG
-choice's GPU instance and Allocation rows in placement order), flushed before anything reads
-usage from the database again (a new scope). After commit, one batch of page notices
-(`events.sessions_notify`: one query, one event loop for every group send) and the agents'
-start messages through one broker connection (`_send_starts`): 1,000 sessions in well under
-10 s end to end on PostgreSQL (benchmarks/scheduler_db.py). For the fragmentation-aware
-policies the pass also counts the request shapes it placed per resource group
-(`PlacementShape`): the workload distribution those policies weigh by.
+One pass, in one transaction: lock the pending sessions (oldest first); then, once per scope (a
+resource group's nodes, for one slot) the first session of the pass needs, read its nodes and
+their live usage from the kept cluster view (`accelerators.cluster_view`), with the scope's
+cluster index kept between passes (`cluster_view.kept_index`). On PostgreSQL the scope is read
+without locks (issue 35.2: locking 10,000 nodes' 90,000 rows was 4.3 s of a pass): only the
+nodes and devices the pass places on are locked (pk order, so writers queue instead of
+deadlocking), as it writes there, and before its commit the pass checks them as the database
+then holds them (`_PassView.verify`); where another writer took their room meanwhile, the pass
+is rolled back and runs again, its last try (and a pass that may preempt) locking every row of a
+scope before reading it, as every pass did before. Each session is placed by the pure allocator
+(`accelerators.allocation.core.place`) under its group's policy, on that in-memory view and its
+vectorised index; the plan is written as Allocation rows, the session moves PENDING → SCHEDULED,
+and the view is updated with the plan (`core.apply_placement`) in every scope holding that node,
+so later sessions of the same pass see it. MIG requests alike (issue 34.4): their scope
+(`mig_scheduling.MigScope`, one room per MIG node) is read and locked once per pass too, the
+choice made on it in memory (`mig_scheduling.mig_choose_in`), and every placement, MIG or
+shared, kept in the rooms and the scopes of its node. The pass's rows are written in a few bulk
+statements (`_PassWrites`; a MIG choice's GPU instance and Allocation rows in placement order),
+flushed before anything reads usage from the database again (a new scope). After commit, one
+batch of page notices (`events.sessions_notify`: one query, one event loop for every group send)
+and the agents' start messages through one broker connection (`_send_starts`): 1,000 sessions in
+well under 10 s end to end on PostgreSQL (benchmarks/scheduler_db.py). For the
+fragmentation-aware policies the pass also counts the request shapes it placed per resource
+group (`PlacementShape`): the workload distribution those policies weigh by.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from django.conf import settings
@@ -38,7 +44,9 @@ from accelerators.allocation import cluster, core
 from accelerators.allocation.errors import AllocationError, InsufficientResource
 from accelerators.allocation.replay import Backfill
 from accelerators.allocation.reservation import Reservation, Reservations
-from accelerators.models import Device, Node, PlacementShape
+from accelerators.cluster_view import NodeEntry, cluster_view, kept_index
+from accelerators.models import Node, NodeStatus, PlacementShape
+from accelerators.selectors import placed_rows_lock, placement_options, resource_group_get, scope_rows_lock
 from sessions.lifecycle import events
 from sessions.scheduling import fairshare
 from sessions.scheduling import mig as mig_scheduling
@@ -100,6 +108,33 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
     phases: read (lock the queue), scopes (lock and read nodes, devices and MIG rooms), decide,
     preempt, write (the bulk writes) and commit (the commit, the agents' starts, the notices).
     """
+    # Optimistic on PostgreSQL (issue 35.2): the scopes are read from the kept cluster view
+    # without locks, and only the nodes and devices the pass places on are locked, as it writes
+    # there; before its commit the pass checks them as the database now holds them
+    # (`_PassView.verify`) and, where another writer took their room meanwhile, is rolled back and
+    # runs again. The last try, and every pass that may preempt, locks every row it reads first.
+    optimistic = connection.vendor == "postgresql" and not preemption.preemption_enabled()
+    tries = _OPTIMISTIC_TRIES if optimistic else 0
+    for attempt in range(tries + 1):
+        try:
+            return _schedule(limit=limit, lock_all=attempt == tries)
+        except _Conflict as conflict:
+            log.info("scheduler pass: %s; running it again (try %d of %d)", conflict, attempt + 2, tries + 1)
+    raise AssertionError("unreachable: the last try locks everything it reads")
+
+
+_OPTIMISTIC_TRIES = 2  # passes tried without locking every row read before one that does
+
+
+class _Conflict(Exception):
+    """A node a pass placed on changed under it (read without locks) so that its plan no longer
+    holds: the pass is rolled back and runs again."""
+
+
+def _schedule(*, limit: int | None, lock_all: bool) -> list[str]:
+    """One try of `schedule_pending`; `lock_all`: lock every node and device row of a scope
+    before reading it (else only those placed on, and `_PassView.verify` before the commit:
+    raises _Conflict, everything rolled back, where that finds a plan no longer holds)."""
     backfill_limit = settings.FGPU_BACKFILL_LIMIT
     scheduled: list[str] = []
     starts: list[tuple[str, dict]] = []
@@ -120,7 +155,7 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
         preempting = preemption.waiting_reasons(pending) if preemption.preemption_enabled() and pending else {}
         read_at = time.monotonic()
         writes = _PassWrites(starts)
-        view = _PassView(writes)
+        view = _PassView(writes, lock_all=lock_all)
         backfill = Backfill(backfill_limit)
         view.around = backfill.reservations
         no_room: dict[str, str] = {}  # request shape → why it did not fit in this pass
@@ -182,6 +217,7 @@ def schedule_pending(*, limit: int | None = None) -> list[str]:
         preempt_at, other = time.monotonic(), writes.seconds + view.seconds  # its flushes and reads: their own phases
         preempted = _preempt(backfill.blocked if preemption.preemption_enabled() else [], view, writes)  # notices kept either way
         preempt_seconds = time.monotonic() - preempt_at - (writes.seconds + view.seconds - other)
+        view.verify()  # raises _Conflict (all of it rolled back) where a plan no longer holds
         view.record_shapes()
         decided_at = time.monotonic()
         # The starts first: the agents do not wait for the pages' notices. An agent's RUNNING may
@@ -339,7 +375,9 @@ class _PassWrites:
         """The allocator's plans as Allocation rows and each session's node. Returns {session
         pk: (node name, its agent's start spec)}."""
         device_ids = {g.device_id for _, placement in self.placed for g in placement.grants}
-        devices = {str(d.pk): d for d in Device.objects.select_related("node").filter(pk__in=device_ids)}
+        # Locked before their rows are written (a pass that read its scope without locks locks
+        # these only), in the order every writer of placements takes them.
+        devices = placed_rows_lock(node_names={p.node_id for _, p in self.placed}, device_ids=device_ids)
         bare = {p.node_id for _, p in self.placed if not p.grants}  # no device: CPU and memory only
         nodes = {n.name: n for n in Node.objects.filter(name__in=bare)} if bare else {}
         rows: list[Allocation] = []
@@ -408,9 +446,11 @@ class _PassView(RememberingReadView):
     holding it, as in the ETA's replay); slot settings and image reasons read once per pass
     (RememberingReadView)."""
 
-    def __init__(self, writes: _PassWrites):
+    def __init__(self, writes: _PassWrites, *, lock_all: bool = True):
         super().__init__()
         self.writes = writes
+        self.lock_all = lock_all  # lock each scope's rows before reading it (else: `verify`)
+        self.placed_on: dict[str, tuple[PlacementScope, set[str]]] = {}  # node name → a scope of it, devices granted
         self.scopes: dict[tuple[str, str, str], PlacementScope] = {}
         self.placed: Counter = Counter()
         self.around = Reservations()  # the pass's backfill reservations: placements go around them
@@ -476,9 +516,30 @@ class _PassView(RememberingReadView):
             began = time.monotonic()
             # A node another scope of this pass already planned on: take that scope's view.
             latest = {n.node_id: n for s in self.scopes.values() if s.slot == slot for n in s.nodes}
-            self.scopes[key] = PlacementScope.read(request, image=image, for_update=True, latest=latest)
+            if connection.vendor == "postgresql":
+                self.scopes[key] = _KeptScope.read_kept(request, image=image, lock=self.lock_all, latest=latest)
+            else:  # SQLite: one writer at a time anyway; each scope read anew
+                self.scopes[key] = PlacementScope.read(request, image=image, for_update=True, latest=latest)
             self.seconds += time.monotonic() - began
         return self.scopes[key]
+
+    def verify(self) -> None:
+        """A pass that read its scopes without locks (not `lock_all`), after its last write:
+        the nodes it placed on, locked since it wrote there (`_PassWrites`), as the database now
+        holds them with the pass's own rows (the kept view brought up to date after those locks)
+        must still be what it placed on — the same node, alive and in service, in the same group,
+        holding the image, with the same devices — and none of the devices it granted, nor the
+        node's CPU and memory, over-committed. Another writer's placement there since the pass
+        read the node shows as one. Raises _Conflict naming the first node that is not."""
+        if self.lock_all or not self.placed_on:
+            return
+        entries = cluster_view().snapshot().entries
+        for name, (scope, granted) in self.placed_on.items():
+            assert isinstance(scope, _KeptScope)
+            base = scope.entries[scope.rows[name]]
+            problem = _plan_problem(base, entries.get(base.pk), scope.slot, scope.image, granted)
+            if problem:
+                raise _Conflict(f"node {name} {problem} since the pass read it")
 
     def commit(
         self, scope: PlacementScope, request: core.ResourceRequest, pure_settings, placement: core.Placement, *, key: str
@@ -486,6 +547,7 @@ class _PassView(RememberingReadView):
         """Session `key`'s `placement` (a shared slice, or CPU only) in every scope of its slot
         and its node's MIG room."""
         node = core.apply_placement(scope.nodes[scope.rows[placement.node_id]], request, placement)
+        self.placed_on.setdefault(placement.node_id, (scope, set()))[1].update(g.device_id for g in placement.grants)
         self.held.clear()  # the sessions on its nodes changed: a reservation reads them again
         self._update(scope.slot, node)
         room = self.rooms_by_name.get(placement.node_id)
@@ -510,6 +572,70 @@ class _PassView(RememberingReadView):
                     PlacementShape.objects.create(resource_group=group_name, key=key, count=n)
             except IntegrityError:  # another pass created it first
                 PlacementShape.objects.filter(resource_group=group_name, key=key).update(count=F("count") + n)
+
+
+@dataclass
+class _KeptScope(PlacementScope):
+    """A PlacementScope read from the kept cluster view (PostgreSQL), with the view's entries
+    of its nodes (same rows) and its cluster index kept between passes
+    (`accelerators.cluster_view.kept_index`) instead of built from every device each pass."""
+
+    entries: list[NodeEntry] = field(default_factory=list)
+    image: str = ""
+
+    @classmethod
+    def read_kept(cls, request: core.ResourceRequest, *, image: str, lock: bool, latest: dict[str, core.NodeState]) -> _KeptScope:
+        """As `PlacementScope.read`; `lock` locks the scope's node and device rows first (as
+        `node_states(for_update=True)`), else nothing is locked."""
+        slot = request.slot or "cuda"
+        group = resource_group_get(name=request.resource_group)
+        if lock:
+            scope_rows_lock(slot_name=slot, group=group, image=image)
+        snapshot = cluster_view().snapshot()  # brought up to date after the locks, where taken
+        entries = core.storage_scope(snapshot.nodes(group_id=group.pk if group else None, image=image))
+        nodes = [latest.get(e.name) or e.state(slot) for e in entries]
+        return cls(
+            group_name=request.resource_group,
+            slot=slot,
+            nodes=nodes,
+            options=placement_options(group=group),
+            rows={n.node_id: i for i, n in enumerate(nodes)},
+            entries=entries,
+            image=image,
+        )
+
+    def index(self, pure_settings):
+        if pure_settings not in self.indexes:
+            index = kept_index((self.group_name, self.slot, self.image), self.entries, self.slot, pure_settings)
+            for row, (entry, node) in enumerate(zip(self.entries, self.nodes)):
+                if node is not entry.state(self.slot):  # planned on already in this pass
+                    index.set_row(row, **core.node_row(node, pure_settings))
+            self.indexes[pure_settings] = index
+        return self.indexes[pure_settings]
+
+
+def _plan_problem(base: NodeEntry, fresh: NodeEntry | None, slot: str, image: str, granted: set[str]) -> str:
+    """What makes a pass's plans on a node read as `base` no longer hold on it as it is now
+    (`fresh`; None: deleted), with the pass's own plans: "" when nothing (`_PassView.verify`)."""
+    if fresh is None:
+        return "was deleted"
+    if fresh.status != NodeStatus.ALIVE or fresh.draining:
+        return "left service"
+    if (fresh.group_id, fresh.shared_storage) != (base.group_id, base.shared_storage) or (image and not fresh.runs_image(image)):
+        return "changed its resource group, storage or images"
+    if fresh.kind(slot) != base.kind(slot):
+        return "changed its devices"
+    state = fresh.state(slot)
+    if state.cpu_used > state.cpu_total or state.mem_used > state.mem_total:
+        return "would be over-committed on CPU or memory"
+    devices = {d.device_id: d for d in state.devices}
+    for device_id in granted:
+        d = devices.get(device_id)
+        if d is None:
+            return "no longer has a device it granted"
+        if d.memory_used > d.memory_total or d.proc_used > d.proc_total or (d.max_sessions and d.sessions > d.max_sessions):
+            return f"would have {d.label} over-committed"
+    return ""
 
 
 def _send_starts(starts: list[tuple[str, dict]]) -> None:
