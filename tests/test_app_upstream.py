@@ -13,6 +13,7 @@ import pytest
 
 from sessions.serving import upstream
 from sessions.serving.upstream import AsyncioBackend
+from tests.stack import wait_until_async
 
 
 async def _server(handler):
@@ -57,15 +58,15 @@ def test_pieces_that_wait_together_are_read_as_one():
             for _ in range(8):
                 writer.write(b"a" * 1000)
                 await writer.drain()
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # noqa: TID251 - a loop turn between pieces is what the test sends
             await done.wait()
             writer.close()
 
         server, port = await _server(app)
         async with server:
             stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=5)
-            while stream._size < 8000:  # all eight arrived (one loop turn a piece at most)
-                await asyncio.sleep(0.01)
+            # all eight arrived (one loop turn a piece at most)
+            await wait_until_async(lambda: stream._size >= 8000, timeout=10, interval=0.01, what="the eight pieces")
             first = await stream.read(1_000_000)
             done.set()
             await stream.aclose()
@@ -137,7 +138,7 @@ def test_the_stream_reads_no_further_ahead_of_the_proxy_than_its_buffer():
             stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=5)
             held = []
             for _ in range(50):  # the loop turns while the app sends what the kernel takes
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # noqa: TID251 - the read-ahead sampled every 10 ms as the app sends
                 held.append(stream._size)
             got = sum(len(piece) for piece in await _read_all(stream, 256 * 1024))
             await stream.aclose()
@@ -161,10 +162,7 @@ def test_a_kept_connection_the_app_closed_is_readable_so_httpcores_pool_does_not
             stream = await AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=5)
             assert stream.get_extra_info("server_addr")[1] == port
             await closed.wait()
-            for _ in range(100):
-                if stream.get_extra_info("is_readable"):
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until_async(lambda: stream.get_extra_info("is_readable"), timeout=5, interval=0.01, what="readable")
             readable = stream.get_extra_info("is_readable")
             await stream.aclose()
         return readable
