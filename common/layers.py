@@ -78,6 +78,11 @@ class FlowControlledInMemoryChannelLayer(InMemoryChannelLayer):
         super()._clean_expired()
         return len(self.groups.get(group, ()))
 
+    async def groups_members(self, groups: list[str]) -> list[int]:
+        """`group_members` of each of `groups`, in their order."""
+        super()._clean_expired()
+        return [len(self.groups.get(group, ())) for group in groups]
+
     async def group_send(self, group, message):
         """Channels' group_send, without a task for each member: a send to a channel with room
         (InMemoryChannelLayer's `send` never waits) is done at once, so a keystroke's input and
@@ -206,6 +211,25 @@ class RedisChannelLayer(ChannelsRedisLayer):
         assert self.require_valid_group_name(group), "Group name not valid"
         connection = self.connection(self.consistent_hash(group))
         return await connection.zcount(self._group_key(group), int(time.time()) - self.group_expiry, "+inf")
+
+    async def groups_members(self, groups: list[str]) -> list[int]:
+        """`group_members` of each of `groups`, in their order: their ZCOUNTs pipelined, one round
+        trip per Redis server of the ring (a scheduler pass's notices ask about up to a thousand
+        groups: 2.6 s of a 10,000-node pass one ZCOUNT at a time, issue 35.2)."""
+        since = int(time.time()) - self.group_expiry
+        by_server: dict[int, list[int]] = {}
+        for position, group in enumerate(groups):
+            assert self.require_valid_group_name(group), "Group name not valid"
+            by_server.setdefault(self.consistent_hash(group), []).append(position)
+        counts = [0] * len(groups)
+        for index, positions in by_server.items():
+            async with self.connection(index).pipeline(transaction=False) as pipe:
+                for position in positions:
+                    pipe.zcount(self._group_key(groups[position]), since, "+inf")
+                answers = await pipe.execute()
+            for position, count in zip(positions, answers):
+                counts[position] = int(count)
+        return counts
 
     async def group_send(self, group, message):
         assert self.require_valid_group_name(group), "Group name not valid"

@@ -4,6 +4,7 @@ share one Redis)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 from channels.exceptions import ChannelFull
@@ -112,3 +113,23 @@ def test_messages_for_made_up_channels_of_a_process_stop_growing_its_memory_at_m
 
     got, inboxes, dropped = run(scenario)
     assert got == {"type": "mine"} and inboxes <= 3 and dropped >= 47
+
+
+def test_groups_members_counts_each_group_as_group_members_does_in_order_across_a_ring_of_two():
+    """One pipelined call for many groups (a scheduler pass's notices, sessions.lifecycle.events):
+    the same counts, in the order asked, where the groups hash to either server of a ring."""
+    async def scenario():
+        address = {"address": settings.REDIS_URL, "socket_timeout": None}
+        # a prefix of this run's own: memberships live for the layer's group expiry (a day)
+        ring = RedisChannelLayer(hosts=[address, dict(address)], prefix=f"members-{uuid.uuid4().hex}", expiry=60)
+        groups = [f"user.members-{i}" for i in range(12)]
+        for i, group in enumerate(groups):
+            for _ in range(i % 3):  # 0, 1 or 2 members
+                await ring.group_add(group, await ring.new_channel())
+        assert {ring.consistent_hash(g) for g in groups} == {0, 1}  # both servers of the ring asked
+        counted = await ring.groups_members(list(reversed(groups)))
+        one_by_one = [await ring.group_members(g) for g in reversed(groups)]
+        return counted, one_by_one
+
+    counted, one_by_one = run(scenario)
+    assert counted == one_by_one == [i % 3 for i in reversed(range(12))]

@@ -83,3 +83,13 @@ def test_sends_look_for_expired_memberships_once_a_second_and_the_members_count_
     kept, members, left = asyncio.run(scenario())
     assert kept == [OUTPUT, OUTPUT]
     assert members == 1 and len(left) == 1
+
+
+def test_groups_members_counts_each_group_in_the_order_asked():
+    async def scenario():
+        layer = FlowControlledInMemoryChannelLayer()
+        await two_members(layer, "terminal.s1")
+        await layer.group_add("user.1", await layer.new_channel())
+        return await layer.groups_members(["user.2", "terminal.s1", "user.1"])
+
+    assert asyncio.run(scenario()) == [0, 2, 1]
