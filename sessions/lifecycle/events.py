@@ -128,14 +128,13 @@ def _send_updates(entries: list[tuple], *, answered: bool = False) -> None:
 
 
 _ASK_FROM = 8  # notices of an answered write's commit from which `_listened` is asked first (others: always)
-_MEMBERS_AT_ONCE = 64  # group_members calls in flight at once (one Redis round trip each), on a layer without groups_members
 _MEMBERS_WAIT_S = 5.0
 
 
 def _listened(entries: list[tuple]) -> set | None:
     """The ids of `entries` ((id, owner id) pairs) whose notice some page would receive now: the
     staff group, the owner's group or the session's group has a member (the channel layer's
-    `group_members`: common.layers). None: every one (staff listen, or the layer cannot say, or
+    `groups_members`: common.layers). None: every one (staff listen, or the layer cannot say, or
     did not answer within _MEMBERS_WAIT_S). A notice left out is one sent to empty groups, which
     the layer drops: a page that joins its group after this look is as one that joined after the
     send (it reads the list when its websocket opens)."""
@@ -149,21 +148,13 @@ def _listened(entries: list[tuple]) -> set | None:
 async def _members_of(entries: list[tuple]) -> set | None:
     """`_listened` on the sender's loop: the staff group first, then the owners' groups, then the
     sessions' groups of the owners nobody listens for, each list in one call of the layer's
-    `groups_members` (common.layers: one Redis round trip), else at most _MEMBERS_AT_ONCE
-    `group_members` at once."""
-    layer = get_channel_layer()
-    members = getattr(layer, "group_members", None)
-    if members is None or await members(STAFF_GROUP):
+    `groups_members` (common.layers' two layers: one Redis round trip; Channels' own has none)."""
+    counted = getattr(get_channel_layer(), "groups_members", None)
+    if counted is None or (await counted([STAFF_GROUP]))[0]:
         return None
-    counted = getattr(layer, "groups_members", None)  # common.layers': many groups in one round trip
 
     async def with_members(groups: list[str]) -> set[str]:
-        counts: list[int] = []
-        if counted is not None:
-            counts = await counted(groups) if groups else []
-        else:
-            for start in range(0, len(groups), _MEMBERS_AT_ONCE):
-                counts += await asyncio.gather(*(members(g) for g in groups[start : start + _MEMBERS_AT_ONCE]))
+        counts = await counted(groups) if groups else []
         return {group for group, count in zip(groups, counts) if count}
 
     owners = await with_members(list(dict.fromkeys(user_group(owner_id) for _, owner_id in entries)))
