@@ -342,12 +342,19 @@ class PlacementScope:
         if latest:
             nodes = [latest.get(n.node_id, n) for n in nodes]
         nodes = core.storage_scope(nodes)  # the data folders: shared storage where the scope has it
+        return cls.of_nodes(request, group, slot, nodes)
+
+    @classmethod
+    def of_nodes(cls, request: core.ResourceRequest, group, slot: str, nodes: list[core.NodeState], **fields):
+        """The scope of `request` in `group` (a ResourceGroup or None) and `slot` over `nodes`, as
+        read (its placement options, a row per node); `fields`: a subclass's own."""
         return cls(
             group_name=request.resource_group,
             slot=slot,
             nodes=nodes,
             options=placement_options(group=group),
             rows={n.node_id: i for i, n in enumerate(nodes)},
+            **fields,
         )
 
     def index(self, pure_settings):

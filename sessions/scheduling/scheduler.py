@@ -46,7 +46,7 @@ from accelerators.allocation.replay import Backfill
 from accelerators.allocation.reservation import Reservation, Reservations
 from accelerators.cluster_view import NodeEntry, cluster_view, kept_index
 from accelerators.models import Node, NodeStatus, PlacementShape
-from accelerators.selectors import placed_rows_lock, placement_options, resource_group_get, scope_rows_lock
+from accelerators.selectors import placed_rows_lock, resource_group_get, scope_rows_lock
 from sessions.lifecycle import events
 from sessions.scheduling import fairshare
 from sessions.scheduling import mig as mig_scheduling
@@ -594,15 +594,7 @@ class _KeptScope(PlacementScope):
         snapshot = cluster_view().snapshot()  # brought up to date after the locks, where taken
         entries = core.storage_scope(snapshot.nodes(group_id=group.pk if group else None, image=image))
         nodes = [latest.get(e.name) or e.state(slot) for e in entries]
-        return cls(
-            group_name=request.resource_group,
-            slot=slot,
-            nodes=nodes,
-            options=placement_options(group=group),
-            rows={n.node_id: i for i, n in enumerate(nodes)},
-            entries=entries,
-            image=image,
-        )
+        return cls.of_nodes(request, group, slot, nodes, entries=entries, image=image)
 
     def index(self, pure_settings):
         if pure_settings not in self.indexes:
